@@ -1,0 +1,239 @@
+//! The job as the origin site saw it, and its lifecycle across the fleet.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a GPU count applies, mirroring Slurm's `tres_per_*` fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuScope {
+    /// `--gres=gpu:…`, `--gpus-per-node=…`
+    Node,
+    /// `--gpus=…`, `-G …`
+    Job,
+    /// `--gpus-per-task=…`
+    Task,
+    /// `--gpus-per-socket=…`
+    Socket,
+}
+
+/// One GPU request as the user typed it (after Slurm's own normalisation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRequest {
+    /// `None` = any type (`--gres=gpu:8`).
+    pub gpu_type: Option<String>,
+    pub count: u32,
+    pub scope: GpuScope,
+}
+
+/// `--fleet=auto|local|remote`
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetMode {
+    #[default]
+    Auto,
+    Local,
+    Remote,
+}
+
+/// The `--fleet-*` options (SPANK) plus `#FLEET` script directives.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetOptions {
+    pub mode: FleetMode,
+    /// `--fleet-to=a,b`: the only clusters the job may run on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<String>,
+    /// `--fleet-max-price`: USD per GPU-hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_price: Option<f64>,
+    /// `--fleet-data=<uri>` (may repeat, comma separated).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<String>,
+    /// `--fleet-ckpt=<uri>`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ckpt: Option<String>,
+    /// `--fleet-interruptible`
+    #[serde(default)]
+    pub interruptible: bool,
+}
+
+/// What slurmctld handed `job_submit`, reduced to what Fleet needs.
+///
+/// Byte strings that may not be UTF-8 (the script, paths) travel as
+/// base64 so that nothing is lost on the way.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobRequest {
+    /// Site (cluster) name where the user submitted.
+    pub origin: String,
+    pub user_id: u32,
+    #[serde(default)]
+    pub group_id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Slurm's `min_nodes`; `None` when unset (NO_VAL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_tasks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ntasks_per_node: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_per_task: Option<u32>,
+    /// Minutes; `None` = partition default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_min: Option<u32>,
+    /// All GPU requests found in `tres_per_{job,node,task,socket}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuRequest>,
+    /// The raw TRES strings, kept for the admin comment and for re-submission.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tres_raw: Vec<(String, String)>,
+    /// Batch script (base64 on the wire). `None` for salloc/srun.
+    #[serde(default, with = "b64_opt", skip_serializing_if = "Option::is_none")]
+    pub script: Option<Vec<u8>>,
+    /// Length of the script when it was too large to send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script_len: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub std_out: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub std_err: Option<String>,
+    /// `--array=…` present: arrays stay local for now.
+    #[serde(default)]
+    pub is_array: bool,
+    /// Fields whose bytes were not UTF-8 (they were read lossily).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub non_utf8_fields: Vec<String>,
+    #[serde(default)]
+    pub fleet: FleetOptions,
+}
+
+impl JobRequest {
+    /// The GPU request expressed as (type, GPUs per node, nodes) when it
+    /// can be: per-node forms multiply by the node count, per-job forms
+    /// stand alone, per-task forms multiply by the task count.
+    pub fn total_gpus(&self) -> u32 {
+        let nodes = self.min_nodes.unwrap_or(1).max(1);
+        let tasks = self.num_tasks.unwrap_or(1).max(1);
+        self.gpus
+            .iter()
+            .map(|g| match g.scope {
+                GpuScope::Job => g.count,
+                GpuScope::Node | GpuScope::Socket => g.count.saturating_mul(nodes),
+                GpuScope::Task => g.count.saturating_mul(tasks),
+            })
+            .fold(0u32, u32::saturating_add)
+    }
+
+    /// The one GPU type named, if any (`None` = untyped or no GPUs).
+    pub fn gpu_type(&self) -> Option<&str> {
+        self.gpus.iter().find_map(|g| g.gpu_type.as_deref())
+    }
+
+    /// GPUs each node must hold: the per-node count, or the whole job's
+    /// count spread over its nodes.
+    pub fn gpus_per_node(&self) -> u32 {
+        let nodes = self.min_nodes.unwrap_or(1).max(1);
+        let total = self.total_gpus();
+        if let Some(g) = self.gpus.iter().find(|g| g.scope == GpuScope::Node) {
+            return g.count;
+        }
+        total.div_ceil(nodes)
+    }
+}
+
+/// Lifecycle of a forwarded job, as the meta-scheduler tracks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Accepted at the origin; waiting for the stand-in job to start there
+    /// (the origin's own dependencies, holds and begin times gate it).
+    Held,
+    /// Released by the stand-in, not yet given to a target.
+    Queued,
+    /// Given to a target agent, not yet submitted there.
+    Assigned,
+    /// Submitted at the target, pending in its queue.
+    Pending,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    /// The target lost track of it (its records expired, node failure).
+    Lost,
+}
+
+impl JobState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Lost)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Held => "held",
+            JobState::Queued => "queued",
+            JobState::Assigned => "assigned",
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Lost => "lost",
+        }
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Serde helper: `Option<Vec<u8>>` as base64 text.
+pub mod b64_opt {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let s: Option<String> = Option::deserialize(d)?;
+        s.map(|s| {
+            base64::engine::general_purpose::STANDARD
+                .decode(s.as_bytes())
+                .map_err(serde::de::Error::custom)
+        })
+        .transpose()
+    }
+}
+
+/// Serde helper: `Vec<u8>` as base64 text.
+pub mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s.as_bytes())
+            .map_err(serde::de::Error::custom)
+    }
+}

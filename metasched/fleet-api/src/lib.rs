@@ -1,0 +1,15 @@
+//! Wire types shared by every Fleet component.
+//!
+//! Two channels use them:
+//! * the plugin ↔ agent Unix socket ([`wire`]): one JSON line each way;
+//! * the HTTP/JSON API of `fleet-metasched` ([`api`]), used by agents,
+//!   `fleet-proxy` and `fleetctl`.
+//!
+//! This crate does no I/O.
+
+pub mod api;
+pub mod auth;
+pub mod job;
+pub mod wire;
+
+pub use job::*;

@@ -1,0 +1,1 @@
+//! slurm.conf-grammar parser (nom).
