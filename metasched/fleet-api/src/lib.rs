@@ -10,6 +10,7 @@
 pub mod api;
 pub mod auth;
 pub mod job;
+pub mod placement;
 pub mod wire;
 
 pub use job::*;
