@@ -1,0 +1,593 @@
+#!/usr/bin/env bash
+# tests/lab/lab.sh — real Slurm clusters on loopback for Fleet.
+#
+# Brings up N real Slurm clusters (slurmctld + several slurmd each, one shared
+# munged) on 127.0.0.1, installs the Fleet plugins into them and starts the
+# meta-scheduler and one fleet-agent per cluster. Everything the lab creates
+# lives under $FLEET_LAB_DIR (default /tmp/fleet-lab); teardown stops only the
+# processes the lab started, found through its own pid files.
+#
+# Usage: tests/lab/lab.sh <command>
+#   deps                 install missing Debian packages (apt-get)
+#   up [--no-fleet]      (re)create the lab and wait until it is ready
+#   down                 stop everything the lab started
+#   status               show processes, sinfo per cluster, metasched health
+#   env <cluster>        print `export SLURM_CONF=...` for that cluster
+#   stop-agent <c> | start-agent <c>
+#   stop-metasched | start-metasched
+#   restart-ctld <c>     restart a cluster's slurmctld (after editing slurm.conf)
+#   logs                 tail of every log
+set -euo pipefail
+
+# --------------------------------------------------------------------------
+# The cluster table. One line per cluster:
+#   name  slurmctld-port  region  gpu-type  node:slurmd-port[,node:port...]
+# Extend the lab by adding a line (ports must be unique).
+# --------------------------------------------------------------------------
+CLUSTERS=(
+  "alpha 16817 lab-east h100 alpha1:16818,alpha2:16819"
+  "beta  16827 lab-west a100 beta1:16828,beta2:16829"
+)
+GPUS_PER_NODE=8
+NODE_CPUS=32
+NODE_MEM=64000
+METASCHED_ADDR=127.0.0.1:16900
+FLEET_USER=fleet
+READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
+
+DEB_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libslurm-dev
+              libclang-dev clang curl procps util-linux passwd)
+
+R=${FLEET_LAB_DIR:-/tmp/fleet-lab}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN_SRC=${FLEET_BIN_DIR:-$REPO/target/release}
+FLEET_BINS=(fleet-agent fleet-proxy fleet-metasched fleetctl)
+
+# ------------------------------------------------------------------ helpers
+log()  { printf '[lab] %s\n' "$*" >&2; }
+die()  { printf '[lab] ERROR: %s\n' "$*" >&2; exit 1; }
+now()  { date +%s; }
+
+# Print the last lines of the given files (those that exist) to stderr.
+show_tail() {
+  local f
+  for f in "$@"; do
+    [[ -e $f ]] || continue
+    printf '[lab] ---- tail of %s ----\n' "$f" >&2
+    tail -n "${TAIL_LINES:-25}" "$f" >&2 || true
+  done
+}
+
+cluster_field() { # cluster_field <name> <index 1..5>
+  local line
+  for line in "${CLUSTERS[@]}"; do
+    read -r -a f <<<"$line"
+    if [[ ${f[0]} == "$1" ]]; then echo "${f[$(($2 - 1))]}"; return 0; fi
+  done
+  return 1
+}
+cluster_names() { local l; for l in "${CLUSTERS[@]}"; do read -r -a f <<<"$l"; echo "${f[0]}"; done; }
+# Distinct job-id ranges per cluster (alpha 100000.., beta 200000..) so that a
+# job id used at the wrong cluster is obvious.
+cluster_first_jobid() { local i=0 l; for l in "${CLUSTERS[@]}"; do i=$((i + 1)); read -r -a f <<<"$l"; [[ ${f[0]} == "$1" ]] && { echo $((i * 100000)); return 0; }; done; return 1; }
+cluster_nodes() { cluster_field "$1" 5 | tr ',' '\n' | cut -d: -f1; }
+node_port()     { cluster_field "$1" 5 | tr ',' '\n' | awk -F: -v n="$2" '$1==n{print $2}'; }
+check_cluster() { cluster_field "$1" 1 >/dev/null 2>&1 || die "unknown cluster '$1' (known: $(cluster_names | xargs))"; }
+
+slurm_plugin_dir() {
+  local d
+  for d in "/usr/lib/$(uname -m)-linux-gnu/slurm-wlm" /usr/lib/x86_64-linux-gnu/slurm-wlm /usr/lib/slurm-wlm /usr/lib64/slurm /usr/lib/slurm; do
+    [[ -e $d/select_cons_tres.so ]] && { echo "$d"; return 0; }
+  done
+  die "cannot find Slurm's plugin directory (select_cons_tres.so); run: $0 deps"
+}
+
+# Is pid alive and does its command line mention <pattern>?
+pid_matches() {
+  local pid=$1 pat=$2
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  [[ -r /proc/$pid/cmdline ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$pat"
+}
+
+# stop_pidfile <pidfile> <cmdline pattern> <label>: TERM, wait, KILL.
+stop_pidfile() {
+  local pf=$1 pat=$2 label=$3 pid i
+  [[ -f $pf ]] || return 0
+  pid=$(tr -dc '0-9' <"$pf")
+  if pid_matches "$pid" "$pat"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do pid_matches "$pid" "$pat" || break; sleep 0.2; done
+    if pid_matches "$pid" "$pat"; then
+      log "$label (pid $pid) ignored SIGTERM; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.2
+    fi
+    log "stopped $label (pid $pid)"
+  fi
+  rm -f "$pf"
+}
+
+pid_from() { [[ -f $1 ]] && tr -dc '0-9' <"$1"; }
+
+as_fleet() { setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups "$@"; }
+
+sconf() { echo "$R/$1/slurm.conf"; }
+scmd() { local c=$1; shift; SLURM_CONF=$(sconf "$c") "$@"; }
+
+# ------------------------------------------------------------------ deps
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+
+cmd_deps() {
+  local missing=() p
+  for p in "${DEB_PACKAGES[@]}"; do pkg_installed "$p" || missing+=("$p"); done
+  if ((${#missing[@]} == 0)); then log "all Debian packages present"; return 0; fi
+  [[ $(id -u) == 0 ]] || die "missing packages (${missing[*]}) and not root"
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  # Keep apt from starting the distribution's own slurm/munge services where
+  # that is possible (policy-rc.d); the lab runs its own.
+  local policy=/usr/sbin/policy-rc.d created_policy=0
+  if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; created_policy=1; fi
+  apt-get install -y -q --no-install-recommends "${missing[@]}" || { ((created_policy)) && rm -f "$policy"; die "apt-get install failed"; }
+  ((created_policy)) && rm -f "$policy"
+  return 0
+}
+
+# ------------------------------------------------------------------ munge
+munge_ok() { command -v munge >/dev/null && munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+ensure_munge() {
+  if munge_ok; then log "munged already running: reusing it"; return 0; fi
+  command -v munged >/dev/null || die "munged not installed; run: $0 deps"
+  id munge >/dev/null 2>&1 || die "user 'munge' missing (the munge package creates it)"
+  local key=/etc/munge/munge.key
+  install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
+  install -d -o munge -g munge -m 0755 /run/munge
+  if [[ ! -s $key ]]; then
+    log "creating munge key $key"
+    if command -v mungekey >/dev/null; then mungekey --create --keyfile="$key" --force
+    else dd if=/dev/urandom of="$key" bs=1 count=1024 status=none; fi
+  fi
+  chown munge:munge "$key"; chmod 0400 "$key"
+  # A stale socket/lock left by a dead munged makes munged refuse to start.
+  if [[ -e /run/munge/munge.socket.2 ]] && ! munge_ok; then
+    local oldpid; oldpid=$(pid_from /run/munge/munged.pid || true)
+    if [[ -z $oldpid ]] || ! pid_matches "$oldpid" munged; then
+      log "removing stale munge socket"
+      rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock
+    fi
+  fi
+  log "starting munged"
+  install -d -o munge -g munge -m 0700 "$R/munge"
+  setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged \
+      --log-file="$R/munge/munged.log" --pid-file=/run/munge/munged.pid >>"$R/log/munged.stderr" 2>&1 \
+      || { show_tail "$R/log/munged.stderr" "$R/munge/munged.log"; die "munged failed to start"; }
+  local t0; t0=$(now)
+  until munge_ok; do
+    (( $(now) - t0 > 15 )) && { show_tail "$R/log/munged.stderr" "$R/munge/munged.log"; die "munged does not answer"; }
+    sleep 0.2
+  done
+  # Remember that the lab started it, so `down` may stop it.
+  pid_from /run/munge/munged.pid >"$R/run/munged.pid"
+}
+
+# ------------------------------------------------------------------ config
+ensure_fleet_user() {
+  id "$FLEET_USER" >/dev/null 2>&1 && return 0
+  log "creating system user $FLEET_USER"
+  useradd --system --no-create-home --shell /usr/sbin/nologin "$FLEET_USER"
+}
+
+write_cluster_conf() {
+  local c=$1 fleet=$2 port region gpu d plugdir n
+  port=$(cluster_field "$c" 2); region=$(cluster_field "$c" 3); gpu=$(cluster_field "$c" 4)
+  d=$R/$c
+  plugdir=$(slurm_plugin_dir)
+  mkdir -p "$d"/{state,spool,log,run,dev}
+  # Sticky, group fleet: the agent (user fleet) creates agent.sock here, but
+  # cannot remove or rename root's files.
+  chown root:"$FLEET_USER" "$d"; chmod 1775 "$d"
+  install -d -o "$FLEET_USER" -g "$FLEET_USER" -m 0755 "$d/agent"
+
+  {
+    echo "# Generated by tests/lab/lab.sh — cluster $c"
+    echo "ClusterName=$c"
+    echo "SlurmctldHost=localhost"
+    echo "SlurmctldPort=$port"
+    echo "SlurmUser=root"
+    echo "SlurmdUser=root"
+    echo "AuthType=auth/munge"
+    echo "CredType=cred/munge"
+    echo "StateSaveLocation=$d/state"
+    echo "SlurmdSpoolDir=$d/spool/%n"
+    echo "SlurmctldPidFile=$d/run/slurmctld.pid"
+    echo "SlurmdPidFile=$d/run/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$d/log/slurmctld.log"
+    echo "SlurmdLogFile=$d/log/slurmd-%n.log"
+    echo "SlurmctldDebug=${FLEET_LAB_CTLD_DEBUG:-info}"
+    echo "SlurmdDebug=info"
+    echo "SlurmdParameters=config_overrides"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "GresTypes=gpu"
+    echo "AccountingStorageType=accounting_storage/none"
+    echo "MailProg=/bin/true"
+    echo "JobCompType=jobcomp/none"
+    echo "FirstJobId=$(cluster_first_jobid "$c")"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "SchedulerType=sched/backfill"
+    echo "MpiDefault=none"
+    echo "MinJobAge=3600"
+    echo "MaxJobCount=100000"
+    echo "KillWait=5"
+    echo "ReturnToService=2"
+    echo "SlurmctldTimeout=30"
+    echo "SlurmdTimeout=60"
+    echo "InactiveLimit=0"
+    echo "Waittime=0"
+    if [[ $fleet == 1 ]]; then
+      echo "PluginDir=$plugdir:$R/plugins"
+      echo "JobSubmitPlugins=fleet"
+      echo "PlugStackConfig=$d/plugstack.conf"
+    else
+      echo "PluginDir=$plugdir"
+      echo "PlugStackConfig=$d/plugstack.conf"
+    fi
+    for n in $(cluster_nodes "$c"); do
+      echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(node_port "$c" "$n") CPUs=$NODE_CPUS RealMemory=$NODE_MEM Gres=gpu:$gpu:$GPUS_PER_NODE State=UNKNOWN"
+    done
+    local all; all=$(cluster_nodes "$c" | paste -sd,)
+    echo "PartitionName=gpu Nodes=$all Default=YES MaxTime=INFINITE State=UP"
+    echo "PartitionName=fleet Nodes=$all OverSubscribe=FORCE:64 MaxTime=INFINITE State=UP"
+  } >"$d/slurm.conf"
+
+  {
+    echo "# Generated by tests/lab/lab.sh — fake GPUs are character devices (major 195)"
+    echo "AutoDetect=off"
+    for n in $(cluster_nodes "$c"); do
+      local i
+      for ((i = 0; i < GPUS_PER_NODE; i++)); do
+        [[ -e $d/dev/$n-nvidia$i ]] || mknod "$d/dev/$n-nvidia$i" c 195 "$i"
+      done
+      echo "NodeName=$n Name=gpu Type=$gpu File=$d/dev/$n-nvidia[0-$((GPUS_PER_NODE - 1))]"
+    done
+  } >"$d/gres.conf"
+
+  if [[ $fleet == 1 ]]; then
+    echo "optional $R/plugins/spank_fleet.so" >"$d/plugstack.conf"
+  else
+    echo "# --no-fleet: no SPANK plugins" >"$d/plugstack.conf"
+  fi
+
+  cat >"$d/fleet.conf" <<EOF
+# Generated by tests/lab/lab.sh — Fleet site config for cluster $c
+SiteName=$c
+Region=$region
+Provider=onprem
+MetaSchedulerUrl=http://$METASCHED_ADDR
+AgentSocket=$d/agent.sock
+AgentTokenFile=$R/secrets/$c.token
+AgentSpoolDir=$d/agent
+ProxyPartition=fleet
+ProxyPath=$R/bin/fleet-proxy
+SubmitTimeoutMs=50
+FailOpen=yes
+HeartbeatIntervalMs=1000
+PollIntervalMs=300
+SlurmBinDir=/usr/bin
+EOF
+  chmod 0644 "$d"/*.conf
+}
+
+write_secrets() {
+  install -d -o "$FLEET_USER" -g "$FLEET_USER" -m 0700 "$R/secrets"
+  local c
+  for c in $(cluster_names) admin; do
+    local f=$R/secrets/$c.token
+    [[ -s $f ]] || (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$f")
+    chown "$FLEET_USER:$FLEET_USER" "$f"; chmod 0400 "$f"
+  done
+}
+
+write_metasched_conf() {
+  install -d -o "$FLEET_USER" -g "$FLEET_USER" -m 0755 "$R/metasched"
+  {
+    echo "# Generated by tests/lab/lab.sh"
+    echo "listen = \"$METASCHED_ADDR\""
+    echo "state_dir = \"$R/metasched\""
+    echo "admin_token_file = \"$R/secrets/admin.token\""
+    echo "heartbeat_timeout_s = 10"
+    local c
+    for c in $(cluster_names); do
+      echo
+      echo "[[clusters]]"
+      echo "name = \"$c\""
+      echo "region = \"$(cluster_field "$c" 3)\""
+      echo "provider = \"onprem\""
+      echo "token_file = \"$R/secrets/$c.token\""
+    done
+  } >"$R/metasched.toml"
+  chmod 0644 "$R/metasched.toml"
+}
+
+install_fleet_bins() {
+  local b
+  for b in "${FLEET_BINS[@]}"; do
+    [[ -x $BIN_SRC/$b ]] || die "missing $BIN_SRC/$b — build first (cargo build --release --workspace) or set FLEET_BIN_DIR"
+    install -m 0755 "$BIN_SRC/$b" "$R/bin/$b"
+  done
+  [[ -f $BIN_SRC/libjob_submit_fleet.so ]] || die "missing $BIN_SRC/libjob_submit_fleet.so"
+  [[ -f $BIN_SRC/libspank_fleet.so ]] || die "missing $BIN_SRC/libspank_fleet.so"
+  install -m 0755 "$BIN_SRC/libjob_submit_fleet.so" "$R/plugins/job_submit_fleet.so"
+  install -m 0755 "$BIN_SRC/libspank_fleet.so" "$R/plugins/spank_fleet.so"
+}
+
+# ------------------------------------------------------------------ slurm
+start_ctld() {
+  local c=$1 d=$R/$1
+  log "starting slurmctld for $c"
+  SLURM_CONF=$d/slurm.conf /usr/sbin/slurmctld -f "$d/slurm.conf" </dev/null >>"$d/log/slurmctld.stderr" 2>&1 \
+    || { show_tail "$d/log/slurmctld.stderr" "$d/log/slurmctld.log"; die "slurmctld ($c) failed to start"; }
+}
+
+start_slurmd() {
+  local c=$1 n=$2 d=$R/$1
+  mkdir -p "$d/spool/$n"
+  log "starting slurmd $n ($c)"
+  SLURM_CONF=$d/slurm.conf /usr/sbin/slurmd -f "$d/slurm.conf" -N "$n" </dev/null >>"$d/log/slurmd-$n.stderr" 2>&1 \
+    || { show_tail "$d/log/slurmd-$n.stderr" "$d/log/slurmd-$n.log"; die "slurmd $n ($c) failed to start"; }
+}
+
+wait_ctld() {
+  local c=$1 d=$R/$1 t0; t0=$(now)
+  until scmd "$c" scontrol ping 2>/dev/null | grep -q 'UP'; do
+    if ! pid_matches "$(pid_from "$d/run/slurmctld.pid" || true)" slurmctld && (( $(now) - t0 > 3 )); then
+      show_tail "$d/log/slurmctld.stderr" "$d/log/slurmctld.log"
+      die "slurmctld ($c) exited"
+    fi
+    if (( $(now) - t0 > READY_TIMEOUT )); then
+      show_tail "$d/log/slurmctld.stderr" "$d/log/slurmctld.log"
+      die "slurmctld ($c) not answering after ${READY_TIMEOUT}s"
+    fi
+    sleep 0.3
+  done
+}
+
+wait_nodes_idle() {
+  local c=$1 d=$R/$1 t0 states; t0=$(now)
+  while :; do
+    states=$(scmd "$c" sinfo -h -N -p gpu -o '%N %t' 2>/dev/null | sort -u || true)
+    if [[ -n $states ]] && ! grep -qv ' idle$' <<<"$states" \
+       && [[ $(wc -l <<<"$states") -eq $(cluster_nodes "$c" | wc -l) ]]; then
+      return 0
+    fi
+    if (( $(now) - t0 > READY_TIMEOUT )); then
+      log "node states at $c:"; echo "$states" >&2
+      local n logs=("$d/log/slurmctld.log")
+      for n in $(cluster_nodes "$c"); do logs+=("$d/log/slurmd-$n.stderr" "$d/log/slurmd-$n.log"); done
+      show_tail "${logs[@]}"
+      die "nodes of $c not idle after ${READY_TIMEOUT}s"
+    fi
+    sleep 0.5
+  done
+}
+
+cmd_restart_ctld() {
+  local c=${1:-}; [[ -n $c ]] || die "usage: $0 restart-ctld <cluster>"; check_cluster "$c"
+  stop_pidfile "$R/$c/run/slurmctld.pid" slurmctld "slurmctld ($c)"
+  start_ctld "$c"
+  wait_ctld "$c"
+  wait_nodes_idle "$c"
+  log "slurmctld ($c) restarted"
+}
+
+# Cancel every job of a cluster (so slurmstepd/job processes go away before
+# the daemons stop), then wait briefly for them to end.
+cancel_all_jobs() {
+  local c=$1 ids t0
+  scmd "$c" scontrol ping 2>/dev/null | grep -q UP || return 0
+  ids=$(scmd "$c" squeue -h -o %i -t PD,R,CG,S,CF,RQ 2>/dev/null | xargs || true)
+  [[ -n $ids ]] || return 0
+  scmd "$c" scancel $ids 2>/dev/null || true
+  t0=$(now)
+  while [[ -n $(scmd "$c" squeue -h -o %i -t R,CG 2>/dev/null) ]] && (( $(now) - t0 < 15 )); do sleep 0.3; done
+}
+
+# slurmstepd processes started by this lab's slurmd (environment names our
+# SLURM_CONF); they can outlive slurmd.
+stop_lab_stepds() {
+  local p
+  for p in /proc/[0-9]*; do
+    [[ $(cat "$p/comm" 2>/dev/null) == slurmstepd ]] || continue
+    tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -q "^SLURM_CONF=$R/" || continue
+    kill -KILL "${p#/proc/}" 2>/dev/null && log "killed leftover slurmstepd ${p#/proc/}" || true
+  done
+}
+
+# ------------------------------------------------------------------ fleet services
+start_metasched() {
+  [[ -x $R/bin/fleet-metasched ]] || die "fleet-metasched not installed in $R/bin (lab up without --no-fleet?)"
+  local pf=$R/run/metasched.pid
+  if pid_matches "$(pid_from "$pf" || true)" fleet-metasched; then log "metasched already running"; return 0; fi
+  log "starting fleet-metasched"
+  setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
+    env RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-metasched" --config "$R/metasched.toml" \
+    </dev/null >>"$R/log/metasched.log" 2>&1 &
+  echo $! >"$pf"
+}
+
+wait_metasched() {
+  local t0; t0=$(now)
+  until curl -sf -m 2 "http://$METASCHED_ADDR/health" >/dev/null 2>&1; do
+    if ! pid_matches "$(pid_from "$R/run/metasched.pid" || true)" fleet-metasched; then
+      show_tail "$R/log/metasched.log"; die "fleet-metasched exited"
+    fi
+    if (( $(now) - t0 > READY_TIMEOUT )); then show_tail "$R/log/metasched.log"; die "metasched /health not answering"; fi
+    sleep 0.3
+  done
+}
+
+start_agent() {
+  local c=$1 d=$R/$1 pf=$R/$1/run/agent.pid
+  [[ -x $R/bin/fleet-agent ]] || die "fleet-agent not installed in $R/bin (lab up without --no-fleet?)"
+  if pid_matches "$(pid_from "$pf" || true)" fleet-agent; then log "agent $c already running"; return 0; fi
+  log "starting fleet-agent for $c"
+  setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
+    env SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
+    </dev/null >>"$d/log/agent.log" 2>&1 &
+  echo $! >"$pf"
+}
+
+wait_agent() {
+  local c=$1 d=$R/$1 t0; t0=$(now)
+  until [[ -S $d/agent.sock ]]; do
+    if ! pid_matches "$(pid_from "$d/run/agent.pid" || true)" fleet-agent; then
+      show_tail "$d/log/agent.log"; die "fleet-agent ($c) exited"
+    fi
+    if (( $(now) - t0 > READY_TIMEOUT )); then show_tail "$d/log/agent.log"; die "agent socket $d/agent.sock not present"; fi
+    sleep 0.2
+  done
+}
+
+cmd_stop_agent() { local c=${1:-}; [[ -n $c ]] || die "usage: $0 stop-agent <cluster>"; check_cluster "$c"; stop_pidfile "$R/$c/run/agent.pid" fleet-agent "fleet-agent ($c)"; }
+cmd_start_agent() { local c=${1:-}; [[ -n $c ]] || die "usage: $0 start-agent <cluster>"; check_cluster "$c"; start_agent "$c"; wait_agent "$c"; }
+cmd_stop_metasched() { stop_pidfile "$R/run/metasched.pid" fleet-metasched fleet-metasched; }
+cmd_start_metasched() { start_metasched; wait_metasched; }
+
+# ------------------------------------------------------------------ commands
+cmd_down() {
+  [[ -d $R ]] || { log "no lab at $R"; return 0; }
+  local c n
+  for c in $(cluster_names); do stop_pidfile "$R/$c/run/agent.pid" fleet-agent "fleet-agent ($c)"; done
+  stop_pidfile "$R/run/metasched.pid" fleet-metasched fleet-metasched
+  for c in $(cluster_names); do
+    [[ -d $R/$c ]] || continue
+    cancel_all_jobs "$c"
+    stop_pidfile "$R/$c/run/slurmctld.pid" slurmctld "slurmctld ($c)"
+    for n in $(cluster_nodes "$c"); do stop_pidfile "$R/$c/run/slurmd-$n.pid" slurmd "slurmd $n ($c)"; done
+  done
+  stop_lab_stepds
+  # munged: only if this lab started it.
+  if [[ -f $R/run/munged.pid ]]; then
+    if [[ ${FLEET_LAB_KEEP_MUNGE:-0} == 1 ]]; then rm -f "$R/run/munged.pid"
+    else stop_pidfile "$R/run/munged.pid" munged munged; fi
+  fi
+  log "lab down"
+}
+
+cmd_up() {
+  local fleet=1 arg
+  for arg in "$@"; do
+    case $arg in
+      --no-fleet) fleet=0 ;;
+      *) die "unknown option to up: $arg" ;;
+    esac
+  done
+  [[ $(id -u) == 0 ]] || die "the lab needs root (it runs slurmd and creates device nodes)"
+  local t_start; t_start=$(now)
+  case $R in /|/tmp|/root|/home|/usr|/etc|/var|"") die "refusing FLEET_LAB_DIR=$R" ;; esac
+  if [[ -d $R ]] && [[ -n $(ls -A "$R") ]] && [[ ! -f $R/.fleet-lab ]]; then
+    die "$R exists and is not a Fleet lab (no .fleet-lab marker); refusing to wipe it"
+  fi
+  cmd_deps
+  for arg in slurmctld slurmd; do [[ -x /usr/sbin/$arg ]] || die "/usr/sbin/$arg missing"; done
+  ensure_fleet_user
+  if [[ $fleet == 1 ]]; then  # fail before tearing anything down
+    local b; for b in "${FLEET_BINS[@]}" libjob_submit_fleet.so libspank_fleet.so; do
+      [[ -e $BIN_SRC/$b ]] || die "missing $BIN_SRC/$b — run 'cargo build --release --workspace' or set FLEET_BIN_DIR (or use up --no-fleet)"
+    done
+  fi
+  cmd_down
+  # Keep a munged the previous run started (it is ours) — stop_pidfile above stopped it; fine.
+  rm -rf "$R"
+  mkdir -p "$R"/{bin,plugins,log,run}
+  chmod 0755 "$R" "$R/bin" "$R/plugins"
+  touch "$R/.fleet-lab"
+  ensure_munge
+
+  local c n
+  if [[ $fleet == 1 ]]; then install_fleet_bins; fi
+  write_secrets
+  for c in $(cluster_names); do write_cluster_conf "$c" "$fleet"; done
+  write_metasched_conf
+
+  if [[ $fleet == 1 ]]; then start_metasched; wait_metasched; fi
+  for c in $(cluster_names); do
+    start_ctld "$c"
+  done
+  for c in $(cluster_names); do
+    wait_ctld "$c"
+    for n in $(cluster_nodes "$c"); do start_slurmd "$c" "$n"; done
+  done
+  for c in $(cluster_names); do wait_nodes_idle "$c"; done
+  if [[ $fleet == 1 ]]; then
+    for c in $(cluster_names); do start_agent "$c"; done
+    for c in $(cluster_names); do wait_agent "$c"; done
+  fi
+  echo "fleet=$fleet" >"$R/run/mode"
+  log "lab up in $(( $(now) - t_start ))s at $R (fleet=$fleet)"
+  for c in $(cluster_names); do log "  $c: export SLURM_CONF=$R/$c/slurm.conf"; done
+}
+
+cmd_status() {
+  local c n pid
+  [[ -d $R ]] || { echo "no lab at $R"; return 1; }
+  printf '%-28s %s\n' "process" "state"
+  show_proc() { # label pidfile pattern
+    pid=$(pid_from "$2" || true)
+    if pid_matches "$pid" "$3"; then printf '%-28s running (pid %s)\n' "$1" "$pid"; else printf '%-28s stopped\n' "$1"; fi
+  }
+  if [[ -f $R/run/munged.pid ]]; then show_proc munged "$R/run/munged.pid" munged
+  else printf '%-28s %s\n' munged "$(munge_ok && echo 'running (not started by lab)' || echo stopped)"; fi
+  [[ -e $R/bin/fleet-metasched ]] && show_proc fleet-metasched "$R/run/metasched.pid" fleet-metasched
+  for c in $(cluster_names); do
+    show_proc "slurmctld ($c)" "$R/$c/run/slurmctld.pid" slurmctld
+    for n in $(cluster_nodes "$c"); do show_proc "slurmd $n ($c)" "$R/$c/run/slurmd-$n.pid" slurmd; done
+    [[ -e $R/bin/fleet-agent ]] && show_proc "fleet-agent ($c)" "$R/$c/run/agent.pid" fleet-agent
+  done
+  for c in $(cluster_names); do
+    echo "== $c (SLURM_CONF=$R/$c/slurm.conf)"
+    scmd "$c" sinfo -N -o '%N %P %t %G' 2>&1 || true
+  done
+  if [[ -e $R/bin/fleet-metasched ]]; then
+    echo "== metasched http://$METASCHED_ADDR/health: $(curl -sf -m 2 "http://$METASCHED_ADDR/health" 2>&1 || echo 'not answering')"
+  fi
+}
+
+cmd_env() {
+  local c=${1:-}; [[ -n $c ]] || die "usage: $0 env <cluster>"; check_cluster "$c"
+  echo "export SLURM_CONF=$R/$c/slurm.conf"
+}
+
+cmd_logs() {
+  local f
+  while IFS= read -r f; do
+    echo "==> $f <=="
+    tail -n "${TAIL_LINES:-20}" "$f"
+  done < <(find "$R" -name '*.log' -o -name '*.stderr' 2>/dev/null | sort)
+}
+
+main() {
+  local cmd=${1:-}; shift || true
+  case $cmd in
+    deps) cmd_deps ;;
+    up) cmd_up "$@" ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    env) cmd_env "$@" ;;
+    stop-agent) cmd_stop_agent "$@" ;;
+    start-agent) cmd_start_agent "$@" ;;
+    stop-metasched) cmd_stop_metasched ;;
+    start-metasched) cmd_start_metasched ;;
+    restart-ctld) cmd_restart_ctld "$@" ;;
+    logs) cmd_logs ;;
+    ""|-h|--help|help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    *) die "unknown command '$cmd' (try: $0 help)" ;;
+  esac
+}
+
+main "$@"
