@@ -65,7 +65,7 @@ pub fn fits(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
         Some((t, m, n)) if m < per_node => {
             format!("has at most {m} {want} per node, job needs {per_node} (cluster total {t} on {n} nodes)")
         }
-        Some((t, _, n)) if n < nodes => format!("has {n} nodes with {want}, job needs {nodes}"),
+        Some((_, _, n)) if n < nodes => format!("has {n} nodes with {want}, job needs {nodes}"),
         Some((t, _, _)) => format!("has {t} {want} GPUs, job needs {total}"),
     })
 }
