@@ -1,0 +1,326 @@
+//! The simulation report: per-policy figures, a text table, JSON and SVG plots.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// Figures of one policy (or baseline) over one trace.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct PolicyReport {
+    pub policy: String,
+    pub jobs: usize,
+    pub completed: usize,
+    /// Jobs no cluster could ever run (hard constraints or larger than any cluster).
+    pub unplaced: usize,
+    pub total_usd: f64,
+    pub compute_usd: f64,
+    pub egress_usd: f64,
+    /// USD per GPU-hour of useful work (trace GPU-hours of completed jobs).
+    pub usd_per_gpu_hour: f64,
+    pub useful_gpu_hours: f64,
+    pub kg_co2: f64,
+    /// GPU-hours of work thrown away by preemptions, outages and migrations.
+    pub lost_gpu_hours: f64,
+    pub preemptions: u64,
+    pub outage_kills: u64,
+    pub migrations: u64,
+    /// Jobs that ran away from their home cluster.
+    pub moved_jobs: usize,
+    pub wait_mean_s: f64,
+    pub wait_p95_s: f64,
+    pub completion_mean_s: f64,
+    pub completion_p95_s: f64,
+    /// Time-averaged busy GPUs / capacity, over the simulated span.
+    pub utilization: BTreeMap<String, f64>,
+    /// total_usd / lower bound.
+    pub ratio_to_lower_bound: f64,
+    /// Cumulative USD sampled at each plot bucket (hours since the epoch, USD).
+    pub cost_series: Vec<(f64, f64)>,
+    /// Per cluster: busy fraction per plot bucket.
+    pub util_series: BTreeMap<String, Vec<f64>>,
+    pub bucket_hours: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Report {
+    pub trace: String,
+    pub fleet: String,
+    pub seed: u64,
+    pub jobs: usize,
+    pub span_hours: f64,
+    /// Each job at its cheapest feasible price, capacity relaxed, no waiting, no egress.
+    pub lower_bound_usd: f64,
+    pub lower_bound_kg_co2: f64,
+    pub policies: Vec<PolicyReport>,
+    pub targets: Vec<TargetCheck>,
+    pub notes: Vec<String>,
+}
+
+/// One of the issue's acceptance targets, evaluated on this run.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct TargetCheck {
+    pub target: String,
+    pub value: f64,
+    pub threshold: f64,
+    pub met: bool,
+}
+
+/// Percentile (nearest-rank) of an unsorted sample; 0 for an empty one.
+pub fn percentile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+    v[rank.min(v.len()) - 1]
+}
+
+pub fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}
+
+impl Report {
+    fn find(&self, name: &str) -> Option<&PolicyReport> {
+        self.policies.iter().find(|p| p.policy == name)
+    }
+
+    /// Evaluate the issue's targets where the needed policies are present.
+    pub fn evaluate_targets(&mut self) {
+        let mut t = Vec::new();
+        let saving = |a: &PolicyReport, b: &PolicyReport| {
+            if b.total_usd > 0.0 {
+                1.0 - a.total_usd / b.total_usd
+            } else {
+                0.0
+            }
+        };
+        if let Some(cost) = self.find("cost") {
+            if let Some(home) = self.find("home-only") {
+                let s = saving(cost, home);
+                t.push(TargetCheck { target: "cost vs home-only: saving".into(), value: s, threshold: 0.40, met: s >= 0.40 });
+                let worse = if home.completion_mean_s > 0.0 { cost.completion_mean_s / home.completion_mean_s - 1.0 } else { 0.0 };
+                t.push(TargetCheck { target: "cost vs home-only: mean completion worse by".into(), value: worse, threshold: 0.10, met: worse <= 0.10 });
+            }
+            if let Some(greedy) = self.find("greedy") {
+                let s = saving(cost, greedy);
+                t.push(TargetCheck { target: "cost vs greedy: saving".into(), value: s, threshold: 0.15, met: s >= 0.15 });
+            }
+            let r = cost.ratio_to_lower_bound;
+            t.push(TargetCheck { target: "cost / lower bound - 1".into(), value: r - 1.0, threshold: 0.10, met: r - 1.0 <= 0.10 });
+            if let Some(green) = self.find("green") {
+                let cut = if cost.kg_co2 > 0.0 { 1.0 - green.kg_co2 / cost.kg_co2 } else { 0.0 };
+                let more = if cost.total_usd > 0.0 { green.total_usd / cost.total_usd - 1.0 } else { 0.0 };
+                t.push(TargetCheck { target: "green vs cost: kgCO2 cut".into(), value: cut, threshold: 0.20, met: cut >= 0.20 });
+                t.push(TargetCheck { target: "green vs cost: extra cost".into(), value: more, threshold: 0.05, met: more <= 0.05 });
+            }
+        }
+        self.targets = t;
+    }
+
+    /// A fixed-width table for stdout.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<10} {:>13} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>9} {:>7} {:>6} {:>6} {:>6}",
+            "policy", "total USD", "$/GPUh", "wait mean", "wait p95", "compl mean", "compl p95",
+            "egress $", "kgCO2", "lost GPUh", "unplcd", "moved%", "preem", "migr"
+        );
+        for p in &self.policies {
+            let _ = writeln!(
+                s,
+                "{:<10} {:>13.0} {:>7.3} {:>11} {:>11} {:>11} {:>11} {:>10.0} {:>11.0} {:>9.0} {:>7} {:>6.1} {:>6} {:>6}",
+                p.policy, p.total_usd, p.usd_per_gpu_hour, hms(p.wait_mean_s), hms(p.wait_p95_s),
+                hms(p.completion_mean_s), hms(p.completion_p95_s), p.egress_usd, p.kg_co2,
+                p.lost_gpu_hours, p.unplaced,
+                if p.jobs > 0 { 100.0 * p.moved_jobs as f64 / p.jobs as f64 } else { 0.0 },
+                p.preemptions + p.outage_kills, p.migrations
+            );
+        }
+        let _ = writeln!(s, "{:<10} {:>13.0}   (each job at its cheapest feasible price, capacity relaxed)", "lower-bd", self.lower_bound_usd);
+        let _ = writeln!(s, "\nratio to lower bound:");
+        for p in &self.policies {
+            let _ = writeln!(s, "  {:<10} {:.3}", p.policy, p.ratio_to_lower_bound);
+        }
+        let _ = writeln!(s, "\nutilization per cluster (time-averaged busy GPUs / GPUs):");
+        if let Some(first) = self.policies.first() {
+            let _ = write!(s, "  {:<10}", "");
+            for c in first.utilization.keys() {
+                let _ = write!(s, " {:>12}", truncate(c, 12));
+            }
+            let _ = writeln!(s);
+        }
+        for p in &self.policies {
+            let _ = write!(s, "  {:<10}", p.policy);
+            for u in p.utilization.values() {
+                let _ = write!(s, " {:>11.1}%", 100.0 * u);
+            }
+            let _ = writeln!(s);
+        }
+        if !self.targets.is_empty() {
+            let _ = writeln!(s, "\ntargets:");
+            for t in &self.targets {
+                let _ = writeln!(
+                    s,
+                    "  [{}] {:<45} {:>7.1}% (threshold {:.0}%)",
+                    if t.met { "met " } else { "MISS" }, t.target, 100.0 * t.value, 100.0 * t.threshold
+                );
+            }
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
+        s
+    }
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+fn hms(s: f64) -> String {
+    if s >= 86_400.0 {
+        format!("{:.1}d", s / 86_400.0)
+    } else if s >= 3600.0 {
+        format!("{:.1}h", s / 3600.0)
+    } else if s >= 60.0 {
+        format!("{:.1}m", s / 60.0)
+    } else {
+        format!("{:.0}s", s)
+    }
+}
+
+const COLORS: [&str; 10] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// A minimal line chart: each series is (label, points).
+pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+    let (w, h) = (900.0, 500.0);
+    let (ml, mr, mt, mb) = (80.0, 180.0, 40.0, 50.0);
+    let pw = w - ml - mr;
+    let ph = h - mt - mb;
+    let mut xmax: f64 = 0.0;
+    let mut ymax: f64 = 0.0;
+    for (_, pts) in series {
+        for &(x, y) in pts {
+            xmax = xmax.max(x);
+            ymax = ymax.max(y);
+        }
+    }
+    if xmax <= 0.0 {
+        xmax = 1.0;
+    }
+    if ymax <= 0.0 {
+        ymax = 1.0;
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, ml + pw / 2.0, esc(title));
+    let _ = writeln!(s, r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, mt + ph, ml + pw, mt + ph);
+    let _ = writeln!(s, r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#, mt + ph);
+    for i in 0..=5 {
+        let f = i as f64 / 5.0;
+        let y = mt + ph - f * ph;
+        let x = ml + f * pw;
+        let _ = writeln!(s, r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="gray" stroke-opacity="0.3"/>"#, ml + pw);
+        let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, ml - 5.0, y + 4.0, fmt_num(f * ymax));
+        let _ = writeln!(s, r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#, mt + ph + 16.0, fmt_num(f * xmax));
+    }
+    let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, ml + pw / 2.0, h - 10.0, esc(x_label));
+    let _ = writeln!(s, r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#, mt + ph / 2.0, mt + ph / 2.0, esc(y_label));
+    for (i, (label, pts)) in series.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let mut d = String::new();
+        for (k, &(x, y)) in pts.iter().enumerate() {
+            let px = ml + x / xmax * pw;
+            let py = mt + ph - y / ymax * ph;
+            let _ = write!(d, "{}{px:.1},{py:.1} ", if k == 0 { "M" } else { "L" });
+        }
+        let _ = writeln!(s, r#"<path d="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#, d.trim_end());
+        let ly = mt + 14.0 * i as f64 + 6.0;
+        let _ = writeln!(s, r#"<rect x="{}" y="{}" width="12" height="3" fill="{c}"/>"#, ml + pw + 10.0, ly);
+        let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, ml + pw + 26.0, ly + 5.0, esc(label));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if a >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else if a >= 10.0 || a == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Write `report.json`, `cost.svg` and `util-<policy>.svg` into `dir`.
+pub fn write_outputs(report: &Report, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
+    let p = dir.join("report.json");
+    std::fs::write(&p, json + "\n")?;
+    written.push(p);
+    let series: Vec<_> = report.policies.iter().map(|p| (p.policy.clone(), p.cost_series.clone())).collect();
+    let p = dir.join("cost.svg");
+    std::fs::write(&p, line_chart_svg("Cumulative cost", "hours since first submission", "USD", &series))?;
+    written.push(p);
+    for pol in &report.policies {
+        let series: Vec<_> = pol
+            .util_series
+            .iter()
+            .map(|(c, v)| {
+                (c.clone(), v.iter().enumerate().map(|(i, u)| (i as f64 * pol.bucket_hours, 100.0 * u)).collect())
+            })
+            .collect();
+        let p = dir.join(format!("util-{}.svg", pol.policy));
+        std::fs::write(&p, line_chart_svg(&format!("Utilization per cluster: {}", pol.policy), "hours since first submission", "busy GPUs %", &series))?;
+        written.push(p);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(xs: &[f64], p: f64, expected: f64) {
+        assert_eq!(percentile(xs, p), expected);
+    }
+
+    #[test]
+    fn percentiles() {
+        check(&[], 95.0, 0.0);
+        check(&[3.0], 95.0, 3.0);
+        check(&[5.0, 1.0, 4.0, 2.0, 3.0], 50.0, 3.0);
+        check(&(1..=100).map(f64::from).collect::<Vec<_>>(), 95.0, 95.0);
+    }
+
+    #[test]
+    fn svg_is_well_formed_enough() {
+        let s = line_chart_svg("t<", "x", "y", &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])]);
+        assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
+        assert!(s.contains("t&lt;"));
+        assert!(s.contains("M80.0,450.0 L720.0,40.0"));
+    }
+}

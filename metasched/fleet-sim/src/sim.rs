@@ -1,0 +1,985 @@
+//! The discrete-event replay.
+//!
+//! The simulator owns time, capacity and accounting; every placement choice of the
+//! engine policies comes from a [`Model`] (in production: [`crate::engine_model`], a thin
+//! adapter over `fleet-engine`). Baselines reuse the model's feasible offers and only
+//! change how one is picked, so they obey the very same hard constraints.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::report::{mean, percentile, PolicyReport};
+
+/// A node pool of a cluster as the simulator sees it: a fixed number of GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimPool {
+    pub name: String,
+    pub gpu_type: String,
+    pub gpus: u32,
+    /// Index into the spot traces when this pool sells spot capacity.
+    pub spot_trace: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimCluster {
+    pub name: String,
+    pub pools: Vec<SimPool>,
+}
+
+/// A job as replayed. `duration_s` is the trace run time, also given to the engine as
+/// the user's estimate (the trace has no separate estimate).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimJob {
+    pub id: usize,
+    pub submit_s: f64,
+    pub duration_s: f64,
+    pub gpus: u32,
+    pub home: usize,
+    pub interruptible: bool,
+    /// 0 = never checkpoints (an eviction loses everything).
+    pub checkpoint_s: f64,
+}
+
+/// The dynamic state of a pool handed to the model when it ranks offers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolLoad {
+    pub capacity: u32,
+    pub free: u32,
+    /// Spot GPUs available right now (spot trace fraction × capacity − spot GPUs in use).
+    pub spot_free: u32,
+    pub spot_fraction: f64,
+    pub queued_jobs: usize,
+    /// Estimated queue wait (s) for a 1-GPU job arriving now.
+    pub est_wait_s: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterLoad {
+    pub up: bool,
+    pub pools: Vec<PoolLoad>,
+}
+
+/// One feasible placement for a job, as ranked by the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offer {
+    pub cluster: usize,
+    pub pool: usize,
+    pub spot: bool,
+    pub usd_per_gpu_hour: f64,
+    /// One-off USD when the job lands there (dataset/checkpoint egress).
+    pub egress_usd: f64,
+    /// The model's score (lower is better); informative only.
+    pub score: f64,
+}
+
+/// A running job offered to the rebalancing pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunningJob {
+    pub job: usize,
+    pub cluster: usize,
+    pub pool: usize,
+    pub spot: bool,
+    pub gpus: u32,
+    pub usd_per_gpu_hour: f64,
+    pub remaining_s: f64,
+    pub since_checkpoint_s: f64,
+}
+
+/// A migration proposal: stop `job` (losing work since its last checkpoint) and move
+/// it to `to`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Move {
+    pub job: usize,
+    pub to: Offer,
+}
+
+/// What the simulator needs from the placement engine.
+pub trait Model {
+    fn clusters(&self) -> &[SimCluster];
+    /// Feasible offers, best first, under `policy`.
+    fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer>;
+    /// kgCO2 of `gpus` GPUs of pool (`cluster`, `pool`) running over `[t0, t1)`.
+    fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64;
+    /// Migration proposals for running interruptible jobs.
+    fn rebalance(&mut self, policy: &str, now: f64, jobs: &[SimJob], running: &[RunningJob], load: &[ClusterLoad]) -> Vec<Move>;
+}
+
+/// How a run picks among the model's offers.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Strategy {
+    /// The engine's top-ranked offer under a named policy; rebalancing on.
+    Engine(String),
+    /// Only the job's home cluster, on-demand/on-prem (what users do today).
+    HomeOnly,
+    /// SkyPilot-like: cheapest compute price at submit among offers with free capacity
+    /// now, else cheapest overall; on-demand only; no rebalancing.
+    Greedy,
+    /// Uniformly random feasible offer (seeded).
+    Random,
+}
+
+impl Strategy {
+    pub fn name(&self) -> String {
+        match self {
+            Strategy::Engine(p) => p.clone(),
+            Strategy::HomeOnly => "home-only".into(),
+            Strategy::Greedy => "greedy".into(),
+            Strategy::Random => "random".into(),
+        }
+    }
+}
+
+/// Configurable simulation knobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    pub seed: u64,
+    /// Planned outages: (cluster index, start s, end s).
+    pub outages: Vec<(usize, f64, f64)>,
+    /// Rebalancing period for engine policies (0 = off).
+    pub rebalance_every_s: f64,
+    /// Plot bucket width.
+    pub bucket_s: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig { seed: 1, outages: Vec::new(), rebalance_every_s: 3600.0, bucket_s: 6.0 * 3600.0 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ev {
+    Arrival(usize),
+    Finish { job: usize, epoch: u32 },
+    Spot { cluster: usize, pool: usize, fraction: f64 },
+    OutageStart(usize),
+    OutageEnd(usize),
+    Rebalance,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    t: f64,
+    seq: u64,
+    ev: Ev,
+}
+impl PartialEq for Event {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Event {
+    // Min-heap on (t, seq) inside std's max-heap.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct PoolState {
+    cap: u32,
+    used: u32,
+    spot_used: u32,
+    spot_fraction: f64,
+    has_spot: bool,
+    queue: VecDeque<usize>,
+    queued_gpu_s: f64,
+    /// Running spot jobs in start order (eviction takes the newest).
+    running_spot: Vec<usize>,
+    running: Vec<usize>,
+}
+
+impl PoolState {
+    fn spot_limit(&self) -> u32 {
+        if !self.has_spot {
+            return 0;
+        }
+        (self.spot_fraction * self.cap as f64 + 1e-9).floor() as u32
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct JobState {
+    at: Option<Offer>,
+    progress_s: f64,
+    run_start: Option<f64>,
+    epoch: u32,
+    first_start: Option<f64>,
+    finish: Option<f64>,
+    unplaced: bool,
+    moved: bool,
+    parked: bool,
+}
+
+struct Sim<'a, M: Model> {
+    model: &'a mut M,
+    strategy: Strategy,
+    cfg: &'a SimConfig,
+    jobs: &'a [SimJob],
+    js: Vec<JobState>,
+    pools: Vec<Vec<PoolState>>,
+    up: Vec<bool>,
+    heap: BinaryHeap<Event>,
+    seq: u64,
+    rng: ChaCha8Rng,
+    parked: Vec<usize>,
+    // accounting
+    compute_usd: f64,
+    egress_usd: f64,
+    kg_co2: f64,
+    lost_gpu_s: f64,
+    preemptions: u64,
+    outage_kills: u64,
+    migrations: u64,
+    cost_events: Vec<(f64, f64)>,
+    busy: Vec<Vec<f64>>, // per cluster, per bucket: GPU-seconds
+    last_t: f64,
+    arrivals_left: usize,
+    settled: usize,
+}
+
+/// Seed of one run: the user seed mixed with the strategy name, so adding a policy to
+/// a run does not change the others' random streams.
+fn run_seed(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Replay `jobs` (sorted by submit time) under `strategy`.
+pub fn simulate<M: Model>(
+    model: &mut M,
+    strategy: Strategy,
+    jobs: &[SimJob],
+    spot: &[crate::spot::SpotTrace],
+    cfg: &SimConfig,
+    progress: &dyn Fn(u64),
+) -> PolicyReport {
+    let clusters = model.clusters().to_vec();
+    let pools: Vec<Vec<PoolState>> = clusters
+        .iter()
+        .map(|c| {
+            c.pools
+                .iter()
+                .map(|p| PoolState {
+                    cap: p.gpus,
+                    spot_fraction: if p.spot_trace.is_some() { 1.0 } else { 0.0 },
+                    has_spot: p.spot_trace.is_some(),
+                    ..Default::default()
+                })
+                .collect()
+        })
+        .collect();
+    let name = strategy.name();
+    let mut sim = Sim {
+        model,
+        strategy,
+        cfg,
+        jobs,
+        js: vec![JobState::default(); jobs.len()],
+        pools,
+        up: vec![true; clusters.len()],
+        heap: BinaryHeap::new(),
+        seq: 0,
+        rng: ChaCha8Rng::seed_from_u64(run_seed(cfg.seed, &name)),
+        parked: Vec::new(),
+        compute_usd: 0.0,
+        egress_usd: 0.0,
+        kg_co2: 0.0,
+        lost_gpu_s: 0.0,
+        preemptions: 0,
+        outage_kills: 0,
+        migrations: 0,
+        cost_events: Vec::new(),
+        busy: vec![Vec::new(); clusters.len()],
+        last_t: 0.0,
+        arrivals_left: jobs.len(),
+        settled: 0,
+    };
+    for (i, j) in jobs.iter().enumerate() {
+        sim.push(j.submit_s, Ev::Arrival(i));
+    }
+    let horizon = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max)
+        + jobs.iter().map(|j| j.duration_s).fold(0.0, f64::max) * 2.0
+        + 86_400.0;
+    for (ci, c) in clusters.iter().enumerate() {
+        for (pi, p) in c.pools.iter().enumerate() {
+            if let Some(tr) = p.spot_trace.and_then(|i| spot.get(i)) {
+                for (t, f) in tr.changes(horizon) {
+                    sim.push(t, Ev::Spot { cluster: ci, pool: pi, fraction: f });
+                }
+            }
+        }
+    }
+    for &(c, s, e) in &cfg.outages {
+        if c < clusters.len() && e > s {
+            sim.push(s, Ev::OutageStart(c));
+            sim.push(e, Ev::OutageEnd(c));
+        }
+    }
+    if matches!(sim.strategy, Strategy::Engine(_)) && cfg.rebalance_every_s > 0.0 {
+        sim.push(cfg.rebalance_every_s, Ev::Rebalance);
+    }
+    let mut done_arrivals = 0u64;
+    while let Some(Event { t, ev, .. }) = sim.heap.pop() {
+        // Stop once all jobs are done or unplaceable; spot/outage events alone do not
+        // keep the clock running.
+        if sim.arrivals_left == 0 && sim.all_settled() {
+            break;
+        }
+        sim.last_t = t;
+        match ev {
+            Ev::Arrival(j) => {
+                sim.arrivals_left -= 1;
+                done_arrivals += 1;
+                if done_arrivals % 1024 == 0 {
+                    progress(done_arrivals);
+                }
+                sim.place(j, t);
+            }
+            Ev::Finish { job, epoch } => {
+                if sim.js[job].epoch == epoch && sim.js[job].run_start.is_some() {
+                    sim.finish(job, t);
+                }
+            }
+            Ev::Spot { cluster, pool, fraction } => sim.spot_change(cluster, pool, fraction, t),
+            Ev::OutageStart(c) => sim.outage_start(c, t),
+            Ev::OutageEnd(c) => sim.outage_end(c, t),
+            Ev::Rebalance => {
+                sim.rebalance(t);
+                if !(sim.arrivals_left == 0 && sim.all_settled()) {
+                    sim.push(t + cfg.rebalance_every_s, Ev::Rebalance);
+                }
+            }
+        }
+    }
+    progress(jobs.len() as u64);
+    // Jobs still waiting (e.g. parked after every feasible cluster went down for good).
+    for (i, s) in sim.js.iter_mut().enumerate() {
+        if s.finish.is_none() && !s.unplaced {
+            let _ = i;
+            s.unplaced = true;
+        }
+    }
+    sim.report(&clusters, name)
+}
+
+impl<M: Model> Sim<'_, M> {
+    fn push(&mut self, t: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Event { t, seq: self.seq, ev });
+    }
+
+    fn all_settled(&self) -> bool {
+        self.settled == self.jobs.len()
+    }
+
+    fn load(&self, now: f64) -> Vec<ClusterLoad> {
+        self.pools
+            .iter()
+            .enumerate()
+            .map(|(ci, ps)| ClusterLoad {
+                up: self.up[ci],
+                pools: ps
+                    .iter()
+                    .map(|p| {
+                        let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
+                        let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
+                        let est_wait_s = if p.queue.is_empty() && free > 0 {
+                            0.0
+                        } else {
+                            let running_left: f64 = 0.0;
+                            (p.queued_gpu_s + running_left) / p.cap.max(1) as f64
+                        };
+                        let _ = now;
+                        PoolLoad {
+                            capacity: p.cap,
+                            free,
+                            spot_free,
+                            spot_fraction: p.spot_fraction,
+                            queued_jobs: p.queue.len(),
+                            est_wait_s,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
+        let job = &self.jobs[j];
+        let load = self.load(now);
+        match self.strategy.clone() {
+            Strategy::Engine(p) => self.model.offers(&p, job, now, &load).into_iter().next(),
+            Strategy::HomeOnly => self
+                .model
+                .offers("cost", job, now, &load)
+                .into_iter()
+                .filter(|o| o.cluster == job.home && !o.spot)
+                .min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)),
+            Strategy::Greedy => {
+                let offers: Vec<Offer> =
+                    self.model.offers("cost", job, now, &load).into_iter().filter(|o| !o.spot).collect();
+                let cheapest = |it: &mut dyn Iterator<Item = &Offer>| {
+                    it.min_by(|a, b| {
+                        (a.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0 + a.egress_usd)
+                            .total_cmp(&(b.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0 + b.egress_usd))
+                    })
+                    .cloned()
+                };
+                let free_now = cheapest(&mut offers.iter().filter(|o| {
+                    load[o.cluster].pools[o.pool].free >= job.gpus && load[o.cluster].pools[o.pool].queued_jobs == 0
+                }));
+                free_now.or_else(|| cheapest(&mut offers.iter()))
+            }
+            Strategy::Random => {
+                let offers = self.model.offers("cost", job, now, &load);
+                if offers.is_empty() {
+                    None
+                } else {
+                    let k = self.rng.gen_range(0..offers.len());
+                    offers.into_iter().nth(k)
+                }
+            }
+        }
+    }
+
+    fn place(&mut self, j: usize, now: f64) {
+        match self.choose(j, now) {
+            Some(o) => self.enqueue(j, o, now),
+            None => {
+                if self.up.iter().any(|u| !u) {
+                    self.js[j].parked = true;
+                    self.parked.push(j);
+                } else {
+                    self.js[j].unplaced = true;
+                    self.settled += 1;
+                }
+            }
+        }
+    }
+
+    fn enqueue(&mut self, j: usize, o: Offer, now: f64) {
+        let job = &self.jobs[j];
+        if o.cluster != job.home {
+            self.js[j].moved = true;
+        }
+        if o.egress_usd > 0.0 {
+            self.egress_usd += o.egress_usd;
+            self.cost_events.push((now, o.egress_usd));
+        }
+        let (c, p) = (o.cluster, o.pool);
+        let remaining = job.duration_s - self.js[j].progress_s;
+        self.js[j].at = Some(o);
+        let ps = &mut self.pools[c][p];
+        ps.queue.push_back(j);
+        ps.queued_gpu_s += remaining * job.gpus as f64;
+        self.try_start(c, p, now);
+    }
+
+    /// Start queued jobs in FIFO order; the first job that does not fit gets its GPUs
+    /// reserved (so it cannot be starved by smaller jobs behind it); later jobs may
+    /// backfill only into GPUs beyond that reservation. Gang: a job starts only when all
+    /// of its GPUs are free at once.
+    fn try_start(&mut self, c: usize, p: usize, now: f64) {
+        if !self.up[c] {
+            return;
+        }
+        let ps = &self.pools[c][p];
+        let mut avail = ps.cap.saturating_sub(ps.used);
+        let mut avail_spot = ps.spot_limit().saturating_sub(ps.spot_used);
+        let mut reserved = false;
+        let mut starting = Vec::new();
+        for &j in ps.queue.iter() {
+            if avail == 0 {
+                break;
+            }
+            let g = self.jobs[j].gpus;
+            let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
+            let a = if spot { avail.min(avail_spot) } else { avail };
+            if g <= a {
+                starting.push(j);
+                avail -= g;
+                if spot {
+                    avail_spot -= g;
+                }
+            } else if !reserved {
+                reserved = true;
+                avail -= avail.min(g);
+                if spot {
+                    avail_spot -= avail_spot.min(g);
+                }
+            }
+        }
+        if starting.is_empty() {
+            return;
+        }
+        let ps = &mut self.pools[c][p];
+        ps.queue.retain(|j| !starting.contains(j));
+        for j in starting {
+            self.start(j, c, p, now);
+        }
+    }
+
+    fn start(&mut self, j: usize, c: usize, p: usize, now: f64) {
+        let job = &self.jobs[j];
+        let g = job.gpus;
+        let remaining = job.duration_s - self.js[j].progress_s;
+        let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
+        let ps = &mut self.pools[c][p];
+        ps.queued_gpu_s = (ps.queued_gpu_s - remaining * g as f64).max(0.0);
+        ps.used += g;
+        ps.running.push(j);
+        if spot {
+            ps.spot_used += g;
+            ps.running_spot.push(j);
+        }
+        let s = &mut self.js[j];
+        s.run_start = Some(now);
+        s.first_start.get_or_insert(now);
+        s.epoch += 1;
+        let epoch = s.epoch;
+        self.push(now + remaining, Ev::Finish { job: j, epoch });
+    }
+
+    /// Stop a running job at `now`: account its segment, free its GPUs. Returns the
+    /// seconds it ran in this segment.
+    fn stop(&mut self, j: usize, now: f64) -> f64 {
+        let Some(start) = self.js[j].run_start.take() else { return 0.0 };
+        let Some(o) = self.js[j].at.clone() else { return 0.0 };
+        let g = self.jobs[j].gpus;
+        let seg = (now - start).max(0.0);
+        let usd = o.usd_per_gpu_hour * g as f64 * seg / 3600.0;
+        self.compute_usd += usd;
+        self.cost_events.push((now, usd));
+        self.kg_co2 += self.model.kg_co2(o.cluster, o.pool, g, start, now);
+        self.add_busy(o.cluster, g, start, now);
+        let ps = &mut self.pools[o.cluster][o.pool];
+        ps.used -= g;
+        if let Some(k) = ps.running.iter().position(|&x| x == j) {
+            ps.running.swap_remove(k);
+        }
+        if o.spot {
+            ps.spot_used -= g;
+            if let Some(k) = ps.running_spot.iter().position(|&x| x == j) {
+                ps.running_spot.remove(k);
+            }
+        }
+        self.js[j].epoch += 1;
+        seg
+    }
+
+    fn add_busy(&mut self, c: usize, g: u32, t0: f64, t1: f64) {
+        let b = self.cfg.bucket_s;
+        let mut t = t0;
+        while t < t1 {
+            let k = (t / b) as usize;
+            let end = ((k + 1) as f64 * b).min(t1);
+            let v = &mut self.busy[c];
+            if v.len() <= k {
+                v.resize(k + 1, 0.0);
+            }
+            v[k] += (end - t) * g as f64;
+            t = end;
+        }
+    }
+
+    fn finish(&mut self, j: usize, now: f64) {
+        let o = self.js[j].at.clone();
+        self.stop(j, now);
+        self.js[j].progress_s = self.jobs[j].duration_s;
+        self.js[j].finish = Some(now);
+        self.settled += 1;
+        if let Some(o) = o {
+            self.try_start(o.cluster, o.pool, now);
+        }
+    }
+
+    /// Evict a running job: it keeps the work up to its last checkpoint.
+    fn evict(&mut self, j: usize, now: f64) {
+        let seg = self.stop(j, now);
+        let ck = self.jobs[j].checkpoint_s;
+        let saved = if ck > 0.0 { (seg / ck).floor() * ck } else { 0.0 };
+        self.js[j].progress_s += saved;
+        self.lost_gpu_s += (seg - saved) * self.jobs[j].gpus as f64;
+    }
+
+    fn spot_change(&mut self, c: usize, p: usize, f: f64, now: f64) {
+        self.pools[c][p].spot_fraction = f;
+        let limit = self.pools[c][p].spot_limit();
+        let mut evicted = Vec::new();
+        while self.pools[c][p].spot_used > limit {
+            let Some(&j) = self.pools[c][p].running_spot.last() else { break };
+            self.evict(j, now);
+            evicted.push(j);
+        }
+        self.preemptions += evicted.len() as u64;
+        for j in evicted {
+            self.place(j, now);
+        }
+        self.try_start(c, p, now);
+    }
+
+    fn outage_start(&mut self, c: usize, now: f64) {
+        self.up[c] = false;
+        let mut displaced = Vec::new();
+        for p in 0..self.pools[c].len() {
+            let running = self.pools[c][p].running.clone();
+            for j in running {
+                self.evict(j, now);
+                self.outage_kills += 1;
+                displaced.push(j);
+            }
+            let queued: Vec<usize> = self.pools[c][p].queue.drain(..).collect();
+            self.pools[c][p].queued_gpu_s = 0.0;
+            displaced.extend(queued);
+        }
+        displaced.sort_unstable();
+        for j in displaced {
+            self.place(j, now);
+        }
+    }
+
+    fn outage_end(&mut self, c: usize, now: f64) {
+        self.up[c] = true;
+        let parked = std::mem::take(&mut self.parked);
+        for j in parked {
+            self.js[j].parked = false;
+            self.place(j, now);
+        }
+        for p in 0..self.pools[c].len() {
+            self.try_start(c, p, now);
+        }
+    }
+
+    fn rebalance(&mut self, now: f64) {
+        let Strategy::Engine(policy) = self.strategy.clone() else { return };
+        let mut running = Vec::new();
+        for (ci, ps) in self.pools.iter().enumerate() {
+            for (pi, p) in ps.iter().enumerate() {
+                for &j in &p.running {
+                    let job = &self.jobs[j];
+                    if !job.interruptible {
+                        continue;
+                    }
+                    let s = &self.js[j];
+                    let Some(start) = s.run_start else { continue };
+                    let Some(o) = s.at.as_ref() else { continue };
+                    let seg = now - start;
+                    let since = if job.checkpoint_s > 0.0 { seg % job.checkpoint_s } else { seg + s.progress_s };
+                    running.push(RunningJob {
+                        job: j,
+                        cluster: ci,
+                        pool: pi,
+                        spot: o.spot,
+                        gpus: job.gpus,
+                        usd_per_gpu_hour: o.usd_per_gpu_hour,
+                        remaining_s: job.duration_s - s.progress_s - seg,
+                        since_checkpoint_s: since,
+                    });
+                }
+            }
+        }
+        if running.is_empty() {
+            return;
+        }
+        running.sort_by_key(|r| r.job);
+        let load = self.load(now);
+        let moves = self.model.rebalance(&policy, now, self.jobs, &running, &load);
+        // Carry out only moves whose target can start the job right away, and never
+        // more than the target's free GPUs (the proposals are made on one snapshot).
+        let mut free: Vec<Vec<(u32, u32)>> =
+            load.iter().map(|c| c.pools.iter().map(|p| (p.free, p.spot_free)).collect()).collect();
+        for m in moves {
+            let j = m.job;
+            if self.js[j].run_start.is_none() {
+                continue;
+            }
+            let g = self.jobs[j].gpus;
+            let Some(slot) = free.get_mut(m.to.cluster).and_then(|c| c.get_mut(m.to.pool)) else { continue };
+            let have = if m.to.spot { slot.0.min(slot.1) } else { slot.0 };
+            if g > have || !self.up[m.to.cluster] {
+                continue;
+            }
+            slot.0 -= g;
+            if m.to.spot {
+                slot.1 -= g;
+            }
+            let from = self.js[j].at.clone();
+            self.evict(j, now);
+            self.migrations += 1;
+            self.enqueue(j, m.to, now);
+            if let Some(f) = from {
+                self.try_start(f.cluster, f.pool, now);
+            }
+        }
+    }
+
+    fn report(&self, clusters: &[SimCluster], policy: String) -> PolicyReport {
+        let mut waits = Vec::new();
+        let mut compl = Vec::new();
+        let mut useful = 0.0;
+        let mut completed = 0;
+        let mut unplaced = 0;
+        let mut moved = 0;
+        for (j, s) in self.js.iter().enumerate() {
+            let job = &self.jobs[j];
+            if s.moved {
+                moved += 1;
+            }
+            if s.unplaced || s.finish.is_none() {
+                unplaced += 1;
+                continue;
+            }
+            completed += 1;
+            useful += job.duration_s * job.gpus as f64 / 3600.0;
+            waits.push(s.first_start.unwrap_or(job.submit_s) - job.submit_s);
+            compl.push(s.finish.unwrap_or(job.submit_s) - job.submit_s);
+        }
+        let total = self.compute_usd + self.egress_usd;
+        let span = self.last_t.max(1.0);
+        let b = self.cfg.bucket_s;
+        let n_buckets = (span / b).ceil() as usize;
+        let mut utilization = BTreeMap::new();
+        let mut util_series = BTreeMap::new();
+        for (ci, c) in clusters.iter().enumerate() {
+            let cap: f64 = c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0);
+            let busy: f64 = self.busy[ci].iter().sum();
+            utilization.insert(c.name.clone(), busy / (cap * span));
+            let series: Vec<f64> =
+                (0..n_buckets).map(|k| self.busy[ci].get(k).copied().unwrap_or(0.0) / (cap * b)).collect();
+            util_series.insert(c.name.clone(), series);
+        }
+        // Cumulative cost per bucket.
+        let mut per_bucket = vec![0.0; n_buckets + 1];
+        for &(t, usd) in &self.cost_events {
+            let k = ((t / b) as usize).min(n_buckets);
+            per_bucket[k] += usd;
+        }
+        let mut acc = 0.0;
+        let cost_series = per_bucket
+            .iter()
+            .enumerate()
+            .map(|(k, usd)| {
+                acc += usd;
+                ((k + 1) as f64 * b / 3600.0, acc)
+            })
+            .collect();
+        PolicyReport {
+            policy,
+            jobs: self.jobs.len(),
+            completed,
+            unplaced,
+            total_usd: total,
+            compute_usd: self.compute_usd,
+            egress_usd: self.egress_usd,
+            usd_per_gpu_hour: if useful > 0.0 { total / useful } else { 0.0 },
+            useful_gpu_hours: useful,
+            kg_co2: self.kg_co2,
+            lost_gpu_hours: self.lost_gpu_s / 3600.0,
+            preemptions: self.preemptions,
+            outage_kills: self.outage_kills,
+            migrations: self.migrations,
+            moved_jobs: moved,
+            wait_mean_s: mean(&waits),
+            wait_p95_s: percentile(&waits, 95.0),
+            completion_mean_s: mean(&compl),
+            completion_p95_s: percentile(&compl, 95.0),
+            utilization,
+            ratio_to_lower_bound: 0.0,
+            cost_series,
+            util_series,
+            bucket_hours: b / 3600.0,
+        }
+    }
+}
+
+/// Lower bound: each job at its cheapest feasible price with capacity relaxed (an
+/// empty fleet), no waiting, no egress, no lost work. Returns (USD, kgCO2 of those
+/// placements run at submission).
+pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
+    let empty: Vec<ClusterLoad> = model
+        .clusters()
+        .iter()
+        .map(|c| ClusterLoad {
+            up: true,
+            pools: c
+                .pools
+                .iter()
+                .map(|p| PoolLoad {
+                    capacity: p.gpus,
+                    free: p.gpus,
+                    spot_free: if p.spot_trace.is_some() { p.gpus } else { 0 },
+                    spot_fraction: if p.spot_trace.is_some() { 1.0 } else { 0.0 },
+                    queued_jobs: 0,
+                    est_wait_s: 0.0,
+                })
+                .collect(),
+        })
+        .collect();
+    let mut usd = 0.0;
+    let mut co2 = 0.0;
+    for j in jobs {
+        let offers = model.offers("cost", j, j.submit_s, &empty);
+        if let Some(o) = offers.iter().min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)) {
+            usd += o.usd_per_gpu_hour * j.gpus as f64 * j.duration_s / 3600.0;
+            co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + j.duration_s);
+        }
+    }
+    (usd, co2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spot::SpotTrace;
+
+    /// A stand-in for the engine: every pool big enough is feasible, ranked by price
+    /// (spot first for interruptible jobs when the pool sells spot).
+    struct Stub {
+        clusters: Vec<SimCluster>,
+        /// (on-demand, spot) USD/GPU-h per cluster.
+        price: Vec<(f64, f64)>,
+    }
+
+    impl Model for Stub {
+        fn clusters(&self) -> &[SimCluster] {
+            &self.clusters
+        }
+        fn offers(&mut self, _policy: &str, job: &SimJob, _now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+            let mut v = Vec::new();
+            for (ci, c) in self.clusters.iter().enumerate() {
+                if !load[ci].up {
+                    continue;
+                }
+                for (pi, p) in c.pools.iter().enumerate() {
+                    if p.gpus < job.gpus {
+                        continue;
+                    }
+                    let spot = job.interruptible && p.spot_trace.is_some();
+                    let usd = if spot { self.price[ci].1 } else { self.price[ci].0 };
+                    v.push(Offer { cluster: ci, pool: pi, spot, usd_per_gpu_hour: usd, egress_usd: 0.0, score: usd });
+                }
+            }
+            v.sort_by(|a, b| a.score.total_cmp(&b.score));
+            v
+        }
+        fn kg_co2(&self, cluster: usize, _pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
+            (cluster + 1) as f64 * gpus as f64 * (t1 - t0) / 3600.0
+        }
+        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+            Vec::new()
+        }
+    }
+
+    fn cluster(name: &str, gpus: u32, spot_trace: Option<usize>) -> SimCluster {
+        SimCluster {
+            name: name.into(),
+            pools: vec![SimPool { name: "p".into(), gpu_type: "H100".into(), gpus, spot_trace }],
+        }
+    }
+
+    fn job(id: usize, submit_s: f64, duration_s: f64, gpus: u32, interruptible: bool, checkpoint_s: f64) -> SimJob {
+        SimJob { id, submit_s, duration_s, gpus, home: 0, interruptible, checkpoint_s }
+    }
+
+    fn quiet(_: u64) {}
+
+    #[test]
+    fn capacity_and_gang_fifo() {
+        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(2.0, 1.0)] };
+        let jobs = vec![
+            job(0, 0.0, 100.0, 2, false, 0.0),
+            // needs all 4 GPUs at once: waits for job 0 to end (gang)
+            job(1, 1.0, 100.0, 4, false, 0.0),
+            // 1 GPU would fit at t=2 but job 1's reservation holds the 2 free GPUs
+            job(2, 2.0, 10.0, 1, false, 0.0),
+            // larger than any pool: unplaceable
+            job(3, 3.0, 10.0, 8, false, 0.0),
+        ];
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        assert_eq!(r.completed, 3);
+        assert_eq!(r.unplaced, 1);
+        // waits: 0, 99, 198 ; completions: 100, 199, 208
+        assert_eq!(r.wait_mean_s, (0.0 + 99.0 + 198.0) / 3.0);
+        assert_eq!(r.completion_mean_s, (100.0 + 199.0 + 208.0) / 3.0);
+        // 2*100 + 4*100 + 1*10 GPU-s at 2 USD/GPU-h
+        assert!((r.total_usd - 610.0 * 2.0 / 3600.0).abs() < 1e-9);
+        // never above capacity: busy GPU-s over the 210 s span <= 4 GPUs
+        assert!(r.utilization["a"] <= 1.0);
+        assert!((r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9, "{:?}", r.utilization);
+    }
+
+    #[test]
+    fn small_jobs_backfill_beside_a_reservation() {
+        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(1.0, 1.0)] };
+        let jobs = vec![
+            job(0, 0.0, 100.0, 1, false, 0.0),
+            job(1, 1.0, 100.0, 4, false, 0.0), // reserves 3 free GPUs
+            job(2, 2.0, 10.0, 1, false, 0.0),  // nothing left beyond the reservation
+        ];
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        assert_eq!(r.wait_p95_s, 198.0);
+        let jobs = vec![job(0, 0.0, 100.0, 1, false, 0.0), job(1, 1.0, 100.0, 2, false, 0.0), job(2, 2.0, 10.0, 1, false, 0.0)];
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        assert_eq!(r.wait_mean_s, 0.0, "everything fits side by side");
+    }
+
+    #[test]
+    fn spot_drop_preempts_newest_and_loses_work_since_checkpoint() {
+        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,1]}"#, "t").unwrap();
+        let mut m = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)] };
+        let jobs = vec![job(0, 0.0, 1500.0, 1, true, 300.0), job(1, 10.0, 1500.0, 1, true, 300.0)];
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[trace], &SimConfig::default(), &quiet);
+        assert_eq!(r.preemptions, 1);
+        // job 1 ran 990 s, checkpointed at 900: 90 GPU-s lost
+        assert!((r.lost_gpu_hours - 90.0 / 3600.0).abs() < 1e-9);
+        assert_eq!(r.completed, 2);
+        // job 1 restarts when job 0 frees the single spot GPU at 1500 and runs the
+        // remaining 600 s: completion 2100 - 10
+        assert_eq!(r.completion_p95_s, 2090.0);
+        // paid: 1500 + 990 + 600 spot GPU-s at 1 USD/GPU-h
+        assert!((r.total_usd - 3090.0 / 3600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn outage_moves_work_and_counts_lost_work() {
+        let mut m = Stub { clusters: vec![cluster("a", 1, None), cluster("b", 1, None)], price: vec![(1.0, 1.0), (2.0, 2.0)] };
+        let jobs = vec![job(0, 0.0, 200.0, 1, true, 30.0)];
+        let cfg = SimConfig { outages: vec![(0, 50.0, 500.0)], ..SimConfig::default() };
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &cfg, &quiet);
+        assert_eq!(r.outage_kills, 1);
+        assert!((r.lost_gpu_hours - 20.0 / 3600.0).abs() < 1e-9);
+        // 50 s on a, then the remaining 170 s on b
+        assert_eq!(r.completion_mean_s, 220.0);
+        assert!((r.total_usd - (50.0 * 1.0 + 170.0 * 2.0) / 3600.0).abs() < 1e-9);
+        assert_eq!(r.moved_jobs, 1, "job 0 finished away from its home a");
+    }
+
+    #[test]
+    fn random_is_seeded() {
+        let mk = || Stub {
+            clusters: (0..5).map(|i| cluster(&format!("c{i}"), 8, None)).collect(),
+            price: (0..5).map(|i| (1.0 + i as f64, 1.0)).collect(),
+        };
+        let jobs: Vec<SimJob> = (0..200).map(|i| job(i, i as f64 * 7.0, 100.0 + (i % 13) as f64 * 50.0, 1 + (i % 3) as u32, false, 0.0)).collect();
+        let run = |seed| {
+            let cfg = SimConfig { seed, ..SimConfig::default() };
+            simulate(&mut mk(), Strategy::Random, &jobs, &[], &cfg, &quiet)
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7).total_usd, run(8).total_usd);
+    }
+}
