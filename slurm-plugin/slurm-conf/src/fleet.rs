@@ -1,0 +1,396 @@
+//! `fleet.conf`: Fleet's site config, in slurm.conf syntax, beside
+//! slurm.conf (usually `/etc/slurm/fleet.conf`).
+//!
+//! Keys are case-insensitive. Unknown keys and repeated keys are
+//! warnings (the last value wins); a bad value is an error naming
+//! file:line, the key, the value and what is expected; a missing
+//! `SiteName` is an error. See `conf/fleet.conf.example` for every key.
+
+use std::path::{Path, PathBuf};
+
+use crate::diag::{Diagnostic, Error, Loaded};
+use crate::raw::{self, Loader, Parsed};
+use crate::value::{parse_bool, parse_in_range};
+
+/// Default path of fleet.conf.
+pub const DEFAULT_PATH: &str = "/etc/slurm/fleet.conf";
+
+/// One entry of `AllowedSubmitUids`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UserRef {
+    Uid(u32),
+    Name(String),
+}
+
+/// `LogLevel`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// The typed fleet.conf. Field docs give the key and its default.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetConf {
+    /// `SiteName` (required): this cluster's name in the fleet.
+    pub site_name: String,
+    /// `Region` (""): free-form, e.g. `eu-west`.
+    pub region: String,
+    /// `Provider` ("onprem").
+    pub provider: String,
+    /// `MetaSchedulerUrl`: required by the agent (see
+    /// [`FleetConf::meta_scheduler_url`]), not by the plugin.
+    pub meta_scheduler_url: Option<String>,
+    /// `AgentSocket` (/run/fleet/agent.sock).
+    pub agent_socket: PathBuf,
+    /// `AgentTokenFile` (/etc/slurm/fleet-agent.token).
+    pub agent_token_file: PathBuf,
+    /// `AgentSpoolDir` (/var/spool/fleet).
+    pub agent_spool_dir: PathBuf,
+    /// `ProxyPartition` (fleet).
+    pub proxy_partition: String,
+    /// `ProxyPath` (/usr/libexec/fleet/fleet-proxy).
+    pub proxy_path: PathBuf,
+    /// `SubmitTimeoutMs` (50; 1..=5000): the plugin's hard deadline.
+    pub submit_timeout_ms: u32,
+    /// `FailOpen` (yes): agent trouble ⇒ the job stays local.
+    pub fail_open: bool,
+    /// `HeartbeatIntervalMs` (1000; 100..=3600000).
+    pub heartbeat_interval_ms: u64,
+    /// `PollIntervalMs` (500; 10..=3600000).
+    pub poll_interval_ms: u64,
+    /// `ViewMaxAgeMs` (10000; 100..=86400000): an older cached fleet
+    /// view ⇒ jobs stay local.
+    pub view_max_age_ms: u64,
+    /// `MaxScriptBytes` (1048576; 1..=1073741824).
+    pub max_script_bytes: u64,
+    /// `AllowedSubmitUids` (empty = root and SlurmUser only): users or
+    /// uids allowed on the agent socket besides those.
+    pub allowed_submit_uids: Vec<UserRef>,
+    /// `SlurmBinDir` (/usr/bin).
+    pub slurm_bin_dir: PathBuf,
+    /// `LogLevel` (info): error, warn, info, debug, trace.
+    pub log_level: LogLevel,
+}
+
+impl Default for FleetConf {
+    /// Every default, with an empty `site_name`.
+    fn default() -> Self {
+        FleetConf {
+            site_name: String::new(),
+            region: String::new(),
+            provider: "onprem".into(),
+            meta_scheduler_url: None,
+            agent_socket: "/run/fleet/agent.sock".into(),
+            agent_token_file: "/etc/slurm/fleet-agent.token".into(),
+            agent_spool_dir: "/var/spool/fleet".into(),
+            proxy_partition: "fleet".into(),
+            proxy_path: "/usr/libexec/fleet/fleet-proxy".into(),
+            submit_timeout_ms: 50,
+            fail_open: true,
+            heartbeat_interval_ms: 1000,
+            poll_interval_ms: 500,
+            view_max_age_ms: 10_000,
+            max_script_bytes: 1 << 20,
+            allowed_submit_uids: Vec::new(),
+            slurm_bin_dir: "/usr/bin".into(),
+            log_level: LogLevel::Info,
+        }
+    }
+}
+
+/// Every key, as documented.
+pub const KEYS: &[&str] = &[
+    "SiteName",
+    "Region",
+    "Provider",
+    "MetaSchedulerUrl",
+    "AgentSocket",
+    "AgentTokenFile",
+    "AgentSpoolDir",
+    "ProxyPartition",
+    "ProxyPath",
+    "SubmitTimeoutMs",
+    "FailOpen",
+    "HeartbeatIntervalMs",
+    "PollIntervalMs",
+    "ViewMaxAgeMs",
+    "MaxScriptBytes",
+    "AllowedSubmitUids",
+    "SlurmBinDir",
+    "LogLevel",
+];
+
+impl FleetConf {
+    /// Parses fleet.conf text (`Include` is not followed).
+    pub fn parse_str(text: &str, origin: &str) -> Result<Loaded<FleetConf>, Error> {
+        Self::from_parsed(raw::parse_str(text, origin), origin)
+    }
+
+    /// Reads and parses a fleet.conf file.
+    pub fn load(path: &Path) -> Result<Loaded<FleetConf>, Error> {
+        Self::load_with(path, &mut raw::FsLoader)
+    }
+
+    /// [`FleetConf::load`] through an injectable loader.
+    pub fn load_with(path: &Path, loader: &mut dyn Loader) -> Result<Loaded<FleetConf>, Error> {
+        let parsed = raw::load_with(path, loader)?;
+        Self::from_parsed(parsed, &path.display().to_string())
+    }
+
+    /// The typed config from raw entries; `origin` names the file in the
+    /// "SiteName is required" error.
+    pub fn from_parsed(parsed: Parsed, origin: &str) -> Result<Loaded<FleetConf>, Error> {
+        let mut diags = parsed.diagnostics;
+        let mut conf = FleetConf::default();
+        let mut seen: Vec<(String, String)> = Vec::new(); // (lowercase key, location)
+        let mut site_seen = false;
+        for e in &parsed.entries {
+            for (k, v) in &e.pairs {
+                let lk = k.to_ascii_lowercase();
+                let loc = e.location();
+                if let Some((_, first)) = seen.iter().find(|(s, _)| *s == lk) {
+                    diags.push(Diagnostic::warning(&e.file, e.line, format!("{k} repeated (first at {first}); this value wins")));
+                } else {
+                    seen.push((lk.clone(), loc));
+                }
+                let bad = |expect: String| {
+                    Diagnostic::error(&e.file, e.line, format!("{k}={v}: bad value; {expect}"))
+                };
+                let r: Result<(), Diagnostic> = (|| {
+                    match lk.as_str() {
+                        "sitename" => {
+                            if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+                                return Err(bad("expected a cluster name (letters, digits, '_', '-', '.')".into()));
+                            }
+                            conf.site_name = v.clone();
+                            site_seen = true;
+                        }
+                        "region" => conf.region = v.clone(),
+                        "provider" => conf.provider = v.clone(),
+                        "metaschedulerurl" => {
+                            if !(v.starts_with("http://") || v.starts_with("https://")) || v.len() <= "https://".len() {
+                                return Err(bad("expected an http:// or https:// URL".into()));
+                            }
+                            conf.meta_scheduler_url = Some(v.trim_end_matches('/').to_string());
+                        }
+                        "agentsocket" => conf.agent_socket = path_value(v).map_err(bad)?,
+                        "agenttokenfile" => conf.agent_token_file = path_value(v).map_err(bad)?,
+                        "agentspooldir" => conf.agent_spool_dir = path_value(v).map_err(bad)?,
+                        "proxypartition" => {
+                            if v.is_empty() {
+                                return Err(bad("expected a partition name".into()));
+                            }
+                            conf.proxy_partition = v.clone();
+                        }
+                        "proxypath" => conf.proxy_path = path_value(v).map_err(bad)?,
+                        "submittimeoutms" => {
+                            conf.submit_timeout_ms = parse_in_range(v, 1, 5000).map_err(bad)? as u32;
+                        }
+                        "failopen" => {
+                            conf.fail_open =
+                                parse_bool(v).ok_or_else(|| bad("expected yes, no, true, false, 1 or 0".into()))?;
+                        }
+                        "heartbeatintervalms" => conf.heartbeat_interval_ms = parse_in_range(v, 100, 3_600_000).map_err(bad)?,
+                        "pollintervalms" => conf.poll_interval_ms = parse_in_range(v, 10, 3_600_000).map_err(bad)?,
+                        "viewmaxagems" => conf.view_max_age_ms = parse_in_range(v, 100, 86_400_000).map_err(bad)?,
+                        "maxscriptbytes" => conf.max_script_bytes = parse_in_range(v, 1, 1 << 30).map_err(bad)?,
+                        "allowedsubmituids" => conf.allowed_submit_uids = users(v).map_err(bad)?,
+                        "slurmbindir" => conf.slurm_bin_dir = path_value(v).map_err(bad)?,
+                        "loglevel" => {
+                            conf.log_level = match v.to_ascii_lowercase().as_str() {
+                                "error" => LogLevel::Error,
+                                "warn" | "warning" => LogLevel::Warn,
+                                "info" => LogLevel::Info,
+                                "debug" => LogLevel::Debug,
+                                "trace" => LogLevel::Trace,
+                                _ => return Err(bad("expected error, warn, info, debug or trace".into())),
+                            }
+                        }
+                        _ => {
+                            diags.push(Diagnostic::warning(&e.file, e.line, format!("unknown key {k} (ignored)")));
+                        }
+                    }
+                    Ok(())
+                })();
+                if let Err(d) = r {
+                    diags.push(d);
+                }
+            }
+        }
+        if !site_seen && !diags.iter().any(|d| d.is_error() && d.message.starts_with("SiteName=")) {
+            diags.push(Diagnostic::error(origin, 0, "SiteName is required (the name of this cluster)"));
+        }
+        if let Some(e) = Error::from_diagnostics(&diags) {
+            return Err(e);
+        }
+        Ok(Loaded { conf, warnings: diags })
+    }
+
+    /// `MetaSchedulerUrl`, or an error saying it is required (the agent
+    /// calls this; the plugin does not need the URL).
+    pub fn meta_scheduler_url(&self, origin: &str) -> Result<&str, Error> {
+        self.meta_scheduler_url.as_deref().ok_or_else(|| {
+            let d = Diagnostic::error(origin, 0, "MetaSchedulerUrl is required by fleet-agent");
+            Error::Invalid { first: d.clone(), all: vec![d] }
+        })
+    }
+
+    /// True when `uid`/`name` is listed in `AllowedSubmitUids`.
+    pub fn submit_allowed(&self, uid: u32, name: Option<&str>) -> bool {
+        self.allowed_submit_uids.iter().any(|u| match u {
+            UserRef::Uid(x) => *x == uid,
+            UserRef::Name(n) => Some(n.as_str()) == name,
+        })
+    }
+}
+
+fn path_value(v: &str) -> Result<PathBuf, String> {
+    if v.is_empty() || !v.starts_with('/') {
+        return Err("expected an absolute path".into());
+    }
+    Ok(PathBuf::from(v))
+}
+
+fn users(v: &str) -> Result<Vec<UserRef>, String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            if s.bytes().all(|b| b.is_ascii_digit()) {
+                s.parse::<u32>().map(UserRef::Uid).map_err(|_| format!("uid \"{s}\" is too large"))
+            } else if s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+                Ok(UserRef::Name(s.to_string()))
+            } else {
+                Err(format!("expected a comma list of uids or user names, \"{s}\" is neither"))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renders the result as the changed fields (vs. defaults) plus
+    /// warnings, or the error diagnostics.
+    fn check(input: &str, expected: Result<(FleetConf, &[&str]), &[&str]>) {
+        let got = FleetConf::parse_str(input, "fleet.conf");
+        match (got, expected) {
+            (Ok(l), Ok((conf, warns))) => {
+                assert_eq!(l.conf, conf, "input {input:?}");
+                let w: Vec<String> = l.warnings.iter().map(|d| d.to_string()).collect();
+                assert_eq!(w, warns, "input {input:?}");
+            }
+            (Err(e), Err(errs)) => {
+                let got: Vec<String> = e.diagnostics().iter().map(|d| d.to_string()).collect();
+                assert_eq!(got, errs, "input {input:?}");
+            }
+            (got, want) => panic!("input {input:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    fn site(name: &str) -> FleetConf {
+        FleetConf { site_name: name.into(), ..FleetConf::default() }
+    }
+
+    #[test]
+    fn fleet_conf_table() {
+        check("SiteName=beta", Ok((site("beta"), &[])));
+        check(
+            "sitename=beta\nMETASCHEDULERURL=http://127.0.0.1:7000/\nSubmitTimeoutMs=5000 FailOpen=no\n\
+             AllowedSubmitUids=\"0, 1001,slurm\"\nLogLevel=DEBUG\nRegion=eu\nProvider=aws\n\
+             AgentSocket=/tmp/a.sock HeartbeatIntervalMs=100 PollIntervalMs=10 ViewMaxAgeMs=100 MaxScriptBytes=1",
+            Ok((
+                FleetConf {
+                    site_name: "beta".into(),
+                    region: "eu".into(),
+                    provider: "aws".into(),
+                    meta_scheduler_url: Some("http://127.0.0.1:7000".into()),
+                    agent_socket: "/tmp/a.sock".into(),
+                    submit_timeout_ms: 5000,
+                    fail_open: false,
+                    heartbeat_interval_ms: 100,
+                    poll_interval_ms: 10,
+                    view_max_age_ms: 100,
+                    max_script_bytes: 1,
+                    allowed_submit_uids: vec![UserRef::Uid(0), UserRef::Uid(1001), UserRef::Name("slurm".into())],
+                    log_level: LogLevel::Debug,
+                    ..FleetConf::default()
+                },
+                &[],
+            )),
+        );
+        check(
+            "SiteName=a\nColour=blue\nSiteName=b",
+            Ok((
+                site("b"),
+                &[
+                    "fleet.conf:2: unknown key Colour (ignored)",
+                    "fleet.conf:3: SiteName repeated (first at fleet.conf:1); this value wins",
+                ],
+            )),
+        );
+        // Errors name file:line, key, value and what is expected.
+        check(
+            "SiteName=a\nSubmitTimeoutMs=fast",
+            Err(&["fleet.conf:2: SubmitTimeoutMs=fast: bad value; expected a whole number from 1 to 5000"]),
+        );
+        check(
+            "SiteName=a\nSubmitTimeoutMs=0\nSubmitTimeoutMs=5001",
+            Err(&[
+                "fleet.conf:2: SubmitTimeoutMs=0: bad value; expected a whole number from 1 to 5000",
+                "fleet.conf:3: SubmitTimeoutMs=5001: bad value; expected a whole number from 1 to 5000",
+            ]),
+        );
+        check("SiteName=a FailOpen=maybe", Err(&["fleet.conf:1: FailOpen=maybe: bad value; expected yes, no, true, false, 1 or 0"]));
+        check("SiteName=a AgentSocket=rel.sock", Err(&["fleet.conf:1: AgentSocket=rel.sock: bad value; expected an absolute path"]));
+        check("SiteName=a MetaSchedulerUrl=ftp://x", Err(&["fleet.conf:1: MetaSchedulerUrl=ftp://x: bad value; expected an http:// or https:// URL"]));
+        check("SiteName=a LogLevel=loud", Err(&["fleet.conf:1: LogLevel=loud: bad value; expected error, warn, info, debug or trace"]));
+        check(
+            "SiteName=a AllowedSubmitUids=0,a;b",
+            Err(&["fleet.conf:1: AllowedSubmitUids=0,a;b: bad value; expected a comma list of uids or user names, \"a;b\" is neither"]),
+        );
+        check("Region=eu", Err(&["fleet.conf: SiteName is required (the name of this cluster)"]));
+        check("SiteName=a b", Err(&["fleet.conf:1: expected Key=Value, found \"b\""]));
+        check("SiteName=", Err(&["fleet.conf:1: SiteName=: bad value; expected a cluster name (letters, digits, '_', '-', '.')"]));
+    }
+
+    #[test]
+    fn meta_scheduler_url_is_required_for_the_agent() {
+        let l = FleetConf::parse_str("SiteName=a", "/etc/slurm/fleet.conf").unwrap();
+        assert_eq!(
+            l.conf.meta_scheduler_url("/etc/slurm/fleet.conf").unwrap_err().to_string(),
+            "/etc/slurm/fleet.conf: MetaSchedulerUrl is required by fleet-agent"
+        );
+        assert!(l.conf.submit_allowed(0, None) == false);
+    }
+
+    #[test]
+    fn example_file_parses_without_warnings() {
+        let text = include_str!("../../../conf/fleet.conf.example");
+        let l = FleetConf::parse_str(text, "fleet.conf.example").unwrap();
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+        // Every key appears in the example.
+        let parsed = raw::parse_str(text, "x");
+        for k in KEYS {
+            assert!(parsed.entries.iter().any(|e| e.get(k).is_some()), "{k} missing from the example");
+        }
+    }
+}
