@@ -17,6 +17,7 @@
 #   stop-metasched | start-metasched
 #   restart-ctld <c>     restart a cluster's slurmctld (after editing slurm.conf)
 #   logs                 tail of every log
+#   fleetctl <args>      run the lab's fleetctl against the lab's meta-scheduler (admin token)
 set -euo pipefail
 
 # --------------------------------------------------------------------------
@@ -28,10 +29,13 @@ CLUSTERS=(
   "alpha 16817 lab-east h100 alpha1:16818,alpha2:16819"
   "beta  16827 lab-west a100 beta1:16828,beta2:16829"
 )
+# FLEET_LAB_PORT_OFFSET shifts every port above (and the meta-scheduler's), so
+# that a second lab (another FLEET_LAB_DIR) can run beside the default one.
+PORT_OFFSET=${FLEET_LAB_PORT_OFFSET:-0}
 GPUS_PER_NODE=8
 NODE_CPUS=32
 NODE_MEM=64000
-METASCHED_ADDR=127.0.0.1:16900
+METASCHED_ADDR=127.0.0.1:$((16900 + PORT_OFFSET))
 FLEET_USER=fleet
 READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
 
@@ -71,7 +75,7 @@ cluster_names() { local l; for l in "${CLUSTERS[@]}"; do read -r -a f <<<"$l"; e
 # job id used at the wrong cluster is obvious.
 cluster_first_jobid() { local i=0 l; for l in "${CLUSTERS[@]}"; do i=$((i + 1)); read -r -a f <<<"$l"; [[ ${f[0]} == "$1" ]] && { echo $((i * 100000)); return 0; }; done; return 1; }
 cluster_nodes() { cluster_field "$1" 5 | tr ',' '\n' | cut -d: -f1; }
-node_port()     { cluster_field "$1" 5 | tr ',' '\n' | awk -F: -v n="$2" '$1==n{print $2}'; }
+node_port()     { cluster_field "$1" 5 | tr ',' '\n' | awk -F: -v n="$2" -v o="$PORT_OFFSET" '$1==n{print $2+o}'; }
 check_cluster() { cluster_field "$1" 1 >/dev/null 2>&1 || die "unknown cluster '$1' (known: $(cluster_names | xargs))"; }
 
 slurm_plugin_dir() {
@@ -182,7 +186,7 @@ ensure_fleet_user() {
 
 write_cluster_conf() {
   local c=$1 fleet=$2 port region gpu d plugdir n
-  port=$(cluster_field "$c" 2); region=$(cluster_field "$c" 3); gpu=$(cluster_field "$c" 4)
+  port=$(( $(cluster_field "$c" 2) + PORT_OFFSET )); region=$(cluster_field "$c" 3); gpu=$(cluster_field "$c" 4)
   d=$R/$c
   plugdir=$(slurm_plugin_dir)
   mkdir -p "$d"/{state,spool,log,run,dev}
@@ -458,6 +462,14 @@ cmd_start_agent() { local c=${1:-}; [[ -n $c ]] || die "usage: $0 start-agent <c
 cmd_stop_metasched() { stop_pidfile "$R/run/metasched.pid" fleet-metasched fleet-metasched; }
 cmd_start_metasched() { start_metasched; wait_metasched; }
 
+slurm_daemons_running() {
+  local p
+  for p in /proc/[0-9]*; do
+    case $(cat "$p/comm" 2>/dev/null) in slurmctld|slurmd|slurmstepd) return 0 ;; esac
+  done
+  return 1
+}
+
 # ------------------------------------------------------------------ commands
 cmd_down() {
   [[ -d $R ]] || { log "no lab at $R"; return 0; }
@@ -472,8 +484,11 @@ cmd_down() {
   done
   stop_lab_stepds
   # munged: only if this lab started it.
+  # munged is shared: leave it when another lab (or anything else) still runs
+  # Slurm daemons that authenticate through it.
   if [[ -f $R/run/munged.pid ]]; then
-    if [[ ${FLEET_LAB_KEEP_MUNGE:-0} == 1 ]]; then rm -f "$R/run/munged.pid"
+    if [[ ${FLEET_LAB_KEEP_MUNGE:-0} == 1 ]] || slurm_daemons_running; then
+      log "leaving munged running (other Slurm daemons use it)"; rm -f "$R/run/munged.pid"
     else stop_pidfile "$R/run/munged.pid" munged munged; fi
   fi
   log "lab down"
@@ -571,6 +586,12 @@ cmd_logs() {
   done < <(find "$R" -name '*.log' -o -name '*.stderr' 2>/dev/null | sort)
 }
 
+cmd_fleetctl() {
+  [[ -x $R/bin/fleetctl ]] || die "no $R/bin/fleetctl (lab up without --no-fleet?)"
+  FLEET_URL="http://$METASCHED_ADDR" FLEET_TOKEN_FILE="$R/secrets/admin.token" \
+    "$R/bin/fleetctl" "$@"
+}
+
 main() {
   local cmd=${1:-}; shift || true
   case $cmd in
@@ -585,6 +606,7 @@ main() {
     start-metasched) cmd_start_metasched ;;
     restart-ctld) cmd_restart_ctld "$@" ;;
     logs) cmd_logs ;;
+    fleetctl) cmd_fleetctl "$@" ;;
     ""|-h|--help|help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
     *) die "unknown command '$cmd' (try: $0 help)" ;;
   esac

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# `make demo`: start the lab, submit `sbatch --gres=gpu:h100:8` at beta (which
+# has only A100s), show that it ran at alpha, its output and its exit code.
+# The lab is left up.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+REPO=$PWD
+LAB=$REPO/tests/lab/lab.sh
+export FLEET_LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
+R=$FLEET_LAB_DIR
+WAIT_S=${FLEET_DEMO_TIMEOUT:-180}
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; "$@"; }
+
+say "Starting the lab (two real Slurm clusters, the meta-scheduler, one agent per cluster)"
+"$LAB" up
+
+say "The two clusters"
+for c in alpha beta; do
+  echo "-- $c"
+  SLURM_CONF=$R/$c/slurm.conf sinfo -o '%P %D %t %N %G'
+done
+
+mkdir -p "$R/demo"
+chmod 0755 "$R/demo"
+cat >"$R/demo/train.sh" <<'SCRIPT'
+#!/bin/bash
+#SBATCH --job-name=fleet-demo
+echo "hello from $(hostname), cluster ${SLURM_CLUSTER_NAME:-?}, job ${SLURM_JOB_ID:-?}"
+echo "GPUs visible: ${CUDA_VISIBLE_DEVICES:-none}"
+for i in 1 2 3; do echo "training step $i"; sleep 1; done
+echo "done"
+SCRIPT
+chmod 0755 "$R/demo/train.sh"
+
+export SLURM_CONF=$R/beta/slurm.conf
+say "Submitting at beta (no H100 there): sbatch --gres=gpu:h100:8 train.sh"
+cd "$R/demo"
+echo "\$ SLURM_CONF=$SLURM_CONF sbatch --gres=gpu:h100:8 -o $R/demo/out-%j.txt train.sh"
+out=$(sbatch --gres=gpu:h100:8 -o "$R/demo/out-%j.txt" train.sh 2>&1) || { echo "$out"; exit 1; }
+echo "$out"
+id=$(grep -oE '[0-9]+' <<<"$out" | tail -1)
+
+say "At beta, while it runs"
+sleep 1
+run squeue -j "$id" -o '%i %P %j %T %r %N %k' || true
+
+t0=$(date +%s)
+while :; do
+  state=$(scontrol show job "$id" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2 || true)
+  case $state in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED) break ;; esac
+  if (( $(date +%s) - t0 > WAIT_S )); then
+    echo "job $id still $state after ${WAIT_S}s; lab logs:" >&2; TAIL_LINES=15 "$LAB" logs >&2; exit 1
+  fi
+  sleep 1
+done
+
+say "Finished: the job record at beta"
+run scontrol show job "$id" | grep -E 'JobId|JobState|ExitCode|Partition|NodeList|AdminComment|Comment|StdOut' || true
+say "Where it really ran (meta-scheduler)"
+"$LAB" fleetctl jobs || true
+say "At alpha"
+SLURM_CONF=$R/alpha/slurm.conf squeue -t all -o '%i %P %j %u %T %N' || true
+say "Output file at beta: $R/demo/out-$id.txt"
+cat "$R/demo/out-$id.txt" || true
+
+cat <<EOF2
+
+== Try more (the lab stays up)
+  export SLURM_CONF=$R/beta/slurm.conf
+  cd $R/demo
+  sbatch --gres=gpu:a100:4 train.sh                 # beta has A100s: stays home, untouched
+  sbatch --gres=gpu:h100:8 --fleet=local train.sh   # forced local: rejected/pending at beta
+  sbatch --fleet-to=alpha --gres=gpu:a100:1 train.sh  # would stay, sent to alpha anyway
+  sbatch --gres=gpu:h100:512 train.sh               # impossible anywhere: rejected with a reason
+  sbatch --help | grep -A1 fleet                    # the --fleet-* options
+  squeue; scontrol show job <id>; scancel <id>
+  $LAB fleetctl clusters | jobs | job <id>
+  $LAB status ; $LAB logs
+Tear down:  make lab-down    (or $LAB down)
+EOF2

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `make test`: bring the lab up, run the whole workspace's tests against it,
+# tear the lab down (also on failure or interrupt), exit with the tests' status.
+# Extra arguments go to `cargo test` (e.g. -- --nocapture).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export FLEET_LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
+LAB=tests/lab/lab.sh
+
+down() {
+  local rc=$?
+  if [[ ${FLEET_KEEP_LAB:-0} == 1 ]]; then
+    echo "[test] FLEET_KEEP_LAB=1: leaving the lab up ($LAB down to stop it)" >&2
+  else
+    "$LAB" down || true
+  fi
+  exit "$rc"
+}
+trap down EXIT
+trap 'exit 130' INT TERM
+
+"$LAB" up
+set +e
+cargo test --workspace --release "$@"
+rc=$?
+set -e
+if [[ $rc != 0 ]]; then
+  echo "[test] cargo test failed (rc=$rc); tail of the lab logs:" >&2
+  TAIL_LINES=15 "$LAB" logs >&2 || true
+fi
+exit "$rc"
