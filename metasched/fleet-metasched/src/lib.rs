@@ -1,1 +1,364 @@
-//! fleet-metasched.
+//! `fleet-metasched`: the meta-scheduler.
+//!
+//! It tracks the clusters of the fleet (from their agents' heartbeats) and
+//! every forwarded job (from the origin agent's `POST /v1/jobs` to the
+//! target agent's final status), places a job when its stand-in starts at
+//! the origin, and holds the job's output until the stand-in
+//! (`fleet-proxy`) has relayed it. The HTTP API is the table in
+//! `fleet_api::api`.
+//!
+//! Layout: [`config`] (TOML), [`store`] (SQLite + output files + the job
+//! state machine, synchronous), [`metrics`], and the axum layer here
+//! (authentication, JSON, status codes).
+
+pub mod config;
+pub mod metrics;
+pub mod store;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use fleet_api::api::{ForwardRequest, Heartbeat, OutputChunk, StartRequest, StatusUpdate, Stream};
+use fleet_api::auth;
+use serde::Deserialize;
+
+pub use config::Config;
+use config::Tokens;
+use metrics::Metrics;
+use store::{Caller, JobFilter, Store, StoreError};
+
+/// Wall clock in Unix seconds, with an offset tests can move forward
+/// (heartbeat ages are computed from it).
+#[derive(Clone, Debug, Default)]
+pub struct Clock {
+    offset_ms: Arc<AtomicI64>,
+}
+
+impl Clock {
+    pub fn now(&self) -> f64 {
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        wall + self.offset_ms.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+
+    /// Move this clock (and every clone of it) forward.
+    pub fn advance(&self, d: Duration) {
+        self.offset_ms.fetch_add(d.as_millis() as i64, Ordering::Relaxed);
+    }
+}
+
+/// Largest request body (output chunks and job scripts travel as base64).
+const MAX_BODY: usize = 32 << 20;
+/// Default and largest `max` for `GET /v1/jobs/{id}/output`.
+const DEFAULT_READ: u64 = 1 << 20;
+const MAX_READ: u64 = 8 << 20;
+
+#[derive(Clone)]
+struct AppState {
+    // One SQLite connection behind a parking_lot (blocking) mutex: every
+    // store operation is short, synchronous and runs in `spawn_blocking`,
+    // so the lock is never held across an `.await` and never blocks a
+    // runtime worker; one connection also serialises the state machine's
+    // read-modify-write of a job without SQL transactions.
+    store: Arc<parking_lot::Mutex<Store>>,
+    tokens: Arc<Tokens>,
+    metrics: Arc<Metrics>,
+    clock: Clock,
+}
+
+/// Serve the API on `listener` until `shutdown` completes.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    run_with_clock(listener, config, Clock::default(), shutdown).await
+}
+
+/// [`run`] with an explicit clock (tests move it forward).
+pub async fn run_with_clock(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    clock: Clock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let tokens = config.read_tokens()?;
+    let metrics = Arc::new(Metrics::new());
+    let store = {
+        let (dir, clusters, timeout, clock, metrics) =
+            (config.state_dir.clone(), config.clusters.clone(), config.heartbeat_timeout_s, clock.clone(), metrics.clone());
+        tokio::task::spawn_blocking(move || Store::open(&dir, &clusters, timeout, &clock, metrics))
+            .await?
+            .with_context(|| format!("opening the state in {}", config.state_dir.display()))?
+    };
+    let state = AppState {
+        store: Arc::new(parking_lot::Mutex::new(store)),
+        tokens: Arc::new(tokens),
+        metrics,
+        clock,
+    };
+    let sweeper = {
+        let st = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if let Err(e) = with_store(&st, |s, now| s.sweep(now)).await {
+                    tracing::warn!(error = %e.msg, "sweep failed");
+                }
+            }
+        })
+    };
+    tracing::info!(addr = ?listener.local_addr().ok(), "fleet-metasched listening");
+    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
+    sweeper.abort();
+    served.context("serving HTTP")?;
+    Ok(())
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/heartbeat", post(heartbeat))
+        .route("/v1/jobs", post(forward).get(list_jobs))
+        .route("/v1/agent/work", get(agent_work))
+        .route("/v1/clusters", get(clusters))
+        .route("/v1/jobs/:id", get(get_job))
+        .route("/v1/jobs/:id/status", post(status))
+        .route("/v1/jobs/:id/output", post(post_output).get(get_output))
+        .route("/v1/jobs/:id/start", post(start))
+        .route("/v1/jobs/:id/cancel", post(cancel))
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+// ---- errors -------------------------------------------------------------
+
+struct ApiError {
+    status: StatusCode,
+    msg: String,
+    expected_offset: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, msg: impl Into<String>) -> ApiError {
+        ApiError { status, msg: msg.into(), expected_offset: None }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        let status = match &e {
+            StoreError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            StoreError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            StoreError::Forbidden(_) => StatusCode::FORBIDDEN,
+            StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+            StoreError::Conflict { expected_offset, .. } => {
+                return ApiError { status: StatusCode::CONFLICT, msg: e.to_string(), expected_offset: *expected_offset }
+            }
+            StoreError::Db(_) | StoreError::Io(_) | StoreError::Json(_) => {
+                tracing::error!(error = %e, "internal error");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        // `{"error": ...}` (fleet_api::api::ApiError) plus, for output gaps,
+        // `expected_offset`: the offset the next chunk must start at.
+        let mut body = serde_json::json!({ "error": self.msg });
+        if let Some(o) = self.expected_offset {
+            body["expected_offset"] = o.into();
+        }
+        (self.status, Json(body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid {what}: {e}")))
+}
+
+async fn with_store<T, F>(st: &AppState, f: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Store, f64) -> Result<T, StoreError> + Send + 'static,
+{
+    let (store, clock) = (st.store.clone(), st.clock.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut s = store.lock();
+        f(&mut s, clock.now())
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("store task failed: {e}")))?
+    .map_err(ApiError::from)
+}
+
+// ---- authentication -----------------------------------------------------
+
+/// `Authorization: Bearer <cluster or admin token>` or
+/// `Authorization: FleetJob <job token of the job in the path>`.
+fn authenticate(tokens: &Tokens, headers: &HeaderMap, path_job: Option<&str>) -> ApiResult<Caller> {
+    let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, m);
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| unauthorized("missing Authorization header"))?
+        .to_str()
+        .map_err(|_| unauthorized("malformed Authorization header"))?;
+    let (scheme, token) = value.trim().split_once(' ').ok_or_else(|| unauthorized("malformed Authorization header"))?;
+    let token = token.trim();
+    if scheme.eq_ignore_ascii_case("Bearer") {
+        let mut caller = None;
+        if auth::tokens_equal(token, &tokens.admin) {
+            caller = Some(Caller::Admin);
+        }
+        for (name, t) in &tokens.clusters {
+            if auth::tokens_equal(token, t) {
+                caller = Some(Caller::Cluster(name.clone()));
+            }
+        }
+        return caller.ok_or_else(|| unauthorized("unknown bearer token"));
+    }
+    if scheme.eq_ignore_ascii_case(auth::JOB_TOKEN_SCHEME) {
+        let Some(id) = path_job else {
+            return Err(unauthorized("a job token is only valid on that job's endpoints"));
+        };
+        let mut caller = None;
+        for (name, t) in &tokens.clusters {
+            if auth::tokens_equal(token, &auth::job_token(t, id)) {
+                caller = Some(Caller::Job { id: id.to_string(), origin: name.clone() });
+            }
+        }
+        return caller.ok_or_else(|| unauthorized("job token does not match this job"));
+    }
+    Err(unauthorized("unsupported Authorization scheme (expected Bearer or FleetJob)"))
+}
+
+// ---- handlers -----------------------------------------------------------
+
+async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let route =
+        req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let resp = next.run(req).await;
+    st.metrics.request(&route, resp.status().as_u16());
+    resp
+}
+
+async fn metrics_text(State(st): State<AppState>) -> ApiResult<Response> {
+    let counts = with_store(&st, |s, _| s.counts()).await?;
+    let text = st.metrics.render(&counts);
+    Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response())
+}
+
+async fn heartbeat(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, None)?;
+    let hb: Heartbeat = parse(&body, "heartbeat")?;
+    Ok(Json(with_store(&st, move |s, now| s.heartbeat(&caller, hb, now)).await?).into_response())
+}
+
+async fn forward(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, None)?;
+    let fwd: ForwardRequest = parse(&body, "forward request")?;
+    Ok(Json(with_store(&st, move |s, now| s.forward(&caller, fwd, now)).await?).into_response())
+}
+
+async fn list_jobs(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(filter): Query<JobFilter>,
+) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, None)?;
+    Ok(Json(with_store(&st, move |s, _| s.list(&caller, &filter)).await?).into_response())
+}
+
+async fn agent_work(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, None)?;
+    Ok(Json(with_store(&st, move |s, now| s.work(&caller, now)).await?).into_response())
+}
+
+async fn clusters(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    match authenticate(&st.tokens, &headers, None)? {
+        Caller::Admin | Caller::Cluster(_) => {}
+        Caller::Job { .. } => return Err(ApiError::new(StatusCode::FORBIDDEN, "a job token cannot read the fleet")),
+    }
+    Ok(Json(with_store(&st, |s, now| Ok(s.view(now))).await?).into_response())
+}
+
+async fn get_job(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+    Ok(Json(with_store(&st, move |s, _| s.get(&caller, &id).map(|j| j.record)).await?).into_response())
+}
+
+async fn status(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+    let upd: StatusUpdate = parse(&body, "status update")?;
+    Ok(Json(with_store(&st, move |s, now| s.status(&caller, &id, upd, now)).await?).into_response())
+}
+
+async fn post_output(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+    let chunk: OutputChunk = parse(&body, "output chunk")?;
+    with_store(&st, move |s, now| s.write_output(&caller, &id, chunk, now)).await?;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+#[derive(Deserialize)]
+struct OutputQuery {
+    stream: Stream,
+    #[serde(default)]
+    offset: u64,
+    max: Option<u64>,
+}
+
+async fn get_output(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(q): Query<OutputQuery>,
+) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+    let max = q.max.unwrap_or(DEFAULT_READ).min(MAX_READ);
+    let bytes = with_store(&st, move |s, _| s.read_output(&caller, &id, q.stream, q.offset, max)).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+async fn start(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+    let req: StartRequest = if body.is_empty() { StartRequest::default() } else { parse(&body, "start request")? };
+    Ok(Json(with_store(&st, move |s, now| s.start(&caller, &id, req.origin_job_id, now)).await?).into_response())
+}
+
+async fn cancel(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+    Ok(Json(with_store(&st, move |s, now| s.cancel(&caller, &id, now)).await?).into_response())
+}

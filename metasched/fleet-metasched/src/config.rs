@@ -1,0 +1,186 @@
+//! The daemon's TOML configuration (see `conf/metasched.toml`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// `[placement]`: placeholder for the cost engine.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementConfig {
+    /// `first-fit` (the shared rule in `fleet_api::placement`, the only one
+    /// implemented today) or `cost` (the engine, later).
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub name: String,
+    #[serde(default)]
+    pub region: String,
+    #[serde(default)]
+    pub provider: String,
+    /// File holding the agent's bearer token (surrounding whitespace trimmed).
+    pub token_file: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// SQLite database (`metasched.db`) and `output/<id>.stdout|stderr`.
+    pub state_dir: PathBuf,
+    pub admin_token_file: PathBuf,
+    /// A cluster without a heartbeat for this long is unhealthy.
+    #[serde(default = "default_heartbeat_timeout")]
+    pub heartbeat_timeout_s: f64,
+    #[serde(default)]
+    pub clusters: Vec<ClusterConfig>,
+    #[serde(default)]
+    pub placement: Option<PlacementConfig>,
+    /// Price feed (CSV) for the cost engine; unused until it lands.
+    #[serde(default)]
+    pub prices: Option<PathBuf>,
+    /// Carbon-intensity feed for the cost engine; unused until it lands.
+    #[serde(default)]
+    pub carbon: Option<PathBuf>,
+}
+
+fn default_heartbeat_timeout() -> f64 {
+    10.0
+}
+
+impl Config {
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let c: Config =
+            toml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Config::parse(&text, path)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &self.clusters {
+            if c.name.is_empty() {
+                return Err(ConfigError::Invalid("a [[clusters]] entry has an empty name".into()));
+            }
+            if !seen.insert(c.name.as_str()) {
+                return Err(ConfigError::Invalid(format!("cluster {:?} is configured twice", c.name)));
+            }
+        }
+        if !(self.heartbeat_timeout_s > 0.0) {
+            return Err(ConfigError::Invalid("heartbeat_timeout_s must be > 0".into()));
+        }
+        if let Some(p) = &self.placement {
+            match p.policy.as_deref() {
+                None | Some("first-fit") | Some("cost") => {}
+                Some(other) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "[placement] policy {other:?} is unknown (expected \"first-fit\" or \"cost\")"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Read the admin and cluster tokens from their files.
+    pub fn read_tokens(&self) -> Result<Tokens, ConfigError> {
+        let read = |p: &Path| -> Result<String, ConfigError> {
+            let t = std::fs::read_to_string(p)
+                .map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                return Err(ConfigError::Invalid(format!("token file {} is empty", p.display())));
+            }
+            Ok(t)
+        };
+        let admin = read(&self.admin_token_file)?;
+        let mut clusters = BTreeMap::new();
+        for c in &self.clusters {
+            clusters.insert(c.name.clone(), read(&c.token_file)?);
+        }
+        Ok(Tokens { admin, clusters })
+    }
+}
+
+/// Secrets loaded at start-up.
+#[derive(Clone)]
+pub struct Tokens {
+    pub admin: String,
+    /// Cluster name → agent token.
+    pub clusters: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens").field("clusters", &self.clusters.keys().collect::<Vec<_>>()).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(input: &str, expected: Result<&str, &str>) {
+        let got = Config::parse(input, Path::new("t.toml"));
+        match (got, expected) {
+            (Ok(c), Ok(name)) => assert_eq!(c.clusters.first().map(|c| c.name.as_str()).unwrap_or(""), name),
+            (Err(e), Err(msg)) => {
+                let s = e.to_string();
+                assert!(s.contains(msg), "error {s:?} does not contain {msg:?}")
+            }
+            (got, expected) => panic!("got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    const BASE: &str = "listen = \"127.0.0.1:16900\"\nstate_dir = \"/tmp/x\"\nadmin_token_file = \"/tmp/a\"\n";
+
+    #[test]
+    fn table() {
+        check(BASE, Ok(""));
+        check(
+            &format!("{BASE}[[clusters]]\nname = \"alpha\"\nregion = \"r\"\nprovider = \"onprem\"\ntoken_file = \"/t\"\n"),
+            Ok("alpha"),
+        );
+        check(&format!("{BASE}bogus = 1\n"), Err("unknown field `bogus`"));
+        check(&format!("{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\ncolour = 1\n"), Err("unknown field `colour`"));
+        check(
+            &format!("{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n"),
+            Err("configured twice"),
+        );
+        check(&format!("{BASE}[placement]\npolicy = \"cost\"\n"), Ok(""));
+        check(&format!("{BASE}[placement]\npolicy = \"random\"\n"), Err("unknown"));
+        check(&format!("{BASE}heartbeat_timeout_s = 0\n"), Err("must be > 0"));
+        check("listen = \"nope\"\n", Err("t.toml"));
+        check(&format!("{BASE}prices = \"/p.csv\"\ncarbon = \"/c.csv\"\n"), Ok(""));
+    }
+}

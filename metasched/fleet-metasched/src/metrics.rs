@@ -1,0 +1,65 @@
+//! Prometheus metrics (`/metrics`), prefix `fleet_metasched`.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    jobs: Family<Labels, Gauge>,
+    heartbeats: Family<Labels, Counter>,
+    requests: Family<Labels, Counter>,
+    placements: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("fleet_metasched");
+        let jobs = Family::<Labels, Gauge>::default();
+        let heartbeats = Family::<Labels, Counter>::default();
+        let requests = Family::<Labels, Counter>::default();
+        let placements = Family::<Labels, Counter>::default();
+        registry.register("jobs", "Forwarded jobs by state", jobs.clone());
+        registry.register("heartbeats", "Heartbeats received, by cluster", heartbeats.clone());
+        registry.register("api_requests", "API requests by route and status", requests.clone());
+        registry.register("placements", "Placement decisions by outcome", placements.clone());
+        Metrics { registry, jobs, heartbeats, requests, placements }
+    }
+
+    pub fn heartbeat(&self, cluster: &str) {
+        self.heartbeats.get_or_create(&vec![("cluster".into(), cluster.into())]).inc();
+    }
+
+    pub fn request(&self, route: &str, status: u16) {
+        self.requests
+            .get_or_create(&vec![("route".into(), route.into()), ("status".into(), status.to_string())])
+            .inc();
+    }
+
+    pub fn placement(&self, outcome: &str) {
+        self.placements.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
+    }
+
+    /// Set the job gauges from a fresh count, then render the registry.
+    pub fn render(&self, counts: &[(String, i64)]) -> String {
+        use fleet_api::JobState::*;
+        for s in [Held, Queued, Assigned, Pending, Running, Completed, Failed, Cancelled, Lost] {
+            let n = counts.iter().find(|(k, _)| k == s.as_str()).map_or(0, |(_, n)| *n);
+            self.jobs.get_or_create(&vec![("state".into(), s.as_str().into())]).set(n);
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

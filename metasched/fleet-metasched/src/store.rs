@@ -1,0 +1,766 @@
+//! The meta-scheduler's state: jobs and cluster heartbeats in SQLite,
+//! output bytes in files, and the job state machine.
+//!
+//! Everything here is synchronous; the HTTP layer calls it from
+//! `spawn_blocking` with the store behind one `parking_lot::Mutex` (see
+//! `lib.rs` for why).
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fleet_api::api::{
+    AgentWork, Assignment, ClusterSummary, FleetView, ForwardRequest, GpuPool, Heartbeat, JobRecord, NodeCapacity,
+    OutputChunk, StatusUpdate, Stream,
+};
+use fleet_api::placement::{self, Placement};
+use fleet_api::{JobRequest, JobState};
+use rusqlite::{params, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ClusterConfig;
+use crate::metrics::Metrics;
+use crate::Clock;
+
+/// Who is calling, after authentication.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    Admin,
+    /// An agent, by cluster name.
+    Cluster(String),
+    /// A stand-in (`fleet-proxy`) holding the job token of `id`, minted
+    /// with the token of cluster `origin`.
+    Job { id: String, origin: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// `expected_offset` is set for output gaps.
+    #[error("{msg}")]
+    Conflict { msg: String, expected_offset: Option<u64> },
+    #[error("database: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("output file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("stored record: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+fn conflict(msg: impl Into<String>) -> StoreError {
+    StoreError::Conflict { msg: msg.into(), expected_offset: None }
+}
+
+/// A job as stored: the public record plus what only the meta-scheduler needs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    pub record: JobRecord,
+    pub request: JobRequest,
+    #[serde(default)]
+    pub tentative_target: String,
+    /// The target agent has reported on it (it was submitted there).
+    #[serde(default)]
+    pub submitted: bool,
+    #[serde(default)]
+    pub final_stdout_len: Option<u64>,
+    #[serde(default)]
+    pub final_stderr_len: Option<u64>,
+    /// Cancelled here before it was submitted, but the target reported a
+    /// submission afterwards: the target must still cancel it.
+    #[serde(default)]
+    pub remote_cancel_pending: bool,
+}
+
+/// Filter for `GET /v1/jobs`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub origin: Option<String>,
+}
+
+struct ClusterState {
+    cfg: ClusterConfig,
+    /// Last heartbeat and when it arrived (Unix seconds).
+    last: Option<(Heartbeat, f64)>,
+}
+
+pub struct Store {
+    conn: rusqlite::Connection,
+    out_dir: PathBuf,
+    clusters: BTreeMap<String, ClusterState>,
+    /// Configured order, for stable views.
+    order: Vec<String>,
+    heartbeat_timeout_s: f64,
+    started_at: f64,
+    metrics: Arc<Metrics>,
+}
+
+/// Slurm node states that take a node's GPUs out of the pool.
+fn node_usable(state: &str) -> bool {
+    let s = state.to_ascii_lowercase();
+    !(s.contains("down")
+        || s.contains("drain")
+        || s.contains("fail")
+        || s.contains("not_responding")
+        || s.contains("maint")
+        || s.ends_with('*'))
+}
+
+/// Aggregate node capacities into one pool per GPU type.
+pub fn gpu_pools(nodes: &[NodeCapacity]) -> Vec<GpuPool> {
+    let mut pools: BTreeMap<String, GpuPool> = BTreeMap::new();
+    for n in nodes {
+        let Some(ty) = &n.gpu_type else { continue };
+        if !node_usable(&n.state) || n.gpus_total == 0 {
+            continue;
+        }
+        let p = pools.entry(ty.clone()).or_insert_with(|| GpuPool { gpu_type: ty.clone(), ..Default::default() });
+        p.total += n.gpus_total;
+        p.free += n.gpus_free.min(n.gpus_total);
+        p.max_per_node = p.max_per_node.max(n.gpus_total);
+        p.nodes += 1;
+    }
+    pools.into_values().collect()
+}
+
+/// Ids become file names: keep them to a safe alphabet.
+fn valid_job_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+fn rank(s: JobState) -> u8 {
+    match s {
+        JobState::Held => 0,
+        JobState::Queued => 1,
+        JobState::Assigned => 2,
+        JobState::Pending => 3,
+        JobState::Running => 4,
+        _ => 5,
+    }
+}
+
+fn summary(req: &JobRequest) -> String {
+    let limit = match req.time_limit_min {
+        Some(m) => format!("{m} min"),
+        None => "partition default time".to_string(),
+    };
+    format!("{}, {limit}", placement::describe(req))
+}
+
+fn refresh_complete(job: &mut Job) {
+    let r = &job.record;
+    job.record.output_complete = r.state.is_terminal()
+        && job.final_stdout_len.is_none_or(|f| r.stdout_len >= f)
+        && job.final_stderr_len.is_none_or(|f| r.stderr_len >= f);
+}
+
+impl Store {
+    pub fn open(
+        state_dir: &Path,
+        clusters: &[ClusterConfig],
+        heartbeat_timeout_s: f64,
+        clock: &Clock,
+        metrics: Arc<Metrics>,
+    ) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(state_dir)?;
+        let out_dir = state_dir.join("output");
+        std::fs::create_dir_all(&out_dir)?;
+        let conn = rusqlite::Connection::open(state_dir.join("metasched.db"))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=NORMAL;
+             CREATE TABLE IF NOT EXISTS jobs (
+                 id TEXT PRIMARY KEY,
+                 origin TEXT NOT NULL,
+                 state TEXT NOT NULL,
+                 target TEXT,
+                 submitted_at REAL NOT NULL,
+                 data TEXT NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+             CREATE INDEX IF NOT EXISTS jobs_target ON jobs(target);
+             CREATE TABLE IF NOT EXISTS clusters (
+                 name TEXT PRIMARY KEY,
+                 last_seen REAL NOT NULL,
+                 heartbeat TEXT NOT NULL
+             );",
+        )?;
+        let mut map = BTreeMap::new();
+        for c in clusters {
+            let last: Option<(String, f64)> = conn
+                .query_row("SELECT heartbeat, last_seen FROM clusters WHERE name = ?1", [&c.name], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            let last = match last {
+                Some((hb, t)) => Some((serde_json::from_str::<Heartbeat>(&hb)?, t)),
+                None => None,
+            };
+            map.insert(c.name.clone(), ClusterState { cfg: c.clone(), last });
+        }
+        let mut store = Store {
+            conn,
+            out_dir,
+            clusters: map,
+            order: clusters.iter().map(|c| c.name.clone()).collect(),
+            heartbeat_timeout_s,
+            started_at: clock.now(),
+            metrics,
+        };
+        store.reconcile_output_lengths()?;
+        Ok(store)
+    }
+
+    /// The output files are the truth for lengths (a crash between the file
+    /// write and the row update must not lose or duplicate bytes).
+    fn reconcile_output_lengths(&mut self) -> Result<(), StoreError> {
+        for mut job in self.query("SELECT data FROM jobs", [])? {
+            let out = self.file_len(&job.record.fleet_job_id, Stream::Stdout)?;
+            let err = self.file_len(&job.record.fleet_job_id, Stream::Stderr)?;
+            if out != job.record.stdout_len || err != job.record.stderr_len {
+                job.record.stdout_len = out;
+                job.record.stderr_len = err;
+                refresh_complete(&mut job);
+                self.save(&job)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn out_path(&self, id: &str, s: Stream) -> PathBuf {
+        self.out_dir.join(format!("{id}.{}", s.as_str()))
+    }
+
+    fn file_len(&self, id: &str, s: Stream) -> Result<u64, StoreError> {
+        match std::fs::metadata(self.out_path(id, s)) {
+            Ok(m) => Ok(m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn query<P: rusqlite::Params>(&self, sql: &str, p: P) -> Result<Vec<Job>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let rows = stmt.query_map(p, |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(serde_json::from_str(&row?)?);
+        }
+        Ok(out)
+    }
+
+    fn save(&self, job: &Job) -> Result<(), StoreError> {
+        let r = &job.record;
+        self.conn.execute(
+            "INSERT OR REPLACE INTO jobs (id, origin, state, target, submitted_at, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![r.fleet_job_id, r.origin, r.state.as_str(), r.target, r.submitted_at, serde_json::to_string(job)?],
+        )?;
+        Ok(())
+    }
+
+    fn load(&self, id: &str) -> Result<Job, StoreError> {
+        if !valid_job_id(id) {
+            return Err(StoreError::NotFound(format!("unknown job {id:?}")));
+        }
+        self.query("SELECT data FROM jobs WHERE id = ?1", [id])?
+            .pop()
+            .ok_or_else(|| StoreError::NotFound(format!("unknown job {id:?}")))
+    }
+
+    // ---- clusters -------------------------------------------------------
+
+    pub fn view(&self, now: f64) -> FleetView {
+        let clusters = self
+            .order
+            .iter()
+            .filter_map(|n| self.clusters.get(n))
+            .map(|c| {
+                let pick = |cfg: &str, hb: &str| if cfg.is_empty() { hb.to_string() } else { cfg.to_string() };
+                match &c.last {
+                    Some((hb, t)) => {
+                        let age = (now - t).max(0.0);
+                        ClusterSummary {
+                            name: c.cfg.name.clone(),
+                            region: pick(&c.cfg.region, &hb.region),
+                            provider: pick(&c.cfg.provider, &hb.provider),
+                            scheduler: hb.scheduler.clone(),
+                            healthy: age <= self.heartbeat_timeout_s,
+                            heartbeat_age_s: age,
+                            gpus: gpu_pools(&hb.nodes),
+                            queue_pending: hb.queue_pending,
+                            queue_running: hb.queue_running,
+                        }
+                    }
+                    // Never heard from: the age is counted from our own start.
+                    None => ClusterSummary {
+                        name: c.cfg.name.clone(),
+                        region: c.cfg.region.clone(),
+                        provider: c.cfg.provider.clone(),
+                        scheduler: String::new(),
+                        healthy: false,
+                        heartbeat_age_s: (now - self.started_at).max(0.0),
+                        gpus: Vec::new(),
+                        queue_pending: 0,
+                        queue_running: 0,
+                    },
+                }
+            })
+            .collect();
+        FleetView { generated_at: now, clusters }
+    }
+
+    fn healthy(&self, cluster: &str, now: f64) -> bool {
+        self.clusters
+            .get(cluster)
+            .and_then(|c| c.last.as_ref())
+            .is_some_and(|(_, t)| now - t <= self.heartbeat_timeout_s)
+    }
+
+    pub fn heartbeat(&mut self, caller: &Caller, hb: Heartbeat, now: f64) -> Result<FleetView, StoreError> {
+        match caller {
+            Caller::Cluster(c) if *c == hb.cluster => {}
+            Caller::Cluster(c) => {
+                return Err(StoreError::Forbidden(format!(
+                    "cluster {c:?} cannot send a heartbeat for {:?}",
+                    hb.cluster
+                )))
+            }
+            _ => return Err(StoreError::Forbidden("only a cluster's agent sends heartbeats".into())),
+        }
+        let Some(state) = self.clusters.get_mut(&hb.cluster) else {
+            return Err(StoreError::Forbidden(format!("cluster {:?} is not configured", hb.cluster)));
+        };
+        self.conn.execute(
+            "INSERT OR REPLACE INTO clusters (name, last_seen, heartbeat) VALUES (?1, ?2, ?3)",
+            params![hb.cluster, now, serde_json::to_string(&hb)?],
+        )?;
+        self.metrics.heartbeat(&hb.cluster);
+        state.last = Some((hb, now));
+        self.sweep(now)?;
+        Ok(self.view(now))
+    }
+
+    // ---- jobs -----------------------------------------------------------
+
+    pub fn forward(&mut self, caller: &Caller, fwd: ForwardRequest, now: f64) -> Result<JobRecord, StoreError> {
+        let Caller::Cluster(c) = caller else {
+            return Err(StoreError::Forbidden("only an origin agent forwards jobs".into()));
+        };
+        if fwd.request.origin != *c {
+            return Err(StoreError::Forbidden(format!(
+                "cluster {c:?} cannot forward a job whose origin is {:?}",
+                fwd.request.origin
+            )));
+        }
+        if !valid_job_id(&fwd.fleet_job_id) {
+            return Err(StoreError::BadRequest(format!(
+                "fleet_job_id {:?} is invalid (1-128 characters of A-Z a-z 0-9 . _ -, not starting with '.')",
+                fwd.fleet_job_id
+            )));
+        }
+        if let Some(existing) = self.query("SELECT data FROM jobs WHERE id = ?1", [&fwd.fleet_job_id])?.pop() {
+            if existing.record.origin == *c {
+                return Ok(existing.record); // idempotent repeat
+            }
+            return Err(conflict(format!(
+                "job {} already exists with origin {}",
+                fwd.fleet_job_id, existing.record.origin
+            )));
+        }
+        let record = JobRecord {
+            fleet_job_id: fwd.fleet_job_id.clone(),
+            origin: c.clone(),
+            origin_job_id: None,
+            target: None,
+            remote_job_id: None,
+            state: JobState::Held,
+            exit_code: None,
+            signal: None,
+            cancel_requested: false,
+            reason: format!("held at {c} until the stand-in starts (agent suggested {})", fwd.tentative_target),
+            stdout_len: 0,
+            stderr_len: 0,
+            output_complete: false,
+            node_list: String::new(),
+            submitted_at: now,
+            updated_at: now,
+            summary: summary(&fwd.request),
+        };
+        let job = Job {
+            record,
+            request: fwd.request,
+            tentative_target: fwd.tentative_target,
+            submitted: false,
+            final_stdout_len: None,
+            final_stderr_len: None,
+            remote_cancel_pending: false,
+        };
+        self.save(&job)?;
+        Ok(job.record)
+    }
+
+    /// Load a job that `caller` may read.
+    pub fn get(&self, caller: &Caller, id: &str) -> Result<Job, StoreError> {
+        let job = self.load(id)?;
+        match caller {
+            Caller::Admin => {}
+            Caller::Job { id: jid, origin } if jid == id && *origin == job.record.origin => {}
+            Caller::Job { .. } => return Err(StoreError::Unauthorized("job token does not match this job".into())),
+            Caller::Cluster(c) if *c == job.record.origin || job.record.target.as_deref() == Some(c) => {}
+            Caller::Cluster(c) => {
+                return Err(StoreError::Forbidden(format!("cluster {c:?} is neither origin nor target of {id}")))
+            }
+        }
+        Ok(job)
+    }
+
+    /// Origin-side control (start, cancel): the job token, the origin agent, the admin.
+    fn load_for_origin(&self, caller: &Caller, id: &str, what: &str) -> Result<Job, StoreError> {
+        let job = self.get(caller, id)?;
+        if let Caller::Cluster(c) = caller {
+            if *c != job.record.origin {
+                return Err(StoreError::Forbidden(format!("only the origin ({}) may {what} {id}", job.record.origin)));
+            }
+        }
+        Ok(job)
+    }
+
+    pub fn start(&mut self, caller: &Caller, id: &str, origin_job_id: u64, now: f64) -> Result<JobRecord, StoreError> {
+        let mut job = self.load_for_origin(caller, id, "start")?;
+        if job.record.origin_job_id.is_none() && origin_job_id != 0 {
+            job.record.origin_job_id = Some(origin_job_id);
+            job.record.updated_at = now;
+        }
+        if job.record.state == JobState::Held {
+            job.record.state = JobState::Queued;
+            job.record.updated_at = now;
+            self.assign(&mut job, now);
+        }
+        self.save(&job)?;
+        Ok(job.record)
+    }
+
+    /// Place a `Queued` job on the current view.
+    fn assign(&self, job: &mut Job, now: f64) {
+        let view = self.view(now);
+        let (p, _excluded) = placement::place(&view, &job.request);
+        let previous = job.record.reason.clone();
+        match p {
+            Placement::Home { reason } => {
+                self.metrics.placement("home");
+                job.record.target = Some(job.record.origin.clone());
+                job.record.state = JobState::Assigned;
+                job.record.reason = format!("placed at the origin {}: {reason}", job.record.origin);
+            }
+            Placement::Remote { target, reason } => {
+                self.metrics.placement("remote");
+                job.record.reason = format!("placed at {target}: {reason}");
+                job.record.target = Some(target);
+                job.record.state = JobState::Assigned;
+            }
+            Placement::Impossible { reason } => {
+                // Impossible only because clusters are silent right now?
+                // Then wait for them rather than fail the job.
+                let mut all_up = view.clone();
+                all_up.clusters.iter_mut().for_each(|c| c.healthy = true);
+                if matches!(placement::place(&all_up, &job.request).0, Placement::Impossible { .. }) {
+                    self.metrics.placement("impossible");
+                    job.record.state = JobState::Failed;
+                    job.record.target = None;
+                    job.record.reason = reason;
+                    refresh_complete(job);
+                } else {
+                    self.metrics.placement("waiting");
+                    job.record.state = JobState::Queued;
+                    job.record.target = None;
+                    job.record.reason = format!("waiting for a healthy cluster: {reason}");
+                }
+            }
+        }
+        if previous.starts_with("re-placing") {
+            job.record.reason = format!("{previous}; {}", job.record.reason);
+        }
+        job.record.updated_at = now;
+    }
+
+    /// Periodic work: place waiting jobs, re-place jobs whose target went
+    /// silent before submitting them.
+    pub fn sweep(&mut self, now: f64) -> Result<(), StoreError> {
+        let jobs = self.query("SELECT data FROM jobs WHERE state IN ('queued', 'assigned')", [])?;
+        for mut job in jobs {
+            let before = (job.record.state, job.record.target.clone());
+            match job.record.state {
+                JobState::Queued => self.assign(&mut job, now),
+                JobState::Assigned if !job.submitted => {
+                    let target = job.record.target.clone().unwrap_or_default();
+                    if self.healthy(&target, now) {
+                        continue;
+                    }
+                    self.metrics.placement("re-place");
+                    job.record.reason = format!("re-placing: {target} became unhealthy before submitting it");
+                    job.record.state = JobState::Queued;
+                    job.record.target = None;
+                    self.assign(&mut job, now);
+                }
+                _ => continue,
+            }
+            if before != (job.record.state, job.record.target.clone()) {
+                tracing::info!(job = %job.record.fleet_job_id, state = %job.record.state,
+                    target = ?job.record.target, reason = %job.record.reason, "placement changed");
+                self.save(&job)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn cancel(&mut self, caller: &Caller, id: &str, now: f64) -> Result<JobRecord, StoreError> {
+        let mut job = self.load_for_origin(caller, id, "cancel")?;
+        if job.record.state.is_terminal() {
+            return Ok(job.record);
+        }
+        job.record.cancel_requested = true;
+        job.record.updated_at = now;
+        let not_submitted = matches!(job.record.state, JobState::Held | JobState::Queued)
+            || (job.record.state == JobState::Assigned && !job.submitted);
+        if not_submitted {
+            job.record.state = JobState::Cancelled;
+            job.record.reason = "cancelled before it was submitted anywhere".into();
+            refresh_complete(&mut job);
+        }
+        self.save(&job)?;
+        Ok(job.record)
+    }
+
+    fn load_for_target(&self, caller: &Caller, id: &str) -> Result<Job, StoreError> {
+        let job = self.load(id)?;
+        match caller {
+            Caller::Cluster(c) if job.record.target.as_deref() == Some(c.as_str()) => Ok(job),
+            Caller::Cluster(c) => Err(StoreError::Forbidden(format!(
+                "cluster {c:?} is not the target of {id} (target: {})",
+                job.record.target.as_deref().unwrap_or("none")
+            ))),
+            _ => Err(StoreError::Forbidden("only the target cluster's agent reports on a job".into())),
+        }
+    }
+
+    pub fn status(&mut self, caller: &Caller, id: &str, upd: StatusUpdate, now: f64) -> Result<JobRecord, StoreError> {
+        let mut job = self.load_for_target(caller, id)?;
+        let cur = job.record.state;
+        if let Some(new) = upd.state {
+            if rank(new) <= rank(JobState::Assigned) {
+                return Err(StoreError::BadRequest(format!("a target agent cannot report state {new}")));
+            }
+        }
+        // Cancelled here before the agent reported a submission: record the
+        // remote id so that the agent is told to cancel it.
+        if cur == JobState::Cancelled && !job.submitted && upd.state.is_none_or(|s| !s.is_terminal()) {
+            if let Some(rid) = upd.remote_job_id {
+                job.record.remote_job_id = Some(rid);
+                job.submitted = true;
+                job.remote_cancel_pending = true;
+                job.record.updated_at = now;
+                self.save(&job)?;
+            }
+            return Err(conflict(format!("job {id} was cancelled before it was submitted; cancel it at the target")));
+        }
+        if let Some(new) = upd.state {
+            if cur.is_terminal() && new != cur {
+                return Err(conflict(format!("job {id} is already {cur}; {new} is not allowed")));
+            }
+            if rank(new) < rank(cur) {
+                return Err(conflict(format!("job {id} is {cur}; it cannot go back to {new}")));
+            }
+        }
+        job.submitted = true;
+        if cur.is_terminal() && job.remote_cancel_pending && upd.state == Some(cur) {
+            job.remote_cancel_pending = false;
+        }
+        if let Some(rid) = upd.remote_job_id {
+            job.record.remote_job_id = Some(rid);
+        }
+        if !upd.node_list.is_empty() {
+            job.record.node_list = upd.node_list;
+        }
+        if !upd.reason.is_empty() {
+            job.record.reason = upd.reason;
+        }
+        if let Some(new) = upd.state {
+            if !cur.is_terminal() {
+                job.record.state = new;
+                if new.is_terminal() {
+                    job.record.exit_code = upd.exit_code;
+                    job.record.signal = upd.signal;
+                }
+            }
+            if new.is_terminal() {
+                job.final_stdout_len = job.final_stdout_len.or(upd.final_stdout_len);
+                job.final_stderr_len = job.final_stderr_len.or(upd.final_stderr_len);
+                if job.record.exit_code.is_none() {
+                    job.record.exit_code = upd.exit_code;
+                }
+                if job.record.signal.is_none() {
+                    job.record.signal = upd.signal;
+                }
+            }
+        }
+        job.record.updated_at = now;
+        refresh_complete(&mut job);
+        self.save(&job)?;
+        Ok(job.record)
+    }
+
+    pub fn write_output(&mut self, caller: &Caller, id: &str, chunk: OutputChunk, now: f64) -> Result<(), StoreError> {
+        let mut job = self.load_for_target(caller, id)?;
+        let path = self.out_path(id, chunk.stream);
+        let held = self.file_len(id, chunk.stream)?;
+        if chunk.offset > held {
+            return Err(StoreError::Conflict {
+                msg: format!(
+                    "output gap on {}: chunk at offset {} but {held} bytes held; expected offset {held}",
+                    chunk.stream.as_str(),
+                    chunk.offset
+                ),
+                expected_offset: Some(held),
+            });
+        }
+        let skip = (held - chunk.offset) as usize;
+        if skip < chunk.data.len() {
+            let mut f = OpenOptions::new().create(true).append(true).open(&path)?;
+            f.write_all(&chunk.data[skip..])?;
+        }
+        let len = held.max(chunk.offset + chunk.data.len() as u64);
+        match chunk.stream {
+            Stream::Stdout => job.record.stdout_len = len,
+            Stream::Stderr => job.record.stderr_len = len,
+        }
+        if skip < chunk.data.len() {
+            job.record.updated_at = now;
+            refresh_complete(&mut job);
+            self.save(&job)?;
+        }
+        Ok(())
+    }
+
+    pub fn read_output(
+        &self,
+        caller: &Caller,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        max: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        self.get(caller, id)?;
+        let mut f = match std::fs::File::open(self.out_path(id, stream)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        f.seek(SeekFrom::Start(offset))?;
+        let mut buf = Vec::new();
+        f.take(max).read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+
+    pub fn list(&self, caller: &Caller, filter: &JobFilter) -> Result<Vec<JobRecord>, StoreError> {
+        let only = match caller {
+            Caller::Admin => None,
+            Caller::Cluster(c) => Some(c.clone()),
+            Caller::Job { .. } => return Err(StoreError::Forbidden("a job token cannot list jobs".into())),
+        };
+        let jobs = self.query("SELECT data FROM jobs ORDER BY submitted_at, id", [])?;
+        Ok(jobs
+            .into_iter()
+            .map(|j| j.record)
+            .filter(|r| filter.state.is_none_or(|s| r.state == s))
+            .filter(|r| filter.origin.as_ref().is_none_or(|o| r.origin == *o))
+            .filter(|r| only.as_ref().is_none_or(|c| r.origin == *c || r.target.as_deref() == Some(c)))
+            .collect())
+    }
+
+    pub fn work(&mut self, caller: &Caller, now: f64) -> Result<AgentWork, StoreError> {
+        let Caller::Cluster(c) = caller else {
+            return Err(StoreError::Forbidden("only a cluster's agent asks for work".into()));
+        };
+        self.sweep(now)?;
+        let mut work = AgentWork::default();
+        for job in self.query("SELECT data FROM jobs WHERE target = ?1 ORDER BY submitted_at, id", [c])? {
+            let r = &job.record;
+            if r.state == JobState::Assigned && !job.submitted && !r.cancel_requested {
+                work.submit.push(Assignment { fleet_job_id: r.fleet_job_id.clone(), request: job.request.clone() });
+            } else if (r.cancel_requested && !r.state.is_terminal()) || job.remote_cancel_pending {
+                work.cancel.push(r.fleet_job_id.clone());
+            }
+        }
+        Ok(work)
+    }
+
+    /// Jobs per state, for the metrics.
+    pub fn counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(ty: Option<&str>, total: u32, free: u32, state: &str) -> NodeCapacity {
+        NodeCapacity {
+            name: "n".into(),
+            partitions: vec![],
+            gpu_type: ty.map(Into::into),
+            gpus_total: total,
+            gpus_free: free,
+            state: state.into(),
+            switch: None,
+        }
+    }
+
+    fn check(nodes: Vec<NodeCapacity>, expected: &[(&str, u32, u32, u32, u32)]) {
+        let got: Vec<_> =
+            gpu_pools(&nodes).into_iter().map(|p| (p.gpu_type, p.total, p.free, p.max_per_node, p.nodes)).collect();
+        let want: Vec<_> = expected.iter().map(|e| (e.0.to_string(), e.1, e.2, e.3, e.4)).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn pools_table() {
+        check(vec![], &[]);
+        check(vec![node(None, 0, 0, "idle")], &[]);
+        check(vec![node(Some("h100"), 8, 8, "idle"), node(Some("h100"), 4, 1, "mixed")], &[("h100", 12, 9, 8, 2)]);
+        check(
+            vec![
+                node(Some("h100"), 8, 8, "down"),
+                node(Some("h100"), 8, 8, "drained"),
+                node(Some("h100"), 8, 8, "mixed+drain"),
+                node(Some("h100"), 8, 8, "idle*"),
+                node(Some("a100"), 4, 0, "allocated"),
+            ],
+            &[("a100", 4, 0, 4, 1)],
+        );
+        // free is clamped to total
+        check(vec![node(Some("h100"), 2, 9, "idle")], &[("h100", 2, 2, 2, 1)]);
+    }
+
+    #[test]
+    fn job_ids() {
+        for (id, ok) in [("j-1", true), ("abc.DEF_9", true), ("", false), ("../x", false), (".x", false), ("a/b", false)] {
+            assert_eq!(valid_job_id(id), ok, "{id}");
+        }
+        assert!(!valid_job_id(&"x".repeat(129)));
+    }
+}

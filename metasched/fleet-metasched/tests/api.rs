@@ -1,0 +1,484 @@
+//! Drive a real fleet-metasched over HTTP.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fleet_api::api::{
+    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, NodeCapacity, OutputChunk, StartRequest,
+    StatusUpdate, Stream,
+};
+use fleet_api::{auth, GpuRequest, GpuScope, JobRequest, JobState};
+use fleet_metasched::config::{ClusterConfig, Config};
+use fleet_metasched::Clock;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+const CLUSTERS: [(&str, &str); 3] = [("alpha", "h100"), ("beta", "a100"), ("gamma", "h100")];
+
+struct Daemon {
+    url: String,
+    dir: PathBuf,
+    clock: Clock,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    http: reqwest::Client,
+}
+
+fn token_of(name: &str) -> String {
+    format!("secret-{name}")
+}
+
+fn config(dir: &Path) -> Config {
+    std::fs::write(dir.join("admin.token"), "admin-secret\n").unwrap();
+    let clusters = CLUSTERS
+        .iter()
+        .map(|(n, _)| {
+            let p = dir.join(format!("{n}.token"));
+            std::fs::write(&p, format!("  {}\n", token_of(n))).unwrap();
+            ClusterConfig { name: n.to_string(), region: format!("r-{n}"), provider: "onprem".into(), token_file: p }
+        })
+        .collect();
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        state_dir: dir.join("state"),
+        admin_token_file: dir.join("admin.token"),
+        heartbeat_timeout_s: 10.0,
+        clusters,
+        placement: None,
+        prices: None,
+        carbon: None,
+    }
+}
+
+impl Daemon {
+    async fn start(dir: &Path, clock: Clock) -> Daemon {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(fleet_metasched::run_with_clock(listener, config(dir), clock.clone(), async {
+            let _ = rx.await;
+        }));
+        Daemon { url, dir: dir.to_path_buf(), clock, stop: Some(tx), handle, http: reqwest::Client::new() }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.handle.await.unwrap().unwrap();
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str, auth: &str) -> reqwest::RequestBuilder {
+        let b = self.http.request(method, format!("{}{path}", self.url));
+        if auth.is_empty() {
+            b
+        } else {
+            b.header("Authorization", auth)
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, auth: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut b = self.req(method, path, auth);
+        if let Some(body) = body {
+            b = b.json(&body);
+        }
+        let r = b.send().await.unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    async fn ok<T: serde::de::DeserializeOwned>(&self, method: reqwest::Method, path: &str, auth: &str, body: Option<Value>) -> T {
+        let (s, v) = self.call(method, path, auth, body).await;
+        assert!(s.is_success(), "{path}: {s} {v}");
+        serde_json::from_value(v).unwrap()
+    }
+
+    async fn heartbeat(&self, cluster: &str, free: u32) -> FleetView {
+        let ty = CLUSTERS.iter().find(|c| c.0 == cluster).unwrap().1;
+        let nodes = (0..2)
+            .map(|i| NodeCapacity {
+                name: format!("{cluster}-n{i}"),
+                partitions: vec!["gpu".into()],
+                gpu_type: Some(ty.into()),
+                gpus_total: 8,
+                gpus_free: if i == 0 { free.min(8) } else { free.saturating_sub(8) },
+                state: "idle".into(),
+                switch: None,
+            })
+            .collect();
+        let hb = Heartbeat {
+            cluster: cluster.into(),
+            region: String::new(),
+            provider: String::new(),
+            scheduler: "slurm".into(),
+            nodes,
+            queue_pending: 1,
+            queue_running: 2,
+            agent_version: "test".into(),
+        };
+        self.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer(cluster), Some(serde_json::to_value(hb).unwrap())).await
+    }
+
+    async fn forward(&self, id: &str, origin: &str, gpu: &str, n: u32) -> JobRecord {
+        let fwd = ForwardRequest { fleet_job_id: id.into(), request: request(origin, gpu, n), tentative_target: "alpha".into() };
+        self.ok(reqwest::Method::POST, "/v1/jobs", &bearer(origin), Some(serde_json::to_value(fwd).unwrap())).await
+    }
+
+    async fn start_job(&self, id: &str, origin: &str) -> JobRecord {
+        let body = serde_json::to_value(StartRequest { origin_job_id: 42 }).unwrap();
+        self.ok(reqwest::Method::POST, &format!("/v1/jobs/{id}/start"), &job_auth(origin, id), Some(body)).await
+    }
+
+    async fn job(&self, id: &str) -> JobRecord {
+        self.ok(reqwest::Method::GET, &format!("/v1/jobs/{id}"), "Bearer admin-secret", None).await
+    }
+
+    async fn work(&self, cluster: &str) -> AgentWork {
+        self.ok(reqwest::Method::GET, "/v1/agent/work", &bearer(cluster), None).await
+    }
+
+    async fn status(&self, id: &str, cluster: &str, upd: StatusUpdate) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/status"), &bearer(cluster), Some(serde_json::to_value(upd).unwrap()))
+            .await
+    }
+
+    async fn chunk(&self, id: &str, cluster: &str, stream: Stream, offset: u64, data: &[u8]) -> (StatusCode, Value) {
+        let c = OutputChunk { stream, offset, data: data.to_vec() };
+        self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/output"), &bearer(cluster), Some(serde_json::to_value(c).unwrap()))
+            .await
+    }
+
+    async fn read_output(&self, id: &str, origin: &str, stream: &str, offset: u64, max: u64) -> Vec<u8> {
+        let r = self
+            .req(reqwest::Method::GET, &format!("/v1/jobs/{id}/output?stream={stream}&offset={offset}&max={max}"), &job_auth(origin, id))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        r.bytes().await.unwrap().to_vec()
+    }
+}
+
+fn bearer(cluster: &str) -> String {
+    format!("Bearer {}", token_of(cluster))
+}
+
+fn job_auth(origin: &str, id: &str) -> String {
+    format!("FleetJob {}", auth::job_token(&token_of(origin), id))
+}
+
+fn request(origin: &str, gpu: &str, n: u32) -> JobRequest {
+    JobRequest {
+        origin: origin.into(),
+        user_id: 1000,
+        time_limit_min: Some(60),
+        gpus: vec![GpuRequest { gpu_type: Some(gpu.into()), count: n, scope: GpuScope::Node }],
+        script: Some(b"#!/bin/sh\necho hi\n\xff".to_vec()),
+        ..Default::default()
+    }
+}
+
+fn st(state: JobState) -> StatusUpdate {
+    StatusUpdate { remote_job_id: Some(7), state: Some(state), node_list: "alpha-n0".into(), ..Default::default() }
+}
+
+async fn fleet(dir: &Path) -> Daemon {
+    let d = Daemon::start(dir, Clock::default()).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    d
+}
+
+#[tokio::test]
+async fn health_and_metrics_need_no_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    let (s, v) = d.call(reqwest::Method::GET, "/health", "", None).await;
+    assert_eq!((s, v), (StatusCode::OK, Value::String("ok".into())));
+    d.forward("m1", "beta", "h100", 8).await;
+    let (s, v) = d.call(reqwest::Method::GET, "/metrics", "", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = v.as_str().unwrap();
+    assert!(text.contains("fleet_metasched_jobs{state=\"held\"} 1"), "{text}");
+    assert!(text.contains("fleet_metasched_heartbeats_total{cluster=\"alpha\"} 1"), "{text}");
+    assert!(text.contains("fleet_metasched_api_requests_total{route=\"/v1/jobs\",status=\"200\"} 1"), "{text}");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn auth_matrix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("j1", "beta", "h100", 8).await;
+    d.forward("j2", "beta", "h100", 8).await;
+    use reqwest::Method as M;
+    let body_start = Some(serde_json::json!({"origin_job_id": 5}));
+    let cases: Vec<(M, &str, String, Option<Value>, StatusCode)> = vec![
+        (M::GET, "/v1/jobs/j1", String::new(), None, StatusCode::UNAUTHORIZED),
+        (M::GET, "/v1/jobs/j1", "Bearer nope".into(), None, StatusCode::UNAUTHORIZED),
+        (M::GET, "/v1/jobs/j1", "Basic abc".into(), None, StatusCode::UNAUTHORIZED),
+        (M::GET, "/v1/jobs/j1", "Bearer admin-secret".into(), None, StatusCode::OK),
+        (M::GET, "/v1/jobs/j1", bearer("beta"), None, StatusCode::OK),
+        // gamma is neither origin nor target
+        (M::GET, "/v1/jobs/j1", bearer("gamma"), None, StatusCode::FORBIDDEN),
+        (M::GET, "/v1/jobs/j1", job_auth("beta", "j1"), None, StatusCode::OK),
+        // job token for another job, or minted with the wrong cluster's secret
+        (M::GET, "/v1/jobs/j1", job_auth("beta", "j2"), None, StatusCode::UNAUTHORIZED),
+        (M::GET, "/v1/jobs/j1", job_auth("alpha", "j1"), None, StatusCode::UNAUTHORIZED),
+        (M::GET, "/v1/jobs/nope", "Bearer admin-secret".into(), None, StatusCode::NOT_FOUND),
+        (M::GET, "/v1/jobs/nope", job_auth("beta", "nope"), None, StatusCode::NOT_FOUND),
+        (M::GET, "/v1/jobs", job_auth("beta", "j1"), None, StatusCode::UNAUTHORIZED),
+        (M::GET, "/v1/jobs", "Bearer admin-secret".into(), None, StatusCode::OK),
+        (M::GET, "/v1/clusters", bearer("alpha"), None, StatusCode::OK),
+        (M::GET, "/v1/clusters", String::new(), None, StatusCode::UNAUTHORIZED),
+        (M::GET, "/v1/agent/work", "Bearer admin-secret".into(), None, StatusCode::FORBIDDEN),
+        (M::POST, "/v1/jobs/j1/start", bearer("alpha"), body_start.clone(), StatusCode::FORBIDDEN),
+        (M::POST, "/v1/jobs/j1/start", job_auth("beta", "j2"), body_start.clone(), StatusCode::UNAUTHORIZED),
+        (M::POST, "/v1/jobs/j1/cancel", bearer("gamma"), None, StatusCode::FORBIDDEN),
+        // a job token does not open cluster endpoints
+        (M::POST, "/v1/jobs/j1/status", job_auth("beta", "j1"), Some(serde_json::json!({"remote_job_id": 1, "state": "running"})), StatusCode::FORBIDDEN),
+        (M::POST, "/v1/heartbeat", bearer("alpha"), Some(serde_json::json!({"cluster": "beta", "scheduler": "slurm", "nodes": [], "queue_pending": 0, "queue_running": 0, "agent_version": "x"})), StatusCode::FORBIDDEN),
+        (M::POST, "/v1/heartbeat", bearer("alpha"), Some(serde_json::json!({"cluster": "alpha"})), StatusCode::BAD_REQUEST),
+        (M::POST, "/v1/jobs", bearer("alpha"), Some(serde_json::to_value(ForwardRequest { fleet_job_id: "x".into(), request: request("beta", "h100", 1), tentative_target: "alpha".into() }).unwrap()), StatusCode::FORBIDDEN),
+        (M::POST, "/v1/jobs", bearer("beta"), Some(serde_json::to_value(ForwardRequest { fleet_job_id: "../x".into(), request: request("beta", "h100", 1), tentative_target: "alpha".into() }).unwrap()), StatusCode::BAD_REQUEST),
+    ];
+    for (m, path, auth, body, want) in cases {
+        let (got, v) = d.call(m.clone(), path, &auth, body).await;
+        assert_eq!(got, want, "{m} {path} with {auth:?}: {v}");
+        if !got.is_success() {
+            assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{m} {path}: error body {v}");
+        }
+    }
+    // The job target may post status; others may not.
+    d.start_job("j1", "beta").await;
+    assert_eq!(d.status("j1", "gamma", st(JobState::Pending)).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(d.status("j1", "beta", st(JobState::Pending)).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(d.chunk("j1", "beta", Stream::Stdout, 0, b"x").await.0, StatusCode::FORBIDDEN);
+    assert_eq!(d.status("j1", "alpha", st(JobState::Pending)).await.0, StatusCode::OK);
+    // A cluster lists only its own jobs.
+    let listed: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs", &bearer("gamma"), None).await;
+    assert!(listed.is_empty());
+    let listed: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?state=pending", &bearer("alpha"), None).await;
+    assert_eq!(listed.iter().map(|j| j.fleet_job_id.as_str()).collect::<Vec<_>>(), ["j1"]);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn full_lifecycle_with_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    let r = d.forward("life", "beta", "h100", 8).await;
+    assert_eq!(r.state, JobState::Held);
+    assert_eq!(r.summary, "gpu:h100:8 on 1 node(s), 60 min");
+    // Held jobs are nobody's work yet.
+    assert!(d.work("alpha").await.submit.is_empty());
+    let r = d.start_job("life", "beta").await;
+    assert_eq!((r.state, r.target.as_deref(), r.origin_job_id), (JobState::Assigned, Some("alpha"), Some(42)));
+    assert!(r.reason.contains("alpha"), "{}", r.reason);
+    // Idempotent start.
+    assert_eq!(d.start_job("life", "beta").await.state, JobState::Assigned);
+    let w = d.work("alpha").await;
+    assert_eq!(w.submit.len(), 1);
+    assert_eq!(w.submit[0].request, request("beta", "h100", 8));
+    assert!(d.work("gamma").await.submit.is_empty());
+
+    let (s, v) = d.status("life", "alpha", st(JobState::Pending)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(d.work("alpha").await.submit.is_empty(), "acknowledged");
+    assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::OK, "idempotent repeat");
+    assert_eq!(d.status("life", "alpha", st(JobState::Pending)).await.0, StatusCode::CONFLICT, "backwards");
+    assert_eq!(d.status("life", "alpha", st(JobState::Queued)).await.0, StatusCode::BAD_REQUEST);
+
+    assert_eq!(d.chunk("life", "alpha", Stream::Stdout, 0, b"hello ").await.0, StatusCode::OK);
+    assert_eq!(d.chunk("life", "alpha", Stream::Stdout, 6, b"world\n").await.0, StatusCode::OK);
+    assert_eq!(d.chunk("life", "alpha", Stream::Stderr, 0, b"\xffwarn\n").await.0, StatusCode::OK);
+    let done = StatusUpdate {
+        exit_code: Some(3),
+        final_stdout_len: Some(14),
+        final_stderr_len: Some(6),
+        ..st(JobState::Completed)
+    };
+    let (s, v) = d.status("life", "alpha", done.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.exit_code, r.output_complete), (JobState::Completed, Some(3), false));
+    assert_eq!(d.chunk("life", "alpha", Stream::Stdout, 12, b"!!").await.0, StatusCode::OK);
+    let r = d.job("life").await;
+    assert_eq!((r.stdout_len, r.stderr_len, r.output_complete), (14, 6, true));
+    assert_eq!((r.remote_job_id, r.node_list.as_str()), (Some(7), "alpha-n0"));
+    assert_eq!(d.status("life", "alpha", done).await.0, StatusCode::OK, "terminal repeat");
+    assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::CONFLICT, "terminal is final");
+    assert_eq!(d.status("life", "alpha", st(JobState::Failed)).await.0, StatusCode::CONFLICT);
+
+    assert_eq!(d.read_output("life", "beta", "stdout", 0, 100).await, b"hello world\n!!");
+    assert_eq!(d.read_output("life", "beta", "stdout", 6, 3).await, b"wor");
+    assert_eq!(d.read_output("life", "beta", "stdout", 100, 3).await, b"");
+    assert_eq!(d.read_output("life", "beta", "stderr", 0, 100).await, b"\xffwarn\n");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn chunks_overlap_and_gaps_and_idempotent_forward() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    let a = d.forward("c1", "beta", "h100", 8).await;
+    let b = d.forward("c1", "beta", "h100", 8).await;
+    assert_eq!(a, b, "POST /v1/jobs is idempotent");
+    // Same id from another origin is a conflict.
+    let fwd = ForwardRequest { fleet_job_id: "c1".into(), request: request("gamma", "h100", 8), tentative_target: "alpha".into() };
+    let (s, _) = d.call(reqwest::Method::POST, "/v1/jobs", &bearer("gamma"), Some(serde_json::to_value(fwd).unwrap())).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    d.start_job("c1", "beta").await;
+
+    // (offset, data, expected status, expected stdout afterwards)
+    let table: &[(u64, &[u8], u16, &[u8])] = &[
+        (0, b"abcd", 200, b"abcd"),
+        (0, b"abcd", 200, b"abcd"),      // exact repeat
+        (2, b"cdef", 200, b"abcdef"),    // overlap trimmed
+        (1, b"bc", 200, b"abcdef"),      // entirely held
+        (8, b"zz", 409, b"abcdef"),      // gap
+        (6, b"", 200, b"abcdef"),        // empty
+        (6, b"g", 200, b"abcdefg"),
+    ];
+    for (offset, data, want, after) in table {
+        let (s, v) = d.chunk("c1", "alpha", Stream::Stdout, *offset, data).await;
+        assert_eq!(s.as_u16(), *want, "chunk at {offset}: {v}");
+        if *want == 409 {
+            assert_eq!(v["expected_offset"], 6, "{v}");
+            assert!(v["error"].as_str().unwrap().contains("expected offset 6"), "{v}");
+        }
+        assert_eq!(d.read_output("c1", "beta", "stdout", 0, 100).await, *after);
+    }
+    let (s, v) = d
+        .call(reqwest::Method::POST, "/v1/jobs/c1/output", &bearer("alpha"), Some(serde_json::json!({"stream": "stdout", "offset": 0, "data": "***"})))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("invalid output chunk"), "{v}");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_paths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    // Held → Cancelled directly.
+    d.forward("k1", "beta", "h100", 8).await;
+    let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k1/cancel", &job_auth("beta", "k1"), None).await;
+    assert_eq!((r.state, r.cancel_requested, r.output_complete), (JobState::Cancelled, true, true));
+    // Starting a cancelled job leaves it cancelled.
+    assert_eq!(d.start_job("k1", "beta").await.state, JobState::Cancelled);
+
+    // Assigned, not yet submitted → Cancelled, and never handed out.
+    d.forward("k2", "beta", "h100", 8).await;
+    d.start_job("k2", "beta").await;
+    let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k2/cancel", &bearer("beta"), None).await;
+    assert_eq!(r.state, JobState::Cancelled);
+    assert!(d.work("alpha").await.submit.is_empty());
+    // The agent had in fact submitted it: it is told to cancel it.
+    let (s, _) = d.status("k2", "alpha", st(JobState::Pending)).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(d.work("alpha").await.cancel, ["k2"]);
+    assert_eq!(d.status("k2", "alpha", st(JobState::Cancelled)).await.0, StatusCode::OK);
+    assert!(d.work("alpha").await.cancel.is_empty());
+
+    // Submitted → cancel_requested, shows up in the target's work.
+    d.forward("k3", "beta", "h100", 8).await;
+    d.start_job("k3", "beta").await;
+    d.status("k3", "alpha", st(JobState::Running)).await;
+    let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k3/cancel", "Bearer admin-secret", None).await;
+    assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
+    assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()] });
+    let fin = StatusUpdate { final_stdout_len: Some(0), final_stderr_len: Some(0), signal: Some(15), ..st(JobState::Cancelled) };
+    assert_eq!(d.status("k3", "alpha", fin).await.0, StatusCode::OK);
+    let r = d.job("k3").await;
+    assert_eq!((r.state, r.signal, r.output_complete), (JobState::Cancelled, Some(15), true));
+    assert!(d.work("alpha").await.cancel.is_empty());
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn impossible_placement_fails_the_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("big", "beta", "h100", 64).await;
+    let r = d.start_job("big", "beta").await;
+    assert_eq!(r.state, JobState::Failed);
+    assert!(r.output_complete);
+    assert!(r.reason.contains("no cluster in the fleet can run gpu:h100:64"), "{}", r.reason);
+    // A job that fits at home runs at home (the origin agent is the target).
+    d.forward("small", "beta", "a100", 4).await;
+    let r = d.start_job("small", "beta").await;
+    assert_eq!((r.state, r.target.as_deref()), (JobState::Assigned, Some("beta")));
+    assert_eq!(d.work("beta").await.submit.len(), 1);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn silent_clusters_become_unhealthy_and_jobs_move() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), Clock::default()).await;
+    let view: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", "Bearer admin-secret", None).await;
+    assert_eq!(view.clusters.len(), 3);
+    assert!(view.clusters.iter().all(|c| !c.healthy), "never heard from = unhealthy");
+    d.heartbeat("alpha", 16).await;
+    d.heartbeat("beta", 16).await;
+    d.heartbeat("gamma", 8).await;
+    let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", &bearer("beta"), None).await;
+    let alpha = &v.clusters[0];
+    assert!(alpha.healthy);
+    assert_eq!((alpha.gpus[0].total, alpha.gpus[0].free, alpha.gpus[0].nodes, alpha.region.as_str()), (16, 16, 2, "r-alpha"));
+
+    d.forward("mv", "beta", "h100", 8).await;
+    assert_eq!(d.start_job("mv", "beta").await.target.as_deref(), Some("alpha"));
+    // alpha goes silent; the others keep beating.
+    d.clock.advance(Duration::from_secs(6));
+    d.heartbeat("beta", 16).await;
+    d.heartbeat("gamma", 8).await;
+    d.clock.advance(Duration::from_secs(6));
+    let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", "Bearer admin-secret", None).await;
+    assert!(!v.clusters[0].healthy && v.clusters[0].heartbeat_age_s >= 12.0, "{:?}", v.clusters[0]);
+    assert!(v.clusters[1].healthy);
+    // The job was not submitted at alpha: it is re-placed on gamma.
+    assert_eq!(d.work("gamma").await.submit.len(), 1);
+    let r = d.job("mv").await;
+    assert_eq!((r.state, r.target.as_deref()), (JobState::Assigned, Some("gamma")));
+    assert!(r.reason.contains("alpha became unhealthy"), "{}", r.reason);
+
+    // Everyone silent: a new job waits instead of failing, then runs.
+    d.clock.advance(Duration::from_secs(20));
+    d.forward("wait", "beta", "h100", 8).await;
+    let r = d.start_job("wait", "beta").await;
+    assert_eq!(r.state, JobState::Queued, "{}", r.reason);
+    assert!(r.reason.starts_with("waiting for a healthy cluster"), "{}", r.reason);
+    d.heartbeat("alpha", 16).await;
+    let r = d.job("wait").await;
+    assert_eq!((r.state, r.target.as_deref()), (JobState::Assigned, Some("alpha")));
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn restart_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("p1", "beta", "h100", 8).await;
+    d.start_job("p1", "beta").await;
+    d.status("p1", "alpha", st(JobState::Running)).await;
+    d.chunk("p1", "alpha", Stream::Stdout, 0, b"before restart\n").await;
+    d.forward("p2", "beta", "h100", 8).await;
+    let before = (d.job("p1").await, d.job("p2").await);
+    let dir = d.dir.clone();
+    d.stop().await;
+
+    let d = Daemon::start(&dir, Clock::default()).await;
+    assert_eq!((d.job("p1").await, d.job("p2").await), before);
+    // Offsets survived: the next chunk continues, a gap is still a gap.
+    assert_eq!(d.chunk("p1", "alpha", Stream::Stdout, 15, b"after\n").await.0, StatusCode::OK);
+    assert_eq!(d.chunk("p1", "alpha", Stream::Stdout, 99, b"x").await.0, StatusCode::CONFLICT);
+    assert_eq!(d.read_output("p1", "beta", "stdout", 0, 100).await, b"before restart\nafter\n");
+    // Heartbeats survived: alpha is still known and healthy.
+    let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", "Bearer admin-secret", None).await;
+    assert!(v.clusters.iter().all(|c| c.healthy));
+    assert_eq!(d.start_job("p2", "beta").await.target.as_deref(), Some("alpha"));
+    d.stop().await;
+}
