@@ -1,0 +1,799 @@
+//! The placement engine: hard filters, the scoring model, ranked
+//! explanations.
+//!
+//! Score of placing job `j` on pool `p` of cluster `c` with pricing `k`
+//! (all in USD; `G` = GPUs, `D` = expected duration in hours):
+//!
+//! ```text
+//! compute = price_k × G × (D + lost + provision)          (provision: cloud only)
+//! egress  = Σ datasets min_replica(size × egress(replica → c))
+//!         + ckpt_size × ckpts(D) × egress(c → ckpt location)
+//! delay_h = wait + transfer + overhead + lost
+//!           wait     = 0 if the pool has G free GPUs, else the expected wait
+//!           transfer = Σ datasets (size × 8 / Gbps + staging latency) for data not in c's region
+//!           overhead = remote submission (away from home) + provisioning (cloud)
+//!           lost     = spot: preemptions/h × D × (ckpt_interval/2 + restore)
+//! time    = time_value × G × delay_h
+//! kgCO2   = intensity(zone, run window) × GPU power × G × (D + lost) × PUE
+//! total   = compute + egress_weight × egress + time + carbon_price × kgCO2
+//! ```
+//!
+//! Nothing here allocates on the [`decide`] path once a job is
+//! [`prepare`]d.
+
+use std::fmt;
+
+use fleet_api::FleetMode;
+
+use crate::job::{JobSpec, Parallelism};
+use crate::model::{Cluster, ClusterId, FleetModel, GpuTypeId, Health, NodePool, PoolId, RegionId};
+use crate::policy::Policy;
+use crate::state::{ClusterState, FleetState, PoolState};
+
+/// Which price a candidate pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pricing {
+    Onprem,
+    OnDemand,
+    Spot,
+}
+
+impl Pricing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pricing::Onprem => "onprem",
+            Pricing::OnDemand => "on-demand",
+            Pricing::Spot => "spot",
+        }
+    }
+}
+
+/// The full cost breakdown of one candidate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Breakdown {
+    pub price_per_gpu_hour: f64,
+    pub compute_usd: f64,
+    pub egress_usd: f64,
+    pub wait_h: f64,
+    pub transfer_h: f64,
+    pub overhead_h: f64,
+    pub lost_work_h: f64,
+    /// time value × GPUs × (wait + transfer + overhead + lost).
+    pub time_usd: f64,
+    pub carbon_g_per_kwh: f64,
+    pub kg_co2: f64,
+    pub carbon_usd: f64,
+    /// The score (lower is better).
+    pub total: f64,
+}
+
+impl Breakdown {
+    /// Money actually spent: compute + egress.
+    pub fn spend_usd(&self) -> f64 {
+        self.compute_usd + self.egress_usd
+    }
+    pub fn delay_h(&self) -> f64 {
+        self.wait_h + self.transfer_h + self.overhead_h + self.lost_work_h
+    }
+}
+
+/// The chosen (or a ranked) placement.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Placement {
+    pub cluster: ClusterId,
+    pub pool: PoolId,
+    pub pricing: Pricing,
+    /// The pool has the GPUs free now.
+    pub fits_now: bool,
+    pub breakdown: Breakdown,
+}
+
+/// Why a cluster (or its best pool) cannot take the job. Ordered by how
+/// far the check got: for a cluster with several pools the reason of the
+/// pool that came closest is reported.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Exclusion {
+    Down,
+    Unhealthy,
+    LocalOnly,
+    RemoteOnly,
+    NotInToList,
+    RegionDenied,
+    RegionNotAllowed,
+    TimeLimit { max_s: f64, need_s: f64 },
+    NoGpuType,
+    NotEnoughGpus { gpu_type: GpuTypeId, have: u32, need: u32 },
+    TooFewNodes { gpu_type: GpuTypeId, have: u32, need: u32 },
+    NodeShape { gpu_type: GpuTypeId, per_node: u32, need_per_node: u32 },
+    NvlinkDomain { gpu_type: GpuTypeId, domain: u32, need: u32 },
+    NoIbFabric { gpu_type: GpuTypeId, domain: u32, need: u32 },
+    IbIsland { gpu_type: GpuTypeId, island: u32, need: u32 },
+    PowerCap { gpu_type: GpuTypeId, need_w: f64, cap_w: f64, gpus_in_rack: u32 },
+    NoPrice { gpu_type: GpuTypeId },
+    MaxPrice { cheapest: f64, max: f64 },
+    BadInput,
+}
+
+impl Exclusion {
+    fn rank(&self) -> u8 {
+        match self {
+            Exclusion::Down => 0,
+            Exclusion::Unhealthy => 1,
+            Exclusion::LocalOnly => 2,
+            Exclusion::RemoteOnly => 3,
+            Exclusion::NotInToList => 4,
+            Exclusion::RegionDenied => 5,
+            Exclusion::RegionNotAllowed => 6,
+            Exclusion::TimeLimit { .. } => 7,
+            Exclusion::NoGpuType => 8,
+            Exclusion::NotEnoughGpus { .. } => 9,
+            Exclusion::TooFewNodes { .. } => 10,
+            Exclusion::NodeShape { .. } => 11,
+            Exclusion::NvlinkDomain { .. } => 12,
+            Exclusion::NoIbFabric { .. } => 13,
+            Exclusion::IbIsland { .. } => 14,
+            Exclusion::PowerCap { .. } => 15,
+            Exclusion::NoPrice { .. } => 16,
+            Exclusion::MaxPrice { .. } => 17,
+            Exclusion::BadInput => 18,
+        }
+    }
+
+    /// The human-readable reason.
+    pub fn describe(&self, model: &FleetModel, cluster: &Cluster, job: &PreparedJob) -> String {
+        let t = |id: &GpuTypeId| model.gpu_type_name(*id).to_string();
+        match self {
+            Exclusion::Down => "drained by the admin (health = down)".into(),
+            Exclusion::Unhealthy => "no recent heartbeat (unhealthy)".into(),
+            Exclusion::LocalOnly => format!("job is --fleet=local; only its home {} may run it", job.spec.home),
+            Exclusion::RemoteOnly => "job is --fleet=remote; its home cluster is excluded".into(),
+            Exclusion::NotInToList => format!("not in --fleet-to ({})", job.spec.to.join(",")),
+            Exclusion::RegionDenied => format!("region {} is denied by the job", cluster.region),
+            Exclusion::RegionNotAllowed => {
+                format!("region {} is not in the job's allowed regions ({})", cluster.region, job.spec.region_allow.join(","))
+            }
+            Exclusion::TimeLimit { max_s, need_s } => {
+                format!("time limit {:.1} h exceeds the cluster's maximum {:.1} h", need_s / 3600.0, max_s / 3600.0)
+            }
+            Exclusion::NoGpuType => {
+                let have: Vec<&str> = cluster.pools.iter().map(|p| model.gpu_type_name(p.gpu_type)).collect();
+                format!(
+                    "no pool with an acceptable GPU type (job accepts {}; cluster has {})",
+                    if job.spec.gpu_types.is_empty() { "any".to_string() } else { job.spec.gpu_types.join(",") },
+                    if have.is_empty() { "none".to_string() } else { have.join(",") }
+                )
+            }
+            Exclusion::NotEnoughGpus { gpu_type, have, need } => {
+                format!("needs {need} {} GPUs; the largest pool has {have}", t(gpu_type))
+            }
+            Exclusion::TooFewNodes { gpu_type, have, need } => {
+                format!("needs {need} nodes; the {} pool has {have}", t(gpu_type))
+            }
+            Exclusion::NodeShape { gpu_type, per_node, need_per_node } => {
+                format!("needs {need_per_node} GPUs per node; {} nodes have {per_node}", t(gpu_type))
+            }
+            Exclusion::NvlinkDomain { gpu_type, domain, need } => format!(
+                "{} job needs {need} GPUs in one NVLink domain; {} domains hold {domain}",
+                job.spec.parallelism.as_str(),
+                t(gpu_type)
+            ),
+            Exclusion::NoIbFabric { gpu_type, domain, need } => format!(
+                "{} job of {need} GPUs spans NVLink domains ({domain} GPUs) and the {} pool has no InfiniBand fabric",
+                job.spec.parallelism.as_str(),
+                t(gpu_type)
+            ),
+            Exclusion::IbIsland { gpu_type, island, need } => format!(
+                "{} job needs {need} GPUs in one InfiniBand island; {} islands hold {island}",
+                job.spec.parallelism.as_str(),
+                t(gpu_type)
+            ),
+            Exclusion::PowerCap { gpu_type, need_w, cap_w, gpus_in_rack } => format!(
+                "rack power cap {:.1} kW cannot sustain {gpus_in_rack} {} GPUs of this job in one rack ({:.1} kW)",
+                cap_w / 1000.0,
+                t(gpu_type),
+                need_w / 1000.0
+            ),
+            Exclusion::NoPrice { gpu_type } => format!("no usable price for {}", t(gpu_type)),
+            Exclusion::MaxPrice { cheapest, max } => {
+                format!("cheapest option {cheapest:.2} USD/GPU-h is above --fleet-max-price {max:.2}")
+            }
+            Exclusion::BadInput => "inputs give a non-finite score (check durations and prices)".into(),
+        }
+    }
+}
+
+/// A dataset resolved against the catalog.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreparedData {
+    pub uri: String,
+    pub locations: Vec<RegionId>,
+    pub size_gb: f64,
+    /// Found in the catalog (unknown datasets cost nothing and are listed).
+    pub known: bool,
+}
+
+/// A job resolved against one model: ids instead of names. Build with
+/// [`prepare`]; reuse for every decision about the job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreparedJob {
+    pub spec: JobSpec,
+    /// Acceptable GPU types as a bit mask over the model's types.
+    pub type_mask: u64,
+    pub home: Option<ClusterId>,
+    /// `None` = any cluster; else sorted ids (names not in the model dropped).
+    pub to: Option<Vec<ClusterId>>,
+    /// Per region id: 0 = ok, 1 = denied, 2 = not in the allow list.
+    /// Empty = all ok.
+    pub region_rule: Vec<u8>,
+    pub datasets: Vec<PreparedData>,
+    pub ckpt_region: Option<Vec<RegionId>>,
+    pub ckpt_size_gb: f64,
+    pub gpus: u32,
+    pub duration_h: f64,
+}
+
+impl PreparedJob {
+    /// Dataset URIs not found in the catalog.
+    pub fn unknown_datasets(&self) -> impl Iterator<Item = &str> {
+        self.datasets.iter().filter(|d| !d.known).map(|d| d.uri.as_str())
+    }
+}
+
+fn region_matches(pattern: &str, qualified: &str) -> bool {
+    let p = pattern.trim();
+    let (prov, reg) = qualified.split_once(':').unwrap_or(("", qualified));
+    if p == qualified || p == reg || p == prov {
+        return true;
+    }
+    if let Some(pre) = p.strip_suffix('*') {
+        let pre = pre.strip_suffix(':').unwrap_or(pre);
+        return qualified.starts_with(pre) || reg.starts_with(pre) || (prov == pre);
+    }
+    false
+}
+
+/// Resolves a job against the model (GPU types, regions, clusters,
+/// datasets). Allocates; do it once per job.
+pub fn prepare(model: &FleetModel, spec: &JobSpec) -> PreparedJob {
+    let type_mask = if spec.gpu_types.is_empty() {
+        u64::MAX
+    } else {
+        spec.gpu_types.iter().filter_map(|t| model.gpu_type_id(t)).fold(0u64, |m, id| m | (1u64 << id))
+    };
+    let to = if spec.to.is_empty() {
+        None
+    } else {
+        let mut v: Vec<ClusterId> = spec.to.iter().filter_map(|n| model.cluster_id(n.trim())).collect();
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    };
+    let region_rule = if spec.region_allow.is_empty() && spec.region_deny.is_empty() {
+        Vec::new()
+    } else {
+        model
+            .regions
+            .iter()
+            .map(|r| {
+                if spec.region_deny.iter().any(|p| region_matches(p, r)) {
+                    1
+                } else if !spec.region_allow.is_empty() && !spec.region_allow.iter().any(|p| region_matches(p, r)) {
+                    2
+                } else {
+                    0
+                }
+            })
+            .collect()
+    };
+    let datasets = spec
+        .datasets
+        .iter()
+        .map(|uri| match model.dataset_for(uri) {
+            Some(d) => PreparedData { uri: uri.clone(), locations: d.locations.clone(), size_gb: d.size_gb, known: true },
+            None => PreparedData { uri: uri.clone(), locations: Vec::new(), size_gb: 0.0, known: false },
+        })
+        .collect();
+    let ckpt_region = spec.ckpt_location.as_deref().and_then(|u| model.dataset_for(u)).map(|d| d.locations.clone());
+    let ckpt_size_gb = spec
+        .ckpt_size_gb
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .unwrap_or(model.overheads.default_ckpt_size_gb);
+    let duration_h = if spec.duration_s.is_finite() && spec.duration_s > 0.0 { spec.duration_s / 3600.0 } else { 0.0 };
+    PreparedJob {
+        spec: spec.clone(),
+        type_mask,
+        home: model.cluster_id(&spec.home),
+        to,
+        region_rule,
+        datasets,
+        ckpt_region,
+        ckpt_size_gb,
+        gpus: spec.gpus,
+        duration_h,
+    }
+}
+
+/// Knobs for scoring a job that is already running somewhere.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct EvalCtx {
+    /// Hours still to run.
+    pub duration_h: f64,
+    /// The job already runs here: no wait, no overheads, data in place.
+    pub in_place: bool,
+    /// Only consider candidates with the GPUs free now.
+    pub require_free: bool,
+}
+
+fn cluster_gate(model: &FleetModel, st: Option<&ClusterState>, job: &PreparedJob, cid: ClusterId, c: &Cluster, in_place: bool) -> Result<(), Exclusion> {
+    if c.health == Health::Down {
+        return Err(Exclusion::Down);
+    }
+    if !st.is_some_and(|s| s.healthy) {
+        return Err(Exclusion::Unhealthy);
+    }
+    let is_home = job.home == Some(cid);
+    if !in_place {
+        match job.spec.mode {
+            FleetMode::Local if !is_home => return Err(Exclusion::LocalOnly),
+            FleetMode::Remote if is_home => return Err(Exclusion::RemoteOnly),
+            _ => {}
+        }
+    }
+    if let Some(to) = &job.to {
+        if to.binary_search(&cid).is_err() {
+            return Err(Exclusion::NotInToList);
+        }
+    }
+    match job.region_rule.get(c.region_id as usize) {
+        Some(1) => return Err(Exclusion::RegionDenied),
+        Some(2) => return Err(Exclusion::RegionNotAllowed),
+        _ => {}
+    }
+    if let Some(max_s) = c.max_time_limit_s {
+        let need_s = job.spec.time_limit_s.unwrap_or(job.spec.duration_s);
+        if need_s > max_s {
+            return Err(Exclusion::TimeLimit { max_s, need_s });
+        }
+    }
+    let _ = model;
+    Ok(())
+}
+
+/// Topology and power checks of one pool.
+fn pool_fits(job: &PreparedJob, p: &NodePool) -> Result<(), Exclusion> {
+    let g = job.gpus;
+    let t = p.gpu_type;
+    if g > p.total_gpus {
+        return Err(Exclusion::NotEnoughGpus { gpu_type: t, have: p.total_gpus, need: g });
+    }
+    if let Some(n) = job.spec.nodes.filter(|n| *n > 0) {
+        if n > p.nodes {
+            return Err(Exclusion::TooFewNodes { gpu_type: t, have: p.nodes, need: n });
+        }
+        let per = g.div_ceil(n);
+        if per > p.gpus_per_node {
+            return Err(Exclusion::NodeShape { gpu_type: t, per_node: p.gpus_per_node, need_per_node: per });
+        }
+    }
+    // GPUs that must sit together in one NVLink domain (and so one rack).
+    let mut in_domain = g.min(p.gpus_per_node);
+    match job.spec.parallelism {
+        Parallelism::Tp => {
+            if g > p.nvlink_domain_gpus {
+                return Err(Exclusion::NvlinkDomain { gpu_type: t, domain: p.nvlink_domain_gpus, need: g });
+            }
+            in_domain = g;
+        }
+        Parallelism::Fsdp => {
+            if g <= p.nvlink_domain_gpus {
+                in_domain = g;
+            } else if p.ib_island_gpus == 0 {
+                return Err(Exclusion::NoIbFabric { gpu_type: t, domain: p.nvlink_domain_gpus, need: g });
+            } else if g > p.ib_island_gpus {
+                return Err(Exclusion::IbIsland { gpu_type: t, island: p.ib_island_gpus, need: g });
+            }
+        }
+        Parallelism::Data => {}
+    }
+    if let Some(cap) = p.rack_power_cap_w {
+        // A gang job's GPUs in one NVLink domain draw full power together in
+        // one rack; other jobs may be spread node by node across racks.
+        let nodes_in_rack = in_domain.div_ceil(p.gpus_per_node.max(1)).max(1);
+        let need_w = f64::from(in_domain) * p.gpu_power_w + f64::from(nodes_in_rack) * p.node_overhead_w;
+        if g > 0 && need_w > cap {
+            return Err(Exclusion::PowerCap { gpu_type: t, need_w, cap_w: cap, gpus_in_rack: in_domain });
+        }
+    }
+    Ok(())
+}
+
+/// Carbon intensity for cluster `c` over `[t0, t1)`.
+#[inline]
+fn intensity(model: &FleetModel, state: &FleetState, c: &Cluster, cs: &ClusterState, t0: f64, t1: f64, lca: bool) -> f64 {
+    if let Some(z) = c.carbon_zone_id {
+        if let Some(Some(s)) = state.carbon.get(z as usize) {
+            return s.mean_between(t0, t1, lca);
+        }
+    }
+    cs.carbon_g_per_kwh.unwrap_or(model.overheads.default_carbon_g_per_kwh)
+}
+
+/// Data egress USD and transfer hours to bring the job's datasets to `c`.
+#[inline]
+fn data_cost(model: &FleetModel, job: &PreparedJob, c: &Cluster) -> (f64, f64) {
+    let (mut usd, mut hours) = (0.0, 0.0);
+    for d in &job.datasets {
+        if d.size_gb <= 0.0 || d.locations.is_empty() || d.locations.contains(&c.region_id) {
+            continue;
+        }
+        let mut best = (f64::INFINITY, 0.0);
+        for &l in &d.locations {
+            let e = d.size_gb * model.egress_usd_per_gb(l, c.region_id);
+            let gbps = model.bandwidth_gbps(l, c.region_id).max(1e-3);
+            let h = (d.size_gb * 8.0 / gbps + model.overheads.staging_latency_s) / 3600.0;
+            if e < best.0 || (e == best.0 && h < best.1) {
+                best = (e, h);
+            }
+        }
+        usd += best.0;
+        hours += best.1;
+    }
+    (usd, hours)
+}
+
+/// Scores one pool of one cluster with one pricing. `None` when the price
+/// is missing or the score is not finite.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn score(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    c: &Cluster,
+    cs: &ClusterState,
+    p: &NodePool,
+    ps: &PoolState,
+    pricing: Pricing,
+    price: f64,
+    data: (f64, f64),
+    ctx: &EvalCtx,
+) -> Breakdown {
+    let g = f64::from(job.gpus);
+    let d_h = ctx.duration_h;
+    let ov = &model.overheads;
+    let fits_now = ps.free_gpus >= job.gpus;
+    let wait_h = if ctx.in_place || fits_now {
+        0.0
+    } else {
+        let mut w = ps.expected_wait_s.unwrap_or(p.mean_wait_s);
+        if c.health == Health::Degraded {
+            w += ov.degraded_wait_s;
+        }
+        w.max(0.0) / 3600.0
+    };
+    let remote = !ctx.in_place && job.home != Some(cid);
+    let provision_h = if !ctx.in_place && !c.onprem { c.provision_s / 3600.0 } else { 0.0 };
+    let overhead_h = provision_h + if remote { ov.remote_submit_s / 3600.0 } else { 0.0 };
+    let (data_usd, transfer_h) = if ctx.in_place { (0.0, 0.0) } else { data };
+    let interval_h = job.spec.ckpt_interval_s.filter(|x| x.is_finite() && *x > 0.0).map(|x| x / 3600.0);
+    let lost_h = if pricing == Pricing::Spot {
+        let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
+        let per = interval_h.map(|i| i.min(d_h) / 2.0).unwrap_or(d_h / 2.0) + ov.restore_s / 3600.0;
+        rate * d_h * per
+    } else {
+        0.0
+    };
+    let ckpt_usd = match &job.ckpt_region {
+        Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {
+            let n = interval_h.map(|i| (d_h / i).ceil().max(1.0)).unwrap_or(1.0);
+            let e = locs.iter().map(|&l| model.egress_usd_per_gb(c.region_id, l)).fold(f64::INFINITY, f64::min);
+            job.ckpt_size_gb * n * e
+        }
+        _ => 0.0,
+    };
+    let compute_usd = price * g * (d_h + lost_h + provision_h);
+    let egress_usd = data_usd + ckpt_usd;
+    let delay_h = wait_h + transfer_h + overhead_h + lost_h;
+    let time_usd = policy.time_value_usd_per_gpu_hour * g * delay_h;
+    let start = state.now_unix + delay_h * 3600.0;
+    let ci = intensity(model, state, c, cs, start, start + (d_h + lost_h) * 3600.0, policy.use_lca);
+    let kg_co2 = ci * p.gpu_power_w * g * (d_h + lost_h) * c.pue / 1e6;
+    let carbon_usd = policy.carbon_usd_per_kg * kg_co2;
+    let total = compute_usd + policy.egress_weight * egress_usd + time_usd + carbon_usd;
+    Breakdown {
+        price_per_gpu_hour: price,
+        compute_usd,
+        egress_usd,
+        wait_h,
+        transfer_h,
+        overhead_h,
+        lost_work_h: lost_h,
+        time_usd,
+        carbon_g_per_kwh: ci,
+        kg_co2,
+        carbon_usd,
+        total,
+    }
+}
+
+/// The best placement on one cluster, or why there is none.
+pub(crate) fn eval_cluster(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    ctx: &EvalCtx,
+) -> Result<Placement, Exclusion> {
+    let Some(c) = model.clusters.get(cid as usize) else { return Err(Exclusion::BadInput) };
+    let cs = state.clusters.get(cid as usize);
+    cluster_gate(model, cs, job, cid, c, ctx.in_place)?;
+    let Some(cs) = cs else { return Err(Exclusion::Unhealthy) };
+    if c.type_mask & job.type_mask == 0 {
+        return Err(Exclusion::NoGpuType);
+    }
+    let mut best: Option<Placement> = None;
+    let mut why = Exclusion::NoGpuType;
+    let mut cheapest_over = f64::INFINITY;
+    let mut data: Option<(f64, f64)> = None;
+    let better = |why: &mut Exclusion, e: Exclusion| {
+        if e.rank() >= why.rank() {
+            *why = e;
+        }
+    };
+    for (pi, p) in c.pools.iter().enumerate() {
+        if job.type_mask & (1u64 << p.gpu_type) == 0 {
+            continue;
+        }
+        let Some(ps) = cs.pools.get(pi) else { continue };
+        if let Err(e) = pool_fits(job, p) {
+            better(&mut why, e);
+            continue;
+        }
+        let fits_now = ps.free_gpus >= job.gpus;
+        if ctx.require_free && !fits_now {
+            continue;
+        }
+        let options: [(Pricing, Option<f64>); 2] = if c.onprem {
+            [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
+        } else {
+            let spot = if job.spec.interruptible && policy.allow_spot && ps.spot_available {
+                ps.spot_price.or(p.prices.spot)
+            } else {
+                None
+            };
+            [(Pricing::OnDemand, p.prices.on_demand), (Pricing::Spot, spot)]
+        };
+        let mut priced = false;
+        for (pricing, price) in options {
+            let Some(price) = price.filter(|x| x.is_finite() && *x >= 0.0) else { continue };
+            priced = true;
+            if let Some(max) = job.spec.max_price {
+                if price > max {
+                    cheapest_over = cheapest_over.min(price);
+                    continue;
+                }
+            }
+            let d = *data.get_or_insert_with(|| data_cost(model, job, c));
+            let b = score(model, state, job, policy, cid, c, cs, p, ps, pricing, price, d, ctx);
+            if !b.total.is_finite() {
+                better(&mut why, Exclusion::BadInput);
+                continue;
+            }
+            if best.is_none_or(|x| b.total < x.breakdown.total) {
+                best = Some(Placement { cluster: cid, pool: pi as PoolId, pricing, fits_now, breakdown: b });
+            }
+        }
+        if !priced {
+            better(&mut why, Exclusion::NoPrice { gpu_type: p.gpu_type });
+        }
+    }
+    if let Some(b) = best {
+        return Ok(b);
+    }
+    if cheapest_over.is_finite() {
+        better(&mut why, Exclusion::MaxPrice { cheapest: cheapest_over, max: job.spec.max_price.unwrap_or(0.0) });
+    }
+    Err(why)
+}
+
+fn ctx_for(job: &PreparedJob) -> EvalCtx {
+    EvalCtx { duration_h: job.duration_h, in_place: false, require_free: false }
+}
+
+/// `a` ranks before `b`: lower total; ties go home first, then lower id.
+#[inline]
+fn ranks_before(job: &PreparedJob, a: &Placement, b: &Placement) -> bool {
+    if a.breakdown.total != b.breakdown.total {
+        return a.breakdown.total < b.breakdown.total;
+    }
+    let (ah, bh) = (job.home == Some(a.cluster), job.home == Some(b.cluster));
+    if ah != bh {
+        return ah;
+    }
+    a.cluster < b.cluster
+}
+
+/// The best placement for a prepared job, or `None` when every cluster is
+/// excluded. Allocation-free.
+pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy: &Policy) -> Option<Placement> {
+    let ctx = ctx_for(job);
+    let mut best: Option<Placement> = None;
+    for cid in 0..model.clusters.len() as ClusterId {
+        if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
+            if best.as_ref().is_none_or(|b| ranks_before(job, &p, b)) {
+                best = Some(p);
+            }
+        }
+    }
+    best
+}
+
+/// Every cluster's verdict for a prepared job, unsorted, without strings
+/// (for the simulator's baselines and callers that rank themselves).
+pub fn evaluate_all<'a>(
+    model: &'a FleetModel,
+    state: &'a FleetState,
+    job: &'a PreparedJob,
+    policy: &'a Policy,
+) -> impl Iterator<Item = (ClusterId, Result<Placement, Exclusion>)> + 'a {
+    let ctx = ctx_for(job);
+    (0..model.clusters.len() as ClusterId).map(move |cid| (cid, eval_cluster(model, state, job, policy, cid, &ctx)))
+}
+
+/// One ranked candidate in an explanation.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Candidate {
+    pub cluster: String,
+    pub pool: String,
+    pub gpu_type: String,
+    pub pricing: Pricing,
+    pub fits_now: bool,
+    pub home: bool,
+    pub breakdown: Breakdown,
+}
+
+/// One excluded cluster and why.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Excluded {
+    pub cluster: String,
+    pub reason: String,
+}
+
+/// The explained decision: ranked candidates with their breakdowns and
+/// every excluded cluster with its reason. `Display` prints the table
+/// `fleetctl job explain` shows.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Decision {
+    pub job: String,
+    pub policy: String,
+    pub summary: String,
+    /// Best first.
+    pub ranked: Vec<Candidate>,
+    pub excluded: Vec<Excluded>,
+    /// Notes (unknown datasets, …).
+    pub notes: Vec<String>,
+}
+
+/// Alias used by `fleetctl job explain`.
+pub type Explanation = Decision;
+
+impl Decision {
+    pub fn chosen(&self) -> Option<&Candidate> {
+        self.ranked.first()
+    }
+}
+
+/// Explains the decision for a job: ranks every feasible cluster and gives
+/// each excluded one its reason. The first candidate is what [`decide`]
+/// returns.
+pub fn explain(model: &FleetModel, state: &FleetState, spec: &JobSpec, policy: &Policy) -> Decision {
+    let job = prepare(model, spec);
+    explain_prepared(model, state, &job, policy)
+}
+
+pub fn explain_prepared(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy: &Policy) -> Decision {
+    let mut ok: Vec<Placement> = Vec::new();
+    let mut excluded = Vec::new();
+    for (cid, r) in evaluate_all(model, state, job, policy) {
+        let Some(c) = model.cluster(cid) else { continue };
+        match r {
+            Ok(p) => ok.push(p),
+            Err(e) => excluded.push(Excluded { cluster: c.name.clone(), reason: e.describe(model, c, job) }),
+        }
+    }
+    ok.sort_by(|a, b| {
+        if ranks_before(job, a, b) {
+            std::cmp::Ordering::Less
+        } else if ranks_before(job, b, a) {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    });
+    let ranked = ok
+        .iter()
+        .filter_map(|p| {
+            let c = model.cluster(p.cluster)?;
+            let pool = c.pools.get(p.pool as usize)?;
+            Some(Candidate {
+                cluster: c.name.clone(),
+                pool: pool.name.clone(),
+                gpu_type: model.gpu_type_name(pool.gpu_type).to_string(),
+                pricing: p.pricing,
+                fits_now: p.fits_now,
+                home: job.home == Some(p.cluster),
+                breakdown: p.breakdown,
+            })
+        })
+        .collect();
+    let mut notes: Vec<String> = job.unknown_datasets().map(|u| format!("dataset {u} is not in the catalog; counted as 0 GB")).collect();
+    if job.home.is_none() && !job.spec.home.is_empty() {
+        notes.push(format!("home cluster {} is not in the fleet model", job.spec.home));
+    }
+    let s = &job.spec;
+    let summary = format!(
+        "{} × {} GPU, {}, {:.2} h expected{}{}, home {}",
+        s.gpus,
+        if s.gpu_types.is_empty() { "any".to_string() } else { s.gpu_types.join("|") },
+        s.parallelism.as_str(),
+        job.duration_h,
+        if s.interruptible { ", interruptible" } else { "" },
+        s.max_price.map(|m| format!(", max {m:.2} USD/GPU-h")).unwrap_or_default(),
+        if s.home.is_empty() { "-" } else { &s.home },
+    );
+    Decision { job: s.id.clone(), policy: policy.name.clone(), summary, ranked, excluded, notes }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "job {}: {} — policy {}", if self.job.is_empty() { "-" } else { &self.job }, self.summary, self.policy)?;
+        match self.chosen() {
+            Some(c) => writeln!(f, "placed on {} ({} {}, {})", c.cluster, c.pool, c.gpu_type, c.pricing.as_str())?,
+            None => writeln!(f, "no feasible cluster")?,
+        }
+        if !self.ranked.is_empty() {
+            writeln!(
+                f,
+                "{:>4}  {:<16} {:<10} {:<9} {:>7} {:>10} {:>8} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>8} {:>10}",
+                "rank", "cluster", "pool", "pricing", "$/GPUh", "compute$", "egress$", "wait", "xfer", "ovhd", "lost", "time$", "kgCO2", "carbon$", "total$"
+            )?;
+            for (i, c) in self.ranked.iter().enumerate() {
+                let b = &c.breakdown;
+                let name = if c.home { format!("{} (home)", c.cluster) } else { c.cluster.clone() };
+                writeln!(
+                    f,
+                    "{:>4}  {:<16} {:<10} {:<9} {:>7.2} {:>10.2} {:>8.2} {:>5.2}h {:>5.2}h {:>5.2}h {:>5.2}h {:>8.2} {:>8.1} {:>8.2} {:>10.2}",
+                    i + 1,
+                    name,
+                    c.pool,
+                    c.pricing.as_str(),
+                    b.price_per_gpu_hour,
+                    b.compute_usd,
+                    b.egress_usd,
+                    b.wait_h,
+                    b.transfer_h,
+                    b.overhead_h,
+                    b.lost_work_h,
+                    b.time_usd,
+                    b.kg_co2,
+                    b.carbon_usd,
+                    b.total
+                )?;
+            }
+        }
+        if !self.excluded.is_empty() {
+            writeln!(f, "excluded:")?;
+            for e in &self.excluded {
+                writeln!(f, "  {:<16} {}", e.cluster, e.reason)?;
+            }
+        }
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,135 @@
+//! The periodic rebalancing pass: propose moving running interruptible jobs
+//! when the saving over their remaining run beats the cost of moving them
+//! (checkpoint restore, checkpoint transfer, work since the last checkpoint)
+//! by a margin. The federation core carries the migrations out.
+
+use crate::engine::{eval_cluster, EvalCtx, Placement, PreparedJob, Pricing};
+use crate::model::{ClusterId, FleetModel, PoolId};
+use crate::policy::Policy;
+use crate::state::FleetState;
+
+/// A job running now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunningJob {
+    pub job: PreparedJob,
+    pub cluster: ClusterId,
+    pub pool: PoolId,
+    pub pricing: Pricing,
+    /// Expected seconds still to run.
+    pub remaining_s: f64,
+    /// Seconds of work since the last checkpoint (lost by moving).
+    pub since_ckpt_s: f64,
+}
+
+/// How much better a move must be: saving > max(min_saving_usd,
+/// min_saving_fraction × cost of staying).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MigrationMargin {
+    pub min_saving_usd: f64,
+    pub min_saving_fraction: f64,
+}
+
+impl Default for MigrationMargin {
+    fn default() -> Self {
+        MigrationMargin { min_saving_usd: 10.0, min_saving_fraction: 0.10 }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MigrationProposal {
+    /// Index into the `running` slice.
+    pub index: usize,
+    pub job_id: String,
+    pub from: ClusterId,
+    pub to: Placement,
+    /// Score of staying for the remaining run (USD).
+    pub stay_usd: f64,
+    /// Score of the new placement for the remaining run (USD).
+    pub move_usd: f64,
+    /// Restore + transfer + redone work, valued (USD).
+    pub migration_usd: f64,
+    /// stay − move − migration.
+    pub saving_usd: f64,
+}
+
+/// Proposals, best saving first; at most one per job, and never more jobs
+/// into a pool than it has free GPUs.
+pub fn propose_migrations(
+    model: &FleetModel,
+    state: &FleetState,
+    running: &[RunningJob],
+    policy: &Policy,
+    margin: &MigrationMargin,
+) -> Vec<MigrationProposal> {
+    let mut out = Vec::new();
+    // Free GPUs left per (cluster, pool) as proposals claim them.
+    let mut free: Vec<Vec<u32>> = state.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_gpus).collect()).collect();
+    let ov = &model.overheads;
+    let mut cands: Vec<MigrationProposal> = Vec::new();
+    for (i, r) in running.iter().enumerate() {
+        if !r.job.spec.interruptible || !(r.remaining_s.is_finite() && r.remaining_s > 0.0) {
+            continue;
+        }
+        let rem_h = r.remaining_s / 3600.0;
+        let stay_ctx = EvalCtx { duration_h: rem_h, in_place: true, require_free: false };
+        let Some(cur) = model.cluster(r.cluster) else { continue };
+        // Staying: the job's own pool and pricing if still offered.
+        let stay = match eval_cluster(model, state, &r.job, policy, r.cluster, &stay_ctx) {
+            Ok(p) => p.breakdown.total,
+            Err(_) => f64::INFINITY, // the cluster can no longer hold it: moving is free of "stay" value
+        };
+        let _ = (r.pool, r.pricing);
+        let move_ctx = EvalCtx { duration_h: rem_h, in_place: false, require_free: true };
+        let g = f64::from(r.job.gpus);
+        let mut best: Option<MigrationProposal> = None;
+        for cid in 0..model.clusters.len() as ClusterId {
+            if cid == r.cluster {
+                continue;
+            }
+            let Ok(p) = eval_cluster(model, state, &r.job, policy, cid, &move_ctx) else { continue };
+            let Some(c) = model.cluster(cid) else { continue };
+            let ckpt_gb = r.job.ckpt_size_gb;
+            let src = r.job.ckpt_region.as_ref().and_then(|l| l.first().copied()).unwrap_or(cur.region_id);
+            let transfer_h = if src == c.region_id { 0.0 } else { ckpt_gb * 8.0 / model.bandwidth_gbps(src, c.region_id).max(1e-3) / 3600.0 };
+            let egress = if src == c.region_id { 0.0 } else { ckpt_gb * model.egress_usd_per_gb(src, c.region_id) };
+            let restore_h = ov.restore_s / 3600.0;
+            let redo_h = (r.since_ckpt_s.max(0.0)) / 3600.0;
+            let price = p.breakdown.price_per_gpu_hour;
+            let migration_usd = price * g * (restore_h + redo_h)
+                + policy.time_value_usd_per_gpu_hour * g * (restore_h + transfer_h + redo_h)
+                + policy.egress_weight * egress;
+            let saving = stay - p.breakdown.total - migration_usd;
+            if !saving.is_finite() && stay.is_finite() {
+                continue;
+            }
+            if best.as_ref().is_none_or(|b| saving > b.saving_usd) {
+                best = Some(MigrationProposal {
+                    index: i,
+                    job_id: r.job.spec.id.clone(),
+                    from: r.cluster,
+                    to: p,
+                    stay_usd: stay,
+                    move_usd: p.breakdown.total,
+                    migration_usd,
+                    saving_usd: saving,
+                });
+            }
+        }
+        if let Some(b) = best {
+            let need = margin.min_saving_usd.max(margin.min_saving_fraction * if b.stay_usd.is_finite() { b.stay_usd } else { 0.0 });
+            if b.saving_usd > need {
+                cands.push(b);
+            }
+        }
+    }
+    cands.sort_by(|a, b| b.saving_usd.partial_cmp(&a.saving_usd).unwrap_or(std::cmp::Ordering::Equal).then(a.index.cmp(&b.index)));
+    for c in cands {
+        let g = running.get(c.index).map(|r| r.job.gpus).unwrap_or(0);
+        let Some(slot) = free.get_mut(c.to.cluster as usize).and_then(|v| v.get_mut(c.to.pool as usize)) else { continue };
+        if *slot >= g {
+            *slot -= g;
+            out.push(c);
+        }
+    }
+    out
+}
