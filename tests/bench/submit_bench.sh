@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# tests/bench/submit_bench.sh — sbatch submission benchmark (run by `make bench`).
+#
+# Submits jobs through real sbatch at one lab cluster (beta), interleaving
+# rounds of four slurmctld configurations:
+#   none     (a) no job_submit plugin                     --gres=gpu:a100:1
+#   local    (b) job_submit_fleet, LOCAL path             --gres=gpu:a100:1
+#   forward  (c) job_submit_fleet, FORWARD path           --gres=gpu:h100:8 (beta has no H100)
+#   lua      (d) job_submit/lua, equivalent routing check --gres=gpu:a100:1 (tests/bench/job_submit.lua)
+# The configuration is switched by rewriting JobSubmitPlugins in beta's
+# slurm.conf and `scontrol reconfigure` (slurmctld reloads the plugin list).
+# Jobs are submitted with --hold, so they never run; each round's jobs are
+# cancelled after the round. beta's slurm.conf is restored at the end.
+#
+# Measured per configuration:
+#   - client: wall time of each sbatch call (p50/p99) and submissions/s
+#     (jobs / wall time of the round, BENCH_PARALLEL concurrent submitters);
+#   - slurmctld: the `_slurm_rpc_submit_batch_job: ... usec=N` time it logs for
+#     every submission (includes the job_submit hook), p50/p99;
+#   - plugin hook: per-call durations job_submit_fleet logs (`fleet:` lines
+#     with `hook_us=N` / `took N us` / `... N µs`), if it logs them.
+#
+# Environment: BENCH_ROUNDS (5), BENCH_JOBS (100 per round), BENCH_WARMUP (5),
+#   BENCH_PARALLEL (1), BENCH_CONFIGS ("none local forward lua"),
+#   BENCH_CLUSTER (beta), FLEET_LAB_DIR (/tmp/fleet-lab), BENCH_REUSE_LAB (1:
+#   use a running lab as it is; 0: always `lab.sh up` first).
+# Output: a table, and one machine-readable line per configuration:
+#   BENCH config=<c> jobs=<n> subs_per_s=<x> p50_ms=<x> p99_ms=<x> ctld_p50_us=<n> ctld_p99_us=<n> hook_p50_us=<n|na> hook_p99_us=<n|na> path_ok=<k>/<n>
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+REPO=$PWD
+LAB=$REPO/tests/lab/lab.sh
+export FLEET_LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
+R=$FLEET_LAB_DIR
+ROUNDS=${BENCH_ROUNDS:-5}
+JOBS=${BENCH_JOBS:-100}
+WARMUP=${BENCH_WARMUP:-5}
+PAR=${BENCH_PARALLEL:-1}
+CONFIGS=(${BENCH_CONFIGS:-none local forward lua})
+C=${BENCH_CLUSTER:-beta}
+LOCAL_GPU=${BENCH_LOCAL_GPU:---gres=gpu:a100:1}
+FORWARD_GPU=${BENCH_FORWARD_GPU:---gres=gpu:h100:8}
+OUT=$R/bench
+CONF=$R/$C/slurm.conf
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+die() { printf '[bench] ERROR: %s\n' "$*" >&2; exit 1; }
+
+needs_fleet=0
+for cfg in "${CONFIGS[@]}"; do
+  case $cfg in
+    none|lua) ;;
+    local|forward) needs_fleet=1 ;;
+    *) die "unknown config '$cfg' (none local forward lua)" ;;
+  esac
+done
+
+# ---- the lab
+lab_ok() {
+  [[ -f $CONF ]] && SLURM_CONF=$CONF scontrol ping 2>/dev/null | grep -q UP || return 1
+  if ((needs_fleet)); then grep -q '^fleet=1' "$R/run/mode" 2>/dev/null || return 1; fi
+  return 0
+}
+if [[ ${BENCH_REUSE_LAB:-1} != 1 ]] || ! lab_ok; then
+  if ((needs_fleet)); then "$LAB" up; else "$LAB" up --no-fleet; fi
+fi
+lab_ok || die "lab not usable at $R"
+export SLURM_CONF=$CONF
+
+mkdir -p "$OUT"
+cp "$CONF" "$OUT/slurm.conf.orig"
+restore() {
+  local rc=$?
+  if [[ -f $OUT/slurm.conf.orig ]]; then
+    cp "$OUT/slurm.conf.orig" "$CONF"
+    scontrol reconfigure >/dev/null 2>&1 || true
+    log "restored $CONF"
+  fi
+  exit "$rc"
+}
+trap restore EXIT
+trap 'exit 130' INT TERM
+
+# job_submit/lua reads job_submit.lua from slurm.conf's directory.
+if [[ " ${CONFIGS[*]} " == *" lua "* ]]; then
+  lua_so=$(ls /usr/lib/*/slurm-wlm/job_submit_lua.so 2>/dev/null | head -1 || true)
+  [[ -n $lua_so ]] || die "job_submit_lua.so not found (package slurm-wlm-basic-plugins)"
+  if ldd "$lua_so" | grep -q 'not found'; then ldd "$lua_so" >&2; die "job_submit_lua.so has missing libraries"; fi
+  sed -e "s|@SITE@|$C|" -e "s|@VIEW_FILE@|$R/$C/fleet-view.txt|" tests/bench/job_submit.lua >"$R/$C/job_submit.lua"
+  printf 'alpha up\nbeta up\n' >"$R/$C/fleet-view.txt"
+fi
+
+ctld_log=$R/$C/log/slurmctld.log
+
+set_config() { # none|local|forward|lua
+  local plugins
+  case $1 in none) plugins="" ;; local|forward) plugins=fleet ;; lua) plugins=lua ;; esac
+  grep -v '^JobSubmitPlugins=' "$OUT/slurm.conf.orig" >"$CONF.tmp"
+  [[ -n $plugins ]] && echo "JobSubmitPlugins=$plugins" >>"$CONF.tmp"
+  mv "$CONF.tmp" "$CONF"
+  scontrol reconfigure
+  local want=${plugins:-(null)} got t0=$SECONDS
+  while :; do
+    got=$(scontrol show config 2>/dev/null | awk -F' = ' '/^JobSubmitPlugins/{print $2}' | xargs)
+    [[ $got == "$want" ]] && break
+    ((SECONDS - t0 > 20)) && die "JobSubmitPlugins is '$got', wanted '$want' after reconfigure"
+    sleep 0.2
+  done
+}
+
+gpu_opt() { case $1 in forward) echo "$FORWARD_GPU" ;; *) echo "$LOCAL_GPU" ;; esac; }
+
+# submit_loop <cfg> <count> <latency file>
+submit_loop() {
+  local cfg=$1 n=$2 f=$3 i t0 t1 gpu id
+  gpu=$(gpu_opt "$cfg")
+  for ((i = 0; i < n; i++)); do
+    t0=$EPOCHREALTIME
+    id=$(sbatch --parsable --hold -J "fleet-bench-$cfg" -o /dev/null --chdir=/tmp $gpu --wrap true 2>>"$OUT/sbatch.err") \
+      || { echo "sbatch failed ($cfg)" >>"$OUT/sbatch.err"; id=-; }
+    t1=$EPOCHREALTIME
+    echo "$(( ${t1/./} - ${t0/./} )) ${id%%;*}" >>"$f"   # microseconds, job id
+  done
+}
+
+# percentile <p (0-100)> <file of numbers> → value
+pct() {
+  sort -n "$2" | awk -v p="$1" '{a[NR]=$1} END{ if (NR==0) {print "na"; exit} i=int((p/100)*NR+0.999999); if (i<1) i=1; if (i>NR) i=NR; print a[i] }'
+}
+
+: >"$OUT/sbatch.err"
+for cfg in "${CONFIGS[@]}"; do
+  : >"$OUT/$cfg.lat"; : >"$OUT/$cfg.ctld"; : >"$OUT/$cfg.hook"; : >"$OUT/$cfg.wall"; : >"$OUT/$cfg.path"
+done
+
+expected_partition() { case $1 in forward) echo fleet ;; *) echo gpu ;; esac; }
+
+log "cluster $C, configs: ${CONFIGS[*]}, $ROUNDS rounds x $JOBS jobs, $PAR submitter(s), warm-up $WARMUP per round"
+t_all=$SECONDS
+for ((round = 1; round <= ROUNDS; round++)); do
+  for cfg in "${CONFIGS[@]}"; do
+    set_config "$cfg"
+    submit_loop "$cfg" "$WARMUP" /dev/null
+    scancel --name="fleet-bench-$cfg" 2>/dev/null || true
+    off=$(stat -c %s "$ctld_log")
+    rm -f "$OUT"/worker.*
+    t0=$EPOCHREALTIME
+    per=$((JOBS / PAR)); extra=$((JOBS % PAR))
+    for ((w = 0; w < PAR; w++)); do
+      n=$per; ((w < extra)) && n=$((n + 1))
+      submit_loop "$cfg" "$n" "$OUT/worker.$w" &
+    done
+    wait
+    t1=$EPOCHREALTIME
+    cat "$OUT"/worker.* | awk '{print $1}' >>"$OUT/$cfg.lat"
+    ids=$(cat "$OUT"/worker.* | awk '$2 ~ /^[0-9]+$/ {print $2}' | paste -sd,)
+    echo "$(( ${t1/./} - ${t0/./} ))" >>"$OUT/$cfg.wall"
+    sleep 0.3   # let slurmctld flush its log
+    tail -c +"$((off + 1))" "$ctld_log" >"$OUT/round.log"
+    grep -o '_slurm_rpc_submit_batch_job: JobId=[0-9]* .*usec=[0-9]*' "$OUT/round.log" | grep -o 'usec=[0-9]*' | cut -d= -f2 >>"$OUT/$cfg.ctld" || true
+    # Plugin hook durations, if job_submit_fleet logs them.
+    grep -i 'fleet' "$OUT/round.log" | grep -oiE '(hook_us=[0-9.]+|[0-9.]+ ?(us|µs)\b)' | grep -oE '[0-9.]+' >>"$OUT/$cfg.hook" || true
+    # Which path did the jobs take? (stand-ins are in the proxy partition)
+    want=$(expected_partition "$cfg")
+    got=0
+    [[ -n $ids ]] && got=$(squeue -h -j "$ids" -t all -o '%P' 2>/dev/null | grep -cx "$want" || true)
+    echo "$got" >>"$OUT/$cfg.path"
+    scancel --name="fleet-bench-$cfg" 2>/dev/null || true
+    log "round $round $cfg: $JOBS jobs in $(awk -v us="$(tail -1 "$OUT/$cfg.wall")" 'BEGIN{printf "%.2f", us/1e6}')s, $got in partition $want"
+  done
+done
+log "total $((SECONDS - t_all))s"
+
+# ---- report
+declare -A TPUT
+printf '\n%-8s %7s %10s %9s %9s %12s %12s %12s %12s %9s\n' config jobs subs/s p50_ms p99_ms ctld_p50_us ctld_p99_us hook_p50_us hook_p99_us path_ok
+lines=()
+for cfg in "${CONFIGS[@]}"; do
+  n=$(wc -l <"$OUT/$cfg.lat")
+  wall=$(awk '{s+=$1} END{print s+0}' "$OUT/$cfg.wall")
+  tput=$(awk -v n="$n" -v w="$wall" 'BEGIN{ if (w>0) printf "%.1f", n/(w/1e6); else print "na" }')
+  TPUT[$cfg]=$tput
+  p50=$(awk -v v="$(pct 50 "$OUT/$cfg.lat")" 'BEGIN{printf "%.2f", v/1000}')
+  p99=$(awk -v v="$(pct 99 "$OUT/$cfg.lat")" 'BEGIN{printf "%.2f", v/1000}')
+  c50=$(pct 50 "$OUT/$cfg.ctld"); c99=$(pct 99 "$OUT/$cfg.ctld")
+  h50=$(pct 50 "$OUT/$cfg.hook"); h99=$(pct 99 "$OUT/$cfg.hook")
+  ok=$(awk '{s+=$1} END{print s+0}' "$OUT/$cfg.path")
+  printf '%-8s %7s %10s %9s %9s %12s %12s %12s %12s %9s\n' "$cfg" "$n" "$tput" "$p50" "$p99" "$c50" "$c99" "$h50" "$h99" "$ok/$n"
+  lines+=("BENCH config=$cfg jobs=$n subs_per_s=$tput p50_ms=$p50 p99_ms=$p99 ctld_p50_us=$c50 ctld_p99_us=$c99 hook_p50_us=$h50 hook_p99_us=$h99 path_ok=$ok/$n")
+done
+echo
+printf '%s\n' "${lines[@]}" | tee "$OUT/results.txt"
+
+# ---- targets
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || a=="na" || b=="na" || b==0) print "na"; else printf "%.3f", a/b }'; }
+verdict() { awk -v r="$1" -v t="$2" 'BEGIN{ if (r=="na") print "n/a"; else if (r+0 >= t+0) print "PASS"; else print "FAIL" }'; }
+echo
+if [[ -n ${TPUT[none]:-} ]]; then
+  if [[ -n ${TPUT[local]:-} ]]; then r=$(ratio "${TPUT[local]}" "${TPUT[none]}"); echo "target (b) >= 97% of (a): $r -> $(verdict "$r" 0.97)"; fi
+  if [[ -n ${TPUT[forward]:-} ]]; then r=$(ratio "${TPUT[forward]}" "${TPUT[none]}"); echo "target (c) >= 90% of (a): $r -> $(verdict "$r" 0.90)"; fi
+fi
+if [[ -n ${TPUT[local]:-} && -n ${TPUT[lua]:-} ]]; then r=$(ratio "${TPUT[local]}" "${TPUT[lua]}"); echo "target (b) ahead of (d): b/d = $r -> $(awk -v r="$r" 'BEGIN{print (r=="na")?"n/a":(r+0>1?"PASS":"FAIL")}')"; fi
+if [[ -n ${TPUT[local]:-} ]]; then
+  h99=$(pct 99 "$OUT/local.hook")
+  if [[ $h99 == na ]]; then echo "target hook p99 <= 250 us: n/a (job_submit_fleet logged no per-call durations; see ctld_p*_us)"
+  else echo "target hook p99 <= 250 us: $h99 -> $(awk -v v="$h99" 'BEGIN{print (v+0<=250)?"PASS":"FAIL"}')"; fi
+fi
+if [[ -s $OUT/sbatch.err ]]; then log "sbatch errors (first lines of $OUT/sbatch.err):"; head -5 "$OUT/sbatch.err" >&2; fi
+if [[ " ${CONFIGS[*]} " == *" forward "* ]]; then
+  # Forwarded jobs created at the target; the agents should have cancelled them.
+  for c in $(ls -d "$R"/*/ | xargs -n1 basename); do
+    [[ -f $R/$c/slurm.conf && $c != "$C" ]] || continue
+    left=$(SLURM_CONF=$R/$c/slurm.conf squeue -h -t PD,R 2>/dev/null | wc -l || true)
+    log "jobs still pending/running at $c after the benchmark: $left"
+  done
+fi
+log "raw data in $OUT"
