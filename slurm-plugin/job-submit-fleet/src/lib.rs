@@ -1,1 +1,176 @@
-//! job-submit-fleet
+//! `job_submit/fleet`: slurmctld calls [`FleetSubmit::submit`] for every
+//! submission, under its job and partition write locks.
+//!
+//! Invariant: this code never stalls or crashes slurmctld. The only I/O is
+//! one round trip on the local agent's Unix socket under a hard deadline
+//! (`SubmitTimeoutMs`, default 50 ms); no agent, a slow agent or a reply
+//! that does not parse leaves the job exactly as submitted (fail open),
+//! with one rate-limited warning in slurmctld's log. No panic crosses the
+//! C boundary (the `slurm` crate's entry points catch them).
+//!
+//! Decisions:
+//! * interactive jobs (salloc/srun: no script), job arrays and
+//!   `--fleet=local` are left alone without asking the agent;
+//! * jobs without GPUs and without `--fleet*` options likewise;
+//! * otherwise the agent answers LOCAL (untouched), FORWARD (rewritten
+//!   into a stand-in, see [`rewrite`]) or REJECT (sbatch prints why).
+
+mod client;
+mod config;
+mod request;
+mod stats;
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use fleet_api::wire::{ForwardPlan, PluginReply};
+use slurm::job_desc::{JobDesc, NumField, StrField};
+use slurm::job_submit::{JobSubmitPlugin, Reject};
+use slurm::{log, sys};
+
+pub use config::PluginConfig;
+pub use request::{build_request, Prepared};
+
+pub struct FleetSubmit {
+    config: PluginConfig,
+    stats: Mutex<stats::Stats>,
+    warn: Mutex<stats::RateLimit>,
+}
+
+impl JobSubmitPlugin for FleetSubmit {
+    fn init() -> Result<Self, String> {
+        let config = PluginConfig::load()?;
+        log::info(&format!(
+            "job_submit/fleet: site {} agent {} deadline {} ms fail-open {}",
+            config.site,
+            config.socket.display(),
+            config.timeout.as_millis(),
+            config.fail_open
+        ));
+        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default() })
+    }
+
+    fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
+        let t0 = Instant::now();
+        let (outcome, result) = self.decide(job, submit_uid);
+        let us = t0.elapsed().as_micros() as u64;
+        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, us)).unwrap_or(None) {
+            log::info(&line);
+        }
+        result
+    }
+
+    fn fini(&self) {
+        if let Ok(s) = self.stats.lock() {
+            if let Some(line) = s.summary() {
+                log::info(&line);
+            }
+        }
+    }
+}
+
+slurm::job_submit_plugin!(FleetSubmit, "Fleet federation job_submit", "job_submit/fleet");
+
+impl FleetSubmit {
+    fn decide(&self, job: &mut JobDesc<'_>, uid: u32) -> (stats::Outcome, Result<(), Reject>) {
+        use stats::Outcome;
+        let prepared = match build_request(job, &self.config) {
+            Ok(p) => p,
+            Err(rej) => return (Outcome::Reject, Err(rej)),
+        };
+        let req = match prepared {
+            Prepared::Untouched => return (Outcome::Skip, Ok(())),
+            Prepared::Ask(req) => req,
+        };
+        match client::ask(&self.config.socket, &req, self.config.timeout) {
+            Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
+            Ok(PluginReply::Reject { message }) => (
+                Outcome::Reject,
+                Err(Reject { code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32, message: format!("fleet: {message}") }),
+            ),
+            Ok(PluginReply::Forward(plan)) => {
+                rewrite(job, &plan);
+                log::verbose(&format!(
+                    "job_submit/fleet: uid {uid} job forwarded to {} as {}",
+                    plan.target, plan.fleet_job_id
+                ));
+                (Outcome::Forward, Ok(()))
+            }
+            Err(e) => {
+                if let Ok(mut w) = self.warn.lock() {
+                    if let Some(n) = w.allow() {
+                        let also = if n > 0 { format!(" ({n} more since the last warning)") } else { String::new() };
+                        log::error(&format!(
+                            "job_submit/fleet: agent at {} unavailable: {e}; job stays local{also}",
+                            self.config.socket.display()
+                        ));
+                    }
+                }
+                if self.config.fail_open {
+                    (Outcome::FailOpen, Ok(()))
+                } else {
+                    (
+                        Outcome::Reject,
+                        Err(Reject {
+                            code: slurm::SLURM_ERROR,
+                            message: format!("fleet: the site agent is unavailable ({e}) and FailOpen=no"),
+                        }),
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// Turn the submission into the stand-in job: proxy partition, no GPUs,
+/// one task on one node, the `fleet-proxy` script, the original request
+/// summarised in `admin_comment`. Output paths, work dir, name, account,
+/// dependencies, begin time and mail settings are kept, so the stand-in
+/// behaves at the origin the way the job would have.
+pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
+    use slurm::{NO_VAL, NO_VAL16};
+    job.set(StrField::Partition, Some(&plan.proxy_partition));
+    for f in [
+        StrField::TresPerJob,
+        StrField::TresPerNode,
+        StrField::TresPerTask,
+        StrField::TresPerSocket,
+        StrField::CpusPerTres,
+        StrField::MemPerTres,
+        StrField::TresBind,
+        StrField::TresFreq,
+        StrField::ReqNodes,
+        StrField::ExcNodes,
+        StrField::Features,
+    ] {
+        job.set(f, None);
+    }
+    job.set(StrField::Script, Some(&plan.proxy_script));
+    job.set(StrField::AdminComment, Some(&plan.admin_comment));
+    job.set(StrField::Comment, Some(&plan.comment));
+    job.set_num(NumField::MinNodes, 1);
+    job.set_num(NumField::MaxNodes, 1);
+    job.set_num(NumField::NumTasks, 1);
+    job.set_num(NumField::MinCpus, 1);
+    job.set_num(NumField::CpusPerTask, 1);
+    for f in [
+        NumField::NtasksPerNode,
+        NumField::NtasksPerSocket,
+        NumField::NtasksPerCore,
+        NumField::NtasksPerTres,
+        NumField::SocketsPerNode,
+        NumField::CoresPerSocket,
+        NumField::ThreadsPerCore,
+        NumField::PnMinCpus,
+        NumField::Shared,
+    ] {
+        job.set_num(f, NO_VAL16.into());
+    }
+    job.set_num(NumField::Contiguous, 0);
+    // Memory: a token amount; the real request travels with the job.
+    job.set_num(NumField::PnMinMemory, 1);
+    // The stand-in lives as long as the remote job, queue wait included:
+    // take the proxy partition's limit rather than the user's run time.
+    job.set_num(NumField::TimeLimit, NO_VAL.into());
+    job.set_num(NumField::TimeMin, NO_VAL.into());
+}

@@ -1,0 +1,83 @@
+//! Build script of `slurm-plugin/slurm-sys` (referenced from its
+//! Cargo.toml as `build = "../../build.rs"`): generates the Slurm
+//! bindings with bindgen from the *installed* headers, so that the layout
+//! of `job_desc_msg_t` — which changes in every Slurm release — always
+//! matches the Slurm the plugins are built for.
+//!
+//! Header location: `$SLURM_INCLUDE_DIR` (a directory holding `slurm/slurm.h`),
+//! else `/usr/include`, else `/usr/local/include`.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let wrapper = manifest.join("../../vendor-headers/fleet_slurm.h");
+    println!("cargo:rerun-if-changed={}", wrapper.display());
+
+    let include = find_include_dir().unwrap_or_else(|| {
+        panic!(
+            "Slurm headers not found: install libslurm-dev or set SLURM_INCLUDE_DIR \
+             to the directory that holds slurm/slurm.h"
+        )
+    });
+    let version_h = include.join("slurm/slurm_version.h");
+    println!("cargo:rerun-if-changed={}", version_h.display());
+    let version = read_version(&version_h).unwrap_or_else(|| panic!("no SLURM_VERSION_NUMBER in {}", version_h.display()));
+
+    // job_modify() gained a fourth argument (char **err_msg) in 23.02.
+    println!("cargo::rustc-check-cfg=cfg(slurm_job_modify_err_msg)");
+    if version >= 0x17_02_00 {
+        println!("cargo:rustc-cfg=slurm_job_modify_err_msg");
+    }
+    println!("cargo:rustc-env=FLEET_SLURM_VERSION_NUMBER={version}");
+
+    let bindings = bindgen::Builder::default()
+        .header(wrapper.to_string_lossy())
+        .clang_arg(format!("-I{}", include.display()))
+        .allowlist_type("job_desc_msg_t")
+        .allowlist_type("spank_t")
+        .allowlist_type("spank_option")
+        .allowlist_type("spank_err_t")
+        .allowlist_type("spank_context")
+        .allowlist_function("spank_option_register")
+        .allowlist_function("spank_context")
+        .allowlist_function("spank_getenv")
+        .allowlist_function("slurm_xstrdup")
+        .allowlist_function("slurm_xfree")
+        .allowlist_function("slurm_(info|verbose|debug|error)")
+        .allowlist_var("SLURM_VERSION_NUMBER")
+        .allowlist_var("NO_VAL(16|64)?")
+        .allowlist_var("INFINITE(16|64)?")
+        .allowlist_var("SLURM_(SUCCESS|ERROR)")
+        .allowlist_var("ESPANK_.*")
+        .allowlist_var("ESLURM_(INVALID_GRES|INVALID_PARTITION_NAME|REQUESTED_NODE_CONFIG_UNAVAILABLE|INVALID_LICENSES|ACCESS_DENIED|BAD_TASK_COUNT|INVALID_NODE_COUNT)")
+        .allowlist_item("ESLURM_.*")
+        .opaque_type("bitstr_t")
+        .prepend_enum_name(false)
+        .derive_debug(false)
+        .layout_tests(false)
+        .generate_comments(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .generate()
+        .expect("bindgen could not generate the Slurm bindings");
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm_bindings.rs");
+    bindings.write_to_file(&out).expect("could not write the Slurm bindings");
+}
+
+fn find_include_dir() -> Option<PathBuf> {
+    let candidates = env::var_os("SLURM_INCLUDE_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/usr/include"), PathBuf::from("/usr/local/include")]);
+    candidates.into_iter().find(|d| d.join("slurm/slurm.h").is_file())
+}
+
+fn read_version(path: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("#define")?.trim().strip_prefix("SLURM_VERSION_NUMBER")?.trim();
+        u32::from_str_radix(rest.trim_start_matches("0x"), 16).ok()
+    })
+}

@@ -1,0 +1,119 @@
+//! Hook latency statistics, logged every [`WINDOW`] calls so the
+//! benchmark (and an admin) can read the plugin's own cost from
+//! slurmctld.log: `job_submit/fleet: stats ...`.
+
+use std::time::{Duration, Instant};
+
+pub const WINDOW: usize = 500;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Left alone without asking the agent.
+    Skip,
+    Local,
+    Forward,
+    Reject,
+    /// Agent unavailable; left alone.
+    FailOpen,
+}
+
+#[derive(Default)]
+pub struct Stats {
+    window: Vec<u64>,
+    counts: [u64; 5],
+    total: u64,
+}
+
+fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+impl Stats {
+    /// Record one call; returns a log line when a window is complete.
+    pub fn record(&mut self, o: Outcome, us: u64) -> Option<String> {
+        self.window.push(us);
+        self.counts[o as usize] += 1;
+        self.total += 1;
+        if self.window.len() < WINDOW {
+            return None;
+        }
+        let line = self.line();
+        self.window.clear();
+        Some(line)
+    }
+
+    fn line(&self) -> String {
+        let mut w = self.window.clone();
+        w.sort_unstable();
+        let [skip, local, forward, reject, failopen] = self.counts;
+        format!(
+            "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} total={} skip={skip} local={local} forward={forward} reject={reject} failopen={failopen}",
+            w.len(),
+            pct(&w, 0.50),
+            pct(&w, 0.99),
+            w.last().copied().unwrap_or(0),
+            self.total
+        )
+    }
+
+    pub fn summary(&self) -> Option<String> {
+        (self.total > 0).then(|| self.line())
+    }
+}
+
+/// One warning per interval; counts what it suppressed.
+pub struct RateLimit {
+    last: Option<Instant>,
+    suppressed: u64,
+    interval: Duration,
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        RateLimit { last: None, suppressed: 0, interval: Duration::from_secs(60) }
+    }
+}
+
+impl RateLimit {
+    /// `Some(suppressed)` when a warning may be written now.
+    pub fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now.duration_since(t) < self.interval) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_line_has_percentiles() {
+        let mut s = Stats::default();
+        let mut line = None;
+        for i in 0..WINDOW as u64 {
+            line = s.record(Outcome::Local, i + 1);
+        }
+        let line = line.expect("a full window logs");
+        assert!(line.contains("p50_us=251") && line.contains("p99_us=495") && line.contains("max_us=500"), "{line}");
+        assert!(line.contains("local=500"), "{line}");
+    }
+
+    #[test]
+    fn rate_limit_counts_suppressed() {
+        let mut r = RateLimit::default();
+        assert_eq!(r.allow(), Some(0));
+        assert_eq!(r.allow(), None);
+        assert_eq!(r.allow(), None);
+        r.last = Some(Instant::now() - Duration::from_secs(61));
+        assert_eq!(r.allow(), Some(2));
+    }
+}

@@ -1,0 +1,322 @@
+//! Typed access to slurmctld's `job_desc_msg_t` during `job_submit`.
+//!
+//! Reads copy out (lossily for bytes that are not UTF-8, reporting which
+//! fields were); writes free the old string with Slurm's allocator and
+//! store a new one from it.
+
+use std::borrow::Cow;
+use std::ffi::{c_char, CStr};
+
+use crate::alloc;
+use crate::sys::job_desc_msg_t;
+
+/// The string fields Fleet reads or rewrites.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrField {
+    Account,
+    AdminComment,
+    ArrayInx,
+    Comment,
+    CpusPerTres,
+    Dependency,
+    ExcNodes,
+    Features,
+    MemPerTres,
+    Name,
+    Partition,
+    ReqNodes,
+    Script,
+    StdErr,
+    StdOut,
+    TresBind,
+    TresFreq,
+    TresPerJob,
+    TresPerNode,
+    TresPerSocket,
+    TresPerTask,
+    WorkDir,
+}
+
+impl StrField {
+    pub fn name(self) -> &'static str {
+        match self {
+            StrField::Account => "account",
+            StrField::AdminComment => "admin_comment",
+            StrField::ArrayInx => "array_inx",
+            StrField::Comment => "comment",
+            StrField::CpusPerTres => "cpus_per_tres",
+            StrField::Dependency => "dependency",
+            StrField::ExcNodes => "exc_nodes",
+            StrField::Features => "features",
+            StrField::MemPerTres => "mem_per_tres",
+            StrField::Name => "name",
+            StrField::Partition => "partition",
+            StrField::ReqNodes => "req_nodes",
+            StrField::Script => "script",
+            StrField::StdErr => "std_err",
+            StrField::StdOut => "std_out",
+            StrField::TresBind => "tres_bind",
+            StrField::TresFreq => "tres_freq",
+            StrField::TresPerJob => "tres_per_job",
+            StrField::TresPerNode => "tres_per_node",
+            StrField::TresPerSocket => "tres_per_socket",
+            StrField::TresPerTask => "tres_per_task",
+            StrField::WorkDir => "work_dir",
+        }
+    }
+}
+
+/// Numeric fields (all widened to u64; Slurm's NO_VAL markers kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumField {
+    UserId,
+    GroupId,
+    MinNodes,
+    MaxNodes,
+    NumTasks,
+    NtasksPerNode,
+    CpusPerTask,
+    MinCpus,
+    TimeLimit,
+    TimeMin,
+    PnMinMemory,
+    PnMinCpus,
+    Shared,
+    Contiguous,
+    SocketsPerNode,
+    CoresPerSocket,
+    ThreadsPerCore,
+    NtasksPerSocket,
+    NtasksPerCore,
+    NtasksPerTres,
+}
+
+/// A `job_desc_msg_t` borrowed from slurmctld for the duration of one hook.
+pub struct JobDesc<'a> {
+    raw: &'a mut job_desc_msg_t,
+}
+
+impl<'a> JobDesc<'a> {
+    /// # Safety
+    /// `ptr` must be the non-NULL `job_desc` slurmctld passed to the hook,
+    /// valid and exclusively ours until the hook returns.
+    pub unsafe fn from_raw(ptr: *mut job_desc_msg_t) -> Option<JobDesc<'a>> {
+        // SAFETY: per the contract above.
+        unsafe { ptr.as_mut() }.map(|raw| JobDesc { raw })
+    }
+
+    fn slot(&mut self, f: StrField) -> &mut *mut c_char {
+        let r = &mut *self.raw;
+        match f {
+            StrField::Account => &mut r.account,
+            StrField::AdminComment => &mut r.admin_comment,
+            StrField::ArrayInx => &mut r.array_inx,
+            StrField::Comment => &mut r.comment,
+            StrField::CpusPerTres => &mut r.cpus_per_tres,
+            StrField::Dependency => &mut r.dependency,
+            StrField::ExcNodes => &mut r.exc_nodes,
+            StrField::Features => &mut r.features,
+            StrField::MemPerTres => &mut r.mem_per_tres,
+            StrField::Name => &mut r.name,
+            StrField::Partition => &mut r.partition,
+            StrField::ReqNodes => &mut r.req_nodes,
+            StrField::Script => &mut r.script,
+            StrField::StdErr => &mut r.std_err,
+            StrField::StdOut => &mut r.std_out,
+            StrField::TresBind => &mut r.tres_bind,
+            StrField::TresFreq => &mut r.tres_freq,
+            StrField::TresPerJob => &mut r.tres_per_job,
+            StrField::TresPerNode => &mut r.tres_per_node,
+            StrField::TresPerSocket => &mut r.tres_per_socket,
+            StrField::TresPerTask => &mut r.tres_per_task,
+            StrField::WorkDir => &mut r.work_dir,
+        }
+    }
+
+    /// The field's bytes, or `None` when NULL.
+    pub fn bytes(&mut self, f: StrField) -> Option<&[u8]> {
+        let p = *self.slot(f);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: non-NULL job_desc strings are NUL-terminated C strings
+        // owned by slurmctld for at least the duration of the hook; the
+        // returned slice borrows `self`, so it cannot outlive a rewrite.
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+    }
+
+    /// The field as text; bytes that are not UTF-8 are replaced (the
+    /// caller can check [`JobDesc::is_utf8`]).
+    pub fn get(&mut self, f: StrField) -> Option<Cow<'_, str>> {
+        self.bytes(f).map(String::from_utf8_lossy)
+    }
+
+    pub fn is_utf8(&mut self, f: StrField) -> bool {
+        self.bytes(f).is_none_or(|b| std::str::from_utf8(b).is_ok())
+    }
+
+    /// Replace the field (`None` = NULL), freeing the old value with Slurm's allocator.
+    pub fn set(&mut self, f: StrField, value: Option<&str>) {
+        let slot: *mut *mut c_char = self.slot(f);
+        // SAFETY: the slot holds NULL or a string from Slurm's allocator
+        // (slurmctld unpacked it with xmalloc); xfree clears it.
+        unsafe { alloc::xfree(slot) };
+        if let Some(v) = value {
+            // SAFETY: `slot` points into the job_desc we exclusively borrow.
+            unsafe { *slot = alloc::xstrdup(v) };
+        }
+    }
+
+    pub fn num(&self, f: NumField) -> u64 {
+        let r = &*self.raw;
+        match f {
+            NumField::UserId => r.user_id.into(),
+            NumField::GroupId => r.group_id.into(),
+            NumField::MinNodes => r.min_nodes.into(),
+            NumField::MaxNodes => r.max_nodes.into(),
+            NumField::NumTasks => r.num_tasks.into(),
+            NumField::NtasksPerNode => r.ntasks_per_node.into(),
+            NumField::CpusPerTask => r.cpus_per_task.into(),
+            NumField::MinCpus => r.min_cpus.into(),
+            NumField::TimeLimit => r.time_limit.into(),
+            NumField::TimeMin => r.time_min.into(),
+            NumField::PnMinMemory => r.pn_min_memory,
+            NumField::PnMinCpus => r.pn_min_cpus.into(),
+            NumField::Shared => r.shared.into(),
+            NumField::Contiguous => r.contiguous.into(),
+            NumField::SocketsPerNode => r.sockets_per_node.into(),
+            NumField::CoresPerSocket => r.cores_per_socket.into(),
+            NumField::ThreadsPerCore => r.threads_per_core.into(),
+            NumField::NtasksPerSocket => r.ntasks_per_socket.into(),
+            NumField::NtasksPerCore => r.ntasks_per_core.into(),
+            NumField::NtasksPerTres => r.ntasks_per_tres.into(),
+        }
+    }
+
+    /// Set a numeric field; values are truncated to the field's width.
+    pub fn set_num(&mut self, f: NumField, v: u64) {
+        let r = &mut *self.raw;
+        match f {
+            NumField::UserId => r.user_id = v as u32,
+            NumField::GroupId => r.group_id = v as u32,
+            NumField::MinNodes => r.min_nodes = v as u32,
+            NumField::MaxNodes => r.max_nodes = v as u32,
+            NumField::NumTasks => r.num_tasks = v as u32,
+            NumField::NtasksPerNode => r.ntasks_per_node = v as u16,
+            NumField::CpusPerTask => r.cpus_per_task = v as u16,
+            NumField::MinCpus => r.min_cpus = v as u32,
+            NumField::TimeLimit => r.time_limit = v as u32,
+            NumField::TimeMin => r.time_min = v as u32,
+            NumField::PnMinMemory => r.pn_min_memory = v,
+            NumField::PnMinCpus => r.pn_min_cpus = v as u16,
+            NumField::Shared => r.shared = v as u16,
+            NumField::Contiguous => r.contiguous = v as u16,
+            NumField::SocketsPerNode => r.sockets_per_node = v as u16,
+            NumField::CoresPerSocket => r.cores_per_socket = v as u16,
+            NumField::ThreadsPerCore => r.threads_per_core = v as u16,
+            NumField::NtasksPerSocket => r.ntasks_per_socket = v as u16,
+            NumField::NtasksPerCore => r.ntasks_per_core = v as u16,
+            NumField::NtasksPerTres => r.ntasks_per_tres = v as u16,
+        }
+    }
+
+    /// `spank_job_env` entries (`NAME=value`), lossily decoded.
+    pub fn spank_env(&self) -> Vec<String> {
+        let r = &*self.raw;
+        if r.spank_job_env.is_null() {
+            return Vec::new();
+        }
+        (0..r.spank_job_env_size as usize)
+            .filter_map(|i| {
+                // SAFETY: spank_job_env holds spank_job_env_size entries.
+                let p = unsafe { *r.spank_job_env.add(i) };
+                // SAFETY: each non-NULL entry is a NUL-terminated string.
+                (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            })
+            .collect()
+    }
+
+    /// Interactive allocations (salloc, srun without a batch step) carry no script.
+    pub fn is_batch(&mut self) -> bool {
+        !self.raw.script.is_null()
+    }
+
+    /// For tests: a zeroed descriptor with Slurm's "unset" markers.
+    pub fn test_descriptor() -> Box<job_desc_msg_t> {
+        // SAFETY: job_desc_msg_t is a plain C struct; all-zero is a valid
+        // value (NULL pointers, zero counts), as slurm_init_job_desc_msg starts.
+        let mut d: Box<job_desc_msg_t> = Box::new(unsafe { std::mem::zeroed() });
+        d.min_nodes = crate::NO_VAL;
+        d.max_nodes = crate::NO_VAL;
+        d.num_tasks = crate::NO_VAL;
+        d.time_limit = crate::NO_VAL;
+        d.cpus_per_task = crate::NO_VAL16;
+        d.ntasks_per_node = crate::NO_VAL16;
+        d.user_id = crate::NO_VAL;
+        d
+    }
+
+    /// Borrow a test descriptor.
+    pub fn from_box(b: &'a mut job_desc_msg_t) -> JobDesc<'a> {
+        JobDesc { raw: b }
+    }
+}
+
+/// Free the strings of a descriptor made by [`JobDesc::test_descriptor`].
+pub fn free_test_descriptor(mut d: Box<job_desc_msg_t>) {
+    let mut jd = JobDesc::from_box(&mut d);
+    for f in ALL_FIELDS {
+        jd.set(*f, None);
+    }
+}
+
+const ALL_FIELDS: &[StrField] = &[
+    StrField::Account,
+    StrField::AdminComment,
+    StrField::ArrayInx,
+    StrField::Comment,
+    StrField::CpusPerTres,
+    StrField::Dependency,
+    StrField::ExcNodes,
+    StrField::Features,
+    StrField::MemPerTres,
+    StrField::Name,
+    StrField::Partition,
+    StrField::ReqNodes,
+    StrField::Script,
+    StrField::StdErr,
+    StrField::StdOut,
+    StrField::TresBind,
+    StrField::TresFreq,
+    StrField::TresPerJob,
+    StrField::TresPerNode,
+    StrField::TresPerSocket,
+    StrField::TresPerTask,
+    StrField::WorkDir,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_get_and_non_utf8() {
+        let mut d = JobDesc::test_descriptor();
+        {
+            let mut jd = JobDesc::from_box(&mut d);
+            assert_eq!(jd.get(StrField::Partition), None);
+            jd.set(StrField::Partition, Some("gpu"));
+            assert_eq!(jd.get(StrField::Partition).as_deref(), Some("gpu"));
+            jd.set(StrField::Partition, Some("fleet"));
+            assert_eq!(jd.get(StrField::Partition).as_deref(), Some("fleet"));
+            jd.set(StrField::Partition, None);
+            assert_eq!(jd.get(StrField::Partition), None);
+            assert!(!jd.is_batch());
+            jd.set(StrField::Script, Some("#!/bin/sh\n"));
+            assert!(jd.is_batch());
+            jd.set_num(NumField::MinNodes, 2);
+            assert_eq!(jd.num(NumField::MinNodes), 2);
+        }
+        free_test_descriptor(d);
+    }
+}

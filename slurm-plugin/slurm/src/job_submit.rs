@@ -1,0 +1,194 @@
+//! job_submit plugins: a trait with defaulted hooks, entry points that
+//! never unwind into C, and the macro that exports the symbols slurmctld
+//! looks for (`plugin_name`, `plugin_type`, `plugin_version`, `init`,
+//! `fini`, `job_submit`, `job_modify`).
+//!
+//! `job_submit` runs under slurmctld's job and partition write locks: an
+//! implementation must bound its own time (Fleet's does: a hard deadline on
+//! one local Unix-socket round trip).
+
+use std::ffi::c_char;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use crate::job_desc::JobDesc;
+use crate::sys::job_desc_msg_t;
+use crate::{alloc, log, SLURM_ERROR, SLURM_SUCCESS};
+
+/// A refusal: Slurm error code and the text sbatch prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub code: i32,
+    pub message: String,
+}
+
+pub trait JobSubmitPlugin: Sized + Send + Sync + 'static {
+    /// Called once from `init()`. An error is logged and the plugin then
+    /// passes every job through untouched (fail open).
+    fn init() -> Result<Self, String>;
+
+    fn submit(&self, _job: &mut JobDesc<'_>, _submit_uid: u32) -> Result<(), Reject> {
+        Ok(())
+    }
+
+    fn modify(&self, _job: &mut JobDesc<'_>, _submit_uid: u32) -> Result<(), Reject> {
+        Ok(())
+    }
+
+    fn fini(&self) {}
+}
+
+/// The per-plugin instance slot (one per .so: each plugin crate expands
+/// the macro once and gets its own static).
+pub struct Slot<P> {
+    inner: OnceLock<Option<P>>,
+}
+
+impl<P: JobSubmitPlugin> Default for Slot<P> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<P: JobSubmitPlugin> Slot<P> {
+    pub const fn new() -> Self {
+        Slot { inner: OnceLock::new() }
+    }
+
+    /// Entry point for `init()`.
+    pub fn init(&self, name: &str) -> i32 {
+        let r = catch_unwind(|| P::init());
+        let p = match r {
+            Ok(Ok(p)) => Some(p),
+            Ok(Err(e)) => {
+                log::error(&format!("{name}: init failed, passing every job through untouched: {e}"));
+                None
+            }
+            Err(_) => {
+                log::error(&format!("{name}: init panicked, passing every job through untouched"));
+                None
+            }
+        };
+        let _ = self.inner.set(p);
+        SLURM_SUCCESS
+    }
+
+    pub fn fini(&self, name: &str) -> i32 {
+        if let Some(Some(p)) = self.inner.get() {
+            if catch_unwind(AssertUnwindSafe(|| p.fini())).is_err() {
+                log::error(&format!("{name}: fini panicked"));
+            }
+        }
+        SLURM_SUCCESS
+    }
+
+    /// Entry point for `job_submit()`. Never unwinds; a panic in the
+    /// plugin leaves the job as submitted (fail open).
+    pub fn submit(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
+        let Some(Some(p)) = self.inner.get() else { return SLURM_SUCCESS };
+        // SAFETY: slurmctld passes its job_desc, valid and exclusively ours
+        // for the duration of the call.
+        let Some(mut job) = (unsafe { JobDesc::from_raw(job_desc) }) else { return SLURM_SUCCESS };
+        match catch_unwind(AssertUnwindSafe(|| p.submit(&mut job, uid))) {
+            Ok(Ok(())) => SLURM_SUCCESS,
+            Ok(Err(rej)) => {
+                set_err_msg(err_msg, &rej.message);
+                if rej.code == 0 { SLURM_ERROR } else { rej.code }
+            }
+            Err(_) => {
+                log::error(&format!("{name}: job_submit panicked; job left as submitted"));
+                SLURM_SUCCESS
+            }
+        }
+    }
+
+    /// Entry point for `job_modify()`. Slurm 22.05 calls it with three
+    /// arguments, 23.02+ with a fourth (`char **err_msg`); `err_msg` is
+    /// only touched when the headers we were built against have it.
+    pub fn modify(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
+        let Some(Some(p)) = self.inner.get() else { return SLURM_SUCCESS };
+        // SAFETY: as in `submit`.
+        let Some(mut job) = (unsafe { JobDesc::from_raw(job_desc) }) else { return SLURM_SUCCESS };
+        match catch_unwind(AssertUnwindSafe(|| p.modify(&mut job, uid))) {
+            Ok(Ok(())) => SLURM_SUCCESS,
+            Ok(Err(rej)) => {
+                if crate::sys::SLURM_VERSION_NUMBER >= 0x17_02_00 {
+                    set_err_msg(err_msg, &rej.message);
+                } else {
+                    log::info(&format!("{name}: job_modify refused: {}", rej.message));
+                }
+                if rej.code == 0 { SLURM_ERROR } else { rej.code }
+            }
+            Err(_) => {
+                log::error(&format!("{name}: job_modify panicked; update left as requested"));
+                SLURM_SUCCESS
+            }
+        }
+    }
+}
+
+fn set_err_msg(err_msg: *mut *mut c_char, msg: &str) {
+    if err_msg.is_null() {
+        return;
+    }
+    // SAFETY: slurmctld passes a valid `char **` whose target is NULL or an
+    // xmalloc'ed string it will xfree; we replace it with one from xstrdup.
+    unsafe {
+        alloc::xfree(err_msg);
+        *err_msg = alloc::xstrdup(msg);
+    }
+}
+
+/// Export a job_submit plugin.
+///
+/// ```ignore
+/// slurm::job_submit_plugin!(MyPlugin, "Fleet federation", "job_submit/fleet");
+/// ```
+#[macro_export]
+macro_rules! job_submit_plugin {
+    ($ty:ty, $name:literal, $ptype:literal) => {
+        #[no_mangle]
+        #[used]
+        pub static plugin_name: [u8; concat!($name, "\0").len()] = $crate::cstr_array(concat!($name, "\0"));
+        #[no_mangle]
+        #[used]
+        pub static plugin_type: [u8; concat!($ptype, "\0").len()] = $crate::cstr_array(concat!($ptype, "\0"));
+        /// Must equal the SLURM_VERSION_NUMBER of the slurmctld that loads us.
+        #[no_mangle]
+        #[used]
+        pub static plugin_version: u32 = $crate::sys::SLURM_VERSION_NUMBER;
+
+        static __FLEET_SLOT: $crate::job_submit::Slot<$ty> = $crate::job_submit::Slot::new();
+
+        #[no_mangle]
+        pub extern "C" fn init() -> ::std::ffi::c_int {
+            __FLEET_SLOT.init($ptype)
+        }
+
+        #[no_mangle]
+        pub extern "C" fn fini() -> ::std::ffi::c_int {
+            __FLEET_SLOT.fini($ptype)
+        }
+
+        #[no_mangle]
+        #[allow(clippy::not_unsafe_ptr_arg_deref)]
+        pub extern "C" fn job_submit(
+            job_desc: *mut $crate::sys::job_desc_msg_t,
+            submit_uid: u32,
+            err_msg: *mut *mut ::std::ffi::c_char,
+        ) -> ::std::ffi::c_int {
+            __FLEET_SLOT.submit($ptype, job_desc, submit_uid, err_msg)
+        }
+
+        #[no_mangle]
+        #[allow(clippy::not_unsafe_ptr_arg_deref)]
+        pub extern "C" fn job_modify(
+            job_desc: *mut $crate::sys::job_desc_msg_t,
+            _job_ptr: *mut ::std::ffi::c_void,
+            submit_uid: u32,
+            err_msg: *mut *mut ::std::ffi::c_char,
+        ) -> ::std::ffi::c_int {
+            __FLEET_SLOT.modify($ptype, job_desc, submit_uid, err_msg)
+        }
+    };
+}
