@@ -419,7 +419,7 @@ start_metasched() {
   if pid_matches "$(pid_from "$pf" || true)" fleet-metasched; then log "metasched already running"; return 0; fi
   log "starting fleet-metasched"
   setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
-    env RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-metasched" --config "$R/metasched.toml" \
+    env NO_COLOR=1 RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-metasched" --config "$R/metasched.toml" \
     </dev/null >>"$R/log/metasched.log" 2>&1 &
   echo $! >"$pf"
 }
@@ -441,7 +441,7 @@ start_agent() {
   if pid_matches "$(pid_from "$pf" || true)" fleet-agent; then log "agent $c already running"; return 0; fi
   log "starting fleet-agent for $c"
   setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
-    env SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
+    env NO_COLOR=1 SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
     </dev/null >>"$d/log/agent.log" 2>&1 &
   echo $! >"$pf"
 }
@@ -465,7 +465,11 @@ cmd_start_metasched() { start_metasched; wait_metasched; }
 slurm_daemons_running() {
   local p
   for p in /proc/[0-9]*; do
-    case $(cat "$p/comm" 2>/dev/null) in slurmctld|slurmd|slurmstepd) return 0 ;; esac
+    case $(cat "$p/comm" 2>/dev/null) in
+      slurmctld|slurmd|slurmstepd)
+        # zombies (state Z) left by the daemons' double fork do not count
+        [[ $(awk '{print $3}' "$p/stat" 2>/dev/null) == Z ]] || return 0 ;;
+    esac
   done
   return 1
 }
