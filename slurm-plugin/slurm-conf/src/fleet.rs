@@ -379,7 +379,7 @@ mod tests {
             l.conf.meta_scheduler_url("/etc/slurm/fleet.conf").unwrap_err().to_string(),
             "/etc/slurm/fleet.conf: MetaSchedulerUrl is required by fleet-agent"
         );
-        assert!(l.conf.submit_allowed(0, None) == false);
+        assert!(!l.conf.submit_allowed(0, None));
     }
 
     #[test]

@@ -27,7 +27,7 @@ mod value;
 
 pub use diag::{Diagnostic, Error, Loaded, Severity};
 pub use fleet::FleetConf;
-//X pub use gres::GresConf;
+pub use gres::GresConf;
 pub use raw::{Entry, Loader, Parsed};
-//X pub use slurm::SlurmConf;
-//X pub use topology::Topology;
+pub use slurm::SlurmConf;
+pub use topology::Topology;
