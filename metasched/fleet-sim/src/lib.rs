@@ -11,3 +11,5 @@ pub mod report;
 pub mod sim;
 pub mod spot;
 pub mod trace;
+pub mod cli;
+pub mod engine_model;

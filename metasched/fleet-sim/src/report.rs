@@ -159,7 +159,7 @@ impl Report {
         for p in &self.policies {
             let _ = write!(s, "  {:<10}", p.policy);
             for u in p.utilization.values() {
-                let _ = write!(s, " {:>11.1}%", 100.0 * u);
+                let _ = write!(s, " {:>11.1}%", 100.0 * u + 0.0);
             }
             let _ = writeln!(s);
         }

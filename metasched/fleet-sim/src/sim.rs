@@ -196,6 +196,8 @@ struct PoolState {
     /// Running spot jobs in start order (eviction takes the newest).
     running_spot: Vec<usize>,
     running: Vec<usize>,
+    /// Sum of the planned end times of running jobs (for the wait estimate).
+    end_sum: f64,
 }
 
 impl PoolState {
@@ -218,6 +220,7 @@ struct JobState {
     unplaced: bool,
     moved: bool,
     parked: bool,
+    planned_end: f64,
 }
 
 struct Sim<'a, M: Model> {
@@ -397,13 +400,16 @@ impl<M: Model> Sim<'_, M> {
                     .map(|p| {
                         let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
                         let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
+                        // Work queued ahead spread over the pool, plus the expected
+                        // time to the first end among n running jobs whose mean
+                        // remaining time is r: about r / (n + 1).
                         let est_wait_s = if p.queue.is_empty() && free > 0 {
                             0.0
                         } else {
-                            let running_left: f64 = 0.0;
-                            (p.queued_gpu_s + running_left) / p.cap.max(1) as f64
+                            let n = p.running.len() as f64;
+                            let first_end = if n > 0.0 { (p.end_sum / n - now).max(0.0) / (n + 1.0) } else { 0.0 };
+                            p.queued_gpu_s / p.cap.max(1) as f64 + first_end
                         };
-                        let _ = now;
                         PoolLoad {
                             capacity: p.cap,
                             free,
@@ -425,13 +431,13 @@ impl<M: Model> Sim<'_, M> {
             Strategy::Engine(p) => self.model.offers(&p, job, now, &load).into_iter().next(),
             Strategy::HomeOnly => self
                 .model
-                .offers("cost", job, now, &load)
+                .offers("home-only", job, now, &load)
                 .into_iter()
                 .filter(|o| o.cluster == job.home && !o.spot)
                 .min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)),
             Strategy::Greedy => {
                 let offers: Vec<Offer> =
-                    self.model.offers("cost", job, now, &load).into_iter().filter(|o| !o.spot).collect();
+                    self.model.offers("greedy", job, now, &load).into_iter().filter(|o| !o.spot).collect();
                 let cheapest = |it: &mut dyn Iterator<Item = &Offer>| {
                     it.min_by(|a, b| {
                         (a.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0 + a.egress_usd)
@@ -445,7 +451,7 @@ impl<M: Model> Sim<'_, M> {
                 free_now.or_else(|| cheapest(&mut offers.iter()))
             }
             Strategy::Random => {
-                let offers = self.model.offers("cost", job, now, &load);
+                let offers = self.model.offers("random", job, now, &load);
                 if offers.is_empty() {
                     None
                 } else {
@@ -542,11 +548,13 @@ impl<M: Model> Sim<'_, M> {
         ps.queued_gpu_s = (ps.queued_gpu_s - remaining * g as f64).max(0.0);
         ps.used += g;
         ps.running.push(j);
+        ps.end_sum += now + remaining;
         if spot {
             ps.spot_used += g;
             ps.running_spot.push(j);
         }
         let s = &mut self.js[j];
+        s.planned_end = now + remaining;
         s.run_start = Some(now);
         s.first_start.get_or_insert(now);
         s.epoch += 1;
@@ -566,8 +574,13 @@ impl<M: Model> Sim<'_, M> {
         self.cost_events.push((now, usd));
         self.kg_co2 += self.model.kg_co2(o.cluster, o.pool, g, start, now);
         self.add_busy(o.cluster, g, start, now);
+        let planned_end = self.js[j].planned_end;
         let ps = &mut self.pools[o.cluster][o.pool];
         ps.used -= g;
+        ps.end_sum -= planned_end;
+        if ps.running.len() <= 1 {
+            ps.end_sum = 0.0;
+        }
         if let Some(k) = ps.running.iter().position(|&x| x == j) {
             ps.running.swap_remove(k);
         }
@@ -832,7 +845,7 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
     let mut usd = 0.0;
     let mut co2 = 0.0;
     for j in jobs {
-        let offers = model.offers("cost", j, j.submit_s, &empty);
+        let offers = model.offers("lower-bound", j, j.submit_s, &empty);
         if let Some(o) = offers.iter().min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)) {
             usd += o.usd_per_gpu_hour * j.gpus as f64 * j.duration_s / 3600.0;
             co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + j.duration_s);

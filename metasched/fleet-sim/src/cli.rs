@@ -1,0 +1,303 @@
+//! `fleetctl simulate` / `fleet-sim`: flags and the driver.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::engine_model::{EngineModel, EngineSetup};
+use crate::report::Report;
+use crate::sim::{self, SimConfig, SimJob, Strategy};
+use crate::spot::SpotTrace;
+use crate::trace::{self, Trace};
+
+/// Replay a job trace over a fleet with the placement engine and the baselines.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimulateArgs {
+    /// Job trace in the Philly table format
+    /// (`timestamp,duration,num_gpus,gpu_time,cluster`; `cluster` is the home label).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Fleet TOML (the engine's format, e.g. `conf/fleet-sample.toml`). An optional
+    /// `[home_map]` table maps trace home labels to cluster names.
+    #[arg(long)]
+    pub fleet: PathBuf,
+    /// Engine policy to replay (`cost`, `time`, `green`, or one defined in
+    /// --policies), or `all` for every engine policy plus the baselines.
+    #[arg(long, default_value = "all")]
+    pub policy: String,
+    /// Also run the baselines (home-only, greedy, random) for a single --policy.
+    #[arg(long)]
+    pub baselines: bool,
+    /// `metasched.toml` (or any TOML) with `[policies.<name>]` weight tables.
+    #[arg(long)]
+    pub policies: Option<PathBuf>,
+    /// Seed of every random choice (random baseline); same inputs + seed = same report.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Replay only the first N jobs (after sorting by submission).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Write `report.json`, `cost.svg` and `util-<policy>.svg` here.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    /// Shared data folder; sets --carbon-dir, --spot-dir and --network-dir to its
+    /// `carbon/`, `spot/` and `network/` subfolders unless those are given.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Folder of `<ZONE>_*.csv` carbon series (engine feed format).
+    #[arg(long)]
+    pub carbon_dir: Option<PathBuf>,
+    /// Folder of spot traces (`*.json`, SkyPilot spot-traces format). Without one,
+    /// spot capacity never shrinks and is never preempted.
+    #[arg(long)]
+    pub spot_dir: Option<PathBuf>,
+    /// Folder of `<provider>_transmission_cost_matrix.csv` egress matrices.
+    #[arg(long)]
+    pub network_dir: Option<PathBuf>,
+    /// GPU price table (`gpu-prices.csv` format) applied over the fleet's cloud prices.
+    #[arg(long)]
+    pub prices: Option<PathBuf>,
+    /// Cluster outage `NAME:START_H:DURATION_H` (hours since the first submission);
+    /// repeatable.
+    #[arg(long = "outage")]
+    pub outages: Vec<String>,
+    /// Checkpoint interval of every trace job (seconds; 0 = jobs never checkpoint).
+    #[arg(long, default_value_t = 3600.0)]
+    pub checkpoint_interval_s: f64,
+    /// Share of jobs that are interruptible (may use spot and be migrated); chosen
+    /// deterministically by job index.
+    #[arg(long, default_value_t = 1.0)]
+    pub interruptible_share: f64,
+    /// Size of the dataset each job reads, stored in its home cluster's region (GB).
+    /// Moving a job away from home pays its egress and transfer time.
+    #[arg(long, default_value_t = 50.0)]
+    pub dataset_gb: f64,
+    /// Period of the engine's rebalancing pass (seconds; 0 = off).
+    #[arg(long, default_value_t = 3600.0)]
+    pub rebalance_every_s: f64,
+    /// Width of the plot buckets (hours).
+    #[arg(long, default_value_t = 6.0)]
+    pub bucket_hours: f64,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Everything a run needs, read from files; [`run_loaded`] is pure of I/O apart from
+/// the progress bar.
+pub struct Loaded {
+    pub trace: Trace,
+    pub trace_name: String,
+    pub fleet_name: String,
+    pub setup: EngineSetup,
+    pub spot: Vec<SpotTrace>,
+}
+
+fn dir_or(explicit: &Option<PathBuf>, data: &Option<PathBuf>, sub: &str) -> Option<PathBuf> {
+    explicit.clone().or_else(|| data.as_ref().map(|d| d.join(sub)))
+}
+
+fn sorted_files(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Read every input named by the flags.
+pub fn load(args: &SimulateArgs) -> Result<Loaded> {
+    let trace = trace::read_philly_file(&args.trace)?;
+    let fleet_text =
+        std::fs::read_to_string(&args.fleet).with_context(|| format!("reading {}", args.fleet.display()))?;
+    let policies_text = match &args.policies {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        None => None,
+    };
+    let mut carbon = Vec::new();
+    if let Some(d) = dir_or(&args.carbon_dir, &args.data_dir, "carbon") {
+        for f in sorted_files(&d, "csv")? {
+            carbon.push((f.display().to_string(), std::fs::read_to_string(&f)?));
+        }
+    }
+    let mut egress = Vec::new();
+    if let Some(d) = dir_or(&args.network_dir, &args.data_dir, "network") {
+        for f in sorted_files(&d, "csv")? {
+            let name = f.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let provider = name.split('_').next().unwrap_or("").to_string();
+            egress.push((provider, std::fs::read_to_string(&f)?));
+        }
+    }
+    let prices = match &args.prices {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        None => None,
+    };
+    let mut spot = Vec::new();
+    if let Some(d) = dir_or(&args.spot_dir, &args.data_dir, "spot") {
+        for f in sorted_files(&d, "json")? {
+            spot.push(SpotTrace::read(&f)?);
+        }
+    }
+    let setup = EngineSetup {
+        fleet_toml: fleet_text,
+        policies_toml: policies_text,
+        carbon_csvs: carbon,
+        egress_csvs: egress,
+        prices_csv: prices,
+        dataset_gb: args.dataset_gb,
+    };
+    Ok(Loaded {
+        trace,
+        trace_name: args.trace.display().to_string(),
+        fleet_name: args.fleet.display().to_string(),
+        setup,
+        spot,
+    })
+}
+
+/// Parse `NAME:START_H:DURATION_H`.
+fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
+    let parts: Vec<&str> = s.rsplitn(3, ':').collect();
+    let [dur, start, name] = parts.as_slice() else { bail!("--outage {s:?}: expected NAME:START_H:DURATION_H") };
+    let c = model.cluster_index(name).with_context(|| format!("--outage {s:?}: no cluster {name:?}"))?;
+    let start: f64 = start.parse().with_context(|| format!("--outage {s:?}: bad start"))?;
+    let dur: f64 = dur.parse().with_context(|| format!("--outage {s:?}: bad duration"))?;
+    if !(start.is_finite() && dur.is_finite() && start >= 0.0 && dur > 0.0) {
+        bail!("--outage {s:?}: start must be >= 0 and duration > 0");
+    }
+    Ok((c, start * 3600.0, (start + dur) * 3600.0))
+}
+
+/// Turn trace rows into simulator jobs over `model` (home mapping, checkpoints,
+/// interruptibility).
+pub fn sim_jobs(trace: &Trace, model: &mut EngineModel, args: &SimulateArgs) -> Vec<SimJob> {
+    let limit = args.limit.unwrap_or(usize::MAX);
+    let rows = &trace.jobs[..trace.jobs.len().min(limit)];
+    let homes = model.home_map(rows);
+    let share = args.interruptible_share.clamp(0.0, 1.0);
+    rows.iter()
+        .map(|r| SimJob {
+            id: r.id,
+            submit_s: r.submit_s,
+            duration_s: r.duration_s,
+            gpus: r.gpus,
+            home: homes.get(&r.home_label).copied().unwrap_or(0),
+            // Bresenham-style spread: exactly round(share × n) jobs, evenly.
+            interruptible: ((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor(),
+            checkpoint_s: args.checkpoint_interval_s.max(0.0),
+        })
+        .collect()
+}
+
+/// The strategies a run replays.
+pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strategy>> {
+    let mut v = Vec::new();
+    if args.policy == "all" {
+        for p in ["cost", "time", "green"] {
+            v.push(Strategy::Engine(p.into()));
+        }
+        for p in model.policy_names() {
+            if !["cost", "time", "green"].contains(&p.as_str()) {
+                v.push(Strategy::Engine(p));
+            }
+        }
+    } else {
+        if !model.policy_names().contains(&args.policy) {
+            bail!("unknown policy {:?} (known: {})", args.policy, model.policy_names().join(", "));
+        }
+        v.push(Strategy::Engine(args.policy.clone()));
+    }
+    if args.policy == "all" || args.baselines {
+        v.extend([Strategy::HomeOnly, Strategy::Greedy, Strategy::Random]);
+    }
+    Ok(v)
+}
+
+/// Run every strategy over the loaded inputs and build the report.
+pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
+    let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+    let jobs = sim_jobs(&loaded.trace, &mut model, args);
+    model.assign_spot_traces(&loaded.spot);
+    let outages: Vec<(usize, f64, f64)> =
+        args.outages.iter().map(|s| parse_outage(s, &model)).collect::<Result<_>>()?;
+    let cfg = SimConfig {
+        seed: args.seed,
+        outages,
+        rebalance_every_s: args.rebalance_every_s.max(0.0),
+        bucket_s: (args.bucket_hours * 3600.0).max(60.0),
+    };
+    let strategies = strategies(args, &model)?;
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        // Draws only when stderr is a terminal.
+        let b = indicatif::ProgressBar::new((jobs.len() * strategies.len()) as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})") {
+            b.set_style(style.progress_chars("=> "));
+        }
+        b
+    };
+    let mut policies = Vec::new();
+    for (k, s) in strategies.iter().enumerate() {
+        bar.set_message(s.name());
+        let base = (k * jobs.len()) as u64;
+        let tick = |n: u64| bar.set_position(base + n);
+        let r = sim::simulate(&mut model, s.clone(), &jobs, &loaded.spot, &cfg, &tick);
+        policies.push(r);
+    }
+    bar.finish_and_clear();
+    let (lb_usd, lb_co2) = sim::lower_bound(&mut model, &jobs);
+    for p in &mut policies {
+        p.ratio_to_lower_bound = if lb_usd > 0.0 { p.total_usd / lb_usd } else { 0.0 };
+    }
+    let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
+    let mut notes = model.notes();
+    if !loaded.trace.diagnostics.is_empty() {
+        notes.push(format!("{} trace rows skipped; first: {}", loaded.trace.diagnostics.len(), loaded.trace.diagnostics[0]));
+    }
+    let mut report = Report {
+        trace: loaded.trace_name.clone(),
+        fleet: loaded.fleet_name.clone(),
+        seed: args.seed,
+        jobs: jobs.len(),
+        span_hours: span,
+        lower_bound_usd: lb_usd,
+        lower_bound_kg_co2: lb_co2,
+        policies,
+        targets: Vec::new(),
+        notes,
+    };
+    report.evaluate_targets();
+    Ok(report)
+}
+
+/// `fleetctl simulate`: load, replay, print the table, write the outputs.
+pub fn run(args: SimulateArgs) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let loaded = load(&args)?;
+    let report = run_loaded(&args, &loaded)?;
+    print!("{}", report.table());
+    if let Some(dir) = &args.out_dir {
+        let files = crate::report::write_outputs(&report, dir)
+            .with_context(|| format!("writing outputs to {}", dir.display()))?;
+        for f in files {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    eprintln!("simulated {} jobs × {} runs in {:.2} s", report.jobs, report.policies.len(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Home labels of `rows` by total GPU-hours, largest first (ties by label).
+pub fn labels_by_load(rows: &[crate::trace::TraceJob]) -> Vec<(String, f64)> {
+    let mut m: BTreeMap<&str, f64> = BTreeMap::new();
+    for r in rows {
+        *m.entry(r.home_label.as_str()).or_default() += r.duration_s * r.gpus as f64 / 3600.0;
+    }
+    let mut v: Vec<(String, f64)> = m.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}

@@ -1,0 +1,414 @@
+//! The simulator's [`Model`] backed by `fleet-engine`: every engine-policy placement
+//! is `fleet_engine::decide` on a [`FleetState`] built from the simulator's queues,
+//! rebalancing is `fleet_engine::propose_migrations`, and the baselines rank
+//! `fleet_engine::evaluate_all` (the same hard filters) by their own rule.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use fleet_engine::model::qualify_region;
+use fleet_engine::{
+    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
+    JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob, Pricing,
+};
+
+use crate::sim::{ClusterLoad, Model, Move, Offer, RunningJob, SimCluster, SimJob, SimPool};
+use crate::spot::SpotTrace;
+use crate::trace::TraceJob;
+
+/// The raw inputs of an engine model (file contents, so tests can build them inline).
+#[derive(Debug, Clone, Default)]
+pub struct EngineSetup {
+    pub fleet_toml: String,
+    /// `[policies.<name>]` tables; `None` = the engine's built-ins.
+    pub policies_toml: Option<String>,
+    /// (name, text) of carbon series CSVs.
+    pub carbon_csvs: Vec<(String, String)>,
+    /// (provider, text) of egress matrices.
+    pub egress_csvs: Vec<(String, String)>,
+    pub prices_csv: Option<String>,
+    /// Each job reads one dataset of this size stored in its home cluster's region.
+    pub dataset_gb: f64,
+}
+
+/// Policy names the simulator uses internally for the baselines.
+pub const HOME_ONLY: &str = "home-only";
+pub const GREEDY: &str = "greedy";
+pub const LOWER_BOUND: &str = "lower-bound";
+/// Every feasible cluster under the `cost` policy's filters, for the random baseline.
+pub const RANDOM: &str = "random";
+
+pub struct EngineModel {
+    pub fleet: FleetModel,
+    policies: Policies,
+    baseline_policies: BTreeMap<&'static str, Policy>,
+    clusters: Vec<SimCluster>,
+    state: FleetState,
+    /// Prepared job per trace job id (built lazily; prepare allocates).
+    prepared: Vec<Option<PreparedJob>>,
+    epoch_unix: f64,
+    /// Empirical preemption rate (per hour) of each spot trace.
+    spot_rates: Vec<f64>,
+    /// Spot trace of each (cluster, pool) that sells spot.
+    pool_spot: Vec<Vec<Option<usize>>>,
+    notes: Vec<String>,
+    home_map: BTreeMap<String, String>,
+    pub margin: MigrationMargin,
+}
+
+fn sim_dataset_uri(cluster: &str) -> String {
+    format!("sim://{cluster}/")
+}
+
+impl EngineModel {
+    /// Build from file contents. `epoch_unix` is the trace's first submission, used to
+    /// look up carbon intensity (series repeat yearly).
+    pub fn new(setup: &EngineSetup, epoch_unix: f64) -> Result<EngineModel> {
+        // The simulator's own tables are taken out before the engine reads the file:
+        // `FleetConfig` denies unknown fields (its `extra` catch-all cannot work
+        // together with `deny_unknown_fields` in serde).
+        let mut raw: toml::Table = toml::from_str(&setup.fleet_toml).context("fleet TOML")?;
+        let sim_home_map = raw.remove("home_map");
+        let mut cfg: FleetConfig = raw.try_into().context("fleet TOML")?;
+        let mut notes = Vec::new();
+        let home_map: BTreeMap<String, String> = match sim_home_map.as_ref().or(cfg.extra.get("home_map")) {
+            Some(toml::Value::Table(t)) => {
+                t.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect()
+            }
+            _ => BTreeMap::new(),
+        };
+        // The simulator's synthetic datasets: one per cluster, in its region.
+        if setup.dataset_gb > 0.0 {
+            for c in &cfg.clusters {
+                cfg.datasets.push(fleet_engine::model::DatasetConfig {
+                    uri: sim_dataset_uri(&c.name),
+                    locations: vec![qualify_region(&c.provider, &c.region)],
+                    size_gb: setup.dataset_gb,
+                });
+            }
+        }
+        let mut fleet = FleetModel::build(cfg).context("fleet model")?;
+        if let Some(p) = &setup.prices_csv {
+            let t = parse_prices(p).map_err(|e| anyhow::anyhow!("price table: {e}"))?;
+            fleet = fleet.with_prices(&t);
+        }
+        for (provider, text) in &setup.egress_csvs {
+            match parse_egress(provider, text) {
+                Ok(m) => fleet = fleet.with_egress(&m),
+                Err(e) => notes.push(format!("egress matrix {provider}: {e}; skipped")),
+            }
+        }
+        let policies = match &setup.policies_toml {
+            Some(t) => Policies::from_toml_str(t).context("policies")?,
+            None => Policies::builtin(),
+        };
+        let mut state = FleetState::idle(&fleet);
+        for (name, text) in &setup.carbon_csvs {
+            match parse_carbon(text) {
+                Ok(s) => {
+                    let zone = s.zone.clone();
+                    if !state.set_carbon_series(&fleet, Arc::new(s)) {
+                        notes.push(format!("carbon series {zone} ({name}) matches no cluster"));
+                    }
+                }
+                Err(e) => notes.push(format!("carbon series {name}: {e}; skipped")),
+            }
+        }
+        for (i, z) in fleet.carbon_zones.iter().enumerate() {
+            if state.carbon.get(i).is_none_or(|s| s.is_none()) {
+                notes.push(format!(
+                    "no carbon series for zone {z}: {} gCO2/kWh assumed",
+                    fleet.overheads.default_carbon_g_per_kwh
+                ));
+            }
+        }
+        let clusters = fleet
+            .clusters
+            .iter()
+            .map(|c| SimCluster {
+                name: c.name.clone(),
+                pools: c
+                    .pools
+                    .iter()
+                    .map(|p| SimPool {
+                        name: p.name.clone(),
+                        gpu_type: fleet.gpu_type_name(p.gpu_type).to_string(),
+                        gpus: p.total_gpus,
+                        spot_trace: None,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let no_spot = |p: &Policy| Policy { allow_spot: false, ..p.clone() };
+        let mut baseline_policies = BTreeMap::new();
+        let pure_price = Policy {
+            name: GREEDY.into(),
+            time_value_usd_per_gpu_hour: 0.0,
+            carbon_usd_per_kg: 0.0,
+            egress_weight: 1.0,
+            allow_spot: false,
+            use_lca: false,
+        };
+        baseline_policies.insert(HOME_ONLY, Policy { name: HOME_ONLY.into(), ..no_spot(&pure_price) });
+        baseline_policies.insert(GREEDY, pure_price.clone());
+        baseline_policies.insert(
+            LOWER_BOUND,
+            Policy { name: LOWER_BOUND.into(), egress_weight: 0.0, allow_spot: true, ..pure_price },
+        );
+        let pool_spot = fleet.clusters.iter().map(|c| vec![None; c.pools.len()]).collect();
+        Ok(EngineModel {
+            fleet,
+            policies,
+            baseline_policies,
+            clusters,
+            state,
+            prepared: Vec::new(),
+            epoch_unix,
+            spot_rates: Vec::new(),
+            pool_spot,
+            notes,
+            home_map,
+            margin: MigrationMargin::default(),
+        })
+    }
+
+    pub fn cluster_index(&self, name: &str) -> Option<usize> {
+        self.fleet.cluster_id(name).map(|i| i as usize)
+    }
+
+    pub fn policy_names(&self) -> Vec<String> {
+        self.policies.names().map(str::to_string).collect()
+    }
+
+    pub fn notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
+
+    /// Map trace home labels to cluster indexes: `[home_map]` entries first; every
+    /// other label, by decreasing GPU-hours, goes to the cluster with the lowest
+    /// assigned GPU-hours per GPU of capacity (ties: lower index). Deterministic.
+    pub fn home_map(&mut self, rows: &[TraceJob]) -> BTreeMap<String, usize> {
+        let cap: Vec<f64> =
+            self.clusters.iter().map(|c| c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0)).collect();
+        let mut load = vec![0.0; cap.len()];
+        let mut out = BTreeMap::new();
+        let labels = crate::cli::labels_by_load(rows);
+        for (label, gpu_h) in &labels {
+            if let Some(name) = self.home_map.get(label) {
+                match self.cluster_index(name) {
+                    Some(c) => {
+                        out.insert(label.clone(), c);
+                        load[c] += gpu_h;
+                    }
+                    None => self.notes.push(format!("[home_map] {label} = {name:?}: no such cluster; assigned automatically")),
+                }
+            }
+        }
+        for (label, gpu_h) in &labels {
+            if out.contains_key(label) || cap.is_empty() {
+                continue;
+            }
+            let mut best = 0;
+            for c in 1..cap.len() {
+                if load[c] / cap[c] < load[best] / cap[best] {
+                    best = c;
+                }
+            }
+            load[best] += gpu_h;
+            out.insert(label.clone(), best);
+        }
+        let mut desc: Vec<String> = out.iter().map(|(l, c)| format!("{l}→{}", self.clusters[*c].name)).collect();
+        desc.sort();
+        self.notes.push(format!("home map: {}", desc.join(", ")));
+        out
+    }
+
+    /// Give every pool that sells spot a spot trace: first a trace whose name holds
+    /// the cluster's region (e.g. `us-west-2`), else round-robin over all traces, in
+    /// cluster order. Also derives each trace's preemption rate for the engine.
+    pub fn assign_spot_traces(&mut self, traces: &[SpotTrace]) {
+        self.spot_rates = traces
+            .iter()
+            .map(|t| {
+                let hours = t.data.len() as f64 * t.gap_s / 3600.0;
+                let lost: f64 = t
+                    .data
+                    .windows(2)
+                    .map(|w| w[0].saturating_sub(w[1]) as f64 / t.max.max(1) as f64)
+                    .sum();
+                if hours > 0.0 {
+                    lost / hours
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        if traces.is_empty() {
+            self.notes.push("no spot traces: spot capacity is never reclaimed".into());
+            return;
+        }
+        let mut rr = 0usize;
+        let mut used = Vec::new();
+        for (ci, c) in self.fleet.clusters.iter().enumerate() {
+            if c.onprem {
+                continue;
+            }
+            let region = c.region.split_once(':').map(|x| x.1).unwrap_or(&c.region).to_string();
+            for (pi, p) in c.pools.iter().enumerate() {
+                if p.prices.spot.is_none() {
+                    continue;
+                }
+                let by_region = traces.iter().position(|t| !region.is_empty() && t.name.contains(&region));
+                let k = by_region.unwrap_or_else(|| {
+                    let k = rr % traces.len();
+                    rr += 1;
+                    k
+                });
+                self.pool_spot[ci][pi] = Some(k);
+                self.clusters[ci].pools[pi].spot_trace = Some(k);
+                used.push(format!("{}/{}→{} ({:.3}/h)", c.name, p.name, traces[k].name, self.spot_rates[k]));
+            }
+        }
+        self.notes.push(format!("spot traces: {}", used.join(", ")));
+    }
+
+    fn spec_for(&self, job: &SimJob) -> JobSpec {
+        let home = self.clusters.get(job.home).map(|c| c.name.clone()).unwrap_or_default();
+        JobSpec {
+            id: job.id.to_string(),
+            gpus: job.gpus,
+            gang: true,
+            duration_s: job.duration_s,
+            interruptible: job.interruptible,
+            ckpt_interval_s: (job.checkpoint_s > 0.0).then_some(job.checkpoint_s),
+            datasets: if self.fleet.dataset_for(&sim_dataset_uri(&home)).is_some() {
+                vec![format!("{}data", sim_dataset_uri(&home))]
+            } else {
+                Vec::new()
+            },
+            home,
+            ..JobSpec::default()
+        }
+    }
+
+    fn prepared(&mut self, job: &SimJob) -> &PreparedJob {
+        if self.prepared.len() <= job.id {
+            self.prepared.resize(job.id + 1, None);
+        }
+        if self.prepared[job.id].is_none() {
+            let spec = self.spec_for(job);
+            self.prepared[job.id] = Some(prepare(&self.fleet, &spec));
+        }
+        // Filled just above.
+        self.prepared[job.id].as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// Copy the simulator's load into the engine state. `gpus`: the job being placed
+    /// (spot is offered only when that many spot GPUs are free right now).
+    fn sync_state(&mut self, now: f64, load: &[ClusterLoad], gpus: u32) {
+        self.state.now_unix = self.epoch_unix + now;
+        for (ci, (cs, l)) in self.state.clusters.iter_mut().zip(load).enumerate() {
+            cs.healthy = l.up;
+            cs.queue_pending = l.pools.iter().map(|p| p.queued_jobs as u32).sum();
+            for (pi, (ps, pl)) in cs.pools.iter_mut().zip(&l.pools).enumerate() {
+                ps.free_gpus = pl.free;
+                ps.expected_wait_s = Some(pl.est_wait_s);
+                let trace = self.pool_spot.get(ci).and_then(|v| v.get(pi)).copied().flatten();
+                let has_spot = self.fleet.clusters[ci].pools[pi].prices.spot.is_some();
+                ps.spot_available = has_spot && pl.spot_free >= gpus.max(1) && (trace.is_none() || pl.spot_fraction > 0.0);
+                ps.spot_preemptions_per_hour = trace.and_then(|k| self.spot_rates.get(k).copied());
+            }
+        }
+    }
+
+    fn offer(&self, p: &Placement) -> Offer {
+        Offer {
+            cluster: p.cluster as usize,
+            pool: p.pool as usize,
+            spot: p.pricing == Pricing::Spot,
+            usd_per_gpu_hour: p.breakdown.price_per_gpu_hour,
+            egress_usd: p.breakdown.egress_usd,
+            score: p.breakdown.total,
+        }
+    }
+
+    fn policy(&self, name: &str) -> Option<Policy> {
+        let name = if name == RANDOM { "cost" } else { name };
+        self.baseline_policies.get(name).cloned().or_else(|| self.policies.get(name).cloned())
+    }
+}
+
+impl Model for EngineModel {
+    fn clusters(&self) -> &[SimCluster] {
+        &self.clusters
+    }
+
+    /// Engine policies: the engine's one decision (`decide`). Baseline names: every
+    /// feasible cluster's best pool under the baseline's pure-price policy, ranked by
+    /// score (ties: home first, then cluster order).
+    fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+        let Some(pol) = self.policy(policy) else { return Vec::new() };
+        self.sync_state(now, load, job.gpus);
+        self.prepared(job);
+        let Some(pj) = self.prepared.get(job.id).and_then(|p| p.as_ref()) else { return Vec::new() };
+        if !self.baseline_policies.contains_key(policy) && policy != RANDOM {
+            return decide(&self.fleet, &self.state, pj, &pol).map(|p| vec![self.offer(&p)]).unwrap_or_default();
+        }
+        let mut ok: Vec<Placement> =
+            evaluate_all(&self.fleet, &self.state, pj, &pol).filter_map(|(_, r)| r.ok()).collect();
+        let home = pj.home;
+        ok.sort_by(|a, b| {
+            a.breakdown
+                .total
+                .total_cmp(&b.breakdown.total)
+                .then((Some(b.cluster) == home).cmp(&(Some(a.cluster) == home)))
+                .then(a.cluster.cmp(&b.cluster))
+        });
+        ok.iter().map(|p| self.offer(p)).collect()
+    }
+
+    /// kgCO2 as the engine scores it: zone intensity over the run window × GPU
+    /// board power × GPUs × hours × PUE.
+    fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
+        let Some(c) = self.fleet.clusters.get(cluster) else { return 0.0 };
+        let Some(p) = c.pools.get(pool) else { return 0.0 };
+        let (a, b) = (self.epoch_unix + t0, self.epoch_unix + t1);
+        let ci = c
+            .carbon_zone_id
+            .and_then(|z| self.state.carbon.get(z as usize).cloned().flatten())
+            .map(|s| s.mean_between(a, b, false))
+            .unwrap_or(self.fleet.overheads.default_carbon_g_per_kwh);
+        ci * p.gpu_power_w * gpus as f64 * (t1 - t0) / 3600.0 * c.pue / 1e6
+    }
+
+    fn rebalance(&mut self, policy: &str, now: f64, jobs: &[SimJob], running: &[RunningJob], load: &[ClusterLoad]) -> Vec<Move> {
+        let Some(pol) = self.policies.get(policy).cloned() else { return Vec::new() };
+        self.sync_state(now, load, 1);
+        // Moving pays a restore and redone work; only jobs with hours left can win.
+        let mut rj = Vec::new();
+        for r in running.iter().filter(|r| r.remaining_s >= 2.0 * 3600.0) {
+            let Some(job) = jobs.get(r.job) else { continue };
+            let pj = self.prepared(job).clone();
+            rj.push(fleet_engine::RunningJob {
+                job: pj,
+                cluster: r.cluster as u32,
+                pool: r.pool as u16,
+                pricing: if r.spot {
+                    Pricing::Spot
+                } else if self.fleet.clusters[r.cluster].onprem {
+                    Pricing::Onprem
+                } else {
+                    Pricing::OnDemand
+                },
+                remaining_s: r.remaining_s,
+                since_ckpt_s: r.since_checkpoint_s,
+            });
+        }
+        let idx: Vec<usize> = running.iter().filter(|r| r.remaining_s >= 2.0 * 3600.0).map(|r| r.job).collect();
+        fleet_engine::propose_migrations(&self.fleet, &self.state, &rj, &pol, &self.margin)
+            .into_iter()
+            .filter_map(|m| Some(Move { job: *idx.get(m.index)?, to: self.offer(&m.to) }))
+            .collect()
+    }
+}

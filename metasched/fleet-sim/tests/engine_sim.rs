@@ -1,0 +1,198 @@
+//! The simulator driven by the real engine over small fleets and traces written here.
+
+use clap::Parser;
+use fleet_sim::cli::{run_loaded, Loaded, SimulateArgs};
+use fleet_sim::engine_model::{EngineModel, EngineSetup};
+use fleet_sim::report::write_outputs;
+use fleet_sim::sim::{simulate, SimConfig, SimJob, Strategy};
+use fleet_sim::spot::SpotTrace;
+use fleet_sim::trace::read_philly;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn args(extra: &[&str]) -> SimulateArgs {
+    let mut v = vec!["t", "--trace", "t.csv", "--fleet", "f.toml", "--quiet"];
+    v.extend_from_slice(extra);
+    Cli::parse_from(v).args
+}
+
+/// Home (`home`, expensive cloud on-demand H100) and a cheaper provider (`cheap`,
+/// on-demand + spot), plus a small on-prem A100 cluster.
+const FLEET: &str = r#"
+[overheads]
+remote_submit_s = 60.0
+
+[[clusters]]
+name = "home"
+provider = "aws"
+region = "us-east-1"
+carbon_zone = "DIRTY"
+provision_s = 120.0
+prices.H100 = { on_demand = 12.0, spot = 5.0 }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+
+[[clusters]]
+name = "cheap"
+provider = "lambda"
+region = "us-west-1"
+carbon_zone = "CLEAN"
+provision_s = 120.0
+prices.H100 = { on_demand = 3.0, spot = 2.0 }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 8
+
+[[clusters]]
+name = "lab"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.A100 = { onprem = 4.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 4
+nodes = 1
+
+[home_map]
+vc1 = "home"
+vc2 = "home"
+"#;
+
+fn carbon(zone: &str, g: f64) -> (String, String) {
+    let mut s = String::from("datetime_utc,zone,ci_direct_gco2_kwh,ci_lca_gco2_kwh\n");
+    for h in 0..48 {
+        s.push_str(&format!("2017-09-{:02} {:02}:00:00,{zone},{g},{g}\n", 4 + h / 24, h % 24));
+    }
+    (zone.to_string(), s)
+}
+
+fn setup() -> EngineSetup {
+    EngineSetup {
+        fleet_toml: FLEET.into(),
+        carbon_csvs: vec![carbon("DIRTY", 700.0), carbon("CLEAN", 50.0)],
+        dataset_gb: 10.0,
+        ..EngineSetup::default()
+    }
+}
+
+/// 60 jobs over ~10 hours: a mix of 1/2/4/8-GPU jobs of 30 min to 12 h.
+fn trace_csv() -> String {
+    let mut s = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
+    for i in 0..60u32 {
+        let t = 600 * i;
+        let (h, m, sec) = (10 + t / 3600, (t % 3600) / 60, t % 60);
+        let dur = 1800 + (i * 7919 % 12) * 3600;
+        let g = [1, 2, 4, 8][(i % 4) as usize];
+        let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
+        s.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
+    }
+    s
+}
+
+fn loaded(spot: Vec<SpotTrace>) -> Loaded {
+    Loaded {
+        trace: read_philly(trace_csv().as_bytes(), "t.csv").unwrap(),
+        trace_name: "t.csv".into(),
+        fleet_name: "f.toml".into(),
+        setup: setup(),
+        spot,
+    }
+}
+
+fn spot_trace() -> SpotTrace {
+    SpotTrace::parse(r#"{"metadata":{"gap_seconds":1800},"data":[4,4,4,2,4,4,0,4]}"#, "spot-us-west-1").unwrap()
+}
+
+#[test]
+fn same_inputs_and_seed_give_byte_identical_outputs() {
+    let a = args(&["--seed", "42"]);
+    let r1 = run_loaded(&a, &loaded(vec![spot_trace()])).unwrap();
+    let r2 = run_loaded(&a, &loaded(vec![spot_trace()])).unwrap();
+    let d1 = std::env::temp_dir().join(format!("fleet-sim-det-{}-1", std::process::id()));
+    let d2 = std::env::temp_dir().join(format!("fleet-sim-det-{}-2", std::process::id()));
+    let f1 = write_outputs(&r1, &d1).unwrap();
+    let f2 = write_outputs(&r2, &d2).unwrap();
+    assert_eq!(f1.len(), 2 + r1.policies.len());
+    for (x, y) in f1.iter().zip(&f2) {
+        assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{} differs", x.display());
+    }
+    let _ = std::fs::remove_dir_all(d1);
+    let _ = std::fs::remove_dir_all(d2);
+    // every policy and baseline is there, each job accounted for
+    let names: Vec<&str> = r1.policies.iter().map(|p| p.policy.as_str()).collect();
+    assert_eq!(names, ["cost", "time", "green", "home-only", "greedy", "random"]);
+    for p in &r1.policies {
+        assert_eq!(p.completed + p.unplaced, 60, "{}", p.policy);
+    }
+}
+
+#[test]
+fn engine_policy_beats_home_only_and_respects_the_lower_bound() {
+    let r = run_loaded(&args(&[]), &loaded(vec![])).unwrap();
+    let get = |n: &str| r.policies.iter().find(|p| p.policy == n).unwrap().clone();
+    let (cost, home, greedy) = (get("cost"), get("home-only"), get("greedy"));
+    // home is 4x the price of cheap: the engine moves long jobs away, home-only cannot
+    assert!(cost.total_usd < 0.6 * home.total_usd, "cost {} home {}", cost.total_usd, home.total_usd);
+    // greedy never uses spot; the cost policy does for interruptible jobs
+    assert!(cost.total_usd < greedy.total_usd, "cost {} greedy {}", cost.total_usd, greedy.total_usd);
+    assert_eq!(home.moved_jobs, 0);
+    assert!(cost.moved_jobs > 0);
+    assert!(r.lower_bound_usd > 0.0);
+    for p in &r.policies {
+        assert!(p.total_usd >= r.lower_bound_usd * 0.999, "{} below the lower bound", p.policy);
+        assert!((p.ratio_to_lower_bound - p.total_usd / r.lower_bound_usd).abs() < 1e-9);
+    }
+    // green runs in the clean zone at least as much as cost does
+    assert!(get("green").kg_co2 <= cost.kg_co2 * 1.0001);
+    // every job that could not go anywhere else than home still ran at home
+    assert_eq!(home.unplaced, 0);
+}
+
+#[test]
+fn spot_trace_drops_preempt_engine_spot_jobs() {
+    let l = loaded(vec![spot_trace()]);
+    let mut model = EngineModel::new(&l.setup, l.trace.epoch_unix as f64).unwrap();
+    let mut a = args(&["--policy", "cost"]);
+    a.interruptible_share = 1.0;
+    let jobs = fleet_sim::cli::sim_jobs(&l.trace, &mut model, &a);
+    model.assign_spot_traces(&l.spot);
+    let r = simulate(&mut model, Strategy::Engine("cost".into()), &jobs, &l.spot, &SimConfig::default(), &|_| {});
+    assert!(r.preemptions > 0, "{r:?}");
+    assert!(r.lost_gpu_hours > 0.0);
+    assert_eq!(r.completed, 60);
+    // without checkpoints every preemption loses all the work done so far: more lost
+    let no_ckpt: Vec<SimJob> = jobs.iter().map(|j| SimJob { checkpoint_s: 0.0, ..j.clone() }).collect();
+    let r0 = simulate(&mut model, Strategy::Engine("cost".into()), &no_ckpt, &l.spot, &SimConfig::default(), &|_| {});
+    assert!(r0.lost_gpu_hours > r.lost_gpu_hours, "{} vs {}", r0.lost_gpu_hours, r.lost_gpu_hours);
+}
+
+#[test]
+fn outage_of_the_cheap_cluster_sends_work_elsewhere() {
+    let l = loaded(vec![]);
+    let r = run_loaded(&args(&["--policy", "cost", "--outage", "cheap:1:3"]), &l).unwrap();
+    let p = &r.policies[0];
+    assert_eq!(p.completed, 60);
+    assert!(p.outage_kills > 0, "{p:?}");
+    let bad = run_loaded(&args(&["--policy", "cost", "--outage", "nowhere:1:3"]), &l);
+    assert!(bad.is_err());
+}
+
+#[test]
+fn capacity_is_never_exceeded_with_the_engine() {
+    let r = run_loaded(&args(&[]), &loaded(vec![spot_trace()])).unwrap();
+    for p in &r.policies {
+        for (c, u) in &p.util_series {
+            for (k, x) in u.iter().enumerate() {
+                assert!(*x <= 1.0 + 1e-9, "{} {c} bucket {k}: {x}", p.policy);
+            }
+        }
+    }
+}
