@@ -1,1 +1,504 @@
-fn main() {}
+//! `fleet-proxy`: the body of a forwarded job's stand-in at the origin.
+//!
+//! Slurm starts the stand-in when the origin's own dependencies, holds and
+//! begin time allow; the proxy then releases the real job
+//! (`POST /v1/jobs/{id}/start`), waits while the meta-scheduler places it
+//! and the target cluster runs it, copies the job's stdout/stderr byte for
+//! byte to its own stdout/stderr (which Slurm connected to the user's
+//! output files), keeps the stand-in's Slurm comment pointing at where the
+//! job runs, and finally exits with the remote job's exit code.
+//!
+//! Exit status:
+//! * the remote job's exit code when it completed or failed;
+//! * 128+S when the remote job was ended by signal S (a line on stderr says so);
+//! * 143 when the stand-in itself was cancelled (SIGTERM/SIGINT/SIGHUP):
+//!   the proxy asks the meta-scheduler to cancel the remote job first;
+//! * 1 when the job could not be placed anywhere or was lost (the reason
+//!   is printed on stderr);
+//! * 2 for bad arguments.
+//!
+//! The proxy never gives up while the meta-scheduler is unreachable: it
+//! retries with a capped backoff, and since output is fetched by offset no
+//! byte is lost or repeated.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Parser;
+use fleet_api::api::{JobRecord, StartRequest, Stream};
+use fleet_api::{auth, JobState};
+
+/// Relay a forwarded Fleet job: start it, stream its output, exit with its
+/// exit code (128+S if it was killed by signal S, 143 if this stand-in was
+/// cancelled, 1 if it could not be placed).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Fleet job id of the forwarded job.
+    #[arg(long, env = "FLEET_JOB_ID")]
+    job: String,
+    /// Base URL of fleet-metasched, e.g. http://metasched:16900.
+    #[arg(long, env = "FLEET_URL")]
+    url: String,
+    /// Job token (hex HMAC minted by the origin agent).
+    #[arg(long, env = "FLEET_JOB_TOKEN", conflicts_with = "token_file")]
+    token: Option<String>,
+    /// File holding the job token (whitespace trimmed), instead of --token.
+    #[arg(long, env = "FLEET_JOB_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Poll interval in milliseconds while the job waits or runs.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    poll_ms: u64,
+    /// Directory holding `scontrol` (to update the stand-in's comment).
+    #[arg(long, env = "FLEET_SLURM_BIN_DIR", default_value = "/usr/bin")]
+    slurm_bin_dir: PathBuf,
+}
+
+/// Longest wait between retries while the meta-scheduler is unreachable.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Bytes asked for per output request.
+const READ_CHUNK: u64 = 1 << 20;
+/// After SIGTERM: how long to retry the cancel, and how long to keep
+/// relaying output (Slurm's KillWait is 5 s before SIGKILL).
+const CANCEL_RETRY: Duration = Duration::from_secs(3);
+const RELAY_AFTER_CANCEL: Duration = Duration::from_millis(3500);
+
+fn diag(msg: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stderr().lock(), "fleet-proxy: {msg}");
+}
+
+struct Api {
+    http: reqwest::blocking::Client,
+    base: String,
+    job: String,
+    auth: String,
+}
+
+/// Failure of one call: retried by the caller unless it is permanent.
+#[derive(Debug)]
+enum CallError {
+    /// No answer (connection refused, timeout, 5xx).
+    Transient(String),
+    /// The meta-scheduler answered with a 4xx.
+    Status(u16, String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Transient(m) => write!(f, "{m}"),
+            CallError::Status(s, m) => write!(f, "HTTP {s}: {m}"),
+        }
+    }
+}
+
+impl Api {
+    fn send(&self, req: reqwest::blocking::RequestBuilder) -> Result<reqwest::blocking::Response, CallError> {
+        let resp = req
+            .header("Authorization", &self.auth)
+            .send()
+            .map_err(|e| CallError::Transient(format!("{}: {e}", self.base)))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let text = resp.text().unwrap_or_default();
+        let msg = serde_json::from_str::<fleet_api::api::ApiError>(&text).map(|e| e.error).unwrap_or(text);
+        if status.is_server_error() {
+            Err(CallError::Transient(format!("HTTP {}: {msg}", status.as_u16())))
+        } else {
+            Err(CallError::Status(status.as_u16(), msg))
+        }
+    }
+
+    fn record(resp: reqwest::blocking::Response) -> Result<JobRecord, CallError> {
+        resp.json().map_err(|e| CallError::Transient(format!("bad job record: {e}")))
+    }
+
+    fn start(&self, origin_job_id: u64) -> Result<JobRecord, CallError> {
+        let url = format!("{}/v1/jobs/{}/start", self.base, self.job);
+        Self::record(self.send(self.http.post(url).json(&StartRequest { origin_job_id }))?)
+    }
+
+    fn get(&self) -> Result<JobRecord, CallError> {
+        Self::record(self.send(self.http.get(format!("{}/v1/jobs/{}", self.base, self.job)))?)
+    }
+
+    fn cancel(&self, timeout: Duration) -> Result<JobRecord, CallError> {
+        let url = format!("{}/v1/jobs/{}/cancel", self.base, self.job);
+        Self::record(self.send(self.http.post(url).timeout(timeout))?)
+    }
+
+    fn output(&self, stream: Stream, offset: u64) -> Result<Vec<u8>, CallError> {
+        let url = format!(
+            "{}/v1/jobs/{}/output?stream={}&offset={offset}&max={READ_CHUNK}",
+            self.base,
+            self.job,
+            stream.as_str()
+        );
+        let resp = self.send(self.http.get(url))?;
+        resp.bytes().map(|b| b.to_vec()).map_err(|e| CallError::Transient(format!("reading output: {e}")))
+    }
+}
+
+/// Capped exponential backoff that reports an outage once, and its end.
+struct Backoff {
+    base: Duration,
+    cur: Duration,
+    failing_since: Option<Instant>,
+    last_msg: String,
+}
+
+impl Backoff {
+    fn new(base: Duration) -> Backoff {
+        Backoff { base, cur: base, failing_since: None, last_msg: String::new() }
+    }
+
+    fn ok(&mut self) {
+        if let Some(t) = self.failing_since.take() {
+            diag(format_args!("meta-scheduler reachable again after {:.1}s", t.elapsed().as_secs_f64()));
+        }
+        self.cur = self.base;
+        self.last_msg.clear();
+    }
+
+    /// Record a failure; returns how long to wait.
+    fn fail(&mut self, what: &str, e: &CallError) -> Duration {
+        let msg = format!("{what}: {e}");
+        if self.failing_since.is_none() {
+            self.failing_since = Some(Instant::now());
+        }
+        if msg != self.last_msg {
+            diag(format_args!("{msg} (retrying)"));
+            self.last_msg = msg;
+        }
+        let wait = self.cur;
+        self.cur = (self.cur * 2).min(MAX_BACKOFF);
+        wait
+    }
+}
+
+/// Keeps the stand-in's Slurm comment in step with where the job runs.
+struct Comment {
+    scontrol: PathBuf,
+    slurm_job_id: Option<u64>,
+    last: String,
+    warned: bool,
+}
+
+impl Comment {
+    fn update(&mut self, r: &JobRecord) {
+        let Some(id) = self.slurm_job_id else { return };
+        let text = format!(
+            "fleet: {} job {} {}",
+            r.target.as_deref().unwrap_or("-"),
+            r.remote_job_id.map_or("-".to_string(), |i| i.to_string()),
+            r.state
+        );
+        if text == self.last {
+            return;
+        }
+        self.last = text.clone();
+        if let Err(e) = run_with_timeout(
+            Command::new(&self.scontrol).arg("update").arg(format!("JobId={id}")).arg(format!("Comment={text}")),
+            Duration::from_secs(5),
+        ) {
+            if !self.warned {
+                diag(format_args!("cannot update the job comment with {}: {e:#}", self.scontrol.display()));
+                self.warned = true;
+            }
+        }
+    }
+}
+
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> anyhow::Result<()> {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            if status.success() {
+                return Ok(());
+            }
+            bail!("exited with {status}");
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("timed out after {}s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sleep up to `d`, waking early when a termination signal arrives.
+fn nap(d: Duration, term: &AtomicBool) {
+    let end = Instant::now() + d;
+    while !term.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(20)));
+    }
+}
+
+/// Output relayed so far.
+struct Relay {
+    out: u64,
+    err: u64,
+    write_warned: bool,
+}
+
+impl Relay {
+    /// Fetch and copy everything available; `Ok(())` when both streams
+    /// were read up to what the meta-scheduler holds right now.
+    fn pump(&mut self, api: &Api) -> Result<(), CallError> {
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            loop {
+                let offset = match stream {
+                    Stream::Stdout => self.out,
+                    Stream::Stderr => self.err,
+                };
+                let bytes = api.output(stream, offset)?;
+                if bytes.is_empty() {
+                    break;
+                }
+                let res = match stream {
+                    Stream::Stdout => {
+                        let mut o = std::io::stdout().lock();
+                        o.write_all(&bytes).and_then(|_| o.flush())
+                    }
+                    Stream::Stderr => {
+                        let mut o = std::io::stderr().lock();
+                        o.write_all(&bytes).and_then(|_| o.flush())
+                    }
+                };
+                if let Err(e) = res {
+                    if !self.write_warned {
+                        diag(format_args!("cannot write {}: {e}", stream.as_str()));
+                        self.write_warned = true;
+                    }
+                }
+                match stream {
+                    Stream::Stdout => self.out += bytes.len() as u64,
+                    Stream::Stderr => self.err += bytes.len() as u64,
+                }
+                if (bytes.len() as u64) < READ_CHUNK {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn done(&self, r: &JobRecord) -> bool {
+        r.state.is_terminal() && r.output_complete && self.out >= r.stdout_len && self.err >= r.stderr_len
+    }
+}
+
+/// The exit status that stands for the finished remote job.
+fn exit_status(r: &JobRecord) -> u8 {
+    if let Some(s) = r.signal.filter(|s| *s > 0) {
+        diag(format_args!("remote job {} at {} ended by signal {s}", fmt_remote(r), fmt_target(r)));
+        return (128 + s).clamp(0, 255) as u8;
+    }
+    match r.state {
+        JobState::Completed | JobState::Failed if r.exit_code.is_some() => {
+            let code = r.exit_code.unwrap_or(1);
+            if r.state == JobState::Failed && code == 0 {
+                diag(format_args!("job failed: {}", r.reason));
+                return 1;
+            }
+            code.clamp(0, 255) as u8
+        }
+        JobState::Completed => 0,
+        JobState::Cancelled => {
+            diag(format_args!("job was cancelled ({})", r.reason));
+            143
+        }
+        JobState::Lost => {
+            diag(format_args!("the target cluster lost track of the job: {}", r.reason));
+            1
+        }
+        _ => {
+            diag(format_args!("job failed: {}", r.reason));
+            1
+        }
+    }
+}
+
+fn fmt_remote(r: &JobRecord) -> String {
+    r.remote_job_id.map_or("-".into(), |i| i.to_string())
+}
+
+fn fmt_target(r: &JobRecord) -> String {
+    r.target.clone().unwrap_or_else(|| "-".into())
+}
+
+fn run(args: Args) -> anyhow::Result<u8> {
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => t.trim().to_string(),
+        (None, Some(p)) => std::fs::read_to_string(p)
+            .with_context(|| format!("reading the job token from {}", p.display()))?
+            .trim()
+            .to_string(),
+        (None, None) => bail!("a job token is required (--token, --token-file, FLEET_JOB_TOKEN)"),
+    };
+    if token.is_empty() {
+        bail!("the job token is empty");
+    }
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(sig, term.clone()).context("installing signal handlers")?;
+    }
+    let http = reqwest::blocking::Client::builder()
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .context("building the HTTP client")?;
+    let api = Api {
+        http,
+        base: args.url.trim_end_matches('/').to_string(),
+        job: args.job.clone(),
+        auth: format!("{} {token}", auth::JOB_TOKEN_SCHEME),
+    };
+    let slurm_job_id = std::env::var("SLURM_JOB_ID").ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let mut comment =
+        Comment { scontrol: args.slurm_bin_dir.join("scontrol"), slurm_job_id, last: String::new(), warned: false };
+    let poll = Duration::from_millis(args.poll_ms);
+    let mut backoff = Backoff::new(poll);
+    let mut relay = Relay { out: 0, err: 0, write_warned: false };
+
+    // Release the job. A 404 means the origin agent has not forwarded it
+    // yet (it does so asynchronously): wait for it like for an outage.
+    let mut record = loop {
+        if term.load(Ordering::Relaxed) {
+            return Ok(cancel_and_drain(&api, &mut relay, &term));
+        }
+        match api.start(slurm_job_id.unwrap_or(0)) {
+            Ok(r) => {
+                backoff.ok();
+                break r;
+            }
+            Err(e) => nap(backoff.fail("starting the job", &e), &term),
+        }
+    };
+    loop {
+        comment.update(&record);
+        if term.load(Ordering::Relaxed) {
+            return Ok(cancel_and_drain(&api, &mut relay, &term));
+        }
+        let pumped = relay.pump(&api);
+        match pumped {
+            Ok(()) if relay.done(&record) => return Ok(exit_status(&record)),
+            Ok(()) => {
+                backoff.ok();
+                nap(poll, &term);
+            }
+            Err(e) => nap(backoff.fail("fetching output", &e), &term),
+        }
+        match api.get() {
+            Ok(r) => {
+                backoff.ok();
+                record = r;
+            }
+            Err(e) => nap(backoff.fail("polling the job", &e), &term),
+        }
+    }
+}
+
+/// The stand-in is being cancelled: cancel the remote job, relay what
+/// output arrives before the deadline, exit 143.
+fn cancel_and_drain(api: &Api, relay: &mut Relay, _term: &AtomicBool) -> u8 {
+    let t0 = Instant::now();
+    diag("cancelled: cancelling the remote job");
+    loop {
+        match api.cancel(Duration::from_secs(1)) {
+            Ok(_) => break,
+            Err(CallError::Status(s, m)) => {
+                diag(format_args!("cancel refused: HTTP {s}: {m}"));
+                break;
+            }
+            Err(e) if t0.elapsed() >= CANCEL_RETRY => {
+                diag(format_args!("could not cancel the remote job: {e}"));
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+    while t0.elapsed() < RELAY_AFTER_CANCEL {
+        let finished = relay.pump(api).is_ok() && api.get().is_ok_and(|r| relay.done(&r));
+        if finished {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    143
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            diag(format_args!("{e:#}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(state: JobState, exit_code: Option<i32>, signal: Option<i32>) -> JobRecord {
+        JobRecord {
+            fleet_job_id: "j".into(),
+            origin: "beta".into(),
+            origin_job_id: None,
+            target: Some("alpha".into()),
+            remote_job_id: Some(3),
+            state,
+            exit_code,
+            signal,
+            cancel_requested: false,
+            reason: "r".into(),
+            stdout_len: 0,
+            stderr_len: 0,
+            output_complete: true,
+            node_list: String::new(),
+            submitted_at: 0.0,
+            updated_at: 0.0,
+            summary: String::new(),
+        }
+    }
+
+    fn check(r: JobRecord, expected: u8) {
+        assert_eq!(exit_status(&r), expected, "{r:?}");
+    }
+
+    #[test]
+    fn exit_codes() {
+        check(rec(JobState::Completed, Some(0), None), 0);
+        check(rec(JobState::Completed, None, None), 0);
+        check(rec(JobState::Failed, Some(7), None), 7);
+        check(rec(JobState::Failed, Some(0), None), 1);
+        check(rec(JobState::Failed, None, None), 1);
+        check(rec(JobState::Failed, Some(0), Some(9)), 137);
+        check(rec(JobState::Cancelled, None, Some(15)), 143);
+        check(rec(JobState::Cancelled, None, None), 143);
+        check(rec(JobState::Lost, None, None), 1);
+        check(rec(JobState::Completed, Some(300), None), 255);
+    }
+}

@@ -1,0 +1,290 @@
+//! Run the fleet-proxy binary against an in-process fleet-metasched, with
+//! the test playing the target agent.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fleet_api::api::{AgentWork, ForwardRequest, Heartbeat, NodeCapacity, OutputChunk, StatusUpdate, Stream};
+use fleet_api::{auth, GpuRequest, GpuScope, JobRequest, JobState};
+use fleet_metasched::config::{ClusterConfig, Config};
+
+fn token_of(c: &str) -> String {
+    format!("tok-{c}")
+}
+
+struct Meta {
+    addr: SocketAddr,
+    dir: PathBuf,
+    stop: tokio::sync::oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+fn config(dir: &Path) -> Config {
+    std::fs::write(dir.join("admin.token"), "admin").unwrap();
+    let clusters = ["alpha", "beta"]
+        .iter()
+        .map(|n| {
+            let p = dir.join(format!("{n}.token"));
+            std::fs::write(&p, token_of(n)).unwrap();
+            ClusterConfig { name: n.to_string(), region: String::new(), provider: String::new(), token_file: p }
+        })
+        .collect();
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        state_dir: dir.join("state"),
+        admin_token_file: dir.join("admin.token"),
+        heartbeat_timeout_s: 3600.0,
+        clusters,
+        placement: None,
+        prices: None,
+        carbon: None,
+    }
+}
+
+impl Meta {
+    async fn start(dir: &Path, addr: &str) -> Meta {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(fleet_metasched::run(listener, config(dir), async {
+            let _ = rx.await;
+        }));
+        Meta { addr, dir: dir.to_path_buf(), stop, handle }
+    }
+
+    async fn stop(self) -> (SocketAddr, PathBuf) {
+        let _ = self.stop.send(());
+        self.handle.await.unwrap().unwrap();
+        (self.addr, self.dir)
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// The test's stand-in for a cluster agent.
+struct Agent {
+    url: String,
+    cluster: &'static str,
+    http: reqwest::Client,
+}
+
+impl Agent {
+    async fn post(&self, path: &str, body: serde_json::Value) -> reqwest::StatusCode {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(token_of(self.cluster))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status();
+        assert!(s.is_success(), "{path}: {s} {}", r.text().await.unwrap());
+        s
+    }
+
+    async fn heartbeat(&self, gpu: &str) {
+        let hb = Heartbeat {
+            cluster: self.cluster.into(),
+            scheduler: "slurm".into(),
+            nodes: vec![NodeCapacity {
+                name: "n0".into(),
+                partitions: vec![],
+                gpu_type: Some(gpu.into()),
+                gpus_total: 8,
+                gpus_free: 8,
+                state: "idle".into(),
+                switch: None,
+            }],
+            agent_version: "test".into(),
+            ..Default::default()
+        };
+        self.post("/v1/heartbeat", serde_json::to_value(hb).unwrap()).await;
+    }
+
+    async fn forward(&self, id: &str, gpus: u32) {
+        let fwd = ForwardRequest {
+            fleet_job_id: id.into(),
+            request: JobRequest {
+                origin: self.cluster.into(),
+                gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: gpus, scope: GpuScope::Node }],
+                ..Default::default()
+            },
+            tentative_target: "alpha".into(),
+        };
+        self.post("/v1/jobs", serde_json::to_value(fwd).unwrap()).await;
+    }
+
+    async fn work(&self) -> AgentWork {
+        self.http
+            .get(format!("{}/v1/agent/work", self.url))
+            .bearer_auth(token_of(self.cluster))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Wait until `pick(work)` holds `id`.
+    async fn wait_for(&self, id: &str, pick: fn(&AgentWork) -> Vec<String>) {
+        let t0 = Instant::now();
+        while !pick(&self.work().await).iter().any(|j| j == id) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{id} never showed up in {}'s work", self.cluster);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+
+    async fn status(&self, id: &str, upd: StatusUpdate) {
+        self.post(&format!("/v1/jobs/{id}/status"), serde_json::to_value(upd).unwrap()).await;
+    }
+
+    async fn output(&self, id: &str, stream: Stream, data: &[u8], chunk: usize) {
+        for (i, c) in data.chunks(chunk.max(1)).enumerate() {
+            let ch = OutputChunk { stream, offset: (i * chunk) as u64, data: c.to_vec() };
+            self.post(&format!("/v1/jobs/{id}/output"), serde_json::to_value(&ch).unwrap()).await;
+            if i == 1 {
+                // A retransmission overlapping what is held is harmless.
+                self.post(&format!("/v1/jobs/{id}/output"), serde_json::to_value(&ch).unwrap()).await;
+            }
+        }
+    }
+}
+
+fn running(remote: u64) -> StatusUpdate {
+    StatusUpdate { remote_job_id: Some(remote), state: Some(JobState::Running), node_list: "a-n0".into(), ..Default::default() }
+}
+
+fn finished(state: JobState, exit: i32, out: usize, err: usize) -> StatusUpdate {
+    StatusUpdate {
+        state: Some(state),
+        exit_code: Some(exit),
+        final_stdout_len: Some(out as u64),
+        final_stderr_len: Some(err as u64),
+        remote_job_id: None,
+        ..running(0)
+    }
+}
+
+fn spawn_proxy(url: &str, id: &str, dir: &Path) -> tokio::process::Child {
+    // A fake scontrol that records the comment updates.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let sc = bin.join("scontrol");
+    std::fs::write(&sc, format!("#!/bin/sh\necho \"$@\" >> {}/comments.log\n", dir.display())).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sc, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_fleet-proxy"))
+        .args(["--job", id, "--url", url, "--poll-ms", "50"])
+        .arg("--slurm-bin-dir")
+        .arg(&bin)
+        .env("FLEET_JOB_TOKEN", auth::job_token(&token_of("beta"), id))
+        .env("SLURM_JOB_ID", "77")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn finish(child: tokio::process::Child) -> (i32, Vec<u8>, Vec<u8>) {
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("proxy did not exit")
+        .unwrap();
+    (out.status.code().unwrap_or(-1), out.stdout, out.stderr)
+}
+
+async fn setup(dir: &Path) -> (Meta, Agent, Agent) {
+    let meta = Meta::start(dir, "127.0.0.1:0").await;
+    let alpha = Agent { url: meta.url(), cluster: "alpha", http: reqwest::Client::new() };
+    let beta = Agent { url: meta.url(), cluster: "beta", http: reqwest::Client::new() };
+    alpha.heartbeat("h100").await;
+    beta.heartbeat("a100").await;
+    (meta, alpha, beta)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_output_exactly_and_exits_with_the_remote_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (meta, alpha, beta) = setup(tmp.path()).await;
+    // The stand-in may start before the origin agent's forward arrives.
+    let child = spawn_proxy(&meta.url(), "px1", tmp.path());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    beta.forward("px1", 8).await;
+    alpha.wait_for("px1", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
+    alpha.status("px1", StatusUpdate { remote_job_id: Some(555), state: Some(JobState::Pending), ..Default::default() }).await;
+    alpha.status("px1", running(555)).await;
+    // 3 MiB of every byte value (not UTF-8), sent in 256 KiB chunks.
+    let out: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let err: Vec<u8> = b"warning: \xff\xfe not utf-8\n".to_vec();
+    alpha.output("px1", Stream::Stdout, &out, 256 * 1024).await;
+    alpha.output("px1", Stream::Stderr, &err, 5).await;
+    alpha.status("px1", finished(JobState::Failed, 7, out.len(), err.len())).await;
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 7, "stderr: {}", String::from_utf8_lossy(&stderr));
+    assert!(stdout == out, "stdout differs: {} bytes vs {}", stdout.len(), out.len());
+    assert!(stderr.ends_with(&err), "stderr: {}", String::from_utf8_lossy(&stderr));
+    let comments = std::fs::read_to_string(tmp.path().join("comments.log")).unwrap();
+    assert!(comments.contains("update JobId=77 Comment=fleet: alpha job 555 running"), "{comments}");
+    assert!(comments.contains("update JobId=77 Comment=fleet: alpha job 555 failed"), "{comments}");
+    meta.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_the_remote_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (meta, alpha, beta) = setup(tmp.path()).await;
+    beta.forward("px2", 8).await;
+    let child = spawn_proxy(&meta.url(), "px2", tmp.path());
+    alpha.wait_for("px2", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
+    alpha.status("px2", running(556)).await;
+    alpha.output("px2", Stream::Stdout, b"partial\n", 1024).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let pid = child.id().unwrap() as libc::pid_t;
+    // SAFETY: kill(2) on a child process we spawned and still own.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    alpha.wait_for("px2", |w| w.cancel.clone()).await;
+    alpha.status("px2", StatusUpdate { signal: Some(15), ..finished(JobState::Cancelled, 0, 8, 0) }).await;
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 143, "stderr: {}", String::from_utf8_lossy(&stderr));
+    assert_eq!(stdout, b"partial\n");
+    meta.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_a_metasched_restart_and_reports_impossible_jobs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (meta, alpha, beta) = setup(tmp.path()).await;
+    beta.forward("huge", 64).await;
+    let (code, _, stderr) = finish(spawn_proxy(&meta.url(), "huge", tmp.path())).await;
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("no cluster in the fleet can run gpu:h100:64"), "{stderr}");
+
+    beta.forward("px3", 8).await;
+    let child = spawn_proxy(&meta.url(), "px3", tmp.path());
+    alpha.wait_for("px3", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
+    alpha.status("px3", running(557)).await;
+    alpha.output("px3", Stream::Stdout, b"one\n", 1024).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (addr, dir) = meta.stop().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let meta = Meta::start(&dir, &addr.to_string()).await;
+    let ch = OutputChunk { stream: Stream::Stdout, offset: 4, data: b"two\n".to_vec() };
+    alpha.post("/v1/jobs/px3/output", serde_json::to_value(ch).unwrap()).await;
+    alpha.status("px3", finished(JobState::Completed, 0, 8, 0)).await;
+    let (code, stdout, stderr) = finish(child).await;
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, b"one\ntwo\n");
+    assert!(stderr.contains("reachable again"), "{stderr}");
+    meta.stop().await;
+}
