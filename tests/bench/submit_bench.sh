@@ -16,16 +16,20 @@
 #   - client: wall time of each sbatch call (p50/p99) and submissions/s
 #     (jobs / wall time of the round, BENCH_PARALLEL concurrent submitters);
 #   - slurmctld: the `_slurm_rpc_submit_batch_job: ... usec=N` time it logs for
-#     every submission (includes the job_submit hook), p50/p99;
-#   - plugin hook: per-call durations job_submit_fleet logs (`fleet:` lines
-#     with `hook_us=N` / `took N us` / `... N µs`), if it logs them.
+#     every submission (alloc_p50/p99_us). NOTE: 22.05 restarts that timer
+#     after the job_submit hook ("Restart after we have locks"), so it is the
+#     job-allocation part only and does NOT include any job_submit plugin;
+#   - plugin hook: job_submit_fleet's own statistics, logged by its fini() when
+#     the bench unloads it after each round (`job_submit/fleet: stats last=N
+#     p50_us=.. p99_us=.. max_us=..`, warm-up calls included); reported as the
+#     median of the per-round p50s and the max of the per-round p99s.
 #
 # Environment: BENCH_ROUNDS (5), BENCH_JOBS (100 per round), BENCH_WARMUP (5),
 #   BENCH_PARALLEL (1), BENCH_CONFIGS ("none local forward lua"),
 #   BENCH_CLUSTER (beta), FLEET_LAB_DIR (/tmp/fleet-lab), BENCH_REUSE_LAB (1:
 #   use a running lab as it is; 0: always `lab.sh up` first).
 # Output: a table, and one machine-readable line per configuration:
-#   BENCH config=<c> jobs=<n> subs_per_s=<x> p50_ms=<x> p99_ms=<x> ctld_p50_us=<n> ctld_p99_us=<n> hook_p50_us=<n|na> hook_p99_us=<n|na> path_ok=<k>/<n>
+#   BENCH config=<c> jobs=<n> subs_per_s=<x> p50_ms=<x> p99_ms=<x> alloc_p50_us=<n> alloc_p99_us=<n> hook_p50_us=<n|na> hook_p99_us=<n|na> path_ok=<k>/<n>
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 REPO=$PWD
@@ -36,7 +40,7 @@ ROUNDS=${BENCH_ROUNDS:-5}
 JOBS=${BENCH_JOBS:-100}
 WARMUP=${BENCH_WARMUP:-5}
 PAR=${BENCH_PARALLEL:-1}
-CONFIGS=(${BENCH_CONFIGS:-none local forward lua})
+CONFIGS=(${BENCH_CONFIGS:-none local lua forward})
 C=${BENCH_CLUSTER:-beta}
 LOCAL_GPU=${BENCH_LOCAL_GPU:---gres=gpu:a100:1}
 FORWARD_GPU=${BENCH_FORWARD_GPU:---gres=gpu:h100:8}
@@ -130,7 +134,7 @@ pct() {
 
 : >"$OUT/sbatch.err"
 for cfg in "${CONFIGS[@]}"; do
-  : >"$OUT/$cfg.lat"; : >"$OUT/$cfg.ctld"; : >"$OUT/$cfg.hook"; : >"$OUT/$cfg.wall"; : >"$OUT/$cfg.path"
+  : >"$OUT/$cfg.lat"; : >"$OUT/$cfg.ctld"; : >"$OUT/$cfg.hook"; : >"$OUT/$cfg.stats"; : >"$OUT/$cfg.wall"; : >"$OUT/$cfg.path"
 done
 
 expected_partition() { case $1 in forward) echo fleet ;; *) echo gpu ;; esac; }
@@ -155,11 +159,17 @@ for ((round = 1; round <= ROUNDS; round++)); do
     cat "$OUT"/worker.* | awk '{print $1}' >>"$OUT/$cfg.lat"
     ids=$(cat "$OUT"/worker.* | awk '$2 ~ /^[0-9]+$/ {print $2}' | paste -sd,)
     echo "$(( ${t1/./} - ${t0/./} ))" >>"$OUT/$cfg.wall"
+    if [[ $cfg == local || $cfg == forward ]]; then
+      # Unload job_submit_fleet: its fini() logs the hook statistics of this
+      # round (`job_submit/fleet: stats last=N p50_us=.. p99_us=.. max_us=..`).
+      set_config none
+    fi
     sleep 0.3   # let slurmctld flush its log
     tail -c +"$((off + 1))" "$ctld_log" >"$OUT/round.log"
     grep -o '_slurm_rpc_submit_batch_job: JobId=[0-9]* .*usec=[0-9]*' "$OUT/round.log" | grep -o 'usec=[0-9]*' | cut -d= -f2 >>"$OUT/$cfg.ctld" || true
-    # Plugin hook durations, if job_submit_fleet logs them.
-    grep -i 'fleet' "$OUT/round.log" | grep -oiE '(hook_us=[0-9.]+|[0-9.]+ ?(us|µs)\b)' | grep -oE '[0-9.]+' >>"$OUT/$cfg.hook" || true
+    grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 >>"$OUT/$cfg.stats" || true
+    grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 \
+      | sed -E 's/.*last=([0-9]+) p50_us=([0-9]+) p99_us=([0-9]+) max_us=([0-9]+).*/\1 \2 \3 \4/' >>"$OUT/$cfg.hook" || true
     # Which path did the jobs take? (stand-ins are in the proxy partition)
     want=$(expected_partition "$cfg")
     got=0
@@ -173,7 +183,7 @@ log "total $((SECONDS - t_all))s"
 
 # ---- report
 declare -A TPUT
-printf '\n%-8s %7s %10s %9s %9s %12s %12s %12s %12s %9s\n' config jobs subs/s p50_ms p99_ms ctld_p50_us ctld_p99_us hook_p50_us hook_p99_us path_ok
+printf '\n%-8s %7s %10s %9s %9s %12s %12s %12s %12s %9s\n' config jobs subs/s p50_ms p99_ms alloc_p50_us alloc_p99_us hook_p50_us hook_p99_us path_ok
 lines=()
 for cfg in "${CONFIGS[@]}"; do
   n=$(wc -l <"$OUT/$cfg.lat")
@@ -183,10 +193,14 @@ for cfg in "${CONFIGS[@]}"; do
   p50=$(awk -v v="$(pct 50 "$OUT/$cfg.lat")" 'BEGIN{printf "%.2f", v/1000}')
   p99=$(awk -v v="$(pct 99 "$OUT/$cfg.lat")" 'BEGIN{printf "%.2f", v/1000}')
   c50=$(pct 50 "$OUT/$cfg.ctld"); c99=$(pct 99 "$OUT/$cfg.ctld")
-  h50=$(pct 50 "$OUT/$cfg.hook"); h99=$(pct 99 "$OUT/$cfg.hook")
+  # hook: median of the per-round p50s, max of the per-round p99s (conservative)
+  if [[ -s $OUT/$cfg.hook ]]; then
+    awk '{print $2}' "$OUT/$cfg.hook" >"$OUT/$cfg.hook50"; h50=$(pct 50 "$OUT/$cfg.hook50")
+    h99=$(awk 'BEGIN{m=0} {if ($3>m) m=$3} END{print m}' "$OUT/$cfg.hook")
+  else h50=na; h99=na; fi
   ok=$(awk '{s+=$1} END{print s+0}' "$OUT/$cfg.path")
   printf '%-8s %7s %10s %9s %9s %12s %12s %12s %12s %9s\n' "$cfg" "$n" "$tput" "$p50" "$p99" "$c50" "$c99" "$h50" "$h99" "$ok/$n"
-  lines+=("BENCH config=$cfg jobs=$n subs_per_s=$tput p50_ms=$p50 p99_ms=$p99 ctld_p50_us=$c50 ctld_p99_us=$c99 hook_p50_us=$h50 hook_p99_us=$h99 path_ok=$ok/$n")
+  lines+=("BENCH config=$cfg jobs=$n subs_per_s=$tput p50_ms=$p50 p99_ms=$p99 alloc_p50_us=$c50 alloc_p99_us=$c99 hook_p50_us=$h50 hook_p99_us=$h99 path_ok=$ok/$n")
 done
 echo
 printf '%s\n' "${lines[@]}" | tee "$OUT/results.txt"
@@ -201,10 +215,14 @@ if [[ -n ${TPUT[none]:-} ]]; then
 fi
 if [[ -n ${TPUT[local]:-} && -n ${TPUT[lua]:-} ]]; then r=$(ratio "${TPUT[local]}" "${TPUT[lua]}"); echo "target (b) ahead of (d): b/d = $r -> $(awk -v r="$r" 'BEGIN{print (r=="na")?"n/a":(r+0>1?"PASS":"FAIL")}')"; fi
 if [[ -n ${TPUT[local]:-} ]]; then
-  h99=$(pct 99 "$OUT/local.hook")
-  if [[ $h99 == na ]]; then echo "target hook p99 <= 250 us: n/a (job_submit_fleet logged no per-call durations; see ctld_p*_us)"
+  h99=$(awk 'BEGIN{m="na"} {if (m=="na" || $3>m) m=$3} END{print m}' "$OUT/local.hook")
+  if [[ $h99 == na ]]; then echo "target hook p99 <= 250 us: n/a (job_submit_fleet logged no per-call durations; the client-side latency includes it)"
   else echo "target hook p99 <= 250 us: $h99 -> $(awk -v v="$h99" 'BEGIN{print (v+0<=250)?"PASS":"FAIL"}')"; fi
 fi
+for cfg in local forward; do
+  [[ -s $OUT/$cfg.stats ]] || continue
+  echo "job_submit_fleet outcomes in ($cfg) rounds (warm-up included): $(awk '{for (i=1;i<=NF;i++) if ($i ~ /^(skip|local|forward|reject|failopen)=/) {split($i,kv,"="); t[kv[1]]+=kv[2]}} END{printf "skip=%d local=%d forward=%d reject=%d failopen=%d", t["skip"], t["local"], t["forward"], t["reject"], t["failopen"]}' "$OUT/$cfg.stats")"
+done
 if [[ -s $OUT/sbatch.err ]]; then log "sbatch errors (first lines of $OUT/sbatch.err):"; head -5 "$OUT/sbatch.err" >&2; fi
 if [[ " ${CONFIGS[*]} " == *" forward "* ]]; then
   # Forwarded jobs created at the target; the agents should have cancelled them.

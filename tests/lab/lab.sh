@@ -112,6 +112,12 @@ stop_pidfile() {
   rm -f "$pf"
 }
 
+# Alive and not a zombie (used while a just-started service is still exec'ing,
+# when its cmdline can be momentarily empty).
+pid_alive() {
+  [[ $1 =~ ^[0-9]+$ ]] && kill -0 "$1" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]
+}
+
 pid_from() { [[ -f $1 ]] && tr -dc '0-9' <"$1"; }
 
 as_fleet() { setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups "$@"; }
@@ -427,7 +433,7 @@ start_metasched() {
 wait_metasched() {
   local t0; t0=$(now)
   until curl -sf -m 2 "http://$METASCHED_ADDR/health" >/dev/null 2>&1; do
-    if ! pid_matches "$(pid_from "$R/run/metasched.pid" || true)" fleet-metasched; then
+    if ! pid_alive "$(pid_from "$R/run/metasched.pid" || true)"; then
       show_tail "$R/log/metasched.log"; die "fleet-metasched exited"
     fi
     if (( $(now) - t0 > READY_TIMEOUT )); then show_tail "$R/log/metasched.log"; die "metasched /health not answering"; fi
@@ -449,7 +455,7 @@ start_agent() {
 wait_agent() {
   local c=$1 d=$R/$1 t0; t0=$(now)
   until [[ -S $d/agent.sock ]]; do
-    if ! pid_matches "$(pid_from "$d/run/agent.pid" || true)" fleet-agent; then
+    if ! pid_alive "$(pid_from "$d/run/agent.pid" || true)"; then
       show_tail "$d/log/agent.log"; die "fleet-agent ($c) exited"
     fi
     if (( $(now) - t0 > READY_TIMEOUT )); then show_tail "$d/log/agent.log"; die "agent socket $d/agent.sock not present"; fi
