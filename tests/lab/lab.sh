@@ -447,7 +447,7 @@ start_agent() {
   if pid_matches "$(pid_from "$pf" || true)" fleet-agent; then log "agent $c already running"; return 0; fi
   log "starting fleet-agent for $c"
   setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
-    env NO_COLOR=1 SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
+    env NO_COLOR=1 SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" ${FLEET_LOG:+FLEET_LOG=$FLEET_LOG} "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
     </dev/null >>"$d/log/agent.log" 2>&1 &
   echo $! >"$pf"
 }
