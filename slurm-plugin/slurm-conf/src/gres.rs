@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use crate::diag::{Diagnostic, Error, Loaded};
-use crate::hostlist;
+use crate::hostlist::Budget;
 use crate::raw::{self, Loader, Parsed};
 use crate::slurm::Setting;
 use crate::value::parse_count;
@@ -67,6 +67,7 @@ impl GresConf {
     pub fn from_parsed(parsed: Parsed) -> Result<Loaded<GresConf>, Error> {
         let mut diags = parsed.diagnostics;
         let mut conf = GresConf::default();
+        let mut budget = Budget::default();
         for e in &parsed.entries {
             let is_line = e.get("Name").is_some();
             if !is_line {
@@ -85,9 +86,9 @@ impl GresConf {
             let before = diags.len();
             for (k, v) in &e.pairs {
                 match k.to_ascii_lowercase().as_str() {
-                    "nodename" => match hostlist::expand(v) {
+                    "nodename" => match budget.expand(v) {
                         Ok(ns) => l.nodes = Some(ns),
-                        Err(err) => diags.push(bad(k, v, &err.problem)),
+                        Err(err) => diags.push(bad(k, v, &err)),
                     },
                     "name" => {
                         if v.is_empty() {
@@ -96,9 +97,9 @@ impl GresConf {
                         l.name = v.clone();
                     }
                     "type" => l.gres_type = Some(v.clone()).filter(|t| !t.is_empty()),
-                    "file" | "files" => match hostlist::expand(v) {
+                    "file" | "files" => match budget.expand(v) {
                         Ok(fs) => l.files = fs,
-                        Err(err) => diags.push(bad(k, v, &err.problem)),
+                        Err(err) => diags.push(bad(k, v, &err)),
                     },
                     "count" => match parse_count(v) {
                         Ok(c) => count = Some(c),

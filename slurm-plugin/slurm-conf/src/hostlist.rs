@@ -30,6 +30,50 @@ pub struct HostlistError {
     pub problem: String,
 }
 
+/// A cap on the names expanded over a whole file (many lines), so that
+/// many `x[1-1000000]` lines cannot add up to gigabytes.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    left: usize,
+}
+
+impl Budget {
+    pub fn new(names: usize) -> Self {
+        Budget { left: names }
+    }
+
+    /// Expands `expr` within what is left of the budget; Err is the
+    /// problem (without the expression).
+    pub fn expand(&mut self, expr: &str) -> Result<Vec<String>, String> {
+        let names = expand_capped(expr, self.left).map_err(|e| {
+            if e.problem.starts_with("expands to more than") && self.left < MAX_NAMES {
+                format!("{} (the file's total is capped at {MAX_NAMES} names)", e.problem)
+            } else {
+                e.problem
+            }
+        })?;
+        self.left -= names.len();
+        Ok(names)
+    }
+
+    /// Takes `units` more from the budget (copies made per name).
+    pub fn charge(&mut self, units: usize) -> Result<(), String> {
+        match self.left.checked_sub(units) {
+            Some(l) => {
+                self.left = l;
+                Ok(())
+            }
+            None => Err(format!("too large: the file's total is capped at {MAX_NAMES} names × fields")),
+        }
+    }
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget::new(MAX_NAMES)
+    }
+}
+
 /// Expands `expr` with the default cap.
 pub fn expand(expr: &str) -> Result<Vec<String>, HostlistError> {
     expand_capped(expr, MAX_NAMES)

@@ -314,9 +314,10 @@ fn strip_line(line: &str) -> (String, bool) {
                     chars.next();
                 }
                 _ => {
-                    let rest: String = chars.clone().collect();
-                    let rest_blank = rest.trim().is_empty() || rest.trim_start().starts_with('#');
-                    if rest_blank {
+                    // Only blanks (or a comment) after it: a continuation.
+                    // Scans just the blank run, so the whole line stays linear.
+                    let mut after = chars.clone().skip_while(|c| c.is_whitespace());
+                    if matches!(after.next(), None | Some('#')) {
                         return (out, true);
                     }
                     out.push('\\');

@@ -9,11 +9,16 @@
 //! * Partition `Nodes=` are hostlists; `ALL` means every node defined.
 //! * A node or partition line that cannot be understood is an error
 //!   (file:line, key, value); unknown nodes in a partition are warnings.
+//! * Hostile sizes: all hostlists of one file together expand to at most
+//!   [`crate::hostlist::MAX_NAMES`] names, each node's copied fields
+//!   counted too (so a node line's nodes × fields must stay under it).
 
 use std::path::Path;
 
 use crate::diag::{Diagnostic, Error, Loaded};
-use crate::hostlist;
+use std::collections::HashSet;
+
+use crate::hostlist::Budget;
 use crate::raw::{self, Entry, Loader, Parsed};
 use crate::value::{parse_bool, parse_count, parse_time_minutes};
 
@@ -136,6 +141,7 @@ impl SlurmConf {
         let mut node_defaults: Vec<(String, String)> = Vec::new();
         let mut part_defaults: Vec<(String, String)> = Vec::new();
         let mut pending_parts: Vec<(&Entry, Vec<(String, String)>)> = Vec::new();
+        let mut budget = Budget::default();
         for e in &parsed.entries {
             let (head, value) = e.head();
             if head.eq_ignore_ascii_case("NodeName") {
@@ -144,7 +150,7 @@ impl SlurmConf {
                 } else {
                     let mut pairs = node_defaults.clone();
                     merge(&mut pairs, &e.pairs[1..]);
-                    nodes_from(e, value, &pairs, &mut conf.nodes, &mut diags);
+                    nodes_from(e, value, &pairs, &mut conf.nodes, &mut diags, &mut budget);
                 }
             } else if head.eq_ignore_ascii_case("PartitionName") {
                 if value.eq_ignore_ascii_case("DEFAULT") {
@@ -166,19 +172,17 @@ impl SlurmConf {
                 }
             }
         }
-        // Duplicate node names.
-        let mut names: Vec<&str> = conf.nodes.iter().map(|n| n.name.as_str()).collect();
-        names.sort_unstable();
-        for w in names.windows(2) {
-            if w[0] == w[1] {
-                if let Some(n) = conf.nodes.iter().rev().find(|n| n.name == w[0]) {
-                    diags.push(Diagnostic::error(&n.file, n.line, format!("node {} defined more than once", w[0])));
-                }
+        // Duplicate node names (reported at the later definition).
+        let mut known: HashSet<&str> = HashSet::with_capacity(conf.nodes.len());
+        for n in &conf.nodes {
+            if !known.insert(n.name.as_str()) {
+                diags.push(Diagnostic::error(&n.file, n.line, format!("node {} defined more than once", n.name)));
             }
         }
+        let mut part_names: HashSet<String> = HashSet::new();
         for (e, pairs) in pending_parts {
-            if let Some(p) = partition_from(e, &pairs, &conf.nodes, &mut diags) {
-                if conf.partitions.iter().any(|q| q.name == p.name) {
+            if let Some(p) = partition_from(e, &pairs, &conf.nodes, &known, &mut diags, &mut budget) {
+                if !part_names.insert(p.name.clone()) {
                     diags.push(Diagnostic::error(&e.file, e.line, format!("partition {} defined more than once", p.name)));
                 }
                 conf.partitions.push(p);
@@ -262,8 +266,8 @@ fn top_level(conf: &mut SlurmConf, e: &Entry, k: &str, v: &str, diags: &mut Vec<
 }
 
 /// Expands a per-node value list: one value for all, or one per node.
-fn per_node(e: &Entry, k: &str, v: &str, n: usize, diags: &mut Vec<Diagnostic>) -> Option<Vec<String>> {
-    match hostlist::expand(v) {
+fn per_node(e: &Entry, k: &str, v: &str, n: usize, diags: &mut Vec<Diagnostic>, budget: &mut Budget) -> Option<Vec<String>> {
+    match budget.expand(v) {
         Ok(vals) if vals.len() == 1 => Some(vec![vals[0].clone(); n]),
         Ok(vals) if vals.len() == n => Some(vals),
         Ok(vals) => {
@@ -271,25 +275,37 @@ fn per_node(e: &Entry, k: &str, v: &str, n: usize, diags: &mut Vec<Diagnostic>) 
             None
         }
         Err(err) => {
-            diags.push(bad(e, k, v, &err.problem));
+            diags.push(bad(e, k, v, &err));
             None
         }
     }
 }
 
-fn nodes_from(e: &Entry, names: &str, pairs: &[(String, String)], out: &mut Vec<NodeDef>, diags: &mut Vec<Diagnostic>) {
-    let names = match hostlist::expand(names) {
+fn nodes_from(
+    e: &Entry,
+    names: &str,
+    pairs: &[(String, String)],
+    out: &mut Vec<NodeDef>,
+    diags: &mut Vec<Diagnostic>,
+    budget: &mut Budget,
+) {
+    let names = match budget.expand(names) {
         Ok(n) if !n.is_empty() => n,
         Ok(_) => {
             diags.push(bad(e, "NodeName", names, "expected node names"));
             return;
         }
         Err(err) => {
-            diags.push(bad(e, "NodeName", names, &err.problem));
+            diags.push(bad(e, "NodeName", names, &err));
             return;
         }
     };
     let n = names.len();
+    // Each node copies the line's fields: charge them too.
+    if let Err(err) = budget.charge(n.saturating_mul(pairs.len())) {
+        diags.push(bad(e, "NodeName", names_expr(e), &err));
+        return;
+    }
     let mut template = NodeDef { file: e.file.clone(), line: e.line, ..NodeDef::default() };
     let mut hostnames = None;
     let mut addrs = None;
@@ -298,10 +314,10 @@ fn nodes_from(e: &Entry, names: &str, pairs: &[(String, String)], out: &mut Vec<
     for (k, v) in pairs {
         let before = diags.len();
         match k.to_ascii_lowercase().as_str() {
-            "nodehostname" => hostnames = per_node(e, k, v, n, diags),
-            "nodeaddr" => addrs = per_node(e, k, v, n, diags),
+            "nodehostname" => hostnames = per_node(e, k, v, n, diags, budget),
+            "nodeaddr" => addrs = per_node(e, k, v, n, diags, budget),
             "port" => {
-                if let Some(ps) = per_node(e, k, v, n, diags) {
+                if let Some(ps) = per_node(e, k, v, n, diags, budget) {
                     match ps.iter().map(|p| p.parse::<u16>().ok().filter(|&p| p > 0)).collect::<Option<Vec<_>>>() {
                         Some(ps) => ports = Some(ps),
                         None => diags.push(bad(e, k, v, "expected ports (1..65535)")),
@@ -354,7 +370,18 @@ fn num32(e: &Entry, k: &str, v: &str, diags: &mut Vec<Diagnostic>) -> Option<u32
     }
 }
 
-fn partition_from(e: &Entry, pairs: &[(String, String)], nodes: &[NodeDef], diags: &mut Vec<Diagnostic>) -> Option<PartitionDef> {
+fn names_expr(e: &Entry) -> &str {
+    e.head().1
+}
+
+fn partition_from(
+    e: &Entry,
+    pairs: &[(String, String)],
+    nodes: &[NodeDef],
+    known: &HashSet<&str>,
+    diags: &mut Vec<Diagnostic>,
+    budget: &mut Budget,
+) -> Option<PartitionDef> {
     let (_, name) = e.head();
     if name.is_empty() {
         diags.push(bad(e, "PartitionName", name, "expected a partition name"));
@@ -366,18 +393,28 @@ fn partition_from(e: &Entry, pairs: &[(String, String)], nodes: &[NodeDef], diag
         match k.to_ascii_lowercase().as_str() {
             "nodes" => {
                 if v.eq_ignore_ascii_case("ALL") {
-                    p.nodes = nodes.iter().map(|n| n.name.clone()).collect();
+                    if let Err(err) = budget.charge(nodes.len()) {
+                        diags.push(bad(e, k, v, &err));
+                    } else {
+                        p.nodes = nodes.iter().map(|n| n.name.clone()).collect();
+                    }
                 } else {
-                    match hostlist::expand(v) {
+                    match budget.expand(v) {
                         Ok(list) => {
-                            for n in &list {
-                                if !nodes.iter().any(|d| &d.name == n) {
-                                    diags.push(Diagnostic::warning(&e.file, e.line, format!("partition {name}: node {n} is not defined by a NodeName line")));
-                                }
+                            let unknown: Vec<&String> = list.iter().filter(|n| !known.contains(n.as_str())).collect();
+                            if !unknown.is_empty() {
+                                let names: Vec<&str> = unknown.iter().take(10).map(|s| s.as_str()).collect();
+                                let more = if unknown.len() > 10 { format!(" and {} more", unknown.len() - 10) } else { String::new() };
+                                let (what, verb) = if unknown.len() == 1 { ("node", "is") } else { ("nodes", "are") };
+                                diags.push(Diagnostic::warning(
+                                    &e.file,
+                                    e.line,
+                                    format!("partition {name}: {what} {}{more} {verb} not defined by a NodeName line", names.join(",")),
+                                ));
                             }
                             p.nodes = list;
                         }
-                        Err(err) => diags.push(bad(e, k, v, &err.problem)),
+                        Err(err) => diags.push(bad(e, k, v, &err)),
                     }
                 }
             }
@@ -541,7 +578,33 @@ mod tests {
         check("NodeName=n1\nNodeName=n1", Err(&["slurm.conf:2: node n1 defined more than once"]));
         check("PartitionName=p MaxTime=soon", Err(&["slurm.conf:1: MaxTime=soon: bad value; \"soon\" is not a time limit (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED)"]));
         check("PartitionName=p Default=maybe State=UP", Err(&["slurm.conf:1: Default=maybe: bad value; expected YES or NO"]));
+        check(
+            "NodeName=n[1-600000]\nNodeName=m[1-600000]",
+            Err(&["slurm.conf:2: NodeName=m[1-600000]: bad value; expands to more than 400000 names (the file's total is capped at 1000000 names)"]),
+        );
         check("SlurmctldPort=x", Err(&["slurm.conf:1: SlurmctldPort=x: bad value; expected a port (1..65535) or a range like 6817-6818"]));
+    }
+
+    /// The shape tests/lab/lab.sh writes (one NodeName line per node).
+    #[test]
+    fn lab_style_conf() {
+        let text = "# Generated by tests/lab/lab.sh — cluster alpha\nClusterName=alpha\nSlurmctldHost=localhost\n\
+            SlurmctldPort=16817\nSlurmdSpoolDir=/tmp/fleet-lab/alpha/spool/%n\nGresTypes=gpu\n\
+            PluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:/tmp/fleet-lab/plugins\nJobSubmitPlugins=fleet\n\
+            NodeName=alpha1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001 CPUs=32 RealMemory=64000 Gres=gpu:h100:8 State=UNKNOWN\n\
+            NodeName=alpha2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17002 CPUs=32 RealMemory=64000 Gres=gpu:h100:8 State=UNKNOWN\n\
+            PartitionName=gpu Nodes=alpha1,alpha2 Default=YES MaxTime=INFINITE State=UP\n\
+            PartitionName=fleet Nodes=alpha1,alpha2 OverSubscribe=FORCE:64 MaxTime=INFINITE State=UP\n";
+        let l = SlurmConf::parse_str(text, "alpha/slurm.conf").unwrap();
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+        let c = l.conf;
+        assert_eq!(c.cluster_name.as_deref(), Some("alpha"));
+        assert_eq!(c.slurmctld_port, Some(16817));
+        assert_eq!(c.nodes.iter().map(|n| (n.name.as_str(), n.port)).collect::<Vec<_>>(), vec![("alpha1", Some(17001)), ("alpha2", Some(17002))]);
+        assert_eq!(c.node("alpha2").unwrap().gpus(), vec![(Some("h100"), 8)]);
+        assert_eq!(c.node("alpha2").unwrap().line, 10);
+        assert_eq!(c.partition("fleet").unwrap().other, vec![("OverSubscribe".to_string(), "FORCE:64".to_string())]);
+        assert_eq!(c.get("JobSubmitPlugins"), Some("fleet"));
     }
 
     #[test]

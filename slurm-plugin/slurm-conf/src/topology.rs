@@ -9,7 +9,9 @@
 use std::path::Path;
 
 use crate::diag::{Diagnostic, Error, Loaded};
-use crate::hostlist;
+use std::collections::{HashMap, HashSet};
+
+use crate::hostlist::Budget;
 use crate::raw::{self, Loader, Parsed};
 
 /// One switch.
@@ -47,6 +49,8 @@ impl Topology {
     pub fn from_parsed(parsed: Parsed) -> Result<Loaded<Topology>, Error> {
         let mut diags = parsed.diagnostics;
         let mut topo = Topology::default();
+        let mut budget = Budget::default();
+        let mut index: HashMap<String, usize> = HashMap::new();
         for e in &parsed.entries {
             let (head, name) = e.head();
             if !head.eq_ignore_ascii_case("SwitchName") {
@@ -58,20 +62,20 @@ impl Topology {
                 diags.push(bad("SwitchName", name, "expected a switch name"));
                 continue;
             }
-            if let Some(prev) = topo.switches.iter().find(|s| s.name == name) {
+            if let Some(prev) = index.get(name).map(|&i| &topo.switches[i]) {
                 diags.push(Diagnostic::error(&e.file, e.line, format!("switch {name} already defined at {}:{}", prev.file, prev.line)));
                 continue;
             }
             let mut s = Switch { name: name.to_string(), file: e.file.clone(), line: e.line, ..Switch::default() };
             for (k, v) in &e.pairs[1..] {
                 match k.to_ascii_lowercase().as_str() {
-                    "nodes" => match hostlist::expand(v) {
+                    "nodes" => match budget.expand(v) {
                         Ok(ns) => s.nodes = ns,
-                        Err(err) => diags.push(bad(k, v, &err.problem)),
+                        Err(err) => diags.push(bad(k, v, &err)),
                     },
-                    "switches" => match hostlist::expand(v) {
+                    "switches" => match budget.expand(v) {
                         Ok(ss) => s.switches = ss,
-                        Err(err) => diags.push(bad(k, v, &err.problem)),
+                        Err(err) => diags.push(bad(k, v, &err)),
                     },
                     "linkspeed" => match v.parse::<u64>() {
                         Ok(n) => s.link_speed = Some(n),
@@ -80,27 +84,27 @@ impl Topology {
                     _ => diags.push(Diagnostic::warning(&e.file, e.line, format!("unknown key {k} (ignored)"))),
                 }
             }
+            index.insert(s.name.clone(), topo.switches.len());
             topo.switches.push(s);
         }
         for s in &topo.switches {
             for c in &s.switches {
-                if topo.switch(c).is_none() {
+                if !index.contains_key(c) {
                     diags.push(Diagnostic::error(&s.file, s.line, format!("switch {}: child switch {c} is not defined", s.name)));
                 }
             }
         }
-        for s in &topo.switches {
-            if topo.reaches(&s.name, &s.name) {
-                diags.push(Diagnostic::error(&s.file, s.line, format!("switch {} contains itself (cycle)", s.name)));
-            }
+        for i in topo.cycle_members(&index) {
+            let s = &topo.switches[i];
+            diags.push(Diagnostic::error(&s.file, s.line, format!("switch {} contains itself (cycle)", s.name)));
         }
-        let mut seen: Vec<(&str, &str)> = Vec::new();
+        let mut seen: HashMap<&str, &str> = HashMap::new();
         for s in &topo.switches {
             for n in &s.nodes {
-                if let Some((_, other)) = seen.iter().find(|(m, _)| m == n) {
+                if let Some(other) = seen.get(n.as_str()) {
                     diags.push(Diagnostic::warning(&s.file, s.line, format!("node {n} is under switches {other} and {}", s.name)));
                 } else {
-                    seen.push((n, &s.name));
+                    seen.insert(n, &s.name);
                 }
             }
         }
@@ -114,24 +118,46 @@ impl Topology {
         self.switches.iter().find(|s| s.name == name)
     }
 
-    /// Whether `to` is a (strict) descendant of `from`. Iterative, with
-    /// a visited set, so cycles terminate.
-    fn reaches(&self, from: &str, to: &str) -> bool {
-        let mut stack: Vec<&str> = self.switch(from).map(|s| s.switches.iter().map(String::as_str).collect()).unwrap_or_default();
-        let mut visited: Vec<&str> = Vec::new();
-        while let Some(cur) = stack.pop() {
-            if cur == to {
-                return true;
-            }
-            if visited.contains(&cur) {
+    /// Indices of switches that are the target of a back edge in a
+    /// depth-first walk (each cycle is reported once, at the switch where
+    /// it closes). Iterative: deep trees cannot exhaust the stack.
+    fn cycle_members(&self, index: &HashMap<String, usize>) -> Vec<usize> {
+        // 0 = unvisited, 1 = on the current path, 2 = done.
+        let mut color = vec![0u8; self.switches.len()];
+        let mut found: Vec<usize> = Vec::new();
+        for start in 0..self.switches.len() {
+            if color[start] != 0 {
                 continue;
             }
-            visited.push(cur);
-            if let Some(s) = self.switch(cur) {
-                stack.extend(s.switches.iter().map(String::as_str));
+            // (switch, next child position)
+            let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+            color[start] = 1;
+            while let Some(&mut (cur, ref mut pos)) = stack.last_mut() {
+                let children = &self.switches[cur].switches;
+                if *pos >= children.len() {
+                    color[cur] = 2;
+                    stack.pop();
+                    continue;
+                }
+                let child = &children[*pos];
+                *pos += 1;
+                let Some(&ci) = index.get(child) else { continue };
+                match color[ci] {
+                    0 => {
+                        color[ci] = 1;
+                        stack.push((ci, 0));
+                    }
+                    1 => {
+                        if !found.contains(&ci) {
+                            found.push(ci);
+                        }
+                    }
+                    _ => {}
+                }
             }
         }
-        false
+        found.sort_unstable();
+        found
     }
 
     /// Switches that are nobody's child.
@@ -148,16 +174,16 @@ impl Topology {
     /// tree order, without duplicates.
     pub fn nodes_under(&self, switch: &str) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        let mut visited: Vec<&str> = Vec::new();
+        let mut have: HashSet<&str> = HashSet::new();
+        let mut visited: HashSet<&str> = HashSet::new();
         let mut stack = vec![switch];
         while let Some(cur) = stack.pop() {
-            if visited.contains(&cur) {
+            if !visited.insert(cur) {
                 continue;
             }
-            visited.push(cur);
             if let Some(s) = self.switch(cur) {
                 for n in &s.nodes {
-                    if !out.contains(n) {
+                    if have.insert(n) {
                         out.push(n.clone());
                     }
                 }
@@ -225,7 +251,11 @@ mod tests {
         check("SwitchName=top Switches=s9", Err(&["topology.conf:1: switch top: child switch s9 is not defined"]));
         check(
             "SwitchName=a Switches=b\nSwitchName=b Switches=a",
-            Err(&["topology.conf:1: switch a contains itself (cycle)", "topology.conf:2: switch b contains itself (cycle)"]),
+            Err(&["topology.conf:1: switch a contains itself (cycle)"]),
+        );
+        check(
+            "SwitchName=top Switches=a\nSwitchName=a Switches=b\nSwitchName=b Switches=c\nSwitchName=c Switches=a,c",
+            Err(&["topology.conf:2: switch a contains itself (cycle)", "topology.conf:4: switch c contains itself (cycle)"]),
         );
         check("SwitchName=a\nSwitchName=a", Err(&["topology.conf:2: switch a already defined at topology.conf:1"]));
         check("SwitchName=a Nodes=x[2-1]", Err(&["topology.conf:1: Nodes=x[2-1]: bad value; range \"2-1\" goes down (2 > 1)"]));
