@@ -63,22 +63,40 @@ pub struct PriceEntry {
     pub accelerator_only: bool,
 }
 
-/// Parsed `gpu-prices.csv`: keyed by (provider, region, GPU type), types
-/// normalized to upper case.
+/// Parsed `gpu-prices.csv`: keyed by (provider, region, GPU type, GPUs per
+/// instance), types normalized to upper case.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PriceTable {
-    pub entries: BTreeMap<(String, String, String), PriceEntry>,
+    pub entries: BTreeMap<(String, String, String, u32), PriceEntry>,
     /// Rows skipped because they sell a fraction of a GPU (gpu_count < 1).
     pub skipped_fractional: usize,
 }
 
 impl PriceTable {
-    pub fn get(&self, provider: &str, region: &str, gpu_type: &str) -> Option<&PriceEntry> {
-        self.entries.get(&(
-            provider.to_string(),
-            region.to_string(),
-            crate::model::normalize_gpu_type(gpu_type),
-        ))
+    /// The prices of instances with exactly `gpus_per_instance` GPUs (an
+    /// 8-GPU node is priced from 8-GPU instances), else the cheapest
+    /// per-GPU prices over all instance sizes.
+    pub fn get(&self, provider: &str, region: &str, gpu_type: &str, gpus_per_instance: u32) -> Option<PriceEntry> {
+        let t = crate::model::normalize_gpu_type(gpu_type);
+        let key = (provider.to_string(), region.to_string(), t.clone(), gpus_per_instance);
+        if let Some(e) = self.entries.get(&key) {
+            return Some(*e);
+        }
+        let lo = (provider.to_string(), region.to_string(), t.clone(), 0);
+        let hi = (provider.to_string(), region.to_string(), t, u32::MAX);
+        let mut out: Option<PriceEntry> = None;
+        for e in self.entries.range(lo..=hi).map(|(_, e)| e) {
+            let o = out.get_or_insert(*e);
+            if e.on_demand.is_some_and(|p| o.on_demand.is_none_or(|x| p < x)) {
+                o.on_demand = e.on_demand;
+                o.on_demand_line = e.on_demand_line;
+            }
+            if e.spot.is_some_and(|p| o.spot.is_none_or(|x| p < x)) {
+                o.spot = e.spot;
+                o.spot_line = e.spot_line;
+            }
+        }
+        out
     }
 }
 
@@ -86,7 +104,7 @@ impl PriceTable {
 pub const PRICES_HEADER: &str = "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr";
 
 /// Parses the price table. Each row's instance price is divided by its
-/// `gpu_count`; per key the cheapest per-GPU on-demand and spot prices
+/// `gpu_count`; per (provider, region, type, GPUs per instance) the cheapest per-GPU on-demand and spot prices
 /// are kept (with their line numbers). Rows selling a fraction of a GPU
 /// are counted and skipped. GCP rows are accelerator-only (the host VM is
 /// priced separately upstream) and are marked so; see `docs/placement.md`.
@@ -120,7 +138,7 @@ pub fn parse_prices(text: &str) -> Result<PriceTable, FeedError> {
             t.skipped_fractional += 1;
             continue;
         }
-        let key = (provider.to_string(), region.to_string(), crate::model::normalize_gpu_type(gpu_type));
+        let key = (provider.to_string(), region.to_string(), crate::model::normalize_gpu_type(gpu_type), count as u32);
         let e = t.entries.entry(key).or_insert(PriceEntry {
             on_demand: None,
             spot: None,

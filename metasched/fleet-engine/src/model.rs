@@ -687,8 +687,10 @@ impl FleetModel {
 
     /// A copy of this model with cloud prices replaced by a price table
     /// (per-GPU-hour), for every cloud pool whose `(provider, region, type)`
-    /// the table has. On-prem prices are left alone.
-    pub fn with_prices(&self, t: &crate::feeds::PriceTable) -> FleetModel {
+    /// the table has (instances with the pool's GPUs per node preferred).
+    /// On-prem prices are left alone. Accelerator-only rows (GCP: host VM
+    /// not included) are applied only with `include_accelerator_only`.
+    pub fn with_prices(&self, t: &crate::feeds::PriceTable, include_accelerator_only: bool) -> FleetModel {
         let mut out = self.clone();
         for c in &mut out.clusters {
             if c.onprem {
@@ -697,7 +699,10 @@ impl FleetModel {
             let region = c.region.split_once(':').map(|x| x.1).unwrap_or(&c.region).to_string();
             for p in &mut c.pools {
                 let gt = self.gpu_type_name(p.gpu_type).to_string();
-                if let Some(q) = t.get(&c.provider, &region, &gt) {
+                if let Some(q) = t.get(&c.provider, &region, &gt, p.gpus_per_node) {
+                    if q.accelerator_only && !include_accelerator_only {
+                        continue;
+                    }
                     if q.on_demand.is_some() {
                         p.prices.on_demand = q.on_demand;
                     }

@@ -1,0 +1,503 @@
+//! Table tests of the engine on small fleets written here.
+
+use fleet_api::FleetMode;
+use fleet_engine::{
+    decide, explain, prepare, propose_migrations, FleetModel, FleetState, JobSpec, MigrationMargin, Parallelism, Policy,
+    Pricing, RunningJob,
+};
+
+fn fleet(toml: &str) -> FleetModel {
+    match FleetModel::from_toml_str(toml) {
+        Ok(m) => m,
+        Err(e) => panic!("test fleet does not build: {e}"),
+    }
+}
+
+fn job(gpus: u32, hours: f64) -> JobSpec {
+    JobSpec { id: "j".into(), gpus, duration_s: hours * 3600.0, home: "home".into(), ..JobSpec::default() }
+}
+
+/// Where `job` lands (cluster name) under `policy` with an idle state,
+/// and the explanation for the message.
+fn place(m: &FleetModel, st: &FleetState, j: &JobSpec, policy: &Policy) -> (Option<String>, String) {
+    let d = explain(m, st, j, policy);
+    let fast = decide(m, st, &prepare(m, j), policy).map(|p| m.clusters[p.cluster as usize].name.clone());
+    let slow = d.chosen().map(|c| c.cluster.clone());
+    assert_eq!(fast, slow, "decide and explain disagree:\n{d}");
+    assert_eq!(d.ranked.len() + d.excluded.len(), m.clusters.len(), "every cluster is ranked or excluded:\n{d}");
+    for e in &d.excluded {
+        assert!(!e.reason.trim().is_empty(), "cluster {} excluded without a reason", e.cluster);
+    }
+    (fast, d.to_string())
+}
+
+fn check(m: &FleetModel, j: &JobSpec, policy: &Policy, expected: Option<&str>) {
+    let st = FleetState::idle(m);
+    let (got, text) = place(m, &st, j, policy);
+    assert_eq!(got.as_deref(), expected, "\n{text}");
+}
+
+/// Home on-prem H100 at 4.00 USD/GPU-h; a cloud H100 at 2.50 with 10 min
+/// provisioning; NVL domains 8.
+const HOME_AND_CLOUD: &str = r#"
+[overheads]
+remote_submit_s = 120
+staging_latency_s = 60
+
+[[clusters]]
+name = "home"
+provider = "onprem"
+region = "east"
+onprem = true
+prices = { H100 = { onprem = 4.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 4
+ib_fabric = "ib0"
+
+[[clusters]]
+name = "cloud"
+provider = "aws"
+region = "us-east-1"
+provision_s = 600
+prices = { H100 = { on_demand = 2.5, spot = 1.0 } }
+spot_preemptions_per_hour = 0.1
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 4
+ib_fabric = "efa"
+"#;
+
+#[test]
+fn short_jobs_stay_home_long_jobs_move() {
+    let m = fleet(HOME_AND_CLOUD);
+    let p = Policy::cost();
+    // Break-even (docs/placement.md): D* = (V·(submit+prov) + p_r·prov) / Δp
+    //   = (2·(2+10)/60 + 2.5·10/60) / 1.5 = (0.4 + 0.4167) / 1.5 ≈ 0.544 h.
+    let cases: &[(f64, &str)] = &[(0.25, "home"), (0.5, "home"), (0.6, "cloud"), (2.0, "cloud"), (8.0, "cloud")];
+    for &(h, want) in cases {
+        check(&m, &job(8, h), &p, Some(want));
+    }
+}
+
+#[test]
+fn tp_16_never_split_across_nvlink_domains() {
+    // "cheap" has many 8-GPU nodes; "nvl" has 72-GPU NVLink racks but costs more.
+    let m = fleet(
+        r#"
+[[clusters]]
+name = "cheap"
+provider = "lambda"
+region = "us-east-1"
+prices = { H100 = { on_demand = 2.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 64
+ib_fabric = "ib"
+
+[[clusters]]
+name = "nvl"
+provider = "aws"
+region = "us-east-1"
+prices = { H200 = { on_demand = 5.0 } }
+[[clusters.pools]]
+gpu_type = "H200"
+gpus_per_node = 4
+nodes = 36
+nvlink_domain_gpus = 72
+"#,
+    );
+    let p = Policy::cost();
+    let mk = |g: u32, par: Parallelism| JobSpec { parallelism: par, home: "cheap".into(), ..job(g, 4.0) };
+    let cases: &[(u32, Parallelism, Option<&str>)] = &[
+        (8, Parallelism::Tp, Some("cheap")),
+        (16, Parallelism::Tp, Some("nvl")),
+        (72, Parallelism::Tp, Some("nvl")),
+        (80, Parallelism::Tp, None),
+        (16, Parallelism::Fsdp, Some("cheap")), // IB fabric holds it
+        (16, Parallelism::Data, Some("cheap")),
+    ];
+    for &(g, par, want) in cases {
+        check(&m, &mk(g, par), &p, want);
+    }
+    // The reason names the NVLink domain.
+    let d = explain(&m, &FleetState::idle(&m), &mk(16, Parallelism::Tp), &p);
+    let why = &d.excluded.iter().find(|e| e.cluster == "cheap").map(|e| e.reason.clone()).unwrap_or_default();
+    assert!(why.contains("NVLink"), "{why}");
+    // Even when the NVL cluster is busy, tp 16 waits for it rather than split.
+    let mut st = FleetState::idle(&m);
+    st.clusters[1].pools[0].free_gpus = 0;
+    let (got, text) = place(&m, &st, &mk(16, Parallelism::Tp), &p);
+    assert_eq!(got.as_deref(), Some("nvl"), "{text}");
+}
+
+#[test]
+fn data_gravity_flips_the_choice() {
+    let m = fleet(
+        r#"
+[overheads]
+internet_egress_usd_per_gb = { default = 0.09 }
+
+[[clusters]]
+name = "home"
+provider = "aws"
+region = "us-east-1"
+prices = { A100 = { on_demand = 3.0 } }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 2
+
+[[clusters]]
+name = "far"
+provider = "lambda"
+region = "us-west-1"
+prices = { A100 = { on_demand = 2.5 } }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 2
+
+[[datasets]]
+uri = "s3://small/"
+locations = ["aws:us-east-1"]
+size_gb = 10
+
+[[datasets]]
+uri = "s3://big/"
+locations = ["aws:us-east-1"]
+size_gb = 5000
+"#,
+    );
+    let p = Policy::cost();
+    // 8 GPUs × 10 h × 0.5 USD gap = 40 USD saved by moving; 10 GB costs
+    // 0.9 USD to move, 5 TB costs 450 USD.
+    let cases: &[(&str, &str)] = &[("s3://small/train", "far"), ("s3://big/train", "home")];
+    for &(ds, want) in cases {
+        let j = JobSpec { datasets: vec![ds.into()], ..job(8, 10.0) };
+        check(&m, &j, &p, Some(want));
+    }
+}
+
+#[test]
+fn max_price_is_respected() {
+    let m = fleet(HOME_AND_CLOUD);
+    let p = Policy::cost();
+    let cases: &[(Option<f64>, bool, Option<&str>)] = &[
+        (None, false, Some("cloud")),
+        (Some(3.0), false, Some("cloud")),
+        (Some(2.0), false, None),
+        (Some(2.0), true, Some("cloud")), // spot at 1.00 fits the cap
+        (Some(0.5), true, None),
+    ];
+    for &(max, interruptible, want) in cases {
+        let j = JobSpec { max_price: max, interruptible, ckpt_interval_s: Some(900.0), ..job(8, 8.0) };
+        check(&m, &j, &p, want);
+        if let Some(c) = explain(&m, &FleetState::idle(&m), &j, &p).chosen() {
+            assert!(c.breakdown.price_per_gpu_hour <= max.unwrap_or(f64::INFINITY));
+        }
+    }
+    let d = explain(&m, &FleetState::idle(&m), &JobSpec { max_price: Some(2.0), ..job(8, 8.0) }, &p);
+    assert!(d.excluded.iter().all(|e| e.reason.contains("max-price")), "{d}");
+}
+
+#[test]
+fn power_capped_rack_is_not_given_a_dense_job() {
+    // "capped": NVL32 racks (8 nodes × 4 H100) under a 15 kW cap, cheap.
+    // A 32-GPU tp job draws 32 × 700 W + 8 × 1.5 kW = 34.4 kW in one rack.
+    let m = fleet(
+        r#"
+[[clusters]]
+name = "capped"
+provider = "onprem"
+region = "dc1"
+onprem = true
+prices = { H100 = { onprem = 1.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 4
+nodes = 16
+nvlink_domain_gpus = 32
+nodes_per_rack = 8
+rack_power_cap_w = 15000
+
+[[clusters]]
+name = "dense"
+provider = "onprem"
+region = "dc1"
+onprem = true
+prices = { H100 = { onprem = 3.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 4
+nodes = 16
+nvlink_domain_gpus = 32
+nodes_per_rack = 8
+rack_power_cap_w = 60000
+cooling = "liquid"
+"#,
+    );
+    let p = Policy::cost();
+    let mk = |g: u32, par| JobSpec { parallelism: par, home: "capped".into(), ..job(g, 4.0) };
+    let cases: &[(u32, Parallelism, &str)] = &[
+        (4, Parallelism::Tp, "capped"),    // 4×700 + 1.5 kW = 4.3 kW
+        (8, Parallelism::Tp, "capped"),    // 8×700 + 2×1.5 kW = 8.6 kW
+        (16, Parallelism::Tp, "dense"),    // 16×700 + 4×1.5 kW = 17.2 kW > 15
+        (32, Parallelism::Tp, "dense"),    // 34.4 kW
+        (32, Parallelism::Data, "capped"), // spread node by node: 4.3 kW per node
+    ];
+    for &(g, par, want) in cases {
+        check(&m, &mk(g, par), &p, Some(want));
+    }
+    let d = explain(&m, &FleetState::idle(&m), &mk(32, Parallelism::Tp), &p);
+    assert!(d.excluded.iter().any(|e| e.cluster == "capped" && e.reason.contains("power cap")), "{d}");
+}
+
+#[test]
+fn every_excluded_cluster_has_a_reason() {
+    let m = fleet(
+        r#"
+[[clusters]]
+name = "home"
+provider = "onprem"
+region = "dc"
+onprem = true
+max_time_limit_s = 7200
+prices = { A100 = { onprem = 1.0 } }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[clusters]]
+name = "down"
+provider = "aws"
+region = "us-east-1"
+health = "down"
+prices = { H100 = { on_demand = 3.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 8
+
+[[clusters]]
+name = "eu"
+provider = "aws"
+region = "eu-west-1"
+prices = { H100 = { on_demand = 3.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 8
+
+[[clusters]]
+name = "small"
+provider = "lambda"
+region = "us-west-1"
+prices = { H100 = { on_demand = 2.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 1
+
+[[clusters]]
+name = "pricey"
+provider = "nebius"
+region = "us-central1"
+prices = { H100 = { on_demand = 9.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 8
+"#,
+    );
+    let mut st = FleetState::idle(&m);
+    let j = JobSpec {
+        gpu_types: vec!["H100".into()],
+        region_deny: vec!["eu-*".into()],
+        max_price: Some(5.0),
+        time_limit_s: Some(4.0 * 3600.0),
+        ..job(16, 4.0)
+    };
+    let d = explain(&m, &st, &j, &Policy::cost());
+    assert!(d.chosen().is_none(), "{d}");
+    let want: &[(&str, &str)] = &[
+        ("home", "time limit"),
+        ("down", "drained"),
+        ("eu", "denied"),
+        ("small", "needs 16 H100 GPUs"),
+        ("pricey", "max-price"),
+    ];
+    for &(c, frag) in want {
+        let r = d.excluded.iter().find(|e| e.cluster == c).map(|e| e.reason.as_str()).unwrap_or("");
+        assert!(r.contains(frag), "{c}: {r:?} lacks {frag:?}\n{d}");
+    }
+    // Unhealthy (no heartbeat) and --fleet-to.
+    st.clusters[3].healthy = false;
+    let j2 = JobSpec { to: vec!["pricey".into()], ..job(8, 1.0) };
+    let d = explain(&m, &st, &j2, &Policy::cost());
+    assert_eq!(d.chosen().map(|c| c.cluster.as_str()), Some("pricey"), "{d}");
+    let r = d.excluded.iter().find(|e| e.cluster == "small").map(|e| e.reason.clone()).unwrap_or_default();
+    assert!(r.contains("heartbeat"), "{r}");
+    let r = d.excluded.iter().find(|e| e.cluster == "eu").map(|e| e.reason.clone()).unwrap_or_default();
+    assert!(r.contains("--fleet-to"), "{r}");
+    // The printed table shows the breakdown columns and the reasons.
+    let text = d.to_string();
+    for frag in ["rank", "compute$", "egress$", "kgCO2", "total$", "excluded:", "pricey"] {
+        assert!(text.contains(frag), "{frag} missing in\n{text}");
+    }
+}
+
+#[test]
+fn fleet_modes_and_spot() {
+    let m = fleet(HOME_AND_CLOUD);
+    let p = Policy::cost();
+    let cases: &[(FleetMode, f64, bool, Option<&str>, Option<Pricing>)] = &[
+        (FleetMode::Local, 8.0, false, Some("home"), Some(Pricing::Onprem)),
+        (FleetMode::Remote, 0.1, false, Some("cloud"), Some(Pricing::OnDemand)),
+        (FleetMode::Auto, 8.0, true, Some("cloud"), Some(Pricing::Spot)),
+        (FleetMode::Auto, 8.0, false, Some("cloud"), Some(Pricing::OnDemand)),
+    ];
+    for &(mode, h, intr, want, pricing) in cases {
+        let j = JobSpec { mode, interruptible: intr, ckpt_interval_s: Some(600.0), ..job(8, h) };
+        let st = FleetState::idle(&m);
+        let got = decide(&m, &st, &prepare(&m, &j), &p);
+        assert_eq!(got.map(|g| m.clusters[g.cluster as usize].name.as_str()), want);
+        assert_eq!(got.map(|g| g.pricing), pricing);
+    }
+    // The time policy never uses spot.
+    let j = JobSpec { interruptible: true, ..job(8, 8.0) };
+    let got = decide(&m, &FleetState::idle(&m), &prepare(&m, &j), &Policy::time());
+    assert_ne!(got.map(|g| g.pricing), Some(Pricing::Spot));
+}
+
+#[test]
+fn queue_wait_sends_jobs_elsewhere_under_time_policy() {
+    let m = fleet(HOME_AND_CLOUD);
+    let mut st = FleetState::idle(&m);
+    // Home is full with a 3 h expected wait; a 0.5 h job now moves.
+    st.clusters[0].pools[0].free_gpus = 0;
+    st.clusters[0].pools[0].expected_wait_s = Some(3.0 * 3600.0);
+    let (got, text) = place(&m, &st, &job(8, 0.5), &Policy::time());
+    assert_eq!(got.as_deref(), Some("cloud"), "{text}");
+}
+
+#[test]
+fn green_prefers_clean_zone_on_near_ties() {
+    let m = fleet(
+        r#"
+[[clusters]]
+name = "home"
+provider = "aws"
+region = "us-east-1"
+carbon_zone = "DIRTY"
+prices = { H100 = { on_demand = 3.00 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+
+[[clusters]]
+name = "clean"
+provider = "aws"
+region = "us-west-2"
+carbon_zone = "CLEAN"
+prices = { H100 = { on_demand = 3.10 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+"#,
+    );
+    let mut st = FleetState::idle(&m);
+    st.clusters[0].carbon_g_per_kwh = Some(700.0);
+    st.clusters[1].carbon_g_per_kwh = Some(50.0);
+    let j = job(8, 10.0);
+    assert_eq!(place(&m, &st, &j, &Policy::cost()).0.as_deref(), Some("home"));
+    assert_eq!(place(&m, &st, &j, &Policy::green()).0.as_deref(), Some("clean"));
+    // Carbon series: the mean over the run window is used.
+    let series = fleet_engine::CarbonSeries::new("CLEAN".into(), 0.0, 3600.0, vec![900.0, 900.0, 10.0, 10.0, 10.0, 10.0], vec![0.0; 6]);
+    assert!(st.set_carbon_series(&m, std::sync::Arc::new(series)));
+    st.now_unix = 2.0 * 3600.0;
+    let d = explain(&m, &st, &job(8, 2.0), &Policy::green());
+    let clean = d.ranked.iter().find(|c| c.cluster == "clean").map(|c| c.breakdown.carbon_g_per_kwh);
+    assert!(clean.is_some_and(|x| (x - 10.0).abs() < 1e-6), "{d}");
+}
+
+#[test]
+fn rebalancing_moves_a_spot_job_when_it_pays() {
+    let m = fleet(HOME_AND_CLOUD);
+    let p = Policy::cost();
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), ckpt_size_gb: Some(10.0), ..job(8, 48.0) };
+    let pj = prepare(&m, &spec);
+    let st = FleetState::idle(&m);
+    let run = |remaining_h: f64, since_ckpt_h: f64| RunningJob {
+        job: pj.clone(),
+        cluster: 0,
+        pool: 0,
+        pricing: Pricing::Onprem,
+        remaining_s: remaining_h * 3600.0,
+        since_ckpt_s: since_ckpt_h * 3600.0,
+    };
+    let margin = MigrationMargin::default();
+    // 40 h left at home (4.00) vs cloud spot (1.00): move.
+    let props = propose_migrations(&m, &st, &[run(40.0, 0.2)], &p, &margin);
+    assert_eq!(props.len(), 1);
+    assert_eq!(props[0].to.cluster, 1);
+    assert!(props[0].saving_usd > margin.min_saving_usd);
+    // 10 minutes left: not worth it.
+    assert!(propose_migrations(&m, &st, &[run(10.0 / 60.0, 0.2)], &p, &margin).is_empty());
+    // Not interruptible: never.
+    let mut r = run(40.0, 0.0);
+    r.job.spec.interruptible = false;
+    assert!(propose_migrations(&m, &st, &[r], &p, &margin).is_empty());
+    // Capacity: two jobs of 24 GPUs, cloud has 32 free: only one moves.
+    let big = prepare(&m, &JobSpec { gpus: 24, ..spec.clone() });
+    let rb = |_: usize| RunningJob { job: big.clone(), ..run(40.0, 0.0) };
+    let props = propose_migrations(&m, &st, &[rb(0), rb(1)], &p, &margin);
+    assert_eq!(props.len(), 1);
+}
+
+#[test]
+fn bad_inputs_do_not_panic() {
+    let m = fleet(HOME_AND_CLOUD);
+    let st = FleetState::idle(&m);
+    let p = Policy::cost();
+    for d in [f64::NAN, f64::INFINITY, -5.0, 0.0, 1e300] {
+        for g in [0, 1, u32::MAX] {
+            let j = JobSpec { duration_s: d, ckpt_interval_s: Some(d), ckpt_size_gb: Some(d), max_price: Some(d), ..job(g, 1.0) };
+            let _ = explain(&m, &st, &j, &p).to_string();
+            let _ = decide(&m, &st, &prepare(&m, &j), &p);
+        }
+    }
+    // A state that does not match the model.
+    let empty = FleetState::default();
+    let d = explain(&m, &empty, &job(8, 1.0), &p);
+    assert!(d.chosen().is_none());
+    assert_eq!(d.excluded.len(), 2);
+}
+
+#[test]
+fn sample_fleet_loads_and_places() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/fleet-sample.toml");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let m = fleet(&text);
+    assert!(m.clusters.len() >= 8);
+    let providers: std::collections::BTreeSet<&str> = m.clusters.iter().map(|c| c.provider.as_str()).collect();
+    assert!(providers.len() >= 3, "{providers:?}");
+    let regions: std::collections::BTreeSet<&str> = m.clusters.iter().map(|c| c.region.as_str()).collect();
+    assert!(regions.len() >= 4);
+    assert!(m.clusters.iter().any(|c| c.onprem) && m.clusters.iter().any(|c| !c.onprem));
+    for t in ["H100", "A100", "H200"] {
+        assert!(m.gpu_type_id(t).is_some(), "{t} missing");
+    }
+    let st = FleetState::idle(&m);
+    let home = m.clusters[0].name.clone();
+    for p in [Policy::cost(), Policy::time(), Policy::green()] {
+        let d = explain(&m, &st, &JobSpec { home: home.clone(), ..job(8, 6.0) }, &p);
+        assert!(d.chosen().is_some(), "{d}");
+    }
+}
