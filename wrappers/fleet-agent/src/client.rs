@@ -1,0 +1,67 @@
+//! The agent's HTTP client for the meta-scheduler (bearer token auth).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use fleet_api::api::{AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, StatusUpdate};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+#[derive(Clone)]
+pub struct MetaClient {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl MetaClient {
+    pub fn new(base: &str, token: &str) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(3))
+            .build()?;
+        Ok(MetaClient { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
+    }
+
+    async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder, what: &str) -> Result<T> {
+        let resp = rb.bearer_auth(&self.token).send().await.with_context(|| format!("{what}: meta-scheduler unreachable"))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            bail!("{what}: meta-scheduler answered {status}: {}", body.trim());
+        }
+        resp.json().await.with_context(|| format!("{what}: bad JSON from the meta-scheduler"))
+    }
+
+    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body), path).await
+    }
+
+    pub async fn heartbeat(&self, hb: &Heartbeat) -> Result<FleetView> {
+        self.post("/v1/heartbeat", hb).await
+    }
+
+    pub async fn forward(&self, f: &ForwardRequest) -> Result<JobRecord> {
+        self.post("/v1/jobs", f).await
+    }
+
+    pub async fn work(&self) -> Result<AgentWork> {
+        self.send(self.http.get(format!("{}/v1/agent/work", self.base)), "/v1/agent/work").await
+    }
+
+    pub async fn status(&self, id: &str, s: &StatusUpdate) -> Result<JobRecord> {
+        self.post(&format!("/v1/jobs/{id}/status"), s).await
+    }
+
+    pub async fn output(&self, id: &str, c: &OutputChunk) -> Result<serde_json::Value> {
+        self.post(&format!("/v1/jobs/{id}/output"), c).await
+    }
+
+    pub async fn job(&self, id: &str) -> Result<JobRecord> {
+        self.send(self.http.get(format!("{}/v1/jobs/{id}", self.base)), "/v1/jobs/{id}").await
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<JobRecord> {
+        self.post(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({})).await
+    }
+}

@@ -1,0 +1,107 @@
+//! The agent's configuration: `fleet.conf` plus what it needs from the
+//! site's own `slurm.conf` (SlurmUser), and its secret token.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use slurm_conf::fleet::FleetConf;
+
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub site: String,
+    pub region: String,
+    pub provider: String,
+    pub metasched_url: String,
+    /// The agent's bearer token (shared with the meta-scheduler).
+    pub token: String,
+    pub socket: PathBuf,
+    pub spool: PathBuf,
+    pub proxy_partition: String,
+    pub proxy_path: PathBuf,
+    pub heartbeat: Duration,
+    pub poll: Duration,
+    pub view_max_age: Duration,
+    pub max_script_bytes: u64,
+    pub slurm_bin: PathBuf,
+    /// slurm.conf the Slurm commands use (`SLURM_CONF` of the agent).
+    pub slurm_conf: PathBuf,
+    /// Uids allowed on the plugin socket: root, SlurmUser, AllowedSubmitUids.
+    pub allowed_uids: Vec<u32>,
+    pub log_level: String,
+}
+
+pub fn default_conf_path() -> PathBuf {
+    std::env::var_os("SLURM_CONF")
+        .map(PathBuf::from)
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("/etc/slurm"))
+        .join("fleet.conf")
+}
+
+/// uid of `name` from /etc/passwd (no NSS lookups: the agent must not
+/// block on a directory service).
+pub fn uid_of(name: &str) -> Option<u32> {
+    if let Ok(n) = name.parse() {
+        return Some(n);
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then_some(())?;
+        f.nth(1)?.parse().ok()
+    })
+}
+
+impl AgentConfig {
+    pub fn load(path: &Path) -> Result<Self> {
+        let loaded = FleetConf::load(path).with_context(|| format!("reading {}", path.display()))?;
+        for w in &loaded.warnings {
+            eprintln!("fleet-agent: warning: {w}");
+        }
+        let c = loaded.conf;
+        let url = c.meta_scheduler_url(&path.display().to_string())?.trim_end_matches('/').to_string();
+        let token = std::fs::read_to_string(&c.agent_token_file)
+            .with_context(|| format!("reading AgentTokenFile {}", c.agent_token_file.display()))?
+            .trim()
+            .to_string();
+        anyhow::ensure!(!token.is_empty(), "AgentTokenFile {} is empty", c.agent_token_file.display());
+        let slurm_conf = std::env::var_os("SLURM_CONF")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/etc/slurm")).join("slurm.conf"));
+        let mut allowed = vec![0];
+        if let Ok(sc) = slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
+            if let Some(uid) = sc.conf.get("SlurmUser").and_then(uid_of) {
+                allowed.push(uid);
+            }
+        }
+        for u in &c.allowed_submit_uids {
+            let uid = match u {
+                slurm_conf::fleet::UserRef::Uid(n) => Some(*n),
+                slurm_conf::fleet::UserRef::Name(n) => uid_of(n),
+            };
+            if let Some(uid) = uid {
+                allowed.push(uid);
+            }
+        }
+        Ok(AgentConfig {
+            site: c.site_name,
+            region: c.region,
+            provider: c.provider,
+            metasched_url: url,
+            token,
+            socket: c.agent_socket,
+            spool: c.agent_spool_dir,
+            proxy_partition: c.proxy_partition,
+            proxy_path: c.proxy_path,
+            heartbeat: Duration::from_millis(c.heartbeat_interval_ms),
+            poll: Duration::from_millis(c.poll_interval_ms),
+            view_max_age: Duration::from_millis(c.view_max_age_ms),
+            max_script_bytes: c.max_script_bytes,
+            slurm_bin: c.slurm_bin_dir,
+            slurm_conf,
+            allowed_uids: allowed,
+            log_level: c.log_level.as_str().to_string(),
+        })
+    }
+}

@@ -1,0 +1,99 @@
+//! The plugin's question, answered from the cached fleet view.
+//!
+//! LOCAL costs a lookup in memory (no I/O). FORWARD journals the job
+//! first (so the answer survives an agent restart), then answers; the
+//! meta-scheduler hears of it from the delivery loop.
+
+use std::time::Instant;
+
+use fleet_api::api::FleetView;
+use fleet_api::placement::{self, Placement};
+use fleet_api::wire::{ForwardPlan, PluginReply};
+use fleet_api::{FleetMode, JobRequest};
+
+use crate::config::AgentConfig;
+
+/// The cached view and when it arrived.
+#[derive(Default)]
+pub struct CachedView {
+    pub view: Option<FleetView>,
+    pub at: Option<Instant>,
+}
+
+/// A FORWARD answer still to be journaled by the caller.
+pub struct NewForward {
+    pub id: String,
+    pub target: String,
+}
+
+/// Decide; on FORWARD returns the plan and the journal entry to write.
+pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (PluginReply, Option<NewForward>) {
+    let local = |reason: &str| (PluginReply::Local { reason: reason.to_string() }, None);
+    if job.fleet.mode == FleetMode::Local || job.is_array {
+        return local("kept local by request");
+    }
+    if job.origin != cfg.site {
+        return (PluginReply::Reject { message: format!("request names origin {:?}, this is {:?}", job.origin, cfg.site) }, None);
+    }
+    let fresh = cache.at.is_some_and(|t| t.elapsed() <= cfg.view_max_age);
+    let Some(view) = cache.view.as_ref().filter(|_| fresh) else {
+        // Fail open: without a fresh view of the fleet, the job stays home.
+        return local("no fresh fleet view; staying local");
+    };
+    match placement::place(view, job).0 {
+        Placement::Home { reason } => local(&reason),
+        Placement::Impossible { reason } => (PluginReply::Reject { message: reason }, None),
+        Placement::Remote { target, reason } => {
+            if let Some(f) = job.non_utf8_fields.first() {
+                return (
+                    PluginReply::Reject {
+                        message: format!("cannot forward to {target}: field {f} is not valid UTF-8; fix it or use --fleet=local"),
+                    },
+                    None,
+                );
+            }
+            if job.script.is_none() {
+                let len = job.script_len.unwrap_or(0);
+                return (
+                    PluginReply::Reject {
+                        message: format!(
+                            "cannot forward to {target}: the script is {len} bytes, more than MaxScriptBytes={}; shrink it or use --fleet=local",
+                            cfg.max_script_bytes
+                        ),
+                    },
+                    None,
+                );
+            }
+            let id = new_job_id(&cfg.site);
+            let token = fleet_api::auth::job_token(&cfg.token, &id);
+            let proxy_script = format!(
+                "#!/bin/sh\n# Fleet stand-in: this job runs on cluster {target} (fleet job {id}).\n# Its output and exit code arrive here; scancel cancels it there.\nexec '{}' --job '{id}' --url '{}' --token '{token}' --slurm-bin-dir '{}'\n",
+                cfg.proxy_path.display(),
+                cfg.metasched_url,
+                cfg.slurm_bin.display(),
+            );
+            let admin_comment = format!(
+                "fleet: forwarded {} -> {target} as {id}: {}{}{} ({reason})",
+                cfg.site,
+                placement::describe(job),
+                job.time_limit_min.map(|t| format!(" time={t}m")).unwrap_or_default(),
+                job.partition.as_deref().map(|p| format!(" partition={p}")).unwrap_or_default(),
+            );
+            let plan = ForwardPlan {
+                fleet_job_id: id.clone(),
+                target: target.clone(),
+                proxy_partition: cfg.proxy_partition.clone(),
+                proxy_script,
+                admin_comment,
+                comment: format!("fleet: {target} (waiting)"),
+            };
+            (PluginReply::Forward(Box::new(plan)), Some(NewForward { id, target }))
+        }
+    }
+}
+
+/// `<site>-<12 hex>`: unique without coordination.
+pub fn new_job_id(site: &str) -> String {
+    let n: u64 = rand::random();
+    format!("{site}-{:012x}", n & 0xffff_ffff_ffff)
+}

@@ -1,0 +1,184 @@
+//! The agent's local journal (SQLite, WAL) in `AgentSpoolDir/journal.db`.
+//!
+//! * `forwards`: jobs this cluster accepted from its plugin for running
+//!   elsewhere. Written *before* the plugin gets its FORWARD answer, so an
+//!   accepted forward survives an agent restart and is delivered to the
+//!   meta-scheduler later.
+//! * `runs`: jobs this cluster runs for others: the remote (local Slurm)
+//!   job id it created, output offsets relayed so far, the last state
+//!   reported. Invariant: the agent only ever signals or cancels Slurm
+//!   jobs recorded here (it created them).
+//!
+//! One connection behind a `parking_lot::Mutex`: every statement is
+//! short (microseconds), so a sync lock held across no `.await` is
+//! cheaper than a dedicated thread.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use fleet_api::JobRequest;
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OptionalExtension};
+
+pub struct Journal {
+    db: Mutex<Connection>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Forward {
+    pub id: String,
+    pub request: JobRequest,
+    pub target: String,
+    pub registered: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Run {
+    pub id: String,
+    /// Local Slurm job id; `None` between "accepted" and a successful sbatch.
+    pub slurm_id: Option<u64>,
+    pub stdout_off: u64,
+    pub stderr_off: u64,
+    /// Last state reported to the meta-scheduler.
+    pub reported: Option<String>,
+    pub done: bool,
+}
+
+impl Journal {
+    pub fn open(path: &Path) -> Result<Journal> {
+        let db = Connection::open(path).with_context(|| format!("opening journal {}", path.display()))?;
+        db.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=NORMAL;
+             CREATE TABLE IF NOT EXISTS forwards(
+                 id TEXT PRIMARY KEY, request TEXT NOT NULL, target TEXT NOT NULL,
+                 registered INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL);
+             CREATE TABLE IF NOT EXISTS runs(
+                 id TEXT PRIMARY KEY, slurm_id INTEGER, stdout_off INTEGER NOT NULL DEFAULT 0,
+                 stderr_off INTEGER NOT NULL DEFAULT 0, reported TEXT, done INTEGER NOT NULL DEFAULT 0,
+                 request TEXT NOT NULL);",
+        )?;
+        Ok(Journal { db: Mutex::new(db) })
+    }
+
+    pub fn add_forward(&self, id: &str, req: &JobRequest, target: &str) -> Result<()> {
+        let json = serde_json::to_string(req)?;
+        self.db.lock().execute(
+            "INSERT INTO forwards(id, request, target, registered, created) VALUES(?1, ?2, ?3, 0, ?4)",
+            params![id, json, target, crate::now()],
+        )?;
+        Ok(())
+    }
+
+    pub fn unregistered_forwards(&self) -> Result<Vec<Forward>> {
+        let db = self.db.lock();
+        let mut st = db.prepare("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, req, target) = row?;
+            let request = serde_json::from_str(&req).with_context(|| format!("journal entry {id}"))?;
+            out.push(Forward { id, request, target, registered: false });
+        }
+        Ok(out)
+    }
+
+    pub fn mark_registered(&self, id: &str) -> Result<()> {
+        self.db.lock().execute("UPDATE forwards SET registered = 1 WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
+    /// Record that we accepted `id` to run here. Returns false when it was
+    /// already known (an assignment seen twice).
+    pub fn add_run(&self, id: &str, req: &JobRequest) -> Result<bool> {
+        let json = serde_json::to_string(req)?;
+        let n = self
+            .db
+            .lock()
+            .execute("INSERT OR IGNORE INTO runs(id, request) VALUES(?1, ?2)", params![id, json])?;
+        Ok(n == 1)
+    }
+
+    pub fn set_slurm_id(&self, id: &str, slurm_id: u64) -> Result<()> {
+        self.db.lock().execute("UPDATE runs SET slurm_id = ?2 WHERE id = ?1", params![id, slurm_id as i64])?;
+        Ok(())
+    }
+
+    pub fn update_run(&self, r: &Run) -> Result<()> {
+        self.db.lock().execute(
+            "UPDATE runs SET stdout_off = ?2, stderr_off = ?3, reported = ?4, done = ?5 WHERE id = ?1",
+            params![r.id, r.stdout_off as i64, r.stderr_off as i64, r.reported, r.done],
+        )?;
+        Ok(())
+    }
+
+    pub fn run(&self, id: &str) -> Result<Option<(Run, JobRequest)>> {
+        let db = self.db.lock();
+        let row = db
+            .query_row(
+                "SELECT id, slurm_id, stdout_off, stderr_off, reported, done, request FROM runs WHERE id = ?1",
+                params![id],
+                row_to_run,
+            )
+            .optional()?;
+        row.map(|(r, req)| Ok((r, serde_json::from_str(&req)?))).transpose()
+    }
+
+    pub fn active_runs(&self) -> Result<Vec<(Run, JobRequest)>> {
+        let db = self.db.lock();
+        let mut st = db.prepare("SELECT id, slurm_id, stdout_off, stderr_off, reported, done, request FROM runs WHERE done = 0")?;
+        let rows = st.query_map([], row_to_run)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (r, req) = row?;
+            out.push((r, serde_json::from_str(&req)?));
+        }
+        Ok(out)
+    }
+}
+
+fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
+    Ok((
+        Run {
+            id: r.get(0)?,
+            slurm_id: r.get::<_, Option<i64>>(1)?.map(|v| v as u64),
+            stdout_off: r.get::<_, i64>(2)? as u64,
+            stderr_off: r.get::<_, i64>(3)? as u64,
+            reported: r.get(4)?,
+            done: r.get(5)?,
+        },
+        r.get(6)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn survives_reopen() {
+        let dir = std::env::temp_dir().join(format!("fleet-journal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("j.db");
+        let _ = std::fs::remove_file(&path);
+        let req = JobRequest { origin: "beta".into(), script: Some(b"#!/bin/sh\n\xff".to_vec()), ..Default::default() };
+        {
+            let j = Journal::open(&path).unwrap();
+            j.add_forward("beta-1", &req, "alpha").unwrap();
+            j.add_forward("beta-2", &req, "alpha").unwrap();
+            j.mark_registered("beta-1").unwrap();
+            assert!(j.add_run("gamma-7", &req).unwrap());
+            assert!(!j.add_run("gamma-7", &req).unwrap());
+            j.set_slurm_id("gamma-7", 100001).unwrap();
+        }
+        let j = Journal::open(&path).unwrap();
+        let f = j.unregistered_forwards().unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].id, "beta-2");
+        assert_eq!(f[0].request, req);
+        let runs = j.active_runs().unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].0.slurm_id, Some(100001));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
