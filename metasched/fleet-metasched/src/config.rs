@@ -66,6 +66,10 @@ pub struct Config {
     /// Carbon-intensity feed for the cost engine; unused until it lands.
     #[serde(default)]
     pub carbon: Option<PathBuf>,
+    /// `[policies.<name>]` weight tables of the cost engine
+    /// (`fleet_engine::policy`); kept raw here, read by the engine.
+    #[serde(default)]
+    pub policies: Option<toml::Table>,
 }
 
 fn default_heartbeat_timeout() -> f64 {
@@ -96,7 +100,7 @@ impl Config {
                 return Err(ConfigError::Invalid(format!("cluster {:?} is configured twice", c.name)));
             }
         }
-        if !(self.heartbeat_timeout_s > 0.0) {
+        if self.heartbeat_timeout_s.is_nan() || self.heartbeat_timeout_s <= 0.0 {
             return Err(ConfigError::Invalid("heartbeat_timeout_s must be > 0".into()));
         }
         if let Some(p) = &self.placement {
@@ -182,5 +186,6 @@ mod tests {
         check(&format!("{BASE}heartbeat_timeout_s = 0\n"), Err("must be > 0"));
         check("listen = \"nope\"\n", Err("t.toml"));
         check(&format!("{BASE}prices = \"/p.csv\"\ncarbon = \"/c.csv\"\n"), Ok(""));
+        check(&format!("{BASE}[policies.cheap]\nprice = 1.0\n"), Ok(""));
     }
 }

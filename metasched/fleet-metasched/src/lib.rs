@@ -7,6 +7,10 @@
 //! (`fleet-proxy`) has relayed it. The HTTP API is the table in
 //! `fleet_api::api`.
 //!
+//! One addition to that table: `GET /v1/jobs/{id}/explain` (admin, the
+//! job's clusters, its job token) → [`store::Explanation`], used by
+//! `fleetctl job explain`.
+//!
 //! Layout: [`config`] (TOML), [`store`] (SQLite + output files + the job
 //! state machine, synchronous), [`metrics`], and the axum layer here
 //! (authentication, JSON, status codes).
@@ -136,6 +140,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id", get(get_job))
         .route("/v1/jobs/:id/status", post(status))
         .route("/v1/jobs/:id/output", post(post_output).get(get_output))
+        .route("/v1/jobs/:id/explain", get(explain))
         .route("/v1/jobs/:id/start", post(start))
         .route("/v1/jobs/:id/cancel", post(cancel))
         .layer(middleware::from_fn_with_state(state.clone(), track))
@@ -302,6 +307,11 @@ async fn clusters(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<R
 async fn get_job(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
     let caller = authenticate(&st.tokens, &headers, Some(&id))?;
     Ok(Json(with_store(&st, move |s, _| s.get(&caller, &id).map(|j| j.record)).await?).into_response())
+}
+
+async fn explain(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+    Ok(Json(with_store(&st, move |s, now| s.explain(&caller, &id, now)).await?).into_response())
 }
 
 async fn status(

@@ -80,6 +80,47 @@ pub struct Job {
     pub remote_cancel_pending: bool,
 }
 
+/// `GET /v1/jobs/{id}/explain`: why the job is (or would be) where it is.
+///
+/// Computed on the *current* view, so it can differ from the decision
+/// taken when the job started (that one is in `reason`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub fleet_job_id: String,
+    pub state: Option<JobState>,
+    pub target: Option<String>,
+    /// The record's `reason` (the decision actually taken).
+    pub reason: String,
+    pub summary: String,
+    /// `home`, `remote` or `impossible`: the first rule on the current view.
+    pub placement: String,
+    pub placement_target: Option<String>,
+    pub placement_reason: String,
+    /// Clusters the hard constraints rule out, and why.
+    pub exclusions: Vec<ExclusionView>,
+    /// Feasible clusters ranked by the cost engine, best first (empty until
+    /// the engine is wired in).
+    #[serde(default)]
+    pub ranked: Vec<RankedCandidate>,
+    pub view_generated_at: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExclusionView {
+    pub cluster: String,
+    pub reason: String,
+}
+
+/// One cluster as the cost engine scores it (placeholder for the engine).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankedCandidate {
+    pub cluster: String,
+    pub score: f64,
+    /// Named cost terms (price, wait, egress, carbon, …).
+    #[serde(default)]
+    pub terms: Vec<(String, f64)>,
+}
+
 /// Filter for `GET /v1/jobs`.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct JobFilter {
@@ -424,6 +465,30 @@ impl Store {
             }
         }
         Ok(job)
+    }
+
+    pub fn explain(&self, caller: &Caller, id: &str, now: f64) -> Result<Explanation, StoreError> {
+        let job = self.get(caller, id)?;
+        let view = self.view(now);
+        let (p, excluded) = placement::place(&view, &job.request);
+        let (kind, target, why) = match p {
+            Placement::Home { reason } => ("home", Some(job.record.origin.clone()), reason),
+            Placement::Remote { target, reason } => ("remote", Some(target), reason),
+            Placement::Impossible { reason } => ("impossible", None, reason),
+        };
+        Ok(Explanation {
+            fleet_job_id: job.record.fleet_job_id,
+            state: Some(job.record.state),
+            target: job.record.target,
+            reason: job.record.reason,
+            summary: job.record.summary,
+            placement: kind.into(),
+            placement_target: target,
+            placement_reason: why,
+            exclusions: excluded.into_iter().map(|e| ExclusionView { cluster: e.cluster, reason: e.reason }).collect(),
+            ranked: Vec::new(),
+            view_generated_at: view.generated_at,
+        })
     }
 
     /// Origin-side control (start, cancel): the job token, the origin agent, the admin.

@@ -46,6 +46,7 @@ fn config(dir: &Path) -> Config {
         clusters,
         placement: None,
         prices: None,
+        policies: None,
         carbon: None,
     }
 }
@@ -406,6 +407,12 @@ async fn impossible_placement_fails_the_job() {
     assert_eq!(r.state, JobState::Failed);
     assert!(r.output_complete);
     assert!(r.reason.contains("no cluster in the fleet can run gpu:h100:64"), "{}", r.reason);
+    let e: fleet_metasched::store::Explanation =
+        d.ok(reqwest::Method::GET, "/v1/jobs/big/explain", &job_auth("beta", "big"), None).await;
+    assert_eq!(e.placement, "impossible");
+    let ex: Vec<_> = e.exclusions.iter().map(|x| x.cluster.as_str()).collect();
+    assert_eq!(ex, ["alpha", "beta", "gamma"]);
+    assert!(e.exclusions[0].reason.contains("at most 8 h100 per node"), "{:?}", e.exclusions);
     // A job that fits at home runs at home (the origin agent is the target).
     d.forward("small", "beta", "a100", 4).await;
     let r = d.start_job("small", "beta").await;

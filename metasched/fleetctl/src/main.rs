@@ -1,1 +1,433 @@
-fn main() {}
+//! `fleetctl`: the administrator's client of fleet-metasched.
+//!
+//! Exit status: 0 on success, 1 on errors (the cause chain is printed),
+//! 2 on usage errors; a closed stdout (`fleetctl jobs | head`) ends quietly.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use fleet_api::api::{FleetView, JobRecord};
+use fleet_api::JobState;
+use serde::Deserialize;
+
+/// Command-line client of the Fleet meta-scheduler (fleet-metasched).
+///
+/// Shows the clusters of the fleet and the forwarded jobs, cancels jobs,
+/// explains placements, and replays traces through the simulator.
+#[derive(Parser, Debug)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    /// Base URL of fleet-metasched.
+    #[arg(long, global = true, env = "FLEET_URL", default_value = "http://127.0.0.1:16900")]
+    url: String,
+    /// File holding the admin token (or an agent's token); whitespace is trimmed.
+    /// Required by every command that talks to the meta-scheduler.
+    #[arg(long, global = true, env = "FLEET_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Print the meta-scheduler's JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Clusters: region, provider, health, heartbeat age, GPUs free/total per type, queue.
+    Clusters,
+    /// Forwarded jobs, oldest first.
+    Jobs {
+        /// Only jobs in this state (held, queued, assigned, pending, running,
+        /// completed, failed, cancelled, lost).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only jobs submitted at this cluster.
+        #[arg(long)]
+        origin: Option<String>,
+    },
+    /// One job: `fleetctl job <id>` shows every field; `job cancel <id>`, `job explain <id>`.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+    Job {
+        /// Fleet job id to show.
+        #[arg(required = true)]
+        id: Option<String>,
+        #[command(subcommand)]
+        action: Option<JobAction>,
+    },
+    /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
+    Simulate(fleet_sim::cli::SimulateArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum JobAction {
+    /// Cancel a job: before it is submitted anywhere it ends at once; otherwise
+    /// the target agent cancels it and the stand-in reports `cancelled`.
+    Cancel {
+        /// Fleet job id.
+        id: String,
+    },
+    /// Why the job is where it is: the decision taken (reason), and the
+    /// placement rule re-run on the current fleet view with every excluded
+    /// cluster and its reason.
+    Explain {
+        /// Fleet job id.
+        id: String,
+    },
+}
+
+/// Mirror of the daemon's `GET /v1/jobs/{id}/explain` reply
+/// (`fleet_metasched::store::Explanation`); unknown fields are ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Explanation {
+    fleet_job_id: String,
+    state: Option<JobState>,
+    target: Option<String>,
+    reason: String,
+    summary: String,
+    placement: String,
+    placement_target: Option<String>,
+    placement_reason: String,
+    exclusions: Vec<Exclusion>,
+    ranked: Vec<Ranked>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Exclusion {
+    cluster: String,
+    reason: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Ranked {
+    cluster: String,
+    score: f64,
+    terms: Vec<(String, f64)>,
+}
+
+struct Client {
+    http: reqwest::blocking::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    fn new(cli: &Cli) -> anyhow::Result<Client> {
+        let Some(path) = &cli.token_file else {
+            bail!("no token: pass --token-file or set FLEET_TOKEN_FILE");
+        };
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the token from {}", path.display()))?
+            .trim()
+            .to_string();
+        if token.is_empty() {
+            bail!("the token file {} is empty", path.display());
+        }
+        let http = reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Client { http, base: cli.url.trim_end_matches('/').to_string(), token })
+    }
+
+    fn call(&self, method: reqwest::Method, path: &str) -> anyhow::Result<serde_json::Value> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .request(method.clone(), &url)
+            .bearer_auth(&self.token)
+            .send()
+            .with_context(|| format!("{method} {url}"))?;
+        let status = resp.status();
+        let text = resp.text().with_context(|| format!("reading the reply of {method} {url}"))?;
+        if !status.is_success() {
+            let msg = serde_json::from_str::<fleet_api::api::ApiError>(&text).map(|e| e.error).unwrap_or(text);
+            bail!("{method} {url}: HTTP {}: {msg}", status.as_u16());
+        }
+        serde_json::from_str(&text).with_context(|| format!("{method} {url}: reply is not JSON"))
+    }
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0);
+    if s < 120.0 {
+        format!("{s:.0}s")
+    } else if s < 7200.0 {
+        format!("{:.0}m", s / 60.0)
+    } else if s < 172_800.0 {
+        format!("{:.0}h", s / 3600.0)
+    } else {
+        format!("{:.0}d", s / 86400.0)
+    }
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < w.len() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let n = cells.len();
+        for (i, c) in cells.into_iter().enumerate() {
+            out.push_str(c);
+            if i + 1 < n {
+                out.push_str(&" ".repeat(w[i] - c.chars().count() + 2));
+            }
+        }
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for r in rows {
+        line(r.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+fn clusters_table(v: &FleetView) -> String {
+    let rows: Vec<Vec<String>> = v
+        .clusters
+        .iter()
+        .map(|c| {
+            let gpus = if c.gpus.is_empty() {
+                "-".to_string()
+            } else {
+                c.gpus.iter().map(|p| format!("{}:{}/{}", p.gpu_type, p.free, p.total)).collect::<Vec<_>>().join(" ")
+            };
+            vec![
+                c.name.clone(),
+                c.region.clone(),
+                c.provider.clone(),
+                if c.healthy { "yes".into() } else { "no".into() },
+                age(c.heartbeat_age_s),
+                gpus,
+                c.queue_pending.to_string(),
+                c.queue_running.to_string(),
+            ]
+        })
+        .collect();
+    table(&["NAME", "REGION", "PROVIDER", "HEALTHY", "HEARTBEAT", "GPUS(free/total)", "PENDING", "RUNNING"], &rows)
+}
+
+fn jobs_table(jobs: &[JobRecord], now: f64) -> String {
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                j.fleet_job_id.clone(),
+                j.origin.clone(),
+                j.target.clone().unwrap_or_else(|| "-".into()),
+                j.state.to_string(),
+                j.remote_job_id.map_or("-".into(), |i| i.to_string()),
+                j.exit_code.map_or("-".into(), |c| c.to_string()),
+                age(now - j.submitted_at),
+                j.summary.clone(),
+            ]
+        })
+        .collect();
+    table(&["ID", "ORIGIN", "TARGET", "STATE", "REMOTE", "EXIT", "AGE", "REQUEST"], &rows)
+}
+
+fn job_fields(j: &JobRecord) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let fields: Vec<(&str, String)> = vec![
+        ("fleet_job_id", j.fleet_job_id.clone()),
+        ("state", j.state.to_string()),
+        ("origin", j.origin.clone()),
+        ("origin_job_id", opt(j.origin_job_id.map(|v| v.to_string()))),
+        ("target", opt(j.target.clone())),
+        ("remote_job_id", opt(j.remote_job_id.map(|v| v.to_string()))),
+        ("exit_code", opt(j.exit_code.map(|v| v.to_string()))),
+        ("signal", opt(j.signal.map(|v| v.to_string()))),
+        ("cancel_requested", j.cancel_requested.to_string()),
+        ("summary", j.summary.clone()),
+        ("reason", j.reason.clone()),
+        ("node_list", if j.node_list.is_empty() { "-".into() } else { j.node_list.clone() }),
+        ("stdout_len", j.stdout_len.to_string()),
+        ("stderr_len", j.stderr_len.to_string()),
+        ("output_complete", j.output_complete.to_string()),
+        ("submitted_at", format!("{:.3} ({} ago)", j.submitted_at, age(now() - j.submitted_at))),
+        ("updated_at", format!("{:.3} ({} ago)", j.updated_at, age(now() - j.updated_at))),
+    ];
+    fields.into_iter().map(|(k, v)| format!("{k:<17} {v}\n")).collect()
+}
+
+fn explain_text(e: &Explanation) -> String {
+    let mut s = String::new();
+    let state = e.state.map_or("-".to_string(), |s| s.to_string());
+    s.push_str(&format!("job {} ({}): {}\n", e.fleet_job_id, e.summary, state));
+    s.push_str(&format!("target:    {}\n", e.target.as_deref().unwrap_or("-")));
+    s.push_str(&format!("decision:  {}\n", e.reason));
+    let now_target = e.placement_target.as_deref().map(|t| format!(" → {t}")).unwrap_or_default();
+    s.push_str(&format!("rule now:  {}{now_target}: {}\n", e.placement, e.placement_reason));
+    if !e.ranked.is_empty() {
+        s.push_str("ranked:\n");
+        for (i, r) in e.ranked.iter().enumerate() {
+            let terms = r.terms.iter().map(|(k, v)| format!("{k}={v:.3}")).collect::<Vec<_>>().join(" ");
+            s.push_str(&format!("  {}. {} score {:.3} {terms}\n", i + 1, r.cluster, r.score));
+        }
+    }
+    if e.exclusions.is_empty() {
+        s.push_str("excluded:  none\n");
+    } else {
+        s.push_str("excluded:\n");
+        for x in &e.exclusions {
+            s.push_str(&format!("  {}: {}\n", x.cluster, x.reason));
+        }
+    }
+    s
+}
+
+fn print(text: &str) -> anyhow::Result<()> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(text.as_bytes())?;
+    o.flush()?;
+    Ok(())
+}
+
+fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+    print(&format!("{}\n", serde_json::to_string_pretty(v)?))
+}
+
+fn query_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Simulate(args) = cli.command {
+        return fleet_sim::cli::run(args);
+    }
+    let client = Client::new(&cli)?;
+    match &cli.command {
+        Command::Simulate(_) => unreachable!("handled above"),
+        Command::Clusters => {
+            let v = client.call(reqwest::Method::GET, "/v1/clusters")?;
+            if cli.json {
+                return print_json(&v);
+            }
+            let view: FleetView = serde_json::from_value(v).context("decoding the fleet view")?;
+            print(&clusters_table(&view))
+        }
+        Command::Jobs { state, origin } => {
+            let mut q = Vec::new();
+            if let Some(s) = state {
+                let parsed: JobState = serde_json::from_value(serde_json::Value::String(s.to_ascii_lowercase()))
+                    .map_err(|_| anyhow::anyhow!("unknown state {s:?} (held, queued, assigned, pending, running, completed, failed, cancelled, lost)"))?;
+                q.push(format!("state={parsed}"));
+            }
+            if let Some(o) = origin {
+                q.push(format!("origin={}", query_escape(o)));
+            }
+            let path = if q.is_empty() { "/v1/jobs".to_string() } else { format!("/v1/jobs?{}", q.join("&")) };
+            let v = client.call(reqwest::Method::GET, &path)?;
+            if cli.json {
+                return print_json(&v);
+            }
+            let jobs: Vec<JobRecord> = serde_json::from_value(v).context("decoding the job list")?;
+            print(&jobs_table(&jobs, now()))
+        }
+        Command::Job { id, action } => {
+            let (method, path) = match (action, id) {
+                (Some(JobAction::Cancel { id }), _) => (reqwest::Method::POST, format!("/v1/jobs/{}/cancel", query_escape(id))),
+                (Some(JobAction::Explain { id }), _) => (reqwest::Method::GET, format!("/v1/jobs/{}/explain", query_escape(id))),
+                (None, Some(id)) => (reqwest::Method::GET, format!("/v1/jobs/{}", query_escape(id))),
+                (None, None) => bail!("missing job id"),
+            };
+            let v = client.call(method, &path)?;
+            if cli.json {
+                return print_json(&v);
+            }
+            match action {
+                Some(JobAction::Explain { .. }) => {
+                    let e: Explanation = serde_json::from_value(v).context("decoding the explanation")?;
+                    print(&explain_text(&e))
+                }
+                Some(JobAction::Cancel { id }) => {
+                    let r: JobRecord = serde_json::from_value(v).context("decoding the job")?;
+                    if r.state == JobState::Cancelled {
+                        print(&format!("{id}: cancelled\n"))
+                    } else if r.state.is_terminal() {
+                        print(&format!("{id}: already {}\n", r.state))
+                    } else {
+                        print(&format!("{id}: cancel requested (now {} at {})\n", r.state, r.target.as_deref().unwrap_or("-")))
+                    }
+                }
+                None => {
+                    let r: JobRecord = serde_json::from_value(v).context("decoding the job")?;
+                    print(&job_fields(&r))
+                }
+            }
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // usage errors exit 2, --help/--version exit 0
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "fleetctl: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(args: &[&str], expected: &str) {
+        let got = match Cli::try_parse_from(std::iter::once("fleetctl").chain(args.iter().copied())) {
+            Ok(c) => format!("{:?}", c.command),
+            Err(e) => format!("error {}", e.exit_code()),
+        };
+        assert!(got.starts_with(expected), "{args:?}: got {got}, expected {expected}");
+    }
+
+    #[test]
+    fn parse_table() {
+        check(&["clusters"], "Clusters");
+        check(&["jobs", "--state", "running"], "Jobs { state: Some(\"running\")");
+        check(&["job", "abc"], "Job { id: Some(\"abc\"), action: None }");
+        check(&["job", "cancel", "abc"], "Job { id: None, action: Some(Cancel { id: \"abc\" }) }");
+        check(&["job", "explain", "abc"], "Job { id: None, action: Some(Explain { id: \"abc\" }) }");
+        check(&["job"], "error 2");
+        check(&["bogus"], "error 2");
+        check(&["--json", "clusters", "--url", "http://x:1"], "Clusters");
+    }
+
+    #[test]
+    fn ages_and_tables() {
+        for (s, want) in [(-3.0, "0s"), (5.4, "5s"), (300.0, "5m"), (7200.0, "2h"), (200_000.0, "2d")] {
+            assert_eq!(age(s), want);
+        }
+        assert_eq!(table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]), "A    BB\nxyz  1\n");
+        assert_eq!(query_escape("a b/c"), "a%20b%2Fc");
+    }
+}

@@ -1,0 +1,141 @@
+//! Run the fleetctl binary against an in-process fleet-metasched.
+
+use std::path::Path;
+use std::process::Output;
+
+use fleet_api::api::{ForwardRequest, Heartbeat, NodeCapacity};
+use fleet_api::{GpuRequest, GpuScope, JobRequest};
+use fleet_metasched::config::{ClusterConfig, Config};
+
+fn config(dir: &Path) -> Config {
+    std::fs::write(dir.join("admin.token"), "admin\n").unwrap();
+    let clusters = ["alpha", "beta"]
+        .iter()
+        .map(|n| {
+            let p = dir.join(format!("{n}.token"));
+            std::fs::write(&p, format!("tok-{n}")).unwrap();
+            ClusterConfig { name: n.to_string(), region: "lab".into(), provider: "onprem".into(), token_file: p }
+        })
+        .collect();
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        state_dir: dir.join("state"),
+        admin_token_file: dir.join("admin.token"),
+        heartbeat_timeout_s: 3600.0,
+        clusters,
+        placement: None,
+        prices: None,
+        carbon: None,
+        policies: None,
+    }
+}
+
+async fn ctl(url: &str, dir: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+        .args(args)
+        .env("FLEET_URL", url)
+        .env("FLEET_TOKEN_FILE", dir.join("admin.token"))
+        .output()
+        .await
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_jobs_job_cancel_explain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(fleet_metasched::run(listener, config(dir), async {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let hb = Heartbeat {
+        cluster: "alpha".into(),
+        scheduler: "slurm".into(),
+        nodes: vec![NodeCapacity {
+            name: "a1".into(),
+            partitions: vec![],
+            gpu_type: Some("h100".into()),
+            gpus_total: 8,
+            gpus_free: 6,
+            state: "mixed".into(),
+            switch: None,
+        }],
+        queue_pending: 3,
+        ..Default::default()
+    };
+    let r = http.post(format!("{url}/v1/heartbeat")).bearer_auth("tok-alpha").json(&hb).send().await.unwrap();
+    assert!(r.status().is_success());
+    for (id, n) in [("j-small", 4), ("j-huge", 64)] {
+        let fwd = ForwardRequest {
+            fleet_job_id: id.into(),
+            request: JobRequest {
+                origin: "beta".into(),
+                gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: n, scope: GpuScope::Node }],
+                time_limit_min: Some(30),
+                ..Default::default()
+            },
+            tentative_target: "alpha".into(),
+        };
+        let r = http.post(format!("{url}/v1/jobs")).bearer_auth("tok-beta").json(&fwd).send().await.unwrap();
+        assert!(r.status().is_success());
+    }
+
+    let o = ctl(&url, dir, &["clusters"]).await;
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.starts_with("NAME "), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("alpha ") && l.contains("yes") && l.contains("h100:6/8")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("beta ") && l.contains(" no ")), "{out}");
+
+    let o = ctl(&url, dir, &["jobs", "--state", "held"]).await;
+    let out = text(&o);
+    assert!(o.status.success() && out.contains("j-small") && out.contains("j-huge"), "{out}");
+    assert!(out.contains("gpu:h100:4 on 1 node(s), 30 min"), "{out}");
+
+    let o = ctl(&url, dir, &["--json", "jobs", "--origin", "alpha"]).await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
+
+    let o = ctl(&url, dir, &["job", "j-small"]).await;
+    let out = text(&o);
+    assert!(o.status.success() && out.contains("state             held"), "{out}");
+
+    let o = ctl(&url, dir, &["job", "explain", "j-huge"]).await;
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("rule now:  impossible"), "{out}");
+    assert!(out.contains("  alpha: has at most 8 h100 per node"), "{out}");
+    assert!(out.contains("  beta: no heartbeat"), "{out}");
+
+    let o = ctl(&url, dir, &["job", "cancel", "j-small"]).await;
+    assert_eq!(text(&o), "j-small: cancelled\n");
+
+    let o = ctl(&url, dir, &["job", "nope"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("HTTP 404: unknown job"), "{}", text(&o));
+
+    let o = ctl(&url, dir, &["jobs", "--state", "sleeping"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("unknown state \"sleeping\""), "{}", text(&o));
+
+    let o = ctl(&url, dir, &["job"]).await;
+    assert_eq!(o.status.code(), Some(2));
+
+    let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+        .args(["--url", &url, "clusters"])
+        .env_remove("FLEET_TOKEN_FILE")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("no token"), "{}", text(&o));
+
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
