@@ -39,6 +39,7 @@ fn config(dir: &Path) -> Config {
         clusters,
         placement: None,
         prices: None,
+        policies: None,
         carbon: None,
     }
 }
