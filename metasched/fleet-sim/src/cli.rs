@@ -82,6 +82,10 @@ pub struct SimulateArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Policies replayed in parallel (default: the number of CPUs). The report does
+    /// not depend on it.
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 /// Everything a run needs, read from files; [`run_loaded`] is pure of I/O apart from
@@ -240,14 +244,45 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         }
         b
     };
-    let mut policies = Vec::new();
-    for (k, s) in strategies.iter().enumerate() {
-        bar.set_message(s.name());
-        let base = (k * jobs.len()) as u64;
-        let tick = |n: u64| bar.set_position(base + n);
-        let r = sim::simulate(&mut model, s.clone(), &jobs, &loaded.spot, &cfg, &tick);
-        policies.push(r);
+    // One thread per strategy (at most --threads at a time), each with its own
+    // engine model: runs are independent, so the report does not depend on the
+    // thread count or on scheduling.
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .max(1);
+    let mut policies: Vec<Option<crate::report::PolicyReport>> = vec![None; strategies.len()];
+    for chunk in (0..strategies.len()).collect::<Vec<_>>().chunks(threads) {
+        let results: Vec<(usize, Result<crate::report::PolicyReport>)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|&k| {
+                    let s = strategies[k].clone();
+                    let (jobs, cfg, bar, loaded) = (&jobs, &cfg, &bar, loaded);
+                    let spot_traces = &loaded.spot;
+                    sc.spawn(move || {
+                        let mut m = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+                        m.assign_spot_traces(spot_traces);
+                        let last = std::cell::Cell::new(0u64);
+                        let tick = |n: u64| {
+                            bar.inc(n.saturating_sub(last.get()));
+                            last.set(n);
+                        };
+                        Ok(sim::simulate(&mut m, s, jobs, spot_traces, cfg, &tick))
+                    })
+                })
+                .collect();
+            chunk
+                .iter()
+                .zip(handles)
+                .map(|(&k, h)| (k, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked")))))
+                .collect()
+        });
+        for (k, r) in results {
+            policies[k] = Some(r?);
+        }
     }
+    let mut policies: Vec<crate::report::PolicyReport> = policies.into_iter().flatten().collect();
     bar.finish_and_clear();
     let (lb_usd, lb_co2) = sim::lower_bound(&mut model, &jobs);
     for p in &mut policies {

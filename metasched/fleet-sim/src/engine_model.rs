@@ -91,7 +91,8 @@ impl EngineModel {
         let mut fleet = FleetModel::build(cfg).context("fleet model")?;
         if let Some(p) = &setup.prices_csv {
             let t = parse_prices(p).map_err(|e| anyhow::anyhow!("price table: {e}"))?;
-            fleet = fleet.with_prices(&t);
+            // GCP rows are accelerator-only (no host VM): not comparable, left out.
+            fleet = fleet.with_prices(&t, false);
         }
         for (provider, text) in &setup.egress_csvs {
             match parse_egress(provider, text) {

@@ -347,7 +347,7 @@ pub fn simulate<M: Model>(
             Ev::Arrival(j) => {
                 sim.arrivals_left -= 1;
                 done_arrivals += 1;
-                if done_arrivals % 1024 == 0 {
+                if done_arrivals & 1023 == 0 {
                     progress(done_arrivals);
                 }
                 sim.place(j, t);
@@ -370,9 +370,8 @@ pub fn simulate<M: Model>(
     }
     progress(jobs.len() as u64);
     // Jobs still waiting (e.g. parked after every feasible cluster went down for good).
-    for (i, s) in sim.js.iter_mut().enumerate() {
+    for s in sim.js.iter_mut() {
         if s.finish.is_none() && !s.unplaced {
-            let _ = i;
             s.unplaced = true;
         }
     }

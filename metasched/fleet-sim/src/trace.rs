@@ -133,7 +133,7 @@ pub fn read_philly<R: Read>(r: R, name: &str) -> Result<Trace, TraceError> {
             }
         };
         let gpus: u32 = match get(c_gpus).parse::<f64>() {
-            Ok(g) if g.is_finite() && g >= 1.0 && g <= 1e6 => g.round() as u32,
+            Ok(g) if (1.0..=1e6).contains(&g) => g.round() as u32,
             _ => {
                 diagnostics.push(format!("{name}:{line}: bad num_gpus `{}`", get(c_gpus)));
                 continue;
