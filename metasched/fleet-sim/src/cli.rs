@@ -23,7 +23,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub fleet: PathBuf,
     /// Engine policy to replay (`cost`, `time`, `green`, or one defined in
-    /// --policies), or `all` for every engine policy plus the baselines.
+    /// --policies), a baseline (`home-only`, `greedy`, `random`), or `all` for every
+    /// engine policy plus the baselines.
     #[arg(long, default_value = "all")]
     pub policy: String,
     /// Also run the baselines (home-only, greedy, random) for a single --policy.
@@ -208,6 +209,9 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
                 v.push(Strategy::Engine(p));
             }
         }
+    } else if let Some(b) = [Strategy::HomeOnly, Strategy::Greedy, Strategy::Random].into_iter().find(|b| b.name() == args.policy) {
+        v.push(b);
+        return Ok(v);
     } else {
         if !model.policy_names().contains(&args.policy) {
             bail!("unknown policy {:?} (known: {})", args.policy, model.policy_names().join(", "));

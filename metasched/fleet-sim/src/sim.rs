@@ -243,7 +243,10 @@ struct Sim<'a, M: Model> {
     preemptions: u64,
     outage_kills: u64,
     migrations: u64,
+    /// One-off costs (egress) at their time.
     cost_events: Vec<(f64, f64)>,
+    /// Compute USD per plot bucket, accrued while running.
+    cost_buckets: Vec<f64>,
     busy: Vec<Vec<f64>>, // per cluster, per bucket: GPU-seconds
     last_t: f64,
     arrivals_left: usize,
@@ -306,6 +309,7 @@ pub fn simulate<M: Model>(
         outage_kills: 0,
         migrations: 0,
         cost_events: Vec::new(),
+        cost_buckets: Vec::new(),
         busy: vec![Vec::new(); clusters.len()],
         last_t: 0.0,
         arrivals_left: jobs.len(),
@@ -570,9 +574,8 @@ impl<M: Model> Sim<'_, M> {
         let seg = (now - start).max(0.0);
         let usd = o.usd_per_gpu_hour * g as f64 * seg / 3600.0;
         self.compute_usd += usd;
-        self.cost_events.push((now, usd));
         self.kg_co2 += self.model.kg_co2(o.cluster, o.pool, g, start, now);
-        self.add_busy(o.cluster, g, start, now);
+        self.add_busy(o.cluster, g, start, now, o.usd_per_gpu_hour / 3600.0);
         let planned_end = self.js[j].planned_end;
         let ps = &mut self.pools[o.cluster][o.pool];
         ps.used -= g;
@@ -593,17 +596,24 @@ impl<M: Model> Sim<'_, M> {
         seg
     }
 
-    fn add_busy(&mut self, c: usize, g: u32, t0: f64, t1: f64) {
+    /// Spread a run segment over the plot buckets: busy GPU-seconds of cluster `c`,
+    /// and its cost (`usd_per_gpu_s`) in the bucket where it was incurred.
+    fn add_busy(&mut self, c: usize, g: u32, t0: f64, t1: f64, usd_per_gpu_s: f64) {
         let b = self.cfg.bucket_s;
         let mut t = t0;
         while t < t1 {
             let k = (t / b) as usize;
             let end = ((k + 1) as f64 * b).min(t1);
+            let gs = (end - t) * g as f64;
             let v = &mut self.busy[c];
             if v.len() <= k {
                 v.resize(k + 1, 0.0);
             }
-            v[k] += (end - t) * g as f64;
+            v[k] += gs;
+            if self.cost_buckets.len() <= k {
+                self.cost_buckets.resize(k + 1, 0.0);
+            }
+            self.cost_buckets[k] += gs * usd_per_gpu_s;
             t = end;
         }
     }
@@ -776,6 +786,9 @@ impl<M: Model> Sim<'_, M> {
         }
         // Cumulative cost per bucket.
         let mut per_bucket = vec![0.0; n_buckets + 1];
+        for (k, usd) in self.cost_buckets.iter().enumerate() {
+            per_bucket[k.min(n_buckets)] += usd;
+        }
         for &(t, usd) in &self.cost_events {
             let k = ((t / b) as usize).min(n_buckets);
             per_bucket[k] += usd;
@@ -932,6 +945,8 @@ mod tests {
         // never above capacity: busy GPU-s over the 210 s span <= 4 GPUs
         assert!(r.utilization["a"] <= 1.0);
         assert!((r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9, "{:?}", r.utilization);
+        // the cost plot ends at the total
+        assert!((r.cost_series.last().map(|x| x.1).unwrap_or(0.0) - r.total_usd).abs() < 1e-9);
     }
 
     #[test]

@@ -196,3 +196,18 @@ fn capacity_is_never_exceeded_with_the_engine() {
         }
     }
 }
+
+#[test]
+fn home_map_table_first_then_least_loaded_cluster() {
+    let mut model = EngineModel::new(&setup(), 0.0).unwrap();
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+               2017-09-04 10:00:00,3600,8,1,vc1\n\
+               2017-09-04 10:00:00,7200,1,1,vc9\n\
+               2017-09-04 10:00:00,60,1,1,vc8\n";
+    let t = read_philly(csv.as_bytes(), "t").unwrap();
+    let m = model.home_map(&t.jobs);
+    let name = |l: &str| model.fleet.clusters[m[l]].name.clone();
+    assert_eq!(name("vc1"), "home"); // [home_map]
+    assert_eq!(name("vc9"), "cheap"); // biggest unmapped label: emptiest cluster per GPU
+    assert_eq!(name("vc8"), "lab"); // then the next emptiest
+}
