@@ -14,7 +14,7 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {source}")]
+    #[error("invalid configuration in {path}")]
     Parse {
         path: PathBuf,
         #[source]
@@ -159,7 +159,7 @@ mod tests {
         match (got, expected) {
             (Ok(c), Ok(name)) => assert_eq!(c.clusters.first().map(|c| c.name.as_str()).unwrap_or(""), name),
             (Err(e), Err(msg)) => {
-                let s = e.to_string();
+                let s = format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default());
                 assert!(s.contains(msg), "error {s:?} does not contain {msg:?}")
             }
             (got, expected) => panic!("got {got:?}, expected {expected:?}"),

@@ -59,7 +59,7 @@ enum Command {
         action: Option<JobAction>,
     },
     /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
-    Simulate(fleet_sim::cli::SimulateArgs),
+    Simulate(Box<fleet_sim::cli::SimulateArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -315,7 +315,7 @@ fn query_escape(s: &str) -> String {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Simulate(args) = cli.command {
-        return fleet_sim::cli::run(args);
+        return fleet_sim::cli::run(*args);
     }
     let client = Client::new(&cli)?;
     match &cli.command {
