@@ -323,6 +323,9 @@ pub(crate) struct EvalCtx {
     pub in_place: bool,
     /// Only consider candidates with the GPUs free now.
     pub require_free: bool,
+    /// Skip options whose compute cost alone exceeds this (pruning in
+    /// [`decide`]; `INFINITY` elsewhere).
+    pub bound: f64,
 }
 
 fn cluster_gate(model: &FleetModel, st: Option<&ClusterState>, job: &PreparedJob, cid: ClusterId, c: &Cluster, in_place: bool) -> Result<(), Exclusion> {
@@ -571,6 +574,11 @@ pub(crate) fn eval_cluster(
         for (pricing, price) in options {
             let Some(price) = price.filter(|x| x.is_finite() && *x >= 0.0) else { continue };
             priced = true;
+            // Compute alone is a lower bound of the score: an option whose
+            // compute already exceeds the best score so far cannot win.
+            if price * f64::from(job.gpus) * ctx.duration_h > ctx.bound {
+                continue;
+            }
             if let Some(max) = job.spec.max_price {
                 if price > max {
                     cheapest_over = cheapest_over.min(price);
@@ -601,7 +609,7 @@ pub(crate) fn eval_cluster(
 }
 
 fn ctx_for(job: &PreparedJob) -> EvalCtx {
-    EvalCtx { duration_h: job.duration_h, in_place: false, require_free: false }
+    EvalCtx { duration_h: job.duration_h, in_place: false, require_free: false, bound: f64::INFINITY }
 }
 
 /// `a` ranks before `b`: lower total; ties go home first, then lower id.
@@ -620,11 +628,12 @@ fn ranks_before(job: &PreparedJob, a: &Placement, b: &Placement) -> bool {
 /// The best placement for a prepared job, or `None` when every cluster is
 /// excluded. Allocation-free.
 pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy: &Policy) -> Option<Placement> {
-    let ctx = ctx_for(job);
+    let mut ctx = ctx_for(job);
     let mut best: Option<Placement> = None;
     for cid in 0..model.clusters.len() as ClusterId {
         if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
             if best.as_ref().is_none_or(|b| ranks_before(job, &p, b)) {
+                ctx.bound = p.breakdown.total;
                 best = Some(p);
             }
         }

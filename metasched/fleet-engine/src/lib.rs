@@ -21,6 +21,7 @@ pub mod model;
 pub mod policy;
 pub mod rebalance;
 pub mod state;
+pub mod synth;
 
 pub use engine::{
     decide, evaluate_all, explain, explain_prepared, prepare, Breakdown, Candidate, Decision, Excluded, Exclusion,

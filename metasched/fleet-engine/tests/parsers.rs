@@ -311,3 +311,12 @@ nodes = 1
     assert_eq!(m3.egress_usd_per_gb(b, a), 0.03);
     assert_eq!(m3.egress_usd_per_gb(a, b), 0.02);
 }
+
+#[test]
+fn shipped_policy_file_parses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/metasched-policies.toml");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let p = Policies::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.names().collect::<Vec<_>>(), vec!["cost", "green", "time"]);
+    assert_eq!(p.get("green").map(|g| g.carbon_usd_per_kg), Some(1.0));
+}
