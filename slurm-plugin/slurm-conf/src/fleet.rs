@@ -15,6 +15,15 @@ use crate::value::{parse_bool, parse_in_range};
 /// Default path of fleet.conf.
 pub const DEFAULT_PATH: &str = "/etc/slurm/fleet.conf";
 
+/// `fleet.conf` in the directory of the given slurm.conf path (the
+/// place Fleet looks first); [`DEFAULT_PATH`] when it has no directory.
+pub fn path_beside(slurm_conf: &Path) -> PathBuf {
+    match slurm_conf.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join("fleet.conf"),
+        _ => PathBuf::from(DEFAULT_PATH),
+    }
+}
+
 /// One entry of `AllowedSubmitUids`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UserRef {
@@ -380,6 +389,28 @@ mod tests {
             "/etc/slurm/fleet.conf: MetaSchedulerUrl is required by fleet-agent"
         );
         assert!(!l.conf.submit_allowed(0, None));
+    }
+
+    #[test]
+    fn fleet_conf_sits_beside_slurm_conf() {
+        assert_eq!(path_beside(Path::new("/tmp/fleet-lab/beta/slurm.conf")), PathBuf::from("/tmp/fleet-lab/beta/fleet.conf"));
+        assert_eq!(path_beside(Path::new("slurm.conf")), PathBuf::from(DEFAULT_PATH));
+    }
+
+    #[test]
+    fn load_follows_includes_through_a_loader() {
+        let mut loader = |p: &Path| -> std::io::Result<Vec<u8>> {
+            match p.to_str() {
+                Some("/etc/slurm/fleet.conf") => Ok(b"SiteName=beta\nInclude fleet.d/timeouts.conf\n".to_vec()),
+                Some("/etc/slurm/fleet.d/timeouts.conf") => Ok(b"SubmitTimeoutMs=abc\n".to_vec()),
+                _ => Err(std::io::ErrorKind::NotFound.into()),
+            }
+        };
+        let e = FleetConf::load_with(Path::new("/etc/slurm/fleet.conf"), &mut loader).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/etc/slurm/fleet.d/timeouts.conf:1: SubmitTimeoutMs=abc: bad value; expected a whole number from 1 to 5000"
+        );
     }
 
     #[test]

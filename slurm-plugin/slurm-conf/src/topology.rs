@@ -147,11 +147,7 @@ impl Topology {
                         color[ci] = 1;
                         stack.push((ci, 0));
                     }
-                    1 => {
-                        if !found.contains(&ci) {
-                            found.push(ci);
-                        }
-                    }
+                    1 if !found.contains(&ci) => found.push(ci),
                     _ => {}
                 }
             }
