@@ -228,7 +228,8 @@ impl Store {
                  state TEXT NOT NULL,
                  target TEXT,
                  submitted_at REAL NOT NULL,
-                 data TEXT NOT NULL
+                 data TEXT NOT NULL,
+                 active INTEGER NOT NULL DEFAULT 1
              );
              CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
              CREATE INDEX IF NOT EXISTS jobs_target ON jobs(target);
@@ -238,6 +239,15 @@ impl Store {
                  heartbeat TEXT NOT NULL
              );",
         )?;
+        // `active` (the job may still be some agent's work) came after the
+        // first schema: add it to older databases.
+        let has_active: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('jobs') WHERE name = 'active'")?
+            .exists([])?;
+        if !has_active {
+            conn.execute_batch("ALTER TABLE jobs ADD COLUMN active INTEGER NOT NULL DEFAULT 1;")?;
+        }
+        conn.execute_batch("CREATE INDEX IF NOT EXISTS jobs_active ON jobs(target, active);")?;
         let mut map = BTreeMap::new();
         for c in clusters {
             let last: Option<(String, f64)> = conn
@@ -305,8 +315,17 @@ impl Store {
     fn save(&self, job: &Job) -> Result<(), StoreError> {
         let r = &job.record;
         self.conn.execute(
-            "INSERT OR REPLACE INTO jobs (id, origin, state, target, submitted_at, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![r.fleet_job_id, r.origin, r.state.as_str(), r.target, r.submitted_at, serde_json::to_string(job)?],
+            "INSERT OR REPLACE INTO jobs (id, origin, state, target, submitted_at, data, active)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                r.fleet_job_id,
+                r.origin,
+                r.state.as_str(),
+                r.target,
+                r.submitted_at,
+                serde_json::to_string(job)?,
+                !r.state.is_terminal() || job.remote_cancel_pending
+            ],
         )?;
         Ok(())
     }
@@ -660,6 +679,14 @@ impl Store {
         }
         if !upd.reason.is_empty() {
             job.record.reason = upd.reason;
+        } else if let Some(new) = upd.state.filter(|n| n.is_terminal() && !cur.is_terminal()) {
+            // The placement reason no longer says why the job is where it is.
+            let how = match (upd.signal.filter(|s| *s > 0), upd.exit_code) {
+                (Some(s), _) => format!(" (signal {s})"),
+                (None, Some(c)) => format!(" (exit code {c})"),
+                (None, None) => String::new(),
+            };
+            job.record.reason = format!("{new} at {}{how}", job.record.target.as_deref().unwrap_or("?"));
         }
         if let Some(new) = upd.state {
             if !cur.is_terminal() {
@@ -744,14 +771,14 @@ impl Store {
             Caller::Cluster(c) => Some(c.clone()),
             Caller::Job { .. } => return Err(StoreError::Forbidden("a job token cannot list jobs".into())),
         };
-        let jobs = self.query("SELECT data FROM jobs ORDER BY submitted_at, id", [])?;
-        Ok(jobs
-            .into_iter()
-            .map(|j| j.record)
-            .filter(|r| filter.state.is_none_or(|s| r.state == s))
-            .filter(|r| filter.origin.as_ref().is_none_or(|o| r.origin == *o))
-            .filter(|r| only.as_ref().is_none_or(|c| r.origin == *c || r.target.as_deref() == Some(c)))
-            .collect())
+        let jobs = self.query(
+            "SELECT data FROM jobs
+             WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR origin = ?2)
+               AND (?3 IS NULL OR origin = ?3 OR target = ?3)
+             ORDER BY submitted_at, id",
+            params![filter.state.map(JobState::as_str), filter.origin, only],
+        )?;
+        Ok(jobs.into_iter().map(|j| j.record).collect())
     }
 
     pub fn work(&mut self, caller: &Caller, now: f64) -> Result<AgentWork, StoreError> {
@@ -760,7 +787,8 @@ impl Store {
         };
         self.sweep(now)?;
         let mut work = AgentWork::default();
-        for job in self.query("SELECT data FROM jobs WHERE target = ?1 ORDER BY submitted_at, id", [c])? {
+        let sql = "SELECT data FROM jobs WHERE target = ?1 AND active = 1 ORDER BY submitted_at, id";
+        for job in self.query(sql, [c])? {
             let r = &job.record;
             if r.state == JobState::Assigned && !job.submitted && !r.cancel_requested {
                 work.submit.push(Assignment { fleet_job_id: r.fleet_job_id.clone(), request: job.request.clone() });

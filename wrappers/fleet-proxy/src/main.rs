@@ -310,8 +310,10 @@ fn exit_status(r: &JobRecord) -> u8 {
     match r.state {
         JobState::Completed | JobState::Failed if r.exit_code.is_some() => {
             let code = r.exit_code.unwrap_or(1);
-            if r.state == JobState::Failed && code == 0 {
+            if r.state == JobState::Failed && !r.reason.is_empty() {
                 diag(format_args!("job failed: {}", r.reason));
+            }
+            if r.state == JobState::Failed && code == 0 {
                 return 1;
             }
             code.clamp(0, 255) as u8

@@ -173,6 +173,10 @@ fn finished(state: JobState, exit: i32, out: usize, err: usize) -> StatusUpdate 
 }
 
 fn spawn_proxy(url: &str, id: &str, dir: &Path) -> tokio::process::Child {
+    spawn_proxy_with(url, id, dir, false)
+}
+
+fn spawn_proxy_with(url: &str, id: &str, dir: &Path, token_in_file: bool) -> tokio::process::Child {
     // A fake scontrol that records the comment updates.
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -182,12 +186,17 @@ fn spawn_proxy(url: &str, id: &str, dir: &Path) -> tokio::process::Child {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&sc, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_fleet-proxy"))
-        .args(["--job", id, "--url", url, "--poll-ms", "50"])
-        .arg("--slurm-bin-dir")
-        .arg(&bin)
-        .env("FLEET_JOB_TOKEN", auth::job_token(&token_of("beta"), id))
-        .env("SLURM_JOB_ID", "77")
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fleet-proxy"));
+    cmd.args(["--job", id, "--url", url, "--poll-ms", "50"]).arg("--slurm-bin-dir").arg(&bin);
+    let token = auth::job_token(&token_of("beta"), id);
+    if token_in_file {
+        let f = dir.join(format!("{id}.token"));
+        std::fs::write(&f, format!("{token}\n")).unwrap();
+        cmd.arg("--token-file").arg(f);
+    } else {
+        cmd.env("FLEET_JOB_TOKEN", token);
+    }
+    cmd.env("SLURM_JOB_ID", "77")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -232,7 +241,9 @@ async fn relays_output_exactly_and_exits_with_the_remote_code() {
     let (code, stdout, stderr) = finish(child).await;
     assert_eq!(code, 7, "stderr: {}", String::from_utf8_lossy(&stderr));
     assert!(stdout == out, "stdout differs: {} bytes vs {}", stdout.len(), out.len());
-    assert!(stderr.ends_with(&err), "stderr: {}", String::from_utf8_lossy(&stderr));
+    let text = String::from_utf8_lossy(&stderr);
+    assert!(stderr.windows(err.len()).any(|w| w == err), "stderr: {text}");
+    assert!(text.ends_with("fleet-proxy: job failed: failed at alpha (exit code 7)\n"), "stderr: {text}");
     let comments = std::fs::read_to_string(tmp.path().join("comments.log")).unwrap();
     assert!(comments.contains("update JobId=77 Comment=fleet: alpha job 555 running"), "{comments}");
     assert!(comments.contains("update JobId=77 Comment=fleet: alpha job 555 failed"), "{comments}");
@@ -244,7 +255,7 @@ async fn sigterm_cancels_the_remote_job() {
     let tmp = tempfile::tempdir().unwrap();
     let (meta, alpha, beta) = setup(tmp.path()).await;
     beta.forward("px2", 8).await;
-    let child = spawn_proxy(&meta.url(), "px2", tmp.path());
+    let child = spawn_proxy_with(&meta.url(), "px2", tmp.path(), true);
     alpha.wait_for("px2", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
     alpha.status("px2", running(556)).await;
     alpha.output("px2", Stream::Stdout, b"partial\n", 1024).await;
@@ -288,4 +299,22 @@ async fn survives_a_metasched_restart_and_reports_impossible_jobs() {
     assert_eq!(stdout, b"one\ntwo\n");
     assert!(stderr.contains("reachable again"), "{stderr}");
     meta.stop().await;
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-proxy"))
+        .args(["--url", "http://127.0.0.1:1"])
+        .env_remove("FLEET_JOB_ID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-proxy"))
+        .args(["--job", "j", "--url", "http://127.0.0.1:1"])
+        .env_remove("FLEET_JOB_TOKEN")
+        .env_remove("FLEET_JOB_TOKEN_FILE")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a job token is required"));
 }
