@@ -313,11 +313,16 @@ impl EngineModel {
             cs.healthy = l.up;
             cs.queue_pending = l.pools.iter().map(|p| p.queued_jobs as u32).sum();
             for (pi, (ps, pl)) in cs.pools.iter_mut().zip(&l.pools).enumerate() {
-                ps.free_gpus = pl.free;
+                // A pool with a queue starts nothing new before the queue moves
+                // (FIFO with a reservation for its head): report it as full, so the
+                // engine uses the expected wait instead of "fits now".
+                let free = if pl.queued_jobs > 0 { 0 } else { pl.free };
+                ps.free_gpus = free;
                 ps.expected_wait_s = Some(pl.est_wait_s);
                 let trace = self.pool_spot.get(ci).and_then(|v| v.get(pi)).copied().flatten();
                 let has_spot = self.fleet.clusters[ci].pools[pi].prices.spot.is_some();
-                ps.spot_available = has_spot && pl.spot_free >= gpus.max(1) && (trace.is_none() || pl.spot_fraction > 0.0);
+                ps.spot_available =
+                    has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (trace.is_none() || pl.spot_fraction > 0.0);
                 ps.spot_preemptions_per_hour = trace.and_then(|k| self.spot_rates.get(k).copied());
             }
         }
