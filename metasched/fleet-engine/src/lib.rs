@@ -8,7 +8,7 @@
 //! * [`policy`]: named weights (`cost`, `time`, `green`).
 //! * [`engine`]: [`prepare`], [`decide`] (fast path), [`explain`] (ranked
 //!   [`Decision`] with breakdowns and exclusion reasons).
-//! * [`rebalance`]: [`propose_migrations`].
+//! * [`rebalance`]: [`propose_migrations`] for running interruptible jobs.
 //! * [`feeds`]: parsers for price tables, carbon series, egress matrices.
 //!
 //! The scoring model and the `#FLEET` directives are documented in

@@ -67,7 +67,7 @@ pub fn propose_migrations(
     let ov = &model.overheads;
     let mut cands: Vec<MigrationProposal> = Vec::new();
     for (i, r) in running.iter().enumerate() {
-        if !r.job.spec.interruptible || !(r.remaining_s.is_finite() && r.remaining_s > 0.0) {
+        if !(r.job.spec.interruptible && r.remaining_s.is_finite() && r.remaining_s > 0.0) {
             continue;
         }
         let rem_h = r.remaining_s / 3600.0;

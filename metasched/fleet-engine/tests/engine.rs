@@ -355,7 +355,8 @@ nodes = 8
 fn fleet_modes_and_spot() {
     let m = fleet(HOME_AND_CLOUD);
     let p = Policy::cost();
-    let cases: &[(FleetMode, f64, bool, Option<&str>, Option<Pricing>)] = &[
+    type Case<'a> = (FleetMode, f64, bool, Option<&'a str>, Option<Pricing>);
+    let cases: &[Case] = &[
         (FleetMode::Local, 8.0, false, Some("home"), Some(Pricing::Onprem)),
         (FleetMode::Remote, 0.1, false, Some("cloud"), Some(Pricing::OnDemand)),
         (FleetMode::Auto, 8.0, true, Some("cloud"), Some(Pricing::Spot)),

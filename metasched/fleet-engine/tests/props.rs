@@ -201,10 +201,8 @@ fn violation(m: &FleetModel, st: &FleetState, j: &JobSpec, policy: &Policy, p: &
         return fail("max price");
     }
     match p.pricing {
-        Pricing::Spot => {
-            if !(j.interruptible && policy.allow_spot && ps.spot_available && !c.onprem) {
-                return fail("spot not allowed");
-            }
+        Pricing::Spot if !(j.interruptible && policy.allow_spot && ps.spot_available && !c.onprem) => {
+            return fail("spot not allowed")
         }
         Pricing::Onprem if !c.onprem => return fail("onprem pricing on cloud"),
         Pricing::OnDemand if c.onprem => return fail("cloud pricing on-prem"),
