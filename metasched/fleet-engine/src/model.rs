@@ -97,8 +97,11 @@ pub struct Prices {
 
 /// The TOML file: `[overheads]`, `[[clusters]]` with `[[clusters.pools]]`,
 /// `[[datasets]]`, `[[links]]`. See `conf/fleet-sample.toml`.
+///
+/// Other top-level keys are kept in `extra` (serde cannot combine
+/// `deny_unknown_fields` with a flattened catch-all); the nested tables
+/// do deny unknown keys.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct FleetConfig {
     #[serde(default)]
     pub overheads: Overheads,

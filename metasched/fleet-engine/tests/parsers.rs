@@ -320,3 +320,29 @@ fn shipped_policy_file_parses() {
     assert_eq!(p.names().collect::<Vec<_>>(), vec!["cost", "green", "time"]);
     assert_eq!(p.get("green").map(|g| g.carbon_usd_per_kg), Some(1.0));
 }
+
+#[test]
+fn fleet_toml_keeps_foreign_tables_and_rejects_typos() {
+    fn check(input: &str, expected: Result<usize, &str>) {
+        match (fleet_engine::FleetModel::from_toml_str(input), expected) {
+            (Ok(m), Ok(n)) => {
+                assert_eq!(m.clusters.len(), n);
+            }
+            (Err(e), Err(frag)) => assert!(e.to_string().contains(frag), "{e}"),
+            (got, want) => panic!("{input}: got {:?}, want {want:?}", got.map(|m| m.clusters.len())),
+        }
+    }
+    let c = "[[clusters]]\nname = \"a\"\nprovider = \"p\"\nregion = \"r\"\nprices = { H100 = { on_demand = 1.0 } }\n\
+             [[clusters.pools]]\ngpu_type = \"H100\"\ngpus_per_node = 8\nnodes = 1\n";
+    check(c, Ok(1));
+    check(&format!("{c}[home_map]\nvc1 = \"a\"\n"), Ok(1));
+    check(&format!("[home_map]\nvc1 = \"a\"\n{c}"), Ok(1));
+    check(&c.replace("nodes = 1", "nodes = 1\nnvlink = 8"), Err("nvlink"));
+    check(&c.replace("region = \"r\"", "region = \"r\"\nonprme = true"), Err("onprme"));
+    check(&c.replace("nodes = 1", "nodes = 0"), Err("must be > 0"));
+    check(&c.replace("on_demand = 1.0", "on_demand = -1.0"), Err("prices must be finite"));
+    check(&format!("{c}{c}"), Err("duplicate cluster"));
+    check("[[datasets]]\nuri = \"s3://x/\"\nlocations = [\"us-east-1\"]\n", Err("provider:region"));
+    let m = fleet_engine::FleetModel::from_toml_str(&format!("{c}[home_map]\nvc1 = \"a\"\n")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(m.config.extra.contains_key("home_map"));
+}
