@@ -187,7 +187,7 @@ pub fn parse_datetime_utc(s: &str) -> Option<f64> {
     let y: i64 = dp.next()?.parse().ok()?;
     let m: i64 = dp.next()?.parse().ok()?;
     let day: i64 = dp.next()?.parse().ok()?;
-    if dp.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+    if dp.next().is_some() || !(0..=9999).contains(&y) || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
         return None;
     }
     let mut tp = t.trim_end_matches('Z').split(':');

@@ -140,20 +140,20 @@ pub fn parse_duration(s: &str) -> Option<f64> {
     }
     if s.contains(':') || s.contains('-') {
         let (days, rest) = match s.split_once('-') {
-            Some((d, r)) => (d.parse::<u64>().ok()?, r),
+            Some((d, r)) => (d.parse::<u32>().ok()?, r),
             None => (0, s),
         };
         let parts: Vec<&str> = rest.split(':').collect();
-        let nums: Option<Vec<u64>> = parts.iter().map(|p| p.parse::<u64>().ok()).collect();
+        let nums: Option<Vec<f64>> = parts.iter().map(|p| p.parse::<u32>().ok().map(f64::from)).collect();
         let nums = nums?;
         let secs = match nums.as_slice() {
-            [h] if days > 0 => h * 3600,
-            [m, s] if days == 0 => m * 60 + s,
-            [h, m] => h * 3600 + m * 60,
-            [h, m, s] => h * 3600 + m * 60 + s,
+            [h] if days > 0 => h * 3600.0,
+            [m, s] if days == 0 => m * 60.0 + s,
+            [h, m] => h * 3600.0 + m * 60.0,
+            [h, m, s] => h * 3600.0 + m * 60.0 + s,
             _ => return None,
         };
-        return Some((days * 86400 + secs) as f64);
+        return Some(f64::from(days) * 86400.0 + secs);
     }
     if let Ok(m) = s.parse::<f64>() {
         return (m.is_finite() && m >= 0.0).then_some(m * 60.0);

@@ -502,3 +502,31 @@ fn sample_fleet_loads_and_places() {
         assert!(d.chosen().is_some(), "{d}");
     }
 }
+
+#[test]
+fn state_from_heartbeat_view() {
+    use fleet_api::api::{ClusterSummary, FleetView, GpuPool};
+    let m = fleet(HOME_AND_CLOUD);
+    let view = FleetView {
+        generated_at: 1000.0,
+        clusters: vec![ClusterSummary {
+            name: "cloud".into(),
+            healthy: true,
+            gpus: vec![GpuPool { gpu_type: "h100".into(), total: 32, free: 12, max_per_node: 8, nodes: 4 }],
+            queue_pending: 3,
+            ..ClusterSummary::default()
+        }],
+    };
+    let st = FleetState::from_view(&m, &view);
+    assert_eq!(st.now_unix, 1000.0);
+    // "home" sent no heartbeat: unhealthy; "cloud" has 12 free H100.
+    assert!(!st.clusters[0].healthy);
+    assert!(st.clusters[1].healthy);
+    assert_eq!(st.clusters[1].pools[0].free_gpus, 12);
+    assert_eq!(st.clusters[1].queue_pending, 3);
+    // A 16-GPU job does not fit now: it is still placed, with the history wait.
+    let d = explain(&m, &st, &job(16, 4.0), &Policy::cost());
+    let c = d.chosen().unwrap_or_else(|| panic!("{d}"));
+    assert_eq!((c.cluster.as_str(), c.fits_now), ("cloud", false), "{d}");
+    assert!(c.breakdown.wait_h > 0.0);
+}

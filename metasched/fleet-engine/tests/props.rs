@@ -277,3 +277,32 @@ fn generated_cases_exercise_both_outcomes() {
     assert!(placed * 10 >= total, "only {placed}/{total} placed");
     assert!(none * 10 >= total, "only {none}/{total} unplaced");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// Parsers return errors, never panic, whatever the text.
+    #[test]
+    fn parsers_never_panic(s in "(?s).{0,300}", pick in 0usize..6) {
+        use fleet_engine::feeds::{CARBON_HEADER, PRICES_HEADER};
+        let _ = fleet_engine::parse_duration(&s);
+        let _ = fleet_engine::Directives::parse(&format!("#FLEET {s}"));
+        let _ = fleet_engine::feeds::parse_datetime_utc(&s);
+        match pick {
+            0 => { let _ = fleet_engine::parse_prices(&format!("{PRICES_HEADER}\n{s}")); }
+            1 => { let _ = fleet_engine::parse_carbon(&format!("{CARBON_HEADER}\n{s}")); }
+            2 => { let _ = fleet_engine::parse_egress("aws", &format!(",a,b\n{s}")); }
+            3 => { let _ = FleetModel::from_toml_str(&s); }
+            4 => { let _ = fleet_engine::Policies::from_toml_str(&s); }
+            _ => { let _ = fleet_engine::parse_prices(&s); }
+        }
+    }
+
+    #[test]
+    fn numeric_fields_never_panic(a in any::<u64>(), b in any::<i64>(), c in any::<u32>()) {
+        let _ = fleet_engine::parse_duration(&format!("{a}-{c}:{c}:{c}"));
+        let _ = fleet_engine::parse_duration(&format!("{a}h{c}m"));
+        let _ = fleet_engine::feeds::parse_datetime_utc(&format!("{b}-{c}-{c} {c}:{c}:{c}"));
+        let _ = fleet_engine::parse_carbon(&format!("datetime_utc,zone,ci_direct_gco2_kwh,ci_lca_gco2_kwh\n{b}-01-01 00:00:00,Z,{a},{c}\n"));
+    }
+}
