@@ -75,7 +75,7 @@ async fn main() -> anyhow::Result<()> {
                     },
                     tentative_target: "alpha".into(),
                 };
-                let mut step = |rb: reqwest::RequestBuilder| {
+                let step = |rb: reqwest::RequestBuilder| {
                     let t = Instant::now();
                     async move {
                         let r = rb.send().await.expect("send");

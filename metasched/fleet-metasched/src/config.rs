@@ -24,14 +24,26 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// `[placement]`: placeholder for the cost engine.
+/// `[placement]`: which rule picks among the clusters that can run a job.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlacementConfig {
-    /// `first-fit` (the shared rule in `fleet_api::placement`, the only one
-    /// implemented today) or `cost` (the engine, later).
+    /// `first-fit` (default): the shared rule of `fleet_api::placement`
+    /// alone. Any other name is a cost-engine policy (`cost`, `time`,
+    /// `green`, or one defined in `[policies.<name>]`) that ranks the
+    /// clusters the shared rule allows; it needs `fleet_model`.
     #[serde(default)]
     pub policy: Option<String>,
+    /// The engine's fleet model (TOML, e.g. `conf/fleet-sample.toml`).
+    #[serde(default)]
+    pub fleet_model: Option<PathBuf>,
+}
+
+impl PlacementConfig {
+    /// The engine policy to use, if any.
+    pub fn engine_policy(&self) -> Option<&str> {
+        self.policy.as_deref().filter(|p| *p != "first-fit")
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -104,13 +116,13 @@ impl Config {
             return Err(ConfigError::Invalid("heartbeat_timeout_s must be > 0".into()));
         }
         if let Some(p) = &self.placement {
-            match p.policy.as_deref() {
-                None | Some("first-fit") | Some("cost") => {}
-                Some(other) => {
-                    return Err(ConfigError::Invalid(format!(
-                        "[placement] policy {other:?} is unknown (expected \"first-fit\" or \"cost\")"
-                    )))
-                }
+            if p.policy.as_deref() == Some("") {
+                return Err(ConfigError::Invalid("[placement] policy is empty".into()));
+            }
+            if let (Some(policy), None) = (p.engine_policy(), &p.fleet_model) {
+                return Err(ConfigError::Invalid(format!(
+                    "[placement] policy {policy:?} is a cost-engine policy: set [placement] fleet_model"
+                )));
             }
         }
         Ok(())
@@ -181,8 +193,10 @@ mod tests {
             &format!("{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n"),
             Err("configured twice"),
         );
-        check(&format!("{BASE}[placement]\npolicy = \"cost\"\n"), Ok(""));
-        check(&format!("{BASE}[placement]\npolicy = \"random\"\n"), Err("unknown"));
+        check(&format!("{BASE}[placement]\npolicy = \"first-fit\"\n"), Ok(""));
+        check(&format!("{BASE}[placement]\npolicy = \"cost\"\nfleet_model = \"/f.toml\"\n"), Ok(""));
+        check(&format!("{BASE}[placement]\npolicy = \"cost\"\n"), Err("set [placement] fleet_model"));
+        check(&format!("{BASE}[placement]\npolicy = \"\"\n"), Err("empty"));
         check(&format!("{BASE}heartbeat_timeout_s = 0\n"), Err("must be > 0"));
         check("listen = \"nope\"\n", Err("t.toml"));
         check(&format!("{BASE}prices = \"/p.csv\"\ncarbon = \"/c.csv\"\n"), Ok(""));

@@ -17,6 +17,7 @@
 
 pub mod config;
 pub mod metrics;
+pub mod ranking;
 pub mod store;
 
 use std::future::Future;
@@ -100,7 +101,11 @@ pub async fn run_with_clock(
     let store = {
         let (dir, clusters, timeout, clock, metrics) =
             (config.state_dir.clone(), config.clusters.clone(), config.heartbeat_timeout_s, clock.clone(), metrics.clone());
-        tokio::task::spawn_blocking(move || Store::open(&dir, &clusters, timeout, &clock, metrics))
+        let ranker = ranking::Ranker::load(&config)?.map(Arc::new);
+        if let Some(r) = &ranker {
+            tracing::info!(policy = r.policy_name(), "placement ranks with the cost engine");
+        }
+        tokio::task::spawn_blocking(move || Store::open(&dir, &clusters, timeout, &clock, metrics, ranker))
             .await?
             .with_context(|| format!("opening the state in {}", config.state_dir.display()))?
     };

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ClusterConfig;
 use crate::metrics::Metrics;
+use crate::ranking::Ranker;
 use crate::Clock;
 
 /// Who is calling, after authentication.
@@ -98,10 +99,18 @@ pub struct Explanation {
     pub placement_reason: String,
     /// Clusters the hard constraints rule out, and why.
     pub exclusions: Vec<ExclusionView>,
-    /// Feasible clusters ranked by the cost engine, best first (empty until
-    /// the engine is wired in).
+    /// Engine policy that ranks (empty: the first rule alone).
+    #[serde(default)]
+    pub policy: String,
+    /// Clusters ranked by the cost engine, best first (empty without one).
     #[serde(default)]
     pub ranked: Vec<RankedCandidate>,
+    /// Clusters the engine rules out, and why.
+    #[serde(default)]
+    pub engine_exclusions: Vec<ExclusionView>,
+    /// Engine notes (unknown datasets, bad `#FLEET` directives, …).
+    #[serde(default)]
+    pub notes: Vec<String>,
     pub view_generated_at: f64,
 }
 
@@ -115,6 +124,12 @@ pub struct ExclusionView {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankedCandidate {
     pub cluster: String,
+    #[serde(default)]
+    pub pool: String,
+    #[serde(default)]
+    pub pricing: String,
+    #[serde(default)]
+    pub fits_now: bool,
     pub score: f64,
     /// Named cost terms (price, wait, egress, carbon, …).
     #[serde(default)]
@@ -143,6 +158,7 @@ pub struct Store {
     heartbeat_timeout_s: f64,
     started_at: f64,
     metrics: Arc<Metrics>,
+    ranker: Option<Arc<Ranker>>,
 }
 
 /// Slurm node states that take a node's GPUs out of the pool.
@@ -214,6 +230,7 @@ impl Store {
         heartbeat_timeout_s: f64,
         clock: &Clock,
         metrics: Arc<Metrics>,
+        ranker: Option<Arc<Ranker>>,
     ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(state_dir)?;
         let out_dir = state_dir.join("output");
@@ -269,6 +286,7 @@ impl Store {
             heartbeat_timeout_s,
             started_at: clock.now(),
             metrics,
+            ranker,
         };
         store.reconcile_output_lengths()?;
         Ok(store)
@@ -495,7 +513,7 @@ impl Store {
             Placement::Remote { target, reason } => ("remote", Some(target), reason),
             Placement::Impossible { reason } => ("impossible", None, reason),
         };
-        Ok(Explanation {
+        let mut out = Explanation {
             fleet_job_id: job.record.fleet_job_id,
             state: Some(job.record.state),
             target: job.record.target,
@@ -505,9 +523,42 @@ impl Store {
             placement_target: target,
             placement_reason: why,
             exclusions: excluded.into_iter().map(|e| ExclusionView { cluster: e.cluster, reason: e.reason }).collect(),
+            policy: String::new(),
             ranked: Vec::new(),
+            engine_exclusions: Vec::new(),
+            notes: Vec::new(),
             view_generated_at: view.generated_at,
-        })
+        };
+        if let Some(r) = &self.ranker {
+            let (d, errs) = r.explain(&view, &job.request, &out.fleet_job_id);
+            out.policy = d.policy.clone();
+            out.ranked = d
+                .ranked
+                .iter()
+                .map(|c| {
+                    let b = &c.breakdown;
+                    RankedCandidate {
+                        cluster: c.cluster.clone(),
+                        pool: format!("{} ({})", c.pool, c.gpu_type),
+                        pricing: c.pricing.as_str().to_string(),
+                        fits_now: c.fits_now,
+                        score: b.total,
+                        terms: vec![
+                            ("usd_per_gpu_h".into(), b.price_per_gpu_hour),
+                            ("compute_usd".into(), b.compute_usd),
+                            ("egress_usd".into(), b.egress_usd),
+                            ("wait_h".into(), b.wait_h),
+                            ("time_usd".into(), b.time_usd),
+                            ("carbon_usd".into(), b.carbon_usd),
+                        ],
+                    }
+                })
+                .collect();
+            out.engine_exclusions =
+                d.excluded.iter().map(|e| ExclusionView { cluster: e.cluster.clone(), reason: e.reason.clone() }).collect();
+            out.notes = d.notes.iter().cloned().chain(errs).collect();
+        }
+        Ok(out)
     }
 
     /// Origin-side control (start, cancel): the job token, the origin agent, the admin.
@@ -539,8 +590,24 @@ impl Store {
     /// Place a `Queued` job on the current view.
     fn assign(&self, job: &mut Job, now: f64) {
         let view = self.view(now);
-        let (p, _excluded) = placement::place(&view, &job.request);
+        let (mut p, excluded) = placement::place(&view, &job.request);
         let previous = job.record.reason.clone();
+        // The engine ranks the clusters the first rule allows.
+        if let (Some(r), Placement::Home { .. } | Placement::Remote { .. }) = (&self.ranker, &p) {
+            let allowed: Vec<String> = view
+                .clusters
+                .iter()
+                .filter(|c| c.healthy && !excluded.iter().any(|e| e.cluster == c.name))
+                .map(|c| c.name.clone())
+                .collect();
+            if let Some(pick) = r.pick(&view, &job.request, &job.record.fleet_job_id, &allowed) {
+                p = if pick.cluster == job.record.origin {
+                    Placement::Home { reason: pick.reason }
+                } else {
+                    Placement::Remote { target: pick.cluster, reason: pick.reason }
+                };
+            }
+        }
         match p {
             Placement::Home { reason } => {
                 self.metrics.placement("home");

@@ -53,10 +53,14 @@ fn config(dir: &Path) -> Config {
 
 impl Daemon {
     async fn start(dir: &Path, clock: Clock) -> Daemon {
+        Daemon::start_with(dir, clock, config(dir)).await
+    }
+
+    async fn start_with(dir: &Path, clock: Clock, config: Config) -> Daemon {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(fleet_metasched::run_with_clock(listener, config(dir), clock.clone(), async {
+        let handle = tokio::spawn(fleet_metasched::run_with_clock(listener, config, clock.clone(), async {
             let _ = rx.await;
         }));
         Daemon { url, dir: dir.to_path_buf(), clock, stop: Some(tx), handle, http: reqwest::Client::new() }
@@ -488,4 +492,96 @@ async fn restart_loses_nothing() {
     assert!(v.clusters.iter().all(|c| c.healthy));
     assert_eq!(d.start_job("p2", "beta").await.target.as_deref(), Some("alpha"));
     d.stop().await;
+}
+
+/// alpha and gamma both hold H100s; gamma's are four times cheaper.
+const MODEL: &str = r#"
+[[clusters]]
+name = "alpha"
+provider = "onprem"
+region = "east"
+onprem = true
+prices = { H100 = { onprem = 4.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+
+[[clusters]]
+name = "beta"
+provider = "onprem"
+region = "east"
+onprem = true
+prices = { A100 = { onprem = 1.0 } }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 2
+
+[[clusters]]
+name = "gamma"
+provider = "onprem"
+region = "east"
+onprem = true
+prices = { H100 = { onprem = 1.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+"#;
+
+#[tokio::test]
+async fn cost_policy_ranks_the_allowed_clusters() {
+    let tmp = tempfile::tempdir().unwrap();
+    // First rule alone: most free H100s wins (alpha has more free).
+    let d = Daemon::start(tmp.path(), Clock::default()).await;
+    d.heartbeat("alpha", 16).await;
+    d.heartbeat("beta", 16).await;
+    d.heartbeat("gamma", 8).await;
+    d.forward("ff", "beta", "h100", 8).await;
+    assert_eq!(d.start_job("ff", "beta").await.target.as_deref(), Some("alpha"));
+    d.stop().await;
+
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("model.toml"), MODEL).unwrap();
+    let mut cfg = config(tmp.path());
+    cfg.placement = Some(fleet_metasched::config::PlacementConfig {
+        policy: Some("cheap".into()),
+        fleet_model: Some(tmp.path().join("model.toml")),
+    });
+    let policies: toml::Table = toml::from_str("[cheap]\n").unwrap();
+    cfg.policies = Some(policies);
+    let d = Daemon::start_with(tmp.path(), Clock::default(), cfg).await;
+    d.heartbeat("alpha", 16).await;
+    d.heartbeat("beta", 16).await;
+    d.heartbeat("gamma", 8).await;
+    d.forward("cost", "beta", "h100", 8).await;
+    let r = d.start_job("cost", "beta").await;
+    assert_eq!(r.target.as_deref(), Some("gamma"), "{}", r.reason);
+    assert!(r.reason.contains("policy cheap: gamma ranked 1 of 2"), "{}", r.reason);
+    let e: fleet_metasched::store::Explanation =
+        d.ok(reqwest::Method::GET, "/v1/jobs/cost/explain", "Bearer admin-secret", None).await;
+    assert_eq!(e.policy, "cheap");
+    let ranked: Vec<_> = e.ranked.iter().map(|c| c.cluster.as_str()).collect();
+    assert_eq!(ranked, ["gamma", "alpha"]);
+    assert!(e.ranked[0].score < e.ranked[1].score);
+    assert_eq!(e.engine_exclusions.iter().map(|x| x.cluster.as_str()).collect::<Vec<_>>(), ["beta"]);
+    // The engine never overrides the hard rule: a job too big for anyone still fails.
+    d.forward("huge", "beta", "h100", 64).await;
+    assert_eq!(d.start_job("huge", "beta").await.state, JobState::Failed);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_engine_policy_is_a_startup_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("model.toml"), MODEL).unwrap();
+    let mut cfg = config(tmp.path());
+    cfg.placement = Some(fleet_metasched::config::PlacementConfig {
+        policy: Some("nope".into()),
+        fleet_model: Some(tmp.path().join("model.toml")),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = fleet_metasched::run(listener, cfg, async {}).await.unwrap_err();
+    assert!(format!("{err:#}").contains("policy \"nope\" is unknown"), "{err:#}");
 }

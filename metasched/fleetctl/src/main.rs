@@ -93,7 +93,10 @@ struct Explanation {
     placement_target: Option<String>,
     placement_reason: String,
     exclusions: Vec<Exclusion>,
+    policy: String,
     ranked: Vec<Ranked>,
+    engine_exclusions: Vec<Exclusion>,
+    notes: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -107,6 +110,9 @@ struct Exclusion {
 #[serde(default)]
 struct Ranked {
     cluster: String,
+    pool: String,
+    pricing: String,
+    fits_now: bool,
     score: f64,
     terms: Vec<(String, f64)>,
 }
@@ -275,11 +281,35 @@ fn explain_text(e: &Explanation) -> String {
     s.push_str(&format!("decision:  {}\n", e.reason));
     let now_target = e.placement_target.as_deref().map(|t| format!(" → {t}")).unwrap_or_default();
     s.push_str(&format!("rule now:  {}{now_target}: {}\n", e.placement, e.placement_reason));
-    if !e.ranked.is_empty() {
-        s.push_str("ranked:\n");
-        for (i, r) in e.ranked.iter().enumerate() {
-            let terms = r.terms.iter().map(|(k, v)| format!("{k}={v:.3}")).collect::<Vec<_>>().join(" ");
-            s.push_str(&format!("  {}. {} score {:.3} {terms}\n", i + 1, r.cluster, r.score));
+    if e.policy.is_empty() {
+        s.push_str("ranking:   first rule only (no cost-engine policy configured)\n");
+    } else {
+        s.push_str(&format!("ranked by policy {} (lower score is better):\n", e.policy));
+        let rows: Vec<Vec<String>> = e
+            .ranked
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut row = vec![
+                    format!("{}.", i + 1),
+                    r.cluster.clone(),
+                    r.pool.clone(),
+                    r.pricing.clone(),
+                    if r.fits_now { "now".into() } else { "waits".into() },
+                    format!("{:.3}", r.score),
+                ];
+                row.push(r.terms.iter().map(|(k, v)| format!("{k}={v:.3}")).collect::<Vec<_>>().join(" "));
+                row
+            })
+            .collect();
+        for line in table(&["#", "CLUSTER", "POOL", "PRICING", "FITS", "SCORE", "TERMS"], &rows).lines() {
+            s.push_str(&format!("  {line}\n"));
+        }
+        for x in &e.engine_exclusions {
+            s.push_str(&format!("  engine excludes {}: {}\n", x.cluster, x.reason));
+        }
+        for n in &e.notes {
+            s.push_str(&format!("  note: {n}\n"));
         }
     }
     if e.exclusions.is_empty() {

@@ -112,6 +112,7 @@ async fn clusters_jobs_job_cancel_explain() {
     assert!(out.contains("rule now:  impossible"), "{out}");
     assert!(out.contains("  alpha: has at most 8 h100 per node"), "{out}");
     assert!(out.contains("  beta: no heartbeat"), "{out}");
+    assert!(out.contains("ranking:   first rule only"), "{out}");
 
     let o = ctl(&url, dir, &["job", "cancel", "j-small"]).await;
     assert_eq!(text(&o), "j-small: cancelled\n");
