@@ -7,9 +7,10 @@
 //! (`fleet-proxy`) has relayed it. The HTTP API is the table in
 //! `fleet_api::api`.
 //!
-//! One addition to that table: `GET /v1/jobs/{id}/explain` (admin, the
+//! Additions to that table: `GET /v1/jobs/{id}/explain` (admin, the
 //! job's clusters, its job token) → [`store::Explanation`], used by
-//! `fleetctl job explain`.
+//! `fleetctl job explain`; `POST /v1/prices` (admin, body: the price CSV)
+//! → [`store::PriceImport`], used by `fleetctl prices import`.
 //!
 //! Layout: [`config`] (TOML), [`store`] (SQLite + output files + the job
 //! state machine, synchronous), [`metrics`], and the axum layer here
@@ -142,6 +143,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/jobs", post(forward).get(list_jobs))
         .route("/v1/agent/work", get(agent_work))
         .route("/v1/clusters", get(clusters))
+        .route("/v1/prices", post(import_prices))
         .route("/v1/jobs/:id", get(get_job))
         .route("/v1/jobs/:id/status", post(status))
         .route("/v1/jobs/:id/output", post(post_output).get(get_output))
@@ -307,6 +309,13 @@ async fn clusters(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<R
         Caller::Job { .. } => return Err(ApiError::new(StatusCode::FORBIDDEN, "a job token cannot read the fleet")),
     }
     Ok(Json(with_store(&st, |s, now| Ok(s.view(now))).await?).into_response())
+}
+
+async fn import_prices(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let caller = authenticate(&st.tokens, &headers, None)?;
+    let csv = String::from_utf8(body.to_vec())
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "the price table is not UTF-8"))?;
+    Ok(Json(with_store(&st, move |s, _| s.import_prices(&caller, &csv)).await?).into_response())
 }
 
 async fn get_job(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {

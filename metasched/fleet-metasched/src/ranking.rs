@@ -10,8 +10,16 @@ use fleet_engine::{Decision, FleetModel, FleetState, JobSpec, Policies, Policy};
 use crate::config::{Config, ConfigError};
 
 pub struct Ranker {
+    /// The model as configured, before any price feed.
+    base: FleetModel,
     model: FleetModel,
     policy: Policy,
+}
+
+/// Where `fleetctl prices import` keeps the last imported table; it wins
+/// over the configured `prices` feed at start-up.
+pub fn imported_prices_path(state_dir: &std::path::Path) -> std::path::PathBuf {
+    state_dir.join("prices.csv")
 }
 
 /// The engine's pick among allowed clusters.
@@ -31,13 +39,18 @@ impl Ranker {
         let read = |p: &std::path::Path| {
             std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })
         };
-        let mut model = FleetModel::from_toml_str(&read(model_path)?)
+        let base = FleetModel::from_toml_str(&read(model_path)?)
             .map_err(|e| ConfigError::Invalid(format!("fleet model {}: {e}", model_path.display())))?;
-        if let Some(prices) = &config.prices {
-            let table = fleet_engine::parse_prices(&read(prices)?)
-                .map_err(|e| ConfigError::Invalid(format!("price feed {}: {e}", prices.display())))?;
-            model = model.with_prices(&table, false);
-        }
+        let imported = imported_prices_path(&config.state_dir);
+        let feed = if imported.exists() { Some(imported) } else { config.prices.clone() };
+        let model = match &feed {
+            Some(prices) => {
+                let table = fleet_engine::parse_prices(&read(prices)?)
+                    .map_err(|e| ConfigError::Invalid(format!("price feed {}: {e}", prices.display())))?;
+                base.with_prices(&table, false)
+            }
+            None => base.clone(),
+        };
         let policies = match &config.policies {
             None => Policies::builtin(),
             Some(t) => {
@@ -53,7 +66,12 @@ impl Ranker {
                 "[placement] policy {name:?} is unknown (first-fit, {known})"
             )));
         };
-        Ok(Some(Ranker { model, policy }))
+        Ok(Some(Ranker { base, model, policy }))
+    }
+
+    /// This ranker with the configured model repriced by `table`.
+    pub fn with_prices(&self, table: &fleet_engine::PriceTable) -> Ranker {
+        Ranker { base: self.base.clone(), model: self.base.with_prices(table, false), policy: self.policy.clone() }
     }
 
     pub fn policy_name(&self) -> &str {

@@ -136,6 +136,18 @@ pub struct RankedCandidate {
     pub terms: Vec<(String, f64)>,
 }
 
+/// Reply of `POST /v1/prices`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PriceImport {
+    /// (provider, region, GPU type, GPUs per instance) price entries read.
+    pub entries: usize,
+    /// Rows skipped because they sell a fraction of a GPU.
+    pub skipped_fractional: usize,
+    /// The engine's model was repriced (false: no engine policy configured;
+    /// the table is kept and used once one is).
+    pub applied: bool,
+}
+
 /// Filter for `GET /v1/jobs`.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct JobFilter {
@@ -151,6 +163,7 @@ struct ClusterState {
 
 pub struct Store {
     conn: rusqlite::Connection,
+    state_dir: PathBuf,
     out_dir: PathBuf,
     clusters: BTreeMap<String, ClusterState>,
     /// Configured order, for stable views.
@@ -280,6 +293,7 @@ impl Store {
         }
         let mut store = Store {
             conn,
+            state_dir: state_dir.to_path_buf(),
             out_dir,
             clusters: map,
             order: clusters.iter().map(|c| c.name.clone()).collect(),
@@ -864,6 +878,27 @@ impl Store {
             }
         }
         Ok(work)
+    }
+
+    /// `POST /v1/prices` (admin): keep the price table in the state
+    /// directory and reprice the engine's model with it.
+    pub fn import_prices(&mut self, caller: &Caller, csv: &str) -> Result<PriceImport, StoreError> {
+        if *caller != Caller::Admin {
+            return Err(StoreError::Forbidden("only the admin imports prices".into()));
+        }
+        let table = fleet_engine::parse_prices(csv).map_err(|e| StoreError::BadRequest(format!("price table: {e}")))?;
+        let path = crate::ranking::imported_prices_path(&self.state_dir);
+        let tmp = path.with_extension("csv.tmp");
+        std::fs::write(&tmp, csv)?;
+        std::fs::rename(&tmp, &path)?;
+        let applied = match &self.ranker {
+            Some(r) => {
+                self.ranker = Some(Arc::new(r.with_prices(&table)));
+                true
+            }
+            None => false,
+        };
+        Ok(PriceImport { entries: table.entries.len(), skipped_fractional: table.skipped_fractional, applied })
     }
 
     /// Jobs per state, for the metrics.

@@ -494,7 +494,8 @@ async fn restart_loses_nothing() {
     d.stop().await;
 }
 
-/// alpha and gamma both hold H100s; gamma's are four times cheaper.
+/// alpha and gamma both hold H100s; gamma's (cloud) are four times cheaper
+/// until a price import says otherwise.
 const MODEL: &str = r#"
 [[clusters]]
 name = "alpha"
@@ -520,10 +521,9 @@ nodes = 2
 
 [[clusters]]
 name = "gamma"
-provider = "onprem"
-region = "east"
-onprem = true
-prices = { H100 = { onprem = 1.0 } }
+provider = "aws"
+region = "us-east-1"
+prices = { H100 = { on_demand = 1.0 } }
 [[clusters.pools]]
 gpu_type = "H100"
 gpus_per_node = 8
@@ -566,6 +566,27 @@ async fn cost_policy_ranks_the_allowed_clusters() {
     assert_eq!(ranked, ["gamma", "alpha"]);
     assert!(e.ranked[0].score < e.ranked[1].score);
     assert_eq!(e.engine_exclusions.iter().map(|x| x.cluster.as_str()).collect::<Vec<_>>(), ["beta"]);
+    // A price import makes gamma dearer than alpha: the next job goes to alpha.
+    let csv = "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr\n\
+               aws,us-east-1,use1-az1,p5.48xlarge,H100,8,192,2048,40.0,\n";
+    let r = d.req(reqwest::Method::POST, "/v1/prices", &bearer("beta")).body(csv).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = d.req(reqwest::Method::POST, "/v1/prices", "Bearer admin-secret").body("nonsense\n").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let imp: fleet_metasched::store::PriceImport = d
+        .req(reqwest::Method::POST, "/v1/prices", "Bearer admin-secret")
+        .body(csv)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((imp.entries, imp.applied), (1, true));
+    d.forward("cost2", "beta", "h100", 8).await;
+    let r = d.start_job("cost2", "beta").await;
+    assert_eq!(r.target.as_deref(), Some("alpha"), "{}", r.reason);
+    assert!(tmp.path().join("state/prices.csv").exists());
     // The engine never overrides the hard rule: a job too big for anyone still fails.
     d.forward("huge", "beta", "h100", 64).await;
     assert_eq!(d.start_job("huge", "beta").await.state, JobState::Failed);

@@ -58,8 +58,26 @@ enum Command {
         #[command(subcommand)]
         action: Option<JobAction>,
     },
+    /// The cost engine's price table.
+    Prices {
+        #[command(subcommand)]
+        action: PricesAction,
+    },
     /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
     Simulate(Box<fleet_sim::cli::SimulateArgs>),
+}
+
+#[derive(Subcommand, Debug)]
+enum PricesAction {
+    /// Upload a price table (CSV with the header of
+    /// /work/shared/data/prices/gpu-prices.csv: provider,region,zone,
+    /// instance_type,gpu_type,gpu_count,vcpus,memory_gib,
+    /// price_ondemand_usd_hr,price_spot_usd_hr). The meta-scheduler keeps it
+    /// and reprices the cloud pools of its fleet model at once.
+    Import {
+        /// The CSV file.
+        csv: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -143,11 +161,16 @@ impl Client {
     }
 
     fn call(&self, method: reqwest::Method, path: &str) -> anyhow::Result<serde_json::Value> {
+        self.call_with(method, path, None)
+    }
+
+    fn call_with(&self, method: reqwest::Method, path: &str, body: Option<String>) -> anyhow::Result<serde_json::Value> {
         let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .request(method.clone(), &url)
-            .bearer_auth(&self.token)
+        let mut req = self.http.request(method.clone(), &url).bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.header("Content-Type", "text/csv").body(b);
+        }
+        let resp = req
             .send()
             .with_context(|| format!("{method} {url}"))?;
         let status = resp.status();
@@ -350,6 +373,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let client = Client::new(&cli)?;
     match &cli.command {
         Command::Simulate(_) => unreachable!("handled above"),
+        Command::Prices { action: PricesAction::Import { csv } } => {
+            let text = std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
+            let v = client.call_with(reqwest::Method::POST, "/v1/prices", Some(text))?;
+            if cli.json {
+                return print_json(&v);
+            }
+            let n = v["entries"].as_u64().unwrap_or(0);
+            let skipped = v["skipped_fractional"].as_u64().unwrap_or(0);
+            let applied = if v["applied"].as_bool().unwrap_or(false) {
+                "applied to the fleet model"
+            } else {
+                "stored; no cost-engine policy is configured, so it is not used yet"
+            };
+            print(&format!("{n} price entries ({skipped} fractional-GPU rows skipped), {applied}\n"))
+        }
         Command::Clusters => {
             let v = client.call(reqwest::Method::GET, "/v1/clusters")?;
             if cli.json {

@@ -125,6 +125,16 @@ async fn clusters_jobs_job_cancel_explain() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("unknown state \"sleeping\""), "{}", text(&o));
 
+    let csv = dir.join("prices.csv");
+    std::fs::write(
+        &csv,
+        "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr\n\
+         aws,us-east-1,z,p5.48xlarge,H100,8,192,2048,40.0,12.0\n",
+    )
+    .unwrap();
+    let o = ctl(&url, dir, &["prices", "import", csv.to_str().unwrap()]).await;
+    assert_eq!(text(&o), "1 price entries (0 fractional-GPU rows skipped), stored; no cost-engine policy is configured, so it is not used yet\n");
+
     let o = ctl(&url, dir, &["job"]).await;
     assert_eq!(o.status.code(), Some(2));
 
