@@ -1,3 +1,248 @@
-//! The lab harness: the one place that knows how to bring the local
-//! federation (real slurmctld/slurmd per cluster, fleet-metasched, one
-//! fleet-agent per cluster) up and down. Integration tests in `tests/` use it.
+//! The lab harness: the one place that knows how to reach the local
+//! federation that `tests/lab/lab.sh` runs (real slurmctld/slurmd per
+//! cluster, fleet-metasched, one fleet-agent per cluster), used by the
+//! integration tests in `tests/`.
+//!
+//! `make test` brings the lab up before `cargo test` and down after it;
+//! [`Lab::get`] brings it up itself when it finds it down (running a
+//! single test by hand).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+pub struct Lab {
+    pub root: PathBuf,
+    pub repo: PathBuf,
+}
+
+/// A job record from `scontrol show job -o`.
+pub type JobRecord = HashMap<String, String>;
+
+impl Lab {
+    /// The running lab (started on first use when it is not up).
+    pub fn get() -> &'static Lab {
+        static LAB: OnceLock<Lab> = OnceLock::new();
+        LAB.get_or_init(|| {
+            let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            let root = PathBuf::from(std::env::var("FLEET_LAB_DIR").unwrap_or_else(|_| "/tmp/fleet-lab".into()));
+            let lab = Lab { root, repo };
+            if !lab.is_up() {
+                let out = lab.lab_sh(&["up"]).expect("running tests/lab/lab.sh up");
+                assert!(out.status.success(), "lab.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            }
+            lab
+        })
+    }
+
+    /// The lab, held exclusively by the calling test until the guard drops:
+    /// tests stop and replace services, and must not see each other's effects.
+    pub fn lock() -> (&'static Lab, MutexGuard<'static, ()>) {
+        static M: Mutex<()> = Mutex::new(());
+        let g = M.lock().unwrap_or_else(|p| p.into_inner());
+        (Lab::get(), g)
+    }
+
+    fn is_up(&self) -> bool {
+        ["alpha", "beta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
+            && self.cmd("beta", "sinfo", &["-h"]).map(|o| o.status.success()).unwrap_or(false)
+    }
+
+    pub fn lab_sh(&self, args: &[&str]) -> Result<Output> {
+        Command::new(self.repo.join("tests/lab/lab.sh"))
+            .args(args)
+            .env("FLEET_LAB_DIR", &self.root)
+            .output()
+            .context("running lab.sh")
+    }
+
+    pub fn slurm_conf(&self, cluster: &str) -> PathBuf {
+        self.root.join(cluster).join("slurm.conf")
+    }
+
+    /// Run a Slurm command against `cluster`.
+    pub fn cmd(&self, cluster: &str, prog: &str, args: &[&str]) -> Result<Output> {
+        Command::new(prog)
+            .args(args)
+            .env("SLURM_CONF", self.slurm_conf(cluster))
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {prog}"))
+    }
+
+    /// A fresh working directory for one test.
+    pub fn workdir(&self, name: &str) -> PathBuf {
+        let d = self.root.join("work").join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("creating a test work dir");
+        d
+    }
+
+    /// `sbatch --parsable` at `cluster` with `script` on stdin; `Err` holds sbatch's stderr.
+    pub fn sbatch(&self, cluster: &str, args: &[&str], script: &[u8]) -> Result<u64, String> {
+        self.sbatch_timed(cluster, args, script).0
+    }
+
+    /// As [`Lab::sbatch`], with the time sbatch took.
+    pub fn sbatch_timed(&self, cluster: &str, args: &[&str], script: &[u8]) -> (Result<u64, String>, Duration) {
+        use std::io::Write;
+        let t0 = Instant::now();
+        let child = Command::new("sbatch")
+            .arg("--parsable")
+            .args(args)
+            .env("SLURM_CONF", self.slurm_conf(cluster))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => return (Err(format!("cannot run sbatch: {e}")), t0.elapsed()),
+        };
+        if let Some(mut w) = child.stdin.take() {
+            let _ = w.write_all(script);
+        }
+        let out = match child.wait_with_output() {
+            Ok(o) => o,
+            Err(e) => return (Err(format!("sbatch: {e}")), t0.elapsed()),
+        };
+        let took = t0.elapsed();
+        if !out.status.success() {
+            return (Err(String::from_utf8_lossy(&out.stderr).into_owned()), took);
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let id = text.trim().split(';').next().unwrap_or("").parse().map_err(|_| format!("sbatch printed {text:?}"));
+        (id, took)
+    }
+
+    /// `scontrol show job -o <id>` at `cluster`, parsed; `None` when unknown.
+    pub fn job(&self, cluster: &str, id: u64) -> Option<JobRecord> {
+        let out = self.cmd(cluster, "scontrol", &["-o", "show", "job", &id.to_string()]).ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        Some(parse_record(&String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// Wait until the job reaches a terminal state; returns its record.
+    pub fn wait_done(&self, cluster: &str, id: u64, timeout: Duration) -> Result<JobRecord> {
+        self.wait_for(cluster, id, timeout, |r| is_terminal(&r["JobState"]))
+    }
+
+    /// Wait until `pred` holds for the job's record.
+    pub fn wait_for(&self, cluster: &str, id: u64, timeout: Duration, pred: impl Fn(&JobRecord) -> bool) -> Result<JobRecord> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(r) = self.job(cluster, id) {
+                if r.contains_key("JobState") && pred(&r) {
+                    return Ok(r);
+                }
+                if t0.elapsed() > timeout {
+                    bail!("job {id} at {cluster}: condition not met within {timeout:?}; last record: {r:?}");
+                }
+            } else if t0.elapsed() > timeout {
+                bail!("job {id} unknown at {cluster}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `fleetctl --json <args>` with the lab's admin token, parsed.
+    pub fn fleetctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let out = Command::new(self.root.join("bin/fleetctl"))
+            .arg("--url")
+            .arg(self.metasched_url())
+            .arg("--token-file")
+            .arg(self.root.join("secrets/admin.token"))
+            .arg("--json")
+            .args(args)
+            .output()
+            .context("running fleetctl")?;
+        if !out.status.success() {
+            bail!("fleetctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        serde_json::from_slice(&out.stdout).context("fleetctl --json output")
+    }
+
+    pub fn metasched_url(&self) -> String {
+        let toml = std::fs::read_to_string(self.root.join("metasched.toml")).unwrap_or_default();
+        let listen = toml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("listen").map(|r| r.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string()))
+            .unwrap_or_else(|| "127.0.0.1:16900".into());
+        format!("http://{listen}")
+    }
+
+    /// slurmctld of `cluster` answers.
+    pub fn ctld_alive(&self, cluster: &str) -> bool {
+        self.cmd(cluster, "scontrol", &["ping"]).map(|o| String::from_utf8_lossy(&o.stdout).contains("is UP")).unwrap_or(false)
+    }
+
+    /// Log file of the agent of `cluster`.
+    pub fn agent_log(&self, cluster: &str) -> PathBuf {
+        self.root.join(cluster).join("log/agent.log")
+    }
+}
+
+pub fn is_terminal(state: &str) -> bool {
+    matches!(
+        state,
+        "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" | "PREEMPTED"
+    )
+}
+
+/// Parse one `scontrol -o` line into key → value. Values may contain
+/// spaces (Command=, Comment=): a token without `Key=` continues the value before it.
+pub fn parse_record(line: &str) -> JobRecord {
+    let mut rec = JobRecord::new();
+    let mut last: Option<String> = None;
+    for tok in line.split_whitespace() {
+        match tok.split_once('=') {
+            Some((k, v)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '/' || c == '_') => {
+                rec.insert(k.to_string(), v.to_string());
+                last = Some(k.to_string());
+            }
+            _ => {
+                if let Some(k) = &last {
+                    if let Some(v) = rec.get_mut(k) {
+                        v.push(' ');
+                        v.push_str(tok);
+                    }
+                }
+            }
+        }
+    }
+    rec
+}
+
+/// Read a file, waiting up to `timeout` until `pred` holds for its bytes.
+pub fn wait_file(path: &Path, timeout: Duration, pred: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>> {
+    let t0 = Instant::now();
+    loop {
+        let data = std::fs::read(path).unwrap_or_default();
+        if pred(&data) {
+            return Ok(data);
+        }
+        if t0.elapsed() > timeout {
+            bail!("{}: condition not met within {timeout:?}; content: {:?}", path.display(), String::from_utf8_lossy(&data));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_parse_with_spaces() {
+        let r = parse_record("JobId=5 JobName=a b JobState=COMPLETED Comment=fleet: alpha job 7 ExitCode=3:0");
+        assert_eq!(r["JobName"], "a b");
+        assert_eq!(r["Comment"], "fleet: alpha job 7");
+        assert_eq!(r["ExitCode"], "3:0");
+    }
+}

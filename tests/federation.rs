@@ -1,0 +1,262 @@
+//! End-to-end tests of the federation against the real lab: slurmctld,
+//! slurmd and sbatch from Debian's Slurm packages, our plugins loaded
+//! through `JobSubmitPlugins=fleet` and `plugstack.conf`, the real
+//! fleet-metasched and one fleet-agent per cluster (see tests/lab/lab.sh).
+//!
+//! beta has a100s, alpha has h100s. Tests take the lab one at a time
+//! ([`Lab::lock`]): some stop services, and the timing checks need a quiet lab.
+
+use std::time::Duration;
+
+use fleet_lab::{wait_file, Lab};
+
+const T: Duration = Duration::from_secs(90);
+
+fn script(body: &str) -> Vec<u8> {
+    format!("#!/bin/bash\n{body}\n").into_bytes()
+}
+
+fn out_arg(dir: &std::path::Path, name: &str) -> String {
+    format!("--output={}/{name}", dir.display())
+}
+
+/// The Slurm job id at alpha behind a forwarded beta job, from fleetctl.
+fn remote_of(lab: &Lab, beta_id: u64) -> Option<(String, u64)> {
+    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
+    jobs.as_array()?.iter().find_map(|j| {
+        (j["origin_job_id"].as_u64() == Some(beta_id)).then(|| (j["target"].as_str().unwrap_or("").to_string(), j["remote_job_id"].as_u64().unwrap_or(0)))
+    })
+}
+
+#[test]
+fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("reroute");
+    let body = "echo \"ran on $SLURM_CLUSTER_NAME node $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES\"\nfor i in 1 2 3; do echo line $i; sleep 0.3; done\necho to-stderr >&2\nexit 3";
+    let id = lab
+        .sbatch("beta", &["--gres=gpu:h100:8", "--job-name=reroute", &out_arg(&dir, "out.txt"), &format!("--error={}/err.txt", dir.display())], &script(body))
+        .expect("sbatch at beta accepts an h100 job");
+
+    // At beta it is a normal job whose record says where it runs.
+    let rec = lab.job("beta", id).expect("beta knows the job");
+    assert_eq!(rec["Partition"], "fleet", "{rec:?}");
+    assert!(rec["AdminComment"].contains("-> alpha"), "{rec:?}");
+    assert!(rec.get("TresPerNode").is_none(), "the stand-in asks for no GPUs: {rec:?}");
+    let squeue = lab.cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"]).unwrap();
+    assert!(String::from_utf8_lossy(&squeue.stdout).contains("alpha"), "squeue at beta names alpha: {squeue:?}");
+
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "3:0", "the remote exit code is recorded at beta: {rec:?}");
+    assert_eq!(rec["JobState"], "FAILED");
+
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"line 3\n")).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.starts_with("ran on alpha node alpha"), "ran at alpha: {out:?}");
+    assert!(out.contains("line 1\nline 2\nline 3\n"), "{out:?}");
+    let err = std::fs::read_to_string(dir.join("err.txt")).unwrap();
+    assert!(err.contains("to-stderr"), "stderr relayed: {err:?}");
+
+    // And alpha ran it as a real Slurm job with the GPUs.
+    let (target, rid) = remote_of(lab, id).expect("fleetctl knows the job");
+    assert_eq!(target, "alpha");
+    let arec = lab.job("alpha", rid).expect("alpha knows the remote job");
+    assert_eq!(arec["TresPerNode"], "gres:gpu:h100:8", "{arec:?}");
+    assert_eq!(arec["ExitCode"], "3:0");
+}
+
+#[test]
+fn scancel_at_beta_cancels_the_alpha_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("cancel");
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo started; sleep 300")).unwrap();
+    wait_file(&dir.join("out.txt"), T, |b| b.starts_with(b"started")).unwrap();
+    let (_, rid) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
+    assert_eq!(lab.job("alpha", rid).unwrap()["JobState"], "RUNNING");
+
+    let t0 = std::time::Instant::now();
+    let out = lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
+    assert!(out.status.success());
+    let arec = lab.wait_for("alpha", rid, Duration::from_secs(5), |r| fleet_lab::is_terminal(&r["JobState"])).unwrap();
+    assert_eq!(arec["JobState"], "CANCELLED", "{arec:?}");
+    eprintln!("remote job cancelled {:?} after scancel at beta", t0.elapsed());
+    let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
+    assert_eq!(rec["JobState"], "CANCELLED");
+}
+
+#[test]
+fn afterok_dependency_on_a_forwarded_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("afterok");
+    let marker = dir.join("first-done");
+    let first = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "first.txt")], &script("sleep 3; echo first")).unwrap();
+    let then = lab
+        .sbatch(
+            "beta",
+            &[&format!("--dependency=afterok:{first}"), "--gres=gpu:a100:1", &out_arg(&dir, "second.txt")],
+            &script(&format!("test -s {}/first.txt && echo second-after-first", dir.display())),
+        )
+        .unwrap();
+    let failing = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "bad.txt")], &script("exit 1")).unwrap();
+    let never = lab
+        .sbatch("beta", &[&format!("--dependency=afterok:{failing}"), "--kill-on-invalid-dep=yes", &out_arg(&dir, "never.txt")], &script(&format!("touch {}", marker.display())))
+        .unwrap();
+
+    let rec = lab.wait_done("beta", then, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let second = std::fs::read_to_string(dir.join("second.txt")).unwrap();
+    assert_eq!(second, "second-after-first\n");
+    assert_eq!(lab.job("beta", first).unwrap()["ExitCode"], "0:0");
+
+    let rec = lab.wait_done("beta", failing, T).unwrap();
+    assert_eq!(rec["ExitCode"], "1:0");
+    let rec = lab.wait_for("beta", never, Duration::from_secs(20), |r| r["JobState"] == "CANCELLED" || r["Reason"] == "DependencyNeverSatisfied").unwrap();
+    assert!(!marker.exists(), "a job depending on a failed forwarded job must not run: {rec:?}");
+    let _ = lab.cmd("beta", "scancel", &[&never.to_string()]);
+}
+
+#[test]
+fn a100_job_stays_home_untouched() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("home");
+    let id = lab.sbatch("beta", &["--gres=gpu:a100:4", "--job-name=home", &out_arg(&dir, "out.txt")], &script("echo $SLURM_CLUSTER_NAME")).unwrap();
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["Partition"], "gpu");
+    assert_eq!(rec["TresPerNode"], "gres:gpu:a100:4");
+    assert!(rec.get("AdminComment").is_none_or(|c| c == "(null)"), "{rec:?}");
+    assert_eq!(rec["Comment"], "(null)");
+    assert_eq!(std::fs::read_to_string(dir.join("out.txt")).unwrap(), "beta\n");
+}
+
+#[test]
+fn fleet_local_and_fleet_to() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("opts");
+    // --fleet=local: never forwarded, so beta's own scheduler answers
+    // (beta has no h100).
+    let err = lab.sbatch("beta", &["--fleet=local", "--gres=gpu:h100:8", &out_arg(&dir, "a.txt")], &script("true")).unwrap_err();
+    assert!(err.contains("Requested node configuration is not available"), "{err}");
+    assert!(!err.contains("fleet"), "Slurm's own answer, not ours: {err}");
+
+    // --fleet-to=alpha sends an untyped GPU job, which beta could run, to alpha.
+    let id = lab.sbatch("beta", &["--fleet-to=alpha", "--gres=gpu:2", &out_arg(&dir, "b.txt")], &script("echo $SLURM_CLUSTER_NAME")).unwrap();
+    assert_eq!(lab.job("beta", id).unwrap()["Partition"], "fleet");
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0");
+    let out = wait_file(&dir.join("b.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    assert_eq!(out, b"alpha\n");
+
+    // --fleet-to a cluster without that GPU type is refused with the reason.
+    let err = lab.sbatch("beta", &["--fleet-to=alpha", "--gres=gpu:a100:1"], &script("true")).unwrap_err();
+    assert!(err.contains("alpha: has no a100 GPUs"), "{err}");
+}
+
+#[test]
+fn impossible_request_is_rejected_with_the_reason() {
+    let (lab, _serial) = Lab::lock();
+    let err = lab.sbatch("beta", &["--gres=gpu:h100:512"], &script("true")).unwrap_err();
+    assert!(err.contains("no cluster in the fleet can run gpu:h100:512"), "{err}");
+    assert!(err.contains("alpha: has at most 8 h100 per node"), "{err}");
+}
+
+#[test]
+fn bad_option_values_are_refused_by_sbatch() {
+    let (lab, _serial) = Lab::lock();
+    for (opt, want) in [
+        ("--fleet=sideways", "--fleet=sideways: expected auto, local or remote"),
+        ("--fleet-max-price=cheap", "--fleet-max-price=cheap: expected a positive price"),
+        ("--fleet-to=a;b", "is not a cluster name"),
+    ] {
+        let err = lab.sbatch("beta", &[opt, "--gres=gpu:a100:1"], &script("true")).unwrap_err();
+        assert!(err.contains(want), "{opt}: {err}");
+    }
+    let help = lab.cmd("beta", "sbatch", &["--help"]).unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for o in ["--fleet=auto|local|remote", "--fleet-to=", "--fleet-max-price=", "--fleet-data=", "--fleet-ckpt=", "--fleet-interruptible"] {
+        assert!(help.contains(o), "sbatch --help lists {o}");
+    }
+    assert!(lab.ctld_alive("beta"));
+}
+
+#[test]
+fn malformed_input_gets_clear_errors_and_slurmctld_survives() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("malformed");
+    // A GPU string slurmctld hands us that does not parse.
+    let err = lab.sbatch("beta", &["--gres=gpu:h100:x"], &script("true")).unwrap_err();
+    assert!(err.to_lowercase().contains("gres") || err.contains("GPU"), "{err}");
+
+    // A script too large to forward: refused with the size and the limit.
+    let big = format!("#!/bin/bash\n# {}\ntrue\n", "x".repeat(1_200_000));
+    let err = lab.sbatch("beta", &["--gres=gpu:h100:8"], big.as_bytes()).unwrap_err();
+    assert!(err.contains("more than MaxScriptBytes=1048576"), "{err}");
+    // ...while the same script kept home is untouched.
+    assert!(lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold"], big.as_bytes()).is_ok());
+
+    // Non-UTF-8 bytes in a forwarded script travel intact.
+    let mut s = b"#!/bin/bash\nprintf '\\xff\\xfe caf\\xc3\\xa9\\n' # \xff\xfe\n".to_vec();
+    s.extend_from_slice(b"exit 0\n");
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "bytes.txt")], &s).unwrap();
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0");
+    let out = wait_file(&dir.join("bytes.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    assert_eq!(out, b"\xff\xfe caf\xc3\xa9\n");
+    assert!(lab.ctld_alive("beta"));
+}
+
+#[test]
+fn arrays_stay_local() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("array");
+    let id = lab.sbatch("beta", &["--array=1-2", "--gres=gpu:a100:1", &out_arg(&dir, "a-%a.txt")], &script("echo $SLURM_ARRAY_TASK_ID")).unwrap();
+    let rec = lab.job("beta", id).unwrap();
+    assert_eq!(rec["Partition"], "gpu", "{rec:?}");
+}
+
+/// Stopping services is safe because every test holds the lab lock.
+#[test]
+fn agent_or_metasched_down_fails_open() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("failopen");
+
+    // Agent stopped: jobs are accepted locally at once.
+    assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
+    let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:a100:1", &out_arg(&dir, "a.txt")], &script("echo ok"));
+    let id = res.expect("sbatch succeeds without the agent");
+    assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
+    assert!(took < Duration::from_secs(2), "sbatch took {took:?} with the agent down");
+
+    // A garbage answer on the agent socket: same.
+    let sock = lab.root.join("beta/agent.sock");
+    let _ = std::fs::remove_file(&sock);
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let garbage = std::thread::spawn(move || {
+        use std::io::Write;
+        for _ in 0..2 {
+            if let Ok((mut s, _)) = listener.accept() {
+                let _ = s.write_all(b"\x00\xff{{{ not json\n");
+            }
+        }
+    });
+    let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:h100:1", "--hold"], &script("true"));
+    let err = res.expect_err("h100 kept local at beta is refused by beta itself");
+    assert!(err.contains("Requested node configuration is not available"), "{err}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let id = lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold"], &script("true")).expect("garbage reply: job accepted locally");
+    assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
+    let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    garbage.join().unwrap();
+    let _ = std::fs::remove_file(&sock);
+    assert!(lab.ctld_alive("beta"));
+    assert!(lab.lab_sh(&["start-agent", "beta"]).unwrap().status.success());
+
+    // Meta-scheduler stopped: still accepted locally.
+    assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
+    let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:a100:1", "--hold"], &script("true"));
+    let id = res.expect("sbatch succeeds without the meta-scheduler");
+    assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    assert!(lab.lab_sh(&["start-metasched"]).unwrap().status.success());
+    // Give the agents one heartbeat to refresh their view.
+    std::thread::sleep(Duration::from_secs(2));
+}
