@@ -602,8 +602,23 @@ cmd_fleetctl() {
     "$R/bin/fleetctl" "$@"
 }
 
+# Commands that start/stop things hold an exclusive lock beside the lab root,
+# so two concurrent callers (two test runs, a test and a person) serialize
+# instead of interleaving their start-ups.
+lab_lock() {
+  local lock="${R%/}.lock"
+  exec 9>>"$lock"
+  if ! flock -n 9; then
+    log "waiting for another lab.sh ($lock)"
+    flock -w "${FLEET_LAB_LOCK_TIMEOUT:-600}" 9 || die "another lab.sh still holds $lock"
+  fi
+}
+
 main() {
   local cmd=${1:-}; shift || true
+  case $cmd in
+    up|down|deps|stop-agent|start-agent|stop-metasched|start-metasched|restart-ctld) lab_lock ;;
+  esac
   case $cmd in
     deps) cmd_deps ;;
     up) cmd_up "$@" ;;
