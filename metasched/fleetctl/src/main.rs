@@ -243,7 +243,8 @@ fn clusters_table(v: &FleetView) -> String {
                 c.region.clone(),
                 c.provider.clone(),
                 if c.healthy { "yes".into() } else { "no".into() },
-                age(c.heartbeat_age_s),
+                // A cluster never heard from has no scheduler name.
+                if c.scheduler.is_empty() { "never".into() } else { age(c.heartbeat_age_s) },
                 gpus,
                 c.queue_pending.to_string(),
                 c.queue_running.to_string(),

@@ -92,7 +92,7 @@ async fn clusters_jobs_job_cancel_explain() {
     let out = text(&o);
     assert!(out.starts_with("NAME "), "{out}");
     assert!(out.lines().any(|l| l.starts_with("alpha ") && l.contains("yes") && l.contains("h100:6/8")), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("beta ") && l.contains(" no ")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("beta ") && l.contains(" no ") && l.contains(" never ")), "{out}");
 
     let o = ctl(&url, dir, &["jobs", "--state", "held"]).await;
     let out = text(&o);
