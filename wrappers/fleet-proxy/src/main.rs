@@ -65,7 +65,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const READ_CHUNK: u64 = 1 << 20;
 /// After SIGTERM: how long to retry the cancel, and how long to keep
 /// relaying output (Slurm's KillWait is 5 s before SIGKILL).
-const CANCEL_RETRY: Duration = Duration::from_secs(3);
+const CANCEL_RETRY: Duration = Duration::from_millis(2500);
 const RELAY_AFTER_CANCEL: Duration = Duration::from_millis(3500);
 
 fn diag(msg: impl std::fmt::Display) {
@@ -310,7 +310,9 @@ fn exit_status(r: &JobRecord) -> u8 {
     match r.state {
         JobState::Completed | JobState::Failed if r.exit_code.is_some() => {
             let code = r.exit_code.unwrap_or(1);
-            if r.state == JobState::Failed && !r.reason.is_empty() {
+            // A plain non-zero exit speaks for itself (ExitCode at the
+            // origin); other failures (timeout, node failure) are explained.
+            if r.state == JobState::Failed && !r.reason.is_empty() && r.reason != "NonZeroExitCode" {
                 diag(format_args!("job failed: {}", r.reason));
             }
             if r.state == JobState::Failed && code == 0 {
@@ -380,7 +382,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
     // yet (it does so asynchronously): wait for it like for an outage.
     let mut record = loop {
         if term.load(Ordering::Relaxed) {
-            return Ok(cancel_and_drain(&api, &mut relay, &term));
+            return Ok(cancel_and_drain(&api, &mut relay));
         }
         match api.start(slurm_job_id.unwrap_or(0)) {
             Ok(r) => {
@@ -393,7 +395,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
     loop {
         comment.update(&record);
         if term.load(Ordering::Relaxed) {
-            return Ok(cancel_and_drain(&api, &mut relay, &term));
+            return Ok(cancel_and_drain(&api, &mut relay));
         }
         let pumped = relay.pump(&api);
         match pumped {
@@ -416,24 +418,25 @@ fn run(args: Args) -> anyhow::Result<u8> {
 
 /// The stand-in is being cancelled: cancel the remote job, relay what
 /// output arrives before the deadline, exit 143.
-fn cancel_and_drain(api: &Api, relay: &mut Relay, _term: &AtomicBool) -> u8 {
+fn cancel_and_drain(api: &Api, relay: &mut Relay) -> u8 {
     let t0 = Instant::now();
     diag("cancelled: cancelling the remote job");
-    loop {
+    let delivered = loop {
         match api.cancel(Duration::from_secs(1)) {
-            Ok(_) => break,
+            Ok(_) => break true,
             Err(CallError::Status(s, m)) => {
                 diag(format_args!("cancel refused: HTTP {s}: {m}"));
-                break;
+                break false;
             }
             Err(e) if t0.elapsed() >= CANCEL_RETRY => {
+                // The origin agent cancels jobs whose stand-in vanished.
                 diag(format_args!("could not cancel the remote job: {e}"));
-                break;
+                break false;
             }
             Err(_) => std::thread::sleep(Duration::from_millis(200)),
         }
-    }
-    while t0.elapsed() < RELAY_AFTER_CANCEL {
+    };
+    while delivered && t0.elapsed() < RELAY_AFTER_CANCEL {
         let finished = relay.pump(api).is_ok() && api.get().is_ok_and(|r| relay.done(&r));
         if finished {
             break;
