@@ -22,7 +22,12 @@ async fn main() -> anyhow::Result<()> {
     let mut clusters = Vec::new();
     for n in ["alpha", "beta"] {
         std::fs::write(dir.join(n), format!("tok-{n}"))?;
-        clusters.push(ClusterConfig { name: n.into(), region: String::new(), provider: String::new(), token_file: dir.join(n) });
+        clusters.push(ClusterConfig {
+            name: n.into(),
+            region: String::new(),
+            provider: String::new(),
+            token_file: dir.join(n),
+        });
     }
     let config = Config {
         listen: "127.0.0.1:0".parse()?,
@@ -54,7 +59,12 @@ async fn main() -> anyhow::Result<()> {
             }],
             ..Default::default()
         };
-        http.post(format!("{url}/v1/heartbeat")).bearer_auth(format!("tok-{c}")).json(&hb).send().await?.error_for_status()?;
+        http.post(format!("{url}/v1/heartbeat"))
+            .bearer_auth(format!("tok-{c}"))
+            .json(&hb)
+            .send()
+            .await?
+            .error_for_status()?;
     }
 
     let t0 = Instant::now();
@@ -85,15 +95,32 @@ async fn main() -> anyhow::Result<()> {
                     }
                 };
                 lat.push(step(http.post(format!("{url}/v1/jobs")).bearer_auth("tok-beta").json(&fwd)).await);
-                lat.push(step(http.post(format!("{url}/v1/jobs/{id}/start")).bearer_auth("tok-beta").json(&serde_json::json!({"origin_job_id": 1}))).await);
+                lat.push(
+                    step(
+                        http.post(format!("{url}/v1/jobs/{id}/start"))
+                            .bearer_auth("tok-beta")
+                            .json(&serde_json::json!({"origin_job_id": 1})),
+                    )
+                    .await,
+                );
                 lat.push(step(http.get(format!("{url}/v1/agent/work")).bearer_auth("tok-alpha")).await);
                 for s in [JobState::Pending, JobState::Running] {
                     let u = StatusUpdate { remote_job_id: Some(i as u64), state: Some(s), ..Default::default() };
-                    lat.push(step(http.post(format!("{url}/v1/jobs/{id}/status")).bearer_auth("tok-alpha").json(&u)).await);
+                    lat.push(
+                        step(http.post(format!("{url}/v1/jobs/{id}/status")).bearer_auth("tok-alpha").json(&u)).await,
+                    );
                 }
                 let ch = OutputChunk { stream: Stream::Stdout, offset: 0, data: vec![b'x'; 4096] };
-                lat.push(step(http.post(format!("{url}/v1/jobs/{id}/output")).bearer_auth("tok-alpha").json(&ch)).await);
-                let u = StatusUpdate { state: Some(JobState::Completed), exit_code: Some(0), final_stdout_len: Some(4096), final_stderr_len: Some(0), ..Default::default() };
+                lat.push(
+                    step(http.post(format!("{url}/v1/jobs/{id}/output")).bearer_auth("tok-alpha").json(&ch)).await,
+                );
+                let u = StatusUpdate {
+                    state: Some(JobState::Completed),
+                    exit_code: Some(0),
+                    final_stdout_len: Some(4096),
+                    final_stderr_len: Some(0),
+                    ..Default::default()
+                };
                 lat.push(step(http.post(format!("{url}/v1/jobs/{id}/status")).bearer_auth("tok-alpha").json(&u)).await);
             }
             lat
@@ -119,16 +146,30 @@ async fn main() -> anyhow::Result<()> {
     // Output throughput on one job (already completed above: write to a fresh one).
     let fwd = ForwardRequest {
         fleet_job_id: "big".into(),
-        request: JobRequest { origin: "beta".into(), gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 8, scope: GpuScope::Node }], ..Default::default() },
+        request: JobRequest {
+            origin: "beta".into(),
+            gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 8, scope: GpuScope::Node }],
+            ..Default::default()
+        },
         tentative_target: "alpha".into(),
     };
     http.post(format!("{url}/v1/jobs")).bearer_auth("tok-beta").json(&fwd).send().await?.error_for_status()?;
-    http.post(format!("{url}/v1/jobs/big/start")).bearer_auth("tok-beta").json(&serde_json::json!({"origin_job_id": 1})).send().await?.error_for_status()?;
+    http.post(format!("{url}/v1/jobs/big/start"))
+        .bearer_auth("tok-beta")
+        .json(&serde_json::json!({"origin_job_id": 1}))
+        .send()
+        .await?
+        .error_for_status()?;
     let mb = 64u64;
     let t = Instant::now();
     for i in 0..mb {
         let ch = OutputChunk { stream: Stream::Stdout, offset: i << 20, data: vec![b'y'; 1 << 20] };
-        http.post(format!("{url}/v1/jobs/big/output")).bearer_auth("tok-alpha").json(&ch).send().await?.error_for_status()?;
+        http.post(format!("{url}/v1/jobs/big/output"))
+            .bearer_auth("tok-alpha")
+            .json(&ch)
+            .send()
+            .await?
+            .error_for_status()?;
     }
     let w = t.elapsed();
     let t = Instant::now();

@@ -131,8 +131,7 @@ impl Config {
     /// Read the admin and cluster tokens from their files.
     pub fn read_tokens(&self) -> Result<Tokens, ConfigError> {
         let read = |p: &Path| -> Result<String, ConfigError> {
-            let t = std::fs::read_to_string(p)
-                .map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
+            let t = std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
             let t = t.trim().to_string();
             if t.is_empty() {
                 return Err(ConfigError::Invalid(format!("token file {} is empty", p.display())));
@@ -184,11 +183,16 @@ mod tests {
     fn table() {
         check(BASE, Ok(""));
         check(
-            &format!("{BASE}[[clusters]]\nname = \"alpha\"\nregion = \"r\"\nprovider = \"onprem\"\ntoken_file = \"/t\"\n"),
+            &format!(
+                "{BASE}[[clusters]]\nname = \"alpha\"\nregion = \"r\"\nprovider = \"onprem\"\ntoken_file = \"/t\"\n"
+            ),
             Ok("alpha"),
         );
         check(&format!("{BASE}bogus = 1\n"), Err("unknown field `bogus`"));
-        check(&format!("{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\ncolour = 1\n"), Err("unknown field `colour`"));
+        check(
+            &format!("{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\ncolour = 1\n"),
+            Err("unknown field `colour`"),
+        );
         check(
             &format!("{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n"),
             Err("configured twice"),

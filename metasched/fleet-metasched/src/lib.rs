@@ -100,8 +100,13 @@ pub async fn run_with_clock(
     let tokens = config.read_tokens()?;
     let metrics = Arc::new(Metrics::new());
     let store = {
-        let (dir, clusters, timeout, clock, metrics) =
-            (config.state_dir.clone(), config.clusters.clone(), config.heartbeat_timeout_s, clock.clone(), metrics.clone());
+        let (dir, clusters, timeout, clock, metrics) = (
+            config.state_dir.clone(),
+            config.clusters.clone(),
+            config.heartbeat_timeout_s,
+            clock.clone(),
+            metrics.clone(),
+        );
         let ranker = ranking::Ranker::load(&config)?.map(Arc::new);
         if let Some(r) = &ranker {
             tracing::info!(policy = r.policy_name(), "placement ranks with the cost engine");
@@ -110,12 +115,7 @@ pub async fn run_with_clock(
             .await?
             .with_context(|| format!("opening the state in {}", config.state_dir.display()))?
     };
-    let state = AppState {
-        store: Arc::new(parking_lot::Mutex::new(store)),
-        tokens: Arc::new(tokens),
-        metrics,
-        clock,
-    };
+    let state = AppState { store: Arc::new(parking_lot::Mutex::new(store)), tokens: Arc::new(tokens), metrics, clock };
     let sweeper = {
         let st = state.clone();
         tokio::spawn(async move {

@@ -41,9 +41,7 @@ impl Metrics {
     }
 
     pub fn request(&self, route: &str, status: u16) {
-        self.requests
-            .get_or_create(&vec![("route".into(), route.into()), ("status".into(), status.to_string())])
-            .inc();
+        self.requests.get_or_create(&vec![("route".into(), route.into()), ("status".into(), status.to_string())]).inc();
     }
 
     pub fn placement(&self, outcome: &str) {

@@ -62,9 +62,7 @@ impl Ranker {
         };
         let Some(policy) = policies.get(name).cloned() else {
             let known = policies.names().collect::<Vec<_>>().join(", ");
-            return Err(ConfigError::Invalid(format!(
-                "[placement] policy {name:?} is unknown (first-fit, {known})"
-            )));
+            return Err(ConfigError::Invalid(format!("[placement] policy {name:?} is unknown (first-fit, {known})")));
         };
         Ok(Some(Ranker { base, model, policy }))
     }

@@ -33,7 +33,10 @@ pub enum Caller {
     Cluster(String),
     /// A stand-in (`fleet-proxy`) holding the job token of `id`, minted
     /// with the token of cluster `origin`.
-    Job { id: String, origin: String },
+    Job {
+        id: String,
+        origin: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -271,9 +274,8 @@ impl Store {
         )?;
         // `active` (the job may still be some agent's work) came after the
         // first schema: add it to older databases.
-        let has_active: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info('jobs') WHERE name = 'active'")?
-            .exists([])?;
+        let has_active: bool =
+            conn.prepare("SELECT 1 FROM pragma_table_info('jobs') WHERE name = 'active'")?.exists([])?;
         if !has_active {
             conn.execute_batch("ALTER TABLE jobs ADD COLUMN active INTEGER NOT NULL DEFAULT 1;")?;
         }
@@ -568,8 +570,11 @@ impl Store {
                     }
                 })
                 .collect();
-            out.engine_exclusions =
-                d.excluded.iter().map(|e| ExclusionView { cluster: e.cluster.clone(), reason: e.reason.clone() }).collect();
+            out.engine_exclusions = d
+                .excluded
+                .iter()
+                .map(|e| ExclusionView { cluster: e.cluster.clone(), reason: e.reason.clone() })
+                .collect();
             out.notes = d.notes.iter().cloned().chain(errs).collect();
         }
         Ok(out)
@@ -953,7 +958,9 @@ mod tests {
 
     #[test]
     fn job_ids() {
-        for (id, ok) in [("j-1", true), ("abc.DEF_9", true), ("", false), ("../x", false), (".x", false), ("a/b", false)] {
+        for (id, ok) in
+            [("j-1", true), ("abc.DEF_9", true), ("", false), ("../x", false), (".x", false), ("a/b", false)]
+        {
             assert_eq!(valid_job_id(id), ok, "{id}");
         }
         assert!(!valid_job_id(&"x".repeat(129)));

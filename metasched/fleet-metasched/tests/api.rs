@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_api::api::{
-    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, NodeCapacity, OutputChunk, StartRequest,
-    StatusUpdate, Stream,
+    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, NodeCapacity, OutputChunk, StartRequest, StatusUpdate,
+    Stream,
 };
 use fleet_api::{auth, GpuRequest, GpuScope, JobRequest, JobState};
 use fleet_metasched::config::{ClusterConfig, Config};
@@ -91,7 +91,13 @@ impl Daemon {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
-    async fn ok<T: serde::de::DeserializeOwned>(&self, method: reqwest::Method, path: &str, auth: &str, body: Option<Value>) -> T {
+    async fn ok<T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        auth: &str,
+        body: Option<Value>,
+    ) -> T {
         let (s, v) = self.call(method, path, auth, body).await;
         assert!(s.is_success(), "{path}: {s} {v}");
         serde_json::from_value(v).unwrap()
@@ -124,7 +130,11 @@ impl Daemon {
     }
 
     async fn forward(&self, id: &str, origin: &str, gpu: &str, n: u32) -> JobRecord {
-        let fwd = ForwardRequest { fleet_job_id: id.into(), request: request(origin, gpu, n), tentative_target: "alpha".into() };
+        let fwd = ForwardRequest {
+            fleet_job_id: id.into(),
+            request: request(origin, gpu, n),
+            tentative_target: "alpha".into(),
+        };
         self.ok(reqwest::Method::POST, "/v1/jobs", &bearer(origin), Some(serde_json::to_value(fwd).unwrap())).await
     }
 
@@ -142,19 +152,33 @@ impl Daemon {
     }
 
     async fn status(&self, id: &str, cluster: &str, upd: StatusUpdate) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/status"), &bearer(cluster), Some(serde_json::to_value(upd).unwrap()))
-            .await
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/jobs/{id}/status"),
+            &bearer(cluster),
+            Some(serde_json::to_value(upd).unwrap()),
+        )
+        .await
     }
 
     async fn chunk(&self, id: &str, cluster: &str, stream: Stream, offset: u64, data: &[u8]) -> (StatusCode, Value) {
         let c = OutputChunk { stream, offset, data: data.to_vec() };
-        self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/output"), &bearer(cluster), Some(serde_json::to_value(c).unwrap()))
-            .await
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/jobs/{id}/output"),
+            &bearer(cluster),
+            Some(serde_json::to_value(c).unwrap()),
+        )
+        .await
     }
 
     async fn read_output(&self, id: &str, origin: &str, stream: &str, offset: u64, max: u64) -> Vec<u8> {
         let r = self
-            .req(reqwest::Method::GET, &format!("/v1/jobs/{id}/output?stream={stream}&offset={offset}&max={max}"), &job_auth(origin, id))
+            .req(
+                reqwest::Method::GET,
+                &format!("/v1/jobs/{id}/output?stream={stream}&offset={offset}&max={max}"),
+                &job_auth(origin, id),
+            )
             .send()
             .await
             .unwrap();
@@ -241,11 +265,57 @@ async fn auth_matrix() {
         (M::POST, "/v1/jobs/j1/start", job_auth("beta", "j2"), body_start.clone(), StatusCode::UNAUTHORIZED),
         (M::POST, "/v1/jobs/j1/cancel", bearer("gamma"), None, StatusCode::FORBIDDEN),
         // a job token does not open cluster endpoints
-        (M::POST, "/v1/jobs/j1/status", job_auth("beta", "j1"), Some(serde_json::json!({"remote_job_id": 1, "state": "running"})), StatusCode::FORBIDDEN),
-        (M::POST, "/v1/heartbeat", bearer("alpha"), Some(serde_json::json!({"cluster": "beta", "scheduler": "slurm", "nodes": [], "queue_pending": 0, "queue_running": 0, "agent_version": "x"})), StatusCode::FORBIDDEN),
-        (M::POST, "/v1/heartbeat", bearer("alpha"), Some(serde_json::json!({"cluster": "alpha"})), StatusCode::BAD_REQUEST),
-        (M::POST, "/v1/jobs", bearer("alpha"), Some(serde_json::to_value(ForwardRequest { fleet_job_id: "x".into(), request: request("beta", "h100", 1), tentative_target: "alpha".into() }).unwrap()), StatusCode::FORBIDDEN),
-        (M::POST, "/v1/jobs", bearer("beta"), Some(serde_json::to_value(ForwardRequest { fleet_job_id: "../x".into(), request: request("beta", "h100", 1), tentative_target: "alpha".into() }).unwrap()), StatusCode::BAD_REQUEST),
+        (
+            M::POST,
+            "/v1/jobs/j1/status",
+            job_auth("beta", "j1"),
+            Some(serde_json::json!({"remote_job_id": 1, "state": "running"})),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            M::POST,
+            "/v1/heartbeat",
+            bearer("alpha"),
+            Some(
+                serde_json::json!({"cluster": "beta", "scheduler": "slurm", "nodes": [], "queue_pending": 0, "queue_running": 0, "agent_version": "x"}),
+            ),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            M::POST,
+            "/v1/heartbeat",
+            bearer("alpha"),
+            Some(serde_json::json!({"cluster": "alpha"})),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            M::POST,
+            "/v1/jobs",
+            bearer("alpha"),
+            Some(
+                serde_json::to_value(ForwardRequest {
+                    fleet_job_id: "x".into(),
+                    request: request("beta", "h100", 1),
+                    tentative_target: "alpha".into(),
+                })
+                .unwrap(),
+            ),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            M::POST,
+            "/v1/jobs",
+            bearer("beta"),
+            Some(
+                serde_json::to_value(ForwardRequest {
+                    fleet_job_id: "../x".into(),
+                    request: request("beta", "h100", 1),
+                    tentative_target: "alpha".into(),
+                })
+                .unwrap(),
+            ),
+            StatusCode::BAD_REQUEST,
+        ),
     ];
     for (m, path, auth, body, want) in cases {
         let (got, v) = d.call(m.clone(), path, &auth, body).await;
@@ -331,19 +401,24 @@ async fn chunks_overlap_and_gaps_and_idempotent_forward() {
     let b = d.forward("c1", "beta", "h100", 8).await;
     assert_eq!(a, b, "POST /v1/jobs is idempotent");
     // Same id from another origin is a conflict.
-    let fwd = ForwardRequest { fleet_job_id: "c1".into(), request: request("gamma", "h100", 8), tentative_target: "alpha".into() };
-    let (s, _) = d.call(reqwest::Method::POST, "/v1/jobs", &bearer("gamma"), Some(serde_json::to_value(fwd).unwrap())).await;
+    let fwd = ForwardRequest {
+        fleet_job_id: "c1".into(),
+        request: request("gamma", "h100", 8),
+        tentative_target: "alpha".into(),
+    };
+    let (s, _) =
+        d.call(reqwest::Method::POST, "/v1/jobs", &bearer("gamma"), Some(serde_json::to_value(fwd).unwrap())).await;
     assert_eq!(s, StatusCode::CONFLICT);
     d.start_job("c1", "beta").await;
 
     // (offset, data, expected status, expected stdout afterwards)
     let table: &[(u64, &[u8], u16, &[u8])] = &[
         (0, b"abcd", 200, b"abcd"),
-        (0, b"abcd", 200, b"abcd"),      // exact repeat
-        (2, b"cdef", 200, b"abcdef"),    // overlap trimmed
-        (1, b"bc", 200, b"abcdef"),      // entirely held
-        (8, b"zz", 409, b"abcdef"),      // gap
-        (6, b"", 200, b"abcdef"),        // empty
+        (0, b"abcd", 200, b"abcd"),   // exact repeat
+        (2, b"cdef", 200, b"abcdef"), // overlap trimmed
+        (1, b"bc", 200, b"abcdef"),   // entirely held
+        (8, b"zz", 409, b"abcdef"),   // gap
+        (6, b"", 200, b"abcdef"),     // empty
         (6, b"g", 200, b"abcdefg"),
     ];
     for (offset, data, want, after) in table {
@@ -356,7 +431,12 @@ async fn chunks_overlap_and_gaps_and_idempotent_forward() {
         assert_eq!(d.read_output("c1", "beta", "stdout", 0, 100).await, *after);
     }
     let (s, v) = d
-        .call(reqwest::Method::POST, "/v1/jobs/c1/output", &bearer("alpha"), Some(serde_json::json!({"stream": "stdout", "offset": 0, "data": "***"})))
+        .call(
+            reqwest::Method::POST,
+            "/v1/jobs/c1/output",
+            &bearer("alpha"),
+            Some(serde_json::json!({"stream": "stdout", "offset": 0, "data": "***"})),
+        )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v["error"].as_str().unwrap().contains("invalid output chunk"), "{v}");
@@ -394,7 +474,12 @@ async fn cancel_paths() {
     let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k3/cancel", "Bearer admin-secret", None).await;
     assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
     assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()] });
-    let fin = StatusUpdate { final_stdout_len: Some(0), final_stderr_len: Some(0), signal: Some(15), ..st(JobState::Cancelled) };
+    let fin = StatusUpdate {
+        final_stdout_len: Some(0),
+        final_stderr_len: Some(0),
+        signal: Some(15),
+        ..st(JobState::Cancelled)
+    };
     assert_eq!(d.status("k3", "alpha", fin).await.0, StatusCode::OK);
     let r = d.job("k3").await;
     assert_eq!((r.state, r.signal, r.output_complete), (JobState::Cancelled, Some(15), true));
@@ -438,7 +523,10 @@ async fn silent_clusters_become_unhealthy_and_jobs_move() {
     let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", &bearer("beta"), None).await;
     let alpha = &v.clusters[0];
     assert!(alpha.healthy);
-    assert_eq!((alpha.gpus[0].total, alpha.gpus[0].free, alpha.gpus[0].nodes, alpha.region.as_str()), (16, 16, 2, "r-alpha"));
+    assert_eq!(
+        (alpha.gpus[0].total, alpha.gpus[0].free, alpha.gpus[0].nodes, alpha.region.as_str()),
+        (16, 16, 2, "r-alpha")
+    );
 
     d.forward("mv", "beta", "h100", 8).await;
     assert_eq!(d.start_job("mv", "beta").await.target.as_deref(), Some("alpha"));

@@ -164,15 +164,18 @@ impl Client {
         self.call_with(method, path, None)
     }
 
-    fn call_with(&self, method: reqwest::Method, path: &str, body: Option<String>) -> anyhow::Result<serde_json::Value> {
+    fn call_with(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+    ) -> anyhow::Result<serde_json::Value> {
         let url = format!("{}{path}", self.base);
         let mut req = self.http.request(method.clone(), &url).bearer_auth(&self.token);
         if let Some(b) = body {
             req = req.header("Content-Type", "text/csv").body(b);
         }
-        let resp = req
-            .send()
-            .with_context(|| format!("{method} {url}"))?;
+        let resp = req.send().with_context(|| format!("{method} {url}"))?;
         let status = resp.status();
         let text = resp.text().with_context(|| format!("reading the reply of {method} {url}"))?;
         if !status.is_success() {
@@ -417,8 +420,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Job { id, action } => {
             let (method, path) = match (action, id) {
-                (Some(JobAction::Cancel { id }), _) => (reqwest::Method::POST, format!("/v1/jobs/{}/cancel", query_escape(id))),
-                (Some(JobAction::Explain { id }), _) => (reqwest::Method::GET, format!("/v1/jobs/{}/explain", query_escape(id))),
+                (Some(JobAction::Cancel { id }), _) => {
+                    (reqwest::Method::POST, format!("/v1/jobs/{}/cancel", query_escape(id)))
+                }
+                (Some(JobAction::Explain { id }), _) => {
+                    (reqwest::Method::GET, format!("/v1/jobs/{}/explain", query_escape(id)))
+                }
                 (None, Some(id)) => (reqwest::Method::GET, format!("/v1/jobs/{}", query_escape(id))),
                 (None, None) => bail!("missing job id"),
             };
@@ -438,7 +445,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     } else if r.state.is_terminal() {
                         print(&format!("{id}: already {}\n", r.state))
                     } else {
-                        print(&format!("{id}: cancel requested (now {} at {})\n", r.state, r.target.as_deref().unwrap_or("-")))
+                        print(&format!(
+                            "{id}: cancel requested (now {} at {})\n",
+                            r.state,
+                            r.target.as_deref().unwrap_or("-")
+                        ))
                     }
                 }
                 None => {
@@ -451,8 +462,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain()
-        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 fn main() -> ExitCode {

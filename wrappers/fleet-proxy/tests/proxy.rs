@@ -158,7 +158,12 @@ impl Agent {
 }
 
 fn running(remote: u64) -> StatusUpdate {
-    StatusUpdate { remote_job_id: Some(remote), state: Some(JobState::Running), node_list: "a-n0".into(), ..Default::default() }
+    StatusUpdate {
+        remote_job_id: Some(remote),
+        state: Some(JobState::Running),
+        node_list: "a-n0".into(),
+        ..Default::default()
+    }
 }
 
 fn finished(state: JobState, exit: i32, out: usize, err: usize) -> StatusUpdate {
@@ -196,12 +201,7 @@ fn spawn_proxy_with(url: &str, id: &str, dir: &Path, token_in_file: bool) -> tok
     } else {
         cmd.env("FLEET_JOB_TOKEN", token);
     }
-    cmd.env("SLURM_JOB_ID", "77")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+    cmd.env("SLURM_JOB_ID", "77").stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().unwrap()
 }
 
 async fn finish(child: tokio::process::Child) -> (i32, Vec<u8>, Vec<u8>) {
@@ -230,7 +230,9 @@ async fn relays_output_exactly_and_exits_with_the_remote_code() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     beta.forward("px1", 8).await;
     alpha.wait_for("px1", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
-    alpha.status("px1", StatusUpdate { remote_job_id: Some(555), state: Some(JobState::Pending), ..Default::default() }).await;
+    alpha
+        .status("px1", StatusUpdate { remote_job_id: Some(555), state: Some(JobState::Pending), ..Default::default() })
+        .await;
     alpha.status("px1", running(555)).await;
     // 3 MiB of every byte value (not UTF-8), sent in 256 KiB chunks.
     let out: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
