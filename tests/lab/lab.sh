@@ -172,7 +172,7 @@ ensure_munge() {
   log "starting munged"
   install -d -o munge -g munge -m 0700 "$R/munge"
   setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged \
-      --log-file="$R/munge/munged.log" --pid-file=/run/munge/munged.pid >>"$R/log/munged.stderr" 2>&1 \
+      --log-file="$R/munge/munged.log" --pid-file=/run/munge/munged.pid >>"$R/log/munged.stderr" 2>&1 9>&- \
       || { show_tail "$R/log/munged.stderr" "$R/munge/munged.log"; die "munged failed to start"; }
   local t0; t0=$(now)
   until munge_ok; do
@@ -340,7 +340,7 @@ install_fleet_bins() {
 start_ctld() {
   local c=$1 d=$R/$1
   log "starting slurmctld for $c"
-  SLURM_CONF=$d/slurm.conf /usr/sbin/slurmctld -f "$d/slurm.conf" </dev/null >>"$d/log/slurmctld.stderr" 2>&1 \
+  SLURM_CONF=$d/slurm.conf /usr/sbin/slurmctld -f "$d/slurm.conf" </dev/null >>"$d/log/slurmctld.stderr" 2>&1 9>&- \
     || { show_tail "$d/log/slurmctld.stderr" "$d/log/slurmctld.log"; die "slurmctld ($c) failed to start"; }
 }
 
@@ -348,7 +348,7 @@ start_slurmd() {
   local c=$1 n=$2 d=$R/$1
   mkdir -p "$d/spool/$n"
   log "starting slurmd $n ($c)"
-  SLURM_CONF=$d/slurm.conf /usr/sbin/slurmd -f "$d/slurm.conf" -N "$n" </dev/null >>"$d/log/slurmd-$n.stderr" 2>&1 \
+  SLURM_CONF=$d/slurm.conf /usr/sbin/slurmd -f "$d/slurm.conf" -N "$n" </dev/null >>"$d/log/slurmd-$n.stderr" 2>&1 9>&- \
     || { show_tail "$d/log/slurmd-$n.stderr" "$d/log/slurmd-$n.log"; die "slurmd $n ($c) failed to start"; }
 }
 
@@ -426,7 +426,7 @@ start_metasched() {
   log "starting fleet-metasched"
   setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
     env NO_COLOR=1 RUST_LOG="${RUST_LOG:-info}" "$R/bin/fleet-metasched" --config "$R/metasched.toml" \
-    </dev/null >>"$R/log/metasched.log" 2>&1 &
+    </dev/null >>"$R/log/metasched.log" 2>&1 9>&- &
   echo $! >"$pf"
 }
 
@@ -448,7 +448,7 @@ start_agent() {
   log "starting fleet-agent for $c"
   setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
     env NO_COLOR=1 SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" ${FLEET_LOG:+FLEET_LOG=$FLEET_LOG} "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
-    </dev/null >>"$d/log/agent.log" 2>&1 &
+    </dev/null >>"$d/log/agent.log" 2>&1 9>&- &
   echo $! >"$pf"
 }
 
@@ -604,7 +604,8 @@ cmd_fleetctl() {
 
 # Commands that start/stop things hold an exclusive lock beside the lab root,
 # so two concurrent callers (two test runs, a test and a person) serialize
-# instead of interleaving their start-ups.
+# instead of interleaving their start-ups. Every daemon is started with fd 9
+# closed (9>&-) so that none of them inherits the lock.
 lab_lock() {
   local lock="${R%/}.lock"
   exec 9>>"$lock"
