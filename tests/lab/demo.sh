@@ -71,9 +71,11 @@ cat <<EOF2
   export SLURM_CONF=$R/beta/slurm.conf
   cd $R/demo
   sbatch --gres=gpu:a100:4 train.sh                 # beta has A100s: stays home, untouched
-  sbatch --gres=gpu:h100:8 --fleet=local train.sh   # forced local: rejected/pending at beta
-  sbatch --fleet-to=alpha --gres=gpu:a100:1 train.sh  # would stay, sent to alpha anyway
-  sbatch --gres=gpu:h100:512 train.sh               # impossible anywhere: rejected with a reason
+  sbatch --fleet-to=alpha --gres=gpu:1 train.sh     # would fit at home; sent to alpha anyway
+  sbatch --gres=gpu:h100:8 --fleet=local train.sh   # kept home: Slurm at beta refuses it (no H100)
+  sbatch --gres=gpu:h100:512 train.sh               # impossible anywhere: rejected, with the reason
+  sbatch --fleet=bogus train.sh                     # bad option value: rejected by the SPANK plugin
+  sbatch --gres=gpu:h100:8 --wrap 'sleep 60'; scancel <id>   # cancels the alpha job too
   sbatch --help | grep -A1 fleet                    # the --fleet-* options
   squeue; scontrol show job <id>; scancel <id>
   $LAB fleetctl clusters | jobs | job <id>
