@@ -445,6 +445,10 @@ start_agent() {
   local c=$1 d=$R/$1 pf=$R/$1/run/agent.pid
   [[ -x $R/bin/fleet-agent ]] || die "fleet-agent not installed in $R/bin (lab up without --no-fleet?)"
   if pid_matches "$(pid_from "$pf" || true)" fleet-agent; then log "agent $c already running"; return 0; fi
+  # A socket left behind (a crashed agent, or a test's fake agent owned by
+  # root, which the fleet user cannot remove from the sticky directory) would
+  # both block the new agent's bind() and fool the readiness check.
+  rm -f "$d/agent.sock"
   log "starting fleet-agent for $c"
   setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
     env NO_COLOR=1 SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" ${FLEET_LOG:+FLEET_LOG=$FLEET_LOG} "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
@@ -454,7 +458,7 @@ start_agent() {
 
 wait_agent() {
   local c=$1 d=$R/$1 t0; t0=$(now)
-  until [[ -S $d/agent.sock ]]; do
+  until [[ -S $d/agent.sock ]] && [[ $(stat -c %U "$d/agent.sock" 2>/dev/null) == "$FLEET_USER" ]]; do
     if ! pid_alive "$(pid_from "$d/run/agent.pid" || true)"; then
       show_tail "$d/log/agent.log"; die "fleet-agent ($c) exited"
     fi

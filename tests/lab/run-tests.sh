@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: bring the lab up, run the whole workspace's tests against it,
 # tear the lab down (also on failure or interrupt), exit with the tests' status.
-# Extra arguments go to `cargo test` (e.g. -- --nocapture).
+# Arguments, if any, replace `--workspace` (e.g. `-p fleet-lab --test federation`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export FLEET_LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
@@ -21,7 +21,7 @@ trap 'exit 130' INT TERM
 
 "$LAB" up
 set +e
-cargo test --workspace --release "$@"
+if (($#)); then cargo test --release "$@"; else cargo test --workspace --release; fi
 rc=$?
 set -e
 if [[ $rc != 0 ]]; then
