@@ -611,7 +611,9 @@ cmd_fleetctl() {
 # instead of interleaving their start-ups. Every daemon is started with fd 9
 # closed (9>&-) so that none of them inherits the lock.
 lab_lock() {
-  local lock="${R%/}.lock"
+  # (named .lablock: daemons started by an earlier version of this script may
+  # still hold the old "<root>.lock" through an inherited fd)
+  local lock="${R%/}.lablock"
   exec 9>>"$lock"
   if ! flock -n 9; then
     log "waiting for another lab.sh ($lock)"
