@@ -418,6 +418,30 @@ stop_lab_stepds() {
   done
 }
 
+# Lab daemons whose pid file is gone (e.g. the lab root was wiped under a
+# running lab): recognised by their command line naming this lab's files.
+# munged is shared and never swept.
+stop_orphans() {
+  local p pid comm args
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    comm=$(cat "$p/comm" 2>/dev/null) || continue
+    case $comm in slurmctld|slurmd|fleet-agent|fleet-metasch*) ;; *) continue ;; esac
+    args=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    [[ $args == *" $R/"* || $args == "$R/"* ]] || continue
+    log "stopping orphaned lab process $pid ($args)"
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  sleep 0.5
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    comm=$(cat "$p/comm" 2>/dev/null) || continue
+    case $comm in slurmctld|slurmd|fleet-agent|fleet-metasch*) ;; *) continue ;; esac
+    args=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    [[ $args == *" $R/"* || $args == "$R/"* ]] && kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+
 # ------------------------------------------------------------------ fleet services
 start_metasched() {
   [[ -x $R/bin/fleet-metasched ]] || die "fleet-metasched not installed in $R/bin (lab up without --no-fleet?)"
@@ -497,6 +521,7 @@ cmd_down() {
     for n in $(cluster_nodes "$c"); do stop_pidfile "$R/$c/run/slurmd-$n.pid" slurmd "slurmd $n ($c)"; done
   done
   stop_lab_stepds
+  stop_orphans
   # munged: only if this lab started it.
   # munged is shared: leave it when another lab (or anything else) still runs
   # Slurm daemons that authenticate through it.
