@@ -188,6 +188,15 @@ impl Lab {
     }
 }
 
+/// Runs a closure when dropped (also while a failing test unwinds).
+pub struct OnDrop<F: FnMut()>(pub F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
 pub fn is_terminal(state: &str) -> bool {
     matches!(
         state,

@@ -114,17 +114,50 @@ fn afterok_dependency_on_a_forwarded_job() {
     let _ = lab.cmd("beta", "scancel", &[&never.to_string()]);
 }
 
+/// Fields that differ between any two submissions of the same job.
+const VOLATILE: &[&str] = &[
+    "JobId", "ArrayJobId", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime", "EndTime", "Deadline",
+    "LastSchedEval", "RunTime", "TimeLeft", "PreemptEligibleTime", "PreemptTime", "SuspendTime", "SecsPreSuspend",
+    "Priority", "NodeList", "BatchHost", "AllocNode:Sid", "StdOut", "StdErr", "NodeFailTime", "JobState", "Reason",
+    "ExitCode", "Restarts", "Command",
+];
+
 #[test]
 fn a100_job_stays_home_untouched() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("home");
-    let id = lab.sbatch("beta", &["--gres=gpu:a100:4", "--job-name=home", &out_arg(&dir, "out.txt")], &script("echo $SLURM_CLUSTER_NAME")).unwrap();
-    let rec = lab.wait_done("beta", id, T).unwrap();
-    assert_eq!(rec["Partition"], "gpu");
-    assert_eq!(rec["TresPerNode"], "gres:gpu:a100:4");
-    assert!(rec.get("AdminComment").is_none_or(|c| c == "(null)"), "{rec:?}");
-    assert_eq!(rec["Comment"], "(null)");
-    assert_eq!(std::fs::read_to_string(dir.join("out.txt")).unwrap(), "beta\n");
+    let submit = |tag: &str| {
+        lab.sbatch("beta", &["--gres=gpu:a100:4", "--job-name=home", "--hold", &out_arg(&dir, &format!("{tag}.txt"))], &script("echo $SLURM_CLUSTER_NAME"))
+            .unwrap()
+    };
+    let with_plugin = submit("with");
+
+    // The same submission with job_submit/fleet unloaded.
+    let conf = lab.slurm_conf("beta");
+    let original = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, original.replace("JobSubmitPlugins=fleet", "#JobSubmitPlugins=fleet")).unwrap();
+    let reconf = lab.cmd("beta", "scontrol", &["reconfigure"]).unwrap();
+    let without_plugin = submit("without");
+    std::fs::write(&conf, &original).unwrap();
+    assert!(reconf.status.success() && lab.cmd("beta", "scontrol", &["reconfigure"]).unwrap().status.success());
+
+    let strip = |id: u64| {
+        let mut r = lab.job("beta", id).unwrap();
+        r.retain(|k, _| !VOLATILE.contains(&k.as_str()));
+        r
+    };
+    let (a, b) = (strip(with_plugin), strip(without_plugin));
+    assert_eq!(a, b, "the job record is identical with and without the plugin");
+    assert_eq!(a["Partition"], "gpu");
+    assert_eq!(a["TresPerNode"], "gres:gpu:a100:4");
+    assert!(!a.contains_key("AdminComment") && !a.contains_key("Comment"), "{a:?}");
+
+    // Released, it runs at beta.
+    assert!(lab.cmd("beta", "scontrol", &["release", &with_plugin.to_string()]).unwrap().status.success());
+    let _ = lab.cmd("beta", "scancel", &[&without_plugin.to_string()]);
+    let rec = lab.wait_done("beta", with_plugin, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0");
+    assert_eq!(std::fs::read_to_string(dir.join("with.txt")).unwrap(), "beta\n");
 }
 
 #[test]
@@ -217,6 +250,11 @@ fn arrays_stay_local() {
 fn agent_or_metasched_down_fails_open() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("failopen");
+    // Whatever happens below, the next test finds every service running.
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.lab_sh(&["start-agent", "beta"]);
+        let _ = lab.lab_sh(&["start-metasched"]);
+    });
 
     // Agent stopped: jobs are accepted locally at once.
     assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
@@ -229,22 +267,30 @@ fn agent_or_metasched_down_fails_open() {
     let sock = lab.root.join("beta/agent.sock");
     let _ = std::fs::remove_file(&sock);
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    listener.set_nonblocking(true).unwrap();
     let garbage = std::thread::spawn(move || {
         use std::io::Write;
-        for _ in 0..2 {
-            if let Ok((mut s, _)) = listener.accept() {
-                let _ = s.write_all(b"\x00\xff{{{ not json\n");
+        let (mut served, t0) = (0, std::time::Instant::now());
+        while served < 2 && t0.elapsed() < Duration::from_secs(20) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.write_all(b"\x00\xff{{{ not json\n");
+                    served += 1;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }
         }
+        served
     });
-    let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:h100:1", "--hold"], &script("true"));
+    let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:h100:1"], &script("true"));
     let err = res.expect_err("h100 kept local at beta is refused by beta itself");
     assert!(err.contains("Requested node configuration is not available"), "{err}");
     assert!(took < Duration::from_secs(2), "{took:?}");
-    let id = lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold"], &script("true")).expect("garbage reply: job accepted locally");
+    // (--fleet-to makes the plugin ask the agent rather than its cached view.)
+    let id = lab.sbatch("beta", &["--fleet-to=beta", "--gres=gpu:a100:1", "--hold"], &script("true")).expect("garbage reply: job accepted locally");
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
     let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
-    garbage.join().unwrap();
+    assert_eq!(garbage.join().unwrap(), 2, "both submissions asked the (garbage) agent");
     let _ = std::fs::remove_file(&sock);
     assert!(lab.ctld_alive("beta"));
     assert!(lab.lab_sh(&["start-agent", "beta"]).unwrap().status.success());

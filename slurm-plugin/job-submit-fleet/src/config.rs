@@ -13,6 +13,9 @@ pub struct PluginConfig {
     pub timeout: Duration,
     pub fail_open: bool,
     pub max_script_bytes: u64,
+    /// The fleet view the agent publishes (`AgentSpoolDir/view.json`).
+    pub view_path: PathBuf,
+    pub view_max_age: Duration,
 }
 
 /// Where fleet.conf is looked for.
@@ -44,6 +47,8 @@ impl PluginConfig {
             timeout: Duration::from_millis(c.submit_timeout_ms.into()),
             fail_open: c.fail_open,
             max_script_bytes: c.max_script_bytes,
+            view_path: c.agent_spool_dir.join("view.json"),
+            view_max_age: Duration::from_millis(c.view_max_age_ms),
         }
     }
 
@@ -54,6 +59,8 @@ impl PluginConfig {
             timeout: Duration::from_millis(50),
             fail_open: true,
             max_script_bytes: 1 << 20,
+            view_path: PathBuf::from("/nonexistent/view.json"),
+            view_max_age: Duration::from_secs(10),
         }
     }
 }

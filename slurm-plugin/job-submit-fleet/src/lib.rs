@@ -12,6 +12,8 @@
 //! * interactive jobs (salloc/srun: no script), job arrays and
 //!   `--fleet=local` are left alone without asking the agent;
 //! * jobs without GPUs and without `--fleet*` options likewise;
+//! * a job the agent's published fleet view places at home is LOCAL
+//!   without a round trip ([`view`]);
 //! * otherwise the agent answers LOCAL (untouched), FORWARD (rewritten
 //!   into a stand-in, see [`rewrite`]) or REJECT (sbatch prints why).
 
@@ -19,6 +21,7 @@ mod client;
 mod config;
 mod request;
 mod stats;
+mod view;
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -35,6 +38,7 @@ pub struct FleetSubmit {
     config: PluginConfig,
     stats: Mutex<stats::Stats>,
     warn: Mutex<stats::RateLimit>,
+    view: view::ViewCache,
 }
 
 impl JobSubmitPlugin for FleetSubmit {
@@ -47,7 +51,7 @@ impl JobSubmitPlugin for FleetSubmit {
             config.timeout.as_millis(),
             config.fail_open
         ));
-        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default() })
+        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view: view::ViewCache::default() })
     }
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
@@ -82,6 +86,12 @@ impl FleetSubmit {
             Prepared::Untouched => return (Outcome::Skip, Ok(())),
             Prepared::Ask(req) => req,
         };
+        // Jobs that stay home are answered from the view the agent
+        // publishes: a stat() and, once per heartbeat, a small parse. Only
+        // jobs that may leave (or carry --fleet options) ask the agent.
+        if req.fleet == Default::default() && self.view.stays_home(&self.config, &req) {
+            return (Outcome::Local, Ok(()));
+        }
         match client::ask(&self.config.socket, &req, self.config.timeout) {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
             Ok(PluginReply::Reject { message }) => (

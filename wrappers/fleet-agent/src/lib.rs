@@ -214,10 +214,28 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         agent_version: env!("CARGO_PKG_VERSION").into(),
     };
     let view = agent.meta.heartbeat(&hb).await?;
+    publish_view(&agent.cfg.spool, &view);
     let mut c = agent.view.write();
     c.view = Some(view);
     c.at = Some(Instant::now());
     Ok(())
+}
+
+/// Name of the fleet view the agent publishes for the plugin.
+pub const VIEW_FILE: &str = "view.json";
+
+/// Write the view where job_submit_fleet reads it (atomically: temp + rename),
+/// so the plugin answers LOCAL without a socket round trip. Its mtime is
+/// the view's age: the plugin ignores a view older than ViewMaxAgeMs.
+fn publish_view(spool: &std::path::Path, view: &fleet_api::api::FleetView) {
+    let tmp = spool.join(format!("{VIEW_FILE}.tmp"));
+    let res = serde_json::to_vec(view)
+        .map_err(std::io::Error::other)
+        .and_then(|b| std::fs::write(&tmp, b))
+        .and_then(|()| std::fs::rename(&tmp, spool.join(VIEW_FILE)));
+    if let Err(e) = res {
+        tracing::warn!("publishing the fleet view for the plugin: {e}");
+    }
 }
 
 async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
