@@ -306,3 +306,42 @@ fn agent_or_metasched_down_fails_open() {
     // Give the agents one heartbeat to refresh their view.
     std::thread::sleep(Duration::from_secs(2));
 }
+
+#[test]
+fn forward_survives_agent_restart_while_metasched_is_down() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("journal");
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.lab_sh(&["start-agent", "beta"]);
+        let _ = lab.lab_sh(&["start-metasched"]);
+    });
+    // The agent's cached view is fresh for ViewMaxAgeMs after the last
+    // heartbeat: it still forwards, journaling the job it cannot deliver.
+    assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:2", &out_arg(&dir, "out.txt")], &script("echo journaled $SLURM_CLUSTER_NAME")).unwrap();
+    assert_eq!(lab.job("beta", id).unwrap()["Partition"], "fleet");
+    // Restart the agent before the meta-scheduler comes back.
+    assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
+    assert!(lab.lab_sh(&["start-agent", "beta"]).unwrap().status.success());
+    assert!(lab.lab_sh(&["start-metasched"]).unwrap().status.success());
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    assert_eq!(out, b"journaled alpha\n");
+}
+
+#[test]
+fn srun_and_salloc_allocations_stay_local() {
+    let (lab, _serial) = Lab::lock();
+    // An interactive allocation with a GPU type beta lacks is not forwarded:
+    // beta's own scheduler refuses it, as without the plugin.
+    let out = lab.cmd("beta", "srun", &["--gres=gpu:h100:1", "-t", "1", "true"]).unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Requested node configuration is not available"), "{err}");
+    let out = lab.cmd("beta", "srun", &["--gres=gpu:a100:1", "-t", "1", "printenv", "SLURM_CLUSTER_NAME"]).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "beta\n");
+    let out = lab.cmd("beta", "salloc", &["--gres=gpu:a100:1", "-t", "1", "true"]).unwrap();
+    assert!(out.status.success(), "{out:?}");
+}

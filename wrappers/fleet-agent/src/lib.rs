@@ -184,17 +184,23 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
     Ok(())
 }
 
+/// A failing periodic step is logged once at WARN, then at DEBUG until it
+/// succeeds again (the meta-scheduler being down must not flood the log).
+fn report(what: &str, warned: &mut bool, res: Result<()>) {
+    match res {
+        Ok(()) => *warned = false,
+        Err(e) if !*warned => {
+            tracing::warn!("{what}: {e:#}");
+            *warned = true;
+        }
+        Err(e) => tracing::debug!("{what}: {e:#}"),
+    }
+}
+
 async fn heartbeat_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
     let mut warned = false;
     loop {
-        match heartbeat_once(&agent).await {
-            Ok(()) => warned = false,
-            Err(e) if !warned => {
-                tracing::warn!("heartbeat: {e:#}");
-                warned = true;
-            }
-            Err(e) => tracing::debug!("heartbeat: {e:#}"),
-        }
+        report("heartbeat", &mut warned, heartbeat_once(&agent).await);
         if stopped(&mut stop, agent.cfg.heartbeat).await {
             return;
         }
@@ -274,14 +280,7 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
 async fn work_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
     let mut warned = false;
     loop {
-        match work_once(&agent).await {
-            Ok(()) => warned = false,
-            Err(e) if !warned => {
-                tracing::warn!("work: {e:#}");
-                warned = true;
-            }
-            Err(e) => tracing::debug!("work: {e:#}"),
-        }
+        report("work", &mut warned, work_once(&agent).await);
         if let Err(e) = watch_once(&agent).await {
             tracing::warn!("watch: {e:#}");
         }
