@@ -38,6 +38,8 @@ async fn main() -> anyhow::Result<()> {
         placement: None,
         prices: None,
         carbon: None,
+        egress: None,
+        rebalance: None,
         policies: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

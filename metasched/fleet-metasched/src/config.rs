@@ -75,13 +75,67 @@ pub struct Config {
     /// Price feed (CSV) for the cost engine; unused until it lands.
     #[serde(default)]
     pub prices: Option<PathBuf>,
-    /// Carbon-intensity feed for the cost engine; unused until it lands.
+    /// Directory of carbon-intensity series for the cost engine
+    /// (`<ZONE>_<year>_hourly.csv`, header
+    /// `datetime_utc,zone,ci_direct_gco2_kwh,ci_lca_gco2_kwh`); every
+    /// `*.csv` in it is read at start and re-read when files change.
     #[serde(default)]
     pub carbon: Option<PathBuf>,
+    /// Directory of egress price matrices for the cost engine
+    /// (`<provider>_transmission_cost_matrix.csv`); re-read when they change.
+    #[serde(default)]
+    pub egress: Option<PathBuf>,
+    /// `[rebalance]`: the periodic pass proposing migrations.
+    #[serde(default)]
+    pub rebalance: Option<RebalanceConfig>,
     /// `[policies.<name>]` weight tables of the cost engine
     /// (`fleet_engine::policy`); kept raw here, read by the engine.
     #[serde(default)]
     pub policies: Option<toml::Table>,
+}
+
+/// `[rebalance]`: how often the rebalancing pass runs and how much a move
+/// must save (`fleet_engine::MigrationMargin`). Proposals only.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebalanceConfig {
+    /// Seconds between passes (default 300).
+    #[serde(default = "default_rebalance_interval")]
+    pub rebalance_interval_s: f64,
+    /// A move must save more than this many USD (default 10) ...
+    #[serde(default = "default_margin_usd")]
+    pub margin_usd: f64,
+    /// ... and more than this fraction of the cost of staying (default 0.10).
+    #[serde(default = "default_margin_frac")]
+    pub margin_frac: f64,
+}
+
+impl Default for RebalanceConfig {
+    fn default() -> Self {
+        RebalanceConfig {
+            rebalance_interval_s: default_rebalance_interval(),
+            margin_usd: default_margin_usd(),
+            margin_frac: default_margin_frac(),
+        }
+    }
+}
+
+fn default_rebalance_interval() -> f64 {
+    300.0
+}
+
+fn default_margin_usd() -> f64 {
+    fleet_engine::MigrationMargin::default().min_saving_usd
+}
+
+fn default_margin_frac() -> f64 {
+    fleet_engine::MigrationMargin::default().min_saving_fraction
+}
+
+impl RebalanceConfig {
+    pub fn margin(&self) -> fleet_engine::MigrationMargin {
+        fleet_engine::MigrationMargin { min_saving_usd: self.margin_usd, min_saving_fraction: self.margin_frac }
+    }
 }
 
 fn default_heartbeat_timeout() -> f64 {
@@ -114,6 +168,14 @@ impl Config {
         }
         if self.heartbeat_timeout_s.is_nan() || self.heartbeat_timeout_s <= 0.0 {
             return Err(ConfigError::Invalid("heartbeat_timeout_s must be > 0".into()));
+        }
+        if let Some(r) = &self.rebalance {
+            if !(r.rebalance_interval_s.is_finite() && r.rebalance_interval_s >= 1.0) {
+                return Err(ConfigError::Invalid("[rebalance] rebalance_interval_s must be >= 1".into()));
+            }
+            if !(r.margin_usd.is_finite() && r.margin_usd >= 0.0 && r.margin_frac.is_finite() && r.margin_frac >= 0.0) {
+                return Err(ConfigError::Invalid("[rebalance] margin_usd and margin_frac must be >= 0".into()));
+            }
         }
         if let Some(p) = &self.placement {
             if p.policy.as_deref() == Some("") {
@@ -205,5 +267,11 @@ mod tests {
         check("listen = \"nope\"\n", Err("t.toml"));
         check(&format!("{BASE}prices = \"/p.csv\"\ncarbon = \"/c.csv\"\n"), Ok(""));
         check(&format!("{BASE}[policies.cheap]\nprice = 1.0\n"), Ok(""));
+        check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
+        check(&format!("{BASE}[rebalance]\n"), Ok(""));
+        check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 60\nmargin_usd = 1\nmargin_frac = 0\n"), Ok(""));
+        check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be >= 1"));
+        check(&format!("{BASE}[rebalance]\nmargin_usd = -1\n"), Err("must be >= 0"));
+        check(&format!("{BASE}[rebalance]\nevery = 1\n"), Err("unknown field `every`"));
     }
 }

@@ -10,13 +10,22 @@
 //! Additions to that table: `GET /v1/jobs/{id}/explain` (admin, the
 //! job's clusters, its job token) → [`store::Explanation`], used by
 //! `fleetctl job explain`; `POST /v1/prices` (admin, body: the price CSV)
-//! → [`store::PriceImport`], used by `fleetctl prices import`.
+//! → [`store::PriceImport`], used by `fleetctl prices import`;
+//! `GET /v1/rebalance` (admin) → [`store::Rebalance`], the latest
+//! rebalancing pass, used by `fleetctl rebalance`.
+//!
+//! Background tasks: the sweeper (every second), the feed watcher (every
+//! 30 s: carbon/egress files re-read when they change, see [`feeds`]) and
+//! the rebalancing pass (every `[rebalance] rebalance_interval_s`, only
+//! with an engine policy). The pass only *proposes* migrations; carrying
+//! them out is not built yet. [`Control`] runs the last two on demand.
 //!
 //! Layout: [`config`] (TOML), [`store`] (SQLite + output files + the job
 //! state machine, synchronous), [`metrics`], and the axum layer here
 //! (authentication, JSON, status codes).
 
 pub mod config;
+pub mod feeds;
 pub mod metrics;
 pub mod ranking;
 pub mod store;
@@ -38,7 +47,8 @@ use fleet_api::auth;
 use serde::Deserialize;
 
 pub use config::Config;
-use config::Tokens;
+use config::{RebalanceConfig, Tokens};
+use feeds::{FeedCheck, FeedDirs, FeedWatcher};
 use metrics::Metrics;
 use store::{Caller, JobFilter, Store, StoreError};
 
@@ -78,6 +88,100 @@ struct AppState {
     tokens: Arc<Tokens>,
     metrics: Arc<Metrics>,
     clock: Clock,
+    // The watcher is a tokio mutex: a check holds it across the
+    // `spawn_blocking` that reads the files, and a timer tick and a
+    // `Control` call must not reload at the same time.
+    feeds: Option<Arc<tokio::sync::Mutex<FeedWatcher>>>,
+    rebalance_cfg: RebalanceConfig,
+    // The latest pass, replaced whole (std-style lock, never held across
+    // an `.await`).
+    rebalance: Arc<parking_lot::Mutex<Arc<store::Rebalance>>>,
+}
+
+/// How often the feed files are checked for changes.
+const FEED_CHECK: Duration = Duration::from_secs(30);
+
+/// Outcome of one feed check ([`Control::check_feeds`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum FeedReload {
+    /// No `carbon` or `egress` directory configured.
+    Off,
+    Unchanged,
+    /// A new snapshot is in use; the number of files read.
+    Reloaded(usize),
+    /// The old snapshot stays; `path:line: message`.
+    Failed(String),
+}
+
+/// A handle on a running daemon's periodic work: run a feed check or a
+/// rebalancing pass now rather than at the next tick (tests, tools).
+/// Pass a clone to [`run_with`]; calls before the daemon started return
+/// `None`.
+#[derive(Clone, Default)]
+pub struct Control {
+    inner: Arc<parking_lot::Mutex<Option<AppState>>>,
+}
+
+impl Control {
+    fn state(&self) -> Option<AppState> {
+        self.inner.lock().clone()
+    }
+
+    /// Re-read the feed files if they changed, as the 30-second timer does.
+    pub async fn check_feeds(&self) -> Option<FeedReload> {
+        Some(check_feeds(&self.state()?).await)
+    }
+
+    /// Run a rebalancing pass now, as the timer does; its result is what
+    /// `GET /v1/rebalance` serves next.
+    pub async fn rebalance(&self) -> Option<store::Rebalance> {
+        Some(rebalance_pass(&self.state()?).await)
+    }
+}
+
+async fn check_feeds(st: &AppState) -> FeedReload {
+    let Some(w) = &st.feeds else { return FeedReload::Off };
+    let mut w = w.clone().lock_owned().await;
+    let checked = tokio::task::spawn_blocking(move || {
+        let c = w.check();
+        drop(w);
+        c
+    })
+    .await;
+    match checked {
+        Ok(FeedCheck::Unchanged) => FeedReload::Unchanged,
+        Ok(FeedCheck::Reloaded(f)) => {
+            let n = f.files.len();
+            let f = Arc::new(f);
+            st.store.lock().set_feeds(f);
+            st.metrics.feed_load(true);
+            tracing::info!(files = n, "carbon/egress feeds reloaded");
+            FeedReload::Reloaded(n)
+        }
+        Ok(FeedCheck::Failed(e)) => {
+            st.metrics.feed_load(false);
+            tracing::error!(error = %e, "feed reload failed; keeping the previous feeds");
+            FeedReload::Failed(e)
+        }
+        Err(e) => FeedReload::Failed(format!("feed check task failed: {e}")),
+    }
+}
+
+async fn rebalance_pass(st: &AppState) -> store::Rebalance {
+    let margin = st.rebalance_cfg.margin();
+    let r = match with_store(st, move |s, now| s.rebalance(&margin, now)).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e.msg, "rebalancing pass failed; keeping the previous proposals");
+            return (**st.rebalance.lock()).clone();
+        }
+    };
+    if !r.proposals.is_empty() {
+        tracing::info!(proposals = r.proposals.len(), considered = r.considered, "rebalancing proposals");
+    }
+    st.metrics.rebalance_proposals(r.proposals.len());
+    *st.rebalance.lock() = Arc::new(r.clone());
+    r
 }
 
 /// Serve the API on `listener` until `shutdown` completes.
@@ -86,7 +190,7 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    run_with_clock(listener, config, Clock::default(), shutdown).await
+    run_with(listener, config, Clock::default(), Control::default(), shutdown).await
 }
 
 /// [`run`] with an explicit clock (tests move it forward).
@@ -96,8 +200,29 @@ pub async fn run_with_clock(
     clock: Clock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_with(listener, config, clock, Control::default(), shutdown).await
+}
+
+/// [`run_with_clock`] with a [`Control`] handle on the periodic work.
+pub async fn run_with(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    clock: Clock,
+    control: Control,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let tokens = config.read_tokens()?;
+    let dirs = FeedDirs { carbon: config.carbon.clone(), egress: config.egress.clone() };
+    let (watcher, feeds) = if dirs.any() {
+        let (w, f) = tokio::task::spawn_blocking(move || FeedWatcher::start(dirs))
+            .await?
+            .map_err(|e| anyhow::anyhow!("loading the carbon/egress feeds: {e}"))?;
+        tracing::info!(files = f.files.len(), "carbon/egress feeds loaded");
+        (Some(Arc::new(tokio::sync::Mutex::new(w))), Arc::new(f))
+    } else {
+        (None, Arc::new(feeds::Feeds::default()))
+    };
     let metrics = Arc::new(Metrics::new());
     let store = {
         let (dir, clusters, timeout, clock, metrics) = (
@@ -107,15 +232,58 @@ pub async fn run_with_clock(
             clock.clone(),
             metrics.clone(),
         );
-        let ranker = ranking::Ranker::load(&config)?.map(Arc::new);
+        let ranker = ranking::Ranker::load(&config, feeds)?.map(Arc::new);
         if let Some(r) = &ranker {
             tracing::info!(policy = r.policy_name(), "placement ranks with the cost engine");
+        } else if watcher.is_some() {
+            tracing::warn!("carbon/egress feeds are configured but unused: no cost-engine policy in [placement]");
         }
         tokio::task::spawn_blocking(move || Store::open(&dir, &clusters, timeout, &clock, metrics, ranker))
             .await?
             .with_context(|| format!("opening the state in {}", config.state_dir.display()))?
     };
-    let state = AppState { store: Arc::new(parking_lot::Mutex::new(store)), tokens: Arc::new(tokens), metrics, clock };
+    let has_engine = store.has_engine();
+    let rebalance_cfg = config.rebalance.clone().unwrap_or_default();
+    let initial = store::Rebalance {
+        reason: Some(if has_engine { "no rebalancing pass has run yet".into() } else { store::NO_ENGINE.into() }),
+        ..Default::default()
+    };
+    let state = AppState {
+        store: Arc::new(parking_lot::Mutex::new(store)),
+        tokens: Arc::new(tokens),
+        metrics,
+        clock,
+        feeds: watcher,
+        rebalance_cfg,
+        rebalance: Arc::new(parking_lot::Mutex::new(Arc::new(initial))),
+    };
+    *control.inner.lock() = Some(state.clone());
+    let mut background = Vec::new();
+    if state.feeds.is_some() {
+        let st = state.clone();
+        background.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(FEED_CHECK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await; // the first tick is immediate: the feeds were just loaded
+            loop {
+                tick.tick().await;
+                check_feeds(&st).await;
+            }
+        }));
+    }
+    if has_engine {
+        let st = state.clone();
+        let every = Duration::from_secs_f64(state.rebalance_cfg.rebalance_interval_s);
+        background.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await; // the first pass after one interval: no job runs yet
+            loop {
+                tick.tick().await;
+                rebalance_pass(&st).await;
+            }
+        }));
+    }
     let sweeper = {
         let st = state.clone();
         tokio::spawn(async move {
@@ -131,6 +299,8 @@ pub async fn run_with_clock(
     tracing::info!(addr = ?listener.local_addr().ok(), "fleet-metasched listening");
     let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
     sweeper.abort();
+    background.iter().for_each(|t| t.abort());
+    *control.inner.lock() = None;
     served.context("serving HTTP")?;
     Ok(())
 }
@@ -144,6 +314,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/agent/work", get(agent_work))
         .route("/v1/clusters", get(clusters))
         .route("/v1/prices", post(import_prices))
+        .route("/v1/rebalance", get(rebalance))
         .route("/v1/jobs/:id", get(get_job))
         .route("/v1/jobs/:id/status", post(status))
         .route("/v1/jobs/:id/output", post(post_output).get(get_output))
@@ -316,6 +487,14 @@ async fn import_prices(State(st): State<AppState>, headers: HeaderMap, body: Byt
     let csv = String::from_utf8(body.to_vec())
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "the price table is not UTF-8"))?;
     Ok(Json(with_store(&st, move |s, _| s.import_prices(&caller, &csv)).await?).into_response())
+}
+
+async fn rebalance(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    if authenticate(&st.tokens, &headers, None)? != Caller::Admin {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only the admin reads rebalancing proposals"));
+    }
+    let latest = st.rebalance.lock().clone();
+    Ok(Json(&*latest).into_response())
 }
 
 async fn get_job(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {

@@ -14,6 +14,8 @@ pub struct Metrics {
     heartbeats: Family<Labels, Counter>,
     requests: Family<Labels, Counter>,
     placements: Family<Labels, Counter>,
+    feed_loads: Family<Labels, Counter>,
+    proposals: Gauge,
 }
 
 impl Default for Metrics {
@@ -33,7 +35,11 @@ impl Metrics {
         registry.register("heartbeats", "Heartbeats received, by cluster", heartbeats.clone());
         registry.register("api_requests", "API requests by route and status", requests.clone());
         registry.register("placements", "Placement decisions by outcome", placements.clone());
-        Metrics { registry, jobs, heartbeats, requests, placements }
+        let feed_loads = Family::<Labels, Counter>::default();
+        let proposals = Gauge::default();
+        registry.register("feed_loads", "Carbon/egress feed (re)loads, by result (ok, error)", feed_loads.clone());
+        registry.register("rebalance_proposals", "Migrations proposed by the latest rebalancing pass", proposals.clone());
+        Metrics { registry, jobs, heartbeats, requests, placements, feed_loads, proposals }
     }
 
     pub fn heartbeat(&self, cluster: &str) {
@@ -46,6 +52,14 @@ impl Metrics {
 
     pub fn placement(&self, outcome: &str) {
         self.placements.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
+    }
+
+    pub fn feed_load(&self, ok: bool) {
+        self.feed_loads.get_or_create(&vec![("result".into(), if ok { "ok" } else { "error" }.into())]).inc();
+    }
+
+    pub fn rebalance_proposals(&self, n: usize) {
+        self.proposals.set(n as i64);
     }
 
     /// Set the job gauges from a fresh count, then render the registry.

@@ -3,17 +3,59 @@
 //! The shared first rule (`fleet_api::placement::place`) still decides what
 //! is possible at all; the engine only ranks the clusters that rule allows.
 
+use std::sync::Arc;
+
 use fleet_api::api::FleetView;
 use fleet_api::JobRequest;
-use fleet_engine::{Decision, FleetModel, FleetState, JobSpec, Policies, Policy};
+use fleet_engine::{Decision, FleetModel, FleetState, JobSpec, MigrationMargin, Policies, Policy, Pricing};
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, ConfigError};
+use crate::feeds::Feeds;
 
+/// One immutable snapshot of what the engine decides with: the model
+/// (configured, repriced, egress applied), the carbon series, the policy.
+/// Price imports and feed reloads build a new one and swap the `Arc`.
 pub struct Ranker {
     /// The model as configured, before any price feed.
     base: FleetModel,
+    /// `base` repriced by the price table, before the egress feed.
+    priced: FleetModel,
+    /// `priced` with the egress matrices applied: what the engine sees.
     model: FleetModel,
+    feeds: Arc<Feeds>,
     policy: Policy,
+}
+
+/// A running job as the rebalancing pass sees it.
+pub struct RunningInput<'a> {
+    pub id: &'a str,
+    pub request: &'a JobRequest,
+    /// The cluster it runs on.
+    pub cluster: &'a str,
+    /// Seconds since it started running.
+    pub elapsed_s: f64,
+}
+
+/// One proposed migration (`GET /v1/rebalance`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RebalanceProposal {
+    pub fleet_job_id: String,
+    pub from: String,
+    pub to: String,
+    /// Pool and GPU type at the destination.
+    pub pool: String,
+    pub pricing: String,
+    /// Engine score of staying for the remaining run (USD).
+    pub stay_usd: f64,
+    /// Engine score of running the remainder at `to` (USD).
+    pub move_usd: f64,
+    /// Restore, checkpoint transfer and redone work, valued (USD).
+    pub migration_usd: f64,
+    /// stay − move − migration.
+    pub saving_usd: f64,
+    /// Expected seconds still to run.
+    pub remaining_s: f64,
 }
 
 /// Where `fleetctl prices import` keeps the last imported table; it wins
@@ -30,7 +72,7 @@ pub struct Pick {
 
 impl Ranker {
     /// `None` when the configuration asks for the first rule only.
-    pub fn load(config: &Config) -> Result<Option<Ranker>, ConfigError> {
+    pub fn load(config: &Config, feeds: Arc<Feeds>) -> Result<Option<Ranker>, ConfigError> {
         let Some(pc) = &config.placement else { return Ok(None) };
         let Some(name) = pc.engine_policy() else { return Ok(None) };
         let Some(model_path) = &pc.fleet_model else {
@@ -43,7 +85,7 @@ impl Ranker {
             .map_err(|e| ConfigError::Invalid(format!("fleet model {}: {e}", model_path.display())))?;
         let imported = imported_prices_path(&config.state_dir);
         let feed = if imported.exists() { Some(imported) } else { config.prices.clone() };
-        let model = match &feed {
+        let priced = match &feed {
             Some(prices) => {
                 let table = fleet_engine::parse_prices(&read(prices)?)
                     .map_err(|e| ConfigError::Invalid(format!("price feed {}: {e}", prices.display())))?;
@@ -64,12 +106,41 @@ impl Ranker {
             let known = policies.names().collect::<Vec<_>>().join(", ");
             return Err(ConfigError::Invalid(format!("[placement] policy {name:?} is unknown (first-fit, {known})")));
         };
-        Ok(Some(Ranker { base, model, policy }))
+        let model = with_egress(&priced, &feeds);
+        Ok(Some(Ranker { base, priced, model, feeds, policy }))
     }
 
     /// This ranker with the configured model repriced by `table`.
     pub fn with_prices(&self, table: &fleet_engine::PriceTable) -> Ranker {
-        Ranker { base: self.base.clone(), model: self.base.with_prices(table, false), policy: self.policy.clone() }
+        let priced = self.base.with_prices(table, false);
+        Ranker {
+            base: self.base.clone(),
+            model: with_egress(&priced, &self.feeds),
+            priced,
+            feeds: self.feeds.clone(),
+            policy: self.policy.clone(),
+        }
+    }
+
+    /// This ranker with a new feed snapshot (carbon series, egress).
+    pub fn with_feeds(&self, feeds: Arc<Feeds>) -> Ranker {
+        Ranker {
+            base: self.base.clone(),
+            priced: self.priced.clone(),
+            model: with_egress(&self.priced, &feeds),
+            feeds,
+            policy: self.policy.clone(),
+        }
+    }
+
+    /// The engine's state for `view`, with the carbon series attached.
+    fn state(&self, view: &FleetView) -> FleetState {
+        let mut state = FleetState::from_view(&self.model, view);
+        for s in &self.feeds.carbon {
+            // A series for a zone no cluster uses is simply not attached.
+            state.set_carbon_series(&self.model, s.clone());
+        }
+        state
     }
 
     pub fn policy_name(&self) -> &str {
@@ -80,7 +151,7 @@ impl Ranker {
     pub fn explain(&self, view: &FleetView, req: &JobRequest, id: &str) -> (Decision, Vec<String>) {
         let (mut spec, errs) = JobSpec::from_request_script(req);
         spec.id = id.to_string();
-        let state = FleetState::from_view(&self.model, view);
+        let state = self.state(view);
         let d = fleet_engine::explain(&self.model, &state, &spec, &self.policy);
         (d, errs.iter().map(|e| e.to_string()).collect())
     }
@@ -105,5 +176,80 @@ impl Ranker {
                 if c.fits_now { "" } else { ", waits" }
             ),
         })
+    }
+}
+
+/// `priced` with every egress matrix of `feeds` applied, in order.
+fn with_egress(priced: &FleetModel, feeds: &Feeds) -> FleetModel {
+    feeds.egress.iter().fold(priced.clone(), |m, e| m.with_egress(e))
+}
+
+impl Ranker {
+    /// The engine's migration proposals for `running` on `view`
+    /// (`fleet_engine::propose_migrations`), restricted to destinations in
+    /// `allowed(job index, cluster)` (the hard rule of
+    /// `fleet_api::placement`). Jobs on clusters the model does not know,
+    /// or without a GPU pool of theirs there, are skipped.
+    pub fn propose(
+        &self,
+        view: &FleetView,
+        running: &[RunningInput<'_>],
+        margin: &MigrationMargin,
+        allowed: impl Fn(usize, &str) -> bool,
+    ) -> Vec<RebalanceProposal> {
+        let state = self.state(view);
+        let mut inputs = Vec::new();
+        let mut back = Vec::new();
+        for (i, r) in running.iter().enumerate() {
+            let Some(cid) = self.model.cluster_id(r.cluster) else { continue };
+            let Some(cluster) = self.model.cluster(cid) else { continue };
+            let (mut spec, _) = JobSpec::from_request_script(r.request);
+            spec.id = r.id.to_string();
+            let job = fleet_engine::prepare(&self.model, &spec);
+            let Some(pool) = cluster.pools.iter().position(|p| job.type_mask & (1u64 << (p.gpu_type % 64)) != 0) else {
+                continue;
+            };
+            let elapsed = r.elapsed_s.max(0.0);
+            // At least a minute left: a job past its estimate still runs.
+            let remaining_s = (spec.duration_s - elapsed).max(60.0);
+            let since_ckpt_s = match spec.ckpt_interval_s {
+                Some(iv) if iv > 0.0 => elapsed % iv,
+                _ => elapsed,
+            };
+            let pricing = if cluster.onprem { Pricing::Onprem } else { Pricing::OnDemand };
+            inputs.push(fleet_engine::RunningJob {
+                job,
+                cluster: cid,
+                pool: pool as fleet_engine::PoolId,
+                pricing,
+                remaining_s,
+                since_ckpt_s,
+            });
+            back.push(i);
+        }
+        fleet_engine::propose_migrations(&self.model, &state, &inputs, &self.policy, margin)
+            .into_iter()
+            .filter_map(|p| {
+                let i = *back.get(p.index)?;
+                let r = running.get(i)?;
+                let to = self.model.cluster(p.to.cluster)?;
+                if !allowed(i, &to.name) {
+                    return None;
+                }
+                let pool = to.pools.get(p.to.pool as usize)?;
+                Some(RebalanceProposal {
+                    fleet_job_id: p.job_id,
+                    from: r.cluster.to_string(),
+                    to: to.name.clone(),
+                    pool: format!("{} ({})", pool.name, self.model.gpu_type_name(pool.gpu_type)),
+                    pricing: p.to.pricing.as_str().to_string(),
+                    stay_usd: p.stay_usd,
+                    move_usd: p.move_usd,
+                    migration_usd: p.migration_usd,
+                    saving_usd: p.saving_usd,
+                    remaining_s: inputs.get(p.index).map_or(0.0, |j| j.remaining_s),
+                })
+            })
+            .collect()
     }
 }

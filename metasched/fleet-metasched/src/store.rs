@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ClusterConfig;
 use crate::metrics::Metrics;
-use crate::ranking::Ranker;
+use crate::feeds::Feeds;
+use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
 
 /// Who is calling, after authentication.
@@ -82,6 +83,10 @@ pub struct Job {
     /// submission afterwards: the target must still cancel it.
     #[serde(default)]
     pub remote_cancel_pending: bool,
+    /// When the target first reported it running (Unix seconds); the
+    /// rebalancing pass estimates the remaining run from it.
+    #[serde(default)]
+    pub running_since: Option<f64>,
 }
 
 /// `GET /v1/jobs/{id}/explain`: why the job is (or would be) where it is.
@@ -151,6 +156,27 @@ pub struct PriceImport {
     pub applied: bool,
 }
 
+/// `GET /v1/rebalance`: the latest rebalancing pass. Proposals only: the
+/// meta-scheduler does not carry migrations out (yet).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rebalance {
+    /// Engine policy of the pass (empty: no engine configured).
+    #[serde(default)]
+    pub policy: String,
+    /// Unix seconds of the pass (absent: none ran yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub computed_at: Option<f64>,
+    /// Running interruptible jobs the pass considered.
+    #[serde(default)]
+    pub considered: usize,
+    /// Best saving first.
+    #[serde(default)]
+    pub proposals: Vec<RebalanceProposal>,
+    /// Why there are no proposals when no pass can run (no engine policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// Filter for `GET /v1/jobs`.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct JobFilter {
@@ -176,6 +202,10 @@ pub struct Store {
     metrics: Arc<Metrics>,
     ranker: Option<Arc<Ranker>>,
 }
+
+/// `GET /v1/rebalance`'s reason when no engine is configured.
+pub const NO_ENGINE: &str =
+    "no cost-engine policy configured ([placement] policy and fleet_model): rebalancing is off";
 
 /// Slurm node states that take a node's GPUs out of the pool.
 fn node_usable(state: &str) -> bool {
@@ -500,6 +530,7 @@ impl Store {
             final_stdout_len: None,
             final_stderr_len: None,
             remote_cancel_pending: false,
+            running_since: None,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -566,6 +597,7 @@ impl Store {
                             ("wait_h".into(), b.wait_h),
                             ("time_usd".into(), b.time_usd),
                             ("carbon_usd".into(), b.carbon_usd),
+                            ("carbon_g_per_kwh".into(), b.carbon_g_per_kwh),
                         ],
                     }
                 })
@@ -776,6 +808,9 @@ impl Store {
         }
         if let Some(new) = upd.state {
             if !cur.is_terminal() {
+                if new == JobState::Running && job.running_since.is_none() {
+                    job.running_since = Some(now);
+                }
                 job.record.state = new;
                 if new.is_terminal() {
                     job.record.exit_code = upd.exit_code;
@@ -904,6 +939,54 @@ impl Store {
             None => false,
         };
         Ok(PriceImport { entries: table.entries.len(), skipped_fractional: table.skipped_fractional, applied })
+    }
+
+    /// A new feed snapshot for the engine (no-op without one).
+    pub fn set_feeds(&mut self, feeds: Arc<Feeds>) {
+        if let Some(r) = &self.ranker {
+            self.ranker = Some(Arc::new(r.with_feeds(feeds)));
+        }
+    }
+
+    pub fn has_engine(&self) -> bool {
+        self.ranker.is_some()
+    }
+
+    /// One rebalancing pass: the engine's migration proposals for the
+    /// running jobs with an interruptible request, on the current view.
+    /// Destinations the hard rule (`fleet_api::placement`) excludes for a
+    /// job are dropped.
+    pub fn rebalance(&self, margin: &fleet_engine::MigrationMargin, now: f64) -> Result<Rebalance, StoreError> {
+        let Some(r) = self.ranker.clone() else {
+            return Ok(Rebalance { reason: Some(NO_ENGINE.into()), ..Default::default() });
+        };
+        let jobs = self.query(
+            "SELECT data FROM jobs WHERE state = ?1 AND active = 1 ORDER BY submitted_at, id",
+            [JobState::Running.as_str()],
+        )?;
+        let jobs: Vec<Job> =
+            jobs.into_iter().filter(|j| j.request.fleet.interruptible && j.record.target.is_some()).collect();
+        let view = self.view(now);
+        let running: Vec<RunningInput<'_>> = jobs
+            .iter()
+            .map(|j| RunningInput {
+                id: &j.record.fleet_job_id,
+                request: &j.request,
+                cluster: j.record.target.as_deref().unwrap_or_default(),
+                elapsed_s: now - j.running_since.unwrap_or(j.record.updated_at),
+            })
+            .collect();
+        let excluded: Vec<Vec<String>> =
+            jobs.iter().map(|j| placement::place(&view, &j.request).1.into_iter().map(|e| e.cluster).collect()).collect();
+        let proposals =
+            r.propose(&view, &running, margin, |i, c| excluded.get(i).is_some_and(|ex| !ex.iter().any(|x| x == c)));
+        Ok(Rebalance {
+            policy: r.policy_name().to_string(),
+            computed_at: Some(now),
+            considered: running.len(),
+            proposals,
+            reason: None,
+        })
     }
 
     /// Jobs per state, for the metrics.

@@ -19,6 +19,7 @@ struct Daemon {
     url: String,
     dir: PathBuf,
     clock: Clock,
+    control: fleet_metasched::Control,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
     http: reqwest::Client,
@@ -48,6 +49,8 @@ fn config(dir: &Path) -> Config {
         prices: None,
         policies: None,
         carbon: None,
+        egress: None,
+        rebalance: None,
     }
 }
 
@@ -60,10 +63,12 @@ impl Daemon {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(fleet_metasched::run_with_clock(listener, config, clock.clone(), async {
-            let _ = rx.await;
-        }));
-        Daemon { url, dir: dir.to_path_buf(), clock, stop: Some(tx), handle, http: reqwest::Client::new() }
+        let control = fleet_metasched::Control::default();
+        let handle =
+            tokio::spawn(fleet_metasched::run_with(listener, config, clock.clone(), control.clone(), async {
+                let _ = rx.await;
+            }));
+        Daemon { url, dir: dir.to_path_buf(), clock, control, stop: Some(tx), handle, http: reqwest::Client::new() }
     }
 
     async fn stop(mut self) {
@@ -693,4 +698,219 @@ async fn unknown_engine_policy_is_a_startup_error() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let err = fleet_metasched::run(listener, cfg, async {}).await.unwrap_err();
     assert!(format!("{err:#}").contains("policy \"nope\" is unknown"), "{err:#}");
+}
+
+// ---- live feeds and rebalancing -------------------------------------------
+
+/// alpha (on-prem, zone ZA, dear) and gamma (cloud, zone ZG, cheap) hold
+/// H100s; beta A100s.
+fn feed_model(alpha_price: f64) -> String {
+    format!(
+        r#"
+[[clusters]]
+name = "alpha"
+provider = "onprem"
+region = "east"
+onprem = true
+carbon_zone = "ZA"
+prices = {{ H100 = {{ onprem = {alpha_price} }} }}
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+
+[[clusters]]
+name = "beta"
+provider = "onprem"
+region = "east"
+onprem = true
+prices = {{ A100 = {{ onprem = 1.0 }} }}
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 2
+
+[[clusters]]
+name = "gamma"
+provider = "aws"
+region = "us-east-1"
+carbon_zone = "ZG"
+prices = {{ H100 = {{ on_demand = 1.0 }} }}
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+"#
+    )
+}
+
+fn carbon_csv(zone: &str, g: f64) -> String {
+    format!(
+        "datetime_utc,zone,ci_direct_gco2_kwh,ci_lca_gco2_kwh\n\
+         2023-01-01 00:00:00,{zone},{g},{g}\n2023-01-01 01:00:00,{zone},{g},{g}\n"
+    )
+}
+
+const EGRESS_CSV: &str = ",us-east-1,us-east-2\nus-east-1,0,0.01\nus-east-2,0.01,0\n";
+
+/// A daemon ranking with policy `cheap` over [`feed_model`].
+fn engine_config(dir: &Path, alpha_price: f64) -> Config {
+    std::fs::write(dir.join("model.toml"), feed_model(alpha_price)).unwrap();
+    let mut cfg = config(dir);
+    cfg.placement = Some(fleet_metasched::config::PlacementConfig {
+        policy: Some("cheap".into()),
+        fleet_model: Some(dir.join("model.toml")),
+    });
+    cfg.policies = Some(toml::from_str("[cheap]\n").unwrap());
+    cfg
+}
+
+fn feed_dirs(dir: &Path) -> (PathBuf, PathBuf) {
+    let (c, e) = (dir.join("carbon"), dir.join("network"));
+    std::fs::create_dir_all(&c).unwrap();
+    std::fs::create_dir_all(&e).unwrap();
+    std::fs::write(c.join("ZA_2023_hourly.csv"), carbon_csv("ZA", 100.0)).unwrap();
+    std::fs::write(c.join("ZG_2023_hourly.csv"), carbon_csv("ZG", 200.0)).unwrap();
+    std::fs::write(e.join("aws_transmission_cost_matrix.csv"), EGRESS_CSV).unwrap();
+    (c, e)
+}
+
+/// Carbon intensity the engine uses per ranked cluster for job `id`.
+async fn intensities(d: &Daemon, id: &str) -> Vec<(String, f64)> {
+    let e: fleet_metasched::store::Explanation =
+        d.ok(reqwest::Method::GET, &format!("/v1/jobs/{id}/explain"), "Bearer admin-secret", None).await;
+    e.ranked
+        .iter()
+        .map(|c| {
+            let g = c.terms.iter().find(|(k, _)| k == "carbon_g_per_kwh").map(|(_, v)| *v).unwrap();
+            (c.cluster.clone(), g)
+        })
+        .collect()
+}
+
+async fn metric(d: &Daemon, needle: &str) -> bool {
+    let r = d.req(reqwest::Method::GET, "/metrics", "").send().await.unwrap();
+    r.text().await.unwrap().lines().any(|l| l == needle)
+}
+
+#[tokio::test]
+async fn feeds_load_reload_on_change_and_survive_a_broken_file() {
+    use fleet_metasched::FeedReload;
+    let tmp = tempfile::tempdir().unwrap();
+    let (carbon, egress) = feed_dirs(tmp.path());
+    let mut cfg = engine_config(tmp.path(), 4.0);
+    cfg.carbon = Some(carbon.clone());
+    cfg.egress = Some(egress);
+    let d = Daemon::start_with(tmp.path(), Clock::default(), cfg).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    d.forward("c1", "beta", "h100", 8).await;
+    // Loaded at start: both series are in use.
+    let want = |a: f64| vec![("gamma".to_string(), 200.0), ("alpha".to_string(), a)];
+    assert_eq!(intensities(&d, "c1").await, want(100.0));
+    assert_eq!(d.control.check_feeds().await, Some(FeedReload::Unchanged));
+
+    // A changed file is picked up at the next check.
+    std::fs::write(carbon.join("ZA_2023_hourly.csv"), carbon_csv("ZA", 350.0)).unwrap();
+    assert_eq!(d.control.check_feeds().await, Some(FeedReload::Reloaded(3)));
+    assert_eq!(intensities(&d, "c1").await, want(350.0));
+
+    // A broken file keeps the previous snapshot; the error names file:line,
+    // and it is reported once, not at every check.
+    let bad = format!("{}2023-01-01 02:00:00,ZA,oops,1\n", carbon_csv("ZA", 1.0));
+    std::fs::write(carbon.join("ZA_2023_hourly.csv"), bad).unwrap();
+    match d.control.check_feeds().await {
+        Some(FeedReload::Failed(e)) => assert!(e.contains("ZA_2023_hourly.csv:4: ci_direct_gco2_kwh"), "{e}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    assert_eq!(intensities(&d, "c1").await, want(350.0));
+    assert_eq!(d.control.check_feeds().await, Some(FeedReload::Unchanged));
+    assert!(metric(&d, "fleet_metasched_feed_loads_total{result=\"error\"} 1").await);
+
+    // Fixed again: reloaded.
+    std::fs::write(carbon.join("ZA_2023_hourly.csv"), carbon_csv("ZA", 50.0)).unwrap();
+    assert_eq!(d.control.check_feeds().await, Some(FeedReload::Reloaded(3)));
+    assert_eq!(intensities(&d, "c1").await, want(50.0));
+    // A price import keeps the feeds.
+    let csv = "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr\n\
+               aws,us-east-1,use1-az1,p5.48xlarge,H100,8,192,2048,16.0,\n";
+    let r = d.req(reqwest::Method::POST, "/v1/prices", "Bearer admin-secret").body(csv).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(intensities(&d, "c1").await, want(50.0));
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_broken_feed_at_start_is_a_startup_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, egress) = feed_dirs(tmp.path());
+    std::fs::write(egress.join("aws_transmission_cost_matrix.csv"), ",us-east-1\nus-east-1,0,9\n").unwrap();
+    let mut cfg = engine_config(tmp.path(), 4.0);
+    cfg.egress = Some(egress);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = fleet_metasched::run(listener, cfg, async {}).await.unwrap_err();
+    assert!(format!("{err:#}").contains("aws_transmission_cost_matrix.csv:2: expected 2 fields"), "{err:#}");
+}
+
+async fn rebalance(d: &Daemon) -> fleet_metasched::store::Rebalance {
+    d.ok(reqwest::Method::GET, "/v1/rebalance", "Bearer admin-secret", None).await
+}
+
+#[tokio::test]
+async fn rebalance_proposes_moving_a_running_interruptible_job_to_a_cheaper_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    // alpha costs 20 USD/GPU-h, gamma 1.
+    let d = Daemon::start_with(tmp.path(), Clock::default(), engine_config(tmp.path(), 20.0)).await;
+    let r = rebalance(&d).await;
+    assert!(r.proposals.is_empty() && r.computed_at.is_none(), "{r:?}");
+    // gamma is silent: both jobs can only go to alpha.
+    d.heartbeat("alpha", 16).await;
+    d.heartbeat("beta", 16).await;
+    for (id, interruptible) in [("mv", true), ("stay", false)] {
+        let mut req = request("beta", "h100", 8);
+        req.time_limit_min = Some(24 * 60);
+        req.fleet.interruptible = interruptible;
+        let fwd = ForwardRequest { fleet_job_id: id.into(), request: req, tentative_target: "alpha".into() };
+        let _: JobRecord = d
+            .ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap()))
+            .await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        let (s, v) = d.status(id, "alpha", st(JobState::Running)).await;
+        assert!(s.is_success(), "{v}");
+    }
+    // Nothing cheaper is free yet.
+    let r = d.control.rebalance().await.unwrap();
+    assert_eq!((r.considered, r.proposals.len(), r.policy.as_str()), (1, 0, "cheap"), "{r:?}");
+    // gamma comes up with 16 free H100s at a twentieth of the price.
+    d.heartbeat("alpha", 0).await;
+    d.heartbeat("gamma", 16).await;
+    d.control.rebalance().await.unwrap();
+    let (s, _) = d.call(reqwest::Method::GET, "/v1/rebalance", &bearer("alpha"), None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _) = d.call(reqwest::Method::GET, "/v1/rebalance", "", None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let r = rebalance(&d).await;
+    assert_eq!(r.considered, 1);
+    assert_eq!(r.proposals.len(), 1, "{r:?}");
+    let p = &r.proposals[0];
+    assert_eq!((p.fleet_job_id.as_str(), p.from.as_str(), p.to.as_str()), ("mv", "alpha", "gamma"));
+    assert!(p.saving_usd > 1000.0 && p.stay_usd > p.move_usd + p.migration_usd, "{p:?}");
+    assert!(r.reason.is_none() && r.computed_at.is_some());
+    assert!(metric(&d, "fleet_metasched_rebalance_proposals 1").await);
+    // Proposals only: the job has not moved.
+    assert_eq!(d.job("mv").await.target.as_deref(), Some("alpha"));
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn rebalance_without_an_engine_policy_is_empty_with_a_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    let r = rebalance(&d).await;
+    assert!(r.proposals.is_empty());
+    assert!(r.reason.as_deref().unwrap_or("").contains("no cost-engine policy"), "{r:?}");
+    let r = d.control.rebalance().await.unwrap();
+    assert!(r.proposals.is_empty() && r.reason.is_some(), "{r:?}");
+    d.stop().await;
 }

@@ -63,6 +63,11 @@ enum Command {
         #[command(subcommand)]
         action: PricesAction,
     },
+    /// Migrations the meta-scheduler's latest rebalancing pass proposes for
+    /// running interruptible jobs: from, to, remaining run, and the engine's
+    /// USD figures (stay, move, migration cost, saving). Proposals only: the
+    /// meta-scheduler does not move jobs yet. `--json` prints the reply.
+    Rebalance,
     /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
     Simulate(Box<fleet_sim::cli::SimulateArgs>),
 }
@@ -133,6 +138,33 @@ struct Ranked {
     fits_now: bool,
     score: f64,
     terms: Vec<(String, f64)>,
+}
+
+/// Mirror of the daemon's `GET /v1/rebalance` reply
+/// (`fleet_metasched::store::Rebalance`); unknown fields are ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Rebalance {
+    policy: String,
+    computed_at: Option<f64>,
+    considered: usize,
+    proposals: Vec<Proposal>,
+    reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Proposal {
+    fleet_job_id: String,
+    from: String,
+    to: String,
+    pool: String,
+    pricing: String,
+    stay_usd: f64,
+    move_usd: f64,
+    migration_usd: f64,
+    saving_usd: f64,
+    remaining_s: f64,
 }
 
 struct Client {
@@ -350,6 +382,46 @@ fn explain_text(e: &Explanation) -> String {
     s
 }
 
+fn rebalance_text(r: &Rebalance, now: f64) -> String {
+    let mut s = String::new();
+    if let Some(why) = &r.reason {
+        s.push_str(&format!("{why}\n"));
+    }
+    if let Some(t) = r.computed_at {
+        s.push_str(&format!(
+            "pass {} ago, policy {}: {} running interruptible job(s) considered, {} proposal(s)\n",
+            age(now - t),
+            r.policy,
+            r.considered,
+            r.proposals.len()
+        ));
+    }
+    if r.proposals.is_empty() {
+        return s;
+    }
+    let rows: Vec<Vec<String>> = r
+        .proposals
+        .iter()
+        .map(|p| {
+            vec![
+                p.fleet_job_id.clone(),
+                p.from.clone(),
+                p.to.clone(),
+                p.pool.clone(),
+                p.pricing.clone(),
+                age(p.remaining_s),
+                format!("{:.2}", p.stay_usd),
+                format!("{:.2}", p.move_usd),
+                format!("{:.2}", p.migration_usd),
+                format!("{:.2}", p.saving_usd),
+            ]
+        })
+        .collect();
+    s.push_str(&table(&["JOB", "FROM", "TO", "POOL", "PRICING", "LEFT", "STAY$", "MOVE$", "MIGRATE$", "SAVING$"], &rows));
+    s.push_str("proposals only: migrations are not carried out yet\n");
+    s
+}
+
 fn print(text: &str) -> anyhow::Result<()> {
     let mut o = std::io::stdout().lock();
     o.write_all(text.as_bytes())?;
@@ -391,6 +463,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "stored; no cost-engine policy is configured, so it is not used yet"
             };
             print(&format!("{n} price entries ({skipped} fractional-GPU rows skipped), {applied}\n"))
+        }
+        Command::Rebalance => {
+            let v = client.call(reqwest::Method::GET, "/v1/rebalance")?;
+            if cli.json {
+                return print_json(&v);
+            }
+            let r: Rebalance = serde_json::from_value(v).context("decoding the rebalancing proposals")?;
+            print(&rebalance_text(&r, now()))
         }
         Command::Clusters => {
             let v = client.call(reqwest::Method::GET, "/v1/clusters")?;
@@ -496,6 +576,9 @@ mod tests {
         check(&["job", "abc"], "Job { id: Some(\"abc\"), action: None }");
         check(&["job", "cancel", "abc"], "Job { id: None, action: Some(Cancel { id: \"abc\" }) }");
         check(&["job", "explain", "abc"], "Job { id: None, action: Some(Explain { id: \"abc\" }) }");
+        check(&["rebalance"], "Rebalance");
+        check(&["rebalance", "--json"], "Rebalance");
+        check(&["rebalance", "x"], "error 2");
         check(&["job"], "error 2");
         check(&["bogus"], "error 2");
         check(&["--json", "clusters", "--url", "http://x:1"], "Clusters");
@@ -508,5 +591,26 @@ mod tests {
         }
         assert_eq!(table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]), "A    BB\nxyz  1\n");
         assert_eq!(query_escape("a b/c"), "a%20b%2Fc");
+        let r = Rebalance { reason: Some("off".into()), ..Default::default() };
+        assert_eq!(rebalance_text(&r, 0.0), "off\n");
+        let r = Rebalance {
+            policy: "cost".into(),
+            computed_at: Some(100.0),
+            considered: 1,
+            proposals: vec![Proposal {
+                fleet_job_id: "j1".into(),
+                from: "a".into(),
+                to: "b".into(),
+                saving_usd: 12.345,
+                remaining_s: 3600.0,
+                ..Default::default()
+            }],
+            reason: None,
+        };
+        let t = rebalance_text(&r, 105.0);
+        assert!(t.starts_with("pass 5s ago, policy cost: 1 running interruptible job(s) considered, 1 proposal(s)\n"), "{t}");
+        assert!(t.contains("j1   a     b"), "{t}");
+        assert!(t.contains("12.35"), "{t}");
+        assert!(t.ends_with("proposals only: migrations are not carried out yet\n"), "{t}");
     }
 }

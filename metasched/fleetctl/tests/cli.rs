@@ -26,6 +26,8 @@ fn config(dir: &Path) -> Config {
         placement: None,
         prices: None,
         carbon: None,
+        egress: None,
+        rebalance: None,
         policies: None,
     }
 }
@@ -134,6 +136,14 @@ async fn clusters_jobs_job_cancel_explain() {
     .unwrap();
     let o = ctl(&url, dir, &["prices", "import", csv.to_str().unwrap()]).await;
     assert_eq!(text(&o), "1 price entries (0 fractional-GPU rows skipped), stored; no cost-engine policy is configured, so it is not used yet\n");
+
+    let o = ctl(&url, dir, &["rebalance"]).await;
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).starts_with("no cost-engine policy configured"), "{}", text(&o));
+    let o = ctl(&url, dir, &["rebalance", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["proposals"], serde_json::json!([]));
+    assert!(v["reason"].is_string(), "{v}");
 
     let o = ctl(&url, dir, &["job"]).await;
     assert_eq!(o.status.code(), Some(2));
