@@ -41,6 +41,8 @@ fn config(dir: &Path) -> Config {
         prices: None,
         policies: None,
         carbon: None,
+        egress: None,
+        rebalance: None,
     }
 }
 
@@ -234,6 +236,14 @@ async fn relays_output_exactly_and_exits_with_the_remote_code() {
         .status("px1", StatusUpdate { remote_job_id: Some(555), state: Some(JobState::Pending), ..Default::default() })
         .await;
     alpha.status("px1", running(555)).await;
+    // The proxy polls: wait until it has seen "running" before finishing,
+    // or a fast finish may legitimately skip that comment.
+    let log = tmp.path().join("comments.log");
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("555 running") {
+        assert!(t0.elapsed() < Duration::from_secs(15), "the proxy never reported running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // 3 MiB of every byte value (not UTF-8), sent in 256 KiB chunks.
     let out: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     let err: Vec<u8> = b"warning: \xff\xfe not utf-8\n".to_vec();
