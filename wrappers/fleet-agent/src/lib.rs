@@ -40,6 +40,8 @@ use crate::slurm::SlurmBackend;
 
 /// Largest request line accepted from the plugin.
 pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+/// How long one plugin connection may take before it is dropped.
+const PLUGIN_IO_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest output chunk sent per request.
 const CHUNK: usize = 512 << 10;
 
@@ -122,14 +124,15 @@ pub async fn serve_plugin<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListen
             _ = stop.changed() => return,
         };
         match conn {
-            Ok((stream, _)) => {
-                let agent = agent.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = handle_plugin(&agent, stream).await {
-                        tracing::warn!("plugin connection: {e:#}");
-                    }
-                });
-            }
+            // Served inline, one at a time: slurmctld asks serially (under
+            // its locks), and skipping a task spawn and a thread hop is
+            // measurable on the FORWARD path. A stuck peer costs at most
+            // PLUGIN_IO_TIMEOUT, far beyond the plugin's own deadline.
+            Ok((stream, _)) => match tokio::time::timeout(PLUGIN_IO_TIMEOUT, handle_plugin(&agent, stream)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("plugin connection: {e:#}"),
+                Err(_) => tracing::warn!("plugin connection: no request within {PLUGIN_IO_TIMEOUT:?}"),
+            },
             Err(e) => {
                 tracing::warn!("accept: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
