@@ -182,6 +182,17 @@ impl Lab {
         self.cmd(cluster, "scontrol", &["ping"]).map(|o| String::from_utf8_lossy(&o.stdout).contains("is UP")).unwrap_or(false)
     }
 
+    /// For tests that stop services: whatever happens (a failing test
+    /// unwinds too), the agent of `cluster` and the meta-scheduler are
+    /// running again when the guard drops, so the next test finds them.
+    pub fn restart_services_on_drop(&self, cluster: &str) -> OnDrop<impl FnMut() + '_> {
+        let cluster = cluster.to_string();
+        OnDrop(move || {
+            let _ = self.lab_sh(&["start-agent", &cluster]);
+            let _ = self.lab_sh(&["start-metasched"]);
+        })
+    }
+
     /// Log file of the agent of `cluster`.
     pub fn agent_log(&self, cluster: &str) -> PathBuf {
         self.root.join(cluster).join("log/agent.log")

@@ -250,11 +250,7 @@ fn arrays_stay_local() {
 fn agent_or_metasched_down_fails_open() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("failopen");
-    // Whatever happens below, the next test finds every service running.
-    let _restore = fleet_lab::OnDrop(|| {
-        let _ = lab.lab_sh(&["start-agent", "beta"]);
-        let _ = lab.lab_sh(&["start-metasched"]);
-    });
+    let _restore = lab.restart_services_on_drop("beta");
 
     // Agent stopped: jobs are accepted locally at once.
     assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
@@ -311,10 +307,7 @@ fn agent_or_metasched_down_fails_open() {
 fn forward_survives_agent_restart_while_metasched_is_down() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("journal");
-    let _restore = fleet_lab::OnDrop(|| {
-        let _ = lab.lab_sh(&["start-agent", "beta"]);
-        let _ = lab.lab_sh(&["start-metasched"]);
-    });
+    let _restore = lab.restart_services_on_drop("beta");
     // The agent's cached view is fresh for ViewMaxAgeMs after the last
     // heartbeat: it still forwards, journaling the job it cannot deliver.
     assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
