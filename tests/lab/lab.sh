@@ -491,6 +491,21 @@ wait_agent() {
   done
 }
 
+# Ready for federation: the agent of $1 has published a fleet view in which
+# every cluster of the lab is healthy (the plugin and the agent decide from it).
+wait_view() {
+  local c=$1 f=$R/$1/agent/view.json t0 want got; t0=$(now)
+  want=$(cluster_names | wc -w)
+  while :; do
+    got=$(grep -o '"healthy":true' "$f" 2>/dev/null | wc -l || true)
+    (( got >= want )) && return 0
+    if (( $(now) - t0 > READY_TIMEOUT )); then
+      show_tail "$R/$c/log/agent.log" "$R/log/metasched.log"; die "agent ($c) has no fleet view with all $want clusters healthy"
+    fi
+    sleep 0.2
+  done
+}
+
 cmd_stop_agent() { local c=${1:-}; [[ -n $c ]] || die "usage: $0 stop-agent <cluster>"; check_cluster "$c"; stop_pidfile "$R/$c/run/agent.pid" fleet-agent "fleet-agent ($c)"; }
 cmd_start_agent() { local c=${1:-}; [[ -n $c ]] || die "usage: $0 start-agent <cluster>"; check_cluster "$c"; start_agent "$c"; wait_agent "$c"; }
 cmd_stop_metasched() { stop_pidfile "$R/run/metasched.pid" fleet-metasched fleet-metasched; }
@@ -581,6 +596,7 @@ cmd_up() {
   if [[ $fleet == 1 ]]; then
     for c in $(cluster_names); do start_agent "$c"; done
     for c in $(cluster_names); do wait_agent "$c"; done
+    for c in $(cluster_names); do wait_view "$c"; done
   fi
   echo "fleet=$fleet" >"$R/run/mode"
   log "lab up in $(( $(now) - t_start ))s at $R (fleet=$fleet)"
