@@ -8,7 +8,7 @@
 //! else `/usr/include`, else `/usr/local/include`.
 
 use std::env;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
@@ -22,17 +22,9 @@ fn main() {
              to the directory that holds slurm/slurm.h"
         )
     });
-    let version_h = include.join("slurm/slurm_version.h");
-    println!("cargo:rerun-if-changed={}", version_h.display());
-    let version = read_version(&version_h).unwrap_or_else(|| panic!("no SLURM_VERSION_NUMBER in {}", version_h.display()));
-
-    // job_modify() gained a fourth argument (char **err_msg) in 23.02.
-    println!("cargo::rustc-check-cfg=cfg(slurm_job_modify_err_msg)");
-    if version >= 0x17_02_00 {
-        println!("cargo:rustc-cfg=slurm_job_modify_err_msg");
-    }
-    println!("cargo:rustc-env=FLEET_SLURM_VERSION_NUMBER={version}");
-
+    // SLURM_VERSION_NUMBER comes through the bindings themselves; the
+    // plugins export it as plugin_version and branch on it at run time
+    // (e.g. job_modify's fourth argument, 23.02+).
     let bindings = bindgen::Builder::default()
         .header(wrapper.to_string_lossy())
         .clang_arg(format!("-I{}", include.display()))
@@ -72,12 +64,4 @@ fn find_include_dir() -> Option<PathBuf> {
         .into_iter()
         .chain([PathBuf::from("/usr/include"), PathBuf::from("/usr/local/include")]);
     candidates.into_iter().find(|d| d.join("slurm/slurm.h").is_file())
-}
-
-fn read_version(path: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines().find_map(|l| {
-        let rest = l.trim().strip_prefix("#define")?.trim().strip_prefix("SLURM_VERSION_NUMBER")?.trim();
-        u32::from_str_radix(rest.trim_start_matches("0x"), 16).ok()
-    })
 }

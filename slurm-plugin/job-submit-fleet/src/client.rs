@@ -35,9 +35,9 @@ impl std::fmt::Display for AskError {
     }
 }
 
-/// Ask the agent about `job`.
-pub fn ask(socket: &Path, job: &JobRequest, timeout: Duration) -> Result<PluginReply, AskError> {
-    let req = PluginRequest::Submit { v: WIRE_VERSION, job: Box::new(job.clone()) };
+/// Ask the agent about `job` (taken by value: the script is not copied).
+pub fn ask(socket: &Path, job: Box<JobRequest>, timeout: Duration) -> Result<PluginReply, AskError> {
+    let req = PluginRequest::Submit { v: WIRE_VERSION, job };
     round_trip(socket, &req, timeout)
 }
 

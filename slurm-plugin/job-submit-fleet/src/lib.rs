@@ -92,7 +92,7 @@ impl FleetSubmit {
         if req.fleet == Default::default() && self.view.stays_home(&self.config, &req) {
             return (Outcome::Local, Ok(()));
         }
-        match client::ask(&self.config.socket, &req, self.config.timeout) {
+        match client::ask(&self.config.socket, req, self.config.timeout) {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
             Ok(PluginReply::Reject { message }) => (
                 Outcome::Reject,

@@ -5,6 +5,3 @@
 #![allow(clippy::all, clippy::undocumented_unsafe_blocks)]
 
 include!(concat!(env!("OUT_DIR"), "/slurm_bindings.rs"));
-
-/// `SLURM_VERSION_NUMBER` of the headers these bindings were generated from.
-pub const BUILT_FOR_VERSION: &str = env!("FLEET_SLURM_VERSION_NUMBER");

@@ -46,11 +46,6 @@ fn allocator() -> Allocator {
     })
 }
 
-/// Whether Slurm's allocator was found (we run inside a Slurm process).
-pub fn in_slurm() -> bool {
-    lookup(c"slurm_xstrdup").is_some()
-}
-
 pub(crate) fn lookup(name: &CStr) -> Option<*mut c_void> {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only reads.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };

@@ -141,7 +141,7 @@ fn set_err_msg(err_msg: *mut *mut c_char, msg: &str) {
 
 /// Export a job_submit plugin.
 ///
-/// ```ignore
+/// ```text
 /// slurm::job_submit_plugin!(MyPlugin, "Fleet federation", "job_submit/fleet");
 /// ```
 #[macro_export]

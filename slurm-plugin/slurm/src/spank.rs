@@ -70,7 +70,7 @@ pub fn run_callback(name: &str, validate: Validator, val: c_int, optarg: *const 
 
 /// Export a SPANK plugin that only adds options.
 ///
-/// ```ignore
+/// ```text
 /// slurm::spank_plugin!("fleet", OPTIONS, validate);
 /// ```
 #[macro_export]

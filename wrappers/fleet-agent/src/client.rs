@@ -56,12 +56,4 @@ impl MetaClient {
     pub async fn output(&self, id: &str, c: &OutputChunk) -> Result<serde_json::Value> {
         self.post(&format!("/v1/jobs/{id}/output"), c).await
     }
-
-    pub async fn job(&self, id: &str) -> Result<JobRecord> {
-        self.send(self.http.get(format!("{}/v1/jobs/{id}", self.base)), "/v1/jobs/{id}").await
-    }
-
-    pub async fn cancel(&self, id: &str) -> Result<JobRecord> {
-        self.post(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({})).await
-    }
 }
