@@ -28,6 +28,25 @@ fn remote_of(lab: &Lab, beta_id: u64) -> Option<(String, u64)> {
     })
 }
 
+fn fleet_job_of(lab: &Lab, beta_id: u64) -> Option<String> {
+    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
+    jobs.as_array()?.iter().find_map(|j| (j["origin_job_id"].as_u64() == Some(beta_id)).then(|| j["fleet_job_id"].as_str().unwrap_or("").to_string()))
+}
+
+/// (command line, environment) of every running `fleet-proxy` for `fleet_job_id`.
+fn proxy_processes(fleet_job_id: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains("fleet-proxy") && cmdline.contains(fleet_job_id) {
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            found.push((cmdline, String::from_utf8_lossy(&environ).replace('\0', "\n")));
+        }
+    }
+    found
+}
+
 #[test]
 fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     let (lab, _serial) = Lab::lock();
@@ -72,6 +91,14 @@ fn scancel_at_beta_cancels_the_alpha_job() {
     wait_file(&dir.join("out.txt"), T, |b| b.starts_with(b"started")).unwrap();
     let (_, rid) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
     assert_eq!(lab.job("alpha", rid).unwrap()["JobState"], "RUNNING");
+    // The stand-in's job token is in its environment (readable by the job's
+    // user only), never on its command line (readable by every user).
+    let fid = fleet_job_of(lab, id).expect("the job is known to the meta-scheduler");
+    let proxies = proxy_processes(&fid);
+    assert_eq!(proxies.len(), 1, "one fleet-proxy runs for {fid}");
+    let (cmdline, environ) = &proxies[0];
+    assert!(!cmdline.contains("token"), "{cmdline}");
+    assert!(environ.contains("FLEET_JOB_TOKEN="), "the token reaches the proxy");
 
     let t0 = std::time::Instant::now();
     let out = lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();

@@ -19,7 +19,11 @@
 //!
 //! The proxy never gives up while the meta-scheduler is unreachable: it
 //! retries with a capped backoff, and since output is fetched by offset no
-//! byte is lost or repeated.
+//! byte is lost or repeated. Its own stderr is the user's stderr file, so
+//! it stays silent about outages shorter than `--report-outage-after-s`
+//! (30 s): a meta-scheduler restart leaves the job's output byte for byte
+//! what the job wrote. A refused job token (HTTP 401/403) is permanent:
+//! the proxy says so and exits 1.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -57,6 +61,10 @@ struct Args {
     /// Directory holding `scontrol` (to update the stand-in's comment).
     #[arg(long, env = "FLEET_SLURM_BIN_DIR", default_value = "/usr/bin")]
     slurm_bin_dir: PathBuf,
+    /// Write a line to the job's stderr about a meta-scheduler outage only
+    /// once it has lasted this many seconds (and then about its end).
+    #[arg(long, env = "FLEET_PROXY_REPORT_OUTAGE_AFTER_S", default_value_t = 30)]
+    report_outage_after_s: u64,
 }
 
 /// Longest wait between retries while the meta-scheduler is unreachable.
@@ -146,41 +154,66 @@ impl Api {
     }
 }
 
-/// Capped exponential backoff that reports an outage once, and its end.
+/// Capped exponential backoff. An outage is reported (once per distinct
+/// error, then its end) only when it has lasted `report_after`: the
+/// proxy's stderr is the user's, and a short blip is not the user's news.
 struct Backoff {
     base: Duration,
     cur: Duration,
+    report_after: Duration,
     failing_since: Option<Instant>,
+    reported: bool,
     last_msg: String,
 }
 
 impl Backoff {
-    fn new(base: Duration) -> Backoff {
-        Backoff { base, cur: base, failing_since: None, last_msg: String::new() }
+    fn new(base: Duration, report_after: Duration) -> Backoff {
+        Backoff { base, cur: base, report_after, failing_since: None, reported: false, last_msg: String::new() }
     }
 
-    fn ok(&mut self) {
-        if let Some(t) = self.failing_since.take() {
-            diag(format_args!("meta-scheduler reachable again after {:.1}s", t.elapsed().as_secs_f64()));
-        }
+    /// A call succeeded; returns the line to report, if any.
+    fn ok(&mut self, now: Instant) -> Option<String> {
+        let since = self.failing_since.take();
         self.cur = self.base;
         self.last_msg.clear();
+        let reported = std::mem::take(&mut self.reported);
+        since.filter(|_| reported).map(|t| format!("meta-scheduler reachable again after {:.1}s", (now - t).as_secs_f64()))
     }
 
-    /// Record a failure; returns how long to wait.
-    fn fail(&mut self, what: &str, e: &CallError) -> Duration {
-        let msg = format!("{what}: {e}");
-        if self.failing_since.is_none() {
-            self.failing_since = Some(Instant::now());
-        }
-        if msg != self.last_msg {
-            diag(format_args!("{msg} (retrying)"));
-            self.last_msg = msg;
-        }
+    /// Record a failure; returns how long to wait and the line to report, if any.
+    fn fail(&mut self, what: &str, e: &CallError, now: Instant) -> (Duration, Option<String>) {
+        let since = *self.failing_since.get_or_insert(now);
         let wait = self.cur;
         self.cur = (self.cur * 2).min(MAX_BACKOFF);
-        wait
+        let msg = format!("{what}: {e}");
+        if now - since < self.report_after || msg == self.last_msg {
+            return (wait, None);
+        }
+        self.last_msg = msg;
+        self.reported = true;
+        (wait, Some(format!("{} (failing for {:.0}s, retrying)", self.last_msg, (now - since).as_secs_f64())))
     }
+}
+
+/// Report a successful call to the backoff.
+fn succeeded(backoff: &mut Backoff) {
+    if let Some(line) = backoff.ok(Instant::now()) {
+        diag(line);
+    }
+}
+
+/// Report a failed call: a refused token ends the proxy, anything else is
+/// waited out.
+fn failed(backoff: &mut Backoff, what: &str, e: &CallError, term: &AtomicBool) -> anyhow::Result<()> {
+    if let CallError::Status(s @ (401 | 403), m) = e {
+        bail!("{what}: the meta-scheduler refused this job's token (HTTP {s}: {m})");
+    }
+    let (wait, line) = backoff.fail(what, e, Instant::now());
+    if let Some(line) = line {
+        diag(line);
+    }
+    nap(wait, term);
+    Ok(())
 }
 
 /// Keeps the stand-in's Slurm comment in step with where the job runs.
@@ -375,7 +408,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
     let mut comment =
         Comment { scontrol: args.slurm_bin_dir.join("scontrol"), slurm_job_id, last: String::new(), warned: false };
     let poll = Duration::from_millis(args.poll_ms);
-    let mut backoff = Backoff::new(poll);
+    let mut backoff = Backoff::new(poll, Duration::from_secs(args.report_outage_after_s));
     let mut relay = Relay { out: 0, err: 0, write_warned: false };
 
     // Release the job. A 404 means the origin agent has not forwarded it
@@ -386,10 +419,10 @@ fn run(args: Args) -> anyhow::Result<u8> {
         }
         match api.start(slurm_job_id.unwrap_or(0)) {
             Ok(r) => {
-                backoff.ok();
+                succeeded(&mut backoff);
                 break r;
             }
-            Err(e) => nap(backoff.fail("starting the job", &e), &term),
+            Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
         }
     };
     loop {
@@ -401,17 +434,17 @@ fn run(args: Args) -> anyhow::Result<u8> {
         match pumped {
             Ok(()) if relay.done(&record) => return Ok(exit_status(&record)),
             Ok(()) => {
-                backoff.ok();
+                succeeded(&mut backoff);
                 nap(poll, &term);
             }
-            Err(e) => nap(backoff.fail("fetching output", &e), &term),
+            Err(e) => failed(&mut backoff, "fetching output", &e, &term)?,
         }
         match api.get() {
             Ok(r) => {
-                backoff.ok();
+                succeeded(&mut backoff);
                 record = r;
             }
-            Err(e) => nap(backoff.fail("polling the job", &e), &term),
+            Err(e) => failed(&mut backoff, "polling the job", &e, &term)?,
         }
     }
 }
@@ -505,5 +538,35 @@ mod tests {
         check(rec(JobState::Cancelled, None, None), 143);
         check(rec(JobState::Lost, None, None), 1);
         check(rec(JobState::Completed, Some(300), None), 255);
+    }
+
+    #[test]
+    fn short_outages_are_silent_long_ones_reported_once_with_their_end() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let down = CallError::Transient("connection refused".into());
+        let mut b = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        // A 10 s blip: nothing reported, backoff grows and resets.
+        assert_eq!(b.fail("polling the job", &down, s(0)), (Duration::from_millis(500), None));
+        assert_eq!(b.fail("polling the job", &down, s(1)), (Duration::from_millis(1000), None));
+        assert_eq!(b.fail("polling the job", &down, s(10)).1, None);
+        assert_eq!(b.ok(s(11)), None);
+        assert_eq!(b.fail("polling the job", &down, s(12)).0, Duration::from_millis(500));
+        // Lasting 30 s: reported once, then its end.
+        for t in [20, 41] {
+            assert_eq!(b.fail("polling the job", &down, s(t)).1, None);
+        }
+        let (wait, line) = b.fail("polling the job", &down, s(42));
+        assert_eq!(wait, Duration::from_secs(4), "0.5, 1, 2, 4 s: doubling since the outage began");
+        assert_eq!(line.as_deref(), Some("polling the job: connection refused (failing for 30s, retrying)"));
+        assert_eq!(b.fail("polling the job", &down, s(50)).1, None, "the same error is said once");
+        let other = CallError::Transient("HTTP 503: busy".into());
+        assert!(b.fail("polling the job", &other, s(51)).1.unwrap().contains("503"), "a new error is said");
+        assert_eq!(b.ok(s(52)).as_deref(), Some("meta-scheduler reachable again after 40.0s"));
+        assert_eq!(b.ok(s(53)), None);
+        // report_after = 0: every new outage is reported at once.
+        let mut b = Backoff::new(Duration::from_millis(500), Duration::ZERO);
+        assert!(b.fail("starting the job", &down, s(0)).1.is_some());
+        assert!(b.ok(s(1)).is_some());
     }
 }

@@ -309,7 +309,29 @@ async fn survives_a_metasched_restart_and_reports_impossible_jobs() {
     let stderr = String::from_utf8_lossy(&stderr);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout, b"one\ntwo\n");
-    assert!(stderr.contains("reachable again"), "{stderr}");
+    // A 1.5 s outage is not the user's news: their stderr file stays theirs.
+    assert_eq!(stderr, "", "the job's stderr holds only what the job wrote");
+    meta.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_ends_the_proxy_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (meta, _alpha, beta) = setup(tmp.path()).await;
+    beta.forward("px4", 8).await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fleet-proxy"))
+        .args(["--job", "px4", "--url", &meta.url(), "--poll-ms", "50", "--slurm-bin-dir", "/nonexistent"])
+        .env("FLEET_JOB_TOKEN", auth::job_token(&token_of("beta"), "another-job"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (code, stdout, stderr) = finish(child).await;
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("refused this job's token (HTTP 401"), "{stderr}");
     meta.stop().await;
 }
 
