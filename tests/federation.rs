@@ -33,6 +33,15 @@ fn fleet_job_of(lab: &Lab, beta_id: u64) -> Option<String> {
     jobs.as_array()?.iter().find_map(|j| (j["origin_job_id"].as_u64() == Some(beta_id)).then(|| j["fleet_job_id"].as_str().unwrap_or("").to_string()))
 }
 
+/// Pid of the running `fleet-proxy` for `fleet_job_id`.
+fn proxy_pid(fleet_job_id: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).ok()?).replace('\0', " ");
+        (cmdline.contains("fleet-proxy") && cmdline.contains(fleet_job_id)).then_some(pid)
+    })
+}
+
 /// (command line, environment) of every running `fleet-proxy` for `fleet_job_id`.
 fn proxy_processes(fleet_job_id: &str) -> Vec<(String, String)> {
     let mut found = Vec::new();
@@ -108,6 +117,52 @@ fn scancel_at_beta_cancels_the_alpha_job() {
     eprintln!("remote job cancelled {:?} after scancel at beta", t0.elapsed());
     let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
     assert_eq!(rec["JobState"], "CANCELLED");
+}
+
+/// The fleet job's state as the meta-scheduler has it.
+fn fleet_state(lab: &Lab, fleet_job_id: &str) -> String {
+    lab.fleetctl_json(&["job", fleet_job_id]).map(|j| j["state"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_stand_in_killed_without_sigterm_still_ends_the_remote_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("sigkill");
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo started; sleep 300")).unwrap();
+    wait_file(&dir.join("out.txt"), T, |b| b.starts_with(b"started")).unwrap();
+    let (_, rid) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
+    let fid = fleet_job_of(lab, id).unwrap();
+    // What the OOM killer or a lost node does: the proxy dies at once,
+    // without the SIGTERM that would let it cancel the remote job.
+    let pid = proxy_pid(&fid).expect("a fleet-proxy runs for the job");
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
+    assert_ne!(rec["JobState"], "COMPLETED", "{rec:?}");
+    // The origin's agent notices the stand-in ended and cancels the job.
+    let arec = lab.wait_for("alpha", rid, Duration::from_secs(45), |r| fleet_lab::is_terminal(&r["JobState"])).unwrap();
+    assert_eq!(arec["JobState"], "CANCELLED", "{arec:?}");
+    wait_until("the fleet job is cancelled", Duration::from_secs(15), || fleet_state(lab, &fid) == "cancelled");
+}
+
+#[test]
+fn cancelling_a_pending_stand_in_cancels_the_forwarded_job() {
+    let (lab, _serial) = Lab::lock();
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", "--hold"], &script("echo never")).unwrap();
+    // Held at the origin, so the proxy never runs: the fleet job waits.
+    let comment = lab.job("beta", id).unwrap()["Comment"].clone();
+    let fid = comment.split_whitespace().last().unwrap().to_string();
+    assert!(fid.starts_with("beta-"), "the stand-in's comment names the fleet job: {comment:?}");
+    wait_until("the meta-scheduler holds the job", Duration::from_secs(10), || fleet_state(lab, &fid) == "held");
+    assert!(lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap().status.success());
+    wait_until("the fleet job is cancelled", Duration::from_secs(45), || fleet_state(lab, &fid) == "cancelled");
 }
 
 #[test]

@@ -182,6 +182,8 @@ pub struct Rebalance {
 pub struct JobFilter {
     pub state: Option<JobState>,
     pub origin: Option<String>,
+    /// Only jobs that may still run somewhere (`true`) or only finished ones.
+    pub active: Option<bool>,
 }
 
 struct ClusterState {
@@ -896,8 +898,9 @@ impl Store {
             "SELECT data FROM jobs
              WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR origin = ?2)
                AND (?3 IS NULL OR origin = ?3 OR target = ?3)
+               AND (?4 IS NULL OR active = ?4)
              ORDER BY submitted_at, id",
-            params![filter.state.map(JobState::as_str), filter.origin, only],
+            params![filter.state.map(JobState::as_str), filter.origin, only, filter.active],
         )?;
         Ok(jobs.into_iter().map(|j| j.record).collect())
     }

@@ -340,6 +340,16 @@ async fn auth_matrix() {
     assert!(listed.is_empty());
     let listed: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?state=pending", &bearer("alpha"), None).await;
     assert_eq!(listed.iter().map(|j| j.fleet_job_id.as_str()).collect::<Vec<_>>(), ["j1"]);
+    // The origin's reconciler asks for its jobs that may still run.
+    let ids = |l: Vec<JobRecord>| l.into_iter().map(|j| j.fleet_job_id).collect::<Vec<_>>();
+    let active: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?origin=beta&active=true", &bearer("beta"), None).await;
+    assert!(ids(active).contains(&"j1".to_string()));
+    let done = StatusUpdate { final_stdout_len: Some(0), final_stderr_len: Some(0), exit_code: Some(0), ..st(JobState::Completed) };
+    assert_eq!(d.status("j1", "alpha", done).await.0, StatusCode::OK);
+    let active: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?origin=beta&active=true", &bearer("beta"), None).await;
+    assert!(!ids(active).contains(&"j1".to_string()));
+    let finished: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?origin=beta&active=false", &bearer("beta"), None).await;
+    assert_eq!(ids(finished), ["j1"]);
     d.stop().await;
 }
 

@@ -18,6 +18,16 @@ pub struct NativeStatus {
     pub reason: String,
 }
 
+/// A stand-in job at this cluster (the origin side of a forwarded job).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StandIn {
+    pub native_id: u64,
+    pub state: JobState,
+    /// The scheduler's own state name, for messages.
+    pub raw_state: String,
+    pub comment: String,
+}
+
 /// Where a job's output is written at this cluster.
 #[derive(Clone, Debug)]
 pub struct OutputPaths {
@@ -33,6 +43,9 @@ pub trait Backend: Send + Sync + 'static {
     async fn submit(&self, id: &str, req: &JobRequest) -> Result<u64>;
     /// Status of jobs this agent created; `None` = the scheduler no longer knows it.
     async fn status(&self, native_ids: &[u64]) -> Result<Vec<(u64, Option<NativeStatus>)>>;
+    /// Every job the scheduler still knows in the proxy partition, in any
+    /// state (the stand-ins of jobs forwarded from here). Read-only.
+    async fn stand_ins(&self, partition: &str) -> Result<Vec<StandIn>>;
     /// Cancel a job this agent created (the caller checked the journal).
     async fn cancel(&self, id: &str, native_id: u64) -> Result<()>;
     fn output_paths(&self, id: &str) -> OutputPaths;

@@ -53,6 +53,17 @@ impl MetaClient {
         self.post(&format!("/v1/jobs/{id}/status"), s).await
     }
 
+    /// Jobs forwarded from `origin` that may still be running somewhere.
+    pub async fn active_jobs_from(&self, origin: &str) -> Result<Vec<JobRecord>> {
+        let rb = self.http.get(format!("{}/v1/jobs", self.base)).query(&[("origin", origin), ("active", "true")]);
+        self.send(rb, "/v1/jobs").await
+    }
+
+    /// Cancel a job forwarded from this cluster.
+    pub async fn cancel(&self, id: &str) -> Result<JobRecord> {
+        self.send(self.http.post(format!("{}/v1/jobs/{id}/cancel", self.base)), "cancel").await
+    }
+
     pub async fn output(&self, id: &str, c: &OutputChunk) -> Result<serde_json::Value> {
         self.post(&format!("/v1/jobs/{id}/output"), c).await
     }

@@ -85,7 +85,9 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
                 proxy_partition: cfg.proxy_partition.clone(),
                 proxy_script,
                 admin_comment,
-                comment: format!("fleet: {target} (waiting)"),
+                // The origin's reconciler finds a stand-in that never
+                // started by the fleet id in its comment.
+                comment: format!("fleet: {target} (waiting) {id}"),
             };
             (PluginReply::Forward(Box::new(plan)), Some(NewForward { id, target }))
         }

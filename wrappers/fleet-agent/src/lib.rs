@@ -6,7 +6,10 @@
 //! * **heartbeat**: reports this cluster's capacity, receives the fleet view;
 //! * **delivery**: hands journaled forwards to the meta-scheduler;
 //! * **work**: submits jobs assigned to this cluster, cancels on request;
-//! * **watch**: reports state, exit code and output of those jobs.
+//! * **watch**: reports state, exit code and output of those jobs;
+//! * **reconcile** ([`reconcile`]): cancels jobs forwarded from here whose
+//!   stand-in ended without cancelling them (proxy SIGKILLed, stand-in
+//!   cancelled while pending).
 //!
 //! Invariant: the agent only touches Slurm jobs it created (journal +
 //! `Comment=fleet:<id>` tag), as its own unprivileged user.
@@ -16,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod decide;
 pub mod journal;
+pub mod reconcile;
 pub mod slurm;
 
 use std::collections::HashSet;
@@ -282,10 +286,18 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
 
 async fn work_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
     let mut warned = false;
+    let mut suspects = reconcile::Suspects::default();
+    let mut last_reconcile = f64::NEG_INFINITY;
     loop {
         report("work", &mut warned, work_once(&agent).await);
         if let Err(e) = watch_once(&agent).await {
             tracing::warn!("watch: {e:#}");
+        }
+        if now() - last_reconcile >= reconcile::EVERY_S {
+            last_reconcile = now();
+            if let Err(e) = reconcile_once(&agent, &mut suspects).await {
+                tracing::warn!("reconcile: {e:#}");
+            }
         }
         if stopped(&mut stop, agent.cfg.poll).await {
             return;
@@ -349,6 +361,22 @@ pub async fn work_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
             },
             // Not ours, or already finished: nothing to touch.
             _ => tracing::debug!(%id, "cancel request for a job this agent does not run"),
+        }
+    }
+    Ok(())
+}
+
+/// Cancel jobs forwarded from here whose stand-in has ended or vanished.
+pub async fn reconcile_once<B: Backend>(agent: &Agent<B>, suspects: &mut reconcile::Suspects) -> Result<()> {
+    // Stand-ins first: a proxy exits only after its job is finished, so a
+    // job still active after its stand-in ended is an orphan, not a race.
+    let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
+    let jobs = agent.meta.active_jobs_from(&agent.cfg.site).await?;
+    let active: Vec<_> = reconcile::active_from(&agent.cfg.site, &jobs).cloned().collect();
+    for (id, reason) in suspects.pass(&active, &stand_ins, now()) {
+        match agent.meta.cancel(&id).await {
+            Ok(_) => tracing::warn!(%id, "cancelled: {reason}"),
+            Err(e) => tracing::warn!(%id, "cancelling an orphan ({reason}): {e:#}"),
         }
     }
     Ok(())

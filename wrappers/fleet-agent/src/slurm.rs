@@ -15,7 +15,7 @@ use fleet_api::{GpuScope, JobRequest, JobState};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::backend::{Backend, NativeStatus, OutputPaths};
+use crate::backend::{Backend, NativeStatus, OutputPaths, StandIn};
 
 pub struct SlurmBackend {
     pub bin: PathBuf,
@@ -165,6 +165,21 @@ pub fn parse_scontrol(line: &str) -> Option<NativeStatus> {
     })
 }
 
+/// `squeue -h -o %i|%T|%k` → stand-ins (array elements and garbage skipped).
+pub fn parse_stand_ins(out: &str) -> Vec<StandIn> {
+    out.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, '|');
+            let native_id = f.next()?.trim().parse().ok()?;
+            let raw_state = f.next()?.trim().to_string();
+            if raw_state.is_empty() {
+                return None;
+            }
+            Some(StandIn { native_id, state: map_state(&raw_state), raw_state, comment: f.next().unwrap_or("").to_string() })
+        })
+        .collect()
+}
+
 /// sbatch options that reproduce the job's resources at this cluster.
 pub fn sbatch_args(id: &str, req: &JobRequest, dir: &std::path::Path, paths: &OutputPaths) -> Vec<String> {
     let mut a = vec![
@@ -247,6 +262,11 @@ impl Backend for SlurmBackend {
         Ok(out)
     }
 
+    async fn stand_ins(&self, partition: &str) -> Result<Vec<StandIn>> {
+        let args = ["-h", "-a", "-p", partition, "-t", "all", "-o", "%i|%T|%k"].map(String::from);
+        Ok(parse_stand_ins(&self.run("squeue", &args, None).await?))
+    }
+
     async fn cancel(&self, id: &str, native_id: u64) -> Result<()> {
         let text = self.run("scontrol", &["-o".into(), "show".into(), "job".into(), native_id.to_string()], None).await?;
         let tag = format!("Comment=fleet:{id}");
@@ -299,6 +319,16 @@ mod tests {
         let l = "JobId=1 JobState=RUNNING Reason=None ExitCode=0:0 NodeList=alpha2";
         assert_eq!(parse_scontrol(l).unwrap().exit_code, None);
         assert_eq!(parse_scontrol("garbage"), None);
+    }
+
+    #[test]
+    fn squeue_stand_ins() {
+        let out = "100007|RUNNING|fleet: alpha job 3 running\n100008|CANCELLED|fleet: alpha (waiting) beta-1|x\n100009_2|PENDING|\nboom\n100010|PENDING|\n";
+        let s = parse_stand_ins(out);
+        assert_eq!(s.len(), 3);
+        assert_eq!((s[0].native_id, s[0].state), (100007, JobState::Running));
+        assert_eq!((s[1].state, s[1].raw_state.as_str(), s[1].comment.as_str()), (JobState::Cancelled, "CANCELLED", "fleet: alpha (waiting) beta-1|x"));
+        assert_eq!((s[2].native_id, s[2].comment.as_str()), (100010, ""));
     }
 
     #[test]

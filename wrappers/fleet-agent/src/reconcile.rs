@@ -1,0 +1,171 @@
+//! Origin side: a forwarded job lives exactly as long as its stand-in.
+//!
+//! The proxy cancels the remote job when Slurm sends it SIGTERM. Every
+//! other way a stand-in can end leaves the remote job running with nobody
+//! to report to: the proxy SIGKILLed (OOM killer, `scancel -s KILL`,
+//! KillWait exceeded), its node lost, the stand-in cancelled while still
+//! pending (the proxy never ran), or a job rejected by slurmctld after
+//! the plugin answered FORWARD. The origin agent therefore compares, every
+//! few seconds, the meta-scheduler's active jobs from this site with the
+//! stand-ins its controller knows, and cancels a job whose stand-in has
+//! ended or vanished.
+//!
+//! A wrong cancel kills a user's running job, so a job is only cancelled
+//! when it was found orphaned on two passes at least [`CONFIRM_S`] apart,
+//! and only when both lists were read successfully.
+
+use std::collections::HashMap;
+
+use fleet_api::api::JobRecord;
+use fleet_api::JobState;
+
+use crate::backend::StandIn;
+
+/// How often the origin compares jobs and stand-ins.
+pub const EVERY_S: f64 = 5.0;
+/// An orphan must be seen this long before it is cancelled.
+pub const CONFIRM_S: f64 = 8.0;
+/// A job whose stand-in was never seen is given this long to appear
+/// (slurmctld creates the record right after job_submit returns).
+pub const APPEAR_GRACE_S: f64 = 60.0;
+
+/// Why an active job from this site has no live stand-in, or `None`.
+pub fn orphan_reason(job: &JobRecord, stand_ins: &[StandIn], now: f64) -> Option<String> {
+    if job.state.is_terminal() || job.cancel_requested {
+        return None;
+    }
+    let found = match job.origin_job_id {
+        Some(sid) => stand_ins.iter().find(|s| s.native_id == sid),
+        None => stand_ins.iter().find(|s| s.comment.contains(job.fleet_job_id.as_str())),
+    };
+    match found {
+        Some(s) if s.state.is_terminal() => {
+            Some(format!("its stand-in, job {} at {}, ended ({})", s.native_id, job.origin, s.raw_state))
+        }
+        Some(_) => None,
+        None if now - job.submitted_at < APPEAR_GRACE_S => None,
+        None => Some(match job.origin_job_id {
+            Some(sid) => format!("its stand-in, job {sid} at {}, is gone", job.origin),
+            None => format!("no stand-in for it exists at {}", job.origin),
+        }),
+    }
+}
+
+/// Orphans seen so far, and since when.
+#[derive(Default)]
+pub struct Suspects {
+    since: HashMap<String, f64>,
+}
+
+impl Suspects {
+    /// One pass: returns the jobs to cancel now, with the reason.
+    pub fn pass(&mut self, jobs: &[JobRecord], stand_ins: &[StandIn], now: f64) -> Vec<(String, String)> {
+        let mut seen = HashMap::new();
+        let mut cancel = Vec::new();
+        for job in jobs {
+            let Some(reason) = orphan_reason(job, stand_ins, now) else { continue };
+            let since = self.since.get(&job.fleet_job_id).copied().unwrap_or(now);
+            if now - since >= CONFIRM_S {
+                cancel.push((job.fleet_job_id.clone(), reason));
+            } else {
+                seen.insert(job.fleet_job_id.clone(), since);
+            }
+        }
+        // Whatever is not orphaned now starts over.
+        self.since = seen;
+        cancel
+    }
+}
+
+/// Jobs from `site` the meta-scheduler still counts as active.
+pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<Item = &'a JobRecord> {
+    jobs.iter().filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, state: JobState, origin_job_id: Option<u64>, submitted_at: f64) -> JobRecord {
+        JobRecord {
+            fleet_job_id: id.into(),
+            origin: "beta".into(),
+            origin_job_id,
+            target: Some("alpha".into()),
+            remote_job_id: None,
+            state,
+            exit_code: None,
+            signal: None,
+            cancel_requested: false,
+            reason: String::new(),
+            stdout_len: 0,
+            stderr_len: 0,
+            output_complete: false,
+            node_list: String::new(),
+            submitted_at,
+            updated_at: submitted_at,
+            summary: String::new(),
+        }
+    }
+
+    fn stand_in(id: u64, raw: &str, comment: &str) -> StandIn {
+        StandIn { native_id: id, state: crate::slurm::map_state(raw), raw_state: raw.into(), comment: comment.into() }
+    }
+
+    #[test]
+    fn reasons() {
+        let now = 1000.0;
+        let s = [
+            stand_in(7, "RUNNING", "fleet: alpha job 100003 running"),
+            stand_in(8, "FAILED", "fleet: alpha job 100004 running"),
+            stand_in(9, "CANCELLED", "fleet: alpha (waiting) beta-aaaa"),
+            stand_in(10, "PENDING", "fleet: alpha (waiting) beta-bbbb"),
+            stand_in(11, "COMPLETING", "x"),
+        ];
+        // Started jobs are matched by the stand-in's Slurm id.
+        assert_eq!(orphan_reason(&job("beta-1", JobState::Running, Some(7), 0.0), &s, now), None);
+        assert_eq!(orphan_reason(&job("beta-1", JobState::Running, Some(11), 0.0), &s, now), None);
+        let r = orphan_reason(&job("beta-2", JobState::Running, Some(8), 0.0), &s, now).unwrap();
+        assert_eq!(r, "its stand-in, job 8 at beta, ended (FAILED)");
+        let r = orphan_reason(&job("beta-3", JobState::Running, Some(99), 0.0), &s, now).unwrap();
+        assert_eq!(r, "its stand-in, job 99 at beta, is gone");
+        // Not yet started: matched by the fleet id in the stand-in's comment.
+        assert!(orphan_reason(&job("beta-aaaa", JobState::Held, None, 0.0), &s, now).unwrap().contains("ended (CANCELLED)"));
+        assert_eq!(orphan_reason(&job("beta-bbbb", JobState::Held, None, 0.0), &s, now), None);
+        // Never seen: given time to appear, then orphaned.
+        assert_eq!(orphan_reason(&job("beta-cccc", JobState::Held, None, now - 5.0), &s, now), None);
+        let r = orphan_reason(&job("beta-cccc", JobState::Held, None, now - 61.0), &s, now).unwrap();
+        assert_eq!(r, "no stand-in for it exists at beta");
+        // Finished or already being cancelled: nothing to do.
+        assert_eq!(orphan_reason(&job("beta-2", JobState::Completed, Some(8), 0.0), &s, now), None);
+        let mut j = job("beta-2", JobState::Running, Some(8), 0.0);
+        j.cancel_requested = true;
+        assert_eq!(orphan_reason(&j, &s, now), None);
+    }
+
+    #[test]
+    fn an_orphan_is_cancelled_only_when_seen_twice_confirm_s_apart() {
+        let s = [stand_in(8, "FAILED", "")];
+        let live = [stand_in(8, "RUNNING", "")];
+        let jobs = [job("beta-2", JobState::Running, Some(8), 0.0)];
+        let mut sus = Suspects::default();
+        assert!(sus.pass(&jobs, &s, 100.0).is_empty());
+        assert!(sus.pass(&jobs, &s, 105.0).is_empty());
+        // Seen live in between: the clock starts over.
+        assert!(sus.pass(&jobs, &live, 106.0).is_empty());
+        assert!(sus.pass(&jobs, &s, 110.0).is_empty());
+        assert!(sus.pass(&jobs, &s, 117.0).is_empty());
+        let c = sus.pass(&jobs, &s, 118.0);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].0, "beta-2");
+    }
+
+    #[test]
+    fn only_active_jobs_of_this_site() {
+        let mut other = job("gamma-1", JobState::Running, Some(1), 0.0);
+        other.origin = "gamma".into();
+        let jobs = [job("beta-1", JobState::Running, Some(1), 0.0), job("beta-2", JobState::Completed, Some(2), 0.0), other];
+        let ids: Vec<_> = active_from("beta", &jobs).map(|j| j.fleet_job_id.as_str()).collect();
+        assert_eq!(ids, ["beta-1"]);
+    }
+}
