@@ -413,7 +413,7 @@ stop_lab_stepds() {
   local p
   for p in /proc/[0-9]*; do
     [[ $(cat "$p/comm" 2>/dev/null) == slurmstepd ]] || continue
-    tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -q "^SLURM_CONF=$R/" || continue
+    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -q "^SLURM_CONF=$R/" || continue
     kill -KILL "${p#/proc/}" 2>/dev/null && log "killed leftover slurmstepd ${p#/proc/}" || true
   done
 }
