@@ -90,6 +90,21 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     let arec = lab.job("alpha", rid).expect("alpha knows the remote job");
     assert_eq!(arec["TresPerNode"], "gres:gpu:h100:8", "{arec:?}");
     assert_eq!(arec["ExitCode"], "3:0");
+
+    // Accounting (slurmdbd) records the real outcome at both ends: the
+    // stand-in at beta, the GPU job at alpha.
+    wait_until("sacct at beta records the exit code", Duration::from_secs(30), || {
+        sacct(lab, "beta", id) == format!("{id}|reroute|FAILED|3:0|fleet")
+    });
+    wait_until("sacct at alpha records the GPU job", Duration::from_secs(30), || {
+        sacct(lab, "alpha", rid) == format!("{rid}|reroute|FAILED|3:0|gpu")
+    });
+}
+
+/// `JobID|JobName|State|ExitCode|Partition` of a job in accounting.
+fn sacct(lab: &Lab, cluster: &str, id: u64) -> String {
+    let out = lab.cmd(cluster, "sacct", &["-X", "-n", "-P", "-o", "JobID,JobName,State,ExitCode,Partition", "-j", &id.to_string()]).unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[test]

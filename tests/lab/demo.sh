@@ -58,6 +58,10 @@ done
 
 say "Finished: the job record at beta"
 run scontrol show job "$id" | grep -E 'JobId|JobState|ExitCode|Partition|NodeList|AdminComment|Comment|StdOut' || true
+say "Accounting at beta (slurmdbd): sacct -j $id"
+# slurmctld hands the final record to slurmdbd asynchronously.
+for _ in $(seq 1 20); do sacct -X -n -j "$id" -o State | grep -qE 'COMPLETED|FAILED' && break; sleep 0.5; done
+run sacct -X -j "$id" -o JobID,JobName,Partition,State,ExitCode,Elapsed || true
 say "Where it really ran (meta-scheduler)"
 "$LAB" fleetctl jobs || true
 say "At alpha"
@@ -77,7 +81,7 @@ cat <<EOF2
   sbatch --fleet=bogus train.sh                     # bad option value: rejected by the SPANK plugin
   sbatch --gres=gpu:h100:8 --wrap 'sleep 60'; scancel <id>   # cancels the alpha job too
   sbatch --help | grep -A1 fleet                    # the --fleet-* options
-  squeue; scontrol show job <id>; scancel <id>
+  squeue; scontrol show job <id>; sacct -j <id>; scancel <id>
   $LAB fleetctl clusters | jobs | job <id>
   $LAB status ; $LAB logs
 Tear down:  make lab-down    (or $LAB down)
