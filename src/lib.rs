@@ -153,7 +153,11 @@ impl Lab {
 
     /// `fleetctl --json <args>` with the lab's admin token, parsed.
     pub fn fleetctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
-        let out = Command::new(self.root.join("bin/fleetctl"))
+        let mut cmd = Command::new(self.root.join("bin/fleetctl"));
+        if let Some(ca) = self.ca_file() {
+            cmd.arg("--ca-file").arg(ca);
+        }
+        let out = cmd
             .arg("--url")
             .arg(self.metasched_url())
             .arg("--token-file")
@@ -174,7 +178,13 @@ impl Lab {
             .lines()
             .find_map(|l| l.trim().strip_prefix("listen").map(|r| r.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string()))
             .unwrap_or_else(|| "127.0.0.1:16900".into());
-        format!("http://{listen}")
+        let scheme = if self.ca_file().is_some() { "https" } else { "http" };
+        format!("{scheme}://{listen}")
+    }
+
+    /// The lab CA's certificate when the meta-scheduler serves HTTPS.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        Some(self.root.join("ca.pem")).filter(|p| p.exists())
     }
 
     /// slurmctld of `cluster` answers.

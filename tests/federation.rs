@@ -69,7 +69,7 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     let rec = lab.job("beta", id).expect("beta knows the job");
     assert_eq!(rec["Partition"], "fleet", "{rec:?}");
     assert!(rec["AdminComment"].contains("-> alpha"), "{rec:?}");
-    assert!(rec.get("TresPerNode").is_none(), "the stand-in asks for no GPUs: {rec:?}");
+    assert!(!rec.contains_key("TresPerNode"), "the stand-in asks for no GPUs: {rec:?}");
     let squeue = lab.cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"]).unwrap();
     assert!(String::from_utf8_lossy(&squeue.stdout).contains("alpha"), "squeue at beta names alpha: {squeue:?}");
 

@@ -41,12 +41,17 @@ METASCHED_ADDR=127.0.0.1:$((16900 + PORT_OFFSET))
 # that sacct works as at a real site (FLEET_LAB_ACCOUNTING=0 leaves it out).
 ACCOUNTING=${FLEET_LAB_ACCOUNTING:-1}
 DB_PORT=$((16906 + PORT_OFFSET))
+# TLS: the meta-scheduler serves HTTPS with a certificate from a lab CA
+# ($R/ca.pem, which agents, stand-ins and fleetctl trust); FLEET_LAB_TLS=0
+# serves plain HTTP.
+TLS=${FLEET_LAB_TLS:-1}
+if [[ $TLS == 1 ]]; then METASCHED_URL=https://$METASCHED_ADDR; else METASCHED_URL=http://$METASCHED_ADDR; fi
 DBD_PORT=$((16907 + PORT_OFFSET))
 FLEET_USER=fleet
 READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
 
 DEB_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libslurm-dev
-              slurmdbd mariadb-server
+              slurmdbd mariadb-server openssl
               libclang-dev clang curl procps util-linux passwd)
 
 R=${FLEET_LAB_DIR:-/tmp/fleet-lab}
@@ -291,7 +296,8 @@ write_cluster_conf() {
 SiteName=$c
 Region=$region
 Provider=onprem
-MetaSchedulerUrl=http://$METASCHED_ADDR
+MetaSchedulerUrl=$METASCHED_URL
+$([[ $TLS == 1 ]] && echo "MetaSchedulerCaFile=$R/ca.pem" || true)
 AgentSocket=$d/agent.sock
 AgentTokenFile=$R/secrets/$c.token
 AgentSpoolDir=$d/agent
@@ -316,6 +322,22 @@ write_secrets() {
   done
 }
 
+# A lab CA and a server certificate for 127.0.0.1 signed by it (EC P-256).
+write_tls() {
+  local s=$R/secrets
+  openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -days 30 \
+      -subj "/CN=Fleet lab CA" -keyout "$s/ca.key" -out "$R/ca.pem" >>"$R/log/openssl.log" 2>&1 \
+    && openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+      -subj "/CN=fleet-metasched" -keyout "$s/metasched.key" -out "$s/metasched.csr" >>"$R/log/openssl.log" 2>&1 \
+    && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n' >"$s/metasched.ext" \
+    && openssl x509 -req -in "$s/metasched.csr" -CA "$R/ca.pem" -CAkey "$s/ca.key" -CAcreateserial -days 30 \
+      -extfile "$s/metasched.ext" -out "$s/metasched.pem" >>"$R/log/openssl.log" 2>&1 \
+    || { show_tail "$R/log/openssl.log"; die "could not create the lab's TLS certificates"; }
+  rm -f "$s/ca.key" "$s/metasched.csr" "$s/metasched.ext" "$s/ca.srl"
+  chown "$FLEET_USER:$FLEET_USER" "$s/metasched.key" "$s/metasched.pem"; chmod 0400 "$s/metasched.key"
+  chmod 0644 "$R/ca.pem"
+}
+
 write_metasched_conf() {
   install -d -o "$FLEET_USER" -g "$FLEET_USER" -m 0755 "$R/metasched"
   {
@@ -333,6 +355,12 @@ write_metasched_conf() {
       echo "provider = \"onprem\""
       echo "token_file = \"$R/secrets/$c.token\""
     done
+    if [[ $TLS == 1 ]]; then
+      echo
+      echo "[tls]"
+      echo "cert_file = \"$R/secrets/metasched.pem\""
+      echo "key_file = \"$R/secrets/metasched.key\""
+    fi
   } >"$R/metasched.toml"
   chmod 0644 "$R/metasched.toml"
 }
@@ -544,7 +572,7 @@ start_metasched() {
 
 wait_metasched() {
   local t0; t0=$(now)
-  until curl -sf -m 2 "http://$METASCHED_ADDR/health" >/dev/null 2>&1; do
+  until curl -sf -m 2 --cacert "$R/ca.pem" "$METASCHED_URL/health" >/dev/null 2>&1; do
     if ! pid_alive "$(pid_from "$R/run/metasched.pid" || true)"; then
       show_tail "$R/log/metasched.log"; die "fleet-metasched exited"
     fi
@@ -670,6 +698,7 @@ cmd_up() {
   local c n
   if [[ $fleet == 1 ]]; then install_fleet_bins; fi
   write_secrets
+  if [[ $TLS == 1 ]]; then write_tls; fi
   for c in $(cluster_names); do write_cluster_conf "$c" "$fleet"; done
   write_metasched_conf
   if [[ $ACCOUNTING == 1 ]]; then start_db; start_dbd; register_accounting; fi
@@ -718,7 +747,7 @@ cmd_status() {
     scmd "$c" sinfo -N -o '%N %P %t %G' 2>&1 || true
   done
   if [[ -e $R/bin/fleet-metasched ]]; then
-    echo "== metasched http://$METASCHED_ADDR/health: $(curl -sf -m 2 "http://$METASCHED_ADDR/health" 2>&1 || echo 'not answering')"
+    echo "== metasched $METASCHED_URL/health: $(curl -sf -m 2 --cacert "$R/ca.pem" "$METASCHED_URL/health" 2>&1 || echo 'not answering')"
   fi
 }
 
@@ -737,8 +766,9 @@ cmd_logs() {
 
 cmd_fleetctl() {
   [[ -x $R/bin/fleetctl ]] || die "no $R/bin/fleetctl (lab up without --no-fleet?)"
-  FLEET_URL="http://$METASCHED_ADDR" FLEET_TOKEN_FILE="$R/secrets/admin.token" \
-    "$R/bin/fleetctl" "$@"
+  local ca=()
+  [[ $TLS == 1 ]] && ca=(FLEET_CA_FILE="$R/ca.pem")
+  env FLEET_URL="$METASCHED_URL" FLEET_TOKEN_FILE="$R/secrets/admin.token" "${ca[@]}" "$R/bin/fleetctl" "$@"
 }
 
 # Commands that start/stop things hold an exclusive lock beside the lab root,

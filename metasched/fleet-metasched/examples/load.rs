@@ -30,17 +30,9 @@ async fn main() -> anyhow::Result<()> {
         });
     }
     let config = Config {
-        listen: "127.0.0.1:0".parse()?,
-        state_dir: dir.join("state"),
-        admin_token_file: dir.join("admin"),
         heartbeat_timeout_s: 3600.0,
         clusters,
-        placement: None,
-        prices: None,
-        carbon: None,
-        egress: None,
-        rebalance: None,
-        policies: None,
+        ..Config::new("127.0.0.1:0".parse()?, dir.join("state"), dir.join("admin"))
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);

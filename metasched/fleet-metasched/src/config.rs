@@ -92,6 +92,19 @@ pub struct Config {
     /// (`fleet_engine::policy`); kept raw here, read by the engine.
     #[serde(default)]
     pub policies: Option<toml::Table>,
+    /// `[tls]`: serve HTTPS with this certificate. Without it the API is
+    /// plain HTTP, fit only for loopback or a trusted network: the bearer
+    /// and job tokens cross the wire in the clear.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+/// `[tls]`: PEM files of the server certificate (chain) and its private key.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// `[rebalance]`: how often the rebalancing pass runs and how much a move
@@ -143,6 +156,25 @@ fn default_heartbeat_timeout() -> f64 {
 }
 
 impl Config {
+    /// The smallest configuration: no clusters, no engine, no feeds, plain
+    /// HTTP; fill in the rest with struct update syntax.
+    pub fn new(listen: SocketAddr, state_dir: PathBuf, admin_token_file: PathBuf) -> Config {
+        Config {
+            listen,
+            state_dir,
+            admin_token_file,
+            heartbeat_timeout_s: default_heartbeat_timeout(),
+            clusters: Vec::new(),
+            placement: None,
+            prices: None,
+            carbon: None,
+            egress: None,
+            rebalance: None,
+            policies: None,
+            tls: None,
+        }
+    }
+
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let c: Config =
             toml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;

@@ -212,6 +212,10 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    let tls = match &config.tls {
+        Some(t) => Some(tls_config(t).await?),
+        None => None,
+    };
     let tokens = config.read_tokens()?;
     let dirs = FeedDirs { carbon: config.carbon.clone(), egress: config.egress.clone() };
     let (watcher, feeds) = if dirs.any() {
@@ -296,13 +300,43 @@ pub async fn run_with(
             }
         })
     };
-    tracing::info!(addr = ?listener.local_addr().ok(), "fleet-metasched listening");
-    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
+    tracing::info!(addr = ?listener.local_addr().ok(), tls = tls.is_some(), "fleet-metasched listening");
+    let app = router(state);
+    let served = match tls {
+        None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving HTTP"),
+        Some(tls) => serve_tls(listener, app, tls, shutdown).await,
+    };
     sweeper.abort();
     background.iter().for_each(|t| t.abort());
     *control.inner.lock() = None;
-    served.context("serving HTTP")?;
-    Ok(())
+    served
+}
+
+/// The server's certificate and key, read once at start (a bad file is a
+/// startup error naming it).
+async fn tls_config(t: &config::TlsConfig) -> anyhow::Result<axum_server::tls_rustls::RustlsConfig> {
+    // One process-wide crypto provider (ring); a second install is a no-op.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    axum_server::tls_rustls::RustlsConfig::from_pem_file(&t.cert_file, &t.key_file).await.map_err(|e| {
+        anyhow::anyhow!("[tls]: loading cert_file {} / key_file {}: {e}", t.cert_file.display(), t.key_file.display())
+    })
+}
+
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let handle = axum_server::Handle::new();
+    let on_stop = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        on_stop.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    let listener = listener.into_std().context("taking over the listening socket")?;
+    axum_server::from_tcp_rustls(listener, tls).handle(handle).serve(app.into_make_service()).await.context("serving HTTPS")
 }
 
 fn router(state: AppState) -> Router {

@@ -28,6 +28,10 @@ struct Cli {
     /// Required by every command that talks to the meta-scheduler.
     #[arg(long, global = true, env = "FLEET_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// PEM bundle of the CA(s) trusted for an https --url (besides the
+    /// system's roots).
+    #[arg(long, global = true, env = "FLEET_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Print the meta-scheduler's JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -185,10 +189,14 @@ impl Client {
         if token.is_empty() {
             bail!("the token file {} is empty", path.display());
         }
-        let http = reqwest::blocking::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .build()
-            .context("building the HTTP client")?;
+        let mut builder = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(30));
+        if let Some(path) = &cli.ca_file {
+            let pem = std::fs::read(path).with_context(|| format!("reading the CA bundle {}", path.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().context("building the HTTP client")?;
         Ok(Client { http, base: cli.url.trim_end_matches('/').to_string(), token })
     }
 

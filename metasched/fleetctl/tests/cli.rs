@@ -18,17 +18,9 @@ fn config(dir: &Path) -> Config {
         })
         .collect();
     Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        state_dir: dir.join("state"),
-        admin_token_file: dir.join("admin.token"),
         heartbeat_timeout_s: 3600.0,
         clusters,
-        placement: None,
-        prices: None,
-        carbon: None,
-        egress: None,
-        rebalance: None,
-        policies: None,
+        ..Config::new("127.0.0.1:0".parse().unwrap(), dir.join("state"), dir.join("admin.token"))
     }
 }
 

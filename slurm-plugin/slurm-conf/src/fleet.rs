@@ -66,6 +66,10 @@ pub struct FleetConf {
     /// `MetaSchedulerUrl`: required by the agent (see
     /// [`FleetConf::meta_scheduler_url`]), not by the plugin.
     pub meta_scheduler_url: Option<String>,
+    /// `MetaSchedulerCaFile` (none: the system's roots): PEM bundle of the
+    /// CA(s) that signed the meta-scheduler's certificate (https URLs).
+    /// World-readable: stand-ins read it as the job's user.
+    pub meta_scheduler_ca_file: Option<PathBuf>,
     /// `AgentSocket` (/run/fleet/agent.sock).
     pub agent_socket: PathBuf,
     /// `AgentTokenFile` (/etc/slurm/fleet-agent.token).
@@ -106,6 +110,7 @@ impl Default for FleetConf {
             region: String::new(),
             provider: "onprem".into(),
             meta_scheduler_url: None,
+            meta_scheduler_ca_file: None,
             agent_socket: "/run/fleet/agent.sock".into(),
             agent_token_file: "/etc/slurm/fleet-agent.token".into(),
             agent_spool_dir: "/var/spool/fleet".into(),
@@ -130,6 +135,7 @@ pub const KEYS: &[&str] = &[
     "Region",
     "Provider",
     "MetaSchedulerUrl",
+    "MetaSchedulerCaFile",
     "AgentSocket",
     "AgentTokenFile",
     "AgentSpoolDir",
@@ -199,6 +205,7 @@ impl FleetConf {
                             }
                             conf.meta_scheduler_url = Some(v.trim_end_matches('/').to_string());
                         }
+                        "metaschedulercafile" => conf.meta_scheduler_ca_file = Some(path_value(v).map_err(bad)?),
                         "agentsocket" => conf.agent_socket = path_value(v).map_err(bad)?,
                         "agenttokenfile" => conf.agent_token_file = path_value(v).map_err(bad)?,
                         "agentspooldir" => conf.agent_spool_dir = path_value(v).map_err(bad)?,

@@ -15,11 +15,16 @@ pub struct MetaClient {
 }
 
 impl MetaClient {
-    pub fn new(base: &str, token: &str) -> Result<Self> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .connect_timeout(Duration::from_secs(3))
-            .build()?;
+    /// `ca_file`: PEM bundle trusted for an https `base` (besides the
+    /// system's roots).
+    pub fn new(base: &str, token: &str, ca_file: Option<&std::path::Path>) -> Result<Self> {
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(10)).connect_timeout(Duration::from_secs(3));
+        if let Some(path) = ca_file {
+            for cert in read_ca_bundle(path)? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().context("building the HTTP client")?;
         Ok(MetaClient { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
     }
 
@@ -67,4 +72,13 @@ impl MetaClient {
     pub async fn output(&self, id: &str, c: &OutputChunk) -> Result<serde_json::Value> {
         self.post(&format!("/v1/jobs/{id}/output"), c).await
     }
+}
+
+/// The certificates of a PEM bundle; an unreadable or empty file is an error
+/// naming it.
+pub fn read_ca_bundle(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>> {
+    let pem = std::fs::read(path).with_context(|| format!("reading the CA bundle {}", path.display()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "the CA bundle {} holds no certificate", path.display());
+    Ok(certs)
 }

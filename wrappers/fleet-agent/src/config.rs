@@ -13,6 +13,8 @@ pub struct AgentConfig {
     pub region: String,
     pub provider: String,
     pub metasched_url: String,
+    /// CA bundle for an https meta-scheduler (`MetaSchedulerCaFile`).
+    pub metasched_ca_file: Option<PathBuf>,
     /// The agent's bearer token (shared with the meta-scheduler).
     pub token: String,
     pub socket: PathBuf,
@@ -89,6 +91,7 @@ impl AgentConfig {
             region: c.region,
             provider: c.provider,
             metasched_url: url,
+            metasched_ca_file: c.meta_scheduler_ca_file,
             token,
             socket: c.agent_socket,
             spool: c.agent_spool_dir,

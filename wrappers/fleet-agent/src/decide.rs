@@ -67,9 +67,10 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
             let id = new_job_id(&cfg.site);
             let token = fleet_api::auth::job_token(&cfg.token, &id);
             let proxy_script = format!(
-                "#!/bin/sh\n# Fleet stand-in: this job runs on cluster {target} (fleet job {id}).\n# Its output and exit code arrive here; scancel cancels it there.\n# The token is passed in the environment, never on the command line\n# (argv is world-readable in /proc; environ only to the job's user).\nunset FLEET_JOB_TOKEN_FILE\nFLEET_JOB_TOKEN='{token}' exec '{}' --job '{id}' --url '{}' --slurm-bin-dir '{}'\n",
+                "#!/bin/sh\n# Fleet stand-in: this job runs on cluster {target} (fleet job {id}).\n# Its output and exit code arrive here; scancel cancels it there.\n# The token is passed in the environment, never on the command line\n# (argv is world-readable in /proc; environ only to the job's user).\nunset FLEET_JOB_TOKEN_FILE\nFLEET_JOB_TOKEN='{token}' exec '{}' --job '{id}' --url '{}'{} --slurm-bin-dir '{}'\n",
                 cfg.proxy_path.display(),
                 cfg.metasched_url,
+                cfg.metasched_ca_file.as_ref().map(|p| format!(" --ca-file '{}'", p.display())).unwrap_or_default(),
                 cfg.slurm_bin.display(),
             );
             let admin_comment = format!(

@@ -86,7 +86,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
     };
-    let meta = MetaClient::new(&cfg.metasched_url, &cfg.token)?;
+    let meta = MetaClient::new(&cfg.metasched_url, &cfg.token, cfg.metasched_ca_file.as_deref())?;
+    if cleartext_off_host(&cfg.metasched_url) {
+        tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");
+    }
     let agent = Arc::new(Agent { cfg, journal, backend, meta, view: RwLock::default(), forwards_pending: Notify::new() });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
@@ -111,6 +114,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     }
     let _ = std::fs::remove_file(&agent.cfg.socket);
     Ok(())
+}
+
+/// An `http://` URL whose host is not loopback.
+pub fn cleartext_off_host(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    !(host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
 }
 
 async fn stopped(rx: &mut watch::Receiver<bool>, d: Duration) -> bool {
@@ -454,4 +468,22 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         agent.journal.update_run(&run)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cleartext_off_host() {
+        for (url, off) in [
+            ("http://127.0.0.1:16900", false),
+            ("http://localhost:1", false),
+            ("http://[::1]:16900", false),
+            ("https://meta.example:443", false),
+            ("http://meta.example:16900", true),
+            ("http://10.1.2.3:16900/", true),
+            ("http://[2001:db8::1]:1", true),
+        ] {
+            assert_eq!(super::cleartext_off_host(url), off, "{url}");
+        }
+    }
 }

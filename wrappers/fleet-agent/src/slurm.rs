@@ -129,7 +129,7 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
 
 /// Slurm's job state name → Fleet's.
 pub fn map_state(s: &str) -> JobState {
-    match s.trim().split_whitespace().next().unwrap_or("") {
+    match s.split_whitespace().next().unwrap_or("") {
         "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => JobState::Pending,
         "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" | "STOPPED" => JobState::Running,
         "COMPLETED" => JobState::Completed,

@@ -55,6 +55,10 @@ struct Args {
     /// File holding the job token (whitespace trimmed), instead of --token.
     #[arg(long, env = "FLEET_JOB_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// PEM bundle of the CA(s) trusted for an https --url (besides the
+    /// system's roots).
+    #[arg(long, env = "FLEET_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Poll interval in milliseconds while the job waits or runs.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     poll_ms: u64,
@@ -393,11 +397,14 @@ fn run(args: Args) -> anyhow::Result<u8> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(sig, term.clone()).context("installing signal handlers")?;
     }
-    let http = reqwest::blocking::Client::builder()
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(30))
-        .build()
-        .context("building the HTTP client")?;
+    let mut builder = reqwest::blocking::Client::builder().connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30));
+    if let Some(path) = &args.ca_file {
+        let pem = std::fs::read(path).with_context(|| format!("reading the CA bundle {}", path.display()))?;
+        for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    let http = builder.build().context("building the HTTP client")?;
     let api = Api {
         http,
         base: args.url.trim_end_matches('/').to_string(),
