@@ -326,6 +326,9 @@ pub(crate) struct EvalCtx {
     /// Skip options whose compute cost alone exceeds this (pruning in
     /// [`decide`]; `INFINITY` elsewhere).
     pub bound: f64,
+    /// Score only this pool with this pricing (a running job staying where it
+    /// is; its spot GPUs are held, so spot needs no availability).
+    pub stay: Option<(PoolId, Pricing)>,
 }
 
 fn cluster_gate(model: &FleetModel, st: Option<&ClusterState>, job: &PreparedJob, cid: ClusterId, c: &Cluster, in_place: bool) -> Result<(), Exclusion> {
@@ -548,7 +551,7 @@ pub(crate) fn eval_cluster(
         }
     };
     for (pi, p) in c.pools.iter().enumerate() {
-        if job.type_mask & (1u64 << p.gpu_type) == 0 {
+        if job.type_mask & (1u64 << p.gpu_type) == 0 || ctx.stay.is_some_and(|(sp, _)| usize::from(sp) != pi) {
             continue;
         }
         let Some(ps) = cs.pools.get(pi) else { continue };
@@ -563,7 +566,8 @@ pub(crate) fn eval_cluster(
         let options: [(Pricing, Option<f64>); 2] = if c.onprem {
             [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
         } else {
-            let spot = if job.spec.interruptible && policy.allow_spot && ps.spot_available {
+            let on_spot = ctx.stay.is_some_and(|(_, k)| k == Pricing::Spot);
+            let spot = if on_spot || (job.spec.interruptible && policy.allow_spot && ps.spot_available) {
                 ps.spot_price.or(p.prices.spot)
             } else {
                 None
@@ -574,6 +578,9 @@ pub(crate) fn eval_cluster(
         for (pricing, price) in options {
             let Some(price) = price.filter(|x| x.is_finite() && *x >= 0.0) else { continue };
             priced = true;
+            if ctx.stay.is_some_and(|(_, k)| k != pricing) {
+                continue;
+            }
             // Compute alone is a lower bound of the score: an option whose
             // compute already exceeds the best score so far cannot win.
             if price * f64::from(job.gpus) * ctx.duration_h > ctx.bound {
@@ -609,7 +616,7 @@ pub(crate) fn eval_cluster(
 }
 
 fn ctx_for(job: &PreparedJob) -> EvalCtx {
-    EvalCtx { duration_h: job.duration_h, in_place: false, require_free: false, bound: f64::INFINITY }
+    EvalCtx { duration_h: job.duration_h, in_place: false, require_free: false, bound: f64::INFINITY, stay: None }
 }
 
 /// `a` ranks before `b`: lower total; ties go home first, then lower id.

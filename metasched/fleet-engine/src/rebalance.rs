@@ -71,15 +71,18 @@ pub fn propose_migrations(
             continue;
         }
         let rem_h = r.remaining_s / 3600.0;
-        let stay_ctx = EvalCtx { duration_h: rem_h, in_place: true, require_free: false, bound: f64::INFINITY };
+        let stay_ctx =
+            EvalCtx { duration_h: rem_h, in_place: true, require_free: false, bound: f64::INFINITY, stay: Some((r.pool, r.pricing)) };
         let Some(cur) = model.cluster(r.cluster) else { continue };
-        // Staying: the job's own pool and pricing if still offered.
-        let stay = match eval_cluster(model, state, &r.job, policy, r.cluster, &stay_ctx) {
+        // Staying: the job's own pool at the price it pays there; if that pool or
+        // pricing is not in the model, the cluster's best option.
+        let stay = eval_cluster(model, state, &r.job, policy, r.cluster, &stay_ctx)
+            .or_else(|_| eval_cluster(model, state, &r.job, policy, r.cluster, &EvalCtx { stay: None, ..stay_ctx }));
+        let stay = match stay {
             Ok(p) => p.breakdown.total,
             Err(_) => f64::INFINITY, // the cluster can no longer hold it: moving is free of "stay" value
         };
-        let _ = (r.pool, r.pricing);
-        let move_ctx = EvalCtx { duration_h: rem_h, in_place: false, require_free: true, bound: f64::INFINITY };
+        let move_ctx = EvalCtx { duration_h: rem_h, in_place: false, require_free: true, bound: f64::INFINITY, stay: None };
         let g = f64::from(r.job.gpus);
         let mut best: Option<MigrationProposal> = None;
         for cid in 0..model.clusters.len() as ClusterId {

@@ -462,6 +462,53 @@ fn rebalancing_moves_a_spot_job_when_it_pays() {
     assert_eq!(props.len(), 1);
 }
 
+/// Cloud `a` (on-demand 6.00, spot 1.00) and on-prem `b` (2.00).
+const DEAR_ON_DEMAND: &str = r#"
+[[clusters]]
+name = "a"
+provider = "aws"
+region = "us-east-1"
+prices = { H100 = { on_demand = 6.0, spot = 1.0 } }
+spot_preemptions_per_hour = 0.1
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 4
+
+[[clusters]]
+name = "b"
+provider = "onprem"
+region = "east"
+onprem = true
+prices = { H100 = { onprem = 2.0 } }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 4
+"#;
+
+#[test]
+fn rebalancing_scores_staying_at_the_price_the_job_pays() {
+    let m = fleet(DEAR_ON_DEMAND);
+    let st = FleetState::idle(&m);
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 48.0) };
+    let pj = prepare(&m, &spec);
+    let run = |pricing| RunningJob { job: pj.clone(), cluster: 0, pool: 0, pricing, remaining_s: 40.0 * 3600.0, since_ckpt_s: 600.0 };
+    let margin = MigrationMargin::default();
+    // On on-demand at 6.00 (spot at 1.00 is on offer there for new jobs, but this
+    // job does not pay it): moving to b at 2.00 pays.
+    let props = propose_migrations(&m, &st, &[run(Pricing::OnDemand)], &Policy::cost(), &margin);
+    assert_eq!(props.len(), 1, "{props:?}");
+    assert_eq!(props[0].to.cluster, 1);
+    assert!((props[0].stay_usd - 6.0 * 8.0 * 40.0).abs() < 1e-6, "{props:?}");
+    // The same job on spot at 1.00 stays.
+    assert!(propose_migrations(&m, &st, &[run(Pricing::Spot)], &Policy::cost(), &margin).is_empty());
+    // A pool or pricing the cluster does not have: scored by its best option (spot).
+    let mut odd = run(Pricing::Onprem);
+    odd.pool = 7;
+    assert!(propose_migrations(&m, &st, &[odd], &Policy::cost(), &margin).is_empty());
+}
+
 #[test]
 fn bad_inputs_do_not_panic() {
     let m = fleet(HOME_AND_CLOUD);

@@ -40,6 +40,18 @@ pub struct PolicyReport {
     /// Per cluster: busy fraction per plot bucket.
     pub util_series: BTreeMap<String, Vec<f64>>,
     pub bucket_hours: f64,
+    /// Compute spend by `cluster/pool pricing` (pricing: `spot` or `std` = on-demand /
+    /// on-prem): GPU-hours paid (lost work included) and USD.
+    pub spend: BTreeMap<String, Spend>,
+}
+
+/// GPU-hours paid and USD spent on one pool with one pricing, and the GPU-hours of
+/// that work thrown away by evictions (preemptions, outages, migrations).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Spend {
+    pub gpu_hours: f64,
+    pub usd: f64,
+    pub lost_gpu_hours: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -162,6 +174,17 @@ impl Report {
                 let _ = write!(s, " {:>11.1}%", 100.0 * u + 0.0);
             }
             let _ = writeln!(s);
+        }
+        let _ = writeln!(s, "\ncompute spend by pool (GPU-hours paid / USD; std = on-demand or on-prem):");
+        for p in &self.policies {
+            let mut v: Vec<(&String, &Spend)> = p.spend.iter().collect();
+            v.sort_by(|a, b| b.1.usd.total_cmp(&a.1.usd).then(a.0.cmp(b.0)));
+            let cells: Vec<String> = v
+                .iter()
+                .filter(|(_, x)| x.usd >= 0.005 * p.compute_usd)
+                .map(|(k, x)| format!("{k} {:.0}/{:.0}", x.gpu_hours, x.usd))
+                .collect();
+            let _ = writeln!(s, "  {:<10} {}", p.policy, cells.join(", "));
         }
         if !self.targets.is_empty() {
             let _ = writeln!(s, "\ntargets:");

@@ -48,11 +48,15 @@ pub struct SimJob {
 pub struct PoolLoad {
     pub capacity: u32,
     pub free: u32,
+    /// GPUs a job arriving now could start on at once: `free` less what the queue's
+    /// head has reserved.
+    pub start_free: u32,
     /// Spot GPUs available right now (spot trace fraction × capacity − spot GPUs in use).
     pub spot_free: u32,
     pub spot_fraction: f64,
     pub queued_jobs: usize,
-    /// Estimated queue wait (s) for a 1-GPU job arriving now.
+    /// Estimated queue wait (s) of the job being placed if it joins this pool's queue
+    /// now (0 when it fits in `start_free`); see `start_estimate`.
     pub est_wait_s: f64,
 }
 
@@ -192,12 +196,9 @@ struct PoolState {
     spot_fraction: f64,
     has_spot: bool,
     queue: VecDeque<usize>,
-    queued_gpu_s: f64,
     /// Running spot jobs in start order (eviction takes the newest).
     running_spot: Vec<usize>,
     running: Vec<usize>,
-    /// Sum of the planned end times of running jobs (for the wait estimate).
-    end_sum: f64,
 }
 
 impl PoolState {
@@ -247,6 +248,8 @@ struct Sim<'a, M: Model> {
     cost_events: Vec<(f64, f64)>,
     /// Compute USD per plot bucket, accrued while running.
     cost_buckets: Vec<f64>,
+    /// Compute spend by (cluster, pool, spot).
+    spend: BTreeMap<(usize, usize, bool), crate::report::Spend>,
     busy: Vec<Vec<f64>>, // per cluster, per bucket: GPU-seconds
     last_t: f64,
     arrivals_left: usize,
@@ -310,6 +313,7 @@ pub fn simulate<M: Model>(
         migrations: 0,
         cost_events: Vec::new(),
         cost_buckets: Vec::new(),
+        spend: BTreeMap::new(),
         busy: vec![Vec::new(); clusters.len()],
         last_t: 0.0,
         arrivals_left: jobs.len(),
@@ -392,7 +396,9 @@ impl<M: Model> Sim<'_, M> {
         self.settled == self.jobs.len()
     }
 
-    fn load(&self, now: f64) -> Vec<ClusterLoad> {
+    /// The pools' load as a job of `gpus` GPUs arriving at `now` sees it. `estimate`:
+    /// fill in `est_wait_s` (left 0 for the baselines that put no value on time).
+    fn load(&self, now: f64, gpus: u32, estimate: bool) -> Vec<ClusterLoad> {
         self.pools
             .iter()
             .enumerate()
@@ -403,19 +409,21 @@ impl<M: Model> Sim<'_, M> {
                     .map(|p| {
                         let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
                         let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
-                        // Work queued ahead spread over the pool, plus the expected
-                        // time to the first end among n running jobs whose mean
-                        // remaining time is r: about r / (n + 1).
-                        let est_wait_s = if p.queue.is_empty() && free > 0 {
+                        // GPUs a newcomer may take now: what the queue's head has not
+                        // reserved (the others could not start in it, see `try_start`).
+                        let start_free = match p.queue.front() {
+                            Some(&h) => free - free.min(self.jobs[h].gpus),
+                            None => free,
+                        };
+                        let est_wait_s = if gpus <= start_free || !estimate {
                             0.0
                         } else {
-                            let n = p.running.len() as f64;
-                            let first_end = if n > 0.0 { (p.end_sum / n - now).max(0.0) / (n + 1.0) } else { 0.0 };
-                            p.queued_gpu_s / p.cap.max(1) as f64 + first_end
+                            self.start_estimate(p, now, gpus) - now
                         };
                         PoolLoad {
                             capacity: p.cap,
                             free,
+                            start_free,
                             spot_free,
                             spot_fraction: p.spot_fraction,
                             queued_jobs: p.queue.len(),
@@ -427,9 +435,36 @@ impl<M: Model> Sim<'_, M> {
             .collect()
     }
 
+    /// When a job of `gpus` GPUs joining the back of `p`'s queue now would start, the
+    /// way Slurm estimates start times: running jobs end at their planned ends (time
+    /// limits there; the trace's run times here), queued jobs start in FIFO order as
+    /// soon as their GPUs are free and then hold them for their remaining run time.
+    /// Backfill is ignored (it can only make the start earlier).
+    fn start_estimate(&self, p: &PoolState, now: f64, gpus: u32) -> f64 {
+        use std::cmp::Reverse;
+        // (end in ms, GPUs released), earliest first. Integer ms keep the heap total.
+        let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
+        let mut ends: BinaryHeap<Reverse<(u64, u32)>> =
+            p.running.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))).collect();
+        let mut free = p.cap.saturating_sub(p.used);
+        let mut t = key(now);
+        let queued = p.queue.iter().map(|&j| (self.jobs[j].gpus, self.jobs[j].duration_s - self.js[j].progress_s));
+        for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
+            while free < g {
+                let Some(Reverse((end, r))) = ends.pop() else { return f64::INFINITY };
+                free += r;
+                t = t.max(end);
+            }
+            free -= g;
+            ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
+        }
+        t as f64 / 1000.0
+    }
+
     fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
         let job = &self.jobs[j];
-        let load = self.load(now);
+        let estimate = !matches!(self.strategy, Strategy::HomeOnly | Strategy::Greedy);
+        let load = self.load(now, job.gpus, estimate);
         match self.strategy.clone() {
             Strategy::Engine(p) => self.model.offers(&p, job, now, &load).into_iter().next(),
             Strategy::HomeOnly => self
@@ -490,11 +525,9 @@ impl<M: Model> Sim<'_, M> {
             self.cost_events.push((now, o.egress_usd));
         }
         let (c, p) = (o.cluster, o.pool);
-        let remaining = job.duration_s - self.js[j].progress_s;
         self.js[j].at = Some(o);
         let ps = &mut self.pools[c][p];
         ps.queue.push_back(j);
-        ps.queued_gpu_s += remaining * job.gpus as f64;
         self.try_start(c, p, now);
     }
 
@@ -548,10 +581,8 @@ impl<M: Model> Sim<'_, M> {
         let remaining = job.duration_s - self.js[j].progress_s;
         let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
         let ps = &mut self.pools[c][p];
-        ps.queued_gpu_s = (ps.queued_gpu_s - remaining * g as f64).max(0.0);
         ps.used += g;
         ps.running.push(j);
-        ps.end_sum += now + remaining;
         if spot {
             ps.spot_used += g;
             ps.running_spot.push(j);
@@ -574,15 +605,13 @@ impl<M: Model> Sim<'_, M> {
         let seg = (now - start).max(0.0);
         let usd = o.usd_per_gpu_hour * g as f64 * seg / 3600.0;
         self.compute_usd += usd;
+        let sp = self.spend.entry((o.cluster, o.pool, o.spot)).or_default();
+        sp.gpu_hours += g as f64 * seg / 3600.0;
+        sp.usd += usd;
         self.kg_co2 += self.model.kg_co2(o.cluster, o.pool, g, start, now);
         self.add_busy(o.cluster, g, start, now, o.usd_per_gpu_hour / 3600.0);
-        let planned_end = self.js[j].planned_end;
         let ps = &mut self.pools[o.cluster][o.pool];
         ps.used -= g;
-        ps.end_sum -= planned_end;
-        if ps.running.len() <= 1 {
-            ps.end_sum = 0.0;
-        }
         if let Some(k) = ps.running.iter().position(|&x| x == j) {
             ps.running.swap_remove(k);
         }
@@ -631,11 +660,16 @@ impl<M: Model> Sim<'_, M> {
 
     /// Evict a running job: it keeps the work up to its last checkpoint.
     fn evict(&mut self, j: usize, now: f64) {
+        let at = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool, o.spot));
         let seg = self.stop(j, now);
         let ck = self.jobs[j].checkpoint_s;
         let saved = if ck > 0.0 { (seg / ck).floor() * ck } else { 0.0 };
         self.js[j].progress_s += saved;
-        self.lost_gpu_s += (seg - saved) * self.jobs[j].gpus as f64;
+        let lost = (seg - saved) * self.jobs[j].gpus as f64;
+        self.lost_gpu_s += lost;
+        if let Some(k) = at {
+            self.spend.entry(k).or_default().lost_gpu_hours += lost / 3600.0;
+        }
     }
 
     fn spot_change(&mut self, c: usize, p: usize, f: f64, now: f64) {
@@ -665,7 +699,6 @@ impl<M: Model> Sim<'_, M> {
                 displaced.push(j);
             }
             let queued: Vec<usize> = self.pools[c][p].queue.drain(..).collect();
-            self.pools[c][p].queued_gpu_s = 0.0;
             displaced.extend(queued);
         }
         displaced.sort_unstable();
@@ -718,7 +751,7 @@ impl<M: Model> Sim<'_, M> {
             return;
         }
         running.sort_by_key(|r| r.job);
-        let load = self.load(now);
+        let load = self.load(now, 1, true);
         let moves = self.model.rebalance(&policy, now, self.jobs, &running, &load);
         // Carry out only moves whose target can start the job right away, and never
         // more than the target's free GPUs (the proposals are made on one snapshot).
@@ -827,6 +860,20 @@ impl<M: Model> Sim<'_, M> {
             cost_series,
             util_series,
             bucket_hours: b / 3600.0,
+            spend: self
+                .spend
+                .iter()
+                .map(|(&(c, p, spot), x)| {
+                    let pool = clusters.get(c).and_then(|cl| cl.pools.get(p));
+                    let name = format!(
+                        "{}/{} {}",
+                        clusters.get(c).map(|cl| cl.name.as_str()).unwrap_or("?"),
+                        pool.map(|p| p.name.as_str()).unwrap_or("?"),
+                        if spot { "spot" } else { "std" }
+                    );
+                    (name, *x)
+                })
+                .collect(),
         }
     }
 }
@@ -846,6 +893,7 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
                 .map(|p| PoolLoad {
                     capacity: p.gpus,
                     free: p.gpus,
+                    start_free: p.gpus,
                     spot_free: if p.spot_trace.is_some() { p.gpus } else { 0 },
                     spot_fraction: if p.spot_trace.is_some() { 1.0 } else { 0.0 },
                     queued_jobs: 0,
@@ -993,6 +1041,56 @@ mod tests {
         assert_eq!(r.completion_mean_s, 220.0);
         assert!((r.total_usd - (50.0 * 1.0 + 170.0 * 2.0) / 3600.0).abs() < 1e-9);
         assert_eq!(r.moved_jobs, 1, "job 0 finished away from its home a");
+    }
+
+    /// Records the load of cluster 0, pool 0 that each placement saw.
+    struct Recorder {
+        inner: Stub,
+        seen: Vec<(usize, u32, f64)>,
+    }
+
+    impl Model for Recorder {
+        fn clusters(&self) -> &[SimCluster] {
+            self.inner.clusters()
+        }
+        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+            let p = &load[0].pools[0];
+            self.seen.push((job.id, p.start_free, p.est_wait_s));
+            self.inner.offers(policy, job, now, load)
+        }
+        fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
+            self.inner.kg_co2(cluster, pool, gpus, t0, t1)
+        }
+        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn wait_estimate_is_the_fifo_start_time_of_the_jobs_size() {
+        let mut m = Recorder { inner: Stub { clusters: vec![cluster("a", 8, None)], price: vec![(1.0, 1.0)] }, seen: Vec::new() };
+        let jobs = vec![
+            job(0, 0.0, 100.0, 4, false, 0.0),
+            job(1, 0.0, 300.0, 4, false, 0.0),
+            // needs all 8: GPUs free at 100 (4) and 300 (8): starts at 300
+            job(2, 1.0, 1000.0, 8, false, 0.0),
+            // behind job 2, which holds all 8 GPUs from 300 to 1300
+            job(3, 2.0, 100.0, 4, false, 0.0),
+            // 4 GPUs are free at 150 but job 2 has them reserved; job 3 starts at 1300
+            // on 4 of the 8 freed GPUs, so a 1-GPU job fits beside it then
+            job(4, 150.0, 10.0, 1, false, 0.0),
+        ];
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        assert_eq!(r.completed, 5);
+        let seen: Vec<(usize, u32, f64)> = m.seen.clone();
+        assert_eq!(seen[0], (0, 8, 0.0));
+        assert_eq!(seen[1], (1, 4, 0.0));
+        assert_eq!(seen[2], (2, 0, 299.0));
+        assert_eq!(seen[3], (3, 0, 1298.0));
+        assert_eq!(seen[4], (4, 0, 1150.0));
+        // and the estimates were right: job 4 waited exactly 1150 s
+        assert_eq!(r.wait_p95_s, 1298.0);
+        assert_eq!(r.wait_mean_s, (0.0 + 0.0 + 299.0 + 1298.0 + 1150.0) / 5.0);
     }
 
     #[test]
