@@ -421,6 +421,58 @@ fn forward_survives_agent_restart_while_metasched_is_down() {
 }
 
 #[test]
+fn output_the_meta_scheduler_lost_is_sent_again() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("lost-tail");
+    let _restore = lab.restart_services_on_drop("beta");
+    let id = lab
+        .sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")], &script("echo first; sleep 4; echo second"))
+        .unwrap();
+    wait_file(&dir.join("out.txt"), T, |b| b == b"first\n").unwrap();
+    let fid = fleet_job_of(lab, id).unwrap();
+    // A crash that loses what had not reached the meta-scheduler's disk:
+    // the stored stdout is cut back to nothing.
+    assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
+    let stored = lab.root.join("metasched/output").join(format!("{fid}.stdout"));
+    assert_eq!(std::fs::read(&stored).unwrap(), b"first\n", "{}", stored.display());
+    std::fs::write(&stored, b"").unwrap();
+    assert!(lab.lab_sh(&["start-metasched"]).unwrap().status.success());
+    // The target's agent resends from its own copy; the user's file gets
+    // every byte once.
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| b.ends_with(b"second\n")).unwrap();
+    assert_eq!(out, b"first\nsecond\n");
+    assert_eq!(std::fs::read(&stored).unwrap(), b"first\nsecond\n");
+}
+
+/// `healthy` of `cluster` in the meta-scheduler's fleet view.
+fn healthy(lab: &Lab, cluster: &str) -> Option<bool> {
+    let v = lab.fleetctl_json(&["clusters"]).ok()?;
+    v["clusters"].as_array()?.iter().find(|c| c["name"] == cluster).and_then(|c| c["healthy"].as_bool())
+}
+
+#[test]
+fn a_job_only_a_silent_cluster_can_run_waits_for_it() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("silent");
+    let _restore = lab.restart_services_on_drop("alpha");
+    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
+    wait_until("alpha counts as silent", Duration::from_secs(30), || healthy(lab, "alpha") == Some(false));
+    std::thread::sleep(Duration::from_secs(2)); // beta's agent hears it with its next heartbeat
+    // Not refused: queued for alpha, as a Slurm queue would hold it.
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo ran at $SLURM_CLUSTER_NAME")).unwrap();
+    let rec = lab.job("beta", id).unwrap();
+    assert_eq!(rec["Partition"], "fleet", "{rec:?}");
+    assert!(rec["AdminComment"].contains("waiting for alpha"), "{rec:?}");
+    assert!(lab.lab_sh(&["start-agent", "alpha"]).unwrap().status.success());
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| !b.is_empty()).unwrap();
+    assert_eq!(out, b"ran at alpha\n");
+}
+
+#[test]
 fn srun_and_salloc_allocations_stay_local() {
     let (lab, _serial) = Lab::lock();
     // An interactive allocation with a GPU type beta lacks is not forwarded:

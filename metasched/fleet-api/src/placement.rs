@@ -127,6 +127,34 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
     (Placement::Remote { target: best.name.clone(), reason }, excluded)
 }
 
+/// `view` with every cluster taken as healthy: what the fleet could run
+/// once the silent clusters are back.
+pub fn all_healthy(view: &FleetView) -> FleetView {
+    let mut all = view.clone();
+    all.clusters.iter_mut().for_each(|c| c.healthy = true);
+    all
+}
+
+/// The agent's form of [`place`]: a job that only silent clusters (down,
+/// restarting, not yet heard from) could run is not impossible but waits,
+/// as Slurm users expect of a queue: `Remote` to the cluster that would
+/// take it, with a reason saying so. The meta-scheduler queues it until a
+/// cluster can take it. Truly impossible requests stay `Impossible`.
+pub fn place_or_wait(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) {
+    let (p, excluded) = place(view, job);
+    let Placement::Impossible { reason } = &p else { return (p, excluded) };
+    match place(&all_healthy(view), job) {
+        (Placement::Remote { target, .. }, _) => {
+            let reason = format!("waiting for {target}, which has no recent heartbeat ({reason})");
+            (Placement::Remote { target, reason }, excluded)
+        }
+        // Only the origin itself could run it: stay home, Slurm queues it.
+        (Placement::Home { .. }, _) => (Placement::Home { reason: reason.clone() }, excluded),
+        // Impossible even then: the capacity reasons say why.
+        impossible => impossible,
+    }
+}
+
 /// `gpu:h100:8 on 1 node(s)` style summary.
 pub fn describe(job: &JobRequest) -> String {
     let t = job.gpu_type().map(|t| format!("{t}:")).unwrap_or_default();
@@ -211,5 +239,26 @@ mod tests {
         let (p, ex) = place(&v, &job("beta", Some("h100"), 8, FleetOptions::default()));
         assert!(matches!(p, Placement::Impossible { .. }));
         assert!(ex.iter().any(|e| e.cluster == "alpha" && e.reason == "no heartbeat for 42s"), "{ex:?}");
+    }
+
+    #[test]
+    fn a_job_only_a_silent_cluster_could_run_waits_for_it() {
+        let mut v = lab();
+        v.clusters[0].healthy = false;
+        v.clusters[0].heartbeat_age_s = 42.0;
+        let d = FleetOptions::default;
+        let (p, _) = place_or_wait(&v, &job("beta", Some("h100"), 8, d()));
+        let Placement::Remote { target, reason } = p else { panic!("{p:?}") };
+        assert_eq!(target, "alpha");
+        assert!(reason.starts_with("waiting for alpha, which has no recent heartbeat"), "{reason}");
+        // Impossible even with every cluster up: still refused, with the reason.
+        let (p, _) = place_or_wait(&v, &job("beta", Some("h100"), 512, d()));
+        assert!(matches!(&p, Placement::Impossible { reason } if reason.contains("at most 8 h100 per node")), "{p:?}");
+        // Healthy answers are place()'s.
+        assert_eq!(place_or_wait(&lab(), &job("beta", Some("h100"), 8, d())).0, place(&lab(), &job("beta", Some("h100"), 8, d())).0);
+        // The origin silent in its own view: the job stays home.
+        let mut v = lab();
+        v.clusters[1].healthy = false;
+        assert!(matches!(place_or_wait(&v, &job("beta", Some("a100"), 8, d())).0, Placement::Home { .. }));
     }
 }

@@ -677,9 +677,7 @@ impl Store {
             Placement::Impossible { reason } => {
                 // Impossible only because clusters are silent right now?
                 // Then wait for them rather than fail the job.
-                let mut all_up = view.clone();
-                all_up.clusters.iter_mut().for_each(|c| c.healthy = true);
-                if matches!(placement::place(&all_up, &job.request).0, Placement::Impossible { .. }) {
+                if matches!(placement::place(&placement::all_healthy(&view), &job.request).0, Placement::Impossible { .. }) {
                     self.metrics.placement("impossible");
                     job.record.state = JobState::Failed;
                     job.record.target = None;

@@ -69,8 +69,26 @@ impl MetaClient {
         self.send(self.http.post(format!("{}/v1/jobs/{id}/cancel", self.base)), "cancel").await
     }
 
-    pub async fn output(&self, id: &str, c: &OutputChunk) -> Result<serde_json::Value> {
-        self.post(&format!("/v1/jobs/{id}/output"), c).await
+    /// Send an output chunk. `Ok(Some(o))`: the meta-scheduler holds only
+    /// `o` bytes of that stream (it lost a tail, e.g. in a crash before the
+    /// data reached its disk) and wants the rest from offset `o`.
+    pub async fn output(&self, id: &str, c: &OutputChunk) -> Result<Option<u64>> {
+        let what = format!("/v1/jobs/{id}/output");
+        let resp = self
+            .http
+            .post(format!("{}{what}", self.base)).json(c).bearer_auth(&self.token).send().await.with_context(|| format!("{what}: meta-scheduler unreachable"))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(None);
+        }
+        let body = resp.text().await.unwrap_or_default();
+        if status == reqwest::StatusCode::CONFLICT {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if let Some(o) = v["expected_offset"].as_u64().filter(|&o| o < c.offset) {
+                return Ok(Some(o));
+            }
+        }
+        bail!("{what}: meta-scheduler answered {status}: {}", body.trim())
     }
 }
 

@@ -40,7 +40,7 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
         // Fail open: without a fresh view of the fleet, the job stays home.
         return local("no fresh fleet view; staying local");
     };
-    match placement::place(view, job).0 {
+    match placement::place_or_wait(view, job).0 {
         Placement::Home { reason } => local(&reason),
         Placement::Impossible { reason } => (PluginReply::Reject { message: reason }, None),
         Placement::Remote { target, reason } => {

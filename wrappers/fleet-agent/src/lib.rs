@@ -412,8 +412,15 @@ async fn relay<B: Backend>(agent: &Agent<B>, id: &str, stream: Stream, path: &st
             return Ok(());
         }
         let chunk = OutputChunk { stream, offset: *off, data: buf[..n].to_vec() };
-        agent.meta.output(id, &chunk).await?;
-        *off += n as u64;
+        match agent.meta.output(id, &chunk).await? {
+            None => *off += n as u64,
+            Some(held) => {
+                // The meta-scheduler lost the tail: send it again from our copy.
+                tracing::warn!(%id, stream = stream.as_str(), held, sent = *off, "meta-scheduler lost output; resending from its offset");
+                *off = held;
+                f.seek(std::io::SeekFrom::Start(held)).await?;
+            }
+        }
     }
 }
 
