@@ -108,6 +108,24 @@ fn sacct(lab: &Lab, cluster: &str, id: u64) -> String {
 }
 
 #[test]
+fn the_submitting_environment_travels_with_the_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("env");
+    let body = "echo \"$RESEARCH_VAR|$SLURM_CLUSTER_NAME|$SLURM_CONF|$HOME\"";
+    let id = lab
+        .sbatch("beta", &["--gres=gpu:h100:1", "--export=ALL,RESEARCH_VAR=hello world", &out_arg(&dir, "out.txt")], &script(body))
+        .unwrap();
+    assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0");
+    let out = String::from_utf8(wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap()).unwrap();
+    let f: Vec<&str> = out.trim_end().split('|').collect();
+    // The user's variable arrived; what names the origin did not.
+    assert_eq!(f[0], "hello world", "{out:?}");
+    assert_eq!(f[1], "alpha", "{out:?}");
+    assert_eq!(f[2], lab.slurm_conf("alpha").display().to_string(), "Slurm commands in the job talk to alpha: {out:?}");
+    assert!(f[3].contains("/alpha/agent/jobs/beta-"), "HOME is the job's directory at alpha: {out:?}");
+}
+
+#[test]
 fn scancel_at_beta_cancels_the_alpha_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("cancel");

@@ -56,6 +56,13 @@ pub struct FleetOptions {
     pub interruptible: bool,
 }
 
+/// Most bytes of environment a forwarded job carries.
+pub const MAX_ENV_BYTES: usize = 1 << 20;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// What slurmctld handed `job_submit`, reduced to what Fleet needs.
 ///
 /// Byte strings that may not be UTF-8 (the script, paths) travel as
@@ -107,6 +114,14 @@ pub struct JobRequest {
     pub std_out: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub std_err: Option<String>,
+    /// The environment sbatch captured at the origin (`NAME=value`), which
+    /// the target submits the job with, as sbatch would have. Entries that
+    /// are not UTF-8, and any beyond [`MAX_ENV_BYTES`], are left out
+    /// (`env_dropped` counts them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub env_dropped: u32,
     /// `--array=…` present: arrays stay local for now.
     #[serde(default)]
     pub is_array: bool,

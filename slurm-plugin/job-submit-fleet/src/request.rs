@@ -70,6 +70,7 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig) -> Result<Pre
     } else {
         (Some(script_bytes), None)
     };
+    let (env, env_dropped) = environment(job);
     let tres_raw = tres
         .into_iter()
         .filter_map(|(f, v)| v.map(|v| (f.name().to_string(), v)))
@@ -96,10 +97,28 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig) -> Result<Pre
         work_dir,
         std_out,
         std_err,
+        env,
+        env_dropped,
         is_array,
         non_utf8_fields: non_utf8,
         fleet,
     })))
+}
+
+/// The job's environment as the target will need it: UTF-8 entries up to
+/// `MAX_ENV_BYTES` in all; the number left out is the second value.
+fn environment(job: &JobDesc<'_>) -> (Vec<String>, u32) {
+    let (mut env, mut dropped, mut bytes) = (Vec::new(), 0u32, 0usize);
+    for entry in job.environment() {
+        match std::str::from_utf8(entry) {
+            Ok(s) if bytes + s.len() <= fleet_api::job::MAX_ENV_BYTES => {
+                bytes += s.len();
+                env.push(s.to_string());
+            }
+            _ => dropped += 1,
+        }
+    }
+    (env, dropped)
 }
 
 #[cfg(test)]
@@ -140,6 +159,29 @@ mod tests {
     }
 
     const SCRIPT: (StrField, &str) = (StrField::Script, "#!/bin/sh\ntrue\n");
+
+    #[test]
+    fn the_environment_travels_utf8_and_bounded() {
+        let big = format!("BIG={}", "x".repeat(fleet_api::job::MAX_ENV_BYTES));
+        let entries: Vec<Vec<u8>> = vec![b"PATH=/usr/bin".to_vec(), b"BAD=\xff\xfe".to_vec(), big.into_bytes(), b"LAST=1".to_vec()];
+        let env: Vec<std::ffi::CString> = entries.into_iter().map(|e| std::ffi::CString::new(e).unwrap()).collect();
+        let mut ptrs: Vec<*mut std::ffi::c_char> = env.iter().map(|c| c.as_ptr() as *mut _).collect();
+        let mut d = JobDesc::test_descriptor();
+        d.environment = ptrs.as_mut_ptr();
+        d.env_size = ptrs.len() as u32;
+        let out = {
+            let mut jd = JobDesc::from_box(&mut d);
+            jd.set(SCRIPT.0, Some(SCRIPT.1));
+            jd.set(StrField::TresPerNode, Some("gres:gpu:h100:8"));
+            build_request(&mut jd, &config())
+        };
+        d.environment = std::ptr::null_mut();
+        d.env_size = 0;
+        free_test_descriptor(d);
+        let Ok(Prepared::Ask(r)) = out else { panic!("{out:?}") };
+        assert_eq!(r.env, ["PATH=/usr/bin", "LAST=1"]);
+        assert_eq!(r.env_dropped, 2, "the non-UTF-8 entry and the one past the cap");
+    }
 
     #[test]
     fn what_is_left_alone() {

@@ -236,6 +236,24 @@ impl<'a> JobDesc<'a> {
             .collect()
     }
 
+    /// The job's environment (`NAME=value` entries sbatch captured), as
+    /// raw bytes; empty when sbatch sent none.
+    pub fn environment(&self) -> Vec<&[u8]> {
+        let r = &*self.raw;
+        if r.environment.is_null() {
+            return Vec::new();
+        }
+        (0..r.env_size as usize)
+            .filter_map(|i| {
+                // SAFETY: environment holds env_size entries.
+                let p = unsafe { *r.environment.add(i) };
+                // SAFETY: each non-NULL entry is a NUL-terminated string that
+                // lives as long as the job_desc we borrow.
+                (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+            })
+            .collect()
+    }
+
     /// Interactive allocations (salloc, srun without a batch step) carry no script.
     pub fn is_batch(&mut self) -> bool {
         !self.raw.script.is_null()

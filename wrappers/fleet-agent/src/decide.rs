@@ -74,11 +74,12 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
                 cfg.slurm_bin.display(),
             );
             let admin_comment = format!(
-                "fleet: forwarded {} -> {target} as {id}: {}{}{} ({reason})",
+                "fleet: forwarded {} -> {target} as {id}: {}{}{}{} ({reason})",
                 cfg.site,
                 placement::describe(job),
                 job.time_limit_min.map(|t| format!(" time={t}m")).unwrap_or_default(),
                 job.partition.as_deref().map(|p| format!(" partition={p}")).unwrap_or_default(),
+                if job.env_dropped > 0 { format!(" env: {} variables not carried", job.env_dropped) } else { String::new() },
             );
             let plan = ForwardPlan {
                 fleet_job_id: id.clone(),

@@ -28,7 +28,16 @@ const CMD_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SlurmBackend {
     async fn run(&self, cmd: &str, args: &[String], stdin: Option<&[u8]>) -> Result<String> {
+        self.run_in(cmd, args, stdin, None).await
+    }
+
+    /// [`SlurmBackend::run`] with the command's whole environment given
+    /// (`None`: the agent's own).
+    async fn run_in(&self, cmd: &str, args: &[String], stdin: Option<&[u8]>, env: Option<&[(String, String)]>) -> Result<String> {
         let mut c = Command::new(self.bin.join(cmd));
+        if let Some(env) = env {
+            c.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+        }
         c.args(args)
             .env("SLURM_CONF", &self.slurm_conf)
             .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
@@ -180,6 +189,35 @@ pub fn parse_stand_ins(out: &str) -> Vec<StandIn> {
         .collect()
 }
 
+/// The environment sbatch runs with at the target, so that the job gets the
+/// one it had at the origin (sbatch's default `--export=ALL` captures it):
+/// the origin's, less what names the origin's host and user or steers
+/// Slurm commands there (`SLURM_*`, `SBATCH_*`, ...), with `HOME` set to
+/// the job's directory here. `None` when the origin sent no environment.
+pub fn submit_env(req: &JobRequest, job_dir: &std::path::Path) -> Option<Vec<(String, String)>> {
+    const DROP: &[&str] = &[
+        "HOME", "USER", "LOGNAME", "MAIL", "SHELL", "PWD", "OLDPWD", "HOSTNAME", "SHLVL", "_", "TMPDIR",
+        "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "DISPLAY", "KRB5CCNAME", "SSH_AUTH_SOCK", "SSH_CLIENT",
+        "SSH_CONNECTION", "SSH_TTY",
+    ];
+    const DROP_PREFIX: &[&str] = &["SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SPANK_", "_SLURM_", "FLEET_"];
+    let mut env: Vec<(String, String)> = req
+        .env
+        .iter()
+        .filter_map(|e| e.split_once('='))
+        .filter(|(k, _)| !k.is_empty() && !DROP.contains(k) && !DROP_PREFIX.iter().any(|p| k.starts_with(p)))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    if env.is_empty() {
+        return None;
+    }
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    env.push(("HOME".into(), job_dir.display().to_string()));
+    Some(env)
+}
+
 /// sbatch options that reproduce the job's resources at this cluster.
 pub fn sbatch_args(id: &str, req: &JobRequest, dir: &std::path::Path, paths: &OutputPaths) -> Vec<String> {
     let mut a = vec![
@@ -244,7 +282,8 @@ impl Backend for SlurmBackend {
         let dir = self.job_dir(id);
         tokio::fs::create_dir_all(&dir).await.with_context(|| format!("creating {}", dir.display()))?;
         let paths = self.output_paths(id);
-        let out = self.run("sbatch", &sbatch_args(id, req, &dir, &paths), Some(script)).await?;
+        let env = submit_env(req, &dir);
+        let out = self.run_in("sbatch", &sbatch_args(id, req, &dir, &paths), Some(script), env.as_deref()).await?;
         let first = out.trim().split(';').next().unwrap_or("");
         first.parse().with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
     }
@@ -329,6 +368,28 @@ mod tests {
         assert_eq!((s[0].native_id, s[0].state), (100007, JobState::Running));
         assert_eq!((s[1].state, s[1].raw_state.as_str(), s[1].comment.as_str()), (JobState::Cancelled, "CANCELLED", "fleet: alpha (waiting) beta-1|x"));
         assert_eq!((s[2].native_id, s[2].comment.as_str()), (100010, ""));
+    }
+
+    #[test]
+    fn the_origin_environment_less_what_names_the_origin() {
+        let req = JobRequest {
+            env: ["PATH=/opt/conda/bin:/usr/bin", "RESEARCH=x=y", "SLURM_CONF=/etc/slurm-beta/slurm.conf", "SBATCH_PARTITION=a100",
+                "HOME=/home/alice", "HOSTNAME=login1", "FLEET_JOB_ID=spoof", "WANDB_MODE=offline", "no-equals-sign"]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        };
+        let env = submit_env(&req, std::path::Path::new("/spool/jobs/beta-1")).unwrap();
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PATH", "RESEARCH", "WANDB_MODE", "HOME"]);
+        assert_eq!(env[1].1, "x=y");
+        assert_eq!(env[3].1, "/spool/jobs/beta-1");
+        // Only origin-specific variables: nothing to carry, the agent's own env is used.
+        let req = JobRequest { env: vec!["SLURM_JOB_NAME=x".into()], ..Default::default() };
+        assert_eq!(submit_env(&req, std::path::Path::new("/d")), None);
+        // No PATH from the origin: a sane default.
+        let req = JobRequest { env: vec!["A=1".into()], ..Default::default() };
+        assert!(submit_env(&req, std::path::Path::new("/d")).unwrap().iter().any(|(k, v)| k == "PATH" && v.contains("/usr/bin")));
     }
 
     #[test]
