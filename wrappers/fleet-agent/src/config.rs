@@ -55,6 +55,28 @@ pub fn uid_of(name: &str) -> Option<u32> {
     })
 }
 
+/// What in slurm.conf would break stand-ins on `ProxyPartition`. A stand-in
+/// lives as long as its job elsewhere, queue wait included, and carries no
+/// time limit of its own, so the partition's limits become its limits.
+pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -> Vec<String> {
+    use slurm_conf::slurm::TimeLimit;
+    let Some(p) = sc.partition(name) else {
+        return vec![format!("ProxyPartition={name} is not a partition here: slurmctld will refuse every forwarded job")];
+    };
+    let mut out = Vec::new();
+    let at = format!("partition {name} ({}:{})", p.file, p.line);
+    if let Some(TimeLimit::Minutes(m)) = p.max_time {
+        out.push(format!("{at} has MaxTime={m}: a stand-in is killed after {m} minutes and its remote job cancelled; set MaxTime=INFINITE"));
+    }
+    if let Some(TimeLimit::Minutes(m)) = p.default_time {
+        out.push(format!("{at} has DefaultTime={m}: stand-ins get a {m}-minute limit and their remote jobs are cancelled then; remove it"));
+    }
+    if let Some(s) = p.state.as_deref().filter(|s| *s != "UP") {
+        out.push(format!("{at} is State={s}: stand-ins will not start, so forwarded jobs never run"));
+    }
+    out
+}
+
 impl AgentConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let loaded = FleetConf::load(path).with_context(|| format!("reading {}", path.display()))?;
@@ -72,10 +94,16 @@ impl AgentConfig {
             .map(PathBuf::from)
             .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/etc/slurm")).join("slurm.conf"));
         let mut allowed = vec![0];
-        if let Ok(sc) = slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
-            if let Some(uid) = sc.conf.get("SlurmUser").and_then(uid_of) {
-                allowed.push(uid);
+        match slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
+            Ok(sc) => {
+                if let Some(uid) = sc.conf.get("SlurmUser").and_then(uid_of) {
+                    allowed.push(uid);
+                }
+                for w in proxy_partition_problems(&sc.conf, &c.proxy_partition) {
+                    eprintln!("fleet-agent: warning: {}: {w}", slurm_conf.display());
+                }
             }
+            Err(e) => eprintln!("fleet-agent: warning: cannot check {}: {e}", slurm_conf.display()),
         }
         for u in &c.allowed_submit_uids {
             let uid = match u {
@@ -106,5 +134,27 @@ impl AgentConfig {
             allowed_uids: allowed,
             log_level: c.log_level.as_str().to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use slurm_conf::slurm::SlurmConf;
+
+    fn problems(conf: &str) -> Vec<String> {
+        let sc = SlurmConf::parse_str(&format!("ClusterName=beta\nNodeName=b1 CPUs=4\n{conf}"), "slurm.conf").unwrap().conf;
+        super::proxy_partition_problems(&sc, "fleet")
+    }
+
+    #[test]
+    fn proxy_partition_limits_are_reported() {
+        assert!(problems("PartitionName=fleet Nodes=b1 MaxTime=INFINITE State=UP").is_empty());
+        assert!(problems("PartitionName=fleet Nodes=b1").is_empty());
+        let p = problems("PartitionName=fleet Nodes=b1 MaxTime=60 DefaultTime=30 State=DOWN");
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p[0].contains("partition fleet (slurm.conf:3) has MaxTime=60"), "{p:?}");
+        assert!(p[1].contains("DefaultTime=30"));
+        assert!(p[2].contains("State=DOWN"));
+        assert!(problems("PartitionName=gpu Nodes=b1")[0].contains("ProxyPartition=fleet is not a partition"));
     }
 }
