@@ -2,6 +2,7 @@
 #   make demo   install missing Debian packages, build, start the lab, reroute a job beta -> alpha
 #   make test   the whole suite against a fresh lab (torn down afterwards)
 #   make bench  the sbatch submission benchmark (needs the lab's packages; brings the lab up)
+#   make compat the plugins against Debian trixie's Slurm 24.11 in a chroot (root; not part of make test)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
@@ -11,7 +12,7 @@ export FLEET_LAB_DIR ?= /tmp/fleet-lab
 # Where `cargo build --release` puts the binaries and plugins the lab installs.
 export FLEET_BIN_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release
 
-.PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz
+.PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz compat
 
 all: build
 
@@ -38,6 +39,10 @@ test: build
 
 bench: build
 	tests/bench/submit_bench.sh
+
+# Builds into target-compat/ itself; see tests/compat/README.md.
+compat:
+	tests/compat/slurm-24.11.sh
 
 # Short fuzzing run of every cargo-fuzz target (needs nightly + cargo-fuzz).
 FUZZ_SECONDS ?= 30
