@@ -92,6 +92,10 @@ pub struct Config {
     /// (`fleet_engine::policy`); kept raw here, read by the engine.
     #[serde(default)]
     pub policies: Option<toml::Table>,
+    /// Relayed output of a finished job is deleted this many days after
+    /// it finished (default 14; 0 keeps it forever). The job's record stays.
+    #[serde(default = "default_output_retention_days")]
+    pub output_retention_days: f64,
     /// `[tls]`: serve HTTPS with this certificate. Without it the API is
     /// plain HTTP, fit only for loopback or a trusted network: the bearer
     /// and job tokens cross the wire in the clear.
@@ -151,6 +155,10 @@ impl RebalanceConfig {
     }
 }
 
+fn default_output_retention_days() -> f64 {
+    14.0
+}
+
 fn default_heartbeat_timeout() -> f64 {
     10.0
 }
@@ -164,6 +172,7 @@ impl Config {
             state_dir,
             admin_token_file,
             heartbeat_timeout_s: default_heartbeat_timeout(),
+            output_retention_days: default_output_retention_days(),
             clusters: Vec::new(),
             placement: None,
             prices: None,
@@ -197,6 +206,9 @@ impl Config {
             if !seen.insert(c.name.as_str()) {
                 return Err(ConfigError::Invalid(format!("cluster {:?} is configured twice", c.name)));
             }
+        }
+        if !(self.output_retention_days >= 0.0) {
+            return Err(ConfigError::Invalid("output_retention_days must be >= 0 (0 keeps output forever)".into()));
         }
         if self.heartbeat_timeout_s.is_nan() || self.heartbeat_timeout_s <= 0.0 {
             return Err(ConfigError::Invalid("heartbeat_timeout_s must be > 0".into()));
@@ -274,6 +286,14 @@ mod tests {
     const BASE: &str = "listen = \"127.0.0.1:16900\"\nstate_dir = \"/tmp/x\"\nadmin_token_file = \"/tmp/a\"\n";
 
     #[test]
+    fn the_example_config_parses() {
+        let text = include_str!("../../../conf/metasched.toml");
+        let c = Config::parse(text, Path::new("conf/metasched.toml")).unwrap();
+        assert_eq!(c.output_retention_days, 14.0);
+        assert!(c.tls.is_none(), "the example's [tls] is commented out");
+    }
+
+    #[test]
     fn table() {
         check(BASE, Ok(""));
         check(
@@ -296,6 +316,10 @@ mod tests {
         check(&format!("{BASE}[placement]\npolicy = \"cost\"\n"), Err("set [placement] fleet_model"));
         check(&format!("{BASE}[placement]\npolicy = \"\"\n"), Err("empty"));
         check(&format!("{BASE}heartbeat_timeout_s = 0\n"), Err("must be > 0"));
+        check(&format!("{BASE}output_retention_days = 0\n"), Ok(""));
+        check(&format!("{BASE}output_retention_days = -1\n"), Err("output_retention_days must be >= 0"));
+        check(&format!("{BASE}[tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n"), Ok(""));
+        check(&format!("{BASE}[tls]\ncert_file = \"/c.pem\"\n"), Err("missing field `key_file`"));
         check("listen = \"nope\"\n", Err("t.toml"));
         check(&format!("{BASE}prices = \"/p.csv\"\ncarbon = \"/c.csv\"\n"), Ok(""));
         check(&format!("{BASE}[policies.cheap]\nprice = 1.0\n"), Ok(""));

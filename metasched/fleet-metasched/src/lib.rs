@@ -100,6 +100,8 @@ struct AppState {
 
 /// How often the feed files are checked for changes.
 const FEED_CHECK: Duration = Duration::from_secs(30);
+/// How often finished jobs' output is checked against output_retention_days.
+const OUTPUT_PURGE_EVERY_S: f64 = 600.0;
 
 /// Outcome of one feed check ([`Control::check_feeds`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -290,12 +292,22 @@ pub async fn run_with(
     }
     let sweeper = {
         let st = state.clone();
+        let retention_s = config.output_retention_days * 86_400.0;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut last_purge = f64::NEG_INFINITY;
             loop {
                 tick.tick().await;
                 if let Err(e) = with_store(&st, |s, now| s.sweep(now)).await {
                     tracing::warn!(error = %e.msg, "sweep failed");
+                }
+                if retention_s > 0.0 && st.clock.now() - last_purge >= OUTPUT_PURGE_EVERY_S {
+                    last_purge = st.clock.now();
+                    match with_store(&st, move |s, now| s.purge_output(now, retention_s)).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(jobs = n, "deleted the output of jobs past output_retention_days"),
+                        Err(e) => tracing::warn!(error = %e.msg, "output retention pass failed"),
+                    }
                 }
             }
         })
@@ -381,6 +393,7 @@ impl From<StoreError> for ApiError {
             StoreError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             StoreError::Forbidden(_) => StatusCode::FORBIDDEN,
             StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+            StoreError::Gone(_) => StatusCode::GONE,
             StoreError::Conflict { expected_offset, .. } => {
                 return ApiError { status: StatusCode::CONFLICT, msg: e.to_string(), expected_offset: *expected_offset }
             }

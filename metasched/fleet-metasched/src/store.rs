@@ -50,6 +50,9 @@ pub enum StoreError {
     Forbidden(String),
     #[error("{0}")]
     NotFound(String),
+    /// Existed, deleted by the retention policy.
+    #[error("{0}")]
+    Gone(String),
     /// `expected_offset` is set for output gaps.
     #[error("{msg}")]
     Conflict { msg: String, expected_offset: Option<u64> },
@@ -87,6 +90,9 @@ pub struct Job {
     /// rebalancing pass estimates the remaining run from it.
     #[serde(default)]
     pub running_since: Option<f64>,
+    /// Its output files were deleted by the retention policy (when).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_purged_at: Option<f64>,
 }
 
 /// `GET /v1/jobs/{id}/explain`: why the job is (or would be) where it is.
@@ -533,6 +539,7 @@ impl Store {
             final_stderr_len: None,
             remote_cancel_pending: false,
             running_since: None,
+            output_purged_at: None,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -727,6 +734,30 @@ impl Store {
         Ok(())
     }
 
+    /// Delete the output of jobs that finished more than `retention_s` ago;
+    /// returns how many jobs' output went. Their records stay.
+    pub fn purge_output(&mut self, now: f64, retention_s: f64) -> Result<usize, StoreError> {
+        let cutoff = now - retention_s;
+        let sql = "SELECT data FROM jobs WHERE active = 0 AND submitted_at < ?1
+                   AND json_extract(data, '$.output_purged_at') IS NULL";
+        let mut purged = 0;
+        for mut job in self.query(sql, [cutoff])? {
+            if job.record.updated_at >= cutoff {
+                continue;
+            }
+            for s in [Stream::Stdout, Stream::Stderr] {
+                match std::fs::remove_file(self.out_path(&job.record.fleet_job_id, s)) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                    _ => {}
+                }
+            }
+            job.output_purged_at = Some(now);
+            self.save(&job)?;
+            purged += 1;
+        }
+        Ok(purged)
+    }
+
     pub fn cancel(&mut self, caller: &Caller, id: &str, now: f64) -> Result<JobRecord, StoreError> {
         let mut job = self.load_for_origin(caller, id, "cancel")?;
         if job.record.state.is_terminal() {
@@ -874,7 +905,10 @@ impl Store {
         offset: u64,
         max: u64,
     ) -> Result<Vec<u8>, StoreError> {
-        self.get(caller, id)?;
+        let job = self.get(caller, id)?;
+        if let Some(t) = job.output_purged_at {
+            return Err(StoreError::Gone(format!("the output of {id} was deleted at {t:.0} (Unix time) by the retention policy (output_retention_days)")));
+        }
         let mut f = match std::fs::File::open(self.out_path(id, stream)) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -916,3 +916,38 @@ async fn rebalance_without_an_engine_policy_is_empty_with_a_reason() {
     assert!(r.proposals.is_empty() && r.reason.is_some(), "{r:?}");
     d.stop().await;
 }
+
+#[tokio::test]
+async fn output_is_deleted_after_the_retention_period_and_the_record_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = Clock::default();
+    let d = Daemon::start(tmp.path(), clock.clone()).await;
+    d.heartbeat("alpha", 16).await;
+    d.heartbeat("beta", 16).await;
+    d.forward("old", "beta", "h100", 8).await;
+    d.start_job("old", "beta").await;
+    assert_eq!(d.chunk("old", "alpha", Stream::Stdout, 0, b"result\n").await.0, StatusCode::OK);
+    let done = StatusUpdate { final_stdout_len: Some(7), final_stderr_len: Some(0), exit_code: Some(0), ..st(JobState::Completed) };
+    assert_eq!(d.status("old", "alpha", done).await.0, StatusCode::OK);
+    assert_eq!(d.read_output("old", "beta", "stdout", 0, 100).await, b"result\n");
+    // A running job is never touched, however old.
+    d.forward("live", "beta", "h100", 8).await;
+    d.start_job("live", "beta").await;
+    assert_eq!(d.chunk("live", "alpha", Stream::Stdout, 0, b"still running\n").await.0, StatusCode::OK);
+    assert_eq!(d.status("live", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+
+    // 15 days later (default retention 14): the next pass deletes it.
+    clock.advance(Duration::from_secs(15 * 86_400));
+    let stored = tmp.path().join("state/output/old.stdout");
+    let t0 = std::time::Instant::now();
+    while stored.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "output not deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = d.call(reqwest::Method::GET, "/v1/jobs/old/output?stream=stdout&offset=0&max=100", &job_auth("beta", "old"), None).await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("output_retention_days"), "{body}");
+    assert_eq!(d.job("old").await.state, JobState::Completed, "the record stays");
+    assert_eq!(d.read_output("live", "beta", "stdout", 0, 100).await, b"still running\n");
+    d.stop().await;
+}
