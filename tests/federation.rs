@@ -91,6 +91,16 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     assert_eq!(arec["TresPerNode"], "gres:gpu:h100:8", "{arec:?}");
     assert_eq!(arec["ExitCode"], "3:0");
 
+    // The meta-scheduler explains its choice: the cost engine's ranking
+    // with its terms, and why beta was ruled out.
+    let fid = fleet_job_of(lab, id).unwrap();
+    let ex = lab.fleetctl_json(&["job", "explain", &fid]).unwrap();
+    assert_eq!(ex["policy"], "cost", "{ex}");
+    assert_eq!(ex["ranked"][0]["cluster"], "alpha", "{ex}");
+    assert!(ex["ranked"][0]["terms"].as_array().is_some_and(|t| !t.is_empty()), "{ex}");
+    let beta = ex["exclusions"].as_array().unwrap().iter().find(|e| e["cluster"] == "beta").cloned();
+    assert!(beta.is_some_and(|b| b["reason"].as_str().unwrap().contains("has no h100")), "{ex}");
+
     // Accounting (slurmdbd) records the real outcome at both ends: the
     // stand-in at beta, the GPU job at alpha.
     wait_until("sacct at beta records the exit code", Duration::from_secs(30), || {

@@ -64,6 +64,11 @@ for _ in $(seq 1 20); do sacct -X -n -j "$id" -o State | grep -qE 'COMPLETED|FAI
 run sacct -X -j "$id" -o JobID,JobName,Partition,State,ExitCode,Elapsed || true
 say "Where it really ran (meta-scheduler)"
 "$LAB" fleetctl jobs || true
+fid=$(scontrol show job "$id" 2>/dev/null | grep -oE 'as [A-Za-z0-9_.-]+-[0-9a-f]{12}' | head -1 | cut -d' ' -f2 || true)
+if [[ -n $fid ]]; then
+  say "Why there: fleetctl job explain $fid"
+  "$LAB" fleetctl job explain "$fid" || true
+fi
 say "At alpha"
 SLURM_CONF=$R/alpha/slurm.conf squeue -t all -o '%i %P %j %u %T %N' || true
 say "Output file at beta: $R/demo/out-$id.txt"

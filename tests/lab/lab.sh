@@ -41,6 +41,10 @@ METASCHED_ADDR=127.0.0.1:$((16900 + PORT_OFFSET))
 # that sacct works as at a real site (FLEET_LAB_ACCOUNTING=0 leaves it out).
 ACCOUNTING=${FLEET_LAB_ACCOUNTING:-1}
 DB_PORT=$((16906 + PORT_OFFSET))
+# Placement: the meta-scheduler ranks with the cost engine over the sample
+# fleet model (conf/fleet-sample.toml, whose alpha and beta are these
+# clusters); FLEET_LAB_POLICY=first-fit uses the first rule alone.
+POLICY=${FLEET_LAB_POLICY:-cost}
 # TLS: the meta-scheduler serves HTTPS with a certificate from a lab CA
 # ($R/ca.pem, which agents, stand-ins and fleetctl trust); FLEET_LAB_TLS=0
 # serves plain HTTP.
@@ -355,6 +359,14 @@ write_metasched_conf() {
       echo "provider = \"onprem\""
       echo "token_file = \"$R/secrets/$c.token\""
     done
+    if [[ $POLICY != first-fit ]]; then
+      cp "$REPO/conf/fleet-sample.toml" "$R/fleet-model.toml"
+      chmod 0644 "$R/fleet-model.toml"
+      echo
+      echo "[placement]"
+      echo "policy = \"$POLICY\""
+      echo "fleet_model = \"$R/fleet-model.toml\""
+    fi
     if [[ $TLS == 1 ]]; then
       echo
       echo "[tls]"
