@@ -121,9 +121,13 @@ fn sacct(lab: &Lab, cluster: &str, id: u64) -> String {
 fn the_submitting_environment_travels_with_the_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("env");
-    let body = "echo \"$RESEARCH_VAR|$SLURM_CLUSTER_NAME|$SLURM_CONF|$HOME\"";
+    let token = lab.root.join("secrets/alpha.token");
+    let body = format!(
+        "echo \"$RESEARCH_VAR|$SLURM_CLUSTER_NAME|$SLURM_CONF|$HOME|$(id -un)|$(test -r {} && echo token-readable || echo token-private)\"",
+        token.display()
+    );
     let id = lab
-        .sbatch("beta", &["--gres=gpu:h100:1", "--export=ALL,RESEARCH_VAR=hello world", &out_arg(&dir, "out.txt")], &script(body))
+        .sbatch("beta", &["--gres=gpu:h100:1", "--export=ALL,RESEARCH_VAR=hello world", &out_arg(&dir, "out.txt")], &script(&body))
         .unwrap();
     assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0");
     let out = String::from_utf8(wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap()).unwrap();
@@ -133,6 +137,9 @@ fn the_submitting_environment_travels_with_the_job() {
     assert_eq!(f[1], "alpha", "{out:?}");
     assert_eq!(f[2], lab.slurm_conf("alpha").display().to_string(), "Slurm commands in the job talk to alpha: {out:?}");
     assert!(f[3].contains("/alpha/agent/jobs/beta-"), "HOME is the job's directory at alpha: {out:?}");
+    // It runs as RunAsUser, not as the agent: the agent's token is out of its reach.
+    assert_eq!(f[4], "fleetjob", "{out:?}");
+    assert_eq!(f[5], "token-private", "{out:?}");
 }
 
 #[test]

@@ -52,10 +52,14 @@ TLS=${FLEET_LAB_TLS:-1}
 if [[ $TLS == 1 ]]; then METASCHED_URL=https://$METASCHED_ADDR; else METASCHED_URL=http://$METASCHED_ADDR; fi
 DBD_PORT=$((16907 + PORT_OFFSET))
 FLEET_USER=fleet
+# Jobs forwarded to a lab cluster run as this user (fleet.conf RunAsUser),
+# not as the agent's: job code cannot read the agent's token or journal.
+JOB_USER=fleetjob
+SUDOERS=/etc/sudoers.d/fleet-lab
 READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
 
 DEB_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libslurm-dev
-              slurmdbd mariadb-server openssl
+              slurmdbd mariadb-server openssl sudo
               libclang-dev clang curl procps util-linux passwd)
 
 R=${FLEET_LAB_DIR:-/tmp/fleet-lab}
@@ -201,9 +205,24 @@ ensure_munge() {
 
 # ------------------------------------------------------------------ config
 ensure_fleet_user() {
-  id "$FLEET_USER" >/dev/null 2>&1 && return 0
-  log "creating system user $FLEET_USER"
-  useradd --system --no-create-home --shell /usr/sbin/nologin "$FLEET_USER"
+  local u
+  for u in "$FLEET_USER" "$JOB_USER"; do
+    id "$u" >/dev/null 2>&1 && continue
+    log "creating system user $u"
+    useradd --system --user-group --no-create-home --shell /usr/sbin/nologin "$u"
+  done
+  # The agent shares the job directories with the jobs (group, mode 2770).
+  id -nG "$FLEET_USER" | tr ' ' '\n' | grep -qx "$JOB_USER" || usermod -aG "$JOB_USER" "$FLEET_USER"
+  # What the agent may do as the job user: sbatch and scancel, nothing else.
+  # (!secure_path: the job keeps the PATH it was submitted with.)
+  local rule="Defaults:$FLEET_USER !secure_path
+$FLEET_USER ALL=($JOB_USER) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel"
+  if [[ $(cat "$SUDOERS" 2>/dev/null) != "$rule" ]]; then
+    printf '%s\n' "$rule" >"$SUDOERS.tmp"
+    chmod 0440 "$SUDOERS.tmp"
+    visudo -cf "$SUDOERS.tmp" >/dev/null || { rm -f "$SUDOERS.tmp"; die "the sudoers rule for $FLEET_USER does not parse"; }
+    mv "$SUDOERS.tmp" "$SUDOERS"
+  fi
 }
 
 write_cluster_conf() {
@@ -312,6 +331,7 @@ FailOpen=yes
 HeartbeatIntervalMs=1000
 PollIntervalMs=300
 SlurmBinDir=/usr/bin
+RunAsUser=$JOB_USER
 EOF
   chmod 0644 "$d"/*.conf
 }
@@ -561,7 +581,7 @@ register_accounting() {
   {
     scmd "$c0" sacctmgr -i add cluster $(cluster_names)
     scmd "$c0" sacctmgr -i add account lab Cluster="$clusters" Description=lab Organization=fleet
-    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER" Account=lab Cluster="$clusters"
+    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER" Account=lab Cluster="$clusters"
   } >>"$R/log/sacctmgr.log" 2>&1 || { show_tail "$R/log/sacctmgr.log"; die "sacctmgr could not register the clusters"; }
 }
 

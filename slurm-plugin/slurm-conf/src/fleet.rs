@@ -96,6 +96,12 @@ pub struct FleetConf {
     /// `AllowedSubmitUids` (empty = root and SlurmUser only): users or
     /// uids allowed on the agent socket besides those.
     pub allowed_submit_uids: Vec<UserRef>,
+    /// `RunAsUser` (none): the user jobs forwarded *to* this cluster run as,
+    /// distinct from the agent's own user so that job code cannot read the
+    /// agent's token, signal it or edit its journal. The agent submits and
+    /// cancels through `sudo -u <user>` (sbatch and scancel only). None:
+    /// jobs run as the agent's user (the agent warns at start).
+    pub run_as_user: Option<String>,
     /// `SlurmBinDir` (/usr/bin).
     pub slurm_bin_dir: PathBuf,
     /// `LogLevel` (info): error, warn, info, debug, trace.
@@ -123,6 +129,7 @@ impl Default for FleetConf {
             view_max_age_ms: 10_000,
             max_script_bytes: 1 << 20,
             allowed_submit_uids: Vec::new(),
+            run_as_user: None,
             slurm_bin_dir: "/usr/bin".into(),
             log_level: LogLevel::Info,
         }
@@ -148,6 +155,7 @@ pub const KEYS: &[&str] = &[
     "ViewMaxAgeMs",
     "MaxScriptBytes",
     "AllowedSubmitUids",
+    "RunAsUser",
     "SlurmBinDir",
     "LogLevel",
 ];
@@ -228,6 +236,15 @@ impl FleetConf {
                         "viewmaxagems" => conf.view_max_age_ms = parse_in_range(v, 100, 86_400_000).map_err(bad)?,
                         "maxscriptbytes" => conf.max_script_bytes = parse_in_range(v, 1, 1 << 30).map_err(bad)?,
                         "allowedsubmituids" => conf.allowed_submit_uids = users(v).map_err(bad)?,
+                        "runasuser" => {
+                            let ok = !v.is_empty()
+                                && v != "root"
+                                && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                            if !ok {
+                                return Err(bad("expected a user name other than root".into()));
+                            }
+                            conf.run_as_user = Some(v.clone());
+                        }
                         "slurmbindir" => conf.slurm_bin_dir = path_value(v).map_err(bad)?,
                         "loglevel" => {
                             conf.log_level = match v.to_ascii_lowercase().as_str() {
@@ -378,6 +395,7 @@ mod tests {
         check("SiteName=a FailOpen=maybe", Err(&["fleet.conf:1: FailOpen=maybe: bad value; expected yes, no, true, false, 1 or 0"]));
         check("SiteName=a AgentSocket=rel.sock", Err(&["fleet.conf:1: AgentSocket=rel.sock: bad value; expected an absolute path"]));
         check("SiteName=a MetaSchedulerUrl=ftp://x", Err(&["fleet.conf:1: MetaSchedulerUrl=ftp://x: bad value; expected an http:// or https:// URL"]));
+        check("SiteName=a RunAsUser=root", Err(&["fleet.conf:1: RunAsUser=root: bad value; expected a user name other than root"]));
         check("SiteName=a LogLevel=loud", Err(&["fleet.conf:1: LogLevel=loud: bad value; expected error, warn, info, debug or trace"]));
         check(
             "SiteName=a AllowedSubmitUids=0,a;b",

@@ -31,6 +31,27 @@ pub struct AgentConfig {
     /// Uids allowed on the plugin socket: root, SlurmUser, AllowedSubmitUids.
     pub allowed_uids: Vec<u32>,
     pub log_level: String,
+    /// `RunAsUser`: who jobs forwarded here run as (None: the agent's user).
+    pub run_as: Option<RunAs>,
+}
+
+/// The user jobs forwarded to this cluster run as.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: u32,
+    /// Primary group: job directories belong to it (mode 2770) so that both
+    /// the job and the agent (a member) can write there.
+    pub gid: u32,
+}
+
+/// (uid, primary gid) of `name` from /etc/passwd.
+pub fn passwd_ids(name: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    })
 }
 
 pub fn default_conf_path() -> PathBuf {
@@ -133,6 +154,14 @@ impl AgentConfig {
             slurm_conf,
             allowed_uids: allowed,
             log_level: c.log_level.as_str().to_string(),
+            run_as: match c.run_as_user {
+                Some(name) => {
+                    let (uid, gid) = passwd_ids(&name)
+                        .with_context(|| format!("RunAsUser={name}: no such user in /etc/passwd"))?;
+                    Some(RunAs { name, uid, gid })
+                }
+                None => None,
+            },
         })
     }
 }

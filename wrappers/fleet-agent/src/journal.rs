@@ -47,6 +47,13 @@ pub struct Run {
 impl Journal {
     pub fn open(path: &Path) -> Result<Journal> {
         let db = Connection::open(path).with_context(|| format!("opening journal {}", path.display()))?;
+        // Job scripts and requests of every user: the agent's alone (the
+        // WAL and shared-memory files SQLite adds take the same mode).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("making {} private", path.display()))?;
+        }
         db.execute_batch(
             "PRAGMA journal_mode=WAL;
              PRAGMA synchronous=NORMAL;

@@ -85,7 +85,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         slurm_conf: cfg.slurm_conf.clone(),
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
+        run_as: cfg.run_as.clone(),
     };
+    match &cfg.run_as {
+        Some(u) => backend.check_run_as(u).await?,
+        None => tracing::warn!("no RunAsUser: jobs forwarded here run as the agent's own user and could read its token"),
+    }
     let meta = MetaClient::new(&cfg.metasched_url, &cfg.token, cfg.metasched_ca_file.as_deref())?;
     if cleartext_off_host(&cfg.metasched_url) {
         tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");

@@ -16,25 +16,47 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::backend::{Backend, NativeStatus, OutputPaths, StandIn};
+use crate::config::RunAs;
 
 pub struct SlurmBackend {
     pub bin: PathBuf,
     pub slurm_conf: PathBuf,
     pub spool: PathBuf,
     pub site: String,
+    /// Submit and cancel as this user, through sudo (`RunAsUser`).
+    pub run_as: Option<RunAs>,
 }
+
+/// sudo, by absolute path: the command's PATH is the job's.
+const SUDO: &str = "/usr/bin/sudo";
 
 const CMD_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SlurmBackend {
     async fn run(&self, cmd: &str, args: &[String], stdin: Option<&[u8]>) -> Result<String> {
-        self.run_in(cmd, args, stdin, None).await
+        self.run_in(cmd, args, stdin, None, false).await
     }
 
     /// [`SlurmBackend::run`] with the command's whole environment given
-    /// (`None`: the agent's own).
-    async fn run_in(&self, cmd: &str, args: &[String], stdin: Option<&[u8]>, env: Option<&[(String, String)]>) -> Result<String> {
-        let mut c = Command::new(self.bin.join(cmd));
+    /// (`None`: the agent's own), as the `RunAsUser` when `as_job_user`.
+    async fn run_in(
+        &self,
+        cmd: &str,
+        args: &[String],
+        stdin: Option<&[u8]>,
+        env: Option<&[(String, String)]>,
+        as_job_user: bool,
+    ) -> Result<String> {
+        let mut c = match self.run_as.as_ref().filter(|_| as_job_user) {
+            // -E keeps the environment (sudoers: SETENV); sudo still drops
+            // the dangerous variables (LD_PRELOAD and the like).
+            Some(u) => {
+                let mut c = Command::new(SUDO);
+                c.args(["-n", "-E", "-u", &u.name, "--"]).arg(self.bin.join(cmd));
+                c
+            }
+            None => Command::new(self.bin.join(cmd)),
+        };
         if let Some(env) = env {
             c.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
         }
@@ -56,6 +78,25 @@ impl SlurmBackend {
             bail!("{cmd} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Is `RunAsUser` usable? It must be another user than the agent's, and
+    /// sudo must let the agent run sbatch as it without a password.
+    pub async fn check_run_as(&self, u: &RunAs) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let me = std::fs::metadata("/proc/self").map(|m| m.uid()).context("reading /proc/self")?;
+        if u.uid == me || u.uid == 0 {
+            bail!("RunAsUser={} (uid {}) must be neither root nor the agent's own user: job code could read the agent's token", u.name, u.uid);
+        }
+        let bin = self.bin.display();
+        self.run_in("sbatch", &["--version".into()], None, None, true).await.with_context(|| {
+            format!(
+                "RunAsUser={0}: sudo does not let the agent (uid {me}) run sbatch as {0}; it needs the sudoers rule \
+                 `<agent user> ALL=({0}) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel`",
+                u.name
+            )
+        })?;
+        Ok(())
     }
 
     fn job_dir(&self, id: &str) -> PathBuf {
@@ -282,8 +323,14 @@ impl Backend for SlurmBackend {
         let dir = self.job_dir(id);
         tokio::fs::create_dir_all(&dir).await.with_context(|| format!("creating {}", dir.display()))?;
         let paths = self.output_paths(id);
+        if let Some(u) = &self.run_as {
+            // The job (RunAsUser) writes its output here, the agent reads it.
+            use std::os::unix::fs::PermissionsExt;
+            std::os::unix::fs::chown(&dir, None, Some(u.gid)).with_context(|| format!("giving {} to group {}", dir.display(), u.gid))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2770))?;
+        }
         let env = submit_env(req, &dir);
-        let out = self.run_in("sbatch", &sbatch_args(id, req, &dir, &paths), Some(script), env.as_deref()).await?;
+        let out = self.run_in("sbatch", &sbatch_args(id, req, &dir, &paths), Some(script), env.as_deref(), true).await?;
         let first = out.trim().split(';').next().unwrap_or("");
         first.parse().with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
     }
@@ -312,7 +359,7 @@ impl Backend for SlurmBackend {
         if !text.split_whitespace().any(|kv| kv == tag) {
             bail!("refusing to cancel Slurm job {native_id}: it does not carry {tag}");
         }
-        self.run("scancel", &[native_id.to_string()], None).await?;
+        self.run_in("scancel", &[native_id.to_string()], None, None, true).await?;
         Ok(())
     }
 
