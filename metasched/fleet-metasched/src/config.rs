@@ -207,7 +207,7 @@ impl Config {
                 return Err(ConfigError::Invalid(format!("cluster {:?} is configured twice", c.name)));
             }
         }
-        if !(self.output_retention_days >= 0.0) {
+        if self.output_retention_days.is_nan() || self.output_retention_days < 0.0 {
             return Err(ConfigError::Invalid("output_retention_days must be >= 0 (0 keeps output forever)".into()));
         }
         if self.heartbeat_timeout_s.is_nan() || self.heartbeat_timeout_s <= 0.0 {

@@ -614,7 +614,14 @@ impl Store {
             out.engine_exclusions = d
                 .excluded
                 .iter()
-                .map(|e| ExclusionView { cluster: e.cluster.clone(), reason: e.reason.clone() })
+                .map(|e| ExclusionView {
+                    cluster: e.cluster.clone(),
+                    reason: if self.clusters.contains_key(&e.cluster) {
+                        e.reason.clone()
+                    } else {
+                        "in the fleet model only: not a cluster of this meta-scheduler".into()
+                    },
+                })
                 .collect();
             out.notes = d.notes.iter().cloned().chain(errs).collect();
         }

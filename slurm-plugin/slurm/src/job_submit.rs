@@ -84,7 +84,11 @@ impl<P: JobSubmitPlugin> Slot<P> {
 
     /// Entry point for `job_submit()`. Never unwinds; a panic in the
     /// plugin leaves the job as submitted (fail open).
-    pub fn submit(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
+    ///
+    /// # Safety
+    /// `job_desc` is NULL or a valid job descriptor exclusively ours for the
+    /// call; `err_msg` is NULL or a valid `char **` slurmctld will `xfree`.
+    pub unsafe fn submit(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
         let Some(Some(p)) = self.inner.get() else { return SLURM_SUCCESS };
         // SAFETY: slurmctld passes its job_desc, valid and exclusively ours
         // for the duration of the call.
@@ -105,7 +109,10 @@ impl<P: JobSubmitPlugin> Slot<P> {
     /// Entry point for `job_modify()`. Slurm 22.05 calls it with three
     /// arguments, 23.02+ with a fourth (`char **err_msg`); `err_msg` is
     /// only touched when the headers we were built against have it.
-    pub fn modify(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
+    ///
+    /// # Safety
+    /// As [`Slot::submit`].
+    pub unsafe fn modify(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
         let Some(Some(p)) = self.inner.get() else { return SLURM_SUCCESS };
         // SAFETY: as in `submit`.
         let Some(mut job) = (unsafe { JobDesc::from_raw(job_desc) }) else { return SLURM_SUCCESS };
@@ -177,7 +184,9 @@ macro_rules! job_submit_plugin {
             submit_uid: u32,
             err_msg: *mut *mut ::std::ffi::c_char,
         ) -> ::std::ffi::c_int {
-            __FLEET_SLOT.submit($ptype, job_desc, submit_uid, err_msg)
+            // SAFETY: slurmctld calls job_submit with its job descriptor and
+            // err_msg slot, valid for the call.
+            unsafe { __FLEET_SLOT.submit($ptype, job_desc, submit_uid, err_msg) }
         }
 
         #[no_mangle]
@@ -188,7 +197,9 @@ macro_rules! job_submit_plugin {
             submit_uid: u32,
             err_msg: *mut *mut ::std::ffi::c_char,
         ) -> ::std::ffi::c_int {
-            __FLEET_SLOT.modify($ptype, job_desc, submit_uid, err_msg)
+            // SAFETY: as job_submit; err_msg is only read when the headers
+            // say slurmctld passes it (23.02+).
+            unsafe { __FLEET_SLOT.modify($ptype, job_desc, submit_uid, err_msg) }
         }
     };
 }

@@ -25,7 +25,10 @@ pub struct OptSpec {
 pub type Validator = fn(i32, Option<&str>, bool) -> Result<(), String>;
 
 /// Register `opts` with Slurm. Called from `slurm_spank_init`.
-pub fn register(name: &str, sp: sys::spank_t, opts: &[OptSpec], cb: sys::spank_opt_cb_f) -> c_int {
+///
+/// # Safety
+/// `sp` is the handle Slurm passed to `slurm_spank_init`.
+pub unsafe fn register(name: &str, sp: sys::spank_t, opts: &[OptSpec], cb: sys::spank_opt_cb_f) -> c_int {
     for o in opts {
         // Slurm keeps pointers to these strings for the life of the
         // process, so they are allocated once and never freed.
@@ -48,7 +51,10 @@ pub fn register(name: &str, sp: sys::spank_t, opts: &[OptSpec], cb: sys::spank_o
 }
 
 /// Body of the C option callback: decode, validate, report.
-pub fn run_callback(name: &str, validate: Validator, val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
+///
+/// # Safety
+/// `optarg` is NULL or a NUL-terminated string valid for the call.
+pub unsafe fn run_callback(name: &str, validate: Validator, val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
     let arg = if optarg.is_null() {
         None
     } else {
@@ -91,16 +97,20 @@ macro_rules! spank_plugin {
             optarg: *const ::std::ffi::c_char,
             remote: ::std::ffi::c_int,
         ) -> ::std::ffi::c_int {
-            $crate::spank::run_callback($name, $validate, val, optarg, remote)
+            // SAFETY: Slurm passes NULL or the option's NUL-terminated argument.
+            unsafe { $crate::spank::run_callback($name, $validate, val, optarg, remote) }
         }
 
         #[no_mangle]
+        #[allow(clippy::not_unsafe_ptr_arg_deref)]
         pub extern "C" fn slurm_spank_init(
             sp: $crate::sys::spank_t,
             _ac: ::std::ffi::c_int,
             _av: *mut *mut ::std::ffi::c_char,
         ) -> ::std::ffi::c_int {
-            ::std::panic::catch_unwind(|| $crate::spank::register($name, sp, $opts, Some(__fleet_spank_cb))).unwrap_or(0)
+            // SAFETY: `sp` is the handle Slurm passed to slurm_spank_init.
+            ::std::panic::catch_unwind(|| unsafe { $crate::spank::register($name, sp, $opts, Some(__fleet_spank_cb)) })
+                .unwrap_or(0)
         }
     };
 }
