@@ -223,35 +223,18 @@ impl<'a> JobDesc<'a> {
     /// `spank_job_env` entries (`NAME=value`), lossily decoded.
     pub fn spank_env(&self) -> Vec<String> {
         let r = &*self.raw;
-        if r.spank_job_env.is_null() {
-            return Vec::new();
-        }
-        (0..r.spank_job_env_size as usize)
-            .filter_map(|i| {
-                // SAFETY: spank_job_env holds spank_job_env_size entries.
-                let p = unsafe { *r.spank_job_env.add(i) };
-                // SAFETY: each non-NULL entry is a NUL-terminated string.
-                (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-            })
-            .collect()
+        // SAFETY: slurmctld keeps spank_job_env_size entries in spank_job_env
+        // (or NULL), alive as long as the job_desc we borrow.
+        let entries = unsafe { string_array(r.spank_job_env, r.spank_job_env_size) };
+        entries.into_iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
     }
 
     /// The job's environment (`NAME=value` entries sbatch captured), as
     /// raw bytes; empty when sbatch sent none.
     pub fn environment(&self) -> Vec<&[u8]> {
         let r = &*self.raw;
-        if r.environment.is_null() {
-            return Vec::new();
-        }
-        (0..r.env_size as usize)
-            .filter_map(|i| {
-                // SAFETY: environment holds env_size entries.
-                let p = unsafe { *r.environment.add(i) };
-                // SAFETY: each non-NULL entry is a NUL-terminated string that
-                // lives as long as the job_desc we borrow.
-                (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
-            })
-            .collect()
+        // SAFETY: as in spank_env, for environment and env_size.
+        unsafe { string_array(r.environment, r.env_size) }
     }
 
     /// Interactive allocations (salloc, srun without a batch step) carry no script.
@@ -313,6 +296,25 @@ const ALL_FIELDS: &[StrField] = &[
     StrField::WorkDir,
 ];
 
+/// The non-NULL entries of a C array of `n` strings, as bytes.
+///
+/// # Safety
+/// `arr` is NULL or points to `n` pointers, each NULL or a NUL-terminated
+/// string, all alive for `'b`.
+unsafe fn string_array<'b>(arr: *mut *mut c_char, n: u32) -> Vec<&'b [u8]> {
+    if arr.is_null() {
+        return Vec::new();
+    }
+    (0..n as usize)
+        .filter_map(|i| {
+            // SAFETY: i < n entries, per the contract.
+            let p = unsafe { *arr.add(i) };
+            // SAFETY: a non-NULL entry is a NUL-terminated string alive for 'b.
+            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,3 +340,4 @@ mod tests {
         free_test_descriptor(d);
     }
 }
+
