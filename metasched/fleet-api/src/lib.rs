@@ -5,10 +5,11 @@
 //! * the HTTP/JSON API of `fleet-metasched` ([`api`]), used by agents,
 //!   `fleet-proxy` and `fleetctl`.
 //!
-//! This crate does no I/O.
+//! This crate does no I/O, but for [`client::read_ca_bundle`].
 
 pub mod api;
 pub mod auth;
+pub mod client;
 pub mod job;
 pub mod options;
 pub mod placement;

@@ -191,7 +191,7 @@ impl Client {
         }
         let mut builder = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(30));
         if let Some(path) = &cli.ca_file {
-            let pem = std::fs::read(path).with_context(|| format!("reading the CA bundle {}", path.display()))?;
+            let pem = fleet_api::client::read_ca_bundle(path).map_err(anyhow::Error::msg)?;
             for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))? {
                 builder = builder.add_root_certificate(cert);
             }

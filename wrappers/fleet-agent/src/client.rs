@@ -20,7 +20,8 @@ impl MetaClient {
     pub fn new(base: &str, token: &str, ca_file: Option<&std::path::Path>) -> Result<Self> {
         let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(10)).connect_timeout(Duration::from_secs(3));
         if let Some(path) = ca_file {
-            for cert in read_ca_bundle(path)? {
+            let pem = fleet_api::client::read_ca_bundle(path).map_err(anyhow::Error::msg)?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))? {
                 builder = builder.add_root_certificate(cert);
             }
         }
@@ -90,13 +91,4 @@ impl MetaClient {
         }
         bail!("{what}: meta-scheduler answered {status}: {}", body.trim())
     }
-}
-
-/// The certificates of a PEM bundle; an unreadable or empty file is an error
-/// naming it.
-pub fn read_ca_bundle(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>> {
-    let pem = std::fs::read(path).with_context(|| format!("reading the CA bundle {}", path.display()))?;
-    let certs = reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "the CA bundle {} holds no certificate", path.display());
-    Ok(certs)
 }
