@@ -20,37 +20,40 @@ fn out_arg(dir: &std::path::Path, name: &str) -> String {
     format!("--output={}/{name}", dir.display())
 }
 
-/// The Slurm job id at alpha behind a forwarded beta job, from fleetctl.
+/// The meta-scheduler's record of the forwarded beta job `beta_id`.
+fn fleet_record(lab: &Lab, beta_id: u64) -> Option<serde_json::Value> {
+    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
+    jobs.as_array()?.iter().find(|j| j["origin_job_id"].as_u64() == Some(beta_id)).cloned()
+}
+
+/// (target, Slurm job id there) behind a forwarded beta job.
 fn remote_of(lab: &Lab, beta_id: u64) -> Option<(String, u64)> {
-    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
-    jobs.as_array()?.iter().find_map(|j| {
-        (j["origin_job_id"].as_u64() == Some(beta_id)).then(|| (j["target"].as_str().unwrap_or("").to_string(), j["remote_job_id"].as_u64().unwrap_or(0)))
-    })
+    let j = fleet_record(lab, beta_id)?;
+    Some((j["target"].as_str().unwrap_or("").to_string(), j["remote_job_id"].as_u64().unwrap_or(0)))
 }
 
+/// The fleet job id of a forwarded beta job.
 fn fleet_job_of(lab: &Lab, beta_id: u64) -> Option<String> {
-    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
-    jobs.as_array()?.iter().find_map(|j| (j["origin_job_id"].as_u64() == Some(beta_id)).then(|| j["fleet_job_id"].as_str().unwrap_or("").to_string()))
+    fleet_record(lab, beta_id).map(|j| j["fleet_job_id"].as_str().unwrap_or("").to_string())
 }
 
-/// Pid of the running `fleet-proxy` for `fleet_job_id`.
-fn proxy_pid(fleet_job_id: &str) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid = e.file_name().to_str()?.parse().ok()?;
-        let cmdline = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).ok()?).replace('\0', " ");
-        (cmdline.contains("fleet-proxy") && cmdline.contains(fleet_job_id)).then_some(pid)
-    })
+/// A running `fleet-proxy` process.
+struct Proxy {
+    pid: i32,
+    cmdline: String,
+    environ: String,
 }
 
-/// (command line, environment) of every running `fleet-proxy` for `fleet_job_id`.
-fn proxy_processes(fleet_job_id: &str) -> Vec<(String, String)> {
+/// Every running `fleet-proxy` for `fleet_job_id`.
+fn proxy_processes(fleet_job_id: &str) -> Vec<Proxy> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else { continue };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains("fleet-proxy") && cmdline.contains(fleet_job_id) {
             let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            found.push((cmdline, String::from_utf8_lossy(&environ).replace('\0', "\n")));
+            found.push(Proxy { pid, cmdline, environ: String::from_utf8_lossy(&environ).replace('\0', "\n") });
         }
     }
     found
@@ -158,9 +161,8 @@ fn scancel_at_beta_cancels_the_alpha_job() {
     let fid = fleet_job_of(lab, id).expect("the job is known to the meta-scheduler");
     let proxies = proxy_processes(&fid);
     assert_eq!(proxies.len(), 1, "one fleet-proxy runs for {fid}");
-    let (cmdline, environ) = &proxies[0];
-    assert!(!cmdline.contains("token"), "{cmdline}");
-    assert!(environ.contains("FLEET_JOB_TOKEN="), "the token reaches the proxy");
+    assert!(!proxies[0].cmdline.contains("token"), "{}", proxies[0].cmdline);
+    assert!(proxies[0].environ.contains("FLEET_JOB_TOKEN="), "the token reaches the proxy");
 
     let t0 = std::time::Instant::now();
     let out = lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
@@ -195,7 +197,7 @@ fn a_stand_in_killed_without_sigterm_still_ends_the_remote_job() {
     let fid = fleet_job_of(lab, id).unwrap();
     // What the OOM killer or a lost node does: the proxy dies at once,
     // without the SIGTERM that would let it cancel the remote job.
-    let pid = proxy_pid(&fid).expect("a fleet-proxy runs for the job");
+    let pid = proxy_processes(&fid).first().expect("a fleet-proxy runs for the job").pid;
     assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
     let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
     assert_ne!(rec["JobState"], "COMPLETED", "{rec:?}");
