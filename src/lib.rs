@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+/// The researcher the tests submit as (a lab user in `fleetusers`).
+pub const USER: &str = "alice";
+/// A second researcher, for isolation tests.
+pub const OTHER_USER: &str = "bob";
+
 pub struct Lab {
     pub root: PathBuf,
     pub repo: PathBuf,
@@ -29,11 +34,17 @@ impl Lab {
         static LAB: OnceLock<Lab> = OnceLock::new();
         LAB.get_or_init(|| {
             let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-            let root = PathBuf::from(std::env::var("FLEET_LAB_DIR").unwrap_or_else(|_| "/tmp/fleet-lab".into()));
+            let root = PathBuf::from(
+                std::env::var("FLEET_LAB_DIR").unwrap_or_else(|_| "/tmp/fleet-lab".into()),
+            );
             let lab = Lab { root, repo };
             if !lab.is_up() {
                 let out = lab.lab_sh(&["up"]).expect("running tests/lab/lab.sh up");
-                assert!(out.status.success(), "lab.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "lab.sh up failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             lab
         })
@@ -48,8 +59,13 @@ impl Lab {
     }
 
     fn is_up(&self) -> bool {
-        ["alpha", "beta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
-            && self.cmd("beta", "sinfo", &["-h"]).map(|o| o.status.success()).unwrap_or(false)
+        ["alpha", "beta"]
+            .iter()
+            .all(|c| self.root.join(c).join("agent.sock").exists())
+            && self
+                .cmd("beta", "sinfo", &["-h"])
+                .map(|o| o.status.success())
+                .unwrap_or(false)
     }
 
     pub fn lab_sh(&self, args: &[&str]) -> Result<Output> {
@@ -64,6 +80,22 @@ impl Lab {
         self.root.join(cluster).join("slurm.conf")
     }
 
+    /// Run a Slurm command against `cluster` as `user`.
+    pub fn cmd_as(&self, user: &str, cluster: &str, prog: &str, args: &[&str]) -> Result<Output> {
+        Command::new("setpriv")
+            .args([
+                &format!("--reuid={user}"),
+                &format!("--regid={user}"),
+                "--init-groups",
+                prog,
+            ])
+            .args(args)
+            .env("SLURM_CONF", self.slurm_conf(cluster))
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {prog} as {user}"))
+    }
+
     /// Run a Slurm command against `cluster`.
     pub fn cmd(&self, cluster: &str, prog: &str, args: &[&str]) -> Result<Output> {
         Command::new(prog)
@@ -74,24 +106,68 @@ impl Lab {
             .with_context(|| format!("running {prog}"))
     }
 
-    /// A fresh working directory for one test.
+    /// A fresh working directory for one test, owned by [`USER`] (who
+    /// submits the tests' jobs) and readable by everyone.
     pub fn workdir(&self, name: &str) -> PathBuf {
-        let d = self.root.join("work").join(format!("{name}-{}", std::process::id()));
+        let d = self
+            .root
+            .join("work")
+            .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).expect("creating a test work dir");
+        let _ = Command::new("chown")
+            .arg(format!("{USER}:{USER}"))
+            .arg(&d)
+            .status();
+        let _ = Command::new("chmod")
+            .arg("0755")
+            .arg(self.root.join("work"))
+            .status();
         d
     }
 
-    /// `sbatch --parsable` at `cluster` with `script` on stdin; `Err` holds sbatch's stderr.
+    /// `sbatch --parsable` at `cluster` as [`USER`] with `script` on stdin;
+    /// `Err` holds sbatch's stderr.
     pub fn sbatch(&self, cluster: &str, args: &[&str], script: &[u8]) -> Result<u64, String> {
-        self.sbatch_timed(cluster, args, script).0
+        self.sbatch_as(USER, cluster, args, script).0
     }
 
     /// As [`Lab::sbatch`], with the time sbatch took.
-    pub fn sbatch_timed(&self, cluster: &str, args: &[&str], script: &[u8]) -> (Result<u64, String>, Duration) {
+    pub fn sbatch_timed(
+        &self,
+        cluster: &str,
+        args: &[&str],
+        script: &[u8],
+    ) -> (Result<u64, String>, Duration) {
+        self.sbatch_as(USER, cluster, args, script)
+    }
+
+    /// `sbatch --parsable` as `user` (a lab researcher, or `root`).
+    pub fn sbatch_as(
+        &self,
+        user: &str,
+        cluster: &str,
+        args: &[&str],
+        script: &[u8],
+    ) -> (Result<u64, String>, Duration) {
         use std::io::Write;
         let t0 = Instant::now();
-        let child = Command::new("sbatch")
+        let mut cmd = if user == "root" {
+            Command::new("sbatch")
+        } else {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={user}"),
+                &format!("--regid={user}"),
+                "--init-groups",
+                "sbatch",
+            ]);
+            c.env("HOME", format!("/home/{user}"))
+                .env("USER", user)
+                .env("LOGNAME", user);
+            c
+        };
+        let child = cmd
             .arg("--parsable")
             .args(args)
             .env("SLURM_CONF", self.slurm_conf(cluster))
@@ -115,13 +191,21 @@ impl Lab {
             return (Err(String::from_utf8_lossy(&out.stderr).into_owned()), took);
         }
         let text = String::from_utf8_lossy(&out.stdout);
-        let id = text.trim().split(';').next().unwrap_or("").parse().map_err(|_| format!("sbatch printed {text:?}"));
+        let id = text
+            .trim()
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .parse()
+            .map_err(|_| format!("sbatch printed {text:?}"));
         (id, took)
     }
 
     /// `scontrol show job -o <id>` at `cluster`, parsed; `None` when unknown.
     pub fn job(&self, cluster: &str, id: u64) -> Option<JobRecord> {
-        let out = self.cmd(cluster, "scontrol", &["-o", "show", "job", &id.to_string()]).ok()?;
+        let out = self
+            .cmd(cluster, "scontrol", &["-o", "show", "job", &id.to_string()])
+            .ok()?;
         if !out.status.success() {
             return None;
         }
@@ -134,7 +218,13 @@ impl Lab {
     }
 
     /// Wait until `pred` holds for the job's record.
-    pub fn wait_for(&self, cluster: &str, id: u64, timeout: Duration, pred: impl Fn(&JobRecord) -> bool) -> Result<JobRecord> {
+    pub fn wait_for(
+        &self,
+        cluster: &str,
+        id: u64,
+        timeout: Duration,
+        pred: impl Fn(&JobRecord) -> bool,
+    ) -> Result<JobRecord> {
         let t0 = Instant::now();
         loop {
             if let Some(r) = self.job(cluster, id) {
@@ -167,7 +257,10 @@ impl Lab {
             .output()
             .context("running fleetctl")?;
         if !out.status.success() {
-            bail!("fleetctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "fleetctl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         serde_json::from_slice(&out.stdout).context("fleetctl --json output")
     }
@@ -176,9 +269,20 @@ impl Lab {
         let toml = std::fs::read_to_string(self.root.join("metasched.toml")).unwrap_or_default();
         let listen = toml
             .lines()
-            .find_map(|l| l.trim().strip_prefix("listen").map(|r| r.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string()))
+            .find_map(|l| {
+                l.trim().strip_prefix("listen").map(|r| {
+                    r.trim_start_matches([' ', '='])
+                        .trim()
+                        .trim_matches('"')
+                        .to_string()
+                })
+            })
             .unwrap_or_else(|| "127.0.0.1:16900".into());
-        let scheme = if self.ca_file().is_some() { "https" } else { "http" };
+        let scheme = if self.ca_file().is_some() {
+            "https"
+        } else {
+            "http"
+        };
         format!("{scheme}://{listen}")
     }
 
@@ -189,7 +293,9 @@ impl Lab {
 
     /// slurmctld of `cluster` answers.
     pub fn ctld_alive(&self, cluster: &str) -> bool {
-        self.cmd(cluster, "scontrol", &["ping"]).map(|o| String::from_utf8_lossy(&o.stdout).contains("is UP")).unwrap_or(false)
+        self.cmd(cluster, "scontrol", &["ping"])
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains("is UP"))
+            .unwrap_or(false)
     }
 
     /// For tests that stop services: whatever happens (a failing test
@@ -218,10 +324,51 @@ impl<F: FnMut()> Drop for OnDrop<F> {
     }
 }
 
+/// A bash batch script running `body`.
+pub fn script(body: &str) -> Vec<u8> {
+    format!("#!/bin/bash\n{body}\n").into_bytes()
+}
+
+/// `--output=<dir>/<name>`.
+pub fn out_arg(dir: &Path, name: &str) -> String {
+    format!("--output={}/{name}", dir.display())
+}
+
+/// The meta-scheduler's record of the forwarded beta job `beta_id`.
+pub fn fleet_record(lab: &Lab, beta_id: u64) -> Option<serde_json::Value> {
+    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
+    jobs.as_array()?
+        .iter()
+        .find(|j| j["origin_job_id"].as_u64() == Some(beta_id))
+        .cloned()
+}
+
+/// (target, Slurm job id there) behind a forwarded beta job.
+pub fn remote_of(lab: &Lab, beta_id: u64) -> Option<(String, u64)> {
+    let j = fleet_record(lab, beta_id)?;
+    Some((
+        j["target"].as_str().unwrap_or("").to_string(),
+        j["remote_job_id"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// The fleet job id of a forwarded beta job.
+pub fn fleet_job_of(lab: &Lab, beta_id: u64) -> Option<String> {
+    fleet_record(lab, beta_id).map(|j| j["fleet_job_id"].as_str().unwrap_or("").to_string())
+}
+
 pub fn is_terminal(state: &str) -> bool {
     matches!(
         state,
-        "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" | "PREEMPTED"
+        "COMPLETED"
+            | "FAILED"
+            | "CANCELLED"
+            | "TIMEOUT"
+            | "NODE_FAIL"
+            | "OUT_OF_MEMORY"
+            | "BOOT_FAIL"
+            | "DEADLINE"
+            | "PREEMPTED"
     )
 }
 
@@ -232,7 +379,11 @@ pub fn parse_record(line: &str) -> JobRecord {
     let mut last: Option<String> = None;
     for tok in line.split_whitespace() {
         match tok.split_once('=') {
-            Some((k, v)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '/' || c == '_') => {
+            Some((k, v))
+                if !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '/' || c == '_') =>
+            {
                 rec.insert(k.to_string(), v.to_string());
                 last = Some(k.to_string());
             }
@@ -258,7 +409,11 @@ pub fn wait_file(path: &Path, timeout: Duration, pred: impl Fn(&[u8]) -> bool) -
             return Ok(data);
         }
         if t0.elapsed() > timeout {
-            bail!("{}: condition not met within {timeout:?}; content: {:?}", path.display(), String::from_utf8_lossy(&data));
+            bail!(
+                "{}: condition not met within {timeout:?}; content: {:?}",
+                path.display(),
+                String::from_utf8_lossy(&data)
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -270,7 +425,9 @@ mod tests {
 
     #[test]
     fn records_parse_with_spaces() {
-        let r = parse_record("JobId=5 JobName=a b JobState=COMPLETED Comment=fleet: alpha job 7 ExitCode=3:0");
+        let r = parse_record(
+            "JobId=5 JobName=a b JobState=COMPLETED Comment=fleet: alpha job 7 ExitCode=3:0",
+        );
         assert_eq!(r["JobName"], "a b");
         assert_eq!(r["Comment"], "fleet: alpha job 7");
         assert_eq!(r["ExitCode"], "3:0");

@@ -8,34 +8,9 @@
 
 use std::time::Duration;
 
-use fleet_lab::{wait_file, Lab};
+use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab};
 
 const T: Duration = Duration::from_secs(90);
-
-fn script(body: &str) -> Vec<u8> {
-    format!("#!/bin/bash\n{body}\n").into_bytes()
-}
-
-fn out_arg(dir: &std::path::Path, name: &str) -> String {
-    format!("--output={}/{name}", dir.display())
-}
-
-/// The meta-scheduler's record of the forwarded beta job `beta_id`.
-fn fleet_record(lab: &Lab, beta_id: u64) -> Option<serde_json::Value> {
-    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
-    jobs.as_array()?.iter().find(|j| j["origin_job_id"].as_u64() == Some(beta_id)).cloned()
-}
-
-/// (target, Slurm job id there) behind a forwarded beta job.
-fn remote_of(lab: &Lab, beta_id: u64) -> Option<(String, u64)> {
-    let j = fleet_record(lab, beta_id)?;
-    Some((j["target"].as_str().unwrap_or("").to_string(), j["remote_job_id"].as_u64().unwrap_or(0)))
-}
-
-/// The fleet job id of a forwarded beta job.
-fn fleet_job_of(lab: &Lab, beta_id: u64) -> Option<String> {
-    fleet_record(lab, beta_id).map(|j| j["fleet_job_id"].as_str().unwrap_or("").to_string())
-}
 
 /// A running `fleet-proxy` process.
 struct Proxy {
@@ -48,12 +23,20 @@ struct Proxy {
 fn proxy_processes(fleet_job_id: &str) -> Vec<Proxy> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains("fleet-proxy") && cmdline.contains(fleet_job_id) {
             let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            found.push(Proxy { pid, cmdline, environ: String::from_utf8_lossy(&environ).replace('\0', "\n") });
+            found.push(Proxy {
+                pid,
+                cmdline,
+                environ: String::from_utf8_lossy(&environ).replace('\0', "\n"),
+            });
         }
     }
     found
@@ -65,24 +48,50 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     let dir = lab.workdir("reroute");
     let body = "echo \"ran on $SLURM_CLUSTER_NAME node $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES\"\nfor i in 1 2 3; do echo line $i; sleep 0.3; done\necho to-stderr >&2\nexit 3";
     let id = lab
-        .sbatch("beta", &["--gres=gpu:h100:8", "--job-name=reroute", &out_arg(&dir, "out.txt"), &format!("--error={}/err.txt", dir.display())], &script(body))
+        .sbatch(
+            "beta",
+            &[
+                "--gres=gpu:h100:8",
+                "--job-name=reroute",
+                &out_arg(&dir, "out.txt"),
+                &format!("--error={}/err.txt", dir.display()),
+            ],
+            &script(body),
+        )
         .expect("sbatch at beta accepts an h100 job");
 
     // At beta it is a normal job whose record says where it runs.
     let rec = lab.job("beta", id).expect("beta knows the job");
     assert_eq!(rec["Partition"], "fleet", "{rec:?}");
     assert!(rec["AdminComment"].contains("-> alpha"), "{rec:?}");
-    assert!(!rec.contains_key("TresPerNode"), "the stand-in asks for no GPUs: {rec:?}");
-    let squeue = lab.cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"]).unwrap();
-    assert!(String::from_utf8_lossy(&squeue.stdout).contains("alpha"), "squeue at beta names alpha: {squeue:?}");
+    assert!(
+        !rec.contains_key("TresPerNode"),
+        "the stand-in asks for no GPUs: {rec:?}"
+    );
+    let squeue = lab
+        .cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"])
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&squeue.stdout).contains("alpha"),
+        "squeue at beta names alpha: {squeue:?}"
+    );
 
     let rec = lab.wait_done("beta", id, T).unwrap();
-    assert_eq!(rec["ExitCode"], "3:0", "the remote exit code is recorded at beta: {rec:?}");
+    assert_eq!(
+        rec["ExitCode"], "3:0",
+        "the remote exit code is recorded at beta: {rec:?}"
+    );
     assert_eq!(rec["JobState"], "FAILED");
 
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"line 3\n")).unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| {
+        b.ends_with(b"line 3\n")
+    })
+    .unwrap();
     let out = String::from_utf8(out).unwrap();
-    assert!(out.starts_with("ran on alpha node alpha"), "ran at alpha: {out:?}");
+    assert!(
+        out.starts_with("ran on alpha node alpha"),
+        "ran at alpha: {out:?}"
+    );
     assert!(out.contains("line 1\nline 2\nline 3\n"), "{out:?}");
     let err = std::fs::read_to_string(dir.join("err.txt")).unwrap();
     assert!(err.contains("to-stderr"), "stderr relayed: {err:?}");
@@ -100,26 +109,65 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     let ex = lab.fleetctl_json(&["job", "explain", &fid]).unwrap();
     assert_eq!(ex["policy"], "cost", "{ex}");
     assert_eq!(ex["ranked"][0]["cluster"], "alpha", "{ex}");
-    assert!(ex["ranked"][0]["terms"].as_array().is_some_and(|t| !t.is_empty()), "{ex}");
-    let beta = ex["exclusions"].as_array().unwrap().iter().find(|e| e["cluster"] == "beta").cloned();
-    assert!(beta.is_some_and(|b| b["reason"].as_str().unwrap().contains("has no h100")), "{ex}");
+    assert!(
+        ex["ranked"][0]["terms"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{ex}"
+    );
+    let beta = ex["exclusions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["cluster"] == "beta")
+        .cloned();
+    assert!(
+        beta.is_some_and(|b| b["reason"].as_str().unwrap().contains("has no h100")),
+        "{ex}"
+    );
     // Clusters of the sample model that are not in the lab are said to be so.
-    let gamma = ex["engine_exclusions"].as_array().unwrap().iter().find(|e| e["cluster"] == "gamma").cloned();
-    assert!(gamma.is_some_and(|g| g["reason"].as_str().unwrap().contains("fleet model only")), "{ex}");
+    let gamma = ex["engine_exclusions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["cluster"] == "gamma")
+        .cloned();
+    assert!(
+        gamma.is_some_and(|g| g["reason"].as_str().unwrap().contains("fleet model only")),
+        "{ex}"
+    );
 
     // Accounting (slurmdbd) records the real outcome at both ends: the
     // stand-in at beta, the GPU job at alpha.
-    wait_until("sacct at beta records the exit code", Duration::from_secs(30), || {
-        sacct(lab, "beta", id) == format!("{id}|reroute|FAILED|3:0|fleet")
-    });
-    wait_until("sacct at alpha records the GPU job", Duration::from_secs(30), || {
-        sacct(lab, "alpha", rid) == format!("{rid}|reroute|FAILED|3:0|gpu")
-    });
+    wait_until(
+        "sacct at beta records the exit code",
+        Duration::from_secs(30),
+        || sacct(lab, "beta", id) == format!("{id}|reroute|FAILED|3:0|fleet"),
+    );
+    wait_until(
+        "sacct at alpha records the GPU job",
+        Duration::from_secs(30),
+        || sacct(lab, "alpha", rid) == format!("{rid}|reroute|FAILED|3:0|gpu"),
+    );
 }
 
 /// `JobID|JobName|State|ExitCode|Partition` of a job in accounting.
 fn sacct(lab: &Lab, cluster: &str, id: u64) -> String {
-    let out = lab.cmd(cluster, "sacct", &["-X", "-n", "-P", "-o", "JobID,JobName,State,ExitCode,Partition", "-j", &id.to_string()]).unwrap();
+    let out = lab
+        .cmd(
+            cluster,
+            "sacct",
+            &[
+                "-X",
+                "-n",
+                "-P",
+                "-o",
+                "JobID,JobName,State,ExitCode,Partition",
+                "-j",
+                &id.to_string(),
+            ],
+        )
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -133,18 +181,39 @@ fn the_submitting_environment_travels_with_the_job() {
         token.display()
     );
     let id = lab
-        .sbatch("beta", &["--gres=gpu:h100:1", "--export=ALL,RESEARCH_VAR=hello world", &out_arg(&dir, "out.txt")], &script(&body))
+        .sbatch(
+            "beta",
+            &[
+                "--gres=gpu:h100:1",
+                "--export=ALL,RESEARCH_VAR=hello world",
+                &out_arg(&dir, "out.txt"),
+            ],
+            &script(&body),
+        )
         .unwrap();
     assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0");
-    let out = String::from_utf8(wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap()).unwrap();
+    let out = String::from_utf8(
+        wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| {
+            b.ends_with(b"\n")
+        })
+        .unwrap(),
+    )
+    .unwrap();
     let f: Vec<&str> = out.trim_end().split('|').collect();
     // The user's variable arrived; what names the origin did not.
     assert_eq!(f[0], "hello world", "{out:?}");
     assert_eq!(f[1], "alpha", "{out:?}");
-    assert_eq!(f[2], lab.slurm_conf("alpha").display().to_string(), "Slurm commands in the job talk to alpha: {out:?}");
-    assert!(f[3].contains("/alpha/agent/jobs/beta-"), "HOME is the job's directory at alpha: {out:?}");
-    // It runs as RunAsUser, not as the agent: the agent's token is out of its reach.
-    assert_eq!(f[4], "fleetjob", "{out:?}");
+    assert_eq!(
+        f[2],
+        lab.slurm_conf("alpha").display().to_string(),
+        "Slurm commands in the job talk to alpha: {out:?}"
+    );
+    assert!(
+        f[3].contains("/alpha/agent/jobs/beta-"),
+        "HOME is the job's directory at alpha: {out:?}"
+    );
+    // It runs as its submitter, not as the agent: the agent's token is out of its reach.
+    assert_eq!(f[4], fleet_lab::USER, "{out:?}");
     assert_eq!(f[5], "token-private", "{out:?}");
 }
 
@@ -152,7 +221,13 @@ fn the_submitting_environment_travels_with_the_job() {
 fn scancel_at_beta_cancels_the_alpha_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("cancel");
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo started; sleep 300")).unwrap();
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")],
+            &script("echo started; sleep 300"),
+        )
+        .unwrap();
     wait_file(&dir.join("out.txt"), T, |b| b.starts_with(b"started")).unwrap();
     let (_, rid) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
     assert_eq!(lab.job("alpha", rid).unwrap()["JobState"], "RUNNING");
@@ -161,22 +236,38 @@ fn scancel_at_beta_cancels_the_alpha_job() {
     let fid = fleet_job_of(lab, id).expect("the job is known to the meta-scheduler");
     let proxies = proxy_processes(&fid);
     assert_eq!(proxies.len(), 1, "one fleet-proxy runs for {fid}");
-    assert!(!proxies[0].cmdline.contains("token"), "{}", proxies[0].cmdline);
-    assert!(proxies[0].environ.contains("FLEET_JOB_TOKEN="), "the token reaches the proxy");
+    assert!(
+        !proxies[0].cmdline.contains("token"),
+        "{}",
+        proxies[0].cmdline
+    );
+    assert!(
+        proxies[0].environ.contains("FLEET_JOB_TOKEN="),
+        "the token reaches the proxy"
+    );
 
     let t0 = std::time::Instant::now();
     let out = lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
     assert!(out.status.success());
-    let arec = lab.wait_for("alpha", rid, Duration::from_secs(5), |r| fleet_lab::is_terminal(&r["JobState"])).unwrap();
+    let arec = lab
+        .wait_for("alpha", rid, Duration::from_secs(5), |r| {
+            fleet_lab::is_terminal(&r["JobState"])
+        })
+        .unwrap();
     assert_eq!(arec["JobState"], "CANCELLED", "{arec:?}");
-    eprintln!("remote job cancelled {:?} after scancel at beta", t0.elapsed());
+    eprintln!(
+        "remote job cancelled {:?} after scancel at beta",
+        t0.elapsed()
+    );
     let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
     assert_eq!(rec["JobState"], "CANCELLED");
 }
 
 /// The fleet job's state as the meta-scheduler has it.
 fn fleet_state(lab: &Lab, fleet_job_id: &str) -> String {
-    lab.fleetctl_json(&["job", fleet_job_id]).map(|j| j["state"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+    lab.fleetctl_json(&["job", fleet_job_id])
+        .map(|j| j["state"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
 }
 
 fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -191,33 +282,75 @@ fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 fn a_stand_in_killed_without_sigterm_still_ends_the_remote_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("sigkill");
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo started; sleep 300")).unwrap();
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")],
+            &script("echo started; sleep 300"),
+        )
+        .unwrap();
     wait_file(&dir.join("out.txt"), T, |b| b.starts_with(b"started")).unwrap();
     let (_, rid) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
     let fid = fleet_job_of(lab, id).unwrap();
     // What the OOM killer or a lost node does: the proxy dies at once,
     // without the SIGTERM that would let it cancel the remote job.
-    let pid = proxy_processes(&fid).first().expect("a fleet-proxy runs for the job").pid;
-    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    let pid = proxy_processes(&fid)
+        .first()
+        .expect("a fleet-proxy runs for the job")
+        .pid;
+    assert!(std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
     let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
     assert_ne!(rec["JobState"], "COMPLETED", "{rec:?}");
     // The origin's agent notices the stand-in ended and cancels the job.
-    let arec = lab.wait_for("alpha", rid, Duration::from_secs(45), |r| fleet_lab::is_terminal(&r["JobState"])).unwrap();
+    let arec = lab
+        .wait_for("alpha", rid, Duration::from_secs(45), |r| {
+            fleet_lab::is_terminal(&r["JobState"])
+        })
+        .unwrap();
     assert_eq!(arec["JobState"], "CANCELLED", "{arec:?}");
-    wait_until("the fleet job is cancelled", Duration::from_secs(15), || fleet_state(lab, &fid) == "cancelled");
+    wait_until(
+        "the fleet job is cancelled",
+        Duration::from_secs(15),
+        || fleet_state(lab, &fid) == "cancelled",
+    );
 }
 
 #[test]
 fn cancelling_a_pending_stand_in_cancels_the_forwarded_job() {
     let (lab, _serial) = Lab::lock();
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", "--hold"], &script("echo never")).unwrap();
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", "--hold"],
+            &script("echo never"),
+        )
+        .unwrap();
     // Held at the origin, so the proxy never runs: the fleet job waits.
     let comment = lab.job("beta", id).unwrap()["Comment"].clone();
     let fid = comment.split_whitespace().last().unwrap().to_string();
-    assert!(fid.starts_with("beta-"), "the stand-in's comment names the fleet job: {comment:?}");
-    wait_until("the meta-scheduler holds the job", Duration::from_secs(10), || fleet_state(lab, &fid) == "held");
-    assert!(lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap().status.success());
-    wait_until("the fleet job is cancelled", Duration::from_secs(45), || fleet_state(lab, &fid) == "cancelled");
+    assert!(
+        fid.starts_with("beta-"),
+        "the stand-in's comment names the fleet job: {comment:?}"
+    );
+    wait_until(
+        "the meta-scheduler holds the job",
+        Duration::from_secs(10),
+        || fleet_state(lab, &fid) == "held",
+    );
+    assert!(lab
+        .cmd("beta", "scancel", &[&id.to_string()])
+        .unwrap()
+        .status
+        .success());
+    wait_until(
+        "the fleet job is cancelled",
+        Duration::from_secs(45),
+        || fleet_state(lab, &fid) == "cancelled",
+    );
 }
 
 #[test]
@@ -225,17 +358,44 @@ fn afterok_dependency_on_a_forwarded_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("afterok");
     let marker = dir.join("first-done");
-    let first = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "first.txt")], &script("sleep 3; echo first")).unwrap();
+    let first = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", &out_arg(&dir, "first.txt")],
+            &script("sleep 3; echo first"),
+        )
+        .unwrap();
     let then = lab
         .sbatch(
             "beta",
-            &[&format!("--dependency=afterok:{first}"), "--gres=gpu:a100:1", &out_arg(&dir, "second.txt")],
-            &script(&format!("test -s {}/first.txt && echo second-after-first", dir.display())),
+            &[
+                &format!("--dependency=afterok:{first}"),
+                "--gres=gpu:a100:1",
+                &out_arg(&dir, "second.txt"),
+            ],
+            &script(&format!(
+                "test -s {}/first.txt && echo second-after-first",
+                dir.display()
+            )),
         )
         .unwrap();
-    let failing = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "bad.txt")], &script("exit 1")).unwrap();
+    let failing = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", &out_arg(&dir, "bad.txt")],
+            &script("exit 1"),
+        )
+        .unwrap();
     let never = lab
-        .sbatch("beta", &[&format!("--dependency=afterok:{failing}"), "--kill-on-invalid-dep=yes", &out_arg(&dir, "never.txt")], &script(&format!("touch {}", marker.display())))
+        .sbatch(
+            "beta",
+            &[
+                &format!("--dependency=afterok:{failing}"),
+                "--kill-on-invalid-dep=yes",
+                &out_arg(&dir, "never.txt"),
+            ],
+            &script(&format!("touch {}", marker.display())),
+        )
         .unwrap();
 
     let rec = lab.wait_done("beta", then, T).unwrap();
@@ -246,17 +406,47 @@ fn afterok_dependency_on_a_forwarded_job() {
 
     let rec = lab.wait_done("beta", failing, T).unwrap();
     assert_eq!(rec["ExitCode"], "1:0");
-    let rec = lab.wait_for("beta", never, Duration::from_secs(20), |r| r["JobState"] == "CANCELLED" || r["Reason"] == "DependencyNeverSatisfied").unwrap();
-    assert!(!marker.exists(), "a job depending on a failed forwarded job must not run: {rec:?}");
+    let rec = lab
+        .wait_for("beta", never, Duration::from_secs(20), |r| {
+            r["JobState"] == "CANCELLED" || r["Reason"] == "DependencyNeverSatisfied"
+        })
+        .unwrap();
+    assert!(
+        !marker.exists(),
+        "a job depending on a failed forwarded job must not run: {rec:?}"
+    );
     let _ = lab.cmd("beta", "scancel", &[&never.to_string()]);
 }
 
 /// Fields that differ between any two submissions of the same job.
 const VOLATILE: &[&str] = &[
-    "JobId", "ArrayJobId", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime", "EndTime", "Deadline",
-    "LastSchedEval", "RunTime", "TimeLeft", "PreemptEligibleTime", "PreemptTime", "SuspendTime", "SecsPreSuspend",
-    "Priority", "NodeList", "BatchHost", "AllocNode:Sid", "StdOut", "StdErr", "NodeFailTime", "JobState", "Reason",
-    "ExitCode", "Restarts", "Command",
+    "JobId",
+    "ArrayJobId",
+    "SubmitTime",
+    "EligibleTime",
+    "AccrueTime",
+    "StartTime",
+    "EndTime",
+    "Deadline",
+    "LastSchedEval",
+    "RunTime",
+    "TimeLeft",
+    "PreemptEligibleTime",
+    "PreemptTime",
+    "SuspendTime",
+    "SecsPreSuspend",
+    "Priority",
+    "NodeList",
+    "BatchHost",
+    "AllocNode:Sid",
+    "StdOut",
+    "StdErr",
+    "NodeFailTime",
+    "JobState",
+    "Reason",
+    "ExitCode",
+    "Restarts",
+    "Command",
 ];
 
 #[test]
@@ -264,19 +454,39 @@ fn a100_job_stays_home_untouched() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("home");
     let submit = |tag: &str| {
-        lab.sbatch("beta", &["--gres=gpu:a100:4", "--job-name=home", "--hold", &out_arg(&dir, &format!("{tag}.txt"))], &script("echo $SLURM_CLUSTER_NAME"))
-            .unwrap()
+        lab.sbatch(
+            "beta",
+            &[
+                "--gres=gpu:a100:4",
+                "--job-name=home",
+                "--hold",
+                &out_arg(&dir, &format!("{tag}.txt")),
+            ],
+            &script("echo $SLURM_CLUSTER_NAME"),
+        )
+        .unwrap()
     };
     let with_plugin = submit("with");
 
     // The same submission with job_submit/fleet unloaded.
     let conf = lab.slurm_conf("beta");
     let original = std::fs::read_to_string(&conf).unwrap();
-    std::fs::write(&conf, original.replace("JobSubmitPlugins=fleet", "#JobSubmitPlugins=fleet")).unwrap();
+    std::fs::write(
+        &conf,
+        original.replace("JobSubmitPlugins=fleet", "#JobSubmitPlugins=fleet"),
+    )
+    .unwrap();
     let reconf = lab.cmd("beta", "scontrol", &["reconfigure"]).unwrap();
     let without_plugin = submit("without");
     std::fs::write(&conf, &original).unwrap();
-    assert!(reconf.status.success() && lab.cmd("beta", "scontrol", &["reconfigure"]).unwrap().status.success());
+    assert!(
+        reconf.status.success()
+            && lab
+                .cmd("beta", "scontrol", &["reconfigure"])
+                .unwrap()
+                .status
+                .success()
+    );
 
     let strip = |id: u64| {
         let mut r = lab.job("beta", id).unwrap();
@@ -284,17 +494,30 @@ fn a100_job_stays_home_untouched() {
         r
     };
     let (a, b) = (strip(with_plugin), strip(without_plugin));
-    assert_eq!(a, b, "the job record is identical with and without the plugin");
+    assert_eq!(
+        a, b,
+        "the job record is identical with and without the plugin"
+    );
     assert_eq!(a["Partition"], "gpu");
     assert_eq!(a["TresPerNode"], "gres:gpu:a100:4");
-    assert!(!a.contains_key("AdminComment") && !a.contains_key("Comment"), "{a:?}");
+    assert!(
+        !a.contains_key("AdminComment") && !a.contains_key("Comment"),
+        "{a:?}"
+    );
 
     // Released, it runs at beta.
-    assert!(lab.cmd("beta", "scontrol", &["release", &with_plugin.to_string()]).unwrap().status.success());
+    assert!(lab
+        .cmd("beta", "scontrol", &["release", &with_plugin.to_string()])
+        .unwrap()
+        .status
+        .success());
     let _ = lab.cmd("beta", "scancel", &[&without_plugin.to_string()]);
     let rec = lab.wait_done("beta", with_plugin, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0");
-    assert_eq!(std::fs::read_to_string(dir.join("with.txt")).unwrap(), "beta\n");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("with.txt")).unwrap(),
+        "beta\n"
+    );
 }
 
 #[test]
@@ -303,28 +526,64 @@ fn fleet_local_and_fleet_to() {
     let dir = lab.workdir("opts");
     // --fleet=local: never forwarded, so beta's own scheduler answers
     // (beta has no h100).
-    let err = lab.sbatch("beta", &["--fleet=local", "--gres=gpu:h100:8", &out_arg(&dir, "a.txt")], &script("true")).unwrap_err();
-    assert!(err.contains("Requested node configuration is not available"), "{err}");
-    assert!(!err.contains("fleet"), "Slurm's own answer, not ours: {err}");
+    let err = lab
+        .sbatch(
+            "beta",
+            &[
+                "--fleet=local",
+                "--gres=gpu:h100:8",
+                &out_arg(&dir, "a.txt"),
+            ],
+            &script("true"),
+        )
+        .unwrap_err();
+    assert!(
+        err.contains("Requested node configuration is not available"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("fleet"),
+        "Slurm's own answer, not ours: {err}"
+    );
 
     // --fleet-to=alpha sends an untyped GPU job, which beta could run, to alpha.
-    let id = lab.sbatch("beta", &["--fleet-to=alpha", "--gres=gpu:2", &out_arg(&dir, "b.txt")], &script("echo $SLURM_CLUSTER_NAME")).unwrap();
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--fleet-to=alpha", "--gres=gpu:2", &out_arg(&dir, "b.txt")],
+            &script("echo $SLURM_CLUSTER_NAME"),
+        )
+        .unwrap();
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "fleet");
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0");
-    let out = wait_file(&dir.join("b.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    let out = wait_file(&dir.join("b.txt"), Duration::from_secs(5), |b| {
+        !b.is_empty()
+    })
+    .unwrap();
     assert_eq!(out, b"alpha\n");
 
     // --fleet-to a cluster without that GPU type is refused with the reason.
-    let err = lab.sbatch("beta", &["--fleet-to=alpha", "--gres=gpu:a100:1"], &script("true")).unwrap_err();
+    let err = lab
+        .sbatch(
+            "beta",
+            &["--fleet-to=alpha", "--gres=gpu:a100:1"],
+            &script("true"),
+        )
+        .unwrap_err();
     assert!(err.contains("alpha: has no a100 GPUs"), "{err}");
 }
 
 #[test]
 fn impossible_request_is_rejected_with_the_reason() {
     let (lab, _serial) = Lab::lock();
-    let err = lab.sbatch("beta", &["--gres=gpu:h100:512"], &script("true")).unwrap_err();
-    assert!(err.contains("no cluster in the fleet can run gpu:h100:512"), "{err}");
+    let err = lab
+        .sbatch("beta", &["--gres=gpu:h100:512"], &script("true"))
+        .unwrap_err();
+    assert!(
+        err.contains("no cluster in the fleet can run gpu:h100:512"),
+        "{err}"
+    );
     assert!(err.contains("alpha: has at most 8 h100 per node"), "{err}");
 }
 
@@ -332,16 +591,31 @@ fn impossible_request_is_rejected_with_the_reason() {
 fn bad_option_values_are_refused_by_sbatch() {
     let (lab, _serial) = Lab::lock();
     for (opt, want) in [
-        ("--fleet=sideways", "--fleet=sideways: expected auto, local or remote"),
-        ("--fleet-max-price=cheap", "--fleet-max-price=cheap: expected a positive price"),
+        (
+            "--fleet=sideways",
+            "--fleet=sideways: expected auto, local or remote",
+        ),
+        (
+            "--fleet-max-price=cheap",
+            "--fleet-max-price=cheap: expected a positive price",
+        ),
         ("--fleet-to=a;b", "is not a cluster name"),
     ] {
-        let err = lab.sbatch("beta", &[opt, "--gres=gpu:a100:1"], &script("true")).unwrap_err();
+        let err = lab
+            .sbatch("beta", &[opt, "--gres=gpu:a100:1"], &script("true"))
+            .unwrap_err();
         assert!(err.contains(want), "{opt}: {err}");
     }
     let help = lab.cmd("beta", "sbatch", &["--help"]).unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    for o in ["--fleet=auto|local|remote", "--fleet-to=", "--fleet-max-price=", "--fleet-data=", "--fleet-ckpt=", "--fleet-interruptible"] {
+    for o in [
+        "--fleet=auto|local|remote",
+        "--fleet-to=",
+        "--fleet-max-price=",
+        "--fleet-data=",
+        "--fleet-ckpt=",
+        "--fleet-interruptible",
+    ] {
         assert!(help.contains(o), "sbatch --help lists {o}");
     }
     assert!(lab.ctld_alive("beta"));
@@ -352,23 +626,41 @@ fn malformed_input_gets_clear_errors_and_slurmctld_survives() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("malformed");
     // A GPU string slurmctld hands us that does not parse.
-    let err = lab.sbatch("beta", &["--gres=gpu:h100:x"], &script("true")).unwrap_err();
-    assert!(err.to_lowercase().contains("gres") || err.contains("GPU"), "{err}");
+    let err = lab
+        .sbatch("beta", &["--gres=gpu:h100:x"], &script("true"))
+        .unwrap_err();
+    assert!(
+        err.to_lowercase().contains("gres") || err.contains("GPU"),
+        "{err}"
+    );
 
     // A script too large to forward: refused with the size and the limit.
     let big = format!("#!/bin/bash\n# {}\ntrue\n", "x".repeat(1_200_000));
-    let err = lab.sbatch("beta", &["--gres=gpu:h100:8"], big.as_bytes()).unwrap_err();
+    let err = lab
+        .sbatch("beta", &["--gres=gpu:h100:8"], big.as_bytes())
+        .unwrap_err();
     assert!(err.contains("more than MaxScriptBytes=1048576"), "{err}");
     // ...while the same script kept home is untouched.
-    assert!(lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold"], big.as_bytes()).is_ok());
+    assert!(lab
+        .sbatch("beta", &["--gres=gpu:a100:1", "--hold"], big.as_bytes())
+        .is_ok());
 
     // Non-UTF-8 bytes in a forwarded script travel intact.
     let mut s = b"#!/bin/bash\nprintf '\\xff\\xfe caf\\xc3\\xa9\\n' # \xff\xfe\n".to_vec();
     s.extend_from_slice(b"exit 0\n");
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "bytes.txt")], &s).unwrap();
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:1", &out_arg(&dir, "bytes.txt")],
+            &s,
+        )
+        .unwrap();
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0");
-    let out = wait_file(&dir.join("bytes.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    let out = wait_file(&dir.join("bytes.txt"), Duration::from_secs(5), |b| {
+        !b.is_empty()
+    })
+    .unwrap();
     assert_eq!(out, b"\xff\xfe caf\xc3\xa9\n");
     assert!(lab.ctld_alive("beta"));
 }
@@ -377,7 +669,17 @@ fn malformed_input_gets_clear_errors_and_slurmctld_survives() {
 fn arrays_stay_local() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("array");
-    let id = lab.sbatch("beta", &["--array=1-2", "--gres=gpu:a100:1", &out_arg(&dir, "a-%a.txt")], &script("echo $SLURM_ARRAY_TASK_ID")).unwrap();
+    let id = lab
+        .sbatch(
+            "beta",
+            &[
+                "--array=1-2",
+                "--gres=gpu:a100:1",
+                &out_arg(&dir, "a-%a.txt"),
+            ],
+            &script("echo $SLURM_ARRAY_TASK_ID"),
+        )
+        .unwrap();
     let rec = lab.job("beta", id).unwrap();
     assert_eq!(rec["Partition"], "gpu", "{rec:?}");
 }
@@ -390,11 +692,22 @@ fn agent_or_metasched_down_fails_open() {
     let _restore = lab.restart_services_on_drop("beta");
 
     // Agent stopped: jobs are accepted locally at once.
-    assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
-    let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:a100:1", &out_arg(&dir, "a.txt")], &script("echo ok"));
+    assert!(lab
+        .lab_sh(&["stop-agent", "beta"])
+        .unwrap()
+        .status
+        .success());
+    let (res, took) = lab.sbatch_timed(
+        "beta",
+        &["--gres=gpu:a100:1", &out_arg(&dir, "a.txt")],
+        &script("echo ok"),
+    );
     let id = res.expect("sbatch succeeds without the agent");
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
-    assert!(took < Duration::from_secs(2), "sbatch took {took:?} with the agent down");
+    assert!(
+        took < Duration::from_secs(2),
+        "sbatch took {took:?} with the agent down"
+    );
 
     // A garbage answer on the agent socket: same.
     let sock = lab.root.join("beta/agent.sock");
@@ -417,16 +730,33 @@ fn agent_or_metasched_down_fails_open() {
     });
     let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:h100:1"], &script("true"));
     let err = res.expect_err("h100 kept local at beta is refused by beta itself");
-    assert!(err.contains("Requested node configuration is not available"), "{err}");
+    assert!(
+        err.contains("Requested node configuration is not available"),
+        "{err}"
+    );
     assert!(took < Duration::from_secs(2), "{took:?}");
     // (--fleet-to makes the plugin ask the agent rather than its cached view.)
-    let id = lab.sbatch("beta", &["--fleet-to=beta", "--gres=gpu:a100:1", "--hold"], &script("true")).expect("garbage reply: job accepted locally");
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--fleet-to=beta", "--gres=gpu:a100:1", "--hold"],
+            &script("true"),
+        )
+        .expect("garbage reply: job accepted locally");
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
     let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
-    assert_eq!(garbage.join().unwrap(), 2, "both submissions asked the (garbage) agent");
+    assert_eq!(
+        garbage.join().unwrap(),
+        2,
+        "both submissions asked the (garbage) agent"
+    );
     let _ = std::fs::remove_file(&sock);
     assert!(lab.ctld_alive("beta"));
-    assert!(lab.lab_sh(&["start-agent", "beta"]).unwrap().status.success());
+    assert!(lab
+        .lab_sh(&["start-agent", "beta"])
+        .unwrap()
+        .status
+        .success());
 
     // Meta-scheduler stopped: still accepted locally.
     assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
@@ -448,15 +778,32 @@ fn forward_survives_agent_restart_while_metasched_is_down() {
     // The agent's cached view is fresh for ViewMaxAgeMs after the last
     // heartbeat: it still forwards, journaling the job it cannot deliver.
     assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:2", &out_arg(&dir, "out.txt")], &script("echo journaled $SLURM_CLUSTER_NAME")).unwrap();
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:2", &out_arg(&dir, "out.txt")],
+            &script("echo journaled $SLURM_CLUSTER_NAME"),
+        )
+        .unwrap();
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "fleet");
     // Restart the agent before the meta-scheduler comes back.
-    assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
-    assert!(lab.lab_sh(&["start-agent", "beta"]).unwrap().status.success());
+    assert!(lab
+        .lab_sh(&["stop-agent", "beta"])
+        .unwrap()
+        .status
+        .success());
+    assert!(lab
+        .lab_sh(&["start-agent", "beta"])
+        .unwrap()
+        .status
+        .success());
     assert!(lab.lab_sh(&["start-metasched"]).unwrap().status.success());
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| {
+        !b.is_empty()
+    })
+    .unwrap();
     assert_eq!(out, b"journaled alpha\n");
 }
 
@@ -466,22 +813,37 @@ fn output_the_meta_scheduler_lost_is_sent_again() {
     let dir = lab.workdir("lost-tail");
     let _restore = lab.restart_services_on_drop("beta");
     let id = lab
-        .sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")], &script("echo first; sleep 4; echo second"))
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")],
+            &script("echo first; sleep 4; echo second"),
+        )
         .unwrap();
     wait_file(&dir.join("out.txt"), T, |b| b == b"first\n").unwrap();
     let fid = fleet_job_of(lab, id).unwrap();
     // A crash that loses what had not reached the meta-scheduler's disk:
     // the stored stdout is cut back to nothing.
     assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
-    let stored = lab.root.join("metasched/output").join(format!("{fid}.stdout"));
-    assert_eq!(std::fs::read(&stored).unwrap(), b"first\n", "{}", stored.display());
+    let stored = lab
+        .root
+        .join("metasched/output")
+        .join(format!("{fid}.stdout"));
+    assert_eq!(
+        std::fs::read(&stored).unwrap(),
+        b"first\n",
+        "{}",
+        stored.display()
+    );
     std::fs::write(&stored, b"").unwrap();
     assert!(lab.lab_sh(&["start-metasched"]).unwrap().status.success());
     // The target's agent resends from its own copy; the user's file gets
     // every byte once.
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| b.ends_with(b"second\n")).unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| {
+        b.ends_with(b"second\n")
+    })
+    .unwrap();
     assert_eq!(out, b"first\nsecond\n");
     assert_eq!(std::fs::read(&stored).unwrap(), b"first\nsecond\n");
 }
@@ -489,7 +851,11 @@ fn output_the_meta_scheduler_lost_is_sent_again() {
 /// `healthy` of `cluster` in the meta-scheduler's fleet view.
 fn healthy(lab: &Lab, cluster: &str) -> Option<bool> {
     let v = lab.fleetctl_json(&["clusters"]).ok()?;
-    v["clusters"].as_array()?.iter().find(|c| c["name"] == cluster).and_then(|c| c["healthy"].as_bool())
+    v["clusters"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == cluster)
+        .and_then(|c| c["healthy"].as_bool())
 }
 
 #[test]
@@ -497,18 +863,37 @@ fn a_job_only_a_silent_cluster_can_run_waits_for_it() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("silent");
     let _restore = lab.restart_services_on_drop("alpha");
-    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
-    wait_until("alpha counts as silent", Duration::from_secs(30), || healthy(lab, "alpha") == Some(false));
+    assert!(lab
+        .lab_sh(&["stop-agent", "alpha"])
+        .unwrap()
+        .status
+        .success());
+    wait_until("alpha counts as silent", Duration::from_secs(30), || {
+        healthy(lab, "alpha") == Some(false)
+    });
     std::thread::sleep(Duration::from_secs(2)); // beta's agent hears it with its next heartbeat
-    // Not refused: queued for alpha, as a Slurm queue would hold it.
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo ran at $SLURM_CLUSTER_NAME")).unwrap();
+                                                // Not refused: queued for alpha, as a Slurm queue would hold it.
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")],
+            &script("echo ran at $SLURM_CLUSTER_NAME"),
+        )
+        .unwrap();
     let rec = lab.job("beta", id).unwrap();
     assert_eq!(rec["Partition"], "fleet", "{rec:?}");
     assert!(rec["AdminComment"].contains("waiting for alpha"), "{rec:?}");
-    assert!(lab.lab_sh(&["start-agent", "alpha"]).unwrap().status.success());
+    assert!(lab
+        .lab_sh(&["start-agent", "alpha"])
+        .unwrap()
+        .status
+        .success());
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| !b.is_empty()).unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| {
+        !b.is_empty()
+    })
+    .unwrap();
     assert_eq!(out, b"ran at alpha\n");
 }
 
@@ -517,13 +902,32 @@ fn srun_and_salloc_allocations_stay_local() {
     let (lab, _serial) = Lab::lock();
     // An interactive allocation with a GPU type beta lacks is not forwarded:
     // beta's own scheduler refuses it, as without the plugin.
-    let out = lab.cmd("beta", "srun", &["--gres=gpu:h100:1", "-t", "1", "true"]).unwrap();
+    let out = lab
+        .cmd("beta", "srun", &["--gres=gpu:h100:1", "-t", "1", "true"])
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("Requested node configuration is not available"), "{err}");
-    let out = lab.cmd("beta", "srun", &["--gres=gpu:a100:1", "-t", "1", "printenv", "SLURM_CLUSTER_NAME"]).unwrap();
+    assert!(
+        err.contains("Requested node configuration is not available"),
+        "{err}"
+    );
+    let out = lab
+        .cmd(
+            "beta",
+            "srun",
+            &[
+                "--gres=gpu:a100:1",
+                "-t",
+                "1",
+                "printenv",
+                "SLURM_CLUSTER_NAME",
+            ],
+        )
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "beta\n");
-    let out = lab.cmd("beta", "salloc", &["--gres=gpu:a100:1", "-t", "1", "true"]).unwrap();
+    let out = lab
+        .cmd("beta", "salloc", &["--gres=gpu:a100:1", "-t", "1", "true"])
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
 }

@@ -55,6 +55,10 @@ FLEET_USER=fleet
 # Jobs forwarded to a lab cluster run as this user (fleet.conf RunAsUser),
 # not as the agent's: job code cannot read the agent's token or journal.
 JOB_USER=fleetjob
+# Forwarded jobs run as their submitter (fleet.conf JobUserMap=same), who must
+# be in this group; the lab's researchers:
+JOB_GROUP=fleetusers
+LAB_USERS=(alice bob)
 SUDOERS=/etc/sudoers.d/fleet-lab
 READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
 
@@ -211,12 +215,19 @@ ensure_fleet_user() {
     log "creating system user $u"
     useradd --system --user-group --no-create-home --shell /usr/sbin/nologin "$u"
   done
-  # The agent shares the job directories with the jobs (group, mode 2770).
-  id -nG "$FLEET_USER" | tr ' ' '\n' | grep -qx "$JOB_USER" || usermod -aG "$JOB_USER" "$FLEET_USER"
-  # What the agent may do as the job user: sbatch and scancel, nothing else.
+  # Researchers: ordinary users (uid >= 1000) in the group whose members the
+  # agents may run forwarded jobs as (fleet.conf JobUserGroup). Jobs run at
+  # the target as their submitter, exactly as a native job would.
+  getent group "$JOB_GROUP" >/dev/null || groupadd "$JOB_GROUP"
+  for u in "${LAB_USERS[@]}"; do
+    id "$u" >/dev/null 2>&1 || { log "creating user $u"; useradd --create-home --shell /bin/bash --user-group "$u"; }
+    id -nG "$u" | tr ' ' '\n' | grep -qx "$JOB_GROUP" || usermod -aG "$JOB_GROUP" "$u"
+  done
+  # What the agent may do as a job's user: sbatch and scancel, as members of
+  # JOB_GROUP only (never root, never a system account, never itself).
   # (!secure_path: the job keeps the PATH it was submitted with.)
   local rule="Defaults:$FLEET_USER !secure_path
-$FLEET_USER ALL=($JOB_USER) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel"
+$FLEET_USER ALL=(%$JOB_GROUP) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel"
   if [[ $(cat "$SUDOERS" 2>/dev/null) != "$rule" ]]; then
     printf '%s\n' "$rule" >"$SUDOERS.tmp"
     chmod 0440 "$SUDOERS.tmp"
@@ -331,7 +342,9 @@ FailOpen=yes
 HeartbeatIntervalMs=1000
 PollIntervalMs=300
 SlurmBinDir=/usr/bin
-RunAsUser=$JOB_USER
+JobUserMap=same
+JobUserGroup=$JOB_GROUP
+MinJobUid=1000
 EOF
   chmod 0644 "$d"/*.conf
 }
@@ -581,7 +594,7 @@ register_accounting() {
   {
     scmd "$c0" sacctmgr -i add cluster $(cluster_names)
     scmd "$c0" sacctmgr -i add account lab Cluster="$clusters" Description=lab Organization=fleet
-    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER" Account=lab Cluster="$clusters"
+    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER",$(IFS=,; echo "${LAB_USERS[*]}") Account=lab Cluster="$clusters"
   } >>"$R/log/sacctmgr.log" 2>&1 || { show_tail "$R/log/sacctmgr.log"; die "sacctmgr could not register the clusters"; }
 }
 

@@ -160,6 +160,26 @@ pub struct AgentWork {
     pub submit: Vec<Assignment>,
     /// Fleet job ids to cancel at this cluster.
     pub cancel: Vec<String>,
+    /// Jobs originating at the calling cluster that are held with a start
+    /// request not yet confirmed.
+    #[serde(default)]
+    pub confirm_start: Vec<StartCheck>,
+}
+
+/// A stand-in asked to start its job: the origin agent checks in Slurm.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StartCheck {
+    pub fleet_job_id: String,
+    pub origin_job_id: u64,
+}
+
+/// The origin agent's answer to a [`StartCheck`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StartConfirmation {
+    pub origin_job_id: u64,
+    pub started: bool,
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// Target agent → meta-scheduler: what its scheduler says about the job.

@@ -102,6 +102,15 @@ pub struct FleetConf {
     /// cancels through `sudo -u <user>` (sbatch and scancel only). None:
     /// jobs run as the agent's user (the agent warns at start).
     pub run_as_user: Option<String>,
+    /// `JobUserMap` (same): who a job forwarded here runs as — `same`: the
+    /// user of the submitter's name; a path: a map file of
+    /// `origin:user local_user [account]` lines (unlisted users refused).
+    pub job_user_map: Option<String>,
+    /// `JobUserGroup` (fleetusers): only its members ever run forwarded
+    /// jobs here (the agent's sudo rule names the same group).
+    pub job_user_group: String,
+    /// `MinJobUid` (1000): system accounts below it never run forwarded jobs.
+    pub min_job_uid: u32,
     /// `SlurmBinDir` (/usr/bin).
     pub slurm_bin_dir: PathBuf,
     /// `LogLevel` (info): error, warn, info, debug, trace.
@@ -130,6 +139,9 @@ impl Default for FleetConf {
             max_script_bytes: 1 << 20,
             allowed_submit_uids: Vec::new(),
             run_as_user: None,
+            job_user_map: None,
+            job_user_group: "fleetusers".into(),
+            min_job_uid: 1000,
             slurm_bin_dir: "/usr/bin".into(),
             log_level: LogLevel::Info,
         }
@@ -156,6 +168,9 @@ pub const KEYS: &[&str] = &[
     "MaxScriptBytes",
     "AllowedSubmitUids",
     "RunAsUser",
+    "JobUserMap",
+    "JobUserGroup",
+    "MinJobUid",
     "SlurmBinDir",
     "LogLevel",
 ];
@@ -245,6 +260,20 @@ impl FleetConf {
                             }
                             conf.run_as_user = Some(v.clone());
                         }
+                        "jobusermap" => {
+                            if v != "same" && !v.starts_with('/') {
+                                return Err(bad("expected `same` or the absolute path of a map file".into()));
+                            }
+                            conf.job_user_map = Some(v.clone());
+                        }
+                        "jobusergroup" => {
+                            let ok = !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                            if !ok {
+                                return Err(bad("expected a group name".into()));
+                            }
+                            conf.job_user_group = v.clone();
+                        }
+                        "minjobuid" => conf.min_job_uid = parse_in_range(v, 1, u32::MAX as u64).map_err(bad)? as u32,
                         "slurmbindir" => conf.slurm_bin_dir = path_value(v).map_err(bad)?,
                         "loglevel" => {
                             conf.log_level = match v.to_ascii_lowercase().as_str() {

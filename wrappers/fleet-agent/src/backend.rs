@@ -1,6 +1,6 @@
 //! The native scheduler behind the agent. Slurm today (through its own
-//! commands, as the unprivileged agent user); a Kubernetes backend will
-//! implement the same trait.
+//! commands and their JSON output); a Kubernetes backend will implement the
+//! same trait.
 
 use std::path::PathBuf;
 
@@ -8,24 +8,50 @@ use anyhow::Result;
 use fleet_api::api::NodeCapacity;
 use fleet_api::{JobRequest, JobState};
 
-/// What the native scheduler says about one job the agent created.
+use crate::identity::LocalUser;
+
+/// What the native scheduler says about one job, from its structured
+/// output only: no field here can be set by the job's user except through
+/// the scheduler's own rules (a job name or comment is never read).
 #[derive(Clone, Debug, PartialEq)]
-pub struct NativeStatus {
+pub struct NativeJob {
+    pub native_id: u64,
     pub state: JobState,
+    /// The scheduler's own state name (`TIMEOUT`, `NODE_FAIL`, ...).
+    pub raw_state: String,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub node_list: String,
     pub reason: String,
+    /// Submission time (epoch s): with the id, what tells a job from a
+    /// later one that reused its id after a controller crash.
+    pub submit_time: Option<i64>,
+    pub user_id: Option<u32>,
+    /// Times the scheduler requeued it.
+    pub restarts: u32,
+    pub partition: String,
+    /// `AdminComment`, which only operators and the plugin can set: the
+    /// Fleet tag of a stand-in (`fleet:<id>`).
+    pub admin_comment: String,
 }
 
-/// A stand-in job at this cluster (the origin side of a forwarded job).
-#[derive(Clone, Debug, PartialEq)]
-pub struct StandIn {
-    pub native_id: u64,
-    pub state: JobState,
-    /// The scheduler's own state name, for messages.
-    pub raw_state: String,
-    pub comment: String,
+impl NativeJob {
+    pub fn new(native_id: u64, raw_state: &str) -> NativeJob {
+        NativeJob {
+            native_id,
+            state: crate::slurm::map_state(raw_state),
+            raw_state: raw_state.to_string(),
+            exit_code: None,
+            signal: None,
+            node_list: String::new(),
+            reason: String::new(),
+            submit_time: None,
+            user_id: None,
+            restarts: 0,
+            partition: String::new(),
+            admin_comment: String::new(),
+        }
+    }
 }
 
 /// Where a job's output is written at this cluster.
@@ -39,14 +65,26 @@ pub struct OutputPaths {
 pub trait Backend: Send + Sync + 'static {
     /// Per-node capacity and the queue depth (pending, running).
     async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)>;
-    /// Submit `req` as fleet job `id`; returns the native job id.
-    async fn submit(&self, id: &str, req: &JobRequest) -> Result<u64>;
-    /// Status of jobs this agent created; `None` = the scheduler no longer knows it.
-    async fn status(&self, native_ids: &[u64]) -> Result<Vec<(u64, Option<NativeStatus>)>>;
+    /// Submit `req` as fleet job `id`, as `user`; returns the native job id.
+    async fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> Result<u64>;
+    /// The jobs among `native_ids` the scheduler still knows, in one call.
+    async fn status(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>>;
+    /// Finished jobs the scheduler's queue forgot, from its accounting
+    /// (empty where the site keeps none).
+    async fn accounting(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>>;
     /// Every job the scheduler still knows in the proxy partition, in any
     /// state (the stand-ins of jobs forwarded from here). Read-only.
-    async fn stand_ins(&self, partition: &str) -> Result<Vec<StandIn>>;
-    /// Cancel a job this agent created (the caller checked the journal).
-    async fn cancel(&self, id: &str, native_id: u64) -> Result<()>;
-    fn output_paths(&self, id: &str) -> OutputPaths;
+    async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>>;
+    /// Cancel (or signal) native job `native_id`, as `user` (the caller
+    /// checked the journal and the job's identity).
+    async fn cancel(&self, native_id: u64, user: &str) -> Result<()>;
+    /// The job's private directory (working directory, HOME, output).
+    fn job_dir(&self, id: &str) -> PathBuf;
+    fn output_paths(&self, id: &str) -> OutputPaths {
+        let d = self.job_dir(id);
+        OutputPaths {
+            stdout: d.join("stdout"),
+            stderr: d.join("stderr"),
+        }
+    }
 }

@@ -3,9 +3,26 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use fleet_api::api::{AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, StatusUpdate};
+use fleet_api::api::{
+    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, StartConfirmation,
+    StatusUpdate,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+/// The meta-scheduler refused an update as conflicting with what it holds
+/// (409): retrying the same update cannot succeed. `terminal`: the job is
+/// already finished there.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: meta-scheduler answered 409 Conflict: {body}")]
+pub struct Conflict {
+    pub what: String,
+    pub body: String,
+    pub terminal: bool,
+}
+
+/// Longest a work request waits at the meta-scheduler for something to do.
+pub const WORK_WAIT_MS: u64 = 20_000;
 
 #[derive(Clone)]
 pub struct MetaClient {
@@ -18,29 +35,62 @@ impl MetaClient {
     /// `ca_file`: PEM bundle trusted for an https `base` (besides the
     /// system's roots).
     pub fn new(base: &str, token: &str, ca_file: Option<&std::path::Path>) -> Result<Self> {
-        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(10)).connect_timeout(Duration::from_secs(3));
+        let mut builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(3));
         if let Some(path) = ca_file {
             let pem = fleet_api::client::read_ca_bundle(path).map_err(anyhow::Error::msg)?;
-            for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))? {
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("parsing the CA bundle {}", path.display()))?
+            {
                 builder = builder.add_root_certificate(cert);
             }
         }
         let http = builder.build().context("building the HTTP client")?;
-        Ok(MetaClient { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
+        Ok(MetaClient {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+        })
     }
 
-    async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder, what: &str) -> Result<T> {
-        let resp = rb.bearer_auth(&self.token).send().await.with_context(|| format!("{what}: meta-scheduler unreachable"))?;
+    async fn send<T: DeserializeOwned>(
+        &self,
+        rb: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<T> {
+        let resp = rb
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("{what}: meta-scheduler unreachable"))?;
         let status = resp.status();
+        if status == reqwest::StatusCode::CONFLICT {
+            let body = resp.text().await.unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let terminal = v["terminal"].as_bool().unwrap_or(false);
+            return Err(Conflict {
+                what: what.to_string(),
+                body: body.trim().to_string(),
+                terminal,
+            }
+            .into());
+        }
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();
             bail!("{what}: meta-scheduler answered {status}: {}", body.trim());
         }
-        resp.json().await.with_context(|| format!("{what}: bad JSON from the meta-scheduler"))
+        resp.json()
+            .await
+            .with_context(|| format!("{what}: bad JSON from the meta-scheduler"))
     }
 
     async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body), path).await
+        self.send(
+            self.http.post(format!("{}{path}", self.base)).json(body),
+            path,
+        )
+        .await
     }
 
     pub async fn heartbeat(&self, hb: &Heartbeat) -> Result<FleetView> {
@@ -51,8 +101,21 @@ impl MetaClient {
         self.post("/v1/jobs", f).await
     }
 
-    pub async fn work(&self) -> Result<AgentWork> {
-        self.send(self.http.get(format!("{}/v1/agent/work", self.base)), "/v1/agent/work").await
+    /// This cluster's work; waits up to `wait_ms` at the meta-scheduler
+    /// when there is none yet (long poll: a new assignment, cancel or start
+    /// request answers at once).
+    pub async fn work(&self, wait_ms: u64) -> Result<AgentWork> {
+        let rb = self
+            .http
+            .get(format!("{}/v1/agent/work", self.base))
+            .query(&[("wait_ms", wait_ms)])
+            .timeout(Duration::from_millis(wait_ms) + Duration::from_secs(10));
+        self.send(rb, "/v1/agent/work").await
+    }
+
+    /// The origin agent's verdict on a stand-in's start request.
+    pub async fn confirm_start(&self, id: &str, c: &StartConfirmation) -> Result<JobRecord> {
+        self.post(&format!("/v1/jobs/{id}/confirm_start"), c).await
     }
 
     pub async fn status(&self, id: &str, s: &StatusUpdate) -> Result<JobRecord> {
@@ -61,13 +124,20 @@ impl MetaClient {
 
     /// Jobs forwarded from `origin` that may still be running somewhere.
     pub async fn active_jobs_from(&self, origin: &str) -> Result<Vec<JobRecord>> {
-        let rb = self.http.get(format!("{}/v1/jobs", self.base)).query(&[("origin", origin), ("active", "true")]);
+        let rb = self
+            .http
+            .get(format!("{}/v1/jobs", self.base))
+            .query(&[("origin", origin), ("active", "true")]);
         self.send(rb, "/v1/jobs").await
     }
 
     /// Cancel a job forwarded from this cluster.
     pub async fn cancel(&self, id: &str) -> Result<JobRecord> {
-        self.send(self.http.post(format!("{}/v1/jobs/{id}/cancel", self.base)), "cancel").await
+        self.send(
+            self.http.post(format!("{}/v1/jobs/{id}/cancel", self.base)),
+            "cancel",
+        )
+        .await
     }
 
     /// Send an output chunk. `Ok(Some(o))`: the meta-scheduler holds only
@@ -77,7 +147,12 @@ impl MetaClient {
         let what = format!("/v1/jobs/{id}/output");
         let resp = self
             .http
-            .post(format!("{}{what}", self.base)).json(c).bearer_auth(&self.token).send().await.with_context(|| format!("{what}: meta-scheduler unreachable"))?;
+            .post(format!("{}{what}", self.base))
+            .json(c)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("{what}: meta-scheduler unreachable"))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(None);

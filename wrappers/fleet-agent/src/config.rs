@@ -31,8 +31,10 @@ pub struct AgentConfig {
     /// Uids allowed on the plugin socket: root, SlurmUser, AllowedSubmitUids.
     pub allowed_uids: Vec<u32>,
     pub log_level: String,
-    /// `RunAsUser`: who jobs forwarded here run as (None: the agent's user).
+    /// `RunAsUser`: the opt-in shared user every forwarded job runs as.
     pub run_as: Option<RunAs>,
+    /// Who a forwarded job runs as (`JobUserMap`, `JobUserGroup`, `MinJobUid`).
+    pub identity: crate::identity::Policy,
 }
 
 /// The user jobs forwarded to this cluster run as.
@@ -93,27 +95,41 @@ pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -
         out.push(format!("{at} has DefaultTime={m}: stand-ins get a {m}-minute limit and their remote jobs are cancelled then; remove it"));
     }
     if let Some(s) = p.state.as_deref().filter(|s| *s != "UP") {
-        out.push(format!("{at} is State={s}: stand-ins will not start, so forwarded jobs never run"));
+        out.push(format!(
+            "{at} is State={s}: stand-ins will not start, so forwarded jobs never run"
+        ));
     }
     out
 }
 
 impl AgentConfig {
     pub fn load(path: &Path) -> Result<Self> {
-        let loaded = FleetConf::load(path).with_context(|| format!("reading {}", path.display()))?;
+        let loaded =
+            FleetConf::load(path).with_context(|| format!("reading {}", path.display()))?;
         for w in &loaded.warnings {
             eprintln!("fleet-agent: warning: {w}");
         }
         let c = loaded.conf;
-        let url = c.meta_scheduler_url(&path.display().to_string())?.trim_end_matches('/').to_string();
+        let url = c
+            .meta_scheduler_url(&path.display().to_string())?
+            .trim_end_matches('/')
+            .to_string();
         let token = std::fs::read_to_string(&c.agent_token_file)
             .with_context(|| format!("reading AgentTokenFile {}", c.agent_token_file.display()))?
             .trim()
             .to_string();
-        anyhow::ensure!(!token.is_empty(), "AgentTokenFile {} is empty", c.agent_token_file.display());
+        anyhow::ensure!(
+            !token.is_empty(),
+            "AgentTokenFile {} is empty",
+            c.agent_token_file.display()
+        );
         let slurm_conf = std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)
-            .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/etc/slurm")).join("slurm.conf"));
+            .unwrap_or_else(|| {
+                path.parent()
+                    .unwrap_or(Path::new("/etc/slurm"))
+                    .join("slurm.conf")
+            });
         let mut allowed = vec![0];
         match slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
             Ok(sc) => {
@@ -124,7 +140,10 @@ impl AgentConfig {
                     eprintln!("fleet-agent: warning: {}: {w}", slurm_conf.display());
                 }
             }
-            Err(e) => eprintln!("fleet-agent: warning: cannot check {}: {e}", slurm_conf.display()),
+            Err(e) => eprintln!(
+                "fleet-agent: warning: cannot check {}: {e}",
+                slurm_conf.display()
+            ),
         }
         for u in &c.allowed_submit_uids {
             let uid = match u {
@@ -135,7 +154,23 @@ impl AgentConfig {
                 allowed.push(uid);
             }
         }
+        let agent_uid = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata("/proc/self")
+                .map(|m| m.uid())
+                .context("reading /proc/self")?
+        };
+        let identity = crate::identity::Policy {
+            mapping: crate::identity::mapping_from(
+                c.job_user_map.as_deref(),
+                c.run_as_user.as_deref(),
+            ),
+            group: c.job_user_group.clone(),
+            min_uid: c.min_job_uid,
+            agent_uid,
+        };
         Ok(AgentConfig {
+            identity,
             site: c.site_name,
             region: c.region,
             provider: c.provider,
@@ -156,8 +191,9 @@ impl AgentConfig {
             log_level: c.log_level.as_str().to_string(),
             run_as: match c.run_as_user {
                 Some(name) => {
-                    let (uid, gid) = passwd_ids(&name)
-                        .with_context(|| format!("RunAsUser={name}: no such user in /etc/passwd"))?;
+                    let (uid, gid) = passwd_ids(&name).with_context(|| {
+                        format!("RunAsUser={name}: no such user in /etc/passwd")
+                    })?;
                     Some(RunAs { name, uid, gid })
                 }
                 None => None,
@@ -171,7 +207,12 @@ mod tests {
     use slurm_conf::slurm::SlurmConf;
 
     fn problems(conf: &str) -> Vec<String> {
-        let sc = SlurmConf::parse_str(&format!("ClusterName=beta\nNodeName=b1 CPUs=4\n{conf}"), "slurm.conf").unwrap().conf;
+        let sc = SlurmConf::parse_str(
+            &format!("ClusterName=beta\nNodeName=b1 CPUs=4\n{conf}"),
+            "slurm.conf",
+        )
+        .unwrap()
+        .conf;
         super::proxy_partition_problems(&sc, "fleet")
     }
 
@@ -181,9 +222,13 @@ mod tests {
         assert!(problems("PartitionName=fleet Nodes=b1").is_empty());
         let p = problems("PartitionName=fleet Nodes=b1 MaxTime=60 DefaultTime=30 State=DOWN");
         assert_eq!(p.len(), 3, "{p:?}");
-        assert!(p[0].contains("partition fleet (slurm.conf:3) has MaxTime=60"), "{p:?}");
+        assert!(
+            p[0].contains("partition fleet (slurm.conf:3) has MaxTime=60"),
+            "{p:?}"
+        );
         assert!(p[1].contains("DefaultTime=30"));
         assert!(p[2].contains("State=DOWN"));
-        assert!(problems("PartitionName=gpu Nodes=b1")[0].contains("ProxyPartition=fleet is not a partition"));
+        assert!(problems("PartitionName=gpu Nodes=b1")[0]
+            .contains("ProxyPartition=fleet is not a partition"));
     }
 }

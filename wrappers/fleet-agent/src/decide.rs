@@ -27,13 +27,32 @@ pub struct NewForward {
 }
 
 /// Decide; on FORWARD returns the plan and the journal entry to write.
-pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (PluginReply, Option<NewForward>) {
-    let local = |reason: &str| (PluginReply::Local { reason: reason.to_string() }, None);
+pub fn decide(
+    cfg: &AgentConfig,
+    cache: &CachedView,
+    job: &JobRequest,
+) -> (PluginReply, Option<NewForward>) {
+    let local = |reason: &str| {
+        (
+            PluginReply::Local {
+                reason: reason.to_string(),
+            },
+            None,
+        )
+    };
     if job.fleet.mode == FleetMode::Local || job.is_array {
         return local("kept local by request");
     }
     if job.origin != cfg.site {
-        return (PluginReply::Reject { message: format!("request names origin {:?}, this is {:?}", job.origin, cfg.site) }, None);
+        return (
+            PluginReply::Reject {
+                message: format!(
+                    "request names origin {:?}, this is {:?}",
+                    job.origin, cfg.site
+                ),
+            },
+            None,
+        );
     }
     let fresh = cache.at.is_some_and(|t| t.elapsed() <= cfg.view_max_age);
     let Some(view) = cache.view.as_ref().filter(|_| fresh) else {
@@ -77,9 +96,18 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
                 "fleet: forwarded {} -> {target} as {id}: {}{}{}{} ({reason})",
                 cfg.site,
                 placement::describe(job),
-                job.time_limit_min.map(|t| format!(" time={t}m")).unwrap_or_default(),
-                job.partition.as_deref().map(|p| format!(" partition={p}")).unwrap_or_default(),
-                if job.env_dropped > 0 { format!(" env: {} variables not carried", job.env_dropped) } else { String::new() },
+                job.time_limit_min
+                    .map(|t| format!(" time={t}m"))
+                    .unwrap_or_default(),
+                job.partition
+                    .as_deref()
+                    .map(|p| format!(" partition={p}"))
+                    .unwrap_or_default(),
+                if job.env_dropped > 0 {
+                    format!(" env: {} variables not carried", job.env_dropped)
+                } else {
+                    String::new()
+                },
             );
             let plan = ForwardPlan {
                 fleet_job_id: id.clone(),
@@ -91,7 +119,10 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
                 // started by the fleet id in its comment.
                 comment: format!("fleet: {target} (waiting) {id}"),
             };
-            (PluginReply::Forward(Box::new(plan)), Some(NewForward { id, target }))
+            (
+                PluginReply::Forward(Box::new(plan)),
+                Some(NewForward { id, target }),
+            )
         }
     }
 }

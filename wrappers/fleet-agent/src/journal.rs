@@ -32,21 +32,38 @@ pub struct Forward {
     pub registered: bool,
 }
 
+/// A job this cluster runs for the fleet: what identifies it in Slurm
+/// and how far its output and state were reported.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Run {
     pub id: String,
     /// Local Slurm job id; `None` between "accepted" and a successful sbatch.
     pub slurm_id: Option<u64>,
+    /// Bytes of each output file relayed (offset in the current file).
     pub stdout_off: u64,
     pub stderr_off: u64,
     /// Last state reported to the meta-scheduler.
     pub reported: Option<String>,
     pub done: bool,
+    /// Bytes relayed from earlier incarnations of the file (a requeued job
+    /// restarts its output): the meta-scheduler's offset is base + off.
+    pub stdout_base: u64,
+    pub stderr_base: u64,
+    /// The local user the job runs as.
+    pub user: Option<String>,
+    pub uid: Option<u32>,
+    /// Slurm's submit time of `slurm_id`, learnt on first sight: with the
+    /// id and owner, the job's identity.
+    pub submit_time: Option<i64>,
+    /// When the agent ran sbatch (epoch s).
+    pub submitted_at: f64,
+    pub restarts: u32,
 }
 
 impl Journal {
     pub fn open(path: &Path) -> Result<Journal> {
-        let db = Connection::open(path).with_context(|| format!("opening journal {}", path.display()))?;
+        let db = Connection::open(path)
+            .with_context(|| format!("opening journal {}", path.display()))?;
         // Job scripts and requests of every user: the agent's alone (the
         // WAL and shared-memory files SQLite adds take the same mode).
         {
@@ -65,6 +82,26 @@ impl Journal {
                  stderr_off INTEGER NOT NULL DEFAULT 0, reported TEXT, done INTEGER NOT NULL DEFAULT 0,
                  request TEXT NOT NULL);",
         )?;
+        // Columns added since the first journal format.
+        for (table, col, ty) in [
+            ("runs", "stdout_base", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "stderr_base", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "user", "TEXT"),
+            ("runs", "uid", "INTEGER"),
+            ("runs", "submit_time", "INTEGER"),
+            ("runs", "submitted_at", "REAL NOT NULL DEFAULT 0"),
+            ("runs", "restarts", "INTEGER NOT NULL DEFAULT 0"),
+            ("forwards", "standin_id", "INTEGER"),
+        ] {
+            let has: bool = db
+                .prepare(&format!(
+                    "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
+                ))?
+                .exists(params![col])?;
+            if !has {
+                db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {col} {ty}"))?;
+            }
+        }
         Ok(Journal { db: Mutex::new(db) })
     }
 
@@ -79,19 +116,36 @@ impl Journal {
 
     pub fn unregistered_forwards(&self) -> Result<Vec<Forward>> {
         let db = self.db.lock();
-        let mut st = db.prepare("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created")?;
-        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
+        let mut st = db.prepare(
+            "SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?;
         let mut out = Vec::new();
         for row in rows {
             let (id, req, target) = row?;
-            let request = serde_json::from_str(&req).with_context(|| format!("journal entry {id}"))?;
-            out.push(Forward { id, request, target, registered: false });
+            let request =
+                serde_json::from_str(&req).with_context(|| format!("journal entry {id}"))?;
+            out.push(Forward {
+                id,
+                request,
+                target,
+                registered: false,
+            });
         }
         Ok(out)
     }
 
     pub fn mark_registered(&self, id: &str) -> Result<()> {
-        self.db.lock().execute("UPDATE forwards SET registered = 1 WHERE id = ?1", params![id])?;
+        self.db.lock().execute(
+            "UPDATE forwards SET registered = 1 WHERE id = ?1",
+            params![id],
+        )?;
         Ok(())
     }
 
@@ -99,41 +153,87 @@ impl Journal {
     /// already known (an assignment seen twice).
     pub fn add_run(&self, id: &str, req: &JobRequest) -> Result<bool> {
         let json = serde_json::to_string(req)?;
-        let n = self
-            .db
-            .lock()
-            .execute("INSERT OR IGNORE INTO runs(id, request) VALUES(?1, ?2)", params![id, json])?;
+        let n = self.db.lock().execute(
+            "INSERT OR IGNORE INTO runs(id, request) VALUES(?1, ?2)",
+            params![id, json],
+        )?;
         Ok(n == 1)
     }
 
-    pub fn set_slurm_id(&self, id: &str, slurm_id: u64) -> Result<()> {
-        self.db.lock().execute("UPDATE runs SET slurm_id = ?2 WHERE id = ?1", params![id, slurm_id as i64])?;
+    /// Records the Slurm job a run became, and as whom it runs.
+    pub fn set_submitted(
+        &self,
+        id: &str,
+        slurm_id: u64,
+        user: &str,
+        uid: u32,
+        at: f64,
+    ) -> Result<()> {
+        self.db.lock().execute(
+            "UPDATE runs SET slurm_id = ?2, user = ?3, uid = ?4, submitted_at = ?5 WHERE id = ?1",
+            params![id, slurm_id as i64, user, uid, at],
+        )?;
         Ok(())
     }
 
     pub fn update_run(&self, r: &Run) -> Result<()> {
         self.db.lock().execute(
-            "UPDATE runs SET stdout_off = ?2, stderr_off = ?3, reported = ?4, done = ?5 WHERE id = ?1",
-            params![r.id, r.stdout_off as i64, r.stderr_off as i64, r.reported, r.done],
+            "UPDATE runs SET stdout_off = ?2, stderr_off = ?3, reported = ?4, done = ?5, stdout_base = ?6,
+                 stderr_base = ?7, submit_time = ?8, restarts = ?9 WHERE id = ?1",
+            params![
+                r.id,
+                r.stdout_off as i64,
+                r.stderr_off as i64,
+                r.reported,
+                r.done,
+                r.stdout_base as i64,
+                r.stderr_base as i64,
+                r.submit_time,
+                r.restarts
+            ],
         )?;
         Ok(())
+    }
+
+    /// The Slurm id of the stand-in of forward `id`, once the agent has
+    /// confirmed it (the reconciler matches stand-ins by it).
+    pub fn set_stand_in(&self, id: &str, slurm_id: u64) -> Result<()> {
+        self.db.lock().execute(
+            "UPDATE forwards SET standin_id = ?2 WHERE id = ?1",
+            params![id, slurm_id as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn stand_in_of(&self, id: &str) -> Result<Option<u64>> {
+        let v: Option<Option<i64>> = self
+            .db
+            .lock()
+            .query_row(
+                "SELECT standin_id FROM forwards WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(v.flatten().map(|n| n as u64))
     }
 
     pub fn run(&self, id: &str) -> Result<Option<(Run, JobRequest)>> {
         let db = self.db.lock();
         let row = db
             .query_row(
-                "SELECT id, slurm_id, stdout_off, stderr_off, reported, done, request FROM runs WHERE id = ?1",
+                &format!("SELECT {RUN_COLS} FROM runs WHERE id = ?1"),
                 params![id],
                 row_to_run,
             )
             .optional()?;
-        row.map(|(r, req)| Ok((r, serde_json::from_str(&req)?))).transpose()
+        row.map(|(r, req)| Ok((r, serde_json::from_str(&req)?)))
+            .transpose()
     }
 
     pub fn active_runs(&self) -> Result<Vec<(Run, JobRequest)>> {
         let db = self.db.lock();
-        let mut st = db.prepare("SELECT id, slurm_id, stdout_off, stderr_off, reported, done, request FROM runs WHERE done = 0")?;
+        let mut st = db.prepare(&format!("SELECT {RUN_COLS} FROM runs WHERE done = 0"))?;
         let rows = st.query_map([], row_to_run)?;
         let mut out = Vec::new();
         for row in rows {
@@ -144,6 +244,9 @@ impl Journal {
     }
 }
 
+const RUN_COLS: &str =
+    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts";
+
 fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
     Ok((
         Run {
@@ -153,6 +256,13 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
             stderr_off: r.get::<_, i64>(3)? as u64,
             reported: r.get(4)?,
             done: r.get(5)?,
+            stdout_base: r.get::<_, i64>(7)? as u64,
+            stderr_base: r.get::<_, i64>(8)? as u64,
+            user: r.get(9)?,
+            uid: r.get(10)?,
+            submit_time: r.get(11)?,
+            submitted_at: r.get(12)?,
+            restarts: r.get(13)?,
         },
         r.get(6)?,
     ))
@@ -168,7 +278,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("j.db");
         let _ = std::fs::remove_file(&path);
-        let req = JobRequest { origin: "beta".into(), script: Some(b"#!/bin/sh\n\xff".to_vec()), ..Default::default() };
+        let req = JobRequest {
+            origin: "beta".into(),
+            script: Some(b"#!/bin/sh\n\xff".to_vec()),
+            ..Default::default()
+        };
         {
             let j = Journal::open(&path).unwrap();
             j.add_forward("beta-1", &req, "alpha").unwrap();
@@ -176,7 +290,9 @@ mod tests {
             j.mark_registered("beta-1").unwrap();
             assert!(j.add_run("gamma-7", &req).unwrap());
             assert!(!j.add_run("gamma-7", &req).unwrap());
-            j.set_slurm_id("gamma-7", 100001).unwrap();
+            j.set_submitted("gamma-7", 100001, "alice", 1001, 5.0)
+                .unwrap();
+            j.set_stand_in("beta-1", 77).unwrap();
         }
         let j = Journal::open(&path).unwrap();
         let f = j.unregistered_forwards().unwrap();
@@ -186,6 +302,16 @@ mod tests {
         let runs = j.active_runs().unwrap();
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].0.slurm_id, Some(100001));
+        assert_eq!(
+            (
+                runs[0].0.user.as_deref(),
+                runs[0].0.uid,
+                runs[0].0.submitted_at
+            ),
+            (Some("alice"), Some(1001), 5.0)
+        );
+        assert_eq!(j.stand_in_of("beta-1").unwrap(), Some(77));
+        assert_eq!(j.stand_in_of("beta-2").unwrap(), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -5,31 +5,38 @@
 //!   the cached fleet view; checks the peer's uid (SO_PEERCRED);
 //! * **heartbeat**: reports this cluster's capacity, receives the fleet view;
 //! * **delivery**: hands journaled forwards to the meta-scheduler;
-//! * **work**: submits jobs assigned to this cluster, cancels on request;
-//! * **watch**: reports state, exit code and output of those jobs;
+//! * **work** (long poll): submits jobs assigned to this cluster as their
+//!   submitter's local identity ([`identity`]), cancels on request, and
+//!   confirms that a stand-in asking to start really runs here;
+//! * **watch** ([`track`]): one reconcile per job this cluster runs, each
+//!   with its own backoff: state from `squeue --json` (one call a pass),
+//!   identity by Slurm id + submit time + owner, output relayed without
+//!   following anything the job controls ([`jobdir`]);
 //! * **reconcile** ([`reconcile`]): cancels jobs forwarded from here whose
 //!   stand-in ended without cancelling them (proxy SIGKILLed, stand-in
-//!   cancelled while pending).
+//!   cancelled while pending), matched by journaled Slurm ids.
 //!
-//! Invariant: the agent only touches Slurm jobs it created (journal +
-//! `Comment=fleet:<id>` tag), as its own unprivileged user.
+//! Invariant: the agent only touches Slurm jobs it created (journaled id
+//! with the submit time and owner Slurm reported for it), as its own
+//! unprivileged user; sbatch and scancel as the job's user through sudo.
 
 pub mod backend;
 pub mod client;
 pub mod config;
 pub mod decide;
+pub mod identity;
+pub mod jobdir;
 pub mod journal;
 pub mod reconcile;
 pub mod slurm;
+pub mod track;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fleet_api::api::{ForwardRequest, Heartbeat, OutputChunk, StatusUpdate, Stream};
+use fleet_api::api::{ForwardRequest, Heartbeat};
 use fleet_api::wire::{PluginReply, PluginRequest, WIRE_VERSION};
-use fleet_api::JobState;
 use parking_lot::RwLock;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -47,10 +54,13 @@ pub const MAX_REQUEST_BYTES: usize = 8 << 20;
 /// How long one plugin connection may take before it is dropped.
 const PLUGIN_IO_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest output chunk sent per request.
-const CHUNK: usize = 512 << 10;
+pub const CHUNK: usize = 512 << 10;
 
 pub fn now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -78,30 +88,38 @@ pub struct Agent<B: Backend> {
 }
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    std::fs::create_dir_all(&cfg.spool).with_context(|| format!("creating AgentSpoolDir {}", cfg.spool.display()))?;
+    prepare_spool(&cfg.spool)?;
     let journal = Journal::open(&cfg.spool.join("journal.db"))?;
     let backend = SlurmBackend {
         bin: cfg.slurm_bin.clone(),
         slurm_conf: cfg.slurm_conf.clone(),
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
-        run_as: cfg.run_as.clone(),
     };
-    match &cfg.run_as {
-        Some(u) => backend.check_run_as(u).await?,
-        None => tracing::warn!("no RunAsUser: jobs forwarded here run as the agent's own user and could read its token"),
-    }
-    let meta = MetaClient::new(&cfg.metasched_url, &cfg.token, cfg.metasched_ca_file.as_deref())?;
+    check_identity(&cfg, &backend).await?;
+    let meta = MetaClient::new(
+        &cfg.metasched_url,
+        &cfg.token,
+        cfg.metasched_ca_file.as_deref(),
+    )?;
     if cleartext_off_host(&cfg.metasched_url) {
         tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");
     }
-    let agent = Arc::new(Agent { cfg, journal, backend, meta, view: RwLock::default(), forwards_pending: Notify::new() });
+    let agent = Arc::new(Agent {
+        cfg,
+        journal,
+        backend,
+        meta,
+        view: RwLock::default(),
+        forwards_pending: Notify::new(),
+    });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
     if let Some(dir) = agent.cfg.socket.parent() {
         std::fs::create_dir_all(dir).ok();
     }
-    let listener = UnixListener::bind(&agent.cfg.socket).with_context(|| format!("binding {}", agent.cfg.socket.display()))?;
+    let listener = UnixListener::bind(&agent.cfg.socket)
+        .with_context(|| format!("binding {}", agent.cfg.socket.display()))?;
     tracing::info!(site = %agent.cfg.site, socket = %agent.cfg.socket.display(), url = %agent.cfg.metasched_url, "fleet-agent started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -110,6 +128,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         tokio::spawn(heartbeat_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(delivery_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(work_loop(agent.clone(), stop_rx.clone())),
+        tokio::spawn(watch_loop(agent.clone(), stop_rx.clone())),
+        tokio::spawn(reconcile_loop(agent.clone(), stop_rx.clone())),
     ];
     shutdown.await;
     tracing::info!("shutting down");
@@ -121,15 +141,71 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     Ok(())
 }
 
+/// The spool: private to the agent except that job users may traverse it
+/// (0711) to reach their own job directory under `jobs/` (0711, not
+/// listable), whose ACL admits them alone. Refuses a filesystem without
+/// POSIX ACLs.
+pub fn prepare_spool(spool: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let jobs = spool.join("jobs");
+    std::fs::create_dir_all(&jobs).with_context(|| format!("creating {}", jobs.display()))?;
+    for d in [spool, jobs.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("chmod 0711 {}", d.display()))?;
+    }
+    let probe = jobs.join(format!(".acl-probe-{}", std::process::id()));
+    let _ = jobdir::remove(&probe);
+    jobdir::create(&probe, 65534).context("AgentSpoolDir must be on a filesystem with POSIX ACLs (ext4, xfs, btrfs; tmpfs with CONFIG_TMPFS_POSIX_ACL)")?;
+    jobdir::remove(&probe)?;
+    Ok(())
+}
+
+/// Start-up check of who jobs run as: a shared `RunAsUser` is usable (and
+/// warned about); otherwise sudo admits the agent for a member of
+/// `JobUserGroup` (when the group has one yet).
+async fn check_identity(cfg: &AgentConfig, backend: &SlurmBackend) -> Result<()> {
+    use identity::Mapping;
+    match &cfg.identity.mapping {
+        Mapping::Shared(u) => {
+            tracing::warn!(user = %u, "RunAsUser: every forwarded job runs as {u}; users' jobs are not isolated from each other (JobUserMap is the per-user default)");
+            let Some(run_as) = &cfg.run_as else {
+                anyhow::bail!("RunAsUser={u}: no such user")
+            };
+            if run_as.uid == cfg.identity.agent_uid || run_as.uid == 0 {
+                anyhow::bail!("RunAsUser={u} (uid {}) must be neither root nor the agent's own user: job code could read the agent's token", run_as.uid);
+            }
+            backend.check_sudo(u).await
+        }
+        Mapping::Same | Mapping::File(_) => {
+            let acc = identity::Accounts::read()?;
+            match acc.members(&cfg.identity.group).into_iter().find(|m| {
+                acc.user(m)
+                    .is_some_and(|(uid, _)| uid >= cfg.identity.min_uid)
+            }) {
+                Some(m) => backend.check_sudo(&m).await,
+                None => {
+                    tracing::warn!(group = %cfg.identity.group, "JobUserGroup has no member yet: no forwarded job can run here");
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
 /// An `http://` URL whose host is not loopback.
 pub fn cleartext_off_host(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
     let authority = rest.split('/').next().unwrap_or("");
     let host = match authority.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or(""),
         None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
     };
-    !(host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
+    !(host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()))
 }
 
 async fn stopped(rx: &mut watch::Receiver<bool>, d: Duration) -> bool {
@@ -140,7 +216,11 @@ async fn stopped(rx: &mut watch::Receiver<bool>, d: Duration) -> bool {
 }
 
 /// Serve the plugin socket.
-pub async fn serve_plugin<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
+pub async fn serve_plugin<B: Backend>(
+    agent: Arc<Agent<B>>,
+    listener: UnixListener,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let conn = tokio::select! {
             c = listener.accept() => c,
@@ -151,11 +231,15 @@ pub async fn serve_plugin<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListen
             // its locks), and skipping a task spawn and a thread hop is
             // measurable on the FORWARD path. A stuck peer costs at most
             // PLUGIN_IO_TIMEOUT, far beyond the plugin's own deadline.
-            Ok((stream, _)) => match tokio::time::timeout(PLUGIN_IO_TIMEOUT, handle_plugin(&agent, stream)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!("plugin connection: {e:#}"),
-                Err(_) => tracing::warn!("plugin connection: no request within {PLUGIN_IO_TIMEOUT:?}"),
-            },
+            Ok((stream, _)) => {
+                match tokio::time::timeout(PLUGIN_IO_TIMEOUT, handle_plugin(&agent, stream)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("plugin connection: {e:#}"),
+                    Err(_) => {
+                        tracing::warn!("plugin connection: no request within {PLUGIN_IO_TIMEOUT:?}")
+                    }
+                }
+            }
             Err(e) => {
                 tracing::warn!("accept: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -168,9 +252,15 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
     let uid = stream.peer_cred().context("SO_PEERCRED")?.uid();
     let (rd, mut wr) = stream.into_split();
     if !agent.cfg.allowed_uids.contains(&uid) {
-        tracing::warn!(uid, "refusing plugin connection from a uid that is not slurmctld's");
-        let reply = PluginReply::Local { reason: "peer not allowed".into() };
-        wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes()).await?;
+        tracing::warn!(
+            uid,
+            "refusing plugin connection from a uid that is not slurmctld's"
+        );
+        let reply = PluginReply::Local {
+            reason: "peer not allowed".into(),
+        };
+        wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes())
+            .await?;
         return Ok(());
     }
     let mut rd = BufReader::new(rd).take(MAX_REQUEST_BYTES as u64);
@@ -179,7 +269,9 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
     let t0 = Instant::now();
     let reply = match serde_json::from_slice::<PluginRequest>(&line) {
         Ok(PluginRequest::Ping { .. }) => PluginReply::Pong,
-        Ok(PluginRequest::Submit { v, .. }) if v != WIRE_VERSION => PluginReply::Local { reason: format!("unknown wire version {v}") },
+        Ok(PluginRequest::Submit { v, .. }) if v != WIRE_VERSION => PluginReply::Local {
+            reason: format!("unknown wire version {v}"),
+        },
         Ok(PluginRequest::Submit { job, .. }) => {
             let (reply, new) = {
                 let view = agent.view.read();
@@ -195,18 +287,23 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
                     }
                     Err(e) => {
                         tracing::error!("journal write failed, job stays local: {e:#}");
-                        PluginReply::Local { reason: "agent journal unavailable".into() }
+                        PluginReply::Local {
+                            reason: "agent journal unavailable".into(),
+                        }
                     }
                 },
             }
         }
         Err(e) => {
             tracing::warn!("bad request from the plugin: {e}");
-            PluginReply::Local { reason: format!("bad request: {e}") }
+            PluginReply::Local {
+                reason: format!("bad request: {e}"),
+            }
         }
     };
     tracing::debug!(us = t0.elapsed().as_micros() as u64, "answered plugin");
-    wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes()).await?;
+    wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes())
+        .await?;
     Ok(())
 }
 
@@ -277,7 +374,11 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
         match agent.journal.unregistered_forwards() {
             Ok(list) => {
                 for f in list {
-                    let req = ForwardRequest { fleet_job_id: f.id.clone(), request: f.request, tentative_target: f.target };
+                    let req = ForwardRequest {
+                        fleet_job_id: f.id.clone(),
+                        request: f.request,
+                        tentative_target: f.target,
+                    };
                     match agent.meta.forward(&req).await {
                         Ok(_) => {
                             if let Err(e) = agent.journal.mark_registered(&f.id) {
@@ -294,7 +395,11 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
             }
             Err(e) => tracing::error!("journal: {e:#}"),
         }
-        backoff = if failed { (backoff * 2).min(Duration::from_secs(10)) } else { Duration::from_millis(200) };
+        backoff = if failed {
+            (backoff * 2).min(Duration::from_secs(10))
+        } else {
+            Duration::from_millis(200)
+        };
         tokio::select! {
             _ = agent.forwards_pending.notified(), if !failed => {}
             _ = tokio::time::sleep(backoff) => {}
@@ -305,179 +410,119 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
 
 async fn work_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
     let mut warned = false;
-    let mut suspects = reconcile::Suspects::default();
-    let mut last_reconcile = f64::NEG_INFINITY;
+    let mut recent = track::Recent::default();
     loop {
-        report("work", &mut warned, work_once(&agent).await);
-        if let Err(e) = watch_once(&agent).await {
-            tracing::warn!("watch: {e:#}");
+        let t0 = Instant::now();
+        let res = tokio::select! {
+            r = work_once(&agent, client::WORK_WAIT_MS, &mut recent) => r,
+            _ = stop.changed() => return,
+        };
+        let progressed = *res.as_ref().unwrap_or(&false);
+        let failed = res.is_err();
+        report("work", &mut warned, res.map(|_| ()));
+        // A long poll that answered at once with nothing new (an old
+        // meta-scheduler, or work already in hand): wait a poll interval.
+        let pause = if failed {
+            agent.cfg.poll.max(Duration::from_secs(1))
+        } else if !progressed && t0.elapsed() < agent.cfg.poll {
+            agent.cfg.poll
+        } else {
+            Duration::ZERO
+        };
+        if stopped(&mut stop, pause).await {
+            return;
         }
-        if now() - last_reconcile >= reconcile::EVERY_S {
-            last_reconcile = now();
-            if let Err(e) = reconcile_once(&agent, &mut suspects).await {
-                tracing::warn!("reconcile: {e:#}");
-            }
-        }
+    }
+}
+
+async fn watch_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
+    let mut warned = false;
+    let mut tracker = track::Tracker::default();
+    loop {
+        report(
+            "watch",
+            &mut warned,
+            track::watch_once(&agent, &mut tracker).await,
+        );
         if stopped(&mut stop, agent.cfg.poll).await {
             return;
         }
     }
 }
 
-/// Take new assignments and cancel requests.
-pub async fn work_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
-    let work = agent.meta.work().await?;
-    for a in work.submit {
-        let id = a.fleet_job_id;
-        // A journaled run with a Slurm id was submitted already (the
-        // meta-scheduler did not hear back): report, never submit twice.
-        if let Some((run, _)) = agent.journal.run(&id)? {
-            if let Some(sid) = run.slurm_id {
-                let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
-                agent.meta.status(&id, &up).await?;
-                continue;
-            }
-        } else {
-            agent.journal.add_run(&id, &a.request)?;
-        }
-        match agent.backend.submit(&id, &a.request).await {
-            Ok(sid) => {
-                agent.journal.set_slurm_id(&id, sid)?;
-                tracing::info!(%id, slurm_id = sid, origin = %a.request.origin, "submitted");
-                let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
-                agent.meta.status(&id, &up).await?;
-            }
-            Err(e) => {
-                tracing::warn!(%id, "sbatch failed: {e:#}");
-                let mut run = agent.journal.run(&id)?.map(|r| r.0).unwrap_or_default();
-                run.id = id.clone();
-                run.done = true;
-                run.reported = Some("failed".into());
-                agent.journal.update_run(&run)?;
-                let up = StatusUpdate { state: Some(JobState::Failed), exit_code: Some(1), reason: format!("sbatch at {}: {e:#}", agent.cfg.site), final_stdout_len: Some(0), final_stderr_len: Some(0), ..Default::default() };
-                agent.meta.status(&id, &up).await?;
-            }
+async fn reconcile_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
+    let mut warned = false;
+    let mut suspects = reconcile::Suspects::default();
+    loop {
+        report(
+            "reconcile",
+            &mut warned,
+            reconcile_once(&agent, &mut suspects).await,
+        );
+        if stopped(&mut stop, Duration::from_secs_f64(reconcile::EVERY_S)).await {
+            return;
         }
     }
-    let mut seen = HashSet::new();
-    for id in work.cancel {
-        if !seen.insert(id.clone()) {
+}
+
+/// Take new assignments, cancel requests and start checks; true when
+/// something new was done.
+pub async fn work_once<B: Backend>(
+    agent: &Agent<B>,
+    wait_ms: u64,
+    recent: &mut track::Recent,
+) -> Result<bool> {
+    let work = agent.meta.work(wait_ms).await?;
+    let mut progressed = false;
+    for a in work.submit {
+        let id = a.fleet_job_id.clone();
+        if !recent.fresh(&format!("submit:{id}")) {
             continue;
         }
-        match agent.journal.run(&id)? {
-            Some((run, _)) if !run.done => match run.slurm_id {
-                Some(sid) => {
-                    if let Err(e) = agent.backend.cancel(&id, sid).await {
-                        tracing::warn!(%id, "cancel: {e:#}");
-                    } else {
-                        tracing::info!(%id, slurm_id = sid, "cancelled on request");
-                    }
-                }
-                None => {
-                    let up = StatusUpdate { state: Some(JobState::Cancelled), final_stdout_len: Some(0), final_stderr_len: Some(0), ..Default::default() };
-                    agent.meta.status(&id, &up).await?;
-                }
-            },
-            // Not ours, or already finished: nothing to touch.
-            _ => tracing::debug!(%id, "cancel request for a job this agent does not run"),
+        progressed = true;
+        if let Err(e) = track::submit_one(agent, a).await {
+            tracing::warn!(%id, "submitting: {e:#}");
         }
     }
-    Ok(())
+    for id in work.cancel {
+        if !recent.fresh(&format!("cancel:{id}")) {
+            continue;
+        }
+        progressed = true;
+        if let Err(e) = track::cancel_one(agent, &id).await {
+            tracing::warn!(%id, "cancelling: {e:#}");
+        }
+    }
+    let checks: Vec<_> = work
+        .confirm_start
+        .into_iter()
+        .filter(|c| recent.fresh(&format!("start:{}:{}", c.fleet_job_id, c.origin_job_id)))
+        .collect();
+    if !checks.is_empty() {
+        progressed = true;
+        track::confirm_starts(agent, &checks).await?;
+    }
+    Ok(progressed)
 }
 
 /// Cancel jobs forwarded from here whose stand-in has ended or vanished.
-pub async fn reconcile_once<B: Backend>(agent: &Agent<B>, suspects: &mut reconcile::Suspects) -> Result<()> {
+pub async fn reconcile_once<B: Backend>(
+    agent: &Agent<B>,
+    suspects: &mut reconcile::Suspects,
+) -> Result<()> {
     // Stand-ins first: a proxy exits only after its job is finished, so a
     // job still active after its stand-in ended is an orphan, not a race.
     let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
     let jobs = agent.meta.active_jobs_from(&agent.cfg.site).await?;
-    let active: Vec<_> = reconcile::active_from(&agent.cfg.site, &jobs).cloned().collect();
+    let mut active = Vec::new();
+    for j in reconcile::active_from(&agent.cfg.site, &jobs) {
+        active.push((j.clone(), agent.journal.stand_in_of(&j.fleet_job_id)?));
+    }
     for (id, reason) in suspects.pass(&active, &stand_ins, now()) {
         match agent.meta.cancel(&id).await {
             Ok(_) => tracing::warn!(%id, "cancelled: {reason}"),
             Err(e) => tracing::warn!(%id, "cancelling an orphan ({reason}): {e:#}"),
         }
-    }
-    Ok(())
-}
-
-/// Relay new output of `path` from `*off`; returns false on a send error.
-async fn relay<B: Backend>(agent: &Agent<B>, id: &str, stream: Stream, path: &std::path::Path, off: &mut u64) -> Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut f = match tokio::fs::File::open(path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    f.seek(std::io::SeekFrom::Start(*off)).await?;
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = f.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        let chunk = OutputChunk { stream, offset: *off, data: buf[..n].to_vec() };
-        match agent.meta.output(id, &chunk).await? {
-            None => *off += n as u64,
-            Some(held) => {
-                // The meta-scheduler lost the tail: send it again from our copy.
-                tracing::warn!(%id, stream = stream.as_str(), held, sent = *off, "meta-scheduler lost output; resending from its offset");
-                *off = held;
-                f.seek(std::io::SeekFrom::Start(held)).await?;
-            }
-        }
-    }
-}
-
-/// Report state changes and output of the jobs this cluster runs.
-pub async fn watch_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
-    let runs = agent.journal.active_runs()?;
-    let ids: Vec<u64> = runs.iter().filter_map(|(r, _)| r.slurm_id).collect();
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let statuses = agent.backend.status(&ids).await?;
-    for (mut run, _req) in runs {
-        let Some(sid) = run.slurm_id else { continue };
-        let status = statuses.iter().find(|(i, _)| *i == sid).and_then(|(_, s)| s.clone());
-        let paths = agent.backend.output_paths(&run.id);
-        relay(agent, &run.id, Stream::Stdout, &paths.stdout, &mut run.stdout_off).await?;
-        relay(agent, &run.id, Stream::Stderr, &paths.stderr, &mut run.stderr_off).await?;
-        let (state, mut up) = match status {
-            Some(s) => (
-                s.state,
-                StatusUpdate {
-                    remote_job_id: Some(sid),
-                    state: Some(s.state),
-                    exit_code: s.exit_code,
-                    signal: s.signal,
-                    reason: s.reason,
-                    node_list: s.node_list,
-                    ..Default::default()
-                },
-            ),
-            None => (
-                JobState::Lost,
-                StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Lost), reason: "Slurm no longer knows the job".into(), ..Default::default() },
-            ),
-        };
-        if state.is_terminal() {
-            // Read whatever the job wrote last, then close the streams.
-            relay(agent, &run.id, Stream::Stdout, &paths.stdout, &mut run.stdout_off).await?;
-            relay(agent, &run.id, Stream::Stderr, &paths.stderr, &mut run.stderr_off).await?;
-            up.final_stdout_len = Some(run.stdout_off);
-            up.final_stderr_len = Some(run.stderr_off);
-        }
-        let label = format!("{}:{}", state.as_str(), up.node_list);
-        if run.reported.as_deref() != Some(label.as_str()) || state.is_terminal() {
-            agent.meta.status(&run.id, &up).await?;
-            if run.reported.as_deref() != Some(label.as_str()) {
-                tracing::info!(id = %run.id, slurm_id = sid, state = %state, "state");
-            }
-            run.reported = Some(label);
-        }
-        run.done = state.is_terminal();
-        agent.journal.update_run(&run)?;
     }
     Ok(())
 }

@@ -19,7 +19,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let conf = args.conf.unwrap_or_else(fleet_agent::config::default_conf_path);
+    let conf = args
+        .conf
+        .unwrap_or_else(fleet_agent::config::default_conf_path);
     let cfg = match fleet_agent::config::AgentConfig::load(&conf) {
         Ok(c) => c,
         Err(e) => {
@@ -29,7 +31,8 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLEET_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log_level)),
+            tracing_subscriber::EnvFilter::try_from_env("FLEET_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log_level)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -37,7 +40,11 @@ fn main() -> ExitCode {
         println!("{cfg:#?}");
         return ExitCode::SUCCESS;
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fleet-agent: cannot start the runtime: {e}");

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use fleet_api::api::JobRecord;
 use fleet_api::JobState;
 
-use crate::backend::StandIn;
+use crate::backend::NativeJob;
 
 /// How often the origin compares jobs and stand-ins.
 pub const EVERY_S: f64 = 5.0;
@@ -30,28 +30,38 @@ pub const CONFIRM_S: f64 = 8.0;
 pub const APPEAR_GRACE_S: f64 = 60.0;
 
 /// Why an active job from this site has no live stand-in, or `None`.
-pub fn orphan_reason(job: &JobRecord, stand_ins: &[StandIn], now: f64) -> Option<String> {
+pub fn orphan_reason(
+    job: &JobRecord,
+    journaled: Option<u64>,
+    stand_ins: &[NativeJob],
+    now: f64,
+) -> Option<String> {
     if job.state.is_terminal() || job.cancel_requested {
         return None;
     }
-    let found = match job.origin_job_id {
+    // The stand-in is the Slurm job the agent confirmed at start, or, before
+    // that, the one whose AdminComment (set by the plugin; users cannot set
+    // it) carries this job's tag. Never a user-editable comment, never the
+    // id a stand-in's token holder reported.
+    let tag = format!("fleet:{}", job.fleet_job_id);
+    let found = match journaled {
         Some(sid) => stand_ins.iter().find(|s| s.native_id == sid),
-        None => stand_ins.iter().find(|s| s.comment.contains(job.fleet_job_id.as_str())),
+        None => stand_ins.iter().find(|s| s.admin_comment == tag),
     };
     match found {
-        Some(s) if s.state.is_terminal() => {
-            Some(format!("its stand-in, job {} at {}, ended ({})", s.native_id, job.origin, s.raw_state))
-        }
+        Some(s) if s.state.is_terminal() => Some(format!(
+            "its stand-in, job {} at {}, ended ({})",
+            s.native_id, job.origin, s.raw_state
+        )),
         Some(_) => None,
         None if now - job.submitted_at < APPEAR_GRACE_S => None,
-        None => Some(match job.origin_job_id {
+        None => Some(match journaled {
             Some(sid) => format!("its stand-in, job {sid} at {}, is gone", job.origin),
             None => format!("no stand-in for it exists at {}", job.origin),
         }),
     }
 }
 
-/// Orphans seen so far, and since when.
 #[derive(Default)]
 pub struct Suspects {
     since: HashMap<String, f64>,
@@ -59,11 +69,19 @@ pub struct Suspects {
 
 impl Suspects {
     /// One pass: returns the jobs to cancel now, with the reason.
-    pub fn pass(&mut self, jobs: &[JobRecord], stand_ins: &[StandIn], now: f64) -> Vec<(String, String)> {
+    /// `jobs`: active jobs from here with their journaled stand-in id.
+    pub fn pass(
+        &mut self,
+        jobs: &[(JobRecord, Option<u64>)],
+        stand_ins: &[NativeJob],
+        now: f64,
+    ) -> Vec<(String, String)> {
         let mut seen = HashMap::new();
         let mut cancel = Vec::new();
-        for job in jobs {
-            let Some(reason) = orphan_reason(job, stand_ins, now) else { continue };
+        for (job, journaled) in jobs {
+            let Some(reason) = orphan_reason(job, *journaled, stand_ins, now) else {
+                continue;
+            };
             let since = self.since.get(&job.fleet_job_id).copied().unwrap_or(now);
             if now - since >= CONFIRM_S {
                 cancel.push((job.fleet_job_id.clone(), reason));
@@ -78,19 +96,23 @@ impl Suspects {
 }
 
 /// Jobs from `site` the meta-scheduler still counts as active.
-pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<Item = &'a JobRecord> {
-    jobs.iter().filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
+pub fn active_from<'a>(
+    site: &'a str,
+    jobs: &'a [JobRecord],
+) -> impl Iterator<Item = &'a JobRecord> {
+    jobs.iter()
+        .filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn job(id: &str, state: JobState, origin_job_id: Option<u64>, submitted_at: f64) -> JobRecord {
+    fn job(id: &str, state: JobState, submitted_at: f64) -> JobRecord {
         JobRecord {
             fleet_job_id: id.into(),
             origin: "beta".into(),
-            origin_job_id,
+            origin_job_id: None,
             target: Some("alpha".into()),
             remote_job_id: None,
             state,
@@ -108,50 +130,86 @@ mod tests {
         }
     }
 
-    fn stand_in(id: u64, raw: &str, comment: &str) -> StandIn {
-        StandIn { native_id: id, state: crate::slurm::map_state(raw), raw_state: raw.into(), comment: comment.into() }
+    fn stand_in(id: u64, raw: &str, admin_comment: &str) -> NativeJob {
+        let mut j = NativeJob::new(id, raw);
+        j.admin_comment = admin_comment.into();
+        j
     }
 
     #[test]
     fn reasons() {
         let now = 1000.0;
         let s = [
-            stand_in(7, "RUNNING", "fleet: alpha job 100003 running"),
-            stand_in(8, "FAILED", "fleet: alpha job 100004 running"),
-            stand_in(9, "CANCELLED", "fleet: alpha (waiting) beta-aaaa"),
-            stand_in(10, "PENDING", "fleet: alpha (waiting) beta-bbbb"),
-            stand_in(11, "COMPLETING", "x"),
+            stand_in(7, "RUNNING", "fleet:beta-1"),
+            stand_in(8, "FAILED", "fleet:beta-2"),
+            stand_in(9, "CANCELLED", "fleet:beta-aaaa"),
+            stand_in(10, "PENDING", "fleet:beta-bbbb"),
+            stand_in(11, "COMPLETING", ""),
         ];
-        // Started jobs are matched by the stand-in's Slurm id.
-        assert_eq!(orphan_reason(&job("beta-1", JobState::Running, Some(7), 0.0), &s, now), None);
-        assert_eq!(orphan_reason(&job("beta-1", JobState::Running, Some(11), 0.0), &s, now), None);
-        let r = orphan_reason(&job("beta-2", JobState::Running, Some(8), 0.0), &s, now).unwrap();
+        assert_eq!(
+            orphan_reason(&job("beta-1", JobState::Running, 0.0), Some(7), &s, now),
+            None
+        );
+        assert_eq!(
+            orphan_reason(&job("beta-1", JobState::Running, 0.0), Some(11), &s, now),
+            None
+        );
+        let r = orphan_reason(&job("beta-2", JobState::Running, 0.0), Some(8), &s, now).unwrap();
         assert_eq!(r, "its stand-in, job 8 at beta, ended (FAILED)");
-        let r = orphan_reason(&job("beta-3", JobState::Running, Some(99), 0.0), &s, now).unwrap();
+        let r = orphan_reason(&job("beta-3", JobState::Running, 0.0), Some(99), &s, now).unwrap();
         assert_eq!(r, "its stand-in, job 99 at beta, is gone");
-        // Not yet started: matched by the fleet id in the stand-in's comment.
-        assert!(orphan_reason(&job("beta-aaaa", JobState::Held, None, 0.0), &s, now).unwrap().contains("ended (CANCELLED)"));
-        assert_eq!(orphan_reason(&job("beta-bbbb", JobState::Held, None, 0.0), &s, now), None);
-        // Never seen: given time to appear, then orphaned.
-        assert_eq!(orphan_reason(&job("beta-cccc", JobState::Held, None, now - 5.0), &s, now), None);
-        let r = orphan_reason(&job("beta-cccc", JobState::Held, None, now - 61.0), &s, now).unwrap();
+        assert!(
+            orphan_reason(&job("beta-aaaa", JobState::Held, 0.0), None, &s, now)
+                .unwrap()
+                .contains("ended (CANCELLED)")
+        );
+        assert_eq!(
+            orphan_reason(&job("beta-bbbb", JobState::Held, 0.0), None, &s, now),
+            None
+        );
+        assert_eq!(
+            orphan_reason(&job("beta-cccc", JobState::Held, now - 5.0), None, &s, now),
+            None
+        );
+        let r =
+            orphan_reason(&job("beta-cccc", JobState::Held, now - 61.0), None, &s, now).unwrap();
         assert_eq!(r, "no stand-in for it exists at beta");
-        // Finished or already being cancelled: nothing to do.
-        assert_eq!(orphan_reason(&job("beta-2", JobState::Completed, Some(8), 0.0), &s, now), None);
-        let mut j = job("beta-2", JobState::Running, Some(8), 0.0);
+        assert_eq!(
+            orphan_reason(&job("beta-2", JobState::Completed, 0.0), Some(8), &s, now),
+            None
+        );
+        let mut j = job("beta-2", JobState::Running, 0.0);
         j.cancel_requested = true;
-        assert_eq!(orphan_reason(&j, &s, now), None);
+        assert_eq!(orphan_reason(&j, Some(8), &s, now), None);
+    }
+
+    #[test]
+    fn a_decoy_with_the_tag_in_its_user_comment_is_not_a_stand_in() {
+        // A user's own job in the proxy partition whose *comment* names
+        // another user's job: only AdminComment counts, so the victim's
+        // pending stand-in (tagged by the plugin) is found and kept.
+        let mut decoy = stand_in(20, "CANCELLED", "");
+        decoy.reason = "fleet:beta-victim".into();
+        let victim = stand_in(21, "PENDING", "fleet:beta-victim");
+        assert_eq!(
+            orphan_reason(
+                &job("beta-victim", JobState::Held, 0.0),
+                None,
+                &[decoy, victim],
+                1000.0
+            ),
+            None
+        );
     }
 
     #[test]
     fn an_orphan_is_cancelled_only_when_seen_twice_confirm_s_apart() {
         let s = [stand_in(8, "FAILED", "")];
         let live = [stand_in(8, "RUNNING", "")];
-        let jobs = [job("beta-2", JobState::Running, Some(8), 0.0)];
+        let jobs = [(job("beta-2", JobState::Running, 0.0), Some(8))];
         let mut sus = Suspects::default();
         assert!(sus.pass(&jobs, &s, 100.0).is_empty());
         assert!(sus.pass(&jobs, &s, 105.0).is_empty());
-        // Seen live in between: the clock starts over.
         assert!(sus.pass(&jobs, &live, 106.0).is_empty());
         assert!(sus.pass(&jobs, &s, 110.0).is_empty());
         assert!(sus.pass(&jobs, &s, 117.0).is_empty());
@@ -162,10 +220,16 @@ mod tests {
 
     #[test]
     fn only_active_jobs_of_this_site() {
-        let mut other = job("gamma-1", JobState::Running, Some(1), 0.0);
+        let mut other = job("gamma-1", JobState::Running, 0.0);
         other.origin = "gamma".into();
-        let jobs = [job("beta-1", JobState::Running, Some(1), 0.0), job("beta-2", JobState::Completed, Some(2), 0.0), other];
-        let ids: Vec<_> = active_from("beta", &jobs).map(|j| j.fleet_job_id.as_str()).collect();
+        let jobs = [
+            job("beta-1", JobState::Running, 0.0),
+            job("beta-2", JobState::Completed, 0.0),
+            other,
+        ];
+        let ids: Vec<_> = active_from("beta", &jobs)
+            .map(|j| j.fleet_job_id.as_str())
+            .collect();
         assert_eq!(ids, ["beta-1"]);
     }
 }

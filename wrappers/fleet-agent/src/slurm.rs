@@ -1,9 +1,11 @@
-//! [`Backend`] on Slurm's own commands (sinfo, squeue, scontrol, sbatch,
-//! scancel), run as the agent's unprivileged user with `SLURM_CONF` set.
+//! [`Backend`] on Slurm's own commands (sinfo, squeue, sacct, sbatch,
+//! scancel), run as the agent's unprivileged user with `SLURM_CONF` set;
+//! sbatch and scancel run as the job's user through sudo.
 //!
-//! Jobs are submitted with `--comment=fleet:<id>`; before cancelling, the
-//! agent checks that the native job still carries that tag, so a recycled
-//! job id can never make it touch someone else's job.
+//! Job state is read from `squeue --json` in one call per pass, never from
+//! text a user can shape (job names, comments). A job is known by its Slurm
+//! id *and* its submit time and owner, so an id that slurmctld reuses after
+//! a crash never lends another job's result (see `lib.rs`, `track`).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -15,16 +17,14 @@ use fleet_api::{GpuScope, JobRequest, JobState};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::backend::{Backend, NativeStatus, OutputPaths, StandIn};
-use crate::config::RunAs;
+use crate::backend::{Backend, NativeJob};
+use crate::identity::LocalUser;
 
 pub struct SlurmBackend {
     pub bin: PathBuf,
     pub slurm_conf: PathBuf,
     pub spool: PathBuf,
     pub site: String,
-    /// Submit and cancel as this user, through sudo (`RunAsUser`).
-    pub run_as: Option<RunAs>,
 }
 
 /// sudo, by absolute path: the command's PATH is the job's.
@@ -34,25 +34,27 @@ const CMD_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SlurmBackend {
     async fn run(&self, cmd: &str, args: &[String], stdin: Option<&[u8]>) -> Result<String> {
-        self.run_in(cmd, args, stdin, None, false).await
+        let out = self.run_in(cmd, args, stdin, None, None).await?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
-    /// [`SlurmBackend::run`] with the command's whole environment given
-    /// (`None`: the agent's own), as the `RunAsUser` when `as_job_user`.
+    /// Runs Slurm command `cmd`, as `as_user` through sudo when given, with
+    /// the environment `env` (`None`: the agent's own); returns its stdout.
     async fn run_in(
         &self,
         cmd: &str,
         args: &[String],
         stdin: Option<&[u8]>,
         env: Option<&[(String, String)]>,
-        as_job_user: bool,
-    ) -> Result<String> {
-        let mut c = match self.run_as.as_ref().filter(|_| as_job_user) {
+        as_user: Option<&str>,
+    ) -> Result<Vec<u8>> {
+        let mut c = match as_user {
             // -E keeps the environment (sudoers: SETENV); sudo still drops
-            // the dangerous variables (LD_PRELOAD and the like).
+            // the dangerous variables (LD_PRELOAD and the like), which is
+            // why the job's own environment travels in --export-file.
             Some(u) => {
                 let mut c = Command::new(SUDO);
-                c.args(["-n", "-E", "-u", &u.name, "--"]).arg(self.bin.join(cmd));
+                c.args(["-n", "-E", "-u", u, "--"]).arg(self.bin.join(cmd));
                 c
             }
             None => Command::new(self.bin.join(cmd)),
@@ -62,45 +64,57 @@ impl SlurmBackend {
         }
         c.args(args)
             .env("SLURM_CONF", &self.slurm_conf)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = c.spawn().with_context(|| format!("running {cmd}"))?;
         if let (Some(data), Some(mut w)) = (stdin, child.stdin.take()) {
-            w.write_all(data).await.with_context(|| format!("writing to {cmd}"))?;
+            w.write_all(data)
+                .await
+                .with_context(|| format!("writing to {cmd}"))?;
             drop(w);
         }
         let out = tokio::time::timeout(CMD_TIMEOUT, child.wait_with_output())
             .await
             .map_err(|_| anyhow!("{cmd} did not finish within {}s", CMD_TIMEOUT.as_secs()))??;
         if !out.status.success() {
-            bail!("{cmd} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+            bail!(
+                "{cmd} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(out.stdout)
     }
 
-    /// Is `RunAsUser` usable? It must be another user than the agent's, and
-    /// sudo must let the agent run sbatch as it without a password.
-    pub async fn check_run_as(&self, u: &RunAs) -> Result<()> {
+    /// Can the agent submit as `user` (its sudo rule)? Used at start with a
+    /// probe user and by `--check`.
+    pub async fn check_sudo(&self, user: &str) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
-        let me = std::fs::metadata("/proc/self").map(|m| m.uid()).context("reading /proc/self")?;
-        if u.uid == me || u.uid == 0 {
-            bail!("RunAsUser={} (uid {}) must be neither root nor the agent's own user: job code could read the agent's token", u.name, u.uid);
-        }
+        let me = std::fs::metadata("/proc/self")
+            .map(|m| m.uid())
+            .context("reading /proc/self")?;
         let bin = self.bin.display();
-        self.run_in("sbatch", &["--version".into()], None, None, true).await.with_context(|| {
+        self.run_in("sbatch", &["--version".into()], None, None, Some(user)).await.with_context(|| {
             format!(
-                "RunAsUser={0}: sudo does not let the agent (uid {me}) run sbatch as {0}; it needs the sudoers rule \
-                 `<agent user> ALL=({0}) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel`",
-                u.name
+                "sudo does not let the agent (uid {me}) run sbatch as {user}; it needs the sudoers rule \
+                 `<agent user> ALL=(%<JobUserGroup>) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel`"
             )
         })?;
         Ok(())
     }
 
-    fn job_dir(&self, id: &str) -> PathBuf {
-        self.spool.join("jobs").join(id)
+    /// `squeue --json` for `args`, parsed.
+    async fn squeue_json(&self, args: &[String]) -> Result<Vec<NativeJob>> {
+        let mut a = vec!["--json".to_string()];
+        a.extend_from_slice(args);
+        let out = self.run_in("squeue", &a, None, None, None).await?;
+        parse_jobs_json(&out)
     }
 }
 
@@ -144,7 +158,9 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
     let mut nodes: Vec<NodeCapacity> = Vec::new();
     for line in out.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let [name, part, state, gres, used] = f.as_slice() else { continue };
+        let [name, part, state, gres, used] = f.as_slice() else {
+            continue;
+        };
         let part = part.trim_end_matches('*').to_string();
         if let Some(n) = nodes.iter_mut().find(|n| n.name == *name) {
             if !n.partitions.contains(&part) {
@@ -157,7 +173,9 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
         let gpu_type = total.iter().find_map(|(t, _)| t.clone());
         let gpus_total: u32 = total.iter().map(|(_, n)| n).sum();
         let gpus_used: u32 = used.iter().map(|(_, n)| n).sum();
-        let state = state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']).to_ascii_lowercase();
+        let state = state
+            .trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-'])
+            .to_ascii_lowercase();
         nodes.push(NodeCapacity {
             name: name.to_string(),
             partitions: vec![part],
@@ -180,54 +198,189 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
 /// Slurm's job state name → Fleet's.
 pub fn map_state(s: &str) -> JobState {
     match s.split_whitespace().next().unwrap_or("") {
-        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => JobState::Pending,
-        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" | "STOPPED" => JobState::Running,
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
+        | "RESV_DEL_HOLD" | "SUSPENDED" => JobState::Pending,
+        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" | "STOPPED" => {
+            JobState::Running
+        }
         "COMPLETED" => JobState::Completed,
         "CANCELLED" => JobState::Cancelled,
-        "FAILED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" | "PREEMPTED" => JobState::Failed,
+        "FAILED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE"
+        | "PREEMPTED" => JobState::Failed,
         _ => JobState::Pending,
     }
 }
 
-/// `scontrol show job -o` → (JobState, ExitCode, NodeList, Reason).
-pub fn parse_scontrol(line: &str) -> Option<NativeStatus> {
-    let get = |k: &str| {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
-    };
-    let state_raw = get("JobState")?;
-    let mut state = map_state(state_raw);
-    let (code, sig) = get("ExitCode")
-        .and_then(|e| e.split_once(':'))
-        .map(|(c, s)| (c.parse::<i32>().ok(), s.parse::<i32>().ok()))
-        .unwrap_or((None, None));
-    // A batch job that completed with a non-zero code is FAILED in Slurm;
-    // both are terminal here, the exit code tells them apart.
-    if state == JobState::Failed && state_raw == "FAILED" && code.is_some_and(|c| c != 0) {
-        state = JobState::Failed;
+/// Largest JSON document read from a Slurm command.
+pub const MAX_JSON_BYTES: usize = 64 << 20;
+
+/// A number in any of Slurm's JSON dialects: a plain number (22.05's
+/// v0.0.38) or `{"set": true, "infinite": false, "number": n}` (23.02+).
+fn num(v: Option<&serde_json::Value>) -> Option<i64> {
+    let v = v?;
+    if let Some(n) = v.as_i64() {
+        return Some(n);
     }
-    Some(NativeStatus {
-        state,
-        exit_code: if state.is_terminal() { code } else { None },
-        signal: if state.is_terminal() { sig.filter(|&s| s != 0) } else { None },
-        node_list: get("NodeList").filter(|n| *n != "(null)").unwrap_or("").to_string(),
-        reason: get("Reason").filter(|r| *r != "None").unwrap_or("").to_string(),
-    })
+    if let Some(n) = v.as_u64() {
+        return i64::try_from(n).ok();
+    }
+    let o = v.as_object()?;
+    if o.get("set").and_then(|s| s.as_bool()) == Some(false)
+        || o.get("infinite").and_then(|s| s.as_bool()) == Some(true)
+    {
+        return None;
+    }
+    num(o.get("number"))
 }
 
-/// `squeue -h -o %i|%T|%k` → stand-ins (array elements and garbage skipped).
-pub fn parse_stand_ins(out: &str) -> Vec<StandIn> {
+/// A state: a string (22.05) or a list of flags, base state first (23.02+).
+fn state_of(v: Option<&serde_json::Value>) -> String {
+    match v {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Array(a)) => {
+            a.first().and_then(|s| s.as_str()).unwrap_or("").to_string()
+        }
+        _ => String::new(),
+    }
+}
+
+fn text(v: Option<&serde_json::Value>) -> String {
+    v.and_then(|v| v.as_str()).unwrap_or("").to_string()
+}
+
+/// (exit code, signal) from Slurm's `exit_code`: a wait(2) status in
+/// 22.05 (`code << 8 | signal`), an object with `return_code` and
+/// `signal` in 23.02+.
+fn exit_of(v: Option<&serde_json::Value>) -> (Option<i32>, Option<i32>) {
+    match v {
+        Some(serde_json::Value::Object(o)) => {
+            let code = num(o.get("return_code")).and_then(|n| i32::try_from(n).ok());
+            let sig = o
+                .get("signal")
+                .and_then(|s| num(s.get("id")).or_else(|| num(Some(s))))
+                .and_then(|n| i32::try_from(n).ok());
+            (code, sig)
+        }
+        other => match num(other) {
+            Some(w) if (0..=0xffff).contains(&w) => {
+                (Some(((w >> 8) & 0xff) as i32), Some((w & 0x7f) as i32))
+            }
+            _ => (None, None),
+        },
+    }
+}
+
+/// `squeue --json` / `scontrol show job --json` → jobs. Every field comes
+/// from a typed JSON member, so a job name or comment holding
+/// `JobState=COMPLETED` or a newline changes nothing. Elements of arrays
+/// and heterogeneous jobs are skipped (Fleet never creates them).
+pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
+    if doc.len() > MAX_JSON_BYTES {
+        bail!(
+            "Slurm's JSON is {} bytes, more than the {} accepted",
+            doc.len(),
+            MAX_JSON_BYTES
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(doc).context("Slurm printed invalid JSON")?;
+    let Some(jobs) = v.get("jobs").and_then(|j| j.as_array()) else {
+        bail!("Slurm's JSON has no `jobs` list");
+    };
+    let mut out = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        let Some(id) = num(j.get("job_id")).and_then(|n| u64::try_from(n).ok()) else {
+            continue;
+        };
+        if num(j.get("array_task_id")).is_some() || num(j.get("het_job_id")).is_some_and(|h| h != 0)
+        {
+            continue;
+        }
+        let raw_state = state_of(j.get("job_state"));
+        if raw_state.is_empty() {
+            continue;
+        }
+        let mut job = NativeJob::new(id, &raw_state);
+        if job.state.is_terminal() {
+            let (code, sig) = exit_of(j.get("exit_code"));
+            job.exit_code = code;
+            job.signal = sig.filter(|&s| s != 0);
+        }
+        job.node_list = text(j.get("nodes"));
+        job.reason = text(j.get("state_reason"))
+            .trim_start_matches("None")
+            .to_string();
+        job.submit_time = num(j.get("submit_time"));
+        job.user_id = num(j.get("user_id")).and_then(|n| u32::try_from(n).ok());
+        job.restarts = num(j.get("restart_cnt"))
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0);
+        job.partition = text(j.get("partition"));
+        job.admin_comment = text(j.get("admin_comment"));
+        out.push(job);
+    }
+    Ok(out)
+}
+
+/// `sacct -X -n -P -o JobIDRaw,State,ExitCode,Submit,UID` → finished
+/// jobs. None of these columns can hold user text.
+pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
     out.lines()
         .filter_map(|l| {
-            let mut f = l.splitn(3, '|');
-            let native_id = f.next()?.trim().parse().ok()?;
-            let raw_state = f.next()?.trim().to_string();
-            if raw_state.is_empty() {
+            let f: Vec<&str> = l.split('|').collect();
+            let [id, state, exit, submit, uid] = f.as_slice() else {
                 return None;
+            };
+            let native_id = id.parse().ok()?;
+            let mut j = NativeJob::new(native_id, state);
+            let (code, sig) = exit.split_once(':')?;
+            if j.state.is_terminal() {
+                j.exit_code = code.parse().ok();
+                j.signal = sig.parse().ok().filter(|&s: &i32| s != 0);
             }
-            Some(StandIn { native_id, state: map_state(&raw_state), raw_state, comment: f.next().unwrap_or("").to_string() })
+            j.submit_time = parse_slurm_time(submit);
+            j.user_id = uid.parse().ok();
+            Some(j)
         })
         .collect()
+}
+
+/// `2026-12-01T14:53:07` (the controller's local time) → epoch seconds.
+pub fn parse_slurm_time(s: &str) -> Option<i64> {
+    let (d, t) = s.split_once('T')?;
+    let d: Vec<i64> = d
+        .split('-')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let t: Vec<i64> = t
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let ([y, m, day], [hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
+        return None;
+    };
+    // Days from civil (Howard Hinnant's algorithm), then the local offset.
+    let (y, m) = if *m <= 2 { (y - 1, m + 9) } else { (*y, m - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let local = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    Some(local - local_utc_offset(local))
+}
+
+/// The local time zone's offset from UTC (seconds) around `t`.
+fn local_utc_offset(t: i64) -> i64 {
+    let tt = t as libc::time_t;
+    // SAFETY: `tm` is plain data written by localtime_r; both pointers are
+    // valid for the call.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&tt, &mut tm).is_null() {
+            return 0;
+        }
+        tm.tm_gmtoff
+    }
 }
 
 /// The environment sbatch runs with at the target, so that the job gets the
@@ -237,16 +390,36 @@ pub fn parse_stand_ins(out: &str) -> Vec<StandIn> {
 /// the job's directory here. `None` when the origin sent no environment.
 pub fn submit_env(req: &JobRequest, job_dir: &std::path::Path) -> Option<Vec<(String, String)>> {
     const DROP: &[&str] = &[
-        "HOME", "USER", "LOGNAME", "MAIL", "SHELL", "PWD", "OLDPWD", "HOSTNAME", "SHLVL", "_", "TMPDIR",
-        "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "DISPLAY", "KRB5CCNAME", "SSH_AUTH_SOCK", "SSH_CLIENT",
-        "SSH_CONNECTION", "SSH_TTY",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "MAIL",
+        "SHELL",
+        "PWD",
+        "OLDPWD",
+        "HOSTNAME",
+        "SHLVL",
+        "_",
+        "TMPDIR",
+        "XDG_RUNTIME_DIR",
+        "XDG_SESSION_ID",
+        "DISPLAY",
+        "KRB5CCNAME",
+        "SSH_AUTH_SOCK",
+        "SSH_CLIENT",
+        "SSH_CONNECTION",
+        "SSH_TTY",
     ];
-    const DROP_PREFIX: &[&str] = &["SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SPANK_", "_SLURM_", "FLEET_"];
+    const DROP_PREFIX: &[&str] = &[
+        "SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SPANK_", "_SLURM_", "FLEET_",
+    ];
     let mut env: Vec<(String, String)> = req
         .env
         .iter()
         .filter_map(|e| e.split_once('='))
-        .filter(|(k, _)| !k.is_empty() && !DROP.contains(k) && !DROP_PREFIX.iter().any(|p| k.starts_with(p)))
+        .filter(|(k, _)| {
+            !k.is_empty() && !DROP.contains(k) && !DROP_PREFIX.iter().any(|p| k.starts_with(p))
+        })
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     if env.is_empty() {
@@ -260,15 +433,23 @@ pub fn submit_env(req: &JobRequest, job_dir: &std::path::Path) -> Option<Vec<(St
 }
 
 /// sbatch options that reproduce the job's resources at this cluster.
-pub fn sbatch_args(id: &str, req: &JobRequest, dir: &std::path::Path, paths: &OutputPaths) -> Vec<String> {
+pub fn sbatch_args(
+    id: &str,
+    req: &JobRequest,
+    dir: &std::path::Path,
+    paths: &crate::backend::OutputPaths,
+) -> Vec<String> {
     let mut a = vec![
         "--parsable".to_string(),
-        format!("--comment=fleet:{id}"),
         format!("--job-name={}", req.name.as_deref().unwrap_or(id)),
         format!("--chdir={}", dir.display()),
         format!("--output={}", paths.stdout.display()),
         format!("--error={}", paths.stderr.display()),
-        format!("--export=ALL,FLEET_JOB_ID={id},FLEET_ORIGIN={}", req.origin),
+        // FLEET_FORWARDED_JOB: this cluster's plugin never forwards it again.
+        format!(
+            "--export=ALL,FLEET_JOB_ID={id},FLEET_ORIGIN={},FLEET_FORWARDED_JOB={id}",
+            req.origin
+        ),
     ];
     for g in &req.gpus {
         let spec = match &g.gpu_type {
@@ -308,64 +489,139 @@ impl Backend for SlurmBackend {
         let sinfo = self
             .run(
                 "sinfo",
-                &["-N".into(), "-h".into(), "-O".into(), "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160".into()],
+                &[
+                    "-N".into(),
+                    "-h".into(),
+                    "-O".into(),
+                    "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160".into(),
+                ],
                 None,
             )
             .await?;
-        let squeue = self.run("squeue", &["-h".into(), "-o".into(), "%T".into()], None).await?;
+        let squeue = self
+            .run("squeue", &["-h".into(), "-o".into(), "%T".into()], None)
+            .await?;
         let pending = squeue.lines().filter(|l| l.trim() == "PENDING").count() as u32;
         let running = squeue.lines().filter(|l| l.trim() == "RUNNING").count() as u32;
         Ok((parse_sinfo(&sinfo), pending, running))
     }
 
-    async fn submit(&self, id: &str, req: &JobRequest) -> Result<u64> {
-        let script = req.script.as_deref().ok_or_else(|| anyhow!("job {id} carries no script"))?;
+    async fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> Result<u64> {
+        let script = req
+            .script
+            .as_deref()
+            .ok_or_else(|| anyhow!("job {id} carries no script"))?;
         let dir = self.job_dir(id);
-        tokio::fs::create_dir_all(&dir).await.with_context(|| format!("creating {}", dir.display()))?;
+        if let Some(parent) = dir.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        crate::jobdir::create(&dir, user.uid)?;
         let paths = self.output_paths(id);
-        if let Some(u) = &self.run_as {
-            // The job (RunAsUser) writes its output here, the agent reads it.
-            use std::os::unix::fs::PermissionsExt;
-            std::os::unix::fs::chown(&dir, None, Some(u.gid)).with_context(|| format!("giving {} to group {}", dir.display(), u.gid))?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2770))?;
+        let mut args = sbatch_args(id, req, &dir, &paths);
+        if let Some(a) = &user.account {
+            args.push(format!("--account={a}"));
         }
+        // The job's environment as sbatch captured it at the origin, read by
+        // sbatch itself (sudo would strip LD_*, PYTHONPATH and the like).
         let env = submit_env(req, &dir);
-        let out = self.run_in("sbatch", &sbatch_args(id, req, &dir, &paths), Some(script), env.as_deref(), true).await?;
+        if let Some(env) = &env {
+            let f = dir.join(".fleet-env");
+            crate::jobdir::write_private(&f, &crate::jobdir::export_file_bytes(env))?;
+            args.push(format!("--export-file={}", f.display()));
+        }
+        // sbatch itself runs in a minimal environment: nothing of the agent's
+        // reaches the job.
+        let base_env = vec![
+            (
+                "PATH".to_string(),
+                "/usr/local/bin:/usr/bin:/bin".to_string(),
+            ),
+            ("HOME".to_string(), dir.display().to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+        ];
+        let out = self
+            .run_in(
+                "sbatch",
+                &args,
+                Some(script),
+                Some(&base_env),
+                Some(&user.name),
+            )
+            .await?;
+        let out = String::from_utf8_lossy(&out);
         let first = out.trim().split(';').next().unwrap_or("");
-        first.parse().with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
+        first
+            .parse()
+            .with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
     }
 
-    async fn status(&self, ids: &[u64]) -> Result<Vec<(u64, Option<NativeStatus>)>> {
-        let mut out = Vec::with_capacity(ids.len());
-        for &id in ids {
-            let res = self.run("scontrol", &["-o".into(), "show".into(), "job".into(), id.to_string()], None).await;
-            match res {
-                Ok(text) => out.push((id, text.lines().next().and_then(parse_scontrol))),
-                Err(e) if e.to_string().contains("Invalid job id") => out.push((id, None)),
-                Err(e) => return Err(e),
+    async fn status(&self, ids: &[u64]) -> Result<Vec<NativeJob>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        // -t all: finished jobs too, while slurmctld still holds them.
+        let jobs = self
+            .squeue_json(&["-a".into(), "-t".into(), "all".into(), "-j".into(), list])
+            .await;
+        match jobs {
+            Ok(j) => Ok(j),
+            // squeue -j with only unknown ids fails ("Invalid job id").
+            Err(e) if format!("{e:#}").contains("Invalid job id") => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn accounting(&self, ids: &[u64]) -> Result<Vec<NativeJob>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let args = [
+            "-X",
+            "-n",
+            "-P",
+            "-D",
+            "-o",
+            "JobIDRaw,State,ExitCode,Submit,UID",
+            "-j",
+            &list,
+        ]
+        .map(String::from);
+        match self.run("sacct", &args, None).await {
+            Ok(out) => Ok(parse_sacct(&out)),
+            // No accounting at this site: nothing to learn there.
+            Err(e)
+                if format!("{e:#}").contains("accounting_storage/none")
+                    || format!("{e:#}").contains("not running a supported accounting_storage") =>
+            {
+                Ok(Vec::new())
             }
+            Err(e) => Err(e),
         }
-        Ok(out)
     }
 
-    async fn stand_ins(&self, partition: &str) -> Result<Vec<StandIn>> {
-        let args = ["-h", "-a", "-p", partition, "-t", "all", "-o", "%i|%T|%k"].map(String::from);
-        Ok(parse_stand_ins(&self.run("squeue", &args, None).await?))
+    async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>> {
+        self.squeue_json(&[
+            "-a".into(),
+            "-t".into(),
+            "all".into(),
+            "-p".into(),
+            partition.to_string(),
+        ])
+        .await
     }
 
-    async fn cancel(&self, id: &str, native_id: u64) -> Result<()> {
-        let text = self.run("scontrol", &["-o".into(), "show".into(), "job".into(), native_id.to_string()], None).await?;
-        let tag = format!("Comment=fleet:{id}");
-        if !text.split_whitespace().any(|kv| kv == tag) {
-            bail!("refusing to cancel Slurm job {native_id}: it does not carry {tag}");
-        }
-        self.run_in("scancel", &[native_id.to_string()], None, None, true).await?;
+    async fn cancel(&self, native_id: u64, user: &str) -> Result<()> {
+        self.run_in("scancel", &[native_id.to_string()], None, None, Some(user))
+            .await?;
         Ok(())
     }
 
-    fn output_paths(&self, id: &str) -> OutputPaths {
-        let d = self.job_dir(id);
-        OutputPaths { stdout: d.join("stdout"), stderr: d.join("stderr") }
+    fn job_dir(&self, id: &str) -> PathBuf {
+        crate::jobdir::dir_of(&self.spool, id)
     }
 }
 
@@ -375,9 +631,18 @@ mod tests {
 
     #[test]
     fn gres_fields() {
-        assert_eq!(parse_gres_field("gpu:h100:8(S:0-1)"), vec![(Some("h100".into()), 8)]);
-        assert_eq!(parse_gres_field("gpu:a100:3(IDX:0-2,5)"), vec![(Some("a100".into()), 3)]);
-        assert_eq!(parse_gres_field("gpu:4,gpu:h100:2"), vec![(None, 4), (Some("h100".into()), 2)]);
+        assert_eq!(
+            parse_gres_field("gpu:h100:8(S:0-1)"),
+            vec![(Some("h100".into()), 8)]
+        );
+        assert_eq!(
+            parse_gres_field("gpu:a100:3(IDX:0-2,5)"),
+            vec![(Some("a100".into()), 3)]
+        );
+        assert_eq!(
+            parse_gres_field("gpu:4,gpu:h100:2"),
+            vec![(None, 4), (Some("h100".into()), 2)]
+        );
         assert_eq!(parse_gres_field("(null)"), vec![]);
         assert_eq!(parse_gres_field("shard:2,gpu:x:y"), vec![]);
     }
@@ -387,43 +652,34 @@ mod tests {
         let out = "beta1 gpu* mix gpu:a100:8 gpu:a100:3(IDX:0-2)\nbeta1 fleet mix gpu:a100:8 gpu:a100:3(IDX:0-2)\nbeta2 gpu* drain* gpu:a100:8 gpu:a100:0(IDX:N/A)\n";
         let n = parse_sinfo(out);
         assert_eq!(n.len(), 2);
-        assert_eq!(n[0].partitions, vec!["gpu".to_string(), "fleet".to_string()]);
-        assert_eq!((n[0].gpus_total, n[0].gpus_free, n[0].state.as_str()), (8, 5, "mixed"));
+        assert_eq!(
+            n[0].partitions,
+            vec!["gpu".to_string(), "fleet".to_string()]
+        );
+        assert_eq!(
+            (n[0].gpus_total, n[0].gpus_free, n[0].state.as_str()),
+            (8, 5, "mixed")
+        );
         assert_eq!(n[1].state, "drained");
         assert_eq!(n[1].gpu_type.as_deref(), Some("a100"));
     }
 
     #[test]
-    fn scontrol_lines() {
-        let l = "JobId=100003 JobName=t UserId=fleet(999) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) ExitCode=3:0 NodeList=alpha1 Comment=fleet:beta-1";
-        let s = parse_scontrol(l).unwrap();
-        assert_eq!((s.state, s.exit_code, s.signal), (JobState::Failed, Some(3), None));
-        assert_eq!(s.node_list, "alpha1");
-        let l = "JobId=1 JobState=CANCELLED Reason=None ExitCode=0:15 NodeList=alpha2";
-        let s = parse_scontrol(l).unwrap();
-        assert_eq!((s.state, s.exit_code, s.signal), (JobState::Cancelled, Some(0), Some(15)));
-        let l = "JobId=1 JobState=RUNNING Reason=None ExitCode=0:0 NodeList=alpha2";
-        assert_eq!(parse_scontrol(l).unwrap().exit_code, None);
-        assert_eq!(parse_scontrol("garbage"), None);
-    }
-
-    #[test]
-    fn squeue_stand_ins() {
-        let out = "100007|RUNNING|fleet: alpha job 3 running\n100008|CANCELLED|fleet: alpha (waiting) beta-1|x\n100009_2|PENDING|\nboom\n100010|PENDING|\n";
-        let s = parse_stand_ins(out);
-        assert_eq!(s.len(), 3);
-        assert_eq!((s[0].native_id, s[0].state), (100007, JobState::Running));
-        assert_eq!((s[1].state, s[1].raw_state.as_str(), s[1].comment.as_str()), (JobState::Cancelled, "CANCELLED", "fleet: alpha (waiting) beta-1|x"));
-        assert_eq!((s[2].native_id, s[2].comment.as_str()), (100010, ""));
-    }
-
-    #[test]
     fn the_origin_environment_less_what_names_the_origin() {
         let req = JobRequest {
-            env: ["PATH=/opt/conda/bin:/usr/bin", "RESEARCH=x=y", "SLURM_CONF=/etc/slurm-beta/slurm.conf", "SBATCH_PARTITION=a100",
-                "HOME=/home/alice", "HOSTNAME=login1", "FLEET_JOB_ID=spoof", "WANDB_MODE=offline", "no-equals-sign"]
-                .map(String::from)
-                .to_vec(),
+            env: [
+                "PATH=/opt/conda/bin:/usr/bin",
+                "RESEARCH=x=y",
+                "SLURM_CONF=/etc/slurm-beta/slurm.conf",
+                "SBATCH_PARTITION=a100",
+                "HOME=/home/alice",
+                "HOSTNAME=login1",
+                "FLEET_JOB_ID=spoof",
+                "WANDB_MODE=offline",
+                "no-equals-sign",
+            ]
+            .map(String::from)
+            .to_vec(),
             ..Default::default()
         };
         let env = submit_env(&req, std::path::Path::new("/spool/jobs/beta-1")).unwrap();
@@ -432,11 +688,20 @@ mod tests {
         assert_eq!(env[1].1, "x=y");
         assert_eq!(env[3].1, "/spool/jobs/beta-1");
         // Only origin-specific variables: nothing to carry, the agent's own env is used.
-        let req = JobRequest { env: vec!["SLURM_JOB_NAME=x".into()], ..Default::default() };
+        let req = JobRequest {
+            env: vec!["SLURM_JOB_NAME=x".into()],
+            ..Default::default()
+        };
         assert_eq!(submit_env(&req, std::path::Path::new("/d")), None);
         // No PATH from the origin: a sane default.
-        let req = JobRequest { env: vec!["A=1".into()], ..Default::default() };
-        assert!(submit_env(&req, std::path::Path::new("/d")).unwrap().iter().any(|(k, v)| k == "PATH" && v.contains("/usr/bin")));
+        let req = JobRequest {
+            env: vec!["A=1".into()],
+            ..Default::default()
+        };
+        assert!(submit_env(&req, std::path::Path::new("/d"))
+            .unwrap()
+            .iter()
+            .any(|(k, v)| k == "PATH" && v.contains("/usr/bin")));
     }
 
     #[test]
@@ -444,14 +709,31 @@ mod tests {
         let req = JobRequest {
             origin: "beta".into(),
             name: Some("train".into()),
-            gpus: vec![fleet_api::GpuRequest { gpu_type: Some("h100".into()), count: 8, scope: GpuScope::Node }],
+            gpus: vec![fleet_api::GpuRequest {
+                gpu_type: Some("h100".into()),
+                count: 8,
+                scope: GpuScope::Node,
+            }],
             min_nodes: Some(2),
             time_limit_min: Some(60),
             ..Default::default()
         };
-        let p = OutputPaths { stdout: "/s/o".into(), stderr: "/s/e".into() };
+        let p = crate::backend::OutputPaths {
+            stdout: "/s/o".into(),
+            stderr: "/s/e".into(),
+        };
         let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p);
-        for want in ["--comment=fleet:beta-1", "--job-name=train", "--gres=gpu:h100:8", "--nodes=2", "--time=60", "--output=/s/o"] {
+        assert!(
+            !a.iter().any(|x| x.starts_with("--comment")),
+            "the user's comment is theirs: {a:?}"
+        );
+        for want in [
+            "--job-name=train",
+            "--gres=gpu:h100:8",
+            "--nodes=2",
+            "--time=60",
+            "--output=/s/o",
+        ] {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
     }

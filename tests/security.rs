@@ -1,0 +1,178 @@
+//! Attacks on a multi-user federation, run against the real lab: each one
+//! that once worked (see issue 7) must now be refused or harmless.
+//!
+//! Jobs are submitted by the lab's researchers (`alice`, `bob`); at alpha
+//! they run as their submitter, in job directories only their user and the
+//! agent can enter.
+
+use std::time::Duration;
+
+use fleet_lab::{fleet_job_of, out_arg, remote_of, script, wait_file, Lab, OTHER_USER, USER};
+
+const T: Duration = Duration::from_secs(90);
+
+fn read(path: &std::path::Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
+
+#[test]
+fn a_job_cannot_make_the_agent_relay_its_secrets() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("symlink");
+    let token = lab.root.join("secrets/alpha.token");
+    let secret = std::fs::read_to_string(&token).unwrap();
+    // The job swaps its own output files for links to the agent's token
+    // (the relay once followed them), then writes more output.
+    let body = format!(
+        "echo before\nrm -f stdout stderr\nln -s {t} stdout\nln -s {t} stderr\nln {t} hard 2>/dev/null && echo hardlinked\nmkfifo fifo; echo after; sleep 3",
+        t = token.display()
+    );
+    let id = lab
+        .sbatch(
+            "beta",
+            &[
+                "--gres=gpu:h100:1",
+                &out_arg(&dir, "out.txt"),
+                &format!("--error={}/err.txt", dir.display()),
+            ],
+            &script(&body),
+        )
+        .unwrap();
+    let r = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(r["ExitCode"], "0:0", "{r:?}");
+    let out = read(&dir.join("out.txt"));
+    let err = read(&dir.join("err.txt"));
+    assert!(
+        !out.contains(secret.trim()) && !err.contains(secret.trim()),
+        "the agent relayed its token: {out:?} {err:?}"
+    );
+    assert!(out.starts_with("before\n"), "{out:?}");
+    assert!(
+        !out.contains("hardlinked"),
+        "a job hard-linked the agent's token: {out:?}"
+    );
+    // The job directory is gone once the output was relayed.
+    let fid = fleet_job_of(&lab, id).unwrap();
+    let jobdir = lab.root.join("alpha/agent/jobs").join(&fid);
+    let t0 = std::time::Instant::now();
+    while jobdir.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!jobdir.exists(), "{} left behind", jobdir.display());
+}
+
+#[test]
+fn users_jobs_are_isolated_at_the_target() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("isolation");
+    // bob's job holds a secret in its output and environment while it runs.
+    let bob_dir_here = dir.join("bob");
+    std::fs::create_dir(&bob_dir_here).unwrap();
+    let _ = std::process::Command::new("chown")
+        .arg(format!("{OTHER_USER}:{OTHER_USER}"))
+        .arg(&bob_dir_here)
+        .status();
+    let bob_out = bob_dir_here.join("bob.txt");
+    let (bob, _) = lab.sbatch_as(
+        OTHER_USER,
+        "beta",
+        &[
+            "--gres=gpu:h100:1",
+            "--export=ALL,API_KEY=bob-secret-42",
+            &format!("--output={}", bob_out.display()),
+        ],
+        &script("echo bob-output-secret; id -un; sleep 25"),
+    );
+    let bob = bob.unwrap();
+    wait_file(&bob_out, T, |b| {
+        b.ends_with(format!("{OTHER_USER}\n").as_bytes())
+    })
+    .expect("bob's job runs at alpha as bob");
+    let bob_fid = fleet_job_of(&lab, bob).unwrap();
+    let bob_dir = lab.root.join("alpha/agent/jobs").join(&bob_fid);
+    let (_, bob_remote) = remote_of(&lab, bob).unwrap();
+    // alice's job at alpha tries to read bob's directory, output and environment.
+    let body = format!(
+        "ls {d} >/dev/null 2>&1 && echo LISTED; cat {d}/stdout 2>/dev/null; for p in $(pgrep -u {OTHER_USER}); do cat /proc/$p/environ 2>/dev/null | tr '\\0' '\\n' | grep API_KEY; kill -STOP $p 2>/dev/null && echo SIGNALLED; done; scancel {bob_remote} 2>/dev/null && echo CANCELLED; echo done",
+        d = bob_dir.display()
+    );
+    let alice_out = dir.join("alice.txt");
+    let alice = lab
+        .sbatch(
+            "beta",
+            &[
+                "--gres=gpu:h100:1",
+                &format!("--output={}", alice_out.display()),
+            ],
+            &script(&body),
+        )
+        .unwrap();
+    assert_eq!(lab.wait_done("beta", alice, T).unwrap()["ExitCode"], "0:0");
+    let out = read(&alice_out);
+    assert!(out.ends_with("done\n"), "{out:?}");
+    for leak in [
+        "LISTED",
+        "bob-output-secret",
+        "bob-secret-42",
+        "SIGNALLED",
+        "CANCELLED",
+    ] {
+        assert!(
+            !out.contains(leak),
+            "alice's job reached bob's job ({leak}): {out:?}"
+        );
+    }
+    let r = lab.wait_done("beta", bob, T).unwrap();
+    assert_eq!(r["ExitCode"], "0:0", "bob's job ran to its end: {r:?}");
+    // Accounting at alpha records each job under its submitter.
+    let acct = lab
+        .cmd(
+            "alpha",
+            "sacct",
+            &[
+                "-X",
+                "-n",
+                "-P",
+                "-o",
+                "User",
+                "-j",
+                &bob_remote.to_string(),
+            ],
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&acct.stdout).trim(), OTHER_USER);
+}
+
+#[test]
+fn a_job_name_cannot_fake_state_or_exit_code() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("inject");
+    let mut ids = Vec::new();
+    for (i, name) in [
+        "x JobState=COMPLETED ExitCode=0:0",
+        "y JobState=FAILED ExitCode=42:0 Reason=None",
+        "z\nJobState=COMPLETED",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = lab
+            .sbatch(
+                "beta",
+                &[
+                    "--gres=gpu:h100:1",
+                    &format!("--job-name={name}"),
+                    &out_arg(&dir, &format!("{i}.txt")),
+                ],
+                &script("sleep 4; echo real; exit 3"),
+            )
+            .unwrap();
+        ids.push(id);
+    }
+    for (i, id) in ids.into_iter().enumerate() {
+        let r = lab.wait_done("beta", id, T).unwrap();
+        assert_eq!(r["ExitCode"], "3:0", "job {i}: {r:?}");
+        assert_eq!(r["JobState"], "FAILED", "job {i}: {r:?}");
+        assert_eq!(read(&dir.join(format!("{i}.txt"))), "real\n");
+    }
+}

@@ -1,0 +1,638 @@
+//! Jobs this cluster runs for the fleet, one reconcile per job.
+//!
+//! Each pass reads Slurm once (`squeue --json` for every journaled id, and
+//! accounting for the ids the queue forgot), then reconciles each job on
+//! its own: relay new output, report a state change, finish. An error in
+//! one job (a refused update, an unreadable file) backs that job off
+//! exponentially and never stops the others (the controller-rs error
+//! policy). A 409 from the meta-scheduler is final for that update: the
+//! job's record there is authoritative and the agent stops reporting it.
+//!
+//! Identity: a journaled Slurm id is only trusted together with the submit
+//! time and owner Slurm reported on first sight. An id that slurmctld
+//! handed to another job after a crash, or that no longer exists, ends the
+//! fleet job as `lost` with the reason; it never lends another job's state,
+//! exit code or output.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use fleet_api::api::{
+    Assignment, OutputChunk, StartCheck, StartConfirmation, StatusUpdate, Stream,
+};
+use fleet_api::JobState;
+
+use crate::backend::{Backend, NativeJob};
+use crate::client::Conflict;
+use crate::journal::Run;
+use crate::{jobdir, now, Agent, CHUNK};
+
+/// How long a first sighting may precede the agent's own sbatch call
+/// (clock steps between the agent and slurmctld).
+const SUBMIT_SLACK_S: f64 = 120.0;
+
+/// Per-job backoff after errors.
+#[derive(Default)]
+pub struct Tracker {
+    failures: HashMap<String, (u32, f64)>,
+    /// Jobs whose output was refused (link, FIFO, foreign owner): warned once.
+    refused: HashMap<String, String>,
+}
+
+impl Tracker {
+    fn due(&self, id: &str, now: f64) -> bool {
+        self.failures.get(id).is_none_or(|&(_, at)| now >= at)
+    }
+
+    fn ok(&mut self, id: &str) {
+        self.failures.remove(id);
+    }
+
+    /// Records a failure; returns the delay before the next try (1 s
+    /// doubling to 60 s).
+    fn failed(&mut self, id: &str, now: f64) -> Duration {
+        let n = self.failures.get(id).map_or(0, |f| f.0) + 1;
+        let d = Duration::from_secs((1u64 << (n - 1).min(6)).min(60));
+        self.failures
+            .insert(id.to_string(), (n, now + d.as_secs_f64()));
+        d
+    }
+}
+
+/// Work items handled recently: a long poll that hands back the same cancel
+/// or start check before it took effect does not repeat the action.
+#[derive(Default)]
+pub struct Recent {
+    seen: HashMap<String, Instant>,
+}
+
+impl Recent {
+    const HOLD: Duration = Duration::from_secs(10);
+
+    pub fn fresh(&mut self, key: &str) -> bool {
+        let now = Instant::now();
+        self.seen.retain(|_, t| now.duration_since(*t) < Self::HOLD);
+        if self.seen.contains_key(key) {
+            return false;
+        }
+        self.seen.insert(key.to_string(), now);
+        true
+    }
+}
+
+/// What Slurm says of a journaled run.
+#[derive(Debug, PartialEq)]
+pub enum Seen<'a> {
+    Job(&'a NativeJob),
+    /// Not this job any more (or not at all): why.
+    Gone(String),
+}
+
+/// Picks the job that *is* `run` among what Slurm reported for its id.
+pub fn identify<'a>(run: &Run, site: &str, candidates: &[&'a NativeJob]) -> Seen<'a> {
+    let Some(sid) = run.slurm_id else {
+        return Seen::Gone("never submitted".into());
+    };
+    let mine: Vec<&NativeJob> = candidates
+        .iter()
+        .copied()
+        .filter(|j| run.uid.is_none_or(|u| j.user_id == Some(u)))
+        .collect();
+    let found = match run.submit_time {
+        Some(t) => mine.into_iter().find(|j| j.submit_time == Some(t)),
+        None => mine
+            .into_iter()
+            .filter(|j| {
+                j.submit_time
+                    .is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S)
+            })
+            .max_by_key(|j| j.submit_time),
+    };
+    match found {
+        Some(j) => Seen::Job(j),
+        None if candidates.is_empty() => Seen::Gone(format!("Slurm at {site} no longer knows job {sid} (lost in a controller failure or purged)")),
+        None => Seen::Gone(format!(
+            "Slurm job {sid} at {site} is now another job (the id was reused after a controller failure): this job was lost"
+        )),
+    }
+}
+
+/// The update that reports `j`.
+pub fn update_for(j: &NativeJob, site: &str) -> StatusUpdate {
+    let mut reason = j.reason.clone();
+    // The outcomes a researcher must tell apart (TIMEOUT, OUT_OF_MEMORY,
+    // NODE_FAIL, PREEMPTED, BOOT_FAIL, DEADLINE) keep Slurm's own name.
+    if j.state.is_terminal() && !matches!(j.raw_state.as_str(), "COMPLETED" | "FAILED") {
+        reason = if reason.is_empty() {
+            format!("{} at {site}", j.raw_state)
+        } else {
+            format!("{} at {site}: {reason}", j.raw_state)
+        };
+    }
+    if j.restarts > 0 {
+        reason = format!(
+            "{reason}{}requeued {} time(s) at {site}",
+            if reason.is_empty() { "" } else { "; " },
+            j.restarts
+        );
+    }
+    StatusUpdate {
+        remote_job_id: Some(j.native_id),
+        state: Some(j.state),
+        exit_code: j.exit_code,
+        signal: j.signal,
+        reason,
+        node_list: j.node_list.clone(),
+        ..Default::default()
+    }
+}
+
+/// Reports a job that could not be launched here.
+async fn fail_launch<B: Backend>(agent: &Agent<B>, id: &str, reason: String) -> Result<()> {
+    tracing::warn!(%id, "not launched: {reason}");
+    let mut run = agent.journal.run(id)?.map(|r| r.0).unwrap_or_default();
+    run.id = id.to_string();
+    run.done = true;
+    run.reported = Some("failed".into());
+    agent.journal.update_run(&run)?;
+    let up = StatusUpdate {
+        state: Some(JobState::Failed),
+        reason,
+        final_stdout_len: Some(0),
+        final_stderr_len: Some(0),
+        ..Default::default()
+    };
+    match agent.meta.status(id, &up).await {
+        Err(e) if e.downcast_ref::<Conflict>().is_some() => Ok(()),
+        r => r.map(|_| ()),
+    }
+}
+
+/// Submit one assigned job, as its submitter's local identity.
+pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<()> {
+    let id = a.fleet_job_id;
+    // A journaled run with a Slurm id was submitted already (the
+    // meta-scheduler did not hear back): report, never submit twice.
+    if let Some((run, _)) = agent.journal.run(&id)? {
+        if run.done {
+            return Ok(());
+        }
+        if let Some(sid) = run.slurm_id {
+            let up = StatusUpdate {
+                remote_job_id: Some(sid),
+                state: Some(JobState::Pending),
+                ..Default::default()
+            };
+            agent.meta.status(&id, &up).await?;
+            return Ok(());
+        }
+        // Journaled but no Slurm id: a crash between journal and sbatch.
+        // Its directory, if any, holds nothing yet.
+        jobdir::remove(&agent.backend.job_dir(&id))?;
+    } else {
+        agent.journal.add_run(&id, &a.request)?;
+    }
+    let site = &agent.cfg.site;
+    let user = crate::identity::Accounts::read().and_then(|acc| {
+        agent.cfg.identity.resolve(
+            &acc,
+            &a.request.origin,
+            a.request.user_name.as_deref(),
+            a.request.account.as_deref(),
+        )
+    });
+    let user = match user {
+        Ok(u) => u,
+        Err(e) => {
+            let how = crate::identity::describe(&agent.cfg.identity.mapping);
+            return fail_launch(
+                agent,
+                &id,
+                format!("fleet: {site} has no identity for this job ({how}): {e:#}"),
+            )
+            .await;
+        }
+    };
+    match agent.backend.submit(&id, &a.request, &user).await {
+        Ok(sid) => {
+            agent
+                .journal
+                .set_submitted(&id, sid, &user.name, user.uid, now())?;
+            tracing::info!(%id, slurm_id = sid, user = %user.name, origin = %a.request.origin, "submitted");
+            let up = StatusUpdate {
+                remote_job_id: Some(sid),
+                state: Some(JobState::Pending),
+                ..Default::default()
+            };
+            agent.meta.status(&id, &up).await?;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = jobdir::remove(&agent.backend.job_dir(&id));
+            fail_launch(
+                agent,
+                &id,
+                format!("fleet: sbatch at {site} refused the job: {e:#}"),
+            )
+            .await
+        }
+    }
+}
+
+/// Cancel one job this cluster runs, after checking it is still the job
+/// the agent submitted.
+pub async fn cancel_one<B: Backend>(agent: &Agent<B>, id: &str) -> Result<()> {
+    let Some((run, _)) = agent.journal.run(id)? else {
+        tracing::debug!(%id, "cancel request for a job this agent does not run");
+        return Ok(());
+    };
+    if run.done {
+        return Ok(());
+    }
+    let Some(sid) = run.slurm_id else {
+        let up = StatusUpdate {
+            state: Some(JobState::Cancelled),
+            final_stdout_len: Some(0),
+            final_stderr_len: Some(0),
+            ..Default::default()
+        };
+        agent.meta.status(id, &up).await?;
+        return Ok(());
+    };
+    let jobs = agent.backend.status(&[sid]).await?;
+    let candidates: Vec<&NativeJob> = jobs.iter().filter(|j| j.native_id == sid).collect();
+    match identify(&run, &agent.cfg.site, &candidates) {
+        Seen::Job(j) if !j.state.is_terminal() => {
+            let user = run
+                .user
+                .as_deref()
+                .context("journal has no user for this run")?;
+            agent.backend.cancel(sid, user).await?;
+            tracing::info!(%id, slurm_id = sid, "cancelled on request");
+        }
+        // Finished or gone: the watch pass reports it.
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The origin side of a start request: the stand-in must be RUNNING in the
+/// proxy partition and carry this job's tag in `AdminComment`, which only
+/// the plugin (as slurmctld) can set — so a job's owner cannot start it
+/// with the job token alone while the stand-in is held or waiting.
+pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck]) -> Result<()> {
+    let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
+    for c in checks {
+        let tag = format!("fleet:{}", c.fleet_job_id);
+        let found = stand_ins.iter().find(|s| s.native_id == c.origin_job_id);
+        let (started, reason) = match found {
+            None => (
+                false,
+                format!(
+                    "job {} is not in partition {}",
+                    c.origin_job_id, agent.cfg.proxy_partition
+                ),
+            ),
+            Some(s) if s.admin_comment != tag => (
+                false,
+                format!(
+                    "job {} is not the stand-in of {}",
+                    c.origin_job_id, c.fleet_job_id
+                ),
+            ),
+            Some(s) if s.raw_state != "RUNNING" => (
+                false,
+                format!("the stand-in {} is {}", s.native_id, s.raw_state),
+            ),
+            Some(_) => (true, String::new()),
+        };
+        if started {
+            agent
+                .journal
+                .set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
+        } else {
+            tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
+        }
+        let verdict = StartConfirmation {
+            origin_job_id: c.origin_job_id,
+            started,
+            reason,
+        };
+        if let Err(e) = agent.meta.confirm_start(&c.fleet_job_id, &verdict).await {
+            tracing::warn!(id = %c.fleet_job_id, "confirming the start: {e:#}");
+        }
+    }
+    Ok(())
+}
+
+/// One watch pass over every job this cluster runs.
+pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> Result<()> {
+    let runs = agent.journal.active_runs()?;
+    let ids: Vec<u64> = runs.iter().filter_map(|(r, _)| r.slurm_id).collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut known = agent.backend.status(&ids).await?;
+    let missing: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|i| !known.iter().any(|j| j.native_id == *i))
+        .collect();
+    if !missing.is_empty() {
+        match agent.backend.accounting(&missing).await {
+            Ok(found) => known.extend(found),
+            Err(e) => tracing::debug!("accounting lookup: {e:#}"),
+        }
+    }
+    let t = now();
+    for (run, _req) in runs {
+        let Some(sid) = run.slurm_id else { continue };
+        if !tracker.due(&run.id, t) {
+            continue;
+        }
+        let id = run.id.clone();
+        let candidates: Vec<&NativeJob> = known.iter().filter(|j| j.native_id == sid).collect();
+        match reconcile_run(agent, tracker, run, &candidates).await {
+            Ok(()) => tracker.ok(&id),
+            Err(e) => {
+                let d = tracker.failed(&id, t);
+                tracing::warn!(%id, slurm_id = sid, retry_in_s = d.as_secs(), "{e:#}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reconcile one job: relay output, report its state, finish it.
+async fn reconcile_run<B: Backend>(
+    agent: &Agent<B>,
+    tracker: &mut Tracker,
+    mut run: Run,
+    candidates: &[&NativeJob],
+) -> Result<()> {
+    let site = agent.cfg.site.clone();
+    let seen = identify(&run, &site, candidates);
+    if let Seen::Job(j) = &seen {
+        if run.submit_time.is_none() {
+            run.submit_time = j.submit_time;
+        }
+    }
+    relay_all(agent, tracker, &mut run).await?;
+    let mut up = match &seen {
+        Seen::Job(j) => {
+            if j.restarts > run.restarts {
+                tracing::info!(id = %run.id, restarts = j.restarts, "requeued by Slurm");
+                run.restarts = j.restarts;
+            }
+            update_for(j, &site)
+        }
+        Seen::Gone(why) => StatusUpdate {
+            remote_job_id: run.slurm_id,
+            state: Some(JobState::Lost),
+            reason: why.clone(),
+            ..Default::default()
+        },
+    };
+    let state = up.state.unwrap_or(JobState::Lost);
+    if state.is_terminal() {
+        // Read whatever the job wrote last, then close the streams.
+        relay_all(agent, tracker, &mut run).await?;
+        up.final_stdout_len = Some(run.stdout_base + run.stdout_off);
+        up.final_stderr_len = Some(run.stderr_base + run.stderr_off);
+    }
+    let label = format!("{}:{}:{}", state.as_str(), up.node_list, run.restarts);
+    let mut finished = false;
+    if run.reported.as_deref() != Some(label.as_str()) || state.is_terminal() {
+        match agent.meta.status(&run.id, &up).await {
+            Ok(_) => {
+                if run.reported.as_deref() != Some(label.as_str()) {
+                    tracing::info!(id = %run.id, slurm_id = ?run.slurm_id, state = %state, "state");
+                }
+                run.reported = Some(label);
+                finished = state.is_terminal();
+            }
+            Err(e) => match e.downcast_ref::<Conflict>() {
+                // The meta-scheduler's record is final (a terminal state, or
+                // another remote job): nothing this agent says can change it.
+                Some(c) => {
+                    tracing::warn!(id = %run.id, terminal = c.terminal, "the meta-scheduler refused the update; no longer reporting this job: {}", c.body);
+                    if !state.is_terminal() {
+                        if let Some(user) =
+                            run.user.as_deref().filter(|_| matches!(seen, Seen::Job(_)))
+                        {
+                            // It is over for the fleet: do not let it run on untracked.
+                            let _ = agent
+                                .backend
+                                .cancel(run.slurm_id.unwrap_or_default(), user)
+                                .await;
+                        }
+                    }
+                    finished = true;
+                }
+                None => {
+                    agent.journal.update_run(&run)?;
+                    return Err(e);
+                }
+            },
+        }
+    }
+    run.done = finished;
+    agent.journal.update_run(&run)?;
+    if finished {
+        if let Err(e) = jobdir::remove(&agent.backend.job_dir(&run.id)) {
+            tracing::warn!(id = %run.id, "{e:#}");
+        }
+        tracker.refused.remove(&run.id);
+    }
+    Ok(())
+}
+
+async fn relay_all<B: Backend>(
+    agent: &Agent<B>,
+    tracker: &mut Tracker,
+    run: &mut Run,
+) -> Result<()> {
+    let paths = agent.backend.output_paths(&run.id);
+    for (stream, path) in [
+        (Stream::Stdout, paths.stdout),
+        (Stream::Stderr, paths.stderr),
+    ] {
+        let (base, off) = match stream {
+            Stream::Stdout => (&mut run.stdout_base, &mut run.stdout_off),
+            Stream::Stderr => (&mut run.stderr_base, &mut run.stderr_off),
+        };
+        match jobdir::open_output(&path, run.uid)? {
+            jobdir::Opened::Missing => {}
+            jobdir::Opened::Refused(why) => {
+                let msg = format!("{} not relayed: {why}", stream.as_str());
+                if tracker
+                    .refused
+                    .insert(format!("{}:{}", run.id, stream.as_str()), msg.clone())
+                    .is_none()
+                {
+                    tracing::warn!(id = %run.id, "{msg}");
+                }
+            }
+            jobdir::Opened::File(mut f, len) => {
+                relay(agent, &run.id, stream, &mut f, len, base, off).await?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Relays what `f` holds past `*off`. A file shorter than what was relayed
+/// was restarted (Slurm requeued the job, truncating its output): its new
+/// bytes follow the old ones in the fleet's stream, as `--open-mode=append`.
+async fn relay<B: Backend>(
+    agent: &Agent<B>,
+    id: &str,
+    stream: Stream,
+    f: &mut std::fs::File,
+    len: u64,
+    base: &mut u64,
+    off: &mut u64,
+) -> Result<()> {
+    if len < *off {
+        tracing::info!(%id, stream = stream.as_str(), was = *off, now = len, "output file restarted (requeue)");
+        *base += *off;
+        *off = 0;
+    }
+    while *off < len {
+        let want = CHUNK.min((len - *off) as usize);
+        let data = jobdir::read_at(f, *off, want)?;
+        if data.is_empty() {
+            break;
+        }
+        let n = data.len() as u64;
+        let chunk = OutputChunk {
+            stream,
+            offset: *base + *off,
+            data,
+        };
+        match agent.meta.output(id, &chunk).await? {
+            None => *off += n,
+            Some(held) if held >= *base => {
+                // The meta-scheduler lost a tail: send it again from our copy.
+                tracing::warn!(%id, stream = stream.as_str(), held, sent = *base + *off, "meta-scheduler lost output; resending from its offset");
+                *off = held - *base;
+            }
+            Some(held) => {
+                // Lost bytes of an earlier incarnation of the file, which is
+                // gone: continue this one from where the fleet's stream ends.
+                tracing::warn!(%id, stream = stream.as_str(), held, "meta-scheduler lost output of an earlier run; it cannot be resent");
+                *base = held;
+                *off = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: u64, state: &str, submit: i64, uid: u32) -> NativeJob {
+        let mut j = NativeJob::new(id, state);
+        j.submit_time = Some(submit);
+        j.user_id = Some(uid);
+        j
+    }
+
+    fn run(sid: u64, submit_time: Option<i64>) -> Run {
+        Run {
+            id: "beta-1".into(),
+            slurm_id: Some(sid),
+            uid: Some(1001),
+            submit_time,
+            submitted_at: 1000.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn identity_is_id_submit_time_and_owner() {
+        let mine = job(7, "RUNNING", 1001, 1001);
+        let reused = job(7, "COMPLETED", 5000, 1001);
+        let other_user = job(7, "RUNNING", 1001, 1002);
+        // First sight: the job submitted after the agent's sbatch.
+        assert_eq!(identify(&run(7, None), "alpha", &[&mine]), Seen::Job(&mine));
+        // A job of the same id from long before the agent's sbatch is not it.
+        let old = job(7, "COMPLETED", 10, 1001);
+        assert!(matches!(
+            identify(&run(7, None), "alpha", &[&old]),
+            Seen::Gone(_)
+        ));
+        // Known submit time: a reused id is another job, never this one's result.
+        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[&reused]) else {
+            panic!("reused id taken for the job")
+        };
+        assert!(why.contains("reused"), "{why}");
+        assert_eq!(
+            identify(&run(7, Some(1001)), "alpha", &[&reused, &mine]),
+            Seen::Job(&mine)
+        );
+        // Another user's job under the same id and time is not ours.
+        assert!(matches!(
+            identify(&run(7, Some(1001)), "alpha", &[&other_user]),
+            Seen::Gone(_)
+        ));
+        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[]) else {
+            panic!()
+        };
+        assert!(why.contains("no longer knows"), "{why}");
+    }
+
+    #[test]
+    fn terminal_states_keep_slurms_name() {
+        let mut j = job(7, "TIMEOUT", 1, 1);
+        j.exit_code = Some(0);
+        j.signal = Some(15);
+        let up = update_for(&j, "alpha");
+        assert_eq!(
+            (up.state, up.exit_code, up.signal),
+            (Some(JobState::Failed), Some(0), Some(15))
+        );
+        assert_eq!(up.reason, "TIMEOUT at alpha");
+        let mut j = job(7, "OUT_OF_MEMORY", 1, 1);
+        j.reason = "OutOfMemory".into();
+        assert_eq!(
+            update_for(&j, "alpha").reason,
+            "OUT_OF_MEMORY at alpha: OutOfMemory"
+        );
+        let mut j = job(7, "FAILED", 1, 1);
+        j.exit_code = Some(3);
+        assert_eq!(update_for(&j, "alpha").reason, "");
+        let mut j = job(7, "PENDING", 1, 1);
+        j.restarts = 2;
+        assert_eq!(
+            update_for(&j, "alpha").reason,
+            "requeued 2 time(s) at alpha"
+        );
+    }
+
+    #[test]
+    fn backoff_is_per_job_and_grows() {
+        let mut t = Tracker::default();
+        assert!(t.due("a", 0.0));
+        assert_eq!(t.failed("a", 0.0), Duration::from_secs(1));
+        assert!(!t.due("a", 0.5) && t.due("b", 0.5));
+        assert_eq!(t.failed("a", 1.0), Duration::from_secs(2));
+        for _ in 0..10 {
+            t.failed("a", 1.0);
+        }
+        assert_eq!(t.failed("a", 1.0), Duration::from_secs(60));
+        t.ok("a");
+        assert!(t.due("a", 1.0));
+    }
+
+    #[test]
+    fn recent_work_is_not_repeated() {
+        let mut r = Recent::default();
+        assert!(r.fresh("cancel:x"));
+        assert!(!r.fresh("cancel:x"));
+        assert!(r.fresh("cancel:y"));
+    }
+}
