@@ -4,10 +4,11 @@
 //! |---|---|---|---|
 //! | POST | `/v1/heartbeat` | agent | [`Heartbeat`] → [`FleetView`] |
 //! | POST | `/v1/jobs` | origin agent | [`ForwardRequest`] → [`JobRecord`] |
-//! | GET | `/v1/agent/work` | target agent | → [`AgentWork`] |
+//! | GET | `/v1/agent/work?wait_ms=N` | agent | → [`AgentWork`] (long-poll up to N ≤ 30000 ms) |
 //! | POST | `/v1/jobs/{id}/status` | target agent | [`StatusUpdate`] → [`JobRecord`] |
 //! | POST | `/v1/jobs/{id}/output` | target agent | [`OutputChunk`] → `{}` |
-//! | POST | `/v1/jobs/{id}/start` | proxy, origin agent | [`StartRequest`] → [`JobRecord`] |
+//! | POST | `/v1/jobs/{id}/start` | proxy, origin agent | [`StartRequest`] → [`JobRecord`] (202 while held: a start *request*) |
+//! | POST | `/v1/jobs/{id}/confirm_start` | origin agent only | [`StartConfirmation`] → [`JobRecord`] |
 //! | GET | `/v1/jobs/{id}` | proxy, agents, admin | → [`JobRecord`] |
 //! | GET | `/v1/jobs/{id}/output?stream=stdout&offset=N&max=M` | proxy, admin | → raw bytes |
 //! | POST | `/v1/jobs/{id}/cancel` | proxy, origin agent, admin | → [`JobRecord`] |
@@ -107,6 +108,28 @@ pub struct StartRequest {
     pub origin_job_id: u64,
 }
 
+/// Origin agent → meta-scheduler (`POST /v1/jobs/{id}/confirm_start`):
+/// whether the stand-in `origin_job_id` really runs in Slurm at the origin
+/// (and is the one the agent journaled). Only `started = true` with the
+/// requested `origin_job_id` releases a held job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StartConfirmation {
+    pub origin_job_id: u64,
+    pub started: bool,
+    /// Why not (with `started = false`), for the log.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// A held job whose stand-in asked to start; the origin agent checks it
+/// in Slurm and answers with a [`StartConfirmation`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartCheck {
+    pub fleet_job_id: String,
+    /// The stand-in's Slurm job id as the start request gave it.
+    pub origin_job_id: u64,
+}
+
 /// Everything the meta-scheduler knows about one forwarded job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -145,6 +168,14 @@ pub struct JobRecord {
     /// The request summary (GPU type × count, time limit).
     #[serde(default)]
     pub summary: String,
+    /// When the stand-in asked to start (Unix seconds); the job stays
+    /// `held` until the origin agent confirms the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_requested_at: Option<f64>,
+    /// Times the target reported the job back to pending after it ran
+    /// (Slurm requeued it).
+    #[serde(default)]
+    pub requeues: u32,
 }
 
 /// One job the target agent must submit.
@@ -160,26 +191,16 @@ pub struct AgentWork {
     pub submit: Vec<Assignment>,
     /// Fleet job ids to cancel at this cluster.
     pub cancel: Vec<String>,
-    /// Jobs originating at the calling cluster that are held with a start
-    /// request not yet confirmed.
+    /// Held jobs originating at this cluster whose stand-in asked to start:
+    /// confirm each with `POST /v1/jobs/{id}/confirm_start`.
     #[serde(default)]
     pub confirm_start: Vec<StartCheck>,
 }
 
-/// A stand-in asked to start its job: the origin agent checks in Slurm.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StartCheck {
-    pub fleet_job_id: String,
-    pub origin_job_id: u64,
-}
-
-/// The origin agent's answer to a [`StartCheck`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StartConfirmation {
-    pub origin_job_id: u64,
-    pub started: bool,
-    #[serde(default)]
-    pub reason: String,
+impl AgentWork {
+    pub fn is_empty(&self) -> bool {
+        self.submit.is_empty() && self.cancel.is_empty() && self.confirm_start.is_empty()
+    }
 }
 
 /// Target agent → meta-scheduler: what its scheduler says about the job.

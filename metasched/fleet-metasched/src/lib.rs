@@ -36,13 +36,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, FromRequestParts, MatchedPath, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use fleet_api::api::{ForwardRequest, Heartbeat, OutputChunk, StartRequest, StatusUpdate, Stream};
+use fleet_api::api::{ForwardRequest, Heartbeat, OutputChunk, StartConfirmation, StartRequest, StatusUpdate, Stream};
 use fleet_api::auth;
 use serde::Deserialize;
 
@@ -71,8 +71,21 @@ impl Clock {
     }
 }
 
-/// Largest request body (output chunks and job scripts travel as base64).
-const MAX_BODY: usize = 32 << 20;
+/// Request body limits, per route. Bodies are read only after the
+/// caller is authenticated ([`require_auth`]), and never beyond these.
+/// Status, start, confirm, cancel: small JSON.
+const SMALL_BODY: usize = 64 << 10;
+/// A heartbeat lists every node (about 200 bytes each): room for 10,000.
+const HEARTBEAT_BODY: usize = 2 << 20;
+/// A forward carries the job's script and environment, which the plugin
+/// socket caps at 8 MiB per request (`fleet-agent` `MAX_REQUEST_BYTES`).
+const FORWARD_BODY: usize = 10 << 20;
+/// An output chunk: up to 1 MiB of data as base64, plus the JSON around it.
+const OUTPUT_BODY: usize = (1 << 20) * 4 / 3 + (16 << 10);
+/// A price table (CSV).
+const PRICES_BODY: usize = 8 << 20;
+/// Longest long-poll of `GET /v1/agent/work?wait_ms=`.
+pub const MAX_WAIT_MS: u64 = 30_000;
 /// Default and largest `max` for `GET /v1/jobs/{id}/output`.
 const DEFAULT_READ: u64 = 1 << 20;
 const MAX_READ: u64 = 8 << 20;
@@ -85,7 +98,12 @@ struct AppState {
     // runtime worker; one connection also serialises the state machine's
     // read-modify-write of a job without SQL transactions.
     store: Arc<parking_lot::Mutex<Store>>,
-    tokens: Arc<Tokens>,
+    // Replaced whole when the token files change (rotation); a short
+    // std-style lock, never held across an `.await`.
+    tokens: Arc<parking_lot::RwLock<Arc<Tokens>>>,
+    wakers: Arc<store::Wakers>,
+    /// Turns true when the daemon shuts down: long-polls answer at once.
+    shutdown: tokio::sync::watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     clock: Clock,
     // The watcher is a tokio mutex: a check holds it across the
@@ -142,7 +160,9 @@ impl Control {
 }
 
 async fn check_feeds(st: &AppState) -> FeedReload {
-    let Some(w) = &st.feeds else { return FeedReload::Off };
+    let Some(w) = &st.feeds else {
+        return FeedReload::Off;
+    };
     let mut w = w.clone().lock_owned().await;
     let checked = tokio::task::spawn_blocking(move || {
         let c = w.check();
@@ -254,9 +274,16 @@ pub async fn run_with(
         reason: Some(if has_engine { "no rebalancing pass has run yet".into() } else { store::NO_ENGINE.into() }),
         ..Default::default()
     };
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = shutdown_tx.send(true);
+    };
     let state = AppState {
+        wakers: store.wakers(),
+        shutdown: shutdown_rx,
         store: Arc::new(parking_lot::Mutex::new(store)),
-        tokens: Arc::new(tokens),
+        tokens: Arc::new(parking_lot::RwLock::new(Arc::new(tokens))),
         metrics,
         clock,
         feeds: watcher,
@@ -348,27 +375,40 @@ async fn serve_tls(
         on_stop.graceful_shutdown(Some(Duration::from_secs(5)));
     });
     let listener = listener.into_std().context("taking over the listening socket")?;
-    axum_server::from_tcp_rustls(listener, tls).handle(handle).serve(app.into_make_service()).await.context("serving HTTPS")
+    axum_server::from_tcp_rustls(listener, tls)
+        .handle(handle)
+        .serve(app.into_make_service())
+        .await
+        .context("serving HTTPS")
 }
 
 fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .route("/metrics", get(metrics_text))
-        .route("/v1/heartbeat", post(heartbeat))
-        .route("/v1/jobs", post(forward).get(list_jobs))
+    let limit = DefaultBodyLimit::max;
+    // Every route here is authenticated by `require_auth` (a route layer:
+    // it runs after routing, so it sees the path's job id, and before the
+    // handler, so no body is read for an unauthenticated caller). The
+    // body limit is SMALL_BODY unless the route sets its own.
+    let authenticated = Router::new()
+        .route("/v1/heartbeat", post(heartbeat).layer(limit(HEARTBEAT_BODY)))
+        .route("/v1/jobs", post(forward).layer(limit(FORWARD_BODY)).get(list_jobs))
         .route("/v1/agent/work", get(agent_work))
         .route("/v1/clusters", get(clusters))
-        .route("/v1/prices", post(import_prices))
+        .route("/v1/prices", post(import_prices).layer(limit(PRICES_BODY)))
         .route("/v1/rebalance", get(rebalance))
         .route("/v1/jobs/:id", get(get_job))
         .route("/v1/jobs/:id/status", post(status))
-        .route("/v1/jobs/:id/output", post(post_output).get(get_output))
+        .route("/v1/jobs/:id/output", post(post_output).layer(limit(OUTPUT_BODY)).get(get_output))
         .route("/v1/jobs/:id/explain", get(explain))
         .route("/v1/jobs/:id/start", post(start))
+        .route("/v1/jobs/:id/confirm_start", post(confirm_start))
         .route("/v1/jobs/:id/cancel", post(cancel))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics_text))
+        .merge(authenticated)
         .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(limit(SMALL_BODY))
         .with_state(state)
 }
 
@@ -378,11 +418,12 @@ struct ApiError {
     status: StatusCode,
     msg: String,
     expected_offset: Option<u64>,
+    terminal: bool,
 }
 
 impl ApiError {
     fn new(status: StatusCode, msg: impl Into<String>) -> ApiError {
-        ApiError { status, msg: msg.into(), expected_offset: None }
+        ApiError { status, msg: msg.into(), expected_offset: None, terminal: false }
     }
 }
 
@@ -394,8 +435,13 @@ impl From<StoreError> for ApiError {
             StoreError::Forbidden(_) => StatusCode::FORBIDDEN,
             StoreError::NotFound(_) => StatusCode::NOT_FOUND,
             StoreError::Gone(_) => StatusCode::GONE,
-            StoreError::Conflict { expected_offset, .. } => {
-                return ApiError { status: StatusCode::CONFLICT, msg: e.to_string(), expected_offset: *expected_offset }
+            StoreError::Conflict { expected_offset, terminal, .. } => {
+                return ApiError {
+                    status: StatusCode::CONFLICT,
+                    msg: e.to_string(),
+                    expected_offset: *expected_offset,
+                    terminal: *terminal,
+                }
             }
             StoreError::Db(_) | StoreError::Io(_) | StoreError::Json(_) => {
                 tracing::error!(error = %e, "internal error");
@@ -413,6 +459,9 @@ impl IntoResponse for ApiError {
         let mut body = serde_json::json!({ "error": self.msg });
         if let Some(o) = self.expected_offset {
             body["expected_offset"] = o.into();
+        }
+        if self.terminal {
+            body["terminal"] = true.into();
         }
         (self.status, Json(body)).into_response()
     }
@@ -479,6 +528,30 @@ fn authenticate(tokens: &Tokens, headers: &HeaderMap, path_job: Option<&str>) ->
     Err(unauthorized("unsupported Authorization scheme (expected Bearer or FleetJob)"))
 }
 
+/// Route layer of every authenticated route: the `Authorization` header
+/// is checked before anything reads the body; the [`Caller`] goes into
+/// the request's extensions for the handler.
+async fn require_auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let path_job = match Path::<std::collections::BTreeMap<String, String>>::from_request_parts(&mut parts, &st).await {
+        Ok(Path(p)) => p.get("id").cloned(),
+        Err(e) => return e.into_response(),
+    };
+    let tokens = st.tokens.read().clone();
+    match authenticate(&tokens, &parts.headers, path_job.as_deref()) {
+        Ok(caller) => {
+            parts.extensions.insert(caller);
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(e) => {
+            let mut resp = e.into_response();
+            // The body was not read: do not keep the connection for another request.
+            resp.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            resp
+        }
+    }
+}
+
 // ---- handlers -----------------------------------------------------------
 
 async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response {
@@ -495,72 +568,119 @@ async fn metrics_text(State(st): State<AppState>) -> ApiResult<Response> {
     Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response())
 }
 
-async fn heartbeat(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, None)?;
+async fn heartbeat(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let hb: Heartbeat = parse(&body, "heartbeat")?;
     Ok(Json(with_store(&st, move |s, now| s.heartbeat(&caller, hb, now)).await?).into_response())
 }
 
-async fn forward(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, None)?;
+async fn forward(State(st): State<AppState>, Extension(caller): Extension<Caller>, body: Bytes) -> ApiResult<Response> {
     let fwd: ForwardRequest = parse(&body, "forward request")?;
     Ok(Json(with_store(&st, move |s, now| s.forward(&caller, fwd, now)).await?).into_response())
 }
 
 async fn list_jobs(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Query(filter): Query<JobFilter>,
 ) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, None)?;
     Ok(Json(with_store(&st, move |s, _| s.list(&caller, &filter)).await?).into_response())
 }
 
-async fn agent_work(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, None)?;
-    Ok(Json(with_store(&st, move |s, now| s.work(&caller, now)).await?).into_response())
+#[derive(Deserialize)]
+struct WorkQuery {
+    /// Long-poll: wait up to this many ms (capped at [`MAX_WAIT_MS`]) for
+    /// work when there is none; absent or 0 answers at once.
+    #[serde(default)]
+    wait_ms: u64,
 }
 
-async fn clusters(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    match authenticate(&st.tokens, &headers, None)? {
+/// `GET /v1/agent/work?wait_ms=N`: the cluster's work, at once when there
+/// is some; otherwise after its waker fires (a new assignment, cancel or
+/// start request for it) or N ms, whichever comes first. The store lock
+/// is taken only for each check, never while waiting.
+async fn agent_work(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<WorkQuery>,
+) -> ApiResult<Response> {
+    let wait = Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
+    let deadline = tokio::time::Instant::now() + wait;
+    // Subscribe before the first check: a wake between the check and the
+    // wait is not lost.
+    let mut woken = match &caller {
+        Caller::Cluster(c) => st.wakers.subscribe(c),
+        _ => None,
+    };
+    let mut shutdown = st.shutdown.clone();
+    loop {
+        let c = caller.clone();
+        let work = with_store(&st, move |s, now| s.work(&c, now)).await?;
+        if !work.is_empty() || wait.is_zero() || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
+            return Ok(Json(work).into_response());
+        }
+        let Some(rx) = woken.as_mut() else {
+            return Ok(Json(work).into_response());
+        };
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return Ok(Json(work).into_response()) },
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+async fn clusters(State(st): State<AppState>, Extension(caller): Extension<Caller>) -> ApiResult<Response> {
+    match caller {
         Caller::Admin | Caller::Cluster(_) => {}
         Caller::Job { .. } => return Err(ApiError::new(StatusCode::FORBIDDEN, "a job token cannot read the fleet")),
     }
     Ok(Json(with_store(&st, |s, now| Ok(s.view(now))).await?).into_response())
 }
 
-async fn import_prices(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, None)?;
+async fn import_prices(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let csv = String::from_utf8(body.to_vec())
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "the price table is not UTF-8"))?;
     Ok(Json(with_store(&st, move |s, _| s.import_prices(&caller, &csv)).await?).into_response())
 }
 
-async fn rebalance(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    if authenticate(&st.tokens, &headers, None)? != Caller::Admin {
+async fn rebalance(State(st): State<AppState>, Extension(caller): Extension<Caller>) -> ApiResult<Response> {
+    if caller != Caller::Admin {
         return Err(ApiError::new(StatusCode::FORBIDDEN, "only the admin reads rebalancing proposals"));
     }
     let latest = st.rebalance.lock().clone();
     Ok(Json(&*latest).into_response())
 }
 
-async fn get_job(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+async fn get_job(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Response> {
     Ok(Json(with_store(&st, move |s, _| s.get(&caller, &id).map(|j| j.record)).await?).into_response())
 }
 
-async fn explain(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+async fn explain(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Response> {
     Ok(Json(with_store(&st, move |s, now| s.explain(&caller, &id, now)).await?).into_response())
 }
 
 async fn status(
     State(st): State<AppState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
     let upd: StatusUpdate = parse(&body, "status update")?;
     Ok(Json(with_store(&st, move |s, now| s.status(&caller, &id, upd, now)).await?).into_response())
 }
@@ -568,10 +688,9 @@ async fn status(
 async fn post_output(
     State(st): State<AppState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
     let chunk: OutputChunk = parse(&body, "output chunk")?;
     with_store(&st, move |s, now| s.write_output(&caller, &id, chunk, now)).await?;
     Ok(Json(serde_json::json!({})).into_response())
@@ -588,10 +707,9 @@ struct OutputQuery {
 async fn get_output(
     State(st): State<AppState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Query(q): Query<OutputQuery>,
 ) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
     let max = q.max.unwrap_or(DEFAULT_READ).min(MAX_READ);
     let bytes = with_store(&st, move |s, _| s.read_output(&caller, &id, q.stream, q.offset, max)).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
@@ -600,15 +718,33 @@ async fn get_output(
 async fn start(
     State(st): State<AppState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
     let req: StartRequest = if body.is_empty() { StartRequest::default() } else { parse(&body, "start request")? };
-    Ok(Json(with_store(&st, move |s, now| s.start(&caller, &id, req.origin_job_id, now)).await?).into_response())
+    let (record, held) = with_store(&st, move |s, now| s.start(&caller, &id, req.origin_job_id, now)).await?;
+    let status = if held { StatusCode::ACCEPTED } else { StatusCode::OK };
+    Ok((status, Json(record)).into_response())
 }
 
-async fn cancel(State(st): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
-    let caller = authenticate(&st.tokens, &headers, Some(&id))?;
+async fn confirm_start(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    // Refuse other callers before parsing what they sent.
+    if !matches!(caller, Caller::Cluster(_)) {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only the origin cluster's agent confirms a start"));
+    }
+    let c: StartConfirmation = parse(&body, "start confirmation")?;
+    Ok(Json(with_store(&st, move |s, now| s.confirm_start(&caller, &id, c, now)).await?).into_response())
+}
+
+async fn cancel(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Response> {
     Ok(Json(with_store(&st, move |s, now| s.cancel(&caller, &id, now)).await?).into_response())
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use fleet_api::api::{
     AgentWork, Assignment, ClusterSummary, FleetView, ForwardRequest, GpuPool, Heartbeat, JobRecord, NodeCapacity,
-    OutputChunk, StatusUpdate, Stream,
+    OutputChunk, StartCheck, StartConfirmation, StatusUpdate, Stream,
 };
 use fleet_api::placement::{self, Placement};
 use fleet_api::{JobRequest, JobState};
@@ -21,8 +21,8 @@ use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 use crate::config::ClusterConfig;
-use crate::metrics::Metrics;
 use crate::feeds::Feeds;
+use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
 
@@ -53,9 +53,10 @@ pub enum StoreError {
     /// Existed, deleted by the retention policy.
     #[error("{0}")]
     Gone(String),
-    /// `expected_offset` is set for output gaps.
+    /// `expected_offset` is set for output gaps; `terminal` when the job
+    /// is already finished here and the update cannot apply any more.
     #[error("{msg}")]
-    Conflict { msg: String, expected_offset: Option<u64> },
+    Conflict { msg: String, expected_offset: Option<u64>, terminal: bool },
     #[error("database: {0}")]
     Db(#[from] rusqlite::Error),
     #[error("output file: {0}")]
@@ -65,7 +66,47 @@ pub enum StoreError {
 }
 
 fn conflict(msg: impl Into<String>) -> StoreError {
-    StoreError::Conflict { msg: msg.into(), expected_offset: None }
+    StoreError::Conflict { msg: msg.into(), expected_offset: None, terminal: false }
+}
+
+/// A non-terminal update for a job that is terminal here (409 with
+/// `"terminal": true`: the agent stops reporting on it).
+fn terminal_conflict(msg: impl Into<String>) -> StoreError {
+    StoreError::Conflict { msg: msg.into(), expected_offset: None, terminal: true }
+}
+
+/// Largest output offset accepted (1 TiB): beyond it a chunk or a read is
+/// a client error, not an I/O error.
+pub const MAX_OUTPUT_OFFSET: u64 = 1 << 40;
+
+/// Longest `reason` of a refused start kept in the record.
+const MAX_REASON: usize = 512;
+
+/// One `watch` channel per configured cluster; a change means "there may
+/// be new work for this cluster" and wakes its agent's long-poll
+/// (`GET /v1/agent/work?wait_ms=`). `send_modify` works without
+/// receivers and never blocks, so the synchronous store can call it
+/// under its lock.
+#[derive(Debug, Default)]
+pub struct Wakers {
+    by_cluster: BTreeMap<String, tokio::sync::watch::Sender<u64>>,
+}
+
+impl Wakers {
+    fn new<'a>(names: impl Iterator<Item = &'a str>) -> Wakers {
+        Wakers { by_cluster: names.map(|n| (n.to_string(), tokio::sync::watch::channel(0).0)).collect() }
+    }
+
+    pub fn wake(&self, cluster: &str) {
+        if let Some(tx) = self.by_cluster.get(cluster) {
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    /// A receiver that sees every wake from now on.
+    pub fn subscribe(&self, cluster: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.by_cluster.get(cluster).map(|tx| tx.subscribe())
+    }
 }
 
 /// A job as stored: the public record plus what only the meta-scheduler needs.
@@ -209,11 +250,11 @@ pub struct Store {
     started_at: f64,
     metrics: Arc<Metrics>,
     ranker: Option<Arc<Ranker>>,
+    wakers: Arc<Wakers>,
 }
 
 /// `GET /v1/rebalance`'s reason when no engine is configured.
-pub const NO_ENGINE: &str =
-    "no cost-engine policy configured ([placement] policy and fleet_model): rebalancing is off";
+pub const NO_ENGINE: &str = "no cost-engine policy configured ([placement] policy and fleet_model): rebalancing is off";
 
 /// Slurm node states that take a node's GPUs out of the pool.
 fn node_usable(state: &str) -> bool {
@@ -268,6 +309,23 @@ fn summary(req: &JobRequest) -> String {
         None => "partition default time".to_string(),
     };
     format!("{}, {limit}", placement::describe(req))
+}
+
+enum TargetWork {
+    Submit,
+    Cancel,
+}
+
+/// What the target cluster must do about `job`, if anything.
+fn target_work(job: &Job) -> Option<TargetWork> {
+    let r = &job.record;
+    if r.state == JobState::Assigned && !job.submitted && !r.cancel_requested {
+        Some(TargetWork::Submit)
+    } else if (r.cancel_requested && !r.state.is_terminal()) || job.remote_cancel_pending {
+        Some(TargetWork::Cancel)
+    } else {
+        None
+    }
 }
 
 fn refresh_complete(job: &mut Job) {
@@ -341,6 +399,7 @@ impl Store {
             started_at: clock.now(),
             metrics,
             ranker,
+            wakers: Arc::new(Wakers::new(clusters.iter().map(|c| c.name.as_str()))),
         };
         store.reconcile_output_lengths()?;
         Ok(store)
@@ -399,7 +458,26 @@ impl Store {
                 !r.state.is_terminal() || job.remote_cancel_pending
             ],
         )?;
+        self.wake_for(job);
         Ok(())
+    }
+
+    /// The wakers the HTTP layer's long-poll waits on.
+    pub fn wakers(&self) -> Arc<Wakers> {
+        self.wakers.clone()
+    }
+
+    /// Wake the agents for which `job` is work (see [`Store::work`]).
+    fn wake_for(&self, job: &Job) {
+        let r = &job.record;
+        if r.state == JobState::Held && r.start_requested_at.is_some() {
+            self.wakers.wake(&r.origin);
+        }
+        if let Some(t) = &r.target {
+            if target_work(job).is_some() {
+                self.wakers.wake(t);
+            }
+        }
     }
 
     fn load(&self, id: &str) -> Result<Job, StoreError> {
@@ -419,7 +497,13 @@ impl Store {
             .iter()
             .filter_map(|n| self.clusters.get(n))
             .map(|c| {
-                let pick = |cfg: &str, hb: &str| if cfg.is_empty() { hb.to_string() } else { cfg.to_string() };
+                let pick = |cfg: &str, hb: &str| {
+                    if cfg.is_empty() {
+                        hb.to_string()
+                    } else {
+                        cfg.to_string()
+                    }
+                };
                 match &c.last {
                     Some((hb, t)) => {
                         let age = (now - t).max(0.0);
@@ -529,6 +613,8 @@ impl Store {
             submitted_at: now,
             updated_at: now,
             summary: summary(&fwd.request),
+            start_requested_at: None,
+            requeues: 0,
         };
         let job = Job {
             record,
@@ -639,16 +725,105 @@ impl Store {
         Ok(job)
     }
 
-    pub fn start(&mut self, caller: &Caller, id: &str, origin_job_id: u64, now: f64) -> Result<JobRecord, StoreError> {
+    /// `POST /v1/jobs/{id}/start`: the stand-in says it runs. A held job
+    /// only records the request (the job's owner can read the job token,
+    /// so the token alone must not release the job): it stays held until
+    /// the origin agent confirms in Slurm that stand-in `origin_job_id`
+    /// runs ([`Store::confirm_start`]). Returns the record and whether it
+    /// is still held (HTTP 202) or past that (200). Idempotent; the first
+    /// request stands until it is confirmed or refused.
+    pub fn start(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        origin_job_id: u64,
+        now: f64,
+    ) -> Result<(JobRecord, bool), StoreError> {
         let mut job = self.load_for_origin(caller, id, "start")?;
-        if job.record.origin_job_id.is_none() && origin_job_id != 0 {
-            job.record.origin_job_id = Some(origin_job_id);
-            job.record.updated_at = now;
+        if job.record.state != JobState::Held {
+            return Ok((job.record, false));
         }
-        if job.record.state == JobState::Held {
+        if origin_job_id == 0 {
+            return Err(StoreError::BadRequest(
+                "origin_job_id is required: the stand-in's Slurm job id, which the origin agent checks".into(),
+            ));
+        }
+        if job.record.start_requested_at.is_none() {
+            job.record.origin_job_id = Some(origin_job_id);
+            job.record.start_requested_at = Some(now);
+            job.record.reason = format!(
+                "held at {}: stand-in {origin_job_id} asked to start; waiting for the origin agent to confirm",
+                job.record.origin
+            );
+            job.record.updated_at = now;
+            self.save(&job)?;
+        } else if job.record.origin_job_id != Some(origin_job_id) {
+            tracing::warn!(job = id, requested = ?job.record.origin_job_id, again = origin_job_id,
+                "a second start request names another stand-in; the first stands until the origin agent answers it");
+        }
+        Ok((job.record, true))
+    }
+
+    /// `POST /v1/jobs/{id}/confirm_start`, by the origin cluster's agent
+    /// only: the stand-in of the start request runs (place the job) or
+    /// does not (drop the request; the job stays held).
+    pub fn confirm_start(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        c: StartConfirmation,
+        now: f64,
+    ) -> Result<JobRecord, StoreError> {
+        let job = self.load(id)?;
+        match caller {
+            Caller::Cluster(name) if *name == job.record.origin => {}
+            _ => {
+                return Err(StoreError::Forbidden(format!(
+                    "only the origin cluster's agent ({}) confirms the start of {id}",
+                    job.record.origin
+                )))
+            }
+        }
+        let mut job = job;
+        let requested = job.record.origin_job_id;
+        if job.record.state != JobState::Held {
+            // A repeat after a lost reply, or a job cancelled meanwhile:
+            // nothing left to do.
+            if job.record.state.is_terminal() || (c.started && requested == Some(c.origin_job_id)) {
+                return Ok(job.record);
+            }
+            return Err(conflict(format!(
+                "job {id} is already {} (stand-in {}); it cannot be confirmed for stand-in {}",
+                job.record.state,
+                requested.map_or("-".to_string(), |r| r.to_string()),
+                c.origin_job_id
+            )));
+        }
+        if job.record.start_requested_at.is_none() {
+            return Err(conflict(format!("job {id} has no start request to confirm")));
+        }
+        if requested != Some(c.origin_job_id) {
+            return Err(conflict(format!(
+                "job {id}'s start request names stand-in {}, not {}",
+                requested.map_or("-".to_string(), |r| r.to_string()),
+                c.origin_job_id
+            )));
+        }
+        if c.started {
             job.record.state = JobState::Queued;
             job.record.updated_at = now;
             self.assign(&mut job, now);
+        } else {
+            let why: String = c.reason.chars().filter(|ch| !ch.is_control()).take(MAX_REASON).collect();
+            tracing::warn!(job = id, stand_in = c.origin_job_id, reason = %why,
+                "the origin agent refused a start request; the job stays held");
+            job.record.start_requested_at = None;
+            job.record.origin_job_id = None;
+            job.record.reason = format!(
+                "held at {}: the origin agent refused the start of stand-in {} ({why})",
+                job.record.origin, c.origin_job_id
+            );
+            job.record.updated_at = now;
         }
         self.save(&job)?;
         Ok(job.record)
@@ -691,7 +866,10 @@ impl Store {
             Placement::Impossible { reason } => {
                 // Impossible only because clusters are silent right now?
                 // Then wait for them rather than fail the job.
-                if matches!(placement::place(&placement::all_healthy(&view), &job.request).0, Placement::Impossible { .. }) {
+                if matches!(
+                    placement::place(&placement::all_healthy(&view), &job.request).0,
+                    Placement::Impossible { .. }
+                ) {
                     self.metrics.placement("impossible");
                     job.record.state = JobState::Failed;
                     job.record.target = None;
@@ -795,12 +973,30 @@ impl Store {
         }
     }
 
+    /// `POST /v1/jobs/{id}/status` from the job's target agent.
+    ///
+    /// * Forward moves, repeats, and running → pending (a Slurm requeue at
+    ///   the target, counted in `requeues`) apply.
+    /// * Once the job is terminal here, a terminal update is answered with
+    ///   the stored record unchanged (a disagreeing one is logged) and a
+    ///   non-terminal one is a conflict marked `terminal`: the agent stops
+    ///   reporting on the job, nothing wedges.
+    /// * Once the record has a `remote_job_id`, an update naming another
+    ///   one is a conflict: it is about some other Slurm job.
     pub fn status(&mut self, caller: &Caller, id: &str, upd: StatusUpdate, now: f64) -> Result<JobRecord, StoreError> {
         let mut job = self.load_for_target(caller, id)?;
         let cur = job.record.state;
         if let Some(new) = upd.state {
             if rank(new) <= rank(JobState::Assigned) {
                 return Err(StoreError::BadRequest(format!("a target agent cannot report state {new}")));
+            }
+        }
+        if let (Some(have), Some(got)) = (job.record.remote_job_id, upd.remote_job_id) {
+            if have != got {
+                return Err(conflict(format!(
+                    "job {id} is remote job {have} at {}; an update for remote job {got} does not apply",
+                    job.record.target.as_deref().unwrap_or("?")
+                )));
             }
         }
         // Cancelled here before the agent reported a submission: record the
@@ -813,20 +1009,30 @@ impl Store {
                 job.record.updated_at = now;
                 self.save(&job)?;
             }
-            return Err(conflict(format!("job {id} was cancelled before it was submitted; cancel it at the target")));
+            return Err(terminal_conflict(format!(
+                "job {id} was cancelled before it was submitted; cancel it at the target"
+            )));
         }
-        if let Some(new) = upd.state {
-            if cur.is_terminal() && new != cur {
-                return Err(conflict(format!("job {id} is already {cur}; {new} is not allowed")));
-            }
-            if rank(new) < rank(cur) {
-                return Err(conflict(format!("job {id} is {cur}; it cannot go back to {new}")));
-            }
+        if cur.is_terminal() {
+            return match upd.state {
+                Some(new) if new.is_terminal() => {
+                    if new != cur || (upd.exit_code.is_some() && upd.exit_code != job.record.exit_code) {
+                        tracing::warn!(job = id, stored = %cur, exit_code = ?job.record.exit_code,
+                            reported = %new, reported_exit_code = ?upd.exit_code,
+                            "a terminal report disagrees with the stored outcome; the stored one stands");
+                    }
+                    if job.remote_cancel_pending || !job.submitted {
+                        job.remote_cancel_pending = false;
+                        job.submitted = true;
+                        self.save(&job)?;
+                    }
+                    Ok(job.record)
+                }
+                Some(new) => Err(terminal_conflict(format!("job {id} is already {cur}; {new} does not apply"))),
+                None => Err(terminal_conflict(format!("job {id} is already {cur}"))),
+            };
         }
         job.submitted = true;
-        if cur.is_terminal() && job.remote_cancel_pending && upd.state == Some(cur) {
-            job.remote_cancel_pending = false;
-        }
         if let Some(rid) = upd.remote_job_id {
             job.record.remote_job_id = Some(rid);
         }
@@ -835,7 +1041,7 @@ impl Store {
         }
         if !upd.reason.is_empty() {
             job.record.reason = upd.reason;
-        } else if let Some(new) = upd.state.filter(|n| n.is_terminal() && !cur.is_terminal()) {
+        } else if let Some(new) = upd.state.filter(|n| n.is_terminal()) {
             // The placement reason no longer says why the job is where it is.
             let how = match (upd.signal.filter(|s| *s > 0), upd.exit_code) {
                 (Some(s), _) => format!(" (signal {s})"),
@@ -845,25 +1051,20 @@ impl Store {
             job.record.reason = format!("{new} at {}{how}", job.record.target.as_deref().unwrap_or("?"));
         }
         if let Some(new) = upd.state {
-            if !cur.is_terminal() {
-                if new == JobState::Running && job.running_since.is_none() {
-                    job.running_since = Some(now);
-                }
-                job.record.state = new;
-                if new.is_terminal() {
-                    job.record.exit_code = upd.exit_code;
-                    job.record.signal = upd.signal;
-                }
+            if cur == JobState::Running && new == JobState::Pending {
+                job.record.requeues = job.record.requeues.saturating_add(1);
+                job.running_since = None;
+                tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
             }
+            if new == JobState::Running && job.running_since.is_none() {
+                job.running_since = Some(now);
+            }
+            job.record.state = new;
             if new.is_terminal() {
-                job.final_stdout_len = job.final_stdout_len.or(upd.final_stdout_len);
-                job.final_stderr_len = job.final_stderr_len.or(upd.final_stderr_len);
-                if job.record.exit_code.is_none() {
-                    job.record.exit_code = upd.exit_code;
-                }
-                if job.record.signal.is_none() {
-                    job.record.signal = upd.signal;
-                }
+                job.record.exit_code = upd.exit_code;
+                job.record.signal = upd.signal;
+                job.final_stdout_len = upd.final_stdout_len;
+                job.final_stderr_len = upd.final_stderr_len;
             }
         }
         job.record.updated_at = now;
@@ -874,6 +1075,15 @@ impl Store {
 
     pub fn write_output(&mut self, caller: &Caller, id: &str, chunk: OutputChunk, now: f64) -> Result<(), StoreError> {
         let mut job = self.load_for_target(caller, id)?;
+        let end = chunk.offset.checked_add(chunk.data.len() as u64).filter(|e| *e <= MAX_OUTPUT_OFFSET);
+        let Some(end) = end else {
+            return Err(StoreError::BadRequest(format!(
+                "output chunk at offset {} with {} bytes ends beyond the 1 TiB limit of a job's {}",
+                chunk.offset,
+                chunk.data.len(),
+                chunk.stream.as_str()
+            )));
+        };
         let path = self.out_path(id, chunk.stream);
         let held = self.file_len(id, chunk.stream)?;
         if chunk.offset > held {
@@ -884,6 +1094,7 @@ impl Store {
                     chunk.offset
                 ),
                 expected_offset: Some(held),
+                terminal: false,
             });
         }
         let skip = (held - chunk.offset) as usize;
@@ -891,7 +1102,7 @@ impl Store {
             let mut f = OpenOptions::new().create(true).append(true).open(&path)?;
             f.write_all(&chunk.data[skip..])?;
         }
-        let len = held.max(chunk.offset + chunk.data.len() as u64);
+        let len = held.max(end);
         match chunk.stream {
             Stream::Stdout => job.record.stdout_len = len,
             Stream::Stderr => job.record.stderr_len = len,
@@ -913,8 +1124,16 @@ impl Store {
         max: u64,
     ) -> Result<Vec<u8>, StoreError> {
         let job = self.get(caller, id)?;
+        if offset > MAX_OUTPUT_OFFSET {
+            return Err(StoreError::BadRequest(format!(
+                "offset {offset} is beyond the 1 TiB limit of a job's {}",
+                stream.as_str()
+            )));
+        }
         if let Some(t) = job.output_purged_at {
-            return Err(StoreError::Gone(format!("the output of {id} was deleted at {t:.0} (Unix time) by the retention policy (output_retention_days)")));
+            return Err(StoreError::Gone(format!(
+                "the output of {id} was deleted at {t:.0} (Unix time) by the retention policy (output_retention_days)"
+            )));
         }
         let mut f = match std::fs::File::open(self.out_path(id, stream)) {
             Ok(f) => f,
@@ -952,11 +1171,19 @@ impl Store {
         let mut work = AgentWork::default();
         let sql = "SELECT data FROM jobs WHERE target = ?1 AND active = 1 ORDER BY submitted_at, id";
         for job in self.query(sql, [c])? {
-            let r = &job.record;
-            if r.state == JobState::Assigned && !job.submitted && !r.cancel_requested {
-                work.submit.push(Assignment { fleet_job_id: r.fleet_job_id.clone(), request: job.request.clone() });
-            } else if (r.cancel_requested && !r.state.is_terminal()) || job.remote_cancel_pending {
-                work.cancel.push(r.fleet_job_id.clone());
+            match target_work(&job) {
+                Some(TargetWork::Submit) => {
+                    work.submit.push(Assignment { fleet_job_id: job.record.fleet_job_id.clone(), request: job.request })
+                }
+                Some(TargetWork::Cancel) => work.cancel.push(job.record.fleet_job_id),
+                None => {}
+            }
+        }
+        let sql = "SELECT data FROM jobs WHERE origin = ?1 AND state = 'held'
+                   AND json_extract(data, '$.record.start_requested_at') IS NOT NULL ORDER BY submitted_at, id";
+        for job in self.query(sql, [c])? {
+            if let Some(origin_job_id) = job.record.origin_job_id {
+                work.confirm_start.push(StartCheck { fleet_job_id: job.record.fleet_job_id, origin_job_id });
             }
         }
         Ok(work)
@@ -1018,8 +1245,10 @@ impl Store {
                 elapsed_s: now - j.running_since.unwrap_or(j.record.updated_at),
             })
             .collect();
-        let excluded: Vec<Vec<String>> =
-            jobs.iter().map(|j| placement::place(&view, &j.request).1.into_iter().map(|e| e.cluster).collect()).collect();
+        let excluded: Vec<Vec<String>> = jobs
+            .iter()
+            .map(|j| placement::place(&view, &j.request).1.into_iter().map(|e| e.cluster).collect())
+            .collect();
         let proposals =
             r.propose(&view, &running, margin, |i, c| excluded.get(i).is_some_and(|ex| !ex.iter().any(|x| x == c)));
         Ok(Rebalance {

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_api::api::{
-    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, NodeCapacity, OutputChunk, StartRequest, StatusUpdate,
-    Stream,
+    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, NodeCapacity, OutputChunk, StartCheck,
+    StartConfirmation, StartRequest, StatusUpdate, Stream,
 };
 use fleet_api::{auth, GpuRequest, GpuScope, JobRequest, JobState};
 use fleet_metasched::config::{ClusterConfig, Config};
@@ -56,10 +56,9 @@ impl Daemon {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let control = fleet_metasched::Control::default();
-        let handle =
-            tokio::spawn(fleet_metasched::run_with(listener, config, clock.clone(), control.clone(), async {
-                let _ = rx.await;
-            }));
+        let handle = tokio::spawn(fleet_metasched::run_with(listener, config, clock.clone(), control.clone(), async {
+            let _ = rx.await;
+        }));
         Daemon { url, dir: dir.to_path_buf(), clock, control, stop: Some(tx), handle, http: reqwest::Client::new() }
     }
 
@@ -135,9 +134,38 @@ impl Daemon {
         self.ok(reqwest::Method::POST, "/v1/jobs", &bearer(origin), Some(serde_json::to_value(fwd).unwrap())).await
     }
 
+    /// The stand-in's `POST /start` (with Slurm job id `stand_in`).
+    async fn request_start(&self, id: &str, origin: &str, stand_in: u64) -> (StatusCode, Value) {
+        let body = serde_json::to_value(StartRequest { origin_job_id: stand_in }).unwrap();
+        self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/start"), &job_auth(origin, id), Some(body)).await
+    }
+
+    /// A `POST /confirm_start` with `auth`.
+    async fn confirm(&self, id: &str, auth: &str, stand_in: u64, started: bool) -> (StatusCode, Value) {
+        let body = StartConfirmation { origin_job_id: stand_in, started, reason: "test".into() };
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/jobs/{id}/confirm_start"),
+            auth,
+            Some(serde_json::to_value(body).unwrap()),
+        )
+        .await
+    }
+
+    /// Start a job as stand-in 42 would and its origin agent confirm it.
     async fn start_job(&self, id: &str, origin: &str) -> JobRecord {
-        let body = serde_json::to_value(StartRequest { origin_job_id: 42 }).unwrap();
-        self.ok(reqwest::Method::POST, &format!("/v1/jobs/{id}/start"), &job_auth(origin, id), Some(body)).await
+        let (s, v) = self.request_start(id, origin, 42).await;
+        let r: JobRecord = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{s} {v}: {e}"));
+        if r.state != JobState::Held {
+            assert_eq!(s, StatusCode::OK, "{v}");
+            return r;
+        }
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        let check = StartCheck { fleet_job_id: id.into(), origin_job_id: 42 };
+        assert!(self.work(origin).await.confirm_start.contains(&check), "the origin agent is asked to confirm {id}");
+        let (s, v) = self.confirm(id, &bearer(origin), 42, true).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        serde_json::from_value(v).unwrap()
     }
 
     async fn job(&self, id: &str) -> JobRecord {
@@ -336,7 +364,12 @@ async fn auth_matrix() {
     let ids = |l: Vec<JobRecord>| l.into_iter().map(|j| j.fleet_job_id).collect::<Vec<_>>();
     let active: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?origin=beta&active=true", &bearer("beta"), None).await;
     assert!(ids(active).contains(&"j1".to_string()));
-    let done = StatusUpdate { final_stdout_len: Some(0), final_stderr_len: Some(0), exit_code: Some(0), ..st(JobState::Completed) };
+    let done = StatusUpdate {
+        final_stdout_len: Some(0),
+        final_stderr_len: Some(0),
+        exit_code: Some(0),
+        ..st(JobState::Completed)
+    };
     assert_eq!(d.status("j1", "alpha", done).await.0, StatusCode::OK);
     let active: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?origin=beta&active=true", &bearer("beta"), None).await;
     assert!(!ids(active).contains(&"j1".to_string()));
@@ -369,7 +402,6 @@ async fn full_lifecycle_with_output() {
     assert!(d.work("alpha").await.submit.is_empty(), "acknowledged");
     assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
     assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::OK, "idempotent repeat");
-    assert_eq!(d.status("life", "alpha", st(JobState::Pending)).await.0, StatusCode::CONFLICT, "backwards");
     assert_eq!(d.status("life", "alpha", st(JobState::Queued)).await.0, StatusCode::BAD_REQUEST);
 
     assert_eq!(d.chunk("life", "alpha", Stream::Stdout, 0, b"hello ").await.0, StatusCode::OK);
@@ -390,8 +422,13 @@ async fn full_lifecycle_with_output() {
     assert_eq!((r.stdout_len, r.stderr_len, r.output_complete), (14, 6, true));
     assert_eq!((r.remote_job_id, r.node_list.as_str()), (Some(7), "alpha-n0"));
     assert_eq!(d.status("life", "alpha", done).await.0, StatusCode::OK, "terminal repeat");
-    assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::CONFLICT, "terminal is final");
-    assert_eq!(d.status("life", "alpha", st(JobState::Failed)).await.0, StatusCode::CONFLICT);
+    let (s, v) = d.status("life", "alpha", st(JobState::Running)).await;
+    assert_eq!((s, &v["terminal"]), (StatusCode::CONFLICT, &Value::Bool(true)), "terminal is final: {v}");
+    // A disagreeing terminal report is answered with the stored outcome.
+    let (s, v) = d.status("life", "alpha", StatusUpdate { exit_code: Some(9), ..st(JobState::Failed) }).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.exit_code), (JobState::Completed, Some(3)));
 
     assert_eq!(d.read_output("life", "beta", "stdout", 0, 100).await, b"hello world\n!!");
     assert_eq!(d.read_output("life", "beta", "stdout", 6, 3).await, b"wor");
@@ -480,7 +517,7 @@ async fn cancel_paths() {
     d.status("k3", "alpha", st(JobState::Running)).await;
     let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k3/cancel", "Bearer admin-secret", None).await;
     assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
-    assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()] });
+    assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![] });
     let fin = StatusUpdate {
         final_stdout_len: Some(0),
         final_stderr_len: Some(0),
@@ -874,9 +911,8 @@ async fn rebalance_proposes_moving_a_running_interruptible_job_to_a_cheaper_clus
         req.time_limit_min = Some(24 * 60);
         req.fleet.interruptible = interruptible;
         let fwd = ForwardRequest { fleet_job_id: id.into(), request: req, tentative_target: "alpha".into() };
-        let _: JobRecord = d
-            .ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap()))
-            .await;
+        let _: JobRecord =
+            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
         let (s, v) = d.status(id, "alpha", st(JobState::Running)).await;
         assert!(s.is_success(), "{v}");
@@ -927,7 +963,12 @@ async fn output_is_deleted_after_the_retention_period_and_the_record_kept() {
     d.forward("old", "beta", "h100", 8).await;
     d.start_job("old", "beta").await;
     assert_eq!(d.chunk("old", "alpha", Stream::Stdout, 0, b"result\n").await.0, StatusCode::OK);
-    let done = StatusUpdate { final_stdout_len: Some(7), final_stderr_len: Some(0), exit_code: Some(0), ..st(JobState::Completed) };
+    let done = StatusUpdate {
+        final_stdout_len: Some(7),
+        final_stderr_len: Some(0),
+        exit_code: Some(0),
+        ..st(JobState::Completed)
+    };
     assert_eq!(d.status("old", "alpha", done).await.0, StatusCode::OK);
     assert_eq!(d.read_output("old", "beta", "stdout", 0, 100).await, b"result\n");
     // A running job is never touched, however old.
@@ -944,10 +985,226 @@ async fn output_is_deleted_after_the_retention_period_and_the_record_kept() {
         assert!(t0.elapsed() < Duration::from_secs(10), "output not deleted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, body) = d.call(reqwest::Method::GET, "/v1/jobs/old/output?stream=stdout&offset=0&max=100", &job_auth("beta", "old"), None).await;
+    let (status, body) = d
+        .call(
+            reqwest::Method::GET,
+            "/v1/jobs/old/output?stream=stdout&offset=0&max=100",
+            &job_auth("beta", "old"),
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::GONE, "{body}");
     assert!(body["error"].as_str().unwrap().contains("output_retention_days"), "{body}");
     assert_eq!(d.job("old").await.state, JobState::Completed, "the record stays");
     assert_eq!(d.read_output("live", "beta", "stdout", 0, 100).await, b"still running\n");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn start_needs_the_origin_agents_confirmation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("s1", "beta", "h100", 8).await;
+    let (s, v) = d.request_start("s1", "beta", 0).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "no stand-in id, nothing to check: {v}");
+    // The job token only records a request: the job stays held, nobody's work.
+    let (s, v) = d.request_start("s1", "beta", 77).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.origin_job_id, r.target.as_deref()), (JobState::Held, Some(77), None));
+    let asked = r.start_requested_at.expect("start_requested_at");
+    assert_eq!(d.request_start("s1", "beta", 77).await.0, StatusCode::ACCEPTED, "idempotent");
+    // Another stand-in id does not displace the pending request.
+    assert_eq!(d.request_start("s1", "beta", 78).await.0, StatusCode::ACCEPTED);
+    assert_eq!((d.job("s1").await.origin_job_id, d.job("s1").await.start_requested_at), (Some(77), Some(asked)));
+    assert!(d.work("alpha").await.is_empty() && d.work("gamma").await.is_empty());
+    let check = vec![StartCheck { fleet_job_id: "s1".into(), origin_job_id: 77 }];
+    assert_eq!(d.work("beta").await.confirm_start, check);
+
+    // Only the origin cluster's agent confirms.
+    for (auth, want) in [
+        (job_auth("beta", "s1"), StatusCode::FORBIDDEN),
+        (bearer("alpha"), StatusCode::FORBIDDEN),
+        ("Bearer admin-secret".to_string(), StatusCode::FORBIDDEN),
+        (String::new(), StatusCode::UNAUTHORIZED),
+        (job_auth("beta", "other"), StatusCode::UNAUTHORIZED),
+    ] {
+        let (s, v) = d.confirm("s1", &auth, 77, true).await;
+        assert_eq!(s, want, "{auth:?}: {v}");
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    }
+    assert_eq!(d.job("s1").await.state, JobState::Held);
+    let (s, v) = d.confirm("s1", &bearer("beta"), 78, true).await;
+    assert_eq!(s, StatusCode::CONFLICT, "another stand-in: {v}");
+    assert!(v["error"].as_str().unwrap().contains("names stand-in 77, not 78"), "{v}");
+    let (s, v) = d
+        .call(
+            reqwest::Method::POST,
+            "/v1/jobs/s1/confirm_start",
+            &bearer("beta"),
+            Some(serde_json::json!({"started": true})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+
+    // Refused: the request is dropped, the job stays held.
+    let (s, v) = d.confirm("s1", &bearer("beta"), 77, false).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.start_requested_at, r.origin_job_id), (JobState::Held, None, None));
+    assert!(r.reason.contains("refused the start of stand-in 77"), "{}", r.reason);
+    assert!(d.work("beta").await.is_empty());
+    let (s, v) = d.confirm("s1", &bearer("beta"), 77, true).await;
+    assert_eq!(s, StatusCode::CONFLICT, "no request pending: {v}");
+
+    // Asked again and confirmed: placed exactly as /start used to.
+    assert_eq!(d.request_start("s1", "beta", 77).await.0, StatusCode::ACCEPTED);
+    let (s, v) = d.confirm("s1", &bearer("beta"), 77, true).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.target.as_deref(), r.origin_job_id), (JobState::Assigned, Some("alpha"), Some(77)));
+    assert_eq!(d.work("alpha").await.submit.len(), 1);
+    assert!(d.work("beta").await.confirm_start.is_empty());
+    // Repeats past held: 200 with the record.
+    let (s, v) = d.request_start("s1", "beta", 77).await;
+    assert_eq!((s, v["state"].as_str()), (StatusCode::OK, Some("assigned")));
+    assert_eq!(d.confirm("s1", &bearer("beta"), 77, true).await.0, StatusCode::OK, "a repeated confirmation");
+    assert_eq!(d.confirm("s1", &bearer("beta"), 5, true).await.0, StatusCode::CONFLICT);
+    d.stop().await;
+}
+
+/// `GET /v1/agent/work?wait_ms=` for `cluster`, timed.
+async fn long_poll(url: String, cluster: &'static str, wait_ms: u64) -> (AgentWork, Duration) {
+    let t0 = std::time::Instant::now();
+    let w: AgentWork = reqwest::Client::new()
+        .get(format!("{url}/v1/agent/work?wait_ms={wait_ms}"))
+        .header("Authorization", bearer(cluster))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (w, t0.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_poll_answers_when_work_arrives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    // Nothing to do: the poll waits its time, then answers empty.
+    let (w, took) = long_poll(d.url.clone(), "alpha", 300).await;
+    assert!(w.is_empty() && took >= Duration::from_millis(300), "{w:?} after {took:?}");
+    // wait_ms=0 (and absent) answer at once.
+    assert!(long_poll(d.url.clone(), "alpha", 0).await.0.is_empty());
+
+    d.forward("lp", "beta", "h100", 8).await;
+    let origin = tokio::spawn(long_poll(d.url.clone(), "beta", 60_000));
+    let target = tokio::spawn(long_poll(d.url.clone(), "alpha", 60_000));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!origin.is_finished() && !target.is_finished(), "both wait while there is nothing");
+    // The store is not locked by the waiting polls.
+    assert_eq!(d.job("lp").await.state, JobState::Held);
+    let t0 = std::time::Instant::now();
+    assert_eq!(d.request_start("lp", "beta", 42).await.0, StatusCode::ACCEPTED);
+    let (w, _) = origin.await.unwrap();
+    let t_origin = t0.elapsed();
+    assert_eq!(w.confirm_start, [StartCheck { fleet_job_id: "lp".into(), origin_job_id: 42 }]);
+    assert!(!target.is_finished(), "a start request is the origin's work, not the target's");
+    assert_eq!(d.confirm("lp", &bearer("beta"), 42, true).await.0, StatusCode::OK);
+    let (w, _) = target.await.unwrap();
+    let t_target = t0.elapsed();
+    assert_eq!(w.submit.iter().map(|a| a.fleet_job_id.as_str()).collect::<Vec<_>>(), ["lp"]);
+    println!(
+        "latency: /start -> origin long-poll answered {:.1} ms; /start + confirm -> target long-poll has the assignment {:.1} ms",
+        t_origin.as_secs_f64() * 1e3,
+        t_target.as_secs_f64() * 1e3
+    );
+    // Work already there: answered at once, however long the wait asked.
+    let (w, _) = long_poll(d.url.clone(), "alpha", 60_000).await;
+    assert_eq!(w.submit.len(), 1);
+
+    // A cancel request wakes the target.
+    d.status("lp", "alpha", st(JobState::Running)).await;
+    let target = tokio::spawn(long_poll(d.url.clone(), "alpha", 60_000));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!target.is_finished());
+    d.ok::<JobRecord>(reqwest::Method::POST, "/v1/jobs/lp/cancel", &job_auth("beta", "lp"), None).await;
+    assert_eq!(target.await.unwrap().0.cancel, ["lp"]);
+
+    // A waiting poll does not hold up shutdown.
+    let waiting = tokio::spawn(long_poll(d.url.clone(), "gamma", 60_000));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = std::time::Instant::now();
+    d.stop().await;
+    assert!(waiting.await.unwrap().0.is_empty());
+    println!("shutdown with a waiting long-poll took {:?}", t0.elapsed());
+}
+
+#[tokio::test]
+async fn requeue_terminal_and_remote_id_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("rq", "beta", "h100", 8).await;
+    d.start_job("rq", "beta").await;
+    // (update, expected status, expected state and requeues afterwards)
+    let table: Vec<(StatusUpdate, StatusCode, JobState, u32)> = vec![
+        (st(JobState::Pending), StatusCode::OK, JobState::Pending, 0),
+        (st(JobState::Pending), StatusCode::OK, JobState::Pending, 0),
+        (st(JobState::Running), StatusCode::OK, JobState::Running, 0),
+        (StatusUpdate { node_list: "alpha-n1".into(), ..st(JobState::Running) }, StatusCode::OK, JobState::Running, 0),
+        // Slurm requeued it at the target.
+        (st(JobState::Pending), StatusCode::OK, JobState::Pending, 1),
+        (st(JobState::Running), StatusCode::OK, JobState::Running, 1),
+        (st(JobState::Pending), StatusCode::OK, JobState::Pending, 2),
+        // Another Slurm job's report never overwrites this one's.
+        (StatusUpdate { remote_job_id: Some(8), ..st(JobState::Failed) }, StatusCode::CONFLICT, JobState::Pending, 2),
+        (st(JobState::Running), StatusCode::OK, JobState::Running, 2),
+        (StatusUpdate { exit_code: Some(0), ..st(JobState::Completed) }, StatusCode::OK, JobState::Completed, 2),
+        (StatusUpdate { exit_code: Some(1), ..st(JobState::Failed) }, StatusCode::OK, JobState::Completed, 2),
+        (st(JobState::Pending), StatusCode::CONFLICT, JobState::Completed, 2),
+        (StatusUpdate { state: None, ..st(JobState::Running) }, StatusCode::CONFLICT, JobState::Completed, 2),
+    ];
+    for (i, (upd, want, state, requeues)) in table.into_iter().enumerate() {
+        let terminal_before = d.job("rq").await.state.is_terminal();
+        let (s, v) = d.status("rq", "alpha", upd.clone()).await;
+        assert_eq!(s, want, "row {i} {upd:?}: {v}");
+        if s == StatusCode::CONFLICT {
+            assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+            assert_eq!(v.get("terminal").is_some(), terminal_before, "row {i}: {v}");
+        }
+        let r = d.job("rq").await;
+        assert_eq!((r.state, r.requeues, r.remote_job_id), (state, requeues, Some(7)), "row {i}");
+    }
+    assert_eq!(d.job("rq").await.node_list, "alpha-n0");
+    assert_eq!(d.job("rq").await.exit_code, Some(0), "the first terminal report stands");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn absurd_output_offsets_are_client_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("off", "beta", "h100", 8).await;
+    d.start_job("off", "beta").await;
+    for (offset, data) in [(u64::MAX, &b"x"[..]), (u64::MAX - 1, &b"xyz"[..]), ((1 << 40) + 1, &b""[..])] {
+        let (s, v) = d.chunk("off", "alpha", Stream::Stdout, offset, data).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "offset {offset}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("1 TiB"), "{v}");
+    }
+    // An offset past what is held is a gap, as before.
+    assert_eq!(d.chunk("off", "alpha", Stream::Stdout, 5, b"x").await.0, StatusCode::CONFLICT);
+    for offset in [u64::MAX, 1 << 41] {
+        let (s, v) = d
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/jobs/off/output?stream=stdout&offset={offset}"),
+                &job_auth("beta", "off"),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    }
+    assert_eq!(d.read_output("off", "beta", "stdout", 1 << 39, 10).await, b"");
     d.stop().await;
 }

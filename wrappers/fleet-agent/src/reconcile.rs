@@ -127,6 +127,8 @@ mod tests {
             submitted_at,
             updated_at: submitted_at,
             summary: String::new(),
+            start_requested_at: None,
+            requeues: 0,
         }
     }
 

@@ -2,7 +2,9 @@
 //!
 //! Slurm starts the stand-in when the origin's own dependencies, holds and
 //! begin time allow; the proxy then releases the real job
-//! (`POST /v1/jobs/{id}/start`), waits while the meta-scheduler places it
+//! (`POST /v1/jobs/{id}/start` with its Slurm job id; the job stays held
+//! until the origin agent confirms in Slurm that this stand-in runs, so
+//! the job token alone starts nothing), waits while the meta-scheduler places it
 //! and the target cluster runs it, copies the job's stdout/stderr byte for
 //! byte to its own stdout/stderr (which Slurm connected to the user's
 //! output files), keeps the stand-in's Slurm comment pointing at where the
@@ -181,7 +183,9 @@ impl Backoff {
         self.cur = self.base;
         self.last_msg.clear();
         let reported = std::mem::take(&mut self.reported);
-        since.filter(|_| reported).map(|t| format!("meta-scheduler reachable again after {:.1}s", (now - t).as_secs_f64()))
+        since
+            .filter(|_| reported)
+            .map(|t| format!("meta-scheduler reachable again after {:.1}s", (now - t).as_secs_f64()))
     }
 
     /// Record a failure; returns how long to wait and the line to report, if any.
@@ -397,10 +401,13 @@ fn run(args: Args) -> anyhow::Result<u8> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(sig, term.clone()).context("installing signal handlers")?;
     }
-    let mut builder = reqwest::blocking::Client::builder().connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30));
+    let mut builder =
+        reqwest::blocking::Client::builder().connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30));
     if let Some(path) = &args.ca_file {
         let pem = fleet_api::client::read_ca_bundle(path).map_err(anyhow::Error::msg)?;
-        for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))? {
+        for cert in reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("parsing the CA bundle {}", path.display()))?
+        {
             builder = builder.add_root_certificate(cert);
         }
     }
@@ -429,6 +436,10 @@ fn run(args: Args) -> anyhow::Result<u8> {
                 succeeded(&mut backoff);
                 break r;
             }
+            // Permanent (no Slurm job id to check, for one): say why.
+            Err(CallError::Status(400, m)) => {
+                bail!("starting the job: the meta-scheduler refused it (HTTP 400: {m})")
+            }
             Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
         }
     };
@@ -452,6 +463,18 @@ fn run(args: Args) -> anyhow::Result<u8> {
                 record = r;
             }
             Err(e) => failed(&mut backoff, "polling the job", &e, &term)?,
+        }
+        // Still held without a start request: the origin agent refused
+        // one (not ours, or before Slurm showed this stand-in running).
+        // Ask again; the agent checks again.
+        if record.state == JobState::Held && record.start_requested_at.is_none() {
+            match api.start(slurm_job_id.unwrap_or(0)) {
+                Ok(r) => {
+                    succeeded(&mut backoff);
+                    record = r;
+                }
+                Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
+            }
         }
     }
 }
@@ -526,6 +549,8 @@ mod tests {
             submitted_at: 0.0,
             updated_at: 0.0,
             summary: String::new(),
+            start_requested_at: None,
+            requeues: 0,
         }
     }
 

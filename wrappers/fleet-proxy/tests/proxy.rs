@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use fleet_api::api::{AgentWork, ForwardRequest, Heartbeat, NodeCapacity, OutputChunk, StatusUpdate, Stream};
+use fleet_api::api::{
+    AgentWork, ForwardRequest, Heartbeat, NodeCapacity, OutputChunk, StartConfirmation, StatusUpdate, Stream,
+};
 use fleet_api::{auth, GpuRequest, GpuScope, JobRequest, JobState};
 use fleet_metasched::config::{ClusterConfig, Config};
 
@@ -176,6 +178,11 @@ fn spawn_proxy(url: &str, id: &str, dir: &Path) -> tokio::process::Child {
 }
 
 fn spawn_proxy_with(url: &str, id: &str, dir: &Path, token_in_file: bool) -> tokio::process::Child {
+    spawn_proxy_as(url, id, dir, token_in_file, STAND_IN)
+}
+
+/// The proxy as the body of Slurm job `stand_in`.
+fn spawn_proxy_as(url: &str, id: &str, dir: &Path, token_in_file: bool, stand_in: u64) -> tokio::process::Child {
     // A fake scontrol that records the comment updates.
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -195,7 +202,12 @@ fn spawn_proxy_with(url: &str, id: &str, dir: &Path, token_in_file: bool) -> tok
     } else {
         cmd.env("FLEET_JOB_TOKEN", token);
     }
-    cmd.env("SLURM_JOB_ID", "77").stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().unwrap()
+    cmd.env("SLURM_JOB_ID", stand_in.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 async fn finish(child: tokio::process::Child) -> (i32, Vec<u8>, Vec<u8>) {
@@ -212,7 +224,47 @@ async fn setup(dir: &Path) -> (Meta, Agent, Agent) {
     let beta = Agent { url: meta.url(), cluster: "beta", http: reqwest::Client::new() };
     alpha.heartbeat("h100").await;
     beta.heartbeat("a100").await;
+    tokio::spawn(confirm_starts(meta.url(), "beta", STAND_IN));
     (meta, alpha, beta)
+}
+
+/// The stand-ins' Slurm job id (`SLURM_JOB_ID`).
+const STAND_IN: u64 = 77;
+
+/// Play `cluster`'s origin agent: confirm every start request that names
+/// stand-in `running` (as if Slurm showed it RUNNING), refuse others.
+/// Runs until the test's runtime ends; rides out meta-scheduler restarts.
+async fn confirm_starts(url: String, cluster: &'static str, running: u64) {
+    let http = reqwest::Client::new();
+    loop {
+        let work = http
+            .get(format!("{url}/v1/agent/work?wait_ms=2000"))
+            .bearer_auth(token_of(cluster))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success());
+        let Some(work) = work else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Ok(work) = work.json::<AgentWork>().await else {
+            continue;
+        };
+        for c in work.confirm_start {
+            let body = StartConfirmation {
+                origin_job_id: c.origin_job_id,
+                started: c.origin_job_id == running,
+                reason: "not the journaled stand-in".into(),
+            };
+            let _ = http
+                .post(format!("{url}/v1/jobs/{}/confirm_start", c.fleet_job_id))
+                .bearer_auth(token_of(cluster))
+                .json(&body)
+                .send()
+                .await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,4 +395,30 @@ fn usage_errors_exit_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("a job token is required"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_origin_agent_does_not_confirm_leaves_the_job_held() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (meta, alpha, beta) = setup(tmp.path()).await;
+    beta.forward("px5", 8).await;
+    // Job 99 holds px5's token but is not its journaled stand-in (77): the
+    // origin agent refuses each of its start requests.
+    let child = spawn_proxy_as(&meta.url(), "px5", tmp.path(), false, 99);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(alpha.work().await.is_empty(), "never placed");
+    let r: fleet_api::api::JobRecord = reqwest::Client::new()
+        .get(format!("{}/v1/jobs/px5", meta.url()))
+        .bearer_auth("admin")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r.state, JobState::Held, "{r:?}");
+    // (refused, or asked again: the proxy keeps asking)
+    assert!(r.reason.contains("stand-in 99"), "{}", r.reason);
+    drop(child); // kill_on_drop
+    meta.stop().await;
 }
