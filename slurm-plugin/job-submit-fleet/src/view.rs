@@ -50,7 +50,7 @@ mod tests {
         let c = |name: &str, ty: &str| ClusterSummary {
             name: name.into(),
             healthy: true,
-            gpus: vec![GpuPool { gpu_type: ty.into(), total: 16, free: 16, max_per_node: 8, nodes: 2 }],
+            gpus: vec![GpuPool { gpu_type: ty.into(), total: 16, free: 16, max_per_node: 8, nodes: 2, ..GpuPool::default() }],
             ..Default::default()
         };
         FleetView { generated_at: 0.0, clusters: vec![c("alpha", "h100"), c("beta", "a100")] }
