@@ -83,6 +83,11 @@ pub fn from_spank_env<'a>(env: impl IntoIterator<Item = &'a str>) -> Result<Flee
         let Some(rest) = entry.strip_prefix(SPANK_ENV_PREFIX) else { continue };
         let (key, value) = rest.split_once('=').unwrap_or((rest, ""));
         let name = key.replace('_', "-");
+        // A flag (no argument) reaches the job's SPANK environment as the
+        // text "(null)": Slurm formats the NULL optarg with "%s". Only
+        // flags can carry it (an option with an argument always has one).
+        let is_flag = OPTIONS.iter().any(|(n, arg, _)| *n == name && arg.is_empty());
+        let value = if is_flag && value == "(null)" { "" } else { value };
         apply(&mut opts, &name, Some(value))?;
     }
     Ok(opts)
@@ -110,6 +115,10 @@ mod tests {
         check(&["_SLURM_SPANK_OPTION_fleet_fleet_to=alpha, beta"], Ok(FleetOptions { to: vec!["alpha".into(), "beta".into()], ..d() }));
         check(&["_SLURM_SPANK_OPTION_fleet_fleet_max_price=2.5"], Ok(FleetOptions { max_price: Some(2.5), ..d() }));
         check(&["_SLURM_SPANK_OPTION_fleet_fleet_interruptible="], Ok(FleetOptions { interruptible: true, ..d() }));
+        // What slurmctld really hands job_submit for the flag (option or #SBATCH).
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=(null)"], Ok(FleetOptions { interruptible: true, ..d() }));
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=no"], Ok(d()));
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=maybe"], Err("--fleet-interruptible=maybe: takes no value"));
         check(
             &["_SLURM_SPANK_OPTION_fleet_fleet_data=s3://a/b,gs://c", "_SLURM_SPANK_OPTION_fleet_fleet_ckpt=s3://ck/"],
             Ok(FleetOptions { data: vec!["s3://a/b".into(), "gs://c".into()], ckpt: Some("s3://ck/".into()), ..d() }),
