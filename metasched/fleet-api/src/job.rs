@@ -249,13 +249,19 @@ impl JobRequest {
 
     /// `--export`'s mode.
     pub fn export_mode(&self) -> ExportMode {
-        let Some(v) = self.export_env.as_deref().map(str::trim) else { return ExportMode::All };
+        let Some(v) = self.export_env.as_deref().map(str::trim) else {
+            return ExportMode::All;
+        };
         match v.to_ascii_uppercase().as_str() {
             "" | "ALL" => ExportMode::All,
             "NONE" => ExportMode::None,
             "NIL" => ExportMode::Nil,
             _ => {
-                let mut items: Vec<String> = v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+                let mut items: Vec<String> = v
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
                 let all = items.first().is_some_and(|f| f.eq_ignore_ascii_case("ALL"));
                 if all {
                     items.remove(0);
@@ -305,7 +311,10 @@ pub enum JobState {
 
 impl JobState {
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Lost)
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Lost
+        )
     }
 
     pub fn as_str(self) -> &'static str {
