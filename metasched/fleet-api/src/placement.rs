@@ -620,6 +620,15 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
     )
 }
 
+/// Can the origin run `job` natively, as far as `view` shows? True when
+/// the origin is missing from the view (Slurm judges it). The agent uses
+/// it when a job placed elsewhere cannot be forwarded after all (a script
+/// over `MaxScriptBytes`, fields that are not UTF-8): such a job stays
+/// home rather than being refused, when home can run it.
+pub fn origin_fits(view: &FleetView, job: &JobRequest) -> bool {
+    view.clusters.iter().find(|c| c.name == job.origin).is_none_or(|c| fits(c, job).is_ok())
+}
+
 /// `view` with every cluster taken as healthy: what the fleet could run
 /// once the silent clusters are back.
 pub fn all_healthy(view: &FleetView) -> FleetView {
@@ -1127,6 +1136,13 @@ mod tests {
             place(&v, &req("beta", "--gres=gpu:a100:8")).0,
             Placement::Home { .. }
         ));
+    }
+
+    #[test]
+    fn origin_fits_answers_for_home() {
+        assert!(origin_fits(&lab(), &req("alpha", "--gpus=h100:16")));
+        assert!(!origin_fits(&lab(), &req("beta", "--gpus=h100:16")));
+        assert!(origin_fits(&lab(), &req("gamma", "--gpus=h100:16")), "not in the view: Slurm judges");
     }
 
     #[test]

@@ -32,6 +32,8 @@ const GRES_ENFORCE_BIND: u64 = 1 << 4;
 const GRES_DISABLE_BIND: u64 = 1 << 19;
 const SPREAD_JOB: u64 = 1 << 8;
 const USE_MIN_NODES: u64 = 1 << 9;
+/// `task_dist` when `-m` was not given.
+const SLURM_DIST_UNKNOWN: u64 = 0x2000;
 
 fn opt_u32(v: u64, no_val: u64) -> Option<u32> {
     (v != no_val && v != 0).then_some(v as u32)
@@ -213,7 +215,14 @@ pub fn build_request(
         .iter()
         .find_map(|e| e.strip_prefix("SLURM_EXPORT_ENV="))
         .map(str::to_string);
-    let not_carried = not_carried(job, tres[1].1.as_deref());
+    let mut not_carried = not_carried(job, tres[1].1.as_deref());
+    // Options sbatch passes in the job's environment only.
+    if env.iter().any(|e| e.starts_with("SLURM_RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U'))) {
+        not_carried.push("--propagate".into());
+    }
+    if export_env.is_none() && env.iter().any(|e| e == "SLURM_GET_USER_ENV=1") {
+        not_carried.push("--get-user-env".into());
+    }
     let tres_raw = tres
         .into_iter()
         .filter_map(|(f, v)| v.map(|v| (f.name().to_string(), v)))
@@ -374,6 +383,10 @@ fn not_carried(job: &mut JobDesc<'_>, tres_per_node: Option<&str>) -> Vec<String
         if set32(job.num(f)) && !out.iter().any(|o| o == opt) {
             out.push(opt.to_string());
         }
+    }
+    let dist = job.num(NumField::TaskDist);
+    if dist != 0 && dist != u64::from(NO_VAL) && dist != SLURM_DIST_UNKNOWN {
+        out.push("--distribution".into());
     }
     if job.num(NumField::Deadline) != 0 {
         out.push("--deadline".into());
@@ -704,6 +717,11 @@ mod tests {
         assert_eq!(r.qos.as_deref(), Some("high"));
         assert_eq!(r.begin_time, Some(1_900_000_000));
         assert!(r.not_carried.is_empty(), "{:?}", r.not_carried);
+        // --export=NONE implies SLURM_GET_USER_ENV; so does --get-user-env alone (not carried).
+        let none = ask(run_full(&[SCRIPT, H100], &[], &[], &["SLURM_EXPORT_ENV=NONE", "SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=0"], 1000));
+        assert!(none.not_carried.is_empty(), "{:?}", none.not_carried);
+        let user_env = ask(run_full(&[SCRIPT, H100], &[], &[], &["SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=U0"], 1000));
+        assert_eq!(user_env.not_carried, ["--propagate", "--get-user-env"]);
         assert_eq!(
             fleet_api::sbatch::sbatch_options(&r),
             [
@@ -810,6 +828,8 @@ mod tests {
         check(&[], &[(NumField::PnMinTmpDisk, 1000)], &["--tmp"]);
         check(&[], &[(NumField::Bitflags, SPREAD_JOB)], &["--spread-job"]);
         check(&[], &[(NumField::Overcommit, 1)], &["--overcommit"]);
+        check(&[], &[(NumField::TaskDist, SLURM_DIST_UNKNOWN)], &[]);
+        check(&[], &[(NumField::TaskDist, 1)], &["--distribution"]);
         check(
             &[],
             &[(NumField::PnMinCpus, 4), (NumField::CpusPerTask, 4)],

@@ -143,6 +143,7 @@ pub enum NumField {
     Profile,
     PowerFlags,
     WaitAllNodes,
+    TaskDist,
 }
 
 /// A `job_desc_msg_t` borrowed from slurmctld for the duration of one hook.
@@ -283,6 +284,7 @@ impl<'a> JobDesc<'a> {
             NumField::Profile => r.profile.into(),
             NumField::PowerFlags => r.power_flags.into(),
             NumField::WaitAllNodes => r.wait_all_nodes.into(),
+            NumField::TaskDist => r.task_dist.into(),
         }
     }
 
@@ -334,6 +336,7 @@ impl<'a> JobDesc<'a> {
             NumField::Profile => r.profile = v as u32,
             NumField::PowerFlags => r.power_flags = v as u8,
             NumField::WaitAllNodes => r.wait_all_nodes = v as u16,
+            NumField::TaskDist => r.task_dist = v as u32,
         }
     }
 
