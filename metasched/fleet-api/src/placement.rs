@@ -373,12 +373,11 @@ fn constraint_text(c: &Constraint) -> String {
     }
 }
 
-/// Sum of the `n` largest values of `(value, count)` groups.
-fn top_sum(mut groups: Vec<(u64, u32)>, n: u32) -> u64 {
-    groups.sort_by_key(|g| std::cmp::Reverse(g.0));
+/// Sum of the `n` largest values of `(value, count)` groups sorted by value, largest first.
+fn top_sum(groups: &[(u64, u32)], n: u32) -> u64 {
     let mut left = n;
     let mut sum = 0u64;
-    for (v, c) in groups {
+    for &(v, c) in groups {
         let take = c.min(left);
         sum = sum.saturating_add(v.saturating_mul(take.into()));
         left -= take;
@@ -428,14 +427,28 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
         // Never more nodes than tasks (unless -N asks for more).
         hi = hi.min(t.max(d.min_nodes));
     }
-    let tasks_of = |n: u32| top_sum(usable.iter().map(|u| (u.0, u.2)).collect(), n);
-    let gpus_of = |n: u32| top_sum(usable.iter().map(|u| (u.1, u.2)).collect(), n);
+    let mut by_tasks: Vec<(u64, u32)> = usable.iter().map(|u| (u.0, u.2)).collect();
+    let mut by_gpus: Vec<(u64, u32)> = usable.iter().map(|u| (u.1, u.2)).collect();
+    by_tasks.sort_by_key(|g| std::cmp::Reverse(g.0));
+    by_gpus.sort_by_key(|g| std::cmp::Reverse(g.0));
+    let tasks_of = |n: u32| top_sum(&by_tasks, n);
+    let gpus_of = |n: u32| top_sum(&by_gpus, n);
     let need_tasks = |n: u32| u64::from(d.tasks.unwrap_or(n));
+    // Monotone in n: every usable node holds at least one task (its share),
+    // and more nodes never hold fewer tasks or GPUs. So the fewest nodes
+    // that do is found by bisection (large clusters, per submission).
     let ok = |n: u32| tasks_of(n) >= need_tasks(n) && gpus_of(n) >= u64::from(d.gpus_per_job);
-    if hi >= d.min_nodes {
-        if let Some(n) = (d.min_nodes..=hi).find(|&n| ok(n)) {
-            return Ok(n);
+    if hi >= d.min_nodes && ok(hi) {
+        let (mut lo, mut up) = (d.min_nodes, hi);
+        while lo < up {
+            let mid = lo + (up - lo) / 2;
+            if ok(mid) {
+                up = mid;
+            } else {
+                lo = mid + 1;
+            }
         }
+        return Ok(lo);
     }
     // Why not, at the most nodes allowed.
     let n = hi.max(d.min_nodes).min(avail);
@@ -626,7 +639,10 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
 /// over `MaxScriptBytes`, fields that are not UTF-8): such a job stays
 /// home rather than being refused, when home can run it.
 pub fn origin_fits(view: &FleetView, job: &JobRequest) -> bool {
-    view.clusters.iter().find(|c| c.name == job.origin).is_none_or(|c| fits(c, job).is_ok())
+    view.clusters
+        .iter()
+        .find(|c| c.name == job.origin)
+        .is_none_or(|c| fits(c, job).is_ok())
 }
 
 /// `view` with every cluster taken as healthy: what the fleet could run
@@ -1142,7 +1158,10 @@ mod tests {
     fn origin_fits_answers_for_home() {
         assert!(origin_fits(&lab(), &req("alpha", "--gpus=h100:16")));
         assert!(!origin_fits(&lab(), &req("beta", "--gpus=h100:16")));
-        assert!(origin_fits(&lab(), &req("gamma", "--gpus=h100:16")), "not in the view: Slurm judges");
+        assert!(
+            origin_fits(&lab(), &req("gamma", "--gpus=h100:16")),
+            "not in the view: Slurm judges"
+        );
     }
 
     #[test]

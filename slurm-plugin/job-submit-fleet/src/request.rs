@@ -217,7 +217,9 @@ pub fn build_request(
         .map(str::to_string);
     let mut not_carried = not_carried(job, tres[1].1.as_deref());
     // Options sbatch passes in the job's environment only.
-    if env.iter().any(|e| e.starts_with("SLURM_RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U'))) {
+    if env.iter().any(|e| {
+        e.starts_with("SLURM_RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U'))
+    }) {
         not_carried.push("--propagate".into());
     }
     if export_env.is_none() && env.iter().any(|e| e == "SLURM_GET_USER_ENV=1") {
@@ -718,9 +720,25 @@ mod tests {
         assert_eq!(r.begin_time, Some(1_900_000_000));
         assert!(r.not_carried.is_empty(), "{:?}", r.not_carried);
         // --export=NONE implies SLURM_GET_USER_ENV; so does --get-user-env alone (not carried).
-        let none = ask(run_full(&[SCRIPT, H100], &[], &[], &["SLURM_EXPORT_ENV=NONE", "SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=0"], 1000));
+        let none = ask(run_full(
+            &[SCRIPT, H100],
+            &[],
+            &[],
+            &[
+                "SLURM_EXPORT_ENV=NONE",
+                "SLURM_GET_USER_ENV=1",
+                "SLURM_RLIMIT_CORE=0",
+            ],
+            1000,
+        ));
         assert!(none.not_carried.is_empty(), "{:?}", none.not_carried);
-        let user_env = ask(run_full(&[SCRIPT, H100], &[], &[], &["SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=U0"], 1000));
+        let user_env = ask(run_full(
+            &[SCRIPT, H100],
+            &[],
+            &[],
+            &["SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=U0"],
+            1000,
+        ));
         assert_eq!(user_env.not_carried, ["--propagate", "--get-user-env"]);
         assert_eq!(
             fleet_api::sbatch::sbatch_options(&r),
