@@ -110,7 +110,13 @@ enum Outcome {
     Refused(String),
 }
 
-fn submit(lab: &Lab, cluster: &str, args: &str, local: bool, ids: &mut Vec<(String, u64)>) -> Outcome {
+fn submit(
+    lab: &Lab,
+    cluster: &str,
+    args: &str,
+    local: bool,
+    ids: &mut Vec<(String, u64)>,
+) -> Outcome {
     let mut a: Vec<&str> = args.split_whitespace().collect();
     a.push("--hold");
     a.push("--output=/dev/null");
@@ -128,22 +134,38 @@ fn submit(lab: &Lab, cluster: &str, args: &str, local: bool, ids: &mut Vec<(Stri
 }
 
 fn shape(r: &JobRecord) -> Vec<(String, String)> {
-    SHAPE.iter().map(|k| (k.to_string(), r.get(*k).cloned().unwrap_or_default())).collect()
+    SHAPE
+        .iter()
+        .map(|k| (k.to_string(), r.get(*k).cloned().unwrap_or_default()))
+        .collect()
 }
 
 /// The cluster named in a stand-in's admin comment (`... -> alpha ...`).
 fn forwarded_to(r: &JobRecord) -> Option<String> {
     let admin = r.get("AdminComment")?;
     // Fleet's tag: `fleet:<fleet_job_id> <summary>` (fleet_api::wire::admin_tag).
-    admin.split_whitespace().next()?.strip_prefix("fleet:").filter(|id| !id.is_empty())?;
+    admin
+        .split_whitespace()
+        .next()?
+        .strip_prefix("fleet:")
+        .filter(|id| !id.is_empty())?;
     let after = admin.split("-> ").nth(1)?;
-    Some(after.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_')).next()?.to_string())
+    Some(
+        after
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .next()?
+            .to_string(),
+    )
 }
 
 #[test]
 fn slurm_is_the_oracle() {
     let (lab, _serial) = Lab::lock();
-    assert!(REQUESTS.len() >= 40, "the table holds {} requests", REQUESTS.len());
+    assert!(
+        REQUESTS.len() >= 40,
+        "the table holds {} requests",
+        REQUESTS.len()
+    );
     let mut ids = Vec::new();
     // Native outcomes first: the oracle.
     let mut native: HashMap<(&str, &str), Outcome> = HashMap::new();
@@ -158,22 +180,40 @@ fn slurm_is_the_oracle() {
         for r in REQUESTS {
             let with = submit(lab, c, r, false, &mut ids);
             let nat = &native[&(*c, *r)];
-            let runs_at = |target: &str| matches!(native.get(&(target, *r)), Some(Outcome::Accepted(_)));
+            let runs_at =
+                |target: &str| matches!(native.get(&(target, *r)), Some(Outcome::Accepted(_)));
             let verdict: Result<&str, String> = match (nat, &with) {
-                (_, Outcome::Accepted(rec)) if rec.get("Partition").map(String::as_str) == Some("fleet") => match forwarded_to(rec) {
-                    Some(t) if t != *c && runs_at(&t) => Ok("forwarded"),
-                    Some(t) => Err(format!("forwarded to {t}, which does not accept it natively")),
-                    None => Err(format!("in the proxy partition without a Fleet tag: {rec:?}")),
-                },
+                (_, Outcome::Accepted(rec))
+                    if rec.get("Partition").map(String::as_str) == Some("fleet") =>
+                {
+                    match forwarded_to(rec) {
+                        Some(t) if t != *c && runs_at(&t) => Ok("forwarded"),
+                        Some(t) => Err(format!(
+                            "forwarded to {t}, which does not accept it natively"
+                        )),
+                        None => Err(format!(
+                            "in the proxy partition without a Fleet tag: {rec:?}"
+                        )),
+                    }
+                }
                 (Outcome::Accepted(n), Outcome::Accepted(w)) => {
                     if shape(n) == shape(w) {
                         Ok("same as native")
                     } else {
-                        Err(format!("shape differs:\n native {:?}\n plugin {:?}", shape(n), shape(w)))
+                        Err(format!(
+                            "shape differs:\n native {:?}\n plugin {:?}",
+                            shape(n),
+                            shape(w)
+                        ))
                     }
                 }
-                (Outcome::Accepted(_), Outcome::Refused(e)) => Err(format!("runs natively but refused: {e}")),
-                (Outcome::Refused(_), Outcome::Accepted(w)) => Err(format!("refused natively, accepted untouched: {:?}", shape(w))),
+                (Outcome::Accepted(_), Outcome::Refused(e)) => {
+                    Err(format!("runs natively but refused: {e}"))
+                }
+                (Outcome::Refused(_), Outcome::Accepted(w)) => Err(format!(
+                    "refused natively, accepted untouched: {:?}",
+                    shape(w)
+                )),
                 (Outcome::Refused(n), Outcome::Refused(e)) => {
                     if e.contains("fleet: ") || e == n {
                         Ok("refused with the reason")
@@ -192,9 +232,18 @@ fn slurm_is_the_oracle() {
         let _ = lab.cmd(c, "scancel", &[&id.to_string()]);
     }
     eprintln!("oracle: {counts:?}");
-    assert!(failures.is_empty(), "{} of {} submissions differ from Slurm:\n{}", failures.len(), REQUESTS.len() * CLUSTERS.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} submissions differ from Slurm:\n{}",
+        failures.len(),
+        REQUESTS.len() * CLUSTERS.len(),
+        failures.join("\n")
+    );
     // The table exercises every branch.
     for kind in ["same as native", "forwarded", "refused with the reason"] {
-        assert!(counts.get(kind).copied().unwrap_or(0) > 0, "no request was {kind}: {counts:?}");
+        assert!(
+            counts.get(kind).copied().unwrap_or(0) > 0,
+            "no request was {kind}: {counts:?}"
+        );
     }
 }
