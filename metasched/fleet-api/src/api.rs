@@ -37,6 +37,16 @@ pub struct NodeCapacity {
     /// Interconnect domain (switch name from topology.conf), if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switch: Option<String>,
+    /// CPUs Slurm schedules on the node (`CPUTot`); 0 = unknown.
+    #[serde(default)]
+    pub cpus: u32,
+    /// `RealMemory` in MiB; 0 = unknown.
+    #[serde(default)]
+    pub memory_mb: u64,
+    /// Active node features (`AvailableFeatures`), for `--constraint`.
+    /// `None` = unknown (an older agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
 }
 
 /// What an agent reports about its cluster every heartbeat.
@@ -66,6 +76,30 @@ pub struct GpuPool {
     pub max_per_node: u32,
     /// Nodes that carry this type (and are usable: not down/drained).
     pub nodes: u32,
+    /// USD per GPU-hour of this type at this cluster, when known
+    /// (`--fleet-max-price` excludes pools above it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_per_gpu_hour: Option<f64>,
+}
+
+/// Identical usable nodes of one cluster, `count` of them: what the
+/// placement rule checks a request against node by node, as slurmctld
+/// would. Built from heartbeats by [`crate::placement::node_shapes`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeShape {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    pub gpus: u32,
+    /// 0 = unknown.
+    #[serde(default)]
+    pub cpus: u32,
+    /// MiB; 0 = unknown.
+    #[serde(default)]
+    pub memory_mb: u64,
+    /// `None` = unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
+    pub count: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -81,6 +115,10 @@ pub struct ClusterSummary {
     pub gpus: Vec<GpuPool>,
     pub queue_pending: u32,
     pub queue_running: u32,
+    /// Usable nodes by shape (GPUs, CPUs, memory, features). Empty from an
+    /// older meta-scheduler: the rule then works from `gpus` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeShape>,
 }
 
 /// The fleet as the meta-scheduler sees it; agents cache it to answer the

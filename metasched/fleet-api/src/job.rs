@@ -130,6 +130,104 @@ pub struct JobRequest {
     pub non_utf8_fields: Vec<String>,
     #[serde(default)]
     pub fleet: FleetOptions,
+
+    // ---- What the target needs to reproduce the job (see `sbatch`). ----
+    /// `--mem` in MiB per node (`Some(0)`: all of each node's memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_per_node_mb: Option<u64>,
+    /// `--mem-per-cpu` in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_per_cpu_mb: Option<u64>,
+    /// `--mem-per-gpu` in MiB (`mem_per_tres` `gres:gpu:N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_per_gpu_mb: Option<u64>,
+    /// `--cpus-per-gpu` (`cpus_per_tres` `gres:gpu:N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_per_gpu: Option<u32>,
+    /// `--exclusive[=user|mcs]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive: Option<Exclusive>,
+    /// `--oversubscribe`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oversubscribe: bool,
+    /// `--contiguous`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub contiguous: bool,
+    /// `--constraint` as typed (Slurm's `features`): a hard placement
+    /// constraint against each cluster's node features.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    /// `--signal=[R|B:]num[@time]`: the signal number (`warn_signal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn_signal: Option<u16>,
+    /// Seconds before the time limit the signal is sent (`warn_time`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn_time: Option<u16>,
+    /// `B:` in `--signal`: signal the batch shell only (`KILL_JOB_BATCH`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warn_batch_only: bool,
+    /// `R:` in `--signal`: the job may run in a reservation's last minutes
+    /// (`KILL_JOB_RESV`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warn_resv: bool,
+    /// The user's own `--comment`, as they set it. Fleet's tag lives in
+    /// `admin_comment` (`fleet:<fleet_job_id>`), never here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    /// `--mail-type` as sbatch spells it (`BEGIN,END,FAIL,...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mail_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mail_user: Option<String>,
+    /// `--time-min` in minutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_min: Option<u32>,
+    /// `--export` as sbatch sent it: `None` = ALL (the default); else the
+    /// value of `SLURM_EXPORT_ENV` in the job's environment (`NONE`,
+    /// `NIL`, or a list such as `PATH,FOO=bar`, possibly led by `ALL,`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    /// `--licenses` (site-local: a job with licenses never leaves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub licenses: Option<String>,
+    /// `--begin`, Unix seconds (honoured at the origin by the stand-in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_time: Option<i64>,
+    /// Options present on the job that no other cluster can honour
+    /// (`--licenses`, `--reservation`, `--nodelist`, ...), each as
+    /// `--option` or `--option=value`. A job with any stays home, or is
+    /// refused naming them when home cannot run it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_carried: Vec<String>,
+}
+
+/// `--exclusive` modes (Slurm's `shared` field: 0, 2, 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exclusive {
+    /// `--exclusive`: whole nodes.
+    Node,
+    /// `--exclusive=user`
+    User,
+    /// `--exclusive=mcs`
+    Mcs,
+}
+
+/// `--export`'s meaning, from [`JobRequest::export_env`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExportMode {
+    /// The whole submission environment (the default).
+    All,
+    /// Only `SLURM_*` variables (and, for `NONE`, the user's login
+    /// environment loaded on the node).
+    None,
+    /// `NIL`: only `SLURM_*`, no login environment.
+    Nil,
+    /// The named variables (and `NAME=value` settings); `all` when the
+    /// list started with `ALL,`.
+    List { all: bool, items: Vec<String> },
 }
 
 impl JobRequest {
@@ -147,6 +245,30 @@ impl JobRequest {
                 GpuScope::Task => g.count.saturating_mul(tasks),
             })
             .fold(0u32, u32::saturating_add)
+    }
+
+    /// `--export`'s mode.
+    pub fn export_mode(&self) -> ExportMode {
+        let Some(v) = self.export_env.as_deref().map(str::trim) else {
+            return ExportMode::All;
+        };
+        match v.to_ascii_uppercase().as_str() {
+            "" | "ALL" => ExportMode::All,
+            "NONE" => ExportMode::None,
+            "NIL" => ExportMode::Nil,
+            _ => {
+                let mut items: Vec<String> = v
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                let all = items.first().is_some_and(|f| f.eq_ignore_ascii_case("ALL"));
+                if all {
+                    items.remove(0);
+                }
+                ExportMode::List { all, items }
+            }
+        }
     }
 
     /// The one GPU type named, if any (`None` = untyped or no GPUs).
@@ -189,7 +311,10 @@ pub enum JobState {
 
 impl JobState {
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Lost)
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Lost
+        )
     }
 
     pub fn as_str(self) -> &'static str {

@@ -13,6 +13,7 @@ pub mod client;
 pub mod job;
 pub mod options;
 pub mod placement;
+pub mod sbatch;
 pub mod wire;
 
 pub use job::*;

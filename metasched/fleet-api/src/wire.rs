@@ -29,11 +29,15 @@ pub enum PluginRequest {
 #[serde(tag = "decision", rename_all = "snake_case")]
 pub enum PluginReply {
     /// Leave the job exactly as submitted.
-    Local { reason: String },
+    Local {
+        reason: String,
+    },
     /// Rewrite the job into a stand-in for a job run elsewhere.
     Forward(Box<ForwardPlan>),
     /// Refuse the submission; `message` is shown by sbatch.
-    Reject { message: String },
+    Reject {
+        message: String,
+    },
     Pong,
 }
 
@@ -48,8 +52,49 @@ pub struct ForwardPlan {
     pub proxy_partition: String,
     /// The stand-in's batch script: a `fleet-proxy` call.
     pub proxy_script: String,
-    /// Summary of the original request for `admin_comment`.
+    /// Summary of the original request for `admin_comment`; the plugin
+    /// stores `fleet:<fleet_job_id> <admin_comment>` (see [`admin_tag`]).
     pub admin_comment: String,
-    /// Shown by `squeue -O comment`: where the job really runs.
+    /// Formerly stored into the stand-in's `Comment`; the plugin no longer
+    /// does (the user's comment stays as they set it). Kept for the wire.
     pub comment: String,
+}
+
+/// The stand-in's Fleet tag, the first word of its `admin_comment`
+/// (which only Slurm operators and admins can change):
+/// `fleet:<fleet_job_id>`, then a space and a free-form summary.
+pub fn admin_tag(fleet_job_id: &str, summary: &str) -> String {
+    if summary.is_empty() {
+        format!("fleet:{fleet_job_id}")
+    } else {
+        format!("fleet:{fleet_job_id} {summary}")
+    }
+}
+
+/// The fleet job id in an `admin_comment` written by [`admin_tag`].
+pub fn parse_admin_tag(admin_comment: &str) -> Option<&str> {
+    let first = admin_comment.split_whitespace().next()?;
+    first.strip_prefix("fleet:").filter(|id| !id.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_tags_round_trip() {
+        let t = admin_tag(
+            "beta-00ab12cd34ef",
+            "forwarded beta -> alpha: gpu:h100:8 on 1 node(s)",
+        );
+        assert_eq!(
+            t,
+            "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)"
+        );
+        assert_eq!(parse_admin_tag(&t), Some("beta-00ab12cd34ef"));
+        assert_eq!(parse_admin_tag(&admin_tag("x-1", "")), Some("x-1"));
+        assert_eq!(parse_admin_tag("fleet: forwarded (old format)"), None);
+        assert_eq!(parse_admin_tag("site note"), None);
+        assert_eq!(parse_admin_tag(""), None);
+    }
 }

@@ -559,7 +559,7 @@ fn state_from_heartbeat_view() {
         clusters: vec![ClusterSummary {
             name: "cloud".into(),
             healthy: true,
-            gpus: vec![GpuPool { gpu_type: "h100".into(), total: 32, free: 12, max_per_node: 8, nodes: 4 }],
+            gpus: vec![GpuPool { gpu_type: "h100".into(), total: 32, free: 12, max_per_node: 8, nodes: 4, ..GpuPool::default() }],
             queue_pending: 3,
             ..ClusterSummary::default()
         }],

@@ -517,6 +517,7 @@ impl Store {
                             gpus: gpu_pools(&hb.nodes),
                             queue_pending: hb.queue_pending,
                             queue_running: hb.queue_running,
+                            nodes: Vec::new(),
                         }
                     }
                     // Never heard from: the age is counted from our own start.
@@ -530,6 +531,7 @@ impl Store {
                         gpus: Vec::new(),
                         queue_pending: 0,
                         queue_running: 0,
+                        nodes: Vec::new(),
                     },
                 }
             })

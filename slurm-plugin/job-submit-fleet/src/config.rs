@@ -16,6 +16,8 @@ pub struct PluginConfig {
     /// The fleet view the agent publishes (`AgentSpoolDir/view.json`).
     pub view_path: PathBuf,
     pub view_max_age: Duration,
+    /// `ProxyPartition`: only stand-ins may be in it.
+    pub proxy_partition: String,
 }
 
 /// Where fleet.conf is looked for.
@@ -33,7 +35,8 @@ pub fn conf_path() -> PathBuf {
 impl PluginConfig {
     pub fn load() -> Result<Self, String> {
         let path = conf_path();
-        let loaded = slurm_conf::fleet::FleetConf::load(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let loaded = slurm_conf::fleet::FleetConf::load(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         for w in &loaded.warnings {
             slurm::log::info(&format!("job_submit/fleet: {w}"));
         }
@@ -49,6 +52,7 @@ impl PluginConfig {
             max_script_bytes: c.max_script_bytes,
             view_path: c.agent_spool_dir.join("view.json"),
             view_max_age: Duration::from_millis(c.view_max_age_ms),
+            proxy_partition: c.proxy_partition.clone(),
         }
     }
 
@@ -61,6 +65,7 @@ impl PluginConfig {
             max_script_bytes: 1 << 20,
             view_path: PathBuf::from("/nonexistent/view.json"),
             view_max_age: Duration::from_secs(10),
+            proxy_partition: "fleet".into(),
         }
     }
 }

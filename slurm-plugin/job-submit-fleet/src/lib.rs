@@ -51,17 +51,33 @@ impl JobSubmitPlugin for FleetSubmit {
             config.timeout.as_millis(),
             config.fail_open
         ));
-        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view: view::ViewCache::default() })
+        Ok(FleetSubmit {
+            config,
+            stats: Mutex::default(),
+            warn: Mutex::default(),
+            view: view::ViewCache::default(),
+        })
     }
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let t0 = Instant::now();
         let (outcome, result) = self.decide(job, submit_uid);
         let us = t0.elapsed().as_micros() as u64;
-        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, us)).unwrap_or(None) {
+        if let Some(line) = self
+            .stats
+            .lock()
+            .map(|mut s| s.record(outcome, us))
+            .unwrap_or(None)
+        {
             log::info(&line);
         }
         result
+    }
+
+    /// `scontrol update` of a job: nobody but root and SlurmUser moves a
+    /// job into the proxy partition.
+    fn modify(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
+        request::proxy_partition_rule(job, &self.config, submit_uid)
     }
 
     fn fini(&self) {
@@ -73,12 +89,16 @@ impl JobSubmitPlugin for FleetSubmit {
     }
 }
 
-slurm::job_submit_plugin!(FleetSubmit, "Fleet federation job_submit", "job_submit/fleet");
+slurm::job_submit_plugin!(
+    FleetSubmit,
+    "Fleet federation job_submit",
+    "job_submit/fleet"
+);
 
 impl FleetSubmit {
     fn decide(&self, job: &mut JobDesc<'_>, uid: u32) -> (stats::Outcome, Result<(), Reject>) {
         use stats::Outcome;
-        let prepared = match build_request(job, &self.config) {
+        let prepared = match build_request(job, &self.config, uid) {
             Ok(p) => p,
             Err(rej) => return (Outcome::Reject, Err(rej)),
         };
@@ -96,7 +116,10 @@ impl FleetSubmit {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
             Ok(PluginReply::Reject { message }) => (
                 Outcome::Reject,
-                Err(Reject { code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32, message: format!("fleet: {message}") }),
+                Err(Reject {
+                    code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32,
+                    message: format!("fleet: {message}"),
+                }),
             ),
             Ok(PluginReply::Forward(plan)) => {
                 rewrite(job, &plan);
@@ -109,7 +132,11 @@ impl FleetSubmit {
             Err(e) => {
                 if let Ok(mut w) = self.warn.lock() {
                     if let Some(n) = w.allow() {
-                        let also = if n > 0 { format!(" ({n} more since the last warning)") } else { String::new() };
+                        let also = if n > 0 {
+                            format!(" ({n} more since the last warning)")
+                        } else {
+                            String::new()
+                        };
                         log::error(&format!(
                             "job_submit/fleet: agent at {} unavailable: {e}; job stays local{also}",
                             self.config.socket.display()
@@ -123,7 +150,9 @@ impl FleetSubmit {
                         Outcome::Reject,
                         Err(Reject {
                             code: slurm::SLURM_ERROR,
-                            message: format!("fleet: the site agent is unavailable ({e}) and FailOpen=no"),
+                            message: format!(
+                                "fleet: the site agent is unavailable ({e}) and FailOpen=no"
+                            ),
                         }),
                     )
                 }
@@ -133,10 +162,11 @@ impl FleetSubmit {
 }
 
 /// Turn the submission into the stand-in job: proxy partition, no GPUs,
-/// one task on one node, the `fleet-proxy` script, the original request
-/// summarised in `admin_comment`. Output paths, work dir, name, account,
-/// dependencies, begin time and mail settings are kept, so the stand-in
-/// behaves at the origin the way the job would have.
+/// one task on one node, the `fleet-proxy` script, Fleet's tag and the
+/// original request in `admin_comment` (`fleet:<fleet_job_id> <summary>`,
+/// which users cannot change). The user's `Comment`, output paths, work
+/// dir, name, account, dependencies, begin time and mail settings are
+/// kept, so the stand-in behaves at the origin the way the job would have.
 pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
     use slurm::{NO_VAL, NO_VAL16};
     job.set(StrField::Partition, Some(&plan.proxy_partition));
@@ -156,8 +186,13 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
         job.set(f, None);
     }
     job.set(StrField::Script, Some(&plan.proxy_script));
-    job.set(StrField::AdminComment, Some(&plan.admin_comment));
-    job.set(StrField::Comment, Some(&plan.comment));
+    job.set(
+        StrField::AdminComment,
+        Some(&fleet_api::wire::admin_tag(
+            &plan.fleet_job_id,
+            &plan.admin_comment,
+        )),
+    );
     job.set_num(NumField::MinNodes, 1);
     job.set_num(NumField::MaxNodes, 1);
     job.set_num(NumField::NumTasks, 1);
@@ -183,4 +218,68 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
     // take the proxy partition's limit rather than the user's run time.
     job.set_num(NumField::TimeLimit, NO_VAL.into());
     job.set_num(NumField::TimeMin, NO_VAL.into());
+    // With an explicit --mail-user the target mails the user (it carries
+    // --mail-type, fleet_api::sbatch); the stand-in then sends none, so
+    // that nobody gets each mail twice. Without one, the origin's mail
+    // (to the submitting user) comes from the stand-in.
+    if job.get(StrField::MailUser).is_some_and(|u| !u.is_empty()) {
+        job.set_num(NumField::MailType, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slurm::job_desc::free_test_descriptor;
+
+    fn plan() -> ForwardPlan {
+        ForwardPlan {
+            fleet_job_id: "beta-00ab12cd34ef".into(),
+            target: "alpha".into(),
+            proxy_partition: "fleet".into(),
+            proxy_script: "#!/bin/sh\nexec fleet-proxy\n".into(),
+            admin_comment: "forwarded beta -> alpha: gpu:h100:8 on 1 node(s)".into(),
+            comment: "fleet: alpha (waiting) beta-00ab12cd34ef".into(),
+        }
+    }
+
+    #[test]
+    fn the_stand_in_keeps_the_users_comment_and_carries_fleets_tag_in_admin_comment() {
+        let mut d = JobDesc::test_descriptor();
+        {
+            let mut jd = JobDesc::from_box(&mut d);
+            jd.set(StrField::Comment, Some("my run 7"));
+            jd.set(StrField::TresPerNode, Some("gres:gpu:h100:8"));
+            jd.set(StrField::MailUser, Some("me@example.org"));
+            jd.set_num(NumField::MailType, 3);
+            rewrite(&mut jd, &plan());
+            assert_eq!(jd.get(StrField::Comment).as_deref(), Some("my run 7"));
+            let admin = jd.get(StrField::AdminComment).unwrap().into_owned();
+            assert_eq!(
+                admin,
+                "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)"
+            );
+            assert_eq!(
+                fleet_api::wire::parse_admin_tag(&admin),
+                Some("beta-00ab12cd34ef")
+            );
+            assert_eq!(jd.get(StrField::Partition).as_deref(), Some("fleet"));
+            assert_eq!(jd.get(StrField::TresPerNode), None);
+            assert_eq!(
+                jd.num(NumField::MailType),
+                0,
+                "the target mails --mail-user; the stand-in does not"
+            );
+        }
+        free_test_descriptor(d);
+        // Without --mail-user the stand-in keeps the mail (to the submitting user).
+        let mut d = JobDesc::test_descriptor();
+        {
+            let mut jd = JobDesc::from_box(&mut d);
+            jd.set_num(NumField::MailType, 3);
+            rewrite(&mut jd, &plan());
+            assert_eq!(jd.num(NumField::MailType), 3);
+        }
+        free_test_descriptor(d);
+    }
 }

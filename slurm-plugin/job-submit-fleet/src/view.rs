@@ -25,18 +25,28 @@ pub struct ViewCache {
 impl ViewCache {
     /// True when a fresh published view places `job` at its origin.
     pub fn stays_home(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
-        let Ok(meta) = std::fs::metadata(&cfg.view_path) else { return false };
-        let Ok(mtime) = meta.modified() else { return false };
+        let Ok(meta) = std::fs::metadata(&cfg.view_path) else {
+            return false;
+        };
+        let Ok(mtime) = meta.modified() else {
+            return false;
+        };
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
         if age > cfg.view_max_age || meta.len() > MAX_VIEW_BYTES {
             return false;
         }
-        let Ok(mut guard) = self.inner.lock() else { return false };
+        let Ok(mut guard) = self.inner.lock() else {
+            return false;
+        };
         if guard.as_ref().is_none_or(|(t, _)| *t != mtime) {
-            let parsed = std::fs::read(&cfg.view_path).ok().and_then(|b| serde_json::from_slice::<FleetView>(&b).ok());
+            let parsed = std::fs::read(&cfg.view_path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<FleetView>(&b).ok());
             *guard = parsed.map(|v| (mtime, v));
         }
-        guard.as_ref().is_some_and(|(_, v)| matches!(place(v, job).0, Placement::Home { .. }))
+        guard
+            .as_ref()
+            .is_some_and(|(_, v)| matches!(place(v, job).0, Placement::Home { .. }))
     }
 }
 
@@ -50,16 +60,30 @@ mod tests {
         let c = |name: &str, ty: &str| ClusterSummary {
             name: name.into(),
             healthy: true,
-            gpus: vec![GpuPool { gpu_type: ty.into(), total: 16, free: 16, max_per_node: 8, nodes: 2 }],
+            gpus: vec![GpuPool {
+                gpu_type: ty.into(),
+                total: 16,
+                free: 16,
+                max_per_node: 8,
+                nodes: 2,
+                ..GpuPool::default()
+            }],
             ..Default::default()
         };
-        FleetView { generated_at: 0.0, clusters: vec![c("alpha", "h100"), c("beta", "a100")] }
+        FleetView {
+            generated_at: 0.0,
+            clusters: vec![c("alpha", "h100"), c("beta", "a100")],
+        }
     }
 
     fn job(ty: &str) -> JobRequest {
         JobRequest {
             origin: "beta".into(),
-            gpus: vec![GpuRequest { gpu_type: Some(ty.into()), count: 4, scope: GpuScope::Node }],
+            gpus: vec![GpuRequest {
+                gpu_type: Some(ty.into()),
+                count: 4,
+                scope: GpuScope::Node,
+            }],
             ..Default::default()
         }
     }
@@ -71,16 +95,28 @@ mod tests {
         let mut cfg = PluginConfig::for_tests("beta");
         cfg.view_path = dir.join("view.json");
         let cache = ViewCache::default();
-        assert!(!cache.stays_home(&cfg, &job("a100")), "no view: ask the agent");
+        assert!(
+            !cache.stays_home(&cfg, &job("a100")),
+            "no view: ask the agent"
+        );
         std::fs::write(&cfg.view_path, serde_json::to_vec(&view()).unwrap()).unwrap();
         assert!(cache.stays_home(&cfg, &job("a100")));
-        assert!(!cache.stays_home(&cfg, &job("h100")), "leaving jobs go to the agent");
+        assert!(
+            !cache.stays_home(&cfg, &job("h100")),
+            "leaving jobs go to the agent"
+        );
         cfg.view_max_age = std::time::Duration::ZERO;
         std::thread::sleep(std::time::Duration::from_millis(5));
-        assert!(!cache.stays_home(&cfg, &job("a100")), "stale view: ask the agent");
+        assert!(
+            !cache.stays_home(&cfg, &job("a100")),
+            "stale view: ask the agent"
+        );
         cfg.view_max_age = std::time::Duration::from_secs(10);
         std::fs::write(&cfg.view_path, b"{ not json").unwrap();
-        assert!(!cache.stays_home(&cfg, &job("a100")), "garbage view: ask the agent");
+        assert!(
+            !cache.stays_home(&cfg, &job("a100")),
+            "garbage view: ask the agent"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

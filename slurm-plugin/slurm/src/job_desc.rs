@@ -35,6 +35,21 @@ pub enum StrField {
     TresPerSocket,
     TresPerTask,
     WorkDir,
+    BurstBuffer,
+    Container,
+    Licenses,
+    MailUser,
+    McsLabel,
+    Network,
+    Prefer,
+    Qos,
+    Reservation,
+    SubmitLine,
+    Wckey,
+    CpuBind,
+    MemBind,
+    StdIn,
+    AcctgFreq,
 }
 
 impl StrField {
@@ -62,6 +77,21 @@ impl StrField {
             StrField::TresPerSocket => "tres_per_socket",
             StrField::TresPerTask => "tres_per_task",
             StrField::WorkDir => "work_dir",
+            StrField::BurstBuffer => "burst_buffer",
+            StrField::Container => "container",
+            StrField::Licenses => "licenses",
+            StrField::MailUser => "mail_user",
+            StrField::McsLabel => "mcs_label",
+            StrField::Network => "network",
+            StrField::Prefer => "prefer",
+            StrField::Qos => "qos",
+            StrField::Reservation => "reservation",
+            StrField::SubmitLine => "submit_line",
+            StrField::Wckey => "wckey",
+            StrField::CpuBind => "cpu_bind",
+            StrField::MemBind => "mem_bind",
+            StrField::StdIn => "std_in",
+            StrField::AcctgFreq => "acctg_freq",
         }
     }
 }
@@ -89,6 +119,31 @@ pub enum NumField {
     NtasksPerSocket,
     NtasksPerCore,
     NtasksPerTres,
+    MailType,
+    WarnFlags,
+    WarnSignal,
+    WarnTime,
+    CoreSpec,
+    ReqSwitch,
+    HetJobOffset,
+    Bitflags,
+    PnMinTmpDisk,
+    Overcommit,
+    CpuFreqMin,
+    CpuFreqMax,
+    CpuFreqGov,
+    Requeue,
+    KillOnNodeFail,
+    DelayBoot,
+    Reboot,
+    Deadline,
+    BeginTime,
+    Immediate,
+    Wait4Switch,
+    Profile,
+    PowerFlags,
+    WaitAllNodes,
+    TaskDist,
 }
 
 /// A `job_desc_msg_t` borrowed from slurmctld for the duration of one hook.
@@ -130,6 +185,21 @@ impl<'a> JobDesc<'a> {
             StrField::TresPerSocket => &mut r.tres_per_socket,
             StrField::TresPerTask => &mut r.tres_per_task,
             StrField::WorkDir => &mut r.work_dir,
+            StrField::BurstBuffer => &mut r.burst_buffer,
+            StrField::Container => &mut r.container,
+            StrField::Licenses => &mut r.licenses,
+            StrField::MailUser => &mut r.mail_user,
+            StrField::McsLabel => &mut r.mcs_label,
+            StrField::Network => &mut r.network,
+            StrField::Prefer => &mut r.prefer,
+            StrField::Qos => &mut r.qos,
+            StrField::Reservation => &mut r.reservation,
+            StrField::SubmitLine => &mut r.submit_line,
+            StrField::Wckey => &mut r.wckey,
+            StrField::CpuBind => &mut r.cpu_bind,
+            StrField::MemBind => &mut r.mem_bind,
+            StrField::StdIn => &mut r.std_in,
+            StrField::AcctgFreq => &mut r.acctg_freq,
         }
     }
 
@@ -190,6 +260,31 @@ impl<'a> JobDesc<'a> {
             NumField::NtasksPerSocket => r.ntasks_per_socket.into(),
             NumField::NtasksPerCore => r.ntasks_per_core.into(),
             NumField::NtasksPerTres => r.ntasks_per_tres.into(),
+            NumField::MailType => r.mail_type.into(),
+            NumField::WarnFlags => r.warn_flags.into(),
+            NumField::WarnSignal => r.warn_signal.into(),
+            NumField::WarnTime => r.warn_time.into(),
+            NumField::CoreSpec => r.core_spec.into(),
+            NumField::ReqSwitch => r.req_switch.into(),
+            NumField::HetJobOffset => r.het_job_offset.into(),
+            NumField::Bitflags => r.bitflags,
+            NumField::PnMinTmpDisk => r.pn_min_tmp_disk.into(),
+            NumField::Overcommit => r.overcommit.into(),
+            NumField::CpuFreqMin => r.cpu_freq_min.into(),
+            NumField::CpuFreqMax => r.cpu_freq_max.into(),
+            NumField::CpuFreqGov => r.cpu_freq_gov.into(),
+            NumField::Requeue => r.requeue.into(),
+            NumField::KillOnNodeFail => r.kill_on_node_fail.into(),
+            NumField::DelayBoot => r.delay_boot.into(),
+            NumField::Reboot => r.reboot.into(),
+            NumField::Deadline => r.deadline as u64,
+            NumField::BeginTime => r.begin_time as u64,
+            NumField::Immediate => r.immediate.into(),
+            NumField::Wait4Switch => r.wait4switch.into(),
+            NumField::Profile => r.profile.into(),
+            NumField::PowerFlags => r.power_flags.into(),
+            NumField::WaitAllNodes => r.wait_all_nodes.into(),
+            NumField::TaskDist => r.task_dist.into(),
         }
     }
 
@@ -217,6 +312,31 @@ impl<'a> JobDesc<'a> {
             NumField::NtasksPerSocket => r.ntasks_per_socket = v as u16,
             NumField::NtasksPerCore => r.ntasks_per_core = v as u16,
             NumField::NtasksPerTres => r.ntasks_per_tres = v as u16,
+            NumField::MailType => r.mail_type = v as u16,
+            NumField::WarnFlags => r.warn_flags = v as u16,
+            NumField::WarnSignal => r.warn_signal = v as u16,
+            NumField::WarnTime => r.warn_time = v as u16,
+            NumField::CoreSpec => r.core_spec = v as u16,
+            NumField::ReqSwitch => r.req_switch = v as u32,
+            NumField::HetJobOffset => r.het_job_offset = v as u32,
+            NumField::Bitflags => r.bitflags = v,
+            NumField::PnMinTmpDisk => r.pn_min_tmp_disk = v as u32,
+            NumField::Overcommit => r.overcommit = v as u8,
+            NumField::CpuFreqMin => r.cpu_freq_min = v as u32,
+            NumField::CpuFreqMax => r.cpu_freq_max = v as u32,
+            NumField::CpuFreqGov => r.cpu_freq_gov = v as u32,
+            NumField::Requeue => r.requeue = v as u16,
+            NumField::KillOnNodeFail => r.kill_on_node_fail = v as u16,
+            NumField::DelayBoot => r.delay_boot = v as u32,
+            NumField::Reboot => r.reboot = v as u16,
+            NumField::Deadline => r.deadline = v as _,
+            NumField::BeginTime => r.begin_time = v as _,
+            NumField::Immediate => r.immediate = v as u16,
+            NumField::Wait4Switch => r.wait4switch = v as u32,
+            NumField::Profile => r.profile = v as u32,
+            NumField::PowerFlags => r.power_flags = v as u8,
+            NumField::WaitAllNodes => r.wait_all_nodes = v as u16,
+            NumField::TaskDist => r.task_dist = v as u32,
         }
     }
 
@@ -226,7 +346,10 @@ impl<'a> JobDesc<'a> {
         // SAFETY: slurmctld keeps spank_job_env_size entries in spank_job_env
         // (or NULL), alive as long as the job_desc we borrow.
         let entries = unsafe { string_array(r.spank_job_env, r.spank_job_env_size) };
-        entries.into_iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
+        entries
+            .into_iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect()
     }
 
     /// The job's environment (`NAME=value` entries sbatch captured), as
@@ -254,6 +377,25 @@ impl<'a> JobDesc<'a> {
         d.cpus_per_task = crate::NO_VAL16;
         d.ntasks_per_node = crate::NO_VAL16;
         d.user_id = crate::NO_VAL;
+        // As slurm_init_job_desc_msg() leaves them: unset markers.
+        d.het_job_offset = crate::NO_VAL;
+        d.time_min = crate::NO_VAL;
+        d.mail_type = crate::NO_VAL16;
+        d.warn_flags = crate::NO_VAL16;
+        d.warn_signal = crate::NO_VAL16;
+        d.warn_time = crate::NO_VAL16;
+        d.core_spec = crate::NO_VAL16;
+        d.req_switch = crate::NO_VAL;
+        d.shared = crate::NO_VAL16;
+        d.contiguous = crate::NO_VAL16;
+        d.pn_min_memory = crate::NO_VAL64;
+        d.pn_min_tmp_disk = crate::NO_VAL;
+        d.sockets_per_node = crate::NO_VAL16;
+        d.cores_per_socket = crate::NO_VAL16;
+        d.threads_per_core = crate::NO_VAL16;
+        d.ntasks_per_socket = crate::NO_VAL16;
+        d.ntasks_per_core = crate::NO_VAL16;
+        d.ntasks_per_tres = crate::NO_VAL16;
         d
     }
 
@@ -294,6 +436,21 @@ const ALL_FIELDS: &[StrField] = &[
     StrField::TresPerSocket,
     StrField::TresPerTask,
     StrField::WorkDir,
+    StrField::BurstBuffer,
+    StrField::Container,
+    StrField::Licenses,
+    StrField::MailUser,
+    StrField::McsLabel,
+    StrField::Network,
+    StrField::Prefer,
+    StrField::Qos,
+    StrField::Reservation,
+    StrField::SubmitLine,
+    StrField::Wckey,
+    StrField::CpuBind,
+    StrField::MemBind,
+    StrField::StdIn,
+    StrField::AcctgFreq,
 ];
 
 /// The non-NULL entries of a C array of `n` strings, as bytes.
@@ -340,4 +497,3 @@ mod tests {
         free_test_descriptor(d);
     }
 }
-

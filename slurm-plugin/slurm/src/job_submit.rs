@@ -52,7 +52,9 @@ impl<P: JobSubmitPlugin> Default for Slot<P> {
 
 impl<P: JobSubmitPlugin> Slot<P> {
     pub const fn new() -> Self {
-        Slot { inner: OnceLock::new() }
+        Slot {
+            inner: OnceLock::new(),
+        }
     }
 
     /// Entry point for `init()`.
@@ -61,11 +63,15 @@ impl<P: JobSubmitPlugin> Slot<P> {
         let p = match r {
             Ok(Ok(p)) => Some(p),
             Ok(Err(e)) => {
-                log::error(&format!("{name}: init failed, passing every job through untouched: {e}"));
+                log::error(&format!(
+                    "{name}: init failed, passing every job through untouched: {e}"
+                ));
                 None
             }
             Err(_) => {
-                log::error(&format!("{name}: init panicked, passing every job through untouched"));
+                log::error(&format!(
+                    "{name}: init panicked, passing every job through untouched"
+                ));
                 None
             }
         };
@@ -88,19 +94,35 @@ impl<P: JobSubmitPlugin> Slot<P> {
     /// # Safety
     /// `job_desc` is NULL or a valid job descriptor exclusively ours for the
     /// call; `err_msg` is NULL or a valid `char **` slurmctld will `xfree`.
-    pub unsafe fn submit(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
-        let Some(Some(p)) = self.inner.get() else { return SLURM_SUCCESS };
+    pub unsafe fn submit(
+        &self,
+        name: &str,
+        job_desc: *mut job_desc_msg_t,
+        uid: u32,
+        err_msg: *mut *mut c_char,
+    ) -> i32 {
+        let Some(Some(p)) = self.inner.get() else {
+            return SLURM_SUCCESS;
+        };
         // SAFETY: slurmctld passes its job_desc, valid and exclusively ours
         // for the duration of the call.
-        let Some(mut job) = (unsafe { JobDesc::from_raw(job_desc) }) else { return SLURM_SUCCESS };
+        let Some(mut job) = (unsafe { JobDesc::from_raw(job_desc) }) else {
+            return SLURM_SUCCESS;
+        };
         match catch_unwind(AssertUnwindSafe(|| p.submit(&mut job, uid))) {
             Ok(Ok(())) => SLURM_SUCCESS,
             Ok(Err(rej)) => {
                 set_err_msg(err_msg, &rej.message);
-                if rej.code == 0 { SLURM_ERROR } else { rej.code }
+                if rej.code == 0 {
+                    SLURM_ERROR
+                } else {
+                    rej.code
+                }
             }
             Err(_) => {
-                log::error(&format!("{name}: job_submit panicked; job left as submitted"));
+                log::error(&format!(
+                    "{name}: job_submit panicked; job left as submitted"
+                ));
                 SLURM_SUCCESS
             }
         }
@@ -112,10 +134,20 @@ impl<P: JobSubmitPlugin> Slot<P> {
     ///
     /// # Safety
     /// As [`Slot::submit`].
-    pub unsafe fn modify(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
-        let Some(Some(p)) = self.inner.get() else { return SLURM_SUCCESS };
+    pub unsafe fn modify(
+        &self,
+        name: &str,
+        job_desc: *mut job_desc_msg_t,
+        uid: u32,
+        err_msg: *mut *mut c_char,
+    ) -> i32 {
+        let Some(Some(p)) = self.inner.get() else {
+            return SLURM_SUCCESS;
+        };
         // SAFETY: as in `submit`.
-        let Some(mut job) = (unsafe { JobDesc::from_raw(job_desc) }) else { return SLURM_SUCCESS };
+        let Some(mut job) = (unsafe { JobDesc::from_raw(job_desc) }) else {
+            return SLURM_SUCCESS;
+        };
         match catch_unwind(AssertUnwindSafe(|| p.modify(&mut job, uid))) {
             Ok(Ok(())) => SLURM_SUCCESS,
             Ok(Err(rej)) => {
@@ -124,10 +156,16 @@ impl<P: JobSubmitPlugin> Slot<P> {
                 } else {
                     log::info(&format!("{name}: job_modify refused: {}", rej.message));
                 }
-                if rej.code == 0 { SLURM_ERROR } else { rej.code }
+                if rej.code == 0 {
+                    SLURM_ERROR
+                } else {
+                    rej.code
+                }
             }
             Err(_) => {
-                log::error(&format!("{name}: job_modify panicked; update left as requested"));
+                log::error(&format!(
+                    "{name}: job_modify panicked; update left as requested"
+                ));
                 SLURM_SUCCESS
             }
         }
@@ -156,10 +194,12 @@ macro_rules! job_submit_plugin {
     ($ty:ty, $name:literal, $ptype:literal) => {
         #[no_mangle]
         #[used]
-        pub static plugin_name: [u8; concat!($name, "\0").len()] = $crate::cstr_array(concat!($name, "\0"));
+        pub static plugin_name: [u8; concat!($name, "\0").len()] =
+            $crate::cstr_array(concat!($name, "\0"));
         #[no_mangle]
         #[used]
-        pub static plugin_type: [u8; concat!($ptype, "\0").len()] = $crate::cstr_array(concat!($ptype, "\0"));
+        pub static plugin_type: [u8; concat!($ptype, "\0").len()] =
+            $crate::cstr_array(concat!($ptype, "\0"));
         /// Must equal the SLURM_VERSION_NUMBER of the slurmctld that loads us.
         #[no_mangle]
         #[used]

@@ -38,3 +38,9 @@ pub const NO_VAL64: u64 = 0xffff_ffff_ffff_fffe;
 pub const INFINITE: u32 = 0xffff_ffff;
 pub const SLURM_SUCCESS: i32 = 0;
 pub const SLURM_ERROR: i32 = -1;
+
+/// The uid this process runs as: inside slurmctld, its `SlurmUser`.
+pub fn process_uid() -> u32 {
+    // SAFETY: getuid() takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::getuid() }
+}

@@ -43,10 +43,9 @@ pub fn orphan_reason(
     // that, the one whose AdminComment (set by the plugin; users cannot set
     // it) carries this job's tag. Never a user-editable comment, never the
     // id a stand-in's token holder reported.
-    let tag = format!("fleet:{}", job.fleet_job_id);
     let found = match journaled {
         Some(sid) => stand_ins.iter().find(|s| s.native_id == sid),
-        None => stand_ins.iter().find(|s| s.admin_comment == tag),
+        None => stand_ins.iter().find(|s| fleet_api::wire::parse_admin_tag(&s.admin_comment) == Some(job.fleet_job_id.as_str())),
     };
     match found {
         Some(s) if s.state.is_terminal() => Some(format!(
@@ -144,7 +143,7 @@ mod tests {
         let s = [
             stand_in(7, "RUNNING", "fleet:beta-1"),
             stand_in(8, "FAILED", "fleet:beta-2"),
-            stand_in(9, "CANCELLED", "fleet:beta-aaaa"),
+            stand_in(9, "CANCELLED", "fleet:beta-aaaa forwarded beta -> alpha: gpu:h100:8"),
             stand_in(10, "PENDING", "fleet:beta-bbbb"),
             stand_in(11, "COMPLETING", ""),
         ];

@@ -284,7 +284,6 @@ pub async fn cancel_one<B: Backend>(agent: &Agent<B>, id: &str) -> Result<()> {
 pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck]) -> Result<()> {
     let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
     for c in checks {
-        let tag = format!("fleet:{}", c.fleet_job_id);
         let found = stand_ins.iter().find(|s| s.native_id == c.origin_job_id);
         let (started, reason) = match found {
             None => (
@@ -294,7 +293,7 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
                     c.origin_job_id, agent.cfg.proxy_partition
                 ),
             ),
-            Some(s) if s.admin_comment != tag => (
+            Some(s) if fleet_api::wire::parse_admin_tag(&s.admin_comment) != Some(c.fleet_job_id.as_str()) => (
                 false,
                 format!(
                     "job {} is not the stand-in of {}",

@@ -1,0 +1,537 @@
+//! The sbatch options that reproduce a forwarded job at its target.
+//!
+//! [`sbatch_options`] turns a [`JobRequest`] back into the command-line
+//! options the user's job carried: GPUs (per job, node, task, socket),
+//! the node range, tasks, CPUs, memory, `--exclusive`, `--oversubscribe`,
+//! `--contiguous`, `--constraint`, `--signal`, `--comment`, mail, time
+//! limit, `--time-min` and the `--export` mode. It never emits output
+//! paths, `--chdir`, `--job-name` or Fleet's own tags: the target agent
+//! adds those. Every option is one `--name=value` argument (never a
+//! separate value argument), so a hostile value cannot become an option.
+//!
+//! What a target cannot honour is not emitted here: the plugin lists it
+//! in [`JobRequest::not_carried`] and the placement rule keeps such a job
+//! home (or refuses it, naming the option, when home cannot run it).
+
+use crate::{Exclusive, ExportMode, GpuScope, JobRequest};
+
+/// Slurm's `MAIL_JOB_*` bits, in `--mail-type` spelling.
+pub const MAIL_TYPES: &[(u16, &str)] = &[
+    (1 << 0, "BEGIN"),
+    (1 << 1, "END"),
+    (1 << 2, "FAIL"),
+    (1 << 3, "REQUEUE"),
+    (1 << 4, "TIME_LIMIT"),
+    (1 << 5, "TIME_LIMIT_90"),
+    (1 << 6, "TIME_LIMIT_80"),
+    (1 << 7, "TIME_LIMIT_50"),
+    (1 << 8, "STAGE_OUT"),
+    (1 << 9, "ARRAY_TASKS"),
+    (1 << 10, "INVALID_DEPEND"),
+];
+
+/// `job_desc.mail_type` bits as `--mail-type` takes them (`None` for 0
+/// or `NO_VAL16`).
+pub fn mail_type_names(bits: u16) -> Option<String> {
+    if bits == 0 || bits == u16::MAX - 1 {
+        return None;
+    }
+    let names: Vec<&str> = MAIL_TYPES
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    (!names.is_empty()).then(|| names.join(","))
+}
+
+/// The `--export=` value for the target: the job's own mode, plus
+/// `extra` variables (Fleet's, e.g. `FLEET_JOB_ID`) where the mode lets
+/// variables be named. `NONE` with extras becomes the list of extras
+/// (Slurm: only `SLURM_*` and the named variables, as `NONE` gives only
+/// `SLURM_*`); `NIL` cannot name variables and stays `NIL`.
+pub fn export_value(req: &JobRequest, extra: &[(&str, &str)]) -> String {
+    let extras: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let join = |head: Vec<String>| {
+        head.into_iter()
+            .chain(extras.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    match req.export_mode() {
+        ExportMode::All => join(vec!["ALL".into()]),
+        ExportMode::None if extras.is_empty() => "NONE".into(),
+        ExportMode::None => join(vec![]),
+        ExportMode::Nil => "NIL".into(),
+        ExportMode::List { all, items } => join(if all {
+            std::iter::once("ALL".to_string()).chain(items).collect()
+        } else {
+            items
+        }),
+    }
+}
+
+fn gpu_spec(t: Option<&str>, n: u32) -> String {
+    match t {
+        Some(t) => format!("{t}:{n}"),
+        None => n.to_string(),
+    }
+}
+
+/// The sbatch options that reproduce `req`'s resources and settings at a
+/// target, with `--export` in the job's own mode (see
+/// [`sbatch_options_with_env`] to add Fleet's variables).
+pub fn sbatch_options(req: &JobRequest) -> Vec<String> {
+    sbatch_options_with_env(req, &[])
+}
+
+/// [`sbatch_options`] with `extra` variables named in `--export`.
+pub fn sbatch_options_with_env(req: &JobRequest, extra: &[(&str, &str)]) -> Vec<String> {
+    let mut a = Vec::new();
+    // GPUs, each scope as one option (several types comma-joined).
+    for (scope, opt) in [
+        (GpuScope::Job, "--gpus"),
+        (GpuScope::Node, "--gres"),
+        (GpuScope::Task, "--gpus-per-task"),
+        (GpuScope::Socket, "--gpus-per-socket"),
+    ] {
+        let specs: Vec<String> = req
+            .gpus
+            .iter()
+            .filter(|g| g.scope == scope)
+            .map(|g| {
+                let s = gpu_spec(g.gpu_type.as_deref(), g.count);
+                if scope == GpuScope::Node {
+                    format!("gpu:{s}")
+                } else {
+                    s
+                }
+            })
+            .collect();
+        if !specs.is_empty() {
+            a.push(format!("{opt}={}", specs.join(",")));
+        }
+    }
+    if let Some(n) = req.min_nodes {
+        match req.max_nodes.filter(|&m| m > n) {
+            Some(m) => a.push(format!("--nodes={n}-{m}")),
+            None => a.push(format!("--nodes={n}")),
+        }
+    }
+    let mut num = |name: &str, v: Option<u64>| {
+        if let Some(v) = v {
+            a.push(format!("--{name}={v}"));
+        }
+    };
+    num("ntasks", req.num_tasks.map(Into::into));
+    num("ntasks-per-node", req.ntasks_per_node.map(Into::into));
+    num("cpus-per-task", req.cpus_per_task.map(Into::into));
+    num("cpus-per-gpu", req.cpus_per_gpu.map(Into::into));
+    let mut mem = |name: &str, v: Option<u64>| {
+        if let Some(v) = v {
+            a.push(format!("--{name}={v}M"));
+        }
+    };
+    mem("mem", req.mem_per_node_mb);
+    mem("mem-per-cpu", req.mem_per_cpu_mb);
+    mem("mem-per-gpu", req.mem_per_gpu_mb);
+    match req.exclusive {
+        Some(Exclusive::Node) => a.push("--exclusive".into()),
+        Some(Exclusive::User) => a.push("--exclusive=user".into()),
+        Some(Exclusive::Mcs) => a.push("--exclusive=mcs".into()),
+        None if req.oversubscribe => a.push("--oversubscribe".into()),
+        None => {}
+    }
+    if req.contiguous {
+        a.push("--contiguous".into());
+    }
+    if let Some(c) = &req.constraint {
+        a.push(format!("--constraint={c}"));
+    }
+    if let Some(sig) = req.warn_signal {
+        let flags = match (req.warn_resv, req.warn_batch_only) {
+            (true, true) => "RB:",
+            (true, false) => "R:",
+            (false, true) => "B:",
+            (false, false) => "",
+        };
+        match req.warn_time {
+            Some(t) => a.push(format!("--signal={flags}{sig}@{t}")),
+            None => a.push(format!("--signal={flags}{sig}")),
+        }
+    }
+    if let Some(c) = &req.comment {
+        a.push(format!("--comment={c}"));
+    }
+    // Mail goes from the target only to an explicit --mail-user (else it
+    // would reach the target's RunAsUser); the stand-in at the origin
+    // mails the submitting user otherwise.
+    if let (Some(m), Some(u)) = (&req.mail_type, &req.mail_user) {
+        a.push(format!("--mail-type={m}"));
+        a.push(format!("--mail-user={u}"));
+    }
+    if let Some(t) = req.time_limit_min {
+        a.push(format!("--time={t}"));
+    }
+    if let Some(t) = req.time_min {
+        a.push(format!("--time-min={t}"));
+    }
+    a.push(format!("--export={}", export_value(req, extra)));
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::GpuRequest;
+
+    fn gpu(t: Option<&str>, count: u32, scope: GpuScope) -> GpuRequest {
+        GpuRequest {
+            gpu_type: t.map(Into::into),
+            count,
+            scope,
+        }
+    }
+
+    fn check(req: JobRequest, expected: &[&str]) {
+        assert_eq!(sbatch_options(&req), expected, "{req:?}");
+    }
+
+    #[test]
+    fn options_table() {
+        let d = JobRequest::default;
+        check(d(), &["--export=ALL"]);
+        check(
+            JobRequest {
+                gpus: vec![gpu(Some("h100"), 16, GpuScope::Job)],
+                ..d()
+            },
+            &["--gpus=h100:16", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                gpus: vec![gpu(None, 9, GpuScope::Job)],
+                ..d()
+            },
+            &["--gpus=9", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                gpus: vec![gpu(Some("h100"), 8, GpuScope::Node)],
+                ..d()
+            },
+            &["--gres=gpu:h100:8", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                gpus: vec![gpu(Some("h100"), 2, GpuScope::Task)],
+                num_tasks: Some(8),
+                ..d()
+            },
+            &["--gpus-per-task=h100:2", "--ntasks=8", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                gpus: vec![gpu(None, 1, GpuScope::Socket)],
+                ..d()
+            },
+            &["--gpus-per-socket=1", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                gpus: vec![
+                    gpu(Some("h100"), 4, GpuScope::Node),
+                    gpu(Some("a100"), 2, GpuScope::Node),
+                ],
+                ..d()
+            },
+            &["--gres=gpu:h100:4,gpu:a100:2", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                gpus: vec![gpu(Some("h100"), 16, GpuScope::Job)],
+                min_nodes: Some(1),
+                max_nodes: Some(2),
+                ..d()
+            },
+            &["--gpus=h100:16", "--nodes=1-2", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                min_nodes: Some(2),
+                max_nodes: Some(2),
+                ..d()
+            },
+            &["--nodes=2", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                num_tasks: Some(16),
+                ntasks_per_node: Some(8),
+                cpus_per_task: Some(4),
+                cpus_per_gpu: Some(2),
+                ..d()
+            },
+            &[
+                "--ntasks=16",
+                "--ntasks-per-node=8",
+                "--cpus-per-task=4",
+                "--cpus-per-gpu=2",
+                "--export=ALL",
+            ],
+        );
+        check(
+            JobRequest {
+                mem_per_node_mb: Some(8000),
+                ..d()
+            },
+            &["--mem=8000M", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                mem_per_node_mb: Some(0),
+                ..d()
+            },
+            &["--mem=0M", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                mem_per_cpu_mb: Some(2048),
+                ..d()
+            },
+            &["--mem-per-cpu=2048M", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                mem_per_gpu_mb: Some(40960),
+                ..d()
+            },
+            &["--mem-per-gpu=40960M", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                exclusive: Some(Exclusive::Node),
+                ..d()
+            },
+            &["--exclusive", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                exclusive: Some(Exclusive::User),
+                ..d()
+            },
+            &["--exclusive=user", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                exclusive: Some(Exclusive::Mcs),
+                ..d()
+            },
+            &["--exclusive=mcs", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                oversubscribe: true,
+                ..d()
+            },
+            &["--oversubscribe", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                contiguous: true,
+                ..d()
+            },
+            &["--contiguous", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                constraint: Some("ib&nvlink".into()),
+                ..d()
+            },
+            &["--constraint=ib&nvlink", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                warn_signal: Some(10),
+                warn_time: Some(90),
+                warn_batch_only: true,
+                ..d()
+            },
+            &["--signal=B:10@90", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                warn_signal: Some(12),
+                warn_time: Some(60),
+                ..d()
+            },
+            &["--signal=12@60", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                warn_signal: Some(12),
+                warn_time: Some(60),
+                warn_resv: true,
+                warn_batch_only: true,
+                ..d()
+            },
+            &["--signal=RB:12@60", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                comment: Some("run 7; lr=0.1".into()),
+                ..d()
+            },
+            &["--comment=run 7; lr=0.1", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                comment: Some("--wrap=evil".into()),
+                ..d()
+            },
+            &["--comment=--wrap=evil", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                mail_type: Some("BEGIN,END".into()),
+                mail_user: Some("a@b.c".into()),
+                ..d()
+            },
+            &["--mail-type=BEGIN,END", "--mail-user=a@b.c", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                mail_type: Some("END".into()),
+                ..d()
+            },
+            &["--export=ALL"],
+        );
+        check(
+            JobRequest {
+                time_limit_min: Some(90),
+                time_min: Some(30),
+                ..d()
+            },
+            &["--time=90", "--time-min=30", "--export=ALL"],
+        );
+        check(
+            JobRequest {
+                export_env: Some("NONE".into()),
+                ..d()
+            },
+            &["--export=NONE"],
+        );
+        check(
+            JobRequest {
+                export_env: Some("nil".into()),
+                ..d()
+            },
+            &["--export=NIL"],
+        );
+        check(
+            JobRequest {
+                export_env: Some("PATH,FOO=bar".into()),
+                ..d()
+            },
+            &["--export=PATH,FOO=bar"],
+        );
+        check(
+            JobRequest {
+                export_env: Some("ALL,FOO=bar".into()),
+                ..d()
+            },
+            &["--export=ALL,FOO=bar"],
+        );
+        // What is never emitted: paths, name, account, qos, partition, licenses.
+        check(
+            JobRequest {
+                name: Some("n".into()),
+                work_dir: Some("/w".into()),
+                std_out: Some("/o".into()),
+                account: Some("acc".into()),
+                qos: Some("high".into()),
+                partition: Some("gpu".into()),
+                licenses: Some("matlab:1".into()),
+                ..d()
+            },
+            &["--export=ALL"],
+        );
+    }
+
+    #[test]
+    fn fleet_variables_join_the_export_mode() {
+        let d = JobRequest::default;
+        let x = [("FLEET_JOB_ID", "beta-1"), ("FLEET_ORIGIN", "beta")];
+        let e = |export: Option<&str>| {
+            export_value(
+                &JobRequest {
+                    export_env: export.map(Into::into),
+                    ..d()
+                },
+                &x,
+            )
+        };
+        assert_eq!(e(None), "ALL,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta");
+        assert_eq!(e(Some("NONE")), "FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta");
+        assert_eq!(e(Some("NIL")), "NIL");
+        assert_eq!(
+            e(Some("PATH")),
+            "PATH,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta"
+        );
+        assert_eq!(
+            e(Some("ALL,A=1")),
+            "ALL,A=1,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta"
+        );
+        assert_eq!(
+            sbatch_options_with_env(
+                &JobRequest {
+                    export_env: Some("NONE".into()),
+                    ..d()
+                },
+                &x
+            )
+            .last()
+            .map(String::as_str),
+            Some("--export=FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta")
+        );
+    }
+
+    #[test]
+    fn mail_bits() {
+        assert_eq!(mail_type_names(0), None);
+        assert_eq!(mail_type_names(u16::MAX - 1), None);
+        assert_eq!(mail_type_names(0b11).as_deref(), Some("BEGIN,END"));
+        assert_eq!(
+            mail_type_names(1 << 5 | 1 << 2).as_deref(),
+            Some("FAIL,TIME_LIMIT_90")
+        );
+    }
+
+    #[test]
+    fn export_modes() {
+        let m = |v: Option<&str>| {
+            JobRequest {
+                export_env: v.map(Into::into),
+                ..Default::default()
+            }
+            .export_mode()
+        };
+        assert_eq!(m(None), ExportMode::All);
+        assert_eq!(m(Some("all")), ExportMode::All);
+        assert_eq!(m(Some("NONE")), ExportMode::None);
+        assert_eq!(m(Some("NIL")), ExportMode::Nil);
+        assert_eq!(
+            m(Some("A, B=1")),
+            ExportMode::List {
+                all: false,
+                items: vec!["A".into(), "B=1".into()]
+            }
+        );
+        assert_eq!(
+            m(Some("ALL,B=1")),
+            ExportMode::List {
+                all: true,
+                items: vec!["B=1".into()]
+            }
+        );
+    }
+}
