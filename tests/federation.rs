@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab};
+use fleet_lab::{fleet_job_of, out_arg, remote_of, script, wait_file, Lab};
 
 const T: Duration = Duration::from_secs(90);
 

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use fleet_lab::{fleet_job_of, out_arg, remote_of, script, wait_file, Lab, OTHER_USER, USER};
+use fleet_lab::{fleet_job_of, out_arg, remote_of, script, wait_file, Lab, OTHER_USER};
 
 const T: Duration = Duration::from_secs(90);
 

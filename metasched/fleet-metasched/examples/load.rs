@@ -50,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
                 gpus_free: 8,
                 state: "idle".into(),
                 switch: None,
+                ..Default::default()
             }],
             ..Default::default()
         };

@@ -1283,6 +1283,7 @@ mod tests {
             gpus_free: free,
             state: state.into(),
             switch: None,
+            ..Default::default()
         }
     }
 

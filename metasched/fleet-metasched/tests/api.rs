@@ -110,6 +110,7 @@ impl Daemon {
                 gpus_free: if i == 0 { free.min(8) } else { free.saturating_sub(8) },
                 state: "idle".into(),
                 switch: None,
+                ..Default::default()
             })
             .collect();
         let hb = Heartbeat {

@@ -59,7 +59,7 @@ async fn clusters_jobs_job_cancel_explain() {
             gpus_total: 8,
             gpus_free: 6,
             state: "mixed".into(),
-            switch: None,
+            ..Default::default()
         }],
         queue_pending: 3,
         ..Default::default()

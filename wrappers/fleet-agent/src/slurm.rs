@@ -153,13 +153,20 @@ pub fn parse_gres_field(s: &str) -> Vec<(Option<String>, u32)> {
         .collect()
 }
 
-/// `sinfo -N -h -O NodeList:..,Partition:..,StateCompact:..,Gres:..,GresUsed:..` → nodes.
+/// The `sinfo -N -h -O` fields [`parse_sinfo`] reads.
+pub const SINFO_FIELDS: &str = "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160,CPUs:8,Memory:16,Features:256";
+
+/// `sinfo -N -h -O` [`SINFO_FIELDS`] → nodes (node shapes for the
+/// placement rule: CPUs, memory, features).
 pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
     let mut nodes: Vec<NodeCapacity> = Vec::new();
     for line in out.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let [name, part, state, gres, used] = f.as_slice() else {
-            continue;
+        let (name, part, state, gres, used, cpus, mem, features) = match f.as_slice() {
+            [n, p, s, g, u] => (n, p, s, g, u, None, None, None),
+            [n, p, s, g, u, c, m] => (n, p, s, g, u, Some(c), Some(m), Some(&"(null)")),
+            [n, p, s, g, u, c, m, feat] => (n, p, s, g, u, Some(c), Some(m), Some(feat)),
+            _ => continue,
         };
         let part = part.trim_end_matches('*').to_string();
         if let Some(n) = nodes.iter_mut().find(|n| n.name == *name) {
@@ -190,6 +197,15 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
                 other => other.into(),
             },
             switch: None,
+            cpus: cpus.and_then(|c| c.parse().ok()).unwrap_or(0),
+            memory_mb: mem.and_then(|m| m.trim_end_matches('+').parse().ok()).unwrap_or(0),
+            features: features.map(|f| {
+                if *f == "(null)" {
+                    Vec::new()
+                } else {
+                    f.split(',').filter(|x| !x.is_empty()).map(str::to_string).collect()
+                }
+            }),
         });
     }
     nodes
@@ -493,7 +509,7 @@ impl Backend for SlurmBackend {
                     "-N".into(),
                     "-h".into(),
                     "-O".into(),
-                    "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160".into(),
+                    SINFO_FIELDS.into(),
                 ],
                 None,
             )

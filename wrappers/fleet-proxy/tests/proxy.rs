@@ -95,7 +95,7 @@ impl Agent {
                 gpus_total: 8,
                 gpus_free: 8,
                 state: "idle".into(),
-                switch: None,
+                ..Default::default()
             }],
             agent_version: "test".into(),
             ..Default::default()
