@@ -176,3 +176,53 @@ fn a_job_name_cannot_fake_state_or_exit_code() {
         assert_eq!(read(&dir.join(format!("{i}.txt"))), "real\n");
     }
 }
+
+/// `curl` to the meta-scheduler with `auth` (an `Authorization` value);
+/// returns (HTTP status, body).
+fn call(lab: &Lab, method: &str, path: &str, auth: &str, body: &str) -> (u16, String) {
+    let mut c = std::process::Command::new("curl");
+    c.args(["-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}", "-X", method, "-H", &format!("Authorization: {auth}")]);
+    c.args(["-H", "Content-Type: application/json", "--data-binary", body]);
+    if let Some(ca) = lab.ca_file() {
+        c.arg("--cacert").arg(ca);
+    }
+    let out = c.arg(format!("{}{path}", lab.metasched_url())).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn the_job_token_alone_cannot_start_a_held_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("held");
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
+    let mut fid = None;
+    for _ in 0..50 {
+        fid = lab.fleetctl_json(&["jobs"]).ok().and_then(|v| {
+            v.as_array()?.iter().find(|j| j["state"] == "held" && j["fleet_job_id"].as_str().is_some_and(|f| f.starts_with("beta-")) && j["origin_job_id"].is_null()).map(|j| j["fleet_job_id"].as_str().unwrap().to_string())
+        });
+        if fid.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let fid = fid.expect("the held job is registered");
+    // The owner holds (or can compute from what they can read) the stand-in's
+    // token; with it they ask the meta-scheduler to start the job now.
+    let secret = std::fs::read_to_string(lab.root.join("secrets/beta.token")).unwrap();
+    let token = fleet_api::auth::job_token(secret.trim(), &fid);
+    let (code, body) = call(&lab, "POST", &format!("/v1/jobs/{fid}/start"), &format!("FleetJob {token}"), &format!("{{\"origin_job_id\": {id}}}"));
+    assert!(code < 300, "{code} {body}");
+    std::thread::sleep(Duration::from_secs(4));
+    let rec = lab.fleetctl_json(&["job", &fid]).unwrap();
+    assert_eq!(rec["state"], "held", "the job left held without its stand-in running: {rec}");
+    // Nor can the token confirm the start itself.
+    let (code, _) = call(&lab, "POST", &format!("/v1/jobs/{fid}/confirm_start"), &format!("FleetJob {token}"), &format!("{{\"origin_job_id\": {id}, \"started\": true}}"));
+    assert!(code == 401 || code == 403, "confirm_start with a job token answered {code}");
+    // Released at the origin, the stand-in starts and the job runs.
+    assert!(lab.cmd("beta", "scontrol", &["release", &id.to_string()]).unwrap().status.success());
+    let r = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(r["ExitCode"], "0:0", "{r:?}");
+    assert_eq!(read(&dir.join("out.txt")), "ran\n");
+}

@@ -99,6 +99,12 @@ cluster_names() { local l; for l in "${CLUSTERS[@]}"; do read -r -a f <<<"$l"; e
 # job id used at the wrong cluster is obvious.
 cluster_first_jobid() { local i=0 l; for l in "${CLUSTERS[@]}"; do i=$((i + 1)); read -r -a f <<<"$l"; [[ ${f[0]} == "$1" ]] && { echo $((i * 100000)); return 0; }; done; return 1; }
 cluster_nodes() { cluster_field "$1" 5 | tr ',' '\n' | cut -d: -f1; }
+# Each cluster's stand-ins run on a node of their own, without GPUs, in the
+# proxy partition alone: a stand-in never holds CPUs, memory or GPUs that a
+# local job could use (fleet-agent checks this layout at start).
+proxy_node()    { echo "${1}proxy"; }
+proxy_port()    { echo $(( $(cluster_field "$1" 2) + 3 + PORT_OFFSET )); }
+all_nodes()     { cluster_nodes "$1"; proxy_node "$1"; }
 node_port()     { cluster_field "$1" 5 | tr ',' '\n' | awk -F: -v n="$2" -v o="$PORT_OFFSET" '$1==n{print $2+o}'; }
 check_cluster() { cluster_field "$1" 1 >/dev/null 2>&1 || die "unknown cluster '$1' (known: $(cluster_names | xargs))"; }
 
@@ -302,9 +308,10 @@ write_cluster_conf() {
     for n in $(cluster_nodes "$c"); do
       echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(node_port "$c" "$n") CPUs=$NODE_CPUS RealMemory=$NODE_MEM Gres=gpu:$gpu:$GPUS_PER_NODE State=UNKNOWN"
     done
+    echo "NodeName=$(proxy_node "$c") NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(proxy_port "$c") CPUs=64 RealMemory=64000 State=UNKNOWN"
     local all; all=$(cluster_nodes "$c" | paste -sd,)
     echo "PartitionName=gpu Nodes=$all Default=YES MaxTime=INFINITE State=UP"
-    echo "PartitionName=fleet Nodes=$all OverSubscribe=FORCE:64 MaxTime=INFINITE State=UP"
+    echo "PartitionName=fleet Nodes=$(proxy_node "$c") OverSubscribe=FORCE:64 MaxTime=INFINITE State=UP"
   } >"$d/slurm.conf"
 
   {
@@ -464,7 +471,7 @@ wait_nodes_idle() {
     if (( $(now) - t0 > READY_TIMEOUT )); then
       log "node states at $c:"; echo "$states" >&2
       local n logs=("$d/log/slurmctld.log")
-      for n in $(cluster_nodes "$c"); do logs+=("$d/log/slurmd-$n.stderr" "$d/log/slurmd-$n.log"); done
+      for n in $(all_nodes "$c"); do logs+=("$d/log/slurmd-$n.stderr" "$d/log/slurmd-$n.log"); done
       show_tail "${logs[@]}"
       die "nodes of $c not idle after ${READY_TIMEOUT}s"
     fi
@@ -694,7 +701,7 @@ cmd_down() {
     [[ -d $R/$c ]] || continue
     cancel_all_jobs "$c"
     stop_pidfile "$R/$c/run/slurmctld.pid" slurmctld "slurmctld ($c)"
-    for n in $(cluster_nodes "$c"); do stop_pidfile "$R/$c/run/slurmd-$n.pid" slurmd "slurmd $n ($c)"; done
+    for n in $(all_nodes "$c"); do stop_pidfile "$R/$c/run/slurmd-$n.pid" slurmd "slurmd $n ($c)"; done
   done
   stop_accounting
   stop_lab_stepds
@@ -754,7 +761,7 @@ cmd_up() {
   done
   for c in $(cluster_names); do
     wait_ctld "$c"
-    for n in $(cluster_nodes "$c"); do start_slurmd "$c" "$n"; done
+    for n in $(all_nodes "$c"); do start_slurmd "$c" "$n"; done
   done
   for c in $(cluster_names); do wait_nodes_idle "$c"; done
   if [[ $fleet == 1 ]]; then
@@ -784,7 +791,7 @@ cmd_status() {
   [[ -e $R/bin/fleet-metasched ]] && show_proc fleet-metasched "$R/run/metasched.pid" fleet-metasched
   for c in $(cluster_names); do
     show_proc "slurmctld ($c)" "$R/$c/run/slurmctld.pid" slurmctld
-    for n in $(cluster_nodes "$c"); do show_proc "slurmd $n ($c)" "$R/$c/run/slurmd-$n.pid" slurmd; done
+    for n in $(all_nodes "$c"); do show_proc "slurmd $n ($c)" "$R/$c/run/slurmd-$n.pid" slurmd; done
     [[ -e $R/bin/fleet-agent ]] && show_proc "fleet-agent ($c)" "$R/$c/run/agent.pid" fleet-agent
   done
   for c in $(cluster_names); do

@@ -99,6 +99,27 @@ pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -
             "{at} is State={s}: stand-ins will not start, so forwarded jobs never run"
         ));
     }
+    // Stand-ins hold a CPU and memory for as long as their remote job runs:
+    // on nodes local jobs use, they delay local work (an --exclusive job
+    // waits for them, backfill plans around them). They belong on nodes of
+    // their own, in this partition only, without GPUs.
+    for n in &p.nodes {
+        let shared: Vec<&str> = sc
+            .partitions
+            .iter()
+            .filter(|o| o.name != p.name && o.nodes.contains(n))
+            .map(|o| o.name.as_str())
+            .collect();
+        if !shared.is_empty() {
+            out.push(format!(
+                "{at} shares node {n} with partition(s) {}: stand-ins there hold CPUs and memory that local jobs need; give the proxy partition nodes of its own",
+                shared.join(", ")
+            ));
+        }
+        if sc.nodes.iter().any(|d| d.name == *n && !d.gres.is_empty()) {
+            out.push(format!("{at} includes node {n}, which has GRES (GPUs): stand-ins never use them; use nodes without GPUs"));
+        }
+    }
     out
 }
 
@@ -220,6 +241,10 @@ mod tests {
     fn proxy_partition_limits_are_reported() {
         assert!(problems("PartitionName=fleet Nodes=b1 MaxTime=INFINITE State=UP").is_empty());
         assert!(problems("PartitionName=fleet Nodes=b1").is_empty());
+        let p = problems("NodeName=g1 CPUs=8 Gres=gpu:a100:8\nPartitionName=gpu Nodes=g1,b1\nPartitionName=fleet Nodes=b1,g1");
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p[0].contains("shares node b1 with partition(s) gpu"), "{p:?}");
+        assert!(p[2].contains("node g1, which has GRES"), "{p:?}");
         let p = problems("PartitionName=fleet Nodes=b1 MaxTime=60 DefaultTime=30 State=DOWN");
         assert_eq!(p.len(), 3, "{p:?}");
         assert!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use fleet_api::api::NodeCapacity;
-use fleet_api::{GpuScope, JobRequest, JobState};
+use fleet_api::{JobRequest, JobState};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
@@ -461,43 +461,20 @@ pub fn sbatch_args(
         format!("--chdir={}", dir.display()),
         format!("--output={}", paths.stdout.display()),
         format!("--error={}", paths.stderr.display()),
-        // FLEET_FORWARDED_JOB: this cluster's plugin never forwards it again.
-        format!(
-            "--export=ALL,FLEET_JOB_ID={id},FLEET_ORIGIN={},FLEET_FORWARDED_JOB={id}",
-            req.origin
-        ),
     ];
-    for g in &req.gpus {
-        let spec = match &g.gpu_type {
-            Some(t) => format!("{t}:{}", g.count),
-            None => g.count.to_string(),
-        };
-        a.push(match g.scope {
-            GpuScope::Node => format!("--gres=gpu:{spec}"),
-            GpuScope::Job => format!("--gpus={spec}"),
-            GpuScope::Task => format!("--gpus-per-task={spec}"),
-            GpuScope::Socket => format!("--gpus-per-socket={spec}"),
-        });
-    }
-    if let Some(n) = req.min_nodes {
-        match req.max_nodes.filter(|&m| m > n) {
-            Some(m) => a.push(format!("--nodes={n}-{m}")),
-            None => a.push(format!("--nodes={n}")),
-        }
-    }
-    if let Some(n) = req.num_tasks {
-        a.push(format!("--ntasks={n}"));
-    }
-    if let Some(n) = req.ntasks_per_node {
-        a.push(format!("--ntasks-per-node={n}"));
-    }
-    if let Some(n) = req.cpus_per_task {
-        a.push(format!("--cpus-per-task={n}"));
-    }
-    if let Some(t) = req.time_limit_min {
-        a.push(format!("--time={t}"));
-    }
+    // The job's resources and options as the user gave them, `--export` in
+    // the job's own mode plus Fleet's variables (FLEET_FORWARDED_JOB: this
+    // cluster's plugin never forwards the job again).
+    a.extend(fleet_api::sbatch::sbatch_options_with_env(
+        req,
+        &[("FLEET_JOB_ID", id), ("FLEET_ORIGIN", &req.origin), ("FLEET_FORWARDED_JOB", id)],
+    ));
     a
+}
+
+/// Does the job's `--export` mode carry the submission environment?
+pub fn exports_environment(req: &JobRequest) -> bool {
+    matches!(req.export_mode(), fleet_api::ExportMode::All | fleet_api::ExportMode::List { all: true, .. })
 }
 
 impl Backend for SlurmBackend {
@@ -541,7 +518,7 @@ impl Backend for SlurmBackend {
         }
         // The job's environment as sbatch captured it at the origin, read by
         // sbatch itself (sudo would strip LD_*, PYTHONPATH and the like).
-        let env = submit_env(req, &dir);
+        let env = submit_env(req, &dir).filter(|_| exports_environment(req));
         if let Some(env) = &env {
             let f = dir.join(".fleet-env");
             crate::jobdir::write_private(&f, &crate::jobdir::export_file_bytes(env))?;
@@ -728,7 +705,7 @@ mod tests {
             gpus: vec![fleet_api::GpuRequest {
                 gpu_type: Some("h100".into()),
                 count: 8,
-                scope: GpuScope::Node,
+                scope: fleet_api::GpuScope::Node,
             }],
             min_nodes: Some(2),
             time_limit_min: Some(60),
