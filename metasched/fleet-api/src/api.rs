@@ -81,6 +81,11 @@ pub struct ClusterSummary {
     pub gpus: Vec<GpuPool>,
     pub queue_pending: u32,
     pub queue_running: u32,
+    /// Why the cluster is unhealthy when it is for another reason than a
+    /// missed heartbeat (quarantine: a heartbeat beyond its declared
+    /// inventory).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unhealthy_reason: String,
 }
 
 /// The fleet as the meta-scheduler sees it; agents cache it to answer the

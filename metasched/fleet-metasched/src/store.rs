@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -237,6 +238,50 @@ struct ClusterState {
     cfg: ClusterConfig,
     /// Last heartbeat and when it arrived (Unix seconds).
     last: Option<(Heartbeat, f64)>,
+    /// Set by a heartbeat beyond the declared inventory: no new work until
+    /// the meta-scheduler restarts (kept across valid heartbeats, so a
+    /// forger cannot alternate).
+    quarantine: Option<String>,
+}
+
+/// Why `hb` cannot be true of a cluster declared as `cfg`, if it cannot.
+pub fn inventory_violation(cfg: &ClusterConfig, hb: &Heartbeat) -> Option<String> {
+    if let Some(max) = cfg.max_nodes {
+        if hb.nodes.len() as u64 > u64::from(max) {
+            return Some(format!("heartbeat reports {} nodes, max_nodes is {max}", hb.nodes.len()));
+        }
+    }
+    if let Some(node) = hb.nodes.iter().find(|n| n.gpus_free > n.gpus_total) {
+        return Some(format!(
+            "heartbeat reports node {:?} with {} free of {} GPUs",
+            node.name, node.gpus_free, node.gpus_total
+        ));
+    }
+    let declared = cfg.max_gpus.as_ref()?;
+    let mut reported: BTreeMap<&str, u64> = BTreeMap::new();
+    for n in &hb.nodes {
+        if n.gpus_total == 0 {
+            continue;
+        }
+        let ty = n.gpu_type.as_deref().unwrap_or("");
+        *reported.entry(ty).or_default() += u64::from(n.gpus_total);
+    }
+    for (ty, count) in reported {
+        match declared.get(ty) {
+            None => {
+                let names: Vec<&str> = declared.keys().map(String::as_str).collect();
+                return Some(format!(
+                    "heartbeat reports {count} GPUs of type {ty:?}, not in max_gpus ({})",
+                    names.join(", ")
+                ));
+            }
+            Some(max) if count > u64::from(*max) => {
+                return Some(format!("heartbeat reports {count} {ty} GPUs, max_gpus allows {max}"));
+            }
+            Some(_) => {}
+        }
+    }
+    None
 }
 
 pub struct Store {
@@ -303,6 +348,36 @@ fn rank(s: JobState) -> u8 {
     }
 }
 
+/// The state holds every job's script, environment and output: the
+/// directories are 0700 and every file in them 0600, created so, and
+/// existing ones (an older version's 0644) fixed at start. The database
+/// file is created 0600 before SQLite opens it; SQLite gives its WAL and
+/// SHM files the database's mode.
+fn private_state(state_dir: &Path, out_dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let private_dir = |d: &Path| -> std::io::Result<()> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d)?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+    };
+    private_dir(state_dir)?;
+    private_dir(out_dir)?;
+    let db = state_dir.join("metasched.db");
+    OpenOptions::new().create(true).append(true).mode(0o600).open(&db)?;
+    for dir in [state_dir, out_dir] {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            // Never follow a link planted here; only plain files are ours.
+            if entry.file_type()?.is_file() {
+                let mode = entry.metadata()?.permissions().mode() & 0o777;
+                if mode != 0o600 {
+                    std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn summary(req: &JobRequest) -> String {
     let limit = match req.time_limit_min {
         Some(m) => format!("{m} min"),
@@ -344,9 +419,8 @@ impl Store {
         metrics: Arc<Metrics>,
         ranker: Option<Arc<Ranker>>,
     ) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(state_dir)?;
         let out_dir = state_dir.join("output");
-        std::fs::create_dir_all(&out_dir)?;
+        private_state(state_dir, &out_dir)?;
         let conn = rusqlite::Connection::open(state_dir.join("metasched.db"))?;
         conn.execute_batch(
             "PRAGMA journal_mode=WAL;
@@ -387,7 +461,7 @@ impl Store {
                 Some((hb, t)) => Some((serde_json::from_str::<Heartbeat>(&hb)?, t)),
                 None => None,
             };
-            map.insert(c.name.clone(), ClusterState { cfg: c.clone(), last });
+            map.insert(c.name.clone(), ClusterState { cfg: c.clone(), last, quarantine: None });
         }
         let mut store = Store {
             conn,
@@ -504,7 +578,7 @@ impl Store {
                         cfg.to_string()
                     }
                 };
-                match &c.last {
+                let mut summary = match &c.last {
                     Some((hb, t)) => {
                         let age = (now - t).max(0.0);
                         ClusterSummary {
@@ -517,6 +591,7 @@ impl Store {
                             gpus: gpu_pools(&hb.nodes),
                             queue_pending: hb.queue_pending,
                             queue_running: hb.queue_running,
+                            unhealthy_reason: String::new(),
                         }
                     }
                     // Never heard from: the age is counted from our own start.
@@ -530,18 +605,23 @@ impl Store {
                         gpus: Vec::new(),
                         queue_pending: 0,
                         queue_running: 0,
+                        unhealthy_reason: String::new(),
                     },
+                };
+                if let Some(q) = &c.quarantine {
+                    summary.healthy = false;
+                    summary.unhealthy_reason = format!("quarantined: {q}");
                 }
+                summary
             })
             .collect();
         FleetView { generated_at: now, clusters }
     }
 
     fn healthy(&self, cluster: &str, now: f64) -> bool {
-        self.clusters
-            .get(cluster)
-            .and_then(|c| c.last.as_ref())
-            .is_some_and(|(_, t)| now - t <= self.heartbeat_timeout_s)
+        self.clusters.get(cluster).is_some_and(|c| {
+            c.quarantine.is_none() && c.last.as_ref().is_some_and(|(_, t)| now - t <= self.heartbeat_timeout_s)
+        })
     }
 
     pub fn heartbeat(&mut self, caller: &Caller, hb: Heartbeat, now: f64) -> Result<FleetView, StoreError> {
@@ -558,6 +638,18 @@ impl Store {
         let Some(state) = self.clusters.get_mut(&hb.cluster) else {
             return Err(StoreError::Forbidden(format!("cluster {:?} is not configured", hb.cluster)));
         };
+        if let Some(why) = inventory_violation(&state.cfg, &hb) {
+            // Its capacity is not believed (the previous heartbeat stays)
+            // and it gets no new work; its jobs not yet submitted move.
+            if state.quarantine.is_none() {
+                tracing::warn!(cluster = %hb.cluster, reason = %why,
+                    "cluster quarantined: a heartbeat beyond its declared inventory (metasched.toml max_nodes/max_gpus)");
+                self.metrics.heartbeat(&hb.cluster);
+            }
+            state.quarantine = Some(why);
+            self.sweep(now)?;
+            return Ok(self.view(now));
+        }
         self.conn.execute(
             "INSERT OR REPLACE INTO clusters (name, last_seen, heartbeat) VALUES (?1, ?2, ?3)",
             params![hb.cluster, now, serde_json::to_string(&hb)?],
@@ -1099,7 +1191,7 @@ impl Store {
         }
         let skip = (held - chunk.offset) as usize;
         if skip < chunk.data.len() {
-            let mut f = OpenOptions::new().create(true).append(true).open(&path)?;
+            let mut f = OpenOptions::new().create(true).append(true).mode(0o600).open(&path)?;
             f.write_all(&chunk.data[skip..])?;
         }
         let len = held.max(end);
@@ -1198,7 +1290,9 @@ impl Store {
         let table = fleet_engine::parse_prices(csv).map_err(|e| StoreError::BadRequest(format!("price table: {e}")))?;
         let path = crate::ranking::imported_prices_path(&self.state_dir);
         let tmp = path.with_extension("csv.tmp");
-        std::fs::write(&tmp, csv)?;
+        let mut f = OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(csv.as_bytes())?;
+        drop(f);
         std::fs::rename(&tmp, &path)?;
         let applied = match &self.ranker {
             Some(r) => {
@@ -1308,6 +1402,41 @@ mod tests {
         );
         // free is clamped to total
         check(vec![node(Some("h100"), 2, 9, "idle")], &[("h100", 2, 2, 2, 1)]);
+    }
+
+    #[test]
+    fn inventory_table() {
+        let cfg = ClusterConfig {
+            name: "a".into(),
+            max_nodes: Some(2),
+            max_gpus: Some([("h100".to_string(), 16)].into_iter().collect()),
+            ..Default::default()
+        };
+        let hb = |nodes: Vec<NodeCapacity>| Heartbeat { cluster: "a".into(), nodes, ..Default::default() };
+        let table: Vec<(Vec<NodeCapacity>, Option<&str>)> = vec![
+            (vec![], None),
+            (vec![node(Some("h100"), 8, 8, "idle"), node(Some("h100"), 8, 0, "down")], None),
+            (vec![node(None, 0, 0, "idle"), node(Some("h100"), 16, 1, "idle")], None),
+            (vec![node(None, 0, 0, "idle"); 3], Some("3 nodes, max_nodes is 2")),
+            (
+                vec![node(Some("h100"), 9, 0, "idle"), node(Some("h100"), 8, 0, "idle")],
+                Some("17 h100 GPUs, max_gpus allows 16"),
+            ),
+            (vec![node(Some("a100"), 1, 1, "idle")], Some("type \"a100\", not in max_gpus (h100)")),
+            (vec![node(None, 2, 2, "idle")], Some("type \"\", not in max_gpus")),
+            (vec![node(Some("h100"), 2, 3, "idle")], Some("3 free of 2 GPUs")),
+        ];
+        for (nodes, want) in table {
+            let got = inventory_violation(&cfg, &hb(nodes.clone()));
+            match (got.as_deref(), want) {
+                (None, None) => {}
+                (Some(g), Some(w)) => assert!(g.contains(w), "{g:?} lacks {w:?}"),
+                (g, w) => panic!("{nodes:?}: got {g:?}, want {w:?}"),
+            }
+        }
+        // Nothing declared: only the impossible node is refused.
+        let open = ClusterConfig { name: "a".into(), ..Default::default() };
+        assert_eq!(inventory_violation(&open, &hb(vec![node(Some("x"), 999, 0, "idle"); 50])), None);
     }
 
     #[test]
