@@ -20,13 +20,16 @@
 //! with an engine policy). The pass only *proposes* migrations; carrying
 //! them out is not built yet. [`Control`] runs the last two on demand.
 //!
-//! Layout: [`config`] (TOML), [`store`] (SQLite + output files + the job
-//! state machine, synchronous), [`metrics`], and the axum layer here
-//! (authentication, JSON, status codes).
+//! Layout: [`config`] (TOML), [`lifecycle`] (the job state machine, a
+//! pure function), [`store`] (SQLite + output files, driving the
+//! lifecycle, synchronous), [`conn`] (connection caps and timeouts),
+//! [`metrics`], and the axum layer here (authentication before any body
+//! is read, per-route body limits, the work long-poll, JSON, status codes).
 
 pub mod config;
 pub mod conn;
 pub mod feeds;
+pub mod lifecycle;
 pub mod metrics;
 pub mod ranking;
 pub mod store;

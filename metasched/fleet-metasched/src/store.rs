@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ClusterConfig;
 use crate::feeds::Feeds;
+use crate::lifecycle::{transition, Effect, Event, Life, Reply};
 use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
@@ -337,17 +338,6 @@ fn valid_job_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
-fn rank(s: JobState) -> u8 {
-    match s {
-        JobState::Held => 0,
-        JobState::Queued => 1,
-        JobState::Assigned => 2,
-        JobState::Pending => 3,
-        JobState::Running => 4,
-        _ => 5,
-    }
-}
-
 /// The state holds every job's script, environment and output: the
 /// directories are 0700 and every file in them 0600, created so, and
 /// existing ones (an older version's 0644) fixed at start. The database
@@ -400,6 +390,39 @@ fn target_work(job: &Job) -> Option<TargetWork> {
         Some(TargetWork::Cancel)
     } else {
         None
+    }
+}
+
+/// The lifecycle's view of a stored job.
+fn life_of(job: &Job) -> Life {
+    let r = &job.record;
+    Life {
+        state: r.state,
+        origin_job_id: r.origin_job_id,
+        start_requested: r.state == JobState::Held && r.start_requested_at.is_some(),
+        submitted: job.submitted,
+        cancel_requested: r.cancel_requested,
+        remote_cancel_pending: job.remote_cancel_pending,
+    }
+}
+
+/// Store what the lifecycle decided (`start_requested_at` is the store's:
+/// it is set and cleared with the effects that say so).
+fn set_life(job: &mut Job, life: &Life) {
+    job.record.state = life.state;
+    job.record.origin_job_id = life.origin_job_id;
+    job.submitted = life.submitted;
+    job.record.cancel_requested = life.cancel_requested;
+    job.remote_cancel_pending = life.remote_cancel_pending;
+}
+
+/// A refusal of the lifecycle as the store's error.
+fn reply_result(id: &str, reply: &Reply) -> Result<(), StoreError> {
+    match reply {
+        Reply::Ok => Ok(()),
+        Reply::BadRequest(m) => Err(StoreError::BadRequest(m.clone())),
+        Reply::Conflict(m) => Err(conflict(format!("job {id}: {m}"))),
+        Reply::TerminalConflict(m) => Err(terminal_conflict(format!("job {id}: {m}"))),
     }
 }
 
@@ -644,8 +667,8 @@ impl Store {
             if state.quarantine.is_none() {
                 tracing::warn!(cluster = %hb.cluster, reason = %why,
                     "cluster quarantined: a heartbeat beyond its declared inventory (metasched.toml max_nodes/max_gpus)");
-                self.metrics.heartbeat(&hb.cluster);
             }
+            self.metrics.heartbeat(&hb.cluster);
             state.quarantine = Some(why);
             self.sweep(now)?;
             return Ok(self.view(now));
@@ -832,16 +855,15 @@ impl Store {
         now: f64,
     ) -> Result<(JobRecord, bool), StoreError> {
         let mut job = self.load_for_origin(caller, id, "start")?;
-        if job.record.state != JobState::Held {
-            return Ok((job.record, false));
+        let life = life_of(&job);
+        if life.start_requested && life.origin_job_id != Some(origin_job_id) {
+            tracing::warn!(job = id, requested = ?life.origin_job_id, again = origin_job_id,
+                "a second start request names another stand-in; the first stands until the origin agent answers it");
         }
-        if origin_job_id == 0 {
-            return Err(StoreError::BadRequest(
-                "origin_job_id is required: the stand-in's Slurm job id, which the origin agent checks".into(),
-            ));
-        }
-        if job.record.start_requested_at.is_none() {
-            job.record.origin_job_id = Some(origin_job_id);
+        let o = transition(&life, &Event::RequestStart { origin_job_id });
+        reply_result(id, &o.reply)?;
+        if o.effects.contains(&Effect::RecordStartRequest) {
+            set_life(&mut job, &o.life);
             job.record.start_requested_at = Some(now);
             job.record.reason = format!(
                 "held at {}: stand-in {origin_job_id} asked to start; waiting for the origin agent to confirm",
@@ -849,11 +871,8 @@ impl Store {
             );
             job.record.updated_at = now;
             self.save(&job)?;
-        } else if job.record.origin_job_id != Some(origin_job_id) {
-            tracing::warn!(job = id, requested = ?job.record.origin_job_id, again = origin_job_id,
-                "a second start request names another stand-in; the first stands until the origin agent answers it");
         }
-        Ok((job.record, true))
+        Ok((job.record, o.life.state == JobState::Held))
     }
 
     /// `POST /v1/jobs/{id}/confirm_start`, by the origin cluster's agent
@@ -866,7 +885,7 @@ impl Store {
         c: StartConfirmation,
         now: f64,
     ) -> Result<JobRecord, StoreError> {
-        let job = self.load(id)?;
+        let mut job = self.load(id)?;
         match caller {
             Caller::Cluster(name) if *name == job.record.origin => {}
             _ => {
@@ -876,46 +895,25 @@ impl Store {
                 )))
             }
         }
-        let mut job = job;
-        let requested = job.record.origin_job_id;
-        if job.record.state != JobState::Held {
-            // A repeat after a lost reply, or a job cancelled meanwhile:
-            // nothing left to do.
-            if job.record.state.is_terminal() || (c.started && requested == Some(c.origin_job_id)) {
-                return Ok(job.record);
-            }
-            return Err(conflict(format!(
-                "job {id} is already {} (stand-in {}); it cannot be confirmed for stand-in {}",
-                job.record.state,
-                requested.map_or("-".to_string(), |r| r.to_string()),
-                c.origin_job_id
-            )));
+        let o = transition(&life_of(&job), &Event::ConfirmStart { origin_job_id: c.origin_job_id, started: c.started });
+        reply_result(id, &o.reply)?;
+        if o.effects.is_empty() {
+            return Ok(job.record); // a repeat, or nothing left to do
         }
-        if job.record.start_requested_at.is_none() {
-            return Err(conflict(format!("job {id} has no start request to confirm")));
-        }
-        if requested != Some(c.origin_job_id) {
-            return Err(conflict(format!(
-                "job {id}'s start request names stand-in {}, not {}",
-                requested.map_or("-".to_string(), |r| r.to_string()),
-                c.origin_job_id
-            )));
-        }
-        if c.started {
-            job.record.state = JobState::Queued;
-            job.record.updated_at = now;
-            self.assign(&mut job, now);
-        } else {
+        set_life(&mut job, &o.life);
+        job.record.updated_at = now;
+        if o.effects.contains(&Effect::DropStartRequest) {
             let why: String = c.reason.chars().filter(|ch| !ch.is_control()).take(MAX_REASON).collect();
             tracing::warn!(job = id, stand_in = c.origin_job_id, reason = %why,
                 "the origin agent refused a start request; the job stays held");
             job.record.start_requested_at = None;
-            job.record.origin_job_id = None;
             job.record.reason = format!(
                 "held at {}: the origin agent refused the start of stand-in {} ({why})",
                 job.record.origin, c.origin_job_id
             );
-            job.record.updated_at = now;
+        }
+        if o.effects.contains(&Effect::Place) {
+            self.assign(&mut job, now);
         }
         self.save(&job)?;
         Ok(job.record)
@@ -942,20 +940,21 @@ impl Store {
                 };
             }
         }
-        match p {
+        let event = match p {
             Placement::Home { reason } => {
                 self.metrics.placement("home");
                 job.record.target = Some(job.record.origin.clone());
-                job.record.state = JobState::Assigned;
                 job.record.reason = format!("placed at the origin {}: {reason}", job.record.origin);
+                Event::Placed
             }
             Placement::Remote { target, reason } => {
                 self.metrics.placement("remote");
                 job.record.reason = format!("placed at {target}: {reason}");
                 job.record.target = Some(target);
-                job.record.state = JobState::Assigned;
+                Event::Placed
             }
             Placement::Impossible { reason } => {
+                job.record.target = None;
                 // Impossible only because clusters are silent right now?
                 // Then wait for them rather than fail the job.
                 if matches!(
@@ -963,18 +962,18 @@ impl Store {
                     Placement::Impossible { .. }
                 ) {
                     self.metrics.placement("impossible");
-                    job.record.state = JobState::Failed;
-                    job.record.target = None;
                     job.record.reason = reason;
-                    refresh_complete(job);
+                    Event::PlacementImpossible
                 } else {
                     self.metrics.placement("waiting");
-                    job.record.state = JobState::Queued;
-                    job.record.target = None;
                     job.record.reason = format!("waiting for a healthy cluster: {reason}");
+                    Event::PlacementWaits
                 }
             }
-        }
+        };
+        let o = transition(&life_of(job), &event);
+        set_life(job, &o.life);
+        refresh_complete(job);
         if previous.starts_with("re-placing") {
             job.record.reason = format!("{previous}; {}", job.record.reason);
         }
@@ -994,9 +993,13 @@ impl Store {
                     if self.healthy(&target, now) {
                         continue;
                     }
+                    let o = transition(&life_of(&job), &Event::TargetLost);
+                    if !o.effects.contains(&Effect::Place) {
+                        continue;
+                    }
                     self.metrics.placement("re-place");
                     job.record.reason = format!("re-placing: {target} became unhealthy before submitting it");
-                    job.record.state = JobState::Queued;
+                    set_life(&mut job, &o.life);
                     job.record.target = None;
                     self.assign(&mut job, now);
                 }
@@ -1037,15 +1040,15 @@ impl Store {
 
     pub fn cancel(&mut self, caller: &Caller, id: &str, now: f64) -> Result<JobRecord, StoreError> {
         let mut job = self.load_for_origin(caller, id, "cancel")?;
-        if job.record.state.is_terminal() {
+        let before = life_of(&job);
+        let o = transition(&before, &Event::Cancel);
+        reply_result(id, &o.reply)?;
+        if o.life == before {
             return Ok(job.record);
         }
-        job.record.cancel_requested = true;
+        set_life(&mut job, &o.life);
         job.record.updated_at = now;
-        let not_submitted = matches!(job.record.state, JobState::Held | JobState::Queued)
-            || (job.record.state == JobState::Assigned && !job.submitted);
-        if not_submitted {
-            job.record.state = JobState::Cancelled;
+        if o.life.state == JobState::Cancelled {
             job.record.reason = "cancelled before it was submitted anywhere".into();
             refresh_complete(&mut job);
         }
@@ -1078,90 +1081,78 @@ impl Store {
     pub fn status(&mut self, caller: &Caller, id: &str, upd: StatusUpdate, now: f64) -> Result<JobRecord, StoreError> {
         let mut job = self.load_for_target(caller, id)?;
         let cur = job.record.state;
-        if let Some(new) = upd.state {
-            if rank(new) <= rank(JobState::Assigned) {
-                return Err(StoreError::BadRequest(format!("a target agent cannot report state {new}")));
-            }
-        }
         if let (Some(have), Some(got)) = (job.record.remote_job_id, upd.remote_job_id) {
-            if have != got {
+            if have != got
+                && upd.state.is_none_or(|s| !matches!(s, JobState::Held | JobState::Queued | JobState::Assigned))
+            {
                 return Err(conflict(format!(
                     "job {id} is remote job {have} at {}; an update for remote job {got} does not apply",
                     job.record.target.as_deref().unwrap_or("?")
                 )));
             }
         }
-        // Cancelled here before the agent reported a submission: record the
-        // remote id so that the agent is told to cancel it.
-        if cur == JobState::Cancelled && !job.submitted && upd.state.is_none_or(|s| !s.is_terminal()) {
-            if let Some(rid) = upd.remote_job_id {
-                job.record.remote_job_id = Some(rid);
-                job.submitted = true;
-                job.remote_cancel_pending = true;
-                job.record.updated_at = now;
-                self.save(&job)?;
-            }
-            return Err(terminal_conflict(format!(
-                "job {id} was cancelled before it was submitted; cancel it at the target"
-            )));
-        }
-        if cur.is_terminal() {
-            return match upd.state {
-                Some(new) if new.is_terminal() => {
-                    if new != cur || (upd.exit_code.is_some() && upd.exit_code != job.record.exit_code) {
+        let before = life_of(&job);
+        let o = transition(&before, &Event::Report { state: upd.state, remote_job_id: upd.remote_job_id });
+        let changed = o.life != before;
+        set_life(&mut job, &o.life);
+        for effect in &o.effects {
+            match effect {
+                Effect::TakeReport => {
+                    if let Some(rid) = upd.remote_job_id {
+                        job.record.remote_job_id = Some(rid);
+                    }
+                    if !upd.node_list.is_empty() {
+                        job.record.node_list = upd.node_list.clone();
+                    }
+                    if !upd.reason.is_empty() {
+                        job.record.reason = upd.reason.clone();
+                    } else if let Some(new) = upd.state.filter(|n| n.is_terminal()) {
+                        // The placement reason no longer says why the job is where it is.
+                        let how = match (upd.signal.filter(|s| *s > 0), upd.exit_code) {
+                            (Some(s), _) => format!(" (signal {s})"),
+                            (None, Some(c)) => format!(" (exit code {c})"),
+                            (None, None) => String::new(),
+                        };
+                        job.record.reason = format!("{new} at {}{how}", job.record.target.as_deref().unwrap_or("?"));
+                    }
+                }
+                Effect::Requeue => {
+                    job.record.requeues = job.record.requeues.saturating_add(1);
+                    job.running_since = None;
+                    tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
+                }
+                Effect::MarkRunning => {
+                    job.running_since.get_or_insert(now);
+                }
+                Effect::RecordOutcome => {
+                    job.record.exit_code = upd.exit_code;
+                    job.record.signal = upd.signal;
+                    job.final_stdout_len = upd.final_stdout_len;
+                    job.final_stderr_len = upd.final_stderr_len;
+                }
+                Effect::CompareOutcome => {
+                    if upd.state != Some(cur) || (upd.exit_code.is_some() && upd.exit_code != job.record.exit_code) {
                         tracing::warn!(job = id, stored = %cur, exit_code = ?job.record.exit_code,
-                            reported = %new, reported_exit_code = ?upd.exit_code,
+                            reported = ?upd.state, reported_exit_code = ?upd.exit_code,
                             "a terminal report disagrees with the stored outcome; the stored one stands");
                     }
-                    if job.remote_cancel_pending || !job.submitted {
-                        job.remote_cancel_pending = false;
-                        job.submitted = true;
-                        self.save(&job)?;
-                    }
-                    Ok(job.record)
                 }
-                Some(new) => Err(terminal_conflict(format!("job {id} is already {cur}; {new} does not apply"))),
-                None => Err(terminal_conflict(format!("job {id} is already {cur}"))),
-            };
-        }
-        job.submitted = true;
-        if let Some(rid) = upd.remote_job_id {
-            job.record.remote_job_id = Some(rid);
-        }
-        if !upd.node_list.is_empty() {
-            job.record.node_list = upd.node_list;
-        }
-        if !upd.reason.is_empty() {
-            job.record.reason = upd.reason;
-        } else if let Some(new) = upd.state.filter(|n| n.is_terminal()) {
-            // The placement reason no longer says why the job is where it is.
-            let how = match (upd.signal.filter(|s| *s > 0), upd.exit_code) {
-                (Some(s), _) => format!(" (signal {s})"),
-                (None, Some(c)) => format!(" (exit code {c})"),
-                (None, None) => String::new(),
-            };
-            job.record.reason = format!("{new} at {}{how}", job.record.target.as_deref().unwrap_or("?"));
-        }
-        if let Some(new) = upd.state {
-            if cur == JobState::Running && new == JobState::Pending {
-                job.record.requeues = job.record.requeues.saturating_add(1);
-                job.running_since = None;
-                tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
-            }
-            if new == JobState::Running && job.running_since.is_none() {
-                job.running_since = Some(now);
-            }
-            job.record.state = new;
-            if new.is_terminal() {
-                job.record.exit_code = upd.exit_code;
-                job.record.signal = upd.signal;
-                job.final_stdout_len = upd.final_stdout_len;
-                job.final_stderr_len = upd.final_stderr_len;
+                Effect::Place
+                | Effect::RecordStartRequest
+                | Effect::DropStartRequest
+                | Effect::WakeOrigin
+                | Effect::WakeTarget => {}
             }
         }
-        job.record.updated_at = now;
-        refresh_complete(&mut job);
-        self.save(&job)?;
+        let takes = o.effects.iter().any(|e| *e != Effect::CompareOutcome);
+        if takes {
+            job.record.updated_at = now;
+            refresh_complete(&mut job);
+        }
+        if changed || takes {
+            self.save(&job)?;
+        }
+        reply_result(id, &o.reply)?;
         Ok(job.record)
     }
 
