@@ -119,6 +119,11 @@ pub struct ClusterSummary {
     /// older meta-scheduler: the rule then works from `gpus` alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeShape>,
+    /// Why the cluster is unhealthy when it is for another reason than a
+    /// missed heartbeat (quarantine: a heartbeat beyond its declared
+    /// inventory).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unhealthy_reason: String,
 }
 
 /// The fleet as the meta-scheduler sees it; agents cache it to answer the

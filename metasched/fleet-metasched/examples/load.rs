@@ -1,8 +1,8 @@
 //! Load figures for the meta-scheduler, in process over real HTTP:
 //! `cargo run --release -p fleet-metasched --example load -- [jobs] [concurrency]`
 //!
-//! Each job goes forward → start → work → pending → running → one 4 KiB
-//! chunk → completed (7 requests). Then 64 MiB of output is written in
+//! Each job goes forward → start → confirm_start → work → pending → running →
+//! one 4 KiB chunk → completed (8 requests). Then 64 MiB of output is written in
 //! 1 MiB chunks and read back.
 
 use std::time::{Duration, Instant};
@@ -27,6 +27,7 @@ async fn main() -> anyhow::Result<()> {
             region: String::new(),
             provider: String::new(),
             token_file: dir.join(n),
+            ..Default::default()
         });
     }
     let config = Config {
@@ -98,6 +99,14 @@ async fn main() -> anyhow::Result<()> {
                     )
                     .await,
                 );
+                lat.push(
+                    step(
+                        http.post(format!("{url}/v1/jobs/{id}/confirm_start"))
+                            .bearer_auth("tok-beta")
+                            .json(&serde_json::json!({"origin_job_id": 1, "started": true})),
+                    )
+                    .await,
+                );
                 lat.push(step(http.get(format!("{url}/v1/agent/work")).bearer_auth("tok-alpha")).await);
                 for s in [JobState::Pending, JobState::Running] {
                     let u = StatusUpdate { remote_job_id: Some(i as u64), state: Some(s), ..Default::default() };
@@ -152,6 +161,12 @@ async fn main() -> anyhow::Result<()> {
     http.post(format!("{url}/v1/jobs/big/start"))
         .bearer_auth("tok-beta")
         .json(&serde_json::json!({"origin_job_id": 1}))
+        .send()
+        .await?
+        .error_for_status()?;
+    http.post(format!("{url}/v1/jobs/big/confirm_start"))
+        .bearer_auth("tok-beta")
+        .json(&serde_json::json!({"origin_job_id": 1, "started": true}))
         .send()
         .await?
         .error_for_status()?;

@@ -46,7 +46,7 @@ impl PlacementConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     pub name: String,
@@ -54,8 +54,78 @@ pub struct ClusterConfig {
     pub region: String,
     #[serde(default)]
     pub provider: String,
-    /// File holding the agent's bearer token (surrounding whitespace trimmed).
+    /// File holding the agent's bearer token(s): one per non-empty line,
+    /// each accepted (rotation: add the new one, move the agent, remove
+    /// the old one). Re-read on SIGHUP and when its mtime changes.
     pub token_file: PathBuf,
+    /// More token files, each read like `token_file`.
+    #[serde(default)]
+    pub token_files: Vec<PathBuf>,
+    /// The most nodes a heartbeat may report (absent: no check).
+    #[serde(default)]
+    pub max_nodes: Option<u32>,
+    /// GPU type → the most GPUs of that type a heartbeat may report;
+    /// with it, a type not listed is not allowed either (absent: no check).
+    #[serde(default)]
+    pub max_gpus: Option<BTreeMap<String, u32>>,
+}
+
+/// `[limits]`: what one client can hold of the meta-scheduler.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Open connections in all (default 4096); more are closed at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Open connections from one peer address (default 512: a node's
+    /// stand-ins keep one each).
+    #[serde(default = "default_max_connections_per_ip")]
+    pub max_connections_per_ip: usize,
+    /// Seconds for a connection's first byte and for a request head (default 10).
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout_s: f64,
+    /// Seconds without a byte either way before a connection is closed
+    /// (default 90; more than the 30 s long-poll).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_s: f64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_connections: default_max_connections(),
+            max_connections_per_ip: default_max_connections_per_ip(),
+            header_read_timeout_s: default_header_read_timeout(),
+            idle_timeout_s: default_idle_timeout(),
+        }
+    }
+}
+
+impl LimitsConfig {
+    pub fn resolve(&self) -> crate::conn::Limits {
+        crate::conn::Limits {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            header_read_timeout: std::time::Duration::from_secs_f64(self.header_read_timeout_s),
+            idle_timeout: std::time::Duration::from_secs_f64(self.idle_timeout_s),
+        }
+    }
+}
+
+fn default_max_connections() -> usize {
+    4096
+}
+
+fn default_max_connections_per_ip() -> usize {
+    512
+}
+
+fn default_header_read_timeout() -> f64 {
+    10.0
+}
+
+fn default_idle_timeout() -> f64 {
+    90.0
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -101,6 +171,9 @@ pub struct Config {
     /// and job tokens cross the wire in the clear.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// `[limits]`: connection caps and timeouts.
+    #[serde(default)]
+    pub limits: LimitsConfig,
 }
 
 /// `[tls]`: PEM files of the server certificate (chain) and its private key.
@@ -181,6 +254,7 @@ impl Config {
             rebalance: None,
             policies: None,
             tls: None,
+            limits: LimitsConfig::default(),
         }
     }
 
@@ -206,6 +280,32 @@ impl Config {
             if !seen.insert(c.name.as_str()) {
                 return Err(ConfigError::Invalid(format!("cluster {:?} is configured twice", c.name)));
             }
+        }
+        for c in &self.clusters {
+            if let Some(g) = &c.max_gpus {
+                if let Some(ty) = g.keys().find(|t| t.is_empty()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "cluster {:?}: max_gpus has an empty GPU type {ty:?}",
+                        c.name
+                    )));
+                }
+            }
+        }
+        let l = &self.limits;
+        if l.max_connections == 0 || l.max_connections_per_ip == 0 {
+            return Err(ConfigError::Invalid(
+                "[limits] max_connections and max_connections_per_ip must be >= 1".into(),
+            ));
+        }
+        if !(l.header_read_timeout_s.is_finite() && l.header_read_timeout_s > 0.0 && l.header_read_timeout_s <= 3600.0)
+        {
+            return Err(ConfigError::Invalid("[limits] header_read_timeout_s must be in (0, 3600]".into()));
+        }
+        let min_idle = crate::MAX_WAIT_MS as f64 / 1000.0;
+        if !(l.idle_timeout_s.is_finite() && l.idle_timeout_s > min_idle && l.idle_timeout_s <= 86_400.0) {
+            return Err(ConfigError::Invalid(format!(
+                "[limits] idle_timeout_s must be more than {min_idle} (the longest long-poll of an agent) and at most 86400"
+            )));
         }
         if self.output_retention_days.is_nan() || self.output_retention_days < 0.0 {
             return Err(ConfigError::Invalid("output_retention_days must be >= 0 (0 keeps output forever)".into()));
@@ -234,36 +334,85 @@ impl Config {
         Ok(())
     }
 
-    /// Read the admin and cluster tokens from their files.
+    /// Every token file, admin first, for change detection.
+    pub fn token_paths(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.admin_token_file.clone()];
+        for c in &self.clusters {
+            v.push(c.token_file.clone());
+            v.extend(c.token_files.iter().cloned());
+        }
+        v
+    }
+
+    /// Read the admin and cluster tokens from their files: each non-empty
+    /// line of a file is one accepted token (surrounding whitespace
+    /// trimmed). A file without any token, or one token shared by two
+    /// principals, is an error.
     pub fn read_tokens(&self) -> Result<Tokens, ConfigError> {
-        let read = |p: &Path| -> Result<String, ConfigError> {
+        let read = |p: &Path, out: &mut Vec<Secret>| -> Result<(), ConfigError> {
             let t = std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_path_buf(), source })?;
-            let t = t.trim().to_string();
-            if t.is_empty() {
+            let before = out.len();
+            out.extend(t.lines().map(str::trim).filter(|l| !l.is_empty()).map(|l| Secret(l.to_string())));
+            if out.len() == before {
                 return Err(ConfigError::Invalid(format!("token file {} is empty", p.display())));
             }
-            Ok(t)
+            Ok(())
         };
-        let admin = read(&self.admin_token_file)?;
+        let mut admin = Vec::new();
+        read(&self.admin_token_file, &mut admin)?;
         let mut clusters = BTreeMap::new();
         for c in &self.clusters {
-            clusters.insert(c.name.clone(), read(&c.token_file)?);
+            let mut ts = Vec::new();
+            read(&c.token_file, &mut ts)?;
+            for p in &c.token_files {
+                read(p, &mut ts)?;
+            }
+            clusters.insert(c.name.clone(), ts);
+        }
+        let mut owner: BTreeMap<&str, &str> = admin.iter().map(|t| (t.0.as_str(), "the admin")).collect();
+        for (name, ts) in &clusters {
+            for t in ts {
+                if let Some(other) = owner.insert(t.0.as_str(), name.as_str()) {
+                    if other != name {
+                        return Err(ConfigError::Invalid(format!(
+                            "cluster {name:?} and {other} share a token: each principal needs its own"
+                        )));
+                    }
+                }
+            }
         }
         Ok(Tokens { admin, clusters })
     }
 }
 
-/// Secrets loaded at start-up.
+/// A secret string whose `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret(<{} bytes redacted>)", self.0.len())
+    }
+}
+
+/// The accepted tokens (several per principal during a rotation).
 #[derive(Clone)]
 pub struct Tokens {
-    pub admin: String,
-    /// Cluster name → agent token.
-    pub clusters: BTreeMap<String, String>,
+    pub admin: Vec<Secret>,
+    /// Cluster name → its agent's tokens.
+    pub clusters: BTreeMap<String, Vec<Secret>>,
 }
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokens").field("clusters", &self.clusters.keys().collect::<Vec<_>>()).finish_non_exhaustive()
+        let counts: BTreeMap<&str, usize> = self.clusters.iter().map(|(n, t)| (n.as_str(), t.len())).collect();
+        f.debug_struct("Tokens").field("admin", &self.admin.len()).field("clusters", &counts).finish()
     }
 }
 
@@ -329,5 +478,41 @@ mod tests {
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be >= 1"));
         check(&format!("{BASE}[rebalance]\nmargin_usd = -1\n"), Err("must be >= 0"));
         check(&format!("{BASE}[rebalance]\nevery = 1\n"), Err("unknown field `every`"));
+        let c = "[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n";
+        check(&format!("{BASE}{c}token_files = [\"/t2\"]\nmax_nodes = 2\nmax_gpus = {{ h100 = 16 }}\n"), Ok("a"));
+        check(&format!("{BASE}{c}max_gpus = {{ \"\" = 1 }}\n"), Err("empty GPU type"));
+        check(&format!("{BASE}{c}max_gpus = {{ h100 = -1 }}\n"), Err("t.toml"));
+        check(&format!("{BASE}[limits]\nmax_connections = 10\nheader_read_timeout_s = 2\n"), Ok(""));
+        check(&format!("{BASE}[limits]\nmax_connections = 0\n"), Err("must be >= 1"));
+        check(&format!("{BASE}[limits]\nheader_read_timeout_s = 0\n"), Err("header_read_timeout_s"));
+        check(&format!("{BASE}[limits]\nidle_timeout_s = 30\n"), Err("longest long-poll"));
+        check(&format!("{BASE}[limits]\nmax_conns = 1\n"), Err("unknown field `max_conns`"));
+    }
+
+    #[test]
+    fn tokens_several_per_file_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n);
+        std::fs::write(p("admin"), "  admin-secret-1\n\nadmin-secret-2\n").unwrap();
+        std::fs::write(p("a"), "alpha-secret\n").unwrap();
+        std::fs::write(p("a2"), "alpha-secret-2").unwrap();
+        let mut c = Config::new("127.0.0.1:1".parse().unwrap(), p("state"), p("admin"));
+        c.clusters.push(ClusterConfig {
+            name: "a".into(),
+            token_file: p("a"),
+            token_files: vec![p("a2")],
+            ..Default::default()
+        });
+        let t = c.read_tokens().unwrap();
+        let names = |v: &[Secret]| v.iter().map(|s| s.expose().to_string()).collect::<Vec<_>>();
+        assert_eq!(names(&t.admin), ["admin-secret-1", "admin-secret-2"]);
+        assert_eq!(names(&t.clusters["a"]), ["alpha-secret", "alpha-secret-2"]);
+        let shown = format!("{t:?} {:?} {:#?}", t.admin[0], t);
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("redacted") && shown.contains("\"a\": 2"), "{shown}");
+        std::fs::write(p("a2"), "admin-secret-2\n").unwrap();
+        assert!(c.read_tokens().unwrap_err().to_string().contains("share a token"));
+        std::fs::write(p("a2"), "\n").unwrap();
+        assert!(c.read_tokens().unwrap_err().to_string().contains("is empty"));
     }
 }

@@ -20,12 +20,16 @@
 //! with an engine policy). The pass only *proposes* migrations; carrying
 //! them out is not built yet. [`Control`] runs the last two on demand.
 //!
-//! Layout: [`config`] (TOML), [`store`] (SQLite + output files + the job
-//! state machine, synchronous), [`metrics`], and the axum layer here
-//! (authentication, JSON, status codes).
+//! Layout: [`config`] (TOML), [`lifecycle`] (the job state machine, a
+//! pure function), [`store`] (SQLite + output files, driving the
+//! lifecycle, synchronous), [`conn`] (connection caps and timeouts),
+//! [`metrics`], and the axum layer here (authentication before any body
+//! is read, per-route body limits, the work long-poll, JSON, status codes).
 
 pub mod config;
+pub mod conn;
 pub mod feeds;
+pub mod lifecycle;
 pub mod metrics;
 pub mod ranking;
 pub mod store;
@@ -101,6 +105,8 @@ struct AppState {
     // Replaced whole when the token files change (rotation); a short
     // std-style lock, never held across an `.await`.
     tokens: Arc<parking_lot::RwLock<Arc<Tokens>>>,
+    /// Where the tokens come from (re-read on SIGHUP or a file change).
+    config: Arc<Config>,
     wakers: Arc<store::Wakers>,
     /// Turns true when the daemon shuts down: long-polls answer at once.
     shutdown: tokio::sync::watch::Receiver<bool>,
@@ -152,6 +158,12 @@ impl Control {
         Some(check_feeds(&self.state()?).await)
     }
 
+    /// Re-read the token files now, as SIGHUP does. `Err` names the
+    /// problem; the tokens in use then stay.
+    pub async fn reload_tokens(&self) -> Option<Result<(), String>> {
+        Some(reload_tokens(&self.state()?).await)
+    }
+
     /// Run a rebalancing pass now, as the timer does; its result is what
     /// `GET /v1/rebalance` serves next.
     pub async fn rebalance(&self) -> Option<store::Rebalance> {
@@ -186,6 +198,65 @@ async fn check_feeds(st: &AppState) -> FeedReload {
             FeedReload::Failed(e)
         }
         Err(e) => FeedReload::Failed(format!("feed check task failed: {e}")),
+    }
+}
+
+/// How often the token files' modification times are checked.
+const TOKEN_CHECK: Duration = Duration::from_secs(2);
+
+/// What identifies a version of each token file (mtime, size, inode).
+fn token_stamp(config: &Config) -> Vec<Option<(SystemTime, u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    config
+        .token_paths()
+        .iter()
+        .map(|p| std::fs::metadata(p).ok().map(|m| (m.modified().unwrap_or(UNIX_EPOCH), m.len(), m.ino())))
+        .collect()
+}
+
+async fn reload_tokens(st: &AppState) -> Result<(), String> {
+    let cfg = st.config.clone();
+    match tokio::task::spawn_blocking(move || cfg.read_tokens()).await {
+        Ok(Ok(t)) => {
+            tracing::info!(tokens = ?t, "tokens reloaded");
+            *st.tokens.write() = Arc::new(t);
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            let msg = format!("{e}");
+            tracing::error!(error = %msg, "token reload failed; the tokens in use stay");
+            Err(msg)
+        }
+        Err(e) => Err(format!("token reload task failed: {e}")),
+    }
+}
+
+/// Reload the tokens on SIGHUP and when a token file changes, so that a
+/// token can be rotated without a restart (several tokens may be valid
+/// at once: one per line).
+async fn watch_tokens(st: AppState) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP; token files are still re-read when they change");
+            None
+        }
+    };
+    let mut stamp = token_stamp(&st.config);
+    let mut tick = tokio::time::interval(TOKEN_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+        };
+        let cfg = st.config.clone();
+        let now = tokio::task::spawn_blocking(move || token_stamp(&cfg)).await.unwrap_or_default();
+        if forced || now != stamp {
+            stamp = now;
+            let _ = reload_tokens(&st).await;
+        }
     }
 }
 
@@ -284,6 +355,7 @@ pub async fn run_with(
         shutdown: shutdown_rx,
         store: Arc::new(parking_lot::Mutex::new(store)),
         tokens: Arc::new(parking_lot::RwLock::new(Arc::new(tokens))),
+        config: Arc::new(config.clone()),
         metrics,
         clock,
         feeds: watcher,
@@ -317,6 +389,7 @@ pub async fn run_with(
             }
         }));
     }
+    background.push(tokio::spawn(watch_tokens(state.clone())));
     let sweeper = {
         let st = state.clone();
         let retention_s = config.output_retention_days * 86_400.0;
@@ -341,10 +414,7 @@ pub async fn run_with(
     };
     tracing::info!(addr = ?listener.local_addr().ok(), tls = tls.is_some(), "fleet-metasched listening");
     let app = router(state);
-    let served = match tls {
-        None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving HTTP"),
-        Some(tls) => serve_tls(listener, app, tls, shutdown).await,
-    };
+    let served = serve(listener, app, tls, config.limits.resolve(), shutdown).await;
     sweeper.abort();
     background.iter().for_each(|t| t.abort());
     *control.inner.lock() = None;
@@ -361,10 +431,14 @@ async fn tls_config(t: &config::TlsConfig) -> anyhow::Result<axum_server::tls_ru
     })
 }
 
-async fn serve_tls(
+/// Serve `app` on `listener` (HTTPS with `tls`) under the connection
+/// limits: the caps and the first-byte/idle deadlines of [`conn`], and
+/// hyper's header-read timeout for request heads.
+async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
-    tls: axum_server::tls_rustls::RustlsConfig,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    limits: conn::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
@@ -375,11 +449,25 @@ async fn serve_tls(
         on_stop.graceful_shutdown(Some(Duration::from_secs(5)));
     });
     let listener = listener.into_std().context("taking over the listening socket")?;
-    axum_server::from_tcp_rustls(listener, tls)
-        .handle(handle)
-        .serve(app.into_make_service())
-        .await
-        .context("serving HTTPS")
+    let header_timeout = limits.header_read_timeout;
+    let limit = conn::LimitAcceptor::new(limits);
+    fn http<A>(b: &mut axum_server::Server<A>, header_timeout: Duration) {
+        b.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+    }
+    let make = app.into_make_service();
+    match tls {
+        None => {
+            let mut server = axum_server::from_tcp(listener).acceptor(limit);
+            http(&mut server, header_timeout);
+            server.handle(handle).serve(make).await.context("serving HTTP")
+        }
+        Some(tls) => {
+            let mut server = axum_server::from_tcp(listener)
+                .acceptor(axum_server::tls_rustls::RustlsAcceptor::new(tls).acceptor(limit));
+            http(&mut server, header_timeout);
+            server.handle(handle).serve(make).await.context("serving HTTPS")
+        }
+    }
 }
 
 fn router(state: AppState) -> Router {
@@ -502,13 +590,18 @@ fn authenticate(tokens: &Tokens, headers: &HeaderMap, path_job: Option<&str>) ->
     let (scheme, token) = value.trim().split_once(' ').ok_or_else(|| unauthorized("malformed Authorization header"))?;
     let token = token.trim();
     if scheme.eq_ignore_ascii_case("Bearer") {
+        // Every comparison is made (constant time, no early exit).
         let mut caller = None;
-        if auth::tokens_equal(token, &tokens.admin) {
-            caller = Some(Caller::Admin);
+        for t in &tokens.admin {
+            if auth::tokens_equal(token, t.expose()) {
+                caller = Some(Caller::Admin);
+            }
         }
-        for (name, t) in &tokens.clusters {
-            if auth::tokens_equal(token, t) {
-                caller = Some(Caller::Cluster(name.clone()));
+        for (name, ts) in &tokens.clusters {
+            for t in ts {
+                if auth::tokens_equal(token, t.expose()) {
+                    caller = Some(Caller::Cluster(name.clone()));
+                }
             }
         }
         return caller.ok_or_else(|| unauthorized("unknown bearer token"));
@@ -518,9 +611,11 @@ fn authenticate(tokens: &Tokens, headers: &HeaderMap, path_job: Option<&str>) ->
             return Err(unauthorized("a job token is only valid on that job's endpoints"));
         };
         let mut caller = None;
-        for (name, t) in &tokens.clusters {
-            if auth::tokens_equal(token, &auth::job_token(t, id)) {
-                caller = Some(Caller::Job { id: id.to_string(), origin: name.clone() });
+        for (name, ts) in &tokens.clusters {
+            for t in ts {
+                if auth::tokens_equal(token, &auth::job_token(t.expose(), id)) {
+                    caller = Some(Caller::Job { id: id.to_string(), origin: name.clone() });
+                }
             }
         }
         return caller.ok_or_else(|| unauthorized("job token does not match this job"));

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ClusterConfig;
 use crate::feeds::Feeds;
+use crate::lifecycle::{transition, Effect, Event, Life, Reply};
 use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
@@ -237,6 +239,50 @@ struct ClusterState {
     cfg: ClusterConfig,
     /// Last heartbeat and when it arrived (Unix seconds).
     last: Option<(Heartbeat, f64)>,
+    /// Set by a heartbeat beyond the declared inventory: no new work until
+    /// the meta-scheduler restarts (kept across valid heartbeats, so a
+    /// forger cannot alternate).
+    quarantine: Option<String>,
+}
+
+/// Why `hb` cannot be true of a cluster declared as `cfg`, if it cannot.
+pub fn inventory_violation(cfg: &ClusterConfig, hb: &Heartbeat) -> Option<String> {
+    if let Some(max) = cfg.max_nodes {
+        if hb.nodes.len() as u64 > u64::from(max) {
+            return Some(format!("heartbeat reports {} nodes, max_nodes is {max}", hb.nodes.len()));
+        }
+    }
+    if let Some(node) = hb.nodes.iter().find(|n| n.gpus_free > n.gpus_total) {
+        return Some(format!(
+            "heartbeat reports node {:?} with {} free of {} GPUs",
+            node.name, node.gpus_free, node.gpus_total
+        ));
+    }
+    let declared = cfg.max_gpus.as_ref()?;
+    let mut reported: BTreeMap<&str, u64> = BTreeMap::new();
+    for n in &hb.nodes {
+        if n.gpus_total == 0 {
+            continue;
+        }
+        let ty = n.gpu_type.as_deref().unwrap_or("");
+        *reported.entry(ty).or_default() += u64::from(n.gpus_total);
+    }
+    for (ty, count) in reported {
+        match declared.get(ty) {
+            None => {
+                let names: Vec<&str> = declared.keys().map(String::as_str).collect();
+                return Some(format!(
+                    "heartbeat reports {count} GPUs of type {ty:?}, not in max_gpus ({})",
+                    names.join(", ")
+                ));
+            }
+            Some(max) if count > u64::from(*max) => {
+                return Some(format!("heartbeat reports {count} {ty} GPUs, max_gpus allows {max}"));
+            }
+            Some(_) => {}
+        }
+    }
+    None
 }
 
 pub struct Store {
@@ -292,15 +338,34 @@ fn valid_job_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
-fn rank(s: JobState) -> u8 {
-    match s {
-        JobState::Held => 0,
-        JobState::Queued => 1,
-        JobState::Assigned => 2,
-        JobState::Pending => 3,
-        JobState::Running => 4,
-        _ => 5,
+/// The state holds every job's script, environment and output: the
+/// directories are 0700 and every file in them 0600, created so, and
+/// existing ones (an older version's 0644) fixed at start. The database
+/// file is created 0600 before SQLite opens it; SQLite gives its WAL and
+/// SHM files the database's mode.
+fn private_state(state_dir: &Path, out_dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let private_dir = |d: &Path| -> std::io::Result<()> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d)?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+    };
+    private_dir(state_dir)?;
+    private_dir(out_dir)?;
+    let db = state_dir.join("metasched.db");
+    OpenOptions::new().create(true).append(true).mode(0o600).open(&db)?;
+    for dir in [state_dir, out_dir] {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            // Never follow a link planted here; only plain files are ours.
+            if entry.file_type()?.is_file() {
+                let mode = entry.metadata()?.permissions().mode() & 0o777;
+                if mode != 0o600 {
+                    std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))?;
+                }
+            }
+        }
     }
+    Ok(())
 }
 
 fn summary(req: &JobRequest) -> String {
@@ -328,6 +393,39 @@ fn target_work(job: &Job) -> Option<TargetWork> {
     }
 }
 
+/// The lifecycle's view of a stored job.
+fn life_of(job: &Job) -> Life {
+    let r = &job.record;
+    Life {
+        state: r.state,
+        origin_job_id: r.origin_job_id,
+        start_requested: r.state == JobState::Held && r.start_requested_at.is_some(),
+        submitted: job.submitted,
+        cancel_requested: r.cancel_requested,
+        remote_cancel_pending: job.remote_cancel_pending,
+    }
+}
+
+/// Store what the lifecycle decided (`start_requested_at` is the store's:
+/// it is set and cleared with the effects that say so).
+fn set_life(job: &mut Job, life: &Life) {
+    job.record.state = life.state;
+    job.record.origin_job_id = life.origin_job_id;
+    job.submitted = life.submitted;
+    job.record.cancel_requested = life.cancel_requested;
+    job.remote_cancel_pending = life.remote_cancel_pending;
+}
+
+/// A refusal of the lifecycle as the store's error.
+fn reply_result(id: &str, reply: &Reply) -> Result<(), StoreError> {
+    match reply {
+        Reply::Ok => Ok(()),
+        Reply::BadRequest(m) => Err(StoreError::BadRequest(m.clone())),
+        Reply::Conflict(m) => Err(conflict(format!("job {id}: {m}"))),
+        Reply::TerminalConflict(m) => Err(terminal_conflict(format!("job {id}: {m}"))),
+    }
+}
+
 fn refresh_complete(job: &mut Job) {
     let r = &job.record;
     job.record.output_complete = r.state.is_terminal()
@@ -344,9 +442,8 @@ impl Store {
         metrics: Arc<Metrics>,
         ranker: Option<Arc<Ranker>>,
     ) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(state_dir)?;
         let out_dir = state_dir.join("output");
-        std::fs::create_dir_all(&out_dir)?;
+        private_state(state_dir, &out_dir)?;
         let conn = rusqlite::Connection::open(state_dir.join("metasched.db"))?;
         conn.execute_batch(
             "PRAGMA journal_mode=WAL;
@@ -387,7 +484,7 @@ impl Store {
                 Some((hb, t)) => Some((serde_json::from_str::<Heartbeat>(&hb)?, t)),
                 None => None,
             };
-            map.insert(c.name.clone(), ClusterState { cfg: c.clone(), last });
+            map.insert(c.name.clone(), ClusterState { cfg: c.clone(), last, quarantine: None });
         }
         let mut store = Store {
             conn,
@@ -504,7 +601,7 @@ impl Store {
                         cfg.to_string()
                     }
                 };
-                match &c.last {
+                let mut summary = match &c.last {
                     Some((hb, t)) => {
                         let age = (now - t).max(0.0);
                         ClusterSummary {
@@ -518,6 +615,7 @@ impl Store {
                             queue_pending: hb.queue_pending,
                             queue_running: hb.queue_running,
                             nodes: Vec::new(),
+                            unhealthy_reason: String::new(),
                         }
                     }
                     // Never heard from: the age is counted from our own start.
@@ -532,18 +630,23 @@ impl Store {
                         queue_pending: 0,
                         queue_running: 0,
                         nodes: Vec::new(),
+                        unhealthy_reason: String::new(),
                     },
+                };
+                if let Some(q) = &c.quarantine {
+                    summary.healthy = false;
+                    summary.unhealthy_reason = format!("quarantined: {q}");
                 }
+                summary
             })
             .collect();
         FleetView { generated_at: now, clusters }
     }
 
     fn healthy(&self, cluster: &str, now: f64) -> bool {
-        self.clusters
-            .get(cluster)
-            .and_then(|c| c.last.as_ref())
-            .is_some_and(|(_, t)| now - t <= self.heartbeat_timeout_s)
+        self.clusters.get(cluster).is_some_and(|c| {
+            c.quarantine.is_none() && c.last.as_ref().is_some_and(|(_, t)| now - t <= self.heartbeat_timeout_s)
+        })
     }
 
     pub fn heartbeat(&mut self, caller: &Caller, hb: Heartbeat, now: f64) -> Result<FleetView, StoreError> {
@@ -560,6 +663,18 @@ impl Store {
         let Some(state) = self.clusters.get_mut(&hb.cluster) else {
             return Err(StoreError::Forbidden(format!("cluster {:?} is not configured", hb.cluster)));
         };
+        if let Some(why) = inventory_violation(&state.cfg, &hb) {
+            // Its capacity is not believed (the previous heartbeat stays)
+            // and it gets no new work; its jobs not yet submitted move.
+            if state.quarantine.is_none() {
+                tracing::warn!(cluster = %hb.cluster, reason = %why,
+                    "cluster quarantined: a heartbeat beyond its declared inventory (metasched.toml max_nodes/max_gpus)");
+            }
+            self.metrics.heartbeat(&hb.cluster);
+            state.quarantine = Some(why);
+            self.sweep(now)?;
+            return Ok(self.view(now));
+        }
         self.conn.execute(
             "INSERT OR REPLACE INTO clusters (name, last_seen, heartbeat) VALUES (?1, ?2, ?3)",
             params![hb.cluster, now, serde_json::to_string(&hb)?],
@@ -742,16 +857,15 @@ impl Store {
         now: f64,
     ) -> Result<(JobRecord, bool), StoreError> {
         let mut job = self.load_for_origin(caller, id, "start")?;
-        if job.record.state != JobState::Held {
-            return Ok((job.record, false));
+        let life = life_of(&job);
+        if life.start_requested && life.origin_job_id != Some(origin_job_id) {
+            tracing::warn!(job = id, requested = ?life.origin_job_id, again = origin_job_id,
+                "a second start request names another stand-in; the first stands until the origin agent answers it");
         }
-        if origin_job_id == 0 {
-            return Err(StoreError::BadRequest(
-                "origin_job_id is required: the stand-in's Slurm job id, which the origin agent checks".into(),
-            ));
-        }
-        if job.record.start_requested_at.is_none() {
-            job.record.origin_job_id = Some(origin_job_id);
+        let o = transition(&life, &Event::RequestStart { origin_job_id });
+        reply_result(id, &o.reply)?;
+        if o.effects.contains(&Effect::RecordStartRequest) {
+            set_life(&mut job, &o.life);
             job.record.start_requested_at = Some(now);
             job.record.reason = format!(
                 "held at {}: stand-in {origin_job_id} asked to start; waiting for the origin agent to confirm",
@@ -759,11 +873,8 @@ impl Store {
             );
             job.record.updated_at = now;
             self.save(&job)?;
-        } else if job.record.origin_job_id != Some(origin_job_id) {
-            tracing::warn!(job = id, requested = ?job.record.origin_job_id, again = origin_job_id,
-                "a second start request names another stand-in; the first stands until the origin agent answers it");
         }
-        Ok((job.record, true))
+        Ok((job.record, o.life.state == JobState::Held))
     }
 
     /// `POST /v1/jobs/{id}/confirm_start`, by the origin cluster's agent
@@ -776,7 +887,7 @@ impl Store {
         c: StartConfirmation,
         now: f64,
     ) -> Result<JobRecord, StoreError> {
-        let job = self.load(id)?;
+        let mut job = self.load(id)?;
         match caller {
             Caller::Cluster(name) if *name == job.record.origin => {}
             _ => {
@@ -786,46 +897,25 @@ impl Store {
                 )))
             }
         }
-        let mut job = job;
-        let requested = job.record.origin_job_id;
-        if job.record.state != JobState::Held {
-            // A repeat after a lost reply, or a job cancelled meanwhile:
-            // nothing left to do.
-            if job.record.state.is_terminal() || (c.started && requested == Some(c.origin_job_id)) {
-                return Ok(job.record);
-            }
-            return Err(conflict(format!(
-                "job {id} is already {} (stand-in {}); it cannot be confirmed for stand-in {}",
-                job.record.state,
-                requested.map_or("-".to_string(), |r| r.to_string()),
-                c.origin_job_id
-            )));
+        let o = transition(&life_of(&job), &Event::ConfirmStart { origin_job_id: c.origin_job_id, started: c.started });
+        reply_result(id, &o.reply)?;
+        if o.effects.is_empty() {
+            return Ok(job.record); // a repeat, or nothing left to do
         }
-        if job.record.start_requested_at.is_none() {
-            return Err(conflict(format!("job {id} has no start request to confirm")));
-        }
-        if requested != Some(c.origin_job_id) {
-            return Err(conflict(format!(
-                "job {id}'s start request names stand-in {}, not {}",
-                requested.map_or("-".to_string(), |r| r.to_string()),
-                c.origin_job_id
-            )));
-        }
-        if c.started {
-            job.record.state = JobState::Queued;
-            job.record.updated_at = now;
-            self.assign(&mut job, now);
-        } else {
+        set_life(&mut job, &o.life);
+        job.record.updated_at = now;
+        if o.effects.contains(&Effect::DropStartRequest) {
             let why: String = c.reason.chars().filter(|ch| !ch.is_control()).take(MAX_REASON).collect();
             tracing::warn!(job = id, stand_in = c.origin_job_id, reason = %why,
                 "the origin agent refused a start request; the job stays held");
             job.record.start_requested_at = None;
-            job.record.origin_job_id = None;
             job.record.reason = format!(
                 "held at {}: the origin agent refused the start of stand-in {} ({why})",
                 job.record.origin, c.origin_job_id
             );
-            job.record.updated_at = now;
+        }
+        if o.effects.contains(&Effect::Place) {
+            self.assign(&mut job, now);
         }
         self.save(&job)?;
         Ok(job.record)
@@ -852,20 +942,21 @@ impl Store {
                 };
             }
         }
-        match p {
+        let event = match p {
             Placement::Home { reason } => {
                 self.metrics.placement("home");
                 job.record.target = Some(job.record.origin.clone());
-                job.record.state = JobState::Assigned;
                 job.record.reason = format!("placed at the origin {}: {reason}", job.record.origin);
+                Event::Placed
             }
             Placement::Remote { target, reason } => {
                 self.metrics.placement("remote");
                 job.record.reason = format!("placed at {target}: {reason}");
                 job.record.target = Some(target);
-                job.record.state = JobState::Assigned;
+                Event::Placed
             }
             Placement::Impossible { reason } => {
+                job.record.target = None;
                 // Impossible only because clusters are silent right now?
                 // Then wait for them rather than fail the job.
                 if matches!(
@@ -873,18 +964,18 @@ impl Store {
                     Placement::Impossible { .. }
                 ) {
                     self.metrics.placement("impossible");
-                    job.record.state = JobState::Failed;
-                    job.record.target = None;
                     job.record.reason = reason;
-                    refresh_complete(job);
+                    Event::PlacementImpossible
                 } else {
                     self.metrics.placement("waiting");
-                    job.record.state = JobState::Queued;
-                    job.record.target = None;
                     job.record.reason = format!("waiting for a healthy cluster: {reason}");
+                    Event::PlacementWaits
                 }
             }
-        }
+        };
+        let o = transition(&life_of(job), &event);
+        set_life(job, &o.life);
+        refresh_complete(job);
         if previous.starts_with("re-placing") {
             job.record.reason = format!("{previous}; {}", job.record.reason);
         }
@@ -904,9 +995,13 @@ impl Store {
                     if self.healthy(&target, now) {
                         continue;
                     }
+                    let o = transition(&life_of(&job), &Event::TargetLost);
+                    if !o.effects.contains(&Effect::Place) {
+                        continue;
+                    }
                     self.metrics.placement("re-place");
                     job.record.reason = format!("re-placing: {target} became unhealthy before submitting it");
-                    job.record.state = JobState::Queued;
+                    set_life(&mut job, &o.life);
                     job.record.target = None;
                     self.assign(&mut job, now);
                 }
@@ -947,15 +1042,15 @@ impl Store {
 
     pub fn cancel(&mut self, caller: &Caller, id: &str, now: f64) -> Result<JobRecord, StoreError> {
         let mut job = self.load_for_origin(caller, id, "cancel")?;
-        if job.record.state.is_terminal() {
+        let before = life_of(&job);
+        let o = transition(&before, &Event::Cancel);
+        reply_result(id, &o.reply)?;
+        if o.life == before {
             return Ok(job.record);
         }
-        job.record.cancel_requested = true;
+        set_life(&mut job, &o.life);
         job.record.updated_at = now;
-        let not_submitted = matches!(job.record.state, JobState::Held | JobState::Queued)
-            || (job.record.state == JobState::Assigned && !job.submitted);
-        if not_submitted {
-            job.record.state = JobState::Cancelled;
+        if o.life.state == JobState::Cancelled {
             job.record.reason = "cancelled before it was submitted anywhere".into();
             refresh_complete(&mut job);
         }
@@ -988,90 +1083,78 @@ impl Store {
     pub fn status(&mut self, caller: &Caller, id: &str, upd: StatusUpdate, now: f64) -> Result<JobRecord, StoreError> {
         let mut job = self.load_for_target(caller, id)?;
         let cur = job.record.state;
-        if let Some(new) = upd.state {
-            if rank(new) <= rank(JobState::Assigned) {
-                return Err(StoreError::BadRequest(format!("a target agent cannot report state {new}")));
-            }
-        }
         if let (Some(have), Some(got)) = (job.record.remote_job_id, upd.remote_job_id) {
-            if have != got {
+            if have != got
+                && upd.state.is_none_or(|s| !matches!(s, JobState::Held | JobState::Queued | JobState::Assigned))
+            {
                 return Err(conflict(format!(
                     "job {id} is remote job {have} at {}; an update for remote job {got} does not apply",
                     job.record.target.as_deref().unwrap_or("?")
                 )));
             }
         }
-        // Cancelled here before the agent reported a submission: record the
-        // remote id so that the agent is told to cancel it.
-        if cur == JobState::Cancelled && !job.submitted && upd.state.is_none_or(|s| !s.is_terminal()) {
-            if let Some(rid) = upd.remote_job_id {
-                job.record.remote_job_id = Some(rid);
-                job.submitted = true;
-                job.remote_cancel_pending = true;
-                job.record.updated_at = now;
-                self.save(&job)?;
-            }
-            return Err(terminal_conflict(format!(
-                "job {id} was cancelled before it was submitted; cancel it at the target"
-            )));
-        }
-        if cur.is_terminal() {
-            return match upd.state {
-                Some(new) if new.is_terminal() => {
-                    if new != cur || (upd.exit_code.is_some() && upd.exit_code != job.record.exit_code) {
+        let before = life_of(&job);
+        let o = transition(&before, &Event::Report { state: upd.state, remote_job_id: upd.remote_job_id });
+        let changed = o.life != before;
+        set_life(&mut job, &o.life);
+        for effect in &o.effects {
+            match effect {
+                Effect::TakeReport => {
+                    if let Some(rid) = upd.remote_job_id {
+                        job.record.remote_job_id = Some(rid);
+                    }
+                    if !upd.node_list.is_empty() {
+                        job.record.node_list = upd.node_list.clone();
+                    }
+                    if !upd.reason.is_empty() {
+                        job.record.reason = upd.reason.clone();
+                    } else if let Some(new) = upd.state.filter(|n| n.is_terminal()) {
+                        // The placement reason no longer says why the job is where it is.
+                        let how = match (upd.signal.filter(|s| *s > 0), upd.exit_code) {
+                            (Some(s), _) => format!(" (signal {s})"),
+                            (None, Some(c)) => format!(" (exit code {c})"),
+                            (None, None) => String::new(),
+                        };
+                        job.record.reason = format!("{new} at {}{how}", job.record.target.as_deref().unwrap_or("?"));
+                    }
+                }
+                Effect::Requeue => {
+                    job.record.requeues = job.record.requeues.saturating_add(1);
+                    job.running_since = None;
+                    tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
+                }
+                Effect::MarkRunning => {
+                    job.running_since.get_or_insert(now);
+                }
+                Effect::RecordOutcome => {
+                    job.record.exit_code = upd.exit_code;
+                    job.record.signal = upd.signal;
+                    job.final_stdout_len = upd.final_stdout_len;
+                    job.final_stderr_len = upd.final_stderr_len;
+                }
+                Effect::CompareOutcome => {
+                    if upd.state != Some(cur) || (upd.exit_code.is_some() && upd.exit_code != job.record.exit_code) {
                         tracing::warn!(job = id, stored = %cur, exit_code = ?job.record.exit_code,
-                            reported = %new, reported_exit_code = ?upd.exit_code,
+                            reported = ?upd.state, reported_exit_code = ?upd.exit_code,
                             "a terminal report disagrees with the stored outcome; the stored one stands");
                     }
-                    if job.remote_cancel_pending || !job.submitted {
-                        job.remote_cancel_pending = false;
-                        job.submitted = true;
-                        self.save(&job)?;
-                    }
-                    Ok(job.record)
                 }
-                Some(new) => Err(terminal_conflict(format!("job {id} is already {cur}; {new} does not apply"))),
-                None => Err(terminal_conflict(format!("job {id} is already {cur}"))),
-            };
-        }
-        job.submitted = true;
-        if let Some(rid) = upd.remote_job_id {
-            job.record.remote_job_id = Some(rid);
-        }
-        if !upd.node_list.is_empty() {
-            job.record.node_list = upd.node_list;
-        }
-        if !upd.reason.is_empty() {
-            job.record.reason = upd.reason;
-        } else if let Some(new) = upd.state.filter(|n| n.is_terminal()) {
-            // The placement reason no longer says why the job is where it is.
-            let how = match (upd.signal.filter(|s| *s > 0), upd.exit_code) {
-                (Some(s), _) => format!(" (signal {s})"),
-                (None, Some(c)) => format!(" (exit code {c})"),
-                (None, None) => String::new(),
-            };
-            job.record.reason = format!("{new} at {}{how}", job.record.target.as_deref().unwrap_or("?"));
-        }
-        if let Some(new) = upd.state {
-            if cur == JobState::Running && new == JobState::Pending {
-                job.record.requeues = job.record.requeues.saturating_add(1);
-                job.running_since = None;
-                tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
-            }
-            if new == JobState::Running && job.running_since.is_none() {
-                job.running_since = Some(now);
-            }
-            job.record.state = new;
-            if new.is_terminal() {
-                job.record.exit_code = upd.exit_code;
-                job.record.signal = upd.signal;
-                job.final_stdout_len = upd.final_stdout_len;
-                job.final_stderr_len = upd.final_stderr_len;
+                Effect::Place
+                | Effect::RecordStartRequest
+                | Effect::DropStartRequest
+                | Effect::WakeOrigin
+                | Effect::WakeTarget => {}
             }
         }
-        job.record.updated_at = now;
-        refresh_complete(&mut job);
-        self.save(&job)?;
+        let takes = o.effects.iter().any(|e| *e != Effect::CompareOutcome);
+        if takes {
+            job.record.updated_at = now;
+            refresh_complete(&mut job);
+        }
+        if changed || takes {
+            self.save(&job)?;
+        }
+        reply_result(id, &o.reply)?;
         Ok(job.record)
     }
 
@@ -1101,7 +1184,7 @@ impl Store {
         }
         let skip = (held - chunk.offset) as usize;
         if skip < chunk.data.len() {
-            let mut f = OpenOptions::new().create(true).append(true).open(&path)?;
+            let mut f = OpenOptions::new().create(true).append(true).mode(0o600).open(&path)?;
             f.write_all(&chunk.data[skip..])?;
         }
         let len = held.max(end);
@@ -1200,7 +1283,9 @@ impl Store {
         let table = fleet_engine::parse_prices(csv).map_err(|e| StoreError::BadRequest(format!("price table: {e}")))?;
         let path = crate::ranking::imported_prices_path(&self.state_dir);
         let tmp = path.with_extension("csv.tmp");
-        std::fs::write(&tmp, csv)?;
+        let mut f = OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(csv.as_bytes())?;
+        drop(f);
         std::fs::rename(&tmp, &path)?;
         let applied = match &self.ranker {
             Some(r) => {
@@ -1311,6 +1396,41 @@ mod tests {
         );
         // free is clamped to total
         check(vec![node(Some("h100"), 2, 9, "idle")], &[("h100", 2, 2, 2, 1)]);
+    }
+
+    #[test]
+    fn inventory_table() {
+        let cfg = ClusterConfig {
+            name: "a".into(),
+            max_nodes: Some(2),
+            max_gpus: Some([("h100".to_string(), 16)].into_iter().collect()),
+            ..Default::default()
+        };
+        let hb = |nodes: Vec<NodeCapacity>| Heartbeat { cluster: "a".into(), nodes, ..Default::default() };
+        let table: Vec<(Vec<NodeCapacity>, Option<&str>)> = vec![
+            (vec![], None),
+            (vec![node(Some("h100"), 8, 8, "idle"), node(Some("h100"), 8, 0, "down")], None),
+            (vec![node(None, 0, 0, "idle"), node(Some("h100"), 16, 1, "idle")], None),
+            (vec![node(None, 0, 0, "idle"); 3], Some("3 nodes, max_nodes is 2")),
+            (
+                vec![node(Some("h100"), 9, 0, "idle"), node(Some("h100"), 8, 0, "idle")],
+                Some("17 h100 GPUs, max_gpus allows 16"),
+            ),
+            (vec![node(Some("a100"), 1, 1, "idle")], Some("type \"a100\", not in max_gpus (h100)")),
+            (vec![node(None, 2, 2, "idle")], Some("type \"\", not in max_gpus")),
+            (vec![node(Some("h100"), 2, 3, "idle")], Some("3 free of 2 GPUs")),
+        ];
+        for (nodes, want) in table {
+            let got = inventory_violation(&cfg, &hb(nodes.clone()));
+            match (got.as_deref(), want) {
+                (None, None) => {}
+                (Some(g), Some(w)) => assert!(g.contains(w), "{g:?} lacks {w:?}"),
+                (g, w) => panic!("{nodes:?}: got {g:?}, want {w:?}"),
+            }
+        }
+        // Nothing declared: only the impossible node is refused.
+        let open = ClusterConfig { name: "a".into(), ..Default::default() };
+        assert_eq!(inventory_violation(&open, &hb(vec![node(Some("x"), 999, 0, "idle"); 50])), None);
     }
 
     #[test]

@@ -36,7 +36,13 @@ fn config(dir: &Path) -> Config {
         .map(|(n, _)| {
             let p = dir.join(format!("{n}.token"));
             std::fs::write(&p, format!("  {}\n", token_of(n))).unwrap();
-            ClusterConfig { name: n.to_string(), region: format!("r-{n}"), provider: "onprem".into(), token_file: p }
+            ClusterConfig {
+                name: n.to_string(),
+                region: format!("r-{n}"),
+                provider: "onprem".into(),
+                token_file: p,
+                ..Default::default()
+            }
         })
         .collect();
     Config {
@@ -185,6 +191,10 @@ impl Daemon {
             Some(serde_json::to_value(upd).unwrap()),
         )
         .await
+    }
+
+    async fn status_raw(&self, id: &str, cluster: &str, body: Value) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/status"), &bearer(cluster), Some(body)).await
     }
 
     async fn chunk(&self, id: &str, cluster: &str, stream: Stream, offset: u64, data: &[u8]) -> (StatusCode, Value) {
@@ -1207,5 +1217,304 @@ async fn absurd_output_offsets_are_client_errors() {
         assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     }
     assert_eq!(d.read_output("off", "beta", "stdout", 1 << 39, 10).await, b"");
+    d.stop().await;
+}
+
+// ---- hardening -----------------------------------------------------------
+
+/// A raw TCP connection to the daemon from `local` (any 127.0.0.0/8 address).
+async fn raw_conn(d: &Daemon, local: &str) -> tokio::net::TcpStream {
+    let addr: std::net::SocketAddr = d.url.trim_start_matches("http://").parse().unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    sock.connect(addr).await.unwrap()
+}
+
+/// Read until the peer closes or `limit` passes; what was read and whether it closed.
+async fn read_until_closed(s: &mut tokio::net::TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_bodies_are_refused_before_they_are_read() {
+    use tokio::io::AsyncWriteExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    // 50 posts announcing 30 MB each: the 401 comes after the headers and
+    // 64 KiB, the other 29.9 MB never sent.
+    for i in 0..50 {
+        let mut s = raw_conn(&d, "127.0.0.1").await;
+        let auth = if i % 2 == 0 { "" } else { "Authorization: Bearer wrong\r\n" };
+        let head = format!(
+            "POST /v1/jobs HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            30 << 20
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&vec![b' '; 64 << 10]).await.unwrap();
+        let (got, _) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 401"), "request {i}: {text}");
+        assert!(text.contains("\"error\""), "{text}");
+    }
+    // Authenticated, but over the route's limit: 413, and the daemon is fine.
+    d.forward("big-body", "beta", "h100", 8).await;
+    d.start_job("big-body", "beta").await;
+    let huge = serde_json::json!({"state": "running", "remote_job_id": 1, "reason": "x".repeat(100 << 10)});
+    let (s, _) = d.status_raw("big-body", "alpha", huge).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    // A 1 MiB output chunk fits its route's limit.
+    assert_eq!(d.chunk("big-body", "alpha", Stream::Stdout, 0, &vec![7u8; 1 << 20]).await.0, StatusCode::OK);
+    assert_eq!(d.job("big-body").await.stdout_len, 1 << 20);
+    d.stop().await;
+}
+
+fn limited_config(dir: &Path, header_read_timeout_s: f64) -> Config {
+    let mut c = config(dir);
+    c.limits = fleet_metasched::config::LimitsConfig {
+        max_connections: 40,
+        max_connections_per_ip: 8,
+        header_read_timeout_s,
+        idle_timeout_s: 31.0,
+    };
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_slow_header_connections_are_closed() {
+    use tokio::io::AsyncWriteExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), limited_config(tmp.path(), 1.0)).await;
+    // Silent: closed after header_read_timeout_s.
+    let mut silent = raw_conn(&d, "127.0.0.1").await;
+    let t0 = std::time::Instant::now();
+    let (_, closed) = read_until_closed(&mut silent, Duration::from_secs(5)).await;
+    assert!(closed, "a connection that sends nothing is closed");
+    println!("silent connection closed after {:?} (header_read_timeout_s = 1)", t0.elapsed());
+    // Half a request head: closed too (hyper's header-read timeout).
+    let mut slow = raw_conn(&d, "127.0.0.1").await;
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let t0 = std::time::Instant::now();
+    let (_, closed) = read_until_closed(&mut slow, Duration::from_secs(5)).await;
+    assert!(closed, "a request head that never ends is cut off");
+    println!("slow-header connection closed after {:?}", t0.elapsed());
+    // A complete request on the same kind of connection is answered.
+    let mut fine = raw_conn(&d, "127.0.0.1").await;
+    fine.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    let (got, closed) = read_until_closed(&mut fine, Duration::from_secs(5)).await;
+    assert!(closed && String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    d.stop().await;
+}
+
+/// Open `n` connections from `local` that each send half a request head;
+/// how many the daemon closed within `window`, and the open ones.
+async fn flood(d: &Daemon, local: &str, n: usize, window: Duration) -> (usize, Vec<tokio::net::TcpStream>) {
+    use tokio::io::AsyncWriteExt;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let mut s = raw_conn(d, local).await;
+        set.spawn(async move {
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\n").await;
+            let (_, closed) = read_until_closed(&mut s, window).await;
+            (s, closed)
+        });
+    }
+    let (mut closed, mut open) = (0, Vec::new());
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            (_, true) => closed += 1,
+            (s, false) => open.push(s),
+        }
+    }
+    (closed, open)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_caps_keep_agents_served_under_a_flood() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), limited_config(tmp.path(), 10.0)).await;
+    // One source floods with slow heads: it keeps 8 connections, the other
+    // 22 are closed at once, and an agent elsewhere is served meanwhile.
+    let (closed, held) = flood(&d, "127.0.0.2", 30, Duration::from_millis(500)).await;
+    assert_eq!((closed, held.len()), (22, 8), "max_connections_per_ip = 8");
+    let agent = reqwest::Client::new();
+    let r = agent.get(format!("{}/v1/clusters", d.url)).header("Authorization", bearer("alpha")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "an agent is served during the flood");
+    assert_eq!(r.json::<FleetView>().await.unwrap().clusters.len(), 3);
+    drop((held, agent));
+    // (the daemon sees those connections end)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Five sources fill the total cap (40): the next connection is closed
+    // at once; when they go, service resumes.
+    let mut fill = Vec::new();
+    for i in 1..=5 {
+        let (closed, held) = flood(&d, &format!("127.0.1.{i}"), 8, Duration::from_millis(100)).await;
+        assert_eq!(closed, 0);
+        fill.extend(held);
+    }
+    let mut extra = raw_conn(&d, "127.0.0.1").await;
+    let (_, closed) = read_until_closed(&mut extra, Duration::from_millis(500)).await;
+    assert!(closed, "over max_connections: closed at once");
+    drop(fill);
+    let t0 = std::time::Instant::now();
+    loop {
+        let r = reqwest::Client::new()
+            .get(format!("{}/v1/clusters", d.url))
+            .header("Authorization", bearer("alpha"))
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "service did not resume after the flood");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn state_files_are_private_and_fixed_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("priv", "beta", "h100", 8).await;
+    d.start_job("priv", "beta").await;
+    d.chunk("priv", "alpha", Stream::Stdout, 0, b"secret output").await;
+    let state = tmp.path().join("state");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let files = [
+        state.join("metasched.db"),
+        state.join("metasched.db-wal"),
+        state.join("metasched.db-shm"),
+        state.join("output/priv.stdout"),
+    ];
+    let check = |when: &str| {
+        assert_eq!(mode(&state), 0o700, "{when}: state dir");
+        assert_eq!(mode(&state.join("output")), 0o700, "{when}: output dir");
+        for f in &files {
+            assert_eq!(mode(f), 0o600, "{when}: {}", f.display());
+        }
+    };
+    check("fresh");
+    d.stop().await;
+    // An older version's modes are fixed at the next start.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(state.join("output"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for f in files.iter().filter(|f| f.exists()) {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let d = Daemon::start(tmp.path(), Clock::default()).await;
+    d.job("priv").await;
+    check("after restart");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_heartbeat_beyond_the_declared_inventory_quarantines_the_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = config(tmp.path());
+    cfg.clusters[0].max_nodes = Some(2);
+    cfg.clusters[0].max_gpus = Some([("h100".to_string(), 16)].into_iter().collect());
+    let d = Daemon::start_with(tmp.path(), Clock::default(), cfg).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", "Bearer admin-secret", None).await;
+    assert!(v.clusters[0].healthy && v.clusters[0].unhealthy_reason.is_empty(), "{:?}", v.clusters[0]);
+    d.forward("q1", "beta", "h100", 8).await;
+    assert_eq!(d.start_job("q1", "beta").await.target.as_deref(), Some("alpha"));
+    // alpha advertises 64 H100 on 8 nodes to capture work.
+    let fake = Heartbeat {
+        cluster: "alpha".into(),
+        scheduler: "slurm".into(),
+        nodes: (0..8)
+            .map(|i| NodeCapacity {
+                name: format!("fake{i}"),
+                gpu_type: Some("h100".into()),
+                gpus_total: 8,
+                gpus_free: 8,
+                state: "idle".into(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let v: FleetView = d
+        .ok(reqwest::Method::POST, "/v1/heartbeat", &bearer("alpha"), Some(serde_json::to_value(&fake).unwrap()))
+        .await;
+    let alpha = &v.clusters[0];
+    assert!(!alpha.healthy, "{alpha:?}");
+    assert!(alpha.unhealthy_reason.contains("quarantined: heartbeat reports 8 nodes, max_nodes is 2"), "{alpha:?}");
+    assert_eq!(alpha.gpus[0].total, 16, "the fake capacity is not believed");
+    // Its job not yet submitted moves; new work goes elsewhere.
+    assert!(d.work("alpha").await.submit.is_empty());
+    assert_eq!(d.job("q1").await.target.as_deref(), Some("gamma"));
+    // A valid heartbeat afterwards does not lift it.
+    d.heartbeat("alpha", 16).await;
+    d.forward("q2", "beta", "h100", 8).await;
+    assert_eq!(d.start_job("q2", "beta").await.target.as_deref(), Some("gamma"));
+    let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", &bearer("beta"), None).await;
+    assert!(!v.clusters[0].healthy && v.clusters[0].unhealthy_reason.starts_with("quarantined"));
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rotate_without_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = config(tmp.path());
+    let extra = tmp.path().join("alpha-extra.token");
+    std::fs::write(&extra, "alpha-extra\n").unwrap();
+    cfg.clusters[0].token_files = vec![extra.clone()];
+    let d = Daemon::start_with(tmp.path(), Clock::default(), cfg).await;
+    let status_with = |t: &'static str| {
+        let (url, http) = (d.url.clone(), d.http.clone());
+        async move {
+            http.get(format!("{url}/v1/clusters"))
+                .header("Authorization", format!("Bearer {t}"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(status_with("secret-alpha").await, StatusCode::OK);
+    assert_eq!(status_with("alpha-extra").await, StatusCode::OK, "token_files are accepted too");
+    assert_eq!(status_with("alpha-new").await, StatusCode::UNAUTHORIZED);
+    // Rotation, step 1: old and new both valid (SIGHUP's path).
+    std::fs::write(tmp.path().join("alpha.token"), "secret-alpha\nalpha-new\n").unwrap();
+    assert_eq!(d.control.reload_tokens().await, Some(Ok(())));
+    assert_eq!(status_with("secret-alpha").await, StatusCode::OK);
+    assert_eq!(status_with("alpha-new").await, StatusCode::OK);
+    // A job token minted with the new secret is accepted as well.
+    d.forward("rot", "alpha", "a100", 1).await;
+    let t = auth::job_token("alpha-new", "rot");
+    let (s, _) = d.call(reqwest::Method::GET, "/v1/jobs/rot", &format!("FleetJob {t}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    // A broken file keeps the tokens in use.
+    std::fs::write(tmp.path().join("alpha.token"), "\n  \n").unwrap();
+    let e = d.control.reload_tokens().await.unwrap().unwrap_err();
+    assert!(e.contains("alpha.token is empty"), "{e}");
+    assert_eq!(status_with("alpha-new").await, StatusCode::OK);
+    // Two principals with one token is refused.
+    std::fs::write(tmp.path().join("alpha.token"), "secret-beta\n").unwrap();
+    let e = d.control.reload_tokens().await.unwrap().unwrap_err();
+    assert!(e.contains("share a token"), "{e}");
+    // Step 2: the old one removed; picked up from the file's change alone.
+    std::fs::write(tmp.path().join("alpha.token"), "alpha-new\n").unwrap();
+    let t0 = std::time::Instant::now();
+    while status_with("secret-alpha").await != StatusCode::UNAUTHORIZED {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the changed token file was not re-read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status_with("alpha-new").await, StatusCode::OK);
     d.stop().await;
 }

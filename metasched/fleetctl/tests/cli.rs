@@ -14,7 +14,7 @@ fn config(dir: &Path) -> Config {
         .map(|n| {
             let p = dir.join(format!("{n}.token"));
             std::fs::write(&p, format!("tok-{n}")).unwrap();
-            ClusterConfig { name: n.to_string(), region: "lab".into(), provider: "onprem".into(), token_file: p }
+            ClusterConfig { name: n.to_string(), region: "lab".into(), provider: "onprem".into(), token_file: p, ..Default::default() }
         })
         .collect();
     Config {

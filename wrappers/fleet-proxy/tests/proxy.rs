@@ -30,7 +30,13 @@ fn config(dir: &Path) -> Config {
         .map(|n| {
             let p = dir.join(format!("{n}.token"));
             std::fs::write(&p, token_of(n)).unwrap();
-            ClusterConfig { name: n.to_string(), region: String::new(), provider: String::new(), token_file: p }
+            ClusterConfig {
+                name: n.to_string(),
+                region: String::new(),
+                provider: String::new(),
+                token_file: p,
+                ..Default::default()
+            }
         })
         .collect();
     Config {

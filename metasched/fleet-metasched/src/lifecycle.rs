@@ -1,0 +1,451 @@
+//! The job lifecycle as a pure function: `transition(life, event)` gives
+//! the next [`Life`], the [`Effect`]s the store must carry out and the
+//! [`Reply`] the caller gets. No I/O, no clock, no database: the store
+//! loads the job, calls this, applies the effects and saves.
+//!
+//! ```text
+//! held ──start requested──▶ held (request) ──confirmed──▶ queued ──placed──▶ assigned
+//!   │                          │ refused: held                 │ impossible: failed
+//!   │                          │                               └ waits: queued
+//!   └─ cancel ─▶ cancelled     assigned ──target lost (not submitted)──▶ queued
+//! assigned/pending/running ──report──▶ pending ⇄ running (running → pending: a requeue)
+//!                                      ──terminal report──▶ completed | failed | cancelled | lost
+//! terminal: a terminal report is answered with the stored outcome, any other is a
+//! `terminal` conflict.
+//! ```
+
+use fleet_api::JobState;
+
+/// What the lifecycle needs to know about a job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Life {
+    pub state: JobState,
+    /// The stand-in (its Slurm job id) the start request named, or that
+    /// was confirmed.
+    pub origin_job_id: Option<u64>,
+    /// A start request waits for the origin agent's confirmation.
+    pub start_requested: bool,
+    /// The target agent has reported the job (it was submitted there).
+    pub submitted: bool,
+    pub cancel_requested: bool,
+    /// Cancelled here, but the target reported a submission afterwards.
+    pub remote_cancel_pending: bool,
+}
+
+impl Default for Life {
+    /// A job just forwarded: held, nothing requested.
+    fn default() -> Self {
+        Life {
+            state: JobState::Held,
+            origin_job_id: None,
+            start_requested: false,
+            submitted: false,
+            cancel_requested: false,
+            remote_cancel_pending: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The stand-in's `POST /start` naming its Slurm job id.
+    RequestStart { origin_job_id: u64 },
+    /// The origin agent's `POST /confirm_start`.
+    ConfirmStart { origin_job_id: u64, started: bool },
+    /// Placement picked a cluster.
+    Placed,
+    /// Placement found only silent clusters that could run it.
+    PlacementWaits,
+    /// No cluster of the fleet can run it.
+    PlacementImpossible,
+    /// The target went silent before submitting it.
+    TargetLost,
+    /// The stand-in, the origin agent or the admin cancels it.
+    Cancel,
+    /// The target agent's status report.
+    Report { state: Option<JobState>, remote_job_id: Option<u64> },
+}
+
+/// What the store does besides saving the new [`Life`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Run placement (which feeds back a placement event).
+    Place,
+    /// Record the start request (`start_requested_at`).
+    RecordStartRequest,
+    /// Drop the start request; the refusal is logged.
+    DropStartRequest,
+    /// Wake the origin's long-poll (a start to confirm).
+    WakeOrigin,
+    /// Wake the target's long-poll (something to submit or cancel).
+    WakeTarget,
+    /// Running → pending at the target: count it, forget `running_since`.
+    Requeue,
+    /// Now running: note since when (if not yet).
+    MarkRunning,
+    /// Take the report's details (remote id, node list, reason).
+    TakeReport,
+    /// Take the report's outcome (exit code, signal, final output sizes).
+    RecordOutcome,
+    /// A terminal report for a terminal job: compare and log if it disagrees.
+    CompareOutcome,
+}
+
+/// How the caller is answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Ok,
+    BadRequest(String),
+    Conflict(String),
+    /// The job is terminal here; the report cannot apply any more.
+    TerminalConflict(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub life: Life,
+    pub effects: Vec<Effect>,
+    pub reply: Reply,
+}
+
+fn ok(life: Life, effects: Vec<Effect>) -> Outcome {
+    Outcome { life, effects, reply: Reply::Ok }
+}
+
+fn refuse(life: &Life, reply: Reply) -> Outcome {
+    Outcome { life: life.clone(), effects: Vec::new(), reply }
+}
+
+fn id_text(id: Option<u64>) -> String {
+    id.map_or("-".to_string(), |i| i.to_string())
+}
+
+/// The next state of `life` after `event`.
+pub fn transition(life: &Life, event: &Event) -> Outcome {
+    use JobState as S;
+    let mut next = life.clone();
+    let cur = life.state;
+    match *event {
+        Event::RequestStart { origin_job_id } => {
+            if cur != S::Held {
+                return ok(next, vec![]);
+            }
+            if origin_job_id == 0 {
+                return refuse(
+                    life,
+                    Reply::BadRequest(
+                        "origin_job_id is required: the stand-in's Slurm job id, which the origin agent checks".into(),
+                    ),
+                );
+            }
+            if life.start_requested {
+                // The first request stands until it is answered.
+                return ok(next, vec![]);
+            }
+            next.start_requested = true;
+            next.origin_job_id = Some(origin_job_id);
+            ok(next, vec![Effect::RecordStartRequest, Effect::WakeOrigin])
+        }
+        Event::ConfirmStart { origin_job_id, started } => {
+            if cur != S::Held {
+                if cur.is_terminal() || (started && life.origin_job_id == Some(origin_job_id)) {
+                    return ok(next, vec![]);
+                }
+                return refuse(
+                    life,
+                    Reply::Conflict(format!(
+                        "the job is already {cur} (stand-in {}); it cannot be confirmed for stand-in {origin_job_id}",
+                        id_text(life.origin_job_id)
+                    )),
+                );
+            }
+            if !life.start_requested {
+                return refuse(life, Reply::Conflict("the job has no start request to confirm".into()));
+            }
+            if life.origin_job_id != Some(origin_job_id) {
+                return refuse(
+                    life,
+                    Reply::Conflict(format!(
+                        "the start request names stand-in {}, not {origin_job_id}",
+                        id_text(life.origin_job_id)
+                    )),
+                );
+            }
+            next.start_requested = false;
+            if started {
+                next.state = S::Queued;
+                ok(next, vec![Effect::Place])
+            } else {
+                next.origin_job_id = None;
+                ok(next, vec![Effect::DropStartRequest])
+            }
+        }
+        Event::Placed if cur == S::Queued => {
+            next.state = S::Assigned;
+            ok(next, vec![Effect::WakeTarget])
+        }
+        Event::PlacementImpossible if cur == S::Queued => {
+            next.state = S::Failed;
+            ok(next, vec![])
+        }
+        Event::Placed | Event::PlacementWaits | Event::PlacementImpossible => ok(next, vec![]),
+        Event::TargetLost => {
+            if cur == S::Assigned && !life.submitted {
+                next.state = S::Queued;
+                return ok(next, vec![Effect::Place]);
+            }
+            ok(next, vec![])
+        }
+        Event::Cancel => {
+            if cur.is_terminal() {
+                return ok(next, vec![]);
+            }
+            next.cancel_requested = true;
+            if matches!(cur, S::Held | S::Queued) || (cur == S::Assigned && !life.submitted) {
+                next.state = S::Cancelled;
+                next.start_requested = false;
+                return ok(next, vec![]);
+            }
+            ok(next, vec![Effect::WakeTarget])
+        }
+        Event::Report { state, remote_job_id } => report(life, next, state, remote_job_id),
+    }
+}
+
+fn report(life: &Life, mut next: Life, new: Option<JobState>, remote_job_id: Option<u64>) -> Outcome {
+    use JobState as S;
+    let cur = life.state;
+    if let Some(new) = new.filter(|n| matches!(n, S::Held | S::Queued | S::Assigned)) {
+        return refuse(life, Reply::BadRequest(format!("a target agent cannot report state {new}")));
+    }
+    if matches!(cur, S::Held | S::Queued) {
+        return refuse(life, Reply::Conflict(format!("the job is {cur}: it is not assigned to any cluster")));
+    }
+    // Cancelled here before the agent reported a submission: with its
+    // remote id the agent is told to cancel it there.
+    if cur == S::Cancelled && !life.submitted && new.is_none_or(|s| !s.is_terminal()) {
+        let msg =
+            Reply::TerminalConflict("the job was cancelled before it was submitted; cancel it at the target".into());
+        if remote_job_id.is_some() {
+            next.submitted = true;
+            next.remote_cancel_pending = true;
+            return Outcome { life: next, effects: vec![Effect::TakeReport, Effect::WakeTarget], reply: msg };
+        }
+        return refuse(life, msg);
+    }
+    if cur.is_terminal() {
+        return match new {
+            Some(n) if n.is_terminal() => {
+                next.remote_cancel_pending = false;
+                next.submitted = true;
+                ok(next, vec![Effect::CompareOutcome])
+            }
+            Some(n) => refuse(life, Reply::TerminalConflict(format!("the job is already {cur}; {n} does not apply"))),
+            None => refuse(life, Reply::TerminalConflict(format!("the job is already {cur}"))),
+        };
+    }
+    next.submitted = true;
+    let mut effects = vec![Effect::TakeReport];
+    if let Some(n) = new {
+        if cur == S::Running && n == S::Pending {
+            effects.push(Effect::Requeue);
+        }
+        if n == S::Running {
+            effects.push(Effect::MarkRunning);
+        }
+        if n.is_terminal() {
+            effects.push(Effect::RecordOutcome);
+        }
+        next.state = n;
+    }
+    ok(next, effects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use JobState as S;
+
+    const STATES: [JobState; 9] =
+        [S::Held, S::Queued, S::Assigned, S::Pending, S::Running, S::Completed, S::Failed, S::Cancelled, S::Lost];
+
+    fn letter(s: JobState) -> char {
+        match s {
+            S::Held => 'H',
+            S::Queued => 'Q',
+            S::Assigned => 'A',
+            S::Pending => 'P',
+            S::Running => 'R',
+            S::Completed => 'C',
+            S::Failed => 'F',
+            S::Cancelled => 'X',
+            S::Lost => 'L',
+        }
+    }
+
+    /// A job in `state` as it usually is there: held with a start request
+    /// from stand-in 7, submitted once the target reported it.
+    fn typical(state: JobState) -> Life {
+        Life {
+            state,
+            origin_job_id: Some(7),
+            start_requested: state == S::Held,
+            submitted: !matches!(state, S::Held | S::Queued | S::Assigned),
+            cancel_requested: false,
+            remote_cancel_pending: false,
+        }
+    }
+
+    /// `<state letter>` (reply Ok) or `<state letter>!<400|409|409t>`.
+    fn cell(o: &Outcome) -> String {
+        let code = match &o.reply {
+            Reply::Ok => "",
+            Reply::BadRequest(_) => "!400",
+            Reply::Conflict(_) => "!409",
+            Reply::TerminalConflict(_) => "!409t",
+        };
+        format!("{}{code}", letter(o.life.state))
+    }
+
+    fn report(state: Option<JobState>) -> Event {
+        Event::Report { state, remote_job_id: Some(3) }
+    }
+
+    /// Every event against every state; cells in the order of `STATES`
+    /// (H Q A P R C F X L).
+    #[test]
+    fn every_state_times_every_event() {
+        let table: Vec<(Event, &str)> = vec![
+            (Event::RequestStart { origin_job_id: 7 }, "H Q A P R C F X L"),
+            (Event::RequestStart { origin_job_id: 0 }, "H!400 Q A P R C F X L"),
+            (Event::ConfirmStart { origin_job_id: 7, started: true }, "Q Q A P R C F X L"),
+            (Event::ConfirmStart { origin_job_id: 7, started: false }, "H Q!409 A!409 P!409 R!409 C F X L"),
+            (Event::ConfirmStart { origin_job_id: 8, started: true }, "H!409 Q!409 A!409 P!409 R!409 C F X L"),
+            (Event::Placed, "H A A P R C F X L"),
+            (Event::PlacementWaits, "H Q A P R C F X L"),
+            (Event::PlacementImpossible, "H F A P R C F X L"),
+            (Event::TargetLost, "H Q Q P R C F X L"),
+            (Event::Cancel, "X X X P R C F X L"),
+            (report(Some(S::Pending)), "H!409 Q!409 P P P C!409t F!409t X!409t L!409t"),
+            (report(Some(S::Running)), "H!409 Q!409 R R R C!409t F!409t X!409t L!409t"),
+            (report(Some(S::Completed)), "H!409 Q!409 C C C C F X L"),
+            (report(Some(S::Failed)), "H!409 Q!409 F F F C F X L"),
+            (report(Some(S::Lost)), "H!409 Q!409 L L L C F X L"),
+            (report(Some(S::Queued)), "H!400 Q!400 A!400 P!400 R!400 C!400 F!400 X!400 L!400"),
+            (report(None), "H!409 Q!409 A P R C!409t F!409t X!409t L!409t"),
+        ];
+        for (event, want) in table {
+            let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
+            assert_eq!(got.join(" "), want, "{event:?}");
+        }
+    }
+
+    fn check(life: Life, event: Event, want: Life, effects: &[Effect], reply: &str) {
+        let o = transition(&life, &event);
+        assert_eq!(o.life, want, "{life:?} + {event:?}");
+        assert_eq!(o.effects, effects, "{life:?} + {event:?}");
+        let r = match &o.reply {
+            Reply::Ok => "ok".to_string(),
+            Reply::BadRequest(m) | Reply::Conflict(m) | Reply::TerminalConflict(m) => m.clone(),
+        };
+        assert!(r.contains(reply), "{life:?} + {event:?}: {r:?} lacks {reply:?}");
+    }
+
+    #[test]
+    fn details_and_effects() {
+        use Effect as E;
+        let fresh = Life { state: S::Held, ..Default::default() };
+        let asked = Life { origin_job_id: Some(7), start_requested: true, ..fresh.clone() };
+        check(
+            fresh.clone(),
+            Event::RequestStart { origin_job_id: 7 },
+            asked.clone(),
+            &[E::RecordStartRequest, E::WakeOrigin],
+            "ok",
+        );
+        check(asked.clone(), Event::RequestStart { origin_job_id: 9 }, asked.clone(), &[], "ok");
+        check(
+            fresh.clone(),
+            Event::ConfirmStart { origin_job_id: 7, started: true },
+            fresh.clone(),
+            &[],
+            "no start request",
+        );
+        check(
+            asked.clone(),
+            Event::ConfirmStart { origin_job_id: 8, started: true },
+            asked.clone(),
+            &[],
+            "names stand-in 7, not 8",
+        );
+        let queued = Life { state: S::Queued, origin_job_id: Some(7), ..fresh.clone() };
+        check(
+            asked.clone(),
+            Event::ConfirmStart { origin_job_id: 7, started: true },
+            queued.clone(),
+            &[E::Place],
+            "ok",
+        );
+        check(
+            asked.clone(),
+            Event::ConfirmStart { origin_job_id: 7, started: false },
+            fresh.clone(),
+            &[E::DropStartRequest],
+            "ok",
+        );
+        let assigned = Life { state: S::Assigned, ..queued.clone() };
+        check(queued.clone(), Event::Placed, assigned.clone(), &[E::WakeTarget], "ok");
+        check(assigned.clone(), Event::TargetLost, queued.clone(), &[E::Place], "ok");
+        // Submitted already: the target keeps it, a cancel goes to it.
+        let submitted = Life { submitted: true, ..assigned.clone() };
+        check(submitted.clone(), Event::TargetLost, submitted.clone(), &[], "ok");
+        check(
+            submitted.clone(),
+            Event::Cancel,
+            Life { cancel_requested: true, ..submitted.clone() },
+            &[E::WakeTarget],
+            "ok",
+        );
+        check(
+            asked.clone(),
+            Event::Cancel,
+            Life { state: S::Cancelled, cancel_requested: true, start_requested: false, ..asked.clone() },
+            &[],
+            "ok",
+        );
+        // Reports.
+        let running = Life { state: S::Running, ..submitted.clone() };
+        let pending = Life { state: S::Pending, ..submitted.clone() };
+        check(running.clone(), report(Some(S::Pending)), pending.clone(), &[E::TakeReport, E::Requeue], "ok");
+        check(pending.clone(), report(Some(S::Running)), running.clone(), &[E::TakeReport, E::MarkRunning], "ok");
+        check(assigned.clone(), report(None), Life { submitted: true, ..assigned.clone() }, &[E::TakeReport], "ok");
+        let done = Life { state: S::Completed, ..running.clone() };
+        check(running.clone(), report(Some(S::Completed)), done.clone(), &[E::TakeReport, E::RecordOutcome], "ok");
+        check(done.clone(), report(Some(S::Failed)), done.clone(), &[E::CompareOutcome], "ok");
+        check(done.clone(), report(Some(S::Running)), done.clone(), &[], "already completed; running does not apply");
+        // Cancelled before the target reported it: told to cancel it there.
+        let gone = Life { state: S::Cancelled, cancel_requested: true, ..queued.clone() };
+        let told = Life { submitted: true, remote_cancel_pending: true, ..gone.clone() };
+        check(
+            gone.clone(),
+            report(Some(S::Pending)),
+            told.clone(),
+            &[E::TakeReport, E::WakeTarget],
+            "cancel it at the target",
+        );
+        check(
+            gone.clone(),
+            Event::Report { state: Some(S::Pending), remote_job_id: None },
+            gone.clone(),
+            &[],
+            "cancel it at the target",
+        );
+        check(
+            told.clone(),
+            report(Some(S::Cancelled)),
+            Life { remote_cancel_pending: false, ..told.clone() },
+            &[E::CompareOutcome],
+            "ok",
+        );
+    }
+}
