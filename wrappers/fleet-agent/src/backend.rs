@@ -54,6 +54,15 @@ impl NativeJob {
     }
 }
 
+/// Which processes of a job a signal reaches (`scancel`'s `--batch`,
+/// `--full`, or neither: the job's steps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalScope {
+    Batch,
+    Full,
+    Steps,
+}
+
 /// Where a job's output is written at this cluster.
 #[derive(Clone, Debug)]
 pub struct OutputPaths {
@@ -78,6 +87,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Cancel (or signal) native job `native_id`, as `user` (the caller
     /// checked the journal and the job's identity).
     async fn cancel(&self, native_id: u64, user: &str) -> Result<()>;
+    /// Send `signal` (a name without `SIG`, checked by the caller) to
+    /// native job `native_id`, as `user`.
+    async fn signal(&self, native_id: u64, user: &str, signal: &str, scope: SignalScope) -> Result<()>;
     /// The job's private directory (working directory, HOME, output).
     fn job_dir(&self, id: &str) -> PathBuf;
     fn output_paths(&self, id: &str) -> OutputPaths {

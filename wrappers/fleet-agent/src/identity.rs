@@ -160,6 +160,15 @@ impl Accounts {
     }
 }
 
+/// The name of `uid` in /etc/passwd.
+pub fn name_of_uid(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 3 && f[2].parse::<u32>().ok() == Some(uid)).then(|| f[0].to_string())
+    })
+}
+
 /// The identity policy of this cluster.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -289,6 +298,12 @@ mod tests {
             let e = p.resolve(&acc, "beta", user, None).unwrap_err().to_string();
             assert!(e.contains(why), "{user:?}: {e}");
         }
+    }
+
+    #[test]
+    fn names_of_uids() {
+        assert_eq!(name_of_uid(0).as_deref(), Some("root"));
+        assert_eq!(name_of_uid(4_000_000_000), None);
     }
 
     #[test]

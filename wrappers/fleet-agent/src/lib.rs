@@ -272,7 +272,11 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
         Ok(PluginRequest::Submit { v, .. }) if v != WIRE_VERSION => PluginReply::Local {
             reason: format!("unknown wire version {v}"),
         },
-        Ok(PluginRequest::Submit { job, .. }) => {
+        Ok(PluginRequest::Submit { mut job, .. }) => {
+            // Who submitted is slurmctld's uid for the job, named from this
+            // host's accounts: the target runs the job as that name's
+            // identity, so the name never comes from the request itself.
+            job.user_name = identity::name_of_uid(job.user_id);
             let (reply, new) = {
                 let view = agent.view.read();
                 decide::decide(&agent.cfg, &view, &job)

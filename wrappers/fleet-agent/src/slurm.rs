@@ -613,6 +613,22 @@ impl Backend for SlurmBackend {
         Ok(())
     }
 
+    async fn signal(&self, native_id: u64, user: &str, signal: &str, scope: crate::backend::SignalScope) -> Result<()> {
+        use crate::backend::SignalScope;
+        if signal.is_empty() || !signal.chars().all(|c| c.is_ascii_alphanumeric()) {
+            bail!("refusing to send signal {signal:?}");
+        }
+        let mut args = vec![format!("--signal={signal}")];
+        match scope {
+            SignalScope::Batch => args.push("--batch".into()),
+            SignalScope::Full => args.push("--full".into()),
+            SignalScope::Steps => {}
+        }
+        args.push(native_id.to_string());
+        self.run_in("scancel", &args, None, None, Some(user)).await?;
+        Ok(())
+    }
+
     fn job_dir(&self, id: &str) -> PathBuf {
         crate::jobdir::dir_of(&self.spool, id)
     }

@@ -277,6 +277,24 @@ pub async fn cancel_one<B: Backend>(agent: &Agent<B>, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Deliver a signal the origin asked for (`scancel --signal` there) to the
+/// job this cluster runs, as its user, after checking it is still the job
+/// the agent submitted.
+pub async fn signal_one<B: Backend>(agent: &Agent<B>, id: &str, signal: &str, scope: crate::backend::SignalScope) -> Result<()> {
+    let Some((run, _)) = agent.journal.run(id)? else { return Ok(()) };
+    let (Some(sid), false) = (run.slurm_id, run.done) else { return Ok(()) };
+    let jobs = agent.backend.status(&[sid]).await?;
+    let candidates: Vec<&NativeJob> = jobs.iter().filter(|j| j.native_id == sid).collect();
+    if let Seen::Job(j) = identify(&run, &agent.cfg.site, &candidates) {
+        if !j.state.is_terminal() {
+            let user = run.user.as_deref().context("journal has no user for this run")?;
+            agent.backend.signal(sid, user, signal, scope).await?;
+            tracing::info!(%id, slurm_id = sid, signal, ?scope, "signalled on request");
+        }
+    }
+    Ok(())
+}
+
 /// The origin side of a start request: the stand-in must be RUNNING in the
 /// proxy partition and carry this job's tag in `AdminComment`, which only
 /// the plugin (as slurmctld) can set — so a job's owner cannot start it

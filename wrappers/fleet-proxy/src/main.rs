@@ -224,17 +224,40 @@ fn failed(backoff: &mut Backoff, what: &str, e: &CallError, term: &AtomicBool) -
     Ok(())
 }
 
-/// Keeps the stand-in's Slurm comment in step with where the job runs.
+/// Keeps the stand-in's Slurm comment in step with where the job runs —
+/// unless the user gave the job a comment of their own, which stays theirs
+/// (Fleet's tag lives in `AdminComment`).
 struct Comment {
     scontrol: PathBuf,
     slurm_job_id: Option<u64>,
     last: String,
     warned: bool,
+    /// The user's own comment is set: never overwrite it.
+    users: bool,
 }
 
 impl Comment {
+    /// Reads the stand-in's comment once (`squeue -o %k`, which prints it
+    /// alone) to learn whether the user set one.
+    fn new(bin: &std::path::Path, slurm_job_id: Option<u64>) -> Comment {
+        let users = slurm_job_id.is_some_and(|id| {
+            Command::new(bin.join("squeue"))
+                .args(["-h", "-j", &id.to_string(), "-o", "%k"])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output()
+                .map(|o| {
+                    let c = String::from_utf8_lossy(&o.stdout);
+                    let c = c.trim();
+                    !(c.is_empty() || c == "(null)" || c.starts_with("fleet: "))
+                })
+                .unwrap_or(false)
+        });
+        Comment { scontrol: bin.join("scontrol"), slurm_job_id, last: String::new(), warned: false, users }
+    }
+
     fn update(&mut self, r: &JobRecord) {
-        let Some(id) = self.slurm_job_id else { return };
+        let Some(id) = self.slurm_job_id.filter(|_| !self.users) else { return };
         let text = format!(
             "fleet: {} job {} {}",
             r.target.as_deref().unwrap_or("-"),
@@ -419,8 +442,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
         auth: format!("{} {token}", auth::JOB_TOKEN_SCHEME),
     };
     let slurm_job_id = std::env::var("SLURM_JOB_ID").ok().and_then(|s| s.trim().parse::<u64>().ok());
-    let mut comment =
-        Comment { scontrol: args.slurm_bin_dir.join("scontrol"), slurm_job_id, last: String::new(), warned: false };
+    let mut comment = Comment::new(&args.slurm_bin_dir, slurm_job_id);
     let poll = Duration::from_millis(args.poll_ms);
     let mut backoff = Backoff::new(poll, Duration::from_secs(args.report_outage_after_s));
     let mut relay = Relay { out: 0, err: 0, write_warned: false };
