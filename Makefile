@@ -12,7 +12,7 @@ export FLEET_LAB_DIR ?= /tmp/fleet-lab
 # Where `cargo build --release` puts the binaries and plugins the lab installs.
 export FLEET_BIN_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release
 
-.PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz compat chaos
+.PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz compat chaos bench-start
 
 all: build
 
@@ -39,6 +39,10 @@ test: build
 
 bench: build
 	tests/bench/submit_bench.sh
+
+# Start latency: sbatch -> script running at alpha, native vs forwarded from beta.
+bench-start: build
+	tests/bench/start_latency.py
 
 # kill -9 of every daemon under 100 forwarded jobs from two users; prints
 # counts (not part of make test). CHAOS_JOBS, CHAOS_FAULTS, CHAOS_SEED.

@@ -68,13 +68,18 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
         !rec.contains_key("TresPerNode"),
         "the stand-in asks for no GPUs: {rec:?}"
     );
-    let squeue = lab
-        .cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"])
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&squeue.stdout).contains("alpha"),
-        "squeue at beta names alpha: {squeue:?}"
-    );
+    // Once the stand-in runs, its comment (the user gave none) says where
+    // the job runs.
+    let t0 = std::time::Instant::now();
+    let squeue = loop {
+        let out = lab.cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"]).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("alpha") || t0.elapsed() > Duration::from_secs(20) {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(squeue.contains("fleet: alpha job"), "squeue at beta names alpha: {squeue:?}");
 
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(
@@ -330,11 +335,11 @@ fn cancelling_a_pending_stand_in_cancels_the_forwarded_job() {
         )
         .unwrap();
     // Held at the origin, so the proxy never runs: the fleet job waits.
-    let comment = lab.job("beta", id).unwrap()["Comment"].clone();
-    let fid = comment.split_whitespace().last().unwrap().to_string();
+    let tag = lab.job("beta", id).unwrap()["AdminComment"].clone();
+    let fid = fleet_api::wire::parse_admin_tag(&tag).unwrap().to_string();
     assert!(
         fid.starts_with("beta-"),
-        "the stand-in's comment names the fleet job: {comment:?}"
+        "the stand-in's comment names the fleet job: {tag:?}"
     );
     wait_until(
         "the meta-scheduler holds the job",
@@ -571,7 +576,7 @@ fn fleet_local_and_fleet_to() {
             &script("true"),
         )
         .unwrap_err();
-    assert!(err.contains("alpha: has no a100 GPUs"), "{err}");
+    assert!(err.contains("alpha: no node can hold the job's share (h100, not a100)"), "{err}");
 }
 
 #[test]
@@ -584,7 +589,7 @@ fn impossible_request_is_rejected_with_the_reason() {
         err.contains("no cluster in the fleet can run gpu:h100:512"),
         "{err}"
     );
-    assert!(err.contains("alpha: has at most 8 h100 per node"), "{err}");
+    assert!(err.contains("alpha: no node can hold the job's share (8 h100 GPUs per node, job needs 512 per node)"), "{err}");
 }
 
 #[test]

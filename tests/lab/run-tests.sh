@@ -19,6 +19,10 @@ down() {
 trap down EXIT
 trap 'exit 130' INT TERM
 
+# Style gates first: they need no lab and fail fast.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+
 "$LAB" up
 set +e
 if (($#)); then cargo test --release "$@"; else cargo test --workspace --release; fi
