@@ -105,6 +105,7 @@ mod tests {
             submitted_at,
             updated_at: submitted_at,
             summary: String::new(),
+            user: None,
         }
     }
 

@@ -526,6 +526,7 @@ mod tests {
             submitted_at: 0.0,
             updated_at: 0.0,
             summary: String::new(),
+            user: None,
         }
     }
 
