@@ -117,7 +117,7 @@ impl AgentConfig {
         let mut allowed = vec![0];
         match slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
             Ok(sc) => {
-                if let Some(uid) = sc.conf.get("SlurmUser").and_then(uid_of) {
+                if let Some(uid) = sc.conf.slurm_user.as_deref().and_then(uid_of) {
                     allowed.push(uid);
                 }
                 for w in proxy_partition_problems(&sc.conf, &c.proxy_partition) {
