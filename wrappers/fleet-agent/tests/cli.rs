@@ -149,12 +149,24 @@ fn second_agent_refuses_to_start_and_keeps_the_first_ones_socket() {
     let tmp = tempfile::tempdir().unwrap();
     let conf = site(tmp.path(), "PartitionName=fleet Nodes=b1 MaxTime=INFINITE");
     let sock = tmp.path().join("run/agent.sock");
+    let log = tmp.path().join("first.log");
     let mut first = agent(&conf)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     wait_for(&sock, &mut first);
+    // Its log is plain text off a terminal (journald, files): no ANSI colour.
+    let start = Instant::now();
+    let text_log = loop {
+        let t = std::fs::read_to_string(&log).unwrap();
+        if t.contains("fleet-agent started") || start.elapsed() > Duration::from_secs(10) {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(text_log.contains("fleet-agent started"), "{text_log}");
+    assert!(!text_log.contains('\x1b'), "ANSI escapes in the log: {text_log:?}");
     let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&sock).unwrap());
 
     let second = agent(&conf).output().unwrap();
