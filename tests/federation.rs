@@ -22,7 +22,7 @@ fn out_arg(dir: &std::path::Path, name: &str) -> String {
 
 /// The meta-scheduler's record of the forwarded beta job `beta_id`.
 fn fleet_record(lab: &Lab, beta_id: u64) -> Option<serde_json::Value> {
-    let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
+    let jobs = lab.fleetctl_json(&["jobs", "--origin", "beta", "--origin-job", &beta_id.to_string()]).ok()?;
     jobs.as_array()?.iter().find(|j| j["origin_job_id"].as_u64() == Some(beta_id)).cloned()
 }
 
