@@ -114,6 +114,7 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out.push(proxy_partition(cfg));
     out.push(spool(cfg, me, run_as.as_ref()));
     let slurm_user = slurm_user(&cfg.slurm_conf);
+    out.push(conf_readable(conf, slurm_user.as_ref()));
     out.push(plugin_socket(cfg, slurm_user.as_ref()));
     out.push(instance(&cfg.spool));
     out.push(ca_file(cfg));
@@ -307,17 +308,19 @@ fn spool(cfg: &AgentConfig, me: u32, run_as: Option<&Who>) -> Check {
     let dir = &cfg.spool;
     let meta = match std::fs::metadata(dir) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return warn(
-            NAME,
-            format!(
-                "AgentSpoolDir {} does not exist; the agent creates it with its umask",
-                dir.display()
-            ),
-            format!(
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return warn(
+                NAME,
+                format!(
+                    "AgentSpoolDir {} does not exist; the agent creates it with its umask",
+                    dir.display()
+                ),
+                format!(
                 "create it owned by the agent's user, mode 0711: install -d -o fleet -m 0711 {}",
                 dir.display()
             ),
-        ),
+            )
+        }
         Err(e) => return fail(NAME, format!("AgentSpoolDir {}: {e}", dir.display()), ""),
     };
     if let Some(me) = Who::from_uid(me) {
@@ -366,6 +369,48 @@ fn slurm_user(slurm_conf: &Path) -> Option<Who> {
 /// slurmctld (as SlurmUser) must reach the socket and read the published
 /// view, or nothing is ever forwarded and the only sign is a rate-limited
 /// line in slurmctld.log.
+/// job_submit_fleet.so reads fleet.conf inside slurmctld, as SlurmUser.
+fn conf_readable(conf: &Path, slurm: Option<&Who>) -> Check {
+    const NAME: &str = "fleet.conf";
+    let Some(su) = slurm.filter(|su| su.uid != u32::MAX) else {
+        return fail(NAME, "SlurmUser unknown (see plugin socket)", "");
+    };
+    let dir = conf.parent().unwrap_or(Path::new("/"));
+    if let Some(block) = su.blocked_on(dir) {
+        return fail(
+            NAME,
+            format!(
+                "SlurmUser={} cannot reach {}: {block}",
+                su.name,
+                conf.display()
+            ),
+            "",
+        );
+    }
+    match std::fs::metadata(conf) {
+        Ok(m) if su.may(&m, 0o4) => pass(
+            NAME,
+            format!(
+                "SlurmUser={} can read {} ({})",
+                su.name,
+                conf.display(),
+                mode_text(&m)
+            ),
+        ),
+        Ok(m) => fail(
+            NAME,
+            format!(
+                "SlurmUser={} cannot read {} ({}): the plugin would leave every job local",
+                su.name,
+                conf.display(),
+                mode_text(&m)
+            ),
+            format!("chmod 0644 {} (it holds no secret)", conf.display()),
+        ),
+        Err(e) => fail(NAME, format!("{}: {e}", conf.display()), ""),
+    }
+}
+
 fn plugin_socket(cfg: &AgentConfig, slurm: Option<&Who>) -> Check {
     const NAME: &str = "plugin socket";
     let Some(su) = slurm else {

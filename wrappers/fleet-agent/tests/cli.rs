@@ -73,6 +73,7 @@ fn check_reports_every_check_and_no_secret() {
     );
     for name in [
         "config",
+        "fleet.conf",
         "agent user",
         "sudo rule",
         "token file",
@@ -99,6 +100,10 @@ fn check_reports_every_check_and_no_secret() {
         "{t}"
     );
     assert!(t.contains("PASS  token file"), "{t}");
+    assert!(
+        t.contains("FAIL  fleet.conf") && t.contains("SlurmUser=nobody cannot reach"),
+        "{t}"
+    );
     // SlurmUser comes from slurm.conf; the scratch directory, 0700, keeps it
     // from the socket.
     assert!(
@@ -166,7 +171,10 @@ fn second_agent_refuses_to_start_and_keeps_the_first_ones_socket() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(text_log.contains("fleet-agent started"), "{text_log}");
-    assert!(!text_log.contains('\x1b'), "ANSI escapes in the log: {text_log:?}");
+    assert!(
+        !text_log.contains('\x1b'),
+        "ANSI escapes in the log: {text_log:?}"
+    );
     let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&sock).unwrap());
 
     let second = agent(&conf).output().unwrap();
