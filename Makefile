@@ -79,12 +79,14 @@ install-users:
 	sh packaging/debian/fleet-metasched/postinst configure
 
 # fleet-slurm-plugins, fleet-agent, fleet-proxy, fleet-metasched (with fleetctl).
+# DEB_PROFILE=dev packages debug builds (for a quick check; cargo-deb warns).
 DEB_CRATES := job-submit-fleet fleet-agent fleet-proxy fleet-metasched
+DEB_PROFILE ?= release
 deb:
 	@command -v cargo-deb >/dev/null || { echo "cargo-deb not installed: cargo install cargo-deb"; exit 1; }
-	$(CARGO) build --release -p job-submit-fleet -p spank-fleet -p fleet-agent -p fleet-proxy -p fleet-metasched -p fleetctl
+	$(CARGO) build --profile $(DEB_PROFILE) -p job-submit-fleet -p spank-fleet -p fleet-agent -p fleet-proxy -p fleet-metasched -p fleetctl
 	mkdir -p $(DEB_DIR)
-	for c in $(DEB_CRATES); do $(CARGO) deb --no-build --no-strip -p $$c -o $(DEB_DIR) || exit 1; done
+	for c in $(DEB_CRATES); do $(CARGO) deb --no-build --profile $(DEB_PROFILE) -p $$c -o $(DEB_DIR) || exit 1; done
 
 install-check:
 	tests/install/install-check.sh

@@ -11,7 +11,9 @@
 # Without --fast (`make install-check`): also `make deb` and the contents,
 # modes, conffiles, dependencies and maintainer scripts of each .deb.
 #
-# Uses the binaries of FLEET_BIN_DIR (default target/release: `make build`).
+# Uses the binaries of FLEET_BIN_DIR (default target/release: `make build`);
+# the packages are built with DEB_PROFILE (default release; `dev` with
+# FLEET_BIN_DIR=target/debug checks a debug build quickly).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FAST=0
@@ -152,7 +154,7 @@ if ((FAST == 0)); then
   check "fleet-slurm-plugins: no lib*.so" bash -c "! dpkg-deb -c '$P' | grep -q '/lib[a-z_]*fleet.so'"
   check "fleet-slurm-plugins: depends on the Slurm it was built for" bash -c "dpkg-deb -f '$P' Depends | grep -q 'slurm-wlm-basic-plugins (>= 22.05)'"
   check "fleet-agent: /usr/sbin/fleet-agent" has "$A" '^-rwxr-xr-x' usr/sbin/fleet-agent
-  check "fleet-agent: the unit" has "$A" '^-rw-r--r--' lib/systemd/system/fleet-agent.service
+  check "fleet-agent: the unit" has "$A" '^-rw-r--r--' usr/lib/systemd/system/fleet-agent.service
   check "fleet-agent: fleet.conf" has "$A" '^-rw-r--r--' etc/slurm/fleet.conf
   check "fleet-agent: sudoers, 0440" has "$A" '^-r--r-----' etc/sudoers.d/fleet-agent
   check "fleet-agent: conffiles" bash -c "dpkg-deb -I '$A' conffiles | grep -qx /etc/slurm/fleet.conf && dpkg-deb -I '$A' conffiles | grep -qx /etc/sudoers.d/fleet-agent"
@@ -160,7 +162,7 @@ if ((FAST == 0)); then
   check "fleet-agent: depends on sudo and adduser" bash -c "dpkg-deb -f '$A' Depends | grep -q sudo && dpkg-deb -f '$A' Depends | grep -q adduser"
   check "fleet-proxy: /usr/libexec/fleet/fleet-proxy" has "$X" '^-rwxr-xr-x' usr/libexec/fleet/fleet-proxy
   check "fleet-metasched: daemon and fleetctl" bash -c "dpkg-deb -c '$M' | grep -q ' ./usr/sbin/fleet-metasched$' && dpkg-deb -c '$M' | grep -q ' ./usr/bin/fleetctl$'"
-  check "fleet-metasched: the unit" has "$M" '^-rw-r--r--' lib/systemd/system/fleet-metasched.service
+  check "fleet-metasched: the unit" has "$M" '^-rw-r--r--' usr/lib/systemd/system/fleet-metasched.service
   check "fleet-metasched: metasched.toml is a conffile" bash -c "dpkg-deb -I '$M' conffiles | grep -qx /etc/fleet/metasched.toml"
   check "fleet-metasched: postinst makes fleet-metasched and the admin token" bash -c "dpkg-deb -I '$M' postinst | grep -q 'adduser --system --group --home /var/lib/fleet-metasched' && dpkg-deb -I '$M' postinst | grep -q admin.token"
   for d in "$A" "$M"; do
