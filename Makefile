@@ -3,6 +3,10 @@
 #   make test   the whole suite against a fresh lab (torn down afterwards)
 #   make bench  the sbatch submission benchmark (needs the lab's packages; brings the lab up)
 #   make compat the plugins against Debian trixie's Slurm 24.11 in a chroot (root; not part of make test)
+#   make install         plugins (Slurm's names), programs, systemd units, configs (PREFIX, DESTDIR)
+#   make install-users   the service users and tokens (root; as the Debian packages' postinst)
+#   make deb             Debian packages (cargo-deb) in $(DEB_DIR)
+#   make install-check   install into a scratch DESTDIR and build the .debs, checking both
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
@@ -12,7 +16,20 @@ export FLEET_LAB_DIR ?= /tmp/fleet-lab
 # Where `cargo build --release` puts the binaries and plugins the lab installs.
 export FLEET_BIN_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release
 
-.PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz compat chaos bench-start
+.PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz compat \
+	install install-users deb install-check chaos bench-start
+
+# ---- install -----------------------------------------------------------
+# Slurm's own plugin directory: where Debian's slurm-wlm-basic-plugins put
+# theirs (/usr/lib/<multiarch>/slurm-wlm), so that the default PluginDir
+# finds job_submit_fleet.so and spank_fleet.so without a slurm.conf change.
+PREFIX ?= /usr/local
+DESTDIR ?=
+SYSCONFDIR ?= /etc
+SLURM_PLUGIN_DIR ?= $(or $(shell dpkg -L slurm-wlm-basic-plugins 2>/dev/null | grep -m1 '/job_submit_[a-z_]*\.so$$' | xargs -r dirname),\
+	/usr/lib/$(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/slurm-wlm)
+DEB_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/debian
+export PREFIX DESTDIR SYSCONFDIR SLURM_PLUGIN_DIR
 
 all: build
 
@@ -35,6 +52,7 @@ demo: build
 	tests/lab/demo.sh
 
 test: build
+	tests/install/install-check.sh --fast
 	tests/lab/run-tests.sh
 
 bench: build
@@ -59,3 +77,25 @@ fuzz:
 	@command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz not installed: cargo install cargo-fuzz (needs nightly)"; exit 1; }
 	cd slurm-plugin/slurm-conf/fuzz && for t in $$(cargo +nightly fuzz list); do \
 	  cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+
+# Needs `make build` first (it does not build, so that `sudo make install`
+# does not compile as root).
+install:
+	packaging/install.sh
+
+install-users:
+	sh packaging/debian/fleet-agent/postinst configure
+	sh packaging/debian/fleet-metasched/postinst configure
+
+# fleet-slurm-plugins, fleet-agent, fleet-proxy, fleet-metasched (with fleetctl).
+# DEB_PROFILE=dev packages debug builds (for a quick check; cargo-deb warns).
+DEB_CRATES := job-submit-fleet fleet-agent fleet-proxy fleet-metasched
+DEB_PROFILE ?= release
+deb:
+	@command -v cargo-deb >/dev/null || { echo "cargo-deb not installed: cargo install cargo-deb"; exit 1; }
+	$(CARGO) build --profile $(DEB_PROFILE) -p job-submit-fleet -p spank-fleet -p fleet-agent -p fleet-proxy -p fleet-metasched -p fleetctl
+	mkdir -p $(DEB_DIR)
+	for c in $(DEB_CRATES); do $(CARGO) deb --no-build --profile $(DEB_PROFILE) -p $$c -o $(DEB_DIR) || exit 1; done
+
+install-check:
+	tests/install/install-check.sh

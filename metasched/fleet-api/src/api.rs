@@ -12,7 +12,7 @@
 //! | GET | `/v1/jobs/{id}` | proxy, agents, admin | → [`JobRecord`] |
 //! | GET | `/v1/jobs/{id}/output?stream=stdout&offset=N&max=M` | proxy, admin | → raw bytes |
 //! | POST | `/v1/jobs/{id}/cancel` | proxy, origin agent, admin | → [`JobRecord`] |
-//! | GET | `/v1/jobs` | admin | → `Vec<JobRecord>` |
+//! | GET | `/v1/jobs?state=&origin=&target=&user=&origin_job=&since=&active=&order=&limit=&offset=` | admin (agents: their own jobs) | → `Vec<JobRecord>` |
 //! | GET | `/v1/clusters` | admin, agents | → [`FleetView`] |
 //! | GET | `/health`, `/metrics` | anyone | text |
 //!
@@ -219,6 +219,10 @@ pub struct JobRecord {
     /// (Slurm requeued it).
     #[serde(default)]
     pub requeues: u32,
+    /// Who submitted it: the Slurm user name at the origin
+    /// (`JobRequest::user_name`), when the origin said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// One job the target agent must submit.

@@ -226,14 +226,42 @@ pub struct Rebalance {
     pub reason: Option<String>,
 }
 
-/// Filter for `GET /v1/jobs`.
+/// Filter and page of `GET /v1/jobs` (query parameters). Without `limit`
+/// every matching job comes back, oldest first, as agents expect.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JobFilter {
     pub state: Option<JobState>,
+    /// Only jobs submitted at this cluster.
     pub origin: Option<String>,
     /// Only jobs that may still run somewhere (`true`) or only finished ones.
     pub active: Option<bool>,
+    /// Only jobs placed on this cluster.
+    pub target: Option<String>,
+    /// Only jobs of this user (Slurm user name at the origin).
+    pub user: Option<String>,
+    /// Only the job whose stand-in has this Slurm job id at its origin.
+    pub origin_job: Option<u64>,
+    /// Only jobs submitted at or after this time (Unix seconds).
+    pub since: Option<f64>,
+    /// `asc` (oldest first, the default) or `desc` (newest first).
+    pub order: Option<ListOrder>,
+    /// At most this many jobs (1..=10000).
+    pub limit: Option<u32>,
+    /// Skip this many matching jobs first (paging with `limit`).
+    pub offset: Option<u32>,
 }
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    #[default]
+    Asc,
+    Desc,
+}
+
+/// Most jobs one `GET /v1/jobs` page may ask for.
+pub const MAX_LIST_LIMIT: u32 = 10_000;
 
 struct ClusterState {
     cfg: ClusterConfig,
@@ -732,6 +760,7 @@ impl Store {
             summary: summary(&fwd.request),
             start_requested_at: None,
             requeues: 0,
+            user: fwd.request.user_name.clone(),
         };
         let job = Job {
             record,
@@ -1237,15 +1266,52 @@ impl Store {
             Caller::Cluster(c) => Some(c.clone()),
             Caller::Job { .. } => return Err(StoreError::Forbidden("a job token cannot list jobs".into())),
         };
-        let jobs = self.query(
-            "SELECT data FROM jobs
+        if let Some(n) = filter.limit.filter(|n| !(1..=MAX_LIST_LIMIT).contains(n)) {
+            return Err(StoreError::BadRequest(format!("limit={n}: must be 1..={MAX_LIST_LIMIT}")));
+        }
+        if let Some(t) = filter.since.filter(|t| !t.is_finite()) {
+            return Err(StoreError::BadRequest(format!("since={t}: must be a finite Unix time in seconds")));
+        }
+        if filter.offset.is_some() && filter.limit.is_none() {
+            return Err(StoreError::BadRequest("offset needs a limit".into()));
+        }
+        // Jobs stored before `record.user` existed carry the name in their request only.
+        const SQL: &str = "SELECT data FROM jobs
              WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR origin = ?2)
                AND (?3 IS NULL OR origin = ?3 OR target = ?3)
                AND (?4 IS NULL OR active = ?4)
-             ORDER BY submitted_at, id",
-            params![filter.state.map(JobState::as_str), filter.origin, only, filter.active],
+               AND (?5 IS NULL OR target = ?5)
+               AND (?6 IS NULL OR COALESCE(json_extract(data, '$.record.user'),
+                                           json_extract(data, '$.request.user_name')) = ?6)
+               AND (?7 IS NULL OR json_extract(data, '$.record.origin_job_id') = ?7)
+               AND (?8 IS NULL OR submitted_at >= ?8)";
+        let sql = match filter.order.unwrap_or_default() {
+            ListOrder::Asc => format!("{SQL} ORDER BY submitted_at, id LIMIT ?9 OFFSET ?10"),
+            ListOrder::Desc => format!("{SQL} ORDER BY submitted_at DESC, id DESC LIMIT ?9 OFFSET ?10"),
+        };
+        let jobs = self.query(
+            &sql,
+            params![
+                filter.state.map(JobState::as_str),
+                filter.origin,
+                only,
+                filter.active,
+                filter.target,
+                filter.user,
+                filter.origin_job.map(|n| n as i64),
+                filter.since,
+                filter.limit.map_or(-1, i64::from),
+                filter.offset.unwrap_or(0),
+            ],
         )?;
-        Ok(jobs.into_iter().map(|j| j.record).collect())
+        Ok(jobs
+            .into_iter()
+            .map(|j| {
+                let mut r = j.record;
+                r.user = r.user.or(j.request.user_name);
+                r
+            })
+            .collect())
     }
 
     pub fn work(&mut self, caller: &Caller, now: f64) -> Result<AgentWork, StoreError> {

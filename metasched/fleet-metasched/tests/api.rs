@@ -1516,5 +1516,132 @@ async fn tokens_rotate_without_a_restart() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(status_with("alpha-new").await, StatusCode::OK);
+/// `GET /v1/jobs` as an admin pages through it: filters by user, origin job,
+/// target, time and state, newest first with limit/offset, and bad
+/// parameters named in a 400.
+#[tokio::test]
+async fn list_filters_and_pages() {
+    use reqwest::Method as M;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    let admin = "Bearer admin-secret";
+    // Five jobs, one second apart: j0..j4; users ann (j0, j2, j4) and bob (j1, j3).
+    let t0 = d.clock.now();
+    for i in 0..5u32 {
+        let user = if i % 2 == 0 { "ann" } else { "bob" };
+        let fwd = ForwardRequest {
+            fleet_job_id: format!("j{i}"),
+            request: JobRequest {
+                user_name: Some(user.into()),
+                ..request("beta", "h100", 1)
+            },
+            tentative_target: "alpha".into(),
+        };
+        let r: JobRecord = d
+            .ok(
+                M::POST,
+                "/v1/jobs",
+                &bearer("beta"),
+                Some(serde_json::to_value(fwd).unwrap()),
+            )
+            .await;
+        assert_eq!(
+            r.user.as_deref(),
+            Some(user),
+            "the record names the submitter"
+        );
+        d.clock.advance(Duration::from_secs(1));
+    }
+    // j1 and j3 start (stand-ins 101 and 103) and are placed.
+    for i in [1, 3] {
+        let body = serde_json::to_value(StartRequest {
+            origin_job_id: 100 + i,
+        })
+        .unwrap();
+        let id = format!("j{i}");
+        let _: JobRecord = d
+            .ok(
+                M::POST,
+                &format!("/v1/jobs/{id}/start"),
+                &job_auth("beta", &id),
+                Some(body),
+            )
+            .await;
+    }
+    let ids = |l: Vec<JobRecord>| l.into_iter().map(|j| j.fleet_job_id).collect::<Vec<_>>();
+    let dr = &d;
+    let list = |q: String| async move {
+        ids(dr
+            .ok::<Vec<JobRecord>>(M::GET, &format!("/v1/jobs{q}"), admin, None)
+            .await)
+    };
+    assert_eq!(
+        list(String::new()).await,
+        ["j0", "j1", "j2", "j3", "j4"],
+        "default: everything, oldest first"
+    );
+    assert_eq!(
+        list("?order=desc".into()).await,
+        ["j4", "j3", "j2", "j1", "j0"]
+    );
+    assert_eq!(list("?user=ann".into()).await, ["j0", "j2", "j4"]);
+    assert_eq!(list("?user=bob&order=desc".into()).await, ["j3", "j1"]);
+    assert!(list("?user=carol".into()).await.is_empty());
+    assert_eq!(list("?origin_job=103".into()).await, ["j3"]);
+    assert!(list("?origin_job=104".into()).await.is_empty());
+    assert_eq!(
+        list(format!("?since={}", t0 + 2.0)).await,
+        ["j2", "j3", "j4"]
+    );
+    assert_eq!(list(format!("?since={}&user=bob", t0 + 2.0)).await, ["j3"]);
+    assert_eq!(list("?state=held".into()).await, ["j0", "j2", "j4"]);
+    let placed = list("?state=assigned".into()).await;
+    assert_eq!(placed, ["j1", "j3"]);
+    let target = d.job("j1").await.target.expect("j1 is placed");
+    assert_eq!(list(format!("?target={target}")).await, ["j1", "j3"]);
+    assert!(list("?target=nowhere".into()).await.is_empty());
+    assert_eq!(
+        list("?origin=beta&active=true&user=ann".into()).await,
+        ["j0", "j2", "j4"],
+        "old parameters still work"
+    );
+    // Pages, newest first.
+    assert_eq!(list("?order=desc&limit=2".into()).await, ["j4", "j3"]);
+    assert_eq!(
+        list("?order=desc&limit=2&offset=2".into()).await,
+        ["j2", "j1"]
+    );
+    assert_eq!(list("?order=desc&limit=2&offset=4".into()).await, ["j0"]);
+    assert!(list("?order=desc&limit=2&offset=6".into()).await.is_empty());
+    // An agent still sees only its own cluster's jobs, filters or not
+    // (ann's jobs are held: beta's alone).
+    let other: Vec<JobRecord> = d
+        .ok(M::GET, "/v1/jobs?user=ann", &bearer("gamma"), None)
+        .await;
+    assert!(other.is_empty(), "{:?}", ids(other));
+    let own: Vec<JobRecord> = d
+        .ok(M::GET, "/v1/jobs?user=ann", &bearer("beta"), None)
+        .await;
+    assert_eq!(ids(own), ["j0", "j2", "j4"]);
+    // Bad parameters: 400 with the problem named.
+    for (q, needle) in [
+        ("?limit=0", "limit=0"),
+        ("?limit=10001", "limit=10001"),
+        ("?limit=x", "limit"),
+        ("?offset=2", "offset needs a limit"),
+        ("?since=NaN", "since"),
+        ("?order=sideways", "sideways"),
+        ("?origin_job=-1", "origin_job"),
+        ("?usr=ann", "usr"),
+        ("?state=bogus", "bogus"),
+    ] {
+        let (s, v) = d.call(M::GET, &format!("/v1/jobs{q}"), admin, None).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{q}: {v}");
+        let e = v["error"].as_str().unwrap_or_default();
+        assert!(
+            e.contains(needle),
+            "{q}: error {e:?} should name {needle:?}"
+        );
+    }
     d.stop().await;
 }

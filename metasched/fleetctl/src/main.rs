@@ -13,6 +13,9 @@ use clap::{Parser, Subcommand};
 use fleet_api::api::{FleetView, JobRecord};
 use fleet_api::JobState;
 use serde::Deserialize;
+use time::format_description::well_known::Rfc3339;
+use time::macros::format_description;
+use time::{Date, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 
 /// Command-line client of the Fleet meta-scheduler (fleet-metasched).
 ///
@@ -35,6 +38,9 @@ struct Cli {
     /// Print the meta-scheduler's JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Show and read times in UTC instead of the local time zone.
+    #[arg(long, global = true)]
+    utc: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,16 +49,11 @@ struct Cli {
 enum Command {
     /// Clusters: region, provider, health, heartbeat age, GPUs free/total per type, queue.
     Clusters,
-    /// Forwarded jobs, oldest first.
-    Jobs {
-        /// Only jobs in this state (held, queued, assigned, pending, running,
-        /// completed, failed, cancelled, lost).
-        #[arg(long)]
-        state: Option<String>,
-        /// Only jobs submitted at this cluster.
-        #[arg(long)]
-        origin: Option<String>,
-    },
+    /// Forwarded jobs, newest first, a page of --limit at a time: id, user,
+    /// origin and its stand-in's job id, target and remote job id, state,
+    /// exit code (`-` for a job that never ran, with the reason), submission
+    /// time and age, request. Filters combine (AND).
+    Jobs(JobsArgs),
     /// One job: `fleetctl job <id>` shows every field; `job cancel <id>`, `job explain <id>`.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Job {
@@ -74,6 +75,46 @@ enum Command {
     Rebalance,
     /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
     Simulate(Box<fleet_sim::cli::SimulateArgs>),
+}
+
+#[derive(clap::Args, Debug)]
+struct JobsArgs {
+    /// Only jobs in this state (held, queued, assigned, pending, running,
+    /// completed, failed, cancelled, lost).
+    #[arg(long)]
+    state: Option<String>,
+    /// Only jobs submitted at this cluster (their origin).
+    #[arg(long, value_name = "CLUSTER")]
+    origin: Option<String>,
+    /// Only jobs placed on this cluster (their target).
+    #[arg(long, value_name = "CLUSTER")]
+    cluster: Option<String>,
+    /// Only jobs of this user (the Slurm user name at the origin).
+    #[arg(long)]
+    user: Option<String>,
+    /// Only the job whose stand-in has this Slurm job id at its origin
+    /// (`squeue`'s JOBID there); add --origin when several clusters could
+    /// have used the same id.
+    #[arg(long, value_name = "JOBID")]
+    origin_job: Option<u64>,
+    /// Only jobs submitted since WHEN: a duration back from now (90s, 30m,
+    /// 2h, 3d, 1w, 1h30m), a date (2026-12-01, midnight), a date and time
+    /// (2026-12-01T14:30, 2026-12-01 14:30:05, with Z or +01:00 for another
+    /// zone than the local one, or --utc), or @UNIX-SECONDS.
+    #[arg(long, value_name = "WHEN")]
+    since: Option<String>,
+    /// Only jobs that may still run somewhere.
+    #[arg(long, conflicts_with = "finished")]
+    active: bool,
+    /// Only jobs that have ended.
+    #[arg(long)]
+    finished: bool,
+    /// Jobs per page (newest first); 0 lists every match.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    limit: u32,
+    /// Which page of --limit jobs: 1 is the newest.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    page: u32,
 }
 
 #[derive(Subcommand, Debug)]
@@ -243,6 +284,138 @@ fn age(seconds: f64) -> String {
     }
 }
 
+/// How times are shown and read: the local zone's offset (found once, at
+/// start, while the process is single-threaded) or UTC.
+#[derive(Clone, Copy, Debug)]
+struct Zone(UtcOffset);
+
+impl Zone {
+    fn at(self, t: f64) -> Option<OffsetDateTime> {
+        if !t.is_finite() {
+            return None;
+        }
+        OffsetDateTime::from_unix_timestamp(t.floor() as i64)
+            .ok()
+            .map(|d| d.to_offset(self.0))
+    }
+
+    /// `2026-12-01 14:55:44`, in this zone.
+    fn short(self, t: f64) -> String {
+        let f = format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
+        self.at(t)
+            .and_then(|d| d.format(&f).ok())
+            .unwrap_or_else(|| "-".into())
+    }
+
+    /// `2026-12-01T14:55:44+01:00` (`Z` in UTC).
+    fn iso(self, t: f64) -> String {
+        self.at(t)
+            .and_then(|d| d.format(&Rfc3339).ok())
+            .unwrap_or_else(|| "-".into())
+    }
+
+    /// `UTC` or `+01:00`, for column headers.
+    fn name(self) -> String {
+        if self.0.is_utc() {
+            return "UTC".into();
+        }
+        let f = format_description!("[offset_hour sign:mandatory]:[offset_minute]");
+        self.0.format(&f).unwrap_or_else(|_| "?".into())
+    }
+}
+
+/// `--since WHEN` → Unix seconds. See [`JobsArgs::since`] for the forms.
+fn parse_since(s: &str, now: f64, zone: Zone) -> Result<f64, String> {
+    let bad = || {
+        format!(
+            "--since {s:?}: expected a duration back from now (90s, 30m, 2h, 3d, 1w), a date (2026-12-01), \
+             a date and time (2026-12-01T14:30[:05][Z|+01:00]) or @UNIX-SECONDS"
+        )
+    };
+    let s = s.trim();
+    if let Some(n) = s.strip_prefix('@') {
+        return n
+            .parse::<f64>()
+            .ok()
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .ok_or_else(bad);
+    }
+    if s.starts_with(|c: char| c.is_ascii_digit()) && s.ends_with(['s', 'm', 'h', 'd', 'w']) {
+        let mut total: u64 = 0;
+        let mut num = String::new();
+        for c in s.chars() {
+            if c.is_ascii_digit() {
+                num.push(c);
+                continue;
+            }
+            let unit: u64 = match c {
+                's' => 1,
+                'm' => 60,
+                'h' => 3600,
+                'd' => 86_400,
+                'w' => 604_800,
+                _ => return Err(bad()),
+            };
+            let n: u64 = num.parse().map_err(|_| bad())?;
+            num.clear();
+            total = n
+                .checked_mul(unit)
+                .and_then(|v| total.checked_add(v))
+                .ok_or_else(bad)?;
+        }
+        return Ok(now - total as f64);
+    }
+    // A date, then optionally [T ]HH:MM[:SS] and a zone.
+    let date_part = s.get(..10).ok_or_else(bad)?;
+    let date =
+        Date::parse(date_part, format_description!("[year]-[month]-[day]")).map_err(|_| bad())?;
+    let mut rest = &s[10..];
+    let mut t = Time::MIDNIGHT;
+    if let Some(r) = rest.strip_prefix(['T', 't', ' ']) {
+        let len = r.find(['Z', 'z', '+', '-']).unwrap_or(r.len());
+        let (clock, zone_part) = r.split_at(len);
+        t = Time::parse(clock, format_description!("[hour]:[minute]:[second]"))
+            .or_else(|_| Time::parse(clock, format_description!("[hour]:[minute]")))
+            .map_err(|_| bad())?;
+        rest = zone_part;
+    }
+    let offset = match rest {
+        "" => zone.0,
+        "Z" | "z" => UtcOffset::UTC,
+        z => UtcOffset::parse(
+            z,
+            format_description!("[offset_hour sign:mandatory]:[offset_minute]"),
+        )
+        .map_err(|_| bad())?,
+    };
+    Ok(PrimitiveDateTime::new(date, t)
+        .assume_offset(offset)
+        .unix_timestamp() as f64)
+}
+
+/// The EXIT column: Slurm's `code` or `code:signal` for a job that ran;
+/// `-` for one that did not end yet or never ran: never submitted at a
+/// target (no remote job id), or ended failed/cancelled/lost with 0:0,
+/// which is what Slurm reports for a job that never started its script.
+fn exit_text(j: &JobRecord) -> String {
+    if !j.state.is_terminal() || !ran(j) {
+        return "-".into();
+    }
+    match (j.exit_code, j.signal.filter(|s| *s > 0)) {
+        (c, Some(sig)) => format!("{}:{sig}", c.unwrap_or(0)),
+        (Some(c), None) => c.to_string(),
+        (None, None) => "-".into(),
+    }
+}
+
+/// Did the job's script run (as far as its record tells)? See [`exit_text`].
+fn ran(j: &JobRecord) -> bool {
+    j.remote_job_id.is_some()
+        && (j.state == JobState::Completed
+            || j.exit_code.unwrap_or(0) != 0
+            || j.signal.unwrap_or(0) != 0)
+}
+
 /// Left-aligned columns separated by two spaces.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
@@ -297,47 +470,120 @@ fn clusters_table(v: &FleetView) -> String {
     table(&["NAME", "REGION", "PROVIDER", "HEALTHY", "HEARTBEAT", "GPUS(free/total)", "PENDING", "RUNNING"], &rows)
 }
 
-fn jobs_table(jobs: &[JobRecord], now: f64) -> String {
+fn jobs_table(jobs: &[JobRecord], now: f64, zone: Zone) -> String {
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|j| {
+            // Why it ended as it did, for jobs that did not complete.
+            let why = match j.state {
+                JobState::Failed | JobState::Lost | JobState::Cancelled => one_line(&j.reason),
+                _ => String::new(),
+            };
             vec![
                 j.fleet_job_id.clone(),
+                dash(j.user.clone()),
                 j.origin.clone(),
-                j.target.clone().unwrap_or_else(|| "-".into()),
+                dash(j.origin_job_id.map(|i| i.to_string())),
+                dash(j.target.clone()),
+                dash(j.remote_job_id.map(|i| i.to_string())),
                 j.state.to_string(),
-                j.remote_job_id.map_or("-".into(), |i| i.to_string()),
-                j.exit_code.map_or("-".into(), |c| c.to_string()),
+                exit_text(j),
+                zone.short(j.submitted_at),
                 age(now - j.submitted_at),
                 j.summary.clone(),
+                why,
             ]
         })
         .collect();
-    table(&["ID", "ORIGIN", "TARGET", "STATE", "REMOTE", "EXIT", "AGE", "REQUEST"], &rows)
+    let submitted = format!("SUBMITTED({})", zone.name());
+    let t = table(
+        &["ID", "USER", "ORIGIN", "ORIGIN_JOB", "TARGET", "REMOTE", "STATE", "EXIT", &submitted, "AGE", "REQUEST", "REASON"],
+        &rows,
+    );
+    // No trailing blanks where the last column is empty.
+    t.lines().map(|l| format!("{}\n", l.trim_end())).collect()
 }
 
-fn job_fields(j: &JobRecord) -> String {
+/// Control characters (a reason may quote a remote error) as spaces.
+fn one_line(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+fn job_fields(j: &JobRecord, now: f64, zone: Zone) -> String {
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let when = |t: f64| format!("{} ({} ago; {t:.3})", zone.iso(t), age(now - t));
+    let exit = match exit_text(j).as_str() {
+        "-" if j.state.is_terminal() => "- (never ran; see reason)".to_string(),
+        e => e.to_string(),
+    };
     let fields: Vec<(&str, String)> = vec![
         ("fleet_job_id", j.fleet_job_id.clone()),
         ("state", j.state.to_string()),
+        ("user", opt(j.user.clone())),
         ("origin", j.origin.clone()),
         ("origin_job_id", opt(j.origin_job_id.map(|v| v.to_string()))),
         ("target", opt(j.target.clone())),
         ("remote_job_id", opt(j.remote_job_id.map(|v| v.to_string()))),
+        ("exit", exit),
         ("exit_code", opt(j.exit_code.map(|v| v.to_string()))),
         ("signal", opt(j.signal.map(|v| v.to_string()))),
         ("cancel_requested", j.cancel_requested.to_string()),
         ("summary", j.summary.clone()),
-        ("reason", j.reason.clone()),
+        ("reason", one_line(&j.reason)),
         ("node_list", if j.node_list.is_empty() { "-".into() } else { j.node_list.clone() }),
         ("stdout_len", j.stdout_len.to_string()),
         ("stderr_len", j.stderr_len.to_string()),
         ("output_complete", j.output_complete.to_string()),
-        ("submitted_at", format!("{:.3} ({} ago)", j.submitted_at, age(now() - j.submitted_at))),
-        ("updated_at", format!("{:.3} ({} ago)", j.updated_at, age(now() - j.updated_at))),
+        ("submitted_at", when(j.submitted_at)),
+        ("updated_at", when(j.updated_at)),
     ];
     fields.into_iter().map(|(k, v)| format!("{k:<17} {v}\n")).collect()
+}
+
+/// The query of `GET /v1/jobs` for `fleetctl jobs`: newest first, one more
+/// than a page so that the CLI knows whether another page follows.
+fn jobs_query(a: &JobsArgs, now: f64, zone: Zone) -> anyhow::Result<String> {
+    let mut q = vec!["order=desc".to_string()];
+    if let Some(s) = &a.state {
+        let parsed: JobState = serde_json::from_value(serde_json::Value::String(s.to_ascii_lowercase())).map_err(|_| {
+            anyhow::anyhow!(
+                "--state {s:?}: unknown state (held, queued, assigned, pending, running, completed, failed, cancelled, lost)"
+            )
+        })?;
+        q.push(format!("state={parsed}"));
+    }
+    for (key, v) in [
+        ("origin", &a.origin),
+        ("target", &a.cluster),
+        ("user", &a.user),
+    ] {
+        if let Some(v) = v {
+            q.push(format!("{key}={}", query_escape(v)));
+        }
+    }
+    if let Some(n) = a.origin_job {
+        q.push(format!("origin_job={n}"));
+    }
+    if let Some(w) = &a.since {
+        q.push(format!(
+            "since={}",
+            parse_since(w, now, zone).map_err(anyhow::Error::msg)?
+        ));
+    }
+    if a.active || a.finished {
+        q.push(format!("active={}", a.active));
+    }
+    if a.limit > 0 {
+        q.push(format!("limit={}", a.limit + 1));
+        q.push(format!(
+            "offset={}",
+            u64::from(a.page - 1) * u64::from(a.limit)
+        ));
+    } else if a.page > 1 {
+        bail!("--page needs a --limit above 0");
+    }
+    Ok(format!("/v1/jobs?{}", q.join("&")))
 }
 
 fn explain_text(e: &Explanation) -> String {
@@ -450,7 +696,8 @@ fn query_escape(s: &str) -> String {
         .collect()
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
+    let zone = Zone(if cli.utc { UtcOffset::UTC } else { local });
     if let Command::Simulate(args) = cli.command {
         return fleet_sim::cli::run(*args);
     }
@@ -488,23 +735,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let view: FleetView = serde_json::from_value(v).context("decoding the fleet view")?;
             print(&clusters_table(&view))
         }
-        Command::Jobs { state, origin } => {
-            let mut q = Vec::new();
-            if let Some(s) = state {
-                let parsed: JobState = serde_json::from_value(serde_json::Value::String(s.to_ascii_lowercase()))
-                    .map_err(|_| anyhow::anyhow!("unknown state {s:?} (held, queued, assigned, pending, running, completed, failed, cancelled, lost)"))?;
-                q.push(format!("state={parsed}"));
-            }
-            if let Some(o) = origin {
-                q.push(format!("origin={}", query_escape(o)));
-            }
-            let path = if q.is_empty() { "/v1/jobs".to_string() } else { format!("/v1/jobs?{}", q.join("&")) };
-            let v = client.call(reqwest::Method::GET, &path)?;
+        Command::Jobs(a) => {
+            let v = client.call(reqwest::Method::GET, &jobs_query(a, now(), zone)?)?;
+            let mut jobs: Vec<JobRecord> = serde_json::from_value(v).context("decoding the job list")?;
+            let more = a.limit > 0 && jobs.len() > a.limit as usize;
+            jobs.truncate(if a.limit > 0 { a.limit as usize } else { jobs.len() });
             if cli.json {
-                return print_json(&v);
+                print_json(&serde_json::to_value(&jobs)?)?;
+            } else {
+                print(&jobs_table(&jobs, now(), zone))?;
             }
-            let jobs: Vec<JobRecord> = serde_json::from_value(v).context("decoding the job list")?;
-            print(&jobs_table(&jobs, now()))
+            if more {
+                // On stderr, so that a pipe reads the table alone.
+                let first = u64::from(a.page - 1) * u64::from(a.limit) + 1;
+                eprintln!(
+                    "fleetctl: jobs {first}-{} (newest first); more on --page {}",
+                    first + jobs.len() as u64 - 1,
+                    a.page + 1
+                );
+            }
+            Ok(())
         }
         Command::Job { id, action } => {
             let (method, path) = match (action, id) {
@@ -542,7 +792,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 None => {
                     let r: JobRecord = serde_json::from_value(v).context("decoding the job")?;
-                    print(&job_fields(&r))
+                    print(&job_fields(&r, now(), zone))
                 }
             }
         }
@@ -554,8 +804,10 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: `time` reads the local offset only then.
+    let local = UtcOffset::current_local_offset().unwrap_or(UtcOffset::UTC);
     let cli = Cli::parse(); // usage errors exit 2, --help/--version exit 0
-    match run(cli) {
+    match run(cli, local) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
@@ -580,7 +832,11 @@ mod tests {
     #[test]
     fn parse_table() {
         check(&["clusters"], "Clusters");
-        check(&["jobs", "--state", "running"], "Jobs { state: Some(\"running\")");
+        check(&["jobs", "--state", "running"], "Jobs(JobsArgs { state: Some(\"running\")");
+        check(&["jobs", "--limit", "10001"], "error 2");
+        check(&["jobs", "--page", "0"], "error 2");
+        check(&["jobs", "--active", "--finished"], "error 2");
+        check(&["jobs", "--origin-job", "x"], "error 2");
         check(&["job", "abc"], "Job { id: Some(\"abc\"), action: None }");
         check(&["job", "cancel", "abc"], "Job { id: None, action: Some(Cancel { id: \"abc\" }) }");
         check(&["job", "explain", "abc"], "Job { id: None, action: Some(Explain { id: \"abc\" }) }");
@@ -620,5 +876,179 @@ mod tests {
         assert!(t.contains("j1   a     b"), "{t}");
         assert!(t.contains("12.35"), "{t}");
         assert!(t.ends_with("proposals only: migrations are not carried out yet\n"), "{t}");
+    }
+
+    fn record(
+        state: JobState,
+        remote: Option<u64>,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    ) -> JobRecord {
+        serde_json::from_value(serde_json::json!({
+            "fleet_job_id": "j1", "origin": "beta", "state": state, "submitted_at": 0.0, "updated_at": 0.0,
+            "remote_job_id": remote, "exit_code": exit_code, "signal": signal,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn exit_column() {
+        use JobState::*;
+        for (state, remote, code, sig, want) in [
+            (Running, Some(7), None, None, "-"),
+            (Completed, Some(7), Some(0), None, "0"),
+            (Failed, Some(7), Some(3), None, "3"),
+            (Failed, Some(7), Some(0), Some(9), "0:9"),
+            (Cancelled, Some(7), Some(0), Some(15), "0:15"),
+            // Never ran: sbatch refused it at the target (no remote id),
+            // or Slurm's FAILED/CANCELLED 0:0 of a job that never started.
+            (Failed, None, Some(1), None, "-"),
+            (Failed, None, None, None, "-"),
+            (Failed, Some(7), Some(0), None, "-"),
+            (Cancelled, Some(7), Some(0), Some(0), "-"),
+            (Lost, Some(7), None, None, "-"),
+        ] {
+            assert_eq!(
+                exit_text(&record(state, remote, code, sig)),
+                want,
+                "{state} {remote:?} {code:?} {sig:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn since_forms() {
+        let utc = Zone(UtcOffset::UTC);
+        let plus1 = Zone(UtcOffset::from_hms(1, 0, 0).unwrap());
+        let now = 1_764_600_000.0; // 2025-12-01T14:40:00Z
+        let ok = [
+            ("90s", utc, now - 90.0),
+            ("30m", utc, now - 1800.0),
+            ("2h", utc, now - 7200.0),
+            ("1h30m", utc, now - 5400.0),
+            ("3d", utc, now - 259_200.0),
+            ("1w", utc, now - 604_800.0),
+            ("@1700000000", utc, 1_700_000_000.0),
+            ("2025-12-01", utc, 1_764_547_200.0),
+            ("2025-12-01", plus1, 1_764_547_200.0 - 3600.0),
+            ("2025-12-01T14:40", utc, now),
+            ("2025-12-01 14:40:05", utc, now + 5.0),
+            ("2025-12-01T14:40:00Z", plus1, now),
+            ("2025-12-01T15:40:00+01:00", utc, now),
+            ("2025-12-01T14:40", plus1, now - 3600.0),
+        ];
+        for (s, zone, want) in ok {
+            assert_eq!(parse_since(s, now, zone), Ok(want), "{s}");
+        }
+        for bad in [
+            "",
+            "yesterday",
+            "2h3",
+            "h",
+            "5x",
+            "-5m",
+            "2025-13-01",
+            "2025-12-01T25:00",
+            "2025-12-01T14:40+1",
+            "@",
+            "@-1",
+            "@nan",
+            "99999999999999999999w",
+            "2025-12-0",
+            "2025-12-01Tx",
+        ] {
+            let e = parse_since(bad, now, utc).unwrap_err();
+            assert!(
+                e.contains("--since") && e.contains("duration"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn jobs_table_and_query() {
+        let mut j = record(JobState::Failed, None, Some(1), None);
+        j.user = Some("ann".into());
+        j.origin_job_id = Some(101);
+        j.submitted_at = 1_764_600_000.0;
+        j.reason = "sbatch at alpha: error: Invalid\naccount".into();
+        j.summary = "h100x8 60m".into();
+        let t = jobs_table(&[j.clone()], 1_764_600_300.0, Zone(UtcOffset::UTC));
+        let mut lines = t.lines();
+        let header = lines.next().unwrap();
+        assert!(
+            header.starts_with(
+                "ID  USER  ORIGIN  ORIGIN_JOB  TARGET  REMOTE  STATE   EXIT  SUBMITTED(UTC)"
+            ),
+            "{t}"
+        );
+        let row = lines.next().unwrap();
+        let cells: Vec<&str> = row
+            .split("  ")
+            .filter(|c| !c.is_empty())
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            cells,
+            [
+                "j1",
+                "ann",
+                "beta",
+                "101",
+                "-",
+                "-",
+                "failed",
+                "-",
+                "2025-12-01 14:40:00",
+                "5m",
+                "h100x8 60m",
+                "sbatch at alpha: error: Invalid account"
+            ],
+            "{t}"
+        );
+        let f = job_fields(
+            &j,
+            1_764_600_300.0,
+            Zone(UtcOffset::from_hms(1, 0, 0).unwrap()),
+        );
+        assert!(
+            f.contains("submitted_at      2025-12-01T15:40:00+01:00 (5m ago; 1764600000.000)"),
+            "{f}"
+        );
+        assert!(
+            f.contains("exit              - (never ran; see reason)"),
+            "{f}"
+        );
+        assert!(f.contains("user              ann"), "{f}");
+
+        let args =
+            |extra: &[&str]| match Cli::try_parse_from(["fleetctl", "jobs"].iter().chain(extra))
+                .unwrap()
+                .command
+            {
+                Command::Jobs(a) => a,
+                c => panic!("{c:?}"),
+            };
+        let q = |extra: &[&str]| {
+            jobs_query(&args(extra), 1_000_000.0, Zone(UtcOffset::UTC)).map_err(|e| e.to_string())
+        };
+        assert_eq!(q(&[]).unwrap(), "/v1/jobs?order=desc&limit=51&offset=0");
+        assert_eq!(
+            q(&["--user", "a b", "--cluster", "alpha", "--origin", "beta", "--origin-job", "7", "--since", "1h", "--state", "FAILED", "--finished", "--limit", "10", "--page", "3"]).unwrap(),
+            "/v1/jobs?order=desc&state=failed&origin=beta&target=alpha&user=a%20b&origin_job=7&since=996400&active=false&limit=11&offset=20"
+        );
+        assert_eq!(
+            q(&["--limit", "0", "--active"]).unwrap(),
+            "/v1/jobs?order=desc&active=true"
+        );
+        assert!(q(&["--limit", "0", "--page", "2"])
+            .unwrap_err()
+            .contains("--page needs a --limit"));
+        assert!(q(&["--state", "bogus"])
+            .unwrap_err()
+            .contains("--state \"bogus\": unknown state"));
+        assert!(q(&["--since", "soon"])
+            .unwrap_err()
+            .contains("--since \"soon\""));
     }
 }

@@ -1,4 +1,7 @@
-//! `fleet-agent --conf /etc/slurm/fleet.conf`
+//! `fleet-agent --conf /etc/slurm/fleet.conf` (add `--check` to check the
+//! set-up without starting).
+
+mod checks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,7 +15,11 @@ struct Args {
     /// fleet.conf (slurm.conf syntax). Default: beside $SLURM_CONF, else /etc/slurm/fleet.conf.
     #[arg(long, env = "FLEET_CONF")]
     conf: Option<PathBuf>,
-    /// Check the configuration, print what the agent would use, and exit.
+    /// Run every start-up check (sudo rule, proxy partition, spool and
+    /// socket reachable by the job user and SlurmUser, token file, CA,
+    /// meta-scheduler reachable with the token, no other agent running),
+    /// print PASS/WARN/FAIL with reasons and hints, and exit: 0 when none
+    /// failed, 1 otherwise. Run it as the agent's user. Prints no secret.
     #[arg(long)]
     check: bool,
 }
@@ -29,17 +36,47 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Colour only for a person at a terminal: journald and log files get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLEET_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log_level)),
         )
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
     if args.check {
-        println!("{cfg:#?}");
-        return ExitCode::SUCCESS;
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("fleet-agent: cannot start the runtime: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let results = rt.block_on(checks::run_all(&conf, &cfg));
+        print!("{}", checks::report(&results));
+        let failed = results
+            .iter()
+            .any(|c| matches!(c.outcome, checks::Outcome::Fail { .. }));
+        return if failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
     }
+    // One agent per site, decided before the socket is touched; held until exit.
+    let _instance = match checks::lock_instance(&cfg.spool) {
+        Ok(lock) => lock,
+        Err(e) => {
+            eprintln!("fleet-agent: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -573,6 +573,7 @@ mod tests {
             summary: String::new(),
             start_requested_at: None,
             requeues: 0,
+            user: None,
         }
     }
 
