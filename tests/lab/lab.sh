@@ -59,7 +59,6 @@ JOB_USER=fleetjob
 # be in this group; the lab's researchers:
 JOB_GROUP=fleetusers
 LAB_USERS=(alice bob)
-SUDOERS=/etc/sudoers.d/fleet-lab
 READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
 
 DEB_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libslurm-dev
@@ -67,6 +66,9 @@ DEB_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libslu
               libclang-dev clang curl procps util-linux passwd)
 
 R=${FLEET_LAB_DIR:-/tmp/fleet-lab}
+# One rule file per lab directory: labs of different versions side by side
+# (another FLEET_LAB_DIR) must not overwrite each other's rule.
+SUDOERS=/etc/sudoers.d/fleet-lab-$(basename "$R" | tr -c 'A-Za-z0-9_\n' _)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN_SRC=${FLEET_BIN_DIR:-$REPO/target/release}
 FLEET_BINS=(fleet-agent fleet-proxy fleet-metasched fleetctl)

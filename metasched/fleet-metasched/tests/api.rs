@@ -1516,9 +1516,9 @@ async fn tokens_rotate_without_a_restart() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(status_with("alpha-new").await, StatusCode::OK);
-/// `GET /v1/jobs` as an admin pages through it: filters by user, origin job,
-/// target, time and state, newest first with limit/offset, and bad
-/// parameters named in a 400.
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn list_filters_and_pages() {
     use reqwest::Method as M;

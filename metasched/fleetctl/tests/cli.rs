@@ -178,7 +178,7 @@ async fn jobs_for_admins() {
             gpus_total: 8,
             gpus_free: 8,
             state: "idle".into(),
-            switch: None,
+            ..Default::default()
         }],
         ..Default::default()
     };

@@ -107,9 +107,9 @@ pub fn report(checks: &[Check]) -> String {
 /// fleet.conf `cfg` was loaded from.
 pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     let me = current_uid();
-    let run_as = cfg.run_as.as_ref().and_then(|u| Who::named(&u.name));
-    let mut out = vec![settings(conf, cfg), agent_user(me, cfg)];
-    out.push(sudo_rule(cfg).await);
+    let run_as = probe_job_user(cfg);
+    let mut out = vec![settings(conf, cfg), agent_user(me, cfg, run_as.as_ref())];
+    out.push(sudo_rule(cfg, run_as.as_ref()).await);
     out.extend(token_file(conf, run_as.as_ref()));
     out.push(proxy_partition(cfg));
     out.push(spool(cfg, me, run_as.as_ref()));
@@ -127,14 +127,14 @@ fn settings(conf: &Path, cfg: &AgentConfig) -> Check {
     pass(
         "config",
         format!(
-            "{}: SiteName={} MetaSchedulerUrl={} AgentSocket={} AgentSpoolDir={} ProxyPartition={} RunAsUser={} slurm.conf={}",
+            "{}: SiteName={} MetaSchedulerUrl={} AgentSocket={} AgentSpoolDir={} ProxyPartition={} job users: {} slurm.conf={}",
             conf.display(),
             cfg.site,
             cfg.metasched_url,
             cfg.socket.display(),
             cfg.spool.display(),
             cfg.proxy_partition,
-            cfg.run_as.as_ref().map_or("(unset)", |u| u.name.as_str()),
+            fleet_agent::identity::describe(&cfg.identity.mapping),
             cfg.slurm_conf.display()
         ),
     )
@@ -146,7 +146,22 @@ fn current_uid() -> u32 {
         .unwrap_or(u32::MAX)
 }
 
-fn agent_user(me: u32, cfg: &AgentConfig) -> Check {
+/// A user jobs forwarded here would run as, to check modes and the sudo
+/// rule with: the shared `RunAsUser`, or the first member of
+/// `JobUserGroup` with a uid of at least `MinJobUid`.
+pub fn probe_job_user(cfg: &AgentConfig) -> Option<Who> {
+    if let Some(u) = &cfg.run_as {
+        return Who::named(&u.name);
+    }
+    let acc = fleet_agent::identity::Accounts::read().ok()?;
+    let name = acc
+        .members(&cfg.identity.group)
+        .into_iter()
+        .find(|m| acc.user(m).is_some_and(|(uid, _)| uid >= cfg.identity.min_uid && uid != cfg.identity.agent_uid))?;
+    Who::named(&name)
+}
+
+fn agent_user(me: u32, cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
     const NAME: &str = "agent user";
     if me == 0 {
         return fail(
@@ -155,43 +170,40 @@ fn agent_user(me: u32, cfg: &AgentConfig) -> Check {
             "run the agent and this check as its service user: sudo -u fleet fleet-agent --check",
         );
     }
-    match &cfg.run_as {
+    match job_user {
         Some(u) if u.uid == me => fail(
             NAME,
-            format!("the agent runs as RunAsUser={} (uid {me}): job code could read its token and journal", u.name),
-            "run the agent as its own user (e.g. fleet) and jobs as RunAsUser (e.g. fleetjob)",
+            format!("the agent runs as job user {} (uid {me}): job code could read its token and journal", u.name),
+            "run the agent as its own service user (e.g. fleet), outside JobUserGroup",
         ),
-        Some(u) => pass(NAME, format!("uid {me}, distinct from RunAsUser={} (uid {})", u.name, u.uid)),
+        Some(u) => pass(NAME, format!("uid {me}, distinct from job users (e.g. {} uid {})", u.name, u.uid)),
         None => warn(
             NAME,
-            format!("uid {me}; no RunAsUser: jobs forwarded here run as the agent's own user and could read its token"),
-            "set RunAsUser in fleet.conf (e.g. fleetjob) and give the agent its sudo rule",
+            format!(
+                "uid {me}; {} has no member with a uid of at least {}: no forwarded job can run here yet",
+                cfg.identity.group, cfg.identity.min_uid
+            ),
+            format!("add the researchers to group {}", cfg.identity.group),
         ),
     }
 }
 
-async fn sudo_rule(cfg: &AgentConfig) -> Check {
+async fn sudo_rule(cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
     const NAME: &str = "sudo rule";
-    let Some(u) = &cfg.run_as else {
-        return pass(
-            NAME,
-            "no RunAsUser: the agent submits as itself, no sudo needed",
-        );
+    let Some(u) = job_user else {
+        return warn(NAME, "no job user to check the sudo rule with", format!("add a researcher to {}", cfg.identity.group));
     };
     let backend = SlurmBackend {
         bin: cfg.slurm_bin.clone(),
         slurm_conf: cfg.slurm_conf.clone(),
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
-        run_as: cfg.run_as.clone(),
     };
     let bin = cfg.slurm_bin.display();
-    let hint = format!(
-        "sudoers: `<agent user> ALL=({}) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel`",
-        u.name
-    );
+    let who = if cfg.run_as.is_some() { u.name.clone() } else { format!("%{}", cfg.identity.group) };
+    let hint = format!("sudoers: `<agent user> ALL=({who}) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel`");
     // The start's own check (sbatch), then scancel, which the start trusts.
-    if let Err(e) = backend.check_run_as(u).await {
+    if let Err(e) = backend.check_sudo(&u.name).await {
         return fail(NAME, format!("{e:#}"), hint);
     }
     let scancel = cfg.slurm_bin.join("scancel");
@@ -204,10 +216,7 @@ async fn sudo_rule(cfg: &AgentConfig) -> Check {
     match tokio::time::timeout(Duration::from_secs(10), out).await {
         Ok(Ok(o)) if o.status.success() => pass(
             NAME,
-            format!(
-                "sudo -n lets the agent run {bin}/sbatch and {bin}/scancel as {}",
-                u.name
-            ),
+            format!("sudo -n lets the agent run {bin}/sbatch and {bin}/scancel as {} ({who})", u.name),
         ),
         Ok(Ok(o)) => fail(
             NAME,
