@@ -15,13 +15,25 @@ use crate::trace::{self, Trace};
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
     /// Job trace in the Philly table format
-    /// (`timestamp,duration,num_gpus,gpu_time,cluster`; `cluster` is the home label).
+    /// (`timestamp,duration,num_gpus,gpu_time,cluster`; `cluster` is the team label).
+    /// A bad row is an error with its file:line (see --skip-invalid).
     #[arg(long)]
     pub trace: PathBuf,
-    /// Fleet TOML (the engine's format, e.g. `conf/fleet-sample.toml`). An optional
-    /// `[home_map]` table maps trace home labels to cluster names.
+    /// Skip trace rows that cannot be read instead of failing; every skipped row is
+    /// reported on stderr and in the report's notes, with the totals.
+    #[arg(long)]
+    pub skip_invalid: bool,
+    /// Longest job run time accepted in the trace (days); longer rows are invalid.
+    #[arg(long, default_value_t = 365.0)]
+    pub max_duration_days: f64,
+    /// Fleet TOML (the engine's format, e.g. `conf/fleet-sample.toml`); strict: unknown
+    /// keys are errors. Its `[[teams]]` give each trace team label its home cluster.
     #[arg(long)]
     pub fleet: PathBuf,
+    /// Assign teams that the fleet file does not declare to clusters by load
+    /// (largest team to the emptiest cluster per GPU); without it they are an error.
+    #[arg(long)]
+    pub auto_homes: bool,
     /// Engine policy to replay (`cost`, `time`, `green`, or one defined in
     /// --policies), a baseline (`home-only`, `greedy`, `random`), or `all` for every
     /// engine policy plus the baselines.
@@ -100,7 +112,9 @@ pub struct Loaded {
 }
 
 fn dir_or(explicit: &Option<PathBuf>, data: &Option<PathBuf>, sub: &str) -> Option<PathBuf> {
-    explicit.clone().or_else(|| data.as_ref().map(|d| d.join(sub)))
+    explicit
+        .clone()
+        .or_else(|| data.as_ref().map(|d| d.join(sub)))
 }
 
 fn sorted_files(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
@@ -115,11 +129,30 @@ fn sorted_files(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
 
 /// Read every input named by the flags.
 pub fn load(args: &SimulateArgs) -> Result<Loaded> {
-    let trace = trace::read_philly_file(&args.trace)?;
-    let fleet_text =
-        std::fs::read_to_string(&args.fleet).with_context(|| format!("reading {}", args.fleet.display()))?;
+    if !(args.max_duration_days.is_finite() && args.max_duration_days > 0.0) {
+        bail!("--max-duration-days must be > 0");
+    }
+    let opts = trace::ReadOptions {
+        skip_invalid: args.skip_invalid,
+        max_duration_s: args.max_duration_days * 86_400.0,
+    };
+    let trace = trace::read_philly_file(&args.trace, &opts)?;
+    for d in &trace.diagnostics {
+        eprintln!("skipped {d}");
+    }
+    if trace.skipped > 0 {
+        eprintln!(
+            "skipped {} invalid trace rows; {} jobs read",
+            trace.skipped,
+            trace.jobs.len()
+        );
+    }
+    let fleet_text = std::fs::read_to_string(&args.fleet)
+        .with_context(|| format!("reading {}", args.fleet.display()))?;
     let policies_text = match &args.policies {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
         None => None,
     };
     let mut carbon = Vec::new();
@@ -131,13 +164,18 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
     let mut egress = Vec::new();
     if let Some(d) = dir_or(&args.network_dir, &args.data_dir, "network") {
         for f in sorted_files(&d, "csv")? {
-            let name = f.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = f
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let provider = name.split('_').next().unwrap_or("").to_string();
             egress.push((provider, std::fs::read_to_string(&f)?));
         }
     }
     let prices = match &args.prices {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
         None => None,
     };
     let mut spot = Vec::new();
@@ -148,6 +186,7 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
     }
     let setup = EngineSetup {
         fleet_toml: fleet_text,
+        fleet_name: args.fleet.display().to_string(),
         policies_toml: policies_text,
         carbon_csvs: carbon,
         egress_csvs: egress,
@@ -166,10 +205,18 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
 /// Parse `NAME:START_H:DURATION_H`.
 fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
     let parts: Vec<&str> = s.rsplitn(3, ':').collect();
-    let [dur, start, name] = parts.as_slice() else { bail!("--outage {s:?}: expected NAME:START_H:DURATION_H") };
-    let c = model.cluster_index(name).with_context(|| format!("--outage {s:?}: no cluster {name:?}"))?;
-    let start: f64 = start.parse().with_context(|| format!("--outage {s:?}: bad start"))?;
-    let dur: f64 = dur.parse().with_context(|| format!("--outage {s:?}: bad duration"))?;
+    let [dur, start, name] = parts.as_slice() else {
+        bail!("--outage {s:?}: expected NAME:START_H:DURATION_H")
+    };
+    let c = model
+        .cluster_index(name)
+        .with_context(|| format!("--outage {s:?}: no cluster {name:?}"))?;
+    let start: f64 = start
+        .parse()
+        .with_context(|| format!("--outage {s:?}: bad start"))?;
+    let dur: f64 = dur
+        .parse()
+        .with_context(|| format!("--outage {s:?}: bad duration"))?;
     if !(start.is_finite() && dur.is_finite() && start >= 0.0 && dur > 0.0) {
         bail!("--outage {s:?}: start must be >= 0 and duration > 0");
     }
@@ -178,12 +225,17 @@ fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
 
 /// Turn trace rows into simulator jobs over `model` (home mapping, checkpoints,
 /// interruptibility).
-pub fn sim_jobs(trace: &Trace, model: &mut EngineModel, args: &SimulateArgs) -> Vec<SimJob> {
+pub fn sim_jobs(
+    trace: &Trace,
+    model: &mut EngineModel,
+    args: &SimulateArgs,
+) -> Result<Vec<SimJob>> {
     let limit = args.limit.unwrap_or(usize::MAX);
     let rows = &trace.jobs[..trace.jobs.len().min(limit)];
-    let homes = model.home_map(rows);
+    let homes = model.home_map(rows, args.auto_homes)?;
     let share = args.interruptible_share.clamp(0.0, 1.0);
-    rows.iter()
+    Ok(rows
+        .iter()
         .map(|r| SimJob {
             id: r.id,
             submit_s: r.submit_s,
@@ -194,7 +246,7 @@ pub fn sim_jobs(trace: &Trace, model: &mut EngineModel, args: &SimulateArgs) -> 
             interruptible: ((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor(),
             checkpoint_s: args.checkpoint_interval_s.max(0.0),
         })
-        .collect()
+        .collect())
 }
 
 /// The strategies a run replays.
@@ -209,12 +261,19 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
                 v.push(Strategy::Engine(p));
             }
         }
-    } else if let Some(b) = [Strategy::HomeOnly, Strategy::Greedy, Strategy::Random].into_iter().find(|b| b.name() == args.policy) {
+    } else if let Some(b) = [Strategy::HomeOnly, Strategy::Greedy, Strategy::Random]
+        .into_iter()
+        .find(|b| b.name() == args.policy)
+    {
         v.push(b);
         return Ok(v);
     } else {
         if !model.policy_names().contains(&args.policy) {
-            bail!("unknown policy {:?} (known: {})", args.policy, model.policy_names().join(", "));
+            bail!(
+                "unknown policy {:?} (known: {})",
+                args.policy,
+                model.policy_names().join(", ")
+            );
         }
         v.push(Strategy::Engine(args.policy.clone()));
     }
@@ -227,10 +286,13 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
 /// Run every strategy over the loaded inputs and build the report.
 pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
-    let jobs = sim_jobs(&loaded.trace, &mut model, args);
+    let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
     model.assign_spot_traces(&loaded.spot);
-    let outages: Vec<(usize, f64, f64)> =
-        args.outages.iter().map(|s| parse_outage(s, &model)).collect::<Result<_>>()?;
+    let outages: Vec<(usize, f64, f64)> = args
+        .outages
+        .iter()
+        .map(|s| parse_outage(s, &model))
+        .collect::<Result<_>>()?;
     let cfg = SimConfig {
         seed: args.seed,
         outages,
@@ -243,7 +305,9 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     } else {
         // Draws only when stderr is a terminal.
         let b = indicatif::ProgressBar::new((jobs.len() * strategies.len()) as u64);
-        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})") {
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})",
+        ) {
             b.set_style(style.progress_chars("=> "));
         }
         b
@@ -253,7 +317,11 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     // thread count or on scheduling.
     let threads = args
         .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
         .max(1);
     let mut policies: Vec<Option<crate::report::PolicyReport>> = vec![None; strategies.len()];
     for chunk in (0..strategies.len()).collect::<Vec<_>>().chunks(threads) {
@@ -265,7 +333,8 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
                     let (jobs, cfg, bar, loaded) = (&jobs, &cfg, &bar, loaded);
                     let spot_traces = &loaded.spot;
                     sc.spawn(move || {
-                        let mut m = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+                        let mut m =
+                            EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
                         m.assign_spot_traces(spot_traces);
                         let last = std::cell::Cell::new(0u64);
                         let tick = |n: u64| {
@@ -279,7 +348,13 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             chunk
                 .iter()
                 .zip(handles)
-                .map(|(&k, h)| (k, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked")))))
+                .map(|(&k, h)| {
+                    (
+                        k,
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked"))),
+                    )
+                })
                 .collect()
         });
         for (k, r) in results {
@@ -290,12 +365,27 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     bar.finish_and_clear();
     let (lb_usd, lb_co2) = sim::lower_bound(&mut model, &jobs);
     for p in &mut policies {
-        p.ratio_to_lower_bound = if lb_usd > 0.0 { p.total_usd / lb_usd } else { 0.0 };
+        p.ratio_to_lower_bound = if lb_usd > 0.0 {
+            p.total_usd / lb_usd
+        } else {
+            0.0
+        };
     }
     let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
     let mut notes = model.notes();
-    if !loaded.trace.diagnostics.is_empty() {
-        notes.push(format!("{} trace rows skipped; first: {}", loaded.trace.diagnostics.len(), loaded.trace.diagnostics[0]));
+    if loaded.trace.skipped > 0 {
+        notes.push(format!(
+            "--skip-invalid: {} trace rows skipped, {} jobs read",
+            loaded.trace.skipped,
+            loaded.trace.jobs.len()
+        ));
+        notes.extend(
+            loaded
+                .trace
+                .diagnostics
+                .iter()
+                .map(|d| format!("skipped {d}")),
+        );
     }
     let mut report = Report {
         trace: loaded.trace_name.clone(),
@@ -326,7 +416,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             eprintln!("wrote {}", f.display());
         }
     }
-    eprintln!("simulated {} jobs × {} runs in {:.2} s", report.jobs, report.policies.len(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "simulated {} jobs × {} runs in {:.2} s",
+        report.jobs,
+        report.policies.len(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

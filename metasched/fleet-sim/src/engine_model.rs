@@ -9,8 +9,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
-    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
-    JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob, Pricing,
+    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig,
+    FleetModel, FleetState, JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob,
+    Pricing,
 };
 
 use crate::sim::{ClusterLoad, Model, Move, Offer, RunningJob, SimCluster, SimJob, SimPool};
@@ -21,6 +22,8 @@ use crate::trace::TraceJob;
 #[derive(Debug, Clone, Default)]
 pub struct EngineSetup {
     pub fleet_toml: String,
+    /// The fleet file's name, for `file:line` in errors.
+    pub fleet_name: String,
     /// `[policies.<name>]` tables; `None` = the engine's built-ins.
     pub policies_toml: Option<String>,
     /// (name, text) of carbon series CSVs.
@@ -53,7 +56,6 @@ pub struct EngineModel {
     /// Spot trace of each (cluster, pool) that sells spot.
     pool_spot: Vec<Vec<Option<usize>>>,
     notes: Vec<String>,
-    home_map: BTreeMap<String, String>,
     pub margin: MigrationMargin,
 }
 
@@ -65,19 +67,16 @@ impl EngineModel {
     /// Build from file contents. `epoch_unix` is the trace's first submission, used to
     /// look up carbon intensity (series repeat yearly).
     pub fn new(setup: &EngineSetup, epoch_unix: f64) -> Result<EngineModel> {
-        // The simulator's own tables are taken out before the engine reads the file:
-        // `FleetConfig` denies unknown fields (its `extra` catch-all cannot work
-        // together with `deny_unknown_fields` in serde).
-        let mut raw: toml::Table = toml::from_str(&setup.fleet_toml).context("fleet TOML")?;
-        let sim_home_map = raw.remove("home_map");
-        let mut cfg: FleetConfig = raw.try_into().context("fleet TOML")?;
-        let mut notes = Vec::new();
-        let home_map: BTreeMap<String, String> = match sim_home_map.as_ref().or(cfg.extra.get("home_map")) {
-            Some(toml::Value::Table(t)) => {
-                t.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect()
-            }
-            _ => BTreeMap::new(),
+        // The engine's own strict reader: unknown keys anywhere are errors with
+        // file:line:col.
+        let fleet_name = if setup.fleet_name.is_empty() {
+            "fleet TOML"
+        } else {
+            setup.fleet_name.as_str()
         };
+        let mut cfg: FleetConfig =
+            fleet_engine::model::parse_config(&setup.fleet_toml, fleet_name)?;
+        let mut notes = Vec::new();
         // The simulator's synthetic datasets: one per cluster, in its region.
         if setup.dataset_gb > 0.0 {
             for c in &cfg.clusters {
@@ -88,7 +87,8 @@ impl EngineModel {
                 });
             }
         }
-        let mut fleet = FleetModel::build(cfg).context("fleet model")?;
+        let mut fleet = FleetModel::build(cfg)
+            .map_err(|e| fleet_engine::model::locate(e, &setup.fleet_toml, fleet_name))?;
         if let Some(p) = &setup.prices_csv {
             let t = parse_prices(p).map_err(|e| anyhow::anyhow!("price table: {e}"))?;
             // GCP rows are accelerator-only (no host VM): not comparable, left out.
@@ -141,7 +141,10 @@ impl EngineModel {
                     .collect(),
             })
             .collect();
-        let no_spot = |p: &Policy| Policy { allow_spot: false, ..p.clone() };
+        let no_spot = |p: &Policy| Policy {
+            allow_spot: false,
+            ..p.clone()
+        };
         let mut baseline_policies = BTreeMap::new();
         let pure_price = Policy {
             name: GREEDY.into(),
@@ -151,13 +154,28 @@ impl EngineModel {
             allow_spot: false,
             use_lca: false,
         };
-        baseline_policies.insert(HOME_ONLY, Policy { name: HOME_ONLY.into(), ..no_spot(&pure_price) });
+        baseline_policies.insert(
+            HOME_ONLY,
+            Policy {
+                name: HOME_ONLY.into(),
+                ..no_spot(&pure_price)
+            },
+        );
         baseline_policies.insert(GREEDY, pure_price.clone());
         baseline_policies.insert(
             LOWER_BOUND,
-            Policy { name: LOWER_BOUND.into(), egress_weight: 0.0, allow_spot: true, ..pure_price },
+            Policy {
+                name: LOWER_BOUND.into(),
+                egress_weight: 0.0,
+                allow_spot: true,
+                ..pure_price
+            },
         );
-        let pool_spot = fleet.clusters.iter().map(|c| vec![None; c.pools.len()]).collect();
+        let pool_spot = fleet
+            .clusters
+            .iter()
+            .map(|c| vec![None; c.pools.len()])
+            .collect();
         Ok(EngineModel {
             fleet,
             policies,
@@ -169,7 +187,6 @@ impl EngineModel {
             spot_rates: Vec::new(),
             pool_spot,
             notes,
-            home_map,
             margin: MigrationMargin::default(),
         })
     }
@@ -186,26 +203,42 @@ impl EngineModel {
         self.notes.clone()
     }
 
-    /// Map trace home labels to cluster indexes: `[home_map]` entries first; every
-    /// other label, by decreasing GPU-hours, goes to the cluster with the lowest
-    /// assigned GPU-hours per GPU of capacity (ties: lower index). Deterministic.
-    pub fn home_map(&mut self, rows: &[TraceJob]) -> BTreeMap<String, usize> {
-        let cap: Vec<f64> =
-            self.clusters.iter().map(|c| c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0)).collect();
+    /// Map trace team labels to their home clusters: the fleet's `[[teams]]`
+    /// (a team named `*` is the home of every label not declared). A label
+    /// without a declared home is an error, unless `auto`: then labels, by
+    /// decreasing GPU-hours, go to the cluster with the lowest assigned GPU-hours
+    /// per GPU of capacity (ties: lower index), and the map is printed.
+    pub fn home_map(&mut self, rows: &[TraceJob], auto: bool) -> Result<BTreeMap<String, usize>> {
+        let cap: Vec<f64> = self
+            .clusters
+            .iter()
+            .map(|c| c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0))
+            .collect();
         let mut load = vec![0.0; cap.len()];
         let mut out = BTreeMap::new();
         let labels = crate::cli::labels_by_load(rows);
+        let fallback = self.fleet.team_home("*");
+        let mut missing = Vec::new();
         for (label, gpu_h) in &labels {
-            if let Some(name) = self.home_map.get(label) {
-                match self.cluster_index(name) {
-                    Some(c) => {
-                        out.insert(label.clone(), c);
-                        load[c] += gpu_h;
-                    }
-                    None => self.notes.push(format!("[home_map] {label} = {name:?}: no such cluster; assigned automatically")),
+            match self.fleet.team_home(label).or(fallback) {
+                Some(c) => {
+                    out.insert(label.clone(), c as usize);
+                    load[c as usize] += gpu_h;
                 }
+                None => missing.push(label.clone()),
             }
         }
+        if !missing.is_empty() && !auto {
+            let n = missing.len();
+            missing.truncate(10);
+            anyhow::bail!(
+                "{n} team(s) of the trace have no declared home in the fleet file: {}{} \
+                 (add [[teams]] name = \"<label>\" home = \"<cluster>\", a team \"*\" for all others, or pass --auto-homes)",
+                missing.join(", "),
+                if n > 10 { ", ..." } else { "" }
+            );
+        }
+        let mut auto_assigned = 0;
         for (label, gpu_h) in &labels {
             if out.contains_key(label) || cap.is_empty() {
                 continue;
@@ -218,11 +251,19 @@ impl EngineModel {
             }
             load[best] += gpu_h;
             out.insert(label.clone(), best);
+            auto_assigned += 1;
         }
-        let mut desc: Vec<String> = out.iter().map(|(l, c)| format!("{l}→{}", self.clusters[*c].name)).collect();
+        let mut desc: Vec<String> = out
+            .iter()
+            .map(|(l, c)| format!("{l}→{}", self.clusters[*c].name))
+            .collect();
         desc.sort();
-        self.notes.push(format!("home map: {}", desc.join(", ")));
-        out
+        self.notes.push(format!(
+            "home map ({} declared, {auto_assigned} assigned by --auto-homes): {}",
+            out.len() - auto_assigned,
+            desc.join(", ")
+        ));
+        Ok(out)
     }
 
     /// Give every pool that sells spot a spot trace: first a trace whose name holds
@@ -237,8 +278,13 @@ impl EngineModel {
             .iter()
             .map(|t| {
                 let max = t.max.max(1) as f64;
-                let avail_h: f64 = t.data.iter().map(|&d| d as f64 / max).sum::<f64>() * t.gap_s / 3600.0;
-                let lost: f64 = t.data.windows(2).map(|w| w[0].saturating_sub(w[1]) as f64 / max).sum();
+                let avail_h: f64 =
+                    t.data.iter().map(|&d| d as f64 / max).sum::<f64>() * t.gap_s / 3600.0;
+                let lost: f64 = t
+                    .data
+                    .windows(2)
+                    .map(|w| w[0].saturating_sub(w[1]) as f64 / max)
+                    .sum();
                 if avail_h > 0.0 {
                     lost / avail_h
                 } else {
@@ -247,7 +293,8 @@ impl EngineModel {
             })
             .collect();
         if traces.is_empty() {
-            self.notes.push("no spot traces: spot capacity is never reclaimed".into());
+            self.notes
+                .push("no spot traces: spot capacity is never reclaimed".into());
             return;
         }
         let mut rr = 0usize;
@@ -256,12 +303,19 @@ impl EngineModel {
             if c.onprem {
                 continue;
             }
-            let region = c.region.split_once(':').map(|x| x.1).unwrap_or(&c.region).to_string();
+            let region = c
+                .region
+                .split_once(':')
+                .map(|x| x.1)
+                .unwrap_or(&c.region)
+                .to_string();
             for (pi, p) in c.pools.iter().enumerate() {
                 if p.prices.spot.is_none() {
                     continue;
                 }
-                let by_region = traces.iter().position(|t| !region.is_empty() && t.name.contains(&region));
+                let by_region = traces
+                    .iter()
+                    .position(|t| !region.is_empty() && t.name.contains(&region));
                 let k = by_region.unwrap_or_else(|| {
                     let k = rr % traces.len();
                     rr += 1;
@@ -269,14 +323,21 @@ impl EngineModel {
                 });
                 self.pool_spot[ci][pi] = Some(k);
                 self.clusters[ci].pools[pi].spot_trace = Some(k);
-                used.push(format!("{}/{}→{} ({:.3}/h)", c.name, p.name, traces[k].name, self.spot_rates[k]));
+                used.push(format!(
+                    "{}/{}→{} ({:.3}/h)",
+                    c.name, p.name, traces[k].name, self.spot_rates[k]
+                ));
             }
         }
         self.notes.push(format!("spot traces: {}", used.join(", ")));
     }
 
     fn spec_for(&self, job: &SimJob) -> JobSpec {
-        let home = self.clusters.get(job.home).map(|c| c.name.clone()).unwrap_or_default();
+        let home = self
+            .clusters
+            .get(job.home)
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
         JobSpec {
             id: job.id.to_string(),
             gpus: job.gpus,
@@ -303,7 +364,9 @@ impl EngineModel {
             self.prepared[job.id] = Some(prepare(&self.fleet, &spec));
         }
         // Filled just above.
-        self.prepared[job.id].as_ref().unwrap_or_else(|| unreachable!())
+        self.prepared[job.id]
+            .as_ref()
+            .unwrap_or_else(|| unreachable!())
     }
 
     /// Copy the simulator's load into the engine state. `gpus`: the job being placed
@@ -319,10 +382,17 @@ impl EngineModel {
                 let free = pl.start_free;
                 ps.free_gpus = free;
                 ps.expected_wait_s = Some(pl.est_wait_s);
-                let trace = self.pool_spot.get(ci).and_then(|v| v.get(pi)).copied().flatten();
+                let trace = self
+                    .pool_spot
+                    .get(ci)
+                    .and_then(|v| v.get(pi))
+                    .copied()
+                    .flatten();
                 let has_spot = self.fleet.clusters[ci].pools[pi].prices.spot.is_some();
-                ps.spot_available =
-                    has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (trace.is_none() || pl.spot_fraction > 0.0);
+                ps.spot_available = has_spot
+                    && free > 0
+                    && pl.spot_free >= gpus.max(1)
+                    && (trace.is_none() || pl.spot_fraction > 0.0);
                 ps.spot_preemptions_per_hour = trace.and_then(|k| self.spot_rates.get(k).copied());
             }
         }
@@ -341,7 +411,10 @@ impl EngineModel {
 
     fn policy(&self, name: &str) -> Option<Policy> {
         let name = if name == RANDOM { "cost" } else { name };
-        self.baseline_policies.get(name).cloned().or_else(|| self.policies.get(name).cloned())
+        self.baseline_policies
+            .get(name)
+            .cloned()
+            .or_else(|| self.policies.get(name).cloned())
     }
 }
 
@@ -354,15 +427,22 @@ impl Model for EngineModel {
     /// feasible cluster's best pool under the baseline's pure-price policy, ranked by
     /// score (ties: home first, then cluster order).
     fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
-        let Some(pol) = self.policy(policy) else { return Vec::new() };
+        let Some(pol) = self.policy(policy) else {
+            return Vec::new();
+        };
         self.sync_state(now, load, job.gpus);
         self.prepared(job);
-        let Some(pj) = self.prepared.get(job.id).and_then(|p| p.as_ref()) else { return Vec::new() };
+        let Some(pj) = self.prepared.get(job.id).and_then(|p| p.as_ref()) else {
+            return Vec::new();
+        };
         if !self.baseline_policies.contains_key(policy) && policy != RANDOM {
-            return decide(&self.fleet, &self.state, pj, &pol).map(|p| vec![self.offer(&p)]).unwrap_or_default();
+            return decide(&self.fleet, &self.state, pj, &pol)
+                .map(|p| vec![self.offer(&p)])
+                .unwrap_or_default();
         }
-        let mut ok: Vec<Placement> =
-            evaluate_all(&self.fleet, &self.state, pj, &pol).filter_map(|(_, r)| r.ok()).collect();
+        let mut ok: Vec<Placement> = evaluate_all(&self.fleet, &self.state, pj, &pol)
+            .filter_map(|(_, r)| r.ok())
+            .collect();
         let home = pj.home;
         ok.sort_by(|a, b| {
             a.breakdown
@@ -377,8 +457,12 @@ impl Model for EngineModel {
     /// kgCO2 as the engine scores it: zone intensity over the run window × GPU
     /// board power × GPUs × hours × PUE.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
-        let Some(c) = self.fleet.clusters.get(cluster) else { return 0.0 };
-        let Some(p) = c.pools.get(pool) else { return 0.0 };
+        let Some(c) = self.fleet.clusters.get(cluster) else {
+            return 0.0;
+        };
+        let Some(p) = c.pools.get(pool) else {
+            return 0.0;
+        };
         let (a, b) = (self.epoch_unix + t0, self.epoch_unix + t1);
         let ci = c
             .carbon_zone_id
@@ -388,8 +472,17 @@ impl Model for EngineModel {
         ci * p.gpu_power_w * gpus as f64 * (t1 - t0) / 3600.0 * c.pue / 1e6
     }
 
-    fn rebalance(&mut self, policy: &str, now: f64, jobs: &[SimJob], running: &[RunningJob], load: &[ClusterLoad]) -> Vec<Move> {
-        let Some(pol) = self.policies.get(policy).cloned() else { return Vec::new() };
+    fn rebalance(
+        &mut self,
+        policy: &str,
+        now: f64,
+        jobs: &[SimJob],
+        running: &[RunningJob],
+        load: &[ClusterLoad],
+    ) -> Vec<Move> {
+        let Some(pol) = self.policies.get(policy).cloned() else {
+            return Vec::new();
+        };
         self.sync_state(now, load, 1);
         // Moving pays a restore and redone work; only jobs with hours left can win.
         let mut rj = Vec::new();
@@ -411,10 +504,19 @@ impl Model for EngineModel {
                 since_ckpt_s: r.since_checkpoint_s,
             });
         }
-        let idx: Vec<usize> = running.iter().filter(|r| r.remaining_s >= 2.0 * 3600.0).map(|r| r.job).collect();
+        let idx: Vec<usize> = running
+            .iter()
+            .filter(|r| r.remaining_s >= 2.0 * 3600.0)
+            .map(|r| r.job)
+            .collect();
         fleet_engine::propose_migrations(&self.fleet, &self.state, &rj, &pol, &self.margin)
             .into_iter()
-            .filter_map(|m| Some(Move { job: *idx.get(m.index)?, to: self.offer(&m.to) }))
+            .filter_map(|m| {
+                Some(Move {
+                    job: *idx.get(m.index)?,
+                    to: self.offer(&m.to),
+                })
+            })
             .collect()
     }
 }

@@ -5,7 +5,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "fleet-sim", version, about = "Trace-driven replay of Fleet placement policies and baselines")]
+#[command(
+    name = "fleet-sim",
+    version,
+    about = "Trace-driven replay of Fleet placement policies and baselines"
+)]
 struct Cli {
     #[command(flatten)]
     args: fleet_sim::cli::SimulateArgs,
@@ -17,7 +21,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // A closed stdout (e.g. `| head`) is not an error worth shouting about.
-            if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) {
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
                 return ExitCode::SUCCESS;
             }
             eprintln!("fleet-sim: {e:#}");

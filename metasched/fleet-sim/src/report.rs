@@ -115,21 +115,63 @@ impl Report {
         if let Some(cost) = self.find("cost") {
             if let Some(home) = self.find("home-only") {
                 let s = saving(cost, home);
-                t.push(TargetCheck { target: "cost vs home-only: saving".into(), value: s, threshold: 0.40, met: s >= 0.40 });
-                let worse = if home.completion_mean_s > 0.0 { cost.completion_mean_s / home.completion_mean_s - 1.0 } else { 0.0 };
-                t.push(TargetCheck { target: "cost vs home-only: mean completion worse by".into(), value: worse, threshold: 0.10, met: worse <= 0.10 });
+                t.push(TargetCheck {
+                    target: "cost vs home-only: saving".into(),
+                    value: s,
+                    threshold: 0.40,
+                    met: s >= 0.40,
+                });
+                let worse = if home.completion_mean_s > 0.0 {
+                    cost.completion_mean_s / home.completion_mean_s - 1.0
+                } else {
+                    0.0
+                };
+                t.push(TargetCheck {
+                    target: "cost vs home-only: mean completion worse by".into(),
+                    value: worse,
+                    threshold: 0.10,
+                    met: worse <= 0.10,
+                });
             }
             if let Some(greedy) = self.find("greedy") {
                 let s = saving(cost, greedy);
-                t.push(TargetCheck { target: "cost vs greedy: saving".into(), value: s, threshold: 0.15, met: s >= 0.15 });
+                t.push(TargetCheck {
+                    target: "cost vs greedy: saving".into(),
+                    value: s,
+                    threshold: 0.15,
+                    met: s >= 0.15,
+                });
             }
             let r = cost.ratio_to_lower_bound;
-            t.push(TargetCheck { target: "cost / lower bound - 1".into(), value: r - 1.0, threshold: 0.10, met: r - 1.0 <= 0.10 });
+            t.push(TargetCheck {
+                target: "cost / lower bound - 1".into(),
+                value: r - 1.0,
+                threshold: 0.10,
+                met: r - 1.0 <= 0.10,
+            });
             if let Some(green) = self.find("green") {
-                let cut = if cost.kg_co2 > 0.0 { 1.0 - green.kg_co2 / cost.kg_co2 } else { 0.0 };
-                let more = if cost.total_usd > 0.0 { green.total_usd / cost.total_usd - 1.0 } else { 0.0 };
-                t.push(TargetCheck { target: "green vs cost: kgCO2 cut".into(), value: cut, threshold: 0.20, met: cut >= 0.20 });
-                t.push(TargetCheck { target: "green vs cost: extra cost".into(), value: more, threshold: 0.05, met: more <= 0.05 });
+                let cut = if cost.kg_co2 > 0.0 {
+                    1.0 - green.kg_co2 / cost.kg_co2
+                } else {
+                    0.0
+                };
+                let more = if cost.total_usd > 0.0 {
+                    green.total_usd / cost.total_usd - 1.0
+                } else {
+                    0.0
+                };
+                t.push(TargetCheck {
+                    target: "green vs cost: kgCO2 cut".into(),
+                    value: cut,
+                    threshold: 0.20,
+                    met: cut >= 0.20,
+                });
+                t.push(TargetCheck {
+                    target: "green vs cost: extra cost".into(),
+                    value: more,
+                    threshold: 0.05,
+                    met: more <= 0.05,
+                });
             }
         }
         self.targets = t;
@@ -155,12 +197,19 @@ impl Report {
                 p.preemptions + p.outage_kills, p.migrations
             );
         }
-        let _ = writeln!(s, "{:<10} {:>13.0}   (each job at its cheapest feasible price, capacity relaxed)", "lower-bd", self.lower_bound_usd);
+        let _ = writeln!(
+            s,
+            "{:<10} {:>13.0}   (each job at its cheapest feasible price, capacity relaxed)",
+            "lower-bd", self.lower_bound_usd
+        );
         let _ = writeln!(s, "\nratio to lower bound:");
         for p in &self.policies {
             let _ = writeln!(s, "  {:<10} {:.3}", p.policy, p.ratio_to_lower_bound);
         }
-        let _ = writeln!(s, "\nutilization per cluster (time-averaged busy GPUs / GPUs):");
+        let _ = writeln!(
+            s,
+            "\nutilization per cluster (time-averaged busy GPUs / GPUs):"
+        );
         if let Some(first) = self.policies.first() {
             let _ = write!(s, "  {:<10}", "");
             for c in first.utilization.keys() {
@@ -175,7 +224,10 @@ impl Report {
             }
             let _ = writeln!(s);
         }
-        let _ = writeln!(s, "\ncompute spend by pool (GPU-hours paid / USD; std = on-demand or on-prem):");
+        let _ = writeln!(
+            s,
+            "\ncompute spend by pool (GPU-hours paid / USD; std = on-demand or on-prem):"
+        );
         for p in &self.policies {
             let mut v: Vec<(&String, &Spend)> = p.spend.iter().collect();
             v.sort_by(|a, b| b.1.usd.total_cmp(&a.1.usd).then(a.0.cmp(b.0)));
@@ -192,7 +244,10 @@ impl Report {
                 let _ = writeln!(
                     s,
                     "  [{}] {:<45} {:>7.1}% (threshold {:.0}%)",
-                    if t.met { "met " } else { "MISS" }, t.target, 100.0 * t.value, 100.0 * t.threshold
+                    if t.met { "met " } else { "MISS" },
+                    t.target,
+                    100.0 * t.value,
+                    100.0 * t.threshold
                 );
             }
         }
@@ -223,15 +278,23 @@ fn hms(s: f64) -> String {
 }
 
 const COLORS: [&str; 10] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
 ];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// A minimal line chart: each series is (label, points).
-pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+pub fn line_chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> String {
     let (w, h) = (900.0, 500.0);
     let (ml, mr, mt, mb) = (80.0, 180.0, 40.0, 50.0);
     let pw = w - ml - mr;
@@ -251,21 +314,66 @@ pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[(Stri
         ymax = 1.0;
     }
     let mut s = String::new();
-    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, ml + pw / 2.0, esc(title));
-    let _ = writeln!(s, r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, mt + ph, ml + pw, mt + ph);
-    let _ = writeln!(s, r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#, mt + ph);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
+        ml + pw / 2.0,
+        esc(title)
+    );
+    let _ = writeln!(
+        s,
+        r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
+        mt + ph,
+        ml + pw,
+        mt + ph
+    );
+    let _ = writeln!(
+        s,
+        r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#,
+        mt + ph
+    );
     for i in 0..=5 {
         let f = i as f64 / 5.0;
         let y = mt + ph - f * ph;
         let x = ml + f * pw;
-        let _ = writeln!(s, r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="gray" stroke-opacity="0.3"/>"#, ml + pw);
-        let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, ml - 5.0, y + 4.0, fmt_num(f * ymax));
-        let _ = writeln!(s, r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#, mt + ph + 16.0, fmt_num(f * xmax));
+        let _ = writeln!(
+            s,
+            r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="gray" stroke-opacity="0.3"/>"#,
+            ml + pw
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+            ml - 5.0,
+            y + 4.0,
+            fmt_num(f * ymax)
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            mt + ph + 16.0,
+            fmt_num(f * xmax)
+        );
     }
-    let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, ml + pw / 2.0, h - 10.0, esc(x_label));
-    let _ = writeln!(s, r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#, mt + ph / 2.0, mt + ph / 2.0, esc(y_label));
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        ml + pw / 2.0,
+        h - 10.0,
+        esc(x_label)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#,
+        mt + ph / 2.0,
+        mt + ph / 2.0,
+        esc(y_label)
+    );
     for (i, (label, pts)) in series.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         let mut d = String::new();
@@ -274,10 +382,25 @@ pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[(Stri
             let py = mt + ph - y / ymax * ph;
             let _ = write!(d, "{}{px:.1},{py:.1} ", if k == 0 { "M" } else { "L" });
         }
-        let _ = writeln!(s, r#"<path d="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#, d.trim_end());
+        let _ = writeln!(
+            s,
+            r#"<path d="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#,
+            d.trim_end()
+        );
         let ly = mt + 14.0 * i as f64 + 6.0;
-        let _ = writeln!(s, r#"<rect x="{}" y="{}" width="12" height="3" fill="{c}"/>"#, ml + pw + 10.0, ly);
-        let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, ml + pw + 26.0, ly + 5.0, esc(label));
+        let _ = writeln!(
+            s,
+            r#"<rect x="{}" y="{}" width="12" height="3" fill="{c}"/>"#,
+            ml + pw + 10.0,
+            ly
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            ml + pw + 26.0,
+            ly + 5.0,
+            esc(label)
+        );
     }
     s.push_str("</svg>\n");
     s
@@ -297,27 +420,56 @@ fn fmt_num(v: f64) -> String {
 }
 
 /// Write `report.json`, `cost.svg` and `util-<policy>.svg` into `dir`.
-pub fn write_outputs(report: &Report, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+pub fn write_outputs(
+    report: &Report,
+    dir: &std::path::Path,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
     let json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
     let p = dir.join("report.json");
     std::fs::write(&p, json + "\n")?;
     written.push(p);
-    let series: Vec<_> = report.policies.iter().map(|p| (p.policy.clone(), p.cost_series.clone())).collect();
+    let series: Vec<_> = report
+        .policies
+        .iter()
+        .map(|p| (p.policy.clone(), p.cost_series.clone()))
+        .collect();
     let p = dir.join("cost.svg");
-    std::fs::write(&p, line_chart_svg("Cumulative cost", "hours since first submission", "USD", &series))?;
+    std::fs::write(
+        &p,
+        line_chart_svg(
+            "Cumulative cost",
+            "hours since first submission",
+            "USD",
+            &series,
+        ),
+    )?;
     written.push(p);
     for pol in &report.policies {
         let series: Vec<_> = pol
             .util_series
             .iter()
             .map(|(c, v)| {
-                (c.clone(), v.iter().enumerate().map(|(i, u)| (i as f64 * pol.bucket_hours, 100.0 * u)).collect())
+                (
+                    c.clone(),
+                    v.iter()
+                        .enumerate()
+                        .map(|(i, u)| (i as f64 * pol.bucket_hours, 100.0 * u))
+                        .collect(),
+                )
             })
             .collect();
         let p = dir.join(format!("util-{}.svg", pol.policy));
-        std::fs::write(&p, line_chart_svg(&format!("Utilization per cluster: {}", pol.policy), "hours since first submission", "busy GPUs %", &series))?;
+        std::fs::write(
+            &p,
+            line_chart_svg(
+                &format!("Utilization per cluster: {}", pol.policy),
+                "hours since first submission",
+                "busy GPUs %",
+                &series,
+            ),
+        )?;
         written.push(p);
     }
     Ok(written)
@@ -341,7 +493,12 @@ mod tests {
 
     #[test]
     fn svg_is_well_formed_enough() {
-        let s = line_chart_svg("t<", "x", "y", &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])]);
+        let s = line_chart_svg(
+            "t<",
+            "x",
+            "y",
+            &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])],
+        );
         assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
         assert!(s.contains("t&lt;"));
         assert!(s.contains("M80.0,450.0 L720.0,40.0"));

@@ -108,7 +108,14 @@ pub trait Model {
     /// kgCO2 of `gpus` GPUs of pool (`cluster`, `pool`) running over `[t0, t1)`.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64;
     /// Migration proposals for running interruptible jobs.
-    fn rebalance(&mut self, policy: &str, now: f64, jobs: &[SimJob], running: &[RunningJob], load: &[ClusterLoad]) -> Vec<Move>;
+    fn rebalance(
+        &mut self,
+        policy: &str,
+        now: f64,
+        jobs: &[SimJob],
+        running: &[RunningJob],
+        load: &[ClusterLoad],
+    ) -> Vec<Move>;
 }
 
 /// How a run picks among the model's offers.
@@ -150,15 +157,27 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { seed: 1, outages: Vec::new(), rebalance_every_s: 3600.0, bucket_s: 6.0 * 3600.0 }
+        SimConfig {
+            seed: 1,
+            outages: Vec::new(),
+            rebalance_every_s: 3600.0,
+            bucket_s: 6.0 * 3600.0,
+        }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Ev {
     Arrival(usize),
-    Finish { job: usize, epoch: u32 },
-    Spot { cluster: usize, pool: usize, fraction: f64 },
+    Finish {
+        job: usize,
+        epoch: u32,
+    },
+    Spot {
+        cluster: usize,
+        pool: usize,
+        fraction: f64,
+    },
     OutageStart(usize),
     OutageEnd(usize),
     Rebalance,
@@ -322,14 +341,19 @@ pub fn simulate<M: Model>(
     for (i, j) in jobs.iter().enumerate() {
         sim.push(j.submit_s, Ev::Arrival(i));
     }
-    let horizon = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max)
-        + jobs.iter().map(|j| j.duration_s).fold(0.0, f64::max) * 2.0
-        + 86_400.0;
+    // Spot changes are generated one at a time as the clock reaches them.
     for (ci, c) in clusters.iter().enumerate() {
         for (pi, p) in c.pools.iter().enumerate() {
             if let Some(tr) = p.spot_trace.and_then(|i| spot.get(i)) {
-                for (t, f) in tr.changes(horizon) {
-                    sim.push(t, Ev::Spot { cluster: ci, pool: pi, fraction: f });
+                if tr.max > 0 {
+                    sim.push(
+                        0.0,
+                        Ev::Spot {
+                            cluster: ci,
+                            pool: pi,
+                            fraction: tr.fraction_at(0.0),
+                        },
+                    );
                 }
             }
         }
@@ -365,7 +389,27 @@ pub fn simulate<M: Model>(
                     sim.finish(job, t);
                 }
             }
-            Ev::Spot { cluster, pool, fraction } => sim.spot_change(cluster, pool, fraction, t),
+            Ev::Spot {
+                cluster,
+                pool,
+                fraction,
+            } => {
+                sim.spot_change(cluster, pool, fraction, t);
+                let next = clusters[cluster].pools[pool]
+                    .spot_trace
+                    .and_then(|i| spot.get(i))
+                    .and_then(|tr| tr.next_change(t));
+                if let Some((t2, f)) = next {
+                    sim.push(
+                        t2,
+                        Ev::Spot {
+                            cluster,
+                            pool,
+                            fraction: f,
+                        },
+                    );
+                }
+            }
             Ev::OutageStart(c) => sim.outage_start(c, t),
             Ev::OutageEnd(c) => sim.outage_end(c, t),
             Ev::Rebalance => {
@@ -389,7 +433,11 @@ pub fn simulate<M: Model>(
 impl<M: Model> Sim<'_, M> {
     fn push(&mut self, t: f64, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Event { t, seq: self.seq, ev });
+        self.heap.push(Event {
+            t,
+            seq: self.seq,
+            ev,
+        });
     }
 
     fn all_settled(&self) -> bool {
@@ -407,7 +455,11 @@ impl<M: Model> Sim<'_, M> {
                 pools: ps
                     .iter()
                     .map(|p| {
-                        let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
+                        let free = if self.up[ci] {
+                            p.cap.saturating_sub(p.used)
+                        } else {
+                            0
+                        };
                         let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
                         // GPUs a newcomer may take now: what the queue's head has not
                         // reserved (the others could not start in it, see `try_start`).
@@ -444,14 +496,24 @@ impl<M: Model> Sim<'_, M> {
         use std::cmp::Reverse;
         // (end in ms, GPUs released), earliest first. Integer ms keep the heap total.
         let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
-        let mut ends: BinaryHeap<Reverse<(u64, u32)>> =
-            p.running.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))).collect();
+        let mut ends: BinaryHeap<Reverse<(u64, u32)>> = p
+            .running
+            .iter()
+            .map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus)))
+            .collect();
         let mut free = p.cap.saturating_sub(p.used);
         let mut t = key(now);
-        let queued = p.queue.iter().map(|&j| (self.jobs[j].gpus, self.jobs[j].duration_s - self.js[j].progress_s));
+        let queued = p.queue.iter().map(|&j| {
+            (
+                self.jobs[j].gpus,
+                self.jobs[j].duration_s - self.js[j].progress_s,
+            )
+        });
         for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
             while free < g {
-                let Some(Reverse((end, r))) = ends.pop() else { return f64::INFINITY };
+                let Some(Reverse((end, r))) = ends.pop() else {
+                    return f64::INFINITY;
+                };
                 free += r;
                 t = t.max(end);
             }
@@ -474,17 +536,26 @@ impl<M: Model> Sim<'_, M> {
                 .filter(|o| o.cluster == job.home && !o.spot)
                 .min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)),
             Strategy::Greedy => {
-                let offers: Vec<Offer> =
-                    self.model.offers("greedy", job, now, &load).into_iter().filter(|o| !o.spot).collect();
+                let offers: Vec<Offer> = self
+                    .model
+                    .offers("greedy", job, now, &load)
+                    .into_iter()
+                    .filter(|o| !o.spot)
+                    .collect();
                 let cheapest = |it: &mut dyn Iterator<Item = &Offer>| {
                     it.min_by(|a, b| {
-                        (a.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0 + a.egress_usd)
-                            .total_cmp(&(b.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0 + b.egress_usd))
+                        (a.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0
+                            + a.egress_usd)
+                            .total_cmp(
+                                &(b.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0
+                                    + b.egress_usd),
+                            )
                     })
                     .cloned()
                 };
                 let free_now = cheapest(&mut offers.iter().filter(|o| {
-                    load[o.cluster].pools[o.pool].free >= job.gpus && load[o.cluster].pools[o.pool].queued_jobs == 0
+                    load[o.cluster].pools[o.pool].free >= job.gpus
+                        && load[o.cluster].pools[o.pool].queued_jobs == 0
                 }));
                 free_now.or_else(|| cheapest(&mut offers.iter()))
             }
@@ -599,8 +670,12 @@ impl<M: Model> Sim<'_, M> {
     /// Stop a running job at `now`: account its segment, free its GPUs. Returns the
     /// seconds it ran in this segment.
     fn stop(&mut self, j: usize, now: f64) -> f64 {
-        let Some(start) = self.js[j].run_start.take() else { return 0.0 };
-        let Some(o) = self.js[j].at.clone() else { return 0.0 };
+        let Some(start) = self.js[j].run_start.take() else {
+            return 0.0;
+        };
+        let Some(o) = self.js[j].at.clone() else {
+            return 0.0;
+        };
         let g = self.jobs[j].gpus;
         let seg = (now - start).max(0.0);
         let usd = o.usd_per_gpu_hour * g as f64 * seg / 3600.0;
@@ -663,7 +738,11 @@ impl<M: Model> Sim<'_, M> {
         let at = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool, o.spot));
         let seg = self.stop(j, now);
         let ck = self.jobs[j].checkpoint_s;
-        let saved = if ck > 0.0 { (seg / ck).floor() * ck } else { 0.0 };
+        let saved = if ck > 0.0 {
+            (seg / ck).floor() * ck
+        } else {
+            0.0
+        };
         self.js[j].progress_s += saved;
         let lost = (seg - saved) * self.jobs[j].gpus as f64;
         self.lost_gpu_s += lost;
@@ -677,7 +756,9 @@ impl<M: Model> Sim<'_, M> {
         let limit = self.pools[c][p].spot_limit();
         let mut evicted = Vec::new();
         while self.pools[c][p].spot_used > limit {
-            let Some(&j) = self.pools[c][p].running_spot.last() else { break };
+            let Some(&j) = self.pools[c][p].running_spot.last() else {
+                break;
+            };
             self.evict(j, now);
             evicted.push(j);
         }
@@ -720,7 +801,9 @@ impl<M: Model> Sim<'_, M> {
     }
 
     fn rebalance(&mut self, now: f64) {
-        let Strategy::Engine(policy) = self.strategy.clone() else { return };
+        let Strategy::Engine(policy) = self.strategy.clone() else {
+            return;
+        };
         let mut running = Vec::new();
         for (ci, ps) in self.pools.iter().enumerate() {
             for (pi, p) in ps.iter().enumerate() {
@@ -733,7 +816,11 @@ impl<M: Model> Sim<'_, M> {
                     let Some(start) = s.run_start else { continue };
                     let Some(o) = s.at.as_ref() else { continue };
                     let seg = now - start;
-                    let since = if job.checkpoint_s > 0.0 { seg % job.checkpoint_s } else { seg + s.progress_s };
+                    let since = if job.checkpoint_s > 0.0 {
+                        seg % job.checkpoint_s
+                    } else {
+                        seg + s.progress_s
+                    };
                     running.push(RunningJob {
                         job: j,
                         cluster: ci,
@@ -752,19 +839,32 @@ impl<M: Model> Sim<'_, M> {
         }
         running.sort_by_key(|r| r.job);
         let load = self.load(now, 1, true);
-        let moves = self.model.rebalance(&policy, now, self.jobs, &running, &load);
+        let moves = self
+            .model
+            .rebalance(&policy, now, self.jobs, &running, &load);
         // Carry out only moves whose target can start the job right away, and never
         // more than the target's free GPUs (the proposals are made on one snapshot).
-        let mut free: Vec<Vec<(u32, u32)>> =
-            load.iter().map(|c| c.pools.iter().map(|p| (p.free, p.spot_free)).collect()).collect();
+        let mut free: Vec<Vec<(u32, u32)>> = load
+            .iter()
+            .map(|c| c.pools.iter().map(|p| (p.free, p.spot_free)).collect())
+            .collect();
         for m in moves {
             let j = m.job;
             if self.js[j].run_start.is_none() {
                 continue;
             }
             let g = self.jobs[j].gpus;
-            let Some(slot) = free.get_mut(m.to.cluster).and_then(|c| c.get_mut(m.to.pool)) else { continue };
-            let have = if m.to.spot { slot.0.min(slot.1) } else { slot.0 };
+            let Some(slot) = free
+                .get_mut(m.to.cluster)
+                .and_then(|c| c.get_mut(m.to.pool))
+            else {
+                continue;
+            };
+            let have = if m.to.spot {
+                slot.0.min(slot.1)
+            } else {
+                slot.0
+            };
             if g > have || !self.up[m.to.cluster] {
                 continue;
             }
@@ -813,8 +913,9 @@ impl<M: Model> Sim<'_, M> {
             let cap: f64 = c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0);
             let busy: f64 = self.busy[ci].iter().sum();
             utilization.insert(c.name.clone(), busy / (cap * span));
-            let series: Vec<f64> =
-                (0..n_buckets).map(|k| self.busy[ci].get(k).copied().unwrap_or(0.0) / (cap * b)).collect();
+            let series: Vec<f64> = (0..n_buckets)
+                .map(|k| self.busy[ci].get(k).copied().unwrap_or(0.0) / (cap * b))
+                .collect();
             util_series.insert(c.name.clone(), series);
         }
         // Cumulative cost per bucket.
@@ -906,9 +1007,18 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
     let mut co2 = 0.0;
     for j in jobs {
         let offers = model.offers("lower-bound", j, j.submit_s, &empty);
-        if let Some(o) = offers.iter().min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)) {
+        if let Some(o) = offers
+            .iter()
+            .min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour))
+        {
             usd += o.usd_per_gpu_hour * j.gpus as f64 * j.duration_s / 3600.0;
-            co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + j.duration_s);
+            co2 += model.kg_co2(
+                o.cluster,
+                o.pool,
+                j.gpus,
+                j.submit_s,
+                j.submit_s + j.duration_s,
+            );
         }
     }
     (usd, co2)
@@ -931,7 +1041,13 @@ mod tests {
         fn clusters(&self) -> &[SimCluster] {
             &self.clusters
         }
-        fn offers(&mut self, _policy: &str, job: &SimJob, _now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+        fn offers(
+            &mut self,
+            _policy: &str,
+            job: &SimJob,
+            _now: f64,
+            load: &[ClusterLoad],
+        ) -> Vec<Offer> {
             let mut v = Vec::new();
             for (ci, c) in self.clusters.iter().enumerate() {
                 if !load[ci].up {
@@ -942,8 +1058,19 @@ mod tests {
                         continue;
                     }
                     let spot = job.interruptible && p.spot_trace.is_some();
-                    let usd = if spot { self.price[ci].1 } else { self.price[ci].0 };
-                    v.push(Offer { cluster: ci, pool: pi, spot, usd_per_gpu_hour: usd, egress_usd: 0.0, score: usd });
+                    let usd = if spot {
+                        self.price[ci].1
+                    } else {
+                        self.price[ci].0
+                    };
+                    v.push(Offer {
+                        cluster: ci,
+                        pool: pi,
+                        spot,
+                        usd_per_gpu_hour: usd,
+                        egress_usd: 0.0,
+                        score: usd,
+                    });
                 }
             }
             v.sort_by(|a, b| a.score.total_cmp(&b.score));
@@ -952,7 +1079,14 @@ mod tests {
         fn kg_co2(&self, cluster: usize, _pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
             (cluster + 1) as f64 * gpus as f64 * (t1 - t0) / 3600.0
         }
-        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+        fn rebalance(
+            &mut self,
+            _: &str,
+            _: f64,
+            _: &[SimJob],
+            _: &[RunningJob],
+            _: &[ClusterLoad],
+        ) -> Vec<Move> {
             Vec::new()
         }
     }
@@ -960,19 +1094,42 @@ mod tests {
     fn cluster(name: &str, gpus: u32, spot_trace: Option<usize>) -> SimCluster {
         SimCluster {
             name: name.into(),
-            pools: vec![SimPool { name: "p".into(), gpu_type: "H100".into(), gpus, spot_trace }],
+            pools: vec![SimPool {
+                name: "p".into(),
+                gpu_type: "H100".into(),
+                gpus,
+                spot_trace,
+            }],
         }
     }
 
-    fn job(id: usize, submit_s: f64, duration_s: f64, gpus: u32, interruptible: bool, checkpoint_s: f64) -> SimJob {
-        SimJob { id, submit_s, duration_s, gpus, home: 0, interruptible, checkpoint_s }
+    fn job(
+        id: usize,
+        submit_s: f64,
+        duration_s: f64,
+        gpus: u32,
+        interruptible: bool,
+        checkpoint_s: f64,
+    ) -> SimJob {
+        SimJob {
+            id,
+            submit_s,
+            duration_s,
+            gpus,
+            home: 0,
+            interruptible,
+            checkpoint_s,
+        }
     }
 
     fn quiet(_: u64) {}
 
     #[test]
     fn capacity_and_gang_fifo() {
-        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(2.0, 1.0)] };
+        let mut m = Stub {
+            clusters: vec![cluster("a", 4, None)],
+            price: vec![(2.0, 1.0)],
+        };
         let jobs = vec![
             job(0, 0.0, 100.0, 2, false, 0.0),
             // needs all 4 GPUs at once: waits for job 0 to end (gang)
@@ -982,7 +1139,14 @@ mod tests {
             // larger than any pool: unplaceable
             job(3, 3.0, 10.0, 8, false, 0.0),
         ];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.completed, 3);
         assert_eq!(r.unplaced, 1);
         // waits: 0, 99, 198 ; completions: 100, 199, 208
@@ -992,32 +1156,71 @@ mod tests {
         assert!((r.total_usd - 610.0 * 2.0 / 3600.0).abs() < 1e-9);
         // never above capacity: busy GPU-s over the 210 s span <= 4 GPUs
         assert!(r.utilization["a"] <= 1.0);
-        assert!((r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9, "{:?}", r.utilization);
+        assert!(
+            (r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9,
+            "{:?}",
+            r.utilization
+        );
         // the cost plot ends at the total
         assert!((r.cost_series.last().map(|x| x.1).unwrap_or(0.0) - r.total_usd).abs() < 1e-9);
     }
 
     #[test]
     fn small_jobs_backfill_beside_a_reservation() {
-        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(1.0, 1.0)] };
+        let mut m = Stub {
+            clusters: vec![cluster("a", 4, None)],
+            price: vec![(1.0, 1.0)],
+        };
         let jobs = vec![
             job(0, 0.0, 100.0, 1, false, 0.0),
             job(1, 1.0, 100.0, 4, false, 0.0), // reserves 3 free GPUs
             job(2, 2.0, 10.0, 1, false, 0.0),  // nothing left beyond the reservation
         ];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.wait_p95_s, 198.0);
-        let jobs = vec![job(0, 0.0, 100.0, 1, false, 0.0), job(1, 1.0, 100.0, 2, false, 0.0), job(2, 2.0, 10.0, 1, false, 0.0)];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let jobs = vec![
+            job(0, 0.0, 100.0, 1, false, 0.0),
+            job(1, 1.0, 100.0, 2, false, 0.0),
+            job(2, 2.0, 10.0, 1, false, 0.0),
+        ];
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.wait_mean_s, 0.0, "everything fits side by side");
     }
 
     #[test]
     fn spot_drop_preempts_newest_and_loses_work_since_checkpoint() {
-        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,1]}"#, "t").unwrap();
-        let mut m = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)] };
-        let jobs = vec![job(0, 0.0, 1500.0, 1, true, 300.0), job(1, 10.0, 1500.0, 1, true, 300.0)];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[trace], &SimConfig::default(), &quiet);
+        let trace =
+            SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,1]}"#, "t").unwrap();
+        let mut m = Stub {
+            clusters: vec![cluster("a", 2, Some(0))],
+            price: vec![(3.0, 1.0)],
+        };
+        let jobs = vec![
+            job(0, 0.0, 1500.0, 1, true, 300.0),
+            job(1, 10.0, 1500.0, 1, true, 300.0),
+        ];
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[trace],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.preemptions, 1);
         // job 1 ran 990 s, checkpointed at 900: 90 GPU-s lost
         assert!((r.lost_gpu_hours - 90.0 / 3600.0).abs() < 1e-9);
@@ -1031,10 +1234,23 @@ mod tests {
 
     #[test]
     fn outage_moves_work_and_counts_lost_work() {
-        let mut m = Stub { clusters: vec![cluster("a", 1, None), cluster("b", 1, None)], price: vec![(1.0, 1.0), (2.0, 2.0)] };
+        let mut m = Stub {
+            clusters: vec![cluster("a", 1, None), cluster("b", 1, None)],
+            price: vec![(1.0, 1.0), (2.0, 2.0)],
+        };
         let jobs = vec![job(0, 0.0, 200.0, 1, true, 30.0)];
-        let cfg = SimConfig { outages: vec![(0, 50.0, 500.0)], ..SimConfig::default() };
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &cfg, &quiet);
+        let cfg = SimConfig {
+            outages: vec![(0, 50.0, 500.0)],
+            ..SimConfig::default()
+        };
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &cfg,
+            &quiet,
+        );
         assert_eq!(r.outage_kills, 1);
         assert!((r.lost_gpu_hours - 20.0 / 3600.0).abs() < 1e-9);
         // 50 s on a, then the remaining 170 s on b
@@ -1053,7 +1269,13 @@ mod tests {
         fn clusters(&self) -> &[SimCluster] {
             self.inner.clusters()
         }
-        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+        fn offers(
+            &mut self,
+            policy: &str,
+            job: &SimJob,
+            now: f64,
+            load: &[ClusterLoad],
+        ) -> Vec<Offer> {
             let p = &load[0].pools[0];
             self.seen.push((job.id, p.start_free, p.est_wait_s));
             self.inner.offers(policy, job, now, load)
@@ -1061,14 +1283,27 @@ mod tests {
         fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
             self.inner.kg_co2(cluster, pool, gpus, t0, t1)
         }
-        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+        fn rebalance(
+            &mut self,
+            _: &str,
+            _: f64,
+            _: &[SimJob],
+            _: &[RunningJob],
+            _: &[ClusterLoad],
+        ) -> Vec<Move> {
             Vec::new()
         }
     }
 
     #[test]
     fn wait_estimate_is_the_fifo_start_time_of_the_jobs_size() {
-        let mut m = Recorder { inner: Stub { clusters: vec![cluster("a", 8, None)], price: vec![(1.0, 1.0)] }, seen: Vec::new() };
+        let mut m = Recorder {
+            inner: Stub {
+                clusters: vec![cluster("a", 8, None)],
+                price: vec![(1.0, 1.0)],
+            },
+            seen: Vec::new(),
+        };
         let jobs = vec![
             job(0, 0.0, 100.0, 4, false, 0.0),
             job(1, 0.0, 300.0, 4, false, 0.0),
@@ -1080,7 +1315,14 @@ mod tests {
             // on 4 of the 8 freed GPUs, so a 1-GPU job fits beside it then
             job(4, 150.0, 10.0, 1, false, 0.0),
         ];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.completed, 5);
         let seen: Vec<(usize, u32, f64)> = m.seen.clone();
         assert_eq!(seen[0], (0, 8, 0.0));
@@ -1099,9 +1341,23 @@ mod tests {
             clusters: (0..5).map(|i| cluster(&format!("c{i}"), 8, None)).collect(),
             price: (0..5).map(|i| (1.0 + i as f64, 1.0)).collect(),
         };
-        let jobs: Vec<SimJob> = (0..200).map(|i| job(i, i as f64 * 7.0, 100.0 + (i % 13) as f64 * 50.0, 1 + (i % 3) as u32, false, 0.0)).collect();
+        let jobs: Vec<SimJob> = (0..200)
+            .map(|i| {
+                job(
+                    i,
+                    i as f64 * 7.0,
+                    100.0 + (i % 13) as f64 * 50.0,
+                    1 + (i % 3) as u32,
+                    false,
+                    0.0,
+                )
+            })
+            .collect();
         let run = |seed| {
-            let cfg = SimConfig { seed, ..SimConfig::default() };
+            let cfg = SimConfig {
+                seed,
+                ..SimConfig::default()
+            };
             simulate(&mut mk(), Strategy::Random, &jobs, &[], &cfg, &quiet)
         };
         assert_eq!(run(7), run(7));

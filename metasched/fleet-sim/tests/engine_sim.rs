@@ -6,7 +6,7 @@ use fleet_sim::engine_model::{EngineModel, EngineSetup};
 use fleet_sim::report::write_outputs;
 use fleet_sim::sim::{simulate, SimConfig, SimJob, Strategy};
 use fleet_sim::spot::SpotTrace;
-use fleet_sim::trace::read_philly;
+use fleet_sim::trace::{read_philly, ReadOptions};
 
 #[derive(Parser)]
 struct Cli {
@@ -61,15 +61,22 @@ gpu_type = "A100"
 gpus_per_node = 4
 nodes = 1
 
-[home_map]
-vc1 = "home"
-vc2 = "home"
+[[teams]]
+name = "vc1"
+home = "home"
+[[teams]]
+name = "vc2"
+home = "home"
 "#;
 
 fn carbon(zone: &str, g: f64) -> (String, String) {
     let mut s = String::from("datetime_utc,zone,ci_direct_gco2_kwh,ci_lca_gco2_kwh\n");
     for h in 0..48 {
-        s.push_str(&format!("2017-09-{:02} {:02}:00:00,{zone},{g},{g}\n", 4 + h / 24, h % 24));
+        s.push_str(&format!(
+            "2017-09-{:02} {:02}:00:00,{zone},{g},{g}\n",
+            4 + h / 24,
+            h % 24
+        ));
     }
     (zone.to_string(), s)
 }
@@ -92,14 +99,17 @@ fn trace_csv() -> String {
         let dur = 1800 + (i * 7919 % 12) * 3600;
         let g = [1, 2, 4, 8][(i % 4) as usize];
         let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
-        s.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
+        s.push_str(&format!(
+            "2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n",
+            dur * g
+        ));
     }
     s
 }
 
 fn loaded(spot: Vec<SpotTrace>) -> Loaded {
     Loaded {
-        trace: read_philly(trace_csv().as_bytes(), "t.csv").unwrap(),
+        trace: read_philly(trace_csv().as_bytes(), "t.csv", &ReadOptions::default()).unwrap(),
         trace_name: "t.csv".into(),
         fleet_name: "f.toml".into(),
         setup: setup(),
@@ -108,7 +118,11 @@ fn loaded(spot: Vec<SpotTrace>) -> Loaded {
 }
 
 fn spot_trace() -> SpotTrace {
-    SpotTrace::parse(r#"{"metadata":{"gap_seconds":1800},"data":[4,4,4,2,4,4,0,4]}"#, "spot-us-west-1").unwrap()
+    SpotTrace::parse(
+        r#"{"metadata":{"gap_seconds":1800},"data":[4,4,4,2,4,4,0,4]}"#,
+        "spot-us-west-1",
+    )
+    .unwrap()
 }
 
 #[test]
@@ -122,13 +136,21 @@ fn same_inputs_and_seed_give_byte_identical_outputs() {
     let f2 = write_outputs(&r2, &d2).unwrap();
     assert_eq!(f1.len(), 2 + r1.policies.len());
     for (x, y) in f1.iter().zip(&f2) {
-        assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{} differs", x.display());
+        assert_eq!(
+            std::fs::read(x).unwrap(),
+            std::fs::read(y).unwrap(),
+            "{} differs",
+            x.display()
+        );
     }
     let _ = std::fs::remove_dir_all(d1);
     let _ = std::fs::remove_dir_all(d2);
     // every policy and baseline is there, each job accounted for
     let names: Vec<&str> = r1.policies.iter().map(|p| p.policy.as_str()).collect();
-    assert_eq!(names, ["cost", "time", "green", "home-only", "greedy", "random"]);
+    assert_eq!(
+        names,
+        ["cost", "time", "green", "home-only", "greedy", "random"]
+    );
     for p in &r1.policies {
         assert_eq!(p.completed + p.unplaced, 60, "{}", p.policy);
     }
@@ -140,14 +162,28 @@ fn engine_policy_beats_home_only_and_respects_the_lower_bound() {
     let get = |n: &str| r.policies.iter().find(|p| p.policy == n).unwrap().clone();
     let (cost, home, greedy) = (get("cost"), get("home-only"), get("greedy"));
     // home is 4x the price of cheap: the engine moves long jobs away, home-only cannot
-    assert!(cost.total_usd < 0.6 * home.total_usd, "cost {} home {}", cost.total_usd, home.total_usd);
+    assert!(
+        cost.total_usd < 0.6 * home.total_usd,
+        "cost {} home {}",
+        cost.total_usd,
+        home.total_usd
+    );
     // greedy never uses spot; the cost policy does for interruptible jobs
-    assert!(cost.total_usd < greedy.total_usd, "cost {} greedy {}", cost.total_usd, greedy.total_usd);
+    assert!(
+        cost.total_usd < greedy.total_usd,
+        "cost {} greedy {}",
+        cost.total_usd,
+        greedy.total_usd
+    );
     assert_eq!(home.moved_jobs, 0);
     assert!(cost.moved_jobs > 0);
     assert!(r.lower_bound_usd > 0.0);
     for p in &r.policies {
-        assert!(p.total_usd >= r.lower_bound_usd * 0.999, "{} below the lower bound", p.policy);
+        assert!(
+            p.total_usd >= r.lower_bound_usd * 0.999,
+            "{} below the lower bound",
+            p.policy
+        );
         assert!((p.ratio_to_lower_bound - p.total_usd / r.lower_bound_usd).abs() < 1e-9);
     }
     // green emits far less than the policies that ignore carbon for speed
@@ -156,8 +192,18 @@ fn engine_policy_beats_home_only_and_respects_the_lower_bound() {
     // cost's 85 kg in this case — per-job decisions fill the clean cluster
     // early and later jobs queue or run dirty. Recorded as a known gap.
     let green = get("green");
-    assert!(green.kg_co2 < 0.6 * get("time").kg_co2, "green {} time {}", green.kg_co2, get("time").kg_co2);
-    assert!(green.kg_co2 < 0.2 * home.kg_co2, "green {} home {}", green.kg_co2, home.kg_co2);
+    assert!(
+        green.kg_co2 < 0.6 * get("time").kg_co2,
+        "green {} time {}",
+        green.kg_co2,
+        get("time").kg_co2
+    );
+    assert!(
+        green.kg_co2 < 0.2 * home.kg_co2,
+        "green {} home {}",
+        green.kg_co2,
+        home.kg_co2
+    );
     // every job that could not go anywhere else than home still ran at home
     assert_eq!(home.unplaced, 0);
 }
@@ -168,16 +214,41 @@ fn spot_trace_drops_preempt_engine_spot_jobs() {
     let mut model = EngineModel::new(&l.setup, l.trace.epoch_unix as f64).unwrap();
     let mut a = args(&["--policy", "cost"]);
     a.interruptible_share = 1.0;
-    let jobs = fleet_sim::cli::sim_jobs(&l.trace, &mut model, &a);
+    let jobs = fleet_sim::cli::sim_jobs(&l.trace, &mut model, &a).unwrap();
     model.assign_spot_traces(&l.spot);
-    let r = simulate(&mut model, Strategy::Engine("cost".into()), &jobs, &l.spot, &SimConfig::default(), &|_| {});
+    let r = simulate(
+        &mut model,
+        Strategy::Engine("cost".into()),
+        &jobs,
+        &l.spot,
+        &SimConfig::default(),
+        &|_| {},
+    );
     assert!(r.preemptions > 0, "{r:?}");
     assert!(r.lost_gpu_hours > 0.0);
     assert_eq!(r.completed, 60);
     // without checkpoints every preemption loses all the work done so far: more lost
-    let no_ckpt: Vec<SimJob> = jobs.iter().map(|j| SimJob { checkpoint_s: 0.0, ..j.clone() }).collect();
-    let r0 = simulate(&mut model, Strategy::Engine("cost".into()), &no_ckpt, &l.spot, &SimConfig::default(), &|_| {});
-    assert!(r0.lost_gpu_hours > r.lost_gpu_hours, "{} vs {}", r0.lost_gpu_hours, r.lost_gpu_hours);
+    let no_ckpt: Vec<SimJob> = jobs
+        .iter()
+        .map(|j| SimJob {
+            checkpoint_s: 0.0,
+            ..j.clone()
+        })
+        .collect();
+    let r0 = simulate(
+        &mut model,
+        Strategy::Engine("cost".into()),
+        &no_ckpt,
+        &l.spot,
+        &SimConfig::default(),
+        &|_| {},
+    );
+    assert!(
+        r0.lost_gpu_hours > r.lost_gpu_hours,
+        "{} vs {}",
+        r0.lost_gpu_hours,
+        r.lost_gpu_hours
+    );
 }
 
 #[test]
@@ -204,16 +275,69 @@ fn capacity_is_never_exceeded_with_the_engine() {
 }
 
 #[test]
-fn home_map_table_first_then_least_loaded_cluster() {
-    let mut model = EngineModel::new(&setup(), 0.0).unwrap();
+fn homes_are_declared_or_an_error_unless_auto_homes() {
     let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n\
                2017-09-04 10:00:00,3600,8,1,vc1\n\
                2017-09-04 10:00:00,7200,1,1,vc9\n\
                2017-09-04 10:00:00,60,1,1,vc8\n";
-    let t = read_philly(csv.as_bytes(), "t").unwrap();
-    let m = model.home_map(&t.jobs);
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let mut model = EngineModel::new(&setup(), 0.0).unwrap();
+    let e = model
+        .home_map(&t.jobs, false)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("2 team(s) of the trace have no declared home in the fleet file: vc9, vc8"),
+        "{e}"
+    );
+    let m = model.home_map(&t.jobs, true).unwrap();
     let name = |l: &str| model.fleet.clusters[m[l]].name.clone();
-    assert_eq!(name("vc1"), "home"); // [home_map]
-    assert_eq!(name("vc9"), "cheap"); // biggest unmapped label: emptiest cluster per GPU
+    assert_eq!(name("vc1"), "home"); // declared
+    assert_eq!(name("vc9"), "cheap"); // biggest undeclared label: emptiest cluster per GPU
     assert_eq!(name("vc8"), "lab"); // then the next emptiest
+                                    // a team "*" is the home of every undeclared label
+    let s = EngineSetup {
+        fleet_toml: format!("{FLEET}[[teams]]\nname = \"*\"\nhome = \"lab\"\n"),
+        ..setup()
+    };
+    let mut model = EngineModel::new(&s, 0.0).unwrap();
+    let m = model.home_map(&t.jobs, false).unwrap();
+    assert_eq!((m["vc1"], m["vc9"], m["vc8"]), (0, 2, 2));
+}
+
+#[test]
+fn fleet_typos_are_errors_with_file_and_line() {
+    for (bad, frag) in [
+        (
+            FLEET.replace("[[clusters", "[[cluster"),
+            "f.toml:5:3: unknown field `cluster`",
+        ),
+        (FLEET.replace("[overheads]", "[overhead]"), "f.toml:2:"),
+        (
+            FLEET.replace(
+                "provision_s = 120.0\nprices.H100 = { on_demand = 12.0",
+                "provison_s = 120.0\nprices.H100 = { on_demand = 12.0",
+            ),
+            "unknown field `provison_s`",
+        ),
+        (
+            FLEET.replace("nodes = 8\n", "nodes = 8\nnode = 1\n"),
+            "f.toml:28:1: unknown field `node`",
+        ),
+        (
+            FLEET.replace("home = \"home\"", "home = \"nowhere\""),
+            "home \"nowhere\" is not a cluster",
+        ),
+    ] {
+        let s = EngineSetup {
+            fleet_toml: bad,
+            fleet_name: "f.toml".into(),
+            ..setup()
+        };
+        match EngineModel::new(&s, 0.0) {
+            Ok(_) => panic!("accepted: {frag}"),
+            Err(e) => assert!(format!("{e:#}").contains(frag), "{e:#} lacks {frag}"),
+        }
+    }
 }
