@@ -289,6 +289,9 @@ pub struct PreparedJob {
     /// Share of the work already done and checkpointed (a job being placed
     /// again after a preemption); the rest is what is scored, plus a restore.
     pub done_fraction: f64,
+    /// Region holding the job's last checkpoint when it resumes: a cluster
+    /// elsewhere pays its transfer (egress and time).
+    pub resume_from: Option<RegionId>,
 }
 
 impl PreparedJob {
@@ -415,6 +418,7 @@ pub fn prepare(model: &FleetModel, spec: &JobSpec) -> PreparedJob {
         duration_h,
         min_speed,
         done_fraction: 0.0,
+        resume_from: None,
     }
 }
 
@@ -646,7 +650,7 @@ fn score(
     } else {
         0.0
     };
-    // Resuming elsewhere: the checkpoint is restored before work goes on.
+    // Resuming: the checkpoint is restored before work goes on.
     let restore_h = if ctx.resume && !ctx.in_place {
         ov.restore_s / 3600.0
     } else {
@@ -660,6 +664,17 @@ fn score(
             0.0
         };
     let (data_usd, transfer_h) = if ctx.in_place { (0.0, 0.0) } else { data };
+    // A resumed job's checkpoint moves to a cluster in another region.
+    let (data_usd, transfer_h) = match job.resume_from {
+        Some(src) if restore_h > 0.0 && src != c.region_id => (
+            data_usd + job.ckpt_size_gb * model.egress_usd_per_gb(src, c.region_id),
+            transfer_h
+                + job.ckpt_size_gb * 8.0
+                    / model.bandwidth_gbps(src, c.region_id).max(1e-3)
+                    / 3600.0,
+        ),
+        _ => (data_usd, transfer_h),
+    };
     let interval_h = job
         .spec
         .ckpt_interval_s

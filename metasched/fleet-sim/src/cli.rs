@@ -39,7 +39,8 @@ pub struct SimulateArgs {
     /// engine policy plus the baselines.
     #[arg(long, default_value = "all")]
     pub policy: String,
-    /// Also run the baselines (home-only, greedy, random) for a single --policy.
+    /// Also run the baselines (home-only, greedy, greedy-spot, first-start, random) for a
+    /// single --policy.
     #[arg(long)]
     pub baselines: bool,
     /// `metasched.toml` (or any TOML) with `[policies.<name>]` weight tables.
@@ -249,6 +250,15 @@ pub fn sim_jobs(
         .collect())
 }
 
+/// The baselines, in report order.
+pub const BASELINES: [Strategy; 5] = [
+    Strategy::HomeOnly,
+    Strategy::Greedy,
+    Strategy::GreedySpot,
+    Strategy::FirstStart,
+    Strategy::Random,
+];
+
 /// The strategies a run replays.
 pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strategy>> {
     let mut v = Vec::new();
@@ -261,10 +271,7 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
                 v.push(Strategy::Engine(p));
             }
         }
-    } else if let Some(b) = [Strategy::HomeOnly, Strategy::Greedy, Strategy::Random]
-        .into_iter()
-        .find(|b| b.name() == args.policy)
-    {
+    } else if let Some(b) = BASELINES.into_iter().find(|b| b.name() == args.policy) {
         v.push(b);
         return Ok(v);
     } else {
@@ -278,7 +285,7 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
         v.push(Strategy::Engine(args.policy.clone()));
     }
     if args.policy == "all" || args.baselines {
-        v.extend([Strategy::HomeOnly, Strategy::Greedy, Strategy::Random]);
+        v.extend(BASELINES);
     }
     Ok(v)
 }

@@ -36,11 +36,8 @@ pub struct EngineSetup {
 }
 
 /// Policy names the simulator uses internally for the baselines.
-pub const HOME_ONLY: &str = "home-only";
-pub const GREEDY: &str = "greedy";
+pub use crate::sim::{FIRST_START, GREEDY, GREEDY_SPOT, HOME_ONLY, RANDOM};
 pub const LOWER_BOUND: &str = "lower-bound";
-/// Every feasible cluster under the `cost` policy's filters, for the random baseline.
-pub const RANDOM: &str = "random";
 
 pub struct EngineModel {
     pub fleet: FleetModel,
@@ -137,6 +134,7 @@ impl EngineModel {
                         gpu_type: fleet.gpu_type_name(p.gpu_type).to_string(),
                         gpus: p.total_gpus,
                         spot_trace: None,
+                        sells_spot: !c.onprem && p.prices.spot.is_some(),
                     })
                     .collect(),
             })
@@ -162,6 +160,21 @@ impl EngineModel {
             },
         );
         baseline_policies.insert(GREEDY, pure_price.clone());
+        baseline_policies.insert(
+            GREEDY_SPOT,
+            Policy {
+                name: GREEDY_SPOT.into(),
+                allow_spot: true,
+                ..pure_price.clone()
+            },
+        );
+        baseline_policies.insert(
+            FIRST_START,
+            Policy {
+                name: FIRST_START.into(),
+                ..pure_price.clone()
+            },
+        );
         baseline_policies.insert(
             LOWER_BOUND,
             Policy {
@@ -345,8 +358,10 @@ impl EngineModel {
             duration_s: job.duration_s,
             interruptible: job.interruptible,
             ckpt_interval_s: (job.checkpoint_s > 0.0).then_some(job.checkpoint_s),
+            // Each job reads a dataset of its own, stored at its home (the
+            // catalog entry `sim://<home>/` gives its size and location).
             datasets: if self.fleet.dataset_for(&sim_dataset_uri(&home)).is_some() {
-                vec![format!("{}data", sim_dataset_uri(&home))]
+                vec![format!("{}job-{}", sim_dataset_uri(&home), job.id)]
             } else {
                 Vec::new()
             },
@@ -398,7 +413,16 @@ impl EngineModel {
         }
     }
 
-    fn offer(&self, p: &Placement) -> Offer {
+    /// The simulator's offer for an engine placement. The engine's overhead hours
+    /// split into setup (provisioning on cloud, checkpoint restore: GPUs held and
+    /// billed) and delay before queueing (remote submission), plus the transfer
+    /// hours (staging, checkpoint move), also before queueing.
+    fn offer(&self, p: &Placement, resuming: bool) -> Offer {
+        let c = &self.fleet.clusters[p.cluster as usize];
+        let ov = &self.fleet.overheads;
+        let provision = if c.onprem { 0.0 } else { c.provision_s };
+        let restore = if resuming { ov.restore_s } else { 0.0 };
+        let overhead_s = p.breakdown.overhead_h * 3600.0;
         Offer {
             cluster: p.cluster as usize,
             pool: p.pool as usize,
@@ -406,6 +430,9 @@ impl EngineModel {
             usd_per_gpu_hour: p.breakdown.price_per_gpu_hour,
             egress_usd: p.breakdown.egress_usd,
             score: p.breakdown.total,
+            speed: c.pools.get(p.pool as usize).map(|x| x.speed).unwrap_or(1.0),
+            setup_s: provision + restore,
+            delay_s: (overhead_s - provision - restore).max(0.0) + p.breakdown.transfer_h * 3600.0,
         }
     }
 
@@ -435,9 +462,10 @@ impl Model for EngineModel {
         let Some(pj) = self.prepared.get(job.id).and_then(|p| p.as_ref()) else {
             return Vec::new();
         };
+        let resuming = pj.done_fraction > 0.0;
         if !self.baseline_policies.contains_key(policy) && policy != RANDOM {
             return decide(&self.fleet, &self.state, pj, &pol)
-                .map(|p| vec![self.offer(&p)])
+                .map(|p| vec![self.offer(&p, resuming)])
                 .unwrap_or_default();
         }
         let mut ok: Vec<Placement> = evaluate_all(&self.fleet, &self.state, pj, &pol)
@@ -451,7 +479,34 @@ impl Model for EngineModel {
                 .then((Some(b.cluster) == home).cmp(&(Some(a.cluster) == home)))
                 .then(a.cluster.cmp(&b.cluster))
         });
-        ok.iter().map(|p| self.offer(p)).collect()
+        ok.iter().map(|p| self.offer(p, resuming)).collect()
+    }
+
+    /// The job's datasets are staged at the offer's region from now on: later
+    /// placements there (or in that region) pay no egress or staging for them.
+    fn landed(&mut self, job: &SimJob, offer: &Offer) {
+        let Some(region) = self.fleet.clusters.get(offer.cluster).map(|c| c.region_id) else {
+            return;
+        };
+        self.prepared(job);
+        if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
+            for d in &mut pj.datasets {
+                if d.known && !d.locations.contains(&region) {
+                    d.locations.push(region);
+                }
+            }
+        }
+    }
+
+    fn resume(&mut self, job: &SimJob, done_fraction: f64, ckpt_at: Option<usize>) {
+        let region = ckpt_at
+            .and_then(|c| self.fleet.clusters.get(c))
+            .map(|c| c.region_id);
+        self.prepared(job);
+        if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
+            pj.done_fraction = done_fraction.clamp(0.0, 1.0);
+            pj.resume_from = region;
+        }
     }
 
     /// kgCO2 as the engine scores it: zone intensity over the run window × GPU
@@ -512,9 +567,21 @@ impl Model for EngineModel {
         fleet_engine::propose_migrations(&self.fleet, &self.state, &rj, &pol, &self.margin)
             .into_iter()
             .filter_map(|m| {
+                let from = rj.get(m.index)?;
+                let mut to = self.offer(&m.to, true);
+                // The checkpoint moves with the job: its egress and transfer time.
+                let (src, dst) = (
+                    self.fleet.clusters[from.cluster as usize].region_id,
+                    self.fleet.clusters[to.cluster].region_id,
+                );
+                if src != dst {
+                    let gb = from.job.ckpt_size_gb;
+                    to.egress_usd += gb * self.fleet.egress_usd_per_gb(src, dst);
+                    to.delay_s += gb * 8.0 / self.fleet.bandwidth_gbps(src, dst).max(1e-3);
+                }
                 Some(Move {
                     job: *idx.get(m.index)?,
-                    to: self.offer(&m.to),
+                    to,
                 })
             })
             .collect()

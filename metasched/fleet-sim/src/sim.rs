@@ -21,6 +21,8 @@ pub struct SimPool {
     pub gpus: u32,
     /// Index into the spot traces when this pool sells spot capacity.
     pub spot_trace: Option<usize>,
+    /// The pool sells spot capacity (with no trace: always available, never reclaimed).
+    pub sells_spot: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -73,10 +75,36 @@ pub struct Offer {
     pub pool: usize,
     pub spot: bool,
     pub usd_per_gpu_hour: f64,
-    /// One-off USD when the job lands there (dataset/checkpoint egress).
+    /// One-off USD when the job lands there (dataset staging not yet done there,
+    /// checkpoint transfer of a resumed job).
     pub egress_usd: f64,
     /// The model's score (lower is better); informative only.
     pub score: f64,
+    /// Speed of the pool's GPUs relative to the reference GPU: the job's remaining
+    /// work (reference seconds) runs in `work / speed` seconds here.
+    pub speed: f64,
+    /// Seconds the job holds its GPUs before doing work (node provisioning on
+    /// cloud, checkpoint restore when resuming): billed, not progress.
+    pub setup_s: f64,
+    /// Seconds between the decision and joining the pool's queue (remote
+    /// submission, dataset staging, checkpoint transfer): delay, not billed.
+    pub delay_s: f64,
+}
+
+impl Default for Offer {
+    fn default() -> Self {
+        Offer {
+            cluster: 0,
+            pool: 0,
+            spot: false,
+            usd_per_gpu_hour: 0.0,
+            egress_usd: 0.0,
+            score: 0.0,
+            speed: 1.0,
+            setup_s: 0.0,
+            delay_s: 0.0,
+        }
+    }
 }
 
 /// A running job offered to the rebalancing pass.
@@ -107,6 +135,11 @@ pub trait Model {
     fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer>;
     /// kgCO2 of `gpus` GPUs of pool (`cluster`, `pool`) running over `[t0, t1)`.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64;
+    /// The job lands on `offer` (its datasets are staged there from now on).
+    fn landed(&mut self, _job: &SimJob, _offer: &Offer) {}
+    /// Progress of a job about to be placed again: the share of its work saved in
+    /// a checkpoint and the cluster that holds it (`None`: a fresh start).
+    fn resume(&mut self, _job: &SimJob, _done_fraction: f64, _ckpt_at: Option<usize>) {}
     /// Migration proposals for running interruptible jobs.
     fn rebalance(
         &mut self,
@@ -130,7 +163,19 @@ pub enum Strategy {
     Greedy,
     /// Uniformly random feasible offer (seeded).
     Random,
+    /// Greedy with spot for interruptible jobs; a preempted job is relaunched
+    /// the same way from its last checkpoint (managed-spot tools).
+    GreedySpot,
+    /// Sibling submission to every feasible cluster; runs where it starts first.
+    FirstStart,
 }
+
+/// Policy names the baselines ask the model for.
+pub const HOME_ONLY: &str = "home-only";
+pub const GREEDY: &str = "greedy";
+pub const GREEDY_SPOT: &str = "greedy-spot";
+pub const FIRST_START: &str = "first-start";
+pub const RANDOM: &str = "random";
 
 impl Strategy {
     pub fn name(&self) -> String {
@@ -139,6 +184,8 @@ impl Strategy {
             Strategy::HomeOnly => "home-only".into(),
             Strategy::Greedy => "greedy".into(),
             Strategy::Random => "random".into(),
+            Strategy::GreedySpot => GREEDY_SPOT.into(),
+            Strategy::FirstStart => FIRST_START.into(),
         }
     }
 }
@@ -169,6 +216,11 @@ impl Default for SimConfig {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Ev {
     Arrival(usize),
+    /// The job joins its chosen pool's queue (after remote submission and staging).
+    Ready {
+        job: usize,
+        gen: u32,
+    },
     Finish {
         job: usize,
         epoch: u32,
@@ -241,6 +293,12 @@ struct JobState {
     moved: bool,
     parked: bool,
     planned_end: f64,
+    /// Placement generation (a Ready event of an older placement is stale).
+    gen: u32,
+    /// Setup seconds of the current run segment (provisioning, restore).
+    setup_s: f64,
+    /// Cluster holding the job's last checkpoint.
+    ckpt_at: Option<usize>,
 }
 
 struct Sim<'a, M: Model> {
@@ -303,8 +361,12 @@ pub fn simulate<M: Model>(
                 .iter()
                 .map(|p| PoolState {
                     cap: p.gpus,
-                    spot_fraction: if p.spot_trace.is_some() { 1.0 } else { 0.0 },
-                    has_spot: p.spot_trace.is_some(),
+                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                    has_spot: p.spot_trace.is_some() || p.sells_spot,
                     ..Default::default()
                 })
                 .collect()
@@ -376,6 +438,11 @@ pub fn simulate<M: Model>(
         }
         sim.last_t = t;
         match ev {
+            Ev::Ready { job, gen } => {
+                if sim.js[job].gen == gen && sim.js[job].run_start.is_none() {
+                    sim.join_queue(job, t);
+                }
+            }
             Ev::Arrival(j) => {
                 sim.arrivals_left -= 1;
                 done_arrivals += 1;
@@ -523,44 +590,80 @@ impl<M: Model> Sim<'_, M> {
         t as f64 / 1000.0
     }
 
+    /// What running the rest of job `j` on `o` costs: compute for the remaining
+    /// work at the pool's speed plus setup, and the one-off egress.
+    fn job_cost(&self, j: usize, o: &Offer) -> f64 {
+        let job = &self.jobs[j];
+        let run_s =
+            (job.duration_s - self.js[j].progress_s).max(0.0) / o.speed.max(1e-9) + o.setup_s;
+        o.usd_per_gpu_hour * job.gpus as f64 * run_s / 3600.0 + o.egress_usd
+    }
+
     fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
         let job = &self.jobs[j];
-        let estimate = !matches!(self.strategy, Strategy::HomeOnly | Strategy::Greedy);
+        let estimate = !matches!(
+            self.strategy,
+            Strategy::HomeOnly | Strategy::Greedy | Strategy::GreedySpot
+        );
         let load = self.load(now, job.gpus, estimate);
+        let cheapest = |sim: &Self, offers: &mut dyn Iterator<Item = &Offer>| {
+            offers
+                .min_by(|a, b| sim.job_cost(j, a).total_cmp(&sim.job_cost(j, b)))
+                .cloned()
+        };
         match self.strategy.clone() {
             Strategy::Engine(p) => self.model.offers(&p, job, now, &load).into_iter().next(),
-            Strategy::HomeOnly => self
-                .model
-                .offers("home-only", job, now, &load)
-                .into_iter()
-                .filter(|o| o.cluster == job.home && !o.spot)
-                .min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)),
-            Strategy::Greedy => {
+            Strategy::HomeOnly => {
+                let offers = self.model.offers(HOME_ONLY, job, now, &load);
+                cheapest(
+                    self,
+                    &mut offers.iter().filter(|o| o.cluster == job.home && !o.spot),
+                )
+            }
+            Strategy::Greedy | Strategy::GreedySpot => {
+                // SkyPilot-like: the cheapest launch that has capacity now, else the
+                // cheapest overall (failover). Spot only for greedy-spot and only for
+                // interruptible jobs (the model offers spot only then).
+                let spot_ok = self.strategy == Strategy::GreedySpot;
+                let name = if spot_ok { GREEDY_SPOT } else { GREEDY };
                 let offers: Vec<Offer> = self
                     .model
-                    .offers("greedy", job, now, &load)
+                    .offers(name, job, now, &load)
                     .into_iter()
-                    .filter(|o| !o.spot)
+                    .filter(|o| spot_ok || !o.spot)
                     .collect();
-                let cheapest = |it: &mut dyn Iterator<Item = &Offer>| {
-                    it.min_by(|a, b| {
-                        (a.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0
-                            + a.egress_usd)
-                            .total_cmp(
-                                &(b.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0
-                                    + b.egress_usd),
-                            )
+                let free_now = cheapest(
+                    self,
+                    &mut offers.iter().filter(|o| {
+                        let p = &load[o.cluster].pools[o.pool];
+                        let have = if o.spot {
+                            p.spot_free.min(p.start_free)
+                        } else {
+                            p.start_free
+                        };
+                        have >= job.gpus && p.queued_jobs == 0
+                    }),
+                );
+                free_now.or_else(|| cheapest(self, &mut offers.iter()))
+            }
+            Strategy::FirstStart => {
+                // Sibling submission (Slurm federation): the job is queued everywhere
+                // it may run and runs where it starts first; modelled as the offer
+                // with the earliest estimated start (delay + FIFO start estimate),
+                // cheaper first on ties.
+                let offers = self.model.offers(FIRST_START, job, now, &load);
+                offers
+                    .iter()
+                    .min_by(|a, b| {
+                        let sa = a.delay_s + load[a.cluster].pools[a.pool].est_wait_s;
+                        let sb = b.delay_s + load[b.cluster].pools[b.pool].est_wait_s;
+                        sa.total_cmp(&sb)
+                            .then(self.job_cost(j, a).total_cmp(&self.job_cost(j, b)))
                     })
                     .cloned()
-                };
-                let free_now = cheapest(&mut offers.iter().filter(|o| {
-                    load[o.cluster].pools[o.pool].free >= job.gpus
-                        && load[o.cluster].pools[o.pool].queued_jobs == 0
-                }));
-                free_now.or_else(|| cheapest(&mut offers.iter()))
             }
             Strategy::Random => {
-                let offers = self.model.offers("random", job, now, &load);
+                let offers = self.model.offers(RANDOM, job, now, &load);
                 if offers.is_empty() {
                     None
                 } else {
@@ -572,6 +675,8 @@ impl<M: Model> Sim<'_, M> {
     }
 
     fn place(&mut self, j: usize, now: f64) {
+        let done = self.js[j].progress_s / self.jobs[j].duration_s.max(1e-9);
+        self.model.resume(&self.jobs[j], done, self.js[j].ckpt_at);
         match self.choose(j, now) {
             Some(o) => self.enqueue(j, o, now),
             None => {
@@ -586,6 +691,8 @@ impl<M: Model> Sim<'_, M> {
         }
     }
 
+    /// The job is sent to `o`: egress is paid now (data staged there is kept for
+    /// later placements), and it joins the pool's queue after `o.delay_s`.
     fn enqueue(&mut self, j: usize, o: Offer, now: f64) {
         let job = &self.jobs[j];
         if o.cluster != job.home {
@@ -595,10 +702,23 @@ impl<M: Model> Sim<'_, M> {
             self.egress_usd += o.egress_usd;
             self.cost_events.push((now, o.egress_usd));
         }
-        let (c, p) = (o.cluster, o.pool);
+        self.model.landed(job, &o);
+        let delay = o.delay_s.max(0.0);
         self.js[j].at = Some(o);
-        let ps = &mut self.pools[c][p];
-        ps.queue.push_back(j);
+        self.js[j].gen += 1;
+        if delay > 0.0 {
+            let gen = self.js[j].gen;
+            self.push(now + delay, Ev::Ready { job: j, gen });
+        } else {
+            self.join_queue(j, now);
+        }
+    }
+
+    fn join_queue(&mut self, j: usize, now: f64) {
+        let Some((c, p)) = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool)) else {
+            return;
+        };
+        self.pools[c][p].queue.push_back(j);
         self.try_start(c, p, now);
     }
 
@@ -649,7 +769,14 @@ impl<M: Model> Sim<'_, M> {
     fn start(&mut self, j: usize, c: usize, p: usize, now: f64) {
         let job = &self.jobs[j];
         let g = job.gpus;
-        let remaining = job.duration_s - self.js[j].progress_s;
+        let (speed, setup) = self.js[j]
+            .at
+            .as_ref()
+            .map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0)))
+            .unwrap_or((1.0, 0.0));
+        // Wall time here: setup (billed, no progress), then the rest of the work at
+        // this pool's speed.
+        let remaining = setup + (job.duration_s - self.js[j].progress_s).max(0.0) / speed;
         let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
         let ps = &mut self.pools[c][p];
         ps.used += g;
@@ -659,6 +786,7 @@ impl<M: Model> Sim<'_, M> {
             ps.running_spot.push(j);
         }
         let s = &mut self.js[j];
+        s.setup_s = setup;
         s.planned_end = now + remaining;
         s.run_start = Some(now);
         s.first_start.get_or_insert(now);
@@ -736,15 +864,27 @@ impl<M: Model> Sim<'_, M> {
     /// Evict a running job: it keeps the work up to its last checkpoint.
     fn evict(&mut self, j: usize, now: f64) {
         let at = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool, o.spot));
+        let speed = self.js[j]
+            .at
+            .as_ref()
+            .map(|o| o.speed.max(1e-9))
+            .unwrap_or(1.0);
         let seg = self.stop(j, now);
+        // Work time of the segment (after setup); checkpoints every
+        // `checkpoint_s` of it, each saving `checkpoint_s × speed` of work.
+        let worked = (seg - self.js[j].setup_s).max(0.0);
         let ck = self.jobs[j].checkpoint_s;
         let saved = if ck > 0.0 {
-            (seg / ck).floor() * ck
+            (worked / ck).floor() * ck
         } else {
             0.0
         };
-        self.js[j].progress_s += saved;
-        let lost = (seg - saved) * self.jobs[j].gpus as f64;
+        if saved > 0.0 {
+            self.js[j].progress_s =
+                (self.js[j].progress_s + saved * speed).min(self.jobs[j].duration_s);
+            self.js[j].ckpt_at = at.map(|x| x.0);
+        }
+        let lost = (worked - saved) * self.jobs[j].gpus as f64;
         self.lost_gpu_s += lost;
         if let Some(k) = at {
             self.spend.entry(k).or_default().lost_gpu_hours += lost / 3600.0;
@@ -815,11 +955,12 @@ impl<M: Model> Sim<'_, M> {
                     let s = &self.js[j];
                     let Some(start) = s.run_start else { continue };
                     let Some(o) = s.at.as_ref() else { continue };
-                    let seg = now - start;
+                    let worked = (now - start - s.setup_s).max(0.0);
+                    let speed = o.speed.max(1e-9);
                     let since = if job.checkpoint_s > 0.0 {
-                        seg % job.checkpoint_s
+                        worked % job.checkpoint_s
                     } else {
-                        seg + s.progress_s
+                        worked + s.progress_s / speed
                     };
                     running.push(RunningJob {
                         job: j,
@@ -828,7 +969,7 @@ impl<M: Model> Sim<'_, M> {
                         spot: o.spot,
                         gpus: job.gpus,
                         usd_per_gpu_hour: o.usd_per_gpu_hour,
-                        remaining_s: job.duration_s - s.progress_s - seg,
+                        remaining_s: ((job.duration_s - s.progress_s) / speed - worked).max(0.0),
                         since_checkpoint_s: since,
                     });
                 }
@@ -995,8 +1136,16 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
                     capacity: p.gpus,
                     free: p.gpus,
                     start_free: p.gpus,
-                    spot_free: if p.spot_trace.is_some() { p.gpus } else { 0 },
-                    spot_fraction: if p.spot_trace.is_some() { 1.0 } else { 0.0 },
+                    spot_free: if p.spot_trace.is_some() || p.sells_spot {
+                        p.gpus
+                    } else {
+                        0
+                    },
+                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot {
+                        1.0
+                    } else {
+                        0.0
+                    },
                     queued_jobs: 0,
                     est_wait_s: 0.0,
                 })
@@ -1006,19 +1155,17 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
     let mut usd = 0.0;
     let mut co2 = 0.0;
     for j in jobs {
+        model.resume(j, 0.0, None);
         let offers = model.offers("lower-bound", j, j.submit_s, &empty);
+        // The cheapest unit of work: price per GPU-hour ÷ the pool's speed.
+        let per_work = |o: &Offer| o.usd_per_gpu_hour / o.speed.max(1e-9);
         if let Some(o) = offers
             .iter()
-            .min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour))
+            .min_by(|a, b| per_work(a).total_cmp(&per_work(b)))
         {
-            usd += o.usd_per_gpu_hour * j.gpus as f64 * j.duration_s / 3600.0;
-            co2 += model.kg_co2(
-                o.cluster,
-                o.pool,
-                j.gpus,
-                j.submit_s,
-                j.submit_s + j.duration_s,
-            );
+            let run_s = j.duration_s / o.speed.max(1e-9);
+            usd += o.usd_per_gpu_hour * j.gpus as f64 * run_s / 3600.0;
+            co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + run_s);
         }
     }
     (usd, co2)
@@ -1031,8 +1178,14 @@ mod tests {
 
     /// A stand-in for the engine: every pool big enough is feasible, ranked by price
     /// (spot first for interruptible jobs when the pool sells spot).
+    #[derive(Default)]
     struct Stub {
         clusters: Vec<SimCluster>,
+        /// Speed per cluster (default 1).
+        speed: Vec<f64>,
+        setup_s: f64,
+        delay_s: f64,
+        egress: f64,
         /// (on-demand, spot) USD/GPU-h per cluster.
         price: Vec<(f64, f64)>,
     }
@@ -1063,13 +1216,17 @@ mod tests {
                     } else {
                         self.price[ci].0
                     };
+                    let speed = self.speed.get(ci).copied().unwrap_or(1.0);
                     v.push(Offer {
                         cluster: ci,
                         pool: pi,
                         spot,
                         usd_per_gpu_hour: usd,
-                        egress_usd: 0.0,
-                        score: usd,
+                        egress_usd: self.egress,
+                        score: usd / speed,
+                        speed,
+                        setup_s: self.setup_s,
+                        delay_s: self.delay_s,
                     });
                 }
             }
@@ -1099,6 +1256,7 @@ mod tests {
                 gpu_type: "H100".into(),
                 gpus,
                 spot_trace,
+                sells_spot: spot_trace.is_some(),
             }],
         }
     }
@@ -1129,6 +1287,7 @@ mod tests {
         let mut m = Stub {
             clusters: vec![cluster("a", 4, None)],
             price: vec![(2.0, 1.0)],
+            ..Default::default()
         };
         let jobs = vec![
             job(0, 0.0, 100.0, 2, false, 0.0),
@@ -1170,6 +1329,7 @@ mod tests {
         let mut m = Stub {
             clusters: vec![cluster("a", 4, None)],
             price: vec![(1.0, 1.0)],
+            ..Default::default()
         };
         let jobs = vec![
             job(0, 0.0, 100.0, 1, false, 0.0),
@@ -1208,6 +1368,7 @@ mod tests {
         let mut m = Stub {
             clusters: vec![cluster("a", 2, Some(0))],
             price: vec![(3.0, 1.0)],
+            ..Default::default()
         };
         let jobs = vec![
             job(0, 0.0, 1500.0, 1, true, 300.0),
@@ -1237,6 +1398,7 @@ mod tests {
         let mut m = Stub {
             clusters: vec![cluster("a", 1, None), cluster("b", 1, None)],
             price: vec![(1.0, 1.0), (2.0, 2.0)],
+            ..Default::default()
         };
         let jobs = vec![job(0, 0.0, 200.0, 1, true, 30.0)];
         let cfg = SimConfig {
@@ -1301,6 +1463,7 @@ mod tests {
             inner: Stub {
                 clusters: vec![cluster("a", 8, None)],
                 price: vec![(1.0, 1.0)],
+                ..Default::default()
             },
             seen: Vec::new(),
         };
@@ -1340,6 +1503,7 @@ mod tests {
         let mk = || Stub {
             clusters: (0..5).map(|i| cluster(&format!("c{i}"), 8, None)).collect(),
             price: (0..5).map(|i| (1.0 + i as f64, 1.0)).collect(),
+            ..Default::default()
         };
         let jobs: Vec<SimJob> = (0..200)
             .map(|i| {
