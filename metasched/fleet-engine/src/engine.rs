@@ -903,6 +903,40 @@ pub fn decide(
     best
 }
 
+/// Every feasible (cluster, pool, pricing) for a job, each scored as if
+/// it were the only option, regardless of free GPUs or current spot
+/// availability (spot only for interruptible jobs under a policy that
+/// allows it). For optimisation bounds that need every option, not the
+/// best per cluster.
+pub fn all_options(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+) -> Vec<Placement> {
+    let mut out = Vec::new();
+    for (cid, c) in model.clusters.iter().enumerate() {
+        let cid = cid as ClusterId;
+        for pi in 0..c.pools.len() {
+            let kinds: &[Pricing] = match (c.onprem, job.spec.interruptible && policy.allow_spot) {
+                (true, _) => &[Pricing::Onprem],
+                (false, true) => &[Pricing::OnDemand, Pricing::Spot],
+                (false, false) => &[Pricing::OnDemand],
+            };
+            for &k in kinds {
+                let ctx = EvalCtx {
+                    stay: Some((pi as PoolId, k)),
+                    ..ctx_for(job)
+                };
+                if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Every cluster's verdict for a prepared job, unsorted, without strings
 /// (for the simulator's baselines and callers that rank themselves).
 pub fn evaluate_all<'a>(

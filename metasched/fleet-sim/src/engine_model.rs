@@ -482,6 +482,22 @@ impl Model for EngineModel {
         ok.iter().map(|p| self.offer(p, resuming)).collect()
     }
 
+    /// Every feasible pool and pricing on an idle fleet (`fleet_engine::all_options`
+    /// under the lower-bound policy: spot for interruptible jobs).
+    fn options(&mut self, job: &SimJob) -> Vec<Offer> {
+        let Some(pol) = self.policy(LOWER_BOUND) else {
+            return Vec::new();
+        };
+        let empty = crate::sim::idle_load(&self.clusters);
+        self.sync_state(job.submit_s, &empty, job.gpus);
+        self.resume(job, 0.0, None);
+        let Some(Some(pj)) = self.prepared.get(job.id) else {
+            return Vec::new();
+        };
+        let opts = fleet_engine::all_options(&self.fleet, &self.state, pj, &pol);
+        opts.iter().map(|p| self.offer(p, false)).collect()
+    }
+
     /// The job's datasets are staged at the offer's region from now on: later
     /// placements there (or in that region) pay no egress or staging for them.
     fn landed(&mut self, job: &SimJob, offer: &Offer) {

@@ -9,6 +9,7 @@
 
 pub mod cli;
 pub mod engine_model;
+pub mod lp;
 pub mod report;
 pub mod sim;
 pub mod spot;

@@ -135,6 +135,12 @@ pub trait Model {
     fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer>;
     /// kgCO2 of `gpus` GPUs of pool (`cluster`, `pool`) running over `[t0, t1)`.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64;
+    /// Every feasible option of a job (each pool and pricing) on an idle fleet,
+    /// for the LP bound. Default: the lower-bound offers.
+    fn options(&mut self, job: &SimJob) -> Vec<Offer> {
+        let empty = idle_load(self.clusters());
+        self.offers("lower-bound", job, job.submit_s, &empty)
+    }
     /// The job lands on `offer` (its datasets are staged there from now on).
     fn landed(&mut self, _job: &SimJob, _offer: &Offer) {}
     /// Progress of a job about to be placed again: the share of its work saved in
@@ -1097,6 +1103,7 @@ impl<M: Model> Sim<'_, M> {
             wait_p95_s: percentile(&waits, 95.0),
             completion_mean_s: mean(&compl),
             completion_p95_s: percentile(&compl, 95.0),
+            makespan_s: self.js.iter().filter_map(|s| s.finish).fold(0.0, f64::max),
             utilization,
             ratio_to_lower_bound: 0.0,
             cost_series,
@@ -1120,12 +1127,9 @@ impl<M: Model> Sim<'_, M> {
     }
 }
 
-/// Lower bound: each job at its cheapest feasible price with capacity relaxed (an
-/// empty fleet), no waiting, no egress, no lost work. Returns (USD, kgCO2 of those
-/// placements run at submission).
-pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
-    let empty: Vec<ClusterLoad> = model
-        .clusters()
+/// The load of an idle fleet (every GPU free, spot fully available).
+pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
+    clusters
         .iter()
         .map(|c| ClusterLoad {
             up: true,
@@ -1151,7 +1155,14 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
                 })
                 .collect(),
         })
-        .collect();
+        .collect()
+}
+
+/// Lower bound: each job at its cheapest feasible price with capacity relaxed (an
+/// empty fleet), no waiting, no egress, no lost work. Returns (USD, kgCO2 of those
+/// placements run at submission).
+pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
+    let empty = idle_load(model.clusters());
     let mut usd = 0.0;
     let mut co2 = 0.0;
     for j in jobs {

@@ -213,7 +213,18 @@ fn engine_policy_beats_home_only_and_respects_the_lower_bound() {
             "{} below the lower bound",
             p.policy
         );
-        assert!((p.ratio_to_lower_bound - p.total_usd / r.lower_bound_usd).abs() < 1e-9);
+        let bound = r
+            .lp_bound
+            .as_ref()
+            .map(|b| b.usd)
+            .unwrap_or(0.0)
+            .max(r.lower_bound_usd);
+        assert!(
+            p.total_usd >= bound * 0.999,
+            "{} below the LP bound",
+            p.policy
+        );
+        assert!((p.ratio_to_lower_bound - p.total_usd / bound).abs() < 1e-9);
     }
     // green emits far less than the policies that ignore carbon for speed
     // (time) or stay in the dirty zone (home-only). It is NOT asserted to
@@ -470,4 +481,77 @@ home = "home"
         "staged once: {}",
         r.egress_usd
     );
+}
+
+/// The LP bound sees capacity over time: 4 one-GPU hour-long jobs at once on a fleet
+/// with one cheap GPU (1 USD/h) and eight dear ones (3 USD/h). Done within an hour,
+/// three must run on the dear GPUs (10 USD); within four hours all can run on the
+/// cheap one (4 USD). The cheap bound says 4 in both cases.
+#[test]
+fn lp_bound_accounts_for_capacity_and_release_times() {
+    let fleet = r#"
+[[clusters]]
+name = "own"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.A100 = { onprem = 1.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 1
+nodes = 1
+
+[[clusters]]
+name = "cloud"
+provider = "aws"
+region = "us-east-1"
+prices.A100 = { on_demand = 3.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "own"
+"#;
+    let s = EngineSetup {
+        fleet_toml: fleet.into(),
+        dataset_gb: 0.0,
+        ..EngineSetup::default()
+    };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string()
+        + &"2017-09-04 10:00:00,3600,1,1,t\n".repeat(4);
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+    let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &args(&[])).unwrap();
+    let (cheap, _) = fleet_sim::sim::lower_bound(&mut model, &jobs);
+    assert!((cheap - 4.0).abs() < 1e-9, "{cheap}");
+    let lp1 = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 3600.0, 1000).unwrap();
+    assert!((lp1.usd - 10.0).abs() < 1e-6, "{lp1:?}");
+    let lp4 = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 4.0 * 3600.0, 1000).unwrap();
+    assert!((lp4.usd - 4.0).abs() < 1e-6, "{lp4:?}");
+    // a horizon too short for the work (9 GPUs × 20 min < 4 GPU-hours) is
+    // infeasible, not a wrong bound
+    assert!(fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 1200.0, 1000).is_err());
+    // in a full run every policy is at or above the LP bound it reports
+    let l = Loaded {
+        trace: t,
+        trace_name: "t".into(),
+        fleet_name: "f".into(),
+        setup: s,
+        spot: vec![],
+    };
+    let r = run_loaded(&args(&[]), &l).unwrap();
+    let lp = r.lp_bound.clone().unwrap();
+    assert_eq!(r.bound_used, "lp");
+    for p in &r.policies {
+        assert!(
+            p.total_usd >= lp.usd - 1e-6,
+            "{} {} < {}",
+            p.policy,
+            p.total_usd,
+            lp.usd
+        );
+    }
 }
