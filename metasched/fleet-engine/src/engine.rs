@@ -892,7 +892,22 @@ pub fn decide(
 ) -> Option<Placement> {
     let mut ctx = ctx_for(job);
     let mut best: Option<Placement> = None;
-    for cid in 0..model.clusters.len() as ClusterId {
+    // Clusters in increasing order of their cheapest unit of work: once that
+    // alone costs more than the best score found, no later cluster can win
+    // (every term of the score is >= 0). Live spot prices in the state may
+    // undercut the model's, so then every cluster is scored.
+    let can_stop = policy.time_value_usd_per_gpu_hour >= 0.0
+        && policy.carbon_usd_per_kg >= 0.0
+        && policy.egress_weight >= 0.0
+        && !state
+            .clusters
+            .iter()
+            .any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+    let work = f64::from(job.gpus) * ctx.duration_h;
+    for &(floor, cid) in &model.cheapest_per_work {
+        if can_stop && best.is_some() && floor * work > ctx.bound {
+            break;
+        }
         if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
             if best.as_ref().is_none_or(|b| ranks_before(job, &p, b)) {
                 ctx.bound = p.breakdown.total;

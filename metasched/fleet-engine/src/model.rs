@@ -396,6 +396,10 @@ pub struct FleetModel {
     pub gpu_speed: Vec<f64>,
     /// Declared teams: (name, home cluster).
     pub teams: Vec<(String, ClusterId)>,
+    /// Every cluster with the lowest USD per unit of work any of its pools
+    /// sells (price ÷ speed, any pricing), cheapest first: [`crate::decide`]
+    /// scores clusters in this order and stops when the rest cannot win.
+    pub cheapest_per_work: Vec<(f64, ClusterId)>,
     /// The config it was built from (kept to rebuild with new feeds).
     pub config: FleetConfig,
 }
@@ -432,7 +436,8 @@ pub fn default_gpu_power_w(gpu_type: &str) -> f64 {
 /// (dense FP16/BF16 tensor throughput and memory bandwidth) and are
 /// assumptions to override: H200 = H100 × 1.1 (same compute, 1.4× memory
 /// bandwidth), B200 = H100 × 2.2 (NVIDIA's MLPerf Training v4.1 claim),
-/// V100 0.5, P100 0.3, P40 0.25, T4 0.15, L4 0.3, A10/A10G 0.35, L40S 0.75.
+/// V100 0.5, P100 0.3, P40 0.25, T4 0.15, L4 0.3, A10/A10G 0.35, L40S 0.75,
+/// K80/M60 0.1.
 /// Power: vendor TDP of the SXM/PCIe board.
 pub fn default_gpu_model(gpu_type: &str) -> Option<(f64, f64)> {
     Some(match gpu_type {
@@ -447,6 +452,7 @@ pub fn default_gpu_model(gpu_type: &str) -> Option<(f64, f64)> {
         "P100" => (0.3, 250.0),
         "P40" => (0.25, 250.0),
         "T4" | "T4G" => (0.15, 70.0),
+        "K80" | "M60" => (0.1, 300.0),
         _ => return None,
     })
 }
@@ -911,10 +917,11 @@ impl FleetModel {
             v
         };
 
-        Ok(FleetModel {
+        let mut out = FleetModel {
             clusters,
             gpu_speed,
             teams,
+            cheapest_per_work: Vec::new(),
             gpu_types: types.names,
             regions: regions.names,
             region_provider,
@@ -926,7 +933,33 @@ impl FleetModel {
             gbps,
             by_name,
             config: cfg,
-        })
+        };
+        out.reindex();
+        Ok(out)
+    }
+
+    /// Recomputes [`FleetModel::cheapest_per_work`] (after prices change).
+    fn reindex(&mut self) {
+        let mut v: Vec<(f64, ClusterId)> = self
+            .clusters
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let floor = c
+                    .pools
+                    .iter()
+                    .flat_map(|p| {
+                        [p.prices.on_demand, p.prices.spot, p.prices.onprem]
+                            .into_iter()
+                            .flatten()
+                            .map(move |x| x / p.speed.max(1e-9))
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (if floor.is_finite() { floor } else { 0.0 }, i as ClusterId)
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.cheapest_per_work = v;
     }
 
     pub fn cluster_id(&self, name: &str) -> Option<ClusterId> {
@@ -1074,6 +1107,7 @@ impl FleetModel {
                 }
             }
         }
+        out.reindex();
         out
     }
 }

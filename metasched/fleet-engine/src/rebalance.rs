@@ -114,11 +114,13 @@ pub fn propose_migrations(
             Ok(p) => p.breakdown.total,
             Err(_) => f64::INFINITY, // the cluster can no longer hold it: moving is free of "stay" value
         };
+        // A move must score below staying: options whose compute alone costs
+        // more are skipped before scoring.
         let move_ctx = EvalCtx {
             duration_h: rem_h,
             in_place: false,
             require_free: true,
-            bound: f64::INFINITY,
+            bound: stay,
             stay: None,
             resume: false,
         };

@@ -97,6 +97,10 @@ pub struct SimulateArgs {
     /// fits). 0 = only the cheap capacity-relaxed bound (for huge runs).
     #[arg(long, default_value_t = 30_000)]
     pub lp_max_vars: usize,
+    /// Print the report as JSON on stdout (the same document as `report.json`)
+    /// instead of the table.
+    #[arg(long)]
+    pub json: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -104,6 +108,26 @@ pub struct SimulateArgs {
     /// not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+/// The simulator's own command line (`fleet-sim`, `fleetctl simulate`).
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "Replay a job trace over a fleet with the placement engine, the baselines and the lower bounds"
+)]
+struct SimCli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+/// Parses the simulator's flags; `argv[0]` is the program name shown in usage.
+pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<SimulateArgs, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let v: Vec<String> = argv.into_iter().collect();
+    let name = v.first().cloned().unwrap_or_else(|| "fleet-sim".into());
+    let cmd = SimCli::command().bin_name(name);
+    let m = cmd.try_get_matches_from(v)?;
+    SimCli::from_arg_matches(&m).map(|c| c.args)
 }
 
 /// Everything a run needs, read from files; [`run_loaded`] is pure of I/O apart from
@@ -141,7 +165,7 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
         skip_invalid: args.skip_invalid,
         max_duration_s: args.max_duration_days * 86_400.0,
     };
-    let trace = trace::read_philly_file(&args.trace, &opts)?;
+    let trace = trace::read_file(&args.trace, &opts)?;
     for d in &trace.diagnostics {
         eprintln!("skipped {d}");
     }
@@ -244,12 +268,28 @@ pub fn sim_jobs(
         .map(|r| SimJob {
             id: r.id,
             submit_s: r.submit_s,
-            duration_s: r.duration_s,
+            // Work at the reference GPU: a duration measured on another model
+            // scales by its speed (unknown models count as the reference).
+            duration_s: r.duration_s
+                * r.extra
+                    .duration_gpu
+                    .as_deref()
+                    .and_then(|g| model.fleet.speed_of(g))
+                    .unwrap_or(1.0),
             gpus: r.gpus,
             home: homes.get(&r.home_label).copied().unwrap_or(0),
-            // Bresenham-style spread: exactly round(share × n) jobs, evenly.
-            interruptible: ((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor(),
-            checkpoint_s: args.checkpoint_interval_s.max(0.0),
+            // The trace's own flag, else a Bresenham-style spread: exactly
+            // round(share × n) jobs, evenly.
+            interruptible: r
+                .extra
+                .interruptible
+                .unwrap_or(((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor()),
+            checkpoint_s: r
+                .extra
+                .checkpoint_s
+                .unwrap_or(args.checkpoint_interval_s)
+                .max(0.0),
+            extra: r.extra.clone(),
         })
         .collect())
 }
@@ -434,7 +474,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let loaded = load(&args)?;
     let report = run_loaded(&args, &loaded)?;
-    print!("{}", report.table());
+    if args.json {
+        let text = serde_json::to_string_pretty(&report).context("report as JSON")?;
+        println!("{text}");
+    } else {
+        print!("{}", report.table());
+    }
     if let Some(dir) = &args.out_dir {
         let files = crate::report::write_outputs(&report, dir)
             .with_context(|| format!("writing outputs to {}", dir.display()))?;

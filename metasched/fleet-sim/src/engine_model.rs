@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use fleet_engine::engine::PreparedData;
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
     decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig,
@@ -53,6 +54,8 @@ pub struct EngineModel {
     /// Spot trace of each (cluster, pool) that sells spot.
     pool_spot: Vec<Vec<Option<usize>>>,
     notes: Vec<String>,
+    /// Regions holding a copy of each named (shared) dataset.
+    staged: BTreeMap<String, Vec<fleet_engine::model::RegionId>>,
     pub margin: MigrationMargin,
 }
 
@@ -200,6 +203,7 @@ impl EngineModel {
             spot_rates: Vec::new(),
             pool_spot,
             notes,
+            staged: BTreeMap::new(),
             margin: MigrationMargin::default(),
         })
     }
@@ -365,6 +369,16 @@ impl EngineModel {
             } else {
                 Vec::new()
             },
+            gpu_types: job.extra.gpu_models.clone(),
+            min_gpu: job.extra.min_gpu.clone(),
+            // `duration_s` is already work at the reference GPU.
+            duration_gpu: Some(
+                self.fleet
+                    .config
+                    .reference_gpu
+                    .clone()
+                    .unwrap_or_else(|| "A100".into()),
+            ),
             home,
             ..JobSpec::default()
         }
@@ -376,7 +390,35 @@ impl EngineModel {
         }
         if self.prepared[job.id].is_none() {
             let spec = self.spec_for(job);
-            self.prepared[job.id] = Some(prepare(&self.fleet, &spec));
+            let mut pj = prepare(&self.fleet, &spec);
+            // Named datasets of the trace live at the team's home.
+            if !job.extra.datasets.is_empty() {
+                let home = self.fleet.clusters.get(job.home).map(|c| c.region_id);
+                pj.datasets = job
+                    .extra
+                    .datasets
+                    .iter()
+                    .map(|(n, gb)| PreparedData {
+                        uri: n.clone(),
+                        locations: home.into_iter().collect(),
+                        size_gb: *gb,
+                        known: true,
+                    })
+                    .collect();
+            }
+            self.prepared[job.id] = Some(pj);
+        }
+        // Copies of shared datasets staged by other jobs are reused.
+        if !job.extra.datasets.is_empty() {
+            if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
+                for d in &mut pj.datasets {
+                    for r in self.staged.get(&d.uri).into_iter().flatten() {
+                        if !d.locations.contains(r) {
+                            d.locations.push(*r);
+                        }
+                    }
+                }
+            }
         }
         // Filled just above.
         self.prepared[job.id]
@@ -509,6 +551,12 @@ impl Model for EngineModel {
             for d in &mut pj.datasets {
                 if d.known && !d.locations.contains(&region) {
                     d.locations.push(region);
+                }
+                if !job.extra.datasets.is_empty() {
+                    let v = self.staged.entry(d.uri.clone()).or_default();
+                    if !v.contains(&region) {
+                        v.push(region);
+                    }
                 }
             }
         }

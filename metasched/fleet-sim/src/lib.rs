@@ -8,6 +8,7 @@
 //! pick among the same engine's feasible candidates. See `docs/simulator.md`.
 
 pub mod cli;
+pub mod convert;
 pub mod engine_model;
 pub mod lp;
 pub mod report;

@@ -33,16 +33,19 @@ pub struct SimCluster {
 
 /// A job as replayed. `duration_s` is the trace run time, also given to the engine as
 /// the user's estimate (the trace has no separate estimate).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimJob {
     pub id: usize,
     pub submit_s: f64,
+    /// Work in seconds at the reference GPU's speed.
     pub duration_s: f64,
     pub gpus: u32,
     pub home: usize,
     pub interruptible: bool,
     /// 0 = never checkpoints (an eviction loses everything).
     pub checkpoint_s: f64,
+    /// GPU-model constraints and datasets of the generic trace format.
+    pub extra: crate::trace::JobExtra,
 }
 
 /// The dynamic state of a pool handed to the model when it ranks offers.
@@ -334,6 +337,8 @@ struct Sim<'a, M: Model> {
     /// Compute spend by (cluster, pool, spot).
     spend: BTreeMap<(usize, usize, bool), crate::report::Spend>,
     busy: Vec<Vec<f64>>, // per cluster, per bucket: GPU-seconds
+    /// Reused buffer of the pools' load handed to the model.
+    load_buf: Vec<ClusterLoad>,
     last_t: f64,
     arrivals_left: usize,
     settled: usize,
@@ -402,6 +407,7 @@ pub fn simulate<M: Model>(
         cost_buckets: Vec::new(),
         spend: BTreeMap::new(),
         busy: vec![Vec::new(); clusters.len()],
+        load_buf: Vec::new(),
         last_t: 0.0,
         arrivals_left: jobs.len(),
         settled: 0,
@@ -519,45 +525,43 @@ impl<M: Model> Sim<'_, M> {
 
     /// The pools' load as a job of `gpus` GPUs arriving at `now` sees it. `estimate`:
     /// fill in `est_wait_s` (left 0 for the baselines that put no value on time).
-    fn load(&self, now: f64, gpus: u32, estimate: bool) -> Vec<ClusterLoad> {
-        self.pools
-            .iter()
-            .enumerate()
-            .map(|(ci, ps)| ClusterLoad {
-                up: self.up[ci],
-                pools: ps
-                    .iter()
-                    .map(|p| {
-                        let free = if self.up[ci] {
-                            p.cap.saturating_sub(p.used)
-                        } else {
-                            0
-                        };
-                        let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
-                        // GPUs a newcomer may take now: what the queue's head has not
-                        // reserved (the others could not start in it, see `try_start`).
-                        let start_free = match p.queue.front() {
-                            Some(&h) => free - free.min(self.jobs[h].gpus),
-                            None => free,
-                        };
-                        let est_wait_s = if gpus <= start_free || !estimate {
-                            0.0
-                        } else {
-                            self.start_estimate(p, now, gpus) - now
-                        };
-                        PoolLoad {
-                            capacity: p.cap,
-                            free,
-                            start_free,
-                            spot_free,
-                            spot_fraction: p.spot_fraction,
-                            queued_jobs: p.queue.len(),
-                            est_wait_s,
-                        }
-                    })
-                    .collect(),
-            })
-            .collect()
+    fn load(&mut self, now: f64, gpus: u32, estimate: bool) -> Vec<ClusterLoad> {
+        // One buffer reused for every decision (no allocation per placement).
+        let mut buf = std::mem::take(&mut self.load_buf);
+        buf.resize_with(self.pools.len(), ClusterLoad::default);
+        for (ci, (ps, cl)) in self.pools.iter().zip(buf.iter_mut()).enumerate() {
+            cl.up = self.up[ci];
+            cl.pools.resize_with(ps.len(), PoolLoad::default);
+            for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
+                let free = if self.up[ci] {
+                    p.cap.saturating_sub(p.used)
+                } else {
+                    0
+                };
+                let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
+                // GPUs a newcomer may take now: what the queue's head has not
+                // reserved (the others could not start in it, see `try_start`).
+                let start_free = match p.queue.front() {
+                    Some(&h) => free - free.min(self.jobs[h].gpus),
+                    None => free,
+                };
+                let est_wait_s = if gpus <= start_free || !estimate {
+                    0.0
+                } else {
+                    self.start_estimate(p, now, gpus) - now
+                };
+                *pl = PoolLoad {
+                    capacity: p.cap,
+                    free,
+                    start_free,
+                    spot_free,
+                    spot_fraction: p.spot_fraction,
+                    queued_jobs: p.queue.len(),
+                    est_wait_s,
+                };
+            }
+        }
+        buf
     }
 
     /// When a job of `gpus` GPUs joining the back of `p`'s queue now would start, the
@@ -576,10 +580,17 @@ impl<M: Model> Sim<'_, M> {
             .collect();
         let mut free = p.cap.saturating_sub(p.used);
         let mut t = key(now);
+        // A queued job holds its GPUs for its setup and the rest of its work at
+        // this pool's speed.
         let queued = p.queue.iter().map(|&j| {
+            let (speed, setup) = self.js[j]
+                .at
+                .as_ref()
+                .map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0)))
+                .unwrap_or((1.0, 0.0));
             (
                 self.jobs[j].gpus,
-                self.jobs[j].duration_s - self.js[j].progress_s,
+                setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed,
             )
         });
         for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
@@ -606,21 +617,27 @@ impl<M: Model> Sim<'_, M> {
     }
 
     fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
-        let job = &self.jobs[j];
         let estimate = !matches!(
             self.strategy,
             Strategy::HomeOnly | Strategy::Greedy | Strategy::GreedySpot
         );
-        let load = self.load(now, job.gpus, estimate);
+        let load = self.load(now, self.jobs[j].gpus, estimate);
+        let r = self.choose_with(j, now, &load);
+        self.load_buf = load;
+        r
+    }
+
+    fn choose_with(&mut self, j: usize, now: f64, load: &[ClusterLoad]) -> Option<Offer> {
+        let job = &self.jobs[j];
         let cheapest = |sim: &Self, offers: &mut dyn Iterator<Item = &Offer>| {
             offers
                 .min_by(|a, b| sim.job_cost(j, a).total_cmp(&sim.job_cost(j, b)))
                 .cloned()
         };
         match self.strategy.clone() {
-            Strategy::Engine(p) => self.model.offers(&p, job, now, &load).into_iter().next(),
+            Strategy::Engine(p) => self.model.offers(&p, job, now, load).into_iter().next(),
             Strategy::HomeOnly => {
-                let offers = self.model.offers(HOME_ONLY, job, now, &load);
+                let offers = self.model.offers(HOME_ONLY, job, now, load);
                 cheapest(
                     self,
                     &mut offers.iter().filter(|o| o.cluster == job.home && !o.spot),
@@ -634,7 +651,7 @@ impl<M: Model> Sim<'_, M> {
                 let name = if spot_ok { GREEDY_SPOT } else { GREEDY };
                 let offers: Vec<Offer> = self
                     .model
-                    .offers(name, job, now, &load)
+                    .offers(name, job, now, load)
                     .into_iter()
                     .filter(|o| spot_ok || !o.spot)
                     .collect();
@@ -657,7 +674,7 @@ impl<M: Model> Sim<'_, M> {
                 // it may run and runs where it starts first; modelled as the offer
                 // with the earliest estimated start (delay + FIFO start estimate),
                 // cheaper first on ties.
-                let offers = self.model.offers(FIRST_START, job, now, &load);
+                let offers = self.model.offers(FIRST_START, job, now, load);
                 offers
                     .iter()
                     .min_by(|a, b| {
@@ -669,7 +686,7 @@ impl<M: Model> Sim<'_, M> {
                     .cloned()
             }
             Strategy::Random => {
-                let offers = self.model.offers(RANDOM, job, now, &load);
+                let offers = self.model.offers(RANDOM, job, now, load);
                 if offers.is_empty() {
                     None
                 } else {
@@ -1288,6 +1305,7 @@ mod tests {
             home: 0,
             interruptible,
             checkpoint_s,
+            ..SimJob::default()
         }
     }
 

@@ -16,10 +16,30 @@ pub struct TraceJob {
     pub submit_s: f64,
     /// Run time in seconds as recorded in the trace.
     pub duration_s: f64,
-    /// GPUs requested (gang: all must be free at once).
+    /// GPUs requested (gang: all must be free at once); a fractional request
+    /// holds one whole GPU.
     pub gpus: u32,
     /// The trace's home label (Philly: the hashed virtual-cluster id).
     pub home_label: String,
+    /// Extra fields of the generic format (empty for Philly).
+    pub extra: JobExtra,
+}
+
+/// What the generic trace format adds to a job (all optional).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobExtra {
+    /// The exact GPU request (e.g. 0.25 of a GPU); 0 = `gpus`.
+    pub gpu_share: f64,
+    /// Acceptable GPU models (normalized); empty = any.
+    pub gpu_models: Vec<String>,
+    /// The model the duration was measured on; `None` = the fleet's reference GPU.
+    pub duration_gpu: Option<String>,
+    /// Slowest acceptable model.
+    pub min_gpu: Option<String>,
+    pub interruptible: Option<bool>,
+    pub checkpoint_s: Option<f64>,
+    /// (name, GB): datasets at the team's home, shared by jobs naming the same one.
+    pub datasets: Vec<(String, f64)>,
 }
 
 /// A parsed trace plus the rows that could not be read.
@@ -297,6 +317,7 @@ pub fn read_philly<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trac
             duration_s: dur,
             gpus,
             home_label: home,
+            extra: JobExtra::default(),
         })
         .collect();
     Ok(Trace {
@@ -305,6 +326,213 @@ pub fn read_philly<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trac
         diagnostics: rows.diagnostics,
         skipped: rows.skipped,
     })
+}
+
+/// Columns of the generic trace format, in order (docs/simulator.md, "Generic
+/// trace format").
+pub const GENERIC_COLUMNS: [&str; 10] = [
+    "submit_time",
+    "duration_s",
+    "gpus",
+    "gpu_models",
+    "duration_gpu",
+    "min_gpu",
+    "team",
+    "interruptible",
+    "checkpoint_s",
+    "datasets",
+];
+
+/// Read a trace file in the format its header names: the generic format
+/// (`submit_time,...`) or Philly's table (`timestamp,...`).
+pub fn read_file(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
+    let text = std::fs::read(path).map_err(|source| TraceError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let name = path.display().to_string();
+    let first = text.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    if String::from_utf8_lossy(first)
+        .trim_start_matches('\u{feff}')
+        .starts_with("submit_time")
+    {
+        read_generic(&text[..], &name, opts)
+    } else {
+        read_philly(&text[..], &name, opts)
+    }
+}
+
+fn models(v: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for m in v.split('|').map(str::trim).filter(|m| !m.is_empty()) {
+        if !m
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            || m.len() > 32
+        {
+            return Err(format!("bad GPU model `{m}`"));
+        }
+        out.push(m.to_ascii_uppercase());
+    }
+    Ok(out)
+}
+
+fn one_model(v: &str, what: &str) -> Result<Option<String>, String> {
+    let m = models(v)?;
+    match m.len() {
+        0 => Ok(None),
+        1 => Ok(m.into_iter().next()),
+        _ => Err(format!("{what} names one GPU model, got `{v}`")),
+    }
+}
+
+/// Read a trace in the generic format: every column of [`GENERIC_COLUMNS`] in the
+/// header (any order, extra columns ignored). Rows are stably sorted by submission.
+pub fn read_generic<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trace, TraceError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(r);
+    let headers = rdr
+        .headers()
+        .map_err(|source| TraceError::Csv {
+            path: name.into(),
+            source,
+        })?
+        .clone();
+    let mut idx = [0usize; 10];
+    for (k, c) in GENERIC_COLUMNS.iter().enumerate() {
+        idx[k] = headers
+            .iter()
+            .position(|h| h.trim_start_matches('\u{feff}') == *c)
+            .ok_or(TraceError::MissingColumn {
+                path: name.into(),
+                column: c,
+            })?;
+    }
+    let mut raw: Vec<(i64, f64, u32, String, JobExtra)> = Vec::new();
+    let mut rows = Rows {
+        name,
+        opts,
+        diagnostics: Vec::new(),
+        skipped: 0,
+    };
+    let mut rec = csv::StringRecord::new();
+    loop {
+        match rdr.read_record(&mut rec) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                let line = e.position().map(|p| p.line()).unwrap_or(0);
+                rows.bad(line, e.to_string())?;
+                continue;
+            }
+        }
+        let line = rec.position().map(|p| p.line()).unwrap_or(0);
+        if rec.len() != headers.len() {
+            rows.bad(
+                line,
+                format!("{} fields, the header has {}", rec.len(), headers.len()),
+            )?;
+            continue;
+        }
+        let get = |k: usize| rec.get(idx[k]).unwrap_or("");
+        match generic_row(&get, opts) {
+            Ok(row) => raw.push(row),
+            Err(msg) => rows.bad(line, msg)?,
+        }
+    }
+    if raw.is_empty() {
+        return Err(TraceError::Empty { path: name.into() });
+    }
+    raw.sort_by_key(|r| r.0);
+    let epoch_unix = raw.first().map(|r| r.0).unwrap_or(0);
+    let jobs = raw
+        .into_iter()
+        .enumerate()
+        .map(|(id, (ts, dur, gpus, team, extra))| TraceJob {
+            id,
+            submit_s: (ts - epoch_unix) as f64,
+            duration_s: dur,
+            gpus,
+            home_label: team,
+            extra,
+        })
+        .collect();
+    Ok(Trace {
+        jobs,
+        epoch_unix,
+        diagnostics: rows.diagnostics,
+        skipped: rows.skipped,
+    })
+}
+
+type GenericRow = (i64, f64, u32, String, JobExtra);
+
+fn generic_row<'a>(
+    get: &dyn Fn(usize) -> &'a str,
+    opts: &ReadOptions,
+) -> Result<GenericRow, String> {
+    let ts = parse_timestamp(get(0)).ok_or_else(|| {
+        format!(
+            "bad submit_time `{}` (YYYY-MM-DD HH:MM:SS, a real date)",
+            get(0)
+        )
+    })?;
+    let dur = duration(get(1), "duration_s", opts.max_duration_s)?;
+    let share: f64 = match get(2).parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 && g <= 1e6 => g,
+        _ => return Err(format!("bad gpus `{}` (a number > 0)", get(2))),
+    };
+    if share > 1.0 && share.fract() != 0.0 {
+        return Err(format!(
+            "gpus `{}`: only requests below one GPU may be fractional",
+            get(2)
+        ));
+    }
+    let gpu_models = models(get(3)).map_err(|e| format!("gpu_models: {e}"))?;
+    let duration_gpu = one_model(get(4), "duration_gpu")?;
+    let min_gpu = one_model(get(5), "min_gpu")?;
+    let team = get(6).to_string();
+    if team.is_empty() {
+        return Err("empty team".into());
+    }
+    let interruptible = match get(7).to_ascii_lowercase().as_str() {
+        "" => None,
+        "1" | "true" | "yes" => Some(true),
+        "0" | "false" | "no" => Some(false),
+        v => return Err(format!("interruptible `{v}` (0/1, true/false or empty)")),
+    };
+    let checkpoint_s = match get(8) {
+        "" => None,
+        v => match v.parse::<f64>() {
+            Ok(c) if c.is_finite() && c >= 0.0 => Some(c),
+            _ => return Err(format!("bad checkpoint_s `{v}` (seconds >= 0 or empty)")),
+        },
+    };
+    let mut datasets = Vec::new();
+    for d in get(9).split('|').map(str::trim).filter(|d| !d.is_empty()) {
+        let (n, gb) = d
+            .rsplit_once(':')
+            .ok_or_else(|| format!("dataset `{d}`: expected name:GB"))?;
+        match gb.parse::<f64>() {
+            Ok(g) if g.is_finite() && g >= 0.0 && !n.is_empty() => {
+                datasets.push((n.to_string(), g))
+            }
+            _ => return Err(format!("dataset `{d}`: expected name:GB with GB >= 0")),
+        }
+    }
+    let gpus = share.ceil() as u32;
+    let extra = JobExtra {
+        gpu_share: share,
+        gpu_models,
+        duration_gpu,
+        min_gpu,
+        interruptible,
+        checkpoint_s,
+        datasets,
+    };
+    Ok((ts, dur, gpus, team, extra))
 }
 
 #[cfg(test)]
@@ -411,6 +639,98 @@ mod tests {
         assert!(
             read_philly(all_bad.as_bytes(), "x", &opts).is_err(),
             "nothing left is still empty"
+        );
+    }
+
+    const G: &str = "submit_time,duration_s,gpus,gpu_models,duration_gpu,min_gpu,team,interruptible,checkpoint_s,datasets\n";
+
+    #[test]
+    fn generic_rows() {
+        let t = read_generic(
+            format!("{G}2020-07-01 08:00:10,600,0.25,T4|v100,T4,,u1,1,300,pai/u1:20|shared:5\n2020-07-01 08:00:00,60,8,,,A100,u2,,,\n").as_bytes(),
+            "g.csv",
+            &ReadOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.jobs.len(), 2);
+        let (a, b) = (&t.jobs[1], &t.jobs[0]);
+        assert_eq!(
+            (a.submit_s, a.duration_s, a.gpus, a.home_label.as_str()),
+            (10.0, 600.0, 1, "u1")
+        );
+        assert_eq!(a.extra.gpu_share, 0.25);
+        assert_eq!(a.extra.gpu_models, ["T4", "V100"]);
+        assert_eq!(a.extra.duration_gpu.as_deref(), Some("T4"));
+        assert_eq!(
+            (a.extra.interruptible, a.extra.checkpoint_s),
+            (Some(true), Some(300.0))
+        );
+        assert_eq!(
+            a.extra.datasets,
+            [("pai/u1".to_string(), 20.0), ("shared".to_string(), 5.0)]
+        );
+        assert_eq!(
+            (b.gpus, b.extra.min_gpu.as_deref(), b.extra.interruptible),
+            (8, Some("A100"), None)
+        );
+        // the format is recognised from its header
+        let dir = std::env::temp_dir().join(format!("fleet-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("g.csv");
+        std::fs::write(&p, format!("{G}2020-07-01 08:00:00,60,1,,,,u,,,\n")).unwrap();
+        assert_eq!(
+            read_file(&p, &ReadOptions::default()).unwrap().jobs.len(),
+            1
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn generic_bad_rows_are_errors_with_file_and_line() {
+        let bad = |row: &str, frag: &str| {
+            let input = format!("{G}2020-07-01 08:00:00,60,1,,,,u,,,\n{row}\n");
+            match read_generic(input.as_bytes(), "g.csv", &ReadOptions::default()) {
+                Err(e) => assert!(
+                    e.to_string().contains(&format!("g.csv:3: {frag}")),
+                    "{row}: {e}"
+                ),
+                Ok(_) => panic!("{row} accepted"),
+            }
+        };
+        bad("2020-02-30 08:00:00,60,1,,,,u,,,", "bad submit_time");
+        bad(
+            "2020-07-01 08:00:00,0,1,,,,u,,,",
+            "duration_s must be > 0 s",
+        );
+        bad(
+            "2020-07-01 08:00:00,60,1.5,,,,u,,,",
+            "gpus `1.5`: only requests below one GPU may be fractional",
+        );
+        bad("2020-07-01 08:00:00,60,0,,,,u,,,", "bad gpus `0`");
+        bad(
+            "2020-07-01 08:00:00,60,1,T4;rm,,,u,,,",
+            "gpu_models: bad GPU model",
+        );
+        bad(
+            "2020-07-01 08:00:00,60,1,,T4|V100,,u,,,",
+            "duration_gpu names one GPU model",
+        );
+        bad("2020-07-01 08:00:00,60,1,,,,,,,", "empty team");
+        bad(
+            "2020-07-01 08:00:00,60,1,,,,u,maybe,,",
+            "interruptible `maybe`",
+        );
+        bad(
+            "2020-07-01 08:00:00,60,1,,,,u,,-5,",
+            "bad checkpoint_s `-5`",
+        );
+        bad(
+            "2020-07-01 08:00:00,60,1,,,,u,,,data",
+            "dataset `data`: expected name:GB",
+        );
+        bad(
+            "2020-07-01 08:00:00,60,1,,,,u,,",
+            "9 fields, the header has 10",
         );
     }
 

@@ -555,3 +555,153 @@ home = "own"
         );
     }
 }
+
+#[test]
+fn help_lists_only_the_simulators_flags_and_json_is_a_flag() {
+    let e = fleet_sim::cli::parse_from(["fleetctl simulate".to_string(), "--help".to_string()])
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+    let help = e.render().to_string();
+    assert!(help.contains("Usage: fleetctl simulate"), "{help}");
+    for own in [
+        "--trace",
+        "--fleet",
+        "--skip-invalid",
+        "--auto-homes",
+        "--lp-max-vars",
+        "--json",
+    ] {
+        assert!(help.contains(own), "{own} missing:\n{help}");
+    }
+    for foreign in ["--url", "--token-file", "--ca-file"] {
+        assert!(!help.contains(foreign), "{foreign} in:\n{help}");
+    }
+    let a = fleet_sim::cli::parse_from(
+        ["x", "--trace", "t", "--fleet", "f", "--json"].map(String::from),
+    )
+    .unwrap();
+    assert!(a.json);
+    assert!(fleet_sim::cli::parse_from(
+        ["x", "--trace", "t", "--fleet", "f", "--url", "u"].map(String::from)
+    )
+    .is_err());
+}
+
+/// PAI's published layout → generic format → simulator: fractional GPUs hold one
+/// GPU, model constraints are honoured (T4 jobs only on T4s), durations measured
+/// on a T4 run faster on an A100, non-Terminated and CPU-only work is left out.
+#[test]
+fn pai_sample_converts_and_simulates_with_model_constraints() {
+    let (jobs, tasks) = fleet_sim::convert::pai_sample(300, 7);
+    let mut out = Vec::new();
+    let (n, left) =
+        fleet_sim::convert::pai_to_generic(jobs.as_bytes(), "j", tasks.as_bytes(), "t", &mut out)
+            .unwrap();
+    assert_eq!(n + left, 300);
+    assert!(left > 0 && n > 200, "{n} {left}");
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains(",0.25,T4,T4,")),
+        "a quarter-GPU T4 job"
+    );
+    assert!(text.lines().any(|l| l.contains(",V100-32GB,V100-32GB,")));
+    assert!(
+        text.lines().any(|l| l.contains(",,K80,")),
+        "MISC: no constraint, K80 speed"
+    );
+    let t =
+        fleet_sim::trace::read_generic(text.as_bytes(), "g.csv", &ReadOptions::default()).unwrap();
+    assert_eq!(t.jobs.len(), n);
+    // a fleet with T4s, V100s and A100s (no P100 and no 32 GB V100: those jobs
+    // cannot be placed anywhere)
+    let fleet = r#"
+[[clusters]]
+name = "t4"
+provider = "aws"
+region = "us-east-1"
+prices.T4 = { on_demand = 0.5 }
+[[clusters.pools]]
+gpu_type = "T4"
+gpus_per_node = 8
+nodes = 8
+[[clusters]]
+name = "v100"
+provider = "aws"
+region = "us-east-1"
+prices.V100 = { on_demand = 3.0 }
+[[clusters.pools]]
+gpu_type = "V100"
+gpus_per_node = 8
+nodes = 8
+[[clusters]]
+name = "a100"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.A100 = { onprem = 1.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 8
+[[teams]]
+name = "*"
+home = "a100"
+"#;
+    let s = EngineSetup {
+        fleet_toml: fleet.into(),
+        dataset_gb: 1.0,
+        ..EngineSetup::default()
+    };
+    let l = Loaded {
+        trace: t.clone(),
+        trace_name: "g".into(),
+        fleet_name: "f".into(),
+        setup: s,
+        spot: vec![],
+    };
+    let r = run_loaded(&args(&["--policy", "cost", "--lp-max-vars", "0"]), &l).unwrap();
+    let p = &r.policies[0];
+    let pinned = |m: &str| t.jobs.iter().filter(|j| j.extra.gpu_models == [m]).count();
+    assert_eq!(p.unplaced, pinned("P100") + pinned("V100-32GB"), "{p:?}");
+    // T4-only jobs ran on the T4 pool and nowhere else can: the T4 pool was used
+    assert!(
+        p.spend.keys().any(|k| k.starts_with("t4/")),
+        "{:?}",
+        p.spend
+    );
+    // unconstrained jobs (MISC, measured on a K80 at 0.1×) run 10× faster on A100s
+    let misc: f64 = t
+        .jobs
+        .iter()
+        .filter(|j| j.extra.gpu_models.is_empty())
+        .map(|j| j.duration_s * j.gpus as f64 / 3600.0 * 0.1)
+        .sum();
+    let a100 = p
+        .spend
+        .iter()
+        .filter(|(k, _)| k.starts_with("a100/"))
+        .map(|(_, s)| s.gpu_hours)
+        .sum::<f64>();
+    assert!(a100 >= misc * 0.99, "A100 GPU-h {a100} vs MISC work {misc}");
+}
+
+#[test]
+fn philly_converts_to_the_generic_format_losslessly() {
+    let mut out = Vec::new();
+    let n = fleet_sim::convert::philly_to_generic(trace_csv().as_bytes(), "p", &mut out).unwrap();
+    assert_eq!(n, 60);
+    let g = fleet_sim::trace::read_generic(&out[..], "g", &ReadOptions::default()).unwrap();
+    let p = read_philly(trace_csv().as_bytes(), "p", &ReadOptions::default()).unwrap();
+    assert_eq!(g.epoch_unix, p.epoch_unix);
+    for (a, b) in g.jobs.iter().zip(&p.jobs) {
+        assert_eq!(
+            (a.submit_s, a.duration_s, a.gpus, &a.home_label),
+            (b.submit_s, b.duration_s, b.gpus, &b.home_label)
+        );
+    }
+    assert_eq!(
+        fleet_sim::convert::roundtrip(1_593_561_600),
+        Some(1_593_561_600)
+    );
+}

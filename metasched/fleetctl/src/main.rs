@@ -73,7 +73,13 @@ enum Command {
     /// meta-scheduler does not move jobs yet. `--json` prints the reply.
     Rebalance,
     /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
-    Simulate(Box<fleet_sim::cli::SimulateArgs>),
+    /// `fleetctl simulate --help` lists its own flags.
+    #[command(disable_help_flag = true)]
+    Simulate {
+        /// The simulator's flags (see `fleetctl simulate --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -451,12 +457,21 @@ fn query_escape(s: &str) -> String {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Command::Simulate(args) = cli.command {
-        return fleet_sim::cli::run(*args);
+    if let Command::Simulate { args } = &cli.command {
+        // The simulator parses its own flags, so its --help shows only them.
+        let mut argv = vec!["fleetctl simulate".to_string()];
+        argv.extend(args.iter().cloned());
+        if cli.json && !args.iter().any(|a| a == "--json") {
+            argv.push("--json".into());
+        }
+        return match fleet_sim::cli::parse_from(argv) {
+            Ok(a) => fleet_sim::cli::run(a),
+            Err(e) => e.exit(),
+        };
     }
     let client = Client::new(&cli)?;
     match &cli.command {
-        Command::Simulate(_) => unreachable!("handled above"),
+        Command::Simulate { .. } => unreachable!("handled above"),
         Command::Prices { action: PricesAction::Import { csv } } => {
             let text = std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
             let v = client.call_with(reqwest::Method::POST, "/v1/prices", Some(text))?;
@@ -580,6 +595,9 @@ mod tests {
     #[test]
     fn parse_table() {
         check(&["clusters"], "Clusters");
+        // the simulator's flags pass through to its own parser, --help included
+        check(&["simulate", "--help"], "Simulate { args: [\"--help\"] }");
+        check(&["simulate", "--trace", "t", "--json"], "Simulate { args: [\"--trace\", \"t\", \"--json\"] }");
         check(&["jobs", "--state", "running"], "Jobs { state: Some(\"running\")");
         check(&["job", "abc"], "Job { id: Some(\"abc\"), action: None }");
         check(&["job", "cancel", "abc"], "Job { id: None, action: Some(Cancel { id: \"abc\" }) }");
