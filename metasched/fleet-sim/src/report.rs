@@ -109,6 +109,15 @@ impl Report {
     }
 
     /// Evaluate the issue's targets where the needed policies are present.
+    /// The bound the ratios use: the LP bound when solved and higher, else the cheap one.
+    pub fn bound_usd(&self) -> f64 {
+        self.lp_bound
+            .as_ref()
+            .map(|b| b.usd)
+            .unwrap_or(0.0)
+            .max(self.lower_bound_usd)
+    }
+
     pub fn evaluate_targets(&mut self) {
         let mut t = Vec::new();
         let saving = |a: &PolicyReport, b: &PolicyReport| {
@@ -148,9 +157,30 @@ impl Report {
                     met: s >= 0.15,
                 });
             }
+            // Issue 9: ahead of greedy-with-spot at no worse mean completion.
+            if let Some(gs) = self.find("greedy-spot") {
+                let s = saving(cost, gs);
+                t.push(TargetCheck {
+                    target: "cost vs greedy-spot: saving".into(),
+                    value: s,
+                    threshold: 0.0,
+                    met: s > 0.0,
+                });
+                let worse = if gs.completion_mean_s > 0.0 {
+                    cost.completion_mean_s / gs.completion_mean_s - 1.0
+                } else {
+                    0.0
+                };
+                t.push(TargetCheck {
+                    target: "cost vs greedy-spot: mean completion worse by".into(),
+                    value: worse,
+                    threshold: 0.0,
+                    met: worse <= 0.0,
+                });
+            }
             let r = cost.ratio_to_lower_bound;
             t.push(TargetCheck {
-                target: "cost / lower bound - 1".into(),
+                target: format!("cost / lower bound ({}) - 1", self.bound_used),
                 value: r - 1.0,
                 threshold: 0.10,
                 met: r - 1.0 <= 0.10,
@@ -301,12 +331,34 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// A minimal line chart: each series is (label, points).
+/// A round axis step for `max` over about `n` ticks: 1, 2 or 5 × 10^k.
+pub fn nice_step(max: f64, n: f64) -> f64 {
+    if !(max.is_finite() && max > 0.0) {
+        return 1.0;
+    }
+    let raw = max / n;
+    let mag = 10f64.powf(raw.log10().floor());
+    let f = raw / mag;
+    mag * if f <= 1.0 {
+        1.0
+    } else if f <= 2.0 {
+        2.0
+    } else if f <= 5.0 {
+        5.0
+    } else {
+        10.0
+    }
+}
+
+/// A minimal line chart: each series is (label, points); `hline` draws a dashed
+/// horizontal reference (label, y), e.g. the lower bound of a cumulative cost.
+/// Axes end at a round value with ticks at round steps.
 pub fn line_chart_svg(
     title: &str,
     x_label: &str,
     y_label: &str,
     series: &[(String, Vec<(f64, f64)>)],
+    hline: Option<(&str, f64)>,
 ) -> String {
     let (w, h) = (900.0, 500.0);
     let (ml, mr, mt, mb) = (80.0, 180.0, 40.0, 50.0);
@@ -323,9 +375,16 @@ pub fn line_chart_svg(
     if xmax <= 0.0 {
         xmax = 1.0;
     }
+    if let Some((_, y)) = hline {
+        if y.is_finite() {
+            ymax = ymax.max(y);
+        }
+    }
     if ymax <= 0.0 {
         ymax = 1.0;
     }
+    let (xstep, ystep) = (nice_step(xmax, 6.0), nice_step(ymax, 5.0));
+    let (xmax, ymax) = ((xmax / xstep).ceil() * xstep, (ymax / ystep).ceil() * ystep);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -350,10 +409,10 @@ pub fn line_chart_svg(
         r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#,
         mt + ph
     );
-    for i in 0..=5 {
-        let f = i as f64 / 5.0;
-        let y = mt + ph - f * ph;
-        let x = ml + f * pw;
+    let ny = (ymax / ystep).round() as usize;
+    for i in 0..=ny {
+        let v = i as f64 * ystep;
+        let y = mt + ph - v / ymax * ph;
         let _ = writeln!(
             s,
             r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="gray" stroke-opacity="0.3"/>"#,
@@ -364,13 +423,33 @@ pub fn line_chart_svg(
             r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
             ml - 5.0,
             y + 4.0,
-            fmt_num(f * ymax)
+            fmt_num(v)
         );
+    }
+    let nx = (xmax / xstep).round() as usize;
+    for i in 0..=nx {
+        let v = i as f64 * xstep;
+        let x = ml + v / xmax * pw;
         let _ = writeln!(
             s,
             r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
             mt + ph + 16.0,
-            fmt_num(f * xmax)
+            fmt_num(v)
+        );
+    }
+    if let Some((label, yv)) = hline.filter(|h| h.1.is_finite() && h.1 > 0.0) {
+        let y = mt + ph - yv / ymax * ph;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="black" stroke-dasharray="6 4"/>"#,
+            ml + pw
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{:.1}">{}</text>"#,
+            ml + 6.0,
+            y - 4.0,
+            esc(label)
         );
     }
     let _ = writeln!(
@@ -456,6 +535,14 @@ pub fn write_outputs(
             "hours since first submission",
             "USD",
             &series,
+            Some((
+                &format!(
+                    "lower bound ({}) {:.0} USD",
+                    report.bound_used,
+                    report.bound_usd()
+                ),
+                report.bound_usd(),
+            )),
         ),
     )?;
     written.push(p);
@@ -481,6 +568,7 @@ pub fn write_outputs(
                 "hours since first submission",
                 "busy GPUs %",
                 &series,
+                None,
             ),
         )?;
         written.push(p);
@@ -511,9 +599,27 @@ mod tests {
             "x",
             "y",
             &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])],
+            Some(("lb", 1.5)),
         );
         assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
         assert!(s.contains("t&lt;"));
         assert!(s.contains("M80.0,450.0 L720.0,40.0"));
+        // the bound is a dashed line at 1.5 of 2 (y = 40 + 410 × 0.25), ticks are round
+        assert!(
+            s.contains(r#"y1="142.5" x2="720" y2="142.5" stroke="black" stroke-dasharray"#),
+            "{s}"
+        );
+        assert!(
+            s.contains(">0.50</text>") && s.contains(">1.50</text>"),
+            "{s}"
+        );
+        assert_eq!(
+            (
+                nice_step(1904.0, 6.0),
+                nice_step(670_013.0, 5.0),
+                nice_step(0.9, 5.0)
+            ),
+            (500.0, 200_000.0, 0.2)
+        );
     }
 }
