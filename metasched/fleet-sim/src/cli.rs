@@ -290,6 +290,7 @@ pub fn sim_jobs(
                 .unwrap_or(args.checkpoint_interval_s)
                 .max(0.0),
             extra: r.extra.clone(),
+            team: r.home_label.clone(),
         })
         .collect())
 }

@@ -138,6 +138,11 @@ impl EngineModel {
                         gpus: p.total_gpus,
                         spot_trace: None,
                         sells_spot: !c.onprem && p.prices.spot.is_some(),
+                        owned_usd_per_gpu_hour: if c.onprem {
+                            p.prices.onprem.or(p.prices.on_demand)
+                        } else {
+                            None
+                        },
                     })
                     .collect(),
             })

@@ -37,6 +37,13 @@ pub struct PolicyReport {
     pub ratio_to_lower_bound: f64,
     /// Latest job end (s since the first submission).
     pub makespan_s: f64,
+    /// USD (compute + egress) per team of the trace.
+    pub cost_by_team: BTreeMap<String, f64>,
+    /// Owned hardware's amortized cost over the run (all its GPUs × makespan ×
+    /// amortized price), paid whether used or not; `total_usd` counts only the used part.
+    pub owned_fixed_usd: f64,
+    /// Share of owned GPU-hours over the run that no job paid for.
+    pub owned_idle_share: f64,
     /// Cumulative USD sampled at each plot bucket (hours since the epoch, USD).
     pub cost_series: Vec<(f64, f64)>,
     /// Per cluster: busy fraction per plot bucket.
@@ -247,6 +254,30 @@ impl Report {
         }
         let _ = writeln!(s, "\nratio to lower bound ({}):", self.bound_used);
         for p in &self.policies {
+            if self.policies.iter().any(|p| p.owned_fixed_usd > 0.0) {
+                let _ = writeln!(s, "\nowned hardware over the run (amortized, paid whether used or not; totals above count the used part):");
+                for p in &self.policies {
+                    let _ = writeln!(
+                        s,
+                        "  {:<12} fixed {:>12.0} USD, idle {:>5.1}%, cloud + egress {:>12.0} USD",
+                        p.policy,
+                        p.owned_fixed_usd,
+                        100.0 * p.owned_idle_share,
+                        p.total_usd - p.owned_fixed_usd * (1.0 - p.owned_idle_share)
+                    );
+                }
+            }
+            let _ = writeln!(s, "\ncost by team (USD; largest five):");
+            for p in &self.policies {
+                let mut v: Vec<(&String, &f64)> = p.cost_by_team.iter().collect();
+                v.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+                let top: Vec<String> = v
+                    .iter()
+                    .take(5)
+                    .map(|(t, u)| format!("{t} {u:.0}"))
+                    .collect();
+                let _ = writeln!(s, "  {:<12} {}", p.policy, top.join(", "));
+            }
             let _ = writeln!(s, "  {:<10} {:.3}", p.policy, p.ratio_to_lower_bound);
         }
         let _ = writeln!(

@@ -23,6 +23,8 @@ pub struct SimPool {
     pub spot_trace: Option<usize>,
     /// The pool sells spot capacity (with no trace: always available, never reclaimed).
     pub sells_spot: bool,
+    /// Owned hardware: its amortized USD per GPU-hour, a fixed cost whether used or not.
+    pub owned_usd_per_gpu_hour: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +48,8 @@ pub struct SimJob {
     pub checkpoint_s: f64,
     /// GPU-model constraints and datasets of the generic trace format.
     pub extra: crate::trace::JobExtra,
+    /// The trace's team label (cost per team in the report).
+    pub team: String,
 }
 
 /// The dynamic state of a pool handed to the model when it ranks offers.
@@ -339,6 +343,10 @@ struct Sim<'a, M: Model> {
     busy: Vec<Vec<f64>>, // per cluster, per bucket: GPU-seconds
     /// Reused buffer of the pools' load handed to the model.
     load_buf: Vec<ClusterLoad>,
+    /// USD (compute + egress) per team.
+    team_usd: BTreeMap<String, f64>,
+    /// GPU-seconds paid on owned pools.
+    owned_busy_gpu_s: f64,
     last_t: f64,
     arrivals_left: usize,
     settled: usize,
@@ -408,6 +416,8 @@ pub fn simulate<M: Model>(
         spend: BTreeMap::new(),
         busy: vec![Vec::new(); clusters.len()],
         load_buf: Vec::new(),
+        team_usd: BTreeMap::new(),
+        owned_busy_gpu_s: 0.0,
         last_t: 0.0,
         arrivals_left: jobs.len(),
         settled: 0,
@@ -723,6 +733,7 @@ impl<M: Model> Sim<'_, M> {
         }
         if o.egress_usd > 0.0 {
             self.egress_usd += o.egress_usd;
+            *self.team_usd.entry(job.team.clone()).or_default() += o.egress_usd;
             self.cost_events.push((now, o.egress_usd));
         }
         self.model.landed(job, &o);
@@ -831,6 +842,16 @@ impl<M: Model> Sim<'_, M> {
         let seg = (now - start).max(0.0);
         let usd = o.usd_per_gpu_hour * g as f64 * seg / 3600.0;
         self.compute_usd += usd;
+        *self.team_usd.entry(self.jobs[j].team.clone()).or_default() += usd;
+        let owned = self
+            .model
+            .clusters()
+            .get(o.cluster)
+            .and_then(|c| c.pools.get(o.pool))
+            .is_some_and(|p| p.owned_usd_per_gpu_hour.is_some());
+        if owned {
+            self.owned_busy_gpu_s += g as f64 * seg;
+        }
         let sp = self.spend.entry((o.cluster, o.pool, o.spot)).or_default();
         sp.gpu_hours += g as f64 * seg / 3600.0;
         sp.usd += usd;
@@ -1068,6 +1089,19 @@ impl<M: Model> Sim<'_, M> {
             compl.push(s.finish.unwrap_or(job.submit_s) - job.submit_s);
         }
         let total = self.compute_usd + self.egress_usd;
+        // Owned hardware over the run: (GPU-hours available, fixed USD of them).
+        let makespan_s = self.js.iter().filter_map(|s| s.finish).fold(0.0, f64::max);
+        let owned_cap_h =
+            clusters
+                .iter()
+                .flat_map(|c| c.pools.iter())
+                .fold((0.0, 0.0), |acc, p| match p.owned_usd_per_gpu_hour {
+                    Some(price) => {
+                        let h = p.gpus as f64 * makespan_s / 3600.0;
+                        (acc.0 + h, acc.1 + h * price)
+                    }
+                    None => acc,
+                });
         let span = self.last_t.max(1.0);
         let b = self.cfg.bucket_s;
         let n_buckets = (span / b).ceil() as usize;
@@ -1120,7 +1154,14 @@ impl<M: Model> Sim<'_, M> {
             wait_p95_s: percentile(&waits, 95.0),
             completion_mean_s: mean(&compl),
             completion_p95_s: percentile(&compl, 95.0),
-            makespan_s: self.js.iter().filter_map(|s| s.finish).fold(0.0, f64::max),
+            makespan_s,
+            cost_by_team: self.team_usd.clone(),
+            owned_fixed_usd: owned_cap_h.1,
+            owned_idle_share: if owned_cap_h.0 > 0.0 {
+                (1.0 - self.owned_busy_gpu_s / 3600.0 / owned_cap_h.0).max(0.0)
+            } else {
+                0.0
+            },
             utilization,
             ratio_to_lower_bound: 0.0,
             cost_series,
@@ -1285,6 +1326,7 @@ mod tests {
                 gpus,
                 spot_trace,
                 sells_spot: spot_trace.is_some(),
+                owned_usd_per_gpu_hour: None,
             }],
         }
     }

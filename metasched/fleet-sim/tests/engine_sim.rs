@@ -554,6 +554,36 @@ home = "own"
             lp.usd
         );
     }
+    // cost per team adds up; the owned GPU's fixed cost covers the whole run and its
+    // idle share is what no job paid for
+    for p in &r.policies {
+        let teams: f64 = p.cost_by_team.values().sum();
+        assert!(
+            (teams - p.total_usd).abs() < 1e-6,
+            "{} {teams} vs {}",
+            p.policy,
+            p.total_usd
+        );
+        assert_eq!(p.cost_by_team.keys().collect::<Vec<_>>(), ["t"]);
+        let h = p.makespan_s / 3600.0;
+        assert!(
+            (p.owned_fixed_usd - h).abs() < 1e-9,
+            "{} {}",
+            p.policy,
+            p.owned_fixed_usd
+        );
+        let own_used = p
+            .spend
+            .iter()
+            .filter(|(k, _)| k.starts_with("own/"))
+            .map(|(_, s)| s.gpu_hours)
+            .sum::<f64>();
+        assert!(
+            (p.owned_idle_share - (1.0 - own_used / h)).abs() < 1e-9,
+            "{p:?}"
+        );
+        assert!(own_used > 0.0, "{p:?}");
+    }
 }
 
 #[test]
