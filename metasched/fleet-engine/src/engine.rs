@@ -439,6 +439,10 @@ pub(crate) struct EvalCtx {
     pub stay: Option<(PoolId, Pricing)>,
     /// The job resumes from a checkpoint: a new cluster pays the restore.
     pub resume: bool,
+    /// Compute the carbon terms even when the policy does not price carbon
+    /// (explanations show kgCO2; `decide` skips it when it cannot change the
+    /// ranking).
+    pub carbon: bool,
 }
 
 fn cluster_gate(
@@ -706,15 +710,19 @@ fn score(
     let delay_h = wait_h + transfer_h + overhead_h + lost_h;
     let time_usd = policy.time_value_usd_per_gpu_hour * g * delay_h;
     let start = state.now_unix + delay_h * 3600.0;
-    let ci = intensity(
-        model,
-        state,
-        c,
-        cs,
-        start,
-        start + (d_h + lost_h) * 3600.0,
-        policy.use_lca,
-    );
+    let ci = if ctx.carbon || policy.carbon_usd_per_kg != 0.0 {
+        intensity(
+            model,
+            state,
+            c,
+            cs,
+            start,
+            start + (d_h + lost_h) * 3600.0,
+            policy.use_lca,
+        )
+    } else {
+        0.0
+    };
     let kg_co2 = ci * p.gpu_power_w * g * (d_h + lost_h) * c.pue / 1e6;
     let carbon_usd = policy.carbon_usd_per_kg * kg_co2;
     let total = compute_usd + policy.egress_weight * egress_usd + time_usd + carbon_usd;
@@ -866,6 +874,7 @@ fn ctx_for(job: &PreparedJob) -> EvalCtx {
         bound: f64::INFINITY,
         stay: None,
         resume: job.done_fraction > 0.0,
+        carbon: true,
     }
 }
 
@@ -904,9 +913,28 @@ pub fn decide(
             .iter()
             .any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
     let work = f64::from(job.gpus) * ctx.duration_h;
+    // The decision needs kgCO2 only when the policy prices it.
+    ctx.carbon = false;
+    let g = f64::from(job.gpus);
+    let tv = policy.time_value_usd_per_gpu_hour;
+    let remote_h = model.overheads.remote_submit_s / 3600.0;
     for &(floor, cid) in &model.cheapest_per_work {
-        if can_stop && best.is_some() && floor * work > ctx.bound {
-            break;
+        if can_stop && best.is_some() {
+            if floor * work > ctx.bound {
+                break;
+            }
+            // Time value of the overheads every pool of the cluster pays.
+            if let Some(c) = model.clusters.get(cid as usize) {
+                let prov_h = if c.onprem {
+                    0.0
+                } else {
+                    c.provision_s / 3600.0
+                };
+                let away_h = if job.home == Some(cid) { 0.0 } else { remote_h };
+                if floor * work + tv * g * (prov_h + away_h) > ctx.bound {
+                    continue;
+                }
+            }
         }
         if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
             if best.as_ref().is_none_or(|b| ranks_before(job, &p, b)) {

@@ -94,6 +94,7 @@ pub fn propose_migrations(
             bound: f64::INFINITY,
             stay: Some((r.pool, r.pricing)),
             resume: false,
+            carbon: true,
         };
         // Staying: the job's own pool at the price it pays there; if that pool or
         // pricing is not in the model, the cluster's best option.
@@ -123,10 +124,24 @@ pub fn propose_migrations(
             bound: stay,
             stay: None,
             resume: false,
+            carbon: true,
         };
         let g = f64::from(r.job.gpus);
         let mut best: Option<MigrationProposal> = None;
-        for cid in 0..model.clusters.len() as ClusterId {
+        // Clusters cheapest unit of work first: once that alone costs as much
+        // as staying, no later cluster can save anything.
+        let can_stop = stay.is_finite()
+            && policy.time_value_usd_per_gpu_hour >= 0.0
+            && policy.carbon_usd_per_kg >= 0.0
+            && policy.egress_weight >= 0.0
+            && !state
+                .clusters
+                .iter()
+                .any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+        for &(floor, cid) in &model.cheapest_per_work {
+            if can_stop && floor * g * rem_h >= stay {
+                break;
+            }
             if cid == r.cluster {
                 continue;
             }
@@ -169,7 +184,10 @@ pub fn propose_migrations(
             if !saving.is_finite() && stay.is_finite() {
                 continue;
             }
-            if best.as_ref().is_none_or(|b| saving > b.saving_usd) {
+            // Ties: the lower cluster index (the order of a plain scan).
+            if best.as_ref().is_none_or(|b| {
+                saving > b.saving_usd || (saving == b.saving_usd && cid < b.to.cluster)
+            }) {
                 best = Some(MigrationProposal {
                     index: i,
                     job_id: r.job.spec.id.clone(),
