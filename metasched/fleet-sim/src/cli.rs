@@ -14,9 +14,9 @@ use crate::trace::{self, Trace};
 /// Replay a job trace over a fleet with the placement engine and the baselines.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
-    /// Job trace in the Philly table format
-    /// (`timestamp,duration,num_gpus,gpu_time,cluster`; `cluster` is the team label).
-    /// A bad row is an error with its file:line (see --skip-invalid).
+    /// Job trace: Philly's table (`timestamp,duration,num_gpus,gpu_time,cluster`;
+    /// `cluster` is the team) or the generic format (header starting `submit_time`,
+    /// docs/simulator.md). A bad row is an error with its file:line (see --skip-invalid).
     #[arg(long)]
     pub trace: PathBuf,
     /// Skip trace rows that cannot be read instead of failing; every skipped row is
