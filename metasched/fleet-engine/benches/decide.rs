@@ -12,9 +12,14 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("decide");
     g.measurement_time(Duration::from_secs(5)).sample_size(20);
     for n in [10usize, 100, 1000] {
-        let Ok(m) = FleetModel::build(synth::fleet_config(n, 1)) else { continue };
+        let Ok(m) = FleetModel::build(synth::fleet_config(n, 1)) else {
+            continue;
+        };
         let st = synth::busy_state(&m, 1);
-        let jobs: Vec<_> = synth::jobs(10_000, n, 1).iter().map(|j| prepare(&m, j)).collect();
+        let jobs: Vec<_> = synth::jobs(10_000, n, 1)
+            .iter()
+            .map(|j| prepare(&m, j))
+            .collect();
         let policy = Policy::green();
         g.throughput(Throughput::Elements(jobs.len() as u64));
         g.bench_with_input(BenchmarkId::new("10k_jobs", n), &n, |b, _| {

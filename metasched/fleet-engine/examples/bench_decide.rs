@@ -42,15 +42,30 @@ fn cpu_ns() -> Option<u64> {
 }
 
 fn main() {
-    let njobs: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
-    println!("{:>8} {:>8} {:>12} {:>12} {:>14} {:>12} {:>12} {:>14}", "clusters", "jobs", "model_KiB", "state_KiB", "jobs_KiB", "dec/cpu-s", "dec/wall-s", "heap growth");
+    let njobs: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    println!(
+        "{:>8} {:>8} {:>12} {:>12} {:>14} {:>12} {:>12} {:>14}",
+        "clusters",
+        "jobs",
+        "model_KiB",
+        "state_KiB",
+        "jobs_KiB",
+        "dec/cpu-s",
+        "dec/wall-s",
+        "heap growth"
+    );
     let sizes: Vec<usize> = match std::env::args().nth(2) {
         Some(s) => s.split(',').filter_map(|x| x.parse().ok()).collect(),
         None => vec![10, 100, 1000],
     };
     for n in sizes {
         let b0 = live();
-        let Ok(m) = FleetModel::build(synth::fleet_config(n, 1)) else { continue };
+        let Ok(m) = FleetModel::build(synth::fleet_config(n, 1)) else {
+            continue;
+        };
         let b1 = live();
         let st = synth::busy_state(&m, 1);
         let b2 = live();
@@ -85,7 +100,11 @@ fn main() {
             (b3 - b2) / 1024,
             decisions as f64 / secs,
             decisions as f64 / wall,
-            if grew == 0 { "0 bytes".to_string() } else { format!("{grew} bytes") }
+            if grew == 0 {
+                "0 bytes".to_string()
+            } else {
+                format!("{grew} bytes")
+            }
         );
         std::hint::black_box(placed);
         drop((m, st, jobs, specs));

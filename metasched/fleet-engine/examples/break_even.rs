@@ -6,7 +6,9 @@
 use fleet_engine::{decide, prepare, FleetModel, FleetState, JobSpec, Policies};
 
 fn main() {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "conf/fleet-sample.toml".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "conf/fleet-sample.toml".into());
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) => {
@@ -24,9 +26,14 @@ fn main() {
     let st = FleetState::idle(&m);
     let pols = Policies::builtin();
     println!("Pairs (home → remote, job limited to the two with --fleet-to), 8 GPUs, idle fleet, ckpt 30 min.");
-    println!("{:<6} {:<13} {:<13} {:<6} {:<5} {:>12}", "policy", "home", "remote", "type", "spot", "break-even");
+    println!(
+        "{:<6} {:<13} {:<13} {:<6} {:<5} {:>12}",
+        "policy", "home", "remote", "type", "spot", "break-even"
+    );
     for pname in ["cost", "time", "green"] {
-        let Some(policy) = pols.get(pname) else { continue };
+        let Some(policy) = pols.get(pname) else {
+            continue;
+        };
         let (mut always, mut never) = (0, 0);
         for h in &m.clusters {
             for r in &m.clusters {
@@ -61,11 +68,20 @@ fn main() {
                                 let (mut a, mut b) = (lo, hi);
                                 for _ in 0..80 {
                                     let mid = (a * b).sqrt();
-                                    if away(mid) { b = mid } else { a = mid }
+                                    if away(mid) {
+                                        b = mid
+                                    } else {
+                                        a = mid
+                                    }
                                 }
                                 println!(
                                     "{:<6} {:<13} {:<13} {:<6} {:<5} {:>8.1} min",
-                                    pname, h.name, r.name, t, if intr { "yes" } else { "no" }, b * 60.0
+                                    pname,
+                                    h.name,
+                                    r.name,
+                                    t,
+                                    if intr { "yes" } else { "no" },
+                                    b * 60.0
                                 );
                             }
                         }

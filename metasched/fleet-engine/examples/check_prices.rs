@@ -10,10 +10,12 @@ fn main() {
         eprintln!("usage: check_prices <fleet.toml> <prices.csv>");
         std::process::exit(2);
     };
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_else(|e| {
-        eprintln!("{p}: {e}");
-        std::process::exit(2)
-    });
+    let read = |p: &str| {
+        std::fs::read_to_string(p).unwrap_or_else(|e| {
+            eprintln!("{p}: {e}");
+            std::process::exit(2)
+        })
+    };
     let m = FleetModel::from_toml_str(&read(fleet)).unwrap_or_else(|e| {
         eprintln!("{fleet}: {e}");
         std::process::exit(2)

@@ -19,18 +19,24 @@ pub struct FeedError {
 }
 
 fn ferr(line: usize, msg: impl Into<String>) -> FeedError {
-    FeedError { line, msg: msg.into() }
+    FeedError {
+        line,
+        msg: msg.into(),
+    }
 }
 
 /// Reads a whole `Read` into a string (for callers holding a reader).
 pub fn read_to_string(mut r: impl Read) -> Result<String, FeedError> {
     let mut s = String::new();
-    r.read_to_string(&mut s).map_err(|e| ferr(0, format!("read: {e}")))?;
+    r.read_to_string(&mut s)
+        .map_err(|e| ferr(0, format!("read: {e}")))?;
     Ok(s)
 }
 
 fn lines(s: &str) -> impl Iterator<Item = (usize, &str)> {
-    s.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+    s.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
 }
 
 fn opt_price(field: &str, line: usize, what: &str) -> Result<Option<f64>, FeedError> {
@@ -76,9 +82,20 @@ impl PriceTable {
     /// The prices of instances with exactly `gpus_per_instance` GPUs (an
     /// 8-GPU node is priced from 8-GPU instances), else the cheapest
     /// per-GPU prices over all instance sizes.
-    pub fn get(&self, provider: &str, region: &str, gpu_type: &str, gpus_per_instance: u32) -> Option<PriceEntry> {
+    pub fn get(
+        &self,
+        provider: &str,
+        region: &str,
+        gpu_type: &str,
+        gpus_per_instance: u32,
+    ) -> Option<PriceEntry> {
         let t = crate::model::normalize_gpu_type(gpu_type);
-        let key = (provider.to_string(), region.to_string(), t.clone(), gpus_per_instance);
+        let key = (
+            provider.to_string(),
+            region.to_string(),
+            t.clone(),
+            gpus_per_instance,
+        );
         if let Some(e) = self.entries.get(&key) {
             return Some(*e);
         }
@@ -87,7 +104,9 @@ impl PriceTable {
         let mut out: Option<PriceEntry> = None;
         for e in self.entries.range(lo..=hi).map(|(_, e)| e) {
             let o = out.get_or_insert(*e);
-            if e.on_demand.is_some_and(|p| o.on_demand.is_none_or(|x| p < x)) {
+            if e.on_demand
+                .is_some_and(|p| o.on_demand.is_none_or(|x| p < x))
+            {
                 o.on_demand = e.on_demand;
                 o.on_demand_line = e.on_demand_line;
             }
@@ -112,7 +131,12 @@ pub fn parse_prices(text: &str) -> Result<PriceTable, FeedError> {
     let mut it = lines(text);
     match it.next() {
         Some((_, h)) if h.trim() == PRICES_HEADER => {}
-        Some((n, h)) => return Err(ferr(n, format!("expected header {PRICES_HEADER:?}, got {h:?}"))),
+        Some((n, h)) => {
+            return Err(ferr(
+                n,
+                format!("expected header {PRICES_HEADER:?}, got {h:?}"),
+            ))
+        }
         None => return Err(ferr(1, "empty price table")),
     }
     let mut t = PriceTable::default();
@@ -138,7 +162,12 @@ pub fn parse_prices(text: &str) -> Result<PriceTable, FeedError> {
             t.skipped_fractional += 1;
             continue;
         }
-        let key = (provider.to_string(), region.to_string(), crate::model::normalize_gpu_type(gpu_type), count as u32);
+        let key = (
+            provider.to_string(),
+            region.to_string(),
+            crate::model::normalize_gpu_type(gpu_type),
+            count as u32,
+        );
         let e = t.entries.entry(key).or_insert(PriceEntry {
             on_demand: None,
             spot: None,
@@ -187,7 +216,11 @@ pub fn parse_datetime_utc(s: &str) -> Option<f64> {
     let y: i64 = dp.next()?.parse().ok()?;
     let m: i64 = dp.next()?.parse().ok()?;
     let day: i64 = dp.next()?.parse().ok()?;
-    if dp.next().is_some() || !(0..=9999).contains(&y) || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+    if dp.next().is_some()
+        || !(0..=9999).contains(&y)
+        || !(1..=12).contains(&m)
+        || !(1..=31).contains(&day)
+    {
         return None;
     }
     let mut tp = t.trim_end_matches('Z').split(':');
@@ -217,7 +250,12 @@ pub fn parse_carbon(text: &str) -> Result<CarbonSeries, FeedError> {
     let mut it = lines(text);
     match it.next() {
         Some((_, h)) if h.trim() == CARBON_HEADER => {}
-        Some((n, h)) => return Err(ferr(n, format!("expected header {CARBON_HEADER:?}, got {h:?}"))),
+        Some((n, h)) => {
+            return Err(ferr(
+                n,
+                format!("expected header {CARBON_HEADER:?}, got {h:?}"),
+            ))
+        }
         None => return Err(ferr(1, "empty carbon series")),
     }
     let mut zone: Option<String> = None;
@@ -231,7 +269,8 @@ pub fn parse_carbon(text: &str) -> Result<CarbonSeries, FeedError> {
         if f.len() != 4 {
             return Err(ferr(n, format!("expected 4 fields, got {}", f.len())));
         }
-        let t = parse_datetime_utc(f[0]).ok_or_else(|| ferr(n, format!("bad datetime {:?}", f[0])))?;
+        let t =
+            parse_datetime_utc(f[0]).ok_or_else(|| ferr(n, format!("bad datetime {:?}", f[0])))?;
         let z = f[1].trim();
         match &zone {
             None => zone = Some(z.to_string()),
@@ -254,7 +293,13 @@ pub fn parse_carbon(text: &str) -> Result<CarbonSeries, FeedError> {
             }
             _ => {
                 if (t - prev - step).abs() > 0.5 {
-                    return Err(ferr(n, format!("gap or step change: expected {} s after the previous row", step)))
+                    return Err(ferr(
+                        n,
+                        format!(
+                            "gap or step change: expected {} s after the previous row",
+                            step
+                        ),
+                    ));
                 }
             }
         }
@@ -262,7 +307,9 @@ pub fn parse_carbon(text: &str) -> Result<CarbonSeries, FeedError> {
         direct.push(d);
         lca.push(c);
     }
-    let Some(zone) = zone else { return Err(ferr(2, "no rows")) };
+    let Some(zone) = zone else {
+        return Err(ferr(2, "no rows"));
+    };
     if direct.len() == 1 {
         step = 3600.0;
     }
@@ -282,8 +329,18 @@ fn prefix(v: &[f64]) -> Vec<f64> {
 
 impl CarbonSeries {
     /// A series from values; `step_s` must be > 0 (else 3600 is used).
-    pub fn new(zone: String, start_unix: f64, step_s: f64, direct: Vec<f64>, lca: Vec<f64>) -> CarbonSeries {
-        let step_s = if step_s.is_finite() && step_s > 0.0 { step_s } else { 3600.0 };
+    pub fn new(
+        zone: String,
+        start_unix: f64,
+        step_s: f64,
+        direct: Vec<f64>,
+        lca: Vec<f64>,
+    ) -> CarbonSeries {
+        let step_s = if step_s.is_finite() && step_s > 0.0 {
+            step_s
+        } else {
+            3600.0
+        };
         let mut lca = lca;
         lca.resize(direct.len(), 0.0);
         CarbonSeries {
@@ -308,7 +365,11 @@ impl CarbonSeries {
     /// Integral of the step function from the series start to `x` seconds
     /// later, the series repeating itself (a 2023 series serves any year).
     fn integral(&self, x: f64, lca: bool) -> f64 {
-        let (p, v) = if lca { (&self.prefix_lca, &self.lca) } else { (&self.prefix_direct, &self.direct) };
+        let (p, v) = if lca {
+            (&self.prefix_lca, &self.lca)
+        } else {
+            (&self.prefix_direct, &self.direct)
+        };
         let n = v.len();
         if n == 0 {
             return 0.0;
@@ -371,10 +432,15 @@ impl EgressMatrix {
 /// destination exactly once.
 pub fn parse_egress(provider: &str, text: &str) -> Result<EgressMatrix, FeedError> {
     let mut it = lines(text);
-    let Some((hn, header)) = it.next() else { return Err(ferr(1, "empty egress matrix")) };
+    let Some((hn, header)) = it.next() else {
+        return Err(ferr(1, "empty egress matrix"));
+    };
     let cols: Vec<String> = header.split(',').map(|s| s.trim().to_string()).collect();
     if cols.len() < 2 || !cols[0].is_empty() {
-        return Err(ferr(hn, "first row must be an empty cell followed by destination names"));
+        return Err(ferr(
+            hn,
+            "first row must be an empty cell followed by destination names",
+        ));
     }
     let regions: Vec<String> = cols[1..].to_vec();
     for (i, r) in regions.iter().enumerate() {
@@ -391,11 +457,17 @@ pub fn parse_egress(provider: &str, text: &str) -> Result<EgressMatrix, FeedErro
         }
         let f: Vec<&str> = l.split(',').collect();
         if f.len() != n + 1 {
-            return Err(ferr(ln, format!("expected {} fields, got {}", n + 1, f.len())));
+            return Err(ferr(
+                ln,
+                format!("expected {} fields, got {}", n + 1, f.len()),
+            ));
         }
         let src = f[0].trim();
         let Some(i) = regions.iter().position(|r| r == src) else {
-            return Err(ferr(ln, format!("source {src:?} is not among the destinations")));
+            return Err(ferr(
+                ln,
+                format!("source {src:?} is not among the destinations"),
+            ));
         };
         if seen[i] {
             return Err(ferr(ln, format!("source {src:?} repeated")));
@@ -409,7 +481,14 @@ pub fn parse_egress(provider: &str, text: &str) -> Result<EgressMatrix, FeedErro
         }
     }
     if let Some(i) = seen.iter().position(|s| !s) {
-        return Err(ferr(text.lines().count() + 1, format!("no row for source {:?}", regions[i])));
+        return Err(ferr(
+            text.lines().count() + 1,
+            format!("no row for source {:?}", regions[i]),
+        ));
     }
-    Ok(EgressMatrix { provider: provider.to_string(), regions, usd_per_gb: m })
+    Ok(EgressMatrix {
+        provider: provider.to_string(),
+        regions,
+        usd_per_gb: m,
+    })
 }

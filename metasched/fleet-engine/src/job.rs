@@ -70,6 +70,14 @@ pub struct JobSpec {
     pub mode: FleetMode,
     pub priority: i32,
     pub account: Option<String>,
+    /// Slowest acceptable GPU type (`#FLEET min-gpu=A100`): pools whose GPUs
+    /// are slower than this one's are excluded.
+    #[serde(default)]
+    pub min_gpu: Option<String>,
+    /// GPU type the duration estimate was measured on (default: the only
+    /// type the job accepts, else the fleet's reference GPU).
+    #[serde(default)]
+    pub duration_gpu: Option<String>,
 }
 
 impl Default for JobSpec {
@@ -96,6 +104,8 @@ impl Default for JobSpec {
             mode: FleetMode::Auto,
             priority: 0,
             account: None,
+            min_gpu: None,
+            duration_gpu: None,
         }
     }
 }
@@ -121,6 +131,8 @@ pub struct Directives {
     pub priority: Option<i32>,
     pub gang: Option<bool>,
     pub mode: Option<FleetMode>,
+    #[serde(default)]
+    pub min_gpu: Option<String>,
 }
 
 /// One directive that could not be read.
@@ -144,7 +156,10 @@ pub fn parse_duration(s: &str) -> Option<f64> {
             None => (0, s),
         };
         let parts: Vec<&str> = rest.split(':').collect();
-        let nums: Option<Vec<f64>> = parts.iter().map(|p| p.parse::<u32>().ok().map(f64::from)).collect();
+        let nums: Option<Vec<f64>> = parts
+            .iter()
+            .map(|p| p.parse::<u32>().ok().map(f64::from))
+            .collect();
         let nums = nums?;
         let secs = match nums.as_slice() {
             [h] if days > 0 => h * 3600.0,
@@ -191,7 +206,10 @@ fn parse_bool(v: &str) -> Option<bool> {
 }
 
 fn split_list(v: &str) -> impl Iterator<Item = String> + '_ {
-    v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
 }
 
 impl Directives {
@@ -205,7 +223,9 @@ impl Directives {
         for (i, line) in script.lines().enumerate() {
             let lineno = i + 1;
             let t = line.trim_start();
-            let Some(rest) = t.strip_prefix("#FLEET") else { continue };
+            let Some(rest) = t.strip_prefix("#FLEET") else {
+                continue;
+            };
             if !(rest.is_empty() || rest.starts_with(char::is_whitespace)) {
                 continue;
             }
@@ -225,7 +245,13 @@ impl Directives {
     }
 
     fn set(&mut self, k: &str, v: &str) -> Result<(), String> {
-        let need = |v: &str| if v.is_empty() { Err(format!("{k} needs a value")) } else { Ok(()) };
+        let need = |v: &str| {
+            if v.is_empty() {
+                Err(format!("{k} needs a value"))
+            } else {
+                Ok(())
+            }
+        };
         let dur = |v: &str| parse_duration(v).ok_or_else(|| format!("{k}: bad duration {v:?}"));
         let num = |v: &str| match v.parse::<f64>() {
             Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
@@ -253,7 +279,8 @@ impl Directives {
             }
             "gpu-types" | "gpu-type" => {
                 need(v)?;
-                self.gpu_types.extend(split_list(v).map(|t| normalize_gpu_type(&t)))
+                self.gpu_types
+                    .extend(split_list(v).map(|t| normalize_gpu_type(&t)))
             }
             "region-allow" | "regions" => {
                 need(v)?;
@@ -265,14 +292,26 @@ impl Directives {
             }
             "max-price" => self.max_price = Some(num(v)?),
             "interruptible" => {
-                self.interruptible = Some(parse_bool(v).ok_or_else(|| format!("interruptible: bad bool {v:?}"))?)
+                self.interruptible =
+                    Some(parse_bool(v).ok_or_else(|| format!("interruptible: bad bool {v:?}"))?)
             }
-            "gang" => self.gang = Some(parse_bool(v).ok_or_else(|| format!("gang: bad bool {v:?}"))?),
+            "min-gpu" => {
+                need(v)?;
+                self.min_gpu = Some(normalize_gpu_type(v))
+            }
+            "gang" => {
+                self.gang = Some(parse_bool(v).ok_or_else(|| format!("gang: bad bool {v:?}"))?)
+            }
             "to" => {
                 need(v)?;
                 self.to.extend(split_list(v))
             }
-            "priority" => self.priority = Some(v.parse().map_err(|_| format!("priority: bad integer {v:?}"))?),
+            "priority" => {
+                self.priority = Some(
+                    v.parse()
+                        .map_err(|_| format!("priority: bad integer {v:?}"))?,
+                )
+            }
             "mode" => {
                 self.mode = Some(match v.to_ascii_lowercase().as_str() {
                     "auto" => FleetMode::Auto,
@@ -295,14 +334,15 @@ impl JobSpec {
         let mut gpu_types: Vec<String> = if !d.gpu_types.is_empty() {
             d.gpu_types.clone()
         } else {
-            req.gpus.iter().filter_map(|g| g.gpu_type.as_deref()).map(normalize_gpu_type).collect()
+            req.gpus
+                .iter()
+                .filter_map(|g| g.gpu_type.as_deref())
+                .map(normalize_gpu_type)
+                .collect()
         };
         gpu_types.dedup();
         let time_limit_s = req.time_limit_min.map(|m| f64::from(m) * 60.0);
-        let duration_s = d
-            .estimate_s
-            .or(time_limit_s)
-            .unwrap_or(DEFAULT_DURATION_S);
+        let duration_s = d.estimate_s.or(time_limit_s).unwrap_or(DEFAULT_DURATION_S);
         // An estimate longer than the limit cannot happen: Slurm kills the job.
         let duration_s = match time_limit_s {
             Some(t) if t > 0.0 => duration_s.min(t),
@@ -314,8 +354,16 @@ impl JobSpec {
                 datasets.push(x.clone());
             }
         }
-        let to = if req.fleet.to.is_empty() { d.to.clone() } else { req.fleet.to.clone() };
-        let mode = if req.fleet.mode != FleetMode::Auto { req.fleet.mode } else { d.mode.unwrap_or_default() };
+        let to = if req.fleet.to.is_empty() {
+            d.to.clone()
+        } else {
+            req.fleet.to.clone()
+        };
+        let mode = if req.fleet.mode != FleetMode::Auto {
+            req.fleet.mode
+        } else {
+            d.mode.unwrap_or_default()
+        };
         JobSpec {
             id: req.name.clone().unwrap_or_default(),
             gpu_types,
@@ -338,6 +386,8 @@ impl JobSpec {
             mode,
             priority: d.priority.unwrap_or(0),
             account: req.account.clone(),
+            min_gpu: d.min_gpu.clone(),
+            duration_gpu: None,
         }
     }
 

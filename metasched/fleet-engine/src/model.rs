@@ -25,14 +25,40 @@ pub type RegionId = u32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("fleet TOML: {0}")]
-    Toml(#[from] toml::de::Error),
+    /// A TOML syntax or shape error (unknown key, wrong type), with its
+    /// position in the file (1-based line and column).
+    #[error("{file}:{line}:{col}: {msg}")]
+    Toml {
+        file: String,
+        line: usize,
+        col: usize,
+        msg: String,
+    },
+    /// A validation error of the built model, at the line of the cluster
+    /// (or team, dataset) it concerns when that line is known.
+    #[error("{file}:{line}: {source}")]
+    At {
+        file: String,
+        line: usize,
+        #[source]
+        source: Box<ModelError>,
+    },
+    #[error("fleet has no clusters (the table is `[[clusters]]`)")]
+    NoClusters,
+    #[error("team {team}: {msg}")]
+    Team { team: String, msg: String },
+    #[error("GPU model {model}: {msg}")]
+    GpuModel { model: String, msg: String },
     #[error("cluster {cluster}: {msg}")]
     Cluster { cluster: String, msg: String },
     #[error("dataset {uri}: {msg}")]
     Dataset { uri: String, msg: String },
     #[error("network link {from} -> {to}: {msg}")]
-    Link { from: String, to: String, msg: String },
+    Link {
+        from: String,
+        to: String,
+        msg: String,
+    },
     #[error("more than {MAX_GPU_TYPES} distinct GPU types")]
     TooManyGpuTypes,
     #[error("duplicate cluster name {0}")]
@@ -95,13 +121,12 @@ pub struct Prices {
 // Configuration (serde, the TOML shape)
 // ---------------------------------------------------------------------------
 
-/// The TOML file: `[overheads]`, `[[clusters]]` with `[[clusters.pools]]`,
-/// `[[datasets]]`, `[[links]]`. See `conf/fleet-sample.toml`.
-///
-/// Other top-level keys are kept in `extra` (serde cannot combine
-/// `deny_unknown_fields` with a flattened catch-all); the nested tables
-/// do deny unknown keys.
+/// The TOML file: `[overheads]`, `[gpu_models.<TYPE>]`, `[[clusters]]` with
+/// `[[clusters.pools]]`, `[[datasets]]`, `[[links]]`, `[[teams]]`. See
+/// `conf/fleet-sample.toml`. Every table denies unknown keys: a typo is an
+/// error with its file:line, never a silent default.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FleetConfig {
     #[serde(default)]
     pub overheads: Overheads,
@@ -111,10 +136,37 @@ pub struct FleetConfig {
     pub datasets: Vec<DatasetConfig>,
     #[serde(default)]
     pub links: Vec<LinkConfig>,
-    /// Free-form tables other tools keep in the same file (e.g. the
-    /// simulator's `[home_map]`); ignored by the engine.
-    #[serde(default, flatten)]
-    pub extra: BTreeMap<String, toml::Value>,
+    /// Per GPU type (as named in pools): relative training throughput and
+    /// board power; overrides [`default_gpu_model`].
+    #[serde(default)]
+    pub gpu_models: BTreeMap<String, GpuModelConfig>,
+    /// GPU type whose speed job durations are measured on (default `A100`,
+    /// relative throughput 1.0 in the built-in table).
+    #[serde(default)]
+    pub reference_gpu: Option<String>,
+    /// Teams (the trace's / accounting's team label) and their home cluster.
+    #[serde(default)]
+    pub teams: Vec<TeamConfig>,
+}
+
+/// `[gpu_models.H100]`: speed and power of one GPU type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuModelConfig {
+    /// Training throughput relative to the A100 (= 1.0).
+    #[serde(default)]
+    pub relative_throughput: Option<f64>,
+    /// Board power at full load (W).
+    #[serde(default)]
+    pub power_w: Option<f64>,
+}
+
+/// `[[teams]]`: a team and the cluster it runs on today (its home).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamConfig {
+    pub name: String,
+    pub home: String,
 }
 
 /// Fixed costs of running a job away from home and of moving data.
@@ -287,6 +339,9 @@ pub struct NodePool {
     pub prices: Prices,
     /// Mean wait when the job does not fit at once (s).
     pub mean_wait_s: f64,
+    /// Training throughput of the pool's GPU type relative to the
+    /// reference GPU: a job's run time here is its duration ÷ this.
+    pub speed: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -337,6 +392,14 @@ pub struct FleetModel {
     egress: Vec<f64>,
     gbps: Vec<f64>,
     by_name: HashMap<String, ClusterId>,
+    /// Relative throughput of each interned GPU type (reference = 1.0).
+    pub gpu_speed: Vec<f64>,
+    /// Declared teams: (name, home cluster).
+    pub teams: Vec<(String, ClusterId)>,
+    /// Every cluster with the lowest USD per unit of work any of its pools
+    /// sells (price ÷ speed, any pricing), cheapest first: [`crate::decide`]
+    /// scores clusters in this order and stops when the rest cannot win.
+    pub cheapest_per_work: Vec<(f64, ClusterId)>,
     /// The config it was built from (kept to rebuild with new feeds).
     pub config: FleetConfig,
 }
@@ -361,6 +424,39 @@ pub fn default_gpu_power_w(gpu_type: &str) -> f64 {
     }
 }
 
+/// Built-in speed and power of common GPU types: (training throughput
+/// relative to the A100, board power W). `None` for unknown types (the
+/// fleet file must then give `[gpu_models.<TYPE>]`).
+///
+/// Sources (docs/placement.md, "GPU performance model"): H100 1.9 is the mean
+/// per-GPU speed-up over the A100 across the eight MLPerf Training v2.1
+/// workloads (NVIDIA, as reported by EE Times, Nov 2022); MLPerf Training
+/// v3.0 Dell pairs of identical systems give 1.4–2.0 (ResNet-50 1.8,
+/// 3D-UNet 1.4, DLRM 2.0). The others are scaled from vendor data sheets
+/// (dense FP16/BF16 tensor throughput and memory bandwidth) and are
+/// assumptions to override: H200 = H100 × 1.1 (same compute, 1.4× memory
+/// bandwidth), B200 = H100 × 2.2 (NVIDIA's MLPerf Training v4.1 claim),
+/// V100 0.5, P100 0.3, P40 0.25, T4 0.15, L4 0.3, A10/A10G 0.35, L40S 0.75,
+/// K80/M60 0.1.
+/// Power: vendor TDP of the SXM/PCIe board.
+pub fn default_gpu_model(gpu_type: &str) -> Option<(f64, f64)> {
+    Some(match gpu_type {
+        "H100" | "H100-MEGA" => (1.9, 700.0),
+        "H200" | "GH200" => (2.1, 700.0),
+        "B200" => (4.2, 1000.0),
+        "A100" | "A100-80GB" => (1.0, 400.0),
+        "L40S" => (0.75, 350.0),
+        "A10G" | "A10" => (0.35, 150.0),
+        "L4" => (0.3, 72.0),
+        "V100" | "V100-32GB" => (0.5, 300.0),
+        "P100" => (0.3, 250.0),
+        "P40" => (0.25, 250.0),
+        "T4" | "T4G" => (0.15, 70.0),
+        "K80" | "M60" => (0.1, 300.0),
+        _ => return None,
+    })
+}
+
 /// `provider:region`; a region already qualified is kept.
 pub fn qualify_region(provider: &str, region: &str) -> String {
     if region.contains(':') {
@@ -374,6 +470,74 @@ fn finite_nonneg(v: f64) -> bool {
     v.is_finite() && v >= 0.0
 }
 
+/// 1-based (line, column) of byte offset `at` in `s`.
+pub fn line_col(s: &str, at: usize) -> (usize, usize) {
+    let at = at.min(s.len());
+    let before = s.get(..at).unwrap_or("");
+    let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
+    let col = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, col)
+}
+
+/// The fleet TOML as a typed config; errors carry `file:line:col`.
+pub fn parse_config(s: &str, file: &str) -> Result<FleetConfig, ModelError> {
+    toml::from_str::<FleetConfig>(s).map_err(|e| {
+        let (line, col) = e.span().map(|r| line_col(s, r.start)).unwrap_or((0, 0));
+        ModelError::Toml {
+            file: file.to_string(),
+            line,
+            col,
+            msg: e.message().trim().to_string(),
+        }
+    })
+}
+
+/// Line of the first `name = "<name>"` (the table that declares it).
+fn line_of_name(s: &str, name: &str) -> Option<usize> {
+    s.lines()
+        .position(|l| {
+            let t = l.trim_start();
+            t.strip_prefix("name")
+                .map(str::trim_start)
+                .and_then(|r| r.strip_prefix('='))
+                .is_some_and(|v| {
+                    let v = v.trim();
+                    let v = v.split('#').next().unwrap_or("").trim();
+                    v.trim_matches('"').trim_matches('\'') == name
+                })
+        })
+        .map(|i| i + 1)
+}
+
+/// Gives a build error the `file:line` of what it is about (see
+/// [`FleetModel::from_toml_named`]); for callers that build a parsed config.
+pub fn locate(e: ModelError, s: &str, file: &str) -> ModelError {
+    let line = match &e {
+        ModelError::Cluster { cluster, .. } | ModelError::DuplicateCluster(cluster) => {
+            line_of_name(s, cluster)
+        }
+        ModelError::Team { team, .. } => line_of_name(s, team),
+        ModelError::GpuModel { model, .. } => s
+            .lines()
+            .position(|l| l.contains(&format!("gpu_models.{model}")))
+            .map(|i| i + 1),
+        _ => None,
+    };
+    match line {
+        Some(line) => ModelError::At {
+            file: file.to_string(),
+            line,
+            source: Box::new(e),
+        },
+        None => e,
+    }
+}
+
 struct Interner {
     names: Vec<String>,
     ids: HashMap<String, u32>,
@@ -381,7 +545,10 @@ struct Interner {
 
 impl Interner {
     fn new() -> Self {
-        Interner { names: Vec::new(), ids: HashMap::new() }
+        Interner {
+            names: Vec::new(),
+            ids: HashMap::new(),
+        }
     }
     fn id(&mut self, s: &str) -> u32 {
         if let Some(&i) = self.ids.get(s) {
@@ -396,8 +563,15 @@ impl Interner {
 
 impl FleetModel {
     pub fn from_toml_str(s: &str) -> Result<FleetModel, ModelError> {
-        let cfg: FleetConfig = toml::from_str(s)?;
-        FleetModel::build(cfg)
+        FleetModel::from_toml_named(s, "fleet TOML")
+    }
+
+    /// Parses and builds; every error names `file` and the line it is
+    /// about (unknown keys and tables, nested ones too, wrong types, and
+    /// validation errors at the line of their cluster or team).
+    pub fn from_toml_named(s: &str, file: &str) -> Result<FleetModel, ModelError> {
+        let cfg = parse_config(s, file)?;
+        FleetModel::build(cfg).map_err(|e| locate(e, s, file))
     }
 
     /// Validates the config and builds the indexed model.
@@ -410,11 +584,40 @@ impl FleetModel {
         let mut by_name = HashMap::new();
         let mut clusters = Vec::with_capacity(cfg.clusters.len());
         let ov = &cfg.overheads;
+        if cfg.clusters.is_empty() {
+            return Err(ModelError::NoClusters);
+        }
+        let mut gpu_models: BTreeMap<String, GpuModelConfig> = BTreeMap::new();
+        for (k, g) in &cfg.gpu_models {
+            let name = normalize_gpu_type(k);
+            let gerr = |msg: &str| ModelError::GpuModel {
+                model: k.clone(),
+                msg: msg.to_string(),
+            };
+            if g.relative_throughput
+                .is_some_and(|x| !(x.is_finite() && x > 0.0))
+            {
+                return Err(gerr("relative_throughput must be > 0"));
+            }
+            if g.power_w.is_some_and(|x| !finite_nonneg(x)) {
+                return Err(gerr("power_w must be finite and >= 0"));
+            }
+            gpu_models.insert(name, *g);
+        }
+        let ref_name = normalize_gpu_type(cfg.reference_gpu.as_deref().unwrap_or("A100"));
+        let ref_speed = gpu_models
+            .get(&ref_name)
+            .and_then(|g| g.relative_throughput)
+            .or_else(|| default_gpu_model(&ref_name).map(|x| x.0))
+            .ok_or_else(|| ModelError::GpuModel {
+                model: ref_name.clone(),
+                msg: "reference_gpu has no known speed".into(),
+            })?;
 
         let intern_region = |regions: &mut Interner,
-                                 providers: &mut Interner,
-                                 region_provider: &mut Vec<u32>,
-                                 q: &str| {
+                             providers: &mut Interner,
+                             region_provider: &mut Vec<u32>,
+                             q: &str| {
             let id = regions.id(q);
             if id as usize == region_provider.len() {
                 let prov = q.split(':').next().unwrap_or("");
@@ -424,7 +627,10 @@ impl FleetModel {
         };
 
         for c in &cfg.clusters {
-            let err = |msg: String| ModelError::Cluster { cluster: c.name.clone(), msg };
+            let err = |msg: String| ModelError::Cluster {
+                cluster: c.name.clone(),
+                msg,
+            };
             if c.name.trim().is_empty() {
                 return Err(err("empty name".into()));
             }
@@ -435,15 +641,24 @@ impl FleetModel {
                 return Err(err("provider and region are required".into()));
             }
             if !finite_nonneg(c.provision_s) || !finite_nonneg(c.spot_preemptions_per_hour) {
-                return Err(err("provision_s and spot_preemptions_per_hour must be finite and >= 0".into()));
+                return Err(err(
+                    "provision_s and spot_preemptions_per_hour must be finite and >= 0".into(),
+                ));
             }
             let region = qualify_region(&c.provider, &c.region);
-            let region_id = intern_region(&mut regions, &mut providers, &mut region_provider, &region);
+            let region_id =
+                intern_region(&mut regions, &mut providers, &mut region_provider, &region);
             let provider_id = providers.id(&c.provider);
-            let prices: BTreeMap<String, Prices> =
-                c.prices.iter().map(|(k, v)| (normalize_gpu_type(k), *v)).collect();
-            let waits: BTreeMap<String, f64> =
-                c.wait_history_s.iter().map(|(k, v)| (normalize_gpu_type(k), *v)).collect();
+            let prices: BTreeMap<String, Prices> = c
+                .prices
+                .iter()
+                .map(|(k, v)| (normalize_gpu_type(k), *v))
+                .collect();
+            let waits: BTreeMap<String, f64> = c
+                .wait_history_s
+                .iter()
+                .map(|(k, v)| (normalize_gpu_type(k), *v))
+                .collect();
             let mut pools = Vec::with_capacity(c.pools.len());
             let mut type_mask = 0u64;
             let mut cooling_pue = 1.0f64;
@@ -453,7 +668,9 @@ impl FleetModel {
                     return Err(err(format!("pool {pi}: empty gpu_type")));
                 }
                 if p.gpus_per_node == 0 || p.nodes == 0 {
-                    return Err(err(format!("pool {pi}: gpus_per_node and nodes must be > 0")));
+                    return Err(err(format!(
+                        "pool {pi}: gpus_per_node and nodes must be > 0"
+                    )));
                 }
                 let tid = types.id(&gt);
                 if tid as usize >= MAX_GPU_TYPES {
@@ -468,7 +685,10 @@ impl FleetModel {
                 } else {
                     0
                 };
-                let pr = p.prices.or_else(|| prices.get(&gt).copied()).unwrap_or_default();
+                let pr = p
+                    .prices
+                    .or_else(|| prices.get(&gt).copied())
+                    .unwrap_or_default();
                 for v in [pr.on_demand, pr.spot, pr.onprem].into_iter().flatten() {
                     if !finite_nonneg(v) {
                         return Err(err(format!("pool {pi}: prices must be finite and >= 0")));
@@ -477,11 +697,25 @@ impl FleetModel {
                 if pr.on_demand.is_none() && pr.spot.is_none() && pr.onprem.is_none() {
                     return Err(err(format!("no price for GPU type {gt}")));
                 }
-                let gpu_power_w = p.gpu_power_w.unwrap_or_else(|| default_gpu_power_w(&gt));
+                let gm = gpu_models.get(&gt).copied().unwrap_or_default();
+                let gpu_power_w = p
+                    .gpu_power_w
+                    .or(gm.power_w)
+                    .unwrap_or_else(|| default_gpu_power_w(&gt));
+                let Some(speed) = gm
+                    .relative_throughput
+                    .or_else(|| default_gpu_model(&gt).map(|x| x.0))
+                else {
+                    return Err(err(format!(
+                        "pool {pi}: GPU type {gt} has no built-in speed; give [gpu_models.{gt}] relative_throughput"
+                    )));
+                };
                 let node_overhead_w = p.node_overhead_w.unwrap_or(1500.0);
                 if let Some(cap) = p.rack_power_cap_w {
                     if !finite_nonneg(cap) {
-                        return Err(err(format!("pool {pi}: rack_power_cap_w must be finite and >= 0")));
+                        return Err(err(format!(
+                            "pool {pi}: rack_power_cap_w must be finite and >= 0"
+                        )));
                     }
                 }
                 if !finite_nonneg(gpu_power_w) || !finite_nonneg(node_overhead_w) {
@@ -489,11 +723,16 @@ impl FleetModel {
                 }
                 let mean_wait_s = waits.get(&gt).copied().unwrap_or(3600.0);
                 if !finite_nonneg(mean_wait_s) {
-                    return Err(err(format!("wait_history_s for {gt} must be finite and >= 0")));
+                    return Err(err(format!(
+                        "wait_history_s for {gt} must be finite and >= 0"
+                    )));
                 }
                 cooling_pue = cooling_pue.max(p.cooling.default_pue());
                 pools.push(NodePool {
-                    name: p.name.clone().unwrap_or_else(|| format!("{}-{}", gt.to_ascii_lowercase(), pi)),
+                    name: p
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| format!("{}-{}", gt.to_ascii_lowercase(), pi)),
                     gpu_type: tid as GpuTypeId,
                     gpus_per_node: p.gpus_per_node,
                     nodes: p.nodes,
@@ -508,12 +747,15 @@ impl FleetModel {
                     cooling: p.cooling,
                     prices: pr,
                     mean_wait_s,
+                    speed: speed / ref_speed,
                 });
             }
             if pools.len() > PoolId::MAX as usize {
                 return Err(err("too many pools".into()));
             }
-            let pue = c.pue.unwrap_or(if pools.is_empty() { 1.4 } else { cooling_pue });
+            let pue = c
+                .pue
+                .unwrap_or(if pools.is_empty() { 1.4 } else { cooling_pue });
             if !(pue.is_finite() && pue >= 1.0) {
                 return Err(err("pue must be >= 1".into()));
             }
@@ -543,10 +785,16 @@ impl FleetModel {
         let mut datasets = Vec::with_capacity(cfg.datasets.len());
         for d in &cfg.datasets {
             if !finite_nonneg(d.size_gb) {
-                return Err(ModelError::Dataset { uri: d.uri.clone(), msg: "size_gb must be finite and >= 0".into() });
+                return Err(ModelError::Dataset {
+                    uri: d.uri.clone(),
+                    msg: "size_gb must be finite and >= 0".into(),
+                });
             }
             if d.locations.is_empty() {
-                return Err(ModelError::Dataset { uri: d.uri.clone(), msg: "no locations".into() });
+                return Err(ModelError::Dataset {
+                    uri: d.uri.clone(),
+                    msg: "no locations".into(),
+                });
             }
             let mut locs = Vec::new();
             for l in &d.locations {
@@ -556,9 +804,18 @@ impl FleetModel {
                         msg: format!("location {l:?} must be provider:region"),
                     });
                 }
-                locs.push(intern_region(&mut regions, &mut providers, &mut region_provider, l));
+                locs.push(intern_region(
+                    &mut regions,
+                    &mut providers,
+                    &mut region_provider,
+                    l,
+                ));
             }
-            datasets.push(Dataset { uri: d.uri.clone(), locations: locs, size_gb: d.size_gb });
+            datasets.push(Dataset {
+                uri: d.uri.clone(),
+                locations: locs,
+                size_gb: d.size_gb,
+            });
         }
         for l in &cfg.links {
             for r in [&l.from, &l.to] {
@@ -576,7 +833,11 @@ impl FleetModel {
         let n = regions.names.len();
         let mut egress = vec![0.0; n * n];
         let mut gbps = vec![0.0; n * n];
-        let internet_default = ov.internet_egress_usd_per_gb.get("default").copied().unwrap_or(0.09);
+        let internet_default = ov
+            .internet_egress_usd_per_gb
+            .get("default")
+            .copied()
+            .unwrap_or(0.09);
         for i in 0..n {
             for j in 0..n {
                 let (pi, pj) = (region_provider[i], region_provider[j]);
@@ -587,7 +848,10 @@ impl FleetModel {
                 } else {
                     let prov = &providers.names[pi as usize];
                     (
-                        ov.internet_egress_usd_per_gb.get(prov).copied().unwrap_or(internet_default),
+                        ov.internet_egress_usd_per_gb
+                            .get(prov)
+                            .copied()
+                            .unwrap_or(internet_default),
                         ov.cross_provider_gbps,
                     )
                 };
@@ -596,24 +860,68 @@ impl FleetModel {
             }
         }
         for l in &cfg.links {
-            let (Some(&f), Some(&t)) = (regions.ids.get(&l.from), regions.ids.get(&l.to)) else { continue };
+            let (Some(&f), Some(&t)) = (regions.ids.get(&l.from), regions.ids.get(&l.to)) else {
+                continue;
+            };
             let (f, t) = (f as usize, t as usize);
             if let Some(u) = l.usd_per_gb {
                 if !finite_nonneg(u) {
-                    return Err(ModelError::Link { from: l.from.clone(), to: l.to.clone(), msg: "usd_per_gb must be >= 0".into() });
+                    return Err(ModelError::Link {
+                        from: l.from.clone(),
+                        to: l.to.clone(),
+                        msg: "usd_per_gb must be >= 0".into(),
+                    });
                 }
                 egress[f * n + t] = u;
             }
             if let Some(g) = l.gbps {
                 if !(g.is_finite() && g > 0.0) {
-                    return Err(ModelError::Link { from: l.from.clone(), to: l.to.clone(), msg: "gbps must be > 0".into() });
+                    return Err(ModelError::Link {
+                        from: l.from.clone(),
+                        to: l.to.clone(),
+                        msg: "gbps must be > 0".into(),
+                    });
                 }
                 gbps[f * n + t] = g;
             }
         }
 
-        Ok(FleetModel {
+        let mut teams = Vec::with_capacity(cfg.teams.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for t in &cfg.teams {
+            let terr = |msg: String| ModelError::Team {
+                team: t.name.clone(),
+                msg,
+            };
+            if t.name.trim().is_empty() {
+                return Err(terr("empty team name".into()));
+            }
+            if !seen.insert(t.name.as_str()) {
+                return Err(terr("declared twice".into()));
+            }
+            let Some(&c) = by_name.get(&t.home) else {
+                return Err(terr(format!(
+                    "home {:?} is not a cluster of this fleet",
+                    t.home
+                )));
+            };
+            teams.push((t.name.clone(), c));
+        }
+        let gpu_speed = {
+            let mut v = vec![1.0; types.names.len()];
+            for c in &clusters {
+                for p in &c.pools {
+                    v[p.gpu_type as usize] = p.speed;
+                }
+            }
+            v
+        };
+
+        let mut out = FleetModel {
             clusters,
+            gpu_speed,
+            teams,
+            cheapest_per_work: Vec::new(),
             gpu_types: types.names,
             regions: regions.names,
             region_provider,
@@ -625,7 +933,33 @@ impl FleetModel {
             gbps,
             by_name,
             config: cfg,
-        })
+        };
+        out.reindex();
+        Ok(out)
+    }
+
+    /// Recomputes [`FleetModel::cheapest_per_work`] (after prices change).
+    fn reindex(&mut self) {
+        let mut v: Vec<(f64, ClusterId)> = self
+            .clusters
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let floor = c
+                    .pools
+                    .iter()
+                    .flat_map(|p| {
+                        [p.prices.on_demand, p.prices.spot, p.prices.onprem]
+                            .into_iter()
+                            .flatten()
+                            .map(move |x| x / p.speed.max(1e-9))
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (if floor.is_finite() { floor } else { 0.0 }, i as ClusterId)
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.cheapest_per_work = v;
     }
 
     pub fn cluster_id(&self, name: &str) -> Option<ClusterId> {
@@ -638,29 +972,74 @@ impl FleetModel {
 
     pub fn gpu_type_id(&self, name: &str) -> Option<GpuTypeId> {
         let n = normalize_gpu_type(name);
-        self.gpu_types.iter().position(|t| *t == n).map(|i| i as GpuTypeId)
+        self.gpu_types
+            .iter()
+            .position(|t| *t == n)
+            .map(|i| i as GpuTypeId)
+    }
+
+    /// Relative speed of a GPU type by name (reference = 1.0): the fleet's
+    /// own pools first, else the built-in table; `None` when unknown.
+    pub fn speed_of(&self, name: &str) -> Option<f64> {
+        let n = normalize_gpu_type(name);
+        if let Some(id) = self.gpu_type_id(&n) {
+            return self.gpu_speed.get(id as usize).copied();
+        }
+        let ref_name = normalize_gpu_type(self.config.reference_gpu.as_deref().unwrap_or("A100"));
+        let r = self
+            .config
+            .gpu_models
+            .iter()
+            .find(|(k, _)| normalize_gpu_type(k) == ref_name)
+            .and_then(|(_, g)| g.relative_throughput)
+            .or_else(|| default_gpu_model(&ref_name).map(|x| x.0))?;
+        let own = self
+            .config
+            .gpu_models
+            .iter()
+            .find(|(k, _)| normalize_gpu_type(k) == n)
+            .and_then(|(_, g)| g.relative_throughput)
+            .or_else(|| default_gpu_model(&n).map(|x| x.0))?;
+        Some(own / r)
+    }
+
+    /// The declared home cluster of a team.
+    pub fn team_home(&self, team: &str) -> Option<ClusterId> {
+        self.teams.iter().find(|(n, _)| n == team).map(|x| x.1)
     }
 
     pub fn gpu_type_name(&self, id: GpuTypeId) -> &str {
-        self.gpu_types.get(id as usize).map(String::as_str).unwrap_or("?")
+        self.gpu_types
+            .get(id as usize)
+            .map(String::as_str)
+            .unwrap_or("?")
     }
 
     pub fn region_id(&self, qualified: &str) -> Option<RegionId> {
-        self.regions.iter().position(|r| r == qualified).map(|i| i as RegionId)
+        self.regions
+            .iter()
+            .position(|r| r == qualified)
+            .map(|i| i as RegionId)
     }
 
     /// USD/GB from `from` to `to` (0 for unknown ids).
     #[inline]
     pub fn egress_usd_per_gb(&self, from: RegionId, to: RegionId) -> f64 {
         let n = self.regions.len();
-        self.egress.get(from as usize * n + to as usize).copied().unwrap_or(0.0)
+        self.egress
+            .get(from as usize * n + to as usize)
+            .copied()
+            .unwrap_or(0.0)
     }
 
     /// Bandwidth in Gbps from `from` to `to` (same-region default for unknown ids).
     #[inline]
     pub fn bandwidth_gbps(&self, from: RegionId, to: RegionId) -> f64 {
         let n = self.regions.len();
-        self.gbps.get(from as usize * n + to as usize).copied().unwrap_or(self.overheads.same_region_gbps)
+        self.gbps
+            .get(from as usize * n + to as usize)
+            .copied()
+            .unwrap_or(self.overheads.same_region_gbps)
     }
 
     /// The catalog entry whose URI is the longest prefix of `uri`.
@@ -677,9 +1056,13 @@ impl FleetModel {
         let mut out = self.clone();
         let n = out.regions.len();
         for (i, src) in m.regions.iter().enumerate() {
-            let Some(si) = out.region_id(&qualify_region(&m.provider, src)) else { continue };
+            let Some(si) = out.region_id(&qualify_region(&m.provider, src)) else {
+                continue;
+            };
             for (j, dst) in m.regions.iter().enumerate() {
-                let Some(dj) = out.region_id(&qualify_region(&m.provider, dst)) else { continue };
+                let Some(dj) = out.region_id(&qualify_region(&m.provider, dst)) else {
+                    continue;
+                };
                 if let Some(v) = m.get(i, j) {
                     out.egress[si as usize * n + dj as usize] = v;
                 }
@@ -693,13 +1076,22 @@ impl FleetModel {
     /// the table has (instances with the pool's GPUs per node preferred).
     /// On-prem prices are left alone. Accelerator-only rows (GCP: host VM
     /// not included) are applied only with `include_accelerator_only`.
-    pub fn with_prices(&self, t: &crate::feeds::PriceTable, include_accelerator_only: bool) -> FleetModel {
+    pub fn with_prices(
+        &self,
+        t: &crate::feeds::PriceTable,
+        include_accelerator_only: bool,
+    ) -> FleetModel {
         let mut out = self.clone();
         for c in &mut out.clusters {
             if c.onprem {
                 continue;
             }
-            let region = c.region.split_once(':').map(|x| x.1).unwrap_or(&c.region).to_string();
+            let region = c
+                .region
+                .split_once(':')
+                .map(|x| x.1)
+                .unwrap_or(&c.region)
+                .to_string();
             for p in &mut c.pools {
                 let gt = self.gpu_type_name(p.gpu_type).to_string();
                 if let Some(q) = t.get(&c.provider, &region, &gt, p.gpus_per_node) {
@@ -715,6 +1107,7 @@ impl FleetModel {
                 }
             }
         }
+        out.reindex();
         out
     }
 }

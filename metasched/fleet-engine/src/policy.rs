@@ -73,7 +73,10 @@ impl Policy {
 
     fn valid(&self) -> Result<(), String> {
         for (k, v) in [
-            ("time_value_usd_per_gpu_hour", self.time_value_usd_per_gpu_hour),
+            (
+                "time_value_usd_per_gpu_hour",
+                self.time_value_usd_per_gpu_hour,
+            ),
             ("carbon_usd_per_kg", self.carbon_usd_per_kg),
             ("egress_weight", self.egress_weight),
         ] {
@@ -138,14 +141,23 @@ impl Policies {
                     m.insert(k.clone(), x.clone());
                 }
             } else {
-                return Err(PolicyError::Invalid { name, msg: "must be a table".into() });
+                return Err(PolicyError::Invalid {
+                    name,
+                    msg: "must be a table".into(),
+                });
             }
-            let mut p: Policy = merged.try_into().map_err(|e: toml::de::Error| PolicyError::Invalid {
-                name: name.clone(),
-                msg: e.to_string(),
-            })?;
+            let mut p: Policy =
+                merged
+                    .try_into()
+                    .map_err(|e: toml::de::Error| PolicyError::Invalid {
+                        name: name.clone(),
+                        msg: e.to_string(),
+                    })?;
             p.name = name.clone();
-            p.valid().map_err(|msg| PolicyError::Invalid { name: name.clone(), msg })?;
+            p.valid().map_err(|msg| PolicyError::Invalid {
+                name: name.clone(),
+                msg,
+            })?;
             out.by_name.insert(name, p);
         }
         Ok(out)

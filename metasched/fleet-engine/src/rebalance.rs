@@ -15,7 +15,7 @@ pub struct RunningJob {
     pub cluster: ClusterId,
     pub pool: PoolId,
     pub pricing: Pricing,
-    /// Expected seconds still to run.
+    /// Expected seconds still to run on the pool it runs on now.
     pub remaining_s: f64,
     /// Seconds of work since the last checkpoint (lost by moving).
     pub since_ckpt_s: f64,
@@ -31,7 +31,10 @@ pub struct MigrationMargin {
 
 impl Default for MigrationMargin {
     fn default() -> Self {
-        MigrationMargin { min_saving_usd: 10.0, min_saving_fraction: 0.10 }
+        MigrationMargin {
+            min_saving_usd: 10.0,
+            min_saving_fraction: 0.10,
+        }
     }
 }
 
@@ -63,40 +66,116 @@ pub fn propose_migrations(
 ) -> Vec<MigrationProposal> {
     let mut out = Vec::new();
     // Free GPUs left per (cluster, pool) as proposals claim them.
-    let mut free: Vec<Vec<u32>> = state.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_gpus).collect()).collect();
+    let mut free: Vec<Vec<u32>> = state
+        .clusters
+        .iter()
+        .map(|c| c.pools.iter().map(|p| p.free_gpus).collect())
+        .collect();
     let ov = &model.overheads;
     let mut cands: Vec<MigrationProposal> = Vec::new();
     for (i, r) in running.iter().enumerate() {
         if !(r.job.spec.interruptible && r.remaining_s.is_finite() && r.remaining_s > 0.0) {
             continue;
         }
-        let rem_h = r.remaining_s / 3600.0;
-        let stay_ctx =
-            EvalCtx { duration_h: rem_h, in_place: true, require_free: false, bound: f64::INFINITY, stay: Some((r.pool, r.pricing)) };
-        let Some(cur) = model.cluster(r.cluster) else { continue };
+        let Some(cur) = model.cluster(r.cluster) else {
+            continue;
+        };
+        // Remaining work at the reference speed (the engine's unit).
+        let cur_speed = cur
+            .pools
+            .get(r.pool as usize)
+            .map(|p| p.speed)
+            .unwrap_or(1.0);
+        let rem_h = r.remaining_s / 3600.0 * cur_speed;
+        let stay_ctx = EvalCtx {
+            duration_h: rem_h,
+            in_place: true,
+            require_free: false,
+            bound: f64::INFINITY,
+            stay: Some((r.pool, r.pricing)),
+            resume: false,
+            carbon: true,
+        };
         // Staying: the job's own pool at the price it pays there; if that pool or
         // pricing is not in the model, the cluster's best option.
-        let stay = eval_cluster(model, state, &r.job, policy, r.cluster, &stay_ctx)
-            .or_else(|_| eval_cluster(model, state, &r.job, policy, r.cluster, &EvalCtx { stay: None, ..stay_ctx }));
+        let stay = eval_cluster(model, state, &r.job, policy, r.cluster, &stay_ctx).or_else(|_| {
+            eval_cluster(
+                model,
+                state,
+                &r.job,
+                policy,
+                r.cluster,
+                &EvalCtx {
+                    stay: None,
+                    ..stay_ctx
+                },
+            )
+        });
         let stay = match stay {
             Ok(p) => p.breakdown.total,
             Err(_) => f64::INFINITY, // the cluster can no longer hold it: moving is free of "stay" value
         };
-        let move_ctx = EvalCtx { duration_h: rem_h, in_place: false, require_free: true, bound: f64::INFINITY, stay: None };
+        // A move must score below staying: options whose compute alone costs
+        // more are skipped before scoring.
+        let move_ctx = EvalCtx {
+            duration_h: rem_h,
+            in_place: false,
+            require_free: true,
+            bound: stay,
+            stay: None,
+            resume: false,
+            carbon: true,
+        };
         let g = f64::from(r.job.gpus);
         let mut best: Option<MigrationProposal> = None;
-        for cid in 0..model.clusters.len() as ClusterId {
+        // Clusters cheapest unit of work first: once that alone costs as much
+        // as staying, no later cluster can save anything.
+        let can_stop = stay.is_finite()
+            && policy.time_value_usd_per_gpu_hour >= 0.0
+            && policy.carbon_usd_per_kg >= 0.0
+            && policy.egress_weight >= 0.0
+            && !state
+                .clusters
+                .iter()
+                .any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+        for &(floor, cid) in &model.cheapest_per_work {
+            if can_stop && floor * g * rem_h >= stay {
+                break;
+            }
             if cid == r.cluster {
                 continue;
             }
-            let Ok(p) = eval_cluster(model, state, &r.job, policy, cid, &move_ctx) else { continue };
-            let Some(c) = model.cluster(cid) else { continue };
+            let Ok(p) = eval_cluster(model, state, &r.job, policy, cid, &move_ctx) else {
+                continue;
+            };
+            let Some(c) = model.cluster(cid) else {
+                continue;
+            };
             let ckpt_gb = r.job.ckpt_size_gb;
-            let src = r.job.ckpt_region.as_ref().and_then(|l| l.first().copied()).unwrap_or(cur.region_id);
-            let transfer_h = if src == c.region_id { 0.0 } else { ckpt_gb * 8.0 / model.bandwidth_gbps(src, c.region_id).max(1e-3) / 3600.0 };
-            let egress = if src == c.region_id { 0.0 } else { ckpt_gb * model.egress_usd_per_gb(src, c.region_id) };
+            let src = r
+                .job
+                .ckpt_region
+                .as_ref()
+                .and_then(|l| l.first().copied())
+                .unwrap_or(cur.region_id);
+            let transfer_h = if src == c.region_id {
+                0.0
+            } else {
+                ckpt_gb * 8.0 / model.bandwidth_gbps(src, c.region_id).max(1e-3) / 3600.0
+            };
+            let egress = if src == c.region_id {
+                0.0
+            } else {
+                ckpt_gb * model.egress_usd_per_gb(src, c.region_id)
+            };
             let restore_h = ov.restore_s / 3600.0;
-            let redo_h = (r.since_ckpt_s.max(0.0)) / 3600.0;
+            let new_speed = c
+                .pools
+                .get(p.pool as usize)
+                .map(|x| x.speed)
+                .unwrap_or(1.0)
+                .max(1e-6);
+            let redo_h = r.since_ckpt_s.max(0.0) / 3600.0 * cur_speed / new_speed;
             let price = p.breakdown.price_per_gpu_hour;
             let migration_usd = price * g * (restore_h + redo_h)
                 + policy.time_value_usd_per_gpu_hour * g * (restore_h + transfer_h + redo_h)
@@ -105,7 +184,10 @@ pub fn propose_migrations(
             if !saving.is_finite() && stay.is_finite() {
                 continue;
             }
-            if best.as_ref().is_none_or(|b| saving > b.saving_usd) {
+            // Ties: the lower cluster index (the order of a plain scan).
+            if best.as_ref().is_none_or(|b| {
+                saving > b.saving_usd || (saving == b.saving_usd && cid < b.to.cluster)
+            }) {
                 best = Some(MigrationProposal {
                     index: i,
                     job_id: r.job.spec.id.clone(),
@@ -119,16 +201,33 @@ pub fn propose_migrations(
             }
         }
         if let Some(b) = best {
-            let need = margin.min_saving_usd.max(margin.min_saving_fraction * if b.stay_usd.is_finite() { b.stay_usd } else { 0.0 });
+            let need = margin.min_saving_usd.max(
+                margin.min_saving_fraction
+                    * if b.stay_usd.is_finite() {
+                        b.stay_usd
+                    } else {
+                        0.0
+                    },
+            );
             if b.saving_usd > need {
                 cands.push(b);
             }
         }
     }
-    cands.sort_by(|a, b| b.saving_usd.partial_cmp(&a.saving_usd).unwrap_or(std::cmp::Ordering::Equal).then(a.index.cmp(&b.index)));
+    cands.sort_by(|a, b| {
+        b.saving_usd
+            .partial_cmp(&a.saving_usd)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.index.cmp(&b.index))
+    });
     for c in cands {
         let g = running.get(c.index).map(|r| r.job.gpus).unwrap_or(0);
-        let Some(slot) = free.get_mut(c.to.cluster as usize).and_then(|v| v.get_mut(c.to.pool as usize)) else { continue };
+        let Some(slot) = free
+            .get_mut(c.to.cluster as usize)
+            .and_then(|v| v.get_mut(c.to.pool as usize))
+        else {
+            continue;
+        };
         if *slot >= g {
             *slot -= g;
             out.push(c);

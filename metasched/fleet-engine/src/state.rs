@@ -93,7 +93,9 @@ impl FleetState {
         let mut st = FleetState::idle(model);
         st.now_unix = view.generated_at;
         for (ci, c) in model.clusters.iter().enumerate() {
-            let Some(cs) = st.clusters.get_mut(ci) else { continue };
+            let Some(cs) = st.clusters.get_mut(ci) else {
+                continue;
+            };
             let Some(s) = view.clusters.iter().find(|s| s.name == c.name) else {
                 cs.healthy = false;
                 continue;

@@ -14,20 +14,33 @@ use crate::trace::{self, Trace};
 /// Replay a job trace over a fleet with the placement engine and the baselines.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
-    /// Job trace in the Philly table format
-    /// (`timestamp,duration,num_gpus,gpu_time,cluster`; `cluster` is the home label).
+    /// Job trace: Philly's table (`timestamp,duration,num_gpus,gpu_time,cluster`;
+    /// `cluster` is the team) or the generic format (header starting `submit_time`,
+    /// docs/simulator.md). A bad row is an error with its file:line (see --skip-invalid).
     #[arg(long)]
     pub trace: PathBuf,
-    /// Fleet TOML (the engine's format, e.g. `conf/fleet-sample.toml`). An optional
-    /// `[home_map]` table maps trace home labels to cluster names.
+    /// Skip trace rows that cannot be read instead of failing; every skipped row is
+    /// reported on stderr and in the report's notes, with the totals.
+    #[arg(long)]
+    pub skip_invalid: bool,
+    /// Longest job run time accepted in the trace (days); longer rows are invalid.
+    #[arg(long, default_value_t = 365.0)]
+    pub max_duration_days: f64,
+    /// Fleet TOML (the engine's format, e.g. `conf/fleet-sample.toml`); strict: unknown
+    /// keys are errors. Its `[[teams]]` give each trace team label its home cluster.
     #[arg(long)]
     pub fleet: PathBuf,
+    /// Assign teams that the fleet file does not declare to clusters by load
+    /// (largest team to the emptiest cluster per GPU); without it they are an error.
+    #[arg(long)]
+    pub auto_homes: bool,
     /// Engine policy to replay (`cost`, `time`, `green`, or one defined in
     /// --policies), a baseline (`home-only`, `greedy`, `random`), or `all` for every
     /// engine policy plus the baselines.
     #[arg(long, default_value = "all")]
     pub policy: String,
-    /// Also run the baselines (home-only, greedy, random) for a single --policy.
+    /// Also run the baselines (home-only, greedy, greedy-spot, first-start, random) for a
+    /// single --policy.
     #[arg(long)]
     pub baselines: bool,
     /// `metasched.toml` (or any TOML) with `[policies.<name>]` weight tables.
@@ -80,6 +93,14 @@ pub struct SimulateArgs {
     /// Width of the plot buckets (hours).
     #[arg(long, default_value_t = 6.0)]
     pub bucket_hours: f64,
+    /// Largest LP for the lower bound (variables; the time slots grow until it
+    /// fits). 0 = only the cheap capacity-relaxed bound (for huge runs).
+    #[arg(long, default_value_t = 30_000)]
+    pub lp_max_vars: usize,
+    /// Print the report as JSON on stdout (the same document as `report.json`)
+    /// instead of the table.
+    #[arg(long)]
+    pub json: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -87,6 +108,26 @@ pub struct SimulateArgs {
     /// not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+/// The simulator's own command line (`fleet-sim`, `fleetctl simulate`).
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "Replay a job trace over a fleet with the placement engine, the baselines and the lower bounds"
+)]
+struct SimCli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+/// Parses the simulator's flags; `argv[0]` is the program name shown in usage.
+pub fn parse_from<I: IntoIterator<Item = String>>(argv: I) -> Result<SimulateArgs, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let v: Vec<String> = argv.into_iter().collect();
+    let name = v.first().cloned().unwrap_or_else(|| "fleet-sim".into());
+    let cmd = SimCli::command().bin_name(name);
+    let m = cmd.try_get_matches_from(v)?;
+    SimCli::from_arg_matches(&m).map(|c| c.args)
 }
 
 /// Everything a run needs, read from files; [`run_loaded`] is pure of I/O apart from
@@ -100,7 +141,9 @@ pub struct Loaded {
 }
 
 fn dir_or(explicit: &Option<PathBuf>, data: &Option<PathBuf>, sub: &str) -> Option<PathBuf> {
-    explicit.clone().or_else(|| data.as_ref().map(|d| d.join(sub)))
+    explicit
+        .clone()
+        .or_else(|| data.as_ref().map(|d| d.join(sub)))
 }
 
 fn sorted_files(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
@@ -115,11 +158,30 @@ fn sorted_files(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
 
 /// Read every input named by the flags.
 pub fn load(args: &SimulateArgs) -> Result<Loaded> {
-    let trace = trace::read_philly_file(&args.trace)?;
-    let fleet_text =
-        std::fs::read_to_string(&args.fleet).with_context(|| format!("reading {}", args.fleet.display()))?;
+    if !(args.max_duration_days.is_finite() && args.max_duration_days > 0.0) {
+        bail!("--max-duration-days must be > 0");
+    }
+    let opts = trace::ReadOptions {
+        skip_invalid: args.skip_invalid,
+        max_duration_s: args.max_duration_days * 86_400.0,
+    };
+    let trace = trace::read_file(&args.trace, &opts)?;
+    for d in &trace.diagnostics {
+        eprintln!("skipped {d}");
+    }
+    if trace.skipped > 0 {
+        eprintln!(
+            "skipped {} invalid trace rows; {} jobs read",
+            trace.skipped,
+            trace.jobs.len()
+        );
+    }
+    let fleet_text = std::fs::read_to_string(&args.fleet)
+        .with_context(|| format!("reading {}", args.fleet.display()))?;
     let policies_text = match &args.policies {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
         None => None,
     };
     let mut carbon = Vec::new();
@@ -131,13 +193,18 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
     let mut egress = Vec::new();
     if let Some(d) = dir_or(&args.network_dir, &args.data_dir, "network") {
         for f in sorted_files(&d, "csv")? {
-            let name = f.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = f
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let provider = name.split('_').next().unwrap_or("").to_string();
             egress.push((provider, std::fs::read_to_string(&f)?));
         }
     }
     let prices = match &args.prices {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
         None => None,
     };
     let mut spot = Vec::new();
@@ -148,6 +215,7 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
     }
     let setup = EngineSetup {
         fleet_toml: fleet_text,
+        fleet_name: args.fleet.display().to_string(),
         policies_toml: policies_text,
         carbon_csvs: carbon,
         egress_csvs: egress,
@@ -166,10 +234,18 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
 /// Parse `NAME:START_H:DURATION_H`.
 fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
     let parts: Vec<&str> = s.rsplitn(3, ':').collect();
-    let [dur, start, name] = parts.as_slice() else { bail!("--outage {s:?}: expected NAME:START_H:DURATION_H") };
-    let c = model.cluster_index(name).with_context(|| format!("--outage {s:?}: no cluster {name:?}"))?;
-    let start: f64 = start.parse().with_context(|| format!("--outage {s:?}: bad start"))?;
-    let dur: f64 = dur.parse().with_context(|| format!("--outage {s:?}: bad duration"))?;
+    let [dur, start, name] = parts.as_slice() else {
+        bail!("--outage {s:?}: expected NAME:START_H:DURATION_H")
+    };
+    let c = model
+        .cluster_index(name)
+        .with_context(|| format!("--outage {s:?}: no cluster {name:?}"))?;
+    let start: f64 = start
+        .parse()
+        .with_context(|| format!("--outage {s:?}: bad start"))?;
+    let dur: f64 = dur
+        .parse()
+        .with_context(|| format!("--outage {s:?}: bad duration"))?;
     if !(start.is_finite() && dur.is_finite() && start >= 0.0 && dur > 0.0) {
         bail!("--outage {s:?}: start must be >= 0 and duration > 0");
     }
@@ -178,24 +254,55 @@ fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
 
 /// Turn trace rows into simulator jobs over `model` (home mapping, checkpoints,
 /// interruptibility).
-pub fn sim_jobs(trace: &Trace, model: &mut EngineModel, args: &SimulateArgs) -> Vec<SimJob> {
+pub fn sim_jobs(
+    trace: &Trace,
+    model: &mut EngineModel,
+    args: &SimulateArgs,
+) -> Result<Vec<SimJob>> {
     let limit = args.limit.unwrap_or(usize::MAX);
     let rows = &trace.jobs[..trace.jobs.len().min(limit)];
-    let homes = model.home_map(rows);
+    let homes = model.home_map(rows, args.auto_homes)?;
     let share = args.interruptible_share.clamp(0.0, 1.0);
-    rows.iter()
+    Ok(rows
+        .iter()
         .map(|r| SimJob {
             id: r.id,
             submit_s: r.submit_s,
-            duration_s: r.duration_s,
+            // Work at the reference GPU: a duration measured on another model
+            // scales by its speed (unknown models count as the reference).
+            duration_s: r.duration_s
+                * r.extra
+                    .duration_gpu
+                    .as_deref()
+                    .and_then(|g| model.fleet.speed_of(g))
+                    .unwrap_or(1.0),
             gpus: r.gpus,
             home: homes.get(&r.home_label).copied().unwrap_or(0),
-            // Bresenham-style spread: exactly round(share × n) jobs, evenly.
-            interruptible: ((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor(),
-            checkpoint_s: args.checkpoint_interval_s.max(0.0),
+            // The trace's own flag, else a Bresenham-style spread: exactly
+            // round(share × n) jobs, evenly.
+            interruptible: r
+                .extra
+                .interruptible
+                .unwrap_or(((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor()),
+            checkpoint_s: r
+                .extra
+                .checkpoint_s
+                .unwrap_or(args.checkpoint_interval_s)
+                .max(0.0),
+            extra: r.extra.clone(),
+            team: r.home_label.clone(),
         })
-        .collect()
+        .collect())
 }
+
+/// The baselines, in report order.
+pub const BASELINES: [Strategy; 5] = [
+    Strategy::HomeOnly,
+    Strategy::Greedy,
+    Strategy::GreedySpot,
+    Strategy::FirstStart,
+    Strategy::Random,
+];
 
 /// The strategies a run replays.
 pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strategy>> {
@@ -209,17 +316,21 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
                 v.push(Strategy::Engine(p));
             }
         }
-    } else if let Some(b) = [Strategy::HomeOnly, Strategy::Greedy, Strategy::Random].into_iter().find(|b| b.name() == args.policy) {
+    } else if let Some(b) = BASELINES.into_iter().find(|b| b.name() == args.policy) {
         v.push(b);
         return Ok(v);
     } else {
         if !model.policy_names().contains(&args.policy) {
-            bail!("unknown policy {:?} (known: {})", args.policy, model.policy_names().join(", "));
+            bail!(
+                "unknown policy {:?} (known: {})",
+                args.policy,
+                model.policy_names().join(", ")
+            );
         }
         v.push(Strategy::Engine(args.policy.clone()));
     }
     if args.policy == "all" || args.baselines {
-        v.extend([Strategy::HomeOnly, Strategy::Greedy, Strategy::Random]);
+        v.extend(BASELINES);
     }
     Ok(v)
 }
@@ -227,10 +338,13 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
 /// Run every strategy over the loaded inputs and build the report.
 pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
-    let jobs = sim_jobs(&loaded.trace, &mut model, args);
+    let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
     model.assign_spot_traces(&loaded.spot);
-    let outages: Vec<(usize, f64, f64)> =
-        args.outages.iter().map(|s| parse_outage(s, &model)).collect::<Result<_>>()?;
+    let outages: Vec<(usize, f64, f64)> = args
+        .outages
+        .iter()
+        .map(|s| parse_outage(s, &model))
+        .collect::<Result<_>>()?;
     let cfg = SimConfig {
         seed: args.seed,
         outages,
@@ -243,7 +357,9 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     } else {
         // Draws only when stderr is a terminal.
         let b = indicatif::ProgressBar::new((jobs.len() * strategies.len()) as u64);
-        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})") {
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})",
+        ) {
             b.set_style(style.progress_chars("=> "));
         }
         b
@@ -253,7 +369,11 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     // thread count or on scheduling.
     let threads = args
         .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
         .max(1);
     let mut policies: Vec<Option<crate::report::PolicyReport>> = vec![None; strategies.len()];
     for chunk in (0..strategies.len()).collect::<Vec<_>>().chunks(threads) {
@@ -265,7 +385,8 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
                     let (jobs, cfg, bar, loaded) = (&jobs, &cfg, &bar, loaded);
                     let spot_traces = &loaded.spot;
                     sc.spawn(move || {
-                        let mut m = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+                        let mut m =
+                            EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
                         m.assign_spot_traces(spot_traces);
                         let last = std::cell::Cell::new(0u64);
                         let tick = |n: u64| {
@@ -279,7 +400,13 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             chunk
                 .iter()
                 .zip(handles)
-                .map(|(&k, h)| (k, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked")))))
+                .map(|(&k, h)| {
+                    (
+                        k,
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked"))),
+                    )
+                })
                 .collect()
         });
         for (k, r) in results {
@@ -289,13 +416,41 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     let mut policies: Vec<crate::report::PolicyReport> = policies.into_iter().flatten().collect();
     bar.finish_and_clear();
     let (lb_usd, lb_co2) = sim::lower_bound(&mut model, &jobs);
+    // The LP bound must hold for every policy compared: all jobs done by the latest
+    // end among them.
+    let horizon = policies.iter().map(|p| p.makespan_s).fold(0.0, f64::max);
+    let (lp_bound, bound_used) = if args.lp_max_vars == 0 {
+        (None, "cheap (--lp-max-vars 0)".to_string())
+    } else {
+        match crate::lp::lp_bound(&mut model, &jobs, &loaded.spot, horizon, args.lp_max_vars) {
+            Ok(b) if b.usd >= lb_usd => (Some(b), "lp".to_string()),
+            Ok(b) => (Some(b), "cheap (higher than the LP here)".to_string()),
+            Err(e) => (None, format!("cheap (LP not solved: {e})")),
+        }
+    };
+    let bound = lp_bound.as_ref().map(|b| b.usd).unwrap_or(0.0).max(lb_usd);
     for p in &mut policies {
-        p.ratio_to_lower_bound = if lb_usd > 0.0 { p.total_usd / lb_usd } else { 0.0 };
+        p.ratio_to_lower_bound = if bound > 0.0 {
+            p.total_usd / bound
+        } else {
+            0.0
+        };
     }
     let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
     let mut notes = model.notes();
-    if !loaded.trace.diagnostics.is_empty() {
-        notes.push(format!("{} trace rows skipped; first: {}", loaded.trace.diagnostics.len(), loaded.trace.diagnostics[0]));
+    if loaded.trace.skipped > 0 {
+        notes.push(format!(
+            "--skip-invalid: {} trace rows skipped, {} jobs read",
+            loaded.trace.skipped,
+            loaded.trace.jobs.len()
+        ));
+        notes.extend(
+            loaded
+                .trace
+                .diagnostics
+                .iter()
+                .map(|d| format!("skipped {d}")),
+        );
     }
     let mut report = Report {
         trace: loaded.trace_name.clone(),
@@ -304,6 +459,8 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         jobs: jobs.len(),
         span_hours: span,
         lower_bound_usd: lb_usd,
+        lp_bound,
+        bound_used,
         lower_bound_kg_co2: lb_co2,
         policies,
         targets: Vec::new(),
@@ -318,7 +475,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let loaded = load(&args)?;
     let report = run_loaded(&args, &loaded)?;
-    print!("{}", report.table());
+    if args.json {
+        let text = serde_json::to_string_pretty(&report).context("report as JSON")?;
+        println!("{text}");
+    } else {
+        print!("{}", report.table());
+    }
     if let Some(dir) = &args.out_dir {
         let files = crate::report::write_outputs(&report, dir)
             .with_context(|| format!("writing outputs to {}", dir.display()))?;
@@ -326,7 +488,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             eprintln!("wrote {}", f.display());
         }
     }
-    eprintln!("simulated {} jobs × {} runs in {:.2} s", report.jobs, report.policies.len(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "simulated {} jobs × {} runs in {:.2} s",
+        report.jobs,
+        report.policies.len(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use fleet_engine::engine::PreparedData;
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
-    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
-    JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob, Pricing,
+    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig,
+    FleetModel, FleetState, JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob,
+    Pricing,
 };
 
 use crate::sim::{ClusterLoad, Model, Move, Offer, RunningJob, SimCluster, SimJob, SimPool};
@@ -21,6 +23,8 @@ use crate::trace::TraceJob;
 #[derive(Debug, Clone, Default)]
 pub struct EngineSetup {
     pub fleet_toml: String,
+    /// The fleet file's name, for `file:line` in errors.
+    pub fleet_name: String,
     /// `[policies.<name>]` tables; `None` = the engine's built-ins.
     pub policies_toml: Option<String>,
     /// (name, text) of carbon series CSVs.
@@ -33,11 +37,8 @@ pub struct EngineSetup {
 }
 
 /// Policy names the simulator uses internally for the baselines.
-pub const HOME_ONLY: &str = "home-only";
-pub const GREEDY: &str = "greedy";
+pub use crate::sim::{FIRST_START, GREEDY, GREEDY_SPOT, HOME_ONLY, RANDOM};
 pub const LOWER_BOUND: &str = "lower-bound";
-/// Every feasible cluster under the `cost` policy's filters, for the random baseline.
-pub const RANDOM: &str = "random";
 
 pub struct EngineModel {
     pub fleet: FleetModel,
@@ -53,7 +54,8 @@ pub struct EngineModel {
     /// Spot trace of each (cluster, pool) that sells spot.
     pool_spot: Vec<Vec<Option<usize>>>,
     notes: Vec<String>,
-    home_map: BTreeMap<String, String>,
+    /// Regions holding a copy of each named (shared) dataset.
+    staged: BTreeMap<String, Vec<fleet_engine::model::RegionId>>,
     pub margin: MigrationMargin,
 }
 
@@ -65,19 +67,16 @@ impl EngineModel {
     /// Build from file contents. `epoch_unix` is the trace's first submission, used to
     /// look up carbon intensity (series repeat yearly).
     pub fn new(setup: &EngineSetup, epoch_unix: f64) -> Result<EngineModel> {
-        // The simulator's own tables are taken out before the engine reads the file:
-        // `FleetConfig` denies unknown fields (its `extra` catch-all cannot work
-        // together with `deny_unknown_fields` in serde).
-        let mut raw: toml::Table = toml::from_str(&setup.fleet_toml).context("fleet TOML")?;
-        let sim_home_map = raw.remove("home_map");
-        let mut cfg: FleetConfig = raw.try_into().context("fleet TOML")?;
-        let mut notes = Vec::new();
-        let home_map: BTreeMap<String, String> = match sim_home_map.as_ref().or(cfg.extra.get("home_map")) {
-            Some(toml::Value::Table(t)) => {
-                t.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect()
-            }
-            _ => BTreeMap::new(),
+        // The engine's own strict reader: unknown keys anywhere are errors with
+        // file:line:col.
+        let fleet_name = if setup.fleet_name.is_empty() {
+            "fleet TOML"
+        } else {
+            setup.fleet_name.as_str()
         };
+        let mut cfg: FleetConfig =
+            fleet_engine::model::parse_config(&setup.fleet_toml, fleet_name)?;
+        let mut notes = Vec::new();
         // The simulator's synthetic datasets: one per cluster, in its region.
         if setup.dataset_gb > 0.0 {
             for c in &cfg.clusters {
@@ -88,7 +87,8 @@ impl EngineModel {
                 });
             }
         }
-        let mut fleet = FleetModel::build(cfg).context("fleet model")?;
+        let mut fleet = FleetModel::build(cfg)
+            .map_err(|e| fleet_engine::model::locate(e, &setup.fleet_toml, fleet_name))?;
         if let Some(p) = &setup.prices_csv {
             let t = parse_prices(p).map_err(|e| anyhow::anyhow!("price table: {e}"))?;
             // GCP rows are accelerator-only (no host VM): not comparable, left out.
@@ -137,11 +137,20 @@ impl EngineModel {
                         gpu_type: fleet.gpu_type_name(p.gpu_type).to_string(),
                         gpus: p.total_gpus,
                         spot_trace: None,
+                        sells_spot: !c.onprem && p.prices.spot.is_some(),
+                        owned_usd_per_gpu_hour: if c.onprem {
+                            p.prices.onprem.or(p.prices.on_demand)
+                        } else {
+                            None
+                        },
                     })
                     .collect(),
             })
             .collect();
-        let no_spot = |p: &Policy| Policy { allow_spot: false, ..p.clone() };
+        let no_spot = |p: &Policy| Policy {
+            allow_spot: false,
+            ..p.clone()
+        };
         let mut baseline_policies = BTreeMap::new();
         let pure_price = Policy {
             name: GREEDY.into(),
@@ -151,13 +160,43 @@ impl EngineModel {
             allow_spot: false,
             use_lca: false,
         };
-        baseline_policies.insert(HOME_ONLY, Policy { name: HOME_ONLY.into(), ..no_spot(&pure_price) });
+        baseline_policies.insert(
+            HOME_ONLY,
+            Policy {
+                name: HOME_ONLY.into(),
+                ..no_spot(&pure_price)
+            },
+        );
         baseline_policies.insert(GREEDY, pure_price.clone());
         baseline_policies.insert(
-            LOWER_BOUND,
-            Policy { name: LOWER_BOUND.into(), egress_weight: 0.0, allow_spot: true, ..pure_price },
+            GREEDY_SPOT,
+            Policy {
+                name: GREEDY_SPOT.into(),
+                allow_spot: true,
+                ..pure_price.clone()
+            },
         );
-        let pool_spot = fleet.clusters.iter().map(|c| vec![None; c.pools.len()]).collect();
+        baseline_policies.insert(
+            FIRST_START,
+            Policy {
+                name: FIRST_START.into(),
+                ..pure_price.clone()
+            },
+        );
+        baseline_policies.insert(
+            LOWER_BOUND,
+            Policy {
+                name: LOWER_BOUND.into(),
+                egress_weight: 0.0,
+                allow_spot: true,
+                ..pure_price
+            },
+        );
+        let pool_spot = fleet
+            .clusters
+            .iter()
+            .map(|c| vec![None; c.pools.len()])
+            .collect();
         Ok(EngineModel {
             fleet,
             policies,
@@ -169,7 +208,7 @@ impl EngineModel {
             spot_rates: Vec::new(),
             pool_spot,
             notes,
-            home_map,
+            staged: BTreeMap::new(),
             margin: MigrationMargin::default(),
         })
     }
@@ -186,26 +225,42 @@ impl EngineModel {
         self.notes.clone()
     }
 
-    /// Map trace home labels to cluster indexes: `[home_map]` entries first; every
-    /// other label, by decreasing GPU-hours, goes to the cluster with the lowest
-    /// assigned GPU-hours per GPU of capacity (ties: lower index). Deterministic.
-    pub fn home_map(&mut self, rows: &[TraceJob]) -> BTreeMap<String, usize> {
-        let cap: Vec<f64> =
-            self.clusters.iter().map(|c| c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0)).collect();
+    /// Map trace team labels to their home clusters: the fleet's `[[teams]]`
+    /// (a team named `*` is the home of every label not declared). A label
+    /// without a declared home is an error, unless `auto`: then labels, by
+    /// decreasing GPU-hours, go to the cluster with the lowest assigned GPU-hours
+    /// per GPU of capacity (ties: lower index), and the map is printed.
+    pub fn home_map(&mut self, rows: &[TraceJob], auto: bool) -> Result<BTreeMap<String, usize>> {
+        let cap: Vec<f64> = self
+            .clusters
+            .iter()
+            .map(|c| c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0))
+            .collect();
         let mut load = vec![0.0; cap.len()];
         let mut out = BTreeMap::new();
         let labels = crate::cli::labels_by_load(rows);
+        let fallback = self.fleet.team_home("*");
+        let mut missing = Vec::new();
         for (label, gpu_h) in &labels {
-            if let Some(name) = self.home_map.get(label) {
-                match self.cluster_index(name) {
-                    Some(c) => {
-                        out.insert(label.clone(), c);
-                        load[c] += gpu_h;
-                    }
-                    None => self.notes.push(format!("[home_map] {label} = {name:?}: no such cluster; assigned automatically")),
+            match self.fleet.team_home(label).or(fallback) {
+                Some(c) => {
+                    out.insert(label.clone(), c as usize);
+                    load[c as usize] += gpu_h;
                 }
+                None => missing.push(label.clone()),
             }
         }
+        if !missing.is_empty() && !auto {
+            let n = missing.len();
+            missing.truncate(10);
+            anyhow::bail!(
+                "{n} team(s) of the trace have no declared home in the fleet file: {}{} \
+                 (add [[teams]] name = \"<label>\" home = \"<cluster>\", a team \"*\" for all others, or pass --auto-homes)",
+                missing.join(", "),
+                if n > 10 { ", ..." } else { "" }
+            );
+        }
+        let mut auto_assigned = 0;
         for (label, gpu_h) in &labels {
             if out.contains_key(label) || cap.is_empty() {
                 continue;
@@ -218,11 +273,19 @@ impl EngineModel {
             }
             load[best] += gpu_h;
             out.insert(label.clone(), best);
+            auto_assigned += 1;
         }
-        let mut desc: Vec<String> = out.iter().map(|(l, c)| format!("{l}→{}", self.clusters[*c].name)).collect();
+        let mut desc: Vec<String> = out
+            .iter()
+            .map(|(l, c)| format!("{l}→{}", self.clusters[*c].name))
+            .collect();
         desc.sort();
-        self.notes.push(format!("home map: {}", desc.join(", ")));
-        out
+        self.notes.push(format!(
+            "home map ({} declared, {auto_assigned} assigned by --auto-homes): {}",
+            out.len() - auto_assigned,
+            desc.join(", ")
+        ));
+        Ok(out)
     }
 
     /// Give every pool that sells spot a spot trace: first a trace whose name holds
@@ -237,8 +300,13 @@ impl EngineModel {
             .iter()
             .map(|t| {
                 let max = t.max.max(1) as f64;
-                let avail_h: f64 = t.data.iter().map(|&d| d as f64 / max).sum::<f64>() * t.gap_s / 3600.0;
-                let lost: f64 = t.data.windows(2).map(|w| w[0].saturating_sub(w[1]) as f64 / max).sum();
+                let avail_h: f64 =
+                    t.data.iter().map(|&d| d as f64 / max).sum::<f64>() * t.gap_s / 3600.0;
+                let lost: f64 = t
+                    .data
+                    .windows(2)
+                    .map(|w| w[0].saturating_sub(w[1]) as f64 / max)
+                    .sum();
                 if avail_h > 0.0 {
                     lost / avail_h
                 } else {
@@ -247,7 +315,8 @@ impl EngineModel {
             })
             .collect();
         if traces.is_empty() {
-            self.notes.push("no spot traces: spot capacity is never reclaimed".into());
+            self.notes
+                .push("no spot traces: spot capacity is never reclaimed".into());
             return;
         }
         let mut rr = 0usize;
@@ -256,12 +325,19 @@ impl EngineModel {
             if c.onprem {
                 continue;
             }
-            let region = c.region.split_once(':').map(|x| x.1).unwrap_or(&c.region).to_string();
+            let region = c
+                .region
+                .split_once(':')
+                .map(|x| x.1)
+                .unwrap_or(&c.region)
+                .to_string();
             for (pi, p) in c.pools.iter().enumerate() {
                 if p.prices.spot.is_none() {
                     continue;
                 }
-                let by_region = traces.iter().position(|t| !region.is_empty() && t.name.contains(&region));
+                let by_region = traces
+                    .iter()
+                    .position(|t| !region.is_empty() && t.name.contains(&region));
                 let k = by_region.unwrap_or_else(|| {
                     let k = rr % traces.len();
                     rr += 1;
@@ -269,14 +345,21 @@ impl EngineModel {
                 });
                 self.pool_spot[ci][pi] = Some(k);
                 self.clusters[ci].pools[pi].spot_trace = Some(k);
-                used.push(format!("{}/{}→{} ({:.3}/h)", c.name, p.name, traces[k].name, self.spot_rates[k]));
+                used.push(format!(
+                    "{}/{}→{} ({:.3}/h)",
+                    c.name, p.name, traces[k].name, self.spot_rates[k]
+                ));
             }
         }
         self.notes.push(format!("spot traces: {}", used.join(", ")));
     }
 
     fn spec_for(&self, job: &SimJob) -> JobSpec {
-        let home = self.clusters.get(job.home).map(|c| c.name.clone()).unwrap_or_default();
+        let home = self
+            .clusters
+            .get(job.home)
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
         JobSpec {
             id: job.id.to_string(),
             gpus: job.gpus,
@@ -284,11 +367,23 @@ impl EngineModel {
             duration_s: job.duration_s,
             interruptible: job.interruptible,
             ckpt_interval_s: (job.checkpoint_s > 0.0).then_some(job.checkpoint_s),
+            // Each job reads a dataset of its own, stored at its home (the
+            // catalog entry `sim://<home>/` gives its size and location).
             datasets: if self.fleet.dataset_for(&sim_dataset_uri(&home)).is_some() {
-                vec![format!("{}data", sim_dataset_uri(&home))]
+                vec![format!("{}job-{}", sim_dataset_uri(&home), job.id)]
             } else {
                 Vec::new()
             },
+            gpu_types: job.extra.gpu_models.clone(),
+            min_gpu: job.extra.min_gpu.clone(),
+            // `duration_s` is already work at the reference GPU.
+            duration_gpu: Some(
+                self.fleet
+                    .config
+                    .reference_gpu
+                    .clone()
+                    .unwrap_or_else(|| "A100".into()),
+            ),
             home,
             ..JobSpec::default()
         }
@@ -300,10 +395,40 @@ impl EngineModel {
         }
         if self.prepared[job.id].is_none() {
             let spec = self.spec_for(job);
-            self.prepared[job.id] = Some(prepare(&self.fleet, &spec));
+            let mut pj = prepare(&self.fleet, &spec);
+            // Named datasets of the trace live at the team's home.
+            if !job.extra.datasets.is_empty() {
+                let home = self.fleet.clusters.get(job.home).map(|c| c.region_id);
+                pj.datasets = job
+                    .extra
+                    .datasets
+                    .iter()
+                    .map(|(n, gb)| PreparedData {
+                        uri: n.clone(),
+                        locations: home.into_iter().collect(),
+                        size_gb: *gb,
+                        known: true,
+                    })
+                    .collect();
+            }
+            self.prepared[job.id] = Some(pj);
+        }
+        // Copies of shared datasets staged by other jobs are reused.
+        if !job.extra.datasets.is_empty() {
+            if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
+                for d in &mut pj.datasets {
+                    for r in self.staged.get(&d.uri).into_iter().flatten() {
+                        if !d.locations.contains(r) {
+                            d.locations.push(*r);
+                        }
+                    }
+                }
+            }
         }
         // Filled just above.
-        self.prepared[job.id].as_ref().unwrap_or_else(|| unreachable!())
+        self.prepared[job.id]
+            .as_ref()
+            .unwrap_or_else(|| unreachable!())
     }
 
     /// Copy the simulator's load into the engine state. `gpus`: the job being placed
@@ -319,16 +444,32 @@ impl EngineModel {
                 let free = pl.start_free;
                 ps.free_gpus = free;
                 ps.expected_wait_s = Some(pl.est_wait_s);
-                let trace = self.pool_spot.get(ci).and_then(|v| v.get(pi)).copied().flatten();
+                let trace = self
+                    .pool_spot
+                    .get(ci)
+                    .and_then(|v| v.get(pi))
+                    .copied()
+                    .flatten();
                 let has_spot = self.fleet.clusters[ci].pools[pi].prices.spot.is_some();
-                ps.spot_available =
-                    has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (trace.is_none() || pl.spot_fraction > 0.0);
+                ps.spot_available = has_spot
+                    && free > 0
+                    && pl.spot_free >= gpus.max(1)
+                    && (trace.is_none() || pl.spot_fraction > 0.0);
                 ps.spot_preemptions_per_hour = trace.and_then(|k| self.spot_rates.get(k).copied());
             }
         }
     }
 
-    fn offer(&self, p: &Placement) -> Offer {
+    /// The simulator's offer for an engine placement. The engine's overhead hours
+    /// split into setup (provisioning on cloud, checkpoint restore: GPUs held and
+    /// billed) and delay before queueing (remote submission), plus the transfer
+    /// hours (staging, checkpoint move), also before queueing.
+    fn offer(&self, p: &Placement, resuming: bool) -> Offer {
+        let c = &self.fleet.clusters[p.cluster as usize];
+        let ov = &self.fleet.overheads;
+        let provision = if c.onprem { 0.0 } else { c.provision_s };
+        let restore = if resuming { ov.restore_s } else { 0.0 };
+        let overhead_s = p.breakdown.overhead_h * 3600.0;
         Offer {
             cluster: p.cluster as usize,
             pool: p.pool as usize,
@@ -336,12 +477,18 @@ impl EngineModel {
             usd_per_gpu_hour: p.breakdown.price_per_gpu_hour,
             egress_usd: p.breakdown.egress_usd,
             score: p.breakdown.total,
+            speed: c.pools.get(p.pool as usize).map(|x| x.speed).unwrap_or(1.0),
+            setup_s: provision + restore,
+            delay_s: (overhead_s - provision - restore).max(0.0) + p.breakdown.transfer_h * 3600.0,
         }
     }
 
     fn policy(&self, name: &str) -> Option<Policy> {
         let name = if name == RANDOM { "cost" } else { name };
-        self.baseline_policies.get(name).cloned().or_else(|| self.policies.get(name).cloned())
+        self.baseline_policies
+            .get(name)
+            .cloned()
+            .or_else(|| self.policies.get(name).cloned())
     }
 }
 
@@ -354,15 +501,23 @@ impl Model for EngineModel {
     /// feasible cluster's best pool under the baseline's pure-price policy, ranked by
     /// score (ties: home first, then cluster order).
     fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
-        let Some(pol) = self.policy(policy) else { return Vec::new() };
+        let Some(pol) = self.policy(policy) else {
+            return Vec::new();
+        };
         self.sync_state(now, load, job.gpus);
         self.prepared(job);
-        let Some(pj) = self.prepared.get(job.id).and_then(|p| p.as_ref()) else { return Vec::new() };
+        let Some(pj) = self.prepared.get(job.id).and_then(|p| p.as_ref()) else {
+            return Vec::new();
+        };
+        let resuming = pj.done_fraction > 0.0;
         if !self.baseline_policies.contains_key(policy) && policy != RANDOM {
-            return decide(&self.fleet, &self.state, pj, &pol).map(|p| vec![self.offer(&p)]).unwrap_or_default();
+            return decide(&self.fleet, &self.state, pj, &pol)
+                .map(|p| vec![self.offer(&p, resuming)])
+                .unwrap_or_default();
         }
-        let mut ok: Vec<Placement> =
-            evaluate_all(&self.fleet, &self.state, pj, &pol).filter_map(|(_, r)| r.ok()).collect();
+        let mut ok: Vec<Placement> = evaluate_all(&self.fleet, &self.state, pj, &pol)
+            .filter_map(|(_, r)| r.ok())
+            .collect();
         let home = pj.home;
         ok.sort_by(|a, b| {
             a.breakdown
@@ -371,14 +526,67 @@ impl Model for EngineModel {
                 .then((Some(b.cluster) == home).cmp(&(Some(a.cluster) == home)))
                 .then(a.cluster.cmp(&b.cluster))
         });
-        ok.iter().map(|p| self.offer(p)).collect()
+        ok.iter().map(|p| self.offer(p, resuming)).collect()
+    }
+
+    /// Every feasible pool and pricing on an idle fleet (`fleet_engine::all_options`
+    /// under the lower-bound policy: spot for interruptible jobs).
+    fn options(&mut self, job: &SimJob) -> Vec<Offer> {
+        let Some(pol) = self.policy(LOWER_BOUND) else {
+            return Vec::new();
+        };
+        let empty = crate::sim::idle_load(&self.clusters);
+        self.sync_state(job.submit_s, &empty, job.gpus);
+        self.resume(job, 0.0, None);
+        let Some(Some(pj)) = self.prepared.get(job.id) else {
+            return Vec::new();
+        };
+        let opts = fleet_engine::all_options(&self.fleet, &self.state, pj, &pol);
+        opts.iter().map(|p| self.offer(p, false)).collect()
+    }
+
+    /// The job's datasets are staged at the offer's region from now on: later
+    /// placements there (or in that region) pay no egress or staging for them.
+    fn landed(&mut self, job: &SimJob, offer: &Offer) {
+        let Some(region) = self.fleet.clusters.get(offer.cluster).map(|c| c.region_id) else {
+            return;
+        };
+        self.prepared(job);
+        if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
+            for d in &mut pj.datasets {
+                if d.known && !d.locations.contains(&region) {
+                    d.locations.push(region);
+                }
+                if !job.extra.datasets.is_empty() {
+                    let v = self.staged.entry(d.uri.clone()).or_default();
+                    if !v.contains(&region) {
+                        v.push(region);
+                    }
+                }
+            }
+        }
+    }
+
+    fn resume(&mut self, job: &SimJob, done_fraction: f64, ckpt_at: Option<usize>) {
+        let region = ckpt_at
+            .and_then(|c| self.fleet.clusters.get(c))
+            .map(|c| c.region_id);
+        self.prepared(job);
+        if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
+            pj.done_fraction = done_fraction.clamp(0.0, 1.0);
+            pj.resume_from = region;
+        }
     }
 
     /// kgCO2 as the engine scores it: zone intensity over the run window × GPU
     /// board power × GPUs × hours × PUE.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
-        let Some(c) = self.fleet.clusters.get(cluster) else { return 0.0 };
-        let Some(p) = c.pools.get(pool) else { return 0.0 };
+        let Some(c) = self.fleet.clusters.get(cluster) else {
+            return 0.0;
+        };
+        let Some(p) = c.pools.get(pool) else {
+            return 0.0;
+        };
         let (a, b) = (self.epoch_unix + t0, self.epoch_unix + t1);
         let ci = c
             .carbon_zone_id
@@ -388,8 +596,17 @@ impl Model for EngineModel {
         ci * p.gpu_power_w * gpus as f64 * (t1 - t0) / 3600.0 * c.pue / 1e6
     }
 
-    fn rebalance(&mut self, policy: &str, now: f64, jobs: &[SimJob], running: &[RunningJob], load: &[ClusterLoad]) -> Vec<Move> {
-        let Some(pol) = self.policies.get(policy).cloned() else { return Vec::new() };
+    fn rebalance(
+        &mut self,
+        policy: &str,
+        now: f64,
+        jobs: &[SimJob],
+        running: &[RunningJob],
+        load: &[ClusterLoad],
+    ) -> Vec<Move> {
+        let Some(pol) = self.policies.get(policy).cloned() else {
+            return Vec::new();
+        };
         self.sync_state(now, load, 1);
         // Moving pays a restore and redone work; only jobs with hours left can win.
         let mut rj = Vec::new();
@@ -411,10 +628,31 @@ impl Model for EngineModel {
                 since_ckpt_s: r.since_checkpoint_s,
             });
         }
-        let idx: Vec<usize> = running.iter().filter(|r| r.remaining_s >= 2.0 * 3600.0).map(|r| r.job).collect();
+        let idx: Vec<usize> = running
+            .iter()
+            .filter(|r| r.remaining_s >= 2.0 * 3600.0)
+            .map(|r| r.job)
+            .collect();
         fleet_engine::propose_migrations(&self.fleet, &self.state, &rj, &pol, &self.margin)
             .into_iter()
-            .filter_map(|m| Some(Move { job: *idx.get(m.index)?, to: self.offer(&m.to) }))
+            .filter_map(|m| {
+                let from = rj.get(m.index)?;
+                let mut to = self.offer(&m.to, true);
+                // The checkpoint moves with the job: its egress and transfer time.
+                let (src, dst) = (
+                    self.fleet.clusters[from.cluster as usize].region_id,
+                    self.fleet.clusters[to.cluster].region_id,
+                );
+                if src != dst {
+                    let gb = from.job.ckpt_size_gb;
+                    to.egress_usd += gb * self.fleet.egress_usd_per_gb(src, dst);
+                    to.delay_s += gb * 8.0 / self.fleet.bandwidth_gbps(src, dst).max(1e-3);
+                }
+                Some(Move {
+                    job: *idx.get(m.index)?,
+                    to,
+                })
+            })
             .collect()
     }
 }

@@ -7,9 +7,11 @@
 //! [`engine_model`]); baselines (home-only, greedy cheapest-at-submit, random feasible)
 //! pick among the same engine's feasible candidates. See `docs/simulator.md`.
 
+pub mod cli;
+pub mod convert;
+pub mod engine_model;
+pub mod lp;
 pub mod report;
 pub mod sim;
 pub mod spot;
 pub mod trace;
-pub mod cli;
-pub mod engine_model;

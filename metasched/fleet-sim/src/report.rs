@@ -33,8 +33,17 @@ pub struct PolicyReport {
     pub completion_p95_s: f64,
     /// Time-averaged busy GPUs / capacity, over the simulated span.
     pub utilization: BTreeMap<String, f64>,
-    /// total_usd / lower bound.
+    /// total_usd / the report's bound (`Report::bound_used`).
     pub ratio_to_lower_bound: f64,
+    /// Latest job end (s since the first submission).
+    pub makespan_s: f64,
+    /// USD (compute + egress) per team of the trace.
+    pub cost_by_team: BTreeMap<String, f64>,
+    /// Owned hardware's amortized cost over the run (all its GPUs × makespan ×
+    /// amortized price), paid whether used or not; `total_usd` counts only the used part.
+    pub owned_fixed_usd: f64,
+    /// Share of owned GPU-hours over the run that no job paid for.
+    pub owned_idle_share: f64,
     /// Cumulative USD sampled at each plot bucket (hours since the epoch, USD).
     pub cost_series: Vec<(f64, f64)>,
     /// Per cluster: busy fraction per plot bucket.
@@ -64,6 +73,10 @@ pub struct Report {
     /// Each job at its cheapest feasible price, capacity relaxed, no waiting, no egress.
     pub lower_bound_usd: f64,
     pub lower_bound_kg_co2: f64,
+    /// The time-indexed LP relaxation bound (`crate::lp`), when it was solved.
+    pub lp_bound: Option<crate::lp::LpBound>,
+    /// Which bound the ratios and gaps use: `lp` or `cheap` (and why).
+    pub bound_used: String,
     pub policies: Vec<PolicyReport>,
     pub targets: Vec<TargetCheck>,
     pub notes: Vec<String>,
@@ -103,6 +116,15 @@ impl Report {
     }
 
     /// Evaluate the issue's targets where the needed policies are present.
+    /// The bound the ratios use: the LP bound when solved and higher, else the cheap one.
+    pub fn bound_usd(&self) -> f64 {
+        self.lp_bound
+            .as_ref()
+            .map(|b| b.usd)
+            .unwrap_or(0.0)
+            .max(self.lower_bound_usd)
+    }
+
     pub fn evaluate_targets(&mut self) {
         let mut t = Vec::new();
         let saving = |a: &PolicyReport, b: &PolicyReport| {
@@ -115,21 +137,84 @@ impl Report {
         if let Some(cost) = self.find("cost") {
             if let Some(home) = self.find("home-only") {
                 let s = saving(cost, home);
-                t.push(TargetCheck { target: "cost vs home-only: saving".into(), value: s, threshold: 0.40, met: s >= 0.40 });
-                let worse = if home.completion_mean_s > 0.0 { cost.completion_mean_s / home.completion_mean_s - 1.0 } else { 0.0 };
-                t.push(TargetCheck { target: "cost vs home-only: mean completion worse by".into(), value: worse, threshold: 0.10, met: worse <= 0.10 });
+                t.push(TargetCheck {
+                    target: "cost vs home-only: saving".into(),
+                    value: s,
+                    threshold: 0.40,
+                    met: s >= 0.40,
+                });
+                let worse = if home.completion_mean_s > 0.0 {
+                    cost.completion_mean_s / home.completion_mean_s - 1.0
+                } else {
+                    0.0
+                };
+                t.push(TargetCheck {
+                    target: "cost vs home-only: mean completion worse by".into(),
+                    value: worse,
+                    threshold: 0.10,
+                    met: worse <= 0.10,
+                });
             }
             if let Some(greedy) = self.find("greedy") {
                 let s = saving(cost, greedy);
-                t.push(TargetCheck { target: "cost vs greedy: saving".into(), value: s, threshold: 0.15, met: s >= 0.15 });
+                t.push(TargetCheck {
+                    target: "cost vs greedy: saving".into(),
+                    value: s,
+                    threshold: 0.15,
+                    met: s >= 0.15,
+                });
+            }
+            // Issue 9: ahead of greedy-with-spot at no worse mean completion.
+            if let Some(gs) = self.find("greedy-spot") {
+                let s = saving(cost, gs);
+                t.push(TargetCheck {
+                    target: "cost vs greedy-spot: saving".into(),
+                    value: s,
+                    threshold: 0.0,
+                    met: s > 0.0,
+                });
+                let worse = if gs.completion_mean_s > 0.0 {
+                    cost.completion_mean_s / gs.completion_mean_s - 1.0
+                } else {
+                    0.0
+                };
+                t.push(TargetCheck {
+                    target: "cost vs greedy-spot: mean completion worse by".into(),
+                    value: worse,
+                    threshold: 0.0,
+                    met: worse <= 0.0,
+                });
             }
             let r = cost.ratio_to_lower_bound;
-            t.push(TargetCheck { target: "cost / lower bound - 1".into(), value: r - 1.0, threshold: 0.10, met: r - 1.0 <= 0.10 });
+            t.push(TargetCheck {
+                target: format!("cost / lower bound ({}) - 1", self.bound_used),
+                value: r - 1.0,
+                threshold: 0.10,
+                met: r - 1.0 <= 0.10,
+            });
             if let Some(green) = self.find("green") {
-                let cut = if cost.kg_co2 > 0.0 { 1.0 - green.kg_co2 / cost.kg_co2 } else { 0.0 };
-                let more = if cost.total_usd > 0.0 { green.total_usd / cost.total_usd - 1.0 } else { 0.0 };
-                t.push(TargetCheck { target: "green vs cost: kgCO2 cut".into(), value: cut, threshold: 0.20, met: cut >= 0.20 });
-                t.push(TargetCheck { target: "green vs cost: extra cost".into(), value: more, threshold: 0.05, met: more <= 0.05 });
+                let cut = if cost.kg_co2 > 0.0 {
+                    1.0 - green.kg_co2 / cost.kg_co2
+                } else {
+                    0.0
+                };
+                let more = if cost.total_usd > 0.0 {
+                    green.total_usd / cost.total_usd - 1.0
+                } else {
+                    0.0
+                };
+                t.push(TargetCheck {
+                    target: "green vs cost: kgCO2 cut".into(),
+                    value: cut,
+                    threshold: 0.20,
+                    met: cut >= 0.20,
+                });
+                t.push(TargetCheck {
+                    target: "green vs cost: extra cost".into(),
+                    value: more,
+                    threshold: 0.05,
+                    met: more <= 0.05,
+                });
             }
         }
         self.targets = t;
@@ -155,12 +240,50 @@ impl Report {
                 p.preemptions + p.outage_kills, p.migrations
             );
         }
-        let _ = writeln!(s, "{:<10} {:>13.0}   (each job at its cheapest feasible price, capacity relaxed)", "lower-bd", self.lower_bound_usd);
-        let _ = writeln!(s, "\nratio to lower bound:");
+        let _ = writeln!(
+            s,
+            "{:<10} {:>13.0}   (cheap bound: each job at its cheapest feasible price per unit of work, capacity relaxed)",
+            "lower-bd", self.lower_bound_usd
+        );
+        if let Some(lp) = &self.lp_bound {
+            let _ = writeln!(
+                s,
+                "{:<10} {:>13.0}   (LP relaxation: pool capacities and spot availability per {:.0} h slot, egress, all done by {:.0} h; {} groups, {} variables)",
+                "lp-bound", lp.usd, lp.slot_hours, lp.horizon_hours, lp.groups, lp.variables
+            );
+        }
+        let _ = writeln!(s, "\nratio to lower bound ({}):", self.bound_used);
         for p in &self.policies {
+            if self.policies.iter().any(|p| p.owned_fixed_usd > 0.0) {
+                let _ = writeln!(s, "\nowned hardware over the run (amortized, paid whether used or not; totals above count the used part):");
+                for p in &self.policies {
+                    let _ = writeln!(
+                        s,
+                        "  {:<12} fixed {:>12.0} USD, idle {:>5.1}%, cloud + egress {:>12.0} USD",
+                        p.policy,
+                        p.owned_fixed_usd,
+                        100.0 * p.owned_idle_share,
+                        p.total_usd - p.owned_fixed_usd * (1.0 - p.owned_idle_share)
+                    );
+                }
+            }
+            let _ = writeln!(s, "\ncost by team (USD; largest five):");
+            for p in &self.policies {
+                let mut v: Vec<(&String, &f64)> = p.cost_by_team.iter().collect();
+                v.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+                let top: Vec<String> = v
+                    .iter()
+                    .take(5)
+                    .map(|(t, u)| format!("{t} {u:.0}"))
+                    .collect();
+                let _ = writeln!(s, "  {:<12} {}", p.policy, top.join(", "));
+            }
             let _ = writeln!(s, "  {:<10} {:.3}", p.policy, p.ratio_to_lower_bound);
         }
-        let _ = writeln!(s, "\nutilization per cluster (time-averaged busy GPUs / GPUs):");
+        let _ = writeln!(
+            s,
+            "\nutilization per cluster (time-averaged busy GPUs / GPUs):"
+        );
         if let Some(first) = self.policies.first() {
             let _ = write!(s, "  {:<10}", "");
             for c in first.utilization.keys() {
@@ -175,7 +298,10 @@ impl Report {
             }
             let _ = writeln!(s);
         }
-        let _ = writeln!(s, "\ncompute spend by pool (GPU-hours paid / USD; std = on-demand or on-prem):");
+        let _ = writeln!(
+            s,
+            "\ncompute spend by pool (GPU-hours paid / USD; std = on-demand or on-prem):"
+        );
         for p in &self.policies {
             let mut v: Vec<(&String, &Spend)> = p.spend.iter().collect();
             v.sort_by(|a, b| b.1.usd.total_cmp(&a.1.usd).then(a.0.cmp(b.0)));
@@ -192,7 +318,10 @@ impl Report {
                 let _ = writeln!(
                     s,
                     "  [{}] {:<45} {:>7.1}% (threshold {:.0}%)",
-                    if t.met { "met " } else { "MISS" }, t.target, 100.0 * t.value, 100.0 * t.threshold
+                    if t.met { "met " } else { "MISS" },
+                    t.target,
+                    100.0 * t.value,
+                    100.0 * t.threshold
                 );
             }
         }
@@ -223,15 +352,45 @@ fn hms(s: f64) -> String {
 }
 
 const COLORS: [&str; 10] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
 ];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
-/// A minimal line chart: each series is (label, points).
-pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+/// A round axis step for `max` over about `n` ticks: 1, 2 or 5 × 10^k.
+pub fn nice_step(max: f64, n: f64) -> f64 {
+    if !(max.is_finite() && max > 0.0) {
+        return 1.0;
+    }
+    let raw = max / n;
+    let mag = 10f64.powf(raw.log10().floor());
+    let f = raw / mag;
+    mag * if f <= 1.0 {
+        1.0
+    } else if f <= 2.0 {
+        2.0
+    } else if f <= 5.0 {
+        5.0
+    } else {
+        10.0
+    }
+}
+
+/// A minimal line chart: each series is (label, points); `hline` draws a dashed
+/// horizontal reference (label, y), e.g. the lower bound of a cumulative cost.
+/// Axes end at a round value with ticks at round steps.
+pub fn line_chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    hline: Option<(&str, f64)>,
+) -> String {
     let (w, h) = (900.0, 500.0);
     let (ml, mr, mt, mb) = (80.0, 180.0, 40.0, 50.0);
     let pw = w - ml - mr;
@@ -247,25 +406,97 @@ pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[(Stri
     if xmax <= 0.0 {
         xmax = 1.0;
     }
+    if let Some((_, y)) = hline {
+        if y.is_finite() {
+            ymax = ymax.max(y);
+        }
+    }
     if ymax <= 0.0 {
         ymax = 1.0;
     }
+    let (xstep, ystep) = (nice_step(xmax, 6.0), nice_step(ymax, 5.0));
+    let (xmax, ymax) = ((xmax / xstep).ceil() * xstep, (ymax / ystep).ceil() * ystep);
     let mut s = String::new();
-    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, ml + pw / 2.0, esc(title));
-    let _ = writeln!(s, r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, mt + ph, ml + pw, mt + ph);
-    let _ = writeln!(s, r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#, mt + ph);
-    for i in 0..=5 {
-        let f = i as f64 / 5.0;
-        let y = mt + ph - f * ph;
-        let x = ml + f * pw;
-        let _ = writeln!(s, r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="gray" stroke-opacity="0.3"/>"#, ml + pw);
-        let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, ml - 5.0, y + 4.0, fmt_num(f * ymax));
-        let _ = writeln!(s, r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#, mt + ph + 16.0, fmt_num(f * xmax));
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
+        ml + pw / 2.0,
+        esc(title)
+    );
+    let _ = writeln!(
+        s,
+        r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
+        mt + ph,
+        ml + pw,
+        mt + ph
+    );
+    let _ = writeln!(
+        s,
+        r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#,
+        mt + ph
+    );
+    let ny = (ymax / ystep).round() as usize;
+    for i in 0..=ny {
+        let v = i as f64 * ystep;
+        let y = mt + ph - v / ymax * ph;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="gray" stroke-opacity="0.3"/>"#,
+            ml + pw
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+            ml - 5.0,
+            y + 4.0,
+            fmt_num(v)
+        );
     }
-    let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, ml + pw / 2.0, h - 10.0, esc(x_label));
-    let _ = writeln!(s, r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#, mt + ph / 2.0, mt + ph / 2.0, esc(y_label));
+    let nx = (xmax / xstep).round() as usize;
+    for i in 0..=nx {
+        let v = i as f64 * xstep;
+        let x = ml + v / xmax * pw;
+        let _ = writeln!(
+            s,
+            r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            mt + ph + 16.0,
+            fmt_num(v)
+        );
+    }
+    if let Some((label, yv)) = hline.filter(|h| h.1.is_finite() && h.1 > 0.0) {
+        let y = mt + ph - yv / ymax * ph;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="black" stroke-dasharray="6 4"/>"#,
+            ml + pw
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{:.1}">{}</text>"#,
+            ml + 6.0,
+            y - 4.0,
+            esc(label)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        ml + pw / 2.0,
+        h - 10.0,
+        esc(x_label)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#,
+        mt + ph / 2.0,
+        mt + ph / 2.0,
+        esc(y_label)
+    );
     for (i, (label, pts)) in series.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         let mut d = String::new();
@@ -274,10 +505,25 @@ pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[(Stri
             let py = mt + ph - y / ymax * ph;
             let _ = write!(d, "{}{px:.1},{py:.1} ", if k == 0 { "M" } else { "L" });
         }
-        let _ = writeln!(s, r#"<path d="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#, d.trim_end());
+        let _ = writeln!(
+            s,
+            r#"<path d="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#,
+            d.trim_end()
+        );
         let ly = mt + 14.0 * i as f64 + 6.0;
-        let _ = writeln!(s, r#"<rect x="{}" y="{}" width="12" height="3" fill="{c}"/>"#, ml + pw + 10.0, ly);
-        let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, ml + pw + 26.0, ly + 5.0, esc(label));
+        let _ = writeln!(
+            s,
+            r#"<rect x="{}" y="{}" width="12" height="3" fill="{c}"/>"#,
+            ml + pw + 10.0,
+            ly
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            ml + pw + 26.0,
+            ly + 5.0,
+            esc(label)
+        );
     }
     s.push_str("</svg>\n");
     s
@@ -297,27 +543,65 @@ fn fmt_num(v: f64) -> String {
 }
 
 /// Write `report.json`, `cost.svg` and `util-<policy>.svg` into `dir`.
-pub fn write_outputs(report: &Report, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+pub fn write_outputs(
+    report: &Report,
+    dir: &std::path::Path,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
     let json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
     let p = dir.join("report.json");
     std::fs::write(&p, json + "\n")?;
     written.push(p);
-    let series: Vec<_> = report.policies.iter().map(|p| (p.policy.clone(), p.cost_series.clone())).collect();
+    let series: Vec<_> = report
+        .policies
+        .iter()
+        .map(|p| (p.policy.clone(), p.cost_series.clone()))
+        .collect();
     let p = dir.join("cost.svg");
-    std::fs::write(&p, line_chart_svg("Cumulative cost", "hours since first submission", "USD", &series))?;
+    std::fs::write(
+        &p,
+        line_chart_svg(
+            "Cumulative cost",
+            "hours since first submission",
+            "USD",
+            &series,
+            Some((
+                &format!(
+                    "lower bound ({}) {:.0} USD",
+                    report.bound_used,
+                    report.bound_usd()
+                ),
+                report.bound_usd(),
+            )),
+        ),
+    )?;
     written.push(p);
     for pol in &report.policies {
         let series: Vec<_> = pol
             .util_series
             .iter()
             .map(|(c, v)| {
-                (c.clone(), v.iter().enumerate().map(|(i, u)| (i as f64 * pol.bucket_hours, 100.0 * u)).collect())
+                (
+                    c.clone(),
+                    v.iter()
+                        .enumerate()
+                        .map(|(i, u)| (i as f64 * pol.bucket_hours, 100.0 * u))
+                        .collect(),
+                )
             })
             .collect();
         let p = dir.join(format!("util-{}.svg", pol.policy));
-        std::fs::write(&p, line_chart_svg(&format!("Utilization per cluster: {}", pol.policy), "hours since first submission", "busy GPUs %", &series))?;
+        std::fs::write(
+            &p,
+            line_chart_svg(
+                &format!("Utilization per cluster: {}", pol.policy),
+                "hours since first submission",
+                "busy GPUs %",
+                &series,
+                None,
+            ),
+        )?;
         written.push(p);
     }
     Ok(written)
@@ -341,9 +625,32 @@ mod tests {
 
     #[test]
     fn svg_is_well_formed_enough() {
-        let s = line_chart_svg("t<", "x", "y", &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])]);
+        let s = line_chart_svg(
+            "t<",
+            "x",
+            "y",
+            &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])],
+            Some(("lb", 1.5)),
+        );
         assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
         assert!(s.contains("t&lt;"));
         assert!(s.contains("M80.0,450.0 L720.0,40.0"));
+        // the bound is a dashed line at 1.5 of 2 (y = 40 + 410 × 0.25), ticks are round
+        assert!(
+            s.contains(r#"y1="142.5" x2="720" y2="142.5" stroke="black" stroke-dasharray"#),
+            "{s}"
+        );
+        assert!(
+            s.contains(">0.50</text>") && s.contains(">1.50</text>"),
+            "{s}"
+        );
+        assert_eq!(
+            (
+                nice_step(1904.0, 6.0),
+                nice_step(670_013.0, 5.0),
+                nice_step(0.9, 5.0)
+            ),
+            (500.0, 200_000.0, 0.2)
+        );
     }
 }

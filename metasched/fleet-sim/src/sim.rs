@@ -21,6 +21,10 @@ pub struct SimPool {
     pub gpus: u32,
     /// Index into the spot traces when this pool sells spot capacity.
     pub spot_trace: Option<usize>,
+    /// The pool sells spot capacity (with no trace: always available, never reclaimed).
+    pub sells_spot: bool,
+    /// Owned hardware: its amortized USD per GPU-hour, a fixed cost whether used or not.
+    pub owned_usd_per_gpu_hour: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -31,16 +35,21 @@ pub struct SimCluster {
 
 /// A job as replayed. `duration_s` is the trace run time, also given to the engine as
 /// the user's estimate (the trace has no separate estimate).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimJob {
     pub id: usize,
     pub submit_s: f64,
+    /// Work in seconds at the reference GPU's speed.
     pub duration_s: f64,
     pub gpus: u32,
     pub home: usize,
     pub interruptible: bool,
     /// 0 = never checkpoints (an eviction loses everything).
     pub checkpoint_s: f64,
+    /// GPU-model constraints and datasets of the generic trace format.
+    pub extra: crate::trace::JobExtra,
+    /// The trace's team label (cost per team in the report).
+    pub team: String,
 }
 
 /// The dynamic state of a pool handed to the model when it ranks offers.
@@ -73,10 +82,36 @@ pub struct Offer {
     pub pool: usize,
     pub spot: bool,
     pub usd_per_gpu_hour: f64,
-    /// One-off USD when the job lands there (dataset/checkpoint egress).
+    /// One-off USD when the job lands there (dataset staging not yet done there,
+    /// checkpoint transfer of a resumed job).
     pub egress_usd: f64,
     /// The model's score (lower is better); informative only.
     pub score: f64,
+    /// Speed of the pool's GPUs relative to the reference GPU: the job's remaining
+    /// work (reference seconds) runs in `work / speed` seconds here.
+    pub speed: f64,
+    /// Seconds the job holds its GPUs before doing work (node provisioning on
+    /// cloud, checkpoint restore when resuming): billed, not progress.
+    pub setup_s: f64,
+    /// Seconds between the decision and joining the pool's queue (remote
+    /// submission, dataset staging, checkpoint transfer): delay, not billed.
+    pub delay_s: f64,
+}
+
+impl Default for Offer {
+    fn default() -> Self {
+        Offer {
+            cluster: 0,
+            pool: 0,
+            spot: false,
+            usd_per_gpu_hour: 0.0,
+            egress_usd: 0.0,
+            score: 0.0,
+            speed: 1.0,
+            setup_s: 0.0,
+            delay_s: 0.0,
+        }
+    }
 }
 
 /// A running job offered to the rebalancing pass.
@@ -107,8 +142,26 @@ pub trait Model {
     fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer>;
     /// kgCO2 of `gpus` GPUs of pool (`cluster`, `pool`) running over `[t0, t1)`.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64;
+    /// Every feasible option of a job (each pool and pricing) on an idle fleet,
+    /// for the LP bound. Default: the lower-bound offers.
+    fn options(&mut self, job: &SimJob) -> Vec<Offer> {
+        let empty = idle_load(self.clusters());
+        self.offers("lower-bound", job, job.submit_s, &empty)
+    }
+    /// The job lands on `offer` (its datasets are staged there from now on).
+    fn landed(&mut self, _job: &SimJob, _offer: &Offer) {}
+    /// Progress of a job about to be placed again: the share of its work saved in
+    /// a checkpoint and the cluster that holds it (`None`: a fresh start).
+    fn resume(&mut self, _job: &SimJob, _done_fraction: f64, _ckpt_at: Option<usize>) {}
     /// Migration proposals for running interruptible jobs.
-    fn rebalance(&mut self, policy: &str, now: f64, jobs: &[SimJob], running: &[RunningJob], load: &[ClusterLoad]) -> Vec<Move>;
+    fn rebalance(
+        &mut self,
+        policy: &str,
+        now: f64,
+        jobs: &[SimJob],
+        running: &[RunningJob],
+        load: &[ClusterLoad],
+    ) -> Vec<Move>;
 }
 
 /// How a run picks among the model's offers.
@@ -123,7 +176,19 @@ pub enum Strategy {
     Greedy,
     /// Uniformly random feasible offer (seeded).
     Random,
+    /// Greedy with spot for interruptible jobs; a preempted job is relaunched
+    /// the same way from its last checkpoint (managed-spot tools).
+    GreedySpot,
+    /// Sibling submission to every feasible cluster; runs where it starts first.
+    FirstStart,
 }
+
+/// Policy names the baselines ask the model for.
+pub const HOME_ONLY: &str = "home-only";
+pub const GREEDY: &str = "greedy";
+pub const GREEDY_SPOT: &str = "greedy-spot";
+pub const FIRST_START: &str = "first-start";
+pub const RANDOM: &str = "random";
 
 impl Strategy {
     pub fn name(&self) -> String {
@@ -132,6 +197,8 @@ impl Strategy {
             Strategy::HomeOnly => "home-only".into(),
             Strategy::Greedy => "greedy".into(),
             Strategy::Random => "random".into(),
+            Strategy::GreedySpot => GREEDY_SPOT.into(),
+            Strategy::FirstStart => FIRST_START.into(),
         }
     }
 }
@@ -150,15 +217,32 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { seed: 1, outages: Vec::new(), rebalance_every_s: 3600.0, bucket_s: 6.0 * 3600.0 }
+        SimConfig {
+            seed: 1,
+            outages: Vec::new(),
+            rebalance_every_s: 3600.0,
+            bucket_s: 6.0 * 3600.0,
+        }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Ev {
     Arrival(usize),
-    Finish { job: usize, epoch: u32 },
-    Spot { cluster: usize, pool: usize, fraction: f64 },
+    /// The job joins its chosen pool's queue (after remote submission and staging).
+    Ready {
+        job: usize,
+        gen: u32,
+    },
+    Finish {
+        job: usize,
+        epoch: u32,
+    },
+    Spot {
+        cluster: usize,
+        pool: usize,
+        fraction: f64,
+    },
     OutageStart(usize),
     OutageEnd(usize),
     Rebalance,
@@ -222,6 +306,12 @@ struct JobState {
     moved: bool,
     parked: bool,
     planned_end: f64,
+    /// Placement generation (a Ready event of an older placement is stale).
+    gen: u32,
+    /// Setup seconds of the current run segment (provisioning, restore).
+    setup_s: f64,
+    /// Cluster holding the job's last checkpoint.
+    ckpt_at: Option<usize>,
 }
 
 struct Sim<'a, M: Model> {
@@ -251,6 +341,12 @@ struct Sim<'a, M: Model> {
     /// Compute spend by (cluster, pool, spot).
     spend: BTreeMap<(usize, usize, bool), crate::report::Spend>,
     busy: Vec<Vec<f64>>, // per cluster, per bucket: GPU-seconds
+    /// Reused buffer of the pools' load handed to the model.
+    load_buf: Vec<ClusterLoad>,
+    /// USD (compute + egress) per team.
+    team_usd: BTreeMap<String, f64>,
+    /// GPU-seconds paid on owned pools.
+    owned_busy_gpu_s: f64,
     last_t: f64,
     arrivals_left: usize,
     settled: usize,
@@ -284,8 +380,12 @@ pub fn simulate<M: Model>(
                 .iter()
                 .map(|p| PoolState {
                     cap: p.gpus,
-                    spot_fraction: if p.spot_trace.is_some() { 1.0 } else { 0.0 },
-                    has_spot: p.spot_trace.is_some(),
+                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                    has_spot: p.spot_trace.is_some() || p.sells_spot,
                     ..Default::default()
                 })
                 .collect()
@@ -315,6 +415,9 @@ pub fn simulate<M: Model>(
         cost_buckets: Vec::new(),
         spend: BTreeMap::new(),
         busy: vec![Vec::new(); clusters.len()],
+        load_buf: Vec::new(),
+        team_usd: BTreeMap::new(),
+        owned_busy_gpu_s: 0.0,
         last_t: 0.0,
         arrivals_left: jobs.len(),
         settled: 0,
@@ -322,14 +425,19 @@ pub fn simulate<M: Model>(
     for (i, j) in jobs.iter().enumerate() {
         sim.push(j.submit_s, Ev::Arrival(i));
     }
-    let horizon = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max)
-        + jobs.iter().map(|j| j.duration_s).fold(0.0, f64::max) * 2.0
-        + 86_400.0;
+    // Spot changes are generated one at a time as the clock reaches them.
     for (ci, c) in clusters.iter().enumerate() {
         for (pi, p) in c.pools.iter().enumerate() {
             if let Some(tr) = p.spot_trace.and_then(|i| spot.get(i)) {
-                for (t, f) in tr.changes(horizon) {
-                    sim.push(t, Ev::Spot { cluster: ci, pool: pi, fraction: f });
+                if tr.max > 0 {
+                    sim.push(
+                        0.0,
+                        Ev::Spot {
+                            cluster: ci,
+                            pool: pi,
+                            fraction: tr.fraction_at(0.0),
+                        },
+                    );
                 }
             }
         }
@@ -352,6 +460,11 @@ pub fn simulate<M: Model>(
         }
         sim.last_t = t;
         match ev {
+            Ev::Ready { job, gen } => {
+                if sim.js[job].gen == gen && sim.js[job].run_start.is_none() {
+                    sim.join_queue(job, t);
+                }
+            }
             Ev::Arrival(j) => {
                 sim.arrivals_left -= 1;
                 done_arrivals += 1;
@@ -365,7 +478,27 @@ pub fn simulate<M: Model>(
                     sim.finish(job, t);
                 }
             }
-            Ev::Spot { cluster, pool, fraction } => sim.spot_change(cluster, pool, fraction, t),
+            Ev::Spot {
+                cluster,
+                pool,
+                fraction,
+            } => {
+                sim.spot_change(cluster, pool, fraction, t);
+                let next = clusters[cluster].pools[pool]
+                    .spot_trace
+                    .and_then(|i| spot.get(i))
+                    .and_then(|tr| tr.next_change(t));
+                if let Some((t2, f)) = next {
+                    sim.push(
+                        t2,
+                        Ev::Spot {
+                            cluster,
+                            pool,
+                            fraction: f,
+                        },
+                    );
+                }
+            }
             Ev::OutageStart(c) => sim.outage_start(c, t),
             Ev::OutageEnd(c) => sim.outage_end(c, t),
             Ev::Rebalance => {
@@ -389,7 +522,11 @@ pub fn simulate<M: Model>(
 impl<M: Model> Sim<'_, M> {
     fn push(&mut self, t: f64, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Event { t, seq: self.seq, ev });
+        self.heap.push(Event {
+            t,
+            seq: self.seq,
+            ev,
+        });
     }
 
     fn all_settled(&self) -> bool {
@@ -398,41 +535,43 @@ impl<M: Model> Sim<'_, M> {
 
     /// The pools' load as a job of `gpus` GPUs arriving at `now` sees it. `estimate`:
     /// fill in `est_wait_s` (left 0 for the baselines that put no value on time).
-    fn load(&self, now: f64, gpus: u32, estimate: bool) -> Vec<ClusterLoad> {
-        self.pools
-            .iter()
-            .enumerate()
-            .map(|(ci, ps)| ClusterLoad {
-                up: self.up[ci],
-                pools: ps
-                    .iter()
-                    .map(|p| {
-                        let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
-                        let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
-                        // GPUs a newcomer may take now: what the queue's head has not
-                        // reserved (the others could not start in it, see `try_start`).
-                        let start_free = match p.queue.front() {
-                            Some(&h) => free - free.min(self.jobs[h].gpus),
-                            None => free,
-                        };
-                        let est_wait_s = if gpus <= start_free || !estimate {
-                            0.0
-                        } else {
-                            self.start_estimate(p, now, gpus) - now
-                        };
-                        PoolLoad {
-                            capacity: p.cap,
-                            free,
-                            start_free,
-                            spot_free,
-                            spot_fraction: p.spot_fraction,
-                            queued_jobs: p.queue.len(),
-                            est_wait_s,
-                        }
-                    })
-                    .collect(),
-            })
-            .collect()
+    fn load(&mut self, now: f64, gpus: u32, estimate: bool) -> Vec<ClusterLoad> {
+        // One buffer reused for every decision (no allocation per placement).
+        let mut buf = std::mem::take(&mut self.load_buf);
+        buf.resize_with(self.pools.len(), ClusterLoad::default);
+        for (ci, (ps, cl)) in self.pools.iter().zip(buf.iter_mut()).enumerate() {
+            cl.up = self.up[ci];
+            cl.pools.resize_with(ps.len(), PoolLoad::default);
+            for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
+                let free = if self.up[ci] {
+                    p.cap.saturating_sub(p.used)
+                } else {
+                    0
+                };
+                let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
+                // GPUs a newcomer may take now: what the queue's head has not
+                // reserved (the others could not start in it, see `try_start`).
+                let start_free = match p.queue.front() {
+                    Some(&h) => free - free.min(self.jobs[h].gpus),
+                    None => free,
+                };
+                let est_wait_s = if gpus <= start_free || !estimate {
+                    0.0
+                } else {
+                    self.start_estimate(p, now, gpus) - now
+                };
+                *pl = PoolLoad {
+                    capacity: p.cap,
+                    free,
+                    start_free,
+                    spot_free,
+                    spot_fraction: p.spot_fraction,
+                    queued_jobs: p.queue.len(),
+                    est_wait_s,
+                };
+            }
+        }
+        buf
     }
 
     /// When a job of `gpus` GPUs joining the back of `p`'s queue now would start, the
@@ -444,14 +583,31 @@ impl<M: Model> Sim<'_, M> {
         use std::cmp::Reverse;
         // (end in ms, GPUs released), earliest first. Integer ms keep the heap total.
         let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
-        let mut ends: BinaryHeap<Reverse<(u64, u32)>> =
-            p.running.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))).collect();
+        let mut ends: BinaryHeap<Reverse<(u64, u32)>> = p
+            .running
+            .iter()
+            .map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus)))
+            .collect();
         let mut free = p.cap.saturating_sub(p.used);
         let mut t = key(now);
-        let queued = p.queue.iter().map(|&j| (self.jobs[j].gpus, self.jobs[j].duration_s - self.js[j].progress_s));
+        // A queued job holds its GPUs for its setup and the rest of its work at
+        // this pool's speed.
+        let queued = p.queue.iter().map(|&j| {
+            let (speed, setup) = self.js[j]
+                .at
+                .as_ref()
+                .map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0)))
+                .unwrap_or((1.0, 0.0));
+            (
+                self.jobs[j].gpus,
+                setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed,
+            )
+        });
         for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
             while free < g {
-                let Some(Reverse((end, r))) = ends.pop() else { return f64::INFINITY };
+                let Some(Reverse((end, r))) = ends.pop() else {
+                    return f64::INFINITY;
+                };
                 free += r;
                 t = t.max(end);
             }
@@ -461,35 +617,86 @@ impl<M: Model> Sim<'_, M> {
         t as f64 / 1000.0
     }
 
-    fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
+    /// What running the rest of job `j` on `o` costs: compute for the remaining
+    /// work at the pool's speed plus setup, and the one-off egress.
+    fn job_cost(&self, j: usize, o: &Offer) -> f64 {
         let job = &self.jobs[j];
-        let estimate = !matches!(self.strategy, Strategy::HomeOnly | Strategy::Greedy);
-        let load = self.load(now, job.gpus, estimate);
+        let run_s =
+            (job.duration_s - self.js[j].progress_s).max(0.0) / o.speed.max(1e-9) + o.setup_s;
+        o.usd_per_gpu_hour * job.gpus as f64 * run_s / 3600.0 + o.egress_usd
+    }
+
+    fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
+        let estimate = !matches!(
+            self.strategy,
+            Strategy::HomeOnly | Strategy::Greedy | Strategy::GreedySpot
+        );
+        let load = self.load(now, self.jobs[j].gpus, estimate);
+        let r = self.choose_with(j, now, &load);
+        self.load_buf = load;
+        r
+    }
+
+    fn choose_with(&mut self, j: usize, now: f64, load: &[ClusterLoad]) -> Option<Offer> {
+        let job = &self.jobs[j];
+        let cheapest = |sim: &Self, offers: &mut dyn Iterator<Item = &Offer>| {
+            offers
+                .min_by(|a, b| sim.job_cost(j, a).total_cmp(&sim.job_cost(j, b)))
+                .cloned()
+        };
         match self.strategy.clone() {
-            Strategy::Engine(p) => self.model.offers(&p, job, now, &load).into_iter().next(),
-            Strategy::HomeOnly => self
-                .model
-                .offers("home-only", job, now, &load)
-                .into_iter()
-                .filter(|o| o.cluster == job.home && !o.spot)
-                .min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)),
-            Strategy::Greedy => {
-                let offers: Vec<Offer> =
-                    self.model.offers("greedy", job, now, &load).into_iter().filter(|o| !o.spot).collect();
-                let cheapest = |it: &mut dyn Iterator<Item = &Offer>| {
-                    it.min_by(|a, b| {
-                        (a.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0 + a.egress_usd)
-                            .total_cmp(&(b.usd_per_gpu_hour * job.gpus as f64 * job.duration_s / 3600.0 + b.egress_usd))
+            Strategy::Engine(p) => self.model.offers(&p, job, now, load).into_iter().next(),
+            Strategy::HomeOnly => {
+                let offers = self.model.offers(HOME_ONLY, job, now, load);
+                cheapest(
+                    self,
+                    &mut offers.iter().filter(|o| o.cluster == job.home && !o.spot),
+                )
+            }
+            Strategy::Greedy | Strategy::GreedySpot => {
+                // SkyPilot-like: the cheapest launch that has capacity now, else the
+                // cheapest overall (failover). Spot only for greedy-spot and only for
+                // interruptible jobs (the model offers spot only then).
+                let spot_ok = self.strategy == Strategy::GreedySpot;
+                let name = if spot_ok { GREEDY_SPOT } else { GREEDY };
+                let offers: Vec<Offer> = self
+                    .model
+                    .offers(name, job, now, load)
+                    .into_iter()
+                    .filter(|o| spot_ok || !o.spot)
+                    .collect();
+                let free_now = cheapest(
+                    self,
+                    &mut offers.iter().filter(|o| {
+                        let p = &load[o.cluster].pools[o.pool];
+                        let have = if o.spot {
+                            p.spot_free.min(p.start_free)
+                        } else {
+                            p.start_free
+                        };
+                        have >= job.gpus && p.queued_jobs == 0
+                    }),
+                );
+                free_now.or_else(|| cheapest(self, &mut offers.iter()))
+            }
+            Strategy::FirstStart => {
+                // Sibling submission (Slurm federation): the job is queued everywhere
+                // it may run and runs where it starts first; modelled as the offer
+                // with the earliest estimated start (delay + FIFO start estimate),
+                // cheaper first on ties.
+                let offers = self.model.offers(FIRST_START, job, now, load);
+                offers
+                    .iter()
+                    .min_by(|a, b| {
+                        let sa = a.delay_s + load[a.cluster].pools[a.pool].est_wait_s;
+                        let sb = b.delay_s + load[b.cluster].pools[b.pool].est_wait_s;
+                        sa.total_cmp(&sb)
+                            .then(self.job_cost(j, a).total_cmp(&self.job_cost(j, b)))
                     })
                     .cloned()
-                };
-                let free_now = cheapest(&mut offers.iter().filter(|o| {
-                    load[o.cluster].pools[o.pool].free >= job.gpus && load[o.cluster].pools[o.pool].queued_jobs == 0
-                }));
-                free_now.or_else(|| cheapest(&mut offers.iter()))
             }
             Strategy::Random => {
-                let offers = self.model.offers("random", job, now, &load);
+                let offers = self.model.offers(RANDOM, job, now, load);
                 if offers.is_empty() {
                     None
                 } else {
@@ -501,6 +708,8 @@ impl<M: Model> Sim<'_, M> {
     }
 
     fn place(&mut self, j: usize, now: f64) {
+        let done = self.js[j].progress_s / self.jobs[j].duration_s.max(1e-9);
+        self.model.resume(&self.jobs[j], done, self.js[j].ckpt_at);
         match self.choose(j, now) {
             Some(o) => self.enqueue(j, o, now),
             None => {
@@ -515,6 +724,8 @@ impl<M: Model> Sim<'_, M> {
         }
     }
 
+    /// The job is sent to `o`: egress is paid now (data staged there is kept for
+    /// later placements), and it joins the pool's queue after `o.delay_s`.
     fn enqueue(&mut self, j: usize, o: Offer, now: f64) {
         let job = &self.jobs[j];
         if o.cluster != job.home {
@@ -522,12 +733,26 @@ impl<M: Model> Sim<'_, M> {
         }
         if o.egress_usd > 0.0 {
             self.egress_usd += o.egress_usd;
+            *self.team_usd.entry(job.team.clone()).or_default() += o.egress_usd;
             self.cost_events.push((now, o.egress_usd));
         }
-        let (c, p) = (o.cluster, o.pool);
+        self.model.landed(job, &o);
+        let delay = o.delay_s.max(0.0);
         self.js[j].at = Some(o);
-        let ps = &mut self.pools[c][p];
-        ps.queue.push_back(j);
+        self.js[j].gen += 1;
+        if delay > 0.0 {
+            let gen = self.js[j].gen;
+            self.push(now + delay, Ev::Ready { job: j, gen });
+        } else {
+            self.join_queue(j, now);
+        }
+    }
+
+    fn join_queue(&mut self, j: usize, now: f64) {
+        let Some((c, p)) = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool)) else {
+            return;
+        };
+        self.pools[c][p].queue.push_back(j);
         self.try_start(c, p, now);
     }
 
@@ -578,7 +803,14 @@ impl<M: Model> Sim<'_, M> {
     fn start(&mut self, j: usize, c: usize, p: usize, now: f64) {
         let job = &self.jobs[j];
         let g = job.gpus;
-        let remaining = job.duration_s - self.js[j].progress_s;
+        let (speed, setup) = self.js[j]
+            .at
+            .as_ref()
+            .map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0)))
+            .unwrap_or((1.0, 0.0));
+        // Wall time here: setup (billed, no progress), then the rest of the work at
+        // this pool's speed.
+        let remaining = setup + (job.duration_s - self.js[j].progress_s).max(0.0) / speed;
         let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
         let ps = &mut self.pools[c][p];
         ps.used += g;
@@ -588,6 +820,7 @@ impl<M: Model> Sim<'_, M> {
             ps.running_spot.push(j);
         }
         let s = &mut self.js[j];
+        s.setup_s = setup;
         s.planned_end = now + remaining;
         s.run_start = Some(now);
         s.first_start.get_or_insert(now);
@@ -599,12 +832,26 @@ impl<M: Model> Sim<'_, M> {
     /// Stop a running job at `now`: account its segment, free its GPUs. Returns the
     /// seconds it ran in this segment.
     fn stop(&mut self, j: usize, now: f64) -> f64 {
-        let Some(start) = self.js[j].run_start.take() else { return 0.0 };
-        let Some(o) = self.js[j].at.clone() else { return 0.0 };
+        let Some(start) = self.js[j].run_start.take() else {
+            return 0.0;
+        };
+        let Some(o) = self.js[j].at.clone() else {
+            return 0.0;
+        };
         let g = self.jobs[j].gpus;
         let seg = (now - start).max(0.0);
         let usd = o.usd_per_gpu_hour * g as f64 * seg / 3600.0;
         self.compute_usd += usd;
+        *self.team_usd.entry(self.jobs[j].team.clone()).or_default() += usd;
+        let owned = self
+            .model
+            .clusters()
+            .get(o.cluster)
+            .and_then(|c| c.pools.get(o.pool))
+            .is_some_and(|p| p.owned_usd_per_gpu_hour.is_some());
+        if owned {
+            self.owned_busy_gpu_s += g as f64 * seg;
+        }
         let sp = self.spend.entry((o.cluster, o.pool, o.spot)).or_default();
         sp.gpu_hours += g as f64 * seg / 3600.0;
         sp.usd += usd;
@@ -661,11 +908,27 @@ impl<M: Model> Sim<'_, M> {
     /// Evict a running job: it keeps the work up to its last checkpoint.
     fn evict(&mut self, j: usize, now: f64) {
         let at = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool, o.spot));
+        let speed = self.js[j]
+            .at
+            .as_ref()
+            .map(|o| o.speed.max(1e-9))
+            .unwrap_or(1.0);
         let seg = self.stop(j, now);
+        // Work time of the segment (after setup); checkpoints every
+        // `checkpoint_s` of it, each saving `checkpoint_s × speed` of work.
+        let worked = (seg - self.js[j].setup_s).max(0.0);
         let ck = self.jobs[j].checkpoint_s;
-        let saved = if ck > 0.0 { (seg / ck).floor() * ck } else { 0.0 };
-        self.js[j].progress_s += saved;
-        let lost = (seg - saved) * self.jobs[j].gpus as f64;
+        let saved = if ck > 0.0 {
+            (worked / ck).floor() * ck
+        } else {
+            0.0
+        };
+        if saved > 0.0 {
+            self.js[j].progress_s =
+                (self.js[j].progress_s + saved * speed).min(self.jobs[j].duration_s);
+            self.js[j].ckpt_at = at.map(|x| x.0);
+        }
+        let lost = (worked - saved) * self.jobs[j].gpus as f64;
         self.lost_gpu_s += lost;
         if let Some(k) = at {
             self.spend.entry(k).or_default().lost_gpu_hours += lost / 3600.0;
@@ -677,7 +940,9 @@ impl<M: Model> Sim<'_, M> {
         let limit = self.pools[c][p].spot_limit();
         let mut evicted = Vec::new();
         while self.pools[c][p].spot_used > limit {
-            let Some(&j) = self.pools[c][p].running_spot.last() else { break };
+            let Some(&j) = self.pools[c][p].running_spot.last() else {
+                break;
+            };
             self.evict(j, now);
             evicted.push(j);
         }
@@ -720,7 +985,9 @@ impl<M: Model> Sim<'_, M> {
     }
 
     fn rebalance(&mut self, now: f64) {
-        let Strategy::Engine(policy) = self.strategy.clone() else { return };
+        let Strategy::Engine(policy) = self.strategy.clone() else {
+            return;
+        };
         let mut running = Vec::new();
         for (ci, ps) in self.pools.iter().enumerate() {
             for (pi, p) in ps.iter().enumerate() {
@@ -732,8 +999,13 @@ impl<M: Model> Sim<'_, M> {
                     let s = &self.js[j];
                     let Some(start) = s.run_start else { continue };
                     let Some(o) = s.at.as_ref() else { continue };
-                    let seg = now - start;
-                    let since = if job.checkpoint_s > 0.0 { seg % job.checkpoint_s } else { seg + s.progress_s };
+                    let worked = (now - start - s.setup_s).max(0.0);
+                    let speed = o.speed.max(1e-9);
+                    let since = if job.checkpoint_s > 0.0 {
+                        worked % job.checkpoint_s
+                    } else {
+                        worked + s.progress_s / speed
+                    };
                     running.push(RunningJob {
                         job: j,
                         cluster: ci,
@@ -741,7 +1013,7 @@ impl<M: Model> Sim<'_, M> {
                         spot: o.spot,
                         gpus: job.gpus,
                         usd_per_gpu_hour: o.usd_per_gpu_hour,
-                        remaining_s: job.duration_s - s.progress_s - seg,
+                        remaining_s: ((job.duration_s - s.progress_s) / speed - worked).max(0.0),
                         since_checkpoint_s: since,
                     });
                 }
@@ -752,19 +1024,32 @@ impl<M: Model> Sim<'_, M> {
         }
         running.sort_by_key(|r| r.job);
         let load = self.load(now, 1, true);
-        let moves = self.model.rebalance(&policy, now, self.jobs, &running, &load);
+        let moves = self
+            .model
+            .rebalance(&policy, now, self.jobs, &running, &load);
         // Carry out only moves whose target can start the job right away, and never
         // more than the target's free GPUs (the proposals are made on one snapshot).
-        let mut free: Vec<Vec<(u32, u32)>> =
-            load.iter().map(|c| c.pools.iter().map(|p| (p.free, p.spot_free)).collect()).collect();
+        let mut free: Vec<Vec<(u32, u32)>> = load
+            .iter()
+            .map(|c| c.pools.iter().map(|p| (p.free, p.spot_free)).collect())
+            .collect();
         for m in moves {
             let j = m.job;
             if self.js[j].run_start.is_none() {
                 continue;
             }
             let g = self.jobs[j].gpus;
-            let Some(slot) = free.get_mut(m.to.cluster).and_then(|c| c.get_mut(m.to.pool)) else { continue };
-            let have = if m.to.spot { slot.0.min(slot.1) } else { slot.0 };
+            let Some(slot) = free
+                .get_mut(m.to.cluster)
+                .and_then(|c| c.get_mut(m.to.pool))
+            else {
+                continue;
+            };
+            let have = if m.to.spot {
+                slot.0.min(slot.1)
+            } else {
+                slot.0
+            };
             if g > have || !self.up[m.to.cluster] {
                 continue;
             }
@@ -804,6 +1089,19 @@ impl<M: Model> Sim<'_, M> {
             compl.push(s.finish.unwrap_or(job.submit_s) - job.submit_s);
         }
         let total = self.compute_usd + self.egress_usd;
+        // Owned hardware over the run: (GPU-hours available, fixed USD of them).
+        let makespan_s = self.js.iter().filter_map(|s| s.finish).fold(0.0, f64::max);
+        let owned_cap_h =
+            clusters
+                .iter()
+                .flat_map(|c| c.pools.iter())
+                .fold((0.0, 0.0), |acc, p| match p.owned_usd_per_gpu_hour {
+                    Some(price) => {
+                        let h = p.gpus as f64 * makespan_s / 3600.0;
+                        (acc.0 + h, acc.1 + h * price)
+                    }
+                    None => acc,
+                });
         let span = self.last_t.max(1.0);
         let b = self.cfg.bucket_s;
         let n_buckets = (span / b).ceil() as usize;
@@ -813,8 +1111,9 @@ impl<M: Model> Sim<'_, M> {
             let cap: f64 = c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0);
             let busy: f64 = self.busy[ci].iter().sum();
             utilization.insert(c.name.clone(), busy / (cap * span));
-            let series: Vec<f64> =
-                (0..n_buckets).map(|k| self.busy[ci].get(k).copied().unwrap_or(0.0) / (cap * b)).collect();
+            let series: Vec<f64> = (0..n_buckets)
+                .map(|k| self.busy[ci].get(k).copied().unwrap_or(0.0) / (cap * b))
+                .collect();
             util_series.insert(c.name.clone(), series);
         }
         // Cumulative cost per bucket.
@@ -855,6 +1154,14 @@ impl<M: Model> Sim<'_, M> {
             wait_p95_s: percentile(&waits, 95.0),
             completion_mean_s: mean(&compl),
             completion_p95_s: percentile(&compl, 95.0),
+            makespan_s,
+            cost_by_team: self.team_usd.clone(),
+            owned_fixed_usd: owned_cap_h.1,
+            owned_idle_share: if owned_cap_h.0 > 0.0 {
+                (1.0 - self.owned_busy_gpu_s / 3600.0 / owned_cap_h.0).max(0.0)
+            } else {
+                0.0
+            },
             utilization,
             ratio_to_lower_bound: 0.0,
             cost_series,
@@ -878,12 +1185,9 @@ impl<M: Model> Sim<'_, M> {
     }
 }
 
-/// Lower bound: each job at its cheapest feasible price with capacity relaxed (an
-/// empty fleet), no waiting, no egress, no lost work. Returns (USD, kgCO2 of those
-/// placements run at submission).
-pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
-    let empty: Vec<ClusterLoad> = model
-        .clusters()
+/// The load of an idle fleet (every GPU free, spot fully available).
+pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
+    clusters
         .iter()
         .map(|c| ClusterLoad {
             up: true,
@@ -894,21 +1198,43 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
                     capacity: p.gpus,
                     free: p.gpus,
                     start_free: p.gpus,
-                    spot_free: if p.spot_trace.is_some() { p.gpus } else { 0 },
-                    spot_fraction: if p.spot_trace.is_some() { 1.0 } else { 0.0 },
+                    spot_free: if p.spot_trace.is_some() || p.sells_spot {
+                        p.gpus
+                    } else {
+                        0
+                    },
+                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot {
+                        1.0
+                    } else {
+                        0.0
+                    },
                     queued_jobs: 0,
                     est_wait_s: 0.0,
                 })
                 .collect(),
         })
-        .collect();
+        .collect()
+}
+
+/// Lower bound: each job at its cheapest feasible price with capacity relaxed (an
+/// empty fleet), no waiting, no egress, no lost work. Returns (USD, kgCO2 of those
+/// placements run at submission).
+pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
+    let empty = idle_load(model.clusters());
     let mut usd = 0.0;
     let mut co2 = 0.0;
     for j in jobs {
+        model.resume(j, 0.0, None);
         let offers = model.offers("lower-bound", j, j.submit_s, &empty);
-        if let Some(o) = offers.iter().min_by(|a, b| a.usd_per_gpu_hour.total_cmp(&b.usd_per_gpu_hour)) {
-            usd += o.usd_per_gpu_hour * j.gpus as f64 * j.duration_s / 3600.0;
-            co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + j.duration_s);
+        // The cheapest unit of work: price per GPU-hour ÷ the pool's speed.
+        let per_work = |o: &Offer| o.usd_per_gpu_hour / o.speed.max(1e-9);
+        if let Some(o) = offers
+            .iter()
+            .min_by(|a, b| per_work(a).total_cmp(&per_work(b)))
+        {
+            let run_s = j.duration_s / o.speed.max(1e-9);
+            usd += o.usd_per_gpu_hour * j.gpus as f64 * run_s / 3600.0;
+            co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + run_s);
         }
     }
     (usd, co2)
@@ -921,8 +1247,14 @@ mod tests {
 
     /// A stand-in for the engine: every pool big enough is feasible, ranked by price
     /// (spot first for interruptible jobs when the pool sells spot).
+    #[derive(Default)]
     struct Stub {
         clusters: Vec<SimCluster>,
+        /// Speed per cluster (default 1).
+        speed: Vec<f64>,
+        setup_s: f64,
+        delay_s: f64,
+        egress: f64,
         /// (on-demand, spot) USD/GPU-h per cluster.
         price: Vec<(f64, f64)>,
     }
@@ -931,7 +1263,13 @@ mod tests {
         fn clusters(&self) -> &[SimCluster] {
             &self.clusters
         }
-        fn offers(&mut self, _policy: &str, job: &SimJob, _now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+        fn offers(
+            &mut self,
+            _policy: &str,
+            job: &SimJob,
+            _now: f64,
+            load: &[ClusterLoad],
+        ) -> Vec<Offer> {
             let mut v = Vec::new();
             for (ci, c) in self.clusters.iter().enumerate() {
                 if !load[ci].up {
@@ -942,8 +1280,23 @@ mod tests {
                         continue;
                     }
                     let spot = job.interruptible && p.spot_trace.is_some();
-                    let usd = if spot { self.price[ci].1 } else { self.price[ci].0 };
-                    v.push(Offer { cluster: ci, pool: pi, spot, usd_per_gpu_hour: usd, egress_usd: 0.0, score: usd });
+                    let usd = if spot {
+                        self.price[ci].1
+                    } else {
+                        self.price[ci].0
+                    };
+                    let speed = self.speed.get(ci).copied().unwrap_or(1.0);
+                    v.push(Offer {
+                        cluster: ci,
+                        pool: pi,
+                        spot,
+                        usd_per_gpu_hour: usd,
+                        egress_usd: self.egress,
+                        score: usd / speed,
+                        speed,
+                        setup_s: self.setup_s,
+                        delay_s: self.delay_s,
+                    });
                 }
             }
             v.sort_by(|a, b| a.score.total_cmp(&b.score));
@@ -952,7 +1305,14 @@ mod tests {
         fn kg_co2(&self, cluster: usize, _pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
             (cluster + 1) as f64 * gpus as f64 * (t1 - t0) / 3600.0
         }
-        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+        fn rebalance(
+            &mut self,
+            _: &str,
+            _: f64,
+            _: &[SimJob],
+            _: &[RunningJob],
+            _: &[ClusterLoad],
+        ) -> Vec<Move> {
             Vec::new()
         }
     }
@@ -960,19 +1320,46 @@ mod tests {
     fn cluster(name: &str, gpus: u32, spot_trace: Option<usize>) -> SimCluster {
         SimCluster {
             name: name.into(),
-            pools: vec![SimPool { name: "p".into(), gpu_type: "H100".into(), gpus, spot_trace }],
+            pools: vec![SimPool {
+                name: "p".into(),
+                gpu_type: "H100".into(),
+                gpus,
+                spot_trace,
+                sells_spot: spot_trace.is_some(),
+                owned_usd_per_gpu_hour: None,
+            }],
         }
     }
 
-    fn job(id: usize, submit_s: f64, duration_s: f64, gpus: u32, interruptible: bool, checkpoint_s: f64) -> SimJob {
-        SimJob { id, submit_s, duration_s, gpus, home: 0, interruptible, checkpoint_s }
+    fn job(
+        id: usize,
+        submit_s: f64,
+        duration_s: f64,
+        gpus: u32,
+        interruptible: bool,
+        checkpoint_s: f64,
+    ) -> SimJob {
+        SimJob {
+            id,
+            submit_s,
+            duration_s,
+            gpus,
+            home: 0,
+            interruptible,
+            checkpoint_s,
+            ..SimJob::default()
+        }
     }
 
     fn quiet(_: u64) {}
 
     #[test]
     fn capacity_and_gang_fifo() {
-        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(2.0, 1.0)] };
+        let mut m = Stub {
+            clusters: vec![cluster("a", 4, None)],
+            price: vec![(2.0, 1.0)],
+            ..Default::default()
+        };
         let jobs = vec![
             job(0, 0.0, 100.0, 2, false, 0.0),
             // needs all 4 GPUs at once: waits for job 0 to end (gang)
@@ -982,7 +1369,14 @@ mod tests {
             // larger than any pool: unplaceable
             job(3, 3.0, 10.0, 8, false, 0.0),
         ];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.completed, 3);
         assert_eq!(r.unplaced, 1);
         // waits: 0, 99, 198 ; completions: 100, 199, 208
@@ -992,32 +1386,73 @@ mod tests {
         assert!((r.total_usd - 610.0 * 2.0 / 3600.0).abs() < 1e-9);
         // never above capacity: busy GPU-s over the 210 s span <= 4 GPUs
         assert!(r.utilization["a"] <= 1.0);
-        assert!((r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9, "{:?}", r.utilization);
+        assert!(
+            (r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9,
+            "{:?}",
+            r.utilization
+        );
         // the cost plot ends at the total
         assert!((r.cost_series.last().map(|x| x.1).unwrap_or(0.0) - r.total_usd).abs() < 1e-9);
     }
 
     #[test]
     fn small_jobs_backfill_beside_a_reservation() {
-        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(1.0, 1.0)] };
+        let mut m = Stub {
+            clusters: vec![cluster("a", 4, None)],
+            price: vec![(1.0, 1.0)],
+            ..Default::default()
+        };
         let jobs = vec![
             job(0, 0.0, 100.0, 1, false, 0.0),
             job(1, 1.0, 100.0, 4, false, 0.0), // reserves 3 free GPUs
             job(2, 2.0, 10.0, 1, false, 0.0),  // nothing left beyond the reservation
         ];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.wait_p95_s, 198.0);
-        let jobs = vec![job(0, 0.0, 100.0, 1, false, 0.0), job(1, 1.0, 100.0, 2, false, 0.0), job(2, 2.0, 10.0, 1, false, 0.0)];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let jobs = vec![
+            job(0, 0.0, 100.0, 1, false, 0.0),
+            job(1, 1.0, 100.0, 2, false, 0.0),
+            job(2, 2.0, 10.0, 1, false, 0.0),
+        ];
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.wait_mean_s, 0.0, "everything fits side by side");
     }
 
     #[test]
     fn spot_drop_preempts_newest_and_loses_work_since_checkpoint() {
-        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,1]}"#, "t").unwrap();
-        let mut m = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)] };
-        let jobs = vec![job(0, 0.0, 1500.0, 1, true, 300.0), job(1, 10.0, 1500.0, 1, true, 300.0)];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[trace], &SimConfig::default(), &quiet);
+        let trace =
+            SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,1]}"#, "t").unwrap();
+        let mut m = Stub {
+            clusters: vec![cluster("a", 2, Some(0))],
+            price: vec![(3.0, 1.0)],
+            ..Default::default()
+        };
+        let jobs = vec![
+            job(0, 0.0, 1500.0, 1, true, 300.0),
+            job(1, 10.0, 1500.0, 1, true, 300.0),
+        ];
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[trace],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.preemptions, 1);
         // job 1 ran 990 s, checkpointed at 900: 90 GPU-s lost
         assert!((r.lost_gpu_hours - 90.0 / 3600.0).abs() < 1e-9);
@@ -1031,10 +1466,24 @@ mod tests {
 
     #[test]
     fn outage_moves_work_and_counts_lost_work() {
-        let mut m = Stub { clusters: vec![cluster("a", 1, None), cluster("b", 1, None)], price: vec![(1.0, 1.0), (2.0, 2.0)] };
+        let mut m = Stub {
+            clusters: vec![cluster("a", 1, None), cluster("b", 1, None)],
+            price: vec![(1.0, 1.0), (2.0, 2.0)],
+            ..Default::default()
+        };
         let jobs = vec![job(0, 0.0, 200.0, 1, true, 30.0)];
-        let cfg = SimConfig { outages: vec![(0, 50.0, 500.0)], ..SimConfig::default() };
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &cfg, &quiet);
+        let cfg = SimConfig {
+            outages: vec![(0, 50.0, 500.0)],
+            ..SimConfig::default()
+        };
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &cfg,
+            &quiet,
+        );
         assert_eq!(r.outage_kills, 1);
         assert!((r.lost_gpu_hours - 20.0 / 3600.0).abs() < 1e-9);
         // 50 s on a, then the remaining 170 s on b
@@ -1053,7 +1502,13 @@ mod tests {
         fn clusters(&self) -> &[SimCluster] {
             self.inner.clusters()
         }
-        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+        fn offers(
+            &mut self,
+            policy: &str,
+            job: &SimJob,
+            now: f64,
+            load: &[ClusterLoad],
+        ) -> Vec<Offer> {
             let p = &load[0].pools[0];
             self.seen.push((job.id, p.start_free, p.est_wait_s));
             self.inner.offers(policy, job, now, load)
@@ -1061,14 +1516,28 @@ mod tests {
         fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
             self.inner.kg_co2(cluster, pool, gpus, t0, t1)
         }
-        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+        fn rebalance(
+            &mut self,
+            _: &str,
+            _: f64,
+            _: &[SimJob],
+            _: &[RunningJob],
+            _: &[ClusterLoad],
+        ) -> Vec<Move> {
             Vec::new()
         }
     }
 
     #[test]
     fn wait_estimate_is_the_fifo_start_time_of_the_jobs_size() {
-        let mut m = Recorder { inner: Stub { clusters: vec![cluster("a", 8, None)], price: vec![(1.0, 1.0)] }, seen: Vec::new() };
+        let mut m = Recorder {
+            inner: Stub {
+                clusters: vec![cluster("a", 8, None)],
+                price: vec![(1.0, 1.0)],
+                ..Default::default()
+            },
+            seen: Vec::new(),
+        };
         let jobs = vec![
             job(0, 0.0, 100.0, 4, false, 0.0),
             job(1, 0.0, 300.0, 4, false, 0.0),
@@ -1080,7 +1549,14 @@ mod tests {
             // on 4 of the 8 freed GPUs, so a 1-GPU job fits beside it then
             job(4, 150.0, 10.0, 1, false, 0.0),
         ];
-        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            &[],
+            &SimConfig::default(),
+            &quiet,
+        );
         assert_eq!(r.completed, 5);
         let seen: Vec<(usize, u32, f64)> = m.seen.clone();
         assert_eq!(seen[0], (0, 8, 0.0));
@@ -1098,10 +1574,25 @@ mod tests {
         let mk = || Stub {
             clusters: (0..5).map(|i| cluster(&format!("c{i}"), 8, None)).collect(),
             price: (0..5).map(|i| (1.0 + i as f64, 1.0)).collect(),
+            ..Default::default()
         };
-        let jobs: Vec<SimJob> = (0..200).map(|i| job(i, i as f64 * 7.0, 100.0 + (i % 13) as f64 * 50.0, 1 + (i % 3) as u32, false, 0.0)).collect();
+        let jobs: Vec<SimJob> = (0..200)
+            .map(|i| {
+                job(
+                    i,
+                    i as f64 * 7.0,
+                    100.0 + (i % 13) as f64 * 50.0,
+                    1 + (i % 3) as u32,
+                    false,
+                    0.0,
+                )
+            })
+            .collect();
         let run = |seed| {
-            let cfg = SimConfig { seed, ..SimConfig::default() };
+            let cfg = SimConfig {
+                seed,
+                ..SimConfig::default()
+            };
             simulate(&mut mk(), Strategy::Random, &jobs, &[], &cfg, &quiet)
         };
         assert_eq!(run(7), run(7));

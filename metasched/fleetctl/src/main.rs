@@ -74,7 +74,13 @@ enum Command {
     /// meta-scheduler does not move jobs yet. `--json` prints the reply.
     Rebalance,
     /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
-    Simulate(Box<fleet_sim::cli::SimulateArgs>),
+    /// `fleetctl simulate --help` lists its own flags.
+    #[command(disable_help_flag = true)]
+    Simulate {
+        /// The simulator's flags (see `fleetctl simulate --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -698,12 +704,21 @@ fn query_escape(s: &str) -> String {
 
 fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
     let zone = Zone(if cli.utc { UtcOffset::UTC } else { local });
-    if let Command::Simulate(args) = cli.command {
-        return fleet_sim::cli::run(*args);
+    if let Command::Simulate { args } = &cli.command {
+        // The simulator parses its own flags, so its --help shows only them.
+        let mut argv = vec!["fleetctl simulate".to_string()];
+        argv.extend(args.iter().cloned());
+        if cli.json && !args.iter().any(|a| a == "--json") {
+            argv.push("--json".into());
+        }
+        return match fleet_sim::cli::parse_from(argv) {
+            Ok(a) => fleet_sim::cli::run(a),
+            Err(e) => e.exit(),
+        };
     }
     let client = Client::new(&cli)?;
     match &cli.command {
-        Command::Simulate(_) => unreachable!("handled above"),
+        Command::Simulate { .. } => unreachable!("handled above"),
         Command::Prices { action: PricesAction::Import { csv } } => {
             let text = std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
             let v = client.call_with(reqwest::Method::POST, "/v1/prices", Some(text))?;
@@ -837,6 +852,9 @@ mod tests {
         check(&["jobs", "--page", "0"], "error 2");
         check(&["jobs", "--active", "--finished"], "error 2");
         check(&["jobs", "--origin-job", "x"], "error 2");
+        // the simulator's flags pass through to its own parser, --help included
+        check(&["simulate", "--help"], "Simulate { args: [\"--help\"] }");
+        check(&["simulate", "--trace", "t", "--json"], "Simulate { args: [\"--trace\", \"t\", \"--json\"] }");
         check(&["job", "abc"], "Job { id: Some(\"abc\"), action: None }");
         check(&["job", "cancel", "abc"], "Job { id: None, action: Some(Cancel { id: \"abc\" }) }");
         check(&["job", "explain", "abc"], "Job { id: None, action: Some(Explain { id: \"abc\" }) }");
