@@ -12,6 +12,7 @@
 //! | GET | `/v1/jobs/{id}` | proxy, agents, admin | → [`JobRecord`] |
 //! | GET | `/v1/jobs/{id}/output?stream=stdout&offset=N&max=M` | proxy, admin | → raw bytes |
 //! | POST | `/v1/jobs/{id}/cancel` | proxy, origin agent, admin | → [`JobRecord`] |
+//! | POST | `/v1/jobs/{id}/signal` | proxy, origin agent, admin | [`SignalRequest`] → 202 + [`JobRecord`] (queued as a [`SignalOrder`] in the target's [`AgentWork`]) |
 //! | GET | `/v1/jobs` | admin | → `Vec<JobRecord>` |
 //! | GET | `/v1/clusters` | admin, agents | → [`FleetView`] |
 //! | GET | `/health`, `/metrics` | anyone | text |
@@ -238,12 +239,105 @@ pub struct AgentWork {
     /// confirm each with `POST /v1/jobs/{id}/confirm_start`.
     #[serde(default)]
     pub confirm_start: Vec<StartCheck>,
+    /// Signals to deliver to jobs running (or pending) at this cluster,
+    /// oldest first. Each order is handed out once: an agent that gets it
+    /// owns its delivery (`scancel --signal=<signal>` plus the scope's flag).
+    #[serde(default)]
+    pub signal: Vec<SignalOrder>,
 }
 
 impl AgentWork {
     pub fn is_empty(&self) -> bool {
-        self.submit.is_empty() && self.cancel.is_empty() && self.confirm_start.is_empty()
+        self.submit.is_empty() && self.cancel.is_empty() && self.confirm_start.is_empty() && self.signal.is_empty()
     }
+}
+
+/// Which processes of the remote job a signal reaches, as `scancel` at the
+/// target names them (Slurm 22.05 `scancel(1)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalScope {
+    /// `scancel --batch`: the batch shell alone (not its children, not steps).
+    Batch,
+    /// `scancel --full`: the batch shell, its children and every step.
+    Full,
+    /// `scancel` without either flag: the job's steps only (`srun`), not
+    /// the batch shell.
+    Steps,
+}
+
+impl SignalScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignalScope::Batch => "batch",
+            SignalScope::Full => "full",
+            SignalScope::Steps => "steps",
+        }
+    }
+
+    /// The `scancel` flag that selects this scope (none for `Steps`).
+    pub fn scancel_flag(self) -> Option<&'static str> {
+        match self {
+            SignalScope::Batch => Some("--batch"),
+            SignalScope::Full => Some("--full"),
+            SignalScope::Steps => None,
+        }
+    }
+}
+
+impl std::str::FromStr for SignalScope {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "batch" => Ok(SignalScope::Batch),
+            "full" => Ok(SignalScope::Full),
+            "steps" => Ok(SignalScope::Steps),
+            _ => Err(format!("unknown signal scope {s:?} (expected batch, full or steps)")),
+        }
+    }
+}
+
+/// Signals that may be sent to a forwarded job, by name without `SIG`
+/// (what `scancel --signal=` takes). Anything else is refused.
+pub const SIGNAL_NAMES: &[&str] = &[
+    "HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "ALRM", "TERM", "CONT", "STOP", "TSTP", "TTIN", "TTOU",
+    "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "PWR",
+];
+
+/// `name` if it is one of [`SIGNAL_NAMES`] (exactly: upper case, no `SIG`
+/// prefix); otherwise an error naming it and what is accepted.
+pub fn check_signal_name(name: &str) -> Result<&'static str, String> {
+    if let Some(n) = SIGNAL_NAMES.iter().find(|n| **n == name) {
+        return Ok(n);
+    }
+    let shown: String = name.chars().take(32).flat_map(char::escape_default).collect();
+    let hint = match name.strip_prefix("SIG").filter(|r| SIGNAL_NAMES.contains(r)) {
+        Some(r) => format!(" (write {r}, without SIG)"),
+        None if SIGNAL_NAMES.contains(&name.to_ascii_uppercase().as_str()) => {
+            format!(" (write {}, in upper case)", name.to_ascii_uppercase())
+        }
+        None => String::new(),
+    };
+    Err(format!("unknown signal \"{shown}\"{hint}; expected one of {}", SIGNAL_NAMES.join(", ")))
+}
+
+/// Stand-in, origin agent or admin → meta-scheduler
+/// (`POST /v1/jobs/{id}/signal`): deliver `signal` to the job where it runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalRequest {
+    /// A name of [`SIGNAL_NAMES`], e.g. `USR1`.
+    pub signal: String,
+    pub scope: SignalScope,
+}
+
+/// One signal for the target agent to deliver to a job of its cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalOrder {
+    pub fleet_job_id: String,
+    /// A name of [`SIGNAL_NAMES`] (checked by the meta-scheduler).
+    pub signal: String,
+    pub scope: SignalScope,
 }
 
 /// Target agent → meta-scheduler: what its scheduler says about the job.
