@@ -225,7 +225,9 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
 /// the target's agent delivers it with `scancel --signal`.
 fn signal(life: &Life) -> Outcome {
     use JobState as S;
-    let not_yet = |why: &str| refuse(life, Reply::Conflict(format!("{why}: no cluster runs it yet, so there is nothing to signal")));
+    let not_yet = |why: &str| {
+        refuse(life, Reply::Conflict(format!("{why}: no cluster runs it yet, so there is nothing to signal")))
+    };
     match life.state {
         S::Held => not_yet("the job is held until its stand-in starts and the origin agent confirms the start"),
         S::Queued => not_yet("the job is queued for placement"),

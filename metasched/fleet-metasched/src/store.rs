@@ -1078,7 +1078,13 @@ impl Store {
     /// finished one a `terminal` conflict; an unknown signal name a bad
     /// request. The same signal and scope queued again before the agent
     /// took it is one order (Unix does not queue a pending signal either).
-    pub fn signal(&mut self, caller: &Caller, id: &str, req: &SignalRequest, now: f64) -> Result<JobRecord, StoreError> {
+    pub fn signal(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        req: &SignalRequest,
+        now: f64,
+    ) -> Result<JobRecord, StoreError> {
         let job = self.load_for_origin(caller, id, "signal")?;
         let name = fleet_api::api::check_signal_name(&req.signal).map_err(StoreError::BadRequest)?;
         let o = transition(&life_of(&job), &Event::Signal);

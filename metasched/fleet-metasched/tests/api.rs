@@ -528,7 +528,10 @@ async fn cancel_paths() {
     d.status("k3", "alpha", st(JobState::Running)).await;
     let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k3/cancel", "Bearer admin-secret", None).await;
     assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
-    assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![], ..Default::default() });
+    assert_eq!(
+        d.work("alpha").await,
+        AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![], ..Default::default() }
+    );
     let fin = StatusUpdate {
         final_stdout_len: Some(0),
         final_stderr_len: Some(0),
@@ -1620,10 +1623,10 @@ async fn signal_auth_and_validation() {
     let job = job_auth("beta", "sa");
     // Who may: the job's own token, the origin agent, the admin. Who may not:
     for (auth, want) in [
-        (bearer("alpha"), StatusCode::FORBIDDEN),      // the target agent: it delivers, it does not order
-        (bearer("gamma"), StatusCode::FORBIDDEN),      // an unrelated cluster
+        (bearer("alpha"), StatusCode::FORBIDDEN), // the target agent: it delivers, it does not order
+        (bearer("gamma"), StatusCode::FORBIDDEN), // an unrelated cluster
         (job_auth("beta", "other"), StatusCode::UNAUTHORIZED), // another job's token
-        (job_auth("gamma", "sa"), StatusCode::UNAUTHORIZED),   // this id, minted by the wrong cluster
+        (job_auth("gamma", "sa"), StatusCode::UNAUTHORIZED), // this id, minted by the wrong cluster
         ("Bearer nope".into(), StatusCode::UNAUTHORIZED),
         (String::new(), StatusCode::UNAUTHORIZED),
     ] {
