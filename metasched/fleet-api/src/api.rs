@@ -12,6 +12,7 @@
 //! | GET | `/v1/jobs/{id}` | proxy, agents, admin | → [`JobRecord`] |
 //! | GET | `/v1/jobs/{id}/output?stream=stdout&offset=N&max=M` | proxy, admin | → raw bytes |
 //! | POST | `/v1/jobs/{id}/cancel` | proxy, origin agent, admin | → [`JobRecord`] |
+//! | POST | `/v1/jobs/{id}/signal` | proxy, origin agent, admin | [`SignalRequest`] → 202 + [`JobRecord`] (queued as a [`SignalOrder`] in the target's [`AgentWork`]) |
 //! | GET | `/v1/jobs?state=&origin=&target=&user=&origin_job=&since=&active=&order=&limit=&offset=` | admin (agents: their own jobs) | → `Vec<JobRecord>` |
 //! | GET | `/v1/clusters` | admin, agents | → [`FleetView`] |
 //! | GET | `/health`, `/metrics` | anyone | text |
@@ -242,12 +243,120 @@ pub struct AgentWork {
     /// confirm each with `POST /v1/jobs/{id}/confirm_start`.
     #[serde(default)]
     pub confirm_start: Vec<StartCheck>,
+    /// Signals to deliver to jobs running (or pending) at this cluster,
+    /// oldest first. Each order is handed out once: an agent that gets it
+    /// owns its delivery (`scancel --signal=<signal>` plus the scope's flag).
+    #[serde(default)]
+    pub signal: Vec<SignalOrder>,
 }
 
 impl AgentWork {
     pub fn is_empty(&self) -> bool {
-        self.submit.is_empty() && self.cancel.is_empty() && self.confirm_start.is_empty()
+        self.submit.is_empty()
+            && self.cancel.is_empty()
+            && self.confirm_start.is_empty()
+            && self.signal.is_empty()
     }
+}
+
+/// Which processes of the remote job a signal reaches, as `scancel` at the
+/// target names them (Slurm 22.05 `scancel(1)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalScope {
+    /// `scancel --batch`: the batch shell alone (not its children, not steps).
+    Batch,
+    /// `scancel --full`: the batch shell, its children and every step.
+    Full,
+    /// `scancel` without either flag: the job's steps only (`srun`), not
+    /// the batch shell.
+    Steps,
+}
+
+impl SignalScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignalScope::Batch => "batch",
+            SignalScope::Full => "full",
+            SignalScope::Steps => "steps",
+        }
+    }
+
+    /// The `scancel` flag that selects this scope (none for `Steps`).
+    pub fn scancel_flag(self) -> Option<&'static str> {
+        match self {
+            SignalScope::Batch => Some("--batch"),
+            SignalScope::Full => Some("--full"),
+            SignalScope::Steps => None,
+        }
+    }
+}
+
+impl std::str::FromStr for SignalScope {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "batch" => Ok(SignalScope::Batch),
+            "full" => Ok(SignalScope::Full),
+            "steps" => Ok(SignalScope::Steps),
+            _ => Err(format!(
+                "unknown signal scope {s:?} (expected batch, full or steps)"
+            )),
+        }
+    }
+}
+
+/// Signals that may be sent to a forwarded job, by name without `SIG`
+/// (what `scancel --signal=` takes). Anything else is refused.
+pub const SIGNAL_NAMES: &[&str] = &[
+    "HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "ALRM", "TERM", "CONT", "STOP", "TSTP",
+    "TTIN", "TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "PWR",
+];
+
+/// `name` if it is one of [`SIGNAL_NAMES`] (exactly: upper case, no `SIG`
+/// prefix); otherwise an error naming it and what is accepted.
+pub fn check_signal_name(name: &str) -> Result<&'static str, String> {
+    if let Some(n) = SIGNAL_NAMES.iter().find(|n| **n == name) {
+        return Ok(n);
+    }
+    let shown: String = name
+        .chars()
+        .take(32)
+        .flat_map(char::escape_default)
+        .collect();
+    let hint = match name
+        .strip_prefix("SIG")
+        .filter(|r| SIGNAL_NAMES.contains(r))
+    {
+        Some(r) => format!(" (write {r}, without SIG)"),
+        None if SIGNAL_NAMES.contains(&name.to_ascii_uppercase().as_str()) => {
+            format!(" (write {}, in upper case)", name.to_ascii_uppercase())
+        }
+        None => String::new(),
+    };
+    Err(format!(
+        "unknown signal \"{shown}\"{hint}; expected one of {}",
+        SIGNAL_NAMES.join(", ")
+    ))
+}
+
+/// Stand-in, origin agent or admin → meta-scheduler
+/// (`POST /v1/jobs/{id}/signal`): deliver `signal` to the job where it runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalRequest {
+    /// A name of [`SIGNAL_NAMES`], e.g. `USR1`.
+    pub signal: String,
+    pub scope: SignalScope,
+}
+
+/// One signal for the target agent to deliver to a job of its cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalOrder {
+    pub fleet_job_id: String,
+    /// A name of [`SIGNAL_NAMES`] (checked by the meta-scheduler).
+    pub signal: String,
+    pub scope: SignalScope,
 }
 
 /// Target agent → meta-scheduler: what its scheduler says about the job.
@@ -301,4 +410,81 @@ pub struct OutputChunk {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApiError {
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(name: &str, expected: Result<&str, &str>) {
+        match (check_signal_name(name), expected) {
+            (Ok(got), Ok(want)) => assert_eq!(got, want, "{name:?}"),
+            (Err(got), Err(want)) => {
+                assert!(got.contains(want), "{name:?}: {got:?} lacks {want:?}")
+            }
+            (got, want) => panic!("{name:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn signal_names() {
+        check("USR1", Ok("USR1"));
+        check("PWR", Ok("PWR"));
+        check("SIGUSR1", Err("write USR1, without SIG"));
+        check("usr1", Err("write USR1, in upper case"));
+        check("Usr1", Err("write USR1, in upper case"));
+        check(
+            "SIGSEGV",
+            Err("unknown signal \"SIGSEGV\"; expected one of HUP"),
+        );
+        check("10", Err("unknown signal \"10\""));
+        check("", Err("unknown signal \"\""));
+        check(" USR1", Err("unknown signal \" USR1\""));
+        check("USR1\n", Err("unknown signal \"USR1\\n\""));
+        // A hostile name is cut and escaped in the message.
+        let long = format!("{}\u{1b}[31m", "X".repeat(1000));
+        let e = check_signal_name(&long).unwrap_err();
+        assert!(e.len() < 400 && !e.contains('\u{1b}'), "{e}");
+        for n in SIGNAL_NAMES {
+            check(n, Ok(n));
+        }
+    }
+
+    #[test]
+    fn signal_wire_forms() {
+        let o = SignalOrder {
+            fleet_job_id: "j".into(),
+            signal: "USR1".into(),
+            scope: SignalScope::Full,
+        };
+        let v = serde_json::to_value(&o).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"fleet_job_id": "j", "signal": "USR1", "scope": "full"})
+        );
+        for (scope, text, flag) in [
+            (SignalScope::Batch, "batch", Some("--batch")),
+            (SignalScope::Full, "full", Some("--full")),
+            (SignalScope::Steps, "steps", None),
+        ] {
+            assert_eq!(
+                serde_json::to_value(scope).unwrap(),
+                serde_json::json!(text)
+            );
+            assert_eq!(text.parse::<SignalScope>(), Ok(scope));
+            assert_eq!((scope.as_str(), scope.scancel_flag()), (text, flag));
+        }
+        assert!("Full"
+            .parse::<SignalScope>()
+            .unwrap_err()
+            .contains("expected batch, full or steps"));
+        // An older meta-scheduler's work has no `signal`: none to deliver.
+        let w: AgentWork = serde_json::from_str(r#"{"submit": [], "cancel": []}"#).unwrap();
+        assert!(w.signal.is_empty() && w.is_empty());
+        let w = AgentWork {
+            signal: vec![o],
+            ..Default::default()
+        };
+        assert!(!w.is_empty());
+    }
 }

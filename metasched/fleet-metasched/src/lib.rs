@@ -46,7 +46,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use fleet_api::api::{ForwardRequest, Heartbeat, OutputChunk, StartConfirmation, StartRequest, StatusUpdate, Stream};
+use fleet_api::api::{
+    ForwardRequest, Heartbeat, OutputChunk, SignalRequest, StartConfirmation, StartRequest, StatusUpdate, Stream,
+};
 use fleet_api::auth;
 use serde::Deserialize;
 
@@ -77,7 +79,7 @@ impl Clock {
 
 /// Request body limits, per route. Bodies are read only after the
 /// caller is authenticated ([`require_auth`]), and never beyond these.
-/// Status, start, confirm, cancel: small JSON.
+/// Status, start, confirm, cancel, signal: small JSON.
 const SMALL_BODY: usize = 64 << 10;
 /// A heartbeat lists every node (about 200 bytes each): room for 10,000.
 const HEARTBEAT_BODY: usize = 2 << 20;
@@ -490,6 +492,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id/start", post(start))
         .route("/v1/jobs/:id/confirm_start", post(confirm_start))
         .route("/v1/jobs/:id/cancel", post(cancel))
+        .route("/v1/jobs/:id/signal", post(signal))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
     Router::new()
         .route("/health", get(|| async { "ok" }))
@@ -866,4 +869,18 @@ async fn cancel(
     Extension(caller): Extension<Caller>,
 ) -> ApiResult<Response> {
     Ok(Json(with_store(&st, move |s, now| s.cancel(&caller, &id, now)).await?).into_response())
+}
+
+/// `POST /v1/jobs/{id}/signal` `{"signal": "USR1", "scope": "full"}`: 202
+/// with the job's record once the signal is queued for the target agent
+/// (which takes it with its next work and runs `scancel --signal`).
+async fn signal(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: SignalRequest = parse(&body, "signal request")?;
+    let record = with_store(&st, move |s, now| s.signal(&caller, &id, &req, now)).await?;
+    Ok((StatusCode::ACCEPTED, Json(record)).into_response())
 }

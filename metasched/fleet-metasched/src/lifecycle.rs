@@ -12,6 +12,9 @@
 //!                                      ──terminal report──▶ completed | failed | cancelled | lost
 //! terminal: a terminal report is answered with the stored outcome, any other is a
 //! `terminal` conflict.
+//! signal: queued for the target while the job is pending or running there (or
+//! assigned and reported); held, queued, assigned-not-submitted → conflict;
+//! terminal → `terminal` conflict. A signal never changes the state.
 //! ```
 
 use fleet_api::JobState;
@@ -64,6 +67,9 @@ pub enum Event {
     Cancel,
     /// The target agent's status report.
     Report { state: Option<JobState>, remote_job_id: Option<u64> },
+    /// The stand-in, the origin agent or the admin signals the job
+    /// (`POST /signal`).
+    Signal,
 }
 
 /// What the store does besides saving the new [`Life`].
@@ -89,6 +95,8 @@ pub enum Effect {
     RecordOutcome,
     /// A terminal report for a terminal job: compare and log if it disagrees.
     CompareOutcome,
+    /// Queue the signal for the target agent (handed out once).
+    QueueSignal,
 }
 
 /// How the caller is answered.
@@ -209,6 +217,23 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             ok(next, vec![Effect::WakeTarget])
         }
         Event::Report { state, remote_job_id } => report(life, next, state, remote_job_id),
+        Event::Signal => signal(life),
+    }
+}
+
+/// A signal reaches a job only where Slurm runs it (or holds it pending):
+/// the target's agent delivers it with `scancel --signal`.
+fn signal(life: &Life) -> Outcome {
+    use JobState as S;
+    let not_yet = |why: &str| {
+        refuse(life, Reply::Conflict(format!("{why}: no cluster runs it yet, so there is nothing to signal")))
+    };
+    match life.state {
+        S::Held => not_yet("the job is held until its stand-in starts and the origin agent confirms the start"),
+        S::Queued => not_yet("the job is queued for placement"),
+        S::Assigned if !life.submitted => not_yet("the job is assigned to its target but not submitted there yet"),
+        S::Assigned | S::Pending | S::Running => ok(life.clone(), vec![Effect::QueueSignal, Effect::WakeTarget]),
+        cur => refuse(life, Reply::TerminalConflict(format!("the job is already {cur}; there is nothing to signal"))),
     }
 }
 
@@ -333,6 +358,7 @@ mod tests {
             (report(Some(S::Lost)), "H!409 Q!409 L L L C F X L"),
             (report(Some(S::Queued)), "H!400 Q!400 A!400 P!400 R!400 C!400 F!400 X!400 L!400"),
             (report(None), "H!409 Q!409 A P R C!409t F!409t X!409t L!409t"),
+            (Event::Signal, "H!409 Q!409 A!409 P R C!409t F!409t X!409t L!409t"),
         ];
         for (event, want) in table {
             let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
@@ -447,5 +473,25 @@ mod tests {
             &[E::CompareOutcome],
             "ok",
         );
+    }
+
+    #[test]
+    fn signals_reach_only_jobs_at_a_target_and_change_nothing() {
+        use Effect as E;
+        let queue = [E::QueueSignal, E::WakeTarget];
+        let at = |state, submitted| Life { state, submitted, ..typical(state) };
+        check(at(S::Held, false), Event::Signal, at(S::Held, false), &[], "held until its stand-in starts");
+        check(at(S::Queued, false), Event::Signal, at(S::Queued, false), &[], "queued for placement");
+        check(at(S::Assigned, false), Event::Signal, at(S::Assigned, false), &[], "not submitted there yet");
+        // Reported without a state: it exists at the target.
+        check(at(S::Assigned, true), Event::Signal, at(S::Assigned, true), &queue, "ok");
+        check(at(S::Pending, true), Event::Signal, at(S::Pending, true), &queue, "ok");
+        check(at(S::Running, true), Event::Signal, at(S::Running, true), &queue, "ok");
+        // Being cancelled there: it still runs until Slurm ends it, as a native job does.
+        let cancelling = Life { cancel_requested: true, ..at(S::Running, true) };
+        check(cancelling.clone(), Event::Signal, cancelling, &queue, "ok");
+        for s in [S::Completed, S::Failed, S::Cancelled, S::Lost] {
+            check(at(s, true), Event::Signal, at(s, true), &[], &format!("already {s}; there is nothing to signal"));
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use fleet_api::api::{
     AgentWork, Assignment, ClusterSummary, FleetView, ForwardRequest, GpuPool, Heartbeat, JobRecord, NodeCapacity,
-    OutputChunk, StartCheck, StartConfirmation, StatusUpdate, Stream,
+    OutputChunk, SignalOrder, SignalRequest, SignalScope, StartCheck, StartConfirmation, StatusUpdate, Stream,
 };
 use fleet_api::placement::{self, Placement};
 use fleet_api::{JobRequest, JobState};
@@ -491,7 +491,20 @@ impl Store {
                  name TEXT PRIMARY KEY,
                  last_seen REAL NOT NULL,
                  heartbeat TEXT NOT NULL
-             );",
+             );
+             -- Signals waiting for the target agent (POST /signal), deleted
+             -- when handed out. One per (job, signal, scope): a signal sent
+             -- again before delivery is one delivery, as for a Unix process.
+             CREATE TABLE IF NOT EXISTS signal_orders (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 job_id TEXT NOT NULL,
+                 target TEXT NOT NULL,
+                 signal TEXT NOT NULL,
+                 scope TEXT NOT NULL,
+                 requested_at REAL NOT NULL,
+                 UNIQUE (job_id, signal, scope)
+             );
+             CREATE INDEX IF NOT EXISTS signal_orders_target ON signal_orders(target);",
         )?;
         // `active` (the job may still be some agent's work) came after the
         // first schema: add it to older databases.
@@ -1087,6 +1100,68 @@ impl Store {
         Ok(job.record)
     }
 
+    /// `POST /v1/jobs/{id}/signal` (the job token, the origin agent, the
+    /// admin): queue `req.signal` for the agent of the cluster where the
+    /// job is pending or running, and wake its long-poll. The job's record
+    /// does not change. A job that no cluster runs yet is a conflict, a
+    /// finished one a `terminal` conflict; an unknown signal name a bad
+    /// request. The same signal and scope queued again before the agent
+    /// took it is one order (Unix does not queue a pending signal either).
+    pub fn signal(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        req: &SignalRequest,
+        now: f64,
+    ) -> Result<JobRecord, StoreError> {
+        let job = self.load_for_origin(caller, id, "signal")?;
+        let name = fleet_api::api::check_signal_name(&req.signal).map_err(StoreError::BadRequest)?;
+        let o = transition(&life_of(&job), &Event::Signal);
+        reply_result(id, &o.reply)?;
+        let target = job.record.target.clone().unwrap_or_default();
+        if o.effects.contains(&Effect::QueueSignal) {
+            self.conn.execute(
+                "INSERT OR IGNORE INTO signal_orders (job_id, target, signal, scope, requested_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id, target, name, req.scope.as_str(), now],
+            )?;
+            tracing::info!(job = id, signal = name, scope = req.scope.as_str(), target = %target, by = ?caller,
+                "signal queued for the target agent");
+        }
+        if o.effects.contains(&Effect::WakeTarget) {
+            self.wakers.wake(&target);
+        }
+        Ok(job.record)
+    }
+
+    /// Take the signal orders waiting for cluster `c` (deleted as they are
+    /// handed out), oldest first. Orders whose job has since finished or
+    /// left `c` are dropped.
+    fn take_signal_orders(&mut self, c: &str) -> Result<Vec<SignalOrder>, StoreError> {
+        let mut taken: Vec<(i64, String, String, String)> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached("DELETE FROM signal_orders WHERE target = ?1 RETURNING seq, job_id, signal, scope")?;
+            let rows = stmt.query_map([c], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        taken.sort_by_key(|t| t.0);
+        let mut orders = Vec::new();
+        for (_, job_id, signal, scope) in taken {
+            let Ok(scope) = scope.parse::<SignalScope>() else { continue };
+            let live = self.query("SELECT data FROM jobs WHERE id = ?1", [&job_id])?.pop().is_some_and(|j| {
+                j.record.target.as_deref() == Some(c)
+                    && matches!(j.record.state, JobState::Assigned | JobState::Pending | JobState::Running)
+            });
+            if live {
+                orders.push(SignalOrder { fleet_job_id: job_id, signal, scope });
+            } else {
+                tracing::info!(job = %job_id, signal = %signal, "signal dropped: the job no longer runs at {c}");
+            }
+        }
+        Ok(orders)
+    }
+
     fn load_for_target(&self, caller: &Caller, id: &str) -> Result<Job, StoreError> {
         let job = self.load(id)?;
         match caller {
@@ -1172,7 +1247,8 @@ impl Store {
                 | Effect::RecordStartRequest
                 | Effect::DropStartRequest
                 | Effect::WakeOrigin
-                | Effect::WakeTarget => {}
+                | Effect::WakeTarget
+                | Effect::QueueSignal => {}
             }
         }
         let takes = o.effects.iter().any(|e| *e != Effect::CompareOutcome);
@@ -1337,6 +1413,7 @@ impl Store {
                 work.confirm_start.push(StartCheck { fleet_job_id: job.record.fleet_job_id, origin_job_id });
             }
         }
+        work.signal = self.take_signal_orders(c)?;
         Ok(work)
     }
 

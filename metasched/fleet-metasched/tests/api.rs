@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_api::api::{
-    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, NodeCapacity, OutputChunk, StartCheck,
-    StartConfirmation, StartRequest, StatusUpdate, Stream,
+    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, NodeCapacity, OutputChunk, SignalOrder, SignalScope,
+    StartCheck, StartConfirmation, StartRequest, StatusUpdate, Stream,
 };
 use fleet_api::{auth, GpuRequest, GpuScope, JobRequest, JobState};
 use fleet_metasched::config::{ClusterConfig, Config};
@@ -528,7 +528,7 @@ async fn cancel_paths() {
     d.status("k3", "alpha", st(JobState::Running)).await;
     let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k3/cancel", "Bearer admin-secret", None).await;
     assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
-    assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![] });
+    assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![], signal: vec![] });
     let fin = StatusUpdate {
         final_stdout_len: Some(0),
         final_stderr_len: Some(0),
@@ -1643,5 +1643,151 @@ async fn list_filters_and_pages() {
             "{q}: error {e:?} should name {needle:?}"
         );
     }
+    d.stop().await;
+}
+
+/// `POST /v1/jobs/{id}/signal` with `auth`.
+async fn send_signal(d: &Daemon, id: &str, auth: &str, signal: &str, scope: &str) -> (StatusCode, Value) {
+    let body = serde_json::json!({ "signal": signal, "scope": scope });
+    d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/signal"), auth, Some(body)).await
+}
+
+fn order(id: &str, signal: &str, scope: SignalScope) -> SignalOrder {
+    SignalOrder { fleet_job_id: id.into(), signal: signal.into(), scope }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_are_queued_for_the_target_handed_out_once_and_wake_its_long_poll() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("sg", "beta", "h100", 8).await;
+    let job = job_auth("beta", "sg");
+
+    // Held: nothing runs it yet.
+    let (s, v) = send_signal(&d, "sg", &job, "USR1", "full").await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("held until its stand-in starts"), "{v}");
+    assert_eq!(v.get("terminal"), None, "{v}");
+    // Assigned, not yet submitted at alpha.
+    d.start_job("sg", "beta").await;
+    let (s, v) = send_signal(&d, "sg", &job, "USR1", "full").await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("not submitted there yet"), "{v}");
+    assert_eq!(d.work("alpha").await.signal, [], "a refused signal is nobody's work");
+
+    // Running at alpha: queued, 202 with the (unchanged) record.
+    assert_eq!(d.status("sg", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    let before = d.job("sg").await;
+    let (s, v) = send_signal(&d, "sg", &job, "USR1", "full").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.target.as_deref(), r.updated_at), (JobState::Running, Some("alpha"), before.updated_at));
+    // The origin agent and the admin may signal too, with every scope.
+    assert_eq!(send_signal(&d, "sg", &bearer("beta"), "USR2", "batch").await.0, StatusCode::ACCEPTED);
+    assert_eq!(send_signal(&d, "sg", "Bearer admin-secret", "TERM", "steps").await.0, StatusCode::ACCEPTED);
+    // The same signal and scope again before delivery: one order.
+    assert_eq!(send_signal(&d, "sg", &job, "USR1", "full").await.0, StatusCode::ACCEPTED);
+    assert_eq!(send_signal(&d, "sg", &job, "USR1", "batch").await.0, StatusCode::ACCEPTED);
+    // Neither the origin nor anyone else gets the orders: only the target, once, in order.
+    assert_eq!(d.work("beta").await.signal, []);
+    assert_eq!(d.work("gamma").await.signal, []);
+    let w = d.work("alpha").await;
+    assert_eq!(
+        w.signal,
+        [
+            order("sg", "USR1", SignalScope::Full),
+            order("sg", "USR2", SignalScope::Batch),
+            order("sg", "TERM", SignalScope::Steps),
+            order("sg", "USR1", SignalScope::Batch),
+        ]
+    );
+    assert!(!w.is_empty());
+    assert_eq!(d.work("alpha").await.signal, [], "handed out once");
+    assert!(d.work("alpha").await.is_empty());
+
+    // An order waiting for the agent wakes its long-poll at once ...
+    let target = tokio::spawn(long_poll(d.url.clone(), "alpha", 60_000));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!target.is_finished(), "nothing to do yet");
+    let t0 = std::time::Instant::now();
+    assert_eq!(send_signal(&d, "sg", &job, "HUP", "full").await.0, StatusCode::ACCEPTED);
+    let (w, _) = target.await.unwrap();
+    println!("signal -> target long-poll answered in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
+    assert_eq!(w.signal, [order("sg", "HUP", SignalScope::Full)]);
+
+    // ... and survives a restart until it is handed out.
+    assert_eq!(send_signal(&d, "sg", &job, "CONT", "full").await.0, StatusCode::ACCEPTED);
+    let dir = d.dir.clone();
+    d.stop().await;
+    let d = Daemon::start(&dir, Clock::default()).await;
+    assert_eq!(d.work("alpha").await.signal, [order("sg", "CONT", SignalScope::Full)]);
+
+    // Pending again (requeued at alpha): still the target's to deliver.
+    assert_eq!(d.status("sg", "alpha", st(JobState::Pending)).await.0, StatusCode::OK);
+    assert_eq!(send_signal(&d, "sg", &job, "USR1", "full").await.0, StatusCode::ACCEPTED);
+    // Finished before the agent took it: the order is dropped, not handed out.
+    let done = StatusUpdate { exit_code: Some(0), ..st(JobState::Completed) };
+    assert_eq!(d.status("sg", "alpha", done).await.0, StatusCode::OK);
+    assert_eq!(d.work("alpha").await.signal, []);
+    // Terminal: 409 terminal.
+    let (s, v) = send_signal(&d, "sg", &job, "USR1", "full").await;
+    assert_eq!((s, &v["terminal"]), (StatusCode::CONFLICT, &Value::Bool(true)), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("already completed"), "{v}");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn signal_auth_and_validation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("sa", "beta", "h100", 8).await;
+    d.forward("other", "beta", "h100", 8).await;
+    d.start_job("sa", "beta").await;
+    assert_eq!(d.status("sa", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    let job = job_auth("beta", "sa");
+    // Who may: the job's own token, the origin agent, the admin. Who may not:
+    for (auth, want) in [
+        (bearer("alpha"), StatusCode::FORBIDDEN), // the target agent: it delivers, it does not order
+        (bearer("gamma"), StatusCode::FORBIDDEN), // an unrelated cluster
+        (job_auth("beta", "other"), StatusCode::UNAUTHORIZED), // another job's token
+        (job_auth("gamma", "sa"), StatusCode::UNAUTHORIZED), // this id, minted by the wrong cluster
+        ("Bearer nope".into(), StatusCode::UNAUTHORIZED),
+        (String::new(), StatusCode::UNAUTHORIZED),
+    ] {
+        let (s, v) = send_signal(&d, "sa", &auth, "USR1", "full").await;
+        assert_eq!(s, want, "{auth:?}: {v}");
+    }
+    assert_eq!(d.work("alpha").await.signal, [], "no refused signal was queued");
+    // What may be sent: signal names of the fixed list, a known scope.
+    for (body, needle) in [
+        (serde_json::json!({"signal": "SIGUSR1", "scope": "full"}), "write USR1, without SIG"),
+        (serde_json::json!({"signal": "usr1", "scope": "full"}), "write USR1, in upper case"),
+        (serde_json::json!({"signal": "10", "scope": "full"}), "unknown signal \"10\""),
+        (serde_json::json!({"signal": "SEGV", "scope": "full"}), "expected one of HUP, INT"),
+        (serde_json::json!({"signal": "USR1;rm -rf /\n", "scope": "full"}), "unknown signal \"USR1;rm -rf /\\n\""),
+        (serde_json::json!({"signal": "", "scope": "full"}), "unknown signal \"\""),
+        (serde_json::json!({"signal": "USR1", "scope": "everything"}), "invalid signal request"),
+        (serde_json::json!({"signal": "USR1"}), "missing field `scope`"),
+        (serde_json::json!({"scope": "full"}), "missing field `signal`"),
+        (serde_json::json!("USR1"), "invalid signal request"),
+    ] {
+        let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/sa/signal", &job, Some(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(needle), "{body}: {v} lacks {needle:?}");
+    }
+    let (s, v) = send_signal(&d, "sa", &job, &"A".repeat(10_000), "full").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().len() < 400, "a hostile name is not echoed whole: {v}");
+    let (s, _) = send_signal(&d, "sa", &job, &"A".repeat(100_000), "full").await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "bodies beyond 64 KiB are not read");
+    assert_eq!(d.work("alpha").await.signal, [], "no invalid signal was queued");
+    // Unknown job.
+    assert_eq!(send_signal(&d, "nope", "Bearer admin-secret", "USR1", "full").await.0, StatusCode::NOT_FOUND);
+    // Every valid name is accepted.
+    for name in fleet_api::api::SIGNAL_NAMES {
+        assert_eq!(send_signal(&d, "sa", &job, name, "batch").await.0, StatusCode::ACCEPTED, "{name}");
+    }
+    let got: Vec<String> = d.work("alpha").await.signal.into_iter().map(|o| o.signal).collect();
+    assert_eq!(got, fleet_api::api::SIGNAL_NAMES);
     d.stop().await;
 }

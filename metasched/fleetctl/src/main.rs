@@ -151,6 +151,23 @@ enum JobAction {
         /// Fleet job id.
         id: String,
     },
+    /// Send a signal to a job where it runs: the target cluster's agent
+    /// delivers it with `scancel --signal=<SIG>` (plus the scope's flag).
+    /// Refused while no cluster runs the job yet, and once it has finished.
+    Signal {
+        /// Fleet job id.
+        id: String,
+        /// Signal name: USR1, USR2, HUP, INT, QUIT, ABRT, ALRM, TERM, KILL,
+        /// CONT, STOP, TSTP, TTIN, TTOU, URG, XCPU, XFSZ, VTALRM, PROF,
+        /// WINCH, PWR (a `SIG` prefix and lower case are accepted).
+        signal: String,
+        /// Which processes of the job: `batch` (the batch shell alone, as
+        /// `scancel --batch`), `full` (the shell, its children and every
+        /// step, as `scancel --full`; what a stand-in forwards) or `steps`
+        /// (the job's steps only, as `scancel` without either flag).
+        #[arg(long, default_value = "full", value_parser = ["batch", "full", "steps"])]
+        scope: String,
+    },
 }
 
 /// Mirror of the daemon's `GET /v1/jobs/{id}/explain` reply
@@ -251,6 +268,30 @@ impl Client {
         self.call_with(method, path, None)
     }
 
+    /// A call with a JSON body.
+    fn call_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .request(method.clone(), &url)
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .with_context(|| format!("{method} {url}"))?;
+        let status = resp.status();
+        let text = resp.text().with_context(|| format!("reading the reply of {method} {url}"))?;
+        if !status.is_success() {
+            let msg = serde_json::from_str::<fleet_api::api::ApiError>(&text).map(|e| e.error).unwrap_or(text);
+            bail!("{method} {url}: HTTP {}: {msg}", status.as_u16());
+        }
+        serde_json::from_str(&text).with_context(|| format!("{method} {url}: reply is not JSON"))
+    }
+
     fn call_with(
         &self,
         method: reqwest::Method,
@@ -271,6 +312,16 @@ impl Client {
         }
         serde_json::from_str(&text).with_context(|| format!("{method} {url}: reply is not JSON"))
     }
+}
+
+/// `fleetctl job signal`'s request: the name as `POST /signal` takes it
+/// (upper case, no `SIG`), checked here so a typo is named before any call.
+fn signal_request(signal: &str, scope: &str) -> anyhow::Result<fleet_api::api::SignalRequest> {
+    let upper = signal.trim().to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    let name = fleet_api::api::check_signal_name(name).map_err(anyhow::Error::msg)?;
+    let scope = scope.parse().map_err(anyhow::Error::msg)?;
+    Ok(fleet_api::api::SignalRequest { signal: name.to_string(), scope })
 }
 
 fn now() -> f64 {
@@ -779,6 +830,9 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
                 (Some(JobAction::Explain { id }), _) => {
                     (reqwest::Method::GET, format!("/v1/jobs/{}/explain", query_escape(id)))
                 }
+                (Some(JobAction::Signal { id, signal, scope }), _) => {
+                    return job_signal(&client, cli.json, id, signal, scope);
+                }
                 (None, Some(id)) => (reqwest::Method::GET, format!("/v1/jobs/{}", query_escape(id))),
                 (None, None) => bail!("missing job id"),
             };
@@ -787,6 +841,7 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
                 return print_json(&v);
             }
             match action {
+                Some(JobAction::Signal { .. }) => unreachable!("answered above"),
                 Some(JobAction::Explain { .. }) => {
                     let e: Explanation = serde_json::from_value(v).context("decoding the explanation")?;
                     print(&explain_text(&e))
@@ -812,6 +867,25 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// `fleetctl job signal <id> <SIG> [--scope]`.
+fn job_signal(client: &Client, json: bool, id: &str, signal: &str, scope: &str) -> anyhow::Result<()> {
+    let req = signal_request(signal, scope)?;
+    let path = format!("/v1/jobs/{}/signal", query_escape(id));
+    let v = client.call_json(reqwest::Method::POST, &path, &serde_json::to_value(&req)?)?;
+    if json {
+        return print_json(&v);
+    }
+    let r: JobRecord = serde_json::from_value(v).context("decoding the job")?;
+    let flag = req.scope.scancel_flag().map(|f| format!(" {f}")).unwrap_or_default();
+    print(&format!(
+        "{id}: SIG{sig} queued for {target} ({state} there as job {remote}; its agent runs scancel --signal={sig}{flag})\n",
+        sig = req.signal,
+        target = r.target.as_deref().unwrap_or("-"),
+        state = r.state,
+        remote = r.remote_job_id.map_or("-".to_string(), |i| i.to_string()),
+    ))
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -858,12 +932,41 @@ mod tests {
         check(&["job", "abc"], "Job { id: Some(\"abc\"), action: None }");
         check(&["job", "cancel", "abc"], "Job { id: None, action: Some(Cancel { id: \"abc\" }) }");
         check(&["job", "explain", "abc"], "Job { id: None, action: Some(Explain { id: \"abc\" }) }");
+        check(
+            &["job", "signal", "abc", "USR1"],
+            "Job { id: None, action: Some(Signal { id: \"abc\", signal: \"USR1\", scope: \"full\" }) }",
+        );
+        check(
+            &["job", "signal", "abc", "usr1", "--scope", "batch"],
+            "Job { id: None, action: Some(Signal { id: \"abc\", signal: \"usr1\", scope: \"batch\" }) }",
+        );
+        check(&["job", "signal", "abc", "USR1", "--scope", "all"], "error 2");
+        check(&["job", "signal", "abc"], "error 2");
         check(&["rebalance"], "Rebalance");
         check(&["rebalance", "--json"], "Rebalance");
         check(&["rebalance", "x"], "error 2");
         check(&["job"], "error 2");
         check(&["bogus"], "error 2");
         check(&["--json", "clusters", "--url", "http://x:1"], "Clusters");
+    }
+
+    #[test]
+    fn signal_requests() {
+        use fleet_api::api::SignalScope;
+        for (sig, scope, want) in [
+            ("USR1", "full", Ok(("USR1", SignalScope::Full))),
+            ("SIGusr2", "batch", Ok(("USR2", SignalScope::Batch))),
+            (" hup ", "steps", Ok(("HUP", SignalScope::Steps))),
+            ("SIGSEGV", "full", Err("unknown signal \"SEGV\"")),
+            ("9", "full", Err("unknown signal \"9\"")),
+            ("USR1", "all", Err("unknown signal scope \"all\"")),
+        ] {
+            match (signal_request(sig, scope), want) {
+                (Ok(r), Ok((name, sc))) => assert_eq!((r.signal.as_str(), r.scope), (name, sc), "{sig}"),
+                (Err(e), Err(needle)) => assert!(format!("{e:#}").contains(needle), "{sig}: {e:#}"),
+                (got, want) => panic!("{sig} {scope}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

@@ -386,3 +386,92 @@ async fn jobs_for_admins() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_signal_queues_the_signal_for_the_target() {
+    use fleet_api::api::{AgentWork, SignalOrder, SignalScope, StartConfirmation, StartRequest, StatusUpdate};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(fleet_metasched::run(listener, config(dir), async {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let post = |path: String, auth: String, body: serde_json::Value| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let r = http.post(format!("{url}{path}")).header("Authorization", auth).json(&body).send().await.unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+        }
+    };
+    let hb = Heartbeat {
+        cluster: "alpha".into(),
+        scheduler: "slurm".into(),
+        nodes: vec![NodeCapacity {
+            name: "a1".into(),
+            gpu_type: Some("h100".into()),
+            gpus_total: 8,
+            gpus_free: 8,
+            state: "idle".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    post("/v1/heartbeat".into(), "Bearer tok-alpha".into(), serde_json::to_value(&hb).unwrap()).await;
+    let fwd = ForwardRequest {
+        fleet_job_id: "j-sig".into(),
+        request: JobRequest {
+            origin: "beta".into(),
+            gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 8, scope: GpuScope::Node }],
+            ..Default::default()
+        },
+        tentative_target: "alpha".into(),
+    };
+    post("/v1/jobs".into(), "Bearer tok-beta".into(), serde_json::to_value(&fwd).unwrap()).await;
+
+    // Held: refused, with the reason.
+    let o = ctl(&url, dir, &["job", "signal", "j-sig", "USR1"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("HTTP 409") && text(&o).contains("held until its stand-in starts"), "{}", text(&o));
+
+    // Started, placed at alpha, running there as job 31.
+    let job_auth = format!("FleetJob {}", fleet_api::auth::job_token("tok-beta", "j-sig"));
+    post("/v1/jobs/j-sig/start".into(), job_auth, serde_json::to_value(StartRequest { origin_job_id: 5 }).unwrap())
+        .await;
+    let confirm = StartConfirmation { origin_job_id: 5, started: true, reason: String::new() };
+    post("/v1/jobs/j-sig/confirm_start".into(), "Bearer tok-beta".into(), serde_json::to_value(confirm).unwrap()).await;
+    let running =
+        StatusUpdate { remote_job_id: Some(31), state: Some(fleet_api::JobState::Running), ..Default::default() };
+    post("/v1/jobs/j-sig/status".into(), "Bearer tok-alpha".into(), serde_json::to_value(running).unwrap()).await;
+
+    let o = ctl(&url, dir, &["job", "signal", "j-sig", "SIGusr1", "--scope", "batch"]).await;
+    assert_eq!(
+        text(&o),
+        "j-sig: SIGUSR1 queued for alpha (running there as job 31; its agent runs scancel --signal=USR1 --batch)\n"
+    );
+    let o = ctl(&url, dir, &["job", "signal", "j-sig", "HUP", "--scope", "steps"]).await;
+    assert!(text(&o).ends_with("scancel --signal=HUP)\n"), "{}", text(&o));
+    let o = ctl(&url, dir, &["--json", "job", "signal", "j-sig", "WINCH"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["fleet_job_id"].as_str(), v["state"].as_str()), (Some("j-sig"), Some("running")), "{v}");
+    let work: AgentWork =
+        http.get(format!("{url}/v1/agent/work")).bearer_auth("tok-alpha").send().await.unwrap().json().await.unwrap();
+    let order = |s: &str, scope| SignalOrder { fleet_job_id: "j-sig".into(), signal: s.into(), scope };
+    assert_eq!(
+        work.signal,
+        [order("USR1", SignalScope::Batch), order("HUP", SignalScope::Steps), order("WINCH", SignalScope::Full)]
+    );
+
+    // A name outside the list is refused before any call.
+    let o = ctl(&url, dir, &["job", "signal", "j-sig", "SEGV"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).starts_with("fleetctl: unknown signal \"SEGV\"; expected one of HUP"), "{}", text(&o));
+    let o = ctl(&url, dir, &["job", "signal", "nope", "USR1"]).await;
+    assert!(text(&o).contains("HTTP 404: unknown job"), "{}", text(&o));
+
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+pub use fleet_api::api::SignalScope;
 use fleet_api::api::NodeCapacity;
 use fleet_api::{JobRequest, JobState};
 
@@ -52,15 +53,6 @@ impl NativeJob {
             admin_comment: String::new(),
         }
     }
-}
-
-/// Which processes of a job a signal reaches (`scancel`'s `--batch`,
-/// `--full`, or neither: the job's steps).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SignalScope {
-    Batch,
-    Full,
-    Steps,
 }
 
 /// Where a job's output is written at this cluster.

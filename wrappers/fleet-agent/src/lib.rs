@@ -497,6 +497,12 @@ pub async fn work_once<B: Backend>(
             tracing::warn!(%id, "cancelling: {e:#}");
         }
     }
+    for o in work.signal {
+        progressed = true;
+        if let Err(e) = track::signal_one(agent, &o.fleet_job_id, &o.signal, o.scope).await {
+            tracing::warn!(id = %o.fleet_job_id, signal = %o.signal, "signalling: {e:#}");
+        }
+    }
     let checks: Vec<_> = work
         .confirm_start
         .into_iter()

@@ -614,16 +614,11 @@ impl Backend for SlurmBackend {
     }
 
     async fn signal(&self, native_id: u64, user: &str, signal: &str, scope: crate::backend::SignalScope) -> Result<()> {
-        use crate::backend::SignalScope;
-        if signal.is_empty() || !signal.chars().all(|c| c.is_ascii_alphanumeric()) {
+        if fleet_api::api::check_signal_name(signal).is_err() {
             bail!("refusing to send signal {signal:?}");
         }
         let mut args = vec![format!("--signal={signal}")];
-        match scope {
-            SignalScope::Batch => args.push("--batch".into()),
-            SignalScope::Full => args.push("--full".into()),
-            SignalScope::Steps => {}
-        }
+        args.extend(scope.scancel_flag().map(str::to_string));
         args.push(native_id.to_string());
         self.run_in("scancel", &args, None, None, Some(user)).await?;
         Ok(())

@@ -13,8 +13,9 @@
 //! Exit status:
 //! * the remote job's exit code when it completed or failed;
 //! * 128+S when the remote job was ended by signal S (a line on stderr says so);
-//! * 143 when the stand-in itself was cancelled (SIGTERM/SIGINT/SIGHUP):
-//!   the proxy asks the meta-scheduler to cancel the remote job first;
+//! * 143 when the stand-in itself was cancelled (SIGTERM, which is what
+//!   `scancel` and a time limit send): the proxy asks the meta-scheduler to
+//!   cancel the remote job first;
 //! * 1 when the job could not be placed anywhere or was lost (the reason
 //!   is printed on stderr);
 //! * 2 for bad arguments.
@@ -26,6 +27,12 @@
 //! (30 s): a meta-scheduler restart leaves the job's output byte for byte
 //! what the job wrote. A refused job token (HTTP 401/403) is permanent:
 //! the proxy says so and exits 1.
+//!
+//! Every other signal the stand-in can catch (`USR1`, `USR2`, `HUP`, `INT`,
+//! `QUIT`, `ALRM`, `TSTP`, `CONT`, ...: [`FORWARDED`]) is forwarded to the
+//! remote job (`POST /v1/jobs/{id}/signal`, delivered by the target's agent
+//! with `scancel --signal --full`) and never ends or stops the proxy; see
+//! [`forward_signals`] for what reaches the remote job and why.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -36,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
-use fleet_api::api::{JobRecord, StartRequest, Stream};
+use fleet_api::api::{JobRecord, SignalRequest, SignalScope, StartRequest, Stream};
 use fleet_api::{auth, JobState};
 
 /// Relay a forwarded Fleet job: start it, stream its output, exit with its
@@ -81,11 +88,43 @@ const READ_CHUNK: u64 = 1 << 20;
 /// relaying output (Slurm's KillWait is 5 s before SIGKILL).
 const CANCEL_RETRY: Duration = Duration::from_millis(2500);
 const RELAY_AFTER_CANCEL: Duration = Duration::from_millis(3500);
+/// How long a signal's forwarding is retried (meta-scheduler unreachable,
+/// or the job not yet submitted at its target) before it is reported.
+const SIGNAL_RETRY: Duration = Duration::from_secs(5);
+
+/// Signals forwarded to the remote job, with their names as
+/// `scancel --signal` takes them. SIGTERM is not among them: it cancels
+/// (see the exit status above); SIGKILL and SIGSTOP cannot be caught.
+const FORWARDED: &[(libc::c_int, &str)] = &[
+    (libc::SIGUSR1, "USR1"),
+    (libc::SIGUSR2, "USR2"),
+    (libc::SIGHUP, "HUP"),
+    (libc::SIGINT, "INT"),
+    (libc::SIGQUIT, "QUIT"),
+    (libc::SIGALRM, "ALRM"),
+    (libc::SIGTSTP, "TSTP"),
+    (libc::SIGCONT, "CONT"),
+    (libc::SIGWINCH, "WINCH"),
+    (libc::SIGURG, "URG"),
+    (libc::SIGTTIN, "TTIN"),
+    (libc::SIGTTOU, "TTOU"),
+    (libc::SIGXCPU, "XCPU"),
+    (libc::SIGXFSZ, "XFSZ"),
+    (libc::SIGVTALRM, "VTALRM"),
+    (libc::SIGPROF, "PROF"),
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    (libc::SIGPWR, "PWR"),
+];
+
+fn forwarded_name(sig: libc::c_int) -> Option<&'static str> {
+    FORWARDED.iter().find(|(s, _)| *s == sig).map(|(_, n)| *n)
+}
 
 fn diag(msg: impl std::fmt::Display) {
     let _ = writeln!(std::io::stderr().lock(), "fleet-proxy: {msg}");
 }
 
+#[derive(Clone)]
 struct Api {
     http: reqwest::blocking::Client,
     base: String,
@@ -146,6 +185,12 @@ impl Api {
     fn cancel(&self, timeout: Duration) -> Result<JobRecord, CallError> {
         let url = format!("{}/v1/jobs/{}/cancel", self.base, self.job);
         Self::record(self.send(self.http.post(url).timeout(timeout))?)
+    }
+
+    fn signal(&self, signal: &str, scope: SignalScope, timeout: Duration) -> Result<JobRecord, CallError> {
+        let url = format!("{}/v1/jobs/{}/signal", self.base, self.job);
+        let body = SignalRequest { signal: signal.to_string(), scope };
+        Self::record(self.send(self.http.post(url).json(&body).timeout(timeout))?)
     }
 
     fn output(&self, stream: Stream, offset: u64) -> Result<Vec<u8>, CallError> {
@@ -421,9 +466,11 @@ fn run(args: Args) -> anyhow::Result<u8> {
         bail!("the job token is empty");
     }
     let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
-        signal_hook::flag::register(sig, term.clone()).context("installing signal handlers")?;
-    }
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, term.clone()).context("installing signal handlers")?;
+    // Installed before the first request: from here on no forwarded signal
+    // ends or stops the proxy, even while the client is being built.
+    let signals =
+        signal_hook::iterator::Signals::new(FORWARDED.iter().map(|(s, _)| *s)).context("installing signal handlers")?;
     let mut builder =
         reqwest::blocking::Client::builder().connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30));
     if let Some(path) = &args.ca_file {
@@ -441,6 +488,13 @@ fn run(args: Args) -> anyhow::Result<u8> {
         job: args.job.clone(),
         auth: format!("{} {token}", auth::JOB_TOKEN_SCHEME),
     };
+    {
+        let (api, term) = (api.clone(), term.clone());
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || forward_signals(signals, &api, &term))
+            .context("starting the signal forwarder")?;
+    }
     let slurm_job_id = std::env::var("SLURM_JOB_ID").ok().and_then(|s| s.trim().parse::<u64>().ok());
     let mut comment = Comment::new(&args.slurm_bin_dir, slurm_job_id);
     let poll = Duration::from_millis(args.poll_ms);
@@ -498,6 +552,75 @@ fn run(args: Args) -> anyhow::Result<u8> {
                 Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
             }
         }
+    }
+}
+
+/// Forward every signal of [`FORWARDED`] the stand-in receives to the
+/// remote job, in the order they arrive (one still waiting is not queued
+/// twice, as for any Unix process), until the process exits.
+///
+/// Which `scancel` at the origin reaches the remote job (Slurm 22.05,
+/// `scancel(1)`): the stand-in is a batch job whose batch step is this
+/// process (`exec fleet-proxy`) and which has no other step.
+/// * `scancel --batch --signal=S` and `scancel --full --signal=S` signal the
+///   batch step, so they reach the proxy and S is forwarded.
+/// * `scancel --signal=S` without either flag signals only the job's steps
+///   ("by default, signals other than SIGKILL are not sent to the batch
+///   step"); the stand-in has none, so nothing reaches the proxy and
+///   nothing is forwarded. `fleetctl job signal <id> S --scope steps`
+///   delivers it to the remote job's steps instead.
+/// * `scancel` without `--signal` (and a time limit) sends SIGCONT then
+///   SIGTERM: the CONT is forwarded (harmless to a running job) and the
+///   TERM cancels the remote job.
+///
+/// Every signal is forwarded with scope `full` (`scancel --full` at the
+/// target): the proxy receives the same signal for `-b` and `--full` and
+/// cannot tell which was used, and `full` reaches everything either would
+/// have reached natively (the batch shell, its children, its steps), so a
+/// script that traps the signal sees it whichever form the user chose. The
+/// cost: after `-b`, the shell's children and steps receive it too; a
+/// child that neither catches nor ignores the signal (for USR1 the default
+/// action is to terminate) ends, where natively only the shell would have
+/// seen it.
+///
+/// A forwarding that fails is retried for [`SIGNAL_RETRY`] (an outage, or
+/// a job not yet submitted at its target), then reported on the job's
+/// stderr, once per signal and reason until a forwarding succeeds again.
+/// Nothing is reported once the stand-in is being cancelled.
+fn forward_signals(mut signals: signal_hook::iterator::Signals, api: &Api, term: &AtomicBool) {
+    let mut reported: Vec<(&'static str, String)> = Vec::new();
+    for sig in signals.forever() {
+        let Some(name) = forwarded_name(sig) else { continue };
+        match forward_signal(api, name, term) {
+            Ok(()) => reported.clear(),
+            Err(_) if term.load(Ordering::Relaxed) => {}
+            Err(why) => {
+                if !reported.iter().any(|(n, w)| *n == name && *w == why) {
+                    diag(format_args!("SIG{name} was not delivered to the remote job: {why}"));
+                    reported.push((name, why));
+                }
+            }
+        }
+    }
+}
+
+/// One signal to the meta-scheduler: `Ok` once it is queued for the
+/// target, the reason otherwise.
+fn forward_signal(api: &Api, name: &str, term: &AtomicBool) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let err = match api.signal(name, SignalScope::Full, Duration::from_secs(2)) {
+            Ok(_) => return Ok(()),
+            // Not running at a target yet (or already over): worth a retry
+            // while the job may still be submitted there.
+            Err(CallError::Status(409, m)) => format!("HTTP 409: {m}"),
+            Err(CallError::Status(s, m)) => return Err(format!("HTTP {s}: {m}")),
+            Err(CallError::Transient(m)) => m,
+        };
+        if t0.elapsed() >= SIGNAL_RETRY || term.load(Ordering::Relaxed) {
+            return Err(err);
+        }
+        nap(Duration::from_millis(250), term);
     }
 }
 

@@ -322,14 +322,15 @@ async fn sigterm_cancels_the_remote_job() {
     alpha.status("px2", running(556)).await;
     alpha.output("px2", Stream::Stdout, b"partial\n", 1024).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let pid = child.id().unwrap() as libc::pid_t;
-    // SAFETY: kill(2) on a child process we spawned and still own.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // As scancel does: SIGCONT (forwarded), then SIGTERM (cancels).
+    kill(&child, libc::SIGCONT);
+    kill(&child, libc::SIGTERM);
     alpha.wait_for("px2", |w| w.cancel.clone()).await;
     alpha.status("px2", StatusUpdate { signal: Some(15), ..finished(JobState::Cancelled, 0, 8, 0) }).await;
     let (code, stdout, stderr) = finish(child).await;
     assert_eq!(code, 143, "stderr: {}", String::from_utf8_lossy(&stderr));
     assert_eq!(stdout, b"partial\n");
+    assert!(!String::from_utf8_lossy(&stderr).contains("not delivered"), "a cancel is not a failed signal");
     meta.stop().await;
 }
 
@@ -426,5 +427,103 @@ async fn a_start_the_origin_agent_does_not_confirm_leaves_the_job_held() {
     // (refused, or asked again: the proxy keeps asking)
     assert!(r.reason.contains("stand-in 99"), "{}", r.reason);
     drop(child); // kill_on_drop
+    meta.stop().await;
+}
+
+/// Send `sig` to the proxy process.
+fn kill(child: &tokio::process::Child, sig: libc::c_int) {
+    let pid = child.id().expect("the proxy still runs") as libc::pid_t;
+    // SAFETY: kill(2) on a child process we spawned and still own (not yet reaped).
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+/// Poll `agent`'s work until its signal orders (handed out once, so
+/// gathered across polls) number `n`; returns them.
+async fn signal_orders(agent: &Agent, n: usize) -> Vec<(String, String, fleet_api::api::SignalScope)> {
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(t0.elapsed() < Duration::from_secs(20), "only {got:?} of {n} signal orders reached {}", agent.cluster);
+        got.extend(agent.work().await.signal.into_iter().map(|o| (o.fleet_job_id, o.signal, o.scope)));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    got
+}
+
+/// Wait until the proxy's comment updates show `needle` (it polls).
+async fn wait_comment(dir: &Path, needle: &str) {
+    let log = dir.join("comments.log");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains(needle) {
+        assert!(t0.elapsed() < Duration::from_secs(15), "the proxy never reported {needle:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_are_forwarded_to_the_remote_job_and_never_end_the_proxy() {
+    use fleet_api::api::SignalScope::Full;
+    let tmp = tempfile::tempdir().unwrap();
+    let (meta, alpha, beta) = setup(tmp.path()).await;
+    beta.forward("px6", 8).await;
+    let child = spawn_proxy(&meta.url(), "px6", tmp.path());
+    alpha.wait_for("px6", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
+    alpha.status("px6", running(558)).await;
+    wait_comment(tmp.path(), "558 running").await;
+    // What `scancel -b --signal=USR1` (or --full) at the origin does: a real
+    // signal to the proxy, the batch step.
+    kill(&child, libc::SIGUSR1);
+    let s = |sig: &str| ("px6".to_string(), sig.to_string(), Full);
+    assert_eq!(signal_orders(&alpha, 1).await, [s("USR1")]);
+    // INT and HUP used to cancel; TSTP/TTIN would stop the process: all
+    // are forwarded now, one at a time, and the proxy carries on.
+    for (sig, name) in [
+        (libc::SIGINT, "INT"),
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGTSTP, "TSTP"),
+        (libc::SIGTTIN, "TTIN"),
+        (libc::SIGUSR2, "USR2"),
+        (libc::SIGPWR, "PWR"),
+    ] {
+        kill(&child, sig);
+        assert_eq!(signal_orders(&alpha, 1).await, [s(name)], "{name}");
+    }
+    assert!(alpha.work().await.cancel.is_empty(), "no signal but TERM cancels");
+    // Still relaying: output and the remote exit code arrive as usual.
+    alpha.output("px6", Stream::Stdout, b"got-usr1\n", 1024).await;
+    alpha.status("px6", finished(JobState::Completed, 3, 9, 0)).await;
+    let (code, stdout, stderr) = finish(child).await;
+    assert_eq!(code, 3, "stderr: {}", String::from_utf8_lossy(&stderr));
+    assert_eq!(stdout, b"got-usr1\n");
+    assert_eq!(String::from_utf8_lossy(&stderr), "", "delivered signals leave the user's stderr alone");
+    meta.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_that_cannot_be_delivered_is_reported_once_on_stderr() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (meta, alpha, beta) = setup(tmp.path()).await;
+    beta.forward("px7", 8).await;
+    // Stand-in 99 is not the journaled one: the job stays held, nothing runs it.
+    let mut child = spawn_proxy_as(&meta.url(), "px7", tmp.path(), false, 99);
+    wait_comment(tmp.path(), "held").await;
+    kill(&child, libc::SIGUSR1);
+    kill(&child, libc::SIGUSR1);
+    // Retried for 5 s, then said once (the second USR1 fails for the same reason).
+    tokio::time::sleep(Duration::from_millis(11_500)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the proxy lives on");
+    assert!(alpha.work().await.is_empty());
+    kill(&child, libc::SIGTERM);
+    let (code, _, stderr) = finish(child).await;
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert_eq!(code, 143, "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("not delivered")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with(
+            "fleet-proxy: SIGUSR1 was not delivered to the remote job: HTTP 409: job px7: the job is held"
+        ),
+        "{stderr}"
+    );
     meta.stop().await;
 }
