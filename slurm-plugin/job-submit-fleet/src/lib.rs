@@ -105,6 +105,7 @@ impl FleetSubmit {
         let req = match prepared {
             Prepared::Untouched => return (Outcome::Skip, Ok(())),
             Prepared::Ask(req) => req,
+            Prepared::Hetjob(req, offset) => return self.hetjob(&req, offset),
         };
         // Jobs that stay home are answered from the view the agent
         // publishes: a stat() and, once per heartbeat, a small parse. Only
@@ -156,6 +157,36 @@ impl FleetSubmit {
                         }),
                     )
                 }
+            }
+        }
+    }
+}
+
+impl FleetSubmit {
+    /// A heterogeneous job is never split: each component stays local.
+    /// One that the published view says this cluster cannot run is
+    /// refused with the reason, rather than left pending forever.
+    fn hetjob(
+        &self,
+        req: &fleet_api::JobRequest,
+        offset: u64,
+    ) -> (stats::Outcome, Result<(), Reject>) {
+        match self.view.origin_verdict(&self.config, req) {
+            Some(Err(why)) => (
+                stats::Outcome::Reject,
+                Err(Reject {
+                    code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32,
+                    message: format!(
+                        "fleet: heterogeneous job component {offset} cannot run at {} ({why}); a heterogeneous job is never split across clusters: submit the components as separate jobs to let Fleet place them",
+                        self.config.site
+                    ),
+                }),
+            ),
+            _ => {
+                log::verbose(&format!(
+                    "job_submit/fleet: heterogeneous job component {offset} stays local (a hetjob is never split across clusters)"
+                ));
+                (stats::Outcome::Local, Ok(()))
             }
         }
     }
