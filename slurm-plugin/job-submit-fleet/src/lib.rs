@@ -224,6 +224,13 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
             &plan.admin_comment,
         )),
     );
+    // Where the job runs, for `squeue -O comment`, only when the user left
+    // the comment empty: theirs is never replaced. (The agent's reconciler
+    // still finds pending stand-ins by this comment; it should read the
+    // tag in admin_comment instead, which is always there.)
+    if job.get(StrField::Comment).is_none_or(|c| c.is_empty()) {
+        job.set(StrField::Comment, Some(&plan.comment));
+    }
     job.set_num(NumField::MinNodes, 1);
     job.set_num(NumField::MaxNodes, 1);
     job.set_num(NumField::NumTasks, 1);
@@ -303,6 +310,7 @@ mod tests {
             );
         }
         free_test_descriptor(d);
+        // Without a comment of the user's, the stand-in shows where it runs.
         // Without --mail-user the stand-in keeps the mail (to the submitting user).
         let mut d = JobDesc::test_descriptor();
         {
@@ -310,6 +318,10 @@ mod tests {
             jd.set_num(NumField::MailType, 3);
             rewrite(&mut jd, &plan());
             assert_eq!(jd.num(NumField::MailType), 3);
+            assert_eq!(
+                jd.get(StrField::Comment).as_deref(),
+                Some("fleet: alpha (waiting) beta-00ab12cd34ef")
+            );
         }
         free_test_descriptor(d);
     }
