@@ -563,7 +563,15 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
         } else if let (false, Err(e)) = (home, price_ok(c, job)) {
             Some(e)
         } else {
-            fits(c, job).err()
+            // The origin's own heartbeat never keeps a job it can run from
+            // home; when it cannot run it anyway, a silent origin says so.
+            fits(c, job).err().map(|e| {
+                if home && !c.healthy {
+                    format!("no heartbeat for {:.0}s", c.heartbeat_age_s)
+                } else {
+                    e
+                }
+            })
         };
         match reason {
             Some(reason) => excluded.push(Exclusion {
