@@ -1,15 +1,19 @@
 //! Slurm is the oracle: a table of resource requests, each submitted at
-//! each lab cluster twice, held (`--hold`, so nothing runs and the lab
-//! stays idle):
+//! each lab cluster:
 //!
-//! * natively, with `--fleet=local` (the plugin leaves the job alone);
-//! * with the plugin deciding (the default).
+//! * `sbatch --test-only --fleet=local`: can this cluster run it natively
+//!   (slurmctld's will-run test; a held job is accepted untested, so
+//!   acceptance alone says nothing);
+//! * `sbatch --hold --fleet=local`: the native allocation shape;
+//! * `sbatch --hold`: the plugin deciding (the default).
 //!
-//! Wherever the cluster accepts a request natively, the plugin's outcome
+//! Wherever the cluster can run a request natively, the plugin's outcome
 //! must be the same (accepted, untouched: the same allocation shape in
-//! `scontrol show job`) or the job is forwarded to a cluster that accepts
-//! the same request natively. Where the cluster refuses it, the plugin
-//! forwards it to such a cluster or refuses it with a reason.
+//! `scontrol show job`) or the job is forwarded to a cluster that can run
+//! it natively. Where the cluster cannot, the plugin forwards it to such a
+//! cluster or refuses it with a reason (`fleet: ...`), or leaves it to
+//! slurmctld, which refuses it itself, when no cluster could run it.
+//! Held jobs never run, so the lab stays idle.
 //!
 //! The lab: alpha has 2 nodes × 8 h100, beta 2 × 8 a100; 32 CPUs and
 //! 64000 MB per node; no node features, no licenses.
@@ -158,6 +162,20 @@ fn forwarded_to(r: &JobRecord) -> Option<String> {
     )
 }
 
+/// slurmctld's will-run test at `cluster`, the plugin out of the way.
+fn runs_natively(lab: &Lab, cluster: &str, args: &str) -> bool {
+    let mut a: Vec<&str> = args.split_whitespace().collect();
+    a.extend([
+        "--test-only",
+        "--fleet=local",
+        "--output=/dev/null",
+        "--wrap=true",
+    ]);
+    lab.cmd(cluster, "sbatch", &a)
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
 #[test]
 fn slurm_is_the_oracle() {
     let (lab, _serial) = Lab::lock();
@@ -167,60 +185,57 @@ fn slurm_is_the_oracle() {
         REQUESTS.len()
     );
     let mut ids = Vec::new();
-    // Native outcomes first: the oracle.
+    // The oracle: where each request runs natively, and its native shape.
+    let mut feasible: HashMap<(&str, &str), bool> = HashMap::new();
     let mut native: HashMap<(&str, &str), Outcome> = HashMap::new();
     for c in CLUSTERS {
         for r in REQUESTS {
+            feasible.insert((c, r), runs_natively(lab, c, r));
             native.insert((c, r), submit(lab, c, r, true, &mut ids));
         }
     }
+    let runs_somewhere = |r: &str| CLUSTERS.iter().any(|c| feasible[&(*c, r)]);
     let mut failures = Vec::new();
     let mut counts: HashMap<&str, u32> = HashMap::new();
     for c in CLUSTERS {
         for r in REQUESTS {
             let with = submit(lab, c, r, false, &mut ids);
-            let nat = &native[&(*c, *r)];
-            let runs_at =
-                |target: &str| matches!(native.get(&(target, *r)), Some(Outcome::Accepted(_)));
-            let verdict: Result<&str, String> = match (nat, &with) {
-                (_, Outcome::Accepted(rec))
+            let here = feasible[&(*c, *r)];
+            let verdict: Result<&str, String> = match &with {
+                Outcome::Accepted(rec)
                     if rec.get("Partition").map(String::as_str) == Some("fleet") =>
                 {
                     match forwarded_to(rec) {
-                        Some(t) if t != *c && runs_at(&t) => Ok("forwarded"),
-                        Some(t) => Err(format!(
-                            "forwarded to {t}, which does not accept it natively"
-                        )),
+                        Some(t) if t != *c && feasible.get(&(t.as_str(), *r)) == Some(&true) => {
+                            Ok("forwarded")
+                        }
+                        Some(t) => Err(format!("forwarded to {t}, which cannot run it natively")),
                         None => Err(format!(
                             "in the proxy partition without a Fleet tag: {rec:?}"
                         )),
                     }
                 }
-                (Outcome::Accepted(n), Outcome::Accepted(w)) => {
-                    if shape(n) == shape(w) {
-                        Ok("same as native")
-                    } else {
-                        Err(format!(
-                            "shape differs:\n native {:?}\n plugin {:?}",
-                            shape(n),
-                            shape(w)
-                        ))
-                    }
+                Outcome::Accepted(w) if here => match &native[&(*c, *r)] {
+                    Outcome::Accepted(n) if shape(n) == shape(w) => Ok("same as native"),
+                    Outcome::Accepted(n) => Err(format!(
+                        "shape differs:\n native {:?}\n plugin {:?}",
+                        shape(n),
+                        shape(w)
+                    )),
+                    Outcome::Refused(e) => Err(format!(
+                        "held natively refused ({e}) but accepted with the plugin"
+                    )),
+                },
+                Outcome::Accepted(_) if runs_somewhere(r) => {
+                    Err("stayed home although only another cluster can run it".into())
                 }
-                (Outcome::Accepted(_), Outcome::Refused(e)) => {
-                    Err(format!("runs natively but refused: {e}"))
-                }
-                (Outcome::Refused(_), Outcome::Accepted(w)) => Err(format!(
-                    "refused natively, accepted untouched: {:?}",
-                    shape(w)
-                )),
-                (Outcome::Refused(n), Outcome::Refused(e)) => {
-                    if e.contains("fleet: ") || e == n {
-                        Ok("refused with the reason")
-                    } else {
-                        Err(format!("refused without a reason: {e} (native: {n})"))
-                    }
-                }
+                Outcome::Accepted(_) => Ok("left to slurmctld (no cluster can run it)"),
+                Outcome::Refused(e) if here => Err(format!("runs natively but refused: {e}")),
+                Outcome::Refused(e) if e.contains("fleet: ") => Ok("refused with the reason"),
+                Outcome::Refused(e) => match &native[&(*c, *r)] {
+                    Outcome::Refused(n) if n == e => Ok("refused by slurmctld as natively"),
+                    _ => Err(format!("refused without a reason: {e}")),
+                },
             };
             match verdict {
                 Ok(kind) => *counts.entry(kind).or_default() += 1,

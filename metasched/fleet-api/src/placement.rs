@@ -409,9 +409,24 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
         .map(|t| format!("{t} "))
         .unwrap_or_default();
     if avail == 0 {
+        // The two common cases in the words users know; else the first reason.
+        let typed: Vec<&Nodes> = nodes
+            .iter()
+            .filter(|n| match (&d.gpu_type, &n.gpu_type) {
+                (_, None) => false,
+                (Some(w), Some(t)) => w.eq_ignore_ascii_case(t),
+                (None, Some(_)) => true,
+            })
+            .collect();
+        let max = typed.iter().map(|n| n.gpus).max().unwrap_or(0);
+        let ty = d.gpu_type.as_deref().unwrap_or("gpu");
         return Err(match why {
+            _ if d.wants_gpus() && typed.is_empty() => format!("has no {what}GPUs"),
+            _ if d.wants_gpus() && max < d.gpus_per_node => format!(
+                "has at most {max} {ty} per node, job needs {} per node",
+                d.gpus_per_node
+            ),
             Some(w) if !nodes.is_empty() => format!("no node can hold the job's share ({w})"),
-            _ if d.wants_gpus() => format!("has no {what}GPUs"),
             _ => "has no usable nodes".into(),
         });
     }
@@ -548,7 +563,15 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
         } else if let (false, Err(e)) = (home, price_ok(c, job)) {
             Some(e)
         } else {
-            fits(c, job).err()
+            // The origin's own heartbeat never keeps a job it can run from
+            // home; when it cannot run it anyway, a silent origin says so.
+            fits(c, job).err().map(|e| {
+                if home && !c.healthy {
+                    format!("no heartbeat for {:.0}s", c.heartbeat_age_s)
+                } else {
+                    e
+                }
+            })
         };
         match reason {
             Some(reason) => excluded.push(Exclusion {
@@ -1130,7 +1153,7 @@ mod tests {
         // Impossible even with every cluster up: still refused, with the reason.
         let (p, _) = place_or_wait(&v, &req("beta", "--gres=gpu:h100:512"));
         assert!(
-            matches!(&p, Placement::Impossible { reason } if reason.contains("8 h100 GPUs per node, job needs 512 per node")),
+            matches!(&p, Placement::Impossible { reason } if reason.contains("alpha: has at most 8 h100 per node, job needs 512 per node")),
             "{p:?}"
         );
         // Healthy answers are place()'s.

@@ -55,8 +55,8 @@ pub struct ForwardPlan {
     /// Summary of the original request for `admin_comment`; the plugin
     /// stores `fleet:<fleet_job_id> <admin_comment>` (see [`admin_tag`]).
     pub admin_comment: String,
-    /// Formerly stored into the stand-in's `Comment`; the plugin no longer
-    /// does (the user's comment stays as they set it). Kept for the wire.
+    /// Shown by `squeue -O comment` (where the job really runs), stored
+    /// only when the user left the comment empty: theirs is never replaced.
     pub comment: String,
 }
 

@@ -105,6 +105,7 @@ impl FleetSubmit {
         let req = match prepared {
             Prepared::Untouched => return (Outcome::Skip, Ok(())),
             Prepared::Ask(req) => req,
+            Prepared::Hetjob(req, offset) => return self.hetjob(&req, offset),
         };
         // Jobs that stay home are answered from the view the agent
         // publishes: a stat() and, once per heartbeat, a small parse. Only
@@ -161,6 +162,36 @@ impl FleetSubmit {
     }
 }
 
+impl FleetSubmit {
+    /// A heterogeneous job is never split: each component stays local.
+    /// One that the published view says this cluster cannot run is
+    /// refused with the reason, rather than left pending forever.
+    fn hetjob(
+        &self,
+        req: &fleet_api::JobRequest,
+        offset: u64,
+    ) -> (stats::Outcome, Result<(), Reject>) {
+        match self.view.origin_verdict(&self.config, req) {
+            Some(Err(why)) => (
+                stats::Outcome::Reject,
+                Err(Reject {
+                    code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32,
+                    message: format!(
+                        "fleet: heterogeneous job component {offset} cannot run at {} ({why}); a heterogeneous job is never split across clusters: submit the components as separate jobs to let Fleet place them",
+                        self.config.site
+                    ),
+                }),
+            ),
+            _ => {
+                log::verbose(&format!(
+                    "job_submit/fleet: heterogeneous job component {offset} stays local (a hetjob is never split across clusters)"
+                ));
+                (stats::Outcome::Local, Ok(()))
+            }
+        }
+    }
+}
+
 /// Turn the submission into the stand-in job: proxy partition, no GPUs,
 /// one task on one node, the `fleet-proxy` script, Fleet's tag and the
 /// original request in `admin_comment` (`fleet:<fleet_job_id> <summary>`,
@@ -193,6 +224,13 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
             &plan.admin_comment,
         )),
     );
+    // Where the job runs, for `squeue -O comment`, only when the user left
+    // the comment empty: theirs is never replaced. (The agent's reconciler
+    // still finds pending stand-ins by this comment; it should read the
+    // tag in admin_comment instead, which is always there.)
+    if job.get(StrField::Comment).is_none_or(|c| c.is_empty()) {
+        job.set(StrField::Comment, Some(&plan.comment));
+    }
     job.set_num(NumField::MinNodes, 1);
     job.set_num(NumField::MaxNodes, 1);
     job.set_num(NumField::NumTasks, 1);
@@ -272,6 +310,7 @@ mod tests {
             );
         }
         free_test_descriptor(d);
+        // Without a comment of the user's, the stand-in shows where it runs.
         // Without --mail-user the stand-in keeps the mail (to the submitting user).
         let mut d = JobDesc::test_descriptor();
         {
@@ -279,6 +318,10 @@ mod tests {
             jd.set_num(NumField::MailType, 3);
             rewrite(&mut jd, &plan());
             assert_eq!(jd.num(NumField::MailType), 3);
+            assert_eq!(
+                jd.get(StrField::Comment).as_deref(),
+                Some("fleet: alpha (waiting) beta-00ab12cd34ef")
+            );
         }
         free_test_descriptor(d);
     }

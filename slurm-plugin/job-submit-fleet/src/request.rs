@@ -15,6 +15,9 @@ pub enum Prepared {
     Untouched,
     /// Ask the agent about this request.
     Ask(Box<JobRequest>),
+    /// Component `offset` of a heterogeneous job: it stays local (a
+    /// hetjob is never split); refused only when home surely cannot run it.
+    Hetjob(Box<JobRequest>, u64),
 }
 
 /// The environment variable the target agent submits forwarded jobs
@@ -144,14 +147,9 @@ pub fn build_request(
         slurm::log::verbose("job_submit/fleet: sbatch --test-only: answered by this cluster alone, no fleet job created");
         return Ok(Prepared::Untouched);
     }
-    // A heterogeneous job is never half forwarded: every component stays.
-    if job.num(NumField::HetJobOffset) != u64::from(NO_VAL) {
-        slurm::log::verbose(&format!(
-            "job_submit/fleet: heterogeneous job component {} stays local (hetjobs are not forwarded)",
-            job.num(NumField::HetJobOffset)
-        ));
-        return Ok(Prepared::Untouched);
-    }
+    // A heterogeneous job is never half forwarded: every component stays
+    // (read in full, so that one home cannot run is refused with the reason).
+    let het_offset = Some(job.num(NumField::HetJobOffset)).filter(|&o| o != u64::from(NO_VAL));
     let is_array = job.bytes(StrField::ArrayInx).is_some_and(|b| !b.is_empty());
     if is_array {
         // Arrays stay local for now; say so if the user asked otherwise.
@@ -255,7 +253,7 @@ pub fn build_request(
     };
     let begin = job.num(NumField::BeginTime) as i64;
 
-    Ok(Prepared::Ask(Box::new(JobRequest {
+    let req = Box::new(JobRequest {
         origin: config.site.clone(),
         user_id: job.num(NumField::UserId) as u32,
         group_id: job.num(NumField::GroupId) as u32,
@@ -310,7 +308,11 @@ pub fn build_request(
         licenses,
         begin_time: (begin > 0).then_some(begin),
         not_carried,
-    })))
+    });
+    Ok(match het_offset {
+        Some(o) => Prepared::Hetjob(req, o),
+        None => Prepared::Ask(req),
+    })
 }
 
 /// Options on the job that no other cluster can honour, as
@@ -515,7 +517,7 @@ mod tests {
 
     fn gpus(p: &Prepared) -> Vec<GpuRequest> {
         match p {
-            Prepared::Ask(r) => r.gpus.clone(),
+            Prepared::Ask(r) | Prepared::Hetjob(r, _) => r.gpus.clone(),
             Prepared::Untouched => vec![],
         }
     }
@@ -913,27 +915,20 @@ mod tests {
             run_full(&[SCRIPT, H100], &[], &[], &["FLEET_FORWARDED_JOBS=x"], 1000),
             Ok(Prepared::Ask(_))
         ));
-        // A heterogeneous job's components all stay.
-        assert_eq!(
-            run_full(
+        // A heterogeneous job's components are never asked about (they stay).
+        for offset in [0, 1] {
+            let out = run_full(
                 &[SCRIPT, H100],
-                &[(NumField::HetJobOffset, 0)],
+                &[(NumField::HetJobOffset, offset)],
                 &[],
                 &[],
-                1000
-            ),
-            Ok(Prepared::Untouched)
-        );
-        assert_eq!(
-            run_full(
-                &[SCRIPT, H100],
-                &[(NumField::HetJobOffset, 1)],
-                &[],
-                &[],
-                1000
-            ),
-            Ok(Prepared::Untouched)
-        );
+                1000,
+            );
+            assert!(
+                matches!(&out, Ok(Prepared::Hetjob(r, o)) if *o == offset && r.gpus.len() == 1),
+                "{out:?}"
+            );
+        }
         // sbatch --test-only creates nothing.
         assert_eq!(
             run_full(

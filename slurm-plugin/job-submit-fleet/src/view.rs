@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use fleet_api::api::FleetView;
-use fleet_api::placement::{place, Placement};
+use fleet_api::placement::{fits, place, Placement};
 use fleet_api::JobRequest;
 
 use crate::PluginConfig;
@@ -25,28 +25,42 @@ pub struct ViewCache {
 impl ViewCache {
     /// True when a fresh published view places `job` at its origin.
     pub fn stays_home(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
-        let Ok(meta) = std::fs::metadata(&cfg.view_path) else {
-            return false;
-        };
-        let Ok(mtime) = meta.modified() else {
-            return false;
-        };
+        self.with_view(cfg, |v| matches!(place(v, job).0, Placement::Home { .. }))
+            .unwrap_or(false)
+    }
+
+    /// `Some(Err(why))` when a fresh view says the origin cannot run `job`
+    /// natively; `Some(Ok)` when it can; `None` without a fresh view or
+    /// with the origin missing from it (Slurm then judges alone).
+    pub fn origin_verdict(
+        &self,
+        cfg: &PluginConfig,
+        job: &JobRequest,
+    ) -> Option<Result<(), String>> {
+        self.with_view(cfg, |v| {
+            v.clusters
+                .iter()
+                .find(|c| c.name == job.origin)
+                .map(|c| fits(c, job).map(|_| ()))
+        })
+        .flatten()
+    }
+
+    fn with_view<T>(&self, cfg: &PluginConfig, f: impl FnOnce(&FleetView) -> T) -> Option<T> {
+        let meta = std::fs::metadata(&cfg.view_path).ok()?;
+        let mtime = meta.modified().ok()?;
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
         if age > cfg.view_max_age || meta.len() > MAX_VIEW_BYTES {
-            return false;
+            return None;
         }
-        let Ok(mut guard) = self.inner.lock() else {
-            return false;
-        };
+        let mut guard = self.inner.lock().ok()?;
         if guard.as_ref().is_none_or(|(t, _)| *t != mtime) {
             let parsed = std::fs::read(&cfg.view_path)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<FleetView>(&b).ok());
             *guard = parsed.map(|v| (mtime, v));
         }
-        guard
-            .as_ref()
-            .is_some_and(|(_, v)| matches!(place(v, job).0, Placement::Home { .. }))
+        guard.as_ref().map(|(_, v)| f(v))
     }
 }
 
