@@ -38,6 +38,15 @@ pub struct NodeCapacity {
     /// Interconnect domain (switch name from topology.conf), if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switch: Option<String>,
+    /// CPUs Slurm schedules on the node; 0 = unknown (an older agent).
+    #[serde(default)]
+    pub cpus: u32,
+    /// `RealMemory` in MiB; 0 = unknown.
+    #[serde(default)]
+    pub memory_mb: u64,
+    /// Node features (for `--constraint`); `None` = unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
 }
 
 /// What an agent reports about its cluster every heartbeat.

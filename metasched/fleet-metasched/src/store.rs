@@ -342,6 +342,17 @@ fn node_usable(state: &str) -> bool {
 }
 
 /// Aggregate node capacities into one pool per GPU type.
+/// The usable nodes of a heartbeat by shape (GPUs, CPUs, memory,
+/// features), for the placement rule's node-by-node check.
+pub fn node_shapes(nodes: &[NodeCapacity]) -> Vec<fleet_api::api::NodeShape> {
+    placement::node_shapes(
+        nodes
+            .iter()
+            .filter(|n| node_usable(&n.state))
+            .map(|n| (n.gpu_type.as_deref(), n.gpus_total, n.cpus, n.memory_mb, n.features.as_deref())),
+    )
+}
+
 pub fn gpu_pools(nodes: &[NodeCapacity]) -> Vec<GpuPool> {
     let mut pools: BTreeMap<String, GpuPool> = BTreeMap::new();
     for n in nodes {
@@ -655,7 +666,7 @@ impl Store {
                             gpus: gpu_pools(&hb.nodes),
                             queue_pending: hb.queue_pending,
                             queue_running: hb.queue_running,
-                            nodes: Vec::new(),
+                            nodes: node_shapes(&hb.nodes),
                             unhealthy_reason: String::new(),
                         }
                     }

@@ -63,6 +63,13 @@ pub fn decide(
         Placement::Home { reason } => local(&reason),
         Placement::Impossible { reason } => (PluginReply::Reject { message: reason }, None),
         Placement::Remote { target, reason } => {
+            // A job home can run is never refused for what keeps it from
+            // leaving: it stays home instead (and the log says why).
+            let cannot_leave = job.non_utf8_fields.first().map(|f| format!("field {f} is not valid UTF-8"))
+                .or_else(|| job.script.is_none().then(|| format!("the script is larger than MaxScriptBytes={}", cfg.max_script_bytes)));
+            if let Some(why) = cannot_leave.filter(|_| placement::origin_fits(view, job)) {
+                return local(&format!("would go to {target}, but {why}: staying home"));
+            }
             if let Some(f) = job.non_utf8_fields.first() {
                 return (
                     PluginReply::Reject {

@@ -335,7 +335,9 @@ async fn heartbeat_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
 }
 
 pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
-    let (nodes, pending, running) = agent.backend.capacity().await?;
+    let (mut nodes, pending, running) = agent.backend.capacity().await?;
+    // Nodes that only run stand-ins are no capacity for jobs.
+    nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
     let hb = Heartbeat {
         cluster: agent.cfg.site.clone(),
         region: agent.cfg.region.clone(),
