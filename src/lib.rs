@@ -34,17 +34,11 @@ impl Lab {
         static LAB: OnceLock<Lab> = OnceLock::new();
         LAB.get_or_init(|| {
             let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-            let root = PathBuf::from(
-                std::env::var("FLEET_LAB_DIR").unwrap_or_else(|_| "/tmp/fleet-lab".into()),
-            );
+            let root = PathBuf::from(std::env::var("FLEET_LAB_DIR").unwrap_or_else(|_| "/tmp/fleet-lab".into()));
             let lab = Lab { root, repo };
             if !lab.is_up() {
                 let out = lab.lab_sh(&["up"]).expect("running tests/lab/lab.sh up");
-                assert!(
-                    out.status.success(),
-                    "lab.sh up failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                assert!(out.status.success(), "lab.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
             }
             lab
         })
@@ -59,13 +53,8 @@ impl Lab {
     }
 
     fn is_up(&self) -> bool {
-        ["alpha", "beta"]
-            .iter()
-            .all(|c| self.root.join(c).join("agent.sock").exists())
-            && self
-                .cmd("beta", "sinfo", &["-h"])
-                .map(|o| o.status.success())
-                .unwrap_or(false)
+        ["alpha", "beta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
+            && self.cmd("beta", "sinfo", &["-h"]).map(|o| o.status.success()).unwrap_or(false)
     }
 
     pub fn lab_sh(&self, args: &[&str]) -> Result<Output> {
@@ -83,12 +72,7 @@ impl Lab {
     /// Run a Slurm command against `cluster` as `user`.
     pub fn cmd_as(&self, user: &str, cluster: &str, prog: &str, args: &[&str]) -> Result<Output> {
         Command::new("setpriv")
-            .args([
-                &format!("--reuid={user}"),
-                &format!("--regid={user}"),
-                "--init-groups",
-                prog,
-            ])
+            .args([&format!("--reuid={user}"), &format!("--regid={user}"), "--init-groups", prog])
             .args(args)
             .env("SLURM_CONF", self.slurm_conf(cluster))
             .stdin(Stdio::null())
@@ -109,20 +93,11 @@ impl Lab {
     /// A fresh working directory for one test, owned by [`USER`] (who
     /// submits the tests' jobs) and readable by everyone.
     pub fn workdir(&self, name: &str) -> PathBuf {
-        let d = self
-            .root
-            .join("work")
-            .join(format!("{name}-{}", std::process::id()));
+        let d = self.root.join("work").join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).expect("creating a test work dir");
-        let _ = Command::new("chown")
-            .arg(format!("{USER}:{USER}"))
-            .arg(&d)
-            .status();
-        let _ = Command::new("chmod")
-            .arg("0755")
-            .arg(self.root.join("work"))
-            .status();
+        let _ = Command::new("chown").arg(format!("{USER}:{USER}")).arg(&d).status();
+        let _ = Command::new("chmod").arg("0755").arg(self.root.join("work")).status();
         d
     }
 
@@ -133,12 +108,7 @@ impl Lab {
     }
 
     /// As [`Lab::sbatch`], with the time sbatch took.
-    pub fn sbatch_timed(
-        &self,
-        cluster: &str,
-        args: &[&str],
-        script: &[u8],
-    ) -> (Result<u64, String>, Duration) {
+    pub fn sbatch_timed(&self, cluster: &str, args: &[&str], script: &[u8]) -> (Result<u64, String>, Duration) {
         self.sbatch_as(USER, cluster, args, script)
     }
 
@@ -156,15 +126,8 @@ impl Lab {
             Command::new("sbatch")
         } else {
             let mut c = Command::new("setpriv");
-            c.args([
-                &format!("--reuid={user}"),
-                &format!("--regid={user}"),
-                "--init-groups",
-                "sbatch",
-            ]);
-            c.env("HOME", format!("/home/{user}"))
-                .env("USER", user)
-                .env("LOGNAME", user);
+            c.args([&format!("--reuid={user}"), &format!("--regid={user}"), "--init-groups", "sbatch"]);
+            c.env("HOME", format!("/home/{user}")).env("USER", user).env("LOGNAME", user);
             c
         };
         let child = cmd
@@ -191,21 +154,13 @@ impl Lab {
             return (Err(String::from_utf8_lossy(&out.stderr).into_owned()), took);
         }
         let text = String::from_utf8_lossy(&out.stdout);
-        let id = text
-            .trim()
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .parse()
-            .map_err(|_| format!("sbatch printed {text:?}"));
+        let id = text.trim().split(';').next().unwrap_or("").parse().map_err(|_| format!("sbatch printed {text:?}"));
         (id, took)
     }
 
     /// `scontrol show job -o <id>` at `cluster`, parsed; `None` when unknown.
     pub fn job(&self, cluster: &str, id: u64) -> Option<JobRecord> {
-        let out = self
-            .cmd(cluster, "scontrol", &["-o", "show", "job", &id.to_string()])
-            .ok()?;
+        let out = self.cmd(cluster, "scontrol", &["-o", "show", "job", &id.to_string()]).ok()?;
         if !out.status.success() {
             return None;
         }
@@ -257,10 +212,7 @@ impl Lab {
             .output()
             .context("running fleetctl")?;
         if !out.status.success() {
-            bail!(
-                "fleetctl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            bail!("fleetctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         }
         serde_json::from_slice(&out.stdout).context("fleetctl --json output")
     }
@@ -270,19 +222,12 @@ impl Lab {
         let listen = toml
             .lines()
             .find_map(|l| {
-                l.trim().strip_prefix("listen").map(|r| {
-                    r.trim_start_matches([' ', '='])
-                        .trim()
-                        .trim_matches('"')
-                        .to_string()
-                })
+                l.trim()
+                    .strip_prefix("listen")
+                    .map(|r| r.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string())
             })
             .unwrap_or_else(|| "127.0.0.1:16900".into());
-        let scheme = if self.ca_file().is_some() {
-            "https"
-        } else {
-            "http"
-        };
+        let scheme = if self.ca_file().is_some() { "https" } else { "http" };
         format!("{scheme}://{listen}")
     }
 
@@ -337,19 +282,13 @@ pub fn out_arg(dir: &Path, name: &str) -> String {
 /// The meta-scheduler's record of the forwarded beta job `beta_id`.
 pub fn fleet_record(lab: &Lab, beta_id: u64) -> Option<serde_json::Value> {
     let jobs = lab.fleetctl_json(&["jobs"]).ok()?;
-    jobs.as_array()?
-        .iter()
-        .find(|j| j["origin_job_id"].as_u64() == Some(beta_id))
-        .cloned()
+    jobs.as_array()?.iter().find(|j| j["origin_job_id"].as_u64() == Some(beta_id)).cloned()
 }
 
 /// (target, Slurm job id there) behind a forwarded beta job.
 pub fn remote_of(lab: &Lab, beta_id: u64) -> Option<(String, u64)> {
     let j = fleet_record(lab, beta_id)?;
-    Some((
-        j["target"].as_str().unwrap_or("").to_string(),
-        j["remote_job_id"].as_u64().unwrap_or(0),
-    ))
+    Some((j["target"].as_str().unwrap_or("").to_string(), j["remote_job_id"].as_u64().unwrap_or(0)))
 }
 
 /// The fleet job id of a forwarded beta job.
@@ -381,8 +320,7 @@ pub fn parse_record(line: &str) -> JobRecord {
         match tok.split_once('=') {
             Some((k, v))
                 if !k.is_empty()
-                    && k.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '/' || c == '_') =>
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '/' || c == '_') =>
             {
                 rec.insert(k.to_string(), v.to_string());
                 last = Some(k.to_string());
@@ -425,9 +363,7 @@ mod tests {
 
     #[test]
     fn records_parse_with_spaces() {
-        let r = parse_record(
-            "JobId=5 JobName=a b JobState=COMPLETED Comment=fleet: alpha job 7 ExitCode=3:0",
-        );
+        let r = parse_record("JobId=5 JobName=a b JobState=COMPLETED Comment=fleet: alpha job 7 ExitCode=3:0");
         assert_eq!(r["JobName"], "a b");
         assert_eq!(r["Comment"], "fleet: alpha job 7");
         assert_eq!(r["ExitCode"], "3:0");

@@ -32,11 +32,7 @@ fn proxy_processes(fleet_job_id: &str) -> Vec<Proxy> {
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains("fleet-proxy") && cmdline.contains(fleet_job_id) {
             let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            found.push(Proxy {
-                pid,
-                cmdline,
-                environ: String::from_utf8_lossy(&environ).replace('\0', "\n"),
-            });
+            found.push(Proxy { pid, cmdline, environ: String::from_utf8_lossy(&environ).replace('\0', "\n") });
         }
     }
     found
@@ -64,10 +60,7 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     let rec = lab.job("beta", id).expect("beta knows the job");
     assert_eq!(rec["Partition"], "fleet", "{rec:?}");
     assert!(rec["AdminComment"].contains("-> alpha"), "{rec:?}");
-    assert!(
-        !rec.contains_key("TresPerNode"),
-        "the stand-in asks for no GPUs: {rec:?}"
-    );
+    assert!(!rec.contains_key("TresPerNode"), "the stand-in asks for no GPUs: {rec:?}");
     // Once the stand-in runs, its comment (the user gave none) says where
     // the job runs.
     let t0 = std::time::Instant::now();
@@ -82,21 +75,12 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     assert!(squeue.contains("fleet: alpha job"), "squeue at beta names alpha: {squeue:?}");
 
     let rec = lab.wait_done("beta", id, T).unwrap();
-    assert_eq!(
-        rec["ExitCode"], "3:0",
-        "the remote exit code is recorded at beta: {rec:?}"
-    );
+    assert_eq!(rec["ExitCode"], "3:0", "the remote exit code is recorded at beta: {rec:?}");
     assert_eq!(rec["JobState"], "FAILED");
 
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| {
-        b.ends_with(b"line 3\n")
-    })
-    .unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"line 3\n")).unwrap();
     let out = String::from_utf8(out).unwrap();
-    assert!(
-        out.starts_with("ran on alpha node alpha"),
-        "ran at alpha: {out:?}"
-    );
+    assert!(out.starts_with("ran on alpha node alpha"), "ran at alpha: {out:?}");
     assert!(out.contains("line 1\nline 2\nline 3\n"), "{out:?}");
     let err = std::fs::read_to_string(dir.join("err.txt")).unwrap();
     assert!(err.contains("to-stderr"), "stderr relayed: {err:?}");
@@ -114,46 +98,21 @@ fn h100_job_at_beta_runs_at_alpha_with_output_and_exit_code() {
     let ex = lab.fleetctl_json(&["job", "explain", &fid]).unwrap();
     assert_eq!(ex["policy"], "cost", "{ex}");
     assert_eq!(ex["ranked"][0]["cluster"], "alpha", "{ex}");
-    assert!(
-        ex["ranked"][0]["terms"]
-            .as_array()
-            .is_some_and(|t| !t.is_empty()),
-        "{ex}"
-    );
-    let beta = ex["exclusions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["cluster"] == "beta")
-        .cloned();
-    assert!(
-        beta.is_some_and(|b| b["reason"].as_str().unwrap().contains("has no h100")),
-        "{ex}"
-    );
+    assert!(ex["ranked"][0]["terms"].as_array().is_some_and(|t| !t.is_empty()), "{ex}");
+    let beta = ex["exclusions"].as_array().unwrap().iter().find(|e| e["cluster"] == "beta").cloned();
+    assert!(beta.is_some_and(|b| b["reason"].as_str().unwrap().contains("has no h100")), "{ex}");
     // Clusters of the sample model that are not in the lab are said to be so.
-    let gamma = ex["engine_exclusions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["cluster"] == "gamma")
-        .cloned();
-    assert!(
-        gamma.is_some_and(|g| g["reason"].as_str().unwrap().contains("fleet model only")),
-        "{ex}"
-    );
+    let gamma = ex["engine_exclusions"].as_array().unwrap().iter().find(|e| e["cluster"] == "gamma").cloned();
+    assert!(gamma.is_some_and(|g| g["reason"].as_str().unwrap().contains("fleet model only")), "{ex}");
 
     // Accounting (slurmdbd) records the real outcome at both ends: the
     // stand-in at beta, the GPU job at alpha.
-    wait_until(
-        "sacct at beta records the exit code",
-        Duration::from_secs(30),
-        || sacct(lab, "beta", id) == format!("{id}|reroute|FAILED|3:0|fleet"),
-    );
-    wait_until(
-        "sacct at alpha records the GPU job",
-        Duration::from_secs(30),
-        || sacct(lab, "alpha", rid) == format!("{rid}|reroute|FAILED|3:0|gpu"),
-    );
+    wait_until("sacct at beta records the exit code", Duration::from_secs(30), || {
+        sacct(lab, "beta", id) == format!("{id}|reroute|FAILED|3:0|fleet")
+    });
+    wait_until("sacct at alpha records the GPU job", Duration::from_secs(30), || {
+        sacct(lab, "alpha", rid) == format!("{rid}|reroute|FAILED|3:0|gpu")
+    });
 }
 
 /// `JobID|JobName|State|ExitCode|Partition` of a job in accounting.
@@ -162,15 +121,7 @@ fn sacct(lab: &Lab, cluster: &str, id: u64) -> String {
         .cmd(
             cluster,
             "sacct",
-            &[
-                "-X",
-                "-n",
-                "-P",
-                "-o",
-                "JobID,JobName,State,ExitCode,Partition",
-                "-j",
-                &id.to_string(),
-            ],
+            &["-X", "-n", "-P", "-o", "JobID,JobName,State,ExitCode,Partition", "-j", &id.to_string()],
         )
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -188,35 +139,20 @@ fn the_submitting_environment_travels_with_the_job() {
     let id = lab
         .sbatch(
             "beta",
-            &[
-                "--gres=gpu:h100:1",
-                "--export=ALL,RESEARCH_VAR=hello world",
-                &out_arg(&dir, "out.txt"),
-            ],
+            &["--gres=gpu:h100:1", "--export=ALL,RESEARCH_VAR=hello world", &out_arg(&dir, "out.txt")],
             &script(&body),
         )
         .unwrap();
     assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0");
-    let out = String::from_utf8(
-        wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| {
-            b.ends_with(b"\n")
-        })
-        .unwrap(),
-    )
-    .unwrap();
+    let out =
+        String::from_utf8(wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap())
+            .unwrap();
     let f: Vec<&str> = out.trim_end().split('|').collect();
     // The user's variable arrived; what names the origin did not.
     assert_eq!(f[0], "hello world", "{out:?}");
     assert_eq!(f[1], "alpha", "{out:?}");
-    assert_eq!(
-        f[2],
-        lab.slurm_conf("alpha").display().to_string(),
-        "Slurm commands in the job talk to alpha: {out:?}"
-    );
-    assert!(
-        f[3].contains("/alpha/agent/jobs/beta-"),
-        "HOME is the job's directory at alpha: {out:?}"
-    );
+    assert_eq!(f[2], lab.slurm_conf("alpha").display().to_string(), "Slurm commands in the job talk to alpha: {out:?}");
+    assert!(f[3].contains("/alpha/agent/jobs/beta-"), "HOME is the job's directory at alpha: {out:?}");
     // It runs as its submitter, not as the agent: the agent's token is out of its reach.
     assert_eq!(f[4], fleet_lab::USER, "{out:?}");
     assert_eq!(f[5], "token-private", "{out:?}");
@@ -227,11 +163,7 @@ fn scancel_at_beta_cancels_the_alpha_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("cancel");
     let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")],
-            &script("echo started; sleep 300"),
-        )
+        .sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo started; sleep 300"))
         .unwrap();
     wait_file(&dir.join("out.txt"), T, |b| b.starts_with(b"started")).unwrap();
     let (_, rid) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
@@ -241,38 +173,22 @@ fn scancel_at_beta_cancels_the_alpha_job() {
     let fid = fleet_job_of(lab, id).expect("the job is known to the meta-scheduler");
     let proxies = proxy_processes(&fid);
     assert_eq!(proxies.len(), 1, "one fleet-proxy runs for {fid}");
-    assert!(
-        !proxies[0].cmdline.contains("token"),
-        "{}",
-        proxies[0].cmdline
-    );
-    assert!(
-        proxies[0].environ.contains("FLEET_JOB_TOKEN="),
-        "the token reaches the proxy"
-    );
+    assert!(!proxies[0].cmdline.contains("token"), "{}", proxies[0].cmdline);
+    assert!(proxies[0].environ.contains("FLEET_JOB_TOKEN="), "the token reaches the proxy");
 
     let t0 = std::time::Instant::now();
     let out = lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
     assert!(out.status.success());
-    let arec = lab
-        .wait_for("alpha", rid, Duration::from_secs(5), |r| {
-            fleet_lab::is_terminal(&r["JobState"])
-        })
-        .unwrap();
+    let arec = lab.wait_for("alpha", rid, Duration::from_secs(5), |r| fleet_lab::is_terminal(&r["JobState"])).unwrap();
     assert_eq!(arec["JobState"], "CANCELLED", "{arec:?}");
-    eprintln!(
-        "remote job cancelled {:?} after scancel at beta",
-        t0.elapsed()
-    );
+    eprintln!("remote job cancelled {:?} after scancel at beta", t0.elapsed());
     let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
     assert_eq!(rec["JobState"], "CANCELLED");
 }
 
 /// The fleet job's state as the meta-scheduler has it.
 fn fleet_state(lab: &Lab, fleet_job_id: &str) -> String {
-    lab.fleetctl_json(&["job", fleet_job_id])
-        .map(|j| j["state"].as_str().unwrap_or("").to_string())
-        .unwrap_or_default()
+    lab.fleetctl_json(&["job", fleet_job_id]).map(|j| j["state"].as_str().unwrap_or("").to_string()).unwrap_or_default()
 }
 
 fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -288,74 +204,34 @@ fn a_stand_in_killed_without_sigterm_still_ends_the_remote_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("sigkill");
     let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")],
-            &script("echo started; sleep 300"),
-        )
+        .sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo started; sleep 300"))
         .unwrap();
     wait_file(&dir.join("out.txt"), T, |b| b.starts_with(b"started")).unwrap();
     let (_, rid) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
     let fid = fleet_job_of(lab, id).unwrap();
     // What the OOM killer or a lost node does: the proxy dies at once,
     // without the SIGTERM that would let it cancel the remote job.
-    let pid = proxy_processes(&fid)
-        .first()
-        .expect("a fleet-proxy runs for the job")
-        .pid;
-    assert!(std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    let pid = proxy_processes(&fid).first().expect("a fleet-proxy runs for the job").pid;
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
     let rec = lab.wait_done("beta", id, Duration::from_secs(15)).unwrap();
     assert_ne!(rec["JobState"], "COMPLETED", "{rec:?}");
     // The origin's agent notices the stand-in ended and cancels the job.
-    let arec = lab
-        .wait_for("alpha", rid, Duration::from_secs(45), |r| {
-            fleet_lab::is_terminal(&r["JobState"])
-        })
-        .unwrap();
+    let arec = lab.wait_for("alpha", rid, Duration::from_secs(45), |r| fleet_lab::is_terminal(&r["JobState"])).unwrap();
     assert_eq!(arec["JobState"], "CANCELLED", "{arec:?}");
-    wait_until(
-        "the fleet job is cancelled",
-        Duration::from_secs(15),
-        || fleet_state(lab, &fid) == "cancelled",
-    );
+    wait_until("the fleet job is cancelled", Duration::from_secs(15), || fleet_state(lab, &fid) == "cancelled");
 }
 
 #[test]
 fn cancelling_a_pending_stand_in_cancels_the_forwarded_job() {
     let (lab, _serial) = Lab::lock();
-    let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", "--hold"],
-            &script("echo never"),
-        )
-        .unwrap();
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", "--hold"], &script("echo never")).unwrap();
     // Held at the origin, so the proxy never runs: the fleet job waits.
     let tag = lab.job("beta", id).unwrap()["AdminComment"].clone();
     let fid = fleet_api::wire::parse_admin_tag(&tag).unwrap().to_string();
-    assert!(
-        fid.starts_with("beta-"),
-        "the stand-in's comment names the fleet job: {tag:?}"
-    );
-    wait_until(
-        "the meta-scheduler holds the job",
-        Duration::from_secs(10),
-        || fleet_state(lab, &fid) == "held",
-    );
-    assert!(lab
-        .cmd("beta", "scancel", &[&id.to_string()])
-        .unwrap()
-        .status
-        .success());
-    wait_until(
-        "the fleet job is cancelled",
-        Duration::from_secs(45),
-        || fleet_state(lab, &fid) == "cancelled",
-    );
+    assert!(fid.starts_with("beta-"), "the stand-in's comment names the fleet job: {tag:?}");
+    wait_until("the meta-scheduler holds the job", Duration::from_secs(10), || fleet_state(lab, &fid) == "held");
+    assert!(lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap().status.success());
+    wait_until("the fleet job is cancelled", Duration::from_secs(45), || fleet_state(lab, &fid) == "cancelled");
 }
 
 #[test]
@@ -364,41 +240,20 @@ fn afterok_dependency_on_a_forwarded_job() {
     let dir = lab.workdir("afterok");
     let marker = dir.join("first-done");
     let first = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", &out_arg(&dir, "first.txt")],
-            &script("sleep 3; echo first"),
-        )
+        .sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "first.txt")], &script("sleep 3; echo first"))
         .unwrap();
     let then = lab
         .sbatch(
             "beta",
-            &[
-                &format!("--dependency=afterok:{first}"),
-                "--gres=gpu:a100:1",
-                &out_arg(&dir, "second.txt"),
-            ],
-            &script(&format!(
-                "test -s {}/first.txt && echo second-after-first",
-                dir.display()
-            )),
+            &[&format!("--dependency=afterok:{first}"), "--gres=gpu:a100:1", &out_arg(&dir, "second.txt")],
+            &script(&format!("test -s {}/first.txt && echo second-after-first", dir.display())),
         )
         .unwrap();
-    let failing = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", &out_arg(&dir, "bad.txt")],
-            &script("exit 1"),
-        )
-        .unwrap();
+    let failing = lab.sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "bad.txt")], &script("exit 1")).unwrap();
     let never = lab
         .sbatch(
             "beta",
-            &[
-                &format!("--dependency=afterok:{failing}"),
-                "--kill-on-invalid-dep=yes",
-                &out_arg(&dir, "never.txt"),
-            ],
+            &[&format!("--dependency=afterok:{failing}"), "--kill-on-invalid-dep=yes", &out_arg(&dir, "never.txt")],
             &script(&format!("touch {}", marker.display())),
         )
         .unwrap();
@@ -416,10 +271,7 @@ fn afterok_dependency_on_a_forwarded_job() {
             r["JobState"] == "CANCELLED" || r["Reason"] == "DependencyNeverSatisfied"
         })
         .unwrap();
-    assert!(
-        !marker.exists(),
-        "a job depending on a failed forwarded job must not run: {rec:?}"
-    );
+    assert!(!marker.exists(), "a job depending on a failed forwarded job must not run: {rec:?}");
     let _ = lab.cmd("beta", "scancel", &[&never.to_string()]);
 }
 
@@ -461,12 +313,7 @@ fn a100_job_stays_home_untouched() {
     let submit = |tag: &str| {
         lab.sbatch(
             "beta",
-            &[
-                "--gres=gpu:a100:4",
-                "--job-name=home",
-                "--hold",
-                &out_arg(&dir, &format!("{tag}.txt")),
-            ],
+            &["--gres=gpu:a100:4", "--job-name=home", "--hold", &out_arg(&dir, &format!("{tag}.txt"))],
             &script("echo $SLURM_CLUSTER_NAME"),
         )
         .unwrap()
@@ -476,22 +323,11 @@ fn a100_job_stays_home_untouched() {
     // The same submission with job_submit/fleet unloaded.
     let conf = lab.slurm_conf("beta");
     let original = std::fs::read_to_string(&conf).unwrap();
-    std::fs::write(
-        &conf,
-        original.replace("JobSubmitPlugins=fleet", "#JobSubmitPlugins=fleet"),
-    )
-    .unwrap();
+    std::fs::write(&conf, original.replace("JobSubmitPlugins=fleet", "#JobSubmitPlugins=fleet")).unwrap();
     let reconf = lab.cmd("beta", "scontrol", &["reconfigure"]).unwrap();
     let without_plugin = submit("without");
     std::fs::write(&conf, &original).unwrap();
-    assert!(
-        reconf.status.success()
-            && lab
-                .cmd("beta", "scontrol", &["reconfigure"])
-                .unwrap()
-                .status
-                .success()
-    );
+    assert!(reconf.status.success() && lab.cmd("beta", "scontrol", &["reconfigure"]).unwrap().status.success());
 
     let strip = |id: u64| {
         let mut r = lab.job("beta", id).unwrap();
@@ -499,30 +335,17 @@ fn a100_job_stays_home_untouched() {
         r
     };
     let (a, b) = (strip(with_plugin), strip(without_plugin));
-    assert_eq!(
-        a, b,
-        "the job record is identical with and without the plugin"
-    );
+    assert_eq!(a, b, "the job record is identical with and without the plugin");
     assert_eq!(a["Partition"], "gpu");
     assert_eq!(a["TresPerNode"], "gres:gpu:a100:4");
-    assert!(
-        !a.contains_key("AdminComment") && !a.contains_key("Comment"),
-        "{a:?}"
-    );
+    assert!(!a.contains_key("AdminComment") && !a.contains_key("Comment"), "{a:?}");
 
     // Released, it runs at beta.
-    assert!(lab
-        .cmd("beta", "scontrol", &["release", &with_plugin.to_string()])
-        .unwrap()
-        .status
-        .success());
+    assert!(lab.cmd("beta", "scontrol", &["release", &with_plugin.to_string()]).unwrap().status.success());
     let _ = lab.cmd("beta", "scancel", &[&without_plugin.to_string()]);
     let rec = lab.wait_done("beta", with_plugin, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0");
-    assert_eq!(
-        std::fs::read_to_string(dir.join("with.txt")).unwrap(),
-        "beta\n"
-    );
+    assert_eq!(std::fs::read_to_string(dir.join("with.txt")).unwrap(), "beta\n");
 }
 
 #[test]
@@ -532,24 +355,10 @@ fn fleet_local_and_fleet_to() {
     // --fleet=local: never forwarded, so beta's own scheduler answers
     // (beta has no h100).
     let err = lab
-        .sbatch(
-            "beta",
-            &[
-                "--fleet=local",
-                "--gres=gpu:h100:8",
-                &out_arg(&dir, "a.txt"),
-            ],
-            &script("true"),
-        )
+        .sbatch("beta", &["--fleet=local", "--gres=gpu:h100:8", &out_arg(&dir, "a.txt")], &script("true"))
         .unwrap_err();
-    assert!(
-        err.contains("Requested node configuration is not available"),
-        "{err}"
-    );
-    assert!(
-        !err.contains("fleet"),
-        "Slurm's own answer, not ours: {err}"
-    );
+    assert!(err.contains("Requested node configuration is not available"), "{err}");
+    assert!(!err.contains("fleet"), "Slurm's own answer, not ours: {err}");
 
     // --fleet-to=alpha sends an untyped GPU job, which beta could run, to alpha.
     let id = lab
@@ -562,53 +371,34 @@ fn fleet_local_and_fleet_to() {
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "fleet");
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0");
-    let out = wait_file(&dir.join("b.txt"), Duration::from_secs(5), |b| {
-        !b.is_empty()
-    })
-    .unwrap();
+    let out = wait_file(&dir.join("b.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
     assert_eq!(out, b"alpha\n");
 
     // --fleet-to a cluster without that GPU type is refused with the reason.
-    let err = lab
-        .sbatch(
-            "beta",
-            &["--fleet-to=alpha", "--gres=gpu:a100:1"],
-            &script("true"),
-        )
-        .unwrap_err();
+    let err = lab.sbatch("beta", &["--fleet-to=alpha", "--gres=gpu:a100:1"], &script("true")).unwrap_err();
     assert!(err.contains("alpha: no node can hold the job's share (h100, not a100)"), "{err}");
 }
 
 #[test]
 fn impossible_request_is_rejected_with_the_reason() {
     let (lab, _serial) = Lab::lock();
-    let err = lab
-        .sbatch("beta", &["--gres=gpu:h100:512"], &script("true"))
-        .unwrap_err();
+    let err = lab.sbatch("beta", &["--gres=gpu:h100:512"], &script("true")).unwrap_err();
+    assert!(err.contains("no cluster in the fleet can run gpu:h100:512"), "{err}");
     assert!(
-        err.contains("no cluster in the fleet can run gpu:h100:512"),
+        err.contains("alpha: no node can hold the job's share (8 h100 GPUs per node, job needs 512 per node)"),
         "{err}"
     );
-    assert!(err.contains("alpha: no node can hold the job's share (8 h100 GPUs per node, job needs 512 per node)"), "{err}");
 }
 
 #[test]
 fn bad_option_values_are_refused_by_sbatch() {
     let (lab, _serial) = Lab::lock();
     for (opt, want) in [
-        (
-            "--fleet=sideways",
-            "--fleet=sideways: expected auto, local or remote",
-        ),
-        (
-            "--fleet-max-price=cheap",
-            "--fleet-max-price=cheap: expected a positive price",
-        ),
+        ("--fleet=sideways", "--fleet=sideways: expected auto, local or remote"),
+        ("--fleet-max-price=cheap", "--fleet-max-price=cheap: expected a positive price"),
         ("--fleet-to=a;b", "is not a cluster name"),
     ] {
-        let err = lab
-            .sbatch("beta", &[opt, "--gres=gpu:a100:1"], &script("true"))
-            .unwrap_err();
+        let err = lab.sbatch("beta", &[opt, "--gres=gpu:a100:1"], &script("true")).unwrap_err();
         assert!(err.contains(want), "{opt}: {err}");
     }
     let help = lab.cmd("beta", "sbatch", &["--help"]).unwrap();
@@ -631,41 +421,23 @@ fn malformed_input_gets_clear_errors_and_slurmctld_survives() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("malformed");
     // A GPU string slurmctld hands us that does not parse.
-    let err = lab
-        .sbatch("beta", &["--gres=gpu:h100:x"], &script("true"))
-        .unwrap_err();
-    assert!(
-        err.to_lowercase().contains("gres") || err.contains("GPU"),
-        "{err}"
-    );
+    let err = lab.sbatch("beta", &["--gres=gpu:h100:x"], &script("true")).unwrap_err();
+    assert!(err.to_lowercase().contains("gres") || err.contains("GPU"), "{err}");
 
     // A script too large to forward: refused with the size and the limit.
     let big = format!("#!/bin/bash\n# {}\ntrue\n", "x".repeat(1_200_000));
-    let err = lab
-        .sbatch("beta", &["--gres=gpu:h100:8"], big.as_bytes())
-        .unwrap_err();
+    let err = lab.sbatch("beta", &["--gres=gpu:h100:8"], big.as_bytes()).unwrap_err();
     assert!(err.contains("more than MaxScriptBytes=1048576"), "{err}");
     // ...while the same script kept home is untouched.
-    assert!(lab
-        .sbatch("beta", &["--gres=gpu:a100:1", "--hold"], big.as_bytes())
-        .is_ok());
+    assert!(lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold"], big.as_bytes()).is_ok());
 
     // Non-UTF-8 bytes in a forwarded script travel intact.
     let mut s = b"#!/bin/bash\nprintf '\\xff\\xfe caf\\xc3\\xa9\\n' # \xff\xfe\n".to_vec();
     s.extend_from_slice(b"exit 0\n");
-    let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:1", &out_arg(&dir, "bytes.txt")],
-            &s,
-        )
-        .unwrap();
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "bytes.txt")], &s).unwrap();
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0");
-    let out = wait_file(&dir.join("bytes.txt"), Duration::from_secs(5), |b| {
-        !b.is_empty()
-    })
-    .unwrap();
+    let out = wait_file(&dir.join("bytes.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
     assert_eq!(out, b"\xff\xfe caf\xc3\xa9\n");
     assert!(lab.ctld_alive("beta"));
 }
@@ -677,11 +449,7 @@ fn arrays_stay_local() {
     let id = lab
         .sbatch(
             "beta",
-            &[
-                "--array=1-2",
-                "--gres=gpu:a100:1",
-                &out_arg(&dir, "a-%a.txt"),
-            ],
+            &["--array=1-2", "--gres=gpu:a100:1", &out_arg(&dir, "a-%a.txt")],
             &script("echo $SLURM_ARRAY_TASK_ID"),
         )
         .unwrap();
@@ -697,22 +465,11 @@ fn agent_or_metasched_down_fails_open() {
     let _restore = lab.restart_services_on_drop("beta");
 
     // Agent stopped: jobs are accepted locally at once.
-    assert!(lab
-        .lab_sh(&["stop-agent", "beta"])
-        .unwrap()
-        .status
-        .success());
-    let (res, took) = lab.sbatch_timed(
-        "beta",
-        &["--gres=gpu:a100:1", &out_arg(&dir, "a.txt")],
-        &script("echo ok"),
-    );
+    assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
+    let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:a100:1", &out_arg(&dir, "a.txt")], &script("echo ok"));
     let id = res.expect("sbatch succeeds without the agent");
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
-    assert!(
-        took < Duration::from_secs(2),
-        "sbatch took {took:?} with the agent down"
-    );
+    assert!(took < Duration::from_secs(2), "sbatch took {took:?} with the agent down");
 
     // A garbage answer on the agent socket: same.
     let sock = lab.root.join("beta/agent.sock");
@@ -735,33 +492,18 @@ fn agent_or_metasched_down_fails_open() {
     });
     let (res, took) = lab.sbatch_timed("beta", &["--gres=gpu:h100:1"], &script("true"));
     let err = res.expect_err("h100 kept local at beta is refused by beta itself");
-    assert!(
-        err.contains("Requested node configuration is not available"),
-        "{err}"
-    );
+    assert!(err.contains("Requested node configuration is not available"), "{err}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     // (--fleet-to makes the plugin ask the agent rather than its cached view.)
     let id = lab
-        .sbatch(
-            "beta",
-            &["--fleet-to=beta", "--gres=gpu:a100:1", "--hold"],
-            &script("true"),
-        )
+        .sbatch("beta", &["--fleet-to=beta", "--gres=gpu:a100:1", "--hold"], &script("true"))
         .expect("garbage reply: job accepted locally");
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "gpu");
     let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
-    assert_eq!(
-        garbage.join().unwrap(),
-        2,
-        "both submissions asked the (garbage) agent"
-    );
+    assert_eq!(garbage.join().unwrap(), 2, "both submissions asked the (garbage) agent");
     let _ = std::fs::remove_file(&sock);
     assert!(lab.ctld_alive("beta"));
-    assert!(lab
-        .lab_sh(&["start-agent", "beta"])
-        .unwrap()
-        .status
-        .success());
+    assert!(lab.lab_sh(&["start-agent", "beta"]).unwrap().status.success());
 
     // Meta-scheduler stopped: still accepted locally.
     assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
@@ -792,23 +534,12 @@ fn forward_survives_agent_restart_while_metasched_is_down() {
         .unwrap();
     assert_eq!(lab.job("beta", id).unwrap()["Partition"], "fleet");
     // Restart the agent before the meta-scheduler comes back.
-    assert!(lab
-        .lab_sh(&["stop-agent", "beta"])
-        .unwrap()
-        .status
-        .success());
-    assert!(lab
-        .lab_sh(&["start-agent", "beta"])
-        .unwrap()
-        .status
-        .success());
+    assert!(lab.lab_sh(&["stop-agent", "beta"]).unwrap().status.success());
+    assert!(lab.lab_sh(&["start-agent", "beta"]).unwrap().status.success());
     assert!(lab.lab_sh(&["start-metasched"]).unwrap().status.success());
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| {
-        !b.is_empty()
-    })
-    .unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
     assert_eq!(out, b"journaled alpha\n");
 }
 
@@ -818,37 +549,22 @@ fn output_the_meta_scheduler_lost_is_sent_again() {
     let dir = lab.workdir("lost-tail");
     let _restore = lab.restart_services_on_drop("beta");
     let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")],
-            &script("echo first; sleep 4; echo second"),
-        )
+        .sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")], &script("echo first; sleep 4; echo second"))
         .unwrap();
     wait_file(&dir.join("out.txt"), T, |b| b == b"first\n").unwrap();
     let fid = fleet_job_of(lab, id).unwrap();
     // A crash that loses what had not reached the meta-scheduler's disk:
     // the stored stdout is cut back to nothing.
     assert!(lab.lab_sh(&["stop-metasched"]).unwrap().status.success());
-    let stored = lab
-        .root
-        .join("metasched/output")
-        .join(format!("{fid}.stdout"));
-    assert_eq!(
-        std::fs::read(&stored).unwrap(),
-        b"first\n",
-        "{}",
-        stored.display()
-    );
+    let stored = lab.root.join("metasched/output").join(format!("{fid}.stdout"));
+    assert_eq!(std::fs::read(&stored).unwrap(), b"first\n", "{}", stored.display());
     std::fs::write(&stored, b"").unwrap();
     assert!(lab.lab_sh(&["start-metasched"]).unwrap().status.success());
     // The target's agent resends from its own copy; the user's file gets
     // every byte once.
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| {
-        b.ends_with(b"second\n")
-    })
-    .unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| b.ends_with(b"second\n")).unwrap();
     assert_eq!(out, b"first\nsecond\n");
     assert_eq!(std::fs::read(&stored).unwrap(), b"first\nsecond\n");
 }
@@ -856,11 +572,7 @@ fn output_the_meta_scheduler_lost_is_sent_again() {
 /// `healthy` of `cluster` in the meta-scheduler's fleet view.
 fn healthy(lab: &Lab, cluster: &str) -> Option<bool> {
     let v = lab.fleetctl_json(&["clusters"]).ok()?;
-    v["clusters"]
-        .as_array()?
-        .iter()
-        .find(|c| c["name"] == cluster)
-        .and_then(|c| c["healthy"].as_bool())
+    v["clusters"].as_array()?.iter().find(|c| c["name"] == cluster).and_then(|c| c["healthy"].as_bool())
 }
 
 #[test]
@@ -868,37 +580,20 @@ fn a_job_only_a_silent_cluster_can_run_waits_for_it() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("silent");
     let _restore = lab.restart_services_on_drop("alpha");
-    assert!(lab
-        .lab_sh(&["stop-agent", "alpha"])
-        .unwrap()
-        .status
-        .success());
-    wait_until("alpha counts as silent", Duration::from_secs(30), || {
-        healthy(lab, "alpha") == Some(false)
-    });
+    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
+    wait_until("alpha counts as silent", Duration::from_secs(30), || healthy(lab, "alpha") == Some(false));
     std::thread::sleep(Duration::from_secs(2)); // beta's agent hears it with its next heartbeat
                                                 // Not refused: queued for alpha, as a Slurm queue would hold it.
     let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")],
-            &script("echo ran at $SLURM_CLUSTER_NAME"),
-        )
+        .sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo ran at $SLURM_CLUSTER_NAME"))
         .unwrap();
     let rec = lab.job("beta", id).unwrap();
     assert_eq!(rec["Partition"], "fleet", "{rec:?}");
     assert!(rec["AdminComment"].contains("waiting for alpha"), "{rec:?}");
-    assert!(lab
-        .lab_sh(&["start-agent", "alpha"])
-        .unwrap()
-        .status
-        .success());
+    assert!(lab.lab_sh(&["start-agent", "alpha"]).unwrap().status.success());
     let rec = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
-    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| {
-        !b.is_empty()
-    })
-    .unwrap();
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| !b.is_empty()).unwrap();
     assert_eq!(out, b"ran at alpha\n");
 }
 
@@ -907,32 +602,13 @@ fn srun_and_salloc_allocations_stay_local() {
     let (lab, _serial) = Lab::lock();
     // An interactive allocation with a GPU type beta lacks is not forwarded:
     // beta's own scheduler refuses it, as without the plugin.
-    let out = lab
-        .cmd("beta", "srun", &["--gres=gpu:h100:1", "-t", "1", "true"])
-        .unwrap();
+    let out = lab.cmd("beta", "srun", &["--gres=gpu:h100:1", "-t", "1", "true"]).unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("Requested node configuration is not available"),
-        "{err}"
-    );
-    let out = lab
-        .cmd(
-            "beta",
-            "srun",
-            &[
-                "--gres=gpu:a100:1",
-                "-t",
-                "1",
-                "printenv",
-                "SLURM_CLUSTER_NAME",
-            ],
-        )
-        .unwrap();
+    assert!(err.contains("Requested node configuration is not available"), "{err}");
+    let out = lab.cmd("beta", "srun", &["--gres=gpu:a100:1", "-t", "1", "printenv", "SLURM_CLUSTER_NAME"]).unwrap();
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "beta\n");
-    let out = lab
-        .cmd("beta", "salloc", &["--gres=gpu:a100:1", "-t", "1", "true"])
-        .unwrap();
+    let out = lab.cmd("beta", "salloc", &["--gres=gpu:a100:1", "-t", "1", "true"]).unwrap();
     assert!(out.status.success(), "{out:?}");
 }

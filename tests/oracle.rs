@@ -114,13 +114,7 @@ enum Outcome {
     Refused(String),
 }
 
-fn submit(
-    lab: &Lab,
-    cluster: &str,
-    args: &str,
-    local: bool,
-    ids: &mut Vec<(String, u64)>,
-) -> Outcome {
+fn submit(lab: &Lab, cluster: &str, args: &str, local: bool, ids: &mut Vec<(String, u64)>) -> Outcome {
     let mut a: Vec<&str> = args.split_whitespace().collect();
     a.push("--hold");
     a.push("--output=/dev/null");
@@ -138,52 +132,29 @@ fn submit(
 }
 
 fn shape(r: &JobRecord) -> Vec<(String, String)> {
-    SHAPE
-        .iter()
-        .map(|k| (k.to_string(), r.get(*k).cloned().unwrap_or_default()))
-        .collect()
+    SHAPE.iter().map(|k| (k.to_string(), r.get(*k).cloned().unwrap_or_default())).collect()
 }
 
 /// The cluster named in a stand-in's admin comment (`... -> alpha ...`).
 fn forwarded_to(r: &JobRecord) -> Option<String> {
     let admin = r.get("AdminComment")?;
     // Fleet's tag: `fleet:<fleet_job_id> <summary>` (fleet_api::wire::admin_tag).
-    admin
-        .split_whitespace()
-        .next()?
-        .strip_prefix("fleet:")
-        .filter(|id| !id.is_empty())?;
+    admin.split_whitespace().next()?.strip_prefix("fleet:").filter(|id| !id.is_empty())?;
     let after = admin.split("-> ").nth(1)?;
-    Some(
-        after
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
-            .next()?
-            .to_string(),
-    )
+    Some(after.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_')).next()?.to_string())
 }
 
 /// slurmctld's will-run test at `cluster`, the plugin out of the way.
 fn runs_natively(lab: &Lab, cluster: &str, args: &str) -> bool {
     let mut a: Vec<&str> = args.split_whitespace().collect();
-    a.extend([
-        "--test-only",
-        "--fleet=local",
-        "--output=/dev/null",
-        "--wrap=true",
-    ]);
-    lab.cmd(cluster, "sbatch", &a)
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    a.extend(["--test-only", "--fleet=local", "--output=/dev/null", "--wrap=true"]);
+    lab.cmd(cluster, "sbatch", &a).map(|o| o.status.success()).unwrap_or(false)
 }
 
 #[test]
 fn slurm_is_the_oracle() {
     let (lab, _serial) = Lab::lock();
-    assert!(
-        REQUESTS.len() >= 40,
-        "the table holds {} requests",
-        REQUESTS.len()
-    );
+    assert!(REQUESTS.len() >= 40, "the table holds {} requests", REQUESTS.len());
     let mut ids = Vec::new();
     // The oracle: where each request runs natively, and its native shape.
     let mut feasible: HashMap<(&str, &str), bool> = HashMap::new();
@@ -202,29 +173,19 @@ fn slurm_is_the_oracle() {
             let with = submit(lab, c, r, false, &mut ids);
             let here = feasible[&(*c, *r)];
             let verdict: Result<&str, String> = match &with {
-                Outcome::Accepted(rec)
-                    if rec.get("Partition").map(String::as_str) == Some("fleet") =>
-                {
+                Outcome::Accepted(rec) if rec.get("Partition").map(String::as_str) == Some("fleet") => {
                     match forwarded_to(rec) {
-                        Some(t) if t != *c && feasible.get(&(t.as_str(), *r)) == Some(&true) => {
-                            Ok("forwarded")
-                        }
+                        Some(t) if t != *c && feasible.get(&(t.as_str(), *r)) == Some(&true) => Ok("forwarded"),
                         Some(t) => Err(format!("forwarded to {t}, which cannot run it natively")),
-                        None => Err(format!(
-                            "in the proxy partition without a Fleet tag: {rec:?}"
-                        )),
+                        None => Err(format!("in the proxy partition without a Fleet tag: {rec:?}")),
                     }
                 }
                 Outcome::Accepted(w) if here => match &native[&(*c, *r)] {
                     Outcome::Accepted(n) if shape(n) == shape(w) => Ok("same as native"),
-                    Outcome::Accepted(n) => Err(format!(
-                        "shape differs:\n native {:?}\n plugin {:?}",
-                        shape(n),
-                        shape(w)
-                    )),
-                    Outcome::Refused(e) => Err(format!(
-                        "held natively refused ({e}) but accepted with the plugin"
-                    )),
+                    Outcome::Accepted(n) => {
+                        Err(format!("shape differs:\n native {:?}\n plugin {:?}", shape(n), shape(w)))
+                    }
+                    Outcome::Refused(e) => Err(format!("held natively refused ({e}) but accepted with the plugin")),
                 },
                 Outcome::Accepted(_) if runs_somewhere(r) => {
                     Err("stayed home although only another cluster can run it".into())
@@ -256,9 +217,6 @@ fn slurm_is_the_oracle() {
     );
     // The table exercises every branch.
     for kind in ["same as native", "forwarded", "refused with the reason"] {
-        assert!(
-            counts.get(kind).copied().unwrap_or(0) > 0,
-            "no request was {kind}: {counts:?}"
-        );
+        assert!(counts.get(kind).copied().unwrap_or(0) > 0, "no request was {kind}: {counts:?}");
     }
 }

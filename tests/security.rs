@@ -30,11 +30,7 @@ fn a_job_cannot_make_the_agent_relay_its_secrets() {
     let id = lab
         .sbatch(
             "beta",
-            &[
-                "--gres=gpu:h100:1",
-                &out_arg(&dir, "out.txt"),
-                &format!("--error={}/err.txt", dir.display()),
-            ],
+            &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt"), &format!("--error={}/err.txt", dir.display())],
             &script(&body),
         )
         .unwrap();
@@ -47,12 +43,9 @@ fn a_job_cannot_make_the_agent_relay_its_secrets() {
         "the agent relayed its token: {out:?} {err:?}"
     );
     assert!(out.starts_with("before\n"), "{out:?}");
-    assert!(
-        !out.contains("hardlinked"),
-        "a job hard-linked the agent's token: {out:?}"
-    );
+    assert!(!out.contains("hardlinked"), "a job hard-linked the agent's token: {out:?}");
     // The job directory is gone once the output was relayed.
-    let fid = fleet_job_of(&lab, id).unwrap();
+    let fid = fleet_job_of(lab, id).unwrap();
     let jobdir = lab.root.join("alpha/agent/jobs").join(&fid);
     let t0 = std::time::Instant::now();
     while jobdir.exists() && t0.elapsed() < Duration::from_secs(10) {
@@ -68,29 +61,20 @@ fn users_jobs_are_isolated_at_the_target() {
     // bob's job holds a secret in its output and environment while it runs.
     let bob_dir_here = dir.join("bob");
     std::fs::create_dir(&bob_dir_here).unwrap();
-    let _ = std::process::Command::new("chown")
-        .arg(format!("{OTHER_USER}:{OTHER_USER}"))
-        .arg(&bob_dir_here)
-        .status();
+    let _ = std::process::Command::new("chown").arg(format!("{OTHER_USER}:{OTHER_USER}")).arg(&bob_dir_here).status();
     let bob_out = bob_dir_here.join("bob.txt");
     let (bob, _) = lab.sbatch_as(
         OTHER_USER,
         "beta",
-        &[
-            "--gres=gpu:h100:1",
-            "--export=ALL,API_KEY=bob-secret-42",
-            &format!("--output={}", bob_out.display()),
-        ],
+        &["--gres=gpu:h100:1", "--export=ALL,API_KEY=bob-secret-42", &format!("--output={}", bob_out.display())],
         &script("echo bob-output-secret; id -un; sleep 25"),
     );
     let bob = bob.unwrap();
-    wait_file(&bob_out, T, |b| {
-        b.ends_with(format!("{OTHER_USER}\n").as_bytes())
-    })
-    .expect("bob's job runs at alpha as bob");
-    let bob_fid = fleet_job_of(&lab, bob).unwrap();
+    wait_file(&bob_out, T, |b| b.ends_with(format!("{OTHER_USER}\n").as_bytes()))
+        .expect("bob's job runs at alpha as bob");
+    let bob_fid = fleet_job_of(lab, bob).unwrap();
     let bob_dir = lab.root.join("alpha/agent/jobs").join(&bob_fid);
-    let (_, bob_remote) = remote_of(&lab, bob).unwrap();
+    let (_, bob_remote) = remote_of(lab, bob).unwrap();
     // alice's job at alpha tries to read bob's directory, output and environment.
     let body = format!(
         "ls {d} >/dev/null 2>&1 && echo LISTED; cat {d}/stdout 2>/dev/null; for p in $(pgrep -u {OTHER_USER}); do cat /proc/$p/environ 2>/dev/null | tr '\\0' '\\n' | grep API_KEY; kill -STOP $p 2>/dev/null && echo SIGNALLED; done; scancel {bob_remote} 2>/dev/null && echo CANCELLED; echo done",
@@ -98,48 +82,18 @@ fn users_jobs_are_isolated_at_the_target() {
     );
     let alice_out = dir.join("alice.txt");
     let alice = lab
-        .sbatch(
-            "beta",
-            &[
-                "--gres=gpu:h100:1",
-                &format!("--output={}", alice_out.display()),
-            ],
-            &script(&body),
-        )
+        .sbatch("beta", &["--gres=gpu:h100:1", &format!("--output={}", alice_out.display())], &script(&body))
         .unwrap();
     assert_eq!(lab.wait_done("beta", alice, T).unwrap()["ExitCode"], "0:0");
     let out = read(&alice_out);
     assert!(out.ends_with("done\n"), "{out:?}");
-    for leak in [
-        "LISTED",
-        "bob-output-secret",
-        "bob-secret-42",
-        "SIGNALLED",
-        "CANCELLED",
-    ] {
-        assert!(
-            !out.contains(leak),
-            "alice's job reached bob's job ({leak}): {out:?}"
-        );
+    for leak in ["LISTED", "bob-output-secret", "bob-secret-42", "SIGNALLED", "CANCELLED"] {
+        assert!(!out.contains(leak), "alice's job reached bob's job ({leak}): {out:?}");
     }
     let r = lab.wait_done("beta", bob, T).unwrap();
     assert_eq!(r["ExitCode"], "0:0", "bob's job ran to its end: {r:?}");
     // Accounting at alpha records each job under its submitter.
-    let acct = lab
-        .cmd(
-            "alpha",
-            "sacct",
-            &[
-                "-X",
-                "-n",
-                "-P",
-                "-o",
-                "User",
-                "-j",
-                &bob_remote.to_string(),
-            ],
-        )
-        .unwrap();
+    let acct = lab.cmd("alpha", "sacct", &["-X", "-n", "-P", "-o", "User", "-j", &bob_remote.to_string()]).unwrap();
     assert_eq!(String::from_utf8_lossy(&acct.stdout).trim(), OTHER_USER);
 }
 
@@ -148,22 +102,15 @@ fn a_job_name_cannot_fake_state_or_exit_code() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("inject");
     let mut ids = Vec::new();
-    for (i, name) in [
-        "x JobState=COMPLETED ExitCode=0:0",
-        "y JobState=FAILED ExitCode=42:0 Reason=None",
-        "z\nJobState=COMPLETED",
-    ]
-    .iter()
-    .enumerate()
+    for (i, name) in
+        ["x JobState=COMPLETED ExitCode=0:0", "y JobState=FAILED ExitCode=42:0 Reason=None", "z\nJobState=COMPLETED"]
+            .iter()
+            .enumerate()
     {
         let id = lab
             .sbatch(
                 "beta",
-                &[
-                    "--gres=gpu:h100:1",
-                    &format!("--job-name={name}"),
-                    &out_arg(&dir, &format!("{i}.txt")),
-                ],
+                &["--gres=gpu:h100:1", &format!("--job-name={name}"), &out_arg(&dir, &format!("{i}.txt"))],
                 &script("sleep 4; echo real; exit 3"),
             )
             .unwrap();
@@ -181,7 +128,19 @@ fn a_job_name_cannot_fake_state_or_exit_code() {
 /// returns (HTTP status, body).
 fn call(lab: &Lab, method: &str, path: &str, auth: &str, body: &str) -> (u16, String) {
     let mut c = std::process::Command::new("curl");
-    c.args(["-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}", "-X", method, "-H", &format!("Authorization: {auth}")]);
+    c.args([
+        "-s",
+        "-m",
+        "10",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        method,
+        "-H",
+        &format!("Authorization: {auth}"),
+    ]);
     c.args(["-H", "Content-Type: application/json", "--data-binary", body]);
     if let Some(ca) = lab.ca_file() {
         c.arg("--cacert").arg(ca);
@@ -196,11 +155,19 @@ fn call(lab: &Lab, method: &str, path: &str, auth: &str, body: &str) -> (u16, St
 fn the_job_token_alone_cannot_start_a_held_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("held");
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
+    let id =
+        lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
     let mut fid = None;
     for _ in 0..50 {
         fid = lab.fleetctl_json(&["jobs"]).ok().and_then(|v| {
-            v.as_array()?.iter().find(|j| j["state"] == "held" && j["fleet_job_id"].as_str().is_some_and(|f| f.starts_with("beta-")) && j["origin_job_id"].is_null()).map(|j| j["fleet_job_id"].as_str().unwrap().to_string())
+            v.as_array()?
+                .iter()
+                .find(|j| {
+                    j["state"] == "held"
+                        && j["fleet_job_id"].as_str().is_some_and(|f| f.starts_with("beta-"))
+                        && j["origin_job_id"].is_null()
+                })
+                .map(|j| j["fleet_job_id"].as_str().unwrap().to_string())
         });
         if fid.is_some() {
             break;
@@ -212,13 +179,25 @@ fn the_job_token_alone_cannot_start_a_held_job() {
     // token; with it they ask the meta-scheduler to start the job now.
     let secret = std::fs::read_to_string(lab.root.join("secrets/beta.token")).unwrap();
     let token = fleet_api::auth::job_token(secret.trim(), &fid);
-    let (code, body) = call(&lab, "POST", &format!("/v1/jobs/{fid}/start"), &format!("FleetJob {token}"), &format!("{{\"origin_job_id\": {id}}}"));
+    let (code, body) = call(
+        lab,
+        "POST",
+        &format!("/v1/jobs/{fid}/start"),
+        &format!("FleetJob {token}"),
+        &format!("{{\"origin_job_id\": {id}}}"),
+    );
     assert!(code < 300, "{code} {body}");
     std::thread::sleep(Duration::from_secs(4));
     let rec = lab.fleetctl_json(&["job", &fid]).unwrap();
     assert_eq!(rec["state"], "held", "the job left held without its stand-in running: {rec}");
     // Nor can the token confirm the start itself.
-    let (code, _) = call(&lab, "POST", &format!("/v1/jobs/{fid}/confirm_start"), &format!("FleetJob {token}"), &format!("{{\"origin_job_id\": {id}, \"started\": true}}"));
+    let (code, _) = call(
+        lab,
+        "POST",
+        &format!("/v1/jobs/{fid}/confirm_start"),
+        &format!("FleetJob {token}"),
+        &format!("{{\"origin_job_id\": {id}, \"started\": true}}"),
+    );
     assert!(code == 401 || code == 403, "confirm_start with a job token answered {code}");
     // Released at the origin, the stand-in starts and the job runs.
     assert!(lab.cmd("beta", "scontrol", &["release", &id.to_string()]).unwrap().status.success());

@@ -251,10 +251,7 @@ pub struct AgentWork {
 
 impl AgentWork {
     pub fn is_empty(&self) -> bool {
-        self.submit.is_empty()
-            && self.cancel.is_empty()
-            && self.confirm_start.is_empty()
-            && self.signal.is_empty()
+        self.submit.is_empty() && self.cancel.is_empty() && self.confirm_start.is_empty() && self.signal.is_empty()
     }
 }
 
@@ -299,9 +296,7 @@ impl std::str::FromStr for SignalScope {
             "batch" => Ok(SignalScope::Batch),
             "full" => Ok(SignalScope::Full),
             "steps" => Ok(SignalScope::Steps),
-            _ => Err(format!(
-                "unknown signal scope {s:?} (expected batch, full or steps)"
-            )),
+            _ => Err(format!("unknown signal scope {s:?} (expected batch, full or steps)")),
         }
     }
 }
@@ -309,8 +304,8 @@ impl std::str::FromStr for SignalScope {
 /// Signals that may be sent to a forwarded job, by name without `SIG`
 /// (what `scancel --signal=` takes). Anything else is refused.
 pub const SIGNAL_NAMES: &[&str] = &[
-    "HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "ALRM", "TERM", "CONT", "STOP", "TSTP",
-    "TTIN", "TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "PWR",
+    "HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "ALRM", "TERM", "CONT", "STOP", "TSTP", "TTIN", "TTOU",
+    "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "PWR",
 ];
 
 /// `name` if it is one of [`SIGNAL_NAMES`] (exactly: upper case, no `SIG`
@@ -319,25 +314,15 @@ pub fn check_signal_name(name: &str) -> Result<&'static str, String> {
     if let Some(n) = SIGNAL_NAMES.iter().find(|n| **n == name) {
         return Ok(n);
     }
-    let shown: String = name
-        .chars()
-        .take(32)
-        .flat_map(char::escape_default)
-        .collect();
-    let hint = match name
-        .strip_prefix("SIG")
-        .filter(|r| SIGNAL_NAMES.contains(r))
-    {
+    let shown: String = name.chars().take(32).flat_map(char::escape_default).collect();
+    let hint = match name.strip_prefix("SIG").filter(|r| SIGNAL_NAMES.contains(r)) {
         Some(r) => format!(" (write {r}, without SIG)"),
         None if SIGNAL_NAMES.contains(&name.to_ascii_uppercase().as_str()) => {
             format!(" (write {}, in upper case)", name.to_ascii_uppercase())
         }
         None => String::new(),
     };
-    Err(format!(
-        "unknown signal \"{shown}\"{hint}; expected one of {}",
-        SIGNAL_NAMES.join(", ")
-    ))
+    Err(format!("unknown signal \"{shown}\"{hint}; expected one of {}", SIGNAL_NAMES.join(", ")))
 }
 
 /// Stand-in, origin agent or admin → meta-scheduler
@@ -432,10 +417,7 @@ mod tests {
         check("SIGUSR1", Err("write USR1, without SIG"));
         check("usr1", Err("write USR1, in upper case"));
         check("Usr1", Err("write USR1, in upper case"));
-        check(
-            "SIGSEGV",
-            Err("unknown signal \"SIGSEGV\"; expected one of HUP"),
-        );
+        check("SIGSEGV", Err("unknown signal \"SIGSEGV\"; expected one of HUP"));
         check("10", Err("unknown signal \"10\""));
         check("", Err("unknown signal \"\""));
         check(" USR1", Err("unknown signal \" USR1\""));
@@ -451,39 +433,23 @@ mod tests {
 
     #[test]
     fn signal_wire_forms() {
-        let o = SignalOrder {
-            fleet_job_id: "j".into(),
-            signal: "USR1".into(),
-            scope: SignalScope::Full,
-        };
+        let o = SignalOrder { fleet_job_id: "j".into(), signal: "USR1".into(), scope: SignalScope::Full };
         let v = serde_json::to_value(&o).unwrap();
-        assert_eq!(
-            v,
-            serde_json::json!({"fleet_job_id": "j", "signal": "USR1", "scope": "full"})
-        );
+        assert_eq!(v, serde_json::json!({"fleet_job_id": "j", "signal": "USR1", "scope": "full"}));
         for (scope, text, flag) in [
             (SignalScope::Batch, "batch", Some("--batch")),
             (SignalScope::Full, "full", Some("--full")),
             (SignalScope::Steps, "steps", None),
         ] {
-            assert_eq!(
-                serde_json::to_value(scope).unwrap(),
-                serde_json::json!(text)
-            );
+            assert_eq!(serde_json::to_value(scope).unwrap(), serde_json::json!(text));
             assert_eq!(text.parse::<SignalScope>(), Ok(scope));
             assert_eq!((scope.as_str(), scope.scancel_flag()), (text, flag));
         }
-        assert!("Full"
-            .parse::<SignalScope>()
-            .unwrap_err()
-            .contains("expected batch, full or steps"));
+        assert!("Full".parse::<SignalScope>().unwrap_err().contains("expected batch, full or steps"));
         // An older meta-scheduler's work has no `signal`: none to deliver.
         let w: AgentWork = serde_json::from_str(r#"{"submit": [], "cancel": []}"#).unwrap();
         assert!(w.signal.is_empty() && w.is_empty());
-        let w = AgentWork {
-            signal: vec![o],
-            ..Default::default()
-        };
+        let w = AgentWork { signal: vec![o], ..Default::default() };
         assert!(!w.is_empty());
     }
 }

@@ -15,8 +15,7 @@ pub const JOB_TOKEN_SCHEME: &str = "FleetJob";
 
 /// The job token for `fleet_job_id`, minted with the origin cluster's secret.
 pub fn job_token(cluster_secret: &str, fleet_job_id: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(cluster_secret.as_bytes())
-        .expect("HMAC accepts keys of any length");
+    let mut mac = Hmac::<Sha256>::new_from_slice(cluster_secret.as_bytes()).expect("HMAC accepts keys of any length");
     mac.update(b"job:");
     mac.update(fleet_job_id.as_bytes());
     hex::encode(mac.finalize().into_bytes())

@@ -9,13 +9,9 @@ use std::path::Path;
 /// hand to `reqwest::Certificate::from_pem_bundle`. An unreadable file, or
 /// one without a certificate, is an error naming it.
 pub fn read_ca_bundle(path: &Path) -> Result<Vec<u8>, String> {
-    let pem = std::fs::read(path)
-        .map_err(|e| format!("reading the CA bundle {}: {e}", path.display()))?;
+    let pem = std::fs::read(path).map_err(|e| format!("reading the CA bundle {}: {e}", path.display()))?;
     if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
-        return Err(format!(
-            "the CA bundle {} holds no PEM certificate",
-            path.display()
-        ));
+        return Err(format!("the CA bundle {} holds no PEM certificate", path.display()));
     }
     Ok(pem)
 }
@@ -26,20 +22,12 @@ mod tests {
     fn unreadable_and_empty_bundles_are_errors_naming_the_file() {
         let dir = std::env::temp_dir().join(format!("fleet-ca-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        assert!(super::read_ca_bundle(&dir.join("missing.pem"))
-            .unwrap_err()
-            .contains("missing.pem"));
+        assert!(super::read_ca_bundle(&dir.join("missing.pem")).unwrap_err().contains("missing.pem"));
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "no certificate here\n").unwrap();
-        assert!(super::read_ca_bundle(&empty)
-            .unwrap_err()
-            .contains("empty.pem holds no PEM certificate"));
+        assert!(super::read_ca_bundle(&empty).unwrap_err().contains("empty.pem holds no PEM certificate"));
         let one = dir.join("one.pem");
-        std::fs::write(
-            &one,
-            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
-        )
-        .unwrap();
+        std::fs::write(&one, "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").unwrap();
         assert!(super::read_ca_bundle(&one).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -257,11 +257,8 @@ impl JobRequest {
             "NONE" => ExportMode::None,
             "NIL" => ExportMode::Nil,
             _ => {
-                let mut items: Vec<String> = v
-                    .split(',')
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-                    .collect();
+                let mut items: Vec<String> =
+                    v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
                 let all = items.first().is_some_and(|f| f.eq_ignore_ascii_case("ALL"));
                 if all {
                     items.remove(0);
@@ -311,10 +308,7 @@ pub enum JobState {
 
 impl JobState {
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Lost
-        )
+        matches!(self, JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Lost)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -352,12 +346,8 @@ pub mod b64_opt {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
         let s: Option<String> = Option::deserialize(d)?;
-        s.map(|s| {
-            base64::engine::general_purpose::STANDARD
-                .decode(s.as_bytes())
-                .map_err(serde::de::Error::custom)
-        })
-        .transpose()
+        s.map(|s| base64::engine::general_purpose::STANDARD.decode(s.as_bytes()).map_err(serde::de::Error::custom))
+            .transpose()
     }
 }
 
@@ -372,8 +362,6 @@ pub mod b64 {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         let s = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(s.as_bytes())
-            .map_err(serde::de::Error::custom)
+        base64::engine::general_purpose::STANDARD.decode(s.as_bytes()).map_err(serde::de::Error::custom)
     }
 }

@@ -19,10 +19,7 @@ pub const OPTIONS: &[(&str, &str, &str)] = &[
 ];
 
 fn valid_cluster_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 fn valid_uri(s: &str) -> bool {
@@ -46,9 +43,7 @@ pub fn apply(opts: &mut FleetOptions, name: &str, value: Option<&str>) -> Result
         "fleet-to" => {
             let names: Vec<String> = v.split(',').map(|s| s.trim().to_string()).collect();
             if let Some(n) = names.iter().find(|n| !valid_cluster_name(n)) {
-                return bad(&format!(
-                    "\"{n}\" is not a cluster name (letters, digits, '-', '_')"
-                ));
+                return bad(&format!("\"{n}\" is not a cluster name (letters, digits, '-', '_')"));
             }
             opts.to = names;
         }
@@ -93,14 +88,8 @@ pub fn from_spank_env<'a>(env: impl IntoIterator<Item = &'a str>) -> Result<Flee
         // A flag (no argument) reaches the job's SPANK environment as the
         // text "(null)": Slurm formats the NULL optarg with "%s". Only
         // flags can carry it (an option with an argument always has one).
-        let is_flag = OPTIONS
-            .iter()
-            .any(|(n, arg, _)| *n == name && arg.is_empty());
-        let value = if is_flag && value == "(null)" {
-            ""
-        } else {
-            value
-        };
+        let is_flag = OPTIONS.iter().any(|(n, arg, _)| *n == name && arg.is_empty());
+        let value = if is_flag && value == "(null)" { "" } else { value };
         apply(&mut opts, &name, Some(value))?;
     }
     Ok(opts)
@@ -123,72 +112,29 @@ mod tests {
         let d = FleetOptions::default;
         check(&[], Ok(d()));
         check(&["OTHER=1", "_SLURM_SPANK_OPTION_pyxis_image=x"], Ok(d()));
-        check(
-            &["_SLURM_SPANK_OPTION_fleet_fleet=local"],
-            Ok(FleetOptions {
-                mode: FleetMode::Local,
-                ..d()
-            }),
-        );
-        check(
-            &["_SLURM_SPANK_OPTION_fleet_fleet=REMOTE"],
-            Ok(FleetOptions {
-                mode: FleetMode::Remote,
-                ..d()
-            }),
-        );
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet=local"], Ok(FleetOptions { mode: FleetMode::Local, ..d() }));
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet=REMOTE"], Ok(FleetOptions { mode: FleetMode::Remote, ..d() }));
         check(
             &["_SLURM_SPANK_OPTION_fleet_fleet_to=alpha, beta"],
-            Ok(FleetOptions {
-                to: vec!["alpha".into(), "beta".into()],
-                ..d()
-            }),
+            Ok(FleetOptions { to: vec!["alpha".into(), "beta".into()], ..d() }),
         );
-        check(
-            &["_SLURM_SPANK_OPTION_fleet_fleet_max_price=2.5"],
-            Ok(FleetOptions {
-                max_price: Some(2.5),
-                ..d()
-            }),
-        );
-        check(
-            &["_SLURM_SPANK_OPTION_fleet_fleet_interruptible="],
-            Ok(FleetOptions {
-                interruptible: true,
-                ..d()
-            }),
-        );
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet_max_price=2.5"], Ok(FleetOptions { max_price: Some(2.5), ..d() }));
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet_interruptible="], Ok(FleetOptions { interruptible: true, ..d() }));
         // What slurmctld really hands job_submit for the flag (option or #SBATCH).
         check(
             &["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=(null)"],
-            Ok(FleetOptions {
-                interruptible: true,
-                ..d()
-            }),
+            Ok(FleetOptions { interruptible: true, ..d() }),
         );
-        check(
-            &["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=no"],
-            Ok(d()),
-        );
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=no"], Ok(d()));
         check(
             &["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=maybe"],
             Err("--fleet-interruptible=maybe: takes no value"),
         );
         check(
-            &[
-                "_SLURM_SPANK_OPTION_fleet_fleet_data=s3://a/b,gs://c",
-                "_SLURM_SPANK_OPTION_fleet_fleet_ckpt=s3://ck/",
-            ],
-            Ok(FleetOptions {
-                data: vec!["s3://a/b".into(), "gs://c".into()],
-                ckpt: Some("s3://ck/".into()),
-                ..d()
-            }),
+            &["_SLURM_SPANK_OPTION_fleet_fleet_data=s3://a/b,gs://c", "_SLURM_SPANK_OPTION_fleet_fleet_ckpt=s3://ck/"],
+            Ok(FleetOptions { data: vec!["s3://a/b".into(), "gs://c".into()], ckpt: Some("s3://ck/".into()), ..d() }),
         );
-        check(
-            &["_SLURM_SPANK_OPTION_fleet_fleet=bogus"],
-            Err("--fleet=bogus: expected auto, local or remote"),
-        );
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet=bogus"], Err("--fleet=bogus: expected auto, local or remote"));
         check(
             &["_SLURM_SPANK_OPTION_fleet_fleet_to=a;b"],
             Err("--fleet-to=a;b: \"a;b\" is not a cluster name (letters, digits, '-', '_')"),
@@ -209,9 +155,6 @@ mod tests {
             &["_SLURM_SPANK_OPTION_fleet_fleet_ckpt=a b"],
             Err("--fleet-ckpt=a b: expected a URI such as s3://bucket/run1/"),
         );
-        check(
-            &["_SLURM_SPANK_OPTION_fleet_fleet_bogus=1"],
-            Err("unknown Fleet option --fleet-bogus"),
-        );
+        check(&["_SLURM_SPANK_OPTION_fleet_fleet_bogus=1"], Err("unknown Fleet option --fleet-bogus"));
     }
 }

@@ -94,16 +94,9 @@ impl Constraint {
         if s.is_empty() {
             return None;
         }
-        let simple = |f: &str| {
-            !f.is_empty()
-                && f.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        };
-        let split = |sep: &[char]| {
-            s.split(sep)
-                .map(|f| f.trim().to_string())
-                .collect::<Vec<_>>()
-        };
+        let simple =
+            |f: &str| !f.is_empty() && f.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        let split = |sep: &[char]| s.split(sep).map(|f| f.trim().to_string()).collect::<Vec<_>>();
         if !s.contains('|') {
             let all = split(&['&', ',']);
             if all.iter().all(|f| simple(f)) {
@@ -131,12 +124,8 @@ impl Constraint {
 
 impl Demand {
     pub fn of(job: &JobRequest) -> Demand {
-        let sum = |scope: GpuScope| {
-            job.gpus
-                .iter()
-                .filter(|g| g.scope == scope)
-                .fold(0u32, |a, g| a.saturating_add(g.count))
-        };
+        let sum =
+            |scope: GpuScope| job.gpus.iter().filter(|g| g.scope == scope).fold(0u32, |a, g| a.saturating_add(g.count));
         let min_nodes = job.min_nodes.unwrap_or(1).max(1);
         Demand {
             gpu_type: job.gpu_type().map(str::to_string),
@@ -236,20 +225,8 @@ pub fn node_shapes<'a>(
         if let Some(f) = features.as_mut() {
             f.sort();
         }
-        let shape = NodeShape {
-            gpu_type: ty.map(str::to_string),
-            gpus,
-            cpus,
-            memory_mb: mem,
-            features,
-            count: 0,
-        };
-        match out.iter_mut().find(|s| {
-            NodeShape {
-                count: 0,
-                ..(*s).clone()
-            } == shape
-        }) {
+        let shape = NodeShape { gpu_type: ty.map(str::to_string), gpus, cpus, memory_mb: mem, features, count: 0 };
+        match out.iter_mut().find(|s| NodeShape { count: 0, ..(*s).clone() } == shape) {
             Some(s) => s.count += 1,
             None => out.push(NodeShape { count: 1, ..shape }),
         }
@@ -264,9 +241,7 @@ fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), S
     if d.wants_gpus() {
         match (&d.gpu_type, &n.gpu_type) {
             (_, None) => return Err("no GPUs".into()),
-            (Some(w), Some(t)) if !w.eq_ignore_ascii_case(t) => {
-                return Err(format!("{t}, not {w}"))
-            }
+            (Some(w), Some(t)) if !w.eq_ignore_ascii_case(t) => return Err(format!("{t}, not {w}")),
             _ => {}
         }
     }
@@ -277,36 +252,23 @@ fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), S
             // Unknown features or a constraint too complex to evaluate:
             // the origin's slurmctld judges it; elsewhere it is not offered.
             _ if at_origin => {}
-            Some(None) => {
-                return Err(format!(
-                    "--constraint={} is too complex to check here",
-                    constraint_text(c)
-                ))
-            }
+            Some(None) => return Err(format!("--constraint={} is too complex to check here", constraint_text(c))),
             None => return Err("node features unknown, cannot check --constraint".into()),
         }
     }
     let gpus = u64::from(n.gpus);
     let per_node = u64::from(d.gpus_per_node);
     if gpus < per_node {
-        return Err(format!(
-            "{gpus} {ty} GPUs per node, job needs {per_node} per node"
-        ));
+        return Err(format!("{gpus} {ty} GPUs per node, job needs {per_node} per node"));
     }
     let inf = u64::MAX / 4;
     let cpus = n.cpus.unwrap_or(inf);
     let mem = n.mem.unwrap_or(inf);
     if d.mem_per_node > mem {
-        return Err(format!(
-            "{mem} MiB per node, job needs --mem={}M",
-            d.mem_per_node
-        ));
+        return Err(format!("{mem} MiB per node, job needs --mem={}M", d.mem_per_node));
     }
     if d.mem_per_gpu.saturating_mul(per_node) > mem {
-        return Err(format!(
-            "{mem} MiB per node, job needs {} MiB for {per_node} GPUs",
-            d.mem_per_gpu * per_node
-        ));
+        return Err(format!("{mem} MiB per node, job needs {} MiB for {per_node} GPUs", d.mem_per_gpu * per_node));
     }
     if u64::from(d.cpus_per_gpu).saturating_mul(per_node) > cpus {
         return Err(format!(
@@ -338,20 +300,18 @@ fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), S
         _ => 1,
     };
     if tasks < need_tasks {
-        let cpus_s = n
-            .cpus
-            .map(|c| format!("{c} CPUs"))
-            .unwrap_or_else(|| "its CPUs".into());
-        return Err(
-            if d.gpus_per_task > 0 && (gpus - per_node) / u64::from(d.gpus_per_task) < need_tasks {
-                format!(
-                    "{gpus} {ty} GPUs per node, job needs {} for {need_tasks} task(s)",
-                    u64::from(d.gpus_per_task) * need_tasks
-                )
-            } else {
-                format!("{cpus_s} and {} MiB per node hold {tasks} task(s) of {cpt} CPU(s), job needs {need_tasks} per node", n.mem.map(|m| m.to_string()).unwrap_or("?".into()))
-            },
-        );
+        let cpus_s = n.cpus.map(|c| format!("{c} CPUs")).unwrap_or_else(|| "its CPUs".into());
+        return Err(if d.gpus_per_task > 0 && (gpus - per_node) / u64::from(d.gpus_per_task) < need_tasks {
+            format!(
+                "{gpus} {ty} GPUs per node, job needs {} for {need_tasks} task(s)",
+                u64::from(d.gpus_per_task) * need_tasks
+            )
+        } else {
+            format!(
+                "{cpus_s} and {} MiB per node hold {tasks} task(s) of {cpt} CPU(s), job needs {need_tasks} per node",
+                n.mem.map(|m| m.to_string()).unwrap_or("?".into())
+            )
+        });
     }
     // GPUs this node can give to `--gpus` beyond its per-node share.
     let mut spare = gpus - per_node;
@@ -403,11 +363,7 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
         }
     }
     let avail: u32 = usable.iter().fold(0u32, |a, u| a.saturating_add(u.2));
-    let what = d
-        .gpu_type
-        .as_deref()
-        .map(|t| format!("{t} "))
-        .unwrap_or_default();
+    let what = d.gpu_type.as_deref().map(|t| format!("{t} ")).unwrap_or_default();
     if avail == 0 {
         // The two common cases in the words users know; else the first reason.
         let typed: Vec<&Nodes> = nodes
@@ -422,10 +378,9 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
         let ty = d.gpu_type.as_deref().unwrap_or("gpu");
         return Err(match why {
             _ if d.wants_gpus() && typed.is_empty() => format!("has no {what}GPUs"),
-            _ if d.wants_gpus() && max < d.gpus_per_node => format!(
-                "has at most {max} {ty} per node, job needs {} per node",
-                d.gpus_per_node
-            ),
+            _ if d.wants_gpus() && max < d.gpus_per_node => {
+                format!("has at most {max} {ty} per node, job needs {} per node", d.gpus_per_node)
+            }
             Some(w) if !nodes.is_empty() => format!("no node can hold the job's share ({w})"),
             _ => "has no usable nodes".into(),
         });
@@ -476,18 +431,11 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
             d.gpus_per_job
         ));
     }
-    Err(format!(
-        "holds at most {} task(s) on {n} node(s), job needs {} on {range}",
-        tasks_of(n),
-        need_tasks(n)
-    ))
+    Err(format!("holds at most {} task(s) on {n} node(s), job needs {} on {range}", tasks_of(n), need_tasks(n)))
 }
 
 fn what_nodes(d: &Demand) -> String {
-    d.gpu_type
-        .as_deref()
-        .map(|t| format!("{t} "))
-        .unwrap_or_default()
+    d.gpu_type.as_deref().map(|t| format!("{t} ")).unwrap_or_default()
 }
 
 fn node_range(d: &Demand) -> String {
@@ -507,11 +455,7 @@ pub fn fits(c: &ClusterSummary, job: &JobRequest) -> Result<u32, String> {
 
 fn free_matching(c: &ClusterSummary, job: &JobRequest) -> u32 {
     let want = job.gpu_type();
-    let free = c
-        .gpus
-        .iter()
-        .filter(|p| want.is_none_or(|w| p.gpu_type.eq_ignore_ascii_case(w)))
-        .map(|p| p.free);
+    let free = c.gpus.iter().filter(|p| want.is_none_or(|w| p.gpu_type.eq_ignore_ascii_case(w))).map(|p| p.free);
     if want.is_some() {
         free.max().unwrap_or(0)
     } else {
@@ -531,11 +475,7 @@ fn price_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
         .filter(|p| want.is_none_or(|w| p.gpu_type.eq_ignore_ascii_case(w)))
         .filter_map(|p| p.price_per_gpu_hour)
         .collect();
-    match prices
-        .iter()
-        .copied()
-        .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p))))
-    {
+    match prices.iter().copied().fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p)))) {
         None => Err(format!("no price known, --fleet-max-price={max} needs one")),
         Some(p) if p > max => Err(format!("{p:.2} USD/GPU-h is above --fleet-max-price={max}")),
         Some(_) => Ok(()),
@@ -546,9 +486,7 @@ fn price_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
 pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) {
     let mut excluded = Vec::new();
     let mut feasible: Vec<&ClusterSummary> = Vec::new();
-    let allowed = |name: &str| {
-        job.fleet.to.is_empty() || job.fleet.to.iter().any(|t| t.eq_ignore_ascii_case(name))
-    };
+    let allowed = |name: &str| job.fleet.to.is_empty() || job.fleet.to.iter().any(|t| t.eq_ignore_ascii_case(name));
     let origin_only = (!job.not_carried.is_empty()).then(|| job.not_carried.join(", "));
     for c in &view.clusters {
         let home = c.name == job.origin;
@@ -574,19 +512,13 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
             })
         };
         match reason {
-            Some(reason) => excluded.push(Exclusion {
-                cluster: c.name.clone(),
-                reason,
-            }),
+            Some(reason) => excluded.push(Exclusion { cluster: c.name.clone(), reason }),
             None => feasible.push(c),
         }
     }
     for t in &job.fleet.to {
         if !view.clusters.iter().any(|c| c.name.eq_ignore_ascii_case(t)) {
-            excluded.push(Exclusion {
-                cluster: t.clone(),
-                reason: "unknown cluster".into(),
-            });
+            excluded.push(Exclusion { cluster: t.clone(), reason: "unknown cluster".into() });
         }
     }
     if feasible.is_empty() {
@@ -594,66 +526,29 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
         // the job, so it stays home (Slurm judges it).
         let home_listed = view.clusters.iter().any(|c| c.name == job.origin);
         if !home_listed && job.fleet.mode != FleetMode::Remote && allowed(&job.origin) {
-            return (
-                Placement::Home {
-                    reason: "the origin is not in the fleet view; Slurm decides".into(),
-                },
-                excluded,
-            );
+            return (Placement::Home { reason: "the origin is not in the fleet view; Slurm decides".into() }, excluded);
         }
-        let why = excluded
-            .iter()
-            .map(|e| format!("{}: {}", e.cluster, e.reason))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let why = excluded.iter().map(|e| format!("{}: {}", e.cluster, e.reason)).collect::<Vec<_>>().join("; ");
         let what = describe(job);
-        return (
-            Placement::Impossible {
-                reason: format!("no cluster in the fleet can run {what} ({why})"),
-            },
-            excluded,
-        );
+        return (Placement::Impossible { reason: format!("no cluster in the fleet can run {what} ({why})") }, excluded);
     }
     if let Some(home) = feasible.iter().find(|c| c.name == job.origin) {
         let need = job.total_gpus();
         let home_free = free_matching(home, job);
-        let others_free = feasible
-            .iter()
-            .filter(|c| c.name != job.origin)
-            .map(|c| free_matching(c, job))
-            .max();
+        let others_free = feasible.iter().filter(|c| c.name != job.origin).map(|c| free_matching(c, job)).max();
         // Stay home when home can start it now, or nobody else can either.
         if home_free >= need || others_free.is_none_or(|o| o < need) {
-            return (
-                Placement::Home {
-                    reason: "the origin can run it".into(),
-                },
-                excluded,
-            );
+            return (Placement::Home { reason: "the origin can run it".into() }, excluded);
         }
     }
     // Most free matching GPUs; ties broken by name for determinism.
     let best = feasible
         .iter()
         .filter(|c| c.name != job.origin)
-        .max_by(|a, b| {
-            free_matching(a, job)
-                .cmp(&free_matching(b, job))
-                .then_with(|| b.name.cmp(&a.name))
-        })
+        .max_by(|a, b| free_matching(a, job).cmp(&free_matching(b, job)).then_with(|| b.name.cmp(&a.name)))
         .expect("feasible holds a non-origin cluster when the origin was not chosen");
-    let reason = format!(
-        "{} free matching GPUs at {}",
-        free_matching(best, job),
-        best.name
-    );
-    (
-        Placement::Remote {
-            target: best.name.clone(),
-            reason,
-        },
-        excluded,
-    )
+    let reason = format!("{} free matching GPUs at {}", free_matching(best, job), best.name);
+    (Placement::Remote { target: best.name.clone(), reason }, excluded)
 }
 
 /// Can the origin run `job` natively, as far as `view` shows? True when
@@ -662,10 +557,7 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
 /// over `MaxScriptBytes`, fields that are not UTF-8): such a job stays
 /// home rather than being refused, when home can run it.
 pub fn origin_fits(view: &FleetView, job: &JobRequest) -> bool {
-    view.clusters
-        .iter()
-        .find(|c| c.name == job.origin)
-        .is_none_or(|c| fits(c, job).is_ok())
+    view.clusters.iter().find(|c| c.name == job.origin).is_none_or(|c| fits(c, job).is_ok())
 }
 
 /// `view` with every cluster taken as healthy: what the fleet could run
@@ -692,12 +584,7 @@ pub fn place_or_wait(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Excl
             (Placement::Remote { target, reason }, excluded)
         }
         // Only the origin itself could run it: stay home, Slurm queues it.
-        (Placement::Home { .. }, _) => (
-            Placement::Home {
-                reason: reason.clone(),
-            },
-            excluded,
-        ),
+        (Placement::Home { .. }, _) => (Placement::Home { reason: reason.clone() }, excluded),
         // Impossible even then: the capacity reasons say why.
         impossible => impossible,
     }
@@ -707,10 +594,7 @@ pub fn place_or_wait(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Excl
 pub fn describe(job: &JobRequest) -> String {
     let t = job.gpu_type().map(|t| format!("{t}:")).unwrap_or_default();
     let d = Demand::of(job);
-    let only_per_node = job
-        .gpus
-        .iter()
-        .all(|g| matches!(g.scope, GpuScope::Node | GpuScope::Socket));
+    let only_per_node = job.gpus.iter().all(|g| matches!(g.scope, GpuScope::Node | GpuScope::Socket));
     let nodes = match (job.min_nodes, d.max_nodes) {
         (None, None) if only_per_node && d.tasks.is_none() => "1 node(s)".to_string(),
         (Some(a), None) => format!("{a} node(s)"),
@@ -760,60 +644,41 @@ mod tests {
     }
 
     fn lab() -> FleetView {
-        FleetView {
-            generated_at: 0.0,
-            clusters: vec![
-                shaped("alpha", "h100", 2, &[]),
-                shaped("beta", "a100", 2, &[]),
-            ],
-        }
+        FleetView { generated_at: 0.0, clusters: vec![shaped("alpha", "h100", 2, &[]), shaped("beta", "a100", 2, &[])] }
     }
 
     /// The lab as an older meta-scheduler describes it: GPU pools only.
     fn lab_pools() -> FleetView {
         FleetView {
             generated_at: 0.0,
-            clusters: vec![
-                pool_cluster("alpha", "h100", 8, 2, 16),
-                pool_cluster("beta", "a100", 8, 2, 16),
-            ],
+            clusters: vec![pool_cluster("alpha", "h100", 8, 2, 16), pool_cluster("beta", "a100", 8, 2, 16)],
         }
     }
 
     /// The lab plus gamma: 4 H100 nodes with InfiniBand.
     fn fleet3() -> FleetView {
         let mut v = lab();
-        v.clusters
-            .push(shaped("gamma", "h100", 4, &["ib", "nvlink"]));
+        v.clusters.push(shaped("gamma", "h100", 4, &["ib", "nvlink"]));
         v
     }
 
     /// A request from sbatch-style arguments (the forms the plugin reads
     /// from job_desc, already normalised as sbatch sends them).
     fn req(origin: &str, args: &str) -> JobRequest {
-        let mut j = JobRequest {
-            origin: origin.into(),
-            ..Default::default()
-        };
+        let mut j = JobRequest { origin: origin.into(), ..Default::default() };
         let gpu = |v: &str, scope: GpuScope| {
             let (t, n) = match v.rsplit_once(':') {
                 Some((t, n)) => (Some(t.to_string()), n.parse().unwrap()),
                 None => (None, v.parse().unwrap()),
             };
-            GpuRequest {
-                gpu_type: t,
-                count: n,
-                scope,
-            }
+            GpuRequest { gpu_type: t, count: n, scope }
         };
         for a in args.split_whitespace() {
             let (k, v) = a.split_once('=').unwrap_or((a, ""));
             let num = || v.parse::<u32>().unwrap();
             match k {
                 "--gpus" => j.gpus.push(gpu(v, GpuScope::Job)),
-                "--gres" => j
-                    .gpus
-                    .push(gpu(v.trim_start_matches("gpu:"), GpuScope::Node)),
+                "--gres" => j.gpus.push(gpu(v.trim_start_matches("gpu:"), GpuScope::Node)),
                 "--gpus-per-node" => j.gpus.push(gpu(v, GpuScope::Node)),
                 "--gpus-per-task" => j.gpus.push(gpu(v, GpuScope::Task)),
                 "--gpus-per-socket" => j.gpus.push(gpu(v, GpuScope::Socket)),
@@ -832,13 +697,7 @@ mod tests {
                 "--exclusive" => j.exclusive = Some(Exclusive::Node),
                 "-C" => j.constraint = Some(v.into()),
                 "-L" => j.not_carried.push(format!("--licenses={v}")),
-                "--fleet" => {
-                    j.fleet.mode = if v == "remote" {
-                        FleetMode::Remote
-                    } else {
-                        FleetMode::Local
-                    }
-                }
+                "--fleet" => j.fleet.mode = if v == "remote" { FleetMode::Remote } else { FleetMode::Local },
                 "--fleet-to" => j.fleet.to = v.split(',').map(Into::into).collect(),
                 "--fleet-max-price" => j.fleet.max_price = Some(v.parse().unwrap()),
                 _ => panic!("test helper: unknown {k}"),
@@ -860,10 +719,7 @@ mod tests {
     fn check(view: &FleetView, origin: &str, args: &str, expected: &str, nodes: Option<u32>) {
         let j = req(origin, args);
         let got = outcome(view, &j);
-        assert!(
-            got.starts_with(expected),
-            "{origin}: {args}\n got {got:?}\n expected {expected:?}"
-        );
+        assert!(got.starts_with(expected), "{origin}: {args}\n got {got:?}\n expected {expected:?}");
         if let Some(n) = nodes {
             let at = if expected == "home" { origin } else { expected };
             let c = view.clusters.iter().find(|c| c.name == at).unwrap();
@@ -892,13 +748,7 @@ mod tests {
         check(v, "alpha", "--gres=gpu:h100:8", "home", Some(1));
         check(v, "alpha", "--gpus-per-node=h100:4 -N=2", "home", Some(2));
         check(v, "alpha", "--gpus-per-socket=h100:2", "home", Some(1));
-        check(
-            v,
-            "alpha",
-            "--gres=gpu:8 -N=2 --ntasks-per-node=8",
-            "home",
-            Some(2),
-        );
+        check(v, "alpha", "--gres=gpu:8 -N=2 --ntasks-per-node=8", "home", Some(2));
         // Too many per node, whatever the node count.
         check(
             v,
@@ -909,21 +759,15 @@ mod tests {
         );
         check(v, "alpha", "--gpus=h100:16 -N=1", "impossible: no cluster in the fleet can run gpu:h100:16 on 1 node(s) (alpha: holds at most 8 h100 GPUs on 1 node(s)", None);
         check(v, "alpha", "--gpus=h100:17", "impossible", None);
-        check(v, "alpha", "--gpus=h100:16 -N=3", "impossible: no cluster in the fleet can run gpu:h100:16 on 3 node(s) (alpha: has 2 h100 node(s)", None);
         check(
             v,
             "alpha",
-            "--gpus-per-task=h100:2 -n=9",
-            "impossible",
+            "--gpus=h100:16 -N=3",
+            "impossible: no cluster in the fleet can run gpu:h100:16 on 3 node(s) (alpha: has 2 h100 node(s)",
             None,
         );
-        check(
-            v,
-            "alpha",
-            "--gpus-per-task=h100:3 -n=6",
-            "impossible",
-            None,
-        );
+        check(v, "alpha", "--gpus-per-task=h100:2 -n=9", "impossible", None);
+        check(v, "alpha", "--gpus-per-task=h100:3 -n=6", "impossible", None);
         check(v, "alpha", "--gpus-per-task=h100:3 -n=4", "home", Some(2));
         // Jobs that must leave beta for alpha.
         check(v, "beta", "--gres=gpu:h100:8", "alpha", Some(1));
@@ -936,93 +780,27 @@ mod tests {
         check(v, "alpha", "--gres=gpu:1 -n=65", "impossible", None);
         check(v, "alpha", "--gres=gpu:1 -n=8 -c=8", "home", Some(2));
         check(v, "alpha", "--gres=gpu:1 -c=33", "impossible", None);
-        check(
-            v,
-            "alpha",
-            "--gres=gpu:1 --ntasks-per-node=33",
-            "impossible",
-            None,
-        );
-        check(
-            v,
-            "alpha",
-            "--gpus=h100:16 --cpus-per-gpu=4",
-            "home",
-            Some(2),
-        );
-        check(
-            v,
-            "alpha",
-            "--gpus=h100:16 --cpus-per-gpu=5",
-            "impossible",
-            None,
-        );
-        check(
-            v,
-            "alpha",
-            "--gpus=h100:8 --cpus-per-gpu=5",
-            "home",
-            Some(2),
-        );
+        check(v, "alpha", "--gres=gpu:1 --ntasks-per-node=33", "impossible", None);
+        check(v, "alpha", "--gpus=h100:16 --cpus-per-gpu=4", "home", Some(2));
+        check(v, "alpha", "--gpus=h100:16 --cpus-per-gpu=5", "impossible", None);
+        check(v, "alpha", "--gpus=h100:8 --cpus-per-gpu=5", "home", Some(2));
         // Memory forms.
         check(v, "alpha", "--gres=gpu:8 --mem=64000", "home", Some(1));
         check(v, "alpha", "--gres=gpu:8 --mem=64001", "impossible", None);
         check(v, "alpha", "--gres=gpu:8 --mem=0", "home", Some(1));
-        check(
-            v,
-            "alpha",
-            "--gres=gpu:1 -n=32 --mem-per-cpu=2000",
-            "home",
-            Some(1),
-        );
-        check(
-            v,
-            "alpha",
-            "--gres=gpu:1 -n=32 --mem-per-cpu=4000",
-            "home",
-            Some(2),
-        );
-        check(
-            v,
-            "alpha",
-            "--gres=gpu:1 -n=64 --mem-per-cpu=4000",
-            "impossible",
-            None,
-        );
-        check(
-            v,
-            "alpha",
-            "--gpus=h100:16 --mem-per-gpu=8000",
-            "home",
-            Some(2),
-        );
-        check(
-            v,
-            "alpha",
-            "--gpus=h100:16 --mem-per-gpu=8001",
-            "impossible",
-            None,
-        );
-        check(
-            v,
-            "alpha",
-            "--gres=gpu:8 --mem-per-gpu=9000",
-            "impossible",
-            None,
-        );
+        check(v, "alpha", "--gres=gpu:1 -n=32 --mem-per-cpu=2000", "home", Some(1));
+        check(v, "alpha", "--gres=gpu:1 -n=32 --mem-per-cpu=4000", "home", Some(2));
+        check(v, "alpha", "--gres=gpu:1 -n=64 --mem-per-cpu=4000", "impossible", None);
+        check(v, "alpha", "--gpus=h100:16 --mem-per-gpu=8000", "home", Some(2));
+        check(v, "alpha", "--gpus=h100:16 --mem-per-gpu=8001", "impossible", None);
+        check(v, "alpha", "--gres=gpu:8 --mem-per-gpu=9000", "impossible", None);
         // Pools only: memory and CPUs unknown, the origin is not second-guessed.
         check(p, "alpha", "--gres=gpu:8 --mem=999999", "home", Some(1));
         // Exclusive changes nothing about feasibility.
         check(v, "alpha", "--gpus=h100:16 --exclusive", "home", Some(2));
         // Constraints: gamma has ib; alpha's features are known and empty.
         check(f, "beta", "--gres=gpu:h100:8 -C=ib", "gamma", Some(1));
-        check(
-            f,
-            "beta",
-            "--gres=gpu:h100:8 -C=ib&nvlink",
-            "gamma",
-            Some(1),
-        );
+        check(f, "beta", "--gres=gpu:h100:8 -C=ib&nvlink", "gamma", Some(1));
         check(f, "beta", "--gres=gpu:h100:8 -C=ib|roce", "gamma", Some(1));
         check(f, "beta", "--gres=gpu:h100:8 -C=roce", "impossible", None);
         check(f, "alpha", "--gres=gpu:h100:8 -C=ib", "gamma", Some(1));
@@ -1034,34 +812,10 @@ mod tests {
         check(v, "beta", "--gres=gpu:a100:8 -L=matlab:1", "home", Some(1));
         check(v, "beta", "--gres=gpu:h100:8 -L=matlab:1", "impossible: no cluster in the fleet can run gpu:h100:8 on 1 node(s) (alpha: --licenses=matlab:1 cannot be honoured at another cluster", None);
         // --fleet-to, --fleet=remote.
-        check(
-            v,
-            "beta",
-            "--gres=gpu:a100:1 --fleet-to=beta",
-            "home",
-            Some(1),
-        );
-        check(
-            v,
-            "beta",
-            "--gres=gpu:h100:1 --fleet-to=beta",
-            "impossible",
-            None,
-        );
-        check(
-            v,
-            "beta",
-            "--gres=gpu:h100:1 --fleet-to=gamma",
-            "impossible",
-            None,
-        );
-        check(
-            v,
-            "beta",
-            "--gres=gpu:a100:1 --fleet=remote",
-            "impossible",
-            None,
-        );
+        check(v, "beta", "--gres=gpu:a100:1 --fleet-to=beta", "home", Some(1));
+        check(v, "beta", "--gres=gpu:h100:1 --fleet-to=beta", "impossible", None);
+        check(v, "beta", "--gres=gpu:h100:1 --fleet-to=gamma", "impossible", None);
+        check(v, "beta", "--gres=gpu:a100:1 --fleet=remote", "impossible", None);
         check(v, "beta", "--gres=gpu:8 --fleet=remote", "alpha", Some(1));
         // No GPUs at all (a job with --fleet options only).
         check(v, "beta", "--fleet-to=beta", "home", Some(1));
@@ -1076,34 +830,20 @@ mod tests {
         let mut v = lab();
         let d = FleetOptions::default;
         let h100 = |max: Option<f64>| JobRequest {
-            fleet: FleetOptions {
-                max_price: max,
-                ..d()
-            },
+            fleet: FleetOptions { max_price: max, ..d() },
             ..req("beta", "--gres=gpu:h100:8")
         };
         let got = outcome(&v, &h100(Some(2.0)));
-        assert!(
-            got.contains("alpha: no price known, --fleet-max-price=2 needs one"),
-            "{got}"
-        );
+        assert!(got.contains("alpha: no price known, --fleet-max-price=2 needs one"), "{got}");
         v.clusters[0].gpus[0].price_per_gpu_hour = Some(3.5);
         let got = outcome(&v, &h100(Some(2.0)));
-        assert!(
-            got.contains("alpha: 3.50 USD/GPU-h is above --fleet-max-price=2"),
-            "{got}"
-        );
+        assert!(got.contains("alpha: 3.50 USD/GPU-h is above --fleet-max-price=2"), "{got}");
         assert_eq!(outcome(&v, &h100(Some(4.0))), "alpha");
         assert_eq!(outcome(&v, &h100(None)), "alpha");
         // The origin is never excluded by price: home is not bought.
         v.clusters[1].gpus[0].price_per_gpu_hour = Some(9.0);
-        let a100 = JobRequest {
-            fleet: FleetOptions {
-                max_price: Some(1.0),
-                ..d()
-            },
-            ..req("beta", "--gres=gpu:a100:8")
-        };
+        let a100 =
+            JobRequest { fleet: FleetOptions { max_price: Some(1.0), ..d() }, ..req("beta", "--gres=gpu:a100:8") };
         assert_eq!(outcome(&v, &a100), "home");
     }
 
@@ -1113,13 +853,7 @@ mod tests {
         v.clusters.push(pool_cluster("gamma", "a100", 8, 4, 32));
         v.clusters[1].gpus[0].free = 0;
         let (p, _) = place(&v, &req("beta", "--gres=gpu:a100:8"));
-        assert_eq!(
-            p,
-            Placement::Remote {
-                target: "gamma".into(),
-                reason: "32 free matching GPUs at gamma".into()
-            }
-        );
+        assert_eq!(p, Placement::Remote { target: "gamma".into(), reason: "32 free matching GPUs at gamma".into() });
     }
 
     #[test]
@@ -1129,11 +863,7 @@ mod tests {
         v.clusters[0].heartbeat_age_s = 42.0;
         let (p, ex) = place(&v, &req("beta", "--gres=gpu:h100:8"));
         assert!(matches!(p, Placement::Impossible { .. }));
-        assert!(
-            ex.iter()
-                .any(|e| e.cluster == "alpha" && e.reason == "no heartbeat for 42s"),
-            "{ex:?}"
-        );
+        assert!(ex.iter().any(|e| e.cluster == "alpha" && e.reason == "no heartbeat for 42s"), "{ex:?}");
     }
 
     #[test]
@@ -1142,14 +872,9 @@ mod tests {
         v.clusters[0].healthy = false;
         v.clusters[0].heartbeat_age_s = 42.0;
         let (p, _) = place_or_wait(&v, &req("beta", "--gres=gpu:h100:8"));
-        let Placement::Remote { target, reason } = p else {
-            panic!("{p:?}")
-        };
+        let Placement::Remote { target, reason } = p else { panic!("{p:?}") };
         assert_eq!(target, "alpha");
-        assert!(
-            reason.starts_with("waiting for alpha, which has no recent heartbeat"),
-            "{reason}"
-        );
+        assert!(reason.starts_with("waiting for alpha, which has no recent heartbeat"), "{reason}");
         // Impossible even with every cluster up: still refused, with the reason.
         let (p, _) = place_or_wait(&v, &req("beta", "--gres=gpu:h100:512"));
         assert!(
@@ -1162,54 +887,27 @@ mod tests {
         // The origin silent in its own view: the job stays home.
         let mut v = lab();
         v.clusters[1].healthy = false;
-        assert!(matches!(
-            place_or_wait(&v, &req("beta", "--gres=gpu:a100:8")).0,
-            Placement::Home { .. }
-        ));
+        assert!(matches!(place_or_wait(&v, &req("beta", "--gres=gpu:a100:8")).0, Placement::Home { .. }));
         // The origin missing from the view: home too.
-        let v = FleetView {
-            generated_at: 0.0,
-            clusters: vec![shaped("alpha", "h100", 2, &[])],
-        };
-        assert!(matches!(
-            place(&v, &req("beta", "--gres=gpu:a100:8")).0,
-            Placement::Home { .. }
-        ));
+        let v = FleetView { generated_at: 0.0, clusters: vec![shaped("alpha", "h100", 2, &[])] };
+        assert!(matches!(place(&v, &req("beta", "--gres=gpu:a100:8")).0, Placement::Home { .. }));
     }
 
     #[test]
     fn origin_fits_answers_for_home() {
         assert!(origin_fits(&lab(), &req("alpha", "--gpus=h100:16")));
         assert!(!origin_fits(&lab(), &req("beta", "--gpus=h100:16")));
-        assert!(
-            origin_fits(&lab(), &req("gamma", "--gpus=h100:16")),
-            "not in the view: Slurm judges"
-        );
+        assert!(origin_fits(&lab(), &req("gamma", "--gpus=h100:16")), "not in the view: Slurm judges");
     }
 
     #[test]
     fn constraints_parse() {
         assert_eq!(Constraint::parse(""), None);
-        assert_eq!(
-            Constraint::parse("ib"),
-            Some(Constraint::All(vec!["ib".into()]))
-        );
-        assert_eq!(
-            Constraint::parse("a&b,c"),
-            Some(Constraint::All(vec!["a".into(), "b".into(), "c".into()]))
-        );
-        assert_eq!(
-            Constraint::parse("a|b"),
-            Some(Constraint::Any(vec!["a".into(), "b".into()]))
-        );
-        assert_eq!(
-            Constraint::parse("a|b&c"),
-            Some(Constraint::Complex("a|b&c".into()))
-        );
-        assert_eq!(
-            Constraint::parse("[a*2&b*2]"),
-            Some(Constraint::Complex("[a*2&b*2]".into()))
-        );
+        assert_eq!(Constraint::parse("ib"), Some(Constraint::All(vec!["ib".into()])));
+        assert_eq!(Constraint::parse("a&b,c"), Some(Constraint::All(vec!["a".into(), "b".into(), "c".into()])));
+        assert_eq!(Constraint::parse("a|b"), Some(Constraint::Any(vec!["a".into(), "b".into()])));
+        assert_eq!(Constraint::parse("a|b&c"), Some(Constraint::Complex("a|b&c".into())));
+        assert_eq!(Constraint::parse("[a*2&b*2]"), Some(Constraint::Complex("[a*2&b*2]".into())));
     }
 
     #[test]
@@ -1229,22 +927,10 @@ mod tests {
 
     #[test]
     fn describe_says_what_was_asked() {
-        assert_eq!(
-            describe(&req("a", "--gres=gpu:h100:8")),
-            "gpu:h100:8 on 1 node(s)"
-        );
-        assert_eq!(
-            describe(&req("a", "--gpus=h100:16")),
-            "gpu:h100:16 on any number of nodes"
-        );
-        assert_eq!(
-            describe(&req("a", "--gpus=h100:16 -N=1-2")),
-            "gpu:h100:16 on 1-2 nodes"
-        );
-        assert_eq!(
-            describe(&req("a", "--gpus-per-task=2 -n=8")),
-            "gpu:16 on any number of nodes (8 task(s) × 2 GPU)"
-        );
+        assert_eq!(describe(&req("a", "--gres=gpu:h100:8")), "gpu:h100:8 on 1 node(s)");
+        assert_eq!(describe(&req("a", "--gpus=h100:16")), "gpu:h100:16 on any number of nodes");
+        assert_eq!(describe(&req("a", "--gpus=h100:16 -N=1-2")), "gpu:h100:16 on 1-2 nodes");
+        assert_eq!(describe(&req("a", "--gpus-per-task=2 -n=8")), "gpu:16 on any number of nodes (8 task(s) × 2 GPU)");
     }
 
     mod props {
@@ -1279,36 +965,17 @@ mod tests {
                     };
                     if shapes {
                         let features = Some(if ib { vec!["ib".to_string()] } else { vec![] });
-                        c.nodes = vec![NodeShape {
-                            gpu_type: Some(ty.into()),
-                            gpus,
-                            cpus,
-                            memory_mb: mem,
-                            features,
-                            count,
-                        }];
+                        c.nodes =
+                            vec![NodeShape { gpu_type: Some(ty.into()), gpus, cpus, memory_mb: mem, features, count }];
                     }
                     c
                 })
         }
 
         fn arb_job() -> impl Strategy<Value = JobRequest> {
-            let scope = prop::sample::select(vec![
-                GpuScope::Job,
-                GpuScope::Node,
-                GpuScope::Task,
-                GpuScope::Socket,
-            ]);
-            let gpu = (
-                prop::option::of(prop::sample::select(vec!["h100", "a100"])),
-                1u32..=24,
-                scope,
-            )
-                .prop_map(|(t, count, scope)| GpuRequest {
-                    gpu_type: t.map(Into::into),
-                    count,
-                    scope,
-                });
+            let scope = prop::sample::select(vec![GpuScope::Job, GpuScope::Node, GpuScope::Task, GpuScope::Socket]);
+            let gpu = (prop::option::of(prop::sample::select(vec!["h100", "a100"])), 1u32..=24, scope)
+                .prop_map(|(t, count, scope)| GpuRequest { gpu_type: t.map(Into::into), count, scope });
             (
                 prop::option::of(gpu),
                 prop::option::of((1u32..=5, 0u32..=3)),
@@ -1325,17 +992,7 @@ mod tests {
                 ),
             )
                 .prop_map(
-                    |(
-                        gpu,
-                        nodes,
-                        tasks,
-                        tpn,
-                        cpt,
-                        mem,
-                        mem_cpu,
-                        constraint,
-                        (price, licensed, mem_gpu),
-                    )| JobRequest {
+                    |(gpu, nodes, tasks, tpn, cpt, mem, mem_cpu, constraint, (price, licensed, mem_gpu))| JobRequest {
                         origin: "home".into(),
                         gpus: gpu.into_iter().collect(),
                         min_nodes: nodes.map(|n| n.0),
@@ -1347,15 +1004,8 @@ mod tests {
                         mem_per_cpu_mb: mem_cpu.filter(|_| mem.is_none()),
                         mem_per_gpu_mb: mem_gpu,
                         constraint: constraint.map(Into::into),
-                        not_carried: if licensed {
-                            vec!["--licenses=x:1".into()]
-                        } else {
-                            vec![]
-                        },
-                        fleet: FleetOptions {
-                            max_price: price,
-                            ..Default::default()
-                        },
+                        not_carried: if licensed { vec!["--licenses=x:1".into()] } else { vec![] },
+                        fleet: FleetOptions { max_price: price, ..Default::default() },
                         ..Default::default()
                     },
                 )

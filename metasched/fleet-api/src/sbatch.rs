@@ -36,11 +36,7 @@ pub fn mail_type_names(bits: u16) -> Option<String> {
     if bits == 0 || bits == u16::MAX - 1 {
         return None;
     }
-    let names: Vec<&str> = MAIL_TYPES
-        .iter()
-        .filter(|(b, _)| bits & b != 0)
-        .map(|(_, n)| *n)
-        .collect();
+    let names: Vec<&str> = MAIL_TYPES.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| *n).collect();
     (!names.is_empty()).then(|| names.join(","))
 }
 
@@ -51,22 +47,15 @@ pub fn mail_type_names(bits: u16) -> Option<String> {
 /// `SLURM_*`); `NIL` cannot name variables and stays `NIL`.
 pub fn export_value(req: &JobRequest, extra: &[(&str, &str)]) -> String {
     let extras: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let join = |head: Vec<String>| {
-        head.into_iter()
-            .chain(extras.iter().cloned())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
+    let join = |head: Vec<String>| head.into_iter().chain(extras.iter().cloned()).collect::<Vec<_>>().join(",");
     match req.export_mode() {
         ExportMode::All => join(vec!["ALL".into()]),
         ExportMode::None if extras.is_empty() => "NONE".into(),
         ExportMode::None => join(vec![]),
         ExportMode::Nil => "NIL".into(),
-        ExportMode::List { all, items } => join(if all {
-            std::iter::once("ALL".to_string()).chain(items).collect()
-        } else {
-            items
-        }),
+        ExportMode::List { all, items } => {
+            join(if all { std::iter::once("ALL".to_string()).chain(items).collect() } else { items })
+        }
     }
 }
 
@@ -185,11 +174,7 @@ mod tests {
     use crate::GpuRequest;
 
     fn gpu(t: Option<&str>, count: u32, scope: GpuScope) -> GpuRequest {
-        GpuRequest {
-            gpu_type: t.map(Into::into),
-            count,
-            scope,
-        }
+        GpuRequest { gpu_type: t.map(Into::into), count, scope }
     }
 
     fn check(req: JobRequest, expected: &[&str]) {
@@ -201,47 +186,25 @@ mod tests {
         let d = JobRequest::default;
         check(d(), &["--export=ALL"]);
         check(
-            JobRequest {
-                gpus: vec![gpu(Some("h100"), 16, GpuScope::Job)],
-                ..d()
-            },
+            JobRequest { gpus: vec![gpu(Some("h100"), 16, GpuScope::Job)], ..d() },
             &["--gpus=h100:16", "--export=ALL"],
         );
+        check(JobRequest { gpus: vec![gpu(None, 9, GpuScope::Job)], ..d() }, &["--gpus=9", "--export=ALL"]);
         check(
-            JobRequest {
-                gpus: vec![gpu(None, 9, GpuScope::Job)],
-                ..d()
-            },
-            &["--gpus=9", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                gpus: vec![gpu(Some("h100"), 8, GpuScope::Node)],
-                ..d()
-            },
+            JobRequest { gpus: vec![gpu(Some("h100"), 8, GpuScope::Node)], ..d() },
             &["--gres=gpu:h100:8", "--export=ALL"],
         );
         check(
-            JobRequest {
-                gpus: vec![gpu(Some("h100"), 2, GpuScope::Task)],
-                num_tasks: Some(8),
-                ..d()
-            },
+            JobRequest { gpus: vec![gpu(Some("h100"), 2, GpuScope::Task)], num_tasks: Some(8), ..d() },
             &["--gpus-per-task=h100:2", "--ntasks=8", "--export=ALL"],
         );
         check(
-            JobRequest {
-                gpus: vec![gpu(None, 1, GpuScope::Socket)],
-                ..d()
-            },
+            JobRequest { gpus: vec![gpu(None, 1, GpuScope::Socket)], ..d() },
             &["--gpus-per-socket=1", "--export=ALL"],
         );
         check(
             JobRequest {
-                gpus: vec![
-                    gpu(Some("h100"), 4, GpuScope::Node),
-                    gpu(Some("a100"), 2, GpuScope::Node),
-                ],
+                gpus: vec![gpu(Some("h100"), 4, GpuScope::Node), gpu(Some("a100"), 2, GpuScope::Node)],
                 ..d()
             },
             &["--gres=gpu:h100:4,gpu:a100:2", "--export=ALL"],
@@ -255,14 +218,7 @@ mod tests {
             },
             &["--gpus=h100:16", "--nodes=1-2", "--export=ALL"],
         );
-        check(
-            JobRequest {
-                min_nodes: Some(2),
-                max_nodes: Some(2),
-                ..d()
-            },
-            &["--nodes=2", "--export=ALL"],
-        );
+        check(JobRequest { min_nodes: Some(2), max_nodes: Some(2), ..d() }, &["--nodes=2", "--export=ALL"]);
         check(
             JobRequest {
                 num_tasks: Some(16),
@@ -271,176 +227,45 @@ mod tests {
                 cpus_per_gpu: Some(2),
                 ..d()
             },
-            &[
-                "--ntasks=16",
-                "--ntasks-per-node=8",
-                "--cpus-per-task=4",
-                "--cpus-per-gpu=2",
-                "--export=ALL",
-            ],
+            &["--ntasks=16", "--ntasks-per-node=8", "--cpus-per-task=4", "--cpus-per-gpu=2", "--export=ALL"],
         );
+        check(JobRequest { mem_per_node_mb: Some(8000), ..d() }, &["--mem=8000M", "--export=ALL"]);
+        check(JobRequest { mem_per_node_mb: Some(0), ..d() }, &["--mem=0M", "--export=ALL"]);
+        check(JobRequest { mem_per_cpu_mb: Some(2048), ..d() }, &["--mem-per-cpu=2048M", "--export=ALL"]);
+        check(JobRequest { mem_per_gpu_mb: Some(40960), ..d() }, &["--mem-per-gpu=40960M", "--export=ALL"]);
+        check(JobRequest { exclusive: Some(Exclusive::Node), ..d() }, &["--exclusive", "--export=ALL"]);
+        check(JobRequest { exclusive: Some(Exclusive::User), ..d() }, &["--exclusive=user", "--export=ALL"]);
+        check(JobRequest { exclusive: Some(Exclusive::Mcs), ..d() }, &["--exclusive=mcs", "--export=ALL"]);
+        check(JobRequest { oversubscribe: true, ..d() }, &["--oversubscribe", "--export=ALL"]);
+        check(JobRequest { contiguous: true, ..d() }, &["--contiguous", "--export=ALL"]);
+        check(JobRequest { constraint: Some("ib&nvlink".into()), ..d() }, &["--constraint=ib&nvlink", "--export=ALL"]);
         check(
-            JobRequest {
-                mem_per_node_mb: Some(8000),
-                ..d()
-            },
-            &["--mem=8000M", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                mem_per_node_mb: Some(0),
-                ..d()
-            },
-            &["--mem=0M", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                mem_per_cpu_mb: Some(2048),
-                ..d()
-            },
-            &["--mem-per-cpu=2048M", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                mem_per_gpu_mb: Some(40960),
-                ..d()
-            },
-            &["--mem-per-gpu=40960M", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                exclusive: Some(Exclusive::Node),
-                ..d()
-            },
-            &["--exclusive", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                exclusive: Some(Exclusive::User),
-                ..d()
-            },
-            &["--exclusive=user", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                exclusive: Some(Exclusive::Mcs),
-                ..d()
-            },
-            &["--exclusive=mcs", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                oversubscribe: true,
-                ..d()
-            },
-            &["--oversubscribe", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                contiguous: true,
-                ..d()
-            },
-            &["--contiguous", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                constraint: Some("ib&nvlink".into()),
-                ..d()
-            },
-            &["--constraint=ib&nvlink", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                warn_signal: Some(10),
-                warn_time: Some(90),
-                warn_batch_only: true,
-                ..d()
-            },
+            JobRequest { warn_signal: Some(10), warn_time: Some(90), warn_batch_only: true, ..d() },
             &["--signal=B:10@90", "--export=ALL"],
         );
+        check(JobRequest { warn_signal: Some(12), warn_time: Some(60), ..d() }, &["--signal=12@60", "--export=ALL"]);
         check(
-            JobRequest {
-                warn_signal: Some(12),
-                warn_time: Some(60),
-                ..d()
-            },
-            &["--signal=12@60", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                warn_signal: Some(12),
-                warn_time: Some(60),
-                warn_resv: true,
-                warn_batch_only: true,
-                ..d()
-            },
+            JobRequest { warn_signal: Some(12), warn_time: Some(60), warn_resv: true, warn_batch_only: true, ..d() },
             &["--signal=RB:12@60", "--export=ALL"],
         );
         check(
-            JobRequest {
-                comment: Some("run 7; lr=0.1".into()),
-                ..d()
-            },
+            JobRequest { comment: Some("run 7; lr=0.1".into()), ..d() },
             &["--comment=run 7; lr=0.1", "--export=ALL"],
         );
+        check(JobRequest { comment: Some("--wrap=evil".into()), ..d() }, &["--comment=--wrap=evil", "--export=ALL"]);
         check(
-            JobRequest {
-                comment: Some("--wrap=evil".into()),
-                ..d()
-            },
-            &["--comment=--wrap=evil", "--export=ALL"],
-        );
-        check(
-            JobRequest {
-                mail_type: Some("BEGIN,END".into()),
-                mail_user: Some("a@b.c".into()),
-                ..d()
-            },
+            JobRequest { mail_type: Some("BEGIN,END".into()), mail_user: Some("a@b.c".into()), ..d() },
             &["--mail-type=BEGIN,END", "--mail-user=a@b.c", "--export=ALL"],
         );
+        check(JobRequest { mail_type: Some("END".into()), ..d() }, &["--export=ALL"]);
         check(
-            JobRequest {
-                mail_type: Some("END".into()),
-                ..d()
-            },
-            &["--export=ALL"],
-        );
-        check(
-            JobRequest {
-                time_limit_min: Some(90),
-                time_min: Some(30),
-                ..d()
-            },
+            JobRequest { time_limit_min: Some(90), time_min: Some(30), ..d() },
             &["--time=90", "--time-min=30", "--export=ALL"],
         );
-        check(
-            JobRequest {
-                export_env: Some("NONE".into()),
-                ..d()
-            },
-            &["--export=NONE"],
-        );
-        check(
-            JobRequest {
-                export_env: Some("nil".into()),
-                ..d()
-            },
-            &["--export=NIL"],
-        );
-        check(
-            JobRequest {
-                export_env: Some("PATH,FOO=bar".into()),
-                ..d()
-            },
-            &["--export=PATH,FOO=bar"],
-        );
-        check(
-            JobRequest {
-                export_env: Some("ALL,FOO=bar".into()),
-                ..d()
-            },
-            &["--export=ALL,FOO=bar"],
-        );
+        check(JobRequest { export_env: Some("NONE".into()), ..d() }, &["--export=NONE"]);
+        check(JobRequest { export_env: Some("nil".into()), ..d() }, &["--export=NIL"]);
+        check(JobRequest { export_env: Some("PATH,FOO=bar".into()), ..d() }, &["--export=PATH,FOO=bar"]);
+        check(JobRequest { export_env: Some("ALL,FOO=bar".into()), ..d() }, &["--export=ALL,FOO=bar"]);
         // What is never emitted: paths, name, account, qos, partition, licenses.
         check(
             JobRequest {
@@ -461,36 +286,16 @@ mod tests {
     fn fleet_variables_join_the_export_mode() {
         let d = JobRequest::default;
         let x = [("FLEET_JOB_ID", "beta-1"), ("FLEET_ORIGIN", "beta")];
-        let e = |export: Option<&str>| {
-            export_value(
-                &JobRequest {
-                    export_env: export.map(Into::into),
-                    ..d()
-                },
-                &x,
-            )
-        };
+        let e = |export: Option<&str>| export_value(&JobRequest { export_env: export.map(Into::into), ..d() }, &x);
         assert_eq!(e(None), "ALL,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta");
         assert_eq!(e(Some("NONE")), "FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta");
         assert_eq!(e(Some("NIL")), "NIL");
+        assert_eq!(e(Some("PATH")), "PATH,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta");
+        assert_eq!(e(Some("ALL,A=1")), "ALL,A=1,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta");
         assert_eq!(
-            e(Some("PATH")),
-            "PATH,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta"
-        );
-        assert_eq!(
-            e(Some("ALL,A=1")),
-            "ALL,A=1,FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta"
-        );
-        assert_eq!(
-            sbatch_options_with_env(
-                &JobRequest {
-                    export_env: Some("NONE".into()),
-                    ..d()
-                },
-                &x
-            )
-            .last()
-            .map(String::as_str),
+            sbatch_options_with_env(&JobRequest { export_env: Some("NONE".into()), ..d() }, &x)
+                .last()
+                .map(String::as_str),
             Some("--export=FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta")
         );
     }
@@ -500,38 +305,17 @@ mod tests {
         assert_eq!(mail_type_names(0), None);
         assert_eq!(mail_type_names(u16::MAX - 1), None);
         assert_eq!(mail_type_names(0b11).as_deref(), Some("BEGIN,END"));
-        assert_eq!(
-            mail_type_names(1 << 5 | 1 << 2).as_deref(),
-            Some("FAIL,TIME_LIMIT_90")
-        );
+        assert_eq!(mail_type_names(1 << 5 | 1 << 2).as_deref(), Some("FAIL,TIME_LIMIT_90"));
     }
 
     #[test]
     fn export_modes() {
-        let m = |v: Option<&str>| {
-            JobRequest {
-                export_env: v.map(Into::into),
-                ..Default::default()
-            }
-            .export_mode()
-        };
+        let m = |v: Option<&str>| JobRequest { export_env: v.map(Into::into), ..Default::default() }.export_mode();
         assert_eq!(m(None), ExportMode::All);
         assert_eq!(m(Some("all")), ExportMode::All);
         assert_eq!(m(Some("NONE")), ExportMode::None);
         assert_eq!(m(Some("NIL")), ExportMode::Nil);
-        assert_eq!(
-            m(Some("A, B=1")),
-            ExportMode::List {
-                all: false,
-                items: vec!["A".into(), "B=1".into()]
-            }
-        );
-        assert_eq!(
-            m(Some("ALL,B=1")),
-            ExportMode::List {
-                all: true,
-                items: vec!["B=1".into()]
-            }
-        );
+        assert_eq!(m(Some("A, B=1")), ExportMode::List { all: false, items: vec!["A".into(), "B=1".into()] });
+        assert_eq!(m(Some("ALL,B=1")), ExportMode::List { all: true, items: vec!["B=1".into()] });
     }
 }

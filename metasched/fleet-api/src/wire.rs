@@ -83,14 +83,8 @@ mod tests {
 
     #[test]
     fn admin_tags_round_trip() {
-        let t = admin_tag(
-            "beta-00ab12cd34ef",
-            "forwarded beta -> alpha: gpu:h100:8 on 1 node(s)",
-        );
-        assert_eq!(
-            t,
-            "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)"
-        );
+        let t = admin_tag("beta-00ab12cd34ef", "forwarded beta -> alpha: gpu:h100:8 on 1 node(s)");
+        assert_eq!(t, "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)");
         assert_eq!(parse_admin_tag(&t), Some("beta-00ab12cd34ef"));
         assert_eq!(parse_admin_tag(&admin_tag("x-1", "")), Some("x-1"));
         assert_eq!(parse_admin_tag("fleet: forwarded (old format)"), None);

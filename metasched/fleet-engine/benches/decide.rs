@@ -16,10 +16,7 @@ fn bench(c: &mut Criterion) {
             continue;
         };
         let st = synth::busy_state(&m, 1);
-        let jobs: Vec<_> = synth::jobs(10_000, n, 1)
-            .iter()
-            .map(|j| prepare(&m, j))
-            .collect();
+        let jobs: Vec<_> = synth::jobs(10_000, n, 1).iter().map(|j| prepare(&m, j)).collect();
         let policy = Policy::green();
         g.throughput(Throughput::Elements(jobs.len() as u64));
         g.bench_with_input(BenchmarkId::new("10k_jobs", n), &n, |b, _| {

@@ -42,20 +42,10 @@ fn cpu_ns() -> Option<u64> {
 }
 
 fn main() {
-    let njobs: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10_000);
+    let njobs: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
     println!(
         "{:>8} {:>8} {:>12} {:>12} {:>14} {:>12} {:>12} {:>14}",
-        "clusters",
-        "jobs",
-        "model_KiB",
-        "state_KiB",
-        "jobs_KiB",
-        "dec/cpu-s",
-        "dec/wall-s",
-        "heap growth"
+        "clusters", "jobs", "model_KiB", "state_KiB", "jobs_KiB", "dec/cpu-s", "dec/wall-s", "heap growth"
     );
     let sizes: Vec<usize> = match std::env::args().nth(2) {
         Some(s) => s.split(',').filter_map(|x| x.parse().ok()).collect(),
@@ -100,11 +90,7 @@ fn main() {
             (b3 - b2) / 1024,
             decisions as f64 / secs,
             decisions as f64 / wall,
-            if grew == 0 {
-                "0 bytes".to_string()
-            } else {
-                format!("{grew} bytes")
-            }
+            if grew == 0 { "0 bytes".to_string() } else { format!("{grew} bytes") }
         );
         std::hint::black_box(placed);
         drop((m, st, jobs, specs));

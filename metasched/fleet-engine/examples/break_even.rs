@@ -6,9 +6,7 @@
 use fleet_engine::{decide, prepare, FleetModel, FleetState, JobSpec, Policies};
 
 fn main() {
-    let path = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "conf/fleet-sample.toml".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "conf/fleet-sample.toml".into());
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) => {
@@ -26,10 +24,7 @@ fn main() {
     let st = FleetState::idle(&m);
     let pols = Policies::builtin();
     println!("Pairs (home → remote, job limited to the two with --fleet-to), 8 GPUs, idle fleet, ckpt 30 min.");
-    println!(
-        "{:<6} {:<13} {:<13} {:<6} {:<5} {:>12}",
-        "policy", "home", "remote", "type", "spot", "break-even"
-    );
+    println!("{:<6} {:<13} {:<13} {:<6} {:<5} {:>12}", "policy", "home", "remote", "type", "spot", "break-even");
     for pname in ["cost", "time", "green"] {
         let Some(policy) = pols.get(pname) else {
             continue;

@@ -21,35 +21,17 @@ fn main() {
         let res = if first.trim() == CARBON_HEADER {
             parse_carbon(&text).map(|s| {
                 let mean = s.direct.iter().sum::<f64>() / s.len().max(1) as f64;
-                format!(
-                    "carbon {} {} rows step {} s, mean direct {:.0} g/kWh",
-                    s.zone,
-                    s.len(),
-                    s.step_s,
-                    mean
-                )
+                format!("carbon {} {} rows step {} s, mean direct {:.0} g/kWh", s.zone, s.len(), s.step_s, mean)
             })
         } else if first.starts_with(',') {
-            let name = std::path::Path::new(&path)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("");
+            let name = std::path::Path::new(&path).file_name().and_then(|n| n.to_str()).unwrap_or("");
             let provider = name.split('_').next().unwrap_or("");
-            parse_egress(provider, &text)
-                .map(|m| format!("egress {} {} regions", m.provider, m.regions.len()))
+            parse_egress(provider, &text).map(|m| format!("egress {} {} regions", m.provider, m.regions.len()))
         } else if first.trim() == PRICES_HEADER {
-            parse_prices(&text).map(|t| {
-                format!(
-                    "prices {} keys, {} fractional rows skipped",
-                    t.entries.len(),
-                    t.skipped_fractional
-                )
-            })
+            parse_prices(&text)
+                .map(|t| format!("prices {} keys, {} fractional rows skipped", t.entries.len(), t.skipped_fractional))
         } else {
-            Err(fleet_engine::FeedError {
-                line: 1,
-                msg: "unknown feed format".into(),
-            })
+            Err(fleet_engine::FeedError { line: 1, msg: "unknown feed format".into() })
         };
         match res {
             Ok(s) => println!("{path}: {s}"),

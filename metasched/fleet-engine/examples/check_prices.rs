@@ -43,7 +43,14 @@ fn main() {
             bad += usize::from(!ok);
             println!(
                 "{:<12} {:<5} fleet od={:?} spot={:?} | table od={:?} (line {}) spot={:?} (line {}) {}",
-                c.name, ty, p.prices.on_demand, p.prices.spot, e.on_demand, e.on_demand_line, e.spot, e.spot_line,
+                c.name,
+                ty,
+                p.prices.on_demand,
+                p.prices.spot,
+                e.on_demand,
+                e.on_demand_line,
+                e.spot,
+                e.spot_line,
                 if ok { "OK" } else { "MISMATCH" }
             );
         }

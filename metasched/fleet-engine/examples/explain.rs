@@ -18,11 +18,7 @@ fn main() {
         eprintln!("{}: {e}", a[1]);
         std::process::exit(2)
     });
-    let script: String = a
-        .iter()
-        .skip(6)
-        .map(|kv| format!("#FLEET {kv}\n"))
-        .collect();
+    let script: String = a.iter().skip(6).map(|kv| format!("#FLEET {kv}\n")).collect();
     let (d, errs) = Directives::parse(&script);
     for e in errs {
         eprintln!("directive {e}");
@@ -44,9 +40,6 @@ fn main() {
     spec.region_allow = d.region_allow.clone();
     spec.to = d.to.clone();
     let pols = Policies::builtin();
-    let policy = pols
-        .get(a.get(5).map(String::as_str).unwrap_or("cost"))
-        .cloned()
-        .unwrap_or_default();
+    let policy = pols.get(a.get(5).map(String::as_str).unwrap_or("cost")).cloned().unwrap_or_default();
     print!("{}", explain(&m, &FleetState::idle(&m), &spec, &policy));
 }

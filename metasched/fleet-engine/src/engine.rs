@@ -297,10 +297,7 @@ pub struct PreparedJob {
 impl PreparedJob {
     /// Dataset URIs not found in the catalog.
     pub fn unknown_datasets(&self) -> impl Iterator<Item = &str> {
-        self.datasets
-            .iter()
-            .filter(|d| !d.known)
-            .map(|d| d.uri.as_str())
+        self.datasets.iter().filter(|d| !d.known).map(|d| d.uri.as_str())
     }
 }
 
@@ -323,19 +320,12 @@ pub fn prepare(model: &FleetModel, spec: &JobSpec) -> PreparedJob {
     let type_mask = if spec.gpu_types.is_empty() {
         u64::MAX
     } else {
-        spec.gpu_types
-            .iter()
-            .filter_map(|t| model.gpu_type_id(t))
-            .fold(0u64, |m, id| m | (1u64 << id))
+        spec.gpu_types.iter().filter_map(|t| model.gpu_type_id(t)).fold(0u64, |m, id| m | (1u64 << id))
     };
     let to = if spec.to.is_empty() {
         None
     } else {
-        let mut v: Vec<ClusterId> = spec
-            .to
-            .iter()
-            .filter_map(|n| model.cluster_id(n.trim()))
-            .collect();
+        let mut v: Vec<ClusterId> = spec.to.iter().filter_map(|n| model.cluster_id(n.trim())).collect();
         v.sort_unstable();
         v.dedup();
         Some(v)
@@ -349,9 +339,7 @@ pub fn prepare(model: &FleetModel, spec: &JobSpec) -> PreparedJob {
             .map(|r| {
                 if spec.region_deny.iter().any(|p| region_matches(p, r)) {
                     1
-                } else if !spec.region_allow.is_empty()
-                    && !spec.region_allow.iter().any(|p| region_matches(p, r))
-                {
+                } else if !spec.region_allow.is_empty() && !spec.region_allow.iter().any(|p| region_matches(p, r)) {
                     2
                 } else {
                     0
@@ -363,48 +351,24 @@ pub fn prepare(model: &FleetModel, spec: &JobSpec) -> PreparedJob {
         .datasets
         .iter()
         .map(|uri| match model.dataset_for(uri) {
-            Some(d) => PreparedData {
-                uri: uri.clone(),
-                locations: d.locations.clone(),
-                size_gb: d.size_gb,
-                known: true,
-            },
-            None => PreparedData {
-                uri: uri.clone(),
-                locations: Vec::new(),
-                size_gb: 0.0,
-                known: false,
-            },
+            Some(d) => {
+                PreparedData { uri: uri.clone(), locations: d.locations.clone(), size_gb: d.size_gb, known: true }
+            }
+            None => PreparedData { uri: uri.clone(), locations: Vec::new(), size_gb: 0.0, known: false },
         })
         .collect();
-    let ckpt_region = spec
-        .ckpt_location
-        .as_deref()
-        .and_then(|u| model.dataset_for(u))
-        .map(|d| d.locations.clone());
-    let ckpt_size_gb = spec
-        .ckpt_size_gb
-        .filter(|x| x.is_finite() && *x >= 0.0)
-        .unwrap_or(model.overheads.default_ckpt_size_gb);
-    let wall_h = if spec.duration_s.is_finite() && spec.duration_s > 0.0 {
-        spec.duration_s / 3600.0
-    } else {
-        0.0
-    };
+    let ckpt_region = spec.ckpt_location.as_deref().and_then(|u| model.dataset_for(u)).map(|d| d.locations.clone());
+    let ckpt_size_gb =
+        spec.ckpt_size_gb.filter(|x| x.is_finite() && *x >= 0.0).unwrap_or(model.overheads.default_ckpt_size_gb);
+    let wall_h = if spec.duration_s.is_finite() && spec.duration_s > 0.0 { spec.duration_s / 3600.0 } else { 0.0 };
     // The estimate was made on the GPU the job asked for when it asked for
     // exactly one type (a time limit for `--gres=gpu:h100` is H100 time);
     // otherwise, or when `duration_gpu` names it, on that GPU; else on the
     // reference GPU.
-    let measured_on = spec
-        .duration_gpu
-        .clone()
-        .or_else(|| (spec.gpu_types.len() == 1).then(|| spec.gpu_types[0].clone()));
+    let measured_on =
+        spec.duration_gpu.clone().or_else(|| (spec.gpu_types.len() == 1).then(|| spec.gpu_types[0].clone()));
     let duration_h = wall_h * measured_on.and_then(|t| model.speed_of(&t)).unwrap_or(1.0);
-    let min_speed = spec
-        .min_gpu
-        .as_deref()
-        .and_then(|t| model.speed_of(t))
-        .unwrap_or(0.0);
+    let min_speed = spec.min_gpu.as_deref().and_then(|t| model.speed_of(t)).unwrap_or(0.0);
     PreparedJob {
         spec: spec.clone(),
         type_mask,
@@ -492,34 +456,18 @@ fn pool_fits(job: &PreparedJob, p: &NodePool) -> Result<(), Exclusion> {
     let g = job.gpus;
     let t = p.gpu_type;
     if p.speed < job.min_speed {
-        return Err(Exclusion::TooSlow {
-            gpu_type: t,
-            speed: p.speed,
-            need: job.min_speed,
-        });
+        return Err(Exclusion::TooSlow { gpu_type: t, speed: p.speed, need: job.min_speed });
     }
     if g > p.total_gpus {
-        return Err(Exclusion::NotEnoughGpus {
-            gpu_type: t,
-            have: p.total_gpus,
-            need: g,
-        });
+        return Err(Exclusion::NotEnoughGpus { gpu_type: t, have: p.total_gpus, need: g });
     }
     if let Some(n) = job.spec.nodes.filter(|n| *n > 0) {
         if n > p.nodes {
-            return Err(Exclusion::TooFewNodes {
-                gpu_type: t,
-                have: p.nodes,
-                need: n,
-            });
+            return Err(Exclusion::TooFewNodes { gpu_type: t, have: p.nodes, need: n });
         }
         let per = g.div_ceil(n);
         if per > p.gpus_per_node {
-            return Err(Exclusion::NodeShape {
-                gpu_type: t,
-                per_node: p.gpus_per_node,
-                need_per_node: per,
-            });
+            return Err(Exclusion::NodeShape { gpu_type: t, per_node: p.gpus_per_node, need_per_node: per });
         }
     }
     // GPUs that must sit together in one NVLink domain (and so one rack).
@@ -527,11 +475,7 @@ fn pool_fits(job: &PreparedJob, p: &NodePool) -> Result<(), Exclusion> {
     match job.spec.parallelism {
         Parallelism::Tp => {
             if g > p.nvlink_domain_gpus {
-                return Err(Exclusion::NvlinkDomain {
-                    gpu_type: t,
-                    domain: p.nvlink_domain_gpus,
-                    need: g,
-                });
+                return Err(Exclusion::NvlinkDomain { gpu_type: t, domain: p.nvlink_domain_gpus, need: g });
             }
             in_domain = g;
         }
@@ -539,17 +483,9 @@ fn pool_fits(job: &PreparedJob, p: &NodePool) -> Result<(), Exclusion> {
             if g <= p.nvlink_domain_gpus {
                 in_domain = g;
             } else if p.ib_island_gpus == 0 {
-                return Err(Exclusion::NoIbFabric {
-                    gpu_type: t,
-                    domain: p.nvlink_domain_gpus,
-                    need: g,
-                });
+                return Err(Exclusion::NoIbFabric { gpu_type: t, domain: p.nvlink_domain_gpus, need: g });
             } else if g > p.ib_island_gpus {
-                return Err(Exclusion::IbIsland {
-                    gpu_type: t,
-                    island: p.ib_island_gpus,
-                    need: g,
-                });
+                return Err(Exclusion::IbIsland { gpu_type: t, island: p.ib_island_gpus, need: g });
             }
         }
         Parallelism::Data => {}
@@ -558,15 +494,9 @@ fn pool_fits(job: &PreparedJob, p: &NodePool) -> Result<(), Exclusion> {
         // A gang job's GPUs in one NVLink domain draw full power together in
         // one rack; other jobs may be spread node by node across racks.
         let nodes_in_rack = in_domain.div_ceil(p.gpus_per_node.max(1)).max(1);
-        let need_w =
-            f64::from(in_domain) * p.gpu_power_w + f64::from(nodes_in_rack) * p.node_overhead_w;
+        let need_w = f64::from(in_domain) * p.gpu_power_w + f64::from(nodes_in_rack) * p.node_overhead_w;
         if g > 0 && need_w > cap {
-            return Err(Exclusion::PowerCap {
-                gpu_type: t,
-                need_w,
-                cap_w: cap,
-                gpus_in_rack: in_domain,
-            });
+            return Err(Exclusion::PowerCap { gpu_type: t, need_w, cap_w: cap, gpus_in_rack: in_domain });
         }
     }
     Ok(())
@@ -588,8 +518,7 @@ fn intensity(
             return s.mean_between(t0, t1, lca);
         }
     }
-    cs.carbon_g_per_kwh
-        .unwrap_or(model.overheads.default_carbon_g_per_kwh)
+    cs.carbon_g_per_kwh.unwrap_or(model.overheads.default_carbon_g_per_kwh)
 }
 
 /// Data egress USD and transfer hours to bring the job's datasets to `c`.
@@ -649,46 +578,22 @@ fn score(
         w.max(0.0) / 3600.0
     };
     let remote = !ctx.in_place && job.home != Some(cid);
-    let provision_h = if !ctx.in_place && !c.onprem {
-        c.provision_s / 3600.0
-    } else {
-        0.0
-    };
+    let provision_h = if !ctx.in_place && !c.onprem { c.provision_s / 3600.0 } else { 0.0 };
     // Resuming: the checkpoint is restored before work goes on.
-    let restore_h = if ctx.resume && !ctx.in_place {
-        ov.restore_s / 3600.0
-    } else {
-        0.0
-    };
-    let overhead_h = provision_h
-        + restore_h
-        + if remote {
-            ov.remote_submit_s / 3600.0
-        } else {
-            0.0
-        };
+    let restore_h = if ctx.resume && !ctx.in_place { ov.restore_s / 3600.0 } else { 0.0 };
+    let overhead_h = provision_h + restore_h + if remote { ov.remote_submit_s / 3600.0 } else { 0.0 };
     let (data_usd, transfer_h) = if ctx.in_place { (0.0, 0.0) } else { data };
     // A resumed job's checkpoint moves to a cluster in another region.
     let (data_usd, transfer_h) = match job.resume_from {
         Some(src) if restore_h > 0.0 && src != c.region_id => (
             data_usd + job.ckpt_size_gb * model.egress_usd_per_gb(src, c.region_id),
-            transfer_h
-                + job.ckpt_size_gb * 8.0
-                    / model.bandwidth_gbps(src, c.region_id).max(1e-3)
-                    / 3600.0,
+            transfer_h + job.ckpt_size_gb * 8.0 / model.bandwidth_gbps(src, c.region_id).max(1e-3) / 3600.0,
         ),
         _ => (data_usd, transfer_h),
     };
-    let interval_h = job
-        .spec
-        .ckpt_interval_s
-        .filter(|x| x.is_finite() && *x > 0.0)
-        .map(|x| x / 3600.0);
+    let interval_h = job.spec.ckpt_interval_s.filter(|x| x.is_finite() && *x > 0.0).map(|x| x / 3600.0);
     let lost_h = if pricing == Pricing::Spot {
-        let rate = ps
-            .spot_preemptions_per_hour
-            .unwrap_or(c.spot_preemptions_per_hour)
-            .max(0.0);
+        let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
         let per = interval_h.map(|i| i.min(d_h) / 2.0).unwrap_or(d_h / 2.0) + ov.restore_s / 3600.0;
         rate * d_h * per
     } else {
@@ -697,10 +602,7 @@ fn score(
     let ckpt_usd = match &job.ckpt_region {
         Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {
             let n = interval_h.map(|i| (d_h / i).ceil().max(1.0)).unwrap_or(1.0);
-            let e = locs
-                .iter()
-                .map(|&l| model.egress_usd_per_gb(c.region_id, l))
-                .fold(f64::INFINITY, f64::min);
+            let e = locs.iter().map(|&l| model.egress_usd_per_gb(c.region_id, l)).fold(f64::INFINITY, f64::min);
             job.ckpt_size_gb * n * e
         }
         _ => 0.0,
@@ -711,15 +613,7 @@ fn score(
     let time_usd = policy.time_value_usd_per_gpu_hour * g * delay_h;
     let start = state.now_unix + delay_h * 3600.0;
     let ci = if ctx.carbon || policy.carbon_usd_per_kg != 0.0 {
-        intensity(
-            model,
-            state,
-            c,
-            cs,
-            start,
-            start + (d_h + lost_h) * 3600.0,
-            policy.use_lca,
-        )
+        intensity(model, state, c, cs, start, start + (d_h + lost_h) * 3600.0, policy.use_lca)
     } else {
         0.0
     };
@@ -772,9 +666,7 @@ pub(crate) fn eval_cluster(
         }
     };
     for (pi, p) in c.pools.iter().enumerate() {
-        if job.type_mask & (1u64 << p.gpu_type) == 0
-            || ctx.stay.is_some_and(|(sp, _)| usize::from(sp) != pi)
-        {
+        if job.type_mask & (1u64 << p.gpu_type) == 0 || ctx.stay.is_some_and(|(sp, _)| usize::from(sp) != pi) {
             continue;
         }
         let Some(ps) = cs.pools.get(pi) else { continue };
@@ -787,22 +679,15 @@ pub(crate) fn eval_cluster(
             continue;
         }
         let options: [(Pricing, Option<f64>); 2] = if c.onprem {
-            [
-                (Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)),
-                (Pricing::Spot, None),
-            ]
+            [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
         } else {
             let on_spot = ctx.stay.is_some_and(|(_, k)| k == Pricing::Spot);
-            let spot =
-                if on_spot || (job.spec.interruptible && policy.allow_spot && ps.spot_available) {
-                    ps.spot_price.or(p.prices.spot)
-                } else {
-                    None
-                };
-            [
-                (Pricing::OnDemand, p.prices.on_demand),
-                (Pricing::Spot, spot),
-            ]
+            let spot = if on_spot || (job.spec.interruptible && policy.allow_spot && ps.spot_available) {
+                ps.spot_price.or(p.prices.spot)
+            } else {
+                None
+            };
+            [(Pricing::OnDemand, p.prices.on_demand), (Pricing::Spot, spot)]
         };
         let mut priced = false;
         for (pricing, price) in options {
@@ -825,43 +710,24 @@ pub(crate) fn eval_cluster(
                 }
             }
             let d = *data.get_or_insert_with(|| data_cost(model, job, c));
-            let b = score(
-                model, state, job, policy, cid, c, cs, p, ps, pricing, price, d, ctx,
-            );
+            let b = score(model, state, job, policy, cid, c, cs, p, ps, pricing, price, d, ctx);
             if !b.total.is_finite() {
                 better(&mut why, Exclusion::BadInput);
                 continue;
             }
             if best.is_none_or(|x| b.total < x.breakdown.total) {
-                best = Some(Placement {
-                    cluster: cid,
-                    pool: pi as PoolId,
-                    pricing,
-                    fits_now,
-                    breakdown: b,
-                });
+                best = Some(Placement { cluster: cid, pool: pi as PoolId, pricing, fits_now, breakdown: b });
             }
         }
         if !priced {
-            better(
-                &mut why,
-                Exclusion::NoPrice {
-                    gpu_type: p.gpu_type,
-                },
-            );
+            better(&mut why, Exclusion::NoPrice { gpu_type: p.gpu_type });
         }
     }
     if let Some(b) = best {
         return Ok(b);
     }
     if cheapest_over.is_finite() {
-        better(
-            &mut why,
-            Exclusion::MaxPrice {
-                cheapest: cheapest_over,
-                max: job.spec.max_price.unwrap_or(0.0),
-            },
-        );
+        better(&mut why, Exclusion::MaxPrice { cheapest: cheapest_over, max: job.spec.max_price.unwrap_or(0.0) });
     }
     Err(why)
 }
@@ -893,12 +759,7 @@ fn ranks_before(job: &PreparedJob, a: &Placement, b: &Placement) -> bool {
 
 /// The best placement for a prepared job, or `None` when every cluster is
 /// excluded. Allocation-free.
-pub fn decide(
-    model: &FleetModel,
-    state: &FleetState,
-    job: &PreparedJob,
-    policy: &Policy,
-) -> Option<Placement> {
+pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy: &Policy) -> Option<Placement> {
     let mut ctx = ctx_for(job);
     let mut best: Option<Placement> = None;
     // Clusters in increasing order of their cheapest unit of work: once that
@@ -908,10 +769,7 @@ pub fn decide(
     let can_stop = policy.time_value_usd_per_gpu_hour >= 0.0
         && policy.carbon_usd_per_kg >= 0.0
         && policy.egress_weight >= 0.0
-        && !state
-            .clusters
-            .iter()
-            .any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+        && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
     let work = f64::from(job.gpus) * ctx.duration_h;
     // The decision needs kgCO2 only when the policy prices it.
     ctx.carbon = false;
@@ -925,11 +783,7 @@ pub fn decide(
             }
             // Time value of the overheads every pool of the cluster pays.
             if let Some(c) = model.clusters.get(cid as usize) {
-                let prov_h = if c.onprem {
-                    0.0
-                } else {
-                    c.provision_s / 3600.0
-                };
+                let prov_h = if c.onprem { 0.0 } else { c.provision_s / 3600.0 };
                 let away_h = if job.home == Some(cid) { 0.0 } else { remote_h };
                 if floor * work + tv * g * (prov_h + away_h) > ctx.bound {
                     continue;
@@ -951,12 +805,7 @@ pub fn decide(
 /// availability (spot only for interruptible jobs under a policy that
 /// allows it). For optimisation bounds that need every option, not the
 /// best per cluster.
-pub fn all_options(
-    model: &FleetModel,
-    state: &FleetState,
-    job: &PreparedJob,
-    policy: &Policy,
-) -> Vec<Placement> {
+pub fn all_options(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy: &Policy) -> Vec<Placement> {
     let mut out = Vec::new();
     for (cid, c) in model.clusters.iter().enumerate() {
         let cid = cid as ClusterId;
@@ -967,10 +816,7 @@ pub fn all_options(
                 (false, false) => &[Pricing::OnDemand],
             };
             for &k in kinds {
-                let ctx = EvalCtx {
-                    stay: Some((pi as PoolId, k)),
-                    ..ctx_for(job)
-                };
+                let ctx = EvalCtx { stay: Some((pi as PoolId, k)), ..ctx_for(job) };
                 if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
                     out.push(p);
                 }
@@ -989,8 +835,7 @@ pub fn evaluate_all<'a>(
     policy: &'a Policy,
 ) -> impl Iterator<Item = (ClusterId, Result<Placement, Exclusion>)> + 'a {
     let ctx = ctx_for(job);
-    (0..model.clusters.len() as ClusterId)
-        .map(move |cid| (cid, eval_cluster(model, state, job, policy, cid, &ctx)))
+    (0..model.clusters.len() as ClusterId).map(move |cid| (cid, eval_cluster(model, state, job, policy, cid, &ctx)))
 }
 
 /// One ranked candidate in an explanation.
@@ -1039,22 +884,12 @@ impl Decision {
 /// Explains the decision for a job: ranks every feasible cluster and gives
 /// each excluded one its reason. The first candidate is what [`decide`]
 /// returns.
-pub fn explain(
-    model: &FleetModel,
-    state: &FleetState,
-    spec: &JobSpec,
-    policy: &Policy,
-) -> Decision {
+pub fn explain(model: &FleetModel, state: &FleetState, spec: &JobSpec, policy: &Policy) -> Decision {
     let job = prepare(model, spec);
     explain_prepared(model, state, &job, policy)
 }
 
-pub fn explain_prepared(
-    model: &FleetModel,
-    state: &FleetState,
-    job: &PreparedJob,
-    policy: &Policy,
-) -> Decision {
+pub fn explain_prepared(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy: &Policy) -> Decision {
     let mut ok: Vec<Placement> = Vec::new();
     let mut excluded = Vec::new();
     for (cid, r) in evaluate_all(model, state, job, policy) {
@@ -1063,10 +898,7 @@ pub fn explain_prepared(
         };
         match r {
             Ok(p) => ok.push(p),
-            Err(e) => excluded.push(Excluded {
-                cluster: c.name.clone(),
-                reason: e.describe(model, c, job),
-            }),
+            Err(e) => excluded.push(Excluded { cluster: c.name.clone(), reason: e.describe(model, c, job) }),
         }
     }
     ok.sort_by(|a, b| {
@@ -1094,45 +926,23 @@ pub fn explain_prepared(
             })
         })
         .collect();
-    let mut notes: Vec<String> = job
-        .unknown_datasets()
-        .map(|u| format!("dataset {u} is not in the catalog; counted as 0 GB"))
-        .collect();
+    let mut notes: Vec<String> =
+        job.unknown_datasets().map(|u| format!("dataset {u} is not in the catalog; counted as 0 GB")).collect();
     if job.home.is_none() && !job.spec.home.is_empty() {
-        notes.push(format!(
-            "home cluster {} is not in the fleet model",
-            job.spec.home
-        ));
+        notes.push(format!("home cluster {} is not in the fleet model", job.spec.home));
     }
     let s = &job.spec;
     let summary = format!(
         "{} × {} GPU, {}, {:.2} h expected{}{}, home {}",
         s.gpus,
-        if s.gpu_types.is_empty() {
-            "any".to_string()
-        } else {
-            s.gpu_types.join("|")
-        },
+        if s.gpu_types.is_empty() { "any".to_string() } else { s.gpu_types.join("|") },
         s.parallelism.as_str(),
         job.duration_h,
-        if s.interruptible {
-            ", interruptible"
-        } else {
-            ""
-        },
-        s.max_price
-            .map(|m| format!(", max {m:.2} USD/GPU-h"))
-            .unwrap_or_default(),
+        if s.interruptible { ", interruptible" } else { "" },
+        s.max_price.map(|m| format!(", max {m:.2} USD/GPU-h")).unwrap_or_default(),
         if s.home.is_empty() { "-" } else { &s.home },
     );
-    Decision {
-        job: s.id.clone(),
-        policy: policy.name.clone(),
-        summary,
-        ranked,
-        excluded,
-        notes,
-    }
+    Decision { job: s.id.clone(), policy: policy.name.clone(), summary, ranked, excluded, notes }
 }
 
 impl fmt::Display for Decision {
@@ -1145,29 +955,32 @@ impl fmt::Display for Decision {
             self.policy
         )?;
         match self.chosen() {
-            Some(c) => writeln!(
-                f,
-                "placed on {} ({} {}, {})",
-                c.cluster,
-                c.pool,
-                c.gpu_type,
-                c.pricing.as_str()
-            )?,
+            Some(c) => writeln!(f, "placed on {} ({} {}, {})", c.cluster, c.pool, c.gpu_type, c.pricing.as_str())?,
             None => writeln!(f, "no feasible cluster")?,
         }
         if !self.ranked.is_empty() {
             writeln!(
                 f,
                 "{:>4}  {:<16} {:<10} {:<9} {:>7} {:>10} {:>8} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>8} {:>10}",
-                "rank", "cluster", "pool", "pricing", "$/GPUh", "compute$", "egress$", "wait", "xfer", "ovhd", "lost", "time$", "kgCO2", "carbon$", "total$"
+                "rank",
+                "cluster",
+                "pool",
+                "pricing",
+                "$/GPUh",
+                "compute$",
+                "egress$",
+                "wait",
+                "xfer",
+                "ovhd",
+                "lost",
+                "time$",
+                "kgCO2",
+                "carbon$",
+                "total$"
             )?;
             for (i, c) in self.ranked.iter().enumerate() {
                 let b = &c.breakdown;
-                let name = if c.home {
-                    format!("{} (home)", c.cluster)
-                } else {
-                    c.cluster.clone()
-                };
+                let name = if c.home { format!("{} (home)", c.cluster) } else { c.cluster.clone() };
                 writeln!(
                     f,
                     "{:>4}  {:<16} {:<10} {:<9} {:>7.2} {:>10.2} {:>8.2} {:>5.2}h {:>5.2}h {:>5.2}h {:>5.2}h {:>8.2} {:>8.1} {:>8.2} {:>10.2}",

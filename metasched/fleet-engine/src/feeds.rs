@@ -19,24 +19,18 @@ pub struct FeedError {
 }
 
 fn ferr(line: usize, msg: impl Into<String>) -> FeedError {
-    FeedError {
-        line,
-        msg: msg.into(),
-    }
+    FeedError { line, msg: msg.into() }
 }
 
 /// Reads a whole `Read` into a string (for callers holding a reader).
 pub fn read_to_string(mut r: impl Read) -> Result<String, FeedError> {
     let mut s = String::new();
-    r.read_to_string(&mut s)
-        .map_err(|e| ferr(0, format!("read: {e}")))?;
+    r.read_to_string(&mut s).map_err(|e| ferr(0, format!("read: {e}")))?;
     Ok(s)
 }
 
 fn lines(s: &str) -> impl Iterator<Item = (usize, &str)> {
-    s.lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+    s.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
 }
 
 fn opt_price(field: &str, line: usize, what: &str) -> Result<Option<f64>, FeedError> {
@@ -82,20 +76,9 @@ impl PriceTable {
     /// The prices of instances with exactly `gpus_per_instance` GPUs (an
     /// 8-GPU node is priced from 8-GPU instances), else the cheapest
     /// per-GPU prices over all instance sizes.
-    pub fn get(
-        &self,
-        provider: &str,
-        region: &str,
-        gpu_type: &str,
-        gpus_per_instance: u32,
-    ) -> Option<PriceEntry> {
+    pub fn get(&self, provider: &str, region: &str, gpu_type: &str, gpus_per_instance: u32) -> Option<PriceEntry> {
         let t = crate::model::normalize_gpu_type(gpu_type);
-        let key = (
-            provider.to_string(),
-            region.to_string(),
-            t.clone(),
-            gpus_per_instance,
-        );
+        let key = (provider.to_string(), region.to_string(), t.clone(), gpus_per_instance);
         if let Some(e) = self.entries.get(&key) {
             return Some(*e);
         }
@@ -104,9 +87,7 @@ impl PriceTable {
         let mut out: Option<PriceEntry> = None;
         for e in self.entries.range(lo..=hi).map(|(_, e)| e) {
             let o = out.get_or_insert(*e);
-            if e.on_demand
-                .is_some_and(|p| o.on_demand.is_none_or(|x| p < x))
-            {
+            if e.on_demand.is_some_and(|p| o.on_demand.is_none_or(|x| p < x)) {
                 o.on_demand = e.on_demand;
                 o.on_demand_line = e.on_demand_line;
             }
@@ -120,7 +101,8 @@ impl PriceTable {
 }
 
 /// The exact header of `gpu-prices.csv`.
-pub const PRICES_HEADER: &str = "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr";
+pub const PRICES_HEADER: &str =
+    "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr";
 
 /// Parses the price table. Each row's instance price is divided by its
 /// `gpu_count`; per (provider, region, type, GPUs per instance) the cheapest per-GPU on-demand and spot prices
@@ -131,12 +113,7 @@ pub fn parse_prices(text: &str) -> Result<PriceTable, FeedError> {
     let mut it = lines(text);
     match it.next() {
         Some((_, h)) if h.trim() == PRICES_HEADER => {}
-        Some((n, h)) => {
-            return Err(ferr(
-                n,
-                format!("expected header {PRICES_HEADER:?}, got {h:?}"),
-            ))
-        }
+        Some((n, h)) => return Err(ferr(n, format!("expected header {PRICES_HEADER:?}, got {h:?}"))),
         None => return Err(ferr(1, "empty price table")),
     }
     let mut t = PriceTable::default();
@@ -162,12 +139,7 @@ pub fn parse_prices(text: &str) -> Result<PriceTable, FeedError> {
             t.skipped_fractional += 1;
             continue;
         }
-        let key = (
-            provider.to_string(),
-            region.to_string(),
-            crate::model::normalize_gpu_type(gpu_type),
-            count as u32,
-        );
+        let key = (provider.to_string(), region.to_string(), crate::model::normalize_gpu_type(gpu_type), count as u32);
         let e = t.entries.entry(key).or_insert(PriceEntry {
             on_demand: None,
             spot: None,
@@ -216,11 +188,7 @@ pub fn parse_datetime_utc(s: &str) -> Option<f64> {
     let y: i64 = dp.next()?.parse().ok()?;
     let m: i64 = dp.next()?.parse().ok()?;
     let day: i64 = dp.next()?.parse().ok()?;
-    if dp.next().is_some()
-        || !(0..=9999).contains(&y)
-        || !(1..=12).contains(&m)
-        || !(1..=31).contains(&day)
-    {
+    if dp.next().is_some() || !(0..=9999).contains(&y) || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
         return None;
     }
     let mut tp = t.trim_end_matches('Z').split(':');
@@ -250,12 +218,7 @@ pub fn parse_carbon(text: &str) -> Result<CarbonSeries, FeedError> {
     let mut it = lines(text);
     match it.next() {
         Some((_, h)) if h.trim() == CARBON_HEADER => {}
-        Some((n, h)) => {
-            return Err(ferr(
-                n,
-                format!("expected header {CARBON_HEADER:?}, got {h:?}"),
-            ))
-        }
+        Some((n, h)) => return Err(ferr(n, format!("expected header {CARBON_HEADER:?}, got {h:?}"))),
         None => return Err(ferr(1, "empty carbon series")),
     }
     let mut zone: Option<String> = None;
@@ -269,8 +232,7 @@ pub fn parse_carbon(text: &str) -> Result<CarbonSeries, FeedError> {
         if f.len() != 4 {
             return Err(ferr(n, format!("expected 4 fields, got {}", f.len())));
         }
-        let t =
-            parse_datetime_utc(f[0]).ok_or_else(|| ferr(n, format!("bad datetime {:?}", f[0])))?;
+        let t = parse_datetime_utc(f[0]).ok_or_else(|| ferr(n, format!("bad datetime {:?}", f[0])))?;
         let z = f[1].trim();
         match &zone {
             None => zone = Some(z.to_string()),
@@ -293,13 +255,7 @@ pub fn parse_carbon(text: &str) -> Result<CarbonSeries, FeedError> {
             }
             _ => {
                 if (t - prev - step).abs() > 0.5 {
-                    return Err(ferr(
-                        n,
-                        format!(
-                            "gap or step change: expected {} s after the previous row",
-                            step
-                        ),
-                    ));
+                    return Err(ferr(n, format!("gap or step change: expected {} s after the previous row", step)));
                 }
             }
         }
@@ -329,29 +285,11 @@ fn prefix(v: &[f64]) -> Vec<f64> {
 
 impl CarbonSeries {
     /// A series from values; `step_s` must be > 0 (else 3600 is used).
-    pub fn new(
-        zone: String,
-        start_unix: f64,
-        step_s: f64,
-        direct: Vec<f64>,
-        lca: Vec<f64>,
-    ) -> CarbonSeries {
-        let step_s = if step_s.is_finite() && step_s > 0.0 {
-            step_s
-        } else {
-            3600.0
-        };
+    pub fn new(zone: String, start_unix: f64, step_s: f64, direct: Vec<f64>, lca: Vec<f64>) -> CarbonSeries {
+        let step_s = if step_s.is_finite() && step_s > 0.0 { step_s } else { 3600.0 };
         let mut lca = lca;
         lca.resize(direct.len(), 0.0);
-        CarbonSeries {
-            prefix_direct: prefix(&direct),
-            prefix_lca: prefix(&lca),
-            zone,
-            start_unix,
-            step_s,
-            direct,
-            lca,
-        }
+        CarbonSeries { prefix_direct: prefix(&direct), prefix_lca: prefix(&lca), zone, start_unix, step_s, direct, lca }
     }
 
     pub fn len(&self) -> usize {
@@ -365,11 +303,7 @@ impl CarbonSeries {
     /// Integral of the step function from the series start to `x` seconds
     /// later, the series repeating itself (a 2023 series serves any year).
     fn integral(&self, x: f64, lca: bool) -> f64 {
-        let (p, v) = if lca {
-            (&self.prefix_lca, &self.lca)
-        } else {
-            (&self.prefix_direct, &self.direct)
-        };
+        let (p, v) = if lca { (&self.prefix_lca, &self.lca) } else { (&self.prefix_direct, &self.direct) };
         let n = v.len();
         if n == 0 {
             return 0.0;
@@ -437,10 +371,7 @@ pub fn parse_egress(provider: &str, text: &str) -> Result<EgressMatrix, FeedErro
     };
     let cols: Vec<String> = header.split(',').map(|s| s.trim().to_string()).collect();
     if cols.len() < 2 || !cols[0].is_empty() {
-        return Err(ferr(
-            hn,
-            "first row must be an empty cell followed by destination names",
-        ));
+        return Err(ferr(hn, "first row must be an empty cell followed by destination names"));
     }
     let regions: Vec<String> = cols[1..].to_vec();
     for (i, r) in regions.iter().enumerate() {
@@ -457,17 +388,11 @@ pub fn parse_egress(provider: &str, text: &str) -> Result<EgressMatrix, FeedErro
         }
         let f: Vec<&str> = l.split(',').collect();
         if f.len() != n + 1 {
-            return Err(ferr(
-                ln,
-                format!("expected {} fields, got {}", n + 1, f.len()),
-            ));
+            return Err(ferr(ln, format!("expected {} fields, got {}", n + 1, f.len())));
         }
         let src = f[0].trim();
         let Some(i) = regions.iter().position(|r| r == src) else {
-            return Err(ferr(
-                ln,
-                format!("source {src:?} is not among the destinations"),
-            ));
+            return Err(ferr(ln, format!("source {src:?} is not among the destinations")));
         };
         if seen[i] {
             return Err(ferr(ln, format!("source {src:?} repeated")));
@@ -481,14 +406,7 @@ pub fn parse_egress(provider: &str, text: &str) -> Result<EgressMatrix, FeedErro
         }
     }
     if let Some(i) = seen.iter().position(|s| !s) {
-        return Err(ferr(
-            text.lines().count() + 1,
-            format!("no row for source {:?}", regions[i]),
-        ));
+        return Err(ferr(text.lines().count() + 1, format!("no row for source {:?}", regions[i])));
     }
-    Ok(EgressMatrix {
-        provider: provider.to_string(),
-        regions,
-        usd_per_gb: m,
-    })
+    Ok(EgressMatrix { provider: provider.to_string(), regions, usd_per_gb: m })
 }

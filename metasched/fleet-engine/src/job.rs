@@ -156,10 +156,7 @@ pub fn parse_duration(s: &str) -> Option<f64> {
             None => (0, s),
         };
         let parts: Vec<&str> = rest.split(':').collect();
-        let nums: Option<Vec<f64>> = parts
-            .iter()
-            .map(|p| p.parse::<u32>().ok().map(f64::from))
-            .collect();
+        let nums: Option<Vec<f64>> = parts.iter().map(|p| p.parse::<u32>().ok().map(f64::from)).collect();
         let nums = nums?;
         let secs = match nums.as_slice() {
             [h] if days > 0 => h * 3600.0,
@@ -206,10 +203,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 }
 
 fn split_list(v: &str) -> impl Iterator<Item = String> + '_ {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
+    v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
 }
 
 impl Directives {
@@ -279,8 +273,7 @@ impl Directives {
             }
             "gpu-types" | "gpu-type" => {
                 need(v)?;
-                self.gpu_types
-                    .extend(split_list(v).map(|t| normalize_gpu_type(&t)))
+                self.gpu_types.extend(split_list(v).map(|t| normalize_gpu_type(&t)))
             }
             "region-allow" | "regions" => {
                 need(v)?;
@@ -292,26 +285,18 @@ impl Directives {
             }
             "max-price" => self.max_price = Some(num(v)?),
             "interruptible" => {
-                self.interruptible =
-                    Some(parse_bool(v).ok_or_else(|| format!("interruptible: bad bool {v:?}"))?)
+                self.interruptible = Some(parse_bool(v).ok_or_else(|| format!("interruptible: bad bool {v:?}"))?)
             }
             "min-gpu" => {
                 need(v)?;
                 self.min_gpu = Some(normalize_gpu_type(v))
             }
-            "gang" => {
-                self.gang = Some(parse_bool(v).ok_or_else(|| format!("gang: bad bool {v:?}"))?)
-            }
+            "gang" => self.gang = Some(parse_bool(v).ok_or_else(|| format!("gang: bad bool {v:?}"))?),
             "to" => {
                 need(v)?;
                 self.to.extend(split_list(v))
             }
-            "priority" => {
-                self.priority = Some(
-                    v.parse()
-                        .map_err(|_| format!("priority: bad integer {v:?}"))?,
-                )
-            }
+            "priority" => self.priority = Some(v.parse().map_err(|_| format!("priority: bad integer {v:?}"))?),
             "mode" => {
                 self.mode = Some(match v.to_ascii_lowercase().as_str() {
                     "auto" => FleetMode::Auto,
@@ -334,11 +319,7 @@ impl JobSpec {
         let mut gpu_types: Vec<String> = if !d.gpu_types.is_empty() {
             d.gpu_types.clone()
         } else {
-            req.gpus
-                .iter()
-                .filter_map(|g| g.gpu_type.as_deref())
-                .map(normalize_gpu_type)
-                .collect()
+            req.gpus.iter().filter_map(|g| g.gpu_type.as_deref()).map(normalize_gpu_type).collect()
         };
         gpu_types.dedup();
         let time_limit_s = req.time_limit_min.map(|m| f64::from(m) * 60.0);
@@ -354,16 +335,8 @@ impl JobSpec {
                 datasets.push(x.clone());
             }
         }
-        let to = if req.fleet.to.is_empty() {
-            d.to.clone()
-        } else {
-            req.fleet.to.clone()
-        };
-        let mode = if req.fleet.mode != FleetMode::Auto {
-            req.fleet.mode
-        } else {
-            d.mode.unwrap_or_default()
-        };
+        let to = if req.fleet.to.is_empty() { d.to.clone() } else { req.fleet.to.clone() };
+        let mode = if req.fleet.mode != FleetMode::Auto { req.fleet.mode } else { d.mode.unwrap_or_default() };
         JobSpec {
             id: req.name.clone().unwrap_or_default(),
             gpu_types,

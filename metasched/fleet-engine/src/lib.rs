@@ -24,12 +24,10 @@ pub mod state;
 pub mod synth;
 
 pub use engine::{
-    all_options, decide, evaluate_all, explain, explain_prepared, prepare, Breakdown, Candidate,
-    Decision, Excluded, Exclusion, Explanation, Placement, PreparedJob, Pricing,
+    all_options, decide, evaluate_all, explain, explain_prepared, prepare, Breakdown, Candidate, Decision, Excluded,
+    Exclusion, Explanation, Placement, PreparedJob, Pricing,
 };
-pub use feeds::{
-    parse_carbon, parse_egress, parse_prices, CarbonSeries, EgressMatrix, FeedError, PriceTable,
-};
+pub use feeds::{parse_carbon, parse_egress, parse_prices, CarbonSeries, EgressMatrix, FeedError, PriceTable};
 pub use job::{parse_duration, DirectiveError, Directives, JobSpec, Parallelism};
 pub use model::{Cluster, ClusterId, FleetConfig, FleetModel, ModelError, NodePool, PoolId};
 pub use policy::{Policies, Policy, PolicyError};

@@ -28,12 +28,7 @@ pub enum ModelError {
     /// A TOML syntax or shape error (unknown key, wrong type), with its
     /// position in the file (1-based line and column).
     #[error("{file}:{line}:{col}: {msg}")]
-    Toml {
-        file: String,
-        line: usize,
-        col: usize,
-        msg: String,
-    },
+    Toml { file: String, line: usize, col: usize, msg: String },
     /// A validation error of the built model, at the line of the cluster
     /// (or team, dataset) it concerns when that line is known.
     #[error("{file}:{line}: {source}")]
@@ -54,11 +49,7 @@ pub enum ModelError {
     #[error("dataset {uri}: {msg}")]
     Dataset { uri: String, msg: String },
     #[error("network link {from} -> {to}: {msg}")]
-    Link {
-        from: String,
-        to: String,
-        msg: String,
-    },
+    Link { from: String, to: String, msg: String },
     #[error("more than {MAX_GPU_TYPES} distinct GPU types")]
     TooManyGpuTypes,
     #[error("duplicate cluster name {0}")]
@@ -475,12 +466,7 @@ pub fn line_col(s: &str, at: usize) -> (usize, usize) {
     let at = at.min(s.len());
     let before = s.get(..at).unwrap_or("");
     let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
-    let col = before
-        .rsplit('\n')
-        .next()
-        .map(|l| l.chars().count())
-        .unwrap_or(0)
-        + 1;
+    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
     (line, col)
 }
 
@@ -488,12 +474,7 @@ pub fn line_col(s: &str, at: usize) -> (usize, usize) {
 pub fn parse_config(s: &str, file: &str) -> Result<FleetConfig, ModelError> {
     toml::from_str::<FleetConfig>(s).map_err(|e| {
         let (line, col) = e.span().map(|r| line_col(s, r.start)).unwrap_or((0, 0));
-        ModelError::Toml {
-            file: file.to_string(),
-            line,
-            col,
-            msg: e.message().trim().to_string(),
-        }
+        ModelError::Toml { file: file.to_string(), line, col, msg: e.message().trim().to_string() }
     })
 }
 
@@ -502,14 +483,11 @@ fn line_of_name(s: &str, name: &str) -> Option<usize> {
     s.lines()
         .position(|l| {
             let t = l.trim_start();
-            t.strip_prefix("name")
-                .map(str::trim_start)
-                .and_then(|r| r.strip_prefix('='))
-                .is_some_and(|v| {
-                    let v = v.trim();
-                    let v = v.split('#').next().unwrap_or("").trim();
-                    v.trim_matches('"').trim_matches('\'') == name
-                })
+            t.strip_prefix("name").map(str::trim_start).and_then(|r| r.strip_prefix('=')).is_some_and(|v| {
+                let v = v.trim();
+                let v = v.split('#').next().unwrap_or("").trim();
+                v.trim_matches('"').trim_matches('\'') == name
+            })
         })
         .map(|i| i + 1)
 }
@@ -518,22 +496,15 @@ fn line_of_name(s: &str, name: &str) -> Option<usize> {
 /// [`FleetModel::from_toml_named`]); for callers that build a parsed config.
 pub fn locate(e: ModelError, s: &str, file: &str) -> ModelError {
     let line = match &e {
-        ModelError::Cluster { cluster, .. } | ModelError::DuplicateCluster(cluster) => {
-            line_of_name(s, cluster)
-        }
+        ModelError::Cluster { cluster, .. } | ModelError::DuplicateCluster(cluster) => line_of_name(s, cluster),
         ModelError::Team { team, .. } => line_of_name(s, team),
-        ModelError::GpuModel { model, .. } => s
-            .lines()
-            .position(|l| l.contains(&format!("gpu_models.{model}")))
-            .map(|i| i + 1),
+        ModelError::GpuModel { model, .. } => {
+            s.lines().position(|l| l.contains(&format!("gpu_models.{model}"))).map(|i| i + 1)
+        }
         _ => None,
     };
     match line {
-        Some(line) => ModelError::At {
-            file: file.to_string(),
-            line,
-            source: Box::new(e),
-        },
+        Some(line) => ModelError::At { file: file.to_string(), line, source: Box::new(e) },
         None => e,
     }
 }
@@ -545,10 +516,7 @@ struct Interner {
 
 impl Interner {
     fn new() -> Self {
-        Interner {
-            names: Vec::new(),
-            ids: HashMap::new(),
-        }
+        Interner { names: Vec::new(), ids: HashMap::new() }
     }
     fn id(&mut self, s: &str) -> u32 {
         if let Some(&i) = self.ids.get(s) {
@@ -590,13 +558,8 @@ impl FleetModel {
         let mut gpu_models: BTreeMap<String, GpuModelConfig> = BTreeMap::new();
         for (k, g) in &cfg.gpu_models {
             let name = normalize_gpu_type(k);
-            let gerr = |msg: &str| ModelError::GpuModel {
-                model: k.clone(),
-                msg: msg.to_string(),
-            };
-            if g.relative_throughput
-                .is_some_and(|x| !(x.is_finite() && x > 0.0))
-            {
+            let gerr = |msg: &str| ModelError::GpuModel { model: k.clone(), msg: msg.to_string() };
+            if g.relative_throughput.is_some_and(|x| !(x.is_finite() && x > 0.0)) {
                 return Err(gerr("relative_throughput must be > 0"));
             }
             if g.power_w.is_some_and(|x| !finite_nonneg(x)) {
@@ -614,23 +577,18 @@ impl FleetModel {
                 msg: "reference_gpu has no known speed".into(),
             })?;
 
-        let intern_region = |regions: &mut Interner,
-                             providers: &mut Interner,
-                             region_provider: &mut Vec<u32>,
-                             q: &str| {
-            let id = regions.id(q);
-            if id as usize == region_provider.len() {
-                let prov = q.split(':').next().unwrap_or("");
-                region_provider.push(providers.id(prov));
-            }
-            id
-        };
+        let intern_region =
+            |regions: &mut Interner, providers: &mut Interner, region_provider: &mut Vec<u32>, q: &str| {
+                let id = regions.id(q);
+                if id as usize == region_provider.len() {
+                    let prov = q.split(':').next().unwrap_or("");
+                    region_provider.push(providers.id(prov));
+                }
+                id
+            };
 
         for c in &cfg.clusters {
-            let err = |msg: String| ModelError::Cluster {
-                cluster: c.name.clone(),
-                msg,
-            };
+            let err = |msg: String| ModelError::Cluster { cluster: c.name.clone(), msg };
             if c.name.trim().is_empty() {
                 return Err(err("empty name".into()));
             }
@@ -641,24 +599,14 @@ impl FleetModel {
                 return Err(err("provider and region are required".into()));
             }
             if !finite_nonneg(c.provision_s) || !finite_nonneg(c.spot_preemptions_per_hour) {
-                return Err(err(
-                    "provision_s and spot_preemptions_per_hour must be finite and >= 0".into(),
-                ));
+                return Err(err("provision_s and spot_preemptions_per_hour must be finite and >= 0".into()));
             }
             let region = qualify_region(&c.provider, &c.region);
-            let region_id =
-                intern_region(&mut regions, &mut providers, &mut region_provider, &region);
+            let region_id = intern_region(&mut regions, &mut providers, &mut region_provider, &region);
             let provider_id = providers.id(&c.provider);
-            let prices: BTreeMap<String, Prices> = c
-                .prices
-                .iter()
-                .map(|(k, v)| (normalize_gpu_type(k), *v))
-                .collect();
-            let waits: BTreeMap<String, f64> = c
-                .wait_history_s
-                .iter()
-                .map(|(k, v)| (normalize_gpu_type(k), *v))
-                .collect();
+            let prices: BTreeMap<String, Prices> = c.prices.iter().map(|(k, v)| (normalize_gpu_type(k), *v)).collect();
+            let waits: BTreeMap<String, f64> =
+                c.wait_history_s.iter().map(|(k, v)| (normalize_gpu_type(k), *v)).collect();
             let mut pools = Vec::with_capacity(c.pools.len());
             let mut type_mask = 0u64;
             let mut cooling_pue = 1.0f64;
@@ -668,9 +616,7 @@ impl FleetModel {
                     return Err(err(format!("pool {pi}: empty gpu_type")));
                 }
                 if p.gpus_per_node == 0 || p.nodes == 0 {
-                    return Err(err(format!(
-                        "pool {pi}: gpus_per_node and nodes must be > 0"
-                    )));
+                    return Err(err(format!("pool {pi}: gpus_per_node and nodes must be > 0")));
                 }
                 let tid = types.id(&gt);
                 if tid as usize >= MAX_GPU_TYPES {
@@ -680,15 +626,9 @@ impl FleetModel {
                 let total = p.gpus_per_node.saturating_mul(p.nodes);
                 let nvl = p.nvlink_domain_gpus.unwrap_or(p.gpus_per_node).max(1);
                 let island_nodes = p.ib_island_nodes.unwrap_or(p.nodes).min(p.nodes);
-                let ib_island_gpus = if p.ib_fabric.is_some() {
-                    island_nodes.saturating_mul(p.gpus_per_node)
-                } else {
-                    0
-                };
-                let pr = p
-                    .prices
-                    .or_else(|| prices.get(&gt).copied())
-                    .unwrap_or_default();
+                let ib_island_gpus =
+                    if p.ib_fabric.is_some() { island_nodes.saturating_mul(p.gpus_per_node) } else { 0 };
+                let pr = p.prices.or_else(|| prices.get(&gt).copied()).unwrap_or_default();
                 for v in [pr.on_demand, pr.spot, pr.onprem].into_iter().flatten() {
                     if !finite_nonneg(v) {
                         return Err(err(format!("pool {pi}: prices must be finite and >= 0")));
@@ -698,14 +638,8 @@ impl FleetModel {
                     return Err(err(format!("no price for GPU type {gt}")));
                 }
                 let gm = gpu_models.get(&gt).copied().unwrap_or_default();
-                let gpu_power_w = p
-                    .gpu_power_w
-                    .or(gm.power_w)
-                    .unwrap_or_else(|| default_gpu_power_w(&gt));
-                let Some(speed) = gm
-                    .relative_throughput
-                    .or_else(|| default_gpu_model(&gt).map(|x| x.0))
-                else {
+                let gpu_power_w = p.gpu_power_w.or(gm.power_w).unwrap_or_else(|| default_gpu_power_w(&gt));
+                let Some(speed) = gm.relative_throughput.or_else(|| default_gpu_model(&gt).map(|x| x.0)) else {
                     return Err(err(format!(
                         "pool {pi}: GPU type {gt} has no built-in speed; give [gpu_models.{gt}] relative_throughput"
                     )));
@@ -713,9 +647,7 @@ impl FleetModel {
                 let node_overhead_w = p.node_overhead_w.unwrap_or(1500.0);
                 if let Some(cap) = p.rack_power_cap_w {
                     if !finite_nonneg(cap) {
-                        return Err(err(format!(
-                            "pool {pi}: rack_power_cap_w must be finite and >= 0"
-                        )));
+                        return Err(err(format!("pool {pi}: rack_power_cap_w must be finite and >= 0")));
                     }
                 }
                 if !finite_nonneg(gpu_power_w) || !finite_nonneg(node_overhead_w) {
@@ -723,16 +655,11 @@ impl FleetModel {
                 }
                 let mean_wait_s = waits.get(&gt).copied().unwrap_or(3600.0);
                 if !finite_nonneg(mean_wait_s) {
-                    return Err(err(format!(
-                        "wait_history_s for {gt} must be finite and >= 0"
-                    )));
+                    return Err(err(format!("wait_history_s for {gt} must be finite and >= 0")));
                 }
                 cooling_pue = cooling_pue.max(p.cooling.default_pue());
                 pools.push(NodePool {
-                    name: p
-                        .name
-                        .clone()
-                        .unwrap_or_else(|| format!("{}-{}", gt.to_ascii_lowercase(), pi)),
+                    name: p.name.clone().unwrap_or_else(|| format!("{}-{}", gt.to_ascii_lowercase(), pi)),
                     gpu_type: tid as GpuTypeId,
                     gpus_per_node: p.gpus_per_node,
                     nodes: p.nodes,
@@ -753,9 +680,7 @@ impl FleetModel {
             if pools.len() > PoolId::MAX as usize {
                 return Err(err("too many pools".into()));
             }
-            let pue = c
-                .pue
-                .unwrap_or(if pools.is_empty() { 1.4 } else { cooling_pue });
+            let pue = c.pue.unwrap_or(if pools.is_empty() { 1.4 } else { cooling_pue });
             if !(pue.is_finite() && pue >= 1.0) {
                 return Err(err("pue must be >= 1".into()));
             }
@@ -785,16 +710,10 @@ impl FleetModel {
         let mut datasets = Vec::with_capacity(cfg.datasets.len());
         for d in &cfg.datasets {
             if !finite_nonneg(d.size_gb) {
-                return Err(ModelError::Dataset {
-                    uri: d.uri.clone(),
-                    msg: "size_gb must be finite and >= 0".into(),
-                });
+                return Err(ModelError::Dataset { uri: d.uri.clone(), msg: "size_gb must be finite and >= 0".into() });
             }
             if d.locations.is_empty() {
-                return Err(ModelError::Dataset {
-                    uri: d.uri.clone(),
-                    msg: "no locations".into(),
-                });
+                return Err(ModelError::Dataset { uri: d.uri.clone(), msg: "no locations".into() });
             }
             let mut locs = Vec::new();
             for l in &d.locations {
@@ -804,18 +723,9 @@ impl FleetModel {
                         msg: format!("location {l:?} must be provider:region"),
                     });
                 }
-                locs.push(intern_region(
-                    &mut regions,
-                    &mut providers,
-                    &mut region_provider,
-                    l,
-                ));
+                locs.push(intern_region(&mut regions, &mut providers, &mut region_provider, l));
             }
-            datasets.push(Dataset {
-                uri: d.uri.clone(),
-                locations: locs,
-                size_gb: d.size_gb,
-            });
+            datasets.push(Dataset { uri: d.uri.clone(), locations: locs, size_gb: d.size_gb });
         }
         for l in &cfg.links {
             for r in [&l.from, &l.to] {
@@ -833,11 +743,7 @@ impl FleetModel {
         let n = regions.names.len();
         let mut egress = vec![0.0; n * n];
         let mut gbps = vec![0.0; n * n];
-        let internet_default = ov
-            .internet_egress_usd_per_gb
-            .get("default")
-            .copied()
-            .unwrap_or(0.09);
+        let internet_default = ov.internet_egress_usd_per_gb.get("default").copied().unwrap_or(0.09);
         for i in 0..n {
             for j in 0..n {
                 let (pi, pj) = (region_provider[i], region_provider[j]);
@@ -848,10 +754,7 @@ impl FleetModel {
                 } else {
                     let prov = &providers.names[pi as usize];
                     (
-                        ov.internet_egress_usd_per_gb
-                            .get(prov)
-                            .copied()
-                            .unwrap_or(internet_default),
+                        ov.internet_egress_usd_per_gb.get(prov).copied().unwrap_or(internet_default),
                         ov.cross_provider_gbps,
                     )
                 };
@@ -889,10 +792,7 @@ impl FleetModel {
         let mut teams = Vec::with_capacity(cfg.teams.len());
         let mut seen = std::collections::BTreeSet::new();
         for t in &cfg.teams {
-            let terr = |msg: String| ModelError::Team {
-                team: t.name.clone(),
-                msg,
-            };
+            let terr = |msg: String| ModelError::Team { team: t.name.clone(), msg };
             if t.name.trim().is_empty() {
                 return Err(terr("empty team name".into()));
             }
@@ -900,10 +800,7 @@ impl FleetModel {
                 return Err(terr("declared twice".into()));
             }
             let Some(&c) = by_name.get(&t.home) else {
-                return Err(terr(format!(
-                    "home {:?} is not a cluster of this fleet",
-                    t.home
-                )));
+                return Err(terr(format!("home {:?} is not a cluster of this fleet", t.home)));
             };
             teams.push((t.name.clone(), c));
         }
@@ -972,10 +869,7 @@ impl FleetModel {
 
     pub fn gpu_type_id(&self, name: &str) -> Option<GpuTypeId> {
         let n = normalize_gpu_type(name);
-        self.gpu_types
-            .iter()
-            .position(|t| *t == n)
-            .map(|i| i as GpuTypeId)
+        self.gpu_types.iter().position(|t| *t == n).map(|i| i as GpuTypeId)
     }
 
     /// Relative speed of a GPU type by name (reference = 1.0): the fleet's
@@ -1009,45 +903,30 @@ impl FleetModel {
     }
 
     pub fn gpu_type_name(&self, id: GpuTypeId) -> &str {
-        self.gpu_types
-            .get(id as usize)
-            .map(String::as_str)
-            .unwrap_or("?")
+        self.gpu_types.get(id as usize).map(String::as_str).unwrap_or("?")
     }
 
     pub fn region_id(&self, qualified: &str) -> Option<RegionId> {
-        self.regions
-            .iter()
-            .position(|r| r == qualified)
-            .map(|i| i as RegionId)
+        self.regions.iter().position(|r| r == qualified).map(|i| i as RegionId)
     }
 
     /// USD/GB from `from` to `to` (0 for unknown ids).
     #[inline]
     pub fn egress_usd_per_gb(&self, from: RegionId, to: RegionId) -> f64 {
         let n = self.regions.len();
-        self.egress
-            .get(from as usize * n + to as usize)
-            .copied()
-            .unwrap_or(0.0)
+        self.egress.get(from as usize * n + to as usize).copied().unwrap_or(0.0)
     }
 
     /// Bandwidth in Gbps from `from` to `to` (same-region default for unknown ids).
     #[inline]
     pub fn bandwidth_gbps(&self, from: RegionId, to: RegionId) -> f64 {
         let n = self.regions.len();
-        self.gbps
-            .get(from as usize * n + to as usize)
-            .copied()
-            .unwrap_or(self.overheads.same_region_gbps)
+        self.gbps.get(from as usize * n + to as usize).copied().unwrap_or(self.overheads.same_region_gbps)
     }
 
     /// The catalog entry whose URI is the longest prefix of `uri`.
     pub fn dataset_for(&self, uri: &str) -> Option<&Dataset> {
-        self.datasets
-            .iter()
-            .filter(|d| uri.starts_with(d.uri.as_str()))
-            .max_by_key(|d| d.uri.len())
+        self.datasets.iter().filter(|d| uri.starts_with(d.uri.as_str())).max_by_key(|d| d.uri.len())
     }
 
     /// A copy of this model with one egress table applied: every pair of
@@ -1076,22 +955,13 @@ impl FleetModel {
     /// the table has (instances with the pool's GPUs per node preferred).
     /// On-prem prices are left alone. Accelerator-only rows (GCP: host VM
     /// not included) are applied only with `include_accelerator_only`.
-    pub fn with_prices(
-        &self,
-        t: &crate::feeds::PriceTable,
-        include_accelerator_only: bool,
-    ) -> FleetModel {
+    pub fn with_prices(&self, t: &crate::feeds::PriceTable, include_accelerator_only: bool) -> FleetModel {
         let mut out = self.clone();
         for c in &mut out.clusters {
             if c.onprem {
                 continue;
             }
-            let region = c
-                .region
-                .split_once(':')
-                .map(|x| x.1)
-                .unwrap_or(&c.region)
-                .to_string();
+            let region = c.region.split_once(':').map(|x| x.1).unwrap_or(&c.region).to_string();
             for p in &mut c.pools {
                 let gt = self.gpu_type_name(p.gpu_type).to_string();
                 if let Some(q) = t.get(&c.provider, &region, &gt, p.gpus_per_node) {

@@ -73,10 +73,7 @@ impl Policy {
 
     fn valid(&self) -> Result<(), String> {
         for (k, v) in [
-            (
-                "time_value_usd_per_gpu_hour",
-                self.time_value_usd_per_gpu_hour,
-            ),
+            ("time_value_usd_per_gpu_hour", self.time_value_usd_per_gpu_hour),
             ("carbon_usd_per_kg", self.carbon_usd_per_kg),
             ("egress_weight", self.egress_weight),
         ] {
@@ -132,32 +129,20 @@ impl Policies {
         let mut out = Policies::builtin();
         for (name, v) in f.policies {
             let base = out.by_name.get(&name).cloned().unwrap_or_else(Policy::cost);
-            let mut merged = toml::Value::try_from(&base).map_err(|e| PolicyError::Invalid {
-                name: name.clone(),
-                msg: e.to_string(),
-            })?;
+            let mut merged = toml::Value::try_from(&base)
+                .map_err(|e| PolicyError::Invalid { name: name.clone(), msg: e.to_string() })?;
             if let (Some(m), Some(over)) = (merged.as_table_mut(), v.as_table()) {
                 for (k, x) in over {
                     m.insert(k.clone(), x.clone());
                 }
             } else {
-                return Err(PolicyError::Invalid {
-                    name,
-                    msg: "must be a table".into(),
-                });
+                return Err(PolicyError::Invalid { name, msg: "must be a table".into() });
             }
-            let mut p: Policy =
-                merged
-                    .try_into()
-                    .map_err(|e: toml::de::Error| PolicyError::Invalid {
-                        name: name.clone(),
-                        msg: e.to_string(),
-                    })?;
+            let mut p: Policy = merged
+                .try_into()
+                .map_err(|e: toml::de::Error| PolicyError::Invalid { name: name.clone(), msg: e.to_string() })?;
             p.name = name.clone();
-            p.valid().map_err(|msg| PolicyError::Invalid {
-                name: name.clone(),
-                msg,
-            })?;
+            p.valid().map_err(|msg| PolicyError::Invalid { name: name.clone(), msg })?;
             out.by_name.insert(name, p);
         }
         Ok(out)

@@ -31,10 +31,7 @@ pub struct MigrationMargin {
 
 impl Default for MigrationMargin {
     fn default() -> Self {
-        MigrationMargin {
-            min_saving_usd: 10.0,
-            min_saving_fraction: 0.10,
-        }
+        MigrationMargin { min_saving_usd: 10.0, min_saving_fraction: 0.10 }
     }
 }
 
@@ -66,11 +63,8 @@ pub fn propose_migrations(
 ) -> Vec<MigrationProposal> {
     let mut out = Vec::new();
     // Free GPUs left per (cluster, pool) as proposals claim them.
-    let mut free: Vec<Vec<u32>> = state
-        .clusters
-        .iter()
-        .map(|c| c.pools.iter().map(|p| p.free_gpus).collect())
-        .collect();
+    let mut free: Vec<Vec<u32>> =
+        state.clusters.iter().map(|c| c.pools.iter().map(|p| p.free_gpus).collect()).collect();
     let ov = &model.overheads;
     let mut cands: Vec<MigrationProposal> = Vec::new();
     for (i, r) in running.iter().enumerate() {
@@ -81,11 +75,7 @@ pub fn propose_migrations(
             continue;
         };
         // Remaining work at the reference speed (the engine's unit).
-        let cur_speed = cur
-            .pools
-            .get(r.pool as usize)
-            .map(|p| p.speed)
-            .unwrap_or(1.0);
+        let cur_speed = cur.pools.get(r.pool as usize).map(|p| p.speed).unwrap_or(1.0);
         let rem_h = r.remaining_s / 3600.0 * cur_speed;
         let stay_ctx = EvalCtx {
             duration_h: rem_h,
@@ -98,19 +88,8 @@ pub fn propose_migrations(
         };
         // Staying: the job's own pool at the price it pays there; if that pool or
         // pricing is not in the model, the cluster's best option.
-        let stay = eval_cluster(model, state, &r.job, policy, r.cluster, &stay_ctx).or_else(|_| {
-            eval_cluster(
-                model,
-                state,
-                &r.job,
-                policy,
-                r.cluster,
-                &EvalCtx {
-                    stay: None,
-                    ..stay_ctx
-                },
-            )
-        });
+        let stay = eval_cluster(model, state, &r.job, policy, r.cluster, &stay_ctx)
+            .or_else(|_| eval_cluster(model, state, &r.job, policy, r.cluster, &EvalCtx { stay: None, ..stay_ctx }));
         let stay = match stay {
             Ok(p) => p.breakdown.total,
             Err(_) => f64::INFINITY, // the cluster can no longer hold it: moving is free of "stay" value
@@ -134,10 +113,7 @@ pub fn propose_migrations(
             && policy.time_value_usd_per_gpu_hour >= 0.0
             && policy.carbon_usd_per_kg >= 0.0
             && policy.egress_weight >= 0.0
-            && !state
-                .clusters
-                .iter()
-                .any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+            && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
         for &(floor, cid) in &model.cheapest_per_work {
             if can_stop && floor * g * rem_h >= stay {
                 break;
@@ -152,29 +128,15 @@ pub fn propose_migrations(
                 continue;
             };
             let ckpt_gb = r.job.ckpt_size_gb;
-            let src = r
-                .job
-                .ckpt_region
-                .as_ref()
-                .and_then(|l| l.first().copied())
-                .unwrap_or(cur.region_id);
+            let src = r.job.ckpt_region.as_ref().and_then(|l| l.first().copied()).unwrap_or(cur.region_id);
             let transfer_h = if src == c.region_id {
                 0.0
             } else {
                 ckpt_gb * 8.0 / model.bandwidth_gbps(src, c.region_id).max(1e-3) / 3600.0
             };
-            let egress = if src == c.region_id {
-                0.0
-            } else {
-                ckpt_gb * model.egress_usd_per_gb(src, c.region_id)
-            };
+            let egress = if src == c.region_id { 0.0 } else { ckpt_gb * model.egress_usd_per_gb(src, c.region_id) };
             let restore_h = ov.restore_s / 3600.0;
-            let new_speed = c
-                .pools
-                .get(p.pool as usize)
-                .map(|x| x.speed)
-                .unwrap_or(1.0)
-                .max(1e-6);
+            let new_speed = c.pools.get(p.pool as usize).map(|x| x.speed).unwrap_or(1.0).max(1e-6);
             let redo_h = r.since_ckpt_s.max(0.0) / 3600.0 * cur_speed / new_speed;
             let price = p.breakdown.price_per_gpu_hour;
             let migration_usd = price * g * (restore_h + redo_h)
@@ -185,9 +147,7 @@ pub fn propose_migrations(
                 continue;
             }
             // Ties: the lower cluster index (the order of a plain scan).
-            if best.as_ref().is_none_or(|b| {
-                saving > b.saving_usd || (saving == b.saving_usd && cid < b.to.cluster)
-            }) {
+            if best.as_ref().is_none_or(|b| saving > b.saving_usd || (saving == b.saving_usd && cid < b.to.cluster)) {
                 best = Some(MigrationProposal {
                     index: i,
                     job_id: r.job.spec.id.clone(),
@@ -201,31 +161,20 @@ pub fn propose_migrations(
             }
         }
         if let Some(b) = best {
-            let need = margin.min_saving_usd.max(
-                margin.min_saving_fraction
-                    * if b.stay_usd.is_finite() {
-                        b.stay_usd
-                    } else {
-                        0.0
-                    },
-            );
+            let need = margin
+                .min_saving_usd
+                .max(margin.min_saving_fraction * if b.stay_usd.is_finite() { b.stay_usd } else { 0.0 });
             if b.saving_usd > need {
                 cands.push(b);
             }
         }
     }
     cands.sort_by(|a, b| {
-        b.saving_usd
-            .partial_cmp(&a.saving_usd)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.index.cmp(&b.index))
+        b.saving_usd.partial_cmp(&a.saving_usd).unwrap_or(std::cmp::Ordering::Equal).then(a.index.cmp(&b.index))
     });
     for c in cands {
         let g = running.get(c.index).map(|r| r.job.gpus).unwrap_or(0);
-        let Some(slot) = free
-            .get_mut(c.to.cluster as usize)
-            .and_then(|v| v.get_mut(c.to.pool as usize))
-        else {
+        let Some(slot) = free.get_mut(c.to.cluster as usize).and_then(|v| v.get_mut(c.to.pool as usize)) else {
             continue;
         };
         if *slot >= g {

@@ -102,11 +102,8 @@ impl FleetState {
             };
             cs.healthy = s.healthy && c.health != Health::Down;
             cs.queue_pending = s.queue_pending;
-            let mut left: Vec<(String, u32)> = s
-                .gpus
-                .iter()
-                .map(|g| (crate::model::normalize_gpu_type(&g.gpu_type), g.free))
-                .collect();
+            let mut left: Vec<(String, u32)> =
+                s.gpus.iter().map(|g| (crate::model::normalize_gpu_type(&g.gpu_type), g.free)).collect();
             for (pi, p) in c.pools.iter().enumerate() {
                 let name = model.gpu_type_name(p.gpu_type);
                 let free = left.iter_mut().find(|(t, _)| t == name).map(|(_, f)| {

@@ -39,19 +39,8 @@ impl Rng {
 }
 
 const TYPES: [&str; 3] = ["H100", "A100", "H200"];
-const PROVIDERS: [&str; 6] = [
-    "aws", "lambda", "nebius", "onprem-a", "onprem-b", "onprem-c",
-];
-const ZONES: [&str; 8] = [
-    "US-CAL-CISO",
-    "US-NY-NYIS",
-    "US-TEX-ERCO",
-    "US-MIDA-PJM",
-    "DE-LU",
-    "GB",
-    "SG",
-    "JP-TK",
-];
+const PROVIDERS: [&str; 6] = ["aws", "lambda", "nebius", "onprem-a", "onprem-b", "onprem-c"];
+const ZONES: [&str; 8] = ["US-CAL-CISO", "US-NY-NYIS", "US-TEX-ERCO", "US-MIDA-PJM", "DE-LU", "GB", "SG", "JP-TK"];
 
 /// Regions used by a synthetic fleet of `n` clusters (bounded: real fleets
 /// have at most a few hundred provider regions).
@@ -92,16 +81,9 @@ pub fn fleet_config(n: usize, seed: u64) -> FleetConfig {
                         node_overhead_w: None,
                         cooling: Default::default(),
                         prices: Some(if onprem {
-                            Prices {
-                                onprem: Some(od * 0.5),
-                                ..Prices::default()
-                            }
+                            Prices { onprem: Some(od * 0.5), ..Prices::default() }
                         } else {
-                            Prices {
-                                on_demand: Some(od),
-                                spot: (r.below(2) == 0).then_some(od * 0.35),
-                                onprem: None,
-                            }
+                            Prices { on_demand: Some(od), spot: (r.below(2) == 0).then_some(od * 0.35), onprem: None }
                         }),
                     }
                 })
@@ -112,11 +94,7 @@ pub fn fleet_config(n: usize, seed: u64) -> FleetConfig {
                 region: format!("r{}", r.below(nreg as u64)),
                 carbon_zone: Some(ZONES[i % ZONES.len()].into()),
                 onprem,
-                provision_s: if onprem {
-                    0.0
-                } else {
-                    300.0 + 300.0 * r.unit()
-                },
+                provision_s: if onprem { 0.0 } else { 300.0 + 300.0 * r.unit() },
                 spot_preemptions_per_hour: if onprem { 0.0 } else { 0.1 },
                 pools,
                 ..ClusterConfig::default()
@@ -130,11 +108,7 @@ pub fn fleet_config(n: usize, seed: u64) -> FleetConfig {
             size_gb: 10.0 + 5000.0 * r.unit(),
         })
         .collect();
-    FleetConfig {
-        clusters,
-        datasets,
-        ..FleetConfig::default()
-    }
+    FleetConfig { clusters, datasets, ..FleetConfig::default() }
 }
 
 /// `n` jobs homed on random clusters of a fleet of `clusters`.
@@ -144,11 +118,7 @@ pub fn jobs(n: usize, clusters: usize, seed: u64) -> Vec<JobSpec> {
         .map(|i| {
             let gpus = [1u32, 1, 2, 4, 8, 8, 16, 32, 64][r.below(9) as usize];
             let par = [Parallelism::Data, Parallelism::Tp, Parallelism::Fsdp][r.below(3) as usize];
-            let par = if par == Parallelism::Tp && gpus > 8 && r.below(2) == 0 {
-                Parallelism::Fsdp
-            } else {
-                par
-            };
+            let par = if par == Parallelism::Tp && gpus > 8 && r.below(2) == 0 { Parallelism::Fsdp } else { par };
             JobSpec {
                 id: format!("j{i}"),
                 gpu_types: match r.below(4) {
@@ -161,11 +131,7 @@ pub fn jobs(n: usize, clusters: usize, seed: u64) -> Vec<JobSpec> {
                 duration_s: 600.0 + 86400.0 * r.unit() * r.unit(),
                 interruptible: r.below(2) == 0,
                 ckpt_interval_s: Some(1800.0),
-                datasets: if r.below(3) == 0 {
-                    vec![format!("s3://bench/ds{}/x", r.below(20))]
-                } else {
-                    vec![]
-                },
+                datasets: if r.below(3) == 0 { vec![format!("s3://bench/ds{}/x", r.below(20))] } else { vec![] },
                 max_price: (r.below(5) == 0).then(|| 2.0 + 4.0 * r.unit()),
                 home: format!("c{:04}", r.below(clusters as u64)),
                 ..JobSpec::default()
@@ -186,10 +152,7 @@ pub fn busy_state(m: &FleetModel, seed: u64) -> FleetState {
     }
     for z in m.carbon_zones.clone() {
         let v: Vec<f64> = (0..8760).map(|_| 50.0 + 600.0 * r.unit()).collect();
-        st.set_carbon_series(
-            m,
-            Arc::new(CarbonSeries::new(z, 1_672_531_200.0, 3600.0, v.clone(), v)),
-        );
+        st.set_carbon_series(m, Arc::new(CarbonSeries::new(z, 1_672_531_200.0, 3600.0, v.clone(), v)));
     }
     st.now_unix = 1_680_000_000.0;
     st

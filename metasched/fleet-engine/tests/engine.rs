@@ -2,8 +2,8 @@
 
 use fleet_api::FleetMode;
 use fleet_engine::{
-    decide, explain, prepare, propose_migrations, FleetModel, FleetState, JobSpec, MigrationMargin,
-    Parallelism, Policy, Pricing, RunningJob,
+    decide, explain, prepare, propose_migrations, FleetModel, FleetState, JobSpec, MigrationMargin, Parallelism,
+    Policy, Pricing, RunningJob,
 };
 
 fn fleet(toml: &str) -> FleetModel {
@@ -27,28 +27,14 @@ fn job(gpus: u32, hours: f64) -> JobSpec {
 
 /// Where `job` lands (cluster name) under `policy` with an idle state,
 /// and the explanation for the message.
-fn place(
-    m: &FleetModel,
-    st: &FleetState,
-    j: &JobSpec,
-    policy: &Policy,
-) -> (Option<String>, String) {
+fn place(m: &FleetModel, st: &FleetState, j: &JobSpec, policy: &Policy) -> (Option<String>, String) {
     let d = explain(m, st, j, policy);
-    let fast =
-        decide(m, st, &prepare(m, j), policy).map(|p| m.clusters[p.cluster as usize].name.clone());
+    let fast = decide(m, st, &prepare(m, j), policy).map(|p| m.clusters[p.cluster as usize].name.clone());
     let slow = d.chosen().map(|c| c.cluster.clone());
     assert_eq!(fast, slow, "decide and explain disagree:\n{d}");
-    assert_eq!(
-        d.ranked.len() + d.excluded.len(),
-        m.clusters.len(),
-        "every cluster is ranked or excluded:\n{d}"
-    );
+    assert_eq!(d.ranked.len() + d.excluded.len(), m.clusters.len(), "every cluster is ranked or excluded:\n{d}");
     for e in &d.excluded {
-        assert!(
-            !e.reason.trim().is_empty(),
-            "cluster {} excluded without a reason",
-            e.cluster
-        );
+        assert!(!e.reason.trim().is_empty(), "cluster {} excluded without a reason", e.cluster);
     }
     (fast, d.to_string())
 }
@@ -98,13 +84,7 @@ fn short_jobs_stay_home_long_jobs_move() {
     let p = Policy::cost();
     // Break-even (docs/placement.md): D* = (V·(submit+prov) + p_r·prov) / Δp
     //   = (2·(2+10)/60 + 2.5·10/60) / 1.5 = (0.4 + 0.4167) / 1.5 ≈ 0.544 h.
-    let cases: &[(f64, &str)] = &[
-        (0.25, "home"),
-        (0.5, "home"),
-        (0.6, "cloud"),
-        (2.0, "cloud"),
-        (8.0, "cloud"),
-    ];
+    let cases: &[(f64, &str)] = &[(0.25, "home"), (0.5, "home"), (0.6, "cloud"), (2.0, "cloud"), (8.0, "cloud")];
     for &(h, want) in cases {
         check(&m, &job(8, h), &p, Some(want));
     }
@@ -139,11 +119,7 @@ nvlink_domain_gpus = 72
 "#,
     );
     let p = Policy::cost();
-    let mk = |g: u32, par: Parallelism| JobSpec {
-        parallelism: par,
-        home: "cheap".into(),
-        ..job(g, 4.0)
-    };
+    let mk = |g: u32, par: Parallelism| JobSpec { parallelism: par, home: "cheap".into(), ..job(g, 4.0) };
     let cases: &[(u32, Parallelism, Option<&str>)] = &[
         (8, Parallelism::Tp, Some("cheap")),
         (16, Parallelism::Tp, Some("nvl")),
@@ -157,12 +133,7 @@ nvlink_domain_gpus = 72
     }
     // The reason names the NVLink domain.
     let d = explain(&m, &FleetState::idle(&m), &mk(16, Parallelism::Tp), &p);
-    let why = &d
-        .excluded
-        .iter()
-        .find(|e| e.cluster == "cheap")
-        .map(|e| e.reason.clone())
-        .unwrap_or_default();
+    let why = &d.excluded.iter().find(|e| e.cluster == "cheap").map(|e| e.reason.clone()).unwrap_or_default();
     assert!(why.contains("NVLink"), "{why}");
     // Even when the NVL cluster is busy, tp 16 waits for it rather than split.
     let mut st = FleetState::idle(&m);
@@ -214,10 +185,7 @@ size_gb = 5000
     // 0.9 USD to move, 5 TB costs 450 USD.
     let cases: &[(&str, &str)] = &[("s3://small/train", "far"), ("s3://big/train", "home")];
     for &(ds, want) in cases {
-        let j = JobSpec {
-            datasets: vec![ds.into()],
-            ..job(8, 10.0)
-        };
+        let j = JobSpec { datasets: vec![ds.into()], ..job(8, 10.0) };
         check(&m, &j, &p, Some(want));
     }
 }
@@ -234,30 +202,14 @@ fn max_price_is_respected() {
         (Some(0.5), true, None),
     ];
     for &(max, interruptible, want) in cases {
-        let j = JobSpec {
-            max_price: max,
-            interruptible,
-            ckpt_interval_s: Some(900.0),
-            ..job(8, 8.0)
-        };
+        let j = JobSpec { max_price: max, interruptible, ckpt_interval_s: Some(900.0), ..job(8, 8.0) };
         check(&m, &j, &p, want);
         if let Some(c) = explain(&m, &FleetState::idle(&m), &j, &p).chosen() {
             assert!(c.breakdown.price_per_gpu_hour <= max.unwrap_or(f64::INFINITY));
         }
     }
-    let d = explain(
-        &m,
-        &FleetState::idle(&m),
-        &JobSpec {
-            max_price: Some(2.0),
-            ..job(8, 8.0)
-        },
-        &p,
-    );
-    assert!(
-        d.excluded.iter().all(|e| e.reason.contains("max-price")),
-        "{d}"
-    );
+    let d = explain(&m, &FleetState::idle(&m), &JobSpec { max_price: Some(2.0), ..job(8, 8.0) }, &p);
+    assert!(d.excluded.iter().all(|e| e.reason.contains("max-price")), "{d}");
 }
 
 #[test]
@@ -297,11 +249,7 @@ cooling = "liquid"
 "#,
     );
     let p = Policy::cost();
-    let mk = |g: u32, par| JobSpec {
-        parallelism: par,
-        home: "capped".into(),
-        ..job(g, 4.0)
-    };
+    let mk = |g: u32, par| JobSpec { parallelism: par, home: "capped".into(), ..job(g, 4.0) };
     let cases: &[(u32, Parallelism, &str)] = &[
         (4, Parallelism::Tp, "capped"),    // 4×700 + 1.5 kW = 4.3 kW
         (8, Parallelism::Tp, "capped"),    // 8×700 + 2×1.5 kW = 8.6 kW
@@ -313,12 +261,7 @@ cooling = "liquid"
         check(&m, &mk(g, par), &p, Some(want));
     }
     let d = explain(&m, &FleetState::idle(&m), &mk(32, Parallelism::Tp), &p);
-    assert!(
-        d.excluded
-            .iter()
-            .any(|e| e.cluster == "capped" && e.reason.contains("power cap")),
-        "{d}"
-    );
+    assert!(d.excluded.iter().any(|e| e.cluster == "capped" && e.reason.contains("power cap")), "{d}");
 }
 
 #[test]
@@ -397,51 +340,21 @@ nodes = 8
         ("pricey", "max-price"),
     ];
     for &(c, frag) in want {
-        let r = d
-            .excluded
-            .iter()
-            .find(|e| e.cluster == c)
-            .map(|e| e.reason.as_str())
-            .unwrap_or("");
+        let r = d.excluded.iter().find(|e| e.cluster == c).map(|e| e.reason.as_str()).unwrap_or("");
         assert!(r.contains(frag), "{c}: {r:?} lacks {frag:?}\n{d}");
     }
     // Unhealthy (no heartbeat) and --fleet-to.
     st.clusters[3].healthy = false;
-    let j2 = JobSpec {
-        to: vec!["pricey".into()],
-        ..job(8, 1.0)
-    };
+    let j2 = JobSpec { to: vec!["pricey".into()], ..job(8, 1.0) };
     let d = explain(&m, &st, &j2, &Policy::cost());
-    assert_eq!(
-        d.chosen().map(|c| c.cluster.as_str()),
-        Some("pricey"),
-        "{d}"
-    );
-    let r = d
-        .excluded
-        .iter()
-        .find(|e| e.cluster == "small")
-        .map(|e| e.reason.clone())
-        .unwrap_or_default();
+    assert_eq!(d.chosen().map(|c| c.cluster.as_str()), Some("pricey"), "{d}");
+    let r = d.excluded.iter().find(|e| e.cluster == "small").map(|e| e.reason.clone()).unwrap_or_default();
     assert!(r.contains("heartbeat"), "{r}");
-    let r = d
-        .excluded
-        .iter()
-        .find(|e| e.cluster == "eu")
-        .map(|e| e.reason.clone())
-        .unwrap_or_default();
+    let r = d.excluded.iter().find(|e| e.cluster == "eu").map(|e| e.reason.clone()).unwrap_or_default();
     assert!(r.contains("--fleet-to"), "{r}");
     // The printed table shows the breakdown columns and the reasons.
     let text = d.to_string();
-    for frag in [
-        "rank",
-        "compute$",
-        "egress$",
-        "kgCO2",
-        "total$",
-        "excluded:",
-        "pricey",
-    ] {
+    for frag in ["rank", "compute$", "egress$", "kgCO2", "total$", "excluded:", "pricey"] {
         assert!(text.contains(frag), "{frag} missing in\n{text}");
     }
 }
@@ -452,55 +365,20 @@ fn fleet_modes_and_spot() {
     let p = Policy::cost();
     type Case<'a> = (FleetMode, f64, bool, Option<&'a str>, Option<Pricing>);
     let cases: &[Case] = &[
-        (
-            FleetMode::Local,
-            8.0,
-            false,
-            Some("home"),
-            Some(Pricing::Onprem),
-        ),
-        (
-            FleetMode::Remote,
-            0.1,
-            false,
-            Some("cloud"),
-            Some(Pricing::OnDemand),
-        ),
-        (
-            FleetMode::Auto,
-            8.0,
-            true,
-            Some("cloud"),
-            Some(Pricing::Spot),
-        ),
-        (
-            FleetMode::Auto,
-            8.0,
-            false,
-            Some("cloud"),
-            Some(Pricing::OnDemand),
-        ),
+        (FleetMode::Local, 8.0, false, Some("home"), Some(Pricing::Onprem)),
+        (FleetMode::Remote, 0.1, false, Some("cloud"), Some(Pricing::OnDemand)),
+        (FleetMode::Auto, 8.0, true, Some("cloud"), Some(Pricing::Spot)),
+        (FleetMode::Auto, 8.0, false, Some("cloud"), Some(Pricing::OnDemand)),
     ];
     for &(mode, h, intr, want, pricing) in cases {
-        let j = JobSpec {
-            mode,
-            interruptible: intr,
-            ckpt_interval_s: Some(600.0),
-            ..job(8, h)
-        };
+        let j = JobSpec { mode, interruptible: intr, ckpt_interval_s: Some(600.0), ..job(8, h) };
         let st = FleetState::idle(&m);
         let got = decide(&m, &st, &prepare(&m, &j), &p);
-        assert_eq!(
-            got.map(|g| m.clusters[g.cluster as usize].name.as_str()),
-            want
-        );
+        assert_eq!(got.map(|g| m.clusters[g.cluster as usize].name.as_str()), want);
         assert_eq!(got.map(|g| g.pricing), pricing);
     }
     // The time policy never uses spot.
-    let j = JobSpec {
-        interruptible: true,
-        ..job(8, 8.0)
-    };
+    let j = JobSpec { interruptible: true, ..job(8, 8.0) };
     let got = decide(&m, &FleetState::idle(&m), &prepare(&m, &j), &Policy::time());
     assert_ne!(got.map(|g| g.pricing), Some(Pricing::Spot));
 }
@@ -547,14 +425,8 @@ nodes = 2
     st.clusters[0].carbon_g_per_kwh = Some(700.0);
     st.clusters[1].carbon_g_per_kwh = Some(50.0);
     let j = job(8, 10.0);
-    assert_eq!(
-        place(&m, &st, &j, &Policy::cost()).0.as_deref(),
-        Some("home")
-    );
-    assert_eq!(
-        place(&m, &st, &j, &Policy::green()).0.as_deref(),
-        Some("clean")
-    );
+    assert_eq!(place(&m, &st, &j, &Policy::cost()).0.as_deref(), Some("home"));
+    assert_eq!(place(&m, &st, &j, &Policy::green()).0.as_deref(), Some("clean"));
     // Carbon series: the mean over the run window is used.
     let series = fleet_engine::CarbonSeries::new(
         "CLEAN".into(),
@@ -566,11 +438,7 @@ nodes = 2
     assert!(st.set_carbon_series(&m, std::sync::Arc::new(series)));
     st.now_unix = 2.0 * 3600.0;
     let d = explain(&m, &st, &job(8, 2.0), &Policy::green());
-    let clean = d
-        .ranked
-        .iter()
-        .find(|c| c.cluster == "clean")
-        .map(|c| c.breakdown.carbon_g_per_kwh);
+    let clean = d.ranked.iter().find(|c| c.cluster == "clean").map(|c| c.breakdown.carbon_g_per_kwh);
     assert!(clean.is_some_and(|x| (x - 10.0).abs() < 1e-6), "{d}");
 }
 
@@ -578,12 +446,7 @@ nodes = 2
 fn rebalancing_moves_a_spot_job_when_it_pays() {
     let m = fleet(HOME_AND_CLOUD);
     let p = Policy::cost();
-    let spec = JobSpec {
-        interruptible: true,
-        ckpt_interval_s: Some(1800.0),
-        ckpt_size_gb: Some(10.0),
-        ..job(8, 48.0)
-    };
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), ckpt_size_gb: Some(10.0), ..job(8, 48.0) };
     let pj = prepare(&m, &spec);
     let st = FleetState::idle(&m);
     let run = |remaining_h: f64, since_ckpt_h: f64| RunningJob {
@@ -607,17 +470,8 @@ fn rebalancing_moves_a_spot_job_when_it_pays() {
     r.job.spec.interruptible = false;
     assert!(propose_migrations(&m, &st, &[r], &p, &margin).is_empty());
     // Capacity: two jobs of 24 GPUs, cloud has 32 free: only one moves.
-    let big = prepare(
-        &m,
-        &JobSpec {
-            gpus: 24,
-            ..spec.clone()
-        },
-    );
-    let rb = |_: usize| RunningJob {
-        job: big.clone(),
-        ..run(40.0, 0.0)
-    };
+    let big = prepare(&m, &JobSpec { gpus: 24, ..spec.clone() });
+    let rb = |_: usize| RunningJob { job: big.clone(), ..run(40.0, 0.0) };
     let props = propose_migrations(&m, &st, &[rb(0), rb(1)], &p, &margin);
     assert_eq!(props.len(), 1);
 }
@@ -651,12 +505,7 @@ nodes = 4
 fn rebalancing_scores_staying_at_the_price_the_job_pays() {
     let m = fleet(DEAR_ON_DEMAND);
     let st = FleetState::idle(&m);
-    let spec = JobSpec {
-        interruptible: true,
-        ckpt_interval_s: Some(1800.0),
-        home: "a".into(),
-        ..job(8, 48.0)
-    };
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 48.0) };
     let pj = prepare(&m, &spec);
     let run = |pricing| RunningJob {
         job: pj.clone(),
@@ -672,14 +521,9 @@ fn rebalancing_scores_staying_at_the_price_the_job_pays() {
     let props = propose_migrations(&m, &st, &[run(Pricing::OnDemand)], &Policy::cost(), &margin);
     assert_eq!(props.len(), 1, "{props:?}");
     assert_eq!(props[0].to.cluster, 1);
-    assert!(
-        (props[0].stay_usd - 6.0 * 8.0 * 40.0).abs() < 1e-6,
-        "{props:?}"
-    );
+    assert!((props[0].stay_usd - 6.0 * 8.0 * 40.0).abs() < 1e-6, "{props:?}");
     // The same job on spot at 1.00 stays.
-    assert!(
-        propose_migrations(&m, &st, &[run(Pricing::Spot)], &Policy::cost(), &margin).is_empty()
-    );
+    assert!(propose_migrations(&m, &st, &[run(Pricing::Spot)], &Policy::cost(), &margin).is_empty());
     // A pool or pricing the cluster does not have: scored by its best option (spot).
     let mut odd = run(Pricing::Onprem);
     odd.pool = 7;
@@ -717,11 +561,9 @@ fn sample_fleet_loads_and_places() {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let m = fleet(&text);
     assert!(m.clusters.len() >= 8);
-    let providers: std::collections::BTreeSet<&str> =
-        m.clusters.iter().map(|c| c.provider.as_str()).collect();
+    let providers: std::collections::BTreeSet<&str> = m.clusters.iter().map(|c| c.provider.as_str()).collect();
     assert!(providers.len() >= 3, "{providers:?}");
-    let regions: std::collections::BTreeSet<&str> =
-        m.clusters.iter().map(|c| c.region.as_str()).collect();
+    let regions: std::collections::BTreeSet<&str> = m.clusters.iter().map(|c| c.region.as_str()).collect();
     assert!(regions.len() >= 4);
     assert!(m.clusters.iter().any(|c| c.onprem) && m.clusters.iter().any(|c| !c.onprem));
     for t in ["H100", "A100", "H200"] {
@@ -730,15 +572,7 @@ fn sample_fleet_loads_and_places() {
     let st = FleetState::idle(&m);
     let home = m.clusters[0].name.clone();
     for p in [Policy::cost(), Policy::time(), Policy::green()] {
-        let d = explain(
-            &m,
-            &st,
-            &JobSpec {
-                home: home.clone(),
-                ..job(8, 6.0)
-            },
-            &p,
-        );
+        let d = explain(&m, &st, &JobSpec { home: home.clone(), ..job(8, 6.0) }, &p);
         assert!(d.chosen().is_some(), "{d}");
     }
 }
@@ -752,7 +586,14 @@ fn state_from_heartbeat_view() {
         clusters: vec![ClusterSummary {
             name: "cloud".into(),
             healthy: true,
-            gpus: vec![GpuPool { gpu_type: "h100".into(), total: 32, free: 12, max_per_node: 8, nodes: 4, ..GpuPool::default() }],
+            gpus: vec![GpuPool {
+                gpu_type: "h100".into(),
+                total: 32,
+                free: 12,
+                max_per_node: 8,
+                nodes: 4,
+                ..GpuPool::default()
+            }],
             queue_pending: 3,
             ..ClusterSummary::default()
         }],
@@ -810,64 +651,29 @@ fn run_time_cost_and_carbon_scale_with_the_gpu_model() {
     let p = Policy::cost();
     // 10 h of A100 work (the reference): T4 0.15× = 66.7 h × 0.5 = 33.3 USD/GPU,
     // A100 10 h × 1.5 = 15, H100 10/1.9 = 5.26 h × 2.5 = 13.2: the H100 wins.
-    let spec = JobSpec {
-        duration_gpu: None,
-        ..job(1, 10.0)
-    };
+    let spec = JobSpec { duration_gpu: None, ..job(1, 10.0) };
     let d = explain(&m, &st, &spec, &p);
-    let by_type = |t: &str| {
-        d.ranked
-            .iter()
-            .find(|c| c.gpu_type == t)
-            .map(|c| c.breakdown)
-            .unwrap_or_default()
-    };
+    let by_type = |t: &str| d.ranked.iter().find(|c| c.gpu_type == t).map(|c| c.breakdown).unwrap_or_default();
     assert_eq!(d.chosen().map(|c| c.gpu_type.as_str()), Some("H100"), "{d}");
-    assert!(
-        (by_type("T4").compute_usd - 0.5 * 10.0 / 0.15).abs() < 1e-9,
-        "{d}"
-    );
+    assert!((by_type("T4").compute_usd - 0.5 * 10.0 / 0.15).abs() < 1e-9, "{d}");
     assert!((by_type("A100").compute_usd - 15.0).abs() < 1e-9, "{d}");
-    assert!(
-        (by_type("H100").compute_usd - 2.5 * 10.0 / 1.9).abs() < 1e-9,
-        "{d}"
-    );
+    assert!((by_type("H100").compute_usd - 2.5 * 10.0 / 1.9).abs() < 1e-9, "{d}");
     // carbon follows the run time: power × hours (T4 70 W × 66.7 h vs H100 700 W × 5.26 h)
     let kg = |t: &str, w: f64, h: f64| (by_type(t).kg_co2 - 400.0 * w * h * 1.4 / 1e6).abs() < 1e-9;
-    assert!(
-        kg("T4", 70.0, 10.0 / 0.15) && kg("H100", 700.0, 10.0 / 1.9),
-        "{d}"
-    );
+    assert!(kg("T4", 70.0, 10.0 / 0.15) && kg("H100", 700.0, 10.0 / 1.9), "{d}");
     // the estimate of a job that asks for T4s only is T4 time: it stays 10 h there
-    let t4 = JobSpec {
-        gpu_types: vec!["T4".into()],
-        duration_gpu: None,
-        ..job(1, 10.0)
-    };
+    let t4 = JobSpec { gpu_types: vec!["T4".into()], duration_gpu: None, ..job(1, 10.0) };
     let d = explain(&m, &st, &t4, &p);
-    assert!(
-        (d.ranked[0].breakdown.compute_usd - 5.0).abs() < 1e-9,
-        "{d}"
-    );
+    assert!((d.ranked[0].breakdown.compute_usd - 5.0).abs() < 1e-9, "{d}");
     // a minimum GPU excludes slower pools, with the reason
-    let fast = JobSpec {
-        min_gpu: Some("A100".into()),
-        gpu_types: vec!["T4".into()],
-        ..job(1, 10.0)
-    };
+    let fast = JobSpec { min_gpu: Some("A100".into()), gpu_types: vec!["T4".into()], ..job(1, 10.0) };
     let d = explain(&m, &st, &fast, &p);
     assert!(d.ranked.is_empty(), "{d}");
     assert!(
-        d.excluded
-            .iter()
-            .any(|e| e.cluster == "t4" && e.reason.contains("T4 runs at 0.15× the reference GPU")),
+        d.excluded.iter().any(|e| e.cluster == "t4" && e.reason.contains("T4 runs at 0.15× the reference GPU")),
         "{d}"
     );
-    let fast = JobSpec {
-        min_gpu: Some("A100".into()),
-        duration_gpu: None,
-        ..job(1, 1.0)
-    };
+    let fast = JobSpec { min_gpu: Some("A100".into()), duration_gpu: None, ..job(1, 1.0) };
     let d = explain(&m, &st, &fast, &Policy::time());
     assert!(d.ranked.iter().all(|c| c.gpu_type != "T4"), "{d}");
 }

@@ -4,8 +4,7 @@
 use fleet_api::{FleetMode, FleetOptions, GpuRequest, GpuScope, JobRequest};
 use fleet_engine::feeds::{parse_datetime_utc, PRICES_HEADER};
 use fleet_engine::{
-    parse_carbon, parse_duration, parse_egress, parse_prices, Directives, JobSpec, Parallelism,
-    Policies,
+    parse_carbon, parse_duration, parse_egress, parse_prices, Directives, JobSpec, Parallelism, Policies,
 };
 
 #[test]
@@ -36,11 +35,7 @@ fn directives() {
     fn check(script: &str, expected: Directives, errors: &[usize]) {
         let (d, errs) = Directives::parse(script);
         assert_eq!(d, expected, "{script}");
-        assert_eq!(
-            errs.iter().map(|e| e.line).collect::<Vec<_>>(),
-            errors,
-            "{errs:?}"
-        );
+        assert_eq!(errs.iter().map(|e| e.line).collect::<Vec<_>>(), errors, "{errs:?}");
     }
     check("#!/bin/bash\necho hi\n", Directives::default(), &[]);
     check(
@@ -83,11 +78,7 @@ fn request() -> JobRequest {
         account: Some("ml".into()),
         min_nodes: Some(2),
         time_limit_min: Some(240),
-        gpus: vec![GpuRequest {
-            gpu_type: Some("h100".into()),
-            count: 8,
-            scope: GpuScope::Node,
-        }],
+        gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 8, scope: GpuScope::Node }],
         fleet: FleetOptions {
             mode: FleetMode::Auto,
             to: vec![],
@@ -140,15 +131,7 @@ fn job_spec_from_request() {
     // No time limit, no estimate: one hour.
     let mut r = request();
     r.time_limit_min = None;
-    check(
-        r,
-        "",
-        JobSpec {
-            duration_s: 3600.0,
-            time_limit_s: None,
-            ..base.clone()
-        },
-    );
+    check(r, "", JobSpec { duration_s: 3600.0, time_limit_s: None, ..base.clone() });
     // The script travels in the request.
     let mut r = request();
     r.script = Some(b"#!/bin/sh\n#FLEET parallelism=tp\n#FLEET nope\n".to_vec());
@@ -166,12 +149,7 @@ fn policies_from_toml() {
                 for &(name, tv, cp, spot) in want {
                     let x = p.get(name).unwrap_or_else(|| panic!("{name} missing"));
                     assert_eq!(
-                        (
-                            x.name.as_str(),
-                            x.time_value_usd_per_gpu_hour,
-                            x.carbon_usd_per_kg,
-                            x.allow_spot
-                        ),
+                        (x.name.as_str(), x.time_value_usd_per_gpu_hour, x.carbon_usd_per_kg, x.allow_spot),
                         (name, tv, cp, spot)
                     );
                 }
@@ -180,22 +158,12 @@ fn policies_from_toml() {
             (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
         }
     }
-    check(
-        "",
-        Ok(&[
-            ("cost", 2.0, 0.0, true),
-            ("time", 20.0, 0.0, false),
-            ("green", 2.0, 1.0, true),
-        ]),
-    );
+    check("", Ok(&[("cost", 2.0, 0.0, true), ("time", 20.0, 0.0, false), ("green", 2.0, 1.0, true)]));
     check(
         "[server]\nport = 1\n[policies.cost]\ntime_value_usd_per_gpu_hour = 1.5\n[policies.night]\ncarbon_usd_per_kg = 0.3\n",
         Ok(&[("cost", 1.5, 0.0, true), ("night", 2.0, 0.3, true), ("green", 2.0, 1.0, true)]),
     );
-    check(
-        "[policies.cost]\ncarbon_usd_per_kg = -1\n",
-        Err("carbon_usd_per_kg"),
-    );
+    check("[policies.cost]\ncarbon_usd_per_kg = -1\n", Err("carbon_usd_per_kg"));
     check("[policies.cost]\nnope = 1\n", Err("nope"));
     check("[policies.cost]\nallow_spot = 3\n", Err("policy cost"));
     check("[policies\n", Err("TOML"));
@@ -213,25 +181,14 @@ fn prices() {
     );
     let t = parse_prices(&good).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(t.skipped_fractional, 1);
-    let e = t
-        .get("aws", "us-east-1", "h100", 8)
-        .unwrap_or_else(|| panic!("missing"));
-    assert_eq!(
-        (e.on_demand, e.spot, e.on_demand_line, e.spot_line),
-        (Some(6.88), Some(1.78075), 2, 3)
-    );
-    let e = t
-        .get("aws", "us-east-1", "H100", 1)
-        .unwrap_or_else(|| panic!("missing"));
+    let e = t.get("aws", "us-east-1", "h100", 8).unwrap_or_else(|| panic!("missing"));
+    assert_eq!((e.on_demand, e.spot, e.on_demand_line, e.spot_line), (Some(6.88), Some(1.78075), 2, 3));
+    let e = t.get("aws", "us-east-1", "H100", 1).unwrap_or_else(|| panic!("missing"));
     assert_eq!((e.on_demand, e.spot), (Some(6.88), None));
     // Unknown size: the cheapest over sizes.
-    let e = t
-        .get("aws", "us-east-1", "H100", 4)
-        .unwrap_or_else(|| panic!("missing"));
+    let e = t.get("aws", "us-east-1", "H100", 4).unwrap_or_else(|| panic!("missing"));
     assert_eq!(e.spot, Some(1.78075));
-    assert!(t
-        .get("gcp", "us-central1", "H100", 8)
-        .is_some_and(|e| e.accelerator_only));
+    assert!(t.get("gcp", "us-central1", "H100", 8).is_some_and(|e| e.accelerator_only));
 
     fn check_err(input: String, line: usize, frag: &str) {
         match parse_prices(&input) {
@@ -245,21 +202,9 @@ fn prices() {
     check_err(String::new(), 1, "empty");
     check_err("provider,region\n".into(), 1, "expected header");
     check_err(format!("{h}\naws,r,z,i,H100,8,1,1,1\n"), 2, "10 fields");
-    check_err(
-        format!("{h}\naws,r,z,i,H100,8,1,1,1,1\naws,r,z,i,H100,x,1,1,1,1\n"),
-        3,
-        "gpu_count",
-    );
-    check_err(
-        format!("{h}\naws,r,z,i,H100,8,1,1,-3,1\n"),
-        2,
-        "price_ondemand",
-    );
-    check_err(
-        format!("{h}\naws,r,z,i,H100,8,1,1,1,NaN\n"),
-        2,
-        "price_spot",
-    );
+    check_err(format!("{h}\naws,r,z,i,H100,8,1,1,1,1\naws,r,z,i,H100,x,1,1,1,1\n"), 3, "gpu_count");
+    check_err(format!("{h}\naws,r,z,i,H100,8,1,1,-3,1\n"), 2, "price_ondemand");
+    check_err(format!("{h}\naws,r,z,i,H100,8,1,1,1,NaN\n"), 2, "price_spot");
     check_err(format!("{h}\n,r,z,i,H100,8,1,1,1,1\n"), 2, "required");
 }
 
@@ -274,24 +219,15 @@ fn carbon() {
     let t0 = s.start_unix;
     let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
     assert!(close(s.mean_between(t0, t0 + 3.0 * 3600.0, false), 200.0));
-    assert!(close(
-        s.mean_between(t0 + 1800.0, t0 + 5400.0, false),
-        150.0
-    ));
+    assert!(close(s.mean_between(t0 + 1800.0, t0 + 5400.0, false), 150.0));
     assert!(close(s.mean_between(t0, t0 + 7200.0, true), 200.0));
     // Wraps around: one period later reads the same hours.
-    assert!(close(
-        s.mean_between(t0 + 3.0 * 3600.0, t0 + 4.0 * 3600.0, false),
-        100.0
-    ));
+    assert!(close(s.mean_between(t0 + 3.0 * 3600.0, t0 + 4.0 * 3600.0, false), 100.0));
     // Before the start wraps backwards.
     assert!(close(s.mean_between(t0 - 3600.0, t0, false), 300.0));
     assert!(close(s.mean_between(t0 + 10.0, t0 + 10.0, false), 100.0));
     assert_eq!(parse_datetime_utc("1970-01-01 00:00:00"), Some(0.0));
-    assert_eq!(
-        parse_datetime_utc("2024-02-29 12:00:00"),
-        Some(1_709_208_000.0)
-    );
+    assert_eq!(parse_datetime_utc("2024-02-29 12:00:00"), Some(1_709_208_000.0));
     assert_eq!(parse_datetime_utc("2024-13-01 00:00:00"), None);
 
     fn check_err(input: &str, line: usize, frag: &str) {
@@ -307,17 +243,13 @@ fn carbon() {
     check_err("", 1, "empty");
     check_err(h, 2, "no rows");
     check_err(&format!("{h}2023-01-01 00:00:00,GB,1\n"), 2, "4 fields");
+    check_err(&format!("{h}2023-01-01 00:00:00,GB,1,1\n2023-01-01 01:00:00,DE,1,1\n"), 3, "zone");
     check_err(
-        &format!("{h}2023-01-01 00:00:00,GB,1,1\n2023-01-01 01:00:00,DE,1,1\n"),
-        3,
-        "zone",
+        &format!("{h}2023-01-01 00:00:00,GB,1,1\n2023-01-01 01:00:00,GB,1,1\n2023-01-01 03:00:00,GB,1,1\n"),
+        4,
+        "gap",
     );
-    check_err(&format!("{h}2023-01-01 00:00:00,GB,1,1\n2023-01-01 01:00:00,GB,1,1\n2023-01-01 03:00:00,GB,1,1\n"), 4, "gap");
-    check_err(
-        &format!("{h}2023-01-01 01:00:00,GB,1,1\n2023-01-01 00:00:00,GB,1,1\n"),
-        3,
-        "increase",
-    );
+    check_err(&format!("{h}2023-01-01 01:00:00,GB,1,1\n2023-01-01 00:00:00,GB,1,1\n"), 3, "increase");
     check_err(&format!("{h}yesterday,GB,1,1\n"), 2, "datetime");
     check_err(&format!("{h}2023-01-01 00:00:00,GB,x,1\n"), 2, "ci_direct");
 }
@@ -377,19 +309,14 @@ nodes = 1
 "#,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let t = parse_prices(&format!(
-        "{PRICES_HEADER}\naws,us-east-1,z,p5.48xlarge,H100,8,1,1,55.04,14.246\n"
-    ))
-    .unwrap_or_else(|e| panic!("{e}"));
+    let t = parse_prices(&format!("{PRICES_HEADER}\naws,us-east-1,z,p5.48xlarge,H100,8,1,1,55.04,14.246\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
     let m2 = m.with_prices(&t, false);
     assert_eq!(m2.clusters[0].pools[0].prices.on_demand, Some(6.88));
     assert_eq!(m2.clusters[0].pools[0].prices.spot, Some(1.78075));
     assert_eq!(m2.clusters[1].pools[0].prices.on_demand, Some(1.0));
-    let e = parse_egress(
-        "aws",
-        ",us-east-1,us-west-2\nus-east-1,0,0.02\nus-west-2,0.03,0\n",
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let e = parse_egress("aws", ",us-east-1,us-west-2\nus-east-1,0,0.02\nus-west-2,0.03,0\n")
+        .unwrap_or_else(|e| panic!("{e}"));
     let m3 = m.with_egress(&e);
     let (a, b) = (m3.clusters[0].region_id, m3.clusters[1].region_id);
     assert_eq!(m3.egress_usd_per_gb(b, a), 0.03);
@@ -398,10 +325,7 @@ nodes = 1
 
 #[test]
 fn shipped_policy_file_parses() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../conf/metasched-policies.toml"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/metasched-policies.toml");
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let p = Policies::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(p.names().collect::<Vec<_>>(), vec!["cost", "green", "time"]);
@@ -411,10 +335,7 @@ fn shipped_policy_file_parses() {
 #[test]
 fn fleet_toml_is_strict_with_file_and_line() {
     fn check(input: &str, expected: Result<usize, &str>) {
-        match (
-            fleet_engine::FleetModel::from_toml_named(input, "f.toml"),
-            expected,
-        ) {
+        match (fleet_engine::FleetModel::from_toml_named(input, "f.toml"), expected) {
             (Ok(m), Ok(n)) => {
                 assert_eq!(m.clusters.len(), n);
             }
@@ -429,98 +350,51 @@ fn fleet_toml_is_strict_with_file_and_line() {
                     }
                 }
             }
-            (got, want) => panic!(
-                "{input}: got {:?}, want {want:?}",
-                got.map(|m| m.clusters.len())
-            ),
+            (got, want) => panic!("{input}: got {:?}, want {want:?}", got.map(|m| m.clusters.len())),
         }
     }
     let c = "[[clusters]]\nname = \"a\"\nprovider = \"p\"\nregion = \"r\"\nprices = { H100 = { on_demand = 1.0 } }\n\
              [[clusters.pools]]\ngpu_type = \"H100\"\ngpus_per_node = 8\nnodes = 1\n";
     check(c, Ok(1));
-    check(
-        &format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"a\"\n"),
-        Ok(1),
-    );
+    check(&format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"a\"\n"), Ok(1));
     // unknown tables and keys, top level and nested, name their line
-    check(
-        &format!("{c}[home_map]\nvc1 = \"a\"\n"),
-        Err("f.toml:10:…: unknown field `home_map`"),
-    );
+    check(&format!("{c}[home_map]\nvc1 = \"a\"\n"), Err("f.toml:10:…: unknown field `home_map`"));
     check(&c.replace("[[clusters]]", "[[cluster]]"), Err("f.toml:1:"));
-    check(
-        &c.replace("[[clusters]]", "[[cluster]]"),
-        Err("unknown field `cluster`"),
-    );
+    check(&c.replace("[[clusters]]", "[[cluster]]"), Err("unknown field `cluster`"));
     check(&format!("[overhead]\nrestore_s = 1\n{c}"), Err("f.toml:1:"));
-    check(
-        &format!("[overheads]\nrestor_s = 1\n{c}"),
-        Err("f.toml:2:…: unknown field `restor_s`"),
-    );
-    check(
-        &c.replace("nodes = 1", "nodes = 1\nnvlink = 8"),
-        Err("f.toml:10:…: unknown field `nvlink`"),
-    );
-    check(
-        &c.replace("region = \"r\"", "region = \"r\"\nonprme = true"),
-        Err("f.toml:5:…: unknown field `onprme`"),
-    );
+    check(&format!("[overheads]\nrestor_s = 1\n{c}"), Err("f.toml:2:…: unknown field `restor_s`"));
+    check(&c.replace("nodes = 1", "nodes = 1\nnvlink = 8"), Err("f.toml:10:…: unknown field `nvlink`"));
+    check(&c.replace("region = \"r\"", "region = \"r\"\nonprme = true"), Err("f.toml:5:…: unknown field `onprme`"));
     check(
         &format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"a\"\nhomes = 1\n"),
         Err("f.toml:13:…: unknown field `homes`"),
     );
-    check(
-        &format!("{c}[gpu_models.H100]\nspeed = 2\n"),
-        Err("f.toml:11:…: unknown field `speed`"),
-    );
+    check(&format!("{c}[gpu_models.H100]\nspeed = 2\n"), Err("f.toml:11:…: unknown field `speed`"));
     check(&c.replace("nodes = 1", "nodes = \"1\""), Err("f.toml:9:"));
     // validation errors name the line of the cluster or team they are about
     check(
         &c.replace("nodes = 1", "nodes = 0"),
         Err("f.toml:2: cluster a: pool 0: gpus_per_node and nodes must be > 0"),
     );
-    check(
-        &c.replace("on_demand = 1.0", "on_demand = -1.0"),
-        Err("prices must be finite"),
-    );
+    check(&c.replace("on_demand = 1.0", "on_demand = -1.0"), Err("prices must be finite"));
     check(&format!("{c}{c}"), Err("duplicate cluster"));
     check(
         &format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"zz\"\n"),
         Err("f.toml:11: team vc1: home \"zz\" is not a cluster"),
     );
     check(
-        &format!(
-            "{c}[[teams]]\nname = \"vc1\"\nhome = \"a\"\n[[teams]]\nname = \"vc1\"\nhome = \"a\"\n"
-        ),
+        &format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"a\"\n[[teams]]\nname = \"vc1\"\nhome = \"a\"\n"),
         Err("declared twice"),
     );
     check(&c.replace("H100", "X9"), Err("no built-in speed"));
-    check(
-        &format!(
-            "{}[gpu_models.X9]\nrelative_throughput = 0.5\n",
-            c.replace("H100", "X9")
-        ),
-        Ok(1),
-    );
-    check(
-        &format!("{c}[gpu_models.H100]\nrelative_throughput = -1\n"),
-        Err("relative_throughput must be > 0"),
-    );
+    check(&format!("{}[gpu_models.X9]\nrelative_throughput = 0.5\n", c.replace("H100", "X9")), Ok(1));
+    check(&format!("{c}[gpu_models.H100]\nrelative_throughput = -1\n"), Err("relative_throughput must be > 0"));
     check("", Err("no clusters"));
-    check(
-        "[[datasets]]\nuri = \"s3://x/\"\nlocations = [\"us-east-1\"]\n",
-        Err("no clusters"),
-    );
-    check(
-        &format!("{c}[[datasets]]\nuri = \"s3://x/\"\nlocations = [\"us-east-1\"]\n"),
-        Err("provider:region"),
-    );
+    check("[[datasets]]\nuri = \"s3://x/\"\nlocations = [\"us-east-1\"]\n", Err("no clusters"));
+    check(&format!("{c}[[datasets]]\nuri = \"s3://x/\"\nlocations = [\"us-east-1\"]\n"), Err("provider:region"));
     // teams resolve to their declared home
-    let m = fleet_engine::FleetModel::from_toml_named(
-        &format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"a\"\n"),
-        "f",
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let m = fleet_engine::FleetModel::from_toml_named(&format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"a\"\n"), "f")
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.team_home("vc1"), Some(0));
     assert_eq!(m.team_home("vc2"), None);
 }
@@ -534,8 +408,10 @@ fn gpu_speeds_are_relative_to_the_reference() {
     assert_eq!(m.clusters[0].pools[0].speed, 1.9);
     assert_eq!(m.clusters[0].pools[1].speed, 1.0);
     assert_eq!(m.speed_of("t4"), Some(0.15));
-    let m = fleet_engine::FleetModel::from_toml_str(&format!("reference_gpu = \"H100\"\n{c}[gpu_models.A100]\nrelative_throughput = 0.95\npower_w = 300\n"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let m = fleet_engine::FleetModel::from_toml_str(&format!(
+        "reference_gpu = \"H100\"\n{c}[gpu_models.A100]\nrelative_throughput = 0.95\npower_w = 300\n"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.clusters[0].pools[0].speed, 1.0);
     assert!((m.clusters[0].pools[1].speed - 0.5).abs() < 1e-12);
     assert_eq!(m.clusters[0].pools[1].gpu_power_w, 300.0);

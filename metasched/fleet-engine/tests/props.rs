@@ -4,18 +4,12 @@
 
 use fleet_api::FleetMode;
 use fleet_engine::model::{ClusterConfig, Cooling, FleetConfig, Health, PoolConfig, Prices};
-use fleet_engine::{
-    decide, explain, prepare, FleetModel, FleetState, JobSpec, Parallelism, Policy, Pricing,
-};
+use fleet_engine::{decide, explain, prepare, FleetModel, FleetState, JobSpec, Parallelism, Policy, Pricing};
 use proptest::prelude::*;
 
 const TYPES: [&str; 3] = ["H100", "A100", "H200"];
-const REGIONS: [(&str, &str); 4] = [
-    ("aws", "us-east-1"),
-    ("aws", "eu-west-2"),
-    ("lambda", "us-west-1"),
-    ("onprem", "dc"),
-];
+const REGIONS: [(&str, &str); 4] =
+    [("aws", "us-east-1"), ("aws", "eu-west-2"), ("lambda", "us-west-1"), ("onprem", "dc")];
 
 fn price() -> impl Strategy<Value = Option<f64>> {
     prop_oneof![Just(None), (0.0f64..20.0).prop_map(Some)]
@@ -33,28 +27,22 @@ fn pool() -> impl Strategy<Value = PoolConfig> {
         1u32..9,
         (price(), price(), price()),
     )
-        .prop_map(
-            |(t, gpn, nodes, nvl_mult, ib, island, cap, per_rack, (od, spot, onprem))| PoolConfig {
-                name: None,
-                gpu_type: TYPES[t].into(),
-                gpus_per_node: gpn,
-                nodes,
-                nvlink_domain_gpus: Some(gpn * (1 << nvl_mult.min(3))),
-                ib_fabric: ib.then(|| "ib".into()),
-                ib_island_nodes: island,
-                rack_power_cap_w: cap,
-                nodes_per_rack: Some(per_rack),
-                gpu_power_w: None,
-                node_overhead_w: None,
-                cooling: Cooling::Air,
-                // At least one price so the model builds.
-                prices: Some(Prices {
-                    on_demand: od.or(Some(3.0)),
-                    spot,
-                    onprem,
-                }),
-            },
-        )
+        .prop_map(|(t, gpn, nodes, nvl_mult, ib, island, cap, per_rack, (od, spot, onprem))| PoolConfig {
+            name: None,
+            gpu_type: TYPES[t].into(),
+            gpus_per_node: gpn,
+            nodes,
+            nvlink_domain_gpus: Some(gpn * (1 << nvl_mult.min(3))),
+            ib_fabric: ib.then(|| "ib".into()),
+            ib_island_nodes: island,
+            rack_power_cap_w: cap,
+            nodes_per_rack: Some(per_rack),
+            gpu_power_w: None,
+            node_overhead_w: None,
+            cooling: Cooling::Air,
+            // At least one price so the model builds.
+            prices: Some(Prices { on_demand: od.or(Some(3.0)), spot, onprem }),
+        })
 }
 
 fn cluster(i: usize) -> impl Strategy<Value = ClusterConfig> {
@@ -67,31 +55,23 @@ fn cluster(i: usize) -> impl Strategy<Value = ClusterConfig> {
         0.0f64..1.0,
         0.0f64..1200.0,
     )
-        .prop_map(
-            move |(r, onprem, health, max_tl, pools, preempt, prov)| ClusterConfig {
-                name: format!("c{i}"),
-                provider: REGIONS[r].0.into(),
-                region: REGIONS[r].1.into(),
-                onprem,
-                health,
-                max_time_limit_s: max_tl,
-                spot_preemptions_per_hour: preempt,
-                provision_s: prov,
-                pools,
-                ..ClusterConfig::default()
-            },
-        )
+        .prop_map(move |(r, onprem, health, max_tl, pools, preempt, prov)| ClusterConfig {
+            name: format!("c{i}"),
+            provider: REGIONS[r].0.into(),
+            region: REGIONS[r].1.into(),
+            onprem,
+            health,
+            max_time_limit_s: max_tl,
+            spot_preemptions_per_hour: preempt,
+            provision_s: prov,
+            pools,
+            ..ClusterConfig::default()
+        })
 }
 
 fn fleet() -> impl Strategy<Value = FleetConfig> {
     (1usize..7).prop_flat_map(|n| {
-        (0..n)
-            .map(cluster)
-            .collect::<Vec<_>>()
-            .prop_map(|clusters| FleetConfig {
-                clusters,
-                ..FleetConfig::default()
-            })
+        (0..n).map(cluster).collect::<Vec<_>>().prop_map(|clusters| FleetConfig { clusters, ..FleetConfig::default() })
     })
 }
 
@@ -180,9 +160,7 @@ fn violation(
     if !j.to.is_empty() && !j.to.contains(&c.name) {
         return fail("to");
     }
-    if j.region_deny.contains(&c.region)
-        || (!j.region_allow.is_empty() && !j.region_allow.contains(&c.region))
-    {
+    if j.region_deny.contains(&c.region) || (!j.region_allow.is_empty() && !j.region_allow.contains(&c.region)) {
         return fail("region");
     }
     if let Some(max) = c.max_time_limit_s {
@@ -221,10 +199,7 @@ fn violation(
     }
     if let Some(cap) = pool.rack_power_cap_w {
         let nodes = in_domain.div_ceil(pool.gpus_per_node).max(1);
-        if g > 0
-            && f64::from(in_domain) * pool.gpu_power_w + f64::from(nodes) * pool.node_overhead_w
-                > cap
-        {
+        if g > 0 && f64::from(in_domain) * pool.gpu_power_w + f64::from(nodes) * pool.node_overhead_w > cap {
             return fail("power cap");
         }
     }
@@ -233,9 +208,7 @@ fn violation(
         return fail("max price");
     }
     match p.pricing {
-        Pricing::Spot
-            if !(j.interruptible && policy.allow_spot && ps.spot_available && !c.onprem) =>
-        {
+        Pricing::Spot if !(j.interruptible && policy.allow_spot && ps.spot_available && !c.onprem) => {
             return fail("spot not allowed")
         }
         Pricing::Onprem if !c.onprem => return fail("onprem pricing on cloud"),

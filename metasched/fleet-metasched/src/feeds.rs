@@ -98,8 +98,8 @@ impl FeedDirs {
         let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut feeds = Feeds::default();
         for p in carbon_files {
-            let s = fleet_engine::parse_carbon(&read(&p)?)
-                .map_err(|e| format!("{}:{}: {}", p.display(), e.line, e.msg))?;
+            let s =
+                fleet_engine::parse_carbon(&read(&p)?).map_err(|e| format!("{}:{}: {}", p.display(), e.line, e.msg))?;
             feeds.carbon.push(Arc::new(s));
             feeds.files.push(p);
         }

@@ -692,24 +692,18 @@ async fn list_jobs(
 /// `GET /v1/jobs`'s parameters. A malformed or unknown one is a 400 that
 /// names it (serde's own message does not say which).
 fn job_filter(uri: &axum::http::Uri) -> Result<JobFilter, ApiError> {
-    Query::<JobFilter>::try_from_uri(uri)
-        .map(|Query(f)| f)
-        .map_err(|e| {
-            let query = uri.query().unwrap_or("");
-            let culprit = query.split('&').find(|pair| {
-                let one: Option<axum::http::Uri> = format!("/?{pair}").parse().ok();
-                one.is_none_or(|u| Query::<JobFilter>::try_from_uri(&u).is_err())
-            });
-            let msg = match culprit {
-                Some(p) => format!(
-                    "query parameter {:?}: {}",
-                    p.chars().take(100).collect::<String>(),
-                    e.body_text()
-                ),
-                None => e.body_text(),
-            };
-            ApiError::new(StatusCode::BAD_REQUEST, msg)
-        })
+    Query::<JobFilter>::try_from_uri(uri).map(|Query(f)| f).map_err(|e| {
+        let query = uri.query().unwrap_or("");
+        let culprit = query.split('&').find(|pair| {
+            let one: Option<axum::http::Uri> = format!("/?{pair}").parse().ok();
+            one.is_none_or(|u| Query::<JobFilter>::try_from_uri(&u).is_err())
+        });
+        let msg = match culprit {
+            Some(p) => format!("query parameter {:?}: {}", p.chars().take(100).collect::<String>(), e.body_text()),
+            None => e.body_text(),
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, msg)
+    })
 }
 
 #[derive(Deserialize)]

@@ -38,7 +38,11 @@ impl Metrics {
         let feed_loads = Family::<Labels, Counter>::default();
         let proposals = Gauge::default();
         registry.register("feed_loads", "Carbon/egress feed (re)loads, by result (ok, error)", feed_loads.clone());
-        registry.register("rebalance_proposals", "Migrations proposed by the latest rebalancing pass", proposals.clone());
+        registry.register(
+            "rebalance_proposals",
+            "Migrations proposed by the latest rebalancing pass",
+            proposals.clone(),
+        );
         Metrics { registry, jobs, heartbeats, requests, placements, feed_loads, proposals }
     }
 

@@ -528,7 +528,10 @@ async fn cancel_paths() {
     d.status("k3", "alpha", st(JobState::Running)).await;
     let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k3/cancel", "Bearer admin-secret", None).await;
     assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
-    assert_eq!(d.work("alpha").await, AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![], signal: vec![] });
+    assert_eq!(
+        d.work("alpha").await,
+        AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![], signal: vec![] }
+    );
     let fin = StatusUpdate {
         final_stdout_len: Some(0),
         final_stderr_len: Some(0),
@@ -1531,68 +1534,31 @@ async fn list_filters_and_pages() {
         let user = if i % 2 == 0 { "ann" } else { "bob" };
         let fwd = ForwardRequest {
             fleet_job_id: format!("j{i}"),
-            request: JobRequest {
-                user_name: Some(user.into()),
-                ..request("beta", "h100", 1)
-            },
+            request: JobRequest { user_name: Some(user.into()), ..request("beta", "h100", 1) },
             tentative_target: "alpha".into(),
         };
-        let r: JobRecord = d
-            .ok(
-                M::POST,
-                "/v1/jobs",
-                &bearer("beta"),
-                Some(serde_json::to_value(fwd).unwrap()),
-            )
-            .await;
-        assert_eq!(
-            r.user.as_deref(),
-            Some(user),
-            "the record names the submitter"
-        );
+        let r: JobRecord = d.ok(M::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+        assert_eq!(r.user.as_deref(), Some(user), "the record names the submitter");
         d.clock.advance(Duration::from_secs(1));
     }
     // j1 and j3 start (stand-ins 101 and 103) and are placed.
     for i in [1, 3] {
-        let body = serde_json::to_value(StartRequest {
-            origin_job_id: 100 + i,
-        })
-        .unwrap();
+        let body = serde_json::to_value(StartRequest { origin_job_id: 100 + i }).unwrap();
         let id = format!("j{i}");
-        let _: JobRecord = d
-            .ok(
-                M::POST,
-                &format!("/v1/jobs/{id}/start"),
-                &job_auth("beta", &id),
-                Some(body),
-            )
-            .await;
+        let _: JobRecord = d.ok(M::POST, &format!("/v1/jobs/{id}/start"), &job_auth("beta", &id), Some(body)).await;
     }
     let ids = |l: Vec<JobRecord>| l.into_iter().map(|j| j.fleet_job_id).collect::<Vec<_>>();
     let dr = &d;
-    let list = |q: String| async move {
-        ids(dr
-            .ok::<Vec<JobRecord>>(M::GET, &format!("/v1/jobs{q}"), admin, None)
-            .await)
-    };
-    assert_eq!(
-        list(String::new()).await,
-        ["j0", "j1", "j2", "j3", "j4"],
-        "default: everything, oldest first"
-    );
-    assert_eq!(
-        list("?order=desc".into()).await,
-        ["j4", "j3", "j2", "j1", "j0"]
-    );
+    let list =
+        |q: String| async move { ids(dr.ok::<Vec<JobRecord>>(M::GET, &format!("/v1/jobs{q}"), admin, None).await) };
+    assert_eq!(list(String::new()).await, ["j0", "j1", "j2", "j3", "j4"], "default: everything, oldest first");
+    assert_eq!(list("?order=desc".into()).await, ["j4", "j3", "j2", "j1", "j0"]);
     assert_eq!(list("?user=ann".into()).await, ["j0", "j2", "j4"]);
     assert_eq!(list("?user=bob&order=desc".into()).await, ["j3", "j1"]);
     assert!(list("?user=carol".into()).await.is_empty());
     assert_eq!(list("?origin_job=103".into()).await, ["j3"]);
     assert!(list("?origin_job=104".into()).await.is_empty());
-    assert_eq!(
-        list(format!("?since={}", t0 + 2.0)).await,
-        ["j2", "j3", "j4"]
-    );
+    assert_eq!(list(format!("?since={}", t0 + 2.0)).await, ["j2", "j3", "j4"]);
     assert_eq!(list(format!("?since={}&user=bob", t0 + 2.0)).await, ["j3"]);
     assert_eq!(list("?state=held".into()).await, ["j0", "j2", "j4"]);
     let placed = list("?state=assigned".into()).await;
@@ -1600,28 +1566,17 @@ async fn list_filters_and_pages() {
     let target = d.job("j1").await.target.expect("j1 is placed");
     assert_eq!(list(format!("?target={target}")).await, ["j1", "j3"]);
     assert!(list("?target=nowhere".into()).await.is_empty());
-    assert_eq!(
-        list("?origin=beta&active=true&user=ann".into()).await,
-        ["j0", "j2", "j4"],
-        "old parameters still work"
-    );
+    assert_eq!(list("?origin=beta&active=true&user=ann".into()).await, ["j0", "j2", "j4"], "old parameters still work");
     // Pages, newest first.
     assert_eq!(list("?order=desc&limit=2".into()).await, ["j4", "j3"]);
-    assert_eq!(
-        list("?order=desc&limit=2&offset=2".into()).await,
-        ["j2", "j1"]
-    );
+    assert_eq!(list("?order=desc&limit=2&offset=2".into()).await, ["j2", "j1"]);
     assert_eq!(list("?order=desc&limit=2&offset=4".into()).await, ["j0"]);
     assert!(list("?order=desc&limit=2&offset=6".into()).await.is_empty());
     // An agent still sees only its own cluster's jobs, filters or not
     // (ann's jobs are held: beta's alone).
-    let other: Vec<JobRecord> = d
-        .ok(M::GET, "/v1/jobs?user=ann", &bearer("gamma"), None)
-        .await;
+    let other: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?user=ann", &bearer("gamma"), None).await;
     assert!(other.is_empty(), "{:?}", ids(other));
-    let own: Vec<JobRecord> = d
-        .ok(M::GET, "/v1/jobs?user=ann", &bearer("beta"), None)
-        .await;
+    let own: Vec<JobRecord> = d.ok(M::GET, "/v1/jobs?user=ann", &bearer("beta"), None).await;
     assert_eq!(ids(own), ["j0", "j2", "j4"]);
     // Bad parameters: 400 with the problem named.
     for (q, needle) in [
@@ -1638,10 +1593,7 @@ async fn list_filters_and_pages() {
         let (s, v) = d.call(M::GET, &format!("/v1/jobs{q}"), admin, None).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{q}: {v}");
         let e = v["error"].as_str().unwrap_or_default();
-        assert!(
-            e.contains(needle),
-            "{q}: error {e:?} should name {needle:?}"
-        );
+        assert!(e.contains(needle), "{q}: error {e:?} should name {needle:?}");
     }
     d.stop().await;
 }

@@ -112,9 +112,7 @@ pub struct SimulateArgs {
 
 /// The simulator's own command line (`fleet-sim`, `fleetctl simulate`).
 #[derive(Debug, clap::Parser)]
-#[command(
-    about = "Replay a job trace over a fleet with the placement engine, the baselines and the lower bounds"
-)]
+#[command(about = "Replay a job trace over a fleet with the placement engine, the baselines and the lower bounds")]
 struct SimCli {
     #[command(flatten)]
     args: SimulateArgs,
@@ -141,9 +139,7 @@ pub struct Loaded {
 }
 
 fn dir_or(explicit: &Option<PathBuf>, data: &Option<PathBuf>, sub: &str) -> Option<PathBuf> {
-    explicit
-        .clone()
-        .or_else(|| data.as_ref().map(|d| d.join(sub)))
+    explicit.clone().or_else(|| data.as_ref().map(|d| d.join(sub)))
 }
 
 fn sorted_files(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
@@ -161,27 +157,19 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
     if !(args.max_duration_days.is_finite() && args.max_duration_days > 0.0) {
         bail!("--max-duration-days must be > 0");
     }
-    let opts = trace::ReadOptions {
-        skip_invalid: args.skip_invalid,
-        max_duration_s: args.max_duration_days * 86_400.0,
-    };
+    let opts =
+        trace::ReadOptions { skip_invalid: args.skip_invalid, max_duration_s: args.max_duration_days * 86_400.0 };
     let trace = trace::read_file(&args.trace, &opts)?;
     for d in &trace.diagnostics {
         eprintln!("skipped {d}");
     }
     if trace.skipped > 0 {
-        eprintln!(
-            "skipped {} invalid trace rows; {} jobs read",
-            trace.skipped,
-            trace.jobs.len()
-        );
+        eprintln!("skipped {} invalid trace rows; {} jobs read", trace.skipped, trace.jobs.len());
     }
-    let fleet_text = std::fs::read_to_string(&args.fleet)
-        .with_context(|| format!("reading {}", args.fleet.display()))?;
+    let fleet_text =
+        std::fs::read_to_string(&args.fleet).with_context(|| format!("reading {}", args.fleet.display()))?;
     let policies_text = match &args.policies {
-        Some(p) => {
-            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-        }
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
         None => None,
     };
     let mut carbon = Vec::new();
@@ -193,18 +181,13 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
     let mut egress = Vec::new();
     if let Some(d) = dir_or(&args.network_dir, &args.data_dir, "network") {
         for f in sorted_files(&d, "csv")? {
-            let name = f
-                .file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let name = f.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
             let provider = name.split('_').next().unwrap_or("").to_string();
             egress.push((provider, std::fs::read_to_string(&f)?));
         }
     }
     let prices = match &args.prices {
-        Some(p) => {
-            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-        }
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
         None => None,
     };
     let mut spot = Vec::new();
@@ -234,18 +217,10 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
 /// Parse `NAME:START_H:DURATION_H`.
 fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
     let parts: Vec<&str> = s.rsplitn(3, ':').collect();
-    let [dur, start, name] = parts.as_slice() else {
-        bail!("--outage {s:?}: expected NAME:START_H:DURATION_H")
-    };
-    let c = model
-        .cluster_index(name)
-        .with_context(|| format!("--outage {s:?}: no cluster {name:?}"))?;
-    let start: f64 = start
-        .parse()
-        .with_context(|| format!("--outage {s:?}: bad start"))?;
-    let dur: f64 = dur
-        .parse()
-        .with_context(|| format!("--outage {s:?}: bad duration"))?;
+    let [dur, start, name] = parts.as_slice() else { bail!("--outage {s:?}: expected NAME:START_H:DURATION_H") };
+    let c = model.cluster_index(name).with_context(|| format!("--outage {s:?}: no cluster {name:?}"))?;
+    let start: f64 = start.parse().with_context(|| format!("--outage {s:?}: bad start"))?;
+    let dur: f64 = dur.parse().with_context(|| format!("--outage {s:?}: bad duration"))?;
     if !(start.is_finite() && dur.is_finite() && start >= 0.0 && dur > 0.0) {
         bail!("--outage {s:?}: start must be >= 0 and duration > 0");
     }
@@ -254,11 +229,7 @@ fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
 
 /// Turn trace rows into simulator jobs over `model` (home mapping, checkpoints,
 /// interruptibility).
-pub fn sim_jobs(
-    trace: &Trace,
-    model: &mut EngineModel,
-    args: &SimulateArgs,
-) -> Result<Vec<SimJob>> {
+pub fn sim_jobs(trace: &Trace, model: &mut EngineModel, args: &SimulateArgs) -> Result<Vec<SimJob>> {
     let limit = args.limit.unwrap_or(usize::MAX);
     let rows = &trace.jobs[..trace.jobs.len().min(limit)];
     let homes = model.home_map(rows, args.auto_homes)?;
@@ -271,11 +242,7 @@ pub fn sim_jobs(
             // Work at the reference GPU: a duration measured on another model
             // scales by its speed (unknown models count as the reference).
             duration_s: r.duration_s
-                * r.extra
-                    .duration_gpu
-                    .as_deref()
-                    .and_then(|g| model.fleet.speed_of(g))
-                    .unwrap_or(1.0),
+                * r.extra.duration_gpu.as_deref().and_then(|g| model.fleet.speed_of(g)).unwrap_or(1.0),
             gpus: r.gpus,
             home: homes.get(&r.home_label).copied().unwrap_or(0),
             // The trace's own flag, else a Bresenham-style spread: exactly
@@ -284,11 +251,7 @@ pub fn sim_jobs(
                 .extra
                 .interruptible
                 .unwrap_or(((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor()),
-            checkpoint_s: r
-                .extra
-                .checkpoint_s
-                .unwrap_or(args.checkpoint_interval_s)
-                .max(0.0),
+            checkpoint_s: r.extra.checkpoint_s.unwrap_or(args.checkpoint_interval_s).max(0.0),
             extra: r.extra.clone(),
             team: r.home_label.clone(),
         })
@@ -296,13 +259,8 @@ pub fn sim_jobs(
 }
 
 /// The baselines, in report order.
-pub const BASELINES: [Strategy; 5] = [
-    Strategy::HomeOnly,
-    Strategy::Greedy,
-    Strategy::GreedySpot,
-    Strategy::FirstStart,
-    Strategy::Random,
-];
+pub const BASELINES: [Strategy; 5] =
+    [Strategy::HomeOnly, Strategy::Greedy, Strategy::GreedySpot, Strategy::FirstStart, Strategy::Random];
 
 /// The strategies a run replays.
 pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strategy>> {
@@ -321,11 +279,7 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
         return Ok(v);
     } else {
         if !model.policy_names().contains(&args.policy) {
-            bail!(
-                "unknown policy {:?} (known: {})",
-                args.policy,
-                model.policy_names().join(", ")
-            );
+            bail!("unknown policy {:?} (known: {})", args.policy, model.policy_names().join(", "));
         }
         v.push(Strategy::Engine(args.policy.clone()));
     }
@@ -340,11 +294,8 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
     let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
     model.assign_spot_traces(&loaded.spot);
-    let outages: Vec<(usize, f64, f64)> = args
-        .outages
-        .iter()
-        .map(|s| parse_outage(s, &model))
-        .collect::<Result<_>>()?;
+    let outages: Vec<(usize, f64, f64)> =
+        args.outages.iter().map(|s| parse_outage(s, &model)).collect::<Result<_>>()?;
     let cfg = SimConfig {
         seed: args.seed,
         outages,
@@ -357,9 +308,8 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     } else {
         // Draws only when stderr is a terminal.
         let b = indicatif::ProgressBar::new((jobs.len() * strategies.len()) as u64);
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})",
-        ) {
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})")
+        {
             b.set_style(style.progress_chars("=> "));
         }
         b
@@ -367,14 +317,8 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     // One thread per strategy (at most --threads at a time), each with its own
     // engine model: runs are independent, so the report does not depend on the
     // thread count or on scheduling.
-    let threads = args
-        .threads
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
-        .max(1);
+    let threads =
+        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
     let mut policies: Vec<Option<crate::report::PolicyReport>> = vec![None; strategies.len()];
     for chunk in (0..strategies.len()).collect::<Vec<_>>().chunks(threads) {
         let results: Vec<(usize, Result<crate::report::PolicyReport>)> = std::thread::scope(|sc| {
@@ -385,8 +329,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
                     let (jobs, cfg, bar, loaded) = (&jobs, &cfg, &bar, loaded);
                     let spot_traces = &loaded.spot;
                     sc.spawn(move || {
-                        let mut m =
-                            EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+                        let mut m = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
                         m.assign_spot_traces(spot_traces);
                         let last = std::cell::Cell::new(0u64);
                         let tick = |n: u64| {
@@ -400,13 +343,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             chunk
                 .iter()
                 .zip(handles)
-                .map(|(&k, h)| {
-                    (
-                        k,
-                        h.join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked"))),
-                    )
-                })
+                .map(|(&k, h)| (k, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked")))))
                 .collect()
         });
         for (k, r) in results {
@@ -430,11 +367,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     };
     let bound = lp_bound.as_ref().map(|b| b.usd).unwrap_or(0.0).max(lb_usd);
     for p in &mut policies {
-        p.ratio_to_lower_bound = if bound > 0.0 {
-            p.total_usd / bound
-        } else {
-            0.0
-        };
+        p.ratio_to_lower_bound = if bound > 0.0 { p.total_usd / bound } else { 0.0 };
     }
     let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
     let mut notes = model.notes();
@@ -444,13 +377,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             loaded.trace.skipped,
             loaded.trace.jobs.len()
         ));
-        notes.extend(
-            loaded
-                .trace
-                .diagnostics
-                .iter()
-                .map(|d| format!("skipped {d}")),
-        );
+        notes.extend(loaded.trace.diagnostics.iter().map(|d| format!("skipped {d}")));
     }
     let mut report = Report {
         trace: loaded.trace_name.clone(),
@@ -488,12 +415,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             eprintln!("wrote {}", f.display());
         }
     }
-    eprintln!(
-        "simulated {} jobs × {} runs in {:.2} s",
-        report.jobs,
-        report.policies.len(),
-        t0.elapsed().as_secs_f64()
-    );
+    eprintln!("simulated {} jobs × {} runs in {:.2} s", report.jobs, report.policies.len(), t0.elapsed().as_secs_f64());
     Ok(())
 }
 

@@ -32,11 +32,7 @@ pub const PAI_SHIFT_S: i64 = 2609 * 7 * 86_400;
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
     #[error("{file}:{line}: {msg}")]
-    Row {
-        file: String,
-        line: u64,
-        msg: String,
-    },
+    Row { file: String, line: u64, msg: String },
     #[error("{file}: {source}")]
     Csv {
         file: String,
@@ -61,33 +57,18 @@ fn fmt_time(unix: i64) -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     debug_assert_eq!(days_from_civil(y, m, d), days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", secs / 3600, secs % 3600 / 60, secs % 60)
 }
 
 fn header(w: &mut csv::Writer<impl Write>) -> Result<(), ConvertError> {
-    w.write_record(GENERIC_COLUMNS)
-        .map_err(|e| ConvertError::Write(e.into()))
+    w.write_record(GENERIC_COLUMNS).map_err(|e| ConvertError::Write(e.into()))
 }
 
 /// Philly (`timestamp,duration,num_gpus,gpu_time,cluster`) → generic. Strict like
 /// the simulator's Philly reader (a bad row is an error).
-pub fn philly_to_generic(
-    input: impl Read,
-    name: &str,
-    out: impl Write,
-) -> Result<usize, ConvertError> {
-    let t = crate::trace::read_philly(input, name, &crate::trace::ReadOptions::default()).map_err(
-        |e| ConvertError::Row {
-            file: name.into(),
-            line: 0,
-            msg: e.to_string(),
-        },
-    )?;
+pub fn philly_to_generic(input: impl Read, name: &str, out: impl Write) -> Result<usize, ConvertError> {
+    let t = crate::trace::read_philly(input, name, &crate::trace::ReadOptions::default())
+        .map_err(|e| ConvertError::Row { file: name.into(), line: 0, msg: e.to_string() })?;
     let mut w = csv::Writer::from_writer(out);
     header(&mut w)?;
     for j in &t.jobs {
@@ -104,8 +85,7 @@ pub fn philly_to_generic(
             String::new(),
             String::new(),
         ];
-        w.write_record(&rec)
-            .map_err(|e| ConvertError::Write(e.into()))?;
+        w.write_record(&rec).map_err(|e| ConvertError::Write(e.into()))?;
     }
     w.flush().map_err(ConvertError::Write)?;
     Ok(t.jobs.len())
@@ -140,23 +120,13 @@ pub fn pai_to_generic(
     let num = |v: &str, file: &str, line: u64, what: &str| -> Result<f64, ConvertError> {
         match v.trim().parse::<f64>() {
             Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-            _ => Err(ConvertError::Row {
-                file: file.into(),
-                line,
-                msg: format!("bad {what} `{v}`"),
-            }),
+            _ => Err(ConvertError::Row { file: file.into(), line, msg: format!("bad {what} `{v}`") }),
         }
     };
     let mut per_job: BTreeMap<String, PaiTask> = BTreeMap::new();
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(tasks);
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(tasks);
     for rec in rdr.records() {
-        let rec = rec.map_err(|source| ConvertError::Csv {
-            file: tasks_name.into(),
-            source,
-        })?;
+        let rec = rec.map_err(|source| ConvertError::Csv { file: tasks_name.into(), source })?;
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         if rec.len() != 10 {
             return Err(ConvertError::Row {
@@ -169,23 +139,13 @@ pub fn pai_to_generic(
         if g(3) != "Terminated" {
             continue;
         }
-        let plan_gpu = if g(8).is_empty() {
-            0.0
-        } else {
-            num(g(8), tasks_name, line, "plan_gpu")?
-        };
+        let plan_gpu = if g(8).is_empty() { 0.0 } else { num(g(8), tasks_name, line, "plan_gpu")? };
         if plan_gpu <= 0.0 {
             continue;
         }
         let inst = num(g(2), tasks_name, line, "inst_num")?;
-        let (s, e) = (
-            num(g(4), tasks_name, line, "start_time")?,
-            num(g(5), tasks_name, line, "end_time")?,
-        );
-        let t = per_job.entry(g(0).to_string()).or_insert(PaiTask {
-            start: f64::INFINITY,
-            ..PaiTask::default()
-        });
+        let (s, e) = (num(g(4), tasks_name, line, "start_time")?, num(g(5), tasks_name, line, "end_time")?);
+        let t = per_job.entry(g(0).to_string()).or_insert(PaiTask { start: f64::INFINITY, ..PaiTask::default() });
         t.gpus += plan_gpu / 100.0 * inst;
         t.start = t.start.min(s);
         t.end = t.end.max(e);
@@ -196,15 +156,9 @@ pub fn pai_to_generic(
     }
     let mut rows: Vec<(i64, [String; 10])> = Vec::new();
     let mut left_out = 0;
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(jobs);
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(jobs);
     for rec in rdr.records() {
-        let rec = rec.map_err(|source| ConvertError::Csv {
-            file: jobs_name.into(),
-            source,
-        })?;
+        let rec = rec.map_err(|source| ConvertError::Csv { file: jobs_name.into(), source })?;
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         if rec.len() != 6 {
             return Err(ConvertError::Row {
@@ -225,34 +179,17 @@ pub fn pai_to_generic(
             continue;
         }
         let gpus = if t.gpus < 1.0 { t.gpus } else { t.gpus.ceil() };
-        let constrained: Vec<&str> = t
-            .models
-            .iter()
-            .filter(|m| m.1)
-            .map(|m| m.0.as_str())
-            .collect();
-        let duration_gpu = if t.models.len() == 1 {
-            t.models[0].0.clone()
-        } else {
-            String::new()
-        };
+        let constrained: Vec<&str> = t.models.iter().filter(|m| m.1).map(|m| m.0.as_str()).collect();
+        let duration_gpu = if t.models.len() == 1 { t.models[0].0.clone() } else { String::new() };
         let unix = submit as i64 + PAI_SHIFT_S;
-        let team = if g(2).is_empty() {
-            "unknown".to_string()
-        } else {
-            g(2).to_string()
-        };
+        let team = if g(2).is_empty() { "unknown".to_string() } else { g(2).to_string() };
         rows.push((
             unix,
             [
                 fmt_time(unix),
                 format!("{run}"),
                 format!("{}", (gpus * 100.0).round() / 100.0),
-                if constrained.len() == t.models.len() {
-                    constrained.join("|")
-                } else {
-                    String::new()
-                },
+                if constrained.len() == t.models.len() { constrained.join("|") } else { String::new() },
                 duration_gpu,
                 String::new(),
                 team,
@@ -266,8 +203,7 @@ pub fn pai_to_generic(
     let mut w = csv::Writer::from_writer(out);
     header(&mut w)?;
     for (_, r) in &rows {
-        w.write_record(r)
-            .map_err(|e| ConvertError::Write(e.into()))?;
+        w.write_record(r).map_err(|e| ConvertError::Write(e.into()))?;
     }
     w.flush().map_err(ConvertError::Write)?;
     Ok((rows.len(), left_out))
@@ -279,27 +215,18 @@ pub fn pai_to_generic(
 /// tasks. Deterministic for a seed. Not real data: it tests the path, not the fleet.
 pub fn pai_sample(n_jobs: usize, seed: u64) -> (String, String) {
     let mut rng = fleet_engine::synth::Rng::new(seed);
-    let types = [
-        "T4", "T4", "P100", "V100", "V100", "V100M32", "MISC", "MISC",
-    ];
+    let types = ["T4", "T4", "P100", "V100", "V100", "V100M32", "MISC", "MISC"];
     let users = ["a1b2c3", "d4e5f6", "0718aa", "bb9c21", "5e5e5e"];
     let (mut jobs, mut tasks) = (String::new(), String::new());
     let mut t = 1_000_000.0;
     for i in 0..n_jobs {
         t += (rng.unit() * 900.0).floor();
         let name = format!("job{i:06}");
-        let status = if rng.below(10) == 0 {
-            "Failed"
-        } else {
-            "Terminated"
-        };
+        let status = if rng.below(10) == 0 { "Failed" } else { "Terminated" };
         let run = 60.0 + (rng.unit().powi(3) * 86_400.0).floor();
         let wait = (rng.unit() * 600.0).floor();
         let user = users[rng.below(users.len() as u64) as usize];
-        jobs.push_str(&format!(
-            "{name},inst{i},{user},{status},{t:.1},{:.1}\n",
-            t + wait + run
-        ));
+        jobs.push_str(&format!("{name},inst{i},{user},{status},{t:.1},{:.1}\n", t + wait + run));
         let ty = types[rng.below(types.len() as u64) as usize];
         let (plan_gpu, inst) = match rng.below(4) {
             0 => (25.0, 1.0),
@@ -313,11 +240,7 @@ pub fn pai_sample(n_jobs: usize, seed: u64) -> (String, String) {
             t + wait + run
         ));
         if rng.below(3) == 0 {
-            tasks.push_str(&format!(
-                "{name},ps,1.0,{status},{:.1},{:.1},400.0,10.0,,MISC\n",
-                t + wait,
-                t + wait + run
-            ));
+            tasks.push_str(&format!("{name},ps,1.0,{status},{:.1},{:.1},400.0,10.0,,MISC\n", t + wait, t + wait + run));
         }
     }
     (jobs, tasks)

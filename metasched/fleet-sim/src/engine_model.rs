@@ -10,9 +10,8 @@ use anyhow::{Context, Result};
 use fleet_engine::engine::PreparedData;
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
-    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig,
-    FleetModel, FleetState, JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob,
-    Pricing,
+    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
+    JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob, Pricing,
 };
 
 use crate::sim::{ClusterLoad, Model, Move, Offer, RunningJob, SimCluster, SimJob, SimPool};
@@ -69,13 +68,8 @@ impl EngineModel {
     pub fn new(setup: &EngineSetup, epoch_unix: f64) -> Result<EngineModel> {
         // The engine's own strict reader: unknown keys anywhere are errors with
         // file:line:col.
-        let fleet_name = if setup.fleet_name.is_empty() {
-            "fleet TOML"
-        } else {
-            setup.fleet_name.as_str()
-        };
-        let mut cfg: FleetConfig =
-            fleet_engine::model::parse_config(&setup.fleet_toml, fleet_name)?;
+        let fleet_name = if setup.fleet_name.is_empty() { "fleet TOML" } else { setup.fleet_name.as_str() };
+        let mut cfg: FleetConfig = fleet_engine::model::parse_config(&setup.fleet_toml, fleet_name)?;
         let mut notes = Vec::new();
         // The simulator's synthetic datasets: one per cluster, in its region.
         if setup.dataset_gb > 0.0 {
@@ -87,8 +81,8 @@ impl EngineModel {
                 });
             }
         }
-        let mut fleet = FleetModel::build(cfg)
-            .map_err(|e| fleet_engine::model::locate(e, &setup.fleet_toml, fleet_name))?;
+        let mut fleet =
+            FleetModel::build(cfg).map_err(|e| fleet_engine::model::locate(e, &setup.fleet_toml, fleet_name))?;
         if let Some(p) = &setup.prices_csv {
             let t = parse_prices(p).map_err(|e| anyhow::anyhow!("price table: {e}"))?;
             // GCP rows are accelerator-only (no host VM): not comparable, left out.
@@ -138,19 +132,12 @@ impl EngineModel {
                         gpus: p.total_gpus,
                         spot_trace: None,
                         sells_spot: !c.onprem && p.prices.spot.is_some(),
-                        owned_usd_per_gpu_hour: if c.onprem {
-                            p.prices.onprem.or(p.prices.on_demand)
-                        } else {
-                            None
-                        },
+                        owned_usd_per_gpu_hour: if c.onprem { p.prices.onprem.or(p.prices.on_demand) } else { None },
                     })
                     .collect(),
             })
             .collect();
-        let no_spot = |p: &Policy| Policy {
-            allow_spot: false,
-            ..p.clone()
-        };
+        let no_spot = |p: &Policy| Policy { allow_spot: false, ..p.clone() };
         let mut baseline_policies = BTreeMap::new();
         let pure_price = Policy {
             name: GREEDY.into(),
@@ -160,43 +147,16 @@ impl EngineModel {
             allow_spot: false,
             use_lca: false,
         };
-        baseline_policies.insert(
-            HOME_ONLY,
-            Policy {
-                name: HOME_ONLY.into(),
-                ..no_spot(&pure_price)
-            },
-        );
+        baseline_policies.insert(HOME_ONLY, Policy { name: HOME_ONLY.into(), ..no_spot(&pure_price) });
         baseline_policies.insert(GREEDY, pure_price.clone());
-        baseline_policies.insert(
-            GREEDY_SPOT,
-            Policy {
-                name: GREEDY_SPOT.into(),
-                allow_spot: true,
-                ..pure_price.clone()
-            },
-        );
-        baseline_policies.insert(
-            FIRST_START,
-            Policy {
-                name: FIRST_START.into(),
-                ..pure_price.clone()
-            },
-        );
+        baseline_policies
+            .insert(GREEDY_SPOT, Policy { name: GREEDY_SPOT.into(), allow_spot: true, ..pure_price.clone() });
+        baseline_policies.insert(FIRST_START, Policy { name: FIRST_START.into(), ..pure_price.clone() });
         baseline_policies.insert(
             LOWER_BOUND,
-            Policy {
-                name: LOWER_BOUND.into(),
-                egress_weight: 0.0,
-                allow_spot: true,
-                ..pure_price
-            },
+            Policy { name: LOWER_BOUND.into(), egress_weight: 0.0, allow_spot: true, ..pure_price },
         );
-        let pool_spot = fleet
-            .clusters
-            .iter()
-            .map(|c| vec![None; c.pools.len()])
-            .collect();
+        let pool_spot = fleet.clusters.iter().map(|c| vec![None; c.pools.len()]).collect();
         Ok(EngineModel {
             fleet,
             policies,
@@ -231,11 +191,8 @@ impl EngineModel {
     /// decreasing GPU-hours, go to the cluster with the lowest assigned GPU-hours
     /// per GPU of capacity (ties: lower index), and the map is printed.
     pub fn home_map(&mut self, rows: &[TraceJob], auto: bool) -> Result<BTreeMap<String, usize>> {
-        let cap: Vec<f64> = self
-            .clusters
-            .iter()
-            .map(|c| c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0))
-            .collect();
+        let cap: Vec<f64> =
+            self.clusters.iter().map(|c| c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0)).collect();
         let mut load = vec![0.0; cap.len()];
         let mut out = BTreeMap::new();
         let labels = crate::cli::labels_by_load(rows);
@@ -275,10 +232,7 @@ impl EngineModel {
             out.insert(label.clone(), best);
             auto_assigned += 1;
         }
-        let mut desc: Vec<String> = out
-            .iter()
-            .map(|(l, c)| format!("{l}→{}", self.clusters[*c].name))
-            .collect();
+        let mut desc: Vec<String> = out.iter().map(|(l, c)| format!("{l}→{}", self.clusters[*c].name)).collect();
         desc.sort();
         self.notes.push(format!(
             "home map ({} declared, {auto_assigned} assigned by --auto-homes): {}",
@@ -300,13 +254,8 @@ impl EngineModel {
             .iter()
             .map(|t| {
                 let max = t.max.max(1) as f64;
-                let avail_h: f64 =
-                    t.data.iter().map(|&d| d as f64 / max).sum::<f64>() * t.gap_s / 3600.0;
-                let lost: f64 = t
-                    .data
-                    .windows(2)
-                    .map(|w| w[0].saturating_sub(w[1]) as f64 / max)
-                    .sum();
+                let avail_h: f64 = t.data.iter().map(|&d| d as f64 / max).sum::<f64>() * t.gap_s / 3600.0;
+                let lost: f64 = t.data.windows(2).map(|w| w[0].saturating_sub(w[1]) as f64 / max).sum();
                 if avail_h > 0.0 {
                     lost / avail_h
                 } else {
@@ -315,8 +264,7 @@ impl EngineModel {
             })
             .collect();
         if traces.is_empty() {
-            self.notes
-                .push("no spot traces: spot capacity is never reclaimed".into());
+            self.notes.push("no spot traces: spot capacity is never reclaimed".into());
             return;
         }
         let mut rr = 0usize;
@@ -325,19 +273,12 @@ impl EngineModel {
             if c.onprem {
                 continue;
             }
-            let region = c
-                .region
-                .split_once(':')
-                .map(|x| x.1)
-                .unwrap_or(&c.region)
-                .to_string();
+            let region = c.region.split_once(':').map(|x| x.1).unwrap_or(&c.region).to_string();
             for (pi, p) in c.pools.iter().enumerate() {
                 if p.prices.spot.is_none() {
                     continue;
                 }
-                let by_region = traces
-                    .iter()
-                    .position(|t| !region.is_empty() && t.name.contains(&region));
+                let by_region = traces.iter().position(|t| !region.is_empty() && t.name.contains(&region));
                 let k = by_region.unwrap_or_else(|| {
                     let k = rr % traces.len();
                     rr += 1;
@@ -345,21 +286,14 @@ impl EngineModel {
                 });
                 self.pool_spot[ci][pi] = Some(k);
                 self.clusters[ci].pools[pi].spot_trace = Some(k);
-                used.push(format!(
-                    "{}/{}→{} ({:.3}/h)",
-                    c.name, p.name, traces[k].name, self.spot_rates[k]
-                ));
+                used.push(format!("{}/{}→{} ({:.3}/h)", c.name, p.name, traces[k].name, self.spot_rates[k]));
             }
         }
         self.notes.push(format!("spot traces: {}", used.join(", ")));
     }
 
     fn spec_for(&self, job: &SimJob) -> JobSpec {
-        let home = self
-            .clusters
-            .get(job.home)
-            .map(|c| c.name.clone())
-            .unwrap_or_default();
+        let home = self.clusters.get(job.home).map(|c| c.name.clone()).unwrap_or_default();
         JobSpec {
             id: job.id.to_string(),
             gpus: job.gpus,
@@ -377,13 +311,7 @@ impl EngineModel {
             gpu_types: job.extra.gpu_models.clone(),
             min_gpu: job.extra.min_gpu.clone(),
             // `duration_s` is already work at the reference GPU.
-            duration_gpu: Some(
-                self.fleet
-                    .config
-                    .reference_gpu
-                    .clone()
-                    .unwrap_or_else(|| "A100".into()),
-            ),
+            duration_gpu: Some(self.fleet.config.reference_gpu.clone().unwrap_or_else(|| "A100".into())),
             home,
             ..JobSpec::default()
         }
@@ -426,9 +354,7 @@ impl EngineModel {
             }
         }
         // Filled just above.
-        self.prepared[job.id]
-            .as_ref()
-            .unwrap_or_else(|| unreachable!())
+        self.prepared[job.id].as_ref().unwrap_or_else(|| unreachable!())
     }
 
     /// Copy the simulator's load into the engine state. `gpus`: the job being placed
@@ -444,17 +370,10 @@ impl EngineModel {
                 let free = pl.start_free;
                 ps.free_gpus = free;
                 ps.expected_wait_s = Some(pl.est_wait_s);
-                let trace = self
-                    .pool_spot
-                    .get(ci)
-                    .and_then(|v| v.get(pi))
-                    .copied()
-                    .flatten();
+                let trace = self.pool_spot.get(ci).and_then(|v| v.get(pi)).copied().flatten();
                 let has_spot = self.fleet.clusters[ci].pools[pi].prices.spot.is_some();
-                ps.spot_available = has_spot
-                    && free > 0
-                    && pl.spot_free >= gpus.max(1)
-                    && (trace.is_none() || pl.spot_fraction > 0.0);
+                ps.spot_available =
+                    has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (trace.is_none() || pl.spot_fraction > 0.0);
                 ps.spot_preemptions_per_hour = trace.and_then(|k| self.spot_rates.get(k).copied());
             }
         }
@@ -485,10 +404,7 @@ impl EngineModel {
 
     fn policy(&self, name: &str) -> Option<Policy> {
         let name = if name == RANDOM { "cost" } else { name };
-        self.baseline_policies
-            .get(name)
-            .cloned()
-            .or_else(|| self.policies.get(name).cloned())
+        self.baseline_policies.get(name).cloned().or_else(|| self.policies.get(name).cloned())
     }
 }
 
@@ -515,9 +431,8 @@ impl Model for EngineModel {
                 .map(|p| vec![self.offer(&p, resuming)])
                 .unwrap_or_default();
         }
-        let mut ok: Vec<Placement> = evaluate_all(&self.fleet, &self.state, pj, &pol)
-            .filter_map(|(_, r)| r.ok())
-            .collect();
+        let mut ok: Vec<Placement> =
+            evaluate_all(&self.fleet, &self.state, pj, &pol).filter_map(|(_, r)| r.ok()).collect();
         let home = pj.home;
         ok.sort_by(|a, b| {
             a.breakdown
@@ -568,9 +483,7 @@ impl Model for EngineModel {
     }
 
     fn resume(&mut self, job: &SimJob, done_fraction: f64, ckpt_at: Option<usize>) {
-        let region = ckpt_at
-            .and_then(|c| self.fleet.clusters.get(c))
-            .map(|c| c.region_id);
+        let region = ckpt_at.and_then(|c| self.fleet.clusters.get(c)).map(|c| c.region_id);
         self.prepared(job);
         if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
             pj.done_fraction = done_fraction.clamp(0.0, 1.0);
@@ -628,30 +541,21 @@ impl Model for EngineModel {
                 since_ckpt_s: r.since_checkpoint_s,
             });
         }
-        let idx: Vec<usize> = running
-            .iter()
-            .filter(|r| r.remaining_s >= 2.0 * 3600.0)
-            .map(|r| r.job)
-            .collect();
+        let idx: Vec<usize> = running.iter().filter(|r| r.remaining_s >= 2.0 * 3600.0).map(|r| r.job).collect();
         fleet_engine::propose_migrations(&self.fleet, &self.state, &rj, &pol, &self.margin)
             .into_iter()
             .filter_map(|m| {
                 let from = rj.get(m.index)?;
                 let mut to = self.offer(&m.to, true);
                 // The checkpoint moves with the job: its egress and transfer time.
-                let (src, dst) = (
-                    self.fleet.clusters[from.cluster as usize].region_id,
-                    self.fleet.clusters[to.cluster].region_id,
-                );
+                let (src, dst) =
+                    (self.fleet.clusters[from.cluster as usize].region_id, self.fleet.clusters[to.cluster].region_id);
                 if src != dst {
                     let gb = from.job.ckpt_size_gb;
                     to.egress_usd += gb * self.fleet.egress_usd_per_gb(src, dst);
                     to.delay_s += gb * 8.0 / self.fleet.bandwidth_gbps(src, dst).max(1e-3);
                 }
-                Some(Move {
-                    job: *idx.get(m.index)?,
-                    to,
-                })
+                Some(Move { job: *idx.get(m.index)?, to })
             })
             .collect()
     }

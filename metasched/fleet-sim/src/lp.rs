@@ -23,9 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use good_lp::{
-    constraint, variable, Expression, ProblemVariables, Solution, SolverModel, Variable,
-};
+use good_lp::{constraint, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
 
 use crate::sim::{Model, SimJob};
 use crate::spot::SpotTrace;
@@ -79,13 +77,7 @@ pub fn lp_bound<M: Model>(
         for o in offers {
             let key = (o.cluster, o.pool, o.spot);
             let k = *opt_index.entry(key).or_insert_with(|| {
-                opt_info.push((
-                    o.cluster,
-                    o.pool,
-                    o.spot,
-                    o.usd_per_gpu_hour,
-                    o.speed.max(1e-9),
-                ));
+                opt_info.push((o.cluster, o.pool, o.spot, o.usd_per_gpu_hour, o.speed.max(1e-9)));
                 opt_info.len() - 1
             });
             let per_work = o.usd_per_gpu_hour / o.speed.max(1e-9) + o.egress_usd / work_h.max(1e-9);
@@ -113,10 +105,7 @@ pub fn lp_bound<M: Model>(
                 slot.1 = slot.1.min(c);
             }
         }
-        let vars: usize = groups
-            .values()
-            .map(|g| g.opts.len() * (n_slots - g.release))
-            .sum();
+        let vars: usize = groups.values().map(|g| g.opts.len() * (n_slots - g.release)).sum();
         if vars <= max_vars || slot_s >= horizon_s {
             break (groups, n_slots);
         }
@@ -131,10 +120,7 @@ pub fn lp_bound<M: Model>(
             Some(tr) => {
                 let (a, b) = (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
                 let n = ((b - a) / tr.gap_s).ceil().max(1.0) as usize;
-                (0..n)
-                    .map(|i| tr.fraction_at(a + i as f64 * tr.gap_s))
-                    .sum::<f64>()
-                    / n as f64
+                (0..n).map(|i| tr.fraction_at(a + i as f64 * tr.gap_s)).sum::<f64>() / n as f64
             }
             None if pool.sells_spot => 1.0,
             None => 0.0,
@@ -167,13 +153,10 @@ pub fn lp_bound<M: Model>(
         n_cons += 1;
     }
     // Capacity per pool and slot (all pricings), and spot per pool and slot.
-    let mut pool_slot: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> =
-        BTreeMap::new();
+    let mut pool_slot: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> = BTreeMap::new();
     for (&(k, t), xs) in &by_opt_slot {
         let (c, p, is_spot, _, _) = opt_info[k];
-        let e = pool_slot
-            .entry((c, p, t))
-            .or_insert_with(|| (Expression::default(), Expression::default(), false));
+        let e = pool_slot.entry((c, p, t)).or_insert_with(|| (Expression::default(), Expression::default(), false));
         for &x in xs {
             e.0 += x;
             if is_spot {

@@ -12,8 +12,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // A closed stdout (e.g. `| head`) is not an error worth shouting about.
             if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             }) {
                 return ExitCode::SUCCESS;
             }

@@ -118,11 +118,7 @@ impl Report {
     /// Evaluate the issue's targets where the needed policies are present.
     /// The bound the ratios use: the LP bound when solved and higher, else the cheap one.
     pub fn bound_usd(&self) -> f64 {
-        self.lp_bound
-            .as_ref()
-            .map(|b| b.usd)
-            .unwrap_or(0.0)
-            .max(self.lower_bound_usd)
+        self.lp_bound.as_ref().map(|b| b.usd).unwrap_or(0.0).max(self.lower_bound_usd)
     }
 
     pub fn evaluate_targets(&mut self) {
@@ -173,11 +169,8 @@ impl Report {
                     threshold: 0.0,
                     met: s > 0.0,
                 });
-                let worse = if gs.completion_mean_s > 0.0 {
-                    cost.completion_mean_s / gs.completion_mean_s - 1.0
-                } else {
-                    0.0
-                };
+                let worse =
+                    if gs.completion_mean_s > 0.0 { cost.completion_mean_s / gs.completion_mean_s - 1.0 } else { 0.0 };
                 t.push(TargetCheck {
                     target: "cost vs greedy-spot: mean completion worse by".into(),
                     value: worse,
@@ -193,16 +186,8 @@ impl Report {
                 met: r - 1.0 <= 0.10,
             });
             if let Some(green) = self.find("green") {
-                let cut = if cost.kg_co2 > 0.0 {
-                    1.0 - green.kg_co2 / cost.kg_co2
-                } else {
-                    0.0
-                };
-                let more = if cost.total_usd > 0.0 {
-                    green.total_usd / cost.total_usd - 1.0
-                } else {
-                    0.0
-                };
+                let cut = if cost.kg_co2 > 0.0 { 1.0 - green.kg_co2 / cost.kg_co2 } else { 0.0 };
+                let more = if cost.total_usd > 0.0 { green.total_usd / cost.total_usd - 1.0 } else { 0.0 };
                 t.push(TargetCheck {
                     target: "green vs cost: kgCO2 cut".into(),
                     value: cut,
@@ -226,8 +211,20 @@ impl Report {
         let _ = writeln!(
             s,
             "{:<10} {:>13} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>9} {:>7} {:>6} {:>6} {:>6}",
-            "policy", "total USD", "$/GPUh", "wait mean", "wait p95", "compl mean", "compl p95",
-            "egress $", "kgCO2", "lost GPUh", "unplcd", "moved%", "preem", "migr"
+            "policy",
+            "total USD",
+            "$/GPUh",
+            "wait mean",
+            "wait p95",
+            "compl mean",
+            "compl p95",
+            "egress $",
+            "kgCO2",
+            "lost GPUh",
+            "unplcd",
+            "moved%",
+            "preem",
+            "migr"
         );
         for p in &self.policies {
             let _ = writeln!(
@@ -271,19 +268,12 @@ impl Report {
             for p in &self.policies {
                 let mut v: Vec<(&String, &f64)> = p.cost_by_team.iter().collect();
                 v.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
-                let top: Vec<String> = v
-                    .iter()
-                    .take(5)
-                    .map(|(t, u)| format!("{t} {u:.0}"))
-                    .collect();
+                let top: Vec<String> = v.iter().take(5).map(|(t, u)| format!("{t} {u:.0}")).collect();
                 let _ = writeln!(s, "  {:<12} {}", p.policy, top.join(", "));
             }
             let _ = writeln!(s, "  {:<10} {:.3}", p.policy, p.ratio_to_lower_bound);
         }
-        let _ = writeln!(
-            s,
-            "\nutilization per cluster (time-averaged busy GPUs / GPUs):"
-        );
+        let _ = writeln!(s, "\nutilization per cluster (time-averaged busy GPUs / GPUs):");
         if let Some(first) = self.policies.first() {
             let _ = write!(s, "  {:<10}", "");
             for c in first.utilization.keys() {
@@ -298,10 +288,7 @@ impl Report {
             }
             let _ = writeln!(s);
         }
-        let _ = writeln!(
-            s,
-            "\ncompute spend by pool (GPU-hours paid / USD; std = on-demand or on-prem):"
-        );
+        let _ = writeln!(s, "\ncompute spend by pool (GPU-hours paid / USD; std = on-demand or on-prem):");
         for p in &self.policies {
             let mut v: Vec<(&String, &Spend)> = p.spend.iter().collect();
             v.sort_by(|a, b| b.1.usd.total_cmp(&a.1.usd).then(a.0.cmp(b.0)));
@@ -351,15 +338,11 @@ fn hms(s: f64) -> String {
     }
 }
 
-const COLORS: [&str; 10] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf",
-];
+const COLORS: [&str; 10] =
+    ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// A round axis step for `max` over about `n` ticks: 1, 2 or 5 × 10^k.
@@ -422,24 +405,10 @@ pub fn line_chart_svg(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
-        ml + pw / 2.0,
-        esc(title)
-    );
-    let _ = writeln!(
-        s,
-        r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
-        mt + ph,
-        ml + pw,
-        mt + ph
-    );
-    let _ = writeln!(
-        s,
-        r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#,
-        mt + ph
-    );
+    let _ =
+        writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, ml + pw / 2.0, esc(title));
+    let _ = writeln!(s, r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, mt + ph, ml + pw, mt + ph);
+    let _ = writeln!(s, r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#, mt + ph);
     let ny = (ymax / ystep).round() as usize;
     for i in 0..=ny {
         let v = i as f64 * ystep;
@@ -449,24 +418,13 @@ pub fn line_chart_svg(
             r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="gray" stroke-opacity="0.3"/>"#,
             ml + pw
         );
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
-            ml - 5.0,
-            y + 4.0,
-            fmt_num(v)
-        );
+        let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, ml - 5.0, y + 4.0, fmt_num(v));
     }
     let nx = (xmax / xstep).round() as usize;
     for i in 0..=nx {
         let v = i as f64 * xstep;
         let x = ml + v / xmax * pw;
-        let _ = writeln!(
-            s,
-            r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
-            mt + ph + 16.0,
-            fmt_num(v)
-        );
+        let _ = writeln!(s, r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#, mt + ph + 16.0, fmt_num(v));
     }
     if let Some((label, yv)) = hline.filter(|h| h.1.is_finite() && h.1 > 0.0) {
         let y = mt + ph - yv / ymax * ph;
@@ -475,21 +433,9 @@ pub fn line_chart_svg(
             r#"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="black" stroke-dasharray="6 4"/>"#,
             ml + pw
         );
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{:.1}">{}</text>"#,
-            ml + 6.0,
-            y - 4.0,
-            esc(label)
-        );
+        let _ = writeln!(s, r#"<text x="{}" y="{:.1}">{}</text>"#, ml + 6.0, y - 4.0, esc(label));
     }
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-        ml + pw / 2.0,
-        h - 10.0,
-        esc(x_label)
-    );
+    let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, ml + pw / 2.0, h - 10.0, esc(x_label));
     let _ = writeln!(
         s,
         r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#,
@@ -505,25 +451,10 @@ pub fn line_chart_svg(
             let py = mt + ph - y / ymax * ph;
             let _ = write!(d, "{}{px:.1},{py:.1} ", if k == 0 { "M" } else { "L" });
         }
-        let _ = writeln!(
-            s,
-            r#"<path d="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#,
-            d.trim_end()
-        );
+        let _ = writeln!(s, r#"<path d="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#, d.trim_end());
         let ly = mt + 14.0 * i as f64 + 6.0;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{}" y="{}" width="12" height="3" fill="{c}"/>"#,
-            ml + pw + 10.0,
-            ly
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}">{}</text>"#,
-            ml + pw + 26.0,
-            ly + 5.0,
-            esc(label)
-        );
+        let _ = writeln!(s, r#"<rect x="{}" y="{}" width="12" height="3" fill="{c}"/>"#, ml + pw + 10.0, ly);
+        let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, ml + pw + 26.0, ly + 5.0, esc(label));
     }
     s.push_str("</svg>\n");
     s
@@ -543,21 +474,14 @@ fn fmt_num(v: f64) -> String {
 }
 
 /// Write `report.json`, `cost.svg` and `util-<policy>.svg` into `dir`.
-pub fn write_outputs(
-    report: &Report,
-    dir: &std::path::Path,
-) -> std::io::Result<Vec<std::path::PathBuf>> {
+pub fn write_outputs(report: &Report, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
     let json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
     let p = dir.join("report.json");
     std::fs::write(&p, json + "\n")?;
     written.push(p);
-    let series: Vec<_> = report
-        .policies
-        .iter()
-        .map(|p| (p.policy.clone(), p.cost_series.clone()))
-        .collect();
+    let series: Vec<_> = report.policies.iter().map(|p| (p.policy.clone(), p.cost_series.clone())).collect();
     let p = dir.join("cost.svg");
     std::fs::write(
         &p,
@@ -566,14 +490,7 @@ pub fn write_outputs(
             "hours since first submission",
             "USD",
             &series,
-            Some((
-                &format!(
-                    "lower bound ({}) {:.0} USD",
-                    report.bound_used,
-                    report.bound_usd()
-                ),
-                report.bound_usd(),
-            )),
+            Some((&format!("lower bound ({}) {:.0} USD", report.bound_used, report.bound_usd()), report.bound_usd())),
         ),
     )?;
     written.push(p);
@@ -582,13 +499,7 @@ pub fn write_outputs(
             .util_series
             .iter()
             .map(|(c, v)| {
-                (
-                    c.clone(),
-                    v.iter()
-                        .enumerate()
-                        .map(|(i, u)| (i as f64 * pol.bucket_hours, 100.0 * u))
-                        .collect(),
-                )
+                (c.clone(), v.iter().enumerate().map(|(i, u)| (i as f64 * pol.bucket_hours, 100.0 * u)).collect())
             })
             .collect();
         let p = dir.join(format!("util-{}.svg", pol.policy));
@@ -625,32 +536,13 @@ mod tests {
 
     #[test]
     fn svg_is_well_formed_enough() {
-        let s = line_chart_svg(
-            "t<",
-            "x",
-            "y",
-            &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])],
-            Some(("lb", 1.5)),
-        );
+        let s = line_chart_svg("t<", "x", "y", &[("a".into(), vec![(0.0, 0.0), (1.0, 2.0)])], Some(("lb", 1.5)));
         assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
         assert!(s.contains("t&lt;"));
         assert!(s.contains("M80.0,450.0 L720.0,40.0"));
         // the bound is a dashed line at 1.5 of 2 (y = 40 + 410 × 0.25), ticks are round
-        assert!(
-            s.contains(r#"y1="142.5" x2="720" y2="142.5" stroke="black" stroke-dasharray"#),
-            "{s}"
-        );
-        assert!(
-            s.contains(">0.50</text>") && s.contains(">1.50</text>"),
-            "{s}"
-        );
-        assert_eq!(
-            (
-                nice_step(1904.0, 6.0),
-                nice_step(670_013.0, 5.0),
-                nice_step(0.9, 5.0)
-            ),
-            (500.0, 200_000.0, 0.2)
-        );
+        assert!(s.contains(r#"y1="142.5" x2="720" y2="142.5" stroke="black" stroke-dasharray"#), "{s}");
+        assert!(s.contains(">0.50</text>") && s.contains(">1.50</text>"), "{s}");
+        assert_eq!((nice_step(1904.0, 6.0), nice_step(670_013.0, 5.0), nice_step(0.9, 5.0)), (500.0, 200_000.0, 0.2));
     }
 }

@@ -217,12 +217,7 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig {
-            seed: 1,
-            outages: Vec::new(),
-            rebalance_every_s: 3600.0,
-            bucket_s: 6.0 * 3600.0,
-        }
+        SimConfig { seed: 1, outages: Vec::new(), rebalance_every_s: 3600.0, bucket_s: 6.0 * 3600.0 }
     }
 }
 
@@ -380,11 +375,7 @@ pub fn simulate<M: Model>(
                 .iter()
                 .map(|p| PoolState {
                     cap: p.gpus,
-                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot {
-                        1.0
-                    } else {
-                        0.0
-                    },
+                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot { 1.0 } else { 0.0 },
                     has_spot: p.spot_trace.is_some() || p.sells_spot,
                     ..Default::default()
                 })
@@ -430,14 +421,7 @@ pub fn simulate<M: Model>(
         for (pi, p) in c.pools.iter().enumerate() {
             if let Some(tr) = p.spot_trace.and_then(|i| spot.get(i)) {
                 if tr.max > 0 {
-                    sim.push(
-                        0.0,
-                        Ev::Spot {
-                            cluster: ci,
-                            pool: pi,
-                            fraction: tr.fraction_at(0.0),
-                        },
-                    );
+                    sim.push(0.0, Ev::Spot { cluster: ci, pool: pi, fraction: tr.fraction_at(0.0) });
                 }
             }
         }
@@ -478,25 +462,12 @@ pub fn simulate<M: Model>(
                     sim.finish(job, t);
                 }
             }
-            Ev::Spot {
-                cluster,
-                pool,
-                fraction,
-            } => {
+            Ev::Spot { cluster, pool, fraction } => {
                 sim.spot_change(cluster, pool, fraction, t);
-                let next = clusters[cluster].pools[pool]
-                    .spot_trace
-                    .and_then(|i| spot.get(i))
-                    .and_then(|tr| tr.next_change(t));
+                let next =
+                    clusters[cluster].pools[pool].spot_trace.and_then(|i| spot.get(i)).and_then(|tr| tr.next_change(t));
                 if let Some((t2, f)) = next {
-                    sim.push(
-                        t2,
-                        Ev::Spot {
-                            cluster,
-                            pool,
-                            fraction: f,
-                        },
-                    );
+                    sim.push(t2, Ev::Spot { cluster, pool, fraction: f });
                 }
             }
             Ev::OutageStart(c) => sim.outage_start(c, t),
@@ -522,11 +493,7 @@ pub fn simulate<M: Model>(
 impl<M: Model> Sim<'_, M> {
     fn push(&mut self, t: f64, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Event {
-            t,
-            seq: self.seq,
-            ev,
-        });
+        self.heap.push(Event { t, seq: self.seq, ev });
     }
 
     fn all_settled(&self) -> bool {
@@ -543,11 +510,7 @@ impl<M: Model> Sim<'_, M> {
             cl.up = self.up[ci];
             cl.pools.resize_with(ps.len(), PoolLoad::default);
             for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
-                let free = if self.up[ci] {
-                    p.cap.saturating_sub(p.used)
-                } else {
-                    0
-                };
+                let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
                 let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
                 // GPUs a newcomer may take now: what the queue's head has not
                 // reserved (the others could not start in it, see `try_start`).
@@ -555,11 +518,8 @@ impl<M: Model> Sim<'_, M> {
                     Some(&h) => free - free.min(self.jobs[h].gpus),
                     None => free,
                 };
-                let est_wait_s = if gpus <= start_free || !estimate {
-                    0.0
-                } else {
-                    self.start_estimate(p, now, gpus) - now
-                };
+                let est_wait_s =
+                    if gpus <= start_free || !estimate { 0.0 } else { self.start_estimate(p, now, gpus) - now };
                 *pl = PoolLoad {
                     capacity: p.cap,
                     free,
@@ -583,25 +543,16 @@ impl<M: Model> Sim<'_, M> {
         use std::cmp::Reverse;
         // (end in ms, GPUs released), earliest first. Integer ms keep the heap total.
         let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
-        let mut ends: BinaryHeap<Reverse<(u64, u32)>> = p
-            .running
-            .iter()
-            .map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus)))
-            .collect();
+        let mut ends: BinaryHeap<Reverse<(u64, u32)>> =
+            p.running.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))).collect();
         let mut free = p.cap.saturating_sub(p.used);
         let mut t = key(now);
         // A queued job holds its GPUs for its setup and the rest of its work at
         // this pool's speed.
         let queued = p.queue.iter().map(|&j| {
-            let (speed, setup) = self.js[j]
-                .at
-                .as_ref()
-                .map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0)))
-                .unwrap_or((1.0, 0.0));
-            (
-                self.jobs[j].gpus,
-                setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed,
-            )
+            let (speed, setup) =
+                self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
+            (self.jobs[j].gpus, setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed)
         });
         for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
             while free < g {
@@ -621,16 +572,12 @@ impl<M: Model> Sim<'_, M> {
     /// work at the pool's speed plus setup, and the one-off egress.
     fn job_cost(&self, j: usize, o: &Offer) -> f64 {
         let job = &self.jobs[j];
-        let run_s =
-            (job.duration_s - self.js[j].progress_s).max(0.0) / o.speed.max(1e-9) + o.setup_s;
+        let run_s = (job.duration_s - self.js[j].progress_s).max(0.0) / o.speed.max(1e-9) + o.setup_s;
         o.usd_per_gpu_hour * job.gpus as f64 * run_s / 3600.0 + o.egress_usd
     }
 
     fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
-        let estimate = !matches!(
-            self.strategy,
-            Strategy::HomeOnly | Strategy::Greedy | Strategy::GreedySpot
-        );
+        let estimate = !matches!(self.strategy, Strategy::HomeOnly | Strategy::Greedy | Strategy::GreedySpot);
         let load = self.load(now, self.jobs[j].gpus, estimate);
         let r = self.choose_with(j, now, &load);
         self.load_buf = load;
@@ -640,18 +587,13 @@ impl<M: Model> Sim<'_, M> {
     fn choose_with(&mut self, j: usize, now: f64, load: &[ClusterLoad]) -> Option<Offer> {
         let job = &self.jobs[j];
         let cheapest = |sim: &Self, offers: &mut dyn Iterator<Item = &Offer>| {
-            offers
-                .min_by(|a, b| sim.job_cost(j, a).total_cmp(&sim.job_cost(j, b)))
-                .cloned()
+            offers.min_by(|a, b| sim.job_cost(j, a).total_cmp(&sim.job_cost(j, b))).cloned()
         };
         match self.strategy.clone() {
             Strategy::Engine(p) => self.model.offers(&p, job, now, load).into_iter().next(),
             Strategy::HomeOnly => {
                 let offers = self.model.offers(HOME_ONLY, job, now, load);
-                cheapest(
-                    self,
-                    &mut offers.iter().filter(|o| o.cluster == job.home && !o.spot),
-                )
+                cheapest(self, &mut offers.iter().filter(|o| o.cluster == job.home && !o.spot))
             }
             Strategy::Greedy | Strategy::GreedySpot => {
                 // SkyPilot-like: the cheapest launch that has capacity now, else the
@@ -659,21 +601,13 @@ impl<M: Model> Sim<'_, M> {
                 // interruptible jobs (the model offers spot only then).
                 let spot_ok = self.strategy == Strategy::GreedySpot;
                 let name = if spot_ok { GREEDY_SPOT } else { GREEDY };
-                let offers: Vec<Offer> = self
-                    .model
-                    .offers(name, job, now, load)
-                    .into_iter()
-                    .filter(|o| spot_ok || !o.spot)
-                    .collect();
+                let offers: Vec<Offer> =
+                    self.model.offers(name, job, now, load).into_iter().filter(|o| spot_ok || !o.spot).collect();
                 let free_now = cheapest(
                     self,
                     &mut offers.iter().filter(|o| {
                         let p = &load[o.cluster].pools[o.pool];
-                        let have = if o.spot {
-                            p.spot_free.min(p.start_free)
-                        } else {
-                            p.start_free
-                        };
+                        let have = if o.spot { p.spot_free.min(p.start_free) } else { p.start_free };
                         have >= job.gpus && p.queued_jobs == 0
                     }),
                 );
@@ -690,8 +624,7 @@ impl<M: Model> Sim<'_, M> {
                     .min_by(|a, b| {
                         let sa = a.delay_s + load[a.cluster].pools[a.pool].est_wait_s;
                         let sb = b.delay_s + load[b.cluster].pools[b.pool].est_wait_s;
-                        sa.total_cmp(&sb)
-                            .then(self.job_cost(j, a).total_cmp(&self.job_cost(j, b)))
+                        sa.total_cmp(&sb).then(self.job_cost(j, a).total_cmp(&self.job_cost(j, b)))
                     })
                     .cloned()
             }
@@ -803,11 +736,8 @@ impl<M: Model> Sim<'_, M> {
     fn start(&mut self, j: usize, c: usize, p: usize, now: f64) {
         let job = &self.jobs[j];
         let g = job.gpus;
-        let (speed, setup) = self.js[j]
-            .at
-            .as_ref()
-            .map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0)))
-            .unwrap_or((1.0, 0.0));
+        let (speed, setup) =
+            self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
         // Wall time here: setup (billed, no progress), then the rest of the work at
         // this pool's speed.
         let remaining = setup + (job.duration_s - self.js[j].progress_s).max(0.0) / speed;
@@ -908,24 +838,15 @@ impl<M: Model> Sim<'_, M> {
     /// Evict a running job: it keeps the work up to its last checkpoint.
     fn evict(&mut self, j: usize, now: f64) {
         let at = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool, o.spot));
-        let speed = self.js[j]
-            .at
-            .as_ref()
-            .map(|o| o.speed.max(1e-9))
-            .unwrap_or(1.0);
+        let speed = self.js[j].at.as_ref().map(|o| o.speed.max(1e-9)).unwrap_or(1.0);
         let seg = self.stop(j, now);
         // Work time of the segment (after setup); checkpoints every
         // `checkpoint_s` of it, each saving `checkpoint_s × speed` of work.
         let worked = (seg - self.js[j].setup_s).max(0.0);
         let ck = self.jobs[j].checkpoint_s;
-        let saved = if ck > 0.0 {
-            (worked / ck).floor() * ck
-        } else {
-            0.0
-        };
+        let saved = if ck > 0.0 { (worked / ck).floor() * ck } else { 0.0 };
         if saved > 0.0 {
-            self.js[j].progress_s =
-                (self.js[j].progress_s + saved * speed).min(self.jobs[j].duration_s);
+            self.js[j].progress_s = (self.js[j].progress_s + saved * speed).min(self.jobs[j].duration_s);
             self.js[j].ckpt_at = at.map(|x| x.0);
         }
         let lost = (worked - saved) * self.jobs[j].gpus as f64;
@@ -1001,11 +922,8 @@ impl<M: Model> Sim<'_, M> {
                     let Some(o) = s.at.as_ref() else { continue };
                     let worked = (now - start - s.setup_s).max(0.0);
                     let speed = o.speed.max(1e-9);
-                    let since = if job.checkpoint_s > 0.0 {
-                        worked % job.checkpoint_s
-                    } else {
-                        worked + s.progress_s / speed
-                    };
+                    let since =
+                        if job.checkpoint_s > 0.0 { worked % job.checkpoint_s } else { worked + s.progress_s / speed };
                     running.push(RunningJob {
                         job: j,
                         cluster: ci,
@@ -1024,32 +942,21 @@ impl<M: Model> Sim<'_, M> {
         }
         running.sort_by_key(|r| r.job);
         let load = self.load(now, 1, true);
-        let moves = self
-            .model
-            .rebalance(&policy, now, self.jobs, &running, &load);
+        let moves = self.model.rebalance(&policy, now, self.jobs, &running, &load);
         // Carry out only moves whose target can start the job right away, and never
         // more than the target's free GPUs (the proposals are made on one snapshot).
-        let mut free: Vec<Vec<(u32, u32)>> = load
-            .iter()
-            .map(|c| c.pools.iter().map(|p| (p.free, p.spot_free)).collect())
-            .collect();
+        let mut free: Vec<Vec<(u32, u32)>> =
+            load.iter().map(|c| c.pools.iter().map(|p| (p.free, p.spot_free)).collect()).collect();
         for m in moves {
             let j = m.job;
             if self.js[j].run_start.is_none() {
                 continue;
             }
             let g = self.jobs[j].gpus;
-            let Some(slot) = free
-                .get_mut(m.to.cluster)
-                .and_then(|c| c.get_mut(m.to.pool))
-            else {
+            let Some(slot) = free.get_mut(m.to.cluster).and_then(|c| c.get_mut(m.to.pool)) else {
                 continue;
             };
-            let have = if m.to.spot {
-                slot.0.min(slot.1)
-            } else {
-                slot.0
-            };
+            let have = if m.to.spot { slot.0.min(slot.1) } else { slot.0 };
             if g > have || !self.up[m.to.cluster] {
                 continue;
             }
@@ -1092,16 +999,13 @@ impl<M: Model> Sim<'_, M> {
         // Owned hardware over the run: (GPU-hours available, fixed USD of them).
         let makespan_s = self.js.iter().filter_map(|s| s.finish).fold(0.0, f64::max);
         let owned_cap_h =
-            clusters
-                .iter()
-                .flat_map(|c| c.pools.iter())
-                .fold((0.0, 0.0), |acc, p| match p.owned_usd_per_gpu_hour {
-                    Some(price) => {
-                        let h = p.gpus as f64 * makespan_s / 3600.0;
-                        (acc.0 + h, acc.1 + h * price)
-                    }
-                    None => acc,
-                });
+            clusters.iter().flat_map(|c| c.pools.iter()).fold((0.0, 0.0), |acc, p| match p.owned_usd_per_gpu_hour {
+                Some(price) => {
+                    let h = p.gpus as f64 * makespan_s / 3600.0;
+                    (acc.0 + h, acc.1 + h * price)
+                }
+                None => acc,
+            });
         let span = self.last_t.max(1.0);
         let b = self.cfg.bucket_s;
         let n_buckets = (span / b).ceil() as usize;
@@ -1111,9 +1015,8 @@ impl<M: Model> Sim<'_, M> {
             let cap: f64 = c.pools.iter().map(|p| p.gpus as f64).sum::<f64>().max(1.0);
             let busy: f64 = self.busy[ci].iter().sum();
             utilization.insert(c.name.clone(), busy / (cap * span));
-            let series: Vec<f64> = (0..n_buckets)
-                .map(|k| self.busy[ci].get(k).copied().unwrap_or(0.0) / (cap * b))
-                .collect();
+            let series: Vec<f64> =
+                (0..n_buckets).map(|k| self.busy[ci].get(k).copied().unwrap_or(0.0) / (cap * b)).collect();
             util_series.insert(c.name.clone(), series);
         }
         // Cumulative cost per bucket.
@@ -1198,16 +1101,8 @@ pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
                     capacity: p.gpus,
                     free: p.gpus,
                     start_free: p.gpus,
-                    spot_free: if p.spot_trace.is_some() || p.sells_spot {
-                        p.gpus
-                    } else {
-                        0
-                    },
-                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot {
-                        1.0
-                    } else {
-                        0.0
-                    },
+                    spot_free: if p.spot_trace.is_some() || p.sells_spot { p.gpus } else { 0 },
+                    spot_fraction: if p.spot_trace.is_some() || p.sells_spot { 1.0 } else { 0.0 },
                     queued_jobs: 0,
                     est_wait_s: 0.0,
                 })
@@ -1228,10 +1123,7 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
         let offers = model.offers("lower-bound", j, j.submit_s, &empty);
         // The cheapest unit of work: price per GPU-hour ÷ the pool's speed.
         let per_work = |o: &Offer| o.usd_per_gpu_hour / o.speed.max(1e-9);
-        if let Some(o) = offers
-            .iter()
-            .min_by(|a, b| per_work(a).total_cmp(&per_work(b)))
-        {
+        if let Some(o) = offers.iter().min_by(|a, b| per_work(a).total_cmp(&per_work(b))) {
             let run_s = j.duration_s / o.speed.max(1e-9);
             usd += o.usd_per_gpu_hour * j.gpus as f64 * run_s / 3600.0;
             co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + run_s);
@@ -1263,13 +1155,7 @@ mod tests {
         fn clusters(&self) -> &[SimCluster] {
             &self.clusters
         }
-        fn offers(
-            &mut self,
-            _policy: &str,
-            job: &SimJob,
-            _now: f64,
-            load: &[ClusterLoad],
-        ) -> Vec<Offer> {
+        fn offers(&mut self, _policy: &str, job: &SimJob, _now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
             let mut v = Vec::new();
             for (ci, c) in self.clusters.iter().enumerate() {
                 if !load[ci].up {
@@ -1280,11 +1166,7 @@ mod tests {
                         continue;
                     }
                     let spot = job.interruptible && p.spot_trace.is_some();
-                    let usd = if spot {
-                        self.price[ci].1
-                    } else {
-                        self.price[ci].0
-                    };
+                    let usd = if spot { self.price[ci].1 } else { self.price[ci].0 };
                     let speed = self.speed.get(ci).copied().unwrap_or(1.0);
                     v.push(Offer {
                         cluster: ci,
@@ -1305,14 +1187,7 @@ mod tests {
         fn kg_co2(&self, cluster: usize, _pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
             (cluster + 1) as f64 * gpus as f64 * (t1 - t0) / 3600.0
         }
-        fn rebalance(
-            &mut self,
-            _: &str,
-            _: f64,
-            _: &[SimJob],
-            _: &[RunningJob],
-            _: &[ClusterLoad],
-        ) -> Vec<Move> {
+        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
             Vec::new()
         }
     }
@@ -1331,35 +1206,15 @@ mod tests {
         }
     }
 
-    fn job(
-        id: usize,
-        submit_s: f64,
-        duration_s: f64,
-        gpus: u32,
-        interruptible: bool,
-        checkpoint_s: f64,
-    ) -> SimJob {
-        SimJob {
-            id,
-            submit_s,
-            duration_s,
-            gpus,
-            home: 0,
-            interruptible,
-            checkpoint_s,
-            ..SimJob::default()
-        }
+    fn job(id: usize, submit_s: f64, duration_s: f64, gpus: u32, interruptible: bool, checkpoint_s: f64) -> SimJob {
+        SimJob { id, submit_s, duration_s, gpus, home: 0, interruptible, checkpoint_s, ..SimJob::default() }
     }
 
     fn quiet(_: u64) {}
 
     #[test]
     fn capacity_and_gang_fifo() {
-        let mut m = Stub {
-            clusters: vec![cluster("a", 4, None)],
-            price: vec![(2.0, 1.0)],
-            ..Default::default()
-        };
+        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(2.0, 1.0)], ..Default::default() };
         let jobs = vec![
             job(0, 0.0, 100.0, 2, false, 0.0),
             // needs all 4 GPUs at once: waits for job 0 to end (gang)
@@ -1369,14 +1224,7 @@ mod tests {
             // larger than any pool: unplaceable
             job(3, 3.0, 10.0, 8, false, 0.0),
         ];
-        let r = simulate(
-            &mut m,
-            Strategy::Engine("cost".into()),
-            &jobs,
-            &[],
-            &SimConfig::default(),
-            &quiet,
-        );
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
         assert_eq!(r.completed, 3);
         assert_eq!(r.unplaced, 1);
         // waits: 0, 99, 198 ; completions: 100, 199, 208
@@ -1386,73 +1234,36 @@ mod tests {
         assert!((r.total_usd - 610.0 * 2.0 / 3600.0).abs() < 1e-9);
         // never above capacity: busy GPU-s over the 210 s span <= 4 GPUs
         assert!(r.utilization["a"] <= 1.0);
-        assert!(
-            (r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9,
-            "{:?}",
-            r.utilization
-        );
+        assert!((r.utilization["a"] - 610.0 / (4.0 * 210.0)).abs() < 1e-9, "{:?}", r.utilization);
         // the cost plot ends at the total
         assert!((r.cost_series.last().map(|x| x.1).unwrap_or(0.0) - r.total_usd).abs() < 1e-9);
     }
 
     #[test]
     fn small_jobs_backfill_beside_a_reservation() {
-        let mut m = Stub {
-            clusters: vec![cluster("a", 4, None)],
-            price: vec![(1.0, 1.0)],
-            ..Default::default()
-        };
+        let mut m = Stub { clusters: vec![cluster("a", 4, None)], price: vec![(1.0, 1.0)], ..Default::default() };
         let jobs = vec![
             job(0, 0.0, 100.0, 1, false, 0.0),
             job(1, 1.0, 100.0, 4, false, 0.0), // reserves 3 free GPUs
             job(2, 2.0, 10.0, 1, false, 0.0),  // nothing left beyond the reservation
         ];
-        let r = simulate(
-            &mut m,
-            Strategy::Engine("cost".into()),
-            &jobs,
-            &[],
-            &SimConfig::default(),
-            &quiet,
-        );
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
         assert_eq!(r.wait_p95_s, 198.0);
         let jobs = vec![
             job(0, 0.0, 100.0, 1, false, 0.0),
             job(1, 1.0, 100.0, 2, false, 0.0),
             job(2, 2.0, 10.0, 1, false, 0.0),
         ];
-        let r = simulate(
-            &mut m,
-            Strategy::Engine("cost".into()),
-            &jobs,
-            &[],
-            &SimConfig::default(),
-            &quiet,
-        );
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
         assert_eq!(r.wait_mean_s, 0.0, "everything fits side by side");
     }
 
     #[test]
     fn spot_drop_preempts_newest_and_loses_work_since_checkpoint() {
-        let trace =
-            SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,1]}"#, "t").unwrap();
-        let mut m = Stub {
-            clusters: vec![cluster("a", 2, Some(0))],
-            price: vec![(3.0, 1.0)],
-            ..Default::default()
-        };
-        let jobs = vec![
-            job(0, 0.0, 1500.0, 1, true, 300.0),
-            job(1, 10.0, 1500.0, 1, true, 300.0),
-        ];
-        let r = simulate(
-            &mut m,
-            Strategy::Engine("cost".into()),
-            &jobs,
-            &[trace],
-            &SimConfig::default(),
-            &quiet,
-        );
+        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,1]}"#, "t").unwrap();
+        let mut m = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
+        let jobs = vec![job(0, 0.0, 1500.0, 1, true, 300.0), job(1, 10.0, 1500.0, 1, true, 300.0)];
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[trace], &SimConfig::default(), &quiet);
         assert_eq!(r.preemptions, 1);
         // job 1 ran 990 s, checkpointed at 900: 90 GPU-s lost
         assert!((r.lost_gpu_hours - 90.0 / 3600.0).abs() < 1e-9);
@@ -1472,18 +1283,8 @@ mod tests {
             ..Default::default()
         };
         let jobs = vec![job(0, 0.0, 200.0, 1, true, 30.0)];
-        let cfg = SimConfig {
-            outages: vec![(0, 50.0, 500.0)],
-            ..SimConfig::default()
-        };
-        let r = simulate(
-            &mut m,
-            Strategy::Engine("cost".into()),
-            &jobs,
-            &[],
-            &cfg,
-            &quiet,
-        );
+        let cfg = SimConfig { outages: vec![(0, 50.0, 500.0)], ..SimConfig::default() };
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &cfg, &quiet);
         assert_eq!(r.outage_kills, 1);
         assert!((r.lost_gpu_hours - 20.0 / 3600.0).abs() < 1e-9);
         // 50 s on a, then the remaining 170 s on b
@@ -1502,13 +1303,7 @@ mod tests {
         fn clusters(&self) -> &[SimCluster] {
             self.inner.clusters()
         }
-        fn offers(
-            &mut self,
-            policy: &str,
-            job: &SimJob,
-            now: f64,
-            load: &[ClusterLoad],
-        ) -> Vec<Offer> {
+        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
             let p = &load[0].pools[0];
             self.seen.push((job.id, p.start_free, p.est_wait_s));
             self.inner.offers(policy, job, now, load)
@@ -1516,14 +1311,7 @@ mod tests {
         fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
             self.inner.kg_co2(cluster, pool, gpus, t0, t1)
         }
-        fn rebalance(
-            &mut self,
-            _: &str,
-            _: f64,
-            _: &[SimJob],
-            _: &[RunningJob],
-            _: &[ClusterLoad],
-        ) -> Vec<Move> {
+        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
             Vec::new()
         }
     }
@@ -1531,11 +1319,7 @@ mod tests {
     #[test]
     fn wait_estimate_is_the_fifo_start_time_of_the_jobs_size() {
         let mut m = Recorder {
-            inner: Stub {
-                clusters: vec![cluster("a", 8, None)],
-                price: vec![(1.0, 1.0)],
-                ..Default::default()
-            },
+            inner: Stub { clusters: vec![cluster("a", 8, None)], price: vec![(1.0, 1.0)], ..Default::default() },
             seen: Vec::new(),
         };
         let jobs = vec![
@@ -1549,14 +1333,7 @@ mod tests {
             // on 4 of the 8 freed GPUs, so a 1-GPU job fits beside it then
             job(4, 150.0, 10.0, 1, false, 0.0),
         ];
-        let r = simulate(
-            &mut m,
-            Strategy::Engine("cost".into()),
-            &jobs,
-            &[],
-            &SimConfig::default(),
-            &quiet,
-        );
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &quiet);
         assert_eq!(r.completed, 5);
         let seen: Vec<(usize, u32, f64)> = m.seen.clone();
         assert_eq!(seen[0], (0, 8, 0.0));
@@ -1577,22 +1354,10 @@ mod tests {
             ..Default::default()
         };
         let jobs: Vec<SimJob> = (0..200)
-            .map(|i| {
-                job(
-                    i,
-                    i as f64 * 7.0,
-                    100.0 + (i % 13) as f64 * 50.0,
-                    1 + (i % 3) as u32,
-                    false,
-                    0.0,
-                )
-            })
+            .map(|i| job(i, i as f64 * 7.0, 100.0 + (i % 13) as f64 * 50.0, 1 + (i % 3) as u32, false, 0.0))
             .collect();
         let run = |seed| {
-            let cfg = SimConfig {
-                seed,
-                ..SimConfig::default()
-            };
+            let cfg = SimConfig { seed, ..SimConfig::default() };
             simulate(&mut mk(), Strategy::Random, &jobs, &[], &cfg, &quiet)
         };
         assert_eq!(run(7), run(7));

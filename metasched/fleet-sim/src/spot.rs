@@ -46,51 +46,24 @@ struct RawMeta {
 
 impl SpotTrace {
     pub fn parse(text: &str, name: &str) -> Result<Self, SpotError> {
-        let raw: Raw = serde_json::from_str(text).map_err(|e| SpotError::Format {
-            path: name.into(),
-            msg: e.to_string(),
-        })?;
+        let raw: Raw =
+            serde_json::from_str(text).map_err(|e| SpotError::Format { path: name.into(), msg: e.to_string() })?;
         if !(raw.metadata.gap_seconds.is_finite() && raw.metadata.gap_seconds > 0.0) {
-            return Err(SpotError::Format {
-                path: name.into(),
-                msg: "gap_seconds must be > 0".into(),
-            });
+            return Err(SpotError::Format { path: name.into(), msg: "gap_seconds must be > 0".into() });
         }
         if raw.data.is_empty() {
-            return Err(SpotError::Format {
-                path: name.into(),
-                msg: "empty data".into(),
-            });
+            return Err(SpotError::Format { path: name.into(), msg: "empty data".into() });
         }
-        let data: Vec<u32> = raw
-            .data
-            .iter()
-            .map(|v| {
-                if v.is_finite() && *v > 0.0 {
-                    v.round() as u32
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let data: Vec<u32> =
+            raw.data.iter().map(|v| if v.is_finite() && *v > 0.0 { v.round() as u32 } else { 0 }).collect();
         let max = data.iter().copied().max().unwrap_or(0);
-        Ok(SpotTrace {
-            name: name.into(),
-            gap_s: raw.metadata.gap_seconds,
-            data,
-            max,
-        })
+        Ok(SpotTrace { name: name.into(), gap_s: raw.metadata.gap_seconds, data, max })
     }
 
     pub fn read(path: &Path) -> Result<Self, SpotError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SpotError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| SpotError::Io { path: path.display().to_string(), source })?;
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         Self::parse(&text, &name)
     }
 
@@ -159,26 +132,15 @@ mod tests {
         check(
             r#"{"metadata":{"gap_seconds":10},"data":[4,4,2,4]}"#,
             80.0,
-            &[
-                (0.0, 1.0),
-                (20.0, 0.5),
-                (30.0, 1.0),
-                (60.0, 0.5),
-                (70.0, 1.0),
-            ],
+            &[(0.0, 1.0), (20.0, 0.5), (30.0, 1.0), (60.0, 0.5), (70.0, 1.0)],
         );
-        check(
-            r#"{"metadata":{"gap_seconds":10},"data":[1]}"#,
-            50.0,
-            &[(0.0, 1.0)],
-        );
+        check(r#"{"metadata":{"gap_seconds":10},"data":[1]}"#, 50.0, &[(0.0, 1.0)]);
         check(r#"{"metadata":{"gap_seconds":10},"data":[0,0]}"#, 50.0, &[]);
     }
 
     #[test]
     fn next_change_walks_the_same_changes_lazily() {
-        let t =
-            SpotTrace::parse(r#"{"metadata":{"gap_seconds":10},"data":[4,4,2,4]}"#, "t").unwrap();
+        let t = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10},"data":[4,4,2,4]}"#, "t").unwrap();
         let mut got = vec![(0.0, t.fraction_at(0.0))];
         while let Some(c) = t.next_change(got.last().map(|x| x.0).unwrap_or(0.0)) {
             if c.0 >= 80.0 {
@@ -187,8 +149,7 @@ mod tests {
             got.push(c);
         }
         assert_eq!(got, t.changes(80.0));
-        let flat =
-            SpotTrace::parse(r#"{"metadata":{"gap_seconds":10},"data":[3,3]}"#, "t").unwrap();
+        let flat = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10},"data":[3,3]}"#, "t").unwrap();
         assert_eq!(flat.next_change(1e15), None);
     }
 

@@ -73,11 +73,7 @@ pub enum TraceError {
     },
     /// A row that cannot be read (without `--skip-invalid`).
     #[error("{path}:{line}: {msg} (use --skip-invalid to skip such rows)")]
-    Row {
-        path: String,
-        line: u64,
-        msg: String,
-    },
+    Row { path: String, line: u64, msg: String },
     #[error("{path}: no jobs in the trace")]
     Empty { path: String },
 }
@@ -93,10 +89,7 @@ pub struct ReadOptions {
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions {
-            skip_invalid: false,
-            max_duration_s: 365.0 * 86_400.0,
-        }
+        ReadOptions { skip_invalid: false, max_duration_s: 365.0 * 86_400.0 }
     }
 }
 
@@ -135,11 +128,7 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
     let hh: i64 = t.next()?.parse().ok()?;
     let mm: i64 = t.next()?.parse().ok()?;
     let ss: f64 = t.next().unwrap_or("0").parse().ok()?;
-    if t.next().is_some()
-        || !(0..24).contains(&hh)
-        || !(0..60).contains(&mm)
-        || !(0.0..61.0).contains(&ss)
-    {
+    if t.next().is_some() || !(0..24).contains(&hh) || !(0..60).contains(&mm) || !(0.0..61.0).contains(&ss) {
         return None;
     }
     Some(days_from_civil(y, m, day) * 86_400 + hh * 3600 + mm * 60 + ss as i64)
@@ -158,10 +147,7 @@ pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 
 /// Read a Philly-format trace from a file.
 pub fn read_philly_file(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    let f = std::fs::File::open(path).map_err(|source| TraceError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let f = std::fs::File::open(path).map_err(|source| TraceError::Io { path: path.display().to_string(), source })?;
     read_philly(f, &path.display().to_string(), opts)
 }
 
@@ -177,15 +163,10 @@ struct Rows<'a> {
 impl Rows<'_> {
     fn bad(&mut self, line: u64, msg: String) -> Result<(), TraceError> {
         if !self.opts.skip_invalid {
-            return Err(TraceError::Row {
-                path: self.name.into(),
-                line,
-                msg,
-            });
+            return Err(TraceError::Row { path: self.name.into(), line, msg });
         }
         self.skipped += 1;
-        self.diagnostics
-            .push(format!("{}:{line}: {msg}", self.name));
+        self.diagnostics.push(format!("{}:{line}: {msg}", self.name));
         Ok(())
     }
 }
@@ -194,9 +175,9 @@ impl Rows<'_> {
 fn duration(v: &str, what: &str, max_s: f64) -> Result<f64, String> {
     match v.parse::<f64>() {
         Ok(d) if d.is_finite() && d > 0.0 && d <= max_s => Ok(d),
-        Ok(d) if d.is_finite() && d > max_s => Err(format!(
-            "{what} {v} s is longer than the longest accepted ({max_s} s; --max-duration-days)"
-        )),
+        Ok(d) if d.is_finite() && d > max_s => {
+            Err(format!("{what} {v} s is longer than the longest accepted ({max_s} s; --max-duration-days)"))
+        }
         Ok(_) => Err(format!("{what} must be > 0 s, got `{v}`")),
         Err(_) => Err(format!("{what} is not a number: `{v}`")),
     }
@@ -207,39 +188,14 @@ fn duration(v: &str, what: &str, max_s: f64) -> Result<f64, String> {
 /// submission. Every row must have every column of the header; GPUs are whole
 /// (Philly has no fractional GPUs).
 pub fn read_philly<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(r);
-    let headers = rdr
-        .headers()
-        .map_err(|source| TraceError::Csv {
-            path: name.into(),
-            source,
-        })?
-        .clone();
+    let mut rdr = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(r);
+    let headers = rdr.headers().map_err(|source| TraceError::Csv { path: name.into(), source })?.clone();
     let col = |c: &'static str| {
-        headers
-            .iter()
-            .position(|h| h == c)
-            .ok_or(TraceError::MissingColumn {
-                path: name.into(),
-                column: c,
-            })
+        headers.iter().position(|h| h == c).ok_or(TraceError::MissingColumn { path: name.into(), column: c })
     };
-    let (c_ts, c_dur, c_gpus, c_cl) = (
-        col("timestamp")?,
-        col("duration")?,
-        col("num_gpus")?,
-        col("cluster")?,
-    );
+    let (c_ts, c_dur, c_gpus, c_cl) = (col("timestamp")?, col("duration")?, col("num_gpus")?, col("cluster")?);
     let mut raw: Vec<(i64, f64, u32, String)> = Vec::new();
-    let mut rows = Rows {
-        name,
-        opts,
-        diagnostics: Vec::new(),
-        skipped: 0,
-    };
+    let mut rows = Rows { name, opts, diagnostics: Vec::new(), skipped: 0 };
     let mut rec = csv::StringRecord::new();
     loop {
         match rdr.read_record(&mut rec) {
@@ -253,21 +209,12 @@ pub fn read_philly<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trac
         }
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         if rec.len() != headers.len() {
-            rows.bad(
-                line,
-                format!("{} fields, the header has {}", rec.len(), headers.len()),
-            )?;
+            rows.bad(line, format!("{} fields, the header has {}", rec.len(), headers.len()))?;
             continue;
         }
         let get = |c: usize| rec.get(c).unwrap_or("");
         let Some(ts) = parse_timestamp(get(c_ts)) else {
-            rows.bad(
-                line,
-                format!(
-                    "bad timestamp `{}` (YYYY-MM-DD HH:MM:SS, a real date)",
-                    get(c_ts)
-                ),
-            )?;
+            rows.bad(line, format!("bad timestamp `{}` (YYYY-MM-DD HH:MM:SS, a real date)", get(c_ts)))?;
             continue;
         };
         let dur = match duration(get(c_dur), "duration", opts.max_duration_s) {
@@ -280,20 +227,11 @@ pub fn read_philly<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trac
         let gpus: u32 = match get(c_gpus).parse::<f64>() {
             Ok(g) if g.fract() == 0.0 && (1.0..=1e6).contains(&g) => g as u32,
             Ok(g) if g.is_finite() && g.fract() != 0.0 => {
-                rows.bad(
-                    line,
-                    format!(
-                        "num_gpus `{}` is fractional; Philly jobs hold whole GPUs",
-                        get(c_gpus)
-                    ),
-                )?;
+                rows.bad(line, format!("num_gpus `{}` is fractional; Philly jobs hold whole GPUs", get(c_gpus)))?;
                 continue;
             }
             _ => {
-                rows.bad(
-                    line,
-                    format!("bad num_gpus `{}` (a whole number 1..1000000)", get(c_gpus)),
-                )?;
+                rows.bad(line, format!("bad num_gpus `{}` (a whole number 1..1000000)", get(c_gpus)))?;
                 continue;
             }
         };
@@ -320,12 +258,7 @@ pub fn read_philly<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trac
             extra: JobExtra::default(),
         })
         .collect();
-    Ok(Trace {
-        jobs,
-        epoch_unix,
-        diagnostics: rows.diagnostics,
-        skipped: rows.skipped,
-    })
+    Ok(Trace { jobs, epoch_unix, diagnostics: rows.diagnostics, skipped: rows.skipped })
 }
 
 /// Columns of the generic trace format, in order (docs/simulator.md, "Generic
@@ -346,16 +279,10 @@ pub const GENERIC_COLUMNS: [&str; 10] = [
 /// Read a trace file in the format its header names: the generic format
 /// (`submit_time,...`) or Philly's table (`timestamp,...`).
 pub fn read_file(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    let text = std::fs::read(path).map_err(|source| TraceError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let text = std::fs::read(path).map_err(|source| TraceError::Io { path: path.display().to_string(), source })?;
     let name = path.display().to_string();
     let first = text.split(|&b| b == b'\n').next().unwrap_or(&[]);
-    if String::from_utf8_lossy(first)
-        .trim_start_matches('\u{feff}')
-        .starts_with("submit_time")
-    {
+    if String::from_utf8_lossy(first).trim_start_matches('\u{feff}').starts_with("submit_time") {
         read_generic(&text[..], &name, opts)
     } else {
         read_philly(&text[..], &name, opts)
@@ -365,11 +292,7 @@ pub fn read_file(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
 fn models(v: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for m in v.split('|').map(str::trim).filter(|m| !m.is_empty()) {
-        if !m
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            || m.len() > 32
-        {
+        if !m.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') || m.len() > 32 {
             return Err(format!("bad GPU model `{m}`"));
         }
         out.push(m.to_ascii_uppercase());
@@ -389,34 +312,17 @@ fn one_model(v: &str, what: &str) -> Result<Option<String>, String> {
 /// Read a trace in the generic format: every column of [`GENERIC_COLUMNS`] in the
 /// header (any order, extra columns ignored). Rows are stably sorted by submission.
 pub fn read_generic<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trace, TraceError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(r);
-    let headers = rdr
-        .headers()
-        .map_err(|source| TraceError::Csv {
-            path: name.into(),
-            source,
-        })?
-        .clone();
+    let mut rdr = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(r);
+    let headers = rdr.headers().map_err(|source| TraceError::Csv { path: name.into(), source })?.clone();
     let mut idx = [0usize; 10];
     for (k, c) in GENERIC_COLUMNS.iter().enumerate() {
         idx[k] = headers
             .iter()
             .position(|h| h.trim_start_matches('\u{feff}') == *c)
-            .ok_or(TraceError::MissingColumn {
-                path: name.into(),
-                column: c,
-            })?;
+            .ok_or(TraceError::MissingColumn { path: name.into(), column: c })?;
     }
     let mut raw: Vec<(i64, f64, u32, String, JobExtra)> = Vec::new();
-    let mut rows = Rows {
-        name,
-        opts,
-        diagnostics: Vec::new(),
-        skipped: 0,
-    };
+    let mut rows = Rows { name, opts, diagnostics: Vec::new(), skipped: 0 };
     let mut rec = csv::StringRecord::new();
     loop {
         match rdr.read_record(&mut rec) {
@@ -430,10 +336,7 @@ pub fn read_generic<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Tra
         }
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         if rec.len() != headers.len() {
-            rows.bad(
-                line,
-                format!("{} fields, the header has {}", rec.len(), headers.len()),
-            )?;
+            rows.bad(line, format!("{} fields, the header has {}", rec.len(), headers.len()))?;
             continue;
         }
         let get = |k: usize| rec.get(idx[k]).unwrap_or("");
@@ -459,36 +362,21 @@ pub fn read_generic<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Tra
             extra,
         })
         .collect();
-    Ok(Trace {
-        jobs,
-        epoch_unix,
-        diagnostics: rows.diagnostics,
-        skipped: rows.skipped,
-    })
+    Ok(Trace { jobs, epoch_unix, diagnostics: rows.diagnostics, skipped: rows.skipped })
 }
 
 type GenericRow = (i64, f64, u32, String, JobExtra);
 
-fn generic_row<'a>(
-    get: &dyn Fn(usize) -> &'a str,
-    opts: &ReadOptions,
-) -> Result<GenericRow, String> {
-    let ts = parse_timestamp(get(0)).ok_or_else(|| {
-        format!(
-            "bad submit_time `{}` (YYYY-MM-DD HH:MM:SS, a real date)",
-            get(0)
-        )
-    })?;
+fn generic_row<'a>(get: &dyn Fn(usize) -> &'a str, opts: &ReadOptions) -> Result<GenericRow, String> {
+    let ts = parse_timestamp(get(0))
+        .ok_or_else(|| format!("bad submit_time `{}` (YYYY-MM-DD HH:MM:SS, a real date)", get(0)))?;
     let dur = duration(get(1), "duration_s", opts.max_duration_s)?;
     let share: f64 = match get(2).parse::<f64>() {
         Ok(g) if g.is_finite() && g > 0.0 && g <= 1e6 => g,
         _ => return Err(format!("bad gpus `{}` (a number > 0)", get(2))),
     };
     if share > 1.0 && share.fract() != 0.0 {
-        return Err(format!(
-            "gpus `{}`: only requests below one GPU may be fractional",
-            get(2)
-        ));
+        return Err(format!("gpus `{}`: only requests below one GPU may be fractional", get(2)));
     }
     let gpu_models = models(get(3)).map_err(|e| format!("gpu_models: {e}"))?;
     let duration_gpu = one_model(get(4), "duration_gpu")?;
@@ -512,26 +400,14 @@ fn generic_row<'a>(
     };
     let mut datasets = Vec::new();
     for d in get(9).split('|').map(str::trim).filter(|d| !d.is_empty()) {
-        let (n, gb) = d
-            .rsplit_once(':')
-            .ok_or_else(|| format!("dataset `{d}`: expected name:GB"))?;
+        let (n, gb) = d.rsplit_once(':').ok_or_else(|| format!("dataset `{d}`: expected name:GB"))?;
         match gb.parse::<f64>() {
-            Ok(g) if g.is_finite() && g >= 0.0 && !n.is_empty() => {
-                datasets.push((n.to_string(), g))
-            }
+            Ok(g) if g.is_finite() && g >= 0.0 && !n.is_empty() => datasets.push((n.to_string(), g)),
             _ => return Err(format!("dataset `{d}`: expected name:GB with GB >= 0")),
         }
     }
     let gpus = share.ceil() as u32;
-    let extra = JobExtra {
-        gpu_share: share,
-        gpu_models,
-        duration_gpu,
-        min_gpu,
-        interruptible,
-        checkpoint_s,
-        datasets,
-    };
+    let extra = JobExtra { gpu_share: share, gpu_models, duration_gpu, min_gpu, interruptible, checkpoint_s, datasets };
     Ok((ts, dur, gpus, team, extra))
 }
 
@@ -542,13 +418,8 @@ mod tests {
     const H: &str = "timestamp,duration,num_gpus,gpu_time,cluster\n";
 
     fn check(input: &str, expected: &[(f64, f64, u32, &str)]) {
-        let t = read_philly(input.as_bytes(), "t.csv", &ReadOptions::default())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let got: Vec<_> = t
-            .jobs
-            .iter()
-            .map(|j| (j.submit_s, j.duration_s, j.gpus, j.home_label.as_str()))
-            .collect();
+        let t = read_philly(input.as_bytes(), "t.csv", &ReadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<_> = t.jobs.iter().map(|j| (j.submit_s, j.duration_s, j.gpus, j.home_label.as_str())).collect();
         assert_eq!(got, expected);
         assert!(t.diagnostics.is_empty());
     }
@@ -557,31 +428,18 @@ mod tests {
     fn check_bad(row: &str, frag: &str) {
         let input = format!("{H}2017-09-04 10:30:41,100,1,100,a\n{row}\n");
         match read_philly(input.as_bytes(), "t.csv", &ReadOptions::default()) {
-            Err(e) => assert!(
-                e.to_string().contains(&format!("t.csv:3: {frag}")),
-                "{row}: {e}"
-            ),
+            Err(e) => assert!(e.to_string().contains(&format!("t.csv:3: {frag}")), "{row}: {e}"),
             Ok(t) => panic!("{row}: accepted as {:?}", t.jobs),
         }
-        let opts = ReadOptions {
-            skip_invalid: true,
-            ..ReadOptions::default()
-        };
+        let opts = ReadOptions { skip_invalid: true, ..ReadOptions::default() };
         let t = read_philly(input.as_bytes(), "t.csv", &opts).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((t.jobs.len(), t.skipped), (1, 1), "{row}");
-        assert!(
-            t.diagnostics[0].starts_with("t.csv:3: "),
-            "{:?}",
-            t.diagnostics
-        );
+        assert!(t.diagnostics[0].starts_with("t.csv:3: "), "{:?}", t.diagnostics);
     }
 
     #[test]
     fn philly_rows() {
-        check(
-            &format!("{H}2017-09-04 10:30:41,100.0,8,800.0,aa\n"),
-            &[(0.0, 100.0, 8, "aa")],
-        );
+        check(&format!("{H}2017-09-04 10:30:41,100.0,8,800.0,aa\n"), &[(0.0, 100.0, 8, "aa")]);
         // sorted by time, ties stable
         check(
             &format!("{H}2017-09-04 10:31:41,1,1,1,b\n2017-09-04 10:30:41,2,2,4,a\n2017-09-04 10:31:41,3,1,3,c\n"),
@@ -592,57 +450,30 @@ mod tests {
     #[test]
     fn bad_rows_are_errors_with_file_and_line() {
         check_bad("nope,1,1,1,a", "bad timestamp `nope`");
-        check_bad(
-            "2017-02-30 10:00:00,1,1,1,a",
-            "bad timestamp `2017-02-30 10:00:00`",
-        );
-        check_bad(
-            "2017-09-04 10:30:41,-1,1,1,a",
-            "duration must be > 0 s, got `-1`",
-        );
+        check_bad("2017-02-30 10:00:00,1,1,1,a", "bad timestamp `2017-02-30 10:00:00`");
+        check_bad("2017-09-04 10:30:41,-1,1,1,a", "duration must be > 0 s, got `-1`");
         check_bad("2017-09-04 10:30:41,0,1,1,a", "duration must be > 0 s");
-        check_bad(
-            "2017-09-04 10:30:41,1e12,1,1,a",
-            "duration 1e12 s is longer than the longest accepted",
-        );
+        check_bad("2017-09-04 10:30:41,1e12,1,1,a", "duration 1e12 s is longer than the longest accepted");
         check_bad("2017-09-04 10:30:41,NaN,1,1,a", "duration must be > 0 s");
         check_bad("2017-09-04 10:30:41,1,0,1,a", "bad num_gpus `0`");
-        check_bad(
-            "2017-09-04 10:30:41,1,1.4,1,a",
-            "num_gpus `1.4` is fractional",
-        );
+        check_bad("2017-09-04 10:30:41,1,1.4,1,a", "num_gpus `1.4` is fractional");
         check_bad("2017-09-04 10:30:41,1,1,1", "4 fields, the header has 5");
-        check_bad(
-            "2017-09-04 10:30:41,1,1,1,a,extra",
-            "6 fields, the header has 5",
-        );
+        check_bad("2017-09-04 10:30:41,1,1,1,a,extra", "6 fields, the header has 5");
         check_bad("2017-09-04 10:30:41,1,1,1,", "empty cluster");
     }
 
     #[test]
     fn empty_trace_and_missing_column_are_errors() {
-        assert!(read_philly(
-            "timestamp,duration\n".as_bytes(),
-            "x",
-            &ReadOptions::default()
-        )
-        .is_err());
-        let e = read_philly(H.as_bytes(), "x", &ReadOptions::default())
-            .err()
-            .map(|e| e.to_string());
+        assert!(read_philly("timestamp,duration\n".as_bytes(), "x", &ReadOptions::default()).is_err());
+        let e = read_philly(H.as_bytes(), "x", &ReadOptions::default()).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("x: no jobs in the trace"));
-        let opts = ReadOptions {
-            skip_invalid: true,
-            ..ReadOptions::default()
-        };
+        let opts = ReadOptions { skip_invalid: true, ..ReadOptions::default() };
         let all_bad = format!("{H}nope,1,1,1,a\n");
-        assert!(
-            read_philly(all_bad.as_bytes(), "x", &opts).is_err(),
-            "nothing left is still empty"
-        );
+        assert!(read_philly(all_bad.as_bytes(), "x", &opts).is_err(), "nothing left is still empty");
     }
 
-    const G: &str = "submit_time,duration_s,gpus,gpu_models,duration_gpu,min_gpu,team,interruptible,checkpoint_s,datasets\n";
+    const G: &str =
+        "submit_time,duration_s,gpus,gpu_models,duration_gpu,min_gpu,team,interruptible,checkpoint_s,datasets\n";
 
     #[test]
     fn generic_rows() {
@@ -654,34 +485,19 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(t.jobs.len(), 2);
         let (a, b) = (&t.jobs[1], &t.jobs[0]);
-        assert_eq!(
-            (a.submit_s, a.duration_s, a.gpus, a.home_label.as_str()),
-            (10.0, 600.0, 1, "u1")
-        );
+        assert_eq!((a.submit_s, a.duration_s, a.gpus, a.home_label.as_str()), (10.0, 600.0, 1, "u1"));
         assert_eq!(a.extra.gpu_share, 0.25);
         assert_eq!(a.extra.gpu_models, ["T4", "V100"]);
         assert_eq!(a.extra.duration_gpu.as_deref(), Some("T4"));
-        assert_eq!(
-            (a.extra.interruptible, a.extra.checkpoint_s),
-            (Some(true), Some(300.0))
-        );
-        assert_eq!(
-            a.extra.datasets,
-            [("pai/u1".to_string(), 20.0), ("shared".to_string(), 5.0)]
-        );
-        assert_eq!(
-            (b.gpus, b.extra.min_gpu.as_deref(), b.extra.interruptible),
-            (8, Some("A100"), None)
-        );
+        assert_eq!((a.extra.interruptible, a.extra.checkpoint_s), (Some(true), Some(300.0)));
+        assert_eq!(a.extra.datasets, [("pai/u1".to_string(), 20.0), ("shared".to_string(), 5.0)]);
+        assert_eq!((b.gpus, b.extra.min_gpu.as_deref(), b.extra.interruptible), (8, Some("A100"), None));
         // the format is recognised from its header
         let dir = std::env::temp_dir().join(format!("fleet-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("g.csv");
         std::fs::write(&p, format!("{G}2020-07-01 08:00:00,60,1,,,,u,,,\n")).unwrap();
-        assert_eq!(
-            read_file(&p, &ReadOptions::default()).unwrap().jobs.len(),
-            1
-        );
+        assert_eq!(read_file(&p, &ReadOptions::default()).unwrap().jobs.len(), 1);
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -690,48 +506,21 @@ mod tests {
         let bad = |row: &str, frag: &str| {
             let input = format!("{G}2020-07-01 08:00:00,60,1,,,,u,,,\n{row}\n");
             match read_generic(input.as_bytes(), "g.csv", &ReadOptions::default()) {
-                Err(e) => assert!(
-                    e.to_string().contains(&format!("g.csv:3: {frag}")),
-                    "{row}: {e}"
-                ),
+                Err(e) => assert!(e.to_string().contains(&format!("g.csv:3: {frag}")), "{row}: {e}"),
                 Ok(_) => panic!("{row} accepted"),
             }
         };
         bad("2020-02-30 08:00:00,60,1,,,,u,,,", "bad submit_time");
-        bad(
-            "2020-07-01 08:00:00,0,1,,,,u,,,",
-            "duration_s must be > 0 s",
-        );
-        bad(
-            "2020-07-01 08:00:00,60,1.5,,,,u,,,",
-            "gpus `1.5`: only requests below one GPU may be fractional",
-        );
+        bad("2020-07-01 08:00:00,0,1,,,,u,,,", "duration_s must be > 0 s");
+        bad("2020-07-01 08:00:00,60,1.5,,,,u,,,", "gpus `1.5`: only requests below one GPU may be fractional");
         bad("2020-07-01 08:00:00,60,0,,,,u,,,", "bad gpus `0`");
-        bad(
-            "2020-07-01 08:00:00,60,1,T4;rm,,,u,,,",
-            "gpu_models: bad GPU model",
-        );
-        bad(
-            "2020-07-01 08:00:00,60,1,,T4|V100,,u,,,",
-            "duration_gpu names one GPU model",
-        );
+        bad("2020-07-01 08:00:00,60,1,T4;rm,,,u,,,", "gpu_models: bad GPU model");
+        bad("2020-07-01 08:00:00,60,1,,T4|V100,,u,,,", "duration_gpu names one GPU model");
         bad("2020-07-01 08:00:00,60,1,,,,,,,", "empty team");
-        bad(
-            "2020-07-01 08:00:00,60,1,,,,u,maybe,,",
-            "interruptible `maybe`",
-        );
-        bad(
-            "2020-07-01 08:00:00,60,1,,,,u,,-5,",
-            "bad checkpoint_s `-5`",
-        );
-        bad(
-            "2020-07-01 08:00:00,60,1,,,,u,,,data",
-            "dataset `data`: expected name:GB",
-        );
-        bad(
-            "2020-07-01 08:00:00,60,1,,,,u,,",
-            "9 fields, the header has 10",
-        );
+        bad("2020-07-01 08:00:00,60,1,,,,u,maybe,,", "interruptible `maybe`");
+        bad("2020-07-01 08:00:00,60,1,,,,u,,-5,", "bad checkpoint_s `-5`");
+        bad("2020-07-01 08:00:00,60,1,,,,u,,,data", "dataset `data`: expected name:GB");
+        bad("2020-07-01 08:00:00,60,1,,,,u,,", "9 fields, the header has 10");
     }
 
     #[test]

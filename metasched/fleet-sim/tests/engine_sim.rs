@@ -72,11 +72,7 @@ home = "home"
 fn carbon(zone: &str, g: f64) -> (String, String) {
     let mut s = String::from("datetime_utc,zone,ci_direct_gco2_kwh,ci_lca_gco2_kwh\n");
     for h in 0..48 {
-        s.push_str(&format!(
-            "2017-09-{:02} {:02}:00:00,{zone},{g},{g}\n",
-            4 + h / 24,
-            h % 24
-        ));
+        s.push_str(&format!("2017-09-{:02} {:02}:00:00,{zone},{g},{g}\n", 4 + h / 24, h % 24));
     }
     (zone.to_string(), s)
 }
@@ -99,10 +95,7 @@ fn trace_csv() -> String {
         let dur = 1800 + (i * 7919 % 12) * 3600;
         let g = [1, 2, 4, 8][(i % 4) as usize];
         let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
-        s.push_str(&format!(
-            "2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n",
-            dur * g
-        ));
+        s.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
     }
     s
 }
@@ -118,11 +111,7 @@ fn loaded(spot: Vec<SpotTrace>) -> Loaded {
 }
 
 fn spot_trace() -> SpotTrace {
-    SpotTrace::parse(
-        r#"{"metadata":{"gap_seconds":1800},"data":[4,4,4,2,4,4,0,4]}"#,
-        "spot-us-west-1",
-    )
-    .unwrap()
+    SpotTrace::parse(r#"{"metadata":{"gap_seconds":1800},"data":[4,4,4,2,4,4,0,4]}"#, "spot-us-west-1").unwrap()
 }
 
 #[test]
@@ -136,30 +125,13 @@ fn same_inputs_and_seed_give_byte_identical_outputs() {
     let f2 = write_outputs(&r2, &d2).unwrap();
     assert_eq!(f1.len(), 2 + r1.policies.len());
     for (x, y) in f1.iter().zip(&f2) {
-        assert_eq!(
-            std::fs::read(x).unwrap(),
-            std::fs::read(y).unwrap(),
-            "{} differs",
-            x.display()
-        );
+        assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{} differs", x.display());
     }
     let _ = std::fs::remove_dir_all(d1);
     let _ = std::fs::remove_dir_all(d2);
     // every policy and baseline is there, each job accounted for
     let names: Vec<&str> = r1.policies.iter().map(|p| p.policy.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "cost",
-            "time",
-            "green",
-            "home-only",
-            "greedy",
-            "greedy-spot",
-            "first-start",
-            "random"
-        ]
-    );
+    assert_eq!(names, ["cost", "time", "green", "home-only", "greedy", "greedy-spot", "first-start", "random"]);
     for p in &r1.policies {
         assert_eq!(p.completed + p.unplaced, 60, "{}", p.policy);
     }
@@ -171,59 +143,23 @@ fn engine_policy_beats_home_only_and_respects_the_lower_bound() {
     let get = |n: &str| r.policies.iter().find(|p| p.policy == n).unwrap().clone();
     let (cost, home, greedy) = (get("cost"), get("home-only"), get("greedy"));
     // home is 4x the price of cheap: the engine moves long jobs away, home-only cannot
-    assert!(
-        cost.total_usd < 0.6 * home.total_usd,
-        "cost {} home {}",
-        cost.total_usd,
-        home.total_usd
-    );
+    assert!(cost.total_usd < 0.6 * home.total_usd, "cost {} home {}", cost.total_usd, home.total_usd);
     // greedy never uses spot; the cost policy does for interruptible jobs
-    assert!(
-        cost.total_usd < greedy.total_usd,
-        "cost {} greedy {}",
-        cost.total_usd,
-        greedy.total_usd
-    );
+    assert!(cost.total_usd < greedy.total_usd, "cost {} greedy {}", cost.total_usd, greedy.total_usd);
     assert_eq!(home.moved_jobs, 0);
     // greedy with spot uses the cheaper spot capacity for these interruptible jobs
     let gs = get("greedy-spot");
-    assert!(
-        gs.spend.keys().any(|k| k.ends_with(" spot")),
-        "{:?}",
-        gs.spend
-    );
-    assert!(
-        gs.total_usd < greedy.total_usd,
-        "greedy-spot {} greedy {}",
-        gs.total_usd,
-        greedy.total_usd
-    );
-    assert!(
-        greedy.spend.keys().all(|k| !k.ends_with(" spot")),
-        "{:?}",
-        greedy.spend
-    );
+    assert!(gs.spend.keys().any(|k| k.ends_with(" spot")), "{:?}", gs.spend);
+    assert!(gs.total_usd < greedy.total_usd, "greedy-spot {} greedy {}", gs.total_usd, greedy.total_usd);
+    assert!(greedy.spend.keys().all(|k| !k.ends_with(" spot")), "{:?}", greedy.spend);
     // first-start never waits longer than greedy does for its first start
     assert!(get("first-start").wait_mean_s <= greedy.wait_mean_s + 1e-9);
     assert!(cost.moved_jobs > 0);
     assert!(r.lower_bound_usd > 0.0);
     for p in &r.policies {
-        assert!(
-            p.total_usd >= r.lower_bound_usd * 0.999,
-            "{} below the lower bound",
-            p.policy
-        );
-        let bound = r
-            .lp_bound
-            .as_ref()
-            .map(|b| b.usd)
-            .unwrap_or(0.0)
-            .max(r.lower_bound_usd);
-        assert!(
-            p.total_usd >= bound * 0.999,
-            "{} below the LP bound",
-            p.policy
-        );
+        assert!(p.total_usd >= r.lower_bound_usd * 0.999, "{} below the lower bound", p.policy);
+        let bound = r.lp_bound.as_ref().map(|b| b.usd).unwrap_or(0.0).max(r.lower_bound_usd);
+        assert!(p.total_usd >= bound * 0.999, "{} below the LP bound", p.policy);
         assert!((p.ratio_to_lower_bound - p.total_usd / bound).abs() < 1e-9);
     }
     // green emits far less than the policies that ignore carbon for speed
@@ -232,18 +168,8 @@ fn engine_policy_beats_home_only_and_respects_the_lower_bound() {
     // cost's 85 kg in this case — per-job decisions fill the clean cluster
     // early and later jobs queue or run dirty. Recorded as a known gap.
     let green = get("green");
-    assert!(
-        green.kg_co2 < 0.8 * get("time").kg_co2,
-        "green {} time {}",
-        green.kg_co2,
-        get("time").kg_co2
-    );
-    assert!(
-        green.kg_co2 < 0.2 * home.kg_co2,
-        "green {} home {}",
-        green.kg_co2,
-        home.kg_co2
-    );
+    assert!(green.kg_co2 < 0.8 * get("time").kg_co2, "green {} time {}", green.kg_co2, get("time").kg_co2);
+    assert!(green.kg_co2 < 0.2 * home.kg_co2, "green {} home {}", green.kg_co2, home.kg_co2);
     // every job that could not go anywhere else than home still ran at home
     assert_eq!(home.unplaced, 0);
 }
@@ -256,39 +182,14 @@ fn spot_trace_drops_preempt_engine_spot_jobs() {
     a.interruptible_share = 1.0;
     let jobs = fleet_sim::cli::sim_jobs(&l.trace, &mut model, &a).unwrap();
     model.assign_spot_traces(&l.spot);
-    let r = simulate(
-        &mut model,
-        Strategy::Engine("cost".into()),
-        &jobs,
-        &l.spot,
-        &SimConfig::default(),
-        &|_| {},
-    );
+    let r = simulate(&mut model, Strategy::Engine("cost".into()), &jobs, &l.spot, &SimConfig::default(), &|_| {});
     assert!(r.preemptions > 0, "{r:?}");
     assert!(r.lost_gpu_hours > 0.0);
     assert_eq!(r.completed, 60);
     // without checkpoints every preemption loses all the work done so far: more lost
-    let no_ckpt: Vec<SimJob> = jobs
-        .iter()
-        .map(|j| SimJob {
-            checkpoint_s: 0.0,
-            ..j.clone()
-        })
-        .collect();
-    let r0 = simulate(
-        &mut model,
-        Strategy::Engine("cost".into()),
-        &no_ckpt,
-        &l.spot,
-        &SimConfig::default(),
-        &|_| {},
-    );
-    assert!(
-        r0.lost_gpu_hours > r.lost_gpu_hours,
-        "{} vs {}",
-        r0.lost_gpu_hours,
-        r.lost_gpu_hours
-    );
+    let no_ckpt: Vec<SimJob> = jobs.iter().map(|j| SimJob { checkpoint_s: 0.0, ..j.clone() }).collect();
+    let r0 = simulate(&mut model, Strategy::Engine("cost".into()), &no_ckpt, &l.spot, &SimConfig::default(), &|_| {});
+    assert!(r0.lost_gpu_hours > r.lost_gpu_hours, "{} vs {}", r0.lost_gpu_hours, r.lost_gpu_hours);
 }
 
 #[test]
@@ -322,25 +223,15 @@ fn homes_are_declared_or_an_error_unless_auto_homes() {
                2017-09-04 10:00:00,60,1,1,vc8\n";
     let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
     let mut model = EngineModel::new(&setup(), 0.0).unwrap();
-    let e = model
-        .home_map(&t.jobs, false)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    assert!(
-        e.contains("2 team(s) of the trace have no declared home in the fleet file: vc9, vc8"),
-        "{e}"
-    );
+    let e = model.home_map(&t.jobs, false).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("2 team(s) of the trace have no declared home in the fleet file: vc9, vc8"), "{e}");
     let m = model.home_map(&t.jobs, true).unwrap();
     let name = |l: &str| model.fleet.clusters[m[l]].name.clone();
     assert_eq!(name("vc1"), "home"); // declared
     assert_eq!(name("vc9"), "cheap"); // biggest undeclared label: emptiest cluster per GPU
     assert_eq!(name("vc8"), "lab"); // then the next emptiest
                                     // a team "*" is the home of every undeclared label
-    let s = EngineSetup {
-        fleet_toml: format!("{FLEET}[[teams]]\nname = \"*\"\nhome = \"lab\"\n"),
-        ..setup()
-    };
+    let s = EngineSetup { fleet_toml: format!("{FLEET}[[teams]]\nname = \"*\"\nhome = \"lab\"\n"), ..setup() };
     let mut model = EngineModel::new(&s, 0.0).unwrap();
     let m = model.home_map(&t.jobs, false).unwrap();
     assert_eq!((m["vc1"], m["vc9"], m["vc8"]), (0, 2, 2));
@@ -349,10 +240,7 @@ fn homes_are_declared_or_an_error_unless_auto_homes() {
 #[test]
 fn fleet_typos_are_errors_with_file_and_line() {
     for (bad, frag) in [
-        (
-            FLEET.replace("[[clusters", "[[cluster"),
-            "f.toml:5:3: unknown field `cluster`",
-        ),
+        (FLEET.replace("[[clusters", "[[cluster"), "f.toml:5:3: unknown field `cluster`"),
         (FLEET.replace("[overheads]", "[overhead]"), "f.toml:2:"),
         (
             FLEET.replace(
@@ -361,20 +249,10 @@ fn fleet_typos_are_errors_with_file_and_line() {
             ),
             "unknown field `provison_s`",
         ),
-        (
-            FLEET.replace("nodes = 8\n", "nodes = 8\nnode = 1\n"),
-            "f.toml:28:1: unknown field `node`",
-        ),
-        (
-            FLEET.replace("home = \"home\"", "home = \"nowhere\""),
-            "home \"nowhere\" is not a cluster",
-        ),
+        (FLEET.replace("nodes = 8\n", "nodes = 8\nnode = 1\n"), "f.toml:28:1: unknown field `node`"),
+        (FLEET.replace("home = \"home\"", "home = \"nowhere\""), "home \"nowhere\" is not a cluster"),
     ] {
-        let s = EngineSetup {
-            fleet_toml: bad,
-            fleet_name: "f.toml".into(),
-            ..setup()
-        };
+        let s = EngineSetup { fleet_toml: bad, fleet_name: "f.toml".into(), ..setup() };
         match EngineModel::new(&s, 0.0) {
             Ok(_) => panic!("accepted: {frag}"),
             Err(e) => assert!(format!("{e:#}").contains(frag), "{e:#} lacks {frag}"),
@@ -421,11 +299,7 @@ nodes = 1
 name = "t"
 home = "home"
 "#;
-    let s = EngineSetup {
-        fleet_toml: fleet.into(),
-        dataset_gb: 45.0,
-        ..EngineSetup::default()
-    };
+    let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 45.0, ..EngineSetup::default() };
     let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:00:00,68400,8,1,t\n";
     let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
     let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
@@ -434,53 +308,20 @@ home = "home"
     // 8 GPUs: only the cloud's H100 pool can take it. 68,400 s of A100 work runs in
     // 36,000 s on H100s (1.9×), after 3,600 s of provisioning (billed); it queues
     // after remote submission (60 s) and staging (45 GB at 10 Gbps = 36 s + 30 s).
-    let r = simulate(
-        &mut model,
-        Strategy::Engine("cost".into()),
-        &jobs,
-        &[],
-        &SimConfig::default(),
-        &|_| {},
-    );
+    let r = simulate(&mut model, Strategy::Engine("cost".into()), &jobs, &[], &SimConfig::default(), &|_| {});
     assert_eq!(r.completed, 1);
-    assert!(
-        (r.wait_mean_s - 126.0).abs() < 1e-6,
-        "wait {}",
-        r.wait_mean_s
-    );
-    assert!(
-        (r.completion_mean_s - (126.0 + 3600.0 + 36000.0)).abs() < 1e-6,
-        "{}",
-        r.completion_mean_s
-    );
-    assert!(
-        (r.compute_usd - 2.0 * 8.0 * (3600.0 + 36000.0) / 3600.0).abs() < 1e-6,
-        "{}",
-        r.compute_usd
-    );
+    assert!((r.wait_mean_s - 126.0).abs() < 1e-6, "wait {}", r.wait_mean_s);
+    assert!((r.completion_mean_s - (126.0 + 3600.0 + 36000.0)).abs() < 1e-6, "{}", r.completion_mean_s);
+    assert!((r.compute_usd - 2.0 * 8.0 * (3600.0 + 36000.0) / 3600.0).abs() < 1e-6, "{}", r.compute_usd);
     assert!((r.egress_usd - 4.5).abs() < 1e-9, "{}", r.egress_usd);
     // an outage on the cloud sends it back to placement: it returns to the same
     // cluster (nothing else fits) and does not pay the staging again
-    let cfg = SimConfig {
-        outages: vec![(1, 7200.0, 7300.0)],
-        ..SimConfig::default()
-    };
+    let cfg = SimConfig { outages: vec![(1, 7200.0, 7300.0)], ..SimConfig::default() };
     let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
     let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &a).unwrap();
-    let r = simulate(
-        &mut model,
-        Strategy::Engine("cost".into()),
-        &jobs,
-        &[],
-        &cfg,
-        &|_| {},
-    );
+    let r = simulate(&mut model, Strategy::Engine("cost".into()), &jobs, &[], &cfg, &|_| {});
     assert_eq!((r.completed, r.outage_kills), (1, 1), "{r:?}");
-    assert!(
-        (r.egress_usd - 4.5).abs() < 1e-9,
-        "staged once: {}",
-        r.egress_usd
-    );
+    assert!((r.egress_usd - 4.5).abs() < 1e-9, "staged once: {}", r.egress_usd);
 }
 
 /// The LP bound sees capacity over time: 4 one-GPU hour-long jobs at once on a fleet
@@ -515,13 +356,9 @@ nodes = 1
 name = "t"
 home = "own"
 "#;
-    let s = EngineSetup {
-        fleet_toml: fleet.into(),
-        dataset_gb: 0.0,
-        ..EngineSetup::default()
-    };
-    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string()
-        + &"2017-09-04 10:00:00,3600,1,1,t\n".repeat(4);
+    let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv =
+        "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string() + &"2017-09-04 10:00:00,3600,1,1,t\n".repeat(4);
     let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
     let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
     let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &args(&[])).unwrap();
@@ -535,87 +372,42 @@ home = "own"
     // infeasible, not a wrong bound
     assert!(fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 1200.0, 1000).is_err());
     // in a full run every policy is at or above the LP bound it reports
-    let l = Loaded {
-        trace: t,
-        trace_name: "t".into(),
-        fleet_name: "f".into(),
-        setup: s,
-        spot: vec![],
-    };
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
     let r = run_loaded(&args(&[]), &l).unwrap();
     let lp = r.lp_bound.clone().unwrap();
     assert_eq!(r.bound_used, "lp");
     for p in &r.policies {
-        assert!(
-            p.total_usd >= lp.usd - 1e-6,
-            "{} {} < {}",
-            p.policy,
-            p.total_usd,
-            lp.usd
-        );
+        assert!(p.total_usd >= lp.usd - 1e-6, "{} {} < {}", p.policy, p.total_usd, lp.usd);
     }
     // cost per team adds up; the owned GPU's fixed cost covers the whole run and its
     // idle share is what no job paid for
     for p in &r.policies {
         let teams: f64 = p.cost_by_team.values().sum();
-        assert!(
-            (teams - p.total_usd).abs() < 1e-6,
-            "{} {teams} vs {}",
-            p.policy,
-            p.total_usd
-        );
+        assert!((teams - p.total_usd).abs() < 1e-6, "{} {teams} vs {}", p.policy, p.total_usd);
         assert_eq!(p.cost_by_team.keys().collect::<Vec<_>>(), ["t"]);
         let h = p.makespan_s / 3600.0;
-        assert!(
-            (p.owned_fixed_usd - h).abs() < 1e-9,
-            "{} {}",
-            p.policy,
-            p.owned_fixed_usd
-        );
-        let own_used = p
-            .spend
-            .iter()
-            .filter(|(k, _)| k.starts_with("own/"))
-            .map(|(_, s)| s.gpu_hours)
-            .sum::<f64>();
-        assert!(
-            (p.owned_idle_share - (1.0 - own_used / h)).abs() < 1e-9,
-            "{p:?}"
-        );
+        assert!((p.owned_fixed_usd - h).abs() < 1e-9, "{} {}", p.policy, p.owned_fixed_usd);
+        let own_used = p.spend.iter().filter(|(k, _)| k.starts_with("own/")).map(|(_, s)| s.gpu_hours).sum::<f64>();
+        assert!((p.owned_idle_share - (1.0 - own_used / h)).abs() < 1e-9, "{p:?}");
         assert!(own_used > 0.0, "{p:?}");
     }
 }
 
 #[test]
 fn help_lists_only_the_simulators_flags_and_json_is_a_flag() {
-    let e = fleet_sim::cli::parse_from(["fleetctl simulate".to_string(), "--help".to_string()])
-        .err()
-        .unwrap();
+    let e = fleet_sim::cli::parse_from(["fleetctl simulate".to_string(), "--help".to_string()]).err().unwrap();
     assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
     let help = e.render().to_string();
     assert!(help.contains("Usage: fleetctl simulate"), "{help}");
-    for own in [
-        "--trace",
-        "--fleet",
-        "--skip-invalid",
-        "--auto-homes",
-        "--lp-max-vars",
-        "--json",
-    ] {
+    for own in ["--trace", "--fleet", "--skip-invalid", "--auto-homes", "--lp-max-vars", "--json"] {
         assert!(help.contains(own), "{own} missing:\n{help}");
     }
     for foreign in ["--url", "--token-file", "--ca-file"] {
         assert!(!help.contains(foreign), "{foreign} in:\n{help}");
     }
-    let a = fleet_sim::cli::parse_from(
-        ["x", "--trace", "t", "--fleet", "f", "--json"].map(String::from),
-    )
-    .unwrap();
+    let a = fleet_sim::cli::parse_from(["x", "--trace", "t", "--fleet", "f", "--json"].map(String::from)).unwrap();
     assert!(a.json);
-    assert!(fleet_sim::cli::parse_from(
-        ["x", "--trace", "t", "--fleet", "f", "--url", "u"].map(String::from)
-    )
-    .is_err());
+    assert!(fleet_sim::cli::parse_from(["x", "--trace", "t", "--fleet", "f", "--url", "u"].map(String::from)).is_err());
 }
 
 /// PAI's published layout → generic format → simulator: fractional GPUs hold one
@@ -625,23 +417,14 @@ fn help_lists_only_the_simulators_flags_and_json_is_a_flag() {
 fn pai_sample_converts_and_simulates_with_model_constraints() {
     let (jobs, tasks) = fleet_sim::convert::pai_sample(300, 7);
     let mut out = Vec::new();
-    let (n, left) =
-        fleet_sim::convert::pai_to_generic(jobs.as_bytes(), "j", tasks.as_bytes(), "t", &mut out)
-            .unwrap();
+    let (n, left) = fleet_sim::convert::pai_to_generic(jobs.as_bytes(), "j", tasks.as_bytes(), "t", &mut out).unwrap();
     assert_eq!(n + left, 300);
     assert!(left > 0 && n > 200, "{n} {left}");
     let text = String::from_utf8(out).unwrap();
-    assert!(
-        text.lines().any(|l| l.contains(",0.25,T4,T4,")),
-        "a quarter-GPU T4 job"
-    );
+    assert!(text.lines().any(|l| l.contains(",0.25,T4,T4,")), "a quarter-GPU T4 job");
     assert!(text.lines().any(|l| l.contains(",V100-32GB,V100-32GB,")));
-    assert!(
-        text.lines().any(|l| l.contains(",,K80,")),
-        "MISC: no constraint, K80 speed"
-    );
-    let t =
-        fleet_sim::trace::read_generic(text.as_bytes(), "g.csv", &ReadOptions::default()).unwrap();
+    assert!(text.lines().any(|l| l.contains(",,K80,")), "MISC: no constraint, K80 speed");
+    let t = fleet_sim::trace::read_generic(text.as_bytes(), "g.csv", &ReadOptions::default()).unwrap();
     assert_eq!(t.jobs.len(), n);
     // a fleet with T4s, V100s and A100s (no P100 and no 32 GB V100: those jobs
     // cannot be placed anywhere)
@@ -678,28 +461,14 @@ nodes = 8
 name = "*"
 home = "a100"
 "#;
-    let s = EngineSetup {
-        fleet_toml: fleet.into(),
-        dataset_gb: 1.0,
-        ..EngineSetup::default()
-    };
-    let l = Loaded {
-        trace: t.clone(),
-        trace_name: "g".into(),
-        fleet_name: "f".into(),
-        setup: s,
-        spot: vec![],
-    };
+    let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 1.0, ..EngineSetup::default() };
+    let l = Loaded { trace: t.clone(), trace_name: "g".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
     let r = run_loaded(&args(&["--policy", "cost", "--lp-max-vars", "0"]), &l).unwrap();
     let p = &r.policies[0];
     let pinned = |m: &str| t.jobs.iter().filter(|j| j.extra.gpu_models == [m]).count();
     assert_eq!(p.unplaced, pinned("P100") + pinned("V100-32GB"), "{p:?}");
     // T4-only jobs ran on the T4 pool and nowhere else can: the T4 pool was used
-    assert!(
-        p.spend.keys().any(|k| k.starts_with("t4/")),
-        "{:?}",
-        p.spend
-    );
+    assert!(p.spend.keys().any(|k| k.starts_with("t4/")), "{:?}", p.spend);
     // unconstrained jobs (MISC, measured on a K80 at 0.1×) run 10× faster on A100s
     let misc: f64 = t
         .jobs
@@ -707,12 +476,7 @@ home = "a100"
         .filter(|j| j.extra.gpu_models.is_empty())
         .map(|j| j.duration_s * j.gpus as f64 / 3600.0 * 0.1)
         .sum();
-    let a100 = p
-        .spend
-        .iter()
-        .filter(|(k, _)| k.starts_with("a100/"))
-        .map(|(_, s)| s.gpu_hours)
-        .sum::<f64>();
+    let a100 = p.spend.iter().filter(|(k, _)| k.starts_with("a100/")).map(|(_, s)| s.gpu_hours).sum::<f64>();
     assert!(a100 >= misc * 0.99, "A100 GPU-h {a100} vs MISC work {misc}");
 }
 
@@ -730,8 +494,5 @@ fn philly_converts_to_the_generic_format_losslessly() {
             (b.submit_s, b.duration_s, b.gpus, &b.home_label)
         );
     }
-    assert_eq!(
-        fleet_sim::convert::roundtrip(1_593_561_600),
-        Some(1_593_561_600)
-    );
+    assert_eq!(fleet_sim::convert::roundtrip(1_593_561_600), Some(1_593_561_600));
 }

@@ -256,7 +256,9 @@ impl Client {
         let mut builder = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(30));
         if let Some(path) = &cli.ca_file {
             let pem = fleet_api::client::read_ca_bundle(path).map_err(anyhow::Error::msg)?;
-            for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| format!("parsing the CA bundle {}", path.display()))? {
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("parsing the CA bundle {}", path.display()))?
+            {
                 builder = builder.add_root_certificate(cert);
             }
         }
@@ -351,24 +353,18 @@ impl Zone {
         if !t.is_finite() {
             return None;
         }
-        OffsetDateTime::from_unix_timestamp(t.floor() as i64)
-            .ok()
-            .map(|d| d.to_offset(self.0))
+        OffsetDateTime::from_unix_timestamp(t.floor() as i64).ok().map(|d| d.to_offset(self.0))
     }
 
     /// `2026-12-01 14:55:44`, in this zone.
     fn short(self, t: f64) -> String {
         let f = format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
-        self.at(t)
-            .and_then(|d| d.format(&f).ok())
-            .unwrap_or_else(|| "-".into())
+        self.at(t).and_then(|d| d.format(&f).ok()).unwrap_or_else(|| "-".into())
     }
 
     /// `2026-12-01T14:55:44+01:00` (`Z` in UTC).
     fn iso(self, t: f64) -> String {
-        self.at(t)
-            .and_then(|d| d.format(&Rfc3339).ok())
-            .unwrap_or_else(|| "-".into())
+        self.at(t).and_then(|d| d.format(&Rfc3339).ok()).unwrap_or_else(|| "-".into())
     }
 
     /// `UTC` or `+01:00`, for column headers.
@@ -391,11 +387,7 @@ fn parse_since(s: &str, now: f64, zone: Zone) -> Result<f64, String> {
     };
     let s = s.trim();
     if let Some(n) = s.strip_prefix('@') {
-        return n
-            .parse::<f64>()
-            .ok()
-            .filter(|t| t.is_finite() && *t >= 0.0)
-            .ok_or_else(bad);
+        return n.parse::<f64>().ok().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(bad);
     }
     if s.starts_with(|c: char| c.is_ascii_digit()) && s.ends_with(['s', 'm', 'h', 'd', 'w']) {
         let mut total: u64 = 0;
@@ -415,17 +407,13 @@ fn parse_since(s: &str, now: f64, zone: Zone) -> Result<f64, String> {
             };
             let n: u64 = num.parse().map_err(|_| bad())?;
             num.clear();
-            total = n
-                .checked_mul(unit)
-                .and_then(|v| total.checked_add(v))
-                .ok_or_else(bad)?;
+            total = n.checked_mul(unit).and_then(|v| total.checked_add(v)).ok_or_else(bad)?;
         }
         return Ok(now - total as f64);
     }
     // A date, then optionally [T ]HH:MM[:SS] and a zone.
     let date_part = s.get(..10).ok_or_else(bad)?;
-    let date =
-        Date::parse(date_part, format_description!("[year]-[month]-[day]")).map_err(|_| bad())?;
+    let date = Date::parse(date_part, format_description!("[year]-[month]-[day]")).map_err(|_| bad())?;
     let mut rest = &s[10..];
     let mut t = Time::MIDNIGHT;
     if let Some(r) = rest.strip_prefix(['T', 't', ' ']) {
@@ -439,15 +427,10 @@ fn parse_since(s: &str, now: f64, zone: Zone) -> Result<f64, String> {
     let offset = match rest {
         "" => zone.0,
         "Z" | "z" => UtcOffset::UTC,
-        z => UtcOffset::parse(
-            z,
-            format_description!("[offset_hour sign:mandatory]:[offset_minute]"),
-        )
-        .map_err(|_| bad())?,
+        z => UtcOffset::parse(z, format_description!("[offset_hour sign:mandatory]:[offset_minute]"))
+            .map_err(|_| bad())?,
     };
-    Ok(PrimitiveDateTime::new(date, t)
-        .assume_offset(offset)
-        .unix_timestamp() as f64)
+    Ok(PrimitiveDateTime::new(date, t).assume_offset(offset).unix_timestamp() as f64)
 }
 
 /// The EXIT column: Slurm's `code` or `code:signal` for a job that ran;
@@ -468,9 +451,7 @@ fn exit_text(j: &JobRecord) -> String {
 /// Did the job's script run (as far as its record tells)? See [`exit_text`].
 fn ran(j: &JobRecord) -> bool {
     j.remote_job_id.is_some()
-        && (j.state == JobState::Completed
-            || j.exit_code.unwrap_or(0) != 0
-            || j.signal.unwrap_or(0) != 0)
+        && (j.state == JobState::Completed || j.exit_code.unwrap_or(0) != 0 || j.signal.unwrap_or(0) != 0)
 }
 
 /// Left-aligned columns separated by two spaces.
@@ -555,7 +536,20 @@ fn jobs_table(jobs: &[JobRecord], now: f64, zone: Zone) -> String {
         .collect();
     let submitted = format!("SUBMITTED({})", zone.name());
     let t = table(
-        &["ID", "USER", "ORIGIN", "ORIGIN_JOB", "TARGET", "REMOTE", "STATE", "EXIT", &submitted, "AGE", "REQUEST", "REASON"],
+        &[
+            "ID",
+            "USER",
+            "ORIGIN",
+            "ORIGIN_JOB",
+            "TARGET",
+            "REMOTE",
+            "STATE",
+            "EXIT",
+            &submitted,
+            "AGE",
+            "REQUEST",
+            "REASON",
+        ],
         &rows,
     );
     // No trailing blanks where the last column is empty.
@@ -610,11 +604,7 @@ fn jobs_query(a: &JobsArgs, now: f64, zone: Zone) -> anyhow::Result<String> {
         })?;
         q.push(format!("state={parsed}"));
     }
-    for (key, v) in [
-        ("origin", &a.origin),
-        ("target", &a.cluster),
-        ("user", &a.user),
-    ] {
+    for (key, v) in [("origin", &a.origin), ("target", &a.cluster), ("user", &a.user)] {
         if let Some(v) = v {
             q.push(format!("{key}={}", query_escape(v)));
         }
@@ -623,20 +613,14 @@ fn jobs_query(a: &JobsArgs, now: f64, zone: Zone) -> anyhow::Result<String> {
         q.push(format!("origin_job={n}"));
     }
     if let Some(w) = &a.since {
-        q.push(format!(
-            "since={}",
-            parse_since(w, now, zone).map_err(anyhow::Error::msg)?
-        ));
+        q.push(format!("since={}", parse_since(w, now, zone).map_err(anyhow::Error::msg)?));
     }
     if a.active || a.finished {
         q.push(format!("active={}", a.active));
     }
     if a.limit > 0 {
         q.push(format!("limit={}", a.limit + 1));
-        q.push(format!(
-            "offset={}",
-            u64::from(a.page - 1) * u64::from(a.limit)
-        ));
+        q.push(format!("offset={}", u64::from(a.page - 1) * u64::from(a.limit)));
     } else if a.page > 1 {
         bail!("--page needs a --limit above 0");
     }
@@ -728,7 +712,10 @@ fn rebalance_text(r: &Rebalance, now: f64) -> String {
             ]
         })
         .collect();
-    s.push_str(&table(&["JOB", "FROM", "TO", "POOL", "PRICING", "LEFT", "STAY$", "MOVE$", "MIGRATE$", "SAVING$"], &rows));
+    s.push_str(&table(
+        &["JOB", "FROM", "TO", "POOL", "PRICING", "LEFT", "STAY$", "MOVE$", "MIGRATE$", "SAVING$"],
+        &rows,
+    ));
     s.push_str("proposals only: migrations are not carried out yet\n");
     s
 }
@@ -993,18 +980,16 @@ mod tests {
             reason: None,
         };
         let t = rebalance_text(&r, 105.0);
-        assert!(t.starts_with("pass 5s ago, policy cost: 1 running interruptible job(s) considered, 1 proposal(s)\n"), "{t}");
+        assert!(
+            t.starts_with("pass 5s ago, policy cost: 1 running interruptible job(s) considered, 1 proposal(s)\n"),
+            "{t}"
+        );
         assert!(t.contains("j1   a     b"), "{t}");
         assert!(t.contains("12.35"), "{t}");
         assert!(t.ends_with("proposals only: migrations are not carried out yet\n"), "{t}");
     }
 
-    fn record(
-        state: JobState,
-        remote: Option<u64>,
-        exit_code: Option<i32>,
-        signal: Option<i32>,
-    ) -> JobRecord {
+    fn record(state: JobState, remote: Option<u64>, exit_code: Option<i32>, signal: Option<i32>) -> JobRecord {
         serde_json::from_value(serde_json::json!({
             "fleet_job_id": "j1", "origin": "beta", "state": state, "submitted_at": 0.0, "updated_at": 0.0,
             "remote_job_id": remote, "exit_code": exit_code, "signal": signal,
@@ -1029,11 +1014,7 @@ mod tests {
             (Cancelled, Some(7), Some(0), Some(0), "-"),
             (Lost, Some(7), None, None, "-"),
         ] {
-            assert_eq!(
-                exit_text(&record(state, remote, code, sig)),
-                want,
-                "{state} {remote:?} {code:?} {sig:?}"
-            );
+            assert_eq!(exit_text(&record(state, remote, code, sig)), want, "{state} {remote:?} {code:?} {sig:?}");
         }
     }
 
@@ -1079,10 +1060,7 @@ mod tests {
             "2025-12-01Tx",
         ] {
             let e = parse_since(bad, now, utc).unwrap_err();
-            assert!(
-                e.contains("--since") && e.contains("duration"),
-                "{bad}: {e}"
-            );
+            assert!(e.contains("--since") && e.contains("duration"), "{bad}: {e}");
         }
     }
 
@@ -1098,17 +1076,11 @@ mod tests {
         let mut lines = t.lines();
         let header = lines.next().unwrap();
         assert!(
-            header.starts_with(
-                "ID  USER  ORIGIN  ORIGIN_JOB  TARGET  REMOTE  STATE   EXIT  SUBMITTED(UTC)"
-            ),
+            header.starts_with("ID  USER  ORIGIN  ORIGIN_JOB  TARGET  REMOTE  STATE   EXIT  SUBMITTED(UTC)"),
             "{t}"
         );
         let row = lines.next().unwrap();
-        let cells: Vec<&str> = row
-            .split("  ")
-            .filter(|c| !c.is_empty())
-            .map(str::trim)
-            .collect();
+        let cells: Vec<&str> = row.split("  ").filter(|c| !c.is_empty()).map(str::trim).collect();
         assert_eq!(
             cells,
             [
@@ -1127,49 +1099,25 @@ mod tests {
             ],
             "{t}"
         );
-        let f = job_fields(
-            &j,
-            1_764_600_300.0,
-            Zone(UtcOffset::from_hms(1, 0, 0).unwrap()),
-        );
-        assert!(
-            f.contains("submitted_at      2025-12-01T15:40:00+01:00 (5m ago; 1764600000.000)"),
-            "{f}"
-        );
-        assert!(
-            f.contains("exit              - (never ran; see reason)"),
-            "{f}"
-        );
+        let f = job_fields(&j, 1_764_600_300.0, Zone(UtcOffset::from_hms(1, 0, 0).unwrap()));
+        assert!(f.contains("submitted_at      2025-12-01T15:40:00+01:00 (5m ago; 1764600000.000)"), "{f}");
+        assert!(f.contains("exit              - (never ran; see reason)"), "{f}");
         assert!(f.contains("user              ann"), "{f}");
 
-        let args =
-            |extra: &[&str]| match Cli::try_parse_from(["fleetctl", "jobs"].iter().chain(extra))
-                .unwrap()
-                .command
-            {
-                Command::Jobs(a) => a,
-                c => panic!("{c:?}"),
-            };
-        let q = |extra: &[&str]| {
-            jobs_query(&args(extra), 1_000_000.0, Zone(UtcOffset::UTC)).map_err(|e| e.to_string())
+        let args = |extra: &[&str]| match Cli::try_parse_from(["fleetctl", "jobs"].iter().chain(extra)).unwrap().command
+        {
+            Command::Jobs(a) => a,
+            c => panic!("{c:?}"),
         };
+        let q = |extra: &[&str]| jobs_query(&args(extra), 1_000_000.0, Zone(UtcOffset::UTC)).map_err(|e| e.to_string());
         assert_eq!(q(&[]).unwrap(), "/v1/jobs?order=desc&limit=51&offset=0");
         assert_eq!(
             q(&["--user", "a b", "--cluster", "alpha", "--origin", "beta", "--origin-job", "7", "--since", "1h", "--state", "FAILED", "--finished", "--limit", "10", "--page", "3"]).unwrap(),
             "/v1/jobs?order=desc&state=failed&origin=beta&target=alpha&user=a%20b&origin_job=7&since=996400&active=false&limit=11&offset=20"
         );
-        assert_eq!(
-            q(&["--limit", "0", "--active"]).unwrap(),
-            "/v1/jobs?order=desc&active=true"
-        );
-        assert!(q(&["--limit", "0", "--page", "2"])
-            .unwrap_err()
-            .contains("--page needs a --limit"));
-        assert!(q(&["--state", "bogus"])
-            .unwrap_err()
-            .contains("--state \"bogus\": unknown state"));
-        assert!(q(&["--since", "soon"])
-            .unwrap_err()
-            .contains("--since \"soon\""));
+        assert_eq!(q(&["--limit", "0", "--active"]).unwrap(), "/v1/jobs?order=desc&active=true");
+        assert!(q(&["--limit", "0", "--page", "2"]).unwrap_err().contains("--page needs a --limit"));
+        assert!(q(&["--state", "bogus"]).unwrap_err().contains("--state \"bogus\": unknown state"));
+        assert!(q(&["--since", "soon"]).unwrap_err().contains("--since \"soon\""));
     }
 }

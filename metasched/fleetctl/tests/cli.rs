@@ -14,7 +14,13 @@ fn config(dir: &Path) -> Config {
         .map(|n| {
             let p = dir.join(format!("{n}.token"));
             std::fs::write(&p, format!("tok-{n}")).unwrap();
-            ClusterConfig { name: n.to_string(), region: "lab".into(), provider: "onprem".into(), token_file: p, ..Default::default() }
+            ClusterConfig {
+                name: n.to_string(),
+                region: "lab".into(),
+                provider: "onprem".into(),
+                token_file: p,
+                ..Default::default()
+            }
         })
         .collect();
     Config {
@@ -182,13 +188,7 @@ async fn jobs_for_admins() {
         }],
         ..Default::default()
     };
-    let r = http
-        .post(format!("{url}/v1/heartbeat"))
-        .bearer_auth("tok-alpha")
-        .json(&hb)
-        .send()
-        .await
-        .unwrap();
+    let r = http.post(format!("{url}/v1/heartbeat")).bearer_auth("tok-alpha").json(&hb).send().await.unwrap();
     assert!(r.status().is_success());
     // Oldest first: ann-1, bob-1, ann-2.
     for (id, user) in [("ann-1", "ann"), ("bob-1", "bob"), ("ann-2", "ann")] {
@@ -197,23 +197,13 @@ async fn jobs_for_admins() {
             request: JobRequest {
                 origin: "beta".into(),
                 user_name: Some(user.into()),
-                gpus: vec![GpuRequest {
-                    gpu_type: Some("h100".into()),
-                    count: 1,
-                    scope: GpuScope::Node,
-                }],
+                gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 1, scope: GpuScope::Node }],
                 time_limit_min: Some(30),
                 ..Default::default()
             },
             tentative_target: "alpha".into(),
         };
-        let r = http
-            .post(format!("{url}/v1/jobs"))
-            .bearer_auth("tok-beta")
-            .json(&fwd)
-            .send()
-            .await
-            .unwrap();
+        let r = http.post(format!("{url}/v1/jobs")).bearer_auth("tok-beta").json(&fwd).send().await.unwrap();
         assert!(r.status().is_success());
     }
     // bob-1's stand-in (job 4711 at beta) starts; sbatch at alpha refuses it.
@@ -221,9 +211,7 @@ async fn jobs_for_admins() {
     let r = http
         .post(format!("{url}/v1/jobs/bob-1/start"))
         .header("Authorization", format!("FleetJob {token}"))
-        .json(&StartRequest {
-            origin_job_id: 4711,
-        })
+        .json(&StartRequest { origin_job_id: 4711 })
         .send()
         .await
         .unwrap();
@@ -236,126 +224,42 @@ async fn jobs_for_admins() {
         final_stderr_len: Some(0),
         ..Default::default()
     };
-    let r = http
-        .post(format!("{url}/v1/jobs/bob-1/status"))
-        .bearer_auth("tok-alpha")
-        .json(&upd)
-        .send()
-        .await
-        .unwrap();
+    let r = http.post(format!("{url}/v1/jobs/bob-1/status")).bearer_auth("tok-alpha").json(&upd).send().await.unwrap();
     assert!(r.status().is_success(), "{:?}", r.text().await);
 
     let ids = |out: &str| {
-        out.lines()
-            .skip(1)
-            .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
-            .collect::<Vec<_>>()
+        out.lines().skip(1).map(|l| l.split_whitespace().next().unwrap_or("").to_string()).collect::<Vec<_>>()
     };
     let o = ctl(&url, dir, &["--utc", "jobs"]).await;
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(
-        ids(&out),
-        ["ann-2", "bob-1", "ann-1"],
-        "newest first:\n{out}"
-    );
-    assert!(
-        out.starts_with(
-            "ID     USER  ORIGIN  ORIGIN_JOB  TARGET  REMOTE  STATE   EXIT  SUBMITTED(UTC)"
-        ),
-        "{out}"
-    );
+    assert_eq!(ids(&out), ["ann-2", "bob-1", "ann-1"], "newest first:\n{out}");
+    assert!(out.starts_with("ID     USER  ORIGIN  ORIGIN_JOB  TARGET  REMOTE  STATE   EXIT  SUBMITTED(UTC)"), "{out}");
     let bob = out.lines().find(|l| l.starts_with("bob-1")).unwrap();
-    let cells: Vec<&str> = bob
-        .split("  ")
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .collect();
-    assert_eq!(
-        &cells[..8],
-        ["bob-1", "bob", "beta", "4711", "alpha", "-", "failed", "-"],
-        "{out}"
-    );
-    assert!(
-        cells[8].len() == 19 && cells[8].as_bytes()[10] == b' ',
-        "a date and time: {out}"
-    );
-    assert!(
-        bob.ends_with("sbatch at alpha: error: Invalid account"),
-        "{out}"
-    );
+    let cells: Vec<&str> = bob.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(&cells[..8], ["bob-1", "bob", "beta", "4711", "alpha", "-", "failed", "-"], "{out}");
+    assert!(cells[8].len() == 19 && cells[8].as_bytes()[10] == b' ', "a date and time: {out}");
+    assert!(bob.ends_with("sbatch at alpha: error: Invalid account"), "{out}");
 
     let o = ctl(&url, dir, &["jobs", "--user", "ann"]).await;
-    assert_eq!(
-        ids(&String::from_utf8_lossy(&o.stdout)),
-        ["ann-2", "ann-1"],
-        "{}",
-        text(&o)
-    );
-    let o = ctl(
-        &url,
-        dir,
-        &["jobs", "--origin-job", "4711", "--origin", "beta"],
-    )
-    .await;
-    assert_eq!(
-        ids(&String::from_utf8_lossy(&o.stdout)),
-        ["bob-1"],
-        "{}",
-        text(&o)
-    );
-    let o = ctl(
-        &url,
-        dir,
-        &["jobs", "--cluster", "alpha", "--state", "failed"],
-    )
-    .await;
-    assert_eq!(
-        ids(&String::from_utf8_lossy(&o.stdout)),
-        ["bob-1"],
-        "{}",
-        text(&o)
-    );
+    assert_eq!(ids(&String::from_utf8_lossy(&o.stdout)), ["ann-2", "ann-1"], "{}", text(&o));
+    let o = ctl(&url, dir, &["jobs", "--origin-job", "4711", "--origin", "beta"]).await;
+    assert_eq!(ids(&String::from_utf8_lossy(&o.stdout)), ["bob-1"], "{}", text(&o));
+    let o = ctl(&url, dir, &["jobs", "--cluster", "alpha", "--state", "failed"]).await;
+    assert_eq!(ids(&String::from_utf8_lossy(&o.stdout)), ["bob-1"], "{}", text(&o));
     let o = ctl(&url, dir, &["jobs", "--active"]).await;
-    assert_eq!(
-        ids(&String::from_utf8_lossy(&o.stdout)),
-        ["ann-2", "ann-1"],
-        "{}",
-        text(&o)
-    );
+    assert_eq!(ids(&String::from_utf8_lossy(&o.stdout)), ["ann-2", "ann-1"], "{}", text(&o));
     let o = ctl(&url, dir, &["jobs", "--since", "1h"]).await;
-    assert_eq!(
-        ids(&String::from_utf8_lossy(&o.stdout)).len(),
-        3,
-        "{}",
-        text(&o)
-    );
+    assert_eq!(ids(&String::from_utf8_lossy(&o.stdout)).len(), 3, "{}", text(&o));
     let o = ctl(&url, dir, &["jobs", "--since", "2999-01-01"]).await;
-    assert!(
-        ids(&String::from_utf8_lossy(&o.stdout)).is_empty(),
-        "{}",
-        text(&o)
-    );
+    assert!(ids(&String::from_utf8_lossy(&o.stdout)).is_empty(), "{}", text(&o));
 
     // Pages of two: the footer (stderr) points at the next page.
     let o = ctl(&url, dir, &["jobs", "--limit", "2"]).await;
-    assert_eq!(
-        ids(&String::from_utf8_lossy(&o.stdout)),
-        ["ann-2", "bob-1"],
-        "{}",
-        text(&o)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&o.stderr),
-        "fleetctl: jobs 1-2 (newest first); more on --page 2\n"
-    );
+    assert_eq!(ids(&String::from_utf8_lossy(&o.stdout)), ["ann-2", "bob-1"], "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "fleetctl: jobs 1-2 (newest first); more on --page 2\n");
     let o = ctl(&url, dir, &["jobs", "--limit", "2", "--page", "2"]).await;
-    assert_eq!(
-        ids(&String::from_utf8_lossy(&o.stdout)),
-        ["ann-1"],
-        "{}",
-        text(&o)
-    );
+    assert_eq!(ids(&String::from_utf8_lossy(&o.stdout)), ["ann-1"], "{}", text(&o));
     assert!(o.stderr.is_empty(), "{}", text(&o));
     let o = ctl(&url, dir, &["--json", "jobs", "--limit", "1"]).await;
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -364,24 +268,13 @@ async fn jobs_for_admins() {
 
     let o = ctl(&url, dir, &["--utc", "job", "bob-1"]).await;
     let out = text(&o);
-    assert!(
-        out.contains("exit              - (never ran; see reason)"),
-        "{out}"
-    );
+    assert!(out.contains("exit              - (never ran; see reason)"), "{out}");
     assert!(out.contains("user              bob"), "{out}");
-    assert!(
-        out.lines()
-            .any(|l| l.starts_with("submitted_at") && l.contains("Z (") && l.contains("s ago; ")),
-        "{out}"
-    );
+    assert!(out.lines().any(|l| l.starts_with("submitted_at") && l.contains("Z (") && l.contains("s ago; ")), "{out}");
 
     let o = ctl(&url, dir, &["jobs", "--since", "last tuesday"]).await;
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        text(&o).contains("--since \"last tuesday\": expected a duration"),
-        "{}",
-        text(&o)
-    );
+    assert!(text(&o).contains("--since \"last tuesday\": expected a duration"), "{}", text(&o));
 
     let _ = stop.send(());
     server.await.unwrap().unwrap();

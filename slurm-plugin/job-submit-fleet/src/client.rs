@@ -36,15 +36,8 @@ impl std::fmt::Display for AskError {
 }
 
 /// Ask the agent about `job` (taken by value: the script is not copied).
-pub fn ask(
-    socket: &Path,
-    job: Box<JobRequest>,
-    timeout: Duration,
-) -> Result<PluginReply, AskError> {
-    let req = PluginRequest::Submit {
-        v: WIRE_VERSION,
-        job,
-    };
+pub fn ask(socket: &Path, job: Box<JobRequest>, timeout: Duration) -> Result<PluginReply, AskError> {
+    let req = PluginRequest::Submit { v: WIRE_VERSION, job };
     round_trip(socket, &req, timeout)
 }
 
@@ -59,25 +52,17 @@ fn arm(stream: &UnixStream, deadline: Instant, timeout: Duration) -> Result<(), 
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 /// Send `req`, read one reply line, all within `timeout`.
-pub fn round_trip(
-    socket: &Path,
-    req: &PluginRequest,
-    timeout: Duration,
-) -> Result<PluginReply, AskError> {
+pub fn round_trip(socket: &Path, req: &PluginRequest, timeout: Duration) -> Result<PluginReply, AskError> {
     let deadline = Instant::now() + timeout;
     let mut line = serde_json::to_vec(req).map_err(|e| AskError::Protocol(e.to_string()))?;
     line.push(b'\n');
 
     let addr = SockAddr::unix(socket).map_err(AskError::Connect)?;
-    let sock = Socket::new(Domain::UNIX, Type::STREAM.nonblocking().cloexec(), None)
-        .map_err(AskError::Connect)?;
+    let sock = Socket::new(Domain::UNIX, Type::STREAM.nonblocking().cloexec(), None).map_err(AskError::Connect)?;
     sock.connect(&addr).map_err(AskError::Connect)?;
     sock.set_nonblocking(false).map_err(AskError::Connect)?;
     let mut stream = UnixStream::from(std::os::fd::OwnedFd::from(sock));
@@ -98,21 +83,14 @@ pub fn round_trip(
     let mut chunk = [0u8; 4096];
     loop {
         if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-            return serde_json::from_slice(&buf[..pos])
-                .map_err(|e| AskError::Protocol(e.to_string()));
+            return serde_json::from_slice(&buf[..pos]).map_err(|e| AskError::Protocol(e.to_string()));
         }
         if buf.len() > MAX_REPLY_BYTES {
-            return Err(AskError::Protocol(format!(
-                "reply longer than {MAX_REPLY_BYTES} bytes"
-            )));
+            return Err(AskError::Protocol(format!("reply longer than {MAX_REPLY_BYTES} bytes")));
         }
         arm(&stream, deadline, timeout)?;
         match stream.read(&mut chunk) {
-            Ok(0) => {
-                return Err(AskError::Protocol(
-                    "agent closed the connection without a reply".into(),
-                ))
-            }
+            Ok(0) => return Err(AskError::Protocol("agent closed the connection without a reply".into())),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if is_timeout(&e) => return Err(AskError::Timeout(timeout)),
@@ -168,32 +146,19 @@ mod tests {
     }
 
     fn ping(path: &Path, ms: u64) -> Result<PluginReply, AskError> {
-        round_trip(
-            path,
-            &PluginRequest::Ping { v: WIRE_VERSION },
-            Duration::from_millis(ms),
-        )
+        round_trip(path, &PluginRequest::Ping { v: WIRE_VERSION }, Duration::from_millis(ms))
     }
 
     #[test]
     fn answers_parse() {
-        let (_d, p) = serve(
-            b"{\"decision\":\"local\",\"reason\":\"x\"}\n",
-            Duration::ZERO,
-        );
-        assert_eq!(
-            ping(&p, 1000).unwrap(),
-            PluginReply::Local { reason: "x".into() }
-        );
+        let (_d, p) = serve(b"{\"decision\":\"local\",\"reason\":\"x\"}\n", Duration::ZERO);
+        assert_eq!(ping(&p, 1000).unwrap(), PluginReply::Local { reason: "x".into() });
     }
 
     #[test]
     fn no_agent_garbage_and_slowness_are_errors_within_the_deadline() {
         let d = tempdir::Dir::new();
-        assert!(matches!(
-            ping(&d.0.join("none.sock"), 50),
-            Err(AskError::Connect(_))
-        ));
+        assert!(matches!(ping(&d.0.join("none.sock"), 50), Err(AskError::Connect(_))));
 
         let (_d1, p) = serve(b"\x00\xffgarbage\n", Duration::ZERO);
         assert!(matches!(ping(&p, 1000), Err(AskError::Protocol(_))));
@@ -204,10 +169,6 @@ mod tests {
         let (_d3, p) = serve(b"{\"decision\":\"pong\"}\n", Duration::from_millis(500));
         let t0 = Instant::now();
         assert!(matches!(ping(&p, 50), Err(AskError::Timeout(_))));
-        assert!(
-            t0.elapsed() < Duration::from_millis(300),
-            "{:?}",
-            t0.elapsed()
-        );
+        assert!(t0.elapsed() < Duration::from_millis(300), "{:?}", t0.elapsed());
     }
 }

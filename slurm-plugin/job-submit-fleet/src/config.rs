@@ -35,8 +35,7 @@ pub fn conf_path() -> PathBuf {
 impl PluginConfig {
     pub fn load() -> Result<Self, String> {
         let path = conf_path();
-        let loaded = slurm_conf::fleet::FleetConf::load(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let loaded = slurm_conf::fleet::FleetConf::load(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         for w in &loaded.warnings {
             slurm::log::info(&format!("job_submit/fleet: {w}"));
         }

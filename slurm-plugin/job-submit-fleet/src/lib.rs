@@ -51,24 +51,14 @@ impl JobSubmitPlugin for FleetSubmit {
             config.timeout.as_millis(),
             config.fail_open
         ));
-        Ok(FleetSubmit {
-            config,
-            stats: Mutex::default(),
-            warn: Mutex::default(),
-            view: view::ViewCache::default(),
-        })
+        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view: view::ViewCache::default() })
     }
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let t0 = Instant::now();
         let (outcome, result) = self.decide(job, submit_uid);
         let us = t0.elapsed().as_micros() as u64;
-        if let Some(line) = self
-            .stats
-            .lock()
-            .map(|mut s| s.record(outcome, us))
-            .unwrap_or(None)
-        {
+        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, us)).unwrap_or(None) {
             log::info(&line);
         }
         result
@@ -89,11 +79,7 @@ impl JobSubmitPlugin for FleetSubmit {
     }
 }
 
-slurm::job_submit_plugin!(
-    FleetSubmit,
-    "Fleet federation job_submit",
-    "job_submit/fleet"
-);
+slurm::job_submit_plugin!(FleetSubmit, "Fleet federation job_submit", "job_submit/fleet");
 
 impl FleetSubmit {
     fn decide(&self, job: &mut JobDesc<'_>, uid: u32) -> (stats::Outcome, Result<(), Reject>) {
@@ -133,11 +119,7 @@ impl FleetSubmit {
             Err(e) => {
                 if let Ok(mut w) = self.warn.lock() {
                     if let Some(n) = w.allow() {
-                        let also = if n > 0 {
-                            format!(" ({n} more since the last warning)")
-                        } else {
-                            String::new()
-                        };
+                        let also = if n > 0 { format!(" ({n} more since the last warning)") } else { String::new() };
                         log::error(&format!(
                             "job_submit/fleet: agent at {} unavailable: {e}; job stays local{also}",
                             self.config.socket.display()
@@ -151,9 +133,7 @@ impl FleetSubmit {
                         Outcome::Reject,
                         Err(Reject {
                             code: slurm::SLURM_ERROR,
-                            message: format!(
-                                "fleet: the site agent is unavailable ({e}) and FailOpen=no"
-                            ),
+                            message: format!("fleet: the site agent is unavailable ({e}) and FailOpen=no"),
                         }),
                     )
                 }
@@ -166,11 +146,7 @@ impl FleetSubmit {
     /// A heterogeneous job is never split: each component stays local.
     /// One that the published view says this cluster cannot run is
     /// refused with the reason, rather than left pending forever.
-    fn hetjob(
-        &self,
-        req: &fleet_api::JobRequest,
-        offset: u64,
-    ) -> (stats::Outcome, Result<(), Reject>) {
+    fn hetjob(&self, req: &fleet_api::JobRequest, offset: u64) -> (stats::Outcome, Result<(), Reject>) {
         match self.view.origin_verdict(&self.config, req) {
             Some(Err(why)) => (
                 stats::Outcome::Reject,
@@ -217,13 +193,7 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
         job.set(f, None);
     }
     job.set(StrField::Script, Some(&plan.proxy_script));
-    job.set(
-        StrField::AdminComment,
-        Some(&fleet_api::wire::admin_tag(
-            &plan.fleet_job_id,
-            &plan.admin_comment,
-        )),
-    );
+    job.set(StrField::AdminComment, Some(&fleet_api::wire::admin_tag(&plan.fleet_job_id, &plan.admin_comment)));
     // Where the job runs, for `squeue -O comment`, only when the user left
     // the comment empty: theirs is never replaced. (The agent's reconciler
     // still finds pending stand-ins by this comment; it should read the
@@ -293,21 +263,11 @@ mod tests {
             rewrite(&mut jd, &plan());
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("my run 7"));
             let admin = jd.get(StrField::AdminComment).unwrap().into_owned();
-            assert_eq!(
-                admin,
-                "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)"
-            );
-            assert_eq!(
-                fleet_api::wire::parse_admin_tag(&admin),
-                Some("beta-00ab12cd34ef")
-            );
+            assert_eq!(admin, "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)");
+            assert_eq!(fleet_api::wire::parse_admin_tag(&admin), Some("beta-00ab12cd34ef"));
             assert_eq!(jd.get(StrField::Partition).as_deref(), Some("fleet"));
             assert_eq!(jd.get(StrField::TresPerNode), None);
-            assert_eq!(
-                jd.num(NumField::MailType),
-                0,
-                "the target mails --mail-user; the stand-in does not"
-            );
+            assert_eq!(jd.num(NumField::MailType), 0, "the target mails --mail-user; the stand-in does not");
         }
         free_test_descriptor(d);
         // Without a comment of the user's, the stand-in shows where it runs.
@@ -318,10 +278,7 @@ mod tests {
             jd.set_num(NumField::MailType, 3);
             rewrite(&mut jd, &plan());
             assert_eq!(jd.num(NumField::MailType), 3);
-            assert_eq!(
-                jd.get(StrField::Comment).as_deref(),
-                Some("fleet: alpha (waiting) beta-00ab12cd34ef")
-            );
+            assert_eq!(jd.get(StrField::Comment).as_deref(), Some("fleet: alpha (waiting) beta-00ab12cd34ef"));
         }
         free_test_descriptor(d);
     }

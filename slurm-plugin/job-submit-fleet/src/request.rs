@@ -43,10 +43,7 @@ fn opt_u32(v: u64, no_val: u64) -> Option<u32> {
 }
 
 fn reject(message: String) -> Reject {
-    Reject {
-        code: slurm::SLURM_ERROR,
-        message,
-    }
+    Reject { code: slurm::SLURM_ERROR, message }
 }
 
 /// Root and slurmctld's own user (SlurmUser) may do what users may not.
@@ -56,8 +53,7 @@ fn privileged(uid: u32) -> bool {
 
 /// Does a partition list (`a,b`) name the proxy partition?
 fn names_partition(list: &str, proxy: &str) -> bool {
-    list.split(',')
-        .any(|p| p.trim().eq_ignore_ascii_case(proxy))
+    list.split(',').any(|p| p.trim().eq_ignore_ascii_case(proxy))
 }
 
 /// The origin's rules for a submission by `uid`: the proxy partition
@@ -66,24 +62,16 @@ fn names_partition(list: &str, proxy: &str) -> bool {
 pub fn origin_rules(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<(), Reject> {
     proxy_partition_rule(job, config, uid)?;
     if !privileged(uid)
-        && job
-            .get(StrField::AdminComment)
-            .is_some_and(|c| fleet_api::wire::parse_admin_tag(&c).is_some())
+        && job.get(StrField::AdminComment).is_some_and(|c| fleet_api::wire::parse_admin_tag(&c).is_some())
     {
-        return Err(reject(
-            "fleet: an admin comment starting with \"fleet:\" is Fleet's own tag".into(),
-        ));
+        return Err(reject("fleet: an admin comment starting with \"fleet:\" is Fleet's own tag".into()));
     }
     Ok(())
 }
 
 /// Only root and SlurmUser may put a job into the proxy partition, at
 /// submission (`job_submit`) or later (`scontrol update`, `job_modify`).
-pub fn proxy_partition_rule(
-    job: &mut JobDesc<'_>,
-    config: &PluginConfig,
-    uid: u32,
-) -> Result<(), Reject> {
+pub fn proxy_partition_rule(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<(), Reject> {
     if privileged(uid) {
         return Ok(());
     }
@@ -110,41 +98,35 @@ fn is_test_only(job: &mut JobDesc<'_>) -> bool {
     };
     // Any word of the command line: a script argument spelled
     // --test-only only keeps that job home, where Slurm alone answers.
-    line.split_whitespace()
-        .any(|w| w == "--test-only" || w.starts_with("--test-only="))
+    line.split_whitespace().any(|w| w == "--test-only" || w.starts_with("--test-only="))
 }
 
 /// Read the submission. Errors are the user's: bad `--fleet*` values or a
 /// GPU request that does not parse; they reject the job with a message.
-pub fn build_request(
-    job: &mut JobDesc<'_>,
-    config: &PluginConfig,
-    uid: u32,
-) -> Result<Prepared, Reject> {
+pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<Prepared, Reject> {
     origin_rules(job, config, uid)?;
     // salloc / srun allocations carry no batch script: left alone.
     if !job.is_batch() {
         return Ok(Prepared::Untouched);
     }
     // A job forwarded to this cluster by Fleet is never forwarded again.
-    if job.environment().iter().any(|e| {
-        e.starts_with(FORWARDED_ENV.as_bytes()) && e.get(FORWARDED_ENV.len()) == Some(&b'=')
-    }) {
+    if job
+        .environment()
+        .iter()
+        .any(|e| e.starts_with(FORWARDED_ENV.as_bytes()) && e.get(FORWARDED_ENV.len()) == Some(&b'='))
+    {
         return Ok(Prepared::Untouched);
     }
     let spank = job.spank_env();
-    let fleet =
-        fleet_api::options::from_spank_env(spank.iter().map(String::as_str)).map_err(|m| {
-            Reject {
-                code: slurm::SLURM_ERROR,
-                message: format!("fleet: {m}"),
-            }
-        })?;
+    let fleet = fleet_api::options::from_spank_env(spank.iter().map(String::as_str))
+        .map_err(|m| Reject { code: slurm::SLURM_ERROR, message: format!("fleet: {m}") })?;
     if fleet.mode == FleetMode::Local {
         return Ok(Prepared::Untouched);
     }
     if is_test_only(job) {
-        slurm::log::verbose("job_submit/fleet: sbatch --test-only: answered by this cluster alone, no fleet job created");
+        slurm::log::verbose(
+            "job_submit/fleet: sbatch --test-only: answered by this cluster alone, no fleet job created",
+        );
         return Ok(Prepared::Untouched);
     }
     // A heterogeneous job is never half forwarded: every component stays
@@ -158,25 +140,18 @@ pub fn build_request(
         }
         return Ok(Prepared::Untouched);
     }
-    let tres: Vec<(StrField, Option<String>)> = [
-        StrField::TresPerJob,
-        StrField::TresPerNode,
-        StrField::TresPerTask,
-        StrField::TresPerSocket,
-    ]
-    .into_iter()
-    .map(|f| (f, job.get(f).map(|s| s.into_owned())))
-    .collect();
+    let tres: Vec<(StrField, Option<String>)> =
+        [StrField::TresPerJob, StrField::TresPerNode, StrField::TresPerTask, StrField::TresPerSocket]
+            .into_iter()
+            .map(|f| (f, job.get(f).map(|s| s.into_owned())))
+            .collect();
     let gpus = slurm_conf::tres::parse_job_tres(
         tres[0].1.as_deref(),
         tres[1].1.as_deref(),
         tres[2].1.as_deref(),
         tres[3].1.as_deref(),
     )
-    .map_err(|e| Reject {
-        code: sys::ESLURM_INVALID_GRES as i32,
-        message: format!("fleet: {e}"),
-    })?;
+    .map_err(|e| Reject { code: sys::ESLURM_INVALID_GRES as i32, message: format!("fleet: {e}") })?;
     if gpus.is_empty() && fleet == Default::default() {
         return Ok(Prepared::Untouched);
     }
@@ -199,34 +174,24 @@ pub fn build_request(
     let mail_user = text(job, StrField::MailUser);
     let qos = text(job, StrField::Qos);
     let licenses = text(job, StrField::Licenses);
-    let script_bytes = job
-        .bytes(StrField::Script)
-        .map(<[u8]>::to_vec)
-        .unwrap_or_default();
+    let script_bytes = job.bytes(StrField::Script).map(<[u8]>::to_vec).unwrap_or_default();
     let (script, script_len) = if script_bytes.len() as u64 > config.max_script_bytes {
         (None, Some(script_bytes.len() as u64))
     } else {
         (Some(script_bytes), None)
     };
     let (env, env_dropped) = environment(job);
-    let export_env = env
-        .iter()
-        .find_map(|e| e.strip_prefix("SLURM_EXPORT_ENV="))
-        .map(str::to_string);
+    let export_env = env.iter().find_map(|e| e.strip_prefix("SLURM_EXPORT_ENV=")).map(str::to_string);
     let mut not_carried = not_carried(job, tres[1].1.as_deref());
     // Options sbatch passes in the job's environment only.
-    if env.iter().any(|e| {
-        e.starts_with("SLURM_RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U'))
-    }) {
+    if env.iter().any(|e| e.starts_with("SLURM_RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U')))
+    {
         not_carried.push("--propagate".into());
     }
     if export_env.is_none() && env.iter().any(|e| e == "SLURM_GET_USER_ENV=1") {
         not_carried.push("--get-user-env".into());
     }
-    let tres_raw = tres
-        .into_iter()
-        .filter_map(|(f, v)| v.map(|v| (f.name().to_string(), v)))
-        .collect();
+    let tres_raw = tres.into_iter().filter_map(|(f, v)| v.map(|v| (f.name().to_string(), v))).collect();
 
     let mem = job.num(NumField::PnMinMemory);
     let (mem_per_node_mb, mem_per_cpu_mb) = match mem {
@@ -236,21 +201,14 @@ pub fn build_request(
     };
     let per_gpu = |job: &mut JobDesc<'_>, f: StrField| -> Option<u64> {
         let v = job.get(f)?;
-        slurm_conf::tres::parse_tres(&v, fleet_api::GpuScope::Node)
-            .ok()?
-            .first()
-            .map(|g| u64::from(g.count))
+        slurm_conf::tres::parse_tres(&v, fleet_api::GpuScope::Node).ok()?.first().map(|g| u64::from(g.count))
     };
     let mem_per_gpu_mb = per_gpu(job, StrField::MemPerTres);
     let cpus_per_gpu = per_gpu(job, StrField::CpusPerTres).map(|c| c as u32);
     let shared = job.num(NumField::Shared);
     let warn_signal = opt_u32(job.num(NumField::WarnSignal), NO_VAL16.into()).map(|s| s as u16);
     let warn_flags = job.num(NumField::WarnFlags);
-    let warn_flags = if warn_flags == u64::from(NO_VAL16) {
-        0
-    } else {
-        warn_flags
-    };
+    let warn_flags = if warn_flags == u64::from(NO_VAL16) { 0 } else { warn_flags };
     let begin = job.num(NumField::BeginTime) as i64;
 
     let req = Box::new(JobRequest {
@@ -266,8 +224,7 @@ pub fn build_request(
         num_tasks: opt_u32(job.num(NumField::NumTasks), NO_VAL.into()),
         ntasks_per_node: opt_u32(job.num(NumField::NtasksPerNode), NO_VAL16.into()),
         cpus_per_task: opt_u32(job.num(NumField::CpusPerTask), NO_VAL16.into()),
-        time_limit_min: opt_u32(job.num(NumField::TimeLimit), NO_VAL.into())
-            .filter(|&t| t != slurm::INFINITE),
+        time_limit_min: opt_u32(job.num(NumField::TimeLimit), NO_VAL.into()).filter(|&t| t != slurm::INFINITE),
         gpus,
         tres_raw,
         script,
@@ -294,15 +251,13 @@ pub fn build_request(
         contiguous: job.num(NumField::Contiguous) == 1,
         constraint,
         warn_signal,
-        warn_time: warn_signal
-            .and(opt_u32(job.num(NumField::WarnTime), NO_VAL16.into()).map(|t| t as u16)),
+        warn_time: warn_signal.and(opt_u32(job.num(NumField::WarnTime), NO_VAL16.into()).map(|t| t as u16)),
         warn_batch_only: warn_signal.is_some() && warn_flags & KILL_JOB_BATCH != 0,
         warn_resv: warn_signal.is_some() && warn_flags & KILL_JOB_RESV != 0,
         comment,
         mail_type: fleet_api::sbatch::mail_type_names(job.num(NumField::MailType) as u16),
         mail_user,
-        time_min: opt_u32(job.num(NumField::TimeMin), NO_VAL.into())
-            .filter(|&t| t != slurm::INFINITE),
+        time_min: opt_u32(job.num(NumField::TimeMin), NO_VAL.into()).filter(|&t| t != slurm::INFINITE),
         export_env,
         qos,
         licenses,
@@ -337,23 +292,12 @@ fn not_carried(job: &mut JobDesc<'_>, tres_per_node: Option<&str>) -> Vec<String
             out.push(format!("{opt}={v}"));
         }
     }
-    if let Some(v) = job
-        .get(StrField::StdIn)
-        .filter(|v| !v.is_empty() && v != "/dev/null")
-    {
+    if let Some(v) = job.get(StrField::StdIn).filter(|v| !v.is_empty() && v != "/dev/null") {
         out.push(format!("--input={v}"));
     }
     // Other generic resources than GPUs: the fleet view knows only GPUs.
-    for item in tres_per_node
-        .unwrap_or("")
-        .split([',', ';'])
-        .map(str::trim)
-        .filter(|i| !i.is_empty())
-    {
-        let body = item
-            .strip_prefix("gres:")
-            .or_else(|| item.strip_prefix("gres/"))
-            .unwrap_or(item);
+    for item in tres_per_node.unwrap_or("").split([',', ';']).map(str::trim).filter(|i| !i.is_empty()) {
+        let body = item.strip_prefix("gres:").or_else(|| item.strip_prefix("gres/")).unwrap_or(item);
         let name = body.split([':', '=']).next().unwrap_or("");
         if !name.eq_ignore_ascii_case("gpu") {
             out.push(format!("--gres={body}"));
@@ -458,9 +402,7 @@ mod tests {
     }
 
     fn cstrings(v: &[&str]) -> Vec<std::ffi::CString> {
-        v.iter()
-            .map(|s| std::ffi::CString::new(*s).unwrap())
-            .collect()
+        v.iter().map(|s| std::ffi::CString::new(*s).unwrap()).collect()
     }
 
     /// As `run`, with numeric fields, the job's environment and the submitting uid.
@@ -473,22 +415,12 @@ mod tests {
     ) -> Result<Prepared, Reject> {
         let mut d = JobDesc::test_descriptor();
         let spank = cstrings(spank);
-        let mut sptrs: Vec<*mut std::ffi::c_char> =
-            spank.iter().map(|c| c.as_ptr() as *mut _).collect();
-        d.spank_job_env = if sptrs.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            sptrs.as_mut_ptr()
-        };
+        let mut sptrs: Vec<*mut std::ffi::c_char> = spank.iter().map(|c| c.as_ptr() as *mut _).collect();
+        d.spank_job_env = if sptrs.is_empty() { std::ptr::null_mut() } else { sptrs.as_mut_ptr() };
         d.spank_job_env_size = sptrs.len() as u32;
         let env = cstrings(env);
-        let mut eptrs: Vec<*mut std::ffi::c_char> =
-            env.iter().map(|c| c.as_ptr() as *mut _).collect();
-        d.environment = if eptrs.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            eptrs.as_mut_ptr()
-        };
+        let mut eptrs: Vec<*mut std::ffi::c_char> = env.iter().map(|c| c.as_ptr() as *mut _).collect();
+        d.environment = if eptrs.is_empty() { std::ptr::null_mut() } else { eptrs.as_mut_ptr() };
         d.env_size = eptrs.len() as u32;
         let out = {
             let mut jd = JobDesc::from_box(&mut d);
@@ -527,18 +459,10 @@ mod tests {
     #[test]
     fn the_environment_travels_utf8_and_bounded() {
         let big = format!("BIG={}", "x".repeat(fleet_api::job::MAX_ENV_BYTES));
-        let entries: Vec<Vec<u8>> = vec![
-            b"PATH=/usr/bin".to_vec(),
-            b"BAD=\xff\xfe".to_vec(),
-            big.into_bytes(),
-            b"LAST=1".to_vec(),
-        ];
-        let env: Vec<std::ffi::CString> = entries
-            .into_iter()
-            .map(|e| std::ffi::CString::new(e).unwrap())
-            .collect();
-        let mut ptrs: Vec<*mut std::ffi::c_char> =
-            env.iter().map(|c| c.as_ptr() as *mut _).collect();
+        let entries: Vec<Vec<u8>> =
+            vec![b"PATH=/usr/bin".to_vec(), b"BAD=\xff\xfe".to_vec(), big.into_bytes(), b"LAST=1".to_vec()];
+        let env: Vec<std::ffi::CString> = entries.into_iter().map(|e| std::ffi::CString::new(e).unwrap()).collect();
+        let mut ptrs: Vec<*mut std::ffi::c_char> = env.iter().map(|c| c.as_ptr() as *mut _).collect();
         let mut d = JobDesc::test_descriptor();
         d.environment = ptrs.as_mut_ptr();
         d.env_size = ptrs.len() as u32;
@@ -551,108 +475,58 @@ mod tests {
         d.environment = std::ptr::null_mut();
         d.env_size = 0;
         free_test_descriptor(d);
-        let Ok(Prepared::Ask(r)) = out else {
-            panic!("{out:?}")
-        };
+        let Ok(Prepared::Ask(r)) = out else { panic!("{out:?}") };
         assert_eq!(r.env, ["PATH=/usr/bin", "LAST=1"]);
-        assert_eq!(
-            r.env_dropped, 2,
-            "the non-UTF-8 entry and the one past the cap"
-        );
+        assert_eq!(r.env_dropped, 2, "the non-UTF-8 entry and the one past the cap");
     }
 
     #[test]
     fn what_is_left_alone() {
         // No script: salloc/srun.
-        assert_eq!(
-            run(&[(StrField::TresPerNode, "gres:gpu:h100:8")], &[]),
-            Ok(Prepared::Untouched)
-        );
+        assert_eq!(run(&[(StrField::TresPerNode, "gres:gpu:h100:8")], &[]), Ok(Prepared::Untouched));
         // No GPUs, no options.
         assert_eq!(run(&[SCRIPT], &[]), Ok(Prepared::Untouched));
         // --fleet=local.
         assert_eq!(
-            run(
-                &[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8")],
-                &["_SLURM_SPANK_OPTION_fleet_fleet=local"]
-            ),
+            run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8")], &["_SLURM_SPANK_OPTION_fleet_fleet=local"]),
             Ok(Prepared::Untouched)
         );
         // Arrays.
         assert_eq!(
-            run(
-                &[
-                    SCRIPT,
-                    (StrField::TresPerNode, "gres:gpu:h100:8"),
-                    (StrField::ArrayInx, "1-4")
-                ],
-                &[]
-            ),
+            run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8"), (StrField::ArrayInx, "1-4")], &[]),
             Ok(Prepared::Untouched)
         );
     }
 
     #[test]
     fn gpu_forms_are_read() {
-        let node = GpuRequest {
-            gpu_type: Some("h100".into()),
-            count: 8,
-            scope: GpuScope::Node,
-        };
-        assert_eq!(
-            gpus(&run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8")], &[]).unwrap()),
-            vec![node.clone()]
-        );
-        assert_eq!(
-            gpus(&run(&[SCRIPT, (StrField::TresPerNode, "gres/gpu:h100:8")], &[]).unwrap()),
-            vec![node]
-        );
+        let node = GpuRequest { gpu_type: Some("h100".into()), count: 8, scope: GpuScope::Node };
+        assert_eq!(gpus(&run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8")], &[]).unwrap()), vec![node.clone()]);
+        assert_eq!(gpus(&run(&[SCRIPT, (StrField::TresPerNode, "gres/gpu:h100:8")], &[]).unwrap()), vec![node]);
         assert_eq!(
             gpus(&run(&[SCRIPT, (StrField::TresPerJob, "gres:gpu:8")], &[]).unwrap()),
-            vec![GpuRequest {
-                gpu_type: None,
-                count: 8,
-                scope: GpuScope::Job
-            }]
+            vec![GpuRequest { gpu_type: None, count: 8, scope: GpuScope::Job }]
         );
         assert_eq!(
             gpus(&run(&[SCRIPT, (StrField::TresPerTask, "gres:gpu:1")], &[]).unwrap()),
-            vec![GpuRequest {
-                gpu_type: None,
-                count: 1,
-                scope: GpuScope::Task
-            }]
+            vec![GpuRequest { gpu_type: None, count: 1, scope: GpuScope::Task }]
         );
     }
 
     #[test]
     fn user_errors_reject_with_a_message() {
         let e = run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:x")], &[]).unwrap_err();
-        assert!(
-            e.message
-                .starts_with("fleet: bad GPU request \"gres:gpu:h100:x\""),
-            "{}",
-            e.message
-        );
+        assert!(e.message.starts_with("fleet: bad GPU request \"gres:gpu:h100:x\""), "{}", e.message);
         assert_eq!(e.code, sys::ESLURM_INVALID_GRES as i32);
         let e = run(&[SCRIPT], &["_SLURM_SPANK_OPTION_fleet_fleet=sideways"]).unwrap_err();
-        assert_eq!(
-            e.message,
-            "fleet: --fleet=sideways: expected auto, local or remote"
-        );
+        assert_eq!(e.message, "fleet: --fleet=sideways: expected auto, local or remote");
     }
 
     #[test]
     fn options_alone_ask_the_agent_and_large_scripts_are_not_sent() {
         let big = format!("#!/bin/sh\n{}", "x".repeat(2 << 20));
-        let p = run(
-            &[(StrField::Script, &big)],
-            &["_SLURM_SPANK_OPTION_fleet_fleet_to=alpha"],
-        )
-        .unwrap();
-        let Prepared::Ask(r) = p else {
-            panic!("expected Ask")
-        };
+        let p = run(&[(StrField::Script, &big)], &["_SLURM_SPANK_OPTION_fleet_fleet_to=alpha"]).unwrap();
+        let Prepared::Ask(r) = p else { panic!("expected Ask") };
         assert_eq!(r.fleet.to, vec!["alpha".to_string()]);
         assert_eq!(r.script, None);
         assert_eq!(r.script_len, Some(big.len() as u64));
@@ -692,30 +566,16 @@ mod tests {
             &["PATH=/usr/bin", "SLURM_EXPORT_ENV=NONE"],
             1000,
         ));
+        assert_eq!((r.min_nodes, r.max_nodes, r.num_tasks), (Some(1), Some(2), Some(16)));
         assert_eq!(
-            (r.min_nodes, r.max_nodes, r.num_tasks),
-            (Some(1), Some(2), Some(16))
-        );
-        assert_eq!(
-            (
-                r.mem_per_node_mb,
-                r.mem_per_cpu_mb,
-                r.mem_per_gpu_mb,
-                r.cpus_per_gpu
-            ),
+            (r.mem_per_node_mb, r.mem_per_cpu_mb, r.mem_per_gpu_mb, r.cpus_per_gpu),
             (None, Some(2048), Some(40960), Some(4))
         );
         assert_eq!(r.exclusive, Some(Exclusive::Node));
         assert_eq!(r.constraint.as_deref(), Some("ib&nvlink"));
-        assert_eq!(
-            (r.warn_signal, r.warn_time, r.warn_batch_only, r.warn_resv),
-            (Some(10), Some(90), true, false)
-        );
+        assert_eq!((r.warn_signal, r.warn_time, r.warn_batch_only, r.warn_resv), (Some(10), Some(90), true, false));
         assert_eq!(r.comment.as_deref(), Some("my run 7"));
-        assert_eq!(
-            (r.mail_type.as_deref(), r.mail_user.as_deref()),
-            (Some("BEGIN,END"), Some("me@example.org"))
-        );
+        assert_eq!((r.mail_type.as_deref(), r.mail_user.as_deref()), (Some("BEGIN,END"), Some("me@example.org")));
         assert_eq!((r.time_limit_min, r.time_min), (Some(120), Some(30)));
         assert_eq!(r.export_env.as_deref(), Some("NONE"));
         assert_eq!(r.qos.as_deref(), Some("high"));
@@ -726,21 +586,12 @@ mod tests {
             &[SCRIPT, H100],
             &[],
             &[],
-            &[
-                "SLURM_EXPORT_ENV=NONE",
-                "SLURM_GET_USER_ENV=1",
-                "SLURM_RLIMIT_CORE=0",
-            ],
+            &["SLURM_EXPORT_ENV=NONE", "SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=0"],
             1000,
         ));
         assert!(none.not_carried.is_empty(), "{:?}", none.not_carried);
-        let user_env = ask(run_full(
-            &[SCRIPT, H100],
-            &[],
-            &[],
-            &["SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=U0"],
-            1000,
-        ));
+        let user_env =
+            ask(run_full(&[SCRIPT, H100], &[], &[], &["SLURM_GET_USER_ENV=1", "SLURM_RLIMIT_CORE=U0"], 1000));
         assert_eq!(user_env.not_carried, ["--propagate", "--get-user-env"]);
         assert_eq!(
             fleet_api::sbatch::sbatch_options(&r),
@@ -763,30 +614,10 @@ mod tests {
             ]
         );
         // Unset markers read as unset; --mem per node; --oversubscribe.
-        let r = ask(run_full(
-            &[SCRIPT, H100],
-            &[(NumField::PnMinMemory, 8000), (NumField::Shared, 1)],
-            &[],
-            &[],
-            1000,
-        ));
+        let r = ask(run_full(&[SCRIPT, H100], &[(NumField::PnMinMemory, 8000), (NumField::Shared, 1)], &[], &[], 1000));
+        assert_eq!((r.mem_per_node_mb, r.mem_per_cpu_mb, r.exclusive, r.oversubscribe), (Some(8000), None, None, true));
         assert_eq!(
-            (
-                r.mem_per_node_mb,
-                r.mem_per_cpu_mb,
-                r.exclusive,
-                r.oversubscribe
-            ),
-            (Some(8000), None, None, true)
-        );
-        assert_eq!(
-            (
-                r.warn_signal,
-                r.mail_type.as_deref(),
-                r.time_min,
-                r.export_env.as_deref(),
-                r.begin_time
-            ),
+            (r.warn_signal, r.mail_type.as_deref(), r.time_min, r.export_env.as_deref(), r.begin_time),
             (None, None, None, None, None)
         );
     }
@@ -799,67 +630,23 @@ mod tests {
             let r = ask(run_full(&f, nums, &[], &[], 1000));
             assert_eq!(r.not_carried, expected, "{fields:?} {nums:?}");
         };
-        check(
-            &[(StrField::Licenses, "matlab:1")],
-            &[],
-            &["--licenses=matlab:1"],
-        );
-        check(
-            &[(StrField::Reservation, "maint")],
-            &[],
-            &["--reservation=maint"],
-        );
-        check(
-            &[(StrField::ReqNodes, "alpha1")],
-            &[],
-            &["--nodelist=alpha1"],
-        );
-        check(
-            &[(StrField::ExcNodes, "alpha2")],
-            &[],
-            &["--exclude=alpha2"],
-        );
-        check(
-            &[(StrField::TresBind, "gres/gpu:closest")],
-            &[],
-            &["--gpu-bind=gres/gpu:closest"],
-        );
-        check(
-            &[(StrField::TresPerNode, "gres:gpu:h100:8,gres:shard:2")],
-            &[],
-            &["--gres=shard:2"],
-        );
+        check(&[(StrField::Licenses, "matlab:1")], &[], &["--licenses=matlab:1"]);
+        check(&[(StrField::Reservation, "maint")], &[], &["--reservation=maint"]);
+        check(&[(StrField::ReqNodes, "alpha1")], &[], &["--nodelist=alpha1"]);
+        check(&[(StrField::ExcNodes, "alpha2")], &[], &["--exclude=alpha2"]);
+        check(&[(StrField::TresBind, "gres/gpu:closest")], &[], &["--gpu-bind=gres/gpu:closest"]);
+        check(&[(StrField::TresPerNode, "gres:gpu:h100:8,gres:shard:2")], &[], &["--gres=shard:2"]);
         check(&[(StrField::StdIn, "/dev/null")], &[], &[]);
-        check(
-            &[(StrField::StdIn, "/home/u/in.txt")],
-            &[],
-            &["--input=/home/u/in.txt"],
-        );
-        check(
-            &[],
-            &[(NumField::CoreSpec, 2)],
-            &["--core-spec/--thread-spec=2"],
-        );
-        check(
-            &[],
-            &[(NumField::ThreadsPerCore, 1)],
-            &["--threads-per-core=1"],
-        );
+        check(&[(StrField::StdIn, "/home/u/in.txt")], &[], &["--input=/home/u/in.txt"]);
+        check(&[], &[(NumField::CoreSpec, 2)], &["--core-spec/--thread-spec=2"]);
+        check(&[], &[(NumField::ThreadsPerCore, 1)], &["--threads-per-core=1"]);
         check(&[], &[(NumField::PnMinTmpDisk, 1000)], &["--tmp"]);
         check(&[], &[(NumField::Bitflags, SPREAD_JOB)], &["--spread-job"]);
         check(&[], &[(NumField::Overcommit, 1)], &["--overcommit"]);
         check(&[], &[(NumField::TaskDist, SLURM_DIST_UNKNOWN)], &[]);
         check(&[], &[(NumField::TaskDist, 1)], &["--distribution"]);
-        check(
-            &[],
-            &[(NumField::PnMinCpus, 4), (NumField::CpusPerTask, 4)],
-            &[],
-        );
-        check(
-            &[],
-            &[(NumField::PnMinCpus, 16), (NumField::CpusPerTask, 4)],
-            &["--mincpus=16"],
-        );
+        check(&[], &[(NumField::PnMinCpus, 4), (NumField::CpusPerTask, 4)], &[]);
+        check(&[], &[(NumField::PnMinCpus, 16), (NumField::CpusPerTask, 4)], &["--mincpus=16"]);
     }
 
     #[test]
@@ -868,75 +655,32 @@ mod tests {
         for (fields, spank) in [
             (vec![SCRIPT, (StrField::Partition, "fleet")], vec![]),
             (vec![(StrField::Partition, "gpu,FLEET")], vec![]),
-            (
-                vec![SCRIPT, (StrField::Partition, "fleet")],
-                vec!["_SLURM_SPANK_OPTION_fleet_fleet=local"],
-            ),
+            (vec![SCRIPT, (StrField::Partition, "fleet")], vec!["_SLURM_SPANK_OPTION_fleet_fleet=local"]),
         ] {
             let e = run_full(&fields, &[], &spank, &[], 1000).unwrap_err();
-            assert!(
-                e.message
-                    .starts_with("fleet: partition fleet holds only Fleet's stand-ins"),
-                "{}",
-                e.message
-            );
+            assert!(e.message.starts_with("fleet: partition fleet holds only Fleet's stand-ins"), "{}", e.message);
             assert_eq!(e.code, sys::ESLURM_INVALID_PARTITION_NAME as i32);
         }
         // Root may (an admin repairing a stand-in).
-        assert_eq!(
-            run_full(&[SCRIPT, (StrField::Partition, "fleet")], &[], &[], &[], 0),
-            Ok(Prepared::Untouched)
-        );
+        assert_eq!(run_full(&[SCRIPT, (StrField::Partition, "fleet")], &[], &[], &[], 0), Ok(Prepared::Untouched));
         // A forged Fleet tag.
-        let e = run_full(
-            &[SCRIPT, (StrField::AdminComment, "fleet:beta-1")],
-            &[],
-            &[],
-            &[],
-            1000,
-        )
-        .unwrap_err();
-        assert_eq!(
-            e.message,
-            "fleet: an admin comment starting with \"fleet:\" is Fleet's own tag"
-        );
+        let e = run_full(&[SCRIPT, (StrField::AdminComment, "fleet:beta-1")], &[], &[], &[], 1000).unwrap_err();
+        assert_eq!(e.message, "fleet: an admin comment starting with \"fleet:\" is Fleet's own tag");
         // A job Fleet forwarded here is never forwarded again, without asking the agent.
         assert_eq!(
-            run_full(
-                &[SCRIPT, H100],
-                &[],
-                &[],
-                &["A=1", "FLEET_FORWARDED_JOB=beta-00ab"],
-                1000
-            ),
+            run_full(&[SCRIPT, H100], &[], &[], &["A=1", "FLEET_FORWARDED_JOB=beta-00ab"], 1000),
             Ok(Prepared::Untouched)
         );
-        assert!(matches!(
-            run_full(&[SCRIPT, H100], &[], &[], &["FLEET_FORWARDED_JOBS=x"], 1000),
-            Ok(Prepared::Ask(_))
-        ));
+        assert!(matches!(run_full(&[SCRIPT, H100], &[], &[], &["FLEET_FORWARDED_JOBS=x"], 1000), Ok(Prepared::Ask(_))));
         // A heterogeneous job's components are never asked about (they stay).
         for offset in [0, 1] {
-            let out = run_full(
-                &[SCRIPT, H100],
-                &[(NumField::HetJobOffset, offset)],
-                &[],
-                &[],
-                1000,
-            );
-            assert!(
-                matches!(&out, Ok(Prepared::Hetjob(r, o)) if *o == offset && r.gpus.len() == 1),
-                "{out:?}"
-            );
+            let out = run_full(&[SCRIPT, H100], &[(NumField::HetJobOffset, offset)], &[], &[], 1000);
+            assert!(matches!(&out, Ok(Prepared::Hetjob(r, o)) if *o == offset && r.gpus.len() == 1), "{out:?}");
         }
         // sbatch --test-only creates nothing.
         assert_eq!(
             run_full(
-                &[
-                    SCRIPT,
-                    H100,
-                    (StrField::SubmitLine, "sbatch --test-only --gpus=8 job.sh")
-                ],
+                &[SCRIPT, H100, (StrField::SubmitLine, "sbatch --test-only --gpus=8 job.sh")],
                 &[],
                 &[],
                 &[],
@@ -945,26 +689,12 @@ mod tests {
             Ok(Prepared::Untouched)
         );
         assert_eq!(
-            run_full(
-                &[
-                    SCRIPT,
-                    H100,
-                    (StrField::SubmitLine, "sbatch -G 8 --test-only job.sh")
-                ],
-                &[],
-                &[],
-                &[],
-                1000
-            ),
+            run_full(&[SCRIPT, H100, (StrField::SubmitLine, "sbatch -G 8 --test-only job.sh")], &[], &[], &[], 1000),
             Ok(Prepared::Untouched)
         );
         assert!(matches!(
             run_full(
-                &[
-                    SCRIPT,
-                    H100,
-                    (StrField::SubmitLine, "sbatch --gpus=8 --test-onlyx job.sh")
-                ],
+                &[SCRIPT, H100, (StrField::SubmitLine, "sbatch --gpus=8 --test-onlyx job.sh")],
                 &[],
                 &[],
                 &[],
@@ -976,10 +706,7 @@ mod tests {
 
     #[test]
     fn fleet_interruptible_as_slurm_hands_it_over() {
-        let r = ask(run(
-            &[SCRIPT, H100],
-            &["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=(null)"],
-        ));
+        let r = ask(run(&[SCRIPT, H100], &["_SLURM_SPANK_OPTION_fleet_fleet_interruptible=(null)"]));
         assert!(r.fleet.interruptible);
     }
 }

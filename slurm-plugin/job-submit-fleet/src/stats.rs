@@ -74,11 +74,7 @@ pub struct RateLimit {
 
 impl Default for RateLimit {
     fn default() -> Self {
-        RateLimit {
-            last: None,
-            suppressed: 0,
-            interval: Duration::from_secs(60),
-        }
+        RateLimit { last: None, suppressed: 0, interval: Duration::from_secs(60) }
     }
 }
 
@@ -86,10 +82,7 @@ impl RateLimit {
     /// `Some(suppressed)` when a warning may be written now.
     pub fn allow(&mut self) -> Option<u64> {
         let now = Instant::now();
-        if self
-            .last
-            .is_some_and(|t| now.duration_since(t) < self.interval)
-        {
+        if self.last.is_some_and(|t| now.duration_since(t) < self.interval) {
             self.suppressed += 1;
             return None;
         }
@@ -110,12 +103,7 @@ mod tests {
             line = s.record(Outcome::Local, i + 1);
         }
         let line = line.expect("a full window logs");
-        assert!(
-            line.contains("p50_us=251")
-                && line.contains("p99_us=495")
-                && line.contains("max_us=500"),
-            "{line}"
-        );
+        assert!(line.contains("p50_us=251") && line.contains("p99_us=495") && line.contains("max_us=500"), "{line}");
         assert!(line.contains("local=500"), "{line}");
     }
 

@@ -25,25 +25,15 @@ pub struct ViewCache {
 impl ViewCache {
     /// True when a fresh published view places `job` at its origin.
     pub fn stays_home(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
-        self.with_view(cfg, |v| matches!(place(v, job).0, Placement::Home { .. }))
-            .unwrap_or(false)
+        self.with_view(cfg, |v| matches!(place(v, job).0, Placement::Home { .. })).unwrap_or(false)
     }
 
     /// `Some(Err(why))` when a fresh view says the origin cannot run `job`
     /// natively; `Some(Ok)` when it can; `None` without a fresh view or
     /// with the origin missing from it (Slurm then judges alone).
-    pub fn origin_verdict(
-        &self,
-        cfg: &PluginConfig,
-        job: &JobRequest,
-    ) -> Option<Result<(), String>> {
-        self.with_view(cfg, |v| {
-            v.clusters
-                .iter()
-                .find(|c| c.name == job.origin)
-                .map(|c| fits(c, job).map(|_| ()))
-        })
-        .flatten()
+    pub fn origin_verdict(&self, cfg: &PluginConfig, job: &JobRequest) -> Option<Result<(), String>> {
+        self.with_view(cfg, |v| v.clusters.iter().find(|c| c.name == job.origin).map(|c| fits(c, job).map(|_| ())))
+            .flatten()
     }
 
     fn with_view<T>(&self, cfg: &PluginConfig, f: impl FnOnce(&FleetView) -> T) -> Option<T> {
@@ -55,9 +45,7 @@ impl ViewCache {
         }
         let mut guard = self.inner.lock().ok()?;
         if guard.as_ref().is_none_or(|(t, _)| *t != mtime) {
-            let parsed = std::fs::read(&cfg.view_path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<FleetView>(&b).ok());
+            let parsed = std::fs::read(&cfg.view_path).ok().and_then(|b| serde_json::from_slice::<FleetView>(&b).ok());
             *guard = parsed.map(|v| (mtime, v));
         }
         guard.as_ref().map(|(_, v)| f(v))
@@ -84,20 +72,13 @@ mod tests {
             }],
             ..Default::default()
         };
-        FleetView {
-            generated_at: 0.0,
-            clusters: vec![c("alpha", "h100"), c("beta", "a100")],
-        }
+        FleetView { generated_at: 0.0, clusters: vec![c("alpha", "h100"), c("beta", "a100")] }
     }
 
     fn job(ty: &str) -> JobRequest {
         JobRequest {
             origin: "beta".into(),
-            gpus: vec![GpuRequest {
-                gpu_type: Some(ty.into()),
-                count: 4,
-                scope: GpuScope::Node,
-            }],
+            gpus: vec![GpuRequest { gpu_type: Some(ty.into()), count: 4, scope: GpuScope::Node }],
             ..Default::default()
         }
     }
@@ -109,28 +90,16 @@ mod tests {
         let mut cfg = PluginConfig::for_tests("beta");
         cfg.view_path = dir.join("view.json");
         let cache = ViewCache::default();
-        assert!(
-            !cache.stays_home(&cfg, &job("a100")),
-            "no view: ask the agent"
-        );
+        assert!(!cache.stays_home(&cfg, &job("a100")), "no view: ask the agent");
         std::fs::write(&cfg.view_path, serde_json::to_vec(&view()).unwrap()).unwrap();
         assert!(cache.stays_home(&cfg, &job("a100")));
-        assert!(
-            !cache.stays_home(&cfg, &job("h100")),
-            "leaving jobs go to the agent"
-        );
+        assert!(!cache.stays_home(&cfg, &job("h100")), "leaving jobs go to the agent");
         cfg.view_max_age = std::time::Duration::ZERO;
         std::thread::sleep(std::time::Duration::from_millis(5));
-        assert!(
-            !cache.stays_home(&cfg, &job("a100")),
-            "stale view: ask the agent"
-        );
+        assert!(!cache.stays_home(&cfg, &job("a100")), "stale view: ask the agent");
         cfg.view_max_age = std::time::Duration::from_secs(10);
         std::fs::write(&cfg.view_path, b"{ not json").unwrap();
-        assert!(
-            !cache.stays_home(&cfg, &job("a100")),
-            "garbage view: ask the agent"
-        );
+        assert!(!cache.stays_home(&cfg, &job("a100")), "garbage view: ask the agent");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -204,17 +204,21 @@ impl FleetConf {
                 let lk = k.to_ascii_lowercase();
                 let loc = e.location();
                 if let Some((_, first)) = seen.iter().find(|(s, _)| *s == lk) {
-                    diags.push(Diagnostic::warning(&e.file, e.line, format!("{k} repeated (first at {first}); this value wins")));
+                    diags.push(Diagnostic::warning(
+                        &e.file,
+                        e.line,
+                        format!("{k} repeated (first at {first}); this value wins"),
+                    ));
                 } else {
                     seen.push((lk.clone(), loc));
                 }
-                let bad = |expect: String| {
-                    Diagnostic::error(&e.file, e.line, format!("{k}={v}: bad value; {expect}"))
-                };
+                let bad = |expect: String| Diagnostic::error(&e.file, e.line, format!("{k}={v}: bad value; {expect}"));
                 let r: Result<(), Diagnostic> = (|| {
                     match lk.as_str() {
                         "sitename" => {
-                            if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+                            if v.is_empty()
+                                || !v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                            {
                                 return Err(bad("expected a cluster name (letters, digits, '_', '-', '.')".into()));
                             }
                             conf.site_name = v.clone();
@@ -246,7 +250,9 @@ impl FleetConf {
                             conf.fail_open =
                                 parse_bool(v).ok_or_else(|| bad("expected yes, no, true, false, 1 or 0".into()))?;
                         }
-                        "heartbeatintervalms" => conf.heartbeat_interval_ms = parse_in_range(v, 100, 3_600_000).map_err(bad)?,
+                        "heartbeatintervalms" => {
+                            conf.heartbeat_interval_ms = parse_in_range(v, 100, 3_600_000).map_err(bad)?
+                        }
                         "pollintervalms" => conf.poll_interval_ms = parse_in_range(v, 10, 3_600_000).map_err(bad)?,
                         "viewmaxagems" => conf.view_max_age_ms = parse_in_range(v, 100, 86_400_000).map_err(bad)?,
                         "maxscriptbytes" => conf.max_script_bytes = parse_in_range(v, 1, 1 << 30).map_err(bad)?,
@@ -267,7 +273,8 @@ impl FleetConf {
                             conf.job_user_map = Some(v.clone());
                         }
                         "jobusergroup" => {
-                            let ok = !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                            let ok = !v.is_empty()
+                                && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
                             if !ok {
                                 return Err(bad("expected a group name".into()));
                             }
@@ -421,18 +428,36 @@ mod tests {
                 "fleet.conf:3: SubmitTimeoutMs=5001: bad value; expected a whole number from 1 to 5000",
             ]),
         );
-        check("SiteName=a FailOpen=maybe", Err(&["fleet.conf:1: FailOpen=maybe: bad value; expected yes, no, true, false, 1 or 0"]));
-        check("SiteName=a AgentSocket=rel.sock", Err(&["fleet.conf:1: AgentSocket=rel.sock: bad value; expected an absolute path"]));
-        check("SiteName=a MetaSchedulerUrl=ftp://x", Err(&["fleet.conf:1: MetaSchedulerUrl=ftp://x: bad value; expected an http:// or https:// URL"]));
-        check("SiteName=a RunAsUser=root", Err(&["fleet.conf:1: RunAsUser=root: bad value; expected a user name other than root"]));
-        check("SiteName=a LogLevel=loud", Err(&["fleet.conf:1: LogLevel=loud: bad value; expected error, warn, info, debug or trace"]));
+        check(
+            "SiteName=a FailOpen=maybe",
+            Err(&["fleet.conf:1: FailOpen=maybe: bad value; expected yes, no, true, false, 1 or 0"]),
+        );
+        check(
+            "SiteName=a AgentSocket=rel.sock",
+            Err(&["fleet.conf:1: AgentSocket=rel.sock: bad value; expected an absolute path"]),
+        );
+        check(
+            "SiteName=a MetaSchedulerUrl=ftp://x",
+            Err(&["fleet.conf:1: MetaSchedulerUrl=ftp://x: bad value; expected an http:// or https:// URL"]),
+        );
+        check(
+            "SiteName=a RunAsUser=root",
+            Err(&["fleet.conf:1: RunAsUser=root: bad value; expected a user name other than root"]),
+        );
+        check(
+            "SiteName=a LogLevel=loud",
+            Err(&["fleet.conf:1: LogLevel=loud: bad value; expected error, warn, info, debug or trace"]),
+        );
         check(
             "SiteName=a AllowedSubmitUids=0,a;b",
             Err(&["fleet.conf:1: AllowedSubmitUids=0,a;b: bad value; expected a comma list of uids or user names, \"a;b\" is neither"]),
         );
         check("Region=eu", Err(&["fleet.conf: SiteName is required (the name of this cluster)"]));
         check("SiteName=a b", Err(&["fleet.conf:1: expected Key=Value, found \"b\""]));
-        check("SiteName=", Err(&["fleet.conf:1: SiteName=: bad value; expected a cluster name (letters, digits, '_', '-', '.')"]));
+        check(
+            "SiteName=",
+            Err(&["fleet.conf:1: SiteName=: bad value; expected a cluster name (letters, digits, '_', '-', '.')"]),
+        );
     }
 
     #[test]
@@ -447,7 +472,10 @@ mod tests {
 
     #[test]
     fn fleet_conf_sits_beside_slurm_conf() {
-        assert_eq!(path_beside(Path::new("/tmp/fleet-lab/beta/slurm.conf")), PathBuf::from("/tmp/fleet-lab/beta/fleet.conf"));
+        assert_eq!(
+            path_beside(Path::new("/tmp/fleet-lab/beta/slurm.conf")),
+            PathBuf::from("/tmp/fleet-lab/beta/fleet.conf")
+        );
         assert_eq!(path_beside(Path::new("slurm.conf")), PathBuf::from(DEFAULT_PATH));
     }
 

@@ -76,11 +76,17 @@ impl GresConf {
                     continue;
                 }
                 for (k, v) in &e.pairs {
-                    conf.settings.push(Setting { key: k.clone(), value: v.clone(), file: e.file.clone(), line: e.line });
+                    conf.settings.push(Setting {
+                        key: k.clone(),
+                        value: v.clone(),
+                        file: e.file.clone(),
+                        line: e.line,
+                    });
                 }
                 continue;
             }
-            let bad = |k: &str, v: &str, why: &str| Diagnostic::error(&e.file, e.line, format!("{k}={v}: bad value; {why}"));
+            let bad =
+                |k: &str, v: &str, why: &str| Diagnostic::error(&e.file, e.line, format!("{k}={v}: bad value; {why}"));
             let mut l = GresLine { file: e.file.clone(), line: e.line, ..GresLine::default() };
             let mut count: Option<u64> = None;
             let before = diags.len();
@@ -202,7 +208,10 @@ mod tests {
             Ok(&["n1 gpu:- x8 files=4 cores=None", "warn gres.conf:1: Count=8 but File= names 4 devices"]),
         );
         check("NodeName=n1 Name=gpu Count=x", Err(&["gres.conf:1: Count=x: bad value; count is not a number"]));
-        check("NodeName=n1 Name=gpu File=/dev/nvidia[3-0]", Err(&["gres.conf:1: File=/dev/nvidia[3-0]: bad value; range \"3-0\" goes down (3 > 0)"]));
+        check(
+            "NodeName=n1 Name=gpu File=/dev/nvidia[3-0]",
+            Err(&["gres.conf:1: File=/dev/nvidia[3-0]: bad value; range \"3-0\" goes down (3 > 0)"]),
+        );
         check("NodeName=n1 Type=h100", Err(&["gres.conf:1: NodeName line without Name="]));
     }
 

@@ -93,9 +93,10 @@ pub fn expand_capped(expr: &str, cap: usize) -> Result<Vec<String>, HostlistErro
             Part::Lit(_) => Some(acc),
             Part::Ranges(r) => acc.checked_mul(range_count(r)?),
         });
-        total = n.and_then(|n| total.checked_add(n)).filter(|&t| t <= cap).ok_or_else(|| {
-            err(format!("expands to more than {cap} names"))
-        })?;
+        total = n
+            .and_then(|n| total.checked_add(n))
+            .filter(|&t| t <= cap)
+            .ok_or_else(|| err(format!("expands to more than {cap} names")))?;
         bytes = n
             .and_then(|n| n.checked_mul(max_name_len(&parts)))
             .and_then(|b| bytes.checked_add(b))
@@ -403,8 +404,14 @@ mod tests {
         check("x[]", Err("bad hostlist \"x[]\": empty '[]'"));
         check("x[a-b]", Err("bad hostlist \"x[a-b]\": \"a\" is not a number"));
         check("x[1-]", Err("bad hostlist \"x[1-]\": \"\" is not a number"));
-        check("x[1234567890123456789]", Err("bad hostlist \"x[1234567890123456789]\": \"1234567890123456789\" has too many digits"));
-        check("x[0-999999999999999999]", Err("bad hostlist \"x[0-999999999999999999]\": expands to more than 1000000 names"));
+        check(
+            "x[1234567890123456789]",
+            Err("bad hostlist \"x[1234567890123456789]\": \"1234567890123456789\" has too many digits"),
+        );
+        check(
+            "x[0-999999999999999999]",
+            Err("bad hostlist \"x[0-999999999999999999]\": expands to more than 1000000 names"),
+        );
         check(
             "x[0-999]y[0-999]z[0-999]",
             Err("bad hostlist \"x[0-999]y[0-999]z[0-999]\": expands to more than 1000000 names"),
@@ -422,10 +429,7 @@ mod tests {
     #[test]
     fn cap_counts_across_items() {
         assert!(expand_capped("a[1-3],b[1-3]", 6).is_ok());
-        assert_eq!(
-            expand_capped("a[1-3],b[1-3]", 5).unwrap_err().problem,
-            "expands to more than 5 names"
-        );
+        assert_eq!(expand_capped("a[1-3],b[1-3]", 5).unwrap_err().problem, "expands to more than 5 names");
     }
 
     fn check_compress(names: &[&str], expected: &str) {

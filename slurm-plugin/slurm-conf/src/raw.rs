@@ -454,10 +454,7 @@ mod tests {
         check("# only a comment\nA=1 # trailing", &["t.conf:2 A=[1]"]);
         check("A=x\\#y", &["t.conf:1 A=[x#y]"]);
         check("A=x\\\\", &["t.conf:1 A=[x\\]"]);
-        check(
-            "NodeName=x CPUs=4 Gres=gpu:h100:8",
-            &["t.conf:1 NodeName=[x] CPUs=[4] Gres=[gpu:h100:8]"],
-        );
+        check("NodeName=x CPUs=4 Gres=gpu:h100:8", &["t.conf:1 NodeName=[x] CPUs=[4] Gres=[gpu:h100:8]"]);
         check("NodeName=a \\\n  CPUs=4\nB=2", &["t.conf:1 NodeName=[a] CPUs=[4]", "t.conf:3 B=[2]"]);
         check("Nodes=a,\\\nb", &["t.conf:1 Nodes=[a,b]"]);
         check("A=1 \\   \r\nB=2", &["t.conf:1 A=[1] B=[2]"]);
@@ -476,7 +473,13 @@ mod tests {
         check("=x B=1", &["t.conf:1 B=[1]", "Error t.conf:1: missing key before '=' in \"=x\""]);
         check("a.b=1", &["Error t.conf:1: bad key \"a.b\": keys are letters, digits and '_'"]);
         check("A=\"x\"y", &["Error t.conf:1: unexpected text after the value of A: \"A=\"x\"y\""]);
-        check("A=1\nInclude other.conf", &["t.conf:1 A=[1]", "Error t.conf:2: Include other.conf: cannot read: Include is not followed when parsing text"]);
+        check(
+            "A=1\nInclude other.conf",
+            &[
+                "t.conf:1 A=[1]",
+                "Error t.conf:2: Include other.conf: cannot read: Include is not followed when parsing text",
+            ],
+        );
         check("include", &["Error t.conf:1: Include without a file name"]);
         check("IncludeX=1", &["t.conf:1 IncludeX=[1]"]);
     }
@@ -509,7 +512,11 @@ mod tests {
     fn include_table() {
         check_files(
             &[("/etc/slurm/slurm.conf", "A=1\nINCLUDE nodes.conf\nB=2"), ("/etc/slurm/nodes.conf", "NodeName=n1")],
-            &["/etc/slurm/slurm.conf:1 A=[1]", "/etc/slurm/nodes.conf:1 NodeName=[n1]", "/etc/slurm/slurm.conf:3 B=[2]"],
+            &[
+                "/etc/slurm/slurm.conf:1 A=[1]",
+                "/etc/slurm/nodes.conf:1 NodeName=[n1]",
+                "/etc/slurm/slurm.conf:3 B=[2]",
+            ],
         );
         check_files(
             &[("/e/a.conf", "include \"/x/b.conf\""), ("/x/b.conf", "include ../e/./c.conf"), ("/e/c.conf", "C=3")],
@@ -554,11 +561,14 @@ mod tests {
     fn non_utf8_is_read_lossily_with_a_warning() {
         let mut loader = |_: &Path| -> io::Result<Vec<u8>> { Ok(b"A=\xff\nB=2".to_vec()) };
         let p = load_with(Path::new("/x.conf"), &mut loader).unwrap();
-        assert_eq!(render(&p), vec![
-            "/x.conf:1 A=[\u{fffd}]".to_string(),
-            "/x.conf:2 B=[2]".to_string(),
-            "Warning /x.conf: file is not valid UTF-8 (first bad byte at offset 2); read lossily".to_string(),
-        ]);
+        assert_eq!(
+            render(&p),
+            vec![
+                "/x.conf:1 A=[\u{fffd}]".to_string(),
+                "/x.conf:2 B=[2]".to_string(),
+                "Warning /x.conf: file is not valid UTF-8 (first bad byte at offset 2); read lossily".to_string(),
+            ]
+        );
         assert!(p.check().is_ok());
     }
 

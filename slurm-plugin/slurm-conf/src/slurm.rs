@@ -183,7 +183,11 @@ impl SlurmConf {
         for (e, pairs) in pending_parts {
             if let Some(p) = partition_from(e, &pairs, &conf.nodes, &known, &mut diags, &mut budget) {
                 if !part_names.insert(p.name.clone()) {
-                    diags.push(Diagnostic::error(&e.file, e.line, format!("partition {} defined more than once", p.name)));
+                    diags.push(Diagnostic::error(
+                        &e.file,
+                        e.line,
+                        format!("partition {} defined more than once", p.name),
+                    ));
                 }
                 conf.partitions.push(p);
             }
@@ -191,7 +195,11 @@ impl SlurmConf {
         let defaults: Vec<&PartitionDef> = conf.partitions.iter().filter(|p| p.default).collect();
         if defaults.len() > 1 {
             let p = defaults[defaults.len() - 1];
-            diags.push(Diagnostic::warning(&p.file, p.line, format!("more than one Default=YES partition; Slurm uses the last one ({})", p.name)));
+            diags.push(Diagnostic::warning(
+                &p.file,
+                p.line,
+                format!("more than one Default=YES partition; Slurm uses the last one ({})", p.name),
+            ));
         }
         if let Some(e) = Error::from_diagnostics(&diags) {
             return Err(e);
@@ -266,7 +274,14 @@ fn top_level(conf: &mut SlurmConf, e: &Entry, k: &str, v: &str, diags: &mut Vec<
 }
 
 /// Expands a per-node value list: one value for all, or one per node.
-fn per_node(e: &Entry, k: &str, v: &str, n: usize, diags: &mut Vec<Diagnostic>, budget: &mut Budget) -> Option<Vec<String>> {
+fn per_node(
+    e: &Entry,
+    k: &str,
+    v: &str,
+    n: usize,
+    diags: &mut Vec<Diagnostic>,
+    budget: &mut Budget,
+) -> Option<Vec<String>> {
     match budget.expand(v) {
         Ok(vals) if vals.len() == 1 => Some(vec![vals[0].clone(); n]),
         Ok(vals) if vals.len() == n => Some(vals),
@@ -339,8 +354,7 @@ fn nodes_from(
                 Err(why) => diags.push(bad(e, k, v, &why)),
             },
             "features" | "feature" | "availablefeatures" => {
-                template.features =
-                    v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+                template.features = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
             }
             "state" => template.state = Some(v.to_ascii_uppercase()),
             _ => template.other.push((k.clone(), v.clone())),
@@ -404,12 +418,19 @@ fn partition_from(
                             let unknown: Vec<&String> = list.iter().filter(|n| !known.contains(n.as_str())).collect();
                             if !unknown.is_empty() {
                                 let names: Vec<&str> = unknown.iter().take(10).map(|s| s.as_str()).collect();
-                                let more = if unknown.len() > 10 { format!(" and {} more", unknown.len() - 10) } else { String::new() };
+                                let more = if unknown.len() > 10 {
+                                    format!(" and {} more", unknown.len() - 10)
+                                } else {
+                                    String::new()
+                                };
                                 let (what, verb) = if unknown.len() == 1 { ("node", "is") } else { ("nodes", "are") };
                                 diags.push(Diagnostic::warning(
                                     &e.file,
                                     e.line,
-                                    format!("partition {name}: {what} {}{more} {verb} not defined by a NodeName line", names.join(",")),
+                                    format!(
+                                        "partition {name}: {what} {}{more} {verb} not defined by a NodeName line",
+                                        names.join(",")
+                                    ),
                                 ));
                             }
                             p.nodes = list;
@@ -514,8 +535,11 @@ mod tests {
         let c = &l.conf;
         let mut s = format!("cluster={:?} port={:?}", c.cluster_name, c.slurmctld_port);
         for n in &c.nodes {
-            let gres: Vec<String> =
-                n.gres.iter().map(|g| format!("{}:{}:{}", g.name, g.gres_type.as_deref().unwrap_or("-"), g.count)).collect();
+            let gres: Vec<String> = n
+                .gres
+                .iter()
+                .map(|g| format!("{}:{}:{}", g.name, g.gres_type.as_deref().unwrap_or("-"), g.count))
+                .collect();
             s += &format!(
                 "\nnode {} cpus={:?} mem={:?} port={:?} addr={:?} gres={} feat={} @{}",
                 n.name,
@@ -570,19 +594,34 @@ mod tests {
         );
         check("MinJobAge=1\nMinJobAge=2", Ok("cluster=None port=None\nwarn slurm.conf:2: MinJobAge repeated (first at slurm.conf:1); this value wins"));
         // Errors.
-        check("NodeName=n[3-1] CPUs=4", Err(&["slurm.conf:1: NodeName=n[3-1]: bad value; range \"3-1\" goes down (3 > 1)"]));
+        check(
+            "NodeName=n[3-1] CPUs=4",
+            Err(&["slurm.conf:1: NodeName=n[3-1]: bad value; range \"3-1\" goes down (3 > 1)"]),
+        );
         check("NodeName=n1 CPUs=four", Err(&["slurm.conf:1: CPUs=four: bad value; expected a whole number"]));
-        check("NodeName=n[1-3] Port=[1-2]", Err(&["slurm.conf:1: Port=[1-2]: bad value; expected 1 or 3 values (one per node), found 2"]));
+        check(
+            "NodeName=n[1-3] Port=[1-2]",
+            Err(&["slurm.conf:1: Port=[1-2]: bad value; expected 1 or 3 values (one per node), found 2"]),
+        );
         check("NodeName=n1 Port=99999", Err(&["slurm.conf:1: Port=99999: bad value; expected ports (1..65535)"]));
-        check("NodeName=n1 Gres=gpu:h100:x", Err(&["slurm.conf:1: Gres=gpu:h100:x: bad value; count \"x\" in \"gpu:h100:x\" is not a number"]));
+        check(
+            "NodeName=n1 Gres=gpu:h100:x",
+            Err(&["slurm.conf:1: Gres=gpu:h100:x: bad value; count \"x\" in \"gpu:h100:x\" is not a number"]),
+        );
         check("NodeName=n1\nNodeName=n1", Err(&["slurm.conf:2: node n1 defined more than once"]));
         check("PartitionName=p MaxTime=soon", Err(&["slurm.conf:1: MaxTime=soon: bad value; \"soon\" is not a time limit (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED)"]));
-        check("PartitionName=p Default=maybe State=UP", Err(&["slurm.conf:1: Default=maybe: bad value; expected YES or NO"]));
+        check(
+            "PartitionName=p Default=maybe State=UP",
+            Err(&["slurm.conf:1: Default=maybe: bad value; expected YES or NO"]),
+        );
         check(
             "NodeName=n[1-600000]\nNodeName=m[1-600000]",
             Err(&["slurm.conf:2: NodeName=m[1-600000]: bad value; expands to more than 400000 names (the file's total is capped at 1000000 names)"]),
         );
-        check("SlurmctldPort=x", Err(&["slurm.conf:1: SlurmctldPort=x: bad value; expected a port (1..65535) or a range like 6817-6818"]));
+        check(
+            "SlurmctldPort=x",
+            Err(&["slurm.conf:1: SlurmctldPort=x: bad value; expected a port (1..65535) or a range like 6817-6818"]),
+        );
     }
 
     /// The shape tests/lab/lab.sh writes (one NodeName line per node).
@@ -600,7 +639,10 @@ mod tests {
         let c = l.conf;
         assert_eq!(c.cluster_name.as_deref(), Some("alpha"));
         assert_eq!(c.slurmctld_port, Some(16817));
-        assert_eq!(c.nodes.iter().map(|n| (n.name.as_str(), n.port)).collect::<Vec<_>>(), vec![("alpha1", Some(17001)), ("alpha2", Some(17002))]);
+        assert_eq!(
+            c.nodes.iter().map(|n| (n.name.as_str(), n.port)).collect::<Vec<_>>(),
+            vec![("alpha1", Some(17001)), ("alpha2", Some(17002))]
+        );
         assert_eq!(c.node("alpha2").unwrap().gpus(), vec![(Some("h100"), 8)]);
         assert_eq!(c.node("alpha2").unwrap().line, 10);
         assert_eq!(c.partition("fleet").unwrap().other, vec![("OverSubscribe".to_string(), "FORCE:64".to_string())]);

@@ -57,13 +57,18 @@ impl Topology {
                 diags.push(Diagnostic::warning(&e.file, e.line, format!("unknown key {head} (ignored)")));
                 continue;
             }
-            let bad = |k: &str, v: &str, why: &str| Diagnostic::error(&e.file, e.line, format!("{k}={v}: bad value; {why}"));
+            let bad =
+                |k: &str, v: &str, why: &str| Diagnostic::error(&e.file, e.line, format!("{k}={v}: bad value; {why}"));
             if name.is_empty() {
                 diags.push(bad("SwitchName", name, "expected a switch name"));
                 continue;
             }
             if let Some(prev) = index.get(name).map(|&i| &topo.switches[i]) {
-                diags.push(Diagnostic::error(&e.file, e.line, format!("switch {name} already defined at {}:{}", prev.file, prev.line)));
+                diags.push(Diagnostic::error(
+                    &e.file,
+                    e.line,
+                    format!("switch {name} already defined at {}:{}", prev.file, prev.line),
+                ));
                 continue;
             }
             let mut s = Switch { name: name.to_string(), file: e.file.clone(), line: e.line, ..Switch::default() };
@@ -90,7 +95,11 @@ impl Topology {
         for s in &topo.switches {
             for c in &s.switches {
                 if !index.contains_key(c) {
-                    diags.push(Diagnostic::error(&s.file, s.line, format!("switch {}: child switch {c} is not defined", s.name)));
+                    diags.push(Diagnostic::error(
+                        &s.file,
+                        s.line,
+                        format!("switch {}: child switch {c} is not defined", s.name),
+                    ));
                 }
             }
         }
@@ -102,7 +111,11 @@ impl Topology {
         for s in &topo.switches {
             for n in &s.nodes {
                 if let Some(other) = seen.get(n.as_str()) {
-                    diags.push(Diagnostic::warning(&s.file, s.line, format!("node {n} is under switches {other} and {}", s.name)));
+                    diags.push(Diagnostic::warning(
+                        &s.file,
+                        s.line,
+                        format!("node {n} is under switches {other} and {}", s.name),
+                    ));
                 } else {
                     seen.insert(n, &s.name);
                 }
@@ -242,7 +255,11 @@ mod tests {
         );
         check(
             "SwitchName=s0 Nodes=a1\nSwitchName=s1 Nodes=a1",
-            Ok(&["s0 nodes=a1 switches=", "s1 nodes=a1 switches=", "warn topology.conf:2: node a1 is under switches s0 and s1"]),
+            Ok(&[
+                "s0 nodes=a1 switches=",
+                "s1 nodes=a1 switches=",
+                "warn topology.conf:2: node a1 is under switches s0 and s1",
+            ]),
         );
         check("SwitchName=top Switches=s9", Err(&["topology.conf:1: switch top: child switch s9 is not defined"]));
         check(
@@ -251,10 +268,16 @@ mod tests {
         );
         check(
             "SwitchName=top Switches=a\nSwitchName=a Switches=b\nSwitchName=b Switches=c\nSwitchName=c Switches=a,c",
-            Err(&["topology.conf:2: switch a contains itself (cycle)", "topology.conf:4: switch c contains itself (cycle)"]),
+            Err(&[
+                "topology.conf:2: switch a contains itself (cycle)",
+                "topology.conf:4: switch c contains itself (cycle)",
+            ]),
         );
         check("SwitchName=a\nSwitchName=a", Err(&["topology.conf:2: switch a already defined at topology.conf:1"]));
-        check("SwitchName=a Nodes=x[2-1]", Err(&["topology.conf:1: Nodes=x[2-1]: bad value; range \"2-1\" goes down (2 > 1)"]));
+        check(
+            "SwitchName=a Nodes=x[2-1]",
+            Err(&["topology.conf:1: Nodes=x[2-1]: bad value; range \"2-1\" goes down (2 > 1)"]),
+        );
     }
 
     #[test]

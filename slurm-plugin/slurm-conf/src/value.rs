@@ -27,10 +27,7 @@ pub(crate) fn parse_count(s: &str) -> Result<u64, String> {
         "p" => 1 << 50,
         _ => return Err("is not a number".into()),
     };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| "is too large".to_string())
+    num.parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(|| "is too large".to_string())
 }
 
 /// A plain decimal number within `lo..=hi`.

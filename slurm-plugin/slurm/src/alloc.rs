@@ -41,10 +41,7 @@ fn allocator() -> Allocator {
                 // SAFETY: as above.
                 free: unsafe { std::mem::transmute::<*mut c_void, XFree>(f) },
             },
-            _ => Allocator {
-                strdup: libc::strdup,
-                free: libc_free,
-            },
+            _ => Allocator { strdup: libc::strdup, free: libc_free },
         }
     })
 }

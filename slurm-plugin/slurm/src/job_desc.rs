@@ -346,10 +346,7 @@ impl<'a> JobDesc<'a> {
         // SAFETY: slurmctld keeps spank_job_env_size entries in spank_job_env
         // (or NULL), alive as long as the job_desc we borrow.
         let entries = unsafe { string_array(r.spank_job_env, r.spank_job_env_size) };
-        entries
-            .into_iter()
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .collect()
+        entries.into_iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
     }
 
     /// The job's environment (`NAME=value` entries sbatch captured), as

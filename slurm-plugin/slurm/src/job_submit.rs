@@ -52,9 +52,7 @@ impl<P: JobSubmitPlugin> Default for Slot<P> {
 
 impl<P: JobSubmitPlugin> Slot<P> {
     pub const fn new() -> Self {
-        Slot {
-            inner: OnceLock::new(),
-        }
+        Slot { inner: OnceLock::new() }
     }
 
     /// Entry point for `init()`.
@@ -63,15 +61,11 @@ impl<P: JobSubmitPlugin> Slot<P> {
         let p = match r {
             Ok(Ok(p)) => Some(p),
             Ok(Err(e)) => {
-                log::error(&format!(
-                    "{name}: init failed, passing every job through untouched: {e}"
-                ));
+                log::error(&format!("{name}: init failed, passing every job through untouched: {e}"));
                 None
             }
             Err(_) => {
-                log::error(&format!(
-                    "{name}: init panicked, passing every job through untouched"
-                ));
+                log::error(&format!("{name}: init panicked, passing every job through untouched"));
                 None
             }
         };
@@ -94,13 +88,7 @@ impl<P: JobSubmitPlugin> Slot<P> {
     /// # Safety
     /// `job_desc` is NULL or a valid job descriptor exclusively ours for the
     /// call; `err_msg` is NULL or a valid `char **` slurmctld will `xfree`.
-    pub unsafe fn submit(
-        &self,
-        name: &str,
-        job_desc: *mut job_desc_msg_t,
-        uid: u32,
-        err_msg: *mut *mut c_char,
-    ) -> i32 {
+    pub unsafe fn submit(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
         let Some(Some(p)) = self.inner.get() else {
             return SLURM_SUCCESS;
         };
@@ -120,9 +108,7 @@ impl<P: JobSubmitPlugin> Slot<P> {
                 }
             }
             Err(_) => {
-                log::error(&format!(
-                    "{name}: job_submit panicked; job left as submitted"
-                ));
+                log::error(&format!("{name}: job_submit panicked; job left as submitted"));
                 SLURM_SUCCESS
             }
         }
@@ -134,13 +120,7 @@ impl<P: JobSubmitPlugin> Slot<P> {
     ///
     /// # Safety
     /// As [`Slot::submit`].
-    pub unsafe fn modify(
-        &self,
-        name: &str,
-        job_desc: *mut job_desc_msg_t,
-        uid: u32,
-        err_msg: *mut *mut c_char,
-    ) -> i32 {
+    pub unsafe fn modify(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
         let Some(Some(p)) = self.inner.get() else {
             return SLURM_SUCCESS;
         };
@@ -163,9 +143,7 @@ impl<P: JobSubmitPlugin> Slot<P> {
                 }
             }
             Err(_) => {
-                log::error(&format!(
-                    "{name}: job_modify panicked; update left as requested"
-                ));
+                log::error(&format!("{name}: job_modify panicked; update left as requested"));
                 SLURM_SUCCESS
             }
         }
@@ -194,12 +172,10 @@ macro_rules! job_submit_plugin {
     ($ty:ty, $name:literal, $ptype:literal) => {
         #[no_mangle]
         #[used]
-        pub static plugin_name: [u8; concat!($name, "\0").len()] =
-            $crate::cstr_array(concat!($name, "\0"));
+        pub static plugin_name: [u8; concat!($name, "\0").len()] = $crate::cstr_array(concat!($name, "\0"));
         #[no_mangle]
         #[used]
-        pub static plugin_type: [u8; concat!($ptype, "\0").len()] =
-            $crate::cstr_array(concat!($ptype, "\0"));
+        pub static plugin_type: [u8; concat!($ptype, "\0").len()] = $crate::cstr_array(concat!($ptype, "\0"));
         /// Must equal the SLURM_VERSION_NUMBER of the slurmctld that loads us.
         #[no_mangle]
         #[used]

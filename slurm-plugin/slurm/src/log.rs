@@ -19,13 +19,8 @@ fn resolve(level: Level) -> Option<LogFn> {
     // Addresses kept as usize: raw pointers are not Sync.
     static FNS: OnceLock<[usize; 4]> = OnceLock::new();
     let fns = FNS.get_or_init(|| {
-        [
-            c"slurm_error",
-            c"slurm_info",
-            c"slurm_verbose",
-            c"slurm_debug",
-        ]
-        .map(|n| crate::alloc::lookup(n).map_or(0, |p| p as usize))
+        [c"slurm_error", c"slurm_info", c"slurm_verbose", c"slurm_debug"]
+            .map(|n| crate::alloc::lookup(n).map_or(0, |p| p as usize))
     });
     let p = fns[level as usize];
     if p == 0 {

@@ -28,12 +28,7 @@ pub type Validator = fn(i32, Option<&str>, bool) -> Result<(), String>;
 ///
 /// # Safety
 /// `sp` is the handle Slurm passed to `slurm_spank_init`.
-pub unsafe fn register(
-    name: &str,
-    sp: sys::spank_t,
-    opts: &[OptSpec],
-    cb: sys::spank_opt_cb_f,
-) -> c_int {
+pub unsafe fn register(name: &str, sp: sys::spank_t, opts: &[OptSpec], cb: sys::spank_opt_cb_f) -> c_int {
     for o in opts {
         // Slurm keeps pointers to these strings for the life of the
         // process, so they are allocated once and never freed.
@@ -49,10 +44,7 @@ pub unsafe fn register(
         // `opt` is a valid, never-freed spank_option.
         let rc = unsafe { sys::spank_option_register(sp, opt) };
         if rc != 0 {
-            log::verbose(&format!(
-                "spank/{name}: could not register --{} (rc {rc})",
-                o.name
-            ));
+            log::verbose(&format!("spank/{name}: could not register --{} (rc {rc})", o.name));
         }
     }
     0
@@ -62,22 +54,12 @@ pub unsafe fn register(
 ///
 /// # Safety
 /// `optarg` is NULL or a NUL-terminated string valid for the call.
-pub unsafe fn run_callback(
-    name: &str,
-    validate: Validator,
-    val: c_int,
-    optarg: *const c_char,
-    remote: c_int,
-) -> c_int {
+pub unsafe fn run_callback(name: &str, validate: Validator, val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
     let arg = if optarg.is_null() {
         None
     } else {
         // SAFETY: Slurm passes the option's NUL-terminated argument string.
-        Some(
-            unsafe { CStr::from_ptr(optarg) }
-                .to_string_lossy()
-                .into_owned(),
-        )
+        Some(unsafe { CStr::from_ptr(optarg) }.to_string_lossy().into_owned())
     };
     match catch_unwind(|| validate(val, arg.as_deref(), remote != 0)) {
         Ok(Ok(())) => 0,
@@ -86,9 +68,7 @@ pub unsafe fn run_callback(
             -1
         }
         Err(_) => {
-            log::error(&format!(
-                "spank/{name}: option check panicked; option ignored"
-            ));
+            log::error(&format!("spank/{name}: option check panicked; option ignored"));
             0
         }
     }
@@ -104,8 +84,7 @@ macro_rules! spank_plugin {
     ($name:literal, $opts:expr, $validate:path) => {
         #[no_mangle]
         #[used]
-        pub static plugin_name: [u8; concat!($name, "\0").len()] =
-            $crate::cstr_array(concat!($name, "\0"));
+        pub static plugin_name: [u8; concat!($name, "\0").len()] = $crate::cstr_array(concat!($name, "\0"));
         #[no_mangle]
         #[used]
         pub static plugin_type: [u8; 6] = $crate::cstr_array("spank\0");
@@ -130,10 +109,8 @@ macro_rules! spank_plugin {
             _av: *mut *mut ::std::ffi::c_char,
         ) -> ::std::ffi::c_int {
             // SAFETY: `sp` is the handle Slurm passed to slurm_spank_init.
-            ::std::panic::catch_unwind(|| unsafe {
-                $crate::spank::register($name, sp, $opts, Some(__fleet_spank_cb))
-            })
-            .unwrap_or(0)
+            ::std::panic::catch_unwind(|| unsafe { $crate::spank::register($name, sp, $opts, Some(__fleet_spank_cb)) })
+                .unwrap_or(0)
         }
     };
 }

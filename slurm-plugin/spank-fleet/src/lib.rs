@@ -21,42 +21,12 @@ const fn arg(s: &'static str) -> Option<&'static str> {
 pub static OPTIONS: [OptSpec; 6] = {
     let o = fleet_api::options::OPTIONS;
     [
-        OptSpec {
-            name: o[0].0,
-            arginfo: arg(o[0].1),
-            usage: o[0].2,
-            val: 0,
-        },
-        OptSpec {
-            name: o[1].0,
-            arginfo: arg(o[1].1),
-            usage: o[1].2,
-            val: 1,
-        },
-        OptSpec {
-            name: o[2].0,
-            arginfo: arg(o[2].1),
-            usage: o[2].2,
-            val: 2,
-        },
-        OptSpec {
-            name: o[3].0,
-            arginfo: arg(o[3].1),
-            usage: o[3].2,
-            val: 3,
-        },
-        OptSpec {
-            name: o[4].0,
-            arginfo: arg(o[4].1),
-            usage: o[4].2,
-            val: 4,
-        },
-        OptSpec {
-            name: o[5].0,
-            arginfo: arg(o[5].1),
-            usage: o[5].2,
-            val: 5,
-        },
+        OptSpec { name: o[0].0, arginfo: arg(o[0].1), usage: o[0].2, val: 0 },
+        OptSpec { name: o[1].0, arginfo: arg(o[1].1), usage: o[1].2, val: 1 },
+        OptSpec { name: o[2].0, arginfo: arg(o[2].1), usage: o[2].2, val: 2 },
+        OptSpec { name: o[3].0, arginfo: arg(o[3].1), usage: o[3].2, val: 3 },
+        OptSpec { name: o[4].0, arginfo: arg(o[4].1), usage: o[4].2, val: 4 },
+        OptSpec { name: o[5].0, arginfo: arg(o[5].1), usage: o[5].2, val: 5 },
     ]
 };
 
@@ -66,10 +36,7 @@ pub fn validate(val: i32, arg: Option<&str>, remote: bool) -> Result<(), String>
     if remote {
         return Ok(());
     }
-    let Some((name, _, _)) = usize::try_from(val)
-        .ok()
-        .and_then(|i| fleet_api::options::OPTIONS.get(i))
-    else {
+    let Some((name, _, _)) = usize::try_from(val).ok().and_then(|i| fleet_api::options::OPTIONS.get(i)) else {
         return Err(format!("spank/fleet: unknown option index {val}"));
     };
     let mut scratch = fleet_api::FleetOptions::default();
@@ -94,10 +61,7 @@ mod tests {
     #[test]
     fn validation() {
         assert_eq!(validate(0, Some("remote"), false), Ok(()));
-        assert_eq!(
-            validate(0, Some("x"), false),
-            Err("--fleet=x: expected auto, local or remote".into())
-        );
+        assert_eq!(validate(0, Some("x"), false), Err("--fleet=x: expected auto, local or remote".into()));
         assert_eq!(validate(0, Some("x"), true), Ok(()));
         assert_eq!(validate(5, None, false), Ok(()));
         assert!(validate(2, Some("cheap"), false).is_err());

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-pub use fleet_api::api::SignalScope;
 use fleet_api::api::NodeCapacity;
+pub use fleet_api::api::SignalScope;
 use fleet_api::{JobRequest, JobState};
 
 use crate::identity::LocalUser;
@@ -86,9 +86,6 @@ pub trait Backend: Send + Sync + 'static {
     fn job_dir(&self, id: &str) -> PathBuf;
     fn output_paths(&self, id: &str) -> OutputPaths {
         let d = self.job_dir(id);
-        OutputPaths {
-            stdout: d.join("stdout"),
-            stderr: d.join("stderr"),
-        }
+        OutputPaths { stdout: d.join("stdout"), stderr: d.join("stderr") }
     }
 }

@@ -40,30 +40,15 @@ pub struct Check {
 }
 
 fn pass(name: &'static str, reason: impl Into<String>) -> Check {
-    Check {
-        name,
-        outcome: Outcome::Pass(reason.into()),
-    }
+    Check { name, outcome: Outcome::Pass(reason.into()) }
 }
 
 fn fail(name: &'static str, reason: impl Into<String>, hint: impl Into<String>) -> Check {
-    Check {
-        name,
-        outcome: Outcome::Fail {
-            reason: reason.into(),
-            hint: hint.into(),
-        },
-    }
+    Check { name, outcome: Outcome::Fail { reason: reason.into(), hint: hint.into() } }
 }
 
 fn warn(name: &'static str, reason: impl Into<String>, hint: impl Into<String>) -> Check {
-    Check {
-        name,
-        outcome: Outcome::Warn {
-            reason: reason.into(),
-            hint: hint.into(),
-        },
-    }
+    Check { name, outcome: Outcome::Warn { reason: reason.into(), hint: hint.into() } }
 }
 
 /// `PASS  name  reason`, and for trouble an indented `hint:` line.
@@ -77,29 +62,15 @@ pub fn report(checks: &[Check]) -> String {
             Outcome::Fail { reason, hint } => ("FAIL", reason, Some(hint)),
         };
         // One line per reason: a command's stderr may span several.
-        let reason = reason
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect::<Vec<_>>()
-            .join("; ");
+        let reason = reason.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
         s.push_str(&format!("{tag}  {:<w$}  {reason}\n", c.name));
         if let Some(h) = hint.filter(|h| !h.is_empty()) {
             s.push_str(&format!("      {:<w$}  hint: {h}\n", ""));
         }
     }
-    let failed = checks
-        .iter()
-        .filter(|c| matches!(c.outcome, Outcome::Fail { .. }))
-        .count();
-    let warned = checks
-        .iter()
-        .filter(|c| matches!(c.outcome, Outcome::Warn { .. }))
-        .count();
-    s.push_str(&format!(
-        "{} checks: {failed} failed, {warned} warnings\n",
-        checks.len()
-    ));
+    let failed = checks.iter().filter(|c| matches!(c.outcome, Outcome::Fail { .. })).count();
+    let warned = checks.iter().filter(|c| matches!(c.outcome, Outcome::Warn { .. })).count();
+    s.push_str(&format!("{} checks: {failed} failed, {warned} warnings\n", checks.len()));
     s
 }
 
@@ -141,9 +112,7 @@ fn settings(conf: &Path, cfg: &AgentConfig) -> Check {
 }
 
 fn current_uid() -> u32 {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(u32::MAX)
+    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
 
 /// A user jobs forwarded here would run as, to check modes and the sudo
@@ -191,7 +160,11 @@ fn agent_user(me: u32, cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
 async fn sudo_rule(cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
     const NAME: &str = "sudo rule";
     let Some(u) = job_user else {
-        return warn(NAME, "no job user to check the sudo rule with", format!("add a researcher to {}", cfg.identity.group));
+        return warn(
+            NAME,
+            "no job user to check the sudo rule with",
+            format!("add a researcher to {}", cfg.identity.group),
+        );
     };
     let backend = SlurmBackend {
         bin: cfg.slurm_bin.clone(),
@@ -214,18 +187,12 @@ async fn sudo_rule(cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
         .stdin(std::process::Stdio::null())
         .output();
     match tokio::time::timeout(Duration::from_secs(10), out).await {
-        Ok(Ok(o)) if o.status.success() => pass(
-            NAME,
-            format!("sudo -n lets the agent run {bin}/sbatch and {bin}/scancel as {} ({who})", u.name),
-        ),
+        Ok(Ok(o)) if o.status.success() => {
+            pass(NAME, format!("sudo -n lets the agent run {bin}/sbatch and {bin}/scancel as {} ({who})", u.name))
+        }
         Ok(Ok(o)) => fail(
             NAME,
-            format!(
-                "sudo -n -u {} {}: {}",
-                u.name,
-                scancel.display(),
-                String::from_utf8_lossy(&o.stderr).trim()
-            ),
+            format!("sudo -n -u {} {}: {}", u.name, scancel.display(), String::from_utf8_lossy(&o.stderr).trim()),
             hint,
         ),
         Ok(Err(e)) => fail(NAME, format!("running /usr/bin/sudo: {e}"), "install sudo"),
@@ -246,34 +213,18 @@ fn token_file(conf: &Path, run_as: Option<&Who>) -> Option<Check> {
     if mode & 0o004 != 0 {
         return Some(fail(
             NAME,
-            format!(
-                "AgentTokenFile {} is world-readable ({})",
-                path.display(),
-                mode_text(&meta)
-            ),
+            format!("AgentTokenFile {} is world-readable ({})", path.display(), mode_text(&meta)),
             format!("chmod 0600 {} (owned by the agent's user)", path.display()),
         ));
     }
     if let Some(w) = run_as.filter(|w| w.may(&meta, 0o4)) {
         return Some(fail(
             NAME,
-            format!(
-                "RunAsUser={} can read AgentTokenFile {} ({})",
-                w.name,
-                path.display(),
-                mode_text(&meta)
-            ),
+            format!("RunAsUser={} can read AgentTokenFile {} ({})", w.name, path.display(), mode_text(&meta)),
             format!("chmod 0600 {} (owned by the agent's user)", path.display()),
         ));
     }
-    Some(pass(
-        NAME,
-        format!(
-            "{} ({}): not readable by job users",
-            path.display(),
-            mode_text(&meta)
-        ),
-    ))
+    Some(pass(NAME, format!("{} ({}): not readable by job users", path.display(), mode_text(&meta))))
 }
 
 fn proxy_partition(cfg: &AgentConfig) -> Check {
@@ -299,10 +250,7 @@ fn proxy_partition(cfg: &AgentConfig) -> Check {
                 fail(
                     NAME,
                     problems.join("; "),
-                    format!(
-                        "PartitionName={} ... MaxTime=INFINITE State=UP (no DefaultTime)",
-                        cfg.proxy_partition
-                    ),
+                    format!("PartitionName={} ... MaxTime=INFINITE State=UP (no DefaultTime)", cfg.proxy_partition),
                 )
             }
         }
@@ -320,14 +268,11 @@ fn spool(cfg: &AgentConfig, me: u32, run_as: Option<&Who>) -> Check {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return warn(
                 NAME,
+                format!("AgentSpoolDir {} does not exist; the agent creates it with its umask", dir.display()),
                 format!(
-                    "AgentSpoolDir {} does not exist; the agent creates it with its umask",
+                    "create it owned by the agent's user, mode 0711: install -d -o fleet -m 0711 {}",
                     dir.display()
                 ),
-                format!(
-                "create it owned by the agent's user, mode 0711: install -d -o fleet -m 0711 {}",
-                dir.display()
-            ),
             )
         }
         Err(e) => return fail(NAME, format!("AgentSpoolDir {}: {e}", dir.display()), ""),
@@ -347,10 +292,7 @@ fn spool(cfg: &AgentConfig, me: u32, run_as: Option<&Who>) -> Check {
         }
     }
     let Some(w) = run_as else {
-        return pass(
-            NAME,
-            format!("{} ({}) is the agent's", dir.display(), mode_text(&meta)),
-        );
+        return pass(NAME, format!("{} ({}) is the agent's", dir.display(), mode_text(&meta)));
     };
     match w.blocked_on(&dir.join("jobs")) {
         Some(block) => fail(
@@ -368,11 +310,7 @@ fn slurm_user(slurm_conf: &Path) -> Option<Who> {
         Ok(sc) => sc.conf.slurm_user.clone().unwrap_or_else(|| "root".into()),
         Err(_) => return None,
     };
-    Who::named(&name).or(Some(Who {
-        name,
-        uid: u32::MAX,
-        gids: vec![],
-    }))
+    Who::named(&name).or(Some(Who { name, uid: u32::MAX, gids: vec![] }))
 }
 
 /// slurmctld (as SlurmUser) must reach the socket and read the published
@@ -386,26 +324,12 @@ fn conf_readable(conf: &Path, slurm: Option<&Who>) -> Check {
     };
     let dir = conf.parent().unwrap_or(Path::new("/"));
     if let Some(block) = su.blocked_on(dir) {
-        return fail(
-            NAME,
-            format!(
-                "SlurmUser={} cannot reach {}: {block}",
-                su.name,
-                conf.display()
-            ),
-            "",
-        );
+        return fail(NAME, format!("SlurmUser={} cannot reach {}: {block}", su.name, conf.display()), "");
     }
     match std::fs::metadata(conf) {
-        Ok(m) if su.may(&m, 0o4) => pass(
-            NAME,
-            format!(
-                "SlurmUser={} can read {} ({})",
-                su.name,
-                conf.display(),
-                mode_text(&m)
-            ),
-        ),
+        Ok(m) if su.may(&m, 0o4) => {
+            pass(NAME, format!("SlurmUser={} can read {} ({})", su.name, conf.display(), mode_text(&m)))
+        }
         Ok(m) => fail(
             NAME,
             format!(
@@ -423,71 +347,44 @@ fn conf_readable(conf: &Path, slurm: Option<&Who>) -> Check {
 fn plugin_socket(cfg: &AgentConfig, slurm: Option<&Who>) -> Check {
     const NAME: &str = "plugin socket";
     let Some(su) = slurm else {
-        return fail(
-            NAME,
-            format!("cannot read SlurmUser from {}", cfg.slurm_conf.display()),
-            "set SLURM_CONF",
-        );
+        return fail(NAME, format!("cannot read SlurmUser from {}", cfg.slurm_conf.display()), "set SLURM_CONF");
     };
     if su.uid == u32::MAX {
-        return fail(
-            NAME,
-            format!("SlurmUser={} is not in /etc/passwd", su.name),
-            "",
-        );
+        return fail(NAME, format!("SlurmUser={} is not in /etc/passwd", su.name), "");
     }
     let Some(dir) = cfg.socket.parent() else {
-        return fail(
-            NAME,
-            format!("AgentSocket={} has no directory", cfg.socket.display()),
-            "",
-        );
+        return fail(NAME, format!("AgentSocket={} has no directory", cfg.socket.display()), "");
     };
     if let Some(block) = su.blocked_on(dir) {
         return fail(
             NAME,
             format!("SlurmUser={} cannot reach {}: {block}", su.name, cfg.socket.display()),
-            format!("make {} traversable by {} (e.g. mode 0755, or RuntimeDirectoryMode=0755 in the unit)", dir.display(), su.name),
+            format!(
+                "make {} traversable by {} (e.g. mode 0755, or RuntimeDirectoryMode=0755 in the unit)",
+                dir.display(),
+                su.name
+            ),
         );
     }
     if let Some(block) = su.blocked_on(&cfg.spool) {
         return fail(
             NAME,
-            format!(
-                "SlurmUser={} cannot read the published view in AgentSpoolDir: {block}",
-                su.name
-            ),
+            format!("SlurmUser={} cannot read the published view in AgentSpoolDir: {block}", su.name),
             format!("chmod 0711 {}", cfg.spool.display()),
         );
     }
     match std::fs::symlink_metadata(&cfg.socket) {
-        Ok(m) if su.may(&m, 0o2) => pass(
-            NAME,
-            format!(
-                "SlurmUser={} can connect to {} ({})",
-                su.name,
-                cfg.socket.display(),
-                mode_text(&m)
-            ),
-        ),
+        Ok(m) if su.may(&m, 0o2) => {
+            pass(NAME, format!("SlurmUser={} can connect to {} ({})", su.name, cfg.socket.display(), mode_text(&m)))
+        }
         Ok(m) => fail(
             NAME,
-            format!(
-                "SlurmUser={} cannot write the socket {} ({})",
-                su.name,
-                cfg.socket.display(),
-                mode_text(&m)
-            ),
+            format!("SlurmUser={} cannot write the socket {} ({})", su.name, cfg.socket.display(), mode_text(&m)),
             "the socket's owner, group and mode must let SlurmUser connect",
         ),
-        Err(_) => pass(
-            NAME,
-            format!(
-                "SlurmUser={} can reach {} (the socket is created at start)",
-                su.name,
-                dir.display()
-            ),
-        ),
+        Err(_) => {
+            pass(NAME, format!("SlurmUser={} can reach {} (the socket is created at start)", su.name, dir.display()))
+        }
     }
 }
 
@@ -509,10 +406,7 @@ fn ca_file(cfg: &AgentConfig) -> Check {
     let https = cfg.metasched_url.starts_with("https://");
     let Some(path) = &cfg.metasched_ca_file else {
         return if https {
-            pass(
-                NAME,
-                "no MetaSchedulerCaFile: the system's roots verify the meta-scheduler",
-            )
+            pass(NAME, "no MetaSchedulerCaFile: the system's roots verify the meta-scheduler")
         } else if fleet_agent::cleartext_off_host(&cfg.metasched_url) {
             warn(
                 NAME,
@@ -523,15 +417,12 @@ fn ca_file(cfg: &AgentConfig) -> Check {
             pass(NAME, "plain HTTP on loopback")
         };
     };
-    let pem =
-        match fleet_api::client::read_ca_bundle(path) {
-            Ok(p) => p,
-            Err(e) => return fail(
-                NAME,
-                e,
-                "MetaSchedulerCaFile must be a PEM bundle of the CA that signed the meta-scheduler",
-            ),
-        };
+    let pem = match fleet_api::client::read_ca_bundle(path) {
+        Ok(p) => p,
+        Err(e) => {
+            return fail(NAME, e, "MetaSchedulerCaFile must be a PEM bundle of the CA that signed the meta-scheduler")
+        }
+    };
     let n = match reqwest::Certificate::from_pem_bundle(&pem) {
         Ok(certs) if !certs.is_empty() => certs.len(),
         Ok(_) => return fail(NAME, format!("{}: no certificate", path.display()), ""),
@@ -548,10 +439,7 @@ fn ca_file(cfg: &AgentConfig) -> Check {
             ),
             format!("chmod 0644 {}", path.display()),
         ),
-        _ => pass(
-            NAME,
-            format!("{}: {n} certificate(s), world-readable", path.display()),
-        ),
+        _ => pass(NAME, format!("{}: {n} certificate(s), world-readable", path.display())),
     }
 }
 
@@ -559,9 +447,7 @@ fn ca_file(cfg: &AgentConfig) -> Check {
 /// accepted, token accepted, and this site known to the meta-scheduler.
 async fn meta_scheduler(cfg: &AgentConfig) -> Check {
     const NAME: &str = "meta-scheduler";
-    let mut b = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .connect_timeout(Duration::from_secs(3));
+    let mut b = reqwest::Client::builder().timeout(Duration::from_secs(10)).connect_timeout(Duration::from_secs(3));
     if let Some(path) = &cfg.metasched_ca_file {
         let Ok(pem) = fleet_api::client::read_ca_bundle(path) else {
             return fail(NAME, "not tried: the CA file is unusable (see above)", "");
@@ -619,11 +505,7 @@ async fn meta_scheduler(cfg: &AgentConfig) -> Check {
     }
     pass(
         NAME,
-        format!(
-            "{url}: token accepted, {} cluster(s) in the fleet, {} among them",
-            view.clusters.len(),
-            cfg.site
-        ),
+        format!("{url}: token accepted, {} cluster(s) in the fleet, {} among them", view.clusters.len(), cfg.site),
     )
 }
 
@@ -647,15 +529,10 @@ impl Who {
         if let Ok(groups) = std::fs::read_to_string("/etc/group") {
             gids.extend(groups.lines().filter_map(|l| {
                 let f: Vec<&str> = l.split(':').collect();
-                (f.len() > 3 && f[3].split(',').any(|m| m == name))
-                    .then(|| f[2].parse::<u32>().ok())?
+                (f.len() > 3 && f[3].split(',').any(|m| m == name)).then(|| f[2].parse::<u32>().ok())?
             }));
         }
-        Some(Who {
-            name: name.to_string(),
-            uid,
-            gids,
-        })
+        Some(Who { name: name.to_string(), uid, gids })
     }
 
     fn from_uid(uid: u32) -> Option<Who> {
@@ -695,10 +572,7 @@ impl Who {
     pub fn blocked_on(&self, path: &Path) -> Option<String> {
         let mut at = PathBuf::from("/");
         let mut comps = vec![at.clone()];
-        for c in path
-            .components()
-            .skip_while(|c| matches!(c, std::path::Component::RootDir))
-        {
+        for c in path.components().skip_while(|c| matches!(c, std::path::Component::RootDir)) {
             at.push(c);
             comps.push(at.clone());
         }
@@ -756,8 +630,7 @@ pub struct InstanceLock {
 /// the socket is touched: a second agent must not unlink the first one's.
 pub fn lock_instance(spool: &Path) -> anyhow::Result<InstanceLock> {
     use anyhow::Context as _;
-    std::fs::create_dir_all(spool)
-        .with_context(|| format!("creating AgentSpoolDir {}", spool.display()))?;
+    std::fs::create_dir_all(spool).with_context(|| format!("creating AgentSpoolDir {}", spool.display()))?;
     let path = spool.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -769,10 +642,8 @@ pub fn lock_instance(spool: &Path) -> anyhow::Result<InstanceLock> {
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            let holder = read_pid(&mut file).map_or_else(
-                || "another fleet-agent".to_string(),
-                |p| format!("fleet-agent pid {p}"),
-            );
+            let holder = read_pid(&mut file)
+                .map_or_else(|| "another fleet-agent".to_string(), |p| format!("fleet-agent pid {p}"));
             anyhow::bail!(
                 "{holder} already runs with AgentSpoolDir={} (it holds {}): one agent per site; stop it first",
                 spool.display(),
@@ -800,9 +671,9 @@ pub fn probe_instance(spool: &Path) -> std::io::Result<Option<String>> {
     };
     match file.try_lock_shared() {
         Ok(()) => Ok(None),
-        Err(std::fs::TryLockError::WouldBlock) => Ok(Some(
-            read_pid(&mut file).map_or("pid unknown".into(), |p| format!("pid {p}")),
-        )),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            Ok(Some(read_pid(&mut file).map_or("pid unknown".into(), |p| format!("pid {p}"))))
+        }
         Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
 }
@@ -819,11 +690,7 @@ mod tests {
     use super::*;
 
     fn who(uid: u32, gids: &[u32]) -> Who {
-        Who {
-            name: "u".into(),
-            uid,
-            gids: gids.to_vec(),
-        }
+        Who { name: "u".into(), uid, gids: gids.to_vec() }
     }
 
     #[test]
@@ -843,11 +710,7 @@ mod tests {
             (who(0, &[0]), 0o000, 1000, 1000, 0o7, true),
         ];
         for (w, mode, owner, group, bits, want) in cases {
-            assert_eq!(
-                w.may_mode(mode, owner, group, bits),
-                want,
-                "{w:?} mode {mode:o} {owner}:{group} bits {bits:o}"
-            );
+            assert_eq!(w.may_mode(mode, owner, group, bits), want, "{w:?} mode {mode:o} {owner}:{group} bits {bits:o}");
         }
     }
 
@@ -861,22 +724,14 @@ mod tests {
         let stranger = who(m.uid().wrapping_add(4242), &[m.gid().wrapping_add(4242)]);
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let got = stranger
-            .blocked_on(&spool.join("jobs"))
-            .expect("0700 blocks");
-        assert!(
-            got.starts_with(&format!("{} (drwx------ ", spool.display())),
-            "{got}"
-        );
+        let got = stranger.blocked_on(&spool.join("jobs")).expect("0700 blocks");
+        assert!(got.starts_with(&format!("{} (drwx------ ", spool.display())), "{got}");
         std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o711)).unwrap();
         assert_eq!(stranger.blocked_on(&spool.join("jobs")), None);
         // A missing tail is the agent's to create; the walk stops there.
         assert_eq!(stranger.blocked_on(&spool.join("jobs/none/deeper")), None);
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o750)).unwrap();
-        assert!(stranger
-            .blocked_on(&spool.join("jobs"))
-            .unwrap()
-            .starts_with(&tmp.path().display().to_string()));
+        assert!(stranger.blocked_on(&spool.join("jobs")).unwrap().starts_with(&tmp.path().display().to_string()));
         // In the group: 0750 lets it through.
         let member = who(m.uid().wrapping_add(4242), &[m.gid()]);
         assert_eq!(member.blocked_on(&spool.join("jobs")), None);
@@ -889,19 +744,11 @@ mod tests {
         assert_eq!(probe_instance(&spool).unwrap(), None, "never ran");
         let first = lock_instance(&spool).unwrap();
         let pid = std::process::id();
-        assert_eq!(
-            std::fs::read_to_string(spool.join(LOCK_FILE)).unwrap(),
-            format!("{pid}\n")
-        );
+        assert_eq!(std::fs::read_to_string(spool.join(LOCK_FILE)).unwrap(), format!("{pid}\n"));
         // flock locks belong to the open file: a second open conflicts even
         // within one process, as a second agent process would.
         let err = lock_instance(&spool).unwrap_err().to_string();
-        assert!(
-            err.contains(&format!(
-                "fleet-agent pid {pid} already runs with AgentSpoolDir="
-            )),
-            "{err}"
-        );
+        assert!(err.contains(&format!("fleet-agent pid {pid} already runs with AgentSpoolDir=")), "{err}");
         assert!(err.contains("one agent per site"), "{err}");
         assert_eq!(probe_instance(&spool).unwrap(), Some(format!("pid {pid}")));
         drop(first);

@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use fleet_api::api::{
-    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, StartConfirmation,
-    StatusUpdate,
+    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, StartConfirmation, StatusUpdate,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -35,9 +34,8 @@ impl MetaClient {
     /// `ca_file`: PEM bundle trusted for an https `base` (besides the
     /// system's roots).
     pub fn new(base: &str, token: &str, ca_file: Option<&std::path::Path>) -> Result<Self> {
-        let mut builder = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .connect_timeout(Duration::from_secs(3));
+        let mut builder =
+            reqwest::Client::builder().timeout(Duration::from_secs(10)).connect_timeout(Duration::from_secs(3));
         if let Some(path) = ca_file {
             let pem = fleet_api::client::read_ca_bundle(path).map_err(anyhow::Error::msg)?;
             for cert in reqwest::Certificate::from_pem_bundle(&pem)
@@ -47,50 +45,28 @@ impl MetaClient {
             }
         }
         let http = builder.build().context("building the HTTP client")?;
-        Ok(MetaClient {
-            http,
-            base: base.trim_end_matches('/').to_string(),
-            token: token.to_string(),
-        })
+        Ok(MetaClient { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
     }
 
-    async fn send<T: DeserializeOwned>(
-        &self,
-        rb: reqwest::RequestBuilder,
-        what: &str,
-    ) -> Result<T> {
-        let resp = rb
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("{what}: meta-scheduler unreachable"))?;
+    async fn send<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder, what: &str) -> Result<T> {
+        let resp =
+            rb.bearer_auth(&self.token).send().await.with_context(|| format!("{what}: meta-scheduler unreachable"))?;
         let status = resp.status();
         if status == reqwest::StatusCode::CONFLICT {
             let body = resp.text().await.unwrap_or_default();
             let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
             let terminal = v["terminal"].as_bool().unwrap_or(false);
-            return Err(Conflict {
-                what: what.to_string(),
-                body: body.trim().to_string(),
-                terminal,
-            }
-            .into());
+            return Err(Conflict { what: what.to_string(), body: body.trim().to_string(), terminal }.into());
         }
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();
             bail!("{what}: meta-scheduler answered {status}: {}", body.trim());
         }
-        resp.json()
-            .await
-            .with_context(|| format!("{what}: bad JSON from the meta-scheduler"))
+        resp.json().await.with_context(|| format!("{what}: bad JSON from the meta-scheduler"))
     }
 
     async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
-        self.send(
-            self.http.post(format!("{}{path}", self.base)).json(body),
-            path,
-        )
-        .await
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body), path).await
     }
 
     pub async fn heartbeat(&self, hb: &Heartbeat) -> Result<FleetView> {
@@ -124,20 +100,13 @@ impl MetaClient {
 
     /// Jobs forwarded from `origin` that may still be running somewhere.
     pub async fn active_jobs_from(&self, origin: &str) -> Result<Vec<JobRecord>> {
-        let rb = self
-            .http
-            .get(format!("{}/v1/jobs", self.base))
-            .query(&[("origin", origin), ("active", "true")]);
+        let rb = self.http.get(format!("{}/v1/jobs", self.base)).query(&[("origin", origin), ("active", "true")]);
         self.send(rb, "/v1/jobs").await
     }
 
     /// Cancel a job forwarded from this cluster.
     pub async fn cancel(&self, id: &str) -> Result<JobRecord> {
-        self.send(
-            self.http.post(format!("{}/v1/jobs/{id}/cancel", self.base)),
-            "cancel",
-        )
-        .await
+        self.send(self.http.post(format!("{}/v1/jobs/{id}/cancel", self.base)), "cancel").await
     }
 
     /// Send an output chunk. `Ok(Some(o))`: the meta-scheduler holds only

@@ -112,7 +112,9 @@ fn passwd_name(text: &str, uid: u32) -> Option<String> {
 pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -> Vec<String> {
     use slurm_conf::slurm::TimeLimit;
     let Some(p) = sc.partition(name) else {
-        return vec![format!("ProxyPartition={name} is not a partition here: slurmctld will refuse every forwarded job")];
+        return vec![format!(
+            "ProxyPartition={name} is not a partition here: slurmctld will refuse every forwarded job"
+        )];
     };
     let mut out = Vec::new();
     let at = format!("partition {name} ({}:{})", p.file, p.line);
@@ -123,21 +125,15 @@ pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -
         out.push(format!("{at} has DefaultTime={m}: stand-ins get a {m}-minute limit and their remote jobs are cancelled then; remove it"));
     }
     if let Some(s) = p.state.as_deref().filter(|s| *s != "UP") {
-        out.push(format!(
-            "{at} is State={s}: stand-ins will not start, so forwarded jobs never run"
-        ));
+        out.push(format!("{at} is State={s}: stand-ins will not start, so forwarded jobs never run"));
     }
     // Stand-ins hold a CPU and memory for as long as their remote job runs:
     // on nodes local jobs use, they delay local work (an --exclusive job
     // waits for them, backfill plans around them). They belong on nodes of
     // their own, in this partition only, without GPUs.
     for n in &p.nodes {
-        let shared: Vec<&str> = sc
-            .partitions
-            .iter()
-            .filter(|o| o.name != p.name && o.nodes.contains(n))
-            .map(|o| o.name.as_str())
-            .collect();
+        let shared: Vec<&str> =
+            sc.partitions.iter().filter(|o| o.name != p.name && o.nodes.contains(n)).map(|o| o.name.as_str()).collect();
         if !shared.is_empty() {
             out.push(format!(
                 "{at} shares node {n} with partition(s) {}: stand-ins there hold CPUs and memory that local jobs need; give the proxy partition nodes of its own",
@@ -145,7 +141,9 @@ pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -
             ));
         }
         if sc.nodes.iter().any(|d| d.name == *n && !d.gres.is_empty()) {
-            out.push(format!("{at} includes node {n}, which has GRES (GPUs): stand-ins never use them; use nodes without GPUs"));
+            out.push(format!(
+                "{at} includes node {n}, which has GRES (GPUs): stand-ins never use them; use nodes without GPUs"
+            ));
         }
     }
     out
@@ -153,32 +151,20 @@ pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -
 
 impl AgentConfig {
     pub fn load(path: &Path) -> Result<Self> {
-        let loaded =
-            FleetConf::load(path).with_context(|| format!("reading {}", path.display()))?;
+        let loaded = FleetConf::load(path).with_context(|| format!("reading {}", path.display()))?;
         for w in &loaded.warnings {
             eprintln!("fleet-agent: warning: {w}");
         }
         let c = loaded.conf;
-        let url = c
-            .meta_scheduler_url(&path.display().to_string())?
-            .trim_end_matches('/')
-            .to_string();
+        let url = c.meta_scheduler_url(&path.display().to_string())?.trim_end_matches('/').to_string();
         let token = std::fs::read_to_string(&c.agent_token_file)
             .with_context(|| format!("reading AgentTokenFile {}", c.agent_token_file.display()))?
             .trim()
             .to_string();
-        anyhow::ensure!(
-            !token.is_empty(),
-            "AgentTokenFile {} is empty",
-            c.agent_token_file.display()
-        );
+        anyhow::ensure!(!token.is_empty(), "AgentTokenFile {} is empty", c.agent_token_file.display());
         let slurm_conf = std::env::var_os("SLURM_CONF")
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                path.parent()
-                    .unwrap_or(Path::new("/etc/slurm"))
-                    .join("slurm.conf")
-            });
+            .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/etc/slurm")).join("slurm.conf"));
         let mut allowed = vec![0];
         match slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
             Ok(sc) => {
@@ -189,10 +175,7 @@ impl AgentConfig {
                     eprintln!("fleet-agent: warning: {}: {w}", slurm_conf.display());
                 }
             }
-            Err(e) => eprintln!(
-                "fleet-agent: warning: cannot check {}: {e}",
-                slurm_conf.display()
-            ),
+            Err(e) => eprintln!("fleet-agent: warning: cannot check {}: {e}", slurm_conf.display()),
         }
         for u in &c.allowed_submit_uids {
             let uid = match u {
@@ -205,15 +188,10 @@ impl AgentConfig {
         }
         let agent_uid = {
             use std::os::unix::fs::MetadataExt;
-            std::fs::metadata("/proc/self")
-                .map(|m| m.uid())
-                .context("reading /proc/self")?
+            std::fs::metadata("/proc/self").map(|m| m.uid()).context("reading /proc/self")?
         };
         let identity = crate::identity::Policy {
-            mapping: crate::identity::mapping_from(
-                c.job_user_map.as_deref(),
-                c.run_as_user.as_deref(),
-            ),
+            mapping: crate::identity::mapping_from(c.job_user_map.as_deref(), c.run_as_user.as_deref()),
             group: c.job_user_group.clone(),
             min_uid: c.min_job_uid,
             agent_uid,
@@ -240,9 +218,8 @@ impl AgentConfig {
             log_level: c.log_level.as_str().to_string(),
             run_as: match c.run_as_user {
                 Some(name) => {
-                    let (uid, gid) = passwd_ids(&name).with_context(|| {
-                        format!("RunAsUser={name}: no such user in /etc/passwd")
-                    })?;
+                    let (uid, gid) =
+                        passwd_ids(&name).with_context(|| format!("RunAsUser={name}: no such user in /etc/passwd"))?;
                     Some(RunAs { name, uid, gid })
                 }
                 None => None,
@@ -256,12 +233,8 @@ mod tests {
     use slurm_conf::slurm::SlurmConf;
 
     fn problems(conf: &str) -> Vec<String> {
-        let sc = SlurmConf::parse_str(
-            &format!("ClusterName=beta\nNodeName=b1 CPUs=4\n{conf}"),
-            "slurm.conf",
-        )
-        .unwrap()
-        .conf;
+        let sc =
+            SlurmConf::parse_str(&format!("ClusterName=beta\nNodeName=b1 CPUs=4\n{conf}"), "slurm.conf").unwrap().conf;
         super::proxy_partition_problems(&sc, "fleet")
     }
 
@@ -284,19 +257,17 @@ mod tests {
     fn proxy_partition_limits_are_reported() {
         assert!(problems("PartitionName=fleet Nodes=b1 MaxTime=INFINITE State=UP").is_empty());
         assert!(problems("PartitionName=fleet Nodes=b1").is_empty());
-        let p = problems("NodeName=g1 CPUs=8 Gres=gpu:a100:8\nPartitionName=gpu Nodes=g1,b1\nPartitionName=fleet Nodes=b1,g1");
+        let p = problems(
+            "NodeName=g1 CPUs=8 Gres=gpu:a100:8\nPartitionName=gpu Nodes=g1,b1\nPartitionName=fleet Nodes=b1,g1",
+        );
         assert_eq!(p.len(), 3, "{p:?}");
         assert!(p[0].contains("shares node b1 with partition(s) gpu"), "{p:?}");
         assert!(p[2].contains("node g1, which has GRES"), "{p:?}");
         let p = problems("PartitionName=fleet Nodes=b1 MaxTime=60 DefaultTime=30 State=DOWN");
         assert_eq!(p.len(), 3, "{p:?}");
-        assert!(
-            p[0].contains("partition fleet (slurm.conf:3) has MaxTime=60"),
-            "{p:?}"
-        );
+        assert!(p[0].contains("partition fleet (slurm.conf:3) has MaxTime=60"), "{p:?}");
         assert!(p[1].contains("DefaultTime=30"));
         assert!(p[2].contains("State=DOWN"));
-        assert!(problems("PartitionName=gpu Nodes=b1")[0]
-            .contains("ProxyPartition=fleet is not a partition"));
+        assert!(problems("PartitionName=gpu Nodes=b1")[0].contains("ProxyPartition=fleet is not a partition"));
     }
 }

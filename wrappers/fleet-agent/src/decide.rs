@@ -27,30 +27,14 @@ pub struct NewForward {
 }
 
 /// Decide; on FORWARD returns the plan and the journal entry to write.
-pub fn decide(
-    cfg: &AgentConfig,
-    cache: &CachedView,
-    job: &JobRequest,
-) -> (PluginReply, Option<NewForward>) {
-    let local = |reason: &str| {
-        (
-            PluginReply::Local {
-                reason: reason.to_string(),
-            },
-            None,
-        )
-    };
+pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (PluginReply, Option<NewForward>) {
+    let local = |reason: &str| (PluginReply::Local { reason: reason.to_string() }, None);
     if job.fleet.mode == FleetMode::Local || job.is_array {
         return local("kept local by request");
     }
     if job.origin != cfg.site {
         return (
-            PluginReply::Reject {
-                message: format!(
-                    "request names origin {:?}, this is {:?}",
-                    job.origin, cfg.site
-                ),
-            },
+            PluginReply::Reject { message: format!("request names origin {:?}, this is {:?}", job.origin, cfg.site) },
             None,
         );
     }
@@ -65,15 +49,21 @@ pub fn decide(
         Placement::Remote { target, reason } => {
             // A job home can run is never refused for what keeps it from
             // leaving: it stays home instead (and the log says why).
-            let cannot_leave = job.non_utf8_fields.first().map(|f| format!("field {f} is not valid UTF-8"))
-                .or_else(|| job.script.is_none().then(|| format!("the script is larger than MaxScriptBytes={}", cfg.max_script_bytes)));
+            let cannot_leave =
+                job.non_utf8_fields.first().map(|f| format!("field {f} is not valid UTF-8")).or_else(|| {
+                    job.script
+                        .is_none()
+                        .then(|| format!("the script is larger than MaxScriptBytes={}", cfg.max_script_bytes))
+                });
             if let Some(why) = cannot_leave.filter(|_| placement::origin_fits(view, job)) {
                 return local(&format!("would go to {target}, but {why}: staying home"));
             }
             if let Some(f) = job.non_utf8_fields.first() {
                 return (
                     PluginReply::Reject {
-                        message: format!("cannot forward to {target}: field {f} is not valid UTF-8; fix it or use --fleet=local"),
+                        message: format!(
+                            "cannot forward to {target}: field {f} is not valid UTF-8; fix it or use --fleet=local"
+                        ),
                     },
                     None,
                 );
@@ -103,13 +93,8 @@ pub fn decide(
                 "fleet: forwarded {} -> {target} as {id}: {}{}{}{} ({reason})",
                 cfg.site,
                 placement::describe(job),
-                job.time_limit_min
-                    .map(|t| format!(" time={t}m"))
-                    .unwrap_or_default(),
-                job.partition
-                    .as_deref()
-                    .map(|p| format!(" partition={p}"))
-                    .unwrap_or_default(),
+                job.time_limit_min.map(|t| format!(" time={t}m")).unwrap_or_default(),
+                job.partition.as_deref().map(|p| format!(" partition={p}")).unwrap_or_default(),
                 if job.env_dropped > 0 {
                     format!(" env: {} variables not carried", job.env_dropped)
                 } else {
@@ -126,10 +111,7 @@ pub fn decide(
                 // started by the fleet id in its comment.
                 comment: format!("fleet: {target} (waiting) {id}"),
             };
-            (
-                PluginReply::Forward(Box::new(plan)),
-                Some(NewForward { id, target }),
-            )
+            (PluginReply::Forward(Box::new(plan)), Some(NewForward { id, target }))
         }
     }
 }

@@ -50,8 +50,7 @@ pub struct MapRule {
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
         && !s.starts_with('-')
 }
 
@@ -69,10 +68,7 @@ pub fn parse_map(text: &str, file: &str) -> Result<Vec<MapRule>> {
             bail!("{at}: expected `origin:user local_user [account]`, got {line:?}");
         }
         let Some((origin, user)) = f[0].split_once(':') else {
-            bail!(
-                "{at}: {:?} is not `origin:user` (use `*:user` for any origin)",
-                f[0]
-            );
+            bail!("{at}: {:?} is not `origin:user` (use `*:user` for any origin)", f[0]);
         };
         if !(origin == "*" || valid_name(origin)) || !valid_name(user) || !valid_name(f[1]) {
             bail!("{at}: names may hold letters, digits, '_', '-', '.' only");
@@ -81,13 +77,7 @@ pub fn parse_map(text: &str, file: &str) -> Result<Vec<MapRule>> {
         if account.as_deref().is_some_and(|a| !valid_name(a)) {
             bail!("{at}: bad account name {:?}", f[2]);
         }
-        rules.push(MapRule {
-            origin: origin.into(),
-            user: user.into(),
-            local: f[1].into(),
-            account,
-            line: i + 1,
-        });
+        rules.push(MapRule { origin: origin.into(), user: user.into(), local: f[1].into(), account, line: i + 1 });
     }
     Ok(rules)
 }
@@ -108,10 +98,7 @@ impl Accounts {
 
     #[cfg(test)]
     pub fn from_text(passwd: &str, group: &str) -> Accounts {
-        Accounts {
-            passwd: passwd.into(),
-            group: group.into(),
-        }
+        Accounts { passwd: passwd.into(), group: group.into() }
     }
 
     /// (uid, primary gid) of `name`.
@@ -130,18 +117,10 @@ impl Accounts {
         }) else {
             return Vec::new();
         };
-        let mut out: Vec<String> = listed
-            .split(',')
-            .map(|m| m.trim().to_string())
-            .filter(|m| !m.is_empty())
-            .collect();
+        let mut out: Vec<String> = listed.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
         for l in self.passwd.lines() {
             let f: Vec<&str> = l.split(':').collect();
-            if f.len() > 3
-                && gid.is_some()
-                && f[3].parse::<u32>().ok() == gid
-                && !out.iter().any(|m| m == f[0])
-            {
+            if f.len() > 3 && gid.is_some() && f[3].parse::<u32>().ok() == gid && !out.iter().any(|m| m == f[0]) {
                 out.push(f[0].to_string());
             }
         }
@@ -154,8 +133,7 @@ impl Accounts {
             let f: Vec<&str> = l.split(':').collect();
             f.len() > 3
                 && f[0] == group
-                && (f[2].parse::<u32>().ok() == Some(gid)
-                    || f[3].split(',').any(|m| m.trim() == name))
+                && (f[2].parse::<u32>().ok() == Some(gid) || f[3].split(',').any(|m| m.trim() == name))
         })
     }
 }
@@ -195,8 +173,8 @@ impl Policy {
             Mapping::Same => (user.to_string(), None),
             Mapping::Shared(name) => (name.clone(), None),
             Mapping::File(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading JobUserMap {}", path.display()))?;
+                let text =
+                    std::fs::read_to_string(path).with_context(|| format!("reading JobUserMap {}", path.display()))?;
                 let rules = parse_map(&text, &path.display().to_string())?;
                 let rule = rules
                     .iter()
@@ -204,10 +182,7 @@ impl Policy {
                     .or_else(|| rules.iter().find(|r| r.origin == "*" && r.user == user));
                 match rule {
                     Some(r) => (r.local.clone(), r.account.clone()),
-                    None => bail!(
-                        "user {user} from {origin} is not in JobUserMap {}",
-                        path.display()
-                    ),
+                    None => bail!("user {user} from {origin} is not in JobUserMap {}", path.display()),
                 }
             }
         };
@@ -219,21 +194,17 @@ impl Policy {
         }
         if !matches!(self.mapping, Mapping::Shared(_)) {
             if uid < self.min_uid {
-                bail!("user {local} has uid {uid}, below MinJobUid={}: system accounts never run forwarded jobs", self.min_uid);
+                bail!(
+                    "user {local} has uid {uid}, below MinJobUid={}: system accounts never run forwarded jobs",
+                    self.min_uid
+                );
             }
             if !acc.in_group(&local, gid, &self.group) {
                 bail!("user {local} is not in JobUserGroup={}", self.group);
             }
         }
-        let account = mapped_account
-            .or_else(|| account.map(str::to_string))
-            .filter(|a| valid_name(a));
-        Ok(LocalUser {
-            name: local,
-            uid,
-            gid,
-            account,
-        })
+        let account = mapped_account.or_else(|| account.map(str::to_string)).filter(|a| valid_name(a));
+        Ok(LocalUser { name: local, uid, gid, account })
     }
 }
 
@@ -263,12 +234,7 @@ mod tests {
     const GROUP: &str = "fleetusers:x:2000:alice,bob,svc,root\nalice:x:1001:\n";
 
     fn policy(m: Mapping) -> Policy {
-        Policy {
-            mapping: m,
-            group: "fleetusers".into(),
-            min_uid: 1000,
-            agent_uid: 998,
-        }
+        Policy { mapping: m, group: "fleetusers".into(), min_uid: 1000, agent_uid: 998 }
     }
 
     #[test]
@@ -276,15 +242,7 @@ mod tests {
         let acc = Accounts::from_text(PASSWD, GROUP);
         let p = policy(Mapping::Same);
         let u = p.resolve(&acc, "beta", Some("alice"), Some("lab")).unwrap();
-        assert_eq!(
-            u,
-            LocalUser {
-                name: "alice".into(),
-                uid: 1001,
-                gid: 1001,
-                account: Some("lab".into())
-            }
-        );
+        assert_eq!(u, LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: Some("lab".into()) });
         for (user, why) in [
             (Some("root"), "root"),
             (Some("fleet"), "agent's own"),
@@ -326,18 +284,9 @@ mod tests {
         let acc = Accounts::from_text(PASSWD, GROUP);
         let p = policy(Mapping::File(f));
         let u = p.resolve(&acc, "beta", Some("al"), Some("other")).unwrap();
-        assert_eq!(
-            (u.name.as_str(), u.account.as_deref()),
-            ("alice", Some("proj1"))
-        );
-        assert_eq!(
-            p.resolve(&acc, "gamma", Some("bob"), None).unwrap().name,
-            "bob"
-        );
-        let e = p
-            .resolve(&acc, "gamma", Some("al"), None)
-            .unwrap_err()
-            .to_string();
+        assert_eq!((u.name.as_str(), u.account.as_deref()), ("alice", Some("proj1")));
+        assert_eq!(p.resolve(&acc, "gamma", Some("bob"), None).unwrap().name, "bob");
+        let e = p.resolve(&acc, "gamma", Some("al"), None).unwrap_err().to_string();
         assert!(e.contains("not in JobUserMap"), "{e}");
     }
 
@@ -345,10 +294,7 @@ mod tests {
     fn shared_user_is_an_opt_in_that_still_refuses_root() {
         let acc = Accounts::from_text(PASSWD, GROUP);
         let p = policy(Mapping::Shared("svc".into()));
-        assert_eq!(
-            p.resolve(&acc, "beta", Some("alice"), None).unwrap().name,
-            "svc"
-        );
+        assert_eq!(p.resolve(&acc, "beta", Some("alice"), None).unwrap().name, "svc");
         let p = policy(Mapping::Shared("root".into()));
         assert!(p.resolve(&acc, "beta", Some("alice"), None).is_err());
     }

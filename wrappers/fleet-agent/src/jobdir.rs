@@ -56,15 +56,7 @@ fn set_xattr(f: &File, name: &str, value: &[u8]) -> std::io::Result<()> {
     // SAFETY: the fd is open for the duration of the call (borrowed from
     // `f`); `cname` is NUL-terminated; `value` is a valid slice of
     // `value.len()` bytes that the kernel only reads.
-    let rc = unsafe {
-        libc::fsetxattr(
-            f.as_raw_fd(),
-            cname.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
+    let rc = unsafe { libc::fsetxattr(f.as_raw_fd(), cname.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -76,23 +68,15 @@ fn set_xattr(f: &File, name: &str, value: &[u8]) -> std::io::Result<()> {
 /// agent and the job's user on everything created inside.
 pub fn create(dir: &Path, job_uid: u32) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    let agent_uid = std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .context("reading /proc/self")?;
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))?;
+    let agent_uid = std::fs::metadata("/proc/self").map(|m| m.uid()).context("reading /proc/self")?;
+    std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
     let f = File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     let access = acl_xattr(&[(job_uid, 7)]);
     let default = acl_xattr(&[(job_uid, 7), (agent_uid, 7)]);
     set_xattr(&f, "system.posix_acl_access", &access)
         .and_then(|()| set_xattr(&f, "system.posix_acl_default", &default))
         .with_context(|| {
-            format!(
-                "setting the ACL of {} (the spool's filesystem must support POSIX ACLs)",
-                dir.display()
-            )
+            format!("setting the ACL of {} (the spool's filesystem must support POSIX ACLs)", dir.display())
         })?;
     Ok(())
 }
@@ -108,8 +92,7 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(data)
-        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(data).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
@@ -140,9 +123,7 @@ pub enum Refused {
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refused::NotRegular => {
-                f.write_str("it is not a regular file (symlink, FIFO, device or directory)")
-            }
+            Refused::NotRegular => f.write_str("it is not a regular file (symlink, FIFO, device or directory)"),
             Refused::Linked(n) => write!(f, "it has {n} hard links"),
             Refused::Owner { found, want } => {
                 write!(f, "it belongs to uid {found}, not the job's user {want}")
@@ -169,14 +150,10 @@ pub fn open_output(path: &Path, owner: Option<u32>) -> Result<Opened> {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Opened::Missing),
         // ELOOP: the final component is a symlink.
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Ok(Opened::Refused(Refused::NotRegular))
-        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(Opened::Refused(Refused::NotRegular)),
         Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
     };
-    let m = f
-        .metadata()
-        .with_context(|| format!("fstat {}", path.display()))?;
+    let m = f.metadata().with_context(|| format!("fstat {}", path.display()))?;
     if !m.file_type().is_file() {
         return Ok(Opened::Refused(Refused::NotRegular));
     }
@@ -185,10 +162,7 @@ pub fn open_output(path: &Path, owner: Option<u32>) -> Result<Opened> {
     }
     if let Some(want) = owner {
         if m.uid() != want {
-            return Ok(Opened::Refused(Refused::Owner {
-                found: m.uid(),
-                want,
-            }));
+            return Ok(Opened::Refused(Refused::Owner { found: m.uid(), want }));
         }
     }
     Ok(Opened::File(f, m.len()))
@@ -226,18 +200,9 @@ mod tests {
         assert_eq!(a.len(), 4 + 5 * 8);
         assert_eq!(&a[..4], &2u32.to_le_bytes());
         // user_obj, user 1001, group_obj, mask, other — in tag order.
-        let tags: Vec<u16> = a[4..]
-            .chunks(8)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect();
-        assert_eq!(
-            tags,
-            [ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER]
-        );
-        let ids: Vec<u32> = a[4..]
-            .chunks(8)
-            .map(|c| u32::from_le_bytes([c[4], c[5], c[6], c[7]]))
-            .collect();
+        let tags: Vec<u16> = a[4..].chunks(8).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        assert_eq!(tags, [ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER]);
+        let ids: Vec<u32> = a[4..].chunks(8).map(|c| u32::from_le_bytes([c[4], c[5], c[6], c[7]])).collect();
         assert_eq!(ids[1], 1001);
         // Two named users sorted by uid, duplicates merged.
         let b = acl_xattr(&[(2000, 7), (1000, 7), (2000, 7)]);
@@ -252,45 +217,25 @@ mod tests {
         std::fs::write(&secret, "s3cret").unwrap();
         let out = d.path().join("stdout");
         std::os::unix::fs::symlink(&secret, &out).unwrap();
-        assert!(matches!(
-            open_output(&out, Some(me)).unwrap(),
-            Opened::Refused(Refused::NotRegular)
-        ));
+        assert!(matches!(open_output(&out, Some(me)).unwrap(), Opened::Refused(Refused::NotRegular)));
         std::fs::remove_file(&out).unwrap();
         std::fs::hard_link(&secret, &out).unwrap();
-        assert!(matches!(
-            open_output(&out, Some(me)).unwrap(),
-            Opened::Refused(Refused::Linked(2))
-        ));
+        assert!(matches!(open_output(&out, Some(me)).unwrap(), Opened::Refused(Refused::Linked(2))));
         std::fs::remove_file(&out).unwrap();
         let c = std::ffi::CString::new(out.to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path; mkfifo only reads it.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        assert!(matches!(
-            open_output(&out, Some(me)).unwrap(),
-            Opened::Refused(Refused::NotRegular)
-        ));
+        assert!(matches!(open_output(&out, Some(me)).unwrap(), Opened::Refused(Refused::NotRegular)));
         std::fs::remove_file(&out).unwrap();
         std::fs::create_dir(&out).unwrap();
-        assert!(matches!(
-            open_output(&out, Some(me)).unwrap(),
-            Opened::Refused(Refused::NotRegular)
-        ));
+        assert!(matches!(open_output(&out, Some(me)).unwrap(), Opened::Refused(Refused::NotRegular)));
         std::fs::remove_dir(&out).unwrap();
         std::fs::write(&out, "hello").unwrap();
-        assert!(matches!(
-            open_output(&out, Some(me + 1)).unwrap(),
-            Opened::Refused(Refused::Owner { .. })
-        ));
-        let Opened::File(mut f, len) = open_output(&out, Some(me)).unwrap() else {
-            panic!("a plain file opens")
-        };
+        assert!(matches!(open_output(&out, Some(me + 1)).unwrap(), Opened::Refused(Refused::Owner { .. })));
+        let Opened::File(mut f, len) = open_output(&out, Some(me)).unwrap() else { panic!("a plain file opens") };
         assert_eq!(len, 5);
         assert_eq!(read_at(&mut f, 1, 3).unwrap(), b"ell");
-        assert!(matches!(
-            open_output(&d.path().join("none"), None).unwrap(),
-            Opened::Missing
-        ));
+        assert!(matches!(open_output(&d.path().join("none"), None).unwrap(), Opened::Missing));
     }
 
     #[test]
@@ -312,10 +257,7 @@ mod tests {
         let mode = std::fs::metadata(&dir).unwrap().mode() & 0o7777;
         // The group bits show the ACL mask (rwx); other has nothing.
         assert_eq!(mode & 0o007, 0, "mode {mode:o}");
-        assert!(
-            create(&dir, 4242).is_err(),
-            "an existing dir is never reused"
-        );
+        assert!(create(&dir, 4242).is_err(), "an existing dir is never reused");
         write_private(&dir.join("env"), b"A=1\0").unwrap();
         assert!(write_private(&dir.join("env"), b"B=2\0").is_err());
         std::os::unix::fs::symlink("/etc/passwd", dir.join("link")).unwrap();

@@ -62,8 +62,7 @@ pub struct Run {
 
 impl Journal {
     pub fn open(path: &Path) -> Result<Journal> {
-        let db = Connection::open(path)
-            .with_context(|| format!("opening journal {}", path.display()))?;
+        let db = Connection::open(path).with_context(|| format!("opening journal {}", path.display()))?;
         // Job scripts and requests of every user: the agent's alone (the
         // WAL and shared-memory files SQLite adds take the same mode).
         {
@@ -94,9 +93,7 @@ impl Journal {
             ("forwards", "standin_id", "INTEGER"),
         ] {
             let has: bool = db
-                .prepare(&format!(
-                    "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
-                ))?
+                .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
                 .exists(params![col])?;
             if !has {
                 db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {col} {ty}"))?;
@@ -116,36 +113,20 @@ impl Journal {
 
     pub fn unregistered_forwards(&self) -> Result<Vec<Forward>> {
         let db = self.db.lock();
-        let mut st = db.prepare(
-            "SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created",
-        )?;
-        let rows = st.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        })?;
+        let mut st = db.prepare("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created")?;
+        let rows =
+            st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
         let mut out = Vec::new();
         for row in rows {
             let (id, req, target) = row?;
-            let request =
-                serde_json::from_str(&req).with_context(|| format!("journal entry {id}"))?;
-            out.push(Forward {
-                id,
-                request,
-                target,
-                registered: false,
-            });
+            let request = serde_json::from_str(&req).with_context(|| format!("journal entry {id}"))?;
+            out.push(Forward { id, request, target, registered: false });
         }
         Ok(out)
     }
 
     pub fn mark_registered(&self, id: &str) -> Result<()> {
-        self.db.lock().execute(
-            "UPDATE forwards SET registered = 1 WHERE id = ?1",
-            params![id],
-        )?;
+        self.db.lock().execute("UPDATE forwards SET registered = 1 WHERE id = ?1", params![id])?;
         Ok(())
     }
 
@@ -153,22 +134,12 @@ impl Journal {
     /// already known (an assignment seen twice).
     pub fn add_run(&self, id: &str, req: &JobRequest) -> Result<bool> {
         let json = serde_json::to_string(req)?;
-        let n = self.db.lock().execute(
-            "INSERT OR IGNORE INTO runs(id, request) VALUES(?1, ?2)",
-            params![id, json],
-        )?;
+        let n = self.db.lock().execute("INSERT OR IGNORE INTO runs(id, request) VALUES(?1, ?2)", params![id, json])?;
         Ok(n == 1)
     }
 
     /// Records the Slurm job a run became, and as whom it runs.
-    pub fn set_submitted(
-        &self,
-        id: &str,
-        slurm_id: u64,
-        user: &str,
-        uid: u32,
-        at: f64,
-    ) -> Result<()> {
+    pub fn set_submitted(&self, id: &str, slurm_id: u64, user: &str, uid: u32, at: f64) -> Result<()> {
         self.db.lock().execute(
             "UPDATE runs SET slurm_id = ?2, user = ?3, uid = ?4, submitted_at = ?5 WHERE id = ?1",
             params![id, slurm_id as i64, user, uid, at],
@@ -198,10 +169,7 @@ impl Journal {
     /// The Slurm id of the stand-in of forward `id`, once the agent has
     /// confirmed it (the reconciler matches stand-ins by it).
     pub fn set_stand_in(&self, id: &str, slurm_id: u64) -> Result<()> {
-        self.db.lock().execute(
-            "UPDATE forwards SET standin_id = ?2 WHERE id = ?1",
-            params![id, slurm_id as i64],
-        )?;
+        self.db.lock().execute("UPDATE forwards SET standin_id = ?2 WHERE id = ?1", params![id, slurm_id as i64])?;
         Ok(())
     }
 
@@ -209,26 +177,16 @@ impl Journal {
         let v: Option<Option<i64>> = self
             .db
             .lock()
-            .query_row(
-                "SELECT standin_id FROM forwards WHERE id = ?1",
-                params![id],
-                |r| r.get(0),
-            )
+            .query_row("SELECT standin_id FROM forwards WHERE id = ?1", params![id], |r| r.get(0))
             .optional()?;
         Ok(v.flatten().map(|n| n as u64))
     }
 
     pub fn run(&self, id: &str) -> Result<Option<(Run, JobRequest)>> {
         let db = self.db.lock();
-        let row = db
-            .query_row(
-                &format!("SELECT {RUN_COLS} FROM runs WHERE id = ?1"),
-                params![id],
-                row_to_run,
-            )
-            .optional()?;
-        row.map(|(r, req)| Ok((r, serde_json::from_str(&req)?)))
-            .transpose()
+        let row =
+            db.query_row(&format!("SELECT {RUN_COLS} FROM runs WHERE id = ?1"), params![id], row_to_run).optional()?;
+        row.map(|(r, req)| Ok((r, serde_json::from_str(&req)?))).transpose()
     }
 
     pub fn active_runs(&self) -> Result<Vec<(Run, JobRequest)>> {
@@ -278,11 +236,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("j.db");
         let _ = std::fs::remove_file(&path);
-        let req = JobRequest {
-            origin: "beta".into(),
-            script: Some(b"#!/bin/sh\n\xff".to_vec()),
-            ..Default::default()
-        };
+        let req = JobRequest { origin: "beta".into(), script: Some(b"#!/bin/sh\n\xff".to_vec()), ..Default::default() };
         {
             let j = Journal::open(&path).unwrap();
             j.add_forward("beta-1", &req, "alpha").unwrap();
@@ -290,8 +244,7 @@ mod tests {
             j.mark_registered("beta-1").unwrap();
             assert!(j.add_run("gamma-7", &req).unwrap());
             assert!(!j.add_run("gamma-7", &req).unwrap());
-            j.set_submitted("gamma-7", 100001, "alice", 1001, 5.0)
-                .unwrap();
+            j.set_submitted("gamma-7", 100001, "alice", 1001, 5.0).unwrap();
             j.set_stand_in("beta-1", 77).unwrap();
         }
         let j = Journal::open(&path).unwrap();
@@ -303,11 +256,7 @@ mod tests {
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].0.slurm_id, Some(100001));
         assert_eq!(
-            (
-                runs[0].0.user.as_deref(),
-                runs[0].0.uid,
-                runs[0].0.submitted_at
-            ),
+            (runs[0].0.user.as_deref(), runs[0].0.uid, runs[0].0.submitted_at),
             (Some("alice"), Some(1001), 5.0)
         );
         assert_eq!(j.stand_in_of("beta-1").unwrap(), Some(77));

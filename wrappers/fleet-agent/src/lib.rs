@@ -57,10 +57,7 @@ const PLUGIN_IO_TIMEOUT: Duration = Duration::from_secs(1);
 pub const CHUNK: usize = 512 << 10;
 
 pub fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -97,29 +94,19 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         site: cfg.site.clone(),
     };
     check_identity(&cfg, &backend).await?;
-    let meta = MetaClient::new(
-        &cfg.metasched_url,
-        &cfg.token,
-        cfg.metasched_ca_file.as_deref(),
-    )?;
+    let meta = MetaClient::new(&cfg.metasched_url, &cfg.token, cfg.metasched_ca_file.as_deref())?;
     if cleartext_off_host(&cfg.metasched_url) {
         tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");
     }
-    let agent = Arc::new(Agent {
-        cfg,
-        journal,
-        backend,
-        meta,
-        view: RwLock::default(),
-        forwards_pending: Notify::new(),
-    });
+    let agent =
+        Arc::new(Agent { cfg, journal, backend, meta, view: RwLock::default(), forwards_pending: Notify::new() });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
     if let Some(dir) = agent.cfg.socket.parent() {
         std::fs::create_dir_all(dir).ok();
     }
-    let listener = UnixListener::bind(&agent.cfg.socket)
-        .with_context(|| format!("binding {}", agent.cfg.socket.display()))?;
+    let listener =
+        UnixListener::bind(&agent.cfg.socket).with_context(|| format!("binding {}", agent.cfg.socket.display()))?;
     tracing::info!(site = %agent.cfg.site, socket = %agent.cfg.socket.display(), url = %agent.cfg.metasched_url, "fleet-agent started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -155,7 +142,9 @@ pub fn prepare_spool(spool: &std::path::Path) -> Result<()> {
     }
     let probe = jobs.join(format!(".acl-probe-{}", std::process::id()));
     let _ = jobdir::remove(&probe);
-    jobdir::create(&probe, 65534).context("AgentSpoolDir must be on a filesystem with POSIX ACLs (ext4, xfs, btrfs; tmpfs with CONFIG_TMPFS_POSIX_ACL)")?;
+    jobdir::create(&probe, 65534).context(
+        "AgentSpoolDir must be on a filesystem with POSIX ACLs (ext4, xfs, btrfs; tmpfs with CONFIG_TMPFS_POSIX_ACL)",
+    )?;
     jobdir::remove(&probe)?;
     Ok(())
 }
@@ -168,9 +157,7 @@ async fn check_identity(cfg: &AgentConfig, backend: &SlurmBackend) -> Result<()>
     match &cfg.identity.mapping {
         Mapping::Shared(u) => {
             tracing::warn!(user = %u, "RunAsUser: every forwarded job runs as {u}; users' jobs are not isolated from each other (JobUserMap is the per-user default)");
-            let Some(run_as) = &cfg.run_as else {
-                anyhow::bail!("RunAsUser={u}: no such user")
-            };
+            let Some(run_as) = &cfg.run_as else { anyhow::bail!("RunAsUser={u}: no such user") };
             if run_as.uid == cfg.identity.agent_uid || run_as.uid == 0 {
                 anyhow::bail!("RunAsUser={u} (uid {}) must be neither root nor the agent's own user: job code could read the agent's token", run_as.uid);
             }
@@ -178,10 +165,11 @@ async fn check_identity(cfg: &AgentConfig, backend: &SlurmBackend) -> Result<()>
         }
         Mapping::Same | Mapping::File(_) => {
             let acc = identity::Accounts::read()?;
-            match acc.members(&cfg.identity.group).into_iter().find(|m| {
-                acc.user(m)
-                    .is_some_and(|(uid, _)| uid >= cfg.identity.min_uid)
-            }) {
+            match acc
+                .members(&cfg.identity.group)
+                .into_iter()
+                .find(|m| acc.user(m).is_some_and(|(uid, _)| uid >= cfg.identity.min_uid))
+            {
                 Some(m) => backend.check_sudo(&m).await,
                 None => {
                     tracing::warn!(group = %cfg.identity.group, "JobUserGroup has no member yet: no forwarded job can run here");
@@ -202,10 +190,7 @@ pub fn cleartext_off_host(url: &str) -> bool {
         Some(v6) => v6.split(']').next().unwrap_or(""),
         None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
     };
-    !(host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback()))
+    !(host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
 }
 
 async fn stopped(rx: &mut watch::Receiver<bool>, d: Duration) -> bool {
@@ -216,11 +201,7 @@ async fn stopped(rx: &mut watch::Receiver<bool>, d: Duration) -> bool {
 }
 
 /// Serve the plugin socket.
-pub async fn serve_plugin<B: Backend>(
-    agent: Arc<Agent<B>>,
-    listener: UnixListener,
-    mut stop: watch::Receiver<bool>,
-) {
+pub async fn serve_plugin<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
     loop {
         let conn = tokio::select! {
             c = listener.accept() => c,
@@ -231,15 +212,13 @@ pub async fn serve_plugin<B: Backend>(
             // its locks), and skipping a task spawn and a thread hop is
             // measurable on the FORWARD path. A stuck peer costs at most
             // PLUGIN_IO_TIMEOUT, far beyond the plugin's own deadline.
-            Ok((stream, _)) => {
-                match tokio::time::timeout(PLUGIN_IO_TIMEOUT, handle_plugin(&agent, stream)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::warn!("plugin connection: {e:#}"),
-                    Err(_) => {
-                        tracing::warn!("plugin connection: no request within {PLUGIN_IO_TIMEOUT:?}")
-                    }
+            Ok((stream, _)) => match tokio::time::timeout(PLUGIN_IO_TIMEOUT, handle_plugin(&agent, stream)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("plugin connection: {e:#}"),
+                Err(_) => {
+                    tracing::warn!("plugin connection: no request within {PLUGIN_IO_TIMEOUT:?}")
                 }
-            }
+            },
             Err(e) => {
                 tracing::warn!("accept: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -252,15 +231,9 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
     let uid = stream.peer_cred().context("SO_PEERCRED")?.uid();
     let (rd, mut wr) = stream.into_split();
     if !agent.cfg.allowed_uids.contains(&uid) {
-        tracing::warn!(
-            uid,
-            "refusing plugin connection from a uid that is not slurmctld's"
-        );
-        let reply = PluginReply::Local {
-            reason: "peer not allowed".into(),
-        };
-        wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes())
-            .await?;
+        tracing::warn!(uid, "refusing plugin connection from a uid that is not slurmctld's");
+        let reply = PluginReply::Local { reason: "peer not allowed".into() };
+        wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes()).await?;
         return Ok(());
     }
     let mut rd = BufReader::new(rd).take(MAX_REQUEST_BYTES as u64);
@@ -269,9 +242,9 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
     let t0 = Instant::now();
     let reply = match serde_json::from_slice::<PluginRequest>(&line) {
         Ok(PluginRequest::Ping { .. }) => PluginReply::Pong,
-        Ok(PluginRequest::Submit { v, .. }) if v != WIRE_VERSION => PluginReply::Local {
-            reason: format!("unknown wire version {v}"),
-        },
+        Ok(PluginRequest::Submit { v, .. }) if v != WIRE_VERSION => {
+            PluginReply::Local { reason: format!("unknown wire version {v}") }
+        }
         Ok(PluginRequest::Submit { mut job, .. }) => {
             // Who submitted is slurmctld's uid for the job, named from this
             // host's accounts: the target runs the job as that name's
@@ -291,23 +264,18 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
                     }
                     Err(e) => {
                         tracing::error!("journal write failed, job stays local: {e:#}");
-                        PluginReply::Local {
-                            reason: "agent journal unavailable".into(),
-                        }
+                        PluginReply::Local { reason: "agent journal unavailable".into() }
                     }
                 },
             }
         }
         Err(e) => {
             tracing::warn!("bad request from the plugin: {e}");
-            PluginReply::Local {
-                reason: format!("bad request: {e}"),
-            }
+            PluginReply::Local { reason: format!("bad request: {e}") }
         }
     };
     tracing::debug!(us = t0.elapsed().as_micros() as u64, "answered plugin");
-    wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes())
-        .await?;
+    wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes()).await?;
     Ok(())
 }
 
@@ -380,11 +348,8 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
         match agent.journal.unregistered_forwards() {
             Ok(list) => {
                 for f in list {
-                    let req = ForwardRequest {
-                        fleet_job_id: f.id.clone(),
-                        request: f.request,
-                        tentative_target: f.target,
-                    };
+                    let req =
+                        ForwardRequest { fleet_job_id: f.id.clone(), request: f.request, tentative_target: f.target };
                     match agent.meta.forward(&req).await {
                         Ok(_) => {
                             if let Err(e) = agent.journal.mark_registered(&f.id) {
@@ -401,11 +366,7 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
             }
             Err(e) => tracing::error!("journal: {e:#}"),
         }
-        backoff = if failed {
-            (backoff * 2).min(Duration::from_secs(10))
-        } else {
-            Duration::from_millis(200)
-        };
+        backoff = if failed { (backoff * 2).min(Duration::from_secs(10)) } else { Duration::from_millis(200) };
         tokio::select! {
             _ = agent.forwards_pending.notified(), if !failed => {}
             _ = tokio::time::sleep(backoff) => {}
@@ -445,11 +406,7 @@ async fn watch_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<
     let mut warned = false;
     let mut tracker = track::Tracker::default();
     loop {
-        report(
-            "watch",
-            &mut warned,
-            track::watch_once(&agent, &mut tracker).await,
-        );
+        report("watch", &mut warned, track::watch_once(&agent, &mut tracker).await);
         if stopped(&mut stop, agent.cfg.poll).await {
             return;
         }
@@ -460,11 +417,7 @@ async fn reconcile_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
     let mut warned = false;
     let mut suspects = reconcile::Suspects::default();
     loop {
-        report(
-            "reconcile",
-            &mut warned,
-            reconcile_once(&agent, &mut suspects).await,
-        );
+        report("reconcile", &mut warned, reconcile_once(&agent, &mut suspects).await);
         if stopped(&mut stop, Duration::from_secs_f64(reconcile::EVERY_S)).await {
             return;
         }
@@ -473,11 +426,7 @@ async fn reconcile_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
 
 /// Take new assignments, cancel requests and start checks; true when
 /// something new was done.
-pub async fn work_once<B: Backend>(
-    agent: &Agent<B>,
-    wait_ms: u64,
-    recent: &mut track::Recent,
-) -> Result<bool> {
+pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut track::Recent) -> Result<bool> {
     let work = agent.meta.work(wait_ms).await?;
     let mut progressed = false;
     for a in work.submit {
@@ -518,10 +467,7 @@ pub async fn work_once<B: Backend>(
 }
 
 /// Cancel jobs forwarded from here whose stand-in has ended or vanished.
-pub async fn reconcile_once<B: Backend>(
-    agent: &Agent<B>,
-    suspects: &mut reconcile::Suspects,
-) -> Result<()> {
+pub async fn reconcile_once<B: Backend>(agent: &Agent<B>, suspects: &mut reconcile::Suspects) -> Result<()> {
     // Stand-ins first: a proxy exits only after its job is finished, so a
     // job still active after its stand-in ended is an orphan, not a race.
     let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;

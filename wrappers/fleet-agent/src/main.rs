@@ -26,9 +26,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let conf = args
-        .conf
-        .unwrap_or_else(fleet_agent::config::default_conf_path);
+    let conf = args.conf.unwrap_or_else(fleet_agent::config::default_conf_path);
     let cfg = match fleet_agent::config::AgentConfig::load(&conf) {
         Ok(c) => c,
         Err(e) => {
@@ -37,8 +35,7 @@ fn main() -> ExitCode {
         }
     };
     // Colour only for a person at a terminal: journald and log files get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLEET_LOG")
@@ -48,10 +45,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     if args.check {
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(rt) => rt,
             Err(e) => {
                 eprintln!("fleet-agent: cannot start the runtime: {e}");
@@ -60,14 +54,8 @@ fn main() -> ExitCode {
         };
         let results = rt.block_on(checks::run_all(&conf, &cfg));
         print!("{}", checks::report(&results));
-        let failed = results
-            .iter()
-            .any(|c| matches!(c.outcome, checks::Outcome::Fail { .. }));
-        return if failed {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        };
+        let failed = results.iter().any(|c| matches!(c.outcome, checks::Outcome::Fail { .. }));
+        return if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS };
     }
     // One agent per site, decided before the socket is touched; held until exit.
     let _instance = match checks::lock_instance(&cfg.spool) {
@@ -77,11 +65,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fleet-agent: cannot start the runtime: {e}");

@@ -30,12 +30,7 @@ pub const CONFIRM_S: f64 = 8.0;
 pub const APPEAR_GRACE_S: f64 = 60.0;
 
 /// Why an active job from this site has no live stand-in, or `None`.
-pub fn orphan_reason(
-    job: &JobRecord,
-    journaled: Option<u64>,
-    stand_ins: &[NativeJob],
-    now: f64,
-) -> Option<String> {
+pub fn orphan_reason(job: &JobRecord, journaled: Option<u64>, stand_ins: &[NativeJob], now: f64) -> Option<String> {
     if job.state.is_terminal() || job.cancel_requested {
         return None;
     }
@@ -45,13 +40,14 @@ pub fn orphan_reason(
     // id a stand-in's token holder reported.
     let found = match journaled {
         Some(sid) => stand_ins.iter().find(|s| s.native_id == sid),
-        None => stand_ins.iter().find(|s| fleet_api::wire::parse_admin_tag(&s.admin_comment) == Some(job.fleet_job_id.as_str())),
+        None => stand_ins
+            .iter()
+            .find(|s| fleet_api::wire::parse_admin_tag(&s.admin_comment) == Some(job.fleet_job_id.as_str())),
     };
     match found {
-        Some(s) if s.state.is_terminal() => Some(format!(
-            "its stand-in, job {} at {}, ended ({})",
-            s.native_id, job.origin, s.raw_state
-        )),
+        Some(s) if s.state.is_terminal() => {
+            Some(format!("its stand-in, job {} at {}, ended ({})", s.native_id, job.origin, s.raw_state))
+        }
         Some(_) => None,
         None if now - job.submitted_at < APPEAR_GRACE_S => None,
         None => Some(match journaled {
@@ -95,12 +91,8 @@ impl Suspects {
 }
 
 /// Jobs from `site` the meta-scheduler still counts as active.
-pub fn active_from<'a>(
-    site: &'a str,
-    jobs: &'a [JobRecord],
-) -> impl Iterator<Item = &'a JobRecord> {
-    jobs.iter()
-        .filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
+pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<Item = &'a JobRecord> {
+    jobs.iter().filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
 }
 
 #[cfg(test)]
@@ -148,38 +140,20 @@ mod tests {
             stand_in(10, "PENDING", "fleet:beta-bbbb"),
             stand_in(11, "COMPLETING", ""),
         ];
-        assert_eq!(
-            orphan_reason(&job("beta-1", JobState::Running, 0.0), Some(7), &s, now),
-            None
-        );
-        assert_eq!(
-            orphan_reason(&job("beta-1", JobState::Running, 0.0), Some(11), &s, now),
-            None
-        );
+        assert_eq!(orphan_reason(&job("beta-1", JobState::Running, 0.0), Some(7), &s, now), None);
+        assert_eq!(orphan_reason(&job("beta-1", JobState::Running, 0.0), Some(11), &s, now), None);
         let r = orphan_reason(&job("beta-2", JobState::Running, 0.0), Some(8), &s, now).unwrap();
         assert_eq!(r, "its stand-in, job 8 at beta, ended (FAILED)");
         let r = orphan_reason(&job("beta-3", JobState::Running, 0.0), Some(99), &s, now).unwrap();
         assert_eq!(r, "its stand-in, job 99 at beta, is gone");
-        assert!(
-            orphan_reason(&job("beta-aaaa", JobState::Held, 0.0), None, &s, now)
-                .unwrap()
-                .contains("ended (CANCELLED)")
-        );
-        assert_eq!(
-            orphan_reason(&job("beta-bbbb", JobState::Held, 0.0), None, &s, now),
-            None
-        );
-        assert_eq!(
-            orphan_reason(&job("beta-cccc", JobState::Held, now - 5.0), None, &s, now),
-            None
-        );
-        let r =
-            orphan_reason(&job("beta-cccc", JobState::Held, now - 61.0), None, &s, now).unwrap();
+        assert!(orphan_reason(&job("beta-aaaa", JobState::Held, 0.0), None, &s, now)
+            .unwrap()
+            .contains("ended (CANCELLED)"));
+        assert_eq!(orphan_reason(&job("beta-bbbb", JobState::Held, 0.0), None, &s, now), None);
+        assert_eq!(orphan_reason(&job("beta-cccc", JobState::Held, now - 5.0), None, &s, now), None);
+        let r = orphan_reason(&job("beta-cccc", JobState::Held, now - 61.0), None, &s, now).unwrap();
         assert_eq!(r, "no stand-in for it exists at beta");
-        assert_eq!(
-            orphan_reason(&job("beta-2", JobState::Completed, 0.0), Some(8), &s, now),
-            None
-        );
+        assert_eq!(orphan_reason(&job("beta-2", JobState::Completed, 0.0), Some(8), &s, now), None);
         let mut j = job("beta-2", JobState::Running, 0.0);
         j.cancel_requested = true;
         assert_eq!(orphan_reason(&j, Some(8), &s, now), None);
@@ -193,15 +167,7 @@ mod tests {
         let mut decoy = stand_in(20, "CANCELLED", "");
         decoy.reason = "fleet:beta-victim".into();
         let victim = stand_in(21, "PENDING", "fleet:beta-victim");
-        assert_eq!(
-            orphan_reason(
-                &job("beta-victim", JobState::Held, 0.0),
-                None,
-                &[decoy, victim],
-                1000.0
-            ),
-            None
-        );
+        assert_eq!(orphan_reason(&job("beta-victim", JobState::Held, 0.0), None, &[decoy, victim], 1000.0), None);
     }
 
     #[test]
@@ -224,14 +190,8 @@ mod tests {
     fn only_active_jobs_of_this_site() {
         let mut other = job("gamma-1", JobState::Running, 0.0);
         other.origin = "gamma".into();
-        let jobs = [
-            job("beta-1", JobState::Running, 0.0),
-            job("beta-2", JobState::Completed, 0.0),
-            other,
-        ];
-        let ids: Vec<_> = active_from("beta", &jobs)
-            .map(|j| j.fleet_job_id.as_str())
-            .collect();
+        let jobs = [job("beta-1", JobState::Running, 0.0), job("beta-2", JobState::Completed, 0.0), other];
+        let ids: Vec<_> = active_from("beta", &jobs).map(|j| j.fleet_job_id.as_str()).collect();
         assert_eq!(ids, ["beta-1"]);
     }
 }

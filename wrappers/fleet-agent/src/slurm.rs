@@ -64,30 +64,20 @@ impl SlurmBackend {
         }
         c.args(args)
             .env("SLURM_CONF", &self.slurm_conf)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = c.spawn().with_context(|| format!("running {cmd}"))?;
         if let (Some(data), Some(mut w)) = (stdin, child.stdin.take()) {
-            w.write_all(data)
-                .await
-                .with_context(|| format!("writing to {cmd}"))?;
+            w.write_all(data).await.with_context(|| format!("writing to {cmd}"))?;
             drop(w);
         }
         let out = tokio::time::timeout(CMD_TIMEOUT, child.wait_with_output())
             .await
             .map_err(|_| anyhow!("{cmd} did not finish within {}s", CMD_TIMEOUT.as_secs()))??;
         if !out.status.success() {
-            bail!(
-                "{cmd} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("{cmd} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(out.stdout)
     }
@@ -96,9 +86,7 @@ impl SlurmBackend {
     /// probe user and by `--check`.
     pub async fn check_sudo(&self, user: &str) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
-        let me = std::fs::metadata("/proc/self")
-            .map(|m| m.uid())
-            .context("reading /proc/self")?;
+        let me = std::fs::metadata("/proc/self").map(|m| m.uid()).context("reading /proc/self")?;
         let bin = self.bin.display();
         self.run_in("sbatch", &["--version".into()], None, None, Some(user)).await.with_context(|| {
             format!(
@@ -154,7 +142,8 @@ pub fn parse_gres_field(s: &str) -> Vec<(Option<String>, u32)> {
 }
 
 /// The `sinfo -N -h -O` fields [`parse_sinfo`] reads.
-pub const SINFO_FIELDS: &str = "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160,CPUs:8,Memory:16,Features:256";
+pub const SINFO_FIELDS: &str =
+    "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160,CPUs:8,Memory:16,Features:256";
 
 /// `sinfo -N -h -O` [`SINFO_FIELDS`] → nodes (node shapes for the
 /// placement rule: CPUs, memory, features).
@@ -180,9 +169,7 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
         let gpu_type = total.iter().find_map(|(t, _)| t.clone());
         let gpus_total: u32 = total.iter().map(|(_, n)| n).sum();
         let gpus_used: u32 = used.iter().map(|(_, n)| n).sum();
-        let state = state
-            .trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-'])
-            .to_ascii_lowercase();
+        let state = state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']).to_ascii_lowercase();
         nodes.push(NodeCapacity {
             name: name.to_string(),
             partitions: vec![part],
@@ -214,15 +201,15 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
 /// Slurm's job state name → Fleet's.
 pub fn map_state(s: &str) -> JobState {
     match s.split_whitespace().next().unwrap_or("") {
-        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
-        | "RESV_DEL_HOLD" | "SUSPENDED" => JobState::Pending,
-        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" | "STOPPED" => {
-            JobState::Running
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => {
+            JobState::Pending
         }
+        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" | "STOPPED" => JobState::Running,
         "COMPLETED" => JobState::Completed,
         "CANCELLED" => JobState::Cancelled,
-        "FAILED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE"
-        | "PREEMPTED" => JobState::Failed,
+        "FAILED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" | "PREEMPTED" => {
+            JobState::Failed
+        }
         _ => JobState::Pending,
     }
 }
@@ -253,9 +240,7 @@ fn num(v: Option<&serde_json::Value>) -> Option<i64> {
 fn state_of(v: Option<&serde_json::Value>) -> String {
     match v {
         Some(serde_json::Value::String(s)) => s.clone(),
-        Some(serde_json::Value::Array(a)) => {
-            a.first().and_then(|s| s.as_str()).unwrap_or("").to_string()
-        }
+        Some(serde_json::Value::Array(a)) => a.first().and_then(|s| s.as_str()).unwrap_or("").to_string(),
         _ => String::new(),
     }
 }
@@ -278,9 +263,7 @@ fn exit_of(v: Option<&serde_json::Value>) -> (Option<i32>, Option<i32>) {
             (code, sig)
         }
         other => match num(other) {
-            Some(w) if (0..=0xffff).contains(&w) => {
-                (Some(((w >> 8) & 0xff) as i32), Some((w & 0x7f) as i32))
-            }
+            Some(w) if (0..=0xffff).contains(&w) => (Some(((w >> 8) & 0xff) as i32), Some((w & 0x7f) as i32)),
             _ => (None, None),
         },
     }
@@ -292,11 +275,7 @@ fn exit_of(v: Option<&serde_json::Value>) -> (Option<i32>, Option<i32>) {
 /// and heterogeneous jobs are skipped (Fleet never creates them).
 pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
     if doc.len() > MAX_JSON_BYTES {
-        bail!(
-            "Slurm's JSON is {} bytes, more than the {} accepted",
-            doc.len(),
-            MAX_JSON_BYTES
-        );
+        bail!("Slurm's JSON is {} bytes, more than the {} accepted", doc.len(), MAX_JSON_BYTES);
     }
     let v: serde_json::Value = serde_json::from_slice(doc).context("Slurm printed invalid JSON")?;
     let Some(jobs) = v.get("jobs").and_then(|j| j.as_array()) else {
@@ -307,8 +286,7 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
         let Some(id) = num(j.get("job_id")).and_then(|n| u64::try_from(n).ok()) else {
             continue;
         };
-        if num(j.get("array_task_id")).is_some() || num(j.get("het_job_id")).is_some_and(|h| h != 0)
-        {
+        if num(j.get("array_task_id")).is_some() || num(j.get("het_job_id")).is_some_and(|h| h != 0) {
             continue;
         }
         let raw_state = state_of(j.get("job_state"));
@@ -322,14 +300,10 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
             job.signal = sig.filter(|&s| s != 0);
         }
         job.node_list = text(j.get("nodes"));
-        job.reason = text(j.get("state_reason"))
-            .trim_start_matches("None")
-            .to_string();
+        job.reason = text(j.get("state_reason")).trim_start_matches("None").to_string();
         job.submit_time = num(j.get("submit_time"));
         job.user_id = num(j.get("user_id")).and_then(|n| u32::try_from(n).ok());
-        job.restarts = num(j.get("restart_cnt"))
-            .and_then(|n| u32::try_from(n).ok())
-            .unwrap_or(0);
+        job.restarts = num(j.get("restart_cnt")).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
         job.partition = text(j.get("partition"));
         job.admin_comment = text(j.get("admin_comment"));
         out.push(job);
@@ -363,14 +337,8 @@ pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
 /// `2026-12-01T14:53:07` (the controller's local time) → epoch seconds.
 pub fn parse_slurm_time(s: &str) -> Option<i64> {
     let (d, t) = s.split_once('T')?;
-    let d: Vec<i64> = d
-        .split('-')
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    let t: Vec<i64> = t
-        .split(':')
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
+    let d: Vec<i64> = d.split('-').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let t: Vec<i64> = t.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
     let ([y, m, day], [hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
         return None;
     };
@@ -426,16 +394,12 @@ pub fn submit_env(req: &JobRequest, job_dir: &std::path::Path) -> Option<Vec<(St
         "SSH_CONNECTION",
         "SSH_TTY",
     ];
-    const DROP_PREFIX: &[&str] = &[
-        "SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SPANK_", "_SLURM_", "FLEET_",
-    ];
+    const DROP_PREFIX: &[&str] = &["SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SPANK_", "_SLURM_", "FLEET_"];
     let mut env: Vec<(String, String)> = req
         .env
         .iter()
         .filter_map(|e| e.split_once('='))
-        .filter(|(k, _)| {
-            !k.is_empty() && !DROP.contains(k) && !DROP_PREFIX.iter().any(|p| k.starts_with(p))
-        })
+        .filter(|(k, _)| !k.is_empty() && !DROP.contains(k) && !DROP_PREFIX.iter().any(|p| k.starts_with(p)))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     if env.is_empty() {
@@ -479,36 +443,18 @@ pub fn exports_environment(req: &JobRequest) -> bool {
 
 impl Backend for SlurmBackend {
     async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)> {
-        let sinfo = self
-            .run(
-                "sinfo",
-                &[
-                    "-N".into(),
-                    "-h".into(),
-                    "-O".into(),
-                    SINFO_FIELDS.into(),
-                ],
-                None,
-            )
-            .await?;
-        let squeue = self
-            .run("squeue", &["-h".into(), "-o".into(), "%T".into()], None)
-            .await?;
+        let sinfo = self.run("sinfo", &["-N".into(), "-h".into(), "-O".into(), SINFO_FIELDS.into()], None).await?;
+        let squeue = self.run("squeue", &["-h".into(), "-o".into(), "%T".into()], None).await?;
         let pending = squeue.lines().filter(|l| l.trim() == "PENDING").count() as u32;
         let running = squeue.lines().filter(|l| l.trim() == "RUNNING").count() as u32;
         Ok((parse_sinfo(&sinfo), pending, running))
     }
 
     async fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> Result<u64> {
-        let script = req
-            .script
-            .as_deref()
-            .ok_or_else(|| anyhow!("job {id} carries no script"))?;
+        let script = req.script.as_deref().ok_or_else(|| anyhow!("job {id} carries no script"))?;
         let dir = self.job_dir(id);
         if let Some(parent) = dir.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .with_context(|| format!("creating {}", parent.display()))?;
+            tokio::fs::create_dir_all(parent).await.with_context(|| format!("creating {}", parent.display()))?;
         }
         crate::jobdir::create(&dir, user.uid)?;
         let paths = self.output_paths(id);
@@ -527,27 +473,14 @@ impl Backend for SlurmBackend {
         // sbatch itself runs in a minimal environment: nothing of the agent's
         // reaches the job.
         let base_env = vec![
-            (
-                "PATH".to_string(),
-                "/usr/local/bin:/usr/bin:/bin".to_string(),
-            ),
+            ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
             ("HOME".to_string(), dir.display().to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
         ];
-        let out = self
-            .run_in(
-                "sbatch",
-                &args,
-                Some(script),
-                Some(&base_env),
-                Some(&user.name),
-            )
-            .await?;
+        let out = self.run_in("sbatch", &args, Some(script), Some(&base_env), Some(&user.name)).await?;
         let out = String::from_utf8_lossy(&out);
         let first = out.trim().split(';').next().unwrap_or("");
-        first
-            .parse()
-            .with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
+        first.parse().with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
     }
 
     async fn status(&self, ids: &[u64]) -> Result<Vec<NativeJob>> {
@@ -556,9 +489,7 @@ impl Backend for SlurmBackend {
         }
         let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
         // -t all: finished jobs too, while slurmctld still holds them.
-        let jobs = self
-            .squeue_json(&["-a".into(), "-t".into(), "all".into(), "-j".into(), list])
-            .await;
+        let jobs = self.squeue_json(&["-a".into(), "-t".into(), "all".into(), "-j".into(), list]).await;
         match jobs {
             Ok(j) => Ok(j),
             // squeue -j with only unknown ids fails ("Invalid job id").
@@ -572,17 +503,7 @@ impl Backend for SlurmBackend {
             return Ok(Vec::new());
         }
         let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-        let args = [
-            "-X",
-            "-n",
-            "-P",
-            "-D",
-            "-o",
-            "JobIDRaw,State,ExitCode,Submit,UID",
-            "-j",
-            &list,
-        ]
-        .map(String::from);
+        let args = ["-X", "-n", "-P", "-D", "-o", "JobIDRaw,State,ExitCode,Submit,UID", "-j", &list].map(String::from);
         match self.run("sacct", &args, None).await {
             Ok(out) => Ok(parse_sacct(&out)),
             // No accounting at this site: nothing to learn there.
@@ -597,19 +518,11 @@ impl Backend for SlurmBackend {
     }
 
     async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>> {
-        self.squeue_json(&[
-            "-a".into(),
-            "-t".into(),
-            "all".into(),
-            "-p".into(),
-            partition.to_string(),
-        ])
-        .await
+        self.squeue_json(&["-a".into(), "-t".into(), "all".into(), "-p".into(), partition.to_string()]).await
     }
 
     async fn cancel(&self, native_id: u64, user: &str) -> Result<()> {
-        self.run_in("scancel", &[native_id.to_string()], None, None, Some(user))
-            .await?;
+        self.run_in("scancel", &[native_id.to_string()], None, None, Some(user)).await?;
         Ok(())
     }
 
@@ -635,18 +548,9 @@ mod tests {
 
     #[test]
     fn gres_fields() {
-        assert_eq!(
-            parse_gres_field("gpu:h100:8(S:0-1)"),
-            vec![(Some("h100".into()), 8)]
-        );
-        assert_eq!(
-            parse_gres_field("gpu:a100:3(IDX:0-2,5)"),
-            vec![(Some("a100".into()), 3)]
-        );
-        assert_eq!(
-            parse_gres_field("gpu:4,gpu:h100:2"),
-            vec![(None, 4), (Some("h100".into()), 2)]
-        );
+        assert_eq!(parse_gres_field("gpu:h100:8(S:0-1)"), vec![(Some("h100".into()), 8)]);
+        assert_eq!(parse_gres_field("gpu:a100:3(IDX:0-2,5)"), vec![(Some("a100".into()), 3)]);
+        assert_eq!(parse_gres_field("gpu:4,gpu:h100:2"), vec![(None, 4), (Some("h100".into()), 2)]);
         assert_eq!(parse_gres_field("(null)"), vec![]);
         assert_eq!(parse_gres_field("shard:2,gpu:x:y"), vec![]);
     }
@@ -656,14 +560,8 @@ mod tests {
         let out = "beta1 gpu* mix gpu:a100:8 gpu:a100:3(IDX:0-2)\nbeta1 fleet mix gpu:a100:8 gpu:a100:3(IDX:0-2)\nbeta2 gpu* drain* gpu:a100:8 gpu:a100:0(IDX:N/A)\n";
         let n = parse_sinfo(out);
         assert_eq!(n.len(), 2);
-        assert_eq!(
-            n[0].partitions,
-            vec!["gpu".to_string(), "fleet".to_string()]
-        );
-        assert_eq!(
-            (n[0].gpus_total, n[0].gpus_free, n[0].state.as_str()),
-            (8, 5, "mixed")
-        );
+        assert_eq!(n[0].partitions, vec!["gpu".to_string(), "fleet".to_string()]);
+        assert_eq!((n[0].gpus_total, n[0].gpus_free, n[0].state.as_str()), (8, 5, "mixed"));
         assert_eq!(n[1].state, "drained");
         assert_eq!(n[1].gpu_type.as_deref(), Some("a100"));
     }
@@ -692,16 +590,10 @@ mod tests {
         assert_eq!(env[1].1, "x=y");
         assert_eq!(env[3].1, "/spool/jobs/beta-1");
         // Only origin-specific variables: nothing to carry, the agent's own env is used.
-        let req = JobRequest {
-            env: vec!["SLURM_JOB_NAME=x".into()],
-            ..Default::default()
-        };
+        let req = JobRequest { env: vec!["SLURM_JOB_NAME=x".into()], ..Default::default() };
         assert_eq!(submit_env(&req, std::path::Path::new("/d")), None);
         // No PATH from the origin: a sane default.
-        let req = JobRequest {
-            env: vec!["A=1".into()],
-            ..Default::default()
-        };
+        let req = JobRequest { env: vec!["A=1".into()], ..Default::default() };
         assert!(submit_env(&req, std::path::Path::new("/d"))
             .unwrap()
             .iter()
@@ -722,22 +614,10 @@ mod tests {
             time_limit_min: Some(60),
             ..Default::default()
         };
-        let p = crate::backend::OutputPaths {
-            stdout: "/s/o".into(),
-            stderr: "/s/e".into(),
-        };
+        let p = crate::backend::OutputPaths { stdout: "/s/o".into(), stderr: "/s/e".into() };
         let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p);
-        assert!(
-            !a.iter().any(|x| x.starts_with("--comment")),
-            "the user's comment is theirs: {a:?}"
-        );
-        for want in [
-            "--job-name=train",
-            "--gres=gpu:h100:8",
-            "--nodes=2",
-            "--time=60",
-            "--output=/s/o",
-        ] {
+        assert!(!a.iter().any(|x| x.starts_with("--comment")), "the user's comment is theirs: {a:?}");
+        for want in ["--job-name=train", "--gres=gpu:h100:8", "--nodes=2", "--time=60", "--output=/s/o"] {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
     }

@@ -18,9 +18,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fleet_api::api::{
-    Assignment, OutputChunk, StartCheck, StartConfirmation, StatusUpdate, Stream,
-};
+use fleet_api::api::{Assignment, OutputChunk, StartCheck, StartConfirmation, StatusUpdate, Stream};
 use fleet_api::JobState;
 
 use crate::backend::{Backend, NativeJob};
@@ -54,8 +52,7 @@ impl Tracker {
     fn failed(&mut self, id: &str, now: f64) -> Duration {
         let n = self.failures.get(id).map_or(0, |f| f.0) + 1;
         let d = Duration::from_secs((1u64 << (n - 1).min(6)).min(60));
-        self.failures
-            .insert(id.to_string(), (n, now + d.as_secs_f64()));
+        self.failures.insert(id.to_string(), (n, now + d.as_secs_f64()));
         d
     }
 }
@@ -94,19 +91,13 @@ pub fn identify<'a>(run: &Run, site: &str, candidates: &[&'a NativeJob]) -> Seen
     let Some(sid) = run.slurm_id else {
         return Seen::Gone("never submitted".into());
     };
-    let mine: Vec<&NativeJob> = candidates
-        .iter()
-        .copied()
-        .filter(|j| run.uid.is_none_or(|u| j.user_id == Some(u)))
-        .collect();
+    let mine: Vec<&NativeJob> =
+        candidates.iter().copied().filter(|j| run.uid.is_none_or(|u| j.user_id == Some(u))).collect();
     let found = match run.submit_time {
         Some(t) => mine.into_iter().find(|j| j.submit_time == Some(t)),
         None => mine
             .into_iter()
-            .filter(|j| {
-                j.submit_time
-                    .is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S)
-            })
+            .filter(|j| j.submit_time.is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S))
             .max_by_key(|j| j.submit_time),
     };
     match found {
@@ -131,11 +122,8 @@ pub fn update_for(j: &NativeJob, site: &str) -> StatusUpdate {
         };
     }
     if j.restarts > 0 {
-        reason = format!(
-            "{reason}{}requeued {} time(s) at {site}",
-            if reason.is_empty() { "" } else { "; " },
-            j.restarts
-        );
+        reason =
+            format!("{reason}{}requeued {} time(s) at {site}", if reason.is_empty() { "" } else { "; " }, j.restarts);
     }
     StatusUpdate {
         remote_job_id: Some(j.native_id),
@@ -179,11 +167,7 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
             return Ok(());
         }
         if let Some(sid) = run.slurm_id {
-            let up = StatusUpdate {
-                remote_job_id: Some(sid),
-                state: Some(JobState::Pending),
-                ..Default::default()
-            };
+            let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
             agent.meta.status(&id, &up).await?;
             return Ok(());
         }
@@ -206,36 +190,20 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         Ok(u) => u,
         Err(e) => {
             let how = crate::identity::describe(&agent.cfg.identity.mapping);
-            return fail_launch(
-                agent,
-                &id,
-                format!("fleet: {site} has no identity for this job ({how}): {e:#}"),
-            )
-            .await;
+            return fail_launch(agent, &id, format!("fleet: {site} has no identity for this job ({how}): {e:#}")).await;
         }
     };
     match agent.backend.submit(&id, &a.request, &user).await {
         Ok(sid) => {
-            agent
-                .journal
-                .set_submitted(&id, sid, &user.name, user.uid, now())?;
+            agent.journal.set_submitted(&id, sid, &user.name, user.uid, now())?;
             tracing::info!(%id, slurm_id = sid, user = %user.name, origin = %a.request.origin, "submitted");
-            let up = StatusUpdate {
-                remote_job_id: Some(sid),
-                state: Some(JobState::Pending),
-                ..Default::default()
-            };
+            let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
             agent.meta.status(&id, &up).await?;
             Ok(())
         }
         Err(e) => {
             let _ = jobdir::remove(&agent.backend.job_dir(&id));
-            fail_launch(
-                agent,
-                &id,
-                format!("fleet: sbatch at {site} refused the job: {e:#}"),
-            )
-            .await
+            fail_launch(agent, &id, format!("fleet: sbatch at {site} refused the job: {e:#}")).await
         }
     }
 }
@@ -264,10 +232,7 @@ pub async fn cancel_one<B: Backend>(agent: &Agent<B>, id: &str) -> Result<()> {
     let candidates: Vec<&NativeJob> = jobs.iter().filter(|j| j.native_id == sid).collect();
     match identify(&run, &agent.cfg.site, &candidates) {
         Seen::Job(j) if !j.state.is_terminal() => {
-            let user = run
-                .user
-                .as_deref()
-                .context("journal has no user for this run")?;
+            let user = run.user.as_deref().context("journal has no user for this run")?;
             agent.backend.cancel(sid, user).await?;
             tracing::info!(%id, slurm_id = sid, "cancelled on request");
         }
@@ -280,7 +245,12 @@ pub async fn cancel_one<B: Backend>(agent: &Agent<B>, id: &str) -> Result<()> {
 /// Deliver a signal the origin asked for (`scancel --signal` there) to the
 /// job this cluster runs, as its user, after checking it is still the job
 /// the agent submitted.
-pub async fn signal_one<B: Backend>(agent: &Agent<B>, id: &str, signal: &str, scope: crate::backend::SignalScope) -> Result<()> {
+pub async fn signal_one<B: Backend>(
+    agent: &Agent<B>,
+    id: &str,
+    signal: &str,
+    scope: crate::backend::SignalScope,
+) -> Result<()> {
     let Some((run, _)) = agent.journal.run(id)? else { return Ok(()) };
     let (Some(sid), false) = (run.slurm_id, run.done) else { return Ok(()) };
     let jobs = agent.backend.status(&[sid]).await?;
@@ -304,38 +274,19 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
     for c in checks {
         let found = stand_ins.iter().find(|s| s.native_id == c.origin_job_id);
         let (started, reason) = match found {
-            None => (
-                false,
-                format!(
-                    "job {} is not in partition {}",
-                    c.origin_job_id, agent.cfg.proxy_partition
-                ),
-            ),
-            Some(s) if fleet_api::wire::parse_admin_tag(&s.admin_comment) != Some(c.fleet_job_id.as_str()) => (
-                false,
-                format!(
-                    "job {} is not the stand-in of {}",
-                    c.origin_job_id, c.fleet_job_id
-                ),
-            ),
-            Some(s) if s.raw_state != "RUNNING" => (
-                false,
-                format!("the stand-in {} is {}", s.native_id, s.raw_state),
-            ),
+            None => (false, format!("job {} is not in partition {}", c.origin_job_id, agent.cfg.proxy_partition)),
+            Some(s) if fleet_api::wire::parse_admin_tag(&s.admin_comment) != Some(c.fleet_job_id.as_str()) => {
+                (false, format!("job {} is not the stand-in of {}", c.origin_job_id, c.fleet_job_id))
+            }
+            Some(s) if s.raw_state != "RUNNING" => (false, format!("the stand-in {} is {}", s.native_id, s.raw_state)),
             Some(_) => (true, String::new()),
         };
         if started {
-            agent
-                .journal
-                .set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
+            agent.journal.set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
         } else {
             tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
         }
-        let verdict = StartConfirmation {
-            origin_job_id: c.origin_job_id,
-            started,
-            reason,
-        };
+        let verdict = StartConfirmation { origin_job_id: c.origin_job_id, started, reason };
         if let Err(e) = agent.meta.confirm_start(&c.fleet_job_id, &verdict).await {
             tracing::warn!(id = %c.fleet_job_id, "confirming the start: {e:#}");
         }
@@ -351,11 +302,7 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
         return Ok(());
     }
     let mut known = agent.backend.status(&ids).await?;
-    let missing: Vec<u64> = ids
-        .iter()
-        .copied()
-        .filter(|i| !known.iter().any(|j| j.native_id == *i))
-        .collect();
+    let missing: Vec<u64> = ids.iter().copied().filter(|i| !known.iter().any(|j| j.native_id == *i)).collect();
     if !missing.is_empty() {
         match agent.backend.accounting(&missing).await {
             Ok(found) => known.extend(found),
@@ -435,14 +382,9 @@ async fn reconcile_run<B: Backend>(
                 Some(c) => {
                     tracing::warn!(id = %run.id, terminal = c.terminal, "the meta-scheduler refused the update; no longer reporting this job: {}", c.body);
                     if !state.is_terminal() {
-                        if let Some(user) =
-                            run.user.as_deref().filter(|_| matches!(seen, Seen::Job(_)))
-                        {
+                        if let Some(user) = run.user.as_deref().filter(|_| matches!(seen, Seen::Job(_))) {
                             // It is over for the fleet: do not let it run on untracked.
-                            let _ = agent
-                                .backend
-                                .cancel(run.slurm_id.unwrap_or_default(), user)
-                                .await;
+                            let _ = agent.backend.cancel(run.slurm_id.unwrap_or_default(), user).await;
                         }
                     }
                     finished = true;
@@ -465,16 +407,9 @@ async fn reconcile_run<B: Backend>(
     Ok(())
 }
 
-async fn relay_all<B: Backend>(
-    agent: &Agent<B>,
-    tracker: &mut Tracker,
-    run: &mut Run,
-) -> Result<()> {
+async fn relay_all<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker, run: &mut Run) -> Result<()> {
     let paths = agent.backend.output_paths(&run.id);
-    for (stream, path) in [
-        (Stream::Stdout, paths.stdout),
-        (Stream::Stderr, paths.stderr),
-    ] {
+    for (stream, path) in [(Stream::Stdout, paths.stdout), (Stream::Stderr, paths.stderr)] {
         let (base, off) = match stream {
             Stream::Stdout => (&mut run.stdout_base, &mut run.stdout_off),
             Stream::Stderr => (&mut run.stderr_base, &mut run.stderr_off),
@@ -483,17 +418,11 @@ async fn relay_all<B: Backend>(
             jobdir::Opened::Missing => {}
             jobdir::Opened::Refused(why) => {
                 let msg = format!("{} not relayed: {why}", stream.as_str());
-                if tracker
-                    .refused
-                    .insert(format!("{}:{}", run.id, stream.as_str()), msg.clone())
-                    .is_none()
-                {
+                if tracker.refused.insert(format!("{}:{}", run.id, stream.as_str()), msg.clone()).is_none() {
                     tracing::warn!(id = %run.id, "{msg}");
                 }
             }
-            jobdir::Opened::File(mut f, len) => {
-                relay(agent, &run.id, stream, &mut f, len, base, off).await?
-            }
+            jobdir::Opened::File(mut f, len) => relay(agent, &run.id, stream, &mut f, len, base, off).await?,
         }
     }
     Ok(())
@@ -523,11 +452,7 @@ async fn relay<B: Backend>(
             break;
         }
         let n = data.len() as u64;
-        let chunk = OutputChunk {
-            stream,
-            offset: *base + *off,
-            data,
-        };
+        let chunk = OutputChunk { stream, offset: *base + *off, data };
         match agent.meta.output(id, &chunk).await? {
             None => *off += n,
             Some(held) if held >= *base => {
@@ -578,27 +503,16 @@ mod tests {
         assert_eq!(identify(&run(7, None), "alpha", &[&mine]), Seen::Job(&mine));
         // A job of the same id from long before the agent's sbatch is not it.
         let old = job(7, "COMPLETED", 10, 1001);
-        assert!(matches!(
-            identify(&run(7, None), "alpha", &[&old]),
-            Seen::Gone(_)
-        ));
+        assert!(matches!(identify(&run(7, None), "alpha", &[&old]), Seen::Gone(_)));
         // Known submit time: a reused id is another job, never this one's result.
         let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[&reused]) else {
             panic!("reused id taken for the job")
         };
         assert!(why.contains("reused"), "{why}");
-        assert_eq!(
-            identify(&run(7, Some(1001)), "alpha", &[&reused, &mine]),
-            Seen::Job(&mine)
-        );
+        assert_eq!(identify(&run(7, Some(1001)), "alpha", &[&reused, &mine]), Seen::Job(&mine));
         // Another user's job under the same id and time is not ours.
-        assert!(matches!(
-            identify(&run(7, Some(1001)), "alpha", &[&other_user]),
-            Seen::Gone(_)
-        ));
-        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[]) else {
-            panic!()
-        };
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", &[&other_user]), Seen::Gone(_)));
+        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[]) else { panic!() };
         assert!(why.contains("no longer knows"), "{why}");
     }
 
@@ -608,26 +522,17 @@ mod tests {
         j.exit_code = Some(0);
         j.signal = Some(15);
         let up = update_for(&j, "alpha");
-        assert_eq!(
-            (up.state, up.exit_code, up.signal),
-            (Some(JobState::Failed), Some(0), Some(15))
-        );
+        assert_eq!((up.state, up.exit_code, up.signal), (Some(JobState::Failed), Some(0), Some(15)));
         assert_eq!(up.reason, "TIMEOUT at alpha");
         let mut j = job(7, "OUT_OF_MEMORY", 1, 1);
         j.reason = "OutOfMemory".into();
-        assert_eq!(
-            update_for(&j, "alpha").reason,
-            "OUT_OF_MEMORY at alpha: OutOfMemory"
-        );
+        assert_eq!(update_for(&j, "alpha").reason, "OUT_OF_MEMORY at alpha: OutOfMemory");
         let mut j = job(7, "FAILED", 1, 1);
         j.exit_code = Some(3);
         assert_eq!(update_for(&j, "alpha").reason, "");
         let mut j = job(7, "PENDING", 1, 1);
         j.restarts = 2;
-        assert_eq!(
-            update_for(&j, "alpha").reason,
-            "requeued 2 time(s) at alpha"
-        );
+        assert_eq!(update_for(&j, "alpha").reason, "requeued 2 time(s) at alpha");
     }
 
     #[test]

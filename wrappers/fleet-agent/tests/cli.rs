@@ -12,11 +12,7 @@ const TOKEN: &str = "tok-SECRET-0123456789abcdef";
 /// closed loopback port.
 fn site(dir: &Path, proxy_partition_line: &str) -> PathBuf {
     std::fs::write(dir.join("agent.token"), format!("{TOKEN}\n")).unwrap();
-    std::fs::set_permissions(
-        dir.join("agent.token"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
+    std::fs::set_permissions(dir.join("agent.token"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     std::fs::write(
         dir.join("slurm.conf"),
         format!("ClusterName=beta\nSlurmUser=nobody\nNodeName=b1 CPUs=4\n{proxy_partition_line}\n"),
@@ -41,36 +37,22 @@ fn site(dir: &Path, proxy_partition_line: &str) -> PathBuf {
 
 fn agent(conf: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fleet-agent"));
-    c.arg("--conf")
-        .arg(conf)
-        .env("SLURM_CONF", conf.with_file_name("slurm.conf"))
-        .env_remove("FLEET_LOG");
+    c.arg("--conf").arg(conf).env("SLURM_CONF", conf.with_file_name("slurm.conf")).env_remove("FLEET_LOG");
     c
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 #[test]
 fn check_reports_every_check_and_no_secret() {
     let tmp = tempfile::tempdir().unwrap();
     let conf = site(tmp.path(), "PartitionName=fleet Nodes=b1 MaxTime=60");
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let o = agent(&conf).arg("--check").output().unwrap();
     let t = text(&o);
-    assert!(
-        !t.contains(TOKEN) && !t.contains("SECRET"),
-        "the token leaked:\n{t}"
-    );
+    assert!(!t.contains(TOKEN) && !t.contains("SECRET"), "the token leaked:\n{t}");
     for name in [
         "config",
         "fleet.conf",
@@ -84,26 +66,14 @@ fn check_reports_every_check_and_no_secret() {
         "CA file",
         "meta-scheduler",
     ] {
-        assert!(
-            t.lines().any(|l| l.len() > 6 && l[6..].starts_with(name)),
-            "no {name:?} line:\n{t}"
-        );
+        assert!(t.lines().any(|l| l.len() > 6 && l[6..].starts_with(name)), "no {name:?} line:\n{t}");
     }
     // The partition limit and the unreachable meta-scheduler fail, with hints.
-    assert!(
-        t.contains("FAIL  proxy partition") && t.contains("has MaxTime=60"),
-        "{t}"
-    );
+    assert!(t.contains("FAIL  proxy partition") && t.contains("has MaxTime=60"), "{t}");
     assert!(t.contains("MaxTime=INFINITE State=UP"), "{t}");
-    assert!(
-        t.contains("FAIL  meta-scheduler") && t.contains("hint: is fleet-metasched running"),
-        "{t}"
-    );
+    assert!(t.contains("FAIL  meta-scheduler") && t.contains("hint: is fleet-metasched running"), "{t}");
     assert!(t.contains("PASS  token file"), "{t}");
-    assert!(
-        t.contains("FAIL  fleet.conf") && t.contains("SlurmUser=nobody cannot reach"),
-        "{t}"
-    );
+    assert!(t.contains("FAIL  fleet.conf") && t.contains("SlurmUser=nobody cannot reach"), "{t}");
     // SlurmUser comes from slurm.conf; the scratch directory, 0700, keeps it
     // from the socket.
     assert!(
@@ -114,37 +84,21 @@ fn check_reports_every_check_and_no_secret() {
         "{t}"
     );
     assert_eq!(o.status.code(), Some(1), "a failed check exits 1:\n{t}");
-    assert!(
-        !tmp.path().join("spool").exists(),
-        "--check creates nothing"
-    );
+    assert!(!tmp.path().join("spool").exists(), "--check creates nothing");
     // A world-readable token is a failure too.
-    std::fs::set_permissions(
-        tmp.path().join("agent.token"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )
-    .unwrap();
+    std::fs::set_permissions(tmp.path().join("agent.token"), std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .unwrap();
     let t = text(&agent(&conf).arg("--check").output().unwrap());
-    assert!(
-        t.contains("FAIL  token file") && t.contains("world-readable"),
-        "{t}"
-    );
+    assert!(t.contains("FAIL  token file") && t.contains("world-readable"), "{t}");
 }
 
 fn wait_for(path: &Path, child: &mut Child) {
     let start = Instant::now();
     while !path.exists() {
         if let Some(st) = child.try_wait().unwrap() {
-            panic!(
-                "the first agent exited ({st}) before binding {}",
-                path.display()
-            );
+            panic!("the first agent exited ({st}) before binding {}", path.display());
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no socket at {}",
-            path.display()
-        );
+        assert!(start.elapsed() < Duration::from_secs(20), "no socket at {}", path.display());
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -155,11 +109,7 @@ fn second_agent_refuses_to_start_and_keeps_the_first_ones_socket() {
     let conf = site(tmp.path(), "PartitionName=fleet Nodes=b1 MaxTime=INFINITE");
     let sock = tmp.path().join("run/agent.sock");
     let log = tmp.path().join("first.log");
-    let mut first = agent(&conf)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut first = agent(&conf).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
     wait_for(&sock, &mut first);
     // Its log is plain text off a terminal (journald, files): no ANSI colour.
     let start = Instant::now();
@@ -171,35 +121,21 @@ fn second_agent_refuses_to_start_and_keeps_the_first_ones_socket() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(text_log.contains("fleet-agent started"), "{text_log}");
-    assert!(
-        !text_log.contains('\x1b'),
-        "ANSI escapes in the log: {text_log:?}"
-    );
+    assert!(!text_log.contains('\x1b'), "ANSI escapes in the log: {text_log:?}");
     let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&sock).unwrap());
 
     let second = agent(&conf).output().unwrap();
     let t = text(&second);
     assert_eq!(second.status.code(), Some(1), "{t}");
-    assert!(
-        t.contains(&format!(
-            "fleet-agent pid {} already runs with AgentSpoolDir=",
-            first.id()
-        )),
-        "{t}"
-    );
-    assert!(
-        first.try_wait().unwrap().is_none(),
-        "the first agent still runs"
-    );
+    assert!(t.contains(&format!("fleet-agent pid {} already runs with AgentSpoolDir=", first.id())), "{t}");
+    assert!(first.try_wait().unwrap().is_none(), "the first agent still runs");
     let still = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&sock).unwrap());
     assert_eq!(ino, still, "the first agent's socket was not replaced");
-    std::os::unix::net::UnixStream::connect(&sock)
-        .expect("the first agent still answers on its socket");
+    std::os::unix::net::UnixStream::connect(&sock).expect("the first agent still answers on its socket");
     // --check names the running agent rather than failing.
     let t = text(&agent(&conf).arg("--check").output().unwrap());
     assert!(
-        t.contains("WARN  one agent")
-            && t.contains(&format!("a fleet-agent (pid {}) is running", first.id())),
+        t.contains("WARN  one agent") && t.contains(&format!("a fleet-agent (pid {}) is running", first.id())),
         "{t}"
     );
 
@@ -207,11 +143,7 @@ fn second_agent_refuses_to_start_and_keeps_the_first_ones_socket() {
     first.kill().unwrap();
     first.wait().unwrap();
     std::fs::remove_file(&sock).unwrap(); // the killed agent's leftover
-    let mut third = agent(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut third = agent(&conf).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     wait_for(&sock, &mut third);
     third.kill().unwrap();
     third.wait().unwrap();

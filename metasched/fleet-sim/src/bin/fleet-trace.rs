@@ -20,24 +20,16 @@ fn run(args: &[String]) -> Result<()> {
             eprintln!("{n} jobs written");
         }
         [cmd, jobs, tasks] if cmd == "pai" => {
-            let (n, left) =
-                fleet_sim::convert::pai_to_generic(open(jobs)?, jobs, open(tasks)?, tasks, out)?;
-            eprintln!(
-                "{n} jobs written; {left} left out (not Terminated, no GPU task or no run time)"
-            );
+            let (n, left) = fleet_sim::convert::pai_to_generic(open(jobs)?, jobs, open(tasks)?, tasks, out)?;
+            eprintln!("{n} jobs written; {left} left out (not Terminated, no GPU task or no run time)");
         }
         [cmd, n, seed, dir] if cmd == "pai-sample" => {
-            let (j, t) = fleet_sim::convert::pai_sample(
-                n.parse().context("job count")?,
-                seed.parse().context("seed")?,
-            );
+            let (j, t) = fleet_sim::convert::pai_sample(n.parse().context("job count")?, seed.parse().context("seed")?);
             std::fs::create_dir_all(dir)?;
             std::fs::write(format!("{dir}/pai_job_table.csv"), j)?;
             std::fs::write(format!("{dir}/pai_task_table.csv"), t)?;
         }
-        _ => bail!(
-            "usage: fleet-trace philly FILE | pai JOB_TABLE TASK_TABLE | pai-sample N SEED DIR"
-        ),
+        _ => bail!("usage: fleet-trace philly FILE | pai JOB_TABLE TASK_TABLE | pai-sample N SEED DIR"),
     }
     Ok(())
 }
