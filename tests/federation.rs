@@ -133,13 +133,17 @@ fn the_submitting_environment_travels_with_the_job() {
     let dir = lab.workdir("env");
     let token = lab.root.join("secrets/alpha.token");
     let body = format!(
-        "echo \"$RESEARCH_VAR|$SLURM_CLUSTER_NAME|$SLURM_CONF|$HOME|$(id -un)|$(test -r {} && echo token-readable || echo token-private)\"",
+        "echo \"$RESEARCH_VAR|$SLURM_CLUSTER_NAME|$SLURM_CONF|$HOME|$(id -un)|$(test -r {} && echo token-readable || echo token-private)|$LD_LIBRARY_PATH|$PYTHONPATH\"",
         token.display()
     );
     let id = lab
         .sbatch(
             "beta",
-            &["--gres=gpu:h100:1", "--export=ALL,RESEARCH_VAR=hello world", &out_arg(&dir, "out.txt")],
+            &[
+                "--gres=gpu:h100:1",
+                "--export=ALL,RESEARCH_VAR=hello world,LD_LIBRARY_PATH=/opt/cuda/lib64,PYTHONPATH=/opt/py",
+                &out_arg(&dir, "out.txt"),
+            ],
             &script(&body),
         )
         .unwrap();
@@ -156,6 +160,9 @@ fn the_submitting_environment_travels_with_the_job() {
     // It runs as its submitter, not as the agent: the agent's token is out of its reach.
     assert_eq!(f[4], fleet_lab::USER, "{out:?}");
     assert_eq!(f[5], "token-private", "{out:?}");
+    // What sudo strips from an environment (LD_*, PYTHONPATH) still arrives:
+    // it travels in sbatch's own --export-file.
+    assert_eq!((f[6], f[7]), ("/opt/cuda/lib64", "/opt/py"), "{out:?}");
 }
 
 #[test]

@@ -22,9 +22,10 @@ fn a_job_cannot_make_the_agent_relay_its_secrets() {
     let token = lab.root.join("secrets/alpha.token");
     let secret = std::fs::read_to_string(&token).unwrap();
     // The job swaps its own output files for links to the agent's token
-    // (the relay once followed them), then writes more output.
+    // (the relay once followed them), then writes more output (lost, as
+    // natively: it deleted its own output file).
     let body = format!(
-        "echo before\nrm -f stdout stderr\nln -s {t} stdout\nln -s {t} stderr\nln {t} hard 2>/dev/null && echo hardlinked\nmkfifo fifo; echo after; sleep 3",
+        "echo before\nsleep 2\nrm -f stdout stderr\nln -s {t} stdout\nln -s {t} stderr\nln {t} hard 2>/dev/null && echo hardlinked\nmkfifo fifo; echo after; sleep 3",
         t = token.display()
     );
     let id = lab
