@@ -107,6 +107,15 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     }
     let listener =
         UnixListener::bind(&agent.cfg.socket).with_context(|| format!("binding {}", agent.cfg.socket.display()))?;
+    // Anyone may connect (slurmctld runs as SlurmUser, Debian's `slurm`, not
+    // as the agent's user); who may *ask* is decided per connection by
+    // SO_PEERCRED (root, SlurmUser, AllowedSubmitUids), answered at once
+    // for anybody else without reading a byte.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent.cfg.socket, std::fs::Permissions::from_mode(0o666))
+            .with_context(|| format!("chmod 0666 {}", agent.cfg.socket.display()))?;
+    }
     tracing::info!(site = %agent.cfg.site, socket = %agent.cfg.socket.display(), url = %agent.cfg.metasched_url, "fleet-agent started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
