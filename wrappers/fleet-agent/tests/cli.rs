@@ -27,7 +27,7 @@ fn site(dir: &Path, proxy_partition_line: &str) -> PathBuf {
         &conf,
         format!(
             "SiteName=beta\nMetaSchedulerUrl=http://127.0.0.1:{port}\nAgentTokenFile={d}/agent.token\n\
-             AgentSocket={d}/run/agent.sock\nAgentSpoolDir={d}/spool\nProxyPartition=fleet\nSlurmBinDir=/nonexistent\n",
+             AgentSocket={d}/run/agent.sock\nAgentSpoolDir={d}/spool\nProxyPartition=fleet\nSlurmBinDir=/nonexistent\nJobUserGroup=fleet-test-nogroup\n",
             d = dir.display()
         ),
     )
