@@ -1546,6 +1546,8 @@ async fn list_filters_and_pages() {
         let body = serde_json::to_value(StartRequest { origin_job_id: 100 + i }).unwrap();
         let id = format!("j{i}");
         let _: JobRecord = d.ok(M::POST, &format!("/v1/jobs/{id}/start"), &job_auth("beta", &id), Some(body)).await;
+        let (s, v) = d.confirm(&id, &bearer("beta"), 100 + i, true).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
     }
     let ids = |l: Vec<JobRecord>| l.into_iter().map(|j| j.fleet_job_id).collect::<Vec<_>>();
     let dr = &d;

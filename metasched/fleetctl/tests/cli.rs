@@ -216,6 +216,16 @@ async fn jobs_for_admins() {
         .await
         .unwrap();
     assert!(r.status().is_success(), "{:?}", r.text().await);
+    // beta's agent confirms that Slurm runs that stand-in.
+    let confirm = fleet_api::api::StartConfirmation { origin_job_id: 4711, started: true, reason: String::new() };
+    let r = http
+        .post(format!("{url}/v1/jobs/bob-1/confirm_start"))
+        .bearer_auth("tok-beta")
+        .json(&confirm)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
     let upd = StatusUpdate {
         state: Some(fleet_api::JobState::Failed),
         exit_code: Some(1),
