@@ -391,10 +391,7 @@ fn impossible_request_is_rejected_with_the_reason() {
     let (lab, _serial) = Lab::lock();
     let err = lab.sbatch("beta", &["--gres=gpu:h100:512"], &script("true")).unwrap_err();
     assert!(err.contains("no cluster in the fleet can run gpu:h100:512"), "{err}");
-    assert!(
-        err.contains("alpha: has at most 8 h100 per node"),
-        "{err}"
-    );
+    assert!(err.contains("alpha: has at most 8 h100 per node"), "{err}");
 }
 
 #[test]

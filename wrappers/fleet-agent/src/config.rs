@@ -30,6 +30,10 @@ pub struct AgentConfig {
     pub slurm_conf: PathBuf,
     /// Uids allowed on the plugin socket: root, SlurmUser, AllowedSubmitUids.
     pub allowed_uids: Vec<u32>,
+    /// slurmctld schedules memory (`SelectTypeParameters` with `MEMORY`):
+    /// only then do `--mem*` requests bound where a job fits, and only then
+    /// does the agent report node memory for the placement rule.
+    pub memory_scheduled: bool,
     pub log_level: String,
     /// `RunAsUser`: the opt-in shared user every forwarded job runs as.
     pub run_as: Option<RunAs>,
@@ -166,8 +170,11 @@ impl AgentConfig {
             .map(PathBuf::from)
             .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/etc/slurm")).join("slurm.conf"));
         let mut allowed = vec![0];
+        let mut memory_scheduled = false;
         match slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
             Ok(sc) => {
+                memory_scheduled =
+                    sc.conf.get("SelectTypeParameters").is_some_and(|v| v.to_ascii_uppercase().contains("MEMORY"));
                 if let Some(uid) = sc.conf.slurm_user.as_deref().and_then(uid_of) {
                     allowed.push(uid);
                 }
@@ -197,6 +204,7 @@ impl AgentConfig {
             agent_uid,
         };
         Ok(AgentConfig {
+            memory_scheduled,
             identity,
             site: c.site_name,
             region: c.region,

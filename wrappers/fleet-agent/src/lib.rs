@@ -315,6 +315,11 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
     let (mut nodes, pending, running) = agent.backend.capacity().await?;
     // Nodes that only run stand-ins are no capacity for jobs.
     nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
+    // Memory bounds placement only where slurmctld schedules it (as Slurm
+    // itself ignores --mem under CR_Core): otherwise it is "unknown".
+    if !agent.cfg.memory_scheduled {
+        nodes.iter_mut().for_each(|n| n.memory_mb = 0);
+    }
     let hb = Heartbeat {
         cluster: agent.cfg.site.clone(),
         region: agent.cfg.region.clone(),
