@@ -5,8 +5,8 @@ Submits N forwarded jobs (h100, so they leave beta for alpha) from the lab's
 two researchers. Each job appends a unique tag to a marker file of its own
 and exits with a known code. Meanwhile a driver kill -9's, at random, the
 meta-scheduler, either agent, alpha's slurmctld, one of alpha's slurmd and
-stand-in proxies, and brings each back (`lab.sh up` restarts what is
-stopped). After the last fault it waits for every stand-in to end (or 60 s
+stand-in proxies, and brings each back (`lab.sh revive` restarts what is
+stopped, keeping every daemon's state). After the last fault it waits for every stand-in to end (or 60 s
 past the settle time) and prints:
 
   accepted, ran once, ran more than once (and whether Fleet knew),
@@ -125,7 +125,9 @@ def main():
         if pid and kill9(pid):
             killed.append((round(time.time() - t_start, 1), name))
         time.sleep(random.uniform(1, 4))
-        sh([LAB, "up"])
+        r = sh([LAB, "revive"])
+        if r.returncode != 0:
+            print(f"revive after {name}: {r.stderr.strip()[-300:]}", file=sys.stderr)
     last_fault = time.time()
     print(f"faults: {len(killed)}: " + ", ".join(f"{t}s {n}" for t, n in killed))
     # Settle: every stand-in must end.
@@ -143,7 +145,7 @@ def main():
                   never_ran=0, never_ran_reported_ok=0, false_exit=0, incomplete_output=0, stuck=len(stuck))
     details = []
     fleet_jobs = {}
-    fj = sh([LAB, "fleetctl", "--json", "jobs"])
+    fj = sh([LAB, "fleetctl", "--json", "jobs", "--origin", "beta", "--limit", "10000"])
     try:
         for rec in json.loads(fj.stdout or "[]"):
             if rec.get("origin_job_id") is not None:

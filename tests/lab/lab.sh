@@ -17,6 +17,7 @@
 #   stop-agent <c> | start-agent <c>
 #   stop-metasched | start-metasched
 #   restart-ctld <c>     restart a cluster's slurmctld (after editing slurm.conf)
+#   revive               start whichever lab daemon is not running (after a crash), keeping all state
 #   logs                 tail of every log
 #   fleetctl <args>      run the lab's fleetctl against the lab's meta-scheduler (admin token)
 set -euo pipefail
@@ -490,6 +491,22 @@ cmd_restart_ctld() {
   log "slurmctld ($c) restarted"
 }
 
+# Start whatever of the lab's daemons is not running (after a kill -9),
+# touching no state: slurmctld recovers its jobs from StateSaveLocation, the
+# agents their journals, the meta-scheduler its database.
+cmd_revive() {
+  pid_matches "$(pid_from "$R/run/metasched.pid" || true)" fleet-metasched || { start_metasched; wait_metasched; }
+  local c n
+  for c in $(cluster_names); do
+    pid_matches "$(pid_from "$R/$c/run/slurmctld.pid" || true)" slurmctld || { start_ctld "$c"; wait_ctld "$c"; }
+    for n in $(all_nodes "$c"); do
+      pid_matches "$(pid_from "$R/$c/run/slurmd-$n.pid" || true)" slurmd || start_slurmd "$c" "$n"
+    done
+    pid_matches "$(pid_from "$R/$c/run/agent.pid" || true)" fleet-agent || { start_agent "$c"; wait_agent "$c"; }
+  done
+  log "lab revived"
+}
+
 # Cancel every job of a cluster (so slurmstepd/job processes go away before
 # the daemons stop), then wait briefly for them to end.
 cancel_all_jobs() {
@@ -843,7 +860,7 @@ lab_lock() {
 main() {
   local cmd=${1:-}; shift || true
   case $cmd in
-    up|down|deps|stop-agent|start-agent|stop-metasched|start-metasched|restart-ctld) lab_lock ;;
+    up|down|deps|stop-agent|start-agent|stop-metasched|start-metasched|restart-ctld|revive) lab_lock ;;
   esac
   case $cmd in
     deps) cmd_deps ;;
@@ -856,6 +873,7 @@ main() {
     stop-metasched) cmd_stop_metasched ;;
     start-metasched) cmd_start_metasched ;;
     restart-ctld) cmd_restart_ctld "$@" ;;
+    revive) cmd_revive ;;
     logs) cmd_logs ;;
     fleetctl) cmd_fleetctl "$@" ;;
     ""|-h|--help|help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
