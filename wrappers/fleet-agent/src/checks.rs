@@ -536,12 +536,7 @@ impl Who {
     }
 
     fn from_uid(uid: u32) -> Option<Who> {
-        let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-        let name = passwd.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.len() > 2 && f[2].parse() == Ok(uid)).then(|| f[0].to_string())
-        })?;
-        Who::named(&name)
+        Who::named(&fleet_agent::identity::name_of_uid(uid)?)
     }
 
     /// May this user do `bits` (0o4 read, 0o2 write, 0o1 execute/traverse)

@@ -53,11 +53,7 @@ pub struct RunAs {
 
 /// (uid, primary gid) of `name` from /etc/passwd.
 pub fn passwd_ids(name: &str) -> Option<(u32, u32)> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
-    })
+    crate::identity::Accounts::read().ok()?.user(name)
 }
 
 pub fn default_conf_path() -> PathBuf {
@@ -74,40 +70,7 @@ pub fn uid_of(name: &str) -> Option<u32> {
     if let Ok(n) = name.parse() {
         return Some(n);
     }
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let mut f = l.split(':');
-        (f.next()? == name).then_some(())?;
-        f.nth(1)?.parse().ok()
-    })
-}
-
-/// The name of `uid` for the meta-scheduler's records (`JobRequest::user_name`,
-/// shown by `fleetctl jobs`): /etc/passwd first, then NSS through
-/// `getent passwd` (LDAP/SSSD sites), which may block: call it off the
-/// plugin's path (e.g. when a forward is delivered), never while the plugin
-/// waits for its reply.
-pub async fn user_name_of(uid: u32) -> Option<String> {
-    let from_passwd = std::fs::read_to_string("/etc/passwd").ok().and_then(|p| passwd_name(&p, uid));
-    if from_passwd.is_some() {
-        return from_passwd;
-    }
-    let out = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::process::Command::new("getent").args(["passwd", &uid.to_string()]).kill_on_drop(true).output(),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    out.status.success().then(|| passwd_name(&String::from_utf8_lossy(&out.stdout), uid))?
-}
-
-/// The user name of `uid` in passwd-format text.
-fn passwd_name(text: &str, uid: u32) -> Option<String> {
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 2 && !f[0].is_empty() && f[2].parse() == Ok(uid)).then(|| f[0].to_string())
-    })
+    passwd_ids(name).map(|(uid, _)| uid)
 }
 
 /// What in slurm.conf would break stand-ins on `ProxyPartition`. A stand-in
@@ -244,21 +207,6 @@ mod tests {
         let sc =
             SlurmConf::parse_str(&format!("ClusterName=beta\nNodeName=b1 CPUs=4\n{conf}"), "slurm.conf").unwrap().conf;
         super::proxy_partition_problems(&sc, "fleet")
-    }
-
-    #[test]
-    fn user_names() {
-        let text = "root:x:0:0::/root:/bin/bash\n:x:5:5::/:/bin/sh\nann:x:1000:1000::/home/ann:/bin/bash\nbad\n";
-        assert_eq!(super::passwd_name(text, 0).as_deref(), Some("root"));
-        assert_eq!(super::passwd_name(text, 1000).as_deref(), Some("ann"));
-        assert_eq!(super::passwd_name(text, 5), None, "an empty name is no name");
-        assert_eq!(super::passwd_name(text, 7), None);
-    }
-
-    #[tokio::test]
-    async fn user_name_of_a_real_uid() {
-        assert_eq!(super::user_name_of(0).await.as_deref(), Some("root"));
-        assert_eq!(super::user_name_of(4_000_000_000).await, None);
     }
 
     #[test]

@@ -109,6 +109,14 @@ impl Accounts {
         })
     }
 
+    /// The name of `uid` (an empty name is no name).
+    pub fn name_of(&self, uid: u32) -> Option<String> {
+        self.passwd.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() > 3 && !f[0].is_empty() && f[2].parse::<u32>().ok() == Some(uid)).then(|| f[0].to_string())
+        })
+    }
+
     /// Members of `group`: listed ones, then users whose primary group it is.
     pub fn members(&self, group: &str) -> Vec<String> {
         let Some((gid, listed)) = self.group.lines().find_map(|l| {
@@ -140,11 +148,7 @@ impl Accounts {
 
 /// The name of `uid` in /etc/passwd.
 pub fn name_of_uid(uid: u32) -> Option<String> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 3 && f[2].parse::<u32>().ok() == Some(uid)).then(|| f[0].to_string())
-    })
+    Accounts::read().ok()?.name_of(uid)
 }
 
 /// The identity policy of this cluster.
@@ -262,6 +266,10 @@ mod tests {
     fn names_of_uids() {
         assert_eq!(name_of_uid(0).as_deref(), Some("root"));
         assert_eq!(name_of_uid(4_000_000_000), None);
+        let acc = Accounts::from_text(":x:5:5::/:/bin/sh\nann:x:1000:1000::/h:/bin/sh\nbad\n", "");
+        assert_eq!(acc.name_of(1000).as_deref(), Some("ann"));
+        assert_eq!(acc.name_of(5), None, "an empty name is no name");
+        assert_eq!(acc.name_of(7), None);
     }
 
     #[test]
