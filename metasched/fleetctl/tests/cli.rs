@@ -44,34 +44,47 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clusters_jobs_job_cancel_explain() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
+/// A meta-scheduler over `dir` on a free port: its URL, the switch that
+/// stops it, and its task.
+async fn serve(
+    dir: &std::path::Path,
+) -> (String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(fleet_metasched::run(listener, config(dir), async {
         let _ = rx.await;
     }));
-    let http = reqwest::Client::new();
+    (url, stop, server)
+}
+
+/// alpha's agent reports one h100 node with `free` of its 8 GPUs free.
+async fn heartbeat_alpha(http: &reqwest::Client, url: &str, free: u32, state: &str, queue_pending: u32) {
     let hb = Heartbeat {
         cluster: "alpha".into(),
         scheduler: "slurm".into(),
         nodes: vec![NodeCapacity {
             name: "a1".into(),
-            partitions: vec![],
             gpu_type: Some("h100".into()),
             gpus_total: 8,
-            gpus_free: 6,
-            state: "mixed".into(),
+            gpus_free: free,
+            state: state.into(),
             ..Default::default()
         }],
-        queue_pending: 3,
+        queue_pending,
         ..Default::default()
     };
     let r = http.post(format!("{url}/v1/heartbeat")).bearer_auth("tok-alpha").json(&hb).send().await.unwrap();
     assert!(r.status().is_success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_jobs_job_cancel_explain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (url, stop, server) = serve(dir).await;
+    let http = reqwest::Client::new();
+    heartbeat_alpha(&http, &url, 6, "mixed", 3).await;
     for (id, n) in [("j-small", 4), ("j-huge", 64)] {
         let fwd = ForwardRequest {
             fleet_job_id: id.into(),
@@ -167,29 +180,9 @@ async fn jobs_for_admins() {
     use fleet_api::api::{StartRequest, StatusUpdate};
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(fleet_metasched::run(listener, config(dir), async {
-        let _ = rx.await;
-    }));
+    let (url, stop, server) = serve(dir).await;
     let http = reqwest::Client::new();
-    let hb = Heartbeat {
-        cluster: "alpha".into(),
-        scheduler: "slurm".into(),
-        nodes: vec![NodeCapacity {
-            name: "a1".into(),
-            partitions: vec![],
-            gpu_type: Some("h100".into()),
-            gpus_total: 8,
-            gpus_free: 8,
-            state: "idle".into(),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let r = http.post(format!("{url}/v1/heartbeat")).bearer_auth("tok-alpha").json(&hb).send().await.unwrap();
-    assert!(r.status().is_success());
+    heartbeat_alpha(&http, &url, 8, "idle", 0).await;
     // Oldest first: ann-1, bob-1, ann-2.
     for (id, user) in [("ann-1", "ann"), ("bob-1", "bob"), ("ann-2", "ann")] {
         let fwd = ForwardRequest {
@@ -295,12 +288,7 @@ async fn job_signal_queues_the_signal_for_the_target() {
     use fleet_api::api::{AgentWork, SignalOrder, SignalScope, StartConfirmation, StartRequest, StatusUpdate};
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(fleet_metasched::run(listener, config(dir), async {
-        let _ = rx.await;
-    }));
+    let (url, stop, server) = serve(dir).await;
     let http = reqwest::Client::new();
     let post = |path: String, auth: String, body: serde_json::Value| {
         let http = http.clone();
