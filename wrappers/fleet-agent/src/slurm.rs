@@ -621,4 +621,60 @@ mod tests {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
     }
+
+    #[test]
+    fn squeue_json_of_both_dialects() {
+        // 22.05 (openapi v0.0.38): plain numbers, a wait(2) status, a state string.
+        let old =
+            br#"{"jobs":[{"job_id":7,"job_state":"FAILED","exit_code":768,"submit_time":1700000000,"user_id":1001,
+            "nodes":"alpha1","state_reason":"NonZeroExitCode","restart_cnt":1,"partition":"gpu","admin_comment":"",
+            "name":"x JobState=COMPLETED ExitCode=0:0"},{"job_id":8,"array_task_id":3,"job_state":"RUNNING"}]}"#;
+        let j = parse_jobs_json(old).unwrap();
+        assert_eq!(j.len(), 1, "array elements are skipped");
+        assert_eq!((j[0].native_id, j[0].state, j[0].exit_code, j[0].signal), (7, JobState::Failed, Some(3), None));
+        assert_eq!((j[0].submit_time, j[0].user_id, j[0].restarts), (Some(1_700_000_000), Some(1001), 1));
+        // 23.02+ (v0.0.39+): state lists, {set, number} numbers, exit_code objects.
+        let new = br#"{"jobs":[{"job_id":9,"job_state":["TIMEOUT"],"exit_code":{"status":["SIGNALED"],
+            "return_code":{"set":true,"number":0},"signal":{"id":{"set":true,"number":15},"name":"TERM"}},
+            "submit_time":{"set":true,"infinite":false,"number":1700000001},"user_id":1002,"nodes":"a2"}]}"#;
+        let j = parse_jobs_json(new).unwrap();
+        assert_eq!(
+            (j[0].state, j[0].raw_state.as_str(), j[0].exit_code, j[0].signal),
+            (JobState::Failed, "TIMEOUT", Some(0), Some(15))
+        );
+        assert_eq!(j[0].submit_time, Some(1_700_000_001));
+        for bad in [&b"not json"[..], b"{}", b"{\"jobs\": 3}"] {
+            assert!(parse_jobs_json(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn sacct_rows() {
+        let j = parse_sacct(
+            "100|COMPLETED|0:0|2026-12-01T14:00:00|1001\n101|CANCELLED by 0|0:15|2026-12-01T14:00:01|1002\nbad\n",
+        );
+        assert_eq!(j.len(), 2);
+        assert_eq!((j[0].state, j[0].exit_code, j[0].user_id), (JobState::Completed, Some(0), Some(1001)));
+        assert_eq!((j[1].state, j[1].signal), (JobState::Cancelled, Some(15)));
+        assert!(j[0].submit_time.is_some());
+    }
+
+    proptest::proptest! {
+        /// Whatever a Slurm command prints (or a hostile field makes it
+        /// print), the parsers return; they never panic.
+        #[test]
+        fn parsers_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512), text in "\\PC{0,256}") {
+            let _ = parse_jobs_json(&bytes);
+            let _ = parse_sacct(&String::from_utf8_lossy(&bytes));
+            let _ = parse_sacct(&text);
+            let _ = parse_slurm_time(&text);
+            let _ = parse_sinfo(&text);
+        }
+
+        #[test]
+        fn json_with_arbitrary_field_values_never_panics(id in proptest::prelude::any::<i64>(), state in "\\PC{0,40}", code in proptest::prelude::any::<i64>()) {
+            let doc = serde_json::json!({"jobs": [{"job_id": id, "job_state": state, "exit_code": code, "submit_time": code, "user_id": id}]});
+            let _ = parse_jobs_json(doc.to_string().as_bytes());
+        }
+    }
 }
