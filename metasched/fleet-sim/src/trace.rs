@@ -169,6 +169,34 @@ impl Rows<'_> {
         self.diagnostics.push(format!("{}:{line}: {msg}", self.name));
         Ok(())
     }
+
+    /// Reads the next well-formed record (as wide as the header) into
+    /// `rec` and returns its line; unreadable or ragged rows go through
+    /// [`Rows::bad`]. `None` at the end of the input.
+    fn next<R: std::io::Read>(
+        &mut self,
+        rdr: &mut csv::Reader<R>,
+        rec: &mut csv::StringRecord,
+        width: usize,
+    ) -> Result<Option<u64>, TraceError> {
+        loop {
+            match rdr.read_record(rec) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
+                Err(e) => {
+                    let line = e.position().map(|p| p.line()).unwrap_or(0);
+                    self.bad(line, e.to_string())?;
+                    continue;
+                }
+            }
+            let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            if rec.len() != width {
+                self.bad(line, format!("{} fields, the header has {}", rec.len(), width))?;
+                continue;
+            }
+            return Ok(Some(line));
+        }
+    }
 }
 
 /// A strictly positive, finite run time no longer than the limit.
@@ -197,21 +225,7 @@ pub fn read_philly<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trac
     let mut raw: Vec<(i64, f64, u32, String)> = Vec::new();
     let mut rows = Rows { name, opts, diagnostics: Vec::new(), skipped: 0 };
     let mut rec = csv::StringRecord::new();
-    loop {
-        match rdr.read_record(&mut rec) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
-                let line = e.position().map(|p| p.line()).unwrap_or(0);
-                rows.bad(line, e.to_string())?;
-                continue;
-            }
-        }
-        let line = rec.position().map(|p| p.line()).unwrap_or(0);
-        if rec.len() != headers.len() {
-            rows.bad(line, format!("{} fields, the header has {}", rec.len(), headers.len()))?;
-            continue;
-        }
+    while let Some(line) = rows.next(&mut rdr, &mut rec, headers.len())? {
         let get = |c: usize| rec.get(c).unwrap_or("");
         let Some(ts) = parse_timestamp(get(c_ts)) else {
             rows.bad(line, format!("bad timestamp `{}` (YYYY-MM-DD HH:MM:SS, a real date)", get(c_ts)))?;
@@ -324,21 +338,7 @@ pub fn read_generic<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Tra
     let mut raw: Vec<(i64, f64, u32, String, JobExtra)> = Vec::new();
     let mut rows = Rows { name, opts, diagnostics: Vec::new(), skipped: 0 };
     let mut rec = csv::StringRecord::new();
-    loop {
-        match rdr.read_record(&mut rec) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
-                let line = e.position().map(|p| p.line()).unwrap_or(0);
-                rows.bad(line, e.to_string())?;
-                continue;
-            }
-        }
-        let line = rec.position().map(|p| p.line()).unwrap_or(0);
-        if rec.len() != headers.len() {
-            rows.bad(line, format!("{} fields, the header has {}", rec.len(), headers.len()))?;
-            continue;
-        }
+    while let Some(line) = rows.next(&mut rdr, &mut rec, headers.len())? {
         let get = |k: usize| rec.get(idx[k]).unwrap_or("");
         match generic_row(&get, opts) {
             Ok(row) => raw.push(row),
