@@ -65,6 +65,16 @@ impl Lab {
             .context("running lab.sh")
     }
 
+    /// [`Lab::lab_sh`] with extra environment (e.g. an agent fault point).
+    pub fn lab_sh_env(&self, env: &[(&str, &str)], args: &[&str]) -> Result<Output> {
+        Command::new(self.repo.join("tests/lab/lab.sh"))
+            .args(args)
+            .env("FLEET_LAB_DIR", &self.root)
+            .envs(env.iter().copied())
+            .output()
+            .context("running lab.sh")
+    }
+
     pub fn slurm_conf(&self, cluster: &str) -> PathBuf {
         self.root.join(cluster).join("slurm.conf")
     }

@@ -548,6 +548,38 @@ fn forward_survives_agent_restart_while_metasched_is_down() {
 }
 
 #[test]
+fn an_agent_killed_between_sbatch_and_its_journal_runs_the_job_once() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("crash-window");
+    let _restore = lab.restart_services_on_drop("alpha");
+    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
+    // alpha's agent dies (as kill -9 would leave it) right after sbatch
+    // accepted the job and before the Slurm id reached its journal.
+    let log_len = std::fs::metadata(lab.agent_log("alpha")).map(|m| m.len()).unwrap_or(0);
+    let out = lab.lab_sh_env(&[("FLEET_AGENT_FAULT", "exit-after-sbatch")], &["start-agent", "alpha"]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs = dir.join("runs");
+    let body = format!("echo $SLURM_CLUSTER_NAME:$SLURM_JOB_ID >> {}\nsleep 2\necho done\nexit 4", runs.display());
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")], &script(&body)).unwrap();
+    let log_tail = || {
+        let all = std::fs::read(lab.agent_log("alpha")).unwrap_or_default();
+        String::from_utf8_lossy(&all[(log_len as usize).min(all.len())..]).into_owned()
+    };
+    wait_until("alpha's agent reaches the fault point", T, || log_tail().contains("fault point exit-after-sbatch"));
+    assert!(lab.lab_sh(&["start-agent", "alpha"]).unwrap().status.success());
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "4:0", "the real exit code: {rec:?}");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| b.ends_with(b"done\n")).unwrap();
+    assert_eq!(out, b"done\n");
+    // Ran once, as the Slurm job the interrupted sbatch made, which the
+    // restarted agent adopted instead of submitting again.
+    let ran = std::fs::read_to_string(&runs).unwrap();
+    let (target, rid) = remote_of(lab, id).expect("fleetctl knows the job");
+    assert_eq!(ran, format!("alpha:{rid}\n"), "one run, the one the fleet tracks ({target})");
+    assert!(log_tail().contains("adopted the Slurm job an interrupted submission made"), "{}", log_tail());
+}
+
+#[test]
 fn output_the_meta_scheduler_lost_is_sent_again() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("lost-tail");

@@ -206,3 +206,33 @@ fn the_job_token_alone_cannot_start_a_held_job() {
     assert_eq!(r["ExitCode"], "0:0", "{r:?}");
     assert_eq!(read(&dir.join("out.txt")), "ran\n");
 }
+
+#[test]
+fn a_user_no_cluster_can_map_is_refused_at_sbatch_and_runs_at_home() {
+    let (lab, _serial) = Lab::lock();
+    // carol is an ordinary user outside JobUserGroup: alpha (JobUserMap=same)
+    // has no identity for her, and its heartbeat says so.
+    let dir = lab.workdir("unmapped");
+    let _ = std::process::Command::new("chmod").arg("0777").arg(&dir).status();
+    let (r, _) = lab.sbatch_as("carol", "beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")], &script("true"));
+    let err = r.expect_err("an h100 job only alpha could run is refused at sbatch");
+    assert!(
+        err.contains("fleet:") && err.contains("alpha: user carol from beta has no identity there (JobUserMap=same)"),
+        "the refusal names the user and the mapping: {err}"
+    );
+    // Nothing was created for it: no fleet job of carol's.
+    let jobs = lab.fleetctl_json(&["jobs", "--user", "carol"]).unwrap();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(0), "{jobs}");
+    // A job her home can run is hers as natively.
+    let (r, _) = lab.sbatch_as(
+        "carol",
+        "beta",
+        &["--gres=gpu:a100:1", &out_arg(&dir, "home.txt")],
+        &script("echo home $SLURM_CLUSTER_NAME $(id -un)"),
+    );
+    let id = r.expect("an a100 job stays at beta");
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((rec["JobState"].as_str(), rec["Partition"].as_str()), ("COMPLETED", "gpu"), "{rec:?}");
+    let out = wait_file(&dir.join("home.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    assert_eq!(out, b"home beta carol\n");
+}

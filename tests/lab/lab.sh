@@ -60,6 +60,9 @@ JOB_USER=fleetjob
 # be in this group; the lab's researchers:
 JOB_GROUP=fleetusers
 LAB_USERS=(alice bob)
+# An ordinary user outside JOB_GROUP: no cluster has an identity for her, so
+# her jobs run only where she submits them (a test checks the refusal).
+LAB_OUTSIDERS=(carol)
 READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
 
 DEB_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libslurm-dev
@@ -231,6 +234,9 @@ ensure_fleet_user() {
   for u in "${LAB_USERS[@]}"; do
     id "$u" >/dev/null 2>&1 || { log "creating user $u"; useradd --create-home --shell /bin/bash --user-group "$u"; }
     id -nG "$u" | tr ' ' '\n' | grep -qx "$JOB_GROUP" || usermod -aG "$JOB_GROUP" "$u"
+  done
+  for u in "${LAB_OUTSIDERS[@]}"; do
+    id "$u" >/dev/null 2>&1 || { log "creating user $u"; useradd --create-home --shell /bin/bash --user-group "$u"; }
   done
   # What the agent may do as a job's user: sbatch and scancel, as members of
   # JOB_GROUP only (never root, never a system account, never itself).
@@ -620,7 +626,7 @@ register_accounting() {
   {
     scmd "$c0" sacctmgr -i add cluster $(cluster_names)
     scmd "$c0" sacctmgr -i add account lab Cluster="$clusters" Description=lab Organization=fleet
-    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER",$(IFS=,; echo "${LAB_USERS[*]}") Account=lab Cluster="$clusters"
+    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER",$(IFS=,; echo "${LAB_USERS[*]},${LAB_OUTSIDERS[*]}") Account=lab Cluster="$clusters"
   } >>"$R/log/sacctmgr.log" 2>&1 || { show_tail "$R/log/sacctmgr.log"; die "sacctmgr could not register the clusters"; }
 }
 
@@ -662,7 +668,7 @@ start_agent() {
   rm -f "$d/agent.sock"
   log "starting fleet-agent for $c"
   setsid setpriv --reuid="$FLEET_USER" --regid="$FLEET_USER" --init-groups \
-    env NO_COLOR=1 SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" ${FLEET_LOG:+FLEET_LOG=$FLEET_LOG} "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
+    env NO_COLOR=1 SLURM_CONF="$d/slurm.conf" RUST_LOG="${RUST_LOG:-info}" ${FLEET_LOG:+FLEET_LOG=$FLEET_LOG} ${FLEET_AGENT_FAULT:+FLEET_AGENT_FAULT=$FLEET_AGENT_FAULT} "$R/bin/fleet-agent" --conf "$d/fleet.conf" \
     </dev/null >>"$d/log/agent.log" 2>&1 9>&- &
   echo $! >"$pf"
 }

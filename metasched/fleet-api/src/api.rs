@@ -64,6 +64,33 @@ pub struct Heartbeat {
     pub queue_pending: u32,
     pub queue_running: u32,
     pub agent_version: String,
+    /// Whose jobs the cluster will run (its identity mapping); `None` from
+    /// an older agent: unknown, not checked before placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identities: Option<Identities>,
+}
+
+/// The submitters a cluster has a local identity for: what lets an origin
+/// refuse, at sbatch, a job whose user could run nowhere it may go.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Identities {
+    /// The cluster's mapping, as its admin wrote it (`JobUserMap=same`,
+    /// `JobUserMap=/etc/slurm/fleet-users.map`, `RunAsUser=fleetjob`): named
+    /// in refusals.
+    pub mapping: String,
+    /// `origin:user` pairs it admits; `*` as the origin for any origin,
+    /// `*:*` for anyone (a shared `RunAsUser`).
+    pub users: Vec<String>,
+}
+
+impl Identities {
+    /// Does the cluster have an identity for `user` from `origin`?
+    pub fn admits(&self, origin: &str, user: &str) -> bool {
+        self.users.iter().any(|u| match u.split_once(':') {
+            Some((o, n)) => (o == "*" || o == origin) && (n == "*" || n == user),
+            None => false,
+        })
+    }
 }
 
 /// GPUs of one type in one cluster.
@@ -124,6 +151,9 @@ pub struct ClusterSummary {
     /// inventory).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub unhealthy_reason: String,
+    /// From the cluster's heartbeat: whose jobs it will run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identities: Option<Identities>,
 }
 
 /// The fleet as the meta-scheduler sees it; agents cache it to answer the

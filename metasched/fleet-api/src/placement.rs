@@ -482,6 +482,17 @@ fn price_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
     }
 }
 
+/// Does `c` have a local identity for the job's submitter? Unknown (an
+/// older agent, or no user name) counts as yes: the target decides.
+fn identity_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
+    match (&c.identities, job.user_name.as_deref()) {
+        (Some(ids), Some(user)) if !ids.admits(&job.origin, user) => {
+            Err(format!("user {user} from {} has no identity there ({})", job.origin, ids.mapping))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Apply the rule. `job.origin` names the home cluster.
 pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) {
     let mut excluded = Vec::new();
@@ -499,6 +510,8 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
         } else if let (false, Some(o)) = (home, &origin_only) {
             Some(format!("{o} cannot be honoured at another cluster"))
         } else if let (false, Err(e)) = (home, price_ok(c, job)) {
+            Some(e)
+        } else if let (false, Err(e)) = (home, identity_ok(c, job)) {
             Some(e)
         } else {
             // The origin's own heartbeat never keeps a job it can run from
@@ -660,6 +673,47 @@ mod tests {
         let mut v = lab();
         v.clusters.push(shaped("gamma", "h100", 4, &["ib", "nvlink"]));
         v
+    }
+
+    #[test]
+    fn a_user_a_cluster_cannot_map_is_not_sent_there() {
+        use crate::api::Identities;
+        let mut v = fleet3();
+        let ids = |users: &[&str]| {
+            Some(Identities {
+                mapping: "JobUserMap=/etc/slurm/fleet-users.map".into(),
+                users: users.iter().map(|u| u.to_string()).collect(),
+            })
+        };
+        v.clusters[0].identities = ids(&["beta:alice", "*:bob"]); // alpha
+        v.clusters[2].identities = ids(&["*:bob"]); // gamma
+        let job = |user: &str| JobRequest { user_name: Some(user.into()), ..req("beta", "--gres=gpu:h100:8") };
+        // alice is mapped at alpha only, bob everywhere.
+        assert!(matches!(place(&v, &job("alice")).0, Placement::Remote { target, .. } if target == "alpha"));
+        assert!(matches!(place(&v, &job("bob")).0, Placement::Remote { .. }));
+        // mallory nowhere: refused, the reason naming each cluster's mapping.
+        let (p, ex) = place_or_wait(&v, &job("mallory"));
+        let Placement::Impossible { reason } = p else { panic!("{p:?}") };
+        assert!(
+            reason.contains(
+                "alpha: user mallory from beta has no identity there (JobUserMap=/etc/slurm/fleet-users.map)"
+            ),
+            "{reason}"
+        );
+        assert_eq!(ex.iter().filter(|e| e.reason.contains("no identity")).count(), 2, "{ex:?}");
+        // alice from another origin is not alice from beta.
+        let other = JobRequest { origin: "delta".into(), ..job("alice") };
+        assert!(!v.clusters[0].identities.as_ref().unwrap().admits(&other.origin, "alice"));
+        // A shared RunAsUser admits anyone; an agent that publishes nothing
+        // is not judged (the target decides).
+        v.clusters[0].identities = ids(&["*:*"]);
+        v.clusters[2].identities = None;
+        assert!(matches!(place(&v, &job("mallory")).0, Placement::Remote { .. }));
+        // A job the origin can run stays home whoever submits it.
+        assert!(matches!(
+            place(&v, &JobRequest { user_name: Some("mallory".into()), ..req("beta", "--gres=gpu:a100:8") }).0,
+            Placement::Home { .. }
+        ));
     }
 
     /// A request from sbatch-style arguments (the forms the plugin reads

@@ -668,6 +668,7 @@ impl Store {
                             queue_running: hb.queue_running,
                             nodes: node_shapes(&hb.nodes),
                             unhealthy_reason: String::new(),
+                            identities: hb.identities.clone(),
                         }
                     }
                     // Never heard from: the age is counted from our own start.
@@ -683,6 +684,7 @@ impl Store {
                         queue_running: 0,
                         nodes: Vec::new(),
                         unhealthy_reason: String::new(),
+                        identities: None,
                     },
                 };
                 if let Some(q) = &c.quarantine {

@@ -128,6 +128,7 @@ impl Daemon {
             queue_pending: 1,
             queue_running: 2,
             agent_version: "test".into(),
+            ..Default::default()
         };
         self.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer(cluster), Some(serde_json::to_value(hb).unwrap())).await
     }

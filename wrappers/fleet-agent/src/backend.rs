@@ -34,6 +34,10 @@ pub struct NativeJob {
     /// `AdminComment`, which only operators and the plugin can set: the
     /// Fleet tag of a stand-in (`fleet:<id>`).
     pub admin_comment: String,
+    /// The job's working directory (`--chdir`): for the jobs the agent
+    /// submits, the fleet job's private directory, which names the fleet
+    /// job (see `Backend::find_submitted`).
+    pub work_dir: String,
 }
 
 impl NativeJob {
@@ -51,6 +55,7 @@ impl NativeJob {
             restarts: 0,
             partition: String::new(),
             admin_comment: String::new(),
+            work_dir: String::new(),
         }
     }
 }
@@ -73,6 +78,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Finished jobs the scheduler's queue forgot, from its accounting
     /// (empty where the site keeps none).
     async fn accounting(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>>;
+    /// The jobs of `uid` submitted since `since` (epoch s) whose working
+    /// directory is fleet job `id`'s directory, in the queue or in
+    /// accounting: what an sbatch whose answer the agent never journaled
+    /// (a crash in between) left behind. Only that user, or an agent
+    /// acting as them, can have made such a job.
+    async fn find_submitted(&self, id: &str, uid: u32, since: f64) -> Result<Vec<NativeJob>>;
     /// Every job the scheduler still knows in the proxy partition, in any
     /// state (the stand-ins of jobs forwarded from here). Read-only.
     async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>>;

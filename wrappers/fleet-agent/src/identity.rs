@@ -212,6 +212,50 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// The submitters this cluster would run jobs for, as `origin:user`
+    /// pairs (`*` for any origin, `*:*` for a shared user), published in
+    /// heartbeats so that an origin refuses at sbatch a job whose user has
+    /// no identity anywhere it could go. Each entry is checked as a job
+    /// would be (exists, group, uid): a map line naming a missing or
+    /// system user is left out. A map file that cannot be read admits no
+    /// one (jobs would fail here too); the error is returned for the log.
+    pub fn admitted(&self, acc: &Accounts) -> (Vec<String>, Option<String>) {
+        match &self.mapping {
+            Mapping::Shared(_) => {
+                let ok = self.resolve(acc, "*", Some("any"), None).is_ok();
+                (if ok { vec!["*:*".to_string()] } else { Vec::new() }, None)
+            }
+            Mapping::Same => {
+                let mut users: Vec<String> = acc
+                    .members(&self.group)
+                    .into_iter()
+                    .filter(|m| self.resolve(acc, "*", Some(m), None).is_ok())
+                    .map(|m| format!("*:{m}"))
+                    .collect();
+                users.sort();
+                (users, None)
+            }
+            Mapping::File(path) => {
+                let rules = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading JobUserMap {}", path.display()))
+                    .and_then(|t| parse_map(&t, &path.display().to_string()));
+                match rules {
+                    Ok(rules) => {
+                        let users = rules
+                            .iter()
+                            .filter(|r| self.resolve(acc, &r.origin, Some(&r.user), None).is_ok())
+                            .map(|r| format!("{}:{}", r.origin, r.user))
+                            .collect();
+                        (users, None)
+                    }
+                    Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+                }
+            }
+        }
+    }
+}
+
 /// Path helper for messages.
 pub fn describe(m: &Mapping) -> String {
     match m {
@@ -296,6 +340,23 @@ mod tests {
         assert_eq!(p.resolve(&acc, "gamma", Some("bob"), None).unwrap().name, "bob");
         let e = p.resolve(&acc, "gamma", Some("al"), None).unwrap_err().to_string();
         assert!(e.contains("not in JobUserMap"), "{e}");
+    }
+
+    #[test]
+    fn admitted_users_are_those_a_job_could_run_as() {
+        let acc = Accounts::from_text(PASSWD, GROUP);
+        // root, svc (uid 500) are in the group but could never run a job.
+        assert_eq!(policy(Mapping::Same).admitted(&acc), (vec!["*:alice".into(), "*:bob".into()], None));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("map");
+        std::fs::write(&f, "beta:al alice proj1\n*:bob bob\nbeta:m mallory\nbeta:r root\n").unwrap();
+        assert_eq!(policy(Mapping::File(f.clone())).admitted(&acc), (vec!["beta:al".into(), "*:bob".into()], None));
+        std::fs::write(&f, "not a map\n").unwrap();
+        let (users, err) = policy(Mapping::File(f)).admitted(&acc);
+        assert!(users.is_empty());
+        assert!(err.is_some_and(|e| e.contains("map:1")));
+        assert_eq!(policy(Mapping::Shared("svc".into())).admitted(&acc).0, vec!["*:*".to_string()]);
+        assert!(policy(Mapping::Shared("root".into())).admitted(&acc).0.is_empty());
     }
 
     #[test]

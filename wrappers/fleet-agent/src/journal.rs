@@ -58,6 +58,8 @@ pub struct Run {
     /// When the agent ran sbatch (epoch s).
     pub submitted_at: f64,
     pub restarts: u32,
+    /// When the agent journaled the run (epoch s), before any sbatch.
+    pub accepted_at: f64,
 }
 
 impl Journal {
@@ -90,6 +92,7 @@ impl Journal {
             ("runs", "submit_time", "INTEGER"),
             ("runs", "submitted_at", "REAL NOT NULL DEFAULT 0"),
             ("runs", "restarts", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "accepted_at", "REAL NOT NULL DEFAULT 0"),
             ("forwards", "standin_id", "INTEGER"),
         ] {
             let has: bool = db
@@ -134,7 +137,10 @@ impl Journal {
     /// already known (an assignment seen twice).
     pub fn add_run(&self, id: &str, req: &JobRequest) -> Result<bool> {
         let json = serde_json::to_string(req)?;
-        let n = self.db.lock().execute("INSERT OR IGNORE INTO runs(id, request) VALUES(?1, ?2)", params![id, json])?;
+        let n = self.db.lock().execute(
+            "INSERT OR IGNORE INTO runs(id, request, accepted_at) VALUES(?1, ?2, ?3)",
+            params![id, json, crate::now()],
+        )?;
         Ok(n == 1)
     }
 
@@ -203,7 +209,7 @@ impl Journal {
 }
 
 const RUN_COLS: &str =
-    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts";
+    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts, accepted_at";
 
 fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
     Ok((
@@ -221,6 +227,7 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
             submit_time: r.get(11)?,
             submitted_at: r.get(12)?,
             restarts: r.get(13)?,
+            accepted_at: r.get(14)?,
         },
         r.get(6)?,
     ))

@@ -24,6 +24,7 @@ pub mod backend;
 pub mod client;
 pub mod config;
 pub mod decide;
+pub mod fault;
 pub mod identity;
 pub mod jobdir;
 pub mod journal;
@@ -320,6 +321,20 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
     if !agent.cfg.memory_scheduled {
         nodes.iter_mut().for_each(|n| n.memory_mb = 0);
     }
+    let identities = identity::Accounts::read().map(|acc| {
+        let (users, err) = agent.cfg.identity.admitted(&acc);
+        if let Some(e) = err {
+            tracing::warn!("no forwarded job can run here: {e}");
+        }
+        fleet_api::api::Identities { mapping: identity::describe(&agent.cfg.identity.mapping), users }
+    });
+    let identities = match identities {
+        Ok(i) => Some(i),
+        Err(e) => {
+            tracing::warn!("reading the accounts to publish: {e:#}");
+            None
+        }
+    };
     let hb = Heartbeat {
         cluster: agent.cfg.site.clone(),
         region: agent.cfg.region.clone(),
@@ -329,6 +344,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         queue_pending: pending,
         queue_running: running,
         agent_version: env!("CARGO_PKG_VERSION").into(),
+        identities,
     };
     let view = agent.meta.heartbeat(&hb).await?;
     publish_view(&agent.cfg.spool, &view);

@@ -306,19 +306,24 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
         job.restarts = num(j.get("restart_cnt")).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
         job.partition = text(j.get("partition"));
         job.admin_comment = text(j.get("admin_comment"));
+        job.work_dir = text(j.get("current_working_directory"));
         out.push(job);
     }
     Ok(out)
 }
 
-/// `sacct -X -n -P -o JobIDRaw,State,ExitCode,Submit,UID` → finished
-/// jobs. None of these columns can hold user text.
+/// `sacct -X -n -P -o JobIDRaw,State,ExitCode,Submit,UID[,WorkDir]` →
+/// finished jobs. None of the first five columns can hold user text; the
+/// working directory, which can, is last and taken whole (a `|` in it
+/// splits nothing).
 pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
     out.lines()
         .filter_map(|l| {
-            let f: Vec<&str> = l.split('|').collect();
-            let [id, state, exit, submit, uid] = f.as_slice() else {
-                return None;
+            let f: Vec<&str> = l.splitn(6, '|').collect();
+            let (id, state, exit, submit, uid, work_dir) = match f.as_slice() {
+                [id, state, exit, submit, uid] => (id, state, exit, submit, uid, ""),
+                [id, state, exit, submit, uid, wd] => (id, state, exit, submit, uid, *wd),
+                _ => return None,
             };
             let native_id = id.parse().ok()?;
             let mut j = NativeJob::new(native_id, state);
@@ -329,6 +334,7 @@ pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
             }
             j.submit_time = parse_slurm_time(submit);
             j.user_id = uid.parse().ok();
+            j.work_dir = work_dir.to_string();
             Some(j)
         })
         .collect()
@@ -517,6 +523,37 @@ impl Backend for SlurmBackend {
         }
     }
 
+    async fn find_submitted(&self, id: &str, uid: u32, since: f64) -> Result<Vec<NativeJob>> {
+        let dir = self.job_dir(id).display().to_string();
+        let mine = |j: &NativeJob| j.user_id == Some(uid) && j.work_dir == dir;
+        let queued = self.squeue_json(&["-a".into(), "-t".into(), "all".into(), "-u".into(), uid.to_string()]).await?;
+        let found: Vec<NativeJob> = queued.into_iter().filter(mine).collect();
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        // Finished and already gone from the queue: accounting, from a
+        // little before the agent accepted the job.
+        let back = (crate::now() - since).max(0.0) as u64 + 300;
+        let args = [
+            "-X",
+            "-n",
+            "-P",
+            "-D",
+            "-u",
+            &uid.to_string(),
+            "-S",
+            &format!("now-{back}"),
+            "-o",
+            "JobIDRaw,State,ExitCode,Submit,UID,WorkDir",
+        ]
+        .map(String::from);
+        match self.run("sacct", &args, None).await {
+            Ok(out) => Ok(parse_sacct(&out).into_iter().filter(mine).collect()),
+            Err(e) if format!("{e:#}").contains("accounting_storage") => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>> {
         self.squeue_json(&["-a".into(), "-t".into(), "all".into(), "-p".into(), partition.to_string()]).await
     }
@@ -657,6 +694,14 @@ mod tests {
         assert_eq!((j[0].state, j[0].exit_code, j[0].user_id), (JobState::Completed, Some(0), Some(1001)));
         assert_eq!((j[1].state, j[1].signal), (JobState::Cancelled, Some(15)));
         assert!(j[0].submit_time.is_some());
+    }
+
+    #[test]
+    fn sacct_work_dir_is_the_whole_last_column() {
+        let j = parse_sacct("7|FAILED|3:0|2026-12-01T14:00:00|1001|/s/jobs/beta-1|COMPLETED|0:0\n");
+        assert_eq!(j.len(), 1);
+        assert_eq!((j[0].native_id, j[0].state, j[0].exit_code), (7, JobState::Failed, Some(3)));
+        assert_eq!(j[0].work_dir, "/s/jobs/beta-1|COMPLETED|0:0");
     }
 
     proptest::proptest! {

@@ -158,24 +158,25 @@ async fn fail_launch<B: Backend>(agent: &Agent<B>, id: &str, reason: String) -> 
 }
 
 /// Submit one assigned job, as its submitter's local identity.
+///
+/// Exactly once across agent crashes: the run is journaled before sbatch,
+/// and a journaled run without a Slurm id (the agent died between sbatch
+/// and journaling its answer) is first looked for in Slurm by what only
+/// this run's sbatch gives a job: its owner, its private working directory
+/// and a submit time after the run was journaled. Found, it is adopted;
+/// otherwise it is submitted.
 pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<()> {
     let id = a.fleet_job_id;
-    // A journaled run with a Slurm id was submitted already (the
-    // meta-scheduler did not hear back): report, never submit twice.
-    if let Some((run, _)) = agent.journal.run(&id)? {
-        if run.done {
-            return Ok(());
+    let journaled = agent.journal.run(&id)?.map(|r| r.0);
+    match &journaled {
+        Some(run) if run.done => return Ok(()),
+        // Submitted already (the meta-scheduler did not hear back): report,
+        // never submit twice.
+        Some(Run { slurm_id: Some(sid), .. }) => return report_submitted(agent, &id, *sid).await,
+        Some(_) => {}
+        None => {
+            agent.journal.add_run(&id, &a.request)?;
         }
-        if let Some(sid) = run.slurm_id {
-            let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
-            agent.meta.status(&id, &up).await?;
-            return Ok(());
-        }
-        // Journaled but no Slurm id: a crash between journal and sbatch.
-        // Its directory, if any, holds nothing yet.
-        jobdir::remove(&agent.backend.job_dir(&id))?;
-    } else {
-        agent.journal.add_run(&id, &a.request)?;
     }
     let site = &agent.cfg.site;
     let user = crate::identity::Accounts::read().and_then(|acc| {
@@ -193,19 +194,45 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
             return fail_launch(agent, &id, format!("fleet: {site} has no identity for this job ({how}): {e:#}")).await;
         }
     };
+    if let Some(run) = journaled {
+        // An error here (Slurm unreachable) retries later: better late
+        // than twice.
+        let found = agent.backend.find_submitted(&id, user.uid, run.accepted_at).await?;
+        if let Some(j) = adoptable(&found, run.accepted_at) {
+            agent.journal.set_submitted(&id, j.native_id, &user.name, user.uid, run.accepted_at)?;
+            tracing::warn!(%id, slurm_id = j.native_id, "adopted the Slurm job an interrupted submission made");
+            return report_submitted(agent, &id, j.native_id).await;
+        }
+        jobdir::remove(&agent.backend.job_dir(&id))?;
+    }
     match agent.backend.submit(&id, &a.request, &user).await {
         Ok(sid) => {
+            crate::fault::point("exit-after-sbatch");
             agent.journal.set_submitted(&id, sid, &user.name, user.uid, now())?;
             tracing::info!(%id, slurm_id = sid, user = %user.name, origin = %a.request.origin, "submitted");
-            let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
-            agent.meta.status(&id, &up).await?;
-            Ok(())
+            report_submitted(agent, &id, sid).await
         }
         Err(e) => {
             let _ = jobdir::remove(&agent.backend.job_dir(&id));
             fail_launch(agent, &id, format!("fleet: sbatch at {site} refused the job: {e:#}")).await
         }
     }
+}
+
+async fn report_submitted<B: Backend>(agent: &Agent<B>, id: &str, sid: u64) -> Result<()> {
+    let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
+    agent.meta.status(id, &up).await?;
+    Ok(())
+}
+
+/// The job an interrupted submission made, among the jobs of the run's
+/// user in its directory (`Backend::find_submitted`): the first submitted
+/// after the run was journaled. Later ones, if any, are the user's own.
+pub fn adoptable(found: &[NativeJob], accepted_at: f64) -> Option<&NativeJob> {
+    found
+        .iter()
+        .filter(|j| j.submit_time.is_some_and(|t| t as f64 >= accepted_at - SUBMIT_SLACK_S))
+        .min_by_key(|j| (j.submit_time, j.native_id))
 }
 
 /// Cancel one job this cluster runs, after checking it is still the job
@@ -481,6 +508,22 @@ mod tests {
         j.submit_time = Some(submit);
         j.user_id = Some(uid);
         j
+    }
+
+    #[test]
+    fn an_interrupted_submission_adopts_the_first_job_after_acceptance() {
+        // accepted at 1000; 90 is a job of the same user in the same
+        // directory from long before (not this run's), 101 the run's sbatch,
+        // 102 one the user submitted by hand later.
+        let found = [job(90, "COMPLETED", 700, 1001), job(102, "PENDING", 1030, 1001), job(101, "RUNNING", 1005, 1001)];
+        assert_eq!(adoptable(&found, 1000.0).map(|j| j.native_id), Some(101));
+        // Nothing after acceptance: submit (the caller removes the dir).
+        assert_eq!(adoptable(&found[..1], 1000.0), None);
+        assert_eq!(adoptable(&[], 1000.0), None);
+        // A job with no submit time is never adopted.
+        let mut j = NativeJob::new(103, "PENDING");
+        j.user_id = Some(1001);
+        assert_eq!(adoptable(&[j], 1000.0), None);
     }
 
     fn run(sid: u64, submit_time: Option<i64>) -> Run {
