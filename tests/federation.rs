@@ -156,7 +156,7 @@ fn the_submitting_environment_travels_with_the_job() {
     assert_eq!(f[0], "hello world", "{out:?}");
     assert_eq!(f[1], "alpha", "{out:?}");
     assert_eq!(f[2], lab.slurm_conf("alpha").display().to_string(), "Slurm commands in the job talk to alpha: {out:?}");
-    assert!(f[3].contains("/alpha/agent/jobs/beta-"), "HOME is the job's directory at alpha: {out:?}");
+    assert_eq!(f[3], format!("/home/{}", fleet_lab::USER), "HOME is the user's home at alpha, as natively: {out:?}");
     // It runs as its submitter, not as the agent: the agent's token is out of its reach.
     assert_eq!(f[4], fleet_lab::USER, "{out:?}");
     assert_eq!(f[5], "token-private", "{out:?}");

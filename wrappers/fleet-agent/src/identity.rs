@@ -109,6 +109,14 @@ impl Accounts {
         })
     }
 
+    /// The home directory of `name` (passwd's sixth field), if set.
+    pub fn home_of(&self, name: &str) -> Option<std::path::PathBuf> {
+        self.passwd.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() > 5 && f[0] == name && f[5].starts_with('/')).then(|| std::path::PathBuf::from(f[5]))
+        })
+    }
+
     /// The name of `uid` (an empty name is no name).
     pub fn name_of(&self, uid: u32) -> Option<String> {
         self.passwd.lines().find_map(|l| {
@@ -304,6 +312,15 @@ mod tests {
             let e = p.resolve(&acc, "beta", user, None).unwrap_err().to_string();
             assert!(e.contains(why), "{user:?}: {e}");
         }
+    }
+
+    #[test]
+    fn homes() {
+        let acc = Accounts::from_text(PASSWD, GROUP);
+        assert_eq!(acc.home_of("alice").as_deref(), Some(Path::new("/home/alice")));
+        assert_eq!(acc.home_of("fleet").as_deref(), Some(Path::new("/")));
+        assert_eq!(acc.home_of("nobody"), None);
+        assert_eq!(Accounts::from_text("x:x:1:1::rel:/bin/sh\n", "").home_of("x"), None);
     }
 
     #[test]

@@ -477,10 +477,16 @@ impl Backend for SlurmBackend {
             args.push(format!("--export-file={}", f.display()));
         }
         // sbatch itself runs in a minimal environment: nothing of the agent's
-        // reaches the job.
+        // reaches the job. HOME is the user's home here, as for a job they
+        // submitted here themselves (the job directory where they have none).
+        let home = crate::identity::Accounts::read()
+            .ok()
+            .and_then(|a| a.home_of(&user.name))
+            .filter(|h| h.is_dir())
+            .unwrap_or_else(|| dir.clone());
         let base_env = vec![
             ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
-            ("HOME".to_string(), dir.display().to_string()),
+            ("HOME".to_string(), home.display().to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
         ];
         let out = self.run_in("sbatch", &args, Some(script), Some(&base_env), Some(&user.name)).await?;
