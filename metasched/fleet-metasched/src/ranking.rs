@@ -27,6 +27,24 @@ pub struct Ranker {
     policy: Policy,
 }
 
+impl Ranker {
+    /// USD per GPU-hour of `gpu_type` at `cluster` in the engine's model
+    /// (after the price feed): the owned-hardware price at an on-prem
+    /// cluster, the on-demand price elsewhere (spot is only for jobs that
+    /// accept interruption; `--fleet-max-price` bounds what a job pays
+    /// when it is not interrupted). The cheapest pool of that type wins.
+    /// `None` when the model does not know the cluster or the type.
+    pub fn price_per_gpu_hour(&self, cluster: &str, gpu_type: &str) -> Option<f64> {
+        let c = self.model.cluster(self.model.cluster_id(cluster)?)?;
+        let want = fleet_engine::model::normalize_gpu_type(gpu_type);
+        c.pools
+            .iter()
+            .filter(|p| self.model.gpu_type_name(p.gpu_type) == want)
+            .filter_map(|p| if c.onprem { p.prices.onprem.or(p.prices.on_demand) } else { p.prices.on_demand })
+            .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p))))
+    }
+}
+
 /// A running job as the rebalancing pass sees it.
 pub struct RunningInput<'a> {
     pub id: &'a str,

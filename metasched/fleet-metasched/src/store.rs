@@ -691,6 +691,12 @@ impl Store {
                     summary.healthy = false;
                     summary.unhealthy_reason = format!("quarantined: {q}");
                 }
+                // Prices from the engine's model, for --fleet-max-price.
+                if let Some(r) = &self.ranker {
+                    for p in &mut summary.gpus {
+                        p.price_per_gpu_hour = r.price_per_gpu_hour(&summary.name, &p.gpu_type);
+                    }
+                }
                 summary
             })
             .collect();

@@ -701,7 +701,13 @@ async fn cost_policy_ranks_the_allowed_clusters() {
     let d = Daemon::start_with(tmp.path(), Clock::default(), cfg).await;
     d.heartbeat("alpha", 16).await;
     d.heartbeat("beta", 16).await;
-    d.heartbeat("gamma", 8).await;
+    let v = d.heartbeat("gamma", 8).await;
+    // The view carries the engine's prices (for --fleet-max-price): owned
+    // hardware at its amortized price, cloud at on-demand.
+    let price = |v: &FleetView, c: &str| {
+        v.clusters.iter().find(|x| x.name == c).and_then(|x| x.gpus.first()).and_then(|p| p.price_per_gpu_hour)
+    };
+    assert_eq!((price(&v, "alpha"), price(&v, "beta"), price(&v, "gamma")), (Some(4.0), Some(1.0), Some(1.0)));
     d.forward("cost", "beta", "h100", 8).await;
     let r = d.start_job("cost", "beta").await;
     assert_eq!(r.target.as_deref(), Some("gamma"), "{}", r.reason);
@@ -730,6 +736,7 @@ async fn cost_policy_ranks_the_allowed_clusters() {
         .await
         .unwrap();
     assert_eq!((imp.entries, imp.applied), (1, true));
+    assert_eq!(price(&d.heartbeat("gamma", 8).await, "gamma"), Some(5.0), "40 USD/h for 8 H100s");
     d.forward("cost2", "beta", "h100", 8).await;
     let r = d.start_job("cost2", "beta").await;
     assert_eq!(r.target.as_deref(), Some("alpha"), "{}", r.reason);
