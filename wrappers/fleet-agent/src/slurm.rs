@@ -515,7 +515,8 @@ impl Backend for SlurmBackend {
             return Ok(Vec::new());
         }
         let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-        let args = ["-X", "-n", "-P", "-D", "-o", "JobIDRaw,State,ExitCode,Submit,UID", "-j", &list].map(String::from);
+        let args =
+            ["-X", "-n", "-P", "-D", "-o", "JobIDRaw,State,ExitCode,Submit,UID,WorkDir", "-j", &list].map(String::from);
         match self.run("sacct", &args, None).await {
             Ok(out) => Ok(parse_sacct(&out)),
             // No accounting at this site: nothing to learn there.

@@ -87,19 +87,26 @@ pub enum Seen<'a> {
 }
 
 /// Picks the job that *is* `run` among what Slurm reported for its id.
-pub fn identify<'a>(run: &Run, site: &str, candidates: &[&'a NativeJob]) -> Seen<'a> {
+///
+/// The run's private working directory (`dir`, which names the fleet job)
+/// tells it apart from a job that reused its id: Slurm keeps a job's
+/// directory across requeues, which change its submit time. Only rows
+/// without a directory (older accounting) fall back to the submit time.
+pub fn identify<'a>(run: &Run, site: &str, dir: &str, candidates: &[&'a NativeJob]) -> Seen<'a> {
     let Some(sid) = run.slurm_id else {
         return Seen::Gone("never submitted".into());
     };
     let mine: Vec<&NativeJob> =
         candidates.iter().copied().filter(|j| run.uid.is_none_or(|u| j.user_id == Some(u))).collect();
-    let found = match run.submit_time {
-        Some(t) => mine.into_iter().find(|j| j.submit_time == Some(t)),
-        None => mine
-            .into_iter()
-            .filter(|j| j.submit_time.is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S))
-            .max_by_key(|j| j.submit_time),
-    };
+    let found = mine.iter().copied().find(|j| j.work_dir == dir).or_else(|| {
+        let undirected = mine.iter().copied().filter(|j| j.work_dir.is_empty());
+        match run.submit_time {
+            Some(t) => undirected.into_iter().find(|j| j.submit_time == Some(t)),
+            None => undirected
+                .filter(|j| j.submit_time.is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S))
+                .max_by_key(|j| j.submit_time),
+        }
+    });
     match found {
         Some(j) => Seen::Job(j),
         None if candidates.is_empty() => Seen::Gone(format!("Slurm at {site} no longer knows job {sid} (lost in a controller failure or purged)")),
@@ -257,7 +264,7 @@ pub async fn cancel_one<B: Backend>(agent: &Agent<B>, id: &str) -> Result<()> {
     };
     let jobs = agent.backend.status(&[sid]).await?;
     let candidates: Vec<&NativeJob> = jobs.iter().filter(|j| j.native_id == sid).collect();
-    match identify(&run, &agent.cfg.site, &candidates) {
+    match identify(&run, &agent.cfg.site, &agent.backend.job_dir(id).display().to_string(), &candidates) {
         Seen::Job(j) if !j.state.is_terminal() => {
             let user = run.user.as_deref().context("journal has no user for this run")?;
             agent.backend.cancel(sid, user).await?;
@@ -282,7 +289,8 @@ pub async fn signal_one<B: Backend>(
     let (Some(sid), false) = (run.slurm_id, run.done) else { return Ok(()) };
     let jobs = agent.backend.status(&[sid]).await?;
     let candidates: Vec<&NativeJob> = jobs.iter().filter(|j| j.native_id == sid).collect();
-    if let Seen::Job(j) = identify(&run, &agent.cfg.site, &candidates) {
+    if let Seen::Job(j) = identify(&run, &agent.cfg.site, &agent.backend.job_dir(id).display().to_string(), &candidates)
+    {
         if !j.state.is_terminal() {
             let user = run.user.as_deref().context("journal has no user for this run")?;
             agent.backend.signal(sid, user, signal, scope).await?;
@@ -363,7 +371,8 @@ async fn reconcile_run<B: Backend>(
     candidates: &[&NativeJob],
 ) -> Result<()> {
     let site = agent.cfg.site.clone();
-    let seen = identify(&run, &site, candidates);
+    let dir = agent.backend.job_dir(&run.id).display().to_string();
+    let seen = identify(&run, &site, &dir, candidates);
     if let Seen::Job(j) = &seen {
         if run.submit_time.is_none() {
             run.submit_time = j.submit_time;
@@ -539,24 +548,46 @@ mod tests {
 
     #[test]
     fn identity_is_id_submit_time_and_owner() {
+        // Rows without a working directory (older accounting): submit time.
         let mine = job(7, "RUNNING", 1001, 1001);
         let reused = job(7, "COMPLETED", 5000, 1001);
         let other_user = job(7, "RUNNING", 1001, 1002);
+        let d = "/s/jobs/beta-1";
         // First sight: the job submitted after the agent's sbatch.
-        assert_eq!(identify(&run(7, None), "alpha", &[&mine]), Seen::Job(&mine));
+        assert_eq!(identify(&run(7, None), "alpha", d, &[&mine]), Seen::Job(&mine));
         // A job of the same id from long before the agent's sbatch is not it.
         let old = job(7, "COMPLETED", 10, 1001);
-        assert!(matches!(identify(&run(7, None), "alpha", &[&old]), Seen::Gone(_)));
+        assert!(matches!(identify(&run(7, None), "alpha", d, &[&old]), Seen::Gone(_)));
         // Known submit time: a reused id is another job, never this one's result.
-        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[&reused]) else {
+        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", d, &[&reused]) else {
             panic!("reused id taken for the job")
         };
         assert!(why.contains("reused"), "{why}");
-        assert_eq!(identify(&run(7, Some(1001)), "alpha", &[&reused, &mine]), Seen::Job(&mine));
+        assert_eq!(identify(&run(7, Some(1001)), "alpha", d, &[&reused, &mine]), Seen::Job(&mine));
         // Another user's job under the same id and time is not ours.
-        assert!(matches!(identify(&run(7, Some(1001)), "alpha", &[&other_user]), Seen::Gone(_)));
-        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[]) else { panic!() };
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&other_user]), Seen::Gone(_)));
+        let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", d, &[]) else { panic!() };
         assert!(why.contains("no longer knows"), "{why}");
+    }
+
+    #[test]
+    fn the_job_directory_outlives_requeues_and_tells_reused_ids_apart() {
+        let d = "/s/jobs/beta-1";
+        let at = |submit: i64, dir: &str, uid: u32| {
+            let mut j = job(7, "PENDING", submit, uid);
+            j.work_dir = dir.into();
+            j
+        };
+        // Requeued (twice, once without a restart count): Slurm gave it a
+        // new submit time; it is still this job.
+        let requeued = at(1090, d, 1001);
+        assert_eq!(identify(&run(7, Some(1001)), "alpha", d, &[&requeued]), Seen::Job(&requeued));
+        // The id reused by another fleet job of the same user, or by any job
+        // of another, with the same submit time: not this job.
+        let other_run = at(1001, "/s/jobs/beta-2", 1001);
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&other_run]), Seen::Gone(_)));
+        let other_user = at(1001, d, 1002);
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&other_user]), Seen::Gone(_)));
     }
 
     #[test]
