@@ -619,7 +619,9 @@ fn jobs_query(a: &JobsArgs, now: f64, zone: Zone) -> anyhow::Result<String> {
         q.push(format!("active={}", a.active));
     }
     if a.limit > 0 {
-        q.push(format!("limit={}", a.limit + 1));
+        // One more than asked, to tell whether another page follows (the
+        // meta-scheduler's own cap is 10,000 rows).
+        q.push(format!("limit={}", (a.limit + 1).min(10_000)));
         q.push(format!("offset={}", u64::from(a.page - 1) * u64::from(a.limit)));
     } else if a.page > 1 {
         bail!("--page needs a --limit above 0");
@@ -1116,6 +1118,8 @@ mod tests {
             "/v1/jobs?order=desc&state=failed&origin=beta&target=alpha&user=a%20b&origin_job=7&since=996400&active=false&limit=11&offset=20"
         );
         assert_eq!(q(&["--limit", "0", "--active"]).unwrap(), "/v1/jobs?order=desc&active=true");
+        // The largest page asks for no more than the meta-scheduler serves.
+        assert_eq!(q(&["--limit", "10000"]).unwrap(), "/v1/jobs?order=desc&limit=10000&offset=0");
         assert!(q(&["--limit", "0", "--page", "2"]).unwrap_err().contains("--page needs a --limit"));
         assert!(q(&["--state", "bogus"]).unwrap_err().contains("--state \"bogus\": unknown state"));
         assert!(q(&["--since", "soon"]).unwrap_err().contains("--since \"soon\""));
