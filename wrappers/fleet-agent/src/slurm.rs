@@ -378,7 +378,7 @@ fn local_utc_offset(t: i64) -> i64 {
 /// the origin's, less what names the origin's host and user or steers
 /// Slurm commands there (`SLURM_*`, `SBATCH_*`, ...), with `HOME` set to
 /// the job's directory here. `None` when the origin sent no environment.
-pub fn submit_env(req: &JobRequest, job_dir: &std::path::Path) -> Option<Vec<(String, String)>> {
+pub fn submit_env(req: &JobRequest, home: &std::path::Path) -> Option<Vec<(String, String)>> {
     const DROP: &[&str] = &[
         "HOME",
         "USER",
@@ -414,7 +414,7 @@ pub fn submit_env(req: &JobRequest, job_dir: &std::path::Path) -> Option<Vec<(St
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
     }
-    env.push(("HOME".into(), job_dir.display().to_string()));
+    env.push(("HOME".into(), home.display().to_string()));
     Some(env)
 }
 
@@ -470,20 +470,21 @@ impl Backend for SlurmBackend {
         }
         // The job's environment as sbatch captured it at the origin, read by
         // sbatch itself (sudo would strip LD_*, PYTHONPATH and the like).
-        let env = submit_env(req, &dir).filter(|_| exports_environment(req));
+        // HOME is the user's home here, as for a job they submitted here
+        // themselves (the job directory where they have none).
+        let home = crate::identity::Accounts::read()
+            .ok()
+            .and_then(|a| a.home_of(&user.name))
+            .filter(|h| h.is_dir())
+            .unwrap_or_else(|| dir.clone());
+        let env = submit_env(req, &home).filter(|_| exports_environment(req));
         if let Some(env) = &env {
             let f = dir.join(".fleet-env");
             crate::jobdir::write_private(&f, &crate::jobdir::export_file_bytes(env))?;
             args.push(format!("--export-file={}", f.display()));
         }
         // sbatch itself runs in a minimal environment: nothing of the agent's
-        // reaches the job. HOME is the user's home here, as for a job they
-        // submitted here themselves (the job directory where they have none).
-        let home = crate::identity::Accounts::read()
-            .ok()
-            .and_then(|a| a.home_of(&user.name))
-            .filter(|h| h.is_dir())
-            .unwrap_or_else(|| dir.clone());
+        // reaches the job.
         let base_env = vec![
             ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
             ("HOME".to_string(), home.display().to_string()),
