@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use fleet_lab::{fleet_record, out_arg, script, wait_file, Lab};
+use fleet_lab::{fleet_record, out_arg, remote_of, script, wait_file, Lab};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -92,4 +92,237 @@ fn a_signal_before_the_job_runs_anywhere_is_refused_by_fleetctl() {
     assert!(format!("{err:#}").contains("held until its stand-in starts"), "{err:#}");
     let o = lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
     assert!(o.status.success());
+}
+
+/// The native twin of a forwarded job: the same script and options at
+/// beta itself (`--fleet=local`, an A100 instead of the H100s that make
+/// the other leave), so that Slurm is the oracle.
+fn native_args(dir: &std::path::Path, name: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["--fleet=local".to_string(), "--gres=gpu:a100:1".to_string(), out_arg(dir, name)];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn forwarded_args(dir: &std::path::Path, name: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["--gres=gpu:h100:8".to_string(), out_arg(dir, name)];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(|s| s.as_str()).collect()
+}
+
+fn text(path: &std::path::Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
+
+/// `scontrol requeue` of a running job, as its user, at beta: the native
+/// job and the stand-in of a forwarded one both go back to pending
+/// (`BeginTime`, Slurm's credential window), run again from the start and
+/// end with the second run's exit code and `Restarts=1`; the output file
+/// holds what Slurm's `--open-mode` leaves: the second run alone
+/// (truncate, the default) or both runs (append).
+#[test]
+fn requeue_reruns_a_forwarded_job_as_slurm_reruns_a_native_one() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("requeue");
+    let body = script("echo run-$(date +%s%N)\nfor i in $(seq 20); do sleep 1; done\necho end\nexit 3");
+    let mut ids = Vec::new();
+    for (name, forwarded, mode) in [
+        ("native-trunc", false, None),
+        ("native-append", false, Some("--open-mode=append")),
+        ("fleet-trunc", true, None),
+        ("fleet-append", true, Some("--open-mode=append")),
+    ] {
+        let extra: Vec<&str> = mode.into_iter().collect();
+        let args = if forwarded { forwarded_args(&dir, name, &extra) } else { native_args(&dir, name, &extra) };
+        let id = lab.sbatch("beta", &refs(&args), &body).unwrap();
+        ids.push((name, forwarded, id));
+    }
+    for (name, _, _) in &ids {
+        wait_file(&dir.join(name), T, |b| b.starts_with(b"run-")).unwrap();
+    }
+    for (name, forwarded, id) in &ids {
+        if *forwarded {
+            assert_eq!(fleet_record(lab, *id).unwrap()["target"], "alpha", "{name}");
+        }
+        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["requeue", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    // Back to pending, as Slurm does with any requeued batch job.
+    for (name, _, id) in &ids {
+        let r = lab.wait_for("beta", *id, T, |r| r["JobState"] == "PENDING").unwrap();
+        assert_eq!((r["Restarts"].as_str(), r["Reason"].as_str()), ("1", "BeginTime"), "{name}: {r:?}");
+    }
+    // The remote run of each forwarded job was cancelled, not left running.
+    for (name, forwarded, id) in &ids {
+        if *forwarded {
+            let (target, remote) = remote_of(lab, *id).unwrap();
+            let r = lab.wait_done(&target, remote, T).unwrap();
+            assert_eq!(r["JobState"], "CANCELLED", "{name}: first remote run {r:?}");
+        }
+    }
+    // Slurm restarts them after its credential window (about 2 min); each
+    // runs to its end once more.
+    let mut done = Vec::new();
+    for (name, forwarded, id) in &ids {
+        let r = lab.wait_done("beta", *id, Duration::from_secs(300)).unwrap();
+        done.push((*name, *forwarded, *id, r));
+    }
+    for (name, forwarded, id, r) in &done {
+        assert_eq!(r["JobState"], "FAILED", "{name}: {r:?}");
+        assert_eq!(r["ExitCode"], "3:0", "{name}: {r:?}");
+        assert_eq!(r["Restarts"], "1", "{name}: {r:?}");
+        let out = text(&dir.join(name));
+        let runs = out.matches("run-").count();
+        let want = if name.ends_with("append") { 2 } else { 1 };
+        assert_eq!(runs, want, "{name}: {out:?}");
+        assert!(out.ends_with("end\n"), "{name}: {out:?}");
+        if *forwarded {
+            let rec = fleet_record(lab, *id).unwrap();
+            assert_eq!(rec["requeues"], 1, "{name}: {rec}");
+            assert_eq!(rec["origin_restart"], 1, "{name}: {rec}");
+            assert_eq!(rec["exit_code"], 3, "{name}: {rec}");
+        }
+    }
+    // Same shape as Slurm's own: the forwarded files look like the native ones.
+    for (a, b) in [("native-trunc", "fleet-trunc"), ("native-append", "fleet-append")] {
+        let shape = |n: &str| {
+            text(&dir.join(n))
+                .lines()
+                .map(|l| {
+                    if l.starts_with("run-") {
+                        "run"
+                    } else if l == "end" {
+                        "end"
+                    } else {
+                        "other"
+                    }
+                })
+                .filter(|l| *l != "other")
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shape(a), shape(b), "{a} vs {b}");
+    }
+}
+
+/// `scontrol suspend` / `resume` of the stand-in (as an operator, as
+/// natively): the job at alpha stops while the stand-in is suspended and
+/// carries on after the resume, as the native job at beta does. Each tick
+/// carries its time, so the pause shows in the output itself (the
+/// stand-in's relay is stopped too while suspended, and catches up later).
+#[test]
+fn suspend_and_resume_of_a_stand_in_stop_and_continue_the_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("suspend");
+    let body = script("for i in $(seq 100); do echo tick $(date +%s); sleep 0.5; done\necho end");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &[])), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &[])), &body).unwrap();
+    for n in ["native", "fleet"] {
+        wait_file(&dir.join(n), T, |b| String::from_utf8_lossy(b).matches("tick").count() >= 4).unwrap();
+    }
+    for id in [native, fleet] {
+        let o = lab.cmd("beta", "scontrol", &["suspend", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let suspended = Duration::from_secs(16);
+    std::thread::sleep(suspended);
+    for id in [native, fleet] {
+        assert_eq!(lab.job("beta", id).unwrap()["JobState"], "SUSPENDED");
+        let o = lab.cmd("beta", "scontrol", &["resume", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let gaps = |n: &str| -> (usize, i64) {
+        let t: Vec<i64> = text(&dir.join(n)).lines().filter_map(|l| l.strip_prefix("tick ")?.parse().ok()).collect();
+        (t.len(), t.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0))
+    };
+    for n in ["native", "fleet"] {
+        let before = gaps(n).0;
+        wait_file(&dir.join(n), Duration::from_secs(30), |b| {
+            String::from_utf8_lossy(b).matches("tick").count() > before + 4
+        })
+        .unwrap_or_else(|e| panic!("{n} did not continue after the resume: {e:#}"));
+        let (_, gap) = gaps(n);
+        eprintln!("{n}: longest pause between ticks {gap} s (suspended {suspended:?})");
+        // Native: the whole suspension. Forwarded: less the origin agent's
+        // reconcile interval (5 s) before the STOP reaches alpha.
+        assert!(gap >= 9 && gap <= 18, "{n}: longest pause {gap} s: {}", text(&dir.join(n)));
+    }
+    for id in [native, fleet] {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    }
+}
+
+/// `scontrol update TimeLimit=` of a pending stand-in by its user: a lower
+/// limit reaches the job at its target, as it would a native pending job;
+/// a higher one (which Slurm refuses a user for a native job) does not.
+#[test]
+fn a_lower_time_limit_of_a_pending_stand_in_reaches_the_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("limit");
+    let body = script("sleep 20");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["--hold", "-t", "10"])), &body).unwrap();
+    let lower = lab.sbatch("beta", &refs(&forwarded_args(&dir, "lower", &["--hold", "-t", "10"])), &body).unwrap();
+    let higher = lab.sbatch("beta", &refs(&forwarded_args(&dir, "higher", &["--hold", "-t", "10"])), &body).unwrap();
+    let update = |id: u64, limit: &str| {
+        lab.cmd_as(
+            fleet_lab::USER,
+            "beta",
+            "scontrol",
+            &["update", &format!("JobId={id}"), &format!("TimeLimit={limit}")],
+        )
+        .unwrap()
+    };
+    // Native: a user lowers a pending job's limit, and may not raise it.
+    assert!(update(native, "3").status.success());
+    assert_eq!(lab.job("beta", native).unwrap()["TimeLimit"], "00:03:00");
+    let o = update(native, "20");
+    assert!(!o.status.success(), "Slurm let a user raise a limit");
+    assert!(update(lower, "3").status.success());
+    let _ = update(higher, "20"); // the stand-in has no limit: Slurm accepts it
+    for id in [native, lower, higher] {
+        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["release", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    for (id, want) in [(lower, "00:03:00"), (higher, "00:10:00")] {
+        let t0 = std::time::Instant::now();
+        let (target, remote) = loop {
+            if let Some((t, r)) = remote_of(lab, id).filter(|(_, r)| *r > 0) {
+                break (t, r);
+            }
+            assert!(t0.elapsed() < T, "job {id} never reached its target");
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        let r = lab.job(&target, remote).unwrap();
+        assert_eq!(r["TimeLimit"], want, "stand-in {id}: remote {r:?}");
+    }
+    for id in [native, lower, higher] {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    }
+}
+
+/// A job that runs into its time limit at alpha ends `TIMEOUT` at home,
+/// as the same job run natively at beta does (the proxy lowers its own
+/// limit to what it ran and lets slurmctld end it).
+#[test]
+fn a_remote_timeout_shows_as_timeout_at_home() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("timeout");
+    let body = script("echo started\nsleep 600");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["-t", "1"])), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["-t", "1"])), &body).unwrap();
+    let n = lab.wait_done("beta", native, Duration::from_secs(200)).unwrap();
+    let f = lab.wait_done("beta", fleet, Duration::from_secs(300)).unwrap();
+    assert_eq!(n["JobState"], "TIMEOUT", "{n:?}");
+    assert_eq!(f["JobState"], "TIMEOUT", "{f:?}");
+    assert_eq!(f["ExitCode"], n["ExitCode"], "native {n:?} vs forwarded {f:?}");
+    let rec = fleet_record(lab, fleet).unwrap();
+    assert!(rec["reason"].as_str().unwrap_or("").starts_with("TIMEOUT at alpha"), "{rec}");
+    let (target, remote) = remote_of(lab, fleet).unwrap();
+    assert_eq!(lab.job(&target, remote).unwrap()["JobState"], "TIMEOUT");
+    // Accounting at home agrees.
+    let o = lab.cmd("beta", "sacct", &["-X", "-n", "-P", "-o", "State", "-j", &fleet.to_string()]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "TIMEOUT");
+    assert!(text(&dir.join("fleet")).starts_with("started\n"));
 }

@@ -143,13 +143,13 @@ impl Daemon {
 
     /// The stand-in's `POST /start` (with Slurm job id `stand_in`).
     async fn request_start(&self, id: &str, origin: &str, stand_in: u64) -> (StatusCode, Value) {
-        let body = serde_json::to_value(StartRequest { origin_job_id: stand_in }).unwrap();
+        let body = serde_json::to_value(StartRequest { origin_job_id: stand_in, ..Default::default() }).unwrap();
         self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/start"), &job_auth(origin, id), Some(body)).await
     }
 
     /// A `POST /confirm_start` with `auth`.
     async fn confirm(&self, id: &str, auth: &str, stand_in: u64, started: bool) -> (StatusCode, Value) {
-        let body = StartConfirmation { origin_job_id: stand_in, started, reason: "test".into() };
+        let body = StartConfirmation { origin_job_id: stand_in, started, reason: "test".into(), ..Default::default() };
         self.call(
             reqwest::Method::POST,
             &format!("/v1/jobs/{id}/confirm_start"),
@@ -168,7 +168,7 @@ impl Daemon {
             return r;
         }
         assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-        let check = StartCheck { fleet_job_id: id.into(), origin_job_id: 42 };
+        let check = StartCheck { fleet_job_id: id.into(), origin_job_id: 42, ..Default::default() };
         assert!(self.work(origin).await.confirm_start.contains(&check), "the origin agent is asked to confirm {id}");
         let (s, v) = self.confirm(id, &bearer(origin), 42, true).await;
         assert_eq!(s, StatusCode::OK, "{v}");
@@ -1032,7 +1032,7 @@ async fn start_needs_the_origin_agents_confirmation() {
     assert_eq!(d.request_start("s1", "beta", 78).await.0, StatusCode::ACCEPTED);
     assert_eq!((d.job("s1").await.origin_job_id, d.job("s1").await.start_requested_at), (Some(77), Some(asked)));
     assert!(d.work("alpha").await.is_empty() && d.work("gamma").await.is_empty());
-    let check = vec![StartCheck { fleet_job_id: "s1".into(), origin_job_id: 77 }];
+    let check = vec![StartCheck { fleet_job_id: "s1".into(), origin_job_id: 77, ..Default::default() }];
     assert_eq!(d.work("beta").await.confirm_start, check);
 
     // Only the origin cluster's agent confirms.
@@ -1123,7 +1123,7 @@ async fn long_poll_answers_when_work_arrives() {
     assert_eq!(d.request_start("lp", "beta", 42).await.0, StatusCode::ACCEPTED);
     let (w, _) = origin.await.unwrap();
     let t_origin = t0.elapsed();
-    assert_eq!(w.confirm_start, [StartCheck { fleet_job_id: "lp".into(), origin_job_id: 42 }]);
+    assert_eq!(w.confirm_start, [StartCheck { fleet_job_id: "lp".into(), origin_job_id: 42, ..Default::default() }]);
     assert!(!target.is_finished(), "a start request is the origin's work, not the target's");
     assert_eq!(d.confirm("lp", &bearer("beta"), 42, true).await.0, StatusCode::OK);
     let (w, _) = target.await.unwrap();
@@ -1543,7 +1543,7 @@ async fn list_filters_and_pages() {
     }
     // j1 and j3 start (stand-ins 101 and 103) and are placed.
     for i in [1, 3] {
-        let body = serde_json::to_value(StartRequest { origin_job_id: 100 + i }).unwrap();
+        let body = serde_json::to_value(StartRequest { origin_job_id: 100 + i, ..Default::default() }).unwrap();
         let id = format!("j{i}");
         let _: JobRecord = d.ok(M::POST, &format!("/v1/jobs/{id}/start"), &job_auth("beta", &id), Some(body)).await;
         let (s, v) = d.confirm(&id, &bearer("beta"), 100 + i, true).await;

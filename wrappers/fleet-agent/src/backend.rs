@@ -34,6 +34,8 @@ pub struct NativeJob {
     /// `AdminComment`, which only operators and the plugin can set: the
     /// Fleet tag of a stand-in (`fleet:<id>`).
     pub admin_comment: String,
+    /// The time limit in minutes (`None`: unlimited or not said).
+    pub time_limit_min: Option<u32>,
 }
 
 impl NativeJob {
@@ -51,6 +53,7 @@ impl NativeJob {
             restarts: 0,
             partition: String::new(),
             admin_comment: String::new(),
+            time_limit_min: None,
         }
     }
 }

@@ -160,9 +160,24 @@ async fn fail_launch<B: Backend>(agent: &Agent<B>, id: &str, reason: String) -> 
 /// Submit one assigned job, as its submitter's local identity.
 pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<()> {
     let id = a.fleet_job_id;
-    // A journaled run with a Slurm id was submitted already (the
-    // meta-scheduler did not hear back): report, never submit twice.
-    if let Some((run, _)) = agent.journal.run(&id)? {
+    let journaled = agent.journal.run(&id)?;
+    let attempt = match &journaled {
+        Some(_) => agent.journal.attempt(&id)?.unwrap_or(0),
+        None => 0,
+    };
+    // A rerun (the stand-in was requeued at the origin) of a job that ran
+    // here before: once the previous run is fully reported, the row
+    // starts over and the job is submitted again.
+    if let Some((run, _)) = journaled.as_ref().filter(|_| a.origin_restart > attempt) {
+        if !run.done {
+            anyhow::bail!("run {attempt} is still being reported here; run {} waits for it", a.origin_restart);
+        }
+        jobdir::remove(&agent.backend.job_dir(&id))?;
+        agent.journal.rerun(&id, a.origin_restart, &a.request, a.stdout_base, a.stderr_base)?;
+        tracing::info!(%id, restart = a.origin_restart, "the stand-in was requeued at the origin: running the job again");
+    } else if let Some((run, _)) = journaled {
+        // A journaled run with a Slurm id was submitted already (the
+        // meta-scheduler did not hear back): report, never submit twice.
         if run.done {
             return Ok(());
         }
@@ -176,6 +191,9 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         jobdir::remove(&agent.backend.job_dir(&id))?;
     } else {
         agent.journal.add_run(&id, &a.request)?;
+        if a.origin_restart > 0 || a.stdout_base > 0 || a.stderr_base > 0 {
+            agent.journal.rerun(&id, a.origin_restart, &a.request, a.stdout_base, a.stderr_base)?;
+        }
     }
     let site = &agent.cfg.site;
     let user = crate::identity::Accounts::read().and_then(|acc| {
@@ -279,14 +297,20 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
                 (false, format!("job {} is not the stand-in of {}", c.origin_job_id, c.fleet_job_id))
             }
             Some(s) if s.raw_state != "RUNNING" => (false, format!("the stand-in {} is {}", s.native_id, s.raw_state)),
+            // A rerun names the restart it belongs to: the stand-in must be
+            // running that restart (a finished run's token cannot rerun it).
+            Some(s) if s.restarts != c.restart => {
+                (false, format!("the stand-in {} runs its restart {}, not {}", s.native_id, s.restarts, c.restart))
+            }
             Some(_) => (true, String::new()),
         };
+        let time_limit_min = found.and_then(|s| s.time_limit_min);
         if started {
             agent.journal.set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
         } else {
             tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
         }
-        let verdict = StartConfirmation { origin_job_id: c.origin_job_id, started, reason };
+        let verdict = StartConfirmation { origin_job_id: c.origin_job_id, started, reason, time_limit_min };
         if let Err(e) = agent.meta.confirm_start(&c.fleet_job_id, &verdict).await {
             tracing::warn!(id = %c.fleet_job_id, "confirming the start: {e:#}");
         }
