@@ -254,52 +254,88 @@ fn suspend_and_resume_of_a_stand_in_stop_and_continue_the_job() {
     }
 }
 
-/// `scontrol update TimeLimit=` of a pending stand-in by its user: a lower
-/// limit reaches the job at its target, as it would a native pending job;
-/// a higher one (which Slurm refuses a user for a native job) does not.
+/// `scontrol update TimeLimit=` of a pending stand-in by its user reaches
+/// the job at its target, as the same update of a pending native job
+/// takes effect (Slurm lets a user lower a pending job's limit, and raise
+/// it up to the partition's MaxTime).
 #[test]
-fn a_lower_time_limit_of_a_pending_stand_in_reaches_the_job() {
+fn time_limit_updates_of_a_pending_stand_in_reach_the_job() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("limit");
     let body = script("sleep 20");
-    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["--hold", "-t", "10"])), &body).unwrap();
-    let lower = lab.sbatch("beta", &refs(&forwarded_args(&dir, "lower", &["--hold", "-t", "10"])), &body).unwrap();
-    let higher = lab.sbatch("beta", &refs(&forwarded_args(&dir, "higher", &["--hold", "-t", "10"])), &body).unwrap();
     let update = |id: u64, limit: &str| {
-        lab.cmd_as(
-            fleet_lab::USER,
-            "beta",
-            "scontrol",
-            &["update", &format!("JobId={id}"), &format!("TimeLimit={limit}")],
-        )
-        .unwrap()
+        let o = lab
+            .cmd_as(
+                fleet_lab::USER,
+                "beta",
+                "scontrol",
+                &["update", &format!("JobId={id}"), &format!("TimeLimit={limit}")],
+            )
+            .unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
     };
-    // Native: a user lowers a pending job's limit, and may not raise it.
-    assert!(update(native, "3").status.success());
-    assert_eq!(lab.job("beta", native).unwrap()["TimeLimit"], "00:03:00");
-    let o = update(native, "20");
-    assert!(!o.status.success(), "Slurm let a user raise a limit");
-    assert!(update(lower, "3").status.success());
-    let _ = update(higher, "20"); // the stand-in has no limit: Slurm accepts it
-    for id in [native, lower, higher] {
-        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["release", &id.to_string()]).unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut jobs = Vec::new();
+    for (limit, n) in [("3", "lower"), ("20", "higher")] {
+        let native =
+            lab.sbatch("beta", &refs(&native_args(&dir, &format!("n-{n}"), &["--hold", "-t", "10"])), &body).unwrap();
+        let fleet = lab
+            .sbatch("beta", &refs(&forwarded_args(&dir, &format!("f-{n}"), &["--hold", "-t", "10"])), &body)
+            .unwrap();
+        let (a, b) = (update(native, limit), update(fleet, limit));
+        assert_eq!(a.0, b.0, "TimeLimit={limit}: native {a:?}, stand-in {b:?}");
+        jobs.push((native, fleet));
     }
-    for (id, want) in [(lower, "00:03:00"), (higher, "00:10:00")] {
+    for (native, fleet) in &jobs {
+        for id in [native, fleet] {
+            let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["release", &id.to_string()]).unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+    for (native, fleet) in &jobs {
+        let want = lab.job("beta", *native).unwrap()["TimeLimit"].clone();
         let t0 = std::time::Instant::now();
         let (target, remote) = loop {
-            if let Some((t, r)) = remote_of(lab, id).filter(|(_, r)| *r > 0) {
+            if let Some((t, r)) = remote_of(lab, *fleet).filter(|(_, r)| *r > 0) {
                 break (t, r);
             }
-            assert!(t0.elapsed() < T, "job {id} never reached its target");
+            assert!(t0.elapsed() < T, "job {fleet} never reached its target");
             std::thread::sleep(Duration::from_millis(300));
         };
         let r = lab.job(&target, remote).unwrap();
-        assert_eq!(r["TimeLimit"], want, "stand-in {id}: remote {r:?}");
+        assert_eq!(r["TimeLimit"], want, "stand-in {fleet}: remote {r:?}");
     }
-    for id in [native, lower, higher] {
-        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    for (native, fleet) in jobs {
+        let _ = lab.cmd("beta", "scancel", &[&native.to_string(), &fleet.to_string()]);
     }
+}
+
+/// `scontrol update TimeLimit=` lowering a *running* stand-in's limit (what
+/// Slurm lets a user do to a running job): Slurm ends the stand-in at the
+/// new limit, `TIMEOUT` as it ends the native job, and the proxy cancels
+/// the remote job. The limit counts from the stand-in's start.
+#[test]
+fn a_lower_time_limit_of_a_running_stand_in_ends_the_job_timeout() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("limit-running");
+    let body = script("echo started\nsleep 600");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["-t", "10"])), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["-t", "10"])), &body).unwrap();
+    for n in ["native", "fleet"] {
+        wait_file(&dir.join(n), T, |b| b.starts_with(b"started\n")).unwrap();
+    }
+    for id in [native, fleet] {
+        let o = lab
+            .cmd_as(fleet_lab::USER, "beta", "scontrol", &["update", &format!("JobId={id}"), "TimeLimit=1"])
+            .unwrap();
+        assert!(o.status.success(), "{id}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (target, remote) = remote_of(lab, fleet).unwrap();
+    for id in [native, fleet] {
+        let r = lab.wait_done("beta", id, Duration::from_secs(200)).unwrap();
+        assert_eq!(r["JobState"], "TIMEOUT", "{id}: {r:?}");
+    }
+    let r = lab.wait_done(&target, remote, T).unwrap();
+    assert_eq!(r["JobState"], "CANCELLED", "the remote job is cancelled with its stand-in: {r:?}");
 }
 
 /// A job that runs into its time limit at alpha ends `TIMEOUT` at home,

@@ -992,17 +992,13 @@ impl Store {
             return Ok(job.record); // a repeat, or nothing left to do
         }
         // `scontrol update TimeLimit=` of the stand-in while it was pending:
-        // a lower limit than the job's is taken before the job is placed.
-        // Only a lower one: a stand-in has no limit of its own (so that the
-        // target's queue wait does not eat into the job's time), and a
-        // user may lower an unlimited one to anything; raising the job's
-        // limit natively needs an operator.
-        let lower = match (c.time_limit_min, job.request.time_limit_min) {
-            (Some(new), Some(old)) => new < old,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        if o.effects.contains(&Effect::Place) && lower {
+        // the job takes the stand-in's limit before it is placed. Slurm
+        // lets a user lower a pending job's limit, and raise it up to the
+        // partition's MaxTime, so both directions are the user's to make.
+        // A stand-in has no limit of its own (`None`: nothing was changed;
+        // the agent warns about a DefaultTime on the proxy partition).
+        let changed = c.time_limit_min.is_some() && c.time_limit_min != job.request.time_limit_min;
+        if o.effects.contains(&Effect::Place) && changed {
             tracing::info!(job = id, from = ?job.request.time_limit_min, to = ?c.time_limit_min,
                 "the stand-in's time limit changed while it was pending; the job takes it");
             job.request.time_limit_min = c.time_limit_min;
