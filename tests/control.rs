@@ -113,6 +113,17 @@ fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(|s| s.as_str()).collect()
 }
 
+/// Cancels the test's jobs at beta when the test ends, also when it fails:
+/// a held stand-in left behind would hold its job forever.
+fn cancel_on_drop(lab: &Lab, ids: Vec<u64>) -> fleet_lab::OnDrop<impl FnMut() + '_> {
+    fleet_lab::OnDrop(move || {
+        let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        let mut args: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+        args.insert(0, "--quiet");
+        let _ = lab.cmd("beta", "scancel", &args);
+    })
+}
+
 fn text(path: &std::path::Path) -> String {
     String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
 }
@@ -140,6 +151,7 @@ fn requeue_reruns_a_forwarded_job_as_slurm_reruns_a_native_one() {
         let id = lab.sbatch("beta", &refs(&args), &body).unwrap();
         ids.push((name, forwarded, id));
     }
+    let _cancel = cancel_on_drop(lab, ids.iter().map(|i| i.2).collect());
     for (name, _, _) in &ids {
         wait_file(&dir.join(name), T, |b| b.starts_with(b"run-")).unwrap();
     }
@@ -219,6 +231,7 @@ fn suspend_and_resume_of_a_stand_in_stop_and_continue_the_job() {
     let body = script("for i in $(seq 100); do echo tick $(date +%s); sleep 0.5; done\necho end");
     let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &[])), &body).unwrap();
     let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &[])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
     for n in ["native", "fleet"] {
         wait_file(&dir.join(n), T, |b| String::from_utf8_lossy(b).matches("tick").count() >= 4).unwrap();
     }
@@ -247,7 +260,7 @@ fn suspend_and_resume_of_a_stand_in_stop_and_continue_the_job() {
         eprintln!("{n}: longest pause between ticks {gap} s (suspended {suspended:?})");
         // Native: the whole suspension. Forwarded: less the origin agent's
         // reconcile interval (5 s) before the STOP reaches alpha.
-        assert!(gap >= 9 && gap <= 18, "{n}: longest pause {gap} s: {}", text(&dir.join(n)));
+        assert!((9..=18).contains(&gap), "{n}: longest pause {gap} s: {}", text(&dir.join(n)));
     }
     for id in [native, fleet] {
         let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
@@ -285,6 +298,7 @@ fn time_limit_updates_of_a_pending_stand_in_reach_the_job() {
         assert_eq!(a.0, b.0, "TimeLimit={limit}: native {a:?}, stand-in {b:?}");
         jobs.push((native, fleet));
     }
+    let _cancel = cancel_on_drop(lab, jobs.iter().flat_map(|j| [j.0, j.1]).collect());
     for (native, fleet) in &jobs {
         for id in [native, fleet] {
             let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["release", &id.to_string()]).unwrap();
@@ -320,6 +334,7 @@ fn a_lower_time_limit_of_a_running_stand_in_ends_the_job_timeout() {
     let body = script("echo started\nsleep 600");
     let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["-t", "10"])), &body).unwrap();
     let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["-t", "10"])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
     for n in ["native", "fleet"] {
         wait_file(&dir.join(n), T, |b| b.starts_with(b"started\n")).unwrap();
     }
@@ -348,6 +363,7 @@ fn a_remote_timeout_shows_as_timeout_at_home() {
     let body = script("echo started\nsleep 600");
     let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["-t", "1"])), &body).unwrap();
     let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["-t", "1"])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
     let n = lab.wait_done("beta", native, Duration::from_secs(200)).unwrap();
     let f = lab.wait_done("beta", fleet, Duration::from_secs(300)).unwrap();
     assert_eq!(n["JobState"], "TIMEOUT", "{n:?}");

@@ -448,6 +448,70 @@ async fn full_lifecycle_with_output() {
     d.stop().await;
 }
 
+/// `scontrol requeue` of the stand-in at the origin: the proxy cancels the
+/// run, and the stand-in's restart asks for a rerun (`restart` in its
+/// start request). The job is held again, confirmed by the origin agent
+/// for that restart only, reassigned with its output continuing where
+/// the first run's ended, and runs to a new outcome.
+#[tokio::test]
+async fn a_requeued_stand_in_reruns_its_job_and_the_streams_continue() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("rq", "beta", "h100", 8).await;
+    d.start_job("rq", "beta").await;
+    assert_eq!(d.status("rq", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    assert_eq!(d.chunk("rq", "alpha", Stream::Stdout, 0, b"run 1\n").await.0, StatusCode::OK);
+    let rerun = |restart| serde_json::to_value(StartRequest { origin_job_id: 42, restart }).unwrap();
+    let start_path = "/v1/jobs/rq/start";
+    // Still running at alpha (the proxy could not cancel it): cancelled there first.
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(rerun(1))).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("previous run is being cancelled"), "{v}");
+    assert_eq!(d.work("alpha").await.cancel, ["rq"]);
+    let ended = StatusUpdate { final_stdout_len: Some(6), final_stderr_len: Some(0), ..st(JobState::Cancelled) };
+    assert_eq!(d.status("rq", "alpha", ended).await.0, StatusCode::OK);
+    // Now the rerun: held again for restart 1, the first run's outcome forgotten.
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(rerun(1))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.origin_restart, r.requeues), (JobState::Held, 1, 1));
+    assert_eq!((r.target, r.remote_job_id, r.exit_code, r.output_complete), (None, None, None, false));
+    assert_eq!((r.stdout_base, r.stderr_base, r.stdout_len), (6, 0, 6));
+    // The origin agent is asked to confirm restart 1 of stand-in 42.
+    let check = StartCheck { fleet_job_id: "rq".into(), origin_job_id: 42, restart: 1 };
+    assert!(d.work("beta").await.confirm_start.contains(&check));
+    // A repeat of the same restart is not a second rerun.
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(rerun(1))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(d.job("rq").await.requeues, 1);
+    let (s, v) = d.confirm("rq", &bearer("beta"), 42, true).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let w = d.work("alpha").await;
+    assert_eq!(w.submit.len(), 1, "{w:?}");
+    assert_eq!((w.submit[0].origin_restart, w.submit[0].stdout_base, w.submit[0].stderr_base), (1, 6, 0));
+    // The second run reports under a new id; its output continues the stream.
+    let second = StatusUpdate { remote_job_id: Some(8), ..st(JobState::Running) };
+    assert_eq!(d.status("rq", "alpha", second).await.0, StatusCode::OK);
+    assert_eq!(d.chunk("rq", "alpha", Stream::Stdout, 6, b"run 2\n").await.0, StatusCode::OK);
+    let done = StatusUpdate {
+        remote_job_id: Some(8),
+        exit_code: Some(3),
+        final_stdout_len: Some(12),
+        final_stderr_len: Some(0),
+        ..st(JobState::Failed)
+    };
+    assert_eq!(d.status("rq", "alpha", done).await.0, StatusCode::OK);
+    let r = d.job("rq").await;
+    assert_eq!((r.state, r.exit_code, r.remote_job_id, r.output_complete), (JobState::Failed, Some(3), Some(8), true));
+    assert_eq!(d.read_output("rq", "beta", "stdout", 0, 100).await, b"run 1\nrun 2\n");
+    assert_eq!(d.read_output("rq", "beta", "stdout", r.stdout_base, 100).await, b"run 2\n");
+    // Another stand-in's restart cannot rerun it.
+    let other = serde_json::to_value(StartRequest { origin_job_id: 43, restart: 2 }).unwrap();
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(other)).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn chunks_overlap_and_gaps_and_idempotent_forward() {
     let tmp = tempfile::tempdir().unwrap();
