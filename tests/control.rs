@@ -326,14 +326,17 @@ fn time_limit_updates_of_a_pending_stand_in_reach_the_job() {
 /// `scontrol update TimeLimit=` lowering a *running* stand-in's limit (what
 /// Slurm lets a user do to a running job): Slurm ends the stand-in at the
 /// new limit, `TIMEOUT` as it ends the native job, and the proxy cancels
-/// the remote job. The limit counts from the stand-in's start.
+/// the remote job. The limit counts from the stand-in's start. The job's
+/// `--signal=B:USR1@50` warning, which Slurm at home now sends the
+/// stand-in, is forwarded: the script's trap runs at alpha as natively.
 #[test]
 fn a_lower_time_limit_of_a_running_stand_in_ends_the_job_timeout() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("limit-running");
-    let body = script("echo started\nsleep 600");
-    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["-t", "10"])), &body).unwrap();
-    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["-t", "10"])), &body).unwrap();
+    let body = script("trap 'echo got-usr1' USR1\necho started\nfor i in $(seq 600); do sleep 1; done");
+    let opts = ["-t", "10", "--signal=B:USR1@50"];
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &opts)), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &opts)), &body).unwrap();
     let _cancel = cancel_on_drop(lab, vec![native, fleet]);
     for n in ["native", "fleet"] {
         wait_file(&dir.join(n), T, |b| b.starts_with(b"started\n")).unwrap();
@@ -351,6 +354,10 @@ fn a_lower_time_limit_of_a_running_stand_in_ends_the_job_timeout() {
     }
     let r = lab.wait_done(&target, remote, T).unwrap();
     assert_eq!(r["JobState"], "CANCELLED", "the remote job is cancelled with its stand-in: {r:?}");
+    for n in ["native", "fleet"] {
+        let out = text(&dir.join(n));
+        assert_eq!(out.matches("got-usr1").count(), 1, "{n}: {out:?}");
+    }
 }
 
 /// A job that runs into its time limit at alpha ends `TIMEOUT` at home,
