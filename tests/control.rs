@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use fleet_lab::{fleet_record, out_arg, script, wait_file, Lab};
+use fleet_lab::{fleet_record, out_arg, remote_of, script, wait_file, Lab};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -92,4 +92,296 @@ fn a_signal_before_the_job_runs_anywhere_is_refused_by_fleetctl() {
     assert!(format!("{err:#}").contains("held until its stand-in starts"), "{err:#}");
     let o = lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
     assert!(o.status.success());
+}
+
+/// The native twin of a forwarded job: the same script and options at
+/// beta itself (`--fleet=local`, an A100 instead of the H100s that make
+/// the other leave), so that Slurm is the oracle.
+fn native_args(dir: &std::path::Path, name: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["--fleet=local".to_string(), "--gres=gpu:a100:1".to_string(), out_arg(dir, name)];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn forwarded_args(dir: &std::path::Path, name: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["--gres=gpu:h100:8".to_string(), out_arg(dir, name)];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(|s| s.as_str()).collect()
+}
+
+/// Cancels the test's jobs at beta when the test ends, also when it fails:
+/// a held stand-in left behind would hold its job forever.
+fn cancel_on_drop(lab: &Lab, ids: Vec<u64>) -> fleet_lab::OnDrop<impl FnMut() + '_> {
+    fleet_lab::OnDrop(move || {
+        let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        let mut args: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+        args.insert(0, "--quiet");
+        let _ = lab.cmd("beta", "scancel", &args);
+    })
+}
+
+fn text(path: &std::path::Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
+
+/// `scontrol requeue` of a running job, as its user, at beta: the native
+/// job and the stand-in of a forwarded one both go back to pending
+/// (`BeginTime`, Slurm's credential window), run again from the start and
+/// end with the second run's exit code and `Restarts=1`; the output file
+/// holds what Slurm's `--open-mode` leaves: the second run alone
+/// (truncate, the default) or both runs (append).
+#[test]
+fn requeue_reruns_a_forwarded_job_as_slurm_reruns_a_native_one() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("requeue");
+    let body = script("echo run-$(date +%s%N)\nfor i in $(seq 20); do sleep 1; done\necho end\nexit 3");
+    let mut ids = Vec::new();
+    for (name, forwarded, mode) in [
+        ("native-trunc", false, None),
+        ("native-append", false, Some("--open-mode=append")),
+        ("fleet-trunc", true, None),
+        ("fleet-append", true, Some("--open-mode=append")),
+    ] {
+        let extra: Vec<&str> = mode.into_iter().collect();
+        let args = if forwarded { forwarded_args(&dir, name, &extra) } else { native_args(&dir, name, &extra) };
+        let id = lab.sbatch("beta", &refs(&args), &body).unwrap();
+        ids.push((name, forwarded, id));
+    }
+    let _cancel = cancel_on_drop(lab, ids.iter().map(|i| i.2).collect());
+    for (name, _, _) in &ids {
+        wait_file(&dir.join(name), T, |b| b.starts_with(b"run-")).unwrap();
+    }
+    for (name, forwarded, id) in &ids {
+        if *forwarded {
+            assert_eq!(fleet_record(lab, *id).unwrap()["target"], "alpha", "{name}");
+        }
+        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["requeue", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    // Back to pending, as Slurm does with any requeued batch job.
+    for (name, _, id) in &ids {
+        let r = lab.wait_for("beta", *id, T, |r| r["JobState"] == "PENDING").unwrap();
+        assert_eq!((r["Restarts"].as_str(), r["Reason"].as_str()), ("1", "BeginTime"), "{name}: {r:?}");
+    }
+    // The remote run of each forwarded job was cancelled, not left running.
+    for (name, forwarded, id) in &ids {
+        if *forwarded {
+            let (target, remote) = remote_of(lab, *id).unwrap();
+            let r = lab.wait_done(&target, remote, T).unwrap();
+            assert_eq!(r["JobState"], "CANCELLED", "{name}: first remote run {r:?}");
+        }
+    }
+    // Slurm restarts them after its credential window (about 2 min); each
+    // runs to its end once more.
+    let mut done = Vec::new();
+    for (name, forwarded, id) in &ids {
+        let r = lab.wait_done("beta", *id, Duration::from_secs(300)).unwrap();
+        done.push((*name, *forwarded, *id, r));
+    }
+    for (name, forwarded, id, r) in &done {
+        assert_eq!(r["JobState"], "FAILED", "{name}: {r:?}");
+        assert_eq!(r["ExitCode"], "3:0", "{name}: {r:?}");
+        assert_eq!(r["Restarts"], "1", "{name}: {r:?}");
+        let out = text(&dir.join(name));
+        let runs = out.matches("run-").count();
+        let want = if name.ends_with("append") { 2 } else { 1 };
+        assert_eq!(runs, want, "{name}: {out:?}");
+        assert!(out.ends_with("end\n"), "{name}: {out:?}");
+        if *forwarded {
+            let rec = fleet_record(lab, *id).unwrap();
+            assert_eq!(rec["requeues"], 1, "{name}: {rec}");
+            assert_eq!(rec["origin_restart"], 1, "{name}: {rec}");
+            assert_eq!(rec["exit_code"], 3, "{name}: {rec}");
+        }
+    }
+    // Same shape as Slurm's own: the forwarded files look like the native ones.
+    for (a, b) in [("native-trunc", "fleet-trunc"), ("native-append", "fleet-append")] {
+        let shape = |n: &str| {
+            text(&dir.join(n))
+                .lines()
+                .map(|l| {
+                    if l.starts_with("run-") {
+                        "run"
+                    } else if l == "end" {
+                        "end"
+                    } else {
+                        "other"
+                    }
+                })
+                .filter(|l| *l != "other")
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shape(a), shape(b), "{a} vs {b}");
+    }
+}
+
+/// `scontrol suspend` / `resume` of the stand-in (as an operator, as
+/// natively): the job at alpha stops while the stand-in is suspended and
+/// carries on after the resume, as the native job at beta does. Each tick
+/// carries its time, so the pause shows in the output itself (the
+/// stand-in's relay is stopped too while suspended, and catches up later).
+#[test]
+fn suspend_and_resume_of_a_stand_in_stop_and_continue_the_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("suspend");
+    let body = script("for i in $(seq 100); do echo tick $(date +%s); sleep 0.5; done\necho end");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &[])), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &[])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
+    for n in ["native", "fleet"] {
+        wait_file(&dir.join(n), T, |b| String::from_utf8_lossy(b).matches("tick").count() >= 4).unwrap();
+    }
+    for id in [native, fleet] {
+        let o = lab.cmd("beta", "scontrol", &["suspend", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let suspended = Duration::from_secs(16);
+    std::thread::sleep(suspended);
+    for id in [native, fleet] {
+        assert_eq!(lab.job("beta", id).unwrap()["JobState"], "SUSPENDED");
+        let o = lab.cmd("beta", "scontrol", &["resume", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let gaps = |n: &str| -> (usize, i64) {
+        let t: Vec<i64> = text(&dir.join(n)).lines().filter_map(|l| l.strip_prefix("tick ")?.parse().ok()).collect();
+        (t.len(), t.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0))
+    };
+    for n in ["native", "fleet"] {
+        let before = gaps(n).0;
+        wait_file(&dir.join(n), Duration::from_secs(30), |b| {
+            String::from_utf8_lossy(b).matches("tick").count() > before + 4
+        })
+        .unwrap_or_else(|e| panic!("{n} did not continue after the resume: {e:#}"));
+        let (_, gap) = gaps(n);
+        eprintln!("{n}: longest pause between ticks {gap} s (suspended {suspended:?})");
+        // Native: the whole suspension. Forwarded: less the origin agent's
+        // reconcile interval (5 s) before the STOP reaches alpha.
+        assert!((9..=18).contains(&gap), "{n}: longest pause {gap} s: {}", text(&dir.join(n)));
+    }
+    for id in [native, fleet] {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    }
+}
+
+/// `scontrol update TimeLimit=` of a pending stand-in by its user reaches
+/// the job at its target, as the same update of a pending native job
+/// takes effect (Slurm lets a user lower a pending job's limit, and raise
+/// it up to the partition's MaxTime).
+#[test]
+fn time_limit_updates_of_a_pending_stand_in_reach_the_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("limit");
+    let body = script("sleep 20");
+    let update = |id: u64, limit: &str| {
+        let o = lab
+            .cmd_as(
+                fleet_lab::USER,
+                "beta",
+                "scontrol",
+                &["update", &format!("JobId={id}"), &format!("TimeLimit={limit}")],
+            )
+            .unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let mut jobs = Vec::new();
+    for (limit, n) in [("3", "lower"), ("20", "higher")] {
+        let native =
+            lab.sbatch("beta", &refs(&native_args(&dir, &format!("n-{n}"), &["--hold", "-t", "10"])), &body).unwrap();
+        let fleet = lab
+            .sbatch("beta", &refs(&forwarded_args(&dir, &format!("f-{n}"), &["--hold", "-t", "10"])), &body)
+            .unwrap();
+        let (a, b) = (update(native, limit), update(fleet, limit));
+        assert_eq!(a.0, b.0, "TimeLimit={limit}: native {a:?}, stand-in {b:?}");
+        jobs.push((native, fleet));
+    }
+    let _cancel = cancel_on_drop(lab, jobs.iter().flat_map(|j| [j.0, j.1]).collect());
+    for (native, fleet) in &jobs {
+        for id in [native, fleet] {
+            let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["release", &id.to_string()]).unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+    for (native, fleet) in &jobs {
+        let want = lab.job("beta", *native).unwrap()["TimeLimit"].clone();
+        let t0 = std::time::Instant::now();
+        let (target, remote) = loop {
+            if let Some((t, r)) = remote_of(lab, *fleet).filter(|(_, r)| *r > 0) {
+                break (t, r);
+            }
+            assert!(t0.elapsed() < T, "job {fleet} never reached its target");
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        let r = lab.job(&target, remote).unwrap();
+        assert_eq!(r["TimeLimit"], want, "stand-in {fleet}: remote {r:?}");
+    }
+    for (native, fleet) in jobs {
+        let _ = lab.cmd("beta", "scancel", &[&native.to_string(), &fleet.to_string()]);
+    }
+}
+
+/// `scontrol update TimeLimit=` lowering a *running* stand-in's limit (what
+/// Slurm lets a user do to a running job): Slurm ends the stand-in at the
+/// new limit, `TIMEOUT` as it ends the native job, and the proxy cancels
+/// the remote job. The limit counts from the stand-in's start. The job's
+/// `--signal=B:USR1@50` warning, which Slurm at home now sends the
+/// stand-in, is forwarded: the script's trap runs at alpha as natively.
+#[test]
+fn a_lower_time_limit_of_a_running_stand_in_ends_the_job_timeout() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("limit-running");
+    let body = script("trap 'echo got-usr1' USR1\necho started\nfor i in $(seq 600); do sleep 1; done");
+    let opts = ["-t", "10", "--signal=B:USR1@50"];
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &opts)), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &opts)), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
+    for n in ["native", "fleet"] {
+        wait_file(&dir.join(n), T, |b| b.starts_with(b"started\n")).unwrap();
+    }
+    for id in [native, fleet] {
+        let o = lab
+            .cmd_as(fleet_lab::USER, "beta", "scontrol", &["update", &format!("JobId={id}"), "TimeLimit=1"])
+            .unwrap();
+        assert!(o.status.success(), "{id}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (target, remote) = remote_of(lab, fleet).unwrap();
+    for id in [native, fleet] {
+        let r = lab.wait_done("beta", id, Duration::from_secs(200)).unwrap();
+        assert_eq!(r["JobState"], "TIMEOUT", "{id}: {r:?}");
+    }
+    let r = lab.wait_done(&target, remote, T).unwrap();
+    assert_eq!(r["JobState"], "CANCELLED", "the remote job is cancelled with its stand-in: {r:?}");
+    for n in ["native", "fleet"] {
+        let out = text(&dir.join(n));
+        assert_eq!(out.matches("got-usr1").count(), 1, "{n}: {out:?}");
+    }
+}
+
+/// A job that runs into its time limit at alpha ends `TIMEOUT` at home,
+/// as the same job run natively at beta does (the proxy lowers its own
+/// limit to what it ran and lets slurmctld end it).
+#[test]
+fn a_remote_timeout_shows_as_timeout_at_home() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("timeout");
+    let body = script("echo started\nsleep 600");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["-t", "1"])), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["-t", "1"])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
+    let n = lab.wait_done("beta", native, Duration::from_secs(200)).unwrap();
+    let f = lab.wait_done("beta", fleet, Duration::from_secs(300)).unwrap();
+    assert_eq!(n["JobState"], "TIMEOUT", "{n:?}");
+    assert_eq!(f["JobState"], "TIMEOUT", "{f:?}");
+    assert_eq!(f["ExitCode"], n["ExitCode"], "native {n:?} vs forwarded {f:?}");
+    let rec = fleet_record(lab, fleet).unwrap();
+    assert!(rec["reason"].as_str().unwrap_or("").starts_with("TIMEOUT at alpha"), "{rec}");
+    let (target, remote) = remote_of(lab, fleet).unwrap();
+    assert_eq!(lab.job(&target, remote).unwrap()["JobState"], "TIMEOUT");
+    // Accounting at home agrees.
+    let o = lab.cmd("beta", "sacct", &["-X", "-n", "-P", "-o", "State", "-j", &fleet.to_string()]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "TIMEOUT");
+    assert!(text(&dir.join("fleet")).starts_with("started\n"));
 }

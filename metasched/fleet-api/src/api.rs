@@ -179,6 +179,11 @@ pub struct ForwardRequest {
 pub struct StartRequest {
     /// Slurm job id of the stand-in at the origin.
     pub origin_job_id: u64,
+    /// The stand-in's restart count (`SLURM_RESTART_COUNT`, 0 on its first
+    /// run). A count above the job's `origin_restart` asks for a rerun:
+    /// Slurm requeued the stand-in, so the job runs again from the start.
+    #[serde(default)]
+    pub restart: u32,
 }
 
 /// Origin agent → meta-scheduler (`POST /v1/jobs/{id}/confirm_start`):
@@ -192,6 +197,12 @@ pub struct StartConfirmation {
     /// Why not (with `started = false`), for the log.
     #[serde(default)]
     pub reason: String,
+    /// The stand-in's time limit in minutes as Slurm holds it now (`None`:
+    /// unlimited or unknown). It may have been changed with `scontrol
+    /// update TimeLimit=` while the stand-in was pending: the job takes it
+    /// before it is placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_min: Option<u32>,
 }
 
 /// A held job whose stand-in asked to start; the origin agent checks it
@@ -201,6 +212,10 @@ pub struct StartCheck {
     pub fleet_job_id: String,
     /// The stand-in's Slurm job id as the start request gave it.
     pub origin_job_id: u64,
+    /// The stand-in's restart count the request names: Slurm must show
+    /// the stand-in RUNNING with this many restarts.
+    #[serde(default)]
+    pub restart: u32,
 }
 
 /// Everything the meta-scheduler knows about one forwarded job.
@@ -253,6 +268,18 @@ pub struct JobRecord {
     /// (`JobRequest::user_name`), when the origin said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The stand-in's restart count this run belongs to (0: its first
+    /// run). Each requeue of the stand-in at the origin reruns the job.
+    #[serde(default)]
+    pub origin_restart: u32,
+    /// Where this run's output begins in the job's streams: earlier runs'
+    /// output comes first (the streams only grow), and the stand-in of a
+    /// rerun relays from here, so Slurm's `--open-mode` at the origin
+    /// decides whether its file keeps the earlier runs, as natively.
+    #[serde(default)]
+    pub stdout_base: u64,
+    #[serde(default)]
+    pub stderr_base: u64,
 }
 
 /// One job the target agent must submit.
@@ -260,6 +287,15 @@ pub struct JobRecord {
 pub struct Assignment {
     pub fleet_job_id: String,
     pub request: JobRequest,
+    /// A rerun (the stand-in's restart count, 0 for a first run): a target
+    /// that ran the job before submits it again.
+    #[serde(default)]
+    pub origin_restart: u32,
+    /// Offsets at which this run's output continues the job's streams.
+    #[serde(default)]
+    pub stdout_base: u64,
+    #[serde(default)]
+    pub stderr_base: u64,
 }
 
 /// A target agent's to-do list.

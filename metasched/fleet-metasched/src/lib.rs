@@ -838,7 +838,8 @@ async fn start(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: StartRequest = if body.is_empty() { StartRequest::default() } else { parse(&body, "start request")? };
-    let (record, held) = with_store(&st, move |s, now| s.start(&caller, &id, req.origin_job_id, now)).await?;
+    let (record, held) =
+        with_store(&st, move |s, now| s.start(&caller, &id, req.origin_job_id, req.restart, now)).await?;
     let status = if held { StatusCode::ACCEPTED } else { StatusCode::OK };
     Ok((status, Json(record)).into_response())
 }

@@ -15,6 +15,10 @@
 //! signal: queued for the target while the job is pending or running there (or
 //! assigned and reported); held, queued, assigned-not-submitted → conflict;
 //! terminal → `terminal` conflict. A signal never changes the state.
+//! rerun (a start request with a higher restart count: Slurm requeued the
+//! stand-in): terminal or not yet submitted ──▶ held (request), the run's
+//! details reset; submitted and still running there → cancelled there
+//! first (conflict: ask again once it ended).
 //! ```
 
 use fleet_api::JobState;
@@ -33,6 +37,8 @@ pub struct Life {
     pub cancel_requested: bool,
     /// Cancelled here, but the target reported a submission afterwards.
     pub remote_cancel_pending: bool,
+    /// The stand-in's restart count of the current run (0: first run).
+    pub restart: u32,
 }
 
 impl Default for Life {
@@ -45,14 +51,16 @@ impl Default for Life {
             submitted: false,
             cancel_requested: false,
             remote_cancel_pending: false,
+            restart: 0,
         }
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// The stand-in's `POST /start` naming its Slurm job id.
-    RequestStart { origin_job_id: u64 },
+    /// The stand-in's `POST /start` naming its Slurm job id and its restart
+    /// count (`SLURM_RESTART_COUNT`; above the job's: a rerun).
+    RequestStart { origin_job_id: u64, restart: u32 },
     /// The origin agent's `POST /confirm_start`.
     ConfirmStart { origin_job_id: u64, started: bool },
     /// Placement picked a cluster.
@@ -97,6 +105,10 @@ pub enum Effect {
     CompareOutcome,
     /// Queue the signal for the target agent (handed out once).
     QueueSignal,
+    /// A rerun: forget the previous run's target, remote id, outcome and
+    /// final sizes, count it, and start the new run's output where the
+    /// streams end now.
+    Rerun,
 }
 
 /// How the caller is answered.
@@ -134,7 +146,10 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
     let mut next = life.clone();
     let cur = life.state;
     match *event {
-        Event::RequestStart { origin_job_id } => {
+        Event::RequestStart { origin_job_id, restart } if restart > life.restart => {
+            rerun(life, next, origin_job_id, restart)
+        }
+        Event::RequestStart { origin_job_id, .. } => {
             if cur != S::Held {
                 return ok(next, vec![]);
             }
@@ -219,6 +234,45 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
         Event::Report { state, remote_job_id } => report(life, next, state, remote_job_id),
         Event::Signal => signal(life),
     }
+}
+
+/// The stand-in was requeued by Slurm at the origin and runs again (its
+/// restart count grew): the job runs again from the start, as a requeued
+/// native job does. A run still going at its target is cancelled first.
+fn rerun(life: &Life, mut next: Life, origin_job_id: u64, restart: u32) -> Outcome {
+    use JobState as S;
+    if origin_job_id == 0 {
+        return refuse(life, Reply::BadRequest("origin_job_id is required for a rerun".into()));
+    }
+    if let Some(o) = life.origin_job_id.filter(|o| *o != origin_job_id) {
+        return refuse(
+            life,
+            Reply::Conflict(format!(
+                "the job's stand-in is job {o}; a restart of job {origin_job_id} does not rerun it"
+            )),
+        );
+    }
+    let cur = life.state;
+    let running_there = !cur.is_terminal() && life.submitted;
+    if running_there || life.remote_cancel_pending {
+        let effects = if life.cancel_requested || !running_there { vec![] } else { vec![Effect::WakeTarget] };
+        next.cancel_requested |= running_there;
+        return Outcome {
+            life: next,
+            effects,
+            reply: Reply::Conflict(format!(
+                "restart {restart} of stand-in {origin_job_id}: the previous run is being cancelled at its target; \
+                 the job runs again once it has ended"
+            )),
+        };
+    }
+    next.state = S::Held;
+    next.origin_job_id = Some(origin_job_id);
+    next.start_requested = true;
+    next.submitted = false;
+    next.cancel_requested = false;
+    next.restart = restart;
+    ok(next, vec![Effect::Rerun, Effect::RecordStartRequest, Effect::WakeOrigin])
 }
 
 /// A signal reaches a job only where Slurm runs it (or holds it pending):
@@ -318,6 +372,7 @@ mod tests {
             submitted: !matches!(state, S::Held | S::Queued | S::Assigned),
             cancel_requested: false,
             remote_cancel_pending: false,
+            restart: 0,
         }
     }
 
@@ -341,8 +396,18 @@ mod tests {
     #[test]
     fn every_state_times_every_event() {
         let table: Vec<(Event, &str)> = vec![
-            (Event::RequestStart { origin_job_id: 7 }, "H Q A P R C F X L"),
-            (Event::RequestStart { origin_job_id: 0 }, "H!400 Q A P R C F X L"),
+            (Event::RequestStart { origin_job_id: 7, restart: 0 }, "H Q A P R C F X L"),
+            (Event::RequestStart { origin_job_id: 0, restart: 0 }, "H!400 Q A P R C F X L"),
+            // A rerun: the stand-in restarted after a requeue.
+            (Event::RequestStart { origin_job_id: 7, restart: 1 }, "H H H P!409 R!409 H H H H"),
+            (
+                Event::RequestStart { origin_job_id: 8, restart: 1 },
+                "H!409 Q!409 A!409 P!409 R!409 C!409 F!409 X!409 L!409",
+            ),
+            (
+                Event::RequestStart { origin_job_id: 0, restart: 1 },
+                "H!400 Q!400 A!400 P!400 R!400 C!400 F!400 X!400 L!400",
+            ),
             (Event::ConfirmStart { origin_job_id: 7, started: true }, "Q Q A P R C F X L"),
             (Event::ConfirmStart { origin_job_id: 7, started: false }, "H Q!409 A!409 P!409 R!409 C F X L"),
             (Event::ConfirmStart { origin_job_id: 8, started: true }, "H!409 Q!409 A!409 P!409 R!409 C F X L"),
@@ -384,12 +449,12 @@ mod tests {
         let asked = Life { origin_job_id: Some(7), start_requested: true, ..fresh.clone() };
         check(
             fresh.clone(),
-            Event::RequestStart { origin_job_id: 7 },
+            Event::RequestStart { origin_job_id: 7, restart: 0 },
             asked.clone(),
             &[E::RecordStartRequest, E::WakeOrigin],
             "ok",
         );
-        check(asked.clone(), Event::RequestStart { origin_job_id: 9 }, asked.clone(), &[], "ok");
+        check(asked.clone(), Event::RequestStart { origin_job_id: 9, restart: 0 }, asked.clone(), &[], "ok");
         check(
             fresh.clone(),
             Event::ConfirmStart { origin_job_id: 7, started: true },
@@ -472,6 +537,52 @@ mod tests {
             Life { remote_cancel_pending: false, ..told.clone() },
             &[E::CompareOutcome],
             "ok",
+        );
+    }
+
+    #[test]
+    fn a_requeued_stand_in_reruns_the_job() {
+        use Effect as E;
+        let rerun = |restart| Event::RequestStart { origin_job_id: 7, restart };
+        let asked1 =
+            Life { state: S::Held, origin_job_id: Some(7), start_requested: true, restart: 1, ..Default::default() };
+        let reset = [E::Rerun, E::RecordStartRequest, E::WakeOrigin];
+        // Ended (the proxy cancelled the run when Slurm requeued it, or it had
+        // finished): held again with a start request for restart 1.
+        for s in [S::Completed, S::Failed, S::Cancelled, S::Lost] {
+            let done = Life { cancel_requested: s == S::Cancelled, ..typical(s) };
+            check(done, rerun(1), asked1.clone(), &reset, "ok");
+        }
+        // Never submitted anywhere: simply held again.
+        check(typical(S::Queued), rerun(1), asked1.clone(), &reset, "ok");
+        check(typical(S::Assigned), rerun(1), asked1.clone(), &reset, "ok");
+        // Still running at its target (the proxy died before it could
+        // cancel): cancelled there first, once; asked again later.
+        let running = typical(S::Running);
+        let cancelling = Life { cancel_requested: true, ..running.clone() };
+        check(running, rerun(1), cancelling.clone(), &[E::WakeTarget], "previous run is being cancelled");
+        check(cancelling.clone(), rerun(1), cancelling.clone(), &[], "previous run is being cancelled");
+        // Cancelled here before the target reported it: not until it is gone there.
+        let told = Life { remote_cancel_pending: true, cancel_requested: true, ..typical(S::Cancelled) };
+        check(told.clone(), rerun(1), told, &[], "previous run is being cancelled");
+        // The same restart again (the proxy asks again, or a stale request):
+        // no second rerun, the ordinary start rules apply.
+        let r1 = Life { state: S::Running, restart: 1, ..typical(S::Running) };
+        check(r1.clone(), rerun(1), r1.clone(), &[], "ok");
+        let c1 = Life { state: S::Completed, restart: 1, ..typical(S::Completed) };
+        check(c1.clone(), rerun(1), c1.clone(), &[], "ok");
+        check(c1.clone(), rerun(0), c1, &[], "ok");
+        // The next requeue reruns it again.
+        let f1 = Life { restart: 1, ..typical(S::Failed) };
+        check(f1, rerun(2), Life { restart: 2, ..asked1.clone() }, &reset, "ok");
+        // Another stand-in cannot rerun it.
+        let done = typical(S::Completed);
+        check(
+            done.clone(),
+            Event::RequestStart { origin_job_id: 8, restart: 1 },
+            done,
+            &[],
+            "stand-in is job 7; a restart of job 8",
         );
     }
 

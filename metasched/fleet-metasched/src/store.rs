@@ -442,6 +442,7 @@ fn life_of(job: &Job) -> Life {
         submitted: job.submitted,
         cancel_requested: r.cancel_requested,
         remote_cancel_pending: job.remote_cancel_pending,
+        restart: r.origin_restart,
     }
 }
 
@@ -453,6 +454,7 @@ fn set_life(job: &mut Job, life: &Life) {
     job.submitted = life.submitted;
     job.record.cancel_requested = life.cancel_requested;
     job.remote_cancel_pending = life.remote_cancel_pending;
+    job.record.origin_restart = life.restart;
 }
 
 /// A refusal of the lifecycle as the store's error.
@@ -793,6 +795,9 @@ impl Store {
             start_requested_at: None,
             requeues: 0,
             user: fwd.request.user_name.clone(),
+            origin_restart: 0,
+            stdout_base: 0,
+            stderr_base: 0,
         };
         let job = Job {
             record,
@@ -915,6 +920,7 @@ impl Store {
         caller: &Caller,
         id: &str,
         origin_job_id: u64,
+        restart: u32,
         now: f64,
     ) -> Result<(JobRecord, bool), StoreError> {
         let mut job = self.load_for_origin(caller, id, "start")?;
@@ -923,8 +929,38 @@ impl Store {
             tracing::warn!(job = id, requested = ?life.origin_job_id, again = origin_job_id,
                 "a second start request names another stand-in; the first stands until the origin agent answers it");
         }
-        let o = transition(&life, &Event::RequestStart { origin_job_id });
+        let o = transition(&life, &Event::RequestStart { origin_job_id, restart });
+        if o.effects.contains(&Effect::WakeTarget) {
+            // A rerun while the previous run still goes: cancel it there first.
+            tracing::info!(
+                job = id,
+                stand_in = origin_job_id,
+                restart,
+                "the stand-in was requeued; cancelling the previous run before the job runs again"
+            );
+            set_life(&mut job, &o.life);
+            job.record.updated_at = now;
+            self.save(&job)?;
+        }
         reply_result(id, &o.reply)?;
+        if o.effects.contains(&Effect::Rerun) {
+            let r = &mut job.record;
+            tracing::info!(job = id, stand_in = origin_job_id, restart, previous = %r.state,
+                "the stand-in was requeued at its origin: the job runs again");
+            r.target = None;
+            r.remote_job_id = None;
+            r.exit_code = None;
+            r.signal = None;
+            r.node_list.clear();
+            r.output_complete = false;
+            r.requeues += 1;
+            r.stdout_base = r.stdout_len;
+            r.stderr_base = r.stderr_len;
+            job.final_stdout_len = None;
+            job.final_stderr_len = None;
+            job.running_since = None;
+            job.remote_cancel_pending = false;
+        }
         if o.effects.contains(&Effect::RecordStartRequest) {
             set_life(&mut job, &o.life);
             job.record.start_requested_at = Some(now);
@@ -962,6 +998,19 @@ impl Store {
         reply_result(id, &o.reply)?;
         if o.effects.is_empty() {
             return Ok(job.record); // a repeat, or nothing left to do
+        }
+        // `scontrol update TimeLimit=` of the stand-in while it was pending:
+        // the job takes the stand-in's limit before it is placed. Slurm
+        // lets a user lower a pending job's limit, and raise it up to the
+        // partition's MaxTime, so both directions are the user's to make.
+        // A stand-in has no limit of its own (`None`: nothing was changed;
+        // the agent warns about a DefaultTime on the proxy partition).
+        let changed = c.time_limit_min.is_some() && c.time_limit_min != job.request.time_limit_min;
+        if o.effects.contains(&Effect::Place) && changed {
+            tracing::info!(job = id, from = ?job.request.time_limit_min, to = ?c.time_limit_min,
+                "the stand-in's time limit changed while it was pending; the job takes it");
+            job.request.time_limit_min = c.time_limit_min;
+            job.record.summary = summary(&job.request);
         }
         set_life(&mut job, &o.life);
         job.record.updated_at = now;
@@ -1267,7 +1316,8 @@ impl Store {
                 | Effect::DropStartRequest
                 | Effect::WakeOrigin
                 | Effect::WakeTarget
-                | Effect::QueueSignal => {}
+                | Effect::QueueSignal
+                | Effect::Rerun => {}
             }
         }
         let takes = o.effects.iter().any(|e| *e != Effect::CompareOutcome);
@@ -1418,9 +1468,13 @@ impl Store {
         let sql = "SELECT data FROM jobs WHERE target = ?1 AND active = 1 ORDER BY submitted_at, id";
         for job in self.query(sql, [c])? {
             match target_work(&job) {
-                Some(TargetWork::Submit) => {
-                    work.submit.push(Assignment { fleet_job_id: job.record.fleet_job_id.clone(), request: job.request })
-                }
+                Some(TargetWork::Submit) => work.submit.push(Assignment {
+                    fleet_job_id: job.record.fleet_job_id.clone(),
+                    request: job.request,
+                    origin_restart: job.record.origin_restart,
+                    stdout_base: job.record.stdout_base,
+                    stderr_base: job.record.stderr_base,
+                }),
                 Some(TargetWork::Cancel) => work.cancel.push(job.record.fleet_job_id),
                 None => {}
             }
@@ -1429,7 +1483,11 @@ impl Store {
                    AND json_extract(data, '$.record.start_requested_at') IS NOT NULL ORDER BY submitted_at, id";
         for job in self.query(sql, [c])? {
             if let Some(origin_job_id) = job.record.origin_job_id {
-                work.confirm_start.push(StartCheck { fleet_job_id: job.record.fleet_job_id, origin_job_id });
+                work.confirm_start.push(StartCheck {
+                    fleet_job_id: job.record.fleet_job_id,
+                    origin_job_id,
+                    restart: job.record.origin_restart,
+                });
             }
         }
         work.signal = self.take_signal_orders(c)?;

@@ -144,13 +144,13 @@ impl Daemon {
 
     /// The stand-in's `POST /start` (with Slurm job id `stand_in`).
     async fn request_start(&self, id: &str, origin: &str, stand_in: u64) -> (StatusCode, Value) {
-        let body = serde_json::to_value(StartRequest { origin_job_id: stand_in }).unwrap();
+        let body = serde_json::to_value(StartRequest { origin_job_id: stand_in, ..Default::default() }).unwrap();
         self.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/start"), &job_auth(origin, id), Some(body)).await
     }
 
     /// A `POST /confirm_start` with `auth`.
     async fn confirm(&self, id: &str, auth: &str, stand_in: u64, started: bool) -> (StatusCode, Value) {
-        let body = StartConfirmation { origin_job_id: stand_in, started, reason: "test".into() };
+        let body = StartConfirmation { origin_job_id: stand_in, started, reason: "test".into(), ..Default::default() };
         self.call(
             reqwest::Method::POST,
             &format!("/v1/jobs/{id}/confirm_start"),
@@ -169,7 +169,7 @@ impl Daemon {
             return r;
         }
         assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-        let check = StartCheck { fleet_job_id: id.into(), origin_job_id: 42 };
+        let check = StartCheck { fleet_job_id: id.into(), origin_job_id: 42, ..Default::default() };
         assert!(self.work(origin).await.confirm_start.contains(&check), "the origin agent is asked to confirm {id}");
         let (s, v) = self.confirm(id, &bearer(origin), 42, true).await;
         assert_eq!(s, StatusCode::OK, "{v}");
@@ -446,6 +446,70 @@ async fn full_lifecycle_with_output() {
     assert_eq!(d.read_output("life", "beta", "stdout", 6, 3).await, b"wor");
     assert_eq!(d.read_output("life", "beta", "stdout", 100, 3).await, b"");
     assert_eq!(d.read_output("life", "beta", "stderr", 0, 100).await, b"\xffwarn\n");
+    d.stop().await;
+}
+
+/// `scontrol requeue` of the stand-in at the origin: the proxy cancels the
+/// run, and the stand-in's restart asks for a rerun (`restart` in its
+/// start request). The job is held again, confirmed by the origin agent
+/// for that restart only, reassigned with its output continuing where
+/// the first run's ended, and runs to a new outcome.
+#[tokio::test]
+async fn a_requeued_stand_in_reruns_its_job_and_the_streams_continue() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("rq", "beta", "h100", 8).await;
+    d.start_job("rq", "beta").await;
+    assert_eq!(d.status("rq", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    assert_eq!(d.chunk("rq", "alpha", Stream::Stdout, 0, b"run 1\n").await.0, StatusCode::OK);
+    let rerun = |restart| serde_json::to_value(StartRequest { origin_job_id: 42, restart }).unwrap();
+    let start_path = "/v1/jobs/rq/start";
+    // Still running at alpha (the proxy could not cancel it): cancelled there first.
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(rerun(1))).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("previous run is being cancelled"), "{v}");
+    assert_eq!(d.work("alpha").await.cancel, ["rq"]);
+    let ended = StatusUpdate { final_stdout_len: Some(6), final_stderr_len: Some(0), ..st(JobState::Cancelled) };
+    assert_eq!(d.status("rq", "alpha", ended).await.0, StatusCode::OK);
+    // Now the rerun: held again for restart 1, the first run's outcome forgotten.
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(rerun(1))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let r: JobRecord = serde_json::from_value(v).unwrap();
+    assert_eq!((r.state, r.origin_restart, r.requeues), (JobState::Held, 1, 1));
+    assert_eq!((r.target, r.remote_job_id, r.exit_code, r.output_complete), (None, None, None, false));
+    assert_eq!((r.stdout_base, r.stderr_base, r.stdout_len), (6, 0, 6));
+    // The origin agent is asked to confirm restart 1 of stand-in 42.
+    let check = StartCheck { fleet_job_id: "rq".into(), origin_job_id: 42, restart: 1 };
+    assert!(d.work("beta").await.confirm_start.contains(&check));
+    // A repeat of the same restart is not a second rerun.
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(rerun(1))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(d.job("rq").await.requeues, 1);
+    let (s, v) = d.confirm("rq", &bearer("beta"), 42, true).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let w = d.work("alpha").await;
+    assert_eq!(w.submit.len(), 1, "{w:?}");
+    assert_eq!((w.submit[0].origin_restart, w.submit[0].stdout_base, w.submit[0].stderr_base), (1, 6, 0));
+    // The second run reports under a new id; its output continues the stream.
+    let second = StatusUpdate { remote_job_id: Some(8), ..st(JobState::Running) };
+    assert_eq!(d.status("rq", "alpha", second).await.0, StatusCode::OK);
+    assert_eq!(d.chunk("rq", "alpha", Stream::Stdout, 6, b"run 2\n").await.0, StatusCode::OK);
+    let done = StatusUpdate {
+        remote_job_id: Some(8),
+        exit_code: Some(3),
+        final_stdout_len: Some(12),
+        final_stderr_len: Some(0),
+        ..st(JobState::Failed)
+    };
+    assert_eq!(d.status("rq", "alpha", done).await.0, StatusCode::OK);
+    let r = d.job("rq").await;
+    assert_eq!((r.state, r.exit_code, r.remote_job_id, r.output_complete), (JobState::Failed, Some(3), Some(8), true));
+    assert_eq!(d.read_output("rq", "beta", "stdout", 0, 100).await, b"run 1\nrun 2\n");
+    assert_eq!(d.read_output("rq", "beta", "stdout", r.stdout_base, 100).await, b"run 2\n");
+    // Another stand-in's restart cannot rerun it.
+    let other = serde_json::to_value(StartRequest { origin_job_id: 43, restart: 2 }).unwrap();
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(other)).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
     d.stop().await;
 }
 
@@ -1040,7 +1104,7 @@ async fn start_needs_the_origin_agents_confirmation() {
     assert_eq!(d.request_start("s1", "beta", 78).await.0, StatusCode::ACCEPTED);
     assert_eq!((d.job("s1").await.origin_job_id, d.job("s1").await.start_requested_at), (Some(77), Some(asked)));
     assert!(d.work("alpha").await.is_empty() && d.work("gamma").await.is_empty());
-    let check = vec![StartCheck { fleet_job_id: "s1".into(), origin_job_id: 77 }];
+    let check = vec![StartCheck { fleet_job_id: "s1".into(), origin_job_id: 77, ..Default::default() }];
     assert_eq!(d.work("beta").await.confirm_start, check);
 
     // Only the origin cluster's agent confirms.
@@ -1131,7 +1195,7 @@ async fn long_poll_answers_when_work_arrives() {
     assert_eq!(d.request_start("lp", "beta", 42).await.0, StatusCode::ACCEPTED);
     let (w, _) = origin.await.unwrap();
     let t_origin = t0.elapsed();
-    assert_eq!(w.confirm_start, [StartCheck { fleet_job_id: "lp".into(), origin_job_id: 42 }]);
+    assert_eq!(w.confirm_start, [StartCheck { fleet_job_id: "lp".into(), origin_job_id: 42, ..Default::default() }]);
     assert!(!target.is_finished(), "a start request is the origin's work, not the target's");
     assert_eq!(d.confirm("lp", &bearer("beta"), 42, true).await.0, StatusCode::OK);
     let (w, _) = target.await.unwrap();
@@ -1551,7 +1615,7 @@ async fn list_filters_and_pages() {
     }
     // j1 and j3 start (stand-ins 101 and 103) and are placed.
     for i in [1, 3] {
-        let body = serde_json::to_value(StartRequest { origin_job_id: 100 + i }).unwrap();
+        let body = serde_json::to_value(StartRequest { origin_job_id: 100 + i, ..Default::default() }).unwrap();
         let id = format!("j{i}");
         let _: JobRecord = d.ok(M::POST, &format!("/v1/jobs/{id}/start"), &job_auth("beta", &id), Some(body)).await;
         let (s, v) = d.confirm(&id, &bearer("beta"), 100 + i, true).await;

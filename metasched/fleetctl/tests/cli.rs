@@ -204,13 +204,13 @@ async fn jobs_for_admins() {
     let r = http
         .post(format!("{url}/v1/jobs/bob-1/start"))
         .header("Authorization", format!("FleetJob {token}"))
-        .json(&StartRequest { origin_job_id: 4711 })
+        .json(&StartRequest { origin_job_id: 4711, ..Default::default() })
         .send()
         .await
         .unwrap();
     assert!(r.status().is_success(), "{:?}", r.text().await);
     // beta's agent confirms that Slurm runs that stand-in.
-    let confirm = fleet_api::api::StartConfirmation { origin_job_id: 4711, started: true, reason: String::new() };
+    let confirm = fleet_api::api::StartConfirmation { origin_job_id: 4711, started: true, ..Default::default() };
     let r = http
         .post(format!("{url}/v1/jobs/bob-1/confirm_start"))
         .bearer_auth("tok-beta")
@@ -330,9 +330,13 @@ async fn job_signal_queues_the_signal_for_the_target() {
 
     // Started, placed at alpha, running there as job 31.
     let job_auth = format!("FleetJob {}", fleet_api::auth::job_token("tok-beta", "j-sig"));
-    post("/v1/jobs/j-sig/start".into(), job_auth, serde_json::to_value(StartRequest { origin_job_id: 5 }).unwrap())
-        .await;
-    let confirm = StartConfirmation { origin_job_id: 5, started: true, reason: String::new() };
+    post(
+        "/v1/jobs/j-sig/start".into(),
+        job_auth,
+        serde_json::to_value(StartRequest { origin_job_id: 5, ..Default::default() }).unwrap(),
+    )
+    .await;
+    let confirm = StartConfirmation { origin_job_id: 5, started: true, ..Default::default() };
     post("/v1/jobs/j-sig/confirm_start".into(), "Bearer tok-beta".into(), serde_json::to_value(confirm).unwrap()).await;
     let running =
         StatusUpdate { remote_job_id: Some(31), state: Some(fleet_api::JobState::Running), ..Default::default() };

@@ -38,6 +38,8 @@ pub struct NativeJob {
     /// submits, the fleet job's private directory, which names the fleet
     /// job (see `Backend::find_submitted`).
     pub work_dir: String,
+    /// The time limit in minutes (`None`: unlimited or not said).
+    pub time_limit_min: Option<u32>,
 }
 
 impl NativeJob {
@@ -56,6 +58,7 @@ impl NativeJob {
             partition: String::new(),
             admin_comment: String::new(),
             work_dir: String::new(),
+            time_limit_min: None,
         }
     }
 }

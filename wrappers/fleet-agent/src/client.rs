@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use fleet_api::api::{
-    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, StartConfirmation, StatusUpdate,
+    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, SignalRequest, SignalScope,
+    StartConfirmation, StatusUpdate,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -107,6 +108,12 @@ impl MetaClient {
     /// Cancel a job forwarded from this cluster.
     pub async fn cancel(&self, id: &str) -> Result<JobRecord> {
         self.send(self.http.post(format!("{}/v1/jobs/{id}/cancel", self.base)), "cancel").await
+    }
+
+    /// Signal a job forwarded from this cluster (`scancel --signal` at its target).
+    pub async fn signal(&self, id: &str, signal: &str, scope: SignalScope) -> Result<JobRecord> {
+        let body = SignalRequest { signal: signal.to_string(), scope };
+        self.post(&format!("/v1/jobs/{id}/signal"), &body).await
     }
 
     /// Send an output chunk. `Ok(Some(o))`: the meta-scheduler holds only

@@ -94,6 +94,7 @@ impl Journal {
             ("runs", "restarts", "INTEGER NOT NULL DEFAULT 0"),
             ("runs", "accepted_at", "REAL NOT NULL DEFAULT 0"),
             ("forwards", "standin_id", "INTEGER"),
+            ("runs", "attempt", "INTEGER NOT NULL DEFAULT 0"),
         ] {
             let has: bool = db
                 .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
@@ -193,6 +194,27 @@ impl Journal {
         let row =
             db.query_row(&format!("SELECT {RUN_COLS} FROM runs WHERE id = ?1"), params![id], row_to_run).optional()?;
         row.map(|(r, req)| Ok((r, serde_json::from_str(&req)?))).transpose()
+    }
+
+    /// Which run of the job the row is: the stand-in's restart count it
+    /// was submitted for (0: the first run).
+    pub fn attempt(&self, id: &str) -> Result<Option<u32>> {
+        let db = self.db.lock();
+        Ok(db.query_row("SELECT attempt FROM runs WHERE id = ?1", params![id], |r| r.get(0)).optional()?)
+    }
+
+    /// The job runs again here (its stand-in was requeued at the origin):
+    /// the row starts over for run `attempt`, whose output continues the
+    /// fleet's streams at the given offsets.
+    pub fn rerun(&self, id: &str, attempt: u32, req: &JobRequest, stdout_base: u64, stderr_base: u64) -> Result<()> {
+        let json = serde_json::to_string(req)?;
+        self.db.lock().execute(
+            "UPDATE runs SET slurm_id = NULL, stdout_off = 0, stderr_off = 0, reported = NULL, done = 0,
+                 request = ?3, stdout_base = ?4, stderr_base = ?5, submit_time = NULL, restarts = 0,
+                 attempt = ?2, accepted_at = ?6 WHERE id = ?1",
+            params![id, attempt, json, stdout_base as i64, stderr_base as i64, crate::now()],
+        )?;
+        Ok(())
     }
 
     pub fn active_runs(&self) -> Result<Vec<(Run, JobRequest)>> {

@@ -446,8 +446,9 @@ async fn watch_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<
 async fn reconcile_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
     let mut warned = false;
     let mut suspects = reconcile::Suspects::default();
+    let mut suspensions = reconcile::Suspensions::default();
     loop {
-        report("reconcile", &mut warned, reconcile_once(&agent, &mut suspects).await);
+        report("reconcile", &mut warned, reconcile_once(&agent, &mut suspects, &mut suspensions).await);
         if stopped(&mut stop, Duration::from_secs_f64(reconcile::EVERY_S)).await {
             return;
         }
@@ -497,7 +498,11 @@ pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut 
 }
 
 /// Cancel jobs forwarded from here whose stand-in has ended or vanished.
-pub async fn reconcile_once<B: Backend>(agent: &Agent<B>, suspects: &mut reconcile::Suspects) -> Result<()> {
+pub async fn reconcile_once<B: Backend>(
+    agent: &Agent<B>,
+    suspects: &mut reconcile::Suspects,
+    suspensions: &mut reconcile::Suspensions,
+) -> Result<()> {
     // Stand-ins first: a proxy exits only after its job is finished, so a
     // job still active after its stand-in ended is an orphan, not a race.
     let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
@@ -510,6 +515,12 @@ pub async fn reconcile_once<B: Backend>(agent: &Agent<B>, suspects: &mut reconci
         match agent.meta.cancel(&id).await {
             Ok(_) => tracing::warn!(%id, "cancelled: {reason}"),
             Err(e) => tracing::warn!(%id, "cancelling an orphan ({reason}): {e:#}"),
+        }
+    }
+    for (id, signal) in suspensions.pass(&active, &stand_ins) {
+        match agent.meta.signal(&id, signal, fleet_api::api::SignalScope::Full).await {
+            Ok(_) => tracing::info!(%id, signal, "the stand-in was suspended or resumed: signalled its job"),
+            Err(e) => tracing::warn!(%id, signal, "passing a suspend/resume on: {e:#}"),
         }
     }
     Ok(())

@@ -90,6 +90,52 @@ impl Suspects {
     }
 }
 
+/// `scontrol suspend` of a stand-in, passed on to its remote job.
+///
+/// Slurm 22.05 suspends a batch job by sending its processes SIGTSTP and
+/// at once SIGSTOP (observed in the lab: a trap on TSTP runs only after
+/// the resume), so the proxy is stopped before it can act, and resumes
+/// it with SIGCONT (which the proxy itself forwards). The origin agent
+/// therefore watches for stand-ins Slurm shows `SUSPENDED` and asks the
+/// meta-scheduler to signal their remote job `STOP`; when the stand-in is
+/// `RUNNING` again it sends `CONT` (a second CONT, after the proxy's, is
+/// harmless).
+#[derive(Default)]
+pub struct Suspensions {
+    stopped: std::collections::HashSet<String>,
+}
+
+impl Suspensions {
+    /// One pass: the (job, signal) pairs to send now. `jobs`: active jobs
+    /// from here with their journaled stand-in id.
+    pub fn pass(&mut self, jobs: &[(JobRecord, Option<u64>)], stand_ins: &[NativeJob]) -> Vec<(String, &'static str)> {
+        let mut out = Vec::new();
+        let mut still = std::collections::HashSet::new();
+        for (job, journaled) in jobs {
+            let Some(s) = journaled.and_then(|sid| stand_ins.iter().find(|s| s.native_id == sid)) else {
+                continue;
+            };
+            let id = &job.fleet_job_id;
+            let at_target = matches!(job.state, JobState::Pending | JobState::Running | JobState::Assigned);
+            let suspended = s.raw_state == "SUSPENDED";
+            let was = self.stopped.contains(id);
+            if suspended && at_target && !job.cancel_requested {
+                if !was {
+                    out.push((id.clone(), "STOP"));
+                }
+                still.insert(id.clone());
+            } else if was && !suspended && s.raw_state == "RUNNING" {
+                out.push((id.clone(), "CONT"));
+            } else if was && !s.state.is_terminal() && !suspended {
+                // Neither running nor suspended yet (completing): ask again next pass.
+                still.insert(id.clone());
+            }
+        }
+        self.stopped = still;
+        out
+    }
+}
+
 /// Jobs from `site` the meta-scheduler still counts as active.
 pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<Item = &'a JobRecord> {
     jobs.iter().filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
@@ -121,6 +167,9 @@ mod tests {
             start_requested_at: None,
             requeues: 0,
             user: None,
+            origin_restart: 0,
+            stdout_base: 0,
+            stderr_base: 0,
         }
     }
 
@@ -184,6 +233,29 @@ mod tests {
         let c = sus.pass(&jobs, &s, 118.0);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].0, "beta-2");
+    }
+
+    #[test]
+    fn a_suspended_stand_in_stops_its_job_and_a_resumed_one_continues_it() {
+        let jobs = [(job("beta-1", JobState::Running, 0.0), Some(7)), (job("beta-2", JobState::Running, 0.0), Some(8))];
+        let at = |a: &str, b: &str| [stand_in(7, a, "fleet:beta-1"), stand_in(8, b, "fleet:beta-2")];
+        let mut s = Suspensions::default();
+        assert!(s.pass(&jobs, &at("RUNNING", "RUNNING")).is_empty());
+        assert_eq!(s.pass(&jobs, &at("SUSPENDED", "RUNNING")), [("beta-1".to_string(), "STOP")]);
+        assert!(s.pass(&jobs, &at("SUSPENDED", "RUNNING")).is_empty(), "one STOP per suspension");
+        assert_eq!(s.pass(&jobs, &at("RUNNING", "SUSPENDED")), [("beta-1".into(), "CONT"), ("beta-2".into(), "STOP")]);
+        assert!(s.pass(&jobs, &at("RUNNING", "SUSPENDED")).is_empty());
+        // Resumed and ended before the next pass: nothing to continue.
+        assert!(s.pass(&jobs, &at("RUNNING", "CANCELLED")).is_empty());
+        assert_eq!(s.pass(&jobs, &at("SUSPENDED", "RUNNING")), [("beta-1".to_string(), "STOP")]);
+        // A job not (yet) at a target, or being cancelled, is not signalled.
+        let mut held = job("beta-3", JobState::Held, 0.0);
+        let mut cancelling = job("beta-4", JobState::Running, 0.0);
+        cancelling.cancel_requested = true;
+        held.origin_job_id = Some(9);
+        let jobs = [(held, Some(9)), (cancelling, Some(10))];
+        let s2 = [stand_in(9, "SUSPENDED", ""), stand_in(10, "SUSPENDED", "")];
+        assert!(Suspensions::default().pass(&jobs, &s2).is_empty());
     }
 
     #[test]

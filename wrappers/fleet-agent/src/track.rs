@@ -175,14 +175,35 @@ async fn fail_launch<B: Backend>(agent: &Agent<B>, id: &str, reason: String) -> 
 pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<()> {
     let id = a.fleet_job_id;
     let journaled = agent.journal.run(&id)?.map(|r| r.0);
+    let attempt = match &journaled {
+        Some(_) => agent.journal.attempt(&id)?.unwrap_or(0),
+        None => 0,
+    };
+    // Where a journaled run has no Slurm id, an sbatch may have gone
+    // through before a crash: look for it (jobs after this time) first.
+    let mut adopt_since = None;
     match &journaled {
+        // A rerun (the stand-in was requeued at the origin) of a job that
+        // ran here before: once the previous run is fully reported, the row
+        // starts over and the job is submitted again.
+        Some(run) if a.origin_restart > attempt => {
+            if !run.done {
+                anyhow::bail!("run {attempt} is still being reported here; run {} waits for it", a.origin_restart);
+            }
+            jobdir::remove(&agent.backend.job_dir(&id))?;
+            agent.journal.rerun(&id, a.origin_restart, &a.request, a.stdout_base, a.stderr_base)?;
+            tracing::info!(%id, restart = a.origin_restart, "the stand-in was requeued at the origin: running the job again");
+        }
         Some(run) if run.done => return Ok(()),
         // Submitted already (the meta-scheduler did not hear back): report,
         // never submit twice.
         Some(Run { slurm_id: Some(sid), .. }) => return report_submitted(agent, &id, *sid).await,
-        Some(_) => {}
+        Some(run) => adopt_since = Some(run.accepted_at),
         None => {
             agent.journal.add_run(&id, &a.request)?;
+            if a.origin_restart > 0 || a.stdout_base > 0 || a.stderr_base > 0 {
+                agent.journal.rerun(&id, a.origin_restart, &a.request, a.stdout_base, a.stderr_base)?;
+            }
         }
     }
     let site = &agent.cfg.site;
@@ -201,12 +222,12 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
             return fail_launch(agent, &id, format!("fleet: {site} has no identity for this job ({how}): {e:#}")).await;
         }
     };
-    if let Some(run) = journaled {
+    if let Some(since) = adopt_since {
         // An error here (Slurm unreachable) retries later: better late
         // than twice.
-        let found = agent.backend.find_submitted(&id, user.uid, run.accepted_at).await?;
-        if let Some(j) = adoptable(&found, run.accepted_at) {
-            agent.journal.set_submitted(&id, j.native_id, &user.name, user.uid, run.accepted_at)?;
+        let found = agent.backend.find_submitted(&id, user.uid, since).await?;
+        if let Some(j) = adoptable(&found, since) {
+            agent.journal.set_submitted(&id, j.native_id, &user.name, user.uid, since)?;
             tracing::warn!(%id, slurm_id = j.native_id, "adopted the Slurm job an interrupted submission made");
             return report_submitted(agent, &id, j.native_id).await;
         }
@@ -232,13 +253,19 @@ async fn report_submitted<B: Backend>(agent: &Agent<B>, id: &str, sid: u64) -> R
     Ok(())
 }
 
+/// How far Slurm's submit time of an interrupted submission may precede
+/// the journal's time (Slurm stores whole seconds; the agent and slurmctld
+/// clocks agree to NTP accuracy). Small, so that an earlier run of the same
+/// fleet job (a rerun) is never taken for it.
+const ADOPT_SLACK_S: f64 = 2.0;
+
 /// The job an interrupted submission made, among the jobs of the run's
 /// user in its directory (`Backend::find_submitted`): the first submitted
 /// after the run was journaled. Later ones, if any, are the user's own.
 pub fn adoptable(found: &[NativeJob], accepted_at: f64) -> Option<&NativeJob> {
     found
         .iter()
-        .filter(|j| j.submit_time.is_some_and(|t| t as f64 >= accepted_at - SUBMIT_SLACK_S))
+        .filter(|j| j.submit_time.is_some_and(|t| t as f64 >= accepted_at - ADOPT_SLACK_S))
         .min_by_key(|j| (j.submit_time, j.native_id))
 }
 
@@ -314,14 +341,20 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
                 (false, format!("job {} is not the stand-in of {}", c.origin_job_id, c.fleet_job_id))
             }
             Some(s) if s.raw_state != "RUNNING" => (false, format!("the stand-in {} is {}", s.native_id, s.raw_state)),
+            // A rerun names the restart it belongs to: the stand-in must be
+            // running that restart (a finished run's token cannot rerun it).
+            Some(s) if s.restarts != c.restart => {
+                (false, format!("the stand-in {} runs its restart {}, not {}", s.native_id, s.restarts, c.restart))
+            }
             Some(_) => (true, String::new()),
         };
+        let time_limit_min = found.and_then(|s| s.time_limit_min);
         if started {
             agent.journal.set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
         } else {
             tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
         }
-        let verdict = StartConfirmation { origin_job_id: c.origin_job_id, started, reason };
+        let verdict = StartConfirmation { origin_job_id: c.origin_job_id, started, reason, time_limit_min };
         if let Err(e) = agent.meta.confirm_start(&c.fleet_job_id, &verdict).await {
             tracing::warn!(id = %c.fleet_job_id, "confirming the start: {e:#}");
         }

@@ -102,7 +102,6 @@ const FORWARDED: &[(libc::c_int, &str)] = &[
     (libc::SIGINT, "INT"),
     (libc::SIGQUIT, "QUIT"),
     (libc::SIGALRM, "ALRM"),
-    (libc::SIGTSTP, "TSTP"),
     (libc::SIGCONT, "CONT"),
     (libc::SIGWINCH, "WINCH"),
     (libc::SIGURG, "URG"),
@@ -115,6 +114,29 @@ const FORWARDED: &[(libc::c_int, &str)] = &[
     #[cfg(any(target_os = "linux", target_os = "android"))]
     (libc::SIGPWR, "PWR"),
 ];
+
+/// Caught and not forwarded. Slurm 22.05 suspends a job (`scontrol
+/// suspend`) with SIGTSTP and at once SIGSTOP, and the stopped proxy only
+/// sees the TSTP after the resume's SIGCONT (observed in the lab): passed
+/// on then, it would stop the remote job just after it was continued. The
+/// suspension itself reaches the remote job through the origin agent,
+/// which sees the stand-in `SUSPENDED` and sends `STOP`; the resume's
+/// SIGCONT is forwarded by the proxy.
+const SWALLOWED: &[libc::c_int] = &[libc::SIGTSTP];
+
+/// The remote job's Slurm end states that Fleet keeps by name (they are
+/// the first word of the record's reason, `TIMEOUT at alpha: ...`).
+const REMOTE_ENDS: &[&str] = &["TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"];
+
+/// How the remote job ended when Slurm there named it specially
+/// (`TIMEOUT`, `OUT_OF_MEMORY`, ...), from a terminal record.
+fn remote_end(r: &JobRecord) -> Option<&'static str> {
+    if !r.state.is_terminal() {
+        return None;
+    }
+    let first = r.reason.split([' ', ':']).next()?;
+    REMOTE_ENDS.iter().copied().find(|s| *s == first)
+}
 
 fn forwarded_name(sig: libc::c_int) -> Option<&'static str> {
     FORWARDED.iter().find(|(s, _)| *s == sig).map(|(_, n)| *n)
@@ -173,9 +195,9 @@ impl Api {
         resp.json().map_err(|e| CallError::Transient(format!("bad job record: {e}")))
     }
 
-    fn start(&self, origin_job_id: u64) -> Result<JobRecord, CallError> {
+    fn start(&self, origin_job_id: u64, restart: u32) -> Result<JobRecord, CallError> {
         let url = format!("{}/v1/jobs/{}/start", self.base, self.job);
-        Self::record(self.send(self.http.post(url).json(&StartRequest { origin_job_id }))?)
+        Self::record(self.send(self.http.post(url).json(&StartRequest { origin_job_id, restart }))?)
     }
 
     fn get(&self) -> Result<JobRecord, CallError> {
@@ -307,7 +329,7 @@ impl Comment {
             "fleet: {} job {} {}",
             r.target.as_deref().unwrap_or("-"),
             r.remote_job_id.map_or("-".to_string(), |i| i.to_string()),
-            r.state
+            remote_end(r).unwrap_or(r.state.as_str())
         );
         if text == self.last {
             return;
@@ -410,6 +432,46 @@ impl Relay {
     }
 }
 
+/// Whether Slurm requeued the stand-in (`scontrol requeue`, or its own
+/// requeue after a node failure): it counts the restart before it sends
+/// SIGTERM (observed with 22.05: `Restarts=1` while the job is
+/// `COMPLETING`), so a count above ours means this SIGTERM is a requeue.
+fn requeued(bin: &std::path::Path, slurm_job_id: Option<u64>, restart: u32) -> bool {
+    let Some(id) = slurm_job_id else { return false };
+    let out = Command::new(bin.join("squeue"))
+        .args(["-h", "-j", &id.to_string(), "-O", "RestartCnt"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u32>().ok()).is_some_and(|n| n > restart)
+}
+
+/// The remote job reached its time limit: let Slurm end the stand-in
+/// `TIMEOUT` too, as it would a native job, by lowering the stand-in's
+/// own limit to what it has run (a user may lower a limit) and waiting
+/// for the SIGTERM of slurmctld's next limit pass (every 30 s in 22.05).
+/// Then the proxy ends as an untrapped batch shell would, by SIGTERM.
+/// Falls back to the usual exit status when the limit cannot be set.
+fn time_out_here(bin: &std::path::Path, slurm_job_id: Option<u64>, started: Instant, term: &AtomicBool) {
+    let Some(id) = slurm_job_id else { return };
+    // Whole minutes only, and never 0 (which means no limit). The stand-in
+    // started before the remote job, which ran at least its own limit of
+    // one minute or more, so this is at most what Slurm counts.
+    let minutes = (started.elapsed().as_secs() / 60).max(1);
+    let set = run_with_timeout(
+        Command::new(bin.join("scontrol")).arg("update").arg(format!("JobId={id}")).arg(format!("TimeLimit={minutes}")),
+        Duration::from_secs(5),
+    );
+    if let Err(e) = set {
+        diag(format_args!("cannot end this job TIMEOUT like its remote job (scontrol update TimeLimit): {e:#}"));
+        return;
+    }
+    nap(Duration::from_secs(150), term);
+    if term.load(Ordering::Relaxed) {
+        let _ = signal_hook::low_level::emulate_default_handler(libc::SIGTERM);
+    }
+}
+
 /// The exit status that stands for the finished remote job.
 fn exit_status(r: &JobRecord) -> u8 {
     if let Some(s) = r.signal.filter(|s| *s > 0) {
@@ -470,7 +532,9 @@ fn run(args: Args) -> anyhow::Result<u8> {
     // Installed before the first request: from here on no forwarded signal
     // ends or stops the proxy, even while the client is being built.
     let signals =
-        signal_hook::iterator::Signals::new(FORWARDED.iter().map(|(s, _)| *s)).context("installing signal handlers")?;
+        signal_hook::iterator::Signals::new(FORWARDED.iter().map(|(s, _)| *s).chain(SWALLOWED.iter().copied()))
+            .context("installing signal handlers")?;
+    let started = Instant::now();
     let mut builder =
         reqwest::blocking::Client::builder().connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30));
     if let Some(path) = &args.ca_file {
@@ -496,6 +560,8 @@ fn run(args: Args) -> anyhow::Result<u8> {
             .context("starting the signal forwarder")?;
     }
     let slurm_job_id = std::env::var("SLURM_JOB_ID").ok().and_then(|s| s.trim().parse::<u64>().ok());
+    // Above 0 after Slurm requeued the stand-in: the start asks for a rerun.
+    let restart = std::env::var("SLURM_RESTART_COUNT").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
     let mut comment = Comment::new(&args.slurm_bin_dir, slurm_job_id);
     let poll = Duration::from_millis(args.poll_ms);
     let mut backoff = Backoff::new(poll, Duration::from_secs(args.report_outage_after_s));
@@ -507,7 +573,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
         if term.load(Ordering::Relaxed) {
             return Ok(cancel_and_drain(&api, &mut relay));
         }
-        match api.start(slurm_job_id.unwrap_or(0)) {
+        match api.start(slurm_job_id.unwrap_or(0), restart) {
             Ok(r) => {
                 succeeded(&mut backoff);
                 break r;
@@ -519,14 +585,28 @@ fn run(args: Args) -> anyhow::Result<u8> {
             Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
         }
     };
+    if restart > 0 && record.origin_restart == restart {
+        // A rerun: this run's output begins where the earlier runs' ends;
+        // Slurm opened our files per the job's --open-mode, as natively.
+        relay.out = record.stdout_base;
+        relay.err = record.stderr_base;
+    }
     loop {
         comment.update(&record);
         if term.load(Ordering::Relaxed) {
+            if requeued(&args.slurm_bin_dir, slurm_job_id, restart) {
+                diag("the job was requeued: cancelling its remote run; it runs again when this job restarts");
+            }
             return Ok(cancel_and_drain(&api, &mut relay));
         }
         let pumped = relay.pump(&api);
         match pumped {
-            Ok(()) if relay.done(&record) => return Ok(exit_status(&record)),
+            Ok(()) if relay.done(&record) => {
+                if remote_end(&record) == Some("TIMEOUT") {
+                    time_out_here(&args.slurm_bin_dir, slurm_job_id, started, &term);
+                }
+                return Ok(exit_status(&record));
+            }
             Ok(()) => {
                 succeeded(&mut backoff);
                 nap(poll, &term);
@@ -544,7 +624,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
         // one (not ours, or before Slurm showed this stand-in running).
         // Ask again; the agent checks again.
         if record.state == JobState::Held && record.start_requested_at.is_none() {
-            match api.start(slurm_job_id.unwrap_or(0)) {
+            match api.start(slurm_job_id.unwrap_or(0), restart) {
                 Ok(r) => {
                     succeeded(&mut backoff);
                     record = r;
@@ -697,6 +777,9 @@ mod tests {
             start_requested_at: None,
             requeues: 0,
             user: None,
+            origin_restart: 0,
+            stdout_base: 0,
+            stderr_base: 0,
         }
     }
 
@@ -716,6 +799,20 @@ mod tests {
         check(rec(JobState::Cancelled, None, None), 143);
         check(rec(JobState::Lost, None, None), 1);
         check(rec(JobState::Completed, Some(300), None), 255);
+    }
+
+    #[test]
+    fn remote_end_states_are_read_from_the_reason() {
+        let with = |state, reason: &str| JobRecord { reason: reason.into(), ..rec(state, Some(0), None) };
+        assert_eq!(remote_end(&with(JobState::Failed, "TIMEOUT at alpha")), Some("TIMEOUT"));
+        assert_eq!(remote_end(&with(JobState::Failed, "OUT_OF_MEMORY at alpha: x")), Some("OUT_OF_MEMORY"));
+        assert_eq!(
+            remote_end(&with(JobState::Failed, "NODE_FAIL at alpha; requeued 1 time(s) at alpha")),
+            Some("NODE_FAIL")
+        );
+        assert_eq!(remote_end(&with(JobState::Failed, "NonZeroExitCode")), None);
+        assert_eq!(remote_end(&with(JobState::Failed, "TIMEOUTS")), None);
+        assert_eq!(remote_end(&with(JobState::Running, "TIMEOUT at alpha")), None, "only an ended job");
     }
 
     #[test]

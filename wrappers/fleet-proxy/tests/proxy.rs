@@ -262,6 +262,7 @@ async fn confirm_starts(url: String, cluster: &'static str, running: u64) {
                 origin_job_id: c.origin_job_id,
                 started: c.origin_job_id == running,
                 reason: "not the journaled stand-in".into(),
+                ..Default::default()
             };
             let _ = http
                 .post(format!("{url}/v1/jobs/{}/confirm_start", c.fleet_job_id))
@@ -475,12 +476,11 @@ async fn signals_are_forwarded_to_the_remote_job_and_never_end_the_proxy() {
     kill(&child, libc::SIGUSR1);
     let s = |sig: &str| ("px6".to_string(), sig.to_string(), Full);
     assert_eq!(signal_orders(&alpha, 1).await, [s("USR1")]);
-    // INT and HUP used to cancel; TSTP/TTIN would stop the process: all
-    // are forwarded now, one at a time, and the proxy carries on.
+    // INT and HUP used to cancel; TTIN would stop the process: all are
+    // forwarded now, one at a time, and the proxy carries on.
     for (sig, name) in [
         (libc::SIGINT, "INT"),
         (libc::SIGHUP, "HUP"),
-        (libc::SIGTSTP, "TSTP"),
         (libc::SIGTTIN, "TTIN"),
         (libc::SIGUSR2, "USR2"),
         (libc::SIGPWR, "PWR"),
@@ -488,6 +488,11 @@ async fn signals_are_forwarded_to_the_remote_job_and_never_end_the_proxy() {
         kill(&child, sig);
         assert_eq!(signal_orders(&alpha, 1).await, [s(name)], "{name}");
     }
+    // TSTP (the first half of Slurm's suspend) is swallowed: not forwarded,
+    // and it does not stop the proxy, which still forwards the next one.
+    kill(&child, libc::SIGTSTP);
+    kill(&child, libc::SIGUSR1);
+    assert_eq!(signal_orders(&alpha, 1).await, [s("USR1")], "TSTP is not forwarded");
     assert!(alpha.work().await.cancel.is_empty(), "no signal but TERM cancels");
     // Still relaying: output and the remote exit code arrive as usual.
     alpha.output("px6", Stream::Stdout, b"got-usr1\n", 1024).await;
