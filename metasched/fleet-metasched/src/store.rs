@@ -28,6 +28,9 @@ use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
 
+/// The checkpoint catalog (its table and every query of it).
+mod catalog;
+
 /// Who is calling, after authentication.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
@@ -525,6 +528,7 @@ impl Store {
             conn.execute_batch("ALTER TABLE jobs ADD COLUMN active INTEGER NOT NULL DEFAULT 1;")?;
         }
         conn.execute_batch("CREATE INDEX IF NOT EXISTS jobs_active ON jobs(target, active);")?;
+        catalog::init(&conn)?;
         let mut map = BTreeMap::new();
         for c in clusters {
             let last: Option<(String, f64)> = conn
@@ -1411,7 +1415,8 @@ impl Store {
         for job in self.query(sql, [c])? {
             match target_work(&job) {
                 Some(TargetWork::Submit) => {
-                    work.submit.push(Assignment { fleet_job_id: job.record.fleet_job_id.clone(), request: job.request })
+                    let request = self.assignment_request(&job)?;
+                    work.submit.push(Assignment { fleet_job_id: job.record.fleet_job_id.clone(), request })
                 }
                 Some(TargetWork::Cancel) => work.cancel.push(job.record.fleet_job_id),
                 None => {}
