@@ -34,10 +34,13 @@ pub fn server_binary() -> Option<PathBuf> {
             return Some(p);
         }
     }
-    eprintln!(
-        "SKIPPED: no S3-compatible server: moto_server is not on PATH (install it with \
-         `pip install 'moto[server]'`, as .ci/run does, or set FLEET_S3_SERVER)"
-    );
+    let why = "no S3-compatible server: moto_server is not on PATH (install it with \
+               `pip install 'moto[server]'`, as .ci/run does, or set FLEET_S3_SERVER)";
+    // CI installs the server: there a missing one is a failure, not a skip.
+    if std::env::var_os("FLEET_CKPT_REQUIRE_S3").is_some_and(|v| v == "1") {
+        panic!("FLEET_CKPT_REQUIRE_S3=1 and {why}");
+    }
+    eprintln!("SKIPPED: {why}");
     None
 }
 
