@@ -599,6 +599,32 @@ fn job_fields(j: &JobRecord, now: f64, zone: Zone) -> String {
     fields.into_iter().map(|(k, v)| format!("{k:<17} {v}\n")).collect()
 }
 
+/// `fleetctl job <id>`'s checkpoint lines: the last valid checkpoint, its
+/// age, and for a running job the work at risk (run time since it, or since
+/// the start when there is none).
+fn checkpoint_fields(j: &JobRecord, rows: &[Checkpoint], now: f64) -> String {
+    let last = rows.iter().find(|c| c.valid);
+    let mut s = match last {
+        Some(c) => format!(
+            "{:<17} seq {} ({} ago, {:.1} MB): {}\n",
+            "last_checkpoint",
+            c.seq,
+            age(now - c.reported_at),
+            c.bytes as f64 / 1e6,
+            one_line(&c.url)
+        ),
+        None => format!("{:<17} -\n", "last_checkpoint"),
+    };
+    if j.state == JobState::Running {
+        let risk = match last {
+            Some(c) => format!("{} (since the last checkpoint)", age(now - c.reported_at)),
+            None => "all of it (no checkpoint)".to_string(),
+        };
+        s.push_str(&format!("{:<17} {risk}\n", "work_at_risk"));
+    }
+    s
+}
+
 /// `fleetctl job checkpoints <id>`: the catalog's rows, newest first.
 fn checkpoints_table(id: &str, rows: &[Checkpoint], now: f64, zone: Zone) -> String {
     if rows.is_empty() {
@@ -893,7 +919,13 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
                 }
                 None => {
                     let r: JobRecord = serde_json::from_value(v).context("decoding the job")?;
-                    print(&job_fields(&r, now(), zone))
+                    // The catalog's view; a daemon without it (older) adds nothing.
+                    let ckpts: Vec<Checkpoint> = client
+                        .call(reqwest::Method::GET, &format!("/v1/jobs/{}/checkpoints", query_escape(&r.fleet_job_id)))
+                        .ok()
+                        .and_then(|v| serde_json::from_value(v).ok())
+                        .unwrap_or_default();
+                    print(&format!("{}{}", job_fields(&r, now(), zone), checkpoint_fields(&r, &ckpts, now())))
                 }
             }
         }
@@ -1141,6 +1173,19 @@ mod tests {
         let t = checkpoints_table("j1", &[c(2, false, None)], 1_764_600_090.0, Zone(UtcOffset::UTC));
         assert!(t.ends_with("no valid checkpoint: the job would start from scratch\n"), "{t}");
         assert_eq!(checkpoints_table("j9", &[], 0.0, Zone(UtcOffset::UTC)), "j9: no checkpoint reported\n");
+        let mut j = record(JobState::Running, None, None, None);
+        let rows = [c(2, false, Some("east")), c(1, true, None)];
+        assert_eq!(
+            checkpoint_fields(&j, &rows, 1_764_600_300.0),
+            "last_checkpoint   seq 1 (5m ago, 200.0 MB): s3://ckpt-east/fleet/j1/ckpt-000000000001\n\
+             work_at_risk      5m (since the last checkpoint)\n"
+        );
+        assert_eq!(
+            checkpoint_fields(&j, &[], 0.0),
+            "last_checkpoint   -\nwork_at_risk      all of it (no checkpoint)\n"
+        );
+        j.state = JobState::Completed;
+        assert_eq!(checkpoint_fields(&j, &[], 0.0), "last_checkpoint   -\n");
     }
 
     #[test]

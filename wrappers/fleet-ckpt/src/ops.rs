@@ -391,11 +391,16 @@ impl Client {
         let copied = futures::stream::iter(manifest.files.iter().map(|f| {
             let (from, to, src, dst) = (from.clone(), to.clone(), src.clone(), dst.clone());
             async move {
-                let upload = to.put_multipart(&dst.object(&f.path)).await.map_err(store_err(format!(
-                    "writing {}/{}",
-                    dst.url(),
-                    f.path
-                )))?;
+                let what = format!("writing {}/{}", dst.url(), f.path);
+                if f.size < PART as u64 {
+                    // One PUT (a multipart upload of an empty file has no part,
+                    // which S3 refuses).
+                    let mut sink = BufSink::default();
+                    fetch_checked(&from, &src, f, &mut sink).await?;
+                    to.put(&dst.object(&f.path), PutPayload::from(sink.buf)).await.map_err(store_err(what))?;
+                    return Ok(());
+                }
+                let upload = to.put_multipart(&dst.object(&f.path)).await.map_err(store_err(what))?;
                 let mut sink = UploadSink {
                     w: Some(WriteMultipart::new_with_chunk_size(upload, PART)),
                     hash: Sha256::new(),
@@ -565,6 +570,24 @@ impl Sink for HashSink {
     }
     fn digest(&mut self) -> (u64, String) {
         (self.len, hex::encode(std::mem::take(&mut self.hash).finalize()))
+    }
+}
+
+/// Collects a small file's bytes for one PUT.
+#[derive(Default)]
+struct BufSink {
+    buf: Vec<u8>,
+    hash: Sha256,
+}
+
+impl Sink for BufSink {
+    async fn put(&mut self, chunk: Bytes) -> Result<()> {
+        self.hash.update(&chunk);
+        self.buf.extend_from_slice(&chunk);
+        Ok(())
+    }
+    fn digest(&mut self) -> (u64, String) {
+        (self.buf.len() as u64, hex::encode(std::mem::take(&mut self.hash).finalize()))
     }
 }
 

@@ -50,11 +50,13 @@ fn save_copy_corrupt_restore_across_two_regions() {
         ("model.bin", bytes(1, 3_000_000)),
         ("opt/state.bin", bytes(2, 20_000_000)),
         ("meta.json", b"{\"step\":100}".to_vec()),
+        ("empty.lock", Vec::new()),
     ];
     let v2 = [
         ("model.bin", bytes(3, 3_000_000)),
         ("opt/state.bin", bytes(4, 20_000_000)),
         ("meta.json", b"{\"step\":200}".to_vec()),
+        ("empty.lock", Vec::new()),
     ];
     let (d1, d2) = (tmp.path().join("v1"), tmp.path().join("v2"));
     write_tree(&d1, &v1);
@@ -119,6 +121,7 @@ fn save_copy_corrupt_restore_across_two_regions() {
         assert_eq!(got.manifest.seq, 2);
         assert!(got.skipped.is_empty());
         assert_eq!(std::fs::read(out3.join("opt/state.bin")).unwrap(), v2[1].1);
+        assert_eq!(std::fs::read(out3.join("empty.lock")).unwrap(), b"", "an empty file is copied and restored");
         // A copy of the corrupted checkpoint is refused and leaves nothing
         // that could pass for a checkpoint.
         let west2 = loc("s3://ckpt-west/other");

@@ -40,7 +40,10 @@ pub fn server_binary() -> Option<PathBuf> {
     if std::env::var_os("FLEET_CKPT_REQUIRE_S3").is_some_and(|v| v == "1") {
         panic!("FLEET_CKPT_REQUIRE_S3=1 and {why}");
     }
-    eprintln!("SKIPPED: {why}");
+    // Straight to the process's stderr, past the test harness's capture, so
+    // that a skip shows in every run's output.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
     None
 }
 
