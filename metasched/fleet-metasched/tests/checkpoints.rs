@@ -127,12 +127,16 @@ impl Daemon {
     /// Forward `id` from beta for one H100 at `to`, start its stand-in and
     /// confirm it: the job is assigned to `to`.
     async fn assigned(&self, id: &str, to: &str, own_ckpt: Option<&str>) -> JobRecord {
+        self.assigned_with(id, to, own_ckpt, b"#!/bin/sh\ntrain\n").await
+    }
+
+    async fn assigned_with(&self, id: &str, to: &str, own_ckpt: Option<&str>, script: &[u8]) -> JobRecord {
         let request = JobRequest {
             origin: "beta".into(),
             user_id: 1000,
             time_limit_min: Some(60),
             gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 1, scope: GpuScope::Node }],
-            script: Some(b"#!/bin/sh\ntrain\n".to_vec()),
+            script: Some(script.to_vec()),
             fleet: FleetOptions { to: vec![to.into()], ckpt: own_ckpt.map(Into::into), ..Default::default() },
             ..Default::default()
         };
@@ -318,5 +322,16 @@ async fn assignments_carry_the_checkpoint_prefix_and_what_to_resume_from() {
     let w = d.work("alpha").await;
     let a = w.submit.iter().find(|a| a.fleet_job_id == "j4").unwrap();
     assert_eq!(a.request.fleet.resume_from.as_deref(), Some(own));
+
+    // `#FLEET ckpt=` in the script declares it too; --fleet-ckpt wins over it.
+    let script = b"#!/bin/sh\n#FLEET ckpt=s3://lab-bucket/j5-run\ntrain\n";
+    d.assigned_with("j5", "alpha", None, script).await;
+    d.assigned_with("j6", "alpha", Some("s3://opt-bucket/j6"), script).await;
+    let w = d.work("alpha").await;
+    let ckpt = |id: &str| w.submit.iter().find(|a| a.fleet_job_id == id).unwrap().request.fleet.ckpt.clone();
+    assert_eq!(ckpt("j5").as_deref(), Some("s3://lab-bucket/j5-run"));
+    assert_eq!(ckpt("j6").as_deref(), Some("s3://opt-bucket/j6"));
+    let url = "s3://lab-bucket/j5-run/ckpt-000000000001";
+    assert_eq!(d.report("j5", &bearer("alpha"), &rep(url, 1, 'a')).await.0, StatusCode::OK);
     d.stop().await;
 }

@@ -70,6 +70,17 @@ fn seq_of(url: &str) -> Option<(&str, u64)> {
     Some((prefix, digits.parse().ok()?))
 }
 
+/// The job's own checkpoint location: `--fleet-ckpt`, else `#FLEET ckpt=`
+/// in its script (the option wins, as sbatch options win over `#SBATCH`).
+fn declared_ckpt(job: &Job) -> Option<String> {
+    let own = job.request.fleet.ckpt.clone().or_else(|| {
+        let script = job.request.script.as_deref()?;
+        fleet_engine::job::Directives::parse_bytes(script).0.ckpt
+    })?;
+    let own = own.trim().trim_end_matches('/').to_string();
+    (!own.is_empty()).then_some(own)
+}
+
 impl Store {
     /// The job's checkpoint prefixes, each with the region whose store
     /// holds it (`None`: the job's own `--fleet-ckpt`, reachable from
@@ -77,8 +88,8 @@ impl Store {
     fn ckpt_prefixes(&self, job: &Job) -> Vec<(String, Option<String>)> {
         let id = &job.record.fleet_job_id;
         let mut out = Vec::new();
-        if let Some(own) = &job.request.fleet.ckpt {
-            out.push((own.trim_end_matches('/').to_string(), None));
+        if let Some(own) = declared_ckpt(job) {
+            out.push((own, None));
         }
         for c in self.clusters.values() {
             if let Some(base) = &c.cfg.ckpt_url {
@@ -94,8 +105,8 @@ impl Store {
     /// The job's checkpoint prefix at `cluster`: its own `--fleet-ckpt`,
     /// else its region's site default.
     fn ckpt_prefix_at(&self, job: &Job, cluster: &str) -> Option<String> {
-        if let Some(own) = &job.request.fleet.ckpt {
-            return Some(own.trim_end_matches('/').to_string());
+        if let Some(own) = declared_ckpt(job) {
+            return Some(own);
         }
         let base = self.clusters.get(cluster)?.cfg.ckpt_url.as_deref()?;
         Some(format!("{}/{}", base.trim_end_matches('/'), job.record.fleet_job_id))
