@@ -462,6 +462,66 @@ pub struct ApiError {
     pub error: String,
 }
 
+/// `POST /v1/jobs/{id}/checkpoints`: a checkpoint of the job is complete
+/// (its manifest, `fleet-ckpt.json`, was written last: see
+/// docs/checkpoints.md), or, with `valid: false`, one found torn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    /// The manifest's `seq`.
+    pub seq: u64,
+    /// The checkpoint's URL (`<FLEET_CKPT_URL>/ckpt-<seq>`).
+    pub url: String,
+    /// Bytes of its files.
+    pub bytes: u64,
+    /// SHA-256 (hex) of the manifest's bytes: copies in other regions
+    /// carry the same manifest, so the same digest.
+    pub manifest_sha256: String,
+    /// The framework's step, when the manifest has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    #[serde(default = "yes")]
+    pub valid: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A checkpoint as the catalog holds it (`GET /v1/jobs/{id}/checkpoints`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub fleet_job_id: String,
+    pub seq: u64,
+    pub url: String,
+    /// The region whose store holds it (the site default whose URL is a
+    /// prefix of `url`, else the reporting cluster's region).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    pub bytes: u64,
+    pub manifest_sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// When it was reported (Unix seconds).
+    pub reported_at: f64,
+    /// Who reported it: `job` or the cluster's name.
+    pub reported_by: String,
+    pub valid: bool,
+}
+
+/// What resuming a job in `target_region` needs (the failover's plan).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RestorePlan {
+    /// The checkpoint to resume from, in the region it is read from.
+    pub checkpoint: Checkpoint,
+    /// It is in another region only: copy it first (`fleet-ckpt copy`).
+    pub copy_needed: bool,
+    /// Bytes to copy (0 when no copy is needed).
+    pub copy_bytes: u64,
+    /// Where the copy goes: the job's prefix in the target region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_to: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,9 +48,15 @@ pub struct FleetOptions {
     /// `--fleet-data=<uri>` (may repeat, comma separated).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<String>,
-    /// `--fleet-ckpt=<uri>`
+    /// `--fleet-ckpt=<uri>`. In an assignment to a target, the job's
+    /// checkpoint prefix there (this, or the site default of the target's
+    /// region), which the target agent passes as `FLEET_CKPT_URL`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ckpt: Option<String>,
+    /// Set by the meta-scheduler in an assignment: the checkpoint the job
+    /// resumes from, readable at the target (`FLEET_RESUME_FROM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<String>,
     /// `--fleet-interruptible`
     #[serde(default)]
     pub interruptible: bool,

@@ -168,6 +168,28 @@ pub fn sbatch_options_with_env(req: &JobRequest, extra: &[(&str, &str)]) -> Vec<
     a
 }
 
+/// The checkpoint variables a job gets at its target (docs/checkpoints.md):
+/// `FLEET_CKPT_URL` (its checkpoint prefix there) and `FLEET_RESUME_FROM`
+/// (the checkpoint to restore), from the assignment's `fleet.ckpt` and
+/// `fleet.resume_from`. A value that could not travel intact in sbatch's
+/// comma-separated `--export` (a comma, quote, backslash, space or control
+/// character, or longer than 4096 bytes) is left out.
+pub fn checkpoint_env(req: &JobRequest) -> Vec<(&'static str, &str)> {
+    let safe = |v: &str| {
+        !v.is_empty()
+            && v.len() <= 4096
+            && v.chars().all(|c| c.is_ascii_graphic() && !matches!(c, ',' | '"' | '\'' | '\\'))
+    };
+    let mut out = Vec::new();
+    if let Some(u) = req.fleet.ckpt.as_deref().filter(|u| safe(u)) {
+        out.push(("FLEET_CKPT_URL", u));
+    }
+    if let Some(u) = req.fleet.resume_from.as_deref().filter(|u| safe(u)) {
+        out.push(("FLEET_RESUME_FROM", u));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,5 +339,37 @@ mod tests {
         assert_eq!(m(Some("NIL")), ExportMode::Nil);
         assert_eq!(m(Some("A, B=1")), ExportMode::List { all: false, items: vec!["A".into(), "B=1".into()] });
         assert_eq!(m(Some("ALL,B=1")), ExportMode::List { all: true, items: vec!["B=1".into()] });
+    }
+
+    #[test]
+    fn checkpoint_variables_travel_only_when_safe() {
+        let req = |ckpt: Option<&str>, resume: Option<&str>| JobRequest {
+            fleet: crate::FleetOptions {
+                ckpt: ckpt.map(Into::into),
+                resume_from: resume.map(Into::into),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        type Row<'a> = (Option<&'a str>, Option<&'a str>, &'a [(&'a str, &'a str)]);
+        let table: &[Row] = &[
+            (None, None, &[]),
+            (Some("s3://ckpt-east/fleet/j1"), None, &[("FLEET_CKPT_URL", "s3://ckpt-east/fleet/j1")]),
+            (
+                Some("s3://b/j"),
+                Some("s3://b/j/ckpt-000000000003"),
+                &[("FLEET_CKPT_URL", "s3://b/j"), ("FLEET_RESUME_FROM", "s3://b/j/ckpt-000000000003")],
+            ),
+            (Some("s3://b/a,SLURM_X=1"), Some("s3://b/j/c"), &[("FLEET_RESUME_FROM", "s3://b/j/c")]),
+            (Some("s3://b/a b"), Some("s3://b/\"x"), &[]),
+            (Some(""), Some("s3://b/\nx"), &[]),
+        ];
+        for (ckpt, resume, want) in table {
+            assert_eq!(checkpoint_env(&req(*ckpt, *resume)), want.to_vec(), "{ckpt:?} {resume:?}");
+        }
+        // In the --export list, after the job's own mode.
+        let r = JobRequest { export_env: Some("NONE".into()), ..req(Some("s3://b/j"), None) };
+        let extra = checkpoint_env(&r);
+        assert_eq!(export_value(&r, &extra), "FLEET_CKPT_URL=s3://b/j");
     }
 }

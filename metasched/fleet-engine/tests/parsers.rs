@@ -85,6 +85,7 @@ fn request() -> JobRequest {
             max_price: Some(4.0),
             data: vec!["s3://d/".into()],
             ckpt: None,
+            resume_from: None,
             interruptible: false,
         },
         ..JobRequest::default()

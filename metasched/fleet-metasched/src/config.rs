@@ -68,6 +68,12 @@ pub struct ClusterConfig {
     /// with it, a type not listed is not allowed either (absent: no check).
     #[serde(default)]
     pub max_gpus: Option<BTreeMap<String, u32>>,
+    /// Site default checkpoint location of this cluster's region
+    /// (`s3://bucket/prefix` or `file:///dir`): a job without
+    /// `--fleet-ckpt` checkpoints under `<ckpt_url>/<fleet job id>` there.
+    /// Clusters of one region share one store, so one URL.
+    #[serde(default)]
+    pub ckpt_url: Option<String>,
 }
 
 /// `[limits]`: what one client can hold of the meta-scheduler.
@@ -281,6 +287,23 @@ impl Config {
                 return Err(ConfigError::Invalid(format!("cluster {:?} is configured twice", c.name)));
             }
         }
+        let mut region_ckpt: BTreeMap<&str, &str> = BTreeMap::new();
+        for c in &self.clusters {
+            if let Some(u) = &c.ckpt_url {
+                if let Err(why) = check_ckpt_url(u) {
+                    return Err(ConfigError::Invalid(format!("cluster {:?}: ckpt_url {u:?}: {why}", c.name)));
+                }
+                if let Some(other) = region_ckpt.insert(&c.region, u.trim_end_matches('/')) {
+                    if other != u.trim_end_matches('/') {
+                        return Err(ConfigError::Invalid(format!(
+                            "cluster {:?}: ckpt_url {u:?} differs from {other:?} of another cluster in region {:?} \
+                             (one region, one checkpoint store)",
+                            c.name, c.region
+                        )));
+                    }
+                }
+            }
+        }
         for c in &self.clusters {
             if let Some(g) = &c.max_gpus {
                 if let Some(ty) = g.keys().find(|t| t.is_empty()) {
@@ -332,6 +355,11 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The site default checkpoint location of `region`, if one is set.
+    pub fn region_ckpt_url(&self, region: &str) -> Option<&str> {
+        self.clusters.iter().filter(|c| c.region == region).find_map(|c| c.ckpt_url.as_deref())
     }
 
     /// Every token file, admin first, for change detection.
@@ -416,6 +444,30 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
+/// A checkpoint location Fleet can hand a job: `s3://bucket[/prefix]` or
+/// `file:///dir`, no whitespace, control characters or commas (it travels
+/// in sbatch's comma-separated `--export`), at most 1024 bytes.
+pub fn check_ckpt_url(u: &str) -> Result<(), &'static str> {
+    if u.len() > 1024 {
+        return Err("longer than 1024 bytes");
+    }
+    if u.chars().any(|c| c.is_whitespace() || c.is_control() || c == ',') {
+        return Err("has whitespace, a control character or a comma");
+    }
+    let rest = match (u.strip_prefix("s3://"), u.strip_prefix("file:///")) {
+        (Some(r), _) => r,
+        (_, Some(r)) => r,
+        _ => return Err("expected s3://bucket/prefix or file:///dir"),
+    };
+    if rest.split('/').next().unwrap_or("").is_empty() {
+        return Err("no bucket or directory");
+    }
+    if rest.split('/').any(|p| p == "." || p == "..") {
+        return Err("'.' and '..' are not allowed");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,6 +520,18 @@ mod tests {
         check(&format!("{BASE}output_retention_days = 0\n"), Ok(""));
         check(&format!("{BASE}output_retention_days = -1\n"), Err("output_retention_days must be >= 0"));
         check(&format!("{BASE}[tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n"), Ok(""));
+        let ck = |a: &str, b: &str| {
+            format!(
+                "{BASE}[[clusters]]\nname = \"a\"\nregion = \"east\"\ntoken_file = \"/t\"\nckpt_url = \"{a}\"\n\
+                 [[clusters]]\nname = \"b\"\nregion = \"east\"\ntoken_file = \"/t\"\nckpt_url = \"{b}\"\n"
+            )
+        };
+        check(&ck("s3://ckpt-east/fleet", "s3://ckpt-east/fleet/"), Ok("a"));
+        check(&ck("s3://ckpt-east/fleet", "s3://other/fleet"), Err("one region, one checkpoint store"));
+        check(&ck("s3://ckpt-east/a,b", "s3://ckpt-east/a,b"), Err("comma"));
+        check(&ck("gs://x", "gs://x"), Err("expected s3://"));
+        check(&ck("s3://b/../x", "s3://b/../x"), Err("'..'"));
+        check(&ck("file:///srv/ckpt", "file:///srv/ckpt"), Ok("a"));
         check(&format!("{BASE}[tls]\ncert_file = \"/c.pem\"\n"), Err("missing field `key_file`"));
         check("listen = \"nope\"\n", Err("t.toml"));
         check(&format!("{BASE}prices = \"/p.csv\"\ncarbon = \"/c.csv\"\n"), Ok(""));

@@ -493,6 +493,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id/confirm_start", post(confirm_start))
         .route("/v1/jobs/:id/cancel", post(cancel))
         .route("/v1/jobs/:id/signal", post(signal))
+        .route("/v1/jobs/:id/checkpoints", post(post_checkpoint).get(get_checkpoints))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
     Router::new()
         .route("/health", get(|| async { "ok" }))
@@ -878,4 +879,30 @@ async fn signal(
     let req: SignalRequest = parse(&body, "signal request")?;
     let record = with_store(&st, move |s, now| s.signal(&caller, &id, &req, now)).await?;
     Ok((StatusCode::ACCEPTED, Json(record)).into_response())
+}
+
+/// `POST /v1/jobs/{id}/checkpoints` (`CheckpointReport`): the job (its
+/// token) or its target cluster's agent reports a complete checkpoint;
+/// 200 with the catalog's record.
+async fn post_checkpoint(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    // Refuse callers who may never post before parsing what they sent.
+    if caller == Caller::Admin {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only the job or its target cluster reports checkpoints"));
+    }
+    let rep: fleet_api::api::CheckpointReport = parse(&body, "checkpoint report")?;
+    Ok(Json(with_store(&st, move |s, now| s.report_checkpoint(&caller, &id, rep, now)).await?).into_response())
+}
+
+/// `GET /v1/jobs/{id}/checkpoints`: the catalog's checkpoints of the job, newest first.
+async fn get_checkpoints(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Response> {
+    Ok(Json(with_store(&st, move |s, _| s.checkpoints(&caller, &id)).await?).into_response())
 }

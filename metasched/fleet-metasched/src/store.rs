@@ -28,6 +28,9 @@ use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
 
+/// The checkpoint catalog (its table and every query of it).
+mod catalog;
+
 /// Who is calling, after authentication.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
@@ -527,6 +530,7 @@ impl Store {
             conn.execute_batch("ALTER TABLE jobs ADD COLUMN active INTEGER NOT NULL DEFAULT 1;")?;
         }
         conn.execute_batch("CREATE INDEX IF NOT EXISTS jobs_active ON jobs(target, active);")?;
+        catalog::init(&conn)?;
         let mut map = BTreeMap::new();
         for c in clusters {
             let last: Option<(String, f64)> = conn
@@ -1468,13 +1472,16 @@ impl Store {
         let sql = "SELECT data FROM jobs WHERE target = ?1 AND active = 1 ORDER BY submitted_at, id";
         for job in self.query(sql, [c])? {
             match target_work(&job) {
-                Some(TargetWork::Submit) => work.submit.push(Assignment {
-                    fleet_job_id: job.record.fleet_job_id.clone(),
-                    request: job.request,
-                    origin_restart: job.record.origin_restart,
-                    stdout_base: job.record.stdout_base,
-                    stderr_base: job.record.stderr_base,
-                }),
+                Some(TargetWork::Submit) => {
+                    let request = self.assignment_request(&job)?;
+                    work.submit.push(Assignment {
+                        fleet_job_id: job.record.fleet_job_id.clone(),
+                        request,
+                        origin_restart: job.record.origin_restart,
+                        stdout_base: job.record.stdout_base,
+                        stderr_base: job.record.stderr_base,
+                    })
+                }
                 Some(TargetWork::Cancel) => work.cancel.push(job.record.fleet_job_id),
                 None => {}
             }

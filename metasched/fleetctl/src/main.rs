@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
-use fleet_api::api::{FleetView, JobRecord};
+use fleet_api::api::{Checkpoint, FleetView, JobRecord};
 use fleet_api::JobState;
 use serde::Deserialize;
 use time::format_description::well_known::Rfc3339;
@@ -167,6 +167,13 @@ enum JobAction {
         /// (the job's steps only, as `scancel` without either flag).
         #[arg(long, default_value = "full", value_parser = ["batch", "full", "steps"])]
         scope: String,
+    },
+    /// The job's checkpoints in the catalog, newest first: sequence number,
+    /// the framework's step, valid or torn, the region whose store holds
+    /// it, size, age, URL (a copy in another region is a row of its own).
+    Checkpoints {
+        /// Fleet job id.
+        id: String,
     },
 }
 
@@ -592,6 +599,62 @@ fn job_fields(j: &JobRecord, now: f64, zone: Zone) -> String {
     fields.into_iter().map(|(k, v)| format!("{k:<17} {v}\n")).collect()
 }
 
+/// `fleetctl job <id>`'s checkpoint lines: the last valid checkpoint, its
+/// age, and for a running job the work at risk (run time since it, or since
+/// the start when there is none).
+fn checkpoint_fields(j: &JobRecord, rows: &[Checkpoint], now: f64) -> String {
+    let last = rows.iter().find(|c| c.valid);
+    let mut s = match last {
+        Some(c) => format!(
+            "{:<17} seq {} ({} ago, {:.1} MB): {}\n",
+            "last_checkpoint",
+            c.seq,
+            age(now - c.reported_at),
+            c.bytes as f64 / 1e6,
+            one_line(&c.url)
+        ),
+        None => format!("{:<17} -\n", "last_checkpoint"),
+    };
+    if j.state == JobState::Running {
+        let risk = match last {
+            Some(c) => format!("{} (since the last checkpoint)", age(now - c.reported_at)),
+            None => "all of it (no checkpoint)".to_string(),
+        };
+        s.push_str(&format!("{:<17} {risk}\n", "work_at_risk"));
+    }
+    s
+}
+
+/// `fleetctl job checkpoints <id>`: the catalog's rows, newest first.
+fn checkpoints_table(id: &str, rows: &[Checkpoint], now: f64, zone: Zone) -> String {
+    if rows.is_empty() {
+        return format!("{id}: no checkpoint reported\n");
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|c| {
+            vec![
+                c.seq.to_string(),
+                c.step.map_or("-".into(), |s| s.to_string()),
+                if c.valid { "valid".into() } else { "torn".into() },
+                c.region.clone().unwrap_or_else(|| "(job's own)".into()),
+                format!("{:.1} MB", c.bytes as f64 / 1e6),
+                format!("{} ({} ago)", zone.iso(c.reported_at), age(now - c.reported_at)),
+                c.reported_by.clone(),
+                one_line(&c.url),
+            ]
+        })
+        .collect();
+    let mut s = table(&["SEQ", "STEP", "STATE", "REGION", "SIZE", "REPORTED", "BY", "URL"], &cells);
+    match rows.iter().find(|c| c.valid) {
+        Some(c) => {
+            s.push_str(&format!("last valid: seq {} ({} ago): {}\n", c.seq, age(now - c.reported_at), one_line(&c.url)))
+        }
+        None => s.push_str("no valid checkpoint: the job would start from scratch\n"),
+    }
+    s
+}
+
 /// The query of `GET /v1/jobs` for `fleetctl jobs`: newest first, one more
 /// than a page so that the CLI knows whether another page follows.
 fn jobs_query(a: &JobsArgs, now: f64, zone: Zone) -> anyhow::Result<String> {
@@ -822,6 +885,9 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
                 (Some(JobAction::Signal { id, signal, scope }), _) => {
                     return job_signal(&client, cli.json, id, signal, scope);
                 }
+                (Some(JobAction::Checkpoints { id }), _) => {
+                    (reqwest::Method::GET, format!("/v1/jobs/{}/checkpoints", query_escape(id)))
+                }
                 (None, Some(id)) => (reqwest::Method::GET, format!("/v1/jobs/{}", query_escape(id))),
                 (None, None) => bail!("missing job id"),
             };
@@ -831,6 +897,10 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
             }
             match action {
                 Some(JobAction::Signal { .. }) => unreachable!("answered above"),
+                Some(JobAction::Checkpoints { id }) => {
+                    let c: Vec<Checkpoint> = serde_json::from_value(v).context("decoding the checkpoints")?;
+                    print(&checkpoints_table(id, &c, now(), zone))
+                }
                 Some(JobAction::Explain { .. }) => {
                     let e: Explanation = serde_json::from_value(v).context("decoding the explanation")?;
                     print(&explain_text(&e))
@@ -851,7 +921,13 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
                 }
                 None => {
                     let r: JobRecord = serde_json::from_value(v).context("decoding the job")?;
-                    print(&job_fields(&r, now(), zone))
+                    // The catalog's view; a daemon without it (older) adds nothing.
+                    let ckpts: Vec<Checkpoint> = client
+                        .call(reqwest::Method::GET, &format!("/v1/jobs/{}/checkpoints", query_escape(&r.fleet_job_id)))
+                        .ok()
+                        .and_then(|v| serde_json::from_value(v).ok())
+                        .unwrap_or_default();
+                    print(&format!("{}{}", job_fields(&r, now(), zone), checkpoint_fields(&r, &ckpts, now())))
                 }
             }
         }
@@ -931,6 +1007,8 @@ mod tests {
         );
         check(&["job", "signal", "abc", "USR1", "--scope", "all"], "error 2");
         check(&["job", "signal", "abc"], "error 2");
+        check(&["job", "checkpoints", "abc"], "Job { id: None, action: Some(Checkpoints { id: \"abc\" }) }");
+        check(&["job", "checkpoints"], "error 2");
         check(&["rebalance"], "Rebalance");
         check(&["rebalance", "--json"], "Rebalance");
         check(&["rebalance", "x"], "error 2");
@@ -1064,6 +1142,52 @@ mod tests {
             let e = parse_since(bad, now, utc).unwrap_err();
             assert!(e.contains("--since") && e.contains("duration"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn checkpoints_table_rows_and_summary() {
+        let c = |seq: u64, valid: bool, region: Option<&str>| Checkpoint {
+            fleet_job_id: "j1".into(),
+            seq,
+            url: format!("s3://ckpt-east/fleet/j1/ckpt-{seq:012}"),
+            region: region.map(Into::into),
+            bytes: 200_000_000,
+            manifest_sha256: "a".repeat(64),
+            step: Some(seq * 10),
+            reported_at: 1_764_600_000.0,
+            reported_by: "alpha".into(),
+            valid,
+        };
+        let t = checkpoints_table(
+            "j1",
+            &[c(2, false, Some("east")), c(1, true, None)],
+            1_764_600_090.0,
+            Zone(UtcOffset::UTC),
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("SEQ  STEP  STATE  REGION"), "{t}");
+        let cells =
+            |l: &str| l.split("  ").filter(|c| !c.is_empty()).map(str::trim).map(String::from).collect::<Vec<_>>();
+        assert_eq!(cells(lines[1])[..5], ["2", "20", "torn", "east", "200.0 MB"], "{t}");
+        assert_eq!(cells(lines[2])[..5], ["1", "10", "valid", "(job's own)", "200.0 MB"], "{t}");
+        assert!(lines[2].contains("90s ago") && lines[2].ends_with("s3://ckpt-east/fleet/j1/ckpt-000000000001"), "{t}");
+        assert_eq!(lines[3], "last valid: seq 1 (90s ago): s3://ckpt-east/fleet/j1/ckpt-000000000001");
+        let t = checkpoints_table("j1", &[c(2, false, None)], 1_764_600_090.0, Zone(UtcOffset::UTC));
+        assert!(t.ends_with("no valid checkpoint: the job would start from scratch\n"), "{t}");
+        assert_eq!(checkpoints_table("j9", &[], 0.0, Zone(UtcOffset::UTC)), "j9: no checkpoint reported\n");
+        let mut j = record(JobState::Running, None, None, None);
+        let rows = [c(2, false, Some("east")), c(1, true, None)];
+        assert_eq!(
+            checkpoint_fields(&j, &rows, 1_764_600_300.0),
+            "last_checkpoint   seq 1 (5m ago, 200.0 MB): s3://ckpt-east/fleet/j1/ckpt-000000000001\n\
+             work_at_risk      5m (since the last checkpoint)\n"
+        );
+        assert_eq!(
+            checkpoint_fields(&j, &[], 0.0),
+            "last_checkpoint   -\nwork_at_risk      all of it (no checkpoint)\n"
+        );
+        j.state = JobState::Completed;
+        assert_eq!(checkpoint_fields(&j, &[], 0.0), "last_checkpoint   -\n");
     }
 
     #[test]

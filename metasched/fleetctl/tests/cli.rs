@@ -118,6 +118,7 @@ async fn clusters_jobs_job_cancel_explain() {
     let o = ctl(&url, dir, &["job", "j-small"]).await;
     let out = text(&o);
     assert!(o.status.success() && out.contains("state             held"), "{out}");
+    assert!(out.ends_with("last_checkpoint   -\n"), "the catalog has none: {out}");
 
     let o = ctl(&url, dir, &["job", "explain", "j-huge"]).await;
     let out = text(&o);

@@ -438,10 +438,10 @@ pub fn sbatch_args(
     // The job's resources and options as the user gave them, `--export` in
     // the job's own mode plus Fleet's variables (FLEET_FORWARDED_JOB: this
     // cluster's plugin never forwards the job again).
-    a.extend(fleet_api::sbatch::sbatch_options_with_env(
-        req,
-        &[("FLEET_JOB_ID", id), ("FLEET_ORIGIN", &req.origin), ("FLEET_FORWARDED_JOB", id)],
-    ));
+    // FLEET_CKPT_URL / FLEET_RESUME_FROM: where it checkpoints and what it resumes from.
+    let mut env = vec![("FLEET_JOB_ID", id), ("FLEET_ORIGIN", &req.origin), ("FLEET_FORWARDED_JOB", id)];
+    env.extend(fleet_api::sbatch::checkpoint_env(req));
+    a.extend(fleet_api::sbatch::sbatch_options_with_env(req, &env));
     a
 }
 
@@ -668,6 +668,15 @@ mod tests {
         for want in ["--job-name=train", "--gres=gpu:h100:8", "--nodes=2", "--time=60", "--output=/s/o"] {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
+        let mut req = req;
+        req.fleet.ckpt = Some("s3://ckpt-east/fleet/beta-1".into());
+        req.fleet.resume_from = Some("s3://ckpt-east/fleet/beta-1/ckpt-000000000002".into());
+        let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p);
+        let export = a.iter().find(|x| x.starts_with("--export=")).unwrap();
+        assert!(
+            export.ends_with(",FLEET_CKPT_URL=s3://ckpt-east/fleet/beta-1,FLEET_RESUME_FROM=s3://ckpt-east/fleet/beta-1/ckpt-000000000002"),
+            "{export}"
+        );
     }
 
     #[test]

@@ -1,0 +1,299 @@
+//! The checkpoint catalog: which complete checkpoints each job has, where
+//! (URL and region), how large, and the digest of their manifest. It owns
+//! the `checkpoints` table; the rest of the store reaches it only through
+//! the methods here.
+//!
+//! A checkpoint is reported (`POST /v1/jobs/{id}/checkpoints`) by the job
+//! itself (its job token, as `fleet-ckpt save` does when given one) or by
+//! the agent of the cluster running it, never by anyone else. Its URL must
+//! be `<prefix>/ckpt-<seq, 12 digits>` under one of the job's checkpoint
+//! prefixes: its own `--fleet-ckpt`, or `<ckpt_url>/<job id>` of a region's
+//! site default. The failover (issue 8, parts 2+) asks
+//! [`Store::latest_valid_checkpoint`] and [`Store::plan_restore`].
+
+use fleet_api::api::{Checkpoint, CheckpointReport, RestorePlan};
+use fleet_api::JobRequest;
+use rusqlite::{params, OptionalExtension};
+
+use super::{Caller, Job, Store, StoreError};
+
+/// Rows kept per job (the oldest sequence numbers go first).
+pub const MAX_CHECKPOINTS_PER_JOB: i64 = 1000;
+/// Largest checkpoint size accepted in a report (1 PiB).
+const MAX_BYTES: u64 = 1 << 50;
+
+/// Create the table (idempotent); called when the store opens.
+pub(super) fn init(conn: &rusqlite::Connection) -> Result<(), StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS checkpoints (
+             job_id TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             url TEXT NOT NULL,
+             region TEXT,
+             bytes INTEGER NOT NULL,
+             manifest_sha256 TEXT NOT NULL,
+             step INTEGER,
+             reported_at REAL NOT NULL,
+             reported_by TEXT NOT NULL,
+             valid INTEGER NOT NULL,
+             PRIMARY KEY (job_id, url)
+         );
+         CREATE INDEX IF NOT EXISTS checkpoints_seq ON checkpoints(job_id, seq);",
+    )?;
+    Ok(())
+}
+
+const COLUMNS: &str = "job_id, seq, url, region, bytes, manifest_sha256, step, reported_at, reported_by, valid";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Checkpoint> {
+    Ok(Checkpoint {
+        fleet_job_id: r.get(0)?,
+        seq: r.get::<_, i64>(1)? as u64,
+        url: r.get(2)?,
+        region: r.get(3)?,
+        bytes: r.get::<_, i64>(4)? as u64,
+        manifest_sha256: r.get(5)?,
+        step: r.get::<_, Option<i64>>(6)?.map(|s| s as u64),
+        reported_at: r.get(7)?,
+        reported_by: r.get(8)?,
+        valid: r.get(9)?,
+    })
+}
+
+/// The sequence number in a checkpoint URL's last component.
+fn seq_of(url: &str) -> Option<(&str, u64)> {
+    let (prefix, name) = url.rsplit_once('/')?;
+    let digits = name.strip_prefix("ckpt-")?;
+    if digits.len() != 12 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((prefix, digits.parse().ok()?))
+}
+
+/// The job's own checkpoint location: `--fleet-ckpt`, else `#FLEET ckpt=`
+/// in its script (the option wins, as sbatch options win over `#SBATCH`).
+fn declared_ckpt(job: &Job) -> Option<String> {
+    let own = job.request.fleet.ckpt.clone().or_else(|| {
+        let script = job.request.script.as_deref()?;
+        fleet_engine::job::Directives::parse_bytes(script).0.ckpt
+    })?;
+    let own = own.trim().trim_end_matches('/').to_string();
+    (!own.is_empty()).then_some(own)
+}
+
+impl Store {
+    /// The job's checkpoint prefixes, each with the region whose store
+    /// holds it (`None`: the job's own `--fleet-ckpt`, reachable from
+    /// every cluster as far as Fleet knows).
+    fn ckpt_prefixes(&self, job: &Job) -> Vec<(String, Option<String>)> {
+        let id = &job.record.fleet_job_id;
+        let mut out = Vec::new();
+        if let Some(own) = declared_ckpt(job) {
+            out.push((own, None));
+        }
+        for c in self.clusters.values() {
+            if let Some(base) = &c.cfg.ckpt_url {
+                let p = format!("{}/{id}", base.trim_end_matches('/'));
+                if !out.iter().any(|(q, _)| *q == p) {
+                    out.push((p, Some(c.cfg.region.clone())));
+                }
+            }
+        }
+        out
+    }
+
+    /// The job's checkpoint prefix at `cluster`: its own `--fleet-ckpt`,
+    /// else its region's site default.
+    fn ckpt_prefix_at(&self, job: &Job, cluster: &str) -> Option<String> {
+        if let Some(own) = declared_ckpt(job) {
+            return Some(own);
+        }
+        let base = self.clusters.get(cluster)?.cfg.ckpt_url.as_deref()?;
+        Some(format!("{}/{}", base.trim_end_matches('/'), job.record.fleet_job_id))
+    }
+
+    /// The job's prefix in `region`'s store (its own `--fleet-ckpt` when it has one).
+    fn ckpt_prefix_in_region(&self, job: &Job, region: &str) -> Option<String> {
+        let cluster = self.clusters.values().find(|c| c.cfg.region == region && c.cfg.ckpt_url.is_some())?;
+        self.ckpt_prefix_at(job, &cluster.cfg.name)
+    }
+
+    /// `POST /v1/jobs/{id}/checkpoints`: record a complete checkpoint (or,
+    /// with `valid: false`, that one was found torn). Only the job's token
+    /// or the agent of the cluster running it may post.
+    pub fn report_checkpoint(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        rep: CheckpointReport,
+        now: f64,
+    ) -> Result<Checkpoint, StoreError> {
+        let job = self.load(id)?;
+        let reported_by = match caller {
+            Caller::Job { id: jid, origin } if jid == id && *origin == job.record.origin => "job".to_string(),
+            Caller::Cluster(c) if job.record.target.as_deref() == Some(c.as_str()) => c.clone(),
+            Caller::Job { .. } => return Err(StoreError::Unauthorized("job token does not match this job".into())),
+            Caller::Cluster(c) => {
+                return Err(StoreError::Forbidden(format!(
+                    "cluster {c:?} does not run {id} (target: {}): only the job or its target reports checkpoints",
+                    job.record.target.as_deref().unwrap_or("none")
+                )))
+            }
+            Caller::Admin => {
+                return Err(StoreError::Forbidden("only the job or its target cluster reports checkpoints".into()))
+            }
+        };
+        let bad = |m: String| Err(StoreError::BadRequest(m));
+        if rep.url.len() > 1100 || rep.url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return bad("checkpoint url: too long, or has whitespace or control characters".into());
+        }
+        let Some((prefix, seq)) = seq_of(&rep.url) else {
+            return bad(format!("checkpoint url {:?} does not end in /ckpt-<12 digits>", rep.url));
+        };
+        if seq != rep.seq {
+            return bad(format!("checkpoint url {:?} names seq {seq}, the report says {}", rep.url, rep.seq));
+        }
+        if rep.seq > i64::MAX as u64 || rep.step.is_some_and(|s| s > i64::MAX as u64) || rep.bytes > MAX_BYTES {
+            return bad("seq, step or bytes out of range".into());
+        }
+        if rep.manifest_sha256.len() != 64
+            || !rep.manifest_sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return bad("manifest_sha256 must be 64 lower-case hex digits".into());
+        }
+        let prefixes = self.ckpt_prefixes(&job);
+        let Some((_, region)) = prefixes.iter().find(|(p, _)| p == prefix) else {
+            let known: Vec<&str> = prefixes.iter().map(|(p, _)| p.as_str()).collect();
+            return Err(StoreError::Forbidden(format!(
+                "checkpoint url {:?} is not under a checkpoint prefix of {id} (known: {})",
+                rep.url,
+                if known.is_empty() { "none: no --fleet-ckpt and no site default".into() } else { known.join(", ") }
+            )));
+        };
+        let existing: Option<Checkpoint> = self
+            .conn
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM checkpoints WHERE job_id = ?1 AND url = ?2"),
+                params![id, rep.url],
+                row,
+            )
+            .optional()?;
+        if let Some(old) = &existing {
+            if old.manifest_sha256 != rep.manifest_sha256 {
+                return Err(super::conflict(format!(
+                    "{} was reported with manifest sha256 {}, not {}: a checkpoint is never rewritten",
+                    rep.url, old.manifest_sha256, rep.manifest_sha256
+                )));
+            }
+            // Once found torn it stays so; a repeat of a valid report is a no-op.
+            if !rep.valid && old.valid {
+                self.conn.execute(
+                    "UPDATE checkpoints SET valid = 0, reported_at = ?3, reported_by = ?4 WHERE job_id = ?1 AND url = ?2",
+                    params![id, rep.url, now, reported_by],
+                )?;
+                tracing::warn!(job = %id, url = %rep.url, by = %reported_by, "checkpoint reported torn");
+                return Ok(Checkpoint { valid: false, reported_at: now, reported_by, ..old.clone() });
+            }
+            return Ok(old.clone());
+        }
+        let ck = Checkpoint {
+            fleet_job_id: id.to_string(),
+            seq: rep.seq,
+            url: rep.url,
+            region: region.clone(),
+            bytes: rep.bytes,
+            manifest_sha256: rep.manifest_sha256,
+            step: rep.step,
+            reported_at: now,
+            reported_by,
+            valid: rep.valid,
+        };
+        self.conn.execute(
+            &format!("INSERT INTO checkpoints ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+            params![
+                ck.fleet_job_id,
+                ck.seq as i64,
+                ck.url,
+                ck.region,
+                ck.bytes as i64,
+                ck.manifest_sha256,
+                ck.step.map(|s| s as i64),
+                ck.reported_at,
+                ck.reported_by,
+                ck.valid
+            ],
+        )?;
+        // Bound the rows per job: the oldest sequence numbers go.
+        self.conn.execute(
+            "DELETE FROM checkpoints WHERE job_id = ?1 AND rowid NOT IN
+               (SELECT rowid FROM checkpoints WHERE job_id = ?1 ORDER BY seq DESC, reported_at DESC LIMIT ?2)",
+            params![id, MAX_CHECKPOINTS_PER_JOB],
+        )?;
+        Ok(ck)
+    }
+
+    /// `GET /v1/jobs/{id}/checkpoints`: newest first; for whoever may read the job.
+    pub fn checkpoints(&self, caller: &Caller, id: &str) -> Result<Vec<Checkpoint>, StoreError> {
+        self.get(caller, id)?;
+        self.checkpoint_rows(id, false)
+    }
+
+    fn checkpoint_rows(&self, id: &str, valid_only: bool) -> Result<Vec<Checkpoint>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM checkpoints WHERE job_id = ?1 {} ORDER BY seq DESC, reported_at DESC, url",
+            if valid_only { "AND valid = 1" } else { "" }
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([id], row)?.collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// The newest valid checkpoint of job `id` (the first one reported,
+    /// when copies of it exist in several regions).
+    pub fn latest_valid_checkpoint(&self, id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let rows = self.checkpoint_rows(id, true)?;
+        let Some(top) = rows.first().map(|c| c.seq) else { return Ok(None) };
+        Ok(rows.into_iter().filter(|c| c.seq == top).min_by(|a, b| a.reported_at.total_cmp(&b.reported_at)))
+    }
+
+    /// What resuming job `id` in `target_region` takes: its newest valid
+    /// checkpoint, read in place when a copy is in that region (or in the
+    /// job's own store, which every region reaches), else copied first
+    /// (`copy_needed`, its bytes, and the job's prefix in that region).
+    /// `None`: the job has no valid checkpoint (it starts from scratch).
+    pub fn plan_restore(&self, id: &str, target_region: &str) -> Result<Option<RestorePlan>, StoreError> {
+        let rows = self.checkpoint_rows(id, true)?;
+        let Some(top) = rows.first().map(|c| c.seq) else { return Ok(None) };
+        let newest: Vec<Checkpoint> = rows.into_iter().filter(|c| c.seq == top).collect();
+        let here = newest
+            .iter()
+            .find(|c| c.region.as_deref() == Some(target_region))
+            .or_else(|| newest.iter().find(|c| c.region.is_none()));
+        if let Some(c) = here {
+            return Ok(Some(RestorePlan { checkpoint: c.clone(), copy_needed: false, copy_bytes: 0, copy_to: None }));
+        }
+        let c = newest.into_iter().min_by(|a, b| a.reported_at.total_cmp(&b.reported_at)).expect("one row at least");
+        let copy_to = match self.load(id) {
+            Ok(job) => self.ckpt_prefix_in_region(&job, target_region),
+            Err(StoreError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(Some(RestorePlan { copy_bytes: c.bytes, checkpoint: c, copy_needed: true, copy_to }))
+    }
+
+    /// The request as the target receives it: `fleet.ckpt` set to the
+    /// job's checkpoint prefix there and `fleet.resume_from` to the newest
+    /// valid checkpoint readable there without a copy, if any (the agent
+    /// passes them as `FLEET_CKPT_URL` and `FLEET_RESUME_FROM`).
+    pub(super) fn assignment_request(&self, job: &Job) -> Result<JobRequest, StoreError> {
+        let mut req = job.request.clone();
+        let Some(target) = job.record.target.as_deref() else { return Ok(req) };
+        req.fleet.ckpt = self.ckpt_prefix_at(job, target);
+        let region = self.clusters.get(target).map(|c| c.cfg.region.as_str()).unwrap_or("");
+        req.fleet.resume_from = match self.plan_restore(&job.record.fleet_job_id, region)? {
+            Some(p) if !p.copy_needed => Some(p.checkpoint.url),
+            _ => None,
+        };
+        Ok(req)
+    }
+}

@@ -1,0 +1,51 @@
+//! Fleet's checkpoint convention (docs/checkpoints.md) and the
+//! `fleet-ckpt` helper: a checkpoint is a directory of files plus a
+//! manifest, `fleet-ckpt.json`, written last, with each file's relative
+//! path, size and SHA-256. It is saved to, verified in, restored from and
+//! copied between object stores (`object_store`: S3-compatible servers
+//! and the local filesystem).
+
+pub mod location;
+pub mod manifest;
+pub mod ops;
+
+pub use location::{Location, Scheme, StoreEntry, Stores};
+pub use manifest::{FileEntry, Manifest, ManifestError, MANIFEST};
+pub use ops::{CkptError, Client, Entry, EntryState, SaveOptions};
+
+/// Tell the meta-scheduler's catalog about a checkpoint
+/// (`POST {metasched}/v1/jobs/{job}/checkpoints`). `auth` is the whole
+/// `Authorization` value (`FleetJob <job token>` or `Bearer <cluster token>`).
+pub async fn report(
+    metasched: &str,
+    ca_pem: Option<&[u8]>,
+    auth: &str,
+    job_id: &str,
+    report: &fleet_api::api::CheckpointReport,
+) -> anyhow::Result<fleet_api::api::Checkpoint> {
+    use anyhow::Context;
+    let mut b = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
+    if let Some(pem) = ca_pem {
+        for c in reqwest::Certificate::from_pem_bundle(pem).context("reading the CA bundle")? {
+            b = b.add_root_certificate(c);
+        }
+    }
+    let url = format!("{}/v1/jobs/{job_id}/checkpoints", metasched.trim_end_matches('/'));
+    let resp = b
+        .build()?
+        .post(&url)
+        .header(reqwest::header::AUTHORIZATION, auth)
+        .json(report)
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = resp.status();
+    let body = resp.bytes().await.with_context(|| format!("POST {url}: reading the reply"))?;
+    if !status.is_success() {
+        let msg = serde_json::from_slice::<fleet_api::api::ApiError>(&body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(300).collect());
+        anyhow::bail!("POST {url}: {status}: {msg}");
+    }
+    serde_json::from_slice(&body).with_context(|| format!("POST {url}: the reply is not a checkpoint record"))
+}
