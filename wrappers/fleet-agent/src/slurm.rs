@@ -311,9 +311,13 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
     Ok(out)
 }
 
-/// `sacct -X -n -P -o JobIDRaw,State,ExitCode,Submit,UID` → finished
-/// jobs. None of these columns can hold user text.
+/// `sacct -X -n -P -D -o JobIDRaw,State,ExitCode,Submit,UID` → finished
+/// jobs. None of these columns can hold user text. With `-D` a requeued
+/// job has one row per run, oldest first, each but the last `REQUEUED`
+/// (with the submit time of that run): a row's `restarts` is the number of
+/// `REQUEUED` rows of its id before it, as squeue's `restart_cnt`.
 pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
+    let mut requeues: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
     out.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split('|').collect();
@@ -329,6 +333,11 @@ pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
             }
             j.submit_time = parse_slurm_time(submit);
             j.user_id = uid.parse().ok();
+            let n = requeues.entry(native_id).or_default();
+            j.restarts = *n;
+            if j.raw_state == "REQUEUED" {
+                *n = n.saturating_add(1);
+            }
             Some(j)
         })
         .collect()
@@ -657,6 +666,14 @@ mod tests {
         assert_eq!((j[0].state, j[0].exit_code, j[0].user_id), (JobState::Completed, Some(0), Some(1001)));
         assert_eq!((j[1].state, j[1].signal), (JobState::Cancelled, Some(15)));
         assert!(j[0].submit_time.is_some());
+        // sacct -D: one row per run of a requeued job, oldest first; each
+        // row counts the requeues before it (squeue's restart_cnt).
+        let j = parse_sacct(
+            "8|REQUEUED|0:0|2026-12-01T18:05:51|1001\n8|REQUEUED|0:0|2026-12-01T18:05:54|1001\n\
+             8|COMPLETED|0:0|2026-12-01T18:06:00|1001\n9|PENDING|0:0|2026-12-01T18:06:01|1001\n",
+        );
+        let got: Vec<(u64, &str, u32)> = j.iter().map(|j| (j.native_id, j.raw_state.as_str(), j.restarts)).collect();
+        assert_eq!(got, [(8, "REQUEUED", 0), (8, "REQUEUED", 1), (8, "COMPLETED", 2), (9, "PENDING", 0)]);
     }
 
     proptest::proptest! {

@@ -94,7 +94,17 @@ pub fn identify<'a>(run: &Run, site: &str, candidates: &[&'a NativeJob]) -> Seen
     let mine: Vec<&NativeJob> =
         candidates.iter().copied().filter(|j| run.uid.is_none_or(|u| j.user_id == Some(u))).collect();
     let found = match run.submit_time {
-        Some(t) => mine.into_iter().find(|j| j.submit_time == Some(t)),
+        // Slurm gives a requeued job a new submit time (22.05 and 24.11
+        // alike: tests/fixtures/slurm-*/), with a higher restart count: that
+        // is still this job, and its latest run (sacct -D also lists the
+        // earlier ones) is what it is now. A reused id starts again at 0
+        // restarts, so it is never taken for a requeue.
+        Some(t) => mine
+            .into_iter()
+            .filter(|j| {
+                j.submit_time == Some(t) || (j.restarts > run.restarts && j.submit_time.is_some_and(|st| st >= t))
+            })
+            .max_by_key(|j| (j.restarts, j.submit_time)),
         None => mine
             .into_iter()
             .filter(|j| j.submit_time.is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S))
@@ -348,6 +358,8 @@ async fn reconcile_run<B: Backend>(
             if j.restarts > run.restarts {
                 tracing::info!(id = %run.id, restarts = j.restarts, "requeued by Slurm");
                 run.restarts = j.restarts;
+                // The requeue's new submit time identifies it from now on.
+                run.submit_time = j.submit_time;
             }
             update_for(j, &site)
         }
@@ -514,6 +526,35 @@ mod tests {
         assert!(matches!(identify(&run(7, Some(1001)), "alpha", &[&other_user]), Seen::Gone(_)));
         let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", &[]) else { panic!() };
         assert!(why.contains("no longer knows"), "{why}");
+    }
+
+    #[test]
+    fn a_requeued_job_with_a_new_submit_time_is_still_the_job() {
+        // What Slurm 22.05 and 24.11 report after `scontrol requeue`: the
+        // same id and owner, a later submit time, one more restart.
+        let mut requeued = job(7, "PENDING", 1005, 1001);
+        requeued.restarts = 1;
+        assert_eq!(identify(&run(7, Some(1001)), "alpha", &[&requeued]), Seen::Job(&requeued));
+        // sacct -D also lists the earlier run (parse_sacct counts the
+        // REQUEUED rows before a row as its restarts): the latest run wins.
+        let earlier = job(7, "REQUEUED", 1001, 1001);
+        assert_eq!(identify(&run(7, Some(1001)), "alpha", &[&earlier, &requeued]), Seen::Job(&requeued));
+        // Not a requeue: no new restart (a reused id), an earlier time, another owner.
+        let reused = job(7, "RUNNING", 1005, 1001);
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", &[&reused]), Seen::Gone(_)));
+        let mut before = job(7, "PENDING", 900, 1001);
+        before.restarts = 1;
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", &[&before]), Seen::Gone(_)));
+        let mut other = job(7, "PENDING", 1005, 1002);
+        other.restarts = 1;
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", &[&other]), Seen::Gone(_)));
+        // Once the requeue is recorded (restarts 1), another one is needed.
+        let mut seen_once = run(7, Some(1005));
+        seen_once.restarts = 1;
+        assert_eq!(identify(&seen_once, "alpha", &[&requeued]), Seen::Job(&requeued));
+        let mut stale = job(7, "PENDING", 1009, 1001);
+        stale.restarts = 1;
+        assert!(matches!(identify(&seen_once, "alpha", &[&stale]), Seen::Gone(_)));
     }
 
     #[test]
