@@ -114,7 +114,8 @@ pub fn parse_gres_field(s: &str) -> Vec<(Option<String>, u32)> {
     for (i, ch) in s.char_indices() {
         match ch {
             '(' => depth += 1,
-            ')' => depth -= 1,
+            // An unbalanced ')' must not hide the commas after it.
+            ')' => depth = (depth - 1).max(0),
             ',' if depth == 0 => {
                 items.push(&s[start..i]);
                 start = i + 1;
@@ -351,6 +352,17 @@ pub fn parse_slurm_time(s: &str) -> Option<i64> {
     let ([y, m, day], [hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
         return None;
     };
+    // A real date and time (leap second included); anything else, e.g. a
+    // year whose seconds overflow, is no time at all.
+    if !((1970..=9999).contains(y)
+        && (1..=12).contains(m)
+        && (1..=31).contains(day)
+        && (0..=23).contains(hh)
+        && (0..=59).contains(mm)
+        && (0..=60).contains(ss))
+    {
+        return None;
+    }
     // Days from civil (Howard Hinnant's algorithm), then the local offset.
     let (y, m) = if *m <= 2 { (y - 1, m + 9) } else { (*y, m - 3) };
     let era = y.div_euclid(400);
@@ -562,6 +574,9 @@ mod tests {
         assert_eq!(parse_gres_field("gpu:4,gpu:h100:2"), vec![(None, 4), (Some("h100".into()), 2)]);
         assert_eq!(parse_gres_field("(null)"), vec![]);
         assert_eq!(parse_gres_field("shard:2,gpu:x:y"), vec![]);
+        // An unbalanced ')' (e.g. a truncated sinfo column) splits as usual:
+        // no GPU type ever holds a ',' or ':'.
+        assert_eq!(parse_gres_field("gpu:a)x,gpu:b:3"), vec![(Some("b".into()), 3)]);
     }
 
     #[test]
@@ -674,6 +689,23 @@ mod tests {
         );
         let got: Vec<(u64, &str, u32)> = j.iter().map(|j| (j.native_id, j.raw_state.as_str(), j.restarts)).collect();
         assert_eq!(got, [(8, "REQUEUED", 0), (8, "REQUEUED", 1), (8, "COMPLETED", 2), (9, "PENDING", 0)]);
+    }
+
+    #[test]
+    fn slurm_times() {
+        // Found by fuzz/fuzz_targets/sacct.rs: a huge year overflowed (a
+        // panic in debug builds, a wrong time in release).
+        assert_eq!(parse_slurm_time("99999999999999999-01-01T00:00:00"), None);
+        assert_eq!(parse_slurm_time("2026-13-01T00:00:00"), None);
+        assert_eq!(parse_slurm_time("2026-12-01T24:00:00"), None);
+        assert_eq!(parse_slurm_time("2026-12-01T00:00:-1"), None);
+        assert_eq!(parse_slurm_time("Unknown"), None);
+        let t = parse_slurm_time("2026-12-01T18:22:16").unwrap();
+        assert_eq!(t - parse_slurm_time("2026-12-01T18:22:15").unwrap(), 1);
+        assert_eq!(
+            parse_slurm_time("2026-12-02T00:00:00").unwrap() - parse_slurm_time("2026-12-01T00:00:00").unwrap(),
+            86_400
+        );
     }
 
     proptest::proptest! {
