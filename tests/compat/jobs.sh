@@ -6,8 +6,7 @@
 #
 # The caller defines:
 #   sl CMD...        a Slurm client command as root, in the cluster's environment (TZ=UTC)
-#   sl_user CMD...   the same as the unprivileged job user (uid $JOB_UID)
-#   JOB_UID          that user's uid
+#   sl_user CMD...   the same as the unprivileged job user (nobody)
 #   JOBS_OUT_DIR     a directory the job user can write, as the cluster sees it
 #   ACCOUNTING       1 when the cluster has slurmdbd (sacct works), else 0
 # and calls `capture_jobs <host dir>` (writes squeue.json, sacct.txt,
@@ -16,7 +15,7 @@
 
 # The state of job $1 as `squeue -o %T` prints it (no user text).
 jobs_state() { sl squeue -h -a -t all -j "$1" -o %T 2>/dev/null | head -1; }
-# wait_job_state <id> <state>...: until the job is in one of them (30 s).
+# jobs_wait <id> <state>...: until the job is in one of them (30 s).
 jobs_wait() {
   local id=$1 st i; shift
   for ((i = 0; i < 60; i++)); do

@@ -155,7 +155,6 @@ log "cluster up: $(sinfo -h -N -o '%N %P %t' | paste -sd' ')"
 
 sl() { "$@"; }
 sl_user() { runuser -u nobody -- env SLURM_CONF="$SLURM_CONF" TZ=UTC "$@"; }
-JOB_UID=$(id -u nobody)
 JOBS_OUT_DIR=$R/jobs
 ACCOUNTING=1
 capture_jobs "$R/capture"

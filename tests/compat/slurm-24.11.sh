@@ -483,7 +483,6 @@ fi
 source "$REPO/tests/compat/jobs.sh"
 sl() { inroot "$@"; }
 sl_user() { chroot --userspec=65534:65534 "$ROOT" /usr/bin/env -i PATH=/usr/bin:/bin LC_ALL=C TZ=UTC HOME=/ SLURM_CONF=$W/slurm.conf "$@"; }
-JOB_UID=65534
 JOBS_OUT_DIR=$W/jobs
 capture_jobs "$HW/capture"
 log "captured: $(wc -c <"$HW/capture/squeue.json") bytes of squeue --json, $( ((ACCOUNTING)) && wc -l <"$HW/capture/sacct.txt" || echo no) sacct rows"
