@@ -71,12 +71,26 @@ chaos: build
 compat:
 	tests/compat/slurm-24.11.sh
 
-# Short fuzzing run of every cargo-fuzz target (needs nightly + cargo-fuzz).
+# Short fuzzing run of every target of every cargo-fuzz crate (a fuzz/
+# directory with a Cargo.toml: slurm-plugin/slurm-conf/fuzz, fuzz/), each
+# FUZZ_SECONDS, niced; needs nightly + cargo-fuzz. Corpora grow in
+# <dir>/corpus/<target> (not in git), seeded from <dir>/seeds/<target>;
+# a crash stops the run and leaves its input in <dir>/artifacts/<target>.
+# FUZZ_SANITIZER=address for ASan (the targets are safe Rust: none is ~2x
+# faster).
 FUZZ_SECONDS ?= 30
+FUZZ_SANITIZER ?= none
+FUZZ_DIRS ?= $(patsubst %/Cargo.toml,%,$(shell find . -path ./target -prune -o -path '*/target*' -prune -o -path '*/fuzz/Cargo.toml' -print | sed 's|^\./||' | sort))
 fuzz:
 	@command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz not installed: cargo install cargo-fuzz (needs nightly)"; exit 1; }
-	cd slurm-plugin/slurm-conf/fuzz && for t in $$(cargo +nightly fuzz list); do \
-	  cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+	for d in $(FUZZ_DIRS); do \
+	  (cd $$d && for t in $$(cargo +nightly fuzz list); do \
+	    mkdir -p corpus/$$t; \
+	    seeds=; [ -d seeds/$$t ] && seeds=seeds/$$t; \
+	    echo "== fuzz $$d $$t ($(FUZZ_SECONDS) s)"; \
+	    nice -n 10 cargo +nightly fuzz run -s $(FUZZ_SANITIZER) $$t corpus/$$t $$seeds -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	  done) || exit 1; \
+	done
 
 # Needs `make build` first (it does not build, so that `sudo make install`
 # does not compile as root).

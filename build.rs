@@ -54,8 +54,22 @@ fn main() {
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
         .generate()
         .expect("bindgen could not generate the Slurm bindings");
+    // Fields of job_desc_msg_t that some supported release lacks get an
+    // accessor here, so that the safe layer compiles against every one.
+    let mut code = bindings.to_string();
+    code.push_str(if code.contains("pub power_flags:") {
+        "/// `job_desc_msg_t::power_flags` (`--power`; removed in Slurm 23.11).\n\
+         pub fn job_desc_power_flags(r: &job_desc_msg_t) -> u8 { r.power_flags }\n\
+         /// Sets `power_flags` (a no-op where Slurm has no such field).\n\
+         pub fn job_desc_set_power_flags(r: &mut job_desc_msg_t, v: u8) { r.power_flags = v; }\n"
+    } else {
+        "/// `job_desc_msg_t::power_flags` (`--power`): this Slurm (23.11+) has none, so 0.\n\
+         pub fn job_desc_power_flags(_: &job_desc_msg_t) -> u8 { 0 }\n\
+         /// Sets `power_flags` (a no-op where Slurm has no such field).\n\
+         pub fn job_desc_set_power_flags(_: &mut job_desc_msg_t, _: u8) {}\n"
+    });
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm_bindings.rs");
-    bindings.write_to_file(&out).expect("could not write the Slurm bindings");
+    std::fs::write(&out, code).expect("could not write the Slurm bindings");
 }
 
 fn find_include_dir() -> Option<PathBuf> {

@@ -14,10 +14,23 @@
 #    8 fake a100 GPUs (mknod), JobSubmitPlugins=fleet, plugstack loading
 #    spank_fleet.so;
 # 4. checks, each printing PASS/FAIL; the exit status is 1 on any FAIL;
+#    the last one (4f) runs the agent's Slurm parsers on 24.11's own
+#    `squeue --json` and `sacct` output for jobs in every state
+#    (tests/compat/jobs.sh; accounting from a MariaDB + slurmdbd inside
+#    the chroot, tests/compat/accounting.sh);
 # 5. everything started here is stopped by pid and the bind mounts are
 #    undone; the chroot stays for the next run.
 #
 # Needs root. Not part of `make test` (make compat).
+#   FLEET_COMPAT_AGENT_BIN   the fleet-agent whose parsers 4f checks
+#                            (default: built, release, into target-compat/)
+#   FLEET_COMPAT_FIXTURES    copy 4f's captures there (e.g.
+#                            wrappers/fleet-agent/tests/fixtures/slurm-24.11)
+#   FLEET_COMPAT_ACCOUNTING=0  no slurmdbd (4f then checks squeue only)
+#   FLEET_COMPAT_DB=chroot   run MariaDB from the chroot (trixie's 11.8)
+#                            instead of the host's (default host: trixie's
+#                            slurmdbd 24.11.5 exits at start against 11.8,
+#                            see tests/compat/README.md)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -26,6 +39,10 @@ MIRROR=${FLEET_TRIXIE_MIRROR:-http://deb.debian.org/debian}
 TARGET=${FLEET_COMPAT_TARGET_DIR:-$REPO/target-compat}   # never target/: the lab builds there against 22.05
 CTLD_PORT=${FLEET_COMPAT_CTLD_PORT:-26817}
 SLURMD_PORT=${FLEET_COMPAT_SLURMD_PORT:-26818}
+DBD_PORT=${FLEET_COMPAT_DBD_PORT:-26819}
+DB_PORT=${FLEET_COMPAT_DB_PORT:-26820}
+ACCOUNTING=${FLEET_COMPAT_ACCOUNTING:-1}
+DB_SIDE=${FLEET_COMPAT_DB:-host}
 W=/var/lib/fleet-compat          # the test's directory, as seen inside the chroot
 HW=$ROOT$W                       # ... and from the host
 PLUGDIR=/usr/lib/x86_64-linux-gnu/slurm-wlm
@@ -38,7 +55,7 @@ log() { echo "[compat $(($(date +%s) - T0))s] $*" >&2; }
 pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
 die() { log "ERROR: $*"; exit 2; }
-inroot() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/root SLURM_CONF=$W/slurm.conf "$@"; }
+inroot() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C TZ=UTC HOME=/root SLURM_CONF=$W/slurm.conf "$@"; }
 apt_in() { inroot env DEBIAN_FRONTEND=noninteractive nice apt-get -q -y "$@"; }
 
 [[ $(id -u) == 0 ]] || die "run as root (debootstrap, chroot, mknod)"
@@ -79,6 +96,18 @@ make_root() {
       || { tail -n 20 "$ROOT.apt.log"; die "apt-get install failed"; }
     touch "$ROOT/.fleet-packages-done"
   fi
+  if [[ $ACCOUNTING == 1 && ! -e $ROOT/.fleet-accounting-packages-done ]]; then
+    log "apt-get install slurmdbd mariadb-server (inside the chroot)"
+    apt_in update >>"$ROOT.apt.log" 2>&1 || { tail -n 20 "$ROOT.apt.log"; die "apt-get update failed"; }
+    apt_in install --no-install-recommends slurmdbd mariadb-server >>"$ROOT.apt.log" 2>&1 \
+      || { tail -n 20 "$ROOT.apt.log"; die "apt-get install slurmdbd mariadb-server failed"; }
+    touch "$ROOT/.fleet-accounting-packages-done"
+  fi
+  if [[ $ACCOUNTING == 1 && $DB_SIDE == host ]] && ! command -v mariadbd >/dev/null; then
+    log "apt-get install mariadb-server (on the host, for the accounting database)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mariadb-server >/dev/null \
+      || die "apt-get install mariadb-server failed"
+  fi
 }
 
 # ---------------------------------------------------------------- teardown
@@ -98,6 +127,8 @@ teardown() {
   if [[ -d $HW/run ]]; then
     stop_pid "$HW/run/slurmd-$NODE.pid" slurmd
     stop_pid "$HW/run/slurmctld.pid" slurmctld
+    stop_pid "$HW/acct/slurmdbd.pid" slurmdbd
+    stop_pid "$HW/acct/db/mariadb.pid" mariadbd
     stop_pid "$HW/munge/munged.pid" munged
   fi
   local p
@@ -114,8 +145,11 @@ log "Slurm in the chroot: slurmctld $SLURM_PKG, SLURM_VERSION_NUMBER $HDR_VER"
 echo "slurm-package $SLURM_PKG"
 
 # ---------------------------------------------------------------- 2. build
-log "building the plugins against $ROOT/usr/include into $TARGET"
-SLURM_INCLUDE_DIR=$ROOT/usr/include CARGO_TARGET_DIR=$TARGET nice cargo build -q --release -p job-submit-fleet -p spank-fleet
+AGENT=${FLEET_COMPAT_AGENT_BIN:-$TARGET/release/fleet-agent}
+log "building the plugins against $ROOT/usr/include into $TARGET${FLEET_COMPAT_AGENT_BIN:+ (fleet-agent: $AGENT)}"
+CRATES=(-p job-submit-fleet -p spank-fleet)
+[[ -n ${FLEET_COMPAT_AGENT_BIN:-} ]] || CRATES+=(-p fleet-agent)
+SLURM_INCLUDE_DIR=$ROOT/usr/include CARGO_TARGET_DIR=$TARGET nice cargo build -q --release "${CRATES[@]}"
 SO_SUBMIT=$TARGET/release/libjob_submit_fleet.so
 SO_SPANK=$TARGET/release/libspank_fleet.so
 [[ -f $SO_SUBMIT && -f $SO_SPANK ]] || die "plugins not built"
@@ -135,9 +169,11 @@ else fail "plugin_version of job_submit_fleet.so is $PV, headers say $HDR_VER"; 
 
 # ---------------------------------------------------------------- 3. cluster
 # A fresh test directory every run (state, logs, config); the chroot stays.
-stop_pid "$HW/run/slurmd-$NODE.pid" slurmd; stop_pid "$HW/run/slurmctld.pid" slurmctld; stop_pid "$HW/munge/munged.pid" munged
+stop_pid "$HW/run/slurmd-$NODE.pid" slurmd; stop_pid "$HW/run/slurmctld.pid" slurmctld
+stop_pid "$HW/acct/slurmdbd.pid" slurmdbd; stop_pid "$HW/acct/db/mariadb.pid" mariadbd; stop_pid "$HW/munge/munged.pid" munged
 rm -rf "$HW"
-mkdir -p "$HW"/{plugins,state,spool/$NODE,log,run,dev,agent}
+mkdir -p "$HW"/{plugins,state,spool/$NODE,log,run,dev,agent,jobs}
+chmod 1777 "$HW/jobs"
 install -m 0755 "$SO_SUBMIT" "$HW/plugins/job_submit_fleet.so"
 install -m 0755 "$SO_SPANK" "$HW/plugins/spank_fleet.so"
 for ((i = 0; i < 8; i++)); do mknod "$HW/dev/nvidia$i" c 195 "$i"; done
@@ -165,7 +201,11 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
-AccountingStorageType=accounting_storage/none
+$(if [[ $ACCOUNTING == 1 ]]; then
+  printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\nAccountingStoragePort=%s\n' "$DBD_PORT"
+else
+  echo AccountingStorageType=accounting_storage/none
+fi)
 MailProg=/bin/true
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
@@ -222,6 +262,24 @@ chroot --userspec="$MUNGE_UID:$MUNGE_GID" "$ROOT" /usr/sbin/munged --pid-file="$
   || die "munged failed: $(tail -n 5 "$HW/munge/munged.log" 2>/dev/null)"
 for ((i = 0; i < 50; i++)); do [[ -S $ROOT/run/munge/munge.socket.2 ]] && break; sleep 0.1; done
 inroot sh -c 'munge -n | unmunge >/dev/null' || die "munge does not work inside the chroot"
+
+# Accounting (for 4f's sacct): slurmdbd inside the chroot, on a private
+# MariaDB on the host (bookworm's 10.11; FLEET_COMPAT_DB=chroot: trixie's).
+if [[ $ACCOUNTING == 1 ]]; then
+  # shellcheck source=tests/compat/accounting.sh
+  source "$REPO/tests/compat/accounting.sh"
+  acct_run() { inroot "$@"; }
+  acct_log() { log "$@"; }
+  acct_die() { die "$@"; }
+  if [[ $DB_SIDE == chroot ]]; then
+    acct_db_run() { inroot "$@"; }; A_DB_DIR=$W/acct/db
+  else
+    acct_db_run() { "$@"; }; A_DB_DIR=$HW/acct/db
+  fi
+  A_DIR=$W/acct A_HDIR=$HW/acct A_DB_PORT=$DB_PORT A_DBD_PORT=$DBD_PORT A_CONF_DIR=$W A_HCONF_DIR=$HW A_AUTHINFO=
+  start_accounting
+  register_cluster compat root,nobody
+fi
 
 inroot /usr/sbin/slurmctld -f $W/slurm.conf </dev/null >"$HW/log/slurmctld.stderr" 2>&1 9>&- \
   || { tail -n 20 "$HW/log/slurmctld.stderr" "$HW/log/slurmctld.log"; die "slurmctld did not start"; }
@@ -337,7 +395,7 @@ while True:
             reply = {"decision": "forward", "fleet_job_id": "fj-compat-%d" % n, "target": "alpha",
                      "proxy_partition": "fleet",
                      "proxy_script": "#!/bin/sh\n# fleet stand-in fj-compat-%d\nexec /usr/bin/true\n" % n,
-                     "admin_comment": "fleet:fj-compat-%d gpus=h100x8 from=compat" % n,
+                     "admin_comment": "gpus=h100x8 from=compat",
                      "comment": "fleet:fj-compat-%d -> alpha" % n}
         else:
             reply = {"decision": "local", "reason": "test double: no h100"}
@@ -413,6 +471,27 @@ if id=$(inroot sbatch --parsable --hold -t 60 --wrap true 2>&1) \
   pass "e: scontrol update JobId=$id TimeLimit=10 -> TimeLimit=00:10:00, slurmctld still up"
 else
   fail "e: scontrol update TimeLimit on job ${id:-?}: TimeLimit=$(job_field "${id:-0}" TimeLimit 2>/dev/null), slurmctld alive: $(ctld_alive && echo yes || echo no)"
+fi
+
+# ---------------------------------------------------------------- 4f. the agent's parsers
+# Jobs in every state the agent's status path meets (held, running,
+# completed, exit 3, cancelled, a hostile name, a newline in the name,
+# requeued), the exact `squeue --json` and `sacct` calls of its
+# SlurmBackend, and `fleet-agent --parse-slurm-output` on what they print
+# (tests/compat/jobs.sh).
+# shellcheck source=tests/compat/jobs.sh
+source "$REPO/tests/compat/jobs.sh"
+sl() { inroot "$@"; }
+sl_user() { chroot --userspec=65534:65534 "$ROOT" /usr/bin/env -i PATH=/usr/bin:/bin LC_ALL=C TZ=UTC HOME=/ SLURM_CONF=$W/slurm.conf "$@"; }
+JOBS_OUT_DIR=$W/jobs
+capture_jobs "$HW/capture"
+log "captured: $(wc -c <"$HW/capture/squeue.json") bytes of squeue --json, $( ((ACCOUNTING)) && wc -l <"$HW/capture/sacct.txt" || echo no) sacct rows"
+if [[ -x $AGENT ]]; then check_parsers "$AGENT" "$HW/capture"; else fail "f: no fleet-agent at $AGENT"; fi
+if [[ -n ${FLEET_COMPAT_FIXTURES:-} ]]; then
+  mkdir -p "$FLEET_COMPAT_FIXTURES"
+  cp "$HW/capture"/{squeue.json,expected.json,slurm-version} "$FLEET_COMPAT_FIXTURES/"
+  ((ACCOUNTING)) && cp "$HW/capture/sacct.txt" "$FLEET_COMPAT_FIXTURES/"
+  log "fixtures written to $FLEET_COMPAT_FIXTURES"
 fi
 
 # ---------------------------------------------------------------- wrap up

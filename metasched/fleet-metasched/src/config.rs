@@ -337,8 +337,13 @@ impl Config {
             return Err(ConfigError::Invalid("heartbeat_timeout_s must be > 0".into()));
         }
         if let Some(r) = &self.rebalance {
-            if !(r.rebalance_interval_s.is_finite() && r.rebalance_interval_s >= 1.0) {
-                return Err(ConfigError::Invalid("[rebalance] rebalance_interval_s must be >= 1".into()));
+            // At most a day: `run` turns it into a Duration, which a huge
+            // value overflowed (a panic at start).
+            if !(r.rebalance_interval_s.is_finite()
+                && r.rebalance_interval_s >= 1.0
+                && r.rebalance_interval_s <= 86_400.0)
+            {
+                return Err(ConfigError::Invalid("[rebalance] rebalance_interval_s must be in [1, 86400]".into()));
             }
             if !(r.margin_usd.is_finite() && r.margin_usd >= 0.0 && r.margin_frac.is_finite() && r.margin_frac >= 0.0) {
                 return Err(ConfigError::Invalid("[rebalance] margin_usd and margin_frac must be >= 0".into()));
@@ -539,7 +544,9 @@ mod tests {
         check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 60\nmargin_usd = 1\nmargin_frac = 0\n"), Ok(""));
-        check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be >= 1"));
+        check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be in [1, 86400]"));
+        // A period no Duration holds was accepted and panicked at start.
+        check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 1e20\n"), Err("must be in [1, 86400]"));
         check(&format!("{BASE}[rebalance]\nmargin_usd = -1\n"), Err("must be >= 0"));
         check(&format!("{BASE}[rebalance]\nevery = 1\n"), Err("unknown field `every`"));
         let c = "[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n";

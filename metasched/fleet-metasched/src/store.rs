@@ -364,10 +364,12 @@ pub fn gpu_pools(nodes: &[NodeCapacity]) -> Vec<GpuPool> {
             continue;
         }
         let p = pools.entry(ty.clone()).or_insert_with(|| GpuPool { gpu_type: ty.clone(), ..Default::default() });
-        p.total += n.gpus_total;
-        p.free += n.gpus_free.min(n.gpus_total);
+        // Saturating: a heartbeat's counts are the agent's word (an overflow
+        // panicked in debug builds and wrapped in release ones).
+        p.total = p.total.saturating_add(n.gpus_total);
+        p.free = p.free.saturating_add(n.gpus_free.min(n.gpus_total));
         p.max_per_node = p.max_per_node.max(n.gpus_total);
-        p.nodes += 1;
+        p.nodes = p.nodes.saturating_add(1);
     }
     pools.into_values().collect()
 }
@@ -1623,6 +1625,11 @@ mod tests {
         );
         // free is clamped to total
         check(vec![node(Some("h100"), 2, 9, "idle")], &[("h100", 2, 2, 2, 1)]);
+        // Counts no cluster has saturate instead of overflowing.
+        check(
+            vec![node(Some("h100"), u32::MAX, u32::MAX, "idle"), node(Some("h100"), 8, 8, "idle")],
+            &[("h100", u32::MAX, u32::MAX, u32::MAX, 2)],
+        );
     }
 
     #[test]

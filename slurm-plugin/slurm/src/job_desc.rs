@@ -282,7 +282,7 @@ impl<'a> JobDesc<'a> {
             NumField::Immediate => r.immediate.into(),
             NumField::Wait4Switch => r.wait4switch.into(),
             NumField::Profile => r.profile.into(),
-            NumField::PowerFlags => r.power_flags.into(),
+            NumField::PowerFlags => crate::sys::job_desc_power_flags(r).into(),
             NumField::WaitAllNodes => r.wait_all_nodes.into(),
             NumField::TaskDist => r.task_dist.into(),
         }
@@ -334,7 +334,7 @@ impl<'a> JobDesc<'a> {
             NumField::Immediate => r.immediate = v as u16,
             NumField::Wait4Switch => r.wait4switch = v as u32,
             NumField::Profile => r.profile = v as u32,
-            NumField::PowerFlags => r.power_flags = v as u8,
+            NumField::PowerFlags => crate::sys::job_desc_set_power_flags(r, v as u8),
             NumField::WaitAllNodes => r.wait_all_nodes = v as u16,
             NumField::TaskDist => r.task_dist = v as u32,
         }

@@ -22,10 +22,53 @@ struct Args {
     /// failed, 1 otherwise. Run it as the agent's user. Prints no secret.
     #[arg(long)]
     check: bool,
+    /// Parse Slurm output saved in FILE the way the agent reads it and
+    /// print one JSON object per job, then exit (no configuration read).
+    /// KIND: `squeue-json` (`squeue --json`) or `sacct` (the agent's
+    /// `sacct -X -n -P -D -o JobIDRaw,State,ExitCode,Submit,UID`). For
+    /// tests/compat, which checks the agent's parsers on other Slurm releases.
+    #[arg(long, hide = true, num_args = 2, value_names = ["KIND", "FILE"])]
+    parse_slurm_output: Option<Vec<String>>,
+}
+
+/// `--parse-slurm-output KIND FILE`.
+fn parse_slurm_output(kind: &str, file: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let jobs = match kind {
+        "squeue-json" => fleet_agent::slurm::parse_jobs_json(&bytes)?,
+        "sacct" => fleet_agent::slurm::parse_sacct(&String::from_utf8_lossy(&bytes)),
+        other => anyhow::bail!("unknown output kind {other:?} (squeue-json or sacct)"),
+    };
+    for j in jobs {
+        let v = serde_json::json!({
+            "id": j.native_id,
+            "state": j.state.as_str(),
+            "raw_state": j.raw_state,
+            "exit_code": j.exit_code,
+            "signal": j.signal,
+            "submit_time": j.submit_time,
+            "user_id": j.user_id,
+            "restarts": j.restarts,
+            "partition": j.partition,
+            "reason": j.reason,
+        });
+        println!("{v}");
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some([kind, file]) = args.parse_slurm_output.as_deref() {
+        return match parse_slurm_output(kind, std::path::Path::new(file)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fleet-agent: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let conf = args.conf.unwrap_or_else(fleet_agent::config::default_conf_path);
     let cfg = match fleet_agent::config::AgentConfig::load(&conf) {
         Ok(c) => c,

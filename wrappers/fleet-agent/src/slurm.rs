@@ -114,7 +114,8 @@ pub fn parse_gres_field(s: &str) -> Vec<(Option<String>, u32)> {
     for (i, ch) in s.char_indices() {
         match ch {
             '(' => depth += 1,
-            ')' => depth -= 1,
+            // An unbalanced ')' must not hide the commas after it.
+            ')' => depth = (depth - 1).max(0),
             ',' if depth == 0 => {
                 items.push(&s[start..i]);
                 start = i + 1;
@@ -315,11 +316,15 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
     Ok(out)
 }
 
-/// `sacct -X -n -P -o JobIDRaw,State,ExitCode,Submit,UID[,WorkDir]` →
+/// `sacct -X -n -P -D -o JobIDRaw,State,ExitCode,Submit,UID[,WorkDir]` →
 /// finished jobs. None of the first five columns can hold user text; the
 /// working directory, which can, is last and taken whole (a `|` in it
-/// splits nothing).
+/// splits nothing). With `-D` a requeued job has one row per run, oldest
+/// first, each but the last `REQUEUED` (with the submit time of that run):
+/// a row's `restarts` is the number of `REQUEUED` rows of its id before
+/// it, as squeue's `restart_cnt`.
 pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
+    let mut requeues: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
     out.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.splitn(6, '|').collect();
@@ -338,6 +343,11 @@ pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
             j.submit_time = parse_slurm_time(submit);
             j.user_id = uid.parse().ok();
             j.work_dir = work_dir.to_string();
+            let n = requeues.entry(native_id).or_default();
+            j.restarts = *n;
+            if j.raw_state == "REQUEUED" {
+                *n = n.saturating_add(1);
+            }
             Some(j)
         })
         .collect()
@@ -351,6 +361,17 @@ pub fn parse_slurm_time(s: &str) -> Option<i64> {
     let ([y, m, day], [hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
         return None;
     };
+    // A real date and time (leap second included); anything else, e.g. a
+    // year whose seconds overflow, is no time at all.
+    if !((1970..=9999).contains(y)
+        && (1..=12).contains(m)
+        && (1..=31).contains(day)
+        && (0..=23).contains(hh)
+        && (0..=59).contains(mm)
+        && (0..=60).contains(ss))
+    {
+        return None;
+    }
     // Days from civil (Howard Hinnant's algorithm), then the local offset.
     let (y, m) = if *m <= 2 { (y - 1, m + 9) } else { (*y, m - 3) };
     let era = y.div_euclid(400);
@@ -601,6 +622,9 @@ mod tests {
         assert_eq!(parse_gres_field("gpu:4,gpu:h100:2"), vec![(None, 4), (Some("h100".into()), 2)]);
         assert_eq!(parse_gres_field("(null)"), vec![]);
         assert_eq!(parse_gres_field("shard:2,gpu:x:y"), vec![]);
+        // An unbalanced ')' (e.g. a truncated sinfo column) splits as usual:
+        // no GPU type ever holds a ',' or ':'.
+        assert_eq!(parse_gres_field("gpu:a)x,gpu:b:3"), vec![(Some("b".into()), 3)]);
     }
 
     #[test]
@@ -714,6 +738,31 @@ mod tests {
         assert_eq!((j[0].state, j[0].exit_code, j[0].user_id), (JobState::Completed, Some(0), Some(1001)));
         assert_eq!((j[1].state, j[1].signal), (JobState::Cancelled, Some(15)));
         assert!(j[0].submit_time.is_some());
+        // sacct -D: one row per run of a requeued job, oldest first; each
+        // row counts the requeues before it (squeue's restart_cnt).
+        let j = parse_sacct(
+            "8|REQUEUED|0:0|2026-12-01T18:05:51|1001\n8|REQUEUED|0:0|2026-12-01T18:05:54|1001\n\
+             8|COMPLETED|0:0|2026-12-01T18:06:00|1001\n9|PENDING|0:0|2026-12-01T18:06:01|1001\n",
+        );
+        let got: Vec<(u64, &str, u32)> = j.iter().map(|j| (j.native_id, j.raw_state.as_str(), j.restarts)).collect();
+        assert_eq!(got, [(8, "REQUEUED", 0), (8, "REQUEUED", 1), (8, "COMPLETED", 2), (9, "PENDING", 0)]);
+    }
+
+    #[test]
+    fn slurm_times() {
+        // Found by fuzz/fuzz_targets/sacct.rs: a huge year overflowed (a
+        // panic in debug builds, a wrong time in release).
+        assert_eq!(parse_slurm_time("99999999999999999-01-01T00:00:00"), None);
+        assert_eq!(parse_slurm_time("2026-13-01T00:00:00"), None);
+        assert_eq!(parse_slurm_time("2026-12-01T24:00:00"), None);
+        assert_eq!(parse_slurm_time("2026-12-01T00:00:-1"), None);
+        assert_eq!(parse_slurm_time("Unknown"), None);
+        let t = parse_slurm_time("2026-12-01T18:22:16").unwrap();
+        assert_eq!(t - parse_slurm_time("2026-12-01T18:22:15").unwrap(), 1);
+        assert_eq!(
+            parse_slurm_time("2026-12-02T00:00:00").unwrap() - parse_slurm_time("2026-12-01T00:00:00").unwrap(),
+            86_400
+        );
     }
 
     #[test]

@@ -98,15 +98,27 @@ pub fn identify<'a>(run: &Run, site: &str, dir: &str, candidates: &[&'a NativeJo
     };
     let mine: Vec<&NativeJob> =
         candidates.iter().copied().filter(|j| run.uid.is_none_or(|u| j.user_id == Some(u))).collect();
-    let found = mine.iter().copied().find(|j| j.work_dir == dir).or_else(|| {
-        let undirected = mine.iter().copied().filter(|j| j.work_dir.is_empty());
-        match run.submit_time {
-            Some(t) => undirected.into_iter().find(|j| j.submit_time == Some(t)),
-            None => undirected
-                .filter(|j| j.submit_time.is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S))
-                .max_by_key(|j| j.submit_time),
-        }
-    });
+    // The directory names the fleet job; of its rows (sacct -D lists a
+    // requeued job's earlier runs too) the latest run is what it is now.
+    let found =
+        mine.iter().copied().filter(|j| j.work_dir == dir).max_by_key(|j| (j.restarts, j.submit_time)).or_else(|| {
+            let undirected = mine.iter().copied().filter(|j| j.work_dir.is_empty());
+            match run.submit_time {
+                // Slurm gives a requeued job a new submit time (22.05 and 24.11
+                // alike: tests/fixtures/slurm-*/), with a higher restart count:
+                // that is still this job. A reused id starts again at 0
+                // restarts, so it is never taken for a requeue.
+                Some(t) => undirected
+                    .filter(|j| {
+                        j.submit_time == Some(t)
+                            || (j.restarts > run.restarts && j.submit_time.is_some_and(|st| st >= t))
+                    })
+                    .max_by_key(|j| (j.restarts, j.submit_time)),
+                None => undirected
+                    .filter(|j| j.submit_time.is_some_and(|st| st as f64 >= run.submitted_at - SUBMIT_SLACK_S))
+                    .max_by_key(|j| j.submit_time),
+            }
+        });
     match found {
         Some(j) => Seen::Job(j),
         None if candidates.is_empty() => Seen::Gone(format!("Slurm at {site} no longer knows job {sid} (lost in a controller failure or purged)")),
@@ -417,6 +429,8 @@ async fn reconcile_run<B: Backend>(
             if j.restarts > run.restarts {
                 tracing::info!(id = %run.id, restarts = j.restarts, "requeued by Slurm");
                 run.restarts = j.restarts;
+                // The requeue's new submit time identifies it from now on.
+                run.submit_time = j.submit_time;
             }
             update_for(j, &site)
         }
@@ -621,6 +635,37 @@ mod tests {
         assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&other_run]), Seen::Gone(_)));
         let other_user = at(1001, d, 1002);
         assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&other_user]), Seen::Gone(_)));
+    }
+
+    #[test]
+    fn a_requeued_job_with_a_new_submit_time_is_still_the_job() {
+        // Rows without a working directory (older accounting).
+        let d = "/s/jobs/beta-1";
+        // What Slurm 22.05 and 24.11 report after `scontrol requeue`: the
+        // same id and owner, a later submit time, one more restart.
+        let mut requeued = job(7, "PENDING", 1005, 1001);
+        requeued.restarts = 1;
+        assert_eq!(identify(&run(7, Some(1001)), "alpha", d, &[&requeued]), Seen::Job(&requeued));
+        // sacct -D also lists the earlier run (parse_sacct counts the
+        // REQUEUED rows before a row as its restarts): the latest run wins.
+        let earlier = job(7, "REQUEUED", 1001, 1001);
+        assert_eq!(identify(&run(7, Some(1001)), "alpha", d, &[&earlier, &requeued]), Seen::Job(&requeued));
+        // Not a requeue: no new restart (a reused id), an earlier time, another owner.
+        let reused = job(7, "RUNNING", 1005, 1001);
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&reused]), Seen::Gone(_)));
+        let mut before = job(7, "PENDING", 900, 1001);
+        before.restarts = 1;
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&before]), Seen::Gone(_)));
+        let mut other = job(7, "PENDING", 1005, 1002);
+        other.restarts = 1;
+        assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&other]), Seen::Gone(_)));
+        // Once the requeue is recorded (restarts 1), another one is needed.
+        let mut seen_once = run(7, Some(1005));
+        seen_once.restarts = 1;
+        assert_eq!(identify(&seen_once, "alpha", d, &[&requeued]), Seen::Job(&requeued));
+        let mut stale = job(7, "PENDING", 1009, 1001);
+        stale.restarts = 1;
+        assert!(matches!(identify(&seen_once, "alpha", d, &[&stale]), Seen::Gone(_)));
     }
 
     #[test]
