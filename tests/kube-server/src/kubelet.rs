@@ -135,37 +135,52 @@ pub fn reconcile(st: &mut Store, work_dir: &Path) -> Vec<Launch> {
 /// Emulated Kueue: a suspended Job labelled with a queue is admitted
 /// (unsuspended) when all its pods fit at once.
 fn admit_suspended(st: &mut Store) {
-    let waiting: Vec<Value> = st
-        .list(Kind::Job, None)
-        .into_iter()
-        .filter(|j| {
-            j["spec"]["suspend"] == json!(true)
-                && j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].is_string()
-                && !job_finished(j)
-        })
-        .cloned()
-        .collect();
-    for mut job in waiting {
-        let n = job["spec"]["parallelism"].as_u64().unwrap_or(1) as usize;
-        let pod = json!({"spec": job["spec"]["template"]["spec"].clone()});
-        let pods: Vec<Value> = (0..n).map(|_| pod.clone()).collect();
-        if placement(st, &pods).is_ok() {
+    let (nodes, mut free) = free_map(st);
+    let mut admit = Vec::new();
+    for j in st.list(Kind::Job, None) {
+        if j["spec"]["suspend"] != json!(true)
+            || !j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].is_string()
+            || job_finished(j)
+        {
+            continue;
+        }
+        let n = j["spec"]["parallelism"].as_u64().unwrap_or(1) as usize;
+        // The pod template has a pod's shape (`spec.containers`, affinity).
+        let pods: Vec<&Value> = std::iter::repeat_n(&j["spec"]["template"], n).collect();
+        if place(&nodes, &mut free, &pods).is_ok() {
+            admit.push((meta_str(j, "namespace").to_string(), meta_str(j, "name").to_string()));
+        }
+    }
+    for (ns, name) in admit {
+        if let Some(mut job) = st.get(Kind::Job, &ns, &name).cloned() {
             job["spec"]["suspend"] = json!(false);
-            let conds = job["status"]["conditions"].as_array().cloned().unwrap_or_default();
-            job["status"]["conditions"] = json!(conds);
             st.put(Kind::Job, job);
         }
     }
 }
 
 fn jobs(st: &mut Store, now: i64) {
-    let jobs: Vec<Value> = st.list(Kind::Job, None).into_iter().filter(|j| !job_finished(j)).cloned().collect();
-    for mut job in jobs {
-        let ns = meta_str(&job, "namespace").to_string();
-        let name = meta_str(&job, "name").to_string();
-        let uid = meta_str(&job, "uid").to_string();
-        let pods: Vec<Value> =
-            st.list(Kind::Pod, Some(&ns)).into_iter().filter(|p| owner_uid(p) == Some(uid.as_str())).cloned().collect();
+    let mut by_owner: HashMap<String, Vec<Value>> = HashMap::new();
+    for p in st.list(Kind::Pod, None) {
+        if let Some(o) = owner_uid(p) {
+            by_owner.entry(o.to_string()).or_default().push(p.clone());
+        }
+    }
+    let keys: Vec<(String, String)> = st
+        .list(Kind::Job, None)
+        .into_iter()
+        .filter(|j| !job_finished(j))
+        .map(|j| (meta_str(j, "namespace").to_string(), meta_str(j, "name").to_string()))
+        .collect();
+    for (ns, name) in keys {
+        let Some(jref) = st.get(Kind::Job, &ns, &name) else { continue };
+        let uid = meta_str(jref, "uid").to_string();
+        let pods: Vec<Value> = by_owner.remove(&uid).unwrap_or_default();
+        // A suspended Job without pods whose status says so: nothing to do.
+        if pods.is_empty() && jref["spec"]["suspend"] == json!(true) && jref["status"]["active"] == json!(0) {
+            continue;
+        }
+        let mut job = jref.clone();
         let succeeded = pods.iter().filter(|p| p["status"]["phase"] == "Succeeded").count();
         let failed = pods.iter().filter(|p| p["status"]["phase"] == "Failed").count();
         let active = pods.iter().filter(|p| !pod_done(p)).count();
@@ -235,6 +250,7 @@ fn jobs(st: &mut Store, now: i64) {
                 p["status"]["phase"] = json!("Failed");
                 p["status"]["reason"] = json!("DeadlineExceeded");
                 p["metadata"]["deletionTimestamp"] = json!(rfc3339(now));
+                st.to_kill.push(meta_str(&p, "uid").to_string());
                 st.put(Kind::Pod, p);
             }
             status["active"] = json!(0);
@@ -259,6 +275,7 @@ fn jobs(st: &mut Store, now: i64) {
                 let missing = parallelism.min(completions - succeeded).saturating_sub(active);
                 want.extend(std::iter::repeat_n(None, missing));
             }
+            status["active"] = json!(active + want.len());
             for idx in want {
                 let pod = new_pod(st, &job, &ns, &name, &uid, idx);
                 st.put(Kind::Pod, pod);
@@ -329,11 +346,12 @@ fn new_pod(st: &mut Store, job: &Value, ns: &str, name: &str, uid: &str, idx: Op
     })
 }
 
-/// Where each of `pods` would go (all or none), or why none fits.
-fn placement(st: &Store, pods: &[Value]) -> Result<Vec<String>, String> {
-    let nodes: Vec<&Value> = st.list(Kind::Node, None);
-    let mut free: HashMap<String, BTreeMap<String, f64>> =
-        nodes.iter().map(|n| (meta_str(n, "name").to_string(), node_allocatable(n))).collect();
+type Free = HashMap<String, BTreeMap<String, f64>>;
+
+/// The nodes and what each has left (allocatable minus live pods' requests).
+fn free_map(st: &Store) -> (Vec<Value>, Free) {
+    let nodes: Vec<Value> = st.list(Kind::Node, None).into_iter().cloned().collect();
+    let mut free: Free = nodes.iter().map(|n| (meta_str(n, "name").to_string(), node_allocatable(n))).collect();
     for p in st.list(Kind::Pod, None) {
         if let (Some(node), false) = (p["spec"]["nodeName"].as_str(), pod_done(p)) {
             if let Some(f) = free.get_mut(node) {
@@ -343,6 +361,13 @@ fn placement(st: &Store, pods: &[Value]) -> Result<Vec<String>, String> {
             }
         }
     }
+    (nodes, free)
+}
+
+/// Where each of `pods` goes (all or none; `free` is charged only when all
+/// fit), or why one does not fit.
+fn place(nodes: &[Value], free_in: &mut Free, pods: &[&Value]) -> Result<Vec<String>, String> {
+    let mut free = free_in.clone();
     let mut out = Vec::new();
     for pod in pods {
         let req = pod_requests(pod);
@@ -350,7 +375,7 @@ fn placement(st: &Store, pods: &[Value]) -> Result<Vec<String>, String> {
         let mut affinity = 0;
         let mut taint = 0;
         let mut chosen = None;
-        for n in &nodes {
+        for n in nodes {
             let name = meta_str(n, "name").to_string();
             if !affinity_ok(pod, n) {
                 affinity += 1;
@@ -398,6 +423,7 @@ fn placement(st: &Store, pods: &[Value]) -> Result<Vec<String>, String> {
             }
         }
     }
+    *free_in = free;
     Ok(out)
 }
 
@@ -414,8 +440,10 @@ fn schedule(st: &mut Store) {
         let key = owner_uid(&p).map(str::to_string).unwrap_or_else(|| meta_str(&p, "uid").to_string());
         groups.entry(key).or_default().push(p);
     }
+    let (nodes, mut free) = free_map(st);
     for (_, pods) in groups {
-        match placement(st, &pods) {
+        let refs: Vec<&Value> = pods.iter().collect();
+        match place(&nodes, &mut free, &refs) {
             Ok(nodes) => {
                 for (mut p, n) in pods.into_iter().zip(nodes) {
                     p["spec"]["nodeName"] = json!(n);

@@ -319,8 +319,11 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
                 let mut store = state.store.lock();
                 let before = store.rv;
                 let l = kubelet::reconcile(&mut store, &state.cfg.work_dir);
-                (l, store.rv != before)
+                (l, store.rv != before, std::mem::take(&mut store.to_kill))
             };
+            for uid in launches.2 {
+                kubelet::kill(&state, &uid, Duration::from_secs(2));
+            }
             for l in launches.0 {
                 kubelet::launch(&state, l);
             }

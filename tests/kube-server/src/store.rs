@@ -112,6 +112,8 @@ pub struct Store {
     /// Watches must start at or after this resourceVersion.
     pub oldest: u64,
     pub uid_seq: u64,
+    /// Pod uids whose processes the controller must stop (deadline, backoff).
+    pub to_kill: Vec<String>,
 }
 
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
