@@ -221,9 +221,12 @@ async fn handle(
     }
 }
 
-fn selectors(q: &HashMap<String, String>) -> Result<(Selector, Selector), Response> {
-    let l = Selector::parse(q.get("labelSelector").map_or("", String::as_str)).map_err(|e| bad_request(&e))?;
-    let f = Selector::parse(q.get("fieldSelector").map_or("", String::as_str)).map_err(|e| bad_request(&e))?;
+/// The label and field selectors of a request, or the 400 that says which is bad.
+fn selectors(q: &HashMap<String, String>) -> Result<(Selector, Selector), Box<Response>> {
+    let l =
+        Selector::parse(q.get("labelSelector").map_or("", String::as_str)).map_err(|e| Box::new(bad_request(&e)))?;
+    let f =
+        Selector::parse(q.get("fieldSelector").map_or("", String::as_str)).map_err(|e| Box::new(bad_request(&e)))?;
     Ok((l, f))
 }
 
@@ -234,7 +237,7 @@ fn wants_table(headers: &HeaderMap) -> bool {
 fn list(state: &State, t: &Target, q: &HashMap<String, String>, headers: &HeaderMap) -> Response {
     let (l, f) = match selectors(q) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let st = state.store.lock();
     let items: Vec<Value> = st
@@ -262,7 +265,7 @@ fn watch_event(typ: &str, obj: &Value) -> Bytes {
 fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
     let (l, f) = match selectors(&q) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let rv_param = q.get("resourceVersion").cloned().unwrap_or_default();
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
@@ -275,7 +278,8 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
         let mut changed = state.changed.subscribe();
         let matches = |o: &Value| l.labels_match(o) && f.fields_match(o);
-        let first: Result<(u64, Vec<Bytes>), Value> = (|| {
+        // The start, under the store lock (released before any send).
+        let first: Result<(u64, Vec<Bytes>), Value> = {
             let st = state.store.lock();
             if initial || rv_param.is_empty() || rv_param == "0" {
                 let mut lines: Vec<Bytes> = st
@@ -295,7 +299,7 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
             } else {
                 rv_param.parse::<u64>().map(|rv| (rv, Vec::new())).map_err(|_| expired(&rv_param, st.oldest))
             }
-        })();
+        };
         let mut cursor = match first {
             Ok((rv, lines)) => {
                 for b in lines {
@@ -470,7 +474,7 @@ fn admit(st: &mut Store, kind: Kind, obj: &mut Value) -> Result<(), String> {
     match kind {
         Kind::Job => {
             let spec = &mut obj["spec"];
-            if !spec["template"]["spec"]["containers"].as_array().is_some_and(|c| !c.is_empty()) {
+            if spec["template"]["spec"]["containers"].as_array().is_none_or(|c| c.is_empty()) {
                 return Err("spec.template.spec.containers: Required value".into());
             }
             match spec["template"]["spec"]["restartPolicy"].as_str() {

@@ -933,6 +933,14 @@ impl Backend for KubeBackend {
             Err(kube::Error::Api(s)) if s.code == 403 => self.pods.state().iter().map(|p| (**p).clone()).collect(),
             Err(e) => return Err(e).context("listing pods"),
         };
+        // Forget the log followers of Jobs Kubernetes no longer has.
+        let ids: std::collections::HashSet<String> = self
+            .jobs
+            .state()
+            .iter()
+            .filter_map(|j| j.metadata.annotations.as_ref()?.get("fleet.io/job-id").cloned())
+            .collect();
+        self.follow.lock().retain(|id, f| ids.contains(id) || f.pods.values().any(|done| !done));
         // The queue: Fleet's unfinished Jobs, running when a pod of theirs runs.
         let live = self.pods.state();
         let (mut pending, mut running) = (0, 0);
@@ -1068,7 +1076,8 @@ impl Backend for KubeBackend {
                             .delete(&name, &DeleteParams::background())
                             .await;
                     }
-                    self.follow.lock().remove(&fleet_id);
+                    // The follow entry stays (its pods marked read): a
+                    // repeated status call must not append the logs again.
                 }
             }
             out.push(nj);
