@@ -137,6 +137,7 @@ pub fn reconcile(st: &mut Store, work_dir: &Path) -> Vec<Launch> {
 fn admit_suspended(st: &mut Store) {
     let (nodes, mut free) = free_map(st);
     let mut admit = Vec::new();
+    let mut failed = Vec::new();
     for j in st.list(Kind::Job, None) {
         if j["spec"]["suspend"] != json!(true)
             || !j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].is_string()
@@ -144,12 +145,22 @@ fn admit_suspended(st: &mut Store) {
         {
             continue;
         }
+        // Tried since the last change of capacity: it still does not fit.
+        if st.admit_tried.get(meta_str(j, "uid")) == Some(&st.cap_epoch) {
+            continue;
+        }
         let n = j["spec"]["parallelism"].as_u64().unwrap_or(1) as usize;
         // The pod template has a pod's shape (`spec.containers`, affinity).
         let pods: Vec<&Value> = std::iter::repeat_n(&j["spec"]["template"], n).collect();
         if place(&nodes, &mut free, &pods).is_ok() {
             admit.push((meta_str(j, "namespace").to_string(), meta_str(j, "name").to_string()));
+        } else {
+            failed.push(meta_str(j, "uid").to_string());
         }
+    }
+    let epoch = st.cap_epoch;
+    for uid in failed {
+        st.admit_tried.insert(uid, epoch);
     }
     for (ns, name) in admit {
         if let Some(mut job) = st.get(Kind::Job, &ns, &name).cloned() {

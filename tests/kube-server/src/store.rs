@@ -114,6 +114,10 @@ pub struct Store {
     pub uid_seq: u64,
     /// Pod uids whose processes the controller must stop (deadline, backoff).
     pub to_kill: Vec<String>,
+    /// Bumped by every change of a Pod or Node (what frees or takes capacity).
+    pub cap_epoch: u64,
+    /// Suspended Job uid -> the `cap_epoch` its admission last failed at.
+    pub admit_tried: std::collections::HashMap<String, u64>,
 }
 
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
@@ -158,6 +162,9 @@ impl Store {
     }
 
     fn log(&mut self, kind: Kind, ns: String, typ: &'static str, obj: Value) {
+        if matches!(kind, Kind::Pod | Kind::Node) {
+            self.cap_epoch += 1;
+        }
         self.events.push_back(Event { rv: self.rv, kind, ns, typ, obj });
         while self.events.len() > MAX_EVENTS {
             if let Some(e) = self.events.pop_front() {

@@ -522,7 +522,8 @@ pub fn native_state(job: &Job, pods: &[&Pod]) -> NativeJob {
             "PENDING",
             match q {
                 Some(q) => format!("Suspended: waiting for admission by Kueue (queue {q})"),
-                None => "Suspended".into(),
+                // Without a queue, only between its creation and its release.
+                None => String::new(),
             },
         )
     } else if let Some(t) = troubles.first() {
@@ -578,6 +579,8 @@ pub struct KubeBackend {
     /// Jobs deleted by `cancel`: what `accounting` says of them afterwards.
     cancelled: Mutex<HashMap<u64, NativeJob>>,
     follow: Arc<Mutex<HashMap<String, Follow>>>,
+    /// The log followers' tasks, stopped with the backend.
+    followers: Mutex<Vec<tokio::task::AbortHandle>>,
     lag: Arc<Mutex<Lag>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -585,6 +588,9 @@ pub struct KubeBackend {
 impl Drop for KubeBackend {
     fn drop(&mut self) {
         for t in &self.tasks {
+            t.abort();
+        }
+        for t in self.followers.lock().iter() {
             t.abort();
         }
     }
@@ -663,6 +669,7 @@ impl KubeBackend {
             next_id: AtomicU64::new(0),
             cancelled: Mutex::default(),
             follow: Arc::default(),
+            followers: Mutex::default(),
             lag,
             tasks,
         };
@@ -743,10 +750,11 @@ impl KubeBackend {
             entry.pods.insert(uid.clone(), false);
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
             let out = self.output_paths(fleet_id).stdout;
+            let mark = self.job_dir(fleet_id).join(format!(".log-{}", label_value(&uid)));
             let follow = self.follow.clone();
             let id = fleet_id.to_string();
-            tokio::spawn(async move {
-                let r = follow_one(&api, &name, &out).await;
+            let task = tokio::spawn(async move {
+                let r = follow_one(&api, &name, &out, &mark).await;
                 if let Err(e) = &r {
                     tracing::warn!(id = %id, pod = %name, "following the pod's log: {e:#}");
                 }
@@ -754,6 +762,8 @@ impl KubeBackend {
                     e.pods.insert(uid, true);
                 }
             });
+            self.followers.lock().retain(|t| !t.is_finished());
+            self.followers.lock().push(task.abort_handle());
         }
         all_done
     }
@@ -772,8 +782,32 @@ where
 }
 
 /// Appends one pod's log, whole lines at a time, to `out` until it ends.
-async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path) -> Result<()> {
+///
+/// How far into the pod's log the file holds is kept in `mark` (written
+/// after each line, in the same poll, so no `.await` separates them): a
+/// restarted agent skips that much of the log, which Kubernetes serves from
+/// its start again, and the output holds each line once.
+async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std::path::Path) -> Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let open = |p: &std::path::Path, append: bool| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .read(!append)
+            .write(!append)
+            .append(append)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(p)
+            .with_context(|| format!("opening {}", p.display()))
+    };
+    let mark_file = open(mark, false)?;
+    let mut skip: u64 = {
+        let mut buf = [0u8; 20];
+        let n = mark_file.read_at(&mut buf, 0).unwrap_or(0);
+        std::str::from_utf8(&buf[..n]).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+    };
+    let mut pos = skip;
     let lp = LogParams { follow: true, ..Default::default() };
     let mut tries = 0;
     let stream = loop {
@@ -788,21 +822,23 @@ async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path) -> Result<
             Err(e) => return Err(e).context("reading the log"),
         }
     };
+    let mut f = open(out, true)?;
     let mut stream = std::pin::pin!(stream);
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = stream.read_until(b'\n', &mut line).await.context("reading the log")?;
+        let n = stream.read_until(b'\n', &mut line).await.context("reading the log")? as u64;
         if n == 0 {
             return Ok(());
         }
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(out)
-            .with_context(|| format!("opening {}", out.display()))?;
-        f.write_all(&line)?;
+        if skip >= n {
+            skip -= n;
+            continue;
+        }
+        f.write_all(&line[skip as usize..])?;
+        skip = 0;
+        pos += n;
+        mark_file.write_all_at(format!("{pos:<20}").as_bytes(), 0)?;
     }
 }
 
@@ -1041,6 +1077,11 @@ impl Backend for KubeBackend {
         let mut out = Vec::new();
         let jobs = self.jobs.state();
         for &nid in native_ids {
+            // Deleted by `cancel`: `accounting` reports it, whatever a
+            // lagging watch still holds.
+            if self.cancelled.lock().contains_key(&nid) {
+                continue;
+            }
             let name = job_name(nid);
             let job = match jobs.iter().find(|j| j.metadata.name.as_deref() == Some(name.as_str())) {
                 Some(j) => (**j).clone(),
@@ -1375,7 +1416,7 @@ mod tests {
             "Unschedulable: 0/2 nodes are available",
         );
         check(job_with(&[], false), vec![pod(json!({"phase": "Running"}))], "RUNNING", None, "");
-        check(job_with(&[], true), vec![], "PENDING", None, "Suspended");
+        check(job_with(&[], true), vec![], "PENDING", None, "");
         check(job_with(&[], false), vec![], "PENDING", None, "");
         let n = native_state(&job_with(&[("Failed", "BackoffLimitExceeded", "")], false), &[&pod(term(137, "Error"))]);
         assert_eq!((n.exit_code, n.signal, n.state), (Some(137), Some(9), JobState::Failed));

@@ -151,6 +151,30 @@ async fn a_job_runs_with_slurms_environment_and_its_exit_code_comes_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_relays_each_line_once() {
+    let c = cluster().await;
+    let script = "for i in $(seq 1 40); do echo line $i; sleep 0.05; done\n";
+    let id = c.backend.submit("beta-20", &request(script, None, 1), &user()).await.unwrap();
+    let t0 = Instant::now();
+    while stdout(&c, "beta-20").lines().count() < 5 {
+        c.backend.status(&[id]).await.unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(30), "no output yet");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The agent stops mid-job; another takes over the same spool.
+    let Cluster { server, backend, dir } = c;
+    let settings = backend.settings.clone();
+    let spool = backend.spool.clone();
+    drop(backend);
+    let backend = KubeBackend::connect(settings, "gamma", spool).await.unwrap();
+    let c = Cluster { server, backend, dir };
+    let end = until(&c, id, "finished", |j| j.state.is_terminal()).await;
+    assert_eq!(end.state, JobState::Completed);
+    let want: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(stdout(&c, "beta-20"), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_deletes_the_job_and_its_pods_within_5_s() {
     let c = cluster().await;
     let id = c.backend.submit("beta-3", &request("echo started\nsleep 120\n", None, 1), &user()).await.unwrap();
