@@ -621,6 +621,19 @@ impl KubeBackend {
     ) -> Result<KubeBackend> {
         let ns = settings.namespace.clone();
         let sel = format!("{MANAGED_BY}=fleet");
+        // Fail fast, with the API server's words, where the RBAC falls
+        // short (the watches would only retry).
+        let probe = ListParams::default().limit(1);
+        let denied = |what: &str, e: ::kube::Error| anyhow!("the agent may not list {what}: {e}");
+        Api::<Job>::namespaced(client.clone(), &ns)
+            .list(&probe)
+            .await
+            .map_err(|e| denied(&format!("Jobs in namespace {ns}"), e))?;
+        Api::<Pod>::namespaced(client.clone(), &ns)
+            .list(&probe)
+            .await
+            .map_err(|e| denied(&format!("Pods in namespace {ns}"), e))?;
+        Api::<Node>::all(client.clone()).list(&probe).await.map_err(|e| denied("Nodes", e))?;
         let lag: Arc<Mutex<Lag>> = Arc::default();
         let mut tasks = Vec::new();
         let (jobs, w) = reflector::store();
@@ -1166,6 +1179,50 @@ impl Backend for KubeBackend {
     fn job_dir(&self, id: &str) -> PathBuf {
         self.spool.join("jobs").join(id)
     }
+}
+
+/// `fleet-agent --check` at a Kubernetes site: the kubeconfig is private,
+/// the API server answers, the agent may list what it watches, and what
+/// capacity it sees. `Err((reason, hint))`.
+pub async fn check(
+    settings: &KubeSettings,
+    site: &str,
+    spool: PathBuf,
+) -> std::result::Result<String, (String, String)> {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(p) = &settings.kubeconfig {
+        let m = std::fs::metadata(p).map_err(|e| (format!("KubeConfig {}: {e}", p.display()), String::new()))?;
+        if m.mode() & 0o077 != 0 {
+            return Err((
+                format!("KubeConfig {} has mode {:o}: it holds the agent's credentials", p.display(), m.mode() & 0o777),
+                format!("chmod 0600 {}", p.display()),
+            ));
+        }
+    }
+    let rbac = "the agent's ServiceAccount needs get/list/watch/create/delete/patch on jobs, pods, configmaps, secrets, services and get on pods/log in KubeNamespace, and get/list/watch on nodes (README: Kubernetes targets)";
+    let b = match tokio::time::timeout(Duration::from_secs(40), KubeBackend::connect(settings.clone(), site, spool))
+        .await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return Err((format!("{e:#}"), rbac.into())),
+        Err(_) => return Err(("the API server did not answer within 40 s".into(), String::new())),
+    };
+    let (nodes, pending, running) = b.capacity().await.map_err(|e| (format!("{e:#}"), rbac.to_string()))?;
+    let mut types: BTreeMap<String, u32> = BTreeMap::new();
+    for n in &nodes {
+        if let Some(t) = &n.gpu_type {
+            *types.entry(t.clone()).or_default() += n.gpus_total;
+        }
+    }
+    let gpus: Vec<String> = types.iter().map(|(t, n)| format!("{n}×{t}")).collect();
+    Ok(format!(
+        "namespace {}: {} nodes, GPUs {}; Fleet's Jobs: {running} running, {pending} pending; image {}{}",
+        settings.namespace,
+        nodes.len(),
+        if gpus.is_empty() { "none".to_string() } else { gpus.join(", ") },
+        settings.image,
+        settings.queue.as_ref().map(|q| format!(", Kueue queue {q}")).unwrap_or_default()
+    ))
 }
 
 /// The agent's effective uid (who writes the job's output file).

@@ -320,6 +320,37 @@ async fn the_agents_token_is_forbidden_outside_its_namespace() {
     assert!(mine.list(&Default::default()).await.is_ok());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_up_check_reports_capacity_or_what_is_wrong() {
+    let c = cluster().await;
+    let kc = c.dir.path().join("agent.kubeconfig");
+    let settings = |ns: &str, kc: &Path| KubeSettings {
+        kubeconfig: Some(kc.to_path_buf()),
+        namespace: ns.into(),
+        image: "ubuntu:24.04".into(),
+        queue: None,
+        service_account: None,
+    };
+    let spool = c.dir.path().join("spool");
+    let ok = fleet_agent::kube::check(&settings("fleet", &kc), "gamma", spool.clone()).await.unwrap();
+    assert!(ok.starts_with("namespace fleet: 3 nodes, GPUs 7×1g.10gb, 16×h100;"), "{ok}");
+    // Another namespace: refused at once, in the API server's words.
+    let (why, hint) =
+        fleet_agent::kube::check(&settings("kube-system", &kc), "gamma", spool.clone()).await.unwrap_err();
+    assert!(why.contains("may not list Jobs in namespace kube-system") && why.contains("forbidden"), "{why}");
+    assert!(hint.contains("ServiceAccount"), "{hint}");
+    // A kubeconfig others can read.
+    let open = c.dir.path().join("open.kubeconfig");
+    std::fs::copy(&kc, &open).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let (why, hint) = fleet_agent::kube::check(&settings("fleet", &open), "gamma", spool).await.unwrap_err();
+    assert!(why.contains("has mode 644"), "{why}");
+    assert_eq!(hint, format!("chmod 0600 {}", open.display()));
+}
+
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new("kubectl")
         .env("KUBECONFIG", kubeconfig)
