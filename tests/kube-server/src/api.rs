@@ -277,6 +277,7 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
         let mut changed = state.changed.subscribe();
+        let mut resets = state.resets.subscribe();
         let matches = |o: &Value| l.labels_match(o) && f.fields_match(o);
         // The start, under the store lock (released before any send).
         let first: Result<(u64, Vec<Bytes>), Value> = {
@@ -310,6 +311,7 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
                 rv
             }
             Err(st) => {
+                state.gone.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let _ = tx.send(watch_event("ERROR", &st)).await;
                 return;
             }
@@ -335,6 +337,7 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
             };
             match batch {
                 Err(status) => {
+                    state.gone.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let _ = tx.send(watch_event("ERROR", &status)).await;
                     return;
                 }
@@ -365,6 +368,7 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
                     last_sent = tokio::time::Instant::now();
                 }
                 _ = tokio::time::sleep_until(deadline) => return,
+                _ = resets.changed() => return,
             }
         }
     });

@@ -113,6 +113,11 @@ pub struct State {
     pub procs: Mutex<HashMap<String, i32>>,
     pub kick: tokio::sync::Notify,
     pub url: String,
+    /// Bumped to end every open watch (after a compaction, as an API
+    /// server restart would): clients resume, and get 410 Gone.
+    pub resets: tokio::sync::watch::Sender<u64>,
+    /// Watches answered 410 Gone so far.
+    pub gone: std::sync::atomic::AtomicU64,
 }
 
 impl State {
@@ -160,9 +165,11 @@ impl Handle {
         Ok(())
     }
 
-    /// Forget every watch event (a later watch from an old resourceVersion is 410 Gone).
+    /// Forget every watch event and end the open watches: a client that
+    /// resumes from a resourceVersion it had gets 410 Gone and must list again.
     pub fn compact(&self) {
         self.state.store.lock().compact();
+        self.state.resets.send_modify(|g| *g += 1);
     }
 
     pub fn get(&self, kind: Kind, ns: &str, name: &str) -> Option<serde_json::Value> {
@@ -266,6 +273,8 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
         procs: Mutex::new(HashMap::new()),
         kick: tokio::sync::Notify::new(),
         url: url.clone(),
+        resets: tokio::sync::watch::channel(0).0,
+        gone: std::sync::atomic::AtomicU64::new(0),
     });
     let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let app = api::router(state.clone());

@@ -173,9 +173,11 @@ impl Store {
         }
     }
 
-    /// Forgets every event: watches from any earlier resourceVersion get 410.
+    /// Forgets every event: a watch from any resourceVersion given out so
+    /// far gets 410 Gone (a list after it returns the new, valid one).
     pub fn compact(&mut self) {
         self.events.clear();
+        self.rv += 1;
         self.oldest = self.rv;
     }
 

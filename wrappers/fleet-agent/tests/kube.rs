@@ -175,6 +175,30 @@ async fn a_restarted_agent_relays_each_line_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_recovers_from_410_gone() {
+    let c = cluster().await;
+    let req = request("echo x\n", Some(("b200", 1)), 1);
+    c.backend.submit("beta-30", &req, &user()).await.unwrap();
+    let t0 = Instant::now();
+    while c.backend.watch_lags().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the first Job never reached the watch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The server forgets its history and drops the watches: resuming from
+    // the last resourceVersion is 410 Gone, and the watcher must list again.
+    c.server.compact();
+    let id = c.backend.submit("beta-31", &req, &user()).await.unwrap();
+    let t0 = Instant::now();
+    while c.backend.watch_lags().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the watch did not recover after 410 Gone");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let j = c.backend.status(&[id]).await.unwrap();
+    assert_eq!(j.len(), 1);
+    assert!(c.server.state.gone.load(std::sync::atomic::Ordering::Relaxed) >= 1, "no watch was answered 410 Gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_deletes_the_job_and_its_pods_within_5_s() {
     let c = cluster().await;
     let id = c.backend.submit("beta-3", &request("echo started\nsleep 120\n", None, 1), &user()).await.unwrap();
