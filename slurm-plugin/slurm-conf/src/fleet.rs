@@ -115,6 +115,38 @@ pub struct FleetConf {
     pub slurm_bin_dir: PathBuf,
     /// `LogLevel` (info): error, warn, info, debug, trace.
     pub log_level: LogLevel,
+    /// `Backend` (slurm): the scheduler this agent runs jobs on, `slurm`
+    /// or `kubernetes` (then the `Kube*` keys apply).
+    pub backend: SchedulerBackend,
+    /// `KubeConfig` (none: in-cluster, or `$KUBECONFIG`): the agent's kubeconfig.
+    pub kube_config: Option<PathBuf>,
+    /// `KubeNamespace` (fleet): where forwarded jobs run (the agent's RBAC scope).
+    pub kube_namespace: String,
+    /// `KubeImage` (ubuntu:24.04): the image batch scripts run in (a job's
+    /// `#FLEET image=` overrides it).
+    pub kube_image: String,
+    /// `KubeQueue` (none): a Kueue LocalQueue; Jobs are then created
+    /// suspended with `kueue.x-k8s.io/queue-name` for Kueue to admit.
+    pub kube_queue: Option<String>,
+    /// `KubeServiceAccount` (none: the namespace's default): the pods' service account.
+    pub kube_service_account: Option<String>,
+}
+
+/// `Backend=`: what the agent submits to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SchedulerBackend {
+    #[default]
+    Slurm,
+    Kubernetes,
+}
+
+/// A DNS-1123 label (namespace, queue and service account names).
+fn dns_label(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 63
+        && v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !v.starts_with('-')
+        && !v.ends_with('-')
 }
 
 impl Default for FleetConf {
@@ -144,6 +176,12 @@ impl Default for FleetConf {
             min_job_uid: 1000,
             slurm_bin_dir: "/usr/bin".into(),
             log_level: LogLevel::Info,
+            backend: SchedulerBackend::Slurm,
+            kube_config: None,
+            kube_namespace: "fleet".into(),
+            kube_image: "ubuntu:24.04".into(),
+            kube_queue: None,
+            kube_service_account: None,
         }
     }
 }
@@ -173,6 +211,12 @@ pub const KEYS: &[&str] = &[
     "MinJobUid",
     "SlurmBinDir",
     "LogLevel",
+    "Backend",
+    "KubeConfig",
+    "KubeNamespace",
+    "KubeImage",
+    "KubeQueue",
+    "KubeServiceAccount",
 ];
 
 impl FleetConf {
@@ -282,6 +326,41 @@ impl FleetConf {
                         }
                         "minjobuid" => conf.min_job_uid = parse_in_range(v, 1, u32::MAX as u64).map_err(bad)? as u32,
                         "slurmbindir" => conf.slurm_bin_dir = path_value(v).map_err(bad)?,
+                        "backend" => {
+                            conf.backend = match v.to_ascii_lowercase().as_str() {
+                                "slurm" => SchedulerBackend::Slurm,
+                                "kubernetes" => SchedulerBackend::Kubernetes,
+                                _ => return Err(bad("expected slurm or kubernetes".into())),
+                            }
+                        }
+                        "kubeconfig" => conf.kube_config = Some(path_value(v).map_err(bad)?),
+                        "kubenamespace" => {
+                            if !dns_label(v) {
+                                return Err(bad("expected a namespace name (a DNS-1123 label)".into()));
+                            }
+                            conf.kube_namespace = v.clone();
+                        }
+                        "kubeimage" => {
+                            let ok = !v.is_empty()
+                                && v.len() <= 255
+                                && v.chars().all(|c| c.is_ascii_alphanumeric() || "./:-_@".contains(c));
+                            if !ok {
+                                return Err(bad("expected an image reference".into()));
+                            }
+                            conf.kube_image = v.clone();
+                        }
+                        "kubequeue" => {
+                            if !dns_label(v) {
+                                return Err(bad("expected a LocalQueue name (a DNS-1123 label)".into()));
+                            }
+                            conf.kube_queue = Some(v.clone());
+                        }
+                        "kubeserviceaccount" => {
+                            if !dns_label(v) {
+                                return Err(bad("expected a service account name (a DNS-1123 label)".into()));
+                            }
+                            conf.kube_service_account = Some(v.clone());
+                        }
                         "loglevel" => {
                             conf.log_level = match v.to_ascii_lowercase().as_str() {
                                 "error" => LogLevel::Error,
@@ -452,6 +531,36 @@ mod tests {
             "SiteName=a AllowedSubmitUids=0,a;b",
             Err(&["fleet.conf:1: AllowedSubmitUids=0,a;b: bad value; expected a comma list of uids or user names, \"a;b\" is neither"]),
         );
+        check(
+            "SiteName=g Backend=Kubernetes KubeConfig=/etc/fleet/kubeconfig KubeNamespace=fleet-jobs\n\
+             KubeImage=nvcr.io/nvidia/pytorch:24.05-py3 KubeQueue=gpu-queue KubeServiceAccount=fleet-job",
+            Ok((
+                FleetConf {
+                    site_name: "g".into(),
+                    backend: SchedulerBackend::Kubernetes,
+                    kube_config: Some("/etc/fleet/kubeconfig".into()),
+                    kube_namespace: "fleet-jobs".into(),
+                    kube_image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
+                    kube_queue: Some("gpu-queue".into()),
+                    kube_service_account: Some("fleet-job".into()),
+                    ..FleetConf::default()
+                },
+                &[],
+            )),
+        );
+        check(
+            "SiteName=a Backend=nomad",
+            Err(&["fleet.conf:1: Backend=nomad: bad value; expected slurm or kubernetes"]),
+        );
+        check(
+            "SiteName=a KubeNamespace=Fleet_Jobs",
+            Err(&["fleet.conf:1: KubeNamespace=Fleet_Jobs: bad value; expected a namespace name (a DNS-1123 label)"]),
+        );
+        check(
+            "SiteName=a KubeImage=a;b",
+            Err(&["fleet.conf:1: KubeImage=a;b: bad value; expected an image reference"]),
+        );
+        check("SiteName=a KubeConfig=kc", Err(&["fleet.conf:1: KubeConfig=kc: bad value; expected an absolute path"]));
         check("Region=eu", Err(&["fleet.conf: SiteName is required (the name of this cluster)"]));
         check("SiteName=a b", Err(&["fleet.conf:1: expected Key=Value, found \"b\""]));
         check(

@@ -1,7 +1,8 @@
-//! The native scheduler behind the agent. Slurm today (through its own
-//! commands and their JSON output); a Kubernetes backend will implement the
-//! same trait.
+//! The native scheduler behind the agent: Slurm (through its own commands
+//! and their JSON output, `slurm`) or Kubernetes (`batch/v1` Jobs through
+//! the API, `kube`).
 
+use std::future::Future;
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -70,32 +71,48 @@ pub struct OutputPaths {
     pub stderr: PathBuf,
 }
 
-#[allow(async_fn_in_trait)]
+/// Every future is `Send`: the agent drives a backend from spawned tasks.
 pub trait Backend: Send + Sync + 'static {
     /// Per-node capacity and the queue depth (pending, running).
-    async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)>;
+    fn capacity(&self) -> impl Future<Output = Result<(Vec<NodeCapacity>, u32, u32)>> + Send;
     /// Submit `req` as fleet job `id`, as `user`; returns the native job id.
-    async fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> Result<u64>;
+    fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> impl Future<Output = Result<u64>> + Send;
     /// The jobs among `native_ids` the scheduler still knows, in one call.
-    async fn status(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>>;
+    fn status(&self, native_ids: &[u64]) -> impl Future<Output = Result<Vec<NativeJob>>> + Send;
     /// Finished jobs the scheduler's queue forgot, from its accounting
     /// (empty where the site keeps none).
-    async fn accounting(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>>;
+    fn accounting(&self, native_ids: &[u64]) -> impl Future<Output = Result<Vec<NativeJob>>> + Send;
     /// The jobs of `uid` submitted since `since` (epoch s) whose working
     /// directory is fleet job `id`'s directory, in the queue or in
-    /// accounting: what an sbatch whose answer the agent never journaled
+    /// accounting: what a submission whose answer the agent never journaled
     /// (a crash in between) left behind. Only that user, or an agent
     /// acting as them, can have made such a job.
-    async fn find_submitted(&self, id: &str, uid: u32, since: f64) -> Result<Vec<NativeJob>>;
+    fn find_submitted(&self, id: &str, uid: u32, since: f64) -> impl Future<Output = Result<Vec<NativeJob>>> + Send;
     /// Every job the scheduler still knows in the proxy partition, in any
     /// state (the stand-ins of jobs forwarded from here). Read-only.
-    async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>>;
+    fn stand_ins(&self, partition: &str) -> impl Future<Output = Result<Vec<NativeJob>>> + Send;
     /// Cancel (or signal) native job `native_id`, as `user` (the caller
     /// checked the journal and the job's identity).
-    async fn cancel(&self, native_id: u64, user: &str) -> Result<()>;
+    fn cancel(&self, native_id: u64, user: &str) -> impl Future<Output = Result<()>> + Send;
     /// Send `signal` (a name without `SIG`, checked by the caller) to
     /// native job `native_id`, as `user`.
-    async fn signal(&self, native_id: u64, user: &str, signal: &str, scope: SignalScope) -> Result<()>;
+    fn signal(
+        &self,
+        native_id: u64,
+        user: &str,
+        signal: &str,
+        scope: SignalScope,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The scheduler's name in heartbeats (`slurm`, `kubernetes`).
+    fn scheduler(&self) -> &'static str {
+        "slurm"
+    }
+    /// Who must own a job's output files for the relay to read them: the
+    /// job's user where the job writes them (Slurm), the agent itself where
+    /// the backend writes them (Kubernetes: pod logs).
+    fn output_owner(&self, job_uid: Option<u32>) -> Option<u32> {
+        job_uid
+    }
     /// The job's private directory (working directory, HOME, output).
     fn job_dir(&self, id: &str) -> PathBuf;
     fn output_paths(&self, id: &str) -> OutputPaths {

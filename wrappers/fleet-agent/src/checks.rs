@@ -79,6 +79,20 @@ pub fn report(checks: &[Check]) -> String {
 pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     let me = current_uid();
     let run_as = probe_job_user(cfg);
+    if let Some(k) = &cfg.kube {
+        // A Kubernetes site: no sudo rule, proxy partition or slurmctld.
+        let mut out = vec![settings(conf, cfg), agent_user(me, cfg, run_as.as_ref())];
+        out.extend(token_file(conf, run_as.as_ref()));
+        out.push(spool(cfg, me, run_as.as_ref()));
+        out.push(match fleet_agent::kube::check(k, &cfg.site, cfg.spool.clone()).await {
+            Ok(r) => pass("kubernetes", r),
+            Err((r, h)) => fail("kubernetes", r, h),
+        });
+        out.push(instance(&cfg.spool));
+        out.push(ca_file(cfg));
+        out.push(meta_scheduler(cfg).await);
+        return out;
+    }
     let mut out = vec![settings(conf, cfg), agent_user(me, cfg, run_as.as_ref())];
     out.push(sudo_rule(cfg, run_as.as_ref()).await);
     out.extend(token_file(conf, run_as.as_ref()));

@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub run_as: Option<RunAs>,
     /// Who a forwarded job runs as (`JobUserMap`, `JobUserGroup`, `MinJobUid`).
     pub identity: crate::identity::Policy,
+    /// `Backend=kubernetes`: the `Kube*` settings (`None`: Slurm).
+    pub kube: Option<crate::kube::KubeSettings>,
 }
 
 /// The user jobs forwarded to this cluster run as.
@@ -133,7 +135,15 @@ impl AgentConfig {
             .map(PathBuf::from)
             .unwrap_or_else(|| path.parent().unwrap_or(Path::new("/etc/slurm")).join("slurm.conf"));
         let mut allowed = vec![0];
-        let mut memory_scheduled = false;
+        let kube = (c.backend == slurm_conf::fleet::SchedulerBackend::Kubernetes).then(|| crate::kube::KubeSettings {
+            kubeconfig: c.kube_config.clone(),
+            namespace: c.kube_namespace.clone(),
+            image: c.kube_image.clone(),
+            queue: c.kube_queue.clone(),
+            service_account: c.kube_service_account.clone(),
+        });
+        // Kubernetes schedules memory requests; a Kubernetes site has no slurm.conf.
+        let mut memory_scheduled = kube.is_some();
         match slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
             Ok(sc) => {
                 memory_scheduled =
@@ -145,6 +155,7 @@ impl AgentConfig {
                     eprintln!("fleet-agent: warning: {}: {w}", slurm_conf.display());
                 }
             }
+            Err(_) if kube.is_some() => {}
             Err(e) => eprintln!("fleet-agent: warning: cannot check {}: {e}", slurm_conf.display()),
         }
         for u in &c.allowed_submit_uids {
@@ -167,6 +178,7 @@ impl AgentConfig {
             agent_uid,
         };
         Ok(AgentConfig {
+            kube,
             memory_scheduled,
             identity,
             site: c.site_name,

@@ -28,6 +28,7 @@ pub mod fault;
 pub mod identity;
 pub mod jobdir;
 pub mod journal;
+pub mod kube;
 pub mod reconcile;
 pub mod slurm;
 pub mod track;
@@ -87,7 +88,10 @@ pub struct Agent<B: Backend> {
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     prepare_spool(&cfg.spool)?;
-    let journal = Journal::open(&cfg.spool.join("journal.db"))?;
+    if let Some(k) = cfg.kube.clone() {
+        let backend = kube::KubeBackend::connect(k, &cfg.site, cfg.spool.clone()).await?;
+        return run_with(cfg, backend, shutdown).await;
+    }
     let backend = SlurmBackend {
         bin: cfg.slurm_bin.clone(),
         slurm_conf: cfg.slurm_conf.clone(),
@@ -95,6 +99,16 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         site: cfg.site.clone(),
     };
     check_identity(&cfg, &backend).await?;
+    run_with(cfg, backend, shutdown).await
+}
+
+/// The agent's tasks over `backend` (Slurm or Kubernetes).
+pub async fn run_with<B: Backend>(
+    cfg: AgentConfig,
+    backend: B,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let journal = Journal::open(&cfg.spool.join("journal.db"))?;
     let meta = MetaClient::new(&cfg.metasched_url, &cfg.token, cfg.metasched_ca_file.as_deref())?;
     if cleartext_off_host(&cfg.metasched_url) {
         tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");
@@ -339,7 +353,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         cluster: agent.cfg.site.clone(),
         region: agent.cfg.region.clone(),
         provider: agent.cfg.provider.clone(),
-        scheduler: "slurm".into(),
+        scheduler: agent.backend.scheduler().into(),
         nodes,
         queue_pending: pending,
         queue_running: running,

@@ -497,7 +497,7 @@ async fn relay_all<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker, run: &mu
             Stream::Stdout => (&mut run.stdout_base, &mut run.stdout_off),
             Stream::Stderr => (&mut run.stderr_base, &mut run.stderr_off),
         };
-        match jobdir::open_output(&path, run.uid)? {
+        match jobdir::open_output(&path, agent.backend.output_owner(run.uid))? {
             jobdir::Opened::Missing => {}
             jobdir::Opened::Refused(why) => {
                 let msg = format!("{} not relayed: {why}", stream.as_str());

@@ -1,0 +1,830 @@
+//! The cluster's moving parts, in one reconcile pass over the store: the
+//! Job controller (pods per Job, Indexed completions, conditions, backoff
+//! limit, active deadline), a scheduler (resources and node affinity, all
+//! pods of a Job placed together or none), an emulated Kueue admission of
+//! suspended Jobs, and a kubelet that runs a pod's container as a local
+//! `bash` process.
+//!
+//! What the double does differently from a real cluster (documented):
+//! a container runs as this server's user, on this host, without an image;
+//! volumes are copied into a per-pod directory and arguments and the
+//! working directory that start with a mount path are rewritten to that
+//! copy; an image named `nonexistent/...` fails to pull.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use crate::store::{meta_str, now_s, quantity, rfc3339, Kind, Store};
+use crate::State;
+
+/// A container to start after the pass (outside the store lock).
+pub struct Launch {
+    pub ns: String,
+    pub pod: String,
+    pub uid: String,
+    pub program: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub files: Vec<(PathBuf, Vec<u8>, u32)>,
+    pub log: PathBuf,
+}
+
+fn owner_uid(obj: &Value) -> Option<&str> {
+    obj["metadata"]["ownerReferences"].as_array()?.iter().find(|r| r["controller"] == json!(true))?["uid"].as_str()
+}
+
+fn cond(typ: &str, status: &str, reason: &str, message: &str) -> Value {
+    let t = rfc3339(now_s());
+    json!({"type": typ, "status": status, "reason": reason, "message": message,
+           "lastProbeTime": t, "lastTransitionTime": t})
+}
+
+fn job_finished(job: &Value) -> bool {
+    job["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter().any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+    })
+}
+
+fn pod_done(pod: &Value) -> bool {
+    matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+}
+
+/// Requests of a pod's containers (`limits` where no request is given).
+pub fn pod_requests(pod: &Value) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
+        let r = &c["resources"];
+        let mut mine: BTreeMap<String, f64> = BTreeMap::new();
+        for src in [&r["limits"], &r["requests"]] {
+            for (k, v) in src.as_object().into_iter().flatten() {
+                if let Some(q) = v.as_str().and_then(quantity).or_else(|| v.as_f64()) {
+                    mine.insert(k.clone(), q);
+                }
+            }
+        }
+        for (k, v) in mine {
+            *out.entry(k).or_default() += v;
+        }
+    }
+    out
+}
+
+fn node_allocatable(node: &Value) -> BTreeMap<String, f64> {
+    node["status"]["allocatable"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str().and_then(quantity)?)))
+        .collect()
+}
+
+/// Does `node` satisfy the pod's nodeSelector and required node affinity?
+fn affinity_ok(pod: &Value, node: &Value) -> bool {
+    let labels = &node["metadata"]["labels"];
+    let label = |k: &str| labels[k].as_str().map(str::to_string);
+    for (k, v) in pod["spec"]["nodeSelector"].as_object().into_iter().flatten() {
+        if label(k).as_deref() != v.as_str() {
+            return false;
+        }
+    }
+    let terms =
+        &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    let Some(terms) = terms.as_array() else { return true };
+    terms.iter().any(|t| {
+        t["matchExpressions"].as_array().into_iter().flatten().all(|e| {
+            let key = e["key"].as_str().unwrap_or("");
+            let vals: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            let have = label(key);
+            match e["operator"].as_str().unwrap_or("") {
+                "In" => have.is_some_and(|h| vals.contains(&h.as_str())),
+                "NotIn" => have.is_none_or(|h| !vals.contains(&h.as_str())),
+                "Exists" => have.is_some(),
+                "DoesNotExist" => have.is_none(),
+                _ => false,
+            }
+        })
+    })
+}
+
+/// Does the pod tolerate the node's NoSchedule taints?
+fn tolerates(pod: &Value, node: &Value) -> bool {
+    node["spec"]["taints"].as_array().into_iter().flatten().filter(|t| t["effect"] == "NoSchedule").all(|t| {
+        pod["spec"]["tolerations"].as_array().into_iter().flatten().any(|tol| {
+            let key_ok = tol["key"].is_null() || tol["key"] == t["key"];
+            let op_ok = tol["operator"] == "Exists" || tol["value"] == t["value"];
+            let eff_ok = tol["effect"].is_null() || tol["effect"] == t["effect"];
+            key_ok && op_ok && eff_ok
+        })
+    })
+}
+
+/// One pass; returns the containers to start.
+pub fn reconcile(st: &mut Store, work_dir: &Path) -> Vec<Launch> {
+    let now = now_s();
+    admit_suspended(st);
+    jobs(st, now);
+    schedule(st);
+    kubelet(st, work_dir, now)
+}
+
+/// Emulated Kueue: a suspended Job labelled with a queue is admitted
+/// (unsuspended) when all its pods fit at once.
+fn admit_suspended(st: &mut Store) {
+    let (nodes, mut free) = free_map(st);
+    let mut admit = Vec::new();
+    let mut failed = Vec::new();
+    for j in st.list(Kind::Job, None) {
+        if j["spec"]["suspend"] != json!(true)
+            || !j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].is_string()
+            || job_finished(j)
+        {
+            continue;
+        }
+        // Tried since the last change of capacity: it still does not fit.
+        if st.admit_tried.get(meta_str(j, "uid")) == Some(&st.cap_epoch) {
+            continue;
+        }
+        let n = j["spec"]["parallelism"].as_u64().unwrap_or(1) as usize;
+        // The pod template has a pod's shape (`spec.containers`, affinity).
+        let pods: Vec<&Value> = std::iter::repeat_n(&j["spec"]["template"], n).collect();
+        if place(&nodes, &mut free, &pods).is_ok() {
+            admit.push((meta_str(j, "namespace").to_string(), meta_str(j, "name").to_string()));
+        } else {
+            failed.push(meta_str(j, "uid").to_string());
+        }
+    }
+    let epoch = st.cap_epoch;
+    for uid in failed {
+        st.admit_tried.insert(uid, epoch);
+    }
+    for (ns, name) in admit {
+        if let Some(mut job) = st.get(Kind::Job, &ns, &name).cloned() {
+            job["spec"]["suspend"] = json!(false);
+            st.put(Kind::Job, job);
+        }
+    }
+}
+
+fn jobs(st: &mut Store, now: i64) {
+    let mut by_owner: HashMap<String, Vec<Value>> = HashMap::new();
+    for p in st.list(Kind::Pod, None) {
+        if let Some(o) = owner_uid(p) {
+            by_owner.entry(o.to_string()).or_default().push(p.clone());
+        }
+    }
+    let keys: Vec<(String, String)> = st
+        .list(Kind::Job, None)
+        .into_iter()
+        .filter(|j| !job_finished(j))
+        .map(|j| (meta_str(j, "namespace").to_string(), meta_str(j, "name").to_string()))
+        .collect();
+    for (ns, name) in keys {
+        let Some(jref) = st.get(Kind::Job, &ns, &name) else { continue };
+        let uid = meta_str(jref, "uid").to_string();
+        let pods: Vec<Value> = by_owner.remove(&uid).unwrap_or_default();
+        // A suspended Job without pods whose status says so: nothing to do.
+        if pods.is_empty() && jref["spec"]["suspend"] == json!(true) && jref["status"]["active"] == json!(0) {
+            continue;
+        }
+        let mut job = jref.clone();
+        let succeeded = pods.iter().filter(|p| p["status"]["phase"] == "Succeeded").count();
+        let failed = pods.iter().filter(|p| p["status"]["phase"] == "Failed").count();
+        let active = pods.iter().filter(|p| !pod_done(p)).count();
+        let ready = pods.iter().filter(|p| p["status"]["phase"] == "Running").count();
+        let spec = job["spec"].clone();
+        let completions = spec["completions"].as_u64().unwrap_or(1) as usize;
+        let parallelism = spec["parallelism"].as_u64().unwrap_or(1) as usize;
+        let indexed = spec["completionMode"] == "Indexed";
+        let backoff = spec["backoffLimit"].as_u64().unwrap_or(6) as usize;
+        let suspended = spec["suspend"] == json!(true);
+        let old_status = job["status"].clone();
+        let mut status = old_status.clone();
+        if status["startTime"].is_null() && !suspended {
+            status["startTime"] = json!(rfc3339(now));
+        }
+        status["active"] = json!(active);
+        status["ready"] = json!(ready);
+        status["succeeded"] = json!(succeeded);
+        status["failed"] = json!(failed);
+        if indexed {
+            let done: Vec<String> = pods
+                .iter()
+                .filter(|p| p["status"]["phase"] == "Succeeded")
+                .filter_map(|p| p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"].as_str())
+                .map(str::to_string)
+                .collect();
+            status["completedIndexes"] = json!(done.join(","));
+        }
+        let mut conds = status["conditions"].as_array().cloned().unwrap_or_default();
+        let mut kill = false;
+        let deadline = spec["activeDeadlineSeconds"].as_i64();
+        let started = status["startTime"].as_str().and_then(crate::store::parse_rfc3339);
+        if failed > backoff {
+            conds.push(cond(
+                "FailureTarget",
+                "True",
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            ));
+            conds.push(cond("Failed", "True", "BackoffLimitExceeded", "Job has reached the specified backoff limit"));
+            kill = true;
+        } else if let (Some(d), Some(s)) = (deadline, started) {
+            if now >= s + d && succeeded < completions {
+                conds.push(cond(
+                    "FailureTarget",
+                    "True",
+                    "DeadlineExceeded",
+                    "Job was active longer than specified deadline",
+                ));
+                conds.push(cond("Failed", "True", "DeadlineExceeded", "Job was active longer than specified deadline"));
+                kill = true;
+            }
+        }
+        if !kill && succeeded >= completions {
+            conds.push(cond(
+                "SuccessCriteriaMet",
+                "True",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+            ));
+            conds.push(cond("Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods"));
+            status["completionTime"] = json!(rfc3339(now));
+        }
+        if kill {
+            for p in pods.iter().filter(|p| !pod_done(p)) {
+                let mut p = p.clone();
+                p["status"]["phase"] = json!("Failed");
+                p["status"]["reason"] = json!("DeadlineExceeded");
+                p["metadata"]["deletionTimestamp"] = json!(rfc3339(now));
+                st.to_kill.push(meta_str(&p, "uid").to_string());
+                st.put(Kind::Pod, p);
+            }
+            status["active"] = json!(0);
+            status["ready"] = json!(0);
+        }
+        status["conditions"] = json!(conds);
+        if !suspended && !kill && succeeded < completions {
+            // Pods to create: Indexed: every index without a live or
+            // succeeded pod; otherwise up to parallelism.
+            let mut want: Vec<Option<usize>> = Vec::new();
+            if indexed {
+                for i in 0..completions {
+                    let has = pods.iter().any(|p| {
+                        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == json!(i.to_string())
+                            && p["status"]["phase"] != "Failed"
+                    });
+                    if !has && want.len() + active < parallelism {
+                        want.push(Some(i));
+                    }
+                }
+            } else {
+                let missing = parallelism.min(completions - succeeded).saturating_sub(active);
+                want.extend(std::iter::repeat_n(None, missing));
+            }
+            status["active"] = json!(active + want.len());
+            for idx in want {
+                let pod = new_pod(st, &job, &ns, &name, &uid, idx);
+                st.put(Kind::Pod, pod);
+            }
+        }
+        if status != old_status {
+            job["status"] = status;
+            st.put(Kind::Job, job);
+        }
+    }
+}
+
+fn new_pod(st: &mut Store, job: &Value, ns: &str, name: &str, uid: &str, idx: Option<usize>) -> Value {
+    let t = &job["spec"]["template"];
+    let mut labels = t["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels["batch.kubernetes.io/controller-uid"] = json!(uid);
+    labels["batch.kubernetes.io/job-name"] = json!(name);
+    labels["controller-uid"] = json!(uid);
+    labels["job-name"] = json!(name);
+    let mut annotations = t["metadata"]["annotations"].clone();
+    if !annotations.is_object() {
+        annotations = json!({});
+    }
+    let mut spec = t["spec"].clone();
+    let suffix = {
+        st.uid_seq += 1;
+        let mut n = st.uid_seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+        let alphabet = b"bcdfghjklmnpqrstvwxz2456789";
+        (0..5)
+            .map(|_| {
+                let c = alphabet[(n % alphabet.len() as u64) as usize] as char;
+                n /= alphabet.len() as u64;
+                c
+            })
+            .collect::<String>()
+    };
+    let pod_name = match idx {
+        Some(i) => {
+            annotations["batch.kubernetes.io/job-completion-index"] = json!(i.to_string());
+            labels["batch.kubernetes.io/job-completion-index"] = json!(i.to_string());
+            if spec["subdomain"].is_string() {
+                spec["hostname"] = json!(format!("{name}-{i}"));
+            }
+            for c in spec["containers"].as_array_mut().into_iter().flatten() {
+                let env = c["env"].as_array().cloned().unwrap_or_default();
+                let mut env2 = env;
+                env2.push(json!({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}));
+                c["env"] = json!(env2);
+            }
+            format!("{name}-{i}-{suffix}")
+        }
+        None => format!("{name}-{suffix}"),
+    };
+    let pod_uid = st.new_uid();
+    json!({
+        "metadata": {
+            "name": pod_name, "namespace": ns, "uid": pod_uid, "labels": labels, "annotations": annotations,
+            "creationTimestamp": rfc3339(now_s()),
+            "generateName": format!("{name}-"),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
+                                 "controller": true, "blockOwnerDeletion": true}],
+        },
+        "spec": spec,
+        "status": {"phase": "Pending", "qosClass": "BestEffort"},
+    })
+}
+
+type Free = HashMap<String, BTreeMap<String, f64>>;
+
+/// The nodes and what each has left (allocatable minus live pods' requests).
+fn free_map(st: &Store) -> (Vec<Value>, Free) {
+    let nodes: Vec<Value> = st.list(Kind::Node, None).into_iter().cloned().collect();
+    let mut free: Free = nodes.iter().map(|n| (meta_str(n, "name").to_string(), node_allocatable(n))).collect();
+    for p in st.list(Kind::Pod, None) {
+        if let (Some(node), false) = (p["spec"]["nodeName"].as_str(), pod_done(p)) {
+            if let Some(f) = free.get_mut(node) {
+                for (k, v) in pod_requests(p) {
+                    *f.entry(k).or_default() -= v;
+                }
+            }
+        }
+    }
+    (nodes, free)
+}
+
+/// Where each of `pods` goes (all or none; `free` is charged only when all
+/// fit), or why one does not fit.
+fn place(nodes: &[Value], free_in: &mut Free, pods: &[&Value]) -> Result<Vec<String>, String> {
+    let mut free = free_in.clone();
+    let mut out = Vec::new();
+    for pod in pods {
+        let req = pod_requests(pod);
+        let mut insufficient: BTreeMap<String, usize> = BTreeMap::new();
+        let mut affinity = 0;
+        let mut taint = 0;
+        let mut chosen = None;
+        for n in nodes {
+            let name = meta_str(n, "name").to_string();
+            if !affinity_ok(pod, n) {
+                affinity += 1;
+                continue;
+            }
+            if !tolerates(pod, n) {
+                taint += 1;
+                continue;
+            }
+            let f = &free[&name];
+            let short: Vec<&String> =
+                req.iter().filter(|(k, v)| f.get(*k).copied().unwrap_or(0.0) + 1e-9 < **v).map(|(k, _)| k).collect();
+            if short.is_empty() {
+                chosen = Some(name);
+                break;
+            }
+            for k in short {
+                *insufficient.entry(k.clone()).or_default() += 1;
+            }
+        }
+        match chosen {
+            Some(n) => {
+                let f = free.get_mut(&n).expect("known node");
+                for (k, v) in &req {
+                    *f.entry(k.clone()).or_default() -= v;
+                }
+                out.push(n);
+            }
+            None => {
+                let mut why: Vec<String> = insufficient.iter().map(|(k, c)| format!("{c} Insufficient {k}")).collect();
+                if affinity > 0 {
+                    why.push(format!("{affinity} node(s) didn't match Pod's node affinity/selector"));
+                }
+                if taint > 0 {
+                    why.push(format!("{taint} node(s) had untolerated taint"));
+                }
+                why.sort();
+                return Err(format!(
+                    "0/{} nodes are available: {}. preemption: 0/{} nodes are available: {} No preemption victims found for incoming pod.",
+                    nodes.len(),
+                    why.join(", "),
+                    nodes.len(),
+                    nodes.len()
+                ));
+            }
+        }
+    }
+    *free_in = free;
+    Ok(out)
+}
+
+/// Binds pending pods, a Job's pods together or none of them.
+fn schedule(st: &mut Store) {
+    let pending: Vec<Value> = st
+        .list(Kind::Pod, None)
+        .into_iter()
+        .filter(|p| p["spec"]["nodeName"].as_str().is_none() && !pod_done(p))
+        .cloned()
+        .collect();
+    let mut groups: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for p in pending {
+        let key = owner_uid(&p).map(str::to_string).unwrap_or_else(|| meta_str(&p, "uid").to_string());
+        groups.entry(key).or_default().push(p);
+    }
+    let (nodes, mut free) = free_map(st);
+    for (_, pods) in groups {
+        let refs: Vec<&Value> = pods.iter().collect();
+        match place(&nodes, &mut free, &refs) {
+            Ok(nodes) => {
+                for (mut p, n) in pods.into_iter().zip(nodes) {
+                    p["spec"]["nodeName"] = json!(n);
+                    p["status"]["conditions"] = json!([cond("PodScheduled", "True", "", "")]);
+                    st.put(Kind::Pod, p);
+                }
+            }
+            Err(msg) => {
+                for mut p in pods {
+                    let c = cond("PodScheduled", "False", "Unschedulable", &msg);
+                    let same = p["status"]["conditions"][0]["message"] == c["message"];
+                    if !same {
+                        p["status"]["conditions"] = json!([c]);
+                        st.put(Kind::Pod, p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn resolve_field(pod: &Value, path: &str) -> String {
+    if let Some(k) = path.strip_prefix("metadata.annotations['").and_then(|r| r.strip_suffix("']")) {
+        return pod["metadata"]["annotations"][k].as_str().unwrap_or("").to_string();
+    }
+    if let Some(k) = path.strip_prefix("metadata.labels['").and_then(|r| r.strip_suffix("']")) {
+        return pod["metadata"]["labels"][k].as_str().unwrap_or("").to_string();
+    }
+    let mut v = pod;
+    for part in path.split('.') {
+        v = &v[part];
+    }
+    v.as_str().unwrap_or("").to_string()
+}
+
+fn data_of(st: &Store, kind: Kind, ns: &str, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+    let obj = st.get(kind, ns, name)?;
+    let mut out = BTreeMap::new();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    match kind {
+        Kind::Secret => {
+            for (k, v) in obj["data"].as_object().into_iter().flatten() {
+                out.insert(k.clone(), b64.decode(v.as_str().unwrap_or("")).ok()?);
+            }
+        }
+        _ => {
+            for (k, v) in obj["data"].as_object().into_iter().flatten() {
+                out.insert(k.clone(), v.as_str().unwrap_or("").as_bytes().to_vec());
+            }
+            for (k, v) in obj["binaryData"].as_object().into_iter().flatten() {
+                out.insert(k.clone(), b64.decode(v.as_str().unwrap_or("")).ok()?);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// `$(VAR)` references to earlier variables, as the kubelet expands them.
+fn expand(s: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find("$(") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        match after.find(')') {
+            Some(j) => {
+                let name = &after[..j];
+                match env.iter().rev().find(|(k, _)| k == name) {
+                    Some((_, v)) => out.push_str(v),
+                    None => out.push_str(&rest[i..i + 3 + j]),
+                }
+                rest = &after[j + 1..];
+            }
+            None => {
+                out.push_str(&rest[i..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn set_waiting(st: &mut Store, mut p: Value, reason: &str, message: &str) {
+    let name = p["spec"]["containers"][0]["name"].clone();
+    let image = p["spec"]["containers"][0]["image"].clone();
+    let cs = json!([{"name": name, "image": image, "imageID": "", "ready": false, "restartCount": 0, "started": false,
+                     "state": {"waiting": {"reason": reason, "message": message}}}]);
+    if p["status"]["containerStatuses"] != cs {
+        p["status"]["containerStatuses"] = cs;
+        st.put(Kind::Pod, p);
+    }
+}
+
+/// Starts scheduled pods: image "pull", volumes, environment, process.
+fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
+    let bound: Vec<Value> = st
+        .list(Kind::Pod, None)
+        .into_iter()
+        .filter(|p| p["spec"]["nodeName"].is_string() && p["status"]["phase"] == "Pending")
+        .cloned()
+        .collect();
+    let mut out = Vec::new();
+    for mut p in bound {
+        let ns = meta_str(&p, "namespace").to_string();
+        let name = meta_str(&p, "name").to_string();
+        let c = p["spec"]["containers"][0].clone();
+        let image = c["image"].as_str().unwrap_or("");
+        if image.starts_with("nonexistent/") || image.is_empty() {
+            let created =
+                p["metadata"]["creationTimestamp"].as_str().and_then(crate::store::parse_rfc3339).unwrap_or(now);
+            let (reason, msg) = if now - created >= 1 {
+                ("ImagePullBackOff", format!("Back-off pulling image \"{image}\""))
+            } else {
+                ("ErrImagePull", format!("failed to pull and unpack image \"{image}\": not found"))
+            };
+            set_waiting(st, p, reason, &msg);
+            continue;
+        }
+        let root = work_dir.join("pods").join(format!("{ns}_{name}"));
+        // Volumes: mount path -> local directory with the object's keys.
+        let mut files = Vec::new();
+        let mut mounts: Vec<(String, PathBuf)> = Vec::new();
+        let mut missing = None;
+        for m in c["volumeMounts"].as_array().into_iter().flatten() {
+            let (Some(vname), Some(mpath)) = (m["name"].as_str(), m["mountPath"].as_str()) else { continue };
+            let Some(vol) =
+                p["spec"]["volumes"].as_array().into_iter().flatten().find(|v| v["name"].as_str() == Some(vname))
+            else {
+                continue;
+            };
+            let (kind, obj_name, mode) = if vol["configMap"].is_object() {
+                (Kind::ConfigMap, vol["configMap"]["name"].as_str(), vol["configMap"]["defaultMode"].as_u64())
+            } else if vol["secret"].is_object() {
+                (Kind::Secret, vol["secret"]["secretName"].as_str(), vol["secret"]["defaultMode"].as_u64())
+            } else {
+                let dir = root.join("volumes").join(vname);
+                mounts.push((mpath.trim_end_matches('/').to_string(), dir));
+                continue;
+            };
+            let obj_name = obj_name.unwrap_or("");
+            let Some(data) = data_of(st, kind, &ns, obj_name) else {
+                missing = Some(format!("{} \"{obj_name}\" not found", kind.singular()));
+                break;
+            };
+            let dir = root.join("volumes").join(vname);
+            for (k, v) in data {
+                files.push((dir.join(k), v, mode.unwrap_or(0o644) as u32));
+            }
+            mounts.push((mpath.trim_end_matches('/').to_string(), dir));
+        }
+        if let Some(msg) = missing {
+            set_waiting(st, p, "CreateContainerConfigError", &msg);
+            continue;
+        }
+        let rewrite = |s: &str| -> String {
+            for (m, dir) in &mounts {
+                if s == m || s.starts_with(&format!("{m}/")) {
+                    return format!("{}{}", dir.display(), &s[m.len()..]);
+                }
+            }
+            s.to_string()
+        };
+        // Environment: envFrom, then env ($(VAR) expanded).
+        let hostname = p["spec"]["hostname"].as_str().map(str::to_string).unwrap_or(name.clone());
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("HOSTNAME".into(), hostname),
+            ("HOME".into(), root.join("home").display().to_string()),
+        ];
+        let mut env_err = None;
+        for ef in c["envFrom"].as_array().into_iter().flatten() {
+            let (kind, r) = if ef["secretRef"].is_object() {
+                (Kind::Secret, &ef["secretRef"])
+            } else {
+                (Kind::ConfigMap, &ef["configMapRef"])
+            };
+            let n = r["name"].as_str().unwrap_or("");
+            match data_of(st, kind, &ns, n) {
+                Some(d) => {
+                    for (k, v) in d {
+                        env.push((k, String::from_utf8_lossy(&v).into_owned()));
+                    }
+                }
+                None if r["optional"] == json!(true) => {}
+                None => env_err = Some(format!("{} \"{n}\" not found", kind.singular())),
+            }
+        }
+        for e in c["env"].as_array().into_iter().flatten() {
+            let k = e["name"].as_str().unwrap_or("").to_string();
+            let v = if let Some(v) = e["value"].as_str() {
+                expand(v, &env)
+            } else if let Some(f) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                resolve_field(&p, f)
+            } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
+                let d = data_of(st, Kind::Secret, &ns, r.get("name").and_then(Value::as_str).unwrap_or(""));
+                let key = r.get("key").and_then(Value::as_str).unwrap_or("");
+                d.and_then(|d| d.get(key).cloned())
+                    .map(|v| String::from_utf8_lossy(&v).into_owned())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            };
+            env.push((k, v));
+        }
+        if let Some(msg) = env_err {
+            set_waiting(st, p, "CreateContainerConfigError", &msg);
+            continue;
+        }
+        let mut program: Vec<String> = Vec::new();
+        for x in c["command"].as_array().into_iter().flatten().chain(c["args"].as_array().into_iter().flatten()) {
+            program.push(rewrite(&expand(x.as_str().unwrap_or(""), &env)));
+        }
+        if program.is_empty() {
+            program.push("/bin/true".into());
+        }
+        let cwd = match c["workingDir"].as_str() {
+            Some(w) => {
+                let r = rewrite(w);
+                if r == w {
+                    root.join("rootfs").join(w.trim_start_matches('/'))
+                } else {
+                    PathBuf::from(r)
+                }
+            }
+            None => root.join("rootfs"),
+        };
+        let t = rfc3339(now);
+        p["status"]["phase"] = json!("Running");
+        p["status"]["startTime"] = json!(t);
+        p["status"]["podIP"] = json!("127.0.0.1");
+        p["status"]["hostIP"] = json!("127.0.0.1");
+        p["status"]["conditions"] = json!([
+            cond("PodScheduled", "True", "", ""),
+            cond("Initialized", "True", "", ""),
+            cond("ContainersReady", "True", "", ""),
+            cond("Ready", "True", "", "")
+        ]);
+        p["status"]["containerStatuses"] = json!([{"name": c["name"], "image": c["image"], "imageID": format!("{}@sha256:0", c["image"].as_str().unwrap_or("")),
+            "containerID": format!("fake://{}", meta_str(&p, "uid")), "ready": true, "restartCount": 0, "started": true,
+            "state": {"running": {"startedAt": t}}}]);
+        let uid = meta_str(&p, "uid").to_string();
+        st.put(Kind::Pod, p);
+        out.push(Launch { ns, pod: name.clone(), uid, program, env, cwd, files, log: root.join("container.log") });
+    }
+    out
+}
+
+/// Starts a container process and records its end in the pod.
+pub fn launch(state: &Arc<State>, l: Launch) {
+    let state = state.clone();
+    tokio::spawn(async move {
+        let started = async {
+            for (path, data, mode) in &l.files {
+                if let Some(d) = path.parent() {
+                    std::fs::create_dir_all(d)?;
+                }
+                std::fs::write(path, data)?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode & 0o777))?;
+            }
+            std::fs::create_dir_all(&l.cwd)?;
+            if let Some(h) = l.env.iter().find(|(k, _)| k == "HOME") {
+                std::fs::create_dir_all(&h.1)?;
+            }
+            let log = std::fs::File::create(&l.log)?;
+            let mut cmd = tokio::process::Command::new(&l.program[0]);
+            cmd.args(&l.program[1..])
+                .env_clear()
+                .envs(l.env.iter().map(|(k, v)| (k, v)))
+                .current_dir(&l.cwd)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .process_group(0)
+                .kill_on_drop(false);
+            cmd.spawn()
+        }
+        .await;
+        let mut child = match started {
+            Ok(c) => c,
+            Err(e) => {
+                finish(&state, &l, 128, Some(format!("starting container: {e}")));
+                return;
+            }
+        };
+        if let Some(pid) = child.id() {
+            state.procs.lock().insert(l.uid.clone(), pid as i32);
+        }
+        let code = match child.wait().await {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
+            }
+            Err(_) => 128,
+        };
+        state.procs.lock().remove(&l.uid);
+        finish(&state, &l, code, None);
+    });
+}
+
+fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {
+    {
+        let mut st = state.store.lock();
+        let Some(mut p) = st.get(Kind::Pod, &l.ns, &l.pod).cloned() else { return };
+        if meta_str(&p, "uid") != l.uid || pod_done(&p) {
+            return;
+        }
+        let t = rfc3339(now_s());
+        let started = p["status"]["startTime"].clone();
+        let reason = if code == 0 { "Completed" } else { "Error" };
+        p["status"]["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
+        let mut term = json!({"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": t,
+                              "containerID": format!("fake://{}", l.uid)});
+        if let Some(e) = err {
+            term["message"] = json!(e);
+        }
+        let c = p["spec"]["containers"][0].clone();
+        p["status"]["containerStatuses"] = json!([{"name": c["name"], "image": c["image"], "imageID": "", "ready": false,
+            "restartCount": 0, "started": false, "state": {"terminated": term}}]);
+        p["status"]["conditions"] = json!([
+            cond("PodScheduled", "True", "", ""),
+            cond("Initialized", "True", "", ""),
+            cond("ContainersReady", "False", "PodCompleted", ""),
+            cond("Ready", "False", "PodCompleted", "")
+        ]);
+        st.put(Kind::Pod, p);
+    }
+    state.poke();
+}
+
+/// Stops a pod's process: SIGTERM to its process group, SIGKILL after `grace`.
+pub fn kill(state: &Arc<State>, pod_uid: &str, grace: std::time::Duration) {
+    let Some(pid) = state.procs.lock().get(pod_uid).copied() else { return };
+    // SAFETY: kill(2) on a process group this server started; no memory is shared.
+    unsafe { libc::kill(-pid, libc::SIGTERM) };
+    let state = state.clone();
+    let uid = pod_uid.to_string();
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        if state.procs.lock().get(&uid) == Some(&pid) {
+            // SAFETY: as above; the group still belongs to the pod's process.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_expansion() {
+        let env = vec![("A".to_string(), "1".to_string())];
+        assert_eq!(expand("x$(A)y$(B)$(", &env), "x1y$(B)$(");
+    }
+
+    #[test]
+    fn affinity_and_requests() {
+        let node = json!({"metadata": {"labels": {"nvidia.com/gpu.product": "H100"}}});
+        let pod = |op: &str, vals: Value| {
+            json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": op, "values": vals}]}]}}}}})
+        };
+        assert!(affinity_ok(&pod("In", json!(["A100", "H100"])), &node));
+        assert!(!affinity_ok(&pod("In", json!(["A100"])), &node));
+        assert!(affinity_ok(&pod("NotIn", json!(["A100"])), &node));
+        assert!(!affinity_ok(&pod("DoesNotExist", json!([])), &node));
+        let p = json!({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}, "requests": {"cpu": "500m"}}}]}});
+        let r = pod_requests(&p);
+        assert_eq!((r["nvidia.com/gpu"], r["cpu"]), (2.0, 0.5));
+    }
+}

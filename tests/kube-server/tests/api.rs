@@ -1,0 +1,268 @@
+//! The test double's API semantics over plain HTTP: conflicts, watches
+//! (resourceVersion, bookmarks, 410 Gone), RBAC, cascading deletion, the
+//! Job controller's deadline and Indexed completions.
+
+use std::time::{Duration, Instant};
+
+use kube_server::store::Kind;
+use serde_json::{json, Value};
+
+const CONF: &str = r#"
+[[node]]
+name = "n0"
+capacity = { cpu = "8", memory = "16Gi", "nvidia.com/gpu" = "2" }
+
+[[token]]
+token = "t-ns"
+user = "agent"
+namespaces = ["fleet"]
+
+[[token]]
+token = "t-admin"
+user = "admin"
+namespaces = ["*"]
+nodes = true
+"#;
+
+struct S {
+    h: kube_server::Handle,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn server() -> S {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = kube_server::ServerConfig::new(toml::from_str(CONF).unwrap(), dir.path());
+    cfg.bookmark_every = Duration::from_millis(200);
+    let h = kube_server::start(cfg, 0).await.unwrap();
+    S { h, http: reqwest::Client::new(), _dir: dir }
+}
+
+impl S {
+    async fn call(&self, method: reqwest::Method, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+        let mut r = self.http.request(method, format!("{}{path}", self.h.url)).bearer_auth(token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let code = resp.status().as_u16();
+        (code, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The first `n` lines of a watch.
+    async fn watch(&self, path: &str, n: usize) -> Vec<Value> {
+        let mut resp = self.http.get(format!("{}{path}", self.h.url)).bearer_auth("t-admin").send().await.unwrap();
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        while out.len() < n {
+            assert!(t0.elapsed() < Duration::from_secs(10), "watch gave only {out:?}");
+            let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await.unwrap() else {
+                break;
+            };
+            buf.extend_from_slice(&chunk);
+            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=i).collect();
+                out.push(serde_json::from_slice(&line).unwrap());
+            }
+        }
+        out
+    }
+}
+
+fn cm(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}})
+}
+
+fn job(name: &str, script: &str, extra: Value) -> Value {
+    let mut j = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox", "command": ["/bin/bash", "-c", script]}]}}}});
+    if let (Some(spec), Some(extra)) = (j["spec"].as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    j
+}
+
+use reqwest::Method;
+
+#[tokio::test]
+async fn create_conflicts_and_rbac() {
+    let s = server().await;
+    let (code, obj) = s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", "t-ns", Some(cm("a"))).await;
+    assert_eq!(code, 201, "{obj}");
+    assert!(obj["metadata"]["uid"].is_string() && obj["metadata"]["resourceVersion"].is_string());
+    let (code, st) = s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", "t-ns", Some(cm("a"))).await;
+    assert_eq!(
+        (code, st["reason"].as_str(), st["message"].as_str()),
+        (409, Some("AlreadyExists"), Some("configmaps \"a\" already exists"))
+    );
+    // A stale resourceVersion on replace is a 409 Conflict.
+    let mut stale = obj.clone();
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let (code, st) = s.call(Method::PUT, "/api/v1/namespaces/fleet/configmaps/a", "t-ns", Some(stale)).await;
+    assert_eq!((code, st["reason"].as_str()), (409, Some("Conflict")));
+    // Outside its namespaces: 403 in the Status format; no token: 401.
+    let (code, st) = s.call(Method::GET, "/apis/batch/v1/namespaces/other/jobs", "t-ns", None).await;
+    assert_eq!((code, st["kind"].as_str(), st["reason"].as_str()), (403, Some("Status"), Some("Forbidden")));
+    assert_eq!(
+        st["message"],
+        "jobs.batch is forbidden: User \"agent\" cannot list resource \"jobs\" in API group \"batch\" in the namespace \"other\""
+    );
+    let (code, _) = s.call(Method::GET, "/api/v1/nodes", "t-ns", None).await;
+    assert_eq!(code, 403, "nodes need the token's `nodes` flag");
+    let (code, _) = s.call(Method::GET, "/api/v1/pods", "t-ns", None).await;
+    assert_eq!(code, 403, "all namespaces need `*`");
+    let (code, _) = s.call(Method::GET, "/api/v1/namespaces/fleet/pods", "wrong", None).await;
+    assert_eq!(code, 401);
+    // Bad input is a clear 4xx, never a crash.
+    let (code, st) = s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", "t-ns", Some(json!([1]))).await;
+    assert_eq!((code, st["reason"].as_str()), (400, Some("BadRequest")));
+    let (code, st) = s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", "t-ns", Some(cm("Bad_Name"))).await;
+    assert_eq!((code, st["reason"].as_str()), (422, Some("Invalid")));
+    let (code, _) = s.call(Method::GET, "/api/v1/namespaces/fleet/pods?labelSelector=a%20b", "t-ns", None).await;
+    assert_eq!(code, 400);
+    let (code, st) = s.call(Method::GET, "/api/v1/namespaces/fleet/configmaps/nope", "t-ns", None).await;
+    assert_eq!((code, st["reason"].as_str()), (404, Some("NotFound")));
+}
+
+#[tokio::test]
+async fn watches_resume_bookmark_and_expire() {
+    let s = server().await;
+    let (_, a) = s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", "t-admin", Some(cm("a"))).await;
+    let rv_a = a["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", "t-admin", Some(cm("b"))).await;
+    s.call(Method::DELETE, "/api/v1/namespaces/fleet/configmaps/a", "t-admin", None).await;
+    // From a's version: b's creation, a's deletion, then bookmarks.
+    let ev = s
+        .watch(
+            &format!("/api/v1/namespaces/fleet/configmaps?watch=true&resourceVersion={rv_a}&allowWatchBookmarks=true"),
+            3,
+        )
+        .await;
+    let kinds: Vec<(&str, &str)> = ev
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["object"]["metadata"]["name"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(kinds, [("ADDED", "b"), ("DELETED", "a"), ("BOOKMARK", "")]);
+    let last: u64 = ev[1]["object"]["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+    let mark: u64 = ev[2]["object"]["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+    assert!(mark >= last);
+    // A label selector filters the stream.
+    let ev = s.watch("/api/v1/namespaces/fleet/configmaps?watch=1&resourceVersion=0&labelSelector=x%3Dy&allowWatchBookmarks=true", 1).await;
+    assert_eq!(ev[0]["type"], "BOOKMARK");
+    // Once compacted, an old resourceVersion is 410 Gone (an ERROR event).
+    s.h.compact();
+    let ev = s.watch(&format!("/api/v1/namespaces/fleet/configmaps?watch=true&resourceVersion={rv_a}"), 1).await;
+    assert_eq!((ev[0]["type"].as_str(), ev[0]["object"]["code"].as_u64()), (Some("ERROR"), Some(410)));
+    assert_eq!(ev[0]["object"]["reason"], "Expired");
+}
+
+async fn until_job(s: &S, name: &str, cond: &str) -> Value {
+    let t0 = Instant::now();
+    loop {
+        if let Some(j) = s.h.get(Kind::Job, "fleet", name) {
+            if j["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == cond && c["status"] == "True")
+            {
+                return j;
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{name}: no {cond}: {:?}", s.h.get(Kind::Job, "fleet", name));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_as_processes_with_deadline_and_indexes() {
+    let s = server().await;
+    // Indexed: each pod gets its JOB_COMPLETION_INDEX.
+    let j = job(
+        "idx",
+        "echo index=$JOB_COMPLETION_INDEX",
+        json!({"completionMode": "Indexed", "completions": 2, "parallelism": 2}),
+    );
+    assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    let done = until_job(&s, "idx", "Complete").await;
+    assert_eq!(
+        (done["status"]["succeeded"].as_u64(), done["status"]["completedIndexes"].as_str()),
+        (Some(2), Some("0,1"))
+    );
+    let mut logs = Vec::new();
+    for p in s.h.list(Kind::Pod, Some("fleet")) {
+        let name = p["metadata"]["name"].as_str().unwrap();
+        let url = format!("{}/api/v1/namespaces/fleet/pods/{name}/log", s.h.url);
+        logs.push(s.http.get(url).bearer_auth("t-ns").send().await.unwrap().text().await.unwrap());
+    }
+    logs.sort();
+    assert_eq!(logs, ["index=0\n", "index=1\n"]);
+    // activeDeadlineSeconds: DeadlineExceeded, the process stopped.
+    let j = job("slow", "sleep 60", json!({"activeDeadlineSeconds": 1}));
+    assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    let failed = until_job(&s, "slow", "Failed").await;
+    let c = failed["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Failed").unwrap().clone();
+    assert_eq!(c["reason"], "DeadlineExceeded");
+    let t0 = Instant::now();
+    while s.h.running_processes() > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the deadline did not stop the process");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A request no node fits: Unschedulable with the scheduler's message.
+    let mut j = job("big", "true", json!({}));
+    j["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "4"}});
+    s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await;
+    let t0 = Instant::now();
+    let msg = loop {
+        let pods = s.h.list(Kind::Pod, Some("fleet"));
+        let p = pods.iter().find(|p| p["metadata"]["labels"]["job-name"] == "big");
+        if let Some(c) = p.and_then(|p| p["status"]["conditions"].as_array()).and_then(|c| c.first()) {
+            if c["reason"] == "Unschedulable" {
+                break c["message"].as_str().unwrap().to_string();
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(msg.starts_with("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_cascades_unless_orphaned() {
+    let s = server().await;
+    for (name, policy, pods_left) in [("bg", Some("Background"), 0), ("orph", None, 1)] {
+        let (_, created) = s
+            .call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(job(name, "sleep 30", json!({}))))
+            .await;
+        let mut c = cm(&format!("{name}-cm"));
+        c["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": created["metadata"]["uid"]}]);
+        s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", "t-ns", Some(c)).await;
+        let t0 = Instant::now();
+        while s.h.running_processes() == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let body = policy.map(|p| json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": p}));
+        let (code, _) =
+            s.call(Method::DELETE, &format!("/apis/batch/v1/namespaces/fleet/jobs/{name}"), "t-ns", body).await;
+        assert_eq!(code, 200);
+        let left = s.h.list(Kind::Pod, Some("fleet")).len();
+        assert_eq!(left, pods_left, "{name}: a Job deleted without a policy orphans its pods (the API's default)");
+        assert_eq!(s.h.get(Kind::ConfigMap, "fleet", &format!("{name}-cm")).is_some(), pods_left == 1);
+        for p in s.h.list(Kind::Pod, Some("fleet")) {
+            let n = p["metadata"]["name"].as_str().unwrap().to_string();
+            assert!(p["metadata"]["ownerReferences"].as_array().unwrap().is_empty(), "orphans lose their owner");
+            s.call(Method::DELETE, &format!("/api/v1/namespaces/fleet/pods/{n}"), "t-ns", None).await;
+        }
+        let t0 = Instant::now();
+        while s.h.running_processes() > 0 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "deleting a pod stops its process");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
