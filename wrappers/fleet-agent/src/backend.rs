@@ -39,9 +39,6 @@ pub struct NativeJob {
     /// submits, the fleet job's private directory, which names the fleet
     /// job (see `Backend::find_submitted`).
     pub work_dir: String,
-    /// Slurm's own description of the state (`state_description`), which
-    /// only slurmctld sets (e.g. `launch failed requeued held`).
-    pub description: String,
     /// The time limit in minutes (`None`: unlimited or not said).
     pub time_limit_min: Option<u32>,
 }
@@ -62,7 +59,6 @@ impl NativeJob {
             partition: String::new(),
             admin_comment: String::new(),
             work_dir: String::new(),
-            description: String::new(),
             time_limit_min: None,
         }
     }

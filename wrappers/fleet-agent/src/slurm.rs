@@ -308,7 +308,6 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
         job.partition = text(j.get("partition"));
         job.admin_comment = text(j.get("admin_comment"));
         job.work_dir = text(j.get("current_working_directory"));
-        job.description = text(j.get("state_description"));
         // Minutes; absent (22.05) or not a number (23.02+'s `infinite`) when unlimited.
         job.time_limit_min =
             num(j.get("time_limit")).and_then(|n| u32::try_from(n).ok()).filter(|n| (1..u32::MAX - 1).contains(n));

@@ -36,8 +36,6 @@ pub struct Tracker {
     failures: HashMap<String, (u32, f64)>,
     /// Jobs whose output was refused (link, FIFO, foreign owner): warned once.
     refused: HashMap<String, String>,
-    /// Resubmissions of jobs Slurm held after a failed launch, per job.
-    resubmitted: HashMap<String, u32>,
 }
 
 impl Tracker {
@@ -392,14 +390,14 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
         }
     }
     let t = now();
-    for (run, req) in runs {
+    for (run, _req) in runs {
         let Some(sid) = run.slurm_id else { continue };
         if !tracker.due(&run.id, t) {
             continue;
         }
         let id = run.id.clone();
         let candidates: Vec<&NativeJob> = known.iter().filter(|j| j.native_id == sid).collect();
-        match reconcile_run(agent, tracker, run, &req, &candidates).await {
+        match reconcile_run(agent, tracker, run, &candidates).await {
             Ok(()) => tracker.ok(&id),
             Err(e) => {
                 let d = tracker.failed(&id, t);
@@ -410,59 +408,11 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
     Ok(())
 }
 
-/// Resubmissions of one job held by Slurm after failed launches; past
-/// this it stays held, as natively, for an admin.
-const MAX_RESUBMITS: u32 = 3;
-
-/// Slurm requeues a job whose launch failed (a node that did not start it,
-/// or that slurmctld drained for a "Duplicate jobid" after a crash) and
-/// holds it: `launch failed requeued held`, a state only slurmctld sets.
-pub fn held_after_failed_launch(j: &NativeJob) -> bool {
-    j.state == JobState::Pending && j.description.contains("launch failed requeued held")
-}
-
-/// Natively a job held after a failed launch waits for a release, and its
-/// owner sees it held; a stand-in at home would run on showing nothing
-/// (chaos found two). The agent releases it the way its owner may: it
-/// cancels the held job and submits the job again, as the release would
-/// rerun it. The fleet's output streams continue from where they are (as
-/// with `--open-mode=append`).
-async fn resubmit_held<B: Backend>(agent: &Agent<B>, run: Run, req: &fleet_api::JobRequest, held: u64) -> Result<()> {
-    let id = run.id.clone();
-    let user = crate::identity::Accounts::read().and_then(|acc| {
-        agent.cfg.identity.resolve(&acc, &req.origin, req.user_name.as_deref(), req.account.as_deref())
-    })?;
-    agent.backend.cancel(held, &user.name).await?;
-    let attempt = agent.journal.attempt(&id)?.unwrap_or(0);
-    agent.journal.rerun(&id, attempt, req, run.stdout_base + run.stdout_off, run.stderr_base + run.stderr_off)?;
-    jobdir::remove(&agent.backend.job_dir(&id))?;
-    match agent.backend.submit(&id, req, &user).await {
-        Ok(sid) => {
-            agent.journal.set_submitted(&id, sid, &user.name, user.uid, now())?;
-            tracing::warn!(%id, held, slurm_id = sid, "Slurm held the job after a failed launch: submitted it again");
-            report_submitted(agent, &id, sid).await
-        }
-        Err(e) => {
-            let _ = jobdir::remove(&agent.backend.job_dir(&id));
-            let site = &agent.cfg.site;
-            fail_launch(
-                agent,
-                &id,
-                format!(
-                    "fleet: Slurm at {site} held the job after a failed launch, and sbatch refused it again: {e:#}"
-                ),
-            )
-            .await
-        }
-    }
-}
-
 /// Reconcile one job: relay output, report its state, finish it.
 async fn reconcile_run<B: Backend>(
     agent: &Agent<B>,
     tracker: &mut Tracker,
     mut run: Run,
-    req: &fleet_api::JobRequest,
     candidates: &[&NativeJob],
 ) -> Result<()> {
     let site = agent.cfg.site.clone();
@@ -474,13 +424,6 @@ async fn reconcile_run<B: Backend>(
         }
     }
     relay_all(agent, tracker, &mut run).await?;
-    if let Seen::Job(j) = &seen {
-        let n = tracker.resubmitted.get(&run.id).copied().unwrap_or(0);
-        if held_after_failed_launch(j) && n < MAX_RESUBMITS {
-            tracker.resubmitted.insert(run.id.clone(), n + 1);
-            return resubmit_held(agent, run, req, j.native_id).await;
-        }
-    }
     let mut up = match &seen {
         Seen::Job(j) => {
             if j.restarts > run.restarts {
@@ -672,22 +615,6 @@ mod tests {
         assert!(matches!(identify(&run(7, Some(1001)), "alpha", d, &[&other_user]), Seen::Gone(_)));
         let Seen::Gone(why) = identify(&run(7, Some(1001)), "alpha", d, &[]) else { panic!() };
         assert!(why.contains("no longer knows"), "{why}");
-    }
-
-    #[test]
-    fn only_slurms_own_launch_failure_hold_is_released() {
-        let mut j = job(7, "PENDING", 1, 1);
-        j.reason = "JobHeldAdmin".into();
-        j.description = "launch failed requeued held".into();
-        assert!(held_after_failed_launch(&j));
-        // An admin's own hold, a user's hold, a requeue hold: left alone.
-        for d in ["", "job requeued in held state"] {
-            j.description = d.into();
-            assert!(!held_after_failed_launch(&j), "{d:?}");
-        }
-        let mut r = job(7, "RUNNING", 1, 1);
-        r.description = "launch failed requeued held".into();
-        assert!(!held_after_failed_launch(&r));
     }
 
     #[test]
