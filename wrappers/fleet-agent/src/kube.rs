@@ -57,6 +57,13 @@ pub const NATIVE_ID_LABEL: &str = "fleet.io/native-id";
 pub const GPU: &str = "nvidia.com/gpu";
 pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+/// Annotation set when a Job's dependents exist and it was released (or
+/// handed to Kueue): a Job without it is half-made.
+pub const COMPLETE_ANNOTATION: &str = "fleet.io/submitted";
+/// The field selector of pods that hold capacity.
+const BUSY_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
+/// How long the record of a cancelled Job is kept for `accounting`.
+const CANCEL_RECORD_DAYS: u64 = 7;
 const SCRIPT_DIR: &str = "/fleet/job";
 const WORK_DIR: &str = "/fleet/work";
 
@@ -161,10 +168,7 @@ pub fn image_directive(script: &[u8]) -> Option<String> {
         if let Some(rest) = l.strip_prefix("#FLEET") {
             for word in rest.split_whitespace() {
                 if let Some(img) = word.strip_prefix("image=") {
-                    let ok = !img.is_empty()
-                        && img.len() <= 255
-                        && img.chars().all(|c| c.is_ascii_alphanumeric() || "./:-_@".contains(c));
-                    if ok {
+                    if fleet_api::options::check_image(img).is_ok() {
                         return Some(img.to_string());
                     }
                 }
@@ -230,7 +234,16 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     } else {
         d.mem_per_gpu * u64::from(gpus)
     };
-    let image = image_directive(script).unwrap_or_else(|| t.settings.image.clone());
+    // `--fleet-image` wins over `#FLEET image=`, which wins over `KubeImage`.
+    // The option was checked at submission; checked again here, since the
+    // request crossed the network.
+    let image = match &req.fleet.image {
+        Some(img) => {
+            fleet_api::options::check_image(img).map_err(|why| anyhow!("--fleet-image={img:?}: {why}"))?;
+            img.clone()
+        }
+        None => image_directive(script).unwrap_or_else(|| t.settings.image.clone()),
+    };
 
     let mut labels = BTreeMap::from([
         (MANAGED_BY.to_string(), "fleet".to_string()),
@@ -575,6 +588,10 @@ pub struct KubeBackend {
     jobs: Store<Job>,
     pods: Store<Pod>,
     nodes: Store<Node>,
+    /// Every unfinished pod of the cluster (any namespace, a phase field
+    /// selector), watched where the agent's RBAC may list pods cluster-wide:
+    /// what holds capacity. `None`: only this namespace's Fleet pods count.
+    busy: Option<Store<Pod>>,
     next_id: AtomicU64,
     /// Jobs deleted by `cancel`: what `accounting` says of them afterwards.
     cancelled: Mutex<HashMap<u64, NativeJob>>,
@@ -671,6 +688,24 @@ impl KubeBackend {
             .default_backoff()
             .touched_objects();
         tasks.push(tokio::spawn(drain(stream, "Nodes")));
+        // Other tenants' pods hold capacity too: watch every unfinished pod
+        // where the RBAC allows (a finished one leaves the selection, which
+        // the watch reports as its deletion).
+        let all_pods = Api::<Pod>::all(client.clone());
+        let busy = match all_pods.list(&probe).await {
+            Ok(_) => {
+                let (busy, w) = reflector::store();
+                let cfg = watcher::Config::default().fields(BUSY_PODS);
+                let stream = reflector::reflector(w, watcher(all_pods, cfg)).default_backoff().touched_objects();
+                tasks.push(tokio::spawn(drain(stream, "Pods (all namespaces)")));
+                Some(busy)
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::info!("may not list pods in every namespace: capacity counts Fleet's pods in {ns} only");
+                None
+            }
+            Err(e) => return Err(anyhow!("listing pods in every namespace: {e}")),
+        };
         let b = KubeBackend {
             client,
             settings,
@@ -679,6 +714,7 @@ impl KubeBackend {
             jobs,
             pods,
             nodes,
+            busy,
             next_id: AtomicU64::new(0),
             cancelled: Mutex::default(),
             follow: Arc::default(),
@@ -689,8 +725,12 @@ impl KubeBackend {
         let ready = async {
             b.jobs.wait_until_ready().await?;
             b.pods.wait_until_ready().await?;
+            if let Some(busy) = &b.busy {
+                busy.wait_until_ready().await?;
+            }
             b.nodes.wait_until_ready().await
         };
+        b.forget_old_cancels();
         match tokio::time::timeout(Duration::from_secs(30), ready).await {
             Ok(r) => r.context("the watches stopped before their first list")?,
             Err(_) => bail!(
@@ -719,6 +759,54 @@ impl KubeBackend {
             match self.next_id.compare_exchange(cur, next, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => return next,
                 Err(c) => cur = c,
+            }
+        }
+    }
+
+    fn cancel_dir(&self) -> PathBuf {
+        self.spool.join("kube-cancelled")
+    }
+
+    /// Records that this agent cancelled (deleted) a Job: the identity the
+    /// tracker checks (submit time, owner, nodes), one small file per Job.
+    fn write_cancel_record(&self, nj: &NativeJob) -> Result<()> {
+        let dir = self.cancel_dir();
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let rec = json!({"submit_time": nj.submit_time, "user_id": nj.user_id, "node_list": nj.node_list,
+                         "partition": nj.partition});
+        let tmp = dir.join(format!(".{}.tmp", nj.native_id));
+        std::fs::write(&tmp, rec.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, dir.join(nj.native_id.to_string())).context("recording the cancel")?;
+        Ok(())
+    }
+
+    /// The job as `cancel` left it, from its record (a previous life of the agent).
+    fn cancel_record(&self, native_id: u64) -> Option<NativeJob> {
+        let path = self.cancel_dir().join(native_id.to_string());
+        let text = {
+            use std::io::Read;
+            let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path).ok()?;
+            let mut buf = Vec::new();
+            f.take(4096).read_to_end(&mut buf).ok()?;
+            buf
+        };
+        let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        let mut nj = NativeJob::new(native_id, "CANCELLED");
+        nj.submit_time = v["submit_time"].as_i64();
+        nj.user_id = v["user_id"].as_u64().and_then(|u| u32::try_from(u).ok());
+        nj.node_list = v["node_list"].as_str().unwrap_or("").to_string();
+        nj.partition = v["partition"].as_str().unwrap_or("").to_string();
+        Some(nj)
+    }
+
+    /// Drops cancel records older than a week (the tracker has long reported them).
+    fn forget_old_cancels(&self) {
+        let Ok(rd) = std::fs::read_dir(self.cancel_dir()) else { return };
+        let max = Duration::from_secs(CANCEL_RECORD_DAYS * 86400);
+        for e in rd.flatten() {
+            let old = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+            if old.is_some_and(|a| a > max) {
+                let _ = std::fs::remove_file(e.path());
             }
         }
     }
@@ -859,7 +947,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 
 /// Capacity from Nodes (allocatable GPUs, the product label, MIG
 /// resources) minus what running pods hold (pure).
-pub fn capacity_of(nodes: &[Arc<Node>], pods: &[Pod]) -> Vec<NodeCapacity> {
+pub fn capacity_of(nodes: &[Arc<Node>], pods: &[Arc<Pod>]) -> Vec<NodeCapacity> {
     let qty = |q: &Quantity| -> f64 { parse_quantity(&q.0).unwrap_or(0.0) };
     let mut used: HashMap<String, BTreeMap<String, f64>> = HashMap::new();
     for p in pods {
@@ -974,13 +1062,12 @@ impl Backend for KubeBackend {
     }
 
     async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)> {
-        // Every pod holds capacity, not only Fleet's: list them all where
-        // the agent's RBAC allows it, else only its namespace's.
-        let all: Api<Pod> = Api::all(self.client.clone());
-        let pods = match all.list(&ListParams::default()).await {
-            Ok(l) => l.items,
-            Err(kube::Error::Api(s)) if s.code == 403 => self.pods.state().iter().map(|p| (**p).clone()).collect(),
-            Err(e) => return Err(e).context("listing pods"),
+        // Every pod holds capacity, not only Fleet's: the watched cache of
+        // all unfinished pods where the agent's RBAC allows it, else its
+        // namespace's (no list per heartbeat).
+        let pods = match &self.busy {
+            Some(busy) => busy.state(),
+            None => self.pods.state(),
         };
         // Forget the log followers of Jobs Kubernetes no longer has.
         let ids: std::collections::HashSet<String> = self
@@ -1069,12 +1156,17 @@ impl Backend for KubeBackend {
                     .await
                     .context("creating the headless Service")?;
             }
+            // Released (or left suspended for Kueue), and marked whole: what
+            // `find_submitted` adopts after a crash; a Job without the mark
+            // is half-made and deleted there.
+            let mut patch = json!({"metadata": {"annotations": {COMPLETE_ANNOTATION: "true"}}});
             if self.settings.queue.is_none() {
-                Api::<Job>::namespaced(self.client.clone(), ns)
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"suspend": false}})))
-                    .await
-                    .context("releasing the Job")?;
+                patch["spec"] = json!({"suspend": false});
             }
+            Api::<Job>::namespaced(self.client.clone(), ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .context("releasing the Job")?;
             anyhow::Ok(())
         }
         .await;
@@ -1092,7 +1184,7 @@ impl Backend for KubeBackend {
         for &nid in native_ids {
             // Deleted by `cancel`: `accounting` reports it, whatever a
             // lagging watch still holds.
-            if self.cancelled.lock().contains_key(&nid) {
+            if self.cancelled.lock().contains_key(&nid) || self.cancel_dir().join(nid.to_string()).exists() {
                 continue;
             }
             let name = job_name(nid);
@@ -1139,17 +1231,45 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
-    /// Not yet: Jobs carry the fleet id as a label, but their names are
-    /// minted per submission, so an agent killed between creating a Job and
-    /// journaling its name creates a second one on retry (the Slurm
-    /// backend adopts the first). Known gap (issue 10).
-    async fn find_submitted(&self, _id: &str, _uid: u32, _since: f64) -> Result<Vec<NativeJob>> {
-        Ok(Vec::new())
+    /// The Jobs an interrupted submission of fleet job `id` left: listed
+    /// by the fleet id label (the exact id in the annotation), run as `uid`,
+    /// created since `since`. A Job created but never marked submitted (the
+    /// agent died before its ConfigMap or its release) is deleted rather
+    /// than adopted: it could never run.
+    async fn find_submitted(&self, id: &str, uid: u32, since: f64) -> Result<Vec<NativeJob>> {
+        let api: Api<Job> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let sel = format!("{MANAGED_BY}=fleet,{JOB_ID_LABEL}={}", label_value(id));
+        let listed = api.list(&ListParams::default().labels(&sel)).await.context("listing Fleet's Jobs")?;
+        let mut out = Vec::new();
+        for job in listed.items {
+            let ann = job.metadata.annotations.clone().unwrap_or_default();
+            if ann.get("fleet.io/job-id").map(String::as_str) != Some(id) {
+                continue;
+            }
+            let nj = native_state(&job, &[]);
+            if nj.user_id != Some(uid) || nj.submit_time.is_none_or(|t| (t as f64) < since - 2.0) {
+                continue;
+            }
+            let name = job.metadata.name.clone().unwrap_or_default();
+            if ann.get(COMPLETE_ANNOTATION).map(String::as_str) != Some("true") {
+                tracing::warn!(%id, job = %name, "deleting a Job an interrupted submission left half-made");
+                match api.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e).with_context(|| format!("deleting the half-made Job {name}")),
+                }
+                continue;
+            }
+            let pods = self.pods_of(&name);
+            let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+            out.push(native_state(&job, &refs));
+        }
+        Ok(out)
     }
 
     async fn accounting(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>> {
         let c = self.cancelled.lock();
-        Ok(native_ids.iter().filter_map(|i| c.get(i).cloned()).collect())
+        Ok(native_ids.iter().filter_map(|i| c.get(i).cloned().or_else(|| self.cancel_record(*i))).collect())
     }
 
     async fn stand_ins(&self, _partition: &str) -> Result<Vec<NativeJob>> {
@@ -1169,6 +1289,9 @@ impl Backend for KubeBackend {
         nj.state = JobState::Cancelled;
         nj.raw_state = "CANCELLED".into();
         nj.exit_code = None;
+        // Kept on disk before the delete: an agent restarted after it still
+        // reports the job cancelled (Kubernetes forgets a deleted Job).
+        self.write_cancel_record(&nj)?;
         match api.delete(&name, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -1368,6 +1491,29 @@ mod tests {
     }
 
     #[test]
+    fn the_image_is_the_option_else_the_directive_else_the_sites() {
+        let image = |r: &JobRequest| {
+            let (u, s) = (user(), settings());
+            let t =
+                Translate { site: "gamma", fleet_id: "beta-7", native_id: 42, user: &u, settings: &s, products: &[] };
+            translate(&t, r).map(|o| {
+                serde_json::to_value(&o.job).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"].clone()
+            })
+        };
+        let mut r = req(&[], None);
+        assert_eq!(image(&r).unwrap(), "nvcr.io/nvidia/pytorch:24.05-py3");
+        r.fleet.image = Some("ghcr.io/lab/train:v2".into());
+        assert_eq!(image(&r).unwrap(), "ghcr.io/lab/train:v2");
+        r.script = Some(b"#!/bin/bash\necho\n".to_vec());
+        r.fleet.image = None;
+        assert_eq!(image(&r).unwrap(), "ubuntu:24.04");
+        // A hostile value that reached the agent anyway is refused, named.
+        r.fleet.image = Some("x;reboot".into());
+        let e = image(&r).unwrap_err().to_string();
+        assert!(e.contains("--fleet-image=\"x;reboot\"") && e.contains("';' is not allowed"), "{e}");
+    }
+
+    #[test]
     fn names_and_directives() {
         for (p, t) in [
             ("NVIDIA-H100-80GB-HBM3", "h100"),
@@ -1513,7 +1659,7 @@ mod tests {
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}, "status": {"phase": "Running"}})).unwrap();
         let done: Pod = serde_json::from_value(json!({"metadata": {"name": "y"}, "spec": {"nodeName": "h0",
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "5"}}}]}, "status": {"phase": "Succeeded"}})).unwrap();
-        let c = capacity_of(&nodes, &[busy, done]);
+        let c = capacity_of(&nodes, &[Arc::new(busy), Arc::new(done)]);
         assert_eq!(
             (c[0].gpu_type.as_deref(), c[0].gpus_total, c[0].gpus_free, c[0].state.as_str()),
             (Some("h100"), 8, 5, "mixed")
