@@ -272,7 +272,11 @@ fn start_latencies(lab: &Lab, dir: &std::path::Path, args: &[&str], n: usize) ->
         let id = lab.sbatch("beta", &a, &script("date +%s.%N")).expect("sbatch");
         lab.wait_done("beta", id, T).unwrap();
         let text = wait_file(&dir.join(&file), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap();
-        let started: f64 = String::from_utf8_lossy(&text).trim().parse().expect("the script's start time");
+        let text = String::from_utf8_lossy(&text);
+        let started: f64 = text
+            .lines()
+            .find_map(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no start time in the output: {text:?}"));
         out.push(started - t0);
     }
     out

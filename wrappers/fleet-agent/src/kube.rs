@@ -82,6 +82,29 @@ pub struct KubeSettings {
     pub queue: Option<String>,
     /// `KubeServiceAccount`: the pods' service account (no token mounted).
     pub service_account: Option<String>,
+    /// `KubeAccountNamespaces`: account (lower case) -> the namespace its
+    /// jobs run in; other jobs run in `namespace`.
+    pub account_namespaces: BTreeMap<String, String>,
+}
+
+impl KubeSettings {
+    /// The namespace of a job charged to `account`.
+    pub fn namespace_for(&self, account: Option<&str>) -> &str {
+        account
+            .and_then(|a| self.account_namespaces.get(&a.to_ascii_lowercase()))
+            .map_or(self.namespace.as_str(), String::as_str)
+    }
+
+    /// Every namespace the agent works in (its RBAC's scope): `namespace` first.
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut out = vec![self.namespace.clone()];
+        for ns in self.account_namespaces.values() {
+            if !out.contains(ns) {
+                out.push(ns.clone());
+            }
+        }
+        out
+    }
 }
 
 /// What [`translate`] needs besides the request.
@@ -214,7 +237,7 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     let script = req.script.as_deref().ok_or_else(|| anyhow!("job {} carries no script", t.fleet_id))?;
     let d = Demand::of(req);
     let name = job_name(t.native_id);
-    let ns = t.settings.namespace.clone();
+    let ns = t.settings.namespace_for(t.user.account.as_deref().or(req.account.as_deref())).to_string();
     let nodes = d.min_nodes.max(1);
     if nodes > 1024 {
         bail!("{nodes} nodes: more than an Indexed Job of this backend runs (1024)");
@@ -585,8 +608,9 @@ pub struct KubeBackend {
     pub settings: KubeSettings,
     pub site: String,
     pub spool: PathBuf,
-    jobs: Store<Job>,
-    pods: Store<Pod>,
+    /// Fleet's Jobs and Pods, one watched store per namespace.
+    jobs: Vec<Store<Job>>,
+    pods: Vec<Store<Pod>>,
     nodes: Store<Node>,
     /// Every unfinished pod of the cluster (any namespace, a phase field
     /// selector), watched where the agent's RBAC may list pods cluster-wide:
@@ -636,53 +660,61 @@ impl KubeBackend {
         site: &str,
         spool: PathBuf,
     ) -> Result<KubeBackend> {
-        let ns = settings.namespace.clone();
         let sel = format!("{MANAGED_BY}=fleet");
         // Fail fast, with the API server's words, where the RBAC falls
         // short (the watches would only retry).
         let probe = ListParams::default().limit(1);
         let denied = |what: &str, e: ::kube::Error| anyhow!("the agent may not list {what}: {e}");
-        Api::<Job>::namespaced(client.clone(), &ns)
-            .list(&probe)
-            .await
-            .map_err(|e| denied(&format!("Jobs in namespace {ns}"), e))?;
-        Api::<Pod>::namespaced(client.clone(), &ns)
-            .list(&probe)
-            .await
-            .map_err(|e| denied(&format!("Pods in namespace {ns}"), e))?;
+        for ns in settings.namespaces() {
+            Api::<Job>::namespaced(client.clone(), &ns)
+                .list(&probe)
+                .await
+                .map_err(|e| denied(&format!("Jobs in namespace {ns}"), e))?;
+            Api::<Pod>::namespaced(client.clone(), &ns)
+                .list(&probe)
+                .await
+                .map_err(|e| denied(&format!("Pods in namespace {ns}"), e))?;
+        }
         Api::<Node>::all(client.clone()).list(&probe).await.map_err(|e| denied("Nodes", e))?;
         let lag: Arc<Mutex<Lag>> = Arc::default();
         let mut tasks = Vec::new();
-        let (jobs, w) = reflector::store();
-        let lag2 = lag.clone();
-        let stream = reflector::reflector(
-            w,
-            watcher(Api::<Job>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
-        )
-        .default_backoff()
-        .applied_objects();
-        tasks.push(tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(job) => {
-                        let mut l = lag2.lock();
-                        if let Some(t) = job.metadata.name.as_ref().and_then(|n| l.created.remove(n)) {
-                            l.lags.push(t.elapsed());
+        // One watch of Fleet's Jobs and one of its Pods per namespace (the
+        // RBAC grants namespaces, not the cluster).
+        let (mut jobs, mut pods) = (Vec::new(), Vec::new());
+        for ns in settings.namespaces() {
+            let (store, w) = reflector::store();
+            jobs.push(store);
+            let lag2 = lag.clone();
+            let stream = reflector::reflector(
+                w,
+                watcher(Api::<Job>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
+            )
+            .default_backoff()
+            .applied_objects();
+            tasks.push(tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        Ok(job) => {
+                            let mut l = lag2.lock();
+                            if let Some(t) = job.metadata.name.as_ref().and_then(|n| l.created.remove(n)) {
+                                l.lags.push(t.elapsed());
+                            }
                         }
+                        Err(e) => tracing::warn!("watching Jobs: {e}"),
                     }
-                    Err(e) => tracing::warn!("watching Jobs: {e}"),
                 }
-            }
-        }));
-        let (pods, w) = reflector::store();
-        let stream = reflector::reflector(
-            w,
-            watcher(Api::<Pod>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
-        )
-        .default_backoff()
-        .touched_objects();
-        tasks.push(tokio::spawn(drain(stream, "Pods")));
+            }));
+            let (store, w) = reflector::store();
+            pods.push(store);
+            let stream = reflector::reflector(
+                w,
+                watcher(Api::<Pod>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
+            )
+            .default_backoff()
+            .touched_objects();
+            tasks.push(tokio::spawn(drain(stream, "Pods")));
+        }
         let (nodes, w) = reflector::store();
         let stream = reflector::reflector(w, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
             .default_backoff()
@@ -701,7 +733,10 @@ impl KubeBackend {
                 Some(busy)
             }
             Err(kube::Error::Api(s)) if s.code == 403 => {
-                tracing::info!("may not list pods in every namespace: capacity counts Fleet's pods in {ns} only");
+                tracing::info!(
+                    "may not list pods in every namespace: capacity counts Fleet's pods in {} only",
+                    settings.namespaces().join(", ")
+                );
                 None
             }
             Err(e) => return Err(anyhow!("listing pods in every namespace: {e}")),
@@ -723,8 +758,12 @@ impl KubeBackend {
             tasks,
         };
         let ready = async {
-            b.jobs.wait_until_ready().await?;
-            b.pods.wait_until_ready().await?;
+            for s in &b.jobs {
+                s.wait_until_ready().await?;
+            }
+            for s in &b.pods {
+                s.wait_until_ready().await?;
+            }
             if let Some(busy) = &b.busy {
                 busy.wait_until_ready().await?;
             }
@@ -734,8 +773,8 @@ impl KubeBackend {
         match tokio::time::timeout(Duration::from_secs(30), ready).await {
             Ok(r) => r.context("the watches stopped before their first list")?,
             Err(_) => bail!(
-                "no first list of Jobs, Pods and Nodes in namespace {} within 30 s: check the API server and the agent's RBAC",
-                b.settings.namespace
+                "no first list of Jobs, Pods and Nodes in namespace(s) {} within 30 s: check the API server and the agent's RBAC",
+                b.settings.namespaces().join(", ")
             ),
         }
         Ok(b)
@@ -761,6 +800,71 @@ impl KubeBackend {
                 Err(c) => cur = c,
             }
         }
+    }
+
+    fn all_jobs(&self) -> Vec<Arc<Job>> {
+        self.jobs.iter().flat_map(|s| s.state()).collect()
+    }
+
+    fn all_pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.iter().flat_map(|s| s.state()).collect()
+    }
+
+    /// The namespace of Fleet's Job `name`: where the watch saw it, else
+    /// where the API server has it (just created, or the watch lags).
+    async fn namespace_of(&self, name: &str) -> Result<Option<String>> {
+        if let Some(ns) = self
+            .all_jobs()
+            .iter()
+            .find(|j| j.metadata.name.as_deref() == Some(name))
+            .and_then(|j| j.metadata.namespace.clone())
+        {
+            return Ok(Some(ns));
+        }
+        for ns in self.settings.namespaces() {
+            if Api::<Job>::namespaced(self.client.clone(), &ns).get_opt(name).await?.is_some() {
+                return Ok(Some(ns));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Of `listed` (Fleet's Jobs of fleet job `id` in one namespace), those
+    /// an interrupted submission as `uid` since `since` made whole, into
+    /// `out`; half-made ones are deleted.
+    async fn adoptable_in(
+        &self,
+        api: &Api<Job>,
+        listed: Vec<Job>,
+        id: &str,
+        uid: u32,
+        since: f64,
+        out: &mut Vec<NativeJob>,
+    ) -> Result<()> {
+        for job in listed {
+            let ann = job.metadata.annotations.clone().unwrap_or_default();
+            if ann.get("fleet.io/job-id").map(String::as_str) != Some(id) {
+                continue;
+            }
+            let nj = native_state(&job, &[]);
+            if nj.user_id != Some(uid) || nj.submit_time.is_none_or(|t| (t as f64) < since - 2.0) {
+                continue;
+            }
+            let name = job.metadata.name.clone().unwrap_or_default();
+            if ann.get(COMPLETE_ANNOTATION).map(String::as_str) != Some("true") {
+                tracing::warn!(%id, job = %name, "deleting a Job an interrupted submission left half-made");
+                match api.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e).with_context(|| format!("deleting the half-made Job {name}")),
+                }
+                continue;
+            }
+            let pods = self.pods_of(&name);
+            let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+            out.push(native_state(&job, &refs));
+        }
+        Ok(())
     }
 
     fn cancel_dir(&self) -> PathBuf {
@@ -816,8 +920,7 @@ impl KubeBackend {
     }
 
     fn pods_of(&self, name: &str) -> Vec<Arc<Pod>> {
-        self.pods
-            .state()
+        self.all_pods()
             .into_iter()
             .filter(|p| {
                 p.metadata.labels.as_ref().and_then(|l| l.get("batch.kubernetes.io/job-name")).map(String::as_str)
@@ -849,7 +952,8 @@ impl KubeBackend {
             }
             all_done = false;
             entry.pods.insert(uid.clone(), false);
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+            let pod_ns = p.metadata.namespace.clone().unwrap_or_else(|| self.settings.namespace.clone());
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod_ns);
             let out = self.output_paths(fleet_id).stdout;
             let mark = self.job_dir(fleet_id).join(format!(".log-{}", label_value(&uid)));
             let follow = self.follow.clone();
@@ -1067,21 +1171,19 @@ impl Backend for KubeBackend {
         // namespace's (no list per heartbeat).
         let pods = match &self.busy {
             Some(busy) => busy.state(),
-            None => self.pods.state(),
+            None => self.all_pods(),
         };
         // Forget the log followers of Jobs Kubernetes no longer has.
         let ids: std::collections::HashSet<String> = self
-            .jobs
-            .state()
+            .all_jobs()
             .iter()
             .filter_map(|j| j.metadata.annotations.as_ref()?.get("fleet.io/job-id").cloned())
             .collect();
         self.follow.lock().retain(|id, f| ids.contains(id) || f.pods.values().any(|done| !done));
         // The queue: Fleet's unfinished Jobs, running when a pod of theirs runs.
-        let live = self.pods.state();
+        let live = self.all_pods();
         let (mut pending, mut running) = (0, 0);
-        for j in
-            self.jobs.state().iter().filter(|j| has_true(j, "Complete").is_none() && has_true(j, "Failed").is_none())
+        for j in self.all_jobs().iter().filter(|j| has_true(j, "Complete").is_none() && has_true(j, "Failed").is_none())
         {
             let name = j.metadata.name.as_deref().unwrap_or("");
             let runs = live.iter().any(|p| {
@@ -1105,7 +1207,8 @@ impl Backend for KubeBackend {
         }
         crate::jobdir::create(&dir, agent_uid())?;
         let products = self.products();
-        let ns = &self.settings.namespace;
+        // translate() puts the objects in the same namespace.
+        let ns = &self.settings.namespace_for(user.account.as_deref().or(req.account.as_deref())).to_string();
         let mut tries = 0;
         let (native_id, objects, job) = loop {
             let native_id = self.mint_id();
@@ -1180,7 +1283,7 @@ impl Backend for KubeBackend {
 
     async fn status(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>> {
         let mut out = Vec::new();
-        let jobs = self.jobs.state();
+        let jobs = self.all_jobs();
         for &nid in native_ids {
             // Deleted by `cancel`: `accounting` reports it, whatever a
             // lagging watch still holds.
@@ -1192,7 +1295,8 @@ impl Backend for KubeBackend {
                 Some(j) => (**j).clone(),
                 // Not in the watch yet (just created) or gone: ask once.
                 None => {
-                    match Api::<Job>::namespaced(self.client.clone(), &self.settings.namespace).get_opt(&name).await? {
+                    let Some(ns) = self.namespace_of(&name).await? else { continue };
+                    match Api::<Job>::namespaced(self.client.clone(), &ns).get_opt(&name).await? {
                         Some(j) => j,
                         None => continue,
                     }
@@ -1218,7 +1322,8 @@ impl Backend for KubeBackend {
                     if still_running && has_true(&job, "Complete").is_none() && has_true(&job, "Failed").is_none() {
                         // Fatal for Fleet (image pull, eviction) while
                         // Kubernetes would keep trying: stop it here.
-                        let _ = Api::<Job>::namespaced(self.client.clone(), &self.settings.namespace)
+                        let ns = job.metadata.namespace.clone().unwrap_or_else(|| self.settings.namespace.clone());
+                        let _ = Api::<Job>::namespaced(self.client.clone(), &ns)
                             .delete(&name, &DeleteParams::background())
                             .await;
                     }
@@ -1237,32 +1342,12 @@ impl Backend for KubeBackend {
     /// agent died before its ConfigMap or its release) is deleted rather
     /// than adopted: it could never run.
     async fn find_submitted(&self, id: &str, uid: u32, since: f64) -> Result<Vec<NativeJob>> {
-        let api: Api<Job> = Api::namespaced(self.client.clone(), &self.settings.namespace);
         let sel = format!("{MANAGED_BY}=fleet,{JOB_ID_LABEL}={}", label_value(id));
-        let listed = api.list(&ListParams::default().labels(&sel)).await.context("listing Fleet's Jobs")?;
         let mut out = Vec::new();
-        for job in listed.items {
-            let ann = job.metadata.annotations.clone().unwrap_or_default();
-            if ann.get("fleet.io/job-id").map(String::as_str) != Some(id) {
-                continue;
-            }
-            let nj = native_state(&job, &[]);
-            if nj.user_id != Some(uid) || nj.submit_time.is_none_or(|t| (t as f64) < since - 2.0) {
-                continue;
-            }
-            let name = job.metadata.name.clone().unwrap_or_default();
-            if ann.get(COMPLETE_ANNOTATION).map(String::as_str) != Some("true") {
-                tracing::warn!(%id, job = %name, "deleting a Job an interrupted submission left half-made");
-                match api.delete(&name, &DeleteParams::background()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e).with_context(|| format!("deleting the half-made Job {name}")),
-                }
-                continue;
-            }
-            let pods = self.pods_of(&name);
-            let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-            out.push(native_state(&job, &refs));
+        for ns in self.settings.namespaces() {
+            let api: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+            let listed = api.list(&ListParams::default().labels(&sel)).await.context("listing Fleet's Jobs")?;
+            self.adoptable_in(&api, listed.items, id, uid, since, &mut out).await?;
         }
         Ok(out)
     }
@@ -1279,7 +1364,8 @@ impl Backend for KubeBackend {
 
     async fn cancel(&self, native_id: u64, _user: &str) -> Result<()> {
         let name = job_name(native_id);
-        let api: Api<Job> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let Some(ns) = self.namespace_of(&name).await? else { return Ok(()) };
+        let api: Api<Job> = Api::namespaced(self.client.clone(), &ns);
         let before = api.get_opt(&name).await?;
         let Some(job) = before else { return Ok(()) };
         if job.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY)).map(String::as_str) != Some("fleet") {
@@ -1295,7 +1381,11 @@ impl Backend for KubeBackend {
         match api.delete(&name, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e).with_context(|| format!("deleting Job {name}")),
+            Err(e) => {
+                // Not deleted: it runs on, and must be reported as running.
+                let _ = std::fs::remove_file(self.cancel_dir().join(native_id.to_string()));
+                return Err(e).with_context(|| format!("deleting Job {name}"));
+            }
         }
         self.cancelled.lock().insert(native_id, nj);
         Ok(())
@@ -1347,8 +1437,9 @@ pub async fn check(
     }
     let gpus: Vec<String> = types.iter().map(|(t, n)| format!("{n}×{t}")).collect();
     Ok(format!(
-        "namespace {}: {} nodes, GPUs {}; Fleet's Jobs: {running} running, {pending} pending; image {}{}",
-        settings.namespace,
+        "namespace{} {}: {} nodes, GPUs {}; Fleet's Jobs: {running} running, {pending} pending; image {}{}",
+        if settings.namespaces().len() > 1 { "s" } else { "" },
+        settings.namespaces().join(", "),
         nodes.len(),
         if gpus.is_empty() { "none".to_string() } else { gpus.join(", ") },
         settings.image,
@@ -1378,6 +1469,7 @@ mod tests {
             image: "ubuntu:24.04".into(),
             queue: None,
             service_account: None,
+            account_namespaces: BTreeMap::new(),
         }
     }
 
