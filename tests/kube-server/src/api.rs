@@ -335,7 +335,7 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
                         if e.kind != kind || ns.as_ref().is_some_and(|n| *n != e.ns) {
                             continue;
                         }
-                        let was = e.prev.as_ref().map(|p| matches(p));
+                        let was = e.prev.as_ref().map(&matches);
                         match (matches(&e.obj), was) {
                             (true, Some(false)) => out.push(watch_event("ADDED", &e.obj)),
                             (true, _) => out.push(watch_event(e.typ, &e.obj)),

@@ -1606,6 +1606,28 @@ mod tests {
     }
 
     #[test]
+    fn a_job_runs_in_its_accounts_namespace() {
+        let mut s = settings();
+        s.account_namespaces = [("ml".to_string(), "team-ml".to_string())].into();
+        assert_eq!(s.namespace_for(Some("ML")), "team-ml");
+        assert_eq!(s.namespace_for(Some("cv")), "fleet");
+        assert_eq!(s.namespace_for(None), "fleet");
+        assert_eq!(s.namespaces(), vec!["fleet", "team-ml"]);
+        let ml = LocalUser { account: Some("ml".into()), ..user() };
+        let t = Translate { site: "gamma", fleet_id: "beta-7", native_id: 42, user: &ml, settings: &s, products: &[] };
+        let o = translate(&t, &req(&[], None)).unwrap();
+        assert_eq!(o.job.metadata.namespace.as_deref(), Some("team-ml"));
+        assert_eq!(o.script.metadata.namespace.as_deref(), Some("team-ml"));
+        let env = serde_json::to_value(&o.job).unwrap()["spec"]["template"]["spec"]["containers"][0]["env"].clone();
+        assert!(env.as_array().unwrap().iter().any(|e| e["name"] == "SLURM_JOB_PARTITION" && e["value"] == "team-ml"));
+        // The job's own -A counts where the identity map names no account.
+        let r = JobRequest { account: Some("ml".into()), ..req(&[], None) };
+        let u = user();
+        let t = Translate { user: &u, ..t };
+        assert_eq!(translate(&t, &r).unwrap().job.metadata.namespace.as_deref(), Some("team-ml"));
+    }
+
+    #[test]
     fn names_and_directives() {
         for (p, t) in [
             ("NVIDIA-H100-80GB-HBM3", "h100"),
