@@ -490,15 +490,22 @@ fn free_matching(c: &ClusterSummary, job: &JobRequest) -> u32 {
     }
 }
 
+/// The lowest known price of the GPUs `job` could use at `c` (away from home).
+fn cheapest_price(c: &ClusterSummary, job: &JobRequest) -> Option<f64> {
+    let want = job.gpu_type();
+    c.gpus
+        .iter()
+        .filter(|p| type_matches(want, &p.gpu_type, false))
+        .filter_map(|p| p.price_per_gpu_hour)
+        .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p))))
+}
+
 /// `--fleet-max-price` against a non-origin cluster: `Err` why not.
 fn price_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
     let Some(max) = job.fleet.max_price else {
         return Ok(());
     };
-    let want = job.gpu_type();
-    let prices: Vec<f64> =
-        c.gpus.iter().filter(|p| type_matches(want, &p.gpu_type, false)).filter_map(|p| p.price_per_gpu_hour).collect();
-    match prices.iter().copied().fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p)))) {
+    match cheapest_price(c, job) {
         None => Err(format!("no price known, --fleet-max-price={max} needs one")),
         Some(p) if p > max => Err(format!("{p:.2} USD/GPU-h is above --fleet-max-price={max}")),
         Some(_) => Ok(()),
@@ -577,11 +584,23 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
             return (Placement::Home { reason: "the origin can run it".into() }, excluded);
         }
     }
-    // Most free matching GPUs; ties broken by name for determinism.
+    // Of the clusters that can start it now, the cheapest where the view
+    // has prices (the meta-scheduler's model: a costlier cluster beside a
+    // cheaper one with room gets the job only when the cheaper one is
+    // full), then the most free matching GPUs; ties broken by name.
+    let need = job.total_gpus();
+    let price = |c: &ClusterSummary| cheapest_price(c, job).unwrap_or(f64::INFINITY);
     let best = feasible
         .iter()
         .filter(|c| c.name != job.origin)
-        .max_by(|a, b| free_matching(a, job).cmp(&free_matching(b, job)).then_with(|| b.name.cmp(&a.name)))
+        .max_by(|a, b| {
+            let (fa, fb) = (free_matching(a, job), free_matching(b, job));
+            (fa >= need)
+                .cmp(&(fb >= need))
+                .then_with(|| price(b).total_cmp(&price(a)))
+                .then_with(|| fa.cmp(&fb))
+                .then_with(|| b.name.cmp(&a.name))
+        })
         .expect("feasible holds a non-origin cluster when the origin was not chosen");
     let reason = format!("{} free matching GPUs at {}", free_matching(best, job), best.name);
     (Placement::Remote { target: best.name.clone(), reason }, excluded)
@@ -827,6 +846,24 @@ mod tests {
         });
         v.clusters.push(k);
         v
+    }
+
+    #[test]
+    fn of_the_clusters_that_can_start_it_now_the_cheapest_wins() {
+        let mut v = with_mig();
+        v.clusters[0].gpus[0].price_per_gpu_hour = Some(1.49); // alpha
+        v.clusters[2].gpus[0].price_per_gpu_hour = Some(2.49); // kube
+                                                               // alpha busier than kube but able to start it: alpha, the cheaper.
+        v.clusters[0].gpus[0].free = 8;
+        check(&v, "beta", "--gres=gpu:h100:8", "alpha", Some(1));
+        // alpha cannot start it now: kube, which can.
+        v.clusters[0].gpus[0].free = 4;
+        check(&v, "beta", "--gres=gpu:h100:8", "kube", Some(1));
+        // Without prices, the most free GPUs, as before.
+        v.clusters[0].gpus[0].free = 8;
+        v.clusters[0].gpus[0].price_per_gpu_hour = None;
+        v.clusters[2].gpus[0].price_per_gpu_hour = None;
+        check(&v, "beta", "--gres=gpu:h100:8", "kube", Some(1));
     }
 
     #[test]
