@@ -19,6 +19,16 @@ use anyhow::{bail, Context, Result};
 pub const USER: &str = "alice";
 /// A second researcher, for isolation tests.
 pub const OTHER_USER: &str = "bob";
+/// The lab's Kubernetes cluster (`FLEET_LAB_KUBE=1`, the harness's default).
+pub const KUBE: &str = "kube-gamma";
+/// The namespace kube-gamma's agent works in.
+pub const KUBE_NAMESPACE: &str = "fleet";
+
+/// Whether the lab the harness starts includes kube-gamma: `FLEET_LAB_KUBE`,
+/// `1` unless set otherwise (`make test` exports it too).
+fn kube_wanted() -> bool {
+    std::env::var("FLEET_LAB_KUBE").map_or(true, |v| v == "1")
+}
 
 pub struct Lab {
     pub root: PathBuf,
@@ -52,17 +62,16 @@ impl Lab {
         (Lab::get(), g)
     }
 
+    /// The Slurm clusters answer. A lab that is up without kube-gamma is
+    /// left as it is (never torn down for it): the Kubernetes tests then
+    /// fail in [`Lab::require_kube`], saying how to bring it up.
     fn is_up(&self) -> bool {
         ["alpha", "beta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
             && self.cmd("beta", "sinfo", &["-h"]).map(|o| o.status.success()).unwrap_or(false)
     }
 
     pub fn lab_sh(&self, args: &[&str]) -> Result<Output> {
-        Command::new(self.repo.join("tests/lab/lab.sh"))
-            .args(args)
-            .env("FLEET_LAB_DIR", &self.root)
-            .output()
-            .context("running lab.sh")
+        self.lab_sh_env(&[], args)
     }
 
     /// [`Lab::lab_sh`] with extra environment (e.g. an agent fault point).
@@ -70,9 +79,47 @@ impl Lab {
         Command::new(self.repo.join("tests/lab/lab.sh"))
             .args(args)
             .env("FLEET_LAB_DIR", &self.root)
+            .env("FLEET_LAB_KUBE", if kube_wanted() { "1" } else { "0" })
             .envs(env.iter().copied())
             .output()
             .context("running lab.sh")
+    }
+
+    /// The kubeconfig of kube-gamma's administrator (every namespace).
+    pub fn kube_admin_config(&self) -> PathBuf {
+        self.root.join(KUBE).join("admin.kubeconfig")
+    }
+
+    /// Fails the calling test (never skips it) unless the lab has kube-gamma
+    /// with its agent running.
+    pub fn require_kube(&self) {
+        let pid = std::fs::read_to_string(self.root.join(KUBE).join("run/agent.pid")).unwrap_or_default();
+        let agent_up = !pid.trim().is_empty() && Path::new(&format!("/proc/{}", pid.trim())).exists();
+        assert!(
+            self.kube_admin_config().exists() && agent_up,
+            "the lab at {} has no {KUBE} (or its agent is down): bring it up with FLEET_LAB_KUBE=1 \
+             (tests/lab/run-tests.sh and the harness do by default)",
+            self.root.display()
+        );
+    }
+
+    /// `kubectl <args>` against kube-gamma as its administrator:
+    /// (success, stdout, stderr).
+    pub fn kubectl(&self, args: &[&str]) -> (bool, String, String) {
+        match Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.kube_admin_config())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(o) => (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            ),
+            Err(e) => (false, String::new(), format!("cannot run kubectl: {e}")),
+        }
     }
 
     pub fn slurm_conf(&self, cluster: &str) -> PathBuf {

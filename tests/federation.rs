@@ -621,7 +621,12 @@ fn a_job_only_a_silent_cluster_can_run_waits_for_it() {
     std::thread::sleep(Duration::from_secs(2)); // beta's agent hears it with its next heartbeat
                                                 // Not refused: queued for alpha, as a Slurm queue would hold it.
     let id = lab
-        .sbatch("beta", &["--gres=gpu:h100:8", &out_arg(&dir, "out.txt")], &script("echo ran at $SLURM_CLUSTER_NAME"))
+        .sbatch(
+            "beta",
+            // Pinned: with FLEET_LAB_KUBE=1 kube-gamma has H100s too.
+            &["--gres=gpu:h100:8", "--fleet-to=alpha", &out_arg(&dir, "out.txt")],
+            &script("echo ran at $SLURM_CLUSTER_NAME"),
+        )
         .unwrap();
     let rec = lab.job("beta", id).unwrap();
     assert_eq!(rec["Partition"], "fleet", "{rec:?}");

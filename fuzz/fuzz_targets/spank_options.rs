@@ -31,6 +31,9 @@ fn entries(o: &FleetOptions) -> Vec<String> {
         out.push(e("fleet_ckpt", c));
     }
     out.push(e("fleet_interruptible", if o.interruptible { "(null)" } else { "no" }));
+    if let Some(i) = &o.image {
+        out.push(e("fleet_image", i));
+    }
     out
 }
 
@@ -51,6 +54,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(!u.is_empty() && !u.contains(|c: char| c.is_whitespace() || c.is_control()), "{u:?}");
     }
     assert!(opts.max_price.is_none_or(|p| p.is_finite() && p > 0.0));
+    if let Some(i) = &opts.image {
+        assert!(fleet_api::options::check_image(i).is_ok() && !i.starts_with('-'), "{i:?}");
+    }
     let again = entries(&opts);
     let back = from_spank_env(again.iter().map(String::as_str)).expect("written-back options parse");
     assert_eq!(back, opts, "via {again:?}");

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make demo`: start the lab, submit `sbatch --gres=gpu:h100:8` at beta (which
-# has only A100s), show that it ran at alpha, its output and its exit code.
-# The lab is left up.
+# has only A100s), show that it ran at alpha, its output and its exit code;
+# then a MIG-slice job that only the Kubernetes cluster kube-gamma can run
+# (FLEET_LAB_KUBE=1, the default here; 0 leaves kube-gamma out). The lab is left up.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 REPO=$PWD
 LAB=$REPO/tests/lab/lab.sh
 export FLEET_LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
+export FLEET_LAB_KUBE=${FLEET_LAB_KUBE:-1}
 R=$FLEET_LAB_DIR
 WAIT_S=${FLEET_DEMO_TIMEOUT:-180}
 
@@ -46,15 +48,18 @@ say "At beta, while it runs"
 sleep 1
 run squeue -j "$id" -o '%i %P %j %T %r %N %k' || true
 
-t0=$(date +%s)
-while :; do
-  state=$(scontrol show job "$id" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2 || true)
-  case $state in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED) break ;; esac
-  if (( $(date +%s) - t0 > WAIT_S )); then
-    echo "job $id still $state after ${WAIT_S}s; lab logs:" >&2; TAIL_LINES=15 "$LAB" logs >&2; exit 1
-  fi
-  sleep 1
-done
+wait_done() {
+  local id=$1 t0 state; t0=$(date +%s)
+  while :; do
+    state=$(scontrol show job "$id" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2 || true)
+    case $state in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED) return 0 ;; esac
+    if (( $(date +%s) - t0 > WAIT_S )); then
+      echo "job $id still $state after ${WAIT_S}s; lab logs:" >&2; TAIL_LINES=15 "$LAB" logs >&2; exit 1
+    fi
+    sleep 1
+  done
+}
+wait_done "$id"
 
 say "Finished: the job record at beta"
 run scontrol show job "$id" | grep -E 'JobId|JobState|ExitCode|Partition|NodeList|AdminComment|Comment|StdOut' || true
@@ -74,6 +79,22 @@ SLURM_CONF=$R/alpha/slurm.conf squeue -t all -o '%i %P %j %u %T %N' || true
 say "Output file at beta: $R/demo/out-$id.txt"
 cat "$R/demo/out-$id.txt" || true
 
+if [[ $FLEET_LAB_KUBE == 1 ]]; then
+  say "Submitting at beta a job for one MIG slice (only kube-gamma, a Kubernetes cluster, has them)"
+  echo "\$ sbatch --gres=gpu:1g.10gb:1 -o $R/demo/out-%j.txt train.sh"
+  out=$(sbatch --gres=gpu:1g.10gb:1 -o "$R/demo/out-%j.txt" train.sh 2>&1) || { echo "$out"; exit 1; }
+  echo "$out"
+  kid=$(grep -oE '[0-9]+' <<<"$out" | tail -1)
+  sleep 2
+  run squeue -j "$kid" -o '%i %P %j %T %k' || true
+  say "At kube-gamma: a batch/v1 Job of the agent's (kubectl, admin kubeconfig)"
+  KUBECONFIG=$R/kube-gamma/admin.kubeconfig run kubectl get jobs,pods -n fleet -o wide || true
+  wait_done "$kid"
+  say "Finished: at beta as any forwarded job, the output streamed back from the pod's log"
+  run scontrol show job "$kid" | grep -E 'JobState|ExitCode' || true
+  cat "$R/demo/out-$kid.txt" || true
+fi
+
 cat <<EOF2
 
 == Try more (the lab stays up)
@@ -86,6 +107,8 @@ cat <<EOF2
   sbatch --fleet=bogus train.sh                     # bad option value: rejected by the SPANK plugin
   sbatch --gres=gpu:h100:8 --wrap 'sleep 60'; scancel <id>   # cancels the alpha job too
   sbatch --help | grep -A1 fleet                    # the --fleet-* options
+  sbatch --fleet-to=kube-gamma --gres=gpu:h100:8 --fleet-image=nvcr.io/nvidia/pytorch:24.05-py3 train.sh
+  KUBECONFIG=$R/kube-gamma/admin.kubeconfig kubectl get jobs,pods -n fleet
   squeue; scontrol show job <id>; sacct -j <id>; scancel <id>
   $LAB fleetctl clusters | jobs | job <id>
   $LAB status ; $LAB logs

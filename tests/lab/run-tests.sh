@@ -17,6 +17,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export FLEET_LAB_DIR=${FLEET_LAB_DIR:-/tmp/fleet-lab}
+# The lab includes the Kubernetes cluster kube-gamma (tests/kube.rs needs it;
+# the harness starts the lab the same way when it finds it down).
+export FLEET_LAB_KUBE=${FLEET_LAB_KUBE:-1}
 LAB=tests/lab/lab.sh
 LAB2_DIR=${FLEET_LAB2_DIR:-$FLEET_LAB_DIR-2}
 LAB2_OFFSET=${FLEET_LAB2_PORT_OFFSET:-1000}

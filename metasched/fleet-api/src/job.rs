@@ -60,6 +60,10 @@ pub struct FleetOptions {
     /// `--fleet-interruptible`
     #[serde(default)]
     pub interruptible: bool,
+    /// `--fleet-image`: the container image at a Kubernetes target (checked
+    /// by `options::check_image`); wins over the script's `#FLEET image=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// Most bytes of environment a forwarded job carries.

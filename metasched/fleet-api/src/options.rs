@@ -16,7 +16,91 @@ pub const OPTIONS: &[(&str, &str, &str)] = &[
     ("fleet-data", "uri[,uri...]", "Fleet: datasets the job reads (placement prefers clusters near them)"),
     ("fleet-ckpt", "uri", "Fleet: where the job writes checkpoints"),
     ("fleet-interruptible", "", "Fleet: the job tolerates preemption (may run on spot capacity)"),
+    ("fleet-image", "image", "Fleet: container image the job runs in at a Kubernetes target (default: the site's KubeImage)"),
 ];
+
+/// Longest image reference accepted (Docker's limit on a repository name is 255).
+pub const MAX_IMAGE_LEN: usize = 255;
+
+/// Why `s` is not a container image reference (`[registry[:port]/]path[:tag][@algo:hex]`,
+/// the grammar of the OCI distribution reference), or `Ok`.
+pub fn check_image(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("empty image reference".into());
+    }
+    if s.len() > MAX_IMAGE_LEN {
+        return Err(format!("longer than {MAX_IMAGE_LEN} characters"));
+    }
+    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || "./:-_@".contains(*c))) {
+        return Err(format!("{:?} is not allowed in an image reference", c));
+    }
+    let (rest, digest) = match s.split_once('@') {
+        Some((r, d)) => (r, Some(d)),
+        None => (s, None),
+    };
+    if let Some(d) = digest {
+        let (algo, hex) = d.split_once(':').ok_or("a digest is <algorithm>:<hex>")?;
+        let algo_ok = !algo.is_empty()
+            && algo
+                .split(['+', '.', '_', '-'])
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+        if !algo_ok || hex.len() < 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("bad digest {d:?} (e.g. sha256:<64 hex digits>)"));
+        }
+    }
+    // A tag follows the last ':' after the last '/'.
+    let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[last_slash..].rfind(':') {
+        Some(i) => (&rest[..last_slash + i], Some(&rest[last_slash + i + 1..])),
+        None => (rest, None),
+    };
+    if let Some(t) = tag {
+        let ok = !t.is_empty()
+            && t.len() <= 128
+            && t.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            && t.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+        if !ok {
+            return Err(format!("bad tag {t:?}"));
+        }
+    }
+    let mut parts: Vec<&str> = name.split('/').collect();
+    // The first part is a registry when it looks like a host (a '.' or a
+    // port) or is localhost, and more parts follow.
+    if parts.len() > 1 && (parts[0].contains(['.', ':']) || parts[0] == "localhost") {
+        let host = parts.remove(0);
+        let (h, port) = match host.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host, None),
+        };
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if !h.split('.').all(label_ok) {
+            return Err(format!("bad registry host {h:?}"));
+        }
+        if port.is_some_and(|p| p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit())) {
+            return Err(format!("bad registry port in {host:?}"));
+        }
+    }
+    for p in &parts {
+        // path-component: [a-z0-9]+ separated by '.', '_', '__' or '-'s.
+        let ok = !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+            && p.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && p.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && !p.contains("..")
+            && !p.contains("___")
+            && !p.contains("._")
+            && !p.contains("_.");
+        if !ok {
+            return Err(format!("bad repository path component {p:?} (lower-case letters, digits, separators inside)"));
+        }
+    }
+    Ok(())
+}
 
 fn valid_cluster_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -70,6 +154,12 @@ pub fn apply(opts: &mut FleetOptions, name: &str, value: Option<&str>) -> Result
                 "0" | "no" | "false" => false,
                 _ => return bad("takes no value"),
             }
+        }
+        "fleet-image" => {
+            if let Err(why) = check_image(v) {
+                return bad(&format!("{why}; expected an image reference such as nvcr.io/nvidia/pytorch:24.05-py3"));
+            }
+            opts.image = Some(v.to_string());
         }
         _ => return Err(format!("unknown Fleet option --{name}")),
     }
@@ -156,5 +246,58 @@ mod tests {
             Err("--fleet-ckpt=a b: expected a URI such as s3://bucket/run1/"),
         );
         check(&["_SLURM_SPANK_OPTION_fleet_fleet_bogus=1"], Err("unknown Fleet option --fleet-bogus"));
+        check(
+            &["_SLURM_SPANK_OPTION_fleet_fleet_image=nvcr.io/nvidia/pytorch:24.05-py3"],
+            Ok(FleetOptions { image: Some("nvcr.io/nvidia/pytorch:24.05-py3".into()), ..d() }),
+        );
+        check(
+            &["_SLURM_SPANK_OPTION_fleet_fleet_image=ubuntu;rm -rf /"],
+            Err("--fleet-image=ubuntu;rm -rf /: ';' is not allowed in an image reference; expected an image reference such as nvcr.io/nvidia/pytorch:24.05-py3"),
+        );
+    }
+
+    fn image(s: &str, expected: Result<(), &str>) {
+        assert_eq!(check_image(s), expected.map_err(String::from), "{s:?}");
+    }
+
+    #[test]
+    fn image_references() {
+        let sha = "sha256:".to_string() + &"a".repeat(64);
+        for ok in [
+            "ubuntu",
+            "ubuntu:24.04",
+            "library/ubuntu:24.04",
+            "nvcr.io/nvidia/pytorch:24.05-py3",
+            "registry.example.org:5000/team/train_job:v1.2",
+            "localhost/img",
+            "localhost:5000/a/b-c__d.e",
+            &format!("ghcr.io/org/img@{sha}"),
+            &format!("ghcr.io/org/img:tag@{sha}"),
+        ] {
+            image(ok, Ok(()));
+        }
+        image("", Err("empty image reference"));
+        image(&"a".repeat(256), Err("longer than 255 characters"));
+        image("ubuntu 24.04", Err("' ' is not allowed in an image reference"));
+        image("ubuntu\n", Err("'\\n' is not allowed in an image reference"));
+        image("$(id)", Err("'$' is not allowed in an image reference"));
+        image("-v", Err("bad repository path component \"-v\" (lower-case letters, digits, separators inside)"));
+        image(
+            "--privileged",
+            Err("bad repository path component \"--privileged\" (lower-case letters, digits, separators inside)"),
+        );
+        image(
+            "Ubuntu",
+            Err("bad repository path component \"Ubuntu\" (lower-case letters, digits, separators inside)"),
+        );
+        image("a/../b", Err("bad repository path component \"..\" (lower-case letters, digits, separators inside)"));
+        image("a//b", Err("bad repository path component \"\" (lower-case letters, digits, separators inside)"));
+        image("/abs", Err("bad repository path component \"\" (lower-case letters, digits, separators inside)"));
+        image("ubuntu:", Err("bad tag \"\""));
+        image("ubuntu:.x", Err("bad tag \".x\""));
+        image("-bad.io/x", Err("bad registry host \"-bad.io\""));
+        image("reg.io:99999x/x", Err("bad registry port in \"reg.io:99999x\""));
+        image("ubuntu@sha256:abc", Err("bad digest \"sha256:abc\" (e.g. sha256:<64 hex digits>)"));
+        image("ubuntu@md5", Err("a digest is <algorithm>:<hex>"));
     }
 }

@@ -234,6 +234,29 @@ pub fn node_shapes<'a>(
     out
 }
 
+/// Is `gpu_type` a MIG profile (`1g.10gb`, `a100_3g.40gb`): slices of a GPU?
+pub fn is_mig_profile(gpu_type: &str) -> bool {
+    let t = gpu_type.to_ascii_lowercase();
+    let last = t.rsplit(['_', '-']).next().unwrap_or("");
+    last.split_once("g.").is_some_and(|(g, mem)| {
+        !g.is_empty()
+            && g.bytes().all(|b| b.is_ascii_digit())
+            && mem.strip_suffix("gb").is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// Does a request for `want` (any GPU when `None`) take GPUs of type `have`
+/// away from home? MIG slices only when named: a slice is a fraction of a
+/// GPU, and at a Kubernetes site (MIG "mixed" strategy) a pod asking for
+/// `nvidia.com/gpu` cannot use one at all. At the origin Slurm's own
+/// matching stands (any type for an untyped request).
+fn type_matches(want: Option<&str>, have: &str, at_origin: bool) -> bool {
+    match want {
+        Some(w) => w.eq_ignore_ascii_case(have),
+        None => at_origin || !is_mig_profile(have),
+    }
+}
+
 /// What one node of a group can give the job: `None` when it cannot hold
 /// its share at all (the reason), else (most tasks, GPUs for `--gpus`).
 fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), String> {
@@ -242,6 +265,9 @@ fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), S
         match (&d.gpu_type, &n.gpu_type) {
             (_, None) => return Err("no GPUs".into()),
             (Some(w), Some(t)) if !w.eq_ignore_ascii_case(t) => return Err(format!("{t}, not {w}")),
+            (None, Some(t)) if !type_matches(None, t, at_origin) => {
+                return Err(format!("{t} MIG slices, only for requests naming {t}"))
+            }
             _ => {}
         }
     }
@@ -455,7 +481,8 @@ pub fn fits(c: &ClusterSummary, job: &JobRequest) -> Result<u32, String> {
 
 fn free_matching(c: &ClusterSummary, job: &JobRequest) -> u32 {
     let want = job.gpu_type();
-    let free = c.gpus.iter().filter(|p| want.is_none_or(|w| p.gpu_type.eq_ignore_ascii_case(w))).map(|p| p.free);
+    let home = c.name == job.origin;
+    let free = c.gpus.iter().filter(|p| type_matches(want, &p.gpu_type, home)).map(|p| p.free);
     if want.is_some() {
         free.max().unwrap_or(0)
     } else {
@@ -463,19 +490,22 @@ fn free_matching(c: &ClusterSummary, job: &JobRequest) -> u32 {
     }
 }
 
+/// The lowest known price of the GPUs `job` could use at `c` (away from home).
+fn cheapest_price(c: &ClusterSummary, job: &JobRequest) -> Option<f64> {
+    let want = job.gpu_type();
+    c.gpus
+        .iter()
+        .filter(|p| type_matches(want, &p.gpu_type, false))
+        .filter_map(|p| p.price_per_gpu_hour)
+        .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p))))
+}
+
 /// `--fleet-max-price` against a non-origin cluster: `Err` why not.
 fn price_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
     let Some(max) = job.fleet.max_price else {
         return Ok(());
     };
-    let want = job.gpu_type();
-    let prices: Vec<f64> = c
-        .gpus
-        .iter()
-        .filter(|p| want.is_none_or(|w| p.gpu_type.eq_ignore_ascii_case(w)))
-        .filter_map(|p| p.price_per_gpu_hour)
-        .collect();
-    match prices.iter().copied().fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p)))) {
+    match cheapest_price(c, job) {
         None => Err(format!("no price known, --fleet-max-price={max} needs one")),
         Some(p) if p > max => Err(format!("{p:.2} USD/GPU-h is above --fleet-max-price={max}")),
         Some(_) => Ok(()),
@@ -554,11 +584,23 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
             return (Placement::Home { reason: "the origin can run it".into() }, excluded);
         }
     }
-    // Most free matching GPUs; ties broken by name for determinism.
+    // Of the clusters that can start it now, the cheapest where the view
+    // has prices (the meta-scheduler's model: a costlier cluster beside a
+    // cheaper one with room gets the job only when the cheaper one is
+    // full), then the most free matching GPUs; ties broken by name.
+    let need = job.total_gpus();
+    let price = |c: &ClusterSummary| cheapest_price(c, job).unwrap_or(f64::INFINITY);
     let best = feasible
         .iter()
         .filter(|c| c.name != job.origin)
-        .max_by(|a, b| free_matching(a, job).cmp(&free_matching(b, job)).then_with(|| b.name.cmp(&a.name)))
+        .max_by(|a, b| {
+            let (fa, fb) = (free_matching(a, job), free_matching(b, job));
+            (fa >= need)
+                .cmp(&(fb >= need))
+                .then_with(|| price(b).total_cmp(&price(a)))
+                .then_with(|| fa.cmp(&fb))
+                .then_with(|| b.name.cmp(&a.name))
+        })
         .expect("feasible holds a non-origin cluster when the origin was not chosen");
     let reason = format!("{} free matching GPUs at {}", free_matching(best, job), best.name);
     (Placement::Remote { target: best.name.clone(), reason }, excluded)
@@ -778,6 +820,80 @@ mod tests {
             let at = if expected == "home" { origin } else { expected };
             let c = view.clusters.iter().find(|c| c.name == at).unwrap();
             assert_eq!(fits(c, &j), Ok(n), "{origin}: {args}: node count at {at}");
+        }
+    }
+
+    /// The lab plus a Kubernetes cluster: 2 H100 nodes and one A100 cut
+    /// into 7 MIG 1g.10gb slices (what kube-gamma's agent reports).
+    fn with_mig() -> FleetView {
+        let mut v = lab();
+        let mut k = shaped("kube", "h100", 2, &[]);
+        k.gpus.push(GpuPool {
+            gpu_type: "1g.10gb".into(),
+            total: 7,
+            free: 7,
+            max_per_node: 7,
+            nodes: 1,
+            ..Default::default()
+        });
+        k.nodes.push(NodeShape {
+            gpu_type: Some("1g.10gb".into()),
+            gpus: 7,
+            cpus: 32,
+            memory_mb: 64000,
+            features: Some(vec![]),
+            count: 1,
+        });
+        v.clusters.push(k);
+        v
+    }
+
+    #[test]
+    fn of_the_clusters_that_can_start_it_now_the_cheapest_wins() {
+        let mut v = with_mig();
+        v.clusters[0].gpus[0].price_per_gpu_hour = Some(1.49); // alpha
+        v.clusters[2].gpus[0].price_per_gpu_hour = Some(2.49); // kube
+                                                               // alpha busier than kube but able to start it: alpha, the cheaper.
+        v.clusters[0].gpus[0].free = 8;
+        check(&v, "beta", "--gres=gpu:h100:8", "alpha", Some(1));
+        // alpha cannot start it now: kube, which can.
+        v.clusters[0].gpus[0].free = 4;
+        check(&v, "beta", "--gres=gpu:h100:8", "kube", Some(1));
+        // Without prices, the most free GPUs, as before.
+        v.clusters[0].gpus[0].free = 8;
+        v.clusters[0].gpus[0].price_per_gpu_hour = None;
+        v.clusters[2].gpus[0].price_per_gpu_hour = None;
+        check(&v, "beta", "--gres=gpu:h100:8", "kube", Some(1));
+    }
+
+    #[test]
+    fn mig_slices_serve_only_requests_that_name_them() {
+        let v = &with_mig();
+        check(v, "beta", "--gres=gpu:1g.10gb:1", "kube", Some(1));
+        check(v, "beta", "--gres=gpu:1g.10gb:7", "kube", Some(1));
+        check(v, "alpha", "--gres=gpu:1g.10gb:8", "impossible: ", None);
+        // Any GPU: never a slice elsewhere, so three nodes are nowhere.
+        check(v, "alpha", "-N=3 --gres=gpu:1", "impossible: ", None);
+        check(v, "beta", "--gpus=16 --cpus-per-gpu=5", "impossible: ", None);
+        let (p, _) = place(v, &req("beta", "-N=3 --gres=gpu:1"));
+        let Placement::Impossible { reason } = p else { panic!("{p:?}") };
+        assert!(reason.contains("kube: has 2 node(s) that could hold the job's share, job needs 3"), "{reason}");
+        let mut slices_only = v.clusters[2].clone();
+        slices_only.nodes.remove(0);
+        let why = fits(&slices_only, &req("beta", "--gres=gpu:1")).unwrap_err();
+        assert!(why.contains("1g.10gb MIG slices, only for requests naming 1g.10gb"), "{why}");
+        // Free counts and prices of an untyped request leave slices out.
+        let j = req("beta", "--gres=gpu:1");
+        assert_eq!(free_matching(&v.clusters[2], &j), 16);
+        // At the origin Slurm's own matching stands: any type serves "a GPU".
+        let mut home = with_mig();
+        home.clusters[2].name = "beta".into();
+        home.clusters.remove(1);
+        assert_eq!(fits(&home.clusters[1], &req("beta", "-N=3 --gres=gpu:1")), Ok(3));
+        for (t, m) in
+            [("1g.10gb", true), ("a100_3g.40gb", true), ("mig-2g.20gb", true), ("h100", false), ("g.gb", false)]
+        {
+            assert_eq!(is_mig_profile(t), m, "{t}");
         }
     }
 

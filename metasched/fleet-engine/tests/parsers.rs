@@ -87,6 +87,7 @@ fn request() -> JobRequest {
             ckpt: None,
             resume_from: None,
             interruptible: false,
+            image: None,
         },
         ..JobRequest::default()
     }

@@ -130,6 +130,10 @@ pub struct FleetConf {
     pub kube_queue: Option<String>,
     /// `KubeServiceAccount` (none: the namespace's default): the pods' service account.
     pub kube_service_account: Option<String>,
+    /// `KubeAccountNamespaces` (none): `account:namespace[,...]`, the
+    /// namespace a job charged to that account runs in (others: `KubeNamespace`).
+    /// The agent's RBAC covers these namespaces and `KubeNamespace`, no more.
+    pub kube_account_namespaces: Vec<(String, String)>,
 }
 
 /// `Backend=`: what the agent submits to.
@@ -182,6 +186,7 @@ impl Default for FleetConf {
             kube_image: "ubuntu:24.04".into(),
             kube_queue: None,
             kube_service_account: None,
+            kube_account_namespaces: Vec::new(),
         }
     }
 }
@@ -217,6 +222,7 @@ pub const KEYS: &[&str] = &[
     "KubeImage",
     "KubeQueue",
     "KubeServiceAccount",
+    "KubeAccountNamespaces",
 ];
 
 impl FleetConf {
@@ -354,6 +360,30 @@ impl FleetConf {
                                 return Err(bad("expected a LocalQueue name (a DNS-1123 label)".into()));
                             }
                             conf.kube_queue = Some(v.clone());
+                        }
+                        "kubeaccountnamespaces" => {
+                            let mut map: Vec<(String, String)> = Vec::new();
+                            for pair in v.split(',').map(str::trim) {
+                                let Some((acct, ns)) = pair.split_once(':') else {
+                                    return Err(bad(format!(
+                                        "expected account:namespace[,...], \"{pair}\" has no ':'"
+                                    )));
+                                };
+                                let acct_ok = !acct.is_empty()
+                                    && acct.len() <= 64
+                                    && acct.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+                                if !acct_ok {
+                                    return Err(bad(format!("\"{acct}\" is not an account name")));
+                                }
+                                if !dns_label(ns) {
+                                    return Err(bad(format!("\"{ns}\" is not a namespace name (a DNS-1123 label)")));
+                                }
+                                if map.iter().any(|(a, _)| a.eq_ignore_ascii_case(acct)) {
+                                    return Err(bad(format!("account {acct} is mapped twice")));
+                                }
+                                map.push((acct.to_ascii_lowercase(), ns.to_string()));
+                            }
+                            conf.kube_account_namespaces = map;
                         }
                         "kubeserviceaccount" => {
                             if !dns_label(v) {
@@ -547,6 +577,33 @@ mod tests {
                 },
                 &[],
             )),
+        );
+        check(
+            "SiteName=g KubeAccountNamespaces=ml:team-ml,CV:team-cv",
+            Ok((
+                FleetConf {
+                    site_name: "g".into(),
+                    kube_account_namespaces: vec![("ml".into(), "team-ml".into()), ("cv".into(), "team-cv".into())],
+                    ..FleetConf::default()
+                },
+                &[],
+            )),
+        );
+        check(
+            "SiteName=g KubeAccountNamespaces=ml",
+            Err(&["fleet.conf:1: KubeAccountNamespaces=ml: bad value; expected account:namespace[,...], \"ml\" has no ':'"]),
+        );
+        check(
+            "SiteName=g KubeAccountNamespaces=ml:Team_ML",
+            Err(&["fleet.conf:1: KubeAccountNamespaces=ml:Team_ML: bad value; \"Team_ML\" is not a namespace name (a DNS-1123 label)"]),
+        );
+        check(
+            "SiteName=g KubeAccountNamespaces=m;l:x",
+            Err(&["fleet.conf:1: KubeAccountNamespaces=m;l:x: bad value; \"m;l\" is not an account name"]),
+        );
+        check(
+            "SiteName=g KubeAccountNamespaces=ml:a,ML:b",
+            Err(&["fleet.conf:1: KubeAccountNamespaces=ml:a,ML:b: bad value; account ML is mapped twice"]),
         );
         check(
             "SiteName=a Backend=nomad",

@@ -18,7 +18,7 @@ const fn arg(s: &'static str) -> Option<&'static str> {
 
 /// The option table, built from `fleet_api::options::OPTIONS`; `val` is
 /// the index into that table.
-pub static OPTIONS: [OptSpec; 6] = {
+pub static OPTIONS: [OptSpec; 7] = {
     let o = fleet_api::options::OPTIONS;
     [
         OptSpec { name: o[0].0, arginfo: arg(o[0].1), usage: o[0].2, val: 0 },
@@ -27,6 +27,7 @@ pub static OPTIONS: [OptSpec; 6] = {
         OptSpec { name: o[3].0, arginfo: arg(o[3].1), usage: o[3].2, val: 3 },
         OptSpec { name: o[4].0, arginfo: arg(o[4].1), usage: o[4].2, val: 4 },
         OptSpec { name: o[5].0, arginfo: arg(o[5].1), usage: o[5].2, val: 5 },
+        OptSpec { name: o[6].0, arginfo: arg(o[6].1), usage: o[6].2, val: 6 },
     ]
 };
 
@@ -56,6 +57,7 @@ mod tests {
             assert_eq!(o.name, fleet_api::options::OPTIONS[i].0);
         }
         assert_eq!(OPTIONS[5].arginfo, None, "--fleet-interruptible is a flag");
+        assert_eq!(OPTIONS.len(), fleet_api::options::OPTIONS.len(), "every shared option is a SPANK option");
     }
 
     #[test]
@@ -66,5 +68,10 @@ mod tests {
         assert_eq!(validate(5, None, false), Ok(()));
         assert!(validate(2, Some("cheap"), false).is_err());
         assert!(validate(99, None, false).is_err());
+        assert_eq!(validate(6, Some("nvcr.io/nvidia/pytorch:24.05-py3"), false), Ok(()));
+        assert_eq!(
+            validate(6, Some("img`id`"), false),
+            Err("--fleet-image=img`id`: '`' is not allowed in an image reference; expected an image reference such as nvcr.io/nvidia/pytorch:24.05-py3".into())
+        );
     }
 }

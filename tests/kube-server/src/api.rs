@@ -211,7 +211,12 @@ async fn handle(
                 None => not_found(t.kind, &name),
             }
         }
-        "list" => list(&state, &t, &q, &headers),
+        "list" => {
+            if t.kind == Kind::Pod {
+                state.pod_lists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            list(&state, &t, &q, &headers)
+        }
         "watch" => watch(state.clone(), t, q),
         "create" => create(&state, &t, &body, &q),
         "update" => update(&state, &t, &body, false),
@@ -327,8 +332,17 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
                     let mut out = Vec::new();
                     for e in st.events.range(start..) {
                         cursor = e.rv;
-                        if e.kind == kind && ns.as_ref().is_none_or(|n| *n == e.ns) && matches(&e.obj) {
-                            out.push(watch_event(e.typ, &e.obj));
+                        if e.kind != kind || ns.as_ref().is_some_and(|n| *n != e.ns) {
+                            continue;
+                        }
+                        let was = e.prev.as_ref().map(&matches);
+                        match (matches(&e.obj), was) {
+                            (true, Some(false)) => out.push(watch_event("ADDED", &e.obj)),
+                            (true, _) => out.push(watch_event(e.typ, &e.obj)),
+                            // It left the selection (a pod that finished,
+                            // under a phase selector): gone for this watch.
+                            (false, Some(true)) => out.push(watch_event("DELETED", &e.obj)),
+                            (false, _) => {}
                         }
                     }
                     cursor = cursor.max(st.rv);

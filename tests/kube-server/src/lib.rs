@@ -118,6 +118,9 @@ pub struct State {
     pub resets: tokio::sync::watch::Sender<u64>,
     /// Watches answered 410 Gone so far.
     pub gone: std::sync::atomic::AtomicU64,
+    /// Pod lists served (not watches): what a client that should watch
+    /// instead costs the server.
+    pub pod_lists: std::sync::atomic::AtomicU64,
 }
 
 impl State {
@@ -275,6 +278,7 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
         url: url.clone(),
         resets: tokio::sync::watch::channel(0).0,
         gone: std::sync::atomic::AtomicU64::new(0),
+        pod_lists: std::sync::atomic::AtomicU64::new(0),
     });
     let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let app = api::router(state.clone());

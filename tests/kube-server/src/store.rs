@@ -102,6 +102,10 @@ pub struct Event {
     pub ns: String,
     pub typ: &'static str,
     pub obj: Value,
+    /// The object before a MODIFIED event: a watch whose selector matched
+    /// it but not the new version sees DELETED, one that matches only the
+    /// new version sees ADDED (as the API server does for field selectors).
+    pub prev: Option<Value>,
 }
 
 #[derive(Default)]
@@ -147,9 +151,9 @@ impl Store {
         let ns = meta_str(&obj, "namespace").to_string();
         let name = meta_str(&obj, "name").to_string();
         let key = (kind, ns.clone(), name);
-        let typ = if self.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
-        self.objects.insert(key, obj.clone());
-        self.log(kind, ns, typ, obj.clone());
+        let prev = self.objects.insert(key, obj.clone());
+        let typ = if prev.is_some() { "MODIFIED" } else { "ADDED" };
+        self.log(kind, ns, typ, obj.clone(), prev);
         obj
     }
 
@@ -157,15 +161,15 @@ impl Store {
         let mut obj = self.objects.remove(&(kind, ns.to_string(), name.to_string()))?;
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.log(kind, ns.to_string(), "DELETED", obj.clone());
+        self.log(kind, ns.to_string(), "DELETED", obj.clone(), None);
         Some(obj)
     }
 
-    fn log(&mut self, kind: Kind, ns: String, typ: &'static str, obj: Value) {
+    fn log(&mut self, kind: Kind, ns: String, typ: &'static str, obj: Value, prev: Option<Value>) {
         if matches!(kind, Kind::Pod | Kind::Node) {
             self.cap_epoch += 1;
         }
-        self.events.push_back(Event { rv: self.rv, kind, ns, typ, obj });
+        self.events.push_back(Event { rv: self.rv, kind, ns, typ, obj, prev });
         while self.events.len() > MAX_EVENTS {
             if let Some(e) = self.events.pop_front() {
                 self.oldest = e.rv;

@@ -141,6 +141,7 @@ impl AgentConfig {
             image: c.kube_image.clone(),
             queue: c.kube_queue.clone(),
             service_account: c.kube_service_account.clone(),
+            account_namespaces: c.kube_account_namespaces.iter().cloned().collect(),
         });
         // Kubernetes schedules memory requests; a Kubernetes site has no slurm.conf.
         let mut memory_scheduled = kube.is_some();

@@ -57,6 +57,13 @@ pub const NATIVE_ID_LABEL: &str = "fleet.io/native-id";
 pub const GPU: &str = "nvidia.com/gpu";
 pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+/// Annotation set when a Job's dependents exist and it was released (or
+/// handed to Kueue): a Job without it is half-made.
+pub const COMPLETE_ANNOTATION: &str = "fleet.io/submitted";
+/// The field selector of pods that hold capacity.
+const BUSY_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
+/// How long the record of a cancelled Job is kept for `accounting`.
+const CANCEL_RECORD_DAYS: u64 = 7;
 const SCRIPT_DIR: &str = "/fleet/job";
 const WORK_DIR: &str = "/fleet/work";
 
@@ -75,6 +82,29 @@ pub struct KubeSettings {
     pub queue: Option<String>,
     /// `KubeServiceAccount`: the pods' service account (no token mounted).
     pub service_account: Option<String>,
+    /// `KubeAccountNamespaces`: account (lower case) -> the namespace its
+    /// jobs run in; other jobs run in `namespace`.
+    pub account_namespaces: BTreeMap<String, String>,
+}
+
+impl KubeSettings {
+    /// The namespace of a job charged to `account`.
+    pub fn namespace_for(&self, account: Option<&str>) -> &str {
+        account
+            .and_then(|a| self.account_namespaces.get(&a.to_ascii_lowercase()))
+            .map_or(self.namespace.as_str(), String::as_str)
+    }
+
+    /// Every namespace the agent works in (its RBAC's scope): `namespace` first.
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut out = vec![self.namespace.clone()];
+        for ns in self.account_namespaces.values() {
+            if !out.contains(ns) {
+                out.push(ns.clone());
+            }
+        }
+        out
+    }
 }
 
 /// What [`translate`] needs besides the request.
@@ -161,10 +191,7 @@ pub fn image_directive(script: &[u8]) -> Option<String> {
         if let Some(rest) = l.strip_prefix("#FLEET") {
             for word in rest.split_whitespace() {
                 if let Some(img) = word.strip_prefix("image=") {
-                    let ok = !img.is_empty()
-                        && img.len() <= 255
-                        && img.chars().all(|c| c.is_ascii_alphanumeric() || "./:-_@".contains(c));
-                    if ok {
+                    if fleet_api::options::check_image(img).is_ok() {
                         return Some(img.to_string());
                     }
                 }
@@ -210,7 +237,7 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     let script = req.script.as_deref().ok_or_else(|| anyhow!("job {} carries no script", t.fleet_id))?;
     let d = Demand::of(req);
     let name = job_name(t.native_id);
-    let ns = t.settings.namespace.clone();
+    let ns = t.settings.namespace_for(t.user.account.as_deref().or(req.account.as_deref())).to_string();
     let nodes = d.min_nodes.max(1);
     if nodes > 1024 {
         bail!("{nodes} nodes: more than an Indexed Job of this backend runs (1024)");
@@ -230,7 +257,16 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     } else {
         d.mem_per_gpu * u64::from(gpus)
     };
-    let image = image_directive(script).unwrap_or_else(|| t.settings.image.clone());
+    // `--fleet-image` wins over `#FLEET image=`, which wins over `KubeImage`.
+    // The option was checked at submission; checked again here, since the
+    // request crossed the network.
+    let image = match &req.fleet.image {
+        Some(img) => {
+            fleet_api::options::check_image(img).map_err(|why| anyhow!("--fleet-image={img:?}: {why}"))?;
+            img.clone()
+        }
+        None => image_directive(script).unwrap_or_else(|| t.settings.image.clone()),
+    };
 
     let mut labels = BTreeMap::from([
         (MANAGED_BY.to_string(), "fleet".to_string()),
@@ -572,9 +608,14 @@ pub struct KubeBackend {
     pub settings: KubeSettings,
     pub site: String,
     pub spool: PathBuf,
-    jobs: Store<Job>,
-    pods: Store<Pod>,
+    /// Fleet's Jobs and Pods, one watched store per namespace.
+    jobs: Vec<Store<Job>>,
+    pods: Vec<Store<Pod>>,
     nodes: Store<Node>,
+    /// Every unfinished pod of the cluster (any namespace, a phase field
+    /// selector), watched where the agent's RBAC may list pods cluster-wide:
+    /// what holds capacity. `None`: only this namespace's Fleet pods count.
+    busy: Option<Store<Pod>>,
     next_id: AtomicU64,
     /// Jobs deleted by `cancel`: what `accounting` says of them afterwards.
     cancelled: Mutex<HashMap<u64, NativeJob>>,
@@ -619,58 +660,87 @@ impl KubeBackend {
         site: &str,
         spool: PathBuf,
     ) -> Result<KubeBackend> {
-        let ns = settings.namespace.clone();
         let sel = format!("{MANAGED_BY}=fleet");
         // Fail fast, with the API server's words, where the RBAC falls
         // short (the watches would only retry).
         let probe = ListParams::default().limit(1);
         let denied = |what: &str, e: ::kube::Error| anyhow!("the agent may not list {what}: {e}");
-        Api::<Job>::namespaced(client.clone(), &ns)
-            .list(&probe)
-            .await
-            .map_err(|e| denied(&format!("Jobs in namespace {ns}"), e))?;
-        Api::<Pod>::namespaced(client.clone(), &ns)
-            .list(&probe)
-            .await
-            .map_err(|e| denied(&format!("Pods in namespace {ns}"), e))?;
+        for ns in settings.namespaces() {
+            Api::<Job>::namespaced(client.clone(), &ns)
+                .list(&probe)
+                .await
+                .map_err(|e| denied(&format!("Jobs in namespace {ns}"), e))?;
+            Api::<Pod>::namespaced(client.clone(), &ns)
+                .list(&probe)
+                .await
+                .map_err(|e| denied(&format!("Pods in namespace {ns}"), e))?;
+        }
         Api::<Node>::all(client.clone()).list(&probe).await.map_err(|e| denied("Nodes", e))?;
         let lag: Arc<Mutex<Lag>> = Arc::default();
         let mut tasks = Vec::new();
-        let (jobs, w) = reflector::store();
-        let lag2 = lag.clone();
-        let stream = reflector::reflector(
-            w,
-            watcher(Api::<Job>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
-        )
-        .default_backoff()
-        .applied_objects();
-        tasks.push(tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(job) => {
-                        let mut l = lag2.lock();
-                        if let Some(t) = job.metadata.name.as_ref().and_then(|n| l.created.remove(n)) {
-                            l.lags.push(t.elapsed());
+        // One watch of Fleet's Jobs and one of its Pods per namespace (the
+        // RBAC grants namespaces, not the cluster).
+        let (mut jobs, mut pods) = (Vec::new(), Vec::new());
+        for ns in settings.namespaces() {
+            let (store, w) = reflector::store();
+            jobs.push(store);
+            let lag2 = lag.clone();
+            let stream = reflector::reflector(
+                w,
+                watcher(Api::<Job>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
+            )
+            .default_backoff()
+            .applied_objects();
+            tasks.push(tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        Ok(job) => {
+                            let mut l = lag2.lock();
+                            if let Some(t) = job.metadata.name.as_ref().and_then(|n| l.created.remove(n)) {
+                                l.lags.push(t.elapsed());
+                            }
                         }
+                        Err(e) => tracing::warn!("watching Jobs: {e}"),
                     }
-                    Err(e) => tracing::warn!("watching Jobs: {e}"),
                 }
-            }
-        }));
-        let (pods, w) = reflector::store();
-        let stream = reflector::reflector(
-            w,
-            watcher(Api::<Pod>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
-        )
-        .default_backoff()
-        .touched_objects();
-        tasks.push(tokio::spawn(drain(stream, "Pods")));
+            }));
+            let (store, w) = reflector::store();
+            pods.push(store);
+            let stream = reflector::reflector(
+                w,
+                watcher(Api::<Pod>::namespaced(client.clone(), &ns), watcher::Config::default().labels(&sel)),
+            )
+            .default_backoff()
+            .touched_objects();
+            tasks.push(tokio::spawn(drain(stream, "Pods")));
+        }
         let (nodes, w) = reflector::store();
         let stream = reflector::reflector(w, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
             .default_backoff()
             .touched_objects();
         tasks.push(tokio::spawn(drain(stream, "Nodes")));
+        // Other tenants' pods hold capacity too: watch every unfinished pod
+        // where the RBAC allows (a finished one leaves the selection, which
+        // the watch reports as its deletion).
+        let all_pods = Api::<Pod>::all(client.clone());
+        let busy = match all_pods.list(&probe).await {
+            Ok(_) => {
+                let (busy, w) = reflector::store();
+                let cfg = watcher::Config::default().fields(BUSY_PODS);
+                let stream = reflector::reflector(w, watcher(all_pods, cfg)).default_backoff().touched_objects();
+                tasks.push(tokio::spawn(drain(stream, "Pods (all namespaces)")));
+                Some(busy)
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::info!(
+                    "may not list pods in every namespace: capacity counts Fleet's pods in {} only",
+                    settings.namespaces().join(", ")
+                );
+                None
+            }
+            Err(e) => return Err(anyhow!("listing pods in every namespace: {e}")),
+        };
         let b = KubeBackend {
             client,
             settings,
@@ -679,6 +749,7 @@ impl KubeBackend {
             jobs,
             pods,
             nodes,
+            busy,
             next_id: AtomicU64::new(0),
             cancelled: Mutex::default(),
             follow: Arc::default(),
@@ -687,15 +758,23 @@ impl KubeBackend {
             tasks,
         };
         let ready = async {
-            b.jobs.wait_until_ready().await?;
-            b.pods.wait_until_ready().await?;
+            for s in &b.jobs {
+                s.wait_until_ready().await?;
+            }
+            for s in &b.pods {
+                s.wait_until_ready().await?;
+            }
+            if let Some(busy) = &b.busy {
+                busy.wait_until_ready().await?;
+            }
             b.nodes.wait_until_ready().await
         };
+        b.forget_old_cancels();
         match tokio::time::timeout(Duration::from_secs(30), ready).await {
             Ok(r) => r.context("the watches stopped before their first list")?,
             Err(_) => bail!(
-                "no first list of Jobs, Pods and Nodes in namespace {} within 30 s: check the API server and the agent's RBAC",
-                b.settings.namespace
+                "no first list of Jobs, Pods and Nodes in namespace(s) {} within 30 s: check the API server and the agent's RBAC",
+                b.settings.namespaces().join(", ")
             ),
         }
         Ok(b)
@@ -723,13 +802,125 @@ impl KubeBackend {
         }
     }
 
+    fn all_jobs(&self) -> Vec<Arc<Job>> {
+        self.jobs.iter().flat_map(|s| s.state()).collect()
+    }
+
+    fn all_pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.iter().flat_map(|s| s.state()).collect()
+    }
+
+    /// The namespace of Fleet's Job `name`: where the watch saw it, else
+    /// where the API server has it (just created, or the watch lags).
+    async fn namespace_of(&self, name: &str) -> Result<Option<String>> {
+        if let Some(ns) = self
+            .all_jobs()
+            .iter()
+            .find(|j| j.metadata.name.as_deref() == Some(name))
+            .and_then(|j| j.metadata.namespace.clone())
+        {
+            return Ok(Some(ns));
+        }
+        for ns in self.settings.namespaces() {
+            if Api::<Job>::namespaced(self.client.clone(), &ns).get_opt(name).await?.is_some() {
+                return Ok(Some(ns));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Of `listed` (Fleet's Jobs of fleet job `id` in one namespace), those
+    /// an interrupted submission as `uid` since `since` made whole, into
+    /// `out`; half-made ones are deleted.
+    async fn adoptable_in(
+        &self,
+        api: &Api<Job>,
+        listed: Vec<Job>,
+        id: &str,
+        uid: u32,
+        since: f64,
+        out: &mut Vec<NativeJob>,
+    ) -> Result<()> {
+        for job in listed {
+            let ann = job.metadata.annotations.clone().unwrap_or_default();
+            if ann.get("fleet.io/job-id").map(String::as_str) != Some(id) {
+                continue;
+            }
+            let nj = native_state(&job, &[]);
+            if nj.user_id != Some(uid) || nj.submit_time.is_none_or(|t| (t as f64) < since - 2.0) {
+                continue;
+            }
+            let name = job.metadata.name.clone().unwrap_or_default();
+            if ann.get(COMPLETE_ANNOTATION).map(String::as_str) != Some("true") {
+                tracing::warn!(%id, job = %name, "deleting a Job an interrupted submission left half-made");
+                match api.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e).with_context(|| format!("deleting the half-made Job {name}")),
+                }
+                continue;
+            }
+            let pods = self.pods_of(&name);
+            let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+            out.push(native_state(&job, &refs));
+        }
+        Ok(())
+    }
+
+    fn cancel_dir(&self) -> PathBuf {
+        self.spool.join("kube-cancelled")
+    }
+
+    /// Records that this agent cancelled (deleted) a Job: the identity the
+    /// tracker checks (submit time, owner, nodes), one small file per Job.
+    fn write_cancel_record(&self, nj: &NativeJob) -> Result<()> {
+        let dir = self.cancel_dir();
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let rec = json!({"submit_time": nj.submit_time, "user_id": nj.user_id, "node_list": nj.node_list,
+                         "partition": nj.partition});
+        let tmp = dir.join(format!(".{}.tmp", nj.native_id));
+        std::fs::write(&tmp, rec.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, dir.join(nj.native_id.to_string())).context("recording the cancel")?;
+        Ok(())
+    }
+
+    /// The job as `cancel` left it, from its record (a previous life of the agent).
+    fn cancel_record(&self, native_id: u64) -> Option<NativeJob> {
+        let path = self.cancel_dir().join(native_id.to_string());
+        let text = {
+            use std::io::Read;
+            let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path).ok()?;
+            let mut buf = Vec::new();
+            f.take(4096).read_to_end(&mut buf).ok()?;
+            buf
+        };
+        let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        let mut nj = NativeJob::new(native_id, "CANCELLED");
+        nj.submit_time = v["submit_time"].as_i64();
+        nj.user_id = v["user_id"].as_u64().and_then(|u| u32::try_from(u).ok());
+        nj.node_list = v["node_list"].as_str().unwrap_or("").to_string();
+        nj.partition = v["partition"].as_str().unwrap_or("").to_string();
+        Some(nj)
+    }
+
+    /// Drops cancel records older than a week (the tracker has long reported them).
+    fn forget_old_cancels(&self) {
+        let Ok(rd) = std::fs::read_dir(self.cancel_dir()) else { return };
+        let max = Duration::from_secs(CANCEL_RECORD_DAYS * 86400);
+        for e in rd.flatten() {
+            let old = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+            if old.is_some_and(|a| a > max) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
     fn products(&self) -> Vec<String> {
         self.nodes.state().iter().filter_map(|n| n.metadata.labels.as_ref()?.get(GPU_PRODUCT).cloned()).collect()
     }
 
     fn pods_of(&self, name: &str) -> Vec<Arc<Pod>> {
-        self.pods
-            .state()
+        self.all_pods()
             .into_iter()
             .filter(|p| {
                 p.metadata.labels.as_ref().and_then(|l| l.get("batch.kubernetes.io/job-name")).map(String::as_str)
@@ -761,7 +952,8 @@ impl KubeBackend {
             }
             all_done = false;
             entry.pods.insert(uid.clone(), false);
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+            let pod_ns = p.metadata.namespace.clone().unwrap_or_else(|| self.settings.namespace.clone());
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod_ns);
             let out = self.output_paths(fleet_id).stdout;
             let mark = self.job_dir(fleet_id).join(format!(".log-{}", label_value(&uid)));
             let follow = self.follow.clone();
@@ -859,7 +1051,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 
 /// Capacity from Nodes (allocatable GPUs, the product label, MIG
 /// resources) minus what running pods hold (pure).
-pub fn capacity_of(nodes: &[Arc<Node>], pods: &[Pod]) -> Vec<NodeCapacity> {
+pub fn capacity_of(nodes: &[Arc<Node>], pods: &[Arc<Pod>]) -> Vec<NodeCapacity> {
     let qty = |q: &Quantity| -> f64 { parse_quantity(&q.0).unwrap_or(0.0) };
     let mut used: HashMap<String, BTreeMap<String, f64>> = HashMap::new();
     for p in pods {
@@ -974,27 +1166,24 @@ impl Backend for KubeBackend {
     }
 
     async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)> {
-        // Every pod holds capacity, not only Fleet's: list them all where
-        // the agent's RBAC allows it, else only its namespace's.
-        let all: Api<Pod> = Api::all(self.client.clone());
-        let pods = match all.list(&ListParams::default()).await {
-            Ok(l) => l.items,
-            Err(kube::Error::Api(s)) if s.code == 403 => self.pods.state().iter().map(|p| (**p).clone()).collect(),
-            Err(e) => return Err(e).context("listing pods"),
+        // Every pod holds capacity, not only Fleet's: the watched cache of
+        // all unfinished pods where the agent's RBAC allows it, else its
+        // namespace's (no list per heartbeat).
+        let pods = match &self.busy {
+            Some(busy) => busy.state(),
+            None => self.all_pods(),
         };
         // Forget the log followers of Jobs Kubernetes no longer has.
         let ids: std::collections::HashSet<String> = self
-            .jobs
-            .state()
+            .all_jobs()
             .iter()
             .filter_map(|j| j.metadata.annotations.as_ref()?.get("fleet.io/job-id").cloned())
             .collect();
         self.follow.lock().retain(|id, f| ids.contains(id) || f.pods.values().any(|done| !done));
         // The queue: Fleet's unfinished Jobs, running when a pod of theirs runs.
-        let live = self.pods.state();
+        let live = self.all_pods();
         let (mut pending, mut running) = (0, 0);
-        for j in
-            self.jobs.state().iter().filter(|j| has_true(j, "Complete").is_none() && has_true(j, "Failed").is_none())
+        for j in self.all_jobs().iter().filter(|j| has_true(j, "Complete").is_none() && has_true(j, "Failed").is_none())
         {
             let name = j.metadata.name.as_deref().unwrap_or("");
             let runs = live.iter().any(|p| {
@@ -1018,7 +1207,8 @@ impl Backend for KubeBackend {
         }
         crate::jobdir::create(&dir, agent_uid())?;
         let products = self.products();
-        let ns = &self.settings.namespace;
+        // translate() puts the objects in the same namespace.
+        let ns = &self.settings.namespace_for(user.account.as_deref().or(req.account.as_deref())).to_string();
         let mut tries = 0;
         let (native_id, objects, job) = loop {
             let native_id = self.mint_id();
@@ -1069,12 +1259,17 @@ impl Backend for KubeBackend {
                     .await
                     .context("creating the headless Service")?;
             }
+            // Released (or left suspended for Kueue), and marked whole: what
+            // `find_submitted` adopts after a crash; a Job without the mark
+            // is half-made and deleted there.
+            let mut patch = json!({"metadata": {"annotations": {COMPLETE_ANNOTATION: "true"}}});
             if self.settings.queue.is_none() {
-                Api::<Job>::namespaced(self.client.clone(), ns)
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"suspend": false}})))
-                    .await
-                    .context("releasing the Job")?;
+                patch["spec"] = json!({"suspend": false});
             }
+            Api::<Job>::namespaced(self.client.clone(), ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .context("releasing the Job")?;
             anyhow::Ok(())
         }
         .await;
@@ -1088,11 +1283,11 @@ impl Backend for KubeBackend {
 
     async fn status(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>> {
         let mut out = Vec::new();
-        let jobs = self.jobs.state();
+        let jobs = self.all_jobs();
         for &nid in native_ids {
             // Deleted by `cancel`: `accounting` reports it, whatever a
             // lagging watch still holds.
-            if self.cancelled.lock().contains_key(&nid) {
+            if self.cancelled.lock().contains_key(&nid) || self.cancel_dir().join(nid.to_string()).exists() {
                 continue;
             }
             let name = job_name(nid);
@@ -1100,7 +1295,8 @@ impl Backend for KubeBackend {
                 Some(j) => (**j).clone(),
                 // Not in the watch yet (just created) or gone: ask once.
                 None => {
-                    match Api::<Job>::namespaced(self.client.clone(), &self.settings.namespace).get_opt(&name).await? {
+                    let Some(ns) = self.namespace_of(&name).await? else { continue };
+                    match Api::<Job>::namespaced(self.client.clone(), &ns).get_opt(&name).await? {
                         Some(j) => j,
                         None => continue,
                     }
@@ -1126,7 +1322,8 @@ impl Backend for KubeBackend {
                     if still_running && has_true(&job, "Complete").is_none() && has_true(&job, "Failed").is_none() {
                         // Fatal for Fleet (image pull, eviction) while
                         // Kubernetes would keep trying: stop it here.
-                        let _ = Api::<Job>::namespaced(self.client.clone(), &self.settings.namespace)
+                        let ns = job.metadata.namespace.clone().unwrap_or_else(|| self.settings.namespace.clone());
+                        let _ = Api::<Job>::namespaced(self.client.clone(), &ns)
                             .delete(&name, &DeleteParams::background())
                             .await;
                     }
@@ -1139,17 +1336,25 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
-    /// Not yet: Jobs carry the fleet id as a label, but their names are
-    /// minted per submission, so an agent killed between creating a Job and
-    /// journaling its name creates a second one on retry (the Slurm
-    /// backend adopts the first). Known gap (issue 10).
-    async fn find_submitted(&self, _id: &str, _uid: u32, _since: f64) -> Result<Vec<NativeJob>> {
-        Ok(Vec::new())
+    /// The Jobs an interrupted submission of fleet job `id` left: listed
+    /// by the fleet id label (the exact id in the annotation), run as `uid`,
+    /// created since `since`. A Job created but never marked submitted (the
+    /// agent died before its ConfigMap or its release) is deleted rather
+    /// than adopted: it could never run.
+    async fn find_submitted(&self, id: &str, uid: u32, since: f64) -> Result<Vec<NativeJob>> {
+        let sel = format!("{MANAGED_BY}=fleet,{JOB_ID_LABEL}={}", label_value(id));
+        let mut out = Vec::new();
+        for ns in self.settings.namespaces() {
+            let api: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+            let listed = api.list(&ListParams::default().labels(&sel)).await.context("listing Fleet's Jobs")?;
+            self.adoptable_in(&api, listed.items, id, uid, since, &mut out).await?;
+        }
+        Ok(out)
     }
 
     async fn accounting(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>> {
         let c = self.cancelled.lock();
-        Ok(native_ids.iter().filter_map(|i| c.get(i).cloned()).collect())
+        Ok(native_ids.iter().filter_map(|i| c.get(i).cloned().or_else(|| self.cancel_record(*i))).collect())
     }
 
     async fn stand_ins(&self, _partition: &str) -> Result<Vec<NativeJob>> {
@@ -1159,7 +1364,8 @@ impl Backend for KubeBackend {
 
     async fn cancel(&self, native_id: u64, _user: &str) -> Result<()> {
         let name = job_name(native_id);
-        let api: Api<Job> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let Some(ns) = self.namespace_of(&name).await? else { return Ok(()) };
+        let api: Api<Job> = Api::namespaced(self.client.clone(), &ns);
         let before = api.get_opt(&name).await?;
         let Some(job) = before else { return Ok(()) };
         if job.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY)).map(String::as_str) != Some("fleet") {
@@ -1169,10 +1375,17 @@ impl Backend for KubeBackend {
         nj.state = JobState::Cancelled;
         nj.raw_state = "CANCELLED".into();
         nj.exit_code = None;
+        // Kept on disk before the delete: an agent restarted after it still
+        // reports the job cancelled (Kubernetes forgets a deleted Job).
+        self.write_cancel_record(&nj)?;
         match api.delete(&name, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e).with_context(|| format!("deleting Job {name}")),
+            Err(e) => {
+                // Not deleted: it runs on, and must be reported as running.
+                let _ = std::fs::remove_file(self.cancel_dir().join(native_id.to_string()));
+                return Err(e).with_context(|| format!("deleting Job {name}"));
+            }
         }
         self.cancelled.lock().insert(native_id, nj);
         Ok(())
@@ -1224,8 +1437,9 @@ pub async fn check(
     }
     let gpus: Vec<String> = types.iter().map(|(t, n)| format!("{n}×{t}")).collect();
     Ok(format!(
-        "namespace {}: {} nodes, GPUs {}; Fleet's Jobs: {running} running, {pending} pending; image {}{}",
-        settings.namespace,
+        "namespace{} {}: {} nodes, GPUs {}; Fleet's Jobs: {running} running, {pending} pending; image {}{}",
+        if settings.namespaces().len() > 1 { "s" } else { "" },
+        settings.namespaces().join(", "),
         nodes.len(),
         if gpus.is_empty() { "none".to_string() } else { gpus.join(", ") },
         settings.image,
@@ -1255,6 +1469,7 @@ mod tests {
             image: "ubuntu:24.04".into(),
             queue: None,
             service_account: None,
+            account_namespaces: BTreeMap::new(),
         }
     }
 
@@ -1365,6 +1580,51 @@ mod tests {
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"], "1");
         assert!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"].is_null());
         assert!(pod["affinity"].is_null());
+    }
+
+    #[test]
+    fn the_image_is_the_option_else_the_directive_else_the_sites() {
+        let image = |r: &JobRequest| {
+            let (u, s) = (user(), settings());
+            let t =
+                Translate { site: "gamma", fleet_id: "beta-7", native_id: 42, user: &u, settings: &s, products: &[] };
+            translate(&t, r).map(|o| {
+                serde_json::to_value(&o.job).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"].clone()
+            })
+        };
+        let mut r = req(&[], None);
+        assert_eq!(image(&r).unwrap(), "nvcr.io/nvidia/pytorch:24.05-py3");
+        r.fleet.image = Some("ghcr.io/lab/train:v2".into());
+        assert_eq!(image(&r).unwrap(), "ghcr.io/lab/train:v2");
+        r.script = Some(b"#!/bin/bash\necho\n".to_vec());
+        r.fleet.image = None;
+        assert_eq!(image(&r).unwrap(), "ubuntu:24.04");
+        // A hostile value that reached the agent anyway is refused, named.
+        r.fleet.image = Some("x;reboot".into());
+        let e = image(&r).unwrap_err().to_string();
+        assert!(e.contains("--fleet-image=\"x;reboot\"") && e.contains("';' is not allowed"), "{e}");
+    }
+
+    #[test]
+    fn a_job_runs_in_its_accounts_namespace() {
+        let mut s = settings();
+        s.account_namespaces = [("ml".to_string(), "team-ml".to_string())].into();
+        assert_eq!(s.namespace_for(Some("ML")), "team-ml");
+        assert_eq!(s.namespace_for(Some("cv")), "fleet");
+        assert_eq!(s.namespace_for(None), "fleet");
+        assert_eq!(s.namespaces(), vec!["fleet", "team-ml"]);
+        let ml = LocalUser { account: Some("ml".into()), ..user() };
+        let t = Translate { site: "gamma", fleet_id: "beta-7", native_id: 42, user: &ml, settings: &s, products: &[] };
+        let o = translate(&t, &req(&[], None)).unwrap();
+        assert_eq!(o.job.metadata.namespace.as_deref(), Some("team-ml"));
+        assert_eq!(o.script.metadata.namespace.as_deref(), Some("team-ml"));
+        let env = serde_json::to_value(&o.job).unwrap()["spec"]["template"]["spec"]["containers"][0]["env"].clone();
+        assert!(env.as_array().unwrap().iter().any(|e| e["name"] == "SLURM_JOB_PARTITION" && e["value"] == "team-ml"));
+        // The job's own -A counts where the identity map names no account.
+        let r = JobRequest { account: Some("ml".into()), ..req(&[], None) };
+        let u = user();
+        let t = Translate { user: &u, ..t };
+        assert_eq!(translate(&t, &r).unwrap().job.metadata.namespace.as_deref(), Some("team-ml"));
     }
 
     #[test]
@@ -1513,7 +1773,7 @@ mod tests {
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}, "status": {"phase": "Running"}})).unwrap();
         let done: Pod = serde_json::from_value(json!({"metadata": {"name": "y"}, "spec": {"nodeName": "h0",
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "5"}}}]}, "status": {"phase": "Succeeded"}})).unwrap();
-        let c = capacity_of(&nodes, &[busy, done]);
+        let c = capacity_of(&nodes, &[Arc::new(busy), Arc::new(done)]);
         assert_eq!(
             (c[0].gpu_type.as_deref(), c[0].gpus_total, c[0].gpus_free, c[0].state.as_str()),
             (Some("h100"), 8, 5, "mixed")

@@ -37,6 +37,12 @@ namespaces = ["fleet"]
 nodes = true
 
 [[token]]
+token = "agent-teams-5d1e"
+user = "system:serviceaccount:fleet:fleet-agent"
+namespaces = ["fleet", "team-ml"]
+nodes = true
+
+[[token]]
 token = "admin-token-91c2"
 user = "admin"
 namespaces = ["*"]
@@ -50,20 +56,32 @@ struct Cluster {
 }
 
 async fn cluster_with(queue: Option<&str>) -> Cluster {
+    cluster_as(queue, "agent-token-7f3a").await
+}
+
+/// A cluster whose agent holds `token` (the admin's may list pods everywhere).
+async fn cluster_as(queue: Option<&str>, token: &str) -> Cluster {
+    cluster_set(token, |s| s.queue = queue.map(str::to_string)).await
+}
+
+/// A cluster whose agent holds `token`, its settings changed by `f`.
+async fn cluster_set(token: &str, f: impl FnOnce(&mut KubeSettings)) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let file: kube_server::FileConf = toml::from_str(NODES).unwrap();
     let mut cfg = kube_server::ServerConfig::new(file, &dir.path().join("server"));
     cfg.tls = true;
     let server = kube_server::start(cfg, 0).await.unwrap();
     let kc = dir.path().join("agent.kubeconfig");
-    server.write_kubeconfig(&kc, "agent-token-7f3a", "fleet").unwrap();
-    let settings = KubeSettings {
+    server.write_kubeconfig(&kc, token, "fleet").unwrap();
+    let mut settings = KubeSettings {
         kubeconfig: Some(kc),
         namespace: "fleet".into(),
         image: "ubuntu:24.04".into(),
-        queue: queue.map(str::to_string),
+        queue: None,
         service_account: None,
+        account_namespaces: Default::default(),
     };
+    f(&mut settings);
     let spool = dir.path().join("spool");
     std::fs::create_dir_all(spool.join("jobs")).unwrap();
     let backend = KubeBackend::connect(settings, "gamma", spool).await.unwrap();
@@ -203,7 +221,12 @@ async fn cancel_deletes_the_job_and_its_pods_within_5_s() {
     let c = cluster().await;
     let id = c.backend.submit("beta-3", &request("echo started\nsleep 120\n", None, 1), &user()).await.unwrap();
     until(&c, id, "running", |j| j.state == JobState::Running).await;
-    assert_eq!(c.server.running_processes(), 1);
+    // The pod is Running in the API a moment before its process is tracked.
+    let t0 = Instant::now();
+    while c.server.running_processes() != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "{} processes", c.server.running_processes());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let t0 = Instant::now();
     c.backend.cancel(id, "alice").await.unwrap();
     let name = job_name(id);
@@ -354,6 +377,7 @@ async fn the_start_up_check_reports_capacity_or_what_is_wrong() {
         image: "ubuntu:24.04".into(),
         queue: None,
         service_account: None,
+        account_namespaces: Default::default(),
     };
     let spool = c.dir.path().join("spool");
     let ok = fleet_agent::kube::check(&settings("fleet", &kc), "gamma", spool.clone()).await.unwrap();
@@ -497,4 +521,176 @@ async fn throughput_1000_jobs_created_and_watched() {
     assert_eq!(c.server.list(Kind::Job, Some("fleet")).len(), n);
     let st = c.backend.status(&ids[..10]).await.unwrap();
     assert!(st.iter().all(|j| j.state == JobState::Pending && j.reason.starts_with("Suspended")), "{st:?}");
+}
+
+fn now_s() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_submitted_adopts_the_whole_job_and_deletes_a_half_made_one() {
+    use ::kube::api::{Api, PostParams};
+    use fleet_agent::kube::{translate, Translate};
+    use k8s_openapi::api::batch::v1::Job;
+    let c = cluster().await;
+    let since = now_s() - 1.0;
+    // A whole submission whose answer the agent never journaled (it died).
+    let id = c.backend.submit("beta-40", &request("sleep 5\n", None, 1), &user()).await.unwrap();
+    let found = c.backend.find_submitted("beta-40", 1001, since).await.unwrap();
+    assert_eq!(found.iter().map(|j| j.native_id).collect::<Vec<_>>(), vec![id], "{found:?}");
+    assert_eq!(found[0].user_id, Some(1001));
+    // Not as another user, not before `since`.
+    assert!(c.backend.find_submitted("beta-40", 1002, since).await.unwrap().is_empty());
+    assert!(c.backend.find_submitted("beta-40", 1001, now_s() + 3600.0).await.unwrap().is_empty());
+    // Two fleet ids with the same label value: the annotation tells them apart.
+    let other = c.backend.submit("beta_41", &request("true\n", None, 1), &user()).await.unwrap();
+    assert!(c.backend.find_submitted("beta 41", 1001, since).await.unwrap().is_empty());
+    assert_eq!(c.backend.find_submitted("beta_41", 1001, since).await.unwrap()[0].native_id, other);
+
+    // A Job created but never completed (no ConfigMap, never released):
+    // deleted, not adopted, so that the retry submits a whole one.
+    let u = user();
+    let t = Translate {
+        site: "gamma",
+        fleet_id: "beta-42",
+        native_id: 4242,
+        user: &u,
+        settings: &c.backend.settings,
+        products: &[],
+    };
+    let objects = translate(&t, &request("echo never\n", None, 1)).unwrap();
+    Api::<Job>::namespaced(c.backend.client.clone(), "fleet")
+        .create(&PostParams::default(), &objects.job)
+        .await
+        .unwrap();
+    assert!(c.server.get(Kind::Job, "fleet", "fleet-4242").is_some());
+    assert!(c.backend.find_submitted("beta-42", 1001, since).await.unwrap().is_empty());
+    let t0 = Instant::now();
+    while c.server.get(Kind::Job, "fleet", "fleet-4242").is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the half-made Job is still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The adopted one runs on as if its answer had been journaled.
+    let end = until(&c, id, "finished", |j| j.state.is_terminal()).await;
+    assert_eq!(end.state, JobState::Completed, "{end:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cancelled_before_an_agent_restart_is_reported_cancelled() {
+    let c = cluster().await;
+    let id = c.backend.submit("beta-43", &request("echo started\nsleep 120\n", None, 1), &user()).await.unwrap();
+    let running = until(&c, id, "running", |j| j.state == JobState::Running).await;
+    c.backend.cancel(id, "alice").await.unwrap();
+    // The agent is replaced before its tracker reported the cancel.
+    let Cluster { server, backend, dir } = c;
+    let (settings, spool) = (backend.settings.clone(), backend.spool.clone());
+    drop(backend);
+    let backend = KubeBackend::connect(settings, "gamma", spool).await.unwrap();
+    let c = Cluster { server, backend, dir };
+    let t0 = Instant::now();
+    while c.server.get(Kind::Job, "fleet", &job_name(id)).is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the Job was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Kubernetes no longer has the Job; accounting says what became of it,
+    // with the identity the tracker checks (owner, submit time), not `lost`.
+    assert!(c.backend.status(&[id]).await.unwrap().is_empty());
+    let acct = c.backend.accounting(&[id]).await.unwrap();
+    assert_eq!(acct.len(), 1, "{acct:?}");
+    let a = &acct[0];
+    assert_eq!((a.state, a.raw_state.as_str(), a.exit_code), (JobState::Cancelled, "CANCELLED", None), "{a:?}");
+    assert_eq!((a.native_id, a.user_id, a.submit_time), (id, Some(1001), running.submit_time), "{a:?}");
+    // A job this agent never cancelled has no such record.
+    assert!(c.backend.accounting(&[id + 1]).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_watches_every_namespaces_pods_instead_of_listing_them() {
+    use ::kube::api::{Api, PostParams};
+    use k8s_openapi::api::core::v1::Pod;
+    // An agent whose RBAC may list pods in every namespace.
+    let c = cluster_as(None, "admin-token-91c2").await;
+    let lists = || c.server.state.pod_lists.load(std::sync::atomic::Ordering::Relaxed);
+    let at_start = lists();
+    let free = |nodes: &[fleet_api::api::NodeCapacity]| -> u32 {
+        nodes.iter().filter(|n| n.gpu_type.as_deref() == Some("h100")).map(|n| n.gpus_free).sum()
+    };
+    assert_eq!(free(&c.backend.capacity().await.unwrap().0), 16);
+    // Another tenant's pod, outside Fleet's namespace, holds 3 GPUs for a while.
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "someone-else", "namespace": "research"},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox",
+            "command": ["/bin/bash", "-c", "sleep 2"], "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(c.backend.client.clone(), "research").create(&PostParams::default(), &pod).await.unwrap();
+    let t0 = Instant::now();
+    while free(&c.backend.capacity().await.unwrap().0) != 13 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the other tenant's pod never counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Once it finished it leaves the watched selection and frees its GPUs.
+    while free(&c.backend.capacity().await.unwrap().0) != 16 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the finished pod still holds GPUs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        c.server.get(Kind::Pod, "research", "someone-else").unwrap()["status"]["phase"],
+        "Succeeded",
+        "the pod itself stays, finished"
+    );
+    // Hundreds of heartbeats later, not one list of pods was made.
+    for _ in 0..200 {
+        c.backend.capacity().await.unwrap();
+    }
+    assert_eq!(lists(), at_start, "capacity() lists pods instead of reading the watch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_in_their_accounts_namespace_and_the_agent_may_use_no_other() {
+    let c = cluster_set("agent-teams-5d1e", |s| {
+        s.account_namespaces = [("ml".to_string(), "team-ml".to_string())].into();
+    })
+    .await;
+    // Charged to account ml (as the identity map says): namespace team-ml.
+    let ml = LocalUser { account: Some("ML".into()), ..user() };
+    let a =
+        c.backend.submit("beta-50", &request("echo in $SLURM_JOB_PARTITION\nsleep 60\n", None, 1), &ml).await.unwrap();
+    // Charged to another account: the default namespace.
+    let b = c.backend.submit("beta-51", &request("echo in $SLURM_JOB_PARTITION\n", None, 1), &user()).await.unwrap();
+    assert!(c.server.get(Kind::Job, "team-ml", &job_name(a)).is_some());
+    assert!(c.server.get(Kind::Job, "fleet", &job_name(b)).is_some());
+    assert!(c.server.get(Kind::ConfigMap, "team-ml", &format!("{}-script", job_name(a))).is_some());
+    until(&c, a, "running", |j| j.state == JobState::Running).await;
+    let end = until(&c, b, "finished", |j| j.state.is_terminal()).await;
+    assert_eq!(end.state, JobState::Completed);
+    assert_eq!(stdout(&c, "beta-51"), "in fleet\n");
+    let t0 = Instant::now();
+    while !stdout(&c, "beta-50").contains("in team-ml") {
+        c.backend.status(&[a]).await.unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(10), "no log from team-ml: {:?}", stdout(&c, "beta-50"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, _, running) = c.backend.capacity().await.unwrap();
+    assert_eq!(running, 1, "the team-ml job counts in the queue");
+    // Crash-window adoption and cancel find it in its namespace.
+    assert_eq!(c.backend.find_submitted("beta-50", 1001, now_s() - 60.0).await.unwrap()[0].native_id, a);
+    c.backend.cancel(a, "alice").await.unwrap();
+    let t0 = Instant::now();
+    while c.server.get(Kind::Job, "team-ml", &job_name(a)).is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its RBAC ends at those namespaces: another is forbidden, and an agent
+    // configured for a namespace its token does not cover refuses to start.
+    use ::kube::api::{Api, ListParams};
+    use k8s_openapi::api::batch::v1::Job;
+    let e = Api::<Job>::namespaced(c.backend.client.clone(), "team-cv").list(&ListParams::default()).await.unwrap_err();
+    assert!(matches!(&e, ::kube::Error::Api(s) if s.code == 403), "{e}");
+    let kc = c.backend.settings.kubeconfig.clone();
+    let mut bad = c.backend.settings.clone();
+    bad.account_namespaces.insert("cv".into(), "team-cv".into());
+    assert_eq!(bad.namespaces(), vec!["fleet", "team-cv", "team-ml"]);
+    let err = KubeBackend::connect(bad, "gamma", c.dir.path().join("spool2")).await.err().expect("refused");
+    assert!(format!("{err:#}").contains("may not list Jobs in namespace team-cv"), "{err:#} ({kc:?})");
 }
