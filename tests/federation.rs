@@ -551,7 +551,12 @@ fn forward_survives_agent_restart_while_metasched_is_down() {
 fn an_agent_killed_between_sbatch_and_its_journal_runs_the_job_once() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("crash-window");
-    let _restore = lab.restart_services_on_drop("alpha");
+    // Whatever happens, alpha ends with an agent that is not armed to exit:
+    // stopped and started again (starting alone keeps a running armed one).
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.lab_sh(&["stop-agent", "alpha"]);
+        let _ = lab.lab_sh(&["start-agent", "alpha"]);
+    });
     assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
     // alpha's agent dies (as kill -9 would leave it) right after sbatch
     // accepted the job and before the Slurm id reached its journal.
@@ -560,7 +565,9 @@ fn an_agent_killed_between_sbatch_and_its_journal_runs_the_job_once() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let runs = dir.join("runs");
     let body = format!("echo $SLURM_CLUSTER_NAME:$SLURM_JOB_ID >> {}\nsleep 2\necho done\nexit 4", runs.display());
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt")], &script(&body)).unwrap();
+    let id = lab
+        .sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=alpha", &out_arg(&dir, "out.txt")], &script(&body))
+        .unwrap();
     let log_tail = || {
         let all = std::fs::read(lab.agent_log("alpha")).unwrap_or_default();
         String::from_utf8_lossy(&all[(log_len as usize).min(all.len())..]).into_owned()
