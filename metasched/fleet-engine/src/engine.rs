@@ -838,6 +838,22 @@ pub fn evaluate_all<'a>(
     (0..model.clusters.len() as ClusterId).map(move |cid| (cid, eval_cluster(model, state, job, policy, cid, &ctx)))
 }
 
+/// One cluster's verdict for a prepared job (its best pool and pricing), as
+/// [`evaluate_all`] gives it. `with_carbon = false` leaves the carbon terms
+/// out (kgCO2 0 in the breakdown) when the policy does not price carbon, which
+/// changes no score; a policy that prices carbon always gets them.
+pub fn evaluate_cluster(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    with_carbon: bool,
+) -> Result<Placement, Exclusion> {
+    let ctx = EvalCtx { carbon: with_carbon, ..ctx_for(job) };
+    eval_cluster(model, state, job, policy, cid, &ctx)
+}
+
 /// One ranked candidate in an explanation.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Candidate {

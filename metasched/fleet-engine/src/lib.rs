@@ -24,7 +24,7 @@ pub mod state;
 pub mod synth;
 
 pub use engine::{
-    all_options, decide, evaluate_all, explain, explain_prepared, prepare, Breakdown, Candidate, Decision, Excluded,
+    all_options, decide, evaluate_all, evaluate_cluster, explain, explain_prepared, prepare, Breakdown, Candidate, Decision, Excluded,
     Exclusion, Explanation, Placement, PreparedJob, Pricing,
 };
 pub use feeds::{parse_carbon, parse_egress, parse_prices, CarbonSeries, EgressMatrix, FeedError, PriceTable};

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use fleet_engine::engine::PreparedData;
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
-    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
+    decide, evaluate_all, evaluate_cluster, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
     JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob, Pricing,
 };
 
@@ -55,6 +55,8 @@ pub struct EngineModel {
     notes: Vec<String>,
     /// Regions holding a copy of each named (shared) dataset.
     staged: BTreeMap<String, Vec<fleet_engine::model::RegionId>>,
+    /// The load of the idle fleet (bounds), built once.
+    idle: Vec<ClusterLoad>,
     pub margin: MigrationMargin,
 }
 
@@ -118,7 +120,7 @@ impl EngineModel {
                 ));
             }
         }
-        let clusters = fleet
+        let clusters: Vec<SimCluster> = fleet
             .clusters
             .iter()
             .map(|c| SimCluster {
@@ -157,6 +159,7 @@ impl EngineModel {
             Policy { name: LOWER_BOUND.into(), egress_weight: 0.0, allow_spot: true, ..pure_price },
         );
         let pool_spot = fleet.clusters.iter().map(|c| vec![None; c.pools.len()]).collect();
+        let idle = crate::sim::idle_load(&clusters);
         Ok(EngineModel {
             fleet,
             policies,
@@ -169,6 +172,7 @@ impl EngineModel {
             pool_spot,
             notes,
             staged: BTreeMap::new(),
+            idle,
             margin: MigrationMargin::default(),
         })
     }
@@ -290,6 +294,7 @@ impl EngineModel {
             }
         }
         self.notes.push(format!("spot traces: {}", used.join(", ")));
+        self.idle = crate::sim::idle_load(&self.clusters);
     }
 
     fn spec_for(&self, job: &SimJob) -> JobSpec {
@@ -442,6 +447,51 @@ impl Model for EngineModel {
                 .then(a.cluster.cmp(&b.cluster))
         });
         ok.iter().map(|p| self.offer(p, resuming)).collect()
+    }
+
+    /// The cheap bound's offer without ranking every cluster: clusters in
+    /// increasing order of their cheapest unit of work (`cheapest_per_work`), which
+    /// no offer of theirs can undercut, so the scan stops at the first cluster whose
+    /// floor is above the best found. Every offer at the lowest USD per unit of work
+    /// is kept and the first of them in the offers' order (score, home first,
+    /// cluster) wins: the same offer as the default scan of every cluster.
+    fn cheapest(&mut self, job: &SimJob) -> Option<Offer> {
+        let pol = self.policy(LOWER_BOUND)?;
+        let idle = std::mem::take(&mut self.idle);
+        self.sync_state(job.submit_s, &idle, job.gpus);
+        self.idle = idle;
+        self.prepared(job);
+        let pj = self.prepared.get(job.id)?.as_ref()?;
+        // Live spot prices could undercut the model's floors (never set here).
+        let can_stop = !self.state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+        let mut best_pw = f64::INFINITY;
+        let mut ties: Vec<Placement> = Vec::new();
+        for &(floor, cid) in &self.fleet.cheapest_per_work {
+            if can_stop && floor > best_pw {
+                break;
+            }
+            let Ok(p) = evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false) else {
+                continue;
+            };
+            let speed = self.fleet.clusters[cid as usize].pools.get(p.pool as usize).map(|x| x.speed).unwrap_or(1.0);
+            let pw = p.breakdown.price_per_gpu_hour / speed.max(1e-9);
+            if pw < best_pw {
+                best_pw = pw;
+                ties.clear();
+            }
+            if pw == best_pw {
+                ties.push(p);
+            }
+        }
+        let home = pj.home;
+        let first = ties.iter().min_by(|a, b| {
+            a.breakdown
+                .total
+                .total_cmp(&b.breakdown.total)
+                .then((Some(b.cluster) == home).cmp(&(Some(a.cluster) == home)))
+                .then(a.cluster.cmp(&b.cluster))
+        })?;
+        Some(self.offer(first, pj.done_fraction > 0.0))
     }
 
     /// Every feasible pool and pricing on an idle fleet (`fleet_engine::all_options`

@@ -148,6 +148,15 @@ pub trait Model {
         let empty = idle_load(self.clusters());
         self.offers("lower-bound", job, job.submit_s, &empty)
     }
+    /// The offer of the cheap lower bound: among the lower-bound offers on an idle
+    /// fleet at the job's submission, the one with the lowest USD per unit of work
+    /// (price ÷ speed); ties go to the first in the offers' order. Default: exactly
+    /// that scan; a model may find the same offer faster.
+    fn cheapest(&mut self, job: &SimJob) -> Option<Offer> {
+        let empty = idle_load(self.clusters());
+        let offers = self.offers("lower-bound", job, job.submit_s, &empty);
+        offers.into_iter().min_by(|a, b| per_work(a).total_cmp(&per_work(b)))
+    }
     /// The job lands on `offer` (its datasets are staged there from now on).
     fn landed(&mut self, _job: &SimJob, _offer: &Offer) {}
     /// Progress of a job about to be placed again: the share of its work saved in
@@ -1115,21 +1124,22 @@ pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
 /// empty fleet), no waiting, no egress, no lost work. Returns (USD, kgCO2 of those
 /// placements run at submission).
 pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
-    let empty = idle_load(model.clusters());
     let mut usd = 0.0;
     let mut co2 = 0.0;
     for j in jobs {
         model.resume(j, 0.0, None);
-        let offers = model.offers("lower-bound", j, j.submit_s, &empty);
-        // The cheapest unit of work: price per GPU-hour ÷ the pool's speed.
-        let per_work = |o: &Offer| o.usd_per_gpu_hour / o.speed.max(1e-9);
-        if let Some(o) = offers.iter().min_by(|a, b| per_work(a).total_cmp(&per_work(b))) {
+        if let Some(o) = model.cheapest(j) {
             let run_s = j.duration_s / o.speed.max(1e-9);
             usd += o.usd_per_gpu_hour * j.gpus as f64 * run_s / 3600.0;
             co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + run_s);
         }
     }
     (usd, co2)
+}
+
+/// USD per unit of work of an offer: price per GPU-hour ÷ the pool's speed.
+pub fn per_work(o: &Offer) -> f64 {
+    o.usd_per_gpu_hour / o.speed.max(1e-9)
 }
 
 #[cfg(test)]
