@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use fleet_engine::engine::PreparedData;
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
-    decide, evaluate_all, evaluate_cluster, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
+    decide, evaluate_cluster, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
     JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob, Pricing,
 };
 
@@ -57,6 +57,11 @@ pub struct EngineModel {
     staged: BTreeMap<String, Vec<fleet_engine::model::RegionId>>,
     /// The load of the idle fleet (bounds), built once.
     idle: Vec<ClusterLoad>,
+    /// Per cluster: its synthetic dataset resolved against the catalog.
+    sim_data: Vec<Option<PreparedData>>,
+    /// The fleet file names `sim://` datasets itself (then every job's dataset
+    /// goes through the catalog lookup).
+    own_sim_uris: bool,
     pub margin: MigrationMargin,
 }
 
@@ -74,6 +79,9 @@ impl EngineModel {
         let mut cfg: FleetConfig = fleet_engine::model::parse_config(&setup.fleet_toml, fleet_name)?;
         let mut notes = Vec::new();
         // The simulator's synthetic datasets: one per cluster, in its region.
+        // The fleet file's own catalog may not use the simulator's scheme: then
+        // a job's dataset is resolved by the catalog's longest-prefix lookup.
+        let own_sim_uris = cfg.datasets.iter().any(|d| d.uri.starts_with("sim://"));
         if setup.dataset_gb > 0.0 {
             for c in &cfg.clusters {
                 cfg.datasets.push(fleet_engine::model::DatasetConfig {
@@ -160,6 +168,20 @@ impl EngineModel {
         );
         let pool_spot = fleet.clusters.iter().map(|c| vec![None; c.pools.len()]).collect();
         let idle = crate::sim::idle_load(&clusters);
+        // Each cluster's synthetic dataset (`sim://<cluster>/`) as the catalog
+        // resolves it, looked up once (the catalog lookup scans every entry).
+        let sim_data = fleet
+            .clusters
+            .iter()
+            .map(|c| {
+                fleet.dataset_for(&sim_dataset_uri(&c.name)).map(|d| PreparedData {
+                    uri: String::new(),
+                    locations: d.locations.clone(),
+                    size_gb: d.size_gb,
+                    known: true,
+                })
+            })
+            .collect();
         Ok(EngineModel {
             fleet,
             policies,
@@ -173,6 +195,8 @@ impl EngineModel {
             notes,
             staged: BTreeMap::new(),
             idle,
+            sim_data,
+            own_sim_uris,
             margin: MigrationMargin::default(),
         })
     }
@@ -308,7 +332,7 @@ impl EngineModel {
             ckpt_interval_s: (job.checkpoint_s > 0.0).then_some(job.checkpoint_s),
             // Each job reads a dataset of its own, stored at its home (the
             // catalog entry `sim://<home>/` gives its size and location).
-            datasets: if self.fleet.dataset_for(&sim_dataset_uri(&home)).is_some() {
+            datasets: if self.sim_data.get(job.home).is_some_and(|d| d.is_some()) {
                 vec![format!("{}job-{}", sim_dataset_uri(&home), job.id)]
             } else {
                 Vec::new()
@@ -328,7 +352,20 @@ impl EngineModel {
         }
         if self.prepared[job.id].is_none() {
             let spec = self.spec_for(job);
-            let mut pj = prepare(&self.fleet, &spec);
+            let synthetic = self.sim_data.get(job.home).cloned().flatten().filter(|_| !self.own_sim_uris);
+            let mut pj = match (synthetic, spec.datasets.first()) {
+                // The job's own dataset under `sim://<home>/`: what the catalog
+                // lookup would give, without the lookup.
+                (Some(mut d), Some(uri)) if spec.datasets.len() == 1 => {
+                    d.uri = uri.clone();
+                    let bare = JobSpec { datasets: Vec::new(), ..spec.clone() };
+                    let mut pj = prepare(&self.fleet, &bare);
+                    pj.spec = spec;
+                    pj.datasets = vec![d];
+                    pj
+                }
+                _ => prepare(&self.fleet, &spec),
+            };
             // Named datasets of the trace live at the team's home.
             if !job.extra.datasets.is_empty() {
                 let home = self.fleet.clusters.get(job.home).map(|c| c.region_id);
@@ -436,10 +473,14 @@ impl Model for EngineModel {
                 .map(|p| vec![self.offer(&p, resuming)])
                 .unwrap_or_default();
         }
-        let mut ok: Vec<Placement> =
-            evaluate_all(&self.fleet, &self.state, pj, &pol).filter_map(|(_, r)| r.ok()).collect();
+        // The baselines' policies do not price carbon: no carbon terms needed.
+        let mut ok: Vec<Placement> = (0..self.fleet.clusters.len() as fleet_engine::ClusterId)
+            .filter_map(|cid| evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false).ok())
+            .collect();
         let home = pj.home;
-        ok.sort_by(|a, b| {
+        // A strict total order (one offer per cluster): unstable sorting gives
+        // the same order.
+        ok.sort_unstable_by(|a, b| {
             a.breakdown
                 .total
                 .total_cmp(&b.breakdown.total)
