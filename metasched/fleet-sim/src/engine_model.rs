@@ -474,9 +474,14 @@ impl Model for EngineModel {
                 .unwrap_or_default();
         }
         // The baselines' policies do not price carbon: no carbon terms needed.
-        let mut ok: Vec<Placement> = (0..self.fleet.clusters.len() as fleet_engine::ClusterId)
-            .filter_map(|cid| evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false).ok())
-            .collect();
+        // Home-only takes nothing but the home cluster's offer.
+        let ids = match (policy, pj.home) {
+            (HOME_ONLY, Some(h)) => h..h + 1,
+            (HOME_ONLY, None) => 0..0,
+            _ => 0..self.fleet.clusters.len() as fleet_engine::ClusterId,
+        };
+        let mut ok: Vec<Placement> =
+            ids.filter_map(|cid| evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false).ok()).collect();
         let home = pj.home;
         // A strict total order (one offer per cluster): unstable sorting gives
         // the same order.

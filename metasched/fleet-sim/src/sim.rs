@@ -138,7 +138,8 @@ pub struct Move {
 /// What the simulator needs from the placement engine.
 pub trait Model {
     fn clusters(&self) -> &[SimCluster];
-    /// Feasible offers, best first, under `policy`.
+    /// Feasible offers, best first, under `policy` (under `HOME_ONLY` a model may
+    /// give only the home cluster's offers: the baseline takes no other).
     fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer>;
     /// kgCO2 of `gpus` GPUs of pool (`cluster`, `pool`) running over `[t0, t1)`.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64;
