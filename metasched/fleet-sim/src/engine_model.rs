@@ -638,7 +638,7 @@ impl Model for EngineModel {
             });
         }
         let idx: Vec<usize> = running.iter().filter(|r| r.remaining_s >= 2.0 * 3600.0).map(|r| r.job).collect();
-        fleet_engine::propose_migrations(&self.fleet, &self.state, &rj, &pol, &self.margin)
+        fleet_engine::propose_migrations_with(&self.fleet, &self.state, &rj, &pol, &self.margin, true)
             .into_iter()
             .filter_map(|m| {
                 let from = rj.get(m.index)?;

@@ -1077,6 +1077,7 @@ impl<M: Model> Sim<'_, M> {
             },
             utilization,
             ratio_to_lower_bound: 0.0,
+            own_lp_bound_usd: None,
             cost_series,
             util_series,
             bucket_hours: b / 3600.0,
