@@ -2,8 +2,8 @@
 
 use fleet_api::FleetMode;
 use fleet_engine::{
-    decide, explain, prepare, propose_migrations, propose_migrations_with, FleetModel, FleetState, JobSpec, MigrationMargin, Parallelism,
-    Policy, Pricing, RunningJob,
+    decide, explain, prepare, propose_migrations, propose_migrations_with, FleetModel, FleetState, JobSpec,
+    MigrationMargin, Parallelism, Policy, Pricing, RunningJob,
 };
 
 fn fleet(toml: &str) -> FleetModel {
