@@ -544,25 +544,34 @@ fn data_cost(model: &FleetModel, job: &PreparedJob, c: &Cluster) -> (f64, f64) {
     (usd, hours)
 }
 
-/// Scores one pool of one cluster with one pricing. `None` when the price
-/// is missing or the score is not finite.
+/// The terms of a score that need no data transfer or carbon: run time,
+/// wait, overheads, spot losses and compute. [`score`] and the pruning floor
+/// of [`decide`] share them, so the floor is the score's own arithmetic with
+/// the remaining (non-negative) terms left out.
+struct CoreTerms {
+    g: f64,
+    d_h: f64,
+    wait_h: f64,
+    restore_h: f64,
+    overhead_h: f64,
+    interval_h: Option<f64>,
+    lost_h: f64,
+    compute_usd: f64,
+}
+
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn score(
+fn core_terms(
     model: &FleetModel,
-    state: &FleetState,
     job: &PreparedJob,
-    policy: &Policy,
     cid: ClusterId,
     c: &Cluster,
-    cs: &ClusterState,
     p: &NodePool,
     ps: &PoolState,
     pricing: Pricing,
     price: f64,
-    data: (f64, f64),
     ctx: &EvalCtx,
-) -> Breakdown {
+) -> CoreTerms {
     let g = f64::from(job.gpus);
     // Run time on this pool's GPUs.
     let d_h = ctx.duration_h / p.speed.max(1e-6);
@@ -582,15 +591,6 @@ fn score(
     // Resuming: the checkpoint is restored before work goes on.
     let restore_h = if ctx.resume && !ctx.in_place { ov.restore_s / 3600.0 } else { 0.0 };
     let overhead_h = provision_h + restore_h + if remote { ov.remote_submit_s / 3600.0 } else { 0.0 };
-    let (data_usd, transfer_h) = if ctx.in_place { (0.0, 0.0) } else { data };
-    // A resumed job's checkpoint moves to a cluster in another region.
-    let (data_usd, transfer_h) = match job.resume_from {
-        Some(src) if restore_h > 0.0 && src != c.region_id => (
-            data_usd + job.ckpt_size_gb * model.egress_usd_per_gb(src, c.region_id),
-            transfer_h + job.ckpt_size_gb * 8.0 / model.bandwidth_gbps(src, c.region_id).max(1e-3) / 3600.0,
-        ),
-        _ => (data_usd, transfer_h),
-    };
     let interval_h = job.spec.ckpt_interval_s.filter(|x| x.is_finite() && *x > 0.0).map(|x| x / 3600.0);
     let lost_h = if pricing == Pricing::Spot {
         let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
@@ -599,6 +599,107 @@ fn score(
     } else {
         0.0
     };
+    let compute_usd = price * g * (d_h + lost_h + provision_h + restore_h);
+    CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, compute_usd }
+}
+
+/// Egress USD and transfer hours of the job's data to `c` (`data`, from
+/// [`data_cost`]), plus a resumed job's checkpoint when it moves region.
+#[inline]
+fn data_terms(
+    model: &FleetModel,
+    job: &PreparedJob,
+    c: &Cluster,
+    restore_h: f64,
+    data: (f64, f64),
+    ctx: &EvalCtx,
+) -> (f64, f64) {
+    let (data_usd, transfer_h) = if ctx.in_place { (0.0, 0.0) } else { data };
+    // A resumed job's checkpoint moves to a cluster in another region.
+    match job.resume_from {
+        Some(src) if restore_h > 0.0 && src != c.region_id => (
+            data_usd + job.ckpt_size_gb * model.egress_usd_per_gb(src, c.region_id),
+            transfer_h + job.ckpt_size_gb * 8.0 / model.bandwidth_gbps(src, c.region_id).max(1e-3) / 3600.0,
+        ),
+        _ => (data_usd, transfer_h),
+    }
+}
+
+/// A floor of the best score cluster `cid` can offer a job (INFINITY when no
+/// pool of it could take the job): for each option [`eval_cluster`] would
+/// score, its score by the same arithmetic ([`core_terms`], [`data_terms`])
+/// without checkpoint egress and carbon. With non-negative policy weights
+/// those are >= 0 and IEEE rounding is monotone, so the floor is never above
+/// the score, bit for bit (and equal to it when the job writes no
+/// checkpoints elsewhere and the policy does not price carbon).
+fn score_floor(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    ctx: &EvalCtx,
+) -> f64 {
+    let (Some(c), Some(cs)) = (model.clusters.get(cid as usize), state.clusters.get(cid as usize)) else {
+        return f64::INFINITY;
+    };
+    if c.type_mask & job.type_mask == 0 {
+        return f64::INFINITY;
+    }
+    let tv = policy.time_value_usd_per_gpu_hour;
+    let mut floor = f64::INFINITY;
+    let mut data: Option<(f64, f64)> = None;
+    for (pi, p) in c.pools.iter().enumerate() {
+        if job.type_mask & (1u64 << p.gpu_type) == 0 || p.speed < job.min_speed || job.gpus > p.total_gpus {
+            continue;
+        }
+        let Some(ps) = cs.pools.get(pi) else { continue };
+        let options: [(Pricing, Option<f64>); 2] = if c.onprem {
+            [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
+        } else {
+            let spot = if job.spec.interruptible && policy.allow_spot && ps.spot_available {
+                ps.spot_price.or(p.prices.spot)
+            } else {
+                None
+            };
+            [(Pricing::OnDemand, p.prices.on_demand), (Pricing::Spot, spot)]
+        };
+        for (pricing, price) in options {
+            let Some(price) = price.filter(|x| x.is_finite() && *x >= 0.0) else {
+                continue;
+            };
+            let t = core_terms(model, job, cid, c, p, ps, pricing, price, ctx);
+            let d = *data.get_or_insert_with(|| data_cost(model, job, c));
+            let (data_usd, transfer_h) = data_terms(model, job, c, t.restore_h, d, ctx);
+            let delay_h = t.wait_h + transfer_h + t.overhead_h + t.lost_h;
+            floor = floor.min(t.compute_usd + policy.egress_weight * data_usd + tv * t.g * delay_h);
+        }
+    }
+    floor
+}
+
+/// Scores one pool of one cluster with one pricing. `None` when the price
+/// is missing or the score is not finite.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn score(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    c: &Cluster,
+    cs: &ClusterState,
+    p: &NodePool,
+    ps: &PoolState,
+    pricing: Pricing,
+    price: f64,
+    data: (f64, f64),
+    ctx: &EvalCtx,
+) -> Breakdown {
+    let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, compute_usd } =
+        core_terms(model, job, cid, c, p, ps, pricing, price, ctx);
+    let (data_usd, transfer_h) = data_terms(model, job, c, restore_h, data, ctx);
     let ckpt_usd = match &job.ckpt_region {
         Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {
             let n = interval_h.map(|i| (d_h / i).ceil().max(1.0)).unwrap_or(1.0);
@@ -607,7 +708,6 @@ fn score(
         }
         _ => 0.0,
     };
-    let compute_usd = price * g * (d_h + lost_h + provision_h + restore_h);
     let egress_usd = data_usd + ckpt_usd;
     let delay_h = wait_h + transfer_h + overhead_h + lost_h;
     let time_usd = policy.time_value_usd_per_gpu_hour * g * delay_h;
@@ -776,7 +876,20 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
     let g = f64::from(job.gpus);
     let tv = policy.time_value_usd_per_gpu_hour;
     let remote_h = model.overheads.remote_submit_s / 3600.0;
+    // The home cluster first: often the best or close to it, its score
+    // prunes most of the scan below (the result does not depend on the order:
+    // `ranks_before` is a total order).
+    let seed = if can_stop { job.home } else { None };
+    if let Some(h) = seed {
+        if let Ok(p) = eval_cluster(model, state, job, policy, h, &ctx) {
+            ctx.bound = p.breakdown.total;
+            best = Some(p);
+        }
+    }
     for &(floor, cid) in &model.cheapest_per_work {
+        if seed == Some(cid) {
+            continue;
+        }
         if can_stop && best.is_some() {
             if floor * work > ctx.bound {
                 break;
@@ -788,6 +901,20 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
                 if floor * work + tv * g * (prov_h + away_h) > ctx.bound {
                     continue;
                 }
+            }
+            // The cluster's own floor for this job and state (spot losses,
+            // waits and setup included): a cluster whose floor is above the
+            // best score cannot win, not even a tie.
+            let f = score_floor(model, state, job, policy, cid, &ctx);
+            if f > ctx.bound {
+                continue;
+            }
+            // At best a tie, which goes home first, then to the lower id.
+            if f == ctx.bound
+                && job.home != Some(cid)
+                && best.as_ref().is_some_and(|b| job.home == Some(b.cluster) || b.cluster < cid)
+            {
+                continue;
             }
         }
         if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
@@ -836,6 +963,22 @@ pub fn evaluate_all<'a>(
 ) -> impl Iterator<Item = (ClusterId, Result<Placement, Exclusion>)> + 'a {
     let ctx = ctx_for(job);
     (0..model.clusters.len() as ClusterId).map(move |cid| (cid, eval_cluster(model, state, job, policy, cid, &ctx)))
+}
+
+/// One cluster's verdict for a prepared job (its best pool and pricing), as
+/// [`evaluate_all`] gives it. `with_carbon = false` leaves the carbon terms
+/// out (kgCO2 0 in the breakdown) when the policy does not price carbon, which
+/// changes no score; a policy that prices carbon always gets them.
+pub fn evaluate_cluster(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    with_carbon: bool,
+) -> Result<Placement, Exclusion> {
+    let ctx = EvalCtx { carbon: with_carbon, ..ctx_for(job) };
+    eval_cluster(model, state, job, policy, cid, &ctx)
 }
 
 /// One ranked candidate in an explanation.

@@ -24,12 +24,12 @@ pub mod state;
 pub mod synth;
 
 pub use engine::{
-    all_options, decide, evaluate_all, explain, explain_prepared, prepare, Breakdown, Candidate, Decision, Excluded,
-    Exclusion, Explanation, Placement, PreparedJob, Pricing,
+    all_options, decide, evaluate_all, evaluate_cluster, explain, explain_prepared, prepare, Breakdown, Candidate,
+    Decision, Excluded, Exclusion, Explanation, Placement, PreparedJob, Pricing,
 };
 pub use feeds::{parse_carbon, parse_egress, parse_prices, CarbonSeries, EgressMatrix, FeedError, PriceTable};
 pub use job::{parse_duration, DirectiveError, Directives, JobSpec, Parallelism};
 pub use model::{Cluster, ClusterId, FleetConfig, FleetModel, ModelError, NodePool, PoolId};
 pub use policy::{Policies, Policy, PolicyError};
-pub use rebalance::{propose_migrations, MigrationMargin, MigrationProposal, RunningJob};
+pub use rebalance::{propose_migrations, propose_migrations_with, MigrationMargin, MigrationProposal, RunningJob};
 pub use state::{ClusterState, FleetState, PoolState};

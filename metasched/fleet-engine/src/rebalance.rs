@@ -53,13 +53,29 @@ pub struct MigrationProposal {
 }
 
 /// Proposals, best saving first; at most one per job, and never more jobs
-/// into a pool than it has free GPUs.
+/// into a pool than it has free GPUs. Moves go to other clusters only (see
+/// [`propose_migrations_with`]).
 pub fn propose_migrations(
     model: &FleetModel,
     state: &FleetState,
     running: &[RunningJob],
     policy: &Policy,
     margin: &MigrationMargin,
+) -> Vec<MigrationProposal> {
+    propose_migrations_with(model, state, running, policy, margin, false)
+}
+
+/// As [`propose_migrations`]; with `same_cluster`, a job may also be restarted
+/// on its own cluster in another pool or pricing (an on-demand job back onto
+/// spot once spot capacity returns), paying the same restore, setup and redone
+/// work as any move.
+pub fn propose_migrations_with(
+    model: &FleetModel,
+    state: &FleetState,
+    running: &[RunningJob],
+    policy: &Policy,
+    margin: &MigrationMargin,
+    same_cluster: bool,
 ) -> Vec<MigrationProposal> {
     let mut out = Vec::new();
     // Free GPUs left per (cluster, pool) as proposals claim them.
@@ -118,12 +134,16 @@ pub fn propose_migrations(
             if can_stop && floor * g * rem_h >= stay {
                 break;
             }
-            if cid == r.cluster {
+            if cid == r.cluster && !same_cluster {
                 continue;
             }
             let Ok(p) = eval_cluster(model, state, &r.job, policy, cid, &move_ctx) else {
                 continue;
             };
+            // Restarting in the very option it runs on saves nothing.
+            if cid == r.cluster && p.pool == r.pool && p.pricing == r.pricing {
+                continue;
+            }
             let Some(c) = model.cluster(cid) else {
                 continue;
             };

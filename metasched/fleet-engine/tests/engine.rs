@@ -2,8 +2,8 @@
 
 use fleet_api::FleetMode;
 use fleet_engine::{
-    decide, explain, prepare, propose_migrations, FleetModel, FleetState, JobSpec, MigrationMargin, Parallelism,
-    Policy, Pricing, RunningJob,
+    decide, explain, prepare, propose_migrations, propose_migrations_with, FleetModel, FleetState, JobSpec,
+    MigrationMargin, Parallelism, Policy, Pricing, RunningJob,
 };
 
 fn fleet(toml: &str) -> FleetModel {
@@ -528,6 +528,38 @@ fn rebalancing_scores_staying_at_the_price_the_job_pays() {
     let mut odd = run(Pricing::Onprem);
     odd.pool = 7;
     assert!(propose_migrations(&m, &st, &[odd], &Policy::cost(), &margin).is_empty());
+}
+
+#[test]
+fn rebalancing_may_restart_a_job_on_spot_in_its_own_cluster_when_asked() {
+    // Only cluster `a` (on-demand 6.00, spot 1.00): the on-demand job can only
+    // save by going to spot there.
+    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
+    let m = fleet(&only_a);
+    let st = FleetState::idle(&m);
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 48.0) };
+    let run = |pricing| RunningJob {
+        job: prepare(&m, &spec),
+        cluster: 0,
+        pool: 0,
+        pricing,
+        remaining_s: 40.0 * 3600.0,
+        since_ckpt_s: 600.0,
+    };
+    let margin = MigrationMargin::default();
+    let p = Policy::cost();
+    // Other clusters only (the production default): nothing to propose.
+    assert!(propose_migrations(&m, &st, &[run(Pricing::OnDemand)], &p, &margin).is_empty());
+    let props = propose_migrations_with(&m, &st, &[run(Pricing::OnDemand)], &p, &margin, true);
+    assert_eq!(props.len(), 1, "{props:?}");
+    assert_eq!((props[0].to.cluster, props[0].to.pool, props[0].to.pricing), (0, 0, Pricing::Spot));
+    assert!(props[0].saving_usd > 0.10 * props[0].stay_usd, "{props:?}");
+    // Already on spot: restarting in the same option is never proposed.
+    assert!(propose_migrations_with(&m, &st, &[run(Pricing::Spot)], &p, &margin, true).is_empty());
+    // No spot capacity now: nothing to move to.
+    let mut busy = st.clone();
+    busy.clusters[0].pools[0].spot_available = false;
+    assert!(propose_migrations_with(&m, &busy, &[run(Pricing::OnDemand)], &p, &margin, true).is_empty());
 }
 
 #[test]

@@ -256,6 +256,37 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// `decide`'s pruning (home first, per-cluster floors, ties) picks exactly
+    /// the placement `explain` ranks first, also when clusters are copies of
+    /// each other (equal scores: ties go home first, then to the lower id).
+    #[test]
+    fn decide_is_explains_first_choice_with_duplicate_clusters(
+        (cfg, j) in fleet().prop_flat_map(|f| { let n = f.clusters.len(); (Just(f), job(n)) }),
+        seed in prop::collection::vec(any::<u32>(), 1..16),
+        pol in 0usize..3,
+    ) {
+        let mut cfg = cfg;
+        let copies: Vec<_> = cfg.clusters.iter().map(|c| ClusterConfig { name: format!("{}-copy", c.name), ..c.clone() }).collect();
+        cfg.clusters.extend(copies);
+        let m = FleetModel::build(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let st = state(&m, &seed);
+        let policy = [Policy::cost(), Policy::time(), Policy::green()][pol].clone();
+        let fast = decide(&m, &st, &prepare(&m, &j), &policy);
+        let d = explain(&m, &st, &j, &policy);
+        let key = |cl: &str, pool: &str, pr: Pricing, total: f64| (cl.to_string(), pool.to_string(), pr, total.to_bits());
+        prop_assert_eq!(
+            fast.map(|p| {
+                let c = &m.clusters[p.cluster as usize];
+                key(&c.name, &c.pools[p.pool as usize].name, p.pricing, p.breakdown.total)
+            }),
+            d.chosen().map(|c| key(&c.cluster, &c.pool, c.pricing, c.breakdown.total))
+        );
+    }
+}
+
 /// The property above is not vacuous: a good share of generated cases
 /// do get placed (and many get excluded).
 #[test]

@@ -366,8 +366,18 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         }
     };
     let bound = lp_bound.as_ref().map(|b| b.usd).unwrap_or(0.0).max(lb_usd);
+    // Each policy's own bound: the LP with its own last job end as the horizon
+    // (a bound for that policy alone, tighter when it ends before the slowest).
+    let mut own: BTreeMap<u64, Option<f64>> = BTreeMap::new();
     for p in &mut policies {
-        p.ratio_to_lower_bound = if bound > 0.0 { p.total_usd / bound } else { 0.0 };
+        if lp_bound.is_some() && p.makespan_s > 0.0 && p.makespan_s < horizon && p.unplaced == 0 {
+            let b = *own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
+                crate::lp::lp_bound(&mut model, &jobs, &loaded.spot, p.makespan_s, args.lp_max_vars).ok().map(|b| b.usd)
+            });
+            p.own_lp_bound_usd = b;
+        }
+        let mine = p.own_lp_bound_usd.unwrap_or(0.0).max(bound);
+        p.ratio_to_lower_bound = if mine > 0.0 { p.total_usd / mine } else { 0.0 };
     }
     let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
     let mut notes = model.notes();

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use fleet_engine::engine::PreparedData;
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
-    decide, evaluate_all, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
+    decide, evaluate_cluster, parse_carbon, parse_egress, parse_prices, prepare, FleetConfig, FleetModel, FleetState,
     JobSpec, MigrationMargin, Placement, Policies, Policy, PreparedJob, Pricing,
 };
 
@@ -55,6 +55,13 @@ pub struct EngineModel {
     notes: Vec<String>,
     /// Regions holding a copy of each named (shared) dataset.
     staged: BTreeMap<String, Vec<fleet_engine::model::RegionId>>,
+    /// The load of the idle fleet (bounds), built once.
+    idle: Vec<ClusterLoad>,
+    /// Per cluster: its synthetic dataset resolved against the catalog.
+    sim_data: Vec<Option<PreparedData>>,
+    /// The fleet file names `sim://` datasets itself (then every job's dataset
+    /// goes through the catalog lookup).
+    own_sim_uris: bool,
     pub margin: MigrationMargin,
 }
 
@@ -72,6 +79,9 @@ impl EngineModel {
         let mut cfg: FleetConfig = fleet_engine::model::parse_config(&setup.fleet_toml, fleet_name)?;
         let mut notes = Vec::new();
         // The simulator's synthetic datasets: one per cluster, in its region.
+        // The fleet file's own catalog may not use the simulator's scheme: then
+        // a job's dataset is resolved by the catalog's longest-prefix lookup.
+        let own_sim_uris = cfg.datasets.iter().any(|d| d.uri.starts_with("sim://"));
         if setup.dataset_gb > 0.0 {
             for c in &cfg.clusters {
                 cfg.datasets.push(fleet_engine::model::DatasetConfig {
@@ -118,7 +128,7 @@ impl EngineModel {
                 ));
             }
         }
-        let clusters = fleet
+        let clusters: Vec<SimCluster> = fleet
             .clusters
             .iter()
             .map(|c| SimCluster {
@@ -157,6 +167,21 @@ impl EngineModel {
             Policy { name: LOWER_BOUND.into(), egress_weight: 0.0, allow_spot: true, ..pure_price },
         );
         let pool_spot = fleet.clusters.iter().map(|c| vec![None; c.pools.len()]).collect();
+        let idle = crate::sim::idle_load(&clusters);
+        // Each cluster's synthetic dataset (`sim://<cluster>/`) as the catalog
+        // resolves it, looked up once (the catalog lookup scans every entry).
+        let sim_data = fleet
+            .clusters
+            .iter()
+            .map(|c| {
+                fleet.dataset_for(&sim_dataset_uri(&c.name)).map(|d| PreparedData {
+                    uri: String::new(),
+                    locations: d.locations.clone(),
+                    size_gb: d.size_gb,
+                    known: true,
+                })
+            })
+            .collect();
         Ok(EngineModel {
             fleet,
             policies,
@@ -169,6 +194,9 @@ impl EngineModel {
             pool_spot,
             notes,
             staged: BTreeMap::new(),
+            idle,
+            sim_data,
+            own_sim_uris,
             margin: MigrationMargin::default(),
         })
     }
@@ -290,6 +318,7 @@ impl EngineModel {
             }
         }
         self.notes.push(format!("spot traces: {}", used.join(", ")));
+        self.idle = crate::sim::idle_load(&self.clusters);
     }
 
     fn spec_for(&self, job: &SimJob) -> JobSpec {
@@ -303,7 +332,7 @@ impl EngineModel {
             ckpt_interval_s: (job.checkpoint_s > 0.0).then_some(job.checkpoint_s),
             // Each job reads a dataset of its own, stored at its home (the
             // catalog entry `sim://<home>/` gives its size and location).
-            datasets: if self.fleet.dataset_for(&sim_dataset_uri(&home)).is_some() {
+            datasets: if self.sim_data.get(job.home).is_some_and(|d| d.is_some()) {
                 vec![format!("{}job-{}", sim_dataset_uri(&home), job.id)]
             } else {
                 Vec::new()
@@ -323,7 +352,20 @@ impl EngineModel {
         }
         if self.prepared[job.id].is_none() {
             let spec = self.spec_for(job);
-            let mut pj = prepare(&self.fleet, &spec);
+            let synthetic = self.sim_data.get(job.home).cloned().flatten().filter(|_| !self.own_sim_uris);
+            let mut pj = match (synthetic, spec.datasets.first()) {
+                // The job's own dataset under `sim://<home>/`: what the catalog
+                // lookup would give, without the lookup.
+                (Some(mut d), Some(uri)) if spec.datasets.len() == 1 => {
+                    d.uri = uri.clone();
+                    let bare = JobSpec { datasets: Vec::new(), ..spec.clone() };
+                    let mut pj = prepare(&self.fleet, &bare);
+                    pj.spec = spec;
+                    pj.datasets = vec![d];
+                    pj
+                }
+                _ => prepare(&self.fleet, &spec),
+            };
             // Named datasets of the trace live at the team's home.
             if !job.extra.datasets.is_empty() {
                 let home = self.fleet.clusters.get(job.home).map(|c| c.region_id);
@@ -431,10 +473,19 @@ impl Model for EngineModel {
                 .map(|p| vec![self.offer(&p, resuming)])
                 .unwrap_or_default();
         }
+        // The baselines' policies do not price carbon: no carbon terms needed.
+        // Home-only takes nothing but the home cluster's offer.
+        let ids = match (policy, pj.home) {
+            (HOME_ONLY, Some(h)) => h..h + 1,
+            (HOME_ONLY, None) => 0..0,
+            _ => 0..self.fleet.clusters.len() as fleet_engine::ClusterId,
+        };
         let mut ok: Vec<Placement> =
-            evaluate_all(&self.fleet, &self.state, pj, &pol).filter_map(|(_, r)| r.ok()).collect();
+            ids.filter_map(|cid| evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false).ok()).collect();
         let home = pj.home;
-        ok.sort_by(|a, b| {
+        // A strict total order (one offer per cluster): unstable sorting gives
+        // the same order.
+        ok.sort_unstable_by(|a, b| {
             a.breakdown
                 .total
                 .total_cmp(&b.breakdown.total)
@@ -442,6 +493,51 @@ impl Model for EngineModel {
                 .then(a.cluster.cmp(&b.cluster))
         });
         ok.iter().map(|p| self.offer(p, resuming)).collect()
+    }
+
+    /// The cheap bound's offer without ranking every cluster: clusters in
+    /// increasing order of their cheapest unit of work (`cheapest_per_work`), which
+    /// no offer of theirs can undercut, so the scan stops at the first cluster whose
+    /// floor is above the best found. Every offer at the lowest USD per unit of work
+    /// is kept and the first of them in the offers' order (score, home first,
+    /// cluster) wins: the same offer as the default scan of every cluster.
+    fn cheapest(&mut self, job: &SimJob) -> Option<Offer> {
+        let pol = self.policy(LOWER_BOUND)?;
+        let idle = std::mem::take(&mut self.idle);
+        self.sync_state(job.submit_s, &idle, job.gpus);
+        self.idle = idle;
+        self.prepared(job);
+        let pj = self.prepared.get(job.id)?.as_ref()?;
+        // Live spot prices could undercut the model's floors (never set here).
+        let can_stop = !self.state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+        let mut best_pw = f64::INFINITY;
+        let mut ties: Vec<Placement> = Vec::new();
+        for &(floor, cid) in &self.fleet.cheapest_per_work {
+            if can_stop && floor > best_pw {
+                break;
+            }
+            let Ok(p) = evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false) else {
+                continue;
+            };
+            let speed = self.fleet.clusters[cid as usize].pools.get(p.pool as usize).map(|x| x.speed).unwrap_or(1.0);
+            let pw = p.breakdown.price_per_gpu_hour / speed.max(1e-9);
+            if pw < best_pw {
+                best_pw = pw;
+                ties.clear();
+            }
+            if pw == best_pw {
+                ties.push(p);
+            }
+        }
+        let home = pj.home;
+        let first = ties.iter().min_by(|a, b| {
+            a.breakdown
+                .total
+                .total_cmp(&b.breakdown.total)
+                .then((Some(b.cluster) == home).cmp(&(Some(a.cluster) == home)))
+                .then(a.cluster.cmp(&b.cluster))
+        })?;
+        Some(self.offer(first, pj.done_fraction > 0.0))
     }
 
     /// Every feasible pool and pricing on an idle fleet (`fleet_engine::all_options`
@@ -542,7 +638,7 @@ impl Model for EngineModel {
             });
         }
         let idx: Vec<usize> = running.iter().filter(|r| r.remaining_s >= 2.0 * 3600.0).map(|r| r.job).collect();
-        fleet_engine::propose_migrations(&self.fleet, &self.state, &rj, &pol, &self.margin)
+        fleet_engine::propose_migrations_with(&self.fleet, &self.state, &rj, &pol, &self.margin, true)
             .into_iter()
             .filter_map(|m| {
                 let from = rj.get(m.index)?;

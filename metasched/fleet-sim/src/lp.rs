@@ -13,11 +13,23 @@
 //! * every job done by `horizon_s` (the latest end among the policies compared, so
 //!   the bound holds for each of them).
 //!
-//! Cost: `x × (price_o + egress_o × speed_o)` where `egress_o` is the egress of
-//! moving the job's data there per reference GPU-hour of its work (the cheapest
-//! per unit of work among the group's jobs). Provisioning, restores and lost work
-//! are left out. Every simplification makes the LP easier, so its optimum is a
-//! lower bound of every schedule that finishes by the horizon. Jobs are grouped by
+//! Cost: `x × (price_o + (egress_o + setup_o) × speed_o)` where `egress_o` is the
+//! egress of moving the job's data there and `setup_o` one provisioning of the
+//! job's GPUs there (`price × GPUs × provision_s`), each per reference GPU-hour of
+//! its work (the cheapest per unit of work among the group's jobs).
+//!
+//! Why the setup charge keeps it a lower bound: the simulator bills a cloud pool's
+//! provisioning at *every* start of a job there (first start, restart after a
+//! spot reclaim, migration). If a schedule does a share `φ_o > 0` of job `j`'s
+//! work on option `o`, `j` started on `o` at least once and paid at least one
+//! setup `S_o`; since `φ_o ≤ 1`, that payment is `≥ φ_o × S_o`, which is what the
+//! LP charges (`S_o / W_j` per unit of work). Restores, staging delays and work
+//! lost at reclaims are still left out: a schedule that knew every reclaim in
+//! advance could end or checkpoint its spot jobs exactly before it, so no loss
+//! per reclaim can be charged without assuming the policy is online. Every
+//! other simplification makes the LP easier, so its optimum is a lower bound of
+//! every schedule that finishes by the horizon (the CLI also solves it with each
+//! policy's own last job end as the horizon: a bound for that policy alone). Jobs are grouped by
 //! (release slot, set of feasible options) so the LP stays small; the slot length
 //! grows until the LP has at most `max_vars` variables.
 
@@ -80,7 +92,11 @@ pub fn lp_bound<M: Model>(
                 opt_info.push((o.cluster, o.pool, o.spot, o.usd_per_gpu_hour, o.speed.max(1e-9)));
                 opt_info.len() - 1
             });
-            let per_work = o.usd_per_gpu_hour / o.speed.max(1e-9) + o.egress_usd / work_h.max(1e-9);
+            // Setup (cloud provisioning) is billed at every start on a pool; a job
+            // doing a share φ ≤ 1 of its work on an option started there at least
+            // once, so φ × one setup is a valid charge per unit of work.
+            let setup_usd = o.usd_per_gpu_hour * j.gpus as f64 * o.setup_s.max(0.0) / 3600.0;
+            let per_work = o.usd_per_gpu_hour / o.speed.max(1e-9) + (o.egress_usd + setup_usd) / work_h.max(1e-9);
             v.push((k, per_work));
         }
         v.sort_by_key(|x| x.0);

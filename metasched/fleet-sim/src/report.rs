@@ -33,8 +33,14 @@ pub struct PolicyReport {
     pub completion_p95_s: f64,
     /// Time-averaged busy GPUs / capacity, over the simulated span.
     pub utilization: BTreeMap<String, f64>,
-    /// total_usd / the report's bound (`Report::bound_used`).
+    /// total_usd / this policy's bound: the higher of the report's bound
+    /// (`Report::bound_used`) and `own_lp_bound_usd`.
     pub ratio_to_lower_bound: f64,
+    /// The LP bound solved with this policy's own last job end as the horizon
+    /// (valid for this policy alone; tighter than the report's when it ends
+    /// earlier than the slowest policy). `None` when not solved.
+    #[serde(default)]
+    pub own_lp_bound_usd: Option<f64>,
     /// Latest job end (s since the first submission).
     pub makespan_s: f64,
     /// USD (compute + egress) per team of the trace.
@@ -249,8 +255,16 @@ impl Report {
                 "lp-bound", lp.usd, lp.slot_hours, lp.horizon_hours, lp.groups, lp.variables
             );
         }
-        let _ = writeln!(s, "\nratio to lower bound ({}):", self.bound_used);
+        let _ = writeln!(
+            s,
+            "\nratio to lower bound ({}; own = the LP with the policy's own last job end as the horizon):",
+            self.bound_used
+        );
         for p in &self.policies {
+            let own = p.own_lp_bound_usd.map(|b| format!("   (own LP bound {b:.0})")).unwrap_or_default();
+            let _ = writeln!(s, "  {:<10} {:.3}{own}", p.policy, p.ratio_to_lower_bound);
+        }
+        {
             if self.policies.iter().any(|p| p.owned_fixed_usd > 0.0) {
                 let _ = writeln!(s, "\nowned hardware over the run (amortized, paid whether used or not; totals above count the used part):");
                 for p in &self.policies {
@@ -271,7 +285,6 @@ impl Report {
                 let top: Vec<String> = v.iter().take(5).map(|(t, u)| format!("{t} {u:.0}")).collect();
                 let _ = writeln!(s, "  {:<12} {}", p.policy, top.join(", "));
             }
-            let _ = writeln!(s, "  {:<10} {:.3}", p.policy, p.ratio_to_lower_bound);
         }
         let _ = writeln!(s, "\nutilization per cluster (time-averaged busy GPUs / GPUs):");
         if let Some(first) = self.policies.first() {

@@ -138,7 +138,8 @@ pub struct Move {
 /// What the simulator needs from the placement engine.
 pub trait Model {
     fn clusters(&self) -> &[SimCluster];
-    /// Feasible offers, best first, under `policy`.
+    /// Feasible offers, best first, under `policy` (under `HOME_ONLY` a model may
+    /// give only the home cluster's offers: the baseline takes no other).
     fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer>;
     /// kgCO2 of `gpus` GPUs of pool (`cluster`, `pool`) running over `[t0, t1)`.
     fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64;
@@ -147,6 +148,15 @@ pub trait Model {
     fn options(&mut self, job: &SimJob) -> Vec<Offer> {
         let empty = idle_load(self.clusters());
         self.offers("lower-bound", job, job.submit_s, &empty)
+    }
+    /// The offer of the cheap lower bound: among the lower-bound offers on an idle
+    /// fleet at the job's submission, the one with the lowest USD per unit of work
+    /// (price ÷ speed); ties go to the first in the offers' order. Default: exactly
+    /// that scan; a model may find the same offer faster.
+    fn cheapest(&mut self, job: &SimJob) -> Option<Offer> {
+        let empty = idle_load(self.clusters());
+        let offers = self.offers("lower-bound", job, job.submit_s, &empty);
+        offers.into_iter().min_by(|a, b| per_work(a).total_cmp(&per_work(b)))
     }
     /// The job lands on `offer` (its datasets are staged there from now on).
     fn landed(&mut self, _job: &SimJob, _offer: &Offer) {}
@@ -1067,6 +1077,7 @@ impl<M: Model> Sim<'_, M> {
             },
             utilization,
             ratio_to_lower_bound: 0.0,
+            own_lp_bound_usd: None,
             cost_series,
             util_series,
             bucket_hours: b / 3600.0,
@@ -1115,21 +1126,22 @@ pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
 /// empty fleet), no waiting, no egress, no lost work. Returns (USD, kgCO2 of those
 /// placements run at submission).
 pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
-    let empty = idle_load(model.clusters());
     let mut usd = 0.0;
     let mut co2 = 0.0;
     for j in jobs {
         model.resume(j, 0.0, None);
-        let offers = model.offers("lower-bound", j, j.submit_s, &empty);
-        // The cheapest unit of work: price per GPU-hour ÷ the pool's speed.
-        let per_work = |o: &Offer| o.usd_per_gpu_hour / o.speed.max(1e-9);
-        if let Some(o) = offers.iter().min_by(|a, b| per_work(a).total_cmp(&per_work(b))) {
+        if let Some(o) = model.cheapest(j) {
             let run_s = j.duration_s / o.speed.max(1e-9);
             usd += o.usd_per_gpu_hour * j.gpus as f64 * run_s / 3600.0;
             co2 += model.kg_co2(o.cluster, o.pool, j.gpus, j.submit_s, j.submit_s + run_s);
         }
     }
     (usd, co2)
+}
+
+/// USD per unit of work of an offer: price per GPU-hour ÷ the pool's speed.
+pub fn per_work(o: &Offer) -> f64 {
+    o.usd_per_gpu_hour / o.speed.max(1e-9)
 }
 
 #[cfg(test)]

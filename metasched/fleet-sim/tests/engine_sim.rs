@@ -496,3 +496,68 @@ fn philly_converts_to_the_generic_format_losslessly() {
     }
     assert_eq!(fleet_sim::convert::roundtrip(1_593_561_600), Some(1_593_561_600));
 }
+
+#[test]
+fn cheap_bound_finds_the_offer_of_the_full_scan() {
+    use fleet_sim::sim::{idle_load, per_work, Model};
+    // The test fleet three times over (equal prices: ties between copies), plus the
+    // sample fleet's shapes through `lower_bound`'s own path.
+    let mut toml = FLEET.split("[[teams]]").next().unwrap_or_default().to_string();
+    for k in 1..3 {
+        let copy = FLEET.split("[[teams]]").next().unwrap_or_default().replace("name = \"", &format!("name = \"k{k}-"));
+        toml.push_str(&copy.replace("[overheads]\nremote_submit_s = 60.0\n", ""));
+    }
+    toml.push_str("[[teams]]\nname = \"*\"\nhome = \"k1-cheap\"\n");
+    let s = EngineSetup { fleet_toml: toml, ..setup() };
+    let t = read_philly(trace_csv().as_bytes(), "t.csv", &ReadOptions::default()).unwrap();
+    let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+    model.assign_spot_traces(&[spot_trace()]);
+    let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &args(&[])).unwrap();
+    assert_eq!(model.clusters().len(), 9);
+    for j in &jobs {
+        model.resume(j, 0.0, None);
+        let empty = idle_load(model.clusters());
+        let scan = model
+            .offers("lower-bound", j, j.submit_s, &empty)
+            .into_iter()
+            .min_by(|a, b| per_work(a).total_cmp(&per_work(b)));
+        assert_eq!(model.cheapest(j), scan, "job {}", j.id);
+        assert!(scan.is_some());
+    }
+}
+
+#[test]
+fn lp_bound_charges_one_provisioning_per_cloud_option() {
+    let fleet = r#"
+[[clusters]]
+name = "cloud"
+provider = "aws"
+region = "us-east-1"
+provision_s = 1800.0
+prices.A100 = { on_demand = 3.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "cloud"
+"#;
+    let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:00:00,3600,2,2,t\n".to_string();
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+    let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &args(&[])).unwrap();
+    // 2 GPUs × (1 h of work + 0.5 h provisioning) × 3.00: what the simulator bills.
+    let lp = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 10.0 * 3600.0, 1000).unwrap();
+    assert!((lp.usd - 9.0).abs() < 1e-6, "{lp:?}");
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&[]), &l).unwrap();
+    for p in &r.policies {
+        assert!(p.total_usd >= lp.usd - 1e-6, "{} {} < {}", p.policy, p.total_usd, lp.usd);
+        if let Some(own) = p.own_lp_bound_usd {
+            assert!(p.total_usd >= own - 1e-6, "{} {} < own {own}", p.policy, p.total_usd);
+        }
+    }
+}
