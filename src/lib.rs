@@ -53,7 +53,7 @@ impl Lab {
     }
 
     fn is_up(&self) -> bool {
-        ["alpha", "beta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
+        ["alpha", "beta", "delta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
             && self.cmd("beta", "sinfo", &["-h"]).map(|o| o.status.success()).unwrap_or(false)
     }
 
