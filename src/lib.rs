@@ -66,7 +66,7 @@ impl Lab {
     /// left as it is (never torn down for it): the Kubernetes tests then
     /// fail in [`Lab::require_kube`], saying how to bring it up.
     fn is_up(&self) -> bool {
-        ["alpha", "beta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
+        ["alpha", "beta", "delta"].iter().all(|c| self.root.join(c).join("agent.sock").exists())
             && self.cmd("beta", "sinfo", &["-h"]).map(|o| o.status.success()).unwrap_or(false)
     }
 

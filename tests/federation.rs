@@ -623,8 +623,14 @@ fn a_job_only_a_silent_cluster_can_run_waits_for_it() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("silent");
     let _restore = lab.restart_services_on_drop("alpha");
-    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
-    wait_until("alpha counts as silent", Duration::from_secs(30), || healthy(lab, "alpha") == Some(false));
+    let _restore_delta = lab.restart_services_on_drop("delta");
+    // Both H100 clusters silent (alpha and the lab's third cluster, delta).
+    for c in ["delta", "alpha"] {
+        assert!(lab.lab_sh(&["stop-agent", c]).unwrap().status.success());
+    }
+    wait_until("alpha and delta count as silent", Duration::from_secs(30), || {
+        healthy(lab, "alpha") == Some(false) && healthy(lab, "delta") == Some(false)
+    });
     std::thread::sleep(Duration::from_secs(2)); // beta's agent hears it with its next heartbeat
                                                 // Not refused: queued for alpha, as a Slurm queue would hold it.
     let id = lab

@@ -21,6 +21,8 @@
 #   stop-agent <c> | start-agent <c>
 #   stop-metasched | start-metasched
 #   restart-ctld <c>     restart a cluster's slurmctld (after editing slurm.conf)
+#   stop-ctld <c> | start-ctld <c>   stop or start a cluster's slurmctld alone (its
+#                        slurmds and running jobs stay: a controller outage)
 #   revive               start whichever lab daemon is not running (after a crash), keeping all state
 #   logs                 tail of every log
 #   fleetctl <args>      run the lab's fleetctl against the lab's meta-scheduler (admin token)
@@ -34,7 +36,38 @@ set -euo pipefail
 CLUSTERS=(
   "alpha 16817 lab-east h100 alpha1:16818,alpha2:16819"
   "beta  16827 lab-west a100 beta1:16828,beta2:16829"
+  "delta 16837 lab-central h100 delta1:16838,delta2:16839"
 )
+# delta is the H100 cluster an H100 job moves to when alpha fails: priced
+# above alpha in the lab's fleet model (a lab-only entry appended to
+# $R/fleet-model.toml; conf/fleet-sample.toml, which the simulator's figures
+# use, is left alone), so H100 jobs still go to alpha while it is healthy.
+DELTA_MODEL='
+# ---- lab only (tests/lab/lab.sh): the third Slurm cluster of the lab
+[[clusters]]
+name = "delta"
+provider = "onprem-delta"
+region = "us-central"
+scheduler = "slurm"
+carbon_zone = "US-MIDW-MISO"
+onprem = true
+prices = { H100 = { onprem = 1.60 } }   # above alpha (1.49): alpha stays first for H100
+wait_history_s = { H100 = 7200 }
+[[clusters.pools]]
+name = "h100"
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+nvlink_domain_gpus = 8
+ib_fabric = "delta-ndr"
+nodes_per_rack = 4
+rack_power_cap_w = 40000
+cooling = "air"
+'
+# Failover in the lab: a cluster is Degraded after 3 missed heartbeats (1 s
+# each) and its jobs move after a short grace period; agents hold a lease.
+LAB_GRACE_S=${FLEET_LAB_GRACE_S:-10}
+LAB_LEASE_MS=${FLEET_LAB_LEASE_MS:-15000}
 # FLEET_LAB_PORT_OFFSET shifts every port above (and the meta-scheduler's), so
 # that a second lab (another FLEET_LAB_DIR) can run beside the default one.
 PORT_OFFSET=${FLEET_LAB_PORT_OFFSET:-0}
@@ -376,6 +409,7 @@ SubmitTimeoutMs=50
 FailOpen=yes
 HeartbeatIntervalMs=1000
 PollIntervalMs=300
+LeaseMs=$LAB_LEASE_MS
 SlurmBinDir=/usr/bin
 JobUserMap=same
 JobUserGroup=$JOB_GROUP
@@ -418,6 +452,11 @@ write_metasched_conf() {
     echo "state_dir = \"$R/metasched\""
     echo "admin_token_file = \"$R/secrets/admin.token\""
     echo "heartbeat_timeout_s = 10"
+    echo
+    echo "[health]"
+    echo "heartbeat_interval_s = 1"
+    echo "missed_heartbeats = 3"
+    echo "grace_s = $LAB_GRACE_S"
     local c
     for c in $(site_names); do
       echo
@@ -429,6 +468,7 @@ write_metasched_conf() {
     done
     if [[ $POLICY != first-fit ]]; then
       cp "$REPO/conf/fleet-sample.toml" "$R/fleet-model.toml"
+      printf '%s' "$DELTA_MODEL" >>"$R/fleet-model.toml"
       if [[ $KUBE == 1 ]]; then kube_model >>"$R/fleet-model.toml"; fi
       chmod 0644 "$R/fleet-model.toml"
       echo
@@ -727,6 +767,14 @@ wait_view() {
 
 cmd_stop_agent() { local c=${1:-}; [[ -n $c ]] || die "usage: $0 stop-agent <cluster>"; check_site "$c"; stop_pidfile "$R/$c/run/agent.pid" fleet-agent "fleet-agent ($c)"; }
 cmd_start_agent() { local c=${1:-}; [[ -n $c ]] || die "usage: $0 start-agent <cluster>"; check_site "$c"; start_agent "$c"; wait_agent "$c"; }
+cmd_stop_ctld() {
+  local c=${1:-}; [[ -n $c ]] || die "usage: $0 stop-ctld <cluster>"; check_cluster "$c"
+  stop_pidfile "$R/$c/run/slurmctld.pid" slurmctld "slurmctld ($c)"
+}
+cmd_start_ctld() {
+  local c=${1:-}; [[ -n $c ]] || die "usage: $0 start-ctld <cluster>"; check_cluster "$c"
+  start_ctld "$c"; wait_ctld "$c"
+}
 cmd_stop_metasched() { stop_pidfile "$R/run/metasched.pid" fleet-metasched fleet-metasched; }
 cmd_start_metasched() { start_metasched; wait_metasched; }
 
@@ -1023,7 +1071,7 @@ lab_lock() {
 main() {
   local cmd=${1:-}; shift || true
   case $cmd in
-    up|down|deps|stop-agent|start-agent|stop-metasched|start-metasched|restart-ctld|revive) lab_lock ;;
+    up|down|deps|stop-agent|start-agent|stop-metasched|start-metasched|restart-ctld|stop-ctld|start-ctld|revive) lab_lock ;;
   esac
   case $cmd in
     deps) cmd_deps ;;
@@ -1036,10 +1084,12 @@ main() {
     stop-metasched) cmd_stop_metasched ;;
     start-metasched) cmd_start_metasched ;;
     restart-ctld) cmd_restart_ctld "$@" ;;
+    stop-ctld) cmd_stop_ctld "$@" ;;
+    start-ctld) cmd_start_ctld "$@" ;;
     revive) cmd_revive ;;
     logs) cmd_logs ;;
     fleetctl) cmd_fleetctl "$@" ;;
-    ""|-h|--help|help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+    ""|-h|--help|help) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
     *) die "unknown command '$cmd' (try: $0 help)" ;;
   esac
 }

@@ -68,6 +68,12 @@ pub struct Heartbeat {
     /// an older agent: unknown, not checked before placement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identities: Option<Identities>,
+    /// The agent's lease (`LeaseS` in fleet.conf): it stops the fleet jobs
+    /// it runs when it cannot reach the meta-scheduler for this long, so
+    /// the meta-scheduler never re-places them sooner. `None`: an older
+    /// agent without a lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_s: Option<f64>,
 }
 
 /// The submitters a cluster has a local identity for: what lets an origin
@@ -154,6 +160,17 @@ pub struct ClusterSummary {
     /// From the cluster's heartbeat: whose jobs it will run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identities: Option<Identities>,
+    /// `healthy`, `degraded` (missed heartbeats: no new work; its jobs
+    /// move once its grace period ends), `quarantined`, or empty from an
+    /// older meta-scheduler.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub health: String,
+    /// Every node of the cluster by shape, usable or not, when some are
+    /// not (drained, down): installed capacity a job may wait for, never
+    /// taken for capacity that does not exist. Empty when every node is
+    /// usable (then `nodes` is all of it) or from an older meta-scheduler.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub installed: Vec<NodeShape>,
 }
 
 /// The fleet as the meta-scheduler sees it; agents cache it to answer the
@@ -280,6 +297,14 @@ pub struct JobRecord {
     pub stdout_base: u64,
     #[serde(default)]
     pub stderr_base: u64,
+    /// The current placement's epoch: 1 for the first placement, one more
+    /// for each re-placement (migration, rerun). 0: never placed. Only the
+    /// cluster holding this epoch may report on the job.
+    #[serde(default)]
+    pub epoch: u64,
+    /// Times the job was moved off a failed cluster (or one its run died on).
+    #[serde(default)]
+    pub migrations: u32,
 }
 
 /// One job the target agent must submit.
@@ -296,6 +321,15 @@ pub struct Assignment {
     pub stdout_base: u64,
     #[serde(default)]
     pub stderr_base: u64,
+    /// The placement's epoch (see [`JobRecord::epoch`]); the agent sends it
+    /// with every status and output post of this run. 0 from an older
+    /// meta-scheduler.
+    #[serde(default)]
+    pub epoch: u64,
+    /// The newest valid checkpoint readable at this cluster, if any: the
+    /// run resumes from it (`FLEET_RESUME_FROM`).
+    #[serde(default)]
+    pub resume_from: Option<String>,
 }
 
 /// A target agent's to-do list.
@@ -428,6 +462,17 @@ pub struct StatusUpdate {
     pub final_stdout_len: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_stderr_len: Option<u64>,
+    /// The placement epoch the report is about (the assignment's); `None`
+    /// from an older agent: accepted from the current target only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// The run died with (part of) its cluster and did not end by itself
+    /// (NODE_FAIL, PREEMPTED, held by Slurm after a failed launch, stopped
+    /// by the agent's own lease): why. The meta-scheduler re-places the job
+    /// (or fails it when it can neither resume nor restart) instead of
+    /// ending it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub died: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -454,6 +499,40 @@ pub struct OutputChunk {
     pub offset: u64,
     #[serde(with = "crate::b64")]
     pub data: Vec<u8>,
+    /// The placement epoch of the run that wrote it; `None` from an older
+    /// agent (accepted from the current target only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+}
+
+/// `POST /v1/agent/fence`: the runs an agent holds, by placement epoch,
+/// asked about before it reports anything after a start or a partition.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FenceRequest {
+    pub runs: Vec<RunEpoch>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunEpoch {
+    pub fleet_job_id: String,
+    /// 0: unknown (journaled by an older agent).
+    #[serde(default)]
+    pub epoch: u64,
+}
+
+/// The reply: the runs that are stale (the job was placed again elsewhere
+/// or in a newer epoch, or is unknown): the agent cancels each and never
+/// reports on it again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FenceReply {
+    pub stale: Vec<StaleRun>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StaleRun {
+    pub fleet_job_id: String,
+    pub epoch: u64,
+    pub reason: String,
 }
 
 /// `{"error": "..."}`

@@ -28,7 +28,7 @@
 //! among feasible clusters; the hard constraints stay here so that both
 //! paths agree on what is possible at all.
 
-use crate::api::{ClusterSummary, FleetView, NodeShape};
+use crate::api::{ClusterSummary, FleetView, GpuPool, NodeShape};
 use crate::{FleetMode, GpuScope, JobRequest};
 
 /// Outcome of the rule.
@@ -617,10 +617,47 @@ pub fn origin_fits(view: &FleetView, job: &JobRequest) -> bool {
 
 /// `view` with every cluster taken as healthy: what the fleet could run
 /// once the silent clusters are back.
+///
+/// Installed capacity counts too: a cluster whose nodes are drained or
+/// down (`ClusterSummary::installed`) is seen with all its nodes, free,
+/// so that capacity which exists but is unavailable now makes a job wait,
+/// never refuses or fails it.
 pub fn all_healthy(view: &FleetView) -> FleetView {
     let mut all = view.clone();
-    all.clusters.iter_mut().for_each(|c| c.healthy = true);
+    for c in &mut all.clusters {
+        c.healthy = true;
+        if !c.installed.is_empty() {
+            c.nodes = c.installed.clone();
+            c.gpus = installed_pools(&c.installed, &c.gpus);
+        }
+    }
     all
+}
+
+/// GPU pools of every installed node, all free (prices kept from `usable`).
+fn installed_pools(installed: &[NodeShape], usable: &[GpuPool]) -> Vec<GpuPool> {
+    let mut pools: Vec<GpuPool> = Vec::new();
+    for n in installed {
+        let Some(ty) = n.gpu_type.as_deref().filter(|_| n.gpus > 0) else { continue };
+        let total = n.gpus.saturating_mul(n.count);
+        match pools.iter_mut().find(|p| p.gpu_type == ty) {
+            Some(p) => {
+                p.total = p.total.saturating_add(total);
+                p.free = p.total;
+                p.max_per_node = p.max_per_node.max(n.gpus);
+                p.nodes = p.nodes.saturating_add(n.count);
+            }
+            None => pools.push(GpuPool {
+                gpu_type: ty.to_string(),
+                total,
+                free: total,
+                max_per_node: n.gpus,
+                nodes: n.count,
+                price_per_gpu_hour: usable.iter().find(|p| p.gpu_type == ty).and_then(|p| p.price_per_gpu_hour),
+            }),
+        }
+    }
+    pools
 }
 
 /// The agent's form of [`place`]: a job that only silent clusters (down,
@@ -635,7 +672,9 @@ pub fn place_or_wait(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Excl
     };
     match place(&all_healthy(view), job) {
         (Placement::Remote { target, .. }, _) => {
-            let reason = format!("waiting for {target}, which has no recent heartbeat ({reason})");
+            let reason = format!(
+                "waiting for {target}, which has no recent heartbeat or whose nodes are drained or down ({reason})"
+            );
             (Placement::Remote { target, reason }, excluded)
         }
         // Only the origin itself could run it: stay home, Slurm queues it.
@@ -665,7 +704,6 @@ pub fn describe(job: &JobRequest) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::GpuPool;
     use crate::{Exclusive, FleetOptions, GpuRequest};
 
     fn pool_cluster(name: &str, ty: &str, per_node: u32, nodes: u32, free: u32) -> ClusterSummary {
@@ -1045,6 +1083,18 @@ mod tests {
         let Placement::Remote { target, reason } = p else { panic!("{p:?}") };
         assert_eq!(target, "alpha");
         assert!(reason.starts_with("waiting for alpha, which has no recent heartbeat"), "{reason}");
+        // Alive but every node drained or down: the installed nodes make it wait.
+        let mut v = lab();
+        v.clusters[0].installed = v.clusters[0].nodes.clone();
+        v.clusters[0].nodes.clear();
+        v.clusters[0].gpus.clear();
+        assert!(matches!(place(&v, &req("beta", "--gres=gpu:h100:8")).0, Placement::Impossible { .. }));
+        let (p, _) = place_or_wait(&v, &req("beta", "--gres=gpu:h100:8"));
+        assert!(matches!(&p, Placement::Remote { target, .. } if target == "alpha"), "{p:?}");
+        // More than is installed stays impossible.
+        assert!(matches!(place_or_wait(&v, &req("beta", "--gres=gpu:h100:8 -N=3")).0, Placement::Impossible { .. }));
+        let mut v = lab();
+        v.clusters[0].healthy = false;
         // Impossible even with every cluster up: still refused, with the reason.
         let (p, _) = place_or_wait(&v, &req("beta", "--gres=gpu:h100:512"));
         assert!(

@@ -114,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
                         step(http.post(format!("{url}/v1/jobs/{id}/status")).bearer_auth("tok-alpha").json(&u)).await,
                     );
                 }
-                let ch = OutputChunk { stream: Stream::Stdout, offset: 0, data: vec![b'x'; 4096] };
+                let ch = OutputChunk { stream: Stream::Stdout, offset: 0, data: vec![b'x'; 4096], epoch: None };
                 lat.push(
                     step(http.post(format!("{url}/v1/jobs/{id}/output")).bearer_auth("tok-alpha").json(&ch)).await,
                 );
@@ -173,7 +173,7 @@ async fn main() -> anyhow::Result<()> {
     let mb = 64u64;
     let t = Instant::now();
     for i in 0..mb {
-        let ch = OutputChunk { stream: Stream::Stdout, offset: i << 20, data: vec![b'y'; 1 << 20] };
+        let ch = OutputChunk { stream: Stream::Stdout, offset: i << 20, data: vec![b'y'; 1 << 20], epoch: None };
         http.post(format!("{url}/v1/jobs/big/output"))
             .bearer_auth("tok-alpha")
             .json(&ch)

@@ -74,6 +74,10 @@ pub struct ClusterConfig {
     /// Clusters of one region share one store, so one URL.
     #[serde(default)]
     pub ckpt_url: Option<String>,
+    /// Seconds this cluster may stay Degraded (silent) before its fleet
+    /// jobs are moved elsewhere (default: `[health] grace_s`).
+    #[serde(default)]
+    pub grace_s: Option<f64>,
 }
 
 /// `[limits]`: what one client can hold of the meta-scheduler.
@@ -180,6 +184,69 @@ pub struct Config {
     /// `[limits]`: connection caps and timeouts.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// `[health]`: when a silent cluster is Degraded and when its jobs move.
+    #[serde(default)]
+    pub health: Option<HealthConfig>,
+}
+
+/// `[health]`: a cluster that misses `missed_heartbeats` beats of
+/// `heartbeat_interval_s` is Degraded (no new work); Degraded for
+/// `grace_s` more (per cluster: `[[clusters]] grace_s`), its active fleet
+/// jobs are re-placed on healthy clusters. Without this section a cluster
+/// is Degraded after `heartbeat_timeout_s` and the grace period is 60 s.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    /// The agents' `HeartbeatIntervalMs`, in seconds (default 1).
+    #[serde(default = "default_heartbeat_interval")]
+    pub heartbeat_interval_s: f64,
+    /// Beats missed before the cluster is Degraded (default 3).
+    #[serde(default = "default_missed_heartbeats")]
+    pub missed_heartbeats: u32,
+    /// Seconds Degraded before its jobs move (default 60). Never shorter,
+    /// in effect, than the lease its agent announces (`LeaseS`): by then
+    /// the agent has stopped those jobs itself if it is alive but cut off.
+    #[serde(default = "default_grace")]
+    pub grace_s: f64,
+    /// Re-placements of one job after failures before it fails (default 3).
+    #[serde(default = "default_max_migrations")]
+    pub max_migrations: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            heartbeat_interval_s: default_heartbeat_interval(),
+            missed_heartbeats: default_missed_heartbeats(),
+            grace_s: default_grace(),
+            max_migrations: default_max_migrations(),
+        }
+    }
+}
+
+fn default_heartbeat_interval() -> f64 {
+    1.0
+}
+
+fn default_missed_heartbeats() -> u32 {
+    3
+}
+
+fn default_grace() -> f64 {
+    60.0
+}
+
+fn default_max_migrations() -> u32 {
+    3
+}
+
+/// What the store needs of `[health]`, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Health {
+    /// Silent this long: Degraded.
+    pub degraded_after_s: f64,
+    pub grace_s: f64,
+    pub max_migrations: u32,
 }
 
 /// `[tls]`: PEM files of the server certificate (chain) and its private key.
@@ -261,6 +328,24 @@ impl Config {
             policies: None,
             tls: None,
             limits: LimitsConfig::default(),
+            health: None,
+        }
+    }
+
+    /// `[health]` resolved: Degraded after the missed beats (or
+    /// `heartbeat_timeout_s` without the section), the grace period, the cap.
+    pub fn health(&self) -> Health {
+        match &self.health {
+            Some(h) => Health {
+                degraded_after_s: h.heartbeat_interval_s * f64::from(h.missed_heartbeats),
+                grace_s: h.grace_s,
+                max_migrations: h.max_migrations,
+            },
+            None => Health {
+                degraded_after_s: self.heartbeat_timeout_s,
+                grace_s: default_grace(),
+                max_migrations: default_max_migrations(),
+            },
         }
     }
 
@@ -335,6 +420,23 @@ impl Config {
         }
         if self.heartbeat_timeout_s.is_nan() || self.heartbeat_timeout_s <= 0.0 {
             return Err(ConfigError::Invalid("heartbeat_timeout_s must be > 0".into()));
+        }
+        if let Some(h) = &self.health {
+            if !(h.heartbeat_interval_s.is_finite() && h.heartbeat_interval_s > 0.0 && h.heartbeat_interval_s <= 3600.0)
+            {
+                return Err(ConfigError::Invalid("[health] heartbeat_interval_s must be in (0, 3600]".into()));
+            }
+            if !(1..=1000).contains(&h.missed_heartbeats) {
+                return Err(ConfigError::Invalid("[health] missed_heartbeats must be in [1, 1000]".into()));
+            }
+            if !(h.grace_s.is_finite() && (0.0..=86_400.0).contains(&h.grace_s)) {
+                return Err(ConfigError::Invalid("[health] grace_s must be in [0, 86400]".into()));
+            }
+        }
+        for c in &self.clusters {
+            if let Some(g) = c.grace_s.filter(|g| !(g.is_finite() && (0.0..=86_400.0).contains(g))) {
+                return Err(ConfigError::Invalid(format!("cluster {:?}: grace_s = {g} must be in [0, 86400]", c.name)));
+            }
         }
         if let Some(r) = &self.rebalance {
             // At most a day: `run` turns it into a Duration, which a huge
@@ -543,6 +645,14 @@ mod tests {
         check(&format!("{BASE}[policies.cheap]\nprice = 1.0\n"), Ok(""));
         check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\n"), Ok(""));
+        check(&format!("{BASE}[health]\n"), Ok(""));
+        check(&format!("{BASE}[health]\nheartbeat_interval_s = 2\nmissed_heartbeats = 5\ngrace_s = 10\n"), Ok(""));
+        check(&format!("{BASE}[health]\nheartbeat_interval_s = 0\n"), Err("heartbeat_interval_s must be in (0, 3600]"));
+        check(&format!("{BASE}[health]\nheartbeat_interval_s = nan\n"), Err("heartbeat_interval_s must be in"));
+        check(&format!("{BASE}[health]\nmissed_heartbeats = 0\n"), Err("missed_heartbeats must be in [1, 1000]"));
+        check(&format!("{BASE}[health]\ngrace_s = -1\n"), Err("grace_s must be in [0, 86400]"));
+        check(&format!("{BASE}[health]\ngrace_s = inf\n"), Err("grace_s must be in [0, 86400]"));
+        check(&format!("{BASE}[health]\ngrace = 1\n"), Err("unknown field `grace`"));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 60\nmargin_usd = 1\nmargin_frac = 0\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be in [1, 86400]"));
         // A period no Duration holds was accepted and panicked at start.

@@ -83,6 +83,8 @@ impl Clock {
 const SMALL_BODY: usize = 64 << 10;
 /// A heartbeat lists every node (about 200 bytes each): room for 10,000.
 const HEARTBEAT_BODY: usize = 2 << 20;
+/// `POST /v1/agent/fence`: the runs an agent holds (ids and epochs).
+const FENCE_BODY: usize = 8 << 20;
 /// A forward carries the job's script and environment, which the plugin
 /// socket caps at 8 MiB per request (`fleet-agent` `MAX_REQUEST_BYTES`).
 const FORWARD_BODY: usize = 10 << 20;
@@ -337,9 +339,13 @@ pub async fn run_with(
         } else if watcher.is_some() {
             tracing::warn!("carbon/egress feeds are configured but unused: no cost-engine policy in [placement]");
         }
-        tokio::task::spawn_blocking(move || Store::open(&dir, &clusters, timeout, &clock, metrics, ranker))
-            .await?
-            .with_context(|| format!("opening the state in {}", config.state_dir.display()))?
+        let health = config.health();
+        let mut store =
+            tokio::task::spawn_blocking(move || Store::open(&dir, &clusters, timeout, &clock, metrics, ranker))
+                .await?
+                .with_context(|| format!("opening the state in {}", config.state_dir.display()))?;
+        store.set_health(health);
+        store
     };
     let has_engine = store.has_engine();
     let rebalance_cfg = config.rebalance.clone().unwrap_or_default();
@@ -482,6 +488,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/heartbeat", post(heartbeat).layer(limit(HEARTBEAT_BODY)))
         .route("/v1/jobs", post(forward).layer(limit(FORWARD_BODY)).get(list_jobs))
         .route("/v1/agent/work", get(agent_work))
+        .route("/v1/agent/fence", post(agent_fence).layer(limit(FENCE_BODY)))
         .route("/v1/clusters", get(clusters))
         .route("/v1/prices", post(import_prices).layer(limit(PRICES_BODY)))
         .route("/v1/rebalance", get(rebalance))
@@ -748,6 +755,16 @@ async fn agent_work(
             _ = shutdown.changed() => {}
         }
     }
+}
+
+/// `POST /v1/agent/fence`: which of the caller's runs are stale.
+async fn agent_fence(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: fleet_api::api::FenceRequest = parse(&body, "fence request")?;
+    Ok(Json(with_store(&st, move |s, _| s.fence(&caller, &req)).await?).into_response())
 }
 
 async fn clusters(State(st): State<AppState>, Extension(caller): Extension<Caller>) -> ApiResult<Response> {

@@ -19,6 +19,12 @@
 //! stand-in): terminal or not yet submitted ──▶ held (request), the run's
 //! details reset; submitted and still running there → cancelled there
 //! first (conflict: ask again once it ended).
+//! epochs: every placement (`placed`) starts a new epoch (first 1); a report
+//! naming another epoch is a `terminal` conflict (the agent stops its copy).
+//! died (the target stayed silent past its grace period, or reported that
+//! the run died with its nodes): assigned/pending/running ──resumable──▶
+//! queued (a migration: placed again, new epoch) │ not resumable ──▶ failed
+//! │ being cancelled ──▶ cancelled; held, queued, terminal: nothing.
 //! ```
 
 use fleet_api::JobState;
@@ -39,6 +45,8 @@ pub struct Life {
     pub remote_cancel_pending: bool,
     /// The stand-in's restart count of the current run (0: first run).
     pub restart: u32,
+    /// The current placement's epoch (0: never placed).
+    pub epoch: u64,
 }
 
 impl Default for Life {
@@ -52,6 +60,7 @@ impl Default for Life {
             cancel_requested: false,
             remote_cancel_pending: false,
             restart: 0,
+            epoch: 0,
         }
     }
 }
@@ -73,8 +82,15 @@ pub enum Event {
     TargetLost,
     /// The stand-in, the origin agent or the admin cancels it.
     Cancel,
-    /// The target agent's status report.
-    Report { state: Option<JobState>, remote_job_id: Option<u64> },
+    /// The target agent's status report, about placement `epoch` (`None`:
+    /// an older agent that does not say).
+    Report { state: Option<JobState>, remote_job_id: Option<u64>, epoch: Option<u64> },
+    /// The run is dead without having ended by itself: its cluster stayed
+    /// silent past its grace period (`epoch: None`, the meta-scheduler's
+    /// own finding), or its target reported it died (NODE_FAIL, PREEMPTED,
+    /// a failed launch, its lease). `resumable`: the job has a valid
+    /// checkpoint or may restart from scratch.
+    Died { resumable: bool, epoch: Option<u64> },
     /// The stand-in, the origin agent or the admin signals the job
     /// (`POST /signal`).
     Signal,
@@ -109,6 +125,16 @@ pub enum Effect {
     /// final sizes, count it, and start the new run's output where the
     /// streams end now.
     Rerun,
+    /// A new placement: the epoch grew (the store notes where it is).
+    NewEpoch,
+    /// A migration: the run at the target is dead; forget it (remote id,
+    /// node list), remember the cluster it left (its reports are stale
+    /// from now on), count it, note it on the job's stderr and start the
+    /// next run's output where the streams end now.
+    Migrate,
+    /// The run died and the job can neither resume from a checkpoint nor
+    /// restart: it fails with the reason.
+    FailUnresumable,
 }
 
 /// How the caller is answered.
@@ -205,7 +231,8 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
         }
         Event::Placed if cur == S::Queued => {
             next.state = S::Assigned;
-            ok(next, vec![Effect::WakeTarget])
+            next.epoch += 1;
+            ok(next, vec![Effect::NewEpoch, Effect::WakeTarget])
         }
         Event::PlacementImpossible if cur == S::Queued => {
             next.state = S::Failed;
@@ -231,7 +258,14 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             }
             ok(next, vec![Effect::WakeTarget])
         }
-        Event::Report { state, remote_job_id } => report(life, next, state, remote_job_id),
+        Event::Report { state, remote_job_id, epoch } => match stale(life, epoch) {
+            Some(reply) => refuse(life, reply),
+            None => report(life, next, state, remote_job_id),
+        },
+        Event::Died { resumable, epoch } => match stale(life, epoch) {
+            Some(reply) => refuse(life, reply),
+            None => died(life, next, resumable),
+        },
         Event::Signal => signal(life),
     }
 }
@@ -273,6 +307,38 @@ fn rerun(life: &Life, mut next: Life, origin_job_id: u64, restart: u32) -> Outco
     next.cancel_requested = false;
     next.restart = restart;
     ok(next, vec![Effect::Rerun, Effect::RecordStartRequest, Effect::WakeOrigin])
+}
+
+/// A report about another placement than the current one. Jobs placed
+/// before epochs existed (epoch 0) accept every report from their target.
+fn stale(life: &Life, epoch: Option<u64>) -> Option<Reply> {
+    let e = epoch?;
+    (life.epoch != 0 && e != life.epoch).then(|| {
+        Reply::TerminalConflict(format!(
+            "epoch {e} is stale: the job's current placement is epoch {}; stop this copy",
+            life.epoch
+        ))
+    })
+}
+
+/// The run died where it was placed (see [`Event::Died`]).
+fn died(life: &Life, mut next: Life, resumable: bool) -> Outcome {
+    use JobState as S;
+    if !matches!(life.state, S::Assigned | S::Pending | S::Running) {
+        return ok(next, vec![]);
+    }
+    next.submitted = false;
+    next.remote_cancel_pending = false;
+    if life.cancel_requested {
+        next.state = S::Cancelled;
+        return ok(next, vec![]);
+    }
+    if resumable {
+        next.state = S::Queued;
+        return ok(next, vec![Effect::Migrate, Effect::Place]);
+    }
+    next.state = S::Failed;
+    ok(next, vec![Effect::FailUnresumable])
 }
 
 /// A signal reaches a job only where Slurm runs it (or holds it pending):
@@ -373,6 +439,7 @@ mod tests {
             cancel_requested: false,
             remote_cancel_pending: false,
             restart: 0,
+            epoch: 1,
         }
     }
 
@@ -388,7 +455,7 @@ mod tests {
     }
 
     fn report(state: Option<JobState>) -> Event {
-        Event::Report { state, remote_job_id: Some(3) }
+        Event::Report { state, remote_job_id: Some(3), epoch: None }
     }
 
     /// Every event against every state; cells in the order of `STATES`
@@ -424,6 +491,28 @@ mod tests {
             (report(Some(S::Queued)), "H!400 Q!400 A!400 P!400 R!400 C!400 F!400 X!400 L!400"),
             (report(None), "H!409 Q!409 A P R C!409t F!409t X!409t L!409t"),
             (Event::Signal, "H!409 Q!409 A!409 P R C!409t F!409t X!409t L!409t"),
+            // Reports of the current epoch, of a stale one (a terminal
+            // conflict wherever the job was placed: that copy stops).
+            (
+                Event::Report { state: Some(S::Running), remote_job_id: Some(3), epoch: Some(1) },
+                "H!409 Q!409 R R R C!409t F!409t X!409t L!409t",
+            ),
+            (
+                Event::Report { state: Some(S::Running), remote_job_id: Some(3), epoch: Some(2) },
+                "H!409t Q!409t A!409t P!409t R!409t C!409t F!409t X!409t L!409t",
+            ),
+            (
+                Event::Report { state: Some(S::Completed), remote_job_id: Some(3), epoch: Some(0) },
+                "H!409t Q!409t A!409t P!409t R!409t C!409t F!409t X!409t L!409t",
+            ),
+            // The run died: moved when it can resume or restart, else failed.
+            (Event::Died { resumable: true, epoch: None }, "H Q Q Q Q C F X L"),
+            (Event::Died { resumable: false, epoch: None }, "H Q F F F C F X L"),
+            (Event::Died { resumable: true, epoch: Some(1) }, "H Q Q Q Q C F X L"),
+            (
+                Event::Died { resumable: true, epoch: Some(7) },
+                "H!409t Q!409t A!409t P!409t R!409t C!409t F!409t X!409t L!409t",
+            ),
         ];
         for (event, want) in table {
             let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
@@ -484,9 +573,12 @@ mod tests {
             &[E::DropStartRequest],
             "ok",
         );
-        let assigned = Life { state: S::Assigned, ..queued.clone() };
-        check(queued.clone(), Event::Placed, assigned.clone(), &[E::WakeTarget], "ok");
-        check(assigned.clone(), Event::TargetLost, queued.clone(), &[E::Place], "ok");
+        let assigned = Life { state: S::Assigned, epoch: 1, ..queued.clone() };
+        check(queued.clone(), Event::Placed, assigned.clone(), &[E::NewEpoch, E::WakeTarget], "ok");
+        // Placed again: the epoch grows.
+        let requeued = Life { state: S::Queued, ..assigned.clone() };
+        check(assigned.clone(), Event::TargetLost, requeued.clone(), &[E::Place], "ok");
+        check(requeued, Event::Placed, Life { epoch: 2, ..assigned.clone() }, &[E::NewEpoch, E::WakeTarget], "ok");
         // Submitted already: the target keeps it, a cancel goes to it.
         let submitted = Life { submitted: true, ..assigned.clone() };
         check(submitted.clone(), Event::TargetLost, submitted.clone(), &[], "ok");
@@ -526,7 +618,7 @@ mod tests {
         );
         check(
             gone.clone(),
-            Event::Report { state: Some(S::Pending), remote_job_id: None },
+            Event::Report { state: Some(S::Pending), remote_job_id: None, epoch: None },
             gone.clone(),
             &[],
             "cancel it at the target",
@@ -544,8 +636,14 @@ mod tests {
     fn a_requeued_stand_in_reruns_the_job() {
         use Effect as E;
         let rerun = |restart| Event::RequestStart { origin_job_id: 7, restart };
-        let asked1 =
-            Life { state: S::Held, origin_job_id: Some(7), start_requested: true, restart: 1, ..Default::default() };
+        let asked1 = Life {
+            state: S::Held,
+            origin_job_id: Some(7),
+            start_requested: true,
+            restart: 1,
+            epoch: 1,
+            ..Default::default()
+        };
         let reset = [E::Rerun, E::RecordStartRequest, E::WakeOrigin];
         // Ended (the proxy cancelled the run when Slurm requeued it, or it had
         // finished): held again with a start request for restart 1.
@@ -584,6 +682,42 @@ mod tests {
             &[],
             "stand-in is job 7; a restart of job 8",
         );
+    }
+
+    #[test]
+    fn a_dead_run_migrates_fails_or_ends_cancelled() {
+        use Effect as E;
+        let died = |resumable| Event::Died { resumable, epoch: None };
+        for s in [S::Assigned, S::Pending, S::Running] {
+            let at = Life { submitted: true, ..typical(s) };
+            // Resumable: queued for a new placement, the old run forgotten.
+            let moved = Life { state: S::Queued, submitted: false, ..at.clone() };
+            check(at.clone(), died(true), moved.clone(), &[E::Migrate, E::Place], "ok");
+            // The next placement is a new epoch.
+            check(
+                moved,
+                Event::Placed,
+                Life { state: S::Assigned, epoch: 2, ..typical(S::Assigned) },
+                &[E::NewEpoch, E::WakeTarget],
+                "ok",
+            );
+            // Neither checkpoint nor restartable: failed, with the reason.
+            let failed = Life { state: S::Failed, submitted: false, ..at.clone() };
+            check(at.clone(), died(false), failed, &[E::FailUnresumable], "ok");
+            // Being cancelled anyway: it ends cancelled, nothing moves.
+            let cancelling = Life { cancel_requested: true, ..at.clone() };
+            let cancelled = Life { state: S::Cancelled, submitted: false, ..cancelling.clone() };
+            check(cancelling.clone(), died(true), cancelled.clone(), &[], "ok");
+            check(cancelling, died(false), cancelled, &[], "ok");
+            // Reported by a copy of an older epoch: refused, nothing changes.
+            let old = Event::Died { resumable: true, epoch: Some(0) };
+            check(at.clone(), old, at.clone(), &[], "epoch 0 is stale: the job's current placement is epoch 1");
+        }
+        // A job placed before epochs existed takes every report of its target.
+        let legacy = Life { epoch: 0, ..typical(S::Running) };
+        let o =
+            transition(&legacy, &Event::Report { state: Some(S::Completed), remote_job_id: Some(3), epoch: Some(4) });
+        assert_eq!((o.life.state, o.reply), (S::Completed, Reply::Ok));
     }
 
     #[test]

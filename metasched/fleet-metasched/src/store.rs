@@ -13,15 +13,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fleet_api::api::{
-    AgentWork, Assignment, ClusterSummary, FleetView, ForwardRequest, GpuPool, Heartbeat, JobRecord, NodeCapacity,
-    OutputChunk, SignalOrder, SignalRequest, SignalScope, StartCheck, StartConfirmation, StatusUpdate, Stream,
+    AgentWork, Assignment, ClusterSummary, FenceReply, FenceRequest, FleetView, ForwardRequest, GpuPool, Heartbeat,
+    JobRecord, NodeCapacity, OutputChunk, SignalOrder, SignalRequest, SignalScope, StaleRun, StartCheck,
+    StartConfirmation, StatusUpdate, Stream,
 };
 use fleet_api::placement::{self, Placement};
 use fleet_api::{JobRequest, JobState};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, Health};
 use crate::feeds::Feeds;
 use crate::lifecycle::{transition, Effect, Event, Life, Reply};
 use crate::metrics::Metrics;
@@ -139,6 +140,14 @@ pub struct Job {
     /// Its output files were deleted by the retention policy (when).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_purged_at: Option<f64>,
+    /// Placements that ended because their run died there: (epoch,
+    /// cluster). Those clusters' reports are stale (409 naming the epoch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<(u64, String)>,
+    /// The cluster the last run died on: the next placement avoids it
+    /// while another cluster can take the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avoid: Option<String>,
 }
 
 /// `GET /v1/jobs/{id}/explain`: why the job is (or would be) where it is.
@@ -328,6 +337,7 @@ pub struct Store {
     metrics: Arc<Metrics>,
     ranker: Option<Arc<Ranker>>,
     wakers: Arc<Wakers>,
+    health: Health,
 }
 
 /// `GET /v1/rebalance`'s reason when no engine is configured.
@@ -353,6 +363,14 @@ pub fn node_shapes(nodes: &[NodeCapacity]) -> Vec<fleet_api::api::NodeShape> {
             .iter()
             .filter(|n| node_usable(&n.state))
             .map(|n| (n.gpu_type.as_deref(), n.gpus_total, n.cpus, n.memory_mb, n.features.as_deref())),
+    )
+}
+
+/// Every node of a heartbeat by shape, usable or not: installed capacity
+/// (a job waits for it rather than being refused).
+pub fn installed_shapes(nodes: &[NodeCapacity]) -> Vec<fleet_api::api::NodeShape> {
+    placement::node_shapes(
+        nodes.iter().map(|n| (n.gpu_type.as_deref(), n.gpus_total, n.cpus, n.memory_mb, n.features.as_deref())),
     )
 }
 
@@ -448,6 +466,7 @@ fn life_of(job: &Job) -> Life {
         cancel_requested: r.cancel_requested,
         remote_cancel_pending: job.remote_cancel_pending,
         restart: r.origin_restart,
+        epoch: r.epoch,
     }
 }
 
@@ -460,6 +479,7 @@ fn set_life(job: &mut Job, life: &Life) {
     job.record.cancel_requested = life.cancel_requested;
     job.remote_cancel_pending = life.remote_cancel_pending;
     job.record.origin_restart = life.restart;
+    job.record.epoch = life.epoch;
 }
 
 /// A refusal of the lifecycle as the store's error.
@@ -557,6 +577,7 @@ impl Store {
             metrics,
             ranker,
             wakers: Arc::new(Wakers::new(clusters.iter().map(|c| c.name.as_str()))),
+            health: Health { degraded_after_s: heartbeat_timeout_s, grace_s: 60.0, max_migrations: 3 },
         };
         store.reconcile_output_lengths()?;
         Ok(store)
@@ -677,6 +698,16 @@ impl Store {
                             nodes: node_shapes(&hb.nodes),
                             unhealthy_reason: String::new(),
                             identities: hb.identities.clone(),
+                            health: String::new(),
+                            installed: {
+                                let all = installed_shapes(&hb.nodes);
+                                // Only when some are unusable: views stay small.
+                                if all == node_shapes(&hb.nodes) {
+                                    Vec::new()
+                                } else {
+                                    all
+                                }
+                            },
                         }
                     }
                     // Never heard from: the age is counted from our own start.
@@ -693,10 +724,30 @@ impl Store {
                         nodes: Vec::new(),
                         unhealthy_reason: String::new(),
                         identities: None,
+                        health: String::new(),
+                        installed: Vec::new(),
                     },
                 };
+                summary.health = if summary.healthy { "healthy" } else { "degraded" }.into();
+                if !summary.healthy {
+                    let age = summary.heartbeat_age_s;
+                    let moves = self.move_after(&c.cfg.name);
+                    summary.unhealthy_reason = if c.last.is_none() {
+                        format!("no heartbeat since the meta-scheduler started {age:.0} s ago")
+                    } else {
+                        format!("no heartbeat for {age:.0} s")
+                    };
+                    summary.unhealthy_reason += &if age > moves {
+                        format!(
+                            "; past its grace period ({moves:.0} s silent): its fleet jobs were moved to other clusters"
+                        )
+                    } else {
+                        format!("; no new work; its fleet jobs move after {moves:.0} s of silence")
+                    };
+                }
                 if let Some(q) = &c.quarantine {
                     summary.healthy = false;
+                    summary.health = "quarantined".into();
                     summary.unhealthy_reason = format!("quarantined: {q}");
                 }
                 // Prices from the engine's model, for --fleet-max-price.
@@ -709,6 +760,32 @@ impl Store {
             })
             .collect();
         FleetView { generated_at: now, clusters }
+    }
+
+    /// `[health]` as configured (the store opens with the defaults).
+    pub fn set_health(&mut self, h: Health) {
+        self.heartbeat_timeout_s = h.degraded_after_s;
+        self.health = h;
+    }
+
+    /// Seconds of silence after which `cluster`'s fleet jobs move: Degraded
+    /// plus its grace period, which is never shorter than the lease its
+    /// agent announced (an agent cut off stops its jobs by then).
+    fn move_after(&self, cluster: &str) -> f64 {
+        let Some(c) = self.clusters.get(cluster) else { return self.health.degraded_after_s + self.health.grace_s };
+        let grace = c.cfg.grace_s.unwrap_or(self.health.grace_s);
+        let lease = c.last.as_ref().and_then(|(hb, _)| hb.lease_s).filter(|l| l.is_finite()).unwrap_or(0.0);
+        self.health.degraded_after_s + grace.max(lease)
+    }
+
+    /// How long `cluster` has been silent (since our own start if never heard).
+    fn silent_for(&self, cluster: &str, now: f64) -> f64 {
+        match self.clusters.get(cluster).and_then(|c| c.last.as_ref()) {
+            // Silence while the meta-scheduler itself was down is not the
+            // cluster's: count from our start at the earliest.
+            Some((_, t)) => now - t.max(self.started_at),
+            None => now - self.started_at,
+        }
     }
 
     fn healthy(&self, cluster: &str, now: f64) -> bool {
@@ -804,6 +881,8 @@ impl Store {
             origin_restart: 0,
             stdout_base: 0,
             stderr_base: 0,
+            epoch: 0,
+            migrations: 0,
         };
         let job = Job {
             record,
@@ -815,6 +894,8 @@ impl Store {
             remote_cancel_pending: false,
             running_since: None,
             output_purged_at: None,
+            left: Vec::new(),
+            avoid: None,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -1037,9 +1118,17 @@ impl Store {
         Ok(job.record)
     }
 
-    /// Place a `Queued` job on the current view.
+    /// Place a `Queued` job on the current view. A job whose run died on a
+    /// cluster avoids it while another can take the job.
     fn assign(&self, job: &mut Job, now: f64) {
-        let view = self.view(now);
+        let mut view = self.view(now);
+        if let Some(bad) = &job.avoid {
+            let mut without = view.clone();
+            without.clusters.iter_mut().filter(|c| c.name == *bad).for_each(|c| c.healthy = false);
+            if !matches!(placement::place(&without, &job.request).0, Placement::Impossible { .. }) {
+                view = without;
+            }
+        }
         let (mut p, excluded) = placement::place(&view, &job.request);
         let previous = job.record.reason.clone();
         // The engine ranks the clusters the first rule allows.
@@ -1092,7 +1181,12 @@ impl Store {
         let o = transition(&life_of(job), &event);
         set_life(job, &o.life);
         refresh_complete(job);
-        if previous.starts_with("re-placing") {
+        if o.effects.contains(&Effect::NewEpoch) {
+            job.avoid = None;
+            tracing::info!(job = %job.record.fleet_job_id, epoch = job.record.epoch, target = ?job.record.target,
+                "placed (new epoch)");
+        }
+        if previous.starts_with("re-placing") || previous.starts_with("moved off") {
             job.record.reason = format!("{previous}; {}", job.record.reason);
         }
         job.record.updated_at = now;
@@ -1129,6 +1223,119 @@ impl Store {
                 self.save(&job)?;
             }
         }
+        // Clusters silent past their grace period: their jobs move.
+        let gone: Vec<(String, f64)> = self
+            .order
+            .iter()
+            .map(|c| (c.clone(), self.silent_for(c, now)))
+            .filter(|(c, silent)| *silent > self.move_after(c))
+            .collect();
+        for (cluster, silent) in gone {
+            let sql = "SELECT data FROM jobs WHERE target = ?1 AND active = 1
+                       AND state IN ('assigned', 'pending', 'running') ORDER BY submitted_at, id";
+            for mut job in self.query(sql, [&cluster])? {
+                if job.record.state == JobState::Assigned && !job.submitted {
+                    continue; // the first loop re-places those
+                }
+                let why = format!("{cluster} has sent no heartbeat for {silent:.0} s (past its grace period)");
+                self.died(&mut job, &why, None, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Can `job` run again from the start? When it tolerates being stopped:
+    /// `--fleet-interruptible` or `#FLEET interruptible` (Slurm's own
+    /// `--requeue` is not carried in the request yet).
+    fn restartable(job: &Job) -> bool {
+        job.request.fleet.interruptible
+            || job
+                .request
+                .script
+                .as_deref()
+                .is_some_and(|s| fleet_engine::job::Directives::parse_bytes(s).0.interruptible.unwrap_or(false))
+    }
+
+    /// The run of `job` at its target is dead (`why`): move the job (a new
+    /// placement resumes it from its newest valid checkpoint, or restarts
+    /// it when it may), or fail it with the reason. `epoch`: the report's,
+    /// when the target said so itself. Saves the job.
+    fn died(&mut self, job: &mut Job, why: &str, epoch: Option<u64>, now: f64) -> Result<Reply, StoreError> {
+        let id = job.record.fleet_job_id.clone();
+        let checkpoint = self.latest_valid_checkpoint(&id)?;
+        let may_restart = Self::restartable(job);
+        let capped = job.record.migrations >= self.health.max_migrations;
+        let resumable = (checkpoint.is_some() || may_restart) && !capped;
+        let o = transition(&life_of(job), &Event::Died { resumable, epoch });
+        if o.life == life_of(job) {
+            return Ok(o.reply);
+        }
+        let from = job.record.target.clone().unwrap_or_default();
+        let old_epoch = job.record.epoch;
+        set_life(job, &o.life);
+        job.left.push((old_epoch, from.clone()));
+        job.record.remote_job_id = None;
+        job.record.node_list.clear();
+        job.running_since = None;
+        job.record.updated_at = now;
+        let (note, reason) = if o.effects.contains(&Effect::Migrate) {
+            job.record.migrations += 1;
+            job.record.target = None;
+            job.record.exit_code = None;
+            job.record.signal = None;
+            job.avoid = Some(from.clone());
+            let how = match &checkpoint {
+                Some(c) => format!("resuming from checkpoint {} ({})", c.seq, c.url),
+                None => "restarting from the start (no valid checkpoint; the job is interruptible)".into(),
+            };
+            self.metrics.placement("migrate");
+            (
+                format!("fleet: run {old_epoch} of job {id} at {from} died ({why}); moving it elsewhere, {how}"),
+                format!("moved off {from} (epoch {old_epoch}): {why}; {how}"),
+            )
+        } else if o.effects.contains(&Effect::FailUnresumable) {
+            let cause = if capped {
+                format!("it was already moved {} times ([health] max_migrations)", job.record.migrations)
+            } else {
+                "it has no valid checkpoint and is not restartable (--fleet-interruptible or #FLEET interruptible)"
+                    .to_string()
+            };
+            let text = format!("its run at {from} died ({why}) and {cause}");
+            (format!("fleet: job {id} failed: {text}"), format!("failed: {text}"))
+        } else {
+            (
+                format!("fleet: job {id} was being cancelled when its run at {from} died ({why})"),
+                format!("cancelled; its run at {from} died ({why})"),
+            )
+        };
+        tracing::warn!(job = %id, from = %from, epoch = old_epoch, "{reason}");
+        self.note_stderr(job, &note)?;
+        job.record.reason = reason;
+        // The next run's output continues the streams after the note.
+        job.record.stdout_base = job.record.stdout_len;
+        job.record.stderr_base = job.record.stderr_len;
+        job.final_stdout_len = None;
+        job.final_stderr_len = None;
+        if job.record.state.is_terminal() {
+            job.final_stdout_len = Some(job.record.stdout_len);
+            job.final_stderr_len = Some(job.record.stderr_len);
+        }
+        if o.effects.contains(&Effect::Place) {
+            self.assign(job, now);
+        }
+        refresh_complete(job);
+        self.save(job)?;
+        Ok(o.reply)
+    }
+
+    /// One line on the job's stderr stream, relayed by its stand-in like
+    /// the job's own output (the documented migration note).
+    fn note_stderr(&self, job: &mut Job, line: &str) -> Result<(), StoreError> {
+        let id = &job.record.fleet_job_id;
+        let clean: String = line.chars().filter(|c| !c.is_control()).collect();
+        let mut f = OpenOptions::new().create(true).append(true).mode(0o600).open(self.out_path(id, Stream::Stderr))?;
+        f.write_all(format!("{clean}\n").as_bytes())?;
+        job.record.stderr_len = self.file_len(id, Stream::Stderr)?;
         Ok(())
     }
 
@@ -1240,6 +1447,18 @@ impl Store {
         let job = self.load(id)?;
         match caller {
             Caller::Cluster(c) if job.record.target.as_deref() == Some(c.as_str()) => Ok(job),
+            // A cluster the job was moved off: its copy is stale, and a
+            // `terminal` conflict makes its agent stop it.
+            Caller::Cluster(c) if job.left.iter().any(|(_, l)| l == c) => {
+                let epochs: Vec<String> = job.left.iter().filter(|(_, l)| l == c).map(|(e, _)| e.to_string()).collect();
+                Err(terminal_conflict(format!(
+                    "job {id}: epoch {} at {c} is stale: the job is now epoch {} ({}{}); stop this copy",
+                    epochs.join(", "),
+                    job.record.epoch,
+                    job.record.state,
+                    job.record.target.as_deref().map(|t| format!(" at {t}")).unwrap_or_default()
+                )))
+            }
             Caller::Cluster(c) => Err(StoreError::Forbidden(format!(
                 "cluster {c:?} is not the target of {id} (target: {})",
                 job.record.target.as_deref().unwrap_or("none")
@@ -1271,8 +1490,19 @@ impl Store {
                 )));
             }
         }
+        if let Some(why) = &upd.died {
+            let why: String = why.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect();
+            let target = job.record.target.clone().unwrap_or_default();
+            let epoch = upd.epoch.or(Some(job.record.epoch));
+            let reply = self.died(&mut job, &format!("{target} reports: {why}"), epoch, now)?;
+            reply_result(id, &reply)?;
+            return Ok(job.record);
+        }
         let before = life_of(&job);
-        let o = transition(&before, &Event::Report { state: upd.state, remote_job_id: upd.remote_job_id });
+        let o = transition(
+            &before,
+            &Event::Report { state: upd.state, remote_job_id: upd.remote_job_id, epoch: upd.epoch },
+        );
         let changed = o.life != before;
         set_life(&mut job, &o.life);
         for effect in &o.effects {
@@ -1323,7 +1553,10 @@ impl Store {
                 | Effect::WakeOrigin
                 | Effect::WakeTarget
                 | Effect::QueueSignal
-                | Effect::Rerun => {}
+                | Effect::Rerun
+                | Effect::NewEpoch
+                | Effect::Migrate
+                | Effect::FailUnresumable => {}
             }
         }
         let takes = o.effects.iter().any(|e| *e != Effect::CompareOutcome);
@@ -1340,6 +1573,12 @@ impl Store {
 
     pub fn write_output(&mut self, caller: &Caller, id: &str, chunk: OutputChunk, now: f64) -> Result<(), StoreError> {
         let mut job = self.load_for_target(caller, id)?;
+        if let Some(e) = chunk.epoch.filter(|e| job.record.epoch != 0 && *e != job.record.epoch) {
+            return Err(terminal_conflict(format!(
+                "job {id}: output of epoch {e} is stale: the job's current placement is epoch {}; stop this copy",
+                job.record.epoch
+            )));
+        }
         let end = chunk.offset.checked_add(chunk.data.len() as u64).filter(|e| *e <= MAX_OUTPUT_OFFSET);
         let Some(end) = end else {
             return Err(StoreError::BadRequest(format!(
@@ -1478,6 +1717,8 @@ impl Store {
                     let request = self.assignment_request(&job)?;
                     work.submit.push(Assignment {
                         fleet_job_id: job.record.fleet_job_id.clone(),
+                        epoch: job.record.epoch,
+                        resume_from: request.fleet.resume_from.clone(),
                         request,
                         origin_restart: job.record.origin_restart,
                         stdout_base: job.record.stdout_base,
@@ -1501,6 +1742,49 @@ impl Store {
         }
         work.signal = self.take_signal_orders(c)?;
         Ok(work)
+    }
+
+    /// `POST /v1/agent/fence`: which of the runs the calling agent holds
+    /// are stale: the job is unknown, finished with another placement, or
+    /// placed elsewhere or in another epoch since. The agent cancels those
+    /// before it reports anything (after its start or a partition).
+    /// Epoch 0 (an older agent's run) is stale only where the job is no
+    /// longer placed at the caller.
+    pub fn fence(&self, caller: &Caller, req: &FenceRequest) -> Result<FenceReply, StoreError> {
+        let Caller::Cluster(c) = caller else {
+            return Err(StoreError::Forbidden("only a cluster's agent asks which of its runs are stale".into()));
+        };
+        if req.runs.len() > 100_000 {
+            return Err(StoreError::BadRequest(format!(
+                "{} runs in one fence request: at most 100000",
+                req.runs.len()
+            )));
+        }
+        let mut stale = Vec::new();
+        for r in &req.runs {
+            let job = if valid_job_id(&r.fleet_job_id) {
+                self.query("SELECT data FROM jobs WHERE id = ?1", [&r.fleet_job_id])?.pop()
+            } else {
+                None
+            };
+            let reason = match job {
+                None => Some("the meta-scheduler does not know this job".to_string()),
+                Some(j) if j.record.target.as_deref() != Some(c.as_str()) => Some(format!(
+                    "the job is now epoch {} ({}{})",
+                    j.record.epoch,
+                    j.record.state,
+                    j.record.target.as_deref().map(|t| format!(" at {t}")).unwrap_or_default()
+                )),
+                Some(j) if r.epoch != 0 && j.record.epoch != 0 && r.epoch != j.record.epoch => {
+                    Some(format!("the job is now epoch {} ({} at {c})", j.record.epoch, j.record.state))
+                }
+                Some(_) => None,
+            };
+            if let Some(reason) = reason {
+                stale.push(StaleRun { fleet_job_id: r.fleet_job_id.clone(), epoch: r.epoch, reason });
+            }
+        }
+        Ok(FenceReply { stale })
     }
 
     /// `POST /v1/prices` (admin): keep the price table in the state

@@ -199,7 +199,7 @@ impl Daemon {
     }
 
     async fn chunk(&self, id: &str, cluster: &str, stream: Stream, offset: u64, data: &[u8]) -> (StatusCode, Value) {
-        let c = OutputChunk { stream, offset, data: data.to_vec() };
+        let c = OutputChunk { stream, offset, data: data.to_vec(), epoch: None };
         self.call(
             reqwest::Method::POST,
             &format!("/v1/jobs/{id}/output"),
@@ -1815,5 +1815,230 @@ async fn signal_auth_and_validation() {
     }
     let got: Vec<String> = d.work("alpha").await.signal.into_iter().map(|o| o.signal).collect();
     assert_eq!(got, fleet_api::api::SIGNAL_NAMES);
+    d.stop().await;
+}
+
+// ---- failover: health, grace, epochs ---------------------------------
+
+/// The default test fleet with `[health]`: Degraded after 3 missed beats
+/// of 1 s, jobs moved after `grace_s` more.
+fn health_config(dir: &Path, grace_s: f64) -> Config {
+    Config {
+        health: Some(fleet_metasched::config::HealthConfig {
+            heartbeat_interval_s: 1.0,
+            missed_heartbeats: 3,
+            grace_s,
+            max_migrations: 3,
+        }),
+        ..config(dir)
+    }
+}
+
+/// A job from beta that may restart from scratch (`#FLEET interruptible`).
+async fn forward_restartable(d: &Daemon, id: &str) {
+    let mut request = request("beta", "h100", 8);
+    request.script = Some(b"#!/bin/sh\n#FLEET interruptible\necho step\n".to_vec());
+    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into() };
+    let _: JobRecord =
+        d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+}
+
+fn at(state: JobState, epoch: u64) -> StatusUpdate {
+    StatusUpdate { epoch: Some(epoch), ..st(state) }
+}
+
+async fn chunk_at(d: &Daemon, id: &str, cluster: &str, offset: u64, data: &[u8], epoch: Option<u64>) -> StatusCode {
+    let c = OutputChunk { stream: Stream::Stdout, offset, data: data.to_vec(), epoch };
+    d.call(
+        reqwest::Method::POST,
+        &format!("/v1/jobs/{id}/output"),
+        &bearer(cluster),
+        Some(serde_json::to_value(c).unwrap()),
+    )
+    .await
+    .0
+}
+
+async fn fence(d: &Daemon, cluster: &str, runs: &[(&str, u64)]) -> Vec<String> {
+    let body = serde_json::json!({"runs": runs.iter().map(|(id, e)| serde_json::json!({"fleet_job_id": id, "epoch": e})).collect::<Vec<_>>()});
+    let r: fleet_api::api::FenceReply =
+        d.ok(reqwest::Method::POST, "/v1/agent/fence", &bearer(cluster), Some(body)).await;
+    r.stale.into_iter().map(|s| s.fleet_job_id).collect()
+}
+
+/// `health` and `unhealthy_reason` of `cluster` in the view.
+async fn health_of(d: &Daemon, cluster: &str) -> (String, String) {
+    let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", "Bearer admin-secret", None).await;
+    let c = v.clusters.into_iter().find(|c| c.name == cluster).unwrap();
+    (c.health, c.unhealthy_reason)
+}
+
+#[tokio::test]
+async fn a_silent_clusters_running_job_moves_after_its_grace_period_and_the_old_epoch_is_fenced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    forward_restartable(&d, "mv").await;
+    let r = d.start_job("mv", "beta").await;
+    assert_eq!((r.target.as_deref(), r.epoch), (Some("alpha"), 1), "first placement: epoch 1");
+    let a = d.work("alpha").await.submit.pop().unwrap();
+    assert_eq!((a.epoch, a.resume_from.as_deref()), (1, None));
+    assert_eq!(d.status("mv", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    assert_eq!(chunk_at(&d, "mv", "alpha", 0, b"step 1\n", Some(1)).await, StatusCode::OK);
+    let beat = |secs| {
+        let d = &d;
+        async move {
+            for _ in 0..secs {
+                d.clock.advance(Duration::from_secs(1));
+                d.heartbeat("beta", 16).await;
+                d.heartbeat("gamma", 16).await;
+            }
+        }
+    };
+    // alpha misses 4 beats: Degraded (no new work), its job stays.
+    beat(4).await;
+    let (h, why) = health_of(&d, "alpha").await;
+    assert_eq!(h, "degraded", "{why}");
+    assert!(why.starts_with("no heartbeat for "), "{why}");
+    assert!(why.ends_with(" s; no new work; its fleet jobs move after 23 s of silence"), "{why}");
+    let r = d.job("mv").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Running, Some("alpha"), 1));
+    // Past 3 + 20 s of silence: moved to gamma, a new epoch.
+    beat(20).await;
+    let r = d.job("mv").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch, r.migrations), (JobState::Assigned, Some("gamma"), 2, 1));
+    assert!(r.reason.starts_with("moved off alpha (epoch 1): alpha has sent no heartbeat for 2"), "{}", r.reason);
+    assert!(r.reason.contains(" s (past its grace period)"), "{}", r.reason);
+    assert!(r.reason.contains("restarting from the start"), "{}", r.reason);
+    assert!(health_of(&d, "alpha").await.1.contains("past its grace period"));
+    // One line on stderr says so; the next run's output follows what is there.
+    let err = String::from_utf8(d.read_output("mv", "beta", "stderr", 0, 1 << 20).await).unwrap();
+    assert!(err.starts_with("fleet: run 1 of job mv at alpha died (alpha has sent no heartbeat"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!((r.stdout_base, r.stderr_base), (7, err.len() as u64));
+    let a = d.work("gamma").await.submit.pop().unwrap();
+    assert_eq!((a.fleet_job_id.as_str(), a.epoch, a.stdout_base), ("mv", 2, 7));
+    // alpha comes back: every report of its copy is stale, named so.
+    d.heartbeat("alpha", 16).await;
+    for upd in [at(JobState::Running, 1), st(JobState::Completed)] {
+        let (s, v) = d.status("mv", "alpha", upd).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{v}");
+        assert_eq!(v["terminal"], true, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("epoch 1 at alpha is stale: the job is now epoch 2"), "{v}");
+    }
+    assert_eq!(chunk_at(&d, "mv", "alpha", 7, b"step 2\n", Some(1)).await, StatusCode::CONFLICT);
+    assert_eq!(chunk_at(&d, "mv", "alpha", 7, b"step 2\n", None).await, StatusCode::CONFLICT);
+    assert_eq!(fence(&d, "alpha", &[("mv", 1), ("nope", 3)]).await, ["mv", "nope"]);
+    // gamma's run is the job now; an old epoch at gamma is refused too.
+    assert!(fence(&d, "gamma", &[("mv", 2)]).await.is_empty());
+    assert_eq!(fence(&d, "gamma", &[("mv", 1)]).await, ["mv"]);
+    assert_eq!(d.status("mv", "gamma", at(JobState::Running, 1)).await.0, StatusCode::CONFLICT);
+    assert_eq!(d.status("mv", "gamma", at(JobState::Running, 2)).await.0, StatusCode::OK);
+    assert_eq!(chunk_at(&d, "mv", "gamma", 7, b"step 1\n", Some(1)).await, StatusCode::CONFLICT);
+    assert_eq!(chunk_at(&d, "mv", "gamma", 7, b"step 1\nstep 2\n", Some(2)).await, StatusCode::OK);
+    let done = StatusUpdate {
+        exit_code: Some(3),
+        final_stdout_len: Some(21),
+        final_stderr_len: Some(err.len() as u64),
+        ..at(JobState::Failed, 2)
+    };
+    assert_eq!(d.status("mv", "gamma", done).await.0, StatusCode::OK);
+    let r = d.job("mv").await;
+    assert_eq!((r.state, r.exit_code, r.output_complete), (JobState::Failed, Some(3), true));
+    assert_eq!(d.read_output("mv", "beta", "stdout", 0, 100).await, b"step 1\nstep 1\nstep 2\n");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_dead_run_that_cannot_restart_fails_with_the_reason_and_one_that_can_avoids_its_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    // Neither checkpointed nor restartable: fails at the origin with why.
+    d.forward("once", "beta", "h100", 8).await;
+    assert_eq!(d.start_job("once", "beta").await.target.as_deref(), Some("alpha"));
+    assert_eq!(d.status("once", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    let died = StatusUpdate { died: Some("NODE_FAIL at alpha".into()), ..at(JobState::Failed, 1) };
+    let (s, v) = d.status("once", "alpha", died.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let r = d.job("once").await;
+    assert_eq!((r.state, r.output_complete), (JobState::Failed, true), "{}", r.reason);
+    assert!(r.reason.contains("its run at alpha died (alpha reports: NODE_FAIL at alpha) and it has no valid checkpoint and is not restartable"), "{}", r.reason);
+    let err = String::from_utf8(d.read_output("once", "beta", "stderr", 0, 1 << 20).await).unwrap();
+    assert!(err.starts_with("fleet: job once failed: its run at alpha died"), "{err}");
+    // Restartable: placed again at once, away from alpha (which is healthy
+    // and cheaper for the first rule) while gamma can take it.
+    forward_restartable(&d, "again").await;
+    assert_eq!(d.start_job("again", "beta").await.target.as_deref(), Some("alpha"));
+    // A report of a died run from another epoch changes nothing.
+    let stale = StatusUpdate { epoch: Some(5), ..died.clone() };
+    assert_eq!(d.status("again", "alpha", stale).await.0, StatusCode::CONFLICT);
+    assert_eq!(d.status("again", "alpha", died).await.0, StatusCode::OK);
+    let r = d.job("again").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch, r.migrations), (JobState::Assigned, Some("gamma"), 2, 1));
+    assert!(r.reason.starts_with("moved off alpha (epoch 1): alpha reports: NODE_FAIL at alpha"), "{}", r.reason);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn an_agents_lease_longer_than_the_grace_period_delays_the_move() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 5.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    let hb = serde_json::json!({"cluster": "alpha", "scheduler": "slurm", "queue_pending": 0, "queue_running": 0,
+        "agent_version": "t", "lease_s": 30.0, "nodes": [
+            {"name": "a1", "partitions": ["gpu"], "gpu_type": "h100", "gpus_total": 8, "gpus_free": 8, "state": "idle"},
+            {"name": "a2", "partitions": ["gpu"], "gpu_type": "h100", "gpus_total": 8, "gpus_free": 8, "state": "idle"}]});
+    let _: FleetView = d.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer("alpha"), Some(hb)).await;
+    forward_restartable(&d, "leased").await;
+    assert_eq!(d.start_job("leased", "beta").await.target.as_deref(), Some("alpha"));
+    assert_eq!(d.status("leased", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    for _ in 0..30 {
+        d.clock.advance(Duration::from_secs(1));
+        d.heartbeat("gamma", 16).await;
+    }
+    // 30 s silent: past 3 + 5 s, but the agent may still run it until its
+    // 30 s lease is over (3 + 30 s).
+    assert_eq!(d.job("leased").await.target.as_deref(), Some("alpha"));
+    for _ in 0..4 {
+        d.clock.advance(Duration::from_secs(1));
+        d.heartbeat("gamma", 16).await;
+    }
+    assert_eq!(d.job("leased").await.target.as_deref(), Some("gamma"));
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn installed_but_unavailable_capacity_makes_a_job_wait_not_fail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    d.heartbeat("beta", 16).await;
+    // alpha reports, but Slurm drained both its nodes; gamma never spoke.
+    let hb = serde_json::json!({"cluster": "alpha", "scheduler": "slurm", "queue_pending": 0, "queue_running": 0,
+        "agent_version": "t", "nodes": [
+            {"name": "a1", "partitions": ["gpu"], "gpu_type": "h100", "gpus_total": 8, "gpus_free": 8, "state": "drained"},
+            {"name": "a2", "partitions": ["gpu"], "gpu_type": "h100", "gpus_total": 8, "gpus_free": 8, "state": "down*"}]});
+    let v: FleetView = d.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer("alpha"), Some(hb.clone())).await;
+    let alpha = v.clusters.iter().find(|c| c.name == "alpha").unwrap();
+    assert!(alpha.gpus.is_empty() && alpha.installed.iter().map(|s| s.count).sum::<u32>() == 2, "{alpha:?}");
+    d.forward("drained", "beta", "h100", 8).await;
+    let r = d.start_job("drained", "beta").await;
+    assert_eq!(r.state, JobState::Queued, "{}", r.reason);
+    assert!(r.reason.starts_with("waiting for a healthy cluster"), "{}", r.reason);
+    // More than is installed anywhere is still impossible.
+    d.forward("huge", "beta", "h100", 64).await;
+    assert_eq!(d.start_job("huge", "beta").await.state, JobState::Failed);
+    // A node back: it runs.
+    let mut hb = hb;
+    hb["nodes"][0]["state"] = "idle".into();
+    let _: FleetView = d.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer("alpha"), Some(hb)).await;
+    let r = d.job("drained").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Assigned, Some("alpha"), 1));
     d.stop().await;
 }

@@ -503,16 +503,45 @@ fn clusters_table(v: &FleetView) -> String {
                 c.name.clone(),
                 c.region.clone(),
                 c.provider.clone(),
-                if c.healthy { "yes".into() } else { "no".into() },
+                match (c.health.as_str(), c.healthy) {
+                    ("", true) => "healthy".into(),
+                    ("", false) => "degraded".into(),
+                    (h, _) => h.to_string(),
+                },
                 // A cluster never heard from has no scheduler name.
                 if c.scheduler.is_empty() { "never".into() } else { age(c.heartbeat_age_s) },
                 gpus,
                 c.queue_pending.to_string(),
                 c.queue_running.to_string(),
+                why_cluster(c),
             ]
         })
         .collect();
-    table(&["NAME", "REGION", "PROVIDER", "HEALTHY", "HEARTBEAT", "GPUS(free/total)", "PENDING", "RUNNING"], &rows)
+    table(
+        &["NAME", "REGION", "PROVIDER", "HEALTH", "HEARTBEAT", "GPUS(free/total)", "PENDING", "RUNNING", "WHY"],
+        &rows,
+    )
+}
+
+/// Why a cluster is not (fully) available: its health reason, and installed
+/// nodes that cannot run jobs now (drained, down).
+fn why_cluster(c: &fleet_api::api::ClusterSummary) -> String {
+    let mut why = one_line(&c.unhealthy_reason);
+    let installed: u32 = c.installed.iter().map(|s| s.count).sum();
+    let usable: u32 = c.nodes.iter().map(|s| s.count).sum();
+    if installed > usable {
+        let n = installed - usable;
+        why = if why.is_empty() {
+            format!("{n} of {installed} nodes drained or down")
+        } else {
+            format!("{why}; {n} of {installed} nodes drained or down")
+        };
+    }
+    if why.is_empty() {
+        "-".into()
+    } else {
+        why
+    }
 }
 
 fn jobs_table(jobs: &[JobRecord], now: f64, zone: Zone) -> String {

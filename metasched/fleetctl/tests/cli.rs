@@ -104,8 +104,15 @@ async fn clusters_jobs_job_cancel_explain() {
     assert!(o.status.success(), "{}", text(&o));
     let out = text(&o);
     assert!(out.starts_with("NAME "), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("alpha ") && l.contains("yes") && l.contains("h100:6/8")), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("beta ") && l.contains(" no ") && l.contains(" never ")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("alpha ") && l.contains(" healthy ") && l.contains("h100:6/8")), "{out}");
+    // Never heard from: degraded, and why.
+    assert!(
+        out.lines().any(|l| l.starts_with("beta ")
+            && l.contains(" degraded ")
+            && l.contains(" never ")
+            && l.contains("no heartbeat since the meta-scheduler started")),
+        "{out}"
+    );
 
     let o = ctl(&url, dir, &["jobs", "--state", "held"]).await;
     let out = text(&o);

@@ -88,6 +88,10 @@ pub struct FleetConf {
     pub heartbeat_interval_ms: u64,
     /// `PollIntervalMs` (500; 10..=3600000).
     pub poll_interval_ms: u64,
+    /// `LeaseMs` (30000; 0 or 1000..=86400000): the agent's lease on the
+    /// fleet jobs it runs. Cut off from the meta-scheduler for longer, it
+    /// cancels them (self-fencing); 0 never does.
+    pub lease_ms: u64,
     /// `ViewMaxAgeMs` (10000; 100..=86400000): an older cached fleet
     /// view ⇒ jobs stay local.
     pub view_max_age_ms: u64,
@@ -171,6 +175,7 @@ impl Default for FleetConf {
             fail_open: true,
             heartbeat_interval_ms: 1000,
             poll_interval_ms: 500,
+            lease_ms: 30_000,
             view_max_age_ms: 10_000,
             max_script_bytes: 1 << 20,
             allowed_submit_uids: Vec::new(),
@@ -207,6 +212,7 @@ pub const KEYS: &[&str] = &[
     "FailOpen",
     "HeartbeatIntervalMs",
     "PollIntervalMs",
+    "LeaseMs",
     "ViewMaxAgeMs",
     "MaxScriptBytes",
     "AllowedSubmitUids",
@@ -304,6 +310,12 @@ impl FleetConf {
                             conf.heartbeat_interval_ms = parse_in_range(v, 100, 3_600_000).map_err(bad)?
                         }
                         "pollintervalms" => conf.poll_interval_ms = parse_in_range(v, 10, 3_600_000).map_err(bad)?,
+                        "leasems" => {
+                            conf.lease_ms = match parse_in_range(v, 0, 86_400_000).map_err(bad)? {
+                                n @ 1..=999 => return Err(bad(format!("{n} is below 1000 (0 turns the lease off)"))),
+                                n => n,
+                            }
+                        }
                         "viewmaxagems" => conf.view_max_age_ms = parse_in_range(v, 100, 86_400_000).map_err(bad)?,
                         "maxscriptbytes" => conf.max_script_bytes = parse_in_range(v, 1, 1 << 30).map_err(bad)?,
                         "allowedsubmituids" => conf.allowed_submit_uids = users(v).map_err(bad)?,
@@ -525,6 +537,8 @@ mod tests {
                 ],
             )),
         );
+        check("SiteName=a\nLeaseMs=0", Ok((FleetConf { lease_ms: 0, ..site("a") }, &[])));
+        check("SiteName=a\nLeaseMs=8000", Ok((FleetConf { lease_ms: 8000, ..site("a") }, &[])));
         // Errors name file:line, key, value and what is expected.
         check(
             "SiteName=a\nSubmitTimeoutMs=fast",
@@ -536,6 +550,10 @@ mod tests {
                 "fleet.conf:2: SubmitTimeoutMs=0: bad value; expected a whole number from 1 to 5000",
                 "fleet.conf:3: SubmitTimeoutMs=5001: bad value; expected a whole number from 1 to 5000",
             ]),
+        );
+        check(
+            "SiteName=a LeaseMs=500",
+            Err(&["fleet.conf:1: LeaseMs=500: bad value; 500 is below 1000 (0 turns the lease off)"]),
         );
         check(
             "SiteName=a FailOpen=maybe",

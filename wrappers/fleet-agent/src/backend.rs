@@ -41,6 +41,9 @@ pub struct NativeJob {
     pub work_dir: String,
     /// The time limit in minutes (`None`: unlimited or not said).
     pub time_limit_min: Option<u32>,
+    /// Slurm's own description of the state (`state_description`), which
+    /// only slurmctld sets (e.g. `launch failed requeued held`).
+    pub description: String,
 }
 
 impl NativeJob {
@@ -60,6 +63,7 @@ impl NativeJob {
             admin_comment: String::new(),
             work_dir: String::new(),
             time_limit_min: None,
+            description: String::new(),
         }
     }
 }

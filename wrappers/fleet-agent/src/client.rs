@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use fleet_api::api::{
-    AgentWork, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, SignalRequest, SignalScope,
-    StartConfirmation, StatusUpdate,
+    AgentWork, FenceReply, FenceRequest, FleetView, ForwardRequest, Heartbeat, JobRecord, OutputChunk, SignalRequest,
+    SignalScope, StartConfirmation, StatusUpdate,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -72,6 +72,11 @@ impl MetaClient {
 
     pub async fn heartbeat(&self, hb: &Heartbeat) -> Result<FleetView> {
         self.post("/v1/heartbeat", hb).await
+    }
+
+    /// Which of the runs this agent holds are stale (placed again since).
+    pub async fn fence(&self, f: &FenceRequest) -> Result<FenceReply> {
+        self.post("/v1/agent/fence", f).await
     }
 
     pub async fn forward(&self, f: &ForwardRequest) -> Result<JobRecord> {

@@ -23,6 +23,9 @@ pub struct AgentConfig {
     pub proxy_path: PathBuf,
     pub heartbeat: Duration,
     pub poll: Duration,
+    /// `LeaseMs`: cut off from the meta-scheduler this long, the agent
+    /// cancels the fleet jobs it runs (`None`: never).
+    pub lease: Option<Duration>,
     pub view_max_age: Duration,
     pub max_script_bytes: u64,
     pub slurm_bin: PathBuf,
@@ -194,6 +197,7 @@ impl AgentConfig {
             proxy_path: c.proxy_path,
             heartbeat: Duration::from_millis(c.heartbeat_interval_ms),
             poll: Duration::from_millis(c.poll_interval_ms),
+            lease: (c.lease_ms > 0).then(|| Duration::from_millis(c.lease_ms)),
             view_max_age: Duration::from_millis(c.view_max_age_ms),
             max_script_bytes: c.max_script_bytes,
             slurm_bin: c.slurm_bin_dir,

@@ -60,6 +60,13 @@ pub struct Run {
     pub restarts: u32,
     /// When the agent journaled the run (epoch s), before any sbatch.
     pub accepted_at: f64,
+    /// The placement epoch of the assignment (0: unknown, from an older
+    /// meta-scheduler or journal); sent with every report of the run.
+    pub epoch: u64,
+    /// The agent stopped the job itself when its lease ran out: why. The
+    /// run is reported as died (the meta-scheduler moves the job), never
+    /// as the cancellation Slurm shows.
+    pub fenced: Option<String>,
 }
 
 impl Journal {
@@ -95,6 +102,8 @@ impl Journal {
             ("runs", "accepted_at", "REAL NOT NULL DEFAULT 0"),
             ("forwards", "standin_id", "INTEGER"),
             ("runs", "attempt", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "epoch", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "fenced", "TEXT"),
         ] {
             let has: bool = db
                 .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
@@ -154,10 +163,16 @@ impl Journal {
         Ok(())
     }
 
+    /// The placement epoch the run belongs to.
+    pub fn set_epoch(&self, id: &str, epoch: u64) -> Result<()> {
+        self.db.lock().execute("UPDATE runs SET epoch = ?2 WHERE id = ?1", params![id, epoch as i64])?;
+        Ok(())
+    }
+
     pub fn update_run(&self, r: &Run) -> Result<()> {
         self.db.lock().execute(
             "UPDATE runs SET stdout_off = ?2, stderr_off = ?3, reported = ?4, done = ?5, stdout_base = ?6,
-                 stderr_base = ?7, submit_time = ?8, restarts = ?9 WHERE id = ?1",
+                 stderr_base = ?7, submit_time = ?8, restarts = ?9, fenced = ?10 WHERE id = ?1",
             params![
                 r.id,
                 r.stdout_off as i64,
@@ -167,7 +182,8 @@ impl Journal {
                 r.stdout_base as i64,
                 r.stderr_base as i64,
                 r.submit_time,
-                r.restarts
+                r.restarts,
+                r.fenced
             ],
         )?;
         Ok(())
@@ -211,7 +227,7 @@ impl Journal {
         self.db.lock().execute(
             "UPDATE runs SET slurm_id = NULL, stdout_off = 0, stderr_off = 0, reported = NULL, done = 0,
                  request = ?3, stdout_base = ?4, stderr_base = ?5, submit_time = NULL, restarts = 0,
-                 attempt = ?2, accepted_at = ?6 WHERE id = ?1",
+                 attempt = ?2, accepted_at = ?6, fenced = NULL WHERE id = ?1",
             params![id, attempt, json, stdout_base as i64, stderr_base as i64, crate::now()],
         )?;
         Ok(())
@@ -231,7 +247,7 @@ impl Journal {
 }
 
 const RUN_COLS: &str =
-    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts, accepted_at";
+    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts, accepted_at, epoch, fenced";
 
 fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
     Ok((
@@ -250,6 +266,8 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
             submitted_at: r.get(12)?,
             restarts: r.get(13)?,
             accepted_at: r.get(14)?,
+            epoch: r.get::<_, i64>(15)? as u64,
+            fenced: r.get(16)?,
         },
         r.get(6)?,
     ))

@@ -29,6 +29,7 @@ pub mod identity;
 pub mod jobdir;
 pub mod journal;
 pub mod kube;
+pub mod lease;
 pub mod reconcile;
 pub mod slurm;
 pub mod track;
@@ -84,6 +85,9 @@ pub struct Agent<B: Backend> {
     /// for a lookup, never across an `.await`.
     pub view: RwLock<CachedView>,
     pub forwards_pending: Notify,
+    /// The lease on the jobs this cluster runs. std-style sync lock
+    /// (parking_lot): held for a renew or a check, never across an `.await`.
+    pub lease: parking_lot::Mutex<lease::Lease>,
 }
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
@@ -113,8 +117,16 @@ pub async fn run_with<B: Backend>(
     if cleartext_off_host(&cfg.metasched_url) {
         tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");
     }
-    let agent =
-        Arc::new(Agent { cfg, journal, backend, meta, view: RwLock::default(), forwards_pending: Notify::new() });
+    let lease = parking_lot::Mutex::new(lease::Lease::new(cfg.lease, Instant::now()));
+    let agent = Arc::new(Agent {
+        cfg,
+        journal,
+        backend,
+        meta,
+        view: RwLock::default(),
+        forwards_pending: Notify::new(),
+        lease,
+    });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
     if let Some(dir) = agent.cfg.socket.parent() {
@@ -320,6 +332,14 @@ async fn heartbeat_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
     let mut warned = false;
     loop {
         report("heartbeat", &mut warned, heartbeat_once(&agent).await);
+        let action = agent.lease.lock().tick(Instant::now());
+        if let lease::LeaseAction::SelfFence { silent } = action {
+            tracing::warn!(silent_s = silent.as_secs(), "lease expired: stopping every fleet job this cluster runs");
+            if let Err(e) = track::self_fence(&agent, silent).await {
+                tracing::warn!("self-fencing: {e:#}");
+                agent.lease.lock().retry_fence();
+            }
+        }
         if stopped(&mut stop, agent.cfg.heartbeat).await {
             return;
         }
@@ -359,8 +379,10 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         queue_running: running,
         agent_version: env!("CARGO_PKG_VERSION").into(),
         identities,
+        lease_s: agent.cfg.lease.map(|l| l.as_secs_f64()),
     };
     let view = agent.meta.heartbeat(&hb).await?;
+    agent.lease.lock().renew(Instant::now());
     publish_view(&agent.cfg.spool, &view);
     let mut c = agent.view.write();
     c.view = Some(view);
@@ -473,6 +495,7 @@ async fn reconcile_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
 /// something new was done.
 pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut track::Recent) -> Result<bool> {
     let work = agent.meta.work(wait_ms).await?;
+    agent.lease.lock().renew(Instant::now());
     let mut progressed = false;
     for a in work.submit {
         let id = a.fleet_job_id.clone();

@@ -170,6 +170,8 @@ mod tests {
             origin_restart: 0,
             stdout_base: 0,
             stderr_base: 0,
+            epoch: 0,
+            migrations: 0,
         }
     }
 

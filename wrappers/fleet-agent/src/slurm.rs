@@ -302,6 +302,7 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
         }
         job.node_list = text(j.get("nodes"));
         job.reason = text(j.get("state_reason")).trim_start_matches("None").to_string();
+        job.description = text(j.get("state_description"));
         job.submit_time = num(j.get("submit_time"));
         job.user_id = num(j.get("user_id")).and_then(|n| u32::try_from(n).ok());
         job.restarts = num(j.get("restart_cnt")).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);

@@ -18,7 +18,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fleet_api::api::{Assignment, OutputChunk, StartCheck, StartConfirmation, StatusUpdate, Stream};
+use fleet_api::api::{
+    Assignment, FenceRequest, OutputChunk, RunEpoch, StartCheck, StartConfirmation, StatusUpdate, Stream,
+};
 use fleet_api::JobState;
 
 use crate::backend::{Backend, NativeJob};
@@ -149,16 +151,44 @@ pub fn update_for(j: &NativeJob, site: &str) -> StatusUpdate {
         state: Some(j.state),
         exit_code: j.exit_code,
         signal: j.signal,
+        died: died(j, site),
         reason,
         node_list: j.node_list.clone(),
         ..Default::default()
     }
 }
 
+/// Did the job die with (part of) its cluster rather than end by itself?
+/// Then the meta-scheduler moves it instead of ending it: a node failure
+/// or a preemption Slurm did not requeue, or a launch failure after which
+/// Slurm holds the job (`launch failed requeued held`, which no one here
+/// would release).
+pub fn died(j: &NativeJob, site: &str) -> Option<String> {
+    match j.raw_state.as_str() {
+        "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => Some(format!("{} at {site}", j.raw_state)),
+        _ if j.state == JobState::Pending && launch_failed_held(j) => {
+            Some(format!("Slurm at {site} held it after a failed launch (launch failed requeued held)"))
+        }
+        _ => None,
+    }
+}
+
+/// A job Slurm requeued and held after its launch failed: a state
+/// description only slurmctld sets (users cannot write it).
+fn launch_failed_held(j: &NativeJob) -> bool {
+    j.description.contains("launch failed requeued held")
+}
+
+/// The epoch to send with a run's reports (`None`: unknown, an older journal).
+pub fn epoch_of(run: &Run) -> Option<u64> {
+    (run.epoch > 0).then_some(run.epoch)
+}
+
 /// Reports a job that could not be launched here.
 async fn fail_launch<B: Backend>(agent: &Agent<B>, id: &str, reason: String) -> Result<()> {
     tracing::warn!(%id, "not launched: {reason}");
     let mut run = agent.journal.run(id)?.map(|r| r.0).unwrap_or_default();
+    let epoch = epoch_of(&run);
     run.id = id.to_string();
     run.done = true;
     run.reported = Some("failed".into());
@@ -168,6 +198,7 @@ async fn fail_launch<B: Backend>(agent: &Agent<B>, id: &str, reason: String) -> 
         reason,
         final_stdout_len: Some(0),
         final_stderr_len: Some(0),
+        epoch,
         ..Default::default()
     };
     match agent.meta.status(id, &up).await {
@@ -198,13 +229,19 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         // A rerun (the stand-in was requeued at the origin) of a job that
         // ran here before: once the previous run is fully reported, the row
         // starts over and the job is submitted again.
-        Some(run) if a.origin_restart > attempt => {
+        Some(run) if a.origin_restart > attempt || (a.epoch > run.epoch && run.epoch > 0) => {
             if !run.done {
-                anyhow::bail!("run {attempt} is still being reported here; run {} waits for it", a.origin_restart);
+                anyhow::bail!(
+                    "run {attempt} (epoch {}) is still being reported here; run {} (epoch {}) waits for it",
+                    run.epoch,
+                    a.origin_restart,
+                    a.epoch
+                );
             }
             jobdir::remove(&agent.backend.job_dir(&id))?;
             agent.journal.rerun(&id, a.origin_restart, &a.request, a.stdout_base, a.stderr_base)?;
-            tracing::info!(%id, restart = a.origin_restart, "the stand-in was requeued at the origin: running the job again");
+            agent.journal.set_epoch(&id, a.epoch)?;
+            tracing::info!(%id, restart = a.origin_restart, epoch = a.epoch, "placed here again: running the job again");
         }
         Some(run) if run.done => return Ok(()),
         // Submitted already (the meta-scheduler did not hear back): report,
@@ -216,6 +253,7 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
             if a.origin_restart > 0 || a.stdout_base > 0 || a.stderr_base > 0 {
                 agent.journal.rerun(&id, a.origin_restart, &a.request, a.stdout_base, a.stderr_base)?;
             }
+            agent.journal.set_epoch(&id, a.epoch)?;
         }
     }
     let site = &agent.cfg.site;
@@ -260,7 +298,8 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
 }
 
 async fn report_submitted<B: Backend>(agent: &Agent<B>, id: &str, sid: u64) -> Result<()> {
-    let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), ..Default::default() };
+    let epoch = agent.journal.run(id)?.and_then(|(r, _)| epoch_of(&r));
+    let up = StatusUpdate { remote_job_id: Some(sid), state: Some(JobState::Pending), epoch, ..Default::default() };
     agent.meta.status(id, &up).await?;
     Ok(())
 }
@@ -296,6 +335,7 @@ pub async fn cancel_one<B: Backend>(agent: &Agent<B>, id: &str) -> Result<()> {
             state: Some(JobState::Cancelled),
             final_stdout_len: Some(0),
             final_stderr_len: Some(0),
+            epoch: epoch_of(&run),
             ..Default::default()
         };
         agent.meta.status(id, &up).await?;
@@ -374,9 +414,88 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
     Ok(())
 }
 
-/// One watch pass over every job this cluster runs.
+/// Ask the meta-scheduler which of `runs` are stale (the job was placed
+/// again elsewhere or in a newer epoch) and stop those: cancel the Slurm
+/// job if it is still the one this agent submitted, and never report on
+/// it again. Fails (and the caller reports nothing) while the
+/// meta-scheduler cannot be asked.
+pub async fn fence_stale<B: Backend>(agent: &Agent<B>, runs: &[(Run, fleet_api::JobRequest)]) -> Result<usize> {
+    if runs.is_empty() {
+        return Ok(0);
+    }
+    let req = FenceRequest {
+        runs: runs.iter().map(|(r, _)| RunEpoch { fleet_job_id: r.id.clone(), epoch: r.epoch }).collect(),
+    };
+    let reply = agent.meta.fence(&req).await?;
+    // The meta-scheduler answered about our runs: the lease holds, even
+    // while the heartbeat fails on this cluster's own scheduler.
+    agent.lease.lock().renew(std::time::Instant::now());
+    let mut stopped = 0;
+    for s in reply.stale {
+        let Some((mut run, _)) = runs.iter().find(|(r, _)| r.id == s.fleet_job_id).cloned() else { continue };
+        if let Some(sid) = run.slurm_id {
+            let jobs = agent.backend.status(&[sid]).await?;
+            let candidates: Vec<&NativeJob> = jobs.iter().filter(|j| j.native_id == sid).collect();
+            let dir = agent.backend.job_dir(&run.id).display().to_string();
+            if let Seen::Job(j) = identify(&run, &agent.cfg.site, &dir, &candidates) {
+                if !j.state.is_terminal() {
+                    let user = run.user.as_deref().context("journal has no user for this run")?;
+                    agent.backend.cancel(sid, user).await?;
+                }
+            }
+        }
+        tracing::warn!(id = %run.id, epoch = run.epoch, slurm_id = ?run.slurm_id,
+            "stale copy stopped, never reported: {}", s.reason);
+        run.done = true;
+        agent.journal.update_run(&run)?;
+        if let Err(e) = jobdir::remove(&agent.backend.job_dir(&run.id)) {
+            tracing::warn!(id = %run.id, "{e:#}");
+        }
+        stopped += 1;
+    }
+    Ok(stopped)
+}
+
+/// The lease ran out (`silent`: how long the meta-scheduler has been out
+/// of reach): cancel every fleet job this cluster runs, as its user, and
+/// remember why, so that the run is reported as died once contact is back
+/// (the meta-scheduler then moves it, if it has not already).
+pub async fn self_fence<B: Backend>(agent: &Agent<B>, silent: std::time::Duration) -> Result<usize> {
+    let why = format!(
+        "the agent at {} could not reach the meta-scheduler for {} s, beyond its lease, and stopped the job",
+        agent.cfg.site,
+        silent.as_secs()
+    );
+    let mut stopped = 0;
+    for (mut run, _) in agent.journal.active_runs()? {
+        if run.fenced.is_some() {
+            continue;
+        }
+        if let (Some(sid), Some(user)) = (run.slurm_id, run.user.clone()) {
+            let jobs = agent.backend.status(&[sid]).await?;
+            let candidates: Vec<&NativeJob> = jobs.iter().filter(|j| j.native_id == sid).collect();
+            let dir = agent.backend.job_dir(&run.id).display().to_string();
+            if let Seen::Job(j) = identify(&run, &agent.cfg.site, &dir, &candidates) {
+                if !j.state.is_terminal() {
+                    agent.backend.cancel(sid, &user).await?;
+                }
+            }
+        }
+        tracing::warn!(id = %run.id, slurm_id = ?run.slurm_id, "self-fenced: {why}");
+        run.fenced = Some(why.clone());
+        agent.journal.update_run(&run)?;
+        stopped += 1;
+    }
+    Ok(stopped)
+}
+
+/// One watch pass over every job this cluster runs. It first asks which
+/// runs are stale and stops them: nothing is reported before.
 pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> Result<()> {
     let runs = agent.journal.active_runs()?;
+    if fence_stale(agent, &runs).await? > 0 {
+        return Ok(()); // the next pass reads the journal again
+    }
     let ids: Vec<u64> = runs.iter().filter_map(|(r, _)| r.slurm_id).collect();
     if ids.is_empty() {
         return Ok(());
@@ -441,6 +560,26 @@ async fn reconcile_run<B: Backend>(
             ..Default::default()
         },
     };
+    if let Some(why) = &run.fenced {
+        // Stopped by this agent's lease: the job died here, whatever Slurm
+        // shows for the cancellation.
+        up.died = Some(why.clone());
+    }
+    if let Some(why) = up.died.clone() {
+        if run.fenced.is_none() {
+            // Kept: once cancelled below, Slurm shows only CANCELLED.
+            run.fenced = Some(why);
+            agent.journal.update_run(&run)?;
+        }
+        if let (Seen::Job(j), Some(user)) = (&seen, run.user.as_deref()) {
+            if !j.state.is_terminal() {
+                // Held after a failed launch: no one would release it here.
+                agent.backend.cancel(j.native_id, user).await?;
+            }
+        }
+        up.state = Some(JobState::Failed);
+    }
+    up.epoch = epoch_of(&run);
     let state = up.state.unwrap_or(JobState::Lost);
     if state.is_terminal() {
         // Read whatever the job wrote last, then close the streams.
@@ -492,6 +631,7 @@ async fn reconcile_run<B: Backend>(
 
 async fn relay_all<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker, run: &mut Run) -> Result<()> {
     let paths = agent.backend.output_paths(&run.id);
+    let epoch = epoch_of(run);
     for (stream, path) in [(Stream::Stdout, paths.stdout), (Stream::Stderr, paths.stderr)] {
         let (base, off) = match stream {
             Stream::Stdout => (&mut run.stdout_base, &mut run.stdout_off),
@@ -505,7 +645,7 @@ async fn relay_all<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker, run: &mu
                     tracing::warn!(id = %run.id, "{msg}");
                 }
             }
-            jobdir::Opened::File(mut f, len) => relay(agent, &run.id, stream, &mut f, len, base, off).await?,
+            jobdir::Opened::File(mut f, len) => relay(agent, &run.id, epoch, stream, &mut f, len, base, off).await?,
         }
     }
     Ok(())
@@ -514,9 +654,11 @@ async fn relay_all<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker, run: &mu
 /// Relays what `f` holds past `*off`. A file shorter than what was relayed
 /// was restarted (Slurm requeued the job, truncating its output): its new
 /// bytes follow the old ones in the fleet's stream, as `--open-mode=append`.
+#[allow(clippy::too_many_arguments)]
 async fn relay<B: Backend>(
     agent: &Agent<B>,
     id: &str,
+    epoch: Option<u64>,
     stream: Stream,
     f: &mut std::fs::File,
     len: u64,
@@ -535,7 +677,7 @@ async fn relay<B: Backend>(
             break;
         }
         let n = data.len() as u64;
-        let chunk = OutputChunk { stream, offset: *base + *off, data };
+        let chunk = OutputChunk { stream, offset: *base + *off, data, epoch };
         match agent.meta.output(id, &chunk).await? {
             None => *off += n,
             Some(held) if held >= *base => {
@@ -685,6 +827,35 @@ mod tests {
         let mut j = job(7, "PENDING", 1, 1);
         j.restarts = 2;
         assert_eq!(update_for(&j, "alpha").reason, "requeued 2 time(s) at alpha");
+    }
+
+    #[test]
+    fn runs_that_died_with_their_nodes_are_told_from_runs_that_ended() {
+        let with = |state: &str, description: &str| {
+            let mut j = job(7, state, 1, 1);
+            j.reason = "JobHeldAdmin".into();
+            j.description = description.into();
+            j
+        };
+        let table = [
+            (with("NODE_FAIL", ""), Some("NODE_FAIL at alpha")),
+            (with("PREEMPTED", ""), Some("PREEMPTED at alpha")),
+            (with("BOOT_FAIL", ""), Some("BOOT_FAIL at alpha")),
+            (
+                with("PENDING", "launch failed requeued held"),
+                Some("Slurm at alpha held it after a failed launch (launch failed requeued held)"),
+            ),
+            (with("PENDING", "job requeued in held state"), None),
+            (with("PENDING", ""), None),
+            (with("RUNNING", ""), None),
+            (with("FAILED", "NonZeroExitCode"), None),
+            (with("TIMEOUT", ""), None),
+            (with("CANCELLED", "launch failed requeued held"), None),
+        ];
+        for (j, want) in table {
+            assert_eq!(died(&j, "alpha").as_deref(), want, "{} {}", j.raw_state, j.reason);
+            assert_eq!(update_for(&j, "alpha").died.as_deref(), want);
+        }
     }
 
     #[test]

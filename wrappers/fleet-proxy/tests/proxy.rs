@@ -149,7 +149,7 @@ impl Agent {
 
     async fn output(&self, id: &str, stream: Stream, data: &[u8], chunk: usize) {
         for (i, c) in data.chunks(chunk.max(1)).enumerate() {
-            let ch = OutputChunk { stream, offset: (i * chunk) as u64, data: c.to_vec() };
+            let ch = OutputChunk { stream, offset: (i * chunk) as u64, data: c.to_vec(), epoch: None };
             self.post(&format!("/v1/jobs/{id}/output"), serde_json::to_value(&ch).unwrap()).await;
             if i == 1 {
                 // A retransmission overlapping what is held is harmless.
@@ -354,7 +354,7 @@ async fn survives_a_metasched_restart_and_reports_impossible_jobs() {
     let (addr, dir) = meta.stop().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let meta = Meta::start(&dir, &addr.to_string()).await;
-    let ch = OutputChunk { stream: Stream::Stdout, offset: 4, data: b"two\n".to_vec() };
+    let ch = OutputChunk { stream: Stream::Stdout, offset: 4, data: b"two\n".to_vec(), epoch: None };
     alpha.post("/v1/jobs/px3/output", serde_json::to_value(ch).unwrap()).await;
     alpha.status("px3", finished(JobState::Completed, 0, 8, 0)).await;
     let (code, stdout, stderr) = finish(child).await;
