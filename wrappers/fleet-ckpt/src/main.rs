@@ -266,6 +266,8 @@ async fn report(job_id: &str, s: &fleet_ckpt::ops::Saved) {
         manifest_sha256: s.manifest_sha256.clone(),
         step: s.manifest.step,
         valid: true,
+        copied_from: None,
+        copy_seconds: None,
     };
     let auth = format!("{} {}", fleet_api::auth::JOB_TOKEN_SCHEME, token.trim());
     if let Err(e) =
