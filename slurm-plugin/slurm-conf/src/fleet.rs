@@ -130,6 +130,15 @@ pub struct FleetConf {
     pub kube_queue: Option<String>,
     /// `KubeServiceAccount` (none: the namespace's default): the pods' service account.
     pub kube_service_account: Option<String>,
+    /// `CkptStores` (none: the `AWS_*` environment): the checkpoint stores
+    /// file (docs/checkpoints.md: endpoint and credentials per bucket),
+    /// used by the agent to copy a checkpoint into this region before a
+    /// resume and passed to jobs as `FLEET_CKPT_STORES`, so it must hold
+    /// only credentials jobs may use and be readable by them.
+    pub ckpt_stores: Option<PathBuf>,
+    /// `CkptHelper` (/usr/bin/fleet-ckpt): the `fleet-ckpt` binary the agent
+    /// copies checkpoints with.
+    pub ckpt_helper: PathBuf,
 }
 
 /// `Backend=`: what the agent submits to.
@@ -182,6 +191,8 @@ impl Default for FleetConf {
             kube_image: "ubuntu:24.04".into(),
             kube_queue: None,
             kube_service_account: None,
+            ckpt_stores: None,
+            ckpt_helper: "/usr/bin/fleet-ckpt".into(),
         }
     }
 }
@@ -217,6 +228,8 @@ pub const KEYS: &[&str] = &[
     "KubeImage",
     "KubeQueue",
     "KubeServiceAccount",
+    "CkptStores",
+    "CkptHelper",
 ];
 
 impl FleetConf {
@@ -277,6 +290,8 @@ impl FleetConf {
                             conf.meta_scheduler_url = Some(v.trim_end_matches('/').to_string());
                         }
                         "metaschedulercafile" => conf.meta_scheduler_ca_file = Some(path_value(v).map_err(bad)?),
+                        "ckptstores" => conf.ckpt_stores = Some(path_value(v).map_err(bad)?),
+                        "ckpthelper" => conf.ckpt_helper = path_value(v).map_err(bad)?,
                         "agentsocket" => conf.agent_socket = path_value(v).map_err(bad)?,
                         "agenttokenfile" => conf.agent_token_file = path_value(v).map_err(bad)?,
                         "agentspooldir" => conf.agent_spool_dir = path_value(v).map_err(bad)?,
@@ -543,6 +558,18 @@ mod tests {
                     kube_image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
                     kube_queue: Some("gpu-queue".into()),
                     kube_service_account: Some("fleet-job".into()),
+                    ..FleetConf::default()
+                },
+                &[],
+            )),
+        );
+        check(
+            "SiteName=a CkptStores=/etc/fleet/ckpt-stores.toml CkptHelper=/opt/fleet/bin/fleet-ckpt",
+            Ok((
+                FleetConf {
+                    site_name: "a".into(),
+                    ckpt_stores: Some("/etc/fleet/ckpt-stores.toml".into()),
+                    ckpt_helper: "/opt/fleet/bin/fleet-ckpt".into(),
                     ..FleetConf::default()
                 },
                 &[],

@@ -21,6 +21,7 @@
 //! unprivileged user; sbatch and scancel as the job's user through sudo.
 
 pub mod backend;
+pub mod ckpt;
 pub mod client;
 pub mod config;
 pub mod decide;
@@ -84,6 +85,9 @@ pub struct Agent<B: Backend> {
     /// for a lookup, never across an `.await`.
     pub view: RwLock<CachedView>,
     pub forwards_pending: Notify,
+    /// Failed checkpoint copies per fleet job (`track::resume_from`);
+    /// parking_lot, never held across an `.await`.
+    pub copy_failures: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
@@ -97,6 +101,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         slurm_conf: cfg.slurm_conf.clone(),
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
+        ckpt: ckpt::JobCkpt {
+            metasched_url: cfg.metasched_url.clone(),
+            ca_file: cfg.metasched_ca_file.clone(),
+            cluster_token: cfg.token.clone(),
+            stores: cfg.ckpt_stores.clone(),
+        },
     };
     check_identity(&cfg, &backend).await?;
     run_with(cfg, backend, shutdown).await
@@ -113,8 +123,15 @@ pub async fn run_with<B: Backend>(
     if cleartext_off_host(&cfg.metasched_url) {
         tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");
     }
-    let agent =
-        Arc::new(Agent { cfg, journal, backend, meta, view: RwLock::default(), forwards_pending: Notify::new() });
+    let agent = Arc::new(Agent {
+        cfg,
+        journal,
+        backend,
+        meta,
+        view: RwLock::default(),
+        forwards_pending: Notify::new(),
+        copy_failures: Default::default(),
+    });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
     if let Some(dir) = agent.cfg.socket.parent() {
