@@ -196,6 +196,7 @@ impl Store {
         if rep.copy_seconds.is_some_and(|t| !t.is_finite() || !(0.0..=1e7).contains(&t)) {
             return bad("copy_seconds must be a number of seconds between 0 and 1e7".into());
         }
+        let mut step = rep.step;
         let copied_from = match &rep.copied_from {
             None => None,
             Some(src) => {
@@ -203,7 +204,10 @@ impl Store {
                 // with the same sequence number and manifest.
                 let known = self.checkpoint_rows(id, false)?.into_iter().find(|c| c.url == *src);
                 match known {
-                    Some(c) if c.seq == rep.seq && c.manifest_sha256 == rep.manifest_sha256 => Some(src.clone()),
+                    Some(c) if c.seq == rep.seq && c.manifest_sha256 == rep.manifest_sha256 => {
+                        step = step.or(c.step);
+                        Some(src.clone())
+                    }
                     Some(_) => return bad(format!("copied_from {src:?} has another seq or manifest than this copy")),
                     None => return bad(format!("copied_from {src:?} is not a checkpoint of {id} in the catalog")),
                 }
@@ -256,7 +260,7 @@ impl Store {
             region: region.clone(),
             bytes: rep.bytes,
             manifest_sha256: rep.manifest_sha256,
-            step: rep.step,
+            step,
             reported_at: now,
             reported_by,
             valid: rep.valid,
