@@ -101,13 +101,14 @@ install-users:
 	sh packaging/debian/fleet-agent/postinst configure
 	sh packaging/debian/fleet-metasched/postinst configure
 
-# fleet-slurm-plugins, fleet-agent, fleet-proxy, fleet-metasched (with fleetctl).
+# fleet-slurm-plugins, fleet-agent, fleet-proxy, fleet-metasched (with fleetctl),
+# fleet-ckpt (the checkpoint helper jobs and agents call).
 # DEB_PROFILE=dev packages debug builds (for a quick check; cargo-deb warns).
-DEB_CRATES := job-submit-fleet fleet-agent fleet-proxy fleet-metasched
+DEB_CRATES := job-submit-fleet fleet-agent fleet-proxy fleet-metasched fleet-ckpt
 DEB_PROFILE ?= release
 deb:
 	@command -v cargo-deb >/dev/null || { echo "cargo-deb not installed: cargo install cargo-deb"; exit 1; }
-	$(CARGO) build --profile $(DEB_PROFILE) -p job-submit-fleet -p spank-fleet -p fleet-agent -p fleet-proxy -p fleet-metasched -p fleetctl
+	$(CARGO) build --profile $(DEB_PROFILE) -p job-submit-fleet -p spank-fleet -p fleet-agent -p fleet-proxy -p fleet-metasched -p fleetctl -p fleet-ckpt
 	mkdir -p $(DEB_DIR)
 	for c in $(DEB_CRATES); do $(CARGO) deb --no-build --profile $(DEB_PROFILE) -p $$c -o $(DEB_DIR) || exit 1; done
 

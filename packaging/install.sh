@@ -23,7 +23,7 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 die() { echo "make install: $*" >&2; exit 1; }
 
 missing=()
-for f in libjob_submit_fleet.so libspank_fleet.so fleet-agent fleet-proxy fleet-metasched fleetctl; do
+for f in libjob_submit_fleet.so libspank_fleet.so fleet-agent fleet-proxy fleet-metasched fleetctl fleet-ckpt; do
   [[ -f $FLEET_BIN_DIR/$f ]] || missing+=("$f")
 done
 ((${#missing[@]} == 0)) || die "not built in $FLEET_BIN_DIR: ${missing[*]} (run \`make build\` first, or set FLEET_BIN_DIR)"
@@ -31,6 +31,7 @@ done
 # Paths as installed, for the units and configs that name them.
 sed_paths=(-e "s|/usr/sbin/fleet-|$SBINDIR/fleet-|g"
            -e "s|/usr/libexec/fleet/|$LIBEXECDIR/fleet/|g"
+           -e "s|/usr/bin/fleet-ckpt|$BINDIR/fleet-ckpt|g"
            -e "s|/usr/lib/x86_64-linux-gnu/slurm-wlm/|$SLURM_PLUGIN_DIR/|g"
            -e "s|/etc/slurm/|$SYSCONFDIR/slurm/|g"
            -e "s|/etc/fleet/|$SYSCONFDIR/fleet/|g"
@@ -60,6 +61,7 @@ echo "programs:"
 put 0755 "$FLEET_BIN_DIR/fleet-agent" "$SBINDIR/fleet-agent"
 put 0755 "$FLEET_BIN_DIR/fleet-metasched" "$SBINDIR/fleet-metasched"
 put 0755 "$FLEET_BIN_DIR/fleetctl" "$BINDIR/fleetctl"
+put 0755 "$FLEET_BIN_DIR/fleet-ckpt" "$BINDIR/fleet-ckpt"
 put 0755 "$FLEET_BIN_DIR/fleet-proxy" "$LIBEXECDIR/fleet/fleet-proxy"
 echo "systemd units:"
 put_sed 0644 "$SRC/packaging/systemd/fleet-agent.service" "$SYSTEMD_UNIT_DIR/fleet-agent.service"

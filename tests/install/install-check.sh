@@ -57,11 +57,13 @@ check "spank_fleet.so under Slurm's name, 0644" mode_is "$D$PLUGDIR/spank_fleet.
 check "no lib*.so names in the plugin dir" bash -c "! ls '$D$PLUGDIR' | grep -q '^lib'"
 check "job_submit_fleet.so is the job_submit plugin" exports "$D$PLUGDIR/job_submit_fleet.so" plugin_name plugin_type plugin_version job_submit job_modify
 check "spank_fleet.so is the SPANK plugin" exports "$D$PLUGDIR/spank_fleet.so" plugin_name plugin_type plugin_version slurm_spank_init
-for f in usr/sbin/fleet-agent usr/sbin/fleet-metasched usr/bin/fleetctl usr/libexec/fleet/fleet-proxy; do
+for f in usr/sbin/fleet-agent usr/sbin/fleet-metasched usr/bin/fleetctl usr/bin/fleet-ckpt usr/libexec/fleet/fleet-proxy; do
   check "/$f, 0755" mode_is "$D/$f" 755
 done
 check "fleet-agent --version runs" "$D/usr/sbin/fleet-agent" --version
 check "fleetctl --version runs" "$D/usr/bin/fleetctl" --version
+check "fleet-ckpt --version runs" "$D/usr/bin/fleet-ckpt" --version
+check "fleet-ckpt restore without a checkpoint exits 3 (start from scratch)" bash -c "d=\$(mktemp -d); '$D/usr/bin/fleet-ckpt' restore \"\$d/out\" --url \"file://\$d/none\" 2>/dev/null; rc=\$?; rm -rf \"\$d\"; [ \$rc = 3 ]"
 for u in fleet-agent fleet-metasched; do
   check "$u.service, 0644" mode_is "$D/usr/lib/systemd/system/$u.service" 644
 done
@@ -145,8 +147,8 @@ if ((FAST == 0)); then
   has() { # deb mode path
     dpkg-deb -c "$1" | awk -v m="$2" -v p="./$3" '$6 == p && $1 ~ m {f=1} END {exit !f}' || { echo "$(basename "$1"): no $3 with mode $2"; return 1; }
   }
-  P=$(deb fleet-slurm-plugins); A=$(deb fleet-agent); X=$(deb fleet-proxy); M=$(deb fleet-metasched)
-  for d in "$P" "$A" "$X" "$M"; do [[ -n $d ]] || bad "a .deb is missing in $DEBS: $(ls "$DEBS")"; done
+  P=$(deb fleet-slurm-plugins); A=$(deb fleet-agent); X=$(deb fleet-proxy); M=$(deb fleet-metasched); K=$(deb fleet-ckpt)
+  for d in "$P" "$A" "$X" "$M" "$K"; do [[ -n $d ]] || bad "a .deb is missing in $DEBS: $(ls "$DEBS")"; done
   pd=${PLUGDIR#/}
   check "fleet-slurm-plugins: job_submit_fleet.so" has "$P" '^-rw-r--r--' "$pd/job_submit_fleet.so"
   check "fleet-slurm-plugins: spank_fleet.so" has "$P" '^-rw-r--r--' "$pd/spank_fleet.so"
@@ -162,6 +164,7 @@ if ((FAST == 0)); then
   check "fleet-agent: depends on sudo and adduser" bash -c "dpkg-deb -f '$A' Depends | grep -q sudo && dpkg-deb -f '$A' Depends | grep -q adduser"
   check "fleet-proxy: /usr/libexec/fleet/fleet-proxy" has "$X" '^-rwxr-xr-x' usr/libexec/fleet/fleet-proxy
   check "fleet-metasched: daemon and fleetctl" bash -c "dpkg-deb -c '$M' | grep -q ' ./usr/sbin/fleet-metasched$' && dpkg-deb -c '$M' | grep -q ' ./usr/bin/fleetctl$'"
+  check "fleet-ckpt: /usr/bin/fleet-ckpt" has "$K" '^-rwxr-xr-x' usr/bin/fleet-ckpt
   check "fleet-metasched: the unit" has "$M" '^-rw-r--r--' usr/lib/systemd/system/fleet-metasched.service
   check "fleet-metasched: metasched.toml is a conffile" bash -c "dpkg-deb -I '$M' conffiles | grep -qx /etc/fleet/metasched.toml"
   check "fleet-metasched: postinst makes fleet-metasched and the admin token" bash -c "dpkg-deb -I '$M' postinst | grep -q 'adduser --system --group --home /var/lib/fleet-metasched' && dpkg-deb -I '$M' postinst | grep -q admin.token"

@@ -326,10 +326,20 @@ pub struct Assignment {
     /// meta-scheduler.
     #[serde(default)]
     pub epoch: u64,
-    /// The newest valid checkpoint readable at this cluster, if any: the
-    /// run resumes from it (`FLEET_RESUME_FROM`).
-    #[serde(default)]
+    /// The checkpoint this run resumes from: the catalog's newest valid
+    /// one (`Store::resume_point`), wherever it lies. `None`: the job has
+    /// none (it starts from scratch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_from: Option<String>,
+    /// Set when `resume_from` lies only in another region's store: the
+    /// job's prefix in this target's region. The target agent copies the
+    /// checkpoint there before it submits (`fleet-ckpt copy`), reports the
+    /// copy, and the job's `FLEET_RESUME_FROM` names the copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_copy_to: Option<String>,
+    /// Bytes of `resume_from` (what a copy moves).
+    #[serde(default)]
+    pub resume_bytes: u64,
 }
 
 /// A target agent's to-do list.
@@ -560,6 +570,12 @@ pub struct CheckpointReport {
     pub step: Option<u64>,
     #[serde(default = "yes")]
     pub valid: bool,
+    /// A copy made for a resume: the checkpoint it was copied from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_from: Option<String>,
+    /// A copy: how long it took (seconds), for egress and transfer-time accounting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_seconds: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -585,6 +601,12 @@ pub struct Checkpoint {
     /// Who reported it: `job` or the cluster's name.
     pub reported_by: String,
     pub valid: bool,
+    /// A copy made for a resume: the checkpoint it was copied from (its
+    /// `bytes` crossed regions, in `copy_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_seconds: Option<f64>,
 }
 
 /// What resuming a job in `target_region` needs (the failover's plan).

@@ -631,7 +631,21 @@ fn authenticate(tokens: &Tokens, headers: &HeaderMap, path_job: Option<&str>) ->
         }
         return caller.ok_or_else(|| unauthorized("job token does not match this job"));
     }
-    Err(unauthorized("unsupported Authorization scheme (expected Bearer or FleetJob)"))
+    if scheme.eq_ignore_ascii_case(auth::CKPT_TOKEN_SCHEME) {
+        let Some(id) = path_job else {
+            return Err(unauthorized("a checkpoint token is only valid on that job's checkpoints"));
+        };
+        let mut caller = None;
+        for (name, ts) in &tokens.clusters {
+            for t in ts {
+                if auth::tokens_equal(token, &auth::ckpt_token(t.expose(), id)) {
+                    caller = Some(Caller::Checkpointer { id: id.to_string(), cluster: name.clone() });
+                }
+            }
+        }
+        return caller.ok_or_else(|| unauthorized("checkpoint token does not match this job"));
+    }
+    Err(unauthorized("unsupported Authorization scheme (expected Bearer, FleetJob or FleetCkpt)"))
 }
 
 /// Route layer of every authenticated route: the `Authorization` header
@@ -645,6 +659,16 @@ async fn require_auth(State(st): State<AppState>, req: Request, next: Next) -> R
     };
     let tokens = st.tokens.read().clone();
     match authenticate(&tokens, &parts.headers, path_job.as_deref()) {
+        // A checkpoint token reports checkpoints and does nothing else.
+        Ok(Caller::Checkpointer { .. })
+            if !(parts.method == axum::http::Method::POST
+                && parts.extensions.get::<MatchedPath>().is_some_and(|m| m.as_str() == "/v1/jobs/:id/checkpoints")) =>
+        {
+            let mut resp =
+                ApiError::new(StatusCode::FORBIDDEN, "a checkpoint token only posts checkpoints").into_response();
+            resp.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            resp
+        }
         Ok(caller) => {
             parts.extensions.insert(caller);
             next.run(Request::from_parts(parts, body)).await
@@ -770,7 +794,9 @@ async fn agent_fence(
 async fn clusters(State(st): State<AppState>, Extension(caller): Extension<Caller>) -> ApiResult<Response> {
     match caller {
         Caller::Admin | Caller::Cluster(_) => {}
-        Caller::Job { .. } => return Err(ApiError::new(StatusCode::FORBIDDEN, "a job token cannot read the fleet")),
+        Caller::Job { .. } | Caller::Checkpointer { .. } => {
+            return Err(ApiError::new(StatusCode::FORBIDDEN, "a job token cannot read the fleet"))
+        }
     }
     Ok(Json(with_store(&st, |s, now| Ok(s.view(now))).await?).into_response())
 }

@@ -44,6 +44,13 @@ pub enum Caller {
         id: String,
         origin: String,
     },
+    /// A job at its target holding the checkpoint token of `id`, minted
+    /// with the token of cluster `cluster`: it may report checkpoints of
+    /// that job while `cluster` runs it, and nothing else.
+    Checkpointer {
+        id: String,
+        cluster: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -912,6 +919,9 @@ impl Store {
             Caller::Cluster(c) => {
                 return Err(StoreError::Forbidden(format!("cluster {c:?} is neither origin nor target of {id}")))
             }
+            Caller::Checkpointer { .. } => {
+                return Err(StoreError::Forbidden("a checkpoint token only reports checkpoints".into()))
+            }
         }
         Ok(job)
     }
@@ -1654,7 +1664,9 @@ impl Store {
         let only = match caller {
             Caller::Admin => None,
             Caller::Cluster(c) => Some(c.clone()),
-            Caller::Job { .. } => return Err(StoreError::Forbidden("a job token cannot list jobs".into())),
+            Caller::Job { .. } | Caller::Checkpointer { .. } => {
+                return Err(StoreError::Forbidden("a job token cannot list jobs".into()))
+            }
         };
         if let Some(n) = filter.limit.filter(|n| !(1..=MAX_LIST_LIMIT).contains(n)) {
             return Err(StoreError::BadRequest(format!("limit={n}: must be 1..={MAX_LIST_LIMIT}")));
@@ -1715,14 +1727,17 @@ impl Store {
             match target_work(&job) {
                 Some(TargetWork::Submit) => {
                     let request = self.assignment_request(&job)?;
+                    let (resume_from, resume_copy_to, resume_bytes) = self.assignment_resume(&job)?;
                     work.submit.push(Assignment {
                         fleet_job_id: job.record.fleet_job_id.clone(),
                         epoch: job.record.epoch,
-                        resume_from: request.fleet.resume_from.clone(),
                         request,
                         origin_restart: job.record.origin_restart,
                         stdout_base: job.record.stdout_base,
                         stderr_base: job.record.stderr_base,
+                        resume_from,
+                        resume_copy_to,
+                        resume_bytes,
                     })
                 }
                 Some(TargetWork::Cancel) => work.cancel.push(job.record.fleet_job_id),

@@ -180,7 +180,13 @@ fn rep(url: &str, seq: u64, sha: char) -> CheckpointReport {
         manifest_sha256: sha.to_string().repeat(64),
         step: Some(seq * 1000),
         valid: true,
+        copied_from: None,
+        copy_seconds: None,
     }
+}
+
+fn ckpt_auth(target: &str, id: &str) -> String {
+    format!("FleetCkpt {}", auth::ckpt_token(&token_of(target), id))
 }
 
 fn check_status(got: (StatusCode, Value), want: StatusCode, msg: &str) {
@@ -333,5 +339,84 @@ async fn assignments_carry_the_checkpoint_prefix_and_what_to_resume_from() {
     assert_eq!(ckpt("j6").as_deref(), Some("s3://opt-bucket/j6"));
     let url = "s3://lab-bucket/j5-run/ckpt-000000000001";
     assert_eq!(d.report("j5", &bearer("alpha"), &rep(url, 1, 'a')).await.0, StatusCode::OK);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_checkpoint_token_reports_for_its_job_at_its_target_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(config(tmp.path())).await;
+    d.assigned("ja", "alpha", None).await;
+    d.assigned("jb", "alpha", None).await;
+    let ra = rep("s3://ckpt-east/fleet/ja/ckpt-000000000001", 1, 'a');
+    let rb = rep("s3://ckpt-east/fleet/jb/ckpt-000000000001", 1, 'b');
+
+    // Job A's token, minted by its target alpha: A's checkpoints only.
+    let c: Checkpoint = serde_json::from_value(d.report("ja", &ckpt_auth("alpha", "ja"), &ra).await.1).unwrap();
+    assert_eq!((c.reported_by.as_str(), c.valid), ("job", true));
+    check_status(d.report("jb", &ckpt_auth("alpha", "ja"), &rb).await, StatusCode::UNAUTHORIZED, "does not match");
+    // Minted with another cluster's secret (not the target): refused.
+    check_status(d.report("ja", &ckpt_auth("gamma", "ja"), &ra).await, StatusCode::FORBIDDEN, "does not run at gamma");
+    // Nor is it a job token, nor a job token a checkpoint token.
+    let as_job = format!("FleetJob {}", auth::ckpt_token(&token_of("alpha"), "ja"));
+    check_status(d.report("ja", &as_job, &ra).await, StatusCode::UNAUTHORIZED, "does not match");
+    let as_ckpt = format!("FleetCkpt {}", auth::job_token(&token_of("beta"), "ja"));
+    check_status(d.report("ja", &as_ckpt, &ra).await, StatusCode::UNAUTHORIZED, "does not match");
+    // It does nothing but post checkpoints: no reads, no control.
+    for (method, path) in [
+        (Method::GET, "/v1/jobs/ja/checkpoints"),
+        (Method::GET, "/v1/jobs/ja"),
+        (Method::POST, "/v1/jobs/ja/cancel"),
+        (Method::POST, "/v1/jobs/ja/start"),
+        (Method::GET, "/v1/jobs/ja/output?stream=stdout&offset=0"),
+    ] {
+        let (s, v) = d.call(method.clone(), path, &ckpt_auth("alpha", "ja"), Some(serde_json::json!({}))).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path}: {v}");
+    }
+    assert_eq!(d.catalog("jb", "Bearer admin-secret").await, vec![], "nothing posted for B");
+
+    // A copy for a resume: the target reports it with where it came from
+    // and how long it took; a copy of something the catalog lacks, or
+    // with another manifest, is refused.
+    d.assigned("jc", "gamma", None).await;
+    let west = rep("s3://ckpt-west/fleet/jc/ckpt-000000000004", 4, 'c');
+    assert_eq!(d.report("jc", &ckpt_auth("gamma", "jc"), &west).await.0, StatusCode::OK);
+    let w = d.work("gamma").await;
+    let a = w.submit.iter().find(|a| a.fleet_job_id == "jc").unwrap();
+    assert_eq!(a.resume_from.as_deref(), Some(west.url.as_str()));
+    assert_eq!(a.resume_copy_to.as_deref(), Some("s3://ckpt-south/fleet/jc"));
+    assert_eq!((a.resume_bytes, a.request.fleet.resume_from.as_deref()), (200_000_000, None));
+    let copy = |from: &str, sha: char| CheckpointReport {
+        copied_from: Some(from.into()),
+        copy_seconds: Some(6.5),
+        ..rep("s3://ckpt-south/fleet/jc/ckpt-000000000004", 4, sha)
+    };
+    check_status(
+        d.report("jc", &bearer("gamma"), &copy("s3://x/y", 'c')).await,
+        StatusCode::BAD_REQUEST,
+        "not a checkpoint of jc",
+    );
+    check_status(
+        d.report("jc", &bearer("gamma"), &copy(&west.url, 'd')).await,
+        StatusCode::BAD_REQUEST,
+        "another seq or manifest",
+    );
+    let bad_time = CheckpointReport { copy_seconds: Some(-1.0), ..copy(&west.url, 'c') };
+    let (s, _) = d
+        .call(Method::POST, "/v1/jobs/jc/checkpoints", &bearer("gamma"), Some(serde_json::to_value(&bad_time).unwrap()))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let c: Checkpoint =
+        serde_json::from_value(d.report("jc", &bearer("gamma"), &copy(&west.url, 'c')).await.1).unwrap();
+    assert_eq!(
+        (c.region.as_deref(), c.copied_from.as_deref(), c.copy_seconds),
+        (Some("south"), Some(west.url.as_str()), Some(6.5))
+    );
+    // Now the assignment resumes from the copy, in place.
+    let w = d.work("gamma").await;
+    let a = w.submit.iter().find(|a| a.fleet_job_id == "jc").unwrap();
+    assert_eq!(a.resume_from.as_deref(), Some("s3://ckpt-south/fleet/jc/ckpt-000000000004"));
+    assert_eq!(a.resume_copy_to, None);
+    assert_eq!(a.request.fleet.resume_from, a.resume_from);
     d.stop().await;
 }

@@ -675,6 +675,20 @@ fn checkpoints_table(id: &str, rows: &[Checkpoint], now: f64, zone: Zone) -> Str
         })
         .collect();
     let mut s = table(&["SEQ", "STEP", "STATE", "REGION", "SIZE", "REPORTED", "BY", "URL"], &cells);
+    // Copies made for a resume: what crossed regions, and how fast.
+    for c in rows {
+        if let Some(from) = &c.copied_from {
+            let secs = c.copy_seconds.unwrap_or(0.0);
+            s.push_str(&format!(
+                "copy: seq {} into {} from {} ({:.1} MB in {secs:.1} s, {:.1} MB/s)\n",
+                c.seq,
+                c.region.as_deref().unwrap_or("(job's own)"),
+                one_line(from),
+                c.bytes as f64 / 1e6,
+                c.bytes as f64 / 1e6 / secs.max(1e-3)
+            ));
+        }
+    }
     match rows.iter().find(|c| c.valid) {
         Some(c) => {
             s.push_str(&format!("last valid: seq {} ({} ago): {}\n", c.seq, age(now - c.reported_at), one_line(&c.url)))
@@ -1186,6 +1200,8 @@ mod tests {
             reported_at: 1_764_600_000.0,
             reported_by: "alpha".into(),
             valid,
+            copied_from: None,
+            copy_seconds: None,
         };
         let t = checkpoints_table(
             "j1",
@@ -1204,6 +1220,18 @@ mod tests {
         let t = checkpoints_table("j1", &[c(2, false, None)], 1_764_600_090.0, Zone(UtcOffset::UTC));
         assert!(t.ends_with("no valid checkpoint: the job would start from scratch\n"), "{t}");
         assert_eq!(checkpoints_table("j9", &[], 0.0, Zone(UtcOffset::UTC)), "j9: no checkpoint reported\n");
+        let copied = Checkpoint {
+            url: "s3://ckpt-south/fleet/j1/ckpt-000000000001".into(),
+            region: Some("south".into()),
+            copied_from: Some("s3://ckpt-east/fleet/j1/ckpt-000000000001".into()),
+            copy_seconds: Some(4.0),
+            ..c(1, true, Some("south"))
+        };
+        let t = checkpoints_table("j1", &[copied], 1_764_600_090.0, Zone(UtcOffset::UTC));
+        assert!(
+            t.contains("copy: seq 1 into south from s3://ckpt-east/fleet/j1/ckpt-000000000001 (200.0 MB in 4.0 s, 50.0 MB/s)\n"),
+            "{t}"
+        );
         let mut j = record(JobState::Running, None, None, None);
         let rows = [c(2, false, Some("east")), c(1, true, None)];
         assert_eq!(

@@ -138,6 +138,15 @@ pub struct FleetConf {
     /// namespace a job charged to that account runs in (others: `KubeNamespace`).
     /// The agent's RBAC covers these namespaces and `KubeNamespace`, no more.
     pub kube_account_namespaces: Vec<(String, String)>,
+    /// `CkptStores` (none: the `AWS_*` environment): the checkpoint stores
+    /// file (docs/checkpoints.md: endpoint and credentials per bucket),
+    /// used by the agent to copy a checkpoint into this region before a
+    /// resume and passed to jobs as `FLEET_CKPT_STORES`, so it must hold
+    /// only credentials jobs may use and be readable by them.
+    pub ckpt_stores: Option<PathBuf>,
+    /// `CkptHelper` (/usr/bin/fleet-ckpt): the `fleet-ckpt` binary the agent
+    /// copies checkpoints with.
+    pub ckpt_helper: PathBuf,
 }
 
 /// `Backend=`: what the agent submits to.
@@ -192,6 +201,8 @@ impl Default for FleetConf {
             kube_queue: None,
             kube_service_account: None,
             kube_account_namespaces: Vec::new(),
+            ckpt_stores: None,
+            ckpt_helper: "/usr/bin/fleet-ckpt".into(),
         }
     }
 }
@@ -229,6 +240,8 @@ pub const KEYS: &[&str] = &[
     "KubeQueue",
     "KubeServiceAccount",
     "KubeAccountNamespaces",
+    "CkptStores",
+    "CkptHelper",
 ];
 
 impl FleetConf {
@@ -289,6 +302,8 @@ impl FleetConf {
                             conf.meta_scheduler_url = Some(v.trim_end_matches('/').to_string());
                         }
                         "metaschedulercafile" => conf.meta_scheduler_ca_file = Some(path_value(v).map_err(bad)?),
+                        "ckptstores" => conf.ckpt_stores = Some(path_value(v).map_err(bad)?),
+                        "ckpthelper" => conf.ckpt_helper = path_value(v).map_err(bad)?,
                         "agentsocket" => conf.agent_socket = path_value(v).map_err(bad)?,
                         "agenttokenfile" => conf.agent_token_file = path_value(v).map_err(bad)?,
                         "agentspooldir" => conf.agent_spool_dir = path_value(v).map_err(bad)?,
@@ -602,6 +617,18 @@ mod tests {
                 FleetConf {
                     site_name: "g".into(),
                     kube_account_namespaces: vec![("ml".into(), "team-ml".into()), ("cv".into(), "team-cv".into())],
+                    ..FleetConf::default()
+                },
+                &[],
+            )),
+        );
+        check(
+            "SiteName=a CkptStores=/etc/fleet/ckpt-stores.toml CkptHelper=/opt/fleet/bin/fleet-ckpt",
+            Ok((
+                FleetConf {
+                    site_name: "a".into(),
+                    ckpt_stores: Some("/etc/fleet/ckpt-stores.toml".into()),
+                    ckpt_helper: "/opt/fleet/bin/fleet-ckpt".into(),
                     ..FleetConf::default()
                 },
                 &[],

@@ -185,6 +185,7 @@ async fn sudo_rule(cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
         slurm_conf: cfg.slurm_conf.clone(),
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
+        ckpt: Default::default(),
     };
     let bin = cfg.slurm_bin.display();
     let who = if cfg.run_as.is_some() { u.name.clone() } else { format!("%{}", cfg.identity.group) };

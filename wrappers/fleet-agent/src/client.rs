@@ -100,6 +100,15 @@ impl MetaClient {
         self.post(&format!("/v1/jobs/{id}/confirm_start"), c).await
     }
 
+    /// `POST /v1/jobs/{id}/checkpoints` as this cluster (the job's target).
+    pub async fn report_checkpoint(
+        &self,
+        id: &str,
+        r: &fleet_api::api::CheckpointReport,
+    ) -> Result<fleet_api::api::Checkpoint> {
+        self.post(&format!("/v1/jobs/{id}/checkpoints"), r).await
+    }
+
     pub async fn status(&self, id: &str, s: &StatusUpdate) -> Result<JobRecord> {
         self.post(&format!("/v1/jobs/{id}/status"), s).await
     }

@@ -44,6 +44,10 @@ pub struct AgentConfig {
     pub identity: crate::identity::Policy,
     /// `Backend=kubernetes`: the `Kube*` settings (`None`: Slurm).
     pub kube: Option<crate::kube::KubeSettings>,
+    /// `CkptStores`: the checkpoint stores file (jobs get it as FLEET_CKPT_STORES).
+    pub ckpt_stores: Option<PathBuf>,
+    /// `CkptHelper`: the `fleet-ckpt` the agent copies checkpoints with.
+    pub ckpt_helper: PathBuf,
 }
 
 /// The user jobs forwarded to this cluster run as.
@@ -190,6 +194,8 @@ impl AgentConfig {
             provider: c.provider,
             metasched_url: url,
             metasched_ca_file: c.meta_scheduler_ca_file,
+            ckpt_stores: c.ckpt_stores,
+            ckpt_helper: c.ckpt_helper,
             token,
             socket: c.agent_socket,
             spool: c.agent_spool_dir,

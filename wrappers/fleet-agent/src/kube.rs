@@ -348,6 +348,8 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         ("FLEET_ORIGIN".into(), req.origin.clone()),
         ("FLEET_FORWARDED_JOB".into(), t.fleet_id.to_string()),
     ];
+    // Where it checkpoints and what it resumes from (docs/checkpoints.md).
+    env.extend(fleet_api::sbatch::checkpoint_env(req).into_iter().map(|(k, v)| (k.to_string(), v.to_string())));
     if gpus > 0 {
         env.push(("SLURM_GPUS_ON_NODE".into(), gpus.to_string()));
     }

@@ -21,6 +21,7 @@
 //! unprivileged user; sbatch and scancel as the job's user through sudo.
 
 pub mod backend;
+pub mod ckpt;
 pub mod client;
 pub mod config;
 pub mod decide;
@@ -88,6 +89,9 @@ pub struct Agent<B: Backend> {
     /// The lease on the jobs this cluster runs. std-style sync lock
     /// (parking_lot): held for a renew or a check, never across an `.await`.
     pub lease: parking_lot::Mutex<lease::Lease>,
+    /// Failed checkpoint copies per fleet job (`track::resume_from`);
+    /// parking_lot, never held across an `.await`.
+    pub copy_failures: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
@@ -101,6 +105,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         slurm_conf: cfg.slurm_conf.clone(),
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
+        ckpt: ckpt::JobCkpt {
+            metasched_url: cfg.metasched_url.clone(),
+            ca_file: cfg.metasched_ca_file.clone(),
+            cluster_token: cfg.token.clone(),
+            stores: cfg.ckpt_stores.clone(),
+        },
     };
     check_identity(&cfg, &backend).await?;
     run_with(cfg, backend, shutdown).await
@@ -126,6 +136,7 @@ pub async fn run_with<B: Backend>(
         view: RwLock::default(),
         forwards_pending: Notify::new(),
         lease,
+        copy_failures: Default::default(),
     });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);

@@ -25,6 +25,8 @@ pub struct SlurmBackend {
     pub slurm_conf: PathBuf,
     pub spool: PathBuf,
     pub site: String,
+    /// What each run gets for its checkpoints (token file, report settings).
+    pub ckpt: crate::ckpt::JobCkpt,
 }
 
 /// sudo, by absolute path: the command's PATH is the job's.
@@ -449,6 +451,7 @@ pub fn sbatch_args(
     req: &JobRequest,
     dir: &std::path::Path,
     paths: &crate::backend::OutputPaths,
+    ckpt_env: &[(&'static str, String)],
 ) -> Vec<String> {
     let mut a = vec![
         "--parsable".to_string(),
@@ -463,6 +466,8 @@ pub fn sbatch_args(
     // FLEET_CKPT_URL / FLEET_RESUME_FROM: where it checkpoints and what it resumes from.
     let mut env = vec![("FLEET_JOB_ID", id), ("FLEET_ORIGIN", &req.origin), ("FLEET_FORWARDED_JOB", id)];
     env.extend(fleet_api::sbatch::checkpoint_env(req));
+    // Where the run's checkpoint token and the stores are (crate::ckpt).
+    env.extend(ckpt_env.iter().map(|(k, v)| (*k, v.as_str())));
     a.extend(fleet_api::sbatch::sbatch_options_with_env(req, &env));
     a
 }
@@ -489,7 +494,8 @@ impl Backend for SlurmBackend {
         }
         crate::jobdir::create(&dir, user.uid)?;
         let paths = self.output_paths(id);
-        let mut args = sbatch_args(id, req, &dir, &paths);
+        let ckpt_env = self.ckpt.prepare(id, &dir)?;
+        let mut args = sbatch_args(id, req, &dir, &paths, &ckpt_env);
         if let Some(a) = &user.account {
             args.push(format!("--account={a}"));
         }
@@ -688,7 +694,7 @@ mod tests {
             ..Default::default()
         };
         let p = crate::backend::OutputPaths { stdout: "/s/o".into(), stderr: "/s/e".into() };
-        let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p);
+        let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &[]);
         assert!(!a.iter().any(|x| x.starts_with("--comment")), "the user's comment is theirs: {a:?}");
         for want in ["--job-name=train", "--gres=gpu:h100:8", "--nodes=2", "--time=60", "--output=/s/o"] {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
@@ -696,7 +702,7 @@ mod tests {
         let mut req = req;
         req.fleet.ckpt = Some("s3://ckpt-east/fleet/beta-1".into());
         req.fleet.resume_from = Some("s3://ckpt-east/fleet/beta-1/ckpt-000000000002".into());
-        let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p);
+        let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &[]);
         let export = a.iter().find(|x| x.starts_with("--export=")).unwrap();
         assert!(
             export.ends_with(",FLEET_CKPT_URL=s3://ckpt-east/fleet/beta-1,FLEET_RESUME_FROM=s3://ckpt-east/fleet/beta-1/ckpt-000000000002"),

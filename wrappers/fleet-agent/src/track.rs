@@ -216,7 +216,7 @@ async fn fail_launch<B: Backend>(agent: &Agent<B>, id: &str, reason: String) -> 
 /// and a submit time after the run was journaled. Found, it is adopted;
 /// otherwise it is submitted.
 pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<()> {
-    let id = a.fleet_job_id;
+    let id = a.fleet_job_id.clone();
     let journaled = agent.journal.run(&id)?.map(|r| r.0);
     let attempt = match &journaled {
         Some(_) => agent.journal.attempt(&id)?.unwrap_or(0),
@@ -283,7 +283,9 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         }
         jobdir::remove(&agent.backend.job_dir(&id))?;
     }
-    match agent.backend.submit(&id, &a.request, &user).await {
+    let mut request = a.request.clone();
+    request.fleet.resume_from = resume_from(agent, &id, &a).await?;
+    match agent.backend.submit(&id, &request, &user).await {
         Ok(sid) => {
             crate::fault::point("exit-after-sbatch");
             agent.journal.set_submitted(&id, sid, &user.name, user.uid, now())?;
@@ -296,6 +298,63 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         }
     }
 }
+
+/// Copies the assignment's checkpoint into this region first when it
+/// lies only in another's (`resume_copy_to`), reporting the copy (bytes,
+/// seconds) to the catalog; returns what the job resumes from
+/// (`FLEET_RESUME_FROM`). A failed copy is retried with the assignment
+/// (an error here); after [`COPY_ATTEMPTS`] failures the job starts
+/// without it (it restores the newest checkpoint in this region's store,
+/// or starts from scratch), which the log says.
+async fn resume_from<B: Backend>(agent: &Agent<B>, id: &str, a: &Assignment) -> Result<Option<String>> {
+    let (Some(from), Some(to)) = (&a.resume_from, &a.resume_copy_to) else {
+        return Ok(a.request.fleet.resume_from.clone().or_else(|| a.resume_from.clone()));
+    };
+    let cfg = &agent.cfg;
+    let t0 = std::time::Instant::now();
+    match crate::ckpt::copy(&cfg.ckpt_helper, cfg.ckpt_stores.as_deref(), from, to).await {
+        Ok(c) => {
+            agent.copy_failures.lock().remove(id);
+            tracing::info!(%id, from = %c.from, to = %c.url, bytes = c.bytes, seconds = c.seconds,
+                total_s = t0.elapsed().as_secs_f64(), "copied the checkpoint to resume from into this region");
+            let rep = fleet_api::api::CheckpointReport {
+                seq: c.seq,
+                url: c.url.clone(),
+                bytes: c.bytes,
+                manifest_sha256: c.manifest_sha256.clone(),
+                step: None,
+                valid: true,
+                copied_from: Some(c.from.clone()),
+                copy_seconds: Some(c.seconds),
+            };
+            // The copy is complete either way; an unrecorded one costs only
+            // the egress figure, so a failed report does not stop the job.
+            if let Err(e) = agent.meta.report_checkpoint(id, &rep).await {
+                tracing::warn!(%id, url = %c.url, "reporting the copied checkpoint: {e:#}");
+            }
+            Ok(Some(c.url))
+        }
+        Err(e) => {
+            let n = {
+                let mut f = agent.copy_failures.lock();
+                let n = f.entry(id.to_string()).or_insert(0);
+                *n += 1;
+                *n
+            };
+            if n < COPY_ATTEMPTS {
+                return Err(
+                    e.context(format!("copying the checkpoint to resume from (attempt {n} of {COPY_ATTEMPTS})"))
+                );
+            }
+            agent.copy_failures.lock().remove(id);
+            tracing::warn!(%id, %from, "copying the checkpoint failed {n} times, the job starts without it: {e:#}");
+            Ok(None)
+        }
+    }
+}
+
+/// Copies tried before a resumed job starts without its checkpoint.
+pub const COPY_ATTEMPTS: u32 = 3;
 
 async fn report_submitted<B: Backend>(agent: &Agent<B>, id: &str, sid: u64) -> Result<()> {
     let epoch = agent.journal.run(id)?.and_then(|(r, _)| epoch_of(&r));

@@ -13,9 +13,34 @@ pub use location::{Location, Scheme, StoreEntry, Stores};
 pub use manifest::{FileEntry, Manifest, ManifestError, MANIFEST};
 pub use ops::{CkptError, Client, Entry, EntryState, SaveOptions};
 
+/// Reads a checkpoint token file (`FLEET_CKPT_TOKEN_FILE`): a regular
+/// file of at most 256 bytes, not followed through a symbolic link,
+/// holding hex digits (surrounding whitespace ignored).
+pub fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("opening the checkpoint token file {}", path.display()))?;
+    if !f.metadata()?.is_file() {
+        anyhow::bail!("the checkpoint token file {} is not a regular file", path.display());
+    }
+    let mut buf = String::new();
+    f.take(257).read_to_string(&mut buf).with_context(|| format!("reading {}", path.display()))?;
+    let t = buf.trim();
+    if buf.len() > 256 || t.is_empty() || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        anyhow::bail!("the checkpoint token file {} does not hold a token", path.display());
+    }
+    Ok(t.to_string())
+}
+
 /// Tell the meta-scheduler's catalog about a checkpoint
 /// (`POST {metasched}/v1/jobs/{job}/checkpoints`). `auth` is the whole
-/// `Authorization` value (`FleetJob <job token>` or `Bearer <cluster token>`).
+/// `Authorization` value (`FleetCkpt <checkpoint token>`, `FleetJob <job
+/// token>` or `Bearer <cluster token>`).
 pub async fn report(
     metasched: &str,
     ca_pem: Option<&[u8]>,

@@ -46,7 +46,8 @@ enum Cmd {
         #[arg(long, env = "FLEET_CKPT_KEEP", default_value_t = 3)]
         keep: usize,
         /// Do not report the checkpoint to the meta-scheduler even when
-        /// FLEET_METASCHED_URL and FLEET_JOB_TOKEN are set.
+        /// FLEET_METASCHED_URL and a token (FLEET_CKPT_TOKEN_FILE or
+        /// FLEET_JOB_TOKEN) are set.
         #[arg(long)]
         no_report: bool,
     },
@@ -242,12 +243,22 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 /// Report a saved checkpoint to the catalog when the job was given the
-/// means (FLEET_METASCHED_URL, FLEET_JOB_TOKEN, optionally
-/// FLEET_METASCHED_CA). A failed report is a warning: the checkpoint
-/// itself is complete and valid in the store.
+/// means: FLEET_METASCHED_URL plus its checkpoint token file
+/// (FLEET_CKPT_TOKEN_FILE, at a target) or its job token
+/// (FLEET_JOB_TOKEN), optionally FLEET_METASCHED_CA. A failed report is a
+/// warning: the checkpoint itself is complete and valid in the store.
 async fn report(job_id: &str, s: &fleet_ckpt::ops::Saved) {
-    let (Ok(url), Ok(token)) = (std::env::var("FLEET_METASCHED_URL"), std::env::var("FLEET_JOB_TOKEN")) else {
-        return;
+    let Ok(url) = std::env::var("FLEET_METASCHED_URL") else { return };
+    let auth = match (std::env::var_os("FLEET_CKPT_TOKEN_FILE"), std::env::var("FLEET_JOB_TOKEN")) {
+        (Some(path), _) => match fleet_ckpt::read_token_file(std::path::Path::new(&path)) {
+            Ok(t) => format!("{} {t}", fleet_api::auth::CKPT_TOKEN_SCHEME),
+            Err(e) => {
+                eprintln!("fleet-ckpt: warning: not reported to the meta-scheduler: {e:#}");
+                return;
+            }
+        },
+        (None, Ok(t)) => format!("{} {}", fleet_api::auth::JOB_TOKEN_SCHEME, t.trim()),
+        (None, Err(_)) => return,
     };
     let ca = match std::env::var_os("FLEET_METASCHED_CA") {
         Some(p) => match fleet_api::client::read_ca_bundle(std::path::Path::new(&p)) {
@@ -266,8 +277,9 @@ async fn report(job_id: &str, s: &fleet_ckpt::ops::Saved) {
         manifest_sha256: s.manifest_sha256.clone(),
         step: s.manifest.step,
         valid: true,
+        copied_from: None,
+        copy_seconds: None,
     };
-    let auth = format!("{} {}", fleet_api::auth::JOB_TOKEN_SCHEME, token.trim());
     if let Err(e) =
         fleet_ckpt::report(&url, ca.as_deref(), &auth, job_id, &body).await.context("reporting the checkpoint")
     {

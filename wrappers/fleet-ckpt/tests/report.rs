@@ -147,6 +147,46 @@ async fn save_reports_to_the_catalog_with_the_job_token() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("warning") && stderr.contains("401") && stderr.contains("does not match"), "{stderr}");
 
+    // At its target the job has a checkpoint token file (the agent's
+    // crate::ckpt writes it): its own job's token reports, another job's
+    // does not, and a link instead of a file is not followed.
+    let save_with = |token_file: std::path::PathBuf, seq: u64| {
+        let (dir, prefix, url) = (dir.clone(), prefix.clone(), url.clone());
+        async move {
+            write_tree(&dir, &[("w.bin", bytes(seq, 1000))]);
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fleet-ckpt"))
+                .args(["save", dir.to_str().unwrap(), "--seq", &seq.to_string()])
+                .env("FLEET_CKPT_URL", &prefix)
+                .env("FLEET_JOB_ID", id)
+                .env("FLEET_METASCHED_URL", &url)
+                .env("FLEET_CKPT_TOKEN_FILE", &token_file)
+                .output()
+                .await
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{stderr}");
+            stderr
+        }
+    };
+    let mine = tmp.path().join("token-mine");
+    std::fs::write(&mine, format!("{}\n", auth::ckpt_token("secret-alpha", id))).unwrap();
+    let theirs = tmp.path().join("token-theirs");
+    std::fs::write(&theirs, auth::ckpt_token("secret-alpha", "beta-8")).unwrap();
+    let link = tmp.path().join("token-link");
+    std::os::unix::fs::symlink(&mine, &link).unwrap();
+    let e = save_with(mine, 5).await;
+    assert!(!e.contains("warning"), "{e}");
+    let e = save_with(theirs, 6).await;
+    assert!(e.contains("401") && e.contains("checkpoint token does not match"), "{e}");
+    let e = save_with(link, 7).await;
+    assert!(e.contains("warning") && e.contains("token file"), "{e}");
+    let list: Vec<Checkpoint> = serde_json::from_value(
+        call(&http, &url, Method::GET, &format!("/v1/jobs/{id}/checkpoints"), "Bearer admin-secret", None).await,
+    )
+    .unwrap();
+    assert_eq!(list.iter().map(|c| c.seq).collect::<Vec<_>>(), [5, 1], "only the own token's report landed");
+    assert_eq!(list[0].reported_by, "job");
+
     let _ = tx.send(());
     daemon.await.unwrap().unwrap();
 }

@@ -8,8 +8,17 @@
 //! the agent of the cluster running it, never by anyone else. Its URL must
 //! be `<prefix>/ckpt-<seq, 12 digits>` under one of the job's checkpoint
 //! prefixes: its own `--fleet-ckpt`, or `<ckpt_url>/<job id>` of a region's
-//! site default. The failover (issue 8, parts 2+) asks
-//! [`Store::latest_valid_checkpoint`] and [`Store::plan_restore`].
+//! site default. A job at its target reports with its checkpoint token
+//! ([`Caller::Checkpointer`], minted by that target's agent), which works
+//! only while that cluster runs the job.
+//!
+//! Where a run resumes from is one question, [`Store::resume_point`]
+//! (the newest valid checkpoint as read from a cluster, or the copy to
+//! make first); every assignment to a target carries its answer
+//! ([`Store::assignment_resume`]), reruns and migrations alike. A copy the
+//! target agent made is reported as a row of its own with `copied_from`,
+//! its bytes and `copy_seconds` (the cross-region transfer, for egress
+//! accounting).
 
 use fleet_api::api::{Checkpoint, CheckpointReport, RestorePlan};
 use fleet_api::JobRequest;
@@ -36,14 +45,28 @@ pub(super) fn init(conn: &rusqlite::Connection) -> Result<(), StoreError> {
              reported_at REAL NOT NULL,
              reported_by TEXT NOT NULL,
              valid INTEGER NOT NULL,
+             copied_from TEXT,
+             copy_seconds REAL,
              PRIMARY KEY (job_id, url)
          );
          CREATE INDEX IF NOT EXISTS checkpoints_seq ON checkpoints(job_id, seq);",
     )?;
+    // A catalog from before copies were recorded gains their columns.
+    let has_copy: bool = conn
+        .query_row("SELECT COUNT(*) FROM pragma_table_info('checkpoints') WHERE name = 'copied_from'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|n| n > 0)?;
+    if !has_copy {
+        conn.execute_batch(
+            "ALTER TABLE checkpoints ADD COLUMN copied_from TEXT; ALTER TABLE checkpoints ADD COLUMN copy_seconds REAL;",
+        )?;
+    }
     Ok(())
 }
 
-const COLUMNS: &str = "job_id, seq, url, region, bytes, manifest_sha256, step, reported_at, reported_by, valid";
+const COLUMNS: &str =
+    "job_id, seq, url, region, bytes, manifest_sha256, step, reported_at, reported_by, valid, copied_from, copy_seconds";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Checkpoint> {
     Ok(Checkpoint {
@@ -57,6 +80,8 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Checkpoint> {
         reported_at: r.get(7)?,
         reported_by: r.get(8)?,
         valid: r.get(9)?,
+        copied_from: r.get(10)?,
+        copy_seconds: r.get(11)?,
     })
 }
 
@@ -132,7 +157,19 @@ impl Store {
         let reported_by = match caller {
             Caller::Job { id: jid, origin } if jid == id && *origin == job.record.origin => "job".to_string(),
             Caller::Cluster(c) if job.record.target.as_deref() == Some(c.as_str()) => c.clone(),
+            Caller::Checkpointer { id: jid, cluster } if jid == id && job.record.target.as_deref() == Some(cluster) => {
+                "job".to_string()
+            }
             Caller::Job { .. } => return Err(StoreError::Unauthorized("job token does not match this job".into())),
+            Caller::Checkpointer { id: jid, cluster } if jid == id => {
+                return Err(StoreError::Forbidden(format!(
+                    "{id} does not run at {cluster} (target: {}): its checkpoint token there is spent",
+                    job.record.target.as_deref().unwrap_or("none")
+                )))
+            }
+            Caller::Checkpointer { .. } => {
+                return Err(StoreError::Unauthorized("checkpoint token does not match this job".into()))
+            }
             Caller::Cluster(c) => {
                 return Err(StoreError::Forbidden(format!(
                     "cluster {c:?} does not run {id} (target: {}): only the job or its target reports checkpoints",
@@ -156,6 +193,26 @@ impl Store {
         if rep.seq > i64::MAX as u64 || rep.step.is_some_and(|s| s > i64::MAX as u64) || rep.bytes > MAX_BYTES {
             return bad("seq, step or bytes out of range".into());
         }
+        if rep.copy_seconds.is_some_and(|t| !t.is_finite() || !(0.0..=1e7).contains(&t)) {
+            return bad("copy_seconds must be a number of seconds between 0 and 1e7".into());
+        }
+        let mut step = rep.step;
+        let copied_from = match &rep.copied_from {
+            None => None,
+            Some(src) => {
+                // A copy names a checkpoint of this job the catalog holds,
+                // with the same sequence number and manifest.
+                let known = self.checkpoint_rows(id, false)?.into_iter().find(|c| c.url == *src);
+                match known {
+                    Some(c) if c.seq == rep.seq && c.manifest_sha256 == rep.manifest_sha256 => {
+                        step = step.or(c.step);
+                        Some(src.clone())
+                    }
+                    Some(_) => return bad(format!("copied_from {src:?} has another seq or manifest than this copy")),
+                    None => return bad(format!("copied_from {src:?} is not a checkpoint of {id} in the catalog")),
+                }
+            }
+        };
         if rep.manifest_sha256.len() != 64
             || !rep.manifest_sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         {
@@ -203,13 +260,15 @@ impl Store {
             region: region.clone(),
             bytes: rep.bytes,
             manifest_sha256: rep.manifest_sha256,
-            step: rep.step,
+            step,
             reported_at: now,
             reported_by,
             valid: rep.valid,
+            copy_seconds: rep.copy_seconds.filter(|_| copied_from.is_some()),
+            copied_from,
         };
         self.conn.execute(
-            &format!("INSERT INTO checkpoints ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+            &format!("INSERT INTO checkpoints ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
             params![
                 ck.fleet_job_id,
                 ck.seq as i64,
@@ -220,7 +279,9 @@ impl Store {
                 ck.step.map(|s| s as i64),
                 ck.reported_at,
                 ck.reported_by,
-                ck.valid
+                ck.valid,
+                ck.copied_from,
+                ck.copy_seconds
             ],
         )?;
         // Bound the rows per job: the oldest sequence numbers go.
@@ -279,6 +340,31 @@ impl Store {
             Err(e) => return Err(e),
         };
         Ok(Some(RestorePlan { copy_bytes: c.bytes, checkpoint: c, copy_needed: true, copy_to }))
+    }
+
+    /// Where a run of job `id` at cluster `target` resumes from: the
+    /// newest valid checkpoint, read in place when a copy of it is in the
+    /// target's region (or in the job's own store), else to be copied
+    /// first into the job's prefix there (`copy_needed`, `copy_to`).
+    /// `None`: no valid checkpoint (start from scratch), or `target` is
+    /// unknown. The one function reruns and migrations ask.
+    pub fn resume_point(&self, id: &str, target: &str) -> Result<Option<RestorePlan>, StoreError> {
+        let Some(c) = self.clusters.get(target) else { return Ok(None) };
+        let region = c.cfg.region.clone();
+        self.plan_restore(id, &region)
+    }
+
+    /// The resume fields of an assignment of `job` to its target
+    /// (`resume_from`, `resume_copy_to`, `resume_bytes`), from
+    /// [`Store::resume_point`]. A checkpoint to copy with nowhere to copy
+    /// it (no site default in the target's region) is passed as is: the
+    /// job may reach it (it did not, the job starts from scratch).
+    pub(super) fn assignment_resume(&self, job: &Job) -> Result<(Option<String>, Option<String>, u64), StoreError> {
+        let Some(target) = job.record.target.as_deref() else { return Ok((None, None, 0)) };
+        Ok(match self.resume_point(&job.record.fleet_job_id, target)? {
+            None => (None, None, 0),
+            Some(p) => (Some(p.checkpoint.url), p.copy_to.filter(|_| p.copy_needed), p.checkpoint.bytes),
+        })
     }
 
     /// The request as the target receives it: `fleet.ckpt` set to the
