@@ -595,7 +595,7 @@ async fn cancel_paths() {
     assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
     assert_eq!(
         d.work("alpha").await,
-        AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![], signal: vec![] }
+        AgentWork { cancel: vec!["k3".into()], ..Default::default() }
     );
     let fin = StatusUpdate {
         final_stdout_len: Some(0),
