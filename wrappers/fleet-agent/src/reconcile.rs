@@ -136,6 +136,64 @@ impl Suspensions {
     }
 }
 
+/// `scontrol update TimeLimit=` of a running stand-in, passed on to its
+/// remote job. The limit a stand-in shows when first seen running is the
+/// job's (a pending stand-in's limit travels with its start); a later
+/// lower one is sent to the target, where the target agent sets it as the
+/// job's user, as Slurm lets an owner do. A higher one (only an operator
+/// at home can raise a running job's limit) is not: the target agent is
+/// no operator there, so the job keeps its limit and ends TIMEOUT at it
+/// (the stand-in mirrors that); the admin raises it at the target too.
+#[derive(Default)]
+pub struct TimeLimits {
+    seen: std::collections::HashMap<String, Option<u32>>,
+}
+
+/// A running stand-in's new time limit (minutes; `None`: unlimited).
+#[derive(Debug, PartialEq, Eq)]
+pub enum LimitChange {
+    Lower(u32),
+    Raise { from: Option<u32>, to: Option<u32> },
+}
+
+impl TimeLimits {
+    pub fn pass(&mut self, jobs: &[(JobRecord, Option<u64>)], stand_ins: &[NativeJob]) -> Vec<(String, LimitChange)> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashMap::new();
+        for (job, journaled) in jobs {
+            let Some(s) = journaled.and_then(|sid| stand_ins.iter().find(|s| s.native_id == sid)) else {
+                continue;
+            };
+            let at_target = matches!(job.state, JobState::Pending | JobState::Running | JobState::Assigned);
+            if s.raw_state != "RUNNING" || !at_target || job.cancel_requested {
+                continue;
+            }
+            let id = &job.fleet_job_id;
+            let now = s.time_limit_min;
+            match self.seen.get(id) {
+                Some(&before) if before != now => {
+                    let lower = match (before, now) {
+                        (None, Some(n)) => Some(n),
+                        (Some(b), Some(n)) if n < b => Some(n),
+                        _ => None,
+                    };
+                    out.push((
+                        id.clone(),
+                        match lower {
+                            Some(n) => LimitChange::Lower(n),
+                            None => LimitChange::Raise { from: before, to: now },
+                        },
+                    ));
+                }
+                _ => {}
+            }
+            seen.insert(id.clone(), now);
+        }
+        self.seen = seen;
+        out
+    }
+}
+
 /// Jobs from `site` the meta-scheduler still counts as active.
 pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<Item = &'a JobRecord> {
     jobs.iter().filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
@@ -144,6 +202,39 @@ pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<It
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_stand_ins_new_limit_is_sent_when_lower_and_named_when_higher() {
+        let stand_in = |state: &str, limit: Option<u32>| {
+            let mut s = NativeJob::new(9, state);
+            s.time_limit_min = limit;
+            vec![s]
+        };
+        let jobs = vec![(job("beta-1", JobState::Running, 1.0), Some(9))];
+        let mut t = TimeLimits::default();
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10))).is_empty(), "first sight: the job's own limit");
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10))).is_empty());
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(3))), [("beta-1".into(), LimitChange::Lower(3))]);
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(3))).is_empty(), "sent once");
+        assert_eq!(
+            t.pass(&jobs, &stand_in("RUNNING", Some(30))),
+            [("beta-1".into(), LimitChange::Raise { from: Some(3), to: Some(30) })]
+        );
+        assert_eq!(
+            t.pass(&jobs, &stand_in("RUNNING", None)),
+            [("beta-1".into(), LimitChange::Raise { from: Some(30), to: None })]
+        );
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(5))), [("beta-1".into(), LimitChange::Lower(5))]);
+        // Not while pending at home, nor once the job is being cancelled or over.
+        let mut t = TimeLimits::default();
+        assert!(t.pass(&jobs, &stand_in("PENDING", Some(10))).is_empty());
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10))).is_empty(), "first sight running");
+        let mut cancelling = jobs.clone();
+        cancelling[0].0.cancel_requested = true;
+        assert!(t.pass(&cancelling, &stand_in("RUNNING", Some(1))).is_empty());
+        let done = vec![(job("beta-1", JobState::Completed, 1.0), Some(9))];
+        assert!(t.pass(&done, &stand_in("RUNNING", Some(1))).is_empty());
+    }
 
     fn job(id: &str, state: JobState, submitted_at: f64) -> JobRecord {
         JobRecord {

@@ -219,8 +219,10 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         }
     }
     let site = &agent.cfg.site;
+    // Who jobs run as may change on SIGHUP (Agent::live).
+    let policy = agent.live().identity.clone();
     let user = crate::identity::Accounts::read().and_then(|acc| {
-        agent.cfg.identity.resolve(
+        policy.resolve(
             &acc,
             &a.request.origin,
             a.request.user_name.as_deref(),
@@ -230,7 +232,7 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
     let user = match user {
         Ok(u) => u,
         Err(e) => {
-            let how = crate::identity::describe(&agent.cfg.identity.mapping);
+            let how = crate::identity::describe(&policy.mapping);
             return fail_launch(agent, &id, format!("fleet: {site} has no identity for this job ({how}): {e:#}")).await;
         }
     };
