@@ -1257,7 +1257,8 @@ impl Store {
         Ok(job.record)
     }
 
-    /// Take the time limits waiting for cluster `c` (deleted as handed out).
+    /// Take the time limits waiting for cluster `c` (deleted as handed
+    /// out); those of jobs since finished or gone from `c` are dropped.
     fn take_time_limit_orders(&mut self, c: &str) -> Result<Vec<TimeLimitOrder>, StoreError> {
         let taken: Vec<(String, u32)> = {
             let mut stmt = self
@@ -1266,7 +1267,17 @@ impl Store {
             let rows = stmt.query_map([c], |r| Ok((r.get(0)?, r.get(1)?)))?;
             rows.collect::<Result<_, _>>()?
         };
-        Ok(taken.into_iter().map(|(fleet_job_id, minutes)| TimeLimitOrder { fleet_job_id, minutes }).collect())
+        let mut orders = Vec::new();
+        for (job_id, minutes) in taken {
+            let live = self.query("SELECT data FROM jobs WHERE id = ?1", [&job_id])?.pop().is_some_and(|j| {
+                j.record.target.as_deref() == Some(c)
+                    && matches!(j.record.state, JobState::Assigned | JobState::Pending | JobState::Running)
+            });
+            if live {
+                orders.push(TimeLimitOrder { fleet_job_id: job_id, minutes });
+            }
+        }
+        Ok(orders)
     }
 
     /// Take the signal orders waiting for cluster `c` (deleted as they are

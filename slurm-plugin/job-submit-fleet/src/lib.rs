@@ -84,7 +84,9 @@ impl FleetSubmit {
     fn config(&self) -> std::sync::Arc<PluginConfig> {
         let (cfg, change) = self.config.get();
         match change {
-            Some(config::Change::Reloaded(lines)) => lines.iter().for_each(|l| log::info(&format!("job_submit/fleet: {l}"))),
+            Some(config::Change::Reloaded(lines)) => {
+                lines.iter().for_each(|l| log::info(&format!("job_submit/fleet: {l}")))
+            }
             Some(config::Change::Failed(e)) => log::error(&format!("job_submit/fleet: {e}")),
             None => {}
         }

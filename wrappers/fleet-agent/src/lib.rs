@@ -88,6 +88,10 @@ pub struct Agent<B: Backend> {
     /// for a lookup, never across an `.await`.
     pub view: RwLock<CachedView>,
     pub forwards_pending: Notify,
+    /// Running stand-ins' time limits, passed on when lowered (the work
+    /// loop records each confirmed start, the reconciler compares). Sync
+    /// lock: held for a lookup, no `.await`.
+    pub time_limits: parking_lot::Mutex<reconcile::TimeLimits>,
     /// The identities published with each heartbeat, read again only when
     /// the account files change. Sync lock: held for a lookup, no `.await`.
     pub identities: parking_lot::Mutex<identity::AdmittedCache>,
@@ -120,8 +124,7 @@ pub async fn run_with<B: Backend>(
     if cleartext_off_host(&cfg.metasched_url) {
         tracing::warn!(url = %cfg.metasched_url, "the meta-scheduler is reached over plain HTTP off this host: tokens cross the network in the clear; use an https:// MetaSchedulerUrl");
     }
-    let agent =
-        Arc::new(Agent {
+    let agent = Arc::new(Agent {
         live: RwLock::new(Arc::new(cfg.clone())),
         cfg,
         journal,
@@ -130,6 +133,7 @@ pub async fn run_with<B: Backend>(
         view: RwLock::default(),
         forwards_pending: Notify::new(),
         identities: Default::default(),
+        time_limits: Default::default(),
     });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
@@ -423,9 +427,8 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
     if let Some(e) = &admitted.new_error {
         tracing::warn!("{e}");
     }
-    let identities = admitted
-        .users
-        .map(|users| fleet_api::api::Identities { mapping: identity::describe(&policy.mapping), users });
+    let identities =
+        admitted.users.map(|users| fleet_api::api::Identities { mapping: identity::describe(&policy.mapping), users });
     let hb = Heartbeat {
         cluster: agent.cfg.site.clone(),
         region: agent.cfg.region.clone(),
@@ -539,9 +542,8 @@ async fn reconcile_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
     let mut warned = false;
     let mut suspects = reconcile::Suspects::default();
     let mut suspensions = reconcile::Suspensions::default();
-    let mut limits = reconcile::TimeLimits::default();
     loop {
-        report("reconcile", &mut warned, reconcile_once(&agent, &mut suspects, &mut suspensions, &mut limits).await);
+        report("reconcile", &mut warned, reconcile_once(&agent, &mut suspects, &mut suspensions).await);
         if stopped(&mut stop, Duration::from_secs_f64(reconcile::EVERY_S)).await {
             return;
         }
@@ -601,7 +603,6 @@ pub async fn reconcile_once<B: Backend>(
     agent: &Agent<B>,
     suspects: &mut reconcile::Suspects,
     suspensions: &mut reconcile::Suspensions,
-    limits: &mut reconcile::TimeLimits,
 ) -> Result<()> {
     // Stand-ins first: a proxy exits only after its job is finished, so a
     // job still active after its stand-in ended is an orphan, not a race.
@@ -623,7 +624,8 @@ pub async fn reconcile_once<B: Backend>(
             Err(e) => tracing::warn!(%id, signal, "passing a suspend/resume on: {e:#}"),
         }
     }
-    for (id, change) in limits.pass(&active, &stand_ins) {
+    let changes = agent.time_limits.lock().pass(&active, &stand_ins, now());
+    for (id, change) in changes {
         match change {
             reconcile::LimitChange::Lower(minutes) => match agent.meta.time_limit(&id, minutes).await {
                 Ok(_) => tracing::info!(%id, minutes, "the stand-in's time limit was lowered: sent to its job"),

@@ -137,16 +137,19 @@ impl Suspensions {
 }
 
 /// `scontrol update TimeLimit=` of a running stand-in, passed on to its
-/// remote job. The limit a stand-in shows when first seen running is the
-/// job's (a pending stand-in's limit travels with its start); a later
-/// lower one is sent to the target, where the target agent sets it as the
-/// job's user, as Slurm lets an owner do. A higher one (only an operator
-/// at home can raise a running job's limit) is not: the target agent is
-/// no operator there, so the job keeps its limit and ends TIMEOUT at it
-/// (the stand-in mirrors that); the admin raises it at the target too.
+/// remote job. The limit a stand-in had when the origin agent confirmed
+/// its start ([`TimeLimits::started`]; a pending stand-in's limit travels
+/// with its start) is the job's; after an agent restart, the limit first
+/// seen. A later lower one is sent to the target, where the target agent
+/// sets it as the job's user, as Slurm lets an owner do. A higher one (only
+/// an operator at home can raise a running job's limit) is not: the target
+/// agent is no operator there, so the job keeps its limit and ends TIMEOUT
+/// at it (the stand-in mirrors that); the admin raises it at the target too.
 #[derive(Default)]
 pub struct TimeLimits {
-    seen: std::collections::HashMap<String, Option<u32>>,
+    /// The limit last passed on (or started with) per job, and when the job
+    /// was last seen active.
+    seen: std::collections::HashMap<String, (Option<u32>, f64)>,
 }
 
 /// A running stand-in's new time limit (minutes; `None`: unlimited).
@@ -156,10 +159,22 @@ pub enum LimitChange {
     Raise { from: Option<u32>, to: Option<u32> },
 }
 
+/// How long a job's limit is remembered after it was last seen active.
+const LIMIT_MEMORY_S: f64 = 600.0;
+
 impl TimeLimits {
-    pub fn pass(&mut self, jobs: &[(JobRecord, Option<u64>)], stand_ins: &[NativeJob]) -> Vec<(String, LimitChange)> {
+    /// The stand-in of `id` was confirmed running with `limit`.
+    pub fn started(&mut self, id: &str, limit: Option<u32>, now: f64) {
+        self.seen.insert(id.to_string(), (limit, now));
+    }
+
+    pub fn pass(
+        &mut self,
+        jobs: &[(JobRecord, Option<u64>)],
+        stand_ins: &[NativeJob],
+        now: f64,
+    ) -> Vec<(String, LimitChange)> {
         let mut out = Vec::new();
-        let mut seen = std::collections::HashMap::new();
         for (job, journaled) in jobs {
             let Some(s) = journaled.and_then(|sid| stand_ins.iter().find(|s| s.native_id == sid)) else {
                 continue;
@@ -169,10 +184,10 @@ impl TimeLimits {
                 continue;
             }
             let id = &job.fleet_job_id;
-            let now = s.time_limit_min;
-            match self.seen.get(id) {
-                Some(&before) if before != now => {
-                    let lower = match (before, now) {
+            let limit = s.time_limit_min;
+            if let Some(&(before, _)) = self.seen.get(id) {
+                if before != limit {
+                    let lower = match (before, limit) {
                         (None, Some(n)) => Some(n),
                         (Some(b), Some(n)) if n < b => Some(n),
                         _ => None,
@@ -181,15 +196,14 @@ impl TimeLimits {
                         id.clone(),
                         match lower {
                             Some(n) => LimitChange::Lower(n),
-                            None => LimitChange::Raise { from: before, to: now },
+                            None => LimitChange::Raise { from: before, to: limit },
                         },
                     ));
                 }
-                _ => {}
             }
-            seen.insert(id.clone(), now);
+            self.seen.insert(id.clone(), (limit, now));
         }
-        self.seen = seen;
+        self.seen.retain(|_, (_, at)| now - *at < LIMIT_MEMORY_S);
         out
     }
 }
@@ -212,62 +226,34 @@ mod tests {
         };
         let jobs = vec![(job("beta-1", JobState::Running, 1.0), Some(9))];
         let mut t = TimeLimits::default();
-        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10))).is_empty(), "first sight: the job's own limit");
-        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10))).is_empty());
-        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(3))), [("beta-1".into(), LimitChange::Lower(3))]);
-        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(3))).is_empty(), "sent once");
+        // Confirmed running without a limit of its own, then lowered before
+        // the first pass saw it.
+        t.started("beta-1", None, 0.0);
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(10)), 1.0), [("beta-1".into(), LimitChange::Lower(10))]);
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10)), 2.0).is_empty(), "sent once");
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(3)), 3.0), [("beta-1".into(), LimitChange::Lower(3))]);
         assert_eq!(
-            t.pass(&jobs, &stand_in("RUNNING", Some(30))),
+            t.pass(&jobs, &stand_in("RUNNING", Some(30)), 4.0),
             [("beta-1".into(), LimitChange::Raise { from: Some(3), to: Some(30) })]
         );
         assert_eq!(
-            t.pass(&jobs, &stand_in("RUNNING", None)),
+            t.pass(&jobs, &stand_in("RUNNING", None), 5.0),
             [("beta-1".into(), LimitChange::Raise { from: Some(30), to: None })]
         );
-        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(5))), [("beta-1".into(), LimitChange::Lower(5))]);
-        // Not while pending at home, nor once the job is being cancelled or over.
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(5)), 6.0), [("beta-1".into(), LimitChange::Lower(5))]);
+        // Unknown start (an agent restart): the first limit seen is the job's.
         let mut t = TimeLimits::default();
-        assert!(t.pass(&jobs, &stand_in("PENDING", Some(10))).is_empty());
-        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10))).is_empty(), "first sight running");
+        assert!(t.pass(&jobs, &stand_in("PENDING", Some(10)), 0.0).is_empty());
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10)), 1.0).is_empty(), "first sight running");
+        // Not once the job is being cancelled or over.
         let mut cancelling = jobs.clone();
         cancelling[0].0.cancel_requested = true;
-        assert!(t.pass(&cancelling, &stand_in("RUNNING", Some(1))).is_empty());
+        assert!(t.pass(&cancelling, &stand_in("RUNNING", Some(1)), 2.0).is_empty());
         let done = vec![(job("beta-1", JobState::Completed, 1.0), Some(9))];
-        assert!(t.pass(&done, &stand_in("RUNNING", Some(1))).is_empty());
-    }
-
-    fn job(id: &str, state: JobState, submitted_at: f64) -> JobRecord {
-        JobRecord {
-            fleet_job_id: id.into(),
-            origin: "beta".into(),
-            origin_job_id: None,
-            target: Some("alpha".into()),
-            remote_job_id: None,
-            state,
-            exit_code: None,
-            signal: None,
-            cancel_requested: false,
-            reason: String::new(),
-            stdout_len: 0,
-            stderr_len: 0,
-            output_complete: false,
-            node_list: String::new(),
-            submitted_at,
-            updated_at: submitted_at,
-            summary: String::new(),
-            start_requested_at: None,
-            requeues: 0,
-            user: None,
-            origin_restart: 0,
-            stdout_base: 0,
-            stderr_base: 0,
-        }
-    }
-
-    fn stand_in(id: u64, raw: &str, admin_comment: &str) -> NativeJob {
-        let mut j = NativeJob::new(id, raw);
-        j.admin_comment = admin_comment.into();
-        j
+        assert!(t.pass(&done, &stand_in("RUNNING", Some(1)), 3.0).is_empty());
+        // Forgotten LIMIT_MEMORY_S after it was last seen.
+        assert!(t.pass(&[], &[], 3.0 + LIMIT_MEMORY_S).is_empty());
+        assert!(t.seen.is_empty());
     }
 
     #[test]

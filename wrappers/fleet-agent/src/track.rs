@@ -222,12 +222,7 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
     // Who jobs run as may change on SIGHUP (Agent::live).
     let policy = agent.live().identity.clone();
     let user = crate::identity::Accounts::read().and_then(|acc| {
-        policy.resolve(
-            &acc,
-            &a.request.origin,
-            a.request.user_name.as_deref(),
-            a.request.account.as_deref(),
-        )
+        policy.resolve(&acc, &a.request.origin, a.request.user_name.as_deref(), a.request.account.as_deref())
     });
     let user = match user {
         Ok(u) => u,
@@ -365,6 +360,8 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
         let time_limit_min = found.and_then(|s| s.time_limit_min);
         if started {
             agent.journal.set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
+            // The job starts with this limit: a later lower one is passed on.
+            agent.time_limits.lock().started(&c.fleet_job_id, time_limit_min, now());
         } else {
             tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
         }
