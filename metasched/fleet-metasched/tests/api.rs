@@ -1849,7 +1849,7 @@ async fn time_limits_are_queued_for_the_target_by_the_origin_agent_only_the_late
     assert_eq!(send_time_limit(&d, "tl", "Bearer admin-secret", 20).await.0, StatusCode::ACCEPTED);
     assert_eq!(d.work("beta").await.time_limit, []);
     let order = TimeLimitOrder { fleet_job_id: "tl".into(), minutes: 20 };
-    assert_eq!(d.work("alpha").await.time_limit, [order.clone()]);
+    assert_eq!(d.work("alpha").await.time_limit, std::slice::from_ref(&order));
     assert_eq!(d.work("alpha").await.time_limit, [], "handed out once");
     // It wakes the target's long-poll.
     let target = tokio::spawn(long_poll(d.url.clone(), "alpha", 60_000));

@@ -280,7 +280,10 @@ impl<B: Backend> Agent<B> {
 
 /// Sets the log filter from `LogLevel` (main installs the hook; `FLEET_LOG`
 /// in the environment wins over fleet.conf, at start as on reload).
-pub static LOG_LEVEL_HOOK: std::sync::OnceLock<Box<dyn Fn(&str) + Send + Sync>> = std::sync::OnceLock::new();
+pub static LOG_LEVEL_HOOK: std::sync::OnceLock<LogLevelHook> = std::sync::OnceLock::new();
+
+/// Sets the log filter to a `LogLevel` value.
+pub type LogLevelHook = Box<dyn Fn(&str) + Send + Sync>;
 
 fn set_log_level(level: &str) {
     if let Some(hook) = LOG_LEVEL_HOOK.get() {

@@ -159,6 +159,21 @@ pub enum LimitChange {
     Raise { from: Option<u32>, to: Option<u32> },
 }
 
+/// A stand-in's own time limit as the job's (minutes; `None`: none). A
+/// stand-in is submitted without one (UNLIMITED), but Slurm 22.05's
+/// backfill scheduler, starting a job whose limit and partition MaxTime
+/// are both UNLIMITED, writes its planning horizon into the job: a year
+/// (`YEAR_MINUTES`, seen in the lab as `TimeLimit=365-00:00:00` on
+/// stand-ins backfill started). A year or more is therefore no limit: it
+/// must neither become the remote job's limit at its start nor count as a
+/// change afterwards.
+pub fn stand_in_limit(s: &NativeJob) -> Option<u32> {
+    s.time_limit_min.filter(|&m| m < YEAR_MINUTES)
+}
+
+/// Slurm's `YEAR_MINUTES` (365 days).
+pub const YEAR_MINUTES: u32 = 365 * 24 * 60;
+
 /// How long a job's limit is remembered after it was last seen active.
 const LIMIT_MEMORY_S: f64 = 600.0;
 
@@ -184,7 +199,7 @@ impl TimeLimits {
                 continue;
             }
             let id = &job.fleet_job_id;
-            let limit = s.time_limit_min;
+            let limit = stand_in_limit(s);
             if let Some(&(before, _)) = self.seen.get(id) {
                 if before != limit {
                     let lower = match (before, limit) {
@@ -216,6 +231,40 @@ pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<It
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job(id: &str, state: JobState, submitted_at: f64) -> JobRecord {
+        JobRecord {
+            fleet_job_id: id.into(),
+            origin: "beta".into(),
+            origin_job_id: None,
+            target: Some("alpha".into()),
+            remote_job_id: None,
+            state,
+            exit_code: None,
+            signal: None,
+            cancel_requested: false,
+            reason: String::new(),
+            stdout_len: 0,
+            stderr_len: 0,
+            output_complete: false,
+            node_list: String::new(),
+            submitted_at,
+            updated_at: submitted_at,
+            summary: String::new(),
+            start_requested_at: None,
+            requeues: 0,
+            user: None,
+            origin_restart: 0,
+            stdout_base: 0,
+            stderr_base: 0,
+        }
+    }
+
+    fn stand_in(id: u64, raw: &str, admin_comment: &str) -> NativeJob {
+        let mut j = NativeJob::new(id, raw);
+        j.admin_comment = admin_comment.into();
+        j
+    }
 
     #[test]
     fn a_running_stand_ins_new_limit_is_sent_when_lower_and_named_when_higher() {
@@ -251,6 +300,11 @@ mod tests {
         assert!(t.pass(&cancelling, &stand_in("RUNNING", Some(1)), 2.0).is_empty());
         let done = vec![(job("beta-1", JobState::Completed, 1.0), Some(9))];
         assert!(t.pass(&done, &stand_in("RUNNING", Some(1)), 3.0).is_empty());
+        // Backfill's year on a stand-in it started is no limit.
+        let mut t = TimeLimits::default();
+        t.started("beta-1", None, 0.0);
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(YEAR_MINUTES)), 1.0).is_empty());
+        assert_eq!(stand_in_limit(&stand_in("RUNNING", Some(YEAR_MINUTES - 1))[0]), Some(YEAR_MINUTES - 1));
         // Forgotten LIMIT_MEMORY_S after it was last seen.
         assert!(t.pass(&[], &[], 3.0 + LIMIT_MEMORY_S).is_empty());
         assert!(t.seen.is_empty());

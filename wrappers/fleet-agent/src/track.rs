@@ -357,7 +357,8 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
             }
             Some(_) => (true, String::new()),
         };
-        let time_limit_min = found.and_then(|s| s.time_limit_min);
+        // (Not backfill's year on a stand-in it started: reconcile::stand_in_limit.)
+        let time_limit_min = found.and_then(crate::reconcile::stand_in_limit);
         if started {
             agent.journal.set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
             // The job starts with this limit: a later lower one is passed on.
