@@ -403,3 +403,169 @@ fn a_remote_timeout_shows_as_timeout_at_home() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "TIMEOUT");
     assert!(text(&dir.join("fleet")).starts_with("started\n"));
 }
+
+/// Writes `text` as `path` the way an editor or config management does
+/// (a new file renamed over the old one), readable by SlurmUser.
+fn replace_file(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("conf.new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// An admin edits fleet.conf and runs `scontrol reconfigure`: the plugin
+/// inside slurmctld uses the new file from the next submission on (Slurm
+/// 22.05 re-inits job_submit plugins at reconfigure only when
+/// `JobSubmitPlugins` changed, so the plugin notices the file itself).
+/// Here: `FailOpen=no` and an `AgentSocket` nobody serves, so a job that
+/// must ask the agent is refused with Fleet's words; with the file back,
+/// the same job is forwarded again.
+#[test]
+fn a_changed_fleet_conf_is_used_after_scontrol_reconfigure() {
+    let (lab, _serial) = Lab::lock();
+    let conf = lab.root.join("beta/fleet.conf");
+    let original = std::fs::read_to_string(&conf).unwrap();
+    let reconfigure = || {
+        let o = lab.cmd("beta", "scontrol", &["reconfigure"]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let _restore = fleet_lab::OnDrop(|| {
+        replace_file(&conf, &original);
+        let _ = lab.cmd("beta", "scontrol", &["reconfigure"]);
+    });
+    let sock = lab.root.join("beta/agent.sock");
+    let nobody = lab.root.join("beta/nobody.sock");
+    assert!(original.contains("FailOpen=yes") && original.contains(&format!("AgentSocket={}", sock.display())));
+    let edited = original
+        .replace("FailOpen=yes", "FailOpen=no")
+        .replace(&format!("AgentSocket={}", sock.display()), &format!("AgentSocket={}", nobody.display()));
+    replace_file(&conf, &edited);
+    reconfigure();
+    let body = script("true");
+    // --fleet-to makes the plugin ask the agent rather than its cached view.
+    let err = lab.sbatch("beta", &["--gres=gpu:h100:8", "--fleet-to=alpha", "--hold"], &body).unwrap_err();
+    assert!(err.contains("fleet: the site agent is unavailable") && err.contains("FailOpen=no"), "{err}");
+    let log = std::fs::read_to_string(lab.root.join("beta/log/slurmctld.log")).unwrap();
+    assert!(log.contains(&format!("job_submit/fleet: fleet.conf {} changed", conf.display())), "nothing logged");
+
+    replace_file(&conf, &original);
+    reconfigure();
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:8", "--fleet-to=alpha", "--hold"], &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![id]);
+    assert_eq!(lab.job("beta", id).unwrap()["Partition"], "fleet", "forwarded again");
+    assert!(lab.ctld_alive("beta"));
+}
+
+/// `scontrol update TimeLimit=` of a *running* stand-in reaches its remote
+/// job as far as Slurm lets the job's owner there: lowered by its user, as
+/// for the native twin, the remote job gets the twin's new limit. Raised by
+/// root (an operator at home), the twin and the stand-in get the new limit
+/// but the remote job keeps its own: the target agent is no operator
+/// there (README: job control), and the origin agent's log says so.
+#[test]
+fn time_limit_updates_of_a_running_stand_in_reach_the_job_as_its_owner_may() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("limit-running-remote");
+    let body = script("echo started\nfor i in $(seq 900); do sleep 1; done");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["-t", "30"])), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["-t", "30"])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
+    for n in ["native", "fleet"] {
+        wait_file(&dir.join(n), T, |b| b.starts_with(b"started\n")).unwrap();
+    }
+    let (target, remote) = remote_of(lab, fleet).unwrap();
+    let limit = |cluster: &str, id: u64| lab.job(cluster, id).unwrap()["TimeLimit"].clone();
+    assert_eq!(limit(&target, remote), "00:30:00");
+    let update = |user: Option<&str>, id: u64, minutes: &str| {
+        let args = ["update".to_string(), format!("JobId={id}"), format!("TimeLimit={minutes}")];
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let o = match user {
+            Some(u) => lab.cmd_as(u, "beta", "scontrol", &args),
+            None => lab.cmd("beta", "scontrol", &args),
+        }
+        .unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).trim().to_string())
+    };
+
+    // Lowered by the owner: everywhere.
+    let (a, b) = (update(Some(fleet_lab::USER), native, "20"), update(Some(fleet_lab::USER), fleet, "20"));
+    assert!(a.0 && b.0, "native {a:?}, stand-in {b:?}");
+    let want = limit("beta", native);
+    assert_eq!(want, "00:20:00");
+    let t0 = std::time::Instant::now();
+    while limit(&target, remote) != want {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the remote job still has {}", limit(&target, remote));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("a lowered TimeLimit reached the remote job after {:?}", t0.elapsed());
+    // Raising is refused to the owner, natively and for the stand-in alike.
+    let (a, b) = (update(Some(fleet_lab::USER), native, "25"), update(Some(fleet_lab::USER), fleet, "25"));
+    assert!(!a.0 && !b.0, "native {a:?}, stand-in {b:?}");
+
+    // Raised by root at home: not at the target, and the agent says why.
+    let (a, b) = (update(None, native, "40"), update(None, fleet, "40"));
+    assert!(a.0 && b.0, "native {a:?}, stand-in {b:?}");
+    assert_eq!((limit("beta", native), limit("beta", fleet)), ("00:40:00".into(), "00:40:00".into()));
+    let id = fleet_lab::fleet_job_of(lab, fleet).unwrap();
+    let log = lab.agent_log("beta");
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(&id) && l.contains("time limit was raised"))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the origin agent did not say why the raise stays at home");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(limit(&target, remote), "00:20:00", "the remote job keeps the limit its owner may set");
+    assert_eq!(lab.job("beta", fleet).unwrap()["JobState"], "RUNNING");
+}
+
+/// Seconds from sbatch to RUNNING of a local `--exclusive` job at alpha.
+fn exclusive_start(lab: &Lab, dir: &std::path::Path, name: &str) -> Duration {
+    let t0 = std::time::Instant::now();
+    let id = lab
+        .sbatch("alpha", &["--exclusive", "-N1", "--gres=gpu:h100:8", &out_arg(dir, name)], &script("sleep 2"))
+        .unwrap();
+    let _cancel = fleet_lab::OnDrop(move || {
+        let _ = lab.cmd("alpha", "scancel", &[&id.to_string()]);
+    });
+    let r = lab.wait_for("alpha", id, T, |r| r["JobState"] != "PENDING").unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r["Partition"], "gpu", "a local job: {r:?}");
+    assert!(matches!(r["JobState"].as_str(), "RUNNING" | "COMPLETING" | "COMPLETED"), "{r:?}");
+    lab.wait_done("alpha", id, T).unwrap();
+    took
+}
+
+/// Stand-ins never delay local work (issue 6, finding 4): they run on the
+/// proxy partition's own node, so a local `--exclusive` job at alpha starts
+/// as fast with 10 stand-ins running there as with none.
+#[test]
+fn a_local_exclusive_job_starts_as_fast_with_ten_stand_ins_running() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("exclusive");
+    let without = exclusive_start(lab, &dir, "x0");
+    // Ten jobs from alpha that only beta can run (A100): ten stand-ins at alpha.
+    let ids: Vec<u64> = (0..10)
+        .map(|i| {
+            lab.sbatch("alpha", &["--gres=gpu:a100:1", &out_arg(&dir, &format!("s{i}"))], &script("sleep 240")).unwrap()
+        })
+        .collect();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let args: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let _ = lab.cmd("alpha", "scancel", &args);
+    });
+    for &id in &ids {
+        let r = lab.wait_for("alpha", id, T, |r| r["JobState"] == "RUNNING").unwrap();
+        assert_eq!((r["Partition"].as_str(), r["NodeList"].as_str()), ("fleet", "alphaproxy"), "{r:?}");
+    }
+    let with = exclusive_start(lab, &dir, "x1");
+    for &id in &ids {
+        assert_eq!(lab.job("alpha", id).unwrap()["JobState"], "RUNNING", "the stand-ins ran all along");
+    }
+    eprintln!("local --exclusive job at alpha started after {without:?} without stand-ins, {with:?} with 10");
+    assert!(with <= without + Duration::from_secs(5), "{with:?} with 10 stand-ins, {without:?} without");
+}

@@ -479,6 +479,8 @@ fn agent_or_metasched_down_fails_open() {
     let sock = lab.root.join("beta/agent.sock");
     let _ = std::fs::remove_file(&sock);
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // slurmctld runs as SlurmUser (`slurm`), as the real agent's socket admits it.
+    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     listener.set_nonblocking(true).unwrap();
     let garbage = std::thread::spawn(move || {
         use std::io::Write;

@@ -115,8 +115,8 @@ fi
 if command -v visudo >/dev/null; then
   check "the sudoers rule parses (visudo -c)" visudo -cf "$D/etc/sudoers.d/fleet-agent"
 fi
-check "the sudoers rule allows sbatch and scancel as members of fleetusers, nothing else" \
-  grep -qx 'fleet ALL=(%fleetusers) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel' "$D/etc/sudoers.d/fleet-agent"
+check "the sudoers rule allows sbatch, scancel and scontrol as members of fleetusers, nothing else" \
+  grep -qx 'fleet ALL=(%fleetusers) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel, /usr/bin/scontrol' "$D/etc/sudoers.d/fleet-agent"
 
 # ---- a re-install keeps an admin's edits --------------------------------
 echo "# edited by the admin" >> "$D/etc/slurm/fleet.conf"

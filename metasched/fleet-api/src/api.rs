@@ -13,6 +13,7 @@
 //! | GET | `/v1/jobs/{id}/output?stream=stdout&offset=N&max=M` | proxy, admin | → raw bytes |
 //! | POST | `/v1/jobs/{id}/cancel` | proxy, origin agent, admin | → [`JobRecord`] |
 //! | POST | `/v1/jobs/{id}/signal` | proxy, origin agent, admin | [`SignalRequest`] → 202 + [`JobRecord`] (queued as a [`SignalOrder`] in the target's [`AgentWork`]) |
+//! | POST | `/v1/jobs/{id}/time_limit` | origin agent, admin | [`TimeLimitRequest`] → 202 + [`JobRecord`] (queued as a [`TimeLimitOrder`]) |
 //! | GET | `/v1/jobs?state=&origin=&target=&user=&origin_job=&since=&active=&order=&limit=&offset=` | admin (agents: their own jobs) | → `Vec<JobRecord>` |
 //! | GET | `/v1/clusters` | admin, agents | → [`FleetView`] |
 //! | GET | `/health`, `/metrics` | anyone | text |
@@ -357,12 +358,41 @@ pub struct AgentWork {
     /// owns its delivery (`scancel --signal=<signal>` plus the scope's flag).
     #[serde(default)]
     pub signal: Vec<SignalOrder>,
+    /// New time limits for jobs running (or pending) at this cluster, set
+    /// at home with `scontrol update TimeLimit=` on a running stand-in
+    /// (`scontrol update` as the job's user there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub time_limit: Vec<TimeLimitOrder>,
 }
 
 impl AgentWork {
     pub fn is_empty(&self) -> bool {
-        self.submit.is_empty() && self.cancel.is_empty() && self.confirm_start.is_empty() && self.signal.is_empty()
+        self.submit.is_empty()
+            && self.cancel.is_empty()
+            && self.confirm_start.is_empty()
+            && self.signal.is_empty()
+            && self.time_limit.is_empty()
     }
+}
+
+/// Origin agent or admin → meta-scheduler (`POST /v1/jobs/{id}/time_limit`):
+/// the job's stand-in now has this limit; the job where it runs gets it
+/// too, as far as Slurm lets its owner there (lowering).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeLimitRequest {
+    /// Minutes, 1 to [`MAX_TIME_LIMIT_MIN`].
+    pub minutes: u32,
+}
+
+/// The largest time limit carried (a year; Slurm's own ceiling is higher,
+/// but anything beyond is a typo).
+pub const MAX_TIME_LIMIT_MIN: u32 = 366 * 24 * 60;
+
+/// One time limit for the target agent to set on a job of its cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeLimitOrder {
+    pub fleet_job_id: String,
+    pub minutes: u32,
 }
 
 /// Which processes of the remote job a signal reaches, as `scancel` at the

@@ -500,6 +500,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id/confirm_start", post(confirm_start))
         .route("/v1/jobs/:id/cancel", post(cancel))
         .route("/v1/jobs/:id/signal", post(signal))
+        .route("/v1/jobs/:id/time_limit", post(time_limit))
         .route("/v1/jobs/:id/checkpoints", post(post_checkpoint).get(get_checkpoints))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
     Router::new()
@@ -921,6 +922,20 @@ async fn signal(
 ) -> ApiResult<Response> {
     let req: SignalRequest = parse(&body, "signal request")?;
     let record = with_store(&st, move |s, now| s.signal(&caller, &id, &req, now)).await?;
+    Ok((StatusCode::ACCEPTED, Json(record)).into_response())
+}
+
+/// `POST /v1/jobs/{id}/time_limit` `{"minutes": 30}` (origin agent, admin):
+/// 202 with the job's record once the limit is queued for the target agent
+/// (which runs `scontrol update TimeLimit=` as the job's user there).
+async fn time_limit(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: fleet_api::api::TimeLimitRequest = parse(&body, "time limit request")?;
+    let record = with_store(&st, move |s, now| s.time_limit(&caller, &id, &req, now)).await?;
     Ok((StatusCode::ACCEPTED, Json(record)).into_response())
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use fleet_api::api::{
     AgentWork, Assignment, ClusterSummary, FenceReply, FenceRequest, FleetView, ForwardRequest, GpuPool, Heartbeat,
     JobRecord, NodeCapacity, OutputChunk, SignalOrder, SignalRequest, SignalScope, StaleRun, StartCheck,
-    StartConfirmation, StatusUpdate, Stream,
+    StartConfirmation, StatusUpdate, Stream, TimeLimitOrder, TimeLimitRequest,
 };
 use fleet_api::placement::{self, Placement};
 use fleet_api::{JobRequest, JobState};
@@ -549,7 +549,15 @@ impl Store {
                  requested_at REAL NOT NULL,
                  UNIQUE (job_id, signal, scope)
              );
-             CREATE INDEX IF NOT EXISTS signal_orders_target ON signal_orders(target);",
+             CREATE INDEX IF NOT EXISTS signal_orders_target ON signal_orders(target);
+             -- Time limits waiting for the target agent (POST /time_limit):
+             -- the latest per job wins, deleted when handed out.
+             CREATE TABLE IF NOT EXISTS time_limit_orders (
+                 job_id TEXT PRIMARY KEY,
+                 target TEXT NOT NULL,
+                 minutes INTEGER NOT NULL,
+                 requested_at REAL NOT NULL
+             );",
         )?;
         // `active` (the job may still be some agent's work) came after the
         // first schema: add it to older databases.
@@ -1425,6 +1433,69 @@ impl Store {
         Ok(job.record)
     }
 
+    /// `POST /v1/jobs/{id}/time_limit` (the origin agent, the admin): queue
+    /// the stand-in's new time limit for the agent of the cluster where the
+    /// job is pending or running, as a signal is queued (same states, same
+    /// conflicts); a later limit replaces one not yet handed out.
+    pub fn time_limit(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        req: &TimeLimitRequest,
+        now: f64,
+    ) -> Result<JobRecord, StoreError> {
+        if matches!(caller, Caller::Job { .. }) {
+            return Err(StoreError::Forbidden("only the origin agent or the admin sets a job's time limit".into()));
+        }
+        if !(1..=fleet_api::api::MAX_TIME_LIMIT_MIN).contains(&req.minutes) {
+            return Err(StoreError::BadRequest(format!(
+                "time limit {} min: expected 1 to {}",
+                req.minutes,
+                fleet_api::api::MAX_TIME_LIMIT_MIN
+            )));
+        }
+        let job = self.load_for_origin(caller, id, "time_limit")?;
+        let o = transition(&life_of(&job), &Event::Signal);
+        reply_result(id, &o.reply)?;
+        let target = job.record.target.clone().unwrap_or_default();
+        if o.effects.contains(&Effect::QueueSignal) {
+            self.conn.execute(
+                "INSERT OR REPLACE INTO time_limit_orders (job_id, target, minutes, requested_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![id, target, req.minutes, now],
+            )?;
+            tracing::info!(job = id, minutes = req.minutes, target = %target, by = ?caller,
+                "time limit queued for the target agent");
+        }
+        if o.effects.contains(&Effect::WakeTarget) {
+            self.wakers.wake(&target);
+        }
+        Ok(job.record)
+    }
+
+    /// Take the time limits waiting for cluster `c` (deleted as handed
+    /// out); those of jobs since finished or gone from `c` are dropped.
+    fn take_time_limit_orders(&mut self, c: &str) -> Result<Vec<TimeLimitOrder>, StoreError> {
+        let taken: Vec<(String, u32)> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached("DELETE FROM time_limit_orders WHERE target = ?1 RETURNING job_id, minutes")?;
+            let rows = stmt.query_map([c], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut orders = Vec::new();
+        for (job_id, minutes) in taken {
+            let live = self.query("SELECT data FROM jobs WHERE id = ?1", [&job_id])?.pop().is_some_and(|j| {
+                j.record.target.as_deref() == Some(c)
+                    && matches!(j.record.state, JobState::Assigned | JobState::Pending | JobState::Running)
+            });
+            if live {
+                orders.push(TimeLimitOrder { fleet_job_id: job_id, minutes });
+            }
+        }
+        Ok(orders)
+    }
+
     /// Take the signal orders waiting for cluster `c` (deleted as they are
     /// handed out), oldest first. Orders whose job has since finished or
     /// left `c` are dropped.
@@ -1756,6 +1827,7 @@ impl Store {
             }
         }
         work.signal = self.take_signal_orders(c)?;
+        work.time_limit = self.take_time_limit_orders(c)?;
         Ok(work)
     }
 

@@ -593,10 +593,7 @@ async fn cancel_paths() {
     d.status("k3", "alpha", st(JobState::Running)).await;
     let r: JobRecord = d.ok(reqwest::Method::POST, "/v1/jobs/k3/cancel", "Bearer admin-secret", None).await;
     assert_eq!((r.state, r.cancel_requested), (JobState::Running, true));
-    assert_eq!(
-        d.work("alpha").await,
-        AgentWork { submit: vec![], cancel: vec!["k3".into()], confirm_start: vec![], signal: vec![] }
-    );
+    assert_eq!(d.work("alpha").await, AgentWork { cancel: vec!["k3".into()], ..Default::default() });
     let fin = StatusUpdate {
         final_stdout_len: Some(0),
         final_stderr_len: Some(0),
@@ -2041,4 +2038,55 @@ async fn installed_but_unavailable_capacity_makes_a_job_wait_not_fail() {
     let r = d.job("drained").await;
     assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Assigned, Some("alpha"), 1));
     d.stop().await;
+}
+
+/// `POST /v1/jobs/{id}/time_limit` with `auth`.
+async fn send_time_limit(d: &Daemon, id: &str, auth: &str, minutes: u64) -> (StatusCode, Value) {
+    let body = serde_json::json!({ "minutes": minutes });
+    d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/time_limit"), auth, Some(body)).await
+}
+
+#[tokio::test]
+async fn time_limits_are_queued_for_the_target_by_the_origin_agent_only_the_latest_one_handed_out() {
+    use fleet_api::api::TimeLimitOrder;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("tl", "beta", "h100", 8).await;
+    let origin = bearer("beta");
+    // Held: nothing runs it yet.
+    assert_eq!(send_time_limit(&d, "tl", &origin, 20).await.0, StatusCode::CONFLICT);
+    d.start_job("tl", "beta").await;
+    assert_eq!(d.status("tl", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    // Neither the job's token (its user lowers the stand-in's limit in
+    // Slurm; the origin agent passes it on), nor the target, nor a stranger.
+    for who in [job_auth("beta", "tl"), bearer("alpha"), bearer("gamma")] {
+        let (s, v) = send_time_limit(&d, "tl", &who, 20).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{who}: {v}");
+    }
+    for bad in [0, 366 * 24 * 60 + 1, u64::from(u32::MAX) + 1] {
+        let (s, v) = send_time_limit(&d, "tl", &origin, bad).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {v}");
+    }
+    assert_eq!(d.work("alpha").await.time_limit, [], "a refused limit is nobody's work");
+    // Queued for the target alone; a later one replaces one not handed out.
+    let (s, v) = send_time_limit(&d, "tl", &origin, 30).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(send_time_limit(&d, "tl", "Bearer admin-secret", 20).await.0, StatusCode::ACCEPTED);
+    assert_eq!(d.work("beta").await.time_limit, []);
+    let order = TimeLimitOrder { fleet_job_id: "tl".into(), minutes: 20 };
+    assert_eq!(d.work("alpha").await.time_limit, std::slice::from_ref(&order));
+    assert_eq!(d.work("alpha").await.time_limit, [], "handed out once");
+    // It wakes the target's long-poll.
+    let target = tokio::spawn(long_poll(d.url.clone(), "alpha", 60_000));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!target.is_finished(), "nothing to do yet");
+    assert_eq!(send_time_limit(&d, "tl", &origin, 20).await.0, StatusCode::ACCEPTED);
+    assert_eq!(target.await.unwrap().0.time_limit, [order]);
+    // Finished before the agent took it: dropped; then a terminal conflict.
+    assert_eq!(send_time_limit(&d, "tl", &origin, 10).await.0, StatusCode::ACCEPTED);
+    let done = StatusUpdate { exit_code: Some(0), ..st(JobState::Completed) };
+    assert_eq!(d.status("tl", "alpha", done).await.0, StatusCode::OK);
+    assert_eq!(d.work("alpha").await.time_limit, []);
+    let (s, v) = send_time_limit(&d, "tl", &origin, 10).await;
+    assert_eq!((s, &v["terminal"]), (StatusCode::CONFLICT, &Value::Bool(true)), "{v}");
 }

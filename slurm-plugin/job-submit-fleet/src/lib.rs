@@ -35,7 +35,7 @@ pub use config::PluginConfig;
 pub use request::{build_request, Prepared};
 
 pub struct FleetSubmit {
-    config: PluginConfig,
+    config: config::LiveConfig,
     stats: Mutex<stats::Stats>,
     warn: Mutex<stats::RateLimit>,
     view: view::ViewCache,
@@ -43,20 +43,18 @@ pub struct FleetSubmit {
 
 impl JobSubmitPlugin for FleetSubmit {
     fn init() -> Result<Self, String> {
-        let config = PluginConfig::load()?;
-        log::info(&format!(
-            "job_submit/fleet: site {} agent {} deadline {} ms fail-open {}",
-            config.site,
-            config.socket.display(),
-            config.timeout.as_millis(),
-            config.fail_open
-        ));
+        let (config, warnings) = config::LiveConfig::load(&config::conf_path())?;
+        for w in warnings {
+            log::info(&format!("job_submit/fleet: {w}"));
+        }
+        log::info(&format!("job_submit/fleet: {}", config.get().0.describe()));
         Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view: view::ViewCache::default() })
     }
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let t0 = Instant::now();
-        let (outcome, result) = self.decide(job, submit_uid);
+        let cfg = self.config();
+        let (outcome, result) = self.decide(&cfg, job, submit_uid);
         let us = t0.elapsed().as_micros() as u64;
         if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, us)).unwrap_or(None) {
             log::info(&line);
@@ -67,7 +65,7 @@ impl JobSubmitPlugin for FleetSubmit {
     /// `scontrol update` of a job: nobody but root and SlurmUser moves a
     /// job into the proxy partition.
     fn modify(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
-        request::proxy_partition_rule(job, &self.config, submit_uid)
+        request::proxy_partition_rule(job, &self.config(), submit_uid)
     }
 
     fn fini(&self) {
@@ -82,24 +80,37 @@ impl JobSubmitPlugin for FleetSubmit {
 slurm::job_submit_plugin!(FleetSubmit, "Fleet federation job_submit", "job_submit/fleet");
 
 impl FleetSubmit {
-    fn decide(&self, job: &mut JobDesc<'_>, uid: u32) -> (stats::Outcome, Result<(), Reject>) {
+    /// fleet.conf as it is now (read again when it changed; see [`config`]).
+    fn config(&self) -> std::sync::Arc<PluginConfig> {
+        let (cfg, change) = self.config.get();
+        match change {
+            Some(config::Change::Reloaded(lines)) => {
+                lines.iter().for_each(|l| log::info(&format!("job_submit/fleet: {l}")))
+            }
+            Some(config::Change::Failed(e)) => log::error(&format!("job_submit/fleet: {e}")),
+            None => {}
+        }
+        cfg
+    }
+
+    fn decide(&self, cfg: &PluginConfig, job: &mut JobDesc<'_>, uid: u32) -> (stats::Outcome, Result<(), Reject>) {
         use stats::Outcome;
-        let prepared = match build_request(job, &self.config, uid) {
+        let prepared = match build_request(job, cfg, uid) {
             Ok(p) => p,
             Err(rej) => return (Outcome::Reject, Err(rej)),
         };
         let req = match prepared {
             Prepared::Untouched => return (Outcome::Skip, Ok(())),
             Prepared::Ask(req) => req,
-            Prepared::Hetjob(req, offset) => return self.hetjob(&req, offset),
+            Prepared::Hetjob(req, offset) => return self.hetjob(cfg, &req, offset),
         };
         // Jobs that stay home are answered from the view the agent
         // publishes: a stat() and, once per heartbeat, a small parse. Only
         // jobs that may leave (or carry --fleet options) ask the agent.
-        if req.fleet == Default::default() && self.view.stays_home(&self.config, &req) {
+        if req.fleet == Default::default() && self.view.stays_home(cfg, &req) {
             return (Outcome::Local, Ok(()));
         }
-        match client::ask(&self.config.socket, req, self.config.timeout) {
+        match client::ask(&cfg.socket, req, cfg.timeout) {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
             Ok(PluginReply::Reject { message }) => (
                 Outcome::Reject,
@@ -122,11 +133,11 @@ impl FleetSubmit {
                         let also = if n > 0 { format!(" ({n} more since the last warning)") } else { String::new() };
                         log::error(&format!(
                             "job_submit/fleet: agent at {} unavailable: {e}; job stays local{also}",
-                            self.config.socket.display()
+                            cfg.socket.display()
                         ));
                     }
                 }
-                if self.config.fail_open {
+                if cfg.fail_open {
                     (Outcome::FailOpen, Ok(()))
                 } else {
                     (
@@ -146,15 +157,20 @@ impl FleetSubmit {
     /// A heterogeneous job is never split: each component stays local.
     /// One that the published view says this cluster cannot run is
     /// refused with the reason, rather than left pending forever.
-    fn hetjob(&self, req: &fleet_api::JobRequest, offset: u64) -> (stats::Outcome, Result<(), Reject>) {
-        match self.view.origin_verdict(&self.config, req) {
+    fn hetjob(
+        &self,
+        cfg: &PluginConfig,
+        req: &fleet_api::JobRequest,
+        offset: u64,
+    ) -> (stats::Outcome, Result<(), Reject>) {
+        match self.view.origin_verdict(cfg, req) {
             Some(Err(why)) => (
                 stats::Outcome::Reject,
                 Err(Reject {
                     code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32,
                     message: format!(
                         "fleet: heterogeneous job component {offset} cannot run at {} ({why}); a heterogeneous job is never split across clusters: submit the components as separate jobs to let Fleet place them",
-                        self.config.site
+                        cfg.site
                     ),
                 }),
             ),

@@ -189,7 +189,8 @@ async fn sudo_rule(cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
     };
     let bin = cfg.slurm_bin.display();
     let who = if cfg.run_as.is_some() { u.name.clone() } else { format!("%{}", cfg.identity.group) };
-    let hint = format!("sudoers: `<agent user> ALL=({who}) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel`");
+    let hint =
+        format!("sudoers: `<agent user> ALL=({who}) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel, {bin}/scontrol`");
     // The start's own check (sbatch), then scancel, which the start trusts.
     if let Err(e) = backend.check_sudo(&u.name).await {
         return fail(NAME, format!("{e:#}"), hint);

@@ -130,6 +130,12 @@ impl MetaClient {
         self.post(&format!("/v1/jobs/{id}/signal"), &body).await
     }
 
+    /// A running stand-in's lowered time limit, for the job where it runs.
+    pub async fn time_limit(&self, id: &str, minutes: u32) -> Result<JobRecord> {
+        let body = fleet_api::api::TimeLimitRequest { minutes };
+        self.post(&format!("/v1/jobs/{id}/time_limit"), &body).await
+    }
+
     /// Send an output chunk. `Ok(Some(o))`: the meta-scheduler holds only
     /// `o` bytes of that stream (it lost a tail, e.g. in a crash before the
     /// data reached its disk) and wants the rest from offset `o`.

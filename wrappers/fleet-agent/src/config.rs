@@ -9,6 +9,8 @@ use slurm_conf::fleet::FleetConf;
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
+    /// The fleet.conf this was read from (read again on SIGHUP).
+    pub source: PathBuf,
     pub site: String,
     pub region: String,
     pub provider: String,
@@ -186,6 +188,7 @@ impl AgentConfig {
             agent_uid,
         };
         Ok(AgentConfig {
+            source: path.to_path_buf(),
             kube,
             memory_scheduled,
             identity,
@@ -222,9 +225,132 @@ impl AgentConfig {
     }
 }
 
+/// A fleet.conf read again (SIGHUP), merged into the running settings.
+#[derive(Debug)]
+pub struct Reload {
+    /// The settings to run with from now on: the new file's live settings,
+    /// the running ones for everything that needs a restart.
+    pub cfg: AgentConfig,
+    /// `Key: old -> new` of each live setting that changed.
+    pub applied: Vec<String>,
+    /// Keys that changed in the file but take effect only at the next start.
+    pub need_restart: Vec<String>,
+}
+
+/// Merges `new` (fleet.conf just read) into `running`. Live: who jobs run
+/// as (`JobUserMap`, `JobUserGroup`, `MinJobUid`, `RunAsUser`), who may use
+/// the socket (`AllowedSubmitUids`), the intervals (`HeartbeatIntervalMs`,
+/// `PollIntervalMs`, `ViewMaxAgeMs`), `MaxScriptBytes`, `ProxyPath` (for
+/// stand-ins created from now on) and `LogLevel`. Everything else (the
+/// site's name and place, the meta-scheduler, its CA and the token, the
+/// socket, the spool, the proxy partition, the Slurm binaries and
+/// slurm.conf, the backend) is bound at start: its change is reported and
+/// left for a restart.
+pub fn merge_reload(running: &AgentConfig, new: AgentConfig) -> Reload {
+    let mut cfg = running.clone();
+    let (mut applied, mut need_restart) = (Vec::new(), Vec::new());
+    macro_rules! live {
+        ($($field:ident: $key:literal),* $(,)?) => {$(
+            if running.$field != new.$field {
+                applied.push(format!("{}: {:?} -> {:?}", $key, running.$field, new.$field));
+                cfg.$field = new.$field.clone();
+            }
+        )*};
+    }
+    macro_rules! restart {
+        ($($field:ident: $key:literal),* $(,)?) => {$(
+            if running.$field != new.$field {
+                need_restart.push($key.to_string());
+            }
+        )*};
+    }
+    live!(
+        heartbeat: "HeartbeatIntervalMs",
+        poll: "PollIntervalMs",
+        view_max_age: "ViewMaxAgeMs",
+        max_script_bytes: "MaxScriptBytes",
+        proxy_path: "ProxyPath",
+        log_level: "LogLevel",
+        allowed_uids: "AllowedSubmitUids",
+    );
+    if running.identity != new.identity || running.run_as != new.run_as {
+        applied.push(format!(
+            "{} JobUserGroup={} MinJobUid={} (was {} JobUserGroup={} MinJobUid={})",
+            crate::identity::describe(&new.identity.mapping),
+            new.identity.group,
+            new.identity.min_uid,
+            crate::identity::describe(&running.identity.mapping),
+            running.identity.group,
+            running.identity.min_uid
+        ));
+        cfg.identity = new.identity.clone();
+        cfg.run_as = new.run_as.clone();
+    }
+    restart!(
+        site: "SiteName",
+        region: "Region",
+        provider: "Provider",
+        metasched_url: "MetaSchedulerUrl",
+        metasched_ca_file: "MetaSchedulerCaFile",
+        token: "AgentTokenFile (the token)",
+        socket: "AgentSocket",
+        spool: "AgentSpoolDir",
+        proxy_partition: "ProxyPartition",
+        slurm_bin: "SlurmBinDir",
+        slurm_conf: "SLURM_CONF",
+        memory_scheduled: "SelectTypeParameters (slurm.conf)",
+    );
+    // (KubeSettings holds paths and names only, no secret.)
+    if format!("{:?}", running.kube) != format!("{:?}", new.kube) {
+        need_restart.push("Backend/Kube*".to_string());
+    }
+    Reload { cfg, applied, need_restart }
+}
+
 #[cfg(test)]
 mod tests {
     use slurm_conf::slurm::SlurmConf;
+
+    #[test]
+    fn a_reload_applies_live_settings_and_names_those_that_need_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "secret-1\n").unwrap();
+        let conf = dir.path().join("fleet.conf");
+        let write = |extra: &str| {
+            std::fs::write(
+                &conf,
+                format!(
+                    "SiteName=beta\nMetaSchedulerUrl=https://m.example\nAgentTokenFile={}\nAgentSpoolDir={}/spool\n\
+                     HeartbeatIntervalMs=1000\n{extra}",
+                    token.display(),
+                    dir.path().display()
+                ),
+            )
+            .unwrap()
+        };
+        write("");
+        let running = super::AgentConfig::load(&conf).unwrap();
+        assert_eq!(running.source, conf);
+
+        write("HeartbeatIntervalMs=5000\nMinJobUid=2000\nJobUserGroup=gpuusers\nLogLevel=debug\nRegion=mars\n");
+        std::fs::write(&token, "secret-2\n").unwrap();
+        let r = super::merge_reload(&running, super::AgentConfig::load(&conf).unwrap());
+        assert_eq!(r.cfg.heartbeat, std::time::Duration::from_secs(5));
+        assert_eq!((r.cfg.identity.min_uid, r.cfg.identity.group.as_str()), (2000, "gpuusers"));
+        assert_eq!(r.cfg.log_level, "debug");
+        assert_eq!(r.cfg.region, running.region, "Region needs a restart");
+        assert_eq!(r.cfg.token, "secret-1", "the token needs a restart");
+        assert_eq!(r.need_restart, vec!["Region".to_string(), "AgentTokenFile (the token)".to_string()]);
+        assert_eq!(r.applied.len(), 3, "{:?}", r.applied);
+        assert!(r.applied[0].starts_with("HeartbeatIntervalMs: 1s -> 5s"), "{:?}", r.applied);
+        assert!(r.applied.iter().any(|a| a.contains("JobUserGroup=gpuusers MinJobUid=2000")), "{:?}", r.applied);
+        assert!(r.applied.iter().chain(&r.need_restart).all(|a| !a.contains("secret")), "no secret is logged");
+
+        // Unchanged: nothing to say.
+        let again = super::merge_reload(&r.cfg, r.cfg.clone());
+        assert!(again.applied.is_empty() && again.need_restart.is_empty());
+    }
 
     fn problems(conf: &str) -> Vec<String> {
         let sc =

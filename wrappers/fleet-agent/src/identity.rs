@@ -23,6 +23,9 @@ pub struct LocalUser {
     pub gid: u32,
     /// Account to charge at this cluster (`None`: the user's default).
     pub account: Option<String>,
+    /// The user's home here (passwd's sixth field), read with the rest of
+    /// the account so that submitting needs no second look at /etc/passwd.
+    pub home: Option<PathBuf>,
 }
 
 /// How submitters map to local users (fleet.conf `JobUserMap`).
@@ -88,11 +91,19 @@ pub struct Accounts {
     group: String,
 }
 
+/// Where the accounts live.
+pub const PASSWD: &str = "/etc/passwd";
+pub const GROUP: &str = "/etc/group";
+
 impl Accounts {
     pub fn read() -> Result<Accounts> {
+        Self::read_from(Path::new(PASSWD), Path::new(GROUP))
+    }
+
+    pub fn read_from(passwd: &Path, group: &Path) -> Result<Accounts> {
         Ok(Accounts {
-            passwd: std::fs::read_to_string("/etc/passwd").context("reading /etc/passwd")?,
-            group: std::fs::read_to_string("/etc/group").context("reading /etc/group")?,
+            passwd: std::fs::read_to_string(passwd).with_context(|| format!("reading {}", passwd.display()))?,
+            group: std::fs::read_to_string(group).with_context(|| format!("reading {}", group.display()))?,
         })
     }
 
@@ -160,7 +171,7 @@ pub fn name_of_uid(uid: u32) -> Option<String> {
 }
 
 /// The identity policy of this cluster.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     pub mapping: Mapping,
     pub group: String,
@@ -216,7 +227,8 @@ impl Policy {
             }
         }
         let account = mapped_account.or_else(|| account.map(str::to_string)).filter(|a| valid_name(a));
-        Ok(LocalUser { name: local, uid, gid, account })
+        let home = acc.home_of(&local);
+        Ok(LocalUser { name: local, uid, gid, account, home })
     }
 }
 
@@ -264,6 +276,89 @@ impl Policy {
     }
 }
 
+/// One file's identity and version: a rewrite in place changes the mtime
+/// (nanoseconds) or the length, a replacement by rename the inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: Option<std::time::SystemTime>,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp { dev: m.dev(), ino: m.ino(), len: m.len(), mtime: m.modified().ok() })
+}
+
+/// The users a heartbeat publishes (`Policy::admitted`), computed again
+/// only when /etc/passwd, /etc/group, the map file or the policy changed:
+/// a heartbeat every second must not read three files every second, nor
+/// log the same complaint about a bad map file every second.
+pub struct AdmittedCache {
+    passwd: PathBuf,
+    group: PathBuf,
+    key: Option<(Policy, Vec<Option<Stamp>>)>,
+    users: Option<Vec<String>>,
+    error: Option<String>,
+    /// How often the files were read (for tests and the curious).
+    pub reads: u64,
+}
+
+/// One look at the cache.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// `None`: the accounts could not be read (nothing is published).
+    pub users: Option<Vec<String>>,
+    /// A problem not reported before (the same one is returned once, until
+    /// the files change and it is gone or another takes its place).
+    pub new_error: Option<String>,
+}
+
+impl Default for AdmittedCache {
+    fn default() -> Self {
+        Self::with_files(Path::new(PASSWD), Path::new(GROUP))
+    }
+}
+
+impl AdmittedCache {
+    pub fn with_files(passwd: &Path, group: &Path) -> Self {
+        AdmittedCache {
+            passwd: passwd.to_path_buf(),
+            group: group.to_path_buf(),
+            key: None,
+            users: None,
+            error: None,
+            reads: 0,
+        }
+    }
+
+    pub fn get(&mut self, policy: &Policy) -> Admitted {
+        let mut files = vec![stamp(&self.passwd), stamp(&self.group)];
+        if let Mapping::File(p) = &policy.mapping {
+            files.push(stamp(p));
+        }
+        let key = (policy.clone(), files);
+        if self.key.as_ref() == Some(&key) {
+            return Admitted { users: self.users.clone(), new_error: None };
+        }
+        self.reads += 1;
+        let (users, error) = match Accounts::read_from(&self.passwd, &self.group) {
+            Ok(acc) => {
+                let (users, err) = policy.admitted(&acc);
+                (Some(users), err.map(|e| format!("no forwarded job can run here: {e}")))
+            }
+            Err(e) => (None, Some(format!("reading the accounts to publish: {e:#}"))),
+        };
+        let new_error = error.clone().filter(|e| self.error.as_ref() != Some(e));
+        self.key = Some(key);
+        self.users = users.clone();
+        self.error = error;
+        Admitted { users, new_error }
+    }
+}
+
 /// Path helper for messages.
 pub fn describe(m: &Mapping) -> String {
     match m {
@@ -298,7 +393,16 @@ mod tests {
         let acc = Accounts::from_text(PASSWD, GROUP);
         let p = policy(Mapping::Same);
         let u = p.resolve(&acc, "beta", Some("alice"), Some("lab")).unwrap();
-        assert_eq!(u, LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: Some("lab".into()) });
+        assert_eq!(
+            u,
+            LocalUser {
+                name: "alice".into(),
+                uid: 1001,
+                gid: 1001,
+                account: Some("lab".into()),
+                home: Some("/home/alice".into())
+            }
+        );
         for (user, why) in [
             (Some("root"), "root"),
             (Some("fleet"), "agent's own"),
@@ -374,6 +478,60 @@ mod tests {
         assert!(err.is_some_and(|e| e.contains("map:1")));
         assert_eq!(policy(Mapping::Shared("svc".into())).admitted(&acc).0, vec!["*:*".to_string()]);
         assert!(policy(Mapping::Shared("root".into())).admitted(&acc).0.is_empty());
+    }
+
+    #[test]
+    fn admitted_users_are_read_again_only_when_a_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (passwd, group, map) = (dir.path().join("passwd"), dir.path().join("group"), dir.path().join("map"));
+        std::fs::write(&passwd, PASSWD).unwrap();
+        std::fs::write(&group, GROUP).unwrap();
+        std::fs::write(&map, "beta:al alice\n").unwrap();
+        let mut cache = AdmittedCache::with_files(&passwd, &group);
+        let p = policy(Mapping::File(map.clone()));
+        let want = Admitted { users: Some(vec!["beta:al".into()]), new_error: None };
+        assert_eq!(cache.get(&p), want);
+        assert_eq!(cache.get(&p), want);
+        assert_eq!(cache.reads, 1, "unchanged files are not read again");
+
+        // A bad map file: warned about once, not on every heartbeat.
+        std::fs::write(&map, "not a map at all\n").unwrap();
+        let first = cache.get(&p);
+        assert_eq!(first.users, Some(vec![]));
+        assert!(first.new_error.as_deref().is_some_and(|e| e.contains("map:1")), "{first:?}");
+        assert_eq!(cache.get(&p), Admitted { users: Some(vec![]), new_error: None });
+        assert_eq!(cache.reads, 2);
+        // Touched but still the same problem: read again, still no new warning.
+        std::fs::write(&map, "not a map at all \n").unwrap();
+        assert_eq!(cache.get(&p).new_error, None);
+        assert_eq!(cache.reads, 3);
+        // Mended, then broken again: a warning again.
+        std::fs::write(&map, "*:bob bob\n").unwrap();
+        assert_eq!(cache.get(&p), Admitted { users: Some(vec!["*:bob".into()]), new_error: None });
+        std::fs::write(&map, "x\n").unwrap();
+        assert!(cache.get(&p).new_error.is_some());
+
+        // A new member in /etc/group (replaced by rename, as vigr/usermod do).
+        let p = policy(Mapping::Same);
+        assert_eq!(cache.get(&p).users, Some(vec!["*:alice".into(), "*:bob".into()]));
+        let n = cache.reads;
+        std::fs::write(dir.path().join("passwd.new"), format!("{PASSWD}carl:x:1005:1005::/home/carl:/bin/sh\n"))
+            .unwrap();
+        std::fs::rename(dir.path().join("passwd.new"), &passwd).unwrap();
+        std::fs::write(dir.path().join("group.new"), GROUP.replace("alice,bob", "alice,bob,carl")).unwrap();
+        std::fs::rename(dir.path().join("group.new"), &group).unwrap();
+        assert_eq!(cache.get(&p).users, Some(vec!["*:alice".into(), "*:bob".into(), "*:carl".into()]));
+        assert_eq!(cache.reads, n + 1);
+        // A changed policy (a reloaded fleet.conf) is computed afresh.
+        let stricter = Policy { min_uid: 1002, ..p };
+        assert_eq!(cache.get(&stricter).users, Some(vec!["*:bob".into(), "*:carl".into()]));
+
+        // Accounts unreadable: nothing published, said once.
+        std::fs::remove_file(&group).unwrap();
+        let gone = cache.get(&stricter);
+        assert_eq!(gone.users, None);
+        assert!(gone.new_error.is_some_and(|e| e.contains("group")));
+        assert_eq!(cache.get(&stricter), Admitted { users: None, new_error: None });
     }
 
     #[test]

@@ -1461,7 +1461,7 @@ mod tests {
     use fleet_api::job::{GpuRequest, GpuScope};
 
     fn user() -> LocalUser {
-        LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None }
+        LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None, home: None }
     }
 
     fn settings() -> KubeSettings {

@@ -18,7 +18,7 @@
 //!
 //! Invariant: the agent only touches Slurm jobs it created (journaled id
 //! with the submit time and owner Slurm reported for it), as its own
-//! unprivileged user; sbatch and scancel as the job's user through sudo.
+//! unprivileged user; sbatch, scancel and scontrol as the job's user through sudo.
 
 pub mod backend;
 pub mod ckpt;
@@ -78,7 +78,11 @@ pub async fn shutdown_signal() {
 }
 
 pub struct Agent<B: Backend> {
+    /// The settings read at start. What may change while the agent runs
+    /// (SIGHUP, [`config::merge_reload`]) is read through [`Agent::live`].
     pub cfg: AgentConfig,
+    /// The settings as last reloaded. Sync lock: held to clone the Arc.
+    pub live: RwLock<Arc<AgentConfig>>,
     pub journal: Journal,
     pub backend: B,
     pub meta: MetaClient,
@@ -92,6 +96,13 @@ pub struct Agent<B: Backend> {
     /// Failed checkpoint copies per fleet job (`track::resume_from`);
     /// parking_lot, never held across an `.await`.
     pub copy_failures: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
+    /// Running stand-ins' time limits, passed on when lowered (the work
+    /// loop records each confirmed start, the reconciler compares). Sync
+    /// lock: held for a lookup, no `.await`.
+    pub time_limits: parking_lot::Mutex<reconcile::TimeLimits>,
+    /// The identities published with each heartbeat, read again only when
+    /// the account files change. Sync lock: held for a lookup, no `.await`.
+    pub identities: parking_lot::Mutex<identity::AdmittedCache>,
 }
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
@@ -129,6 +140,7 @@ pub async fn run_with<B: Backend>(
     }
     let lease = parking_lot::Mutex::new(lease::Lease::new(cfg.lease, Instant::now()));
     let agent = Arc::new(Agent {
+        live: RwLock::new(Arc::new(cfg.clone())),
         cfg,
         journal,
         backend,
@@ -137,6 +149,8 @@ pub async fn run_with<B: Backend>(
         forwards_pending: Notify::new(),
         lease,
         copy_failures: Default::default(),
+        identities: Default::default(),
+        time_limits: Default::default(),
     });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
@@ -164,6 +178,7 @@ pub async fn run_with<B: Backend>(
         tokio::spawn(work_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(watch_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(reconcile_loop(agent.clone(), stop_rx.clone())),
+        tokio::spawn(reload_loop(agent.clone(), stop_rx.clone())),
     ];
     shutdown.await;
     tracing::info!("shutting down");
@@ -247,6 +262,74 @@ async fn stopped(rx: &mut watch::Receiver<bool>, d: Duration) -> bool {
     }
 }
 
+impl<B: Backend> Agent<B> {
+    /// The settings now (the start's, or those of the last SIGHUP).
+    pub fn live(&self) -> Arc<AgentConfig> {
+        self.live.read().clone()
+    }
+
+    /// Reads fleet.conf again and applies what may change while running
+    /// (see [`config::merge_reload`]); logs what changed and what waits
+    /// for a restart. A file that does not load changes nothing.
+    pub fn reload(&self) -> Result<config::Reload> {
+        let running = self.live();
+        let new = AgentConfig::load(&running.source)
+            .with_context(|| format!("reloading {}: keeping the running settings", running.source.display()))?;
+        let r = config::merge_reload(&running, new);
+        for a in &r.applied {
+            tracing::info!("reload: {a}");
+        }
+        if !r.need_restart.is_empty() {
+            tracing::warn!(
+                "reload: {} changed in {} but take(s) effect only when fleet-agent restarts",
+                r.need_restart.join(", "),
+                running.source.display()
+            );
+        }
+        if r.applied.iter().any(|a| a.starts_with("LogLevel")) {
+            set_log_level(&r.cfg.log_level);
+        }
+        *self.live.write() = Arc::new(r.cfg.clone());
+        tracing::info!(applied = r.applied.len(), restart = r.need_restart.len(), "fleet.conf reloaded");
+        Ok(r)
+    }
+}
+
+/// Sets the log filter from `LogLevel` (main installs the hook; `FLEET_LOG`
+/// in the environment wins over fleet.conf, at start as on reload).
+pub static LOG_LEVEL_HOOK: std::sync::OnceLock<LogLevelHook> = std::sync::OnceLock::new();
+
+/// Sets the log filter to a `LogLevel` value.
+pub type LogLevelHook = Box<dyn Fn(&str) + Send + Sync>;
+
+fn set_log_level(level: &str) {
+    if let Some(hook) = LOG_LEVEL_HOOK.get() {
+        hook(level);
+    }
+}
+
+/// SIGHUP reads fleet.conf again (`systemctl reload fleet-agent`).
+async fn reload_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGHUP ({e}): fleet.conf is read at start only");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                if let Err(e) = agent.reload() {
+                    tracing::error!("{e:#}");
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 /// Serve the plugin socket.
 pub async fn serve_plugin<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
     loop {
@@ -277,7 +360,8 @@ pub async fn serve_plugin<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListen
 async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Result<()> {
     let uid = stream.peer_cred().context("SO_PEERCRED")?.uid();
     let (rd, mut wr) = stream.into_split();
-    if !agent.cfg.allowed_uids.contains(&uid) {
+    let live = agent.live();
+    if !live.allowed_uids.contains(&uid) {
         tracing::warn!(uid, "refusing plugin connection from a uid that is not slurmctld's");
         let reply = PluginReply::Local { reason: "peer not allowed".into() };
         wr.write_all(format!("{}\n", serde_json::to_string(&reply)?).as_bytes()).await?;
@@ -299,7 +383,7 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
             job.user_name = identity::name_of_uid(job.user_id);
             let (reply, new) = {
                 let view = agent.view.read();
-                decide::decide(&agent.cfg, &view, &job)
+                decide::decide(&live, &view, &job)
             };
             match new {
                 None => reply,
@@ -351,7 +435,7 @@ async fn heartbeat_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
                 agent.lease.lock().retry_fence();
             }
         }
-        if stopped(&mut stop, agent.cfg.heartbeat).await {
+        if stopped(&mut stop, agent.live().heartbeat).await {
             return;
         }
     }
@@ -366,20 +450,13 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
     if !agent.cfg.memory_scheduled {
         nodes.iter_mut().for_each(|n| n.memory_mb = 0);
     }
-    let identities = identity::Accounts::read().map(|acc| {
-        let (users, err) = agent.cfg.identity.admitted(&acc);
-        if let Some(e) = err {
-            tracing::warn!("no forwarded job can run here: {e}");
-        }
-        fleet_api::api::Identities { mapping: identity::describe(&agent.cfg.identity.mapping), users }
-    });
-    let identities = match identities {
-        Ok(i) => Some(i),
-        Err(e) => {
-            tracing::warn!("reading the accounts to publish: {e:#}");
-            None
-        }
-    };
+    let policy = agent.live().identity.clone();
+    let admitted = agent.identities.lock().get(&policy);
+    if let Some(e) = &admitted.new_error {
+        tracing::warn!("{e}");
+    }
+    let identities =
+        admitted.users.map(|users| fleet_api::api::Identities { mapping: identity::describe(&policy.mapping), users });
     let hb = Heartbeat {
         cluster: agent.cfg.site.clone(),
         region: agent.cfg.region.clone(),
@@ -466,10 +543,11 @@ async fn work_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<b
         report("work", &mut warned, res.map(|_| ()));
         // A long poll that answered at once with nothing new (an old
         // meta-scheduler, or work already in hand): wait a poll interval.
+        let poll = agent.live().poll;
         let pause = if failed {
-            agent.cfg.poll.max(Duration::from_secs(1))
-        } else if !progressed && t0.elapsed() < agent.cfg.poll {
-            agent.cfg.poll
+            poll.max(Duration::from_secs(1))
+        } else if !progressed && t0.elapsed() < poll {
+            poll
         } else {
             Duration::ZERO
         };
@@ -484,7 +562,7 @@ async fn watch_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiver<
     let mut tracker = track::Tracker::default();
     loop {
         report("watch", &mut warned, track::watch_once(&agent, &mut tracker).await);
-        if stopped(&mut stop, agent.cfg.poll).await {
+        if stopped(&mut stop, agent.live().poll).await {
             return;
         }
     }
@@ -533,6 +611,12 @@ pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut 
             tracing::warn!(id = %o.fleet_job_id, signal = %o.signal, "signalling: {e:#}");
         }
     }
+    for o in work.time_limit {
+        progressed = true;
+        if let Err(e) = time_limit_one(agent, &o.fleet_job_id, o.minutes).await {
+            tracing::warn!(id = %o.fleet_job_id, minutes = o.minutes, "setting the time limit: {e:#}");
+        }
+    }
     let checks: Vec<_> = work
         .confirm_start
         .into_iter()
@@ -571,6 +655,45 @@ pub async fn reconcile_once<B: Backend>(
             Err(e) => tracing::warn!(%id, signal, "passing a suspend/resume on: {e:#}"),
         }
     }
+    let changes = agent.time_limits.lock().pass(&active, &stand_ins, now());
+    for (id, change) in changes {
+        match change {
+            reconcile::LimitChange::Lower(minutes) => match agent.meta.time_limit(&id, minutes).await {
+                Ok(_) => tracing::info!(%id, minutes, "the stand-in's time limit was lowered: sent to its job"),
+                Err(e) => tracing::warn!(%id, minutes, "passing a time limit on: {e:#}"),
+            },
+            reconcile::LimitChange::Raise { from, to } => tracing::warn!(
+                %id,
+                "the running stand-in's time limit was raised ({} -> {}): not carried to the job, which keeps its \
+                 limit where it runs; raising a running job's limit there needs an operator of that cluster, which \
+                 fleet-agent is not (raise it there too: fleetctl job {id} names the job)",
+                fmt_minutes(from),
+                fmt_minutes(to)
+            ),
+        }
+    }
+    Ok(())
+}
+
+fn fmt_minutes(m: Option<u32>) -> String {
+    m.map_or_else(|| "UNLIMITED".to_string(), |m| format!("{m} min"))
+}
+
+/// Set the time limit the origin asked for on the job this cluster runs,
+/// as its user (`scontrol update TimeLimit=`), after checking the journal.
+pub async fn time_limit_one<B: Backend>(agent: &Agent<B>, id: &str, minutes: u32) -> Result<()> {
+    let Some((run, req)) = agent.journal.run(id)? else { return Ok(()) };
+    let (Some(sid), false) = (run.slurm_id, run.done) else { return Ok(()) };
+    // A job with a `--signal` warning gets it from its stand-in at home,
+    // T seconds before the stand-in's new limit (forwarded like any
+    // signal): a limit here too would send it a second time.
+    if req.warn_signal.is_some() {
+        tracing::info!(%id, slurm_id = sid, minutes, "time limit left as submitted: the job's --signal warning and its end come from its stand-in at home");
+        return Ok(());
+    }
+    let user = run.user.as_deref().context("journal has no user for this run")?;
+    agent.backend.set_time_limit(sid, user, minutes).await?;
+    tracing::info!(%id, slurm_id = sid, minutes, "time limit set on request");
     Ok(())
 }
 

@@ -79,14 +79,21 @@ fn main() -> ExitCode {
     };
     // Colour only for a person at a terminal: journald and log files get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log_level)),
-        )
+    let fleet_log = tracing_subscriber::EnvFilter::try_from_env("FLEET_LOG").ok();
+    let from_env = fleet_log.is_some();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(fleet_log.unwrap_or_else(|| tracing_subscriber::EnvFilter::new(&cfg.log_level)))
         .with_ansi(ansi)
         .with_writer(std::io::stderr)
-        .init();
+        .with_filter_reloading();
+    // LogLevel follows fleet.conf on SIGHUP, unless FLEET_LOG set the filter.
+    if !from_env {
+        let handle = subscriber.reload_handle();
+        let _ = fleet_agent::LOG_LEVEL_HOOK.set(Box::new(move |level: &str| {
+            let _ = handle.reload(tracing_subscriber::EnvFilter::new(level));
+        }));
+    }
+    subscriber.init();
     if args.check {
         let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(rt) => rt,

@@ -136,6 +136,93 @@ impl Suspensions {
     }
 }
 
+/// `scontrol update TimeLimit=` of a running stand-in, passed on to its
+/// remote job. The limit a stand-in had when the origin agent confirmed
+/// its start ([`TimeLimits::started`]; a pending stand-in's limit travels
+/// with its start) is the job's; after an agent restart, the limit first
+/// seen. A later lower one is sent to the target, where the target agent
+/// sets it as the job's user, as Slurm lets an owner do. A higher one (only
+/// an operator at home can raise a running job's limit) is not: the target
+/// agent is no operator there, so the job keeps its limit and ends TIMEOUT
+/// at it (the stand-in mirrors that); the admin raises it at the target too.
+#[derive(Default)]
+pub struct TimeLimits {
+    /// The limit last passed on (or started with) per job, and when the job
+    /// was last seen active.
+    seen: std::collections::HashMap<String, (Option<u32>, f64)>,
+}
+
+/// A running stand-in's new time limit (minutes; `None`: unlimited).
+#[derive(Debug, PartialEq, Eq)]
+pub enum LimitChange {
+    Lower(u32),
+    Raise { from: Option<u32>, to: Option<u32> },
+}
+
+/// A stand-in's own time limit as the job's (minutes; `None`: none). A
+/// stand-in is submitted without one (UNLIMITED), but Slurm 22.05's
+/// backfill scheduler, starting a job whose limit and partition MaxTime
+/// are both UNLIMITED, writes its planning horizon into the job: a year
+/// (`YEAR_MINUTES`, seen in the lab as `TimeLimit=365-00:00:00` on
+/// stand-ins backfill started). A year or more is therefore no limit: it
+/// must neither become the remote job's limit at its start nor count as a
+/// change afterwards.
+pub fn stand_in_limit(s: &NativeJob) -> Option<u32> {
+    s.time_limit_min.filter(|&m| m < YEAR_MINUTES)
+}
+
+/// Slurm's `YEAR_MINUTES` (365 days).
+pub const YEAR_MINUTES: u32 = 365 * 24 * 60;
+
+/// How long a job's limit is remembered after it was last seen active.
+const LIMIT_MEMORY_S: f64 = 600.0;
+
+impl TimeLimits {
+    /// The stand-in of `id` was confirmed running with `limit`.
+    pub fn started(&mut self, id: &str, limit: Option<u32>, now: f64) {
+        self.seen.insert(id.to_string(), (limit, now));
+    }
+
+    pub fn pass(
+        &mut self,
+        jobs: &[(JobRecord, Option<u64>)],
+        stand_ins: &[NativeJob],
+        now: f64,
+    ) -> Vec<(String, LimitChange)> {
+        let mut out = Vec::new();
+        for (job, journaled) in jobs {
+            let Some(s) = journaled.and_then(|sid| stand_ins.iter().find(|s| s.native_id == sid)) else {
+                continue;
+            };
+            let at_target = matches!(job.state, JobState::Pending | JobState::Running | JobState::Assigned);
+            if s.raw_state != "RUNNING" || !at_target || job.cancel_requested {
+                continue;
+            }
+            let id = &job.fleet_job_id;
+            let limit = stand_in_limit(s);
+            if let Some(&(before, _)) = self.seen.get(id) {
+                if before != limit {
+                    let lower = match (before, limit) {
+                        (None, Some(n)) => Some(n),
+                        (Some(b), Some(n)) if n < b => Some(n),
+                        _ => None,
+                    };
+                    out.push((
+                        id.clone(),
+                        match lower {
+                            Some(n) => LimitChange::Lower(n),
+                            None => LimitChange::Raise { from: before, to: limit },
+                        },
+                    ));
+                }
+            }
+            self.seen.insert(id.clone(), (limit, now));
+        }
+        self.seen.retain(|_, (_, at)| now - *at < LIMIT_MEMORY_S);
+        out
+    }
+}
+
 /// Jobs from `site` the meta-scheduler still counts as active.
 pub fn active_from<'a>(site: &'a str, jobs: &'a [JobRecord]) -> impl Iterator<Item = &'a JobRecord> {
     jobs.iter().filter(move |j| j.origin == site && !j.state.is_terminal() && j.state != JobState::Lost)
@@ -179,6 +266,50 @@ mod tests {
         let mut j = NativeJob::new(id, raw);
         j.admin_comment = admin_comment.into();
         j
+    }
+
+    #[test]
+    fn a_running_stand_ins_new_limit_is_sent_when_lower_and_named_when_higher() {
+        let stand_in = |state: &str, limit: Option<u32>| {
+            let mut s = NativeJob::new(9, state);
+            s.time_limit_min = limit;
+            vec![s]
+        };
+        let jobs = vec![(job("beta-1", JobState::Running, 1.0), Some(9))];
+        let mut t = TimeLimits::default();
+        // Confirmed running without a limit of its own, then lowered before
+        // the first pass saw it.
+        t.started("beta-1", None, 0.0);
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(10)), 1.0), [("beta-1".into(), LimitChange::Lower(10))]);
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10)), 2.0).is_empty(), "sent once");
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(3)), 3.0), [("beta-1".into(), LimitChange::Lower(3))]);
+        assert_eq!(
+            t.pass(&jobs, &stand_in("RUNNING", Some(30)), 4.0),
+            [("beta-1".into(), LimitChange::Raise { from: Some(3), to: Some(30) })]
+        );
+        assert_eq!(
+            t.pass(&jobs, &stand_in("RUNNING", None), 5.0),
+            [("beta-1".into(), LimitChange::Raise { from: Some(30), to: None })]
+        );
+        assert_eq!(t.pass(&jobs, &stand_in("RUNNING", Some(5)), 6.0), [("beta-1".into(), LimitChange::Lower(5))]);
+        // Unknown start (an agent restart): the first limit seen is the job's.
+        let mut t = TimeLimits::default();
+        assert!(t.pass(&jobs, &stand_in("PENDING", Some(10)), 0.0).is_empty());
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(10)), 1.0).is_empty(), "first sight running");
+        // Not once the job is being cancelled or over.
+        let mut cancelling = jobs.clone();
+        cancelling[0].0.cancel_requested = true;
+        assert!(t.pass(&cancelling, &stand_in("RUNNING", Some(1)), 2.0).is_empty());
+        let done = vec![(job("beta-1", JobState::Completed, 1.0), Some(9))];
+        assert!(t.pass(&done, &stand_in("RUNNING", Some(1)), 3.0).is_empty());
+        // Backfill's year on a stand-in it started is no limit.
+        let mut t = TimeLimits::default();
+        t.started("beta-1", None, 0.0);
+        assert!(t.pass(&jobs, &stand_in("RUNNING", Some(YEAR_MINUTES)), 1.0).is_empty());
+        assert_eq!(stand_in_limit(&stand_in("RUNNING", Some(YEAR_MINUTES - 1))[0]), Some(YEAR_MINUTES - 1));
+        // Forgotten LIMIT_MEMORY_S after it was last seen.
+        assert!(t.pass(&[], &[], 3.0 + LIMIT_MEMORY_S).is_empty());
+        assert!(t.seen.is_empty());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! [`Backend`] on Slurm's own commands (sinfo, squeue, sacct, sbatch,
 //! scancel), run as the agent's unprivileged user with `SLURM_CONF` set;
-//! sbatch and scancel run as the job's user through sudo.
+//! sbatch, scancel and `scontrol update` (a lowered time limit) run as the
+//! job's user through sudo.
 //!
 //! Job state is read from `squeue --json` in one call per pass, never from
 //! text a user can shape (job names, comments). A job is known by its Slurm
@@ -93,7 +94,7 @@ impl SlurmBackend {
         self.run_in("sbatch", &["--version".into()], None, None, Some(user)).await.with_context(|| {
             format!(
                 "sudo does not let the agent (uid {me}) run sbatch as {user}; it needs the sudoers rule \
-                 `<agent user> ALL=(%<JobUserGroup>) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel`"
+                 `<agent user> ALL=(%<JobUserGroup>) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel, {bin}/scontrol`"
             )
         })?;
         Ok(())
@@ -405,6 +406,13 @@ fn local_utc_offset(t: i64) -> i64 {
 /// the origin's, less what names the origin's host and user or steers
 /// Slurm commands there (`SLURM_*`, `SBATCH_*`, ...), with `HOME` set to
 /// the job's directory here. `None` when the origin sent no environment.
+/// HOME of a job submitted for `user`: their home here as `Policy::resolve`
+/// read it with the account (no second look at /etc/passwd), or the job
+/// directory `dir` where they have none.
+pub fn job_home(user: &LocalUser, dir: &std::path::Path) -> PathBuf {
+    user.home.clone().filter(|h| h.is_dir()).unwrap_or_else(|| dir.to_path_buf())
+}
+
 pub fn submit_env(req: &JobRequest, home: &std::path::Path) -> Option<Vec<(String, String)>> {
     const DROP: &[&str] = &[
         "HOME",
@@ -503,11 +511,7 @@ impl Backend for SlurmBackend {
         // sbatch itself (sudo would strip LD_*, PYTHONPATH and the like).
         // HOME is the user's home here, as for a job they submitted here
         // themselves (the job directory where they have none).
-        let home = crate::identity::Accounts::read()
-            .ok()
-            .and_then(|a| a.home_of(&user.name))
-            .filter(|h| h.is_dir())
-            .unwrap_or_else(|| dir.clone());
+        let home = job_home(user, &dir);
         let env = submit_env(req, &home).filter(|_| exports_environment(req));
         if let Some(env) = &env {
             let f = dir.join(".fleet-env");
@@ -613,6 +617,12 @@ impl Backend for SlurmBackend {
         Ok(())
     }
 
+    async fn set_time_limit(&self, native_id: u64, user: &str, minutes: u32) -> Result<()> {
+        let args = vec!["update".to_string(), format!("JobId={native_id}"), format!("TimeLimit={minutes}")];
+        self.run_in("scontrol", &args, None, None, Some(user)).await?;
+        Ok(())
+    }
+
     fn job_dir(&self, id: &str) -> PathBuf {
         crate::jobdir::dir_of(&self.spool, id)
     }
@@ -621,6 +631,22 @@ impl Backend for SlurmBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_home_is_the_resolved_home_or_the_job_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("job");
+        let user = |home: Option<&std::path::Path>| LocalUser {
+            name: "alice".into(),
+            uid: 1001,
+            gid: 1001,
+            account: None,
+            home: home.map(|h| h.to_path_buf()),
+        };
+        assert_eq!(job_home(&user(Some(tmp.path())), &dir), tmp.path());
+        assert_eq!(job_home(&user(Some(&tmp.path().join("gone"))), &dir), dir, "a home that is no directory");
+        assert_eq!(job_home(&user(None), &dir), dir);
+    }
 
     #[test]
     fn gres_fields() {

@@ -257,18 +257,15 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         }
     }
     let site = &agent.cfg.site;
+    // Who jobs run as may change on SIGHUP (Agent::live).
+    let policy = agent.live().identity.clone();
     let user = crate::identity::Accounts::read().and_then(|acc| {
-        agent.cfg.identity.resolve(
-            &acc,
-            &a.request.origin,
-            a.request.user_name.as_deref(),
-            a.request.account.as_deref(),
-        )
+        policy.resolve(&acc, &a.request.origin, a.request.user_name.as_deref(), a.request.account.as_deref())
     });
     let user = match user {
         Ok(u) => u,
         Err(e) => {
-            let how = crate::identity::describe(&agent.cfg.identity.mapping);
+            let how = crate::identity::describe(&policy.mapping);
             return fail_launch(agent, &id, format!("fleet: {site} has no identity for this job ({how}): {e:#}")).await;
         }
     };
@@ -459,9 +456,12 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
             }
             Some(_) => (true, String::new()),
         };
-        let time_limit_min = found.and_then(|s| s.time_limit_min);
+        // (Not backfill's year on a stand-in it started: reconcile::stand_in_limit.)
+        let time_limit_min = found.and_then(crate::reconcile::stand_in_limit);
         if started {
             agent.journal.set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
+            // The job starts with this limit: a later lower one is passed on.
+            agent.time_limits.lock().started(&c.fleet_job_id, time_limit_min, now());
         } else {
             tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
         }

@@ -148,3 +148,63 @@ fn second_agent_refuses_to_start_and_keeps_the_first_ones_socket() {
     third.kill().unwrap();
     third.wait().unwrap();
 }
+
+/// Waits until `log` holds `want` (after `from` bytes), or panics with it.
+fn wait_log(log: &Path, from: usize, want: &str, child: &mut Child) -> String {
+    let start = Instant::now();
+    loop {
+        let t = std::fs::read_to_string(log).unwrap();
+        let tail = t.get(from..).unwrap_or("").to_string();
+        if tail.contains(want) {
+            return tail;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("the agent exited ({st}) before logging {want:?}:\n{t}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no {want:?} in the log:\n{t}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sighup_reloads_fleet_conf_live_settings_and_names_those_that_need_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = site(tmp.path(), "PartitionName=fleet Nodes=b1 MaxTime=INFINITE");
+    let original = std::fs::read_to_string(&conf).unwrap();
+    let log = tmp.path().join("agent.log");
+    let mut a = agent(&conf).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    let pid = a.id().to_string();
+    let hup = || assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    wait_log(&log, 0, "fleet-agent started", &mut a);
+    // The meta-scheduler is unreachable: the heartbeat warns once, then
+    // says it again only at DEBUG, which LogLevel=info hides.
+    wait_log(&log, 0, "heartbeat:", &mut a);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!std::fs::read_to_string(&log).unwrap().contains("DEBUG"), "debug lines before LogLevel=debug");
+
+    // Live settings and one that needs a restart.
+    std::fs::write(&conf, format!("{original}LogLevel=debug\nHeartbeatIntervalMs=200\nMinJobUid=5000\nRegion=mars\n"))
+        .unwrap();
+    let mark = std::fs::read_to_string(&log).unwrap().len();
+    hup();
+    let t = wait_log(&log, mark, "fleet.conf reloaded", &mut a);
+    assert!(t.contains("reload: HeartbeatIntervalMs: 1s -> 200ms"), "{t}");
+    assert!(t.contains("reload: LogLevel: \"info\" -> \"debug\""), "{t}");
+    assert!(t.contains("MinJobUid=5000 (was JobUserMap=same JobUserGroup=fleet-test-nogroup MinJobUid=1000)"), "{t}");
+    assert!(t.contains("reload: Region changed in") && t.contains("only when fleet-agent restarts"), "{t}");
+    // The new level is in force: the failing heartbeat, every 200 ms, at DEBUG.
+    let t = wait_log(&log, mark, "DEBUG", &mut a);
+    assert!(!t.contains(TOKEN), "{t}");
+
+    // A file that does not load changes nothing, and the agent runs on.
+    std::fs::write(&conf, format!("{original}HeartbeatIntervalMs=soon\n")).unwrap();
+    let mark = std::fs::read_to_string(&log).unwrap().len();
+    hup();
+    let t = wait_log(&log, mark, "keeping the running settings", &mut a);
+    assert!(t.contains("HeartbeatIntervalMs"), "the error names the key: {t}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(a.try_wait().unwrap().is_none(), "the agent still runs");
+    std::os::unix::net::UnixStream::connect(tmp.path().join("run/agent.sock")).expect("still answers");
+    a.kill().unwrap();
+    a.wait().unwrap();
+}

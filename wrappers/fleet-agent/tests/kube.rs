@@ -93,7 +93,7 @@ async fn cluster() -> Cluster {
 }
 
 fn user() -> LocalUser {
-    LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None }
+    LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None, home: None }
 }
 
 fn request(script: &str, gpus: Option<(&str, u32)>, nodes: u32) -> JobRequest {
