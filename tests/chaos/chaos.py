@@ -142,7 +142,7 @@ def main():
     q = slurm("beta", "squeue", "-h", "-p", "fleet", "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING", "-o", "%i")
     stuck = [l for l in q.stdout.split() if l.strip()]
     counts = dict(accepted=len(accepted), refused=len(jobs) - len(accepted), ran_once=0, ran_more=0, ran_more_known=0,
-                  never_ran=0, never_ran_reported_ok=0, false_exit=0, incomplete_output=0, stuck=len(stuck))
+                  never_ran=0, never_ran_reported_ok=0, killed=0, false_exit=0, incomplete_output=0, stuck=len(stuck))
     details = []
     fleet_jobs = {}
     fj = sh([LAB, "fleetctl", "--json", "jobs", "--origin", "beta", "--limit", "10000"])
@@ -174,7 +174,18 @@ def main():
             if rec.get("requeues", 0) > 0 or "requeued" in rec.get("reason", ""):
                 counts["ran_more_known"] += 1
             details.append(f"{j['tag']} ran {runs} times (fleet: {rec.get('state')} requeues={rec.get('requeues')} {rec.get('reason', '')})")
-        if runs >= 1 and state in ("COMPLETED", "FAILED") and code.isdigit() and int(code) != j["code"]:
+        sig = exitcode.split(":")[1] if ":" in exitcode else "0"
+        try:
+            finished = f"done-{j['tag']}" in open(j["out"]).read()
+        except OSError:
+            finished = False
+        if runs >= 1 and state == "FAILED" and sig not in ("0", "") and not finished:
+            # The stand-in was killed by a signal (a killed proxy: kill -9 of
+            # the job's batch shell at home) before its job finished: beta
+            # reports the kill, as it would for a native job. Not a false exit.
+            counts["killed"] += 1
+            details.append(f"{j['tag']} killed before it finished: beta says {state} {exitcode} ({rec.get('reason', '')})")
+        elif runs >= 1 and state in ("COMPLETED", "FAILED") and code.isdigit() and int(code) != j["code"]:
             counts["false_exit"] += 1
             details.append(f"{j['tag']} exited {j['code']} but beta says {state} {exitcode} ({rec.get('reason', '')})")
         if runs >= 1 and state in ("COMPLETED", "FAILED") and code.isdigit() and int(code) == j["code"]:
