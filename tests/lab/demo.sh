@@ -14,12 +14,16 @@ WAIT_S=${FLEET_DEMO_TIMEOUT:-180}
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
+# The demo's jobs are a researcher's, as at a real site: the lab user alice
+# (root has no identity at the other clusters: JobUserMap=same, MinJobUid).
+DEMO_USER=alice
+as_user() { setpriv --reuid="$DEMO_USER" --regid="$DEMO_USER" --init-groups env HOME="/home/$DEMO_USER" USER="$DEMO_USER" "$@"; }
 
-say "Starting the lab (two real Slurm clusters, the meta-scheduler, one agent per cluster)"
+say "Starting the lab (three real Slurm clusters, the meta-scheduler, one agent per cluster)"
 "$LAB" up
 
-say "The two clusters"
-for c in alpha beta; do
+say "The Slurm clusters"
+for c in alpha beta delta; do
   echo "-- $c"
   SLURM_CONF=$R/$c/slurm.conf sinfo -o '%P %D %t %N %G'
 done
@@ -35,12 +39,13 @@ for i in 1 2 3; do echo "training step $i"; sleep 1; done
 echo "done"
 SCRIPT
 chmod 0755 "$R/demo/train.sh"
+chown -R "$DEMO_USER:$DEMO_USER" "$R/demo"
 
 export SLURM_CONF=$R/beta/slurm.conf
-say "Submitting at beta (no H100 there): sbatch --gres=gpu:h100:8 train.sh"
+say "Submitting at beta as $DEMO_USER (no H100 there): sbatch --gres=gpu:h100:8 train.sh"
 cd "$R/demo"
-echo "\$ SLURM_CONF=$SLURM_CONF sbatch --gres=gpu:h100:8 -o $R/demo/out-%j.txt train.sh"
-out=$(sbatch --gres=gpu:h100:8 -o "$R/demo/out-%j.txt" train.sh 2>&1) || { echo "$out"; exit 1; }
+echo "$DEMO_USER\$ SLURM_CONF=$SLURM_CONF sbatch --gres=gpu:h100:8 -o $R/demo/out-%j.txt train.sh"
+out=$(as_user sbatch --gres=gpu:h100:8 -o "$R/demo/out-%j.txt" train.sh 2>&1) || { echo "$out"; exit 1; }
 echo "$out"
 id=$(grep -oE '[0-9]+' <<<"$out" | tail -1)
 
@@ -81,8 +86,8 @@ cat "$R/demo/out-$id.txt" || true
 
 if [[ $FLEET_LAB_KUBE == 1 ]]; then
   say "Submitting at beta a job for one MIG slice (only kube-gamma, a Kubernetes cluster, has them)"
-  echo "\$ sbatch --gres=gpu:1g.10gb:1 -o $R/demo/out-%j.txt train.sh"
-  out=$(sbatch --gres=gpu:1g.10gb:1 -o "$R/demo/out-%j.txt" train.sh 2>&1) || { echo "$out"; exit 1; }
+  echo "$DEMO_USER\$ sbatch --gres=gpu:1g.10gb:1 -o $R/demo/out-%j.txt train.sh"
+  out=$(as_user sbatch --gres=gpu:1g.10gb:1 -o "$R/demo/out-%j.txt" train.sh 2>&1) || { echo "$out"; exit 1; }
   echo "$out"
   kid=$(grep -oE '[0-9]+' <<<"$out" | tail -1)
   sleep 2
@@ -97,7 +102,8 @@ fi
 
 cat <<EOF2
 
-== Try more (the lab stays up)
+== Try more (the lab stays up), as a lab researcher (root's jobs stay home)
+  su - $DEMO_USER      # or bob; then:
   export SLURM_CONF=$R/beta/slurm.conf
   cd $R/demo
   sbatch --gres=gpu:a100:4 train.sh                 # beta has A100s: stays home, untouched
