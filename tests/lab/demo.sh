@@ -83,6 +83,15 @@ say "At alpha"
 SLURM_CONF=$R/alpha/slurm.conf squeue -t all -o '%i %P %j %u %T %N' || true
 say "Output file at beta: $R/demo/out-$id.txt"
 cat "$R/demo/out-$id.txt" || true
+# The demo is also a test (make test runs it): it fails unless the job ran
+# at alpha, all its output came back and it ended COMPLETED 0:0 at beta.
+demo_check() { # <job id> <cluster>
+  local rec; rec=$(scontrol show job "$1" 2>/dev/null || true)
+  grep -q "cluster $2, job" "$R/demo/out-$1.txt" && grep -qx done "$R/demo/out-$1.txt" \
+    && grep -q 'JobState=COMPLETED' <<<"$rec" && grep -q 'ExitCode=0:0' <<<"$rec" \
+    || { echo "demo: job $1 did not run at $2 to completion as expected" >&2; exit 1; }
+}
+demo_check "$id" alpha
 
 if [[ $FLEET_LAB_KUBE == 1 ]]; then
   say "Submitting at beta a job for one MIG slice (only kube-gamma, a Kubernetes cluster, has them)"
@@ -98,6 +107,7 @@ if [[ $FLEET_LAB_KUBE == 1 ]]; then
   say "Finished: at beta as any forwarded job, the output streamed back from the pod's log"
   run scontrol show job "$kid" | grep -E 'JobState|ExitCode' || true
   cat "$R/demo/out-$kid.txt" || true
+  demo_check "$kid" kube-gamma
 fi
 
 cat <<EOF2

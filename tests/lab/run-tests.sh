@@ -126,6 +126,13 @@ rc=0
 for p in $unit $lab1 $lab2; do wait "$p" || rc=1; done
 echo "[test] test binaries ran in $((SECONDS - t0)) s" >&2
 
+# The README's demo, against the first lab (it brings that lab up afresh
+# and checks where its jobs ran and how they ended).
+if ! FLEET_DEMO_TIMEOUT=120 tests/lab/demo.sh >"$LOGS/demo.log" 2>&1; then
+  rc=1; echo "make demo (tests/lab/demo.sh)" >>"$LOGS/unit.failed"
+  tail -n 30 "$LOGS/demo.log" >&2
+fi
+
 # Doc tests last (cargo builds them itself).
 cargo test --workspace --release --doc >"$LOGS/doc.log" 2>&1 || { rc=1; echo "doc tests" >>"$LOGS/unit.failed"; }
 
