@@ -622,31 +622,36 @@ fn authenticate(tokens: &Tokens, headers: &HeaderMap, path_job: Option<&str>) ->
         let Some(id) = path_job else {
             return Err(unauthorized("a job token is only valid on that job's endpoints"));
         };
-        let mut caller = None;
-        for (name, ts) in &tokens.clusters {
-            for t in ts {
-                if auth::tokens_equal(token, &auth::job_token(t.expose(), id)) {
-                    caller = Some(Caller::Job { id: id.to_string(), origin: name.clone() });
-                }
-            }
-        }
-        return caller.ok_or_else(|| unauthorized("job token does not match this job"));
+        let origin = cluster_of_derived(tokens, token, |secret| auth::job_token(secret, id));
+        return origin
+            .map(|origin| Caller::Job { id: id.to_string(), origin })
+            .ok_or_else(|| unauthorized("job token does not match this job"));
     }
     if scheme.eq_ignore_ascii_case(auth::CKPT_TOKEN_SCHEME) {
         let Some(id) = path_job else {
             return Err(unauthorized("a checkpoint token is only valid on that job's checkpoints"));
         };
-        let mut caller = None;
-        for (name, ts) in &tokens.clusters {
-            for t in ts {
-                if auth::tokens_equal(token, &auth::ckpt_token(t.expose(), id)) {
-                    caller = Some(Caller::Checkpointer { id: id.to_string(), cluster: name.clone() });
-                }
-            }
-        }
-        return caller.ok_or_else(|| unauthorized("checkpoint token does not match this job"));
+        let cluster = cluster_of_derived(tokens, token, |secret| auth::ckpt_token(secret, id));
+        return cluster
+            .map(|cluster| Caller::Checkpointer { id: id.to_string(), cluster })
+            .ok_or_else(|| unauthorized("checkpoint token does not match this job"));
     }
     Err(unauthorized("unsupported Authorization scheme (expected Bearer, FleetJob or FleetCkpt)"))
+}
+
+/// The cluster whose secret `derive`s `token` (a job or checkpoint token is
+/// a cluster secret bound to one job). Every secret is compared, with no
+/// early exit, as the loops it replaces did.
+fn cluster_of_derived(tokens: &Tokens, token: &str, derive: impl Fn(&str) -> String) -> Option<String> {
+    let mut found = None;
+    for (name, ts) in &tokens.clusters {
+        for t in ts {
+            if auth::tokens_equal(token, &derive(t.expose())) {
+                found = Some(name.clone());
+            }
+        }
+    }
+    found
 }
 
 /// Route layer of every authenticated route: the `Authorization` header
