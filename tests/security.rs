@@ -236,3 +236,37 @@ fn a_user_no_cluster_can_map_is_refused_at_sbatch_and_runs_at_home() {
     let out = wait_file(&dir.join("home.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
     assert_eq!(out, b"home beta carol\n");
 }
+
+#[test]
+fn a_researcher_known_only_to_the_directory_runs_as_themselves() {
+    let (lab, _serial) = Lab::lock();
+    // dora exists only in the site directory (NSS extrausers in the lab, as
+    // LDAP/sssd at a real site), not in /etc/passwd: slurmctld, slurmd and
+    // sudo know her through NSS, and so must both agents — beta's to name
+    // the submitter, alpha's to admit her and run her job as her.
+    let user = "dora";
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    assert!(!passwd.lines().any(|l| l.starts_with("dora:")), "dora must not be a local account");
+    let ent = std::process::Command::new("getent").args(["passwd", user]).output().unwrap();
+    let uid = String::from_utf8_lossy(&ent.stdout).split(':').nth(2).unwrap_or("").to_string();
+    assert!(!uid.is_empty(), "NSS resolves dora: {ent:?}");
+    let dir = lab.workdir("directory-user");
+    let _ = std::process::Command::new("chmod").arg("0777").arg(&dir).status();
+    let (r, _) = lab.sbatch_as(
+        user,
+        "beta",
+        &["--gres=gpu:h100:1", "--fleet-to=alpha", &out_arg(&dir, "out.txt")],
+        &script("echo $SLURM_CLUSTER_NAME $(id -un) $(id -u)"),
+    );
+    let id = r.expect("an h100 job of a directory user is accepted at beta");
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((rec["JobState"].as_str(), rec["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{rec:?}");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    let out = String::from_utf8_lossy(&out);
+    let (cluster, rest) = out.trim().split_once(' ').unwrap_or(("", ""));
+    assert_eq!(cluster, "alpha", "the h100 job ran at alpha: {out:?}");
+    assert_eq!(rest, format!("{user} {uid}"), "it ran as dora herself there: {out:?}");
+    // The fleet job is hers in the meta-scheduler's records.
+    let jobs = lab.fleetctl_json(&["jobs", "--user", user]).unwrap();
+    assert!(jobs.as_array().is_some_and(|a| !a.is_empty()), "{jobs}");
+}

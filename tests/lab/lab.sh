@@ -105,11 +105,18 @@ LAB_USERS=(alice bob)
 # An ordinary user outside JOB_GROUP: no cluster has an identity for her, so
 # her jobs run only where she submits them (a test checks the refusal).
 LAB_OUTSIDERS=(carol)
+# A researcher who exists only in the site's directory, not in /etc/passwd
+# (as with LDAP through sssd at a real site). The lab's directory is the
+# NSS module extrausers (/var/lib/extrausers); the user is a member of
+# JOB_GROUP through /etc/group's member list, as directory users of a local
+# group are. slurmctld, slurmd, sudo and the agents see it through NSS only.
+LAB_DIRECTORY_USERS=(dora)
+LAB_DIRECTORY_UID=23001
 READY_TIMEOUT=${FLEET_LAB_TIMEOUT:-90}
 
 DEB_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libslurm-dev
               slurmdbd mariadb-server openssl sudo
-              libclang-dev clang curl procps util-linux passwd)
+              libclang-dev clang curl procps util-linux passwd libnss-extrausers)
 
 R=${FLEET_LAB_DIR:-/tmp/fleet-lab}
 # One rule file per lab directory: labs of different versions side by side
@@ -323,6 +330,7 @@ ensure_fleet_user() {
   for u in "${LAB_OUTSIDERS[@]}"; do
     id "$u" >/dev/null 2>&1 || { log "creating user $u"; useradd --create-home --shell /bin/bash --user-group "$u"; }
   done
+  ensure_directory_users
   # What the agent may do as a job's user: sbatch and scancel, as members of
   # JOB_GROUP only (never root, never a system account, never itself).
   # (!secure_path: the job keeps the PATH it was submitted with.)
@@ -334,6 +342,36 @@ $FLEET_USER ALL=(%$JOB_GROUP) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel
     visudo -cf "$SUDOERS.tmp" >/dev/null || { rm -f "$SUDOERS.tmp"; die "the sudoers rule for $FLEET_USER does not parse"; }
     mv "$SUDOERS.tmp" "$SUDOERS"
   fi
+}
+
+# The directory-only researchers (LAB_DIRECTORY_USERS) through NSS's
+# extrausers module: nsswitch.conf gains `extrausers` for passwd and group.
+ensure_directory_users() {
+  local u uid=$LAB_DIRECTORY_UID db=/var/lib/extrausers
+  compgen -G '/lib/*/libnss_extrausers.so.2' >/dev/null || compgen -G '/usr/lib/*/libnss_extrausers.so.2' >/dev/null \
+    || die "libnss-extrausers is not installed (run: tests/lab/lab.sh deps)"
+  local db_line
+  for db_line in passwd group; do
+    if ! grep -Eq "^$db_line:.*\bextrausers\b" /etc/nsswitch.conf; then
+      log "nsswitch.conf: $db_line gains extrausers (the lab's directory)"
+      sed -i -E "s/^($db_line:.*)$/\1 extrausers/" /etc/nsswitch.conf
+    fi
+  done
+  mkdir -p "$db"
+  touch "$db/passwd" "$db/group"
+  chmod 0644 "$db/passwd" "$db/group"
+  for u in "${LAB_DIRECTORY_USERS[@]}"; do
+    if grep -q "^$u:" /etc/passwd; then die "$u must exist only in the directory, but /etc/passwd has it"; fi
+    grep -q "^$u:" "$db/group" || echo "$u:x:$uid:" >>"$db/group"
+    grep -q "^$u:" "$db/passwd" || echo "$u:x:$uid:$uid:Directory user:/home/$u:/bin/bash" >>"$db/passwd"
+    [[ $(getent passwd "$u" | cut -d: -f3) == "$uid" ]] || die "NSS does not resolve the directory user $u (uid $uid)"
+    if [[ ! -d /home/$u ]]; then
+      mkdir -m 0750 "/home/$u"
+      chown "$uid:$uid" "/home/$u"
+    fi
+    id -nG "$u" | tr ' ' '\n' | grep -qx "$JOB_GROUP" || gpasswd -a "$u" "$JOB_GROUP" >/dev/null
+    uid=$((uid + 1))
+  done
 }
 
 write_cluster_conf() {
@@ -794,7 +832,7 @@ register_accounting() {
   {
     scmd "$c0" sacctmgr -i add cluster $(cluster_names)
     scmd "$c0" sacctmgr -i add account lab Cluster="$clusters" Description=lab Organization=fleet
-    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER",$(IFS=,; echo "${LAB_USERS[*]},${LAB_OUTSIDERS[*]}") Account=lab Cluster="$clusters"
+    scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER",$(IFS=,; echo "${LAB_USERS[*]},${LAB_OUTSIDERS[*]},${LAB_DIRECTORY_USERS[*]}") Account=lab Cluster="$clusters"
   } >>"$R/log/sacctmgr.log" 2>&1 || { show_tail "$R/log/sacctmgr.log"; die "sacctmgr could not register the clusters"; }
 }
 

@@ -366,7 +366,7 @@ fn plugin_socket(cfg: &AgentConfig, slurm: Option<&Who>) -> Check {
         return fail(NAME, format!("cannot read SlurmUser from {}", cfg.slurm_conf.display()), "set SLURM_CONF");
     };
     if su.uid == u32::MAX {
-        return fail(NAME, format!("SlurmUser={} is not in /etc/passwd", su.name), "");
+        return fail(NAME, format!("SlurmUser={} is not a known user (NSS)", su.name), "");
     }
     let Some(dir) = cfg.socket.parent() else {
         return fail(NAME, format!("AgentSocket={} has no directory", cfg.socket.display()), "");
@@ -537,17 +537,11 @@ pub struct Who {
 }
 
 impl Who {
-    /// From /etc/passwd and /etc/group (no NSS: the agent must not block on
-    /// a directory service).
+    /// Through NSS, as the kernel will see the user's process: the
+    /// primary group and every group `initgroups` gives it.
     pub fn named(name: &str) -> Option<Who> {
         let (uid, gid) = passwd_ids(name)?;
-        let mut gids = vec![gid];
-        if let Ok(groups) = std::fs::read_to_string("/etc/group") {
-            gids.extend(groups.lines().filter_map(|l| {
-                let f: Vec<&str> = l.split(':').collect();
-                (f.len() > 3 && f[3].split(',').any(|m| m == name)).then(|| f[2].parse::<u32>().ok())?
-            }));
-        }
+        let gids = fleet_agent::nss::group_list(name, gid);
         Some(Who { name: name.to_string(), uid, gids })
     }
 

@@ -62,7 +62,7 @@ pub struct RunAs {
     pub gid: u32,
 }
 
-/// (uid, primary gid) of `name` from /etc/passwd.
+/// (uid, primary gid) of `name` (NSS).
 pub fn passwd_ids(name: &str) -> Option<(u32, u32)> {
     crate::identity::Accounts::read().ok()?.user(name)
 }

@@ -8,8 +8,11 @@
 //! set, so even a compromised agent cannot act as root, as a system user
 //! or as itself. A shared `RunAsUser` is an explicit, warned opt-in.
 //!
-//! Users and groups come from /etc/passwd and /etc/group, never NSS: the
-//! agent must not block on a directory service.
+//! Users and groups come through NSS ([`crate::nss`]), as slurmctld,
+//! slurmd and sudo see them, so that researchers who exist only in the
+//! site's directory (LDAP/sssd) are served; the heartbeat's list of
+//! admitted users is cached and computed again only when the local files
+//! change or [`NSS_REFRESH`] has passed.
 
 use std::path::{Path, PathBuf};
 
@@ -85,23 +88,36 @@ pub fn parse_map(text: &str, file: &str) -> Result<Vec<MapRule>> {
     Ok(rules)
 }
 
-/// The system's accounts, read once per decision from files.
-pub struct Accounts {
-    passwd: String,
-    group: String,
+/// The system's accounts: through NSS (as slurmctld, slurmd and sudo see
+/// them: local files and the site's directory), or, for tests and sites
+/// that ask for it, from the two files alone.
+pub enum Accounts {
+    /// getpwnam_r, getgrnam_r, getgrouplist ([`crate::nss`]).
+    Nss,
+    /// The text of a passwd and a group file, read once per decision.
+    Files { passwd: String, group: String },
 }
 
-/// Where the accounts live.
+/// Where the local account files live.
 pub const PASSWD: &str = "/etc/passwd";
 pub const GROUP: &str = "/etc/group";
 
+/// At most this many entries are walked to find the users whose primary
+/// group is `JobUserGroup` (local files, or a directory that enumerates).
+const ENUM_LIMIT: usize = 200_000;
+
+fn passwd_fields(text: &str) -> impl Iterator<Item = Vec<&str>> {
+    text.lines().map(|l| l.split(':').collect::<Vec<&str>>())
+}
+
 impl Accounts {
+    /// The accounts as the rest of the system sees them (NSS).
     pub fn read() -> Result<Accounts> {
-        Self::read_from(Path::new(PASSWD), Path::new(GROUP))
+        Ok(Accounts::Nss)
     }
 
     pub fn read_from(passwd: &Path, group: &Path) -> Result<Accounts> {
-        Ok(Accounts {
+        Ok(Accounts::Files {
             passwd: std::fs::read_to_string(passwd).with_context(|| format!("reading {}", passwd.display()))?,
             group: std::fs::read_to_string(group).with_context(|| format!("reading {}", group.display()))?,
         })
@@ -109,46 +125,63 @@ impl Accounts {
 
     #[cfg(test)]
     pub fn from_text(passwd: &str, group: &str) -> Accounts {
-        Accounts { passwd: passwd.into(), group: group.into() }
+        Accounts::Files { passwd: passwd.into(), group: group.into() }
     }
 
     /// (uid, primary gid) of `name`.
     pub fn user(&self, name: &str) -> Option<(u32, u32)> {
-        self.passwd.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
-        })
+        match self {
+            Accounts::Nss => crate::nss::user_by_name(name).map(|p| (p.uid, p.gid)),
+            Accounts::Files { passwd, .. } => passwd_fields(passwd)
+                .find_map(|f| (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?),
+        }
     }
 
     /// The home directory of `name` (passwd's sixth field), if set.
     pub fn home_of(&self, name: &str) -> Option<std::path::PathBuf> {
-        self.passwd.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.len() > 5 && f[0] == name && f[5].starts_with('/')).then(|| std::path::PathBuf::from(f[5]))
-        })
+        match self {
+            Accounts::Nss => crate::nss::user_by_name(name)?.home,
+            Accounts::Files { passwd, .. } => passwd_fields(passwd).find_map(|f| {
+                (f.len() > 5 && f[0] == name && f[5].starts_with('/')).then(|| std::path::PathBuf::from(f[5]))
+            }),
+        }
     }
 
     /// The name of `uid` (an empty name is no name).
     pub fn name_of(&self, uid: u32) -> Option<String> {
-        self.passwd.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.len() > 3 && !f[0].is_empty() && f[2].parse::<u32>().ok() == Some(uid)).then(|| f[0].to_string())
-        })
+        match self {
+            Accounts::Nss => crate::nss::user_by_uid(uid).map(|p| p.name),
+            Accounts::Files { passwd, .. } => passwd_fields(passwd).find_map(|f| {
+                (f.len() > 3 && !f[0].is_empty() && f[2].parse::<u32>().ok() == Some(uid)).then(|| f[0].to_string())
+            }),
+        }
     }
 
-    /// Members of `group`: listed ones, then users whose primary group it is.
+    /// Members of `group`: listed ones, then users whose primary group it
+    /// is (through NSS: those its sources enumerate).
     pub fn members(&self, group: &str) -> Vec<String> {
-        let Some((gid, listed)) = self.group.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.len() > 3 && f[0] == group).then(|| (f[2].parse::<u32>().ok(), f[3].to_string()))
-        }) else {
-            return Vec::new();
+        let (mut out, primaries) = match self {
+            Accounts::Nss => {
+                let Some(g) = crate::nss::group_by_name(group) else { return Vec::new() };
+                (g.members, crate::nss::users_with_primary_gid(g.gid, ENUM_LIMIT))
+            }
+            Accounts::Files { passwd, group: groups } => {
+                let Some((gid, listed)) = passwd_fields(groups)
+                    .find_map(|f| (f.len() > 3 && f[0] == group).then(|| (f[2].parse::<u32>().ok(), f[3].to_string())))
+                else {
+                    return Vec::new();
+                };
+                let listed = listed.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+                let primaries = passwd_fields(passwd)
+                    .filter(|f| f.len() > 3 && gid.is_some() && f[3].parse::<u32>().ok() == gid)
+                    .map(|f| f[0].to_string())
+                    .collect();
+                (listed, primaries)
+            }
         };
-        let mut out: Vec<String> = listed.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-        for l in self.passwd.lines() {
-            let f: Vec<&str> = l.split(':').collect();
-            if f.len() > 3 && gid.is_some() && f[3].parse::<u32>().ok() == gid && !out.iter().any(|m| m == f[0]) {
-                out.push(f[0].to_string());
+        for p in primaries {
+            if !out.contains(&p) {
+                out.push(p);
             }
         }
         out
@@ -156,16 +189,19 @@ impl Accounts {
 
     /// Is `name` (primary gid `gid`) a member of group `group`?
     pub fn in_group(&self, name: &str, gid: u32, group: &str) -> bool {
-        self.group.lines().any(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            f.len() > 3
-                && f[0] == group
-                && (f[2].parse::<u32>().ok() == Some(gid) || f[3].split(',').any(|m| m.trim() == name))
-        })
+        match self {
+            Accounts::Nss => crate::nss::group_by_name(group)
+                .is_some_and(|g| g.gid == gid || crate::nss::group_list(name, gid).contains(&g.gid)),
+            Accounts::Files { group: groups, .. } => passwd_fields(groups).any(|f| {
+                f.len() > 3
+                    && f[0] == group
+                    && (f[2].parse::<u32>().ok() == Some(gid) || f[3].split(',').any(|m| m.trim() == name))
+            }),
+        }
     }
 }
 
-/// The name of `uid` in /etc/passwd.
+/// The name of `uid` (NSS).
 pub fn name_of_uid(uid: u32) -> Option<String> {
     Accounts::read().ok()?.name_of(uid)
 }
@@ -299,12 +335,23 @@ fn stamp(path: &Path) -> Option<Stamp> {
 pub struct AdmittedCache {
     passwd: PathBuf,
     group: PathBuf,
+    /// Through NSS (the agent) or from the two files alone (tests).
+    nss: bool,
     key: Option<(Policy, Vec<Option<Stamp>>)>,
+    /// When the list was last computed (NSS: a directory changes without
+    /// touching any local file, so the list is computed again after
+    /// [`NSS_REFRESH`]).
+    at: Option<std::time::Instant>,
     users: Option<Vec<String>>,
     error: Option<String>,
-    /// How often the files were read (for tests and the curious).
+    /// How often the accounts were read (for tests and the curious).
     pub reads: u64,
 }
+
+/// How long a list of admitted users computed through NSS is published
+/// before it is computed again (a user added to the directory is served
+/// by the origin's sbatch check after at most this long).
+pub const NSS_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// One look at the cache.
 #[derive(Debug, PartialEq, Eq)]
@@ -317,17 +364,22 @@ pub struct Admitted {
 }
 
 impl Default for AdmittedCache {
+    /// The agent's: through NSS, computed again when /etc/passwd,
+    /// /etc/group or the map file change, or after [`NSS_REFRESH`].
     fn default() -> Self {
-        Self::with_files(Path::new(PASSWD), Path::new(GROUP))
+        AdmittedCache { nss: true, ..Self::with_files(Path::new(PASSWD), Path::new(GROUP)) }
     }
 }
 
 impl AdmittedCache {
+    /// From these two files alone, computed again only when they change.
     pub fn with_files(passwd: &Path, group: &Path) -> Self {
         AdmittedCache {
             passwd: passwd.to_path_buf(),
             group: group.to_path_buf(),
+            nss: false,
             key: None,
+            at: None,
             users: None,
             error: None,
             reads: 0,
@@ -340,11 +392,13 @@ impl AdmittedCache {
             files.push(stamp(p));
         }
         let key = (policy.clone(), files);
-        if self.key.as_ref() == Some(&key) {
+        let fresh = !self.nss || self.at.is_some_and(|t| t.elapsed() < NSS_REFRESH);
+        if self.key.as_ref() == Some(&key) && fresh {
             return Admitted { users: self.users.clone(), new_error: None };
         }
         self.reads += 1;
-        let (users, error) = match Accounts::read_from(&self.passwd, &self.group) {
+        let acc = if self.nss { Accounts::read() } else { Accounts::read_from(&self.passwd, &self.group) };
+        let (users, error) = match acc {
             Ok(acc) => {
                 let (users, err) = policy.admitted(&acc);
                 (Some(users), err.map(|e| format!("no forwarded job can run here: {e}")))
@@ -353,6 +407,7 @@ impl AdmittedCache {
         };
         let new_error = error.clone().filter(|e| self.error.as_ref() != Some(e));
         self.key = Some(key);
+        self.at = Some(std::time::Instant::now());
         self.users = users.clone();
         self.error = error;
         Admitted { users, new_error }

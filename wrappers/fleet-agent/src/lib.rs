@@ -31,6 +31,7 @@ pub mod jobdir;
 pub mod journal;
 pub mod kube;
 pub mod lease;
+pub mod nss;
 pub mod reconcile;
 pub mod slurm;
 pub mod track;
@@ -102,7 +103,7 @@ pub struct Agent<B: Backend> {
     pub time_limits: parking_lot::Mutex<reconcile::TimeLimits>,
     /// The identities published with each heartbeat, read again only when
     /// the account files change. Sync lock: held for a lookup, no `.await`.
-    pub identities: parking_lot::Mutex<identity::AdmittedCache>,
+    pub identities: std::sync::Arc<parking_lot::Mutex<identity::AdmittedCache>>,
 }
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
@@ -380,7 +381,8 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
             // Who submitted is slurmctld's uid for the job, named from this
             // host's accounts: the target runs the job as that name's
             // identity, so the name never comes from the request itself.
-            job.user_name = identity::name_of_uid(job.user_id);
+            let uid = job.user_id;
+            job.user_name = tokio::task::spawn_blocking(move || identity::name_of_uid(uid)).await.ok().flatten();
             let (reply, new) = {
                 let view = agent.view.read();
                 decide::decide(&live, &view, &job)
@@ -451,7 +453,12 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         nodes.iter_mut().for_each(|n| n.memory_mb = 0);
     }
     let policy = agent.live().identity.clone();
-    let admitted = agent.identities.lock().get(&policy);
+    // Through NSS this may wait on the site's directory: not on a runtime
+    // thread.
+    let admitted = {
+        let (cache, policy) = (agent.identities.clone(), policy.clone());
+        tokio::task::spawn_blocking(move || cache.lock().get(&policy)).await?
+    };
     if let Some(e) = &admitted.new_error {
         tracing::warn!("{e}");
     }

@@ -259,9 +259,17 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
     let site = &agent.cfg.site;
     // Who jobs run as may change on SIGHUP (Agent::live).
     let policy = agent.live().identity.clone();
-    let user = crate::identity::Accounts::read().and_then(|acc| {
-        policy.resolve(&acc, &a.request.origin, a.request.user_name.as_deref(), a.request.account.as_deref())
-    });
+    // Through NSS this may wait on the site's directory: not on a runtime
+    // thread.
+    let user = {
+        let (policy, origin, name, account) =
+            (policy.clone(), a.request.origin.clone(), a.request.user_name.clone(), a.request.account.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::identity::Accounts::read()
+                .and_then(|acc| policy.resolve(&acc, &origin, name.as_deref(), account.as_deref()))
+        })
+        .await?
+    };
     let user = match user {
         Ok(u) => u,
         Err(e) => {
