@@ -270,3 +270,61 @@ fn a_researcher_known_only_to_the_directory_runs_as_themselves() {
     let jobs = lab.fleetctl_json(&["jobs", "--user", user]).unwrap();
     assert!(jobs.as_array().is_some_and(|a| !a.is_empty()), "{jobs}");
 }
+
+/// `fleet-agent --check` for beta's agent, run as the agent's user.
+fn agent_check(lab: &Lab) -> String {
+    let d = lab.root.join("beta");
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=fleet", "--regid=fleet", "--init-groups", "env"])
+        .arg(format!("SLURM_CONF={}", d.join("slurm.conf").display()))
+        .arg(lab.root.join("bin/fleet-agent"))
+        .arg("--conf")
+        .arg(d.join("fleet.conf"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn under_private_data_the_agent_must_be_a_slurm_operator() {
+    let (lab, _serial) = Lab::lock();
+    // The lab's clusters hide jobs between users (PrivateData=jobs,...), as a
+    // multi-user site does; the agent's user is a Slurm operator there.
+    let conf = std::fs::read_to_string(lab.slurm_conf("beta")).unwrap();
+    assert!(conf.lines().any(|l| l.starts_with("PrivateData=") && l.contains("jobs")), "the lab runs PrivateData");
+    let report = agent_check(lab);
+    let line = report.lines().find(|l| l.contains("private data")).unwrap_or_default().to_string();
+    assert!(line.starts_with("PASS") && line.contains("AdminLevel=operator"), "{report}");
+    // Without the role the check fails and says what to run (the agent's
+    // start refuses the same way).
+    let sacctmgr = |level: &str| {
+        lab.cmd("beta", "sacctmgr", &["-i", "modify", "user", "fleet", "set", &format!("AdminLevel={level}")]).unwrap()
+    };
+    sacctmgr("None");
+    let report = agent_check(lab);
+    sacctmgr("Operator");
+    let line = report.lines().find(|l| l.contains("private data")).unwrap_or_default().to_string();
+    assert!(line.starts_with("FAIL") && line.contains("hides other users' jobs"), "{report}");
+    assert!(report.contains("sacctmgr -i modify user fleet set AdminLevel=Operator"), "{report}");
+    // A user sees only their own jobs, as natively, and the federation
+    // still works for them: an h100 job of alice's at beta runs at alpha.
+    let dir = lab.workdir("private-data");
+    let _ = std::process::Command::new("chmod").arg("0777").arg(&dir).status();
+    let (bob, _) = lab.sbatch_as(OTHER_USER, "beta", &["--hold", &out_arg(&dir, "bob.txt")], &script("true"));
+    let bob = bob.unwrap();
+    let (r, _) = lab.sbatch_as(
+        "alice",
+        "beta",
+        &["--gres=gpu:h100:1", &out_arg(&dir, "a.txt")],
+        &script("echo $SLURM_CLUSTER_NAME"),
+    );
+    let alice = r.unwrap();
+    let seen = lab.cmd_as("alice", "beta", "squeue", &["-h", "-o", "%i", "-j", &bob.to_string()]).unwrap();
+    assert!(String::from_utf8_lossy(&seen.stdout).trim().is_empty(), "alice cannot see bob's job: {seen:?}");
+    let rec = lab.wait_done("beta", alice, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let out = wait_file(&dir.join("a.txt"), Duration::from_secs(5), |b| !b.is_empty()).unwrap();
+    assert_ne!(out, b"beta\n", "the h100 job left beta");
+    let _ = lab.cmd("beta", "scancel", &[&bob.to_string()]);
+}

@@ -348,8 +348,7 @@ $FLEET_USER ALL=(%$JOB_GROUP) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel
 # extrausers module: nsswitch.conf gains `extrausers` for passwd and group.
 ensure_directory_users() {
   local u uid=$LAB_DIRECTORY_UID db=/var/lib/extrausers
-  compgen -G '/lib/*/libnss_extrausers.so.2' >/dev/null || compgen -G '/usr/lib/*/libnss_extrausers.so.2' >/dev/null \
-    || die "libnss-extrausers is not installed (run: tests/lab/lab.sh deps)"
+  pkg_installed libnss-extrausers || die "libnss-extrausers is not installed (run: tests/lab/lab.sh deps)"
   local db_line
   for db_line in passwd group; do
     if ! grep -Eq "^$db_line:.*\bextrausers\b" /etc/nsswitch.conf; then
@@ -416,6 +415,10 @@ write_cluster_conf() {
       echo "AccountingStorageType=accounting_storage/slurmdbd"
       echo "AccountingStorageHost=localhost"
       echo "AccountingStoragePort=$DBD_PORT"
+      # A multi-user site's privacy: users see only their own jobs. The
+      # agent's user is an operator (register_accounting), the least role
+      # that sees every stand-in and forwarded job.
+      echo "PrivateData=accounts,jobs,reservations,usage,users"
     else
       echo "AccountingStorageType=accounting_storage/none"
     fi
@@ -833,6 +836,8 @@ register_accounting() {
     scmd "$c0" sacctmgr -i add cluster $(cluster_names)
     scmd "$c0" sacctmgr -i add account lab Cluster="$clusters" Description=lab Organization=fleet
     scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER",$(IFS=,; echo "${LAB_USERS[*]},${LAB_OUTSIDERS[*]},${LAB_DIRECTORY_USERS[*]}") Account=lab Cluster="$clusters"
+    [[ $(scmd "$c0" sacctmgr -n -P show user "$FLEET_USER" format=AdminLevel) == Operator ]] \
+      || scmd "$c0" sacctmgr -i modify user "$FLEET_USER" set AdminLevel=Operator
   } >>"$R/log/sacctmgr.log" 2>&1 || { show_tail "$R/log/sacctmgr.log"; die "sacctmgr could not register the clusters"; }
 }
 

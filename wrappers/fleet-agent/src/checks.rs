@@ -97,6 +97,7 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out.push(sudo_rule(cfg, run_as.as_ref()).await);
     out.extend(token_file(conf, run_as.as_ref()));
     out.push(proxy_partition(cfg));
+    out.push(private_data(cfg, me).await);
     out.push(spool(cfg, me, run_as.as_ref()));
     let slurm_user = slurm_user(&cfg.slurm_conf);
     out.push(conf_readable(conf, slurm_user.as_ref()));
@@ -317,6 +318,26 @@ fn spool(cfg: &AgentConfig, me: u32, run_as: Option<&Who>) -> Check {
             format!("chmod o+x (or 0711) on that directory; the journal stays private (0600), e.g. chmod 0711 {}", dir.display()),
         ),
         None => pass(NAME, format!("{} ({}): RunAsUser={} can reach its job directories", dir.display(), mode_text(&meta), w.name)),
+    }
+}
+
+/// Under `PrivateData=jobs` the agent's user must be a Slurm operator.
+async fn private_data(cfg: &AgentConfig, me: u32) -> Check {
+    const NAME: &str = "private data";
+    let Some(name) = fleet_agent::identity::name_of_uid(me) else {
+        return fail(NAME, format!("uid {me} has no name"), "");
+    };
+    let backend = SlurmBackend {
+        bin: cfg.slurm_bin.clone(),
+        slurm_conf: cfg.slurm_conf.clone(),
+        spool: cfg.spool.clone(),
+        site: cfg.site.clone(),
+        ckpt: Default::default(),
+    };
+    match backend.check_private_data(&name).await {
+        Ok(None) => pass(NAME, "PrivateData does not hide jobs"),
+        Ok(Some(note)) => pass(NAME, note),
+        Err(e) => fail(NAME, format!("{e:#}"), "see README, \"Users\" (PrivateData)"),
     }
 }
 

@@ -125,7 +125,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         },
     };
     check_identity(&cfg, &backend).await?;
+    let me = identity::name_of_uid(own_uid()).unwrap_or_default();
+    if let Some(note) = backend.check_private_data(&me).await? {
+        tracing::info!("{note}");
+    }
     run_with(cfg, backend, shutdown).await
+}
+
+/// The agent's own uid (the owner of `/proc/self`).
+fn own_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
 
 /// The agent's tasks over `backend` (Slurm or Kubernetes).

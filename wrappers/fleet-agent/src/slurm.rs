@@ -100,6 +100,60 @@ impl SlurmBackend {
         Ok(())
     }
 
+    /// Under `PrivateData=jobs` (or `all`) only operators, administrators,
+    /// SlurmUser and root see other users' jobs, and the agent must see
+    /// every stand-in and every job it submitted as a user: it needs
+    /// `AdminLevel=Operator` in accounting (the least Slurm role that
+    /// reads all jobs; it could also hold or cancel them, see
+    /// ARCHITECTURE.md's threat model). `Ok(None)`: nothing to do;
+    /// `Ok(Some(note))`: fine, for the log; `Err`: what to change.
+    pub async fn check_private_data(&self, agent_user: &str) -> Result<Option<String>> {
+        let conf = slurm_conf::slurm::SlurmConf::load(&self.slurm_conf)
+            .map_err(|e| anyhow!("reading {}: {e}", self.slurm_conf.display()))?;
+        let conf = conf.conf;
+        let private = conf.get("PrivateData").unwrap_or("");
+        if !private_hides_jobs(private) {
+            return Ok(None);
+        }
+        let slurm_user = conf.slurm_user.clone().unwrap_or_else(|| "root".into());
+        if agent_user == "root" || agent_user == slurm_user {
+            return Ok(Some(format!("PrivateData={private}: the agent runs as {agent_user} and sees every job")));
+        }
+        let accounting = conf.get("AccountingStorageType").unwrap_or("accounting_storage/none");
+        let hint = format!("sacctmgr -i modify user {agent_user} set AdminLevel=Operator");
+        if accounting.ends_with("/none") {
+            bail!(
+                "PrivateData={private} hides other users' jobs from the agent ({agent_user}), and without accounting \
+                 (AccountingStorageType={accounting}) no role can lift that: enable accounting and run `{hint}`"
+            );
+        }
+        let out = self
+            .run(
+                "sacctmgr",
+                &[
+                    "-n".into(),
+                    "-P".into(),
+                    "show".into(),
+                    "user".into(),
+                    agent_user.into(),
+                    "format=AdminLevel".into(),
+                ],
+                None,
+            )
+            .await
+            .with_context(|| format!("PrivateData={private}: asking accounting for {agent_user}'s AdminLevel"))?;
+        let level = out.lines().next().unwrap_or("").trim().to_ascii_lowercase();
+        if level == "operator" || level == "administrator" {
+            Ok(Some(format!("PrivateData={private}: {agent_user} has AdminLevel={level} and sees every job")))
+        } else {
+            bail!(
+                "PrivateData={private} hides other users' jobs from the agent ({agent_user}, AdminLevel={}): \
+                 it would lose track of stand-ins and forwarded jobs; run `{hint}`",
+                if level.is_empty() { "none" } else { level.as_str() }
+            )
+        }
+    }
+
     /// `squeue --json` for `args`, parsed.
     async fn squeue_json(&self, args: &[String]) -> Result<Vec<NativeJob>> {
         let mut a = vec!["--json".to_string()];
@@ -628,8 +682,27 @@ impl Backend for SlurmBackend {
     }
 }
 
+/// Does slurm.conf's `PrivateData` value hide other users' jobs?
+pub fn private_hides_jobs(value: &str) -> bool {
+    value.split(',').map(|v| v.trim().to_ascii_lowercase()).any(|v| v == "jobs" || v == "all")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn private_data_that_hides_jobs() {
+        for (v, hides) in [
+            ("", false),
+            ("usage,users", false),
+            ("jobs", true),
+            ("accounts,Jobs,usage", true),
+            ("all", true),
+            ("jobsx", false),
+        ] {
+            assert_eq!(super::private_hides_jobs(v), hides, "{v}");
+        }
+    }
+
     use super::*;
 
     #[test]
