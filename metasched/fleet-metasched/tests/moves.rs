@@ -343,3 +343,76 @@ fn a_job_moves_at_most_max_migrations_times_and_not_too_often() {
     let e = fx.store.start_move(&admin(), "j1", "alpha", "t", &p, fx.now).unwrap_err();
     assert!(e.to_string().contains("max_migrations"), "{e}");
 }
+
+/// The admin's rebalancing endpoints over HTTP, on a daemon without an
+/// engine policy (so no pass, no proposals): the mode is reported, set,
+/// checked; approving needs mode approve or auto and a listed proposal.
+#[tokio::test]
+async fn rebalance_mode_and_approve_endpoints() {
+    use fleet_metasched::config::{Config, RebalanceConfig, RebalanceMode};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), "admin-secret\n").unwrap();
+    std::fs::write(dir.path().join("alpha.token"), "secret-alpha\n").unwrap();
+    let config = Config {
+        clusters: vec![ClusterConfig {
+            name: "alpha".into(),
+            region: "east".into(),
+            provider: "onprem".into(),
+            token_file: dir.path().join("alpha.token"),
+            ..Default::default()
+        }],
+        rebalance: Some(RebalanceConfig { mode: RebalanceMode::Approve, ..Default::default() }),
+        ..Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("state"), dir.path().join("admin.token"))
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(fleet_metasched::run_with(
+        listener,
+        config,
+        Clock::default(),
+        fleet_metasched::Control::default(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let http = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str, token: &str, body: Option<serde_json::Value>| {
+        let mut b = http.request(method, format!("{url}{path}")).header("Authorization", format!("Bearer {token}"));
+        if let Some(body) = body {
+            b = b.json(&body);
+        }
+        async move {
+            let r = b.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    use reqwest::Method as M;
+    let (s, t) = call(M::GET, "/v1/rebalance", "admin-secret", None).await;
+    assert_eq!(s, 200, "{t}");
+    assert!(t.contains("\"mode\":\"approve\""), "{t}");
+    // Approve mode, but no proposal of that id.
+    let (s, t) = call(M::POST, "/v1/rebalance/approve/j1-e1", "admin-secret", None).await;
+    assert_eq!((s, t.contains("no proposal \\\"j1-e1\\\" in the latest rebalancing pass")), (404, true), "{t}");
+    // Only the admin.
+    let (s, _) = call(M::POST, "/v1/rebalance/approve/j1-e1", "secret-alpha", None).await;
+    assert_eq!(s, 403);
+    let (s, _) = call(M::POST, "/v1/rebalance/mode", "secret-alpha", Some(serde_json::json!({"mode": "off"}))).await;
+    assert_eq!(s, 403);
+    // Bad modes and bodies are refused with the reason.
+    let (s, t) = call(M::POST, "/v1/rebalance/mode", "admin-secret", Some(serde_json::json!({"mode": "Auto"}))).await;
+    assert_eq!((s, t.contains("unknown rebalance mode \\\"Auto\\\"")), (400, true), "{t}");
+    let (s, _) = call(M::POST, "/v1/rebalance/mode", "admin-secret", Some(serde_json::json!({"mode": 1}))).await;
+    assert_eq!(s, 400);
+    // Without an engine policy nothing can be proposed, so auto is refused; off is fine.
+    let (s, t) = call(M::POST, "/v1/rebalance/mode", "admin-secret", Some(serde_json::json!({"mode": "auto"}))).await;
+    assert_eq!((s, t.contains("no cost-engine policy")), (409, true), "{t}");
+    let (s, t) = call(M::POST, "/v1/rebalance/mode", "admin-secret", Some(serde_json::json!({"mode": "off"}))).await;
+    assert_eq!((s, t.contains("\"was\":\"approve\"")), (200, true), "{t}");
+    let (s, t) = call(M::POST, "/v1/rebalance/approve/j1-e1", "admin-secret", None).await;
+    assert_eq!((s, t.contains("mode is \\\"off\\\"")), (409, true), "{t}");
+    let (_, t) = call(M::GET, "/v1/rebalance", "admin-secret", None).await;
+    assert!(t.contains("\"mode\":\"off\""), "{t}");
+    let _ = tx.send(());
+    handle.await.unwrap().unwrap();
+}
