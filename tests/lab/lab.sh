@@ -46,12 +46,12 @@ DELTA_MODEL='
 # ---- lab only (tests/lab/lab.sh): the third Slurm cluster of the lab
 [[clusters]]
 name = "delta"
-provider = "onprem-delta"
+provider = "lab-cloud"
 region = "us-central"
 scheduler = "slurm"
 carbon_zone = "US-MIDW-MISO"
-onprem = true
-prices = { H100 = { onprem = 1.60 } }   # above alpha (1.49): alpha stays first for H100
+# a cloud cluster, so that an imported price table reprices it (tests/rebalance.rs)
+prices = { H100 = { on_demand = 1.60 } }   # above alpha (1.49): alpha stays first for H100
 wait_history_s = { H100 = 7200 }
 [[clusters.pools]]
 name = "h100"
@@ -616,6 +616,11 @@ write_metasched_conf() {
       echo "[placement]"
       echo "policy = \"$POLICY\""
       echo "fleet_model = \"$R/fleet-model.toml\""
+      echo
+      echo "[rebalance]"
+      echo "rebalance_interval_s = 2"
+      echo "margin_usd = 0.5"
+      echo "checkpoint_deadline_s = 60"
     fi
     if [[ $TLS == 1 ]]; then
       echo

@@ -133,6 +133,11 @@ pub struct Directives {
     pub mode: Option<FleetMode>,
     #[serde(default)]
     pub min_gpu: Option<String>,
+    /// `#FLEET ckpt-signal=USR1`: the signal that asks the job for a
+    /// checkpoint now (a planned migration sends it), upper case without
+    /// `SIG`; the meta-scheduler checks the name.
+    #[serde(default)]
+    pub ckpt_signal: Option<String>,
 }
 
 /// One directive that could not be read.
@@ -267,6 +272,15 @@ impl Directives {
                 self.ckpt = Some(v.to_string())
             }
             "ckpt-size" | "ckpt-size-gb" => self.ckpt_size_gb = Some(num(v)?),
+            "ckpt-signal" => {
+                need(v)?;
+                let name = v.to_ascii_uppercase();
+                let name = name.strip_prefix("SIG").unwrap_or(&name);
+                if name.len() > 8 || !name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit()) {
+                    return Err(format!("ckpt-signal: bad signal name {v:?}"));
+                }
+                self.ckpt_signal = Some(name.to_string())
+            }
             "dataset" | "data" => {
                 need(v)?;
                 self.datasets.extend(split_list(v))

@@ -41,7 +41,8 @@ fn directives() {
     check(
         "#!/bin/bash\n#FLEET parallelism=tp estimate=2h\n#FLEET ckpt-interval=30m ckpt=s3://c/ ckpt-size=20\n\
          #FLEET dataset=s3://a/,s3://b/\n#FLEET gpu-types=h100,h200 region-deny=eu-* region-allow=aws:*\n\
-         #FLEET max-price=3.5 interruptible to=x,y priority=5 gang=false mode=remote min-gpu=a100\n",
+         #FLEET max-price=3.5 interruptible to=x,y priority=5 gang=false mode=remote min-gpu=a100\n\
+         #FLEET ckpt-signal=sigusr1\n",
         Directives {
             parallelism: Some(Parallelism::Tp),
             estimate_s: Some(7200.0),
@@ -59,9 +60,13 @@ fn directives() {
             gang: Some(false),
             mode: Some(FleetMode::Remote),
             min_gpu: Some("A100".into()),
+            ckpt_signal: Some("USR1".into()),
         },
         &[],
     );
+    // A checkpoint signal is a plain name, at most 8 letters or digits.
+    check("#FLEET ckpt-signal=USR2\n", Directives { ckpt_signal: Some("USR2".into()), ..Directives::default() }, &[]);
+    check("#FLEET ckpt-signal=US$R1\n#FLEET ckpt-signal=\n", Directives::default(), &[1, 2]);
     // Errors carry line numbers; good keys on the same line survive.
     check(
         "#FLEET parallelism=pipeline estimate=1h\n#FLEET bogus=1\n#FLEETX ignored=1\n  #FLEET max-price=-1 dataset=\n",

@@ -271,6 +271,81 @@ pub struct RebalanceConfig {
     /// ... and more than this fraction of the cost of staying (default 0.10).
     #[serde(default = "default_margin_frac")]
     pub margin_frac: f64,
+    /// What happens to proposals (default `propose`: listed only).
+    #[serde(default)]
+    pub mode: RebalanceMode,
+    /// How long a planned move waits for a new valid checkpoint (default 120 s).
+    #[serde(default = "default_checkpoint_deadline")]
+    pub checkpoint_deadline_s: f64,
+    /// No new checkpoint by the deadline: `stay` (default: the move is
+    /// abandoned) or `resume-previous` (moved anyway, resuming from the
+    /// previous valid checkpoint, or from the start when restartable).
+    #[serde(default)]
+    pub missed_checkpoint: MissedCheckpoint,
+    /// How long the source has to confirm that the run stopped before the
+    /// run is treated as dead there (default 60 s; the move goes on, the
+    /// stale copy is fenced by its epoch).
+    #[serde(default = "default_stop_deadline")]
+    pub stop_deadline_s: f64,
+    /// `auto`: at most this many moves started per pass (default 1).
+    #[serde(default = "default_moves_per_pass")]
+    pub max_moves_per_pass: u32,
+    /// A job is not moved again within this many seconds of its last
+    /// placement (default 600). Per-job totals: `[health] max_migrations`.
+    #[serde(default = "default_min_move_interval")]
+    pub min_move_interval_s: f64,
+}
+
+/// `[rebalance] mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RebalanceMode {
+    /// No pass runs.
+    Off,
+    /// Proposals are listed (`fleetctl rebalance`), never carried out.
+    #[default]
+    Propose,
+    /// Proposals are carried out when the admin approves one
+    /// (`fleetctl rebalance approve <id>`).
+    Approve,
+    /// Proposals are carried out by the pass itself.
+    Auto,
+}
+
+impl RebalanceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RebalanceMode::Off => "off",
+            RebalanceMode::Propose => "propose",
+            RebalanceMode::Approve => "approve",
+            RebalanceMode::Auto => "auto",
+        }
+    }
+}
+
+impl std::str::FromStr for RebalanceMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(RebalanceMode::Off),
+            "propose" => Ok(RebalanceMode::Propose),
+            "approve" => Ok(RebalanceMode::Approve),
+            "auto" => Ok(RebalanceMode::Auto),
+            _ => {
+                let shown: String = s.chars().take(32).flat_map(char::escape_default).collect();
+                Err(format!("unknown rebalance mode \"{shown}\": expected off, propose, approve or auto"))
+            }
+        }
+    }
+}
+
+/// `[rebalance] missed_checkpoint`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MissedCheckpoint {
+    #[default]
+    Stay,
+    ResumePrevious,
 }
 
 impl Default for RebalanceConfig {
@@ -279,8 +354,30 @@ impl Default for RebalanceConfig {
             rebalance_interval_s: default_rebalance_interval(),
             margin_usd: default_margin_usd(),
             margin_frac: default_margin_frac(),
+            mode: RebalanceMode::default(),
+            checkpoint_deadline_s: default_checkpoint_deadline(),
+            missed_checkpoint: MissedCheckpoint::default(),
+            stop_deadline_s: default_stop_deadline(),
+            max_moves_per_pass: default_moves_per_pass(),
+            min_move_interval_s: default_min_move_interval(),
         }
     }
+}
+
+fn default_checkpoint_deadline() -> f64 {
+    120.0
+}
+
+fn default_stop_deadline() -> f64 {
+    60.0
+}
+
+fn default_moves_per_pass() -> u32 {
+    1
+}
+
+fn default_min_move_interval() -> f64 {
+    600.0
 }
 
 fn default_rebalance_interval() -> f64 {
@@ -449,6 +546,19 @@ impl Config {
             }
             if !(r.margin_usd.is_finite() && r.margin_usd >= 0.0 && r.margin_frac.is_finite() && r.margin_frac >= 0.0) {
                 return Err(ConfigError::Invalid("[rebalance] margin_usd and margin_frac must be >= 0".into()));
+            }
+            for (name, v) in
+                [("checkpoint_deadline_s", r.checkpoint_deadline_s), ("stop_deadline_s", r.stop_deadline_s)]
+            {
+                if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+                    return Err(ConfigError::Invalid(format!("[rebalance] {name} = {v} must be in (0, 86400]")));
+                }
+            }
+            if !(r.min_move_interval_s.is_finite() && (0.0..=31_536_000.0).contains(&r.min_move_interval_s)) {
+                return Err(ConfigError::Invalid("[rebalance] min_move_interval_s must be in [0, 31536000]".into()));
+            }
+            if !(1..=10_000).contains(&r.max_moves_per_pass) {
+                return Err(ConfigError::Invalid("[rebalance] max_moves_per_pass must be in [1, 10000]".into()));
             }
         }
         if let Some(p) = &self.placement {
@@ -659,6 +769,19 @@ mod tests {
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 1e20\n"), Err("must be in [1, 86400]"));
         check(&format!("{BASE}[rebalance]\nmargin_usd = -1\n"), Err("must be >= 0"));
         check(&format!("{BASE}[rebalance]\nevery = 1\n"), Err("unknown field `every`"));
+        check(&format!("{BASE}[rebalance]\nmode = \"auto\"\nmissed_checkpoint = \"resume-previous\"\n"), Ok(""));
+        check(&format!("{BASE}[rebalance]\nmode = \"approve\"\ncheckpoint_deadline_s = 30\n"), Ok(""));
+        check(&format!("{BASE}[rebalance]\nmode = \"off\"\nmax_moves_per_pass = 5\n"), Ok(""));
+        check(&format!("{BASE}[rebalance]\nmode = \"yes\"\n"), Err("unknown variant `yes`"));
+        check(&format!("{BASE}[rebalance]\nmode = 1\n"), Err("line 5, column 8"));
+        check(&format!("{BASE}[rebalance]\nmissed_checkpoint = \"retry\"\n"), Err("unknown variant `retry`"));
+        check(
+            &format!("{BASE}[rebalance]\ncheckpoint_deadline_s = 0\n"),
+            Err("checkpoint_deadline_s = 0 must be in (0, 86400]"),
+        );
+        check(&format!("{BASE}[rebalance]\nstop_deadline_s = -5\n"), Err("stop_deadline_s = -5 must be in (0, 86400]"));
+        check(&format!("{BASE}[rebalance]\nmax_moves_per_pass = 0\n"), Err("max_moves_per_pass must be in [1, 10000]"));
+        check(&format!("{BASE}[rebalance]\nmin_move_interval_s = nan\n"), Err("min_move_interval_s must be in"));
         let c = "[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\n";
         check(&format!("{BASE}{c}token_files = [\"/t2\"]\nmax_nodes = 2\nmax_gpus = {{ h100 = 16 }}\n"), Ok("a"));
         check(&format!("{BASE}{c}max_gpus = {{ \"\" = 1 }}\n"), Err("empty GPU type"));

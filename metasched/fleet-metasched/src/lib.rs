@@ -53,7 +53,7 @@ use fleet_api::auth;
 use serde::Deserialize;
 
 pub use config::Config;
-use config::{RebalanceConfig, Tokens};
+use config::{RebalanceConfig, RebalanceMode, Tokens};
 use feeds::{FeedCheck, FeedDirs, FeedWatcher};
 use metrics::Metrics;
 use store::{Caller, JobFilter, Store, StoreError};
@@ -124,6 +124,9 @@ struct AppState {
     // The latest pass, replaced whole (std-style lock, never held across
     // an `.await`).
     rebalance: Arc<parking_lot::Mutex<Arc<store::Rebalance>>>,
+    /// `[rebalance] mode`, or as the admin set it since the start
+    /// (`POST /v1/rebalance/mode`; a restart goes back to the file's).
+    rebalance_mode: Arc<parking_lot::Mutex<RebalanceMode>>,
 }
 
 /// How often the feed files are checked for changes.
@@ -264,9 +267,52 @@ async fn watch_tokens(st: AppState) {
     }
 }
 
+fn move_policy(cfg: &RebalanceConfig) -> store::MovePolicy {
+    store::MovePolicy {
+        checkpoint_deadline_s: cfg.checkpoint_deadline_s,
+        resume_previous: cfg.missed_checkpoint == config::MissedCheckpoint::ResumePrevious,
+        stop_deadline_s: cfg.stop_deadline_s,
+        min_move_interval_s: cfg.min_move_interval_s,
+    }
+}
+
+fn proposal_why(p: &ranking::RebalanceProposal) -> String {
+    format!("rebalance {}: saves {:.2} USD", p.id, p.saving_usd)
+}
+
 async fn rebalance_pass(st: &AppState) -> store::Rebalance {
+    let mode = *st.rebalance_mode.lock();
+    if mode == RebalanceMode::Off {
+        let r = store::Rebalance {
+            reason: Some("[rebalance] mode = \"off\": no rebalancing pass runs".into()),
+            mode: mode.as_str().into(),
+            ..Default::default()
+        };
+        *st.rebalance.lock() = Arc::new(r.clone());
+        return r;
+    }
     let margin = st.rebalance_cfg.margin();
-    let r = match with_store(st, move |s, now| s.rebalance(&margin, now)).await {
+    let policy = move_policy(&st.rebalance_cfg);
+    let budget = st.rebalance_cfg.max_moves_per_pass as usize;
+    let r = match with_store(st, move |s, now| {
+        let mut r = s.rebalance(&margin, now)?;
+        r.mode = mode.as_str().into();
+        if mode == RebalanceMode::Auto {
+            // The engine's own proposals, best saving first, a few per pass.
+            for p in &r.proposals {
+                if r.started.len() >= budget {
+                    break;
+                }
+                match s.start_move(&Caller::Admin, &p.fleet_job_id, &p.to, &proposal_why(p), &policy, now) {
+                    Ok(_) => r.started.push(p.id.clone()),
+                    Err(e) => tracing::info!(proposal = %p.id, "not moved: {e}"),
+                }
+            }
+        }
+        Ok(r)
+    })
+    .await
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e.msg, "rebalancing pass failed; keeping the previous proposals");
@@ -349,6 +395,7 @@ pub async fn run_with(
     };
     let has_engine = store.has_engine();
     let rebalance_cfg = config.rebalance.clone().unwrap_or_default();
+    let rebalance_mode = rebalance_cfg.mode;
     let initial = store::Rebalance {
         reason: Some(if has_engine { "no rebalancing pass has run yet".into() } else { store::NO_ENGINE.into() }),
         ..Default::default()
@@ -369,6 +416,7 @@ pub async fn run_with(
         feeds: watcher,
         rebalance_cfg,
         rebalance: Arc::new(parking_lot::Mutex::new(Arc::new(initial))),
+        rebalance_mode: Arc::new(parking_lot::Mutex::new(rebalance_mode)),
     };
     *control.inner.lock() = Some(state.clone());
     let mut background = Vec::new();
@@ -492,6 +540,8 @@ fn router(state: AppState) -> Router {
         .route("/v1/clusters", get(clusters))
         .route("/v1/prices", post(import_prices).layer(limit(PRICES_BODY)))
         .route("/v1/rebalance", get(rebalance))
+        .route("/v1/rebalance/mode", post(rebalance_mode))
+        .route("/v1/rebalance/approve/:id", post(rebalance_approve))
         .route("/v1/jobs/:id", get(get_job))
         .route("/v1/jobs/:id/status", post(status))
         .route("/v1/jobs/:id/output", post(post_output).layer(limit(OUTPUT_BODY)).get(get_output))
@@ -821,8 +871,69 @@ async fn rebalance(State(st): State<AppState>, Extension(caller): Extension<Call
     if caller != Caller::Admin {
         return Err(ApiError::new(StatusCode::FORBIDDEN, "only the admin reads rebalancing proposals"));
     }
+    let mut latest = (**st.rebalance.lock()).clone();
+    latest.mode = st.rebalance_mode.lock().as_str().into();
+    latest.moves = with_store(&st, |s, now| s.moves(now)).await?;
+    Ok(Json(latest).into_response())
+}
+
+/// `POST /v1/rebalance/mode` `{"mode": "auto"}` (admin): the mode until
+/// the next restart (the file's `[rebalance] mode` then applies again).
+async fn rebalance_mode(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    if caller != Caller::Admin {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only the admin sets the rebalancing mode"));
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        mode: String,
+    }
+    let req: Req = parse(&body, "rebalance mode")?;
+    let mode: RebalanceMode = req.mode.parse().map_err(|e: String| ApiError::new(StatusCode::BAD_REQUEST, e))?;
+    if mode != RebalanceMode::Off && !with_store(&st, |s, _| Ok(s.has_engine())).await? {
+        return Err(ApiError::new(StatusCode::CONFLICT, store::NO_ENGINE));
+    }
+    let was = std::mem::replace(&mut *st.rebalance_mode.lock(), mode);
+    tracing::info!(from = was.as_str(), to = mode.as_str(), "rebalancing mode set by the admin");
+    Ok(Json(serde_json::json!({ "mode": mode.as_str(), "was": was.as_str() })).into_response())
+}
+
+/// `POST /v1/rebalance/approve/{id}` (admin, mode `approve` or `auto`):
+/// carry out proposal `id` of the latest pass (a planned move starts).
+async fn rebalance_approve(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Response> {
+    if caller != Caller::Admin {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only the admin approves a migration"));
+    }
+    let mode = *st.rebalance_mode.lock();
+    if !matches!(mode, RebalanceMode::Approve | RebalanceMode::Auto) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "[rebalance] mode is \"{}\": proposals are not carried out (set mode = \"approve\" or \"auto\")",
+                mode.as_str()
+            ),
+        ));
+    }
     let latest = st.rebalance.lock().clone();
-    Ok(Json(&*latest).into_response())
+    let Some(p) = latest.proposals.iter().find(|p| p.id == id).cloned() else {
+        let shown: String = id.chars().take(80).flat_map(char::escape_default).collect();
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no proposal \"{shown}\" in the latest rebalancing pass (see fleetctl rebalance)"),
+        ));
+    };
+    let policy = move_policy(&st.rebalance_cfg);
+    let why = proposal_why(&p);
+    let rec = with_store(&st, move |s, now| s.start_move(&caller, &p.fleet_job_id, &p.to, &why, &policy, now)).await?;
+    Ok((StatusCode::ACCEPTED, Json(rec)).into_response())
 }
 
 async fn get_job(

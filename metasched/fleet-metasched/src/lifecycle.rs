@@ -25,6 +25,19 @@
 //! the run died with its nodes): assigned/pending/running ──resumable──▶
 //! queued (a migration: placed again, new epoch) │ not resumable ──▶ failed
 //! │ being cancelled ──▶ cancelled; held, queued, terminal: nothing.
+//! planned migration (a rebalancing move), a phase of a running job (its
+//! state stays running for the stand-in):
+//!   running ──move (checkpoints)──▶ checkpointing ──new valid checkpoint──▶ stopping
+//!   running ──move (restartable, no checkpoints)──────────────────────────▶ stopping
+//!   checkpointing ──deadline missed──▶ stopping (policy: resume from the previous
+//!                                     valid checkpoint) │ running (policy: stay)
+//!   checkpointing ──target refuses──▶ running (the move is abandoned)
+//!   stopping ──the run reports cancelled──▶ queued (migrate: new epoch, placed
+//!                                           at the target, resumes there)
+//!   either phase: the job ends by itself ──▶ that end; scancel ──▶ cancelled
+//!   (checkpointing: cancelled at the target as usual; stopping: the cancel
+//!   already under way ends it cancelled); the run dies (its cluster is
+//!   silent past its grace period) ──▶ the ordinary dead-run migration.
 //! ```
 
 use fleet_api::JobState;
@@ -47,6 +60,21 @@ pub struct Life {
     pub restart: u32,
     /// The current placement's epoch (0: never placed).
     pub epoch: u64,
+    /// A planned migration under way (a running job only).
+    pub moving: Moving,
+}
+
+/// The phase of a planned migration (a rebalancing move) of a running job.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Moving {
+    #[default]
+    No,
+    /// Signalled (when it declares a checkpoint signal); waiting for a new
+    /// valid checkpoint in the catalog, up to a deadline.
+    Checkpointing,
+    /// The run at the source is being cancelled; once it reports its end
+    /// the job is placed again (new epoch) and resumes at the target.
+    Stopping,
 }
 
 impl Default for Life {
@@ -61,6 +89,7 @@ impl Default for Life {
             remote_cancel_pending: false,
             restart: 0,
             epoch: 0,
+            moving: Moving::No,
         }
     }
 }
@@ -94,6 +123,20 @@ pub enum Event {
     /// The stand-in, the origin agent or the admin signals the job
     /// (`POST /signal`).
     Signal,
+    /// A planned migration starts (auto rebalancing or an approved
+    /// proposal). `checkpoints`: the job checkpoints, so a fresh one is
+    /// waited for; otherwise (a restartable job) it is stopped at once.
+    MoveStart { checkpoints: bool },
+    /// A valid checkpoint newer than the move's start is in the catalog
+    /// (and the target can still take the job).
+    CheckpointTaken,
+    /// No new checkpoint before the deadline. `fallback`: the policy says
+    /// move anyway (resuming from the previous valid checkpoint, or from
+    /// the start when restartable); otherwise the job stays.
+    CheckpointMissed { fallback: bool },
+    /// The target can no longer take the job (full, unhealthy, excluded)
+    /// before the run was stopped: the move is abandoned.
+    MoveRefused,
 }
 
 /// What the store does besides saving the new [`Life`].
@@ -135,6 +178,17 @@ pub enum Effect {
     /// The run died and the job can neither resume from a checkpoint nor
     /// restart: it fails with the reason.
     FailUnresumable,
+    /// A planned move starts: note it, and signal the job for a checkpoint
+    /// when it declares a signal.
+    SignalCheckpoint,
+    /// A planned move stops the run at its source: the target agent
+    /// cancels it (its cancel work), the job is not cancelled.
+    StopRun,
+    /// A planned move was abandoned; the job stays (the reason is noted).
+    AbandonMove,
+    /// The stopped run ended: the planned move continues as a migration
+    /// to the chosen target (with [`Effect::Migrate`] and [`Effect::Place`]).
+    PlannedMove,
 }
 
 /// How the caller is answered.
@@ -251,6 +305,9 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
                 return ok(next, vec![]);
             }
             next.cancel_requested = true;
+            if life.moving == Moving::Checkpointing {
+                next.moving = Moving::No;
+            }
             if matches!(cur, S::Held | S::Queued) || (cur == S::Assigned && !life.submitted) {
                 next.state = S::Cancelled;
                 next.start_requested = false;
@@ -267,6 +324,50 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             None => died(life, next, resumable),
         },
         Event::Signal => signal(life),
+        Event::MoveStart { checkpoints } => move_start(life, next, checkpoints),
+        Event::CheckpointTaken if life.moving == Moving::Checkpointing && cur == S::Running => {
+            next.moving = Moving::Stopping;
+            ok(next, vec![Effect::StopRun, Effect::WakeTarget])
+        }
+        Event::CheckpointMissed { fallback } if life.moving == Moving::Checkpointing && cur == S::Running => {
+            if fallback {
+                next.moving = Moving::Stopping;
+                ok(next, vec![Effect::StopRun, Effect::WakeTarget])
+            } else {
+                next.moving = Moving::No;
+                ok(next, vec![Effect::AbandonMove])
+            }
+        }
+        Event::MoveRefused if life.moving == Moving::Checkpointing => {
+            next.moving = Moving::No;
+            ok(next, vec![Effect::AbandonMove])
+        }
+        Event::CheckpointTaken | Event::CheckpointMissed { .. } | Event::MoveRefused => ok(next, vec![]),
+    }
+}
+
+/// A planned migration of a running job starts (see the diagram above).
+fn move_start(life: &Life, mut next: Life, checkpoints: bool) -> Outcome {
+    use JobState as S;
+    let cur = life.state;
+    if cur.is_terminal() {
+        return refuse(life, Reply::TerminalConflict(format!("the job is already {cur}; there is nothing to move")));
+    }
+    if cur != S::Running || !life.submitted {
+        return refuse(life, Reply::Conflict(format!("the job is {cur}: only a running job is moved")));
+    }
+    if life.cancel_requested {
+        return refuse(life, Reply::Conflict("the job is being cancelled".into()));
+    }
+    if life.moving != Moving::No {
+        return refuse(life, Reply::Conflict("the job is already being moved".into()));
+    }
+    if checkpoints {
+        next.moving = Moving::Checkpointing;
+        ok(next, vec![Effect::SignalCheckpoint, Effect::WakeTarget])
+    } else {
+        next.moving = Moving::Stopping;
+        ok(next, vec![Effect::StopRun, Effect::WakeTarget])
     }
 }
 
@@ -306,6 +407,7 @@ fn rerun(life: &Life, mut next: Life, origin_job_id: u64, restart: u32) -> Outco
     next.submitted = false;
     next.cancel_requested = false;
     next.restart = restart;
+    next.moving = Moving::No;
     ok(next, vec![Effect::Rerun, Effect::RecordStartRequest, Effect::WakeOrigin])
 }
 
@@ -329,6 +431,7 @@ fn died(life: &Life, mut next: Life, resumable: bool) -> Outcome {
     }
     next.submitted = false;
     next.remote_cancel_pending = false;
+    next.moving = Moving::No;
     if life.cancel_requested {
         next.state = S::Cancelled;
         return ok(next, vec![]);
@@ -389,8 +492,20 @@ fn report(life: &Life, mut next: Life, new: Option<JobState>, remote_job_id: Opt
             None => refuse(life, Reply::TerminalConflict(format!("the job is already {cur}"))),
         };
     }
+    // The run a planned move stopped has ended cancelled: the job moves
+    // (a new placement at the target, which resumes it).
+    if life.moving == Moving::Stopping && new == Some(S::Cancelled) && !life.cancel_requested {
+        next.state = S::Queued;
+        next.submitted = false;
+        next.moving = Moving::No;
+        return ok(next, vec![Effect::PlannedMove, Effect::Migrate, Effect::Place]);
+    }
     next.submitted = true;
     let mut effects = vec![Effect::TakeReport];
+    if new.is_some_and(|n| n.is_terminal()) {
+        // It ended by itself (or was cancelled) meanwhile: no move.
+        next.moving = Moving::No;
+    }
     if let Some(n) = new {
         if cur == S::Running && n == S::Pending {
             effects.push(Effect::Requeue);
@@ -440,6 +555,7 @@ mod tests {
             remote_cancel_pending: false,
             restart: 0,
             epoch: 1,
+            moving: Moving::No,
         }
     }
 
@@ -513,11 +629,158 @@ mod tests {
                 Event::Died { resumable: true, epoch: Some(7) },
                 "H!409t Q!409t A!409t P!409t R!409t C!409t F!409t X!409t L!409t",
             ),
+            // Planned moves start only from running; the other move events
+            // do nothing to a job that is not being moved.
+            (Event::MoveStart { checkpoints: true }, "H!409 Q!409 A!409 P!409 R C!409t F!409t X!409t L!409t"),
+            (Event::MoveStart { checkpoints: false }, "H!409 Q!409 A!409 P!409 R C!409t F!409t X!409t L!409t"),
+            (Event::CheckpointTaken, "H Q A P R C F X L"),
+            (Event::CheckpointMissed { fallback: true }, "H Q A P R C F X L"),
+            (Event::CheckpointMissed { fallback: false }, "H Q A P R C F X L"),
+            (Event::MoveRefused, "H Q A P R C F X L"),
         ];
         for (event, want) in table {
             let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
             assert_eq!(got.join(" "), want, "{event:?}");
         }
+    }
+
+    /// `<state letter><phase>` with phase `c` (checkpointing), `s`
+    /// (stopping) or nothing, then the reply code as in [`cell`].
+    fn move_cell(o: &Outcome) -> String {
+        let phase = match o.life.moving {
+            Moving::No => "",
+            Moving::Checkpointing => "c",
+            Moving::Stopping => "s",
+        };
+        let c = cell(o);
+        let (state, code) = c.split_at(1);
+        format!("{state}{phase}{code}")
+    }
+
+    /// Every event against a running job in each phase of a planned
+    /// move: no move, checkpointing, stopping (cells in that order).
+    #[test]
+    fn every_move_phase_times_every_event() {
+        let phases = [Moving::No, Moving::Checkpointing, Moving::Stopping];
+        let table: Vec<(Event, &str)> = vec![
+            (Event::MoveStart { checkpoints: true }, "Rc Rc!409 Rs!409"),
+            (Event::MoveStart { checkpoints: false }, "Rs Rc!409 Rs!409"),
+            (Event::CheckpointTaken, "R Rs Rs"),
+            // Deadline missed: move anyway (previous checkpoint) or stay, per policy.
+            (Event::CheckpointMissed { fallback: true }, "R Rs Rs"),
+            (Event::CheckpointMissed { fallback: false }, "R R Rs"),
+            // The target refuses: abandoned before the stop, too late after.
+            (Event::MoveRefused, "R R Rs"),
+            // scancel: checkpointing ends (cancelled at the target as usual);
+            // stopping keeps going, its end is then a cancel.
+            (Event::Cancel, "R R Rs"),
+            (report(Some(S::Running)), "R Rc Rs"),
+            (report(Some(S::Pending)), "P Pc Ps"),
+            // The stopped run ends cancelled: queued for its new placement.
+            (report(Some(S::Cancelled)), "X X Q"),
+            // It ended by itself meanwhile: that is its end.
+            (report(Some(S::Completed)), "C C C"),
+            (report(Some(S::Failed)), "F F F"),
+            (report(Some(S::Lost)), "L L L"),
+            // Its cluster died mid-move: the ordinary dead-run migration.
+            (Event::Died { resumable: true, epoch: None }, "Q Q Q"),
+            (Event::Died { resumable: false, epoch: None }, "F F F"),
+            (Event::Died { resumable: true, epoch: Some(9) }, "R!409t Rc!409t Rs!409t"),
+            (Event::Signal, "R Rc Rs"),
+            (Event::Placed, "R Rc Rs"),
+            (Event::TargetLost, "R Rc Rs"),
+            (Event::RequestStart { origin_job_id: 7, restart: 0 }, "R Rc Rs"),
+            (Event::RequestStart { origin_job_id: 7, restart: 1 }, "R!409 Rc!409 Rs!409"),
+        ];
+        for (event, want) in table {
+            let got: Vec<String> = phases
+                .iter()
+                .map(|m| move_cell(&transition(&Life { moving: *m, ..typical(S::Running) }, &event)))
+                .collect();
+            assert_eq!(got.join(" "), want, "{event:?}");
+        }
+    }
+
+    #[test]
+    fn a_planned_move_checkpoints_stops_and_moves() {
+        use Effect as E;
+        let running = typical(S::Running);
+        let ckpting = Life { moving: Moving::Checkpointing, ..running.clone() };
+        let stopping = Life { moving: Moving::Stopping, ..running.clone() };
+        check(
+            running.clone(),
+            Event::MoveStart { checkpoints: true },
+            ckpting.clone(),
+            &[E::SignalCheckpoint, E::WakeTarget],
+            "ok",
+        );
+        check(
+            running.clone(),
+            Event::MoveStart { checkpoints: false },
+            stopping.clone(),
+            &[E::StopRun, E::WakeTarget],
+            "ok",
+        );
+        check(ckpting.clone(), Event::MoveStart { checkpoints: true }, ckpting.clone(), &[], "already being moved");
+        check(
+            typical(S::Pending),
+            Event::MoveStart { checkpoints: true },
+            typical(S::Pending),
+            &[],
+            "only a running job is moved",
+        );
+        let cancelling = Life { cancel_requested: true, ..running.clone() };
+        check(cancelling.clone(), Event::MoveStart { checkpoints: true }, cancelling, &[], "being cancelled");
+        check(ckpting.clone(), Event::CheckpointTaken, stopping.clone(), &[E::StopRun, E::WakeTarget], "ok");
+        check(
+            ckpting.clone(),
+            Event::CheckpointMissed { fallback: true },
+            stopping.clone(),
+            &[E::StopRun, E::WakeTarget],
+            "ok",
+        );
+        check(ckpting.clone(), Event::CheckpointMissed { fallback: false }, running.clone(), &[E::AbandonMove], "ok");
+        check(ckpting.clone(), Event::MoveRefused, running.clone(), &[E::AbandonMove], "ok");
+        check(stopping.clone(), Event::MoveRefused, stopping.clone(), &[], "ok");
+        // The stopped run's end: a migration to a new placement (new epoch).
+        let moved = Life { state: S::Queued, submitted: false, ..running.clone() };
+        check(
+            stopping.clone(),
+            report(Some(S::Cancelled)),
+            moved.clone(),
+            &[E::PlannedMove, E::Migrate, E::Place],
+            "ok",
+        );
+        check(
+            moved,
+            Event::Placed,
+            Life { state: S::Assigned, epoch: 2, submitted: false, ..running.clone() },
+            &[E::NewEpoch, E::WakeTarget],
+            "ok",
+        );
+        // scancel while stopping: the cancel under way ends it cancelled.
+        let both = Life { cancel_requested: true, ..stopping.clone() };
+        check(stopping.clone(), Event::Cancel, both.clone(), &[E::WakeTarget], "ok");
+        check(
+            both,
+            report(Some(S::Cancelled)),
+            Life { state: S::Cancelled, cancel_requested: true, ..running.clone() },
+            &[E::TakeReport, E::RecordOutcome],
+            "ok",
+        );
+        // scancel while checkpointing: the move is dropped, the cancel goes to the target.
+        check(
+            ckpting.clone(),
+            Event::Cancel,
+            Life { cancel_requested: true, ..running.clone() },
+            &[E::WakeTarget],
+            "ok",
+        );
+        // It completed by itself while checkpointing: completed, no move.
+        check(ckpting, report(Some(S::Completed)), typical(S::Completed), &[E::TakeReport, E::RecordOutcome], "ok");
+        // A stale report (an older epoch) does not end the stop.
+        let stale = Event::Report { state: Some(S::Cancelled), remote_job_id: Some(3), epoch: Some(0) };
+        check(stopping.clone(), stale, stopping, &[], "stale");
     }
 
     fn check(life: Life, event: Event, want: Life, effects: &[Effect], reply: &str) {

@@ -58,6 +58,10 @@ pub struct RunningInput<'a> {
 /// One proposed migration (`GET /v1/rebalance`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RebalanceProposal {
+    /// `<fleet job id>-e<epoch>`: what `fleetctl rebalance approve` names;
+    /// stable across passes while the job stays where it is.
+    #[serde(default)]
+    pub id: String,
     pub fleet_job_id: String,
     pub from: String,
     pub to: String,
@@ -256,6 +260,7 @@ impl Ranker {
                 }
                 let pool = to.pools.get(p.to.pool as usize)?;
                 Some(RebalanceProposal {
+                    id: String::new(),
                     fleet_job_id: p.job_id,
                     from: r.cluster.to_string(),
                     to: to.name.clone(),

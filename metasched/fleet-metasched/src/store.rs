@@ -24,13 +24,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ClusterConfig, Health};
 use crate::feeds::Feeds;
-use crate::lifecycle::{transition, Effect, Event, Life, Reply};
+use crate::lifecycle::{transition, Effect, Event, Life, Moving, Reply};
 use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
 
 /// The checkpoint catalog (its table and every query of it).
 mod catalog;
+/// Planned migrations (rebalancing moves) carried out.
+mod moves;
+
+pub use moves::{MoveFigures, MovePolicy, MoveStatus, PlannedMove};
 
 /// Who is calling, after authentication.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +159,15 @@ pub struct Job {
     /// while another cluster can take the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avoid: Option<String>,
+    /// A planned migration under way (rebalancing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned: Option<PlannedMove>,
+    /// The next placement goes here when it can (a planned move's target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<String>,
+    /// The last planned move's figures (decision, checkpoint, running again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_move: Option<moves::MoveFigures>,
 }
 
 /// `GET /v1/jobs/{id}/explain`: why the job is (or would be) where it is.
@@ -224,8 +237,8 @@ pub struct PriceImport {
     pub applied: bool,
 }
 
-/// `GET /v1/rebalance`: the latest rebalancing pass. Proposals only: the
-/// meta-scheduler does not carry migrations out (yet).
+/// `GET /v1/rebalance`: the latest rebalancing pass, the mode (which says
+/// whether its proposals are carried out) and the planned moves under way.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rebalance {
     /// Engine policy of the pass (empty: no engine configured).
@@ -243,6 +256,15 @@ pub struct Rebalance {
     /// Why there are no proposals when no pass can run (no engine policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `[rebalance] mode` in force (or as set at run time by the admin).
+    #[serde(default)]
+    pub mode: String,
+    /// Planned moves under way or recently done.
+    #[serde(default)]
+    pub moves: Vec<MoveStatus>,
+    /// Proposal ids the pass itself started (`auto`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub started: Vec<String>,
 }
 
 /// Filter and page of `GET /v1/jobs` (query parameters). Without `limit`
@@ -455,7 +477,10 @@ fn target_work(job: &Job) -> Option<TargetWork> {
     let r = &job.record;
     if r.state == JobState::Assigned && !job.submitted && !r.cancel_requested {
         Some(TargetWork::Submit)
-    } else if (r.cancel_requested && !r.state.is_terminal()) || job.remote_cancel_pending {
+    } else if ((r.cancel_requested || job.planned.as_ref().is_some_and(|m| m.phase == Moving::Stopping))
+        && !r.state.is_terminal())
+        || job.remote_cancel_pending
+    {
         Some(TargetWork::Cancel)
     } else {
         None
@@ -474,6 +499,7 @@ fn life_of(job: &Job) -> Life {
         remote_cancel_pending: job.remote_cancel_pending,
         restart: r.origin_restart,
         epoch: r.epoch,
+        moving: job.planned.as_ref().map_or(Moving::No, |m| m.phase),
     }
 }
 
@@ -487,6 +513,11 @@ fn set_life(job: &mut Job, life: &Life) {
     job.remote_cancel_pending = life.remote_cancel_pending;
     job.record.origin_restart = life.restart;
     job.record.epoch = life.epoch;
+    match (life.moving, &mut job.planned) {
+        (Moving::No, p) => *p = None,
+        (phase, Some(m)) => m.phase = phase,
+        (_, None) => {}
+    }
 }
 
 /// A refusal of the lifecycle as the store's error.
@@ -911,6 +942,9 @@ impl Store {
             output_purged_at: None,
             left: Vec::new(),
             avoid: None,
+            planned: None,
+            prefer: None,
+            last_move: None,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -1149,8 +1183,13 @@ impl Store {
         }
         let (mut p, excluded) = placement::place(&view, &job.request);
         let previous = job.record.reason.clone();
-        // The engine ranks the clusters the first rule allows.
-        if let (Some(r), Placement::Home { .. } | Placement::Remote { .. }) = (&self.ranker, &p) {
+        // A planned move's target first, when the first rule lets it take the job now.
+        let preferred =
+            job.prefer.take().and_then(|want| moves::place_at(&view, &job.request, &job.record.origin, &want));
+        if let Some(pp) = preferred {
+            p = pp;
+        } else if let (Some(r), Placement::Home { .. } | Placement::Remote { .. }) = (&self.ranker, &p) {
+            // The engine ranks the clusters the first rule allows.
             let allowed: Vec<String> = view
                 .clusters
                 .iter()
@@ -1213,6 +1252,7 @@ impl Store {
     /// Periodic work: place waiting jobs, re-place jobs whose target went
     /// silent before submitting them.
     pub fn sweep(&mut self, now: f64) -> Result<(), StoreError> {
+        self.advance_moves(now)?;
         let jobs = self.query("SELECT data FROM jobs WHERE state IN ('queued', 'assigned')", [])?;
         for mut job in jobs {
             let before = (job.record.state, job.record.target.clone());
@@ -1580,6 +1620,7 @@ impl Store {
             return Ok(job.record);
         }
         let before = life_of(&job);
+        let planned = job.planned.clone();
         let o = transition(
             &before,
             &Event::Report { state: upd.state, remote_job_id: upd.remote_job_id, epoch: upd.epoch },
@@ -1614,6 +1655,13 @@ impl Store {
                 }
                 Effect::MarkRunning => {
                     job.running_since.get_or_insert(now);
+                    let here = job.record.target.clone();
+                    if let Some(f) = job.last_move.as_mut().filter(|f| f.stopped_at.is_some() && f.running_at.is_none())
+                    {
+                        f.running_at = Some(now);
+                        tracing::info!(job = id, from = %f.from, at = ?here, decision_to_running_s = now - f.decided_at,
+                            checkpoint_wait_s = ?f.checkpoint_wait_s, "planned move done: running again");
+                    }
                 }
                 Effect::RecordOutcome => {
                     job.record.exit_code = upd.exit_code;
@@ -1637,8 +1685,17 @@ impl Store {
                 | Effect::Rerun
                 | Effect::NewEpoch
                 | Effect::Migrate
-                | Effect::FailUnresumable => {}
+                | Effect::FailUnresumable
+                | Effect::SignalCheckpoint
+                | Effect::StopRun
+                | Effect::AbandonMove
+                | Effect::PlannedMove => {}
             }
+        }
+        if o.effects.contains(&Effect::PlannedMove) {
+            self.carry_planned_move(&mut job, planned, before.epoch, upd.final_stdout_len, now)?;
+            reply_result(id, &o.reply)?;
+            return Ok(job.record);
         }
         let takes = o.effects.iter().any(|e| *e != Effect::CompareOutcome);
         if takes {
@@ -1920,8 +1977,10 @@ impl Store {
             "SELECT data FROM jobs WHERE state = ?1 AND active = 1 ORDER BY submitted_at, id",
             [JobState::Running.as_str()],
         )?;
-        let jobs: Vec<Job> =
-            jobs.into_iter().filter(|j| j.request.fleet.interruptible && j.record.target.is_some()).collect();
+        let jobs: Vec<Job> = jobs
+            .into_iter()
+            .filter(|j| Self::restartable(j) && j.record.target.is_some() && j.planned.is_none())
+            .collect();
         let view = self.view(now);
         let running: Vec<RunningInput<'_>> = jobs
             .iter()
@@ -1936,14 +1995,19 @@ impl Store {
             .iter()
             .map(|j| placement::place(&view, &j.request).1.into_iter().map(|e| e.cluster).collect())
             .collect();
-        let proposals =
+        let mut proposals =
             r.propose(&view, &running, margin, |i, c| excluded.get(i).is_some_and(|ex| !ex.iter().any(|x| x == c)));
+        for p in &mut proposals {
+            let epoch = jobs.iter().find(|j| j.record.fleet_job_id == p.fleet_job_id).map_or(0, |j| j.record.epoch);
+            p.id = format!("{}-e{epoch}", p.fleet_job_id);
+        }
         Ok(Rebalance {
             policy: r.policy_name().to_string(),
             computed_at: Some(now),
             considered: running.len(),
             proposals,
             reason: None,
+            ..Default::default()
         })
     }
 

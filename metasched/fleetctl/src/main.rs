@@ -69,10 +69,15 @@ enum Command {
         action: PricesAction,
     },
     /// Migrations the meta-scheduler's latest rebalancing pass proposes for
-    /// running interruptible jobs: from, to, remaining run, and the engine's
-    /// USD figures (stay, move, migration cost, saving). Proposals only: the
-    /// meta-scheduler does not move jobs yet. `--json` prints the reply.
-    Rebalance,
+    /// running interruptible jobs: proposal id, from, to, remaining run, and
+    /// the engine's USD figures (stay, move, migration cost, saving); the
+    /// mode (`[rebalance] mode`: off, propose, approve, auto) and the planned
+    /// moves under way (phase, checkpoint wait, decision to running).
+    /// `--json` prints the reply.
+    Rebalance {
+        #[command(subcommand)]
+        action: Option<RebalanceAction>,
+    },
     /// Replay a job trace over a fleet model with the placement engine (offline; no token needed).
     /// `fleetctl simulate --help` lists its own flags.
     #[command(disable_help_flag = true)]
@@ -121,6 +126,23 @@ struct JobsArgs {
     /// Which page of --limit jobs: 1 is the newest.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     page: u32,
+}
+
+#[derive(Subcommand, Debug)]
+enum RebalanceAction {
+    /// Carry out proposal ID of the latest pass (mode `approve` or `auto`;
+    /// admin token): the job is asked for a checkpoint, stopped and resumed
+    /// at the proposal's target (docs/failover.md, "Planned migration").
+    Approve {
+        /// The proposal's id, as `fleetctl rebalance` lists it.
+        id: String,
+    },
+    /// Set the mode until the meta-scheduler restarts (its file's
+    /// `[rebalance] mode` applies again then): off, propose, approve, auto.
+    Mode {
+        /// off, propose, approve or auto.
+        mode: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -225,11 +247,26 @@ struct Rebalance {
     considered: usize,
     proposals: Vec<Proposal>,
     reason: Option<String>,
+    mode: String,
+    moves: Vec<MoveStatus>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct MoveStatus {
+    fleet_job_id: String,
+    from: String,
+    to: String,
+    phase: String,
+    decided_at: f64,
+    checkpoint_wait_s: Option<f64>,
+    decision_to_running_s: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct Proposal {
+    id: String,
     fleet_job_id: String,
     from: String,
     to: String,
@@ -799,6 +836,26 @@ fn rebalance_text(r: &Rebalance, now: f64) -> String {
             r.proposals.len()
         ));
     }
+    let secs = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}s"));
+    if !r.moves.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .moves
+            .iter()
+            .map(|m| {
+                vec![
+                    m.fleet_job_id.clone(),
+                    m.from.clone(),
+                    m.to.clone(),
+                    m.phase.clone(),
+                    age(now - m.decided_at),
+                    secs(m.checkpoint_wait_s),
+                    secs(m.decision_to_running_s),
+                ]
+            })
+            .collect();
+        s.push_str("moves:\n");
+        s.push_str(&table(&["JOB", "FROM", "TO", "PHASE", "DECIDED", "CKPT-WAIT", "TO-RUNNING"], &rows));
+    }
     if r.proposals.is_empty() {
         return s;
     }
@@ -807,6 +864,7 @@ fn rebalance_text(r: &Rebalance, now: f64) -> String {
         .iter()
         .map(|p| {
             vec![
+                p.id.clone(),
                 p.fleet_job_id.clone(),
                 p.from.clone(),
                 p.to.clone(),
@@ -821,10 +879,14 @@ fn rebalance_text(r: &Rebalance, now: f64) -> String {
         })
         .collect();
     s.push_str(&table(
-        &["JOB", "FROM", "TO", "POOL", "PRICING", "LEFT", "STAY$", "MOVE$", "MIGRATE$", "SAVING$"],
+        &["ID", "JOB", "FROM", "TO", "POOL", "PRICING", "LEFT", "STAY$", "MOVE$", "MIGRATE$", "SAVING$"],
         &rows,
     ));
-    s.push_str("proposals only: migrations are not carried out yet\n");
+    s.push_str(match r.mode.as_str() {
+        "approve" => "mode approve: carry one out with fleetctl rebalance approve <ID>\n",
+        "auto" => "mode auto: the meta-scheduler carries the best ones out itself\n",
+        _ => "mode propose: proposals only, none is carried out\n",
+    });
     s
 }
 
@@ -880,7 +942,29 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
             };
             print(&format!("{n} price entries ({skipped} fractional-GPU rows skipped), {applied}\n"))
         }
-        Command::Rebalance => {
+        Command::Rebalance { action: Some(RebalanceAction::Approve { id }) } => {
+            let path = format!("/v1/rebalance/approve/{}", query_escape(id));
+            let v = client.call(reqwest::Method::POST, &path)?;
+            if cli.json {
+                return print_json(&v);
+            }
+            let target = v["target"].as_str().unwrap_or("?");
+            let reason = v["reason"].as_str().unwrap_or("");
+            print(&format!("{id}: planned move started (the job still runs at {target}): {reason}\n"))
+        }
+        Command::Rebalance { action: Some(RebalanceAction::Mode { mode }) } => {
+            let v =
+                client.call_json(reqwest::Method::POST, "/v1/rebalance/mode", &serde_json::json!({ "mode": mode }))?;
+            if cli.json {
+                return print_json(&v);
+            }
+            print(&format!(
+                "rebalancing mode {} (was {}) until the meta-scheduler restarts\n",
+                v["mode"].as_str().unwrap_or("?"),
+                v["was"].as_str().unwrap_or("?")
+            ))
+        }
+        Command::Rebalance { action: None } => {
             let v = client.call(reqwest::Method::GET, "/v1/rebalance")?;
             if cli.json {
                 return print_json(&v);
@@ -1055,6 +1139,9 @@ mod tests {
         check(&["rebalance"], "Rebalance");
         check(&["rebalance", "--json"], "Rebalance");
         check(&["rebalance", "x"], "error 2");
+        check(&["rebalance", "approve", "j1-e1"], "Rebalance { action: Some(Approve { id: \"j1-e1\" }) }");
+        check(&["rebalance", "approve"], "error 2");
+        check(&["rebalance", "mode", "auto"], "Rebalance { action: Some(Mode { mode: \"auto\" }) }");
         check(&["job"], "error 2");
         check(&["bogus"], "error 2");
         check(&["--json", "clusters", "--url", "http://x:1"], "Clusters");
@@ -1092,7 +1179,18 @@ mod tests {
             policy: "cost".into(),
             computed_at: Some(100.0),
             considered: 1,
+            mode: "approve".into(),
+            moves: vec![MoveStatus {
+                fleet_job_id: "j0".into(),
+                from: "a".into(),
+                to: "b".into(),
+                phase: "running".into(),
+                decided_at: 90.0,
+                checkpoint_wait_s: Some(2.5),
+                decision_to_running_s: Some(7.25),
+            }],
             proposals: vec![Proposal {
+                id: "j1-e1".into(),
                 fleet_job_id: "j1".into(),
                 from: "a".into(),
                 to: "b".into(),
@@ -1107,9 +1205,10 @@ mod tests {
             t.starts_with("pass 5s ago, policy cost: 1 running interruptible job(s) considered, 1 proposal(s)\n"),
             "{t}"
         );
-        assert!(t.contains("j1   a     b"), "{t}");
+        assert!(t.contains("j1-e1  j1   a     b"), "{t}");
         assert!(t.contains("12.35"), "{t}");
-        assert!(t.ends_with("proposals only: migrations are not carried out yet\n"), "{t}");
+        assert!(t.contains("j0   a     b   running  15s      2.5s       7.2s"), "{t}");
+        assert!(t.ends_with("mode approve: carry one out with fleetctl rebalance approve <ID>\n"), "{t}");
     }
 
     fn record(state: JobState, remote: Option<u64>, exit_code: Option<i32>, signal: Option<i32>) -> JobRecord {

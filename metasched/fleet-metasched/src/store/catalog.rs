@@ -97,7 +97,7 @@ fn seq_of(url: &str) -> Option<(&str, u64)> {
 
 /// The job's own checkpoint location: `--fleet-ckpt`, else `#FLEET ckpt=`
 /// in its script (the option wins, as sbatch options win over `#SBATCH`).
-fn declared_ckpt(job: &Job) -> Option<String> {
+pub(super) fn declared_ckpt(job: &Job) -> Option<String> {
     let own = job.request.fleet.ckpt.clone().or_else(|| {
         let script = job.request.script.as_deref()?;
         fleet_engine::job::Directives::parse_bytes(script).0.ckpt
