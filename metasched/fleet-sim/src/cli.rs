@@ -301,6 +301,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         outages,
         rebalance_every_s: args.rebalance_every_s.max(0.0),
         bucket_s: (args.bucket_hours * 3600.0).max(60.0),
+        full_rebuild: false,
     };
     let strategies = strategies(args, &model)?;
     let bar = if args.quiet {
