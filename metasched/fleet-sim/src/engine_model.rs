@@ -39,6 +39,9 @@ pub struct EngineSetup {
 pub use crate::sim::{FIRST_START, GREEDY, GREEDY_SPOT, HOME_ONLY, RANDOM};
 pub const LOWER_BOUND: &str = "lower-bound";
 
+/// Cloning gives an independent model in the same state (one per simulated
+/// strategy, without parsing the inputs again).
+#[derive(Clone)]
 pub struct EngineModel {
     pub fleet: FleetModel,
     policies: Policies,
