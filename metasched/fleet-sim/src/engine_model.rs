@@ -60,6 +60,10 @@ pub struct EngineModel {
     pool_static: Vec<Vec<(bool, bool, Option<f64>)>>,
     /// `state` holds the idle fleet as synced for a job of this many GPUs.
     idle_synced: Option<u32>,
+    /// Per cluster: the load version last copied into `state` (0 = none), and the
+    /// job size it was copied for.
+    synced: Vec<u64>,
+    synced_gpus: Option<u32>,
     notes: Vec<String>,
     /// Regions holding a copy of each named (shared) dataset.
     staged: BTreeMap<String, Vec<fleet_engine::model::RegionId>>,
@@ -208,6 +212,8 @@ impl EngineModel {
             margin: MigrationMargin::default(),
             pool_static: Vec::new(),
             idle_synced: None,
+            synced: Vec::new(),
+            synced_gpus: None,
         };
         m.reindex_pools();
         Ok(m)
@@ -418,10 +424,22 @@ impl EngineModel {
     ///
     /// The pools' fixed facts (sells spot, spot trace, its preemption rate) come from
     /// `pool_static`, a flat copy, so the pass reads only the load and the state.
+    ///
+    /// Incremental: a cluster whose load carries the version copied last time, for
+    /// a job of the same size, is left as it is ([`ClusterLoad::version`]).
     fn sync_state(&mut self, now: f64, load: &[ClusterLoad], gpus: u32) {
         self.idle_synced = None;
         self.state.now_unix = self.epoch_unix + now;
-        for ((cs, l), st) in self.state.clusters.iter_mut().zip(load).zip(&self.pool_static) {
+        let same_size = self.synced_gpus == Some(gpus);
+        self.synced_gpus = Some(gpus);
+        self.synced.resize(load.len(), 0);
+        for (((cs, l), st), seen) in
+            self.state.clusters.iter_mut().zip(load).zip(&self.pool_static).zip(&mut self.synced)
+        {
+            if same_size && l.version != 0 && *seen == l.version {
+                continue;
+            }
+            *seen = l.version;
             cs.healthy = l.up;
             let mut pending = 0u32;
             for ((ps, pl), &(has_spot, traced, rate)) in cs.pools.iter_mut().zip(&l.pools).zip(st) {
@@ -469,6 +487,7 @@ impl EngineModel {
             })
             .collect();
         self.idle_synced = None;
+        self.synced_gpus = None;
     }
 
     /// The simulator's offer for an engine placement. The engine's overhead hours

@@ -73,6 +73,18 @@ pub struct PoolLoad {
 pub struct ClusterLoad {
     pub up: bool,
     pub pools: Vec<PoolLoad>,
+    /// Changes (to a number never used before in this process) whenever `up` or
+    /// any of the pools' load, wait estimates included, may have changed: a model
+    /// that copies the load may skip a cluster whose version it has copied for a
+    /// job of the same size. 0 = unversioned, always read.
+    pub version: u64,
+}
+
+/// A fresh [`ClusterLoad::version`].
+fn next_version() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, AtomicOrdering::Relaxed)
 }
 
 /// One feasible placement for a job, as ranked by the model.
@@ -576,9 +588,16 @@ impl<M: Model> Sim<'_, M> {
             self.dirty.clear();
         }
         for (ps, cl) in self.pools.iter().zip(buf.iter_mut()) {
+            let mut changed = false;
             for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
-                pl.est_wait_s =
-                    if gpus <= pl.start_free || !estimate { 0.0 } else { self.start_estimate(p, now, gpus) - now };
+                let w = if gpus <= pl.start_free || !estimate { 0.0 } else { self.start_estimate(p, now, gpus) - now };
+                if w.to_bits() != pl.est_wait_s.to_bits() {
+                    pl.est_wait_s = w;
+                    changed = true;
+                }
+            }
+            if changed {
+                cl.version = next_version();
             }
         }
         buf
@@ -588,6 +607,7 @@ impl<M: Model> Sim<'_, M> {
     fn pool_load(&self, ci: usize, pi: usize, cl: &mut ClusterLoad) {
         let p = &self.pools[ci][pi];
         cl.up = self.up[ci];
+        cl.version = next_version();
         let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
         let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
         // GPUs a newcomer may take now: what the queue's head has not
@@ -1271,6 +1291,7 @@ pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
         .iter()
         .map(|c| ClusterLoad {
             up: true,
+            version: 0,
             pools: c
                 .pools
                 .iter()

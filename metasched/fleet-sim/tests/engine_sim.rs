@@ -574,13 +574,14 @@ fn incremental_pool_state_decides_as_the_full_rebuild() {
     }
     toml.push_str("[[teams]]\nname = \"vc1\"\nhome = \"home\"\n[[teams]]\nname = \"*\"\nhome = \"k1-cheap\"\n");
     let s = EngineSetup { fleet_toml: toml, ..setup() };
-    // Busier than `trace_csv`: 240 jobs, one every 150 s, so queues form.
+    // Busier than `trace_csv`: 240 jobs, one every 150 s, so queues form; runs of
+    // jobs of one size (the engine state is kept across them).
     let mut csv = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
     for i in 0..240u32 {
         let t = 150 * i;
         let (h, m, sec) = (10 + t / 3600, (t % 3600) / 60, t % 60);
         let dur = 1800 + (i * 7919 % 12) * 3600;
-        let g = [1, 2, 4, 8, 16][(i % 5) as usize];
+        let g = [1, 1, 1, 2, 4, 4, 8, 16, 1, 8][(i % 10) as usize];
         let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
         csv.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
     }
