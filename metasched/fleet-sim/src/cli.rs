@@ -301,8 +301,13 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         outages,
         rebalance_every_s: args.rebalance_every_s.max(0.0),
         bucket_s: (args.bucket_hours * 3600.0).max(60.0),
+        full_rebuild: false,
     };
     let strategies = strategies(args, &model)?;
+    // Each strategy runs on its own copy of a fresh model (built and given its
+    // spot traces once: cloning is cheaper than parsing the inputs per strategy).
+    let mut template = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+    template.assign_spot_traces(&loaded.spot);
     let bar = if args.quiet {
         indicatif::ProgressBar::hidden()
     } else {
@@ -328,9 +333,9 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
                     let s = strategies[k].clone();
                     let (jobs, cfg, bar, loaded) = (&jobs, &cfg, &bar, loaded);
                     let spot_traces = &loaded.spot;
+                    let template = &template;
                     sc.spawn(move || {
-                        let mut m = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
-                        m.assign_spot_traces(spot_traces);
+                        let mut m = template.clone();
                         let last = std::cell::Cell::new(0u64);
                         let tick = |n: u64| {
                             bar.inc(n.saturating_sub(last.get()));

@@ -39,6 +39,9 @@ pub struct EngineSetup {
 pub use crate::sim::{FIRST_START, GREEDY, GREEDY_SPOT, HOME_ONLY, RANDOM};
 pub const LOWER_BOUND: &str = "lower-bound";
 
+/// Cloning gives an independent model in the same state (one per simulated
+/// strategy, without parsing the inputs again).
+#[derive(Clone)]
 pub struct EngineModel {
     pub fleet: FleetModel,
     policies: Policies,
@@ -52,6 +55,15 @@ pub struct EngineModel {
     spot_rates: Vec<f64>,
     /// Spot trace of each (cluster, pool) that sells spot.
     pool_spot: Vec<Vec<Option<usize>>>,
+    /// Per (cluster, pool): sells spot, has a spot trace, that trace's preemption
+    /// rate (what `sync_state` needs besides the load, kept flat).
+    pool_static: Vec<Vec<(bool, bool, Option<f64>)>>,
+    /// `state` holds the idle fleet as synced for a job of this many GPUs.
+    idle_synced: Option<u32>,
+    /// Per cluster: the load version last copied into `state` (0 = none), and the
+    /// job size it was copied for.
+    synced: Vec<u64>,
+    synced_gpus: Option<u32>,
     notes: Vec<String>,
     /// Regions holding a copy of each named (shared) dataset.
     staged: BTreeMap<String, Vec<fleet_engine::model::RegionId>>,
@@ -182,7 +194,7 @@ impl EngineModel {
                 })
             })
             .collect();
-        Ok(EngineModel {
+        let mut m = EngineModel {
             fleet,
             policies,
             baseline_policies,
@@ -198,7 +210,13 @@ impl EngineModel {
             sim_data,
             own_sim_uris,
             margin: MigrationMargin::default(),
-        })
+            pool_static: Vec::new(),
+            idle_synced: None,
+            synced: Vec::new(),
+            synced_gpus: None,
+        };
+        m.reindex_pools();
+        Ok(m)
     }
 
     pub fn cluster_index(&self, name: &str) -> Option<usize> {
@@ -293,6 +311,7 @@ impl EngineModel {
             .collect();
         if traces.is_empty() {
             self.notes.push("no spot traces: spot capacity is never reclaimed".into());
+            self.reindex_pools();
             return;
         }
         let mut rr = 0usize;
@@ -319,6 +338,7 @@ impl EngineModel {
         }
         self.notes.push(format!("spot traces: {}", used.join(", ")));
         self.idle = crate::sim::idle_load(&self.clusters);
+        self.reindex_pools();
     }
 
     fn spec_for(&self, job: &SimJob) -> JobSpec {
@@ -401,24 +421,73 @@ impl EngineModel {
 
     /// Copy the simulator's load into the engine state. `gpus`: the job being placed
     /// (spot is offered only when that many spot GPUs are free right now).
+    ///
+    /// The pools' fixed facts (sells spot, spot trace, its preemption rate) come from
+    /// `pool_static`, a flat copy, so the pass reads only the load and the state.
+    ///
+    /// Incremental: a cluster whose load carries the version copied last time, for
+    /// a job of the same size, is left as it is ([`ClusterLoad::version`]).
     fn sync_state(&mut self, now: f64, load: &[ClusterLoad], gpus: u32) {
+        self.idle_synced = None;
         self.state.now_unix = self.epoch_unix + now;
-        for (ci, (cs, l)) in self.state.clusters.iter_mut().zip(load).enumerate() {
+        let same_size = self.synced_gpus == Some(gpus);
+        self.synced_gpus = Some(gpus);
+        self.synced.resize(load.len(), 0);
+        for (((cs, l), st), seen) in
+            self.state.clusters.iter_mut().zip(load).zip(&self.pool_static).zip(&mut self.synced)
+        {
+            if same_size && l.version != 0 && *seen == l.version {
+                continue;
+            }
+            *seen = l.version;
             cs.healthy = l.up;
-            cs.queue_pending = l.pools.iter().map(|p| p.queued_jobs as u32).sum();
-            for (pi, (ps, pl)) in cs.pools.iter_mut().zip(&l.pools).enumerate() {
+            let mut pending = 0u32;
+            for ((ps, pl), &(has_spot, traced, rate)) in cs.pools.iter_mut().zip(&l.pools).zip(st) {
+                pending += pl.queued_jobs as u32;
                 // A pool with a queue starts a newcomer at once only in the GPUs its
                 // head has not reserved (FIFO with a reservation for the head).
                 let free = pl.start_free;
                 ps.free_gpus = free;
                 ps.expected_wait_s = Some(pl.est_wait_s);
-                let trace = self.pool_spot.get(ci).and_then(|v| v.get(pi)).copied().flatten();
-                let has_spot = self.fleet.clusters[ci].pools[pi].prices.spot.is_some();
                 ps.spot_available =
-                    has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (trace.is_none() || pl.spot_fraction > 0.0);
-                ps.spot_preemptions_per_hour = trace.and_then(|k| self.spot_rates.get(k).copied());
+                    has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (!traced || pl.spot_fraction > 0.0);
+                ps.spot_preemptions_per_hour = rate;
             }
+            cs.queue_pending = pending;
         }
+    }
+
+    /// The state of the idle fleet for a job of `gpus` GPUs at `now` (bounds): synced
+    /// once and kept while only bound queries of the same size follow.
+    fn sync_idle(&mut self, now: f64, gpus: u32) {
+        if self.idle_synced != Some(gpus) {
+            let idle = std::mem::take(&mut self.idle);
+            self.sync_state(now, &idle, gpus);
+            self.idle = idle;
+            self.idle_synced = Some(gpus);
+        }
+        self.state.now_unix = self.epoch_unix + now;
+    }
+
+    /// Rebuilds `pool_static` from the fleet and the spot-trace assignment.
+    fn reindex_pools(&mut self) {
+        self.pool_static = self
+            .fleet
+            .clusters
+            .iter()
+            .zip(&self.pool_spot)
+            .map(|(c, spot)| {
+                c.pools
+                    .iter()
+                    .zip(spot)
+                    .map(|(p, t)| {
+                        (p.prices.spot.is_some(), t.is_some(), t.and_then(|k| self.spot_rates.get(k).copied()))
+                    })
+                    .collect()
+            })
+            .collect();
+        self.idle_synced = None;
+        self.synced_gpus = None;
     }
 
     /// The simulator's offer for an engine placement. The engine's overhead hours
@@ -495,6 +564,47 @@ impl Model for EngineModel {
         ok.iter().map(|p| self.offer(p, resuming)).collect()
     }
 
+    /// The baselines' offers without ranking them: clusters in increasing order of
+    /// their cheapest unit of work (`cheapest_per_work`, a floor of every offer's
+    /// price ÷ speed there), each cluster's best pool as [`Model::offers`] gives it.
+    /// Live spot prices could undercut the floors (never set here): then every
+    /// floor is given as 0.
+    fn scan(
+        &mut self,
+        policy: &str,
+        job: &SimJob,
+        now: f64,
+        load: &[ClusterLoad],
+        visit: &mut dyn FnMut(f64, Offer) -> bool,
+    ) {
+        if policy == HOME_ONLY || !(self.baseline_policies.contains_key(policy) || policy == RANDOM) {
+            for o in self.offers(policy, job, now, load) {
+                if !visit(0.0, o) {
+                    break;
+                }
+            }
+            return;
+        }
+        let Some(pol) = self.policy(policy) else {
+            return;
+        };
+        self.sync_state(now, load, job.gpus);
+        self.prepared(job);
+        let Some(pj) = self.prepared.get(job.id).and_then(|p| p.as_ref()) else {
+            return;
+        };
+        let resuming = pj.done_fraction > 0.0;
+        let floors_hold = !self.state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+        for &(floor, cid) in &self.fleet.cheapest_per_work {
+            let Ok(p) = evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false) else {
+                continue;
+            };
+            if !visit(if floors_hold { floor } else { 0.0 }, self.offer(&p, resuming)) {
+                break;
+            }
+        }
+    }
+
     /// The cheap bound's offer without ranking every cluster: clusters in
     /// increasing order of their cheapest unit of work (`cheapest_per_work`), which
     /// no offer of theirs can undercut, so the scan stops at the first cluster whose
@@ -503,9 +613,7 @@ impl Model for EngineModel {
     /// cluster) wins: the same offer as the default scan of every cluster.
     fn cheapest(&mut self, job: &SimJob) -> Option<Offer> {
         let pol = self.policy(LOWER_BOUND)?;
-        let idle = std::mem::take(&mut self.idle);
-        self.sync_state(job.submit_s, &idle, job.gpus);
-        self.idle = idle;
+        self.sync_idle(job.submit_s, job.gpus);
         self.prepared(job);
         let pj = self.prepared.get(job.id)?.as_ref()?;
         // Live spot prices could undercut the model's floors (never set here).

@@ -73,6 +73,18 @@ pub struct PoolLoad {
 pub struct ClusterLoad {
     pub up: bool,
     pub pools: Vec<PoolLoad>,
+    /// Changes (to a number never used before in this process) whenever `up` or
+    /// any of the pools' load, wait estimates included, may have changed: a model
+    /// that copies the load may skip a cluster whose version it has copied for a
+    /// job of the same size. 0 = unversioned, always read.
+    pub version: u64,
+}
+
+/// A fresh [`ClusterLoad::version`].
+fn next_version() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, AtomicOrdering::Relaxed)
 }
 
 /// One feasible placement for a job, as ranked by the model.
@@ -158,6 +170,26 @@ pub trait Model {
         let offers = self.offers("lower-bound", job, job.submit_s, &empty);
         offers.into_iter().min_by(|a, b| per_work(a).total_cmp(&per_work(b)))
     }
+    /// The feasible offers under a baseline `policy` (one per cluster, as
+    /// [`Model::offers`] gives them), unsorted, each with a floor of its USD per
+    /// unit of work (price ÷ speed never below it). Offers come in nondecreasing
+    /// order of their floors, so a caller that knows what it pays per unit of work
+    /// may stop early: `visit` returns false to end the scan. Default: the sorted
+    /// offers with floor 0 (no early stop).
+    fn scan(
+        &mut self,
+        policy: &str,
+        job: &SimJob,
+        now: f64,
+        load: &[ClusterLoad],
+        visit: &mut dyn FnMut(f64, Offer) -> bool,
+    ) {
+        for o in self.offers(policy, job, now, load) {
+            if !visit(0.0, o) {
+                break;
+            }
+        }
+    }
     /// The job lands on `offer` (its datasets are staged there from now on).
     fn landed(&mut self, _job: &SimJob, _offer: &Offer) {}
     /// Progress of a job about to be placed again: the share of its work saved in
@@ -223,11 +255,21 @@ pub struct SimConfig {
     pub rebalance_every_s: f64,
     /// Plot bucket width.
     pub bucket_s: f64,
+    /// Recompute every pool's load at every decision and rank the baselines' offers
+    /// by sorting them all (the path before incremental pool state). The report is
+    /// the same either way; kept so tests can prove it.
+    pub full_rebuild: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { seed: 1, outages: Vec::new(), rebalance_every_s: 3600.0, bucket_s: 6.0 * 3600.0 }
+        SimConfig {
+            seed: 1,
+            outages: Vec::new(),
+            rebalance_every_s: 3600.0,
+            bucket_s: 6.0 * 3600.0,
+            full_rebuild: false,
+        }
     }
 }
 
@@ -346,8 +388,12 @@ struct Sim<'a, M: Model> {
     /// Compute spend by (cluster, pool, spot).
     spend: BTreeMap<(usize, usize, bool), crate::report::Spend>,
     busy: Vec<Vec<f64>>, // per cluster, per bucket: GPU-seconds
-    /// Reused buffer of the pools' load handed to the model.
+    /// Reused buffer of the pools' load handed to the model, kept up to date
+    /// incrementally (see `load`).
     load_buf: Vec<ClusterLoad>,
+    /// Pools changed since `load_buf` was computed, and the same as flags.
+    dirty: Vec<(usize, usize)>,
+    is_dirty: Vec<Vec<bool>>,
     /// USD (compute + egress) per team.
     team_usd: BTreeMap<String, f64>,
     /// GPU-seconds paid on owned pools.
@@ -417,6 +463,8 @@ pub fn simulate<M: Model>(
         spend: BTreeMap::new(),
         busy: vec![Vec::new(); clusters.len()],
         load_buf: Vec::new(),
+        dirty: Vec::new(),
+        is_dirty: clusters.iter().map(|c| vec![false; c.pools.len()]).collect(),
         team_usd: BTreeMap::new(),
         owned_busy_gpu_s: 0.0,
         last_t: 0.0,
@@ -512,36 +560,79 @@ impl<M: Model> Sim<'_, M> {
 
     /// The pools' load as a job of `gpus` GPUs arriving at `now` sees it. `estimate`:
     /// fill in `est_wait_s` (left 0 for the baselines that put no value on time).
+    ///
+    /// Incremental: the buffer handed out last time is kept (`load_buf`) and only the
+    /// pools changed since (`touch`) are recomputed; the wait estimate, which depends
+    /// on the job's size and the time, is redone for the pools the job does not fit
+    /// in now. A missing buffer (or `SimConfig::full_rebuild`) recomputes every pool.
     fn load(&mut self, now: f64, gpus: u32, estimate: bool) -> Vec<ClusterLoad> {
         // One buffer reused for every decision (no allocation per placement).
         let mut buf = std::mem::take(&mut self.load_buf);
-        buf.resize_with(self.pools.len(), ClusterLoad::default);
-        for (ci, (ps, cl)) in self.pools.iter().zip(buf.iter_mut()).enumerate() {
-            cl.up = self.up[ci];
-            cl.pools.resize_with(ps.len(), PoolLoad::default);
+        if self.cfg.full_rebuild || buf.len() != self.pools.len() {
+            buf.resize_with(self.pools.len(), ClusterLoad::default);
+            for (ci, (ps, cl)) in self.pools.iter().zip(buf.iter_mut()).enumerate() {
+                cl.pools.resize_with(ps.len(), PoolLoad::default);
+                for pi in 0..ps.len() {
+                    self.pool_load(ci, pi, cl);
+                }
+            }
+            for &(c, p) in &self.dirty {
+                self.is_dirty[c][p] = false;
+            }
+            self.dirty.clear();
+        } else {
+            for &(c, p) in &self.dirty {
+                self.is_dirty[c][p] = false;
+                self.pool_load(c, p, &mut buf[c]);
+            }
+            self.dirty.clear();
+        }
+        for (ps, cl) in self.pools.iter().zip(buf.iter_mut()) {
+            let mut changed = false;
             for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
-                let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
-                let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
-                // GPUs a newcomer may take now: what the queue's head has not
-                // reserved (the others could not start in it, see `try_start`).
-                let start_free = match p.queue.front() {
-                    Some(&h) => free - free.min(self.jobs[h].gpus),
-                    None => free,
-                };
-                let est_wait_s =
-                    if gpus <= start_free || !estimate { 0.0 } else { self.start_estimate(p, now, gpus) - now };
-                *pl = PoolLoad {
-                    capacity: p.cap,
-                    free,
-                    start_free,
-                    spot_free,
-                    spot_fraction: p.spot_fraction,
-                    queued_jobs: p.queue.len(),
-                    est_wait_s,
-                };
+                let w = if gpus <= pl.start_free || !estimate { 0.0 } else { self.start_estimate(p, now, gpus) - now };
+                if w.to_bits() != pl.est_wait_s.to_bits() {
+                    pl.est_wait_s = w;
+                    changed = true;
+                }
+            }
+            if changed {
+                cl.version = next_version();
             }
         }
         buf
+    }
+
+    /// The load of pool (`ci`, `pi`) but its wait estimate, written into `cl`.
+    fn pool_load(&self, ci: usize, pi: usize, cl: &mut ClusterLoad) {
+        let p = &self.pools[ci][pi];
+        cl.up = self.up[ci];
+        cl.version = next_version();
+        let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
+        let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
+        // GPUs a newcomer may take now: what the queue's head has not
+        // reserved (the others could not start in it, see `try_start`).
+        let start_free = match p.queue.front() {
+            Some(&h) => free - free.min(self.jobs[h].gpus),
+            None => free,
+        };
+        cl.pools[pi] = PoolLoad {
+            capacity: p.cap,
+            free,
+            start_free,
+            spot_free,
+            spot_fraction: p.spot_fraction,
+            queued_jobs: p.queue.len(),
+            est_wait_s: 0.0,
+        };
+    }
+
+    /// Pool (`c`, `p`) changed (GPUs in use, queue, spot capacity, health): its load
+    /// is recomputed at the next decision.
+    fn touch(&mut self, c: usize, p: usize) {
+        if !std::mem::replace(&mut self.is_dirty[c][p], true) {
+            self.dirty.push((c, p));
+        }
     }
 
     /// When a job of `gpus` GPUs joining the back of `p`'s queue now would start, the
@@ -589,12 +680,99 @@ impl<M: Model> Sim<'_, M> {
     fn choose(&mut self, j: usize, now: f64) -> Option<Offer> {
         let estimate = !matches!(self.strategy, Strategy::HomeOnly | Strategy::Greedy | Strategy::GreedySpot);
         let load = self.load(now, self.jobs[j].gpus, estimate);
-        let r = self.choose_with(j, now, &load);
+        let r = if self.cfg.full_rebuild { self.choose_full(j, now, &load) } else { self.choose_with(j, now, &load) };
         self.load_buf = load;
         r
     }
 
+    /// The baselines' choice from one unsorted scan of the offers, the same offer as
+    /// [`Sim::choose_full`] (which sorts every offer first): each rule's minimum is
+    /// taken with ties broken by the offers' order ([`offer_order`]), which is what
+    /// `min_by` over the sorted list keeps (its first minimum). Greedy stops the scan
+    /// once a cluster's floor of USD per unit of work × the job's work exceeds the
+    /// cheapest launch with capacity now (nothing later can be as cheap).
     fn choose_with(&mut self, j: usize, now: f64, load: &[ClusterLoad]) -> Option<Offer> {
+        let jobs = self.jobs;
+        let job = &jobs[j];
+        let home = job.home;
+        let left_s = (job.duration_s - self.js[j].progress_s).max(0.0);
+        // Same arithmetic as `job_cost`.
+        let cost = |o: &Offer| {
+            let run_s = left_s / o.speed.max(1e-9) + o.setup_s;
+            o.usd_per_gpu_hour * job.gpus as f64 * run_s / 3600.0 + o.egress_usd
+        };
+        // Keeps `best` the first minimum under `by`, the offers' order breaking ties.
+        let keep = |best: &mut Option<Offer>, o: &Offer, by: &dyn Fn(&Offer, &Offer) -> Ordering| {
+            let better = best.as_ref().is_none_or(|b| by(o, b).then_with(|| offer_order(home, o, b)) == Ordering::Less);
+            if better {
+                *best = Some(o.clone());
+            }
+        };
+        match self.strategy.clone() {
+            Strategy::Engine(_) | Strategy::HomeOnly => self.choose_full(j, now, load),
+            Strategy::Greedy | Strategy::GreedySpot => {
+                let spot_ok = self.strategy == Strategy::GreedySpot;
+                let name = if spot_ok { GREEDY_SPOT } else { GREEDY };
+                // A lower bound of any offer's cost per unit of floor (its compute for
+                // the work left), with room for rounding: the floor is price ÷ speed
+                // rounded once, the cost a few more operations.
+                let work_gpu_h = job.gpus as f64 * left_s / 3600.0 * (1.0 - 1e-9);
+                let by_cost = |a: &Offer, b: &Offer| cost(a).total_cmp(&cost(b));
+                let (mut free_now, mut any): (Option<Offer>, Option<Offer>) = (None, None);
+                self.model.scan(name, job, now, load, &mut |floor, o| {
+                    if let Some(f) = &free_now {
+                        if floor * work_gpu_h > cost(f) {
+                            return false;
+                        }
+                    }
+                    if !spot_ok && o.spot {
+                        return true;
+                    }
+                    let p = &load[o.cluster].pools[o.pool];
+                    let have = if o.spot { p.spot_free.min(p.start_free) } else { p.start_free };
+                    if have >= job.gpus && p.queued_jobs == 0 {
+                        keep(&mut free_now, &o, &by_cost);
+                    }
+                    if free_now.is_none() {
+                        keep(&mut any, &o, &by_cost);
+                    }
+                    true
+                });
+                free_now.or(any)
+            }
+            Strategy::FirstStart => {
+                let start = |o: &Offer| o.delay_s + load[o.cluster].pools[o.pool].est_wait_s;
+                let by = |a: &Offer, b: &Offer| start(a).total_cmp(&start(b)).then(cost(a).total_cmp(&cost(b)));
+                let mut best = None;
+                self.model.scan(FIRST_START, job, now, load, &mut |_, o| {
+                    keep(&mut best, &o, &by);
+                    true
+                });
+                best
+            }
+            Strategy::Random => {
+                let mut offers = Vec::new();
+                self.model.scan(RANDOM, job, now, load, &mut |_, o| {
+                    offers.push(o);
+                    true
+                });
+                if offers.is_empty() {
+                    None
+                } else {
+                    // The k-th in the offers' order (a strict total order: one offer
+                    // per cluster), as the sorted list would give it.
+                    let k = self.rng.gen_range(0..offers.len());
+                    let (_, kth, _) = offers.select_nth_unstable_by(k, |a, b| offer_order(home, a, b));
+                    Some(kth.clone())
+                }
+            }
+        }
+    }
+
+    /// The choice as made before the incremental path: every offer of the model,
+    /// sorted, then picked by the strategy's rule. Kept as the reference the fast
+    /// path is tested against (`SimConfig::full_rebuild`).
+    fn choose_full(&mut self, j: usize, now: f64, load: &[ClusterLoad]) -> Option<Offer> {
         let job = &self.jobs[j];
         let cheapest = |sim: &Self, offers: &mut dyn Iterator<Item = &Offer>| {
             offers.min_by(|a, b| sim.job_cost(j, a).total_cmp(&sim.job_cost(j, b))).cloned()
@@ -696,6 +874,7 @@ impl<M: Model> Sim<'_, M> {
             return;
         };
         self.pools[c][p].queue.push_back(j);
+        self.touch(c, p);
         self.try_start(c, p, now);
     }
 
@@ -752,6 +931,7 @@ impl<M: Model> Sim<'_, M> {
         // this pool's speed.
         let remaining = setup + (job.duration_s - self.js[j].progress_s).max(0.0) / speed;
         let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
+        self.touch(c, p);
         let ps = &mut self.pools[c][p];
         ps.used += g;
         ps.running.push(j);
@@ -797,6 +977,7 @@ impl<M: Model> Sim<'_, M> {
         sp.usd += usd;
         self.kg_co2 += self.model.kg_co2(o.cluster, o.pool, g, start, now);
         self.add_busy(o.cluster, g, start, now, o.usd_per_gpu_hour / 3600.0);
+        self.touch(o.cluster, o.pool);
         let ps = &mut self.pools[o.cluster][o.pool];
         ps.used -= g;
         if let Some(k) = ps.running.iter().position(|&x| x == j) {
@@ -868,6 +1049,7 @@ impl<M: Model> Sim<'_, M> {
 
     fn spot_change(&mut self, c: usize, p: usize, f: f64, now: f64) {
         self.pools[c][p].spot_fraction = f;
+        self.touch(c, p);
         let limit = self.pools[c][p].spot_limit();
         let mut evicted = Vec::new();
         while self.pools[c][p].spot_used > limit {
@@ -888,6 +1070,7 @@ impl<M: Model> Sim<'_, M> {
         self.up[c] = false;
         let mut displaced = Vec::new();
         for p in 0..self.pools[c].len() {
+            self.touch(c, p);
             let running = self.pools[c][p].running.clone();
             for j in running {
                 self.evict(j, now);
@@ -905,6 +1088,9 @@ impl<M: Model> Sim<'_, M> {
 
     fn outage_end(&mut self, c: usize, now: f64) {
         self.up[c] = true;
+        for p in 0..self.pools[c].len() {
+            self.touch(c, p);
+        }
         let parked = std::mem::take(&mut self.parked);
         for j in parked {
             self.js[j].parked = false;
@@ -1105,6 +1291,7 @@ pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
         .iter()
         .map(|c| ClusterLoad {
             up: true,
+            version: 0,
             pools: c
                 .pools
                 .iter()
@@ -1137,6 +1324,12 @@ pub fn lower_bound<M: Model>(model: &mut M, jobs: &[SimJob]) -> (f64, f64) {
         }
     }
     (usd, co2)
+}
+
+/// The order of [`Model::offers`] for the baselines: lower score, home first, then
+/// lower cluster index (a strict total order: one offer per cluster).
+pub fn offer_order(home: usize, a: &Offer, b: &Offer) -> Ordering {
+    a.score.total_cmp(&b.score).then((b.cluster == home).cmp(&(a.cluster == home))).then(a.cluster.cmp(&b.cluster))
 }
 
 /// USD per unit of work of an offer: price per GPU-hour ÷ the pool's speed.

@@ -561,3 +561,58 @@ home = "cloud"
         }
     }
 }
+
+#[test]
+fn incremental_pool_state_decides_as_the_full_rebuild() {
+    // The test fleet three times over (equal prices: ties between copies, which the
+    // baselines' unsorted scan must break as the sorted offers did), spot reclaims,
+    // an outage and hourly rebalancing: every path that changes a pool's load.
+    let mut toml = FLEET.split("[[teams]]").next().unwrap_or_default().to_string();
+    for k in 1..3 {
+        let copy = FLEET.split("[[teams]]").next().unwrap_or_default().replace("name = \"", &format!("name = \"k{k}-"));
+        toml.push_str(&copy.replace("[overheads]\nremote_submit_s = 60.0\n", ""));
+    }
+    toml.push_str("[[teams]]\nname = \"vc1\"\nhome = \"home\"\n[[teams]]\nname = \"*\"\nhome = \"k1-cheap\"\n");
+    let s = EngineSetup { fleet_toml: toml, ..setup() };
+    // Busier than `trace_csv`: 240 jobs, one every 150 s, so queues form; runs of
+    // jobs of one size (the engine state is kept across them).
+    let mut csv = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
+    for i in 0..240u32 {
+        let t = 150 * i;
+        let (h, m, sec) = (10 + t / 3600, (t % 3600) / 60, t % 60);
+        let dur = 1800 + (i * 7919 % 12) * 3600;
+        let g = [1, 1, 1, 2, 4, 4, 8, 16, 1, 8][(i % 10) as usize];
+        let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
+        csv.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
+    }
+    let t = read_philly(csv.as_bytes(), "t.csv", &ReadOptions::default()).unwrap();
+    let spot = vec![spot_trace()];
+    let a = args(&[]);
+    let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+    model.assign_spot_traces(&spot);
+    let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &a).unwrap();
+    let strategies = fleet_sim::cli::strategies(&a, &model).unwrap();
+    assert_eq!(strategies.len(), 8);
+    let cheap = model.cluster_index("k1-cheap").unwrap();
+    let base = SimConfig { seed: 3, outages: vec![(cheap, 3.0 * 3600.0, 7.0 * 3600.0)], ..SimConfig::default() };
+    let mut moved = 0;
+    for st in strategies {
+        let run = |full_rebuild: bool| {
+            let mut m = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+            m.assign_spot_traces(&spot);
+            let cfg = SimConfig { full_rebuild, ..base.clone() };
+            simulate(&mut m, st.clone(), &jobs, &spot, &cfg, &|_| {})
+        };
+        let (fast, full) = (run(false), run(true));
+        assert_eq!(fast.completed + fast.unplaced, 240, "{}", fast.policy);
+        moved += fast.moved_jobs + fast.preemptions as usize + fast.outage_kills as usize;
+        assert_eq!(
+            serde_json::to_string(&fast).unwrap(),
+            serde_json::to_string(&full).unwrap(),
+            "{}: the incremental path decided differently",
+            fast.policy
+        );
+    }
+    // The runs exercised remote placements, reclaims and the outage.
+    assert!(moved > 0);
+}
