@@ -93,7 +93,10 @@ async fn handle<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Result<()> 
 
 /// Why a stand-in as Slurm shows it cannot ask `uid`'s forward, or its tag.
 pub fn check_stand_in<'a>(s: Option<&'a NativeJob>, uid: u32, id: u64, partition: &str) -> Result<&'a str, String> {
-    let Some(s) = s else { return Err(format!("job {id} is not in partition {partition}")) };
+    // (22.05's `squeue --json` ignores `-p`: the partition is checked here.)
+    let Some(s) = s.filter(|s| s.partition == partition) else {
+        return Err(format!("job {id} is not in partition {partition}"));
+    };
     if s.user_id != Some(uid) {
         return Err(format!("job {id} is not yours (uid {uid})"));
     }
@@ -220,6 +223,9 @@ mod tests {
         assert_eq!(check_stand_in(Some(&ok), 1001, 41, "fleet"), Ok("beta-1"));
         let e = |s: Option<&NativeJob>, uid| check_stand_in(s, uid, 41, "fleet").unwrap_err();
         assert!(e(None, 1001).contains("not in partition fleet"));
+        let mut elsewhere = ok.clone();
+        elsewhere.partition = "gpu".into();
+        assert!(e(Some(&elsewhere), 1001).contains("not in partition fleet"));
         assert!(e(Some(&ok), 1002).contains("not yours"));
         assert!(e(Some(&stand_in("PENDING", 1001, "fleet:beta-1", None)), 1001).contains("PENDING"));
         assert!(e(Some(&stand_in("RUNNING", 1001, "site note", None)), 1001).contains("not a Fleet stand-in"));

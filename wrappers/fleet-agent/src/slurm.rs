@@ -629,13 +629,20 @@ impl Backend for SlurmBackend {
         let args = ["write".to_string(), "batch_script".to_string(), native_id.to_string(), "-".to_string()];
         // An operator (or root) reads any job's script; otherwise the job's
         // owner can, through the agent's sudo rule.
-        match self.run_in("scontrol", &args, None, None, None).await {
-            Ok(out) => Ok(out),
-            Err(direct) => self
-                .run_in("scontrol", &args, None, None, Some(user))
-                .await
-                .with_context(|| format!("as the agent: {direct:#}; as {user}")),
+        // (22.05's scontrol exits 0 with nothing on stdout when refused.)
+        let direct = match self.run_in("scontrol", &args, None, None, None).await {
+            Ok(out) if !out.is_empty() => return Ok(out),
+            Ok(_) => anyhow!("no script printed"),
+            Err(e) => e,
+        };
+        let out = self
+            .run_in("scontrol", &args, None, None, Some(user))
+            .await
+            .with_context(|| format!("as the agent: {direct:#}; as {user}"))?;
+        if out.is_empty() {
+            bail!("scontrol printed no script for job {native_id}, as the agent or as {user}");
         }
+        Ok(out)
     }
 
     async fn cancel(&self, native_id: u64, user: &str) -> Result<()> {

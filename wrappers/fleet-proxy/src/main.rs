@@ -305,7 +305,7 @@ fn failed(backoff: &mut Backoff, what: &str, e: &CallError, term: &AtomicBool) -
 /// (Fleet's tag lives in `AdminComment`).
 struct Comment {
     scontrol: PathBuf,
-    slurm_job_id: Option<u64>,
+    slurm_job_id: Option<String>,
     last: String,
     warned: bool,
     /// The user's own comment is set: never overwrite it.
@@ -315,10 +315,10 @@ struct Comment {
 impl Comment {
     /// Reads the stand-in's comment once (`squeue -o %k`, which prints it
     /// alone) to learn whether the user set one.
-    fn new(bin: &std::path::Path, slurm_job_id: Option<u64>) -> Comment {
-        let users = slurm_job_id.is_some_and(|id| {
+    fn new(bin: &std::path::Path, slurm_job_id: Option<String>) -> Comment {
+        let users = slurm_job_id.as_deref().is_some_and(|id| {
             Command::new(bin.join("squeue"))
-                .args(["-h", "-j", &id.to_string(), "-o", "%k"])
+                .args(["-h", "-j", id, "-o", "%k"])
                 .stdin(Stdio::null())
                 .stderr(Stdio::null())
                 .output()
@@ -333,7 +333,7 @@ impl Comment {
     }
 
     fn update(&mut self, r: &JobRecord) {
-        let Some(id) = self.slurm_job_id.filter(|_| !self.users) else { return };
+        let Some(id) = self.slurm_job_id.clone().filter(|_| !self.users) else { return };
         let text = format!(
             "fleet: {} job {} {}",
             r.target.as_deref().unwrap_or("-"),
@@ -445,10 +445,10 @@ impl Relay {
 /// requeue after a node failure): it counts the restart before it sends
 /// SIGTERM (observed with 22.05: `Restarts=1` while the job is
 /// `COMPLETING`), so a count above ours means this SIGTERM is a requeue.
-fn requeued(bin: &std::path::Path, slurm_job_id: Option<u64>, restart: u32) -> bool {
+fn requeued(bin: &std::path::Path, slurm_job_id: Option<&str>, restart: u32) -> bool {
     let Some(id) = slurm_job_id else { return false };
     let out = Command::new(bin.join("squeue"))
-        .args(["-h", "-j", &id.to_string(), "-O", "RestartCnt"])
+        .args(["-h", "-j", id, "-O", "RestartCnt"])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output();
@@ -461,7 +461,7 @@ fn requeued(bin: &std::path::Path, slurm_job_id: Option<u64>, restart: u32) -> b
 /// for the SIGTERM of slurmctld's next limit pass (every 30 s in 22.05).
 /// Then the proxy ends as an untrapped batch shell would, by SIGTERM.
 /// Falls back to the usual exit status when the limit cannot be set.
-fn time_out_here(bin: &std::path::Path, slurm_job_id: Option<u64>, started: Instant, term: &AtomicBool) {
+fn time_out_here(bin: &std::path::Path, slurm_job_id: Option<&str>, started: Instant, term: &AtomicBool) {
     let Some(id) = slurm_job_id else { return };
     // Whole minutes only, and never 0 (which means no limit). The stand-in
     // started before the remote job, which ran at least its own limit of
@@ -587,7 +587,17 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
     let slurm_job_id = std::env::var("SLURM_JOB_ID").ok().and_then(|s| s.trim().parse::<u64>().ok());
     // Above 0 after Slurm requeued the stand-in: the start asks for a rerun.
     let restart = std::env::var("SLURM_RESTART_COUNT").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
-    let mut comment = Comment::new(&args.slurm_bin_dir, slurm_job_id);
+    // How Slurm commands name this stand-in: an array element as
+    // `<array id>_<task>` (its own id would name the whole array when it is
+    // the array's last element).
+    let job_spec = slurm_job_id.map(|id| {
+        let var = |n: &str| std::env::var(n).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        match (var("SLURM_ARRAY_JOB_ID"), var("SLURM_ARRAY_TASK_ID")) {
+            (Some(a), Some(t)) => format!("{a}_{t}"),
+            _ => id.to_string(),
+        }
+    });
+    let mut comment = Comment::new(&args.slurm_bin_dir, job_spec.clone());
     let poll = Duration::from_millis(args.poll_ms);
     let mut backoff = Backoff::new(poll, Duration::from_secs(args.report_outage_after_s));
     let mut relay = Relay { out: 0, err: 0, write_warned: false };
@@ -619,7 +629,7 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
     loop {
         comment.update(&record);
         if term.load(Ordering::Relaxed) {
-            if requeued(&args.slurm_bin_dir, slurm_job_id, restart) {
+            if requeued(&args.slurm_bin_dir, job_spec.as_deref(), restart) {
                 diag("the job was requeued: cancelling its remote run; it runs again when this job restarts");
             }
             return Ok(cancel_and_drain(&api, &mut relay));
@@ -628,7 +638,7 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
         match pumped {
             Ok(()) if relay.done(&record) => {
                 if remote_end(&record) == Some("TIMEOUT") {
-                    time_out_here(&args.slurm_bin_dir, slurm_job_id, started, &term);
+                    time_out_here(&args.slurm_bin_dir, job_spec.as_deref(), started, &term);
                 }
                 return Ok(exit_status(&record));
             }
