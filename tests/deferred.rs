@@ -26,14 +26,6 @@ fn records(lab: &Lab, cluster: &str, id: u64) -> Vec<fleet_lab::JobRecord> {
     String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()).map(parse_record).collect()
 }
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 #[test]
 fn jobs_submitted_while_the_agent_is_down_are_accepted_and_run_at_the_target_once_it_is_back() {
     let (lab, _serial) = Lab::lock();
