@@ -132,9 +132,15 @@ pub struct JobRequest {
     pub env: Vec<String>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub env_dropped: u32,
-    /// `--array=…` present: arrays stay local for now.
+    /// `--array=…` present (at the origin: a GPU array that leaves is
+    /// forwarded element by element, see [`crate::deferred`]).
     #[serde(default)]
     pub is_array: bool,
+    /// For one element of an origin job array: the `SLURM_ARRAY_*`
+    /// variables Slurm set for it there (`NAME=decimal`, names of
+    /// [`crate::deferred::ARRAY_VARS`]), which the target sets for the job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub array_env: Vec<String>,
     /// Fields whose bytes were not UTF-8 (they were read lossily).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub non_utf8_fields: Vec<String>,

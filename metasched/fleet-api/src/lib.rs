@@ -10,6 +10,7 @@
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod deferred;
 pub mod job;
 pub mod options;
 pub mod placement;

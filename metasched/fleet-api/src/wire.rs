@@ -77,6 +77,39 @@ pub fn parse_admin_tag(admin_comment: &str) -> Option<&str> {
     first.strip_prefix("fleet:").filter(|id| !id.is_empty())
 }
 
+/// File name of the agent's second socket, in `AgentSpoolDir`: where a
+/// deferred stand-in's `fleet-proxy` (running as the job's user) asks the
+/// agent to forward the job now ([`crate::deferred`]).
+pub const DEFERRED_SOCKET: &str = "deferred.sock";
+
+/// Upper bound on one request line on the deferred socket.
+pub const MAX_DEFERRED_REQUEST_BYTES: usize = 64 << 10;
+
+/// A deferred stand-in started: forward its job. The agent takes the job's
+/// script and request from Slurm, not from here; the caller's uid
+/// (SO_PEERCRED) must own the stand-in.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeferredRequest {
+    pub v: u32,
+    /// `SLURM_JOB_ID` of the stand-in (an array element's own id).
+    pub slurm_job_id: u64,
+    /// The proxy's `SLURM_ARRAY_*` variables (only those names, decimal
+    /// values, are used: [`crate::deferred::array_vars`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum DeferredReply {
+    /// Journaled (or already was): relay `fleet_job_id` with `token`.
+    Forwarded { fleet_job_id: String, token: String },
+    /// Never: not this caller's stand-in, not a deferred stand-in, ...
+    Refused { message: String },
+    /// Not now (Slurm did not answer, no fleet view yet): ask again.
+    Retry { message: String },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

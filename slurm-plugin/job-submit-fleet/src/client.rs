@@ -35,10 +35,16 @@ impl std::fmt::Display for AskError {
     }
 }
 
-/// Ask the agent about `job` (taken by value: the script is not copied).
-pub fn ask(socket: &Path, job: Box<JobRequest>, timeout: Duration) -> Result<PluginReply, AskError> {
+/// Ask the agent about `job` (taken by value and handed back, so that the
+/// script is not copied and a deferred stand-in can still be made of it).
+pub fn ask(socket: &Path, job: Box<JobRequest>, timeout: Duration) -> (Result<PluginReply, AskError>, Box<JobRequest>) {
     let req = PluginRequest::Submit { v: WIRE_VERSION, job };
-    round_trip(socket, &req, timeout)
+    let reply = round_trip(socket, &req, timeout);
+    let job = match req {
+        PluginRequest::Submit { job, .. } => job,
+        PluginRequest::Ping { .. } => Box::default(),
+    };
+    (reply, job)
 }
 
 /// Set the stream's timeouts to the time left; error once it is gone.

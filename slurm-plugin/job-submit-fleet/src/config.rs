@@ -32,6 +32,17 @@ pub struct PluginConfig {
     pub view_max_age: Duration,
     /// `ProxyPartition`: only stand-ins may be in it.
     pub proxy_partition: String,
+    /// `ForwardMode=deferred`: a job that must leave always becomes a
+    /// deferred stand-in, without asking the agent.
+    pub always_defer: bool,
+    /// What a deferred stand-in's script runs: `ProxyPath`, the agent's
+    /// deferred socket (`AgentSpoolDir/deferred.sock`), `MetaSchedulerUrl`
+    /// (none: nothing is deferred), `MetaSchedulerCaFile`, `SlurmBinDir`.
+    pub proxy_path: PathBuf,
+    pub deferred_socket: PathBuf,
+    pub metasched_url: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub slurm_bin: PathBuf,
 }
 
 /// Where fleet.conf is looked for.
@@ -56,11 +67,12 @@ impl PluginConfig {
     /// One line for slurmctld's log.
     pub fn describe(&self) -> String {
         format!(
-            "site {} agent {} deadline {} ms fail-open {}",
+            "site {} agent {} deadline {} ms fail-open {} forward {}",
             self.site,
             self.socket.display(),
             self.timeout.as_millis(),
-            self.fail_open
+            self.fail_open,
+            if self.always_defer { "deferred" } else { "sync (deferred when the agent does not answer)" }
         )
     }
 
@@ -74,6 +86,12 @@ impl PluginConfig {
             view_path: c.agent_spool_dir.join("view.json"),
             view_max_age: Duration::from_millis(c.view_max_age_ms),
             proxy_partition: c.proxy_partition.clone(),
+            always_defer: c.forward_mode == slurm_conf::fleet::ForwardMode::Deferred,
+            proxy_path: c.proxy_path.clone(),
+            deferred_socket: c.agent_spool_dir.join(fleet_api::wire::DEFERRED_SOCKET),
+            metasched_url: c.meta_scheduler_url.clone(),
+            ca_file: c.meta_scheduler_ca_file.clone(),
+            slurm_bin: c.slurm_bin_dir.clone(),
         }
     }
 
@@ -87,6 +105,12 @@ impl PluginConfig {
             view_path: PathBuf::from("/nonexistent/view.json"),
             view_max_age: Duration::from_secs(10),
             proxy_partition: "fleet".into(),
+            always_defer: false,
+            proxy_path: PathBuf::from("/usr/libexec/fleet/fleet-proxy"),
+            deferred_socket: PathBuf::from("/var/spool/fleet/deferred.sock"),
+            metasched_url: Some("https://meta.example:16900".into()),
+            ca_file: None,
+            slurm_bin: PathBuf::from("/usr/bin"),
         }
     }
 }

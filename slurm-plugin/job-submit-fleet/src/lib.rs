@@ -9,13 +9,18 @@
 //! C boundary (the `slurm` crate's entry points catch them).
 //!
 //! Decisions:
-//! * interactive jobs (salloc/srun: no script), job arrays and
-//!   `--fleet=local` are left alone without asking the agent;
+//! * interactive jobs (salloc/srun: no script) and `--fleet=local` are
+//!   left alone without asking the agent;
 //! * jobs without GPUs and without `--fleet*` options likewise;
 //! * a job the agent's published fleet view places at home is LOCAL
 //!   without a round trip ([`view`]);
 //! * otherwise the agent answers LOCAL (untouched), FORWARD (rewritten
-//!   into a stand-in, see [`rewrite`]) or REJECT (sbatch prints why).
+//!   into a stand-in, see [`rewrite`]) or REJECT (sbatch prints why);
+//! * a job the view sends away while the agent does not answer (or always,
+//!   with `ForwardMode=deferred`), and every GPU job array the view sends
+//!   away, becomes a *deferred* stand-in ([`deferred_plan`]): it carries
+//!   the request in its own batch script, durable in slurmctld's state, and
+//!   the agent forwards it when Slurm starts it (an array element by element).
 
 mod client;
 mod config;
@@ -110,7 +115,22 @@ impl FleetSubmit {
         if req.fleet == Default::default() && self.view.stays_home(cfg, &req) {
             return (Outcome::Local, Ok(()));
         }
-        match client::ask(&cfg.socket, req, cfg.timeout) {
+        // A job array never asks the agent: one the view sends away becomes
+        // an array of deferred stand-ins, each element forwarded when Slurm
+        // starts it (its throttle and dependencies are slurmctld's).
+        if req.is_array {
+            return match self.view.leaving_to(cfg, &req) {
+                Some(target) => self.defer(cfg, job, req, target, "a GPU job array, forwarded element by element"),
+                None => (Outcome::Local, Ok(())),
+            };
+        }
+        if cfg.always_defer {
+            if let Some(target) = self.view.leaving_to(cfg, &req) {
+                return self.defer(cfg, job, req, target, "ForwardMode=deferred");
+            }
+        }
+        let (reply, req) = client::ask(&cfg.socket, req, cfg.timeout);
+        match reply {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
             Ok(PluginReply::Reject { message }) => (
                 Outcome::Reject,
@@ -128,14 +148,12 @@ impl FleetSubmit {
                 (Outcome::Forward, Ok(()))
             }
             Err(e) => {
-                if let Ok(mut w) = self.warn.lock() {
-                    if let Some(n) = w.allow() {
-                        let also = if n > 0 { format!(" ({n} more since the last warning)") } else { String::new() };
-                        log::error(&format!(
-                            "job_submit/fleet: agent at {} unavailable: {e}; job stays local{also}",
-                            cfg.socket.display()
-                        ));
-                    }
+                // The view says the job must leave: it leaves later, as a
+                // deferred stand-in the agent picks up when Slurm starts it.
+                let leaving = self.view.leaving_to(cfg, &req);
+                self.warn_unavailable(cfg, &e, leaving.is_some());
+                if let Some(target) = leaving {
+                    return self.defer(cfg, job, req, target, "the site agent did not answer at submission");
                 }
                 if cfg.fail_open {
                     (Outcome::FailOpen, Ok(()))
@@ -151,6 +169,111 @@ impl FleetSubmit {
             }
         }
     }
+
+    fn warn_unavailable(&self, cfg: &PluginConfig, e: &client::AskError, deferred: bool) {
+        if let Ok(mut w) = self.warn.lock() {
+            if let Some(n) = w.allow() {
+                let also = if n > 0 { format!(" ({n} more since the last warning)") } else { String::new() };
+                let what = if deferred {
+                    "job deferred: its stand-in carries the request and is forwarded when Slurm starts it"
+                } else {
+                    "job stays local"
+                };
+                log::error(&format!(
+                    "job_submit/fleet: agent at {} unavailable: {e}; {what}{also}",
+                    cfg.socket.display()
+                ));
+            }
+        }
+    }
+
+    /// Rewrite `job` into a deferred stand-in (see [`deferred_plan`]); a
+    /// job that cannot be deferred is left as submitted (fail open).
+    fn defer(
+        &self,
+        cfg: &PluginConfig,
+        job: &mut JobDesc<'_>,
+        req: Box<fleet_api::JobRequest>,
+        target: String,
+        why: &str,
+    ) -> (stats::Outcome, Result<(), Reject>) {
+        match deferred_plan(cfg, *req, &target, why) {
+            Ok(plan) => {
+                rewrite(job, &plan);
+                log::verbose(&format!("job_submit/fleet: job deferred for {target} as {} ({why})", plan.fleet_job_id));
+                (stats::Outcome::Deferred, Ok(()))
+            }
+            Err(e) => {
+                log::verbose(&format!("job_submit/fleet: job stays local: cannot defer it ({e})"));
+                (stats::Outcome::FailOpen, Ok(()))
+            }
+        }
+    }
+}
+
+/// A fleet job id minted without the agent: `<site>-<12 hex>`, as the
+/// agent's (std's per-process random hash keys, a counter and the time).
+fn new_fleet_id(site: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("{site}-{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
+
+/// The deferred stand-in of `req`: its script execs `fleet-proxy
+/// --deferred` and embeds the whole request ([`fleet_api::deferred`]);
+/// `AdminComment` carries Fleet's tag. Errors when the job cannot leave
+/// (too large a script, fields that are not UTF-8, no meta-scheduler).
+pub fn deferred_plan(
+    cfg: &PluginConfig,
+    req: fleet_api::JobRequest,
+    target: &str,
+    why: &str,
+) -> Result<ForwardPlan, String> {
+    use fleet_api::deferred::{embed, shell_quote, Payload};
+    if req.script.is_none() {
+        return Err(format!("the script is larger than MaxScriptBytes={}", cfg.max_script_bytes));
+    }
+    if let Some(f) = req.non_utf8_fields.first() {
+        return Err(format!("field {f} is not valid UTF-8"));
+    }
+    let url = cfg.metasched_url.as_deref().ok_or("fleet.conf names no MetaSchedulerUrl")?;
+    let q = |p: &std::path::Path| shell_quote(&p.display().to_string());
+    let id = new_fleet_id(&cfg.site);
+    let head = format!(
+        "#!/bin/sh\n# Fleet deferred stand-in of fleet job {id}, for cluster {target} ({why}).\n\
+         # Slurm starts it when the job's dependencies, begin time and array throttle allow;\n\
+         # the site agent then reads the request below from Slurm (never from this job)\n\
+         # and forwards it. scancel cancels it at any time.\n\
+         unset FLEET_JOB_TOKEN FLEET_JOB_TOKEN_FILE FLEET_JOB_ID FLEET_URL\n\
+         exec {} --deferred --agent-socket {} --url {}{} --slurm-bin-dir {}\n",
+        q(&cfg.proxy_path),
+        q(&cfg.deferred_socket),
+        shell_quote(url),
+        cfg.ca_file.as_deref().map(|p| format!(" --ca-file {}", q(p))).unwrap_or_default(),
+        q(&cfg.slurm_bin),
+    );
+    let admin_comment = format!(
+        "deferred {} -> {target}: {}{}{}",
+        cfg.site,
+        fleet_api::placement::describe(&req),
+        req.time_limit_min.map(|t| format!(" time={t}m")).unwrap_or_default(),
+        req.partition.as_deref().map(|p| format!(" partition={p}")).unwrap_or_default(),
+    );
+    let payload = Payload { fleet_job_id: id.clone(), target: target.to_string(), request: req };
+    let proxy_script = embed(&head, &payload)?;
+    Ok(ForwardPlan {
+        comment: format!("fleet: {target} (deferred) {id}"),
+        fleet_job_id: id,
+        target: target.to_string(),
+        proxy_partition: cfg.proxy_partition.clone(),
+        proxy_script,
+        admin_comment,
+    })
 }
 
 impl FleetSubmit {
@@ -297,5 +420,45 @@ mod tests {
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("fleet: alpha (waiting) beta-00ab12cd34ef"));
         }
         free_test_descriptor(d);
+    }
+
+    #[test]
+    fn a_deferred_stand_in_carries_the_whole_request_and_stays_an_array() {
+        let mut cfg = PluginConfig::for_tests("beta");
+        cfg.proxy_path = "/opt/it's/fleet-proxy".into();
+        let req = fleet_api::JobRequest {
+            origin: "beta".into(),
+            user_id: 1001,
+            is_array: true,
+            script: Some(b"#!/bin/sh\nFLEET-DEFERRED-END\n\0echo $SLURM_ARRAY_TASK_ID\n".to_vec()),
+            env: vec!["A=1".into()],
+            ..Default::default()
+        };
+        let plan = deferred_plan(&cfg, req.clone(), "alpha", "test").unwrap();
+        assert!(plan.proxy_script.contains("exec '/opt/it'\\''s/fleet-proxy' --deferred --agent-socket"));
+        let p = fleet_api::deferred::parse(plan.proxy_script.as_bytes()).unwrap();
+        assert_eq!(
+            (p.fleet_job_id.as_str(), p.target.as_str(), &p.request),
+            (plan.fleet_job_id.as_str(), "alpha", &req)
+        );
+        assert!(plan.fleet_job_id.starts_with("beta-") && plan.fleet_job_id.len() == "beta-".len() + 12);
+        assert_ne!(deferred_plan(&cfg, req.clone(), "alpha", "t").unwrap().fleet_job_id, plan.fleet_job_id);
+        let mut d = JobDesc::test_descriptor();
+        {
+            let mut jd = JobDesc::from_box(&mut d);
+            jd.set(StrField::ArrayInx, Some("0-5%2"));
+            jd.set(StrField::TresPerNode, Some("gres:gpu:h100:8"));
+            rewrite(&mut jd, &plan);
+            assert_eq!(jd.get(StrField::ArrayInx).as_deref(), Some("0-5%2"), "the stand-in is the array");
+            assert_eq!(jd.get(StrField::TresPerNode), None);
+            let admin = jd.get(StrField::AdminComment).unwrap().into_owned();
+            assert_eq!(fleet_api::wire::parse_admin_tag(&admin), Some(plan.fleet_job_id.as_str()));
+        }
+        free_test_descriptor(d);
+        // What cannot leave is not deferred.
+        let big = fleet_api::JobRequest { script: None, script_len: Some(9 << 20), ..req.clone() };
+        assert!(deferred_plan(&cfg, big, "alpha", "t").unwrap_err().contains("MaxScriptBytes"));
+        cfg.metasched_url = None;
+        assert!(deferred_plan(&cfg, req, "alpha", "t").unwrap_err().contains("MetaSchedulerUrl"));
     }
 }

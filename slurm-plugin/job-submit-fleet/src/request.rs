@@ -132,14 +132,9 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
     // A heterogeneous job is never half forwarded: every component stays
     // (read in full, so that one home cannot run is refused with the reason).
     let het_offset = Some(job.num(NumField::HetJobOffset)).filter(|&o| o != u64::from(NO_VAL));
+    // A job array is read like any job: its elements are forwarded one by
+    // one as deferred stand-ins when the published view sends it away.
     let is_array = job.bytes(StrField::ArrayInx).is_some_and(|b| !b.is_empty());
-    if is_array {
-        // Arrays stay local for now; say so if the user asked otherwise.
-        if fleet != Default::default() {
-            slurm::log::verbose("job_submit/fleet: job arrays stay local; --fleet options ignored");
-        }
-        return Ok(Prepared::Untouched);
-    }
     let tres: Vec<(StrField, Option<String>)> =
         [StrField::TresPerJob, StrField::TresPerNode, StrField::TresPerTask, StrField::TresPerSocket]
             .into_iter()
@@ -235,6 +230,7 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
         env,
         env_dropped,
         is_array,
+        array_env: Vec::new(),
         non_utf8_fields: non_utf8,
         fleet,
         mem_per_node_mb,
@@ -491,11 +487,13 @@ mod tests {
             run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8")], &["_SLURM_SPANK_OPTION_fleet_fleet=local"]),
             Ok(Prepared::Untouched)
         );
-        // Arrays.
-        assert_eq!(
-            run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8"), (StrField::ArrayInx, "1-4")], &[]),
-            Ok(Prepared::Untouched)
-        );
+        // Arrays without GPUs or options stay untouched; GPU arrays are read
+        // (and may be deferred element by element).
+        assert_eq!(run(&[SCRIPT, (StrField::ArrayInx, "1-4")], &[]), Ok(Prepared::Untouched));
+        match run(&[SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:8"), (StrField::ArrayInx, "1-4%2")], &[]) {
+            Ok(Prepared::Ask(r)) => assert!(r.is_array),
+            other => panic!("a GPU array is read: {other:?}"),
+        }
     }
 
     #[test]

@@ -15,12 +15,15 @@ pub enum Outcome {
     Reject,
     /// Agent unavailable; left alone.
     FailOpen,
+    /// Rewritten into a deferred stand-in (no agent round trip, or the
+    /// agent did not answer).
+    Deferred,
 }
 
 #[derive(Default)]
 pub struct Stats {
     window: Vec<u64>,
-    counts: [u64; 5],
+    counts: [u64; 6],
     total: u64,
 }
 
@@ -49,9 +52,9 @@ impl Stats {
     fn line(&self) -> String {
         let mut w = self.window.clone();
         w.sort_unstable();
-        let [skip, local, forward, reject, failopen] = self.counts;
+        let [skip, local, forward, reject, failopen, deferred] = self.counts;
         format!(
-            "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} total={} skip={skip} local={local} forward={forward} reject={reject} failopen={failopen}",
+            "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} total={} skip={skip} local={local} forward={forward} reject={reject} failopen={failopen} deferred={deferred}",
             w.len(),
             pct(&w, 0.50),
             pct(&w, 0.99),

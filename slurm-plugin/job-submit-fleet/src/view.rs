@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use fleet_api::api::FleetView;
-use fleet_api::placement::{fits, place, Placement};
+use fleet_api::placement::{fits, origin_fits, place, place_or_wait, Placement};
 use fleet_api::JobRequest;
 
 use crate::PluginConfig;
@@ -28,6 +28,20 @@ impl ViewCache {
         self.with_view(cfg, |v| matches!(place(v, job).0, Placement::Home { .. })).unwrap_or(false)
     }
 
+    /// The cluster the published view sends `job` to, when it must leave
+    /// (`None`: it stays, cannot run anywhere, or there is no view). A
+    /// view older than `ViewMaxAgeMs` (the agent is down) still answers for
+    /// a job the origin cannot run at all by its node shapes, which do not
+    /// age; the agent places the job again, on a fresh view, when it
+    /// forwards it.
+    pub fn leaving_to(&self, cfg: &PluginConfig, job: &JobRequest) -> Option<String> {
+        self.with_view_aged(cfg, true, |v, fresh| match place_or_wait(v, job).0 {
+            Placement::Remote { target, .. } if fresh || !origin_fits(v, job) => Some(target),
+            _ => None,
+        })
+        .flatten()
+    }
+
     /// `Some(Err(why))` when a fresh view says the origin cannot run `job`
     /// natively; `Some(Ok)` when it can; `None` without a fresh view or
     /// with the origin missing from it (Slurm then judges alone).
@@ -37,10 +51,21 @@ impl ViewCache {
     }
 
     fn with_view<T>(&self, cfg: &PluginConfig, f: impl FnOnce(&FleetView) -> T) -> Option<T> {
+        self.with_view_aged(cfg, false, |v, _| f(v))
+    }
+
+    /// `f(view, fresh)`; a stale view only when `stale_too`.
+    fn with_view_aged<T>(
+        &self,
+        cfg: &PluginConfig,
+        stale_too: bool,
+        f: impl FnOnce(&FleetView, bool) -> T,
+    ) -> Option<T> {
         let meta = std::fs::metadata(&cfg.view_path).ok()?;
         let mtime = meta.modified().ok()?;
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
-        if age > cfg.view_max_age || meta.len() > MAX_VIEW_BYTES {
+        let fresh = age <= cfg.view_max_age;
+        if (!fresh && !stale_too) || meta.len() > MAX_VIEW_BYTES {
             return None;
         }
         let mut guard = self.inner.lock().ok()?;
@@ -48,7 +73,7 @@ impl ViewCache {
             let parsed = std::fs::read(&cfg.view_path).ok().and_then(|b| serde_json::from_slice::<FleetView>(&b).ok());
             *guard = parsed.map(|v| (mtime, v));
         }
-        guard.as_ref().map(|(_, v)| f(v))
+        guard.as_ref().map(|(_, v)| f(v, fresh))
     }
 }
 
@@ -94,9 +119,13 @@ mod tests {
         std::fs::write(&cfg.view_path, serde_json::to_vec(&view()).unwrap()).unwrap();
         assert!(cache.stays_home(&cfg, &job("a100")));
         assert!(!cache.stays_home(&cfg, &job("h100")), "leaving jobs go to the agent");
+        assert_eq!(cache.leaving_to(&cfg, &job("h100")).as_deref(), Some("alpha"));
+        assert_eq!(cache.leaving_to(&cfg, &job("a100")), None);
         cfg.view_max_age = std::time::Duration::ZERO;
         std::thread::sleep(std::time::Duration::from_millis(5));
         assert!(!cache.stays_home(&cfg, &job("a100")), "stale view: ask the agent");
+        // A stale view still says that a job the origin cannot run leaves.
+        assert_eq!(cache.leaving_to(&cfg, &job("h100")).as_deref(), Some("alpha"));
         cfg.view_max_age = std::time::Duration::from_secs(10);
         std::fs::write(&cfg.view_path, b"{ not json").unwrap();
         assert!(!cache.stays_home(&cfg, &job("a100")), "garbage view: ask the agent");

@@ -97,6 +97,11 @@ pub struct FleetConf {
     pub view_max_age_ms: u64,
     /// `MaxScriptBytes` (1048576; 1..=1073741824).
     pub max_script_bytes: u64,
+    /// `ForwardMode`: `sync` (default: the plugin asks the agent, and
+    /// defers only when the agent does not answer) or `deferred` (a job
+    /// the published view sends away always becomes a deferred stand-in,
+    /// without a round trip).
+    pub forward_mode: ForwardMode,
     /// `AllowedSubmitUids` (empty = root and SlurmUser only): users or
     /// uids allowed on the agent socket besides those.
     pub allowed_submit_uids: Vec<UserRef>,
@@ -149,6 +154,14 @@ pub struct FleetConf {
     pub ckpt_helper: PathBuf,
 }
 
+/// `ForwardMode=`: how the plugin forwards a job that must leave.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ForwardMode {
+    #[default]
+    Sync,
+    Deferred,
+}
+
 /// `Backend=`: what the agent submits to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SchedulerBackend {
@@ -187,6 +200,7 @@ impl Default for FleetConf {
             lease_ms: 30_000,
             view_max_age_ms: 10_000,
             max_script_bytes: 1 << 20,
+            forward_mode: ForwardMode::Sync,
             allowed_submit_uids: Vec::new(),
             run_as_user: None,
             job_user_map: None,
@@ -226,6 +240,7 @@ pub const KEYS: &[&str] = &[
     "LeaseMs",
     "ViewMaxAgeMs",
     "MaxScriptBytes",
+    "ForwardMode",
     "AllowedSubmitUids",
     "RunAsUser",
     "JobUserMap",
@@ -333,6 +348,13 @@ impl FleetConf {
                         }
                         "viewmaxagems" => conf.view_max_age_ms = parse_in_range(v, 100, 86_400_000).map_err(bad)?,
                         "maxscriptbytes" => conf.max_script_bytes = parse_in_range(v, 1, 1 << 30).map_err(bad)?,
+                        "forwardmode" => {
+                            conf.forward_mode = match v.to_ascii_lowercase().as_str() {
+                                "sync" => ForwardMode::Sync,
+                                "deferred" => ForwardMode::Deferred,
+                                _ => return Err(bad("expected sync or deferred".into())),
+                            }
+                        }
                         "allowedsubmituids" => conf.allowed_submit_uids = users(v).map_err(bad)?,
                         "runasuser" => {
                             let ok = !v.is_empty()
@@ -551,6 +573,14 @@ mod tests {
                     "fleet.conf:3: SiteName repeated (first at fleet.conf:1); this value wins",
                 ],
             )),
+        );
+        check(
+            "SiteName=a\nForwardMode=Deferred",
+            Ok((FleetConf { forward_mode: ForwardMode::Deferred, ..site("a") }, &[])),
+        );
+        check(
+            "SiteName=a ForwardMode=later",
+            Err(&["fleet.conf:1: ForwardMode=later: bad value; expected sync or deferred"]),
         );
         check("SiteName=a\nLeaseMs=0", Ok((FleetConf { lease_ms: 0, ..site("a") }, &[])));
         check("SiteName=a\nLeaseMs=8000", Ok((FleetConf { lease_ms: 8000, ..site("a") }, &[])));

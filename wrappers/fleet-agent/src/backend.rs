@@ -44,6 +44,9 @@ pub struct NativeJob {
     /// Slurm's own description of the state (`state_description`), which
     /// only slurmctld sets (e.g. `launch failed requeued held`).
     pub description: String,
+    /// An array element: its array's job id and its task id.
+    pub array_job_id: Option<u64>,
+    pub array_task_id: Option<u32>,
 }
 
 impl NativeJob {
@@ -64,6 +67,8 @@ impl NativeJob {
             work_dir: String::new(),
             time_limit_min: None,
             description: String::new(),
+            array_job_id: None,
+            array_task_id: None,
         }
     }
 }
@@ -95,6 +100,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Every job the scheduler still knows in the proxy partition, in any
     /// state (the stand-ins of jobs forwarded from here). Read-only.
     fn stand_ins(&self, partition: &str) -> impl Future<Output = Result<Vec<NativeJob>>> + Send;
+    /// The batch script Slurm stores for job `native_id` (owned by
+    /// `user`): what a deferred stand-in carries. Backends without
+    /// stand-ins refuse.
+    fn batch_script(&self, native_id: u64, user: &str) -> impl Future<Output = Result<Vec<u8>>> + Send {
+        let _ = (native_id, user);
+        async { anyhow::bail!("this backend keeps no stand-ins") }
+    }
     /// Cancel (or signal) native job `native_id`, as `user` (the caller
     /// checked the journal and the job's identity).
     fn cancel(&self, native_id: u64, user: &str) -> impl Future<Output = Result<()>> + Send;

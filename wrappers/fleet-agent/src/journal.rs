@@ -196,6 +196,27 @@ impl Journal {
         Ok(())
     }
 
+    /// Forward `id` of a deferred stand-in, journaled with its stand-in's
+    /// Slurm id at once (Slurm already runs it).
+    pub fn add_forward_of_stand_in(&self, id: &str, req: &JobRequest, target: &str, slurm_id: u64) -> Result<()> {
+        let json = serde_json::to_string(req)?;
+        self.db.lock().execute(
+            "INSERT INTO forwards(id, request, target, registered, created, standin_id) VALUES(?1, ?2, ?3, 0, ?4, ?5)",
+            params![id, json, target, crate::now(), slurm_id as i64],
+        )?;
+        Ok(())
+    }
+
+    /// `None`: no forward `id`; `Some(stand-in id)` otherwise.
+    pub fn stand_in_of_forward(&self, id: &str) -> Result<Option<Option<u64>>> {
+        let v: Option<Option<i64>> = self
+            .db
+            .lock()
+            .query_row("SELECT standin_id FROM forwards WHERE id = ?1", params![id], |r| r.get(0))
+            .optional()?;
+        Ok(v.map(|s| s.map(|n| n as u64)))
+    }
+
     pub fn stand_in_of(&self, id: &str) -> Result<Option<u64>> {
         let v: Option<Option<i64>> = self
             .db
@@ -308,6 +329,11 @@ mod tests {
         );
         assert_eq!(j.stand_in_of("beta-1").unwrap(), Some(77));
         assert_eq!(j.stand_in_of("beta-2").unwrap(), None);
+        assert_eq!(j.stand_in_of_forward("beta-1").unwrap(), Some(Some(77)));
+        assert_eq!(j.stand_in_of_forward("beta-9").unwrap(), None);
+        j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 91).unwrap();
+        assert_eq!(j.stand_in_of("beta-3_2").unwrap(), Some(91));
+        assert!(j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 92).is_err(), "once");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -25,6 +25,7 @@ pub mod ckpt;
 pub mod client;
 pub mod config;
 pub mod decide;
+pub mod deferred;
 pub mod fault;
 pub mod identity;
 pub mod jobdir;
@@ -179,11 +180,14 @@ pub async fn run_with<B: Backend>(
         std::fs::set_permissions(&agent.cfg.socket, std::fs::Permissions::from_mode(0o666))
             .with_context(|| format!("chmod 0666 {}", agent.cfg.socket.display()))?;
     }
+    // Deferred stand-ins ask here, as their job's user (fleet_api::deferred).
+    let deferred_listener = deferred::bind(&agent.cfg.spool.join(fleet_api::wire::DEFERRED_SOCKET))?;
     tracing::info!(site = %agent.cfg.site, socket = %agent.cfg.socket.display(), url = %agent.cfg.metasched_url, "fleet-agent started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let tasks = vec![
         tokio::spawn(serve_plugin(agent.clone(), listener, stop_rx.clone())),
+        tokio::spawn(deferred::serve(agent.clone(), deferred_listener, stop_rx.clone())),
         tokio::spawn(heartbeat_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(delivery_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(work_loop(agent.clone(), stop_rx.clone())),
@@ -198,6 +202,7 @@ pub async fn run_with<B: Backend>(
         let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
     }
     let _ = std::fs::remove_file(&agent.cfg.socket);
+    let _ = std::fs::remove_file(agent.cfg.spool.join(fleet_api::wire::DEFERRED_SOCKET));
     Ok(())
 }
 

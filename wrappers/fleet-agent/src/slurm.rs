@@ -332,6 +332,13 @@ fn exit_of(v: Option<&serde_json::Value>) -> (Option<i32>, Option<i32>) {
 /// `JobState=COMPLETED` or a newline changes nothing. Elements of arrays
 /// and heterogeneous jobs are skipped (Fleet never creates them).
 pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
+    parse_jobs_json_with(doc, false)
+}
+
+/// [`parse_jobs_json`], with job array elements (each with its own job id,
+/// `array_job_id` and `array_task_id`) when `arrays`: the stand-ins of a
+/// deferred array are such elements.
+pub fn parse_jobs_json_with(doc: &[u8], arrays: bool) -> Result<Vec<NativeJob>> {
     if doc.len() > MAX_JSON_BYTES {
         bail!("Slurm's JSON is {} bytes, more than the {} accepted", doc.len(), MAX_JSON_BYTES);
     }
@@ -344,7 +351,8 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
         let Some(id) = num(j.get("job_id")).and_then(|n| u64::try_from(n).ok()) else {
             continue;
         };
-        if num(j.get("array_task_id")).is_some() || num(j.get("het_job_id")).is_some_and(|h| h != 0) {
+        let array_task = num(j.get("array_task_id")).and_then(|n| u32::try_from(n).ok());
+        if (array_task.is_some() && !arrays) || num(j.get("het_job_id")).is_some_and(|h| h != 0) {
             continue;
         }
         let raw_state = state_of(j.get("job_state"));
@@ -369,6 +377,10 @@ pub fn parse_jobs_json(doc: &[u8]) -> Result<Vec<NativeJob>> {
         // Minutes; absent (22.05) or not a number (23.02+'s `infinite`) when unlimited.
         job.time_limit_min =
             num(j.get("time_limit")).and_then(|n| u32::try_from(n).ok()).filter(|n| (1..u32::MAX - 1).contains(n));
+        if let Some(t) = array_task {
+            job.array_task_id = Some(t);
+            job.array_job_id = num(j.get("array_job_id")).and_then(|n| u64::try_from(n).ok()).filter(|&n| n != 0);
+        }
         out.push(job);
     }
     Ok(out)
@@ -530,6 +542,15 @@ pub fn sbatch_args(
     env.extend(fleet_api::sbatch::checkpoint_env(req));
     // Where the run's checkpoint token and the stores are (crate::ckpt).
     env.extend(ckpt_env.iter().map(|(k, v)| (*k, v.as_str())));
+    // An element of an origin job array: the SLURM_ARRAY_* variables Slurm
+    // set for it there (checked names, decimal values).
+    for e in &req.array_env {
+        if let Some((k, v)) = e.split_once('=') {
+            if fleet_api::deferred::ARRAY_VARS.contains(&k) && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+                env.push((k, v));
+            }
+        }
+    }
     a.extend(fleet_api::sbatch::sbatch_options_with_env(req, &env));
     a
 }
@@ -652,7 +673,30 @@ impl Backend for SlurmBackend {
     }
 
     async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>> {
-        self.squeue_json(&["-a".into(), "-t".into(), "all".into(), "-p".into(), partition.to_string()]).await
+        // Array elements too: a deferred GPU array's stand-ins are its elements.
+        let args = ["--json", "-a", "-t", "all", "-p", partition].map(String::from);
+        let out = self.run_in("squeue", &args, None, None, None).await?;
+        parse_jobs_json_with(&out, true)
+    }
+
+    async fn batch_script(&self, native_id: u64, user: &str) -> Result<Vec<u8>> {
+        let args = ["write".to_string(), "batch_script".to_string(), native_id.to_string(), "-".to_string()];
+        // An operator (or root) reads any job's script; otherwise the job's
+        // owner can, through the agent's sudo rule.
+        // (22.05's scontrol exits 0 with nothing on stdout when refused.)
+        let direct = match self.run_in("scontrol", &args, None, None, None).await {
+            Ok(out) if !out.is_empty() => return Ok(out),
+            Ok(_) => anyhow!("no script printed"),
+            Err(e) => e,
+        };
+        let out = self
+            .run_in("scontrol", &args, None, None, Some(user))
+            .await
+            .with_context(|| format!("as the agent: {direct:#}; as {user}"))?;
+        if out.is_empty() {
+            bail!("scontrol printed no script for job {native_id}, as the agent or as {user}");
+        }
+        Ok(out)
     }
 
     async fn cancel(&self, native_id: u64, user: &str) -> Result<()> {
@@ -818,6 +862,9 @@ mod tests {
             "name":"x JobState=COMPLETED ExitCode=0:0"},{"job_id":8,"array_task_id":3,"job_state":"RUNNING"}]}"#;
         let j = parse_jobs_json(old).unwrap();
         assert_eq!(j.len(), 1, "array elements are skipped");
+        let with = parse_jobs_json_with(old, true).unwrap();
+        assert_eq!(with.len(), 2, "unless asked for (stand-ins)");
+        assert_eq!((with[1].native_id, with[1].array_task_id, with[1].array_job_id), (8, Some(3), None));
         assert_eq!((j[0].native_id, j[0].state, j[0].exit_code, j[0].signal), (7, JobState::Failed, Some(3), None));
         assert_eq!((j[0].submit_time, j[0].user_id, j[0].restarts), (Some(1_700_000_000), Some(1001), 1));
         // 23.02+ (v0.0.39+): state lists, {set, number} numbers, exit_code objects.

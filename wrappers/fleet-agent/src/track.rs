@@ -453,7 +453,13 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
         let found = stand_ins.iter().find(|s| s.native_id == c.origin_job_id);
         let (started, reason) = match found {
             None => (false, format!("job {} is not in partition {}", c.origin_job_id, agent.cfg.proxy_partition)),
-            Some(s) if fleet_api::wire::parse_admin_tag(&s.admin_comment) != Some(c.fleet_job_id.as_str()) => {
+            // Tagged with this job (an element of a deferred array carries
+            // its array's tag; its own Slurm id was journaled when the agent
+            // forwarded it).
+            Some(s)
+                if fleet_api::wire::parse_admin_tag(&s.admin_comment) != Some(c.fleet_job_id.as_str())
+                    && agent.journal.stand_in_of(&c.fleet_job_id)? != Some(s.native_id) =>
+            {
                 (false, format!("job {} is not the stand-in of {}", c.origin_job_id, c.fleet_job_id))
             }
             Some(s) if s.raw_state != "RUNNING" => (false, format!("the stand-in {} is {}", s.native_id, s.raw_state)),

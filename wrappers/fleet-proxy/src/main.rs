@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use clap::Parser;
 use fleet_api::api::{JobRecord, SignalRequest, SignalScope, StartRequest, Stream};
+use fleet_api::wire::{DeferredReply, DeferredRequest};
 use fleet_api::{auth, JobState};
 
 /// Relay a forwarded Fleet job: start it, stream its output, exit with its
@@ -52,9 +53,17 @@ use fleet_api::{auth, JobState};
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Fleet job id of the forwarded job.
-    #[arg(long, env = "FLEET_JOB_ID")]
-    job: String,
+    /// Fleet job id of the forwarded job (not with --deferred).
+    #[arg(long, env = "FLEET_JOB_ID", required_unless_present = "deferred")]
+    job: Option<String>,
+    /// A deferred stand-in: ask the site agent (--agent-socket) to forward
+    /// this job first; it reads the job's request from Slurm and answers
+    /// with the fleet job id and token. Waits while the agent is down.
+    #[arg(long, requires = "agent_socket")]
+    deferred: bool,
+    /// The agent's socket for deferred stand-ins (`AgentSpoolDir/deferred.sock`).
+    #[arg(long)]
+    agent_socket: Option<PathBuf>,
     /// Base URL of fleet-metasched, e.g. http://metasched:16900.
     #[arg(long, env = "FLEET_URL")]
     url: String,
@@ -296,7 +305,7 @@ fn failed(backoff: &mut Backoff, what: &str, e: &CallError, term: &AtomicBool) -
 /// (Fleet's tag lives in `AdminComment`).
 struct Comment {
     scontrol: PathBuf,
-    slurm_job_id: Option<u64>,
+    slurm_job_id: Option<String>,
     last: String,
     warned: bool,
     /// The user's own comment is set: never overwrite it.
@@ -306,10 +315,10 @@ struct Comment {
 impl Comment {
     /// Reads the stand-in's comment once (`squeue -o %k`, which prints it
     /// alone) to learn whether the user set one.
-    fn new(bin: &std::path::Path, slurm_job_id: Option<u64>) -> Comment {
-        let users = slurm_job_id.is_some_and(|id| {
+    fn new(bin: &std::path::Path, slurm_job_id: Option<String>) -> Comment {
+        let users = slurm_job_id.as_deref().is_some_and(|id| {
             Command::new(bin.join("squeue"))
-                .args(["-h", "-j", &id.to_string(), "-o", "%k"])
+                .args(["-h", "-j", id, "-o", "%k"])
                 .stdin(Stdio::null())
                 .stderr(Stdio::null())
                 .output()
@@ -324,7 +333,7 @@ impl Comment {
     }
 
     fn update(&mut self, r: &JobRecord) {
-        let Some(id) = self.slurm_job_id.filter(|_| !self.users) else { return };
+        let Some(id) = self.slurm_job_id.clone().filter(|_| !self.users) else { return };
         let text = format!(
             "fleet: {} job {} {}",
             r.target.as_deref().unwrap_or("-"),
@@ -436,10 +445,10 @@ impl Relay {
 /// requeue after a node failure): it counts the restart before it sends
 /// SIGTERM (observed with 22.05: `Restarts=1` while the job is
 /// `COMPLETING`), so a count above ours means this SIGTERM is a requeue.
-fn requeued(bin: &std::path::Path, slurm_job_id: Option<u64>, restart: u32) -> bool {
+fn requeued(bin: &std::path::Path, slurm_job_id: Option<&str>, restart: u32) -> bool {
     let Some(id) = slurm_job_id else { return false };
     let out = Command::new(bin.join("squeue"))
-        .args(["-h", "-j", &id.to_string(), "-O", "RestartCnt"])
+        .args(["-h", "-j", id, "-O", "RestartCnt"])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output();
@@ -452,7 +461,7 @@ fn requeued(bin: &std::path::Path, slurm_job_id: Option<u64>, restart: u32) -> b
 /// for the SIGTERM of slurmctld's next limit pass (every 30 s in 22.05).
 /// Then the proxy ends as an untrapped batch shell would, by SIGTERM.
 /// Falls back to the usual exit status when the limit cannot be set.
-fn time_out_here(bin: &std::path::Path, slurm_job_id: Option<u64>, started: Instant, term: &AtomicBool) {
+fn time_out_here(bin: &std::path::Path, slurm_job_id: Option<&str>, started: Instant, term: &AtomicBool) {
     let Some(id) = slurm_job_id else { return };
     // Whole minutes only, and never 0 (which means no limit). The stand-in
     // started before the remote job, which ran at least its own limit of
@@ -515,7 +524,30 @@ fn fmt_target(r: &JobRecord) -> String {
     r.target.clone().unwrap_or_else(|| "-".into())
 }
 
-fn run(args: Args) -> anyhow::Result<u8> {
+fn run(mut args: Args) -> anyhow::Result<u8> {
+    let term = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, term.clone()).context("installing signal handlers")?;
+    // Installed before the first request: from here on no forwarded signal
+    // ends or stops the proxy, even while the client is being built.
+    let signals =
+        signal_hook::iterator::Signals::new(FORWARDED.iter().map(|(s, _)| *s).chain(SWALLOWED.iter().copied()))
+            .context("installing signal handlers")?;
+    if args.deferred {
+        let socket = args.agent_socket.clone().context("--deferred needs --agent-socket")?;
+        let report_after = Duration::from_secs(args.report_outage_after_s);
+        match ask_agent(&socket, &term, report_after)? {
+            Some((job, token)) => {
+                args.job = Some(job);
+                args.token = Some(token);
+            }
+            // Cancelled before the job was forwarded: nothing runs anywhere.
+            None => {
+                diag("cancelled before the job was forwarded");
+                return Ok(143);
+            }
+        }
+    }
+    let job = args.job.clone().context("a fleet job id is required (--job, FLEET_JOB_ID)")?;
     let token = match (&args.token, &args.token_file) {
         (Some(t), _) => t.trim().to_string(),
         (None, Some(p)) => std::fs::read_to_string(p)
@@ -527,13 +559,6 @@ fn run(args: Args) -> anyhow::Result<u8> {
     if token.is_empty() {
         bail!("the job token is empty");
     }
-    let term = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, term.clone()).context("installing signal handlers")?;
-    // Installed before the first request: from here on no forwarded signal
-    // ends or stops the proxy, even while the client is being built.
-    let signals =
-        signal_hook::iterator::Signals::new(FORWARDED.iter().map(|(s, _)| *s).chain(SWALLOWED.iter().copied()))
-            .context("installing signal handlers")?;
     let started = Instant::now();
     let mut builder =
         reqwest::blocking::Client::builder().connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(30));
@@ -549,7 +574,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
     let api = Api {
         http,
         base: args.url.trim_end_matches('/').to_string(),
-        job: args.job.clone(),
+        job,
         auth: format!("{} {token}", auth::JOB_TOKEN_SCHEME),
     };
     {
@@ -562,7 +587,17 @@ fn run(args: Args) -> anyhow::Result<u8> {
     let slurm_job_id = std::env::var("SLURM_JOB_ID").ok().and_then(|s| s.trim().parse::<u64>().ok());
     // Above 0 after Slurm requeued the stand-in: the start asks for a rerun.
     let restart = std::env::var("SLURM_RESTART_COUNT").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
-    let mut comment = Comment::new(&args.slurm_bin_dir, slurm_job_id);
+    // How Slurm commands name this stand-in: an array element as
+    // `<array id>_<task>` (its own id would name the whole array when it is
+    // the array's last element).
+    let job_spec = slurm_job_id.map(|id| {
+        let var = |n: &str| std::env::var(n).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        match (var("SLURM_ARRAY_JOB_ID"), var("SLURM_ARRAY_TASK_ID")) {
+            (Some(a), Some(t)) => format!("{a}_{t}"),
+            _ => id.to_string(),
+        }
+    });
+    let mut comment = Comment::new(&args.slurm_bin_dir, job_spec.clone());
     let poll = Duration::from_millis(args.poll_ms);
     let mut backoff = Backoff::new(poll, Duration::from_secs(args.report_outage_after_s));
     let mut relay = Relay { out: 0, err: 0, write_warned: false };
@@ -594,7 +629,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
     loop {
         comment.update(&record);
         if term.load(Ordering::Relaxed) {
-            if requeued(&args.slurm_bin_dir, slurm_job_id, restart) {
+            if requeued(&args.slurm_bin_dir, job_spec.as_deref(), restart) {
                 diag("the job was requeued: cancelling its remote run; it runs again when this job restarts");
             }
             return Ok(cancel_and_drain(&api, &mut relay));
@@ -603,7 +638,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
         match pumped {
             Ok(()) if relay.done(&record) => {
                 if remote_end(&record) == Some("TIMEOUT") {
-                    time_out_here(&args.slurm_bin_dir, slurm_job_id, started, &term);
+                    time_out_here(&args.slurm_bin_dir, job_spec.as_deref(), started, &term);
                 }
                 return Ok(exit_status(&record));
             }
@@ -632,6 +667,67 @@ fn run(args: Args) -> anyhow::Result<u8> {
                 Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
             }
         }
+    }
+}
+
+/// One request on the agent's deferred socket.
+fn deferred_round_trip(socket: &std::path::Path, req: &DeferredRequest) -> Result<DeferredReply, String> {
+    use std::io::{BufRead, BufReader, Read as _};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    // The agent asks Slurm twice (queue, script): seconds at most.
+    s.set_read_timeout(Some(Duration::from_secs(40))).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    let line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    s.write_all(format!("{line}\n").as_bytes()).map_err(|e| format!("writing to the agent: {e}"))?;
+    let mut reply = Vec::new();
+    BufReader::new(s.take(fleet_api::wire::MAX_REPLY_BYTES as u64))
+        .read_until(b'\n', &mut reply)
+        .map_err(|e| format!("reading the agent's answer: {e}"))?;
+    serde_json::from_slice(&reply).map_err(|e| format!("the agent's answer does not parse: {e}"))
+}
+
+/// A deferred stand-in: have the site agent forward this job (it reads the
+/// request from Slurm), waiting while the agent is down or busy. Returns
+/// the fleet job id and token; `None` when cancelled first. A refusal is
+/// permanent (exit 1 with the agent's reason).
+fn ask_agent(
+    socket: &std::path::Path,
+    term: &AtomicBool,
+    report_after: Duration,
+) -> anyhow::Result<Option<(String, String)>> {
+    let slurm_job_id = std::env::var("SLURM_JOB_ID")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .context("--deferred runs as a Slurm job: SLURM_JOB_ID is not set")?;
+    let env: Vec<String> = std::env::vars()
+        .filter(|(k, _)| fleet_api::deferred::ARRAY_VARS.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let req = DeferredRequest { v: fleet_api::wire::WIRE_VERSION, slurm_job_id, env };
+    let t0 = Instant::now();
+    let mut wait = Duration::from_millis(250);
+    let mut said = String::new();
+    loop {
+        if term.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let why = match deferred_round_trip(socket, &req) {
+            Ok(DeferredReply::Forwarded { fleet_job_id, token }) => {
+                if !said.is_empty() {
+                    diag(format_args!("the site agent forwarded this job as {fleet_job_id}"));
+                }
+                return Ok(Some((fleet_job_id, token)));
+            }
+            Ok(DeferredReply::Refused { message }) => bail!("the site agent refused to forward this job: {message}"),
+            Ok(DeferredReply::Retry { message }) => message,
+            Err(e) => format!("the site agent is not answering ({e})"),
+        };
+        if t0.elapsed() >= report_after && why != said {
+            diag(format_args!("waiting for the site agent to forward this job: {why}; retrying (scancel cancels it)"));
+            said = why;
+        }
+        nap(wait, term);
+        wait = (wait * 2).min(MAX_BACKOFF);
     }
 }
 
