@@ -4,12 +4,19 @@
 //! double of the API server, with an agent of `Backend=kubernetes`), seen
 //! at beta as any forwarded job, and in Kubernetes through the real `kubectl`.
 //!
+//! Also: pods run as the submitter's mapped user (the lab's kube-server
+//! runs as root and setuids each pod's process) in their account's
+//! namespace, and the agent's token is forbidden elsewhere; a job that
+//! checkpoints at kube-gamma (token from a read-only Secret, the region's
+//! own store) resumes at alpha when kube-gamma's agent dies, and the agent,
+//! back, deletes the stale Job.
+//!
 //! The lab must have kube-gamma (`FLEET_LAB_KUBE=1`, what `make test` and
 //! the harness use): without it these tests fail, they do not skip.
 
 use std::time::{Duration, Instant};
 
-use fleet_lab::{fleet_job_of, out_arg, remote_of, script, wait_file, Lab, KUBE, KUBE_NAMESPACE};
+use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, KUBE, KUBE_NAMESPACE};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -297,4 +304,242 @@ fn start_latency_kube_gamma_vs_alpha() {
     for l in kube.iter().chain(&alpha) {
         assert!((0.0..30.0).contains(l), "a forwarded job starts within 30 s: {kube:?} {alpha:?}");
     }
+}
+
+/// `kubectl` with the *agent's* kubeconfig (its ServiceAccount's RBAC).
+fn kubectl_as_agent(lab: &Lab, args: &[&str]) -> (bool, String, String) {
+    let o = std::process::Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", lab.root.join(KUBE).join("agent.kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("kubectl");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn pods_run_as_the_mapped_user_in_their_accounts_namespace_and_the_agent_may_use_no_other() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-identity");
+    // Researchers write their output here; each has a private file there.
+    let _ = std::process::Command::new("chmod").arg("0777").arg(&dir).status();
+    let private = |user: &str| {
+        let p = dir.join(format!("{user}-private.txt"));
+        std::fs::write(&p, format!("{user}'s secret\n")).unwrap();
+        let uid = nix_uid(user);
+        std::os::unix::fs::chown(&p, Some(uid), None).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        p
+    };
+    let (alice_file, bob_file) = (private(fleet_lab::USER), private(fleet_lab::OTHER_USER));
+    let body = |other: &std::path::Path| {
+        format!(
+            "echo \"uid=$(id -u) user=$(id -un) ns=$SLURM_JOB_PARTITION\"\ncat {} 2>/dev/null || echo other-denied\n",
+            other.display()
+        )
+    };
+    let t0 = Instant::now();
+    let a = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "alice.txt")],
+            &script(&body(&bob_file)),
+        )
+        .expect("alice's job");
+    let (b, _) = lab.sbatch_as(
+        fleet_lab::OTHER_USER,
+        "beta",
+        &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "bob.txt")],
+        &script(&body(&alice_file)),
+    );
+    let b = b.expect("bob's job");
+    let (ta, ra) = placed(lab, a);
+    let (tb, rb) = placed(lab, b);
+    assert_eq!((ta.as_str(), tb.as_str()), (KUBE, KUBE));
+    // Each in its account's namespace (JobUserMap: alice -> lab -> fleet, bob -> vision -> team-vision).
+    let ns_of = |rid: u64| {
+        let (ok, out, err) = lab.kubectl(&[
+            "get",
+            "jobs",
+            "-A",
+            "-l",
+            &format!("fleet.io/native-id={rid}"),
+            "-o",
+            "jsonpath={.items[*].metadata.namespace}",
+        ]);
+        assert!(ok, "{err}");
+        out.trim().to_string()
+    };
+    assert_eq!(ns_of(ra), "fleet");
+    assert_eq!(ns_of(rb), "team-vision");
+    for (id, user, file) in [(a, fleet_lab::USER, "alice.txt"), (b, fleet_lab::OTHER_USER, "bob.txt")] {
+        let rec = lab.wait_done("beta", id, T).unwrap();
+        assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+        let out = wait_file(&dir.join(file), Duration::from_secs(5), |b| {
+            b.ends_with(b"denied\n") || b.ends_with(b"secret\n")
+        })
+        .unwrap();
+        let out = String::from_utf8_lossy(&out).into_owned();
+        let ns = if user == fleet_lab::USER { "fleet" } else { "team-vision" };
+        assert_eq!(
+            out,
+            format!("uid={} user={user} ns={ns}\nother-denied\n", nix_uid(user)),
+            "the pod's process ran as the mapped user and could not read the other's file"
+        );
+    }
+    eprintln!("[figure] two jobs sbatch at beta -> both done at kube-gamma as their users: {:.2?}", t0.elapsed());
+
+    // The agent's RBAC: its namespaces yes, any other no (a forbidden call is forbidden).
+    let (ok, _, err) = kubectl_as_agent(lab, &["get", "jobs", "-n", "team-vision"]);
+    assert!(ok, "the agent may list Jobs in team-vision: {err}");
+    let (ok, _, err) = kubectl_as_agent(lab, &["get", "jobs", "-n", "team-other"]);
+    assert!(!ok && (err.contains("Forbidden") || err.contains("forbidden")), "{err}");
+    let (ok, _, err) = kubectl_as_agent(lab, &["delete", "job", "anything", "-n", "team-other"]);
+    assert!(!ok && (err.contains("Forbidden") || err.contains("forbidden")), "{err}");
+
+    // A user the map does not name has no identity at kube-gamma: refused at sbatch, the map named.
+    let (r, _) = lab.sbatch_as("carol", "beta", &["--gres=gpu:h100:1", "--fleet-to=kube-gamma"], &script("true"));
+    let err = r.expect_err("carol has no identity at kube-gamma");
+    assert!(err.contains("kube-gamma: user carol from beta has no identity there (JobUserMap="), "{err}");
+}
+
+/// The numbers after `word ` at the start of lines.
+fn numbers(out: &str, word: &str) -> Vec<u64> {
+    out.lines().filter_map(|l| l.strip_prefix(word)?.strip_prefix(' ')?.trim().parse().ok()).collect()
+}
+
+/// The health of `cluster` in the meta-scheduler's view.
+fn health(lab: &Lab, cluster: &str) -> String {
+    let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
+    let c = v["clusters"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == cluster).cloned());
+    c.map(|c| c["health"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+}
+
+#[test]
+fn a_job_checkpointing_at_kube_gamma_resumes_at_alpha_when_kube_gammas_agent_dies_and_the_stale_job_is_deleted() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    assert!(lab.root.join("ckpt-stores.toml").exists(), "the lab has no checkpoint stores (FLEET_LAB_S3=0?)");
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.lab_sh(&["revive"]);
+    });
+    let dir = lab.workdir("kube-resume");
+    let out = dir.join("out.txt");
+    let ckpt = lab.root.join("bin/fleet-ckpt");
+    const LAST: u64 = 40;
+    let body = format!(
+        r#"set -u
+CK={ckpt}
+W=$(mktemp -d)
+echo "run at $SLURM_CLUSTER_NAME resume=${{FLEET_RESUME_FROM:-none}} url=${{FLEET_CKPT_URL:-none}}"
+step=0
+if "$CK" restore "$W/r"; then step=$(cat "$W/r/step.txt"); echo "resumed-at $step"
+else rc=$?; [ $rc = 3 ] || {{ echo "restore failed: $rc"; exit 9; }}; fi
+while [ $step -lt {LAST} ]; do
+  step=$((step + 1)); echo "step $step"; sleep 1
+  if [ $((step % 3)) = 0 ]; then
+    rm -rf "$W/c"; mkdir "$W/c"; echo $step >"$W/c/step.txt"; head -c 2000000 /dev/urandom >"$W/c/weights.bin"
+    "$CK" save "$W/c" --step $step >/dev/null && echo "ckpt $step"
+  fi
+done
+echo end"#,
+        ckpt = ckpt.display()
+    );
+    // alpha is silent while the job is placed, so that kube-gamma (dearer) takes it.
+    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
+    let t = Instant::now();
+    while health(lab, "alpha") == "healthy" {
+        assert!(t.elapsed() < Duration::from_secs(30), "alpha never seen silent");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:1", "--fleet-to=kube-gamma,alpha", "--open-mode=append", &out_arg(&dir, "out.txt")],
+            &script(&body),
+        )
+        .unwrap();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let stale = format!("fleet-{rid}");
+    assert!(lab.lab_sh(&["start-agent", "alpha"]).unwrap().status.success());
+    let first = wait_file(&out, T, |b| numbers(&String::from_utf8_lossy(b), "ckpt").iter().any(|&s| s >= 6)).unwrap();
+    let first = String::from_utf8_lossy(&first).into_owned();
+    let fid = fleet_job_of(lab, id).unwrap();
+    assert!(
+        first.starts_with(&format!("run at {KUBE} resume=none url=s3://ckpt-lab-central/fleet/{fid}\n")),
+        "the pod got its region's checkpoint prefix: {first}"
+    );
+    assert!(!first.contains("warning"), "fleet-ckpt save in the pod could not report: {first}");
+    // The pod's saves were reported with the token of its Secret.
+    let rows = lab.fleetctl_json(&["job", "checkpoints", &fid]).unwrap();
+    let central: Vec<&serde_json::Value> =
+        rows.as_array().unwrap().iter().filter(|r| r["region"] == "lab-central" && r["reported_by"] == "job").collect();
+    assert!(!central.is_empty(), "checkpoints reported from kube-gamma: {rows}");
+    // The token is nowhere in the Job.
+    let job = kube_job(lab, &stale).expect("the Job");
+    let token_file = job["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "FLEET_CKPT_TOKEN_FILE")
+        .map(|e| e["value"].clone());
+    assert_eq!(token_file, Some(serde_json::json!("/fleet/ckpt/token")), "{job}");
+    assert!(alpha_is(lab, "healthy"), "alpha is back before kube-gamma dies");
+
+    // kube-gamma's agent dies; its pod runs on (the API server is up).
+    let t_kill = Instant::now();
+    assert!(lab.lab_sh(&["stop-agent", KUBE]).unwrap().status.success());
+    let second =
+        wait_file(&out, Duration::from_secs(120), |b| String::from_utf8_lossy(b).contains("resumed-at")).unwrap();
+    let resumed = t_kill.elapsed();
+    let second = String::from_utf8_lossy(&second).into_owned();
+    let run2 = &second[second.rfind("run at ").unwrap()..];
+    assert!(run2.starts_with("run at alpha resume=s3://ckpt-lab-east/fleet/"), "{run2}");
+    let at = numbers(run2, "resumed-at")[0];
+    let reported: Vec<u64> = rows.as_array().unwrap().iter().filter_map(|r| r["step"].as_u64()).collect();
+    assert!(at >= 6 && at.is_multiple_of(3), "resumed at a checkpoint kube-gamma saved: {at} ({reported:?}): {second}");
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((rec["target"].as_str(), rec["epoch"].as_u64()), (Some("alpha"), Some(2)), "{rec}");
+    // The stale Job still exists at kube-gamma: nobody there could delete it.
+    assert!(kube_job(lab, &stale).is_some(), "the Job was deleted with no agent at kube-gamma?");
+
+    // The agent returns: it deletes the stale Job (epoch 1) before anything else.
+    let t_back = Instant::now();
+    assert!(lab.lab_sh(&["start-agent", KUBE]).unwrap().status.success());
+    wait_until("the stale Job is deleted", Duration::from_secs(30), || {
+        kube_job(lab, &stale).is_none() && kube_pods(lab, &stale).is_empty()
+    });
+    let fenced = t_back.elapsed();
+
+    let done = lab.wait_done("beta", id, Duration::from_secs(120)).unwrap();
+    assert_eq!(done["ExitCode"], "0:0", "{done:?}");
+    let all = String::from_utf8_lossy(&std::fs::read(&out).unwrap()).into_owned();
+    let run2 = &all[all.rfind("run at ").unwrap()..];
+    assert_eq!(numbers(run2, "step"), ((at + 1)..=LAST).collect::<Vec<_>>(), "counts on from the checkpoint: {all}");
+    assert!(all.ends_with("end\n"), "{all}");
+    eprintln!(
+        "[figure] kube-gamma's agent killed -> resumed at alpha from step {at} after {resumed:.2?} (grace and copy \
+         lab-central -> lab-east included); kube-gamma's agent back -> stale Job {stale} deleted in {fenced:.2?}"
+    );
+}
+
+fn alpha_is(lab: &Lab, want: &str) -> bool {
+    let t = Instant::now();
+    while health(lab, "alpha") != want {
+        if t.elapsed() > Duration::from_secs(30) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    true
 }

@@ -6,10 +6,22 @@
 //! `bash` process.
 //!
 //! What the double does differently from a real cluster (documented):
-//! a container runs as this server's user, on this host, without an image;
-//! volumes are copied into a per-pod directory and arguments and the
+//! a container runs on this host, without an image; volumes are copied
+//! into a per-pod directory and arguments, environment values and the
 //! working directory that start with a mount path are rewritten to that
 //! copy; an image named `nonexistent/...` fails to pull.
+//!
+//! **Users.** A server running as root runs each container as its
+//! `securityContext` says (the container's over the pod's): `runAsUser`,
+//! `runAsGroup`, `supplementalGroups` and `fsGroup` (setgroups, setgid,
+//! setuid in the child before exec); without `runAsUser` as `nobody`
+//! (65534), the double's "image user". The pod's directory is 0700 and
+//! owned by that user; ConfigMap and Secret volumes are root's, read-only
+//! (directory 0555, files in their `defaultMode`, group `fsGroup` when
+//! set, as the kubelet does), so a pod reads its own volumes and no other
+//! pod's files. `runAsNonRoot` with `runAsUser: 0` fails the container
+//! (`CreateContainerConfigError`, the kubelet's words). A server not
+//! running as root cannot switch users: its containers run as itself.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -32,6 +44,91 @@ pub struct Launch {
     pub cwd: PathBuf,
     pub files: Vec<(PathBuf, Vec<u8>, u32)>,
     pub log: PathBuf,
+    /// The pod's directory (made 0700 for its user).
+    pub root: PathBuf,
+    /// Directories the container must be able to write (emptyDir volumes,
+    /// the working directory, HOME), owned by its user.
+    pub writable: Vec<PathBuf>,
+    /// Read-only volume directories (0555).
+    pub read_only: Vec<PathBuf>,
+    /// Who the container runs as.
+    pub ids: Ids,
+}
+
+/// A container's identity, from its `securityContext` and the pod's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ids {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (`supplementalGroups`, plus `fsGroup`).
+    pub groups: Vec<u32>,
+    /// The group of Secret and ConfigMap volume files (`fsGroup`).
+    pub fs_group: Option<u32>,
+}
+
+/// The double's "image user" when a pod names none.
+pub const NOBODY: u32 = 65534;
+
+/// Who a pod's first container runs as, or the kubelet's refusal.
+pub fn ids_of(pod: &Value) -> Result<Ids, String> {
+    let psc = &pod["spec"]["securityContext"];
+    let csc = &pod["spec"]["containers"][0]["securityContext"];
+    let pick = |k: &str| csc[k].as_u64().or_else(|| psc[k].as_u64());
+    let id = |k: &str| -> Result<Option<u32>, String> {
+        pick(k).map(|v| u32::try_from(v).map_err(|_| format!("{k} {v} is out of range"))).transpose()
+    };
+    let uid = id("runAsUser")?;
+    let non_root = csc["runAsNonRoot"].as_bool().or_else(|| psc["runAsNonRoot"].as_bool()) == Some(true);
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let cname = pod["spec"]["containers"][0]["name"].as_str().unwrap_or("");
+    if non_root && uid == Some(0) {
+        return Err(format!("container's runAsUser breaks non-root policy (pod: \"{name}\", container: {cname})"));
+    }
+    let uid = uid.unwrap_or(NOBODY);
+    let gid = id("runAsGroup")?.unwrap_or(if uid == NOBODY { NOBODY } else { uid });
+    let fs_group = psc["fsGroup"]
+        .as_u64()
+        .map(|v| u32::try_from(v).map_err(|_| format!("fsGroup {v} is out of range")))
+        .transpose()?;
+    let mut groups = Vec::new();
+    for g in psc["supplementalGroups"].as_array().into_iter().flatten() {
+        let g =
+            g.as_u64().and_then(|g| u32::try_from(g).ok()).ok_or_else(|| format!("supplementalGroups: bad gid {g}"))?;
+        groups.push(g);
+    }
+    groups.extend(fs_group);
+    groups.sort_unstable();
+    groups.dedup();
+    Ok(Ids { uid, gid, groups, fs_group })
+}
+
+/// As root, containers run as their own users, who must reach their pod's
+/// directory under `work_dir`: every directory above it must let others
+/// through (`o+x`). Refused with the directory to fix otherwise.
+pub fn check_work_dir(work_dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        return Ok(());
+    }
+    for d in work_dir.ancestors() {
+        let mode = std::fs::metadata(d)?.permissions().mode();
+        if mode & 0o001 == 0 {
+            anyhow::bail!(
+                "{} has mode {:o}: containers run as their runAsUser and could not reach their directories under {}; chmod o+x {}",
+                d.display(),
+                mode & 0o777,
+                work_dir.display(),
+                d.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether this server may switch users (runs as root).
+fn is_root() -> bool {
+    // SAFETY: geteuid(2) has no preconditions and touches no memory.
+    unsafe { libc::geteuid() == 0 }
 }
 
 fn owner_uid(obj: &Value) -> Option<&str> {
@@ -575,8 +672,16 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             continue;
         }
         let root = work_dir.join("pods").join(format!("{ns}_{name}"));
+        let ids = match ids_of(&p) {
+            Ok(ids) => ids,
+            Err(msg) => {
+                set_waiting(st, p, "CreateContainerConfigError", &msg);
+                continue;
+            }
+        };
         // Volumes: mount path -> local directory with the object's keys.
         let mut files = Vec::new();
+        let (mut writable, mut read_only) = (Vec::new(), Vec::new());
         let mut mounts: Vec<(String, PathBuf)> = Vec::new();
         let mut missing = None;
         for m in c["volumeMounts"].as_array().into_iter().flatten() {
@@ -592,6 +697,7 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
                 (Kind::Secret, vol["secret"]["secretName"].as_str(), vol["secret"]["defaultMode"].as_u64())
             } else {
                 let dir = root.join("volumes").join(vname);
+                writable.push(dir.clone());
                 mounts.push((mpath.trim_end_matches('/').to_string(), dir));
                 continue;
             };
@@ -604,6 +710,7 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             for (k, v) in data {
                 files.push((dir.join(k), v, mode.unwrap_or(0o644) as u32));
             }
+            read_only.push(dir.clone());
             mounts.push((mpath.trim_end_matches('/').to_string(), dir));
         }
         if let Some(msg) = missing {
@@ -660,6 +767,12 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             };
             env.push((k, v));
         }
+        // Paths under a mount, as the container would see them.
+        for (k, v) in env.iter_mut() {
+            if k != "HOME" && k != "PATH" {
+                *v = rewrite(v);
+            }
+        }
         if let Some(msg) = env_err {
             set_waiting(st, p, "CreateContainerConfigError", &msg);
             continue;
@@ -698,7 +811,10 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             "state": {"running": {"startedAt": t}}}]);
         let uid = meta_str(&p, "uid").to_string();
         st.put(Kind::Pod, p);
-        out.push(Launch { ns, pod: name.clone(), uid, program, env, cwd, files, log: root.join("container.log") });
+        writable.push(cwd.clone());
+        writable.push(root.join("home"));
+        let log = root.join("container.log");
+        out.push(Launch { ns, pod: name.clone(), uid, program, env, cwd, files, log, root, writable, read_only, ids });
     }
     out
 }
@@ -708,17 +824,41 @@ pub fn launch(state: &Arc<State>, l: Launch) {
     let state = state.clone();
     tokio::spawn(async move {
         let started = async {
+            use std::os::unix::fs::PermissionsExt;
+            let switch = is_root();
+            let chown = |p: &Path, uid: Option<u32>, gid: Option<u32>| -> std::io::Result<()> {
+                if switch {
+                    std::os::unix::fs::chown(p, uid, gid)?;
+                }
+                Ok(())
+            };
+            // The pod's directory: its user's alone. The path to it is
+            // traversable (0711), never listable.
+            if let Some(pods) = l.root.parent() {
+                std::fs::create_dir_all(pods)?;
+                if switch {
+                    std::fs::set_permissions(pods, std::fs::Permissions::from_mode(0o711))?;
+                }
+            }
+            std::fs::create_dir_all(&l.root)?;
+            std::fs::set_permissions(&l.root, std::fs::Permissions::from_mode(0o700))?;
+            chown(&l.root, Some(l.ids.uid), Some(l.ids.gid))?;
             for (path, data, mode) in &l.files {
                 if let Some(d) = path.parent() {
                     std::fs::create_dir_all(d)?;
                 }
                 std::fs::write(path, data)?;
-                use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode & 0o777))?;
+                // As the kubelet: root's files, group fsGroup where set.
+                chown(path, Some(0), l.ids.fs_group.or(Some(0)))?;
             }
-            std::fs::create_dir_all(&l.cwd)?;
-            if let Some(h) = l.env.iter().find(|(k, _)| k == "HOME") {
-                std::fs::create_dir_all(&h.1)?;
+            for d in &l.read_only {
+                std::fs::create_dir_all(d)?;
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o555))?;
+            }
+            for d in &l.writable {
+                std::fs::create_dir_all(d)?;
+                chown(d, Some(l.ids.uid), Some(l.ids.gid))?;
             }
             let log = std::fs::File::create(&l.log)?;
             let mut cmd = tokio::process::Command::new(&l.program[0]);
@@ -731,6 +871,24 @@ pub fn launch(state: &Arc<State>, l: Launch) {
                 .stderr(log)
                 .process_group(0)
                 .kill_on_drop(false);
+            if switch {
+                let ids = l.ids.clone();
+                let groups: Vec<libc::gid_t> = ids.groups.clone();
+                // SAFETY: the closure runs in the forked child before exec
+                // and calls only async-signal-safe functions (setgroups,
+                // setgid, setuid) on memory allocated before the fork.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                            || libc::setgid(ids.gid) != 0
+                            || libc::setuid(ids.uid) != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
             cmd.spawn()
         }
         .await;
@@ -805,6 +963,34 @@ pub fn kill(state: &Arc<State>, pod_uid: &str, grace: std::time::Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_runs_as_its_security_contexts_user() {
+        let pod = |psc: Value, csc: Value| json!({"metadata": {"name": "p"}, "spec": {"securityContext": psc, "containers": [{"name": "job", "securityContext": csc}]}});
+        let check = |p: Value, want: Result<Ids, &str>| match (ids_of(&p), want) {
+            (Ok(got), Ok(w)) => assert_eq!(got, w, "{p}"),
+            (Err(e), Err(w)) => assert!(e.contains(w), "{e}"),
+            (got, w) => panic!("{p}: {got:?}, wanted {w:?}"),
+        };
+        check(
+            pod(
+                json!({"runAsUser": 1001, "runAsGroup": 1002, "supplementalGroups": [1001, 3000], "fsGroup": 1002, "runAsNonRoot": true}),
+                json!({}),
+            ),
+            Ok(Ids { uid: 1001, gid: 1002, groups: vec![1001, 1002, 3000], fs_group: Some(1002) }),
+        );
+        // The container's settings win over the pod's.
+        check(
+            pod(json!({"runAsUser": 1001}), json!({"runAsUser": 1003, "runAsGroup": 7})),
+            Ok(Ids { uid: 1003, gid: 7, groups: vec![], fs_group: None }),
+        );
+        // Without runAsUser: the double's image user, nobody.
+        check(pod(json!({}), json!({})), Ok(Ids { uid: NOBODY, gid: NOBODY, groups: vec![], fs_group: None }));
+        check(pod(json!({"runAsUser": 0, "runAsNonRoot": true}), json!({})), Err("breaks non-root policy"));
+        check(pod(json!({"runAsNonRoot": true}), json!({"runAsUser": 0})), Err("breaks non-root policy"));
+        check(pod(json!({"runAsUser": 1u64 << 40}), json!({})), Err("out of range"));
+        check(pod(json!({"runAsUser": 5, "supplementalGroups": ["x"]}), json!({})), Err("bad gid"));
+    }
 
     #[test]
     fn env_expansion() {

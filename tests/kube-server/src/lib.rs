@@ -246,6 +246,7 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
     std::fs::create_dir_all(&cfg.work_dir).with_context(|| format!("creating {}", cfg.work_dir.display()))?;
     // Containers run elsewhere (their working directory): paths must be absolute.
     cfg.work_dir = std::fs::canonicalize(&cfg.work_dir)?;
+    kubelet::check_work_dir(&cfg.work_dir)?;
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).context("binding 127.0.0.1")?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;

@@ -32,6 +32,8 @@ struct S {
 
 async fn server() -> S {
     let dir = tempfile::tempdir().unwrap();
+    // Containers run as their runAsUser (the server runs as root here): they must reach the work dir.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     let mut cfg = kube_server::ServerConfig::new(toml::from_str(CONF).unwrap(), dir.path());
     cfg.bookmark_every = Duration::from_millis(200);
     let h = kube_server::start(cfg, 0).await.unwrap();

@@ -187,6 +187,26 @@ impl Accounts {
         out
     }
 
+    /// The gids of the groups `name` is a listed member of, and its primary
+    /// group `gid` (sorted, once each): what `initgroups` gives the user.
+    pub fn groups_of(&self, name: &str, gid: u32) -> Vec<u32> {
+        let mut out = match self {
+            Accounts::Nss => crate::nss::group_list(name, gid),
+            Accounts::Files { group, .. } => {
+                let mut out = vec![gid];
+                out.extend(
+                    passwd_fields(group)
+                        .filter(|f| f.len() > 3 && f[3].split(',').any(|m| m.trim() == name))
+                        .filter_map(|f| f[2].parse::<u32>().ok()),
+                );
+                out
+            }
+        };
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// Is `name` (primary gid `gid`) a member of group `group`?
     pub fn in_group(&self, name: &str, gid: u32, group: &str) -> bool {
         match self {
@@ -471,6 +491,19 @@ mod tests {
             let e = p.resolve(&acc, "beta", user, None).unwrap_err().to_string();
             assert!(e.contains(why), "{user:?}: {e}");
         }
+    }
+
+    #[test]
+    fn groups_are_the_primary_and_the_listed_ones() {
+        let acc = Accounts::from_text(
+            PASSWD,
+            "fleetusers:x:2000:alice,bob\nalice:x:1001:\nlab:x:3000:bob, alice\nx:y\nbad:x:zz:alice\n",
+        );
+        assert_eq!(acc.groups_of("alice", 1001), vec![1001, 2000, 3000]);
+        assert_eq!(acc.groups_of("bob", 1002), vec![1002, 2000, 3000]);
+        assert_eq!(acc.groups_of("mallory", 1003), vec![1003]);
+        // A name that is a prefix of a member's is not a member.
+        assert_eq!(acc.groups_of("ali", 1009), vec![1009]);
     }
 
     #[test]

@@ -66,6 +66,11 @@ const BUSY_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 const CANCEL_RECORD_DAYS: u64 = 7;
 const SCRIPT_DIR: &str = "/fleet/job";
 const WORK_DIR: &str = "/fleet/work";
+/// Where the run's checkpoint Secret is mounted (read-only).
+pub const CKPT_DIR: &str = "/fleet/ckpt";
+/// Largest stores file or CA bundle put into a checkpoint Secret (a Secret
+/// holds at most 1 MiB).
+const CKPT_FILE_MAX: u64 = 256 * 1024;
 
 /// The site's Kubernetes settings (fleet.conf `Kube*` keys).
 #[derive(Clone, Debug)]
@@ -117,6 +122,59 @@ pub struct Translate<'a> {
     pub settings: &'a KubeSettings,
     /// `nvidia.com/gpu.product` values of the nodes, for the GPU type's affinity.
     pub products: &'a [String],
+    /// The mapped user's supplementary groups at this site (as `sudo -u`
+    /// gives them on the Slurm path): the pods' `supplementalGroups`.
+    pub groups: &'a [u32],
+    /// What the run checkpoints with (`None`: no checkpoint settings).
+    pub ckpt: Option<&'a CkptMount>,
+}
+
+/// The run's checkpoint settings, mounted from a Secret of its own
+/// (`fleet-<native id>-ckpt`, read-only at [`CKPT_DIR`], mode 0440 with the
+/// pod's `fsGroup` the user's group): the token is never in the pod spec,
+/// in an environment variable, or readable by another user's pod.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CkptMount {
+    /// `MetaSchedulerUrl`, as `FLEET_METASCHED_URL` (empty: no reports).
+    pub metasched_url: String,
+    /// The run's checkpoint token (`fleet_api::auth::ckpt_token`), as the
+    /// file `token` (empty: none).
+    pub token: String,
+    /// The stores file's contents (`CkptStores`: endpoints and credentials), as `stores.toml`.
+    pub stores: Option<Vec<u8>>,
+    /// The meta-scheduler's CA bundle (`MetaSchedulerCaFile`), as `ca.pem`.
+    pub ca: Option<Vec<u8>>,
+}
+
+impl CkptMount {
+    /// What a run of fleet job `id` gets from `k` (files read here, each at
+    /// most 256 KiB; a missing one is an error naming it).
+    pub fn of(k: &crate::ckpt::JobCkpt, id: &str) -> Result<Option<CkptMount>> {
+        let read = |p: &std::path::Path, what: &str| -> Result<Vec<u8>> {
+            use std::io::Read;
+            let f = std::fs::File::open(p).with_context(|| format!("reading {what} {}", p.display()))?;
+            let mut buf = Vec::new();
+            f.take(CKPT_FILE_MAX + 1)
+                .read_to_end(&mut buf)
+                .with_context(|| format!("reading {what} {}", p.display()))?;
+            if buf.len() as u64 > CKPT_FILE_MAX {
+                bail!("{what} {} is larger than {CKPT_FILE_MAX} bytes: too large for the run's Secret", p.display());
+            }
+            Ok(buf)
+        };
+        let stores = k.stores.as_deref().map(|p| read(p, "CkptStores")).transpose()?;
+        let reports = !k.cluster_token.is_empty() && !k.metasched_url.is_empty();
+        if stores.is_none() && !reports {
+            return Ok(None);
+        }
+        let (token, metasched_url, ca) = if reports {
+            let ca = k.ca_file.as_deref().map(|p| read(p, "MetaSchedulerCaFile")).transpose()?;
+            (fleet_api::auth::ckpt_token(&k.cluster_token, id), k.metasched_url.clone(), ca)
+        } else {
+            (String::new(), String::new(), None)
+        };
+        Ok(Some(CkptMount { metasched_url, token, stores, ca }))
+    }
 }
 
 /// The objects of one job.
@@ -125,6 +183,8 @@ pub struct Objects {
     pub job: Job,
     pub script: ConfigMap,
     pub env: Option<Secret>,
+    /// The checkpoint Secret ([`CkptMount`]).
+    pub ckpt: Option<Secret>,
     pub service: Option<Service>,
 }
 
@@ -350,6 +410,31 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     ];
     // Where it checkpoints and what it resumes from (docs/checkpoints.md).
     env.extend(fleet_api::sbatch::checkpoint_env(req).into_iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    // Where the run's checkpoint token, stores and CA are: files of its
+    // checkpoint Secret, named by path (docs/checkpoints.md).
+    let ckpt_secret = t.ckpt.map(|m| {
+        let mut data = BTreeMap::new();
+        if !m.token.is_empty() {
+            data.insert("token".to_string(), ByteString(m.token.clone().into_bytes()));
+            env.push(("FLEET_METASCHED_URL".into(), m.metasched_url.clone()));
+            env.push(("FLEET_CKPT_TOKEN_FILE".into(), format!("{CKPT_DIR}/token")));
+        }
+        if let Some(s) = &m.stores {
+            data.insert("stores.toml".to_string(), ByteString(s.clone()));
+            env.push(("FLEET_CKPT_STORES".into(), format!("{CKPT_DIR}/stores.toml")));
+        }
+        if let Some(ca) = m.ca.as_ref().filter(|_| !m.token.is_empty()) {
+            data.insert("ca.pem".to_string(), ByteString(ca.clone()));
+            env.push(("FLEET_METASCHED_CA".into(), format!("{CKPT_DIR}/ca.pem")));
+        }
+        Secret {
+            metadata: meta(&format!("{name}-ckpt")),
+            data: Some(data),
+            type_: Some("Opaque".into()),
+            immutable: Some(true),
+            ..Default::default()
+        }
+    });
     if gpus > 0 {
         env.push(("SLURM_GPUS_ON_NODE".into(), gpus.to_string()));
     }
@@ -396,12 +481,25 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     if let Some(s) = &secret {
         container["envFrom"] = json!([{"secretRef": {"name": s.metadata.name}}]);
     }
+    let mut volumes = vec![
+        json!({"name": "script", "configMap": {"name": format!("{name}-script"), "defaultMode": 0o555}}),
+        json!({"name": "work", "emptyDir": {}}),
+    ];
+    if let Some(s) = &ckpt_secret {
+        // 0440 and the pod's fsGroup: readable by the job's user (and group), by no other user.
+        volumes.push(json!({"name": "ckpt", "secret": {"secretName": s.metadata.name, "defaultMode": 0o440}}));
+        if let Some(m) = container["volumeMounts"].as_array_mut() {
+            m.push(json!({"name": "ckpt", "mountPath": CKPT_DIR, "readOnly": true}));
+        }
+    }
     let mut pod_spec = json!({
         "restartPolicy": "Never",
         "containers": [container],
-        "volumes": [{"name": "script", "configMap": {"name": format!("{name}-script"), "defaultMode": 0o555}},
-                    {"name": "work", "emptyDir": {}}],
-        "securityContext": {"runAsUser": t.user.uid, "runAsGroup": t.user.gid, "runAsNonRoot": true},
+        "volumes": volumes,
+        // The mapped user, as on the Slurm path (sudo -u): uid, primary
+        // group, supplementary groups; never root.
+        "securityContext": {"runAsUser": t.user.uid, "runAsGroup": t.user.gid, "runAsNonRoot": true,
+                            "fsGroup": t.user.gid, "supplementalGroups": t.groups},
         "automountServiceAccountToken": false,
         "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
         "hostname": format!("{name}-0"),
@@ -461,7 +559,7 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         binary_data: (!binary.is_empty()).then_some(binary),
         ..Default::default()
     };
-    Ok(Objects { job, script: script_cm, env: secret, service })
+    Ok(Objects { job, script: script_cm, env: secret, ckpt: ckpt_secret, service })
 }
 
 fn owner(job: &Job) -> Result<OwnerReference> {
@@ -610,6 +708,9 @@ pub struct KubeBackend {
     pub settings: KubeSettings,
     pub site: String,
     pub spool: PathBuf,
+    /// What each run checkpoints with (the Slurm path's settings: token
+    /// key, meta-scheduler, stores), mounted from a per-run Secret.
+    pub ckpt: crate::ckpt::JobCkpt,
     /// Fleet's Jobs and Pods, one watched store per namespace.
     jobs: Vec<Store<Job>>,
     pods: Vec<Store<Pod>>,
@@ -748,6 +849,7 @@ impl KubeBackend {
             settings,
             site: site.to_string(),
             spool,
+            ckpt: crate::ckpt::JobCkpt::default(),
             jobs,
             pods,
             nodes,
@@ -1209,6 +1311,10 @@ impl Backend for KubeBackend {
         }
         crate::jobdir::create(&dir, agent_uid())?;
         let products = self.products();
+        // The user's groups here, as `sudo -u` would give them (identity
+        // mapping: `user` is the mapped local user).
+        let groups = crate::identity::Accounts::read()?.groups_of(&user.name, user.gid);
+        let ckpt = CkptMount::of(&self.ckpt, id)?;
         // translate() puts the objects in the same namespace.
         let ns = &self.settings.namespace_for(user.account.as_deref().or(req.account.as_deref())).to_string();
         let mut tries = 0;
@@ -1221,6 +1327,8 @@ impl Backend for KubeBackend {
                 user,
                 settings: &self.settings,
                 products: &products,
+                groups: &groups,
+                ckpt: ckpt.as_ref(),
             };
             let objects = translate(&t, req)?;
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), ns);
@@ -1253,6 +1361,13 @@ impl Backend for KubeBackend {
                     .create(&PostParams::default(), &s)
                     .await
                     .context("creating the environment's Secret")?;
+            }
+            if let Some(mut s) = objects.ckpt.clone() {
+                s.metadata.owner_references = Some(vec![own.clone()]);
+                Api::<Secret>::namespaced(self.client.clone(), ns)
+                    .create(&PostParams::default(), &s)
+                    .await
+                    .context("creating the checkpoint Secret")?;
             }
             if let Some(mut s) = objects.service.clone() {
                 s.metadata.owner_references = Some(vec![own.clone()]);
@@ -1496,7 +1611,16 @@ mod tests {
 
     fn objects(r: &JobRequest, products: &[String]) -> (serde_json::Value, Objects) {
         let (u, s) = (user(), settings());
-        let t = Translate { site: "gamma", fleet_id: "beta-7", native_id: 42, user: &u, settings: &s, products };
+        let t = Translate {
+            site: "gamma",
+            fleet_id: "beta-7",
+            native_id: 42,
+            user: &u,
+            settings: &s,
+            products,
+            groups: &[1001, 2000],
+            ckpt: None,
+        };
         let o = translate(&t, r).unwrap();
         (serde_json::to_value(&o.job).unwrap(), o)
     }
@@ -1549,6 +1673,106 @@ mod tests {
     }
 
     #[test]
+    fn the_pod_runs_as_the_mapped_user_never_root() {
+        let (j, _) = objects(&req(&[], None), &[]);
+        let sc = &j["spec"]["template"]["spec"]["securityContext"];
+        assert_eq!(
+            (sc["runAsUser"].as_u64(), sc["runAsGroup"].as_u64(), sc["runAsNonRoot"].as_bool()),
+            (Some(1001), Some(1001), Some(true))
+        );
+        assert_eq!(sc["supplementalGroups"], json!([1001, 2000]));
+        assert_eq!(sc["fsGroup"], 1001);
+        assert_eq!(j["spec"]["template"]["spec"]["automountServiceAccountToken"], false);
+    }
+
+    #[test]
+    fn the_checkpoint_token_is_a_secret_mounted_read_only_never_in_the_spec() {
+        let (u, s) = (user(), settings());
+        let token = fleet_api::auth::ckpt_token("gamma-secret", "beta-7");
+        let m = CkptMount {
+            metasched_url: "https://ms:8443".into(),
+            token: token.clone(),
+            stores: Some(b"[[store]]\nurl = \"s3://ckpt-lab-central\"\n".to_vec()),
+            ca: Some(b"-----BEGIN CERTIFICATE-----\n".to_vec()),
+        };
+        let mut r = req(&[], None);
+        r.fleet.ckpt = Some("s3://ckpt-lab-central/fleet/beta-7".into());
+        r.fleet.resume_from = Some("s3://ckpt-lab-central/fleet/beta-7/ckpt-000000000003".into());
+        let t = Translate {
+            site: "gamma",
+            fleet_id: "beta-7",
+            native_id: 42,
+            user: &u,
+            settings: &s,
+            products: &[],
+            groups: &[],
+            ckpt: Some(&m),
+        };
+        let o = translate(&t, &r).unwrap();
+        let job = serde_json::to_string(&o.job).unwrap();
+        assert!(!job.contains(&token), "the token is not in the Job's spec");
+        let sec = o.ckpt.expect("a checkpoint Secret");
+        assert_eq!(sec.metadata.name.as_deref(), Some("fleet-42-ckpt"));
+        assert_eq!(sec.metadata.labels.as_ref().unwrap()[MANAGED_BY], "fleet");
+        let data = sec.data.unwrap();
+        assert_eq!(data.keys().collect::<Vec<_>>(), ["ca.pem", "stores.toml", "token"]);
+        assert_eq!(data["token"].0, token.as_bytes());
+        let j = serde_json::to_value(&o.job).unwrap();
+        let pod = &j["spec"]["template"]["spec"];
+        let vol = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "ckpt").unwrap();
+        assert_eq!(
+            (vol["secret"]["secretName"].as_str(), vol["secret"]["defaultMode"].as_u64()),
+            (Some("fleet-42-ckpt"), Some(0o440))
+        );
+        let mount =
+            pod["containers"][0]["volumeMounts"].as_array().unwrap().iter().find(|v| v["name"] == "ckpt").unwrap();
+        assert_eq!((mount["mountPath"].as_str(), mount["readOnly"].as_bool()), (Some(CKPT_DIR), Some(true)));
+        let env: HashMap<String, String> = pod["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].as_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(env["FLEET_CKPT_TOKEN_FILE"], "/fleet/ckpt/token");
+        assert_eq!(env["FLEET_CKPT_STORES"], "/fleet/ckpt/stores.toml");
+        assert_eq!(env["FLEET_METASCHED_CA"], "/fleet/ckpt/ca.pem");
+        assert_eq!(env["FLEET_METASCHED_URL"], "https://ms:8443");
+        assert_eq!(env["FLEET_CKPT_URL"], "s3://ckpt-lab-central/fleet/beta-7");
+        assert_eq!(env["FLEET_RESUME_FROM"], "s3://ckpt-lab-central/fleet/beta-7/ckpt-000000000003");
+        // Without checkpoint settings: no Secret, no mount, no variables.
+        let (j, o) = objects(&req(&[], None), &[]);
+        assert!(o.ckpt.is_none());
+        let pod = &j["spec"]["template"]["spec"];
+        assert!(pod["volumes"].as_array().unwrap().iter().all(|v| v["name"] != "ckpt"));
+        assert!(!j.to_string().contains("FLEET_CKPT_TOKEN_FILE"));
+    }
+
+    #[test]
+    fn checkpoint_settings_are_read_from_the_agents_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let stores = tmp.path().join("stores.toml");
+        std::fs::write(&stores, "[[store]]\n").unwrap();
+        let k = crate::ckpt::JobCkpt {
+            metasched_url: "https://ms".into(),
+            ca_file: None,
+            cluster_token: "gamma-secret".into(),
+            stores: Some(stores.clone()),
+        };
+        let m = CkptMount::of(&k, "beta-7").unwrap().unwrap();
+        assert_eq!(m.token, fleet_api::auth::ckpt_token("gamma-secret", "beta-7"));
+        assert_eq!(m.stores.as_deref(), Some(&b"[[store]]\n"[..]));
+        // No token, no stores: nothing to mount.
+        assert_eq!(CkptMount::of(&crate::ckpt::JobCkpt::default(), "beta-7").unwrap(), None);
+        // A stores file that cannot be read, or too large for a Secret, is named.
+        let gone = crate::ckpt::JobCkpt { stores: Some(tmp.path().join("nope.toml")), ..k.clone() };
+        let e = format!("{:#}", CkptMount::of(&gone, "x").unwrap_err());
+        assert!(e.contains("CkptStores") && e.contains("nope.toml"), "{e}");
+        std::fs::write(&stores, vec![b'#'; 300 * 1024]).unwrap();
+        let e = format!("{:#}", CkptMount::of(&k, "x").unwrap_err());
+        assert!(e.contains("too large"), "{e}");
+    }
+
+    #[test]
     fn multi_node_is_an_indexed_gang_with_a_headless_service() {
         let (j, o) = objects(&req(&[(None, 16, GpuScope::Job)], Some(2)), &[]);
         let spec = &j["spec"];
@@ -1588,8 +1812,16 @@ mod tests {
     fn the_image_is_the_option_else_the_directive_else_the_sites() {
         let image = |r: &JobRequest| {
             let (u, s) = (user(), settings());
-            let t =
-                Translate { site: "gamma", fleet_id: "beta-7", native_id: 42, user: &u, settings: &s, products: &[] };
+            let t = Translate {
+                site: "gamma",
+                fleet_id: "beta-7",
+                native_id: 42,
+                user: &u,
+                settings: &s,
+                products: &[],
+                groups: &[],
+                ckpt: None,
+            };
             translate(&t, r).map(|o| {
                 serde_json::to_value(&o.job).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"].clone()
             })
@@ -1616,7 +1848,16 @@ mod tests {
         assert_eq!(s.namespace_for(None), "fleet");
         assert_eq!(s.namespaces(), vec!["fleet", "team-ml"]);
         let ml = LocalUser { account: Some("ml".into()), ..user() };
-        let t = Translate { site: "gamma", fleet_id: "beta-7", native_id: 42, user: &ml, settings: &s, products: &[] };
+        let t = Translate {
+            site: "gamma",
+            fleet_id: "beta-7",
+            native_id: 42,
+            user: &ml,
+            settings: &s,
+            products: &[],
+            groups: &[],
+            ckpt: None,
+        };
         let o = translate(&t, &req(&[], None)).unwrap();
         assert_eq!(o.job.metadata.namespace.as_deref(), Some("team-ml"));
         assert_eq!(o.script.metadata.namespace.as_deref(), Some("team-ml"));

@@ -109,8 +109,15 @@ pub struct Agent<B: Backend> {
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     prepare_spool(&cfg.spool)?;
+    let job_ckpt = ckpt::JobCkpt {
+        metasched_url: cfg.metasched_url.clone(),
+        ca_file: cfg.metasched_ca_file.clone(),
+        cluster_token: cfg.token.clone(),
+        stores: cfg.ckpt_stores.clone(),
+    };
     if let Some(k) = cfg.kube.clone() {
-        let backend = kube::KubeBackend::connect(k, &cfg.site, cfg.spool.clone()).await?;
+        let mut backend = kube::KubeBackend::connect(k, &cfg.site, cfg.spool.clone()).await?;
+        backend.ckpt = job_ckpt;
         return run_with(cfg, backend, shutdown).await;
     }
     let backend = SlurmBackend {
@@ -118,12 +125,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         slurm_conf: cfg.slurm_conf.clone(),
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
-        ckpt: ckpt::JobCkpt {
-            metasched_url: cfg.metasched_url.clone(),
-            ca_file: cfg.metasched_ca_file.clone(),
-            cluster_token: cfg.token.clone(),
-            stores: cfg.ckpt_stores.clone(),
-        },
+        ckpt: job_ckpt,
     };
     check_identity(&cfg, &backend).await?;
     let me = identity::name_of_uid(own_uid()).unwrap_or_default();

@@ -67,6 +67,8 @@ async fn cluster_as(queue: Option<&str>, token: &str) -> Cluster {
 /// A cluster whose agent holds `token`, its settings changed by `f`.
 async fn cluster_set(token: &str, f: impl FnOnce(&mut KubeSettings)) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
+    // Containers run as their runAsUser (the server runs as root here): they must reach the work dir.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     let file: kube_server::FileConf = toml::from_str(NODES).unwrap();
     let mut cfg = kube_server::ServerConfig::new(file, &dir.path().join("server"));
     cfg.tls = true;
@@ -557,6 +559,8 @@ async fn find_submitted_adopts_the_whole_job_and_deletes_a_half_made_one() {
         user: &u,
         settings: &c.backend.settings,
         products: &[],
+        groups: &[],
+        ckpt: None,
     };
     let objects = translate(&t, &request("echo never\n", None, 1)).unwrap();
     Api::<Job>::namespaced(c.backend.client.clone(), "fleet")
@@ -693,4 +697,72 @@ async fn jobs_run_in_their_accounts_namespace_and_the_agent_may_use_no_other() {
     assert_eq!(bad.namespaces(), vec!["fleet", "team-cv", "team-ml"]);
     let err = KubeBackend::connect(bad, "gamma", c.dir.path().join("spool2")).await.err().expect("refused");
     assert!(format!("{err:#}").contains("may not list Jobs in namespace team-cv"), "{err:#} ({kc:?})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_run_as_the_mapped_user_and_read_only_their_own_checkpoint_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut c = cluster().await;
+    c.backend.ckpt = fleet_agent::ckpt::JobCkpt {
+        metasched_url: "https://ms.example:8443".into(),
+        ca_file: None,
+        cluster_token: "gamma-cluster-token".into(),
+        stores: None,
+    };
+    // A file of bob's, private to him.
+    let secret = c.dir.path().join("bobs-notes");
+    std::fs::write(&secret, "bob's secret\n").unwrap();
+    std::os::unix::fs::chown(&secret, Some(1002), Some(1002)).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let script = format!(
+        "echo \"uid=$(id -u) gid=$(id -g) groups=$(id -G)\"\n\
+         echo \"token=$(cat \"$FLEET_CKPT_TOKEN_FILE\")\"\n\
+         echo \"path=$FLEET_CKPT_TOKEN_FILE\"\n\
+         (echo x >\"$FLEET_CKPT_TOKEN_FILE\") 2>/dev/null && echo token-written || echo token-read-only\n\
+         cat {} 2>/dev/null || echo bob-file-denied\n\
+         sleep 3\n",
+        secret.display()
+    );
+    let alice = user();
+    let id = c.backend.submit("beta-60", &request(&script, None, 1), &alice).await.unwrap();
+    // Nothing secret in the Job: the token is in its own Secret, mounted read-only.
+    let job = c.server.get(Kind::Job, "fleet", &job_name(id)).unwrap();
+    let token = fleet_api::auth::ckpt_token("gamma-cluster-token", "beta-60");
+    assert!(!job.to_string().contains(&token), "the token is in the Job's spec: {job}");
+    let sc = &job["spec"]["template"]["spec"]["securityContext"];
+    assert_eq!((sc["runAsUser"].as_u64(), sc["runAsNonRoot"].as_bool()), (Some(1001), Some(true)), "{sc}");
+    assert!(c.server.get(Kind::Secret, "fleet", &format!("{}-ckpt", job_name(id))).is_some());
+    let t0 = Instant::now();
+    while !stdout(&c, "beta-60").contains("bob-file-denied") && !stdout(&c, "beta-60").contains("secret") {
+        c.backend.status(&[id]).await.unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(20), "no output: {:?}", stdout(&c, "beta-60"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = stdout(&c, "beta-60");
+    assert!(out.starts_with("uid=1001 gid=1001 groups="), "the pod's process ran as the mapped user: {out}");
+    assert!(out.contains(&format!("token={token}\n")), "it reads its checkpoint token: {out}");
+    assert!(out.contains("token-read-only\n"), "the token is mounted read-only: {out}");
+    assert!(out.contains("bob-file-denied\n") && !out.contains("bob's secret"), "it cannot read bob's file: {out}");
+
+    // Another user's pod (bob, 1002) cannot read alice's token.
+    let path = out.lines().find_map(|l| l.strip_prefix("path=")).unwrap().to_string();
+    assert!(Path::new(&path).exists(), "{path}");
+    let bob = LocalUser { name: "bob".into(), uid: 1002, gid: 1002, account: None, home: None };
+    let snoop = format!("id -u\ncat {path} 2>/dev/null && echo READ || echo denied\n");
+    let b = c.backend.submit("beta-61", &request(&snoop, None, 1), &bob).await.unwrap();
+    let end = until(&c, b, "finished", |j| j.state.is_terminal()).await;
+    assert_eq!(end.state, JobState::Completed, "{end:?}");
+    assert_eq!(stdout(&c, "beta-61"), "1002\ndenied\n");
+    until(&c, id, "finished", |j| j.state.is_terminal()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_would_run_as_root_never_starts() {
+    let c = cluster().await;
+    let root = LocalUser { name: "root".into(), uid: 0, gid: 0, account: None, home: None };
+    let id = c.backend.submit("beta-62", &request("echo ran-as-root\n", None, 1), &root).await.unwrap();
+    let j = until(&c, id, "refused", |j| !j.reason.is_empty()).await;
+    assert_eq!(j.state, JobState::Pending, "{j:?}");
+    assert!(j.reason.contains("CreateContainerConfigError") && j.reason.contains("non-root"), "{j:?}");
+    assert_eq!(stdout(&c, "beta-62"), "");
 }
