@@ -121,6 +121,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
             ca_file: cfg.metasched_ca_file.clone(),
             cluster_token: cfg.token.clone(),
             stores: cfg.ckpt_stores.clone(),
+            job_lease: cfg.job_lease,
+            helper: cfg.ckpt_helper.clone(),
         },
     };
     check_identity(&cfg, &backend).await?;
