@@ -151,8 +151,9 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
     let running_elsewhere = t_kill.elapsed();
     let (_, delta_job) =
         poll("delta's Slurm id", Duration::from_secs(10), || remote_of(lab, id).filter(|(t, _)| t == "delta"));
-    // The stand-in at beta is still the one job, running.
+    // The stand-in at beta is still the one job, running; so is delta's copy.
     assert_eq!(state_at(lab, "beta", id).as_deref(), Some("RUNNING"));
+    assert_eq!(state_at(lab, "delta", delta_job).as_deref(), Some("RUNNING"));
 
     // alpha's copy stopped itself before delta's started.
     poll("delta's copy is seen", Duration::from_secs(10), || {

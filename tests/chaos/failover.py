@@ -268,7 +268,7 @@ def main():
         time.sleep(max(0.0, t0 + at - time.time()))
         act(action, arg, events)
     # Settle: every stand-in ends.
-    deadline = time.time() + max(600, STEPS * 12)
+    deadline = time.time() + max(1200, STEPS * 20)
     while time.time() < deadline:
         q = slurm("beta", "squeue", "-h", "-p", "fleet", "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING", "-o", "%i")
         if q.returncode == 0 and not q.stdout.strip():
@@ -319,13 +319,20 @@ def main():
         for (t_dec, epoch, target), run in zip(ep[1:], order[1:]):
             decision_to_run.append(runs[run]["first"] - t_dec)
     # Detection: kill (or cut-off) of a cluster's agent -> degraded in the view.
+    # Only outages longer than the detection target count (a 4 s agent
+    # restart is not meant to be seen), and only up to the cluster's return.
     detections = []
-    for t, action, arg in events:
+    for i, (t, action, arg) in enumerate(events):
         if action in ("kill-cluster", "cut-off-agent", "kill-agent"):
-            seen = next((ht - t for ht, h in sampler.health if ht >= t and h.get(arg) == "degraded"), None)
+            back = next((t2 for t2, a2, g2 in events[i + 1:] if g2 == arg), float("inf"))
+            if back - t < 2 * MISSED * HB_S:
+                continue
+            seen = next((ht - t for ht, h in sampler.health if t <= ht < back and h.get(arg) == "degraded"), None)
             detections.append((action, arg, seen))
     print()
     print(f"jobs submitted {N}, accepted {len(accepted)}")
+    for j in [j for j in jobs if not j["id"]][:5]:
+        print(f"   refused at sbatch: {j['tag']}: {j['err'][-200:]}")
     print(f"completed exactly once (record completed, beta COMPLETED 0:0, one done mark): {once}")
     print(f"lost (never completed): {len(lost)}")
     for l in lost[:20]:
