@@ -52,7 +52,7 @@ fn copies(fid: &str) -> BTreeSet<String> {
         }
         let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
         let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        if !vars.iter().any(|v| *v == want.as_bytes()) {
+        if !vars.contains(&want.as_bytes()) {
             continue;
         }
         if let Some(c) = vars.iter().find_map(|v| v.strip_prefix(b"SLURM_CLUSTER_NAME=")) {
@@ -62,11 +62,13 @@ fn copies(fid: &str) -> BTreeSet<String> {
     out
 }
 
-/// Samples [`copies`] every 100 ms until stopped: (time since start,
-/// clusters) for every sample.
+/// One sample: time since the sampler started, clusters running the job.
+type Sample = (Duration, BTreeSet<String>);
+
+/// Samples [`copies`] every 100 ms until stopped.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<(Duration, BTreeSet<String>)>>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -85,7 +87,7 @@ impl Sampler {
         Sampler { stop, samples, thread: Some(thread) }
     }
 
-    fn finish(mut self) -> Vec<(Duration, BTreeSet<String>)> {
+    fn finish(mut self) -> Vec<Sample> {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.take().map(|t| t.join());
         std::mem::take(&mut *self.samples.lock().unwrap())

@@ -153,7 +153,10 @@ class Sampler(threading.Thread):
 
 def job_script(tag, marks):
     ck = f"{R}/bin/fleet-ckpt"
+    # interruptible: one killed before its first checkpoint restarts rather
+    # than fails (a job with neither fails at the origin, by design).
     return f"""#!/bin/bash
+#FLEET interruptible
 M={marks}
 RUN=${{SLURM_CLUSTER_NAME:-kube-gamma}}:${{SLURM_JOB_ID:-$HOSTNAME}}
 W=$(mktemp -d)
