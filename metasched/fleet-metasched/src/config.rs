@@ -719,7 +719,12 @@ mod tests {
         check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\n"), Ok(""));
         check(&format!("{BASE}[health]\n"), Ok(""));
-        check(&format!("{BASE}[health]\nheartbeat_interval_s = 2\nmissed_heartbeats = 5\ngrace_s = 10\njob_lease_s = 10\n"), Ok(""));
+        check(
+            &format!(
+                "{BASE}[health]\nheartbeat_interval_s = 2\nmissed_heartbeats = 5\ngrace_s = 10\njob_lease_s = 10\n"
+            ),
+            Ok(""),
+        );
         check(&format!("{BASE}[health]\nheartbeat_interval_s = 0\n"), Err("heartbeat_interval_s must be in (0, 3600]"));
         check(&format!("{BASE}[health]\nheartbeat_interval_s = nan\n"), Err("heartbeat_interval_s must be in"));
         check(&format!("{BASE}[health]\nmissed_heartbeats = 0\n"), Err("missed_heartbeats must be in [1, 1000]"));
@@ -731,8 +736,8 @@ mod tests {
         check(&format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 4\n"), Ok(""));
         check(&format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 0\n"), Ok(""));
         check(
-            &format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 5\n"),
-            Err("[health] grace_s = 10: a silent cluster's jobs would move after 13 s, before the job lease (8 s) plus its margin (5 s)"),
+            &format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 6\n"),
+            Err("[health] grace_s = 10: a silent cluster's jobs would move after 13 s, before the job lease (8 s) plus its margin (6 s)"),
         );
         check(&format!("{BASE}[health]\njob_lease_s = -1\n"), Err("job_lease_s must be in [0, 3600]"));
         check(&format!("{BASE}[health]\njob_lease_margin_s = 0\n"), Err("job_lease_margin_s must be in [1, 600]"));

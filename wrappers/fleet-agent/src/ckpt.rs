@@ -313,7 +313,7 @@ mod tests {
         assert_eq!(k.wrap(&d, b"#! \necho\n", 1, &mut e).unwrap(), None);
         for helper in ["fleet-ckpt", "/opt/my tools/fleet-ckpt", "/nonexistent/fleet-ckpt"] {
             let bad = JobCkpt { helper: helper.into(), ..k.clone() };
-            let d = fresh(&helper.replace(['/', ' '], "_"));
+            let d = fresh(&format!("h{}", helper.replace(['/', ' '], "_")));
             let mut e = bad.prepare("beta-7", &d).unwrap();
             assert_eq!(bad.wrap(&d, script, 1, &mut e).unwrap(), None, "{helper}");
             assert!(!d.join(SCRIPT_FILE).exists());
