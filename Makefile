@@ -7,6 +7,7 @@
 #   make install-users   the service users and tokens (root; as the Debian packages' postinst)
 #   make deb             Debian packages (cargo-deb) in $(DEB_DIR)
 #   make install-check   install into a scratch DESTDIR and build the .debs, checking both
+#   make chaos-failover  checkpointing jobs through cluster deaths and partitions; prints the failover figures
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
@@ -17,7 +18,7 @@ export FLEET_LAB_DIR ?= /tmp/fleet-lab
 export FLEET_BIN_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release
 
 .PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz compat \
-	install install-users deb install-check chaos bench-start
+	install install-users deb install-check chaos chaos-failover bench-start
 
 # ---- install -----------------------------------------------------------
 # Slurm's own plugin directory: where Debian's slurm-wlm-basic-plugins put
@@ -66,6 +67,15 @@ bench-start: build
 # counts (not part of make test). CHAOS_JOBS, CHAOS_FAULTS, CHAOS_SEED.
 chaos: build
 	tests/chaos/chaos.py
+
+# Failover under faults (docs/failover.md): >= 100 checkpointing jobs over
+# alpha, delta and kube-gamma while clusters, agents, slurmctld and the
+# meta-scheduler die and an agent is cut off beyond its lease; prints jobs
+# completed exactly once, lost jobs, most copies of one job at once, lost
+# work per move, detection and restart times (not part of make test).
+# CHAOS_FAILOVER_JOBS, CHAOS_FAILOVER_STEPS, CHAOS_FAILOVER_CKPT.
+chaos-failover: build
+	FLEET_LAB_KUBE=1 tests/chaos/failover.py
 
 # Builds into target-compat/ itself; see tests/compat/README.md.
 compat:

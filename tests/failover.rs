@@ -4,15 +4,21 @@
 //! period, and places the job again, as a new epoch, on delta (the lab's
 //! third cluster, the other one with H100s). The stand-in at beta stays one
 //! job whose output file continues (with one note on stderr) and whose exit
-//! code is the last run's; when alpha comes back, its agent cancels the
-//! stale copy before reporting anything. (While alpha is dark its copy runs
-//! on in slurmstepd, where nothing can stop it: it can neither report nor
-//! relay, and it is gone within one pass of alpha's return.)
+//! code is the last run's. While alpha is dark (agent and slurmctld dead,
+//! slurmd alive) its copy stops itself once its in-job lease is no longer
+//! renewed, before the job moves: the test samples the job's processes at
+//! both clusters (by the job's environment, under /proc: the lab's
+//! clusters share this host) and the step marks each copy writes, and
+//! asserts that two copies never ran at the same time.
 //!
 //! The job restarts from scratch (it is `#FLEET interruptible`); resuming
 //! from a checkpoint goes through the same path with `FLEET_RESUME_FROM`.
 
 use std::time::{Duration, Instant};
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, OnDrop};
 
@@ -28,6 +34,64 @@ fn health(lab: &Lab, cluster: &str) -> String {
     let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
     let c = v["clusters"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == cluster).cloned());
     c.map(|c| c["health"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+}
+
+/// The clusters where a process of fleet job `fid` runs now: every
+/// process with `FLEET_JOB_ID=<fid>` in its environment, by its
+/// `SLURM_CLUSTER_NAME` (the job's own processes; the lease watchdog,
+/// `fleet-ckpt`, is not the job).
+fn copies(fid: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let want = format!("FLEET_JOB_ID={fid}");
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        if std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "fleet-ckpt") {
+            continue;
+        }
+        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
+        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+        if !vars.contains(&want.as_bytes()) {
+            continue;
+        }
+        if let Some(c) = vars.iter().find_map(|v| v.strip_prefix(b"SLURM_CLUSTER_NAME=")) {
+            out.insert(String::from_utf8_lossy(c).into_owned());
+        }
+    }
+    out
+}
+
+/// One sample: time since the sampler started, clusters running the job.
+type Sample = (Duration, BTreeSet<String>);
+
+/// Samples [`copies`] every 100 ms until stopped.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn start(fid: &str) -> Sampler {
+        let (stop, samples) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+        let (st, sa, fid) = (stop.clone(), samples.clone(), fid.to_string());
+        let thread = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !st.load(Ordering::Relaxed) {
+                let c = copies(&fid);
+                sa.lock().unwrap().push((t0.elapsed(), c));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Sampler { stop, samples, thread: Some(thread) }
+    }
+
+    fn finish(mut self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.take().map(|t| t.join());
+        std::mem::take(&mut *self.samples.lock().unwrap())
+    }
 }
 
 /// Polls `f` every 200 ms until it returns `Some`, for at most `limit`.
@@ -50,8 +114,12 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
     let _restore = OnDrop(|| {
         let _ = lab.lab_sh(&["revive"]);
     });
+    // Each step also leaves a timestamped mark per cluster in the work dir
+    // (written by the copy itself, not relayed).
     let body = format!(
-        "#FLEET interruptible\nfor i in $(seq 1 {STEPS}); do echo \"step $i at $SLURM_CLUSTER_NAME\"; sleep 1; done\nexit 3"
+        "#FLEET interruptible\nfor i in $(seq 1 {STEPS}); do echo \"step $i at $SLURM_CLUSTER_NAME\"; \
+         date +%s.%N >> {}/marks-$SLURM_CLUSTER_NAME; sleep 1; done\nexit 3",
+        dir.display()
     );
     let err_arg = format!("--error={}/err.txt", dir.display());
     let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt"), &err_arg], &script(&body)).unwrap();
@@ -62,8 +130,10 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
     let fid = fleet_job_of(lab, id).unwrap();
     assert_eq!(fleet_record(lab, id).unwrap()["epoch"], 1);
 
-    // alpha dies: its agent and its controller (the job's processes live on
-    // in slurmstepd at alpha, out of everyone's reach).
+    // alpha dies: its agent and its controller (only slurmd and the job's
+    // own processes live on at alpha: its in-job lease stops it).
+    assert_eq!(copies(&fid), BTreeSet::from(["alpha".to_string()]), "the job's processes are seen at alpha");
+    let sampler = Sampler::start(&fid);
     let t_kill = Instant::now();
     assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
     assert!(lab.lab_sh(&["stop-ctld", "alpha"]).unwrap().status.success());
@@ -83,36 +153,34 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
     let running_elsewhere = t_kill.elapsed();
     let (_, delta_job) =
         poll("delta's Slurm id", Duration::from_secs(10), || remote_of(lab, id).filter(|(t, _)| t == "delta"));
-    // The stand-in at beta is still the one job, running.
+    // The stand-in at beta is still the one job, running; so is delta's copy.
     assert_eq!(state_at(lab, "beta", id).as_deref(), Some("RUNNING"));
+    assert_eq!(state_at(lab, "delta", delta_job).as_deref(), Some("RUNNING"));
 
-    // alpha comes back (agent first, then its controller, which recovers the
-    // stale copy as RUNNING): the agent cancels it before reporting anything.
+    // alpha's copy stopped itself before delta's started.
+    poll("delta's copy is seen", Duration::from_secs(10), || {
+        let s = sampler.samples.lock().unwrap();
+        s.iter().any(|(_, c)| c.contains("delta")).then_some(())
+    });
+    let alpha_gone = {
+        let s = sampler.samples.lock().unwrap();
+        s.iter().filter(|(_, c)| c.contains("alpha")).map(|(t, _)| *t).max().unwrap_or_default()
+    };
+
+    // alpha comes back (agent first, then its controller, which finds its
+    // copy gone or recovers it as RUNNING): nothing of it runs again.
     let t_back = Instant::now();
     assert!(lab.lab_sh(&["start-agent", "alpha"]).unwrap().status.success());
     assert!(lab.lab_sh(&["start-ctld", "alpha"]).unwrap().status.success());
-    let mut samples = 0;
-    let mut both = 0;
-    let stale_state = poll("alpha's stale copy is cancelled", Duration::from_secs(60), || {
-        let a = state_at(lab, "alpha", alpha_job);
-        let d = state_at(lab, "delta", delta_job);
-        samples += 1;
-        if a.as_deref() == Some("RUNNING") && d.as_deref() == Some("RUNNING") {
-            both += 1;
-        }
-        a.filter(|s| s != "RUNNING")
+    let stale_state = poll("alpha's stale copy is over in Slurm", Duration::from_secs(60), || {
+        state_at(lab, "alpha", alpha_job).filter(|s| s != "RUNNING")
     });
     let fenced = t_back.elapsed();
-    assert!(matches!(stale_state.as_str(), "CANCELLED" | "COMPLETING"), "{stale_state}");
-    // While alpha was dark its copy ran on in slurmstepd, unseen and with
-    // no one there to stop it; once alpha's controller answers, its agent's
-    // next pass cancels it. Two copies do run in that time: the invariant
-    // "never two copies" is NOT met when a cluster's agent and controller
-    // die together (a watchdog in the job that ends it when its lease runs
-    // out is the missing piece; see docs/failover.md). What is asserted is
-    // the bound on the stale copy's life after alpha's return.
+    assert!(
+        matches!(stale_state.as_str(), "CANCELLED" | "COMPLETING" | "FAILED" | "COMPLETED" | "NODE_FAIL"),
+        "{stale_state}"
+    );
     assert!(fenced < Duration::from_secs(20), "alpha's stale copy lived {fenced:?} after alpha's return");
-    eprintln!("FAILOVER both-running samples after alpha's return: {both} of {samples}");
 
     // The end: the last run's exit code, one output that continues.
     let done = lab.wait_done("beta", id, Duration::from_secs(120)).unwrap();
@@ -133,6 +201,27 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
     assert!(before.len() >= 3, "{text}");
     let delta_steps: Vec<String> = (1..=STEPS).map(|i| format!("step {i} at delta")).collect();
     assert_eq!(after, delta_steps.as_slice(), "delta's run in full, nothing of alpha's after it:\n{text}");
+    // Never two copies: no sample saw both clusters, and alpha's last step
+    // mark is older than delta's first.
+    let samples = sampler.finish();
+    let both = samples.iter().filter(|(_, c)| c.len() > 1).count();
+    assert_eq!(both, 0, "{both} of {} samples saw copies at two clusters", samples.len());
+    assert!(samples.iter().any(|(_, c)| c.contains("delta")), "the sampler saw delta's copy");
+    let marks = |c: &str| -> Vec<f64> {
+        std::fs::read_to_string(dir.join(format!("marks-{c}")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let (alpha_marks, delta_marks) = (marks("alpha"), marks("delta"));
+    let alpha_last = alpha_marks.iter().cloned().fold(f64::MIN, f64::max);
+    let delta_first = delta_marks.iter().cloned().fold(f64::MAX, f64::min);
+    assert!(alpha_marks.len() >= 3 && delta_marks.len() == STEPS as usize, "{alpha_marks:?} {delta_marks:?}");
+    assert!(
+        alpha_last < delta_first,
+        "alpha's copy marked a step at {alpha_last} after delta's copy began at {delta_first}"
+    );
     let err = std::fs::read_to_string(dir.join("err.txt")).unwrap();
     let notes: Vec<&str> = err.lines().collect();
     assert_eq!(notes.len(), 1, "{err}");
@@ -142,13 +231,17 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
     );
     assert!(notes[0].ends_with("restarting from the start (no valid checkpoint; the job is interruptible)"), "{err}");
     eprintln!(
-        "failover figures: degraded seen {:.1} s after the kill, moved (epoch 2 at delta) at {:.1} s, \
-         first output at delta at {:.1} s ({:.1} s after the decision); stale copy at alpha gone {:.1} s after \
-         alpha's return; {samples} samples of both clusters, {both} with two copies running",
+        "failover figures: degraded seen {:.1} s after the kill, alpha's copy stopped itself by {:.1} s, moved \
+         (epoch 2 at delta) at {:.1} s, first output at delta at {:.1} s ({:.1} s after the decision), {:.1} s \
+         between alpha's last step mark and delta's first; alpha's job over in Slurm {:.1} s after its return; \
+         {} samples of both clusters, {both} with two copies running",
         detected.as_secs_f64(),
+        alpha_gone.as_secs_f64(),
         decided.as_secs_f64(),
         running_elsewhere.as_secs_f64(),
         (running_elsewhere - decided).as_secs_f64(),
+        delta_first - alpha_last,
         fenced.as_secs_f64(),
+        samples.len(),
     );
 }

@@ -68,6 +68,10 @@ cooling = "air"
 # each) and its jobs move after a short grace period; agents hold a lease.
 LAB_GRACE_S=${FLEET_LAB_GRACE_S:-10}
 LAB_LEASE_MS=${FLEET_LAB_LEASE_MS:-15000}
+# Each run's in-job lease (fleet.conf JobLeaseMs, metasched [health]
+# job_lease_s): 3 s + grace (10 s) >= 8 s + margin 4 s, as the
+# meta-scheduler requires. 0 turns it off.
+LAB_JOB_LEASE_S=${FLEET_LAB_JOB_LEASE_S:-8}
 # FLEET_LAB_PORT_OFFSET shifts every port above (and the meta-scheduler's), so
 # that a second lab (another FLEET_LAB_DIR) can run beside the default one.
 PORT_OFFSET=${FLEET_LAB_PORT_OFFSET:-0}
@@ -488,11 +492,13 @@ FailOpen=yes
 HeartbeatIntervalMs=1000
 PollIntervalMs=300
 LeaseMs=$LAB_LEASE_MS
+JobLeaseMs=$((LAB_JOB_LEASE_S * 1000))
 SlurmBinDir=/usr/bin
 JobUserMap=same
 JobUserGroup=$JOB_GROUP
 MinJobUid=1000
-$([[ $S3 == 1 ]] && printf 'CkptStores=%s\nCkptHelper=%s\n' "$R/ckpt-stores.toml" "$R/bin/fleet-ckpt" || true)
+CkptHelper=$R/bin/fleet-ckpt
+$([[ $S3 == 1 ]] && printf 'CkptStores=%s\n' "$R/ckpt-stores.toml" || true)
 EOF
   chmod 0644 "$d"/*.conf
 }
@@ -595,6 +601,8 @@ write_metasched_conf() {
     echo "heartbeat_interval_s = 1"
     echo "missed_heartbeats = 3"
     echo "grace_s = $LAB_GRACE_S"
+    echo "job_lease_s = $LAB_JOB_LEASE_S"
+    echo "job_lease_margin_s = 4"
     local c
     for c in $(site_names); do
       echo

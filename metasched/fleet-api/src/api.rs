@@ -575,6 +575,36 @@ pub struct StaleRun {
     pub reason: String,
 }
 
+/// `POST /v1/jobs/{id}/lease`: the in-job watchdog of a run at a target
+/// renews the run's job lease (docs/failover.md, "The in-job lease"),
+/// with the run's checkpoint token (`FleetCkpt`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobLeaseRequest {
+    /// The run's placement epoch (`FLEET_EPOCH`).
+    pub epoch: u64,
+    /// The lease the site asks for (`JobLeaseMs`); the meta-scheduler
+    /// grants at most this and at most its own `[health] job_lease_s`.
+    #[serde(default)]
+    pub lease_ms: u64,
+}
+
+/// The answer. `stale`: this run no longer counts (another epoch, another
+/// cluster, the job ended): stop it now. Otherwise the run may go on for
+/// `valid_ms` from when the request was sent (0: not renewed this time,
+/// the previous grant stands). `off`: the meta-scheduler grants no job
+/// leases (`job_lease_s = 0`): the watchdog leaves the run alone.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobLeaseReply {
+    #[serde(default)]
+    pub valid_ms: u64,
+    #[serde(default)]
+    pub stale: bool,
+    #[serde(default)]
+    pub off: bool,
+    #[serde(default)]
+    pub reason: String,
+}
+
 /// `{"error": "..."}`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApiError {

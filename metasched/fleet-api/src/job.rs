@@ -60,10 +60,19 @@ pub struct FleetOptions {
     /// `--fleet-interruptible`
     #[serde(default)]
     pub interruptible: bool,
+    /// Set by the target's agent in the request it submits (never on the
+    /// wire from a user): the run's placement epoch, which the run's
+    /// in-job lease watchdog names when it renews (`FLEET_EPOCH`).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub epoch: u64,
     /// `--fleet-image`: the container image at a Kubernetes target (checked
     /// by `options::check_image`); wins over the script's `#FLEET image=`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Most bytes of environment a forwarded job carries.

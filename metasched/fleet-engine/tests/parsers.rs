@@ -93,6 +93,7 @@ fn request() -> JobRequest {
             resume_from: None,
             interruptible: false,
             image: None,
+            epoch: 0,
         },
         ..JobRequest::default()
     }

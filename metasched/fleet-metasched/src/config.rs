@@ -211,6 +211,18 @@ pub struct HealthConfig {
     /// Re-placements of one job after failures before it fails (default 3).
     #[serde(default = "default_max_migrations")]
     pub max_migrations: u32,
+    /// The longest job lease granted to a run's in-job watchdog (default
+    /// 30; 0: no job leases, the watchdogs leave their runs alone). A site
+    /// may ask for less (`JobLeaseMs`). Every cluster's
+    /// `missed × interval + grace_s` must be at least this plus
+    /// `job_lease_margin_s`: a silent cluster's jobs move only after the
+    /// leases of their old runs there have certainly run out.
+    #[serde(default = "default_job_lease")]
+    pub job_lease_s: f64,
+    /// Seconds between the end of the last lease a run could hold and the
+    /// move of its job (default 5): the watchdog's kill and its slack.
+    #[serde(default = "default_job_lease_margin")]
+    pub job_lease_margin_s: f64,
 }
 
 impl Default for HealthConfig {
@@ -220,8 +232,18 @@ impl Default for HealthConfig {
             missed_heartbeats: default_missed_heartbeats(),
             grace_s: default_grace(),
             max_migrations: default_max_migrations(),
+            job_lease_s: default_job_lease(),
+            job_lease_margin_s: default_job_lease_margin(),
         }
     }
+}
+
+fn default_job_lease() -> f64 {
+    30.0
+}
+
+fn default_job_lease_margin() -> f64 {
+    5.0
 }
 
 fn default_heartbeat_interval() -> f64 {
@@ -247,6 +269,9 @@ pub struct Health {
     pub degraded_after_s: f64,
     pub grace_s: f64,
     pub max_migrations: u32,
+    /// `[health] job_lease_s` (0: off) and its margin.
+    pub job_lease_s: f64,
+    pub job_lease_margin_s: f64,
 }
 
 /// `[tls]`: PEM files of the server certificate (chain) and its private key.
@@ -437,11 +462,15 @@ impl Config {
                 degraded_after_s: h.heartbeat_interval_s * f64::from(h.missed_heartbeats),
                 grace_s: h.grace_s,
                 max_migrations: h.max_migrations,
+                job_lease_s: h.job_lease_s,
+                job_lease_margin_s: h.job_lease_margin_s,
             },
             None => Health {
                 degraded_after_s: self.heartbeat_timeout_s,
                 grace_s: default_grace(),
                 max_migrations: default_max_migrations(),
+                job_lease_s: default_job_lease(),
+                job_lease_margin_s: default_job_lease_margin(),
             },
         }
     }
@@ -533,6 +562,50 @@ impl Config {
         for c in &self.clusters {
             if let Some(g) = c.grace_s.filter(|g| !(g.is_finite() && (0.0..=86_400.0).contains(g))) {
                 return Err(ConfigError::Invalid(format!("cluster {:?}: grace_s = {g} must be in [0, 86400]", c.name)));
+            }
+        }
+        if let Some(h) = &self.health {
+            if !(h.job_lease_s.is_finite() && (0.0..=3600.0).contains(&h.job_lease_s)) {
+                return Err(ConfigError::Invalid("[health] job_lease_s must be in [0, 3600]".into()));
+            }
+            if !(h.job_lease_margin_s.is_finite() && (1.0..=600.0).contains(&h.job_lease_margin_s)) {
+                return Err(ConfigError::Invalid("[health] job_lease_margin_s must be in [1, 600]".into()));
+            }
+        }
+        // A silent cluster's jobs move only after every job lease a run
+        // there could hold has run out, even across a restart of the
+        // meta-scheduler (which forgets nothing it granted: the grants are
+        // bounded by these numbers alone).
+        let h = self.health();
+        if h.job_lease_s > 0.0 {
+            let need = h.job_lease_s + h.job_lease_margin_s;
+            let (global, named) =
+                if self.health.is_some() { ("[health]", "grace_s") } else { ("", "the default grace period") };
+            if h.degraded_after_s + h.grace_s < need {
+                return Err(ConfigError::Invalid(
+                    format!(
+                        "{global} {named} = {}: a silent cluster's jobs would move after {} s, before the job lease \
+                     ({} s) plus its margin ({} s) has run out; raise grace_s or lower job_lease_s",
+                        h.grace_s,
+                        h.degraded_after_s + h.grace_s,
+                        h.job_lease_s,
+                        h.job_lease_margin_s
+                    )
+                    .trim_start()
+                    .to_string(),
+                ));
+            }
+            for c in &self.clusters {
+                if let Some(g) = c.grace_s.filter(|g| h.degraded_after_s + g < need) {
+                    return Err(ConfigError::Invalid(format!(
+                        "cluster {:?}: grace_s = {g}: its jobs would move after {} s of silence, before the job \
+                         lease ({} s) plus its margin ({} s) has run out; raise grace_s or lower [health] job_lease_s",
+                        c.name,
+                        h.degraded_after_s + g,
+                        h.job_lease_s,
+                        h.job_lease_margin_s
+                    )));
+                }
             }
         }
         if let Some(r) = &self.rebalance {
@@ -756,13 +829,29 @@ mod tests {
         check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\n"), Ok(""));
         check(&format!("{BASE}[health]\n"), Ok(""));
-        check(&format!("{BASE}[health]\nheartbeat_interval_s = 2\nmissed_heartbeats = 5\ngrace_s = 10\n"), Ok(""));
+        check(
+            &format!(
+                "{BASE}[health]\nheartbeat_interval_s = 2\nmissed_heartbeats = 5\ngrace_s = 10\njob_lease_s = 10\n"
+            ),
+            Ok(""),
+        );
         check(&format!("{BASE}[health]\nheartbeat_interval_s = 0\n"), Err("heartbeat_interval_s must be in (0, 3600]"));
         check(&format!("{BASE}[health]\nheartbeat_interval_s = nan\n"), Err("heartbeat_interval_s must be in"));
         check(&format!("{BASE}[health]\nmissed_heartbeats = 0\n"), Err("missed_heartbeats must be in [1, 1000]"));
         check(&format!("{BASE}[health]\ngrace_s = -1\n"), Err("grace_s must be in [0, 86400]"));
         check(&format!("{BASE}[health]\ngrace_s = inf\n"), Err("grace_s must be in [0, 86400]"));
         check(&format!("{BASE}[health]\ngrace = 1\n"), Err("unknown field `grace`"));
+        // The job lease: bounded, and a silent cluster's jobs never move
+        // before the lease plus its margin has run out (3 × 1 s + grace).
+        check(&format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 4\n"), Ok(""));
+        check(&format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 0\n"), Ok(""));
+        check(
+            &format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 6\n"),
+            Err("[health] grace_s = 10: a silent cluster's jobs would move after 13 s, before the job lease (8 s) plus its margin (6 s)"),
+        );
+        check(&format!("{BASE}[health]\njob_lease_s = -1\n"), Err("job_lease_s must be in [0, 3600]"));
+        check(&format!("{BASE}[health]\njob_lease_margin_s = 0\n"), Err("job_lease_margin_s must be in [1, 600]"));
+        check(&format!("{BASE}[health]\njob_lease_margin_s = nan\n"), Err("job_lease_margin_s must be in [1, 600]"));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 60\nmargin_usd = 1\nmargin_frac = 0\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be in [1, 86400]"));
         // A period no Duration holds was accepted and panicked at start.

@@ -85,6 +85,7 @@ const SMALL_BODY: usize = 64 << 10;
 const HEARTBEAT_BODY: usize = 2 << 20;
 /// `POST /v1/agent/fence`: the runs an agent holds (ids and epochs).
 const FENCE_BODY: usize = 8 << 20;
+const LEASE_BODY: usize = 4 << 10;
 /// A forward carries the job's script and environment, which the plugin
 /// socket caps at 8 MiB per request (`fleet-agent` `MAX_REQUEST_BYTES`).
 const FORWARD_BODY: usize = 10 << 20;
@@ -552,6 +553,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id/signal", post(signal))
         .route("/v1/jobs/:id/time_limit", post(time_limit))
         .route("/v1/jobs/:id/checkpoints", post(post_checkpoint).get(get_checkpoints))
+        .route("/v1/jobs/:id/lease", post(job_lease).layer(limit(LEASE_BODY)))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
     Router::new()
         .route("/health", get(|| async { "ok" }))
@@ -715,10 +717,13 @@ async fn require_auth(State(st): State<AppState>, req: Request, next: Next) -> R
     };
     let tokens = st.tokens.read().clone();
     match authenticate(&tokens, &parts.headers, path_job.as_deref()) {
-        // A checkpoint token reports checkpoints and does nothing else.
+        // A checkpoint token reports checkpoints and renews its run's job
+        // lease, and does nothing else.
         Ok(Caller::Checkpointer { .. })
             if !(parts.method == axum::http::Method::POST
-                && parts.extensions.get::<MatchedPath>().is_some_and(|m| m.as_str() == "/v1/jobs/:id/checkpoints")) =>
+                && parts.extensions.get::<MatchedPath>().is_some_and(|m| {
+                    m.as_str() == "/v1/jobs/:id/checkpoints" || m.as_str() == "/v1/jobs/:id/lease"
+                })) =>
         {
             let mut resp =
                 ApiError::new(StatusCode::FORBIDDEN, "a checkpoint token only posts checkpoints").into_response();
@@ -1070,6 +1075,17 @@ async fn post_checkpoint(
     }
     let rep: fleet_api::api::CheckpointReport = parse(&body, "checkpoint report")?;
     Ok(Json(with_store(&st, move |s, now| s.report_checkpoint(&caller, &id, rep, now)).await?).into_response())
+}
+
+/// `POST /v1/jobs/{id}/lease`: a run's watchdog renews its job lease.
+async fn job_lease(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: fleet_api::api::JobLeaseRequest = parse(&body, "lease request")?;
+    Ok(Json(with_store(&st, move |s, now| s.job_lease(&caller, &id, &req, now)).await?).into_response())
 }
 
 /// `GET /v1/jobs/{id}/checkpoints`: the catalog's checkpoints of the job, newest first.

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use fleet_api::api::{
     AgentWork, Assignment, ClusterSummary, FenceReply, FenceRequest, FleetView, ForwardRequest, GpuPool, Heartbeat,
-    JobRecord, NodeCapacity, OutputChunk, SignalOrder, SignalRequest, SignalScope, StaleRun, StartCheck,
-    StartConfirmation, StatusUpdate, Stream, TimeLimitOrder, TimeLimitRequest,
+    JobLeaseReply, JobLeaseRequest, JobRecord, NodeCapacity, OutputChunk, SignalOrder, SignalRequest, SignalScope,
+    StaleRun, StartCheck, StartConfirmation, StatusUpdate, Stream, TimeLimitOrder, TimeLimitRequest,
 };
 use fleet_api::placement::{self, Placement};
 use fleet_api::{JobRequest, JobState};
@@ -422,6 +422,25 @@ pub fn gpu_pools(nodes: &[NodeCapacity]) -> Vec<GpuPool> {
 }
 
 /// Ids become file names: keep them to a safe alphabet.
+/// The grant of a job lease: what the run asked for (`asked_ms`, 0: the
+/// most), at most `max_s`, and never more than `room_s`, the seconds left
+/// before its job could move off its cluster, less the margin. No room:
+/// not renewed (`valid_ms` 0), the run's previous grant stands.
+pub fn lease_grant(max_s: f64, asked_ms: u64, room_s: f64) -> JobLeaseReply {
+    let max_ms = (max_s * 1000.0) as u64;
+    let asked = if asked_ms == 0 { max_ms } else { asked_ms.min(max_ms) };
+    let room_ms = if room_s.is_finite() && room_s > 0.0 { (room_s * 1000.0) as u64 } else { 0 };
+    let valid_ms = asked.min(room_ms);
+    let reason = if valid_ms == asked {
+        String::new()
+    } else if valid_ms == 0 {
+        "not renewed: the cluster has been silent too long (its jobs move soon)".to_string()
+    } else {
+        format!("shortened to {} ms: the cluster is silent and its jobs may move", valid_ms)
+    };
+    JobLeaseReply { valid_ms, stale: false, off: false, reason }
+}
+
 fn valid_job_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
@@ -623,7 +642,13 @@ impl Store {
             metrics,
             ranker,
             wakers: Arc::new(Wakers::new(clusters.iter().map(|c| c.name.as_str()))),
-            health: Health { degraded_after_s: heartbeat_timeout_s, grace_s: 60.0, max_migrations: 3 },
+            health: Health {
+                degraded_after_s: heartbeat_timeout_s,
+                grace_s: 60.0,
+                max_migrations: 3,
+                job_lease_s: 30.0,
+                job_lease_margin_s: 5.0,
+            },
         };
         store.reconcile_output_lengths()?;
         Ok(store)
@@ -1931,6 +1956,70 @@ impl Store {
         Ok(FenceReply { stale })
     }
 
+    /// `POST /v1/jobs/{id}/lease`: the in-job watchdog of a run renews the
+    /// run's job lease, with the run's checkpoint token (or, for tests and
+    /// tools, the target's own token). A run that no longer counts (the job
+    /// is held by another cluster or epoch, or has ended) is told it is
+    /// stale: it stops itself at once. A run that counts is granted the
+    /// lease asked for, at most `job_lease_s`, and never past the moment
+    /// its job could move off its cluster less the margin: the silent
+    /// cluster's grace period minus how long it has been silent. So a
+    /// silent cluster's runs keep running through an outage shorter than
+    /// that, and are certainly dead when their jobs move, whoever else
+    /// is dead there (agent, slurmctld).
+    pub fn job_lease(
+        &self,
+        caller: &Caller,
+        id: &str,
+        req: &JobLeaseRequest,
+        now: f64,
+    ) -> Result<JobLeaseReply, StoreError> {
+        let cluster = match caller {
+            Caller::Checkpointer { id: jid, cluster } if jid == id => cluster,
+            Caller::Cluster(c) => c,
+            Caller::Checkpointer { .. } => {
+                return Err(StoreError::Unauthorized("checkpoint token does not match this job".into()))
+            }
+            _ => {
+                return Err(StoreError::Forbidden(
+                    "only a run (its checkpoint token) or its cluster renews its lease".into(),
+                ))
+            }
+        };
+        let job = self.load(id)?;
+        let r = &job.record;
+        let stale = |reason: String| Ok(JobLeaseReply { stale: true, reason, ..JobLeaseReply::default() });
+        if r.target.as_deref() != Some(cluster.as_str()) {
+            return stale(format!(
+                "the job is now epoch {} ({}{})",
+                r.epoch,
+                r.state,
+                r.target.as_deref().map(|t| format!(" at {t}")).unwrap_or_default()
+            ));
+        }
+        if req.epoch != r.epoch {
+            return stale(format!(
+                "this run is epoch {}; the job is now epoch {} ({} at {cluster})",
+                req.epoch, r.epoch, r.state
+            ));
+        }
+        if r.state.is_terminal() {
+            return stale(format!("the job has ended ({})", r.state));
+        }
+        if self.health.job_lease_s <= 0.0 {
+            return Ok(JobLeaseReply {
+                off: true,
+                reason: "job leases are off ([health] job_lease_s = 0)".into(),
+                ..JobLeaseReply::default()
+            });
+        }
+        Ok(lease_grant(
+            self.health.job_lease_s,
+            req.lease_ms,
+            self.move_after(cluster) - self.health.job_lease_margin_s - self.silent_for(cluster, now).max(0.0),
+        ))
+    }
+
     /// `POST /v1/prices` (admin): keep the price table in the state
     /// directory and reprice the engine's model with it.
     pub fn import_prices(&mut self, caller: &Caller, csv: &str) -> Result<PriceImport, StoreError> {
@@ -2041,6 +2130,28 @@ mod tests {
             gpu_pools(&nodes).into_iter().map(|p| (p.gpu_type, p.total, p.free, p.max_per_node, p.nodes)).collect();
         let want: Vec<_> = expected.iter().map(|e| (e.0.to_string(), e.1, e.2, e.3, e.4)).collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_job_lease_never_outlasts_the_time_before_its_job_can_move() {
+        // (max s, asked ms, room s) -> valid ms
+        let cases: &[(f64, u64, f64, u64)] = &[
+            (30.0, 0, 100.0, 30_000),      // beating: the most
+            (30.0, 8_000, 100.0, 8_000),   // the site asks less
+            (30.0, 60_000, 100.0, 30_000), // never more than the meta-scheduler's
+            (30.0, 8_000, 5.5, 5_500),     // silent: only until the move less the margin
+            (30.0, 8_000, 0.0, 0),         // no room: not renewed
+            (30.0, 8_000, -3.0, 0),
+            (30.0, 8_000, f64::NAN, 0),
+        ];
+        for &(max, asked, room, want) in cases {
+            let g = lease_grant(max, asked, room);
+            assert_eq!(g.valid_ms, want, "max {max} asked {asked} room {room}: {g:?}");
+            assert!(!g.stale && !g.off);
+        }
+        assert_eq!(lease_grant(30.0, 8_000, 100.0).reason, "");
+        assert!(lease_grant(30.0, 8_000, 0.0).reason.starts_with("not renewed"), "the reason says why");
+        assert!(lease_grant(30.0, 8_000, 5.5).reason.starts_with("shortened to 5500 ms"));
     }
 
     #[test]

@@ -1826,6 +1826,8 @@ fn health_config(dir: &Path, grace_s: f64) -> Config {
             missed_heartbeats: 3,
             grace_s,
             max_migrations: 3,
+            job_lease_s: 2.0,
+            job_lease_margin_s: 1.0,
         }),
         ..config(dir)
     }

@@ -92,6 +92,11 @@ pub struct FleetConf {
     /// fleet jobs it runs. Cut off from the meta-scheduler for longer, it
     /// cancels them (self-fencing); 0 never does.
     pub lease_ms: u64,
+    /// `JobLeaseMs` (30000; 0 or 1000..=3600000): the job lease of each run
+    /// this site's agent submits (docs/failover.md): a watchdog inside the
+    /// run stops it when the meta-scheduler has not renewed its lease for
+    /// this long, or says the run is stale; 0 submits runs without one.
+    pub job_lease_ms: u64,
     /// `ViewMaxAgeMs` (10000; 100..=86400000): an older cached fleet
     /// view ⇒ jobs stay local.
     pub view_max_age_ms: u64,
@@ -198,6 +203,7 @@ impl Default for FleetConf {
             heartbeat_interval_ms: 1000,
             poll_interval_ms: 500,
             lease_ms: 30_000,
+            job_lease_ms: 30_000,
             view_max_age_ms: 10_000,
             max_script_bytes: 1 << 20,
             forward_mode: ForwardMode::Sync,
@@ -238,6 +244,7 @@ pub const KEYS: &[&str] = &[
     "HeartbeatIntervalMs",
     "PollIntervalMs",
     "LeaseMs",
+    "JobLeaseMs",
     "ViewMaxAgeMs",
     "MaxScriptBytes",
     "ForwardMode",
@@ -343,6 +350,14 @@ impl FleetConf {
                         "leasems" => {
                             conf.lease_ms = match parse_in_range(v, 0, 86_400_000).map_err(bad)? {
                                 n @ 1..=999 => return Err(bad(format!("{n} is below 1000 (0 turns the lease off)"))),
+                                n => n,
+                            }
+                        }
+                        "jobleasems" => {
+                            conf.job_lease_ms = match parse_in_range(v, 0, 3_600_000).map_err(bad)? {
+                                n @ 1..=999 => {
+                                    return Err(bad(format!("{n} is below 1000 (0 turns the job lease off)")))
+                                }
                                 n => n,
                             }
                         }
@@ -584,6 +599,12 @@ mod tests {
         );
         check("SiteName=a\nLeaseMs=0", Ok((FleetConf { lease_ms: 0, ..site("a") }, &[])));
         check("SiteName=a\nLeaseMs=8000", Ok((FleetConf { lease_ms: 8000, ..site("a") }, &[])));
+        check("SiteName=a\nJobLeaseMs=0", Ok((FleetConf { job_lease_ms: 0, ..site("a") }, &[])));
+        check("SiteName=a\nJobLeaseMs=8000", Ok((FleetConf { job_lease_ms: 8000, ..site("a") }, &[])));
+        check(
+            "SiteName=a\nJobLeaseMs=999",
+            Err(&["fleet.conf:2: JobLeaseMs=999: bad value; 999 is below 1000 (0 turns the job lease off)"]),
+        );
         // Errors name file:line, key, value and what is expected.
         check(
             "SiteName=a\nSubmitTimeoutMs=fast",

@@ -43,7 +43,15 @@ pub struct JobCkpt {
     pub cluster_token: String,
     /// `CkptStores`, as `FLEET_CKPT_STORES`.
     pub stores: Option<PathBuf>,
+    /// `JobLeaseMs`: each run's in-job lease (`None`: runs without one).
+    pub job_lease: Option<Duration>,
+    /// `CkptHelper`: the `fleet-ckpt` the runs' first line names.
+    pub helper: PathBuf,
 }
+
+/// The name of the job's own script in a run's directory, when the run
+/// is submitted under its in-job lease.
+pub const SCRIPT_FILE: &str = ".fleet-script";
 
 /// Whether `v` travels intact in sbatch's comma-separated `--export`.
 fn exportable(v: &str) -> bool {
@@ -76,6 +84,79 @@ impl JobCkpt {
         }
         Ok(env)
     }
+}
+
+impl JobCkpt {
+    /// The run under its in-job lease (docs/failover.md, "The in-job
+    /// lease"): the script sbatch is given is the job's own with its first
+    /// line replaced by `#!<CkptHelper> lease-exec` (every `#SBATCH` line
+    /// stays where sbatch reads it), and the job's script itself is
+    /// written to the run's directory, which `lease-exec` runs with the
+    /// job's own interpreter once it holds a lease and its watchdog runs.
+    /// `env` is what [`JobCkpt::prepare`] returned (the lease renews with
+    /// the run's checkpoint token: without one, no lease). `None`: the run
+    /// goes without (leases off at this site, no token, no `#!` line, or a
+    /// helper path that cannot be an interpreter line).
+    pub fn wrap(
+        &self,
+        dir: &Path,
+        script: &[u8],
+        epoch: u64,
+        env: &mut Vec<(&'static str, String)>,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some(lease) = self.job_lease else { return Ok(None) };
+        // An interpreter line `lease-exec` can read (UTF-8, a path after `#!`).
+        let first = &script[..script.iter().position(|&b| b == b'\n').unwrap_or(script.len())];
+        let readable = std::str::from_utf8(first)
+            .ok()
+            .and_then(|l| l.strip_prefix("#!"))
+            .is_some_and(|l| !l.trim_matches([' ', '\t', '\r']).is_empty());
+        if !env.iter().any(|(k, _)| *k == "FLEET_CKPT_TOKEN_FILE") || !readable {
+            return Ok(None);
+        }
+        let helper = self.helper.display().to_string();
+        if !self.helper.is_absolute() || helper.len() > 100 || !exportable(&helper) || !self.helper.is_file() {
+            tracing::warn!(helper = %helper, "CkptHelper is not a program that can be a script's interpreter line: runs go without their job lease");
+            return Ok(None);
+        }
+        let path = dir.join(SCRIPT_FILE);
+        let shown = path.display().to_string();
+        if !exportable(&shown) {
+            return Ok(None);
+        }
+        crate::jobdir::write_private(&path, script)?;
+        let rest = script.iter().position(|&b| b == b'\n').map(|i| &script[i..]).unwrap_or(b"\n");
+        let mut wrapped = format!("#!{helper} lease-exec").into_bytes();
+        wrapped.extend_from_slice(rest);
+        env.push(("FLEET_JOB_SCRIPT", shown));
+        env.push(("FLEET_EPOCH", epoch.to_string()));
+        env.push(("FLEET_JOB_LEASE_MS", lease.as_millis().to_string()));
+        Ok(Some(wrapped))
+    }
+}
+
+/// The file the run's watchdog writes when it stops the run (its reason).
+pub const LEASE_STOPPED_FILE: &str = ".fleet-lease-stopped";
+
+/// Why the run in `dir` was stopped by its in-job lease, if it was: the
+/// first line of its watchdog's note (a regular file, not followed
+/// through a link, at most 1 KiB read, printable characters only).
+pub fn lease_stopped(dir: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(LEASE_STOPPED_FILE))
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::new();
+    f.take(1024).read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let line: String = text.lines().next().unwrap_or("").chars().filter(|c| !c.is_control()).take(300).collect();
+    Some(if line.is_empty() { "its job lease ran out".to_string() } else { line })
 }
 
 /// A copy `fleet-ckpt copy --json` made.
@@ -157,6 +238,7 @@ mod tests {
             ca_file: Some("/etc/fleet/ca.pem".into()),
             cluster_token: "alpha-secret".into(),
             stores: Some("/etc/fleet/ckpt,stores.toml".into()),
+            ..JobCkpt::default()
         };
         let env = k.prepare("beta-7", &dir).unwrap();
         let token = fleet_api::auth::ckpt_token("alpha-secret", "beta-7");
@@ -179,5 +261,74 @@ mod tests {
         std::fs::create_dir(&d2).unwrap();
         assert_eq!(none.prepare("x", &d2).unwrap(), vec![]);
         assert!(!d2.join(TOKEN_FILE).exists());
+    }
+
+    #[test]
+    fn a_run_under_its_lease_keeps_its_script_and_every_sbatch_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let k = JobCkpt {
+            metasched_url: "https://ms:8443".into(),
+            cluster_token: "alpha-secret".into(),
+            job_lease: Some(Duration::from_secs(8)),
+            helper: tmp.path().join("fleet-ckpt"),
+            ..JobCkpt::default()
+        };
+        std::fs::write(&k.helper, b"").unwrap();
+        let script = b"#!/bin/bash -l\n#SBATCH --signal=B:USR1@60\n#FLEET ckpt-signal=USR1\necho \xff $@\n";
+        let dir = tmp.path().join("job");
+        std::fs::create_dir(&dir).unwrap();
+        let mut env = k.prepare("beta-7", &dir).unwrap();
+        let wrapped = k.wrap(&dir, script, 3, &mut env).unwrap().unwrap();
+        assert_eq!(wrapped, [format!("#!{} lease-exec", k.helper.display()).as_bytes(), &script[14..]].concat());
+        assert!(wrapped.ends_with(b"\n#SBATCH --signal=B:USR1@60\n#FLEET ckpt-signal=USR1\necho \xff $@\n"));
+        assert_eq!(std::fs::read(dir.join(SCRIPT_FILE)).unwrap(), script, "the job's own script, byte for byte");
+        let tail: Vec<_> = env.iter().rev().take(3).cloned().collect();
+        assert_eq!(
+            tail,
+            vec![
+                ("FLEET_JOB_LEASE_MS", "8000".to_string()),
+                ("FLEET_EPOCH", "3".to_string()),
+                ("FLEET_JOB_SCRIPT", dir.join(SCRIPT_FILE).display().to_string()),
+            ]
+        );
+        // Without: the site's lease off, no token to renew with, no #! line,
+        // a helper that cannot be an interpreter line.
+        let fresh = |name: &str| {
+            let d = tmp.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            d
+        };
+        let off = JobCkpt { job_lease: None, ..k.clone() };
+        let d = fresh("off");
+        let mut e = off.prepare("beta-7", &d).unwrap();
+        assert_eq!(off.wrap(&d, script, 1, &mut e).unwrap(), None);
+        let no_token = JobCkpt { cluster_token: String::new(), ..k.clone() };
+        let d = fresh("nt");
+        let mut e = no_token.prepare("beta-7", &d).unwrap();
+        assert_eq!(no_token.wrap(&d, script, 1, &mut e).unwrap(), None);
+        let d = fresh("nb");
+        let mut e = k.prepare("beta-7", &d).unwrap();
+        assert_eq!(k.wrap(&d, b"echo no interpreter\n", 1, &mut e).unwrap(), None);
+        assert_eq!(k.wrap(&d, b"#!/bin/\xff\necho\n", 1, &mut e).unwrap(), None);
+        assert_eq!(k.wrap(&d, b"#! \necho\n", 1, &mut e).unwrap(), None);
+        for helper in ["fleet-ckpt", "/opt/my tools/fleet-ckpt", "/nonexistent/fleet-ckpt"] {
+            let bad = JobCkpt { helper: helper.into(), ..k.clone() };
+            let d = fresh(&format!("h{}", helper.replace(['/', ' '], "_")));
+            let mut e = bad.prepare("beta-7", &d).unwrap();
+            assert_eq!(bad.wrap(&d, script, 1, &mut e).unwrap(), None, "{helper}");
+            assert!(!d.join(SCRIPT_FILE).exists());
+        }
+    }
+
+    #[test]
+    fn a_run_stopped_by_its_lease_says_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(lease_stopped(tmp.path()), None);
+        std::fs::write(tmp.path().join(LEASE_STOPPED_FILE), "its job lease ran out (8000 ms)\x1b[2J\nmore\n").unwrap();
+        assert_eq!(lease_stopped(tmp.path()).as_deref(), Some("its job lease ran out (8000 ms)[2J"));
+        let d2 = tmp.path().join("d2");
+        std::fs::create_dir(&d2).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join(LEASE_STOPPED_FILE), d2.join(LEASE_STOPPED_FILE)).unwrap();
+        assert_eq!(lease_stopped(&d2), None, "a link is not followed");
     }
 }

@@ -28,6 +28,8 @@ pub struct AgentConfig {
     /// `LeaseMs`: cut off from the meta-scheduler this long, the agent
     /// cancels the fleet jobs it runs (`None`: never).
     pub lease: Option<Duration>,
+    /// `JobLeaseMs`: each run's in-job lease (`None`: runs go without).
+    pub job_lease: Option<Duration>,
     pub view_max_age: Duration,
     pub max_script_bytes: u64,
     pub slurm_bin: PathBuf,
@@ -207,6 +209,7 @@ impl AgentConfig {
             heartbeat: Duration::from_millis(c.heartbeat_interval_ms),
             poll: Duration::from_millis(c.poll_interval_ms),
             lease: (c.lease_ms > 0).then(|| Duration::from_millis(c.lease_ms)),
+            job_lease: (c.job_lease_ms > 0).then(|| Duration::from_millis(c.job_lease_ms)),
             view_max_age: Duration::from_millis(c.view_max_age_ms),
             max_script_bytes: c.max_script_bytes,
             slurm_bin: c.slurm_bin_dir,

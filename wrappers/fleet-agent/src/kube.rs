@@ -1757,6 +1757,7 @@ mod tests {
             ca_file: None,
             cluster_token: "gamma-secret".into(),
             stores: Some(stores.clone()),
+            ..Default::default()
         };
         let m = CkptMount::of(&k, "beta-7").unwrap().unwrap();
         assert_eq!(m.token, fleet_api::auth::ckpt_token("gamma-secret", "beta-7"));

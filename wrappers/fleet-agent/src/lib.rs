@@ -114,6 +114,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         ca_file: cfg.metasched_ca_file.clone(),
         cluster_token: cfg.token.clone(),
         stores: cfg.ckpt_stores.clone(),
+        job_lease: cfg.job_lease,
+        helper: cfg.ckpt_helper.clone(),
     };
     if let Some(k) = cfg.kube.clone() {
         let mut backend = kube::KubeBackend::connect(k, &cfg.site, cfg.spool.clone()).await?;

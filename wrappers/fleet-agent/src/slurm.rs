@@ -577,7 +577,11 @@ impl Backend for SlurmBackend {
         }
         crate::jobdir::create(&dir, user.uid)?;
         let paths = self.output_paths(id);
-        let ckpt_env = self.ckpt.prepare(id, &dir)?;
+        let mut ckpt_env = self.ckpt.prepare(id, &dir)?;
+        // The run under its in-job lease (docs/failover.md): a watchdog in
+        // the allocation stops it once the meta-scheduler stops vouching for it.
+        let wrapped = self.ckpt.wrap(&dir, script, req.fleet.epoch, &mut ckpt_env)?;
+        let script = wrapped.as_deref().unwrap_or(script);
         let mut args = sbatch_args(id, req, &dir, &paths, &ckpt_env);
         if let Some(a) = &user.account {
             args.push(format!("--account={a}"));

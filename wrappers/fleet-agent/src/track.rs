@@ -290,6 +290,7 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
     }
     let mut request = a.request.clone();
     request.fleet.resume_from = resume_from(agent, &id, &a).await?;
+    request.fleet.epoch = a.epoch;
     match agent.backend.submit(&id, &request, &user).await {
         Ok(sid) => {
             crate::fault::point("exit-after-sbatch");
@@ -633,6 +634,16 @@ async fn reconcile_run<B: Backend>(
             ..Default::default()
         },
     };
+    if let (Seen::Job(j), None) = (&seen, &run.fenced) {
+        // Stopped by its in-job lease (the meta-scheduler unreachable, or
+        // this cluster silent too long): it died here, it did not fail.
+        if j.state.is_terminal() && j.raw_state != "COMPLETED" {
+            if let Some(why) = crate::ckpt::lease_stopped(&agent.backend.job_dir(&run.id)) {
+                run.fenced = Some(format!("stopped at {site} by its job lease: {why}"));
+                agent.journal.update_run(&run)?;
+            }
+        }
+    }
     if let Some(why) = &run.fenced {
         // Stopped by this agent's lease: the job died here, whatever Slurm
         // shows for the cancellation.

@@ -708,6 +708,9 @@ async fn pods_run_as_the_mapped_user_and_read_only_their_own_checkpoint_token() 
         ca_file: None,
         cluster_token: "gamma-cluster-token".into(),
         stores: None,
+        // Pods run without the in-job lease (no fleet-ckpt in the image).
+        job_lease: None,
+        helper: Default::default(),
     };
     // A file of bob's, private to him.
     let secret = c.dir.path().join("bobs-notes");

@@ -1,6 +1,10 @@
 //! `fleet-ckpt`: save, restore, list, verify and copy checkpoints by
 //! Fleet's convention (docs/checkpoints.md). Exit codes: 0 done, 1 error,
 //! 2 usage, 3 `restore` found no checkpoint at all (start from scratch).
+//!
+//! Two more commands, not for people: `lease-exec` (the interpreter the
+//! target's agent gives a run, see `fleet_ckpt::lease`) and `lease-watch`
+//! (the run's watchdog it starts).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -78,6 +82,12 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("lease-exec") => return lease_exec(&args[2..]),
+        Some("lease-watch") => return lease_watch(&args[2..]),
+        _ => {}
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -285,4 +295,272 @@ async fn report(job_id: &str, s: &fleet_ckpt::ops::Saved) {
     {
         eprintln!("fleet-ckpt: warning: {e:#}");
     }
+}
+
+// ---- the in-job lease (fleet_ckpt::lease) --------------------------------
+
+use fleet_ckpt::lease::{self, LeaseEnv, Verdict, Watch};
+use std::time::{Duration, Instant};
+
+fn current_thread() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")
+}
+
+/// `fleet-ckpt lease-exec SCRIPT [ARGS...]`: the first line of a run's
+/// batch script at a target (SCRIPT is Slurm's copy of it). Obtains the
+/// run's first job lease, starts its watchdog, and `exec`s the job's own
+/// script (`FLEET_JOB_SCRIPT`) with its own interpreter and ARGS. A run
+/// that is stale, or gets no lease within the lease's length, never
+/// starts its script (exit 1, one line on the job's stderr).
+fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    if args.is_empty() {
+        eprintln!("fleet-ckpt lease-exec: usage: lease-exec SCRIPT [ARGS...] (the interpreter line of a run)");
+        return ExitCode::from(2);
+    }
+    let Some(script) = std::env::var_os("FLEET_JOB_SCRIPT").map(PathBuf::from) else {
+        eprintln!("fleet: FLEET_JOB_SCRIPT is not set: the job's script is unknown");
+        return ExitCode::FAILURE;
+    };
+    let head = match std::fs::File::open(&script).and_then(|f| {
+        use std::io::Read;
+        let mut b = Vec::new();
+        f.take(4096).read_to_end(&mut b).map(|_| b)
+    }) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("fleet: reading the job's script {}: {e}", script.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some((interp, arg)) = lease::shebang(&head) else {
+        eprintln!("fleet: the job's script {} does not start with #!", script.display());
+        return ExitCode::FAILURE;
+    };
+    match LeaseEnv::from_vars(|k| std::env::var(k).ok()) {
+        Ok(None) => {}
+        Ok(Some(env)) => match first_grant(&env) {
+            Ok(None) => {}
+            Ok(Some((sent, valid))) => {
+                let left = valid.saturating_sub(sent.elapsed());
+                if let Err(e) = start_watchdog(left) {
+                    eprintln!("fleet: this run does not start: its lease watchdog did not start: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            Err(why) => {
+                eprintln!("fleet: this run does not start: {why}");
+                return ExitCode::FAILURE;
+            }
+        },
+        Err(e) => {
+            eprintln!("fleet: this run does not start: its job lease: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let err = std::process::Command::new(&interp).args(arg).arg(&script).args(&args[1..]).exec();
+    eprintln!("fleet: cannot run the job's interpreter {interp}: {err}");
+    ExitCode::from(126)
+}
+
+/// The run's first grant: `(sent, valid)`, `None` when leases are off, or
+/// why the run must not start (stale, or no grant within the lease).
+fn first_grant(env: &LeaseEnv) -> std::result::Result<Option<(Instant, Duration)>, String> {
+    let rt = current_thread().map_err(|e| format!("{e:#}"))?;
+    let http = {
+        let _g = rt.enter();
+        lease::client(env).map_err(|e| format!("{e:#}"))?
+    };
+    let t0 = Instant::now();
+    let mut last = String::new();
+    while t0.elapsed() < env.lease {
+        let sent = Instant::now();
+        match rt.block_on(lease::renew(&http, env, Duration::from_secs(5).min(env.lease))) {
+            Ok(r) if r.stale => return Err(format!("this run is stale: {}", r.reason)),
+            Ok(r) if r.off => return Ok(None),
+            Ok(r) if r.valid_ms > 0 => return Ok(Some((sent, Duration::from_millis(r.valid_ms).min(env.lease)))),
+            Ok(r) => last = r.reason,
+            Err(e) => last = format!("{e:#}"),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Err(format!("no job lease from the meta-scheduler within {} ms ({last})", env.lease.as_millis()))
+}
+
+/// Starts the watchdog of this process (which is about to become the
+/// job's script) detached: through an intermediate that exits at once, so
+/// that the watchdog is nobody's child in the job.
+fn start_watchdog(left: Duration) -> Result<()> {
+    let pid = std::process::id() as i32;
+    let (_, start, _) = lease::proc_info(std::path::Path::new("/proc"), pid).context("reading /proc/self")?;
+    let exe = std::env::current_exe().context("finding fleet-ckpt")?;
+    let status = std::process::Command::new(exe)
+        .args(["lease-watch", "--detach", &pid.to_string(), &start.to_string()])
+        .arg(left.saturating_sub(Duration::from_millis(200)).as_millis().to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .context("starting the watchdog")?;
+    if !status.success() {
+        anyhow::bail!("the watchdog's launcher {status}");
+    }
+    Ok(())
+}
+
+/// `fleet-ckpt lease-watch [--detach] PID START VALID_MS`: renews the job
+/// lease of the run whose script is PID (started at START, in clock ticks)
+/// until PID ends; stops the run when the lease is stale or runs out.
+fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let a: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
+    let (detach, rest) = match a.first() {
+        Some(&"--detach") => (true, &a[1..]),
+        _ => (false, &a[..]),
+    };
+    let parsed = match rest {
+        [pid, start, valid] => pid.parse::<i32>().ok().zip(start.parse::<u64>().ok()).zip(valid.parse::<u64>().ok()),
+        _ => None,
+    };
+    let Some(((pid, start), valid_ms)) = parsed.filter(|((p, _), _)| *p > 1) else {
+        eprintln!("fleet-ckpt lease-watch: usage: lease-watch [--detach] PID START VALID_MS");
+        return ExitCode::from(2);
+    };
+    if detach {
+        let Ok(exe) = std::env::current_exe() else { return ExitCode::FAILURE };
+        let mut c = std::process::Command::new(exe);
+        c.args(["lease-watch", &pid.to_string(), &start.to_string(), &valid_ms.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: setsid(2) is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        return match c.spawn() {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
+    // The job's signals are the job's: `scancel --signal` to every
+    // process of the job, a terminal's ^C, must not end the watchdog
+    // (it ends by itself within 200 ms of the script's end).
+    for sig in [
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGTERM,
+        libc::SIGPIPE,
+        libc::SIGALRM,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGXCPU,
+        libc::SIGPWR,
+        libc::SIGURG,
+        libc::SIGWINCH,
+    ] {
+        // SAFETY: signal(2) with SIG_IGN, before any thread of ours exists.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+    let env = match LeaseEnv::from_vars(|k| std::env::var(k).ok()) {
+        Ok(Some(e)) => e,
+        _ => return ExitCode::FAILURE,
+    };
+    let log_path = std::env::var_os("FLEET_JOB_SCRIPT")
+        .map(PathBuf::from)
+        .and_then(|p| p.parent().map(|d| d.join(".fleet-lease.log")));
+    let log = |msg: &str| {
+        if let Some(p) = &log_path {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
+                let _ = writeln!(f, "{:.3} {msg}", fleet_ckpt_now());
+            }
+        }
+    };
+    let alive = || lease::proc_info(std::path::Path::new("/proc"), pid).is_some_and(|(_, s, _)| s == start);
+    let Ok(rt) = current_thread() else { return ExitCode::FAILURE };
+    let http = {
+        let _g = rt.enter();
+        // Without one, no renewal: the run stops when its lease runs out.
+        lease::client(&env).map_err(|e| log(&format!("no HTTP client, no renewals: {e:#}"))).ok()
+    };
+    // SAFETY: getuid(2) cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mut w = Watch::new(env.lease, Instant::now(), Duration::from_millis(valid_ms));
+    let mut next = Instant::now() + w.renew_every();
+    let mut failing = false;
+    log(&format!("watching run {} epoch {} (pid {pid}), lease {} ms", env.job_id, env.epoch, env.lease.as_millis()));
+    let stop = |why: &str| {
+        log(&format!("stopping the run: {why}"));
+        // For the agent: this run was stopped by its lease, it did not fail.
+        if let Some(d) = log_path.as_ref().and_then(|p| p.parent()) {
+            let _ = std::fs::write(d.join(".fleet-lease-stopped"), format!("{why}\n"));
+        }
+        // One line on the job's own stderr (relayed if the run still counts).
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(format!("/proc/{pid}/fd/2")) {
+            use std::io::Write;
+            let _ = writeln!(f, "fleet: stopping this run of job {} at this cluster: {why}", env.job_id);
+        }
+        lease::stop_run(pid, uid, Duration::from_secs(3));
+        log("stopped");
+    };
+    loop {
+        if !alive() {
+            log("the run ended");
+            return ExitCode::SUCCESS;
+        }
+        let now = Instant::now();
+        if now >= next {
+            let timeout = w.left(now).clamp(Duration::from_millis(500), Duration::from_secs(5));
+            let reply = match &http {
+                Some(h) => rt.block_on(lease::renew(h, &env, timeout)),
+                None => Err(anyhow!("no HTTP client")),
+            };
+            match reply {
+                Ok(r) => {
+                    if failing {
+                        log("renewed again");
+                        failing = false;
+                    }
+                    match w.on_reply(now, &r) {
+                        Verdict::Go => next = now + w.renew_every(),
+                        Verdict::Off => {
+                            log("job leases are off: leaving the run alone");
+                            return ExitCode::SUCCESS;
+                        }
+                        Verdict::Stop(why) => {
+                            stop(&why);
+                            return ExitCode::SUCCESS;
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        log(&format!("renewal failed: {e:#}"));
+                        failing = true;
+                    }
+                    next = now + Duration::from_secs(1);
+                }
+            }
+        }
+        if let Some(why) = w.expired(Instant::now()) {
+            if alive() {
+                stop(&why);
+            }
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn fleet_ckpt_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }

@@ -1,0 +1,441 @@
+//! The in-job lease (docs/failover.md, "The in-job lease"): the part of a
+//! run that lives inside its allocation at the target and stops the run
+//! when the meta-scheduler no longer vouches for it, so that a job never
+//! has two running copies even when its old cluster's agent *and*
+//! slurmctld are dead (only slurmd and the job's own processes survive).
+//!
+//! The target's agent submits the job with a first line that makes
+//! `fleet-ckpt lease-exec` its interpreter (the user's script itself lies in
+//! the run's private directory, `FLEET_JOB_SCRIPT`). `lease-exec` obtains
+//! the run's first job lease, starts the watchdog (`lease-watch`, detached:
+//! not a child of the job's shell, so a `wait` in the script never waits
+//! for it), then `exec`s the script's own interpreter: the batch process
+//! *is* the job's script, with its environment, exit code, signals and
+//! output untouched.
+//!
+//! The watchdog renews the lease (`POST /v1/jobs/{id}/lease` with the
+//! run's epoch and its checkpoint token) every quarter of the lease. It
+//! stops the run (its whole process tree and the rest of its Slurm job's
+//! cgroup: SIGTERM, then SIGKILL) when the answer is "stale", or when no
+//! grant covers the present any more. Each grant counts from when its
+//! request was *sent* (the watchdog's own monotonic clock: no clock sync
+//! with the meta-scheduler), and the meta-scheduler never grants past the
+//! moment the job could move elsewhere less a margin, so the old run is
+//! dead before the new one is placed.
+//!
+//! [`Watch`] is the rule, pure (the caller passes the time).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fleet_api::api::JobLeaseReply;
+
+/// The state of one run's lease.
+#[derive(Debug)]
+pub struct Watch {
+    lease: Duration,
+    /// The run may go on until then (the end of the latest grant).
+    deadline: Instant,
+}
+
+/// What the watchdog must do after a reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go on (the grant, if any, is recorded).
+    Go,
+    /// The meta-scheduler grants no job leases: leave the run alone.
+    Off,
+    /// Stop the run now, for this reason.
+    Stop(String),
+}
+
+impl Watch {
+    /// A run whose first grant of `valid` was asked for at `sent`.
+    pub fn new(lease: Duration, sent: Instant, valid: Duration) -> Watch {
+        Watch { lease, deadline: sent + valid }
+    }
+
+    /// How often the lease is renewed: a quarter of it (0.5 s to 10 s),
+    /// so that three renewals in a row may fail before it runs out.
+    pub fn renew_every(&self) -> Duration {
+        (self.lease / 4).clamp(Duration::from_millis(500), Duration::from_secs(10))
+    }
+
+    /// The answer to the renewal sent at `sent`. A grant never shortens
+    /// one already held: each ends before the job could move.
+    pub fn on_reply(&mut self, sent: Instant, r: &JobLeaseReply) -> Verdict {
+        if r.stale {
+            return Verdict::Stop(format!("this run is stale: {}", r.reason));
+        }
+        if r.off {
+            return Verdict::Off;
+        }
+        let valid = Duration::from_millis(r.valid_ms.min(self.lease.as_millis() as u64));
+        self.deadline = self.deadline.max(sent + valid);
+        Verdict::Go
+    }
+
+    /// `Some(why)` once no grant covers `now`.
+    pub fn expired(&self, now: Instant) -> Option<String> {
+        (now >= self.deadline).then(|| {
+            format!("its job lease ran out ({} ms without a renewal from the meta-scheduler)", self.lease.as_millis())
+        })
+    }
+
+    /// Time left on the lease at `now` (zero when it has run out).
+    pub fn left(&self, now: Instant) -> Duration {
+        self.deadline.saturating_duration_since(now)
+    }
+}
+
+/// What the watchdog needs, from the job's environment (set by the agent).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseEnv {
+    pub job_id: String,
+    pub epoch: u64,
+    pub lease: Duration,
+    pub metasched: String,
+    pub token_file: PathBuf,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl LeaseEnv {
+    /// `None`: no lease for this run (`FLEET_JOB_LEASE_MS` absent or 0).
+    /// A lease asked for without the means to renew it is an error.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Option<LeaseEnv>> {
+        use anyhow::Context;
+        let Some(ms) = get("FLEET_JOB_LEASE_MS") else { return Ok(None) };
+        let ms: u64 = ms.trim().parse().with_context(|| format!("FLEET_JOB_LEASE_MS = {ms:?} is not a number"))?;
+        if ms == 0 {
+            return Ok(None);
+        }
+        if !(1000..=3_600_000).contains(&ms) {
+            anyhow::bail!("FLEET_JOB_LEASE_MS = {ms} must be in [1000, 3600000]");
+        }
+        let need = |k: &str| get(k).filter(|v| !v.is_empty()).with_context(|| format!("{k} is not set"));
+        let epoch = need("FLEET_EPOCH")?;
+        let epoch = epoch.parse().with_context(|| format!("FLEET_EPOCH = {epoch:?} is not a number"))?;
+        let job_id = need("FLEET_JOB_ID")?;
+        if job_id.len() > 128 || !job_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            anyhow::bail!("FLEET_JOB_ID = {job_id:?} is not a fleet job id");
+        }
+        Ok(Some(LeaseEnv {
+            job_id,
+            epoch,
+            lease: Duration::from_millis(ms),
+            metasched: need("FLEET_METASCHED_URL")?,
+            token_file: need("FLEET_CKPT_TOKEN_FILE")?.into(),
+            ca_file: get("FLEET_METASCHED_CA").filter(|v| !v.is_empty()).map(PathBuf::from),
+        }))
+    }
+}
+
+/// The HTTP client of a run's renewals (one for the watchdog's life:
+/// one TLS session, not a handshake per renewal).
+pub fn client(env: &LeaseEnv) -> anyhow::Result<reqwest::Client> {
+    use anyhow::Context;
+    let mut b = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+    if let Some(ca) = &env.ca_file {
+        let pem = fleet_api::client::read_ca_bundle(ca).map_err(|e| anyhow::anyhow!(e))?;
+        for c in reqwest::Certificate::from_pem_bundle(&pem).context("reading the CA bundle")? {
+            b = b.add_root_certificate(c);
+        }
+    }
+    Ok(b.build()?)
+}
+
+/// One renewal, bounded by `timeout`.
+pub async fn renew(http: &reqwest::Client, env: &LeaseEnv, timeout: Duration) -> anyhow::Result<JobLeaseReply> {
+    use anyhow::Context;
+    let token = crate::read_token_file(&env.token_file)?;
+    let url = format!("{}/v1/jobs/{}/lease", env.metasched.trim_end_matches('/'), env.job_id);
+    let body = fleet_api::api::JobLeaseRequest { epoch: env.epoch, lease_ms: env.lease.as_millis() as u64 };
+    let resp = http
+        .post(&url)
+        .timeout(timeout)
+        .header(reqwest::header::AUTHORIZATION, format!("{} {token}", fleet_api::auth::CKPT_TOKEN_SCHEME))
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = resp.status();
+    let bytes = resp.bytes().await.with_context(|| format!("POST {url}: reading the reply"))?;
+    // The job is gone from the meta-scheduler, or its token is spent at
+    // this cluster: this run does not count.
+    if status == reqwest::StatusCode::NOT_FOUND || status == reqwest::StatusCode::FORBIDDEN {
+        let msg = serde_json::from_slice::<fleet_api::api::ApiError>(&bytes).map(|e| e.error).unwrap_or_default();
+        return Ok(JobLeaseReply { stale: true, reason: format!("{status}: {msg}"), ..JobLeaseReply::default() });
+    }
+    if !status.is_success() {
+        anyhow::bail!(
+            "POST {url}: {status}: {}",
+            String::from_utf8_lossy(&bytes).chars().take(300).collect::<String>()
+        );
+    }
+    serde_json::from_slice(&bytes).with_context(|| format!("POST {url}: the reply is not a lease"))
+}
+
+/// The interpreter line of a script: `#!/bin/bash -l` → (`/bin/bash`,
+/// `Some("-l")`), as the kernel reads it (one optional argument: the rest
+/// of the line).
+pub fn shebang(script: &[u8]) -> Option<(String, Option<String>)> {
+    let line = script.strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
+    let line = std::str::from_utf8(line).ok()?.trim_matches(|c: char| c == ' ' || c == '\t' || c == '\r');
+    let (interp, arg) = match line.find([' ', '\t']) {
+        Some(i) => (&line[..i], Some(line[i..].trim_matches([' ', '\t']).to_string()).filter(|a| !a.is_empty())),
+        None => (line, None),
+    };
+    (!interp.is_empty()).then(|| (interp.to_string(), arg))
+}
+
+/// `(ppid, start time in clock ticks, uid)` of `pid`, from `/proc`.
+pub fn proc_info(proc_root: &Path, pid: i32) -> Option<(i32, u64, u32)> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    // The command name may hold anything, ')' included: fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ppid = f.get(1)?.parse().ok()?;
+    let start = f.get(19)?.parse().ok()?;
+    let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    let uid = status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().next()?.parse().ok()?;
+    Some((ppid, start, uid))
+}
+
+/// `root` and every process descending from it.
+pub fn tree(proc_root: &Path, root: i32) -> BTreeSet<i32> {
+    let mut children: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
+    if let Ok(rd) = std::fs::read_dir(proc_root) {
+        for e in rd.flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+                if let Some((ppid, _, _)) = proc_info(proc_root, pid) {
+                    children.entry(ppid).or_default().push(pid);
+                }
+            }
+        }
+    }
+    let mut out = BTreeSet::from([root]);
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if out.insert(c) {
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// The processes of `pid`'s Slurm job by its cgroup (`.../job_<id>/...`,
+/// every step: srun's tasks are not descendants of the batch script),
+/// under cgroup v2 or any v1 hierarchy. Empty when not in a job cgroup.
+pub fn job_cgroup_pids(proc_root: &Path, cgroup_root: &Path, pid: i32) -> BTreeSet<i32> {
+    let mut out = BTreeSet::new();
+    let Ok(text) = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")) else { return out };
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(ctrl), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let segs: Vec<&str> = path.split('/').collect();
+        let Some(i) = segs.iter().position(|s| s.starts_with("job_") && s[4..].bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let rel = segs[..=i].join("/");
+        let rel = rel.trim_start_matches('/');
+        let base = if ctrl.is_empty() {
+            cgroup_root.join(rel)
+        } else {
+            cgroup_root.join(ctrl.split(',').next().unwrap_or(ctrl).trim_start_matches("name=")).join(rel)
+        };
+        collect_procs(&base, &mut out, 0);
+    }
+    out
+}
+
+fn collect_procs(dir: &Path, out: &mut BTreeSet<i32>, depth: u32) {
+    if depth > 8 {
+        return;
+    }
+    if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(t.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    }
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_procs(&e.path(), out, depth + 1);
+            }
+        }
+    }
+}
+
+/// Every process of the run: `root`'s tree and its Slurm job's cgroup,
+/// owned by `uid` (the job's user: nothing else can be signalled anyway),
+/// the watchdog itself excluded.
+pub fn run_processes(root: i32, uid: u32) -> BTreeSet<i32> {
+    let proc_root = Path::new("/proc");
+    let me = std::process::id() as i32;
+    let mut all = tree(proc_root, root);
+    all.extend(job_cgroup_pids(proc_root, Path::new("/sys/fs/cgroup"), root));
+    all.into_iter().filter(|&p| p != me && p > 1 && proc_info(proc_root, p).is_some_and(|(_, _, u)| u == uid)).collect()
+}
+
+/// Stops the run: SIGTERM to every process of it (SIGCONT too, for a
+/// stopped one), then SIGKILL to whatever is left after `grace`.
+pub fn stop_run(root: i32, uid: u32, grace: Duration) {
+    let pids = run_processes(root, uid);
+    for &p in &pids {
+        // SAFETY: kill(2) with a pid and a signal number; no memory involved.
+        unsafe {
+            libc::kill(p, libc::SIGTERM);
+            libc::kill(p, libc::SIGCONT);
+        }
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < grace && !run_processes(root, uid).is_empty() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for p in run_processes(root, uid).into_iter().chain(pids) {
+        // SAFETY: as above.
+        unsafe {
+            libc::kill(p, libc::SIGKILL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(valid_ms: u64) -> JobLeaseReply {
+        JobLeaseReply { valid_ms, ..JobLeaseReply::default() }
+    }
+
+    #[test]
+    fn a_run_goes_on_only_while_a_grant_covers_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut w = Watch::new(s(8), t0, s(8));
+        assert_eq!(w.renew_every(), s(2));
+        assert_eq!(w.expired(t0 + s(7)), None);
+        // Renewed at 2 s (the grant counts from the request's sending).
+        assert_eq!(w.on_reply(t0 + s(2), &reply(8000)), Verdict::Go);
+        assert_eq!(w.expired(t0 + s(9)), None);
+        assert_eq!(w.left(t0 + s(9)), s(1));
+        // A shorter grant (its cluster is silent) never shortens one held.
+        assert_eq!(w.on_reply(t0 + s(3), &reply(1000)), Verdict::Go);
+        assert_eq!(w.expired(t0 + s(9)), None);
+        // Not renewed (0) and then nothing: it runs out at 10 s.
+        assert_eq!(w.on_reply(t0 + s(4), &reply(0)), Verdict::Go);
+        assert!(w.expired(t0 + s(10)).unwrap().contains("job lease ran out"));
+        // A grant above the lease is cut to the lease.
+        let mut w = Watch::new(s(8), t0, s(0));
+        assert!(w.expired(t0).is_some());
+        w.on_reply(t0, &reply(3_600_000));
+        assert_eq!(w.left(t0), s(8));
+    }
+
+    #[test]
+    fn stale_stops_at_once_and_off_leaves_the_run_alone() {
+        let t0 = Instant::now();
+        let mut w = Watch::new(Duration::from_secs(30), t0, Duration::from_secs(30));
+        let stale =
+            JobLeaseReply { stale: true, reason: "the job is now epoch 2 (running at delta)".into(), ..reply(0) };
+        assert_eq!(
+            w.on_reply(t0, &stale),
+            Verdict::Stop("this run is stale: the job is now epoch 2 (running at delta)".into())
+        );
+        assert_eq!(w.on_reply(t0, &JobLeaseReply { off: true, ..reply(0) }), Verdict::Off);
+        // Renewals: a quarter of the lease, within bounds.
+        assert_eq!(Watch::new(Duration::from_secs(600), t0, Duration::ZERO).renew_every(), Duration::from_secs(10));
+        assert_eq!(Watch::new(Duration::from_secs(1), t0, Duration::ZERO).renew_every(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_interpreter_line_is_read_as_the_kernel_reads_it() {
+        let c = |s: &str| shebang(s.as_bytes());
+        let p = |i: &str, a: Option<&str>| Some((i.to_string(), a.map(String::from)));
+        assert_eq!(c("#!/bin/bash\necho"), p("/bin/bash", None));
+        assert_eq!(c("#! /bin/bash -l \necho"), p("/bin/bash", Some("-l")));
+        assert_eq!(c("#!/usr/bin/env python3 -u\n"), p("/usr/bin/env", Some("python3 -u")));
+        assert_eq!(c("#!/bin/sh\r\n"), p("/bin/sh", None));
+        assert_eq!(c("#!\n"), None);
+        assert_eq!(c("echo hi\n"), None);
+        assert_eq!(shebang(b"#!/bin/\xff\n"), None, "not UTF-8: no interpreter");
+    }
+
+    #[test]
+    fn the_lease_environment_is_all_or_nothing() {
+        let vars = |extra: &[(&str, &str)]| {
+            let mut m: BTreeMap<String, String> = [
+                ("FLEET_JOB_LEASE_MS", "8000"),
+                ("FLEET_EPOCH", "2"),
+                ("FLEET_JOB_ID", "beta-1f"),
+                ("FLEET_METASCHED_URL", "https://ms:8443"),
+                ("FLEET_CKPT_TOKEN_FILE", "/spool/jobs/beta-1f/.fleet-ckpt-token"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            for (k, v) in extra {
+                if v.is_empty() {
+                    m.remove(*k);
+                } else {
+                    m.insert(k.to_string(), v.to_string());
+                }
+            }
+            move |k: &str| m.get(k).cloned()
+        };
+        let e = LeaseEnv::from_vars(vars(&[])).unwrap().unwrap();
+        assert_eq!((e.epoch, e.lease, e.job_id.as_str()), (2, Duration::from_secs(8), "beta-1f"));
+        assert_eq!(LeaseEnv::from_vars(vars(&[("FLEET_JOB_LEASE_MS", "")])).unwrap(), None);
+        assert_eq!(LeaseEnv::from_vars(vars(&[("FLEET_JOB_LEASE_MS", "0")])).unwrap(), None);
+        for (k, v, msg) in [
+            ("FLEET_JOB_LEASE_MS", "ten", "is not a number"),
+            ("FLEET_JOB_LEASE_MS", "10", "must be in [1000, 3600000]"),
+            ("FLEET_EPOCH", "", "FLEET_EPOCH is not set"),
+            ("FLEET_EPOCH", "-1", "FLEET_EPOCH = \"-1\" is not a number"),
+            ("FLEET_JOB_ID", "../x", "is not a fleet job id"),
+            ("FLEET_CKPT_TOKEN_FILE", "", "FLEET_CKPT_TOKEN_FILE is not set"),
+        ] {
+            let e = LeaseEnv::from_vars(vars(&[(k, v)])).unwrap_err().to_string();
+            assert!(e.contains(msg), "{k}={v:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_run_is_its_process_tree_and_its_job_cgroup() {
+        // A fake /proc: 10 (the batch script) -> 11 -> 12, 20 unrelated,
+        // 30 in the job's cgroup (an srun step), 31 another job's.
+        let tmp = tempfile::tempdir().unwrap();
+        let proc_root = tmp.path().join("proc");
+        let cg = tmp.path().join("cgroup");
+        let mk = |pid: i32, ppid: i32, cgroup: &str| {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            // The command name holds ") " (read past the last ')').
+            let zeros = vec!["0"; 17].join(" ");
+            std::fs::write(d.join("stat"), format!("{pid} (a) b) c) S {ppid} {zeros} 4242 0 0")).unwrap();
+            std::fs::write(d.join("status"), "Name:\ta\nUid:\t1001\t1001\t1001\t1001\n").unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
+        };
+        mk(10, 1, "/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0");
+        mk(11, 10, "/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0");
+        mk(12, 11, "/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0");
+        mk(20, 1, "/user.slice");
+        mk(30, 1, "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0");
+        mk(31, 1, "/system.slice/slurmstepd.scope/job_71/step_0/user/task_0");
+        assert_eq!(proc_info(&proc_root, 12), Some((11, 4242, 1001)));
+        assert_eq!(tree(&proc_root, 10), BTreeSet::from([10, 11, 12]));
+        for (dir, pids) in [
+            ("system.slice/slurmstepd.scope/job_7/step_batch/user/task_0", "10\n11\n12\n"),
+            ("system.slice/slurmstepd.scope/job_7/step_0/user/task_0", "30\n"),
+            ("system.slice/slurmstepd.scope/job_71/step_0/user/task_0", "31\n"),
+        ] {
+            std::fs::create_dir_all(cg.join(dir)).unwrap();
+            std::fs::write(cg.join(dir).join("cgroup.procs"), pids).unwrap();
+        }
+        assert_eq!(job_cgroup_pids(&proc_root, &cg, 10), BTreeSet::from([10, 11, 12, 30]));
+        assert_eq!(job_cgroup_pids(&proc_root, &cg, 20), BTreeSet::new());
+    }
+}

@@ -1,0 +1,266 @@
+//! The in-job lease against a real (in-process) meta-scheduler: a run
+//! started by `fleet-ckpt lease-exec` runs its script with its own
+//! interpreter, arguments and exit code; it stops itself (its whole process
+//! tree) within its lease plus a few seconds once its epoch is stale, or
+//! once the meta-scheduler is unreachable; a stale run never starts.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fleet_api::api::{ForwardRequest, JobLeaseReply, StartConfirmation, StartRequest, StatusUpdate};
+use fleet_api::{auth, FleetOptions, GpuRequest, GpuScope, JobRequest, JobState};
+use fleet_metasched::config::{ClusterConfig, Config, HealthConfig};
+use reqwest::Method;
+use serde_json::Value;
+
+/// The lease the tests' runs hold.
+const LEASE_MS: u64 = 4000;
+
+fn config(dir: &Path) -> Config {
+    std::fs::write(dir.join("admin.token"), "admin-secret").unwrap();
+    let clusters = ["alpha", "beta"]
+        .iter()
+        .map(|n| {
+            let p = dir.join(format!("{n}.token"));
+            std::fs::write(&p, format!("secret-{n}")).unwrap();
+            ClusterConfig { name: n.to_string(), region: format!("r-{n}"), token_file: p, ..Default::default() }
+        })
+        .collect();
+    Config {
+        heartbeat_timeout_s: 3600.0,
+        clusters,
+        health: Some(HealthConfig {
+            heartbeat_interval_s: 1.0,
+            missed_heartbeats: 600,
+            grace_s: 60.0,
+            max_migrations: 3,
+            job_lease_s: 4.0,
+            job_lease_margin_s: 1.0,
+        }),
+        ..Config::new("127.0.0.1:0".parse().unwrap(), dir.join("state"), dir.join("admin.token"))
+    }
+}
+
+async fn call(http: &reqwest::Client, url: &str, m: Method, path: &str, auth: &str, body: Option<Value>) -> Value {
+    let mut b = http.request(m, format!("{url}{path}")).header("Authorization", auth);
+    if let Some(body) = body {
+        b = b.json(&body);
+    }
+    let r = b.send().await.unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert!(status.is_success(), "{path}: {status} {v}");
+    v
+}
+
+/// A job from beta, placed at alpha and running there as epoch 1.
+async fn running_at_alpha(http: &reqwest::Client, url: &str, id: &str) {
+    let hb = serde_json::json!({"cluster": "alpha", "scheduler": "slurm", "queue_pending": 0, "queue_running": 0, "agent_version": "t", "nodes": [{"name": "a1", "partitions": ["gpu"],
+        "gpu_type": "h100", "gpus_total": 8, "gpus_free": 8, "state": "idle"}]});
+    call(http, url, Method::POST, "/v1/heartbeat", "Bearer secret-alpha", Some(hb)).await;
+    let request = JobRequest {
+        origin: "beta".into(),
+        user_id: 1000,
+        gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 1, scope: GpuScope::Node }],
+        script: Some(b"#!/bin/sh\n#FLEET interruptible\n".to_vec()),
+        fleet: FleetOptions { to: vec!["alpha".into()], ..Default::default() },
+        ..Default::default()
+    };
+    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into() };
+    call(http, url, Method::POST, "/v1/jobs", "Bearer secret-beta", Some(serde_json::to_value(fwd).unwrap())).await;
+    let token = auth::job_token("secret-beta", id);
+    let start = serde_json::to_value(StartRequest { origin_job_id: 3, ..Default::default() }).unwrap();
+    call(http, url, Method::POST, &format!("/v1/jobs/{id}/start"), &format!("FleetJob {token}"), Some(start)).await;
+    let c = serde_json::to_value(StartConfirmation { origin_job_id: 3, started: true, ..Default::default() }).unwrap();
+    call(http, url, Method::POST, &format!("/v1/jobs/{id}/confirm_start"), "Bearer secret-beta", Some(c)).await;
+    let running = StatusUpdate {
+        remote_job_id: Some(7),
+        state: Some(JobState::Running),
+        node_list: "a1".into(),
+        epoch: Some(1),
+        ..Default::default()
+    };
+    call(
+        http,
+        url,
+        Method::POST,
+        &format!("/v1/jobs/{id}/status"),
+        "Bearer secret-alpha",
+        Some(serde_json::to_value(running).unwrap()),
+    )
+    .await;
+}
+
+/// A run's directory with its token and script, as alpha's agent makes it.
+fn run_dir(tmp: &Path, id: &str, script: &str) -> PathBuf {
+    let d = tmp.join(id);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join(".fleet-ckpt-token"), auth::ckpt_token("secret-alpha", id)).unwrap();
+    std::fs::write(d.join(".fleet-script"), script).unwrap();
+    // What Slurm would run: the same script under lease-exec.
+    let rest = &script[script.find('\n').unwrap()..];
+    std::fs::write(d.join("slurm_script"), format!("#!{} lease-exec{rest}", env!("CARGO_BIN_EXE_fleet-ckpt"))).unwrap();
+    d
+}
+
+fn lease_exec(url: &str, id: &str, dir: &Path, epoch: u64, args: &[&str]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_fleet-ckpt"));
+    c.arg("lease-exec")
+        .arg(dir.join("slurm_script"))
+        .args(args)
+        .current_dir(dir)
+        .env("FLEET_JOB_ID", id)
+        .env("FLEET_EPOCH", epoch.to_string())
+        .env("FLEET_JOB_LEASE_MS", LEASE_MS.to_string())
+        .env("FLEET_METASCHED_URL", url)
+        .env("FLEET_CKPT_TOKEN_FILE", dir.join(".fleet-ckpt-token"))
+        .env("FLEET_JOB_SCRIPT", dir.join(".fleet-script"))
+        .kill_on_drop(true);
+    c
+}
+
+/// A step counter: one line a tenth of a second, from a child process.
+const COUNTER: &str = "#!/bin/sh\ni=0\nwhile :; do i=$((i+1)); sh -c \"echo $i >> marks\"; sleep 0.1; done\n";
+
+fn lines(p: &Path) -> usize {
+    std::fs::read_to_string(p).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+/// Waits until `dir`'s counter has written something and the watchdog runs.
+async fn started(dir: &Path) {
+    let t0 = Instant::now();
+    while lines(&dir.join("marks")) < 3
+        || !std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap_or_default().contains("watching")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the run did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The run's exit, and that nothing of it writes any more.
+async fn stopped_within(child: &mut tokio::process::Child, dir: &Path, from: Instant, limit: Duration) -> Duration {
+    let status = tokio::time::timeout(limit.saturating_sub(from.elapsed()), child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the run still runs {limit:?} later"))
+        .unwrap();
+    let took = from.elapsed();
+    assert!(!status.success(), "{status}");
+    // Its children (the counter's subshells) are gone too.
+    let n = lines(&dir.join("marks"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(lines(&dir.join("marks")), n, "something of the run still writes");
+    took
+}
+
+#[tokio::test]
+async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_script() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let daemon = tokio::spawn(fleet_metasched::run_with(
+        listener,
+        config(tmp.path()),
+        fleet_metasched::Clock::default(),
+        fleet_metasched::Control::default(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let http = reqwest::Client::new();
+
+    // 1. The run is its own script: interpreter, arguments, exit code,
+    //    output; leased while it counts.
+    running_at_alpha(&http, &url, "beta-1").await;
+    let dir = run_dir(tmp.path(), "beta-1", "#!/bin/sh\necho \"args: $*\"\necho \"to stderr\" >&2\nexit 7\n");
+    let out = lease_exec(&url, "beta-1", &dir, 1, &["a b", "-c"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "args: a b -c\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "to stderr\n");
+    let tok = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "beta-1"));
+    let r: JobLeaseReply = serde_json::from_value(
+        call(
+            &http,
+            &url,
+            Method::POST,
+            "/v1/jobs/beta-1/lease",
+            &tok,
+            Some(serde_json::json!({"epoch": 1, "lease_ms": 60000})),
+        )
+        .await,
+    )
+    .unwrap();
+    assert_eq!((r.valid_ms, r.stale), (4000, false), "at most the meta-scheduler's job_lease_s");
+    // Another job's checkpoint token renews nothing.
+    let other = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "beta-9"));
+    let s = http
+        .post(format!("{url}/v1/jobs/beta-1/lease"))
+        .header("Authorization", other)
+        .json(&serde_json::json!({"epoch": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(s.status(), reqwest::StatusCode::UNAUTHORIZED);
+
+    // 2. A stale run (another epoch) never starts its script.
+    let out = lease_exec(&url, "beta-1", &dir, 2, &[]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(
+            "fleet: this run does not start: this run is stale: this run is epoch 2; the job is now epoch 1"
+        ),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+
+    // 3. A run whose epoch goes stale while it runs (its run "died" at
+    //    alpha and the job was placed again) stops itself, all of it.
+    running_at_alpha(&http, &url, "beta-2").await;
+    let dir = run_dir(tmp.path(), "beta-2", COUNTER);
+    let mut child = lease_exec(&url, "beta-2", &dir, 1, &[]).spawn().unwrap();
+    started(&dir).await;
+    let died = StatusUpdate {
+        remote_job_id: Some(7),
+        state: Some(JobState::Failed),
+        epoch: Some(1),
+        died: Some("NODE_FAIL at alpha".into()),
+        ..Default::default()
+    };
+    let t_stale = Instant::now();
+    call(
+        &http,
+        &url,
+        Method::POST,
+        "/v1/jobs/beta-2/status",
+        "Bearer secret-alpha",
+        Some(serde_json::to_value(died).unwrap()),
+    )
+    .await;
+    let rec = call(&http, &url, Method::GET, "/v1/jobs/beta-2", "Bearer admin-secret", None).await;
+    assert_eq!(rec["epoch"], 2, "{rec}");
+    let took = stopped_within(&mut child, &dir, t_stale, Duration::from_millis(LEASE_MS + 3000)).await;
+    let log = std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap();
+    assert!(log.contains("stopping the run: this run is stale"), "{log}");
+    // The note the agent reads to report the run as died, not failed.
+    let note = std::fs::read_to_string(dir.join(".fleet-lease-stopped")).unwrap();
+    assert!(note.starts_with("this run is stale: this run is epoch 1; the job is now epoch 2"), "{note}");
+    eprintln!("LEASE stale run stopped {took:?} after its epoch went stale (lease {LEASE_MS} ms)");
+
+    // 4. Cut off from the meta-scheduler: the run stops once its lease ran out.
+    running_at_alpha(&http, &url, "beta-3").await;
+    let dir = run_dir(tmp.path(), "beta-3", COUNTER);
+    let mut child = lease_exec(&url, "beta-3", &dir, 1, &[]).spawn().unwrap();
+    started(&dir).await;
+    // Renewed for longer than one lease while the meta-scheduler answers.
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + 1000)).await;
+    assert!(child.try_wait().unwrap().is_none(), "a leased run goes on");
+    let t_cut = Instant::now();
+    let _ = tx.send(());
+    daemon.await.unwrap().unwrap();
+    let took = stopped_within(&mut child, &dir, t_cut, Duration::from_millis(LEASE_MS + 3000)).await;
+    assert!(took >= Duration::from_millis(LEASE_MS / 2), "it held a lease, it did not stop at once: {took:?}");
+    let log = std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap();
+    assert!(log.contains("stopping the run: its job lease ran out"), "{log}");
+    eprintln!("LEASE cut-off run stopped {took:?} after the meta-scheduler went away (lease {LEASE_MS} ms)");
+}
