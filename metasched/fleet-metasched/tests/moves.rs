@@ -52,7 +52,13 @@ impl Fx {
         let clock = Clock::default();
         let mut store =
             Store::open(&dir.path().join("state"), &clusters, 3.0, &clock, Arc::new(Metrics::new()), None).unwrap();
-        store.set_health(Health { degraded_after_s: 3.0, grace_s: 10.0, max_migrations: 3, job_lease_s: 0.0, job_lease_margin_s: 0.0 });
+        store.set_health(Health {
+            degraded_after_s: 3.0,
+            grace_s: 10.0,
+            max_migrations: 3,
+            job_lease_s: 0.0,
+            job_lease_margin_s: 0.0,
+        });
         let mut fx = Fx { _dir: dir, store, now: clock.now() };
         fx.beat_all();
         fx
