@@ -444,7 +444,9 @@ fn a_changed_fleet_conf_is_used_after_scontrol_reconfigure() {
     reconfigure();
     let body = script("true");
     // --fleet-to makes the plugin ask the agent rather than its cached view.
-    let err = lab.sbatch("beta", &["--gres=gpu:h100:8", "--fleet-to=alpha", "--hold"], &body).unwrap_err();
+    // A job the view keeps home is refused (FailOpen=no); one the view sends
+    // away would become a deferred stand-in instead, FailOpen or not.
+    let err = lab.sbatch("beta", &["--gres=gpu:a100:1", "--fleet-to=beta", "--hold"], &body).unwrap_err();
     assert!(err.contains("fleet: the site agent is unavailable") && err.contains("FailOpen=no"), "{err}");
     let log = std::fs::read_to_string(lab.root.join("beta/log/slurmctld.log")).unwrap();
     assert!(log.contains(&format!("job_submit/fleet: fleet.conf {} changed", conf.display())), "nothing logged");

@@ -201,11 +201,15 @@ fn a_checkpointing_job_is_signalled_stopped_and_resumed_at_the_target() {
     fx.tick(2.0);
     fx.report("j1", "delta", JobState::Running, 7).unwrap();
     let f = fx.job("j1").last_move.unwrap();
-    assert_eq!(f.checkpoint_wait_s, Some(2.0));
-    assert_eq!(f.running_at.map(|r| r - f.decided_at), Some(4.0));
+    // Differences of wall-clock timestamps (about 1.7e9 s): equal to within
+    // their rounding.
+    let near = |x: Option<f64>, want: f64| x.is_some_and(|x| (x - want).abs() < 1e-3);
+    assert!(near(f.checkpoint_wait_s, 2.0), "{f:?}");
+    assert!(near(f.running_at.map(|r| r - f.decided_at), 4.0), "{f:?}");
     let moves = fx.store.moves(fx.now).unwrap();
     assert_eq!(moves.len(), 1);
-    assert_eq!((moves[0].phase.as_str(), moves[0].decision_to_running_s), ("running", Some(4.0)));
+    assert_eq!(moves[0].phase, "running");
+    assert!(near(moves[0].decision_to_running_s, 4.0), "{:?}", moves[0].decision_to_running_s);
     let epoch = fx.job("j1").record.epoch;
     let upd = StatusUpdate {
         remote_job_id: Some(7),
