@@ -181,13 +181,7 @@ async fn sudo_rule(cfg: &AgentConfig, job_user: Option<&Who>) -> Check {
             format!("add a researcher to {}", cfg.identity.group),
         );
     };
-    let backend = SlurmBackend {
-        bin: cfg.slurm_bin.clone(),
-        slurm_conf: cfg.slurm_conf.clone(),
-        spool: cfg.spool.clone(),
-        site: cfg.site.clone(),
-        ckpt: Default::default(),
-    };
+    let backend = slurm_backend(cfg);
     let bin = cfg.slurm_bin.display();
     let who = if cfg.run_as.is_some() { u.name.clone() } else { format!("%{}", cfg.identity.group) };
     let hint =
@@ -321,19 +315,24 @@ fn spool(cfg: &AgentConfig, me: u32, run_as: Option<&Who>) -> Check {
     }
 }
 
+/// The Slurm commands as the checks run them (no checkpoint settings).
+fn slurm_backend(cfg: &AgentConfig) -> SlurmBackend {
+    SlurmBackend {
+        bin: cfg.slurm_bin.clone(),
+        slurm_conf: cfg.slurm_conf.clone(),
+        spool: cfg.spool.clone(),
+        site: cfg.site.clone(),
+        ckpt: Default::default(),
+    }
+}
+
 /// Under `PrivateData=jobs` the agent's user must be a Slurm operator.
 async fn private_data(cfg: &AgentConfig, me: u32) -> Check {
     const NAME: &str = "private data";
     let Some(name) = fleet_agent::identity::name_of_uid(me) else {
         return fail(NAME, format!("uid {me} has no name"), "");
     };
-    let backend = SlurmBackend {
-        bin: cfg.slurm_bin.clone(),
-        slurm_conf: cfg.slurm_conf.clone(),
-        spool: cfg.spool.clone(),
-        site: cfg.site.clone(),
-        ckpt: Default::default(),
-    };
+    let backend = slurm_backend(cfg);
     match backend.check_private_data(&name).await {
         Ok(None) => pass(NAME, "PrivateData does not hide jobs"),
         Ok(Some(note)) => pass(NAME, note),

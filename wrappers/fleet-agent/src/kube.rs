@@ -1573,6 +1573,15 @@ fn agent_uid() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A container's `env` list as name → value.
+    fn env_of(env: &serde_json::Value) -> HashMap<String, String> {
+        env.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].as_str().unwrap().to_string()))
+            .collect()
+    }
     use fleet_api::job::{GpuRequest, GpuScope};
 
     fn user() -> LocalUser {
@@ -1644,12 +1653,7 @@ mod tests {
             &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
         assert_eq!(terms[0]["matchExpressions"][0]["values"], json!(["NVIDIA-H100-80GB-HBM3"]));
         assert_eq!(pod["securityContext"]["runAsUser"], 1001);
-        let env: HashMap<String, String> = c["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].as_str().unwrap().to_string()))
-            .collect();
+        let env = env_of(&c["env"]);
         assert_eq!(env["SLURM_JOB_ID"], "42");
         assert_eq!(env["SLURM_JOB_NAME"], "train");
         assert_eq!(env["SLURM_NTASKS"], "1");
@@ -1727,12 +1731,7 @@ mod tests {
         let mount =
             pod["containers"][0]["volumeMounts"].as_array().unwrap().iter().find(|v| v["name"] == "ckpt").unwrap();
         assert_eq!((mount["mountPath"].as_str(), mount["readOnly"].as_bool()), (Some(CKPT_DIR), Some(true)));
-        let env: HashMap<String, String> = pod["containers"][0]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].as_str().unwrap().to_string()))
-            .collect();
+        let env = env_of(&pod["containers"][0]["env"]);
         assert_eq!(env["FLEET_CKPT_TOKEN_FILE"], "/fleet/ckpt/token");
         assert_eq!(env["FLEET_CKPT_STORES"], "/fleet/ckpt/stores.toml");
         assert_eq!(env["FLEET_METASCHED_CA"], "/fleet/ckpt/ca.pem");
