@@ -77,7 +77,7 @@ pub fn report(checks: &[Check]) -> String {
 /// Every check, in the order the agent meets them at start. `conf` is the
 /// fleet.conf `cfg` was loaded from.
 pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
-    let me = current_uid();
+    let me = fleet_agent::own_uid();
     let run_as = probe_job_user(cfg);
     if let Some(k) = &cfg.kube {
         // A Kubernetes site: no sudo rule, proxy partition or slurmctld.
@@ -124,10 +124,6 @@ fn settings(conf: &Path, cfg: &AgentConfig) -> Check {
             cfg.slurm_conf.display()
         ),
     )
-}
-
-fn current_uid() -> u32 {
-    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
 
 /// A user jobs forwarded here would run as, to check modes and the sudo

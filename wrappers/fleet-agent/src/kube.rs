@@ -1266,7 +1266,7 @@ impl Backend for KubeBackend {
 
     fn output_owner(&self, _job_uid: Option<u32>) -> Option<u32> {
         // The agent writes the job's output file itself (pod logs).
-        Some(agent_uid())
+        Some(crate::own_uid())
     }
 
     async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)> {
@@ -1309,7 +1309,7 @@ impl Backend for KubeBackend {
         if let Some(parent) = dir.parent() {
             tokio::fs::create_dir_all(parent).await.with_context(|| format!("creating {}", parent.display()))?;
         }
-        crate::jobdir::create(&dir, agent_uid())?;
+        crate::jobdir::create(&dir, crate::own_uid())?;
         let products = self.products();
         // The user's groups here, as `sudo -u` would give them (identity
         // mapping: `user` is the mapped local user).
@@ -1562,12 +1562,6 @@ pub async fn check(
         settings.image,
         settings.queue.as_ref().map(|q| format!(", Kueue queue {q}")).unwrap_or_default()
     ))
-}
-
-/// The agent's effective uid (who writes the job's output file).
-fn agent_uid() -> u32 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -137,8 +137,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     run_with(cfg, backend, shutdown).await
 }
 
-/// The agent's own uid (the owner of `/proc/self`).
-fn own_uid() -> u32 {
+/// The agent's own uid (the owner of `/proc/self`; `u32::MAX` if unreadable).
+pub fn own_uid() -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
