@@ -674,3 +674,55 @@ fn srun_and_salloc_allocations_stay_local() {
     let out = lab.cmd("beta", "salloc", &["--gres=gpu:a100:1", "-t", "1", "true"]).unwrap();
     assert!(out.status.success(), "{out:?}");
 }
+
+/// The origin agent's start check reads the stand-in through libslurm
+/// (`slurm_load_job`, see wrappers/fleet-agent/src/libslurm.rs) instead of
+/// 22.05's `squeue --json`, which dumps every job. The fast path must be
+/// on in the lab and read what the JSON says, field by field.
+#[test]
+fn the_start_check_reads_the_stand_in_through_libslurm_as_squeue_json_does() {
+    let (lab, _serial) = Lab::lock();
+    let log = std::fs::read_to_string(lab.root.join("beta/log/agent.log")).unwrap();
+    assert!(log.contains("start checks read stand-ins through"), "the agent at beta uses the fast path");
+    let dir = lab.workdir("libslurm");
+    let id = lab
+        .sbatch("beta", &["--gres=gpu:h100:1", "-t", "7", &out_arg(&dir, "out.txt")], &script("sleep 20"))
+        .expect("sbatch at beta accepts an h100 job");
+    wait_until("the stand-in runs", Duration::from_secs(60), || {
+        lab.job("beta", id).is_some_and(|r| r["JobState"] == "RUNNING")
+    });
+    let agent = lab.root.join("bin/fleet-agent");
+    let conf = lab.slurm_conf("beta");
+    let fast = std::process::Command::new(&agent).arg("--load-job").arg(&conf).arg(id.to_string()).output().unwrap();
+    assert!(fast.status.success(), "{fast:?}");
+    let fast: serde_json::Value = serde_json::from_slice(&fast.stdout).unwrap();
+    let dump = lab.workdir("libslurm-json").join("squeue.json");
+    let out = lab.cmd("beta", "squeue", &["--json", "-a", "-t", "all"]).unwrap();
+    std::fs::write(&dump, &out.stdout).unwrap();
+    let parsed =
+        std::process::Command::new(&agent).arg("--parse-slurm-output").arg("squeue-json").arg(&dump).output().unwrap();
+    assert!(parsed.status.success(), "{parsed:?}");
+    let json = String::from_utf8(parsed.stdout).unwrap();
+    let json: serde_json::Value = json
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["id"] == id)
+        .expect("squeue --json shows the stand-in");
+    for field in [
+        "id",
+        "raw_state",
+        "state",
+        "partition",
+        "admin_comment",
+        "restarts",
+        "user_id",
+        "submit_time",
+        "time_limit_min",
+    ] {
+        assert_eq!(fast[field], json[field], "{field}: libslurm {fast} vs squeue --json {json}");
+    }
+    assert_eq!(fast["raw_state"], "RUNNING");
+    assert_eq!(fast["partition"], "fleet");
+    assert!(fast["admin_comment"].as_str().unwrap().starts_with("fleet:beta-"), "{fast}");
+    lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
+}

@@ -100,6 +100,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Every job the scheduler still knows in the proxy partition, in any
     /// state (the stand-ins of jobs forwarded from here). Read-only.
     fn stand_ins(&self, partition: &str) -> impl Future<Output = Result<Vec<NativeJob>>> + Send;
+    /// The jobs among `ids` in the proxy partition, as [`Backend::stand_ins`]
+    /// shows them (the start check: latency here is start latency).
+    /// Read-only; by default a filter of `stand_ins`.
+    fn stand_ins_by_id(&self, partition: &str, ids: &[u64]) -> impl Future<Output = Result<Vec<NativeJob>>> + Send {
+        async move {
+            let all = self.stand_ins(partition).await?;
+            Ok(all.into_iter().filter(|j| ids.contains(&j.native_id)).collect())
+        }
+    }
     /// The batch script Slurm stores for job `native_id` (owned by
     /// `user`): what a deferred stand-in carries. Backends without
     /// stand-ins refuse.

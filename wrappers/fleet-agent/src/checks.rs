@@ -98,6 +98,7 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out.extend(token_file(conf, run_as.as_ref()));
     out.push(proxy_partition(cfg));
     out.push(private_data(cfg, me).await);
+    out.push(libslurm(cfg));
     out.push(spool(cfg, me, run_as.as_ref()));
     let slurm_user = slurm_user(&cfg.slurm_conf);
     out.push(conf_readable(conf, slurm_user.as_ref()));
@@ -333,6 +334,22 @@ async fn private_data(cfg: &AgentConfig, me: u32) -> Check {
         Ok(None) => pass(NAME, "PrivateData does not hide jobs"),
         Ok(Some(note)) => pass(NAME, note),
         Err(e) => fail(NAME, format!("{e:#}"), "see README, \"Users\" (PrivateData)"),
+    }
+}
+
+/// The start check's fast path: libslurm of the release the agent was
+/// built for. Without it the agent works, through `squeue --json`, which
+/// on 22.05 dumps every job and adds its time to each forwarded job's start.
+fn libslurm(cfg: &AgentConfig) -> Check {
+    const NAME: &str = "libslurm";
+    let exe = std::env::current_exe().unwrap_or_else(|_| "fleet-agent".into());
+    match fleet_agent::libslurm::enable(&exe, &cfg.slurm_conf) {
+        Ok(what) => pass(NAME, format!("start checks read jobs through {what}")),
+        Err(e) => warn(
+            NAME,
+            format!("start checks fall back to squeue --json: {e}"),
+            "install the libslurm of the Slurm release fleet-agent was built for (package libslurm*)",
+        ),
     }
 }
 

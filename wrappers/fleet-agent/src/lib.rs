@@ -32,6 +32,7 @@ pub mod jobdir;
 pub mod journal;
 pub mod kube;
 pub mod lease;
+pub mod libslurm;
 pub mod nss;
 pub mod reconcile;
 pub mod slurm;
@@ -133,6 +134,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let me = identity::name_of_uid(own_uid()).unwrap_or_default();
     if let Some(note) = backend.check_private_data(&me).await? {
         tracing::info!("{note}");
+    }
+    let conf = cfg.slurm_conf.clone();
+    let exe = std::env::current_exe().unwrap_or_else(|_| "fleet-agent".into());
+    match tokio::task::spawn_blocking(move || libslurm::enable(&exe, &conf)).await? {
+        Ok(what) => tracing::info!("start checks read stand-ins through {what}"),
+        Err(e) => tracing::warn!("start checks fall back to squeue --json (slower on a busy controller): {e}"),
     }
     run_with(cfg, backend, shutdown).await
 }

@@ -29,6 +29,60 @@ struct Args {
     /// tests/compat, which checks the agent's parsers on other Slurm releases.
     #[arg(long, hide = true, num_args = 2, value_names = ["KIND", "FILE"])]
     parse_slurm_output: Option<Vec<String>>,
+    /// Read job ID through libslurm (the start check's fast path) with the
+    /// slurm.conf SLURM_CONF and print it as `--parse-slurm-output` does,
+    /// then exit: 3 when the fast path is off (the reason on stderr).
+    #[arg(long, hide = true, num_args = 2, value_names = ["SLURM_CONF", "ID"])]
+    load_job: Option<Vec<String>>,
+    /// Open and initialise libslurm with the slurm.conf SLURM_CONF and
+    /// exit: 42 when the fast path works, 3 when it is off (the reason on
+    /// stderr); libslurm itself exits 1 on a configuration it rejects.
+    /// The agent runs this in a child before it initialises libslurm.
+    #[arg(long, hide = true, value_name = "SLURM_CONF")]
+    probe_libslurm: Option<std::path::PathBuf>,
+}
+
+/// One job as the agent's parsers make it, one JSON object.
+fn job_json(j: &fleet_agent::backend::NativeJob) -> serde_json::Value {
+    serde_json::json!({
+        "id": j.native_id,
+        "state": j.state.as_str(),
+        "raw_state": j.raw_state,
+        "exit_code": j.exit_code,
+        "signal": j.signal,
+        "submit_time": j.submit_time,
+        "user_id": j.user_id,
+        "restarts": j.restarts,
+        "partition": j.partition,
+        "reason": j.reason,
+        "admin_comment": j.admin_comment,
+        "time_limit_min": j.time_limit_min,
+        "array_job_id": j.array_job_id,
+        "array_task_id": j.array_task_id,
+    })
+}
+
+/// `--load-job SLURM_CONF ID`.
+fn load_job(conf: &str, id: &str) -> ExitCode {
+    let conf = std::path::Path::new(conf);
+    let Ok(id) = id.parse::<u64>() else {
+        eprintln!("fleet-agent: {id:?} is not a job id");
+        return ExitCode::from(2);
+    };
+    if let Err(e) = fleet_agent::libslurm::open_here(conf) {
+        eprintln!("fleet-agent: libslurm fast path off: {e}");
+        return ExitCode::from(3);
+    }
+    match fleet_agent::libslurm::load_job(id) {
+        Some(j) => {
+            println!("{}", job_json(&j));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("fleet-agent: slurm_load_job({id}) failed");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// `--parse-slurm-output KIND FILE`.
@@ -41,19 +95,7 @@ fn parse_slurm_output(kind: &str, file: &std::path::Path) -> anyhow::Result<()> 
         other => anyhow::bail!("unknown output kind {other:?} (squeue-json or sacct)"),
     };
     for j in jobs {
-        let v = serde_json::json!({
-            "id": j.native_id,
-            "state": j.state.as_str(),
-            "raw_state": j.raw_state,
-            "exit_code": j.exit_code,
-            "signal": j.signal,
-            "submit_time": j.submit_time,
-            "user_id": j.user_id,
-            "restarts": j.restarts,
-            "partition": j.partition,
-            "reason": j.reason,
-        });
-        println!("{v}");
+        println!("{}", job_json(&j));
     }
     Ok(())
 }
@@ -68,6 +110,18 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         };
+    }
+    if let Some(conf) = args.probe_libslurm.as_deref() {
+        return match fleet_agent::libslurm::open_here(conf) {
+            Ok(_) => ExitCode::from(fleet_agent::libslurm::PROBE_OK),
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(3)
+            }
+        };
+    }
+    if let Some([conf, id]) = args.load_job.as_deref() {
+        return load_job(conf, id);
     }
     let conf = args.conf.unwrap_or_else(fleet_agent::config::default_conf_path);
     let cfg = match fleet_agent::config::AgentConfig::load(&conf) {

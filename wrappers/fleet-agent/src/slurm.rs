@@ -683,6 +683,25 @@ impl Backend for SlurmBackend {
         parse_jobs_json_with(&out, true)
     }
 
+    async fn stand_ins_by_id(&self, partition: &str, ids: &[u64]) -> Result<Vec<NativeJob>> {
+        // One slurm_load_job RPC per id (see libslurm.rs); the JSON dump of
+        // every job when the library is not of this release or a call fails.
+        let want = ids.to_vec();
+        let fast = tokio::task::spawn_blocking(move || {
+            want.iter().map(|&id| crate::libslurm::load_job(id)).collect::<Option<Vec<_>>>()
+        })
+        .await
+        .ok()
+        .flatten();
+        match fast {
+            Some(jobs) => Ok(jobs.into_iter().filter(|j| j.partition == partition).collect()),
+            None => {
+                let all = self.stand_ins(partition).await?;
+                Ok(all.into_iter().filter(|j| ids.contains(&j.native_id)).collect())
+            }
+        }
+    }
+
     async fn batch_script(&self, native_id: u64, user: &str) -> Result<Vec<u8>> {
         let args = ["write".to_string(), "batch_script".to_string(), native_id.to_string(), "-".to_string()];
         // An operator (or root) reads any job's script; otherwise the job's

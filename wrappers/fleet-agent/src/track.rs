@@ -449,7 +449,8 @@ pub async fn signal_one<B: Backend>(
 /// the plugin (as slurmctld) can set — so a job's owner cannot start it
 /// with the job token alone while the stand-in is held or waiting.
 pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck]) -> Result<()> {
-    let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
+    let ids: Vec<u64> = checks.iter().map(|c| c.origin_job_id).collect();
+    let stand_ins = agent.backend.stand_ins_by_id(&agent.cfg.proxy_partition, &ids).await?;
     for c in checks {
         let found = stand_ins.iter().find(|s| s.native_id == c.origin_job_id);
         let (started, reason) = match found {
