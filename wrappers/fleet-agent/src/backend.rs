@@ -119,9 +119,10 @@ pub trait Backend: Send + Sync + 'static {
         signal: &str,
         scope: SignalScope,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// Set native job `native_id`'s time limit to `minutes`, as `user`
-    /// (Slurm lets a job's owner lower it only). Backends without the
-    /// notion refuse.
+    /// Set native job `native_id`'s time limit to `minutes`: as `user`
+    /// where Slurm lets the owner (lowering; raising a pending job), else
+    /// as the agent, which Slurm lets an operator do (raising a running
+    /// job). Backends without the notion refuse.
     fn set_time_limit(&self, native_id: u64, user: &str, minutes: u32) -> impl Future<Output = Result<()>> + Send {
         let _ = (native_id, user, minutes);
         async { anyhow::bail!("this backend cannot change a running job's time limit") }
