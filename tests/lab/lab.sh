@@ -90,6 +90,7 @@ ACCOUNTING=${FLEET_LAB_ACCOUNTING:-1}
 MEMCG_CLUSTERS=${FLEET_LAB_MEMCG-alpha beta delta}
 MEMCG_DEF_MEM=1024
 memcg() { [[ " $MEMCG_CLUSTERS " == *" $1 "* ]]; }
+read -r -a MEMCG_CLUSTER_LIST <<<"$MEMCG_CLUSTERS"
 DB_PORT=$((16906 + PORT_OFFSET))
 # Placement: the meta-scheduler ranks with the cost engine over the sample
 # fleet model (conf/fleet-sample.toml, whose alpha and beta are these
@@ -1146,6 +1147,25 @@ start_kube() {
   log "  $c: KUBECONFIG=$d/admin.kubeconfig kubectl get nodes,jobs,pods  ($(cat "$s/url"))"
 }
 
+# The job cgroups slurmstepd leaves behind (22.05's task/cgroup on cgroup v1
+# removes neither its task_<n> cgroups nor, so, the step and job above
+# them): the next lab here gives out the same job ids, and a job would
+# inherit its namesake's OOM count. Only this lab's ids, only empty cgroups.
+clean_job_cgroups() {
+  local c n first d id
+  for c in "${MEMCG_CLUSTER_LIST[@]}"; do
+    first=$(cluster_first_jobid "$c") || continue
+    for n in $(all_nodes "$c"); do
+      for d in /sys/fs/cgroup/memory/slurm_"$n"/uid_*/job_* /sys/fs/cgroup/slurm_"$n"/uid_*/job_*; do
+        [[ -d $d ]] || continue
+        id=${d##*/job_}
+        [[ $id =~ ^[0-9]+$ ]] && ((id >= first && id < first + 100000)) || continue
+        find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      done
+    done
+  done
+}
+
 cmd_down() {
   [[ -d $R ]] || { log "no lab at $R"; return 0; }
   local c n
@@ -1165,6 +1185,7 @@ cmd_down() {
   stop_s3
   stop_lab_stepds
   stop_orphans
+  clean_job_cgroups
   # munged: only if this lab started it.
   # munged is shared: leave it when another lab (or anything else) still runs
   # Slurm daemons that authenticate through it.
@@ -1203,6 +1224,7 @@ cmd_up() {
     done
   fi
   cmd_down
+  clean_job_cgroups
   # Keep a munged the previous run started (it is ours) — stop_pidfile above stopped it; fine.
   rm -rf "$R"
   mkdir -p "$R"/{bin,plugins,log,run}
