@@ -7,6 +7,7 @@
 #   make install-users   the service users and tokens (root; as the Debian packages' postinst)
 #   make deb             Debian packages (cargo-deb) in $(DEB_DIR)
 #   make install-check   install into a scratch DESTDIR and build the .debs, checking both
+#   make deb-lab         the .debs unpacked into a fresh root run a federated job in a lab of their own (not in make test)
 #   make chaos-failover  checkpointing jobs through cluster deaths and partitions; prints the failover figures
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -18,7 +19,7 @@ export FLEET_LAB_DIR ?= /tmp/fleet-lab
 export FLEET_BIN_DIR ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release
 
 .PHONY: all deps build lab-up lab-down lab-status demo test bench fuzz compat \
-	install install-users deb install-check chaos chaos-failover bench-start
+	install install-users deb install-check deb-lab chaos chaos-failover bench-start
 
 # ---- install -----------------------------------------------------------
 # Slurm's own plugin directory: where Debian's slurm-wlm-basic-plugins put
@@ -116,11 +117,21 @@ install-users:
 # DEB_PROFILE=dev packages debug builds (for a quick check; cargo-deb warns).
 DEB_CRATES := job-submit-fleet fleet-agent fleet-proxy fleet-metasched fleet-ckpt
 DEB_PROFILE ?= release
+# Extra cargo-deb flags (tests/install/deb-lab.sh: --fast, quicker compression).
+DEB_FLAGS ?=
 deb:
 	@command -v cargo-deb >/dev/null || { echo "cargo-deb not installed: cargo install cargo-deb"; exit 1; }
 	$(CARGO) build --profile $(DEB_PROFILE) -p job-submit-fleet -p spank-fleet -p fleet-agent -p fleet-proxy -p fleet-metasched -p fleetctl -p fleet-ckpt
 	mkdir -p $(DEB_DIR)
-	for c in $(DEB_CRATES); do $(CARGO) deb --no-build --profile $(DEB_PROFILE) -p $$c -o $(DEB_DIR) || exit 1; done
+	for c in $(DEB_CRATES); do $(CARGO) deb --no-build --profile $(DEB_PROFILE) $(DEB_FLAGS) -p $$c -o $(DEB_DIR) || exit 1; done
 
 install-check:
 	tests/install/install-check.sh
+
+# The Debian packages as a site runs them (tests/install/deb-lab.sh): built
+# (DEB_PROFILE), unpacked into a fresh root, units verified, and a lab of
+# their own (FLEET_DEB_LAB_DIR, FLEET_DEB_LAB_PORT_OFFSET; default
+# /tmp/fleet-lab-deb, +2000) running a federated job on the packaged
+# programs and plugins. Not in `make test`: release packages take minutes.
+deb-lab:
+	tests/install/deb-lab.sh

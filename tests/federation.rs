@@ -420,6 +420,37 @@ fn bad_option_values_are_refused_by_sbatch() {
     assert!(lab.ctld_alive("beta"));
 }
 
+/// `MaxScriptBytes` (fleet.conf; 1 MiB in the lab) bounds the script that
+/// may leave: a job with a larger one that the fleet would send away stays
+/// home when home can run it, and is refused at sbatch naming the limit
+/// when home cannot: through the agent (`malformed_input_...` below) and
+/// as a GPU array, which becomes deferred stand-ins without asking the
+/// agent.
+#[test]
+fn a_script_over_max_script_bytes_stays_home_or_is_refused_naming_it() {
+    let (lab, _serial) = Lab::lock();
+    let big = format!("#!/bin/bash\n# {}\ntrue\n", "x".repeat(1_100_000));
+    // Sent away (--fleet=remote), but beta has GPUs of any type: home.
+    let home = lab.sbatch("beta", &["--fleet=remote", "--gres=gpu:1", "--hold"], big.as_bytes()).unwrap();
+    let _c1 = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&home.to_string()]);
+    });
+    let r = lab.job("beta", home).unwrap();
+    assert_ne!(r["Partition"], "fleet", "a job whose script cannot leave became a stand-in: {r:?}");
+    assert!(!r.get("AdminComment").is_some_and(|c| c.starts_with("fleet:")), "{r:?}");
+    // An h100 array beta cannot run: refused with the size and the limit.
+    let err = lab.sbatch("beta", &["--array=0-1", "--gres=gpu:h100:8", "--hold"], big.as_bytes()).unwrap_err();
+    assert!(err.contains("fleet: cannot forward to "), "{err}");
+    assert!(err.contains("the script is 1100020 bytes, more than MaxScriptBytes=1048576"), "{err}");
+    // The same array with a small script leaves as deferred stand-ins.
+    let small = lab.sbatch("beta", &["--array=0-1", "--gres=gpu:h100:8", "--hold"], &script("true")).unwrap();
+    let _c2 = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&small.to_string()]);
+    });
+    assert_eq!(lab.job("beta", small).unwrap()["Partition"], "fleet");
+    assert!(lab.ctld_alive("beta"));
+}
+
 #[test]
 fn malformed_input_gets_clear_errors_and_slurmctld_survives() {
     let (lab, _serial) = Lab::lock();

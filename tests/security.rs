@@ -152,12 +152,9 @@ fn call(lab: &Lab, method: &str, path: &str, auth: &str, body: &str) -> (u16, St
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-#[test]
-fn the_job_token_alone_cannot_start_a_held_job() {
-    let (lab, _serial) = Lab::lock();
-    let dir = lab.workdir("held");
-    let id =
-        lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
+/// The fleet id of the held beta job just submitted (its record has no
+/// origin job id until its stand-in starts).
+fn held_fleet_job(lab: &Lab) -> String {
     let mut fid = None;
     for _ in 0..50 {
         fid = lab.fleetctl_json(&["jobs"]).ok().and_then(|v| {
@@ -175,7 +172,16 @@ fn the_job_token_alone_cannot_start_a_held_job() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let fid = fid.expect("the held job is registered");
+    fid.expect("the held job is registered")
+}
+
+#[test]
+fn the_job_token_alone_cannot_start_a_held_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("held");
+    let id =
+        lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
+    let fid = held_fleet_job(lab);
     // The owner holds (or can compute from what they can read) the stand-in's
     // token; with it they ask the meta-scheduler to start the job now.
     let secret = std::fs::read_to_string(lab.root.join("secrets/beta.token")).unwrap();
@@ -205,6 +211,61 @@ fn the_job_token_alone_cannot_start_a_held_job() {
     let r = lab.wait_done("beta", id, T).unwrap();
     assert_eq!(r["ExitCode"], "0:0", "{r:?}");
     assert_eq!(read(&dir.join("out.txt")), "ran\n");
+}
+
+/// The start confirmation checks where the job runs: the owner of a held
+/// stand-in runs a job of their own outside the proxy partition and, from
+/// it, asks to start the fleet job with the stand-in's token (copied from
+/// its script, or computed) naming that running job. The origin agent
+/// refuses (the job is not in the proxy partition, where only the plugin
+/// puts jobs) and the fleet job stays held.
+#[test]
+fn a_copied_token_in_a_job_outside_the_proxy_partition_starts_nothing() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("copied-token");
+    let id =
+        lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
+    let fid = held_fleet_job(lab);
+    let decoy =
+        lab.sbatch("beta", &["--fleet=local", "-t", "5", &out_arg(&dir, "decoy.txt")], &script("sleep 300")).unwrap();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string(), &decoy.to_string()]);
+    });
+    let d = lab.wait_for("beta", decoy, T, |r| r["JobState"] == "RUNNING").unwrap();
+    assert_ne!(d["Partition"], "fleet", "{d:?}");
+    let secret = std::fs::read_to_string(lab.root.join("secrets/beta.token")).unwrap();
+    let token = fleet_api::auth::job_token(secret.trim(), &fid);
+    let log = lab.agent_log("beta");
+    let before = std::fs::read_to_string(&log).unwrap_or_default().len();
+    let (code, body) = call(
+        lab,
+        "POST",
+        &format!("/v1/jobs/{fid}/start"),
+        &format!("FleetJob {token}"),
+        &format!("{{\"origin_job_id\": {decoy}}}"),
+    );
+    assert!(code < 300, "{code} {body}");
+    // The origin agent was asked, and refused naming the partition (22.05's
+    // `squeue --json` ignores `-p`, so the agent sees the job and says where
+    // it runs; a squeue that filters leaves it unseen).
+    let t0 = std::time::Instant::now();
+    let refusals = [
+        format!("job {decoy} runs in partition \"gpu\", not in fleet"),
+        format!("job {decoy} is not in partition fleet"),
+    ];
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let new = text.get(before..).unwrap_or("");
+        if new.lines().any(|l| l.contains(&fid) && refusals.iter().any(|r| l.contains(r.as_str()))) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the origin agent did not refuse the start of {fid}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let rec = lab.fleetctl_json(&["job", &fid]).unwrap();
+    assert_eq!(rec["state"], "held", "a job outside the proxy partition started the fleet job: {rec}");
+    assert_eq!(lab.job("beta", id).unwrap()["JobState"], "PENDING");
 }
 
 #[test]

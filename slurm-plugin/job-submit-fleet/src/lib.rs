@@ -188,7 +188,10 @@ impl FleetSubmit {
     }
 
     /// Rewrite `job` into a deferred stand-in (see [`deferred_plan`]); a
-    /// job that cannot be deferred is left as submitted (fail open).
+    /// job that cannot be deferred is left as submitted (fail open), except
+    /// one that cannot leave (a script over `MaxScriptBytes`, fields that
+    /// are not UTF-8) which the view says home cannot run: refused, naming
+    /// why, as the agent refuses it (rather than Slurm's generic refusal).
     fn defer(
         &self,
         cfg: &PluginConfig,
@@ -197,6 +200,17 @@ impl FleetSubmit {
         target: String,
         why: &str,
     ) -> (stats::Outcome, Result<(), Reject>) {
+        if let Some(why_not) = cannot_leave(cfg, &req) {
+            if self.view.origin_cannot_run(cfg, &req) {
+                return (
+                    stats::Outcome::Reject,
+                    Err(Reject {
+                        code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32,
+                        message: format!("fleet: cannot forward to {target}: {why_not}"),
+                    }),
+                );
+            }
+        }
         match deferred_plan(cfg, *req, &target, why) {
             Ok(plan) => {
                 rewrite(job, &plan);
@@ -209,6 +223,21 @@ impl FleetSubmit {
             }
         }
     }
+}
+
+/// Why `req` cannot leave its origin at all, whatever the target (the
+/// agent's words, `fleet-agent`'s `decide`): a script over
+/// `MaxScriptBytes` (not read into the request) or fields that are not
+/// UTF-8.
+fn cannot_leave(cfg: &PluginConfig, req: &fleet_api::JobRequest) -> Option<String> {
+    if req.script.is_none() {
+        let len = req.script_len.unwrap_or(0);
+        return Some(format!(
+            "the script is {len} bytes, more than MaxScriptBytes={}; shrink it or use --fleet=local",
+            cfg.max_script_bytes
+        ));
+    }
+    req.non_utf8_fields.first().map(|f| format!("field {f} is not valid UTF-8; fix it or use --fleet=local"))
 }
 
 /// A fleet job id minted without the agent: `<site>-<12 hex>`, as the
@@ -235,11 +264,8 @@ pub fn deferred_plan(
     why: &str,
 ) -> Result<ForwardPlan, String> {
     use fleet_api::deferred::{embed, shell_quote, Payload};
-    if req.script.is_none() {
-        return Err(format!("the script is larger than MaxScriptBytes={}", cfg.max_script_bytes));
-    }
-    if let Some(f) = req.non_utf8_fields.first() {
-        return Err(format!("field {f} is not valid UTF-8"));
+    if let Some(why) = cannot_leave(cfg, &req) {
+        return Err(why);
     }
     let url = cfg.metasched_url.as_deref().ok_or("fleet.conf names no MetaSchedulerUrl")?;
     let q = |p: &std::path::Path| shell_quote(&p.display().to_string());

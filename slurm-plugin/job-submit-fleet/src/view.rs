@@ -42,6 +42,13 @@ impl ViewCache {
         .flatten()
     }
 
+    /// True when the published view (fresh or not: node shapes do not
+    /// age) says the origin cannot run `job` natively. False without a
+    /// view or with the origin missing from it (Slurm judges alone).
+    pub fn origin_cannot_run(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
+        self.with_view_aged(cfg, true, |v, _| !origin_fits(v, job)).unwrap_or(false)
+    }
+
     /// `Some(Err(why))` when a fresh view says the origin cannot run `job`
     /// natively; `Some(Ok)` when it can; `None` without a fresh view or
     /// with the origin missing from it (Slurm then judges alone).

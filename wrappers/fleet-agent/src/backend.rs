@@ -100,9 +100,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Every job the scheduler still knows in the proxy partition, in any
     /// state (the stand-ins of jobs forwarded from here). Read-only.
     fn stand_ins(&self, partition: &str) -> impl Future<Output = Result<Vec<NativeJob>>> + Send;
-    /// The jobs among `ids` in the proxy partition, as [`Backend::stand_ins`]
-    /// shows them (the start check: latency here is start latency).
-    /// Read-only; by default a filter of `stand_ins`.
+    /// The jobs among `ids`, as [`Backend::stand_ins`] shows them (the
+    /// start check: latency here is start latency). Like `stand_ins` on
+    /// 22.05 (whose `squeue --json` ignores `-p`), jobs of other partitions
+    /// may be among them: callers check `partition`. Read-only; by default
+    /// a filter of `stand_ins`.
     fn stand_ins_by_id(&self, partition: &str, ids: &[u64]) -> impl Future<Output = Result<Vec<NativeJob>>> + Send {
         async move {
             let all = self.stand_ins(partition).await?;
@@ -128,9 +130,10 @@ pub trait Backend: Send + Sync + 'static {
         signal: &str,
         scope: SignalScope,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// Set native job `native_id`'s time limit to `minutes`, as `user`
-    /// (Slurm lets a job's owner lower it only). Backends without the
-    /// notion refuse.
+    /// Set native job `native_id`'s time limit to `minutes`: as `user`
+    /// where Slurm lets the owner (lowering; raising a pending job), else
+    /// as the agent, which Slurm lets an operator do (raising a running
+    /// job). Backends without the notion refuse.
     fn set_time_limit(&self, native_id: u64, user: &str, minutes: u32) -> impl Future<Output = Result<()>> + Send {
         let _ = (native_id, user, minutes);
         async { anyhow::bail!("this backend cannot change a running job's time limit") }

@@ -695,13 +695,23 @@ pub async fn reconcile_once<B: Backend>(
                 Ok(_) => tracing::info!(%id, minutes, "the stand-in's time limit was lowered: sent to its job"),
                 Err(e) => tracing::warn!(%id, minutes, "passing a time limit on: {e:#}"),
             },
-            reconcile::LimitChange::Raise { from, to } => tracing::warn!(
+            // Raised (by an operator at home): carried too. The target agent
+            // sets it as the job's user where Slurm allows that (a pending
+            // job), else as itself, an operator there (README: PrivateData).
+            reconcile::LimitChange::Raise { from, to: Some(minutes) } => {
+                match agent.meta.time_limit(&id, minutes).await {
+                    Ok(_) => {
+                        tracing::info!(%id, from = %fmt_minutes(from), minutes, "the stand-in's time limit was raised: sent to its job")
+                    }
+                    Err(e) => tracing::warn!(%id, minutes, "passing a raised time limit on: {e:#}"),
+                }
+            }
+            reconcile::LimitChange::Raise { from, to: None } => tracing::warn!(
                 %id,
-                "the running stand-in's time limit was raised ({} -> {}): not carried to the job, which keeps its \
-                 limit where it runs; raising a running job's limit there needs an operator of that cluster, which \
-                 fleet-agent is not (raise it there too: fleetctl job {id} names the job)",
-                fmt_minutes(from),
-                fmt_minutes(to)
+                "the running stand-in's time limit was raised ({} -> UNLIMITED): not carried to the job, which keeps \
+                 its limit where it runs (a limit is carried in minutes; set one, or raise it there too: fleetctl \
+                 job {id} names the job)",
+                fmt_minutes(from)
             ),
         }
     }
@@ -712,8 +722,10 @@ fn fmt_minutes(m: Option<u32>) -> String {
     m.map_or_else(|| "UNLIMITED".to_string(), |m| format!("{m} min"))
 }
 
-/// Set the time limit the origin asked for on the job this cluster runs,
-/// as its user (`scontrol update TimeLimit=`), after checking the journal.
+/// Set the time limit the origin asked for on the job this cluster runs
+/// (`scontrol update TimeLimit=`: as its user, or as the agent where only
+/// an operator may, see [`Backend::set_time_limit`]), after checking the
+/// journal.
 pub async fn time_limit_one<B: Backend>(agent: &Agent<B>, id: &str, minutes: u32) -> Result<()> {
     let Some((run, req)) = agent.journal.run(id)? else { return Ok(()) };
     let (Some(sid), false) = (run.slurm_id, run.done) else { return Ok(()) };

@@ -142,9 +142,9 @@ impl Suspensions {
 /// with its start) is the job's; after an agent restart, the limit first
 /// seen. A later lower one is sent to the target, where the target agent
 /// sets it as the job's user, as Slurm lets an owner do. A higher one (only
-/// an operator at home can raise a running job's limit) is not: the target
-/// agent is no operator there, so the job keeps its limit and ends TIMEOUT
-/// at it (the stand-in mirrors that); the admin raises it at the target too.
+/// an operator at home can raise a running job's limit) is sent too, and
+/// the target agent sets it as itself, an operator there; a raise to
+/// UNLIMITED is not carried (limits travel in minutes).
 #[derive(Default)]
 pub struct TimeLimits {
     /// The limit last passed on (or started with) per job, and when the job

@@ -453,30 +453,13 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
     let stand_ins = agent.backend.stand_ins_by_id(&agent.cfg.proxy_partition, &ids).await?;
     for c in checks {
         let found = stand_ins.iter().find(|s| s.native_id == c.origin_job_id);
-        let (started, reason) = match found {
-            None => (false, format!("job {} is not in partition {}", c.origin_job_id, agent.cfg.proxy_partition)),
-            // Tagged with this job (an element of a deferred array carries
-            // its array's tag; its own Slurm id was journaled when the agent
-            // forwarded it).
-            Some(s)
-                if fleet_api::wire::parse_admin_tag(&s.admin_comment) != Some(c.fleet_job_id.as_str())
-                    && agent.journal.stand_in_of(&c.fleet_job_id)? != Some(s.native_id) =>
-            {
-                (false, format!("job {} is not the stand-in of {}", c.origin_job_id, c.fleet_job_id))
-            }
-            Some(s) if s.raw_state != "RUNNING" => (false, format!("the stand-in {} is {}", s.native_id, s.raw_state)),
-            // A rerun names the restart it belongs to: the stand-in must be
-            // running that restart (a finished run's token cannot rerun it).
-            Some(s) if s.restarts != c.restart => {
-                (false, format!("the stand-in {} runs its restart {}, not {}", s.native_id, s.restarts, c.restart))
-            }
-            Some(_) => (true, String::new()),
-        };
+        let journaled = agent.journal.stand_in_of(&c.fleet_job_id)?;
+        let (started, reason) = start_verdict(c, found, &agent.cfg.proxy_partition, journaled);
         // (Not backfill's year on a stand-in it started: reconcile::stand_in_limit.)
         let time_limit_min = found.and_then(crate::reconcile::stand_in_limit);
         if started {
             agent.journal.set_stand_in(&c.fleet_job_id, c.origin_job_id)?;
-            // The job starts with this limit: a later lower one is passed on.
+            // The job starts with this limit: a later change is passed on.
             agent.time_limits.lock().started(&c.fleet_job_id, time_limit_min, now());
         } else {
             tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
@@ -487,6 +470,43 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
         }
     }
     Ok(())
+}
+
+/// Does Slurm run the stand-in a start request names? `found` is the job
+/// of that id as `squeue -p <proxy partition> --json` printed it (22.05
+/// ignores `-p` with `--json`: any job can be there), `journaled` the
+/// stand-in id the journal holds for the fleet job. The job must run in
+/// the proxy partition itself (which only the plugin puts jobs in: a
+/// user's job elsewhere, running `fleet-proxy` with a copied token, starts
+/// nothing), carry the fleet job's tag (or be its journaled stand-in: an
+/// element of a deferred array carries its array's tag), be RUNNING, and
+/// run the restart the request names (a finished run's token cannot rerun
+/// the job). Returns whether it does and, if not, why.
+pub fn start_verdict(
+    c: &StartCheck,
+    found: Option<&NativeJob>,
+    proxy_partition: &str,
+    journaled: Option<u64>,
+) -> (bool, String) {
+    match found {
+        Some(s) if s.native_id == c.origin_job_id && s.partition == proxy_partition => {
+            if fleet_api::wire::parse_admin_tag(&s.admin_comment) != Some(c.fleet_job_id.as_str())
+                && journaled != Some(s.native_id)
+            {
+                (false, format!("job {} is not the stand-in of {}", c.origin_job_id, c.fleet_job_id))
+            } else if s.raw_state != "RUNNING" {
+                (false, format!("the stand-in {} is {}", s.native_id, s.raw_state))
+            } else if s.restarts != c.restart {
+                (false, format!("the stand-in {} runs its restart {}, not {}", s.native_id, s.restarts, c.restart))
+            } else {
+                (true, String::new())
+            }
+        }
+        Some(s) if s.native_id == c.origin_job_id => {
+            (false, format!("job {} runs in partition {:?}, not in {proxy_partition}", c.origin_job_id, s.partition))
+        }
+        _ => (false, format!("job {} is not in partition {proxy_partition}", c.origin_job_id)),
+    }
 }
 
 /// Ask the meta-scheduler which of `runs` are stale (the job was placed
@@ -791,6 +811,69 @@ mod tests {
         j.submit_time = Some(submit);
         j.user_id = Some(uid);
         j
+    }
+
+    #[test]
+    fn a_start_is_confirmed_only_for_the_tagged_running_stand_in_in_the_proxy_partition() {
+        let check = |restart| StartCheck { fleet_job_id: "beta-1".into(), origin_job_id: 7, restart };
+        let stand_in = |state: &str, partition: &str, tag: &str, restarts: u32| {
+            let mut j = NativeJob::new(7, state);
+            j.partition = partition.into();
+            j.admin_comment = tag.into();
+            j.restarts = restarts;
+            j
+        };
+        let ok = (true, String::new());
+        for (found, journaled, restart, want) in [
+            (Some(stand_in("RUNNING", "fleet", "fleet:beta-1", 0)), None, 0, ok.clone()),
+            // An element of a deferred array: its array's tag, its own id journaled.
+            (Some(stand_in("RUNNING", "fleet", "fleet:beta-0", 0)), Some(7), 0, ok.clone()),
+            (Some(stand_in("RUNNING", "fleet", "fleet:beta-1", 2)), None, 2, ok),
+            // A user's job elsewhere running fleet-proxy with a copied token.
+            (
+                Some(stand_in("RUNNING", "batch", "fleet:beta-1", 0)),
+                Some(7),
+                0,
+                (false, "job 7 runs in partition \"batch\", not in fleet".into()),
+            ),
+            (
+                Some(stand_in("RUNNING", "batch,fleet", "fleet:beta-1", 0)),
+                None,
+                0,
+                (false, "job 7 runs in partition \"batch,fleet\", not in fleet".into()),
+            ),
+            (None, Some(7), 0, (false, "job 7 is not in partition fleet".into())),
+            (
+                Some(stand_in("RUNNING", "fleet", "fleet:beta-2", 0)),
+                None,
+                0,
+                (false, "job 7 is not the stand-in of beta-1".into()),
+            ),
+            (
+                Some(stand_in("RUNNING", "fleet", "", 0)),
+                Some(8),
+                0,
+                (false, "job 7 is not the stand-in of beta-1".into()),
+            ),
+            (
+                Some(stand_in("PENDING", "fleet", "fleet:beta-1", 0)),
+                None,
+                0,
+                (false, "the stand-in 7 is PENDING".into()),
+            ),
+            (
+                Some(stand_in("RUNNING", "fleet", "fleet:beta-1", 1)),
+                None,
+                0,
+                (false, "the stand-in 7 runs its restart 1, not 0".into()),
+            ),
+        ] {
+            assert_eq!(start_verdict(&check(restart), found.as_ref(), "fleet", journaled), want, "{found:?}");
+        }
+        // A job of another id is never this one.
+        let mut other = stand_in("RUNNING", "fleet", "fleet:beta-1", 0);
+        other.native_id = 8;
+        assert!(!start_verdict(&check(0), Some(&other), "fleet", None).0);
     }
 
     #[test]

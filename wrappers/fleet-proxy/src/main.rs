@@ -47,6 +47,8 @@ use fleet_api::api::{JobRecord, SignalRequest, SignalScope, StartRequest, Stream
 use fleet_api::wire::{DeferredReply, DeferredRequest};
 use fleet_api::{auth, JobState};
 
+mod oom;
+
 /// Relay a forwarded Fleet job: start it, stream its output, exit with its
 /// exit code (128+S if it was killed by signal S, 143 if this stand-in was
 /// cancelled, 1 if it could not be placed).
@@ -481,10 +483,32 @@ fn time_out_here(bin: &std::path::Path, slurm_job_id: Option<&str>, started: Ins
     }
 }
 
+/// The job was cancelled elsewhere (by an admin at its target, with
+/// `fleetctl cancel`, or by the origin agent for an orphan): end the
+/// stand-in `CANCELLED` too, as Slurm shows a cancelled native job, by
+/// cancelling it (a user may cancel their own job) and dying of the
+/// SIGTERM Slurm then sends, as an untrapped batch shell would. Falls back
+/// to the usual exit status when the cancel fails.
+fn cancel_here(bin: &std::path::Path, slurm_job_id: Option<&str>, term: &AtomicBool) {
+    let Some(id) = slurm_job_id else { return };
+    if let Err(e) = run_with_timeout(Command::new(bin.join("scancel")).arg(id), Duration::from_secs(5)) {
+        diag(format_args!("cannot end this job CANCELLED like its remote job (scancel): {e:#}"));
+        return;
+    }
+    nap(Duration::from_secs(30), term);
+    if term.load(Ordering::Relaxed) {
+        let _ = signal_hook::low_level::emulate_default_handler(libc::SIGTERM);
+    }
+}
+
 /// The exit status that stands for the finished remote job.
 fn exit_status(r: &JobRecord) -> u8 {
     if let Some(s) = r.signal.filter(|s| *s > 0) {
-        diag(format_args!("remote job {} at {} ended by signal {s}", fmt_remote(r), fmt_target(r)));
+        // Slurm's own ends (OUT_OF_MEMORY is "signal" 125 there) by name.
+        match remote_end(r) {
+            Some(_) => diag(format_args!("job failed: {} (remote job {})", r.reason, fmt_remote(r))),
+            None => diag(format_args!("remote job {} at {} ended by signal {s}", fmt_remote(r), fmt_target(r))),
+        }
         return (128 + s).clamp(0, 255) as u8;
     }
     match r.state {
@@ -640,7 +664,16 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
                 if remote_end(&record) == Some("TIMEOUT") {
                     time_out_here(&args.slurm_bin_dir, job_spec.as_deref(), started, &term);
                 }
-                return Ok(exit_status(&record));
+                let status = exit_status(&record);
+                if record.state == JobState::Cancelled {
+                    cancel_here(&args.slurm_bin_dir, job_spec.as_deref(), &term);
+                }
+                if remote_end(&record) == Some("OUT_OF_MEMORY") {
+                    if let Err(e) = oom::out_of_memory_here() {
+                        diag(format_args!("cannot end this job OUT_OF_MEMORY like its remote job: {e}"));
+                    }
+                }
+                return Ok(status);
             }
             Ok(()) => {
                 succeeded(&mut backoff);
@@ -831,6 +864,13 @@ fn cancel_and_drain(api: &Api, relay: &mut Relay) -> u8 {
 }
 
 fn main() -> ExitCode {
+    // The child of oom::out_of_memory_here (not a user's flag).
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, bytes] = argv.as_slice() {
+        if flag == oom::FILL_FLAG {
+            return ExitCode::from(bytes.parse().map_or(2, oom::fill));
+        }
+    }
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
