@@ -384,8 +384,23 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         let mine = p.own_lp_bound_usd.unwrap_or(0.0).max(bound);
         p.ratio_to_lower_bound = if mine > 0.0 { p.total_usd / mine } else { 0.0 };
     }
-    let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
+    // The carbon LP: can any schedule cut the cost policy's kgCO2 by 20 % for at
+    // most 5 % more USD?
+    let cost_usd = policies.iter().find(|p| p.policy == "cost").map(|p| p.total_usd);
     let mut notes = model.notes();
+    let carbon_lp = match (cost_usd, &lp_bound) {
+        (Some(u), Some(_)) => {
+            match crate::lp::carbon_bound(&mut model, &jobs, &loaded.spot, horizon, args.lp_max_vars, 1.05 * u) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    notes.push(format!("carbon LP not solved: {e}"));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
     if loaded.trace.skipped > 0 {
         notes.push(format!(
             "--skip-invalid: {} trace rows skipped, {} jobs read",
@@ -402,6 +417,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         span_hours: span,
         lower_bound_usd: lb_usd,
         lp_bound,
+        carbon_lp,
         bound_used,
         lower_bound_kg_co2: lb_co2,
         policies,
