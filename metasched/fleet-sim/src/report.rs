@@ -58,6 +58,20 @@ pub struct PolicyReport {
     /// Compute spend by `cluster/pool pricing` (pricing: `spot` or `std` = on-demand /
     /// on-prem): GPU-hours paid (lost work included) and USD.
     pub spend: BTreeMap<String, Spend>,
+    /// Jobs held back for cleaner hours (`sim::CarbonHold`) and their hours of hold
+    /// (absent when none, so policies that never hold report as before).
+    #[serde(skip_serializing_if = "is_zero_usize")]
+    pub held_jobs: usize,
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub held_hours: f64,
+}
+
+fn is_zero_usize(x: &usize) -> bool {
+    *x == 0
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// GPU-hours paid and USD spent on one pool with one pricing, and the GPU-hours of
