@@ -1522,7 +1522,7 @@ impl<M: Model> Sim<'_, M> {
             util_series,
             bucket_hours: b / 3600.0,
             held_jobs: self.js.iter().filter(|s| s.held_s.is_some()).count(),
-            held_hours: self.js.iter().filter_map(|s| s.held_s).sum::<f64>() / 3600.0,
+            held_hours: self.js.iter().filter_map(|s| s.held_s).fold(0.0, |a, b| a + b) / 3600.0,
             spend: self
                 .spend
                 .iter()
