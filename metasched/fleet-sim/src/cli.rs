@@ -93,6 +93,22 @@ pub struct SimulateArgs {
     /// Width of the plot buckets (hours).
     #[arg(long, default_value_t = 6.0)]
     pub bucket_hours: f64,
+    /// Longest carbon hold or pause of the `green` policy (hours, at most 24: the
+    /// day-ahead carbon forecast; 0 = off, the default): interruptible jobs may be
+    /// held back, or paused at a checkpoint, to run in the cleaner hours of the next day.
+    #[arg(long, default_value_t = 0.0)]
+    pub carbon_hold_h: f64,
+    /// Completion budget of a carbon hold: at most this × the job's run time.
+    #[arg(long, default_value_t = 1.0)]
+    pub carbon_hold_slack: f64,
+    /// A carbon hold or pause is taken only if it cuts the forecast kgCO2 of the
+    /// job's next day (or run, if shorter) by at least this share.
+    #[arg(long, default_value_t = 0.05)]
+    pub carbon_hold_min_saving: f64,
+    /// Also pause running jobs at a checkpoint through dirty hours (`false` = start
+    /// holds only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub carbon_pause: bool,
     /// Largest LP for the lower bound (variables; the time slots grow until it
     /// fits). 0 = only the cheap capacity-relaxed bound (for huge runs).
     #[arg(long, default_value_t = 30_000)]
@@ -302,6 +318,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         rebalance_every_s: args.rebalance_every_s.max(0.0),
         bucket_s: (args.bucket_hours * 3600.0).max(60.0),
         full_rebuild: false,
+        hold: carbon_hold(args)?,
     };
     let strategies = strategies(args, &model)?;
     // Each strategy runs on its own copy of a fresh model (built and given its
@@ -384,8 +401,23 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         let mine = p.own_lp_bound_usd.unwrap_or(0.0).max(bound);
         p.ratio_to_lower_bound = if mine > 0.0 { p.total_usd / mine } else { 0.0 };
     }
-    let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
+    // The carbon LP: can any schedule cut the cost policy's kgCO2 by 20 % for at
+    // most 5 % more USD?
+    let cost_usd = policies.iter().find(|p| p.policy == "cost").map(|p| p.total_usd);
     let mut notes = model.notes();
+    let carbon_lp = match (cost_usd, &lp_bound) {
+        (Some(u), Some(_)) => {
+            match crate::lp::carbon_bound(&mut model, &jobs, &loaded.spot, horizon, args.lp_max_vars, 1.05 * u) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    notes.push(format!("carbon LP not solved: {e}"));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
     if loaded.trace.skipped > 0 {
         notes.push(format!(
             "--skip-invalid: {} trace rows skipped, {} jobs read",
@@ -402,6 +434,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         span_hours: span,
         lower_bound_usd: lb_usd,
         lp_bound,
+        carbon_lp,
         bound_used,
         lower_bound_kg_co2: lb_co2,
         policies,
@@ -410,6 +443,27 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     };
     report.evaluate_targets();
     Ok(report)
+}
+
+/// The `green` policy's carbon hold from `--carbon-hold-h` and `--carbon-hold-slack`.
+fn carbon_hold(args: &SimulateArgs) -> Result<sim::CarbonHold> {
+    let base = sim::CarbonHold::default();
+    let h = args.carbon_hold_h;
+    if !(h.is_finite() && (0.0..=base.forecast_s / 3600.0).contains(&h)) {
+        bail!("--carbon-hold-h must be between 0 and {} (the forecast horizon), got {h}", base.forecast_s / 3600.0);
+    }
+    let k = args.carbon_hold_slack;
+    if !(k.is_finite() && k >= 0.0) {
+        bail!("--carbon-hold-slack must be finite and >= 0, got {k}");
+    }
+    let m = args.carbon_hold_min_saving;
+    if !(m.is_finite() && (0.0..=1.0).contains(&m)) {
+        bail!("--carbon-hold-min-saving must be between 0 and 1, got {m}");
+    }
+    if h == 0.0 {
+        return Ok(sim::CarbonHold::off());
+    }
+    Ok(sim::CarbonHold { max_s: h * 3600.0, slack: k, min_saving: m, pause: args.carbon_pause, ..base })
 }
 
 /// `fleetctl simulate`: load, replay, print the table, write the outputs.

@@ -1,4 +1,5 @@
-//! A time-indexed LP relaxation lower bound on the cost of any schedule.
+//! Time-indexed LP relaxations: a lower bound on the cost of any schedule, and a
+//! lower bound on the kgCO2 of any schedule within a cost budget.
 //!
 //! Work is divisible and preemptible at will; time is cut into slots of
 //! `slot_s`. Variables `x[g, o, t]` are the GPU-hours that job group `g` uses on
@@ -11,27 +12,51 @@
 //! * spot GPU-hours per slot: `Σ_{g,o spot∈pool} x ≤ mean spot fraction × GPUs ×
 //!   slot length` (the spot trace's availability averaged over the slot);
 //! * every job done by `horizon_s` (the latest end among the policies compared, so
-//!   the bound holds for each of them).
+//!   the bound holds for each of them);
+//! * a job holds its own GPUs and no more at any time, and none before its
+//!   submission: a group's GPU-hours per slot are at most its jobs' GPUs × the
+//!   slot's length (× the part after each job's submission, in its release slot).
+//!   Without it (before 2026-12-02) a group could do a week-long job's work in one
+//!   slot on many pools at once, or use its release slot from its start.
 //!
-//! Cost: `x × (price_o + (egress_o + setup_o) × speed_o)` where `egress_o` is the
-//! egress of moving the job's data there and `setup_o` one provisioning of the
-//! job's GPUs there (`price × GPUs × provision_s`), each per reference GPU-hour of
-//! its work (the cheapest per unit of work among the group's jobs).
+//! Cost: `x × price_o` plus, per group and option, the **one-off charges** of the
+//! jobs that run there: the egress of moving a job's data there and one
+//! provisioning of its GPUs there (`price × GPUs × provision_s`). A job doing a
+//! share `φ > 0` of its work on option `o` landed there at least once and paid
+//! them at least once (the simulator bills provisioning at *every* start and
+//! egress at the first landing on a cluster), so `φ × (egress + setup)` is a valid
+//! charge. Per unit of work that is `F_j,o / W_j`: a short job's fixed charges
+//! weigh far more per GPU-hour than a long one's. A group mixes jobs, so the LP
+//! charges the group's work on `o` by a convex piecewise-linear function: the
+//! cheapest jobs per unit of work first (fractional knapsack: the least any split
+//! of the group's jobs could pay for that much work there), with jobs bucketed by
+//! their charge per unit of work (each bucket charged at its cheapest member, so
+//! it stays a lower bound). Until 2026-12-02 the group paid its cheapest member's
+//! charge for all its work: a group holds every team's jobs, so the egress of any
+//! cluster that was some team's home was 0 for all, and the longest job's
+//! provisioning stood for the short ones'.
 //!
-//! Why the setup charge keeps it a lower bound: the simulator bills a cloud pool's
-//! provisioning at *every* start of a job there (first start, restart after a
-//! spot reclaim, migration). If a schedule does a share `φ_o > 0` of job `j`'s
-//! work on option `o`, `j` started on `o` at least once and paid at least one
-//! setup `S_o`; since `φ_o ≤ 1`, that payment is `≥ φ_o × S_o`, which is what the
-//! LP charges (`S_o / W_j` per unit of work). Restores, staging delays and work
-//! lost at reclaims are still left out: a schedule that knew every reclaim in
-//! advance could end or checkpoint its spot jobs exactly before it, so no loss
-//! per reclaim can be charged without assuming the policy is online. Every
-//! other simplification makes the LP easier, so its optimum is a lower bound of
-//! every schedule that finishes by the horizon (the CLI also solves it with each
-//! policy's own last job end as the horizon: a bound for that policy alone). Jobs are grouped by
-//! (release slot, set of feasible options) so the LP stays small; the slot length
-//! grows until the LP has at most `max_vars` variables.
+//! A dataset named by several jobs of the generic format is staged once per
+//! cluster and reused: its egress is divided among the jobs naming it (if any of
+//! the `n` jobs runs there, one transfer of `E` was paid, `≥ E × Σφ / n`).
+//!
+//! Restores, staging delays and work lost at reclaims are still left out: a
+//! schedule that knew every reclaim in advance could end or checkpoint its spot
+//! jobs exactly before it, so no loss per reclaim can be charged without
+//! assuming the policy is online. Every other simplification makes the LP easier,
+//! so its optimum is a lower bound of every schedule that finishes by the horizon
+//! (the CLI also solves it with each policy's own last job end as the horizon: a
+//! bound for that policy alone). Jobs are grouped by (release slot, set of
+//! feasible options) so the LP stays small; the slot length grows until the LP
+//! has at most `max_vars` variables.
+//!
+//! The **carbon LP** ([`carbon_bound`]) keeps every constraint, adds "cost ≤ a
+//! budget" (the cost LP's objective, itself a lower bound of what a schedule
+//! pays, so every schedule within the budget is feasible) and minimises kgCO2:
+//! per pool and slot, the GPU-hours run are charged at the slot's cleanest
+//! quarter-hours first (a schedule may run only then, within the pool's GPUs);
+//! provisioning and lost work emit nothing. Its optimum is the least kgCO2 of any
+//! schedule that pays at most the budget and finishes by the horizon.
 
 use std::collections::BTreeMap;
 
@@ -49,20 +74,187 @@ pub struct LpBound {
     pub groups: usize,
     pub variables: usize,
     pub constraints: usize,
+    /// The optimum's GPU-hours and USD by `cluster/pool pricing` (`spot` or
+    /// `std`), as the policies' `spend`; one-off charges (egress, provisioning)
+    /// are in `one_off_usd`.
+    pub spend: BTreeMap<String, (f64, f64)>,
+    pub one_off_usd: f64,
 }
 
-/// A job for the LP: release (s), work (reference GPU-hours), (option, cost per work).
-type JobOptions = (f64, f64, Vec<(usize, f64)>);
+/// The carbon LP: the least kgCO2 of a schedule that costs at most `usd_cap`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CarbonBound {
+    /// The budget (USD) the LP's cost was held to.
+    pub usd_cap: f64,
+    /// The least kgCO2 (work only: provisioning and lost work emit nothing here).
+    pub kg_co2: f64,
+    /// The LP cost at that optimum (≤ `usd_cap`).
+    pub usd: f64,
+    /// The optimum's GPU-hours and USD by `cluster/pool pricing` (as `LpBound::spend`).
+    pub spend: BTreeMap<String, (f64, f64)>,
+    pub slot_hours: f64,
+    pub horizon_hours: f64,
+    pub variables: usize,
+    pub constraints: usize,
+}
 
-#[derive(Default)]
+/// Buckets of one-off charge per unit of work, per group and option.
+const MAX_SEGMENTS: usize = 12;
+/// Buckets of carbon intensity per pool and slot.
+const CARBON_SEGMENTS: usize = 6;
+
+#[derive(Clone, Copy)]
+struct Opt {
+    cluster: usize,
+    pool: usize,
+    spot: bool,
+    speed: f64,
+}
+
+struct GroupOpt {
+    k: usize,
+    /// USD per GPU-hour on this option (price; the cheapest among the group's jobs).
+    price: f64,
+    /// Extra USD per reference GPU-hour of work, cheapest first: (slope, work cap).
+    segs: Vec<(f64, f64)>,
+}
+
 struct Group {
     release: usize,
-    /// (option index, cost per reference GPU-hour of work)
-    opts: Vec<(usize, f64)>,
     work_h: f64,
+    /// Σ of the jobs' GPUs (a gang runs on its GPUs, no more, at any time).
+    gpus: f64,
+    /// Σ GPUs × time from each job's submission to the end of its release slot.
+    first_slot_gpu_h: f64,
+    opts: Vec<GroupOpt>,
 }
 
-/// Solves the LP. `Err` with the reason when it cannot (no option for a job,
+struct Built {
+    opts: Vec<Opt>,
+    groups: Vec<Group>,
+    n_slots: usize,
+    slot_s: f64,
+    horizon_s: f64,
+}
+
+/// A job for the LP: release (s), work (reference GPU-hours), GPUs, (option,
+/// price, one-off USD per reference GPU-hour of work).
+type JobOptions = (f64, f64, f64, Vec<(usize, f64, f64)>);
+
+/// Per-unit-of-work charges of a group's jobs on one option → convex segments.
+fn segments(mut cw: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    cw.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let Some(&(lo, _)) = cw.first() else {
+        return Vec::new();
+    };
+    let hi = cw.last().map(|x| x.0).unwrap_or(lo);
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    if hi <= lo * (1.0 + 1e-9) + 1e-12 {
+        return vec![(lo, cw.iter().map(|x| x.1).sum())];
+    }
+    // Geometric buckets of the positive charges; zeros in their own bucket.
+    let pos_lo = cw.iter().map(|x| x.0).find(|&c| c > 1e-12).unwrap_or(hi);
+    let ratio = (hi / pos_lo).powf(1.0 / (MAX_SEGMENTS - 2) as f64).max(1.05);
+    let mut cur: Option<(i64, f64, f64)> = None; // bucket, slope (its cheapest), cap
+    for (c, w) in cw {
+        let b = if c <= 1e-12 { -1 } else { ((c / pos_lo).ln() / ratio.ln()).floor() as i64 };
+        match &mut cur {
+            Some((cb, _, cap)) if *cb == b => *cap += w,
+            _ => {
+                if let Some((_, s, cap)) = cur.take() {
+                    out.push((s, cap));
+                }
+                cur = Some((b, c.max(0.0), w));
+            }
+        }
+    }
+    if let Some((_, s, cap)) = cur {
+        out.push((s, cap));
+    }
+    out
+}
+
+fn build<M: Model>(model: &mut M, jobs: &[SimJob], horizon_s: f64, max_vars: usize) -> Result<Built, String> {
+    if jobs.is_empty() || !(horizon_s.is_finite() && horizon_s > 0.0) {
+        return Err("no jobs or no horizon".into());
+    }
+    // Jobs naming each shared dataset (generic format): its egress is paid once per cluster.
+    let mut sharing: BTreeMap<&str, usize> = BTreeMap::new();
+    for j in jobs {
+        for (name, _) in &j.extra.datasets {
+            *sharing.entry(name.as_str()).or_default() += 1;
+        }
+    }
+    let mut opt_index: BTreeMap<(usize, usize, bool), usize> = BTreeMap::new();
+    let mut opts: Vec<Opt> = Vec::new();
+    let mut per_job: Vec<JobOptions> = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        let offers = model.options(j);
+        if offers.is_empty() {
+            return Err(format!("job {} has no feasible option", j.id));
+        }
+        let share =
+            j.extra.datasets.iter().map(|(n, _)| sharing.get(n.as_str()).copied().unwrap_or(1)).max().unwrap_or(1);
+        let work_h = (j.duration_s * j.gpus as f64 / 3600.0).max(1e-9);
+        let mut v = Vec::with_capacity(offers.len());
+        for o in offers {
+            let k = *opt_index.entry((o.cluster, o.pool, o.spot)).or_insert_with(|| {
+                opts.push(Opt { cluster: o.cluster, pool: o.pool, spot: o.spot, speed: o.speed.max(1e-9) });
+                opts.len() - 1
+            });
+            let setup_usd = o.usd_per_gpu_hour * j.gpus as f64 * o.setup_s.max(0.0) / 3600.0;
+            let fixed = o.egress_usd.max(0.0) / share as f64 + setup_usd;
+            v.push((k, o.usd_per_gpu_hour, fixed / work_h));
+        }
+        v.sort_by_key(|x| x.0);
+        v.dedup_by_key(|x| x.0);
+        per_job.push((j.submit_s, work_h, j.gpus.max(1) as f64, v));
+    }
+    // Pick the slot length: 6 h, doubled until the LP is small enough.
+    let mut slot_s = 6.0 * 3600.0;
+    loop {
+        let n_slots = (horizon_s / slot_s).ceil().max(1.0) as usize;
+        // key → (release, work, GPUs, first-slot GPU-hours, per option: price,
+        // (charge, work) of each job)
+        type Acc = (usize, f64, f64, f64, Vec<(f64, Vec<(f64, f64)>)>);
+        let mut acc: BTreeMap<(usize, Vec<usize>), Acc> = BTreeMap::new();
+        for (submit, work, gpus, v) in &per_job {
+            let r = ((submit / slot_s).floor() as usize).min(n_slots - 1);
+            let key = (r, v.iter().map(|x| x.0).collect::<Vec<_>>());
+            let g = acc.entry(key).or_insert_with(|| (r, 0.0, 0.0, 0.0, vec![(f64::INFINITY, Vec::new()); v.len()]));
+            g.1 += work;
+            g.2 += gpus;
+            g.3 += gpus * ((((r + 1) as f64 * slot_s).min(horizon_s) - submit).max(0.0) / 3600.0);
+            for (slot, &(_, price, charge)) in g.4.iter_mut().zip(v) {
+                slot.0 = slot.0.min(price);
+                slot.1.push((charge, *work));
+            }
+        }
+        let groups: Vec<Group> = acc
+            .into_iter()
+            .map(|((_, ks), (release, work_h, gpus, first_slot_gpu_h, per_opt))| Group {
+                release,
+                work_h,
+                gpus,
+                first_slot_gpu_h,
+                opts: ks
+                    .into_iter()
+                    .zip(per_opt)
+                    .map(|(k, (price, cw))| GroupOpt { k, price, segs: segments(cw) })
+                    .collect(),
+            })
+            .collect();
+        let vars: usize = groups.iter().map(|g| g.opts.len() * (n_slots - g.release)).sum();
+        // (the few segment variables, at most MAX_SEGMENTS per group and option,
+        // are not counted: they do not grow with the slots)
+        if vars <= max_vars || slot_s >= horizon_s {
+            return Ok(Built { opts, groups, n_slots, slot_s, horizon_s });
+        }
+        slot_s *= 2.0;
+    }
+}
+
+/// Solves the cost LP. `Err` with the reason when it cannot (no option for a job,
 /// infeasible horizon, solver failure).
 pub fn lp_bound<M: Model>(
     model: &mut M,
@@ -71,62 +263,60 @@ pub fn lp_bound<M: Model>(
     horizon_s: f64,
     max_vars: usize,
 ) -> Result<LpBound, String> {
-    if jobs.is_empty() || !(horizon_s.is_finite() && horizon_s > 0.0) {
-        return Err("no jobs or no horizon".into());
+    let b = build(model, jobs, horizon_s, max_vars)?;
+    let s = solve(&b, model, spot, None)?;
+    Ok(LpBound {
+        usd: s.usd,
+        slot_hours: b.slot_s / 3600.0,
+        horizon_hours: b.horizon_s / 3600.0,
+        groups: b.groups.len(),
+        variables: s.variables,
+        constraints: s.constraints,
+        spend: s.spend,
+        one_off_usd: s.usd - s.price_usd,
+    })
+}
+
+/// Solves the carbon LP: the least kgCO2 of any schedule that finishes by
+/// `horizon_s` and whose cost (as the cost LP counts it, a lower bound of what it
+/// pays) is at most `usd_cap`.
+pub fn carbon_bound<M: Model>(
+    model: &mut M,
+    jobs: &[SimJob],
+    spot: &[SpotTrace],
+    horizon_s: f64,
+    max_vars: usize,
+    usd_cap: f64,
+) -> Result<CarbonBound, String> {
+    if !(usd_cap.is_finite() && usd_cap > 0.0) {
+        return Err("no cost budget".into());
     }
-    // Options: (cluster, pool, spot) with speed and price, indexed.
-    let mut opt_index: BTreeMap<(usize, usize, bool), usize> = BTreeMap::new();
-    let mut opt_info: Vec<(usize, usize, bool, f64, f64)> = Vec::new(); // cluster, pool, spot, price, speed
-                                                                        // Per job: release time, work (reference GPU-hours), options with cost per work.
-    let mut per_job: Vec<JobOptions> = Vec::with_capacity(jobs.len());
-    for j in jobs {
-        let offers = model.options(j);
-        if offers.is_empty() {
-            return Err(format!("job {} has no feasible option", j.id));
-        }
-        let work_h = j.duration_s * j.gpus as f64 / 3600.0;
-        let mut v = Vec::with_capacity(offers.len());
-        for o in offers {
-            let key = (o.cluster, o.pool, o.spot);
-            let k = *opt_index.entry(key).or_insert_with(|| {
-                opt_info.push((o.cluster, o.pool, o.spot, o.usd_per_gpu_hour, o.speed.max(1e-9)));
-                opt_info.len() - 1
-            });
-            // Setup (cloud provisioning) is billed at every start on a pool; a job
-            // doing a share φ ≤ 1 of its work on an option started there at least
-            // once, so φ × one setup is a valid charge per unit of work.
-            let setup_usd = o.usd_per_gpu_hour * j.gpus as f64 * o.setup_s.max(0.0) / 3600.0;
-            let per_work = o.usd_per_gpu_hour / o.speed.max(1e-9) + (o.egress_usd + setup_usd) / work_h.max(1e-9);
-            v.push((k, per_work));
-        }
-        v.sort_by_key(|x| x.0);
-        v.dedup_by_key(|x| x.0);
-        per_job.push((j.submit_s, work_h, v));
-    }
-    // Pick the slot length: 6 h, doubled until the LP is small enough.
-    let mut slot_s = 6.0 * 3600.0;
-    let (groups, n_slots) = loop {
-        let n_slots = (horizon_s / slot_s).ceil().max(1.0) as usize;
-        let mut groups: BTreeMap<(usize, Vec<usize>), Group> = BTreeMap::new();
-        for (submit, work, opts) in &per_job {
-            let r = ((submit / slot_s).floor() as usize).min(n_slots - 1);
-            let key = (r, opts.iter().map(|x| x.0).collect::<Vec<_>>());
-            let g = groups.entry(key).or_insert_with(|| Group {
-                release: r,
-                opts: opts.iter().map(|&(k, _)| (k, f64::INFINITY)).collect(),
-                work_h: 0.0,
-            });
-            g.work_h += work;
-            for (slot, &(_, c)) in g.opts.iter_mut().zip(opts) {
-                slot.1 = slot.1.min(c);
-            }
-        }
-        let vars: usize = groups.values().map(|g| g.opts.len() * (n_slots - g.release)).sum();
-        if vars <= max_vars || slot_s >= horizon_s {
-            break (groups, n_slots);
-        }
-        slot_s *= 2.0;
-    };
+    let b = build(model, jobs, horizon_s, max_vars)?;
+    let s = solve(&b, model, spot, Some(usd_cap))?;
+    Ok(CarbonBound {
+        usd_cap,
+        kg_co2: s.kg,
+        usd: s.usd,
+        spend: s.spend,
+        slot_hours: b.slot_s / 3600.0,
+        horizon_hours: b.horizon_s / 3600.0,
+        variables: s.variables,
+        constraints: s.constraints,
+    })
+}
+
+struct Solved {
+    usd: f64,
+    /// USD of GPU-hours at their price (the rest of `usd` is one-off charges).
+    price_usd: f64,
+    spend: BTreeMap<String, (f64, f64)>,
+    kg: f64,
+    variables: usize,
+    constraints: usize,
+}
+
+fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], usd_cap: Option<f64>) -> Result<Solved, String> {
+    let (slot_s, horizon_s, n_slots) = (b.slot_s, b.horizon_s, b.n_slots);
     let clusters = model.clusters().to_vec();
     let slot_len_h = |t: usize| ((horizon_s - t as f64 * slot_s).min(slot_s)).max(0.0) / 3600.0;
     // Mean spot fraction of a pool in slot t.
@@ -134,8 +324,8 @@ pub fn lp_bound<M: Model>(
         let pool = &clusters[c].pools[p];
         match pool.spot_trace.and_then(|i| spot.get(i)) {
             Some(tr) => {
-                let (a, b) = (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
-                let n = ((b - a) / tr.gap_s).ceil().max(1.0) as usize;
+                let (a, e) = (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
+                let n = ((e - a) / tr.gap_s).ceil().max(1.0) as usize;
                 (0..n).map(|i| tr.fraction_at(a + i as f64 * tr.gap_s)).sum::<f64>() / n as f64
             }
             None if pool.sells_spot => 1.0,
@@ -143,61 +333,124 @@ pub fn lp_bound<M: Model>(
         }
     };
     let mut vars = ProblemVariables::new();
-    let mut objective = Expression::default();
-    // Per (option, slot): the variables using it.
+    let mut cost = Expression::default();
     let mut by_opt_slot: BTreeMap<(usize, usize), Vec<Variable>> = BTreeMap::new();
-    let mut demand: Vec<(Expression, f64)> = Vec::with_capacity(groups.len());
+    let mut rows: Vec<(Expression, f64, bool)> = Vec::new(); // (lhs, rhs, equality)
     let mut n_vars = 0;
-    for g in groups.values() {
+    let mut priced: Vec<(usize, f64, Variable)> = Vec::new();
+    for g in &b.groups {
         let mut done = Expression::default();
-        for &(k, per_work) in &g.opts {
-            let speed = opt_info[k].4;
+        // the group's GPU-hours per slot, all options
+        let mut per_slot: Vec<Expression> = (g.release..n_slots).map(|_| Expression::default()).collect();
+        for o in &g.opts {
+            let speed = b.opts[o.k].speed;
+            let base = o.segs.first().map(|s| s.0).unwrap_or(0.0);
+            let mut on_o = Expression::default();
             for t in g.release..n_slots {
                 let x = vars.add(variable().min(0.0));
                 n_vars += 1;
-                objective += per_work * speed * x;
+                // price per GPU-hour + the cheapest one-off charge per unit of work
+                cost += (o.price + base * speed) * x;
                 done += speed * x;
-                by_opt_slot.entry((k, t)).or_default().push(x);
+                on_o += speed * x;
+                per_slot[t - g.release] += x;
+                by_opt_slot.entry((o.k, t)).or_default().push(x);
+                priced.push((o.k, o.price, x));
+            }
+            if o.segs.len() > 1 {
+                // work on o ≤ Σ segments, each at its extra charge above the cheapest
+                let mut cover = Expression::default();
+                for &(slope, cap) in &o.segs {
+                    let s = vars.add(variable().min(0.0).max(cap));
+                    n_vars += 1;
+                    cost += (slope - base) * s;
+                    cover += s;
+                }
+                rows.push((on_o - cover, 0.0, false));
             }
         }
-        demand.push((done, g.work_h));
-    }
-    let mut problem = vars.minimise(objective.clone()).using(good_lp::microlp);
-    let mut n_cons = 0;
-    for (done, w) in demand {
-        problem = problem.with(constraint!(done == w));
-        n_cons += 1;
+        rows.push((done, g.work_h, true));
+        // A job runs on its own GPUs, never more at once, and not before its
+        // submission: its GPU-hours in a slot are at most its GPUs × the part of
+        // the slot after its submission.
+        for (i, e) in per_slot.into_iter().enumerate() {
+            let t = g.release + i;
+            let cap = if i == 0 { g.first_slot_gpu_h } else { g.gpus * slot_len_h(t) };
+            rows.push((e, cap, false));
+        }
     }
     // Capacity per pool and slot (all pricings), and spot per pool and slot.
     let mut pool_slot: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> = BTreeMap::new();
     for (&(k, t), xs) in &by_opt_slot {
-        let (c, p, is_spot, _, _) = opt_info[k];
-        let e = pool_slot.entry((c, p, t)).or_insert_with(|| (Expression::default(), Expression::default(), false));
+        let o = b.opts[k];
+        let e = pool_slot
+            .entry((o.cluster, o.pool, t))
+            .or_insert_with(|| (Expression::default(), Expression::default(), false));
         for &x in xs {
             e.0 += x;
-            if is_spot {
+            if o.spot {
                 e.1 += x;
                 e.2 = true;
             }
         }
     }
+    let mut kg = Expression::default();
     for ((c, p, t), (all, spot_e, has_spot)) in pool_slot {
         let cap = clusters[c].pools[p].gpus as f64 * slot_len_h(t);
-        problem = problem.with(constraint!(all <= cap));
-        n_cons += 1;
         if has_spot {
-            let sc = spot_frac(c, p, t) * cap;
-            problem = problem.with(constraint!(spot_e <= sc));
-            n_cons += 1;
+            rows.push((spot_e, spot_frac(c, p, t) * cap, false));
+        }
+        if usd_cap.is_some() {
+            // GPU-hours of the slot at its cleanest quarter-hours first.
+            let (a, e) = (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
+            let n = ((e - a) / 900.0).ceil().max(1.0) as usize;
+            let mut q: Vec<(f64, f64)> = (0..n)
+                .map(|i| {
+                    let (q0, q1) = (a + i as f64 * 900.0, (a + (i + 1) as f64 * 900.0).min(e));
+                    let h = (q1 - q0).max(0.0) / 3600.0;
+                    let per = if h > 0.0 { model.kg_co2(c, p, 1, q0, q1) / h } else { 0.0 };
+                    (per, h)
+                })
+                .collect();
+            q.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let per_seg = q.len().div_ceil(CARBON_SEGMENTS).max(1);
+            let gpus = clusters[c].pools[p].gpus as f64;
+            let mut cover = Expression::default();
+            for chunk in q.chunks(per_seg) {
+                let hours: f64 = chunk.iter().map(|x| x.1).sum();
+                let z = vars.add(variable().min(0.0).max(gpus * hours));
+                n_vars += 1;
+                kg += chunk[0].0 * z;
+                cover += z;
+            }
+            rows.push((all - cover, 0.0, false));
+        } else {
+            rows.push((all, cap, false));
         }
     }
+    let objective = if usd_cap.is_some() { kg.clone() } else { cost.clone() };
+    let mut problem = vars.minimise(objective).using(good_lp::microlp);
+    let n_cons = rows.len() + usize::from(usd_cap.is_some());
+    for (lhs, rhs, eq) in rows {
+        problem = if eq { problem.with(constraint!(lhs == rhs)) } else { problem.with(constraint!(lhs <= rhs)) };
+    }
+    if let Some(u) = usd_cap {
+        problem = problem.with(constraint!(cost.clone() <= u));
+    }
     let sol = problem.solve().map_err(|e| format!("LP: {e}"))?;
-    Ok(LpBound {
-        usd: sol.eval(&objective),
-        slot_hours: slot_s / 3600.0,
-        horizon_hours: horizon_s / 3600.0,
-        groups: groups.len(),
-        variables: n_vars,
-        constraints: n_cons,
-    })
+    let mut spend: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    let mut price_usd = 0.0;
+    for (k, price, x) in priced {
+        let v = sol.value(x);
+        if v > 1e-9 {
+            let o = b.opts[k];
+            let c = &clusters[o.cluster];
+            let key = format!("{}/{} {}", c.name, c.pools[o.pool].name, if o.spot { "spot" } else { "std" });
+            let e = spend.entry(key).or_default();
+            e.0 += v;
+            e.1 += v * price;
+            price_usd += v * price;
+        }
+    }
+    Ok(Solved { usd: sol.eval(&cost), price_usd, spend, kg: sol.eval(&kg), variables: n_vars, constraints: n_cons })
 }
