@@ -997,7 +997,13 @@ fn command(
     switch: bool,
     ids: &Ids,
 ) -> std::io::Result<tokio::process::Command> {
-    let log = std::fs::File::create(log)?;
+    let log_path = log;
+    let log = std::fs::File::create(log_path)?;
+    if switch {
+        // The container's own stream: its processes may reopen it
+        // (`/proc/<pid>/fd/2`), as they may a real container's stdout pipe.
+        std::os::unix::fs::chown(log_path, Some(ids.uid), Some(ids.gid))?;
+    }
     let mut cmd = tokio::process::Command::new(&program[0]);
     cmd.args(&program[1..])
         .env_clear()

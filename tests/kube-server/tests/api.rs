@@ -288,7 +288,8 @@ async fn init_containers_run_first_and_share_empty_dirs() {
     spec["initContainers"] = json!([{"name": "copy", "image": "busybox",
         "command": ["/bin/bash", "-c", "echo from-init > \"$1/hello\"", "sh", "/fleet/bin"],
         "volumeMounts": [{"name": "bin", "mountPath": "/fleet/bin"}]}]);
-    spec["containers"][0]["command"] = json!(["/bin/bash", "-c", "cat \"$1/hello\"; echo main-ran", "sh", "/shared/tool"]);
+    spec["containers"][0]["command"] =
+        json!(["/bin/bash", "-c", "cat \"$1/hello\"; echo main-ran", "sh", "/shared/tool"]);
     spec["containers"][0]["volumeMounts"] = json!([{"name": "bin", "mountPath": "/shared/tool", "readOnly": true}]);
     assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
     until_job(&s, "init", "Complete").await;
