@@ -580,6 +580,9 @@ fn copies(fid: &str) -> std::collections::BTreeSet<String> {
     out
 }
 
+/// One sample: time since the kill, the clusters running the job.
+type Sample = (Duration, std::collections::BTreeSet<String>);
+
 /// kube-gamma's agent dies while an H100 pod runs there (its API server,
 /// and so the pod, live on): the meta-scheduler fails the job over to
 /// alpha, and the pod, whose in-job lease the meta-scheduler no longer
@@ -627,7 +630,7 @@ fn a_pod_whose_agent_died_stops_itself_while_its_job_moves() {
     assert_eq!(pod["containers"][0]["command"][1], "lease-exec", "{pod}");
     assert_eq!(pod["shareProcessNamespace"], true, "{pod}");
     let token = fleet_api::auth::ckpt_token(
-        &std::fs::read_to_string(lab.root.join("secrets/kube-gamma.token")).unwrap().trim().to_string(),
+        std::fs::read_to_string(lab.root.join("secrets/kube-gamma.token")).unwrap().trim(),
         &fid,
     );
     assert!(!job.to_string().contains(&token), "the lease credential is in the Job");
@@ -637,7 +640,7 @@ fn a_pod_whose_agent_died_stops_itself_while_its_job_moves() {
     assert!(alpha_is(lab, "healthy"), "alpha is back before kube-gamma's agent dies");
 
     let stop = Arc::new(AtomicBool::new(false));
-    let samples: Arc<Mutex<Vec<(Duration, std::collections::BTreeSet<String>)>>> = Arc::default();
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let t_kill = Instant::now();
     let sampler = {
         let (st, sa, fid) = (stop.clone(), samples.clone(), fid.clone());
