@@ -9,7 +9,8 @@
 //! namespace, and the agent's token is forbidden elsewhere; a job that
 //! checkpoints at kube-gamma (token from a read-only Secret, the region's
 //! own store) resumes at alpha when kube-gamma's agent dies, and the agent,
-//! back, deletes the stale Job.
+//! back, deletes the stale Job; a pod whose agent died stops itself by its
+//! in-job lease before its job moves (never two running copies).
 //!
 //! The lab must have kube-gamma (`FLEET_LAB_KUBE=1`, what `make test` and
 //! the harness use): without it these tests fail, they do not skip.
@@ -513,11 +514,20 @@ echo end"#,
     // The stale Job still exists at kube-gamma: nobody there could delete it.
     assert!(kube_job(lab, &stale).is_some(), "the Job was deleted with no agent at kube-gamma?");
 
-    // The agent returns: it deletes the stale Job (epoch 1) before anything else.
+    // Its pod stopped itself by its in-job lease before the move: the Job
+    // has failed (no pod runs). The agent returns: its fencing pass drops
+    // the stale run (epoch 1) unreported, deleting the Job if it still ran.
+    let ended = |j: &serde_json::Value| {
+        j["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Failed" && c["status"] == "True")
+    };
     let t_back = Instant::now();
     assert!(lab.lab_sh(&["start-agent", KUBE]).unwrap().status.success());
-    wait_until("the stale Job is deleted", Duration::from_secs(30), || {
-        kube_job(lab, &stale).is_none() && kube_pods(lab, &stale).is_empty()
+    wait_until("the stale Job has ended or is deleted", Duration::from_secs(30), || {
+        kube_job(lab, &stale).is_none_or(|j| ended(&j))
     });
     let fenced = t_back.elapsed();
 
@@ -529,7 +539,7 @@ echo end"#,
     assert!(all.ends_with("end\n"), "{all}");
     eprintln!(
         "[figure] kube-gamma's agent killed -> resumed at alpha from step {at} after {resumed:.2?} (grace and copy \
-         lab-central -> lab-east included); kube-gamma's agent back -> stale Job {stale} deleted in {fenced:.2?}"
+         lab-central -> lab-east included); kube-gamma's agent back -> stale Job {stale} ended or deleted {fenced:.2?} later"
     );
 }
 
@@ -542,4 +552,156 @@ fn alpha_is(lab: &Lab, want: &str) -> bool {
         std::thread::sleep(Duration::from_millis(200));
     }
     true
+}
+
+/// The clusters where a process of fleet job `fid` runs now: every process
+/// with `FLEET_JOB_ID=<fid>` in its environment (the lab's clusters and
+/// kube-gamma's pods share this host), by its `SLURM_CLUSTER_NAME`; the
+/// lease helper (`fleet-ckpt`) is not the job.
+fn copies(fid: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let want = format!("FLEET_JOB_ID={fid}");
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        if std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "fleet-ckpt") {
+            continue;
+        }
+        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
+        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+        if !vars.contains(&want.as_bytes()) {
+            continue;
+        }
+        if let Some(c) = vars.iter().find_map(|v| v.strip_prefix(b"SLURM_CLUSTER_NAME=")) {
+            out.insert(String::from_utf8_lossy(c).into_owned());
+        }
+    }
+    out
+}
+
+/// One sample: time since the kill, the clusters running the job.
+type Sample = (Duration, std::collections::BTreeSet<String>);
+
+/// kube-gamma's agent dies while an H100 pod runs there (its API server,
+/// and so the pod, live on): the meta-scheduler fails the job over to
+/// alpha, and the pod, whose in-job lease the meta-scheduler no longer
+/// renews in full, stops itself before that. Both clusters' processes are
+/// sampled every 100 ms: never two running copies.
+#[test]
+fn a_pod_whose_agent_died_stops_itself_while_its_job_moves() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.lab_sh(&["revive"]);
+    });
+    let dir = lab.workdir("kube-lease");
+    let out = dir.join("out.txt");
+    const STEPS: u32 = 60;
+    let body = format!(
+        "#FLEET interruptible\nfor i in $(seq 1 {STEPS}); do echo \"step $i at $SLURM_CLUSTER_NAME\"; sleep 1; done\necho end"
+    );
+    // alpha is silent while the job is placed, so that kube-gamma (dearer) takes it.
+    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
+    wait_until("alpha seen silent", Duration::from_secs(30), || health(lab, "alpha") != "healthy");
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:1", "--fleet-to=kube-gamma,alpha", "--open-mode=append", &out_arg(&dir, "out.txt")],
+            &script(&body),
+        )
+        .unwrap();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let name = format!("fleet-{rid}");
+    assert!(lab.lab_sh(&["start-agent", "alpha"]).unwrap().status.success());
+    wait_file(&out, T, |b| String::from_utf8_lossy(b).contains(&format!("step 3 at {KUBE}"))).unwrap();
+    let fid = fleet_job_of(lab, id).unwrap();
+    // The pod runs under its lease: the helper from an init container, the
+    // credential only in the run's Secret.
+    let job = kube_job(lab, &name).expect("the Job");
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["initContainers"][0]["name"], "fleet-lease-helper", "{pod}");
+    assert_eq!(pod["containers"][0]["command"][1], "lease-exec", "{pod}");
+    assert_eq!(pod["shareProcessNamespace"], true, "{pod}");
+    let token = fleet_api::auth::ckpt_token(
+        std::fs::read_to_string(lab.root.join("secrets/kube-gamma.token")).unwrap().trim(),
+        &fid,
+    );
+    assert!(!job.to_string().contains(&token), "the lease credential is in the Job");
+    let (ok, cm, _) = lab.kubectl(&["get", "configmap", &format!("{name}-script"), "-n", KUBE_NAMESPACE, "-o", "json"]);
+    assert!(ok && !cm.contains(&token), "the lease credential is in the script's ConfigMap");
+    assert!(copies(&fid).contains(KUBE), "the pod's process is seen: {:?}", copies(&fid));
+    assert!(alpha_is(lab, "healthy"), "alpha is back before kube-gamma's agent dies");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let t_kill = Instant::now();
+    let sampler = {
+        let (st, sa, fid) = (stop.clone(), samples.clone(), fid.clone());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let c = copies(&fid);
+                sa.lock().unwrap().push((t_kill.elapsed(), c));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    assert!(lab.lab_sh(&["stop-agent", KUBE]).unwrap().status.success());
+    // The pod stops itself: its Job fails at kube-gamma with nobody to delete it.
+    let mut stopped = None;
+    let mut moved = None;
+    let t0 = Instant::now();
+    while stopped.is_none() || moved.is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(90), "stopped {stopped:?} moved {moved:?}");
+        if stopped.is_none() && !copies(&fid).contains(KUBE) {
+            stopped = Some(t_kill.elapsed());
+        }
+        let rec = fleet_record(lab, id).unwrap_or_default();
+        if moved.is_none() && rec["epoch"].as_u64() == Some(2) {
+            moved = Some(t_kill.elapsed());
+            assert_eq!(rec["target"].as_str(), Some("alpha"), "{rec}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (stopped, moved) = (stopped.unwrap(), moved.unwrap());
+    assert!(stopped < moved, "the pod stopped at {stopped:?}, after the move at {moved:?}");
+    wait_file(&out, T, |b| String::from_utf8_lossy(b).contains("step 3 at alpha")).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let samples = samples.lock().unwrap().clone();
+    let both: Vec<_> = samples.iter().filter(|(_, c)| c.len() > 1).collect();
+    assert!(both.is_empty(), "two copies at once: {both:?}");
+    assert!(samples.iter().any(|(_, c)| c.contains(KUBE)) && samples.iter().any(|(_, c)| c.contains("alpha")));
+    let job = kube_job(lab, &name).expect("the stale Job is still there: its agent is dead");
+    let failed = job["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Failed" && c["status"] == "True");
+    assert!(failed, "the pod stopped itself, so its Job failed: {}", job["status"]);
+    let (ok, log, err) = lab.kubectl(&["logs", &kube_pods(lab, &name)[0], "-n", KUBE_NAMESPACE]);
+    assert!(ok, "{err}");
+    assert!(log.contains(&format!("fleet: stopping this run of job {fid} at this cluster: ")), "{log}");
+
+    // The agent returns: its fencing pass drops the stale run unreported
+    // (its Job has ended: Kubernetes collects it after its TTL); the job
+    // ends once, at alpha.
+    assert!(lab.lab_sh(&["start-agent", KUBE]).unwrap().status.success());
+    let done = lab.wait_done("beta", id, Duration::from_secs(150)).unwrap();
+    assert_eq!(done["ExitCode"], "0:0", "{done:?}");
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((rec["target"].as_str(), rec["epoch"].as_u64()), (Some("alpha"), Some(2)), "{rec}");
+    let all = String::from_utf8_lossy(&std::fs::read(&out).unwrap()).into_owned();
+    assert!(all.ends_with(&format!("step {STEPS} at alpha\nend\n")), "{all}");
+    eprintln!(
+        "[figure] kube-gamma's agent killed -> its pod stopped itself after {stopped:.2?}, the job moved to alpha after \
+         {moved:.2?}; 0 of {} samples saw two copies",
+        samples.len()
+    );
 }

@@ -1086,7 +1086,12 @@ KubeConfig=$d/agent.kubeconfig
 KubeNamespace=fleet
 KubeAccountNamespaces=lab:fleet,vision:team-vision
 KubeImage=ubuntu:24.04
-$([[ $S3 == 1 ]] && printf 'CkptStores=%s\nCkptHelper=%s\n' "$R/ckpt-stores.toml" "$R/bin/fleet-ckpt" || true)
+# The pods' in-job lease: the double runs the init container's command on
+# this host (its image is only a name), so CkptHelper is the lab's binary.
+KubeHelperImage=fleet-lab/fleet-ckpt:lab
+JobLeaseMs=$((LAB_JOB_LEASE_S * 1000))
+CkptHelper=$R/bin/fleet-ckpt
+$([[ $S3 == 1 ]] && printf 'CkptStores=%s\n' "$R/ckpt-stores.toml" || true)
 EOF
   chmod 0644 "$d/fleet.conf"
 }

@@ -513,6 +513,17 @@ pub struct StatusUpdate {
     /// ending it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub died: Option<String>,
+    /// The run was submitted under its in-job lease (`fleet-ckpt
+    /// lease-exec`): the first thing its script does is ask for a lease, so
+    /// a run that reports running for long without ever asking never
+    /// started (`[health] first_lease_s`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub job_lease: bool,
+    /// `died` says the run's in-job lease stopped it (its watchdog's note,
+    /// which the job itself could have written): the meta-scheduler
+    /// believes it only when no lease it granted still covered the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lease_stopped: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

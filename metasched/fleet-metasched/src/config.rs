@@ -223,6 +223,13 @@ pub struct HealthConfig {
     /// move of its job (default 5): the watchdog's kill and its slack.
     #[serde(default = "default_job_lease_margin")]
     pub job_lease_margin_s: f64,
+    /// Seconds a run under its in-job lease may report running without
+    /// ever asking for its first lease before it counts as dead: its
+    /// script never started (a launch Slurm lost while reporting the job
+    /// running). Default: 3 × `job_lease_s`; 0: off. At least
+    /// `job_lease_s` (a run tries for a whole lease before it gives up).
+    #[serde(default)]
+    pub first_lease_s: Option<f64>,
 }
 
 impl Default for HealthConfig {
@@ -234,6 +241,7 @@ impl Default for HealthConfig {
             max_migrations: default_max_migrations(),
             job_lease_s: default_job_lease(),
             job_lease_margin_s: default_job_lease_margin(),
+            first_lease_s: None,
         }
     }
 }
@@ -272,6 +280,9 @@ pub struct Health {
     /// `[health] job_lease_s` (0: off) and its margin.
     pub job_lease_s: f64,
     pub job_lease_margin_s: f64,
+    /// `[health] first_lease_s` resolved (0: off): a run under its lease
+    /// that reports running this long without asking for one died.
+    pub first_lease_s: f64,
 }
 
 /// `[tls]`: PEM files of the server certificate (chain) and its private key.
@@ -464,6 +475,7 @@ impl Config {
                 max_migrations: h.max_migrations,
                 job_lease_s: h.job_lease_s,
                 job_lease_margin_s: h.job_lease_margin_s,
+                first_lease_s: h.first_lease_s.unwrap_or(3.0 * h.job_lease_s),
             },
             None => Health {
                 degraded_after_s: self.heartbeat_timeout_s,
@@ -471,6 +483,7 @@ impl Config {
                 max_migrations: default_max_migrations(),
                 job_lease_s: default_job_lease(),
                 job_lease_margin_s: default_job_lease_margin(),
+                first_lease_s: 3.0 * default_job_lease(),
             },
         }
     }
@@ -570,6 +583,15 @@ impl Config {
             }
             if !(h.job_lease_margin_s.is_finite() && (1.0..=600.0).contains(&h.job_lease_margin_s)) {
                 return Err(ConfigError::Invalid("[health] job_lease_margin_s must be in [1, 600]".into()));
+            }
+            if let Some(f) = h.first_lease_s {
+                let ok = f.is_finite() && (f == 0.0 || (f >= h.job_lease_s && f <= 86_400.0));
+                if !ok {
+                    return Err(ConfigError::Invalid(format!(
+                        "[health] first_lease_s = {f} must be 0 (off) or in [job_lease_s ({}), 86400]: a run asks for its first lease for up to a whole lease",
+                        h.job_lease_s
+                    )));
+                }
             }
         }
         // A silent cluster's jobs move only after every job lease a run
@@ -851,6 +873,19 @@ mod tests {
         );
         check(&format!("{BASE}[health]\njob_lease_s = -1\n"), Err("job_lease_s must be in [0, 3600]"));
         check(&format!("{BASE}[health]\njob_lease_margin_s = 0\n"), Err("job_lease_margin_s must be in [1, 600]"));
+        check(
+            &format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 4\nfirst_lease_s = 0\n"),
+            Ok(""),
+        );
+        check(
+            &format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 4\nfirst_lease_s = 24\n"),
+            Ok(""),
+        );
+        check(
+            &format!("{BASE}[health]\ngrace_s = 10\njob_lease_s = 8\njob_lease_margin_s = 4\nfirst_lease_s = 5\n"),
+            Err("first_lease_s = 5 must be 0 (off) or in [job_lease_s (8), 86400]"),
+        );
+        check(&format!("{BASE}[health]\nfirst_lease_s = nan\n"), Err("first_lease_s"));
         check(&format!("{BASE}[health]\njob_lease_margin_s = nan\n"), Err("job_lease_margin_s must be in [1, 600]"));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 60\nmargin_usd = 1\nmargin_frac = 0\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be in [1, 86400]"));

@@ -444,6 +444,34 @@ fn died(life: &Life, mut next: Life, resumable: bool) -> Outcome {
     ok(next, vec![Effect::FailUnresumable])
 }
 
+/// What the meta-scheduler knows of the current run's in-job lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FirstLease {
+    /// Its target submitted it under `fleet-ckpt lease-exec` (the report's
+    /// `job_lease`): the first thing it does is ask for a lease.
+    pub under_lease: bool,
+    /// It asked for (and got) a lease in this epoch.
+    pub asked: bool,
+    /// Seconds since its target first reported it running (`None`: never).
+    pub running_for_s: Option<f64>,
+}
+
+/// A run that never started although its target reports it running: it
+/// runs under its in-job lease, has reported running for `limit_s` (> 0)
+/// and never asked for its lease (Slurm lost the launch and keeps the job
+/// RUNNING with no process). The store then treats it as died in its
+/// epoch ([`Event::Died`]): moved when resumable, failed otherwise.
+/// A job being moved or cancelled is left to that path.
+pub fn launch_lost(life: &Life, f: FirstLease, limit_s: f64) -> bool {
+    life.state == JobState::Running
+        && life.moving == Moving::No
+        && !life.cancel_requested
+        && f.under_lease
+        && !f.asked
+        && limit_s > 0.0
+        && f.running_for_s.is_some_and(|t| t >= limit_s)
+}
+
 /// A signal reaches a job only where Slurm runs it (or holds it pending):
 /// the target's agent delivers it with `scancel --signal`.
 fn signal(life: &Life) -> Outcome {
@@ -1001,5 +1029,34 @@ mod tests {
         for s in [S::Completed, S::Failed, S::Cancelled, S::Lost] {
             check(at(s, true), Event::Signal, at(s, true), &[], &format!("already {s}; there is nothing to signal"));
         }
+    }
+
+    #[test]
+    fn a_run_that_never_asks_for_its_lease_never_started() {
+        // (state, moving, cancel requested, under lease, asked, running for) -> lost
+        let running = Life { state: JobState::Running, submitted: true, epoch: 2, ..Life::default() };
+        let lease = |under_lease, asked, running_for_s| FirstLease { under_lease, asked, running_for_s };
+        let cases: &[(Life, FirstLease, bool)] = &[
+            (running.clone(), lease(true, false, Some(24.0)), true),
+            (running.clone(), lease(true, false, Some(90.0)), true),
+            (running.clone(), lease(true, false, Some(23.9)), false),
+            (running.clone(), lease(true, false, None), false),
+            (running.clone(), lease(true, true, Some(90.0)), false),
+            (running.clone(), lease(false, false, Some(90.0)), false),
+            (Life { state: JobState::Pending, ..running.clone() }, lease(true, false, Some(90.0)), false),
+            (Life { state: JobState::Completed, ..running.clone() }, lease(true, false, Some(90.0)), false),
+            (Life { moving: Moving::Stopping, ..running.clone() }, lease(true, false, Some(90.0)), false),
+            (Life { cancel_requested: true, ..running.clone() }, lease(true, false, Some(90.0)), false),
+        ];
+        for (life, f, want) in cases {
+            assert_eq!(launch_lost(life, *f, 24.0), *want, "{life:?} {f:?}");
+        }
+        assert!(!launch_lost(&running, lease(true, false, Some(1e9)), 0.0), "first_lease_s = 0: off");
+        // Then the ordinary dead-run path, in the run's epoch: moved when
+        // resumable, failed with the reason otherwise.
+        let o = transition(&running, &Event::Died { resumable: true, epoch: Some(2) });
+        assert_eq!((o.life.state, o.effects.clone()), (JobState::Queued, vec![Effect::Migrate, Effect::Place]));
+        let o = transition(&running, &Event::Died { resumable: false, epoch: Some(2) });
+        assert_eq!((o.life.state, o.effects.clone()), (JobState::Failed, vec![Effect::FailUnresumable]));
     }
 }

@@ -5,7 +5,7 @@
 //! `spawn_blocking` with the store behind one `parking_lot::Mutex` (see
 //! `lib.rs` for why).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ClusterConfig, Health};
 use crate::feeds::Feeds;
-use crate::lifecycle::{transition, Effect, Event, Life, Moving, Reply};
+use crate::lifecycle::{self, transition, Effect, Event, Life, Moving, Reply};
 use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
@@ -168,6 +168,18 @@ pub struct Job {
     /// The last planned move's figures (decision, checkpoint, running again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_move: Option<moves::MoveFigures>,
+    /// The epoch whose run its target reported submitted under its in-job
+    /// lease (`StatusUpdate.job_lease`; 0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lease_run_epoch: u64,
+    /// The epoch whose run last asked for (and got) its first in-job lease
+    /// (0: none). Reset by a requeue at the target (a new launch).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub leased_epoch: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// `GET /v1/jobs/{id}/explain`: why the job is (or would be) where it is.
@@ -367,7 +379,19 @@ pub struct Store {
     ranker: Option<Arc<Ranker>>,
     wakers: Arc<Wakers>,
     health: Health,
+    /// Running jobs whose run, under its in-job lease, has not asked for
+    /// one yet (`[health] first_lease_s`): filled at start from the
+    /// database, then by reports; checked by `sweep`.
+    awaiting_lease: BTreeSet<String>,
+    /// The end of the latest job lease granted to each job's run (epoch,
+    /// Unix seconds), in memory: what a run's claim that its lease stopped
+    /// it is checked against.
+    lease_until: HashMap<String, (u64, f64)>,
 }
+
+/// Seconds a granted lease may still cover a run whose claim that its
+/// lease stopped it is believed (request latency; the kill takes longer).
+const LEASE_CLAIM_SLACK_S: f64 = 1.0;
 
 /// `GET /v1/rebalance`'s reason when no engine is configured.
 pub const NO_ENGINE: &str = "no cost-engine policy configured ([placement] policy and fleet_model): rebalancing is off";
@@ -648,9 +672,17 @@ impl Store {
                 max_migrations: 3,
                 job_lease_s: 30.0,
                 job_lease_margin_s: 5.0,
+                first_lease_s: 0.0,
             },
+            awaiting_lease: BTreeSet::new(),
+            lease_until: HashMap::new(),
         };
         store.reconcile_output_lengths()?;
+        for job in store.query("SELECT data FROM jobs WHERE state = 'running' AND active = 1", [])? {
+            if Self::awaits_lease(&job) {
+                store.awaiting_lease.insert(job.record.fleet_job_id.clone());
+            }
+        }
         Ok(store)
     }
 
@@ -970,6 +1002,8 @@ impl Store {
             planned: None,
             prefer: None,
             last_move: None,
+            lease_run_epoch: 0,
+            leased_epoch: 0,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -1306,6 +1340,7 @@ impl Store {
                 self.save(&job)?;
             }
         }
+        self.lost_launches(now)?;
         // Clusters silent past their grace period: their jobs move.
         let gone: Vec<(String, f64)> = self
             .order
@@ -1323,6 +1358,50 @@ impl Store {
                 let why = format!("{cluster} has sent no heartbeat for {silent:.0} s (past its grace period)");
                 self.died(&mut job, &why, None, now)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Whether `job`'s current run is under its in-job lease and has not
+    /// asked for it yet (a candidate for [`lifecycle::launch_lost`]).
+    fn awaits_lease(job: &Job) -> bool {
+        job.record.state == JobState::Running
+            && job.lease_run_epoch == job.record.epoch
+            && job.leased_epoch != job.record.epoch
+    }
+
+    /// Runs that report running under their in-job lease but never asked
+    /// for it within `[health] first_lease_s`: their script never started
+    /// (Slurm lost the launch and keeps the job RUNNING with no process).
+    /// They died: the ordinary dead-run path (moved when resumable, failed
+    /// with the reason otherwise).
+    fn lost_launches(&mut self, now: f64) -> Result<(), StoreError> {
+        let limit = self.health.first_lease_s;
+        for id in self.awaiting_lease.clone() {
+            let Ok(mut job) = self.load(&id) else {
+                self.awaiting_lease.remove(&id);
+                continue;
+            };
+            if !Self::awaits_lease(&job) {
+                self.awaiting_lease.remove(&id);
+                continue;
+            }
+            let f = lifecycle::FirstLease {
+                under_lease: true,
+                asked: false,
+                running_for_s: job.running_since.map(|t| now - t.max(self.started_at)),
+            };
+            if !lifecycle::launch_lost(&life_of(&job), f, limit) {
+                continue;
+            }
+            self.awaiting_lease.remove(&id);
+            let target = job.record.target.clone().unwrap_or_default();
+            let why = format!(
+                "{target} has reported it running for {:.0} s, but its script never asked for its job lease: it never started there (a launch the cluster lost; [health] first_lease_s = {limit})",
+                f.running_for_s.unwrap_or(0.0)
+            );
+            let epoch = Some(job.record.epoch);
+            self.died(&mut job, &why, epoch, now)?;
         }
         Ok(())
     }
@@ -1355,6 +1434,8 @@ impl Store {
         }
         let from = job.record.target.clone().unwrap_or_default();
         let old_epoch = job.record.epoch;
+        self.lease_until.remove(&id);
+        self.awaiting_lease.remove(&id);
         set_life(job, &o.life);
         job.left.push((old_epoch, from.clone()));
         job.record.remote_job_id = None;
@@ -1623,8 +1704,34 @@ impl Store {
     ///   reporting on the job, nothing wedges.
     /// * Once the record has a `remote_job_id`, an update naming another
     ///   one is a conflict: it is about some other Slurm job.
-    pub fn status(&mut self, caller: &Caller, id: &str, upd: StatusUpdate, now: f64) -> Result<JobRecord, StoreError> {
+    pub fn status(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        mut upd: StatusUpdate,
+        now: f64,
+    ) -> Result<JobRecord, StoreError> {
         let mut job = self.load_for_target(caller, id)?;
+        if upd.died.is_some() && upd.lease_stopped {
+            // The watchdog's note lies in the run's directory, which the
+            // job may write: a run its lease stopped had no grant covering
+            // it (its watchdog counts each grant from before it was sent).
+            let epoch = upd.epoch.unwrap_or(job.record.epoch);
+            if let Some(&(e, until)) = self.lease_until.get(id) {
+                if e == epoch && until > now + LEASE_CLAIM_SLACK_S {
+                    tracing::warn!(job = id, epoch, covered_for_s = until - now,
+                        "a run claims its job lease stopped it, but a lease granted to it still covers it: taken as its own end");
+                    upd.died = None;
+                    upd.lease_stopped = false;
+                    upd.reason = format!(
+                        "{} at {} (it claimed its job lease stopped it, but its lease still held for {:.0} s)",
+                        upd.state.unwrap_or(JobState::Failed),
+                        job.record.target.as_deref().unwrap_or("?"),
+                        until - now
+                    );
+                }
+            }
+        }
         let cur = job.record.state;
         if let (Some(have), Some(got)) = (job.record.remote_job_id, upd.remote_job_id) {
             if have != got
@@ -1676,10 +1783,18 @@ impl Store {
                 Effect::Requeue => {
                     job.record.requeues = job.record.requeues.saturating_add(1);
                     job.running_since = None;
+                    // A new launch: it asks for its lease again.
+                    job.leased_epoch = 0;
                     tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
                 }
                 Effect::MarkRunning => {
                     job.running_since.get_or_insert(now);
+                    if upd.job_lease && upd.epoch.is_none_or(|e| e == job.record.epoch) {
+                        job.lease_run_epoch = job.record.epoch;
+                        if Self::awaits_lease(&job) {
+                            self.awaiting_lease.insert(id.to_string());
+                        }
+                    }
                     let here = job.record.target.clone();
                     if let Some(f) = job.last_move.as_mut().filter(|f| f.stopped_at.is_some() && f.running_at.is_none())
                     {
@@ -1729,6 +1844,10 @@ impl Store {
         }
         if changed || takes {
             self.save(&job)?;
+        }
+        if job.record.state.is_terminal() {
+            self.lease_until.remove(id);
+            self.awaiting_lease.remove(id);
         }
         reply_result(id, &o.reply)?;
         Ok(job.record)
@@ -1968,7 +2087,7 @@ impl Store {
     /// that, and are certainly dead when their jobs move, whoever else
     /// is dead there (agent, slurmctld).
     pub fn job_lease(
-        &self,
+        &mut self,
         caller: &Caller,
         id: &str,
         req: &JobLeaseRequest,
@@ -2013,11 +2132,24 @@ impl Store {
                 ..JobLeaseReply::default()
             });
         }
-        Ok(lease_grant(
+        let grant = lease_grant(
             self.health.job_lease_s,
             req.lease_ms,
             self.move_after(cluster) - self.health.job_lease_margin_s - self.silent_for(cluster, now).max(0.0),
-        ))
+        );
+        if grant.valid_ms > 0 {
+            let until = now + grant.valid_ms as f64 / 1000.0;
+            let e = self.lease_until.entry(id.to_string()).or_insert((r.epoch, until));
+            *e = if e.0 == r.epoch { (r.epoch, e.1.max(until)) } else { (r.epoch, until) };
+        }
+        if job.leased_epoch != r.epoch && grant.valid_ms > 0 {
+            // Its script started: it is no candidate for a lost launch.
+            let mut job = job;
+            job.leased_epoch = job.record.epoch;
+            self.awaiting_lease.remove(id);
+            self.save(&job)?;
+        }
+        Ok(grant)
     }
 
     /// `POST /v1/prices` (admin): keep the price table in the state

@@ -1828,6 +1828,7 @@ fn health_config(dir: &Path, grace_s: f64) -> Config {
             max_migrations: 3,
             job_lease_s: 2.0,
             job_lease_margin_s: 1.0,
+            first_lease_s: None,
         }),
         ..config(dir)
     }
@@ -2091,4 +2092,141 @@ async fn time_limits_are_queued_for_the_target_by_the_origin_agent_only_the_late
     assert_eq!(d.work("alpha").await.time_limit, []);
     let (s, v) = send_time_limit(&d, "tl", &origin, 10).await;
     assert_eq!((s, &v["terminal"]), (StatusCode::CONFLICT, &Value::Bool(true)), "{v}");
+}
+
+/// A run reported running under its in-job lease that never asks for it
+/// never started (Slurm lost the launch and shows it RUNNING): after
+/// `[health] first_lease_s` it died — moved when restartable, failed with
+/// the reason otherwise. A run that asked, or one without the lease, stays.
+#[tokio::test]
+async fn a_run_that_never_asks_for_its_first_lease_never_started() {
+    let tmp = tempfile::tempdir().unwrap();
+    // first_lease_s 20 (the clock is the wall clock moved forward: room for a slow machine).
+    let mut config = health_config(tmp.path(), 40.0);
+    if let Some(h) = config.health.as_mut() {
+        h.first_lease_s = Some(20.0);
+    }
+    let d = Daemon::start_with(tmp.path(), Clock::default(), config).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    let leased = |state| StatusUpdate { job_lease: true, ..at(state, 1) };
+    for id in ["lost", "asked", "older"] {
+        forward_restartable(&d, id).await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+    }
+    d.forward("once", "beta", "h100", 8).await;
+    assert_eq!(d.start_job("once", "beta").await.target.as_deref(), Some("alpha"));
+    for id in ["lost", "asked", "once"] {
+        assert_eq!(d.status(id, "alpha", leased(JobState::Running)).await.0, StatusCode::OK);
+    }
+    // An older agent does not say: nothing is expected of its runs.
+    assert_eq!(d.status("older", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    let ask = |id: &'static str| {
+        let d = &d;
+        async move {
+            let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+            let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+            d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth, Some(body)).await
+        }
+    };
+    let (s, v) = ask("asked").await;
+    assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{v}");
+    // 10 s: not yet.
+    for _ in 0..10 {
+        d.clock.advance(Duration::from_secs(1));
+        for (c, _) in CLUSTERS {
+            d.heartbeat(c, 16).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = d.job("lost").await;
+    assert_eq!(r.state, JobState::Running, "within first_lease_s: {}", r.reason);
+    // Past 20 s: the lost launch died at alpha.
+    for _ in 0..11 {
+        d.clock.advance(Duration::from_secs(1));
+        for (c, _) in CLUSTERS {
+            d.heartbeat(c, 16).await;
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let r = loop {
+        let r = d.job("lost").await;
+        if r.epoch == 2 {
+            break r;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "not moved: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((r.state, r.target.as_deref(), r.migrations), (JobState::Assigned, Some("gamma"), 1), "{}", r.reason);
+    assert!(r.reason.starts_with("moved off alpha (epoch 1): alpha has reported it running for "), "{}", r.reason);
+    assert!(r.reason.contains("its script never asked for its job lease: it never started there"), "{}", r.reason);
+    let err = String::from_utf8(d.read_output("lost", "beta", "stderr", 0, 1 << 20).await).unwrap();
+    assert!(err.starts_with("fleet: run 1 of job lost at alpha died (alpha has reported it running for"), "{err}");
+    // alpha's copy (if it ever runs) is stale; its lease is refused.
+    let (s, v) = ask("lost").await;
+    assert_eq!((s, v["stale"].as_bool()), (StatusCode::OK, Some(true)), "{v}");
+    // Neither checkpointed nor restartable: failed at the origin with why.
+    let r = d.job("once").await;
+    assert_eq!(r.state, JobState::Failed, "{}", r.reason);
+    assert!(
+        r.reason.contains("its script never asked for its job lease") && r.reason.contains("not restartable"),
+        "{}",
+        r.reason
+    );
+    // The run that asked, and the one without a lease, run on.
+    for id in ["asked", "older"] {
+        let r = d.job(id).await;
+        assert_eq!((r.state, r.epoch), (JobState::Running, 1), "{id}: {}", r.reason);
+    }
+    d.stop().await;
+}
+
+/// A run's claim that its in-job lease stopped it comes from a file in its
+/// own directory, which the job could write: believed (the job moves) only
+/// when no lease the meta-scheduler granted still covered the run;
+/// otherwise the run's end is its own (failed, with its exit code).
+#[tokio::test]
+async fn a_claim_that_the_lease_stopped_a_run_is_checked_against_the_grants() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    for id in ["forged", "real"] {
+        forward_restartable(&d, id).await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
+        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK);
+        let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth, Some(body)).await;
+        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{v}");
+    }
+    let claim = StatusUpdate {
+        died: Some("stopped at alpha by its job lease: its job lease ran out (2000 ms without a renewal)".into()),
+        lease_stopped: true,
+        exit_code: Some(1),
+        ..at(JobState::Failed, 1)
+    };
+    // Still covered by a grant: the job wrote the note itself; its end stands.
+    assert_eq!(d.status("forged", "alpha", claim.clone()).await.0, StatusCode::OK);
+    let r = d.job("forged").await;
+    assert_eq!((r.state, r.exit_code, r.epoch, r.migrations), (JobState::Failed, Some(1), 1, 0), "{}", r.reason);
+    assert!(r.reason.contains("it claimed its job lease stopped it, but its lease still held for 2 s"), "{}", r.reason);
+    // No grant covers it any more: it died there, the job moves.
+    d.clock.advance(Duration::from_secs(3));
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    assert_eq!(d.status("real", "alpha", claim).await.0, StatusCode::OK);
+    let r = d.job("real").await;
+    assert_eq!(
+        (r.state, r.target.as_deref(), r.epoch, r.migrations),
+        (JobState::Assigned, Some("gamma"), 2, 1),
+        "{}",
+        r.reason
+    );
+    assert!(r.reason.contains("alpha reports: stopped at alpha by its job lease"), "{}", r.reason);
+    d.stop().await;
 }

@@ -58,6 +58,7 @@ impl Fx {
             max_migrations: 3,
             job_lease_s: 0.0,
             job_lease_margin_s: 0.0,
+            first_lease_s: 0.0,
         });
         let mut fx = Fx { _dir: dir, store, now: clock.now() };
         fx.beat_all();

@@ -148,6 +148,12 @@ pub struct FleetConf {
     /// namespace a job charged to that account runs in (others: `KubeNamespace`).
     /// The agent's RBAC covers these namespaces and `KubeNamespace`, no more.
     pub kube_account_namespaces: Vec<(String, String)>,
+    /// `KubeHelperImage` (none: pods run without the in-job lease): an
+    /// image holding a statically linked `fleet-ckpt` at `CkptHelper`'s
+    /// path. Each pod's init container copies it into an emptyDir, and the
+    /// job's container runs its script under `fleet-ckpt lease-exec`
+    /// (docs/failover.md, "The in-job lease").
+    pub kube_helper_image: Option<String>,
     /// `CkptStores` (none: the `AWS_*` environment): the checkpoint stores
     /// file (docs/checkpoints.md: endpoint and credentials per bucket),
     /// used by the agent to copy a checkpoint into this region before a
@@ -182,6 +188,14 @@ fn dns_label(v: &str) -> bool {
         && v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !v.starts_with('-')
         && !v.ends_with('-')
+}
+
+/// An image reference as `KubeImage` and `KubeHelperImage` take it.
+fn image_ref(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 255
+        && !v.starts_with('-')
+        && v.chars().all(|c| c.is_ascii_alphanumeric() || "./:-_@".contains(c))
 }
 
 impl Default for FleetConf {
@@ -221,6 +235,7 @@ impl Default for FleetConf {
             kube_queue: None,
             kube_service_account: None,
             kube_account_namespaces: Vec::new(),
+            kube_helper_image: None,
             ckpt_stores: None,
             ckpt_helper: "/usr/bin/fleet-ckpt".into(),
         }
@@ -262,6 +277,7 @@ pub const KEYS: &[&str] = &[
     "KubeQueue",
     "KubeServiceAccount",
     "KubeAccountNamespaces",
+    "KubeHelperImage",
     "CkptStores",
     "CkptHelper",
 ];
@@ -411,13 +427,16 @@ impl FleetConf {
                             conf.kube_namespace = v.clone();
                         }
                         "kubeimage" => {
-                            let ok = !v.is_empty()
-                                && v.len() <= 255
-                                && v.chars().all(|c| c.is_ascii_alphanumeric() || "./:-_@".contains(c));
-                            if !ok {
+                            if !image_ref(v) {
                                 return Err(bad("expected an image reference".into()));
                             }
                             conf.kube_image = v.clone();
+                        }
+                        "kubehelperimage" => {
+                            if !image_ref(v) {
+                                return Err(bad("expected an image reference".into()));
+                            }
+                            conf.kube_helper_image = Some(v.clone());
                         }
                         "kubequeue" => {
                             if !dns_label(v) {
@@ -712,6 +731,17 @@ mod tests {
         check(
             "SiteName=a KubeImage=a;b",
             Err(&["fleet.conf:1: KubeImage=a;b: bad value; expected an image reference"]),
+        );
+        check(
+            "SiteName=g KubeHelperImage=registry.example.org/fleet/fleet-ckpt:1.4",
+            Ok((
+                FleetConf { kube_helper_image: Some("registry.example.org/fleet/fleet-ckpt:1.4".into()), ..site("g") },
+                &[],
+            )),
+        );
+        check(
+            "SiteName=a KubeHelperImage=-x",
+            Err(&["fleet.conf:1: KubeHelperImage=-x: bad value; expected an image reference"]),
         );
         check("SiteName=a KubeConfig=kc", Err(&["fleet.conf:1: KubeConfig=kc: bad value; expected an absolute path"]));
         check("Region=eu", Err(&["fleet.conf: SiteName is required (the name of this cluster)"]));

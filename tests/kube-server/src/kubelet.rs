@@ -39,6 +39,9 @@ pub struct Launch {
     pub ns: String,
     pub pod: String,
     pub uid: String,
+    /// The pod's init containers, run in order before `program`; a failed
+    /// one fails the pod.
+    pub init: Vec<Step>,
     pub program: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
@@ -53,6 +56,99 @@ pub struct Launch {
     pub read_only: Vec<PathBuf>,
     /// Who the container runs as.
     pub ids: Ids,
+}
+
+/// One container's process: program, environment, working directory.
+pub struct Step {
+    pub name: String,
+    pub program: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+/// How container `c` of pod `p` runs here: its mounts (volumes under
+/// `root/volumes/<name>`) rewritten into arguments, environment values and
+/// working directory; `envFrom`, then `env` with `$(VAR)` expanded.
+fn step_of(st: &Store, p: &Value, c: &Value, root: &Path, pod_name: &str) -> Result<Step, String> {
+    let ns = meta_str(p, "namespace").to_string();
+    let mut mounts: Vec<(String, PathBuf)> = Vec::new();
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
+        let (Some(vname), Some(mpath)) = (m["name"].as_str(), m["mountPath"].as_str()) else { continue };
+        if p["spec"]["volumes"].as_array().into_iter().flatten().any(|v| v["name"].as_str() == Some(vname)) {
+            mounts.push((mpath.trim_end_matches('/').to_string(), root.join("volumes").join(vname)));
+        }
+    }
+    let rewrite = |s: &str| -> String {
+        for (m, dir) in &mounts {
+            if s == m || s.starts_with(&format!("{m}/")) {
+                return format!("{}{}", dir.display(), &s[m.len()..]);
+            }
+        }
+        s.to_string()
+    };
+    let hostname = p["spec"]["hostname"].as_str().map(str::to_string).unwrap_or(pod_name.to_string());
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOSTNAME".into(), hostname),
+        ("HOME".into(), root.join("home").display().to_string()),
+    ];
+    for ef in c["envFrom"].as_array().into_iter().flatten() {
+        let (kind, r) = if ef["secretRef"].is_object() {
+            (Kind::Secret, &ef["secretRef"])
+        } else {
+            (Kind::ConfigMap, &ef["configMapRef"])
+        };
+        let n = r["name"].as_str().unwrap_or("");
+        match data_of(st, kind, &ns, n) {
+            Some(d) => {
+                for (k, v) in d {
+                    env.push((k, String::from_utf8_lossy(&v).into_owned()));
+                }
+            }
+            None if r["optional"] == json!(true) => {}
+            None => return Err(format!("{} \"{n}\" not found", kind.singular())),
+        }
+    }
+    for e in c["env"].as_array().into_iter().flatten() {
+        let k = e["name"].as_str().unwrap_or("").to_string();
+        let v = if let Some(v) = e["value"].as_str() {
+            expand(v, &env)
+        } else if let Some(f) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            resolve_field(p, f)
+        } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
+            let d = data_of(st, Kind::Secret, &ns, r.get("name").and_then(Value::as_str).unwrap_or(""));
+            let key = r.get("key").and_then(Value::as_str).unwrap_or("");
+            d.and_then(|d| d.get(key).cloned()).map(|v| String::from_utf8_lossy(&v).into_owned()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        env.push((k, v));
+    }
+    // Paths under a mount, as the container would see them.
+    for (k, v) in env.iter_mut() {
+        if k != "HOME" && k != "PATH" {
+            *v = rewrite(v);
+        }
+    }
+    let mut program: Vec<String> = Vec::new();
+    for x in c["command"].as_array().into_iter().flatten().chain(c["args"].as_array().into_iter().flatten()) {
+        program.push(rewrite(&expand(x.as_str().unwrap_or(""), &env)));
+    }
+    if program.is_empty() {
+        program.push("/bin/true".into());
+    }
+    let cwd = match c["workingDir"].as_str() {
+        Some(w) => {
+            let r = rewrite(w);
+            if r == w {
+                root.join("rootfs").join(w.trim_start_matches('/'))
+            } else {
+                PathBuf::from(r)
+            }
+        }
+        None => root.join("rootfs"),
+    };
+    Ok(Step { name: c["name"].as_str().unwrap_or("").to_string(), program, env, cwd })
 }
 
 /// A container's identity, from its `securityContext` and the pod's.
@@ -659,8 +755,15 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
         let ns = meta_str(&p, "namespace").to_string();
         let name = meta_str(&p, "name").to_string();
         let c = p["spec"]["containers"][0].clone();
-        let image = c["image"].as_str().unwrap_or("");
-        if image.starts_with("nonexistent/") || image.is_empty() {
+        // The first image that cannot be pulled (init containers' too).
+        let images: Vec<String> = p["spec"]["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(std::iter::once(&c))
+            .map(|x| x["image"].as_str().unwrap_or("").to_string())
+            .collect();
+        if let Some(image) = images.iter().find(|i| i.starts_with("nonexistent/") || i.is_empty()) {
             let created =
                 p["metadata"]["creationTimestamp"].as_str().and_then(crate::store::parse_rfc3339).unwrap_or(now);
             let (reason, msg) = if now - created >= 1 {
@@ -679,26 +782,33 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
                 continue;
             }
         };
-        // Volumes: mount path -> local directory with the object's keys.
+        // Volumes: every volume a container mounts, as a local directory
+        // (ConfigMap/Secret: the object's keys; emptyDir: shared by the
+        // pod's containers, init containers included).
         let mut files = Vec::new();
         let (mut writable, mut read_only) = (Vec::new(), Vec::new());
-        let mut mounts: Vec<(String, PathBuf)> = Vec::new();
         let mut missing = None;
-        for m in c["volumeMounts"].as_array().into_iter().flatten() {
-            let (Some(vname), Some(mpath)) = (m["name"].as_str(), m["mountPath"].as_str()) else { continue };
+        let inits: Vec<Value> = p["spec"]["initContainers"].as_array().cloned().unwrap_or_default();
+        let mut seen = std::collections::BTreeSet::new();
+        for m in
+            inits.iter().chain(std::iter::once(&c)).flat_map(|c| c["volumeMounts"].as_array().into_iter().flatten())
+        {
+            let Some(vname) = m["name"].as_str() else { continue };
+            if !seen.insert(vname.to_string()) {
+                continue;
+            }
             let Some(vol) =
                 p["spec"]["volumes"].as_array().into_iter().flatten().find(|v| v["name"].as_str() == Some(vname))
             else {
                 continue;
             };
+            let dir = root.join("volumes").join(vname);
             let (kind, obj_name, mode) = if vol["configMap"].is_object() {
                 (Kind::ConfigMap, vol["configMap"]["name"].as_str(), vol["configMap"]["defaultMode"].as_u64())
             } else if vol["secret"].is_object() {
                 (Kind::Secret, vol["secret"]["secretName"].as_str(), vol["secret"]["defaultMode"].as_u64())
             } else {
-                let dir = root.join("volumes").join(vname);
-                writable.push(dir.clone());
-                mounts.push((mpath.trim_end_matches('/').to_string(), dir));
+                writable.push(dir);
                 continue;
             };
             let obj_name = obj_name.unwrap_or("");
@@ -706,95 +816,31 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
                 missing = Some(format!("{} \"{obj_name}\" not found", kind.singular()));
                 break;
             };
-            let dir = root.join("volumes").join(vname);
             for (k, v) in data {
                 files.push((dir.join(k), v, mode.unwrap_or(0o644) as u32));
             }
-            read_only.push(dir.clone());
-            mounts.push((mpath.trim_end_matches('/').to_string(), dir));
+            read_only.push(dir);
         }
         if let Some(msg) = missing {
             set_waiting(st, p, "CreateContainerConfigError", &msg);
             continue;
         }
-        let rewrite = |s: &str| -> String {
-            for (m, dir) in &mounts {
-                if s == m || s.starts_with(&format!("{m}/")) {
-                    return format!("{}{}", dir.display(), &s[m.len()..]);
+        let mut steps = Vec::new();
+        let mut failed = None;
+        for ct in inits.iter().chain(std::iter::once(&c)) {
+            match step_of(st, &p, ct, &root, &name) {
+                Ok(s) => steps.push(s),
+                Err(msg) => {
+                    failed = Some(msg);
+                    break;
                 }
             }
-            s.to_string()
-        };
-        // Environment: envFrom, then env ($(VAR) expanded).
-        let hostname = p["spec"]["hostname"].as_str().map(str::to_string).unwrap_or(name.clone());
-        let mut env: Vec<(String, String)> = vec![
-            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-            ("HOSTNAME".into(), hostname),
-            ("HOME".into(), root.join("home").display().to_string()),
-        ];
-        let mut env_err = None;
-        for ef in c["envFrom"].as_array().into_iter().flatten() {
-            let (kind, r) = if ef["secretRef"].is_object() {
-                (Kind::Secret, &ef["secretRef"])
-            } else {
-                (Kind::ConfigMap, &ef["configMapRef"])
-            };
-            let n = r["name"].as_str().unwrap_or("");
-            match data_of(st, kind, &ns, n) {
-                Some(d) => {
-                    for (k, v) in d {
-                        env.push((k, String::from_utf8_lossy(&v).into_owned()));
-                    }
-                }
-                None if r["optional"] == json!(true) => {}
-                None => env_err = Some(format!("{} \"{n}\" not found", kind.singular())),
-            }
         }
-        for e in c["env"].as_array().into_iter().flatten() {
-            let k = e["name"].as_str().unwrap_or("").to_string();
-            let v = if let Some(v) = e["value"].as_str() {
-                expand(v, &env)
-            } else if let Some(f) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                resolve_field(&p, f)
-            } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
-                let d = data_of(st, Kind::Secret, &ns, r.get("name").and_then(Value::as_str).unwrap_or(""));
-                let key = r.get("key").and_then(Value::as_str).unwrap_or("");
-                d.and_then(|d| d.get(key).cloned())
-                    .map(|v| String::from_utf8_lossy(&v).into_owned())
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            };
-            env.push((k, v));
-        }
-        // Paths under a mount, as the container would see them.
-        for (k, v) in env.iter_mut() {
-            if k != "HOME" && k != "PATH" {
-                *v = rewrite(v);
-            }
-        }
-        if let Some(msg) = env_err {
+        if let Some(msg) = failed {
             set_waiting(st, p, "CreateContainerConfigError", &msg);
             continue;
         }
-        let mut program: Vec<String> = Vec::new();
-        for x in c["command"].as_array().into_iter().flatten().chain(c["args"].as_array().into_iter().flatten()) {
-            program.push(rewrite(&expand(x.as_str().unwrap_or(""), &env)));
-        }
-        if program.is_empty() {
-            program.push("/bin/true".into());
-        }
-        let cwd = match c["workingDir"].as_str() {
-            Some(w) => {
-                let r = rewrite(w);
-                if r == w {
-                    root.join("rootfs").join(w.trim_start_matches('/'))
-                } else {
-                    PathBuf::from(r)
-                }
-            }
-            None => root.join("rootfs"),
-        };
+        let Some(Step { program, env, cwd, .. }) = steps.pop() else { continue };
         let t = rfc3339(now);
         p["status"]["phase"] = json!("Running");
         p["status"]["startTime"] = json!(t);
@@ -814,7 +860,22 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
         writable.push(cwd.clone());
         writable.push(root.join("home"));
         let log = root.join("container.log");
-        out.push(Launch { ns, pod: name.clone(), uid, program, env, cwd, files, log, root, writable, read_only, ids });
+        writable.extend(steps.iter().map(|s| s.cwd.clone()));
+        out.push(Launch {
+            ns,
+            pod: name.clone(),
+            uid,
+            init: steps,
+            program,
+            env,
+            cwd,
+            files,
+            log,
+            root,
+            writable,
+            read_only,
+            ids,
+        });
     }
     out
 }
@@ -860,38 +921,46 @@ pub fn launch(state: &Arc<State>, l: Launch) {
                 std::fs::create_dir_all(d)?;
                 chown(d, Some(l.ids.uid), Some(l.ids.gid))?;
             }
-            let log = std::fs::File::create(&l.log)?;
-            let mut cmd = tokio::process::Command::new(&l.program[0]);
-            cmd.args(&l.program[1..])
-                .env_clear()
-                .envs(l.env.iter().map(|(k, v)| (k, v)))
-                .current_dir(&l.cwd)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .process_group(0)
-                .kill_on_drop(false);
-            if switch {
-                let ids = l.ids.clone();
-                let groups: Vec<libc::gid_t> = ids.groups.clone();
-                // SAFETY: the closure runs in the forked child before exec
-                // and calls only async-signal-safe functions (setgroups,
-                // setgid, setuid) on memory allocated before the fork.
-                unsafe {
-                    cmd.pre_exec(move || {
-                        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                            || libc::setgid(ids.gid) != 0
-                            || libc::setuid(ids.uid) != 0
-                        {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        Ok(())
-                    });
-                }
-            }
-            cmd.spawn()
+            std::io::Result::Ok(switch)
         }
         .await;
+        let switch = match started {
+            Ok(s) => s,
+            Err(e) => {
+                finish(&state, &l, 128, Some(format!("starting container: {e}")));
+                return;
+            }
+        };
+        // Init containers first, in order, each to its end (its own log);
+        // the first that fails fails the pod.
+        for (i, step) in l.init.iter().enumerate() {
+            let log = l.root.join(format!("init-{i}.log"));
+            let code = match command(&step.program, &step.env, &step.cwd, &log, switch, &l.ids) {
+                Ok(mut cmd) => match cmd.spawn() {
+                    Ok(mut child) => {
+                        if let Some(pid) = child.id() {
+                            state.procs.lock().insert(l.uid.clone(), pid as i32);
+                        }
+                        let code = wait_code(&mut child).await;
+                        state.procs.lock().remove(&l.uid);
+                        code
+                    }
+                    Err(e) => {
+                        finish(&state, &l, 128, Some(format!("starting init container {}: {e}", step.name)));
+                        return;
+                    }
+                },
+                Err(e) => {
+                    finish(&state, &l, 128, Some(format!("starting init container {}: {e}", step.name)));
+                    return;
+                }
+            };
+            if code != 0 {
+                finish(&state, &l, code, Some(format!("init container {} exited with {code}", step.name)));
+                return;
+            }
+        }
+        let started = command(&l.program, &l.env, &l.cwd, &l.log, switch, &l.ids).and_then(|mut c| c.spawn());
         let mut child = match started {
             Ok(c) => c,
             Err(e) => {
@@ -902,16 +971,68 @@ pub fn launch(state: &Arc<State>, l: Launch) {
         if let Some(pid) = child.id() {
             state.procs.lock().insert(l.uid.clone(), pid as i32);
         }
-        let code = match child.wait().await {
-            Ok(s) => {
-                use std::os::unix::process::ExitStatusExt;
-                s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
-            }
-            Err(_) => 128,
-        };
+        let code = wait_code(&mut child).await;
         state.procs.lock().remove(&l.uid);
         finish(&state, &l, code, None);
     });
+}
+
+async fn wait_code(child: &mut tokio::process::Child) -> i32 {
+    match child.wait().await {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
+        }
+        Err(_) => 128,
+    }
+}
+
+/// A container's process, as its user when the server can switch users,
+/// in its own process group, output to `log`.
+fn command(
+    program: &[String],
+    env: &[(String, String)],
+    cwd: &Path,
+    log: &Path,
+    switch: bool,
+    ids: &Ids,
+) -> std::io::Result<tokio::process::Command> {
+    let log_path = log;
+    let log = std::fs::File::create(log_path)?;
+    if switch {
+        // The container's own stream: its processes may reopen it
+        // (`/proc/<pid>/fd/2`), as they may a real container's stdout pipe.
+        std::os::unix::fs::chown(log_path, Some(ids.uid), Some(ids.gid))?;
+    }
+    let mut cmd = tokio::process::Command::new(&program[0]);
+    cmd.args(&program[1..])
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(false);
+    if switch {
+        let ids = ids.clone();
+        let groups: Vec<libc::gid_t> = ids.groups.clone();
+        // SAFETY: the closure runs in the forked child before exec
+        // and calls only async-signal-safe functions (setgroups,
+        // setgid, setuid) on memory allocated before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(ids.gid) != 0
+                    || libc::setuid(ids.uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    Ok(cmd)
 }
 
 fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {

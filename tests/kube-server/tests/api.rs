@@ -268,3 +268,63 @@ async fn deletion_cascades_unless_orphaned() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_run_first_and_share_empty_dirs() {
+    let s = server().await;
+    let logs = |name: &str| {
+        let pods = s.h.list(Kind::Pod, Some("fleet"));
+        let p = pods.iter().find(|p| p["metadata"]["labels"]["job-name"] == name)?.clone();
+        let pod = p["metadata"]["name"].as_str()?.to_string();
+        let url = format!("{}/api/v1/namespaces/fleet/pods/{pod}/log", s.h.url);
+        Some((p, url))
+    };
+    // The init container writes into an emptyDir the main container reads
+    // (mounted read-only there), at its own mount path (an argument that is
+    // a mount path is rewritten to the pod's copy, as documented).
+    let mut j = job("init", "", json!({}));
+    let spec = &mut j["spec"]["template"]["spec"];
+    spec["volumes"] = json!([{"name": "bin", "emptyDir": {}}]);
+    spec["initContainers"] = json!([{"name": "copy", "image": "busybox",
+        "command": ["/bin/bash", "-c", "echo from-init > \"$1/hello\"", "sh", "/fleet/bin"],
+        "volumeMounts": [{"name": "bin", "mountPath": "/fleet/bin"}]}]);
+    spec["containers"][0]["command"] =
+        json!(["/bin/bash", "-c", "cat \"$1/hello\"; echo main-ran", "sh", "/shared/tool"]);
+    spec["containers"][0]["volumeMounts"] = json!([{"name": "bin", "mountPath": "/shared/tool", "readOnly": true}]);
+    assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    until_job(&s, "init", "Complete").await;
+    let (_, url) = logs("init").unwrap();
+    let out = s.http.get(url).bearer_auth("t-ns").send().await.unwrap().text().await.unwrap();
+    assert_eq!(out, "from-init\nmain-ran\n", "the main container's log only, after its init container");
+    // A failing init container fails the pod; the main container never runs.
+    let mut j = job("badinit", "echo main-ran", json!({}));
+    j["spec"]["template"]["spec"]["initContainers"] =
+        json!([{"name": "copy", "image": "busybox", "command": ["/bin/bash", "-c", "exit 7"]}]);
+    s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await;
+    until_job(&s, "badinit", "Failed").await;
+    let (p, url) = logs("badinit").unwrap();
+    let term = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(term["exitCode"], 7, "{p}");
+    assert!(term["message"].as_str().unwrap().contains("init container copy exited with 7"), "{p}");
+    let out = s.http.get(url).bearer_auth("t-ns").send().await.unwrap().text().await.unwrap_or_default();
+    assert!(!out.contains("main-ran"), "{out}");
+    // An init container's image that cannot be pulled: the pod waits on it.
+    let mut j = job("noimg", "true", json!({}));
+    j["spec"]["template"]["spec"]["initContainers"] =
+        json!([{"name": "copy", "image": "nonexistent/helper:1", "command": ["/bin/true"]}]);
+    s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await;
+    let t0 = Instant::now();
+    loop {
+        let p = logs("noimg").map(|(p, _)| p).unwrap_or_default();
+        let reason = p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"].clone();
+        if reason == "ErrImagePull" || reason == "ImagePullBackOff" {
+            assert!(p["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("nonexistent/helper:1"));
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{p}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -135,6 +135,12 @@ impl JobCkpt {
     }
 }
 
+/// Whether the run in `dir` was submitted under its in-job lease (the
+/// job's script was put there for `lease-exec`; a regular file, not a link).
+pub fn under_lease(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir.join(SCRIPT_FILE)).is_ok_and(|m| m.is_file())
+}
+
 /// The file the run's watchdog writes when it stops the run (its reason).
 pub const LEASE_STOPPED_FILE: &str = ".fleet-lease-stopped";
 

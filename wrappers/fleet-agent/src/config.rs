@@ -153,6 +153,7 @@ impl AgentConfig {
             queue: c.kube_queue.clone(),
             service_account: c.kube_service_account.clone(),
             account_namespaces: c.kube_account_namespaces.iter().cloned().collect(),
+            helper_image: c.kube_helper_image.clone(),
         });
         // Kubernetes schedules memory requests; a Kubernetes site has no slurm.conf.
         let mut memory_scheduled = kube.is_some();

@@ -90,6 +90,10 @@ pub struct KubeSettings {
     /// `KubeAccountNamespaces`: account (lower case) -> the namespace its
     /// jobs run in; other jobs run in `namespace`.
     pub account_namespaces: BTreeMap<String, String>,
+    /// `KubeHelperImage`: the image whose `fleet-ckpt` (at `CkptHelper`'s
+    /// path) each pod's init container copies into an emptyDir, so that the
+    /// job runs under its in-job lease (`None`: pods go without).
+    pub helper_image: Option<String>,
 }
 
 impl KubeSettings {
@@ -127,6 +131,49 @@ pub struct Translate<'a> {
     pub groups: &'a [u32],
     /// What the run checkpoints with (`None`: no checkpoint settings).
     pub ckpt: Option<&'a CkptMount>,
+    /// The run's in-job lease (`None`: the pod goes without).
+    pub lease: Option<&'a PodLease>,
+}
+
+/// Where the in-job lease's helper lands in the pod (an emptyDir).
+pub const HELPER_DIR: &str = "/fleet/bin";
+
+/// A pod under its in-job lease (docs/failover.md): an init container of
+/// the site's helper image (`KubeHelperImage`) copies its `fleet-ckpt`
+/// (`fleet-ckpt install-self`) into an emptyDir at [`HELPER_DIR`], and the
+/// job's container runs `fleet-ckpt lease-exec` on the entry script, which
+/// renews with the run's checkpoint token (its Secret, mounted read-only:
+/// the only place the credential is) and stops the pod's processes once
+/// the meta-scheduler stops vouching for the run. The pod shares one PID
+/// namespace (`shareProcessNamespace`), so the job's shell is not the
+/// namespace's init, which no signal from inside could stop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodLease {
+    /// `KubeHelperImage`.
+    pub image: String,
+    /// `CkptHelper`: the path of `fleet-ckpt` inside that image.
+    pub helper: String,
+    /// `JobLeaseMs`.
+    pub lease: Duration,
+}
+
+impl PodLease {
+    /// The lease of the runs at this site: a helper image, a lease length,
+    /// and a helper path an init container can run. `None` otherwise (with
+    /// a warning when only the path is wrong).
+    pub fn of(settings: &KubeSettings, k: &crate::ckpt::JobCkpt) -> Option<PodLease> {
+        let image = settings.helper_image.clone()?;
+        let lease = k.job_lease?;
+        let helper = k.helper.display().to_string();
+        let ok = k.helper.is_absolute()
+            && helper.len() <= 255
+            && helper.chars().all(|c| c.is_ascii_graphic() && !matches!(c, '\\' | '"' | '\''));
+        if !ok {
+            tracing::warn!(helper = %helper, "CkptHelper is not a path an init container can run: pods go without their job lease");
+            return None;
+        }
+        Some(PodLease { image, helper, lease })
+    }
 }
 
 /// The run's checkpoint settings, mounted from a Secret of its own
@@ -467,10 +514,21 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
             }
         });
 
+    // Under its lease only with a token to renew with (in the run's Secret).
+    let lease = t.lease.filter(|_| t.ckpt.is_some_and(|m| !m.token.is_empty()));
+    let command = match lease {
+        Some(l) => {
+            env.push(("FLEET_JOB_SCRIPT".into(), format!("{SCRIPT_DIR}/entry")));
+            env.push(("FLEET_EPOCH".into(), req.fleet.epoch.to_string()));
+            env.push(("FLEET_JOB_LEASE_MS".into(), l.lease.as_millis().to_string()));
+            json!([format!("{HELPER_DIR}/fleet-ckpt"), "lease-exec", format!("{SCRIPT_DIR}/entry")])
+        }
+        None => json!(["/bin/bash", format!("{SCRIPT_DIR}/entry")]),
+    };
     let mut container = json!({
         "name": "job",
         "image": image,
-        "command": ["/bin/bash", format!("{SCRIPT_DIR}/entry")],
+        "command": command,
         "workingDir": WORK_DIR,
         "env": env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>(),
         "resources": {"limits": limits, "requests": requests},
@@ -481,6 +539,7 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     if let Some(s) = &secret {
         container["envFrom"] = json!([{"secretRef": {"name": s.metadata.name}}]);
     }
+    let mut init_containers: Vec<serde_json::Value> = Vec::new();
     let mut volumes = vec![
         json!({"name": "script", "configMap": {"name": format!("{name}-script"), "defaultMode": 0o555}}),
         json!({"name": "work", "emptyDir": {}}),
@@ -491,6 +550,19 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         if let Some(m) = container["volumeMounts"].as_array_mut() {
             m.push(json!({"name": "ckpt", "mountPath": CKPT_DIR, "readOnly": true}));
         }
+    }
+    if let Some(l) = lease {
+        volumes.push(json!({"name": "fleet-bin", "emptyDir": {}}));
+        if let Some(m) = container["volumeMounts"].as_array_mut() {
+            m.push(json!({"name": "fleet-bin", "mountPath": HELPER_DIR, "readOnly": true}));
+        }
+        init_containers.push(json!({
+            "name": "fleet-lease-helper",
+            "image": l.image,
+            "command": [l.helper, "install-self", format!("{HELPER_DIR}/fleet-ckpt")],
+            "volumeMounts": [{"name": "fleet-bin", "mountPath": HELPER_DIR}],
+            "securityContext": {"allowPrivilegeEscalation": false},
+        }));
     }
     let mut pod_spec = json!({
         "restartPolicy": "Never",
@@ -504,6 +576,12 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
         "hostname": format!("{name}-0"),
     });
+    if !init_containers.is_empty() {
+        pod_spec["initContainers"] = json!(init_containers);
+        // The job's shell must not be the PID namespace's init: its lease
+        // watchdog could not stop it (init ignores signals it has no handler for).
+        pod_spec["shareProcessNamespace"] = json!(true);
+    }
     if let Some(a) = affinity {
         pod_spec["affinity"] = a;
     }
@@ -1096,6 +1174,9 @@ where
 /// after each line, in the same poll, so no `.await` separates them): a
 /// restarted agent skips that much of the log, which Kubernetes serves from
 /// its start again, and the output holds each line once.
+/// How the lease watchdog's line on a job's stderr starts (fleet-ckpt).
+const LEASE_STOP_LINE: &str = "fleet: stopping this run of job ";
+
 async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std::path::Path) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::FileExt;
@@ -1145,6 +1226,22 @@ async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std
             continue;
         }
         f.write_all(&line[skip as usize..])?;
+        if skip == 0 {
+            // The in-job lease's watchdog stopped the pod (its one line on
+            // the job's stderr): noted for the tracker as on the Slurm
+            // path, a claim the meta-scheduler checks against its grants.
+            if let Some(why) = line.strip_prefix(LEASE_STOP_LINE.as_bytes()).and_then(|rest| {
+                let rest = String::from_utf8_lossy(rest);
+                rest.split_once(" at this cluster: ").map(|(_, why)| why.trim_end().to_string())
+            }) {
+                if let Some(dir) = out.parent() {
+                    let _ = crate::jobdir::write_private(
+                        &dir.join(crate::ckpt::LEASE_STOPPED_FILE),
+                        format!("{why}\n").as_bytes(),
+                    );
+                }
+            }
+        }
         skip = 0;
         pos += n;
         mark_file.write_all_at(format!("{pos:<20}").as_bytes(), 0)?;
@@ -1315,6 +1412,15 @@ impl Backend for KubeBackend {
         // mapping: `user` is the mapped local user).
         let groups = crate::identity::Accounts::read()?.groups_of(&user.name, user.gid);
         let ckpt = CkptMount::of(&self.ckpt, id)?;
+        let lease =
+            PodLease::of(&self.settings, &self.ckpt).filter(|_| ckpt.as_ref().is_some_and(|m| !m.token.is_empty()));
+        if lease.is_some() {
+            // What the tracker reads to tell the meta-scheduler the run is under its lease.
+            crate::jobdir::write_private(
+                &dir.join(crate::ckpt::SCRIPT_FILE),
+                req.script.as_deref().unwrap_or_default(),
+            )?;
+        }
         // translate() puts the objects in the same namespace.
         let ns = &self.settings.namespace_for(user.account.as_deref().or(req.account.as_deref())).to_string();
         let mut tries = 0;
@@ -1329,6 +1435,7 @@ impl Backend for KubeBackend {
                 products: &products,
                 groups: &groups,
                 ckpt: ckpt.as_ref(),
+                lease: lease.as_ref(),
             };
             let objects = translate(&t, req)?;
             let jobs: Api<Job> = Api::namespaced(self.client.clone(), ns);
@@ -1590,6 +1697,7 @@ mod tests {
             queue: None,
             service_account: None,
             account_namespaces: BTreeMap::new(),
+            helper_image: None,
         }
     }
 
@@ -1623,6 +1731,7 @@ mod tests {
             products,
             groups: &[1001, 2000],
             ckpt: None,
+            lease: None,
         };
         let o = translate(&t, r).unwrap();
         (serde_json::to_value(&o.job).unwrap(), o)
@@ -1705,6 +1814,7 @@ mod tests {
             products: &[],
             groups: &[],
             ckpt: Some(&m),
+            lease: None,
         };
         let o = translate(&t, &r).unwrap();
         let job = serde_json::to_string(&o.job).unwrap();
@@ -1738,6 +1848,76 @@ mod tests {
         let pod = &j["spec"]["template"]["spec"];
         assert!(pod["volumes"].as_array().unwrap().iter().all(|v| v["name"] != "ckpt"));
         assert!(!j.to_string().contains("FLEET_CKPT_TOKEN_FILE"));
+    }
+
+    #[test]
+    fn a_pod_runs_under_its_job_lease_with_the_helper_from_an_init_container() {
+        let (u, mut s) = (user(), settings());
+        let token = fleet_api::auth::ckpt_token("gamma-secret", "beta-7");
+        let m = CkptMount { metasched_url: "https://ms:8443".into(), token: token.clone(), stores: None, ca: None };
+        let k = crate::ckpt::JobCkpt {
+            job_lease: Some(Duration::from_secs(8)),
+            helper: "/usr/bin/fleet-ckpt".into(),
+            ..Default::default()
+        };
+        assert_eq!(PodLease::of(&s, &k), None, "no KubeHelperImage: no lease");
+        s.helper_image = Some("registry.example.org/fleet/fleet-ckpt:1".into());
+        let lease = PodLease::of(&s, &k).expect("a lease");
+        assert_eq!(PodLease::of(&s, &crate::ckpt::JobCkpt { job_lease: None, ..k.clone() }), None, "JobLeaseMs=0");
+        for bad in ["fleet-ckpt", "/opt/my tools/fleet-ckpt"] {
+            assert_eq!(PodLease::of(&s, &crate::ckpt::JobCkpt { helper: bad.into(), ..k.clone() }), None, "{bad}");
+        }
+        let mut r = req(&[], None);
+        r.fleet.epoch = 3;
+        let t = Translate {
+            site: "gamma",
+            fleet_id: "beta-7",
+            native_id: 42,
+            user: &u,
+            settings: &s,
+            products: &[],
+            groups: &[],
+            ckpt: Some(&m),
+            lease: Some(&lease),
+        };
+        let o = translate(&t, &r).unwrap();
+        let j = serde_json::to_value(&o.job).unwrap();
+        assert!(!j.to_string().contains(&token), "the credential is only in the run's Secret");
+        let pod = &j["spec"]["template"]["spec"];
+        assert_eq!(pod["shareProcessNamespace"], true, "the job's shell is not PID 1");
+        let init = &pod["initContainers"][0];
+        assert_eq!(init["image"], "registry.example.org/fleet/fleet-ckpt:1");
+        assert_eq!(init["command"], json!(["/usr/bin/fleet-ckpt", "install-self", "/fleet/bin/fleet-ckpt"]));
+        assert_eq!(init["volumeMounts"], json!([{"name": "fleet-bin", "mountPath": "/fleet/bin"}]));
+        assert!(
+            init.get("env").is_none() && init.get("envFrom").is_none(),
+            "the helper's copy sees nothing of the job"
+        );
+        let c = &pod["containers"][0];
+        assert_eq!(c["command"], json!(["/fleet/bin/fleet-ckpt", "lease-exec", "/fleet/job/entry"]));
+        let mounts = c["volumeMounts"].as_array().unwrap();
+        let bin = mounts.iter().find(|v| v["name"] == "fleet-bin").unwrap();
+        assert_eq!((bin["mountPath"].as_str(), bin["readOnly"].as_bool()), (Some(HELPER_DIR), Some(true)));
+        assert!(pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "fleet-bin" && v["emptyDir"].is_object()));
+        let env = env_of(&c["env"]);
+        assert_eq!(env["FLEET_JOB_SCRIPT"], "/fleet/job/entry");
+        assert_eq!(env["FLEET_EPOCH"], "3");
+        assert_eq!(env["FLEET_JOB_LEASE_MS"], "8000");
+        assert_eq!(env["FLEET_CKPT_TOKEN_FILE"], "/fleet/ckpt/token");
+        // The entry runs the script under bash, as before: lease-exec reads its #! line.
+        assert!(ENTRY.starts_with("#!/bin/bash\n"));
+        // No token to renew with: no lease, the pod as before.
+        let m2 = CkptMount { token: String::new(), ..m.clone() };
+        let o = translate(&Translate { ckpt: Some(&m2), ..t.clone() }, &r).unwrap();
+        let j = serde_json::to_value(&o.job).unwrap();
+        let pod = &j["spec"]["template"]["spec"];
+        assert!(pod.get("initContainers").is_none() && pod.get("shareProcessNamespace").is_none());
+        assert_eq!(pod["containers"][0]["command"], json!(["/bin/bash", "/fleet/job/entry"]));
+        assert!(!j.to_string().contains("FLEET_JOB_LEASE_MS"));
     }
 
     #[test]
@@ -1815,6 +1995,7 @@ mod tests {
                 products: &[],
                 groups: &[],
                 ckpt: None,
+                lease: None,
             };
             translate(&t, r).map(|o| {
                 serde_json::to_value(&o.job).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"].clone()
@@ -1851,6 +2032,7 @@ mod tests {
             products: &[],
             groups: &[],
             ckpt: None,
+            lease: None,
         };
         let o = translate(&t, &req(&[], None)).unwrap();
         assert_eq!(o.job.metadata.namespace.as_deref(), Some("team-ml"));

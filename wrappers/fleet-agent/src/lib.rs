@@ -119,6 +119,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         helper: cfg.ckpt_helper.clone(),
     };
     if let Some(k) = cfg.kube.clone() {
+        if job_ckpt.job_lease.is_some() && k.helper_image.is_none() {
+            tracing::warn!(
+                "JobLeaseMs is set but KubeHelperImage is not: pods run without their in-job lease (docs/failover.md)"
+            );
+        }
         let mut backend = kube::KubeBackend::connect(k, &cfg.site, cfg.spool.clone()).await?;
         backend.ckpt = job_ckpt;
         return run_with(cfg, backend, shutdown).await;

@@ -622,6 +622,9 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
     Ok(())
 }
 
+/// How a run its in-job lease stopped is reported (`died`).
+const BY_ITS_LEASE: &str = "by its job lease";
+
 /// Reconcile one job: relay output, report its state, finish it.
 async fn reconcile_run<B: Backend>(
     agent: &Agent<B>,
@@ -646,7 +649,11 @@ async fn reconcile_run<B: Backend>(
                 // The requeue's new submit time identifies it from now on.
                 run.submit_time = j.submit_time;
             }
-            update_for(j, &site)
+            let mut up = update_for(j, &site);
+            // Its script asks for its lease first: the meta-scheduler
+            // notices a run that reports running but never started.
+            up.job_lease = crate::ckpt::under_lease(&agent.backend.job_dir(&run.id));
+            up
         }
         Seen::Gone(why) => StatusUpdate {
             remote_job_id: run.slurm_id,
@@ -660,7 +667,7 @@ async fn reconcile_run<B: Backend>(
         // this cluster silent too long): it died here, it did not fail.
         if j.state.is_terminal() && j.raw_state != "COMPLETED" {
             if let Some(why) = crate::ckpt::lease_stopped(&agent.backend.job_dir(&run.id)) {
-                run.fenced = Some(format!("stopped at {site} by its job lease: {why}"));
+                run.fenced = Some(format!("stopped at {site} {BY_ITS_LEASE}: {why}"));
                 agent.journal.update_run(&run)?;
             }
         }
@@ -669,6 +676,10 @@ async fn reconcile_run<B: Backend>(
         // Stopped by this agent's lease: the job died here, whatever Slurm
         // shows for the cancellation.
         up.died = Some(why.clone());
+        // Or by its in-job lease, on its watchdog's note, which the job
+        // could have written itself: the meta-scheduler checks it against
+        // the leases it granted.
+        up.lease_stopped = why.contains(BY_ITS_LEASE);
     }
     if let Some(why) = up.died.clone() {
         if run.fenced.is_none() {

@@ -82,6 +82,7 @@ async fn cluster_set(token: &str, f: impl FnOnce(&mut KubeSettings)) -> Cluster 
         queue: None,
         service_account: None,
         account_namespaces: Default::default(),
+        helper_image: None,
     };
     f(&mut settings);
     let spool = dir.path().join("spool");
@@ -380,6 +381,7 @@ async fn the_start_up_check_reports_capacity_or_what_is_wrong() {
         queue: None,
         service_account: None,
         account_namespaces: Default::default(),
+        helper_image: None,
     };
     let spool = c.dir.path().join("spool");
     let ok = fleet_agent::kube::check(&settings("fleet", &kc), "gamma", spool.clone()).await.unwrap();
@@ -561,6 +563,7 @@ async fn find_submitted_adopts_the_whole_job_and_deletes_a_half_made_one() {
         products: &[],
         groups: &[],
         ckpt: None,
+        lease: None,
     };
     let objects = translate(&t, &request("echo never\n", None, 1)).unwrap();
     Api::<Job>::namespaced(c.backend.client.clone(), "fleet")

@@ -2,9 +2,11 @@
 //! Fleet's convention (docs/checkpoints.md). Exit codes: 0 done, 1 error,
 //! 2 usage, 3 `restore` found no checkpoint at all (start from scratch).
 //!
-//! Two more commands, not for people: `lease-exec` (the interpreter the
-//! target's agent gives a run, see `fleet_ckpt::lease`) and `lease-watch`
-//! (the run's watchdog it starts).
+//! Three more commands, not for people: `lease-exec` (the interpreter the
+//! target's agent gives a run, see `fleet_ckpt::lease`), `lease-watch`
+//! (the run's watchdog it starts) and `install-self DEST` (a pod's init
+//! container copies the helper into the pod with it: no `cp` needed in
+//! the helper image).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
     match args.get(1).and_then(|a| a.to_str()) {
         Some("lease-exec") => return lease_exec(&args[2..]),
         Some("lease-watch") => return lease_watch(&args[2..]),
+        Some("install-self") => return install_self(&args[2..]),
         _ => {}
     }
     let cli = match Cli::try_parse() {
@@ -298,6 +301,39 @@ async fn report(job_id: &str, s: &fleet_ckpt::ops::Saved) {
 }
 
 // ---- the in-job lease (fleet_ckpt::lease) --------------------------------
+
+/// `fleet-ckpt install-self DEST`: copies this program to DEST (a new
+/// file, mode 0555, never through a link): a pod's init container puts the
+/// helper where the job's container runs it.
+fn install_self(args: &[std::ffi::OsString]) -> ExitCode {
+    use std::os::unix::fs::OpenOptionsExt;
+    let [dest] = args else {
+        eprintln!("fleet-ckpt install-self: usage: install-self DEST");
+        return ExitCode::from(2);
+    };
+    let copy = || -> Result<()> {
+        let exe = std::env::current_exe().context("finding fleet-ckpt")?;
+        let mut src = std::fs::File::open(&exe).with_context(|| format!("reading {}", exe.display()))?;
+        let mut dst = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o755)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dest)
+            .with_context(|| format!("creating {}", PathBuf::from(dest).display()))?;
+        std::io::copy(&mut src, &mut dst).with_context(|| format!("writing {}", PathBuf::from(dest).display()))?;
+        dst.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o555))?;
+        dst.sync_all()?;
+        Ok(())
+    };
+    match copy() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleet-ckpt install-self: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 use fleet_ckpt::lease::{self, LeaseEnv, Verdict, Watch};
 use std::time::{Duration, Instant};

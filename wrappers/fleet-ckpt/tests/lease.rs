@@ -36,6 +36,7 @@ fn config(dir: &Path) -> Config {
             max_migrations: 3,
             job_lease_s: 4.0,
             job_lease_margin_s: 1.0,
+            first_lease_s: None,
         }),
         ..Config::new("127.0.0.1:0".parse().unwrap(), dir.join("state"), dir.join("admin.token"))
     }
