@@ -36,7 +36,7 @@
 #
 # Needs root. Not part of `make test` (make compat runs it after slurm-24.11.sh).
 #   FLEET_BIN_DIR              fleet-agent, fleet-metasched, fleet-proxy,
-#                              fleetctl (default: built here, debug, into
+#                              fleetctl, fleet-ckpt (default: built here, debug, into
 #                              target/debug)
 #   FLEET_COMPAT_FED_PORT_BASE first of the 7 ports (default 26810)
 set -euo pipefail
@@ -115,6 +115,8 @@ for j in json.load(sys.stdin):
         print(j.get(sys.argv[2], "")); break' "$1" "$2"
 }
 alive() { local p; p=$(pid_of "$1" || true); [[ -n $p && $(cat "/proc/$p/comm" 2>/dev/null) == "$2" ]]; }
+# Still starting or running (while chroot and env exec, comm is theirs).
+starting() { local p; p=$(pid_of "$1" || true); [[ -n $p && -d /proc/$p && $(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) != Z ]]; }
 
 # ---------------------------------------------------------------- teardown
 # Processes of this test's jobs (slurmstepd, stand-ins, job scripts): inside
@@ -157,10 +159,10 @@ trap teardown EXIT
 
 # ---------------------------------------------------------------- the root, users, binaries
 if [[ -z ${FLEET_BIN_DIR:-} ]]; then
-  log "building fleet-agent fleet-metasched fleet-proxy fleetctl (debug) into $REPO/target"
-  (cd "$REPO" && nice cargo build -q -p fleet-agent -p fleet-metasched -p fleet-proxy -p fleetctl) || die "cargo build failed"
+  log "building fleet-agent fleet-metasched fleet-proxy fleetctl fleet-ckpt (debug) into $REPO/target"
+  (cd "$REPO" && nice cargo build -q -p fleet-agent -p fleet-metasched -p fleet-proxy -p fleetctl -p fleet-ckpt) || die "cargo build failed"
 fi
-for b in fleet-agent fleet-metasched fleet-proxy fleetctl; do
+for b in fleet-agent fleet-metasched fleet-proxy fleetctl fleet-ckpt; do
   [[ -x $BIN/$b ]] || die "no $BIN/$b: build the workspace first (cargo build --workspace) or set FLEET_BIN_DIR"
 done
 make_root
@@ -190,7 +192,7 @@ stop_all 2>/dev/null || true
 rm -rf "$HW"
 mkdir -p "$HW"/{bin,plugins,run,log}
 chmod 0755 "$HW" "$HW/bin" "$HW/plugins"
-for b in fleet-agent fleet-metasched fleet-proxy fleetctl; do install -m 0755 "$BIN/$b" "$HW/bin/$b"; done
+for b in fleet-agent fleet-metasched fleet-proxy fleetctl fleet-ckpt; do install -m 0755 "$BIN/$b" "$HW/bin/$b"; done
 install -m 0755 "$TARGET/release/libjob_submit_fleet.so" "$HW/plugins/job_submit_fleet.so"
 install -m 0755 "$TARGET/release/libspank_fleet.so" "$HW/plugins/spank_fleet.so"
 install -d -o "$FLEET_UID" -g "$FLEET_GID" -m 0700 "$HW/secrets" "$HW/metasched"
@@ -206,11 +208,6 @@ listen = "127.0.0.1:$MS_PORT"
 state_dir = "$W/metasched"
 admin_token_file = "$W/secrets/admin.token"
 heartbeat_timeout_s = 10
-
-[health]
-heartbeat_interval_s = 1
-missed_heartbeats = 3
-grace_s = 10
 $(for c in "${CLUSTERS[@]}"; do printf '\n[[clusters]]\nname = "%s"\nregion = "compat-%s"\nprovider = "onprem"\ntoken_file = "%s"\n' "$c" "$c" "$W/secrets/$c.token"; done)
 EOF
 
@@ -291,6 +288,7 @@ SlurmBinDir=/usr/bin
 JobUserMap=same
 JobUserGroup=$JOB_GROUP
 MinJobUid=1000
+CkptHelper=$W/bin/fleet-ckpt
 EOF
   chmod 0644 "$d"/*.conf
 }
@@ -332,7 +330,7 @@ for c in "${CLUSTERS[@]}"; do
 done
 for ((i = 0; ; i++)); do
   curl -sf -m 2 "http://127.0.0.1:$MS_PORT/health" >/dev/null 2>&1 && break
-  ((i < 60)) && alive "$HW/run/metasched.pid" fleet-metasched || { tail -n 30 "$HW/log/metasched.log"; die "fleet-metasched not answering"; }
+  ((i < 60)) && starting "$HW/run/metasched.pid" || { tail -n 30 "$HW/log/metasched.log"; die "fleet-metasched not answering"; }
   sleep 0.5
 done
 T_SLURM=$(($(date +%s) - T0))
@@ -346,7 +344,7 @@ ok=1
 for c in "${CLUSTERS[@]}"; do
   for ((i = 0; ; i++)); do
     [[ -S $HW/$c/agent.sock && $(stat -c %u "$HW/$c/agent.sock") == "$FLEET_UID" ]] && break
-    if ! alive "$HW/$c/run/agent.pid" fleet-agent || ((i >= 120)); then
+    if ! starting "$HW/$c/run/agent.pid" || ((i >= 120)); then
       fail "a: fleet-agent ($c) did not start on 24.11:"; tail -n 15 "$HW/$c/log/agent.log"; ok=0; break
     fi
     sleep 0.25
