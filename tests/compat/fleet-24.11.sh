@@ -16,7 +16,7 @@
 #   run (sinfo, squeue --json, sacct, sbatch/scancel/scontrol through sudo)
 #   is 24.11's. Both clusters load job_submit_fleet.so and spank_fleet.so
 #   built against 24.11's headers (target-compat/, as slurm-24.11.sh).
-#   The daemons are the workspace's debug build (FLEET_BIN_DIR, default
+#   The daemons are the workspace's debug build (FLEET_COMPAT_BIN_DIR, default
 #   target/debug: `cargo build --workspace`); bookworm-built binaries run
 #   under trixie's newer glibc.
 #
@@ -35,9 +35,11 @@
 # this test's clusters killed); the bind mounts are undone; the chroot stays.
 #
 # Needs root. Not part of `make test` (make compat runs it after slurm-24.11.sh).
-#   FLEET_BIN_DIR              fleet-agent, fleet-metasched, fleet-proxy,
+#   FLEET_COMPAT_BIN_DIR       fleet-agent, fleet-metasched, fleet-proxy,
 #                              fleetctl, fleet-ckpt (default: built here, debug, into
-#                              target/debug)
+#                              target/debug; not FLEET_BIN_DIR, which
+#                              the Makefile exports for the lab's release
+#                              build)
 #   FLEET_COMPAT_FED_PORT_BASE first of the 7 ports (default 26810)
 set -euo pipefail
 
@@ -45,7 +47,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ROOT=${FLEET_TRIXIE_DIR:-/var/tmp/fleet-trixie}
 MIRROR=${FLEET_TRIXIE_MIRROR:-http://deb.debian.org/debian}
 TARGET=${FLEET_COMPAT_TARGET_DIR:-$REPO/target-compat}
-BIN=${FLEET_BIN_DIR:-$REPO/target/debug}
+BIN=${FLEET_COMPAT_BIN_DIR:-$REPO/target/debug}
 PB=${FLEET_COMPAT_FED_PORT_BASE:-26810}
 MS_PORT=$((PB + 6))
 ACCOUNTING=0 DB_SIDE=host
@@ -158,12 +160,12 @@ teardown() {
 trap teardown EXIT
 
 # ---------------------------------------------------------------- the root, users, binaries
-if [[ -z ${FLEET_BIN_DIR:-} ]]; then
+if [[ -z ${FLEET_COMPAT_BIN_DIR:-} ]]; then
   log "building fleet-agent fleet-metasched fleet-proxy fleetctl fleet-ckpt (debug) into $REPO/target"
   (cd "$REPO" && nice cargo build -q -p fleet-agent -p fleet-metasched -p fleet-proxy -p fleetctl -p fleet-ckpt) || die "cargo build failed"
 fi
 for b in fleet-agent fleet-metasched fleet-proxy fleetctl fleet-ckpt; do
-  [[ -x $BIN/$b ]] || die "no $BIN/$b: build the workspace first (cargo build --workspace) or set FLEET_BIN_DIR"
+  [[ -x $BIN/$b ]] || die "no $BIN/$b: build the workspace first (cargo build --workspace) or set FLEET_COMPAT_BIN_DIR"
 done
 make_root
 SLURM_PKG=$(inroot dpkg-query -W -f '${Version}' slurmctld)
