@@ -80,7 +80,7 @@ chaos-failover: build
 
 # Builds into target-compat/ itself; see tests/compat/README.md.
 compat:
-	tests/compat/slurm-24.11.sh
+	tests/compat/slurm-24.11.sh; a=$$?; tests/compat/fleet-24.11.sh; b=$$?; exit $$((a || b))
 
 # Short fuzzing run of every target of every cargo-fuzz crate (a fuzz/
 # directory with a Cargo.toml: slurm-plugin/slurm-conf/fuzz, fuzz/), each

@@ -55,8 +55,9 @@ log() { echo "[compat $(($(date +%s) - T0))s] $*" >&2; }
 pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
 die() { log "ERROR: $*"; exit 2; }
-inroot() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C TZ=UTC HOME=/root SLURM_CONF=$W/slurm.conf "$@"; }
-apt_in() { inroot env DEBIAN_FRONTEND=noninteractive nice apt-get -q -y "$@"; }
+SLURM_CONF_IN=$W/slurm.conf     # inroot's SLURM_CONF
+# shellcheck source=tests/compat/trixie.sh
+source "$REPO/tests/compat/trixie.sh"
 
 [[ $(id -u) == 0 ]] || die "run as root (debootstrap, chroot, mknod)"
 # One run per chroot at a time (daemons are started with fd 9 closed).
@@ -64,64 +65,9 @@ exec 9>>"$ROOT.lock"
 flock -n 9 || die "another run holds $ROOT.lock"
 
 # ---------------------------------------------------------------- 1. the root
-mounted=()
-mount_root() {
-  local m
-  for m in proc sys dev; do
-    if ! mountpoint -q "$ROOT/$m"; then
-      mount --bind "/$m" "$ROOT/$m"
-      mounted+=("$ROOT/$m")
-    fi
-  done
-}
-
-make_root() {
-  if [[ ! -e $ROOT/.fleet-debootstrap-done ]]; then
-    command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
-    log "debootstrap trixie (minbase) into $ROOT"
-    mkdir -p "$ROOT"
-    nice debootstrap --variant=minbase trixie "$ROOT" "$MIRROR" >"$ROOT.debootstrap.log" 2>&1 \
-      || { tail -n 20 "$ROOT.debootstrap.log"; die "debootstrap failed"; }
-    touch "$ROOT/.fleet-debootstrap-done"
-  fi
-  printf '#!/bin/sh\n# tests/compat: never start services inside this chroot\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
-  chmod 0755 "$ROOT/usr/sbin/policy-rc.d"
-  grep -q localhost "$ROOT/etc/hosts" 2>/dev/null || printf '127.0.0.1 localhost\n::1 localhost\n' >>"$ROOT/etc/hosts"
-  grep -qw "$(hostname)" "$ROOT/etc/hosts" || echo "127.0.1.1 $(hostname)" >>"$ROOT/etc/hosts"  # munged's origin lookup
-  mount_root
-  if [[ ! -e $ROOT/.fleet-packages-done ]]; then
-    log "apt-get install slurmctld slurmd slurm-client munge libslurm-dev (inside the chroot)"
-    apt_in update >"$ROOT.apt.log" 2>&1 || { tail -n 20 "$ROOT.apt.log"; die "apt-get update failed"; }
-    apt_in install --no-install-recommends slurmctld slurmd slurm-client munge libslurm-dev >>"$ROOT.apt.log" 2>&1 \
-      || { tail -n 20 "$ROOT.apt.log"; die "apt-get install failed"; }
-    touch "$ROOT/.fleet-packages-done"
-  fi
-  if [[ $ACCOUNTING == 1 && ! -e $ROOT/.fleet-accounting-packages-done ]]; then
-    log "apt-get install slurmdbd mariadb-server (inside the chroot)"
-    apt_in update >>"$ROOT.apt.log" 2>&1 || { tail -n 20 "$ROOT.apt.log"; die "apt-get update failed"; }
-    apt_in install --no-install-recommends slurmdbd mariadb-server >>"$ROOT.apt.log" 2>&1 \
-      || { tail -n 20 "$ROOT.apt.log"; die "apt-get install slurmdbd mariadb-server failed"; }
-    touch "$ROOT/.fleet-accounting-packages-done"
-  fi
-  if [[ $ACCOUNTING == 1 && $DB_SIDE == host ]] && ! command -v mariadbd >/dev/null; then
-    log "apt-get install mariadb-server (on the host, for the accounting database)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mariadb-server >/dev/null \
-      || die "apt-get install mariadb-server failed"
-  fi
-}
+# make_root (tests/compat/trixie.sh)
 
 # ---------------------------------------------------------------- teardown
-pid_of() { [[ -f $1 ]] && tr -dc '0-9' <"$1"; }
-# stop <pidfile> <comm>: TERM the pid if it is still that program, then KILL.
-stop_pid() {
-  local pid i
-  pid=$(pid_of "$1" || true)
-  [[ -n $pid && -r /proc/$pid/comm && $(cat "/proc/$pid/comm") == "$2" ]] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 200; i++)); do [[ -d /proc/$pid ]] || return 0; sleep 0.1; done
-  log "$2 (pid $pid) still up 20 s after SIGTERM: SIGKILL"
-  kill -KILL "$pid" 2>/dev/null || true
-}
 teardown() {
   set +e
   if [[ -d $HW/run ]]; then
@@ -133,7 +79,7 @@ teardown() {
   fi
   local p
   for p in "${PIDS_OWN[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  for p in "${mounted[@]}"; do umount "$p" || umount -l "$p"; done
+  umount_root
   log "torn down (chroot kept at $ROOT)"
 }
 trap teardown EXIT
@@ -247,21 +193,8 @@ SubmitTimeoutMs=200
 FailOpen=yes
 EOF
 
-# munged: the chroot's own key and socket (/run/munge inside the chroot).
-MUNGE_UID=$(inroot id -u munge); MUNGE_GID=$(inroot id -g munge)
-mkdir -p "$ROOT/run/munge" "$ROOT/etc/munge" "$ROOT/var/lib/munge" "$ROOT/var/log/munge"
-chown "$MUNGE_UID:$MUNGE_GID" "$ROOT/run/munge" "$ROOT/etc/munge" "$ROOT/var/lib/munge" "$ROOT/var/log/munge"
-chmod 0755 "$ROOT/run/munge"; chmod 0700 "$ROOT/etc/munge" "$ROOT/var/lib/munge" "$ROOT/var/log/munge"
-if [[ ! -s $ROOT/etc/munge/munge.key ]]; then
-  (umask 077; dd if=/dev/urandom of="$ROOT/etc/munge/munge.key" bs=1024 count=1 status=none)
-  chown "$MUNGE_UID:$MUNGE_GID" "$ROOT/etc/munge/munge.key"
-fi
-install -d -o "$MUNGE_UID" -g "$MUNGE_GID" -m 0700 "$HW/munge"
 log "starting munged, slurmctld, slurmd inside the chroot"
-chroot --userspec="$MUNGE_UID:$MUNGE_GID" "$ROOT" /usr/sbin/munged --pid-file="$W/munge/munged.pid" --log-file="$W/munge/munged.log" --force 9>&- \
-  || die "munged failed: $(tail -n 5 "$HW/munge/munged.log" 2>/dev/null)"
-for ((i = 0; i < 50; i++)); do [[ -S $ROOT/run/munge/munge.socket.2 ]] && break; sleep 0.1; done
-inroot sh -c 'munge -n | unmunge >/dev/null' || die "munge does not work inside the chroot"
+start_munge "$HW/munge" "$W/munge"
 
 # Accounting (for 4f's sacct): slurmdbd inside the chroot, on a private
 # MariaDB on the host (bookworm's 10.11; FLEET_COMPAT_DB=chroot: trixie's).
