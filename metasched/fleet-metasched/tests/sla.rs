@@ -365,3 +365,45 @@ fn the_engine_scores_a_degraded_cluster_down_and_explains_it() {
     fx.tick(600.0);
     assert_eq!(fx.placed("j3", &[]), "alpha");
 }
+
+#[test]
+fn a_late_cluster_that_does_not_confirm_the_cancel_is_fenced_and_scancel_wins() {
+    let mut fx = Fx::new(false);
+    assert_eq!(fx.placed("j1", &[]), "alpha");
+    fx.report("j1", "alpha", JobState::Pending).unwrap();
+    fx.tick(61.0);
+    assert!(fx.job("j1").planned.is_some());
+    // alpha never confirms the cancel: after SLA_STOP_DEADLINE_S (60 s) the
+    // job is placed again anyway, never failed (it never ran: not
+    // interruptible does not matter), and alpha's copy is stale.
+    fx.tick(59.0);
+    assert_eq!(fx.job("j1").record.target.as_deref(), Some("alpha"));
+    fx.tick(1.0);
+    let j = fx.job("j1");
+    assert_eq!((j.record.state, j.record.target.as_deref(), j.record.epoch), (JobState::Assigned, Some("delta"), 2));
+    assert!(j.record.reason.contains("alpha did not confirm its cancel within 60 s"), "{}", j.record.reason);
+    let late = fx.report_epoch("j1", "alpha", JobState::Running, 1).unwrap_err();
+    assert!(late.contains("stale"), "{late}");
+    let fence = fx
+        .store
+        .fence(
+            &cl("alpha"),
+            &fleet_api::api::FenceRequest {
+                runs: vec![fleet_api::api::RunEpoch { fleet_job_id: "j1".into(), epoch: 1, ..Default::default() }],
+            },
+        )
+        .unwrap();
+    assert_eq!(fence.stale.iter().map(|s| s.fleet_job_id.as_str()).collect::<Vec<_>>(), ["j1"], "{fence:?}");
+
+    // scancel while the late run is being cancelled: it ends cancelled, not
+    // re-placed (a fresh fleet: alpha is not SLA-degraded there yet).
+    let mut fx = Fx::new(false);
+    assert_eq!(fx.placed("j2", &[]), "alpha");
+    fx.report("j2", "alpha", JobState::Pending).unwrap();
+    fx.tick(61.0);
+    assert!(fx.job("j2").planned.as_ref().is_some_and(|m| m.sla));
+    fx.store.cancel(&Caller::Job { id: "j2".into(), origin: "beta".into() }, "j2", fx.now).unwrap();
+    assert_eq!(fx.report("j2", "alpha", JobState::Cancelled), Ok(JobState::Cancelled));
+    let j = fx.job("j2");
+    assert_eq!((j.record.state, j.record.target.as_deref(), j.record.epoch), (JobState::Cancelled, Some("alpha"), 1));
+}
