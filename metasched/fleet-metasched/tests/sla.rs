@@ -389,7 +389,7 @@ fn a_late_cluster_that_does_not_confirm_the_cancel_is_fenced_and_scancel_wins() 
         .fence(
             &cl("alpha"),
             &fleet_api::api::FenceRequest {
-                runs: vec![fleet_api::api::RunEpoch { fleet_job_id: "j1".into(), epoch: 1, ..Default::default() }],
+                runs: vec![fleet_api::api::RunEpoch { fleet_job_id: "j1".into(), epoch: 1 }],
             },
         )
         .unwrap();
