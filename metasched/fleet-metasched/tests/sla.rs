@@ -261,6 +261,24 @@ fn a_pending_job_past_the_deadline_is_cancelled_there_and_runs_once_elsewhere() 
 }
 
 #[test]
+fn a_job_requeued_at_its_target_after_it_started_is_not_an_sla_miss() {
+    let mut fx = Fx::new(false);
+    assert_eq!(fx.placed("rq", &[]), "alpha");
+    fx.tick(10.0);
+    fx.report("rq", "alpha", JobState::Running).unwrap();
+    fx.tick(10.0);
+    assert_eq!(fx.report("rq", "alpha", JobState::Pending), Ok(JobState::Pending));
+    fx.tick(120.0);
+    let j = fx.job("rq");
+    assert_eq!(
+        (j.record.state, j.record.target.as_deref(), j.planned.is_none()),
+        (JobState::Pending, Some("alpha"), true)
+    );
+    let sla = fx.sla("alpha");
+    assert_eq!((sla.state.as_str(), sla.samples, sla.missed), ("ok", 1, 0), "{sla:?}");
+}
+
+#[test]
 fn an_assignment_never_submitted_is_re_placed_at_once_and_fenced() {
     let mut fx = Fx::new(false);
     assert_eq!(fx.placed("j2", &[]), "alpha");

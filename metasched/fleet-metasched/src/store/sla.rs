@@ -294,7 +294,9 @@ impl Store {
         )?;
         for mut job in jobs {
             let (Some(target), Some(assigned_at)) = (job.record.target.clone(), job.assigned_at) else { continue };
-            if job.record.cancel_requested || job.planned.is_some() {
+            // Started once in this placement (then requeued by Slurm
+            // there): provisioned, not the SLA's business any more.
+            if job.record.cancel_requested || job.planned.is_some() || job.sla_started == Some(job.record.epoch) {
                 continue;
             }
             let view = self.view(now);
