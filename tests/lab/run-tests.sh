@@ -24,7 +24,7 @@ LAB=tests/lab/lab.sh
 LAB2_DIR=${FLEET_LAB2_DIR:-$FLEET_LAB_DIR-2}
 LAB2_OFFSET=${FLEET_LAB2_PORT_OFFSET:-1000}
 # The longest suites go to the second lab, so that both finish together.
-LAB2_SUITES=${FLEET_LAB2_SUITES:-control failover rebalance}
+LAB2_SUITES=${FLEET_LAB2_SUITES:-control failover rebalance sla}
 LOGS=$(mktemp -d /tmp/fleet-test-logs.XXXXXX)
 labs=("$FLEET_LAB_DIR")
 

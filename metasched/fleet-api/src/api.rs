@@ -172,6 +172,54 @@ pub struct ClusterSummary {
     /// usable (then `nodes` is all of it) or from an older meta-scheduler.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub installed: Vec<NodeShape>,
+    /// The provisioning SLA (assignment to running) as measured here;
+    /// absent from an older meta-scheduler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sla: Option<ClusterSla>,
+}
+
+/// A cluster's provisioning times (assignment → running) over its last
+/// runs, and its SLA state (docs/failover.md, "Provisioning SLA").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSla {
+    /// `ok`, `degraded` (missed its deadline recently: scored down, its
+    /// late pending jobs re-placed), `off` (measured, not enforced).
+    pub state: String,
+    /// This cluster's deadline in seconds.
+    pub deadline_s: f64,
+    /// Samples in the window: runs that started, and misses.
+    #[serde(default)]
+    pub samples: u32,
+    /// Of those, how many missed the deadline.
+    #[serde(default)]
+    pub missed: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p90_s: Option<f64>,
+    /// The same over the last runs of every cluster of its provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_p50_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_p90_s: Option<f64>,
+    #[serde(default)]
+    pub provider_samples: u32,
+    /// While degraded, the engine adds this fraction of the cluster's
+    /// score (plus its expected provisioning delay at the policy's time
+    /// value) to it.
+    #[serde(default)]
+    pub penalty_frac: f64,
+    /// Why it is in that state (`missed 3 of last 5, p90 412 s > 300 s`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
+}
+
+impl ClusterSla {
+    /// SLA-degraded: scored down by the engine, avoided by the first rule
+    /// while another cluster can take the job.
+    pub fn degraded(&self) -> bool {
+        self.state == "degraded"
+    }
 }
 
 /// The fleet as the meta-scheduler sees it; agents cache it to answer the

@@ -78,6 +78,10 @@ pub struct ClusterConfig {
     /// jobs are moved elsewhere (default: `[health] grace_s`).
     #[serde(default)]
     pub grace_s: Option<f64>,
+    /// Provisioning deadline of this cluster (seconds from assignment to
+    /// running); wins over `[sla] provider_deadline_s` and `deadline_s`.
+    #[serde(default)]
+    pub sla_deadline_s: Option<f64>,
 }
 
 /// `[limits]`: what one client can hold of the meta-scheduler.
@@ -187,6 +191,124 @@ pub struct Config {
     /// `[health]`: when a silent cluster is Degraded and when its jobs move.
     #[serde(default)]
     pub health: Option<HealthConfig>,
+    /// `[sla]`: the provisioning SLA (assignment to running). Without it
+    /// the times are measured and shown, nothing is re-placed.
+    #[serde(default)]
+    pub sla: Option<SlaConfig>,
+}
+
+/// `[sla]`: a fleet job assigned to a cluster must run there within its
+/// provisioning deadline (per cluster `[[clusters]] sla_deadline_s`, else
+/// per provider `[sla.provider_deadline_s]`, else `deadline_s`). One that
+/// does not is re-placed elsewhere when another cluster can run it, and
+/// the cluster is SLA-degraded (scored down) until `recover_runs` runs in
+/// a row started within their deadline there, or `cooldown_s` passed
+/// since its last miss. docs/failover.md ("Provisioning SLA").
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlaConfig {
+    /// Default provisioning deadline, seconds (default 300).
+    #[serde(default = "default_sla_deadline")]
+    pub deadline_s: f64,
+    /// Provider name → its deadline (seconds).
+    #[serde(default)]
+    pub provider_deadline_s: BTreeMap<String, f64>,
+    /// Samples (runs and misses) kept per cluster: the rolling window of
+    /// p50/p90 and of the miss count (default 20).
+    #[serde(default = "default_sla_window")]
+    pub window: u32,
+    /// Runs in a row within their deadline that end SLA-degraded (default 3).
+    #[serde(default = "default_sla_recover_runs")]
+    pub recover_runs: u32,
+    /// Seconds without a miss that end SLA-degraded (default 900).
+    #[serde(default = "default_sla_cooldown")]
+    pub cooldown_s: f64,
+    /// The engine's penalty on an SLA-degraded cluster: this fraction of
+    /// its score, plus its expected provisioning delay (p90, at least the
+    /// deadline) at the policy's time value (default 1.0).
+    #[serde(default = "default_sla_penalty_frac")]
+    pub penalty_frac: f64,
+}
+
+impl Default for SlaConfig {
+    fn default() -> Self {
+        SlaConfig {
+            deadline_s: default_sla_deadline(),
+            provider_deadline_s: BTreeMap::new(),
+            window: default_sla_window(),
+            recover_runs: default_sla_recover_runs(),
+            cooldown_s: default_sla_cooldown(),
+            penalty_frac: default_sla_penalty_frac(),
+        }
+    }
+}
+
+fn default_sla_deadline() -> f64 {
+    300.0
+}
+
+fn default_sla_window() -> u32 {
+    20
+}
+
+fn default_sla_recover_runs() -> u32 {
+    3
+}
+
+fn default_sla_cooldown() -> f64 {
+    900.0
+}
+
+fn default_sla_penalty_frac() -> f64 {
+    1.0
+}
+
+/// What the store needs of `[sla]`, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sla {
+    /// Deadlines are enforced (an `[sla]` section exists).
+    pub enforced: bool,
+    pub deadline_s: f64,
+    /// Cluster name → its deadline, where it differs from `deadline_s`.
+    pub cluster_deadline_s: BTreeMap<String, f64>,
+    pub provider_deadline_s: BTreeMap<String, f64>,
+    pub window: usize,
+    pub recover_runs: usize,
+    pub cooldown_s: f64,
+    pub penalty_frac: f64,
+}
+
+impl Default for Sla {
+    /// Measured and shown, not enforced.
+    fn default() -> Self {
+        Sla::from_config(None, &[])
+    }
+}
+
+impl Sla {
+    pub fn from_config(c: Option<&SlaConfig>, clusters: &[ClusterConfig]) -> Sla {
+        let d = SlaConfig::default();
+        let s = c.unwrap_or(&d);
+        Sla {
+            enforced: c.is_some(),
+            deadline_s: s.deadline_s,
+            cluster_deadline_s: clusters.iter().filter_map(|c| c.sla_deadline_s.map(|d| (c.name.clone(), d))).collect(),
+            provider_deadline_s: s.provider_deadline_s.clone(),
+            window: s.window as usize,
+            recover_runs: s.recover_runs as usize,
+            cooldown_s: s.cooldown_s,
+            penalty_frac: s.penalty_frac,
+        }
+    }
+
+    /// The deadline of `cluster` (of provider `provider`).
+    pub fn deadline(&self, cluster: &str, provider: &str) -> f64 {
+        self.cluster_deadline_s
+            .get(cluster)
+            .or_else(|| self.provider_deadline_s.get(provider))
+            .copied()
+            .unwrap_or(self.deadline_s)
+    }
 }
 
 /// `[health]`: a cluster that misses `missed_heartbeats` beats of
@@ -462,6 +584,7 @@ impl Config {
             tls: None,
             limits: LimitsConfig::default(),
             health: None,
+            sla: None,
         }
     }
 
@@ -486,6 +609,11 @@ impl Config {
                 first_lease_s: 3.0 * default_job_lease(),
             },
         }
+    }
+
+    /// `[sla]` resolved (not enforced without the section).
+    pub fn sla(&self) -> Sla {
+        Sla::from_config(self.sla.as_ref(), &self.clusters)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
@@ -628,6 +756,50 @@ impl Config {
                         h.job_lease_margin_s
                     )));
                 }
+            }
+        }
+        let deadline_ok = |v: f64| v.is_finite() && (1.0..=604_800.0).contains(&v);
+        for c in &self.clusters {
+            if let Some(d) = c.sla_deadline_s.filter(|d| !deadline_ok(*d)) {
+                return Err(ConfigError::Invalid(format!(
+                    "cluster {:?}: sla_deadline_s = {d} must be in [1, 604800]",
+                    c.name
+                )));
+            }
+        }
+        if let Some(s) = &self.sla {
+            if !deadline_ok(s.deadline_s) {
+                return Err(ConfigError::Invalid(format!(
+                    "[sla] deadline_s = {} must be in [1, 604800]",
+                    s.deadline_s
+                )));
+            }
+            for (p, d) in &s.provider_deadline_s {
+                if p.is_empty() || p.chars().any(char::is_control) {
+                    return Err(ConfigError::Invalid(format!(
+                        "[sla.provider_deadline_s] has a bad provider name {p:?}"
+                    )));
+                }
+                if !deadline_ok(*d) {
+                    return Err(ConfigError::Invalid(format!(
+                        "[sla.provider_deadline_s] {p:?} = {d} must be in [1, 604800]"
+                    )));
+                }
+            }
+            if !(1..=1000).contains(&s.window) {
+                return Err(ConfigError::Invalid("[sla] window must be in [1, 1000]".into()));
+            }
+            if !(1..=s.window).contains(&s.recover_runs) {
+                return Err(ConfigError::Invalid(format!(
+                    "[sla] recover_runs = {} must be in [1, window = {}]",
+                    s.recover_runs, s.window
+                )));
+            }
+            if !(s.cooldown_s.is_finite() && (0.0..=604_800.0).contains(&s.cooldown_s)) {
+                return Err(ConfigError::Invalid("[sla] cooldown_s must be in [0, 604800]".into()));
+            }
+            if !(s.penalty_frac.is_finite() && (0.0..=100.0).contains(&s.penalty_frac)) {
+                return Err(ConfigError::Invalid("[sla] penalty_frac must be in [0, 100]".into()));
             }
         }
         if let Some(r) = &self.rebalance {
@@ -799,6 +971,24 @@ mod tests {
     const BASE: &str = "listen = \"127.0.0.1:16900\"\nstate_dir = \"/tmp/x\"\nadmin_token_file = \"/tmp/a\"\n";
 
     #[test]
+    fn sla_deadlines_cluster_then_provider_then_default() {
+        let text = format!(
+            "{BASE}[[clusters]]\nname = \"a\"\nprovider = \"aws\"\ntoken_file = \"/t\"\nsla_deadline_s = 60\n\
+             [[clusters]]\nname = \"b\"\nprovider = \"aws\"\ntoken_file = \"/t\"\n\
+             [[clusters]]\nname = \"c\"\nprovider = \"onprem\"\ntoken_file = \"/t\"\n\
+             [sla]\ndeadline_s = 300\n[sla.provider_deadline_s]\naws = 600\n"
+        );
+        let sla = Config::parse(&text, Path::new("t.toml")).unwrap().sla();
+        assert!(sla.enforced);
+        let got: Vec<f64> =
+            [("a", "aws"), ("b", "aws"), ("c", "onprem")].iter().map(|(c, p)| sla.deadline(c, p)).collect();
+        assert_eq!(got, [60.0, 600.0, 300.0]);
+        // Without [sla]: measured against the default, not enforced.
+        let off = Config::parse(BASE, Path::new("t.toml")).unwrap().sla();
+        assert_eq!((off.enforced, off.deadline("x", "y"), off.window, off.recover_runs), (false, 300.0, 20, 3));
+    }
+
+    #[test]
     fn the_example_config_parses() {
         let text = include_str!("../../../conf/metasched.toml");
         let c = Config::parse(text, Path::new("conf/metasched.toml")).unwrap();
@@ -850,6 +1040,34 @@ mod tests {
         check(&format!("{BASE}[policies.cheap]\nprice = 1.0\n"), Ok(""));
         check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\n"), Ok(""));
+        check(&format!("{BASE}[sla]\n"), Ok(""));
+        check(
+            &format!(
+                "{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\nsla_deadline_s = 60\n\
+                 [sla]\ndeadline_s = 300\nwindow = 10\nrecover_runs = 2\ncooldown_s = 0\npenalty_frac = 0.5\n\
+                 [sla.provider_deadline_s]\naws = 600\n"
+            ),
+            Ok("a"),
+        );
+        check(&format!("{BASE}[sla]\ndeadline = 300\n"), Err("unknown field `deadline`"));
+        check(&format!("{BASE}[sla]\ndeadline_s = 0\n"), Err("[sla] deadline_s = 0 must be in [1, 604800]"));
+        check(&format!("{BASE}[sla]\ndeadline_s = nan\n"), Err("deadline_s = NaN must be in"));
+        check(&format!("{BASE}[sla]\ndeadline_s = \"5m\"\n"), Err("t.toml"));
+        check(&format!("{BASE}[sla]\nwindow = 0\n"), Err("window must be in [1, 1000]"));
+        check(
+            &format!("{BASE}[sla]\nwindow = 5\nrecover_runs = 6\n"),
+            Err("recover_runs = 6 must be in [1, window = 5]"),
+        );
+        check(&format!("{BASE}[sla]\nrecover_runs = 0\n"), Err("recover_runs = 0"));
+        check(&format!("{BASE}[sla]\ncooldown_s = -1\n"), Err("cooldown_s must be in [0, 604800]"));
+        check(&format!("{BASE}[sla]\npenalty_frac = inf\n"), Err("penalty_frac must be in [0, 100]"));
+        check(&format!("{BASE}[sla.provider_deadline_s]\naws = -5\n"), Err("\"aws\" = -5 must be in [1, 604800]"));
+        check(&format!("{BASE}[sla.provider_deadline_s]\n\"\" = 5\n"), Err("bad provider name"));
+        check(&format!("{BASE}[sla.provider_deadline_s]\naws = \"x\"\n"), Err("t.toml"));
+        check(
+            &format!("{BASE}[[clusters]]\nname = \"a\"\ntoken_file = \"/t\"\nsla_deadline_s = 0.5\n"),
+            Err("cluster \"a\": sla_deadline_s = 0.5 must be in [1, 604800]"),
+        );
         check(&format!("{BASE}[health]\n"), Ok(""));
         check(
             &format!(

@@ -387,10 +387,14 @@ pub async fn run_with(
             tracing::warn!("carbon/egress feeds are configured but unused: no cost-engine policy in [placement]");
         }
         let health = config.health();
-        let mut store =
-            tokio::task::spawn_blocking(move || Store::open(&dir, &clusters, timeout, &clock, metrics, ranker))
-                .await?
-                .with_context(|| format!("opening the state in {}", config.state_dir.display()))?;
+        let sla = config.sla();
+        let mut store = tokio::task::spawn_blocking(move || {
+            let mut s = Store::open(&dir, &clusters, timeout, &clock, metrics, ranker)?;
+            s.set_sla(sla)?;
+            Ok::<_, store::StoreError>(s)
+        })
+        .await?
+        .with_context(|| format!("opening the state in {}", config.state_dir.display()))?;
         store.set_health(health);
         store
     };

@@ -38,6 +38,13 @@
 //!   (checkpointing: cancelled at the target as usual; stopping: the cancel
 //!   already under way ends it cancelled); the run dies (its cluster is
 //!   silent past its grace period) ──▶ the ordinary dead-run migration.
+//! provisioning SLA missed (assigned or pending at its target past the
+//! cluster's deadline, another cluster can run it):
+//!   assigned, not submitted ──▶ queued (re-placed: new epoch; a late
+//!                               submission there is stale and stopped)
+//!   assigned (submitted) / pending ──▶ stopping (cancelled there first; its
+//!                               end re-places it, as a planned move's does)
+//!   running, held, queued, terminal, being cancelled or moved: nothing.
 //! ```
 
 use fleet_api::JobState;
@@ -137,6 +144,9 @@ pub enum Event {
     /// The target can no longer take the job (full, unhealthy, excluded)
     /// before the run was stopped: the move is abandoned.
     MoveRefused,
+    /// The job has waited at its target past the cluster's provisioning
+    /// deadline without running, and another cluster can run it.
+    SlaMissed,
 }
 
 /// What the store does besides saving the new [`Life`].
@@ -189,6 +199,10 @@ pub enum Effect {
     /// The stopped run ended: the planned move continues as a migration
     /// to the chosen target (with [`Effect::Migrate`] and [`Effect::Place`]).
     PlannedMove,
+    /// The provisioning SLA was missed before the target submitted the
+    /// job: forget the assignment (the cluster's late reports are stale),
+    /// note it, and place the job again (with [`Effect::Place`]).
+    SlaReplace,
 }
 
 /// How the caller is answered.
@@ -343,7 +357,25 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             ok(next, vec![Effect::AbandonMove])
         }
         Event::CheckpointTaken | Event::CheckpointMissed { .. } | Event::MoveRefused => ok(next, vec![]),
+        Event::SlaMissed => sla_missed(life, next),
     }
+}
+
+/// The job waited past its target's provisioning deadline: re-placed at
+/// once when the target has not submitted it, else stopped there first
+/// (the planned move's stopping phase: never two copies).
+fn sla_missed(life: &Life, mut next: Life) -> Outcome {
+    use JobState as S;
+    let waiting = matches!(life.state, S::Assigned | S::Pending);
+    if !waiting || life.cancel_requested || life.moving != Moving::No {
+        return ok(next, vec![]);
+    }
+    if life.state == S::Assigned && !life.submitted {
+        next.state = S::Queued;
+        return ok(next, vec![Effect::SlaReplace, Effect::Place]);
+    }
+    next.moving = Moving::Stopping;
+    ok(next, vec![Effect::StopRun, Effect::WakeTarget])
 }
 
 /// A planned migration of a running job starts (see the diagram above).
@@ -665,6 +697,9 @@ mod tests {
             (Event::CheckpointMissed { fallback: true }, "H Q A P R C F X L"),
             (Event::CheckpointMissed { fallback: false }, "H Q A P R C F X L"),
             (Event::MoveRefused, "H Q A P R C F X L"),
+            // The provisioning SLA: only a job waiting at its target moves
+            // (typical: assigned is not submitted yet, pending is).
+            (Event::SlaMissed, "H Q Q P R C F X L"),
         ];
         for (event, want) in table {
             let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
@@ -719,6 +754,8 @@ mod tests {
             (Event::TargetLost, "R Rc Rs"),
             (Event::RequestStart { origin_job_id: 7, restart: 0 }, "R Rc Rs"),
             (Event::RequestStart { origin_job_id: 7, restart: 1 }, "R!409 Rc!409 Rs!409"),
+            // Running already: the provisioning SLA is met, nothing to do.
+            (Event::SlaMissed, "R Rc Rs"),
         ];
         for (event, want) in table {
             let got: Vec<String> = phases
@@ -1009,6 +1046,44 @@ mod tests {
         let o =
             transition(&legacy, &Event::Report { state: Some(S::Completed), remote_job_id: Some(3), epoch: Some(4) });
         assert_eq!((o.life.state, o.reply), (S::Completed, Reply::Ok));
+    }
+
+    #[test]
+    fn a_missed_provisioning_sla_re_places_or_stops_first() {
+        use Effect as E;
+        // Not submitted yet: re-placed at once (a new epoch follows).
+        let assigned = typical(S::Assigned);
+        let queued = Life { state: S::Queued, ..assigned.clone() };
+        check(assigned.clone(), Event::SlaMissed, queued.clone(), &[E::SlaReplace, E::Place], "ok");
+        check(queued, Event::Placed, Life { epoch: 2, ..assigned.clone() }, &[E::NewEpoch, E::WakeTarget], "ok");
+        // Submitted there (pending, or assigned and reported): cancelled
+        // there first; its end is the planned move's, a new placement.
+        for s in [S::Pending, S::Assigned] {
+            let at = Life { submitted: true, ..typical(s) };
+            let stopping = Life { moving: Moving::Stopping, ..at.clone() };
+            check(at.clone(), Event::SlaMissed, stopping.clone(), &[E::StopRun, E::WakeTarget], "ok");
+            // Repeated by the next sweep: nothing more.
+            check(stopping.clone(), Event::SlaMissed, stopping.clone(), &[], "ok");
+            // It started meanwhile: the stop under way goes on (one copy).
+            let started = Life { state: S::Running, ..stopping.clone() };
+            check(stopping.clone(), report(Some(S::Running)), started.clone(), &[E::TakeReport, E::MarkRunning], "ok");
+            let moved = Life { state: S::Queued, submitted: false, moving: Moving::No, ..at.clone() };
+            check(started, report(Some(S::Cancelled)), moved.clone(), &[E::PlannedMove, E::Migrate, E::Place], "ok");
+            check(stopping.clone(), report(Some(S::Cancelled)), moved, &[E::PlannedMove, E::Migrate, E::Place], "ok");
+            // scancel meanwhile: the cancel ends it cancelled, no re-placement.
+            let both = Life { cancel_requested: true, ..stopping.clone() };
+            check(stopping.clone(), Event::Cancel, both.clone(), &[E::WakeTarget], "ok");
+            let cancelled = Life { state: S::Cancelled, moving: Moving::No, ..both.clone() };
+            check(both, report(Some(S::Cancelled)), cancelled, &[E::TakeReport, E::RecordOutcome], "ok");
+            // It ended by itself meanwhile: that is its end.
+            let failed = Life { state: S::Failed, moving: Moving::No, ..stopping.clone() };
+            check(stopping, report(Some(S::Failed)), failed, &[E::TakeReport, E::RecordOutcome], "ok");
+        }
+        // Being cancelled, or a planned move under way: nothing.
+        let cancelling = Life { cancel_requested: true, ..typical(S::Pending) };
+        check(cancelling.clone(), Event::SlaMissed, cancelling, &[], "ok");
+        let ckpting = Life { moving: Moving::Checkpointing, ..typical(S::Pending) };
+        check(ckpting.clone(), Event::SlaMissed, ckpting, &[], "ok");
     }
 
     #[test]

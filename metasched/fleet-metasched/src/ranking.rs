@@ -169,19 +169,36 @@ impl Ranker {
         &self.policy.name
     }
 
-    /// The engine's ranked explanation of `req` on `view`.
-    pub fn explain(&self, view: &FleetView, req: &JobRequest, id: &str) -> (Decision, Vec<String>) {
+    /// The engine's ranked explanation of `req` on `view`, with the
+    /// provisioning-SLA penalty of SLA-degraded clusters added to their
+    /// scores (and the ranking sorted again): the penalties by cluster.
+    pub fn explain(&self, view: &FleetView, req: &JobRequest, id: &str) -> (Decision, Vec<String>, Vec<(String, f64)>) {
         let (mut spec, errs) = JobSpec::from_request_script(req);
         spec.id = id.to_string();
         let state = self.state(view);
-        let d = fleet_engine::explain(&self.model, &state, &spec, &self.policy);
-        (d, errs.iter().map(|e| e.to_string()).collect())
+        let mut d = fleet_engine::explain(&self.model, &state, &spec, &self.policy);
+        let mut errs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        let mut penalties = Vec::new();
+        for c in &mut d.ranked {
+            let Some(sla) = view.clusters.iter().find(|v| v.name == c.cluster).and_then(|v| v.sla.as_ref()) else {
+                continue;
+            };
+            let p = sla_penalty_usd(sla, c.breakdown.total, self.policy.time_value_usd_per_gpu_hour, spec.gpus);
+            if p > 0.0 {
+                c.breakdown.total += p;
+                errs.push(format!("{} is SLA-degraded ({}): score +{p:.2} USD", c.cluster, sla.why));
+                penalties.push((c.cluster.clone(), p));
+            }
+        }
+        // Stable: equal scores keep the engine's order (home first).
+        d.ranked.sort_by(|a, b| a.breakdown.total.total_cmp(&b.breakdown.total));
+        (d, errs, penalties)
     }
 
     /// The best-ranked cluster among `allowed`; `None` when the engine
     /// ranks none of them (then the first rule's pick stands).
     pub fn pick(&self, view: &FleetView, req: &JobRequest, id: &str, allowed: &[String]) -> Option<Pick> {
-        let (d, _) = self.explain(view, req, id);
+        let (d, _, _) = self.explain(view, req, id);
         let n = d.ranked.len();
         d.ranked.iter().enumerate().find(|(_, c)| allowed.contains(&c.cluster)).map(|(i, c)| Pick {
             cluster: c.cluster.clone(),
@@ -198,6 +215,23 @@ impl Ranker {
                 if c.fits_now { "" } else { ", waits" }
             ),
         })
+    }
+}
+
+/// The score an SLA-degraded cluster pays on top of `total`:
+/// `penalty_frac × total + time value × GPUs × max(p90, deadline)` (hours),
+/// its expected provisioning delay valued as the engine values waiting.
+/// 0 for a cluster that is not degraded.
+pub fn sla_penalty_usd(sla: &fleet_api::api::ClusterSla, total: f64, time_value: f64, gpus: u32) -> f64 {
+    if !sla.degraded() {
+        return 0.0;
+    }
+    let delay_h = sla.p90_s.unwrap_or(0.0).max(sla.deadline_s) / 3600.0;
+    let p = sla.penalty_frac * total.max(0.0) + time_value.max(0.0) * f64::from(gpus) * delay_h;
+    if p.is_finite() {
+        p
+    } else {
+        0.0
     }
 }
 
@@ -274,5 +308,37 @@ impl Ranker {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sla_penalty_usd;
+    use fleet_api::api::ClusterSla;
+
+    #[test]
+    fn the_sla_penalty() {
+        let sla = |state: &str, p90: Option<f64>| ClusterSla {
+            state: state.into(),
+            deadline_s: 360.0,
+            p90_s: p90,
+            penalty_frac: 1.0,
+            ..Default::default()
+        };
+        // (state, p90, total, time value, GPUs) → penalty
+        let table = [
+            ("ok", Some(7200.0), 10.0, 2.0, 4, 0.0),
+            ("off", Some(7200.0), 10.0, 2.0, 4, 0.0),
+            // 10 + 2 × 4 × 2 h
+            ("degraded", Some(7200.0), 10.0, 2.0, 4, 26.0),
+            // p90 below the deadline: the deadline (0.1 h) counts
+            ("degraded", Some(60.0), 10.0, 2.0, 4, 10.8),
+            ("degraded", None, 10.0, 0.0, 4, 10.0),
+            ("degraded", Some(f64::INFINITY), 10.0, 2.0, 4, 0.0),
+        ];
+        for (state, p90, total, tv, g, want) in table {
+            let got = sla_penalty_usd(&sla(state, p90), total, tv, g);
+            assert!((got - want).abs() < 1e-9, "{state} {p90:?}: {got} != {want}");
+        }
     }
 }

@@ -22,7 +22,7 @@ use fleet_api::{JobRequest, JobState};
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ClusterConfig, Health};
+use crate::config::{ClusterConfig, Health, Sla};
 use crate::feeds::Feeds;
 use crate::lifecycle::{self, transition, Effect, Event, Life, Moving, Reply};
 use crate::metrics::Metrics;
@@ -33,6 +33,7 @@ use crate::Clock;
 mod catalog;
 /// Planned migrations (rebalancing moves) carried out.
 mod moves;
+mod sla;
 
 pub use moves::{MoveFigures, MovePolicy, MoveStatus, PlannedMove};
 
@@ -176,6 +177,15 @@ pub struct Job {
     /// (0: none). Reset by a requeue at the target (a new launch).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub leased_epoch: u64,
+    /// When the current placement was made: the provisioning SLA's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assigned_at: Option<f64>,
+    /// The epoch whose start was recorded for the SLA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sla_started: Option<u64>,
+    /// The epoch whose provisioning deadline passed (recorded as a miss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sla_missed: Option<u64>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -387,6 +397,9 @@ pub struct Store {
     /// Unix seconds), in memory: what a run's claim that its lease stopped
     /// it is checked against.
     lease_until: HashMap<String, (u64, f64)>,
+    /// `[sla]` and the provisioning samples (`store/sla.rs`).
+    sla: Sla,
+    sla_book: sla::SlaBook,
 }
 
 /// Seconds a granted lease may still cover a run whose claim that its
@@ -642,6 +655,9 @@ impl Store {
         }
         conn.execute_batch("CREATE INDEX IF NOT EXISTS jobs_active ON jobs(target, active);")?;
         catalog::init(&conn)?;
+        sla::init(&conn)?;
+        let sla = Sla::default();
+        let sla_book = sla::SlaBook::load(&conn, sla.window)?;
         let mut map = BTreeMap::new();
         for c in clusters {
             let last: Option<(String, f64)> = conn
@@ -676,6 +692,8 @@ impl Store {
             },
             awaiting_lease: BTreeSet::new(),
             lease_until: HashMap::new(),
+            sla,
+            sla_book,
         };
         store.reconcile_output_lengths()?;
         for job in store.query("SELECT data FROM jobs WHERE state = 'running' AND active = 1", [])? {
@@ -773,6 +791,7 @@ impl Store {
     // ---- clusters -------------------------------------------------------
 
     pub fn view(&self, now: f64) -> FleetView {
+        let providers = self.sla_book.by_provider(self.sla.window);
         let clusters = self
             .order
             .iter()
@@ -802,6 +821,7 @@ impl Store {
                             unhealthy_reason: String::new(),
                             identities: hb.identities.clone(),
                             health: String::new(),
+                            sla: None,
                             installed: {
                                 let all = installed_shapes(&hb.nodes);
                                 // Only when some are unusable: views stay small.
@@ -829,8 +849,10 @@ impl Store {
                         identities: None,
                         health: String::new(),
                         installed: Vec::new(),
+                        sla: None,
                     },
                 };
+                summary.sla = Some(self.sla_summary(&summary.name, &summary.provider, &providers, now));
                 summary.health = if summary.healthy { "healthy" } else { "degraded" }.into();
                 if !summary.healthy {
                     let age = summary.heartbeat_age_s;
@@ -1004,6 +1026,9 @@ impl Store {
             last_move: None,
             lease_run_epoch: 0,
             leased_epoch: 0,
+            assigned_at: None,
+            sla_started: None,
+            sla_missed: None,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -1053,7 +1078,7 @@ impl Store {
             view_generated_at: view.generated_at,
         };
         if let Some(r) = &self.ranker {
-            let (d, errs) = r.explain(&view, &job.request, &out.fleet_job_id);
+            let (d, errs, penalties) = r.explain(&view, &job.request, &out.fleet_job_id);
             out.policy = d.policy.clone();
             out.ranked = d
                 .ranked
@@ -1074,6 +1099,10 @@ impl Store {
                             ("time_usd".into(), b.time_usd),
                             ("carbon_usd".into(), b.carbon_usd),
                             ("carbon_g_per_kwh".into(), b.carbon_g_per_kwh),
+                            (
+                                "sla_usd".into(),
+                                penalties.iter().find(|(n, _)| *n == c.cluster).map_or(0.0, |(_, p)| *p),
+                            ),
                         ],
                     }
                 })
@@ -1240,6 +1269,16 @@ impl Store {
                 view = without;
             }
         }
+        // Without the engine (which scores them down), SLA-degraded
+        // clusters are avoided while another can take the job.
+        let slow = Self::sla_degraded(&view);
+        if self.ranker.is_none() && !slow.is_empty() {
+            let mut without = view.clone();
+            without.clusters.iter_mut().filter(|c| slow.contains(&c.name)).for_each(|c| c.healthy = false);
+            if !matches!(placement::place(&without, &job.request).0, Placement::Impossible { .. }) {
+                view = without;
+            }
+        }
         let (mut p, excluded) = placement::place(&view, &job.request);
         let previous = job.record.reason.clone();
         // A planned move's target first, when the first rule lets it take the job now.
@@ -1299,6 +1338,7 @@ impl Store {
         refresh_complete(job);
         if o.effects.contains(&Effect::NewEpoch) {
             job.avoid = None;
+            job.assigned_at = Some(now);
             tracing::info!(job = %job.record.fleet_job_id, epoch = job.record.epoch, target = ?job.record.target,
                 "placed (new epoch)");
         }
@@ -1312,6 +1352,7 @@ impl Store {
     /// silent before submitting them.
     pub fn sweep(&mut self, now: f64) -> Result<(), StoreError> {
         self.advance_moves(now)?;
+        self.check_sla(now)?;
         let jobs = self.query("SELECT data FROM jobs WHERE state IN ('queued', 'assigned')", [])?;
         for mut job in jobs {
             let before = (job.record.state, job.record.target.clone());
@@ -1795,6 +1836,7 @@ impl Store {
                             self.awaiting_lease.insert(id.to_string());
                         }
                     }
+                    self.sla_started(&mut job, now)?;
                     let here = job.record.target.clone();
                     if let Some(f) = job.last_move.as_mut().filter(|f| f.stopped_at.is_some() && f.running_at.is_none())
                     {
@@ -1829,7 +1871,8 @@ impl Store {
                 | Effect::SignalCheckpoint
                 | Effect::StopRun
                 | Effect::AbandonMove
-                | Effect::PlannedMove => {}
+                | Effect::PlannedMove
+                | Effect::SlaReplace => {}
             }
         }
         if o.effects.contains(&Effect::PlannedMove) {

@@ -47,7 +47,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Clusters: region, provider, health, heartbeat age, GPUs free/total per type, queue.
+    /// Clusters: region, provider, health, heartbeat age, GPUs free/total per type, queue,
+    /// provisioning SLA (ok, degraded, off; p50/p90 of assignment to running over the last
+    /// runs, per cluster and per provider) and why.
     Clusters,
     /// Forwarded jobs, newest first, a page of --limit at a time: id, user,
     /// origin and its stand-in's job id, target and remote job id, state,
@@ -550,14 +552,34 @@ fn clusters_table(v: &FleetView) -> String {
                 gpus,
                 c.queue_pending.to_string(),
                 c.queue_running.to_string(),
+                sla_cell(c.sla.as_ref()),
                 why_cluster(c),
             ]
         })
         .collect();
     table(
-        &["NAME", "REGION", "PROVIDER", "HEALTH", "HEARTBEAT", "GPUS(free/total)", "PENDING", "RUNNING", "WHY"],
+        &["NAME", "REGION", "PROVIDER", "HEALTH", "HEARTBEAT", "GPUS(free/total)", "PENDING", "RUNNING", "SLA", "WHY"],
         &rows,
     )
+}
+
+/// `ok p50 12s p90 40s (n=7)`; the provider's figures when the cluster has none.
+fn sla_cell(sla: Option<&fleet_api::api::ClusterSla>) -> String {
+    let Some(s) = sla else { return "-".into() };
+    let secs = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}s"));
+    let state = if s.state.is_empty() { "-".to_string() } else { one_line(&s.state) };
+    if s.samples > 0 {
+        format!("{state} p50 {} p90 {} (n={})", secs(s.p50_s), secs(s.p90_s), s.samples)
+    } else if s.provider_samples > 0 {
+        format!(
+            "{state} provider p50 {} p90 {} (n={})",
+            secs(s.provider_p50_s),
+            secs(s.provider_p90_s),
+            s.provider_samples
+        )
+    } else {
+        state
+    }
 }
 
 /// Why a cluster is not (fully) available: its health reason, and installed
@@ -573,6 +595,10 @@ fn why_cluster(c: &fleet_api::api::ClusterSummary) -> String {
         } else {
             format!("{why}; {n} of {installed} nodes drained or down")
         };
+    }
+    if let Some(s) = c.sla.as_ref().filter(|s| s.state == "degraded") {
+        let sla = format!("sla: {}", one_line(&s.why));
+        why = if why.is_empty() { sla } else { format!("{why}; {sla}") };
     }
     if why.is_empty() {
         "-".into()
@@ -1284,6 +1310,47 @@ mod tests {
             let e = parse_since(bad, now, utc).unwrap_err();
             assert!(e.contains("--since") && e.contains("duration"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn clusters_table_shows_the_sla() {
+        use fleet_api::api::{ClusterSla, ClusterSummary};
+        let sla = |state: &str, samples: u32, why: &str| ClusterSla {
+            state: state.into(),
+            deadline_s: 300.0,
+            samples,
+            missed: 3,
+            p50_s: (samples > 0).then_some(150.4),
+            p90_s: (samples > 0).then_some(412.0),
+            provider_p50_s: Some(20.0),
+            provider_p90_s: Some(30.0),
+            provider_samples: 9,
+            why: why.into(),
+            ..Default::default()
+        };
+        let c = |name: &str, s: Option<ClusterSla>| ClusterSummary {
+            name: name.into(),
+            healthy: true,
+            scheduler: "slurm".into(),
+            sla: s,
+            ..Default::default()
+        };
+        let v = FleetView {
+            generated_at: 0.0,
+            clusters: vec![
+                c("alpha", Some(sla("degraded", 5, "missed 3 of last 5, p90 412 s > 300 s; degraded until …"))),
+                c("beta", Some(sla("ok", 0, "no runs yet"))),
+                c("gamma", None),
+            ],
+        };
+        let t = clusters_table(&v);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("  SLA  ") && lines[0].ends_with("WHY"), "{t}");
+        assert!(lines[1].contains("degraded p50 150s p90 412s (n=5)"), "{t}");
+        assert!(lines[1].ends_with("sla: missed 3 of last 5, p90 412 s > 300 s; degraded until …"), "{t}");
+        assert!(lines[2].contains("ok provider p50 20s p90 30s (n=9)") && lines[2].ends_with('-'), "{t}");
+        let cells: Vec<&str> = lines[3].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(cells[cells.len() - 2..], ["-", "-"], "{t}");
     }
 
     #[test]

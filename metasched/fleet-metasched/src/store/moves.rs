@@ -46,6 +46,10 @@ pub struct PlannedMove {
     /// When the run was told to stop, and by when it must have.
     pub stop_at: Option<f64>,
     pub stop_by: Option<f64>,
+    /// Not a rebalancing move: a pending job re-placed because its
+    /// cluster missed its provisioning SLA (`to` is empty: any other).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sla: bool,
 }
 
 mod phase_serde {
@@ -209,6 +213,7 @@ impl Store {
             stop_deadline_s: policy.stop_deadline_s,
             stop_at: None,
             stop_by: None,
+            sla: false,
         });
         job.last_move =
             Some(MoveFigures { from: from.clone(), to: to.to_string(), decided_at: now, ..Default::default() });
@@ -301,6 +306,24 @@ impl Store {
                     job.record.updated_at = now;
                     self.save(&job)?;
                 }
+                Moving::Stopping if m.sla && job.record.state != JobState::Running => {
+                    if m.stop_by.is_some_and(|by| now >= by) {
+                        // It never ran there: re-placed anyway, its copy
+                        // there fenced by the epoch (reports are stale,
+                        // a lease is never granted to it).
+                        let o = transition(&life_of(&job), &Event::Died { resumable: true, epoch: None });
+                        if o.life.state != JobState::Queued {
+                            continue;
+                        }
+                        set_life(&mut job, &o.life);
+                        let late = format!("{} did not confirm its cancel within {:.0} s", m.from, m.stop_deadline_s);
+                        self.sla_forget(&mut job, &m.from, &late, "re-placing it elsewhere anyway")?;
+                        job.record.reason = format!("re-placing: {late} ({})", m.why);
+                        self.assign(&mut job, now);
+                        super::refresh_complete(&mut job);
+                        self.save(&job)?;
+                    }
+                }
                 Moving::Stopping => {
                     if m.stop_by.is_some_and(|by| now >= by) {
                         let why = format!(
@@ -330,6 +353,19 @@ impl Store {
     ) -> Result<(), StoreError> {
         let id = job.record.fleet_job_id.clone();
         let from = job.record.target.clone().unwrap_or_default();
+        if let Some(m) = planned.as_ref().filter(|m| m.sla) {
+            // A provisioning-SLA re-placement: the cancelled run never
+            // counted as a move of a running job.
+            let why = m.why.strip_prefix("provisioning SLA: ").unwrap_or(&m.why).to_string();
+            self.sla_forget(job, &from, &why, "cancelled there, re-placing it elsewhere")?;
+            job.record.reason = format!("re-placing: {why}");
+            job.record.updated_at = now;
+            tracing::info!(job = %id, from = %from, epoch = old_epoch, "{}", job.record.reason);
+            self.assign(job, now);
+            super::refresh_complete(job);
+            self.save(job)?;
+            return Ok(());
+        }
         let (to, why) = planned.map(|m| (m.to, m.why)).unwrap_or_default();
         job.left.push((old_epoch, from.clone()));
         job.record.remote_job_id = None;

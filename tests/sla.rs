@@ -1,0 +1,243 @@
+//! The provisioning SLA end to end against the real lab (issue 8, docs/
+//! failover.md "Provisioning SLA"): the test turns the SLA on (it adds
+//! `[sla]` to the lab's metasched.toml and restarts the meta-scheduler),
+//! sets alpha's GPU partition DOWN (alpha takes jobs and keeps them
+//! PENDING), and submits an H100 job at beta that the engine places at
+//! alpha. Past the deadline the meta-scheduler cancels it at alpha first
+//! and then places it at delta (the lab's other H100 cluster), where it
+//! runs once; the stand-in at beta gets its output and exit code and one
+//! stderr note, and alpha is SLA-degraded with the reason. Alpha's and
+//! delta's queues are sampled throughout: the job is never live at both.
+//! Whatever happens, alpha's partition is UP again and the meta-scheduler
+//! runs its original configuration (no `[sla]`) when the test ends.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, Lab, OnDrop};
+
+/// The lab's provisioning deadline for this test (seconds).
+const DEADLINE_S: u64 = 20;
+/// alpha recovers this long after its miss (a rerun against the same lab
+/// finds it SLA-degraded by the last run's miss until then: the samples
+/// are kept in the meta-scheduler's database).
+const COOLDOWN_S: u64 = 60;
+
+/// Polls `f` every 200 ms until it returns `Some`, for at most `limit`.
+fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The Slurm states of the copies of fleet job `fid` at `cluster` (the
+/// jobs its agent submitted in the job's directory, `agent/jobs/<fid>`),
+/// as (job id, state).
+fn copies_at(lab: &Lab, cluster: &str, fid: &str) -> Vec<(String, String)> {
+    let Ok(out) = lab.cmd(cluster, "scontrol", &["-o", "show", "job"]) else { return Vec::new() };
+    let tag = format!("WorkDir={}/agent/jobs/{fid} ", lab.root.join(cluster).display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&tag))
+        .map(fleet_lab::parse_record)
+        .map(|r| (r.get("JobId").cloned().unwrap_or_default(), r.get("JobState").cloned().unwrap_or_default()))
+        .collect()
+}
+
+/// A copy that exists in Slurm and is not over.
+fn live(state: &str) -> bool {
+    !fleet_lab::is_terminal(state)
+}
+
+/// One sample: time since the sampler started, live copies at alpha and delta.
+type Sample = (Duration, usize, usize);
+
+/// Samples the live copies of the job at alpha and delta every 250 ms.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn start(lab: &'static Lab, fid: &str) -> Sampler {
+        let (stop, samples) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+        let (st, sa, fid) = (stop.clone(), samples.clone(), fid.to_string());
+        let thread = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !st.load(Ordering::Relaxed) {
+                let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
+                let (a, d) = (n("alpha"), n("delta"));
+                sa.lock().unwrap().push((t0.elapsed(), a, d));
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        Sampler { stop, samples, thread: Some(thread) }
+    }
+
+    fn finish(mut self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.take().map(|t| t.join());
+        std::mem::take(&mut *self.samples.lock().unwrap())
+    }
+}
+
+/// `scontrol update PartitionName=gpu State=<state>` at `cluster`.
+fn set_gpu_partition(lab: &Lab, cluster: &str, state: &str) -> bool {
+    lab.cmd(cluster, "scontrol", &["update", "PartitionName=gpu", &format!("State={state}")])
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `cluster`'s entry in `fleetctl --json clusters`.
+fn cluster_entry(lab: &Lab, cluster: &str) -> serde_json::Value {
+    let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
+    v["clusters"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == cluster).cloned()).unwrap_or_default()
+}
+
+fn restart_metasched(lab: &Lab) {
+    let stop = lab.lab_sh(&["stop-metasched"]).unwrap();
+    assert!(stop.status.success(), "stop-metasched: {}", String::from_utf8_lossy(&stop.stderr));
+    let start = lab.lab_sh(&["start-metasched"]).unwrap();
+    assert!(start.status.success(), "start-metasched: {}", String::from_utf8_lossy(&start.stderr));
+}
+
+#[test]
+fn a_job_pending_past_its_provisioning_deadline_is_cancelled_and_runs_once_elsewhere() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("sla");
+    let conf = lab.root.join("metasched.toml");
+    let original = std::fs::read_to_string(&conf).expect("the lab's metasched.toml");
+    assert!(!original.contains("[sla]"), "the lab runs without [sla] by default:\n{original}");
+    // Whatever happens: alpha's partition is UP again and the meta-scheduler
+    // runs the lab's own configuration (the SLA off) for the next test.
+    let _restore = OnDrop(|| {
+        let _ = set_gpu_partition(lab, "alpha", "UP");
+        let _ = std::fs::write(&conf, &original);
+        let _ = lab.lab_sh(&["stop-metasched"]);
+        let _ = lab.lab_sh(&["start-metasched"]);
+    });
+    let sla = format!("\n[sla]\ndeadline_s = {DEADLINE_S}\nwindow = 5\nrecover_runs = 1\ncooldown_s = {COOLDOWN_S}\n");
+    std::fs::write(&conf, format!("{original}{sla}")).unwrap();
+    restart_metasched(lab);
+    assert_eq!(cluster_entry(lab, "alpha")["sla"]["deadline_s"].as_f64(), Some(DEADLINE_S as f64));
+    // An earlier run's miss at alpha has cooled down (else the engine
+    // would not place the job there).
+    poll("alpha is not SLA-degraded", Duration::from_secs(COOLDOWN_S + 15), || {
+        (cluster_entry(lab, "alpha")["sla"]["state"] == "ok").then_some(())
+    });
+
+    // alpha takes jobs and keeps them pending.
+    assert!(set_gpu_partition(lab, "alpha", "DOWN"), "cannot set alpha's gpu partition DOWN");
+
+    // The job marks each start per cluster (written by the copy itself,
+    // not relayed), prints where it ran, and exits 3.
+    let body = format!(
+        "echo \"ran at $SLURM_CLUSTER_NAME\"\ndate +%s.%N >> {}/marks-$SLURM_CLUSTER_NAME\nsleep 2\nexit 3",
+        dir.display()
+    );
+    let err_arg = format!("--error={}/err.txt", dir.display());
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt"), &err_arg], &script(&body)).unwrap();
+    let t0 = Instant::now();
+    let (target, alpha_job) =
+        poll("the job is submitted at alpha", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
+    assert_eq!(target, "alpha", "the engine places an H100 job from beta at alpha");
+    let fid = fleet_job_of(lab, id).unwrap();
+    let sampler = Sampler::start(lab, &fid);
+    let submitted = t0.elapsed();
+    assert_eq!(
+        lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).as_deref(),
+        Some("PENDING"),
+        "alpha keeps the job pending (its partition is down)"
+    );
+
+    // Past the deadline: cancelled at alpha first.
+    let reason = poll("the SLA miss is decided", Duration::from_secs(DEADLINE_S + 30), || {
+        let r = fleet_record(lab, id)?;
+        let reason = r["reason"].as_str().unwrap_or("").to_string();
+        reason.contains("provisioning deadline").then_some(reason)
+    });
+    let decided = t0.elapsed();
+    assert!(
+        decided >= Duration::from_secs(DEADLINE_S) - Duration::from_secs(1),
+        "decided {decided:?} after the submission, before the {DEADLINE_S} s deadline: {reason}"
+    );
+    assert!(reason.contains("not running at alpha "), "{reason}");
+    let alpha_state = poll("alpha's copy is cancelled", Duration::from_secs(30), || {
+        lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).filter(|s| s != "PENDING")
+    });
+    assert_eq!(alpha_state, "CANCELLED");
+    let cancelled = t0.elapsed();
+
+    // Then placed at delta, where it runs.
+    let delta_job = poll("the job is placed at delta", Duration::from_secs(60), || {
+        remote_of(lab, id).filter(|(t, r)| t == "delta" && *r != 0).map(|(_, r)| r)
+    });
+    poll("the job runs at delta", Duration::from_secs(60), || dir.join("marks-delta").exists().then_some(()));
+    let running_elsewhere = t0.elapsed();
+    let done = lab.wait_done("beta", id, Duration::from_secs(90)).unwrap();
+    let samples = sampler.finish();
+
+    // The stand-in: delta's output once, its exit code, one note.
+    assert_eq!(done["JobState"], "FAILED", "{done:?}");
+    assert_eq!(done["ExitCode"], "3:0", "{done:?}");
+    let out = std::fs::read_to_string(dir.join("out.txt")).unwrap();
+    assert_eq!(out, "ran at delta\n");
+    let err = std::fs::read_to_string(dir.join("err.txt")).unwrap();
+    let notes: Vec<&str> = err.lines().collect();
+    assert_eq!(notes.len(), 1, "{err}");
+    assert!(notes[0].starts_with(&format!("fleet: run 1 of job {fid} was not running at alpha ")), "{err}");
+    assert!(
+        notes[0].ends_with(&format!(
+            "after its assignment (provisioning deadline {DEADLINE_S} s); cancelled there, re-placing it elsewhere"
+        )),
+        "{err}"
+    );
+
+    // It ran once, at delta only; alpha never started it.
+    assert!(!dir.join("marks-alpha").exists(), "the job ran at alpha");
+    let marks = std::fs::read_to_string(dir.join("marks-delta")).unwrap();
+    assert_eq!(marks.lines().count(), 1, "delta started it {} times", marks.lines().count());
+    let at_delta = copies_at(lab, "delta", &fid);
+    assert_eq!(at_delta.len(), 1, "one copy at delta: {at_delta:?}");
+    assert_eq!(at_delta[0].0, delta_job.to_string());
+    let at_alpha = copies_at(lab, "alpha", &fid);
+    assert!(at_alpha.iter().all(|(_, s)| s == "CANCELLED"), "alpha: {at_alpha:?}");
+
+    // Never two copies: no sample saw the job live at both clusters.
+    let both = samples.iter().filter(|(_, a, d)| *a > 0 && *d > 0).count();
+    assert!(samples.len() > 20, "too few samples: {}", samples.len());
+    assert_eq!(both, 0, "samples with live copies at alpha and delta: {samples:?}");
+    assert!(samples.iter().all(|(_, a, d)| *a <= 1 && *d <= 1), "{samples:?}");
+    // The sampler saw each copy (it does find them).
+    assert!(samples.iter().any(|(_, a, _)| *a == 1), "no sample saw alpha's copy: {samples:?}");
+    assert!(samples.iter().any(|(_, _, d)| *d == 1), "no sample saw delta's copy: {samples:?}");
+
+    // alpha is SLA-degraded, and says why.
+    let alpha = cluster_entry(lab, "alpha");
+    assert_eq!(alpha["sla"]["state"], "degraded", "{alpha}");
+    assert!(alpha["sla"]["missed"].as_u64() >= Some(1), "{alpha}");
+    let why = alpha["sla"]["why"].as_str().unwrap_or("");
+    assert!(why.contains("missed") && why.contains("degraded until"), "{why}");
+    let table = lab.lab_sh(&["fleetctl", "clusters"]).unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    let row = table.lines().find(|l| l.starts_with("alpha")).unwrap_or("");
+    assert!(row.contains("degraded") && row.contains("sla: missed"), "fleetctl clusters:\n{table}");
+
+    eprintln!(
+        "sla figures (deadline {DEADLINE_S} s): submitted at alpha {:.1} s after sbatch, miss decided at {:.1} s, \
+         alpha's copy cancelled at {:.1} s, running at delta at {:.1} s ({:.1} s after the decision); \
+         {} samples of both queues, {both} with two live copies",
+        submitted.as_secs_f64(),
+        decided.as_secs_f64(),
+        cancelled.as_secs_f64(),
+        running_elsewhere.as_secs_f64(),
+        (running_elsewhere - decided).as_secs_f64(),
+        samples.len(),
+    );
+}
