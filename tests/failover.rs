@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, OnDrop};
+use fleet_lab::{copies, fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, OnDrop};
 
 /// Steps the job counts, one a second.
 const STEPS: u32 = 45;
@@ -34,32 +34,6 @@ fn health(lab: &Lab, cluster: &str) -> String {
     let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
     let c = v["clusters"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == cluster).cloned());
     c.map(|c| c["health"].as_str().unwrap_or("").to_string()).unwrap_or_default()
-}
-
-/// The clusters where a process of fleet job `fid` runs now: every
-/// process with `FLEET_JOB_ID=<fid>` in its environment, by its
-/// `SLURM_CLUSTER_NAME` (the job's own processes; the lease watchdog,
-/// `fleet-ckpt`, is not the job).
-fn copies(fid: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let want = format!("FLEET_JOB_ID={fid}");
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        if !e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
-            continue;
-        }
-        if std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "fleet-ckpt") {
-            continue;
-        }
-        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
-        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        if !vars.contains(&want.as_bytes()) {
-            continue;
-        }
-        if let Some(c) = vars.iter().find_map(|v| v.strip_prefix(b"SLURM_CLUSTER_NAME=")) {
-            out.insert(String::from_utf8_lossy(c).into_owned());
-        }
-    }
-    out
 }
 
 /// One sample: time since the sampler started, clusters running the job.

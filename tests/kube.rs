@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, KUBE, KUBE_NAMESPACE};
+use fleet_lab::{copies, fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, KUBE, KUBE_NAMESPACE};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -552,32 +552,6 @@ fn alpha_is(lab: &Lab, want: &str) -> bool {
         std::thread::sleep(Duration::from_millis(200));
     }
     true
-}
-
-/// The clusters where a process of fleet job `fid` runs now: every process
-/// with `FLEET_JOB_ID=<fid>` in its environment (the lab's clusters and
-/// kube-gamma's pods share this host), by its `SLURM_CLUSTER_NAME`; the
-/// lease helper (`fleet-ckpt`) is not the job.
-fn copies(fid: &str) -> std::collections::BTreeSet<String> {
-    let mut out = std::collections::BTreeSet::new();
-    let want = format!("FLEET_JOB_ID={fid}");
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        if !e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
-            continue;
-        }
-        if std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "fleet-ckpt") {
-            continue;
-        }
-        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
-        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        if !vars.contains(&want.as_bytes()) {
-            continue;
-        }
-        if let Some(c) = vars.iter().find_map(|v| v.strip_prefix(b"SLURM_CLUSTER_NAME=")) {
-            out.insert(String::from_utf8_lossy(c).into_owned());
-        }
-    }
-    out
 }
 
 /// One sample: time since the kill, the clusters running the job.
