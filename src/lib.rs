@@ -325,6 +325,60 @@ impl<F: FnMut()> Drop for OnDrop<F> {
         (self.0)()
     }
 }
+/// Samples `f` on a thread of its own every `every` until [`Sampler::finish`]
+/// (or drop): each sample with the time since the sampler started. What
+/// the failover tests use to show that a job never runs twice.
+pub struct Sampler<T: Send + 'static> {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    samples: std::sync::Arc<std::sync::Mutex<Vec<(Duration, T)>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl<T: Send + 'static> Sampler<T> {
+    pub fn start(every: Duration, mut f: impl FnMut() -> T + Send + 'static) -> Sampler<T> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let (stop, samples) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+        let (st, sa) = (stop.clone(), samples.clone());
+        let thread = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while !st.load(Ordering::Relaxed) {
+                let v = f();
+                sa.lock().unwrap().push((t0.elapsed(), v));
+                std::thread::sleep(every);
+            }
+        });
+        Sampler { stop, samples, thread: Some(thread) }
+    }
+
+    /// The samples so far (the sampler goes on).
+    pub fn snapshot(&self) -> Vec<(Duration, T)>
+    where
+        T: Clone,
+    {
+        self.samples.lock().unwrap().clone()
+    }
+
+    /// Stops the sampler and returns every sample.
+    pub fn finish(mut self) -> Vec<(Duration, T)> {
+        self.halt();
+        std::mem::take(&mut *self.samples.lock().unwrap())
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Sampler<T> {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
 /// The clusters where a process of fleet job `fid` runs now: every process
 /// with `FLEET_JOB_ID=<fid>` in its environment (the lab's clusters and
 /// kube-gamma's pods share this host), by its `SLURM_CLUSTER_NAME`; the

@@ -17,10 +17,8 @@
 use std::time::{Duration, Instant};
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
-use fleet_lab::{copies, fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, OnDrop};
+use fleet_lab::{copies, fleet_job_of, fleet_record, out_arg, remote_of, script, wait_file, Lab, OnDrop, Sampler};
 
 /// Steps the job counts, one a second.
 const STEPS: u32 = 45;
@@ -34,38 +32,6 @@ fn health(lab: &Lab, cluster: &str) -> String {
     let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
     let c = v["clusters"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == cluster).cloned());
     c.map(|c| c["health"].as_str().unwrap_or("").to_string()).unwrap_or_default()
-}
-
-/// One sample: time since the sampler started, clusters running the job.
-type Sample = (Duration, BTreeSet<String>);
-
-/// Samples [`copies`] every 100 ms until stopped.
-struct Sampler {
-    stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<Sample>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Sampler {
-    fn start(fid: &str) -> Sampler {
-        let (stop, samples) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
-        let (st, sa, fid) = (stop.clone(), samples.clone(), fid.to_string());
-        let thread = std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while !st.load(Ordering::Relaxed) {
-                let c = copies(&fid);
-                sa.lock().unwrap().push((t0.elapsed(), c));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        Sampler { stop, samples, thread: Some(thread) }
-    }
-
-    fn finish(mut self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.take().map(|t| t.join());
-        std::mem::take(&mut *self.samples.lock().unwrap())
-    }
 }
 
 /// Polls `f` every 200 ms until it returns `Some`, for at most `limit`.
@@ -107,7 +73,10 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
     // alpha dies: its agent and its controller (only slurmd and the job's
     // own processes live on at alpha: its in-job lease stops it).
     assert_eq!(copies(&fid), BTreeSet::from(["alpha".to_string()]), "the job's processes are seen at alpha");
-    let sampler = Sampler::start(&fid);
+    let sampler = Sampler::start(Duration::from_millis(100), {
+        let fid = fid.clone();
+        move || copies(&fid)
+    });
     let t_kill = Instant::now();
     assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
     assert!(lab.lab_sh(&["stop-ctld", "alpha"]).unwrap().status.success());
@@ -133,11 +102,11 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
 
     // alpha's copy stopped itself before delta's started.
     poll("delta's copy is seen", Duration::from_secs(10), || {
-        let s = sampler.samples.lock().unwrap();
+        let s = sampler.snapshot();
         s.iter().any(|(_, c)| c.contains("delta")).then_some(())
     });
     let alpha_gone = {
-        let s = sampler.samples.lock().unwrap();
+        let s = sampler.snapshot();
         s.iter().filter(|(_, c)| c.contains("alpha")).map(|(t, _)| *t).max().unwrap_or_default()
     };
 

@@ -554,9 +554,6 @@ fn alpha_is(lab: &Lab, want: &str) -> bool {
     true
 }
 
-/// One sample: time since the kill, the clusters running the job.
-type Sample = (Duration, std::collections::BTreeSet<String>);
-
 /// kube-gamma's agent dies while an H100 pod runs there (its API server,
 /// and so the pod, live on): the meta-scheduler fails the job over to
 /// alpha, and the pod, whose in-job lease the meta-scheduler no longer
@@ -564,8 +561,6 @@ type Sample = (Duration, std::collections::BTreeSet<String>);
 /// sampled every 100 ms: never two running copies.
 #[test]
 fn a_pod_whose_agent_died_stops_itself_while_its_job_moves() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
     let (lab, _serial) = Lab::lock();
     lab.require_kube();
     let _restore = fleet_lab::OnDrop(|| {
@@ -613,19 +608,11 @@ fn a_pod_whose_agent_died_stops_itself_while_its_job_moves() {
     assert!(copies(&fid).contains(KUBE), "the pod's process is seen: {:?}", copies(&fid));
     assert!(alpha_is(lab, "healthy"), "alpha is back before kube-gamma's agent dies");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let t_kill = Instant::now();
-    let sampler = {
-        let (st, sa, fid) = (stop.clone(), samples.clone(), fid.clone());
-        std::thread::spawn(move || {
-            while !st.load(Ordering::Relaxed) {
-                let c = copies(&fid);
-                sa.lock().unwrap().push((t_kill.elapsed(), c));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let sampler = fleet_lab::Sampler::start(Duration::from_millis(100), {
+        let fid = fid.clone();
+        move || copies(&fid)
+    });
     assert!(lab.lab_sh(&["stop-agent", KUBE]).unwrap().status.success());
     // The pod stops itself: its Job fails at kube-gamma with nobody to delete it.
     let mut stopped = None;
@@ -646,9 +633,7 @@ fn a_pod_whose_agent_died_stops_itself_while_its_job_moves() {
     let (stopped, moved) = (stopped.unwrap(), moved.unwrap());
     assert!(stopped < moved, "the pod stopped at {stopped:?}, after the move at {moved:?}");
     wait_file(&out, T, |b| String::from_utf8_lossy(b).contains("step 3 at alpha")).unwrap();
-    stop.store(true, Ordering::Relaxed);
-    sampler.join().unwrap();
-    let samples = samples.lock().unwrap().clone();
+    let samples = sampler.finish();
     let both: Vec<_> = samples.iter().filter(|(_, c)| c.len() > 1).collect();
     assert!(both.is_empty(), "two copies at once: {both:?}");
     assert!(samples.iter().any(|(_, c)| c.contains(KUBE)) && samples.iter().any(|(_, c)| c.contains("alpha")));

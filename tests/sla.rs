@@ -11,11 +11,9 @@
 //! Whatever happens, alpha's partition is UP again and the meta-scheduler
 //! runs its original configuration (no `[sla]`) when the test ends.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, Lab, OnDrop};
+use fleet_lab::{fleet_job_of, fleet_record, out_arg, remote_of, script, Lab, OnDrop, Sampler};
 
 /// The lab's provisioning deadline for this test (seconds).
 const DEADLINE_S: u64 = 20;
@@ -53,39 +51,6 @@ fn copies_at(lab: &Lab, cluster: &str, fid: &str) -> Vec<(String, String)> {
 /// A copy that exists in Slurm and is not over.
 fn live(state: &str) -> bool {
     !fleet_lab::is_terminal(state)
-}
-
-/// One sample: time since the sampler started, live copies at alpha and delta.
-type Sample = (Duration, usize, usize);
-
-/// Samples the live copies of the job at alpha and delta every 250 ms.
-struct Sampler {
-    stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<Sample>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Sampler {
-    fn start(lab: &'static Lab, fid: &str) -> Sampler {
-        let (stop, samples) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
-        let (st, sa, fid) = (stop.clone(), samples.clone(), fid.to_string());
-        let thread = std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while !st.load(Ordering::Relaxed) {
-                let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
-                let (a, d) = (n("alpha"), n("delta"));
-                sa.lock().unwrap().push((t0.elapsed(), a, d));
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        });
-        Sampler { stop, samples, thread: Some(thread) }
-    }
-
-    fn finish(mut self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.take().map(|t| t.join());
-        std::mem::take(&mut *self.samples.lock().unwrap())
-    }
 }
 
 /// `scontrol update PartitionName=gpu State=<state>` at `cluster`.
@@ -148,7 +113,14 @@ fn a_job_pending_past_its_provisioning_deadline_is_cancelled_and_runs_once_elsew
         poll("the job is submitted at alpha", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
     assert_eq!(target, "alpha", "the engine places an H100 job from beta at alpha");
     let fid = fleet_job_of(lab, id).unwrap();
-    let sampler = Sampler::start(lab, &fid);
+    // The live copies of the job at alpha and delta, every 250 ms.
+    let sampler = Sampler::start(Duration::from_millis(250), {
+        let fid = fid.clone();
+        move || {
+            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
+            (n("alpha"), n("delta"))
+        }
+    });
     let submitted = t0.elapsed();
     assert_eq!(
         lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).as_deref(),
@@ -210,13 +182,13 @@ fn a_job_pending_past_its_provisioning_deadline_is_cancelled_and_runs_once_elsew
     assert!(at_alpha.iter().all(|(_, s)| s == "CANCELLED"), "alpha: {at_alpha:?}");
 
     // Never two copies: no sample saw the job live at both clusters.
-    let both = samples.iter().filter(|(_, a, d)| *a > 0 && *d > 0).count();
+    let both = samples.iter().filter(|(_, (a, d))| *a > 0 && *d > 0).count();
     assert!(samples.len() > 20, "too few samples: {}", samples.len());
     assert_eq!(both, 0, "samples with live copies at alpha and delta: {samples:?}");
-    assert!(samples.iter().all(|(_, a, d)| *a <= 1 && *d <= 1), "{samples:?}");
+    assert!(samples.iter().all(|(_, (a, d))| *a <= 1 && *d <= 1), "{samples:?}");
     // The sampler saw each copy (it does find them).
-    assert!(samples.iter().any(|(_, a, _)| *a == 1), "no sample saw alpha's copy: {samples:?}");
-    assert!(samples.iter().any(|(_, _, d)| *d == 1), "no sample saw delta's copy: {samples:?}");
+    assert!(samples.iter().any(|(_, (a, _))| *a == 1), "no sample saw alpha's copy: {samples:?}");
+    assert!(samples.iter().any(|(_, (_, d))| *d == 1), "no sample saw delta's copy: {samples:?}");
 
     // alpha is SLA-degraded, and says why.
     let alpha = cluster_entry(lab, "alpha");
