@@ -52,8 +52,10 @@ impl JobSubmitPlugin for FleetSubmit {
         for w in warnings {
             log::info(&format!("job_submit/fleet: {w}"));
         }
-        log::info(&format!("job_submit/fleet: {}", config.get().0.describe()));
-        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view: view::ViewCache::default() })
+        let cfg = config.get().0;
+        log::info(&format!("job_submit/fleet: {}", cfg.describe()));
+        let view = view::ViewCache::start(cfg.view_path.clone());
+        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view })
     }
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
@@ -74,6 +76,9 @@ impl JobSubmitPlugin for FleetSubmit {
     }
 
     fn fini(&self) {
+        // The watcher runs this library's code: joined before slurmctld
+        // unloads it.
+        self.view.stop();
         if let Ok(s) = self.stats.lock() {
             if let Some(line) = s.summary() {
                 log::info(&line);
@@ -110,7 +115,7 @@ impl FleetSubmit {
             Prepared::Hetjob(req, offset) => return self.hetjob(cfg, &req, offset),
         };
         // Jobs that stay home are answered from the view the agent
-        // publishes: a stat() and, once per heartbeat, a small parse. Only
+        // publishes, parsed by the view watcher (no I/O here). Only
         // jobs that may leave (or carry --fleet options) ask the agent.
         if req.fleet == Default::default() && self.view.stays_home(cfg, &req) {
             return (Outcome::Local, Ok(()));

@@ -1,12 +1,24 @@
 //! The fleet view as the agent last published it (`AgentSpoolDir/view.json`),
-//! cached in the plugin and reloaded when the file's mtime changes.
+//! kept in memory by a watcher thread of the plugin.
 //!
 //! Only a "stays home" answer is taken from it; anything else goes to the
 //! agent, which journals forwards. A missing, unreadable, stale (older than
 //! `ViewMaxAgeMs`) or unparsable view simply means "ask the agent".
+//!
+//! The submit hook never reads or parses the file: it runs under
+//! slurmctld's job and partition write locks, and the agent rewrites the
+//! view every heartbeat, so a hook that parsed it on change paid a read and
+//! a JSON parse about once a second, which set the LOCAL path's p99. The
+//! watcher ([`ViewCache::start`]) stats the file every [`POLL`] and parses it
+//! when its mtime or size changed; the hook takes the parsed view (an `Arc`)
+//! under a mutex held for a pointer copy. Its age is judged from the mtime
+//! of the copy it has, so a watcher that is behind only makes the view look
+//! older (the job asks the agent), never fresher.
 
-use std::sync::Mutex;
-use std::time::SystemTime;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
 
 use fleet_api::api::FleetView;
 use fleet_api::placement::{fits, origin_fits, place, place_or_wait, Placement};
@@ -17,12 +29,65 @@ use crate::PluginConfig;
 /// Largest view file read (a fleet of thousands of clusters fits).
 const MAX_VIEW_BYTES: u64 = 8 << 20;
 
+/// How often the watcher looks at the view file.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// A parsed view and the file it came from.
+struct Loaded {
+    path: PathBuf,
+    mtime: SystemTime,
+    len: u64,
+    view: Arc<FleetView>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// The file to watch (from fleet.conf; the hook sets it when it changes).
+    path: Mutex<Option<PathBuf>>,
+    /// The last view parsed (`None`: no usable file).
+    loaded: Mutex<Option<Loaded>>,
+    /// Set by [`ViewCache::stop`]; `wake` cuts the watcher's sleep short.
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
 #[derive(Default)]
 pub struct ViewCache {
-    inner: Mutex<Option<(SystemTime, FleetView)>>,
+    shared: Arc<Shared>,
+    watcher: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ViewCache {
+    /// A cache watching `path` from a thread of its own, which reads it at
+    /// once (so the first submissions have the view). [`stop`](Self::stop)
+    /// must join it before the plugin is unloaded.
+    pub fn start(path: PathBuf) -> Self {
+        let cache = ViewCache::default();
+        *lock(&cache.shared.path) = Some(path);
+        cache.poll_once();
+        let shared = cache.shared.clone();
+        let spawned = std::thread::Builder::new().name("fleet-view".into()).spawn(move || watch(&shared));
+        // Without the thread (none could be made) the view stays as read
+        // now and ages out: every job that may leave then asks the agent.
+        *lock(&cache.watcher) = spawned.ok();
+        cache
+    }
+
+    /// Stops and joins the watcher (from the plugin's `fini`).
+    pub fn stop(&self) {
+        *lock(&self.shared.stop) = true;
+        self.shared.wake.notify_all();
+        if let Some(h) = lock(&self.watcher).take() {
+            let _ = h.join();
+        }
+    }
+
+    /// One look at the file: parse it when it differs from the copy held.
+    /// The watcher's loop body; tests call it directly.
+    pub fn poll_once(&self) {
+        poll(&self.shared);
+    }
+
     /// True when a fresh published view places `job` at its origin.
     pub fn stays_home(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
         self.with_view(cfg, |v| matches!(place(v, job).0, Placement::Home { .. })).unwrap_or(false)
@@ -61,27 +126,79 @@ impl ViewCache {
         self.with_view_aged(cfg, false, |v, _| f(v))
     }
 
-    /// `f(view, fresh)`; a stale view only when `stale_too`.
+    /// `f(view, fresh)`; a stale view only when `stale_too`. No I/O: the
+    /// view is the watcher's copy (a fleet.conf that names another file
+    /// is handed to the watcher, and answers "no view" until it read it).
     fn with_view_aged<T>(
         &self,
         cfg: &PluginConfig,
         stale_too: bool,
         f: impl FnOnce(&FleetView, bool) -> T,
     ) -> Option<T> {
-        let meta = std::fs::metadata(&cfg.view_path).ok()?;
-        let mtime = meta.modified().ok()?;
+        let (mtime, view) = {
+            let loaded = lock(&self.shared.loaded);
+            match loaded.as_ref() {
+                Some(l) if l.path == cfg.view_path => (l.mtime, l.view.clone()),
+                _ => {
+                    drop(loaded);
+                    self.watch_path(&cfg.view_path);
+                    return None;
+                }
+            }
+        };
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
         let fresh = age <= cfg.view_max_age;
-        if (!fresh && !stale_too) || meta.len() > MAX_VIEW_BYTES {
+        if !fresh && !stale_too {
             return None;
         }
-        let mut guard = self.inner.lock().ok()?;
-        if guard.as_ref().is_none_or(|(t, _)| *t != mtime) {
-            let parsed = std::fs::read(&cfg.view_path).ok().and_then(|b| serde_json::from_slice::<FleetView>(&b).ok());
-            *guard = parsed.map(|v| (mtime, v));
-        }
-        guard.as_ref().map(|(_, v)| f(v, fresh))
+        Some(f(&view, fresh))
     }
+
+    /// Points the watcher at `path` when fleet.conf moved the view.
+    fn watch_path(&self, path: &std::path::Path) {
+        let mut p = lock(&self.shared.path);
+        if p.as_deref() != Some(path) {
+            *p = Some(path.to_path_buf());
+            self.shared.wake.notify_all();
+        }
+    }
+}
+
+/// A poisoned lock (a panic elsewhere while held; none is known) still
+/// guards consistent data here: every critical section is a single store.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The watcher thread: poll every [`POLL`] until stopped.
+fn watch(shared: &Shared) {
+    loop {
+        poll(shared);
+        let stop = lock(&shared.stop);
+        if *stop {
+            return;
+        }
+        let (stop, _) = shared.wake.wait_timeout(stop, POLL).unwrap_or_else(|e| e.into_inner());
+        if *stop {
+            return;
+        }
+    }
+}
+
+fn poll(shared: &Shared) {
+    let Some(path) = lock(&shared.path).clone() else { return };
+    let meta = std::fs::metadata(&path).ok();
+    let stamp = meta.as_ref().and_then(|m| Some((m.modified().ok()?, m.len())));
+    let same = lock(&shared.loaded).as_ref().is_some_and(|l| l.path == path && Some((l.mtime, l.len)) == stamp);
+    if same {
+        return;
+    }
+    let parsed = stamp.filter(|&(_, len)| len <= MAX_VIEW_BYTES).and_then(|(mtime, len)| {
+        let bytes = std::fs::read(&path).ok()?;
+        let view = serde_json::from_slice::<FleetView>(&bytes).ok()?;
+        Some(Loaded { path: path.clone(), mtime, len, view: Arc::new(view) })
+    });
+    *lock(&shared.loaded) = parsed;
 }
 
 #[cfg(test)]
@@ -117,25 +234,61 @@ mod tests {
 
     #[test]
     fn home_jobs_answered_from_a_fresh_view_only() {
-        let dir = std::env::temp_dir().join(format!("fleet-view-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::tempdir().unwrap();
         let mut cfg = PluginConfig::for_tests("beta");
-        cfg.view_path = dir.join("view.json");
+        cfg.view_path = dir.path().join("view.json");
         let cache = ViewCache::default();
         assert!(!cache.stays_home(&cfg, &job("a100")), "no view: ask the agent");
         std::fs::write(&cfg.view_path, serde_json::to_vec(&view()).unwrap()).unwrap();
+        assert!(!cache.stays_home(&cfg, &job("a100")), "the hook never reads the file itself");
+        cache.poll_once();
         assert!(cache.stays_home(&cfg, &job("a100")));
         assert!(!cache.stays_home(&cfg, &job("h100")), "leaving jobs go to the agent");
         assert_eq!(cache.leaving_to(&cfg, &job("h100")).as_deref(), Some("alpha"));
         assert_eq!(cache.leaving_to(&cfg, &job("a100")), None);
-        cfg.view_max_age = std::time::Duration::ZERO;
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        cfg.view_max_age = Duration::ZERO;
+        std::thread::sleep(Duration::from_millis(5));
         assert!(!cache.stays_home(&cfg, &job("a100")), "stale view: ask the agent");
         // A stale view still says that a job the origin cannot run leaves.
         assert_eq!(cache.leaving_to(&cfg, &job("h100")).as_deref(), Some("alpha"));
-        cfg.view_max_age = std::time::Duration::from_secs(10);
+        cfg.view_max_age = Duration::from_secs(10);
         std::fs::write(&cfg.view_path, b"{ not json").unwrap();
+        cache.poll_once();
         assert!(!cache.stays_home(&cfg, &job("a100")), "garbage view: ask the agent");
-        std::fs::remove_dir_all(&dir).unwrap();
+        // Another file named by a reloaded fleet.conf: no answer until read.
+        std::fs::write(dir.path().join("other.json"), serde_json::to_vec(&view()).unwrap()).unwrap();
+        cfg.view_path = dir.path().join("other.json");
+        assert!(!cache.stays_home(&cfg, &job("a100")));
+        cache.poll_once();
+        assert!(cache.stays_home(&cfg, &job("a100")));
+    }
+
+    #[test]
+    fn the_watcher_follows_the_file_and_stops_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = PluginConfig::for_tests("beta");
+        cfg.view_path = dir.path().join("view.json");
+        let cache = ViewCache::start(cfg.view_path.clone());
+        assert!(!cache.stays_home(&cfg, &job("a100")), "no file yet");
+        // Written the way the agent publishes it: a new file renamed over.
+        let tmp = dir.path().join("view.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&view()).unwrap()).unwrap();
+        std::fs::rename(&tmp, &cfg.view_path).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while !cache.stays_home(&cfg, &job("a100")) {
+            assert!(std::time::Instant::now() < until, "the watcher never read the view");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Gone: the watcher drops it.
+        std::fs::remove_file(&cfg.view_path).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while cache.stays_home(&cfg, &job("a100")) {
+            assert!(std::time::Instant::now() < until, "the watcher kept a removed view");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let t = std::time::Instant::now();
+        cache.stop();
+        assert!(t.elapsed() < POLL * 5, "stop waited {:?}", t.elapsed());
+        assert!(lock(&cache.watcher).is_none(), "joined");
     }
 }
