@@ -12,10 +12,14 @@
 //! egress  = Σ datasets min_replica(size × egress(replica → c))
 //!         + ckpt_size × ckpts(D) × egress(c → ckpt location)
 //! delay_h = wait + transfer + overhead + lost
-//!           wait     = 0 if the pool has G free GPUs, else the expected wait
+//!           wait     = 0 if the pool has G free GPUs, else the expected wait;
+//!                      spot not free now (queued for, `Policy::spot_queue`):
+//!                      the state's expected spot wait
 //!           transfer = Σ datasets (size × 8 / Gbps + staging latency) for data not in c's region
 //!           overhead = remote submission (away from home) + provisioning (cloud)
 //!           lost     = spot: preemptions/h × D × (ckpt_interval/2 + restore)
+//!           requeue  = spot: preemptions/h × D × the pool's spot recovery time
+//!                      (waiting for spot to come back after a reclaim)
 //! time    = time_value × G × delay_h
 //! kgCO2   = intensity(zone, run window) × GPU power × G × (R + lost) × PUE
 //! total   = compute + egress_weight × egress + time + carbon_price × kgCO2
@@ -62,7 +66,12 @@ pub struct Breakdown {
     pub transfer_h: f64,
     pub overhead_h: f64,
     pub lost_work_h: f64,
-    /// time value × GPUs × (wait + transfer + overhead + lost).
+    /// Spot: expected hours waiting for spot to come back after reclaims
+    /// (preemptions/h × run × the pool's spot recovery time); a delay, not
+    /// billed.
+    #[serde(default)]
+    pub requeue_h: f64,
+    /// time value × GPUs × (wait + transfer + overhead + lost + requeue).
     pub time_usd: f64,
     pub carbon_g_per_kwh: f64,
     pub kg_co2: f64,
@@ -77,7 +86,7 @@ impl Breakdown {
         self.compute_usd + self.egress_usd
     }
     pub fn delay_h(&self) -> f64 {
-        self.wait_h + self.transfer_h + self.overhead_h + self.lost_work_h
+        self.wait_h + self.transfer_h + self.overhead_h + self.lost_work_h + self.requeue_h
     }
 }
 
@@ -556,6 +565,7 @@ struct CoreTerms {
     overhead_h: f64,
     interval_h: Option<f64>,
     lost_h: f64,
+    requeue_h: f64,
     compute_usd: f64,
 }
 
@@ -577,10 +587,14 @@ fn core_terms(
     let d_h = ctx.duration_h / p.speed.max(1e-6);
     let ov = &model.overheads;
     let fits_now = ps.free_gpus >= job.gpus;
-    let wait_h = if ctx.in_place || fits_now {
+    // Queueing for spot capacity that is not free now: the state's expected
+    // spot wait (see `spot_queued`).
+    let queued_spot_wait =
+        if pricing == Pricing::Spot && !ctx.in_place && !ps.spot_available { spot_wait_s(ps) } else { None };
+    let wait_h = if ctx.in_place || (fits_now && queued_spot_wait.is_none()) {
         0.0
     } else {
-        let mut w = ps.expected_wait_s.unwrap_or(p.mean_wait_s);
+        let mut w = queued_spot_wait.unwrap_or_else(|| ps.expected_wait_s.unwrap_or(p.mean_wait_s));
         if c.health == Health::Degraded {
             w += ov.degraded_wait_s;
         }
@@ -592,15 +606,66 @@ fn core_terms(
     let restore_h = if ctx.resume && !ctx.in_place { ov.restore_s / 3600.0 } else { 0.0 };
     let overhead_h = provision_h + restore_h + if remote { ov.remote_submit_s / 3600.0 } else { 0.0 };
     let interval_h = job.spec.ckpt_interval_s.filter(|x| x.is_finite() && *x > 0.0).map(|x| x / 3600.0);
-    let lost_h = if pricing == Pricing::Spot {
+    let (lost_h, requeue_h) = if pricing == Pricing::Spot {
         let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
         let per = interval_h.map(|i| i.min(d_h) / 2.0).unwrap_or(d_h / 2.0) + ov.restore_s / 3600.0;
-        rate * d_h * per
+        // After each reclaim the job waits for spot to come back (or pays for
+        // on-demand instead): the pool's recovery time per expected reclaim.
+        let back_h = ps.spot_recovery_s.filter(|x| x.is_finite() && *x > 0.0).map_or(0.0, |x| x / 3600.0);
+        (rate * d_h * per, rate * d_h * back_h)
     } else {
-        0.0
+        (0.0, 0.0)
     };
     let compute_usd = price * g * (d_h + lost_h + provision_h + restore_h);
-    CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, compute_usd }
+    CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd }
+}
+
+/// The state's expected wait for the pool's spot capacity, when it gives a
+/// usable one.
+#[inline]
+fn spot_wait_s(ps: &PoolState) -> Option<f64> {
+    ps.spot_wait_s.filter(|w| w.is_finite() && *w >= 0.0)
+}
+
+/// Spot is on offer to a new placement of `job` on a pool in state `ps`: the
+/// job is interruptible, the policy allows spot, and the job's GPUs are free
+/// on the pool's spot capacity now or (a policy that queues for spot) the
+/// state says how long until they are and the job can make progress there
+/// ([`spot_queue_makes_progress`]).
+#[inline]
+fn spot_offered(
+    model: &FleetModel,
+    job: &PreparedJob,
+    policy: &Policy,
+    c: &Cluster,
+    ps: &PoolState,
+    ctx: &EvalCtx,
+) -> bool {
+    job.spec.interruptible
+        && policy.allow_spot
+        && (ps.spot_available
+            || (policy.spot_queue
+                && !ctx.in_place
+                && spot_wait_s(ps).is_some()
+                && spot_queue_makes_progress(model, job, c, ps)))
+}
+
+/// Queueing for spot only pays for a job that checkpoints and whose setup
+/// (provisioning, restore) plus one checkpoint interval fits in the pool's
+/// expected spot window (1 ÷ its preemption rate): otherwise each window
+/// may end before anything is kept, and a job that waits for spot again
+/// after every reclaim would never finish.
+#[inline]
+fn spot_queue_makes_progress(model: &FleetModel, job: &PreparedJob, c: &Cluster, ps: &PoolState) -> bool {
+    let Some(interval_s) = job.spec.ckpt_interval_s.filter(|x| x.is_finite() && *x > 0.0) else {
+        return false;
+    };
+    let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour);
+    if !(rate.is_finite() && rate > 0.0) {
+        return true;
+    }
+    let setup_s = if c.onprem { 0.0 } else { c.provision_s } + model.overheads.restore_s;
+    (interval_s + setup_s) / 3600.0 < 1.0 / rate
 }
 
 /// Egress USD and transfer hours of the job's data to `c` (`data`, from
@@ -657,11 +722,8 @@ fn score_floor(
         let options: [(Pricing, Option<f64>); 2] = if c.onprem {
             [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
         } else {
-            let spot = if job.spec.interruptible && policy.allow_spot && ps.spot_available {
-                ps.spot_price.or(p.prices.spot)
-            } else {
-                None
-            };
+            let spot =
+                if spot_offered(model, job, policy, c, ps, ctx) { ps.spot_price.or(p.prices.spot) } else { None };
             [(Pricing::OnDemand, p.prices.on_demand), (Pricing::Spot, spot)]
         };
         for (pricing, price) in options {
@@ -671,7 +733,7 @@ fn score_floor(
             let t = core_terms(model, job, cid, c, p, ps, pricing, price, ctx);
             let d = *data.get_or_insert_with(|| data_cost(model, job, c));
             let (data_usd, transfer_h) = data_terms(model, job, c, t.restore_h, d, ctx);
-            let delay_h = t.wait_h + transfer_h + t.overhead_h + t.lost_h;
+            let delay_h = t.wait_h + transfer_h + t.overhead_h + t.lost_h + t.requeue_h;
             floor = floor.min(t.compute_usd + policy.egress_weight * data_usd + tv * t.g * delay_h);
         }
     }
@@ -697,7 +759,7 @@ fn score(
     data: (f64, f64),
     ctx: &EvalCtx,
 ) -> Breakdown {
-    let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, compute_usd } =
+    let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } =
         core_terms(model, job, cid, c, p, ps, pricing, price, ctx);
     let (data_usd, transfer_h) = data_terms(model, job, c, restore_h, data, ctx);
     let ckpt_usd = match &job.ckpt_region {
@@ -709,9 +771,10 @@ fn score(
         _ => 0.0,
     };
     let egress_usd = data_usd + ckpt_usd;
-    let delay_h = wait_h + transfer_h + overhead_h + lost_h;
+    let before_h = wait_h + transfer_h + overhead_h + lost_h;
+    let delay_h = before_h + requeue_h;
     let time_usd = policy.time_value_usd_per_gpu_hour * g * delay_h;
-    let start = state.now_unix + delay_h * 3600.0;
+    let start = state.now_unix + before_h * 3600.0;
     let ci = if ctx.carbon || policy.carbon_usd_per_kg != 0.0 {
         intensity(model, state, c, cs, start, start + (d_h + lost_h) * 3600.0, policy.use_lca)
     } else {
@@ -728,6 +791,7 @@ fn score(
         transfer_h,
         overhead_h,
         lost_work_h: lost_h,
+        requeue_h,
         time_usd,
         carbon_g_per_kwh: ci,
         kg_co2,
@@ -782,7 +846,7 @@ pub(crate) fn eval_cluster(
             [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
         } else {
             let on_spot = ctx.stay.is_some_and(|(_, k)| k == Pricing::Spot);
-            let spot = if on_spot || (job.spec.interruptible && policy.allow_spot && ps.spot_available) {
+            let spot = if on_spot || spot_offered(model, job, policy, c, ps, ctx) {
                 ps.spot_price.or(p.prices.spot)
             } else {
                 None
@@ -796,6 +860,12 @@ pub(crate) fn eval_cluster(
             };
             priced = true;
             if ctx.stay.is_some_and(|(_, k)| k != pricing) {
+                continue;
+            }
+            // Spot not free now, queued for (the job waits for the pool's spot
+            // capacity): never a move that must start now.
+            let queued_spot = pricing == Pricing::Spot && ctx.stay.is_none() && !ps.spot_available;
+            if queued_spot && ctx.require_free {
                 continue;
             }
             // Compute alone is a lower bound of the score: an option whose
@@ -816,6 +886,7 @@ pub(crate) fn eval_cluster(
                 continue;
             }
             if best.is_none_or(|x| b.total < x.breakdown.total) {
+                let fits_now = fits_now && !queued_spot;
                 best = Some(Placement { cluster: cid, pool: pi as PoolId, pricing, fits_now, breakdown: b });
             }
         }

@@ -23,6 +23,12 @@ pub struct Policy {
     pub egress_weight: f64,
     /// Spot capacity may be used for interruptible jobs.
     pub allow_spot: bool,
+    /// An interruptible job may queue for a pool's spot capacity that is not
+    /// free now, when the state gives the expected wait for it
+    /// ([`crate::state::PoolState::spot_wait_s`]); the wait is priced at the
+    /// time value like any queue. Off: spot only when free now (what
+    /// managed-spot tools do: launch on spot, else fail over).
+    pub spot_queue: bool,
     /// Use life-cycle intensity (`ci_lca`) instead of direct.
     pub use_lca: bool,
 }
@@ -42,6 +48,7 @@ impl Policy {
             carbon_usd_per_kg: 0.0,
             egress_weight: 1.0,
             allow_spot: true,
+            spot_queue: true,
             use_lca: false,
         }
     }
@@ -54,6 +61,7 @@ impl Policy {
             carbon_usd_per_kg: 0.0,
             egress_weight: 1.0,
             allow_spot: false,
+            spot_queue: false,
             use_lca: false,
         }
     }
@@ -67,6 +75,7 @@ impl Policy {
             carbon_usd_per_kg: 1.0,
             egress_weight: 1.0,
             allow_spot: true,
+            spot_queue: true,
             use_lca: false,
         }
     }

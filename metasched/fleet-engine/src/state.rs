@@ -17,8 +17,18 @@ pub struct PoolState {
     /// the model's history mean.
     pub expected_wait_s: Option<f64>,
     pub spot_available: bool,
+    /// When `spot_available` is false: the expected wait (s) until a job of
+    /// this size could start on this pool's spot capacity (the spot level
+    /// coming back, spot jobs ahead of it ending). `None` = unknown, and then
+    /// spot is offered only when it is available now. A policy with
+    /// [`crate::Policy::spot_queue`] may queue for spot with this wait,
+    /// priced at its time value.
+    pub spot_wait_s: Option<f64>,
     /// Current spot price per GPU-hour; `None` = the model's spot price.
     pub spot_price: Option<f64>,
+    /// How long (s) spot capacity stays short after a reclaim, on average (a
+    /// preempted job waiting for spot again); `None` = not priced.
+    pub spot_recovery_s: Option<f64>,
     /// Current preemption rate; `None` = the cluster's configured rate.
     pub spot_preemptions_per_hour: Option<f64>,
 }
@@ -61,6 +71,8 @@ impl FleetState {
                             free_gpus: p.total_gpus,
                             expected_wait_s: None,
                             spot_available: p.prices.spot.is_some(),
+                            spot_wait_s: None,
+                            spot_recovery_s: None,
                             spot_price: None,
                             spot_preemptions_per_hour: None,
                         })

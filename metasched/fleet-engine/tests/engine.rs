@@ -563,6 +563,101 @@ fn rebalancing_may_restart_a_job_on_spot_in_its_own_cluster_when_asked() {
 }
 
 #[test]
+fn a_long_interruptible_job_queues_for_spot_when_the_wait_pays() {
+    // `a` alone: on-demand 6.00, spot 1.00; spot taken now.
+    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
+    let m = fleet(&only_a);
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let pj = prepare(&m, &spec);
+    let mut st = FleetState::idle(&m);
+    st.clusters[0].pools[0].spot_available = false;
+    let pick = |st: &FleetState, p: &Policy| decide(&m, st, &pj, p).map(|x| (x.pricing, x.fits_now, x.breakdown));
+    // No spot wait known: on-demand, as before.
+    assert_eq!(pick(&st, &Policy::cost()).map(|x| x.0), Some(Pricing::OnDemand));
+    // Spot back in 2 h: 2 h × 8 GPUs × 2 USD of waiting buys 5 USD/GPU-h × 160 GPU-h.
+    st.clusters[0].pools[0].spot_wait_s = Some(2.0 * 3600.0);
+    let (pricing, fits_now, b) = pick(&st, &Policy::cost()).expect("placed");
+    assert_eq!((pricing, fits_now), (Pricing::Spot, false), "{b:?}");
+    assert!((b.wait_h - 2.0).abs() < 1e-9, "the spot wait is scored: {b:?}");
+    assert!((b.time_usd - 2.0 * 8.0 * b.delay_h()).abs() < 1e-9, "{b:?}");
+    // The explanation ranks the same choice.
+    let d = explain(&m, &st, &spec, &Policy::cost());
+    assert_eq!(d.chosen().map(|c| c.pricing), Some(Pricing::Spot), "{d}");
+    // A wait longer than the saving is worth: on-demand now.
+    st.clusters[0].pools[0].spot_wait_s = Some(100.0 * 3600.0);
+    assert_eq!(pick(&st, &Policy::cost()).map(|x| (x.0, x.1)), Some((Pricing::OnDemand, true)));
+    // A policy that does not queue for spot, a job that is not interruptible,
+    // a non-finite wait: never queued on spot.
+    st.clusters[0].pools[0].spot_wait_s = Some(2.0 * 3600.0);
+    let launch_only = Policy { spot_queue: false, ..Policy::cost() };
+    assert_eq!(pick(&st, &launch_only).map(|x| x.0), Some(Pricing::OnDemand));
+    let pinned = prepare(&m, &JobSpec { interruptible: false, ..spec.clone() });
+    assert_eq!(decide(&m, &st, &pinned, &Policy::cost()).map(|x| x.pricing), Some(Pricing::OnDemand));
+    st.clusters[0].pools[0].spot_wait_s = Some(f64::NAN);
+    assert_eq!(pick(&st, &Policy::cost()).map(|x| x.0), Some(Pricing::OnDemand));
+    // A job that never checkpoints, or whose checkpoint interval (30 min) does not
+    // fit in the expected spot window (1 ÷ 3 reclaims/h = 20 min): no queueing,
+    // it could wait for spot again after every reclaim and never finish.
+    st.clusters[0].pools[0].spot_wait_s = Some(2.0 * 3600.0);
+    let no_ckpt = prepare(&m, &JobSpec { ckpt_interval_s: None, ..spec.clone() });
+    assert_eq!(decide(&m, &st, &no_ckpt, &Policy::cost()).map(|x| x.pricing), Some(Pricing::OnDemand));
+    st.clusters[0].pools[0].spot_preemptions_per_hour = Some(3.0);
+    assert_eq!(pick(&st, &Policy::cost()).map(|x| x.0), Some(Pricing::OnDemand));
+    st.clusters[0].pools[0].spot_preemptions_per_hour = None;
+    assert_eq!(pick(&st, &Policy::cost()).map(|x| x.0), Some(Pricing::Spot));
+    // Spot free now: no wait, whatever the state says about waiting.
+    st.clusters[0].pools[0].spot_available = true;
+    st.clusters[0].pools[0].spot_wait_s = Some(100.0 * 3600.0);
+    let (pricing, fits_now, b) = pick(&st, &Policy::cost()).expect("placed");
+    assert_eq!((pricing, fits_now, b.wait_h), (Pricing::Spot, true, 0.0));
+}
+
+#[test]
+fn waiting_for_spot_again_after_reclaims_is_priced() {
+    // `a` alone: on-demand 6.00, spot 1.00 free now, 0.1 reclaims per hour.
+    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
+    let m = fleet(&only_a);
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let pj = prepare(&m, &spec);
+    let mut st = FleetState::idle(&m);
+    let b = decide(&m, &st, &pj, &Policy::cost()).expect("placed");
+    assert_eq!((b.pricing, b.breakdown.requeue_h), (Pricing::Spot, 0.0), "not priced without a recovery time");
+    // Spot comes back 1 h after a reclaim: 0.1/h × 20 h × 1 h of waiting.
+    st.clusters[0].pools[0].spot_recovery_s = Some(3600.0);
+    let b2 = decide(&m, &st, &pj, &Policy::cost()).expect("placed");
+    assert_eq!(b2.pricing, Pricing::Spot);
+    assert!((b2.breakdown.requeue_h - 2.0).abs() < 1e-9, "{:?}", b2.breakdown);
+    assert!((b2.breakdown.time_usd - b.breakdown.time_usd - 2.0 * 8.0 * 2.0).abs() < 1e-9, "{:?}", b2.breakdown);
+    assert_eq!(b2.breakdown.compute_usd, b.breakdown.compute_usd, "a delay, not billed");
+    // Spot gone for 100 h after each reclaim: 200 h of expected waiting × 16 USD/h
+    // outweighs the 800 USD that spot saves: on-demand.
+    st.clusters[0].pools[0].spot_recovery_s = Some(100.0 * 3600.0);
+    assert_eq!(decide(&m, &st, &pj, &Policy::cost()).map(|x| x.pricing), Some(Pricing::OnDemand));
+}
+
+#[test]
+fn a_migration_never_targets_spot_it_would_have_to_queue_for() {
+    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
+    let m = fleet(&only_a);
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 48.0) };
+    let run = RunningJob {
+        job: prepare(&m, &spec),
+        cluster: 0,
+        pool: 0,
+        pricing: Pricing::OnDemand,
+        remaining_s: 40.0 * 3600.0,
+        since_ckpt_s: 600.0,
+    };
+    let mut st = FleetState::idle(&m);
+    st.clusters[0].pools[0].spot_available = false;
+    st.clusters[0].pools[0].spot_wait_s = Some(60.0);
+    let margin = MigrationMargin::default();
+    assert!(propose_migrations_with(&m, &st, std::slice::from_ref(&run), &Policy::cost(), &margin, true).is_empty());
+    st.clusters[0].pools[0].spot_available = true;
+    assert_eq!(propose_migrations_with(&m, &st, &[run], &Policy::cost(), &margin, true).len(), 1);
+}
+
+#[test]
 fn bad_inputs_do_not_panic() {
     let m = fleet(HOME_AND_CLOUD);
     let st = FleetState::idle(&m);

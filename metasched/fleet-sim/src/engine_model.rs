@@ -167,6 +167,7 @@ impl EngineModel {
             carbon_usd_per_kg: 0.0,
             egress_weight: 1.0,
             allow_spot: false,
+            spot_queue: false,
             use_lca: false,
         };
         baseline_policies.insert(HOME_ONLY, Policy { name: HOME_ONLY.into(), ..no_spot(&pure_price) });
@@ -451,6 +452,9 @@ impl EngineModel {
                 ps.expected_wait_s = Some(pl.est_wait_s);
                 ps.spot_available =
                     has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (!traced || pl.spot_fraction > 0.0);
+                ps.spot_wait_s =
+                    (has_spot && !ps.spot_available && pl.spot_wait_s.is_finite()).then_some(pl.spot_wait_s);
+                ps.spot_recovery_s = (has_spot && pl.spot_recovery_s > 0.0).then_some(pl.spot_recovery_s);
                 ps.spot_preemptions_per_hour = rate;
             }
             cs.queue_pending = pending;

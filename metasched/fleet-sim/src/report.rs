@@ -16,6 +16,12 @@ pub struct PolicyReport {
     pub total_usd: f64,
     pub compute_usd: f64,
     pub egress_usd: f64,
+    /// Part of `compute_usd` billed while jobs held GPUs for setup (cloud
+    /// provisioning, checkpoint restore) instead of working.
+    pub setup_usd: f64,
+    /// Part of `compute_usd` paid for work thrown away at evictions (spot
+    /// reclaims, outages, migrations) and done again: the rework.
+    pub rework_usd: f64,
     /// USD per GPU-hour of useful work (trace GPU-hours of completed jobs).
     pub usd_per_gpu_hour: f64,
     pub useful_gpu_hours: f64,
@@ -346,6 +352,30 @@ impl Report {
                 "",
                 "",
                 spend_cells(&c.spend, c.usd)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\ncost components (USD; work = GPU time of work kept, setup = provisioning and restores billed, rework = GPU time of work lost at evictions):"
+        );
+        for p in &self.policies {
+            let _ = writeln!(
+                s,
+                "  {:<10} work {:>10.0}   setup {:>8.0}   rework {:>8.0}   egress {:>8.0}",
+                p.policy,
+                p.compute_usd - p.setup_usd - p.rework_usd,
+                p.setup_usd,
+                p.rework_usd,
+                p.egress_usd
+            );
+        }
+        if let Some(lp) = &self.lp_bound {
+            let _ = writeln!(
+                s,
+                "  {:<10} work {:>10.0}   one-off (egress + one provisioning per job and option) {:.0}; no rework",
+                "LP bound",
+                lp.usd - lp.one_off_usd,
+                lp.one_off_usd
             );
         }
         let _ = writeln!(

@@ -53,7 +53,7 @@ pub struct SimJob {
 }
 
 /// The dynamic state of a pool handed to the model when it ranks offers.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PoolLoad {
     pub capacity: u32,
     pub free: u32,
@@ -67,6 +67,30 @@ pub struct PoolLoad {
     /// Estimated queue wait (s) of the job being placed if it joins this pool's queue
     /// now (0 when it fits in `start_free`); see `start_estimate`.
     pub est_wait_s: f64,
+    /// Estimated wait (s) of the job being placed until it could start on this pool's
+    /// spot capacity, when it cannot now (`spot_start_estimate`); infinite = none
+    /// (no spot, not estimated, or the job fits on spot now).
+    pub spot_wait_s: f64,
+    /// The pool's spot recovery time (s): the mean spell of its spot trace below its
+    /// full level, how long a job reclaimed from spot waits for it again; 0 = none
+    /// (no trace, or not handed to this strategy).
+    pub spot_recovery_s: f64,
+}
+
+impl Default for PoolLoad {
+    fn default() -> Self {
+        PoolLoad {
+            capacity: 0,
+            free: 0,
+            start_free: 0,
+            spot_free: 0,
+            spot_fraction: 0.0,
+            queued_jobs: 0,
+            est_wait_s: 0.0,
+            spot_wait_s: f64::INFINITY,
+            spot_recovery_s: 0.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -469,6 +493,9 @@ struct PoolState {
     spot_used: u32,
     spot_fraction: f64,
     has_spot: bool,
+    /// Mean length (s) of the spot trace's spells below its full level (0: none,
+    /// or no trace).
+    spot_recovery_s: f64,
     queue: VecDeque<usize>,
     /// Running spot jobs in start order (eviction takes the newest).
     running_spot: Vec<usize>,
@@ -527,6 +554,8 @@ struct Sim<'a, M: Model> {
     egress_usd: f64,
     kg_co2: f64,
     lost_gpu_s: f64,
+    setup_usd: f64,
+    rework_usd: f64,
     preemptions: u64,
     outage_kills: u64,
     migrations: u64,
@@ -582,6 +611,7 @@ pub fn simulate<M: Model>(
                     cap: p.gpus,
                     spot_fraction: if p.spot_trace.is_some() || p.sells_spot { 1.0 } else { 0.0 },
                     has_spot: p.spot_trace.is_some() || p.sells_spot,
+                    spot_recovery_s: p.spot_trace.and_then(|i| spot.get(i)).map_or(0.0, |t| t.mean_shortfall_s()),
                     ..Default::default()
                 })
                 .collect()
@@ -604,6 +634,8 @@ pub fn simulate<M: Model>(
         egress_usd: 0.0,
         kg_co2: 0.0,
         lost_gpu_s: 0.0,
+        setup_usd: 0.0,
+        rework_usd: 0.0,
         preemptions: 0,
         outage_kills: 0,
         migrations: 0,
@@ -743,12 +775,30 @@ impl<M: Model> Sim<'_, M> {
             }
             self.dirty.clear();
         }
+        // Only the engine policies may queue for spot (the baselines launch on spot
+        // when it is free, else fail over).
+        let spot_estimate = estimate && matches!(self.strategy, Strategy::Engine(_));
         for (ps, cl) in self.pools.iter().zip(buf.iter_mut()) {
             let mut changed = false;
             for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
                 let w = if gpus <= pl.start_free || !estimate { 0.0 } else { self.start_estimate(p, now, gpus) - now };
                 if w.to_bits() != pl.est_wait_s.to_bits() {
                     pl.est_wait_s = w;
+                    changed = true;
+                }
+                let spot_now = gpus <= pl.start_free && gpus <= pl.spot_free && pl.spot_fraction > 0.0;
+                let sw = if spot_estimate && p.has_spot && !spot_now {
+                    self.spot_start_estimate(p, now, gpus) - now
+                } else {
+                    f64::INFINITY
+                };
+                if sw.to_bits() != pl.spot_wait_s.to_bits() {
+                    pl.spot_wait_s = sw;
+                    changed = true;
+                }
+                let back = if spot_estimate { p.spot_recovery_s } else { 0.0 };
+                if back.to_bits() != pl.spot_recovery_s.to_bits() {
+                    pl.spot_recovery_s = back;
                     changed = true;
                 }
             }
@@ -780,6 +830,8 @@ impl<M: Model> Sim<'_, M> {
             spot_fraction: p.spot_fraction,
             queued_jobs: p.queue.len(),
             est_wait_s: 0.0,
+            spot_wait_s: f64::INFINITY,
+            spot_recovery_s: 0.0,
         };
     }
 
@@ -823,6 +875,50 @@ impl<M: Model> Sim<'_, M> {
             ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
         }
         t as f64 / 1000.0
+    }
+
+    /// When a spot job of `gpus` GPUs joining `p`'s queue now would start on the
+    /// pool's spot capacity: the later of [`Sim::start_estimate`] (GPUs of the pool)
+    /// and the same FIFO estimate over the spot capacity alone (running spot jobs end
+    /// at their planned ends, queued spot jobs start first). When the spot level now
+    /// is below the job's GPUs, the level is taken to come back in full after the
+    /// trace's mean shortfall spell (`spot_recovery_s`, from the trace's history, as
+    /// its preemption rate). Infinite when the job can never run on spot here.
+    fn spot_start_estimate(&self, p: &PoolState, now: f64, gpus: u32) -> f64 {
+        use std::cmp::Reverse;
+        if !p.has_spot || gpus > p.cap {
+            return f64::INFINITY;
+        }
+        let limit = p.spot_limit();
+        let (level, back) = if limit >= gpus { (limit, now) } else { (p.cap, now + p.spot_recovery_s) };
+        if limit < gpus && p.spot_recovery_s <= 0.0 {
+            return f64::INFINITY;
+        }
+        let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
+        let mut ends: BinaryHeap<Reverse<(u64, u32)>> =
+            p.running_spot.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))).collect();
+        let mut free = level.saturating_sub(p.spot_used);
+        let mut t = key(back);
+        let queued = p.queue.iter().filter(|&&j| self.js[j].at.as_ref().is_some_and(|o| o.spot)).map(|&j| {
+            let (speed, setup) =
+                self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
+            (self.jobs[j].gpus, setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed)
+        });
+        for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
+            if g > level {
+                return f64::INFINITY;
+            }
+            while free < g {
+                let Some(Reverse((end, r))) = ends.pop() else {
+                    return f64::INFINITY;
+                };
+                free += r;
+                t = t.max(end);
+            }
+            free -= g;
+            ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
+        }
+        (t as f64 / 1000.0).max(self.start_estimate(p, now, gpus))
     }
 
     /// What running the rest of job `j` on `o` costs: compute for the remaining
@@ -1216,6 +1312,7 @@ impl<M: Model> Sim<'_, M> {
         let seg = (now - start).max(0.0);
         let usd = o.usd_per_gpu_hour * g as f64 * seg / 3600.0;
         self.compute_usd += usd;
+        self.setup_usd += o.usd_per_gpu_hour * g as f64 * seg.min(self.js[j].setup_s.max(0.0)) / 3600.0;
         *self.team_usd.entry(self.jobs[j].team.clone()).or_default() += usd;
         let owned = self
             .model
@@ -1284,6 +1381,7 @@ impl<M: Model> Sim<'_, M> {
     fn evict(&mut self, j: usize, now: f64) {
         let at = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool, o.spot));
         let speed = self.js[j].at.as_ref().map(|o| o.speed.max(1e-9)).unwrap_or(1.0);
+        let price = self.js[j].at.as_ref().map(|o| o.usd_per_gpu_hour).unwrap_or(0.0);
         let seg = self.stop(j, now);
         // Work time of the segment (after setup); checkpoints every
         // `checkpoint_s` of it, each saving `checkpoint_s × speed` of work.
@@ -1296,6 +1394,7 @@ impl<M: Model> Sim<'_, M> {
         }
         let lost = (worked - saved) * self.jobs[j].gpus as f64;
         self.lost_gpu_s += lost;
+        self.rework_usd += price * lost / 3600.0;
         if let Some(k) = at {
             self.spend.entry(k).or_default().lost_gpu_hours += lost / 3600.0;
         }
@@ -1495,6 +1594,8 @@ impl<M: Model> Sim<'_, M> {
             total_usd: total,
             compute_usd: self.compute_usd,
             egress_usd: self.egress_usd,
+            setup_usd: self.setup_usd,
+            rework_usd: self.rework_usd,
             usd_per_gpu_hour: if useful > 0.0 { total / useful } else { 0.0 },
             useful_gpu_hours: useful,
             kg_co2: self.kg_co2,
@@ -1559,6 +1660,8 @@ pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
                     spot_fraction: if p.spot_trace.is_some() || p.sells_spot { 1.0 } else { 0.0 },
                     queued_jobs: 0,
                     est_wait_s: 0.0,
+                    spot_wait_s: f64::INFINITY,
+                    spot_recovery_s: 0.0,
                 })
                 .collect(),
         })
@@ -1890,6 +1993,67 @@ mod tests {
         // and the estimates were right: job 4 waited exactly 1150 s
         assert_eq!(r.wait_p95_s, 1298.0);
         assert_eq!(r.wait_mean_s, (0.0 + 0.0 + 299.0 + 1298.0 + 1150.0) / 5.0);
+    }
+
+    /// Records the spot wait of cluster 0, pool 0 that each placement saw.
+    struct SpotRecorder {
+        inner: Stub,
+        seen: Vec<(usize, f64)>,
+    }
+
+    impl Model for SpotRecorder {
+        fn clusters(&self) -> &[SimCluster] {
+            self.inner.clusters()
+        }
+        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+            self.seen.push((job.id, load[0].pools[0].spot_wait_s));
+            self.inner.offers(policy, job, now, load)
+        }
+        fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
+            self.inner.kg_co2(cluster, pool, gpus, t0, t1)
+        }
+        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+            Vec::new()
+        }
+    }
+
+    /// The spot wait handed to the engine: the FIFO start on the spot capacity when
+    /// spot jobs hold it, the trace's mean shortfall when the level is below the
+    /// job's GPUs; and a job queued on spot starts when spot comes back.
+    #[test]
+    fn spot_wait_estimate_is_the_spot_fifo_or_the_traces_recovery() {
+        // 2 GPUs; spot level 2 during [0, 10000), 1 during [10000, 20000), then
+        // cyclic (2 again). Shortfall spells: one of one tick = 10000 s.
+        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10000},"data":[2,1]}"#, "t").unwrap();
+        let stub = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
+        let mut m = SpotRecorder { inner: stub, seen: Vec::new() };
+        let jobs = vec![
+            // spot free: no spot wait
+            job(0, 0.0, 500.0, 2, true, 100.0),
+            // both spot GPUs held by job 0 until 500
+            job(1, 10.0, 100.0, 1, true, 100.0),
+            // at 10010 the level is 1 < 2 GPUs: back in full after the mean spell
+            job(2, 10_010.0, 100.0, 2, true, 100.0),
+        ];
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            std::slice::from_ref(&trace),
+            &SimConfig::default(),
+            &quiet,
+        );
+        assert_eq!(r.completed, 3);
+        assert_eq!(m.seen, vec![(0, f64::INFINITY), (1, 490.0), (2, 10_000.0)]);
+        // job 2 queued on spot and started when the level came back at 20000
+        assert_eq!(r.wait_p95_s, 20_000.0 - 10_010.0);
+        // the baselines are never given a spot wait
+        let mut b = SpotRecorder {
+            inner: Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() },
+            seen: Vec::new(),
+        };
+        simulate(&mut b, Strategy::FirstStart, &jobs, &[trace], &SimConfig::default(), &quiet);
+        assert!(b.seen.iter().all(|&(_, w)| w == f64::INFINITY), "{:?}", b.seen);
     }
 
     #[test]
