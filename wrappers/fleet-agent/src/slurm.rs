@@ -371,6 +371,11 @@ pub fn parse_jobs_json_with(doc: &[u8], arrays: bool) -> Result<Vec<NativeJob>> 
         job.submit_time = num(j.get("submit_time"));
         job.user_id = num(j.get("user_id")).and_then(|n| u32::try_from(n).ok());
         job.restarts = num(j.get("restart_cnt")).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+        // A pending job's start time is the scheduler's estimate: only a
+        // started one's is a start.
+        if job.state != JobState::Pending {
+            job.start_time = num(j.get("start_time")).filter(|&t| t > 0);
+        }
         job.partition = text(j.get("partition"));
         job.admin_comment = text(j.get("admin_comment"));
         job.work_dir = text(j.get("current_working_directory"));
@@ -913,6 +918,15 @@ mod tests {
             (JobState::Failed, "TIMEOUT", Some(0), Some(15))
         );
         assert_eq!(j[0].submit_time, Some(1_700_000_001));
+        // The start time of a started job, in both dialects; a pending
+        // job's is the scheduler's estimate, not a start.
+        let starts = br#"{"jobs":[{"job_id":1,"job_state":"RUNNING","start_time":1700000100},
+            {"job_id":2,"job_state":["RUNNING"],"start_time":{"set":true,"infinite":false,"number":1700000200}},
+            {"job_id":3,"job_state":"PENDING","start_time":1700009999},
+            {"job_id":4,"job_state":"COMPLETED","start_time":1700000300},
+            {"job_id":5,"job_state":"RUNNING","start_time":0}]}"#;
+        let got: Vec<Option<i64>> = parse_jobs_json(starts).unwrap().iter().map(|j| j.start_time).collect();
+        assert_eq!(got, [Some(1_700_000_100), Some(1_700_000_200), None, Some(1_700_000_300), None]);
         for bad in [&b"not json"[..], b"{}", b"{\"jobs\": 3}"] {
             assert!(parse_jobs_json(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
