@@ -42,9 +42,16 @@ pub struct NodeCapacity {
     /// CPUs Slurm schedules on the node; 0 = unknown (an older agent).
     #[serde(default)]
     pub cpus: u32,
-    /// `RealMemory` in MiB; 0 = unknown.
+    /// `RealMemory` in MiB; 0 = unknown. Reported whatever the select
+    /// type: Slurm checks `--mem` against it when it picks nodes even where
+    /// memory is not consumable (`CR_Core`), so it bounds placement there too.
     #[serde(default)]
     pub memory_mb: u64,
+    /// Memory not allocated to jobs (`RealMemory - AllocMem`), in MiB: only
+    /// where the scheduler allocates memory (`CR_*_Memory`, Kubernetes);
+    /// `None` elsewhere (nothing is allocated) or unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_free_mb: Option<u64>,
     /// Node features (for `--constraint`); `None` = unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Vec<String>>,
