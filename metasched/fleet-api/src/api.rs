@@ -42,9 +42,16 @@ pub struct NodeCapacity {
     /// CPUs Slurm schedules on the node; 0 = unknown (an older agent).
     #[serde(default)]
     pub cpus: u32,
-    /// `RealMemory` in MiB; 0 = unknown.
+    /// `RealMemory` in MiB; 0 = unknown. Reported whatever the select
+    /// type: Slurm checks `--mem` against it when it picks nodes even where
+    /// memory is not consumable (`CR_Core`), so it bounds placement there too.
     #[serde(default)]
     pub memory_mb: u64,
+    /// Memory not allocated to jobs (`RealMemory - AllocMem`), in MiB: only
+    /// where the scheduler allocates memory (`CR_*_Memory`, Kubernetes);
+    /// `None` elsewhere (nothing is allocated) or unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_free_mb: Option<u64>,
     /// Node features (for `--constraint`); `None` = unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Vec<String>>,
@@ -354,7 +361,15 @@ pub struct JobRecord {
     /// Times the job was moved off a failed cluster (or one its run died on).
     #[serde(default)]
     pub migrations: u32,
+    /// One line per requeue counted in `requeues`, oldest first (the last
+    /// [`MAX_REQUEUE_NOTES`]): when, where, and how it was seen
+    /// (`Slurm at alpha re-ran it …`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requeue_notes: Vec<String>,
 }
+
+/// Most [`JobRecord::requeue_notes`] kept (the newest).
+pub const MAX_REQUEUE_NOTES: usize = 16;
 
 /// One job the target agent must submit.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -572,6 +587,20 @@ pub struct StatusUpdate {
     /// believes it only when no lease it granted still covered the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lease_stopped: bool,
+    /// Times Slurm at the target ran this run again, as its agent saw it:
+    /// a higher `RestartCnt` (`scontrol requeue`, a requeue after a node
+    /// failure), and re-runs Slurm does not count (the run back to pending
+    /// after it ran, a later start time, its output files restarted), as
+    /// after a slurmctld crash recovered from older state. Cumulative for
+    /// the run's placement (epoch) and journaled, so a repeated report or
+    /// an agent restart counts nothing twice; the meta-scheduler adds what
+    /// it has not counted yet to the job's `requeues`. `None`: an older
+    /// agent (then only running → pending counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reruns: Option<u32>,
+    /// How the agent saw the last of `reruns` (for `fleetctl job`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rerun_why: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

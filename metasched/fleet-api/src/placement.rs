@@ -296,6 +296,28 @@ fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), S
     if d.mem_per_gpu.saturating_mul(per_node) > mem {
         return Err(format!("{mem} MiB per node, job needs {} MiB for {per_node} GPUs", d.mem_per_gpu * per_node));
     }
+    // A node holding any of the job's GPUs holds `--mem-per-gpu` for it.
+    if d.wants_gpus() && d.mem_per_gpu > mem {
+        return Err(format!("{mem} MiB per node, job needs --mem-per-gpu={}M for each GPU", d.mem_per_gpu));
+    }
+    // The fewest CPUs a node of the job gets: one task's (or the tasks
+    // per node it asks for), and its GPUs' `--cpus-per-gpu`; each holds
+    // `--mem-per-cpu`.
+    if d.mem_per_cpu > 0 {
+        let tasks = match (d.tasks, d.tasks_per_node) {
+            (None, Some(tpn)) => u64::from(tpn),
+            _ => 1,
+        };
+        let min_cpus =
+            (u64::from(d.cpus_per_task).saturating_mul(tasks)).max(u64::from(d.cpus_per_gpu).saturating_mul(per_node));
+        if d.mem_per_cpu.saturating_mul(min_cpus) > mem {
+            return Err(format!(
+                "{mem} MiB per node, job needs --mem-per-cpu={}M × {min_cpus} CPU(s) = {} MiB per node",
+                d.mem_per_cpu,
+                d.mem_per_cpu.saturating_mul(min_cpus)
+            ));
+        }
+    }
     if u64::from(d.cpus_per_gpu).saturating_mul(per_node) > cpus {
         return Err(format!(
             "{cpus} CPUs per node, job needs {} for {per_node} GPUs",
@@ -753,6 +775,43 @@ mod tests {
         let mut v = lab();
         v.clusters.push(shaped("gamma", "h100", 4, &["ib", "nvlink"]));
         v
+    }
+
+    /// A target is refused when its largest node lacks the job's per-node
+    /// memory (`--mem`, `--mem-per-cpu` × its CPUs per node, `--mem-per-gpu`
+    /// × its GPUs per node): Slurm checks RealMemory when it selects nodes,
+    /// also under `CR_Core`, where agents now report it too.
+    #[test]
+    fn a_target_whose_largest_node_lacks_the_jobs_memory_is_refused() {
+        // small: 4 nodes of 64000 MiB, the most free GPUs (picked when both
+        // can run the job); big: 1 node of 256000 MiB.
+        let mut big = shaped("big", "h100", 1, &[]);
+        big.nodes[0].memory_mb = 256_000;
+        let v = FleetView {
+            generated_at: 0.0,
+            clusters: vec![shaped("beta", "a100", 2, &[]), shaped("small", "h100", 4, &[]), big.clone()],
+        };
+        let no_big = FleetView { generated_at: 0.0, clusters: v.clusters[..2].to_vec() };
+        for (args, want, alone) in [
+            ("--gres=gpu:h100:8 --mem=64000", "small", "small"),
+            ("--gres=gpu:h100:8 --mem=64001", "big", "impossible: no cluster in the fleet can run gpu:h100:8 on 1 node(s) (beta: has no h100 GPUs; small: no node can hold the job's share (64000 MiB per node, job needs --mem=64001M"),
+            ("--gres=gpu:h100:8 --mem=256001", "impossible", "impossible"),
+            ("--gres=gpu:h100:1 -c=8 --mem-per-cpu=8000", "small", "small"),
+            ("--gres=gpu:h100:1 -c=8 --mem-per-cpu=10000", "big", "impossible: no cluster in the fleet can run gpu:h100:1 on 1 node(s) (beta: has no h100 GPUs; small: no node can hold the job's share (64000 MiB per node, job needs --mem-per-cpu=10000M × 8 CPU(s) = 80000 MiB per node"),
+            ("--gres=gpu:h100:1 --ntasks-per-node=4 -c=2 --mem-per-cpu=10000", "big", "impossible"),
+            ("--gres=gpu:h100:4 --cpus-per-gpu=2 --mem-per-cpu=9000", "big", "impossible"),
+            ("--gpus-per-node=h100:4 --mem-per-gpu=16000", "small", "small"),
+            ("--gpus-per-node=h100:4 --mem-per-gpu=20000", "big", "impossible: no cluster in the fleet can run gpu:h100:4 on 1 node(s) (beta: has no h100 GPUs; small: no node can hold the job's share (64000 MiB per node, job needs 80000 MiB for 4 GPUs"),
+            ("--gpus=h100:8 --mem-per-gpu=70000", "impossible", "impossible"),
+            ("--gpus=h100:2 --mem-per-gpu=70000", "big", "impossible: no cluster in the fleet can run gpu:h100:2 on any number of nodes (beta: has no h100 GPUs; small: no node can hold the job's share (64000 MiB per node, job needs --mem-per-gpu=70000M for each GPU"),
+        ] {
+            check(&v, "beta", args, want, None);
+            check(&no_big, "beta", args, alone, None);
+        }
+        // Unknown memory (an older agent) is no bound.
+        let mut unknown = no_big.clone();
+        unknown.clusters[1].nodes[0].memory_mb = 0;
+        check(&unknown, "beta", "--gres=gpu:h100:8 --mem=999999", "small", Some(1));
     }
 
     #[test]

@@ -45,6 +45,12 @@
 //!   assigned (submitted) / pending ──▶ stopping (cancelled there first; its
 //!                               end re-places it, as a planned move's does)
 //!   running, held, queued, terminal, being cancelled or moved: nothing.
+//! re-runs at the target (Slurm ran the job there again: `RestartCnt`, or
+//! unseen by Slurm's count, after a controller crash): the target agent's
+//! cumulative count for the epoch; what exceeds the count already taken
+//! (running → pending reports included) is counted once in `requeues`, in
+//! any placed state; the state does not change. A new placement starts
+//! the count again.
 //! ```
 
 use fleet_api::JobState;
@@ -69,6 +75,9 @@ pub struct Life {
     pub epoch: u64,
     /// A planned migration under way (a running job only).
     pub moving: Moving,
+    /// Re-runs at the target counted in this epoch (running → pending
+    /// reports and the agent's [`Event::TargetReran`] counts).
+    pub target_reruns: u32,
 }
 
 /// The phase of a planned migration (a rebalancing move) of a running job.
@@ -97,6 +106,7 @@ impl Default for Life {
             restart: 0,
             epoch: 0,
             moving: Moving::No,
+            target_reruns: 0,
         }
     }
 }
@@ -147,6 +157,10 @@ pub enum Event {
     /// The job has waited at its target past the cluster's provisioning
     /// deadline without running, and another cluster can run it.
     SlaMissed,
+    /// The target agent's count of the times Slurm ran the current run
+    /// again (`StatusUpdate.reruns`, cumulative for the epoch), with the
+    /// report's epoch.
+    TargetReran { seen: u32, epoch: Option<u64> },
 }
 
 /// What the store does besides saving the new [`Life`].
@@ -203,6 +217,11 @@ pub enum Effect {
     /// job: forget the assignment (the cluster's late reports are stale),
     /// note it, and place the job again (with [`Effect::Place`]).
     SlaReplace,
+    /// Slurm at the target ran the job again beyond what was counted:
+    /// add the new re-runs (`target_reruns` grew by that many) to
+    /// `requeues` and note how they were seen. The run is not reset (its
+    /// lease and running time go on: it may be running again already).
+    CountReruns,
 }
 
 /// How the caller is answered.
@@ -300,6 +319,7 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
         Event::Placed if cur == S::Queued => {
             next.state = S::Assigned;
             next.epoch += 1;
+            next.target_reruns = 0;
             ok(next, vec![Effect::NewEpoch, Effect::WakeTarget])
         }
         Event::PlacementImpossible if cur == S::Queued => {
@@ -358,7 +378,23 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
         }
         Event::CheckpointTaken | Event::CheckpointMissed { .. } | Event::MoveRefused => ok(next, vec![]),
         Event::SlaMissed => sla_missed(life, next),
+        Event::TargetReran { seen, epoch } => match stale(life, epoch) {
+            Some(reply) => refuse(life, reply),
+            None => target_reran(life, next, seen),
+        },
     }
+}
+
+/// The target's count of re-runs in this epoch: what it adds to the count
+/// taken is counted once; a repeat or a lower count (running → pending was
+/// counted first) changes nothing. Only a placed job has re-runs.
+fn target_reran(life: &Life, mut next: Life, seen: u32) -> Outcome {
+    use JobState as S;
+    if matches!(life.state, S::Held | S::Queued) || seen <= life.target_reruns {
+        return ok(next, vec![]);
+    }
+    next.target_reruns = seen;
+    ok(next, vec![Effect::CountReruns])
 }
 
 /// The job waited past its target's provisioning deadline: re-placed at
@@ -568,6 +604,7 @@ fn report(life: &Life, mut next: Life, new: Option<JobState>, remote_job_id: Opt
     }
     if let Some(n) = new {
         if cur == S::Running && n == S::Pending {
+            next.target_reruns = next.target_reruns.saturating_add(1);
             effects.push(Effect::Requeue);
         }
         if n == S::Running {
@@ -616,6 +653,7 @@ mod tests {
             restart: 0,
             epoch: 1,
             moving: Moving::No,
+            target_reruns: 0,
         }
     }
 
@@ -700,6 +738,15 @@ mod tests {
             // The provisioning SLA: only a job waiting at its target moves
             // (typical: assigned is not submitted yet, pending is).
             (Event::SlaMissed, "H Q Q P R C F X L"),
+            // Slurm at the target ran it again: counted, the state stays
+            // (terminal too: a re-run seen with the final report); a stale
+            // epoch's count is that copy's.
+            (Event::TargetReran { seen: 1, epoch: Some(1) }, "H Q A P R C F X L"),
+            (Event::TargetReran { seen: 0, epoch: Some(1) }, "H Q A P R C F X L"),
+            (
+                Event::TargetReran { seen: 1, epoch: Some(2) },
+                "H!409t Q!409t A!409t P!409t R!409t C!409t F!409t X!409t L!409t",
+            ),
         ];
         for (event, want) in table {
             let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
@@ -927,7 +974,13 @@ mod tests {
         // Reports.
         let running = Life { state: S::Running, ..submitted.clone() };
         let pending = Life { state: S::Pending, ..submitted.clone() };
-        check(running.clone(), report(Some(S::Pending)), pending.clone(), &[E::TakeReport, E::Requeue], "ok");
+        check(
+            running.clone(),
+            report(Some(S::Pending)),
+            Life { target_reruns: 1, ..pending.clone() },
+            &[E::TakeReport, E::Requeue],
+            "ok",
+        );
         check(pending.clone(), report(Some(S::Running)), running.clone(), &[E::TakeReport, E::MarkRunning], "ok");
         check(assigned.clone(), report(None), Life { submitted: true, ..assigned.clone() }, &[E::TakeReport], "ok");
         let done = Life { state: S::Completed, ..running.clone() };
@@ -956,6 +1009,48 @@ mod tests {
             report(Some(S::Cancelled)),
             Life { remote_cancel_pending: false, ..told.clone() },
             &[E::CompareOutcome],
+            "ok",
+        );
+    }
+
+    /// Re-runs at the target are counted once each, however often and in
+    /// whichever order the agent's count and running → pending arrive.
+    #[test]
+    fn re_runs_at_the_target_count_once_each() {
+        use Effect as E;
+        let reran = |seen| Event::TargetReran { seen, epoch: Some(1) };
+        let running = typical(S::Running);
+        let once = Life { target_reruns: 1, ..running.clone() };
+        // Seen only by the agent (output restarted, a new start time):
+        // counted, the job keeps running.
+        check(running.clone(), reran(1), once.clone(), &[E::CountReruns], "ok");
+        // The same count again (a repeated report, an agent restart): nothing.
+        check(once.clone(), reran(1), once.clone(), &[], "ok");
+        check(once.clone(), reran(0), once.clone(), &[], "ok");
+        // Two more at once (reports lost meanwhile): both, in one effect.
+        check(once.clone(), reran(3), Life { target_reruns: 3, ..running.clone() }, &[E::CountReruns], "ok");
+        // Running → pending counts it first; the agent's count of the same
+        // re-run that comes with the report adds nothing.
+        let pending = Life { state: S::Pending, target_reruns: 1, ..running.clone() };
+        check(running.clone(), report(Some(S::Pending)), pending.clone(), &[E::TakeReport, E::Requeue], "ok");
+        check(pending.clone(), reran(1), pending.clone(), &[], "ok");
+        // A pending job never seen running (the report was lost): the
+        // agent's count is what says it ran.
+        let p0 = typical(S::Pending);
+        check(p0.clone(), reran(1), Life { target_reruns: 1, ..p0.clone() }, &[E::CountReruns], "ok");
+        // Seen with the final report: counted, the outcome stands.
+        let done = typical(S::Completed);
+        check(done.clone(), reran(1), Life { target_reruns: 1, ..done.clone() }, &[E::CountReruns], "ok");
+        // Not placed: nothing to count. A stale epoch: that copy stops.
+        check(typical(S::Queued), reran(1), typical(S::Queued), &[], "ok");
+        check(once.clone(), Event::TargetReran { seen: 2, epoch: Some(2) }, once.clone(), &[], "epoch 2 is stale");
+        // A new placement counts from 0 again.
+        let queued = Life { state: S::Queued, target_reruns: 3, ..running.clone() };
+        check(
+            queued,
+            Event::Placed,
+            Life { state: S::Assigned, epoch: 2, target_reruns: 0, ..running.clone() },
+            &[E::NewEpoch, E::WakeTarget],
             "ok",
         );
     }

@@ -186,6 +186,24 @@ pub struct Job {
     /// The epoch whose provisioning deadline passed (recorded as a miss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sla_missed: Option<u64>,
+    /// Re-runs at the target counted in the current epoch (the
+    /// lifecycle's `target_reruns`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub target_reruns: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// Notes a requeue counted in `requeues` (see [`JobRecord::requeue_notes`]).
+fn note_requeue(record: &mut JobRecord, line: String) {
+    let notes = &mut record.requeue_notes;
+    notes.push(line);
+    if notes.len() > fleet_api::api::MAX_REQUEUE_NOTES {
+        let extra = notes.len() - fleet_api::api::MAX_REQUEUE_NOTES;
+        notes.drain(..extra);
+    }
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -556,6 +574,7 @@ fn life_of(job: &Job) -> Life {
         restart: r.origin_restart,
         epoch: r.epoch,
         moving: job.planned.as_ref().map_or(Moving::No, |m| m.phase),
+        target_reruns: job.target_reruns,
     }
 }
 
@@ -569,6 +588,7 @@ fn set_life(job: &mut Job, life: &Life) {
     job.remote_cancel_pending = life.remote_cancel_pending;
     job.record.origin_restart = life.restart;
     job.record.epoch = life.epoch;
+    job.target_reruns = life.target_reruns;
     match (life.moving, &mut job.planned) {
         (Moving::No, p) => *p = None,
         (phase, Some(m)) => m.phase = phase,
@@ -1008,6 +1028,7 @@ impl Store {
             stderr_base: 0,
             epoch: 0,
             migrations: 0,
+            requeue_notes: Vec::new(),
         };
         let job = Job {
             record,
@@ -1029,6 +1050,7 @@ impl Store {
             assigned_at: None,
             sla_started: None,
             sla_missed: None,
+            target_reruns: 0,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -1827,6 +1849,13 @@ impl Store {
                     // A new launch: it asks for its lease again.
                     job.leased_epoch = 0;
                     tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
+                    let at = job.record.target.clone().unwrap_or_else(|| "?".into());
+                    let how = match upd.rerun_why.as_str() {
+                        "" => "it went back to pending after it ran".to_string(),
+                        why => why.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect(),
+                    };
+                    let line = format!("Slurm at {at} re-ran it (epoch {}, at {now:.0}): {how}", job.record.epoch);
+                    note_requeue(&mut job.record, line);
                 }
                 Effect::MarkRunning => {
                     job.running_since.get_or_insert(now);
@@ -1872,9 +1901,14 @@ impl Store {
                 | Effect::StopRun
                 | Effect::AbandonMove
                 | Effect::PlannedMove
-                | Effect::SlaReplace => {}
+                | Effect::SlaReplace
+                | Effect::CountReruns => {}
             }
         }
+        // Slurm ran it again there (the agent's count for this epoch).
+        let reran = o.reply == Reply::Ok
+            && !o.effects.contains(&Effect::PlannedMove)
+            && upd.reruns.is_some_and(|seen| Self::target_reran(&mut job, seen, &upd, now));
         if o.effects.contains(&Effect::PlannedMove) {
             self.carry_planned_move(&mut job, planned, before.epoch, upd.final_stdout_len, now)?;
             reply_result(id, &o.reply)?;
@@ -1885,7 +1919,7 @@ impl Store {
             job.record.updated_at = now;
             refresh_complete(&mut job);
         }
-        if changed || takes {
+        if changed || takes || reran {
             self.save(&job)?;
         }
         if job.record.state.is_terminal() {
@@ -1894,6 +1928,33 @@ impl Store {
         }
         reply_result(id, &o.reply)?;
         Ok(job.record)
+    }
+
+    /// The target agent's count of re-runs in this epoch (`reruns` of a
+    /// report the lifecycle took): what it has not counted yet is added
+    /// to `requeues`, each with a note naming the cluster.
+    /// Returns whether it counted any.
+    fn target_reran(job: &mut Job, seen: u32, upd: &StatusUpdate, now: f64) -> bool {
+        let id = job.record.fleet_job_id.clone();
+        let before = life_of(job);
+        let o = transition(&before, &Event::TargetReran { seen, epoch: upd.epoch });
+        if !o.effects.contains(&Effect::CountReruns) {
+            return false;
+        }
+        let new = o.life.target_reruns.saturating_sub(before.target_reruns);
+        set_life(job, &o.life);
+        job.record.requeues = job.record.requeues.saturating_add(new);
+        let at = job.record.target.clone().unwrap_or_else(|| "?".into());
+        let how = match upd.rerun_why.as_str() {
+            "" => "its agent saw it run again".to_string(),
+            why => why.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect(),
+        };
+        let times = if new == 1 { String::new() } else { format!(" {new} more times") };
+        let line = format!("Slurm at {at} re-ran it{times} (epoch {}, at {now:.0}): {how}", job.record.epoch);
+        tracing::info!(job = %id, requeues = job.record.requeues, at = %at, "{line}");
+        note_requeue(&mut job.record, line);
+        job.record.updated_at = now;
+        true
     }
 
     pub fn write_output(&mut self, caller: &Caller, id: &str, chunk: OutputChunk, now: f64) -> Result<(), StoreError> {

@@ -1264,6 +1264,74 @@ async fn requeue_terminal_and_remote_id_rules() {
     d.stop().await;
 }
 
+/// Slurm at the target ran the job again without counting it (a
+/// slurmctld recovered from older state): the agent's cumulative count is
+/// added to `requeues` once per re-run, with a note naming the cluster,
+/// whatever order, repetition or restart it comes in.
+#[tokio::test]
+async fn re_runs_the_target_agent_saw_count_once_each() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut d = fleet(tmp.path()).await;
+    d.forward("rr", "beta", "h100", 8).await;
+    let epoch = d.start_job("rr", "beta").await.epoch;
+    assert_eq!(epoch, 1);
+    let up = |state, reruns: Option<u32>, why: &str| StatusUpdate {
+        reruns,
+        rerun_why: why.into(),
+        epoch: Some(epoch),
+        ..st(state)
+    };
+    let restarted = "its stdout file restarted (truncated by a new run)";
+    // (update, status, state, requeues, notes) after each report.
+    let table: Vec<(StatusUpdate, StatusCode, JobState, u32, usize)> = vec![
+        (up(JobState::Running, Some(0), ""), StatusCode::OK, JobState::Running, 0, 0),
+        // Seen only in its output: counted, it keeps running.
+        (up(JobState::Running, Some(1), restarted), StatusCode::OK, JobState::Running, 1, 1),
+        (up(JobState::Running, Some(1), restarted), StatusCode::OK, JobState::Running, 1, 1),
+        // Back to pending: counted as running → pending, once.
+        (
+            up(JobState::Pending, Some(2), "it went back to pending after it ran"),
+            StatusCode::OK,
+            JobState::Pending,
+            2,
+            2,
+        ),
+        (up(JobState::Running, Some(2), ""), StatusCode::OK, JobState::Running, 2, 2),
+        // An older agent's running → pending, then a newer one's count of it.
+        (up(JobState::Pending, None, ""), StatusCode::OK, JobState::Pending, 3, 3),
+        (up(JobState::Running, Some(3), ""), StatusCode::OK, JobState::Running, 3, 3),
+        // Two at once (reports lost), seen with the final report.
+        (up(JobState::Completed, Some(5), restarted), StatusCode::OK, JobState::Completed, 5, 4),
+        (up(JobState::Completed, Some(5), restarted), StatusCode::OK, JobState::Completed, 5, 4),
+        // A stale epoch's count is not this run's.
+        (
+            StatusUpdate { epoch: Some(7), ..up(JobState::Completed, Some(9), "") },
+            StatusCode::CONFLICT,
+            JobState::Completed,
+            5,
+            4,
+        ),
+    ];
+    for (i, (upd, want, state, requeues, notes)) in table.into_iter().enumerate() {
+        let (s, v) = d.status("rr", "alpha", upd.clone()).await;
+        assert_eq!(s, want, "row {i} {upd:?}: {v}");
+        let r = d.job("rr").await;
+        assert_eq!((r.state, r.requeues, r.requeue_notes.len()), (state, requeues, notes), "row {i}: {r:?}");
+        if i == 4 {
+            // The meta-scheduler restarts: nothing is counted again.
+            let dir = d.dir.clone();
+            d.stop().await;
+            d = Daemon::start(&dir, Clock::default()).await;
+        }
+    }
+    let r = d.job("rr").await;
+    assert!(r.requeue_notes.iter().all(|n| n.starts_with("Slurm at alpha re-ran it")), "{:?}", r.requeue_notes);
+    assert!(r.requeue_notes[0].contains(restarted), "{:?}", r.requeue_notes);
+    assert!(r.requeue_notes[1].contains("went back to pending"), "{:?}", r.requeue_notes);
+    assert!(r.requeue_notes[3].contains("re-ran it 2 more times"), "{:?}", r.requeue_notes);
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn absurd_output_offsets_are_client_errors() {
     let tmp = tempfile::tempdir().unwrap();

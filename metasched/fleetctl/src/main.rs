@@ -687,8 +687,13 @@ fn job_fields(j: &JobRecord, now: f64, zone: Zone) -> String {
         ("output_complete", j.output_complete.to_string()),
         ("submitted_at", when(j.submitted_at)),
         ("updated_at", when(j.updated_at)),
+        // Times Slurm ran it again at a target (requeued, or re-run after
+        // a failure without counting it) and times Fleet moved it.
+        ("requeues", j.requeues.to_string()),
+        ("migrations", j.migrations.to_string()),
     ];
-    fields.into_iter().map(|(k, v)| format!("{k:<17} {v}\n")).collect()
+    let notes = j.requeue_notes.iter().map(|n| ("requeued", one_line(n)));
+    fields.into_iter().chain(notes).map(|(k, v)| format!("{k:<17} {v}\n")).collect()
 }
 
 /// `fleetctl job <id>`'s checkpoint lines: the last valid checkpoint, its
@@ -1452,6 +1457,16 @@ mod tests {
         assert!(f.contains("submitted_at      2025-12-01T15:40:00+01:00 (5m ago; 1764600000.000)"), "{f}");
         assert!(f.contains("exit              - (never ran; see reason)"), "{f}");
         assert!(f.contains("user              ann"), "{f}");
+        assert!(f.contains("requeues          0\n") && !f.contains("requeued "), "{f}");
+        j.requeues = 2;
+        j.requeue_notes = vec![
+            "Slurm at alpha re-ran it (epoch 1, at 1764600100): its stdout file restarted".into(),
+            "Slurm at alpha re-ran it (epoch 1, at 1764600200): \x1b[2Jit went back to pending".into(),
+        ];
+        let f = job_fields(&j, 1_764_600_300.0, Zone(UtcOffset::UTC));
+        assert!(f.contains("requeues          2\n"), "{f}");
+        assert!(f.contains("requeued          Slurm at alpha re-ran it (epoch 1, at 1764600100): its stdout"), "{f}");
+        assert!(f.contains("requeued          Slurm at alpha re-ran it (epoch 1, at 1764600200):  [2Jit went"), "{f}");
 
         let args = |extra: &[&str]| match Cli::try_parse_from(["fleetctl", "jobs"].iter().chain(extra)).unwrap().command
         {

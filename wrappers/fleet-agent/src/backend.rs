@@ -31,6 +31,10 @@ pub struct NativeJob {
     pub user_id: Option<u32>,
     /// Times the scheduler requeued it.
     pub restarts: u32,
+    /// When the current run started (epoch s), for a job that runs or ran
+    /// (`None`: not started, or not said; a pending job's start time is
+    /// Slurm's estimate and is not read).
+    pub start_time: Option<i64>,
     pub partition: String,
     /// `AdminComment`, which only operators and the plugin can set: the
     /// Fleet tag of a stand-in (`fleet:<id>`).
@@ -62,6 +66,7 @@ impl NativeJob {
             submit_time: None,
             user_id: None,
             restarts: 0,
+            start_time: None,
             partition: String::new(),
             admin_comment: String::new(),
             work_dir: String::new(),

@@ -67,6 +67,19 @@ pub struct Run {
     /// run is reported as died (the meta-scheduler moves the job), never
     /// as the cancellation Slurm shows.
     pub fenced: Option<String>,
+    /// Times Slurm ran this run again, as the agent saw it (`track::
+    /// observe_rerun`, `track::output_restarted`): sent with every report,
+    /// kept across agent restarts so that no re-run is counted twice.
+    pub reruns: u32,
+    /// When the current incarnation of the run started (Slurm's start
+    /// time; 0 when started at an unknown time); `None` while it has not
+    /// started (or waits again after a re-run).
+    pub run_start: Option<i64>,
+    /// Output streams (`track::OUT_STDOUT`, `OUT_STDERR`) whose restart,
+    /// still to come, belongs to a re-run already counted.
+    pub rerun_out: u8,
+    /// How the last re-run was seen.
+    pub rerun_why: Option<String>,
 }
 
 impl Journal {
@@ -104,6 +117,10 @@ impl Journal {
             ("runs", "attempt", "INTEGER NOT NULL DEFAULT 0"),
             ("runs", "epoch", "INTEGER NOT NULL DEFAULT 0"),
             ("runs", "fenced", "TEXT"),
+            ("runs", "reruns", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "run_start", "INTEGER"),
+            ("runs", "rerun_out", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "rerun_why", "TEXT"),
         ] {
             let has: bool = db
                 .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
@@ -172,7 +189,8 @@ impl Journal {
     pub fn update_run(&self, r: &Run) -> Result<()> {
         self.db.lock().execute(
             "UPDATE runs SET stdout_off = ?2, stderr_off = ?3, reported = ?4, done = ?5, stdout_base = ?6,
-                 stderr_base = ?7, submit_time = ?8, restarts = ?9, fenced = ?10 WHERE id = ?1",
+                 stderr_base = ?7, submit_time = ?8, restarts = ?9, fenced = ?10, reruns = ?11, run_start = ?12,
+                 rerun_out = ?13, rerun_why = ?14 WHERE id = ?1",
             params![
                 r.id,
                 r.stdout_off as i64,
@@ -183,7 +201,11 @@ impl Journal {
                 r.stderr_base as i64,
                 r.submit_time,
                 r.restarts,
-                r.fenced
+                r.fenced,
+                r.reruns,
+                r.run_start,
+                r.rerun_out,
+                r.rerun_why
             ],
         )?;
         Ok(())
@@ -248,7 +270,8 @@ impl Journal {
         self.db.lock().execute(
             "UPDATE runs SET slurm_id = NULL, stdout_off = 0, stderr_off = 0, reported = NULL, done = 0,
                  request = ?3, stdout_base = ?4, stderr_base = ?5, submit_time = NULL, restarts = 0,
-                 attempt = ?2, accepted_at = ?6, fenced = NULL WHERE id = ?1",
+                 attempt = ?2, accepted_at = ?6, fenced = NULL, reruns = 0, run_start = NULL, rerun_out = 0,
+                 rerun_why = NULL WHERE id = ?1",
             params![id, attempt, json, stdout_base as i64, stderr_base as i64, crate::now()],
         )?;
         Ok(())
@@ -268,7 +291,7 @@ impl Journal {
 }
 
 const RUN_COLS: &str =
-    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts, accepted_at, epoch, fenced";
+    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts, accepted_at, epoch, fenced, reruns, run_start, rerun_out, rerun_why";
 
 fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
     Ok((
@@ -289,6 +312,10 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
             accepted_at: r.get(14)?,
             epoch: r.get::<_, i64>(15)? as u64,
             fenced: r.get(16)?,
+            reruns: r.get(17)?,
+            run_start: r.get(18)?,
+            rerun_out: r.get(19)?,
+            rerun_why: r.get(20)?,
         },
         r.get(6)?,
     ))
@@ -334,6 +361,39 @@ mod tests {
         j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 91).unwrap();
         assert_eq!(j.stand_in_of("beta-3_2").unwrap(), Some(91));
         assert!(j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 92).is_err(), "once");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A re-run Slurm did not count is counted once: the agent's count and
+    /// what it knows of the run's incarnation survive its restart, and a
+    /// new placement of the job here starts them over.
+    #[test]
+    fn re_runs_survive_a_restart_and_start_over_with_a_rerun() {
+        let dir = std::env::temp_dir().join(format!("fleet-journal-reruns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("j.db");
+        let _ = std::fs::remove_file(&path);
+        let req = JobRequest { origin: "beta".into(), ..Default::default() };
+        {
+            let j = Journal::open(&path).unwrap();
+            j.add_run("beta-7", &req).unwrap();
+            let mut r = j.run("beta-7").unwrap().unwrap().0;
+            assert_eq!((r.reruns, r.run_start, r.rerun_out, r.rerun_why.clone()), (0, None, 0, None));
+            r.reruns = 2;
+            r.run_start = Some(1_700_000_124);
+            r.rerun_out = 2;
+            r.rerun_why = Some("it went back to pending after it ran".into());
+            j.update_run(&r).unwrap();
+        }
+        let j = Journal::open(&path).unwrap();
+        let r = j.run("beta-7").unwrap().unwrap().0;
+        assert_eq!(
+            (r.reruns, r.run_start, r.rerun_out, r.rerun_why.as_deref()),
+            (2, Some(1_700_000_124), 2, Some("it went back to pending after it ran"))
+        );
+        j.rerun("beta-7", 1, &req, 10, 0).unwrap();
+        let r = j.run("beta-7").unwrap().unwrap().0;
+        assert_eq!((r.reruns, r.run_start, r.rerun_out, r.rerun_why), (0, None, 0, None));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

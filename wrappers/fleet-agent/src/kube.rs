@@ -1329,6 +1329,7 @@ pub fn capacity_of(nodes: &[Arc<Node>], pods: &[Arc<Pod>]) -> Vec<NodeCapacity> 
             cpus,
             memory_mb: mem,
             features: Some(features),
+            ..Default::default()
         });
     }
     out

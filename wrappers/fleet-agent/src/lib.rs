@@ -478,11 +478,9 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
     let (mut nodes, pending, running) = agent.backend.capacity().await?;
     // Nodes that only run stand-ins are no capacity for jobs.
     nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
-    // Memory bounds placement only where slurmctld schedules it (as Slurm
-    // itself ignores --mem under CR_Core): otherwise it is "unknown".
-    if !agent.cfg.memory_scheduled {
-        nodes.iter_mut().for_each(|n| n.memory_mb = 0);
-    }
+    // RealMemory bounds placement whatever the select type; free memory
+    // is said only where Slurm allocates memory.
+    slurm::memory_view(&mut nodes, agent.cfg.memory_scheduled);
     let policy = agent.live().identity.clone();
     // Through NSS this may wait on the site's directory: not on a runtime
     // thread.

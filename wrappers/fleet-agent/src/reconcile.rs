@@ -259,6 +259,7 @@ mod tests {
             stderr_base: 0,
             epoch: 0,
             migrations: 0,
+            requeue_notes: Vec::new(),
         }
     }
 

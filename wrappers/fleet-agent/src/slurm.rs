@@ -201,20 +201,25 @@ pub fn parse_gres_field(s: &str) -> Vec<(Option<String>, u32)> {
 
 /// The `sinfo -N -h -O` fields [`parse_sinfo`] reads.
 pub const SINFO_FIELDS: &str =
-    "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160,CPUs:8,Memory:16,Features:256";
+    "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160,CPUs:8,Memory:16,Features:256,AllocMem:16";
 
 /// `sinfo -N -h -O` [`SINFO_FIELDS`] → nodes (node shapes for the
-/// placement rule: CPUs, memory, features).
+/// placement rule: CPUs, memory, features). `Memory` is the node's
+/// `RealMemory`; `AllocMem` (last, absent from older field lists) what
+/// jobs hold of it, which gives `memory_free_mb` (see [`memory_view`]).
 pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
     let mut nodes: Vec<NodeCapacity> = Vec::new();
     for line in out.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let (name, part, state, gres, used, cpus, mem, features) = match f.as_slice() {
-            [n, p, s, g, u] => (n, p, s, g, u, None, None, None),
-            [n, p, s, g, u, c, m] => (n, p, s, g, u, Some(c), Some(m), Some(&"(null)")),
-            [n, p, s, g, u, c, m, feat] => (n, p, s, g, u, Some(c), Some(m), Some(feat)),
+        let (name, part, state, gres, used, cpus, mem, features, alloc) = match f.as_slice() {
+            [n, p, s, g, u] => (n, p, s, g, u, None, None, None, None),
+            [n, p, s, g, u, c, m] => (n, p, s, g, u, Some(c), Some(m), Some(&"(null)"), None),
+            [n, p, s, g, u, c, m, feat] => (n, p, s, g, u, Some(c), Some(m), Some(feat), None),
+            [n, p, s, g, u, c, m, feat, a] => (n, p, s, g, u, Some(c), Some(m), Some(feat), Some(a)),
             _ => continue,
         };
+        let memory_mb: u64 = mem.and_then(|m| m.trim_end_matches('+').parse().ok()).unwrap_or(0);
+        let alloc_mb: Option<u64> = alloc.and_then(|a| a.parse().ok());
         let part = part.trim_end_matches('*').to_string();
         if let Some(n) = nodes.iter_mut().find(|n| n.name == *name) {
             if !n.partitions.contains(&part) {
@@ -243,7 +248,8 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
             },
             switch: None,
             cpus: cpus.and_then(|c| c.parse().ok()).unwrap_or(0),
-            memory_mb: mem.and_then(|m| m.trim_end_matches('+').parse().ok()).unwrap_or(0),
+            memory_mb,
+            memory_free_mb: alloc_mb.filter(|_| memory_mb > 0).map(|a| memory_mb.saturating_sub(a)),
             features: features.map(|f| {
                 if *f == "(null)" {
                     Vec::new()
@@ -254,6 +260,18 @@ pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
         });
     }
     nodes
+}
+
+/// What a heartbeat says of the nodes' memory: each node's `RealMemory`
+/// always (slurmctld checks `--mem` against it when it selects nodes, also
+/// under `CR_Core`, so a job larger than every node there would be refused
+/// or pend forever), and memory free of jobs only where it is allocated
+/// (`memory_scheduled`: `SelectTypeParameters=CR_*_Memory`): elsewhere
+/// Slurm allocates none, and `AllocMem` says nothing.
+pub fn memory_view(nodes: &mut [NodeCapacity], memory_scheduled: bool) {
+    if !memory_scheduled {
+        nodes.iter_mut().for_each(|n| n.memory_free_mb = None);
+    }
 }
 
 /// Slurm's job state name → Fleet's.
@@ -371,6 +389,11 @@ pub fn parse_jobs_json_with(doc: &[u8], arrays: bool) -> Result<Vec<NativeJob>> 
         job.submit_time = num(j.get("submit_time"));
         job.user_id = num(j.get("user_id")).and_then(|n| u32::try_from(n).ok());
         job.restarts = num(j.get("restart_cnt")).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+        // A pending job's start time is the scheduler's estimate: only a
+        // started one's is a start.
+        if job.state != JobState::Pending {
+            job.start_time = num(j.get("start_time")).filter(|&t| t > 0);
+        }
         job.partition = text(j.get("partition"));
         job.admin_comment = text(j.get("admin_comment"));
         job.work_dir = text(j.get("current_working_directory"));
@@ -824,6 +847,32 @@ mod tests {
         assert_eq!(n[1].gpu_type.as_deref(), Some("a100"));
     }
 
+    /// Each node's RealMemory is reported under both select types (Slurm
+    /// checks `--mem` against it either way); memory free of jobs only
+    /// where memory is consumable.
+    #[test]
+    fn node_memory_under_both_select_types() {
+        let out = "a1 gpu* mix gpu:h100:4 gpu:h100:1(IDX:0) 32 64000+ (null) 16000\n\
+                   a2 gpu* idle gpu:h100:4 gpu:h100:0(IDX:N/A) 32 128000 nvlink 0\n\
+                   a3 gpu* idle gpu:h100:4 gpu:h100:0(IDX:N/A) 32 96000 nvlink\n\
+                   a4 gpu* idle gpu:h100:4 gpu:h100:0(IDX:N/A) 32 bad nvlink 5\n";
+        for (memory_scheduled, free) in [(true, [Some(48000), Some(128000), None, None]), (false, [None; 4])] {
+            let mut n = parse_sinfo(out);
+            memory_view(&mut n, memory_scheduled);
+            let got: Vec<(u64, Option<u64>)> = n.iter().map(|n| (n.memory_mb, n.memory_free_mb)).collect();
+            let want: Vec<(u64, Option<u64>)> = [64000, 128000, 96000, 0].into_iter().zip(free).collect();
+            assert_eq!(got, want, "memory_scheduled={memory_scheduled}");
+        }
+        // The shape placement reads: the largest node's RealMemory, known
+        // under CR_Core too.
+        let mut n = parse_sinfo(out);
+        memory_view(&mut n, false);
+        let shapes = fleet_api::placement::node_shapes(
+            n.iter().map(|n| (n.gpu_type.as_deref(), n.gpus_total, n.cpus, n.memory_mb, n.features.as_deref())),
+        );
+        assert_eq!(shapes.iter().map(|s| s.memory_mb).max(), Some(128000));
+    }
+
     #[test]
     fn the_origin_environment_less_what_names_the_origin() {
         let req = JobRequest {
@@ -913,6 +962,15 @@ mod tests {
             (JobState::Failed, "TIMEOUT", Some(0), Some(15))
         );
         assert_eq!(j[0].submit_time, Some(1_700_000_001));
+        // The start time of a started job, in both dialects; a pending
+        // job's is the scheduler's estimate, not a start.
+        let starts = br#"{"jobs":[{"job_id":1,"job_state":"RUNNING","start_time":1700000100},
+            {"job_id":2,"job_state":["RUNNING"],"start_time":{"set":true,"infinite":false,"number":1700000200}},
+            {"job_id":3,"job_state":"PENDING","start_time":1700009999},
+            {"job_id":4,"job_state":"COMPLETED","start_time":1700000300},
+            {"job_id":5,"job_state":"RUNNING","start_time":0}]}"#;
+        let got: Vec<Option<i64>> = parse_jobs_json(starts).unwrap().iter().map(|j| j.start_time).collect();
+        assert_eq!(got, [Some(1_700_000_100), Some(1_700_000_200), None, Some(1_700_000_300), None]);
         for bad in [&b"not json"[..], b"{}", b"{\"jobs\": 3}"] {
             assert!(parse_jobs_json(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }

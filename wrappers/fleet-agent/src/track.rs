@@ -179,6 +179,84 @@ fn launch_failed_held(j: &NativeJob) -> bool {
     j.description.contains("launch failed requeued held")
 }
 
+/// Output streams in [`Run::rerun_out`].
+pub const OUT_STDOUT: u8 = 1;
+pub const OUT_STDERR: u8 = 2;
+
+/// The streams that hold output of the current incarnation: their restart
+/// is still to come when Slurm runs the job again.
+fn streams_with_output(run: &Run) -> u8 {
+    (if run.stdout_off > 0 { OUT_STDOUT } else { 0 }) | (if run.stderr_off > 0 { OUT_STDERR } else { 0 })
+}
+
+/// Did Slurm run `run` again since the agent last looked at `j`? Counts
+/// each re-run once in `run.reruns` (with how it was seen in
+/// `run.rerun_why`) and keeps the incarnation the agent knows
+/// (`run.run_start`) up to date; returns whether it counted one. A re-run
+/// shows as a higher `RestartCnt` (`scontrol requeue`, a requeue after a
+/// node failure), or, where Slurm does not count it (a slurmctld that
+/// recovered from older state launches the job again), as a run back to
+/// pending after it started, or a later start time. A hold after a failed
+/// launch is a dead run (`died`), not a re-run. `run.restarts` is the
+/// count before this look (the caller records the new one).
+pub fn observe_rerun(run: &mut Run, j: &NativeJob) -> bool {
+    let waiting = matches!(j.raw_state.as_str(), "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED")
+        && !launch_failed_held(j);
+    // Started: running, or ended after it ran (a job cancelled while
+    // pending has an end, not a start).
+    let started = j.raw_state == "RUNNING" || (j.state.is_terminal() && j.raw_state != "CANCELLED");
+    let start = j.start_time.filter(|&t| t > 0).filter(|_| started);
+    let why = if j.restarts > run.restarts {
+        Some((j.restarts - run.restarts, format!("Slurm requeued it (RestartCnt {} → {})", run.restarts, j.restarts)))
+    } else if waiting && run.run_start.is_some() {
+        Some((1, format!("it went back to pending after it ran, RestartCnt staying {}", j.restarts)))
+    } else {
+        match (run.run_start, start) {
+            (Some(was), Some(now)) if was > 0 && now > was => {
+                Some((1, format!("it started again (start time {was} → {now}), RestartCnt staying {}", j.restarts)))
+            }
+            _ => None,
+        }
+    };
+    let counted = why.is_some();
+    if let Some((n, why)) = why {
+        run.reruns = run.reruns.saturating_add(n);
+        run.rerun_why = Some(why);
+        // The output of the run before is there: its restart is this re-run's.
+        run.rerun_out = streams_with_output(run);
+    }
+    if waiting {
+        run.run_start = None;
+    } else if started {
+        // A requeued job still completing its first run (COMPLETING, the
+        // old start) has not started again: only RUNNING or an end is a start.
+        run.run_start = Some(start.or(run.run_start.filter(|_| !counted)).unwrap_or(0));
+    } else if counted {
+        run.run_start = None;
+    }
+    counted
+}
+
+/// A stream's output file restarted (shorter than what was relayed): a
+/// new incarnation of the run opened it. Counted as a re-run unless the
+/// re-run that opened it was counted already ([`observe_rerun`]); returns
+/// whether it counted one.
+pub fn output_restarted(run: &mut Run, stream: Stream) -> bool {
+    let bit = match stream {
+        Stream::Stdout => OUT_STDOUT,
+        Stream::Stderr => OUT_STDERR,
+    };
+    if run.rerun_out & bit != 0 {
+        run.rerun_out &= !bit;
+        return false;
+    }
+    run.reruns = run.reruns.saturating_add(1);
+    run.rerun_why = Some(format!("its {} file restarted (truncated by a new run)", stream.as_str()));
+    // The other stream restarts with this run too.
+    run.rerun_out = streams_with_output(run) & !bit;
+    true
+}
+
 /// The epoch to send with a run's reports (`None`: unknown, an older journal).
 pub fn epoch_of(run: &Run) -> Option<u64> {
     (run.epoch > 0).then_some(run.epoch)
@@ -639,6 +717,12 @@ async fn reconcile_run<B: Backend>(
         if run.submit_time.is_none() {
             run.submit_time = j.submit_time;
         }
+        // Before the output is read: a restarted file is then known as
+        // this re-run's, not another.
+        if observe_rerun(&mut run, j) {
+            tracing::warn!(id = %run.id, slurm_id = j.native_id, reruns = run.reruns,
+                "Slurm ran the job again: {}", run.rerun_why.as_deref().unwrap_or(""));
+        }
     }
     relay_all(agent, tracker, &mut run).await?;
     let mut up = match &seen {
@@ -650,6 +734,16 @@ async fn reconcile_run<B: Backend>(
                 run.submit_time = j.submit_time;
             }
             let mut up = update_for(j, &site);
+            if run.reruns > j.restarts {
+                let why = run.rerun_why.as_deref().unwrap_or("");
+                up.reason = format!(
+                    "{}{}Slurm at {site} re-ran it {} time(s), {} not counted by Slurm (last: {why})",
+                    up.reason,
+                    if up.reason.is_empty() { "" } else { "; " },
+                    run.reruns,
+                    run.reruns - j.restarts
+                );
+            }
             // Its script asks for its lease first: the meta-scheduler
             // notices a run that reports running but never started.
             up.job_lease = crate::ckpt::under_lease(&agent.backend.job_dir(&run.id));
@@ -696,14 +790,19 @@ async fn reconcile_run<B: Backend>(
         up.state = Some(JobState::Failed);
     }
     up.epoch = epoch_of(&run);
+    up.reruns = Some(run.reruns);
+    up.rerun_why = run.rerun_why.clone().unwrap_or_default();
     let state = up.state.unwrap_or(JobState::Lost);
     if state.is_terminal() {
         // Read whatever the job wrote last, then close the streams.
         relay_all(agent, tracker, &mut run).await?;
+        // A restart seen in this last read is reported too.
+        up.reruns = Some(run.reruns);
+        up.rerun_why = run.rerun_why.clone().unwrap_or_default();
         up.final_stdout_len = Some(run.stdout_base + run.stdout_off);
         up.final_stderr_len = Some(run.stderr_base + run.stderr_off);
     }
-    let label = format!("{}:{}:{}", state.as_str(), up.node_list, run.restarts);
+    let label = format!("{}:{}:{}:{}", state.as_str(), up.node_list, run.restarts, run.reruns);
     let mut finished = false;
     if run.reported.as_deref() != Some(label.as_str()) || state.is_terminal() {
         match agent.meta.status(&run.id, &up).await {
@@ -761,7 +860,14 @@ async fn relay_all<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker, run: &mu
                     tracing::warn!(id = %run.id, "{msg}");
                 }
             }
-            jobdir::Opened::File(mut f, len) => relay(agent, &run.id, epoch, stream, &mut f, len, base, off).await?,
+            jobdir::Opened::File(mut f, len) => {
+                let restarted = len < *off;
+                relay(agent, &run.id, epoch, stream, &mut f, len, base, off).await?;
+                if restarted && output_restarted(run, stream) {
+                    tracing::warn!(id = %run.id, reruns = run.reruns, "Slurm ran the job again: {}",
+                        run.rerun_why.as_deref().unwrap_or(""));
+                }
+            }
         }
     }
     Ok(())
@@ -1058,5 +1164,183 @@ mod tests {
         assert!(r.fresh("cancel:x"));
         assert!(!r.fresh("cancel:x"));
         assert!(r.fresh("cancel:y"));
+    }
+
+    /// What the agent sees of a run, pass after pass.
+    enum Look {
+        /// Slurm's state name, start time, RestartCnt.
+        Slurm(&'static str, Option<i64>, u32),
+        /// A stream's file is shorter than what was relayed.
+        Truncated(Stream),
+        /// The relay read new output of a stream.
+        Wrote(Stream),
+    }
+
+    /// Plays `looks` as the watch pass does (state first, then output);
+    /// returns the re-runs counted after each look and the last `why`.
+    fn play(looks: &[Look]) -> (Vec<u32>, String) {
+        let mut run = Run::default();
+        let mut counts = Vec::new();
+        for l in looks {
+            match l {
+                Look::Slurm(state, start, restarts) => {
+                    let mut j = NativeJob::new(7, state);
+                    j.start_time = *start;
+                    j.restarts = *restarts;
+                    if state.starts_with("PENDING held") {
+                        j = NativeJob::new(7, "PENDING");
+                        j.description = "launch failed requeued held".into();
+                    }
+                    observe_rerun(&mut run, &j);
+                    run.restarts = run.restarts.max(j.restarts);
+                }
+                Look::Truncated(s) => {
+                    match s {
+                        Stream::Stdout => (run.stdout_base, run.stdout_off) = (run.stdout_base + run.stdout_off, 0),
+                        Stream::Stderr => (run.stderr_base, run.stderr_off) = (run.stderr_base + run.stderr_off, 0),
+                    }
+                    output_restarted(&mut run, *s);
+                }
+                Look::Wrote(Stream::Stdout) => run.stdout_off += 10,
+                Look::Wrote(Stream::Stderr) => run.stderr_off += 10,
+            }
+            counts.push(run.reruns);
+        }
+        (counts, run.rerun_why.unwrap_or_default())
+    }
+
+    #[test]
+    fn a_run_slurm_runs_again_is_counted_once_however_it_shows() {
+        use Look::*;
+        use Stream::*;
+        let table: Vec<(&str, Vec<Look>, Vec<u32>, &str)> = vec![
+            (
+                "an ordinary run",
+                vec![
+                    Slurm("PENDING", None, 0),
+                    Slurm("RUNNING", Some(100), 0),
+                    Wrote(Stdout),
+                    Slurm("RUNNING", Some(100), 0),
+                    Slurm("COMPLETED", Some(100), 0),
+                ],
+                vec![0, 0, 0, 0, 0],
+                "",
+            ),
+            // The 2026-12-02 chaos run: slurmctld recovered the job as
+            // pending from older state and ran it again, RestartCnt 0; its
+            // output restarted when it did.
+            (
+                "pending after it ran",
+                vec![
+                    Slurm("RUNNING", Some(100), 0),
+                    Wrote(Stdout),
+                    Wrote(Stderr),
+                    Slurm("PENDING", None, 0),
+                    Slurm("PENDING", None, 0),
+                    Slurm("RUNNING", Some(124), 0),
+                    Truncated(Stdout),
+                    Truncated(Stderr),
+                    Wrote(Stdout),
+                    Slurm("COMPLETED", Some(124), 0),
+                ],
+                vec![0, 0, 0, 1, 1, 1, 1, 1, 1, 1],
+                "went back to pending after it ran, RestartCnt staying 0",
+            ),
+            // The pending phase fell between two looks: a later start.
+            (
+                "a later start time",
+                vec![
+                    Slurm("RUNNING", Some(100), 0),
+                    Wrote(Stdout),
+                    Slurm("RUNNING", Some(124), 0),
+                    Truncated(Stdout),
+                    Slurm("RUNNING", Some(124), 0),
+                ],
+                vec![0, 0, 1, 1, 1],
+                "start time 100 → 124",
+            ),
+            // Only the output says it (no start time: a backend that does
+            // not give one); both streams restart with one re-run.
+            (
+                "its output restarted",
+                vec![
+                    Slurm("RUNNING", None, 0),
+                    Wrote(Stdout),
+                    Wrote(Stderr),
+                    Truncated(Stdout),
+                    Truncated(Stderr),
+                    Wrote(Stdout),
+                    Wrote(Stderr),
+                    Truncated(Stderr),
+                    Truncated(Stdout),
+                ],
+                vec![0, 0, 0, 1, 1, 1, 1, 2, 2],
+                "its stderr file restarted",
+            ),
+            // Ran again and ended between two looks.
+            (
+                "ended after a second start",
+                vec![Slurm("RUNNING", Some(100), 0), Slurm("FAILED", Some(130), 0)],
+                vec![0, 1],
+                "start time 100 → 130",
+            ),
+            // scontrol requeue: RestartCnt grows while the first run is
+            // still completing (its old start time), then it waits and runs.
+            (
+                "RestartCnt",
+                vec![
+                    Slurm("RUNNING", Some(100), 0),
+                    Wrote(Stdout),
+                    Slurm("COMPLETING", Some(100), 1),
+                    Slurm("PENDING", None, 1),
+                    Slurm("RUNNING", Some(300), 1),
+                    Truncated(Stdout),
+                    Slurm("PENDING", None, 2),
+                    Slurm("RUNNING", Some(500), 2),
+                ],
+                vec![0, 0, 1, 1, 1, 1, 2, 2],
+                "RestartCnt 1 → 2",
+            ),
+            // Two requeues between two looks.
+            (
+                "RestartCnt by two",
+                vec![Slurm("RUNNING", Some(100), 0), Slurm("RUNNING", Some(900), 2)],
+                vec![0, 2],
+                "RestartCnt 0 → 2",
+            ),
+            // Not re-runs: a suspension, a run cancelled while it waited
+            // again (counted as it went back to pending, not twice), and a
+            // hold after a failed launch (a dead run, reported as such).
+            (
+                "suspended",
+                vec![Slurm("RUNNING", Some(100), 0), Slurm("SUSPENDED", Some(100), 0), Slurm("RUNNING", Some(100), 0)],
+                vec![0, 0, 0],
+                "",
+            ),
+            (
+                "cancelled while pending again",
+                vec![Slurm("RUNNING", Some(100), 0), Slurm("PENDING", None, 0), Slurm("CANCELLED", Some(200), 0)],
+                vec![0, 1, 1],
+                "pending after it ran",
+            ),
+            (
+                "held after a failed launch",
+                vec![Slurm("RUNNING", Some(100), 0), Slurm("PENDING held", None, 0)],
+                vec![0, 0],
+                "",
+            ),
+            // Pending twice before it ever ran, then running: nothing.
+            (
+                "never ran before",
+                vec![Slurm("PENDING", None, 0), Slurm("PENDING", None, 0), Slurm("RUNNING", Some(5), 0)],
+                vec![0, 0, 0],
+                "",
+            ),
+        ];
+        for (name, looks, want, why) in table {
+            let (got, last) = play(&looks);
+            assert_eq!(got, want, "{name}");
+            assert!(last.contains(why), "{name}: {last:?} lacks {why:?}");
+        }
     }
 }

@@ -73,6 +73,14 @@ fn squeue(release: &str) {
     let jobs = parse_jobs_json(&raw).unwrap();
     for e in expected(release) {
         check(release, "squeue", &jobs, &e);
+        // A started job has its start time (what tells a second run from
+        // the first); a held one has none (its estimate is not read).
+        let j = jobs.iter().rfind(|j| j.native_id == e.id).unwrap();
+        match e.kind.as_str() {
+            "running" | "ok" => assert!(j.start_time.is_some_and(|t| t >= e.submit_time), "{release}: {j:?}"),
+            "held" => assert_eq!(j.start_time, None, "{release}: {j:?}"),
+            _ => {}
+        }
     }
     // The hostile names really are in the capture, as Slurm stored them.
     let doc: serde_json::Value = serde_json::from_slice(&raw).unwrap();
