@@ -664,3 +664,163 @@ fn a_pod_whose_agent_died_stops_itself_while_its_job_moves() {
         samples.len()
     );
 }
+
+/// The other way: a job checkpointing at alpha (a Slurm cluster) moves *to*
+/// kube-gamma when alpha dies (its agent and slurmctld killed, as in
+/// tests/failover.rs; only slurmd and the job live on, and its in-job lease
+/// stops it). kube-gamma is the only other cluster the job may run at
+/// (`--fleet-to=alpha,kube-gamma`): its pod resumes from alpha's last
+/// checkpoint, copied from alpha's region's store (lab-east) into
+/// kube-gamma's (lab-central) before the Job is created; the output at beta
+/// goes on after one line saying so, the exit code is the pod's, and both
+/// clusters are sampled every 100 ms: never two running copies.
+#[test]
+fn a_job_checkpointing_at_alpha_resumes_at_kube_gamma_when_alpha_dies() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    assert!(lab.root.join("ckpt-stores.toml").exists(), "the lab has no checkpoint stores (FLEET_LAB_S3=0?)");
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.lab_sh(&["revive"]);
+    });
+    let dir = lab.workdir("kube-into");
+    let out = dir.join("out.txt");
+    let ckpt = lab.root.join("bin/fleet-ckpt");
+    const LAST: u64 = 36;
+    // Each step also leaves a timestamped mark per cluster (written by the
+    // copy itself, not relayed).
+    let body = format!(
+        r#"set -u
+CK={ckpt}
+W=$(mktemp -d)
+echo "run at $SLURM_CLUSTER_NAME resume=${{FLEET_RESUME_FROM:-none}}"
+step=0
+if "$CK" restore "$W/r"; then step=$(cat "$W/r/step.txt"); echo "resumed-at $step"
+else rc=$?; [ $rc = 3 ] || {{ echo "restore failed: $rc"; exit 9; }}; fi
+while [ $step -lt {LAST} ]; do
+  step=$((step + 1)); echo "step $step"; date +%s.%N >> {dir}/marks-$SLURM_CLUSTER_NAME; sleep 1
+  if [ $((step % 3)) = 0 ]; then
+    rm -rf "$W/c"; mkdir "$W/c"; echo $step >"$W/c/step.txt"; head -c 1000000 /dev/urandom >"$W/c/weights.bin"
+    "$CK" save "$W/c" --step $step >/dev/null && echo "ckpt $step"
+  fi
+done
+echo end
+exit 7"#,
+        ckpt = ckpt.display(),
+        dir = dir.display()
+    );
+    assert!(alpha_is(lab, "healthy"), "alpha is healthy before the job is placed");
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:1", "--fleet-to=alpha,kube-gamma", "--open-mode=append", &out_arg(&dir, "out.txt")],
+            &script(&body),
+        )
+        .unwrap();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, _) = placed(lab, id);
+    assert_eq!(target, "alpha", "alpha (owned H100s) is cheaper than kube-gamma (on demand)");
+    let fid = fleet_job_of(lab, id).unwrap();
+    let first = wait_file(&out, T, |b| numbers(&String::from_utf8_lossy(b), "ckpt").iter().any(|&s| s >= 6)).unwrap();
+    let first = String::from_utf8_lossy(&first).into_owned();
+    assert!(first.starts_with("run at alpha resume=none\n"), "{first}");
+    assert_eq!(copies(&fid), std::collections::BTreeSet::from(["alpha".to_string()]), "the job runs at alpha");
+
+    let sampler = fleet_lab::Sampler::start(Duration::from_millis(100), {
+        let fid = fid.clone();
+        move || copies(&fid)
+    });
+    let t_kill = Instant::now();
+    assert!(lab.lab_sh(&["stop-agent", "alpha"]).unwrap().status.success());
+    assert!(lab.lab_sh(&["stop-ctld", "alpha"]).unwrap().status.success());
+    let mut moved = None;
+    wait_until("the job is placed again", Duration::from_secs(120), || {
+        moved = fleet_record(lab, id).filter(|r| r["epoch"].as_u64() == Some(2));
+        moved.is_some()
+    });
+    let decided = t_kill.elapsed();
+    let rec = moved.unwrap();
+    assert_eq!(rec["target"], KUBE, "{rec}");
+    assert_eq!(rec["migrations"], 1, "{rec}");
+    let second =
+        wait_file(&out, Duration::from_secs(90), |b| String::from_utf8_lossy(b).contains("resumed-at")).unwrap();
+    let resumed = t_kill.elapsed();
+    let second = String::from_utf8_lossy(&second).into_owned();
+    let run2 = &second[second.rfind("run at ").unwrap()..];
+    assert!(run2.starts_with(&format!("run at {KUBE} resume=s3://ckpt-lab-central/fleet/{fid}/")), "{run2}");
+    let at = numbers(run2, "resumed-at")[0];
+    // The newest checkpoint alpha reported before it died, and its copy.
+    let rows = lab.fleetctl_json(&["job", "checkpoints", &fid]).unwrap();
+    let rows = rows.as_array().unwrap();
+    let east_max = rows
+        .iter()
+        .filter(|r| r["region"] == "lab-east" && r["valid"] != false)
+        .filter_map(|r| r["step"].as_u64())
+        .max();
+    assert_eq!(Some(at), east_max, "resumed from alpha's newest checkpoint: {rows:?}");
+    let resume_url = run2.lines().next().unwrap().split("resume=").nth(1).unwrap().trim();
+    let copy = rows.iter().find(|r| r["url"] == resume_url).unwrap_or_else(|| panic!("{resume_url} in {rows:?}"));
+    assert_eq!(copy["region"], "lab-central", "{copy}");
+    let source = rows.iter().find(|r| r["url"] == copy["copied_from"]).unwrap_or_else(|| panic!("{copy}: source"));
+    assert_eq!((source["region"].as_str(), source["step"].as_u64()), (Some("lab-east"), Some(at)), "{source}");
+    let name = format!("fleet-{}", remote_of(lab, id).filter(|(t, _)| t == KUBE).map(|(_, r)| r).unwrap());
+    assert!(kube_job(lab, &name).is_some(), "the Job at kube-gamma");
+
+    let done = lab.wait_done("beta", id, Duration::from_secs(120)).unwrap();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("FAILED", "7:0"), "{done:?}");
+    assert_eq!(done["Restarts"], "0", "the stand-in stayed one job: {done:?}");
+    let all = String::from_utf8(
+        wait_file(&out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
+    )
+    .unwrap();
+    // The output: alpha's run as far as it was relayed, one line from
+    // Fleet, then kube-gamma's run from the checkpoint to the end.
+    let notes: Vec<&str> = all.lines().filter(|l| l.starts_with("fleet: ")).collect();
+    assert_eq!(notes.len(), 1, "{all}");
+    assert!(
+        notes[0].starts_with(&format!("fleet: run 1 of job {fid} at alpha died (alpha has sent no heartbeat"))
+            && notes[0].ends_with(&format!(
+                "moving it elsewhere, resuming from checkpoint {} ({})",
+                source["seq"],
+                source["url"].as_str().unwrap()
+            )),
+        "{all}"
+    );
+    let (run1, rest) = all.split_at(all.find(notes[0]).unwrap());
+    // alpha's run went on (unrelayed: its agent was dead) until its lease
+    // stopped it, saving checkpoints the job reported itself.
+    let run1_steps = numbers(run1, "step");
+    assert_eq!(run1_steps, (1..=run1_steps.len() as u64).collect::<Vec<_>>(), "{all}");
+    assert!(run1_steps.len() >= 6 && at >= 6, "{all}");
+    assert!(rest[notes[0].len() + 1..].starts_with(&format!("run at {KUBE} ")), "the note, then the pod's run: {all}");
+    assert_eq!(numbers(rest, "step"), ((at + 1)..=LAST).collect::<Vec<_>>(), "counts on from the checkpoint: {all}");
+    assert!(
+        all.ends_with(&format!("\nend\nfleet-proxy: job failed: failed at {KUBE} (exit code 7)\n")),
+        "the pod's end is the stand-in's: {all}"
+    );
+
+    // Never two copies: no sample saw both clusters, and alpha's last step
+    // mark is older than kube-gamma's first.
+    let samples = sampler.finish();
+    let both = samples.iter().filter(|(_, c)| c.len() > 1).count();
+    assert_eq!(both, 0, "{both} of {} samples saw copies at two clusters", samples.len());
+    assert!(samples.iter().any(|(_, c)| c.contains(KUBE)), "the sampler saw the pod");
+    let marks = |c: &str| -> Vec<f64> {
+        std::fs::read_to_string(dir.join(format!("marks-{c}")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let (alpha_last, kube_first) =
+        (marks("alpha").into_iter().fold(f64::MIN, f64::max), marks(KUBE).into_iter().fold(f64::MAX, f64::min));
+    assert!(alpha_last < kube_first, "alpha's copy marked a step at {alpha_last} after the pod began at {kube_first}");
+    eprintln!(
+        "[figure] alpha killed (agent + slurmctld) -> moved to {KUBE} at {decided:.2?}, resumed there from step {at} \
+         at {resumed:.2?} (copy lab-east -> lab-central included); {:.2} s between alpha's last step and the pod's \
+         first; 0 of {} samples saw two copies",
+        kube_first - alpha_last,
+        samples.len()
+    );
+}

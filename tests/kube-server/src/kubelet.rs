@@ -9,7 +9,11 @@
 //! a container runs on this host, without an image; volumes are copied
 //! into a per-pod directory and arguments, environment values and the
 //! working directory that start with a mount path are rewritten to that
-//! copy; an image named `nonexistent/...` fails to pull.
+//! copy; an image named `nonexistent/...` fails to pull. A pod with
+//! `shareProcessNamespace` (when the server runs as root) gets a sandbox:
+//! a PID namespace whose init is a pause reaping orphans, with its own
+//! `/proc`, which its containers join and which ends with its container;
+//! other pods' processes share the host's PID namespace.
 //!
 //! **Users.** A server running as root runs each container as its
 //! `securityContext` says (the container's over the pod's): `runAsUser`,
@@ -24,6 +28,7 @@
 //! running as root cannot switch users: its containers run as itself.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -56,6 +61,9 @@ pub struct Launch {
     pub read_only: Vec<PathBuf>,
     /// Who the container runs as.
     pub ids: Ids,
+    /// `shareProcessNamespace`: the pod's containers share one PID
+    /// namespace whose init is the pod's pause ([`Sandbox`]; root only).
+    pub share_pid_ns: bool,
 }
 
 /// One container's process: program, environment, working directory.
@@ -856,6 +864,7 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             "containerID": format!("fake://{}", meta_str(&p, "uid")), "ready": true, "restartCount": 0, "started": true,
             "state": {"running": {"startedAt": t}}}]);
         let uid = meta_str(&p, "uid").to_string();
+        let share_pid_ns = p["spec"]["shareProcessNamespace"].as_bool() == Some(true);
         st.put(Kind::Pod, p);
         writable.push(cwd.clone());
         writable.push(root.join("home"));
@@ -875,6 +884,7 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             writable,
             read_only,
             ids,
+            share_pid_ns,
         });
     }
     out
@@ -931,11 +941,33 @@ pub fn launch(state: &Arc<State>, l: Launch) {
                 return;
             }
         };
+        // The pod's sandbox, when its containers share a PID namespace
+        // (root only: a server that is not cannot make namespaces).
+        let sandbox = match (l.share_pid_ns && switch).then(Sandbox::start) {
+            None => None,
+            Some(Ok(sb)) => {
+                state.sandboxes.lock().insert(l.uid.clone(), sb.pause);
+                Some(sb)
+            }
+            Some(Err(e)) => {
+                finish(&state, &l, 128, Some(format!("starting the pod's sandbox: {e}")));
+                return;
+            }
+        };
+        let ns = sandbox.as_ref().map(|sb| (sb.pid_ns.as_raw_fd(), sb.mnt_ns.as_raw_fd()));
+        // Ends the pod's sandbox (and so every process left in its PID
+        // namespace: what the job daemonized) once its containers are done.
+        let end_sandbox = |sandbox: Option<Sandbox>| {
+            if let Some(sb) = sandbox {
+                state.sandboxes.lock().remove(&l.uid);
+                sb.end();
+            }
+        };
         // Init containers first, in order, each to its end (its own log);
         // the first that fails fails the pod.
         for (i, step) in l.init.iter().enumerate() {
             let log = l.root.join(format!("init-{i}.log"));
-            let code = match command(&step.program, &step.env, &step.cwd, &log, switch, &l.ids) {
+            let code = match command(&step.program, &step.env, &step.cwd, &log, switch, &l.ids, ns) {
                 Ok(mut cmd) => match cmd.spawn() {
                     Ok(mut child) => {
                         if let Some(pid) = child.id() {
@@ -946,24 +978,28 @@ pub fn launch(state: &Arc<State>, l: Launch) {
                         code
                     }
                     Err(e) => {
+                        end_sandbox(sandbox);
                         finish(&state, &l, 128, Some(format!("starting init container {}: {e}", step.name)));
                         return;
                     }
                 },
                 Err(e) => {
+                    end_sandbox(sandbox);
                     finish(&state, &l, 128, Some(format!("starting init container {}: {e}", step.name)));
                     return;
                 }
             };
             if code != 0 {
+                end_sandbox(sandbox);
                 finish(&state, &l, code, Some(format!("init container {} exited with {code}", step.name)));
                 return;
             }
         }
-        let started = command(&l.program, &l.env, &l.cwd, &l.log, switch, &l.ids).and_then(|mut c| c.spawn());
+        let started = command(&l.program, &l.env, &l.cwd, &l.log, switch, &l.ids, ns).and_then(|mut c| c.spawn());
         let mut child = match started {
             Ok(c) => c,
             Err(e) => {
+                end_sandbox(sandbox);
                 finish(&state, &l, 128, Some(format!("starting container: {e}")));
                 return;
             }
@@ -972,6 +1008,9 @@ pub fn launch(state: &Arc<State>, l: Launch) {
             state.procs.lock().insert(l.uid.clone(), pid as i32);
         }
         let code = wait_code(&mut child).await;
+        // As the kubelet: a pod whose (only) container ended is torn down,
+        // whatever it left running in its namespace.
+        end_sandbox(sandbox);
         state.procs.lock().remove(&l.uid);
         finish(&state, &l, code, None);
     });
@@ -996,6 +1035,7 @@ fn command(
     log: &Path,
     switch: bool,
     ids: &Ids,
+    ns: Option<(RawFd, RawFd)>,
 ) -> std::io::Result<tokio::process::Command> {
     let log_path = log;
     let log = std::fs::File::create(log_path)?;
@@ -1014,6 +1054,20 @@ fn command(
         .stderr(log)
         .process_group(0)
         .kill_on_drop(false);
+    if let Some((pid_ns, mnt_ns)) = ns {
+        let cwd = std::ffi::CString::new(cwd.as_os_str().as_encoded_bytes())
+            .map_err(|_| std::io::Error::other("a working directory with a NUL byte"))?;
+        // SAFETY: the closure runs in the forked child before exec and
+        // calls only async-signal-safe functions (setns, chdir, fork,
+        // close, waitpid, signal, kill, _exit) on memory allocated before
+        // the fork (`cwd`); it runs before the closure switching users.
+        unsafe {
+            cmd.pre_exec(move || {
+                join_pod_namespaces(pid_ns, mnt_ns, &cwd)?;
+                Ok(())
+            });
+        }
+    }
     if switch {
         let ids = ids.clone();
         let groups: Vec<libc::gid_t> = ids.groups.clone();
@@ -1033,6 +1087,178 @@ fn command(
         }
     }
     Ok(cmd)
+}
+
+/// A pod's sandbox: its PID namespace, whose init (PID 1 there) is the
+/// pod's `pause` (a copy of this server that reaps what is re-parented to
+/// it and does nothing else), in a mount namespace of its own with its own
+/// `/proc`, so that the pod's processes see the pod's PIDs as in a real
+/// pod with `shareProcessNamespace`. Killing the pause ends every process
+/// of the namespace (the kernel's rule), as the kubelet's teardown of a
+/// pod sandbox does.
+pub struct Sandbox {
+    /// The pause's PID on this host.
+    pub pause: i32,
+    pid_ns: std::fs::File,
+    mnt_ns: std::fs::File,
+    /// The process between this server and the pause (waits for it).
+    holder: tokio::process::Child,
+}
+
+impl Sandbox {
+    fn start() -> std::io::Result<Sandbox> {
+        let mut cmd = tokio::process::Command::new("/bin/true");
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).kill_on_drop(true);
+        // SAFETY: the closure runs in the forked child before exec and
+        // calls only async-signal-safe functions (unshare, fork, mount,
+        // close, waitpid, nanosleep, _exit); neither of its processes
+        // returns, so nothing else runs after the fork.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let pid = libc::fork();
+                if pid < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                close_from(3);
+                if pid > 0 {
+                    // The holder: ends with the pause.
+                    wait_for(pid);
+                    libc::_exit(0);
+                }
+                // The pause, PID 1 of the new namespace: its own /proc.
+                libc::mount(
+                    c"none".as_ptr(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                );
+                libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    std::ptr::null(),
+                );
+                let nap = libc::timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+                loop {
+                    if libc::waitpid(-1, std::ptr::null_mut(), 0) < 0 {
+                        libc::nanosleep(&nap, std::ptr::null_mut());
+                    }
+                }
+            });
+        }
+        let holder = cmd.spawn()?;
+        let h = holder.id().ok_or_else(|| std::io::Error::other("the sandbox's holder is gone"))?;
+        // spawn() returned: both processes closed the exec pipe, so the
+        // pause exists; its mounts may still be on the way.
+        let children = std::fs::read_to_string(format!("/proc/{h}/task/{h}/children"))?;
+        let pause: i32 = children
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| std::io::Error::other("the pod's pause did not start"))?;
+        // Wait for its /proc (a second mount at /proc in its namespace).
+        let proc_mounts = |pid: &str| -> usize {
+            let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+            info.lines().filter(|l| l.split(' ').nth(4) == Some("/proc")).count()
+        };
+        let (host, t0) = (proc_mounts("self"), std::time::Instant::now());
+        while proc_mounts(&pause.to_string()) <= host {
+            if t0.elapsed() > std::time::Duration::from_secs(2) {
+                return Err(std::io::Error::other("the pod's pause did not mount its /proc"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(Sandbox {
+            pause,
+            pid_ns: std::fs::File::open(format!("/proc/{pause}/ns/pid"))?,
+            mnt_ns: std::fs::File::open(format!("/proc/{pause}/ns/mnt"))?,
+            holder,
+        })
+    }
+
+    /// Ends the pod's namespace: SIGKILL to its init kills all of it.
+    fn end(mut self) {
+        // SAFETY: kill(2) on the pause this server started (its holder,
+        // waiting for it, keeps the PID from being reused).
+        unsafe { libc::kill(self.pause, libc::SIGKILL) };
+        let _ = self.holder.start_kill();
+    }
+}
+
+/// waitpid(2) for `pid`, again when interrupted: its status (0 when it
+/// cannot be waited for).
+fn wait_for(pid: libc::pid_t) -> libc::c_int {
+    let mut st = 0;
+    // SAFETY: waitpid(2) writes the status into `st`, a local; reading
+    // errno through its thread-local location is async-signal-safe.
+    unsafe {
+        while libc::waitpid(pid, &mut st, 0) < 0 {
+            if *libc::__errno_location() != libc::EINTR {
+                return 0;
+            }
+        }
+    }
+    st
+}
+
+/// Closes every descriptor from `first` on (after a fork: what the child
+/// holds of the parent's, the exec-status pipe of std's spawn included).
+fn close_from(first: i32) {
+    // SAFETY: close_range(2) on descriptors of this process; no memory.
+    if unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) } != 0
+    {
+        for fd in first..4096 {
+            // SAFETY: close(2) of a descriptor number; no memory.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// In a container's child before exec: enter the pod's namespaces (its
+/// mount namespace resets the working directory: back to `cwd`), then fork
+/// once more, since only children enter a PID namespace: the child goes on
+/// to exec the container's program, as PID n of the pod; this process
+/// waits for it and ends as it ended (its exit code, or its signal).
+///
+/// # Safety
+/// Only between fork and exec (it forks and `_exit`s).
+unsafe fn join_pod_namespaces(pid_ns: RawFd, mnt_ns: RawFd, cwd: &std::ffi::CStr) -> std::io::Result<()> {
+    // SAFETY: the caller runs this between fork and exec; every call is
+    // async-signal-safe and touches only `cwd` (allocated before the fork).
+    unsafe {
+        if libc::setns(mnt_ns, libc::CLONE_NEWNS) != 0
+            || libc::setns(pid_ns, libc::CLONE_NEWPID) != 0
+            || libc::chdir(cwd.as_ptr()) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            return Ok(());
+        }
+        close_from(3);
+        // The signals a pod's processes get reach the child directly (one
+        // process group): this one outlives it to tell its end.
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let st = wait_for(pid);
+        if libc::WIFSIGNALED(st) {
+            let sig = libc::WTERMSIG(st);
+            libc::signal(sig, libc::SIG_DFL);
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(libc::WEXITSTATUS(st))
+    }
 }
 
 fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {

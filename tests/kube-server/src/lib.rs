@@ -111,6 +111,8 @@ pub struct State {
     pub cfg: ServerConfig,
     /// Pod uid -> pid (= process group) of its running container.
     pub procs: Mutex<HashMap<String, i32>>,
+    /// Pod uid -> pid of its sandbox's pause (pods sharing a PID namespace).
+    pub sandboxes: Mutex<HashMap<String, i32>>,
     pub kick: tokio::sync::Notify,
     pub url: String,
     /// Bumped to end every open watch (after a compaction, as an API
@@ -205,6 +207,11 @@ impl Drop for Handle {
             // SAFETY: kill(2) on process groups this server started.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
         }
+        let pauses: Vec<i32> = self.state.sandboxes.lock().values().copied().collect();
+        for pid in pauses {
+            // SAFETY: kill(2) on pods' pauses this server started: ends their namespaces.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 }
 
@@ -275,6 +282,7 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
         changed,
         cfg,
         procs: Mutex::new(HashMap::new()),
+        sandboxes: Mutex::new(HashMap::new()),
         kick: tokio::sync::Notify::new(),
         url: url.clone(),
         resets: tokio::sync::watch::channel(0).0,

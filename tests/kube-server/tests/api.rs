@@ -328,3 +328,43 @@ async fn init_containers_run_first_and_share_empty_dirs() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `shareProcessNamespace`: the pod's containers run in a PID namespace of
+/// their own whose init (PID 1) is the pod's pause, with the pod's own
+/// `/proc`; a process the job double-forks is re-parented to the pause,
+/// and the pod's end (its container exited) ends it too, as the kubelet's
+/// teardown of the sandbox does. The server runs as root here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_sharing_its_pid_namespace_has_a_pause_and_takes_its_daemons_with_it() {
+    let s = server().await;
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let marks = d.path().join("dmarks");
+    let script = format!(
+        "echo pid=$$\n( setsid sh -c 'while :; do echo d >> {m}; sleep 0.1; done' & )\nsleep 1\n\
+         for p in /proc/[0-9]*; do [ \"$(cat $p/stat 2>/dev/null | cut -d' ' -f4)\" = 1 ] && echo child-of-1=${{p#/proc/}}; done\n\
+         echo nspid1=$(grep NSpid /proc/1/status | cut -f2)",
+        m = marks.display()
+    );
+    let mut j = job("shared", &script, json!({}));
+    j["spec"]["template"]["spec"]["shareProcessNamespace"] = json!(true);
+    assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    until_job(&s, "shared", "Complete").await;
+    let pods = s.h.list(Kind::Pod, Some("fleet"));
+    let pod = pods[0]["metadata"]["name"].as_str().unwrap();
+    let url = format!("{}/api/v1/namespaces/fleet/pods/{pod}/log", s.h.url);
+    let out = s.http.get(url).bearer_auth("t-ns").send().await.unwrap().text().await.unwrap();
+    // The job's shell is a small PID, not 1; PID 1 is the pause; the
+    // daemon (and the watchdog of a leased run would be) its child.
+    let pid: u32 = out.lines().find_map(|l| l.strip_prefix("pid=")).and_then(|p| p.parse().ok()).expect(&out);
+    assert!((2..10).contains(&pid), "the container's process in the pod's namespace: {out}");
+    assert!(out.contains("nspid1=1\n"), "PID 1 of the pod's own /proc is the pause: {out}");
+    assert!(out.lines().any(|l| l.starts_with("child-of-1=")), "the daemon is the pause's child: {out}");
+    // The pod ended: nothing of it writes any more.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let n = std::fs::read_to_string(&marks).unwrap().len();
+    assert!(n > 0, "the daemon ran");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(std::fs::read_to_string(&marks).unwrap().len(), n, "the daemon outlived its pod");
+    assert!(s.h.state.sandboxes.lock().is_empty(), "the sandbox is gone");
+}

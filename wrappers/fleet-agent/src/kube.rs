@@ -521,6 +521,9 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
             env.push(("FLEET_JOB_SCRIPT".into(), format!("{SCRIPT_DIR}/entry")));
             env.push(("FLEET_EPOCH".into(), req.fleet.epoch.to_string()));
             env.push(("FLEET_JOB_LEASE_MS".into(), l.lease.as_millis().to_string()));
+            // The watchdog stops all of the pod's PID namespace but its
+            // init: a daemon the job double-forks is the pause's child.
+            env.push(("FLEET_LEASE_SCOPE".into(), "pod".into()));
             json!([format!("{HELPER_DIR}/fleet-ckpt"), "lease-exec", format!("{SCRIPT_DIR}/entry")])
         }
         None => json!(["/bin/bash", format!("{SCRIPT_DIR}/entry")]),
@@ -1908,6 +1911,7 @@ mod tests {
         assert_eq!(env["FLEET_JOB_SCRIPT"], "/fleet/job/entry");
         assert_eq!(env["FLEET_EPOCH"], "3");
         assert_eq!(env["FLEET_JOB_LEASE_MS"], "8000");
+        assert_eq!(env["FLEET_LEASE_SCOPE"], "pod", "the watchdog stops the whole PID namespace");
         assert_eq!(env["FLEET_CKPT_TOKEN_FILE"], "/fleet/ckpt/token");
         // The entry runs the script under bash, as before: lease-exec reads its #! line.
         assert!(ENTRY.starts_with("#!/bin/bash\n"));

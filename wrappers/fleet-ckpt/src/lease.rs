@@ -269,14 +269,61 @@ fn collect_procs(dir: &Path, out: &mut BTreeSet<i32>, depth: u32) {
     }
 }
 
-/// Every process of the run: `root`'s tree and its Slurm job's cgroup,
-/// owned by `uid` (the job's user: nothing else can be signalled anyway),
-/// the watchdog itself excluded.
+/// The variable (set by a Kubernetes target's agent) that says the run is
+/// a pod's container whose PID namespace is the pod's own
+/// (`shareProcessNamespace`): `FLEET_LEASE_SCOPE=pod`.
+pub const SCOPE_VAR: &str = "FLEET_LEASE_SCOPE";
+
+/// The inode of the kernel's initial PID namespace (`PROC_PID_INIT_INO`,
+/// include/linux/proc_ns.h): a host's, never a pod's.
+const INITIAL_PID_NS: &str = "pid:[4026531836]";
+
+/// The PID namespace of `pid` (`pid:[<inode>]`), as `/proc` shows it.
+fn pid_ns(proc_root: &Path, pid: &str) -> Option<String> {
+    std::fs::read_link(proc_root.join(pid).join("ns/pid")).ok().and_then(|l| l.to_str().map(str::to_string))
+}
+
+/// The processes of a pod's PID namespace, when `me` (the watchdog) runs in
+/// one that is not the host's: every live process in `me`'s own PID
+/// namespace but its init (the pod's `pause`, PID 1 there) and `me`. With
+/// `shareProcessNamespace`, a process the job double-forks (a daemon) is
+/// re-parented to that init, out of the job's process tree, and a pod has
+/// no Slurm job cgroup: the namespace is what holds all of the run. Empty
+/// in the host's namespace (never sweep a host) or when it cannot be read.
+pub fn pod_namespace_pids(proc_root: &Path, me: i32) -> BTreeSet<i32> {
+    let mut out = BTreeSet::new();
+    let Some(own) = pid_ns(proc_root, &me.to_string()).filter(|ns| ns != INITIAL_PID_NS) else { return out };
+    let Ok(rd) = std::fs::read_dir(proc_root) else { return out };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if pid == me || pid_ns(proc_root, &pid.to_string()).as_deref() != Some(own.as_str()) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else { continue };
+        // Its number inside the namespace (the last of NSpid: the /proc may
+        // be the host's); 1 is the namespace's init. A zombie is dead.
+        let ns_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last());
+        let zombie = status.lines().find_map(|l| l.strip_prefix("State:")).is_some_and(|s| s.trim().starts_with('Z'));
+        if ns_pid.is_some_and(|n| n != "1") && !zombie {
+            out.insert(pid);
+        }
+    }
+    out
+}
+
+/// Every process of the run: `root`'s tree and its Slurm job's cgroup —
+/// in a pod (`FLEET_LEASE_SCOPE=pod`), every process of its PID namespace
+/// instead of the cgroup —, owned by `uid` (the job's user: nothing else
+/// can be signalled anyway), the watchdog itself excluded.
 pub fn run_processes(root: i32, uid: u32) -> BTreeSet<i32> {
     let proc_root = Path::new("/proc");
     let me = std::process::id() as i32;
     let mut all = tree(proc_root, root);
-    all.extend(job_cgroup_pids(proc_root, Path::new("/sys/fs/cgroup"), root));
+    if std::env::var(SCOPE_VAR).is_ok_and(|v| v == "pod") {
+        all.extend(pod_namespace_pids(proc_root, me));
+    } else {
+        all.extend(job_cgroup_pids(proc_root, Path::new("/sys/fs/cgroup"), root));
+    }
     all.into_iter().filter(|&p| p != me && p > 1 && proc_info(proc_root, p).is_some_and(|(_, _, u)| u == uid)).collect()
 }
 
@@ -401,6 +448,42 @@ mod tests {
             let e = LeaseEnv::from_vars(vars(&[(k, v)])).unwrap_err().to_string();
             assert!(e.contains(msg), "{k}={v:?}: {e}");
         }
+    }
+
+    #[test]
+    fn in_a_pod_the_run_is_its_pid_namespace_but_its_init() {
+        // A fake /proc seen from the host: the pod's namespace holds its
+        // pause (NSpid 1), the job (2), a daemon it double-forked (5, now
+        // pause's child), a zombie (6) and the watchdog (7); 40 is elsewhere.
+        let tmp = tempfile::tempdir().unwrap();
+        let proc_root = tmp.path();
+        let mk = |pid: i32, ns: &str, nspid: &str, state: &str| {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(d.join("ns")).unwrap();
+            std::os::unix::fs::symlink(ns, d.join("ns/pid")).unwrap();
+            std::fs::write(d.join("status"), format!("Name:\ta\nState:\t{state}\nNSpid:\t{nspid}\n")).unwrap();
+        };
+        let pod = "pid:[4026532999]";
+        mk(100, pod, "100 1", "S (sleeping)");
+        mk(101, pod, "101 2", "S (sleeping)");
+        mk(105, pod, "105 5", "S (sleeping)");
+        mk(106, pod, "106 6", "Z (zombie)");
+        mk(107, pod, "107 7", "R (running)");
+        mk(140, "pid:[4026532000]", "140 3", "S (sleeping)");
+        mk(150, INITIAL_PID_NS, "150", "S (sleeping)");
+        assert_eq!(pod_namespace_pids(proc_root, 107), BTreeSet::from([101, 105]));
+        // Inside the pod (its own /proc: one NSpid each) the same.
+        let inner = tempfile::tempdir().unwrap();
+        for (pid, nspid) in [(1, "1"), (2, "2"), (5, "5")] {
+            let d = inner.path().join(pid.to_string());
+            std::fs::create_dir_all(d.join("ns")).unwrap();
+            std::os::unix::fs::symlink(pod, d.join("ns/pid")).unwrap();
+            std::fs::write(d.join("status"), format!("State:\tS (sleeping)\nNSpid:\t{nspid}\n")).unwrap();
+        }
+        assert_eq!(pod_namespace_pids(inner.path(), 5), BTreeSet::from([2]));
+        // The host's namespace is never swept, nor one that cannot be read.
+        assert_eq!(pod_namespace_pids(proc_root, 150), BTreeSet::new());
+        assert_eq!(pod_namespace_pids(proc_root, 999), BTreeSet::new());
     }
 
     #[test]

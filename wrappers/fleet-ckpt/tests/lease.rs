@@ -265,3 +265,96 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     assert!(log.contains("stopping the run: its job lease ran out"), "{log}");
     eprintln!("LEASE cut-off run stopped {took:?} after the meta-scheduler went away (lease {LEASE_MS} ms)");
 }
+
+/// A run in a PID namespace of its own, as a pod's container with
+/// `shareProcessNamespace`: PID 1 there is a shell standing for the pod's
+/// `pause` (it outlives the run until `release` exists in `dir`; the run's
+/// exit code goes to `rc`). Unprivileged, through a user namespace.
+fn lease_exec_in_pod(url: &str, id: &str, dir: &Path, pod_scope: bool) -> tokio::process::Command {
+    let std = lease_exec(url, id, dir, 1, &[]);
+    let mut c = tokio::process::Command::new("unshare");
+    // SAFETY: getuid(2) cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        c.args(["--user", "--map-root-user"]);
+    }
+    c.args(["--pid", "--fork", "--mount-proc", "--kill-child", "--", "/bin/sh", "-c"])
+        .arg("\"$@\"; echo $? > rc; while [ ! -e release ]; do sleep 0.1; done")
+        .arg("pause")
+        .arg(std.as_std().get_program())
+        .args(std.as_std().get_args())
+        .current_dir(dir)
+        .envs(std.as_std().get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .kill_on_drop(true);
+    if pod_scope {
+        c.env("FLEET_LEASE_SCOPE", "pod");
+    }
+    c
+}
+
+/// A script that double-forks a daemon (re-parented to the namespace's
+/// init, in a session of its own: out of the run's process tree), then counts.
+const DAEMONIZES: &str = "#!/bin/sh\n( setsid sh -c 'while :; do echo d >> dmarks; sleep 0.1; done' & )\n\
+                          i=0\nwhile :; do i=$((i+1)); sh -c \"echo $i >> marks\"; sleep 0.1; done\n";
+
+/// Whether `dir/dmarks` still grows over 800 ms.
+async fn daemon_writes(dir: &Path) -> bool {
+    let n = lines(&dir.join("dmarks"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    lines(&dir.join("dmarks")) != n
+}
+
+#[tokio::test]
+async fn in_a_pod_a_stale_run_stops_what_it_daemonized_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(fleet_metasched::run_with(
+        listener,
+        config(tmp.path()),
+        fleet_metasched::Clock::default(),
+        fleet_metasched::Control::default(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let http = reqwest::Client::new();
+    // With the pod's scope (what a Kubernetes target sets) and, for
+    // contrast, without it (a Slurm run: its tree and its job's cgroup).
+    for (id, pod_scope) in [("beta-4", true), ("beta-5", false)] {
+        running_at_alpha(&http, &url, id).await;
+        let dir = run_dir(tmp.path(), id, DAEMONIZES);
+        let mut pod = lease_exec_in_pod(&url, id, &dir, pod_scope).spawn().expect("unshare");
+        started(&dir).await;
+        assert!(daemon_writes(&dir).await, "{id}: the daemon runs");
+        let died = StatusUpdate {
+            remote_job_id: Some(7),
+            state: Some(JobState::Failed),
+            epoch: Some(1),
+            died: Some("NODE_FAIL at alpha".into()),
+            ..Default::default()
+        };
+        let t_stale = Instant::now();
+        let path = format!("/v1/jobs/{id}/status");
+        call(&http, &url, Method::POST, &path, "Bearer secret-alpha", Some(serde_json::to_value(died).unwrap())).await;
+        while !dir.join("rc").exists() {
+            assert!(
+                t_stale.elapsed() < Duration::from_millis(LEASE_MS + 5000),
+                "{id}: the run still runs; {:?}",
+                std::fs::read_to_string(dir.join(".fleet-lease.log"))
+            );
+            assert!(pod.try_wait().unwrap().is_none(), "{id}: the namespace ended before the run");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap();
+        assert!(log.contains("stopping the run: this run is stale"), "{id}: {log}");
+        let n = lines(&dir.join("marks"));
+        assert_eq!(daemon_writes(&dir).await, !pod_scope, "{id}: does the daemon outlive the run's stop?");
+        assert_eq!(lines(&dir.join("marks")), n, "{id}: the run's own tree is stopped");
+        eprintln!("LEASE {id} (pod scope: {pod_scope}) stopped {:?} after its epoch went stale", t_stale.elapsed());
+        // The pod ends: its init exits and the kernel ends the namespace.
+        std::fs::write(dir.join("release"), "").unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(10), pod.wait()).await.expect("the pod ends").unwrap();
+        assert!(status.success(), "{id}: {status}");
+    }
+}
