@@ -31,6 +31,7 @@ use crate::Clock;
 
 /// The checkpoint catalog (its table and every query of it).
 mod catalog;
+mod ends;
 /// Planned migrations (rebalancing moves) carried out.
 mod moves;
 mod sla;
@@ -186,6 +187,10 @@ pub struct Job {
     /// The epoch whose provisioning deadline passed (recorded as a miss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sla_missed: Option<u64>,
+    /// The run's own claim that its script ended (`POST /end`,
+    /// `store/ends.rs`): keeps it from being moved off a silent cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_claim: Option<ends::EndClaim>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -400,6 +405,9 @@ pub struct Store {
     /// `[sla]` and the provisioning samples (`store/sla.rs`).
     sla: Sla,
     sla_book: sla::SlaBook,
+    /// `[health] end_wait_s`: how long past its grace period a silent
+    /// cluster's run that claimed its end waits for its agent's report.
+    end_wait_s: f64,
 }
 
 /// Seconds a granted lease may still cover a run whose claim that its
@@ -694,6 +702,7 @@ impl Store {
             lease_until: HashMap::new(),
             sla,
             sla_book,
+            end_wait_s: crate::config::DEFAULT_END_WAIT_S,
         };
         store.reconcile_output_lengths()?;
         for job in store.query("SELECT data FROM jobs WHERE state = 'running' AND active = 1", [])? {
@@ -893,6 +902,11 @@ impl Store {
         self.health = h;
     }
 
+    /// `[health] end_wait_s` (see `store/ends.rs`).
+    pub fn set_end_wait(&mut self, s: f64) {
+        self.end_wait_s = s;
+    }
+
     /// Seconds of silence after which `cluster`'s fleet jobs move: Degraded
     /// plus its grace period, which is never shorter than the lease its
     /// agent announced (an agent cut off stops its jobs by then).
@@ -1029,6 +1043,7 @@ impl Store {
             assigned_at: None,
             sla_started: None,
             sla_missed: None,
+            end_claim: None,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -1397,7 +1412,8 @@ impl Store {
                     continue; // the first loop re-places those
                 }
                 let why = format!("{cluster} has sent no heartbeat for {silent:.0} s (past its grace period)");
-                self.died(&mut job, &why, None, now)?;
+                let past = silent - self.move_after(&cluster);
+                self.silent_past_grace(&mut job, &why, past, now)?;
             }
         }
         Ok(())
@@ -1824,8 +1840,10 @@ impl Store {
                 Effect::Requeue => {
                     job.record.requeues = job.record.requeues.saturating_add(1);
                     job.running_since = None;
-                    // A new launch: it asks for its lease again.
+                    // A new launch: it asks for its lease again, and an
+                    // end its previous launch claimed is over.
                     job.leased_epoch = 0;
+                    job.end_claim = None;
                     tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
                 }
                 Effect::MarkRunning => {
@@ -1872,7 +1890,9 @@ impl Store {
                 | Effect::StopRun
                 | Effect::AbandonMove
                 | Effect::PlannedMove
-                | Effect::SlaReplace => {}
+                | Effect::SlaReplace
+                | Effect::RecordEndClaim
+                | Effect::FinishFromClaim => {}
             }
         }
         if o.effects.contains(&Effect::PlannedMove) {
