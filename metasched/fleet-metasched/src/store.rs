@@ -1375,7 +1375,9 @@ impl Store {
                 JobState::Queued => self.assign(&mut job, now),
                 JobState::Assigned if !job.submitted => {
                     let target = job.record.target.clone().unwrap_or_default();
-                    if self.healthy(&target, now) {
+                    if self.healthy(&target, now) || ends::claimed(&job) {
+                        // A run that said it ended was submitted there:
+                        // the silent-cluster path below decides.
                         continue;
                     }
                     let o = transition(&life_of(&job), &Event::TargetLost);
@@ -1408,7 +1410,7 @@ impl Store {
             let sql = "SELECT data FROM jobs WHERE target = ?1 AND active = 1
                        AND state IN ('assigned', 'pending', 'running') ORDER BY submitted_at, id";
             for mut job in self.query(sql, [&cluster])? {
-                if job.record.state == JobState::Assigned && !job.submitted {
+                if job.record.state == JobState::Assigned && !job.submitted && !ends::claimed(&job) {
                     continue; // the first loop re-places those
                 }
                 let why = format!("{cluster} has sent no heartbeat for {silent:.0} s (past its grace period)");

@@ -2254,6 +2254,9 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
         assert_eq!(d.status(id, "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
     }
+    // Submitted and ended before alpha's agent ever reported it.
+    forward_restartable(&d, "early").await;
+    assert_eq!(d.start_job("early", "beta").await.target.as_deref(), Some("alpha"));
     let end = |id: &'static str, cluster: &'static str, body: serde_json::Value| {
         let d = &d;
         async move {
@@ -2273,7 +2276,7 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     let (s, _) = end("back", "alpha", serde_json::json!({"epoch": "one"})).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     // The two claims that count.
-    for (id, code) in [("back", 0), ("gone", 3)] {
+    for (id, code) in [("back", 0), ("gone", 3), ("early", 0)] {
         let (s, v) = end(id, "alpha", serde_json::json!({"epoch": 1, "exit_code": code})).await;
         assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
     }
@@ -2297,6 +2300,8 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     settle().await;
     let r = d.job("plain").await;
     assert_eq!((r.target.as_deref(), r.epoch, r.migrations), (Some("gamma"), 2, 1), "{}", r.reason);
+    let r = d.job("early").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Assigned, Some("alpha"), 1), "{}", r.reason);
     for id in ["back", "gone"] {
         let r = d.job(id).await;
         assert_eq!(
@@ -2349,6 +2354,8 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     );
     assert!(err.trim_end().ends_with("output after that point was not relayed"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+    let r = d.job("early").await;
+    assert_eq!((r.state, r.exit_code, r.epoch), (JobState::Completed, Some(0), 1), "{}", r.reason);
     // A claim on an ended job changes nothing.
     let (s, v) = end("gone", "alpha", serde_json::json!({"epoch": 1, "exit_code": 0})).await;
     assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");

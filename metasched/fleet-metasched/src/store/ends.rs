@@ -43,6 +43,11 @@ impl EndClaim {
     }
 }
 
+/// Whether `job`'s current run claimed its end.
+pub(super) fn claimed(job: &Job) -> bool {
+    job.end_claim.as_ref().is_some_and(|c| c.epoch == job.record.epoch)
+}
+
 impl Store {
     /// `POST /v1/jobs/{id}/end`: the run's script ended (a claim).
     pub fn run_end(
@@ -128,7 +133,7 @@ impl Store {
         past_grace_s: f64,
         now: f64,
     ) -> Result<(), StoreError> {
-        let claim = job.end_claim.clone().filter(|c| c.epoch == job.record.epoch);
+        let claim = job.end_claim.clone().filter(|_| claimed(job));
         match lifecycle::silent_run(&life_of(job), claim.is_some(), past_grace_s, self.end_wait_s) {
             SilentRun::Died => {
                 self.died(job, why, None, now)?;
