@@ -392,9 +392,15 @@ def main():
         # Decision (epoch change seen) -> the new run's first mark.
         fid = rec.get("fleet_job_id")
         ep = sampler.epochs.get(fid, [])
-        for (t_dec, epoch, target), run in zip(ep[1:], order[1:]):
-            decision_to_run.append(runs[run]["first"] - t_dec)
-            moves.append((j["tag"], t_dec, run, runs[run]["first"]))
+        # Each later run belongs to the last placement at its cluster seen
+        # before its first mark (a job can be placed several times between
+        # two runs: a placement whose target never ran it is no run).
+        for run in order[1:]:
+            cluster, first = run.partition(":")[0], runs[run]["first"]
+            decs = [t for t, _, target in ep[1:] if target == cluster and t <= first]
+            if decs:
+                decision_to_run.append(first - decs[-1])
+                moves.append((j["tag"], decs[-1], run, first))
     # Detection: kill (or cut-off) of a cluster's agent -> degraded in the view.
     # Only outages longer than the detection target count (a 4 s agent
     # restart is not meant to be seen), and only up to the cluster's return.
