@@ -693,6 +693,34 @@ pub struct JobLeaseReply {
     pub reason: String,
 }
 
+/// `POST /v1/jobs/{id}/end`: a run's in-job lease client (`fleet-ckpt
+/// lease-exec`) says the job's script ended, with its exit status. Only
+/// a claim: the target agent's report stays authoritative for the final
+/// state and output; the meta-scheduler keeps such a run from being moved
+/// while its cluster is silent (docs/failover.md, "A run that ended").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunEndClaim {
+    /// The run's placement epoch (`FLEET_EPOCH`).
+    pub epoch: u64,
+    /// The script's exit code (0..=255), when it exited.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+}
+
+/// The answer: `recorded` when the claim was taken for the job's current
+/// run; otherwise `reason` says why not (the job ended already, another
+/// epoch counts).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunEndReply {
+    #[serde(default)]
+    pub recorded: bool,
+    #[serde(default)]
+    pub reason: String,
+}
+
 /// `{"error": "..."}`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApiError {

@@ -352,6 +352,12 @@ pub struct HealthConfig {
     /// `job_lease_s` (a run tries for a whole lease before it gives up).
     #[serde(default)]
     pub first_lease_s: Option<f64>,
+    /// Seconds past its grace period that a silent cluster's run which
+    /// claimed its own end (`fleet-ckpt lease-exec`, `POST /end`) waits
+    /// for its agent's report before the job ends as claimed (default
+    /// 300; 0: at once). Such a run is never moved.
+    #[serde(default)]
+    pub end_wait_s: Option<f64>,
 }
 
 impl Default for HealthConfig {
@@ -364,9 +370,13 @@ impl Default for HealthConfig {
             job_lease_s: default_job_lease(),
             job_lease_margin_s: default_job_lease_margin(),
             first_lease_s: None,
+            end_wait_s: None,
         }
     }
 }
+
+/// `[health] end_wait_s` when not set.
+pub const DEFAULT_END_WAIT_S: f64 = 300.0;
 
 fn default_job_lease() -> f64 {
     30.0
@@ -611,6 +621,11 @@ impl Config {
         }
     }
 
+    /// `[health] end_wait_s` resolved (see `store/ends.rs`).
+    pub fn end_wait_s(&self) -> f64 {
+        self.health.as_ref().and_then(|h| h.end_wait_s).unwrap_or(DEFAULT_END_WAIT_S)
+    }
+
     /// `[sla]` resolved (not enforced without the section).
     pub fn sla(&self) -> Sla {
         Sla::from_config(self.sla.as_ref(), &self.clusters)
@@ -720,6 +735,9 @@ impl Config {
                         h.job_lease_s
                     )));
                 }
+            }
+            if let Some(w) = h.end_wait_s.filter(|w| !(w.is_finite() && (0.0..=604_800.0).contains(w))) {
+                return Err(ConfigError::Invalid(format!("[health] end_wait_s = {w} must be in [0, 604800]")));
             }
         }
         // A silent cluster's jobs move only after every job lease a run
@@ -1104,6 +1122,9 @@ mod tests {
             Err("first_lease_s = 5 must be 0 (off) or in [job_lease_s (8), 86400]"),
         );
         check(&format!("{BASE}[health]\nfirst_lease_s = nan\n"), Err("first_lease_s"));
+        check(&format!("{BASE}[health]\nend_wait_s = 0\n"), Ok(""));
+        check(&format!("{BASE}[health]\nend_wait_s = -1\n"), Err("end_wait_s = -1 must be in [0, 604800]"));
+        check(&format!("{BASE}[health]\nend_wait_s = inf\n"), Err("end_wait_s = inf must be in"));
         check(&format!("{BASE}[health]\njob_lease_margin_s = nan\n"), Err("job_lease_margin_s must be in [1, 600]"));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 60\nmargin_usd = 1\nmargin_frac = 0\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be in [1, 86400]"));

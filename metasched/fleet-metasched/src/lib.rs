@@ -396,6 +396,7 @@ pub async fn run_with(
         .await?
         .with_context(|| format!("opening the state in {}", config.state_dir.display()))?;
         store.set_health(health);
+        store.set_end_wait(config.end_wait_s());
         store
     };
     let has_engine = store.has_engine();
@@ -558,6 +559,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id/time_limit", post(time_limit))
         .route("/v1/jobs/:id/checkpoints", post(post_checkpoint).get(get_checkpoints))
         .route("/v1/jobs/:id/lease", post(job_lease).layer(limit(LEASE_BODY)))
+        .route("/v1/jobs/:id/end", post(run_end).layer(limit(LEASE_BODY)))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_auth));
     Router::new()
         .route("/health", get(|| async { "ok" }))
@@ -726,7 +728,7 @@ async fn require_auth(State(st): State<AppState>, req: Request, next: Next) -> R
         Ok(Caller::Checkpointer { .. })
             if !(parts.method == axum::http::Method::POST
                 && parts.extensions.get::<MatchedPath>().is_some_and(|m| {
-                    m.as_str() == "/v1/jobs/:id/checkpoints" || m.as_str() == "/v1/jobs/:id/lease"
+                    matches!(m.as_str(), "/v1/jobs/:id/checkpoints" | "/v1/jobs/:id/lease" | "/v1/jobs/:id/end")
                 })) =>
         {
             let mut resp =
@@ -1090,6 +1092,18 @@ async fn job_lease(
 ) -> ApiResult<Response> {
     let req: fleet_api::api::JobLeaseRequest = parse(&body, "lease request")?;
     Ok(Json(with_store(&st, move |s, now| s.job_lease(&caller, &id, &req, now)).await?).into_response())
+}
+
+/// `POST /v1/jobs/{id}/end`: a run's lease client says its script ended
+/// (a claim; `store/ends.rs`).
+async fn run_end(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: fleet_api::api::RunEndClaim = parse(&body, "end claim")?;
+    Ok(Json(with_store(&st, move |s, now| s.run_end(&caller, &id, &req, now)).await?).into_response())
 }
 
 /// `GET /v1/jobs/{id}/checkpoints`: the catalog's checkpoints of the job, newest first.

@@ -51,6 +51,13 @@
 //! (running → pending reports included) is counted once in `requeues`, in
 //! any placed state; the state does not change. A new placement starts
 //! the count again.
+//! the run's end claimed by its in-job lease client (`POST /end`, current
+//! epoch only; the target agent's report stays authoritative):
+//!   assigned/pending/running ──end claimed──▶ same state (claim recorded)
+//!   a silent cluster past its grace period: a claimed run is not moved
+//!   (`silent_run`: wait for its agent), and past the end-wait bound
+//!   ──claimed end stands──▶ completed (exit 0) | failed | cancelled
+//!   (being cancelled); held, queued: conflict; terminal: nothing.
 //! ```
 
 use fleet_api::JobState;
@@ -161,6 +168,13 @@ pub enum Event {
     /// again (`StatusUpdate.reruns`, cumulative for the epoch), with the
     /// report's epoch.
     TargetReran { seen: u32, epoch: Option<u64> },
+    /// The run's in-job lease client says its script ended (a claim,
+    /// about placement `epoch`): recorded, the state does not change.
+    EndClaimed { epoch: u64 },
+    /// The run claimed its end and its cluster stayed silent past its
+    /// grace period plus the end-wait bound: the job ends as claimed
+    /// (`success`: exit code 0, no signal).
+    ClaimedEndStands { success: bool },
 }
 
 /// What the store does besides saving the new [`Life`].
@@ -222,6 +236,11 @@ pub enum Effect {
     /// `requeues` and note how they were seen. The run is not reset (its
     /// lease and running time go on: it may be running again already).
     CountReruns,
+    /// Keep the run's claim that its script ended (epoch, exit status).
+    RecordEndClaim,
+    /// The job ends with the claimed outcome; a note on its stderr says
+    /// that output after that point was not relayed.
+    FinishFromClaim,
 }
 
 /// How the caller is answered.
@@ -382,6 +401,65 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             Some(reply) => refuse(life, reply),
             None => target_reran(life, next, seen),
         },
+        Event::EndClaimed { epoch } => match stale(life, Some(epoch)) {
+            Some(reply) => refuse(life, reply),
+            None => end_claimed(life, next),
+        },
+        Event::ClaimedEndStands { success } => {
+            if !matches!(cur, S::Assigned | S::Pending | S::Running) {
+                return ok(next, vec![]);
+            }
+            next.state = if life.cancel_requested {
+                S::Cancelled
+            } else if success {
+                S::Completed
+            } else {
+                S::Failed
+            };
+            next.moving = Moving::No;
+            next.remote_cancel_pending = false;
+            ok(next, vec![Effect::FinishFromClaim])
+        }
+    }
+}
+
+/// The run says its script ended (see [`Event::EndClaimed`]).
+fn end_claimed(life: &Life, next: Life) -> Outcome {
+    use JobState as S;
+    match life.state {
+        S::Assigned | S::Pending | S::Running => ok(next, vec![Effect::RecordEndClaim]),
+        cur if cur.is_terminal() => ok(next, vec![]),
+        cur => refuse(life, Reply::Conflict(format!("the job is {cur}: it has no run whose end could be claimed"))),
+    }
+}
+
+/// What happens to a run whose cluster is silent past its grace period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SilentRun {
+    /// The ordinary dead-run path ([`Event::Died`]): moved, failed or
+    /// ended cancelled.
+    Died,
+    /// Its script claimed its end in this epoch: not moved (it would run
+    /// its work again); its agent's report is waited for.
+    Wait,
+    /// Claimed, and the cluster stayed silent past the end-wait bound:
+    /// the claimed end stands ([`Event::ClaimedEndStands`]).
+    Finish,
+}
+
+/// A run at a cluster silent for `past_grace_s` beyond its grace period.
+/// `claimed`: its script claimed its end in the job's current epoch.
+/// `end_wait_s`: how long such a run waits for its agent (0: not at all,
+/// the claim stands at once).
+pub fn silent_run(life: &Life, claimed: bool, past_grace_s: f64, end_wait_s: f64) -> SilentRun {
+    let claimable = matches!(life.state, JobState::Assigned | JobState::Pending | JobState::Running);
+    if !claimed || !claimable {
+        return SilentRun::Died;
+    }
+    if past_grace_s >= end_wait_s {
+        SilentRun::Finish
+    } else {
+        SilentRun::Wait
     }
 }
 
@@ -747,6 +825,13 @@ mod tests {
                 Event::TargetReran { seen: 1, epoch: Some(2) },
                 "H!409t Q!409t A!409t P!409t R!409t C!409t F!409t X!409t L!409t",
             ),
+            // A run claims its end: recorded where a run can be, the state
+            // stays (the agent's report decides); a stale epoch stops it.
+            (Event::EndClaimed { epoch: 1 }, "H!409 Q!409 A P R C F X L"),
+            (Event::EndClaimed { epoch: 2 }, "H!409t Q!409t A!409t P!409t R!409t C!409t F!409t X!409t L!409t"),
+            // The claim stands (its cluster never came back).
+            (Event::ClaimedEndStands { success: true }, "H Q C C C C F X L"),
+            (Event::ClaimedEndStands { success: false }, "H Q F F F C F X L"),
         ];
         for (event, want) in table {
             let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
@@ -803,6 +888,10 @@ mod tests {
             (Event::RequestStart { origin_job_id: 7, restart: 1 }, "R!409 Rc!409 Rs!409"),
             // Running already: the provisioning SLA is met, nothing to do.
             (Event::SlaMissed, "R Rc Rs"),
+            // The run ended by itself mid-move: noted; if its end stands,
+            // the move is over.
+            (Event::EndClaimed { epoch: 1 }, "R Rc Rs"),
+            (Event::ClaimedEndStands { success: true }, "C C C"),
         ];
         for (event, want) in table {
             let got: Vec<String> = phases
@@ -1228,5 +1317,59 @@ mod tests {
         assert_eq!((o.life.state, o.effects.clone()), (JobState::Queued, vec![Effect::Migrate, Effect::Place]));
         let o = transition(&running, &Event::Died { resumable: false, epoch: Some(2) });
         assert_eq!((o.life.state, o.effects.clone()), (JobState::Failed, vec![Effect::FailUnresumable]));
+    }
+
+    #[test]
+    fn a_run_that_claimed_its_end_is_not_moved_and_its_claim_stands_only_past_the_bound() {
+        use Effect as E;
+        let running = typical(S::Running);
+        check(running.clone(), Event::EndClaimed { epoch: 1 }, running.clone(), &[E::RecordEndClaim], "ok");
+        check(running.clone(), Event::EndClaimed { epoch: 3 }, running.clone(), &[], "epoch 3 is stale");
+        check(typical(S::Queued), Event::EndClaimed { epoch: 1 }, typical(S::Queued), &[], "no run whose end");
+        // The agent reported first: nothing more to do.
+        check(typical(S::Completed), Event::EndClaimed { epoch: 1 }, typical(S::Completed), &[], "ok");
+        let ended = |state| Life { state, ..running.clone() };
+        check(
+            running.clone(),
+            Event::ClaimedEndStands { success: true },
+            ended(S::Completed),
+            &[E::FinishFromClaim],
+            "ok",
+        );
+        check(
+            running.clone(),
+            Event::ClaimedEndStands { success: false },
+            ended(S::Failed),
+            &[E::FinishFromClaim],
+            "ok",
+        );
+        let cancelling = Life { cancel_requested: true, remote_cancel_pending: true, ..running.clone() };
+        check(
+            cancelling.clone(),
+            Event::ClaimedEndStands { success: true },
+            Life { state: S::Cancelled, remote_cancel_pending: false, ..cancelling },
+            &[E::FinishFromClaim],
+            "ok",
+        );
+        let stopping = Life { moving: Moving::Stopping, ..running.clone() };
+        check(stopping, Event::ClaimedEndStands { success: true }, ended(S::Completed), &[E::FinishFromClaim], "ok");
+
+        // A silent cluster past its grace period: (life, claimed, seconds past grace, end wait) -> what.
+        use SilentRun as W;
+        for (life, claimed, past, wait, want) in [
+            (typical(S::Running), false, 0.0, 300.0, W::Died),
+            (typical(S::Running), false, 1e6, 300.0, W::Died),
+            (typical(S::Running), true, 0.0, 300.0, W::Wait),
+            (typical(S::Running), true, 299.9, 300.0, W::Wait),
+            (typical(S::Running), true, 300.0, 300.0, W::Finish),
+            (typical(S::Running), true, 0.0, 0.0, W::Finish),
+            (typical(S::Pending), true, 10.0, 300.0, W::Wait),
+            (typical(S::Assigned), true, 10.0, 300.0, W::Wait),
+            // Not a run any more: the claim does not matter.
+            (typical(S::Completed), true, 10.0, 300.0, W::Died),
+            (typical(S::Queued), true, 10.0, 300.0, W::Died),
+        ] {
+            assert_eq!(silent_run(&life, claimed, past, wait), want, "{:?} claimed={claimed} past={past}", life.state);
+        }
     }
 }

@@ -31,6 +31,7 @@ use crate::Clock;
 
 /// The checkpoint catalog (its table and every query of it).
 mod catalog;
+mod ends;
 /// Planned migrations (rebalancing moves) carried out.
 mod moves;
 mod sla;
@@ -190,6 +191,10 @@ pub struct Job {
     /// lifecycle's `target_reruns`).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub target_reruns: u32,
+    /// The run's own claim that its script ended (`POST /end`,
+    /// `store/ends.rs`): keeps it from being moved off a silent cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_claim: Option<ends::EndClaim>,
 }
 
 fn is_zero_u32(v: &u32) -> bool {
@@ -418,6 +423,9 @@ pub struct Store {
     /// `[sla]` and the provisioning samples (`store/sla.rs`).
     sla: Sla,
     sla_book: sla::SlaBook,
+    /// `[health] end_wait_s`: how long past its grace period a silent
+    /// cluster's run that claimed its end waits for its agent's report.
+    end_wait_s: f64,
 }
 
 /// Seconds a granted lease may still cover a run whose claim that its
@@ -714,6 +722,7 @@ impl Store {
             lease_until: HashMap::new(),
             sla,
             sla_book,
+            end_wait_s: crate::config::DEFAULT_END_WAIT_S,
         };
         store.reconcile_output_lengths()?;
         for job in store.query("SELECT data FROM jobs WHERE state = 'running' AND active = 1", [])? {
@@ -913,6 +922,11 @@ impl Store {
         self.health = h;
     }
 
+    /// `[health] end_wait_s` (see `store/ends.rs`).
+    pub fn set_end_wait(&mut self, s: f64) {
+        self.end_wait_s = s;
+    }
+
     /// Seconds of silence after which `cluster`'s fleet jobs move: Degraded
     /// plus its grace period, which is never shorter than the lease its
     /// agent announced (an agent cut off stops its jobs by then).
@@ -1051,6 +1065,7 @@ impl Store {
             sla_started: None,
             sla_missed: None,
             target_reruns: 0,
+            end_claim: None,
         };
         self.save(&job)?;
         Ok(job.record)
@@ -1382,7 +1397,9 @@ impl Store {
                 JobState::Queued => self.assign(&mut job, now),
                 JobState::Assigned if !job.submitted => {
                     let target = job.record.target.clone().unwrap_or_default();
-                    if self.healthy(&target, now) {
+                    if self.healthy(&target, now) || ends::claimed(&job) {
+                        // A run that said it ended was submitted there:
+                        // the silent-cluster path below decides.
                         continue;
                     }
                     let o = transition(&life_of(&job), &Event::TargetLost);
@@ -1415,11 +1432,12 @@ impl Store {
             let sql = "SELECT data FROM jobs WHERE target = ?1 AND active = 1
                        AND state IN ('assigned', 'pending', 'running') ORDER BY submitted_at, id";
             for mut job in self.query(sql, [&cluster])? {
-                if job.record.state == JobState::Assigned && !job.submitted {
+                if job.record.state == JobState::Assigned && !job.submitted && !ends::claimed(&job) {
                     continue; // the first loop re-places those
                 }
                 let why = format!("{cluster} has sent no heartbeat for {silent:.0} s (past its grace period)");
-                self.died(&mut job, &why, None, now)?;
+                let past = silent - self.move_after(&cluster);
+                self.silent_past_grace(&mut job, &why, past, now)?;
             }
         }
         Ok(())
@@ -1846,8 +1864,10 @@ impl Store {
                 Effect::Requeue => {
                     job.record.requeues = job.record.requeues.saturating_add(1);
                     job.running_since = None;
-                    // A new launch: it asks for its lease again.
+                    // A new launch: it asks for its lease again, and an
+                    // end its previous launch claimed is over.
                     job.leased_epoch = 0;
+                    job.end_claim = None;
                     tracing::info!(job = id, requeues = job.record.requeues, "requeued at the target");
                     let at = job.record.target.clone().unwrap_or_else(|| "?".into());
                     let how = match upd.rerun_why.as_str() {
@@ -1902,7 +1922,9 @@ impl Store {
                 | Effect::AbandonMove
                 | Effect::PlannedMove
                 | Effect::SlaReplace
-                | Effect::CountReruns => {}
+                | Effect::CountReruns
+                | Effect::RecordEndClaim
+                | Effect::FinishFromClaim => {}
             }
         }
         // Slurm ran it again there (the agent's count for this epoch).

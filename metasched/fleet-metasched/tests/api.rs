@@ -1897,6 +1897,7 @@ fn health_config(dir: &Path, grace_s: f64) -> Config {
             job_lease_s: 2.0,
             job_lease_margin_s: 1.0,
             first_lease_s: None,
+            end_wait_s: None,
         }),
         ..config(dir)
     }
@@ -2296,5 +2297,150 @@ async fn a_claim_that_the_lease_stopped_a_run_is_checked_against_the_grants() {
         r.reason
     );
     assert!(r.reason.contains("alpha reports: stopped at alpha by its job lease"), "{}", r.reason);
+    d.stop().await;
+}
+
+/// A run whose script ended says so itself (`POST /end`, its checkpoint
+/// token): when its cluster then goes silent past its grace period the job
+/// is not moved (it would run its work again); the agent's report, when
+/// its cluster comes back, is the job's end. A cluster that never comes
+/// back: past `[health] end_wait_s` the job ends as its run claimed, with
+/// a note on its stderr. A run without a claim moves as before.
+#[tokio::test]
+async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = health_config(tmp.path(), 20.0);
+    if let Some(h) = config.health.as_mut() {
+        h.end_wait_s = Some(30.0);
+    }
+    let d = Daemon::start_with(tmp.path(), Clock::default(), config).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    for id in ["back", "gone", "plain"] {
+        forward_restartable(&d, id).await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        assert_eq!(d.status(id, "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    }
+    // Submitted and ended before alpha's agent ever reported it.
+    forward_restartable(&d, "early").await;
+    assert_eq!(d.start_job("early", "beta").await.target.as_deref(), Some("alpha"));
+    let end = |id: &'static str, cluster: &'static str, body: serde_json::Value| {
+        let d = &d;
+        async move {
+            let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of(cluster), id));
+            d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await
+        }
+    };
+    // Claims that do not count: another epoch, another cluster's token, nonsense.
+    let (s, v) = end("back", "alpha", serde_json::json!({"epoch": 2, "exit_code": 0})).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("epoch 2 is stale"), "{v}");
+    let (s, v) = end("back", "gamma", serde_json::json!({"epoch": 1, "exit_code": 0})).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
+    let (s, v) = end("back", "alpha", serde_json::json!({"epoch": 1, "exit_code": 300})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    // A checkpoint token reaches nothing else with this route's help.
+    let (s, _) = end("back", "alpha", serde_json::json!({"epoch": "one"})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    // The two claims that count.
+    for (id, code) in [("back", 0), ("gone", 3), ("early", 0)] {
+        let (s, v) = end(id, "alpha", serde_json::json!({"epoch": 1, "exit_code": code})).await;
+        assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+    }
+    let beat = |secs, with_alpha: bool| {
+        let d = &d;
+        async move {
+            for _ in 0..secs {
+                d.clock.advance(Duration::from_secs(1));
+                d.heartbeat("beta", 16).await;
+                d.heartbeat("gamma", 16).await;
+                if with_alpha {
+                    d.heartbeat("alpha", 16).await;
+                }
+            }
+        }
+    };
+    let settle = || async { tokio::time::sleep(Duration::from_millis(1500)).await };
+    // alpha silent past 3 + 20 s: the run without a claim moves, the two
+    // that claimed their end stay where they ended.
+    beat(25, false).await;
+    settle().await;
+    let r = d.job("plain").await;
+    assert_eq!((r.target.as_deref(), r.epoch, r.migrations), (Some("gamma"), 2, 1), "{}", r.reason);
+    let r = d.job("early").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Assigned, Some("alpha"), 1), "{}", r.reason);
+    for id in ["back", "gone"] {
+        let r = d.job(id).await;
+        assert_eq!(
+            (r.state, r.target.as_deref(), r.epoch, r.migrations),
+            (JobState::Running, Some("alpha"), 1, 0),
+            "{id}: {}",
+            r.reason
+        );
+    }
+    // alpha comes back and reports "back": the agent's word is its end.
+    beat(1, true).await;
+    let done = StatusUpdate {
+        exit_code: Some(0),
+        final_stdout_len: Some(0),
+        final_stderr_len: Some(0),
+        ..at(JobState::Completed, 1)
+    };
+    assert_eq!(d.status("back", "alpha", done).await.0, StatusCode::OK);
+    let r = d.job("back").await;
+    assert_eq!((r.state, r.exit_code, r.migrations), (JobState::Completed, Some(0), 0), "{}", r.reason);
+    // alpha goes silent again and never comes back: within the bound
+    // (23 + 30 s) "gone" waits; past it, it ends as claimed, failed with 3.
+    beat(45, false).await;
+    settle().await;
+    let r = d.job("gone").await;
+    assert_eq!((r.state, r.target.as_deref()), (JobState::Running, Some("alpha")), "within the bound: {}", r.reason);
+    beat(10, false).await;
+    let t0 = std::time::Instant::now();
+    let r = loop {
+        let r = d.job("gone").await;
+        if r.state.is_terminal() {
+            break r;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "not ended: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (r.state, r.exit_code, r.migrations, r.output_complete),
+        (JobState::Failed, Some(3), 0, true),
+        "{}",
+        r.reason
+    );
+    assert!(r.reason.starts_with("failed as its run at alpha claimed (exit code 3)"), "{}", r.reason);
+    let err = String::from_utf8(d.read_output("gone", "beta", "stderr", 0, 1 << 20).await).unwrap();
+    assert!(
+        err.starts_with(
+            "fleet: run 1 of job gone at alpha said its script ended (exit code 3), but alpha never reported it"
+        ),
+        "{err}"
+    );
+    assert!(err.trim_end().ends_with("output after that point was not relayed"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let r = d.job("early").await;
+    assert_eq!((r.state, r.exit_code, r.epoch), (JobState::Completed, Some(0), 1), "{}", r.reason);
+    // A claim on an ended job changes nothing.
+    let (s, v) = end("gone", "alpha", serde_json::json!({"epoch": 1, "exit_code": 0})).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
+    assert_eq!(d.job("gone").await.exit_code, Some(3));
+    // A run whose lease ran out may have been stopped by its watchdog:
+    // its end claim then is not its own end.
+    forward_restartable(&d, "late").await;
+    let at_c = d.start_job("late", "beta").await.target.unwrap();
+    let at_c: &'static str = if at_c == "gamma" { "gamma" } else { "beta" };
+    assert_eq!(d.status("late", at_c, at(JobState::Running, 1)).await.0, StatusCode::OK);
+    let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of(at_c), "late"));
+    let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+    let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/late/lease", &auth, Some(body)).await;
+    assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{v}");
+    beat(5, false).await;
+    let (s, v) = end("late", at_c, serde_json::json!({"epoch": 1, "exit_code": 0})).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("its job lease ran out"), "{v}");
     d.stop().await;
 }

@@ -616,22 +616,30 @@ async fn reconcile_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
     }
 }
 
+/// How many assignments of one long-poll answer are submitted at once.
+pub const SUBMIT_CONCURRENCY: usize = 6;
+
 /// Take new assignments, cancel requests and start checks; true when
 /// something new was done.
 pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut track::Recent) -> Result<bool> {
     let work = agent.meta.work(wait_ms).await?;
     agent.lease.lock().renew(Instant::now());
     let mut progressed = false;
-    for a in work.submit {
-        let id = a.fleet_job_id.clone();
-        if !recent.fresh(&format!("submit:{id}")) {
-            continue;
-        }
-        progressed = true;
-        if let Err(e) = track::submit_one(agent, a).await {
-            tracing::warn!(%id, "submitting: {e:#}");
-        }
-    }
+    let fresh: Vec<_> =
+        work.submit.into_iter().filter(|a| recent.fresh(&format!("submit:{}", a.fleet_job_id))).collect();
+    progressed |= !fresh.is_empty();
+    // Several at once (a failover moves many jobs here together; one
+    // sbatch takes a few tenths of a second): each job is still one
+    // submit_one, its journal row its own, so at most once holds per job.
+    use futures::StreamExt;
+    futures::stream::iter(fresh)
+        .for_each_concurrent(SUBMIT_CONCURRENCY, |a| async move {
+            let id = a.fleet_job_id.clone();
+            if let Err(e) = track::submit_one(agent, a).await {
+                tracing::warn!(%id, "submitting: {e:#}");
+            }
+        })
+        .await;
     for id in work.cancel {
         if !recent.fresh(&format!("cancel:{id}")) {
             continue;

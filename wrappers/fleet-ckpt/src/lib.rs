@@ -5,6 +5,7 @@
 //! copied between object stores (`object_store`: S3-compatible servers
 //! and the local filesystem).
 
+pub mod end;
 pub mod lease;
 pub mod location;
 pub mod manifest;

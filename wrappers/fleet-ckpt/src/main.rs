@@ -88,6 +88,7 @@ fn main() -> ExitCode {
     match args.get(1).and_then(|a| a.to_str()) {
         Some("lease-exec") => return lease_exec(&args[2..]),
         Some("lease-watch") => return lease_watch(&args[2..]),
+        Some("lease-sentinel") => return lease_sentinel(),
         Some("install-self") => return install_self(&args[2..]),
         _ => {}
     }
@@ -383,6 +384,10 @@ fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
                     eprintln!("fleet: this run does not start: its lease watchdog did not start: {e:#}");
                     return ExitCode::FAILURE;
                 }
+                // Leased: stay the batch process, to report the run's end.
+                let mut cmd = std::process::Command::new(&interp);
+                cmd.args(arg).arg(&script).args(&args[1..]);
+                return supervise(&env, cmd, &script);
             }
             Err(why) => {
                 eprintln!("fleet: this run does not start: {why}");
@@ -397,6 +402,200 @@ fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
     let err = std::process::Command::new(&interp).args(arg).arg(&script).args(&args[1..]).exec();
     eprintln!("fleet: cannot run the job's interpreter {interp}: {err}");
     ExitCode::from(126)
+}
+
+/// The write end of lease-exec's self-pipe, for its signal handler.
+static SIGNAL_PIPE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(std::sync::atomic::Ordering::Relaxed);
+    let b = sig as u8;
+    // SAFETY: write(2) is async-signal-safe; one byte from a live local;
+    // errno is saved and restored around it.
+    unsafe {
+        let e = *libc::__errno_location();
+        libc::write(fd, (&b as *const u8).cast(), 1);
+        *libc::__errno_location() = e;
+    }
+}
+
+fn sig_set(sigs: &[i32]) -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in sigs {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Runs the job's script (`cmd`) as a child of this process (the batch
+/// process), passes on the signals sent to this process alone, reports
+/// the script's end to the meta-scheduler (`fleet_ckpt::end`), and exits
+/// as the script did.
+fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path::Path) -> ExitCode {
+    use fleet_ckpt::end::{self, Route, ScriptEnd};
+    use std::io::{Read, Write};
+    use std::os::unix::process::CommandExt;
+    let run_dir = script.parent().map(PathBuf::from).unwrap_or_default();
+    let log = |msg: &str| {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.join(".fleet-lease.log"))
+        {
+            let _ = writeln!(f, "{:.3} {msg}", fleet_ckpt_now());
+        }
+    };
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) fills the two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        log("no self-pipe: running the script without reporting its end");
+        let err = cmd.exec();
+        eprintln!("fleet: cannot run the job's interpreter: {err}");
+        return ExitCode::from(126);
+    }
+    SIGNAL_PIPE.store(fds[1], std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: File takes ownership of the read end, which nothing else uses.
+    let mut signals = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
+    for &sig in end::FORWARDED.iter().chain(&[libc::SIGCHLD]) {
+        // SAFETY: sigaction(2) with a handler that only writes to a pipe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+    // The sentinel: a process of the step blocking the passed-on signals.
+    let mut sentinel = std::env::current_exe().ok().and_then(|exe| {
+        let mut c = std::process::Command::new(exe);
+        c.arg("lease-sentinel")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let set = sig_set(&end::FORWARDED);
+        // SAFETY: sigprocmask and prctl are async-signal-safe; nothing else
+        // runs between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        c.spawn().map_err(|e| log(&format!("no sentinel ({e}): every signal is passed on"))).ok()
+    });
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fleet: cannot run the job's interpreter: {e}");
+            return ExitCode::from(126);
+        }
+    };
+    let pid = child.id() as i32;
+    let mut pending: Vec<(i32, Instant)> = Vec::new();
+    let ended = loop {
+        let mut status = 0;
+        // SAFETY: waitpid(2) on our own child, with a local status.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            if let Some(e) = ScriptEnd::from_wait_status(status) {
+                break e;
+            }
+        }
+        if let Some(s) = &mut sentinel {
+            if s.try_wait().ok().flatten().is_some() {
+                sentinel = None;
+            }
+        }
+        let mut pfd = libc::pollfd { fd: fds[0], events: libc::POLLIN, revents: 0 };
+        let timeout = if pending.is_empty() { 1000 } else { 10 };
+        // SAFETY: poll(2) on one local pollfd.
+        unsafe { libc::poll(&mut pfd, 1, timeout) };
+        let mut buf = [0u8; 64];
+        while let Ok(n) = signals.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            pending.extend(
+                buf[..n].iter().map(|&b| i32::from(b)).filter(|&s| s != libc::SIGCHLD).map(|s| (s, Instant::now())),
+            );
+        }
+        let status_text =
+            sentinel.as_ref().and_then(|s| std::fs::read_to_string(format!("/proc/{}/status", s.id())).ok());
+        pending.retain(|&(sig, at)| {
+            let at_sentinel = status_text.as_deref().and_then(|t| end::pending_in_status(t, sig));
+            match end::route(at_sentinel, at.elapsed()) {
+                Route::Wait => true,
+                Route::Drain => {
+                    if let Some(stdin) = sentinel.as_mut().and_then(|s| s.stdin.as_mut()) {
+                        let _ = stdin.write_all(&[sig as u8]);
+                    }
+                    false
+                }
+                Route::Forward => {
+                    // SAFETY: kill(2) to our own child (not yet reaped, so its pid is ours).
+                    unsafe { libc::kill(pid, sig) };
+                    false
+                }
+            }
+        });
+    };
+    if let Some(mut s) = sentinel.take() {
+        drop(s.stdin.take());
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    let how = match ended {
+        ScriptEnd::Exited(c) => format!("exit code {c}"),
+        ScriptEnd::Signalled(s) => format!("signal {s}"),
+    };
+    if run_dir.join(".fleet-lease-stopped").exists() {
+        log(&format!("the script ended ({how}) after its lease stopped it: no end reported"));
+    } else {
+        let sent = current_thread().and_then(|rt| {
+            let http = {
+                let _g = rt.enter();
+                lease::client(env)?
+            };
+            rt.block_on(end::report(&http, env, &ended.claim(env.epoch), Duration::from_secs(10)))
+        });
+        match sent {
+            Ok(r) if r.recorded => log(&format!("the script ended ({how}): reported")),
+            Ok(r) => log(&format!("the script ended ({how}): not recorded: {}", r.reason)),
+            Err(e) => log(&format!("the script ended ({how}): not reported: {e:#}")),
+        }
+    }
+    match ended {
+        ScriptEnd::Exited(c) => ExitCode::from(c as u8),
+        ScriptEnd::Signalled(s) => {
+            // The same end for Slurm: that signal, by default.
+            // SAFETY: signal(2), sigprocmask(2) and raise(3) on this process.
+            unsafe {
+                libc::signal(s, libc::SIG_DFL);
+                let set = sig_set(&[s]);
+                libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                libc::raise(s);
+            }
+            ExitCode::from(128u8.saturating_add(s as u8))
+        }
+    }
+}
+
+/// `fleet-ckpt lease-sentinel`: lease-exec's sentinel (`fleet_ckpt::end`).
+/// Started with the passed-on signals blocked; drains one when lease-exec
+/// writes its number on stdin; ends at EOF (or with lease-exec).
+fn lease_sentinel() -> ExitCode {
+    use std::io::Read;
+    let mut b = [0u8; 1];
+    let mut stdin = std::io::stdin().lock();
+    while let Ok(1) = stdin.read(&mut b) {
+        let set = sig_set(&[i32::from(b[0])]);
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: sigtimedwait(2) with local set and timeout, no siginfo wanted.
+        unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) };
+    }
+    ExitCode::SUCCESS
 }
 
 /// The run's first grant: `(sent, valid)`, `None` when leases are off, or

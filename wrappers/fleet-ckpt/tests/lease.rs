@@ -37,6 +37,7 @@ fn config(dir: &Path) -> Config {
             job_lease_s: 4.0,
             job_lease_margin_s: 1.0,
             first_lease_s: None,
+            end_wait_s: None,
         }),
         ..Config::new("127.0.0.1:0".parse().unwrap(), dir.join("state"), dir.join("admin.token"))
     }
@@ -264,6 +265,92 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     let log = std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap();
     assert!(log.contains("stopping the run: its job lease ran out"), "{log}");
     eprintln!("LEASE cut-off run stopped {took:?} after the meta-scheduler went away (lease {LEASE_MS} ms)");
+}
+
+/// A leased run's `lease-exec` stays the batch process: it reports the
+/// script's end to the meta-scheduler (recorded for the current epoch)
+/// and exits as the script did (code, or the same signal). A signal sent
+/// to it alone reaches the script once; one sent to the whole process
+/// group (as Slurm signals a step) reaches the script once too, not twice.
+#[tokio::test]
+async fn a_leased_run_reports_its_end_and_its_signals_arrive_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let daemon = tokio::spawn(fleet_metasched::run_with(
+        listener,
+        config(tmp.path()),
+        fleet_metasched::Clock::default(),
+        fleet_metasched::Control::default(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let http = reqwest::Client::new();
+    let log_of = |dir: &Path| std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap_or_default();
+
+    // 1. Exit 7: reported, and lease-exec exits 7.
+    running_at_alpha(&http, &url, "end-1").await;
+    let dir = run_dir(tmp.path(), "end-1", "#!/bin/sh\necho out\nexit 7\n");
+    let out = lease_exec(&url, "end-1", &dir, 1, &[]).output().await.unwrap();
+    assert_eq!((out.status.code(), out.stdout.as_slice()), (Some(7), &b"out\n"[..]));
+    assert!(log_of(&dir).contains("the script ended (exit code 7): reported"), "{}", log_of(&dir));
+    // The same run's claim again is still its current epoch's; another epoch's is not recorded.
+    let tok = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "end-1"));
+    let v = call(
+        &http,
+        &url,
+        Method::POST,
+        "/v1/jobs/end-1/end",
+        &tok,
+        Some(serde_json::json!({"epoch": 2, "exit_code": 0})),
+    )
+    .await;
+    assert_eq!(v["recorded"], false, "{v}");
+
+    // 2. Signals: USR1 to lease-exec alone, then to the whole group; each
+    //    reaches the script's trap once. Then TERM to the group ends it.
+    running_at_alpha(&http, &url, "end-2").await;
+    let script = "#!/bin/sh\ntrap 'echo usr1 >> sigs' USR1\necho ready > ready\nwhile [ ! -e stop ]; do sleep 0.05; done\nexit 0\n";
+    let dir = run_dir(tmp.path(), "end-2", script);
+    let mut cmd = lease_exec(&url, "end-2", &dir, 1, &[]);
+    cmd.process_group(0);
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap() as i32;
+    let t0 = Instant::now();
+    while !dir.join("ready").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the script did not start: {}", log_of(&dir));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let usr1 = |n: usize| {
+        let dir = dir.clone();
+        async move {
+            let t0 = Instant::now();
+            while lines(&dir.join("sigs")) < n && t0.elapsed() < Duration::from_secs(5) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Anything doubled would have arrived by now.
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            lines(&dir.join("sigs"))
+        }
+    };
+    // SAFETY: kill(2) to the child we started.
+    unsafe { libc::kill(pid, libc::SIGUSR1) };
+    assert_eq!(usr1(1).await, 1, "a signal to the batch process alone reaches the script");
+    // SAFETY: kill(2) to the child's own process group.
+    unsafe { libc::kill(-pid, libc::SIGUSR1) };
+    assert_eq!(usr1(2).await, 2, "a signal to the whole group reaches the script once");
+    // SAFETY: as above.
+    unsafe { libc::kill(-pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    let log = log_of(&dir);
+    assert!(log.contains("the script ended (signal 15): reported"), "{log}");
+
+    let _ = tx.send(());
+    daemon.await.unwrap().unwrap();
 }
 
 /// A run in a PID namespace of its own, as a pod's container with

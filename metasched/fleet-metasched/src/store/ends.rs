@@ -1,0 +1,180 @@
+//! A run's own claim that its script ended (`POST /v1/jobs/{id}/end`,
+//! sent by `fleet-ckpt lease-exec` with the run's checkpoint token when
+//! the script exits), and what it changes for a silent cluster.
+//!
+//! The claim is only a claim: the target agent's report stays the
+//! authority for the job's final state and output, and the claim is taken
+//! only for the job's current epoch from the cluster that runs it. Its one
+//! use: a run that said it ended is not moved when its cluster goes silent
+//! past its grace period (moving it would run its work again, from its
+//! last checkpoint); its agent's report is waited for. If the cluster
+//! stays silent `[health] end_wait_s` past its grace period, the job ends
+//! with the claimed exit status and one line on its stderr saying that
+//! output after that point was not relayed.
+
+use fleet_api::api::{RunEndClaim, RunEndReply};
+use fleet_api::JobState;
+use serde::{Deserialize, Serialize};
+
+use super::{life_of, refresh_complete, reply_result, set_life, Caller, Job, Store, StoreError};
+use crate::lifecycle::{self, transition, Effect, Event, SilentRun};
+
+/// The end a run claimed (kept on the job, for its epoch).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndClaim {
+    pub epoch: u64,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// When the claim arrived (Unix seconds).
+    pub at: f64,
+}
+
+impl EndClaim {
+    fn success(&self) -> bool {
+        self.exit_code == Some(0) && self.signal.is_none_or(|s| s == 0)
+    }
+
+    fn describe(&self) -> String {
+        match (self.signal.filter(|s| *s > 0), self.exit_code) {
+            (Some(s), _) => format!("signal {s}"),
+            (None, Some(c)) => format!("exit code {c}"),
+            (None, None) => "no exit status".into(),
+        }
+    }
+}
+
+/// Whether `job`'s current run claimed its end.
+pub(super) fn claimed(job: &Job) -> bool {
+    job.end_claim.as_ref().is_some_and(|c| c.epoch == job.record.epoch)
+}
+
+impl Store {
+    /// `POST /v1/jobs/{id}/end`: the run's script ended (a claim).
+    pub fn run_end(
+        &mut self,
+        caller: &Caller,
+        id: &str,
+        claim: &RunEndClaim,
+        now: f64,
+    ) -> Result<RunEndReply, StoreError> {
+        let cluster = match caller {
+            Caller::Checkpointer { id: jid, cluster } if jid == id => cluster.clone(),
+            Caller::Cluster(c) => c.clone(),
+            Caller::Checkpointer { .. } => {
+                return Err(StoreError::Unauthorized("checkpoint token does not match this job".into()))
+            }
+            _ => {
+                return Err(StoreError::Forbidden(
+                    "only a run (its checkpoint token) or its cluster claims its end".into(),
+                ))
+            }
+        };
+        if claim.exit_code.is_some_and(|c| !(0..=255).contains(&c))
+            || claim.signal.is_some_and(|s| !(0..=64).contains(&s))
+        {
+            return Err(StoreError::BadRequest(format!(
+                "exit_code must be in [0, 255] and signal in [0, 64] (got {:?}, {:?})",
+                claim.exit_code, claim.signal
+            )));
+        }
+        let mut job = self.load(id)?;
+        if job.record.target.as_deref() != Some(cluster.as_str()) {
+            return Ok(RunEndReply {
+                recorded: false,
+                reason: format!(
+                    "the job is now epoch {} ({}{}): this run's end does not count",
+                    job.record.epoch,
+                    job.record.state,
+                    job.record.target.as_deref().map(|t| format!(" at {t}")).unwrap_or_default()
+                ),
+            });
+        }
+        let o = transition(&life_of(&job), &Event::EndClaimed { epoch: claim.epoch });
+        if let Err(e) = reply_result(id, &o.reply) {
+            return match e {
+                StoreError::Conflict { msg, .. } => Ok(RunEndReply { recorded: false, reason: msg }),
+                e => Err(e),
+            };
+        }
+        if !o.effects.contains(&Effect::RecordEndClaim) {
+            return Ok(RunEndReply {
+                recorded: false,
+                reason: format!("the job has already ended ({})", job.record.state),
+            });
+        }
+        // A run its lease ran out on may have been stopped by its own
+        // watchdog: that end is no end of its own.
+        if let Some(&(e, until)) = self.lease_until.get(id) {
+            if e == claim.epoch && until + super::LEASE_CLAIM_SLACK_S < now {
+                return Ok(RunEndReply {
+                    recorded: false,
+                    reason: format!(
+                        "its job lease ran out {:.0} s ago: this end may be its lease's doing",
+                        now - until
+                    ),
+                });
+            }
+        }
+        let c = EndClaim { epoch: claim.epoch, exit_code: claim.exit_code, signal: claim.signal, at: now };
+        tracing::info!(job = id, epoch = c.epoch, at = %cluster, end = %c.describe(), "its run claims its script ended");
+        job.end_claim = Some(c);
+        self.save(&job)?;
+        Ok(RunEndReply { recorded: true, reason: String::new() })
+    }
+
+    /// A run at a silent cluster, `past_grace_s` beyond its grace period:
+    /// moved (the ordinary dead-run path), kept (its script claimed its
+    /// end: its agent's report is waited for), or, past the end-wait
+    /// bound, ended as claimed. Saves the job when it changes.
+    pub(super) fn silent_past_grace(
+        &mut self,
+        job: &mut Job,
+        why: &str,
+        past_grace_s: f64,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        let claim = job.end_claim.clone().filter(|_| claimed(job));
+        match lifecycle::silent_run(&life_of(job), claim.is_some(), past_grace_s, self.end_wait_s) {
+            SilentRun::Died => {
+                self.died(job, why, None, now)?;
+            }
+            SilentRun::Wait => {}
+            SilentRun::Finish => {
+                let Some(c) = claim else { return Ok(()) };
+                self.finish_from_claim(job, &c, why, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_from_claim(&mut self, job: &mut Job, c: &EndClaim, why: &str, now: f64) -> Result<(), StoreError> {
+        let o = transition(&life_of(job), &Event::ClaimedEndStands { success: c.success() });
+        if !o.effects.contains(&Effect::FinishFromClaim) {
+            return Ok(());
+        }
+        let id = job.record.fleet_job_id.clone();
+        let at = job.record.target.clone().unwrap_or_default();
+        set_life(job, &o.life);
+        job.record.exit_code = c.exit_code;
+        job.record.signal = c.signal;
+        job.record.updated_at = now;
+        let note = format!(
+            "fleet: run {} of job {id} at {at} said its script ended ({}), but {at} never reported it ({why}); \
+             output after that point was not relayed",
+            c.epoch,
+            c.describe()
+        );
+        tracing::warn!(job = %id, at = %at, epoch = c.epoch, "ended as its run claimed: its cluster never came back");
+        self.note_stderr(job, &note)?;
+        job.record.reason =
+            format!("{} as its run at {at} claimed ({}); {at} never reported it", o.life.state, c.describe());
+        job.final_stdout_len = Some(job.record.stdout_len);
+        job.final_stderr_len = Some(job.record.stderr_len);
+        self.lease_until.remove(&id);
+        self.awaiting_lease.remove(&id);
+        refresh_complete(job);
+        self.save(job)?;
+        debug_assert!(job.record.state.is_terminal() && job.record.state != JobState::Lost);
+        Ok(())
+    }
+}
