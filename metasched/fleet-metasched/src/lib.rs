@@ -396,6 +396,7 @@ pub async fn run_with(
         .await?
         .with_context(|| format!("opening the state in {}", config.state_dir.display()))?;
         store.set_health(health);
+        store.set_early_wait(config.start.early_submit_wait_s);
         store
     };
     let has_engine = store.has_engine();
