@@ -1308,6 +1308,10 @@ impl Store {
             let waited = early_at.map_or(0.0, |t| now - t);
             tracing::info!(job = id, stand_in = c.origin_job_id, target = ?job.record.target, waited_s = waited,
                 "the origin confirmed the stand-in of a job placed early: its run starts");
+            // Its run's lease request, held back while it waited, is answered now.
+            if let Some(t) = &job.record.target {
+                self.wakers.wake(t);
+            }
             job.record.reason = format!(
                 "placed early at {}; the origin confirmed stand-in {}",
                 job.record.target.as_deref().unwrap_or("?"),

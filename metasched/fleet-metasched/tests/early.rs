@@ -345,10 +345,11 @@ fn an_early_run_that_fails_to_launch_sends_the_job_back_to_held() {
 
 #[test]
 fn only_jobs_whose_stand_in_starts_by_itself_soon_are_placed_early() {
-    // (why, request change, early_start, gated clusters, job_lease_s) -> placed early
     type Change = fn(&mut JobRequest);
+    /// (why, request change, early_start, gated clusters, job_lease_s, placed early)
+    type Case = (&'static str, Change, bool, &'static [&'static str], f64, bool);
     let same: Change = |_| {};
-    let cases: &[(&str, Change, bool, &[&'static str], f64, bool)] = &[
+    let cases: &[Case] = &[
         ("eligible", same, true, &["alpha"], 8.0, true),
         ("dependency", |r| r.dependency = Some("afterok:12".into()), true, &["alpha"], 8.0, false),
         ("held", |r| r.hold = true, true, &["alpha"], 8.0, false),

@@ -89,10 +89,11 @@ impl Watch {
     }
 }
 
-/// How often `lease-exec` asks again while the meta-scheduler answers
-/// "wait" (a job placed early whose origin has not confirmed the stand-in):
-/// the script starts at most this long after the confirmation.
-pub const WAIT_POLL: Duration = Duration::from_millis(200);
+/// The pause before `lease-exec` asks again after a "wait" (a job placed
+/// early whose origin has not confirmed the stand-in). The meta-scheduler
+/// holds a wait answer back (up to 0.8 s) and answers as soon as the gate
+/// opens, so this is no polling interval, only a breather.
+pub const WAIT_POLL: Duration = Duration::from_millis(50);
 
 /// What `lease-exec` does after an answer to its first lease request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -432,8 +433,9 @@ mod tests {
         let wait = JobLeaseReply { wait: true, reason: "waiting for beta to confirm".into(), ..reply(0) };
         let stale = JobLeaseReply { stale: true, reason: "the early run is withdrawn".into(), ..reply(0) };
         let off = JobLeaseReply { off: true, ..reply(0) };
-        // (answers at seconds after t0: Some(reply) or None for an error) -> last verdict
-        let cases: Vec<(Vec<(u64, Option<JobLeaseReply>)>, First)> = vec![
+        // Answers at seconds after t0: a reply, or `None` for an error.
+        type Answers = Vec<(u64, Option<JobLeaseReply>)>;
+        let cases: Vec<(Answers, First)> = vec![
             (vec![(0, Some(reply(8000)))], First::Start(s(8))),
             (vec![(0, Some(reply(60_000)))], First::Start(s(8))),
             (vec![(0, Some(off.clone()))], First::Off),
