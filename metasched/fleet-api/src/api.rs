@@ -82,6 +82,13 @@ pub struct Heartbeat {
     /// agent without a lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_s: Option<f64>,
+    /// Every run submitted here starts under its in-job lease (`fleet-ckpt
+    /// lease-exec`: a Slurm backend with `CkptHelper` and `JobLeaseMs` >
+    /// 0), and a run whose assignment says `start_gated` is never submitted
+    /// without it: its script can be held until the origin confirms the
+    /// start. `false` (or an older agent): never placed early.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_gate: bool,
 }
 
 /// The submitters a cluster has a local identity for: what lets an origin
@@ -245,6 +252,15 @@ pub struct ForwardRequest {
     pub request: JobRequest,
     /// The agent's own pick from its cached view.
     pub tentative_target: String,
+    /// Forwarded at sbatch time (the plugin's round trip), so its stand-in
+    /// is still to be scheduled at the origin: the meta-scheduler may place
+    /// it at once and the target submit it while the stand-in waits for
+    /// its turn, the run's script gated by its in-job lease until the
+    /// origin confirms the stand-in runs (early placement, docs/failover.md
+    /// "Start latency"). `false` (a deferred stand-in, already running, or
+    /// an older agent): placed when the stand-in starts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub early_start: bool,
 }
 
 /// The stand-in started at the origin: the job may now run remotely.
@@ -691,6 +707,12 @@ pub struct JobLeaseReply {
     pub off: bool,
     #[serde(default)]
     pub reason: String,
+    /// Not yet: the job was placed early and its origin has not confirmed
+    /// that its stand-in runs. The run's script must not start; ask again
+    /// shortly (the meta-scheduler bounds the wait: it then says `stale`).
+    /// Never set with a grant.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait: bool,
 }
 
 /// `POST /v1/jobs/{id}/end`: a run's in-job lease client (`fleet-ckpt

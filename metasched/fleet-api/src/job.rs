@@ -69,6 +69,12 @@ pub struct FleetOptions {
     /// by `options::check_image`); wins over the script's `#FLEET image=`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Set by the meta-scheduler in an assignment of a job placed early
+    /// (before its origin confirmed the stand-in runs): the target submits
+    /// it only under its in-job lease (`fleet-ckpt lease-exec`), whose first
+    /// lease waits for that confirmation, or not at all.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_gated: bool,
 }
 
 fn is_zero_u64(n: &u64) -> bool {
@@ -220,6 +226,12 @@ pub struct JobRequest {
     /// `--begin`, Unix seconds (honoured at the origin by the stand-in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub begin_time: Option<i64>,
+    /// `--dependency` as given (honoured at the origin by the stand-in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependency: Option<String>,
+    /// `--hold` (submitted with priority 0; released at the origin).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
     /// Options present on the job that no other cluster can honour
     /// (`--licenses`, `--reservation`, `--nodelist`, ...), each as
     /// `--option` or `--option=value`. A job with any stays home, or is

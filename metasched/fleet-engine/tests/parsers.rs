@@ -94,6 +94,7 @@ fn request() -> JobRequest {
             interruptible: false,
             image: None,
             epoch: 0,
+            start_gated: false,
         },
         ..JobRequest::default()
     }

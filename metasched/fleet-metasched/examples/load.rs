@@ -80,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
                         ..Default::default()
                     },
                     tentative_target: "alpha".into(),
+                    early_start: false,
                 };
                 let step = |rb: reqwest::RequestBuilder| {
                     let t = Instant::now();
@@ -156,6 +157,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         },
         tentative_target: "alpha".into(),
+        early_start: false,
     };
     http.post(format!("{url}/v1/jobs")).bearer_auth("tok-beta").json(&fwd).send().await?.error_for_status()?;
     http.post(format!("{url}/v1/jobs/big/start"))

@@ -195,6 +195,35 @@ pub struct Config {
     /// the times are measured and shown, nothing is re-placed.
     #[serde(default)]
     pub sla: Option<SlaConfig>,
+    /// `[start]`: how a forwarded job starts (early placement).
+    #[serde(default)]
+    pub start: StartConfig,
+}
+
+/// `[start]`: early placement (docs/failover.md, "Start latency"). A job
+/// forwarded at sbatch time without a dependency, hold or later begin time
+/// is placed at once on a cluster whose runs start under their in-job
+/// lease (with `[health] job_lease_s` > 0); its script waits at its first
+/// lease until the origin confirms the stand-in runs. Unconfirmed after
+/// `early_submit_wait_s`, the early run is withdrawn and the job starts
+/// the ordinary way.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartConfig {
+    /// Seconds an early run may wait for its stand-in (default 30; 0: no
+    /// early placement). It holds its target's resources meanwhile.
+    #[serde(default = "default_early_wait")]
+    pub early_submit_wait_s: f64,
+}
+
+impl Default for StartConfig {
+    fn default() -> Self {
+        StartConfig { early_submit_wait_s: default_early_wait() }
+    }
+}
+
+fn default_early_wait() -> f64 {
+    crate::store::DEFAULT_EARLY_WAIT_S
 }
 
 /// `[sla]`: a fleet job assigned to a cluster must run there within its
@@ -595,6 +624,7 @@ impl Config {
             limits: LimitsConfig::default(),
             health: None,
             sla: None,
+            start: StartConfig::default(),
         }
     }
 
@@ -719,6 +749,10 @@ impl Config {
             if let Some(g) = c.grace_s.filter(|g| !(g.is_finite() && (0.0..=86_400.0).contains(g))) {
                 return Err(ConfigError::Invalid(format!("cluster {:?}: grace_s = {g} must be in [0, 86400]", c.name)));
             }
+        }
+        let w = self.start.early_submit_wait_s;
+        if !(w.is_finite() && (0.0..=3600.0).contains(&w)) {
+            return Err(ConfigError::Invalid(format!("[start] early_submit_wait_s = {w} must be in [0, 3600]")));
         }
         if let Some(h) = &self.health {
             if !(h.job_lease_s.is_finite() && (0.0..=3600.0).contains(&h.job_lease_s)) {
@@ -1071,6 +1105,15 @@ mod tests {
         check(&format!("{BASE}[sla]\ndeadline_s = 0\n"), Err("[sla] deadline_s = 0 must be in [1, 604800]"));
         check(&format!("{BASE}[sla]\ndeadline_s = nan\n"), Err("deadline_s = NaN must be in"));
         check(&format!("{BASE}[sla]\ndeadline_s = \"5m\"\n"), Err("t.toml"));
+        check(&format!("{BASE}[start]\nearly_submit_wait_s = 0\n"), Ok(""));
+        check(&format!("{BASE}[start]\nearly_submit_wait_s = 45\n"), Ok(""));
+        check(
+            &format!("{BASE}[start]\nearly_submit_wait_s = -1\n"),
+            Err("early_submit_wait_s = -1 must be in [0, 3600]"),
+        );
+        check(&format!("{BASE}[start]\nearly_submit_wait_s = nan\n"), Err("early_submit_wait_s = NaN"));
+        check(&format!("{BASE}[start]\nearly_wait = 5\n"), Err("unknown field"));
+        assert_eq!(Config::parse(BASE, Path::new("t.toml")).unwrap().start.early_submit_wait_s, 30.0);
         check(&format!("{BASE}[sla]\nwindow = 0\n"), Err("window must be in [1, 1000]"));
         check(
             &format!("{BASE}[sla]\nwindow = 5\nrecover_runs = 6\n"),

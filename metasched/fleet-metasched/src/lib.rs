@@ -397,6 +397,7 @@ pub async fn run_with(
         .with_context(|| format!("opening the state in {}", config.state_dir.display()))?;
         store.set_health(health);
         store.set_end_wait(config.end_wait_s());
+        store.set_early_wait(config.start.early_submit_wait_s);
         store
     };
     let has_engine = store.has_engine();
@@ -1091,7 +1092,31 @@ async fn job_lease(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: fleet_api::api::JobLeaseRequest = parse(&body, "lease request")?;
-    Ok(Json(with_store(&st, move |s, now| s.job_lease(&caller, &id, &req, now)).await?).into_response())
+    // A run placed early waits at its gate (`wait`): its answer is held
+    // for up to LEASE_WAIT, until its cluster's waker fires (the origin's
+    // confirmation wakes it), so its script starts as soon as the gate
+    // opens. The store lock is taken only for each check.
+    let deadline = tokio::time::Instant::now() + LEASE_WAIT;
+    let mut woken = match &caller {
+        Caller::Checkpointer { cluster, .. } | Caller::Cluster(cluster) => st.wakers.subscribe(cluster),
+        _ => None,
+    };
+    let mut shutdown = st.shutdown.clone();
+    loop {
+        let (c, i, r) = (caller.clone(), id.clone(), req.clone());
+        let reply = with_store(&st, move |s, now| s.job_lease(&c, &i, &r, now)).await?;
+        if !reply.wait || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
+            return Ok(Json(reply).into_response());
+        }
+        let Some(rx) = woken.as_mut() else {
+            return Ok(Json(reply).into_response());
+        };
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return Ok(Json(reply).into_response()) },
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
 }
 
 /// `POST /v1/jobs/{id}/end`: a run's lease client says its script ended
@@ -1105,6 +1130,9 @@ async fn run_end(
     let req: fleet_api::api::RunEndClaim = parse(&body, "end claim")?;
     Ok(Json(with_store(&st, move |s, now| s.run_end(&caller, &id, &req, now)).await?).into_response())
 }
+/// Longest a `wait` answer to a job lease is held back (a run asks with a
+/// timeout of at least 1 s, `lease-exec` with 5 s or its lease).
+const LEASE_WAIT: Duration = Duration::from_millis(800);
 
 /// `GET /v1/jobs/{id}/checkpoints`: the catalog's checkpoints of the job, newest first.
 async fn get_checkpoints(

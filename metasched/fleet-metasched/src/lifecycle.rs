@@ -58,6 +58,22 @@
 //!   (`silent_run`: wait for its agent), and past the end-wait bound
 //!   ──claimed end stands──▶ completed (exit 0) | failed | cancelled
 //!   (being cancelled); held, queued: conflict; terminal: nothing.
+//! early placement (start latency, docs/failover.md "Start latency"): a job
+//! forwarded at sbatch time whose stand-in has no dependency, hold or
+//! begin time is placed at once, its target submits it, and its script
+//! waits at its first in-job lease until the origin confirms the stand-in
+//! runs (the phase `early`, beside the state the target reports):
+//!   held ──place early──▶ assigned (early: waiting) ─report─▶ pending/running (waiting)
+//!   waiting ──start requested──▶ (request recorded, origin woken)
+//!   waiting ──confirmed──▶ the same state, early: no (the lease is granted)
+//!   waiting ──refused──▶ waiting (request dropped)
+//!   waiting ──wait bound passed──▶ held (not submitted; a late submission
+//!        is stale) │ withdrawing (submitted: cancelled there first)
+//!   withdrawing ──its end reported──▶ held (placed when the stand-in starts)
+//!   waiting/withdrawing ──the run died, ended without being cancelled, or
+//!        its target was lost before submitting──▶ held (nothing ran)
+//!   scancel: as for any assigned/pending/running job (the lease says stale).
+//!   No signal, move or SLA re-placement while early.
 //! ```
 
 use fleet_api::JobState;
@@ -85,6 +101,23 @@ pub struct Life {
     /// Re-runs at the target counted in this epoch (running → pending
     /// reports and the agent's [`Event::TargetReran`] counts).
     pub target_reruns: u32,
+    /// Placed before the origin confirmed the stand-in runs.
+    pub early: Early,
+}
+
+/// The phase of a job placed early (before its origin confirmed that the
+/// stand-in runs): its run at the target exists, its script does not run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Early {
+    /// Not placed early, or the origin confirmed: the ordinary lifecycle.
+    #[default]
+    No,
+    /// Placed early: the run's first lease is answered "wait".
+    Waiting,
+    /// The wait bound passed after the target submitted it: the run is
+    /// being cancelled there; its end puts the job back to held.
+    Withdrawing,
 }
 
 /// The phase of a planned migration (a rebalancing move) of a running job.
@@ -114,6 +147,7 @@ impl Default for Life {
             epoch: 0,
             moving: Moving::No,
             target_reruns: 0,
+            early: Early::No,
         }
     }
 }
@@ -175,6 +209,12 @@ pub enum Event {
     /// grace period plus the end-wait bound: the job ends as claimed
     /// (`success`: exit code 0, no signal).
     ClaimedEndStands { success: bool },
+    /// Placement picked a cluster for a job just forwarded whose stand-in
+    /// is still to be scheduled at the origin (early placement).
+    PlaceEarly,
+    /// The origin has not confirmed the stand-in within the early wait
+    /// bound (`[start] early_submit_wait_s`).
+    EarlyTimeout,
 }
 
 /// What the store does besides saving the new [`Life`].
@@ -241,6 +281,14 @@ pub enum Effect {
     /// The job ends with the claimed outcome; a note on its stderr says
     /// that output after that point was not relayed.
     FinishFromClaim,
+    /// Placed early: note when (the wait bound's clock).
+    EarlyPlaced,
+    /// The origin confirmed the stand-in of a job placed early: its run's
+    /// lease is granted from now (its first-lease clock starts now).
+    OpenGate,
+    /// Back to held from an early placement: forget the placement (the
+    /// cluster's later reports of that epoch are stale) and note why.
+    EarlyFallback,
 }
 
 /// How the caller is answered.
@@ -282,7 +330,8 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             rerun(life, next, origin_job_id, restart)
         }
         Event::RequestStart { origin_job_id, .. } => {
-            if cur != S::Held {
+            // Held, or placed early: the origin agent still has to confirm.
+            if cur != S::Held && life.early == Early::No {
                 return ok(next, vec![]);
             }
             if origin_job_id == 0 {
@@ -302,7 +351,7 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             ok(next, vec![Effect::RecordStartRequest, Effect::WakeOrigin])
         }
         Event::ConfirmStart { origin_job_id, started } => {
-            if cur != S::Held {
+            if cur != S::Held && life.early == Early::No {
                 if cur.is_terminal() || (started && life.origin_job_id == Some(origin_job_id)) {
                     return ok(next, vec![]);
                 }
@@ -326,8 +375,16 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
                     )),
                 );
             }
+            if life.early == Early::Withdrawing {
+                // Its early run is being cancelled: the request stands, and
+                // is confirmed again once the job is back to held.
+                return ok(next, vec![]);
+            }
             next.start_requested = false;
-            if started {
+            if started && life.early == Early::Waiting {
+                next.early = Early::No;
+                ok(next, vec![Effect::OpenGate])
+            } else if started {
                 next.state = S::Queued;
                 ok(next, vec![Effect::Place])
             } else {
@@ -347,6 +404,9 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
         }
         Event::Placed | Event::PlacementWaits | Event::PlacementImpossible => ok(next, vec![]),
         Event::TargetLost => {
+            if cur == S::Assigned && !life.submitted && life.early != Early::No {
+                return early_fallback(life, next);
+            }
             if cur == S::Assigned && !life.submitted {
                 next.state = S::Queued;
                 return ok(next, vec![Effect::Place]);
@@ -364,6 +424,7 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             if matches!(cur, S::Held | S::Queued) || (cur == S::Assigned && !life.submitted) {
                 next.state = S::Cancelled;
                 next.start_requested = false;
+                next.early = Early::No;
                 return ok(next, vec![]);
             }
             ok(next, vec![Effect::WakeTarget])
@@ -374,6 +435,13 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
         },
         Event::Died { resumable, epoch } => match stale(life, epoch) {
             Some(reply) => refuse(life, reply),
+            // Its script never ran: back to the ordinary start.
+            None if life.early != Early::No
+                && !life.cancel_requested
+                && matches!(cur, S::Assigned | S::Pending | S::Running) =>
+            {
+                early_fallback(life, next)
+            }
             None => died(life, next, resumable),
         },
         Event::Signal => signal(life),
@@ -420,6 +488,30 @@ pub fn transition(life: &Life, event: &Event) -> Outcome {
             next.remote_cancel_pending = false;
             ok(next, vec![Effect::FinishFromClaim])
         }
+        Event::PlaceEarly => {
+            let fresh = cur == S::Held
+                && !life.start_requested
+                && !life.cancel_requested
+                && life.early == Early::No
+                && life.restart == 0;
+            if !fresh {
+                return ok(next, vec![]);
+            }
+            next.state = S::Assigned;
+            next.epoch += 1;
+            next.submitted = false;
+            next.early = Early::Waiting;
+            ok(next, vec![Effect::NewEpoch, Effect::EarlyPlaced, Effect::WakeTarget])
+        }
+        Event::EarlyTimeout if life.early == Early::Waiting && !life.cancel_requested => {
+            if life.submitted {
+                next.early = Early::Withdrawing;
+                ok(next, vec![Effect::WakeTarget])
+            } else {
+                early_fallback(life, next)
+            }
+        }
+        Event::EarlyTimeout => ok(next, vec![]),
     }
 }
 
@@ -475,13 +567,29 @@ fn target_reran(life: &Life, mut next: Life, seen: u32) -> Outcome {
     ok(next, vec![Effect::CountReruns])
 }
 
+/// A job placed early goes back to held (its run's script never ran):
+/// the placement is forgotten, and the job starts the ordinary way when
+/// the origin confirms its stand-in (a start request already made stands).
+fn early_fallback(life: &Life, mut next: Life) -> Outcome {
+    next.state = JobState::Held;
+    next.submitted = false;
+    next.remote_cancel_pending = false;
+    next.moving = Moving::No;
+    next.early = Early::No;
+    let mut effects = vec![Effect::EarlyFallback];
+    if life.start_requested {
+        effects.push(Effect::WakeOrigin);
+    }
+    ok(next, effects)
+}
+
 /// The job waited past its target's provisioning deadline: re-placed at
 /// once when the target has not submitted it, else stopped there first
 /// (the planned move's stopping phase: never two copies).
 fn sla_missed(life: &Life, mut next: Life) -> Outcome {
     use JobState as S;
     let waiting = matches!(life.state, S::Assigned | S::Pending);
-    if !waiting || life.cancel_requested || life.moving != Moving::No {
+    if !waiting || life.cancel_requested || life.moving != Moving::No || life.early != Early::No {
         return ok(next, vec![]);
     }
     if life.state == S::Assigned && !life.submitted {
@@ -507,6 +615,9 @@ fn move_start(life: &Life, mut next: Life, checkpoints: bool) -> Outcome {
     }
     if life.moving != Moving::No {
         return refuse(life, Reply::Conflict("the job is already being moved".into()));
+    }
+    if life.early != Early::No {
+        return refuse(life, Reply::Conflict("the job was placed early and its stand-in has not started".into()));
     }
     if checkpoints {
         next.moving = Moving::Checkpointing;
@@ -611,6 +722,7 @@ pub struct FirstLease {
 pub fn launch_lost(life: &Life, f: FirstLease, limit_s: f64) -> bool {
     life.state == JobState::Running
         && life.moving == Moving::No
+        && life.early == Early::No
         && !life.cancel_requested
         && f.under_lease
         && !f.asked
@@ -627,6 +739,9 @@ fn signal(life: &Life) -> Outcome {
     };
     match life.state {
         S::Held => not_yet("the job is held until its stand-in starts and the origin agent confirms the start"),
+        _ if life.early != Early::No => not_yet(
+            "the job is held until its stand-in starts and the origin agent confirms the start (its run at the target waits)",
+        ),
         S::Queued => not_yet("the job is queued for placement"),
         S::Assigned if !life.submitted => not_yet("the job is assigned to its target but not submitted there yet"),
         S::Assigned | S::Pending | S::Running => ok(life.clone(), vec![Effect::QueueSignal, Effect::WakeTarget]),
@@ -666,6 +781,12 @@ fn report(life: &Life, mut next: Life, new: Option<JobState>, remote_job_id: Opt
             None => refuse(life, Reply::TerminalConflict(format!("the job is already {cur}"))),
         };
     }
+    // Placed early, it ended without being cancelled (its run at the
+    // target could not start, or was withdrawn): its script never ran, so
+    // the job goes back to held rather than end.
+    if life.early != Early::No && !life.cancel_requested && new.is_some_and(|n| n.is_terminal()) {
+        return early_fallback(life, next);
+    }
     // The run a planned move stopped has ended cancelled: the job moves
     // (a new placement at the target, which resumes it).
     if life.moving == Moving::Stopping && new == Some(S::Cancelled) && !life.cancel_requested {
@@ -679,6 +800,7 @@ fn report(life: &Life, mut next: Life, new: Option<JobState>, remote_job_id: Opt
     if new.is_some_and(|n| n.is_terminal()) {
         // It ended by itself (or was cancelled) meanwhile: no move.
         next.moving = Moving::No;
+        next.early = Early::No;
     }
     if let Some(n) = new {
         if cur == S::Running && n == S::Pending {
@@ -732,6 +854,7 @@ mod tests {
             epoch: 1,
             moving: Moving::No,
             target_reruns: 0,
+            early: Early::No,
         }
     }
 
@@ -832,6 +955,10 @@ mod tests {
             // The claim stands (its cluster never came back).
             (Event::ClaimedEndStands { success: true }, "H Q C C C C F X L"),
             (Event::ClaimedEndStands { success: false }, "H Q F F F C F X L"),
+            // Early placement: only a held job without a start request
+            // (typical held jobs have one); the wait bound: no early run.
+            (Event::PlaceEarly, "H Q A P R C F X L"),
+            (Event::EarlyTimeout, "H Q A P R C F X L"),
         ];
         for (event, want) in table {
             let got: Vec<String> = STATES.iter().map(|s| cell(&transition(&typical(*s), &event))).collect();
@@ -982,6 +1109,160 @@ mod tests {
         // A stale report (an older epoch) does not end the stop.
         let stale = Event::Report { state: Some(S::Cancelled), remote_job_id: Some(3), epoch: Some(0) };
         check(stopping.clone(), stale, stopping, &[], "stale");
+    }
+
+    /// A job placed early: assigned and not submitted yet, or submitted
+    /// (pending, running) at its target; no start request yet.
+    fn early(state: JobState, submitted: bool, phase: Early) -> Life {
+        Life { state, submitted, epoch: 1, early: phase, ..Life::default() }
+    }
+
+    /// `<state letter><phase>` with phase `w` (waiting), `d` (withdrawing)
+    /// or nothing, then the reply code as in [`cell`].
+    fn early_cell(o: &Outcome) -> String {
+        let phase = match o.life.early {
+            Early::No => "",
+            Early::Waiting => "w",
+            Early::Withdrawing => "d",
+        };
+        let c = cell(o);
+        let (state, code) = c.split_at(1);
+        format!("{state}{phase}{code}")
+    }
+
+    /// Every event against a job placed early, in each of its states and
+    /// phases: assigned (not submitted), pending, running, all waiting;
+    /// pending and running withdrawing (cells in that order).
+    #[test]
+    fn every_early_phase_times_every_event() {
+        let lives = [
+            early(S::Assigned, false, Early::Waiting),
+            early(S::Pending, true, Early::Waiting),
+            early(S::Running, true, Early::Waiting),
+            early(S::Pending, true, Early::Withdrawing),
+            early(S::Running, true, Early::Withdrawing),
+        ];
+        let table: Vec<(Event, &str)> = vec![
+            // The stand-in asks to start: recorded, the origin confirms.
+            (Event::RequestStart { origin_job_id: 7, restart: 0 }, "Aw Pw Rw Pd Rd"),
+            (Event::RequestStart { origin_job_id: 0, restart: 0 }, "Aw!400 Pw!400 Rw!400 Pd!400 Rd!400"),
+            (Event::ConfirmStart { origin_job_id: 7, started: true }, "Aw!409 Pw!409 Rw!409 Pd!409 Rd!409"),
+            (Event::PlaceEarly, "Aw Pw Rw Pd Rd"),
+            // The wait bound: never submitted → held; submitted → withdrawn first.
+            (Event::EarlyTimeout, "H Pd Rd Pd Rd"),
+            // scancel: as for any job there (the lease says stale meanwhile).
+            (Event::Cancel, "X Pw Rw Pd Rd"),
+            (report(Some(S::Pending)), "Pw Pw Pw Pd Pd"),
+            (report(Some(S::Running)), "Rw Rw Rw Rd Rd"),
+            // It ended without being cancelled: nothing ran, back to held.
+            (report(Some(S::Failed)), "H H H H H"),
+            (report(Some(S::Cancelled)), "H H H H H"),
+            (report(Some(S::Completed)), "H H H H H"),
+            (report(None), "Aw Pw Rw Pd Rd"),
+            (
+                Event::Report { state: Some(S::Running), remote_job_id: Some(3), epoch: Some(2) },
+                "Aw!409t Pw!409t Rw!409t Pd!409t Rd!409t",
+            ),
+            (Event::Died { resumable: true, epoch: None }, "H H H H H"),
+            (Event::Died { resumable: false, epoch: Some(1) }, "H H H H H"),
+            (Event::Signal, "Aw!409 Pw!409 Rw!409 Pd!409 Rd!409"),
+            (Event::MoveStart { checkpoints: true }, "Aw!409 Pw!409 Rw!409 Pd!409 Rd!409"),
+            (Event::SlaMissed, "Aw Pw Rw Pd Rd"),
+            (Event::TargetLost, "H Pw Rw Pd Rd"),
+            (Event::Placed, "Aw Pw Rw Pd Rd"),
+            (Event::CheckpointTaken, "Aw Pw Rw Pd Rd"),
+        ];
+        for (event, want) in table {
+            let got: Vec<String> = lives.iter().map(|l| early_cell(&transition(l, &event))).collect();
+            assert_eq!(got.join(" "), want, "{event:?}");
+        }
+    }
+
+    #[test]
+    fn an_early_placement_waits_for_the_origin_then_runs_or_falls_back() {
+        use Effect as E;
+        let held = Life::default();
+        let waiting = early(S::Assigned, false, Early::Waiting);
+        check(held.clone(), Event::PlaceEarly, waiting.clone(), &[E::NewEpoch, E::EarlyPlaced, E::WakeTarget], "ok");
+        // Not for a job whose stand-in already asked, nor a rerun, nor twice.
+        let asked = Life { origin_job_id: Some(7), start_requested: true, ..held.clone() };
+        check(asked.clone(), Event::PlaceEarly, asked, &[], "ok");
+        let rerun = Life { restart: 1, ..held.clone() };
+        check(rerun.clone(), Event::PlaceEarly, rerun, &[], "ok");
+        // Submitted and running there (lease-exec waits); the stand-in starts.
+        let running = early(S::Running, true, Early::Waiting);
+        let requested = Life { origin_job_id: Some(7), start_requested: true, ..running.clone() };
+        check(
+            running.clone(),
+            Event::RequestStart { origin_job_id: 7, restart: 0 },
+            requested.clone(),
+            &[E::RecordStartRequest, E::WakeOrigin],
+            "ok",
+        );
+        // The first request stands.
+        check(requested.clone(), Event::RequestStart { origin_job_id: 9, restart: 0 }, requested.clone(), &[], "ok");
+        check(
+            requested.clone(),
+            Event::ConfirmStart { origin_job_id: 8, started: true },
+            requested.clone(),
+            &[],
+            "names stand-in 7, not 8",
+        );
+        // Confirmed: the gate opens, the job is simply running.
+        let open = Life { start_requested: false, early: Early::No, ..requested.clone() };
+        check(
+            requested.clone(),
+            Event::ConfirmStart { origin_job_id: 7, started: true },
+            open.clone(),
+            &[E::OpenGate],
+            "ok",
+        );
+        // A repeat of the confirmation changes nothing.
+        check(open.clone(), Event::ConfirmStart { origin_job_id: 7, started: true }, open.clone(), &[], "ok");
+        // Refused: the request is dropped, the run keeps waiting.
+        check(
+            requested.clone(),
+            Event::ConfirmStart { origin_job_id: 7, started: false },
+            running.clone(),
+            &[E::DropStartRequest],
+            "ok",
+        );
+        // The wait bound: withdrawn (cancelled there), then back to held
+        // with its start request, which the origin is asked to confirm.
+        let withdrawing = Life { early: Early::Withdrawing, ..requested.clone() };
+        check(requested.clone(), Event::EarlyTimeout, withdrawing.clone(), &[E::WakeTarget], "ok");
+        check(
+            withdrawing.clone(),
+            Event::ConfirmStart { origin_job_id: 7, started: true },
+            withdrawing.clone(),
+            &[],
+            "ok",
+        );
+        let back = Life { state: S::Held, submitted: false, early: Early::No, ..requested.clone() };
+        check(withdrawing.clone(), report(Some(S::Cancelled)), back.clone(), &[E::EarlyFallback, E::WakeOrigin], "ok");
+        // Then the ordinary start: confirmed, queued, placed in a new epoch.
+        let queued = Life { state: S::Queued, start_requested: false, ..back.clone() };
+        check(back, Event::ConfirmStart { origin_job_id: 7, started: true }, queued.clone(), &[E::Place], "ok");
+        let placed = Life { state: S::Assigned, epoch: 2, ..queued.clone() };
+        check(queued, Event::Placed, placed, &[E::NewEpoch, E::WakeTarget], "ok");
+        // Never submitted when the bound passed: held at once.
+        check(waiting.clone(), Event::EarlyTimeout, Life { epoch: 1, ..held.clone() }, &[E::EarlyFallback], "ok");
+        // scancel while it waits at the target: cancelled there as usual,
+        // and its end is the job's end.
+        let cancelling = Life { cancel_requested: true, ..running.clone() };
+        check(running.clone(), Event::Cancel, cancelling.clone(), &[E::WakeTarget], "ok");
+        check(cancelling.clone(), Event::EarlyTimeout, cancelling.clone(), &[], "ok");
+        check(
+            cancelling.clone(),
+            report(Some(S::Cancelled)),
+            Life { state: S::Cancelled, early: Early::No, ..cancelling.clone() },
+            &[E::TakeReport, E::RecordOutcome],
+            "ok",
+        );
+        // A waiting run never counts as a lost launch (it waits on purpose).
+        let f = FirstLease { under_lease: true, asked: false, running_for_s: Some(1e6) };
+        assert!(!launch_lost(&running, f, 24.0));
+        assert!(launch_lost(&open, f, 24.0));
     }
 
     fn check(life: Life, event: Event, want: Life, effects: &[Effect], reply: &str) {

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ClusterConfig, Health, Sla};
 use crate::feeds::Feeds;
-use crate::lifecycle::{self, transition, Effect, Event, Life, Moving, Reply};
+use crate::lifecycle::{self, transition, Early, Effect, Event, Life, Moving, Reply};
 use crate::metrics::Metrics;
 use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
@@ -32,10 +32,12 @@ use crate::Clock;
 /// The checkpoint catalog (its table and every query of it).
 mod catalog;
 mod ends;
+mod early;
 /// Planned migrations (rebalancing moves) carried out.
 mod moves;
 mod sla;
 
+pub use early::{not_early, EarlyStart, DEFAULT_EARLY_WAIT_S};
 pub use moves::{MoveFigures, MovePolicy, MoveStatus, PlannedMove};
 
 /// Who is calling, after authentication.
@@ -195,6 +197,10 @@ pub struct Job {
     /// `store/ends.rs`): keeps it from being moved off a silent cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_claim: Option<ends::EndClaim>,
+    /// Placed early, before its origin confirmed the stand-in runs
+    /// (`store/early.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early: Option<EarlyStart>,
 }
 
 fn is_zero_u32(v: &u32) -> bool {
@@ -426,6 +432,8 @@ pub struct Store {
     /// `[health] end_wait_s`: how long past its grace period a silent
     /// cluster's run that claimed its end waits for its agent's report.
     end_wait_s: f64,
+    /// `[start] early_submit_wait_s` (0: no early placement).
+    early_wait_s: f64,
 }
 
 /// Seconds a granted lease may still cover a run whose claim that its
@@ -501,7 +509,7 @@ pub fn lease_grant(max_s: f64, asked_ms: u64, room_s: f64) -> JobLeaseReply {
     } else {
         format!("shortened to {} ms: the cluster is silent and its jobs may move", valid_ms)
     };
-    JobLeaseReply { valid_ms, stale: false, off: false, reason }
+    JobLeaseReply { valid_ms, reason, ..JobLeaseReply::default() }
 }
 
 fn valid_job_id(id: &str) -> bool {
@@ -559,7 +567,9 @@ fn target_work(job: &Job) -> Option<TargetWork> {
     let r = &job.record;
     if r.state == JobState::Assigned && !job.submitted && !r.cancel_requested {
         Some(TargetWork::Submit)
-    } else if ((r.cancel_requested || job.planned.as_ref().is_some_and(|m| m.phase == Moving::Stopping))
+    } else if ((r.cancel_requested
+        || job.planned.as_ref().is_some_and(|m| m.phase == Moving::Stopping)
+        || job.early.as_ref().is_some_and(|e| e.phase == Early::Withdrawing))
         && !r.state.is_terminal())
         || job.remote_cancel_pending
     {
@@ -572,10 +582,11 @@ fn target_work(job: &Job) -> Option<TargetWork> {
 /// The lifecycle's view of a stored job.
 fn life_of(job: &Job) -> Life {
     let r = &job.record;
+    let early = job.early.as_ref().map_or(Early::No, |e| e.phase);
     Life {
         state: r.state,
         origin_job_id: r.origin_job_id,
-        start_requested: r.state == JobState::Held && r.start_requested_at.is_some(),
+        start_requested: (r.state == JobState::Held || early != Early::No) && r.start_requested_at.is_some(),
         submitted: job.submitted,
         cancel_requested: r.cancel_requested,
         remote_cancel_pending: job.remote_cancel_pending,
@@ -583,6 +594,7 @@ fn life_of(job: &Job) -> Life {
         epoch: r.epoch,
         moving: job.planned.as_ref().map_or(Moving::No, |m| m.phase),
         target_reruns: job.target_reruns,
+        early,
     }
 }
 
@@ -601,6 +613,12 @@ fn set_life(job: &mut Job, life: &Life) {
         (Moving::No, p) => *p = None,
         (phase, Some(m)) => m.phase = phase,
         (_, None) => {}
+    }
+    match (life.early, &mut job.early) {
+        (Early::No, e) => *e = None,
+        (phase, Some(e)) => e.phase = phase,
+        // Placed early: `place_early` notes when.
+        (phase, e @ None) => *e = Some(EarlyStart { phase, placed_at: job.record.updated_at }),
     }
 }
 
@@ -647,6 +665,8 @@ impl Store {
              );
              CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
              CREATE INDEX IF NOT EXISTS jobs_target ON jobs(target);
+             -- Jobs placed early (store/early.rs), found by every sweep.
+             CREATE INDEX IF NOT EXISTS jobs_early ON jobs(json_extract(data, '$.early.phase'));
              CREATE TABLE IF NOT EXISTS clusters (
                  name TEXT PRIMARY KEY,
                  last_seen REAL NOT NULL,
@@ -723,6 +743,7 @@ impl Store {
             sla,
             sla_book,
             end_wait_s: crate::config::DEFAULT_END_WAIT_S,
+            early_wait_s: DEFAULT_EARLY_WAIT_S,
         };
         store.reconcile_output_lengths()?;
         for job in store.query("SELECT data FROM jobs WHERE state = 'running' AND active = 1", [])? {
@@ -798,7 +819,7 @@ impl Store {
     /// Wake the agents for which `job` is work (see [`Store::work`]).
     fn wake_for(&self, job: &Job) {
         let r = &job.record;
-        if r.state == JobState::Held && r.start_requested_at.is_some() {
+        if life_of(job).start_requested {
             self.wakers.wake(&r.origin);
         }
         if let Some(t) = &r.target {
@@ -1066,7 +1087,12 @@ impl Store {
             sla_missed: None,
             target_reruns: 0,
             end_claim: None,
+            early: None,
         };
+        let mut job = job;
+        if fwd.early_start {
+            self.place_early(&mut job, now);
+        }
         self.save(&job)?;
         Ok(job.record)
     }
@@ -1235,7 +1261,8 @@ impl Store {
             job.record.updated_at = now;
             self.save(&job)?;
         }
-        Ok((job.record, o.life.state == JobState::Held))
+        // Placed early, it is still held for the stand-in until confirmed.
+        Ok((job.record, o.life.state == JobState::Held || o.life.early != Early::No))
     }
 
     /// `POST /v1/jobs/{id}/confirm_start`, by the origin cluster's agent
@@ -1270,6 +1297,7 @@ impl Store {
         // A stand-in has no limit of its own (`None`: nothing was changed;
         // the agent warns about a DefaultTime on the proxy partition).
         let changed = c.time_limit_min.is_some() && c.time_limit_min != job.request.time_limit_min;
+        let early_at = job.early.as_ref().map(|e| e.placed_at);
         if o.effects.contains(&Effect::Place) && changed {
             tracing::info!(job = id, from = ?job.request.time_limit_min, to = ?c.time_limit_min,
                 "the stand-in's time limit changed while it was pending; the job takes it");
@@ -1290,6 +1318,42 @@ impl Store {
         }
         if o.effects.contains(&Effect::Place) {
             self.assign(&mut job, now);
+        }
+        if o.effects.contains(&Effect::OpenGate) {
+            // Its script starts now: the first-lease clock too.
+            if job.running_since.is_some() {
+                job.running_since = Some(now);
+            }
+            if let (true, Some(minutes)) = (changed, c.time_limit_min) {
+                // The stand-in's limit changed while it was pending: an
+                // assignment not yet taken carries it; a submitted run gets
+                // it as a time-limit order (set there as at a running
+                // stand-in's change).
+                tracing::info!(job = id, from = ?job.request.time_limit_min, to = minutes,
+                    "the stand-in's time limit changed while it was pending; the early run takes it");
+                job.request.time_limit_min = Some(minutes);
+                job.record.summary = summary(&job.request);
+                if job.submitted {
+                    let target = job.record.target.clone().unwrap_or_default();
+                    self.conn.execute(
+                        "INSERT OR REPLACE INTO time_limit_orders (job_id, target, minutes, requested_at)
+                         VALUES (?1, ?2, ?3, ?4)",
+                        params![id, target, minutes, now],
+                    )?;
+                }
+            }
+            let waited = early_at.map_or(0.0, |t| now - t);
+            tracing::info!(job = id, stand_in = c.origin_job_id, target = ?job.record.target, waited_s = waited,
+                "the origin confirmed the stand-in of a job placed early: its run starts");
+            // Its run's lease request, held back while it waited, is answered now.
+            if let Some(t) = &job.record.target {
+                self.wakers.wake(t);
+            }
+            job.record.reason = format!(
+                "placed early at {}; the origin confirmed stand-in {}",
+                job.record.target.as_deref().unwrap_or("?"),
+                c.origin_job_id
+            );
         }
         self.save(&job)?;
         Ok(job.record)
@@ -1390,6 +1454,7 @@ impl Store {
     pub fn sweep(&mut self, now: f64) -> Result<(), StoreError> {
         self.advance_moves(now)?;
         self.check_sla(now)?;
+        self.early_timeouts(now)?;
         let jobs = self.query("SELECT data FROM jobs WHERE state IN ('queued', 'assigned')", [])?;
         for mut job in jobs {
             let before = (job.record.state, job.record.target.clone());
@@ -1511,6 +1576,11 @@ impl Store {
         let resumable = (checkpoint.is_some() || may_restart) && !capped;
         let o = transition(&life_of(job), &Event::Died { resumable, epoch });
         if o.life == life_of(job) {
+            return Ok(o.reply);
+        }
+        if o.effects.contains(&Effect::EarlyFallback) {
+            self.early_fallback(job, &o.life, &format!("its run died before it started: {why}"), now);
+            self.save(job)?;
             return Ok(o.reply);
         }
         let from = job.record.target.clone().unwrap_or_default();
@@ -1838,6 +1908,20 @@ impl Store {
             &before,
             &Event::Report { state: upd.state, remote_job_id: upd.remote_job_id, epoch: upd.epoch },
         );
+        if o.effects.contains(&Effect::EarlyFallback) {
+            let why = match upd.state {
+                Some(s) if !upd.reason.is_empty() => {
+                    let r: String = upd.reason.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect();
+                    format!("it ended {s} before it started: {r}")
+                }
+                Some(s) => format!("it ended {s} before it started"),
+                None => "it ended before it started".into(),
+            };
+            self.early_fallback(&mut job, &o.life, &why, now);
+            self.save(&job)?;
+            reply_result(id, &o.reply)?;
+            return Ok(job.record);
+        }
         let changed = o.life != before;
         set_life(&mut job, &o.life);
         for effect in &o.effects {
@@ -1924,7 +2008,10 @@ impl Store {
                 | Effect::SlaReplace
                 | Effect::CountReruns
                 | Effect::RecordEndClaim
-                | Effect::FinishFromClaim => {}
+                | Effect::FinishFromClaim
+                | Effect::EarlyPlaced
+                | Effect::OpenGate
+                | Effect::EarlyFallback => {}
             }
         }
         // Slurm ran it again there (the agent's count for this epoch).
@@ -2142,7 +2229,9 @@ impl Store {
                 None => {}
             }
         }
-        let sql = "SELECT data FROM jobs WHERE origin = ?1 AND state = 'held'
+        // Held, or placed early and still waiting for the confirmation.
+        let sql = "SELECT data FROM jobs WHERE origin = ?1 AND active = 1
+                   AND (state = 'held' OR json_extract(data, '$.early.phase') = 'waiting')
                    AND json_extract(data, '$.record.start_requested_at') IS NOT NULL ORDER BY submitted_at, id";
         for job in self.query(sql, [c])? {
             if let Some(origin_job_id) = job.record.origin_job_id {
@@ -2250,6 +2339,9 @@ impl Store {
         }
         if r.state.is_terminal() {
             return stale(format!("the job has ended ({})", r.state));
+        }
+        if let Some(reply) = Self::early_lease(&job) {
+            return Ok(reply);
         }
         if self.health.job_lease_s <= 0.0 {
             return Ok(JobLeaseReply {

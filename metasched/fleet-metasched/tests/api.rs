@@ -138,6 +138,7 @@ impl Daemon {
             fleet_job_id: id.into(),
             request: request(origin, gpu, n),
             tentative_target: "alpha".into(),
+            early_start: false,
         };
         self.ok(reqwest::Method::POST, "/v1/jobs", &bearer(origin), Some(serde_json::to_value(fwd).unwrap())).await
     }
@@ -334,6 +335,7 @@ async fn auth_matrix() {
                     fleet_job_id: "x".into(),
                     request: request("beta", "h100", 1),
                     tentative_target: "alpha".into(),
+                    early_start: false,
                 })
                 .unwrap(),
             ),
@@ -348,6 +350,7 @@ async fn auth_matrix() {
                     fleet_job_id: "../x".into(),
                     request: request("beta", "h100", 1),
                     tentative_target: "alpha".into(),
+                    early_start: false,
                 })
                 .unwrap(),
             ),
@@ -525,6 +528,7 @@ async fn chunks_overlap_and_gaps_and_idempotent_forward() {
         fleet_job_id: "c1".into(),
         request: request("gamma", "h100", 8),
         tentative_target: "alpha".into(),
+        early_start: false,
     };
     let (s, _) =
         d.call(reqwest::Method::POST, "/v1/jobs", &bearer("gamma"), Some(serde_json::to_value(fwd).unwrap())).await;
@@ -993,7 +997,12 @@ async fn rebalance_proposes_moving_a_running_interruptible_job_to_a_cheaper_clus
         let mut req = request("beta", "h100", 8);
         req.time_limit_min = Some(24 * 60);
         req.fleet.interruptible = interruptible;
-        let fwd = ForwardRequest { fleet_job_id: id.into(), request: req, tentative_target: "alpha".into() };
+        let fwd = ForwardRequest {
+            fleet_job_id: id.into(),
+            request: req,
+            tentative_target: "alpha".into(),
+            early_start: false,
+        };
         let _: JobRecord =
             d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
@@ -1673,6 +1682,7 @@ async fn list_filters_and_pages() {
             fleet_job_id: format!("j{i}"),
             request: JobRequest { user_name: Some(user.into()), ..request("beta", "h100", 1) },
             tentative_target: "alpha".into(),
+            early_start: false,
         };
         let r: JobRecord = d.ok(M::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
         assert_eq!(r.user.as_deref(), Some(user), "the record names the submitter");
@@ -1907,7 +1917,7 @@ fn health_config(dir: &Path, grace_s: f64) -> Config {
 async fn forward_restartable(d: &Daemon, id: &str) {
     let mut request = request("beta", "h100", 8);
     request.script = Some(b"#!/bin/sh\n#FLEET interruptible\necho step\n".to_vec());
-    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into() };
+    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
     let _: JobRecord =
         d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
 }

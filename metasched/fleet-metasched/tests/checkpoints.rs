@@ -140,7 +140,7 @@ impl Daemon {
             fleet: FleetOptions { to: vec![to.into()], ckpt: own_ckpt.map(Into::into), ..Default::default() },
             ..Default::default()
         };
-        let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: to.into() };
+        let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: to.into(), early_start: false };
         self.ok::<JobRecord>(Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
         let body = serde_json::to_value(StartRequest { origin_job_id: 42, ..Default::default() }).unwrap();
         let (s, v) = self.call(Method::POST, &format!("/v1/jobs/{id}/start"), &job_auth("beta", id), Some(body)).await;

@@ -107,7 +107,8 @@ impl Fx {
             fleet: FleetOptions { ckpt: ckpt.then(|| format!("s3://own/{id}")), interruptible, ..Default::default() },
             ..Default::default()
         };
-        let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into() };
+        let fwd =
+            ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
         self.store.forward(&cl("beta"), fwd, self.now).unwrap();
         let job = Caller::Job { id: id.into(), origin: "beta".into() };
         self.store.start(&job, id, 42, 0, self.now).unwrap();

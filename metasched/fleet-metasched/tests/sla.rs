@@ -169,7 +169,8 @@ impl Fx {
             fleet: FleetOptions { to: to.iter().map(|s| s.to_string()).collect(), ..Default::default() },
             ..Default::default()
         };
-        let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into() };
+        let fwd =
+            ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
         self.store.forward(&cl("beta"), fwd, self.now).unwrap();
         let job = Caller::Job { id: id.into(), origin: "beta".into() };
         self.store.start(&job, id, 42, 0, self.now).unwrap();

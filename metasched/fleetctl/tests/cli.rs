@@ -95,6 +95,7 @@ async fn clusters_jobs_job_cancel_explain() {
                 ..Default::default()
             },
             tentative_target: "alpha".into(),
+            early_start: false,
         };
         let r = http.post(format!("{url}/v1/jobs")).bearer_auth("tok-beta").json(&fwd).send().await.unwrap();
         assert!(r.status().is_success());
@@ -203,6 +204,7 @@ async fn jobs_for_admins() {
                 ..Default::default()
             },
             tentative_target: "alpha".into(),
+            early_start: false,
         };
         let r = http.post(format!("{url}/v1/jobs")).bearer_auth("tok-beta").json(&fwd).send().await.unwrap();
         assert!(r.status().is_success());
@@ -328,6 +330,7 @@ async fn job_signal_queues_the_signal_for_the_target() {
             ..Default::default()
         },
         tentative_target: "alpha".into(),
+        early_start: false,
     };
     post("/v1/jobs".into(), "Bearer tok-beta".into(), serde_json::to_value(&fwd).unwrap()).await;
 

@@ -169,6 +169,7 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
     let mail_user = text(job, StrField::MailUser);
     let qos = text(job, StrField::Qos);
     let licenses = text(job, StrField::Licenses);
+    let dependency = text(job, StrField::Dependency);
     let script_bytes = job.bytes(StrField::Script).map(<[u8]>::to_vec).unwrap_or_default();
     let (script, script_len) = if script_bytes.len() as u64 > config.max_script_bytes {
         (None, Some(script_bytes.len() as u64))
@@ -258,6 +259,8 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
         qos,
         licenses,
         begin_time: (begin > 0).then_some(begin),
+        dependency,
+        hold: job.num(NumField::Priority) == 0,
         not_carried,
     });
     Ok(match het_offset {
@@ -545,8 +548,10 @@ mod tests {
                 (StrField::Comment, "my run 7"),
                 (StrField::MailUser, "me@example.org"),
                 (StrField::Qos, "high"),
+                (StrField::Dependency, "afterok:12"),
             ],
             &[
+                (NumField::Priority, 0),
                 (NumField::MinNodes, 1),
                 (NumField::MaxNodes, 2),
                 (NumField::NumTasks, 16),
@@ -578,6 +583,8 @@ mod tests {
         assert_eq!(r.export_env.as_deref(), Some("NONE"));
         assert_eq!(r.qos.as_deref(), Some("high"));
         assert_eq!(r.begin_time, Some(1_900_000_000));
+        // What decides when the stand-in starts at the origin (early placement).
+        assert_eq!((r.dependency.as_deref(), r.hold), (Some("afterok:12"), true));
         assert!(r.not_carried.is_empty(), "{:?}", r.not_carried);
         // --export=NONE implies SLURM_GET_USER_ENV; so does --get-user-env alone (not carried).
         let none = ask(run_full(
@@ -618,6 +625,7 @@ mod tests {
             (r.warn_signal, r.mail_type.as_deref(), r.time_min, r.export_env.as_deref(), r.begin_time),
             (None, None, None, None, None)
         );
+        assert_eq!((r.dependency.as_deref(), r.hold), (None, false));
     }
 
     #[test]

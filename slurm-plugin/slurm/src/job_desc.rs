@@ -139,6 +139,8 @@ pub enum NumField {
     Deadline,
     BeginTime,
     Immediate,
+    /// `priority`: 0 for `--hold` (`NO_VAL` when not given).
+    Priority,
     Wait4Switch,
     Profile,
     PowerFlags,
@@ -280,6 +282,7 @@ impl<'a> JobDesc<'a> {
             NumField::Deadline => r.deadline as u64,
             NumField::BeginTime => r.begin_time as u64,
             NumField::Immediate => r.immediate.into(),
+            NumField::Priority => r.priority.into(),
             NumField::Wait4Switch => r.wait4switch.into(),
             NumField::Profile => r.profile.into(),
             NumField::PowerFlags => crate::sys::job_desc_power_flags(r).into(),
@@ -332,6 +335,7 @@ impl<'a> JobDesc<'a> {
             NumField::Deadline => r.deadline = v as _,
             NumField::BeginTime => r.begin_time = v as _,
             NumField::Immediate => r.immediate = v as u16,
+            NumField::Priority => r.priority = v as u32,
             NumField::Wait4Switch => r.wait4switch = v as u32,
             NumField::Profile => r.profile = v as u32,
             NumField::PowerFlags => crate::sys::job_desc_set_power_flags(r, v as u8),
@@ -393,6 +397,7 @@ impl<'a> JobDesc<'a> {
         d.ntasks_per_socket = crate::NO_VAL16;
         d.ntasks_per_core = crate::NO_VAL16;
         d.ntasks_per_tres = crate::NO_VAL16;
+        d.priority = crate::NO_VAL;
         d
     }
 

@@ -147,6 +147,12 @@ pub trait Backend: Send + Sync + 'static {
     fn scheduler(&self) -> &'static str {
         "slurm"
     }
+    /// Every run submitted here starts under its in-job lease, so a run
+    /// placed early can be held at its first lease until the origin
+    /// confirms the start (`Heartbeat::start_gate`).
+    fn start_gate(&self) -> bool {
+        false
+    }
     /// Who must own a job's output files for the relay to read them: the
     /// job's user where the job writes them (Slurm), the agent itself where
     /// the backend writes them (Kubernetes: pod logs).

@@ -59,6 +59,23 @@ fn exportable(v: &str) -> bool {
 }
 
 impl JobCkpt {
+    /// Runs here start under their in-job lease (`JobLeaseMs` > 0 and a
+    /// helper that can be an interpreter line): what the heartbeat's
+    /// `start_gate` says. A run whose script has no `#!` line still goes
+    /// without; an early-placed one is then refused ([`Backend::submit`]).
+    ///
+    /// [`Backend::submit`]: crate::backend::Backend::submit
+    pub fn gates_runs(&self) -> bool {
+        let helper = self.helper.display().to_string();
+        self.job_lease.is_some()
+            && !self.cluster_token.is_empty()
+            && exportable(&self.metasched_url)
+            && self.helper.is_absolute()
+            && helper.len() <= 100
+            && exportable(&helper)
+            && self.helper.is_file()
+    }
+
     /// Writes the run's checkpoint token into its directory `dir` (made by
     /// `jobdir::create`) and returns the variables that tell the job where
     /// things are (none is secret). Without a cluster token (tests),
@@ -280,6 +297,18 @@ mod tests {
             ..JobCkpt::default()
         };
         std::fs::write(&k.helper, b"").unwrap();
+        // What the heartbeat's start_gate says: every run here starts gated.
+        assert!(k.gates_runs());
+        std::fs::write(tmp.path().join("a,b"), b"").unwrap();
+        for (why, off) in [
+            ("lease off", JobCkpt { job_lease: None, ..k.clone() }),
+            ("no token", JobCkpt { cluster_token: String::new(), ..k.clone() }),
+            ("relative helper", JobCkpt { helper: "fleet-ckpt".into(), ..k.clone() }),
+            ("no helper", JobCkpt { helper: tmp.path().join("missing"), ..k.clone() }),
+            ("helper with a comma", JobCkpt { helper: tmp.path().join("a,b"), ..k.clone() }),
+        ] {
+            assert!(!off.gates_runs(), "{why}");
+        }
         let script = b"#!/bin/bash -l\n#SBATCH --signal=B:USR1@60\n#FLEET ckpt-signal=USR1\necho \xff $@\n";
         let dir = tmp.path().join("job");
         std::fs::create_dir(&dir).unwrap();

@@ -504,6 +504,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         agent_version: env!("CARGO_PKG_VERSION").into(),
         identities,
         lease_s: agent.cfg.lease.map(|l| l.as_secs_f64()),
+        start_gate: agent.backend.start_gate(),
     };
     let view = agent.meta.heartbeat(&hb).await?;
     agent.lease.lock().renew(Instant::now());
@@ -538,8 +539,16 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
         match agent.journal.unregistered_forwards() {
             Ok(list) => {
                 for f in list {
-                    let req =
-                        ForwardRequest { fleet_job_id: f.id.clone(), request: f.request, tentative_target: f.target };
+                    // A stand-in not journaled with its Slurm id came through
+                    // the plugin at sbatch time: it is still to be scheduled
+                    // at the origin (deferred stand-ins already run).
+                    let early_start = matches!(agent.journal.stand_in_of(&f.id), Ok(None));
+                    let req = ForwardRequest {
+                        fleet_job_id: f.id.clone(),
+                        request: f.request,
+                        tentative_target: f.target,
+                        early_start,
+                    };
                     match agent.meta.forward(&req).await {
                         Ok(_) => {
                             if let Err(e) = agent.journal.mark_registered(&f.id) {

@@ -584,6 +584,10 @@ pub fn exports_environment(req: &JobRequest) -> bool {
 }
 
 impl Backend for SlurmBackend {
+    fn start_gate(&self) -> bool {
+        self.ckpt.gates_runs()
+    }
+
     async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)> {
         let sinfo = self.run("sinfo", &["-N".into(), "-h".into(), "-O".into(), SINFO_FIELDS.into()], None).await?;
         let squeue = self.run("squeue", &["-h".into(), "-o".into(), "%T".into()], None).await?;
@@ -604,6 +608,11 @@ impl Backend for SlurmBackend {
         // The run under its in-job lease (docs/failover.md): a watchdog in
         // the allocation stops it once the meta-scheduler stops vouching for it.
         let wrapped = self.ckpt.wrap(&dir, script, req.fleet.epoch, &mut ckpt_env)?;
+        if req.fleet.start_gated && wrapped.is_none() {
+            // Placed before its origin confirmed the stand-in runs: without
+            // the lease that holds its script, it must not be submitted.
+            anyhow::bail!("job {id} was placed early and must start under its in-job lease, which this run cannot have (JobLeaseMs, CkptHelper, the script's #! line)");
+        }
         let script = wrapped.as_deref().unwrap_or(script);
         let mut args = sbatch_args(id, req, &dir, &paths, &ckpt_env);
         if let Some(a) = &user.account {

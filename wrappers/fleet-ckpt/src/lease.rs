@@ -89,6 +89,80 @@ impl Watch {
     }
 }
 
+/// The pause before `lease-exec` asks again after a "wait" (a job placed
+/// early whose origin has not confirmed the stand-in). The meta-scheduler
+/// holds a wait answer back (up to 0.8 s) and answers as soon as the gate
+/// opens, so this is no polling interval, only a breather.
+pub const WAIT_POLL: Duration = Duration::from_millis(50);
+
+/// What `lease-exec` does after an answer to its first lease request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum First {
+    /// Granted for this long (from when the request was sent): start.
+    Start(Duration),
+    /// Job leases are off: start without a watchdog.
+    Off,
+    /// Never start the script, for this reason.
+    Refuse(String),
+    /// Ask again after this long.
+    AskAgain(Duration),
+}
+
+/// The rule of the first lease, pure (the caller passes the time). A run
+/// asks for a whole lease's length; a "wait" (the job was placed early,
+/// its origin has not confirmed the stand-in) is not a refusal: the run
+/// keeps asking, often, for as long as the meta-scheduler says so (it
+/// bounds the wait and then answers "stale"), and gives up only a whole
+/// lease after the last answer it got.
+#[derive(Debug)]
+pub struct FirstLease {
+    lease: Duration,
+    deadline: Instant,
+    last: String,
+}
+
+impl FirstLease {
+    pub fn new(lease: Duration, t0: Instant) -> FirstLease {
+        FirstLease { lease, deadline: t0 + lease, last: String::new() }
+    }
+
+    /// The answer `r` came at `now`.
+    pub fn on_reply(&mut self, now: Instant, r: &JobLeaseReply) -> First {
+        if r.stale {
+            return First::Refuse(format!("this run is stale: {}", r.reason));
+        }
+        if r.off {
+            return First::Off;
+        }
+        if r.valid_ms > 0 {
+            return First::Start(Duration::from_millis(r.valid_ms).min(self.lease));
+        }
+        self.last = r.reason.clone();
+        if r.wait {
+            self.deadline = now + self.lease;
+            return First::AskAgain(WAIT_POLL);
+        }
+        self.again(now)
+    }
+
+    /// The request failed at `now` (`e`: why).
+    pub fn on_error(&mut self, now: Instant, e: String) -> First {
+        self.last = e;
+        self.again(now)
+    }
+
+    fn again(&self, now: Instant) -> First {
+        if now >= self.deadline {
+            return First::Refuse(format!(
+                "no job lease from the meta-scheduler within {} ms ({})",
+                self.lease.as_millis(),
+                self.last
+            ));
+        }
+        First::AskAgain(Duration::from_secs(1).min(self.deadline - now))
+    }
+}
+
 /// What the watchdog needs, from the job's environment (set by the agent).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LeaseEnv {
@@ -396,6 +470,65 @@ mod tests {
         // Renewals: a quarter of the lease, within bounds.
         assert_eq!(Watch::new(Duration::from_secs(600), t0, Duration::ZERO).renew_every(), Duration::from_secs(10));
         assert_eq!(Watch::new(Duration::from_secs(1), t0, Duration::ZERO).renew_every(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_first_lease_waits_for_the_origin_then_starts_or_gives_up() {
+        let lease = Duration::from_secs(8);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let wait = JobLeaseReply { wait: true, reason: "waiting for beta to confirm".into(), ..reply(0) };
+        let stale = JobLeaseReply { stale: true, reason: "the early run is withdrawn".into(), ..reply(0) };
+        let off = JobLeaseReply { off: true, ..reply(0) };
+        // Answers at seconds after t0: a reply, or `None` for an error.
+        type Answers = Vec<(u64, Option<JobLeaseReply>)>;
+        let cases: Vec<(Answers, First)> = vec![
+            (vec![(0, Some(reply(8000)))], First::Start(s(8))),
+            (vec![(0, Some(reply(60_000)))], First::Start(s(8))),
+            (vec![(0, Some(off.clone()))], First::Off),
+            (vec![(0, Some(stale.clone()))], First::Refuse("this run is stale: the early run is withdrawn".into())),
+            // Waiting is asked again soon, for as long as it lasts.
+            (vec![(0, Some(wait.clone()))], First::AskAgain(WAIT_POLL)),
+            (
+                vec![(0, Some(wait.clone())), (20, Some(wait.clone())), (27, Some(wait.clone()))],
+                First::AskAgain(WAIT_POLL),
+            ),
+            (vec![(0, Some(wait.clone())), (29, Some(reply(8000)))], First::Start(s(8))),
+            (
+                vec![(0, Some(wait.clone())), (29, Some(stale.clone()))],
+                First::Refuse("this run is stale: the early run is withdrawn".into()),
+            ),
+            // Errors: asked again within a lease of the last answer, then refused.
+            (vec![(0, None)], First::AskAgain(s(1))),
+            (vec![(0, None), (7, None)], First::AskAgain(s(1))),
+            (
+                vec![(0, None), (8, None)],
+                First::Refuse("no job lease from the meta-scheduler within 8000 ms (down)".into()),
+            ),
+            (vec![(0, Some(wait.clone())), (20, Some(wait.clone())), (25, None)], First::AskAgain(s(1))),
+            (
+                vec![(0, Some(wait.clone())), (20, Some(wait.clone())), (25, None), (28, None)],
+                First::Refuse("no job lease from the meta-scheduler within 8000 ms (down)".into()),
+            ),
+            // No grant and no wait: not renewed; asked again within the lease.
+            (vec![(0, Some(reply(0)))], First::AskAgain(s(1))),
+            (
+                vec![(0, Some(reply(0))), (9, Some(reply(0)))],
+                First::Refuse("no job lease from the meta-scheduler within 8000 ms ()".into()),
+            ),
+        ];
+        for (answers, want) in cases {
+            let mut f = FirstLease::new(lease, t0);
+            let mut got = None;
+            for (at, r) in &answers {
+                let now = t0 + s(*at);
+                got = Some(match r {
+                    Some(r) => f.on_reply(now, r),
+                    None => f.on_error(now, "down".into()),
+                });
+            }
+            assert_eq!(got, Some(want), "{answers:?}");
+        }
     }
 
     #[test]

@@ -599,27 +599,29 @@ fn lease_sentinel() -> ExitCode {
 }
 
 /// The run's first grant: `(sent, valid)`, `None` when leases are off, or
-/// why the run must not start (stale, or no grant within the lease).
+/// why the run must not start (stale, or no grant within the lease; a
+/// "wait" for the origin's confirmation is no refusal: `lease::FirstLease`).
 fn first_grant(env: &LeaseEnv) -> std::result::Result<Option<(Instant, Duration)>, String> {
+    use lease::First;
     let rt = current_thread().map_err(|e| format!("{e:#}"))?;
     let http = {
         let _g = rt.enter();
         lease::client(env).map_err(|e| format!("{e:#}"))?
     };
-    let t0 = Instant::now();
-    let mut last = String::new();
-    while t0.elapsed() < env.lease {
+    let mut first = lease::FirstLease::new(env.lease, Instant::now());
+    loop {
         let sent = Instant::now();
-        match rt.block_on(lease::renew(&http, env, Duration::from_secs(5).min(env.lease))) {
-            Ok(r) if r.stale => return Err(format!("this run is stale: {}", r.reason)),
-            Ok(r) if r.off => return Ok(None),
-            Ok(r) if r.valid_ms > 0 => return Ok(Some((sent, Duration::from_millis(r.valid_ms).min(env.lease)))),
-            Ok(r) => last = r.reason,
-            Err(e) => last = format!("{e:#}"),
+        let next = match rt.block_on(lease::renew(&http, env, Duration::from_secs(5).min(env.lease))) {
+            Ok(r) => first.on_reply(Instant::now(), &r),
+            Err(e) => first.on_error(Instant::now(), format!("{e:#}")),
+        };
+        match next {
+            First::Start(valid) => return Ok(Some((sent, valid))),
+            First::Off => return Ok(None),
+            First::Refuse(why) => return Err(why),
+            First::AskAgain(after) => std::thread::sleep(after),
         }
-        std::thread::sleep(Duration::from_secs(1));
     }
-    Err(format!("no job lease from the meta-scheduler within {} ms ({last})", env.lease.as_millis()))
 }
 
 /// Starts the watchdog of this process (which is about to become the

@@ -68,7 +68,7 @@ async fn running_at_alpha(http: &reqwest::Client, url: &str, id: &str) {
         fleet: FleetOptions { to: vec!["alpha".into()], ..Default::default() },
         ..Default::default()
     };
-    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into() };
+    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
     call(http, url, Method::POST, "/v1/jobs", "Bearer secret-beta", Some(serde_json::to_value(fwd).unwrap())).await;
     let token = auth::job_token("secret-beta", id);
     let start = serde_json::to_value(StartRequest { origin_job_id: 3, ..Default::default() }).unwrap();
@@ -444,4 +444,73 @@ async fn in_a_pod_a_stale_run_stops_what_it_daemonized_too() {
         let status = tokio::time::timeout(Duration::from_secs(10), pod.wait()).await.expect("the pod ends").unwrap();
         assert!(status.success(), "{id}: {status}");
     }
+}
+
+/// A job placed early (docs/failover.md, "Start latency"): its run's
+/// `lease-exec` is answered "wait" and keeps its script from starting
+/// until the origin confirms the stand-in; then the script starts at once
+/// (the held-back answer comes as soon as the gate opens).
+#[tokio::test]
+async fn a_run_placed_early_starts_its_script_only_once_the_origin_confirms() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let daemon = tokio::spawn(fleet_metasched::run_with(
+        listener,
+        config(tmp.path()),
+        fleet_metasched::Clock::default(),
+        fleet_metasched::Control::default(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let http = reqwest::Client::new();
+    let hb = serde_json::json!({"cluster": "alpha", "scheduler": "slurm", "queue_pending": 0, "queue_running": 0, "agent_version": "t", "start_gate": true, "nodes": [{"name": "a1", "partitions": ["gpu"],
+        "gpu_type": "h100", "gpus_total": 8, "gpus_free": 8, "state": "idle"}]});
+    call(&http, &url, Method::POST, "/v1/heartbeat", "Bearer secret-alpha", Some(hb)).await;
+    let request = JobRequest {
+        origin: "beta".into(),
+        user_id: 1000,
+        gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 1, scope: GpuScope::Node }],
+        script: Some(b"#!/bin/sh\n".to_vec()),
+        ..Default::default()
+    };
+    let fwd =
+        ForwardRequest { fleet_job_id: "beta-e".into(), request, tentative_target: "alpha".into(), early_start: true };
+    let r = call(&http, &url, Method::POST, "/v1/jobs", "Bearer secret-beta", Some(serde_json::to_value(fwd).unwrap()))
+        .await;
+    assert_eq!((r["state"].as_str(), r["target"].as_str()), (Some("assigned"), Some("alpha")), "placed early: {r}");
+    let running =
+        StatusUpdate { remote_job_id: Some(7), state: Some(JobState::Running), epoch: Some(1), ..Default::default() };
+    let body = Some(serde_json::to_value(running).unwrap());
+    call(&http, &url, Method::POST, "/v1/jobs/beta-e/status", "Bearer secret-alpha", body).await;
+
+    let dir = run_dir(tmp.path(), "beta-e", "#!/bin/sh\ntouch started\necho ran\n");
+    let mut child = lease_exec(&url, "beta-e", &dir, 1, &[]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    // Longer than the lease (4 s): a wait is not a refusal.
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + 1500)).await;
+    assert!(!dir.join("started").exists(), "the script ran before the origin confirmed its stand-in");
+    assert!(child.try_wait().unwrap().is_none(), "lease-exec gave up while told to wait");
+    // The stand-in starts and the origin agent confirms.
+    let token = auth::job_token("secret-beta", "beta-e");
+    let start = serde_json::to_value(StartRequest { origin_job_id: 3, ..Default::default() }).unwrap();
+    call(&http, &url, Method::POST, "/v1/jobs/beta-e/start", &format!("FleetJob {token}"), Some(start)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!dir.join("started").exists(), "a start request alone starts nothing");
+    let c = serde_json::to_value(StartConfirmation { origin_job_id: 3, started: true, ..Default::default() }).unwrap();
+    let t0 = Instant::now();
+    call(&http, &url, Method::POST, "/v1/jobs/beta-e/confirm_start", "Bearer secret-beta", Some(c)).await;
+    while !dir.join("started").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the script did not start after the confirmation");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = t0.elapsed();
+    println!("confirmation to script start: {} ms", took.as_millis());
+    assert!(took < Duration::from_millis(600), "the held-back lease answer comes with the confirmation: {took:?}");
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "{}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+    let _ = tx.send(());
+    let _ = daemon.await;
 }

@@ -78,7 +78,7 @@ async fn save_reports_to_the_catalog_with_the_job_token() {
         fleet: FleetOptions { to: vec!["alpha".into()], ..Default::default() },
         ..Default::default()
     };
-    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into() };
+    let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
     call(&http, &url, Method::POST, "/v1/jobs", "Bearer secret-beta", Some(serde_json::to_value(fwd).unwrap())).await;
     let token = auth::job_token("secret-beta", id);
     let start = serde_json::to_value(StartRequest { origin_job_id: 3, ..Default::default() }).unwrap();

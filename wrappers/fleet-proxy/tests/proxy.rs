@@ -118,6 +118,7 @@ impl Agent {
                 ..Default::default()
             },
             tentative_target: "alpha".into(),
+            early_start: false,
         };
         self.post("/v1/jobs", serde_json::to_value(fwd).unwrap()).await;
     }

@@ -373,6 +373,8 @@ impl Store {
     /// passes them as `FLEET_CKPT_URL` and `FLEET_RESUME_FROM`).
     pub(super) fn assignment_request(&self, job: &Job) -> Result<JobRequest, StoreError> {
         let mut req = job.request.clone();
+        // Placed early: submitted only under the lease that gates its script.
+        req.fleet.start_gated = job.early.is_some();
         let Some(target) = job.record.target.as_deref() else { return Ok(req) };
         req.fleet.ckpt = self.ckpt_prefix_at(job, target);
         let region = self.clusters.get(target).map(|c| c.cfg.region.as_str()).unwrap_or("");
