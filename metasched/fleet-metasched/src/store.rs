@@ -31,8 +31,8 @@ use crate::Clock;
 
 /// The checkpoint catalog (its table and every query of it).
 mod catalog;
-mod ends;
 mod early;
+mod ends;
 /// Planned migrations (rebalancing moves) carried out.
 mod moves;
 mod sla;
