@@ -426,6 +426,10 @@ pub struct Store {
     /// Unix seconds), in memory: what a run's claim that its lease stopped
     /// it is checked against.
     lease_until: HashMap<String, (u64, f64)>,
+    /// What `lease_until` was before its last extension: the end of the
+    /// lease a run's watchdog holds when the reply to its last renewal was
+    /// lost (a meta-scheduler answering after the watchdog gave up).
+    lease_prev_until: HashMap<String, (u64, f64)>,
     /// `[sla]` and the provisioning samples (`store/sla.rs`).
     sla: Sla,
     sla_book: sla::SlaBook,
@@ -740,6 +744,7 @@ impl Store {
             },
             awaiting_lease: BTreeSet::new(),
             lease_until: HashMap::new(),
+            lease_prev_until: HashMap::new(),
             sla,
             sla_book,
             end_wait_s: crate::config::DEFAULT_END_WAIT_S,
@@ -1586,6 +1591,7 @@ impl Store {
         let from = job.record.target.clone().unwrap_or_default();
         let old_epoch = job.record.epoch;
         self.lease_until.remove(&id);
+        self.lease_prev_until.remove(&id);
         self.awaiting_lease.remove(&id);
         set_life(job, &o.life);
         job.left.push((old_epoch, from.clone()));
@@ -1867,8 +1873,12 @@ impl Store {
             // The watchdog's note lies in the run's directory, which the
             // job may write: a run its lease stopped had no grant covering
             // it (its watchdog counts each grant from before it was sent).
+            // The reply to its last renewal may have been lost (answered
+            // after the watchdog gave up, on a loaded host): the lease it
+            // held before that renewal is what the claim is checked against.
             let epoch = upd.epoch.unwrap_or(job.record.epoch);
-            if let Some(&(e, until)) = self.lease_until.get(id) {
+            let held = self.lease_prev_until.get(id).or_else(|| self.lease_until.get(id)).copied();
+            if let Some((e, until)) = held {
                 if e == epoch && until > now + LEASE_CLAIM_SLACK_S {
                     tracing::warn!(job = id, epoch, covered_for_s = until - now,
                         "a run claims its job lease stopped it, but a lease granted to it still covers it: taken as its own end");
@@ -2033,6 +2043,7 @@ impl Store {
         }
         if job.record.state.is_terminal() {
             self.lease_until.remove(id);
+            self.lease_prev_until.remove(id);
             self.awaiting_lease.remove(id);
         }
         reply_result(id, &o.reply)?;
@@ -2357,8 +2368,18 @@ impl Store {
         );
         if grant.valid_ms > 0 {
             let until = now + grant.valid_ms as f64 / 1000.0;
-            let e = self.lease_until.entry(id.to_string()).or_insert((r.epoch, until));
-            *e = if e.0 == r.epoch { (r.epoch, e.1.max(until)) } else { (r.epoch, until) };
+            match self.lease_until.get(id).copied() {
+                Some((e, held)) if e == r.epoch => {
+                    if until > held {
+                        self.lease_prev_until.insert(id.to_string(), (e, held));
+                        self.lease_until.insert(id.to_string(), (e, until));
+                    }
+                }
+                _ => {
+                    self.lease_prev_until.remove(id);
+                    self.lease_until.insert(id.to_string(), (r.epoch, until));
+                }
+            }
         }
         if job.leased_epoch != r.epoch && grant.valid_ms > 0 {
             // Its script started: it is no candidate for a lost launch.

@@ -2307,6 +2307,37 @@ async fn a_claim_that_the_lease_stopped_a_run_is_checked_against_the_grants() {
         r.reason
     );
     assert!(r.reason.contains("alpha reports: stopped at alpha by its job lease"), "{}", r.reason);
+
+    // The reply to a renewal lost (answered after the watchdog gave up, as
+    // on a loaded host): the watchdog still holds the grant before it, and
+    // stops the run when that one ends. Believed, though the last grant
+    // (which never reached it) still covers the run.
+    forward_restartable(&d, "late").await;
+    assert_eq!(d.start_job("late", "beta").await.target.as_deref(), Some("alpha"));
+    let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
+    assert_eq!(d.status("late", "alpha", up).await.0, StatusCode::OK);
+    let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), "late"));
+    let renew = || async {
+        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+        let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/late/lease", &auth, Some(body)).await;
+        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{v}");
+    };
+    renew().await;
+    d.clock.advance(Duration::from_millis(1500));
+    renew().await; // its reply "lost": the last grant covers the run for 1.4 s more
+    d.clock.advance(Duration::from_millis(600));
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    let claim = StatusUpdate {
+        died: Some("stopped at alpha by its job lease: its job lease ran out (2000 ms without a renewal)".into()),
+        lease_stopped: true,
+        exit_code: Some(1),
+        ..at(JobState::Failed, 1)
+    };
+    assert_eq!(d.status("late", "alpha", claim).await.0, StatusCode::OK);
+    let r = d.job("late").await;
+    assert_eq!((r.epoch, r.migrations), (2, 1), "{:?}: {}", r.state, r.reason);
     d.stop().await;
 }
 

@@ -112,6 +112,7 @@ impl Store {
         job.running_since = None;
         job.assigned_at = None;
         self.lease_until.remove(&id);
+        self.lease_prev_until.remove(&id);
         self.awaiting_lease.remove(&id);
         self.metrics.placement("early-fallback");
         job.record.reason = format!(

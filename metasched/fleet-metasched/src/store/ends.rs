@@ -171,6 +171,7 @@ impl Store {
         job.final_stdout_len = Some(job.record.stdout_len);
         job.final_stderr_len = Some(job.record.stderr_len);
         self.lease_until.remove(&id);
+        self.lease_prev_until.remove(&id);
         self.awaiting_lease.remove(&id);
         refresh_complete(job);
         self.save(job)?;
