@@ -685,23 +685,8 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
     // The job's signals are the job's: `scancel --signal` to every
     // process of the job, a terminal's ^C, must not end the watchdog
     // (it ends by itself within 200 ms of the script's end).
-    for sig in [
-        libc::SIGHUP,
-        libc::SIGINT,
-        libc::SIGQUIT,
-        libc::SIGUSR1,
-        libc::SIGUSR2,
-        libc::SIGTERM,
-        libc::SIGPIPE,
-        libc::SIGALRM,
-        libc::SIGTSTP,
-        libc::SIGTTIN,
-        libc::SIGTTOU,
-        libc::SIGXCPU,
-        libc::SIGPWR,
-        libc::SIGURG,
-        libc::SIGWINCH,
-    ] {
+    // (The signals lease-exec passes on to the script, and SIGPIPE.)
+    for &sig in fleet_ckpt::end::FORWARDED.iter().chain(&[libc::SIGPIPE]) {
         // SAFETY: signal(2) with SIG_IGN, before any thread of ours exists.
         unsafe {
             libc::signal(sig, libc::SIG_IGN);
