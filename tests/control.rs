@@ -34,7 +34,9 @@ fn scancel_batch_signal_at_beta_reaches_the_job_at_alpha() {
         .unwrap();
     wait_file(&out, T, |b| b.starts_with(b"started\n")).unwrap();
     let rec = fleet_record(lab, id).expect("the job is known to the meta-scheduler");
-    assert_eq!(rec["target"], "alpha", "{rec}");
+    // Either H100 cluster (placed at registration, early: whichever had 8
+    // free then).
+    assert!(matches!(rec["target"].as_str(), Some("alpha" | "delta")), "{rec}");
     assert_eq!(rec["state"], "running", "{rec}");
     let beta_id = id.to_string();
 

@@ -2477,5 +2477,19 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     let (s, v) = end("late", at_c, serde_json::json!({"epoch": 1, "exit_code": 0})).await;
     assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
     assert!(v["reason"].as_str().unwrap().contains("its job lease ran out"), "{v}");
+    // Also a second before it runs out: the watchdog stops the run then
+    // (and in a pod cannot leave its note where lease-exec looks).
+    forward_restartable(&d, "edge").await;
+    let at_c = d.start_job("edge", "beta").await.target.unwrap();
+    let at_c: &'static str = if at_c == "gamma" { "gamma" } else { "beta" };
+    assert_eq!(d.status("edge", at_c, at(JobState::Running, 1)).await.0, StatusCode::OK);
+    let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of(at_c), "edge"));
+    let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+    let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/edge/lease", &auth, Some(body)).await;
+    assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{v}");
+    d.clock.advance(Duration::from_millis(1500));
+    let (s, v) = end("edge", at_c, serde_json::json!({"epoch": 1, "exit_code": 0})).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("or was about to"), "{v}");
     d.stop().await;
 }

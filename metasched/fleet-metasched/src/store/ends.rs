@@ -103,14 +103,22 @@ impl Store {
             });
         }
         // A run its lease ran out on may have been stopped by its own
-        // watchdog: that end is no end of its own.
-        if let Some(&(e, until)) = self.lease_until.get(id) {
-            if e == claim.epoch && until + super::LEASE_CLAIM_SLACK_S < now {
+        // watchdog: that end is no end of its own. The watchdog stops the
+        // run when the lease it holds ends (counted from before each
+        // renewal was sent, and the reply to the last one may have been
+        // lost: the lease held before it), and its end follows within a
+        // moment; in a pod it cannot leave the lease-stopped note where
+        // `lease-exec` looks (the script's directory is read-only there).
+        // So an end claimed from a second before that lease ran out is not
+        // taken as the script's own.
+        let held = self.lease_prev_until.get(id).or_else(|| self.lease_until.get(id)).copied();
+        if let Some((e, until)) = held {
+            if e == claim.epoch && now + super::LEASE_CLAIM_SLACK_S >= until {
                 return Ok(RunEndReply {
                     recorded: false,
                     reason: format!(
-                        "its job lease ran out {:.0} s ago: this end may be its lease's doing",
-                        now - until
+                        "its job lease ran out (or was about to: {:.1} s left): this end may be its lease's doing",
+                        until - now
                     ),
                 });
             }
