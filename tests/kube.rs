@@ -775,7 +775,7 @@ exit 7"#,
     )
     .unwrap();
     // The output: alpha's run as far as it was relayed, one line from
-    // Fleet, then kube-gamma's run from the checkpoint to the end.
+    // Fleet, and kube-gamma's run from the checkpoint to the end.
     let notes: Vec<&str> = all.lines().filter(|l| l.starts_with("fleet: ")).collect();
     assert_eq!(notes.len(), 1, "{all}");
     assert!(
@@ -787,13 +787,17 @@ exit 7"#,
             )),
         "{all}"
     );
-    let (run1, rest) = all.split_at(all.find(notes[0]).unwrap());
+    // The note is written to stderr, the runs' lines to stdout: both go to
+    // out.txt, relayed as two streams, so the note lands after alpha's run
+    // but not necessarily before the pod's first lines.
+    let (run1, rest) = all.split_at(all.find(&format!("run at {KUBE} ")).expect("the pod's run"));
     // alpha's run went on (unrelayed: its agent was dead) until its lease
     // stopped it, saving checkpoints the job reported itself.
     let run1_steps = numbers(run1, "step");
     assert_eq!(run1_steps, (1..=run1_steps.len() as u64).collect::<Vec<_>>(), "{all}");
     assert!(run1_steps.len() >= 6 && at >= 6, "{all}");
-    assert!(rest[notes[0].len() + 1..].starts_with(&format!("run at {KUBE} ")), "the note, then the pod's run: {all}");
+    let last1 = all.find(&format!("\nstep {}\n", run1_steps.len())).expect("alpha's last relayed step");
+    assert!(all.find(notes[0]).unwrap() > last1, "the note comes after alpha's run: {all}");
     assert_eq!(numbers(rest, "step"), ((at + 1)..=LAST).collect::<Vec<_>>(), "counts on from the checkpoint: {all}");
     assert!(
         all.ends_with(&format!("\nend\nfleet-proxy: job failed: failed at {KUBE} (exit code 7)\n")),
