@@ -301,6 +301,13 @@ pub struct PreparedJob {
     /// Region holding the job's last checkpoint when it resumes: a cluster
     /// elsewhere pays its transfer (egress and time).
     pub resume_from: Option<RegionId>,
+    /// Times the job has been reclaimed from spot so far, and the hours of
+    /// run time those reclaims lost (work since the last checkpoint). Past
+    /// the policy's caps ([`Policy::spot_max_reclaims`],
+    /// [`Policy::spot_max_lost_h`]) the job is offered no more spot. Filled
+    /// by the caller (the simulator); 0 = none known.
+    pub spot_reclaims: u32,
+    pub spot_lost_h: f64,
 }
 
 impl PreparedJob {
@@ -392,6 +399,8 @@ pub fn prepare(model: &FleetModel, spec: &JobSpec) -> PreparedJob {
         min_speed,
         done_fraction: 0.0,
         resume_from: None,
+        spot_reclaims: 0,
+        spot_lost_h: 0.0,
     }
 }
 
@@ -643,11 +652,23 @@ fn spot_offered(
 ) -> bool {
     job.spec.interruptible
         && policy.allow_spot
+        && !spot_capped(job, policy)
         && (ps.spot_available
             || (policy.spot_queue
                 && !ctx.in_place
                 && spot_wait_s(ps).is_some()
                 && spot_queue_makes_progress(model, job, c, ps)))
+}
+
+/// The job has used up the policy's spot allowance: reclaimed
+/// [`Policy::spot_max_reclaims`] times, or lost [`Policy::spot_max_lost_h`]
+/// hours of run time to reclaims (a job that says it checkpoints but writes
+/// nothing loses all its run each time). It goes on-demand from then on, so
+/// that no job cycles between a spot queue and reclaims without end.
+#[inline]
+pub fn spot_capped(job: &PreparedJob, policy: &Policy) -> bool {
+    (policy.spot_max_reclaims > 0 && job.spot_reclaims >= policy.spot_max_reclaims)
+        || (policy.spot_max_lost_h > 0.0 && job.spot_lost_h >= policy.spot_max_lost_h)
 }
 
 /// Queueing for spot only pays for a job that checkpoints and whose setup

@@ -29,9 +29,21 @@ pub struct Policy {
     /// time value like any queue. Off: spot only when free now (what
     /// managed-spot tools do: launch on spot, else fail over).
     pub spot_queue: bool,
+    /// A job reclaimed from spot this many times is offered no more spot
+    /// (it goes on-demand); 0 = no cap.
+    pub spot_max_reclaims: u32,
+    /// A job that has lost this many hours of run time to spot reclaims
+    /// (work since its last checkpoint; all of it for a job that writes
+    /// none) is offered no more spot; 0 = no cap.
+    pub spot_max_lost_h: f64,
     /// Use life-cycle intensity (`ci_lca`) instead of direct.
     pub use_lca: bool,
 }
+
+/// Default spot caps of the built-in policies (see [`Policy::spot_max_reclaims`]).
+pub const SPOT_MAX_RECLAIMS: u32 = 50;
+/// Default cap of run hours lost to reclaims (see [`Policy::spot_max_lost_h`]).
+pub const SPOT_MAX_LOST_H: f64 = 24.0;
 
 impl Default for Policy {
     fn default() -> Self {
@@ -49,6 +61,8 @@ impl Policy {
             egress_weight: 1.0,
             allow_spot: true,
             spot_queue: true,
+            spot_max_reclaims: SPOT_MAX_RECLAIMS,
+            spot_max_lost_h: SPOT_MAX_LOST_H,
             use_lca: false,
         }
     }
@@ -62,6 +76,8 @@ impl Policy {
             egress_weight: 1.0,
             allow_spot: false,
             spot_queue: false,
+            spot_max_reclaims: SPOT_MAX_RECLAIMS,
+            spot_max_lost_h: SPOT_MAX_LOST_H,
             use_lca: false,
         }
     }
@@ -76,6 +92,8 @@ impl Policy {
             egress_weight: 1.0,
             allow_spot: true,
             spot_queue: true,
+            spot_max_reclaims: SPOT_MAX_RECLAIMS,
+            spot_max_lost_h: SPOT_MAX_LOST_H,
             use_lca: false,
         }
     }
@@ -85,6 +103,7 @@ impl Policy {
             ("time_value_usd_per_gpu_hour", self.time_value_usd_per_gpu_hour),
             ("carbon_usd_per_kg", self.carbon_usd_per_kg),
             ("egress_weight", self.egress_weight),
+            ("spot_max_lost_h", self.spot_max_lost_h),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{k} must be finite and >= 0"));
@@ -96,10 +115,9 @@ impl Policy {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    #[error("policies TOML: {0}")]
-    Toml(#[from] toml::de::Error),
-    #[error("policy {name}: {msg}")]
-    Invalid { name: String, msg: String },
+    /// A TOML error or an invalid value, at its place in the file.
+    #[error("{file}:{line}:{col}: {msg}")]
+    At { file: String, line: usize, col: usize, msg: String },
 }
 
 /// The named policies. Built-ins `cost`, `time`, `green` exist unless the
@@ -116,10 +134,52 @@ impl Default for Policies {
     }
 }
 
+/// One `[policies.<name>]` table as written: every key optional, an
+/// unknown key (a typo) an error. Keys are those of [`Policy`] (checked by
+/// `every_policy_key_is_accepted`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyKeys {
+    time_value_usd_per_gpu_hour: Option<f64>,
+    carbon_usd_per_kg: Option<f64>,
+    egress_weight: Option<f64>,
+    allow_spot: Option<bool>,
+    spot_queue: Option<bool>,
+    spot_max_reclaims: Option<u32>,
+    spot_max_lost_h: Option<f64>,
+    use_lca: Option<bool>,
+}
+
+impl PolicyKeys {
+    fn apply(self, p: &mut Policy) {
+        let PolicyKeys {
+            time_value_usd_per_gpu_hour,
+            carbon_usd_per_kg,
+            egress_weight,
+            allow_spot,
+            spot_queue,
+            spot_max_reclaims,
+            spot_max_lost_h,
+            use_lca,
+        } = self;
+        let set = |dst: &mut f64, v: Option<f64>| *dst = v.unwrap_or(*dst);
+        set(&mut p.time_value_usd_per_gpu_hour, time_value_usd_per_gpu_hour);
+        set(&mut p.carbon_usd_per_kg, carbon_usd_per_kg);
+        set(&mut p.egress_weight, egress_weight);
+        set(&mut p.spot_max_lost_h, spot_max_lost_h);
+        p.allow_spot = allow_spot.unwrap_or(p.allow_spot);
+        p.spot_queue = spot_queue.unwrap_or(p.spot_queue);
+        p.spot_max_reclaims = spot_max_reclaims.unwrap_or(p.spot_max_reclaims);
+        p.use_lca = use_lca.unwrap_or(p.use_lca);
+    }
+}
+
+/// The document: only `[policies.*]` is read, so the tables may live in
+/// `metasched.toml` beside its other tables.
 #[derive(Deserialize)]
 struct File {
     #[serde(default)]
-    policies: BTreeMap<String, toml::Value>,
+    policies: BTreeMap<String, toml::Spanned<PolicyKeys>>,
 }
 
 impl Policies {
@@ -131,27 +191,28 @@ impl Policies {
         Policies { by_name }
     }
 
-    /// Reads `[policies.<name>]` tables from a TOML document (other tables
-    /// are ignored, so this can read the whole `metasched.toml`).
+    /// [`Policies::from_toml_named`] for text without a file name.
     pub fn from_toml_str(s: &str) -> Result<Policies, PolicyError> {
-        let f: File = toml::from_str(s)?;
+        Policies::from_toml_named(s, "<policies>")
+    }
+
+    /// Reads `[policies.<name>]` tables from a TOML document (other tables
+    /// are ignored, so this can read the whole `metasched.toml`). Unknown
+    /// keys inside a policy table and invalid values are errors naming
+    /// `file:line:col`.
+    pub fn from_toml_named(s: &str, file: &str) -> Result<Policies, PolicyError> {
+        let at = |span: Option<std::ops::Range<usize>>, msg: String| {
+            let (line, col) = span.map(|r| crate::model::line_col(s, r.start)).unwrap_or((0, 0));
+            PolicyError::At { file: file.to_string(), line, col, msg }
+        };
+        let f: File = toml::from_str(s).map_err(|e| at(e.span(), e.message().trim().to_string()))?;
         let mut out = Policies::builtin();
-        for (name, v) in f.policies {
-            let base = out.by_name.get(&name).cloned().unwrap_or_else(Policy::cost);
-            let mut merged = toml::Value::try_from(&base)
-                .map_err(|e| PolicyError::Invalid { name: name.clone(), msg: e.to_string() })?;
-            if let (Some(m), Some(over)) = (merged.as_table_mut(), v.as_table()) {
-                for (k, x) in over {
-                    m.insert(k.clone(), x.clone());
-                }
-            } else {
-                return Err(PolicyError::Invalid { name, msg: "must be a table".into() });
-            }
-            let mut p: Policy = merged
-                .try_into()
-                .map_err(|e: toml::de::Error| PolicyError::Invalid { name: name.clone(), msg: e.to_string() })?;
+        for (name, keys) in f.policies {
+            let span = keys.span();
+            let mut p = out.by_name.get(&name).cloned().unwrap_or_else(Policy::cost);
+            keys.into_inner().apply(&mut p);
             p.name = name.clone();
-            p.valid().map_err(|msg| PolicyError::Invalid { name: name.clone(), msg })?;
+            p.valid().map_err(|msg| at(Some(span), format!("policy {name}: {msg}")))?;
             out.by_name.insert(name, p);
         }
         Ok(out)

@@ -636,6 +636,54 @@ fn waiting_for_spot_again_after_reclaims_is_priced() {
 }
 
 #[test]
+fn a_job_reclaimed_too_often_goes_on_demand() {
+    // `a` alone: on-demand 6.00, spot 1.00.
+    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
+    let m = fleet(&only_a);
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let mut st = FleetState::idle(&m);
+    let capped = Policy { spot_max_reclaims: 3, spot_max_lost_h: 2.0, ..Policy::cost() };
+    let pick = |st: &FleetState, reclaims: u32, lost_h: f64, p: &Policy| {
+        let mut pj = prepare(&m, &spec);
+        pj.spot_reclaims = reclaims;
+        pj.spot_lost_h = lost_h;
+        decide(&m, st, &pj, p).map(|x| x.pricing)
+    };
+    // Spot free now, and (second state) queued for: both end at the caps.
+    let mut queued = st.clone();
+    queued.clusters[0].pools[0].spot_available = false;
+    queued.clusters[0].pools[0].spot_wait_s = Some(3600.0);
+    for st in [&st, &queued] {
+        assert_eq!(pick(st, 0, 0.0, &capped), Some(Pricing::Spot));
+        assert_eq!(pick(st, 2, 1.9, &capped), Some(Pricing::Spot));
+        assert_eq!(pick(st, 3, 0.0, &capped), Some(Pricing::OnDemand), "reclaim cap");
+        assert_eq!(pick(st, 1, 2.0, &capped), Some(Pricing::OnDemand), "lost-work cap");
+        // 0 = no cap.
+        let uncapped = Policy { spot_max_reclaims: 0, spot_max_lost_h: 0.0, ..Policy::cost() };
+        assert_eq!(pick(st, 1000, 1000.0, &uncapped), Some(Pricing::Spot));
+    }
+    // The built-in policies cap.
+    assert!(Policy::cost().spot_max_reclaims > 0 && Policy::cost().spot_max_lost_h > 0.0);
+    assert_eq!(pick(&st, Policy::cost().spot_max_reclaims, 0.0, &Policy::cost()), Some(Pricing::OnDemand));
+    // A capped job running on-demand is not migrated back to spot.
+    let mut pj = prepare(&m, &spec);
+    pj.spot_reclaims = 3;
+    let run = RunningJob {
+        job: pj,
+        cluster: 0,
+        pool: 0,
+        pricing: Pricing::OnDemand,
+        remaining_s: 18.0 * 3600.0,
+        since_ckpt_s: 0.0,
+    };
+    st.clusters[0].pools[0].spot_available = true;
+    let margin = MigrationMargin::default();
+    assert!(propose_migrations_with(&m, &st, std::slice::from_ref(&run), &capped, &margin, true).is_empty());
+    let fresh = RunningJob { job: prepare(&m, &spec), ..run };
+    assert_eq!(propose_migrations_with(&m, &st, &[fresh], &capped, &margin, true).len(), 1);
+}
+
+#[test]
 fn a_migration_never_targets_spot_it_would_have_to_queue_for() {
     let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
     let m = fleet(&only_a);

@@ -4,7 +4,7 @@
 use fleet_api::{FleetMode, FleetOptions, GpuRequest, GpuScope, JobRequest};
 use fleet_engine::feeds::{parse_datetime_utc, PRICES_HEADER};
 use fleet_engine::{
-    parse_carbon, parse_duration, parse_egress, parse_prices, Directives, JobSpec, Parallelism, Policies,
+    parse_carbon, parse_duration, parse_egress, parse_prices, Directives, JobSpec, Parallelism, Policies, Policy,
 };
 
 #[test]
@@ -172,10 +172,52 @@ fn policies_from_toml() {
         "[server]\nport = 1\n[policies.cost]\ntime_value_usd_per_gpu_hour = 1.5\n[policies.night]\ncarbon_usd_per_kg = 0.3\n",
         Ok(&[("cost", 1.5, 0.0, true), ("night", 2.0, 0.3, true), ("green", 2.0, 1.0, true)]),
     );
-    check("[policies.cost]\ncarbon_usd_per_kg = -1\n", Err("carbon_usd_per_kg"));
-    check("[policies.cost]\nnope = 1\n", Err("nope"));
-    check("[policies.cost]\nallow_spot = 3\n", Err("policy cost"));
-    check("[policies\n", Err("TOML"));
+    // Errors name the file (`<policies>` without one), line and column.
+    check("[policies.cost]\ncarbon_usd_per_kg = -1\n", Err("<policies>:1:1: policy cost: carbon_usd_per_kg"));
+    check("[policies.cost]\nnope = 1\n", Err("<policies>:2:1: unknown field `nope`"));
+    check("[policies.cost]\nallow_spot = 3\n", Err("<policies>:2:14: invalid type"));
+    check("[policies.cost]\nspot_max_reclaims = -1\n", Err("<policies>:2:21:"));
+    check("[policies.green]\nspot_max_lost_h = inf\n", Err("policy green: spot_max_lost_h"));
+    check("[policies\n", Err("<policies>:1:"));
+    check("[policies]\ncost = 1\n", Err("<policies>:2:8: invalid type"));
+    // A typo three tables down, in another file.
+    let text = "[server]\nport = 1\n\n[policies.cost]\nspot_queue = false\n\n[policies.night]\nspot_max_reclaim = 2\n";
+    let e = Policies::from_toml_named(text, "metasched.toml").err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.starts_with("metasched.toml:8:1: unknown field `spot_max_reclaim`, expected one of"), "{e}");
+    // The new keys are read (and the rest comes from the built-in).
+    let p =
+        Policies::from_toml_str("[policies.cost]\nspot_max_reclaims = 2\nspot_max_lost_h = 1.5\nspot_queue = false\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+    let c = p.get("cost").cloned().unwrap_or_default();
+    assert_eq!((c.spot_max_reclaims, c.spot_max_lost_h, c.spot_queue), (2, 1.5, false));
+    assert_eq!(c.time_value_usd_per_gpu_hour, Policy::cost().time_value_usd_per_gpu_hour);
+}
+
+#[test]
+fn every_policy_key_is_accepted() {
+    // Each field of `Policy` (as serialized) is a key a policy table may set.
+    for base in [Policy::cost(), Policy::time(), Policy::green()] {
+        let mut t = toml::Table::try_from(&base).unwrap_or_default();
+        assert!(t.len() >= 8, "{t:?}");
+        // Flip every value so that reading it back proves it was read.
+        for (_, v) in t.iter_mut() {
+            let flipped = match &*v {
+                toml::Value::Boolean(b) => toml::Value::Boolean(!*b),
+                toml::Value::Float(f) => toml::Value::Float(*f + 0.5),
+                toml::Value::Integer(i) => toml::Value::Integer(*i + 1),
+                other => other.clone(),
+            };
+            *v = flipped;
+        }
+        let mut doc = toml::Table::new();
+        let mut ps = toml::Table::new();
+        ps.insert(base.name.clone(), toml::Value::Table(t.clone()));
+        doc.insert("policies".into(), toml::Value::Table(ps));
+        let text = toml::to_string(&doc).unwrap_or_default();
+        let got = Policies::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let back = toml::Table::try_from(got.get(&base.name).cloned().unwrap_or_default()).unwrap_or_default();
+        assert_eq!(back, t, "{text}");
+    }
 }
 
 #[test]
@@ -338,7 +380,15 @@ fn shipped_policy_file_parses() {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let p = Policies::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(p.names().collect::<Vec<_>>(), vec!["cost", "green", "time"]);
-    assert_eq!(p.get("green").map(|g| g.carbon_usd_per_kg), Some(1.0));
+    // The example is true: each table sets every key, to the built-in's value.
+    for b in [Policy::cost(), Policy::time(), Policy::green()] {
+        assert_eq!(p.get(&b.name), Some(&b), "{}", b.name);
+        let keys = toml::Table::try_from(&b).unwrap_or_default();
+        let file: toml::Table = text.parse().unwrap_or_default();
+        let table = file.get("policies").and_then(|t| t.get(&b.name)).and_then(|t| t.as_table()).cloned();
+        let written: Vec<&String> = table.as_ref().map(|t| t.keys().collect()).unwrap_or_default();
+        assert_eq!(written, keys.keys().collect::<Vec<_>>(), "[policies.{}] lists every key", b.name);
+    }
 }
 
 #[test]

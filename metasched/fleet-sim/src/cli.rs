@@ -216,6 +216,7 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
         fleet_toml: fleet_text,
         fleet_name: args.fleet.display().to_string(),
         policies_toml: policies_text,
+        policies_name: args.policies.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         carbon_csvs: carbon,
         egress_csvs: egress,
         prices_csv: prices,
@@ -268,6 +269,7 @@ pub fn sim_jobs(trace: &Trace, model: &mut EngineModel, args: &SimulateArgs) -> 
                 .interruptible
                 .unwrap_or(((r.id + 1) as f64 * share).floor() > (r.id as f64 * share).floor()),
             checkpoint_s: r.extra.checkpoint_s.unwrap_or(args.checkpoint_interval_s).max(0.0),
+            writes_no_checkpoints: false,
             extra: r.extra.clone(),
             team: r.home_label.clone(),
         })

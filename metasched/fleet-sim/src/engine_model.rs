@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use fleet_engine::engine::PreparedData;
 use fleet_engine::model::qualify_region;
 use fleet_engine::{
@@ -26,6 +26,8 @@ pub struct EngineSetup {
     pub fleet_name: String,
     /// `[policies.<name>]` tables; `None` = the engine's built-ins.
     pub policies_toml: Option<String>,
+    /// The policies file's name, for `file:line` in errors.
+    pub policies_name: String,
     /// (name, text) of carbon series CSVs.
     pub carbon_csvs: Vec<(String, String)>,
     /// (provider, text) of egress matrices.
@@ -117,7 +119,10 @@ impl EngineModel {
             }
         }
         let policies = match &setup.policies_toml {
-            Some(t) => Policies::from_toml_str(t).context("policies")?,
+            Some(t) => {
+                let name = if setup.policies_name.is_empty() { "<policies>" } else { &setup.policies_name };
+                Policies::from_toml_named(t, name)?
+            }
             None => Policies::builtin(),
         };
         let mut state = FleetState::idle(&fleet);
@@ -168,6 +173,10 @@ impl EngineModel {
             egress_weight: 1.0,
             allow_spot: false,
             spot_queue: false,
+            // The baselines relaunch on spot after every reclaim (managed-spot
+            // tools have no cap).
+            spot_max_reclaims: 0,
+            spot_max_lost_h: 0.0,
             use_lca: false,
         };
         baseline_policies.insert(HOME_ONLY, Policy { name: HOME_ONLY.into(), ..no_spot(&pure_price) });
@@ -696,6 +705,14 @@ impl Model for EngineModel {
         if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
             pj.done_fraction = done_fraction.clamp(0.0, 1.0);
             pj.resume_from = region;
+        }
+    }
+
+    fn spot_history(&mut self, job: &SimJob, reclaims: u32, lost_h: f64) {
+        self.prepared(job);
+        if let Some(Some(pj)) = self.prepared.get_mut(job.id) {
+            pj.spot_reclaims = reclaims;
+            pj.spot_lost_h = lost_h;
         }
     }
 

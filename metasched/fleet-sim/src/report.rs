@@ -29,6 +29,9 @@ pub struct PolicyReport {
     /// GPU-hours of work thrown away by preemptions, outages and migrations.
     pub lost_gpu_hours: f64,
     pub preemptions: u64,
+    /// Most spot reclaims any one job went through (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub max_reclaims_per_job: usize,
     pub outage_kills: u64,
     pub migrations: u64,
     /// Jobs that ran away from their home cluster.

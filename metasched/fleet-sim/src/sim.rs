@@ -46,10 +46,24 @@ pub struct SimJob {
     pub interruptible: bool,
     /// 0 = never checkpoints (an eviction loses everything).
     pub checkpoint_s: f64,
+    /// The job declares `checkpoint_s` (the engine is told it checkpoints) but
+    /// writes none: every eviction loses all its work (a broken job; tests).
+    pub writes_no_checkpoints: bool,
     /// GPU-model constraints and datasets of the generic trace format.
     pub extra: crate::trace::JobExtra,
     /// The trace's team label (cost per team in the report).
     pub team: String,
+}
+
+impl SimJob {
+    /// The interval of the checkpoints the job really writes (0 = none).
+    pub fn written_checkpoint_s(&self) -> f64 {
+        if self.writes_no_checkpoints {
+            0.0
+        } else {
+            self.checkpoint_s
+        }
+    }
 }
 
 /// The dynamic state of a pool handed to the model when it ranks offers.
@@ -219,6 +233,10 @@ pub trait Model {
     /// Progress of a job about to be placed again: the share of its work saved in
     /// a checkpoint and the cluster that holds it (`None`: a fresh start).
     fn resume(&mut self, _job: &SimJob, _done_fraction: f64, _ckpt_at: Option<usize>) {}
+    /// The job's spot history before it is placed again: times reclaimed from
+    /// spot and hours of run time those reclaims lost (the engine's policies
+    /// stop offering spot past their caps, `Policy::spot_max_reclaims`).
+    fn spot_history(&mut self, _job: &SimJob, _reclaims: u32, _lost_h: f64) {}
     /// Migration proposals for running interruptible jobs.
     fn rebalance(
         &mut self,
@@ -535,6 +553,9 @@ struct JobState {
     hold_budget_s: f64,
     /// Epoch of the run segment a carbon pause is pending for.
     pause_epoch: Option<u32>,
+    /// Times reclaimed from spot, and the run seconds those reclaims lost.
+    spot_reclaims: u32,
+    spot_lost_s: f64,
 }
 
 struct Sim<'a, M: Model> {
@@ -1083,6 +1104,10 @@ impl<M: Model> Sim<'_, M> {
     fn place(&mut self, j: usize, now: f64) {
         let done = self.js[j].progress_s / self.jobs[j].duration_s.max(1e-9);
         self.model.resume(&self.jobs[j], done, self.js[j].ckpt_at);
+        if self.js[j].spot_reclaims > 0 {
+            let s = &self.js[j];
+            self.model.spot_history(&self.jobs[j], s.spot_reclaims, s.spot_lost_s / 3600.0);
+        }
         match self.choose(j, now) {
             Some(o) => {
                 let d = self.carbon_hold(j, &o, now);
@@ -1377,8 +1402,9 @@ impl<M: Model> Sim<'_, M> {
         }
     }
 
-    /// Evict a running job: it keeps the work up to its last checkpoint.
-    fn evict(&mut self, j: usize, now: f64) {
+    /// Evict a running job: it keeps the work up to its last checkpoint. Returns
+    /// the run seconds lost (worked since that checkpoint).
+    fn evict(&mut self, j: usize, now: f64) -> f64 {
         let at = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool, o.spot));
         let speed = self.js[j].at.as_ref().map(|o| o.speed.max(1e-9)).unwrap_or(1.0);
         let price = self.js[j].at.as_ref().map(|o| o.usd_per_gpu_hour).unwrap_or(0.0);
@@ -1386,7 +1412,7 @@ impl<M: Model> Sim<'_, M> {
         // Work time of the segment (after setup); checkpoints every
         // `checkpoint_s` of it, each saving `checkpoint_s × speed` of work.
         let worked = (seg - self.js[j].setup_s).max(0.0);
-        let ck = self.jobs[j].checkpoint_s;
+        let ck = self.jobs[j].written_checkpoint_s();
         let saved = if ck > 0.0 { (worked / ck).floor() * ck } else { 0.0 };
         if saved > 0.0 {
             self.js[j].progress_s = (self.js[j].progress_s + saved * speed).min(self.jobs[j].duration_s);
@@ -1398,6 +1424,7 @@ impl<M: Model> Sim<'_, M> {
         if let Some(k) = at {
             self.spend.entry(k).or_default().lost_gpu_hours += lost / 3600.0;
         }
+        worked - saved
     }
 
     fn spot_change(&mut self, c: usize, p: usize, f: f64, now: f64) {
@@ -1409,7 +1436,10 @@ impl<M: Model> Sim<'_, M> {
             let Some(&j) = self.pools[c][p].running_spot.last() else {
                 break;
             };
-            self.evict(j, now);
+            let lost_s = self.evict(j, now);
+            let s = &mut self.js[j];
+            s.spot_reclaims += 1;
+            s.spot_lost_s += lost_s;
             evicted.push(j);
         }
         self.preemptions += evicted.len() as u64;
@@ -1471,8 +1501,11 @@ impl<M: Model> Sim<'_, M> {
                     let Some(o) = s.at.as_ref() else { continue };
                     let worked = (now - start - s.setup_s).max(0.0);
                     let speed = o.speed.max(1e-9);
-                    let since =
-                        if job.checkpoint_s > 0.0 { worked % job.checkpoint_s } else { worked + s.progress_s / speed };
+                    let since = if job.written_checkpoint_s() > 0.0 {
+                        worked % job.checkpoint_s
+                    } else {
+                        worked + s.progress_s / speed
+                    };
                     running.push(RunningJob {
                         job: j,
                         cluster: ci,
@@ -1601,6 +1634,7 @@ impl<M: Model> Sim<'_, M> {
             kg_co2: self.kg_co2,
             lost_gpu_hours: self.lost_gpu_s / 3600.0,
             preemptions: self.preemptions,
+            max_reclaims_per_job: self.js.iter().map(|s| s.spot_reclaims as usize).max().unwrap_or(0),
             outage_kills: self.outage_kills,
             migrations: self.migrations,
             moved_jobs: moved,

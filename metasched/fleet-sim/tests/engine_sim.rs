@@ -206,6 +206,45 @@ fn spot_trace_drops_preempt_engine_spot_jobs() {
 }
 
 #[test]
+fn a_job_that_writes_no_checkpoints_stops_using_spot_at_the_caps() {
+    // Every job says it checkpoints every 30 min (so the engine queues it for
+    // spot) but writes none: each reclaim loses all its work. Spot on `cheap`
+    // drops to half and then to nothing every 4 h, so no job longer than a
+    // spot window can finish there; without a cap such a job would wait for
+    // spot again after every reclaim, for ever.
+    let l = loaded(vec![spot_trace()]);
+    let run = |policies: &str| {
+        let s = EngineSetup { policies_toml: Some(policies.into()), ..l.setup.clone() };
+        let mut model = EngineModel::new(&s, l.trace.epoch_unix as f64).unwrap();
+        let mut a = args(&["--policy", "cost", "--checkpoint-interval-s", "1800"]);
+        a.interruptible_share = 1.0;
+        let mut jobs = fleet_sim::cli::sim_jobs(&l.trace, &mut model, &a).unwrap();
+        for j in &mut jobs {
+            j.writes_no_checkpoints = true;
+        }
+        model.assign_spot_traces(&l.spot);
+        let r = simulate(&mut model, Strategy::Engine("cost".into()), &jobs, &l.spot, &SimConfig::default(), &|_| {});
+        let gpus: f64 = jobs.iter().map(|j| j.gpus as f64).sum();
+        (r, gpus)
+    };
+    // At most 3 reclaims per job: all end, and the cap is what ended some.
+    let (r, _) = run("[policies.cost]\nspot_max_reclaims = 3\nspot_max_lost_h = 0\n");
+    assert_eq!(r.completed, 60, "{r:?}");
+    assert_eq!(r.max_reclaims_per_job, 3, "{r:?}");
+    // At most 1 h of run lost before the job goes on-demand: all end; no job
+    // loses more than that hour plus the segment that crossed it (a spot
+    // window here is at most 4 h).
+    let (r1, gpus) = run("[policies.cost]\nspot_max_reclaims = 0\nspot_max_lost_h = 1\n");
+    assert_eq!(r1.completed, 60, "{r1:?}");
+    assert!(r1.preemptions > 0);
+    assert!(r1.lost_gpu_hours <= gpus * (1.0 + 4.0), "{} GPU-h lost", r1.lost_gpu_hours);
+    // The built-in caps end it too.
+    let (r2, _) = run("");
+    assert_eq!(r2.completed, 60, "{r2:?}");
+    assert!(r2.max_reclaims_per_job <= fleet_engine::policy::SPOT_MAX_RECLAIMS as usize);
+}
+
+#[test]
 fn outage_of_the_cheap_cluster_sends_work_elsewhere() {
     let l = loaded(vec![]);
     let r = run_loaded(&args(&["--policy", "cost", "--outage", "cheap:1:3"]), &l).unwrap();
