@@ -61,9 +61,10 @@ impl JobSubmitPlugin for FleetSubmit {
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let t0 = Instant::now();
         let cfg = self.config();
-        let (outcome, result) = self.decide(&cfg, job, submit_uid);
+        let mut asked = false;
+        let (outcome, result) = self.decide(&cfg, job, submit_uid, &mut asked);
         let us = t0.elapsed().as_micros() as u64;
-        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, us)).unwrap_or(None) {
+        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, asked, us)).unwrap_or(None) {
             log::info(&line);
         }
         result
@@ -103,13 +104,22 @@ impl FleetSubmit {
         cfg
     }
 
-    fn decide(&self, cfg: &PluginConfig, job: &mut JobDesc<'_>, uid: u32) -> (stats::Outcome, Result<(), Reject>) {
+    /// What to do with the job; `asked` is set when the agent was asked.
+    fn decide(
+        &self,
+        cfg: &PluginConfig,
+        job: &mut JobDesc<'_>,
+        uid: u32,
+        asked: &mut bool,
+    ) -> (stats::Outcome, Result<(), Reject>) {
         use stats::Outcome;
-        let prepared = match build_request(job, cfg, uid) {
+        // Only what placement reads first: a job that stays home costs no
+        // copy of its script or environment.
+        let prepared = match request::prepare(job, cfg, uid) {
             Ok(p) => p,
             Err(rej) => return (Outcome::Reject, Err(rej)),
         };
-        let req = match prepared {
+        let mut req = match prepared {
             Prepared::Untouched => return (Outcome::Skip, Ok(())),
             Prepared::Ask(req) => req,
             Prepared::Hetjob(req, offset) => return self.hetjob(cfg, &req, offset),
@@ -120,6 +130,7 @@ impl FleetSubmit {
         if req.fleet == Default::default() && self.view.stays_home(cfg, &req) {
             return (Outcome::Local, Ok(()));
         }
+        request::complete(job, cfg, &mut req);
         // A job array never asks the agent: one the view sends away becomes
         // an array of deferred stand-ins, each element forwarded when Slurm
         // starts it (its throttle and dependencies are slurmctld's).
@@ -134,6 +145,7 @@ impl FleetSubmit {
                 return self.defer(cfg, job, req, target, "ForwardMode=deferred");
             }
         }
+        *asked = true;
         let (reply, req) = client::ask(&cfg.socket, req, cfg.timeout);
         match reply {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
