@@ -37,7 +37,7 @@ use slurm::job_submit::{JobSubmitPlugin, Reject};
 use slurm::{log, sys};
 
 pub use config::PluginConfig;
-pub use request::{build_request, Prepared};
+pub use request::{build_request, complete, prepare, Prepared};
 
 pub struct FleetSubmit {
     config: config::LiveConfig,
