@@ -27,8 +27,10 @@
 #     without sbatch's and munge's client-side time;
 #   - plugin hook: job_submit_fleet's own statistics, logged by its fini() when
 #     the bench unloads it after each round (`job_submit/fleet: stats last=N
-#     p50_us=.. p99_us=.. max_us=..`, warm-up calls included); reported as the
-#     median of the per-round p50s and the max of the per-round p99s.
+#     p50_us=.. p99_us=.. max_us=..`, warm-up calls included; each load of the
+#     plugin counts afresh); reported as the median of the per-round p50s and
+#     the max of the per-round p99s. `asked=N` counts the calls that made the
+#     agent round trip: 0 in LOCAL and deferred rounds when the view answers.
 #
 # Environment: BENCH_ROUNDS (5), BENCH_JOBS (100 per round), BENCH_WARMUP (5),
 #   BENCH_PARALLEL (1), BENCH_CONFIGS ("none local forward lua"),
@@ -261,7 +263,7 @@ for cfg in forward deferred; do
 done
 for cfg in local forward deferred; do
   [[ -s $OUT/$cfg.stats ]] || continue
-  echo "job_submit_fleet outcomes in ($cfg) rounds (warm-up included): $(awk '{for (i=1;i<=NF;i++) if ($i ~ /^(skip|local|forward|reject|failopen|deferred)=/) {split($i,kv,"="); t[kv[1]]+=kv[2]}} END{printf "skip=%d local=%d forward=%d reject=%d failopen=%d deferred=%d", t["skip"], t["local"], t["forward"], t["reject"], t["failopen"], t["deferred"]}' "$OUT/$cfg.stats")"
+  echo "job_submit_fleet outcomes in ($cfg) rounds (warm-up included): $(awk '{for (i=1;i<=NF;i++) if ($i ~ /^(skip|local|forward|reject|failopen|deferred|asked)=/) {split($i,kv,"="); t[kv[1]]+=kv[2]}} END{printf "skip=%d local=%d forward=%d reject=%d failopen=%d deferred=%d asked=%d (agent round trips)", t["skip"], t["local"], t["forward"], t["reject"], t["failopen"], t["deferred"], t["asked"]}' "$OUT/$cfg.stats")"
 done
 if [[ -s $OUT/sbatch.err ]]; then log "sbatch errors (first lines of $OUT/sbatch.err):"; head -5 "$OUT/sbatch.err" >&2; fi
 if [[ " ${CONFIGS[*]} " == *" forward "* || " ${CONFIGS[*]} " == *" deferred "* ]]; then

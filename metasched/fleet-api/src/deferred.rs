@@ -80,8 +80,8 @@ pub fn shell_quote(s: &str) -> String {
 /// heredoc data the shell never reads.
 pub fn embed(head: &str, payload: &Payload) -> Result<String, String> {
     let json = serde_json::to_vec(payload).map_err(|e| format!("encoding the deferred request: {e}"))?;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(json);
-    let mut out = String::with_capacity(head.len() + b64.len() + b64.len() / LINE + 128);
+    let b64_len = json.len().div_ceil(3) * 4;
+    let mut out = String::with_capacity(head.len() + b64_len + b64_len / LINE + 128);
     out.push_str(head);
     if !head.ends_with('\n') {
         out.push('\n');
@@ -93,9 +93,11 @@ pub fn embed(head: &str, payload: &Payload) -> Result<String, String> {
     out.push_str("'\n");
     out.push_str(BEGIN);
     out.push('\n');
-    for chunk in b64.as_bytes().chunks(LINE) {
-        // base64 output is ASCII: every chunk boundary is a char boundary.
-        out.push_str(std::str::from_utf8(chunk).map_err(|e| e.to_string())?);
+    // Each line encodes LINE / 4 * 3 bytes (no padding but on the last):
+    // the lines of one base64 string cut every LINE characters.
+    const _: () = assert!(LINE.is_multiple_of(4));
+    for chunk in json.chunks(LINE / 4 * 3) {
+        base64::engine::general_purpose::STANDARD.encode_string(chunk, &mut out);
         out.push('\n');
     }
     out.push_str(END);
@@ -213,6 +215,10 @@ mod tests {
     fn round_trip(script: &[u8]) {
         let p = payload(script);
         let s = embed(HEAD, &p).unwrap();
+        // The payload is the request's base64, cut every LINE characters.
+        let b64 = base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(&p).unwrap());
+        let lines: Vec<&str> = b64.as_bytes().chunks(LINE).map(|c| std::str::from_utf8(c).unwrap()).collect();
+        assert_eq!(s, format!("{HEAD}exit 111\n: <<'{END}'\n{BEGIN}\n{}\n{END}\n", lines.join("\n")));
         assert!(s.starts_with(HEAD));
         assert_eq!(parse(s.as_bytes()).unwrap(), p);
         // The delimiter appears exactly once as a whole line after the opener.

@@ -37,7 +37,7 @@ use slurm::job_submit::{JobSubmitPlugin, Reject};
 use slurm::{log, sys};
 
 pub use config::PluginConfig;
-pub use request::{build_request, Prepared};
+pub use request::{build_request, complete, prepare, Prepared};
 
 pub struct FleetSubmit {
     config: config::LiveConfig,
@@ -61,9 +61,10 @@ impl JobSubmitPlugin for FleetSubmit {
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let t0 = Instant::now();
         let cfg = self.config();
-        let (outcome, result) = self.decide(&cfg, job, submit_uid);
+        let mut asked = false;
+        let (outcome, result) = self.decide(&cfg, job, submit_uid, &mut asked);
         let us = t0.elapsed().as_micros() as u64;
-        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, us)).unwrap_or(None) {
+        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, asked, us)).unwrap_or(None) {
             log::info(&line);
         }
         result
@@ -103,13 +104,22 @@ impl FleetSubmit {
         cfg
     }
 
-    fn decide(&self, cfg: &PluginConfig, job: &mut JobDesc<'_>, uid: u32) -> (stats::Outcome, Result<(), Reject>) {
+    /// What to do with the job; `asked` is set when the agent was asked.
+    fn decide(
+        &self,
+        cfg: &PluginConfig,
+        job: &mut JobDesc<'_>,
+        uid: u32,
+        asked: &mut bool,
+    ) -> (stats::Outcome, Result<(), Reject>) {
         use stats::Outcome;
-        let prepared = match build_request(job, cfg, uid) {
+        // Only what placement reads first: a job that stays home costs no
+        // copy of its script or environment.
+        let prepared = match request::prepare(job, cfg, uid) {
             Ok(p) => p,
             Err(rej) => return (Outcome::Reject, Err(rej)),
         };
-        let req = match prepared {
+        let mut req = match prepared {
             Prepared::Untouched => return (Outcome::Skip, Ok(())),
             Prepared::Ask(req) => req,
             Prepared::Hetjob(req, offset) => return self.hetjob(cfg, &req, offset),
@@ -120,6 +130,7 @@ impl FleetSubmit {
         if req.fleet == Default::default() && self.view.stays_home(cfg, &req) {
             return (Outcome::Local, Ok(()));
         }
+        request::complete(job, cfg, &mut req);
         // A job array never asks the agent: one the view sends away becomes
         // an array of deferred stand-ins, each element forwarded when Slurm
         // starts it (its throttle and dependencies are slurmctld's).
@@ -134,6 +145,7 @@ impl FleetSubmit {
                 return self.defer(cfg, job, req, target, "ForwardMode=deferred");
             }
         }
+        *asked = true;
         let (reply, req) = client::ask(&cfg.socket, req, cfg.timeout);
         match reply {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
@@ -491,5 +503,89 @@ mod tests {
         assert!(deferred_plan(&cfg, big, "alpha", "t").unwrap_err().contains("MaxScriptBytes"));
         cfg.metasched_url = None;
         assert!(deferred_plan(&cfg, req, "alpha", "t").unwrap_err().contains("MetaSchedulerUrl"));
+    }
+}
+
+#[cfg(test)]
+mod hook_tests {
+    use super::*;
+    use slurm::job_desc::free_test_descriptor;
+    use std::time::Duration;
+
+    fn view(free_a100: u32) -> String {
+        let c = |name: &str, ty: &str, free: u32| {
+            format!(
+                r#"{{"name":"{name}","region":"r","provider":"onprem","scheduler":"slurm","healthy":true,"heartbeat_age_s":0.5,"queue_pending":0,"queue_running":0,"gpus":[{{"gpu_type":"{ty}","total":16,"free":{free},"max_per_node":8,"nodes":2}}]}}"#
+            )
+        };
+        format!(r#"{{"generated_at":0,"clusters":[{},{}]}}"#, c("alpha", "h100", 16), c("beta", "a100", free_a100))
+    }
+
+    /// One `job_submit` of an sbatch job asking for `gres`: the outcome
+    /// counters after it and the partition it ends in.
+    fn submit(plugin: &FleetSubmit, gres: &str) -> (String, Option<String>) {
+        let mut d = JobDesc::test_descriptor();
+        let part = {
+            let mut jd = JobDesc::from_box(&mut d);
+            jd.set(StrField::Script, Some("#!/bin/sh\ntrue\n"));
+            jd.set(StrField::TresPerNode, Some(gres));
+            jd.set(StrField::Partition, Some("gpu"));
+            jd.set_num(NumField::UserId, 1001);
+            assert_eq!(plugin.submit(&mut jd, 1001), Ok(()));
+            jd.get(StrField::Partition).map(|p| p.into_owned())
+        };
+        free_test_descriptor(d);
+        (plugin.stats.lock().unwrap().summary().unwrap(), part)
+    }
+
+    #[test]
+    fn jobs_that_stay_home_never_ask_the_agent_while_the_view_is_republished() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("agent");
+        std::fs::create_dir_all(&spool).unwrap();
+        let conf = dir.path().join("fleet.conf");
+        // No agent serves the socket; a view ages out after 1 s.
+        std::fs::write(
+            &conf,
+            format!(
+                "SiteName=beta\nMetaSchedulerUrl=https://m.example:8443\nAgentSocket={}\nAgentSpoolDir={}\nViewMaxAgeMs=1000\nForwardMode=deferred\n",
+                dir.path().join("none.sock").display(),
+                spool.display()
+            ),
+        )
+        .unwrap();
+        let publish = |free: u32| {
+            let tmp = spool.join("view.json.tmp");
+            std::fs::write(&tmp, view(free)).unwrap();
+            std::fs::rename(&tmp, spool.join("view.json")).unwrap();
+        };
+        publish(16);
+        serde_json::from_str::<fleet_api::api::FleetView>(&view(16)).expect("a view the agent would publish");
+        std::env::set_var("FLEET_CONF", &conf);
+        let plugin = FleetSubmit::init().unwrap();
+        let (line, part) = submit(&plugin, "gres:gpu:a100:1");
+        assert!(line.contains(" local=1 ") && line.ends_with(" asked=0"), "{line}");
+        assert_eq!(part.as_deref(), Some("gpu"));
+        // The agent republishes the view (as every heartbeat) for longer
+        // than ViewMaxAgeMs: the plugin's watcher keeps up, so the next
+        // jobs are still answered from the view, without a round trip.
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(300));
+            publish(16);
+        }
+        std::thread::sleep(view::POLL * 3);
+        let (line, _) = submit(&plugin, "gres:gpu:a100:1");
+        assert!(line.contains(" local=2 ") && line.ends_with(" asked=0"), "{line}");
+        // A job the view sends away becomes a deferred stand-in, no round trip.
+        let (line, part) = submit(&plugin, "gres:gpu:h100:8");
+        assert!(line.contains(" deferred=1 ") && line.ends_with(" asked=0"), "{line}");
+        assert_eq!(part.as_deref(), Some("fleet"));
+        // Without fresh views (the agent stopped publishing) a job that
+        // could leave asks the agent, which is not there: it stays (fail open).
+        std::thread::sleep(Duration::from_millis(1100));
+        let (line, part) = submit(&plugin, "gres:gpu:a100:1");
+        assert!(line.contains(" failopen=1 ") && line.ends_with(" asked=1"), "{line}");
+        assert_eq!(part.as_deref(), Some("gpu"));
+        plugin.fini();
     }
 }

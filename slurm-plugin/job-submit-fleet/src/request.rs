@@ -103,7 +103,22 @@ fn is_test_only(job: &mut JobDesc<'_>) -> bool {
 
 /// Read the submission. Errors are the user's: bad `--fleet*` values or a
 /// GPU request that does not parse; they reject the job with a message.
+/// The whole request: [`prepare`] then [`complete`].
 pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<Prepared, Reject> {
+    let mut prepared = prepare(job, config, uid)?;
+    if let Prepared::Ask(req) | Prepared::Hetjob(req, _) = &mut prepared {
+        complete(job, config, req);
+    }
+    Ok(prepared)
+}
+
+/// The origin's rules and the part of the request placement reads
+/// ([`fleet_api::placement`]: GPUs, nodes, tasks, CPUs, memory,
+/// constraint, the `--fleet*` options, what no other cluster can honour),
+/// without copying the script, the environment or the other text fields:
+/// enough to tell that a job stays home. [`complete`] adds the rest for a
+/// job that may leave.
+pub fn prepare(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<Prepared, Reject> {
     origin_rules(job, config, uid)?;
     // salloc / srun allocations carry no batch script: left alone.
     if !job.is_batch() {
@@ -111,8 +126,7 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
     }
     // A job forwarded to this cluster by Fleet is never forwarded again.
     if job
-        .environment()
-        .iter()
+        .environment_iter()
         .any(|e| e.starts_with(FORWARDED_ENV.as_bytes()) && e.get(FORWARDED_ENV.len()) == Some(&b'='))
     {
         return Ok(Prepared::Untouched);
@@ -135,59 +149,36 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
     // A job array is read like any job: its elements are forwarded one by
     // one as deferred stand-ins when the published view sends it away.
     let is_array = job.bytes(StrField::ArrayInx).is_some_and(|b| !b.is_empty());
-    let tres: Vec<(StrField, Option<String>)> =
-        [StrField::TresPerJob, StrField::TresPerNode, StrField::TresPerTask, StrField::TresPerSocket]
-            .into_iter()
-            .map(|f| (f, job.get(f).map(|s| s.into_owned())))
-            .collect();
+    let [per_job, per_node, per_task, per_socket] = TRES_FIELDS.map(|f| job.get(f).map(|s| s.into_owned()));
     let gpus = slurm_conf::tres::parse_job_tres(
-        tres[0].1.as_deref(),
-        tres[1].1.as_deref(),
-        tres[2].1.as_deref(),
-        tres[3].1.as_deref(),
+        per_job.as_deref(),
+        per_node.as_deref(),
+        per_task.as_deref(),
+        per_socket.as_deref(),
     )
     .map_err(|e| Reject { code: sys::ESLURM_INVALID_GRES as i32, message: format!("fleet: {e}") })?;
     if gpus.is_empty() && fleet == Default::default() {
         return Ok(Prepared::Untouched);
     }
 
-    let mut non_utf8 = Vec::new();
-    let mut text = |job: &mut JobDesc<'_>, f: StrField| -> Option<String> {
-        if !job.is_utf8(f) {
-            non_utf8.push(f.name().to_string());
-        }
-        job.get(f).map(|s| s.into_owned()).filter(|s| !s.is_empty())
-    };
-    let account = text(job, StrField::Account);
-    let partition = text(job, StrField::Partition);
-    let name = text(job, StrField::Name);
-    let work_dir = text(job, StrField::WorkDir);
-    let std_out = text(job, StrField::StdOut);
-    let std_err = text(job, StrField::StdErr);
-    let comment = text(job, StrField::Comment);
-    let constraint = text(job, StrField::Features);
-    let mail_user = text(job, StrField::MailUser);
-    let qos = text(job, StrField::Qos);
-    let licenses = text(job, StrField::Licenses);
-    let dependency = text(job, StrField::Dependency);
-    let script_bytes = job.bytes(StrField::Script).map(<[u8]>::to_vec).unwrap_or_default();
-    let (script, script_len) = if script_bytes.len() as u64 > config.max_script_bytes {
-        (None, Some(script_bytes.len() as u64))
-    } else {
-        (Some(script_bytes), None)
-    };
-    let (env, env_dropped) = environment(job);
-    let export_env = env.iter().find_map(|e| e.strip_prefix("SLURM_EXPORT_ENV=")).map(str::to_string);
-    let mut not_carried = not_carried(job, tres[1].1.as_deref());
+    let constraint = job.get(StrField::Features).map(|s| s.into_owned()).filter(|s| !s.is_empty());
+    let mut not_carried = not_carried(job, per_node.as_deref());
     // Options sbatch passes in the job's environment only.
-    if env.iter().any(|e| e.starts_with("SLURM_RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U')))
-    {
+    let mut export_env = false;
+    let (mut propagate, mut get_user_env) = (false, false);
+    carried_env(job, |e| {
+        if let Some(name) = e.strip_prefix("SLURM_") {
+            export_env |= name.starts_with("EXPORT_ENV=");
+            propagate |= name.starts_with("RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U'));
+            get_user_env |= name == "GET_USER_ENV=1";
+        }
+    });
+    if propagate {
         not_carried.push("--propagate".into());
     }
-    if export_env.is_none() && env.iter().any(|e| e == "SLURM_GET_USER_ENV=1") {
+    if !export_env && get_user_env {
         not_carried.push("--get-user-env".into());
     }
-    let tres_raw = tres.into_iter().filter_map(|(f, v)| v.map(|v| (f.name().to_string(), v))).collect();
 
     let mem = job.num(NumField::PnMinMemory);
     let (mem_per_node_mb, mem_per_cpu_mb) = match mem {
@@ -201,72 +192,97 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
     };
     let mem_per_gpu_mb = per_gpu(job, StrField::MemPerTres);
     let cpus_per_gpu = per_gpu(job, StrField::CpusPerTres).map(|c| c as u32);
-    let shared = job.num(NumField::Shared);
-    let warn_signal = opt_u32(job.num(NumField::WarnSignal), NO_VAL16.into()).map(|s| s as u16);
-    let warn_flags = job.num(NumField::WarnFlags);
-    let warn_flags = if warn_flags == u64::from(NO_VAL16) { 0 } else { warn_flags };
-    let begin = job.num(NumField::BeginTime) as i64;
 
     let req = Box::new(JobRequest {
         origin: config.site.clone(),
         user_id: job.num(NumField::UserId) as u32,
         group_id: job.num(NumField::GroupId) as u32,
-        user_name: None,
-        account,
-        partition,
-        name,
         min_nodes: opt_u32(job.num(NumField::MinNodes), NO_VAL.into()),
         max_nodes: opt_u32(job.num(NumField::MaxNodes), NO_VAL.into()),
         num_tasks: opt_u32(job.num(NumField::NumTasks), NO_VAL.into()),
         ntasks_per_node: opt_u32(job.num(NumField::NtasksPerNode), NO_VAL16.into()),
         cpus_per_task: opt_u32(job.num(NumField::CpusPerTask), NO_VAL16.into()),
-        time_limit_min: opt_u32(job.num(NumField::TimeLimit), NO_VAL.into()).filter(|&t| t != slurm::INFINITE),
         gpus,
-        tres_raw,
-        script,
-        script_len,
-        work_dir,
-        std_out,
-        std_err,
-        env,
-        env_dropped,
         is_array,
-        array_env: Vec::new(),
-        non_utf8_fields: non_utf8,
         fleet,
         mem_per_node_mb,
         mem_per_cpu_mb,
         mem_per_gpu_mb,
         cpus_per_gpu,
-        exclusive: match shared {
-            0 => Some(Exclusive::Node),
-            2 => Some(Exclusive::User),
-            3 => Some(Exclusive::Mcs),
-            _ => None,
-        },
-        oversubscribe: shared == 1,
-        contiguous: job.num(NumField::Contiguous) == 1,
         constraint,
-        warn_signal,
-        warn_time: warn_signal.and(opt_u32(job.num(NumField::WarnTime), NO_VAL16.into()).map(|t| t as u16)),
-        warn_batch_only: warn_signal.is_some() && warn_flags & KILL_JOB_BATCH != 0,
-        warn_resv: warn_signal.is_some() && warn_flags & KILL_JOB_RESV != 0,
-        comment,
-        mail_type: fleet_api::sbatch::mail_type_names(job.num(NumField::MailType) as u16),
-        mail_user,
-        time_min: opt_u32(job.num(NumField::TimeMin), NO_VAL.into()).filter(|&t| t != slurm::INFINITE),
-        export_env,
-        qos,
-        licenses,
-        begin_time: (begin > 0).then_some(begin),
-        dependency,
-        hold: job.num(NumField::Priority) == 0,
         not_carried,
+        ..JobRequest::default()
     });
     Ok(match het_offset {
         Some(o) => Prepared::Hetjob(req, o),
         None => Prepared::Ask(req),
     })
+}
+
+/// The GPU request fields, in [`slurm_conf::tres::parse_job_tres`]'s order.
+const TRES_FIELDS: [StrField; 4] =
+    [StrField::TresPerJob, StrField::TresPerNode, StrField::TresPerTask, StrField::TresPerSocket];
+
+/// The rest of a request [`prepare`] read: the script, the environment,
+/// the text fields and the other options, for the agent or a deferred
+/// stand-in.
+pub fn complete(job: &mut JobDesc<'_>, config: &PluginConfig, req: &mut JobRequest) {
+    let mut non_utf8 = Vec::new();
+    let mut text = |job: &mut JobDesc<'_>, f: StrField| -> Option<String> {
+        if !job.is_utf8(f) {
+            non_utf8.push(f.name().to_string());
+        }
+        job.get(f).map(|s| s.into_owned()).filter(|s| !s.is_empty())
+    };
+    req.account = text(job, StrField::Account);
+    req.partition = text(job, StrField::Partition);
+    req.name = text(job, StrField::Name);
+    req.work_dir = text(job, StrField::WorkDir);
+    req.std_out = text(job, StrField::StdOut);
+    req.std_err = text(job, StrField::StdErr);
+    req.comment = text(job, StrField::Comment);
+    // Read by `prepare`; checked here, in its place among the fields.
+    let _ = text(job, StrField::Features);
+    req.mail_user = text(job, StrField::MailUser);
+    req.qos = text(job, StrField::Qos);
+    req.licenses = text(job, StrField::Licenses);
+    req.dependency = text(job, StrField::Dependency);
+    req.non_utf8_fields = non_utf8;
+    let script = job.bytes(StrField::Script).unwrap_or_default();
+    (req.script, req.script_len) = if script.len() as u64 > config.max_script_bytes {
+        (None, Some(script.len() as u64))
+    } else {
+        (Some(script.to_vec()), None)
+    };
+    let (env, env_dropped) = environment(job);
+    req.export_env = env.iter().find_map(|e| e.strip_prefix("SLURM_EXPORT_ENV=")).map(str::to_string);
+    req.env = env;
+    req.env_dropped = env_dropped;
+    req.tres_raw =
+        TRES_FIELDS.into_iter().filter_map(|f| job.get(f).map(|v| (f.name().to_string(), v.into_owned()))).collect();
+
+    let shared = job.num(NumField::Shared);
+    let warn_signal = opt_u32(job.num(NumField::WarnSignal), NO_VAL16.into()).map(|s| s as u16);
+    let warn_flags = job.num(NumField::WarnFlags);
+    let warn_flags = if warn_flags == u64::from(NO_VAL16) { 0 } else { warn_flags };
+    let begin = job.num(NumField::BeginTime) as i64;
+    req.time_limit_min = opt_u32(job.num(NumField::TimeLimit), NO_VAL.into()).filter(|&t| t != slurm::INFINITE);
+    req.exclusive = match shared {
+        0 => Some(Exclusive::Node),
+        2 => Some(Exclusive::User),
+        3 => Some(Exclusive::Mcs),
+        _ => None,
+    };
+    req.oversubscribe = shared == 1;
+    req.contiguous = job.num(NumField::Contiguous) == 1;
+    req.warn_signal = warn_signal;
+    req.warn_time = warn_signal.and(opt_u32(job.num(NumField::WarnTime), NO_VAL16.into()).map(|t| t as u16));
+    req.warn_batch_only = warn_signal.is_some() && warn_flags & KILL_JOB_BATCH != 0;
+    req.warn_resv = warn_signal.is_some() && warn_flags & KILL_JOB_RESV != 0;
+    req.mail_type = fleet_api::sbatch::mail_type_names(job.num(NumField::MailType) as u16);
+    req.time_min = opt_u32(job.num(NumField::TimeMin), NO_VAL.into()).filter(|&t| t != slurm::INFINITE);
+    req.begin_time = (begin > 0).then_some(begin);
+    req.hold = job.num(NumField::Priority) == 0;
 }
 
 /// Options on the job that no other cluster can honour, as
@@ -369,19 +385,28 @@ fn not_carried(job: &mut JobDesc<'_>, tres_per_node: Option<&str>) -> Vec<String
     out
 }
 
-/// The job's environment as the target will need it: UTF-8 entries up to
-/// `MAX_ENV_BYTES` in all; the number left out is the second value.
-fn environment(job: &JobDesc<'_>) -> (Vec<String>, u32) {
-    let (mut env, mut dropped, mut bytes) = (Vec::new(), 0u32, 0usize);
-    for entry in job.environment() {
+/// Calls `f` with each entry of the job's environment the target gets
+/// (UTF-8 entries, up to `MAX_ENV_BYTES` in all, in order); returns how
+/// many were left out. Copies nothing.
+fn carried_env(job: &JobDesc<'_>, mut f: impl FnMut(&str)) -> u32 {
+    let (mut dropped, mut bytes) = (0u32, 0usize);
+    for entry in job.environment_iter() {
         match std::str::from_utf8(entry) {
             Ok(s) if bytes + s.len() <= fleet_api::job::MAX_ENV_BYTES => {
                 bytes += s.len();
-                env.push(s.to_string());
+                f(s);
             }
             _ => dropped += 1,
         }
     }
+    dropped
+}
+
+/// The job's environment as the target will need it ([`carried_env`]);
+/// the number left out is the second value.
+fn environment(job: &JobDesc<'_>) -> (Vec<String>, u32) {
+    let mut env = Vec::with_capacity(job.environment_len());
+    let dropped = carried_env(job, |s| env.push(s.to_string()));
     (env, dropped)
 }
 
@@ -412,6 +437,17 @@ mod tests {
         env: &[&str],
         uid: u32,
     ) -> Result<Prepared, Reject> {
+        with_descriptor(fields, nums, spank, env, |jd| build_request(jd, &config(), uid))
+    }
+
+    /// `f` on a descriptor made of these fields, spank options and environment.
+    fn with_descriptor<T>(
+        fields: &[(StrField, &str)],
+        nums: &[(NumField, u64)],
+        spank: &[&str],
+        env: &[&str],
+        f: impl FnOnce(&mut JobDesc<'_>) -> T,
+    ) -> T {
         let mut d = JobDesc::test_descriptor();
         let spank = cstrings(spank);
         let mut sptrs: Vec<*mut std::ffi::c_char> = spank.iter().map(|c| c.as_ptr() as *mut _).collect();
@@ -429,7 +465,7 @@ mod tests {
             for (f, v) in nums {
                 jd.set_num(*f, *v);
             }
-            build_request(&mut jd, &config(), uid)
+            f(&mut jd)
         };
         d.spank_job_env = std::ptr::null_mut();
         d.spank_job_env_size = 0;
@@ -477,6 +513,43 @@ mod tests {
         let Ok(Prepared::Ask(r)) = out else { panic!("{out:?}") };
         assert_eq!(r.env, ["PATH=/usr/bin", "LAST=1"]);
         assert_eq!(r.env_dropped, 2, "the non-UTF-8 entry and the one past the cap");
+    }
+
+    #[test]
+    fn prepare_reads_what_placement_needs_and_copies_nothing_else() {
+        let fields = [
+            SCRIPT,
+            (StrField::TresPerNode, "gres:gpu:a100:2"),
+            (StrField::Features, "ib"),
+            (StrField::MemPerTres, "gres:gpu:4096"),
+            (StrField::Name, "train"),
+            (StrField::Licenses, "matlab:1"),
+        ];
+        let nums = [(NumField::MinNodes, 2), (NumField::NumTasks, 4), (NumField::PnMinMemory, 8000)];
+        let env = ["PATH=/usr/bin", "SLURM_RLIMIT_CORE=U0", "SLURM_GET_USER_ENV=1"];
+        let (light, mut done, full) = with_descriptor(&fields, &nums, &[], &env, |jd| {
+            let light = ask(prepare(jd, &config(), 1000));
+            let mut done = light.clone();
+            complete(jd, &config(), &mut done);
+            (light, done, ask(build_request(jd, &config(), 1000)))
+        });
+        assert_eq!(done, full, "prepare + complete is the whole request");
+        // What placement reads is there already; the script, environment
+        // and other text are not copied.
+        assert_eq!((light.gpus.clone(), light.min_nodes, light.num_tasks), (full.gpus.clone(), Some(2), Some(4)));
+        assert_eq!(
+            (light.mem_per_node_mb, light.mem_per_gpu_mb, light.constraint.as_deref()),
+            (Some(8000), Some(4096), Some("ib"))
+        );
+        assert_eq!(light.not_carried, ["--licenses=matlab:1", "--propagate", "--get-user-env"]);
+        assert_eq!(light.not_carried, full.not_carried);
+        assert_eq!((light.script.as_deref(), light.env.len(), light.name.as_deref()), (None, 0, None));
+        assert_eq!(
+            (full.script.as_deref(), full.env.len(), full.name.as_deref()),
+            (Some(SCRIPT.1.as_bytes()), 3, Some("train"))
+        );
+        done.script = None;
+        assert_ne!(done, full);
     }
 
     #[test]

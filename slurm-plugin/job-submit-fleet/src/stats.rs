@@ -24,6 +24,10 @@ pub enum Outcome {
 pub struct Stats {
     window: Vec<u64>,
     counts: [u64; 6],
+    /// Calls that asked the agent over its socket, whatever the outcome
+    /// (a LOCAL job answered from the view does not; one the agent kept
+    /// home does): `asked=N` in the line.
+    asked: u64,
     total: u64,
 }
 
@@ -36,10 +40,15 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
 }
 
 impl Stats {
-    /// Record one call; returns a log line when a window is complete.
-    pub fn record(&mut self, o: Outcome, us: u64) -> Option<String> {
+    /// Record one call (`asked`: it made the agent round trip); returns a
+    /// log line when a window is complete.
+    pub fn record(&mut self, o: Outcome, asked: bool, us: u64) -> Option<String> {
+        if self.window.capacity() == 0 {
+            self.window.reserve_exact(WINDOW);
+        }
         self.window.push(us);
         self.counts[o as usize] += 1;
+        self.asked += u64::from(asked);
         self.total += 1;
         if self.window.len() < WINDOW {
             return None;
@@ -54,12 +63,13 @@ impl Stats {
         w.sort_unstable();
         let [skip, local, forward, reject, failopen, deferred] = self.counts;
         format!(
-            "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} total={} skip={skip} local={local} forward={forward} reject={reject} failopen={failopen} deferred={deferred}",
+            "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} total={} skip={skip} local={local} forward={forward} reject={reject} failopen={failopen} deferred={deferred} asked={}",
             w.len(),
             pct(&w, 0.50),
             pct(&w, 0.99),
             w.last().copied().unwrap_or(0),
-            self.total
+            self.total,
+            self.asked
         )
     }
 
@@ -103,11 +113,11 @@ mod tests {
         let mut s = Stats::default();
         let mut line = None;
         for i in 0..WINDOW as u64 {
-            line = s.record(Outcome::Local, i + 1);
+            line = s.record(Outcome::Local, i % 5 == 0, i + 1);
         }
         let line = line.expect("a full window logs");
         assert!(line.contains("p50_us=251") && line.contains("p99_us=495") && line.contains("max_us=500"), "{line}");
-        assert!(line.contains("local=500"), "{line}");
+        assert!(line.contains("local=500") && line.ends_with(" asked=100"), "{line}");
     }
 
     #[test]

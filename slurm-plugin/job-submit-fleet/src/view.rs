@@ -164,6 +164,15 @@ impl ViewCache {
     }
 }
 
+/// A cache dropped without [`ViewCache::stop`] (the plugin's `init` failed
+/// half way) still stops its watcher: no thread of this library outlives
+/// the plugin.
+impl Drop for ViewCache {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// A poisoned lock (a panic elsewhere while held; none is known) still
 /// guards consistent data here: every critical section is a single store.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -55,7 +55,9 @@ pub(crate) fn lookup(name: &CStr) -> Option<*mut c_void> {
 /// A C string allocated by Slurm's allocator, to be stored in a Slurm
 /// structure (which then owns it). Interior NULs are dropped.
 pub fn xstrdup(s: &str) -> *mut c_char {
-    let bytes: Vec<u8> = s.bytes().filter(|&b| b != 0).collect();
+    // A stand-in's script is tens of KiB: copied once when it holds no
+    // NUL (always, but for hostile input), not filtered byte by byte.
+    let bytes: Vec<u8> = if s.as_bytes().contains(&0) { s.bytes().filter(|&b| b != 0).collect() } else { s.into() };
     // Cannot fail: NULs were removed above.
     let c = std::ffi::CString::new(bytes).unwrap_or_default();
     // SAFETY: `c` is a valid NUL-terminated string; the allocator copies it.

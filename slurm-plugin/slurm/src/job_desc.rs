@@ -361,6 +361,29 @@ impl<'a> JobDesc<'a> {
         unsafe { string_array(r.environment, r.env_size) }
     }
 
+    /// As [`JobDesc::environment`], without collecting: the submit hook
+    /// scans the environment of every job.
+    pub fn environment_iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let r = &*self.raw;
+        let (arr, n) = if r.environment.is_null() { (std::ptr::null_mut(), 0) } else { (r.environment, r.env_size) };
+        (0..n as usize).filter_map(move |i| {
+            // SAFETY: slurmctld keeps env_size entries in environment (checked
+            // non-NULL above), alive as long as the job_desc we borrow; i < n.
+            let p = unsafe { *arr.add(i) };
+            // SAFETY: a non-NULL entry is a NUL-terminated string alive as long as `self`.
+            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+        })
+    }
+
+    /// The number of entries in the job's environment (NULL ones included).
+    pub fn environment_len(&self) -> usize {
+        if self.raw.environment.is_null() {
+            0
+        } else {
+            self.raw.env_size as usize
+        }
+    }
+
     /// Interactive allocations (salloc, srun without a batch step) carry no script.
     pub fn is_batch(&mut self) -> bool {
         !self.raw.script.is_null()

@@ -9,7 +9,7 @@
 
 use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::{RwLock, RwLockReadGuard};
 
 use crate::job_desc::JobDesc;
 use crate::sys::job_desc_msg_t;
@@ -40,8 +40,18 @@ pub trait JobSubmitPlugin: Sized + Send + Sync + 'static {
 
 /// The per-plugin instance slot (one per .so: each plugin crate expands
 /// the macro once and gets its own static).
+///
+/// slurmctld unloads and loads the plugin again (`fini()` then `init()`)
+/// whenever `JobSubmitPlugins` changes at `scontrol reconfigure`, but
+/// `dlclose` does not unmap a Rust library (glibc keeps a library that
+/// registered thread-local destructors), so this static outlives `fini()`.
+/// Each `init()` therefore installs a new instance and `fini()` drops it:
+/// a plugin is never called after its `fini()`, and state kept in the
+/// instance (threads, caches, statistics) starts afresh at each load.
 pub struct Slot<P> {
-    inner: OnceLock<Option<P>>,
+    // std RwLock: slurmctld calls init/fini and job_submit from its own
+    // threads; a hook holds the read side for the call only.
+    inner: RwLock<Option<P>>,
 }
 
 impl<P: JobSubmitPlugin> Default for Slot<P> {
@@ -52,11 +62,20 @@ impl<P: JobSubmitPlugin> Default for Slot<P> {
 
 impl<P: JobSubmitPlugin> Slot<P> {
     pub const fn new() -> Self {
-        Slot { inner: OnceLock::new() }
+        Slot { inner: RwLock::new(None) }
     }
 
-    /// Entry point for `init()`.
+    /// The instance for one hook call (`None`: init failed, or not loaded).
+    /// A read guard is never poisoned by a panic in the hook (caught
+    /// inside anyway); a poisoned write side still holds a whole value.
+    fn get(&self) -> RwLockReadGuard<'_, Option<P>> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Entry point for `init()`: a new instance (an instance still there,
+    /// from an `init()` without `fini()`, is finished first).
     pub fn init(&self, name: &str) -> i32 {
+        self.fini(name);
         let r = catch_unwind(|| P::init());
         let p = match r {
             Ok(Ok(p)) => Some(p),
@@ -69,13 +88,21 @@ impl<P: JobSubmitPlugin> Slot<P> {
                 None
             }
         };
-        let _ = self.inner.set(p);
+        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = p;
         SLURM_SUCCESS
     }
 
+    /// Entry point for `fini()`: the instance's `fini`, then it is dropped
+    /// (so that it can stop what it started before the library goes).
     pub fn fini(&self, name: &str) -> i32 {
-        if let Some(Some(p)) = self.inner.get() {
-            if catch_unwind(AssertUnwindSafe(|| p.fini())).is_err() {
+        let taken = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = taken {
+            if catch_unwind(AssertUnwindSafe(move || {
+                p.fini();
+                drop(p);
+            }))
+            .is_err()
+            {
                 log::error(&format!("{name}: fini panicked"));
             }
         }
@@ -89,7 +116,8 @@ impl<P: JobSubmitPlugin> Slot<P> {
     /// `job_desc` is NULL or a valid job descriptor exclusively ours for the
     /// call; `err_msg` is NULL or a valid `char **` slurmctld will `xfree`.
     pub unsafe fn submit(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
-        let Some(Some(p)) = self.inner.get() else {
+        let guard = self.get();
+        let Some(p) = guard.as_ref() else {
             return SLURM_SUCCESS;
         };
         // SAFETY: slurmctld passes its job_desc, valid and exclusively ours
@@ -121,7 +149,8 @@ impl<P: JobSubmitPlugin> Slot<P> {
     /// # Safety
     /// As [`Slot::submit`].
     pub unsafe fn modify(&self, name: &str, job_desc: *mut job_desc_msg_t, uid: u32, err_msg: *mut *mut c_char) -> i32 {
-        let Some(Some(p)) = self.inner.get() else {
+        let guard = self.get();
+        let Some(p) = guard.as_ref() else {
             return SLURM_SUCCESS;
         };
         // SAFETY: as in `submit`.
@@ -218,4 +247,73 @@ macro_rules! job_submit_plugin {
             unsafe { __FLEET_SLOT.modify($ptype, job_desc, submit_uid, err_msg) }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    static INITS: AtomicU32 = AtomicU32::new(0);
+    static FINIS: AtomicU32 = AtomicU32::new(0);
+
+    /// Counts its own calls; says which load it is in the reject message.
+    struct Counting {
+        load: u32,
+        calls: AtomicU32,
+    }
+
+    impl JobSubmitPlugin for Counting {
+        fn init() -> Result<Self, String> {
+            Ok(Counting { load: INITS.fetch_add(1, Ordering::SeqCst) + 1, calls: AtomicU32::new(0) })
+        }
+        fn submit(&self, _job: &mut JobDesc<'_>, _uid: u32) -> Result<(), Reject> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            Err(Reject { code: 7, message: format!("load {} call {n}", self.load) })
+        }
+        fn fini(&self) {
+            FINIS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The message `job_submit` leaves in err_msg (None: the job passed).
+    fn submit(slot: &Slot<Counting>) -> Option<String> {
+        let mut d = JobDesc::test_descriptor();
+        let mut err: *mut c_char = std::ptr::null_mut();
+        // SAFETY: a valid test descriptor and err_msg slot, ours for the call.
+        let rc = unsafe { slot.submit("test", &mut *d, 1000, &mut err) };
+        if err.is_null() {
+            assert_eq!(rc, SLURM_SUCCESS);
+            return None;
+        }
+        assert_eq!(rc, 7);
+        // SAFETY: set_err_msg stored a NUL-terminated string from xstrdup.
+        let msg = unsafe { std::ffi::CStr::from_ptr(err) }.to_string_lossy().into_owned();
+        // SAFETY: `err` came from xstrdup; xfree frees and clears it.
+        unsafe { alloc::xfree(&mut err) };
+        Some(msg)
+    }
+
+    #[test]
+    fn each_load_gets_a_new_instance_and_none_is_called_after_its_fini() {
+        // slurmctld at `scontrol reconfigure` with JobSubmitPlugins changed:
+        // fini(), then init() again, while the library stays mapped.
+        let slot: Slot<Counting> = Slot::new();
+        assert_eq!(submit(&slot), None, "not loaded: every job passes");
+        slot.init("test");
+        assert_eq!(submit(&slot).as_deref(), Some("load 1 call 1"));
+        assert_eq!(submit(&slot).as_deref(), Some("load 1 call 2"));
+        slot.fini("test");
+        assert_eq!(FINIS.load(Ordering::SeqCst), 1);
+        assert_eq!(submit(&slot), None, "finished: never called again");
+        slot.init("test");
+        assert_eq!(submit(&slot).as_deref(), Some("load 2 call 1"), "the new load's instance, fresh");
+        // init() without fini(): the old instance is finished first.
+        slot.init("test");
+        assert_eq!(FINIS.load(Ordering::SeqCst), 2);
+        assert_eq!(submit(&slot).as_deref(), Some("load 3 call 1"));
+        slot.fini("test");
+        slot.fini("test");
+        assert_eq!(FINIS.load(Ordering::SeqCst), 3, "a second fini finds nothing to finish");
+    }
 }
