@@ -486,6 +486,19 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
         }
         c.spawn().map_err(|e| log(&format!("no sentinel ({e}): every signal is passed on"))).ok()
     });
+    // Notes for the target agent (read without following links): that
+    // the script started, and later how it ended. Slurm may take a launch
+    // whose answer it missed for failed, hold the job and kill what ran:
+    // the agent then tells a run that never started from one that ran.
+    let slurm_job = std::env::var("SLURM_JOB_ID").ok().filter(|v| v.parse::<u64>().is_ok());
+    let note = |name: &str, text: String| {
+        if let Err(e) = std::fs::write(run_dir.join(name), text) {
+            log(&format!("cannot write {name}: {e}"));
+        }
+    };
+    if let Some(id) = &slurm_job {
+        note(".fleet-run-started", format!("started job {id}\n"));
+    }
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -553,6 +566,13 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     if run_dir.join(".fleet-lease-stopped").exists() {
         log(&format!("the script ended ({how}) after its lease stopped it: no end reported"));
     } else {
+        if let Some(id) = &slurm_job {
+            let how = match ended {
+                ScriptEnd::Exited(c) => format!("exit {c}"),
+                ScriptEnd::Signalled(s) => format!("signal {s}"),
+            };
+            note(".fleet-run-ended", format!("{how} job {id}\n"));
+        }
         let sent = current_thread().and_then(|rt| {
             let http = {
                 let _g = rt.enter();
