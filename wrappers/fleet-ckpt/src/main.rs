@@ -737,7 +737,7 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
     // SAFETY: getuid(2) cannot fail.
     let uid = unsafe { libc::getuid() };
     let mut w = Watch::new(env.lease, Instant::now(), Duration::from_millis(valid_ms));
-    let mut next = Instant::now() + w.renew_every();
+    let mut next = Instant::now() + w.next_renewal(Instant::now());
     let mut failing = false;
     log(&format!("watching run {} epoch {} (pid {pid}), lease {} ms", env.job_id, env.epoch, env.lease.as_millis()));
     let stop = |why: &str| {
@@ -773,7 +773,7 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
                         failing = false;
                     }
                     match w.on_reply(now, &r) {
-                        Verdict::Go => next = now + w.renew_every(),
+                        Verdict::Go => next = now + w.next_renewal(Instant::now()),
                         Verdict::Off => {
                             log("job leases are off: leaving the run alone");
                             return ExitCode::SUCCESS;
@@ -789,7 +789,7 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
                         log(&format!("renewal failed: {e:#}"));
                         failing = true;
                     }
-                    next = now + Duration::from_secs(1);
+                    next = now + Duration::from_secs(1).min(w.next_renewal(Instant::now()));
                 }
             }
         }
