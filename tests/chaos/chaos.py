@@ -180,12 +180,14 @@ def main():
             finished = f"done-{j['tag']}" in open(j["out"]).read()
         except OSError:
             finished = False
-        if runs >= 1 and state == "FAILED" and sig not in ("0", "") and not finished:
+        if runs >= 1 and state == "FAILED" and sig not in ("0", ""):
             # The stand-in was killed by a signal (a killed proxy: kill -9 of
-            # the job's batch shell at home) before its job finished: beta
-            # reports the kill, as it would for a native job. Not a false exit.
+            # the job's batch shell at home), before or after its job
+            # finished (fleet-proxy itself never ends by a signal but on a
+            # cancel): beta reports the kill, as it would for a native job.
+            # Not a false exit.
             counts["killed"] += 1
-            details.append(f"{j['tag']} killed before it finished: beta says {state} {exitcode} ({rec.get('reason', '')})")
+            details.append(f"{j['tag']} killed ({'after' if finished else 'before'} it finished): beta says {state} {exitcode} ({rec.get('reason', '')})")
         elif runs >= 1 and state in ("COMPLETED", "FAILED") and code.isdigit() and int(code) != j["code"]:
             counts["false_exit"] += 1
             details.append(f"{j['tag']} exited {j['code']} but beta says {state} {exitcode} ({rec.get('reason', '')})")

@@ -603,6 +603,13 @@ pub struct StatusUpdate {
     /// believes it only when no lease it granted still covered the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lease_stopped: bool,
+    /// With `died`: nothing of the run ever started (Slurm held it after a
+    /// failed launch before its script began: no start note of its
+    /// `lease-exec`, no output), so placing it again runs nothing twice,
+    /// whatever the job's restart policy. The meta-scheduler believes it
+    /// only when the run never asked for its job lease in this epoch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub never_started: bool,
     /// Times Slurm at the target ran this run again, as its agent saw it:
     /// a higher `RestartCnt` (`scontrol requeue`, a requeue after a node
     /// failure), and re-runs Slurm does not count (the run back to pending

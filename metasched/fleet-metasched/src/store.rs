@@ -1367,6 +1367,22 @@ impl Store {
     /// Place a `Queued` job on the current view. A job whose run died on a
     /// cluster avoids it while another can take the job.
     fn assign(&self, job: &mut Job, now: f64) {
+        self.place_job(job, now, false);
+    }
+
+    /// [`Store::assign`] on a copy that may be thrown away (early
+    /// placement's trial): the same decision, silent — no placement metric,
+    /// no "placed" log line; whoever keeps the result says so.
+    pub(super) fn trial_assign(&self, job: &mut Job, now: f64) {
+        self.place_job(job, now, true);
+    }
+
+    fn place_job(&self, job: &mut Job, now: f64, trial: bool) {
+        let count = |outcome: &str| {
+            if !trial {
+                self.metrics.placement(outcome);
+            }
+        };
         let mut view = self.view(now);
         if let Some(bad) = &job.avoid {
             let mut without = view.clone();
@@ -1410,13 +1426,13 @@ impl Store {
         }
         let event = match p {
             Placement::Home { reason } => {
-                self.metrics.placement("home");
+                count("home");
                 job.record.target = Some(job.record.origin.clone());
                 job.record.reason = format!("placed at the origin {}: {reason}", job.record.origin);
                 Event::Placed
             }
             Placement::Remote { target, reason } => {
-                self.metrics.placement("remote");
+                count("remote");
                 job.record.reason = format!("placed at {target}: {reason}");
                 job.record.target = Some(target);
                 Event::Placed
@@ -1429,11 +1445,11 @@ impl Store {
                     placement::place(&placement::all_healthy(&view), &job.request).0,
                     Placement::Impossible { .. }
                 ) {
-                    self.metrics.placement("impossible");
+                    count("impossible");
                     job.record.reason = reason;
                     Event::PlacementImpossible
                 } else {
-                    self.metrics.placement("waiting");
+                    count("waiting");
                     job.record.reason = format!("waiting for a healthy cluster: {reason}");
                     Event::PlacementWaits
                 }
@@ -1445,8 +1461,10 @@ impl Store {
         if o.effects.contains(&Effect::NewEpoch) {
             job.avoid = None;
             job.assigned_at = Some(now);
-            tracing::info!(job = %job.record.fleet_job_id, epoch = job.record.epoch, target = ?job.record.target,
-                "placed (new epoch)");
+            if !trial {
+                tracing::info!(job = %job.record.fleet_job_id, epoch = job.record.epoch, target = ?job.record.target,
+                    "placed (new epoch)");
+            }
         }
         if previous.starts_with("re-placing") || previous.starts_with("moved off") {
             job.record.reason = format!("{previous}; {}", job.record.reason);
@@ -1552,7 +1570,8 @@ impl Store {
                 f.running_for_s.unwrap_or(0.0)
             );
             let epoch = Some(job.record.epoch);
-            self.died(&mut job, &why, epoch, now)?;
+            // Its script never asked for its lease: it never started.
+            self.died(&mut job, &why, epoch, true, now)?;
         }
         Ok(())
     }
@@ -1572,11 +1591,21 @@ impl Store {
     /// The run of `job` at its target is dead (`why`): move the job (a new
     /// placement resumes it from its newest valid checkpoint, or restarts
     /// it when it may), or fail it with the reason. `epoch`: the report's,
-    /// when the target said so itself. Saves the job.
-    fn died(&mut self, job: &mut Job, why: &str, epoch: Option<u64>, now: f64) -> Result<Reply, StoreError> {
+    /// when the target said so itself. `nothing_ran`: the run's script
+    /// never started (a launch Slurm or the cluster lost), so a new
+    /// placement runs nothing twice and the job restarts whatever its
+    /// restart policy. Saves the job.
+    fn died(
+        &mut self,
+        job: &mut Job,
+        why: &str,
+        epoch: Option<u64>,
+        nothing_ran: bool,
+        now: f64,
+    ) -> Result<Reply, StoreError> {
         let id = job.record.fleet_job_id.clone();
         let checkpoint = self.latest_valid_checkpoint(&id)?;
-        let may_restart = Self::restartable(job);
+        let may_restart = Self::restartable(job) || nothing_ran;
         let capped = job.record.migrations >= self.health.max_migrations;
         let resumable = (checkpoint.is_some() || may_restart) && !capped;
         let o = transition(&life_of(job), &Event::Died { resumable, epoch });
@@ -1607,6 +1636,9 @@ impl Store {
             job.avoid = Some(from.clone());
             let how = match &checkpoint {
                 Some(c) => format!("resuming from checkpoint {} ({})", c.seq, c.url),
+                None if nothing_ran && !Self::restartable(job) => {
+                    "starting it again (its script never started there; no valid checkpoint)".into()
+                }
                 None => "restarting from the start (no valid checkpoint; the job is interruptible)".into(),
             };
             self.metrics.placement("migrate");
@@ -1893,6 +1925,26 @@ impl Store {
                 }
             }
         }
+        if upd.died.is_some() && !upd.lease_stopped {
+            if let Some((state, how)) = ends::claimed_end(&job, upd.epoch) {
+                // Its script said it ended, in this epoch, before what the
+                // target reports (Slurm held the job after a launch it took
+                // for failed, a node failed in its epilog): the script's
+                // own end is the run's result, and nothing runs again.
+                let why: String = upd.died.take().unwrap_or_default().chars().filter(|c| !c.is_control()).collect();
+                let at = job.record.target.clone().unwrap_or_default();
+                tracing::warn!(job = id, at = %at, end = %how, "the target reports its run died, but its script claimed its end first: ended as claimed ({why})");
+                let claim = job.end_claim.clone();
+                upd.never_started = false;
+                upd.state = Some(state);
+                upd.exit_code = claim.as_ref().and_then(|c| c.exit_code);
+                upd.signal = claim.as_ref().and_then(|c| c.signal);
+                upd.reason = format!("{state} at {at} ({how}), as its script claimed; then {why}")
+                    .chars()
+                    .take(MAX_REASON)
+                    .collect();
+            }
+        }
         let cur = job.record.state;
         if let (Some(have), Some(got)) = (job.record.remote_job_id, upd.remote_job_id) {
             if have != got
@@ -1908,7 +1960,13 @@ impl Store {
             let why: String = why.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect();
             let target = job.record.target.clone().unwrap_or_default();
             let epoch = upd.epoch.or(Some(job.record.epoch));
-            let reply = self.died(&mut job, &format!("{target} reports: {why}"), epoch, now)?;
+            // Nothing of it started, says its agent; a run that asked for
+            // its job lease in this epoch did start, whatever it says.
+            let nothing_ran = upd.never_started && epoch.is_none_or(|e| job.leased_epoch != e);
+            if upd.never_started && !nothing_ran {
+                tracing::warn!(job = id, epoch = ?epoch, "its target says its run never started, but the run asked for its job lease: taken as started");
+            }
+            let reply = self.died(&mut job, &format!("{target} reports: {why}"), epoch, nothing_ran, now)?;
             reply_result(id, &reply)?;
             return Ok(job.record);
         }

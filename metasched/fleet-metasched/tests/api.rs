@@ -2245,11 +2245,13 @@ async fn a_run_that_never_asks_for_its_first_lease_never_started() {
     // alpha's copy (if it ever runs) is stale; its lease is refused.
     let (s, v) = ask("lost").await;
     assert_eq!((s, v["stale"].as_bool()), (StatusCode::OK, Some(true)), "{v}");
-    // Neither checkpointed nor restartable: failed at the origin with why.
+    // Neither checkpointed nor restartable, but nothing of it ran: placed
+    // again all the same (nothing runs twice).
     let r = d.job("once").await;
-    assert_eq!(r.state, JobState::Failed, "{}", r.reason);
+    assert_eq!((r.state, r.epoch, r.migrations), (JobState::Assigned, 2, 1), "{}", r.reason);
     assert!(
-        r.reason.contains("its script never asked for its job lease") && r.reason.contains("not restartable"),
+        r.reason.contains("its script never asked for its job lease")
+            && r.reason.contains("starting it again (its script never started there"),
         "{}",
         r.reason
     );
@@ -2258,6 +2260,85 @@ async fn a_run_that_never_asks_for_its_first_lease_never_started() {
         let r = d.job(id).await;
         assert_eq!((r.state, r.epoch), (JobState::Running, 1), "{id}: {}", r.reason);
     }
+    d.stop().await;
+}
+
+/// Slurm at the target held a run after a launch it took for failed
+/// (`launch failed requeued held`, reported as died). A run whose script
+/// claimed its end in this epoch ends as claimed (its exit code, nothing
+/// runs again); a run its agent says never started is placed again even
+/// when it is not restartable, unless it asked for its job lease (then it
+/// did start, and it fails as before when it cannot resume).
+#[tokio::test]
+async fn a_run_held_after_a_failed_launch_ends_as_its_script_did_or_starts_again_when_nothing_ran() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    let ids = ["ended", "ended3", "unstarted", "liar", "started", "other-epoch"];
+    for id in ids {
+        // None of them restartable, none checkpointed.
+        d.forward(id, "beta", "h100", 8).await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
+        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK);
+    }
+    let auth = |id: &str| format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+    for id in ["ended", "ended3", "liar", "started", "other-epoch"] {
+        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth(id), Some(body)).await;
+        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{id}: {v}");
+    }
+    for (id, code) in [("ended", 0), ("ended3", 3)] {
+        let body = serde_json::json!({"epoch": 1, "exit_code": code});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth(id), Some(body)).await;
+        assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+    }
+    let held = |never_started: bool, epoch: u64| StatusUpdate {
+        died: Some("Slurm at alpha held it after a failed launch (launch failed requeued held)".into()),
+        never_started,
+        final_stdout_len: Some(0),
+        final_stderr_len: Some(0),
+        ..at(JobState::Failed, epoch)
+    };
+    for (id, never_started) in
+        [("ended", false), ("ended3", true), ("unstarted", true), ("liar", true), ("started", false)]
+    {
+        assert_eq!(d.status(id, "alpha", held(never_started, 1)).await.0, StatusCode::OK, "{id}");
+    }
+    // Its script's end is its result.
+    let r = d.job("ended").await;
+    assert_eq!((r.state, r.exit_code, r.epoch, r.migrations), (JobState::Completed, Some(0), 1, 0), "{}", r.reason);
+    assert!(
+        r.reason.starts_with("completed at alpha (exit code 0), as its script claimed; then Slurm at alpha held it"),
+        "{}",
+        r.reason
+    );
+    let r = d.job("ended3").await;
+    assert_eq!((r.state, r.exit_code, r.epoch, r.migrations), (JobState::Failed, Some(3), 1, 0), "{}", r.reason);
+    // Nothing ran: placed again though it is not restartable.
+    let r = d.job("unstarted").await;
+    assert_eq!(
+        (r.state, r.target.as_deref(), r.epoch, r.migrations),
+        (JobState::Assigned, Some("gamma"), 2, 1),
+        "{}",
+        r.reason
+    );
+    assert!(r.reason.contains("starting it again (its script never started there"), "{}", r.reason);
+    // It asked for its lease: its script started, whatever the report says.
+    for id in ["liar", "started"] {
+        let r = d.job(id).await;
+        assert_eq!((r.state, r.epoch, r.migrations), (JobState::Failed, 1, 0), "{id}: {}", r.reason);
+        assert!(r.reason.contains("not restartable"), "{id}: {}", r.reason);
+    }
+    // A report of another epoch than the claim's does not end the job as claimed.
+    let body = serde_json::json!({"epoch": 1, "exit_code": 0});
+    let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/other-epoch/end", &auth("other-epoch"), Some(body)).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{v}");
+    let (s, _) = d.status("other-epoch", "alpha", held(false, 2)).await;
+    let r = d.job("other-epoch").await;
+    assert_ne!(r.state, JobState::Completed, "{s}: {}", r.reason);
     d.stop().await;
 }
 

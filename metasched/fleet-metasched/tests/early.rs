@@ -24,6 +24,7 @@ struct Fx {
     now: f64,
     /// Clusters whose heartbeats say their runs start gated.
     gated: Vec<&'static str>,
+    metrics: Arc<Metrics>,
 }
 
 fn admin() -> Caller {
@@ -63,8 +64,8 @@ impl Fx {
             })
             .collect();
         let clock = Clock::default();
-        let mut store =
-            Store::open(&dir.path().join("state"), &clusters, 3.0, &clock, Arc::new(Metrics::new()), None).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let mut store = Store::open(&dir.path().join("state"), &clusters, 3.0, &clock, metrics.clone(), None).unwrap();
         store.set_health(Health {
             degraded_after_s: 3.0,
             grace_s: 10.0,
@@ -74,7 +75,7 @@ impl Fx {
             first_lease_s: 24.0,
         });
         store.set_early_wait(30.0);
-        let mut fx = Fx { _dir: dir, store, now: clock.now(), gated: gated.to_vec() };
+        let mut fx = Fx { _dir: dir, store, now: clock.now(), gated: gated.to_vec(), metrics };
         fx.beat_all();
         fx
     }
@@ -166,6 +167,37 @@ impl Fx {
     fn job(&self, id: &str) -> fleet_metasched::store::Job {
         self.store.get(&admin(), id).unwrap()
     }
+
+    /// The placement counter of `outcome` (0 when never counted).
+    fn placements(&self, outcome: &str) -> u64 {
+        let text = self.metrics.render(&[]);
+        let key = format!("placements_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.split_once(key.as_str()).filter(|(name, _)| !name.contains(' ')).map(|(_, n)| n))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+}
+
+/// Early placement decides on a copy of the job: a trial thrown away (no
+/// cluster gates its runs) counts no placement, and a kept one counts
+/// once, as early; the ordinary placement at the stand-in's start counts.
+#[test]
+fn an_early_placement_trial_is_silent_and_counted_only_when_kept() {
+    let mut fx = Fx::with(&[], 8.0);
+    let r = fx.forward("j1");
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Held, None, 0), "{r:?}");
+    for outcome in ["remote", "home", "early", "waiting", "impossible"] {
+        assert_eq!(fx.placements(outcome), 0, "{outcome}: {}", fx.metrics.render(&[]));
+    }
+    // Placed the ordinary way when its stand-in starts: counted then.
+    let r = fx.stand_in_starts("j1", Some(true));
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Assigned, Some("alpha"), 1), "{r:?}");
+    assert_eq!((fx.placements("remote"), fx.placements("early")), (1, 0), "{}", fx.metrics.render(&[]));
+
+    let mut fx = Fx::new();
+    let r = fx.forward("j2");
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Assigned, Some("alpha"), 1), "{r:?}");
+    assert_eq!((fx.placements("early"), fx.placements("remote")), (1, 0), "{}", fx.metrics.render(&[]));
 }
 
 #[test]
@@ -251,9 +283,11 @@ fn once_its_gate_opens_a_run_that_never_asks_for_its_lease_is_a_lost_launch() {
     fx.tick(20.0);
     assert_eq!(fx.job("j1").record.state, JobState::Running);
     fx.tick(5.0);
+    // Nothing of it ran: placed again, though it is not restartable.
     let r = fx.job("j1").record;
-    assert_eq!(r.state, JobState::Failed, "{r:?}");
+    assert_eq!((r.state, r.epoch, r.migrations), (JobState::Assigned, 2, 1), "{r:?}");
     assert!(r.reason.contains("never asked for its job lease"), "{}", r.reason);
+    assert!(r.reason.contains("starting it again (its script never started there"), "{}", r.reason);
 }
 
 #[test]

@@ -165,12 +165,20 @@ pub const LEASE_STOPPED_FILE: &str = ".fleet-lease-stopped";
 /// first line of its watchdog's note (a regular file, not followed
 /// through a link, at most 1 KiB read, printable characters only).
 pub fn lease_stopped(dir: &Path) -> Option<String> {
+    let line = note(dir, LEASE_STOPPED_FILE)?;
+    Some(if line.is_empty() { "its job lease ran out".to_string() } else { line })
+}
+
+/// The first line of the note `name` in the run's directory `dir`, if
+/// there is one: a regular file, not followed through a link, at most
+/// 1 KiB read, printable characters only (the job may write these notes).
+fn note(dir: &Path, name: &str) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(dir.join(LEASE_STOPPED_FILE))
+        .open(dir.join(name))
         .ok()?;
     if !f.metadata().ok()?.is_file() {
         return None;
@@ -178,8 +186,42 @@ pub fn lease_stopped(dir: &Path) -> Option<String> {
     let mut buf = Vec::new();
     f.take(1024).read_to_end(&mut buf).ok()?;
     let text = String::from_utf8_lossy(&buf);
-    let line: String = text.lines().next().unwrap_or("").chars().filter(|c| !c.is_control()).take(300).collect();
-    Some(if line.is_empty() { "its job lease ran out".to_string() } else { line })
+    Some(text.lines().next().unwrap_or("").chars().filter(|c| !c.is_control()).take(300).collect())
+}
+
+/// The note `lease-exec` writes in the run's directory once it starts the
+/// job's script (after its first lease): `started job <slurm job id>`.
+pub const RUN_STARTED_FILE: &str = ".fleet-run-started";
+/// The note `lease-exec` writes when the job's script ended by itself
+/// (not stopped by its lease), before it claims that end:
+/// `exit <code> job <slurm job id>` or `signal <n> job <slurm job id>`.
+pub const RUN_ENDED_FILE: &str = ".fleet-run-ended";
+
+/// Whether `lease-exec` noted that it started the run's script in `dir`.
+pub fn run_started(dir: &Path) -> bool {
+    note(dir, RUN_STARTED_FILE).is_some()
+}
+
+/// How the script of Slurm job `slurm_id` in `dir` ended by itself, as
+/// `lease-exec` noted it: (exit code, signal). A note of another Slurm job
+/// (or none, or one that does not parse) says nothing.
+pub fn run_ended(dir: &Path, slurm_id: u64) -> Option<(Option<i32>, Option<i32>)> {
+    parse_ended(&note(dir, RUN_ENDED_FILE)?, slurm_id)
+}
+
+/// Reads `exit <code> job <id>` / `signal <n> job <id>` for Slurm job
+/// `slurm_id`; anything else is `None`.
+pub fn parse_ended(line: &str, slurm_id: u64) -> Option<(Option<i32>, Option<i32>)> {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let [how, n, "job", id] = w.as_slice() else { return None };
+    if id.parse::<u64>().ok()? != slurm_id {
+        return None;
+    }
+    match (*how, n.parse::<i32>().ok()?) {
+        ("exit", c @ 0..=255) => Some((Some(c), None)),
+        ("signal", s @ 1..=64) => Some((None, Some(s))),
+        _ => None,
+    }
 }
 
 /// A copy `fleet-ckpt copy --json` made.
@@ -238,6 +280,41 @@ pub async fn copy(helper: &Path, stores: Option<&Path>, src: &str, dst_prefix: &
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_end_lease_exec_noted_is_read_for_its_own_slurm_job_only() {
+        for (line, want) in [
+            ("exit 0 job 42", Some((Some(0), None))),
+            ("exit 3 job 42", Some((Some(3), None))),
+            ("signal 9 job 42", Some((None, Some(9)))),
+            ("  exit   7  job 42 ", Some((Some(7), None))),
+            // Another Slurm job's note (an id reused, or a copy).
+            ("exit 0 job 43", None),
+            ("exit 256 job 42", None),
+            ("exit -1 job 42", None),
+            ("signal 0 job 42", None),
+            ("signal 65 job 42", None),
+            ("exit 0", None),
+            ("exit 0 job 42 extra", None),
+            ("exit x job 42", None),
+            ("EXIT 0 job 42", None),
+            ("exit 0 job 99999999999999999999999", None),
+            ("", None),
+        ] {
+            assert_eq!(parse_ended(line, 42), want, "{line:?}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!((run_ended(tmp.path(), 42), run_started(tmp.path())), (None, false));
+        std::fs::write(tmp.path().join(RUN_ENDED_FILE), "exit 3 job 42\n").unwrap();
+        std::fs::write(tmp.path().join(RUN_STARTED_FILE), "started job 42\n").unwrap();
+        assert_eq!((run_ended(tmp.path(), 42), run_started(tmp.path())), (Some((Some(3), None)), true));
+        // Links are not followed (the job owns its directory's entries).
+        let d2 = tmp.path().join("other");
+        std::fs::create_dir(&d2).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join(RUN_ENDED_FILE), d2.join(RUN_ENDED_FILE)).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join(RUN_STARTED_FILE), d2.join(RUN_STARTED_FILE)).unwrap();
+        assert_eq!((run_ended(&d2, 42), run_started(&d2)), (None, false));
+    }
 
     #[test]
     fn copy_results_are_read_strictly() {

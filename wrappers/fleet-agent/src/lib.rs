@@ -634,8 +634,10 @@ pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut 
     let work = agent.meta.work(wait_ms).await?;
     agent.lease.lock().renew(Instant::now());
     let mut progressed = false;
-    let fresh: Vec<_> =
-        work.submit.into_iter().filter(|a| recent.fresh(&format!("submit:{}", a.fleet_job_id))).collect();
+    let fresh: Vec<_> = track::newest_placements(work.submit)
+        .into_iter()
+        .filter(|a| recent.fresh(&format!("submit:{}:{}", a.fleet_job_id, a.epoch)))
+        .collect();
     progressed |= !fresh.is_empty();
     // Several at once (a failover moves many jobs here together; one
     // sbatch takes a few tenths of a second): each job is still one

@@ -158,6 +158,67 @@ pub fn update_for(j: &NativeJob, site: &str) -> StatusUpdate {
     }
 }
 
+/// Why a run Slurm held after a failed launch is reported as died.
+fn launch_failed_why(site: &str) -> String {
+    format!("Slurm at {site} held it after a failed launch (launch failed requeued held)")
+}
+
+/// What the run's directory and relay say of a run Slurm held after a
+/// launch it took for failed (`launch failed requeued held`). Slurm
+/// decides that when slurmd does not answer its launch request in time
+/// (killed, restarted, overloaded): the script may have started all the
+/// same, and even ended (slurmctld then kills what it finds of a job it
+/// holds pending, when the node registers again).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaunchEvidence {
+    /// The run's script ended by itself, as its `lease-exec` noted (for
+    /// this Slurm job): its exit code and signal.
+    pub ended: Option<(Option<i32>, Option<i32>)>,
+    /// `lease-exec` noted that it started the script (after its first lease).
+    pub started_note: bool,
+    /// The run was submitted under its in-job lease (then the script
+    /// starts only after `lease-exec`'s start note).
+    pub under_lease: bool,
+    /// Bytes of the run's stdout and stderr relayed so far.
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Whether the run's stdout file exists (slurmstepd creates it just
+    /// before it starts the batch script).
+    pub stdout_exists: bool,
+}
+
+/// What a run held after a failed launch did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LaunchVerdict {
+    /// Its script ended by itself: that end is its result.
+    Ended { exit_code: Option<i32>, signal: Option<i32> },
+    /// Its script started (or may have): it died there.
+    Started,
+    /// Nothing of it started: placing it again runs nothing twice.
+    NeverStarted,
+}
+
+/// Judges a run Slurm held after a failed launch from what it left. Under
+/// its in-job lease the script starts only after `lease-exec` noted it
+/// (what `lease-exec` prints on stderr when it refuses to start is not the
+/// script's); without one, any output, or a stdout file slurmstepd made,
+/// counts as a start: only a run that left nothing at all never started.
+pub fn launch_verdict(e: &LaunchEvidence) -> LaunchVerdict {
+    if let Some((exit_code, signal)) = e.ended {
+        return LaunchVerdict::Ended { exit_code, signal };
+    }
+    let started = if e.under_lease {
+        e.started_note || e.stdout_bytes > 0
+    } else {
+        e.started_note || e.stdout_bytes > 0 || e.stderr_bytes > 0 || e.stdout_exists
+    };
+    if started {
+        LaunchVerdict::Started
+    } else {
+        LaunchVerdict::NeverStarted
+    }
+}
+
 /// Did the job die with (part of) its cluster rather than end by itself?
 /// Then the meta-scheduler moves it instead of ending it: a node failure
 /// or a preemption Slurm did not requeue, or a launch failure after which
@@ -166,9 +227,7 @@ pub fn update_for(j: &NativeJob, site: &str) -> StatusUpdate {
 pub fn died(j: &NativeJob, site: &str) -> Option<String> {
     match j.raw_state.as_str() {
         "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => Some(format!("{} at {site}", j.raw_state)),
-        _ if j.state == JobState::Pending && launch_failed_held(j) => {
-            Some(format!("Slurm at {site} held it after a failed launch (launch failed requeued held)"))
-        }
+        _ if j.state == JobState::Pending && launch_failed_held(j) => Some(launch_failed_why(site)),
         _ => None,
     }
 }
@@ -369,6 +428,22 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
     let mut request = a.request.clone();
     request.fleet.resume_from = resume_from(agent, &id, &a).await?;
     request.fleet.epoch = a.epoch;
+    // Last look before sbatch (a checkpoint copy, other submissions of
+    // the same answer, may have taken a while): a placement superseded
+    // since it was handed out — the job placed again elsewhere or in a
+    // newer epoch, or withdrawn — is never submitted. Unanswered: retried
+    // with the assignment.
+    let fence = FenceRequest { runs: vec![RunEpoch { fleet_job_id: id.clone(), epoch: a.epoch }] };
+    let reply = agent.meta.fence(&fence).await.context("checking the placement is still current before sbatch")?;
+    if let Some(why) = superseded(&reply, &id) {
+        tracing::warn!(%id, epoch = a.epoch, "placement superseded before its submission, not submitted: {why}");
+        if let Some((mut run, _)) = agent.journal.run(&id)? {
+            run.done = true;
+            agent.journal.update_run(&run)?;
+        }
+        let _ = jobdir::remove(&agent.backend.job_dir(&id));
+        return Ok(());
+    }
     match agent.backend.submit(&id, &request, &user).await {
         Ok(sid) => {
             crate::fault::point("exit-after-sbatch");
@@ -381,6 +456,32 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
             fail_launch(agent, &id, format!("fleet: sbatch at {site} refused the job: {e:#}")).await
         }
     }
+}
+
+/// Why the meta-scheduler's fence answer says the placement of `id` it
+/// was asked about is stale (`None`: it is current).
+pub fn superseded(reply: &fleet_api::api::FenceReply, id: &str) -> Option<String> {
+    reply.stale.iter().find(|s| s.fleet_job_id == id).map(|s| s.reason.clone())
+}
+
+/// Of the assignments of one answer, the newest placement of each job
+/// (highest epoch), in the answer's order: an older one of the same job is
+/// superseded and never submitted.
+pub fn newest_placements(all: Vec<Assignment>) -> Vec<Assignment> {
+    let mut newest: HashMap<String, u64> = HashMap::new();
+    for a in &all {
+        let e = newest.entry(a.fleet_job_id.clone()).or_insert(a.epoch);
+        *e = (*e).max(a.epoch);
+    }
+    let mut kept: Vec<Assignment> = Vec::new();
+    for a in all {
+        if newest.get(&a.fleet_job_id) == Some(&a.epoch) && !kept.iter().any(|k| k.fleet_job_id == a.fleet_job_id) {
+            kept.push(a);
+        } else {
+            tracing::warn!(id = %a.fleet_job_id, epoch = a.epoch, "an older placement in the same answer: not submitted");
+        }
+    }
+    kept
 }
 
 /// Copies the assignment's checkpoint into this region first when it
@@ -775,6 +876,55 @@ async fn reconcile_run<B: Backend>(
         // the leases it granted.
         up.lease_stopped = why.contains(BY_ITS_LEASE);
     }
+    // Held after a launch Slurm took for failed (now, or before the agent
+    // cancelled it): what the run actually did decides the report.
+    let held_now = matches!(&seen, Seen::Job(j) if j.state == JobState::Pending && launch_failed_held(j));
+    let launch_why = launch_failed_why(&site);
+    if !up.lease_stopped && (held_now || run.fenced.as_deref() == Some(launch_why.as_str())) {
+        let dir = agent.backend.job_dir(&run.id);
+        let out = agent.backend.output_paths(&run.id);
+        let evidence = LaunchEvidence {
+            ended: run.slurm_id.and_then(|sid| crate::ckpt::run_ended(&dir, sid)),
+            started_note: crate::ckpt::run_started(&dir),
+            under_lease: crate::ckpt::under_lease(&dir),
+            stdout_bytes: run.stdout_off,
+            stderr_bytes: run.stderr_off,
+            stdout_exists: std::fs::symlink_metadata(&out.stdout).is_ok(),
+        };
+        match launch_verdict(&evidence) {
+            LaunchVerdict::Ended { exit_code, signal } => {
+                if run.fenced.is_none() {
+                    // Kept: once cancelled below, Slurm shows only CANCELLED.
+                    run.fenced = Some(launch_why.clone());
+                    agent.journal.update_run(&run)?;
+                }
+                if let (Seen::Job(j), Some(user)) = (&seen, run.user.as_deref()) {
+                    if !j.state.is_terminal() {
+                        // It must not run again here.
+                        agent.backend.cancel(j.native_id, user).await?;
+                    }
+                }
+                let ok = exit_code == Some(0) && signal.is_none_or(|s| s == 0);
+                let how = match (signal.filter(|s| *s > 0), exit_code) {
+                    (Some(s), _) => format!("signal {s}"),
+                    (None, Some(c)) => format!("exit code {c}"),
+                    (None, None) => "no exit status".into(),
+                };
+                tracing::warn!(id = %run.id, slurm_id = ?run.slurm_id, end = %how,
+                    "Slurm held the job after a launch it took for failed, but its script had ended: reporting its end");
+                up.died = None;
+                up.never_started = false;
+                up.state = Some(if ok { JobState::Completed } else { JobState::Failed });
+                up.exit_code = exit_code;
+                up.signal = signal.filter(|s| *s > 0);
+                up.reason = format!("its script ended at {site} ({how}); then {launch_why}");
+            }
+            LaunchVerdict::NeverStarted => up.never_started = true,
+            LaunchVerdict::Started => {
+                up.died = Some(format!("{launch_why}; its script had started there"));
+            }
+        }
+    }
     if let Some(why) = up.died.clone() {
         if run.fenced.is_none() {
             // Kept: once cancelled below, Slurm shows only CANCELLED.
@@ -1141,6 +1291,77 @@ mod tests {
             assert_eq!(died(&j, "alpha").as_deref(), want, "{} {}", j.raw_state, j.reason);
             assert_eq!(update_for(&j, "alpha").died.as_deref(), want);
         }
+    }
+
+    #[test]
+    fn a_run_held_after_a_failed_launch_is_judged_by_what_it_left() {
+        use LaunchVerdict::*;
+        let e = |ended, started_note, under_lease, out: u64, err: u64, exists| LaunchEvidence {
+            ended,
+            started_note,
+            under_lease,
+            stdout_bytes: out,
+            stderr_bytes: err,
+            stdout_exists: exists,
+        };
+        for (ev, want) in [
+            // Its script ended by itself (lease-exec's note): that end is its result.
+            (e(Some((Some(0), None)), true, true, 10, 0, true), Ended { exit_code: Some(0), signal: None }),
+            (e(Some((Some(3), None)), true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
+            (e(Some((None, Some(9))), true, true, 0, 0, true), Ended { exit_code: None, signal: Some(9) }),
+            // Under its lease: the script starts only after lease-exec's note.
+            (e(None, true, true, 0, 0, true), Started),
+            (e(None, false, true, 12, 0, true), Started),
+            // lease-exec's own refusal on stderr, slurmstepd's stdout file: nothing ran.
+            (e(None, false, true, 0, 80, true), NeverStarted),
+            (e(None, false, true, 0, 0, false), NeverStarted),
+            // Without a lease: any trace of a start counts.
+            (e(None, false, false, 0, 0, true), Started),
+            (e(None, false, false, 0, 5, false), Started),
+            (e(None, false, false, 5, 0, false), Started),
+            (e(None, false, false, 0, 0, false), NeverStarted),
+        ] {
+            assert_eq!(launch_verdict(&ev), want, "{ev:?}");
+        }
+    }
+
+    fn assignment(id: &str, epoch: u64) -> Assignment {
+        Assignment {
+            fleet_job_id: id.into(),
+            request: fleet_api::JobRequest::default(),
+            origin_restart: 0,
+            stdout_base: 0,
+            stderr_base: 0,
+            epoch,
+            resume_from: None,
+            resume_copy_to: None,
+            resume_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn only_the_newest_placement_of_a_job_in_one_answer_is_submitted() {
+        let got = newest_placements(vec![
+            assignment("a", 1),
+            assignment("b", 4),
+            assignment("a", 3),
+            assignment("c", 0),
+            assignment("a", 2),
+            assignment("b", 4),
+        ]);
+        let got: Vec<(&str, u64)> = got.iter().map(|a| (a.fleet_job_id.as_str(), a.epoch)).collect();
+        assert_eq!(got, [("b", 4), ("a", 3), ("c", 0)]);
+        assert!(newest_placements(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn a_placement_the_fence_calls_stale_is_superseded() {
+        use fleet_api::api::{FenceReply, StaleRun};
+        let stale = |id: &str, why: &str| StaleRun { fleet_job_id: id.into(), epoch: 1, reason: why.into() };
+        let reply = FenceReply { stale: vec![stale("x", "the job is now epoch 2 (assigned at delta)")] };
+        assert_eq!(superseded(&reply, "x").as_deref(), Some("the job is now epoch 2 (assigned at delta)"));
+        assert_eq!(superseded(&reply, "y"), None);
+        assert_eq!(superseded(&FenceReply::default(), "x"), None);
     }
 
     #[test]

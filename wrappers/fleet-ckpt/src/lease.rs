@@ -39,6 +39,9 @@ pub struct Watch {
     deadline: Instant,
 }
 
+/// The shortest pause between two renewals of one run's lease.
+pub const MIN_RENEWAL: Duration = Duration::from_millis(250);
+
 /// What the watchdog must do after a reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -60,6 +63,16 @@ impl Watch {
     /// so that three renewals in a row may fail before it runs out.
     pub fn renew_every(&self) -> Duration {
         (self.lease / 4).clamp(Duration::from_millis(500), Duration::from_secs(10))
+    }
+
+    /// When to renew next, at `now`: every [`Watch::renew_every`], but
+    /// before half of what is left of the grant held has passed, so that a
+    /// short grant (the meta-scheduler shortens them while the run's
+    /// cluster is silent: it must stop before its job could move) is
+    /// renewed while it still covers the run, once the cluster is back.
+    /// Never more often than every [`MIN_RENEWAL`].
+    pub fn next_renewal(&self, now: Instant) -> Duration {
+        self.renew_every().min(self.left(now) / 2).max(MIN_RENEWAL)
     }
 
     /// The answer to the renewal sent at `sent`. A grant never shortens
@@ -454,6 +467,27 @@ mod tests {
         assert!(w.expired(t0).is_some());
         w.on_reply(t0, &reply(3_600_000));
         assert_eq!(w.left(t0), s(8));
+    }
+
+    #[test]
+    fn a_short_grant_is_renewed_before_it_runs_out() {
+        let t0 = Instant::now();
+        let (s, ms) = (Duration::from_secs, Duration::from_millis);
+        // A whole grant: every quarter of the lease.
+        let mut w = Watch::new(s(8), t0, s(8));
+        assert_eq!(w.next_renewal(t0), s(2));
+        // Its cluster silent a while: 1.5 s granted at 7 s. Renewed in
+        // 0.75 s (half of what is left), not in 2 s, when it would have
+        // run out: that renewal, answered 8 s again, keeps the run going.
+        assert_eq!(w.on_reply(t0 + s(7), &reply(1500)), Verdict::Go);
+        assert_eq!(w.next_renewal(t0 + s(7)), ms(750));
+        assert_eq!(w.on_reply(t0 + ms(7750), &reply(8000)), Verdict::Go);
+        assert_eq!(w.expired(t0 + s(10)), None);
+        assert_eq!(w.next_renewal(t0 + ms(7750)), s(2));
+        // Nothing left: at most every 250 ms.
+        let w = Watch::new(s(8), t0, ms(100));
+        assert_eq!(w.next_renewal(t0), MIN_RENEWAL);
+        assert_eq!(w.next_renewal(t0 + s(1)), MIN_RENEWAL);
     }
 
     #[test]

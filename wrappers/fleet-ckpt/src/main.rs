@@ -486,6 +486,19 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
         }
         c.spawn().map_err(|e| log(&format!("no sentinel ({e}): every signal is passed on"))).ok()
     });
+    // Notes for the target agent (read without following links): that
+    // the script started, and later how it ended. Slurm may take a launch
+    // whose answer it missed for failed, hold the job and kill what ran:
+    // the agent then tells a run that never started from one that ran.
+    let slurm_job = std::env::var("SLURM_JOB_ID").ok().filter(|v| v.parse::<u64>().is_ok());
+    let note = |name: &str, text: String| {
+        if let Err(e) = std::fs::write(run_dir.join(name), text) {
+            log(&format!("cannot write {name}: {e}"));
+        }
+    };
+    if let Some(id) = &slurm_job {
+        note(".fleet-run-started", format!("started job {id}\n"));
+    }
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -553,6 +566,13 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     if run_dir.join(".fleet-lease-stopped").exists() {
         log(&format!("the script ended ({how}) after its lease stopped it: no end reported"));
     } else {
+        if let Some(id) = &slurm_job {
+            let how = match ended {
+                ScriptEnd::Exited(c) => format!("exit {c}"),
+                ScriptEnd::Signalled(s) => format!("signal {s}"),
+            };
+            note(".fleet-run-ended", format!("{how} job {id}\n"));
+        }
         let sent = current_thread().and_then(|rt| {
             let http = {
                 let _g = rt.enter();
@@ -717,7 +737,7 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
     // SAFETY: getuid(2) cannot fail.
     let uid = unsafe { libc::getuid() };
     let mut w = Watch::new(env.lease, Instant::now(), Duration::from_millis(valid_ms));
-    let mut next = Instant::now() + w.renew_every();
+    let mut next = Instant::now() + w.next_renewal(Instant::now());
     let mut failing = false;
     log(&format!("watching run {} epoch {} (pid {pid}), lease {} ms", env.job_id, env.epoch, env.lease.as_millis()));
     let stop = |why: &str| {
@@ -753,7 +773,7 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
                         failing = false;
                     }
                     match w.on_reply(now, &r) {
-                        Verdict::Go => next = now + w.renew_every(),
+                        Verdict::Go => next = now + w.next_renewal(Instant::now()),
                         Verdict::Off => {
                             log("job leases are off: leaving the run alone");
                             return ExitCode::SUCCESS;
@@ -769,7 +789,7 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
                         log(&format!("renewal failed: {e:#}"));
                         failing = true;
                     }
-                    next = now + Duration::from_secs(1);
+                    next = now + Duration::from_secs(1).min(w.next_renewal(Instant::now()));
                 }
             }
         }

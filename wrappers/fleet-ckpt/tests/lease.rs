@@ -175,10 +175,17 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     //    output; leased while it counts.
     running_at_alpha(&http, &url, "beta-1").await;
     let dir = run_dir(tmp.path(), "beta-1", "#!/bin/sh\necho \"args: $*\"\necho \"to stderr\" >&2\nexit 7\n");
-    let out = lease_exec(&url, "beta-1", &dir, 1, &["a b", "-c"]).output().await.unwrap();
+    let out = lease_exec(&url, "beta-1", &dir, 1, &["a b", "-c"]).env("SLURM_JOB_ID", "4242").output().await.unwrap();
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "args: a b -c\n");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "to stderr\n");
+    // The notes the target agent reads when Slurm takes the launch for
+    // failed: the script started, and how it ended by itself.
+    let note = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    assert_eq!(
+        (note(".fleet-run-started"), note(".fleet-run-ended")),
+        ("started job 4242\n".into(), "exit 7 job 4242\n".into())
+    );
     let tok = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "beta-1"));
     let r: JobLeaseReply = serde_json::from_value(
         call(
@@ -220,7 +227,7 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     //    alpha and the job was placed again) stops itself, all of it.
     running_at_alpha(&http, &url, "beta-2").await;
     let dir = run_dir(tmp.path(), "beta-2", COUNTER);
-    let mut child = lease_exec(&url, "beta-2", &dir, 1, &[]).spawn().unwrap();
+    let mut child = lease_exec(&url, "beta-2", &dir, 1, &[]).env("SLURM_JOB_ID", "4243").spawn().unwrap();
     started(&dir).await;
     let died = StatusUpdate {
         remote_job_id: Some(7),
@@ -247,6 +254,9 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     // The note the agent reads to report the run as died, not failed.
     let note = std::fs::read_to_string(dir.join(".fleet-lease-stopped")).unwrap();
     assert!(note.starts_with("this run is stale: this run is epoch 1; the job is now epoch 2"), "{note}");
+    // Started, and no end of its own: the lease stopped it.
+    assert!(dir.join(".fleet-run-started").is_file());
+    assert!(!dir.join(".fleet-run-ended").exists());
     eprintln!("LEASE stale run stopped {took:?} after its epoch went stale (lease {LEASE_MS} ms)");
 
     // 4. Cut off from the meta-scheduler: the run stops once its lease ran out.

@@ -67,7 +67,7 @@ impl Store {
         // that gates its runs' scripts may take it now.
         let mut trial = job.clone();
         trial.record.state = JobState::Queued;
-        self.assign(&mut trial, now);
+        self.trial_assign(&mut trial, now);
         let target = match (&trial.record.state, &trial.record.target) {
             (JobState::Assigned, Some(t)) if self.gates_starts(t) => t.clone(),
             (_, t) => {

@@ -48,6 +48,16 @@ pub(super) fn claimed(job: &Job) -> bool {
     job.end_claim.as_ref().is_some_and(|c| c.epoch == job.record.epoch)
 }
 
+/// The end `job`'s current run claimed, for a report of epoch `epoch`
+/// (`None`: the current one): the state it ends in and how, in words.
+pub(super) fn claimed_end(job: &Job, epoch: Option<u64>) -> Option<(JobState, String)> {
+    let c = job.end_claim.as_ref().filter(|_| claimed(job))?;
+    if epoch.is_some_and(|e| e != c.epoch) {
+        return None;
+    }
+    Some((if c.success() { JobState::Completed } else { JobState::Failed }, c.describe()))
+}
+
 impl Store {
     /// `POST /v1/jobs/{id}/end`: the run's script ended (a claim).
     pub fn run_end(
@@ -144,7 +154,7 @@ impl Store {
         let claim = job.end_claim.clone().filter(|_| claimed(job));
         match lifecycle::silent_run(&life_of(job), claim.is_some(), past_grace_s, self.end_wait_s) {
             SilentRun::Died => {
-                self.died(job, why, None, now)?;
+                self.died(job, why, None, false, now)?;
             }
             SilentRun::Wait => {}
             SilentRun::Finish => {

@@ -331,7 +331,7 @@ impl Store {
                             m.stop_deadline_s
                         );
                         job.prefer = Some(m.to.clone());
-                        self.died(&mut job, &why, None, now)?;
+                        self.died(&mut job, &why, None, false, now)?;
                     }
                 }
                 Moving::No => {}
