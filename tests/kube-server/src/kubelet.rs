@@ -13,7 +13,12 @@
 //! `shareProcessNamespace` (when the server runs as root) gets a sandbox:
 //! a PID namespace whose init is a pause reaping orphans, with its own
 //! `/proc`, which its containers join and which ends with its container;
-//! other pods' processes share the host's PID namespace.
+//! other pods' processes share the host's PID namespace. A container's
+//! `terminationMessagePath` (default `/dev/termination-log`) is a file of
+//! the pod's directory (mode 0666, as the kubelet makes it), rewritten like
+//! a mount path; when the container ends its first 4096 bytes are
+//! `state.terminated.message` (`FallbackToLogsOnError`: the log's tail, 80
+//! lines or 2048 bytes, for a failed container that left it empty).
 //!
 //! **Users.** A server running as root runs each container as its
 //! `securityContext` says (the container's over the pod's): `runAsUser`,
@@ -64,6 +69,12 @@ pub struct Launch {
     /// `shareProcessNamespace`: the pod's containers share one PID
     /// namespace whose init is the pod's pause ([`Sandbox`]; root only).
     pub share_pid_ns: bool,
+    /// The container's termination message file (its
+    /// `terminationMessagePath`, here), read into its terminated state.
+    pub termination: PathBuf,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`: an empty message
+    /// of a failed container is its log's tail.
+    pub fallback_to_logs: bool,
 }
 
 /// One container's process: program, environment, working directory.
@@ -72,6 +83,9 @@ pub struct Step {
     pub program: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// Its `terminationMessagePath` (default `/dev/termination-log`), here:
+    /// a file the kubelet makes, world-writable, before the container starts.
+    pub termination: PathBuf,
 }
 
 /// How container `c` of pod `p` runs here: its mounts (volumes under
@@ -86,6 +100,13 @@ fn step_of(st: &Store, p: &Value, c: &Value, root: &Path, pod_name: &str) -> Res
             mounts.push((mpath.trim_end_matches('/').to_string(), root.join("volumes").join(vname)));
         }
     }
+    // The termination message file, bind-mounted at its path by a real
+    // kubelet; a file of the pod's directory here, its path rewritten.
+    let cname: String =
+        c["name"].as_str().unwrap_or("").chars().filter(|ch| ch.is_ascii_alphanumeric() || *ch == '-').collect();
+    let termination = root.join(format!("termination-{cname}"));
+    let tm_path = c["terminationMessagePath"].as_str().filter(|t| t.starts_with('/')).unwrap_or(TERMINATION_LOG);
+    mounts.push((tm_path.to_string(), termination.clone()));
     let rewrite = |s: &str| -> String {
         for (m, dir) in &mounts {
             if s == m || s.starts_with(&format!("{m}/")) {
@@ -156,7 +177,31 @@ fn step_of(st: &Store, p: &Value, c: &Value, root: &Path, pod_name: &str) -> Res
         }
         None => root.join("rootfs"),
     };
-    Ok(Step { name: c["name"].as_str().unwrap_or("").to_string(), program, env, cwd })
+    Ok(Step { name: c["name"].as_str().unwrap_or("").to_string(), program, env, cwd, termination })
+}
+
+/// The kubelet's default `terminationMessagePath`.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+/// The most of a termination message the kubelet keeps (bytes).
+const TERMINATION_MAX: u64 = 4096;
+
+/// Container `c`'s termination message, as the kubelet reads it when the
+/// container ended with `code`: the file's first 4096 bytes; under
+/// `FallbackToLogsOnError`, an empty file and a failure give the last 80
+/// lines (at most 2048 bytes) of its log.
+fn termination_message(file: &Path, fallback_to_logs: bool, code: i32, log: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut msg = Vec::new();
+    if let Ok(f) = std::fs::File::open(file) {
+        let _ = f.take(TERMINATION_MAX).read_to_end(&mut msg);
+    }
+    if msg.is_empty() && fallback_to_logs && code != 0 {
+        let text = std::fs::read(log).unwrap_or_default();
+        let tail = &text[text.len().saturating_sub(2048)..];
+        let lines: Vec<&[u8]> = tail.split_inclusive(|b| *b == b'\n').collect();
+        msg = lines[lines.len().saturating_sub(80)..].concat();
+    }
+    (!msg.is_empty()).then(|| String::from_utf8_lossy(&msg).into_owned())
 }
 
 /// A container's identity, from its `securityContext` and the pod's.
@@ -848,7 +893,8 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             set_waiting(st, p, "CreateContainerConfigError", &msg);
             continue;
         }
-        let Some(Step { program, env, cwd, .. }) = steps.pop() else { continue };
+        let Some(Step { program, env, cwd, termination, .. }) = steps.pop() else { continue };
+        let fallback_to_logs = c["terminationMessagePolicy"] == "FallbackToLogsOnError";
         let t = rfc3339(now);
         p["status"]["phase"] = json!("Running");
         p["status"]["startTime"] = json!(t);
@@ -885,6 +931,8 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             read_only,
             ids,
             share_pid_ns,
+            termination,
+            fallback_to_logs,
         });
     }
     out
@@ -930,6 +978,12 @@ pub fn launch(state: &Arc<State>, l: Launch) {
             for d in &l.writable {
                 std::fs::create_dir_all(d)?;
                 chown(d, Some(l.ids.uid), Some(l.ids.gid))?;
+            }
+            // As the kubelet: each container's termination message file,
+            // empty, mode 0666 (whoever the container runs as writes it).
+            for t in l.init.iter().map(|s| &s.termination).chain(std::iter::once(&l.termination)) {
+                std::fs::write(t, b"")?;
+                std::fs::set_permissions(t, std::fs::Permissions::from_mode(0o666))?;
             }
             std::io::Result::Ok(switch)
         }
@@ -1274,8 +1328,8 @@ fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {
         p["status"]["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
         let mut term = json!({"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": t,
                               "containerID": format!("fake://{}", l.uid)});
-        if let Some(e) = err {
-            term["message"] = json!(e);
+        if let Some(m) = err.or_else(|| termination_message(&l.termination, l.fallback_to_logs, code, &l.log)) {
+            term["message"] = json!(m);
         }
         let c = p["spec"]["containers"][0].clone();
         p["status"]["containerStatuses"] = json!([{"name": c["name"], "image": c["image"], "imageID": "", "ready": false,

@@ -368,3 +368,48 @@ async fn a_pod_sharing_its_pid_namespace_has_a_pause_and_takes_its_daemons_with_
     assert_eq!(std::fs::read_to_string(&marks).unwrap().len(), n, "the daemon outlived its pod");
     assert!(s.h.state.sandboxes.lock().is_empty(), "the sandbox is gone");
 }
+
+/// A container's termination message, as the kubelet reports it: the file
+/// at its `terminationMessagePath` (default `/dev/termination-log`),
+/// writable by the container's user; under `FallbackToLogsOnError` an
+/// empty file of a failed container gives its log's tail instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_containers_termination_message_is_in_its_terminated_state() {
+    let s = server().await;
+    let message_of = |name: &str| {
+        let pods = s.h.list(Kind::Pod, Some("fleet"));
+        let p = pods.iter().find(|p| p["metadata"]["labels"]["job-name"] == name).cloned().unwrap_or_default();
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["message"].clone()
+    };
+    let cases = [
+        // (job, script, path, policy, expected message)
+        ("default", "echo 'stopped: why' > \"$1\"; exit 3", None, None, json!("stopped: why\n")),
+        ("named", "echo -n done > \"$1\"", Some("/fleet/run/end"), None, json!("done")),
+        ("silent", "echo to-log; exit 2", None, None, Value::Null),
+        ("fallback", "echo line1; echo line2; exit 2", None, Some("FallbackToLogsOnError"), json!("line1\nline2\n")),
+        ("fallback-ok", "echo line1", None, Some("FallbackToLogsOnError"), Value::Null),
+    ];
+    for (name, script, path, policy, _) in &cases {
+        let mut j = job(name, script, json!({}));
+        // Runs as a user (the file is the kubelet's, world-writable).
+        j["spec"]["template"]["spec"]["securityContext"] = json!({"runAsUser": 1001, "runAsGroup": 1001});
+        let c = &mut j["spec"]["template"]["spec"]["containers"][0];
+        // The path as an argument (the double rewrites arguments that
+        // start with a mount path, documented).
+        if let Some(cmd) = c["command"].as_array_mut() {
+            cmd.extend([json!("sh"), json!(path.unwrap_or("/dev/termination-log"))]);
+        }
+        if let Some(p) = path {
+            c["terminationMessagePath"] = json!(p);
+        }
+        if let Some(p) = policy {
+            c["terminationMessagePolicy"] = json!(p);
+        }
+        assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    }
+    for (name, script, _, _, want) in cases {
+        let cond = if script.contains("exit") { "Failed" } else { "Complete" };
+        until_job(&s, name, cond).await;
+        assert_eq!(message_of(name), want, "{name}");
+    }
+}

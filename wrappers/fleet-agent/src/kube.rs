@@ -66,6 +66,14 @@ const BUSY_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 const CANCEL_RECORD_DAYS: u64 = 7;
 const SCRIPT_DIR: &str = "/fleet/job";
 const WORK_DIR: &str = "/fleet/work";
+/// A leased pod's own writable directory (an emptyDir): its lease
+/// watchdog's log and note (`FLEET_LEASE_DIR`); /fleet/job is a read-only
+/// ConfigMap.
+pub const RUN_DIR: &str = "/fleet/run";
+/// The job container's termination message file (Kubernetes' default
+/// path, named explicitly): the watchdog writes its stop line there, and
+/// the kubelet puts it in the pod's status when the container ends.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Where the run's checkpoint Secret is mounted (read-only).
 pub const CKPT_DIR: &str = "/fleet/ckpt";
 /// Largest stores file or CA bundle put into a checkpoint Secret (a Secret
@@ -524,6 +532,10 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
             // The watchdog stops all of the pod's PID namespace but its
             // init: a daemon the job double-forks is the pause's child.
             env.push(("FLEET_LEASE_SCOPE".into(), "pod".into()));
+            // Where the watchdog leaves its note for lease-exec (which then
+            // reports no end of its own), and its stop line for the pod's status.
+            env.push(("FLEET_LEASE_DIR".into(), RUN_DIR.into()));
+            env.push(("FLEET_TERMINATION_LOG".into(), TERMINATION_LOG.into()));
             json!([format!("{HELPER_DIR}/fleet-ckpt"), "lease-exec", format!("{SCRIPT_DIR}/entry")])
         }
         None => json!(["/bin/bash", format!("{SCRIPT_DIR}/entry")]),
@@ -556,9 +568,13 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     }
     if let Some(l) = lease {
         volumes.push(json!({"name": "fleet-bin", "emptyDir": {}}));
+        volumes.push(json!({"name": "fleet-run", "emptyDir": {}}));
         if let Some(m) = container["volumeMounts"].as_array_mut() {
             m.push(json!({"name": "fleet-bin", "mountPath": HELPER_DIR, "readOnly": true}));
+            m.push(json!({"name": "fleet-run", "mountPath": RUN_DIR}));
         }
+        container["terminationMessagePath"] = json!(TERMINATION_LOG);
+        container["terminationMessagePolicy"] = json!("File");
         init_containers.push(json!({
             "name": "fleet-lease-helper",
             "image": l.image,
@@ -1177,8 +1193,27 @@ where
 /// after each line, in the same poll, so no `.await` separates them): a
 /// restarted agent skips that much of the log, which Kubernetes serves from
 /// its start again, and the output holds each line once.
-/// How the lease watchdog's line on a job's stderr starts (fleet-ckpt).
+/// How the lease watchdog's line on a job's stderr (and in its container's
+/// termination message) starts (fleet-ckpt's `lease::STOP_LINE`).
 const LEASE_STOP_LINE: &str = "fleet: stopping this run of job ";
+
+/// Why the watchdog stopped the run, from its stop line
+/// (`fleet: stopping this run of job ID at this cluster: WHY`).
+fn lease_stop_why(line: &[u8]) -> Option<String> {
+    let rest = String::from_utf8_lossy(line.strip_prefix(LEASE_STOP_LINE.as_bytes())?).into_owned();
+    let (_, why) = rest.split_once(" at this cluster: ")?;
+    let why: String = why.lines().next().unwrap_or("").chars().filter(|c| !c.is_control()).take(500).collect();
+    (!why.trim().is_empty()).then(|| why.trim().to_string())
+}
+
+/// The watchdog's reason from the first of `pods` whose job container
+/// ended with its stop line as termination message (pure).
+pub fn lease_stop_message(pods: &[&Pod]) -> Option<String> {
+    pods.iter()
+        .flat_map(|p| p.status.iter().flat_map(|s| s.container_statuses.iter().flatten()))
+        .filter_map(|cs| cs.state.as_ref()?.terminated.as_ref()?.message.as_deref())
+        .find_map(|m| lease_stop_why(m.as_bytes()))
+}
 
 async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std::path::Path) -> Result<()> {
     use std::io::Write;
@@ -1233,10 +1268,7 @@ async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std
             // The in-job lease's watchdog stopped the pod (its one line on
             // the job's stderr): noted for the tracker as on the Slurm
             // path, a claim the meta-scheduler checks against its grants.
-            if let Some(why) = line.strip_prefix(LEASE_STOP_LINE.as_bytes()).and_then(|rest| {
-                let rest = String::from_utf8_lossy(rest);
-                rest.split_once(" at this cluster: ").map(|(_, why)| why.trim_end().to_string())
-            }) {
+            if let Some(why) = lease_stop_why(&line) {
                 if let Some(dir) = out.parent() {
                     let _ = crate::jobdir::write_private(
                         &dir.join(crate::ckpt::LEASE_STOPPED_FILE),
@@ -1365,6 +1397,16 @@ impl Backend for KubeBackend {
         "kubernetes"
     }
 
+    /// Every pod runs under its job lease (a helper image, a lease length,
+    /// a meta-scheduler to renew with): its `lease-exec` holds the script
+    /// while the first lease answers "wait", as at a Slurm target, so a job
+    /// placed early may come here.
+    fn start_gate(&self) -> bool {
+        PodLease::of(&self.settings, &self.ckpt).is_some()
+            && !self.ckpt.cluster_token.is_empty()
+            && !self.ckpt.metasched_url.is_empty()
+    }
+
     fn output_owner(&self, _job_uid: Option<u32>) -> Option<u32> {
         // The agent writes the job's output file itself (pod logs).
         Some(crate::own_uid())
@@ -1418,6 +1460,11 @@ impl Backend for KubeBackend {
         let ckpt = CkptMount::of(&self.ckpt, id)?;
         let lease =
             PodLease::of(&self.settings, &self.ckpt).filter(|_| ckpt.as_ref().is_some_and(|m| !m.token.is_empty()));
+        if req.fleet.start_gated && lease.is_none() {
+            // Placed before its origin confirmed the stand-in runs: without
+            // the lease that holds its script, it must not be submitted.
+            bail!("job {id} was placed early and must start under its job lease, which this site's pods cannot have (KubeHelperImage, JobLeaseMs, CkptHelper, the meta-scheduler's URL and this cluster's token)");
+        }
         if lease.is_some() {
             // What the tracker reads to tell the meta-scheduler the run is under its lease.
             crate::jobdir::write_private(
@@ -1538,6 +1585,15 @@ impl Backend for KubeBackend {
             if !fleet_id.is_empty() {
                 let mut done = self.follow_logs(&fleet_id, &pods);
                 if nj.state.is_terminal() {
+                    // Its lease watchdog's stop line in a container's
+                    // termination message: noted for the tracker as the log
+                    // relay notes it (the relay may have missed the line).
+                    if let Some(why) = lease_stop_message(&refs) {
+                        let note = self.job_dir(&fleet_id).join(crate::ckpt::LEASE_STOPPED_FILE);
+                        if !note.exists() {
+                            let _ = crate::jobdir::write_private(&note, format!("{why}\n").as_bytes());
+                        }
+                    }
                     // Report the end only with the whole output in the file.
                     let t0 = Instant::now();
                     while !done && t0.elapsed() < Duration::from_secs(10) {
@@ -1912,6 +1968,23 @@ mod tests {
         assert_eq!(env["FLEET_EPOCH"], "3");
         assert_eq!(env["FLEET_JOB_LEASE_MS"], "8000");
         assert_eq!(env["FLEET_LEASE_SCOPE"], "pod", "the watchdog stops the whole PID namespace");
+        // Its note and log in a writable directory of the pod's own (the
+        // script's is a read-only ConfigMap); its stop line in the termination message.
+        assert_eq!(
+            (env["FLEET_LEASE_DIR"].as_str(), env["FLEET_TERMINATION_LOG"].as_str()),
+            (RUN_DIR, TERMINATION_LOG)
+        );
+        let run = mounts.iter().find(|v| v["name"] == "fleet-run").unwrap();
+        assert_eq!((run["mountPath"].as_str(), run.get("readOnly")), (Some(RUN_DIR), None));
+        assert!(pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "fleet-run" && v["emptyDir"].is_object()));
+        assert_eq!(
+            (c["terminationMessagePath"].as_str(), c["terminationMessagePolicy"].as_str()),
+            (Some(TERMINATION_LOG), Some("File"))
+        );
         assert_eq!(env["FLEET_CKPT_TOKEN_FILE"], "/fleet/ckpt/token");
         // The entry runs the script under bash, as before: lease-exec reads its #! line.
         assert!(ENTRY.starts_with("#!/bin/bash\n"));
@@ -2106,6 +2179,30 @@ mod tests {
     fn waiting(reason: &str) -> serde_json::Value {
         json!({"phase": "Pending", "containerStatuses": [{"name": "job", "image": "", "imageID": "", "ready": false, "restartCount": 0,
                "state": {"waiting": {"reason": reason, "message": "m"}}}]})
+    }
+
+    #[test]
+    fn the_watchdogs_stop_line_in_a_termination_message_is_its_note() {
+        let ended = |message: &str| {
+            let mut st = term(143, "Error");
+            st["containerStatuses"][0]["state"]["terminated"]["message"] = json!(message);
+            pod(st)
+        };
+        let check = |pods: Vec<Pod>, want: Option<&str>| {
+            let refs: Vec<&Pod> = pods.iter().collect();
+            assert_eq!(lease_stop_message(&refs).as_deref(), want);
+        };
+        let line = "fleet: stopping this run of job beta-7 at this cluster: its job lease ran out (8000 ms)\n";
+        check(vec![ended(line)], Some("its job lease ran out (8000 ms)"));
+        check(vec![pod(term(0, "Completed")), ended(line)], Some("its job lease ran out (8000 ms)"));
+        // Only the first line, without control characters.
+        check(vec![ended("fleet: stopping this run of job b at this cluster: stale\x1b[2J\nmore")], Some("stale[2J"));
+        for other in
+            ["", "exit 3", "fleet: stopping this run of job b", "fleet: stopping this run of job b at this cluster: "]
+        {
+            check(vec![ended(other)], None);
+        }
+        check(vec![pod(term(1, "Error")), pod(waiting("ErrImagePull"))], None);
     }
 
     #[test]

@@ -10,6 +10,17 @@
 //! `ERANGE` up to [`MAX_BUF`]. A directory lookup may take as long as the
 //! directory does: callers on the async runtime run these on a blocking
 //! thread or off the hot path (the heartbeat's list is cached).
+//!
+//! **One lookup at a time in the process** ([`NSS`]). Reentrant calls are
+//! only as thread-safe as every module in the site's chain, and some are
+//! not: libnss-extrausers (Debian, Ubuntu: `passwd: files systemd
+//! extrausers`) keeps one `FILE*` per database for the whole process, and
+//! glibc's `getgrouplist` walks a module that has no `initgroups_dyn`
+//! through its `setgrent`/`getgrent_r`/`endgrent`, so two threads close the
+//! same stream twice: heap corruption that aborts the process later, in
+//! whatever thread next frees or exits (`tcache_thread_shutdown():
+//! unaligned tcache chunk detected` in the agent's kube test binary, whose
+//! tests submit at once). Serialised, they cannot race.
 
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
@@ -17,6 +28,17 @@ use std::path::PathBuf;
 /// The largest buffer a lookup may use (a group with tens of thousands of
 /// members needs a few hundred KiB).
 const MAX_BUF: usize = 4 << 20;
+
+/// Held across every NSS call of this process (std's lock: NSS calls
+/// block, and are never made across an `.await`).
+static NSS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `f` (NSS calls) alone in this process.
+fn alone<T>(f: impl FnOnce() -> T) -> T {
+    // A panic while holding it leaves nothing half-done in NSS: go on.
+    let _g = NSS.lock().unwrap_or_else(|e| e.into_inner());
+    f()
+}
 
 /// One passwd entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,15 +105,17 @@ fn with_buf<T>(mut call: impl FnMut(&mut Vec<libc::c_char>) -> (libc::c_int, Opt
 /// The user called `name`.
 pub fn user_by_name(name: &str) -> Option<Passwd> {
     let c = cstr(name)?;
-    with_buf(|buf| {
-        // SAFETY: every pointer is valid for the call; `res` points into
-        // `pw`/`buf`, both alive while it is read.
-        unsafe {
-            let mut pw: libc::passwd = std::mem::zeroed();
-            let mut res: *mut libc::passwd = std::ptr::null_mut();
-            let rc = libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
-            (rc, if res.is_null() { None } else { passwd_from(&pw) })
-        }
+    alone(|| {
+        with_buf(|buf| {
+            // SAFETY: every pointer is valid for the call; `res` points into
+            // `pw`/`buf`, both alive while it is read.
+            unsafe {
+                let mut pw: libc::passwd = std::mem::zeroed();
+                let mut res: *mut libc::passwd = std::ptr::null_mut();
+                let rc = libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
+                (rc, if res.is_null() { None } else { passwd_from(&pw) })
+            }
+        })
     })
     // Some modules answer a lookup of "Alice" with "alice": a name is only
     // the user it names.
@@ -100,14 +124,16 @@ pub fn user_by_name(name: &str) -> Option<Passwd> {
 
 /// The user with `uid`.
 pub fn user_by_uid(uid: u32) -> Option<Passwd> {
-    with_buf(|buf| {
-        // SAFETY: as in `user_by_name`.
-        unsafe {
-            let mut pw: libc::passwd = std::mem::zeroed();
-            let mut res: *mut libc::passwd = std::ptr::null_mut();
-            let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
-            (rc, if res.is_null() { None } else { passwd_from(&pw) })
-        }
+    alone(|| {
+        with_buf(|buf| {
+            // SAFETY: as in `user_by_name`.
+            unsafe {
+                let mut pw: libc::passwd = std::mem::zeroed();
+                let mut res: *mut libc::passwd = std::ptr::null_mut();
+                let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
+                (rc, if res.is_null() { None } else { passwd_from(&pw) })
+            }
+        })
     })
     .filter(|p| p.uid == uid)
 }
@@ -115,29 +141,31 @@ pub fn user_by_uid(uid: u32) -> Option<Passwd> {
 /// The group called `name`.
 pub fn group_by_name(name: &str) -> Option<Group> {
     let c = cstr(name)?;
-    with_buf(|buf| {
-        // SAFETY: as in `user_by_name`; `gr_mem` is a NULL-terminated array
-        // of C strings inside `buf`.
-        unsafe {
-            let mut gr: libc::group = std::mem::zeroed();
-            let mut res: *mut libc::group = std::ptr::null_mut();
-            let rc = libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut res);
-            if res.is_null() || gr.gr_name.is_null() {
-                return (rc, None);
-            }
-            let mut members = Vec::new();
-            let mut m = gr.gr_mem;
-            while !m.is_null() && !(*m).is_null() {
-                if let Ok(s) = CStr::from_ptr(*m).to_str() {
-                    if !s.is_empty() {
-                        members.push(s.to_string());
-                    }
+    alone(|| {
+        with_buf(|buf| {
+            // SAFETY: as in `user_by_name`; `gr_mem` is a NULL-terminated array
+            // of C strings inside `buf`.
+            unsafe {
+                let mut gr: libc::group = std::mem::zeroed();
+                let mut res: *mut libc::group = std::ptr::null_mut();
+                let rc = libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut res);
+                if res.is_null() || gr.gr_name.is_null() {
+                    return (rc, None);
                 }
-                m = m.add(1);
+                let mut members = Vec::new();
+                let mut m = gr.gr_mem;
+                while !m.is_null() && !(*m).is_null() {
+                    if let Ok(s) = CStr::from_ptr(*m).to_str() {
+                        if !s.is_empty() {
+                            members.push(s.to_string());
+                        }
+                    }
+                    m = m.add(1);
+                }
+                let name = CStr::from_ptr(gr.gr_name).to_string_lossy().into_owned();
+                (rc, Some(Group { name, gid: gr.gr_gid, members }))
             }
-            let name = CStr::from_ptr(gr.gr_name).to_string_lossy().into_owned();
-            (rc, Some(Group { name, gid: gr.gr_gid, members }))
-        }
+        })
     })
     .filter(|g| g.name == name)
 }
@@ -152,7 +180,7 @@ pub fn group_list(name: &str, gid: u32) -> Vec<u32> {
         let mut count = n;
         // SAFETY: `groups` holds `count` entries; getgrouplist writes at
         // most that many and sets `count` to the number it needs.
-        let rc = unsafe { libc::getgrouplist(c.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        let rc = alone(|| unsafe { libc::getgrouplist(c.as_ptr(), gid, groups.as_mut_ptr(), &mut count) });
         if rc >= 0 {
             groups.truncate(count.max(0) as usize);
             if !groups.contains(&gid) {
@@ -173,9 +201,9 @@ pub fn group_list(name: &str, gid: u32) -> Vec<u32> {
 /// enables enumeration, e.g. sssd's `enumerate = true`). Bounded: at most
 /// `limit` entries are looked at.
 pub fn users_with_primary_gid(gid: u32, limit: usize) -> Vec<String> {
-    // getpwent_r walks process-global state: one walker at a time.
-    static WALK: parking_lot::Mutex<()> = parking_lot::const_mutex(());
-    let _guard = WALK.lock();
+    // getpwent_r walks process-global state: one walker at a time, and no
+    // other lookup meanwhile.
+    let _guard = NSS.lock().unwrap_or_else(|e| e.into_inner());
     let mut out = Vec::new();
     let mut buf: Vec<libc::c_char> = vec![0; 16 << 10];
     // SAFETY: setpwent/getpwent_r/endpwent under the walker lock; the
@@ -234,6 +262,37 @@ mod tests {
         // A user nobody knows still belongs to the group they were given.
         assert_eq!(group_list("no-such-user-fleet-test", 4242), vec![4242]);
         assert_eq!(group_list("bad\0name", 7), vec![7]);
+    }
+
+    /// Lookups from many threads at once, as the agent makes them (its
+    /// submissions run concurrently): with an NSS module that is not
+    /// thread-safe in the chain (libnss-extrausers keeps one `FILE*` for
+    /// its whole process, and glibc's `getgrouplist` enumerates a module
+    /// without `initgroups_dyn` through it), unserialised calls corrupt the
+    /// heap (double `fclose`) and the process aborts.
+    #[test]
+    fn lookups_from_many_threads_at_once_are_safe() {
+        let root_groups = group_list("root", 0);
+        for round in 0..40 {
+            let threads: Vec<_> = (0..8)
+                .map(|t| {
+                    std::thread::spawn(move || {
+                        let names = ["root", "no-such-user-fleet-test", "nobody", "daemon"];
+                        for i in 0..30 {
+                            let n = names[(t + i + round) % names.len()];
+                            let _ = group_list(n, 0);
+                            if i % 10 == 0 {
+                                let _ = (user_by_name(n), group_by_name(n), user_by_uid(0));
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().expect("a lookup thread");
+            }
+        }
+        assert_eq!(group_list("root", 0), root_groups);
     }
 
     #[test]

@@ -772,3 +772,44 @@ async fn a_pod_that_would_run_as_root_never_starts() {
     assert!(j.reason.contains("CreateContainerConfigError") && j.reason.contains("non-root"), "{j:?}");
     assert_eq!(stdout(&c, "beta-62"), "");
 }
+
+/// Early placement (docs/failover.md, "Start latency"): a Kubernetes
+/// target takes a job placed before its origin confirmed the stand-in only
+/// when its pods run under their job lease (whose `lease-exec` holds the
+/// script while the first lease answers "wait"); otherwise such a job is
+/// refused, and nothing of it is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_placed_early_comes_only_where_pods_run_under_their_lease() {
+    use fleet_agent::backend::Backend as _;
+    let mut c = cluster().await;
+    assert!(!c.backend.start_gate(), "no helper image, no lease: no early placement here");
+    let mut r = request("echo early\n", None, 1);
+    r.fleet.start_gated = true;
+    let err = c.backend.submit("beta-70", &r, &user()).await.expect_err("refused");
+    assert!(format!("{err:#}").contains("job beta-70 was placed early and must start under its job lease"), "{err:#}");
+    assert!(c.server.list(Kind::Job, Some("fleet")).is_empty(), "nothing of it was created");
+    // A site whose pods run under their lease: the helper image, a lease,
+    // a meta-scheduler and this cluster's token.
+    c.backend.settings.helper_image = Some("registry.example.org/fleet/fleet-ckpt:1".into());
+    c.backend.ckpt = fleet_agent::ckpt::JobCkpt {
+        metasched_url: "https://ms.example:8443".into(),
+        ca_file: None,
+        cluster_token: "gamma-cluster-token".into(),
+        stores: None,
+        job_lease: Some(Duration::from_secs(8)),
+        helper: "/usr/bin/fleet-ckpt".into(),
+    };
+    assert!(c.backend.start_gate());
+    let offs: [fn(&mut fleet_agent::ckpt::JobCkpt); 3] =
+        [|k| k.job_lease = None, |k| k.cluster_token.clear(), |k| k.metasched_url.clear()];
+    for off in offs {
+        let keep = c.backend.ckpt.clone();
+        off(&mut c.backend.ckpt);
+        assert!(!c.backend.start_gate(), "{:?}", c.backend.ckpt);
+        c.backend.ckpt = keep;
+    }
+    let id = c.backend.submit("beta-71", &r, &user()).await.unwrap();
+    let job = c.server.get(Kind::Job, "fleet", &job_name(id)).unwrap();
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["command"][1], "lease-exec", "its script waits for its first lease: {pod}");
+}

@@ -356,6 +356,39 @@ fn collect_procs(dir: &Path, out: &mut BTreeSet<i32>, depth: u32) {
     }
 }
 
+/// The variable naming the run's own writable directory, where the
+/// watchdog keeps its log (`.fleet-lease.log`) and leaves its note that
+/// the lease stopped the run (`.fleet-lease-stopped`), which `lease-exec`
+/// reads before it reports an end. Unset: the directory of the job's script
+/// (`FLEET_JOB_SCRIPT`), the run's private directory at a Slurm target. In a
+/// pod that directory is a read-only ConfigMap volume: the Kubernetes
+/// target's agent mounts an emptyDir and names it here.
+pub const DIR_VAR: &str = "FLEET_LEASE_DIR";
+
+/// The variable naming the container's termination message file
+/// (`terminationMessagePath`, set by a Kubernetes target's agent): the
+/// watchdog writes its stop line there too, so that the pod's status says
+/// why its container ended when the log relay missed the line.
+pub const TERMINATION_VAR: &str = "FLEET_TERMINATION_LOG";
+
+/// How the watchdog's line (on the job's stderr and in the termination
+/// message) starts; the agents recognise it.
+pub const STOP_LINE: &str = "fleet: stopping this run of job ";
+
+/// The watchdog's one line on a stopped run: `STOP_LINE` + the job's id.
+pub fn stop_line(job_id: &str, why: &str) -> String {
+    format!("{STOP_LINE}{job_id} at this cluster: {why}")
+}
+
+/// The run's writable directory ([`DIR_VAR`], an absolute path, else the
+/// script's directory), from the environment as `var` reads it.
+pub fn run_dir(var: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    var(DIR_VAR)
+        .filter(|d| d.starts_with('/'))
+        .map(PathBuf::from)
+        .or_else(|| var("FLEET_JOB_SCRIPT").and_then(|s| Path::new(&s).parent().map(Path::to_path_buf)))
+}
+
 /// The variable (set by a Kubernetes target's agent) that says the run is
 /// a pod's container whose PID namespace is the pod's own
 /// (`shareProcessNamespace`): `FLEET_LEASE_SCOPE=pod`.
@@ -443,6 +476,23 @@ mod tests {
 
     fn reply(valid_ms: u64) -> JobLeaseReply {
         JobLeaseReply { valid_ms, ..JobLeaseReply::default() }
+    }
+
+    #[test]
+    fn the_runs_directory_is_the_named_one_else_the_scripts() {
+        let check = |vars: &[(&str, &str)], want: Option<&str>| {
+            let got = run_dir(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()));
+            assert_eq!(got.as_deref(), want.map(Path::new), "{vars:?}");
+        };
+        check(&[("FLEET_JOB_SCRIPT", "/spool/jobs/beta-1/.fleet-script")], Some("/spool/jobs/beta-1"));
+        check(&[("FLEET_LEASE_DIR", "/fleet/run"), ("FLEET_JOB_SCRIPT", "/fleet/job/entry")], Some("/fleet/run"));
+        // A relative directory would depend on the script's working directory: not taken.
+        check(&[("FLEET_LEASE_DIR", "run"), ("FLEET_JOB_SCRIPT", "/fleet/job/entry")], Some("/fleet/job"));
+        check(&[], None);
+        assert_eq!(
+            stop_line("beta-7", "its job lease ran out"),
+            "fleet: stopping this run of job beta-7 at this cluster: its job lease ran out"
+        );
     }
 
     #[test]

@@ -439,7 +439,10 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     use fleet_ckpt::end::{self, Route, ScriptEnd};
     use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
-    let run_dir = script.parent().map(PathBuf::from).unwrap_or_default();
+    // The watchdog's log and note: the run's writable directory (in a pod,
+    // not the script's read-only one).
+    let run_dir = lease::run_dir(|k| std::env::var(k).ok())
+        .unwrap_or_else(|| script.parent().map(PathBuf::from).unwrap_or_default());
     let log = |msg: &str| {
         if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.join(".fleet-lease.log"))
         {
@@ -716,9 +719,10 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
         Ok(Some(e)) => e,
         _ => return ExitCode::FAILURE,
     };
-    let log_path = std::env::var_os("FLEET_JOB_SCRIPT")
-        .map(PathBuf::from)
-        .and_then(|p| p.parent().map(|d| d.join(".fleet-lease.log")));
+    let log_path = lease::run_dir(|k| std::env::var(k).ok()).map(|d| d.join(".fleet-lease.log"));
+    // The container's termination message (a pod's): where the stop line
+    // goes too, for the pod's status.
+    let termination = std::env::var_os(lease::TERMINATION_VAR).map(PathBuf::from).filter(|p| p.is_absolute());
     let log = |msg: &str| {
         if let Some(p) = &log_path {
             use std::io::Write;
@@ -746,10 +750,14 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
         if let Some(d) = log_path.as_ref().and_then(|p| p.parent()) {
             let _ = std::fs::write(d.join(".fleet-lease-stopped"), format!("{why}\n"));
         }
+        let line = lease::stop_line(&env.job_id, why);
+        if let Some(t) = &termination {
+            let _ = std::fs::write(t, format!("{line}\n"));
+        }
         // One line on the job's own stderr (relayed if the run still counts).
         if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(format!("/proc/{pid}/fd/2")) {
             use std::io::Write;
-            let _ = writeln!(f, "fleet: stopping this run of job {} at this cluster: {why}", env.job_id);
+            let _ = writeln!(f, "{line}");
         }
         lease::stop_run(pid, uid, Duration::from_secs(3));
         log("stopped");

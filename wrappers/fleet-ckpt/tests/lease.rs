@@ -130,9 +130,14 @@ fn lines(p: &Path) -> usize {
 
 /// Waits until `dir`'s counter has written something and the watchdog runs.
 async fn started(dir: &Path) {
+    started_logging_in(dir, dir).await
+}
+
+/// As [`started`], the watchdog's log in `log_dir` (`FLEET_LEASE_DIR`).
+async fn started_logging_in(dir: &Path, log_dir: &Path) {
     let t0 = Instant::now();
     while lines(&dir.join("marks")) < 3
-        || !std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap_or_default().contains("watching")
+        || !std::fs::read_to_string(log_dir.join(".fleet-lease.log")).unwrap_or_default().contains("watching")
     {
         assert!(t0.elapsed() < Duration::from_secs(20), "the run did not start");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -418,11 +423,21 @@ async fn in_a_pod_a_stale_run_stops_what_it_daemonized_too() {
     let http = reqwest::Client::new();
     // With the pod's scope (what a Kubernetes target sets) and, for
     // contrast, without it (a Slurm run: its tree and its job's cgroup).
+    // The pod's run has, as a Kubernetes target gives it, a writable
+    // directory of its own (an emptyDir: its script's is a read-only
+    // ConfigMap) and a termination message file.
     for (id, pod_scope) in [("beta-4", true), ("beta-5", false)] {
         running_at_alpha(&http, &url, id).await;
         let dir = run_dir(tmp.path(), id, DAEMONIZES);
-        let mut pod = lease_exec_in_pod(&url, id, &dir, pod_scope).spawn().expect("unshare");
-        started(&dir).await;
+        let lease_dir = if pod_scope { dir.join("fleet-run") } else { dir.clone() };
+        let termination = dir.join("termination-log");
+        let mut cmd = lease_exec_in_pod(&url, id, &dir, pod_scope);
+        if pod_scope {
+            std::fs::create_dir(&lease_dir).unwrap();
+            cmd.env("FLEET_LEASE_DIR", &lease_dir).env("FLEET_TERMINATION_LOG", &termination);
+        }
+        let mut pod = cmd.spawn().expect("unshare");
+        started_logging_in(&dir, &lease_dir).await;
         assert!(daemon_writes(&dir).await, "{id}: the daemon runs");
         let died = StatusUpdate {
             remote_job_id: Some(7),
@@ -438,13 +453,28 @@ async fn in_a_pod_a_stale_run_stops_what_it_daemonized_too() {
             assert!(
                 t_stale.elapsed() < Duration::from_millis(LEASE_MS + 5000),
                 "{id}: the run still runs; {:?}",
-                std::fs::read_to_string(dir.join(".fleet-lease.log"))
+                std::fs::read_to_string(lease_dir.join(".fleet-lease.log"))
             );
             assert!(pod.try_wait().unwrap().is_none(), "{id}: the namespace ended before the run");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let log = std::fs::read_to_string(dir.join(".fleet-lease.log")).unwrap();
+        let log = std::fs::read_to_string(lease_dir.join(".fleet-lease.log")).unwrap();
         assert!(log.contains("stopping the run: this run is stale"), "{id}: {log}");
+        // lease-exec found the watchdog's note where it wrote it: the run's
+        // end is its lease's, not reported as the script's own.
+        assert!(log.contains("after its lease stopped it: no end reported"), "{id}: {log}");
+        let note = std::fs::read_to_string(lease_dir.join(".fleet-lease-stopped")).unwrap();
+        assert!(note.starts_with("this run is stale"), "{id}: {note}");
+        if pod_scope {
+            assert!(!dir.join(".fleet-lease-stopped").exists() && !dir.join(".fleet-lease.log").exists(), "{id}");
+            let msg = std::fs::read_to_string(&termination).unwrap();
+            assert!(
+                msg.starts_with(&format!("fleet: stopping this run of job {id} at this cluster: this run is stale")),
+                "{msg}"
+            );
+        } else {
+            assert!(!termination.exists(), "{id}: no termination message file unless named");
+        }
         let n = lines(&dir.join("marks"));
         assert_eq!(daemon_writes(&dir).await, !pod_scope, "{id}: does the daemon outlive the run's stop?");
         assert_eq!(lines(&dir.join("marks")), n, "{id}: the run's own tree is stopped");
