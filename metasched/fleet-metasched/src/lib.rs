@@ -1011,6 +1011,7 @@ async fn start(
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: StartRequest = if body.is_empty() { StartRequest::default() } else { parse(&body, "start request")? };
+    tracing::debug!(target: "fleet::start", job = %id, stand_in = req.origin_job_id, "start requested");
     let (record, held) =
         with_store(&st, move |s, now| s.start(&caller, &id, req.origin_job_id, req.restart, now)).await?;
     let status = if held { StatusCode::ACCEPTED } else { StatusCode::OK };
@@ -1096,7 +1097,13 @@ async fn job_lease(
     // for up to LEASE_WAIT, until its cluster's waker fires (the origin's
     // confirmation wakes it), so its script starts as soon as the gate
     // opens. The store lock is taken only for each check.
-    let deadline = tokio::time::Instant::now() + LEASE_WAIT;
+    let asked = tokio::time::Instant::now();
+    let deadline = asked + LEASE_WAIT;
+    // `fleet::start` (debug): the start path's timestamps (tests/bench/start_latency.py reads them).
+    let answered = |reply: &fleet_api::api::JobLeaseReply, id: &str| {
+        tracing::debug!(target: "fleet::start", job = %id, wait = reply.wait, stale = reply.stale,
+            valid_ms = reply.valid_ms, held_ms = asked.elapsed().as_millis() as u64, "lease answered");
+    };
     let mut woken = match &caller {
         Caller::Checkpointer { cluster, .. } | Caller::Cluster(cluster) => st.wakers.subscribe(cluster),
         _ => None,
@@ -1106,13 +1113,15 @@ async fn job_lease(
         let (c, i, r) = (caller.clone(), id.clone(), req.clone());
         let reply = with_store(&st, move |s, now| s.job_lease(&c, &i, &r, now)).await?;
         if !reply.wait || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
+            answered(&reply, &id);
             return Ok(Json(reply).into_response());
         }
         let Some(rx) = woken.as_mut() else {
+            answered(&reply, &id);
             return Ok(Json(reply).into_response());
         };
         tokio::select! {
-            changed = rx.changed() => if changed.is_err() { return Ok(Json(reply).into_response()) },
+            changed = rx.changed() => if changed.is_err() { answered(&reply, &id); return Ok(Json(reply).into_response()) },
             _ = tokio::time::sleep_until(deadline) => {}
             _ = shutdown.changed() => {}
         }

@@ -633,6 +633,12 @@ pub const SUBMIT_CONCURRENCY: usize = 6;
 pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut track::Recent) -> Result<bool> {
     let work = agent.meta.work(wait_ms).await?;
     agent.lease.lock().renew(Instant::now());
+    if !work.submit.is_empty() || !work.confirm_start.is_empty() {
+        // `fleet::start` (debug): the start path's timestamps (tests/bench/start_latency.py reads them).
+        let submit: Vec<&str> = work.submit.iter().map(|a| a.fleet_job_id.as_str()).collect();
+        let confirm: Vec<&str> = work.confirm_start.iter().map(|c| c.fleet_job_id.as_str()).collect();
+        tracing::debug!(target: "fleet::start", ?submit, ?confirm, "work taken");
+    }
     let mut progressed = false;
     let fresh: Vec<_> = track::newest_placements(work.submit)
         .into_iter()

@@ -543,13 +543,15 @@ pub fn submit_env(req: &JobRequest, home: &std::path::Path) -> Option<Vec<(Strin
 }
 
 /// sbatch options that reproduce the job's resources at this cluster.
+/// The sbatch arguments of a run, and Fleet's variables that travel in
+/// the job's environment instead of in `--export` (see below).
 pub fn sbatch_args(
     id: &str,
     req: &JobRequest,
     dir: &std::path::Path,
     paths: &crate::backend::OutputPaths,
     ckpt_env: &[(&'static str, String)],
-) -> Vec<String> {
+) -> (Vec<String>, Vec<(String, String)>) {
     let mut a = vec![
         "--parsable".to_string(),
         format!("--job-name={}", req.name.as_deref().unwrap_or(id)),
@@ -574,8 +576,20 @@ pub fn sbatch_args(
             }
         }
     }
+    // `--export=ALL` (the default) stays plain ALL: Slurm's sbatch reads any
+    // `--export=ALL,<vars>` as a list, which sets SLURM_GET_USER_ENV, and
+    // slurmd then loads the user's login environment before it starts the
+    // job (0.1 s, at times over 1 s, and variables the origin's job never
+    // had). Fleet's variables then travel where sbatch takes the job's
+    // environment from: the export file or sbatch's own environment. Any
+    // other mode names its variables as natively (Slurm loads the login
+    // environment there too).
+    if matches!(req.export_mode(), fleet_api::ExportMode::All) {
+        a.extend(fleet_api::sbatch::sbatch_options(req));
+        return (a, env.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    }
     a.extend(fleet_api::sbatch::sbatch_options_with_env(req, &env));
-    a
+    (a, Vec::new())
 }
 
 /// Does the job's `--export` mode carry the submission environment?
@@ -614,7 +628,7 @@ impl Backend for SlurmBackend {
             anyhow::bail!("job {id} was placed early and must start under its in-job lease, which this run cannot have (JobLeaseMs, CkptHelper, the script's #! line)");
         }
         let script = wrapped.as_deref().unwrap_or(script);
-        let mut args = sbatch_args(id, req, &dir, &paths, &ckpt_env);
+        let (mut args, fleet_env) = sbatch_args(id, req, &dir, &paths, &ckpt_env);
         if let Some(a) = &user.account {
             args.push(format!("--account={a}"));
         }
@@ -623,19 +637,26 @@ impl Backend for SlurmBackend {
         // HOME is the user's home here, as for a job they submitted here
         // themselves (the job directory where they have none).
         let home = job_home(user, &dir);
-        let env = submit_env(req, &home).filter(|_| exports_environment(req));
-        if let Some(env) = &env {
+        let mut env = submit_env(req, &home).filter(|_| exports_environment(req));
+        if let Some(env) = &mut env {
+            // With an export file sbatch takes nothing from its own
+            // environment: Fleet's variables (if not in --export) go in it,
+            // after the job's (which holds no FLEET_* of its own).
+            env.extend(fleet_env.iter().cloned());
             let f = dir.join(".fleet-env");
             crate::jobdir::write_private(&f, &crate::jobdir::export_file_bytes(env))?;
             args.push(format!("--export-file={}", f.display()));
         }
         // sbatch itself runs in a minimal environment: nothing of the agent's
-        // reaches the job.
-        let base_env = vec![
+        // reaches the job (but Fleet's variables, without an export file).
+        let mut base_env = vec![
             ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
             ("HOME".to_string(), home.display().to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
         ];
+        if env.is_none() {
+            base_env.extend(fleet_env);
+        }
         let out = self.run_in("sbatch", &args, Some(script), Some(&base_env), Some(&user.name)).await?;
         let out = String::from_utf8_lossy(&out);
         let first = out.trim().split(';').next().unwrap_or("");
@@ -931,7 +952,7 @@ mod tests {
             ..Default::default()
         };
         let p = crate::backend::OutputPaths { stdout: "/s/o".into(), stderr: "/s/e".into() };
-        let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &[]);
+        let (a, _) = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &[]);
         assert!(!a.iter().any(|x| x.starts_with("--comment")), "the user's comment is theirs: {a:?}");
         for want in ["--job-name=train", "--gres=gpu:h100:8", "--nodes=2", "--time=60", "--output=/s/o"] {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
@@ -939,12 +960,51 @@ mod tests {
         let mut req = req;
         req.fleet.ckpt = Some("s3://ckpt-east/fleet/beta-1".into());
         req.fleet.resume_from = Some("s3://ckpt-east/fleet/beta-1/ckpt-000000000002".into());
-        let a = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &[]);
+        req.export_env = Some("ALL,WANDB_MODE".into());
+        let (a, env) = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &[]);
         let export = a.iter().find(|x| x.starts_with("--export=")).unwrap();
         assert!(
             export.ends_with(",FLEET_CKPT_URL=s3://ckpt-east/fleet/beta-1,FLEET_RESUME_FROM=s3://ckpt-east/fleet/beta-1/ckpt-000000000002"),
             "{export}"
         );
+        assert!(env.is_empty(), "a list names Fleet's variables itself: {env:?}");
+    }
+
+    /// The default `--export=ALL` stays exactly that at the target: sbatch
+    /// turns `ALL,<vars>` into a list with SLURM_GET_USER_ENV set, which
+    /// makes slurmd load the user's login environment before the job
+    /// starts (a native `--export=ALL` job never pays that). Fleet's
+    /// variables come back beside the arguments, for the environment.
+    #[test]
+    fn plain_export_all_stays_plain_and_fleet_variables_travel_apart() {
+        let p = crate::backend::OutputPaths { stdout: "/s/o".into(), stderr: "/s/e".into() };
+        let ckpt = [("FLEET_EPOCH", "3".to_string())];
+        for export_env in [None, Some("ALL"), Some(" all ")] {
+            let req = JobRequest {
+                origin: "beta".into(),
+                export_env: export_env.map(String::from),
+                fleet: fleet_api::FleetOptions { ckpt: Some("s3://b/fleet/beta-1".into()), ..Default::default() },
+                ..Default::default()
+            };
+            let (a, env) = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &ckpt);
+            let exports: Vec<_> = a.iter().filter(|x| x.starts_with("--export")).collect();
+            assert_eq!(exports, ["--export=ALL"], "{export_env:?}: {a:?}");
+            assert!(!a.iter().any(|x| x.contains("FLEET_")), "{a:?}");
+            let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(
+                names,
+                ["FLEET_JOB_ID", "FLEET_ORIGIN", "FLEET_FORWARDED_JOB", "FLEET_CKPT_URL", "FLEET_EPOCH"],
+                "{export_env:?}"
+            );
+            assert!(env.contains(&("FLEET_CKPT_URL".into(), "s3://b/fleet/beta-1".into())), "{env:?}");
+        }
+        // NONE and NIL name (or cannot name) their variables as natively.
+        for (mode, want) in [("NONE", "--export=FLEET_JOB_ID=beta-1,"), ("NIL", "--export=NIL")] {
+            let req = JobRequest { origin: "beta".into(), export_env: Some(mode.into()), ..Default::default() };
+            let (a, env) = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &ckpt);
+            assert!(a.iter().any(|x| x.starts_with(want)), "{mode}: {a:?}");
+            assert!(env.is_empty(), "{mode}: {env:?}");
+        }
     }
 
     #[test]

@@ -629,7 +629,10 @@ pub async fn signal_one<B: Backend>(
 /// with the job token alone while the stand-in is held or waiting.
 pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck]) -> Result<()> {
     let ids: Vec<u64> = checks.iter().map(|c| c.origin_job_id).collect();
+    let t0 = std::time::Instant::now();
     let stand_ins = agent.backend.stand_ins_by_id(&agent.cfg.proxy_partition, &ids).await?;
+    // `fleet::start` (debug): the start path's timestamps (tests/bench/start_latency.py reads them).
+    tracing::debug!(target: "fleet::start", ?ids, lookup_ms = t0.elapsed().as_millis() as u64, "stand-ins looked up");
     for c in checks {
         let found = stand_ins.iter().find(|s| s.native_id == c.origin_job_id);
         let journaled = agent.journal.stand_in_of(&c.fleet_job_id)?;
@@ -644,9 +647,12 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
             tracing::warn!(id = %c.fleet_job_id, "start request refused: {reason}");
         }
         let verdict = StartConfirmation { origin_job_id: c.origin_job_id, started, reason, time_limit_min };
+        let t1 = std::time::Instant::now();
         if let Err(e) = agent.meta.confirm_start(&c.fleet_job_id, &verdict).await {
             tracing::warn!(id = %c.fleet_job_id, "confirming the start: {e:#}");
         }
+        tracing::debug!(target: "fleet::start", id = %c.fleet_job_id, started, post_ms = t1.elapsed().as_millis() as u64,
+            "start confirmation sent");
     }
     Ok(())
 }
