@@ -177,7 +177,9 @@ impl Store {
                 job.record.migrations
             )));
         }
-        let placed_for = now - job.running_since.unwrap_or(job.record.updated_at);
+        // Times come back from the database rounded: a run started "now"
+        // may read as a fraction of a millisecond in the future.
+        let placed_for = (now - job.running_since.unwrap_or(job.record.updated_at)).max(0.0);
         if job.record.migrations > 0 && placed_for < policy.min_move_interval_s {
             return Err(super::conflict(format!(
                 "job {id} runs at {from} for {placed_for:.0} s only since its last move \
