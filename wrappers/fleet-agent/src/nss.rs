@@ -83,12 +83,13 @@ unsafe fn passwd_from(p: &libc::passwd) -> Option<Passwd> {
     Some(Passwd { name, uid: p.pw_uid, gid: p.pw_gid, home })
 }
 
-/// Runs a reentrant lookup with a growing buffer. `call` returns the
-/// C function's error number and whether an entry was found.
+/// Runs a reentrant lookup with a growing buffer, each try [`alone`].
+/// `call` returns the C function's error number and whether an entry was
+/// found.
 fn with_buf<T>(mut call: impl FnMut(&mut Vec<libc::c_char>) -> (libc::c_int, Option<T>)) -> Option<T> {
     let mut buf: Vec<libc::c_char> = vec![0; 16 << 10];
     loop {
-        match call(&mut buf) {
+        match alone(|| call(&mut buf)) {
             (0, found) => return found,
             (libc::ERANGE, _) if buf.len() < MAX_BUF => {
                 let n = buf.len() * 4;
@@ -105,17 +106,15 @@ fn with_buf<T>(mut call: impl FnMut(&mut Vec<libc::c_char>) -> (libc::c_int, Opt
 /// The user called `name`.
 pub fn user_by_name(name: &str) -> Option<Passwd> {
     let c = cstr(name)?;
-    alone(|| {
-        with_buf(|buf| {
-            // SAFETY: every pointer is valid for the call; `res` points into
-            // `pw`/`buf`, both alive while it is read.
-            unsafe {
-                let mut pw: libc::passwd = std::mem::zeroed();
-                let mut res: *mut libc::passwd = std::ptr::null_mut();
-                let rc = libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
-                (rc, if res.is_null() { None } else { passwd_from(&pw) })
-            }
-        })
+    with_buf(|buf| {
+        // SAFETY: every pointer is valid for the call; `res` points into
+        // `pw`/`buf`, both alive while it is read.
+        unsafe {
+            let mut pw: libc::passwd = std::mem::zeroed();
+            let mut res: *mut libc::passwd = std::ptr::null_mut();
+            let rc = libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
+            (rc, if res.is_null() { None } else { passwd_from(&pw) })
+        }
     })
     // Some modules answer a lookup of "Alice" with "alice": a name is only
     // the user it names.
@@ -124,16 +123,14 @@ pub fn user_by_name(name: &str) -> Option<Passwd> {
 
 /// The user with `uid`.
 pub fn user_by_uid(uid: u32) -> Option<Passwd> {
-    alone(|| {
-        with_buf(|buf| {
-            // SAFETY: as in `user_by_name`.
-            unsafe {
-                let mut pw: libc::passwd = std::mem::zeroed();
-                let mut res: *mut libc::passwd = std::ptr::null_mut();
-                let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
-                (rc, if res.is_null() { None } else { passwd_from(&pw) })
-            }
-        })
+    with_buf(|buf| {
+        // SAFETY: as in `user_by_name`.
+        unsafe {
+            let mut pw: libc::passwd = std::mem::zeroed();
+            let mut res: *mut libc::passwd = std::ptr::null_mut();
+            let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut res);
+            (rc, if res.is_null() { None } else { passwd_from(&pw) })
+        }
     })
     .filter(|p| p.uid == uid)
 }
@@ -141,31 +138,29 @@ pub fn user_by_uid(uid: u32) -> Option<Passwd> {
 /// The group called `name`.
 pub fn group_by_name(name: &str) -> Option<Group> {
     let c = cstr(name)?;
-    alone(|| {
-        with_buf(|buf| {
-            // SAFETY: as in `user_by_name`; `gr_mem` is a NULL-terminated array
-            // of C strings inside `buf`.
-            unsafe {
-                let mut gr: libc::group = std::mem::zeroed();
-                let mut res: *mut libc::group = std::ptr::null_mut();
-                let rc = libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut res);
-                if res.is_null() || gr.gr_name.is_null() {
-                    return (rc, None);
-                }
-                let mut members = Vec::new();
-                let mut m = gr.gr_mem;
-                while !m.is_null() && !(*m).is_null() {
-                    if let Ok(s) = CStr::from_ptr(*m).to_str() {
-                        if !s.is_empty() {
-                            members.push(s.to_string());
-                        }
-                    }
-                    m = m.add(1);
-                }
-                let name = CStr::from_ptr(gr.gr_name).to_string_lossy().into_owned();
-                (rc, Some(Group { name, gid: gr.gr_gid, members }))
+    with_buf(|buf| {
+        // SAFETY: as in `user_by_name`; `gr_mem` is a NULL-terminated array
+        // of C strings inside `buf`.
+        unsafe {
+            let mut gr: libc::group = std::mem::zeroed();
+            let mut res: *mut libc::group = std::ptr::null_mut();
+            let rc = libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut res);
+            if res.is_null() || gr.gr_name.is_null() {
+                return (rc, None);
             }
-        })
+            let mut members = Vec::new();
+            let mut m = gr.gr_mem;
+            while !m.is_null() && !(*m).is_null() {
+                if let Ok(s) = CStr::from_ptr(*m).to_str() {
+                    if !s.is_empty() {
+                        members.push(s.to_string());
+                    }
+                }
+                m = m.add(1);
+            }
+            let name = CStr::from_ptr(gr.gr_name).to_string_lossy().into_owned();
+            (rc, Some(Group { name, gid: gr.gr_gid, members }))
+        }
     })
     .filter(|g| g.name == name)
 }
