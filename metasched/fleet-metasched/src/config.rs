@@ -665,6 +665,13 @@ impl Config {
         let c: Config =
             toml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
         c.validate()?;
+        // `[policies.*]` read from this very text, so a typo or a bad value is
+        // reported at its place in the user's file (`file:line:col`), not in
+        // the text the ranker builds from the kept table.
+        if c.policies.is_some() {
+            fleet_engine::Policies::from_toml_named(text, &path.display().to_string())
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
         Ok(c)
     }
 
@@ -1089,7 +1096,14 @@ mod tests {
         check(&format!("{BASE}[tls]\ncert_file = \"/c.pem\"\n"), Err("missing field `key_file`"));
         check("listen = \"nope\"\n", Err("t.toml"));
         check(&format!("{BASE}prices = \"/p.csv\"\ncarbon = \"/c.csv\"\n"), Ok(""));
-        check(&format!("{BASE}[policies.cheap]\nprice = 1.0\n"), Ok(""));
+        check(&format!("{BASE}[policies.cheap]\ntime_value_usd_per_gpu_hour = 1.0\n"), Ok(""));
+        // Policy errors point at the user's file: line 5 is `price = 1.0`.
+        check(&format!("{BASE}[policies.cheap]\nprice = 1.0\n"), Err("t.toml:5:1: unknown field `price`"));
+        check(
+            &format!("{BASE}\n[policies.cheap]\ntime_value_usd_per_gpu_hour = \"x\"\n"),
+            Err("t.toml:6:31: invalid type"),
+        );
+        check(&format!("{BASE}[policies.cheap]\nspot_max_lost_h = -1.0\n"), Err("t.toml:4:1: policy cheap"));
         check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\n"), Ok(""));
         check(&format!("{BASE}[sla]\n"), Ok(""));

@@ -86,6 +86,18 @@ pub fn imported_prices_path(state_dir: &std::path::Path) -> std::path::PathBuf {
     state_dir.join("prices.csv")
 }
 
+/// What the job's own history tells the engine (`PreparedJob::spot_reclaims`,
+/// `spot_lost_h`): the policy's spot caps apply to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct JobHistory {
+    /// Runs of the job that were taken away from it (died or requeued at
+    /// their target): the live store cannot tell a spot reclaim from
+    /// another loss, so every one counts.
+    pub spot_reclaims: u32,
+    /// Hours of run time those losses cost (0: not recorded by the store).
+    pub spot_lost_h: f64,
+}
+
 /// The engine's pick among allowed clusters.
 pub struct Pick {
     pub cluster: String,
@@ -118,6 +130,9 @@ impl Ranker {
         let policies = match &config.policies {
             None => Policies::builtin(),
             Some(t) => {
+                // `Config::parse` has already read these tables from the
+                // user's file (its errors carry that file:line:col); this
+                // reads the kept table again, for a `Config` built in code.
                 let mut doc = toml::Table::new();
                 doc.insert("policies".into(), toml::Value::Table(t.clone()));
                 let text = toml::to_string(&doc).map_err(|e| ConfigError::Invalid(format!("[policies]: {e}")))?;
@@ -172,11 +187,20 @@ impl Ranker {
     /// The engine's ranked explanation of `req` on `view`, with the
     /// provisioning-SLA penalty of SLA-degraded clusters added to their
     /// scores (and the ranking sorted again): the penalties by cluster.
-    pub fn explain(&self, view: &FleetView, req: &JobRequest, id: &str) -> (Decision, Vec<String>, Vec<(String, f64)>) {
+    pub fn explain(
+        &self,
+        view: &FleetView,
+        req: &JobRequest,
+        id: &str,
+        history: &JobHistory,
+    ) -> (Decision, Vec<String>, Vec<(String, f64)>) {
         let (mut spec, errs) = JobSpec::from_request_script(req);
         spec.id = id.to_string();
         let state = self.state(view);
-        let mut d = fleet_engine::explain(&self.model, &state, &spec, &self.policy);
+        let mut job = fleet_engine::prepare(&self.model, &spec);
+        job.spot_reclaims = history.spot_reclaims;
+        job.spot_lost_h = history.spot_lost_h;
+        let mut d = fleet_engine::explain_prepared(&self.model, &state, &job, &self.policy);
         let mut errs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
         let mut penalties = Vec::new();
         for c in &mut d.ranked {
@@ -197,8 +221,15 @@ impl Ranker {
 
     /// The best-ranked cluster among `allowed`; `None` when the engine
     /// ranks none of them (then the first rule's pick stands).
-    pub fn pick(&self, view: &FleetView, req: &JobRequest, id: &str, allowed: &[String]) -> Option<Pick> {
-        let (d, _, _) = self.explain(view, req, id);
+    pub fn pick(
+        &self,
+        view: &FleetView,
+        req: &JobRequest,
+        id: &str,
+        history: &JobHistory,
+        allowed: &[String],
+    ) -> Option<Pick> {
+        let (d, _, _) = self.explain(view, req, id, history);
         let n = d.ranked.len();
         d.ranked.iter().enumerate().find(|(_, c)| allowed.contains(&c.cluster)).map(|(i, c)| Pick {
             cluster: c.cluster.clone(),

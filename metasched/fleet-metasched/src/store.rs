@@ -26,7 +26,7 @@ use crate::config::{ClusterConfig, Health, Sla};
 use crate::feeds::Feeds;
 use crate::lifecycle::{self, transition, Early, Effect, Event, Life, Moving, Reply};
 use crate::metrics::Metrics;
-use crate::ranking::{Ranker, RebalanceProposal, RunningInput};
+use crate::ranking::{JobHistory, Ranker, RebalanceProposal, RunningInput};
 use crate::Clock;
 
 /// The checkpoint catalog (its table and every query of it).
@@ -201,6 +201,13 @@ pub struct Job {
     /// (`store/early.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early: Option<EarlyStart>,
+}
+
+/// The job's history as the engine's spot caps read it: every run that died
+/// (`left`) or was requeued at its target (`requeues`) counts as a reclaim.
+fn history_of(job: &Job) -> JobHistory {
+    let lost = u32::try_from(job.left.len()).unwrap_or(u32::MAX);
+    JobHistory { spot_reclaims: lost.saturating_add(job.record.requeues), spot_lost_h: 0.0 }
 }
 
 fn is_zero_u32(v: &u32) -> bool {
@@ -1122,6 +1129,7 @@ impl Store {
 
     pub fn explain(&self, caller: &Caller, id: &str, now: f64) -> Result<Explanation, StoreError> {
         let job = self.get(caller, id)?;
+        let history = history_of(&job);
         let view = self.view(now);
         let (p, excluded) = placement::place(&view, &job.request);
         let (kind, target, why) = match p {
@@ -1146,7 +1154,7 @@ impl Store {
             view_generated_at: view.generated_at,
         };
         if let Some(r) = &self.ranker {
-            let (d, errs, penalties) = r.explain(&view, &job.request, &out.fleet_job_id);
+            let (d, errs, penalties) = r.explain(&view, &job.request, &out.fleet_job_id, &history);
             out.policy = d.policy.clone();
             out.ranked = d
                 .ranked
@@ -1416,7 +1424,7 @@ impl Store {
                 .filter(|c| c.healthy && !excluded.iter().any(|e| e.cluster == c.name))
                 .map(|c| c.name.clone())
                 .collect();
-            if let Some(pick) = r.pick(&view, &job.request, &job.record.fleet_job_id, &allowed) {
+            if let Some(pick) = r.pick(&view, &job.request, &job.record.fleet_job_id, &history_of(job), &allowed) {
                 p = if pick.cluster == job.record.origin {
                     Placement::Home { reason: pick.reason }
                 } else {
