@@ -77,7 +77,8 @@ impl Fx {
             .collect();
         std::fs::write(dir.join("model.toml"), MODEL).unwrap();
         let mut cfg = Config::new("127.0.0.1:1".parse().unwrap(), dir.join("state"), dir.join("admin"));
-        cfg.placement = Some(PlacementConfig { policy: Some("capped".into()), fleet_model: Some(dir.join("model.toml")) });
+        cfg.placement =
+            Some(PlacementConfig { policy: Some("capped".into()), fleet_model: Some(dir.join("model.toml")) });
         cfg.policies = Some(toml::from_str(&format!("[capped]\n{policy}")).unwrap());
         let ranker = Arc::new(Ranker::load(&cfg, Arc::default()).unwrap().unwrap());
         let mut store =
@@ -137,7 +138,12 @@ impl Fx {
     /// store places it again (at cloud, the only H100s).
     fn reclaimed(&mut self, id: &str) {
         let epoch = self.job(id).record.epoch;
-        let at = |state| StatusUpdate { remote_job_id: Some(100), state: Some(state), epoch: Some(epoch), ..Default::default() };
+        let at = |state| StatusUpdate {
+            remote_job_id: Some(100),
+            state: Some(state),
+            epoch: Some(epoch),
+            ..Default::default()
+        };
         self.store.status(&cl("cloud"), id, at(JobState::Running), self.now).unwrap();
         self.now += 60.0;
         let died = StatusUpdate { died: Some("PREEMPTED at cloud".into()), ..at(JobState::Failed) };

@@ -85,9 +85,11 @@ pub struct PoolLoad {
     /// spot capacity, when it cannot now (`spot_start_estimate`); infinite = none
     /// (no spot, not estimated, or the job fits on spot now).
     pub spot_wait_s: f64,
-    /// The pool's spot recovery time (s): the mean spell of its spot trace below its
-    /// full level, how long a job reclaimed from spot waits for it again; 0 = none
-    /// (no trace, or not handed to this strategy).
+    /// The pool's spot recovery time (s): how long a job reclaimed from spot waits
+    /// for it again — the mean spell below the trace's full level seen so far,
+    /// times the pool's realized ÷ estimated waits after reclaims so far
+    /// (`PoolState::reclaim_wait_ratio`); 0 = none (no trace, none seen yet, or
+    /// not handed to this strategy).
     pub spot_recovery_s: f64,
 }
 
@@ -511,16 +513,70 @@ struct PoolState {
     spot_used: u32,
     spot_fraction: f64,
     has_spot: bool,
-    /// Mean length (s) of the spot trace's spells below its full level (0: none,
-    /// or no trace).
-    spot_recovery_s: f64,
+    /// Start of the spell below the spot trace's full level the pool is in now
+    /// (`None`: at full), as the replay's clock shows it (never the trace ahead).
+    spell_since: Option<f64>,
+    /// Lengths (s) of the spells below full ended so far, ascending, and
+    /// `tail_s[i]` = Σ `spells[i..]` (for the mean remaining spell at an age).
+    spells: Vec<f64>,
+    tail_s: Vec<f64>,
+    /// Waits for spot after a reclaim ended so far on this pool (the job
+    /// started on its spot capacity): count, Σ realized seconds, Σ estimated
+    /// seconds (the uncalibrated estimate at the decision).
+    reclaim_waits: (u32, f64, f64),
     queue: VecDeque<usize>,
     /// Running spot jobs in start order (eviction takes the newest).
     running_spot: Vec<usize>,
     running: Vec<usize>,
 }
 
+/// Weight of the prior (realized = estimated) in [`PoolState::reclaim_wait_ratio`],
+/// in waits of [`RECLAIM_PRIOR_S`] each.
+const RECLAIM_PRIOR_WAITS: f64 = 5.0;
+const RECLAIM_PRIOR_S: f64 = 3600.0;
+
 impl PoolState {
+    /// Realized ÷ estimated wait for spot after a reclaim on this pool, from the
+    /// waits that ended so far (the prior: 1, worth [`RECLAIM_PRIOR_WAITS`] waits
+    /// of an hour). Calibrates the post-reclaim spot wait and the recovery time
+    /// the engine is given: an estimate from the trace alone misses the on-demand
+    /// jobs that take the pool's GPUs while spot is away and the other reclaimed
+    /// jobs queued ahead.
+    fn reclaim_wait_ratio(&self) -> f64 {
+        let (_, real, est) = self.reclaim_waits;
+        let prior = RECLAIM_PRIOR_WAITS * RECLAIM_PRIOR_S;
+        (real + prior) / (est + prior)
+    }
+
+    /// How long spot that is short now should take to come back, from the
+    /// spells below full ended so far (the replay's past only), conditional on
+    /// the age `a` of the spell the pool is in now (0 at full, or right at a
+    /// reclaim): the mean of `L − a` over the ended spells longer than `a`.
+    /// Spot shortfalls have a falling hazard (most spells are short, a few last
+    /// many hours), so the longer a spell has lasted, the longer it is expected
+    /// to last. With no ended spell that long, the age itself (a lower bound
+    /// known now); 0 when there is neither.
+    fn recovery_s(&self, now: f64) -> f64 {
+        let age = self.spell_since.map_or(0.0, |t0| (now - t0).max(0.0));
+        let i = self.spells.partition_point(|&l| l <= age);
+        match self.tail_s.get(i) {
+            Some(&sum) => sum / (self.spells.len() - i) as f64 - age,
+            None => age,
+        }
+    }
+
+    /// A spell below full of `len` seconds ended.
+    fn spell_ended(&mut self, len: f64) {
+        let i = self.spells.partition_point(|&l| l <= len);
+        self.spells.insert(i, len);
+        self.tail_s.insert(i, 0.0);
+        let mut acc = 0.0;
+        for k in (0..self.spells.len()).rev() {
+            acc += self.spells[k];
+            self.tail_s[k] = acc;
+        }
+    }
+
     fn spot_limit(&self) -> u32 {
         if !self.has_spot {
             return 0;
@@ -556,6 +612,11 @@ struct JobState {
     /// Times reclaimed from spot, and the run seconds those reclaims lost.
     spot_reclaims: u32,
     spot_lost_s: f64,
+    /// Being placed right after a spot reclaim (set by `spot_change`).
+    just_reclaimed: bool,
+    /// Queued for spot after a reclaim: (decision time, cluster, pool,
+    /// uncalibrated estimated wait s); measured when it starts there.
+    reclaim_wait: Option<(f64, usize, usize, f64)>,
 }
 
 struct Sim<'a, M: Model> {
@@ -590,6 +651,9 @@ struct Sim<'a, M: Model> {
     /// Reused buffer of the pools' load handed to the model, kept up to date
     /// incrementally (see `load`).
     load_buf: Vec<ClusterLoad>,
+    /// The job being placed was just reclaimed from spot: its spot waits are
+    /// calibrated by each pool's [`PoolState::reclaim_wait_ratio`].
+    placing_reclaimed: bool,
     /// Pools changed since `load_buf` was computed, and the same as flags.
     dirty: Vec<(usize, usize)>,
     is_dirty: Vec<Vec<bool>>,
@@ -632,7 +696,6 @@ pub fn simulate<M: Model>(
                     cap: p.gpus,
                     spot_fraction: if p.spot_trace.is_some() || p.sells_spot { 1.0 } else { 0.0 },
                     has_spot: p.spot_trace.is_some() || p.sells_spot,
-                    spot_recovery_s: p.spot_trace.and_then(|i| spot.get(i)).map_or(0.0, |t| t.mean_shortfall_s()),
                     ..Default::default()
                 })
                 .collect()
@@ -665,6 +728,7 @@ pub fn simulate<M: Model>(
         spend: BTreeMap::new(),
         busy: vec![Vec::new(); clusters.len()],
         load_buf: Vec::new(),
+        placing_reclaimed: false,
         dirty: Vec::new(),
         is_dirty: clusters.iter().map(|c| vec![false; c.pools.len()]).collect(),
         team_usd: BTreeMap::new(),
@@ -799,6 +863,7 @@ impl<M: Model> Sim<'_, M> {
         // Only the engine policies may queue for spot (the baselines launch on spot
         // when it is free, else fail over).
         let spot_estimate = estimate && matches!(self.strategy, Strategy::Engine(_));
+        let reclaimed = self.placing_reclaimed;
         for (ps, cl) in self.pools.iter().zip(buf.iter_mut()) {
             let mut changed = false;
             for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
@@ -808,8 +873,14 @@ impl<M: Model> Sim<'_, M> {
                     changed = true;
                 }
                 let spot_now = gpus <= pl.start_free && gpus <= pl.spot_free && pl.spot_fraction > 0.0;
+                let ratio = if spot_estimate { p.reclaim_wait_ratio() } else { 1.0 };
                 let sw = if spot_estimate && p.has_spot && !spot_now {
-                    self.spot_start_estimate(p, now, gpus) - now
+                    let raw = self.spot_start_estimate(p, now, gpus) - now;
+                    if reclaimed {
+                        raw * ratio
+                    } else {
+                        raw
+                    }
                 } else {
                     f64::INFINITY
                 };
@@ -817,7 +888,10 @@ impl<M: Model> Sim<'_, M> {
                     pl.spot_wait_s = sw;
                     changed = true;
                 }
-                let back = if spot_estimate { p.spot_recovery_s } else { 0.0 };
+                // Every spot option pays the waits for spot after its expected
+                // reclaims: the spells seen so far, calibrated by the waits after
+                // reclaims seen so far.
+                let back = if spot_estimate { p.recovery_s(now) * ratio } else { 0.0 };
                 if back.to_bits() != pl.spot_recovery_s.to_bits() {
                     pl.spot_recovery_s = back;
                     changed = true;
@@ -903,16 +977,17 @@ impl<M: Model> Sim<'_, M> {
     /// and the same FIFO estimate over the spot capacity alone (running spot jobs end
     /// at their planned ends, queued spot jobs start first). When the spot level now
     /// is below the job's GPUs, the level is taken to come back in full after the
-    /// trace's mean shortfall spell (`spot_recovery_s`, from the trace's history, as
-    /// its preemption rate). Infinite when the job can never run on spot here.
+    /// mean spell below full seen so far ([`PoolState::recovery_s`]: the replay's
+    /// past only). Infinite when the job can never run on spot here.
     fn spot_start_estimate(&self, p: &PoolState, now: f64, gpus: u32) -> f64 {
         use std::cmp::Reverse;
         if !p.has_spot || gpus > p.cap {
             return f64::INFINITY;
         }
         let limit = p.spot_limit();
-        let (level, back) = if limit >= gpus { (limit, now) } else { (p.cap, now + p.spot_recovery_s) };
-        if limit < gpus && p.spot_recovery_s <= 0.0 {
+        let recovery = p.recovery_s(now);
+        let (level, back) = if limit >= gpus { (limit, now) } else { (p.cap, now + recovery) };
+        if limit < gpus && recovery <= 0.0 {
             return f64::INFINITY;
         }
         let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
@@ -1102,14 +1177,28 @@ impl<M: Model> Sim<'_, M> {
     }
 
     fn place(&mut self, j: usize, now: f64) {
+        let reclaimed = std::mem::take(&mut self.js[j].just_reclaimed);
+        self.js[j].reclaim_wait = None;
         let done = self.js[j].progress_s / self.jobs[j].duration_s.max(1e-9);
         self.model.resume(&self.jobs[j], done, self.js[j].ckpt_at);
         if self.js[j].spot_reclaims > 0 {
             let s = &self.js[j];
             self.model.spot_history(&self.jobs[j], s.spot_reclaims, s.spot_lost_s / 3600.0);
         }
-        match self.choose(j, now) {
+        self.placing_reclaimed = reclaimed;
+        let chosen = self.choose(j, now);
+        self.placing_reclaimed = false;
+        match chosen {
             Some(o) => {
+                // Queued for spot after a reclaim: its wait is measured when it
+                // starts, against the estimate before calibration.
+                if reclaimed && o.spot {
+                    let w = self.load_buf.get(o.cluster).and_then(|c| c.pools.get(o.pool)).map(|p| p.spot_wait_s);
+                    if let Some(w) = w.filter(|w| w.is_finite()) {
+                        let est = w / self.pools[o.cluster][o.pool].reclaim_wait_ratio();
+                        self.js[j].reclaim_wait = Some((now, o.cluster, o.pool, est));
+                    }
+                }
                 let d = self.carbon_hold(j, &o, now);
                 if d > 0.0 {
                     self.js[j].held_s = Some(d);
@@ -1306,6 +1395,14 @@ impl<M: Model> Sim<'_, M> {
         // this pool's speed.
         let remaining = setup + (job.duration_s - self.js[j].progress_s).max(0.0) / speed;
         let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
+        if let Some((t0, wc, wp, est)) = self.js[j].reclaim_wait.take() {
+            if spot && (wc, wp) == (c, p) {
+                let w = &mut self.pools[c][p].reclaim_waits;
+                w.0 += 1;
+                w.1 += (now - t0).max(0.0);
+                w.2 += est;
+            }
+        }
         self.touch(c, p);
         let ps = &mut self.pools[c][p];
         ps.used += g;
@@ -1428,7 +1525,17 @@ impl<M: Model> Sim<'_, M> {
     }
 
     fn spot_change(&mut self, c: usize, p: usize, f: f64, now: f64) {
-        self.pools[c][p].spot_fraction = f;
+        let ps = &mut self.pools[c][p];
+        ps.spot_fraction = f;
+        // The spells below full, as the clock shows them.
+        match (f < 1.0, ps.spell_since) {
+            (true, None) => ps.spell_since = Some(now),
+            (false, Some(t0)) => {
+                ps.spell_since = None;
+                ps.spell_ended(now - t0);
+            }
+            _ => {}
+        }
         self.touch(c, p);
         let limit = self.pools[c][p].spot_limit();
         let mut evicted = Vec::new();
@@ -1440,6 +1547,7 @@ impl<M: Model> Sim<'_, M> {
             let s = &mut self.js[j];
             s.spot_reclaims += 1;
             s.spot_lost_s += lost_s;
+            s.just_reclaimed = true;
             evicted.push(j);
         }
         self.preemptions += evicted.len() as u64;
@@ -2052,12 +2160,12 @@ mod tests {
     }
 
     /// The spot wait handed to the engine: the FIFO start on the spot capacity when
-    /// spot jobs hold it, the trace's mean shortfall when the level is below the
-    /// job's GPUs; and a job queued on spot starts when spot comes back.
+    /// spot jobs hold it, the remaining spell seen so far when the level is below
+    /// the job's GPUs; and a job queued on spot starts when spot comes back.
     #[test]
-    fn spot_wait_estimate_is_the_spot_fifo_or_the_traces_recovery() {
+    fn spot_wait_estimate_is_the_spot_fifo_or_the_spells_seen_so_far() {
         // 2 GPUs; spot level 2 during [0, 10000), 1 during [10000, 20000), then
-        // cyclic (2 again). Shortfall spells: one of one tick = 10000 s.
+        // cyclic (2 again; short again during [30000, 40000)).
         let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10000},"data":[2,1]}"#, "t").unwrap();
         let stub = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
         let mut m = SpotRecorder { inner: stub, seen: Vec::new() };
@@ -2066,8 +2174,11 @@ mod tests {
             job(0, 0.0, 500.0, 2, true, 100.0),
             // both spot GPUs held by job 0 until 500
             job(1, 10.0, 100.0, 1, true, 100.0),
-            // at 10010 the level is 1 < 2 GPUs: back in full after the mean spell
+            // at 10010 the level is 1 < 2 GPUs and no spell has ended yet: the
+            // open spell's age (10 s), not the trace ahead
             job(2, 10_010.0, 100.0, 2, true, 100.0),
+            // at 30010 one spell of 10000 s has ended: 10000 − the age
+            job(3, 30_010.0, 100.0, 2, true, 100.0),
         ];
         let r = simulate(
             &mut m,
@@ -2077,8 +2188,8 @@ mod tests {
             &SimConfig::default(),
             &quiet,
         );
-        assert_eq!(r.completed, 3);
-        assert_eq!(m.seen, vec![(0, f64::INFINITY), (1, 490.0), (2, 10_000.0)]);
+        assert_eq!(r.completed, 4);
+        assert_eq!(m.seen, vec![(0, f64::INFINITY), (1, 490.0), (2, 10.0), (3, 9_990.0)]);
         // job 2 queued on spot and started when the level came back at 20000
         assert_eq!(r.wait_p95_s, 20_000.0 - 10_010.0);
         // the baselines are never given a spot wait
@@ -2088,6 +2199,65 @@ mod tests {
         };
         simulate(&mut b, Strategy::FirstStart, &jobs, &[trace], &SimConfig::default(), &quiet);
         assert!(b.seen.iter().all(|&(_, w)| w == f64::INFINITY), "{:?}", b.seen);
+    }
+
+    fn spells_ended(lens: &[f64], since: Option<f64>) -> PoolState {
+        let mut p = PoolState { spell_since: since, ..Default::default() };
+        for &l in lens {
+            p.spell_ended(l);
+        }
+        p
+    }
+
+    /// The expected rest of a spot shortfall: the mean of `L − age` over the
+    /// ended spells longer than the open spell's age.
+    #[test]
+    fn recovery_is_the_mean_remaining_spell_at_its_age() {
+        // (ended spells, open since, now) → expected seconds until spot is back
+        let table: &[(&[f64], Option<f64>, f64, f64)] = &[
+            (&[], None, 50.0, 0.0),
+            (&[], Some(20.0), 50.0, 30.0),
+            (&[1200.0, 100.0, 200.0], None, 50.0, 500.0),
+            (&[1200.0, 100.0, 200.0], Some(0.0), 0.0, 500.0),
+            (&[1200.0, 100.0, 200.0], Some(0.0), 150.0, 550.0),
+            (&[1200.0, 100.0, 200.0], Some(1000.0), 1500.0, 700.0),
+            (&[1200.0, 100.0, 200.0], Some(0.0), 2000.0, 2000.0),
+        ];
+        for &(lens, since, now, want) in table {
+            assert_eq!(spells_ended(lens, since).recovery_s(now), want, "{lens:?} {since:?} {now}");
+        }
+    }
+
+    /// A job reclaimed from spot is handed the wait for spot times the pool's
+    /// realized ÷ estimated waits after reclaims so far; the others, and every
+    /// wait before any was seen, are not.
+    #[test]
+    fn the_wait_after_a_reclaim_is_calibrated_by_the_waits_seen() {
+        // 1 GPU; spot up [0, 1000), down [1000, 3000), up [3000, 4000), down
+        // [4000, 8000), up [8000, 10000) (cyclic), down [10000, 12000), …
+        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[1,0,0,1,0,0,0,0,1]}"#, "t").unwrap();
+        let stub = Stub { clusters: vec![cluster("a", 1, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
+        let mut m = SpotRecorder { inner: stub, seen: Vec::new() };
+        let jobs = vec![job(0, 0.0, 5000.0, 1, true, 100.0)];
+        let r = simulate(
+            &mut m,
+            Strategy::Engine("cost".into()),
+            &jobs,
+            std::slice::from_ref(&trace),
+            &SimConfig { rebalance_every_s: 0.0, ..SimConfig::default() },
+            &quiet,
+        );
+        assert_eq!((r.completed, r.preemptions), (1, 3));
+        // Placed at 0 (spot free); reclaimed at 1000 (no spell ended: the open
+        // one's age, 0, gives no estimate); at 4000 (one spell of 2000 s ended,
+        // nothing calibrated yet: 2000; it then waited 4000); at 10000 (spells
+        // of 2000 and 4000: 3000, × (4000 + 5 h) ÷ (2000 + 5 h) = 1.1).
+        let waits: Vec<f64> = m.seen.iter().map(|s| s.1).collect();
+        assert_eq!(waits[..3], [f64::INFINITY, f64::INFINITY, 2000.0]);
+        assert!((waits[3] - 3300.0).abs() < 1e-6, "{waits:?}");
+        assert_eq!(waits.len(), 4);
+        // Started again at 12000 with 1000 s of work left.
+        assert_eq!(r.completion_mean_s, 13_000.0);
     }
 
     #[test]

@@ -97,29 +97,6 @@ impl SpotTrace {
         })
     }
 
-    /// Mean length (s) of the trace's spells below its full level (maximal runs of
-    /// ticks with `data[i] < max`, the trace read once, not cyclically); 0 when it
-    /// never falls short. How long a job waiting for spot capacity that is short
-    /// now should expect to wait, from the trace's history.
-    pub fn mean_shortfall_s(&self) -> f64 {
-        let (mut spells, mut ticks, mut inside) = (0usize, 0usize, false);
-        for &v in &self.data {
-            let short = v < self.max;
-            if short {
-                ticks += 1;
-                if !inside {
-                    spells += 1;
-                }
-            }
-            inside = short;
-        }
-        if spells == 0 {
-            0.0
-        } else {
-            ticks as f64 * self.gap_s / spells as f64
-        }
-    }
-
     /// All tick boundaries in `[0, horizon)` where the fraction changes, with the new
     /// fraction. Consecutive equal values are merged.
     pub fn changes(&self, horizon_s: f64) -> Vec<(f64, f64)> {
@@ -174,15 +151,6 @@ mod tests {
         assert_eq!(got, t.changes(80.0));
         let flat = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10},"data":[3,3]}"#, "t").unwrap();
         assert_eq!(flat.next_change(1e15), None);
-    }
-
-    #[test]
-    fn mean_shortfall_is_the_mean_spell_below_full() {
-        // Spells below 4: ticks 1-2 (2 ticks) and 4 (1 tick): 1.5 ticks of 10 s.
-        let t = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10},"data":[4,0,2,4,3,4]}"#, "t").unwrap();
-        assert_eq!(t.mean_shortfall_s(), 15.0);
-        let full = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10},"data":[2,2]}"#, "t").unwrap();
-        assert_eq!(full.mean_shortfall_s(), 0.0);
     }
 
     #[test]
