@@ -305,7 +305,10 @@ pub struct PreparedJob {
     /// run time those reclaims lost (work since the last checkpoint). Past
     /// the policy's caps ([`Policy::spot_max_reclaims`],
     /// [`Policy::spot_max_lost_h`]) the job is offered no more spot. Filled
-    /// by the caller (the simulator); 0 = none known.
+    /// by the caller: the simulator counts reclaims and lost run time; the
+    /// meta-scheduler counts the job's runs that died or were requeued at
+    /// their target (it cannot tell a reclaim from another loss) and knows
+    /// no lost hours; 0 = none known.
     pub spot_reclaims: u32,
     pub spot_lost_h: f64,
 }
