@@ -869,7 +869,9 @@ fn a_job_placed_early_at_kube_gamma_runs_under_its_lease_once_its_stand_in_runs(
     set_proxy_partition(lab, "beta", "DOWN");
     let _up = fleet_lab::OnDrop(|| set_proxy_partition(lab, "beta", "UP"));
     let body = format!(
-        "date +%s.%N > {}\necho \"leased run at $SLURM_CLUSTER_NAME lease_dir=$FLEET_LEASE_DIR\"\necho to-stderr >&2\nexit 5",
+        "date +%s.%N > {}\necho \"leased run at $SLURM_CLUSTER_NAME lease_dir=$FLEET_LEASE_DIR\"\n\
+         w=no; for i in $(seq 50); do grep -qs watching \"$FLEET_LEASE_DIR/.fleet-lease.log\" && {{ w=yes; break; }}; sleep 0.1; done\n\
+         echo \"watchdog log in the lease dir: $w\"\necho to-stderr >&2\nexit 5",
         stamp.display()
     );
     let id = lab
@@ -935,6 +937,10 @@ fn a_job_placed_early_at_kube_gamma_runs_under_its_lease_once_its_stand_in_runs(
     assert!(
         first.starts_with(&format!("leased run at {KUBE} lease_dir=/")) && first.ends_with("/volumes/fleet-run"),
         "{out:?}"
+    );
+    assert!(
+        out.contains("\nwatchdog log in the lease dir: yes\n"),
+        "the watchdog logs into the pod's emptyDir: {out:?}"
     );
     assert!(out.ends_with(&format!("to-stderr\nfleet-proxy: job failed: failed at {KUBE} (exit code 5)\n")), "{out:?}");
     // The early run is the one that ran: epoch 1, the same Job.
