@@ -1029,8 +1029,11 @@ fn a_two_node_job_at_beta_runs_at_kube_gamma_as_an_indexed_gang() {
     let (lab, _serial) = Lab::lock();
     lab.require_kube();
     let dir = lab.workdir("kube-gang");
-    let body =
-        "echo \"rank $SLURM_PROCID of $SLURM_NTASKS nodes=$SLURM_JOB_NUM_NODES on $HOSTNAME master=$MASTER_ADDR\"";
+    // Sharded data parallel over 16 GPUs: more than one NVLink domain, so the
+    // engine needs the pool's InfiniBand fabric (kube-gamma's H100 pool has
+    // one in the lab's model, as the Slurm clusters' do).
+    let body = "#FLEET parallelism=fsdp\n\
+                echo \"rank $SLURM_PROCID of $SLURM_NTASKS nodes=$SLURM_JOB_NUM_NODES on $HOSTNAME master=$MASTER_ADDR\"";
     let id = lab
         .sbatch(
             "beta",
@@ -1075,6 +1078,8 @@ fn a_two_node_job_at_beta_runs_at_kube_gamma_as_an_indexed_gang() {
             "rank {rank}'s line at beta: {out:?}"
         );
     }
+    let ex = lab.fleetctl_json(&["job", "explain", &fleet_job_of(lab, id).unwrap()]).unwrap();
+    assert_eq!(ex["ranked"][0]["cluster"], KUBE, "{ex}");
 }
 
 /// A job whose image cannot be pulled ends at beta FAILED, with
