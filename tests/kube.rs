@@ -1121,3 +1121,123 @@ fn an_image_pull_failure_at_kube_gamma_reaches_beta_with_its_reason() {
         kube_job(lab, &format!("fleet-{rid}")).is_none()
     });
 }
+
+/// kube-gamma's H100 at 0.10 USD/GPU-h (8 GPUs: 0.80 an instance hour).
+const CHEAP_KUBE: &str =
+    "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr
+lab-kube,lab-central,lab-central-1a,kube.h100.8x,H100,8,64,512,0.80,
+";
+/// kube-gamma's H100 back at the lab model's 2.49 USD/GPU-h.
+const LAB_KUBE_PRICE: &str =
+    "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr
+lab-kube,lab-central,lab-central-1a,kube.h100.8x,H100,8,64,512,19.92,
+";
+
+/// A planned migration (rebalancing, docs/failover.md) *to* kube-gamma,
+/// like one between Slurm clusters: a checkpointing job runs at alpha; its
+/// H100 price drops at kube-gamma (an imported price table); in `auto` mode
+/// the job is signalled at alpha, checkpoints, is stopped there and resumes
+/// in a pod at kube-gamma from that checkpoint (copied lab-east ->
+/// lab-central); the stand-in at beta stays one job and ends with the
+/// pod's exit code.
+#[test]
+fn a_checkpointing_job_moves_from_alpha_to_kube_gamma_when_its_price_drops() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    assert!(lab.root.join("ckpt-stores.toml").exists(), "the lab has no checkpoint stores");
+    let import = |csv: &str| {
+        let f = lab.workdir("kube-rebalance-prices").join("prices.csv");
+        std::fs::write(&f, csv).unwrap();
+        lab.fleetctl_json(&["prices", "import", f.to_str().unwrap()]).unwrap();
+    };
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.fleetctl_json(&["rebalance", "mode", "propose"]);
+        import(LAB_KUBE_PRICE);
+    });
+    assert!(alpha_is(lab, "healthy"), "alpha is healthy before the job is placed");
+    let dir = lab.workdir("kube-rebalance");
+    let out = dir.join("out.txt");
+    const LAST: u64 = 40;
+    let body = format!(
+        r#"#FLEET estimate=24h
+#FLEET ckpt-signal=USR1
+set -u
+CK={ckpt}
+W=$(mktemp -d)
+want=0
+trap 'want=1' USR1
+echo "run at $SLURM_CLUSTER_NAME resume=${{FLEET_RESUME_FROM:-none}}"
+step=0
+if "$CK" restore "$W/r"; then step=$(cat "$W/r/step.txt"); echo "resumed-at $step"
+else rc=$?; [ $rc = 3 ] || {{ echo "restore failed: $rc"; exit 9; }}; fi
+while [ $step -lt {LAST} ]; do
+  step=$((step + 1)); echo "step $step"; sleep 1
+  if [ $((step % 5)) = 0 ] || [ $want = 1 ]; then
+    [ $want = 1 ] && echo "signalled $step"
+    want=0
+    rm -rf "$W/c"; mkdir "$W/c"; echo $step >"$W/c/step.txt"
+    "$CK" save "$W/c" --step $step >/dev/null && echo "ckpt $step"
+  fi
+done
+echo end
+exit 5"#,
+        ckpt = lab.root.join("bin/fleet-ckpt").display()
+    );
+    let id = lab
+        .sbatch(
+            "beta",
+            &[
+                "--gres=gpu:h100:1",
+                "--fleet-interruptible",
+                "--signal=B:USR1@30",
+                "--fleet-to=alpha,kube-gamma",
+                "--open-mode=append",
+                &out_arg(&dir, "out.txt"),
+            ],
+            &script(&body),
+        )
+        .unwrap();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, alpha_remote) = placed(lab, id);
+    assert_eq!(target, "alpha", "alpha (owned H100s) is cheaper than kube-gamma (on demand)");
+    wait_file(&out, T, |b| numbers(&String::from_utf8_lossy(b), "ckpt").contains(&5)).unwrap();
+    let fid = fleet_job_of(lab, id).unwrap();
+    let v = lab.fleetctl_json(&["rebalance", "mode", "auto"]).unwrap();
+    assert_eq!(v["mode"], "auto", "{v}");
+
+    let t_price = Instant::now();
+    import(CHEAP_KUBE);
+    let moved = wait_file(&out, T, |b| String::from_utf8_lossy(b).contains("resumed-at")).unwrap();
+    let to_output = t_price.elapsed();
+    let moved = String::from_utf8_lossy(&moved).into_owned();
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((rec["target"].as_str(), rec["migrations"].as_u64()), (Some(KUBE), Some(1)), "{rec}");
+    let a = lab.wait_done("alpha", alpha_remote, T).unwrap();
+    assert_eq!(a["JobState"], "CANCELLED", "the run at alpha was stopped: {a:?}");
+    let split = moved.rfind("run at ").unwrap();
+    let (run1, run2) = moved.split_at(split);
+    assert!(run1.starts_with("run at alpha resume=none\n"), "{moved}");
+    let signalled = numbers(run1, "signalled");
+    assert_eq!(signalled.len(), 1, "one SIGUSR1 at alpha for the move: {moved}");
+    let at = numbers(run2, "resumed-at")[0];
+    assert_eq!(at, signalled[0], "resumed from the checkpoint the signal asked for: {moved}");
+    assert!(
+        run2.starts_with(&format!("run at {KUBE} resume=s3://ckpt-lab-central/fleet/{fid}/")),
+        "resumed in a pod from the copy in kube-gamma's region: {run2}"
+    );
+    let notes: Vec<&str> = moved.lines().filter(|l| l.starts_with("fleet: ")).collect();
+    assert_eq!(notes.len(), 1, "{moved}");
+    assert!(notes[0].contains(&format!("stopped for a planned move to {KUBE}")), "{}", notes[0]);
+
+    let b = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((b["JobState"].as_str(), b["ExitCode"].as_str()), ("FAILED", "5:0"), "{b:?}");
+    let all = String::from_utf8(
+        wait_file(&out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
+    )
+    .unwrap();
+    let run2 = &all[all.rfind(&format!("run at {KUBE} ")).unwrap()..];
+    assert_eq!(numbers(run2, "step"), ((at + 1)..=LAST).collect::<Vec<_>>(), "{all}");
+    eprintln!("[figure] planned move alpha -> {KUBE}: price change -> resumed output in the pod after {to_output:.2?}");
+}
