@@ -828,3 +828,416 @@ exit 7"#,
         samples.len()
     );
 }
+
+fn set_proxy_partition(lab: &Lab, cluster: &str, state: &str) {
+    let out = lab.cmd(cluster, "scontrol", &["update", "PartitionName=fleet", &format!("State={state}")]).unwrap();
+    assert!(out.status.success(), "scontrol update State={state}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The Job's pod template runs its script under the in-job lease: the
+/// helper from an init container, `lease-exec` around the entry, the
+/// watchdog's directory a writable emptyDir at /fleet/run, its stop line
+/// the container's termination message.
+fn assert_leased(job: &serde_json::Value) {
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["initContainers"][0]["name"], "fleet-lease-helper", "{pod}");
+    let c = &pod["containers"][0];
+    assert_eq!(c["command"][1], "lease-exec", "{pod}");
+    assert_eq!(c["terminationMessagePath"], "/dev/termination-log", "{pod}");
+    let env =
+        |k: &str| c["env"].as_array().into_iter().flatten().find(|e| e["name"] == k).and_then(|e| e["value"].as_str());
+    assert_eq!(env("FLEET_LEASE_DIR"), Some("/fleet/run"), "{pod}");
+    assert_eq!(env("FLEET_TERMINATION_LOG"), Some("/dev/termination-log"), "{pod}");
+    let run = c["volumeMounts"].as_array().into_iter().flatten().find(|m| m["mountPath"] == "/fleet/run").cloned();
+    let vol =
+        run.and_then(|m| pod["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == m["name"]).cloned());
+    assert!(vol.is_some_and(|v| v["emptyDir"].is_object()), "/fleet/run is an emptyDir: {pod}");
+}
+
+/// A job placed early at kube-gamma (sbatch time, while its stand-in still
+/// waits at beta): its pod starts at once, but `lease-exec` holds the
+/// script at its first lease until beta's agent confirms the stand-in
+/// runs. Released, the script runs there once; its output and exit code
+/// are the stand-in's.
+#[test]
+fn a_job_placed_early_at_kube_gamma_runs_under_its_lease_once_its_stand_in_runs() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-early");
+    let stamp = dir.join("started");
+    // beta's proxy partition down: the stand-in cannot start (PartitionDown).
+    set_proxy_partition(lab, "beta", "DOWN");
+    let _up = fleet_lab::OnDrop(|| set_proxy_partition(lab, "beta", "UP"));
+    let body = format!(
+        "date +%s.%N > {}\necho \"leased run at $SLURM_CLUSTER_NAME lease_dir=$FLEET_LEASE_DIR\"\n\
+         w=no; for i in $(seq 50); do grep -qs watching \"$FLEET_LEASE_DIR/.fleet-lease.log\" && {{ w=yes; break; }}; sleep 0.1; done\n\
+         echo \"watchdog log in the lease dir: $w\"\necho to-stderr >&2\nexit 5",
+        stamp.display()
+    );
+    let id = lab
+        .sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")], &script(&body))
+        .expect("sbatch at beta");
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    // Known by its fleet id (the stand-in has not started: its record
+    // has no origin job id yet).
+    let tag = lab.job("beta", id).unwrap()["AdminComment"].clone();
+    let fid = fleet_api::wire::parse_admin_tag(&tag).expect("the stand-in is tagged").to_string();
+    let fleet_job = || lab.fleetctl_json(&["job", &fid]).unwrap_or_default();
+    // Placed early: the Job exists at kube-gamma while the stand-in is pending.
+    let t0 = Instant::now();
+    let rid = loop {
+        let j = fleet_job();
+        if let (Some(KUBE), Some(rid)) = (j["target"].as_str(), j["remote_job_id"].as_u64()) {
+            assert!(j["reason"].as_str().unwrap_or("").contains("placed early"), "{j}");
+            break rid;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "not placed early at kube-gamma: {j}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let name = format!("fleet-{rid}");
+    let job = kube_job(lab, &name).expect("the early Job at kube-gamma");
+    assert_leased(&job);
+    // Its pod runs (lease-exec, waiting for its first lease), the script does not.
+    wait_until("the early pod runs", T, || {
+        let (ok, out, _) = lab.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            KUBE_NAMESPACE,
+            "-l",
+            &format!("batch.kubernetes.io/job-name={name}"),
+            "-o",
+            "jsonpath={.items[*].status.phase}",
+        ]);
+        ok && out.trim() == "Running"
+    });
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs(5) {
+        assert_eq!(lab.job("beta", id).unwrap()["JobState"], "PENDING");
+        assert!(!stamp.exists(), "the script ran before its stand-in started at beta");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Release: the stand-in starts, beta's agent confirms, the script runs.
+    let released = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    set_proxy_partition(lab, "beta", "UP");
+    let done = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("FAILED", "5:0"), "{done:?}");
+    let started: f64 = std::fs::read_to_string(&stamp).unwrap().trim().parse().unwrap();
+    assert!(started > released, "the script started at {started}, before its stand-in could ({released})");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| {
+        String::from_utf8_lossy(b).contains("to-stderr\n")
+    })
+    .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    // The test server has no mounts: /fleet/run is the pod's emptyDir
+    // directory there, and the script sees that path.
+    let first = out.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with(&format!("leased run at {KUBE} lease_dir=/")) && first.ends_with("/volumes/fleet-run"),
+        "{out:?}"
+    );
+    assert!(
+        out.contains("\nwatchdog log in the lease dir: yes\n"),
+        "the watchdog logs into the pod's emptyDir: {out:?}"
+    );
+    assert!(out.ends_with(&format!("to-stderr\nfleet-proxy: job failed: failed at {KUBE} (exit code 5)\n")), "{out:?}");
+    // The early run is the one that ran: epoch 1, the same Job.
+    let rec = fleet_job();
+    assert_eq!((rec["epoch"].as_u64(), rec["remote_job_id"].as_u64()), (Some(1), Some(rid)), "{rec}");
+    assert_eq!(rec["state"], "failed", "{rec}");
+    let job = kube_job(lab, &name).expect("the finished Job stays");
+    let term = &job["status"]["conditions"];
+    assert!(term.as_array().into_iter().flatten().any(|c| c["type"] == "Failed" && c["status"] == "True"), "{job}");
+    eprintln!("[figure] early pod at kube-gamma: script started {:.2} s after beta's release", started - released);
+}
+
+/// The pod's lease is not renewed while its run goes on (kube-gamma's
+/// agent is stopped, SIGSTOP: the meta-scheduler shortens and then refuses
+/// the lease, "the cluster has been silent too long"), so the pod's
+/// watchdog stops the script; the agent, continued before the job would
+/// move, reads the stop line from the container's termination message and
+/// reports the run dead by its lease: the job (not interruptible) ends at
+/// beta with the reason in its output.
+#[test]
+fn a_pod_whose_lease_is_refused_stops_and_its_reason_reaches_beta() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let pid: i32 = std::fs::read_to_string(lab.root.join(format!("{KUBE}/run/agent.pid")))
+        .expect("kube-gamma's agent pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let signal = |sig: &str| {
+        std::process::Command::new("kill").args([sig, &pid.to_string()]).status().is_ok_and(|s| s.success())
+    };
+    let _cont = fleet_lab::OnDrop(|| {
+        signal("-CONT");
+    });
+    let dir = lab.workdir("kube-lease-refused");
+    let out = dir.join("out.txt");
+    let body = "for i in $(seq 1 90); do echo \"step $i at $SLURM_CLUSTER_NAME\"; sleep 1; done\necho end";
+    let id = lab
+        .sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")], &script(body))
+        .unwrap();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let name = format!("fleet-{rid}");
+    assert_leased(&kube_job(lab, &name).expect("the Job"));
+    wait_file(&out, T, |b| String::from_utf8_lossy(b).contains(&format!("step 3 at {KUBE}"))).unwrap();
+    let fid = fleet_job_of(lab, id).unwrap();
+    assert!(copies(&fid).contains(KUBE), "{:?}", copies(&fid));
+
+    let t_stop = Instant::now();
+    assert!(signal("-STOP"), "SIGSTOP kube-gamma's agent");
+    wait_until("the pod stops itself", Duration::from_secs(40), || !copies(&fid).contains(KUBE));
+    let stopped = t_stop.elapsed();
+    assert!(signal("-CONT"), "SIGCONT kube-gamma's agent");
+    let done = lab.wait_done("beta", id, T).unwrap();
+    let all = String::from_utf8_lossy(&std::fs::read(&out).unwrap()).into_owned();
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("FAILED", "1:0"), "{done:?} {rec}");
+    assert!(!all.contains("\nend\n"), "the script was stopped: {all}");
+    // The watchdog's line, relayed from the pod's log, then the end's
+    // reason from the meta-scheduler and the stand-in.
+    let stop = format!("fleet: stopping this run of job {fid} at this cluster: its job lease ran out");
+    let why =
+        format!("its run at {KUBE} died ({KUBE} reports: stopped at {KUBE} by its job lease: its job lease ran out");
+    assert!(all.contains(&stop), "{all}");
+    let proxy = all.lines().last().unwrap_or("");
+    assert!(proxy.starts_with("fleet-proxy: job failed: ") && proxy.contains(&why), "{all}");
+    assert!(proxy.contains("not restartable"), "{all}");
+    assert_eq!((rec["state"].as_str(), rec["epoch"].as_u64()), (Some("failed"), Some(1)), "{rec}");
+    assert!(rec["reason"].as_str().unwrap_or("").contains(&why), "{rec}");
+    let (ok, pod, err) = lab.kubectl(&["get", &kube_pods(lab, &name)[0], "-n", KUBE_NAMESPACE, "-o", "json"]);
+    assert!(ok, "{err}");
+    let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+    let msg = pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("fleet: stopping this run"), "the termination message: {pod}");
+    eprintln!("[figure] kube-gamma's agent stopped -> its pod's lease refused, the pod stopped after {stopped:.2?}");
+}
+
+/// `sbatch -N2 --gres=gpu:h100:8` at beta for kube-gamma: an Indexed Job of
+/// two completions, both pods started together on kube-gamma's two H100
+/// nodes with a headless Service, every rank's output at beta.
+#[test]
+fn a_two_node_job_at_beta_runs_at_kube_gamma_as_an_indexed_gang() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-gang");
+    // Sharded data parallel over 16 GPUs: more than one NVLink domain, so the
+    // engine needs the pool's InfiniBand fabric (kube-gamma's H100 pool has
+    // one in the lab's model, as the Slurm clusters' do).
+    let body = "#FLEET parallelism=fsdp\n\
+                echo \"rank $SLURM_PROCID of $SLURM_NTASKS nodes=$SLURM_JOB_NUM_NODES on $HOSTNAME master=$MASTER_ADDR\"";
+    let id = lab
+        .sbatch(
+            "beta",
+            &["-N2", "--gres=gpu:h100:8", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
+            &script(body),
+        )
+        .expect("sbatch -N2 at beta");
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let name = format!("fleet-{rid}");
+    let job = kube_job(lab, &name).expect("the gang's Job");
+    assert_eq!(job["spec"]["completionMode"], "Indexed", "{job}");
+    assert_eq!((job["spec"]["completions"].as_u64(), job["spec"]["parallelism"].as_u64()), (Some(2), Some(2)), "{job}");
+    let (ok, svc, err) = lab.kubectl(&["get", "service", &name, "-n", KUBE_NAMESPACE, "-o", "json"]);
+    assert!(ok, "the gang's headless Service: {err}");
+    let svc: serde_json::Value = serde_json::from_str(&svc).unwrap();
+    assert_eq!(svc["spec"]["clusterIP"], "None", "{svc}");
+    let (ok, nodes, err) = lab.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        KUBE_NAMESPACE,
+        "-l",
+        &format!("batch.kubernetes.io/job-name={name}"),
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ]);
+    assert!(ok, "{err}");
+    let mut nodes: Vec<&str> = nodes.split_whitespace().collect();
+    nodes.sort();
+    assert_eq!(nodes, ["gamma-h100-1", "gamma-h100-2"], "one pod per H100 node");
+
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((rec["JobState"].as_str(), rec["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{rec:?}");
+    let out =
+        wait_file(&dir.join("out.txt"), Duration::from_secs(10), |b| String::from_utf8_lossy(b).lines().count() >= 2)
+            .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!("rank {rank} of 2 nodes=2 on {name}-{rank} master={name}-0.{name}")),
+            "rank {rank}'s line at beta: {out:?}"
+        );
+    }
+    let ex = lab.fleetctl_json(&["job", "explain", &fleet_job_of(lab, id).unwrap()]).unwrap();
+    assert_eq!(ex["ranked"][0]["cluster"], KUBE, "{ex}");
+}
+
+/// A job whose image cannot be pulled ends at beta FAILED, with
+/// Kubernetes' reason (ErrImagePull / ImagePullBackOff and the image) in
+/// the stand-in's output and the meta-scheduler's record; the agent deleted
+/// the Job (Kubernetes would retry the pull forever).
+#[test]
+fn an_image_pull_failure_at_kube_gamma_reaches_beta_with_its_reason() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-pull");
+    let id = lab
+        .sbatch(
+            "beta",
+            &[
+                "--gres=gpu:h100:1",
+                "--fleet-to=kube-gamma",
+                "--fleet-image=nonexistent/trainer:1",
+                &out_arg(&dir, "out.txt"),
+            ],
+            &script("echo never"),
+        )
+        .expect("sbatch");
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["JobState"], "FAILED", "{rec:?}");
+    let fleet = fleet_record(lab, id).unwrap();
+    let reason = fleet["reason"].as_str().unwrap_or("");
+    assert!(
+        (reason.contains("ErrImagePull") || reason.contains("ImagePullBackOff"))
+            && reason.contains("nonexistent/trainer:1"),
+        "{fleet}"
+    );
+    let out = std::fs::read_to_string(dir.join("out.txt")).unwrap_or_default();
+    assert!(out.contains("fleet-proxy: job failed: ") && out.contains("nonexistent/trainer:1"), "{out:?}");
+    assert!(!out.contains("never"), "{out:?}");
+    wait_until("the agent deleted the Job", Duration::from_secs(10), || {
+        kube_job(lab, &format!("fleet-{rid}")).is_none()
+    });
+}
+
+/// kube-gamma's H100 at 0.10 USD/GPU-h (8 GPUs: 0.80 an instance hour).
+const CHEAP_KUBE: &str =
+    "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr
+lab-kube,lab-central,lab-central-1a,kube.h100.8x,H100,8,64,512,0.80,
+";
+/// kube-gamma's H100 back at the lab model's 2.49 USD/GPU-h.
+const LAB_KUBE_PRICE: &str =
+    "provider,region,zone,instance_type,gpu_type,gpu_count,vcpus,memory_gib,price_ondemand_usd_hr,price_spot_usd_hr
+lab-kube,lab-central,lab-central-1a,kube.h100.8x,H100,8,64,512,19.92,
+";
+
+/// A planned migration (rebalancing, docs/failover.md) *to* kube-gamma,
+/// like one between Slurm clusters: a checkpointing job runs at alpha; its
+/// H100 price drops at kube-gamma (an imported price table); in `auto` mode
+/// the job is signalled at alpha, checkpoints, is stopped there and resumes
+/// in a pod at kube-gamma from that checkpoint (copied lab-east ->
+/// lab-central); the stand-in at beta stays one job and ends with the
+/// pod's exit code.
+#[test]
+fn a_checkpointing_job_moves_from_alpha_to_kube_gamma_when_its_price_drops() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    assert!(lab.root.join("ckpt-stores.toml").exists(), "the lab has no checkpoint stores");
+    let import = |csv: &str| {
+        let f = lab.workdir("kube-rebalance-prices").join("prices.csv");
+        std::fs::write(&f, csv).unwrap();
+        lab.fleetctl_json(&["prices", "import", f.to_str().unwrap()]).unwrap();
+    };
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.fleetctl_json(&["rebalance", "mode", "propose"]);
+        import(LAB_KUBE_PRICE);
+    });
+    assert!(alpha_is(lab, "healthy"), "alpha is healthy before the job is placed");
+    let dir = lab.workdir("kube-rebalance");
+    let out = dir.join("out.txt");
+    const LAST: u64 = 40;
+    let body = format!(
+        r#"#FLEET estimate=24h
+#FLEET ckpt-signal=USR1
+set -u
+CK={ckpt}
+W=$(mktemp -d)
+want=0
+trap 'want=1' USR1
+echo "run at $SLURM_CLUSTER_NAME resume=${{FLEET_RESUME_FROM:-none}}"
+step=0
+if "$CK" restore "$W/r"; then step=$(cat "$W/r/step.txt"); echo "resumed-at $step"
+else rc=$?; [ $rc = 3 ] || {{ echo "restore failed: $rc"; exit 9; }}; fi
+while [ $step -lt {LAST} ]; do
+  step=$((step + 1)); echo "step $step"; sleep 1
+  if [ $((step % 5)) = 0 ] || [ $want = 1 ]; then
+    [ $want = 1 ] && echo "signalled $step"
+    want=0
+    rm -rf "$W/c"; mkdir "$W/c"; echo $step >"$W/c/step.txt"
+    "$CK" save "$W/c" --step $step >/dev/null && echo "ckpt $step"
+  fi
+done
+echo end
+exit 5"#,
+        ckpt = lab.root.join("bin/fleet-ckpt").display()
+    );
+    let id = lab
+        .sbatch(
+            "beta",
+            &[
+                "--gres=gpu:h100:1",
+                "--fleet-interruptible",
+                "--signal=B:USR1@30",
+                "--fleet-to=alpha,kube-gamma",
+                "--open-mode=append",
+                &out_arg(&dir, "out.txt"),
+            ],
+            &script(&body),
+        )
+        .unwrap();
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, alpha_remote) = placed(lab, id);
+    assert_eq!(target, "alpha", "alpha (owned H100s) is cheaper than kube-gamma (on demand)");
+    wait_file(&out, T, |b| numbers(&String::from_utf8_lossy(b), "ckpt").contains(&5)).unwrap();
+    let fid = fleet_job_of(lab, id).unwrap();
+    let v = lab.fleetctl_json(&["rebalance", "mode", "auto"]).unwrap();
+    assert_eq!(v["mode"], "auto", "{v}");
+
+    let t_price = Instant::now();
+    import(CHEAP_KUBE);
+    let moved = wait_file(&out, T, |b| String::from_utf8_lossy(b).contains("resumed-at")).unwrap();
+    let to_output = t_price.elapsed();
+    let moved = String::from_utf8_lossy(&moved).into_owned();
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((rec["target"].as_str(), rec["migrations"].as_u64()), (Some(KUBE), Some(1)), "{rec}");
+    let a = lab.wait_done("alpha", alpha_remote, T).unwrap();
+    assert_eq!(a["JobState"], "CANCELLED", "the run at alpha was stopped: {a:?}");
+    let split = moved.rfind("run at ").unwrap();
+    let (run1, run2) = moved.split_at(split);
+    assert!(run1.starts_with("run at alpha resume=none\n"), "{moved}");
+    let signalled = numbers(run1, "signalled");
+    assert_eq!(signalled.len(), 1, "one SIGUSR1 at alpha for the move: {moved}");
+    let at = numbers(run2, "resumed-at")[0];
+    assert_eq!(at, signalled[0], "resumed from the checkpoint the signal asked for: {moved}");
+    assert!(
+        run2.starts_with(&format!("run at {KUBE} resume=s3://ckpt-lab-central/fleet/{fid}/")),
+        "resumed in a pod from the copy in kube-gamma's region: {run2}"
+    );
+    let notes: Vec<&str> = moved.lines().filter(|l| l.starts_with("fleet: ")).collect();
+    assert_eq!(notes.len(), 1, "{moved}");
+    assert!(notes[0].contains(&format!("stopped for a planned move to {KUBE}")), "{}", notes[0]);
+
+    let b = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((b["JobState"].as_str(), b["ExitCode"].as_str()), ("FAILED", "5:0"), "{b:?}");
+    let all = String::from_utf8(
+        wait_file(&out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
+    )
+    .unwrap();
+    let run2 = &all[all.rfind(&format!("run at {KUBE} ")).unwrap()..];
+    assert_eq!(numbers(run2, "step"), ((at + 1)..=LAST).collect::<Vec<_>>(), "{all}");
+    eprintln!("[figure] planned move alpha -> {KUBE}: price change -> resumed output in the pod after {to_output:.2?}");
+}

@@ -1123,6 +1123,8 @@ name = "h100"
 gpu_type = "H100"
 gpus_per_node = $GPUS_PER_NODE
 nodes = 2
+nvlink_domain_gpus = 8
+ib_fabric = "$KUBE_CLUSTER-ndr"  # the nodes' RDMA network, as a GPU cloud's
 [[clusters.pools]]
 name = "a100-mig"
 gpu_type = "1G.10GB"

@@ -356,6 +356,10 @@ fn watch(state: Arc<State>, t: Target, q: HashMap<String, String>) -> Response {
                     return;
                 }
                 Ok(lines) => {
+                    let late = state.cfg.pod_watch_delay;
+                    if kind == Kind::Pod && !lines.is_empty() && !late.is_zero() {
+                        tokio::time::sleep(late).await;
+                    }
                     if !lines.is_empty() {
                         last_sent = tokio::time::Instant::now();
                     }

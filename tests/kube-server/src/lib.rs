@@ -91,6 +91,10 @@ pub struct ServerConfig {
     pub tls: bool,
     /// How often a quiet watch gets a BOOKMARK.
     pub bookmark_every: Duration,
+    /// How late every watch of Pods delivers its events (0: at once): a
+    /// client's pod watch lagging behind its Job watch, as a loaded host or
+    /// a busy API server makes it (tests of that race).
+    pub pod_watch_delay: Duration,
 }
 
 impl ServerConfig {
@@ -101,6 +105,7 @@ impl ServerConfig {
             work_dir: work_dir.to_path_buf(),
             tls: false,
             bookmark_every: Duration::from_secs(1),
+            pod_watch_delay: Duration::ZERO,
         }
     }
 }

@@ -710,6 +710,18 @@ fn pod_trouble(p: &Pod) -> Option<(&'static str, String, bool)> {
     None
 }
 
+/// Has `job` ended (its Complete or Failed condition) while the pods the
+/// watch holds for it have not (or none is there yet)? The Job and Pod
+/// watches are separate streams: under load the Job's end can arrive
+/// before its pods' ends, and without them the exit code (the pod's), the
+/// lease's termination message and the end of the logs would be missed.
+fn pods_behind(job: &Job, pods: &[Arc<Pod>]) -> bool {
+    let ended = has_true(job, "Complete").is_some() || has_true(job, "Failed").is_some();
+    let finished =
+        |p: &Arc<Pod>| matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+    ended && (pods.is_empty() || !pods.iter().all(finished))
+}
+
 /// What Kubernetes says of one Job and its pods, as the agent's tracker
 /// reads a Slurm job (pure). `raw_state` uses Slurm's names so that the
 /// origin sees `TIMEOUT`, `OUT_OF_MEMORY`, `NODE_FAIL` as for a Slurm target.
@@ -1118,6 +1130,15 @@ impl KubeBackend {
 
     fn products(&self) -> Vec<String> {
         self.nodes.state().iter().filter_map(|n| n.metadata.labels.as_ref()?.get(GPU_PRODUCT).cloned()).collect()
+    }
+
+    /// The pods of `job` as the API server has them now (not the watch).
+    async fn list_pods_of(&self, job: &Job) -> Result<Vec<Arc<Pod>>> {
+        let name = job.metadata.name.clone().unwrap_or_default();
+        let ns = job.metadata.namespace.clone().unwrap_or_else(|| self.settings.namespace.clone());
+        let sel = format!("batch.kubernetes.io/job-name={name}");
+        let listed = Api::<Pod>::namespaced(self.client.clone(), &ns).list(&ListParams::default().labels(&sel)).await?;
+        Ok(listed.items.into_iter().map(Arc::new).collect())
     }
 
     fn pods_of(&self, name: &str) -> Vec<Arc<Pod>> {
@@ -1579,7 +1600,16 @@ impl Backend for KubeBackend {
             };
             let fleet_id =
                 job.metadata.annotations.as_ref().and_then(|a| a.get("fleet.io/job-id")).cloned().unwrap_or_default();
-            let pods = self.pods_of(&name);
+            let mut pods = self.pods_of(&name);
+            if pods_behind(&job, &pods) {
+                // The Job's end came in before its pods' (two watch
+                // streams): the exit code, the termination message and the
+                // logs are the pods', so read them from the API server.
+                match self.list_pods_of(&job).await {
+                    Ok(fresh) => pods = fresh,
+                    Err(e) => tracing::warn!(job = %name, "listing the pods of an ended Job: {e:#}"),
+                }
+            }
             let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
             let nj = native_state(&job, &refs);
             if !fleet_id.is_empty() {

@@ -66,12 +66,22 @@ async fn cluster_as(queue: Option<&str>, token: &str) -> Cluster {
 
 /// A cluster whose agent holds `token`, its settings changed by `f`.
 async fn cluster_set(token: &str, f: impl FnOnce(&mut KubeSettings)) -> Cluster {
+    cluster_server(token, f, |_| {}).await
+}
+
+/// As [`cluster_set`], the test server's configuration changed by `server`.
+async fn cluster_server(
+    token: &str,
+    f: impl FnOnce(&mut KubeSettings),
+    server: impl FnOnce(&mut kube_server::ServerConfig),
+) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     // Containers run as their runAsUser (the server runs as root here): they must reach the work dir.
     std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     let file: kube_server::FileConf = toml::from_str(NODES).unwrap();
     let mut cfg = kube_server::ServerConfig::new(file, &dir.path().join("server"));
     cfg.tls = true;
+    server(&mut cfg);
     let server = kube_server::start(cfg, 0).await.unwrap();
     let kc = dir.path().join("agent.kubeconfig");
     server.write_kubeconfig(&kc, token, "fleet").unwrap();
@@ -165,6 +175,24 @@ async fn a_job_runs_with_slurms_environment_and_its_exit_code_comes_back() {
     assert!(secret["data"]["GREETING"].is_string() && secret["data"]["SLURM_JOB_ID"].is_null(), "{secret}");
 
     // A job that succeeds.
+    let id = c.backend.submit("beta-2", &request("echo fine\n", None, 1), &user()).await.unwrap();
+    let end = until(&c, id, "finished", |j| j.state.is_terminal()).await;
+    assert_eq!((end.state, end.exit_code), (JobState::Completed, Some(0)), "{end:?}");
+    assert_eq!(stdout(&c, "beta-2"), "fine\n");
+}
+
+/// The Job watch and the Pod watch are two streams: when the pods' lags
+/// (here by 1.5 s, as under load), the Job's Failed condition arrives
+/// before its pod's end. The exit code is still the pod's, and the whole
+/// output is there when the end is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exit_code_and_output_are_the_pods_when_the_pod_watch_lags() {
+    let c = cluster_server("agent-token-7f3a", |_| {}, |cfg| cfg.pod_watch_delay = Duration::from_millis(1500)).await;
+    let script = "#!/bin/bash\nfor i in 1 2 3; do echo line $i; done\nsleep 0.5\necho last\nexit 3\n";
+    let id = c.backend.submit("beta-1", &request(script, None, 1), &user()).await.unwrap();
+    let end = until(&c, id, "finished", |j| j.state.is_terminal()).await;
+    assert_eq!((end.state, end.raw_state.as_str(), end.exit_code), (JobState::Failed, "FAILED", Some(3)), "{end:?}");
+    assert_eq!(stdout(&c, "beta-1"), "line 1\nline 2\nline 3\nlast\n");
     let id = c.backend.submit("beta-2", &request("echo fine\n", None, 1), &user()).await.unwrap();
     let end = until(&c, id, "finished", |j| j.state.is_terminal()).await;
     assert_eq!((end.state, end.exit_code), (JobState::Completed, Some(0)), "{end:?}");
