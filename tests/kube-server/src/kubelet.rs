@@ -1345,6 +1345,41 @@ fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {
     state.poke();
 }
 
+/// The work directory names (`{ns}_{name}`) of every pod the store holds.
+pub fn pod_dirs(st: &Store) -> std::collections::BTreeSet<String> {
+    st.list(Kind::Pod, None)
+        .into_iter()
+        .map(|p| format!("{}_{}", meta_str(p, "namespace"), meta_str(p, "name")))
+        .collect()
+}
+
+/// A kubelet's volume clean-up: the directory of a pod that is gone from
+/// the store is removed once it has been seen orphaned twice (so a
+/// deleted pod's process has had its grace period, 2 s, to end).
+/// Returns the directories orphaned now, for the next pass.
+pub fn remove_orphans(
+    work_dir: &Path,
+    live: &std::collections::BTreeSet<String>,
+    seen_before: &std::collections::BTreeSet<String>,
+) -> std::collections::BTreeSet<String> {
+    let mut now = std::collections::BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir(work_dir.join("pods")) else { return now };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if live.contains(&name) {
+            continue;
+        }
+        if seen_before.contains(&name) {
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!("kube-server: removing {}: {err}", e.path().display());
+            }
+        } else {
+            now.insert(name);
+        }
+    }
+    now
+}
+
 /// Stops a pod's process: SIGTERM to its process group, SIGKILL after `grace`.
 pub fn kill(state: &Arc<State>, pod_uid: &str, grace: std::time::Duration) {
     let Some(pid) = state.procs.lock().get(pod_uid).copied() else { return };
@@ -1364,6 +1399,29 @@ pub fn kill(state: &Arc<State>, pod_uid: &str, grace: std::time::Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deleted_pods_directory_is_removed_on_the_second_pass_and_a_live_one_never() {
+        let work = tempfile::tempdir().unwrap();
+        let pods = work.path().join("pods");
+        for d in ["ns_live", "ns_gone"] {
+            std::fs::create_dir_all(pods.join(d).join("volumes/v")).unwrap();
+            std::fs::write(pods.join(d).join("volumes/v/f"), b"x").unwrap();
+        }
+        let outside = work.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"k").unwrap();
+        std::os::unix::fs::symlink(&outside, pods.join("ns_gone/volumes/link")).unwrap();
+        let live: std::collections::BTreeSet<String> = ["ns_live".to_string()].into();
+        let first = remove_orphans(work.path(), &live, &Default::default());
+        assert_eq!(first, ["ns_gone".to_string()].into());
+        assert!(pods.join("ns_gone/volumes/v/f").exists(), "kept until its grace period has passed");
+        let second = remove_orphans(work.path(), &live, &first);
+        assert!(second.is_empty());
+        assert!(!pods.join("ns_gone").exists());
+        assert!(pods.join("ns_live/volumes/v/f").exists());
+        assert!(outside.join("keep").exists(), "a link in a pod's volume is not followed");
+    }
 
     #[test]
     fn a_container_runs_as_its_security_contexts_user() {

@@ -340,8 +340,15 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
     // and image-pull back-off.
     let weak = Arc::downgrade(&state);
     tokio::spawn(async move {
+        let mut orphans = std::collections::BTreeSet::new();
+        let mut last_gc = std::time::Instant::now();
         loop {
             let Some(state) = weak.upgrade() else { return };
+            if last_gc.elapsed() >= Duration::from_secs(10) {
+                last_gc = std::time::Instant::now();
+                let live = kubelet::pod_dirs(&state.store.lock());
+                orphans = kubelet::remove_orphans(&state.cfg.work_dir, &live, &orphans);
+            }
             let launches = {
                 let mut store = state.store.lock();
                 let before = store.rv;
