@@ -179,17 +179,24 @@ impl Journal {
 
     pub fn unregistered_forwards(&self) -> Result<Vec<Forward>> {
         let t0 = Instant::now();
-        let db = self.db.lock();
-        let mut st = db.prepare("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created")?;
-        let rows =
-            st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, req, target) = row?;
+        // The rows are read under the lock (a plugin request may wait for
+        // it), the requests parsed after it is released.
+        let rows = {
+            let db = self.db.lock();
+            let mut st =
+                db.prepare("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created")?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows
+        };
+        let held = t0.elapsed();
+        let mut out = Vec::with_capacity(rows.len());
+        for (id, req, target) in rows {
             let request = serde_json::from_str(&req).with_context(|| format!("journal entry {id}"))?;
             out.push(Forward { id, request, target, registered: false });
         }
-        tracing::debug!(held_us = t0.elapsed().as_micros() as u64, n = out.len(), "journal: unregistered forwards");
+        tracing::debug!(held_us = held.as_micros() as u64, n = out.len(), "journal: unregistered forwards");
         Ok(out)
     }
 
