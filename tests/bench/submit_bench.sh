@@ -30,10 +30,15 @@
 #     p50_us=.. p99_us=.. max_us=..`, warm-up calls included; each load of the
 #     plugin counts afresh); reported as the median of the per-round p50s and
 #     the max of the per-round p99s. `asked=N` counts the calls that made the
-#     agent round trip: 0 in LOCAL and deferred rounds when the view answers.
+#     agent round trip: 0 in LOCAL and deferred rounds when the view answers;
+#     `ask_p50_us`/`ask_p99_us` are those round trips' own durations (socket
+#     and agent), printed per round with the hook's.
 #
 # Environment: BENCH_ROUNDS (5), BENCH_JOBS (100 per round), BENCH_WARMUP (5),
-#   BENCH_PARALLEL (1), BENCH_CONFIGS ("none local forward lua"),
+#   BENCH_PARALLEL (1), BENCH_CONFIGS ("none local forward lua"), BENCH_PAUSE (0:
+#   seconds to wait after each round, so that Fleet's own work on the round's
+#   forwarded jobs (placed, submitted and cancelled at the target) is over
+#   before the next one starts),
 #   BENCH_CLUSTER (beta), BENCH_USER (alice), FLEET_LAB_DIR (/tmp/fleet-lab), BENCH_REUSE_LAB (1:
 #   use a running lab as it is; 0: always `lab.sh up` first).
 # Output: a table, and one machine-readable line per configuration:
@@ -48,6 +53,7 @@ ROUNDS=${BENCH_ROUNDS:-5}
 JOBS=${BENCH_JOBS:-100}
 WARMUP=${BENCH_WARMUP:-5}
 PAR=${BENCH_PARALLEL:-1}
+PAUSE=${BENCH_PAUSE:-0}
 CONFIGS=(${BENCH_CONFIGS:-none local lua forward deferred})
 C=${BENCH_CLUSTER:-beta}
 LOCAL_GPU=${BENCH_LOCAL_GPU:---gres=gpu:a100:1}
@@ -60,6 +66,7 @@ CONF=$R/$C/slurm.conf
 
 log() { printf '[bench] %s\n' "$*" >&2; }
 die() { printf '[bench] ERROR: %s\n' "$*" >&2; exit 1; }
+[[ $PAUSE =~ ^[0-9]+$ ]] || die "BENCH_PAUSE must be whole seconds, not '$PAUSE'"
 
 needs_fleet=0
 for cfg in "${CONFIGS[@]}"; do
@@ -158,12 +165,12 @@ pct() {
 
 : >"$OUT/sbatch.err"
 for cfg in "${CONFIGS[@]}"; do
-  : >"$OUT/$cfg.lat"; : >"$OUT/$cfg.ctld"; : >"$OUT/$cfg.rpc"; : >"$OUT/$cfg.hook"; : >"$OUT/$cfg.stats"; : >"$OUT/$cfg.wall"; : >"$OUT/$cfg.path"
+  : >"$OUT/$cfg.lat"; : >"$OUT/$cfg.ctld"; : >"$OUT/$cfg.rpc"; : >"$OUT/$cfg.hook"; : >"$OUT/$cfg.ask"; : >"$OUT/$cfg.stats"; : >"$OUT/$cfg.wall"; : >"$OUT/$cfg.path"
 done
 
 expected_partition() { case $1 in forward|deferred) echo fleet ;; *) echo gpu ;; esac; }
 
-log "cluster $C, configs: ${CONFIGS[*]}, $ROUNDS rounds x $JOBS jobs, $PAR submitter(s), warm-up $WARMUP per round"
+log "cluster $C, configs: ${CONFIGS[*]}, $ROUNDS rounds x $JOBS jobs, $PAR submitter(s), warm-up $WARMUP per round, pause ${PAUSE}s after each"
 t_all=$SECONDS
 for ((round = 1; round <= ROUNDS; round++)); do
   for cfg in "${CONFIGS[@]}"; do
@@ -197,6 +204,9 @@ for ((round = 1; round <= ROUNDS; round++)); do
     grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 >>"$OUT/$cfg.stats" || true
     grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 \
       | sed -E 's/.*last=([0-9]+) p50_us=([0-9]+) p99_us=([0-9]+) max_us=([0-9]+).*/\1 \2 \3 \4/' >>"$OUT/$cfg.hook" || true
+    # The agent round trips' part of the hook (FORWARD): `ask_p50_us=.. ask_p99_us=..`.
+    grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 | grep -o 'ask_p50_us=[0-9]* ask_p99_us=[0-9]*' \
+      | sed -E 's/ask_p50_us=([0-9]+) ask_p99_us=([0-9]+)/\1 \2/' >>"$OUT/$cfg.ask" || true
     # Which path did the jobs take? (stand-ins are in the proxy partition)
     want=$(expected_partition "$cfg")
     got=0
@@ -204,6 +214,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     echo "$got" >>"$OUT/$cfg.path"
     scancel --name="fleet-bench-$cfg" 2>/dev/null || true
     log "round $round $cfg: $JOBS jobs in $(awk -v us="$(tail -1 "$OUT/$cfg.wall")" 'BEGIN{printf "%.2f", us/1e6}')s, $got in partition $want"
+    if ((PAUSE > 0)); then sleep "$PAUSE"; fi
   done
 done
 log "total $((SECONDS - t_all))s"
@@ -260,6 +271,14 @@ for cfg in forward deferred; do
   [[ -s $OUT/$cfg.hook ]] || continue
   h99=$(awk 'BEGIN{m="na"} {if (m=="na" || $3>m) m=$3} END{print m}' "$OUT/$cfg.hook")
   echo "target ($cfg) hook p99 <= 1 ms: $h99 us -> $(awk -v v="$h99" 'BEGIN{print (v=="na")?"n/a":((v+0<=1000)?"PASS":"FAIL")}')"
+done
+for cfg in local forward deferred; do
+  [[ -s $OUT/$cfg.hook ]] || continue
+  # Per round: the hook's p50/p99, and of it the agent round trip's (where asked).
+  echo "hook per round ($cfg): $(awk '{printf "%s p50 %d/p99 %d us", (NR>1?";":""), $2, $3}' "$OUT/$cfg.hook")"
+  if [[ -s $OUT/$cfg.ask ]]; then
+    echo "agent round trip per round ($cfg): $(awk '{printf "%s p50 %d/p99 %d us", (NR>1?";":""), $1, $2}' "$OUT/$cfg.ask")"
+  fi
 done
 for cfg in local forward deferred; do
   [[ -s $OUT/$cfg.stats ]] || continue

@@ -61,10 +61,10 @@ impl JobSubmitPlugin for FleetSubmit {
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let t0 = Instant::now();
         let cfg = self.config();
-        let mut asked = false;
-        let (outcome, result) = self.decide(&cfg, job, submit_uid, &mut asked);
+        let mut ask_us = None;
+        let (outcome, result) = self.decide(&cfg, job, submit_uid, &mut ask_us);
         let us = t0.elapsed().as_micros() as u64;
-        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, asked, us)).unwrap_or(None) {
+        if let Some(line) = self.stats.lock().map(|mut s| s.record(outcome, ask_us, us)).unwrap_or(None) {
             log::info(&line);
         }
         result
@@ -104,13 +104,14 @@ impl FleetSubmit {
         cfg
     }
 
-    /// What to do with the job; `asked` is set when the agent was asked.
+    /// What to do with the job; `ask_us` is set when the agent was asked
+    /// (to how long the round trip took).
     fn decide(
         &self,
         cfg: &PluginConfig,
         job: &mut JobDesc<'_>,
         uid: u32,
-        asked: &mut bool,
+        ask_us: &mut Option<u64>,
     ) -> (stats::Outcome, Result<(), Reject>) {
         use stats::Outcome;
         // Only what placement reads first: a job that stays home costs no
@@ -145,8 +146,9 @@ impl FleetSubmit {
                 return self.defer(cfg, job, req, target, "ForwardMode=deferred");
             }
         }
-        *asked = true;
+        let t_ask = Instant::now();
         let (reply, req) = client::ask(&cfg.socket, req, cfg.timeout);
+        *ask_us = Some(t_ask.elapsed().as_micros() as u64);
         match reply {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
             Ok(PluginReply::Reject { message }) => (
@@ -584,7 +586,7 @@ mod hook_tests {
         // could leave asks the agent, which is not there: it stays (fail open).
         std::thread::sleep(Duration::from_millis(1100));
         let (line, part) = submit(&plugin, "gres:gpu:a100:1");
-        assert!(line.contains(" failopen=1 ") && line.ends_with(" asked=1"), "{line}");
+        assert!(line.contains(" failopen=1 ") && line.contains(" asked=1 ask_p50_us="), "{line}");
         assert_eq!(part.as_deref(), Some("gpu"));
         plugin.fini();
     }

@@ -28,6 +28,10 @@ pub struct Stats {
     /// (a LOCAL job answered from the view does not; one the agent kept
     /// home does): `asked=N` in the line.
     asked: u64,
+    /// The agent round trips' own durations in this window (µs): the
+    /// part of a FORWARD hook spent on the socket and in the agent,
+    /// `ask_p50_us=` / `ask_p99_us=` in the line.
+    ask_window: Vec<u64>,
     total: u64,
 }
 
@@ -40,21 +44,23 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
 }
 
 impl Stats {
-    /// Record one call (`asked`: it made the agent round trip); returns a
-    /// log line when a window is complete.
-    pub fn record(&mut self, o: Outcome, asked: bool, us: u64) -> Option<String> {
+    /// Record one call (`ask_us`: it made the agent round trip, which took
+    /// that long); returns a log line when a window is complete.
+    pub fn record(&mut self, o: Outcome, ask_us: Option<u64>, us: u64) -> Option<String> {
         if self.window.capacity() == 0 {
             self.window.reserve_exact(WINDOW);
         }
         self.window.push(us);
         self.counts[o as usize] += 1;
-        self.asked += u64::from(asked);
+        self.asked += u64::from(ask_us.is_some());
+        self.ask_window.extend(ask_us);
         self.total += 1;
         if self.window.len() < WINDOW {
             return None;
         }
         let line = self.line();
         self.window.clear();
+        self.ask_window.clear();
         Some(line)
     }
 
@@ -62,7 +68,7 @@ impl Stats {
         let mut w = self.window.clone();
         w.sort_unstable();
         let [skip, local, forward, reject, failopen, deferred] = self.counts;
-        format!(
+        let mut line = format!(
             "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} total={} skip={skip} local={local} forward={forward} reject={reject} failopen={failopen} deferred={deferred} asked={}",
             w.len(),
             pct(&w, 0.50),
@@ -70,7 +76,13 @@ impl Stats {
             w.last().copied().unwrap_or(0),
             self.total,
             self.asked
-        )
+        );
+        if !self.ask_window.is_empty() {
+            let mut a = self.ask_window.clone();
+            a.sort_unstable();
+            line.push_str(&format!(" ask_p50_us={} ask_p99_us={}", pct(&a, 0.50), pct(&a, 0.99)));
+        }
+        line
     }
 
     pub fn summary(&self) -> Option<String> {
@@ -113,11 +125,21 @@ mod tests {
         let mut s = Stats::default();
         let mut line = None;
         for i in 0..WINDOW as u64 {
-            line = s.record(Outcome::Local, i % 5 == 0, i + 1);
+            // Every fifth call asked the agent, which took a tenth of it.
+            line = s.record(Outcome::Local, (i % 5 == 0).then_some((i + 1) / 10), i + 1);
         }
         let line = line.expect("a full window logs");
-        assert!(line.contains("p50_us=251") && line.contains("p99_us=495") && line.contains("max_us=500"), "{line}");
-        assert!(line.contains("local=500") && line.ends_with(" asked=100"), "{line}");
+        assert!(line.contains(" p50_us=251") && line.contains(" p99_us=495") && line.contains("max_us=500"), "{line}");
+        assert!(line.contains("local=500") && line.contains(" asked=100 "), "{line}");
+        // The asked calls were 1, 6, ..., 496 µs long: a tenth is 0..49.
+        assert!(line.ends_with(" ask_p50_us=25 ask_p99_us=49"), "{line}");
+        // The next window starts empty: no round trip, no ask figures.
+        let mut next = None;
+        for i in 0..WINDOW as u64 {
+            next = s.record(Outcome::Local, None, i + 1);
+        }
+        let next = next.expect("a full window logs");
+        assert!(next.ends_with(" asked=100"), "{next}");
     }
 
     #[test]

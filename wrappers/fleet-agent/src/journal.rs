@@ -14,6 +14,7 @@
 //! cheaper than a dedicated thread.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use fleet_api::JobRequest;
@@ -22,6 +23,19 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 pub struct Journal {
     db: Mutex<Connection>,
+    /// While this lives, the checkpointer thread runs ([`checkpointer`]).
+    _alive: std::sync::Arc<()>,
+}
+
+/// How often the checkpointer copies the write-ahead log into the
+/// database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// Where a write's time went: waiting for the connection, then the write.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteTiming {
+    pub wait: Duration,
+    pub write: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -92,9 +106,16 @@ impl Journal {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
                 .with_context(|| format!("making {} private", path.display()))?;
         }
+        // A commit is in the write-ahead log before its call returns (an
+        // agent crash loses nothing it answered). Copying the log into the
+        // database (a checkpoint, with its fsyncs) is left to a thread of
+        // its own: SQLite would otherwise run it inside whichever commit
+        // crosses 1000 pages, at times the plugin's FORWARD answer, which
+        // slurmctld waits for.
         db.execute_batch(
             "PRAGMA journal_mode=WAL;
              PRAGMA synchronous=NORMAL;
+             PRAGMA wal_autocheckpoint=0;
              CREATE TABLE IF NOT EXISTS forwards(
                  id TEXT PRIMARY KEY, request TEXT NOT NULL, target TEXT NOT NULL,
                  registered INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL);
@@ -129,29 +150,53 @@ impl Journal {
                 db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {col} {ty}"))?;
             }
         }
-        Ok(Journal { db: Mutex::new(db) })
+        // The loops look for the few rows still to act on among every row
+        // ever written (each holding a job's request): without these, a
+        // scan reads the whole table under the connection's lock, the lock
+        // a plugin request waits for, and grows with the journal.
+        db.execute_batch(
+            "CREATE INDEX IF NOT EXISTS forwards_unregistered ON forwards(created) WHERE registered = 0;
+             CREATE INDEX IF NOT EXISTS runs_active ON runs(id) WHERE done = 0;",
+        )?;
+        let alive = std::sync::Arc::new(());
+        checkpointer(path, std::sync::Arc::downgrade(&alive))?;
+        Ok(Journal { db: Mutex::new(db), _alive: alive })
     }
 
-    pub fn add_forward(&self, id: &str, req: &JobRequest, target: &str) -> Result<()> {
+    /// Journal a forward the plugin is about to be told of; says how long
+    /// it waited for the connection and how long the write took.
+    pub fn add_forward(&self, id: &str, req: &JobRequest, target: &str) -> Result<WriteTiming> {
         let json = serde_json::to_string(req)?;
-        self.db.lock().execute(
+        let t0 = Instant::now();
+        let db = self.db.lock();
+        let wait = t0.elapsed();
+        db.execute(
             "INSERT INTO forwards(id, request, target, registered, created) VALUES(?1, ?2, ?3, 0, ?4)",
             params![id, json, target, crate::now()],
         )?;
-        Ok(())
+        Ok(WriteTiming { wait, write: t0.elapsed() - wait })
     }
 
     pub fn unregistered_forwards(&self) -> Result<Vec<Forward>> {
-        let db = self.db.lock();
-        let mut st = db.prepare("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created")?;
-        let rows =
-            st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, req, target) = row?;
+        let t0 = Instant::now();
+        // The rows are read under the lock (a plugin request may wait for
+        // it), the requests parsed after it is released.
+        let rows = {
+            let db = self.db.lock();
+            let mut st =
+                db.prepare("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created")?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows
+        };
+        let held = t0.elapsed();
+        let mut out = Vec::with_capacity(rows.len());
+        for (id, req, target) in rows {
             let request = serde_json::from_str(&req).with_context(|| format!("journal entry {id}"))?;
             out.push(Forward { id, request, target, registered: false });
         }
+        tracing::debug!(held_us = held.as_micros() as u64, n = out.len(), "journal: unregistered forwards");
         Ok(out)
     }
 
@@ -321,9 +366,96 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
     ))
 }
 
+/// Checkpoints the journal at `path` every [`CHECKPOINT_EVERY`] on a
+/// connection and thread of its own, until `alive` is gone. PASSIVE: it
+/// never waits for, nor blocks, the journal's writer.
+fn checkpointer(path: &Path, alive: std::sync::Weak<()>) -> Result<()> {
+    let db = Connection::open(path).with_context(|| format!("opening journal {} to checkpoint", path.display()))?;
+    std::thread::Builder::new()
+        .name("journal-checkpoint".into())
+        .spawn(move || {
+            let mut warned = false;
+            while alive.strong_count() > 0 {
+                std::thread::sleep(CHECKPOINT_EVERY);
+                match db.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+                    Ok(()) => warned = false,
+                    Err(e) if !warned => {
+                        tracing::warn!("journal checkpoint: {e}");
+                        warned = true;
+                    }
+                    Err(e) => tracing::debug!("journal checkpoint: {e}"),
+                }
+            }
+        })
+        .context("starting the journal's checkpointer")?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Commits stay in the write-ahead log (no checkpoint inside a
+    /// write); the checkpointer thread copies them into the database file.
+    #[test]
+    fn the_log_is_checkpointed_apart_from_the_writes() {
+        let dir = std::env::temp_dir().join(format!("fleet-journal-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("j.db");
+        let _ = std::fs::remove_file(&path);
+        let j = Journal::open(&path).unwrap();
+        let autockpt: i64 = j.db.lock().query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0)).unwrap();
+        assert_eq!(autockpt, 0);
+        let size = || std::fs::metadata(&path).unwrap().len();
+        let before = size();
+        let req = JobRequest { origin: "beta".into(), script: Some(vec![b'x'; 64 << 10]), ..Default::default() };
+        for i in 0..20 {
+            j.add_forward(&format!("beta-{i}"), &req, "alpha").unwrap();
+        }
+        // 20 requests of 64 KiB: in the database file once checkpointed.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while size() < before + (20 << 16) {
+            assert!(Instant::now() < deadline, "not checkpointed: {} bytes, was {before}", size());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        drop(j);
+        assert_eq!(Journal::open(&path).unwrap().unregistered_forwards().unwrap().len(), 20);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The loops' "what is left to do" queries read the partial indexes,
+    /// not every row ever journaled (a scan held the lock a plugin
+    /// request waits for, longer as the journal grew).
+    #[test]
+    fn pending_rows_are_found_through_their_indexes() {
+        let dir = std::env::temp_dir().join(format!("fleet-journal-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("j.db");
+        let _ = std::fs::remove_file(&path);
+        let j = Journal::open(&path).unwrap();
+        let req = JobRequest { origin: "beta".into(), script: Some(vec![b'x'; 4096]), ..Default::default() };
+        for i in 0..200 {
+            j.add_forward(&format!("beta-{i}"), &req, "alpha").unwrap();
+            j.mark_registered(&format!("beta-{i}")).unwrap();
+        }
+        j.add_forward("beta-new", &req, "alpha").unwrap();
+        let plan = |sql: &str| -> String {
+            let db = j.db.lock();
+            let mut st = db.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let rows = st.query_map([], |r| r.get::<_, String>(3)).unwrap();
+            rows.map(|r| r.unwrap()).collect::<Vec<_>>().join("; ")
+        };
+        for (sql, index) in [
+            ("SELECT id, request, target FROM forwards WHERE registered = 0 ORDER BY created", "forwards_unregistered"),
+            (&format!("SELECT {RUN_COLS} FROM runs WHERE done = 0"), "runs_active"),
+        ] {
+            let p = plan(sql);
+            assert!(p.contains(index), "{sql}: {p}");
+        }
+        let left: Vec<String> = j.unregistered_forwards().unwrap().into_iter().map(|f| f.id).collect();
+        assert_eq!(left, ["beta-new"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn survives_reopen() {
