@@ -197,6 +197,19 @@ impl Exclusion {
     }
 
     /// The human-readable reason.
+    /// True unless the exclusion can end by itself: health comes back,
+    /// prices change.
+    pub fn lasting(&self) -> bool {
+        !matches!(
+            self,
+            Exclusion::Down
+                | Exclusion::Unhealthy
+                | Exclusion::NoPrice { .. }
+                | Exclusion::MaxPrice { .. }
+                | Exclusion::BadInput
+        )
+    }
+
     pub fn describe(&self, model: &FleetModel, cluster: &Cluster, job: &PreparedJob) -> String {
         let t = |id: &GpuTypeId| model.gpu_type_name(*id).to_string();
         match self {
@@ -1093,6 +1106,11 @@ pub struct Candidate {
 pub struct Excluded {
     pub cluster: String,
     pub reason: String,
+    /// The reason lasts as long as the model and the job do (shape,
+    /// topology, speed, rules); false for what changes by itself (health,
+    /// prices).
+    #[serde(skip)]
+    pub lasting: bool,
 }
 
 /// The explained decision: ranked candidates with their breakdowns and
@@ -1136,7 +1154,11 @@ pub fn explain_prepared(model: &FleetModel, state: &FleetState, job: &PreparedJo
         };
         match r {
             Ok(p) => ok.push(p),
-            Err(e) => excluded.push(Excluded { cluster: c.name.clone(), reason: e.describe(model, c, job) }),
+            Err(e) => excluded.push(Excluded {
+                cluster: c.name.clone(),
+                reason: e.describe(model, c, job),
+                lasting: e.lasting(),
+            }),
         }
     }
     ok.sort_by(|a, b| {

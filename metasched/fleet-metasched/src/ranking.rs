@@ -104,6 +104,19 @@ pub struct Pick {
     pub reason: String,
 }
 
+/// What the engine makes of the clusters the first rule allows.
+pub enum Choice {
+    /// The best-ranked allowed cluster.
+    Pick(Pick),
+    /// The engine ranks none of them but does not know them all either
+    /// (clusters outside the fleet model): the first rule's pick stands.
+    FirstRule,
+    /// The engine knows every allowed cluster and excludes each one
+    /// (topology, `--min-gpu` speed, power): the reasons, and whether they
+    /// all last (true) or one may end by itself (health, prices).
+    Excluded { reason: String, lasting: bool },
+}
+
 impl Ranker {
     /// `None` when the configuration asks for the first rule only.
     pub fn load(config: &Config, feeds: Arc<Feeds>) -> Result<Option<Ranker>, ConfigError> {
@@ -219,8 +232,7 @@ impl Ranker {
         (d, errs, penalties)
     }
 
-    /// The best-ranked cluster among `allowed`; `None` when the engine
-    /// ranks none of them (then the first rule's pick stands).
+    /// The best-ranked cluster among `allowed`, or why there is none.
     pub fn pick(
         &self,
         view: &FleetView,
@@ -228,10 +240,21 @@ impl Ranker {
         id: &str,
         history: &JobHistory,
         allowed: &[String],
-    ) -> Option<Pick> {
+    ) -> Choice {
         let (d, _, _) = self.explain(view, req, id, history);
         let n = d.ranked.len();
-        d.ranked.iter().enumerate().find(|(_, c)| allowed.contains(&c.cluster)).map(|(i, c)| Pick {
+        let best = d.ranked.iter().enumerate().find(|(_, c)| allowed.contains(&c.cluster));
+        let Some((i, c)) = best else {
+            let out: Vec<_> = allowed.iter().filter_map(|a| d.excluded.iter().find(|e| &e.cluster == a)).collect();
+            if allowed.is_empty() || out.len() < allowed.len() {
+                return Choice::FirstRule;
+            }
+            return Choice::Excluded {
+                reason: out.iter().map(|e| format!("{}: {}", e.cluster, e.reason)).collect::<Vec<_>>().join("; "),
+                lasting: out.iter().all(|e| e.lasting),
+            };
+        };
+        Choice::Pick(Pick {
             cluster: c.cluster.clone(),
             reason: format!(
                 "policy {}: {} ranked {} of {n} ({} {} {}, {:.2} USD/GPU-h, score {:.2}{})",

@@ -1414,6 +1414,9 @@ impl Store {
         // A planned move's target first, when the first rule lets it take the job now.
         let preferred =
             job.prefer.take().and_then(|want| moves::place_at(&view, &job.request, &job.record.origin, &want));
+        // The engine excludes every cluster the first rule allows, for a job
+        // that must leave its origin: its reasons, and whether they last.
+        let mut engine_refuses = None;
         if let Some(pp) = preferred {
             p = pp;
         } else if let (Some(r), Placement::Home { .. } | Placement::Remote { .. }) = (&self.ranker, &p) {
@@ -1424,44 +1427,66 @@ impl Store {
                 .filter(|c| c.healthy && !excluded.iter().any(|e| e.cluster == c.name))
                 .map(|c| c.name.clone())
                 .collect();
-            if let Some(pick) = r.pick(&view, &job.request, &job.record.fleet_job_id, &history_of(job), &allowed) {
-                p = if pick.cluster == job.record.origin {
-                    Placement::Home { reason: pick.reason }
-                } else {
-                    Placement::Remote { target: pick.cluster, reason: pick.reason }
-                };
+            match r.pick(&view, &job.request, &job.record.fleet_job_id, &history_of(job), &allowed) {
+                crate::ranking::Choice::Pick(pick) => {
+                    p = if pick.cluster == job.record.origin {
+                        Placement::Home { reason: pick.reason }
+                    } else {
+                        Placement::Remote { target: pick.cluster, reason: pick.reason }
+                    };
+                }
+                crate::ranking::Choice::FirstRule => {}
+                // A job its origin can run stays there, as without Fleet;
+                // one that must leave never goes where the engine's hard
+                // constraints (topology, --min-gpu) say it cannot run.
+                crate::ranking::Choice::Excluded { .. } if matches!(p, Placement::Home { .. }) => {}
+                crate::ranking::Choice::Excluded { reason, lasting } => engine_refuses = Some((reason, lasting)),
             }
         }
-        let event = match p {
-            Placement::Home { reason } => {
-                count("home");
-                job.record.target = Some(job.record.origin.clone());
-                job.record.reason = format!("placed at the origin {}: {reason}", job.record.origin);
-                Event::Placed
-            }
-            Placement::Remote { target, reason } => {
-                count("remote");
-                job.record.reason = format!("placed at {target}: {reason}");
-                job.record.target = Some(target);
-                Event::Placed
-            }
-            Placement::Impossible { reason } => {
+        let event = match (engine_refuses, p) {
+            (Some((why, true)), _) => {
+                count("impossible");
                 job.record.target = None;
-                // Impossible only because clusters are silent right now?
-                // Then wait for them rather than fail the job.
-                if matches!(
-                    placement::place(&placement::all_healthy(&view), &job.request).0,
-                    Placement::Impossible { .. }
-                ) {
-                    count("impossible");
-                    job.record.reason = reason;
-                    Event::PlacementImpossible
-                } else {
-                    count("waiting");
-                    job.record.reason = format!("waiting for a healthy cluster: {reason}");
-                    Event::PlacementWaits
-                }
+                job.record.reason = format!("no cluster in the fleet can run it (placement engine): {why}");
+                Event::PlacementImpossible
             }
+            (Some((why, false)), _) => {
+                count("waiting");
+                job.record.target = None;
+                job.record.reason = format!("waiting: the placement engine excludes every cluster for now: {why}");
+                Event::PlacementWaits
+            }
+            (None, p) => match p {
+                Placement::Home { reason } => {
+                    count("home");
+                    job.record.target = Some(job.record.origin.clone());
+                    job.record.reason = format!("placed at the origin {}: {reason}", job.record.origin);
+                    Event::Placed
+                }
+                Placement::Remote { target, reason } => {
+                    count("remote");
+                    job.record.reason = format!("placed at {target}: {reason}");
+                    job.record.target = Some(target);
+                    Event::Placed
+                }
+                Placement::Impossible { reason } => {
+                    job.record.target = None;
+                    // Impossible only because clusters are silent right now?
+                    // Then wait for them rather than fail the job.
+                    if matches!(
+                        placement::place(&placement::all_healthy(&view), &job.request).0,
+                        Placement::Impossible { .. }
+                    ) {
+                        count("impossible");
+                        job.record.reason = reason;
+                        Event::PlacementImpossible
+                    } else {
+                        count("waiting");
+                        job.record.reason = format!("waiting for a healthy cluster: {reason}");
+                        Event::PlacementWaits
+                    }
+                }
+            },
         };
         let o = transition(&life_of(job), &event);
         set_life(job, &o.life);
