@@ -235,6 +235,40 @@ pub fn parse_ended(line: &str) -> Option<(NotedRun, Option<i32>, Option<i32>)> {
     }
 }
 
+/// One line per start of the script, appended by `lease-exec`:
+/// `job <slurm job id> restart <n> epoch <e>`.
+pub const RUN_STARTS_FILE: &str = ".fleet-run-starts";
+
+/// How many times `lease-exec` started the script of Slurm job `slurm_id`
+/// in fleet epoch `epoch` (0: any) in `dir`, by its start log (read
+/// without following links, at most 64 KiB). The job could add lines: a
+/// count that only ever reports more re-runs than happened, never fewer.
+pub fn run_starts(dir: &Path, slurm_id: u64, epoch: u64) -> u32 {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(RUN_STARTS_FILE))
+    else {
+        return 0;
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return 0;
+    }
+    let mut buf = Vec::new();
+    if f.take(64 * 1024).read_to_end(&mut buf).is_err() {
+        return 0;
+    }
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .filter_map(|l| parse_run(&l.split_whitespace().collect::<Vec<_>>()))
+        .filter(|r| r.slurm_id == slurm_id && (epoch == 0 || r.epoch == epoch))
+        .count()
+        .try_into()
+        .unwrap_or(u32::MAX)
+}
+
 /// Whether `lease-exec` noted that it started the run's script in `dir`
 /// (a note in any format: an older `lease-exec` wrote `started job <id>`).
 pub fn run_started(dir: &Path) -> bool {
@@ -376,6 +410,26 @@ mod tests {
         std::os::unix::fs::symlink(tmp.path().join(RUN_ENDED_FILE), d2.join(RUN_ENDED_FILE)).unwrap();
         std::os::unix::fs::symlink(tmp.path().join(RUN_STARTED_FILE), d2.join(RUN_STARTED_FILE)).unwrap();
         assert_eq!((run_ended(&d2, 42, 1), run_started(&d2)), (None, false));
+    }
+
+    #[test]
+    fn the_starts_of_a_run_are_counted_for_its_slurm_job_and_epoch() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(run_starts(tmp.path(), 42, 1), 0);
+        std::fs::write(
+            tmp.path().join(RUN_STARTS_FILE),
+            "job 42 restart 0 epoch 1\njob 42 restart 0 epoch 1\njob 42 restart 1 epoch 1\n\
+             job 43 restart 0 epoch 1\njob 42 restart 0 epoch 2\ngarbage\njob 42 restart x epoch 1\n",
+        )
+        .unwrap();
+        assert_eq!(run_starts(tmp.path(), 42, 1), 3);
+        assert_eq!(run_starts(tmp.path(), 42, 2), 1);
+        assert_eq!(run_starts(tmp.path(), 42, 0), 4);
+        assert_eq!(run_starts(tmp.path(), 44, 1), 0);
+        let d2 = tmp.path().join("other");
+        std::fs::create_dir(&d2).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join(RUN_STARTS_FILE), d2.join(RUN_STARTS_FILE)).unwrap();
+        assert_eq!(run_starts(&d2, 42, 1), 0, "a link is not followed");
     }
 
     #[test]

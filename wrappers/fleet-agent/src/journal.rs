@@ -378,6 +378,29 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A signal delivered on its user's request stays noted whatever a
+    /// watch pass holding an older copy of the row writes, survives a
+    /// restart, and a new placement of the job here starts over without it.
+    #[test]
+    fn a_users_signal_stays_noted_until_the_run_starts_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("j.db");
+        let req = JobRequest { origin: "beta".into(), ..Default::default() };
+        {
+            let j = Journal::open(&path).unwrap();
+            j.add_run("beta-8", &req).unwrap();
+            let older = j.run("beta-8").unwrap().unwrap().0;
+            assert_eq!(older.user_signal, None);
+            j.mark_signalled("beta-8", "USR1").unwrap();
+            j.update_run(&older).unwrap();
+            assert_eq!(j.run("beta-8").unwrap().unwrap().0.user_signal.as_deref(), Some("USR1"));
+        }
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.active_runs().unwrap()[0].0.user_signal.as_deref(), Some("USR1"));
+        j.rerun("beta-8", 1, &req, 0, 0).unwrap();
+        assert_eq!(j.run("beta-8").unwrap().unwrap().0.user_signal, None);
+    }
+
     /// A re-run Slurm did not count is counted once: the agent's count and
     /// what it knows of the run's incarnation survive its restart, and a
     /// new placement of the job here starts them over.

@@ -310,6 +310,22 @@ pub fn observe_rerun(run: &mut Run, j: &NativeJob) -> bool {
     counted
 }
 
+/// Its script started `starts` times (`lease-exec`'s start log): every
+/// start after the first is a re-run, seen or not (Slurm may run a job
+/// again without counting it, and both runs may pass while the agent is
+/// not looking). Raises `run.reruns` to that; returns whether it did.
+pub fn starts_rerun(run: &mut Run, starts: u32) -> bool {
+    let seen = starts.saturating_sub(1);
+    if seen <= run.reruns {
+        return false;
+    }
+    run.reruns = seen;
+    run.rerun_why = Some(format!("its script started {starts} times (lease-exec's start log)"));
+    // The output of the run before is there: its restart is this re-run's.
+    run.rerun_out = streams_with_output(run);
+    true
+}
+
 /// A stream's output file restarted (shorter than what was relayed): a
 /// new incarnation of the run opened it. Counted as a re-run unless the
 /// re-run that opened it was counted already ([`observe_rerun`]); returns
@@ -801,7 +817,7 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
     let missing: Vec<u64> = ids.iter().copied().filter(|i| !known.iter().any(|j| j.native_id == *i)).collect();
     if !missing.is_empty() {
         match agent.backend.accounting(&missing).await {
-            Ok(found) => known.extend(found),
+            Ok(found) => known.extend(ended_in_accounting(found)),
             Err(e) => tracing::debug!("accounting lookup: {e:#}"),
         }
     }
@@ -824,6 +840,16 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
     Ok(())
 }
 
+/// What accounting says of jobs slurmctld no longer knows: only their
+/// ends. A job that is not over is always in slurmctld's memory, so a row
+/// still pending or running there is stale: slurmctld forgot the job (lost
+/// in a crash before it saved its state, `Purged files for defunct batch
+/// JobId`), and slurmdbd, which recorded its submission, never hears of an
+/// end. Such a job is gone (`Seen::Gone`), not pending forever.
+pub fn ended_in_accounting(rows: Vec<NativeJob>) -> Vec<NativeJob> {
+    rows.into_iter().filter(|j| j.state.is_terminal()).collect()
+}
+
 /// How a run its in-job lease stopped is reported (`died`).
 const BY_ITS_LEASE: &str = "by its job lease";
 
@@ -844,6 +870,11 @@ async fn reconcile_run<B: Backend>(
         // Before the output is read: a restarted file is then known as
         // this re-run's, not another.
         if observe_rerun(&mut run, j) {
+            tracing::warn!(id = %run.id, slurm_id = j.native_id, reruns = run.reruns,
+                "Slurm ran the job again: {}", run.rerun_why.as_deref().unwrap_or(""));
+        }
+        let starts = crate::ckpt::run_starts(&agent.backend.job_dir(&run.id), j.native_id, run.epoch);
+        if starts_rerun(&mut run, starts) {
             tracing::warn!(id = %run.id, slurm_id = j.native_id, reruns = run.reruns,
                 "Slurm ran the job again: {}", run.rerun_why.as_deref().unwrap_or(""));
         }
@@ -1290,6 +1321,44 @@ mod tests {
         let mut stale = job(7, "PENDING", 1009, 1001);
         stale.restarts = 1;
         assert!(matches!(identify(&seen_once, "alpha", d, &[&stale]), Seen::Gone(_)));
+    }
+
+    /// Two starts in the script's start log, neither seen by the agent: one
+    /// re-run, counted once however often it is looked at, never lowering
+    /// a count made otherwise.
+    #[test]
+    fn every_start_of_the_script_after_the_first_is_a_rerun() {
+        let mut r = run(42, Some(1700000000));
+        assert!(!starts_rerun(&mut r, 0));
+        assert!(!starts_rerun(&mut r, 1));
+        assert_eq!(r.reruns, 0);
+        r.stdout_off = 10;
+        assert!(starts_rerun(&mut r, 2));
+        assert_eq!((r.reruns, r.rerun_out), (1, OUT_STDOUT));
+        assert!(r.rerun_why.as_deref().unwrap().contains("started 2 times"));
+        assert!(!starts_rerun(&mut r, 2), "counted once");
+        r.reruns = 3;
+        assert!(!starts_rerun(&mut r, 3));
+        assert_eq!(r.reruns, 3);
+    }
+
+    /// A job slurmctld forgot keeps a pending row in accounting (its
+    /// submission was recorded, its end never will be): only ended rows
+    /// count, so the run is seen gone instead of pending forever.
+    #[test]
+    fn accounting_rows_of_a_forgotten_job_that_never_ended_do_not_count() {
+        let rows = vec![
+            job(2100073, "PENDING", 1700000000, 1001),
+            job(2100074, "RUNNING", 1700000000, 1001),
+            job(2100075, "COMPLETED", 1700000000, 1001),
+            job(2100076, "FAILED", 1700000000, 1001),
+        ];
+        let ids: Vec<u64> = ended_in_accounting(rows).iter().map(|j| j.native_id).collect();
+        assert_eq!(ids, vec![2100075, 2100076]);
+        let r = run(2100073, Some(1700000000));
+        let kept = ended_in_accounting(vec![job(2100073, "PENDING", 1700000000, 1001)]);
+        let candidates: Vec<&NativeJob> = kept.iter().collect();
+        assert!(matches!(identify(&r, "alpha", "", &candidates), Seen::Gone(_)));
     }
 
     #[test]

@@ -509,6 +509,17 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     };
     if let Some(run) = &slurm_job {
         note(".fleet-run-started", format!("started {run}\n"));
+        // And one line per start, appended: Slurm may run a job again
+        // without counting it (a slurmctld recovered from older state
+        // launches it anew) while its agent is not looking.
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run_dir.join(".fleet-run-starts"))
+            .and_then(|mut f| writeln!(f, "{run}"));
+        if let Err(e) = appended {
+            log(&format!("cannot write .fleet-run-starts: {e}"));
+        }
     }
     let child = match cmd.spawn() {
         Ok(c) => c,

@@ -197,6 +197,7 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
         (note(".fleet-run-started"), note(".fleet-run-ended")),
         ("started job 4242 restart 2 epoch 1\n".into(), "exit 7 job 4242 restart 2 epoch 1\n".into())
     );
+    assert_eq!(note(".fleet-run-starts"), "job 4242 restart 2 epoch 1\n");
     let tok = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "beta-1"));
     let r: JobLeaseReply = serde_json::from_value(
         call(
