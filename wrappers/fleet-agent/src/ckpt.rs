@@ -207,12 +207,20 @@ pub struct NotedRun {
     pub slurm_id: u64,
     pub restart: u32,
     pub epoch: u64,
+    /// When `lease-exec` started (Unix ms; 0: not noted): tells apart two
+    /// starts Slurm did not count (a slurmctld recovered from older state
+    /// launches the job again under the same restart count).
+    pub at_ms: u64,
 }
 
-/// `job <id> restart <n> epoch <e>`.
+/// `job <id> restart <n> epoch <e> [at <unix ms>]`.
 fn parse_run(w: &[&str]) -> Option<NotedRun> {
-    let ["job", id, "restart", restart, "epoch", epoch] = w else { return None };
-    Some(NotedRun { slurm_id: id.parse().ok()?, restart: restart.parse().ok()?, epoch: epoch.parse().ok()? })
+    let (head, at_ms) = match w {
+        [head @ .., "at", at] => (head, at.parse().ok()?),
+        _ => (w, 0),
+    };
+    let ["job", id, "restart", restart, "epoch", epoch] = head else { return None };
+    Some(NotedRun { slurm_id: id.parse().ok()?, restart: restart.parse().ok()?, epoch: epoch.parse().ok()?, at_ms })
 }
 
 /// Reads a start note (`started job <id> restart <n> epoch <e>`).
@@ -267,6 +275,13 @@ pub fn run_starts(dir: &Path, slurm_id: u64, epoch: u64) -> u32 {
         .count()
         .try_into()
         .unwrap_or(u32::MAX)
+}
+
+/// How long ago (by its modification time) the end note in `dir` was
+/// written, if there is one (a regular file, not followed through a link).
+pub fn run_ended_ago(dir: &Path) -> Option<std::time::Duration> {
+    let m = std::fs::symlink_metadata(dir.join(RUN_ENDED_FILE)).ok().filter(|m| m.is_file())?;
+    m.modified().ok()?.elapsed().ok()
 }
 
 /// Whether `lease-exec` noted that it started the run's script in `dir`
@@ -347,12 +362,18 @@ mod tests {
 
     #[test]
     fn the_end_lease_exec_noted_is_read_for_its_own_run_only() {
-        let run = |restart, epoch| NotedRun { slurm_id: 42, restart, epoch };
+        let run = |restart, epoch| NotedRun { slurm_id: 42, restart, epoch, at_ms: 0 };
         for (line, want) in [
             ("exit 0 job 42 restart 0 epoch 1", Some((run(0, 1), Some(0), None))),
             ("exit 3 job 42 restart 2 epoch 7", Some((run(2, 7), Some(3), None))),
             ("signal 9 job 42 restart 0 epoch 1", Some((run(0, 1), None, Some(9)))),
             ("  exit   7  job 42 restart 0  epoch 1 ", Some((run(0, 1), Some(7), None))),
+            (
+                "exit 1 job 42 restart 0 epoch 1 at 1796222245371",
+                Some((NotedRun { at_ms: 1796222245371, ..run(0, 1) }, Some(1), None)),
+            ),
+            ("exit 1 job 42 restart 0 epoch 1 at", None),
+            ("exit 1 job 42 restart 0 epoch 1 at x", None),
             // An older lease-exec's note: which run it is of is unknown.
             ("exit 0 job 42", None),
             ("exit 256 job 42 restart 0 epoch 1", None),
@@ -396,6 +417,10 @@ mod tests {
             ("started job 42 restart 1 epoch 1", "exit 3 job 42 restart 1 epoch 1", 42, 1, exit3),
             // Older notes: which run they are of is unknown.
             ("started job 42", "exit 3 job 42", 42, 1, None),
+            // Started again since under the same restart count (a slurmctld
+            // recovered from older state launched it anew): not this start's end.
+            ("started job 42 restart 0 epoch 1 at 2000", "exit 3 job 42 restart 0 epoch 1 at 1000", 42, 1, None),
+            ("started job 42 restart 0 epoch 1 at 2000", "exit 3 job 42 restart 0 epoch 1 at 2000", 42, 1, exit3),
         ] {
             std::fs::write(tmp.path().join(RUN_STARTED_FILE), format!("{started}\n")).unwrap();
             std::fs::write(tmp.path().join(RUN_ENDED_FILE), format!("{ended}\n")).unwrap();

@@ -850,6 +850,10 @@ pub fn ended_in_accounting(rows: Vec<NativeJob>) -> Vec<NativeJob> {
     rows.into_iter().filter(|j| j.state.is_terminal()).collect()
 }
 
+/// How long a run Slurm shows running may have a noted end of its script
+/// (the same start) before that end is taken as lost by Slurm.
+const ENDED_BUT_RUNNING: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How a run its in-job lease stopped is reported (`died`).
 const BY_ITS_LEASE: &str = "by its job lease";
 
@@ -1001,6 +1005,39 @@ async fn reconcile_run<B: Backend>(
             }
             // Forgotten after it started: lost, as Slurm lost it.
             LaunchVerdict::Started { .. } => {}
+        }
+    }
+    // Slurm shows the run running, but its script noted its end (this
+    // very start) a while ago: slurmctld recovered from a state it saved
+    // before that end and lost it (`make chaos` 14:35: chaos-1-57 shown
+    // RUNNING for minutes after its script exited 1 and lease-exec left).
+    // The noted end is its result; the shell Slurm keeps is cancelled.
+    // (A job that writes such a note itself only ends itself early.)
+    if let (Seen::Job(j), None, false) = (&seen, &up.died, up.lease_stopped) {
+        let dir = agent.backend.job_dir(&run.id);
+        let noted = run.slurm_id.and_then(|sid| crate::ckpt::run_ended(&dir, sid, run.epoch));
+        let ago = crate::ckpt::run_ended_ago(&dir);
+        if let (true, Some((exit_code, signal)), Some(ago)) = (j.raw_state == "RUNNING", noted, ago) {
+            if ago > ENDED_BUT_RUNNING {
+                if let Some(user) = run.user.as_deref() {
+                    agent.backend.cancel(j.native_id, user).await?;
+                }
+                let ok = exit_code == Some(0) && signal.is_none_or(|s| s == 0);
+                let how = match (signal.filter(|s| *s > 0), exit_code) {
+                    (Some(s), _) => format!("signal {s}"),
+                    (None, Some(c)) => format!("exit code {c}"),
+                    (None, None) => "no exit status".into(),
+                };
+                tracing::warn!(id = %run.id, slurm_id = j.native_id, end = %how, ago_s = ago.as_secs(),
+                    "Slurm shows the job running, but its script ended: reporting its end, cancelling the job");
+                up.state = Some(if ok { JobState::Completed } else { JobState::Failed });
+                up.exit_code = exit_code;
+                up.signal = signal.filter(|s| *s > 0);
+                up.reason = format!(
+                    "its script ended at {site} ({how}) {} s before Slurm there still showed it running (its controller lost the end)",
+                    ago.as_secs()
+                );
+            }
         }
     }
     if let Some(why) = up.died.clone() {

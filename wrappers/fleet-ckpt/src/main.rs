@@ -501,7 +501,7 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     let slurm_job = std::env::var("SLURM_JOB_ID")
         .ok()
         .filter(|v| v.parse::<u64>().is_ok())
-        .map(|id| format!("job {id} restart {restart} epoch {}", env.epoch));
+        .map(|id| format!("job {id} restart {restart} epoch {} at {}", env.epoch, (fleet_ckpt_now() * 1000.0) as u64));
     let note = |name: &str, text: String| {
         if let Err(e) = std::fs::write(run_dir.join(name), text) {
             log(&format!("cannot write {name}: {e}"));
@@ -820,7 +820,9 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
                 }
                 Err(e) => {
                     unanswered = unanswered.saturating_add(1);
-                    last_err = format!("{e:#}").chars().filter(|c| !c.is_control()).take(120).collect();
+                    // The end of the chain says why (refused, timed out, reset).
+                    let chain: Vec<char> = format!("{e:#}").chars().filter(|c| !c.is_control()).collect();
+                    last_err = chain[chain.len().saturating_sub(120)..].iter().collect();
                     if !failing {
                         log(&format!("renewal failed: {e:#}"));
                         failing = true;
