@@ -193,14 +193,12 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     // failed: the script started, and how it ended by itself, each naming
     // its run (Slurm job, Slurm's restart count, fleet epoch).
     let note = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
-    let (started, ended, starts) = (note(".fleet-run-started"), note(".fleet-run-ended"), note(".fleet-run-starts"));
-    let run = started.strip_prefix("started ").unwrap_or_default().to_string();
-    assert!(run.starts_with("job 4242 restart 2 epoch 1 at "), "{started:?}");
-    assert!(
-        run.trim_end().rsplit(' ').next().unwrap().parse::<u64>().is_ok_and(|ms| ms > 1_700_000_000_000),
-        "{run:?}"
-    );
-    assert_eq!((ended, starts), (format!("exit 7 {run}"), run.clone()));
+    let (start_note, ended, starts) = (note(".fleet-run-started"), note(".fleet-run-ended"), note(".fleet-run-starts"));
+    let noted = start_note.strip_prefix("started ").unwrap_or_default().to_string();
+    assert!(noted.starts_with("job 4242 restart 2 epoch 1 at "), "{start_note:?}");
+    let at = noted.trim_end().rsplit(' ').next().unwrap().parse::<u64>();
+    assert!(at.is_ok_and(|ms| ms > 1_700_000_000_000), "{noted:?}");
+    assert_eq!((ended, starts), (format!("exit 7 {noted}"), noted.clone()));
     let tok = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "beta-1"));
     let r: JobLeaseReply = serde_json::from_value(
         call(
