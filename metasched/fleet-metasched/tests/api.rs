@@ -2396,7 +2396,8 @@ async fn a_run_slurm_requeued_after_it_started_runs_again_and_counts_as_a_requeu
     }
     let auth = |id: &str| format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
     // (job, the end its script claimed: (exit code, signal), slurm_requeued)
-    let cases: [(&str, Option<(Option<i32>, Option<i32>)>, bool); 4] = [
+    type Claim = Option<(Option<i32>, Option<i32>)>;
+    let cases: [(&str, Claim, bool); 4] = [
         ("killed-by-slurm", Some((None, Some(15))), true),
         ("end-unknown", None, true),
         ("exited", Some((Some(2), None)), true),
