@@ -107,9 +107,17 @@ pub struct Agent<B: Backend> {
     /// the account files change. Sync lock: held for a lookup, no `.await`.
     pub identities: std::sync::Arc<parking_lot::Mutex<identity::AdmittedCache>>,
     /// The scheduler's last answer to a capacity query (when, nodes,
-    /// pending, running), for a heartbeat whose query is slow. Sync lock:
-    /// held for a copy, no `.await`.
-    pub capacity: parking_lot::Mutex<Option<(Instant, Capacity)>>,
+    /// pending, running), for a heartbeat whose query is slow, and the
+    /// query in flight (a slow one is not dropped: the next heartbeat
+    /// waits on it again). Sync lock: held for a copy or a swap, no `.await`.
+    pub capacity: parking_lot::Mutex<CapacityProbe>,
+}
+
+/// The heartbeat's capacity queries ([`Agent::capacity`]).
+#[derive(Default)]
+pub struct CapacityProbe {
+    pub last: Option<(Instant, Capacity)>,
+    pub query: Option<tokio::task::JoinHandle<Result<Capacity>>>,
 }
 
 /// What a heartbeat says of the cluster's capacity: nodes, pending and
@@ -491,7 +499,7 @@ async fn heartbeat_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
 /// outage; one agent per process).
 static SCHEDULER_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
+pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
     use std::sync::atomic::Ordering;
     // A scheduler that does not answer (slurmctld killed or restarting)
     // does not silence the cluster: its jobs run on under slurmd, and a
@@ -501,21 +509,31 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
     // retry for seconds) waits at most a heartbeat interval; the last
     // answer stands in for it while it is fresh.
     let wait = agent.live().heartbeat.clamp(Duration::from_secs(1), Duration::from_secs(5));
-    let answer = match tokio::time::timeout(wait, agent.backend.capacity()).await {
-        Ok(Ok((mut nodes, pending, running))) => {
+    let mut query = agent.capacity.lock().query.take().unwrap_or_else(|| {
+        let a = agent.clone();
+        tokio::spawn(async move { a.backend.capacity().await })
+    });
+    let answer = match tokio::time::timeout(wait, &mut query).await {
+        Ok(Ok(Ok((mut nodes, pending, running)))) => {
             // Nodes that only run stand-ins are no capacity for jobs.
             nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
             // RealMemory bounds placement whatever the select type; free memory
             // is said only where Slurm allocates memory.
             slurm::memory_view(&mut nodes, agent.cfg.memory_scheduled);
-            *agent.capacity.lock() = Some((Instant::now(), (nodes.clone(), pending, running)));
+            agent.capacity.lock().last = Some((Instant::now(), (nodes.clone(), pending, running)));
             Ok((nodes, pending, running))
         }
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(_) => match agent.capacity.lock().clone().filter(|(at, _)| at.elapsed() < CAPACITY_FRESH) {
-            Some((_, last)) => Ok(last),
-            None => Err(format!("no answer to a capacity query within {} s", CAPACITY_FRESH.as_secs())),
-        },
+        Ok(Ok(Err(e))) => Err(format!("{e:#}")),
+        Ok(Err(e)) => Err(format!("the capacity query failed: {e}")),
+        Err(_) => {
+            // Still running: the next heartbeat waits on it again.
+            let mut probe = agent.capacity.lock();
+            probe.query = Some(query);
+            match probe.last.clone().filter(|(at, _)| at.elapsed() < CAPACITY_FRESH) {
+                Some((_, last)) => Ok(last),
+                None => Err(format!("no answer to a capacity query in the last {} s", CAPACITY_FRESH.as_secs())),
+            }
+        }
     };
     let ((nodes, pending, running), scheduler_error) = match answer {
         Ok(c) => {
