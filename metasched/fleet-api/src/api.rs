@@ -89,6 +89,15 @@ pub struct Heartbeat {
     /// start. `false` (or an older agent): never placed early.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub start_gate: bool,
+    /// The cluster's scheduler did not answer its agent (slurmctld killed
+    /// or restarting, the Kubernetes API unreachable): why. The agent is
+    /// alive and the cluster's jobs run on (Slurm's outlive a restart of
+    /// slurmctld), so the cluster is not silent: its fleet jobs are not
+    /// moved and their in-job leases are renewed as usual. It gets no new
+    /// work (`nodes` is empty) and counts as degraded until its scheduler
+    /// answers again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_error: Option<String>,
 }
 
 /// The submitters a cluster has a local identity for: what lets an origin
@@ -610,6 +619,16 @@ pub struct StatusUpdate {
     /// only when the run never asked for its job lease in this epoch.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub never_started: bool,
+    /// With `died`: Slurm at the target requeued the run after its script
+    /// had started (it held the job after a launch it took for failed,
+    /// typically across a restart of its slurmctld), and the script did
+    /// not end by itself: no end noted, or an end by a signal its user
+    /// did not send (Slurm's kill of the job it requeued). Native Slurm
+    /// runs such a job again: the meta-scheduler places it again whatever
+    /// its restart policy and counts the re-run in `requeues`. A run whose
+    /// script claimed an end by an exit code in this epoch ends as claimed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slurm_requeued: bool,
     /// Times Slurm at the target ran this run again, as its agent saw it:
     /// a higher `RestartCnt` (`scontrol requeue`, a requeue after a node
     /// failure), and re-runs Slurm does not count (the run back to pending

@@ -214,6 +214,19 @@ fn is_zero_u32(v: &u32) -> bool {
     *v == 0
 }
 
+/// Why a dead run's job may run again whatever its restart policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rerun {
+    /// It may not (only a checkpoint or its restart policy moves it).
+    No,
+    /// Its script never started: a new placement runs nothing twice.
+    NothingRan,
+    /// Slurm at the target requeued the run after its script started
+    /// (`StatusUpdate::slurm_requeued`): it runs again as native Slurm
+    /// would run it, a re-run counted in `requeues`.
+    SlurmRequeued,
+}
+
 /// Notes a requeue counted in `requeues` (see [`JobRecord::requeue_notes`]).
 fn note_requeue(record: &mut JobRecord, line: String) {
     let notes = &mut record.requeue_notes;
@@ -932,6 +945,16 @@ impl Store {
                         format!("; no new work; its fleet jobs move after {moves:.0} s of silence")
                     };
                 }
+                if let Some(err) = c.last.as_ref().and_then(|(hb, _)| hb.scheduler_error.as_ref()) {
+                    if summary.healthy {
+                        summary.healthy = false;
+                        summary.health = "degraded".into();
+                        let err: String = err.chars().filter(|c| !c.is_control()).take(300).collect();
+                        summary.unhealthy_reason = format!(
+                            "its scheduler does not answer its agent ({err}): no new work; its fleet jobs run on"
+                        );
+                    }
+                }
                 if let Some(q) = &c.quarantine {
                     summary.healthy = false;
                     summary.health = "quarantined".into();
@@ -982,7 +1005,10 @@ impl Store {
 
     fn healthy(&self, cluster: &str, now: f64) -> bool {
         self.clusters.get(cluster).is_some_and(|c| {
-            c.quarantine.is_none() && c.last.as_ref().is_some_and(|(_, t)| now - t <= self.heartbeat_timeout_s)
+            c.quarantine.is_none()
+                && c.last
+                    .as_ref()
+                    .is_some_and(|(hb, t)| now - t <= self.heartbeat_timeout_s && hb.scheduler_error.is_none())
         })
     }
 
@@ -1636,9 +1662,25 @@ impl Store {
         nothing_ran: bool,
         now: f64,
     ) -> Result<Reply, StoreError> {
+        let rerun = if nothing_ran { Rerun::NothingRan } else { Rerun::No };
+        self.died_rerun(job, why, epoch, rerun, now)
+    }
+
+    /// [`Store::died`], with why the job may run again whatever its restart
+    /// policy: its script never started, or Slurm at the target requeued
+    /// the run after it started (a re-run Slurm made: counted in `requeues`).
+    fn died_rerun(
+        &mut self,
+        job: &mut Job,
+        why: &str,
+        epoch: Option<u64>,
+        rerun: Rerun,
+        now: f64,
+    ) -> Result<Reply, StoreError> {
+        let nothing_ran = rerun == Rerun::NothingRan;
         let id = job.record.fleet_job_id.clone();
         let checkpoint = self.latest_valid_checkpoint(&id)?;
-        let may_restart = Self::restartable(job) || nothing_ran;
+        let may_restart = Self::restartable(job) || rerun != Rerun::No;
         let capped = job.record.migrations >= self.health.max_migrations;
         let resumable = (checkpoint.is_some() || may_restart) && !capped;
         let o = transition(&life_of(job), &Event::Died { resumable, epoch });
@@ -1672,6 +1714,9 @@ impl Store {
                 None if nothing_ran && !Self::restartable(job) => {
                     "starting it again (its script never started there; no valid checkpoint)".into()
                 }
+                None if rerun == Rerun::SlurmRequeued && !Self::restartable(job) => {
+                    format!("running it again from the start, as Slurm at {from} requeued it (no valid checkpoint)")
+                }
                 None => "restarting from the start (no valid checkpoint; the job is interruptible)".into(),
             };
             self.metrics.placement("migrate");
@@ -1694,6 +1739,12 @@ impl Store {
                 format!("cancelled; its run at {from} died ({why})"),
             )
         };
+        if rerun == Rerun::SlurmRequeued && o.effects.contains(&Effect::Migrate) {
+            // A re-run Slurm made (its script had run there): a requeue.
+            job.record.requeues = job.record.requeues.saturating_add(1);
+            let line = format!("Slurm at {from} requeued run {old_epoch} after it started (at {now:.0}): {why}");
+            note_requeue(&mut job.record, line);
+        }
         tracing::warn!(job = %id, from = %from, epoch = old_epoch, "{reason}");
         self.note_stderr(job, &note)?;
         job.record.reason = reason;
@@ -1958,7 +2009,12 @@ impl Store {
                 }
             }
         }
-        if upd.died.is_some() && !upd.lease_stopped {
+        if upd.died.is_some() && upd.slurm_requeued && ends::claimed_signal(&job, upd.epoch) {
+            // Slurm at the target requeued the run and killed what ran of
+            // it (the signal its script claimed as its end, which no user
+            // sent, says its agent): it runs again, as under native Slurm.
+            tracing::info!(job = id, epoch = ?upd.epoch, "its script claimed an end by a signal, sent by Slurm as it requeued the run: not its own end");
+        } else if upd.died.is_some() && !upd.lease_stopped {
             if let Some((state, how)) = ends::claimed_end(&job, upd.epoch) {
                 // Its script said it ended, in this epoch, before what the
                 // target reports (Slurm held the job after a launch it took
@@ -1969,6 +2025,7 @@ impl Store {
                 tracing::warn!(job = id, at = %at, end = %how, "the target reports its run died, but its script claimed its end first: ended as claimed ({why})");
                 let claim = job.end_claim.clone();
                 upd.never_started = false;
+                upd.slurm_requeued = false;
                 upd.state = Some(state);
                 upd.exit_code = claim.as_ref().and_then(|c| c.exit_code);
                 upd.signal = claim.as_ref().and_then(|c| c.signal);
@@ -1999,7 +2056,14 @@ impl Store {
             if upd.never_started && !nothing_ran {
                 tracing::warn!(job = id, epoch = ?epoch, "its target says its run never started, but the run asked for its job lease: taken as started");
             }
-            let reply = self.died(&mut job, &format!("{target} reports: {why}"), epoch, nothing_ran, now)?;
+            let rerun = if nothing_ran {
+                Rerun::NothingRan
+            } else if upd.slurm_requeued {
+                Rerun::SlurmRequeued
+            } else {
+                Rerun::No
+            };
+            let reply = self.died_rerun(&mut job, &format!("{target} reports: {why}"), epoch, rerun, now)?;
             reply_result(id, &reply)?;
             return Ok(job.record);
         }

@@ -2093,6 +2093,43 @@ async fn an_agents_lease_longer_than_the_grace_period_delays_the_move() {
     d.stop().await;
 }
 
+/// An agent whose scheduler does not answer (slurmctld killed or
+/// restarting) goes on beating with `scheduler_error`: its cluster is
+/// degraded (no new work) but not silent, so its running jobs are not
+/// moved past the grace period and their in-job leases are granted whole.
+#[tokio::test]
+async fn a_cluster_whose_scheduler_is_down_gets_no_work_but_keeps_its_jobs_and_their_leases() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 5.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    forward_restartable(&d, "runs-on").await;
+    assert_eq!(d.start_job("runs-on", "beta").await.target.as_deref(), Some("alpha"));
+    assert_eq!(d.status("runs-on", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    let down = serde_json::json!({"cluster": "alpha", "scheduler": "slurm", "queue_pending": 0, "queue_running": 0,
+        "agent_version": "t", "nodes": [], "scheduler_error": "sinfo: Unable to contact slurm controller"});
+    let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), "runs-on"));
+    // 20 s: well past its grace period (3 + 5 s) had it been silent.
+    for _ in 0..20 {
+        d.clock.advance(Duration::from_secs(1));
+        let v: FleetView = d.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer("alpha"), Some(down.clone())).await;
+        let alpha = v.clusters.iter().find(|c| c.name == "alpha").unwrap();
+        assert_eq!((alpha.healthy, alpha.health.as_str()), (false, "degraded"), "{alpha:?}");
+        assert!(alpha.unhealthy_reason.contains("its scheduler does not answer its agent"), "{alpha:?}");
+        d.heartbeat("gamma", 16).await;
+        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+        let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/runs-on/lease", &auth, Some(body)).await;
+        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{v}");
+    }
+    let r = d.job("runs-on").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Running, Some("alpha"), 1), "{}", r.reason);
+    // New work goes elsewhere.
+    forward_restartable(&d, "new").await;
+    assert_eq!(d.start_job("new", "beta").await.target.as_deref(), Some("gamma"));
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn installed_but_unavailable_capacity_makes_a_job_wait_not_fail() {
     let tmp = tempfile::tempdir().unwrap();
@@ -2339,6 +2376,84 @@ async fn a_run_held_after_a_failed_launch_ends_as_its_script_did_or_starts_again
     let (s, _) = d.status("other-epoch", "alpha", held(false, 2)).await;
     let r = d.job("other-epoch").await;
     assert_ne!(r.state, JobState::Completed, "{s}: {}", r.reason);
+    d.stop().await;
+}
+
+/// Slurm at the target requeued a run after its script started (it held
+/// the job after a launch it took for failed, and killed what ran of it:
+/// the script's end claim says signal 15). Its agent reports it died with
+/// `slurm_requeued`: the job runs again whatever its restart policy, as
+/// native Slurm runs a requeued job, and the re-run is counted in
+/// `requeues` with a note. A run whose script claimed an end by an exit
+/// code ends as claimed even so; a plain death (no `slurm_requeued`) of a
+/// script that claimed a signal ends as claimed (the user's signal).
+#[tokio::test]
+async fn a_run_slurm_requeued_after_it_started_runs_again_and_counts_as_a_requeue() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    let auth = |id: &str| format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+    // (job, the end its script claimed: (exit code, signal), slurm_requeued)
+    type Claim = Option<(Option<i32>, Option<i32>)>;
+    let cases: [(&str, Claim, bool); 4] = [
+        ("killed-by-slurm", Some((None, Some(15))), true),
+        ("end-unknown", None, true),
+        ("exited", Some((Some(2), None)), true),
+        ("user-signal", Some((None, Some(15))), false),
+    ];
+    for (id, claim, _) in cases {
+        // None of them restartable, none checkpointed.
+        d.forward(id, "beta", "h100", 8).await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
+        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK);
+        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth(id), Some(body)).await;
+        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{id}: {v}");
+        if let Some((exit_code, signal)) = claim {
+            let body = serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal});
+            let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth(id), Some(body)).await;
+            assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+        }
+    }
+    for (id, _, slurm_requeued) in cases {
+        let up = StatusUpdate {
+            died: Some(
+                "Slurm at alpha held it after a failed launch (launch failed requeued held); its script was killed there by signal 15, which no user sent"
+                    .into(),
+            ),
+            slurm_requeued,
+            final_stdout_len: Some(0),
+            final_stderr_len: Some(0),
+            ..at(JobState::Failed, 1)
+        };
+        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK, "{id}");
+    }
+    // Run again (a new placement, elsewhere), one requeue counted and noted.
+    for id in ["killed-by-slurm", "end-unknown"] {
+        let r = d.job(id).await;
+        assert_eq!(
+            (r.state, r.target.as_deref(), r.epoch, r.requeues),
+            (JobState::Assigned, Some("gamma"), 2, 1),
+            "{id}: {}",
+            r.reason
+        );
+        assert!(r.reason.contains("as Slurm at alpha requeued it"), "{id}: {}", r.reason);
+        assert_eq!(r.requeue_notes.len(), 1, "{id}: {:?}", r.requeue_notes);
+        assert!(
+            r.requeue_notes[0].starts_with("Slurm at alpha requeued run 1 after it started"),
+            "{:?}",
+            r.requeue_notes
+        );
+    }
+    // Its script ended by itself: that end, nothing runs again.
+    let r = d.job("exited").await;
+    assert_eq!((r.state, r.exit_code, r.epoch, r.requeues), (JobState::Failed, Some(2), 1, 0), "{}", r.reason);
+    // No requeue at the target: the signal its script claimed is its end.
+    let r = d.job("user-signal").await;
+    assert_eq!((r.state, r.signal, r.epoch, r.requeues), (JobState::Failed, Some(15), 1, 0), "{}", r.reason);
     d.stop().await;
 }
 

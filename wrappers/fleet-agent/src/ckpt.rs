@@ -190,38 +190,117 @@ fn note(dir: &Path, name: &str) -> Option<String> {
 }
 
 /// The note `lease-exec` writes in the run's directory once it starts the
-/// job's script (after its first lease): `started job <slurm job id>`.
+/// job's script (after its first lease):
+/// `started job <slurm job id> restart <Slurm's restart count> epoch <fleet epoch>`.
 pub const RUN_STARTED_FILE: &str = ".fleet-run-started";
 /// The note `lease-exec` writes when the job's script ended by itself
-/// (not stopped by its lease), before it claims that end:
-/// `exit <code> job <slurm job id>` or `signal <n> job <slurm job id>`.
+/// (not stopped by its lease), before it claims that end: `exit <code>`
+/// or `signal <n>`, then the same run as its start note
+/// (`job <id> restart <n> epoch <e>`).
 pub const RUN_ENDED_FILE: &str = ".fleet-run-ended";
 
-/// Whether `lease-exec` noted that it started the run's script in `dir`.
+/// Which run a note of `lease-exec` is of: a Slurm job runs again under
+/// its id when Slurm requeues it (its restart count grows), and the run's
+/// directory outlives a placement (the epoch tells them apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotedRun {
+    pub slurm_id: u64,
+    pub restart: u32,
+    pub epoch: u64,
+    /// When `lease-exec` started (Unix ms; 0: not noted): tells apart two
+    /// starts Slurm did not count (a slurmctld recovered from older state
+    /// launches the job again under the same restart count).
+    pub at_ms: u64,
+}
+
+/// `job <id> restart <n> epoch <e> [at <unix ms>]`.
+fn parse_run(w: &[&str]) -> Option<NotedRun> {
+    let (head, at_ms) = match w {
+        [head @ .., "at", at] => (head, at.parse().ok()?),
+        _ => (w, 0),
+    };
+    let ["job", id, "restart", restart, "epoch", epoch] = head else { return None };
+    Some(NotedRun { slurm_id: id.parse().ok()?, restart: restart.parse().ok()?, epoch: epoch.parse().ok()?, at_ms })
+}
+
+/// Reads a start note (`started job <id> restart <n> epoch <e>`).
+pub fn parse_started(line: &str) -> Option<NotedRun> {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let ["started", rest @ ..] = w.as_slice() else { return None };
+    parse_run(rest)
+}
+
+/// Reads an end note: `exit <code> <run>` / `signal <n> <run>`, as
+/// (run, exit code, signal); anything else is `None`.
+pub fn parse_ended(line: &str) -> Option<(NotedRun, Option<i32>, Option<i32>)> {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let [how, n, rest @ ..] = w.as_slice() else { return None };
+    let run = parse_run(rest)?;
+    match (*how, n.parse::<i32>().ok()?) {
+        ("exit", c @ 0..=255) => Some((run, Some(c), None)),
+        ("signal", s @ 1..=64) => Some((run, None, Some(s))),
+        _ => None,
+    }
+}
+
+/// One line per start of the script, appended by `lease-exec`:
+/// `job <slurm job id> restart <n> epoch <e>`.
+pub const RUN_STARTS_FILE: &str = ".fleet-run-starts";
+
+/// How many times `lease-exec` started the script of Slurm job `slurm_id`
+/// in fleet epoch `epoch` (0: any) in `dir`, by its start log (read
+/// without following links, at most 64 KiB). The job could add lines: a
+/// count that only ever reports more re-runs than happened, never fewer.
+pub fn run_starts(dir: &Path, slurm_id: u64, epoch: u64) -> u32 {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(RUN_STARTS_FILE))
+    else {
+        return 0;
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return 0;
+    }
+    let mut buf = Vec::new();
+    if f.take(64 * 1024).read_to_end(&mut buf).is_err() {
+        return 0;
+    }
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .filter_map(|l| parse_run(&l.split_whitespace().collect::<Vec<_>>()))
+        .filter(|r| r.slurm_id == slurm_id && (epoch == 0 || r.epoch == epoch))
+        .count()
+        .try_into()
+        .unwrap_or(u32::MAX)
+}
+
+/// How long ago (by its modification time) the end note in `dir` was
+/// written, if there is one (a regular file, not followed through a link).
+pub fn run_ended_ago(dir: &Path) -> Option<std::time::Duration> {
+    let m = std::fs::symlink_metadata(dir.join(RUN_ENDED_FILE)).ok().filter(|m| m.is_file())?;
+    m.modified().ok()?.elapsed().ok()
+}
+
+/// Whether `lease-exec` noted that it started the run's script in `dir`
+/// (a note in any format: an older `lease-exec` wrote `started job <id>`).
 pub fn run_started(dir: &Path) -> bool {
     note(dir, RUN_STARTED_FILE).is_some()
 }
 
-/// How the script of Slurm job `slurm_id` in `dir` ended by itself, as
-/// `lease-exec` noted it: (exit code, signal). A note of another Slurm job
-/// (or none, or one that does not parse) says nothing.
-pub fn run_ended(dir: &Path, slurm_id: u64) -> Option<(Option<i32>, Option<i32>)> {
-    parse_ended(&note(dir, RUN_ENDED_FILE)?, slurm_id)
-}
-
-/// Reads `exit <code> job <id>` / `signal <n> job <id>` for Slurm job
-/// `slurm_id`; anything else is `None`.
-pub fn parse_ended(line: &str, slurm_id: u64) -> Option<(Option<i32>, Option<i32>)> {
-    let w: Vec<&str> = line.split_whitespace().collect();
-    let [how, n, "job", id] = w.as_slice() else { return None };
-    if id.parse::<u64>().ok()? != slurm_id {
-        return None;
-    }
-    match (*how, n.parse::<i32>().ok()?) {
-        ("exit", c @ 0..=255) => Some((Some(c), None)),
-        ("signal", s @ 1..=64) => Some((None, Some(s))),
-        _ => None,
-    }
+/// How the script of the run in `dir` ended by itself, as `lease-exec`
+/// noted it: (exit code, signal). Only a note of the latest run
+/// `lease-exec` started there counts (the same Slurm job, restart count
+/// and epoch as the start note), of Slurm job `slurm_id` and, when known
+/// (> 0), of fleet epoch `epoch`: an end noted by an earlier run (before
+/// Slurm requeued the job, or of an earlier placement) says nothing of
+/// this one. So does a note that does not parse (an older `lease-exec`'s).
+pub fn run_ended(dir: &Path, slurm_id: u64, epoch: u64) -> Option<(Option<i32>, Option<i32>)> {
+    let started = parse_started(&note(dir, RUN_STARTED_FILE)?)?;
+    let (run, exit_code, signal) = parse_ended(&note(dir, RUN_ENDED_FILE)?)?;
+    (run == started && run.slurm_id == slurm_id && (epoch == 0 || run.epoch == epoch)).then_some((exit_code, signal))
 }
 
 /// A copy `fleet-ckpt copy --json` made.
@@ -282,38 +361,100 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_end_lease_exec_noted_is_read_for_its_own_slurm_job_only() {
+    fn the_end_lease_exec_noted_is_read_for_its_own_run_only() {
+        let run = |restart, epoch| NotedRun { slurm_id: 42, restart, epoch, at_ms: 0 };
         for (line, want) in [
-            ("exit 0 job 42", Some((Some(0), None))),
-            ("exit 3 job 42", Some((Some(3), None))),
-            ("signal 9 job 42", Some((None, Some(9)))),
-            ("  exit   7  job 42 ", Some((Some(7), None))),
-            // Another Slurm job's note (an id reused, or a copy).
-            ("exit 0 job 43", None),
-            ("exit 256 job 42", None),
-            ("exit -1 job 42", None),
-            ("signal 0 job 42", None),
-            ("signal 65 job 42", None),
+            ("exit 0 job 42 restart 0 epoch 1", Some((run(0, 1), Some(0), None))),
+            ("exit 3 job 42 restart 2 epoch 7", Some((run(2, 7), Some(3), None))),
+            ("signal 9 job 42 restart 0 epoch 1", Some((run(0, 1), None, Some(9)))),
+            ("  exit   7  job 42 restart 0  epoch 1 ", Some((run(0, 1), Some(7), None))),
+            (
+                "exit 1 job 42 restart 0 epoch 1 at 1796222245371",
+                Some((NotedRun { at_ms: 1796222245371, ..run(0, 1) }, Some(1), None)),
+            ),
+            ("exit 1 job 42 restart 0 epoch 1 at", None),
+            ("exit 1 job 42 restart 0 epoch 1 at x", None),
+            // An older lease-exec's note: which run it is of is unknown.
+            ("exit 0 job 42", None),
+            ("exit 256 job 42 restart 0 epoch 1", None),
+            ("exit -1 job 42 restart 0 epoch 1", None),
+            ("signal 0 job 42 restart 0 epoch 1", None),
+            ("signal 65 job 42 restart 0 epoch 1", None),
+            ("exit 0 job 42 restart -1 epoch 1", None),
+            ("exit 0 job 42 restart 0 epoch x", None),
+            ("exit 0 job 42 epoch 1 restart 0", None),
+            ("exit 0 job 42 restart 0 epoch 1 extra", None),
+            ("exit x job 42 restart 0 epoch 1", None),
+            ("EXIT 0 job 42 restart 0 epoch 1", None),
+            ("exit 0 job 99999999999999999999999 restart 0 epoch 1", None),
             ("exit 0", None),
-            ("exit 0 job 42 extra", None),
-            ("exit x job 42", None),
-            ("EXIT 0 job 42", None),
-            ("exit 0 job 99999999999999999999999", None),
             ("", None),
         ] {
-            assert_eq!(parse_ended(line, 42), want, "{line:?}");
+            assert_eq!(parse_ended(line), want, "{line:?}");
         }
+        assert_eq!(parse_started("started job 42 restart 1 epoch 3"), Some(run(1, 3)));
+        assert_eq!(parse_started("started job 42"), None);
+        assert_eq!(parse_started("exit 0 job 42 restart 1 epoch 3"), None);
+
+        // (start note, end note, Slurm id, epoch) -> the end read.
         let tmp = tempfile::tempdir().unwrap();
-        assert_eq!((run_ended(tmp.path(), 42), run_started(tmp.path())), (None, false));
-        std::fs::write(tmp.path().join(RUN_ENDED_FILE), "exit 3 job 42\n").unwrap();
-        std::fs::write(tmp.path().join(RUN_STARTED_FILE), "started job 42\n").unwrap();
-        assert_eq!((run_ended(tmp.path(), 42), run_started(tmp.path())), (Some((Some(3), None)), true));
+        assert_eq!((run_ended(tmp.path(), 42, 1), run_started(tmp.path())), (None, false));
+        let exit3 = Some((Some(3), None));
+        for (started, ended, sid, epoch, want) in [
+            ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 42, 1, exit3),
+            ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 42, 0, exit3),
+            ("started job 42 restart 0 epoch 1", "signal 15 job 42 restart 0 epoch 1", 42, 1, Some((None, Some(15)))),
+            // Another Slurm job (an id reused after a crash), another placement.
+            ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 43, 1, None),
+            ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 42, 2, None),
+            // The end of the run before Slurm requeued the job, which
+            // started again since: not this run's end.
+            ("started job 42 restart 1 epoch 1", "exit 3 job 42 restart 0 epoch 1", 42, 1, None),
+            // A stale note of an earlier placement in the same directory.
+            ("started job 42 restart 0 epoch 2", "exit 3 job 42 restart 0 epoch 1", 42, 2, None),
+            // The run that ended is the latest that started (Slurm lost its
+            // end and requeued it; the next never started): its end.
+            ("started job 42 restart 1 epoch 1", "exit 3 job 42 restart 1 epoch 1", 42, 1, exit3),
+            // Older notes: which run they are of is unknown.
+            ("started job 42", "exit 3 job 42", 42, 1, None),
+            // Started again since under the same restart count (a slurmctld
+            // recovered from older state launched it anew): not this start's end.
+            ("started job 42 restart 0 epoch 1 at 2000", "exit 3 job 42 restart 0 epoch 1 at 1000", 42, 1, None),
+            ("started job 42 restart 0 epoch 1 at 2000", "exit 3 job 42 restart 0 epoch 1 at 2000", 42, 1, exit3),
+        ] {
+            std::fs::write(tmp.path().join(RUN_STARTED_FILE), format!("{started}\n")).unwrap();
+            std::fs::write(tmp.path().join(RUN_ENDED_FILE), format!("{ended}\n")).unwrap();
+            assert_eq!(run_ended(tmp.path(), sid, epoch), want, "{started:?} {ended:?} {sid} {epoch}");
+            assert!(run_started(tmp.path()));
+        }
         // Links are not followed (the job owns its directory's entries).
         let d2 = tmp.path().join("other");
         std::fs::create_dir(&d2).unwrap();
+        std::fs::write(tmp.path().join(RUN_STARTED_FILE), "started job 42 restart 0 epoch 1\n").unwrap();
+        std::fs::write(tmp.path().join(RUN_ENDED_FILE), "exit 3 job 42 restart 0 epoch 1\n").unwrap();
         std::os::unix::fs::symlink(tmp.path().join(RUN_ENDED_FILE), d2.join(RUN_ENDED_FILE)).unwrap();
         std::os::unix::fs::symlink(tmp.path().join(RUN_STARTED_FILE), d2.join(RUN_STARTED_FILE)).unwrap();
-        assert_eq!((run_ended(&d2, 42), run_started(&d2)), (None, false));
+        assert_eq!((run_ended(&d2, 42, 1), run_started(&d2)), (None, false));
+    }
+
+    #[test]
+    fn the_starts_of_a_run_are_counted_for_its_slurm_job_and_epoch() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(run_starts(tmp.path(), 42, 1), 0);
+        std::fs::write(
+            tmp.path().join(RUN_STARTS_FILE),
+            "job 42 restart 0 epoch 1\njob 42 restart 0 epoch 1\njob 42 restart 1 epoch 1\n\
+             job 43 restart 0 epoch 1\njob 42 restart 0 epoch 2\ngarbage\njob 42 restart x epoch 1\n",
+        )
+        .unwrap();
+        assert_eq!(run_starts(tmp.path(), 42, 1), 3);
+        assert_eq!(run_starts(tmp.path(), 42, 2), 1);
+        assert_eq!(run_starts(tmp.path(), 42, 0), 4);
+        assert_eq!(run_starts(tmp.path(), 44, 1), 0);
+        let d2 = tmp.path().join("other");
+        std::fs::create_dir(&d2).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join(RUN_STARTS_FILE), d2.join(RUN_STARTS_FILE)).unwrap();
+        assert_eq!(run_starts(&d2, 42, 1), 0, "a link is not followed");
     }
 
     #[test]

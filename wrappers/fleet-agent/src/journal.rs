@@ -94,6 +94,12 @@ pub struct Run {
     pub rerun_out: u8,
     /// How the last re-run was seen.
     pub rerun_why: Option<String>,
+    /// The last signal this agent delivered to the run on its user's
+    /// request (`scancel --signal` at the origin): a script that ended by
+    /// a signal after one was ended by its user, not by Slurm. Written
+    /// only by [`Journal::mark_signalled`] (never by `update_run`, so a
+    /// watch pass holding an older copy of the row does not erase it).
+    pub user_signal: Option<String>,
 }
 
 impl Journal {
@@ -142,6 +148,7 @@ impl Journal {
             ("runs", "run_start", "INTEGER"),
             ("runs", "rerun_out", "INTEGER NOT NULL DEFAULT 0"),
             ("runs", "rerun_why", "TEXT"),
+            ("runs", "user_signal", "TEXT"),
         ] {
             let has: bool = db
                 .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
@@ -316,9 +323,15 @@ impl Journal {
             "UPDATE runs SET slurm_id = NULL, stdout_off = 0, stderr_off = 0, reported = NULL, done = 0,
                  request = ?3, stdout_base = ?4, stderr_base = ?5, submit_time = NULL, restarts = 0,
                  attempt = ?2, accepted_at = ?6, fenced = NULL, reruns = 0, run_start = NULL, rerun_out = 0,
-                 rerun_why = NULL WHERE id = ?1",
+                 rerun_why = NULL, user_signal = NULL WHERE id = ?1",
             params![id, attempt, json, stdout_base as i64, stderr_base as i64, crate::now()],
         )?;
+        Ok(())
+    }
+
+    /// Notes that the agent delivered `signal` to run `id` for its user.
+    pub fn mark_signalled(&self, id: &str, signal: &str) -> Result<()> {
+        self.db.lock().execute("UPDATE runs SET user_signal = ?2 WHERE id = ?1", params![id, signal])?;
         Ok(())
     }
 
@@ -336,7 +349,7 @@ impl Journal {
 }
 
 const RUN_COLS: &str =
-    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts, accepted_at, epoch, fenced, reruns, run_start, rerun_out, rerun_why";
+    "id, slurm_id, stdout_off, stderr_off, reported, done, request, stdout_base, stderr_base, user, uid, submit_time, submitted_at, restarts, accepted_at, epoch, fenced, reruns, run_start, rerun_out, rerun_why, user_signal";
 
 fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
     Ok((
@@ -361,6 +374,7 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Run, String)> {
             run_start: r.get(18)?,
             rerun_out: r.get(19)?,
             rerun_why: r.get(20)?,
+            user_signal: r.get(21)?,
         },
         r.get(6)?,
     ))
@@ -494,6 +508,29 @@ mod tests {
         assert_eq!(j.stand_in_of("beta-3_2").unwrap(), Some(91));
         assert!(j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 92).is_err(), "once");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A signal delivered on its user's request stays noted whatever a
+    /// watch pass holding an older copy of the row writes, survives a
+    /// restart, and a new placement of the job here starts over without it.
+    #[test]
+    fn a_users_signal_stays_noted_until_the_run_starts_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("j.db");
+        let req = JobRequest { origin: "beta".into(), ..Default::default() };
+        {
+            let j = Journal::open(&path).unwrap();
+            j.add_run("beta-8", &req).unwrap();
+            let older = j.run("beta-8").unwrap().unwrap().0;
+            assert_eq!(older.user_signal, None);
+            j.mark_signalled("beta-8", "USR1").unwrap();
+            j.update_run(&older).unwrap();
+            assert_eq!(j.run("beta-8").unwrap().unwrap().0.user_signal.as_deref(), Some("USR1"));
+        }
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.active_runs().unwrap()[0].0.user_signal.as_deref(), Some("USR1"));
+        j.rerun("beta-8", 1, &req, 0, 0).unwrap();
+        assert_eq!(j.run("beta-8").unwrap().unwrap().0.user_signal, None);
     }
 
     /// A re-run Slurm did not count is counted once: the agent's count and

@@ -111,7 +111,27 @@ pub struct Agent<B: Backend> {
     /// The identities published with each heartbeat, read again only when
     /// the account files change. Sync lock: held for a lookup, no `.await`.
     pub identities: std::sync::Arc<parking_lot::Mutex<identity::AdmittedCache>>,
+    /// The scheduler's last answer to a capacity query (when, nodes,
+    /// pending, running), for a heartbeat whose query is slow, and the
+    /// query in flight (a slow one is not dropped: the next heartbeat
+    /// waits on it again). Sync lock: held for a copy or a swap, no `.await`.
+    pub capacity: parking_lot::Mutex<CapacityProbe>,
 }
+
+/// The heartbeat's capacity queries ([`Agent::capacity`]).
+#[derive(Default)]
+pub struct CapacityProbe {
+    pub last: Option<(Instant, Capacity)>,
+    pub query: Option<tokio::task::JoinHandle<Result<Capacity>>>,
+}
+
+/// What a heartbeat says of the cluster's capacity: nodes, pending and
+/// running jobs.
+pub type Capacity = (Vec<fleet_api::api::NodeCapacity>, u32, u32);
+
+/// How long an answer to a capacity query stays good for heartbeats whose
+/// own query is slow; past it, a heartbeat says the scheduler is silent.
+const CAPACITY_FRESH: Duration = Duration::from_secs(30);
 
 pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     prepare_spool(&cfg.spool)?;
@@ -185,6 +205,7 @@ pub async fn run_with<B: Backend>(
         copy_failures: Default::default(),
         identities: Default::default(),
         time_limits: Default::default(),
+        capacity: Default::default(),
     });
 
     let _ = std::fs::remove_file(&agent.cfg.socket);
@@ -547,13 +568,61 @@ async fn heartbeat_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Recei
     }
 }
 
-pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
-    let (mut nodes, pending, running) = agent.backend.capacity().await?;
-    // Nodes that only run stand-ins are no capacity for jobs.
-    nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
-    // RealMemory bounds placement whatever the select type; free memory
-    // is said only where Slurm allocates memory.
-    slurm::memory_view(&mut nodes, agent.cfg.memory_scheduled);
+/// Whether the last heartbeat found the scheduler silent (logged once per
+/// outage; one agent per process).
+static SCHEDULER_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    // A scheduler that does not answer (slurmctld killed or restarting)
+    // does not silence the cluster: its jobs run on under slurmd, and a
+    // silent cluster's jobs move and lose their in-job leases. The
+    // heartbeat says so instead, with no capacity (no new work here).
+    // A slow query (a loaded or restarting controller: Slurm's clients
+    // retry for seconds) waits at most a heartbeat interval; the last
+    // answer stands in for it while it is fresh.
+    let wait = agent.live().heartbeat.clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let mut query = agent.capacity.lock().query.take().unwrap_or_else(|| {
+        let a = agent.clone();
+        tokio::spawn(async move { a.backend.capacity().await })
+    });
+    let answer = match tokio::time::timeout(wait, &mut query).await {
+        Ok(Ok(Ok((mut nodes, pending, running)))) => {
+            // Nodes that only run stand-ins are no capacity for jobs.
+            nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
+            // RealMemory bounds placement whatever the select type; free memory
+            // is said only where Slurm allocates memory.
+            slurm::memory_view(&mut nodes, agent.cfg.memory_scheduled);
+            agent.capacity.lock().last = Some((Instant::now(), (nodes.clone(), pending, running)));
+            Ok((nodes, pending, running))
+        }
+        Ok(Ok(Err(e))) => Err(format!("{e:#}")),
+        Ok(Err(e)) => Err(format!("the capacity query failed: {e}")),
+        Err(_) => {
+            // Still running: the next heartbeat waits on it again.
+            let mut probe = agent.capacity.lock();
+            probe.query = Some(query);
+            match probe.last.clone().filter(|(at, _)| at.elapsed() < CAPACITY_FRESH) {
+                Some((_, last)) => Ok(last),
+                None => Err(format!("no answer to a capacity query in the last {} s", CAPACITY_FRESH.as_secs())),
+            }
+        }
+    };
+    let ((nodes, pending, running), scheduler_error) = match answer {
+        Ok(c) => {
+            if SCHEDULER_DOWN.swap(false, Ordering::Relaxed) {
+                tracing::info!("the scheduler answers again");
+            }
+            (c, None)
+        }
+        Err(e) => {
+            let why: String = e.chars().filter(|c| !c.is_control()).take(300).collect();
+            if !SCHEDULER_DOWN.swap(true, Ordering::Relaxed) {
+                tracing::warn!("the scheduler does not answer: heartbeats go on without capacity: {why}");
+            }
+            ((Vec::new(), 0, 0), Some(why))
+        }
+    };
     let policy = agent.live().identity.clone();
     // Through NSS this may wait on the site's directory: not on a runtime
     // thread.
@@ -578,6 +647,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Agent<B>) -> Result<()> {
         identities,
         lease_s: agent.cfg.lease.map(|l| l.as_secs_f64()),
         start_gate: agent.backend.start_gate(),
+        scheduler_error,
     };
     let view = agent.meta.heartbeat(&hb).await?;
     agent.lease.lock().renew(Instant::now());

@@ -164,16 +164,21 @@ fn launch_failed_why(site: &str) -> String {
 }
 
 /// What the run's directory and relay say of a run Slurm held after a
-/// launch it took for failed (`launch failed requeued held`). Slurm
-/// decides that when slurmd does not answer its launch request in time
-/// (killed, restarted, overloaded): the script may have started all the
-/// same, and even ended (slurmctld then kills what it finds of a job it
-/// holds pending, when the node registers again).
+/// launch it took for failed (`launch failed requeued held`), or forgot in
+/// a controller crash. Slurm decides a launch failed when slurmd does not
+/// answer its launch request in time (killed, restarted, overloaded), or
+/// finds a batch job missing from its node after a restart of slurmctld:
+/// the script may have started all the same, and even ended; slurmctld
+/// then kills what it finds of a job it holds pending (SIGTERM, then
+/// SIGKILL), when the node registers again.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LaunchEvidence {
-    /// The run's script ended by itself, as its `lease-exec` noted (for
-    /// this Slurm job): its exit code and signal.
+    /// The run's script ended, as its `lease-exec` noted (for this run:
+    /// Slurm job, restart count and epoch): its exit code and signal.
     pub ended: Option<(Option<i32>, Option<i32>)>,
+    /// This agent delivered a signal to the run on its user's request
+    /// (`scancel --signal` at the origin): an end by a signal is theirs.
+    pub user_signalled: bool,
     /// `lease-exec` noted that it started the script (after its first lease).
     pub started_note: bool,
     /// The run was submitted under its in-job lease (then the script
@@ -187,13 +192,16 @@ pub struct LaunchEvidence {
     pub stdout_exists: bool,
 }
 
-/// What a run held after a failed launch did.
+/// What a run held after a failed launch (or forgotten) did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LaunchVerdict {
-    /// Its script ended by itself: that end is its result.
+    /// Its script ended by itself (an exit code; or a signal its user had
+    /// this agent deliver): that end is its result.
     Ended { exit_code: Option<i32>, signal: Option<i32> },
-    /// Its script started (or may have): it died there.
-    Started,
+    /// Its script started (or may have) and did not end by itself: no end
+    /// noted, or `killed_by` a signal no user asked for (Slurm's own kill
+    /// of a job it requeued). Slurm requeued it: it runs again.
+    Started { killed_by: Option<i32> },
     /// Nothing of it started: placing it again runs nothing twice.
     NeverStarted,
 }
@@ -203,9 +211,15 @@ pub enum LaunchVerdict {
 /// (what `lease-exec` prints on stderr when it refuses to start is not the
 /// script's); without one, any output, or a stdout file slurmstepd made,
 /// counts as a start: only a run that left nothing at all never started.
+/// An end by a signal counts as the script's own end only when its user
+/// had a signal delivered: otherwise the signal is Slurm's (it kills the
+/// job it has just requeued), and native Slurm would run the job again.
 pub fn launch_verdict(e: &LaunchEvidence) -> LaunchVerdict {
-    if let Some((exit_code, signal)) = e.ended {
-        return LaunchVerdict::Ended { exit_code, signal };
+    match e.ended {
+        Some((exit_code, None)) => return LaunchVerdict::Ended { exit_code, signal: None },
+        Some((exit_code, Some(s))) if e.user_signalled => return LaunchVerdict::Ended { exit_code, signal: Some(s) },
+        Some((_, Some(s))) => return LaunchVerdict::Started { killed_by: Some(s) },
+        None => {}
     }
     let started = if e.under_lease {
         e.started_note || e.stdout_bytes > 0
@@ -213,7 +227,7 @@ pub fn launch_verdict(e: &LaunchEvidence) -> LaunchVerdict {
         e.started_note || e.stdout_bytes > 0 || e.stderr_bytes > 0 || e.stdout_exists
     };
     if started {
-        LaunchVerdict::Started
+        LaunchVerdict::Started { killed_by: None }
     } else {
         LaunchVerdict::NeverStarted
     }
@@ -294,6 +308,22 @@ pub fn observe_rerun(run: &mut Run, j: &NativeJob) -> bool {
         run.run_start = None;
     }
     counted
+}
+
+/// Its script started `starts` times (`lease-exec`'s start log): every
+/// start after the first is a re-run, seen or not (Slurm may run a job
+/// again without counting it, and both runs may pass while the agent is
+/// not looking). Raises `run.reruns` to that; returns whether it did.
+pub fn starts_rerun(run: &mut Run, starts: u32) -> bool {
+    let seen = starts.saturating_sub(1);
+    if seen <= run.reruns {
+        return false;
+    }
+    run.reruns = seen;
+    run.rerun_why = Some(format!("its script started {starts} times (lease-exec's start log)"));
+    // The output of the run before is there: its restart is this re-run's.
+    run.rerun_out = streams_with_output(run);
+    true
 }
 
 /// A stream's output file restarted (shorter than what was relayed): a
@@ -616,6 +646,9 @@ pub async fn signal_one<B: Backend>(
     {
         if !j.state.is_terminal() {
             let user = run.user.as_deref().context("journal has no user for this run")?;
+            // Noted first: a script this signal ends ended by its user's
+            // hand, not by Slurm's (`launch_verdict`).
+            agent.journal.mark_signalled(id, signal)?;
             agent.backend.signal(sid, user, signal, scope).await?;
             tracing::info!(%id, slurm_id = sid, signal, ?scope, "signalled on request");
         }
@@ -784,7 +817,7 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
     let missing: Vec<u64> = ids.iter().copied().filter(|i| !known.iter().any(|j| j.native_id == *i)).collect();
     if !missing.is_empty() {
         match agent.backend.accounting(&missing).await {
-            Ok(found) => known.extend(found),
+            Ok(found) => known.extend(ended_in_accounting(found)),
             Err(e) => tracing::debug!("accounting lookup: {e:#}"),
         }
     }
@@ -807,6 +840,20 @@ pub async fn watch_once<B: Backend>(agent: &Agent<B>, tracker: &mut Tracker) -> 
     Ok(())
 }
 
+/// What accounting says of jobs slurmctld no longer knows: only their
+/// ends. A job that is not over is always in slurmctld's memory, so a row
+/// still pending or running there is stale: slurmctld forgot the job (lost
+/// in a crash before it saved its state, `Purged files for defunct batch
+/// JobId`), and slurmdbd, which recorded its submission, never hears of an
+/// end. Such a job is gone (`Seen::Gone`), not pending forever.
+pub fn ended_in_accounting(rows: Vec<NativeJob>) -> Vec<NativeJob> {
+    rows.into_iter().filter(|j| j.state.is_terminal()).collect()
+}
+
+/// How long a run Slurm shows running may have a noted end of its script
+/// (the same start) before that end is taken as lost by Slurm.
+const ENDED_BUT_RUNNING: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How a run its in-job lease stopped is reported (`died`).
 const BY_ITS_LEASE: &str = "by its job lease";
 
@@ -827,6 +874,11 @@ async fn reconcile_run<B: Backend>(
         // Before the output is read: a restarted file is then known as
         // this re-run's, not another.
         if observe_rerun(&mut run, j) {
+            tracing::warn!(id = %run.id, slurm_id = j.native_id, reruns = run.reruns,
+                "Slurm ran the job again: {}", run.rerun_why.as_deref().unwrap_or(""));
+        }
+        let starts = crate::ckpt::run_starts(&agent.backend.job_dir(&run.id), j.native_id, run.epoch);
+        if starts_rerun(&mut run, starts) {
             tracing::warn!(id = %run.id, slurm_id = j.native_id, reruns = run.reruns,
                 "Slurm ran the job again: {}", run.rerun_why.as_deref().unwrap_or(""));
         }
@@ -883,23 +935,32 @@ async fn reconcile_run<B: Backend>(
         up.lease_stopped = why.contains(BY_ITS_LEASE);
     }
     // Held after a launch Slurm took for failed (now, or before the agent
-    // cancelled it): what the run actually did decides the report.
+    // cancelled it), or forgotten by Slurm (lost in a controller crash):
+    // what the run actually did decides the report.
     let held_now = matches!(&seen, Seen::Job(j) if j.state == JobState::Pending && launch_failed_held(j));
     let launch_why = launch_failed_why(&site);
-    if !up.lease_stopped && (held_now || run.fenced.as_deref() == Some(launch_why.as_str())) {
+    let held = held_now || run.fenced.as_deref().is_some_and(|f| f.starts_with(launch_why.as_str()));
+    let gone = matches!(seen, Seen::Gone(_)) && run.fenced.as_deref().is_none_or(|f| !f.contains(BY_ITS_LEASE));
+    if !up.lease_stopped && (held || gone) {
         let dir = agent.backend.job_dir(&run.id);
         let out = agent.backend.output_paths(&run.id);
         let evidence = LaunchEvidence {
-            ended: run.slurm_id.and_then(|sid| crate::ckpt::run_ended(&dir, sid)),
+            ended: run.slurm_id.and_then(|sid| crate::ckpt::run_ended(&dir, sid, run.epoch)),
+            user_signalled: run.user_signal.is_some(),
             started_note: crate::ckpt::run_started(&dir),
             under_lease: crate::ckpt::under_lease(&dir),
             stdout_bytes: run.stdout_off,
             stderr_bytes: run.stderr_off,
             stdout_exists: std::fs::symlink_metadata(&out.stdout).is_ok(),
         };
+        // What Slurm did: held it after a failed launch, or forgot it.
+        let then = match &seen {
+            Seen::Gone(why) => why.clone(),
+            Seen::Job(_) => launch_why.clone(),
+        };
         match launch_verdict(&evidence) {
             LaunchVerdict::Ended { exit_code, signal } => {
-                if run.fenced.is_none() {
+                if run.fenced.is_none() && held {
                     // Kept: once cancelled below, Slurm shows only CANCELLED.
                     run.fenced = Some(launch_why.clone());
                     agent.journal.update_run(&run)?;
@@ -912,22 +973,70 @@ async fn reconcile_run<B: Backend>(
                 }
                 let ok = exit_code == Some(0) && signal.is_none_or(|s| s == 0);
                 let how = match (signal.filter(|s| *s > 0), exit_code) {
-                    (Some(s), _) => format!("signal {s}"),
+                    (Some(s), _) => format!("signal {s}, which its user sent"),
                     (None, Some(c)) => format!("exit code {c}"),
                     (None, None) => "no exit status".into(),
                 };
                 tracing::warn!(id = %run.id, slurm_id = ?run.slurm_id, end = %how,
-                    "Slurm held the job after a launch it took for failed, but its script had ended: reporting its end");
+                    "Slurm held or forgot the job, but its script had ended: reporting its end ({then})");
                 up.died = None;
                 up.never_started = false;
+                up.slurm_requeued = false;
                 up.state = Some(if ok { JobState::Completed } else { JobState::Failed });
                 up.exit_code = exit_code;
                 up.signal = signal.filter(|s| *s > 0);
-                up.reason = format!("its script ended at {site} ({how}); then {launch_why}");
+                up.reason = format!("its script ended at {site} ({how}); then {then}");
             }
-            LaunchVerdict::NeverStarted => up.never_started = true,
-            LaunchVerdict::Started => {
-                up.died = Some(format!("{launch_why}; its script had started there"));
+            LaunchVerdict::NeverStarted => {
+                // Placed again whatever its restart policy (the
+                // meta-scheduler checks that it never asked for its lease).
+                up.died = Some(then.clone());
+                up.never_started = true;
+            }
+            LaunchVerdict::Started { killed_by } if held => {
+                // Slurm requeued it: as native Slurm would once the hold is
+                // released, it runs again (a re-run Slurm made, counted).
+                let how = match killed_by {
+                    Some(s) => format!("its script was killed there by signal {s}, which no user sent"),
+                    None => "its script had started there, its end unknown".into(),
+                };
+                up.died = Some(format!("{launch_why}; {how}"));
+                up.slurm_requeued = true;
+            }
+            // Forgotten after it started: lost, as Slurm lost it.
+            LaunchVerdict::Started { .. } => {}
+        }
+    }
+    // Slurm shows the run running, but its script noted its end (this
+    // very start) a while ago: slurmctld recovered from a state it saved
+    // before that end and lost it (`make chaos` 14:35: chaos-1-57 shown
+    // RUNNING for minutes after its script exited 1 and lease-exec left).
+    // The noted end is its result; the shell Slurm keeps is cancelled.
+    // (A job that writes such a note itself only ends itself early.)
+    if let (Seen::Job(j), None, false) = (&seen, &up.died, up.lease_stopped) {
+        let dir = agent.backend.job_dir(&run.id);
+        let noted = run.slurm_id.and_then(|sid| crate::ckpt::run_ended(&dir, sid, run.epoch));
+        let ago = crate::ckpt::run_ended_ago(&dir);
+        if let (true, Some((exit_code, signal)), Some(ago)) = (j.raw_state == "RUNNING", noted, ago) {
+            if ago > ENDED_BUT_RUNNING {
+                if let Some(user) = run.user.as_deref() {
+                    agent.backend.cancel(j.native_id, user).await?;
+                }
+                let ok = exit_code == Some(0) && signal.is_none_or(|s| s == 0);
+                let how = match (signal.filter(|s| *s > 0), exit_code) {
+                    (Some(s), _) => format!("signal {s}"),
+                    (None, Some(c)) => format!("exit code {c}"),
+                    (None, None) => "no exit status".into(),
+                };
+                tracing::warn!(id = %run.id, slurm_id = j.native_id, end = %how, ago_s = ago.as_secs(),
+                    "Slurm shows the job running, but its script ended: reporting its end, cancelling the job");
+                up.state = Some(if ok { JobState::Completed } else { JobState::Failed });
+                up.exit_code = exit_code;
+                up.signal = signal.filter(|s| *s > 0);
+                up.reason = format!(
+                    "its script ended at {site} ({how}) {} s before Slurm there still showed it running (its controller lost the end)",
+                    ago.as_secs()
+                );
             }
         }
     }
@@ -1251,6 +1360,44 @@ mod tests {
         assert!(matches!(identify(&seen_once, "alpha", d, &[&stale]), Seen::Gone(_)));
     }
 
+    /// Two starts in the script's start log, neither seen by the agent: one
+    /// re-run, counted once however often it is looked at, never lowering
+    /// a count made otherwise.
+    #[test]
+    fn every_start_of_the_script_after_the_first_is_a_rerun() {
+        let mut r = run(42, Some(1700000000));
+        assert!(!starts_rerun(&mut r, 0));
+        assert!(!starts_rerun(&mut r, 1));
+        assert_eq!(r.reruns, 0);
+        r.stdout_off = 10;
+        assert!(starts_rerun(&mut r, 2));
+        assert_eq!((r.reruns, r.rerun_out), (1, OUT_STDOUT));
+        assert!(r.rerun_why.as_deref().unwrap().contains("started 2 times"));
+        assert!(!starts_rerun(&mut r, 2), "counted once");
+        r.reruns = 3;
+        assert!(!starts_rerun(&mut r, 3));
+        assert_eq!(r.reruns, 3);
+    }
+
+    /// A job slurmctld forgot keeps a pending row in accounting (its
+    /// submission was recorded, its end never will be): only ended rows
+    /// count, so the run is seen gone instead of pending forever.
+    #[test]
+    fn accounting_rows_of_a_forgotten_job_that_never_ended_do_not_count() {
+        let rows = vec![
+            job(2100073, "PENDING", 1700000000, 1001),
+            job(2100074, "RUNNING", 1700000000, 1001),
+            job(2100075, "COMPLETED", 1700000000, 1001),
+            job(2100076, "FAILED", 1700000000, 1001),
+        ];
+        let ids: Vec<u64> = ended_in_accounting(rows).iter().map(|j| j.native_id).collect();
+        assert_eq!(ids, vec![2100075, 2100076]);
+        let r = run(2100073, Some(1700000000));
+        let kept = ended_in_accounting(vec![job(2100073, "PENDING", 1700000000, 1001)]);
+        let candidates: Vec<&NativeJob> = kept.iter().collect();
+        assert!(matches!(identify(&r, "alpha", "", &candidates), Seen::Gone(_)));
+    }
+
     #[test]
     fn terminal_states_keep_slurms_name() {
         let mut j = job(7, "TIMEOUT", 1, 1);
@@ -1302,30 +1449,39 @@ mod tests {
     #[test]
     fn a_run_held_after_a_failed_launch_is_judged_by_what_it_left() {
         use LaunchVerdict::*;
-        let e = |ended, started_note, under_lease, out: u64, err: u64, exists| LaunchEvidence {
+        let e = |ended, user_signalled, started_note, under_lease, out: u64, err: u64, exists| LaunchEvidence {
             ended,
+            user_signalled,
             started_note,
             under_lease,
             stdout_bytes: out,
             stderr_bytes: err,
             stdout_exists: exists,
         };
+        let started = Started { killed_by: None };
         for (ev, want) in [
             // Its script ended by itself (lease-exec's note): that end is its result.
-            (e(Some((Some(0), None)), true, true, 10, 0, true), Ended { exit_code: Some(0), signal: None }),
-            (e(Some((Some(3), None)), true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
-            (e(Some((None, Some(9))), true, true, 0, 0, true), Ended { exit_code: None, signal: Some(9) }),
+            (e(Some((Some(0), None)), false, true, true, 10, 0, true), Ended { exit_code: Some(0), signal: None }),
+            (e(Some((Some(3), None)), false, true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
+            (e(Some((Some(3), None)), true, true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
+            // Ended by a signal: its user's (scancel --signal, relayed by
+            // this agent) is its end; any other is Slurm's kill of the job
+            // it requeued: the run started and did not end by itself.
+            (e(Some((None, Some(9))), true, true, true, 0, 0, true), Ended { exit_code: None, signal: Some(9) }),
+            (e(Some((None, Some(15))), false, true, true, 0, 0, true), Started { killed_by: Some(15) }),
+            (e(Some((None, Some(9))), false, true, true, 40, 0, true), Started { killed_by: Some(9) }),
             // Under its lease: the script starts only after lease-exec's note.
-            (e(None, true, true, 0, 0, true), Started),
-            (e(None, false, true, 12, 0, true), Started),
+            (e(None, false, true, true, 0, 0, true), started.clone()),
+            (e(None, false, false, true, 12, 0, true), started.clone()),
+            (e(None, true, true, true, 0, 0, true), started.clone()),
             // lease-exec's own refusal on stderr, slurmstepd's stdout file: nothing ran.
-            (e(None, false, true, 0, 80, true), NeverStarted),
-            (e(None, false, true, 0, 0, false), NeverStarted),
+            (e(None, false, false, true, 0, 80, true), NeverStarted),
+            (e(None, false, false, true, 0, 0, false), NeverStarted),
             // Without a lease: any trace of a start counts.
-            (e(None, false, false, 0, 0, true), Started),
-            (e(None, false, false, 0, 5, false), Started),
-            (e(None, false, false, 5, 0, false), Started),
-            (e(None, false, false, 0, 0, false), NeverStarted),
+            (e(None, false, false, false, 0, 0, true), started.clone()),
+            (e(None, false, false, false, 0, 5, false), started.clone()),
+            (e(None, false, false, false, 5, 0, false), started.clone()),
+            (e(None, false, false, false, 0, 0, false), NeverStarted),
         ] {
             assert_eq!(launch_verdict(&ev), want, "{ev:?}");
         }

@@ -493,14 +493,33 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     // the script started, and later how it ended. Slurm may take a launch
     // whose answer it missed for failed, hold the job and kill what ran:
     // the agent then tells a run that never started from one that ran.
-    let slurm_job = std::env::var("SLURM_JOB_ID").ok().filter(|v| v.parse::<u64>().is_ok());
+    // Each note names the run it is of: the Slurm job, Slurm's restart
+    // count (a requeued job runs again under the same id) and the fleet
+    // epoch (the directory may outlive a placement), so that the agent
+    // never takes a note of an earlier run for this one's.
+    let restart = std::env::var("SLURM_RESTART_COUNT").ok().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(0);
+    let slurm_job = std::env::var("SLURM_JOB_ID")
+        .ok()
+        .filter(|v| v.parse::<u64>().is_ok())
+        .map(|id| format!("job {id} restart {restart} epoch {} at {}", env.epoch, (fleet_ckpt_now() * 1000.0) as u64));
     let note = |name: &str, text: String| {
         if let Err(e) = std::fs::write(run_dir.join(name), text) {
             log(&format!("cannot write {name}: {e}"));
         }
     };
-    if let Some(id) = &slurm_job {
-        note(".fleet-run-started", format!("started job {id}\n"));
+    if let Some(run) = &slurm_job {
+        note(".fleet-run-started", format!("started {run}\n"));
+        // And one line per start, appended: Slurm may run a job again
+        // without counting it (a slurmctld recovered from older state
+        // launches it anew) while its agent is not looking.
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run_dir.join(".fleet-run-starts"))
+            .and_then(|mut f| writeln!(f, "{run}"));
+        if let Err(e) = appended {
+            log(&format!("cannot write .fleet-run-starts: {e}"));
+        }
     }
     let child = match cmd.spawn() {
         Ok(c) => c,
@@ -569,12 +588,12 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     if run_dir.join(".fleet-lease-stopped").exists() {
         log(&format!("the script ended ({how}) after its lease stopped it: no end reported"));
     } else {
-        if let Some(id) = &slurm_job {
+        if let Some(run) = &slurm_job {
             let how = match ended {
                 ScriptEnd::Exited(c) => format!("exit {c}"),
                 ScriptEnd::Signalled(s) => format!("signal {s}"),
             };
-            note(".fleet-run-ended", format!("{how} job {id}\n"));
+            note(".fleet-run-ended", format!("{how} {run}\n"));
         }
         let sent = current_thread().and_then(|rt| {
             let http = {
@@ -743,6 +762,11 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
     let mut w = Watch::new(env.lease, Instant::now(), Duration::from_millis(valid_ms));
     let mut next = Instant::now() + w.next_renewal(Instant::now());
     let mut failing = false;
+    // For the stop line: when the meta-scheduler last answered, and what
+    // went wrong with the renewals since.
+    let mut answered = Instant::now();
+    let mut unanswered = 0u32;
+    let mut last_err = String::new();
     log(&format!("watching run {} epoch {} (pid {pid}), lease {} ms", env.job_id, env.epoch, env.lease.as_millis()));
     let stop = |why: &str| {
         log(&format!("stopping the run: {why}"));
@@ -777,9 +801,11 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
             match reply {
                 Ok(r) => {
                     if failing {
-                        log("renewed again");
+                        log(&format!("renewed again after {unanswered} unanswered renewal(s)"));
                         failing = false;
                     }
+                    answered = Instant::now();
+                    unanswered = 0;
                     match w.on_reply(now, &r) {
                         Verdict::Go => next = now + w.next_renewal(Instant::now()),
                         Verdict::Off => {
@@ -793,6 +819,10 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
                     }
                 }
                 Err(e) => {
+                    unanswered = unanswered.saturating_add(1);
+                    // The end of the chain says why (refused, timed out, reset).
+                    let chain: Vec<char> = format!("{e:#}").chars().filter(|c| !c.is_control()).collect();
+                    last_err = chain[chain.len().saturating_sub(120)..].iter().collect();
                     if !failing {
                         log(&format!("renewal failed: {e:#}"));
                         failing = true;
@@ -803,7 +833,14 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
         }
         if let Some(why) = w.expired(Instant::now()) {
             if alive() {
-                stop(&why);
+                let since = answered.elapsed().as_secs_f64();
+                stop(&if unanswered == 0 {
+                    format!("{why}; last answered {since:.1} s ago")
+                } else {
+                    format!(
+                        "{why}; last answered {since:.1} s ago, {unanswered} renewal(s) unanswered since: {last_err}"
+                    )
+                });
             }
             return ExitCode::SUCCESS;
         }

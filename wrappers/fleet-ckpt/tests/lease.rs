@@ -180,17 +180,25 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     //    output; leased while it counts.
     running_at_alpha(&http, &url, "beta-1").await;
     let dir = run_dir(tmp.path(), "beta-1", "#!/bin/sh\necho \"args: $*\"\necho \"to stderr\" >&2\nexit 7\n");
-    let out = lease_exec(&url, "beta-1", &dir, 1, &["a b", "-c"]).env("SLURM_JOB_ID", "4242").output().await.unwrap();
+    let out = lease_exec(&url, "beta-1", &dir, 1, &["a b", "-c"])
+        .env("SLURM_JOB_ID", "4242")
+        .env("SLURM_RESTART_COUNT", "2")
+        .output()
+        .await
+        .unwrap();
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "args: a b -c\n");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "to stderr\n");
     // The notes the target agent reads when Slurm takes the launch for
-    // failed: the script started, and how it ended by itself.
+    // failed: the script started, and how it ended by itself, each naming
+    // its run (Slurm job, Slurm's restart count, fleet epoch).
     let note = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
-    assert_eq!(
-        (note(".fleet-run-started"), note(".fleet-run-ended")),
-        ("started job 4242\n".into(), "exit 7 job 4242\n".into())
-    );
+    let (start_note, ended, starts) = (note(".fleet-run-started"), note(".fleet-run-ended"), note(".fleet-run-starts"));
+    let noted = start_note.strip_prefix("started ").unwrap_or_default().to_string();
+    assert!(noted.starts_with("job 4242 restart 2 epoch 1 at "), "{start_note:?}");
+    let at = noted.trim_end().rsplit(' ').next().unwrap().parse::<u64>();
+    assert!(at.is_ok_and(|ms| ms > 1_700_000_000_000), "{noted:?}");
+    assert_eq!((ended, starts), (format!("exit 7 {noted}"), noted.clone()));
     let tok = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "beta-1"));
     let r: JobLeaseReply = serde_json::from_value(
         call(

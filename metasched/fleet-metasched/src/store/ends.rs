@@ -43,6 +43,17 @@ impl EndClaim {
     }
 }
 
+/// Whether the end `job`'s run claimed for epoch `epoch` (`None`: the
+/// current one) was by a signal: when Slurm at the target requeued the
+/// run and no user sent it, that is Slurm's kill of the job it requeued,
+/// not the script's own end (`StatusUpdate::slurm_requeued`).
+pub(super) fn claimed_signal(job: &Job, epoch: Option<u64>) -> bool {
+    job.end_claim
+        .as_ref()
+        .filter(|c| c.epoch == epoch.unwrap_or(job.record.epoch))
+        .is_some_and(|c| c.signal.is_some_and(|s| s > 0))
+}
+
 /// Whether `job`'s current run claimed its end.
 pub(super) fn claimed(job: &Job) -> bool {
     job.end_claim.as_ref().is_some_and(|c| c.epoch == job.record.epoch)
