@@ -135,6 +135,8 @@ impl Store {
         let held = self.lease_prev_until.get(id).or_else(|| self.lease_until.get(id)).copied();
         if let Some((e, until)) = held {
             if e == claim.epoch && now + super::LEASE_CLAIM_SLACK_S >= until {
+                tracing::info!(job = id, epoch = claim.epoch, at = %cluster, left_s = until - now,
+                    "its run's end claim is refused: its job lease ran out or was about to");
                 return Ok(RunEndReply {
                     recorded: false,
                     reason: format!(
