@@ -173,6 +173,14 @@ pub fn lease_stopped(dir: &Path) -> Option<String> {
 /// there is one: a regular file, not followed through a link, at most
 /// 1 KiB read, printable characters only (the job may write these notes).
 fn note(dir: &Path, name: &str) -> Option<String> {
+    let buf = read_note(dir, name, 1024)?;
+    let text = String::from_utf8_lossy(&buf);
+    Some(text.lines().next().unwrap_or("").chars().filter(|c| !c.is_control()).take(300).collect())
+}
+
+/// At most `limit` bytes of the file `name` in the run's directory `dir`:
+/// a regular file, opened without following a link or blocking on a FIFO.
+fn read_note(dir: &Path, name: &str, limit: u64) -> Option<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
@@ -184,9 +192,8 @@ fn note(dir: &Path, name: &str) -> Option<String> {
         return None;
     }
     let mut buf = Vec::new();
-    f.take(1024).read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    Some(text.lines().next().unwrap_or("").chars().filter(|c| !c.is_control()).take(300).collect())
+    f.take(limit).read_to_end(&mut buf).ok()?;
+    Some(buf)
 }
 
 /// The note `lease-exec` writes in the run's directory once it starts the
@@ -252,22 +259,7 @@ pub const RUN_STARTS_FILE: &str = ".fleet-run-starts";
 /// without following links, at most 64 KiB). The job could add lines: a
 /// count that only ever reports more re-runs than happened, never fewer.
 pub fn run_starts(dir: &Path, slurm_id: u64, epoch: u64) -> u32 {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(dir.join(RUN_STARTS_FILE))
-    else {
-        return 0;
-    };
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
-        return 0;
-    }
-    let mut buf = Vec::new();
-    if f.take(64 * 1024).read_to_end(&mut buf).is_err() {
-        return 0;
-    }
+    let Some(buf) = read_note(dir, RUN_STARTS_FILE, 64 * 1024) else { return 0 };
     String::from_utf8_lossy(&buf)
         .lines()
         .filter_map(|l| parse_run(&l.split_whitespace().collect::<Vec<_>>()))
