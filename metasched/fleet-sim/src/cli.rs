@@ -113,6 +113,10 @@ pub struct SimulateArgs {
     /// fits). 0 = only the cheap capacity-relaxed bound (for huge runs).
     #[arg(long, default_value_t = 30_000)]
     pub lp_max_vars: usize,
+    /// Also solve the LP for the least cost of any schedule with a mean completion
+    /// of at most H hours (repeatable; needs the LP: not with `--lp-max-vars 0`).
+    #[arg(long = "bound-completion-h", value_name = "H")]
+    pub bound_completion_h: Vec<f64>,
     /// Print the report as JSON on stdout (the same document as `report.json`)
     /// instead of the table.
     #[arg(long)]
@@ -309,6 +313,9 @@ pub fn strategies(args: &SimulateArgs, model: &EngineModel) -> Result<Vec<Strate
 
 /// Run every strategy over the loaded inputs and build the report.
 pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
+    if let Some(h) = args.bound_completion_h.iter().find(|h| !(h.is_finite() && **h > 0.0)) {
+        bail!("--bound-completion-h must be a finite number of hours > 0, got {h}");
+    }
     let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
     let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
     model.assign_spot_traces(&loaded.spot);
@@ -393,6 +400,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     // Each policy's own bound: the LP with its own last job end as the horizon
     // (a bound for that policy alone, tighter when it ends before the slowest).
     let mut own: BTreeMap<u64, Option<f64>> = BTreeMap::new();
+    let mut own_notes = Vec::new();
     for p in &mut policies {
         if lp_bound.is_some() && p.makespan_s > 0.0 && p.makespan_s < horizon && p.unplaced == 0 {
             let b = *own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
@@ -400,13 +408,26 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             });
             p.own_lp_bound_usd = b;
         }
-        let mine = p.own_lp_bound_usd.unwrap_or(0.0).max(bound);
+        // The cost policy's schedule ends by its makespan with its mean completion:
+        // every schedule doing that costs at least the completion-capped LP.
+        if lp_bound.is_some() && p.policy == "cost" && p.unplaced == 0 && p.completed > 0 && p.makespan_s > 0.0 {
+            let caps = crate::lp::Caps { mean_completion_h: Some(p.completion_mean_s / 3600.0), kg_co2: None };
+            let h = p.makespan_s.min(horizon);
+            match crate::lp::capped_bound(&mut model, &jobs, &loaded.spot, h, args.lp_max_vars, caps) {
+                Ok(b) if b.usd.is_none() => own_notes
+                    .push("cost policy's completion LP infeasible at its own schedule: a bound is wrong".into()),
+                Ok(b) => p.own_completion_lp_usd = b.usd,
+                Err(e) => own_notes.push(format!("cost policy's completion LP not solved: {e}")),
+            }
+        }
+        let mine = p.own_lp_bound_usd.unwrap_or(0.0).max(p.own_completion_lp_usd.unwrap_or(0.0)).max(bound);
         p.ratio_to_lower_bound = if mine > 0.0 { p.total_usd / mine } else { 0.0 };
     }
     // The carbon LP: can any schedule cut the cost policy's kgCO2 by 20 % for at
     // most 5 % more USD?
     let cost_usd = policies.iter().find(|p| p.policy == "cost").map(|p| p.total_usd);
     let mut notes = model.notes();
+    notes.extend(own_notes);
     let carbon_lp = match (cost_usd, &lp_bound) {
         (Some(u), Some(_)) => {
             match crate::lp::carbon_bound(&mut model, &jobs, &loaded.spot, horizon, args.lp_max_vars, 1.05 * u) {
@@ -419,6 +440,42 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         }
         _ => None,
     };
+    // The targets' side constraints as bounds: the least cost at greedy-spot's
+    // mean completion (cost ahead of greedy-spot at no worse completion), and at
+    // 0.8 × the cost policy's kgCO2 (green: −20 % for ≤ +5 % USD).
+    let mut capped = |caps: crate::lp::Caps, what: &str, notes: &mut Vec<String>| match crate::lp::capped_bound(
+        &mut model,
+        &jobs,
+        &loaded.spot,
+        horizon,
+        args.lp_max_vars,
+        caps,
+    ) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            notes.push(format!("{what} LP not solved: {e}"));
+            None
+        }
+    };
+    let (mut completion_lp, mut carbon_cap_lp, mut bound_checks) = (None, None, Vec::new());
+    if lp_bound.is_some() {
+        let gs = policies.iter().find(|p| p.policy == "greedy-spot" && p.unplaced == 0 && p.completed > 0);
+        if let (Some(gs), Some(_)) = (gs, cost_usd) {
+            let h = gs.completion_mean_s / 3600.0;
+            let caps = crate::lp::Caps { mean_completion_h: Some(h), kg_co2: None };
+            completion_lp = capped(caps, "completion", &mut notes);
+        }
+        if let Some(c) = policies.iter().find(|p| p.policy == "cost") {
+            let caps = crate::lp::Caps { mean_completion_h: None, kg_co2: Some(0.8 * c.kg_co2) };
+            carbon_cap_lp = capped(caps, "carbon-capped", &mut notes);
+        }
+        for &h in &args.bound_completion_h {
+            let caps = crate::lp::Caps { mean_completion_h: Some(h), kg_co2: None };
+            bound_checks.extend(capped(caps, "--bound-completion-h", &mut notes));
+        }
+    } else if !args.bound_completion_h.is_empty() {
+        notes.push("--bound-completion-h needs the LP (not solved or --lp-max-vars 0)".into());
+    }
     let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;
     if loaded.trace.skipped > 0 {
         notes.push(format!(
@@ -437,6 +494,9 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         lower_bound_usd: lb_usd,
         lp_bound,
         carbon_lp,
+        completion_lp,
+        carbon_cap_lp,
+        bound_checks,
         bound_used,
         lower_bound_kg_co2: lb_co2,
         policies,

@@ -57,6 +57,15 @@
 //! quarter-hours first (a schedule may run only then, within the pool's GPUs);
 //! provisioning and lost work emit nothing. Its optimum is the least kgCO2 of any
 //! schedule that pays at most the budget and finishes by the horizon.
+//!
+//! The **capped LP** ([`capped_bound`]) minimises cost under side constraints:
+//! kgCO2 at most a cap (the carbon LP's question from the cost side), and/or mean
+//! completion at most a cap. Completion is bounded per job from below by
+//! quantities linear in the LP's variables (see [`capped_bound`]), so every
+//! schedule meeting the cap maps to a feasible point and the optimum bounds its
+//! cost. The completion bound is weak inside a slot (a job may do its work
+//! anywhere in its release slot at no completion cost beyond its own run time):
+//! it binds on work moved to later slots.
 
 use std::collections::BTreeMap;
 
@@ -121,12 +130,24 @@ struct GroupOpt {
 
 struct Group {
     release: usize,
+    /// Jobs in the group.
+    jobs: usize,
     work_h: f64,
     /// Σ of the jobs' GPUs (a gang runs on its GPUs, no more, at any time).
     gpus: f64,
     /// Σ GPUs × time from each job's submission to the end of its release slot.
     first_slot_gpu_h: f64,
     opts: Vec<GroupOpt>,
+    /// Σ of each job's least completion: its least setup + work ÷ its fastest rate (h).
+    compl_floor_h: f64,
+    /// Σ of each job's work ÷ (2 × its fastest rate) (h): completion ≥ mean busy time + this.
+    compl_half_h: f64,
+    /// Hours of completion per unit of work moved past the release slot (each job's
+    /// time from submission to the end of that slot ÷ its work), cheapest first.
+    delay_segs: Vec<(f64, f64)>,
+    /// Hours per unit of Σ_t (t − release − 1) × work in slot t (a slot ÷ each job's
+    /// work), cheapest first.
+    later_segs: Vec<(f64, f64)>,
 }
 
 struct Built {
@@ -137,9 +158,20 @@ struct Built {
     horizon_s: f64,
 }
 
-/// A job for the LP: release (s), work (reference GPU-hours), GPUs, (option,
-/// price, one-off USD per reference GPU-hour of work).
-type JobOptions = (f64, f64, f64, Vec<(usize, f64, f64)>);
+/// A job for the LP.
+struct JobLp {
+    submit_s: f64,
+    /// Work, reference GPU-hours.
+    work_h: f64,
+    gpus: f64,
+    /// Its least setup over its options (provisioning, billed and waited at every
+    /// start), hours.
+    setup_h: f64,
+    /// Reference GPU-hours of work per hour at its fastest: GPUs × the fastest speed.
+    rate: f64,
+    /// (option, price, one-off USD per reference GPU-hour of work).
+    opts: Vec<(usize, f64, f64)>,
+}
 
 /// Per-unit-of-work charges of a group's jobs on one option → convex segments.
 fn segments(mut cw: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
@@ -187,7 +219,7 @@ fn build<M: Model>(model: &mut M, jobs: &[SimJob], horizon_s: f64, max_vars: usi
     }
     let mut opt_index: BTreeMap<(usize, usize, bool), usize> = BTreeMap::new();
     let mut opts: Vec<Opt> = Vec::new();
-    let mut per_job: Vec<JobOptions> = Vec::with_capacity(jobs.len());
+    let mut per_job: Vec<JobLp> = Vec::with_capacity(jobs.len());
     for j in jobs {
         let offers = model.options(j);
         if offers.is_empty() {
@@ -197,6 +229,9 @@ fn build<M: Model>(model: &mut M, jobs: &[SimJob], horizon_s: f64, max_vars: usi
             j.extra.datasets.iter().map(|(n, _)| sharing.get(n.as_str()).copied().unwrap_or(1)).max().unwrap_or(1);
         let work_h = (j.duration_s * j.gpus as f64 / 3600.0).max(1e-9);
         let mut v = Vec::with_capacity(offers.len());
+        let gpus = j.gpus.max(1) as f64;
+        let setup_h = offers.iter().map(|o| o.setup_s.max(0.0)).fold(f64::INFINITY, f64::min) / 3600.0;
+        let rate = gpus * offers.iter().map(|o| o.speed.max(1e-9)).fold(0.0, f64::max);
         for o in offers {
             let k = *opt_index.entry((o.cluster, o.pool, o.spot)).or_insert_with(|| {
                 opts.push(Opt { cluster: o.cluster, pool: o.pool, spot: o.spot, speed: o.speed.max(1e-9) });
@@ -208,40 +243,68 @@ fn build<M: Model>(model: &mut M, jobs: &[SimJob], horizon_s: f64, max_vars: usi
         }
         v.sort_by_key(|x| x.0);
         v.dedup_by_key(|x| x.0);
-        per_job.push((j.submit_s, work_h, j.gpus.max(1) as f64, v));
+        per_job.push(JobLp { submit_s: j.submit_s, work_h, gpus, setup_h, rate, opts: v });
+    }
+    // A group being built: release slot, jobs, work, GPUs, first-slot GPU-hours,
+    // per option (price, (charge, work) of each job), completion terms.
+    #[derive(Default)]
+    struct Acc {
+        release: usize,
+        jobs: usize,
+        work_h: f64,
+        gpus: f64,
+        first_slot_gpu_h: f64,
+        per_opt: Vec<(f64, Vec<(f64, f64)>)>,
+        compl_floor_h: f64,
+        compl_half_h: f64,
+        delay: Vec<(f64, f64)>,
+        later: Vec<(f64, f64)>,
     }
     // Pick the slot length: 6 h, doubled until the LP is small enough.
     let mut slot_s = 6.0 * 3600.0;
     loop {
         let n_slots = (horizon_s / slot_s).ceil().max(1.0) as usize;
-        // key → (release, work, GPUs, first-slot GPU-hours, per option: price,
-        // (charge, work) of each job)
-        type Acc = (usize, f64, f64, f64, Vec<(f64, Vec<(f64, f64)>)>);
+        let slot_h = slot_s / 3600.0;
         let mut acc: BTreeMap<(usize, Vec<usize>), Acc> = BTreeMap::new();
-        for (submit, work, gpus, v) in &per_job {
-            let r = ((submit / slot_s).floor() as usize).min(n_slots - 1);
-            let key = (r, v.iter().map(|x| x.0).collect::<Vec<_>>());
-            let g = acc.entry(key).or_insert_with(|| (r, 0.0, 0.0, 0.0, vec![(f64::INFINITY, Vec::new()); v.len()]));
-            g.1 += work;
-            g.2 += gpus;
-            g.3 += gpus * ((((r + 1) as f64 * slot_s).min(horizon_s) - submit).max(0.0) / 3600.0);
-            for (slot, &(_, price, charge)) in g.4.iter_mut().zip(v) {
+        for j in &per_job {
+            let r = ((j.submit_s / slot_s).floor() as usize).min(n_slots - 1);
+            let key = (r, j.opts.iter().map(|x| x.0).collect::<Vec<_>>());
+            let g = acc.entry(key).or_insert_with(|| Acc {
+                release: r,
+                per_opt: vec![(f64::INFINITY, Vec::new()); j.opts.len()],
+                ..Acc::default()
+            });
+            let to_slot_end_h = (((r + 1) as f64 * slot_s).min(horizon_s) - j.submit_s).max(0.0) / 3600.0;
+            g.jobs += 1;
+            g.work_h += j.work_h;
+            g.gpus += j.gpus;
+            g.first_slot_gpu_h += j.gpus * to_slot_end_h;
+            g.compl_floor_h += j.setup_h + j.work_h / j.rate;
+            g.compl_half_h += j.work_h / (2.0 * j.rate);
+            g.delay.push((to_slot_end_h / j.work_h, j.work_h));
+            g.later.push((slot_h / j.work_h, j.work_h * (n_slots - r) as f64));
+            for (slot, &(_, price, charge)) in g.per_opt.iter_mut().zip(&j.opts) {
                 slot.0 = slot.0.min(price);
-                slot.1.push((charge, *work));
+                slot.1.push((charge, j.work_h));
             }
         }
         let groups: Vec<Group> = acc
             .into_iter()
-            .map(|((_, ks), (release, work_h, gpus, first_slot_gpu_h, per_opt))| Group {
-                release,
-                work_h,
-                gpus,
-                first_slot_gpu_h,
+            .map(|((_, ks), a)| Group {
+                release: a.release,
+                jobs: a.jobs,
+                work_h: a.work_h,
+                gpus: a.gpus,
+                first_slot_gpu_h: a.first_slot_gpu_h,
                 opts: ks
                     .into_iter()
-                    .zip(per_opt)
+                    .zip(a.per_opt)
                     .map(|(k, (price, cw))| GroupOpt { k, price, segs: segments(cw) })
                     .collect(),
+                compl_floor_h: a.compl_floor_h,
+                compl_half_h: a.compl_half_h,
+                delay_segs: segments(a.delay),
+                later_segs: segments(a.later),
             })
             .collect();
         let vars: usize = groups.iter().map(|g| g.opts.len() * (n_slots - g.release)).sum();
@@ -264,7 +327,7 @@ pub fn lp_bound<M: Model>(
     max_vars: usize,
 ) -> Result<LpBound, String> {
     let b = build(model, jobs, horizon_s, max_vars)?;
-    let s = solve(&b, model, spot, None)?;
+    let s = solve(&b, model, spot, Goal::default())?;
     Ok(LpBound {
         usd: s.usd,
         slot_hours: b.slot_s / 3600.0,
@@ -292,7 +355,7 @@ pub fn carbon_bound<M: Model>(
         return Err("no cost budget".into());
     }
     let b = build(model, jobs, horizon_s, max_vars)?;
-    let s = solve(&b, model, spot, Some(usd_cap))?;
+    let s = solve(&b, model, spot, Goal { usd_cap: Some(usd_cap), ..Goal::default() })?;
     Ok(CarbonBound {
         usd_cap,
         kg_co2: s.kg,
@@ -302,6 +365,106 @@ pub fn carbon_bound<M: Model>(
         horizon_hours: b.horizon_s / 3600.0,
         variables: s.variables,
         constraints: s.constraints,
+    })
+}
+
+/// Side constraints of [`capped_bound`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Caps {
+    /// Mean completion (submission → end) over all jobs at most this, hours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_completion_h: Option<f64>,
+    /// kgCO2 at most this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kg_co2: Option<f64>,
+}
+
+/// The least cost of a schedule that finishes by the horizon and meets `caps`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CappedBound {
+    pub caps: Caps,
+    /// The least LP cost; `None` when no point of the LP meets the caps (then no
+    /// schedule does).
+    pub usd: Option<f64>,
+    /// kgCO2 of the optimum, when a kgCO2 cap was set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kg_co2: Option<f64>,
+    pub spend: BTreeMap<String, (f64, f64)>,
+    pub slot_hours: f64,
+    pub horizon_hours: f64,
+    pub variables: usize,
+    pub constraints: usize,
+}
+
+impl CappedBound {
+    /// "min cost at mean completion ≤ X h: Y USD (LP)" and the like.
+    pub fn describe(&self) -> String {
+        let mut what = Vec::new();
+        if let Some(h) = self.caps.mean_completion_h {
+            what.push(format!("mean completion ≤ {h:.2} h"));
+        }
+        if let Some(k) = self.caps.kg_co2 {
+            what.push(format!("kgCO2 ≤ {k:.0}"));
+        }
+        let usd = match self.usd {
+            Some(u) => format!("{u:.0} USD"),
+            None => "infeasible (no schedule meets it)".into(),
+        };
+        format!(
+            "min cost at {} (done by {:.0} h): {usd} (LP, {:.0} h slots)",
+            what.join(", "),
+            self.horizon_hours,
+            self.slot_hours
+        )
+    }
+}
+
+/// Solves the cost LP with side constraints: mean completion at most
+/// `caps.mean_completion_h` and/or kgCO2 at most `caps.kg_co2`.
+///
+/// Mean completion is bounded per job, so the optimum stays a lower bound of the
+/// cost of every schedule that finishes by `horizon_s` and meets the caps, with
+/// preemption, spot reclaims, setups and lost work (each only adds time): a job
+/// of work `W` (reference GPU-hours) on `g` GPUs runs at most `R = g × its fastest
+/// speed` units of work per hour, so its completion is at least (a) its least
+/// setup + `W / R` after its submission, and (b) its mean busy time (the mean over
+/// its units of work of when they were done) + `W / (2R)` (the most the mean busy
+/// time can be is with all work packed at rate `R` just before the end). Work the
+/// LP puts in a slot `t` after the job's release slot was done after the slot's
+/// start, so the mean busy time is at least the submission + Σ_t (work in `t` ÷
+/// `W`) × (slot start − submission). A group's jobs share their rows: its work
+/// moved past the release slot is charged to its jobs cheapest first (the least
+/// any split among them could add), each slot start counted from the end of the
+/// release slot plus whole slots after it.
+pub fn capped_bound<M: Model>(
+    model: &mut M,
+    jobs: &[SimJob],
+    spot: &[SpotTrace],
+    horizon_s: f64,
+    max_vars: usize,
+    caps: Caps,
+) -> Result<CappedBound, String> {
+    for v in [caps.mean_completion_h, caps.kg_co2].into_iter().flatten() {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(format!("cap {v} is not a finite value >= 0"));
+        }
+    }
+    let b = build(model, jobs, horizon_s, max_vars)?;
+    let goal = Goal { usd_cap: None, kg_cap: caps.kg_co2, mean_completion_h: caps.mean_completion_h };
+    let (usd, kg, spend, variables, constraints) = match solve(&b, model, spot, goal) {
+        Ok(s) => (Some(s.usd), caps.kg_co2.map(|_| s.kg), s.spend, s.variables, s.constraints),
+        Err(SolveError::Infeasible) => (None, None, BTreeMap::new(), 0, 0),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(CappedBound {
+        caps,
+        usd,
+        kg_co2: kg,
+        spend,
+        slot_hours: b.slot_s / 3600.0,
+        horizon_hours: b.horizon_s / 3600.0,
+        variables,
+        constraints,
     })
 }
 
@@ -315,7 +478,36 @@ struct Solved {
     constraints: usize,
 }
 
-fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], usd_cap: Option<f64>) -> Result<Solved, String> {
+/// What an LP solve optimises and under which side constraints.
+#[derive(Default, Clone, Copy)]
+struct Goal {
+    /// Minimise kgCO2 with the LP cost at most this; `None`: minimise cost.
+    usd_cap: Option<f64>,
+    /// kgCO2 (work only, cleanest quarter-hours of each slot first) at most this.
+    kg_cap: Option<f64>,
+    /// Mean completion (submission → end) over all jobs at most this, hours.
+    mean_completion_h: Option<f64>,
+}
+
+#[derive(Debug)]
+enum SolveError {
+    /// No point meets the constraints: no schedule does.
+    Infeasible,
+    Other(String),
+}
+
+impl From<SolveError> for String {
+    fn from(e: SolveError) -> String {
+        match e {
+            SolveError::Infeasible => "LP: infeasible".into(),
+            SolveError::Other(s) => s,
+        }
+    }
+}
+
+fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Result<Solved, SolveError> {
+    let usd_cap = goal.usd_cap;
+    let need_kg = usd_cap.is_some() || goal.kg_cap.is_some();
     let (slot_s, horizon_s, n_slots) = (b.slot_s, b.horizon_s, b.n_slots);
     let clusters = model.clusters().to_vec();
     let slot_len_h = |t: usize| ((horizon_s - t as f64 * slot_s).min(slot_s)).max(0.0) / 3600.0;
@@ -338,8 +530,12 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], usd_cap: Option<f64
     let mut rows: Vec<(Expression, f64, bool)> = Vec::new(); // (lhs, rhs, equality)
     let mut n_vars = 0;
     let mut priced: Vec<(usize, f64, Variable)> = Vec::new();
+    // Σ over groups of the lower bound of their jobs' completion times (hours).
+    let mut completion = Expression::default();
     for g in &b.groups {
         let mut done = Expression::default();
+        // work past the release slot, and Σ_t (t − release − 1) × work in slot t
+        let (mut late, mut later) = (Expression::default(), Expression::default());
         // the group's GPU-hours per slot, all options
         let mut per_slot: Vec<Expression> = (g.release..n_slots).map(|_| Expression::default()).collect();
         for o in &g.opts {
@@ -353,6 +549,10 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], usd_cap: Option<f64
                 cost += (o.price + base * speed) * x;
                 done += speed * x;
                 on_o += speed * x;
+                if goal.mean_completion_h.is_some() && t > g.release {
+                    late += speed * x;
+                    later += ((t - g.release - 1) as f64 * speed) * x;
+                }
                 per_slot[t - g.release] += x;
                 by_opt_slot.entry((o.k, t)).or_default().push(x);
                 priced.push((o.k, o.price, x));
@@ -370,6 +570,32 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], usd_cap: Option<f64
             }
         }
         rows.push((done, g.work_h, true));
+        if goal.mean_completion_h.is_some() {
+            // Σ_j completion_j ≥ Σ_j (least setup + work ÷ fastest rate), and
+            // ≥ Σ_j (mean busy time − submission + work ÷ (2 × fastest rate)),
+            // where work done in slot t > release was done after the slot's start:
+            // ≥ (slot end − submission) + (t − release − 1) × slot per unit of work
+            // ÷ the job's work; the group's split among its jobs is the cheapest
+            // (fractional knapsack by segments, as the one-off charges).
+            let c = vars.add(variable().min(g.compl_floor_h));
+            n_vars += 1;
+            let mut busy = Expression::default();
+            for (segs, moved) in [(&g.delay_segs, late), (&g.later_segs, later)] {
+                if n_slots <= g.release + 1 || segs.is_empty() {
+                    continue;
+                }
+                let mut cover = Expression::default();
+                for &(slope, cap) in segs {
+                    let s = vars.add(variable().min(0.0).max(cap));
+                    n_vars += 1;
+                    busy += slope * s;
+                    cover += s;
+                }
+                rows.push((moved - cover, 0.0, false));
+            }
+            rows.push((busy - c, -g.compl_half_h, false));
+            completion += c;
+        }
         // A job runs on its own GPUs, never more at once, and not before its
         // submission: its GPU-hours in a slot are at most its GPUs × the part of
         // the slot after its submission.
@@ -400,7 +626,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], usd_cap: Option<f64
         if has_spot {
             rows.push((spot_e, spot_frac(c, p, t) * cap, false));
         }
-        if usd_cap.is_some() {
+        if need_kg {
             // GPU-hours of the slot at its cleanest quarter-hours first.
             let (a, e) = (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
             let n = ((e - a) / 900.0).ceil().max(1.0) as usize;
@@ -428,16 +654,26 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], usd_cap: Option<f64
             rows.push((all, cap, false));
         }
     }
+    if let Some(u) = usd_cap {
+        rows.push((cost.clone(), u, false));
+    }
+    if let Some(k) = goal.kg_cap {
+        rows.push((kg.clone(), k, false));
+    }
+    if let Some(h) = goal.mean_completion_h {
+        let n: usize = b.groups.iter().map(|g| g.jobs).sum();
+        rows.push((completion, h * n as f64, false));
+    }
     let objective = if usd_cap.is_some() { kg.clone() } else { cost.clone() };
     let mut problem = vars.minimise(objective).using(good_lp::microlp);
-    let n_cons = rows.len() + usize::from(usd_cap.is_some());
+    let n_cons = rows.len();
     for (lhs, rhs, eq) in rows {
         problem = if eq { problem.with(constraint!(lhs == rhs)) } else { problem.with(constraint!(lhs <= rhs)) };
     }
-    if let Some(u) = usd_cap {
-        problem = problem.with(constraint!(cost.clone() <= u));
-    }
-    let sol = problem.solve().map_err(|e| format!("LP: {e}"))?;
+    let sol = problem.solve().map_err(|e| match e {
+        good_lp::ResolutionError::Infeasible => SolveError::Infeasible,
+        e => SolveError::Other(format!("LP: {e}")),
+    })?;
     let mut spend: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     let mut price_usd = 0.0;
     for (k, price, x) in priced {

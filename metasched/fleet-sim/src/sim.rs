@@ -1761,6 +1761,7 @@ impl<M: Model> Sim<'_, M> {
             utilization,
             ratio_to_lower_bound: 0.0,
             own_lp_bound_usd: None,
+            own_completion_lp_usd: None,
             cost_series,
             util_series,
             bucket_hours: b / 3600.0,
