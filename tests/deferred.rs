@@ -229,11 +229,14 @@ fn claim(lab: &Lab, user: &str, id: u64) -> (bool, String) {
 fn forged_deferred_requests_are_refused() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("deferred-forged");
-    // bob's stand-in (forwarded the usual way) and alice's own, running.
+    // bob's stand-in and alice's own, running; hers forwarded through the
+    // agent's round trip (a --fleet* option asks the agent whatever
+    // ForwardMode says), so it is not a deferred stand-in.
     let sleep = script("sleep 60");
     let (bobs, _) = lab.sbatch_as("bob", "beta", &["--gres=gpu:h100:1", "--output=/dev/null"], &sleep);
     let bobs = bobs.unwrap();
-    let alices = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "a.txt")], &sleep).unwrap();
+    let alices =
+        lab.sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=alpha", &out_arg(&dir, "a.txt")], &sleep).unwrap();
     let local = lab.sbatch("beta", &["--gres=gpu:a100:1", &out_arg(&dir, "l.txt")], &sleep).unwrap();
     let _cancel = OnDrop(|| {
         for id in [bobs, alices, local] {
