@@ -17,7 +17,8 @@
 //!   without a round trip ([`view`]);
 //! * otherwise the agent answers LOCAL (untouched), FORWARD (rewritten
 //!   into a stand-in, see [`rewrite`]) or REJECT (sbatch prints why);
-//! * a job the view sends away (with `ForwardMode=deferred`, the default;
+//! * a job without `--fleet*` options the view sends away (with
+//!   `ForwardMode=deferred`, the default;
 //!   with `ForwardMode=sync` only while the agent does not answer), and
 //!   every GPU job array the view sends away, becomes a *deferred*
 //!   stand-in ([`deferred_plan`]): it carries the request in its own batch
@@ -151,7 +152,9 @@ impl FleetSubmit {
                 None => (Outcome::Local, Ok(())),
             };
         }
-        if cfg.always_defer {
+        // A job with --fleet* options asks the agent in either mode: it
+        // decides them (and names the refusal) with the submitter's name.
+        if cfg.always_defer && req.fleet == Default::default() {
             // Placement reads the submitter's name against each cluster's
             // identities; the view's watcher resolves it (NSS, never here),
             // so the first job of a user not known yet asks the agent,
