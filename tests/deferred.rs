@@ -9,14 +9,21 @@
 //!   on its own start, runs at alpha once with the SLURM_ARRAY_* variables
 //!   of the origin, never more than two at a time, each into its own
 //!   `%A_%a` output file with its own exit code.
+//! * with the default `ForwardMode=deferred`, a job that must leave is
+//!   forwarded while its stand-in is still PENDING (the agent's pickup
+//!   reads it from Slurm), and when the stand-in starts its proxy gets
+//!   that same fleet job: one job, run once at the target.
 //! * forged requests on the agent's deferred socket are refused: another
 //!   user's stand-in, a stand-in that is not deferred, a job outside the
 //!   proxy partition; and users cannot submit into the proxy partition.
+//!   A user's own pending job carrying a deferred request in its script
+//!   is never picked up (it is not in the proxy partition, and its
+//!   AdminComment, which the user cannot set, has no tag).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fleet_lab::{out_arg, parse_record, script, wait_file, Lab, OnDrop};
+use fleet_lab::{fleet_job_of, out_arg, parse_record, script, wait_file, Lab, OnDrop};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -24,6 +31,66 @@ const T: Duration = Duration::from_secs(120);
 fn records(lab: &Lab, cluster: &str, id: u64) -> Vec<fleet_lab::JobRecord> {
     let out = lab.cmd(cluster, "scontrol", &["-o", "show", "job", &id.to_string()]).unwrap();
     String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()).map(parse_record).collect()
+}
+
+/// The meta-scheduler's records of fleet job `id` and of its array
+/// elements (`<id>_<n>`), if any.
+fn fleet_jobs(lab: &Lab, id: &str) -> Vec<serde_json::Value> {
+    let jobs = lab.fleetctl_json(&["jobs"]).unwrap();
+    let elem = format!("{id}_");
+    jobs.as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["fleet_job_id"].as_str().is_some_and(|f| f == id || f.starts_with(&elem)))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_deferred_job_is_forwarded_while_its_stand_in_is_pending_and_its_proxy_gets_that_job() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("deferred-pending");
+    // The plugin learns a submitter's name (placement checks it against the
+    // clusters' identities) off slurmctld's locks, from a first job that
+    // may leave; until then that user's jobs ask the agent. One that stays
+    // home teaches it.
+    let warm = lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold", "--output=/dev/null"], &script("true")).unwrap();
+    let _ = lab.cmd("beta", "scancel", &[&warm.to_string()]);
+    std::thread::sleep(Duration::from_millis(500));
+    // --hold keeps the stand-in PENDING until it is released.
+    let body = "echo \"ran at $SLURM_CLUSTER_NAME\"";
+    let (res, took) =
+        lab.sbatch_timed("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "o.txt")], &script(body));
+    let id = res.unwrap();
+    let _cancel = OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    assert!(took < Duration::from_secs(2), "sbatch took {took:?}");
+    let rec = lab.job("beta", id).unwrap();
+    assert_eq!(rec["Partition"], "fleet", "a stand-in: {rec:?}");
+    let admin = rec.get("AdminComment").cloned().unwrap_or_default();
+    let tag = fleet_api::wire::parse_admin_tag(&admin).expect("Fleet's tag").to_string();
+    assert!(admin.contains(" deferred "), "a deferred stand-in, the default ForwardMode: {admin}");
+    // The fleet has the job while Slurm still holds its stand-in pending.
+    let t0 = Instant::now();
+    while fleet_jobs(lab, &tag).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{tag} was not forwarded while its stand-in was pending");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(lab.job("beta", id).unwrap()["JobState"], "PENDING", "forwarded before the stand-in started");
+    let known = fleet_jobs(lab, &tag);
+    assert_eq!((known.len(), known[0]["origin"].as_str()), (1, Some("beta")), "{known:?}");
+    // Released: Slurm starts the stand-in, its proxy asks the agent and
+    // gets the same fleet job, which runs once at alpha.
+    assert!(lab.cmd("beta", "scontrol", &["release", &id.to_string()]).unwrap().status.success());
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let out = wait_file(&dir.join("o.txt"), Duration::from_secs(10), |b| !b.is_empty()).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out), "ran at alpha\n");
+    assert_eq!(fleet_job_of(lab, id).as_deref(), Some(tag.as_str()), "the stand-in started the job picked up");
+    let after = fleet_jobs(lab, &tag);
+    assert_eq!(after.len(), 1, "one fleet job: {after:?}");
+    assert_eq!(after[0]["state"], "completed", "{after:?}");
 }
 
 #[test]
@@ -162,11 +229,14 @@ fn claim(lab: &Lab, user: &str, id: u64) -> (bool, String) {
 fn forged_deferred_requests_are_refused() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("deferred-forged");
-    // bob's stand-in (forwarded the usual way) and alice's own, running.
+    // bob's stand-in and alice's own, running; hers forwarded through the
+    // agent's round trip (a --fleet* option asks the agent whatever
+    // ForwardMode says), so it is not a deferred stand-in.
     let sleep = script("sleep 60");
     let (bobs, _) = lab.sbatch_as("bob", "beta", &["--gres=gpu:h100:1", "--output=/dev/null"], &sleep);
     let bobs = bobs.unwrap();
-    let alices = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "a.txt")], &sleep).unwrap();
+    let alices =
+        lab.sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=alpha", &out_arg(&dir, "a.txt")], &sleep).unwrap();
     let local = lab.sbatch("beta", &["--gres=gpu:a100:1", &out_arg(&dir, "l.txt")], &sleep).unwrap();
     let _cancel = OnDrop(|| {
         for id in [bobs, alices, local] {
@@ -187,6 +257,40 @@ fn forged_deferred_requests_are_refused() {
     // Nobody but Fleet puts a job into the proxy partition.
     let refused = lab.sbatch("beta", &["-p", "fleet", &out_arg(&dir, "p.txt")], &script("echo x")).unwrap_err();
     assert!(refused.contains("fleet: partition fleet holds only Fleet's stand-ins"), "{refused}");
+    // alice's own pending job whose script is a deferred stand-in's, with a
+    // request of hers: the pickup never reads it (wrong partition, no tag,
+    // and she cannot give it one).
+    let uid = std::process::Command::new("id").args(["-u", "alice"]).output().unwrap();
+    let uid: u32 = String::from_utf8_lossy(&uid.stdout).trim().parse().unwrap();
+    let forged_id = "beta-00000000f0f0";
+    let payload = fleet_api::deferred::Payload {
+        fleet_job_id: forged_id.into(),
+        target: "alpha".into(),
+        request: fleet_api::JobRequest {
+            origin: "beta".into(),
+            user_id: uid,
+            script: Some(b"#!/bin/sh\necho forged\n".to_vec()),
+            ..Default::default()
+        },
+    };
+    let forged = fleet_api::deferred::embed("#!/bin/sh\nexit 0\n", &payload).unwrap();
+    let held =
+        lab.sbatch("beta", &["--hold", "--gres=gpu:a100:1", &out_arg(&dir, "f.txt")], forged.as_bytes()).unwrap();
+    let _cancel_held = OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&held.to_string()]);
+    });
+    let tagged = lab.cmd_as(
+        "alice",
+        "beta",
+        "scontrol",
+        &["update", &format!("JobId={held}"), &format!("AdminComment=fleet:{forged_id} deferred")],
+    );
+    assert!(!tagged.unwrap().status.success(), "a user cannot tag a job");
+    let rec = lab.job("beta", held).unwrap();
+    assert_eq!((rec["Partition"].as_str(), rec["JobState"].as_str()), ("gpu", "PENDING"), "{rec:?}");
+    // Past a periodic pickup scan (deferred::PICKUP_EVERY, 5 s).
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(fleet_jobs(lab, forged_id).is_empty(), "the forged request was forwarded");
     // The claims left the real jobs alone.
     for id in [bobs, alices, local] {
         assert_eq!(lab.job("beta", id).unwrap()["JobState"], "RUNNING");

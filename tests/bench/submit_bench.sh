@@ -5,9 +5,11 @@
 # rounds of four slurmctld configurations:
 #   none     (a) no job_submit plugin                     --gres=gpu:a100:1
 #   local    (b) job_submit_fleet, LOCAL path             --gres=gpu:a100:1
-#   forward  (c) job_submit_fleet, FORWARD path           --gres=gpu:h100:8 (beta has no H100)
-#   deferred (e) job_submit_fleet, FORWARD with ForwardMode=deferred in fleet.conf:
-#                the stand-in carries the request, the hook never asks the agent
+#   forward  (c) job_submit_fleet, FORWARD with ForwardMode=sync in fleet.conf
+#                (the hook asks the agent over its socket) --gres=gpu:h100:8 (beta has no H100)
+#   deferred (e) job_submit_fleet, FORWARD with ForwardMode=deferred in fleet.conf (the
+#                default): the stand-in carries the request, the hook never asks the
+#                agent, the agent picks the pending stand-in up from Slurm
 #   lua      (d) job_submit/lua, equivalent routing check --gres=gpu:a100:1 (tests/bench/job_submit.lua)
 # The configuration is switched by rewriting JobSubmitPlugins in beta's
 # slurm.conf and `scontrol reconfigure` (slurmctld reloads the plugin list).
@@ -35,7 +37,7 @@
 #     and agent), printed per round with the hook's.
 #
 # Environment: BENCH_ROUNDS (5), BENCH_JOBS (100 per round), BENCH_WARMUP (5),
-#   BENCH_PARALLEL (1), BENCH_CONFIGS ("none local forward lua"), BENCH_PAUSE (0:
+#   BENCH_PARALLEL (1), BENCH_CONFIGS ("none local lua forward deferred"), BENCH_PAUSE (0:
 #   seconds to wait after each round, so that Fleet's own work on the round's
 #   forwarded jobs (placed, submitted and cancelled at the target) is over
 #   before the next one starts),
@@ -120,11 +122,16 @@ ctld_log=$R/$C/log/slurmctld.log
 set_config() { # none|local|forward|deferred|lua
   local plugins
   case $1 in none) plugins="" ;; local|forward|deferred) plugins=fleet ;; lua) plugins=lua ;; esac
-  # fleet.conf is re-read by the plugin on reconfigure: deferred adds
-  # ForwardMode=deferred, every other config restores the original.
+  # fleet.conf is re-read by the plugin on reconfigure: forward sets
+  # ForwardMode=sync, deferred ForwardMode=deferred, every other config
+  # restores the original.
   if [[ -f $OUT/fleet.conf.orig ]]; then
     grep -v '^ForwardMode=' "$OUT/fleet.conf.orig" >"$FCONF.tmp"
-    [[ $1 == deferred ]] && echo "ForwardMode=deferred" >>"$FCONF.tmp"
+    case $1 in
+      forward) echo "ForwardMode=sync" >>"$FCONF.tmp" ;;
+      deferred) echo "ForwardMode=deferred" >>"$FCONF.tmp" ;;
+      *) grep '^ForwardMode=' "$OUT/fleet.conf.orig" >>"$FCONF.tmp" || true ;;
+    esac
     chmod --reference="$OUT/fleet.conf.orig" "$FCONF.tmp"
     chown --reference="$OUT/fleet.conf.orig" "$FCONF.tmp"
     mv "$FCONF.tmp" "$FCONF"

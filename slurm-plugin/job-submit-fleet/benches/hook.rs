@@ -9,8 +9,9 @@
 //! * `local, whole request`: what the LOCAL path cost before it stopped
 //!   copying the request (`build_request` alone, no decision);
 //! * `deferred`: `--gres=gpu:h100:8` (beta has none) with
-//!   `ForwardMode=deferred`: the stand-in carries the request;
-//! * `forward (sync)`: the same job asking an agent that answers FORWARD at
+//!   `ForwardMode=deferred` (the default): the stand-in carries the
+//!   request (and one wake-up datagram is sent, to no agent here);
+//! * `forward (sync)`: the same job with `ForwardMode=sync`, asking an agent that answers FORWARD at
 //!   once (the hook's side of the round trip: JSON, socket, rewrite; a real
 //!   agent adds its decision and its journal write).
 //!
@@ -102,7 +103,7 @@ impl Desc {
             jd.set(StrField::StdOut, Some("/dev/null"));
             jd.set(StrField::Partition, Some("gpu"));
             jd.set(StrField::SubmitLine, Some("sbatch --parsable --hold -J fleet-bench -o /dev/null job.sh"));
-            jd.set_num(NumField::UserId, 1001);
+            jd.set_num(NumField::UserId, slurm::process_uid().into());
             jd.set_num(NumField::GroupId, 1001);
             jd.set_num(NumField::Priority, 0);
         }
@@ -202,7 +203,7 @@ fn main() {
     for i in 0..iters + 1000 {
         let mut jd = d.job();
         let t = Instant::now();
-        let r = local.submit(&mut jd, 1001);
+        let r = local.submit(&mut jd, slurm::process_uid());
         let el = t.elapsed().as_nanos() as u64;
         assert_eq!(r, Ok(()));
         if i >= 1000 {
@@ -218,7 +219,7 @@ fn main() {
     for _ in 0..iters {
         let mut jd = d.job();
         let t = Instant::now();
-        let r = build_request(&mut jd, &cfg, 1001);
+        let r = build_request(&mut jd, &cfg, slurm::process_uid());
         let el = t.elapsed().as_nanos() as u64;
         assert!(matches!(&r, Ok(Prepared::Ask(req)) if req.env.len() == 80 && req.script.is_some()));
         drop(r);
@@ -235,7 +236,7 @@ fn main() {
             let mut d = Desc::new("gres:gpu:h100:8", &script, &env);
             let mut jd = d.job();
             let t = Instant::now();
-            let r = plugin.submit(&mut jd, 1001);
+            let r = plugin.submit(&mut jd, slurm::process_uid());
             let el = t.elapsed().as_nanos() as u64;
             assert_eq!(r, Ok(()));
             assert_eq!(jd.get(StrField::Partition).as_deref(), Some("fleet"), "{what}: the job became a stand-in");
@@ -251,7 +252,9 @@ fn main() {
         let mut d = Desc::new("gres:gpu:h100:8", &script, &env);
         let mut jd = d.job();
         let t = Instant::now();
-        let Ok(Prepared::Ask(req)) = build_request(&mut jd, &cfg, 1001) else { panic!("an H100 job is read") };
+        let Ok(Prepared::Ask(req)) = build_request(&mut jd, &cfg, slurm::process_uid()) else {
+            panic!("an H100 job is read")
+        };
         let t1 = Instant::now();
         let p = job_submit_fleet::deferred_plan(&cfg, *req, "alpha", "bench").unwrap();
         let t2 = Instant::now();
@@ -271,7 +274,7 @@ fn main() {
 
     fake_agent(&dir.path().join("agent.sock"));
     std::thread::sleep(Duration::from_millis(50));
-    let sync = load(&conf(dir.path(), "sync.conf", ""));
+    let sync = load(&conf(dir.path(), "sync.conf", "ForwardMode=sync\n"));
     forward(&sync, iters / 4, "forward (sync, instant agent)");
     sync.fini();
 }

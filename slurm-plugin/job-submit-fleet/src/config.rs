@@ -32,14 +32,17 @@ pub struct PluginConfig {
     pub view_max_age: Duration,
     /// `ProxyPartition`: only stand-ins may be in it.
     pub proxy_partition: String,
-    /// `ForwardMode=deferred`: a job that must leave always becomes a
-    /// deferred stand-in, without asking the agent.
+    /// `ForwardMode=deferred` (the default): a job that must leave always
+    /// becomes a deferred stand-in, without asking the agent.
     pub always_defer: bool,
     /// What a deferred stand-in's script runs: `ProxyPath`, the agent's
     /// deferred socket (`AgentSpoolDir/deferred.sock`), `MetaSchedulerUrl`
     /// (none: nothing is deferred), `MetaSchedulerCaFile`, `SlurmBinDir`.
     pub proxy_path: PathBuf,
     pub deferred_socket: PathBuf,
+    /// The agent's wake-up socket (`AgentSpoolDir/pickup.sock`): one
+    /// datagram per deferred stand-in, never waited on.
+    pub pickup_socket: PathBuf,
     pub metasched_url: Option<String>,
     pub ca_file: Option<PathBuf>,
     pub slurm_bin: PathBuf,
@@ -89,6 +92,7 @@ impl PluginConfig {
             always_defer: c.forward_mode == slurm_conf::fleet::ForwardMode::Deferred,
             proxy_path: c.proxy_path.clone(),
             deferred_socket: c.agent_spool_dir.join(fleet_api::wire::DEFERRED_SOCKET),
+            pickup_socket: c.agent_spool_dir.join(slurm_conf::fleet::PICKUP_SOCKET),
             metasched_url: c.meta_scheduler_url.clone(),
             ca_file: c.meta_scheduler_ca_file.clone(),
             slurm_bin: c.slurm_bin_dir.clone(),
@@ -108,6 +112,7 @@ impl PluginConfig {
             always_defer: false,
             proxy_path: PathBuf::from("/usr/libexec/fleet/fleet-proxy"),
             deferred_socket: PathBuf::from("/var/spool/fleet/deferred.sock"),
+            pickup_socket: PathBuf::from("/nonexistent/pickup.sock"),
             metasched_url: Some("https://meta.example:16900".into()),
             ca_file: None,
             slurm_bin: PathBuf::from("/usr/bin"),

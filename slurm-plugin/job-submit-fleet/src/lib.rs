@@ -3,7 +3,8 @@
 //!
 //! Invariant: this code never stalls or crashes slurmctld. The only I/O is
 //! one round trip on the local agent's Unix socket under a hard deadline
-//! (`SubmitTimeoutMs`, default 50 ms); no agent, a slow agent or a reply
+//! (`SubmitTimeoutMs`, default 50 ms), or one datagram sent without
+//! blocking and never answered ([`wake_agent`]); no agent, a slow agent or a reply
 //! that does not parse leaves the job exactly as submitted (fail open),
 //! with one rate-limited warning in slurmctld's log. No panic crosses the
 //! C boundary (the `slurm` crate's entry points catch them).
@@ -16,11 +17,14 @@
 //!   without a round trip ([`view`]);
 //! * otherwise the agent answers LOCAL (untouched), FORWARD (rewritten
 //!   into a stand-in, see [`rewrite`]) or REJECT (sbatch prints why);
-//! * a job the view sends away while the agent does not answer (or always,
-//!   with `ForwardMode=deferred`), and every GPU job array the view sends
-//!   away, becomes a *deferred* stand-in ([`deferred_plan`]): it carries
-//!   the request in its own batch script, durable in slurmctld's state, and
-//!   the agent forwards it when Slurm starts it (an array element by element).
+//! * a job without `--fleet*` options the view sends away (with
+//!   `ForwardMode=deferred`, the default;
+//!   with `ForwardMode=sync` only while the agent does not answer), and
+//!   every GPU job array the view sends away, becomes a *deferred*
+//!   stand-in ([`deferred_plan`]): it carries the request in its own batch
+//!   script, durable in slurmctld's state; the agent, woken by a datagram
+//!   ([`wake_agent`]), forwards it while it is pending, or when Slurm
+//!   starts it (an array element by element, as each starts).
 
 mod client;
 mod config;
@@ -44,6 +48,9 @@ pub struct FleetSubmit {
     stats: Mutex<stats::Stats>,
     warn: Mutex<stats::RateLimit>,
     view: view::ViewCache,
+    /// An unbound, non-blocking datagram socket: wakes the agent's pickup
+    /// of deferred stand-ins ([`wake_agent`]). `None` if it could not be made.
+    wake: Option<std::os::unix::net::UnixDatagram>,
 }
 
 impl JobSubmitPlugin for FleetSubmit {
@@ -55,7 +62,8 @@ impl JobSubmitPlugin for FleetSubmit {
         let cfg = config.get().0;
         log::info(&format!("job_submit/fleet: {}", cfg.describe()));
         let view = view::ViewCache::start(cfg.view_path.clone());
-        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view })
+        let wake = std::os::unix::net::UnixDatagram::unbound().ok().filter(|s| s.set_nonblocking(true).is_ok());
+        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view, wake })
     }
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
@@ -125,6 +133,9 @@ impl FleetSubmit {
             Prepared::Ask(req) => req,
             Prepared::Hetjob(req, offset) => return self.hetjob(cfg, &req, offset),
         };
+        // The submitter's name if the view's watcher has resolved it (it
+        // resolves it now otherwise: learned from any job that may leave).
+        let user_name = self.view.user_name(req.user_id);
         // Jobs that stay home are answered from the view the agent
         // publishes, parsed by the view watcher (no I/O here). Only
         // jobs that may leave (or carry --fleet options) ask the agent.
@@ -141,9 +152,18 @@ impl FleetSubmit {
                 None => (Outcome::Local, Ok(())),
             };
         }
-        if cfg.always_defer {
-            if let Some(target) = self.view.leaving_to(cfg, &req) {
-                return self.defer(cfg, job, req, target, "ForwardMode=deferred");
+        // A job with --fleet* options asks the agent in either mode: it
+        // decides them (and names the refusal) with the submitter's name.
+        if cfg.always_defer && req.fleet == Default::default() {
+            // Placement reads the submitter's name against each cluster's
+            // identities; the view's watcher resolves it (NSS, never here),
+            // so the first job of a user not known yet asks the agent,
+            // which names the user, and refuses where nobody maps them.
+            if let Some(name) = user_name {
+                req.user_name = Some(name);
+                if let Some(target) = self.view.leaving_to(cfg, &req) {
+                    return self.defer(cfg, job, req, target, "ForwardMode=deferred");
+                }
             }
         }
         let t_ask = Instant::now();
@@ -230,9 +250,15 @@ impl FleetSubmit {
                 );
             }
         }
+        let element_by_element = req.is_array;
         match deferred_plan(cfg, *req, &target, why) {
             Ok(plan) => {
                 rewrite(job, &plan);
+                // The agent forwards it while it is pending (an array:
+                // element by element as Slurm starts them).
+                if !element_by_element {
+                    wake_agent(self.wake.as_ref(), &cfg.pickup_socket);
+                }
                 log::verbose(&format!("job_submit/fleet: job deferred for {target} as {} ({why})", plan.fleet_job_id));
                 (stats::Outcome::Deferred, Ok(()))
             }
@@ -241,6 +267,18 @@ impl FleetSubmit {
                 (stats::Outcome::FailOpen, Ok(()))
             }
         }
+    }
+}
+
+/// Tell the agent that a deferred stand-in is about to exist: one
+/// datagram on its wake-up socket, sent without blocking (the socket is
+/// non-blocking: a full queue is `EAGAIN`), no reply read, every failure
+/// ignored (no agent: its periodic scan, or the stand-in's start, picks
+/// the job up). The datagram carries nothing: the agent reads stand-ins
+/// from Slurm.
+fn wake_agent(sock: Option<&std::os::unix::net::UnixDatagram>, path: &std::path::Path) {
+    if let Some(s) = sock {
+        let _ = s.send_to(b"\n", path);
     }
 }
 
@@ -532,8 +570,8 @@ mod hook_tests {
             jd.set(StrField::Script, Some("#!/bin/sh\ntrue\n"));
             jd.set(StrField::TresPerNode, Some(gres));
             jd.set(StrField::Partition, Some("gpu"));
-            jd.set_num(NumField::UserId, 1001);
-            assert_eq!(plugin.submit(&mut jd, 1001), Ok(()));
+            jd.set_num(NumField::UserId, slurm::process_uid().into());
+            assert_eq!(plugin.submit(&mut jd, slurm::process_uid()), Ok(()));
             jd.get(StrField::Partition).map(|p| p.into_owned())
         };
         free_test_descriptor(d);
@@ -568,6 +606,14 @@ mod hook_tests {
         let (line, part) = submit(&plugin, "gres:gpu:a100:1");
         assert!(line.contains(" local=1 ") && line.ends_with(" asked=0"), "{line}");
         assert_eq!(part.as_deref(), Some("gpu"));
+        // That job taught the watcher its submitter's name (resolved off
+        // the hook), which placement reads with ForwardMode=deferred.
+        let me = slurm::process_uid();
+        let t0 = std::time::Instant::now();
+        while plugin.view.user_name(me).is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "uid {me} was not resolved");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         // The agent republishes the view (as every heartbeat) for longer
         // than ViewMaxAgeMs: the plugin's watcher keeps up, so the next
         // jobs are still answered from the view, without a round trip.
@@ -578,10 +624,22 @@ mod hook_tests {
         std::thread::sleep(view::POLL * 3);
         let (line, _) = submit(&plugin, "gres:gpu:a100:1");
         assert!(line.contains(" local=2 ") && line.ends_with(" asked=0"), "{line}");
-        // A job the view sends away becomes a deferred stand-in, no round trip.
+        // A job the view sends away becomes a deferred stand-in, no round
+        // trip; the agent's wake-up socket gets one datagram (here a test
+        // socket stands in for the agent's).
+        let wake = std::os::unix::net::UnixDatagram::bind(spool.join(slurm_conf::fleet::PICKUP_SOCKET)).unwrap();
+        wake.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 16];
+        assert!(wake.recv(&mut buf).is_err(), "nothing sent for the jobs that stayed home");
         let (line, part) = submit(&plugin, "gres:gpu:h100:8");
         assert!(line.contains(" deferred=1 ") && line.ends_with(" asked=0"), "{line}");
         assert_eq!(part.as_deref(), Some("fleet"));
+        assert!(wake.recv(&mut buf).is_ok(), "the agent was woken");
+        assert!(wake.recv(&mut buf).is_err(), "once");
+        drop(wake);
+        // No agent listening: the next deferred stand-in is made all the same.
+        let (line, _) = submit(&plugin, "gres:gpu:h100:8");
+        assert!(line.contains(" deferred=2 ") && line.ends_with(" asked=0"), "{line}");
         // Without fresh views (the agent stopped publishing) a job that
         // could leave asks the agent, which is not there: it stays (fail open).
         std::thread::sleep(Duration::from_millis(1100));

@@ -40,8 +40,23 @@ struct Loaded {
     view: Arc<FleetView>,
 }
 
+/// Submitters' names, resolved by the watcher thread (NSS may block; the
+/// hook never calls it): placement reads the name against each cluster's
+/// published identities.
+#[derive(Default)]
+struct Names {
+    known: std::collections::HashMap<u32, String>,
+    /// Asked for by the hook, not resolved yet.
+    wanted: std::collections::BTreeSet<u32>,
+}
+
+/// Most names kept (then the cache starts over) and most waiting.
+const MAX_NAMES: usize = 100_000;
+const MAX_WANTED: usize = 1024;
+
 #[derive(Default)]
 struct Shared {
+    names: Mutex<Names>,
     /// The file to watch (from fleet.conf; the hook sets it when it changes).
     path: Mutex<Option<PathBuf>>,
     /// The last view parsed (`None`: no usable file).
@@ -86,6 +101,19 @@ impl ViewCache {
     /// The watcher's loop body; tests call it directly.
     pub fn poll_once(&self) {
         poll(&self.shared);
+    }
+
+    /// The name of `uid` if the watcher has resolved it; otherwise `None`,
+    /// and the watcher resolves it within a [`POLL`] (no I/O here).
+    pub fn user_name(&self, uid: u32) -> Option<String> {
+        let mut n = lock(&self.shared.names);
+        if let Some(name) = n.known.get(&uid) {
+            return Some(name.clone());
+        }
+        if n.wanted.len() < MAX_WANTED && n.wanted.insert(uid) {
+            self.shared.wake.notify_all();
+        }
+        None
     }
 
     /// True when a fresh published view places `job` at its origin.
@@ -195,6 +223,25 @@ fn watch(shared: &Shared) {
 }
 
 fn poll(shared: &Shared) {
+    resolve_names(shared);
+    poll_view(shared);
+}
+
+/// Resolve the names the hook asked for, outside its lock.
+fn resolve_names(shared: &Shared) {
+    let wanted = std::mem::take(&mut lock(&shared.names).wanted);
+    for uid in wanted {
+        if let Some(name) = slurm::user_name_of(uid) {
+            let mut n = lock(&shared.names);
+            if n.known.len() >= MAX_NAMES {
+                n.known.clear();
+            }
+            n.known.insert(uid, name);
+        }
+    }
+}
+
+fn poll_view(shared: &Shared) {
     let Some(path) = lock(&shared.path).clone() else { return };
     let meta = std::fs::metadata(&path).ok();
     let stamp = meta.as_ref().and_then(|m| Some((m.modified().ok()?, m.len())));

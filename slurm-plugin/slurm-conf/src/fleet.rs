@@ -15,6 +15,14 @@ use crate::value::{parse_bool, parse_in_range};
 /// Default path of fleet.conf.
 pub const DEFAULT_PATH: &str = "/etc/slurm/fleet.conf";
 
+/// File name of the agent's wake-up datagram socket, in `AgentSpoolDir`
+/// (beside `fleet_api::wire::DEFERRED_SOCKET`): the plugin sends one
+/// datagram (non-blocking, no reply, failure ignored) after it made a
+/// deferred stand-in, so that the agent looks for new stand-ins in Slurm
+/// now rather than at its next periodic scan. The datagram's content
+/// means nothing: what is forwarded is read from Slurm alone.
+pub const PICKUP_SOCKET: &str = "pickup.sock";
+
 /// `fleet.conf` in the directory of the given slurm.conf path (the
 /// place Fleet looks first); [`DEFAULT_PATH`] when it has no directory.
 pub fn path_beside(slurm_conf: &Path) -> PathBuf {
@@ -102,10 +110,10 @@ pub struct FleetConf {
     pub view_max_age_ms: u64,
     /// `MaxScriptBytes` (1048576; 1..=1073741824).
     pub max_script_bytes: u64,
-    /// `ForwardMode`: `sync` (default: the plugin asks the agent, and
-    /// defers only when the agent does not answer) or `deferred` (a job
-    /// the published view sends away always becomes a deferred stand-in,
-    /// without a round trip).
+    /// `ForwardMode`: `deferred` (default: a job the published view sends
+    /// away always becomes a deferred stand-in, without a round trip; the
+    /// agent picks it up while it is pending) or `sync` (the plugin asks
+    /// the agent, and defers only when the agent does not answer).
     pub forward_mode: ForwardMode,
     /// `AllowedSubmitUids` (empty = root and SlurmUser only): users or
     /// uids allowed on the agent socket besides those.
@@ -168,8 +176,8 @@ pub struct FleetConf {
 /// `ForwardMode=`: how the plugin forwards a job that must leave.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ForwardMode {
-    #[default]
     Sync,
+    #[default]
     Deferred,
 }
 
@@ -220,7 +228,7 @@ impl Default for FleetConf {
             job_lease_ms: 30_000,
             view_max_age_ms: 10_000,
             max_script_bytes: 1 << 20,
-            forward_mode: ForwardMode::Sync,
+            forward_mode: ForwardMode::Deferred,
             allowed_submit_uids: Vec::new(),
             run_as_user: None,
             job_user_map: None,
@@ -608,6 +616,8 @@ mod tests {
                 ],
             )),
         );
+        assert_eq!(site("a").forward_mode, ForwardMode::Deferred, "the default");
+        check("SiteName=a\nForwardMode=Sync", Ok((FleetConf { forward_mode: ForwardMode::Sync, ..site("a") }, &[])));
         check(
             "SiteName=a\nForwardMode=Deferred",
             Ok((FleetConf { forward_mode: ForwardMode::Deferred, ..site("a") }, &[])),

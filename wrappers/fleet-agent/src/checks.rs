@@ -97,6 +97,7 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out.push(sudo_rule(cfg, run_as.as_ref()).await);
     out.extend(token_file(conf, run_as.as_ref()));
     out.push(proxy_partition(cfg));
+    out.push(proxy_nodes(cfg));
     out.push(private_data(cfg, me).await);
     out.push(libslurm(cfg));
     out.push(spool(cfg, me, run_as.as_ref()));
@@ -262,6 +263,27 @@ fn proxy_partition(cfg: &AgentConfig) -> Check {
                 )
             }
         }
+    }
+}
+
+/// Deferred stand-ins' proxies ask the agent on a local socket: the proxy
+/// partition's nodes must be this host (a warning: with `ForwardMode=sync`
+/// and the agent up, only forwarded arrays need it).
+fn proxy_nodes(cfg: &AgentConfig) -> Check {
+    const NAME: &str = "proxy nodes";
+    let (Ok(sc), Some(host)) = (slurm_conf::slurm::SlurmConf::load(&cfg.slurm_conf), fleet_agent::config::this_host())
+    else {
+        return warn(NAME, "cannot read slurm.conf or this host's name", "");
+    };
+    let elsewhere = fleet_agent::config::proxy_nodes_elsewhere(&sc.conf, &cfg.proxy_partition, &host);
+    if elsewhere.is_empty() {
+        pass(NAME, format!("partition {}'s nodes are this host ({host})", cfg.proxy_partition))
+    } else {
+        warn(
+            NAME,
+            elsewhere.join("; "),
+            format!("PartitionName={} Nodes=<a node whose NodeHostname is {host}> (its own node: see the proxy partition check)", cfg.proxy_partition),
+        )
     }
 }
 

@@ -129,6 +129,40 @@ pub fn proxy_partition_problems(sc: &slurm_conf::slurm::SlurmConf, name: &str) -
     out
 }
 
+/// This host's name (`/proc/sys/kernel/hostname`), for
+/// [`proxy_nodes_elsewhere`].
+pub fn this_host() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()).filter(|h| !h.is_empty())
+}
+
+/// The nodes of `ProxyPartition` that are not this host (`host`), as
+/// slurm.conf names them (`NodeHostname`, by default the node's name):
+/// a deferred stand-in's proxy runs there, as the job's user, and asks
+/// the agent on its local socket in `AgentSpoolDir`, so from another host
+/// it can never reach it (the job waits until cancelled). Deferred
+/// stand-ins are the default (`ForwardMode=deferred`) and every forwarded
+/// GPU array. `localhost`, loopback addresses, the host's name and its
+/// first label count as this host.
+pub fn proxy_nodes_elsewhere(sc: &slurm_conf::slurm::SlurmConf, name: &str, host: &str) -> Vec<String> {
+    let Some(p) = sc.partition(name) else { return Vec::new() };
+    let short = |h: &str| h.split('.').next().unwrap_or(h).to_ascii_lowercase();
+    let here =
+        |h: &str| h.eq_ignore_ascii_case("localhost") || h.starts_with("127.") || h == "::1" || short(h) == short(host);
+    p.nodes
+        .iter()
+        .filter_map(|n| {
+            let hostname = sc.nodes.iter().find(|d| d.name == *n).and_then(|d| d.hostname.clone());
+            let h = hostname.as_deref().unwrap_or(n);
+            (!here(h)).then(|| {
+                format!(
+                    "partition {name}'s node {n} (host {h}) is not this host ({host}): deferred stand-ins there \
+                     cannot reach the agent's socket and wait until cancelled; run the proxy partition on the agent's host"
+                )
+            })
+        })
+        .collect()
+}
+
 impl AgentConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let loaded = FleetConf::load(path).with_context(|| format!("reading {}", path.display()))?;
@@ -166,6 +200,11 @@ impl AgentConfig {
                 }
                 for w in proxy_partition_problems(&sc.conf, &c.proxy_partition) {
                     eprintln!("fleet-agent: warning: {}: {w}", slurm_conf.display());
+                }
+                if let Some(host) = this_host() {
+                    for w in proxy_nodes_elsewhere(&sc.conf, &c.proxy_partition, &host) {
+                        eprintln!("fleet-agent: warning: {}: {w}", slurm_conf.display());
+                    }
                 }
             }
             Err(_) if kube.is_some() => {}
@@ -378,5 +417,22 @@ mod tests {
         assert!(p[1].contains("DefaultTime=30"));
         assert!(p[2].contains("State=DOWN"));
         assert!(problems("PartitionName=gpu Nodes=b1")[0].contains("ProxyPartition=fleet is not a partition"));
+    }
+
+    #[test]
+    fn proxy_nodes_must_be_the_agents_host() {
+        let elsewhere = |conf: &str| {
+            let sc = SlurmConf::parse_str(conf, "slurm.conf").unwrap().conf;
+            super::proxy_nodes_elsewhere(&sc, "fleet", "head1.example.org")
+        };
+        assert!(
+            elsewhere("NodeName=p1 NodeHostname=localhost NodeAddr=127.0.0.1\nPartitionName=fleet Nodes=p1").is_empty()
+        );
+        assert!(elsewhere("NodeName=head1 CPUs=4\nPartitionName=fleet Nodes=head1").is_empty());
+        assert!(elsewhere("NodeName=p1 NodeHostname=HEAD1.example.org\nPartitionName=fleet Nodes=p1").is_empty());
+        let w = elsewhere("NodeName=login[1-2] CPUs=4\nPartitionName=fleet Nodes=login[1-2]");
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("node login1 (host login1) is not this host (head1.example.org)"), "{w:?}");
+        assert!(elsewhere("NodeName=p1\nPartitionName=gpu Nodes=p1").is_empty(), "no proxy partition: reported apart");
     }
 }

@@ -14,16 +14,30 @@
 //! Idempotent: a repeated request (a lost reply, a requeued stand-in)
 //! gets the same fleet job and token; another stand-in claiming that
 //! fleet job is refused.
+//!
+//! Early pickup ([`pickup`]): the agent does not wait for the stand-in's
+//! start. It looks in Slurm for deferred stand-ins still PENDING (woken by
+//! the plugin's datagram on `AgentSpoolDir/pickup.sock`, whose content is
+//! ignored, and at least every [`PICKUP_EVERY`]), reads each one's request
+//! from its stored batch script exactly as for a proxy's request (the
+//! proxy partition, Fleet's tag, `deferred` as the plugin wrote it in
+//! `AdminComment`, owned by the uid the request names), and journals the
+//! forward with the stand-in's Slurm id, marked for early start: the job
+//! may be placed and submitted at its target while the stand-in waits,
+//! but its script starts only once Slurm starts the stand-in
+//! (docs/failover.md, early placement). When the stand-in starts, its
+//! proxy's request finds that journaled forward and gets the same job.
 
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use fleet_api::deferred::{self, ARRAY_VARS};
 use fleet_api::placement::{self, Placement};
 use fleet_api::wire::{DeferredReply, DeferredRequest, MAX_DEFERRED_REQUEST_BYTES, WIRE_VERSION};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::{UnixDatagram, UnixListener, UnixStream};
 use tokio::sync::watch;
 
 use crate::backend::{Backend, NativeJob};
@@ -151,7 +165,9 @@ pub async fn forward<B: Backend>(agent: &Agent<B>, uid: u32, req: &DeferredReque
         return refuse(format!("unknown wire version {}", req.v));
     }
     let cfg = agent.live();
-    let stand_ins = match agent.backend.stand_ins(&cfg.proxy_partition).await {
+    // One job, by id (libslurm's fast path where it is on; else the JSON
+    // dump): this is the stand-in's start path.
+    let stand_ins = match agent.backend.stand_ins_by_id(&cfg.proxy_partition, &[req.slurm_job_id]).await {
         Ok(s) => s,
         Err(e) => return DeferredReply::Retry { message: format!("reading Slurm's queue: {e:#}") },
     };
@@ -161,6 +177,16 @@ pub async fn forward<B: Backend>(agent: &Agent<B>, uid: u32, req: &DeferredReque
         Err(m) => return refuse(m),
     };
     let Some(s) = s else { return refuse(format!("job {} vanished", req.slurm_job_id)) };
+    // Already journaled for this very stand-in (picked up while pending, or
+    // asked before): the same job, without reading the script again.
+    let known = match s.array_task_id {
+        None => tag.clone(),
+        Some(task) => deferred::element_id(&tag, task),
+    };
+    if matches!(agent.journal.stand_in_of_forward(&known), Ok(Some(Some(sid))) if sid == s.native_id) {
+        let token = fleet_api::auth::job_token(&cfg.token, &known);
+        return DeferredReply::Forwarded { fleet_job_id: known, token };
+    }
     let Some(user) = crate::identity::name_of_uid(uid) else {
         return refuse(format!("uid {uid} has no name on this host"));
     };
@@ -178,13 +204,41 @@ pub async fn forward<B: Backend>(agent: &Agent<B>, uid: u32, req: &DeferredReque
         Err(m) => return refuse(m),
     };
     let token = fleet_api::auth::job_token(&cfg.token, &id);
-    match agent.journal.stand_in_of_forward(&id) {
-        Ok(Some(Some(sid))) if sid == s.native_id => return DeferredReply::Forwarded { fleet_job_id: id, token },
-        Ok(Some(_)) => return refuse(format!("fleet job {id} belongs to another stand-in")),
-        Ok(None) => {}
-        Err(e) => return DeferredReply::Retry { message: format!("journal: {e:#}") },
-    }
     job.user_name = Some(user);
+    match journal_forward(agent, &cfg, &id, job, target_hint, s.native_id, false) {
+        Ok(()) => DeferredReply::Forwarded { fleet_job_id: id, token },
+        Err(Journaled::Elsewhere) => refuse(format!("fleet job {id} belongs to another stand-in")),
+        Err(Journaled::Failed(e)) => DeferredReply::Retry { message: format!("journal: {e:#}") },
+    }
+}
+
+enum Journaled {
+    /// The fleet job is journaled with another stand-in.
+    Elsewhere,
+    Failed(anyhow::Error),
+}
+
+/// Journal fleet job `id` as the forward of stand-in `sid` (once: a job
+/// already journaled with this stand-in is done, with another refused).
+/// `pending`: picked up before Slurm started the stand-in.
+fn journal_forward<B: Backend>(
+    agent: &Agent<B>,
+    cfg: &crate::config::AgentConfig,
+    id: &str,
+    job: fleet_api::JobRequest,
+    target_hint: String,
+    sid: u64,
+    pending: bool,
+) -> Result<(), Journaled> {
+    let journaled = |agent: &Agent<B>| match agent.journal.stand_in_of_forward(id) {
+        Ok(Some(Some(s))) if s == sid => Ok(true),
+        Ok(Some(_)) => Err(Journaled::Elsewhere),
+        Ok(None) => Ok(false),
+        Err(e) => Err(Journaled::Failed(e)),
+    };
+    if journaled(agent)? {
+        return Ok(());
+    }
     // The cluster the fleet view picks now (the meta-scheduler has the
     // last word); the plugin's pick without a fresh view.
     let target = {
@@ -195,12 +249,168 @@ pub async fn forward<B: Backend>(agent: &Agent<B>, uid: u32, req: &DeferredReque
             _ => target_hint,
         }
     };
-    if let Err(e) = agent.journal.add_forward_of_stand_in(&id, &job, &target, s.native_id) {
-        return DeferredReply::Retry { message: format!("journal: {e:#}") };
+    if let Err(e) = agent.journal.add_forward_of_stand_in(id, &job, &target, sid, pending) {
+        // The pickup and the proxy's request at once: the first one won.
+        return if journaled(agent)? { Ok(()) } else { Err(Journaled::Failed(e)) };
     }
     agent.forwards_pending.notify_one();
-    tracing::info!(%id, %target, stand_in = s.native_id, "forwarding a deferred job");
-    DeferredReply::Forwarded { fleet_job_id: id, token }
+    if pending {
+        tracing::info!(%id, %target, stand_in = sid, "forwarding a deferred job while its stand-in is pending");
+    } else {
+        tracing::info!(%id, %target, stand_in = sid, "forwarding a deferred job");
+    }
+    Ok(())
+}
+
+/// The periodic scan for pending deferred stand-ins when nothing woke
+/// the agent (a datagram lost, the agent down at submission).
+pub const PICKUP_EVERY: Duration = Duration::from_secs(5);
+/// The least time between two scans (each is one `squeue --json`), however
+/// many datagrams arrive: a burst of submissions costs a scan per interval.
+pub const PICKUP_MIN_GAP: Duration = Duration::from_millis(250);
+/// The scan after one a datagram started.
+pub const PICKUP_AGAIN: Duration = Duration::from_secs(1);
+/// At most this many stand-ins read (one `scontrol write batch_script`
+/// each) per scan; the rest wait for the next one.
+pub const PICKUP_MAX_PER_SCAN: usize = 64;
+
+/// The fleet tag of a deferred stand-in that Slurm still holds pending,
+/// in the proxy partition, not an array (an array's elements are
+/// forwarded as each starts), with the plugin's `deferred` note after
+/// the tag in `AdminComment` (which users cannot set); `None` for any
+/// other job.
+pub fn pending_deferred<'a>(s: &'a NativeJob, partition: &str) -> Option<&'a str> {
+    if s.partition != partition || s.raw_state != "PENDING" || s.array_task_id.is_some() || s.array_job_id.is_some() {
+        return None;
+    }
+    let tag = fleet_api::wire::parse_admin_tag(&s.admin_comment)?;
+    (s.admin_comment.split_whitespace().nth(1) == Some("deferred")).then_some(tag)
+}
+
+/// Bind the wake-up socket: anyone may send (slurmctld runs as
+/// SlurmUser); a datagram only brings the next scan forward, within
+/// [`PICKUP_MIN_GAP`], and its content is never read.
+pub fn bind_pickup(path: &std::path::Path) -> Result<UnixDatagram> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let s = UnixDatagram::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .with_context(|| format!("chmod 0666 {}", path.display()))?;
+    Ok(s)
+}
+
+/// Scan for pending deferred stand-ins when woken (a datagram) or every
+/// [`PICKUP_EVERY`], never twice within [`PICKUP_MIN_GAP`]. A scan a
+/// datagram started is followed by one more [`PICKUP_AGAIN`] later: the
+/// plugin sends it from inside `job_submit`, before slurmctld has the
+/// job's record.
+pub async fn pickup_loop<B: Backend>(agent: Arc<Agent<B>>, wake: UnixDatagram, mut stop: watch::Receiver<bool>) {
+    let mut tried = Tried::default();
+    let mut buf = [0u8; 64];
+    let mut warned = false;
+    let mut next = PICKUP_EVERY;
+    loop {
+        let t0 = Instant::now();
+        match agent.backend.stand_ins(&agent.live().proxy_partition).await {
+            Ok(list) => {
+                warned = false;
+                pickup(&agent, &list, &mut tried).await;
+            }
+            Err(e) if !warned => {
+                warned = true;
+                tracing::warn!("looking for pending deferred stand-ins: {e:#}")
+            }
+            Err(_) => {}
+        }
+        // Datagrams that came during the scan are answered by it.
+        while wake.try_recv(&mut buf).is_ok() {}
+        let gap = PICKUP_MIN_GAP.saturating_sub(t0.elapsed());
+        tokio::select! {
+            _ = tokio::time::sleep(gap) => {}
+            _ = stop.changed() => return,
+        }
+        next = tokio::select! {
+            _ = wake.recv(&mut buf) => PICKUP_AGAIN,
+            _ = tokio::time::sleep(next.saturating_sub(gap)) => PICKUP_EVERY,
+            _ = stop.changed() => return,
+        };
+    }
+}
+
+/// Stand-ins the pickup read and did not forward (an array, not deferred
+/// after all, a request that does not match its stand-in): not read
+/// again while Slurm still shows them pending.
+#[derive(Default)]
+pub struct Tried(HashSet<u64>);
+
+/// Journal the forward of each pending deferred stand-in in `stand_ins`
+/// (as `squeue --json` shows the proxy partition) not journaled yet;
+/// returns how many were journaled now.
+pub async fn pickup<B: Backend>(agent: &Agent<B>, stand_ins: &[NativeJob], tried: &mut Tried) -> usize {
+    let cfg = agent.live();
+    let pending: Vec<(&NativeJob, &str)> =
+        stand_ins.iter().filter_map(|s| pending_deferred(s, &cfg.proxy_partition).map(|t| (s, t))).collect();
+    tried.0.retain(|id| pending.iter().any(|(s, _)| s.native_id == *id));
+    let mut n = 0;
+    let mut read = 0;
+    for (s, tag) in pending {
+        if tried.0.contains(&s.native_id) || !matches!(agent.journal.stand_in_of_forward(tag), Ok(None)) {
+            continue;
+        }
+        if read == PICKUP_MAX_PER_SCAN {
+            break;
+        }
+        read += 1;
+        match pick_one(agent, &cfg, s, tag).await {
+            Ok(true) => n += 1,
+            // An array (its elements go as each starts): not read again.
+            Ok(false) => {
+                tried.0.insert(s.native_id);
+            }
+            Err(Pick::Refused(why)) => {
+                tried.0.insert(s.native_id);
+                tracing::warn!(stand_in = s.native_id, "pending stand-in not forwarded: {why}");
+            }
+            Err(Pick::Later(why)) => tracing::info!(stand_in = s.native_id, "pending stand-in: {why}; next scan"),
+        }
+    }
+    n
+}
+
+enum Pick {
+    /// Never: the stand-in is not one this agent forwards.
+    Refused(String),
+    /// Not now (Slurm or the journal failed).
+    Later(String),
+}
+
+/// One pending stand-in: its request read from Slurm, checked against
+/// what Slurm says of it, journaled. `Ok(false)`: an array after all.
+async fn pick_one<B: Backend>(
+    agent: &Agent<B>,
+    cfg: &crate::config::AgentConfig,
+    s: &NativeJob,
+    tag: &str,
+) -> Result<bool, Pick> {
+    let uid = s.user_id.ok_or_else(|| Pick::Refused("Slurm shows no owner".into()))?;
+    let user = {
+        let found = tokio::task::spawn_blocking(move || crate::identity::name_of_uid(uid)).await.ok().flatten();
+        found.ok_or_else(|| Pick::Refused(format!("uid {uid} has no name on this host")))?
+    };
+    let script =
+        agent.backend.batch_script(s.native_id, &user).await.map_err(|e| Pick::Later(format!("its script: {e:#}")))?;
+    let payload = deferred::parse(&script).map_err(|e| Pick::Refused(format!("not a deferred stand-in: {e}")))?;
+    if payload.request.is_array {
+        return Ok(false);
+    }
+    let target_hint = payload.target.clone();
+    let (id, mut job) = job_of(payload, tag, s, &cfg.site, &[]).map_err(Pick::Refused)?;
+    job.user_name = Some(user);
+    match journal_forward(agent, cfg, &id, job, target_hint, s.native_id, true) {
+        Ok(()) => Ok(true),
+        Err(Journaled::Elsewhere) => Err(Pick::Refused(format!("fleet job {id} belongs to another stand-in"))),
+        Err(Journaled::Failed(e)) => Err(Pick::Later(format!("journal: {e:#}"))),
+    }
 }
 
 #[cfg(test)]
@@ -215,6 +425,27 @@ mod tests {
         s.array_task_id = task;
         s.array_job_id = task.map(|_| 40);
         s
+    }
+
+    #[test]
+    fn only_pending_tagged_deferred_stand_ins_of_the_proxy_partition_are_picked_up() {
+        let ok = stand_in("PENDING", 1001, "fleet:beta-1 deferred beta -> alpha: gpu:h100:1", None);
+        assert_eq!(pending_deferred(&ok, "fleet"), Some("beta-1"));
+        assert_eq!(pending_deferred(&ok, "gpu"), None, "another partition");
+        for (state, admin, task) in [
+            ("RUNNING", "fleet:beta-1 deferred beta -> alpha", None),
+            ("PENDING", "fleet:beta-1 forwarded beta -> alpha", None),
+            ("PENDING", "fleet:beta-1", None),
+            ("PENDING", "deferred fleet:beta-1 deferred", None),
+            ("PENDING", "site note deferred", None),
+            ("PENDING", "fleet:beta-1 deferred beta -> alpha", Some(2)),
+        ] {
+            assert_eq!(
+                pending_deferred(&stand_in(state, 1001, admin, task), "fleet"),
+                None,
+                "{state} {admin} {task:?}"
+            );
+        }
     }
 
     #[test]

@@ -149,6 +149,7 @@ impl Journal {
             ("runs", "rerun_out", "INTEGER NOT NULL DEFAULT 0"),
             ("runs", "rerun_why", "TEXT"),
             ("runs", "user_signal", "TEXT"),
+            ("forwards", "early", "INTEGER NOT NULL DEFAULT 0"),
         ] {
             let has: bool = db
                 .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
@@ -271,14 +272,37 @@ impl Journal {
     }
 
     /// Forward `id` of a deferred stand-in, journaled with its stand-in's
-    /// Slurm id at once (Slurm already runs it).
-    pub fn add_forward_of_stand_in(&self, id: &str, req: &JobRequest, target: &str, slurm_id: u64) -> Result<()> {
+    /// Slurm id at once. `pending`: picked up while Slurm still holds the
+    /// stand-in pending, so its job may be placed early (start-gated, as a
+    /// job forwarded at sbatch time); otherwise Slurm already runs it.
+    pub fn add_forward_of_stand_in(
+        &self,
+        id: &str,
+        req: &JobRequest,
+        target: &str,
+        slurm_id: u64,
+        pending: bool,
+    ) -> Result<()> {
         let json = serde_json::to_string(req)?;
         self.db.lock().execute(
-            "INSERT INTO forwards(id, request, target, registered, created, standin_id) VALUES(?1, ?2, ?3, 0, ?4, ?5)",
-            params![id, json, target, crate::now(), slurm_id as i64],
+            "INSERT INTO forwards(id, request, target, registered, created, standin_id, early)
+             VALUES(?1, ?2, ?3, 0, ?4, ?5, ?6)",
+            params![id, json, target, crate::now(), slurm_id as i64, pending],
         )?;
         Ok(())
+    }
+
+    /// Whether forward `id`'s stand-in was still to be scheduled at the
+    /// origin when it was journaled (`ForwardRequest.early_start`): a
+    /// forward of the plugin's round trip (no stand-in id yet) or a
+    /// deferred stand-in picked up while pending.
+    pub fn early_start(&self, id: &str) -> Result<bool> {
+        let v: Option<bool> = self
+            .db
+            .lock()
+            .query_row("SELECT standin_id IS NULL OR early != 0 FROM forwards WHERE id = ?1", params![id], |r| r.get(0))
+            .optional()?;
+        Ok(v.unwrap_or(false))
     }
 
     /// `None`: no forward `id`; `Some(stand-in id)` otherwise.
@@ -504,9 +528,16 @@ mod tests {
         assert_eq!(j.stand_in_of("beta-2").unwrap(), None);
         assert_eq!(j.stand_in_of_forward("beta-1").unwrap(), Some(Some(77)));
         assert_eq!(j.stand_in_of_forward("beta-9").unwrap(), None);
-        j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 91).unwrap();
+        j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 91, false).unwrap();
         assert_eq!(j.stand_in_of("beta-3_2").unwrap(), Some(91));
-        assert!(j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 92).is_err(), "once");
+        assert!(j.add_forward_of_stand_in("beta-3_2", &JobRequest::default(), "alpha", 92, true).is_err(), "once");
+        // Early start: the plugin's forwards and stand-ins picked up pending.
+        j.add_forward_of_stand_in("beta-4", &JobRequest::default(), "alpha", 93, true).unwrap();
+        assert!(j.early_start("beta-2").unwrap(), "no stand-in yet");
+        assert!(!j.early_start("beta-1").unwrap(), "confirmed running");
+        assert!(!j.early_start("beta-3_2").unwrap(), "asked by its running stand-in");
+        assert!(j.early_start("beta-4").unwrap(), "picked up pending");
+        assert!(!j.early_start("beta-9").unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

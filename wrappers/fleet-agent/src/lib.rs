@@ -225,12 +225,15 @@ pub async fn run_with<B: Backend>(
     }
     // Deferred stand-ins ask here, as their job's user (fleet_api::deferred).
     let deferred_listener = deferred::bind(&agent.cfg.spool.join(fleet_api::wire::DEFERRED_SOCKET))?;
+    // The plugin wakes the pickup of pending deferred stand-ins here.
+    let pickup_socket = deferred::bind_pickup(&agent.cfg.spool.join(slurm_conf::fleet::PICKUP_SOCKET))?;
     tracing::info!(site = %agent.cfg.site, socket = %agent.cfg.socket.display(), url = %agent.cfg.metasched_url, "fleet-agent started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let tasks = vec![
         serve_plugin_apart(agent.clone(), listener, stop_rx.clone())?,
         tokio::spawn(deferred::serve(agent.clone(), deferred_listener, stop_rx.clone())),
+        tokio::spawn(deferred::pickup_loop(agent.clone(), pickup_socket, stop_rx.clone())),
         tokio::spawn(heartbeat_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(delivery_loop(agent.clone(), stop_rx.clone())),
         tokio::spawn(work_loop(agent.clone(), stop_rx.clone())),
@@ -246,6 +249,7 @@ pub async fn run_with<B: Backend>(
     }
     let _ = std::fs::remove_file(&agent.cfg.socket);
     let _ = std::fs::remove_file(agent.cfg.spool.join(fleet_api::wire::DEFERRED_SOCKET));
+    let _ = std::fs::remove_file(agent.cfg.spool.join(slurm_conf::fleet::PICKUP_SOCKET));
     Ok(())
 }
 
@@ -683,9 +687,10 @@ async fn delivery_loop<B: Backend>(agent: Arc<Agent<B>>, mut stop: watch::Receiv
             Ok(list) => {
                 for f in list {
                     // A stand-in not journaled with its Slurm id came through
-                    // the plugin at sbatch time: it is still to be scheduled
-                    // at the origin (deferred stand-ins already run).
-                    let early_start = matches!(agent.journal.stand_in_of(&f.id), Ok(None));
+                    // the plugin at sbatch time, and a deferred one picked up
+                    // while pending: it is still to be scheduled at the
+                    // origin (a deferred stand-in that asked already runs).
+                    let early_start = agent.journal.early_start(&f.id).unwrap_or(false);
                     let req = ForwardRequest {
                         fleet_job_id: f.id.clone(),
                         request: f.request,
