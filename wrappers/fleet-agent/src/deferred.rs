@@ -265,9 +265,16 @@ fn journal_forward<B: Backend>(
 /// The periodic scan for pending deferred stand-ins when nothing woke
 /// the agent (a datagram lost, the agent down at submission).
 pub const PICKUP_EVERY: Duration = Duration::from_secs(5);
-/// The least time between two scans (each is one `squeue --json`), however
-/// many datagrams arrive: a burst of submissions costs a scan per interval.
-pub const PICKUP_MIN_GAP: Duration = Duration::from_millis(250);
+/// The least time between two scans (each is one `squeue --json`, which
+/// slurmctld answers under its job read lock), however many datagrams
+/// arrive: a flood of them (anyone may send) costs a scan per second.
+pub const PICKUP_MIN_GAP: Duration = Duration::from_secs(1);
+/// A datagram's scan waits until none has come for this long, so that a
+/// burst of submissions is picked up by one scan after it, not a scan per
+/// interval while slurmctld is busiest...
+pub const PICKUP_QUIET: Duration = Duration::from_millis(300);
+/// ...but not longer than this after the first datagram.
+pub const PICKUP_MAX_DELAY: Duration = Duration::from_secs(2);
 /// The scan after one a datagram started.
 pub const PICKUP_AGAIN: Duration = Duration::from_secs(1);
 /// At most this many stand-ins read (one `scontrol write batch_script`
@@ -289,7 +296,8 @@ pub fn pending_deferred<'a>(s: &'a NativeJob, partition: &str) -> Option<&'a str
 
 /// Bind the wake-up socket: anyone may send (slurmctld runs as
 /// SlurmUser); a datagram only brings the next scan forward, within
-/// [`PICKUP_MIN_GAP`], and its content is never read.
+/// [`PICKUP_QUIET`] (never within [`PICKUP_MIN_GAP`] of the last scan),
+/// and its content is never read.
 pub fn bind_pickup(path: &std::path::Path) -> Result<UnixDatagram> {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
@@ -299,7 +307,8 @@ pub fn bind_pickup(path: &std::path::Path) -> Result<UnixDatagram> {
     Ok(s)
 }
 
-/// Scan for pending deferred stand-ins when woken (a datagram) or every
+/// Scan for pending deferred stand-ins when woken (datagrams, then
+/// [`PICKUP_QUIET`] without one, at most [`PICKUP_MAX_DELAY`]) or every
 /// [`PICKUP_EVERY`], never twice within [`PICKUP_MIN_GAP`]. A scan a
 /// datagram started is followed by one more [`PICKUP_AGAIN`] later: the
 /// plugin sends it from inside `job_submit`, before slurmctld has the
@@ -334,6 +343,21 @@ pub async fn pickup_loop<B: Backend>(agent: Arc<Agent<B>>, wake: UnixDatagram, m
             _ = tokio::time::sleep(next.saturating_sub(gap)) => PICKUP_EVERY,
             _ = stop.changed() => return,
         };
+        if next == PICKUP_AGAIN {
+            // Woken: let the burst end first (bounded).
+            let first = Instant::now();
+            loop {
+                let left = PICKUP_MAX_DELAY.saturating_sub(first.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::select! {
+                    _ = wake.recv(&mut buf) => {}
+                    _ = tokio::time::sleep(left.min(PICKUP_QUIET)) => break,
+                    _ = stop.changed() => return,
+                }
+            }
+        }
     }
 }
 
