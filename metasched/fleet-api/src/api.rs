@@ -756,6 +756,25 @@ pub struct RunEndClaim {
     /// The signal that ended it, when one did.
     #[serde(default)]
     pub signal: Option<i32>,
+    /// Whose end it was, as `lease-exec` knows it: `script` (the script
+    /// exited, or a signal it did not get from the run's lease watchdog
+    /// ended it) or `lease` (the watchdog stopped the run). Absent (a
+    /// client before this field): unknown, and an end claimed from a
+    /// second before the run's lease ran out is then not taken as the
+    /// script's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<EndCause>,
+}
+
+/// Who ended a run, in its end claim ([`RunEndClaim::cause`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndCause {
+    /// The script's own end: its exit, or a signal not sent by the run's
+    /// lease watchdog (a user's, Slurm's).
+    Script,
+    /// The run's lease watchdog stopped it (stale, or its lease ran out).
+    Lease,
 }
 
 /// The answer: `recorded` when the claim was taken for the job's current
@@ -902,5 +921,21 @@ mod tests {
         assert!(w.signal.is_empty() && w.is_empty());
         let w = AgentWork { signal: vec![o], ..Default::default() };
         assert!(!w.is_empty());
+    }
+
+    #[test]
+    fn an_end_claim_says_whose_end_it_was_and_older_ones_do_not() {
+        // An older lease-exec's claim has no `cause`: unknown.
+        let c: RunEndClaim = serde_json::from_str(r#"{"epoch": 2, "exit_code": 0}"#).unwrap();
+        assert_eq!(c, RunEndClaim { epoch: 2, exit_code: Some(0), signal: None, cause: None });
+        // Unknown is sent as an older client sent it: without the field.
+        assert_eq!(serde_json::to_value(&c).unwrap(), serde_json::json!({"epoch": 2, "exit_code": 0, "signal": null}));
+        for (cause, text) in [(EndCause::Script, "script"), (EndCause::Lease, "lease")] {
+            let c = RunEndClaim { epoch: 1, signal: Some(15), cause: Some(cause), ..Default::default() };
+            let v = serde_json::to_value(&c).unwrap();
+            assert_eq!(v["cause"], text);
+            assert_eq!(serde_json::from_value::<RunEndClaim>(v).unwrap(), c);
+        }
+        assert!(serde_json::from_str::<RunEndClaim>(r#"{"epoch": 1, "cause": "user"}"#).is_err());
     }
 }

@@ -2687,5 +2687,28 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     let (s, v) = end("edge", at_c, serde_json::json!({"epoch": 1, "exit_code": 0})).await;
     assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
     assert!(v["reason"].as_str().unwrap().contains("or was about to"), "{v}");
+    // A claim that says whose end it was: the watchdog's is no end of its
+    // own (refused as before); the script's own (lease-exec decided it
+    // before its watchdog decided to stop the run) is taken in the lease's
+    // last second too.
+    let (s, v) = end("edge", at_c, serde_json::json!({"epoch": 1, "signal": 15, "cause": "lease"})).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("its lease watchdog stopped it"), "{v}");
+    let (s, v) = end("edge", at_c, serde_json::json!({"epoch": 1, "exit_code": 0, "cause": "script"})).await;
+    assert_eq!((s, v["recorded"].as_bool(), v["reason"].as_str()), (StatusCode::OK, Some(true), Some("")), "{v}");
+    // One that says the lease stopped it, while a grant still covers it,
+    // is refused too (no end of its own: the watchdog's word).
+    forward_restartable(&d, "held").await;
+    let at_c = d.start_job("held", "beta").await.target.unwrap();
+    let at_c: &'static str = if at_c == "gamma" { "gamma" } else { "beta" };
+    assert_eq!(d.status("held", at_c, at(JobState::Running, 1)).await.0, StatusCode::OK);
+    let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of(at_c), "held"));
+    let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+    let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/held/lease", &auth, Some(body)).await;
+    assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{v}");
+    let (s, v) = end("held", at_c, serde_json::json!({"epoch": 1, "exit_code": 1, "cause": "lease"})).await;
+    assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
+    let (s, v) = end("held", at_c, serde_json::json!({"epoch": 1, "cause": "someone"})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     d.stop().await;
 }

@@ -7,6 +7,12 @@
 //! said it ended is never moved off a silent cluster (it would run its
 //! work again); the target agent's report stays the authority.
 //!
+//! The claim says whose end it was ([`EndCause`]): `lease-exec` and the
+//! run's watchdog decide that once, through [`END_DECIDED`], so that an
+//! end claimed as the script's own never followed a signal of the
+//! watchdog's, even when the watchdog decided to stop the run just as the
+//! script exited.
+//!
 //! `lease-exec` then exits as the script did (the same code, or the same
 //! signal raised on itself), so Slurm records the job's own end.
 //!
@@ -19,9 +25,10 @@
 //! drained, not passed on); one not pending there within [`SENTINEL_WAIT`]
 //! was sent to `lease-exec` alone.
 
+use std::path::Path;
 use std::time::Duration;
 
-use fleet_api::api::{RunEndClaim, RunEndReply};
+use fleet_api::api::{EndCause, RunEndClaim, RunEndReply};
 
 use crate::lease::LeaseEnv;
 
@@ -67,12 +74,66 @@ impl ScriptEnd {
         }
     }
 
-    /// The claim sent for run `epoch`.
-    pub fn claim(self, epoch: u64) -> RunEndClaim {
+    /// The claim sent for run `epoch`, whose end was `cause`'s (`None`:
+    /// unknown, [`Whose::Unknown`]).
+    pub fn claim(self, epoch: u64, cause: Option<EndCause>) -> RunEndClaim {
         match self {
-            ScriptEnd::Exited(c) => RunEndClaim { epoch, exit_code: Some(c), signal: None },
-            ScriptEnd::Signalled(s) => RunEndClaim { epoch, exit_code: None, signal: Some(s) },
+            ScriptEnd::Exited(c) => RunEndClaim { epoch, exit_code: Some(c), signal: None, cause },
+            ScriptEnd::Signalled(s) => RunEndClaim { epoch, exit_code: None, signal: Some(s), cause },
         }
+    }
+}
+
+/// The file in the run's writable directory (`lease::run_dir`) that says
+/// whose end a leased run's was: whoever creates it first decides.
+/// `lease-exec` creates it (`script`) once it has reaped the script, the
+/// watchdog (`lease ...`) once it decided to stop the run and before it
+/// sends any signal. So an end `lease-exec` decided was the script's own
+/// came before any signal of the watchdog's, even when the watchdog
+/// decided a moment later; and a watchdog that finds the end decided
+/// leaves `lease-exec` (the batch process, still reporting that end)
+/// alone and writes no `.fleet-lease-stopped` note. `lease-exec` removes a
+/// former run's before it starts the watchdog.
+pub const END_DECIDED: &str = ".fleet-run-end-cause";
+
+/// The outcome of trying to decide a run's end ([`decide`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decided {
+    /// This caller decided it.
+    Won,
+    /// Someone decided it first (or the job put something there: a job
+    /// may write its directory, and then it only loses its own claim).
+    Lost,
+    /// The file could not be made (no writable directory).
+    Unavailable,
+}
+
+/// Tries to decide the end of the run whose directory is `dir`, as `who`:
+/// creates [`END_DECIDED`] if nothing is there (never through a link).
+pub fn decide(dir: &Path, who: &str) -> Decided {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_CREAT|O_EXCL: atomic, and it fails on any existing name, a link included.
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(dir.join(END_DECIDED)) {
+        Ok(mut f) => {
+            let _ = writeln!(f, "{who}");
+            Decided::Won
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Decided::Lost,
+        Err(_) => Decided::Unavailable,
+    }
+}
+
+/// Whose end it was, for `lease-exec`'s claim, from its try to decide it
+/// once the script was reaped and, when that could not be tried, whether
+/// the watchdog's note (`.fleet-lease-stopped`) is there: `None` when it
+/// cannot tell (the meta-scheduler then treats the claim as an older
+/// client's).
+pub fn whose(decided: Decided, lease_stopped_note: bool) -> Option<EndCause> {
+    match (decided, lease_stopped_note) {
+        (Decided::Won, _) => Some(EndCause::Script),
+        (Decided::Lost, _) | (Decided::Unavailable, true) => Some(EndCause::Lease),
+        (Decided::Unavailable, false) => None,
     }
 }
 
@@ -175,8 +236,54 @@ mod tests {
         assert_eq!(ScriptEnd::from_wait_status(libc::SIGTERM), Some(ScriptEnd::Signalled(libc::SIGTERM)));
         // Stopped (0x7f in the low byte): not an end.
         assert_eq!(ScriptEnd::from_wait_status(0x137f), None);
-        assert_eq!(ScriptEnd::Exited(3).claim(2), RunEndClaim { epoch: 2, exit_code: Some(3), signal: None });
-        assert_eq!(ScriptEnd::Signalled(9).claim(1), RunEndClaim { epoch: 1, exit_code: None, signal: Some(9) });
+        assert_eq!(
+            ScriptEnd::Exited(3).claim(2, Some(EndCause::Script)),
+            RunEndClaim { epoch: 2, exit_code: Some(3), signal: None, cause: Some(EndCause::Script) }
+        );
+        assert_eq!(
+            ScriptEnd::Signalled(9).claim(1, None),
+            RunEndClaim { epoch: 1, exit_code: None, signal: Some(9), cause: None }
+        );
+    }
+
+    #[test]
+    fn whoever_decides_a_runs_end_first_decides_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let read = |d: &Path| std::fs::read_to_string(d.join(END_DECIDED)).unwrap();
+        // The script ended first: its own end; the watchdog, deciding to
+        // stop a moment later, finds it decided.
+        let d = tmp.path().join("script-first");
+        std::fs::create_dir(&d).unwrap();
+        assert_eq!(decide(&d, "script"), Decided::Won);
+        assert_eq!(decide(&d, "lease: its job lease ran out"), Decided::Lost);
+        assert_eq!(read(&d), "script\n");
+        // The watchdog decided first: whatever ended the script after, the
+        // claim says the lease's.
+        let d = tmp.path().join("watchdog-first");
+        std::fs::create_dir(&d).unwrap();
+        assert_eq!(decide(&d, "lease: this run is stale"), Decided::Won);
+        assert_eq!(decide(&d, "script"), Decided::Lost);
+        assert_eq!(read(&d), "lease: this run is stale\n");
+        // Something the job put there (a link included, never followed):
+        // decided, and the job loses only its own claim.
+        let d = tmp.path().join("planted");
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("elsewhere"), d.join(END_DECIDED)).unwrap();
+        assert_eq!(decide(&d, "script"), Decided::Lost);
+        assert!(!tmp.path().join("elsewhere").exists());
+        // No directory to decide in.
+        assert_eq!(decide(&tmp.path().join("missing"), "script"), Decided::Unavailable);
+        // The claim's cause from it (and from the note, when it cannot be tried).
+        for (decided, note, want) in [
+            (Decided::Won, false, Some(EndCause::Script)),
+            (Decided::Won, true, Some(EndCause::Script)),
+            (Decided::Lost, false, Some(EndCause::Lease)),
+            (Decided::Lost, true, Some(EndCause::Lease)),
+            (Decided::Unavailable, true, Some(EndCause::Lease)),
+            (Decided::Unavailable, false, None),
+        ] {
+            assert_eq!(whose(decided, note), want, "{decided:?}, note {note}");
+        }
     }
 
     #[test]

@@ -448,9 +448,18 @@ pub fn run_processes(root: i32, uid: u32) -> BTreeSet<i32> {
 }
 
 /// Stops the run: SIGTERM to every process of it (SIGCONT too, for a
-/// stopped one), then SIGKILL to whatever is left after `grace`.
-pub fn stop_run(root: i32, uid: u32, grace: Duration) {
-    let pids = run_processes(root, uid);
+/// stopped one), then SIGKILL to whatever is left after `grace`. With
+/// `spare_root`, all of it but `root` (a `lease-exec` whose script
+/// already ended on its own, still reporting that end: it exits by itself).
+pub fn stop_run(root: i32, uid: u32, grace: Duration, spare_root: bool) {
+    let procs = || {
+        let mut all = run_processes(root, uid);
+        if spare_root {
+            all.remove(&root);
+        }
+        all
+    };
+    let pids = procs();
     for &p in &pids {
         // SAFETY: kill(2) with a pid and a signal number; no memory involved.
         unsafe {
@@ -459,10 +468,10 @@ pub fn stop_run(root: i32, uid: u32, grace: Duration) {
         }
     }
     let t0 = Instant::now();
-    while t0.elapsed() < grace && !run_processes(root, uid).is_empty() {
+    while t0.elapsed() < grace && !procs().is_empty() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    for p in run_processes(root, uid).into_iter().chain(pids) {
+    for p in procs().into_iter().chain(pids) {
         // SAFETY: as above.
         unsafe {
             libc::kill(p, libc::SIGKILL);

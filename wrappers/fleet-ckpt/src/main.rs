@@ -380,6 +380,11 @@ fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
             Ok(None) => {}
             Ok(Some((sent, valid))) => {
                 let left = valid.saturating_sub(sent.elapsed());
+                // A former run's decision of whose end it was (the directory
+                // may outlive a run): this run's is yet to be made.
+                if let Some(d) = lease::run_dir(|k| std::env::var(k).ok()) {
+                    let _ = std::fs::remove_file(d.join(fleet_ckpt::end::END_DECIDED));
+                }
                 if let Err(e) = start_watchdog(left) {
                     eprintln!("fleet: this run does not start: its lease watchdog did not start: {e:#}");
                     return ExitCode::FAILURE;
@@ -436,6 +441,7 @@ fn sig_set(sigs: &[i32]) -> libc::sigset_t {
 /// the script's end to the meta-scheduler (`fleet_ckpt::end`), and exits
 /// as the script did.
 fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path::Path) -> ExitCode {
+    use fleet_api::api::EndCause;
     use fleet_ckpt::end::{self, Route, ScriptEnd};
     use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
@@ -576,6 +582,10 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
             }
         });
     };
+    // Whose end it was, decided as soon as the script is reaped: if the
+    // watchdog has not decided to stop the run yet, its signals came (if
+    // at all) after the script's own end (`end::END_DECIDED`).
+    let decided = end::decide(&run_dir, "script");
     if let Some(mut s) = sentinel.take() {
         drop(s.stdin.take());
         let _ = s.kill();
@@ -585,9 +595,13 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
         ScriptEnd::Exited(c) => format!("exit code {c}"),
         ScriptEnd::Signalled(s) => format!("signal {s}"),
     };
-    if run_dir.join(".fleet-lease-stopped").exists() {
-        log(&format!("the script ended ({how}) after its lease stopped it: no end reported"));
-    } else {
+    let cause = end::whose(decided, run_dir.join(".fleet-lease-stopped").exists());
+    let (whose, within) = match cause {
+        Some(EndCause::Lease) => ("its lease watchdog stopped it", Duration::from_secs(1)),
+        Some(EndCause::Script) => ("on its own", Duration::from_secs(10)),
+        None => ("whose end unknown: no run directory to decide in", Duration::from_secs(10)),
+    };
+    if cause != Some(EndCause::Lease) {
         if let Some(run) = &slurm_job {
             let how = match ended {
                 ScriptEnd::Exited(c) => format!("exit {c}"),
@@ -595,18 +609,21 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
             };
             note(".fleet-run-ended", format!("{how} {run}\n"));
         }
-        let sent = current_thread().and_then(|rt| {
-            let http = {
-                let _g = rt.enter();
-                lease::client(env)?
-            };
-            rt.block_on(end::report(&http, env, &ended.claim(env.epoch), Duration::from_secs(10)))
-        });
-        match sent {
-            Ok(r) if r.recorded => log(&format!("the script ended ({how}): reported")),
-            Ok(r) => log(&format!("the script ended ({how}): not recorded: {}", r.reason)),
-            Err(e) => log(&format!("the script ended ({how}): not reported: {e:#}")),
-        }
+    }
+    // The watchdog's end is claimed too (once, briefly: the meta-scheduler
+    // takes it as no end of the script's own, and the watchdog is killing
+    // what is left of the run).
+    let sent = current_thread().and_then(|rt| {
+        let http = {
+            let _g = rt.enter();
+            lease::client(env)?
+        };
+        rt.block_on(end::report(&http, env, &ended.claim(env.epoch, cause), within))
+    });
+    match sent {
+        Ok(r) if r.recorded => log(&format!("the script ended ({how}, {whose}): reported")),
+        Ok(r) => log(&format!("the script ended ({how}, {whose}): not recorded: {}", r.reason)),
+        Err(e) => log(&format!("the script ended ({how}, {whose}): not reported: {e:#}")),
     }
     match ended {
         ScriptEnd::Exited(c) => ExitCode::from(c as u8),
@@ -768,11 +785,26 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
     let mut unanswered = 0u32;
     let mut last_err = String::new();
     log(&format!("watching run {} epoch {} (pid {pid}), lease {} ms", env.job_id, env.epoch, env.lease.as_millis()));
+    let run_dir = log_path.as_ref().and_then(|p| p.parent());
     let stop = |why: &str| {
+        // Decided before any signal (`end::END_DECIDED`): if lease-exec
+        // reaped the script first, the script ended on its own, and
+        // lease-exec, reporting that end, is left to exit as it did; what
+        // else of the run is left stops all the same.
+        if run_dir
+            .is_some_and(|d| fleet_ckpt::end::decide(d, &format!("lease: {why}")) == fleet_ckpt::end::Decided::Lost)
+        {
+            log(&format!("not stopping the run ({why}): its script ended first; stopping what is left of it"));
+            lease::stop_run(pid, uid, Duration::from_secs(3), true);
+            log("stopped what was left");
+            return;
+        }
         log(&format!("stopping the run: {why}"));
         // For the agent: this run was stopped by its lease, it did not fail.
-        if let Some(d) = log_path.as_ref().and_then(|p| p.parent()) {
-            let _ = std::fs::write(d.join(".fleet-lease-stopped"), format!("{why}\n"));
+        if let Some(d) = run_dir {
+            if let Err(e) = std::fs::write(d.join(".fleet-lease-stopped"), format!("{why}\n")) {
+                log(&format!("cannot leave the note .fleet-lease-stopped: {e}"));
+            }
         }
         let line = lease::stop_line(&env.job_id, why);
         if let Some(t) = &termination {
@@ -783,7 +815,7 @@ fn lease_watch(args: &[std::ffi::OsString]) -> ExitCode {
             use std::io::Write;
             let _ = writeln!(f, "{line}");
         }
-        lease::stop_run(pid, uid, Duration::from_secs(3));
+        lease::stop_run(pid, uid, Duration::from_secs(3), false);
         log("stopped");
     };
     loop {

@@ -267,9 +267,11 @@ async fn a_run_stops_itself_when_stale_or_cut_off_and_otherwise_is_its_own_scrip
     // The note the agent reads to report the run as died, not failed.
     let note = std::fs::read_to_string(dir.join(".fleet-lease-stopped")).unwrap();
     assert!(note.starts_with("this run is stale: this run is epoch 1; the job is now epoch 2"), "{note}");
-    // Started, and no end of its own: the lease stopped it.
+    // Started, and no end of its own: the lease stopped it, and its
+    // lease-exec's claim says so.
     assert!(dir.join(".fleet-run-started").is_file());
     assert!(!dir.join(".fleet-run-ended").exists());
+    assert!(log.contains("its lease watchdog stopped it): not recorded"), "{log}");
     eprintln!("LEASE stale run stopped {took:?} after its epoch went stale (lease {LEASE_MS} ms)");
 
     // 4. Cut off from the meta-scheduler: the run stops once its lease ran out.
@@ -319,7 +321,7 @@ async fn a_leased_run_reports_its_end_and_its_signals_arrive_once() {
     let dir = run_dir(tmp.path(), "end-1", "#!/bin/sh\necho out\nexit 7\n");
     let out = lease_exec(&url, "end-1", &dir, 1, &[]).output().await.unwrap();
     assert_eq!((out.status.code(), out.stdout.as_slice()), (Some(7), &b"out\n"[..]));
-    assert!(log_of(&dir).contains("the script ended (exit code 7): reported"), "{}", log_of(&dir));
+    assert!(log_of(&dir).contains("the script ended (exit code 7, on its own): reported"), "{}", log_of(&dir));
     // The same run's claim again is still its current epoch's; another epoch's is not recorded.
     let tok = format!("FleetCkpt {}", auth::ckpt_token("secret-alpha", "end-1"));
     let v = call(
@@ -370,10 +372,35 @@ async fn a_leased_run_reports_its_end_and_its_signals_arrive_once() {
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     let log = log_of(&dir);
-    assert!(log.contains("the script ended (signal 15): reported"), "{log}");
+    // A signal not sent by its watchdog: the script's own end.
+    assert!(log.contains("the script ended (signal 15, on its own): reported"), "{log}");
 
+    // 3. The script ends by itself, then its lease runs out while
+    //    lease-exec still tries to report that end (the meta-scheduler is
+    //    gone): the end was the script's own (decided before the watchdog
+    //    decided to stop the run), so the watchdog leaves lease-exec alone
+    //    and writes no lease-stopped note, and lease-exec exits as the
+    //    script did, not killed by the watchdog.
+    running_at_alpha(&http, &url, "end-3").await;
+    let script = "#!/bin/sh\necho ready > ready\nwhile [ ! -e go ]; do sleep 0.05; done\nexit 0\n";
+    let dir = run_dir(tmp.path(), "end-3", script);
+    let mut child = lease_exec(&url, "end-3", &dir, 1, &[]).env("SLURM_JOB_ID", "4244").spawn().unwrap();
+    let t0 = Instant::now();
+    while !dir.join("ready").exists() || !log_of(&dir).contains("watching") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the script did not start: {}", log_of(&dir));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _ = tx.send(());
     daemon.await.unwrap().unwrap();
+    std::fs::write(dir.join("go"), "").unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
+    let log = log_of(&dir);
+    assert_eq!(status.code(), Some(0), "{status:?}: {log}");
+    assert!(log.contains("its script ended first; stopping what is left of it"), "the lease ran out meanwhile: {log}");
+    assert!(log.contains("the script ended (exit code 0, on its own): not reported"), "{log}");
+    assert_eq!(std::fs::read_to_string(dir.join(".fleet-run-end-cause")).unwrap(), "script\n");
+    assert!(!dir.join(".fleet-lease-stopped").exists(), "{log}");
+    assert!(std::fs::read_to_string(dir.join(".fleet-run-ended")).unwrap().starts_with("exit 0 job 4244 "));
 }
 
 /// A run in a PID namespace of its own, as a pod's container with
@@ -470,7 +497,9 @@ async fn in_a_pod_a_stale_run_stops_what_it_daemonized_too() {
         assert!(log.contains("stopping the run: this run is stale"), "{id}: {log}");
         // lease-exec found the watchdog's note where it wrote it: the run's
         // end is its lease's, not reported as the script's own.
-        assert!(log.contains("after its lease stopped it: no end reported"), "{id}: {log}");
+        assert!(log.contains("its lease watchdog stopped it): not recorded"), "{id}: {log}");
+        let decided = std::fs::read_to_string(lease_dir.join(".fleet-run-end-cause")).unwrap();
+        assert!(decided.starts_with("lease: this run is stale"), "{id}: {decided}");
         let note = std::fs::read_to_string(lease_dir.join(".fleet-lease-stopped")).unwrap();
         assert!(note.starts_with("this run is stale"), "{id}: {note}");
         if pod_scope {

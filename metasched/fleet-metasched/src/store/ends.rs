@@ -12,7 +12,7 @@
 //! with the claimed exit status and one line on its stderr saying that
 //! output after that point was not relayed.
 
-use fleet_api::api::{RunEndClaim, RunEndReply};
+use fleet_api::api::{EndCause, RunEndClaim, RunEndReply};
 use fleet_api::JobState;
 use serde::{Deserialize, Serialize};
 
@@ -123,28 +123,45 @@ impl Store {
                 reason: format!("the job has already ended ({})", job.record.state),
             });
         }
-        // A run its lease ran out on may have been stopped by its own
-        // watchdog: that end is no end of its own. The watchdog stops the
-        // run when the lease it holds ends (counted from before each
-        // renewal was sent, and the reply to the last one may have been
-        // lost: the lease held before it), and its end follows within a
-        // moment; in a pod it cannot leave the lease-stopped note where
-        // `lease-exec` looks (the script's directory is read-only there).
-        // So an end claimed from a second before that lease ran out is not
-        // taken as the script's own.
+        // Whose end it was. A run its watchdog stopped says so (`lease`):
+        // no end of its own. A run that says `script` knows it, even in the
+        // last moment of its lease: lease-exec and the watchdog decide it
+        // once, whoever first creates the run's `.fleet-run-end-cause`,
+        // lease-exec after it reaped the script and the watchdog before it
+        // sends any signal (docs/failover.md, "A run that ended"). A claim
+        // that says neither (a lease-exec before `cause`, or one without a
+        // writable run directory to decide in) may be the lease's doing
+        // when it comes from a second before the lease the run surely held
+        // ran out (the watchdog stops the run when the lease it holds ends,
+        // counted from before each renewal was sent, and the reply to its
+        // last one may have been lost: the lease held before it): not taken
+        // as the script's own.
         let held = self.lease_prev_until.get(id).or_else(|| self.lease_until.get(id)).copied();
-        if let Some((e, until)) = held {
-            if e == claim.epoch && now + super::LEASE_CLAIM_SLACK_S >= until {
-                tracing::info!(job = id, epoch = claim.epoch, at = %cluster, left_s = until - now,
-                    "its run's end claim is refused: its job lease ran out or was about to");
+        let left = held.filter(|(e, _)| *e == claim.epoch).map(|(_, until)| until - now);
+        match (claim.cause, left) {
+            (Some(EndCause::Lease), _) => {
+                tracing::info!(job = id, epoch = claim.epoch, at = %cluster, left_s = ?left,
+                    "its run says its lease watchdog stopped it: no end of its own");
+                return Ok(RunEndReply {
+                    recorded: false,
+                    reason: "its lease watchdog stopped it: no end of its own".into(),
+                });
+            }
+            (None, Some(left)) if left <= super::LEASE_CLAIM_SLACK_S => {
+                tracing::info!(job = id, epoch = claim.epoch, at = %cluster, left_s = left,
+                    "its run's end claim is refused: its job lease ran out or was about to, and the claim does not say whose end it was");
                 return Ok(RunEndReply {
                     recorded: false,
                     reason: format!(
-                        "its job lease ran out (or was about to: {:.1} s left): this end may be its lease's doing",
-                        until - now
+                        "its job lease ran out (or was about to: {left:.1} s left): this end may be its lease's doing"
                     ),
                 });
             }
+            (Some(EndCause::Script), Some(left)) if left <= super::LEASE_CLAIM_SLACK_S => {
+                tracing::info!(job = id, epoch = claim.epoch, at = %cluster, left_s = left,
+                    "its run claims its script ended on its own as its job lease ran out: taken");
+            }
+            _ => {}
         }
         let c = EndClaim { epoch: claim.epoch, exit_code: claim.exit_code, signal: claim.signal, at: now };
         tracing::info!(job = id, epoch = c.epoch, at = %cluster, end = %c.describe(), "its run claims its script ended");
