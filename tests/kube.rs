@@ -323,6 +323,99 @@ fn kubectl_as_agent(lab: &Lab, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The agent's credentials are a ServiceAccount's token (fleet/fleet-agent),
+/// its rights RBAC objects the lab created from the project's shipped
+/// manifest (conf/kubernetes/fleet-agent-rbac.yaml) plus its RoleBinding in
+/// team-vision; the API server double evaluates them as Kubernetes does.
+/// `kubectl auth can-i` (SelfSubjectAccessReview) with the agent's
+/// kubeconfig says yes to what the agent does and no to anything else, and
+/// the calls it says no to are refused (403).
+#[test]
+fn the_agents_service_account_may_do_what_the_shipped_rbac_grants_and_nothing_else() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    // The RBAC objects are Kubernetes objects, as the manifest has them.
+    let manifest = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/kubernetes/fleet-agent-rbac.yaml"),
+    )
+    .unwrap();
+    assert!(manifest.contains("kind: ClusterRole") && manifest.contains("name: fleet-agent-nodes"));
+    let (ok, role, err) = lab.kubectl(&["get", "clusterrole", "fleet-agent", "-o", "json"]);
+    assert!(ok, "{err}");
+    let role: serde_json::Value = serde_json::from_str(&role).unwrap();
+    let rules = role["rules"].as_array().unwrap();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["resources"] == serde_json::json!(["jobs"]) && r["apiGroups"] == serde_json::json!(["batch"])),
+        "{role}"
+    );
+    for ns in [KUBE_NAMESPACE, "team-vision"] {
+        let (ok, b, err) = lab.kubectl(&["get", "rolebinding", "fleet-agent", "-n", ns, "-o", "json"]);
+        assert!(ok, "{ns}: {err}");
+        let b: serde_json::Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(b["roleRef"]["name"], "fleet-agent", "{b}");
+        assert_eq!(b["subjects"][0]["name"], "fleet-agent", "{b}");
+    }
+    let can = |args: &[&str]| -> bool {
+        let mut a = vec!["auth", "can-i"];
+        a.extend_from_slice(args);
+        let (ok, out, err) = kubectl_as_agent(lab, &a);
+        let said = out.trim().to_string();
+        assert!(said == "yes" || said.starts_with("no"), "kubectl auth can-i {args:?}: {out:?} {err}");
+        assert_eq!(ok, said == "yes", "exit status agrees: {args:?}");
+        said == "yes"
+    };
+    // What the agent does.
+    for yes in [
+        &["create", "jobs.batch", "-n", "fleet"][..],
+        &["watch", "jobs.batch", "-n", "team-vision"],
+        &["patch", "jobs.batch", "-n", "fleet"],
+        &["delete", "jobs.batch", "-n", "team-vision"],
+        &["list", "pods", "-n", "fleet"],
+        &["get", "pods", "--subresource=log", "-n", "team-vision"],
+        &["create", "secrets", "-n", "fleet"],
+        &["create", "configmaps", "-n", "team-vision"],
+        &["create", "services", "-n", "fleet"],
+        &["list", "nodes"],
+        &["watch", "nodes"],
+    ] {
+        assert!(can(yes), "the agent may {yes:?}");
+    }
+    // What it must not.
+    for no in [
+        &["create", "jobs.batch", "-n", "team-other"][..],
+        &["list", "jobs.batch", "-n", "default"],
+        &["get", "secrets", "-n", "fleet"],
+        &["list", "secrets", "-n", "kube-system"],
+        &["get", "configmaps", "-n", "fleet"],
+        &["create", "pods", "-n", "fleet"],
+        &["delete", "pods", "-n", "fleet"],
+        &["list", "pods", "--all-namespaces"],
+        &["delete", "nodes"],
+        &["patch", "nodes"],
+        &["create", "clusterrolebindings"],
+        &["create", "rolebindings", "-n", "fleet"],
+        &["create", "serviceaccounts", "-n", "fleet"],
+    ] {
+        assert!(!can(no), "the agent may not {no:?}");
+    }
+    // And the calls are refused, naming the ServiceAccount.
+    let who = "User \"system:serviceaccount:fleet:fleet-agent\"";
+    for call in [
+        &["get", "secrets", "-n", "kube-system"][..],
+        &["get", "secrets", "-n", "fleet"],
+        &["get", "pods", "--all-namespaces"],
+        &["delete", "node", "gamma-a100-mig"],
+        &["get", "jobs", "-n", "team-other"],
+    ] {
+        let (ok, out, err) = kubectl_as_agent(lab, call);
+        assert!(!ok && err.contains("Forbidden") && err.contains(who), "kubectl {call:?}: {out} {err}");
+    }
+    let (ok, _, err) = lab.kubectl(&["get", "node", "gamma-a100-mig"]);
+    assert!(ok, "the node is still there: {err}");
+}
+
 #[test]
 fn pods_run_as_the_mapped_user_in_their_accounts_namespace_and_the_agent_may_use_no_other() {
     let (lab, _serial) = Lab::lock();
@@ -1240,4 +1333,236 @@ exit 5"#,
     let run2 = &all[all.rfind(&format!("run at {KUBE} ")).unwrap()..];
     assert_eq!(numbers(run2, "step"), ((at + 1)..=LAST).collect::<Vec<_>>(), "{all}");
     eprintln!("[figure] planned move alpha -> {KUBE}: price change -> resumed output in the pod after {to_output:.2?}");
+}
+
+/// Another tenant's pods in namespace `default` holding every H100 GPU of
+/// kube-gamma, one 8-GPU pod per node (the admin's, which the agent's
+/// RBAC cannot list: its capacity counts only its namespaces' pods, so the
+/// engine still sees the GPUs free, as it would on a shared cluster).
+fn hog_gpus(lab: &Lab, dir: &std::path::Path) -> Vec<String> {
+    let mut names = Vec::new();
+    for node in ["gamma-h100-1", "gamma-h100-2"] {
+        let name = format!("hog-{node}");
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": node},
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "hog", "image": "ubuntu:24.04", "command": ["sleep", "600"],
+                                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+        });
+        let f = dir.join(format!("{name}.json"));
+        std::fs::write(&f, pod.to_string()).unwrap();
+        let (ok, _, err) = lab.kubectl(&["create", "--validate=false", "-f", f.to_str().unwrap()]);
+        assert!(ok, "kubectl create {name}: {err}");
+        names.push(name);
+    }
+    for n in &names {
+        wait_until(&format!("{n} runs"), T, || {
+            lab.kubectl(&["get", "pod", n, "-n", "default", "-o", "jsonpath={.status.phase}"]).1 == "Running"
+        });
+    }
+    names
+}
+
+/// A job placed at kube-gamma whose pod cannot be scheduled (another
+/// tenant holds every H100 there, unseen by the agent): Kubernetes' scheduler
+/// leaves the pod Pending with `PodScheduled=False`, reason `Unschedulable`
+/// and its message, and that reason reaches beta (the stand-in's comment in
+/// `squeue`, the meta-scheduler's record); once the GPUs are free the pod
+/// is scheduled and the job ends at beta as it ended there.
+#[test]
+#[ignore = "fails at the comment step: the agent reports the pending run's Unschedulable reason once, and the \
+            meta-scheduler's start confirmation of a job placed early overwrites the record's reason after it \
+            (`placed early at kube-gamma; the origin confirmed stand-in ...`); nothing re-sends it"]
+fn an_unschedulable_pod_at_kube_gamma_shows_its_reason_at_beta_and_runs_once_the_gpus_free() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-unschedulable");
+    let hogs = hog_gpus(lab, &dir);
+    let free = || {
+        for h in &hogs {
+            let _ = lab.kubectl(&["delete", "pod", h, "-n", "default", "--wait=false", "--ignore-not-found"]);
+        }
+    };
+    let _free = fleet_lab::OnDrop(free);
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
+            &script("echo ran at $SLURM_CLUSTER_NAME"),
+        )
+        .expect("sbatch");
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let name = format!("fleet-{rid}");
+    // At kube-gamma: the scheduler's verdict on the pod.
+    let mut msg = String::new();
+    wait_until("the pod is Unschedulable", T, || {
+        let Some(pod) = kube_pods(lab, &name).first().cloned() else { return false };
+        let (ok, out, _) = lab.kubectl(&["get", &pod, "-n", KUBE_NAMESPACE, "-o", "json"]);
+        let Ok(p) = serde_json::from_str::<serde_json::Value>(&out) else { return false };
+        let c =
+            p["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "PodScheduled").cloned();
+        msg = c.as_ref().and_then(|c| c["message"].as_str()).unwrap_or("").to_string();
+        ok && p["status"]["phase"] == "Pending"
+            && c.is_some_and(|c| c["status"] == "False" && c["reason"] == "Unschedulable")
+    });
+    assert!(msg.starts_with("0/3 nodes are available: ") && msg.contains("2 Insufficient nvidia.com/gpu"), "{msg}");
+    // At beta: the stand-in's comment and the record carry it.
+    let want = format!("fleet: {KUBE} job {rid} pending: Unschedulable: 0/3 nodes are available: ");
+    let mut comment = String::new();
+    wait_until("the stand-in's comment at beta names the reason", T, || {
+        let out = lab.cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"]).unwrap();
+        comment = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        comment.starts_with(&want)
+    });
+    assert!(comment.contains("Insufficient nvidia.com/gpu"), "{comment}");
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!(rec["state"], "pending", "{rec}");
+    assert!(rec["reason"].as_str().unwrap_or("").starts_with("Unschedulable: 0/3 nodes are available: "), "{rec}");
+    assert_eq!(lab.job("beta", id).unwrap()["JobState"], "RUNNING", "the stand-in waits");
+
+    // The other tenant's pods end: the pod is scheduled and runs.
+    let t_free = Instant::now();
+    free();
+    let done = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out), format!("ran at {KUBE}\n"));
+    eprintln!("[figure] GPUs freed at kube-gamma -> the unschedulable job done at beta: {:.2?}", t_free.elapsed());
+}
+
+/// A job over its `--mem` at kube-gamma: the pod's memory limit is
+/// enforced as the kernel does in a container's cgroup (kube-server's OOM
+/// killer: the whole container SIGKILLed, `OOMKilled`, exit code 137), and
+/// the job ends `OUT_OF_MEMORY` at beta as a forwarded Slurm job does
+/// (the proxy fills its own cgroup, tests/control.rs), with the reason.
+/// Unlike Slurm's cgroup, which kills only the process that overran,
+/// Kubernetes kills the container: the script does not go on.
+#[test]
+fn a_pod_over_its_memory_limit_at_kube_gamma_ends_out_of_memory_at_beta() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-oom");
+    let body =
+        "echo started\npython3 -c 'import time; x = bytearray(300 << 20); time.sleep(60)'\necho survived\nexit 0";
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:1", "--mem=100M", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
+            &script(body),
+        )
+        .expect("sbatch");
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let name = format!("fleet-{rid}");
+    let job = kube_job(lab, &name).expect("the Job");
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"], "100Mi", "{job}");
+    let t0 = Instant::now();
+    let done = lab.wait_done("beta", id, T).unwrap();
+    let took = t0.elapsed();
+    // At kube-gamma: the container was OOM-killed.
+    let (ok, pod, err) = lab.kubectl(&["get", &kube_pods(lab, &name)[0], "-n", KUBE_NAMESPACE, "-o", "json"]);
+    assert!(ok, "{err}");
+    let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+    let term = &pod["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!((term["reason"].as_str(), term["exitCode"].as_i64()), (Some("OOMKilled"), Some(137)), "{pod}");
+    // At beta: OUT_OF_MEMORY, as for a Slurm target.
+    assert_eq!(done["JobState"], "OUT_OF_MEMORY", "{done:?}");
+    assert_eq!(done["Reason"], "OutOfMemory", "{done:?}");
+    let rec = fleet_record(lab, id).unwrap();
+    assert!(rec["reason"].as_str().unwrap_or("").starts_with(&format!("OUT_OF_MEMORY at {KUBE}: OOMKilled")), "{rec}");
+    let o = lab.cmd("beta", "squeue", &["-h", "-t", "all", "-o", "%T", "-j", &id.to_string()]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "OUT_OF_MEMORY");
+    let out = std::fs::read_to_string(dir.join("out.txt")).unwrap_or_default();
+    assert!(out.starts_with("started\n"), "{out:?}");
+    assert!(!out.contains("survived"), "the container was killed whole: {out:?}");
+    assert!(out.contains(&format!("OUT_OF_MEMORY at {KUBE}: OOMKilled")), "the job's stderr names it: {out:?}");
+    eprintln!(
+        "[figure] OOM at kube-gamma -> OUT_OF_MEMORY at beta {took:.2?} after placement; ExitCode {}",
+        done["ExitCode"]
+    );
+}
+
+/// `kubectl drain` of the node a job's pod runs on at kube-gamma (the
+/// Eviction API, as an admin draining a node for maintenance does): the
+/// pod gets `DisruptionTarget` (`EvictionByEvictionAPI`), is stopped and
+/// deleted, and the Job fails by its podFailurePolicy. The agent reports
+/// the run as died with its node, like `NODE_FAIL` at a Slurm target, with
+/// the condition. The job (neither checkpointed nor interruptible) fails at
+/// beta with that reason. Unlike a dead node, a drain stops the container
+/// with SIGTERM, so the pod's `lease-exec` reports the script's end by
+/// signal 15 first, and the meta-scheduler keeps the claimed end (`failed
+/// at kube-gamma (signal 15), as its script claimed; then NODE_FAIL ...`):
+/// an interruptible or checkpointed job would not move either (a known
+/// gap: the claim of an end by a signal no user sent should yield to the
+/// report that the run died, as it does for Slurm's requeue).
+#[test]
+fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-evict");
+    let out = dir.join("out.txt");
+    let id = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
+            &script("echo started\nfor i in $(seq 120); do sleep 1; done\necho end"),
+        )
+        .expect("sbatch");
+    let _cancel = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    let name = format!("fleet-{rid}");
+    wait_file(&out, T, |b| b.starts_with(b"started\n")).expect("the pod runs");
+    let pod = kube_pods(lab, &name)[0].clone();
+    let (ok, node, err) = lab.kubectl(&["get", &pod, "-n", KUBE_NAMESPACE, "-o", "jsonpath={.spec.nodeName}"]);
+    assert!(ok && node.starts_with("gamma-h100-"), "{node} {err}");
+    let node = node.trim().to_string();
+    let _uncordon = fleet_lab::OnDrop(|| {
+        let _ = lab.kubectl(&["uncordon", &node]);
+    });
+    let t0 = Instant::now();
+    let (ok, drained, err) = lab.kubectl(&[
+        "drain",
+        &node,
+        "--delete-emptydir-data",
+        "--ignore-daemonsets",
+        &format!("--pod-selector=batch.kubernetes.io/job-name={name}"),
+        "--timeout=60s",
+    ]);
+    assert!(ok, "kubectl drain: {drained} {err}");
+    assert!(drained.contains(&format!("{pod} evicted")) || err.contains(&format!("{pod} evicted")), "{drained} {err}");
+    assert!(drained.contains(&format!("node/{node} drained")), "{drained} {err}");
+    let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
+    assert_eq!(cordoned, "true");
+
+    let done = lab.wait_done("beta", id, T).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(done["JobState"], "FAILED", "{done:?}");
+    let rec = fleet_record(lab, id).unwrap();
+    let reason = rec["reason"].as_str().unwrap_or("");
+    assert_eq!(rec["state"], "failed", "{rec}");
+    assert!(reason.contains(&format!("NODE_FAIL at {KUBE}: ")), "{rec}");
+    assert!(reason.contains("EvictionByEvictionAPI") || reason.contains("has condition DisruptionTarget"), "{rec}");
+    let all = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(all.starts_with("started\n") && !all.contains("\nend\n"), "{all}");
+    assert!(all.lines().last().unwrap_or("").starts_with("fleet-proxy: "), "{all}");
+    // Kubernetes agrees: the Job failed by its policy (unless the agent,
+    // seeing the pod's condition first, deleted it), the pod is gone.
+    if let Some(job) = kube_job(lab, &name) {
+        let c = job["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Failed").cloned();
+        assert!(c.is_some_and(|c| c["reason"] == "PodFailurePolicy"), "{job}");
+    }
+    assert!(kube_pods(lab, &name).is_empty(), "the evicted pod was deleted");
+    eprintln!("[figure] kubectl drain at kube-gamma -> job failed at beta with NODE_FAIL: {took:.2?}");
 }

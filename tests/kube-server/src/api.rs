@@ -13,8 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::store::{meta_str, now_s, parse_rfc3339, rfc3339, Kind, Selector, Store, KINDS};
-use crate::{State, TokenConf};
+use crate::rbac::{self, Attrs, Subject};
+use crate::store::{meta_str, now_s, parse_rfc3339, rfc3339, Kind, Selector, Store, KINDS, RBAC_GROUP};
+use crate::State;
 
 pub fn router(state: Arc<State>) -> Router {
     Router::new().fallback(handle).with_state(state)
@@ -48,7 +49,8 @@ fn resource_list(group_version: &str, kinds: &[Kind]) -> Value {
     let mut resources = Vec::new();
     for k in kinds {
         let verbs: Vec<&str> = match k {
-            Kind::Node | Kind::Namespace | Kind::Event => vec!["get", "list", "watch"],
+            Kind::Node => vec!["get", "list", "patch", "update", "watch"],
+            Kind::Namespace | Kind::Event => vec!["get", "list", "watch"],
             _ => vec!["create", "delete", "get", "list", "patch", "update", "watch"],
         };
         resources.push(json!({"name": k.plural(), "singularName": k.singular(), "namespaced": k.namespaced(),
@@ -58,6 +60,10 @@ fn resource_list(group_version: &str, kinds: &[Kind]) -> Value {
             resources.push(
                 json!({"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod", "verbs": ["get"]}),
             );
+            // As the API server lists it: how `kubectl drain` learns that
+            // it may evict (else it deletes).
+            resources.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true, "group": "policy",
+                "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
         }
         if matches!(k, Kind::Pod | Kind::Job) {
             resources.push(json!({"name": format!("{}/status", k.plural()), "singularName": "", "namespaced": true,
@@ -67,10 +73,131 @@ fn resource_list(group_version: &str, kinds: &[Kind]) -> Value {
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
 }
 
-fn bearer<'a>(state: &'a State, headers: &HeaderMap) -> Option<&'a TokenConf> {
+fn bearer(state: &State, headers: &HeaderMap) -> Option<Subject> {
     let h = headers.get("authorization")?.to_str().ok()?;
     let t = h.strip_prefix("Bearer ")?.trim();
-    state.cfg.tokens.iter().find(|c| c.token == t)
+    rbac::authenticate(state, t)
+}
+
+/// The API groups served besides the core one: (name, its kinds).
+const GROUPS: [(&str, &[Kind]); 3] = [
+    ("batch", &[Kind::Job]),
+    (RBAC_GROUP, &[Kind::Role, Kind::RoleBinding, Kind::ClusterRole, Kind::ClusterRoleBinding]),
+    ("authorization.k8s.io", &[]),
+];
+
+fn api_group(name: &str) -> Value {
+    let gv = format!("{name}/v1");
+    json!({"name": name, "versions": [{"groupVersion": gv, "version": "v1"}],
+           "preferredVersion": {"groupVersion": gv, "version": "v1"}})
+}
+
+/// The fields of one protobuf message: (field number, bytes of a
+/// length-delimited field or a varint's value as bytes); `None` if malformed.
+fn proto_fields(mut b: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
+    fn varint(b: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&x, rest) = b.split_first()?;
+            *b = rest;
+            v |= u64::from(x & 0x7f) << shift;
+            if x & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let key = varint(&mut b)?;
+        let val = match key & 7 {
+            0 => varint(&mut b)?.to_le_bytes().to_vec(),
+            2 => {
+                let n = usize::try_from(varint(&mut b)?).ok()?;
+                let (v, rest) = (b.get(..n)?, b.get(n..)?);
+                b = rest;
+                v.to_vec()
+            }
+            1 => {
+                let (v, rest) = (b.get(..8)?, b.get(8..)?);
+                b = rest;
+                v.to_vec()
+            }
+            5 => {
+                let (v, rest) = (b.get(..4)?, b.get(4..)?);
+                b = rest;
+                v.to_vec()
+            }
+            _ => return None,
+        };
+        out.push((key >> 3, val));
+    }
+    Some(out)
+}
+
+/// A SelfSubjectAccessReview sent as Kubernetes protobuf (`k8s\0`, a
+/// `runtime.Unknown` around the object), as `kubectl auth can-i` sends it:
+/// its spec as JSON.
+fn review_from_protobuf(body: &[u8]) -> Option<Value> {
+    let field = |fields: &[(u64, Vec<u8>)], n: u64| fields.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
+    let unknown = proto_fields(body.strip_prefix(b"k8s\0")?)?;
+    let obj = proto_fields(&field(&unknown, 2)?)?;
+    let spec = proto_fields(&field(&obj, 2)?)?;
+    let mut out = json!({"spec": {}});
+    if let Some(ra) = field(&spec, 1) {
+        let ra = proto_fields(&ra)?;
+        let mut m = serde_json::Map::new();
+        for (n, k) in [
+            (1, "namespace"),
+            (2, "verb"),
+            (3, "group"),
+            (4, "version"),
+            (5, "resource"),
+            (6, "subresource"),
+            (7, "name"),
+        ] {
+            if let Some(v) = field(&ra, n) {
+                m.insert(k.into(), json!(String::from_utf8(v).ok()?));
+            }
+        }
+        out["spec"]["resourceAttributes"] = Value::Object(m);
+    } else if field(&spec, 2).is_some() {
+        out["spec"]["nonResourceAttributes"] = json!({});
+    }
+    Some(out)
+}
+
+/// `kubectl auth can-i`: a SelfSubjectAccessReview answered for its caller
+/// (JSON, or the protobuf kubectl sends; answered in JSON, which client-go
+/// decodes by the reply's content type).
+fn access_review(state: &State, who: &Subject, body: &[u8], protobuf: bool) -> Response {
+    let parsed = if protobuf { review_from_protobuf(body) } else { serde_json::from_slice::<Value>(body).ok() };
+    let Some(mut review) = parsed else {
+        return bad_request("the body of the request was not a SelfSubjectAccessReview");
+    };
+    let ra = review["spec"]["resourceAttributes"].clone();
+    let allowed = if ra.is_object() {
+        let s = |k: &str| ra[k].as_str().filter(|v| !v.is_empty());
+        let resource = match s("subresource") {
+            Some(sub) => format!("{}/{sub}", s("resource").unwrap_or("")),
+            None => s("resource").unwrap_or("").to_string(),
+        };
+        let a = Attrs {
+            verb: s("verb").unwrap_or(""),
+            group: s("group").unwrap_or(""),
+            resource: &resource,
+            ns: s("namespace"),
+            name: s("name"),
+        };
+        rbac::allows(&state.store.lock(), who, &a)
+    } else {
+        // Non-resource URLs: the cluster admin's alone here.
+        who.table.as_ref().is_some_and(|t| t.namespaces.iter().any(|n| n == "*"))
+    };
+    review["status"] = json!({"allowed": allowed});
+    review["kind"] = json!("SelfSubjectAccessReview");
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    json_response(StatusCode::CREATED, &review)
 }
 
 /// What a request addresses.
@@ -85,6 +212,7 @@ fn parse_target(segs: &[&str]) -> Option<Target> {
     let (group, rest) = match segs {
         ["api", "v1", rest @ ..] => ("", rest),
         ["apis", "batch", "v1", rest @ ..] => ("batch", rest),
+        ["apis", RBAC_GROUP, "v1", rest @ ..] => (RBAC_GROUP, rest),
         _ => return None,
     };
     let own = |s: &&str| s.to_string();
@@ -128,22 +256,41 @@ async fn handle(
             )
         }
         ["apis"] => {
-            let g = json!({"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
-                           "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}});
-            return json_response(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [g]}));
-        }
-        ["apis", "batch"] => {
+            let groups: Vec<Value> = GROUPS.iter().map(|(g, _)| api_group(g)).collect();
             return json_response(
                 StatusCode::OK,
-                &json!({"kind": "APIGroup", "apiVersion": "v1", "name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
-                        "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}),
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+            );
+        }
+        ["apis", g] if GROUPS.iter().any(|(n, _)| n == g) => {
+            let mut v = api_group(g);
+            v["kind"] = json!("APIGroup");
+            v["apiVersion"] = json!("v1");
+            return json_response(StatusCode::OK, &v);
+        }
+        ["apis", "authorization.k8s.io", "v1"] => {
+            return json_response(
+                StatusCode::OK,
+                &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "authorization.k8s.io/v1",
+                        "resources": [{"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview",
+                                       "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"]}]}),
             )
+        }
+        ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] if method == Method::POST => {
+            let protobuf = headers
+                .get("content-type")
+                .and_then(|c| c.to_str().ok())
+                .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"));
+            return access_review(&state, &tok, &body, protobuf);
+        }
+        ["apis", g, "v1"] if GROUPS.iter().any(|(n, _)| n == g) => {
+            let kinds = GROUPS.iter().find(|(n, _)| n == g).map(|(_, k)| *k).unwrap_or(&[]);
+            return json_response(StatusCode::OK, &resource_list(&format!("{g}/v1"), kinds));
         }
         ["api", "v1"] => {
             let core: Vec<Kind> = KINDS.into_iter().filter(|k| k.group().is_empty()).collect();
             return json_response(StatusCode::OK, &resource_list("v1", &core));
         }
-        ["apis", "batch", "v1"] => return json_response(StatusCode::OK, &resource_list("batch/v1", &[Kind::Job])),
         _ => {}
     }
     let Some(t) = parse_target(&segs) else {
@@ -160,19 +307,17 @@ async fn handle(
         (&Method::DELETE, false) => "deletecollection",
         _ => return status(405, "MethodNotAllowed", "method not allowed", json!({})),
     };
-    // RBAC: Nodes by the token's `nodes` flag (read only), namespaced
-    // resources by its namespaces, everything cluster-wide by `*` alone.
-    let all = tok.namespaces.iter().any(|n| n == "*");
-    let allowed = match t.kind {
-        Kind::Node => tok.nodes && matches!(verb, "get" | "list" | "watch"),
-        Kind::Namespace => all || (verb == "get" && t.name.as_ref().is_some_and(|n| tok.namespaces.contains(n))),
-        _ => all || t.ns.as_ref().is_some_and(|n| tok.namespaces.contains(n)),
+    // Authorization (crate::rbac): a configured token by its table, a
+    // ServiceAccount by its Roles and ClusterRoles.
+    let res = match &t.sub {
+        Some(s) => format!("{}/{s}", t.kind.plural()),
+        None => t.kind.plural().to_string(),
+    };
+    let allowed = {
+        let a = Attrs { verb, group: t.kind.group(), resource: &res, ns: t.ns.as_deref(), name: t.name.as_deref() };
+        rbac::allows(&state.store.lock(), &tok, &a)
     };
     if !allowed {
-        let res = match &t.sub {
-            Some(s) => format!("{}/{s}", t.kind.plural()),
-            None => t.kind.plural().to_string(),
-        };
         let scope = match (&t.ns, t.kind.namespaced()) {
             (Some(ns), _) => format!("in the namespace \"{ns}\""),
             _ => "at the cluster scope".into(),
@@ -196,6 +341,17 @@ async fn handle(
         return status(404, "NotFound", "the server could not find the requested resource", json!({}));
     }
     let ns = t.ns.clone().unwrap_or_default();
+    if t.kind == Kind::Pod && t.sub.as_deref() == Some("eviction") {
+        if verb != "create" {
+            return status(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+                json!({}),
+            );
+        }
+        return evict(&state, &ns, t.name.as_deref().unwrap_or(""), &body);
+    }
     match verb {
         "get" => {
             let name = t.name.clone().unwrap_or_default();
@@ -557,6 +713,9 @@ fn admit(st: &mut Store, kind: Kind, obj: &mut Value) -> Result<(), String> {
         }
         _ => {}
     }
+    if kind == Kind::Secret {
+        rbac::fill_token(st, obj)?;
+    }
     Ok(())
 }
 
@@ -676,6 +835,84 @@ fn delete(state: &Arc<State>, t: &Target, body: &[u8], q: &HashMap<String, Strin
     }
     state.poke();
     json_response(StatusCode::OK, &removed)
+}
+
+/// The Eviction API (`POST .../pods/<name>/eviction`, a `policy/v1`
+/// Eviction, what `kubectl drain` sends): no PodDisruptionBudget is
+/// served, so every eviction is allowed. As the API server does, the pod
+/// gets the `DisruptionTarget` condition (`EvictionByEvictionAPI`) and is
+/// deleted gracefully: its container gets SIGTERM, SIGKILL after the grace
+/// period (2 s here), the kubelet records its end (phase Failed) and the
+/// pod is gone once its Job has counted it (the controller's pass). A pod
+/// that has ended already is deleted at once.
+fn evict(state: &Arc<State>, ns: &str, name: &str, body: &[u8]) -> Response {
+    let ev: Value = match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => return bad_request("the body of the request was not a JSON object"),
+    };
+    if ev["kind"] != "Eviction" || !matches!(ev["apiVersion"].as_str(), Some("policy/v1" | "policy/v1beta1")) {
+        return bad_request("expected an Eviction of policy/v1");
+    }
+    if ev["metadata"]["name"].as_str() != Some(name) {
+        return bad_request("name in URL does not match name in Eviction object");
+    }
+    const GRACE_S: i64 = 2;
+    let (uid, running) = {
+        let mut st = state.store.lock();
+        let Some(mut p) = st.get(Kind::Pod, ns, name).cloned() else { return not_found(Kind::Pod, name) };
+        let uid = meta_str(&p, "uid").to_string();
+        if matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")) {
+            st.remove(Kind::Pod, ns, name);
+            (uid, false)
+        } else {
+            let mut conds: Vec<Value> = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["type"] != "DisruptionTarget")
+                .cloned()
+                .collect();
+            conds.push(crate::kubelet::cond(
+                "DisruptionTarget",
+                "True",
+                "EvictionByEvictionAPI",
+                "Eviction API: evicting",
+            ));
+            p["status"]["conditions"] = json!(conds);
+            if !p["metadata"]["deletionTimestamp"].is_string() {
+                p["metadata"]["deletionTimestamp"] = json!(rfc3339(now_s() + GRACE_S));
+                p["metadata"]["deletionGracePeriodSeconds"] = json!(GRACE_S);
+            }
+            // Running (or starting: the kubelet set Running before it
+            // spawned the process): its process is stopped. Otherwise
+            // nothing runs: it ends here.
+            let running = p["status"]["phase"] == "Running";
+            if !running {
+                p["status"]["phase"] = json!("Failed");
+            }
+            st.put(Kind::Pod, p);
+            (uid, running)
+        }
+    };
+    if running {
+        let state2 = state.clone();
+        tokio::spawn(async move {
+            // The process may not be there yet (the kubelet spawns it
+            // after its pass): wait for it a little.
+            for _ in 0..50 {
+                if state2.procs.lock().contains_key(&uid) {
+                    crate::kubelet::kill(&state2, &uid, Duration::from_secs(GRACE_S as u64));
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+    state.poke();
+    json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    )
 }
 
 fn log_path(state: &State, ns: &str, pod: &str) -> std::path::PathBuf {

@@ -75,6 +75,9 @@ pub struct Launch {
     /// `terminationMessagePolicy: FallbackToLogsOnError`: an empty message
     /// of a failed container is its log's tail.
     pub fallback_to_logs: bool,
+    /// The container's memory limit (bytes), enforced by
+    /// [`enforce_memory_limits`].
+    pub memory_limit: Option<u64>,
 }
 
 /// One container's process: program, environment, working directory.
@@ -284,7 +287,7 @@ fn owner_uid(obj: &Value) -> Option<&str> {
     obj["metadata"]["ownerReferences"].as_array()?.iter().find(|r| r["controller"] == json!(true))?["uid"].as_str()
 }
 
-fn cond(typ: &str, status: &str, reason: &str, message: &str) -> Value {
+pub fn cond(typ: &str, status: &str, reason: &str, message: &str) -> Value {
     let t = rfc3339(now_s());
     json!({"type": typ, "status": status, "reason": reason, "message": message,
            "lastProbeTime": t, "lastTransitionTime": t})
@@ -374,6 +377,7 @@ pub fn reconcile(st: &mut Store, work_dir: &Path) -> Vec<Launch> {
     let now = now_s();
     admit_suspended(st);
     jobs(st, now);
+    remove_evicted(st);
     schedule(st);
     kubelet(st, work_dir, now)
 }
@@ -439,7 +443,20 @@ fn jobs(st: &mut Store, now: i64) {
         }
         let mut job = jref.clone();
         let succeeded = pods.iter().filter(|p| p["status"]["phase"] == "Succeeded").count();
-        let failed = pods.iter().filter(|p| p["status"]["phase"] == "Failed").count();
+        // Failed pods, less those the Job's podFailurePolicy ignores, plus
+        // those counted and gone; the first FailJob match fails the Job.
+        let mut failed = st.counted_failed.get(&uid).map_or(0, |c| c.len());
+        let mut fail_job = None;
+        for p in pods.iter().filter(|p| p["status"]["phase"] == "Failed") {
+            match failure_policy(&job["spec"], p) {
+                Some(("Ignore", _)) => {}
+                Some(("FailJob", m)) => {
+                    failed += 1;
+                    fail_job = fail_job.or(Some(m));
+                }
+                _ => failed += 1,
+            }
+        }
         let active = pods.iter().filter(|p| !pod_done(p)).count();
         let ready = pods.iter().filter(|p| p["status"]["phase"] == "Running").count();
         let spec = job["spec"].clone();
@@ -470,7 +487,11 @@ fn jobs(st: &mut Store, now: i64) {
         let mut kill = false;
         let deadline = spec["activeDeadlineSeconds"].as_i64();
         let started = status["startTime"].as_str().and_then(crate::store::parse_rfc3339);
-        if failed > backoff {
+        if let Some(m) = fail_job {
+            conds.push(cond("FailureTarget", "True", "PodFailurePolicy", &m));
+            conds.push(cond("Failed", "True", "PodFailurePolicy", &m));
+            kill = true;
+        } else if failed > backoff {
             conds.push(cond(
                 "FailureTarget",
                 "True",
@@ -542,6 +563,85 @@ fn jobs(st: &mut Store, now: i64) {
             job["status"] = status;
             st.put(Kind::Job, job);
         }
+    }
+}
+
+/// The action of the first rule of a Job's `podFailurePolicy` that failed
+/// pod `p` matches (`FailJob`, `Ignore`, `Count`), with the Job
+/// controller's message for it; `None` without a match.
+pub fn failure_policy(job_spec: &Value, p: &Value) -> Option<(&'static str, String)> {
+    let rules = job_spec["podFailurePolicy"]["rules"].as_array()?;
+    let pod = format!("{}/{}", meta_str(p, "namespace"), meta_str(p, "name"));
+    for (i, r) in rules.iter().enumerate() {
+        let action = match r["action"].as_str() {
+            Some("FailJob") => "FailJob",
+            Some("Ignore") => "Ignore",
+            Some("Count") => "Count",
+            _ => continue,
+        };
+        if let Some(codes) = r["onExitCodes"].as_object() {
+            let values: Vec<i64> =
+                codes.get("values").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_i64).collect();
+            let only = codes.get("containerName").and_then(Value::as_str);
+            let not_in = codes.get("operator").and_then(Value::as_str) == Some("NotIn");
+            for c in p["status"]["containerStatuses"].as_array().into_iter().flatten() {
+                let Some(code) = c["state"]["terminated"]["exitCode"].as_i64() else { continue };
+                if only.is_some_and(|n| c["name"].as_str() != Some(n)) || code == 0 {
+                    continue;
+                }
+                if values.contains(&code) != not_in {
+                    let msg = format!(
+                        "Container {} for pod {pod} failed with exit code {code} matching {action} rule at index {i}",
+                        c["name"].as_str().unwrap_or("")
+                    );
+                    return Some((action, msg));
+                }
+            }
+        }
+        for want in r["onPodConditions"].as_array().into_iter().flatten() {
+            let typ = want["type"].as_str().unwrap_or("");
+            let status = want["status"].as_str().unwrap_or("True");
+            let has = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == typ && c["status"] == status);
+            if has {
+                return Some((action, format!("Pod {pod} has condition {typ} matching {action} rule at index {i}")));
+            }
+        }
+    }
+    None
+}
+
+/// Evicted pods (`DisruptionTarget`, being deleted) that have ended are
+/// gone, once counted for their Job (unless its podFailurePolicy ignores
+/// them): their graceful deletion completes, as the Job controller's
+/// removal of its tracking finalizer lets it.
+fn remove_evicted(st: &mut Store) {
+    let ended: Vec<Value> = st
+        .list(Kind::Pod, None)
+        .into_iter()
+        .filter(|p| {
+            p["metadata"]["deletionTimestamp"].is_string()
+                && pod_done(p)
+                && p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "DisruptionTarget")
+        })
+        .cloned()
+        .collect();
+    for p in ended {
+        if let Some(owner) = owner_uid(&p) {
+            let job = st
+                .list(Kind::Job, Some(meta_str(&p, "namespace")))
+                .into_iter()
+                .find(|j| meta_str(j, "uid") == owner)
+                .cloned();
+            let ignored = job.is_some_and(|j| matches!(failure_policy(&j["spec"], &p), Some(("Ignore", _))));
+            if !ignored {
+                st.counted_failed.entry(owner.to_string()).or_default().insert(meta_str(&p, "uid").to_string());
+            }
+        }
+        st.remove(Kind::Pod, meta_str(&p, "namespace"), meta_str(&p, "name"));
     }
 }
 
@@ -631,9 +731,15 @@ fn place(nodes: &[Value], free_in: &mut Free, pods: &[&Value]) -> Result<Vec<Str
         let mut insufficient: BTreeMap<String, usize> = BTreeMap::new();
         let mut affinity = 0;
         let mut taint = 0;
+        let mut cordoned = 0;
         let mut chosen = None;
         for n in nodes {
             let name = meta_str(n, "name").to_string();
+            // Cordoned (`kubectl cordon/drain`): the scheduler's NodeUnschedulable.
+            if n["spec"]["unschedulable"] == json!(true) {
+                cordoned += 1;
+                continue;
+            }
             if !affinity_ok(pod, n) {
                 affinity += 1;
                 continue;
@@ -668,6 +774,9 @@ fn place(nodes: &[Value], free_in: &mut Free, pods: &[&Value]) -> Result<Vec<Str
                 }
                 if taint > 0 {
                     why.push(format!("{taint} node(s) had untolerated taint"));
+                }
+                if cordoned > 0 {
+                    why.push(format!("{cordoned} node(s) were unschedulable"));
                 }
                 why.sort();
                 return Err(format!(
@@ -895,6 +1004,7 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
         }
         let Some(Step { program, env, cwd, termination, .. }) = steps.pop() else { continue };
         let fallback_to_logs = c["terminationMessagePolicy"] == "FallbackToLogsOnError";
+        let memory_limit = c["resources"]["limits"]["memory"].as_str().and_then(quantity).map(|b| b as u64);
         let t = rfc3339(now);
         p["status"]["phase"] = json!("Running");
         p["status"]["startTime"] = json!(t);
@@ -933,6 +1043,7 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
             share_pid_ns,
             termination,
             fallback_to_logs,
+            memory_limit,
         });
     }
     out
@@ -941,6 +1052,9 @@ fn kubelet(st: &mut Store, work_dir: &Path, now: i64) -> Vec<Launch> {
 /// Starts a container process and records its end in the pod.
 pub fn launch(state: &Arc<State>, l: Launch) {
     let state = state.clone();
+    if let Some(m) = l.memory_limit {
+        state.mem_limits.lock().insert(l.uid.clone(), m);
+    }
     tokio::spawn(async move {
         let started = async {
             use std::os::unix::fs::PermissionsExt;
@@ -1316,6 +1430,7 @@ unsafe fn join_pod_namespaces(pid_ns: RawFd, mnt_ns: RawFd, cwd: &std::ffi::CStr
 }
 
 fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {
+    state.mem_limits.lock().remove(&l.uid);
     {
         let mut st = state.store.lock();
         let Some(mut p) = st.get(Kind::Pod, &l.ns, &l.pod).cloned() else { return };
@@ -1324,7 +1439,18 @@ fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {
         }
         let t = rfc3339(now_s());
         let started = p["status"]["startTime"].clone();
-        let reason = if code == 0 { "Completed" } else { "Error" };
+        // Killed past its memory limit: what the kubelet reports of a
+        // container the kernel's OOM killer ended (the whole cgroup, as
+        // with memory.oom.group): OOMKilled, 137.
+        let oom = state.oom_killed.lock().remove(&l.uid);
+        let code = if oom { 137 } else { code };
+        let reason = if oom {
+            "OOMKilled"
+        } else if code == 0 {
+            "Completed"
+        } else {
+            "Error"
+        };
         p["status"]["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
         let mut term = json!({"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": t,
                               "containerID": format!("fake://{}", l.uid)});
@@ -1334,12 +1460,21 @@ fn finish(state: &Arc<State>, l: &Launch, code: i32, err: Option<String>) {
         let c = p["spec"]["containers"][0].clone();
         p["status"]["containerStatuses"] = json!([{"name": c["name"], "image": c["image"], "imageID": "", "ready": false,
             "restartCount": 0, "started": false, "state": {"terminated": term}}]);
-        p["status"]["conditions"] = json!([
+        let disruption: Vec<Value> = p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["type"] == "DisruptionTarget")
+            .cloned()
+            .collect();
+        let mut conds = vec![
             cond("PodScheduled", "True", "", ""),
             cond("Initialized", "True", "", ""),
             cond("ContainersReady", "False", "PodCompleted", ""),
-            cond("Ready", "False", "PodCompleted", "")
-        ]);
+            cond("Ready", "False", "PodCompleted", ""),
+        ];
+        conds.extend(disruption);
+        p["status"]["conditions"] = json!(conds);
         st.put(Kind::Pod, p);
     }
     state.poke();
@@ -1378,6 +1513,86 @@ pub fn remove_orphans(
         }
     }
     now
+}
+
+/// The processes of this host: pid -> (parent pid, resident bytes).
+fn proc_table() -> HashMap<i32, (i32, u64)> {
+    // SAFETY: sysconf(3) has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let mut out = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // After the command's closing parenthesis: state, ppid, ... rss (24th field).
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(ppid), Some(rss)) =
+            (f.get(1).and_then(|x| x.parse().ok()), f.get(21).and_then(|x| x.parse::<u64>().ok()))
+        else {
+            continue;
+        };
+        out.insert(pid, (ppid, rss * page));
+    }
+    out
+}
+
+/// The kernel's OOM killer for containers, as the double does it: every
+/// container with a memory limit whose processes (its process and its
+/// descendants, and in a shared PID namespace what its pause adopted) hold
+/// more resident memory than the limit is killed, all its processes with
+/// SIGKILL (as cgroup v2's `memory.oom.group`, which the kubelet sets, kills
+/// a container whole); [`finish`] then reports it `OOMKilled`, exit code
+/// 137. Unlike a cgroup it counts resident memory only (no page cache, no
+/// kernel memory) and looks every poll (`start`: 100 ms), so a process that
+/// allocates and exits between two looks is not seen. The server's own
+/// forks (a sandbox's pause, the process that joins a pod's namespaces and
+/// waits) share its pages and are not counted.
+pub fn enforce_memory_limits(state: &Arc<State>) {
+    let limits: Vec<(String, u64)> = state.mem_limits.lock().iter().map(|(k, v)| (k.clone(), *v)).collect();
+    if limits.is_empty() {
+        return;
+    }
+    let table = proc_table();
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for (pid, (ppid, _)) in &table {
+        children.entry(*ppid).or_default().push(*pid);
+    }
+    let own = std::fs::read_link("/proc/self/exe").ok();
+    for (uid, limit) in limits {
+        let main = state.procs.lock().get(&uid).copied();
+        let pause = state.sandboxes.lock().get(&uid).copied();
+        let mut members: Vec<i32> = main.into_iter().collect();
+        let mut queue: Vec<i32> = main.into_iter().chain(pause).collect();
+        while let Some(p) = queue.pop() {
+            for c in children.get(&p).into_iter().flatten() {
+                if !members.contains(c) {
+                    members.push(*c);
+                    queue.push(*c);
+                }
+            }
+        }
+        let used: u64 = members
+            .iter()
+            .filter(|p| own.is_none() || std::fs::read_link(format!("/proc/{p}/exe")).ok() != own)
+            .filter_map(|p| table.get(p).map(|t| t.1))
+            .sum();
+        if used <= limit {
+            continue;
+        }
+        if state.oom_killed.lock().insert(uid.clone()) {
+            tracing::info!("kube-server: pod {uid}: {used} bytes resident over its limit of {limit}: OOM-killed");
+        }
+        for p in members {
+            // SAFETY: kill(2) on the processes of a container this server
+            // started, seen an instant ago (never the pod's pause).
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        if let Some(m) = main {
+            // SAFETY: as above, the container's process group.
+            unsafe { libc::kill(-m, libc::SIGKILL) };
+        }
+    }
 }
 
 /// Stops a pod's process: SIGTERM to its process group, SIGKILL after `grace`.

@@ -12,13 +12,21 @@
 //!   create (409 AlreadyExists), replace, delete (cascading by owner
 //!   references: Background/Foreground delete dependents, Orphan keeps them);
 //!   label and field selectors; `Table` output for `kubectl get`;
-//! * bearer tokens, each allowed a list of namespaces (and Nodes or not):
-//!   anything else is 403 Forbidden as a Kubernetes `Status`;
+//! * bearer tokens: configured ones, each allowed a list of namespaces (and
+//!   Nodes or not), and ServiceAccounts' (token Secrets), authorized by
+//!   RBAC's Roles, ClusterRoles and their bindings ([`rbac`]); anything
+//!   else is 403 Forbidden as a Kubernetes `Status`; SelfSubjectAccessReview
+//!   for `kubectl auth can-i`;
+//! * the Eviction subresource (`pods/<name>/eviction`, what `kubectl drain`
+//!   uses) and cordoned nodes (`spec.unschedulable`, by the admin);
+//! * memory limits enforced as the kernel's OOM killer would
+//!   ([`kubelet::enforce_memory_limits`]: `OOMKilled`, exit code 137);
 //! * a Job controller, scheduler and kubelet ([`kubelet`]) that run a Job's
 //!   pods as local processes.
 
 pub mod api;
 pub mod kubelet;
+pub mod rbac;
 pub mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -64,6 +72,10 @@ pub struct TokenConf {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConf {
+    /// Namespaces that exist from the start (besides `default`,
+    /// `kube-system` and those the tokens name).
+    #[serde(default)]
+    pub namespaces: Vec<String>,
     #[serde(default)]
     pub node: Vec<NodeConf>,
     #[serde(default)]
@@ -84,6 +96,7 @@ impl FileConf {
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
+    pub namespaces: Vec<String>,
     pub nodes: Vec<NodeConf>,
     pub tokens: Vec<TokenConf>,
     /// Where pods' files and logs go.
@@ -102,6 +115,7 @@ impl ServerConfig {
         ServerConfig {
             nodes: file.node,
             tokens: file.token,
+            namespaces: file.namespaces,
             work_dir: work_dir.to_path_buf(),
             tls: false,
             bookmark_every: Duration::from_secs(1),
@@ -118,6 +132,10 @@ pub struct State {
     pub procs: Mutex<HashMap<String, i32>>,
     /// Pod uid -> pid of its sandbox's pause (pods sharing a PID namespace).
     pub sandboxes: Mutex<HashMap<String, i32>>,
+    /// Pod uid -> the memory limit (bytes) of its running container.
+    pub mem_limits: Mutex<HashMap<String, u64>>,
+    /// Pods whose container was killed past its memory limit.
+    pub oom_killed: Mutex<std::collections::HashSet<String>>,
     pub kick: tokio::sync::Notify,
     pub url: String,
     /// Bumped to end every open watch (after a compaction, as an API
@@ -276,6 +294,7 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
     }
     let mut namespaces: std::collections::BTreeSet<&str> = ["default", "kube-system"].into();
     namespaces.extend(cfg.tokens.iter().flat_map(|t| t.namespaces.iter().map(String::as_str)).filter(|n| *n != "*"));
+    namespaces.extend(cfg.namespaces.iter().map(String::as_str));
     for ns in namespaces {
         let uid = store.new_uid();
         store.put(Kind::Namespace, json!({"metadata": {"name": ns, "uid": uid, "creationTimestamp": rfc3339(now_s())}, "status": {"phase": "Active"}}));
@@ -288,6 +307,8 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
         cfg,
         procs: Mutex::new(HashMap::new()),
         sandboxes: Mutex::new(HashMap::new()),
+        mem_limits: Mutex::new(HashMap::new()),
+        oom_killed: Mutex::new(std::collections::HashSet::new()),
         kick: tokio::sync::Notify::new(),
         url: url.clone(),
         resets: tokio::sync::watch::channel(0).0,
@@ -336,6 +357,19 @@ pub async fn start(mut cfg: ServerConfig, port: u16) -> Result<Handle> {
             }
         });
     }
+    // The OOM killer: containers' memory against their limits.
+    let weak_oom = Arc::downgrade(&state);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Some(state) = weak_oom.upgrade() else { return };
+            if state.mem_limits.lock().is_empty() {
+                continue;
+            }
+            let s = state.clone();
+            let _ = tokio::task::spawn_blocking(move || kubelet::enforce_memory_limits(&s)).await;
+        }
+    });
     // The controller: on every change, and twice a second for deadlines
     // and image-pull back-off.
     let weak = Arc::downgrade(&state);

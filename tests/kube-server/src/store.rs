@@ -19,10 +19,31 @@ pub enum Kind {
     Service,
     Event,
     Namespace,
+    ServiceAccount,
+    Role,
+    RoleBinding,
+    ClusterRole,
+    ClusterRoleBinding,
 }
 
-pub const KINDS: [Kind; 8] =
-    [Kind::Node, Kind::Pod, Kind::Job, Kind::ConfigMap, Kind::Secret, Kind::Service, Kind::Event, Kind::Namespace];
+pub const KINDS: [Kind; 13] = [
+    Kind::Node,
+    Kind::Pod,
+    Kind::Job,
+    Kind::ConfigMap,
+    Kind::Secret,
+    Kind::Service,
+    Kind::Event,
+    Kind::Namespace,
+    Kind::ServiceAccount,
+    Kind::Role,
+    Kind::RoleBinding,
+    Kind::ClusterRole,
+    Kind::ClusterRoleBinding,
+];
+
+/// The API group of RBAC's kinds.
+pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 impl Kind {
     pub fn plural(self) -> &'static str {
@@ -35,6 +56,11 @@ impl Kind {
             Kind::Service => "services",
             Kind::Event => "events",
             Kind::Namespace => "namespaces",
+            Kind::ServiceAccount => "serviceaccounts",
+            Kind::Role => "roles",
+            Kind::RoleBinding => "rolebindings",
+            Kind::ClusterRole => "clusterroles",
+            Kind::ClusterRoleBinding => "clusterrolebindings",
         }
     }
     pub fn name(self) -> &'static str {
@@ -47,27 +73,32 @@ impl Kind {
             Kind::Service => "Service",
             Kind::Event => "Event",
             Kind::Namespace => "Namespace",
+            Kind::ServiceAccount => "ServiceAccount",
+            Kind::Role => "Role",
+            Kind::RoleBinding => "RoleBinding",
+            Kind::ClusterRole => "ClusterRole",
+            Kind::ClusterRoleBinding => "ClusterRoleBinding",
         }
     }
     pub fn singular(self) -> String {
         self.name().to_ascii_lowercase()
     }
     pub fn group(self) -> &'static str {
-        if self == Kind::Job {
-            "batch"
-        } else {
-            ""
+        match self {
+            Kind::Job => "batch",
+            Kind::Role | Kind::RoleBinding | Kind::ClusterRole | Kind::ClusterRoleBinding => RBAC_GROUP,
+            _ => "",
         }
     }
     pub fn api_version(self) -> &'static str {
-        if self == Kind::Job {
-            "batch/v1"
-        } else {
-            "v1"
+        match self.group() {
+            "batch" => "batch/v1",
+            "" => "v1",
+            _ => "rbac.authorization.k8s.io/v1",
         }
     }
     pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::Node | Kind::Namespace)
+        !matches!(self, Kind::Node | Kind::Namespace | Kind::ClusterRole | Kind::ClusterRoleBinding)
     }
     pub fn short_names(self) -> &'static [&'static str] {
         match self {
@@ -77,6 +108,7 @@ impl Kind {
             Kind::Service => &["svc"],
             Kind::Event => &["ev"],
             Kind::Namespace => &["ns"],
+            Kind::ServiceAccount => &["sa"],
             _ => &[],
         }
     }
@@ -122,6 +154,10 @@ pub struct Store {
     pub cap_epoch: u64,
     /// Suspended Job uid -> the `cap_epoch` its admission last failed at.
     pub admit_tried: std::collections::HashMap<String, u64>,
+    /// Job uid -> its failed pods that are gone from the store (evicted
+    /// pods, deleted once counted): the Job controller's tally, which a
+    /// real one keeps with the `batch.kubernetes.io/job-tracking` finalizer.
+    pub counted_failed: std::collections::HashMap<String, std::collections::BTreeSet<String>>,
 }
 
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {

@@ -413,3 +413,164 @@ async fn a_containers_termination_message_is_in_its_terminated_state() {
         assert_eq!(message_of(name), want, "{name}");
     }
 }
+
+/// The pod of Job `name` (the first), once `pred` holds for it.
+async fn until_pod(s: &S, name: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let pods = s.h.list(Kind::Pod, Some("fleet"));
+        if let Some(p) = pods.iter().find(|p| p["metadata"]["labels"]["job-name"] == name && pred(p)) {
+            return p.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{name}: no pod {what}: {pods:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A container over its memory limit is killed whole, as the kernel's OOM
+/// killer does in its cgroup: `OOMKilled`, 137, the script's next line
+/// never runs; one under its limit is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_over_its_memory_limit_is_oom_killed() {
+    let s = server().await;
+    let hog = "echo start; python3 -c 'import time; x = bytearray(200 << 20); time.sleep(30)'; echo after";
+    for (name, limit, script) in [("hog", "64Mi", hog), ("small", "64Mi", "echo fine")] {
+        let mut j = job(name, script, json!({}));
+        j["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": limit}});
+        assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    }
+    let t0 = Instant::now();
+    let p = until_pod(&s, "hog", "ended", |p| p["status"]["phase"] == "Failed").await;
+    let term = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!((term["reason"].as_str(), term["exitCode"].as_i64()), (Some("OOMKilled"), Some(137)), "{p}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "killed within its sleep: {:?}", t0.elapsed());
+    let job = until_job(&s, "hog", "Failed").await;
+    assert_eq!(job["status"]["failed"], 1, "{job}");
+    let name = p["metadata"]["name"].as_str().unwrap();
+    let url = format!("{}/api/v1/namespaces/fleet/pods/{name}/log", s.h.url);
+    let log = s.http.get(url).bearer_auth("t-ns").send().await.unwrap().text().await.unwrap();
+    assert_eq!(log, "start\n", "the whole container was killed");
+    until_job(&s, "small", "Complete").await;
+}
+
+/// The Eviction API (what `kubectl drain` posts): the pod gets
+/// DisruptionTarget, is stopped and deleted once its Job counted it, and a
+/// Job whose podFailurePolicy fails on that condition fails at once with
+/// the Job controller's message; without a policy the pod counts against
+/// the backoff limit. Only an admin may cordon a node; a cordoned node
+/// takes no pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_pod_is_disrupted_deleted_and_counted() {
+    let s = server().await;
+    let policy = json!({"podFailurePolicy": {"rules": [
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}});
+    for (name, extra) in [("pfp", policy), ("plain", json!({"backoffLimit": 1}))] {
+        let j = job(name, "echo up; sleep 60", extra);
+        assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    }
+    for name in ["pfp", "plain"] {
+        let p = until_pod(&s, name, "running", |p| p["status"]["phase"] == "Running").await;
+        let pod = p["metadata"]["name"].as_str().unwrap().to_string();
+        let ev =
+            json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": "fleet"}});
+        let path = format!("/api/v1/namespaces/fleet/pods/{pod}/eviction");
+        // Another pod's name in the body is refused.
+        let mut bad = ev.clone();
+        bad["metadata"]["name"] = json!("other");
+        assert_eq!(s.call(Method::POST, &path, "t-ns", Some(bad)).await.0, 400);
+        let (code, st) = s.call(Method::POST, &path, "t-ns", Some(ev)).await;
+        assert_eq!((code, st["status"].as_str()), (201, Some("Success")), "{st}");
+        let p = s.h.get(Kind::Pod, "fleet", &pod).expect("being deleted");
+        assert!(p["metadata"]["deletionTimestamp"].is_string(), "{p}");
+        let c: Vec<&Value> =
+            p["status"]["conditions"].as_array().unwrap().iter().filter(|c| c["type"] == "DisruptionTarget").collect();
+        assert_eq!((c[0]["reason"].as_str(), c[0]["status"].as_str()), (Some("EvictionByEvictionAPI"), Some("True")));
+        let t0 = Instant::now();
+        while s.h.get(Kind::Pod, "fleet", &pod).is_some() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the evicted pod is not deleted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if name == "pfp" {
+            let j = until_job(&s, name, "Failed").await;
+            let f =
+                j["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Failed").unwrap().clone();
+            assert_eq!(f["reason"], "PodFailurePolicy", "{j}");
+            assert_eq!(
+                f["message"],
+                format!("Pod fleet/{pod} has condition DisruptionTarget matching FailJob rule at index 0"),
+                "{j}"
+            );
+        } else {
+            // Counted (1 of backoffLimit 1): a new pod runs.
+            let p2 = until_pod(&s, name, "replacing it", |p| p["metadata"]["name"] != json!(pod)).await;
+            assert!(s.h.get(Kind::Job, "fleet", name).unwrap()["status"]["failed"] == 1, "{p2}");
+        }
+    }
+    // Cordoning: the namespaced token may not; the admin may, and the node takes no new pod.
+    let cordon = json!({"spec": {"unschedulable": true}});
+    assert_eq!(s.call(Method::PATCH, "/api/v1/nodes/n0", "t-ns", Some(cordon.clone())).await.0, 403);
+    assert_eq!(s.call(Method::PATCH, "/api/v1/nodes/n0", "t-admin", Some(cordon)).await.0, 200);
+    let j = job("late", "true", json!({}));
+    s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await;
+    let p = until_pod(&s, "late", "unschedulable", |p| p["status"]["conditions"][0]["reason"] == "Unschedulable").await;
+    let msg = p["status"]["conditions"][0]["message"].as_str().unwrap();
+    assert!(msg.starts_with("0/1 nodes are available: 1 node(s) were unschedulable."), "{msg}");
+}
+
+/// A ServiceAccount's token (a token Secret the server fills) is
+/// authorized by RBAC objects: what its Role grants in the bound namespace,
+/// nothing elsewhere; `SelfSubjectAccessReview` agrees; a token Secret for
+/// no ServiceAccount is refused and a deleted ServiceAccount's token no
+/// longer authenticates.
+#[tokio::test]
+async fn service_account_tokens_are_authorized_by_rbac_objects() {
+    let s = server().await;
+    let sr = &s;
+    let admin = move |m: Method, p: &'static str, b: Value| async move { sr.call(m, p, "t-admin", Some(b)).await };
+    let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bot"}});
+    assert_eq!(admin(Method::POST, "/api/v1/namespaces/fleet/serviceaccounts", sa).await.0, 201);
+    let secret = |sa: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{sa}-token"),
+               "annotations": {"kubernetes.io/service-account.name": sa}},
+               "type": "kubernetes.io/service-account-token", "data": {"token": "Y2hvc2Vu"}})
+    };
+    assert_eq!(admin(Method::POST, "/api/v1/namespaces/fleet/secrets", secret("ghost")).await.0, 422);
+    let (code, sec) = admin(Method::POST, "/api/v1/namespaces/fleet/secrets", secret("bot")).await;
+    assert_eq!(code, 201, "{sec}");
+    use base64::Engine as _;
+    let tok = String::from_utf8(
+        base64::engine::general_purpose::STANDARD.decode(sec["data"]["token"].as_str().unwrap()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(tok.len(), 64, "a minted token, not the creator's: {tok}");
+    // Authenticated, allowed nothing yet.
+    assert_eq!(s.call(Method::GET, "/api/v1/namespaces/fleet/configmaps", &tok, None).await.0, 403);
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "cm-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]});
+    assert_eq!(admin(Method::POST, "/apis/rbac.authorization.k8s.io/v1/namespaces/fleet/roles", role).await.0, 201);
+    let rb = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "bot"},
+        "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": "fleet"}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"}});
+    assert_eq!(
+        admin(Method::POST, "/apis/rbac.authorization.k8s.io/v1/namespaces/fleet/rolebindings", rb).await.0,
+        201
+    );
+    assert_eq!(s.call(Method::GET, "/api/v1/namespaces/fleet/configmaps", &tok, None).await.0, 200);
+    let (code, st) = s.call(Method::POST, "/api/v1/namespaces/fleet/configmaps", &tok, Some(cm("x"))).await;
+    assert_eq!(code, 403, "{st}");
+    assert!(st["message"].as_str().unwrap().contains("User \"system:serviceaccount:fleet:bot\" cannot create"), "{st}");
+    assert_eq!(s.call(Method::GET, "/api/v1/namespaces/default/configmaps", &tok, None).await.0, 403);
+    assert_eq!(s.call(Method::GET, "/api/v1/namespaces/fleet/secrets", &tok, None).await.0, 403);
+    let review = |verb: &str, ns: &str| {
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+               "spec": {"resourceAttributes": {"namespace": ns, "verb": verb, "group": "", "resource": "configmaps"}}})
+    };
+    for (verb, ns, want) in [("list", "fleet", true), ("delete", "fleet", false), ("list", "default", false)] {
+        let (code, r) = s
+            .call(Method::POST, "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", &tok, Some(review(verb, ns)))
+            .await;
+        assert_eq!((code, r["status"]["allowed"].as_bool()), (201, Some(want)), "{verb} {ns}: {r}");
+    }
+    assert_eq!(s.call(Method::DELETE, "/api/v1/namespaces/fleet/serviceaccounts/bot", "t-admin", None).await.0, 200);
+    assert_eq!(s.call(Method::GET, "/api/v1/namespaces/fleet/configmaps", &tok, None).await.0, 401);
+}

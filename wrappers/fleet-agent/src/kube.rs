@@ -613,6 +613,13 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         "completions": nodes,
         "suspend": true,
         "ttlSecondsAfterFinished": 3600,
+        // A pod the cluster takes away (evicted by `kubectl drain`, preempted,
+        // its node tainted out) fails the Job at once with the pod named in
+        // the Failed condition, which outlives the pod: Fleet reads it as
+        // the run dying with its node (NODE_FAIL/PREEMPTED), not as the
+        // script's failure.
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
         "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
     });
     if let Some(min) = req.time_limit_min {
@@ -686,6 +693,15 @@ fn pod_trouble(p: &Pod) -> Option<(&'static str, String, bool)> {
     if st.reason.as_deref() == Some("Evicted") {
         return Some(("NODE_FAIL", format!("Evicted: {}", st.message.clone().unwrap_or_default()), true));
     }
+    // Taken away by the cluster: evicted (drain, node pressure), deleted by
+    // the taint manager, or preempted by the scheduler.
+    for c in st.conditions.iter().flatten() {
+        if c.type_ == "DisruptionTarget" && c.status == "True" {
+            let r = c.reason.clone().unwrap_or_default();
+            let state = if r == "PreemptionByScheduler" { "PREEMPTED" } else { "NODE_FAIL" };
+            return Some((state, format!("{r}: {}", c.message.clone().unwrap_or_default()), true));
+        }
+    }
     for cs in st.container_statuses.iter().flatten() {
         if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
             let r = w.reason.clone().unwrap_or_default();
@@ -756,6 +772,11 @@ pub fn native_state(job: &Job, pods: &[&Pod]) -> NativeJob {
         match (r.as_str(), troubles.iter().find(|t| t.2)) {
             ("DeadlineExceeded", _) => ("TIMEOUT", format!("DeadlineExceeded: {m}")),
             (_, Some(t)) => (t.0, t.1.clone()),
+            // Its podFailurePolicy's DisruptionTarget rule: the pod is gone
+            // (an evicted pod is deleted), the Job names it.
+            ("PodFailurePolicy", None) if m.contains("condition DisruptionTarget") => {
+                ("NODE_FAIL", format!("DisruptionTarget: {m}"))
+            }
             _ if exit.is_some_and(|c| c != 0) => ("FAILED", String::new()),
             _ => ("FAILED", format!("{r}: {m}")),
         }
@@ -779,6 +800,10 @@ pub fn native_state(job: &Job, pods: &[&Pod]) -> NativeJob {
         ("PENDING", String::new())
     };
     let mut j = NativeJob::new(native_id, raw);
+    if matches!(raw, "NODE_FAIL" | "PREEMPTED") {
+        // What the run died of, for the report that it died (`track::died`).
+        j.description = reason.clone();
+    }
     j.reason = reason;
     j.exit_code = match raw {
         "COMPLETED" => Some(0),
@@ -1734,7 +1759,7 @@ pub async fn check(
             ));
         }
     }
-    let rbac = "the agent's ServiceAccount needs get/list/watch/create/delete/patch on jobs, pods, configmaps, secrets, services and get on pods/log in KubeNamespace, and get/list/watch on nodes (README: Kubernetes targets)";
+    let rbac = "the agent's ServiceAccount needs get/list/watch/create/patch/delete on jobs, get/list/watch on pods, get on pods/log, create on configmaps, secrets and services in KubeNamespace and each KubeAccountNamespaces namespace, and get/list/watch on nodes: conf/kubernetes/fleet-agent-rbac.yaml (README: Kubernetes targets)";
     let b = match tokio::time::timeout(Duration::from_secs(40), KubeBackend::connect(settings.clone(), site, spool))
         .await
     {
@@ -2280,6 +2305,36 @@ mod tests {
             Some(1),
             "Evicted: The node was low on resource: memory.",
         );
+        // Evicted through the Eviction API (kubectl drain): the pod's
+        // DisruptionTarget while the watch still has it, else the Job's
+        // podFailurePolicy condition; preempted by the scheduler.
+        let mut evicted = term(143, "Error");
+        evicted["conditions"] = json!([{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}]);
+        let fj = "Pod fleet/fleet-42-x has condition DisruptionTarget matching FailJob rule at index 0";
+        check(
+            job_with(&[("Failed", "PodFailurePolicy", fj)], false),
+            vec![pod(evicted.clone())],
+            "NODE_FAIL",
+            Some(143),
+            "EvictionByEvictionAPI: Eviction API: evicting",
+        );
+        check(
+            job_with(&[("Failed", "PodFailurePolicy", fj)], false),
+            vec![],
+            "NODE_FAIL",
+            Some(1),
+            &format!("DisruptionTarget: {fj}"),
+        );
+        evicted["conditions"][0]["reason"] = json!("PreemptionByScheduler");
+        check(
+            job_with(&[], false),
+            vec![pod(evicted)],
+            "PREEMPTED",
+            Some(143),
+            "PreemptionByScheduler: Eviction API: evicting",
+        );
+        let n = native_state(&job_with(&[("Failed", "PodFailurePolicy", fj)], false), &[]);
+        assert_eq!(n.description, format!("DisruptionTarget: {fj}"), "what track::died reports");
         check(job_with(&[], false), vec![pod(waiting("ImagePullBackOff"))], "FAILED", Some(1), "ImagePullBackOff: m");
         check(job_with(&[], false), vec![pod(waiting("ErrImagePull"))], "FAILED", Some(1), "ErrImagePull: m");
         check(

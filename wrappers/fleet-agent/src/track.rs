@@ -240,6 +240,11 @@ pub fn launch_verdict(e: &LaunchEvidence) -> LaunchVerdict {
 /// would release).
 pub fn died(j: &NativeJob, site: &str) -> Option<String> {
     match j.raw_state.as_str() {
+        // With what the backend says of it (Kubernetes: the pod's
+        // DisruptionTarget condition); Slurm leaves it empty for these.
+        "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" if !j.description.is_empty() => {
+            Some(format!("{} at {site}: {}", j.raw_state, j.description))
+        }
         "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => Some(format!("{} at {site}", j.raw_state)),
         _ if j.state == JobState::Pending && launch_failed_held(j) => Some(launch_failed_why(site)),
         _ => None,
@@ -1067,7 +1072,10 @@ async fn reconcile_run<B: Backend>(
         up.final_stdout_len = Some(run.stdout_base + run.stdout_off);
         up.final_stderr_len = Some(run.stderr_base + run.stderr_off);
     }
-    let label = format!("{}:{}:{}:{}", state.as_str(), up.node_list, run.restarts, run.reruns);
+    // A waiting job's reason is part of what is reported (Kubernetes'
+    // `Unschedulable: ...`, Slurm's `Resources`): its change is news.
+    let waiting_why = if state == JobState::Pending { up.reason.as_str() } else { "" };
+    let label = format!("{}:{}:{}:{}:{waiting_why}", state.as_str(), up.node_list, run.restarts, run.reruns);
     let mut finished = false;
     if run.reported.as_deref() != Some(label.as_str()) || state.is_terminal() {
         match agent.meta.status(&run.id, &up).await {
@@ -1440,6 +1448,12 @@ mod tests {
             (with("TIMEOUT", ""), None),
             (with("CANCELLED", "launch failed requeued held"), None),
         ];
+        let mut evicted = with("NODE_FAIL", "EvictionByEvictionAPI: Eviction API: evicting");
+        evicted.reason = evicted.description.clone();
+        assert_eq!(
+            died(&evicted, "gamma").as_deref(),
+            Some("NODE_FAIL at gamma: EvictionByEvictionAPI: Eviction API: evicting")
+        );
         for (j, want) in table {
             assert_eq!(died(&j, "alpha").as_deref(), want, "{} {}", j.raw_state, j.reason);
             assert_eq!(update_for(&j, "alpha").died.as_deref(), want);

@@ -336,12 +336,7 @@ impl Comment {
 
     fn update(&mut self, r: &JobRecord) {
         let Some(id) = self.slurm_job_id.clone().filter(|_| !self.users) else { return };
-        let text = format!(
-            "fleet: {} job {} {}",
-            r.target.as_deref().unwrap_or("-"),
-            r.remote_job_id.map_or("-".to_string(), |i| i.to_string()),
-            remote_end(r).unwrap_or(r.state.as_str())
-        );
+        let text = comment_text(r);
         if text == self.last {
             return;
         }
@@ -356,6 +351,25 @@ impl Comment {
             }
         }
     }
+}
+
+/// The stand-in's comment for record `r`: where the job is and its state,
+/// and while it waits at its target why it waits there (its scheduler's
+/// reason: `Resources`, or Kubernetes' `Unschedulable: 0/3 nodes are
+/// available: ...`), without control characters, at most 200 characters.
+fn comment_text(r: &JobRecord) -> String {
+    let mut text = format!(
+        "fleet: {} job {} {}",
+        r.target.as_deref().unwrap_or("-"),
+        r.remote_job_id.map_or("-".to_string(), |i| i.to_string()),
+        remote_end(r).unwrap_or(r.state.as_str())
+    );
+    let why: String = r.reason.chars().filter(|c| !c.is_control()).take(200).collect();
+    if r.state == JobState::Pending && !why.trim().is_empty() && why != "None" {
+        text.push_str(": ");
+        text.push_str(why.trim());
+    }
+    text
 }
 
 fn run_with_timeout(cmd: &mut Command, limit: Duration) -> anyhow::Result<()> {
@@ -945,6 +959,18 @@ mod tests {
         let with = |state, reason: &str| JobRecord { reason: reason.into(), ..rec(state, Some(0), None) };
         assert_eq!(remote_end(&with(JobState::Failed, "TIMEOUT at alpha")), Some("TIMEOUT"));
         assert_eq!(remote_end(&with(JobState::Failed, "OUT_OF_MEMORY at alpha: x")), Some("OUT_OF_MEMORY"));
+        // A job waiting at its target says why in the stand-in's comment.
+        let mut w = with(JobState::Pending, "Unschedulable: 0/3 nodes are available\n: 2 Insufficient nvidia.com/gpu");
+        w.target = Some("kube-gamma".into());
+        w.remote_job_id = Some(12);
+        assert_eq!(
+            comment_text(&w),
+            "fleet: kube-gamma job 12 pending: Unschedulable: 0/3 nodes are available: 2 Insufficient nvidia.com/gpu"
+        );
+        w.reason = "x".repeat(500);
+        assert_eq!(comment_text(&w).len(), "fleet: kube-gamma job 12 pending: ".len() + 200);
+        w.state = JobState::Running;
+        assert_eq!(comment_text(&w), "fleet: kube-gamma job 12 running");
         assert_eq!(
             remote_end(&with(JobState::Failed, "NODE_FAIL at alpha; requeued 1 time(s) at alpha")),
             Some("NODE_FAIL")
