@@ -1388,11 +1388,20 @@ impl Store {
             if let Some(t) = &job.record.target {
                 self.wakers.wake(t);
             }
-            job.record.reason = format!(
+            let confirmed = format!(
                 "placed early at {}; the origin confirmed stand-in {}",
                 job.record.target.as_deref().unwrap_or("?"),
                 c.origin_job_id
             );
+            // A reason its target reported while the run waited (a pod
+            // the scheduler cannot place, ...) still holds and is sent
+            // once: it stays, ahead of the confirmation; the placement's
+            // own reason gives way.
+            job.record.reason = if job.record.reason.is_empty() || job.record.reason.contains("; placed early: ") {
+                confirmed
+            } else {
+                format!("{}; {confirmed}", job.record.reason)
+            };
         }
         self.save(&job)?;
         Ok(job.record)
