@@ -60,6 +60,19 @@ fn placed(lab: &Lab, beta_id: u64) -> (String, u64) {
     }
 }
 
+/// A job submitted at beta with `args` (which send it to kube-gamma) and
+/// placed there: its id at beta, its Job's name at kube-gamma, and a guard
+/// that cancels it at beta when the test ends, passed or not.
+fn at_kube<'a>(lab: &'a Lab, args: &[&str], body: &str) -> (u64, String, fleet_lab::OnDrop<impl FnMut() + 'a>) {
+    let id = lab.sbatch("beta", args, &script(body)).expect("sbatch at beta");
+    let cancel = fleet_lab::OnDrop(move || {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    let (target, rid) = placed(lab, id);
+    assert_eq!(target, KUBE);
+    (id, format!("fleet-{rid}"), cancel)
+}
+
 #[test]
 fn h100_job_at_beta_runs_on_kube_gamma_with_output_exit_code_and_image() {
     let (lab, _serial) = Lab::lock();
@@ -1071,15 +1084,8 @@ fn a_pod_whose_lease_is_refused_stops_and_its_reason_reaches_beta() {
     let dir = lab.workdir("kube-lease-refused");
     let out = dir.join("out.txt");
     let body = "for i in $(seq 1 90); do echo \"step $i at $SLURM_CLUSTER_NAME\"; sleep 1; done\necho end";
-    let id = lab
-        .sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")], &script(body))
-        .unwrap();
-    let _cancel = fleet_lab::OnDrop(|| {
-        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
-    });
-    let (target, rid) = placed(lab, id);
-    assert_eq!(target, KUBE);
-    let name = format!("fleet-{rid}");
+    let (id, name, _cancel) =
+        at_kube(lab, &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")], body);
     assert_leased(&kube_job(lab, &name).expect("the Job"));
     wait_file(&out, T, |b| String::from_utf8_lossy(b).contains(&format!("step 3 at {KUBE}"))).unwrap();
     let fid = fleet_job_of(lab, id).unwrap();
@@ -1372,9 +1378,6 @@ fn hog_gpus(lab: &Lab, dir: &std::path::Path) -> Vec<String> {
 /// `squeue`, the meta-scheduler's record); once the GPUs are free the pod
 /// is scheduled and the job ends at beta as it ended there.
 #[test]
-#[ignore = "fails at the comment step: the agent reports the pending run's Unschedulable reason once, and the \
-            meta-scheduler's start confirmation of a job placed early overwrites the record's reason after it \
-            (`placed early at kube-gamma; the origin confirmed stand-in ...`); nothing re-sends it"]
 fn an_unschedulable_pod_at_kube_gamma_shows_its_reason_at_beta_and_runs_once_the_gpus_free() {
     let (lab, _serial) = Lab::lock();
     lab.require_kube();
@@ -1386,19 +1389,11 @@ fn an_unschedulable_pod_at_kube_gamma_shows_its_reason_at_beta_and_runs_once_the
         }
     };
     let _free = fleet_lab::OnDrop(free);
-    let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
-            &script("echo ran at $SLURM_CLUSTER_NAME"),
-        )
-        .expect("sbatch");
-    let _cancel = fleet_lab::OnDrop(|| {
-        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
-    });
-    let (target, rid) = placed(lab, id);
-    assert_eq!(target, KUBE);
-    let name = format!("fleet-{rid}");
+    let (id, name, _cancel) = at_kube(
+        lab,
+        &["--gres=gpu:h100:8", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
+        "echo ran at $SLURM_CLUSTER_NAME",
+    );
     // At kube-gamma: the scheduler's verdict on the pod.
     let mut msg = String::new();
     wait_until("the pod is Unschedulable", T, || {
@@ -1450,19 +1445,8 @@ fn a_pod_over_its_memory_limit_at_kube_gamma_ends_out_of_memory_at_beta() {
     let dir = lab.workdir("kube-oom");
     let body =
         "echo started\npython3 -c 'import time; x = bytearray(300 << 20); time.sleep(60)'\necho survived\nexit 0";
-    let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:1", "--mem=100M", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
-            &script(body),
-        )
-        .expect("sbatch");
-    let _cancel = fleet_lab::OnDrop(|| {
-        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
-    });
-    let (target, rid) = placed(lab, id);
-    assert_eq!(target, KUBE);
-    let name = format!("fleet-{rid}");
+    let (id, name, _cancel) =
+        at_kube(lab, &["--gres=gpu:h100:1", "--mem=100M", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")], body);
     let job = kube_job(lab, &name).expect("the Job");
     assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"], "100Mi", "{job}");
     let t0 = Instant::now();
@@ -1510,19 +1494,11 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
     lab.require_kube();
     let dir = lab.workdir("kube-evict");
     let out = dir.join("out.txt");
-    let id = lab
-        .sbatch(
-            "beta",
-            &["--gres=gpu:h100:8", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
-            &script("echo started\nfor i in $(seq 120); do sleep 1; done\necho end"),
-        )
-        .expect("sbatch");
-    let _cancel = fleet_lab::OnDrop(|| {
-        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
-    });
-    let (target, rid) = placed(lab, id);
-    assert_eq!(target, KUBE);
-    let name = format!("fleet-{rid}");
+    let (id, name, _cancel) = at_kube(
+        lab,
+        &["--gres=gpu:h100:8", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
+        "echo started\nfor i in $(seq 120); do sleep 1; done\necho end",
+    );
     wait_file(&out, T, |b| b.starts_with(b"started\n")).expect("the pod runs");
     let pod = kube_pods(lab, &name)[0].clone();
     let (ok, node, err) = lab.kubectl(&["get", &pod, "-n", KUBE_NAMESPACE, "-o", "jsonpath={.spec.nodeName}"]);
