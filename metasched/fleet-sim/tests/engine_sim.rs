@@ -376,13 +376,8 @@ home = "home"
     assert!((r.egress_usd - 4.5).abs() < 1e-9, "staged once: {}", r.egress_usd);
 }
 
-/// The LP bound sees capacity over time: 4 one-GPU hour-long jobs at once on a fleet
-/// with one cheap GPU (1 USD/h) and eight dear ones (3 USD/h). Done within an hour,
-/// three must run on the dear GPUs (10 USD); within four hours all can run on the
-/// cheap one (4 USD). The cheap bound says 4 in both cases.
-#[test]
-fn lp_bound_accounts_for_capacity_and_release_times() {
-    let fleet = r#"
+/// `own`: one A100 at 1 USD/h (team `t`'s home); `cloud`: eight at 3 USD/h.
+const ONE_CHEAP_EIGHT_DEAR: &str = r#"
 [[clusters]]
 name = "own"
 provider = "onprem"
@@ -408,6 +403,14 @@ nodes = 1
 name = "t"
 home = "own"
 "#;
+
+/// The LP bound sees capacity over time: 4 one-GPU hour-long jobs at once on a fleet
+/// with one cheap GPU (1 USD/h) and eight dear ones (3 USD/h). Done within an hour,
+/// three must run on the dear GPUs (10 USD); within four hours all can run on the
+/// cheap one (4 USD). The cheap bound says 4 in both cases.
+#[test]
+fn lp_bound_accounts_for_capacity_and_release_times() {
+    let fleet = ONE_CHEAP_EIGHT_DEAR;
     let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 0.0, ..EngineSetup::default() };
     let csv =
         "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string() + &"2017-09-04 10:00:00,3600,1,1,t\n".repeat(4);
@@ -877,32 +880,7 @@ fn carbon_lp_proves_or_allows_the_green_target() {
 /// infeasible below 1 h (no job ends before its hour of work).
 #[test]
 fn completion_capped_lp_bounds_every_schedule_meeting_the_mean_completion() {
-    let fleet = r#"
-[[clusters]]
-name = "own"
-provider = "onprem"
-region = "lab"
-onprem = true
-prices.A100 = { onprem = 1.0 }
-[[clusters.pools]]
-gpu_type = "A100"
-gpus_per_node = 1
-nodes = 1
-
-[[clusters]]
-name = "cloud"
-provider = "aws"
-region = "us-east-1"
-prices.A100 = { on_demand = 3.0 }
-[[clusters.pools]]
-gpu_type = "A100"
-gpus_per_node = 8
-nodes = 1
-
-[[teams]]
-name = "t"
-home = "own"
-"#;
+    let fleet = ONE_CHEAP_EIGHT_DEAR;
     let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 0.0, ..EngineSetup::default() };
     let csv =
         "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string() + &"2017-09-04 10:00:00,3600,1,1,t\n".repeat(12);
