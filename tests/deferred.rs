@@ -235,8 +235,21 @@ fn forged_deferred_requests_are_refused() {
     let sleep = script("sleep 60");
     let (bobs, _) = lab.sbatch_as("bob", "beta", &["--gres=gpu:h100:1", "--output=/dev/null"], &sleep);
     let bobs = bobs.unwrap();
-    let alices =
-        lab.sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=alpha", &out_arg(&dir, "a.txt")], &sleep).unwrap();
+    // An agent slower than SubmitTimeoutMs (a loaded CI machine) makes any
+    // job that must leave a deferred stand-in, rightly: then it is hers to
+    // claim, so submit again until one went through the round trip.
+    let mut alices = None;
+    for _ in 0..5 {
+        let id =
+            lab.sbatch("beta", &["--gres=gpu:h100:1", "--fleet-to=alpha", &out_arg(&dir, "a.txt")], &sleep).unwrap();
+        let admin = lab.job("beta", id).unwrap().get("AdminComment").cloned().unwrap_or_default();
+        if !admin.contains(" deferred") {
+            alices = Some(id);
+            break;
+        }
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    }
+    let alices = alices.expect("five submissions all missed the agent's round trip");
     let local = lab.sbatch("beta", &["--gres=gpu:a100:1", &out_arg(&dir, "l.txt")], &sleep).unwrap();
     let _cancel = OnDrop(|| {
         for id in [bobs, alices, local] {

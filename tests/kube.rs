@@ -1408,6 +1408,7 @@ fn an_unschedulable_pod_at_kube_gamma_shows_its_reason_at_beta_and_runs_once_the
     });
     assert!(msg.starts_with("0/3 nodes are available: ") && msg.contains("2 Insufficient nvidia.com/gpu"), "{msg}");
     // At beta: the stand-in's comment and the record carry it.
+    let rid = name.strip_prefix("fleet-").unwrap();
     let want = format!("fleet: {KUBE} job {rid} pending: Unschedulable: 0/3 nodes are available: ");
     let mut comment = String::new();
     wait_until("the stand-in's comment at beta names the reason", T, || {
