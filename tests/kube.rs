@@ -1482,13 +1482,11 @@ fn a_pod_over_its_memory_limit_at_kube_gamma_ends_out_of_memory_at_beta() {
 /// deleted, and the Job fails by its podFailurePolicy. The agent reports
 /// the run as died with its node, like `NODE_FAIL` at a Slurm target, with
 /// the condition. The job (neither checkpointed nor interruptible) fails at
-/// beta with that reason. Unlike a dead node, a drain stops the container
-/// with SIGTERM, so the pod's `lease-exec` reports the script's end by
-/// signal 15 first, and the meta-scheduler keeps the claimed end (`failed
-/// at kube-gamma (signal 15), as its script claimed; then NODE_FAIL ...`):
-/// an interruptible or checkpointed job would not move either (a known
-/// gap: the claim of an end by a signal no user sent should yield to the
-/// report that the run died, as it does for Slurm's requeue).
+/// beta with that reason. A drain stops the container with SIGTERM, so the
+/// pod's `lease-exec` claims the script's end by signal 15 before the
+/// agent's report; the report says the run was `disrupted` (no user
+/// signalled it), so that claim is not taken as the job's end: the reason
+/// is the node failure, not `signal 15, as its script claimed`.
 #[test]
 fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
     let (lab, _serial) = Lab::lock();
@@ -1531,6 +1529,7 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
     assert_eq!(rec["state"], "failed", "{rec}");
     assert!(reason.contains(&format!("NODE_FAIL at {KUBE}: ")), "{rec}");
     assert!(reason.contains("EvictionByEvictionAPI") || reason.contains("has condition DisruptionTarget"), "{rec}");
+    assert!(!reason.contains("as its script claimed"), "the drain's SIGTERM is not the job's own end: {rec}");
     let all = std::fs::read_to_string(&out).unwrap_or_default();
     assert!(all.starts_with("started\n") && !all.contains("\nend\n"), "{all}");
     assert!(all.lines().last().unwrap_or("").starts_with("fleet-proxy: "), "{all}");
@@ -1542,4 +1541,65 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
     }
     assert!(kube_pods(lab, &name).is_empty(), "the evicted pod was deleted");
     eprintln!("[figure] kubectl drain at kube-gamma -> job failed at beta with NODE_FAIL: {took:.2?}");
+}
+
+/// An interruptible job whose pod `kubectl drain` evicts at kube-gamma
+/// runs again, as a Slurm job requeued after a node failure would: the
+/// drain's SIGTERM (which the pod's `lease-exec` claims as the script's
+/// end) is not its end, the agent reports the run died with its node, and
+/// the meta-scheduler places it again (at kube-gamma's other H100 node,
+/// the drained one cordoned); the stand-in at beta ends COMPLETED with
+/// both runs' output (`--open-mode=append`).
+#[test]
+fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-drain-rerun");
+    let out = dir.join("out.txt");
+    let (id, name, _cancel) = at_kube(
+        lab,
+        &[
+            "--gres=gpu:h100:8",
+            "--fleet-interruptible",
+            "--fleet-to=kube-gamma",
+            "--open-mode=append",
+            &out_arg(&dir, "out.txt"),
+        ],
+        "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then for i in $(seq 120); do sleep 1; done; fi\necho end",
+    );
+    wait_file(&out, T, |b| b.starts_with(b"run 1\n")).expect("the first run starts");
+    let pod = kube_pods(lab, &name)[0].clone();
+    let (ok, node, err) = lab.kubectl(&["get", &pod, "-n", KUBE_NAMESPACE, "-o", "jsonpath={.spec.nodeName}"]);
+    assert!(ok && node.starts_with("gamma-h100-"), "{node} {err}");
+    let node = node.trim().to_string();
+    let _uncordon = fleet_lab::OnDrop(|| {
+        let _ = lab.kubectl(&["uncordon", &node]);
+    });
+    let t0 = Instant::now();
+    let (ok, drained, err) = lab.kubectl(&[
+        "drain",
+        &node,
+        "--delete-emptydir-data",
+        "--ignore-daemonsets",
+        &format!("--pod-selector=batch.kubernetes.io/job-name={name}"),
+        "--timeout=60s",
+    ]);
+    assert!(ok, "kubectl drain: {drained} {err}");
+    let done = lab.wait_done("beta", id, T).unwrap();
+    let took = t0.elapsed();
+    let all = String::from_utf8_lossy(
+        &wait_file(&out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
+    )
+    .into_owned();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}\n{all}");
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((rec["state"].as_str(), rec["target"].as_str()), (Some("completed"), Some(KUBE)), "{rec}");
+    assert_eq!((rec["epoch"].as_u64(), rec["migrations"].as_u64()), (Some(2), Some(1)), "{rec}");
+    let runs: Vec<&str> = all.lines().filter(|l| l.starts_with("run ")).collect();
+    assert_eq!(runs, ["run 1", "run 2"], "{all}");
+    assert_eq!(all.matches("\nend\n").count(), 1, "{all}");
+    // The second pod ran on the node the drain left schedulable.
+    let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
+    assert_eq!(cordoned, "true");
+    eprintln!("[figure] kubectl drain at kube-gamma -> interruptible job ran again and completed at beta: {took:.2?}");
 }

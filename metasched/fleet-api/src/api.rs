@@ -629,6 +629,18 @@ pub struct StatusUpdate {
     /// script claimed an end by an exit code in this epoch ends as claimed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub slurm_requeued: bool,
+    /// With `died`: the run died with its node (`NODE_FAIL`, `PREEMPTED`,
+    /// `BOOT_FAIL`; at a Kubernetes target a pod's `DisruptionTarget`:
+    /// evicted by `kubectl drain`, preempted), and its agent delivered no
+    /// signal to it on its user's request in this epoch. A drain or a
+    /// preemption stops the script with SIGTERM before the report, so the
+    /// end its `lease-exec` claimed by a signal was the cluster's kill,
+    /// not the script's own end: the meta-scheduler handles the run as
+    /// died (moved when it has a checkpoint or is interruptible, else
+    /// failed with the report's reason). An end claimed by an exit code
+    /// still stands.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disrupted: bool,
     /// Times Slurm at the target ran this run again, as its agent saw it:
     /// a higher `RestartCnt` (`scontrol requeue`, a requeue after a node
     /// failure), and re-runs Slurm does not count (the run back to pending

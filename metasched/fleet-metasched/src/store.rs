@@ -2023,6 +2023,11 @@ impl Store {
             // it (the signal its script claimed as its end, which no user
             // sent, says its agent): it runs again, as under native Slurm.
             tracing::info!(job = id, epoch = ?upd.epoch, "its script claimed an end by a signal, sent by Slurm as it requeued the run: not its own end");
+        } else if upd.died.is_some() && upd.disrupted && ends::claimed_signal(&job, upd.epoch) {
+            // The run died with its node (a drain's eviction, a
+            // preemption), which stopped the script with a signal no user
+            // sent before the agent's report: that kill, not its own end.
+            tracing::info!(job = id, epoch = ?upd.epoch, "its script claimed an end by a signal, sent as its node was taken away: not its own end");
         } else if upd.died.is_some() && !upd.lease_stopped {
             if let Some((state, how)) = ends::claimed_end(&job, upd.epoch) {
                 // Its script said it ended, in this epoch, before what the

@@ -2457,6 +2457,81 @@ async fn a_run_slurm_requeued_after_it_started_runs_again_and_counts_as_a_requeu
     d.stop().await;
 }
 
+/// A run that died with its node (a pod evicted by `kubectl drain`, a
+/// preemption) was stopped with SIGTERM before its agent's report, so its
+/// `lease-exec` claimed an end by signal 15 first. Reported `disrupted`
+/// (no user had a signal delivered to it), that claim is the cluster's
+/// kill: an interruptible job moves, one that may not restart fails with
+/// the report's reason. An end claimed by an exit code still stands, and
+/// without `disrupted` (its user signalled it) the claimed signal stands.
+#[tokio::test]
+async fn a_claimed_end_by_a_signal_yields_to_a_report_that_the_run_died_with_its_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    let auth = |id: &str| format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+    // (job, interruptible, the end its script claimed: (exit code, signal), disrupted)
+    type Claim = (Option<i32>, Option<i32>);
+    let cases: [(&str, bool, Claim, bool); 4] = [
+        ("drained-interruptible", true, (None, Some(15)), true),
+        ("drained-plain", false, (None, Some(15)), true),
+        ("exited-first", true, (Some(0), None), true),
+        ("user-signalled", true, (None, Some(15)), false),
+    ];
+    for (id, interruptible, (exit_code, signal), _) in cases {
+        if interruptible {
+            forward_restartable(&d, id).await;
+        } else {
+            d.forward(id, "beta", "h100", 8).await;
+        }
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
+        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK);
+        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth(id), Some(body)).await;
+        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{id}: {v}");
+        let body = serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal, "cause": "script"});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth(id), Some(body)).await;
+        assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+    }
+    let why = "NODE_FAIL at alpha: DisruptionTarget: EvictionByEvictionAPI: Eviction API: evicting";
+    for (id, _, _, disrupted) in cases {
+        let up = StatusUpdate {
+            died: Some(why.into()),
+            disrupted,
+            final_stdout_len: Some(0),
+            final_stderr_len: Some(0),
+            reason: why.into(),
+            ..at(JobState::Failed, 1)
+        };
+        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK, "{id}");
+    }
+    // Moved: placed again elsewhere, a new epoch, no requeue counted
+    // (the cluster took it away; Slurm did not rerun it).
+    let r = d.job("drained-interruptible").await;
+    assert_eq!(
+        (r.state, r.target.as_deref(), r.epoch, r.requeues),
+        (JobState::Assigned, Some("gamma"), 2, 0),
+        "{}",
+        r.reason
+    );
+    assert_eq!(r.migrations, 1, "{}", r.reason);
+    // May not restart: failed with the node failure, not the claim.
+    let r = d.job("drained-plain").await;
+    assert_eq!((r.state, r.epoch), (JobState::Failed, 1), "{}", r.reason);
+    assert!(r.reason.contains("NODE_FAIL at alpha") && !r.reason.contains("as its script claimed"), "{}", r.reason);
+    // Its script had exited 0 before the node went: that end.
+    let r = d.job("exited-first").await;
+    assert_eq!((r.state, r.exit_code, r.epoch), (JobState::Completed, Some(0), 1), "{}", r.reason);
+    // Its user signalled it: the signal is its end.
+    let r = d.job("user-signalled").await;
+    assert_eq!((r.state, r.signal, r.epoch), (JobState::Failed, Some(15), 1), "{}", r.reason);
+    assert!(r.reason.contains("as its script claimed"), "{}", r.reason);
+    d.stop().await;
+}
+
 /// A run's claim that its in-job lease stopped it comes from a file in its
 /// own directory, which the job could write: believed (the job moves) only
 /// when no lease the meta-scheduler granted still covered the run;

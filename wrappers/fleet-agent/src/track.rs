@@ -242,13 +242,19 @@ pub fn died(j: &NativeJob, site: &str) -> Option<String> {
     match j.raw_state.as_str() {
         // With what the backend says of it (Kubernetes: the pod's
         // DisruptionTarget condition); Slurm leaves it empty for these.
-        "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" if !j.description.is_empty() => {
+        _ if disruption(j) && !j.description.is_empty() => {
             Some(format!("{} at {site}: {}", j.raw_state, j.description))
         }
-        "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => Some(format!("{} at {site}", j.raw_state)),
+        _ if disruption(j) => Some(format!("{} at {site}", j.raw_state)),
         _ if j.state == JobState::Pending && launch_failed_held(j) => Some(launch_failed_why(site)),
         _ => None,
     }
+}
+
+/// Slurm's (or the Kubernetes backend's) word that the job died with its
+/// node: what [`died`] reports other than a held launch.
+fn disruption(j: &NativeJob) -> bool {
+    matches!(j.raw_state.as_str(), "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL")
 }
 
 /// A job Slurm requeued and held after its launch failed: a state
@@ -939,6 +945,12 @@ async fn reconcile_run<B: Backend>(
         // the leases it granted.
         up.lease_stopped = why.contains(BY_ITS_LEASE);
     }
+    // Died with its node (a drain, a preemption), which stops the script
+    // with a signal before this report: unless its user had a signal
+    // delivered to it, an end it claimed by a signal was that kill.
+    up.disrupted = run.fenced.is_none()
+        && run.user_signal.is_none()
+        && matches!(&seen, Seen::Job(j) if up.died.is_some() && disruption(j));
     // Held after a launch Slurm took for failed (now, or before the agent
     // cancelled it), or forgotten by Slurm (lost in a controller crash):
     // what the run actually did decides the report.
