@@ -485,6 +485,10 @@ fn jobs(st: &mut Store, now: i64) {
         }
         let mut conds = status["conditions"].as_array().cloned().unwrap_or_default();
         let mut kill = false;
+        // Why the Job failed, for the pods it stops: only its deadline
+        // marks them (`DeadlineExceeded`); a backoff or podFailurePolicy
+        // failure just stops what still runs.
+        let mut kill_reason = None;
         let deadline = spec["activeDeadlineSeconds"].as_i64();
         let started = status["startTime"].as_str().and_then(crate::store::parse_rfc3339);
         if let Some(m) = fail_job {
@@ -510,6 +514,7 @@ fn jobs(st: &mut Store, now: i64) {
                 ));
                 conds.push(cond("Failed", "True", "DeadlineExceeded", "Job was active longer than specified deadline"));
                 kill = true;
+                kill_reason = Some("DeadlineExceeded");
             }
         }
         if !kill && succeeded >= completions {
@@ -526,7 +531,9 @@ fn jobs(st: &mut Store, now: i64) {
             for p in pods.iter().filter(|p| !pod_done(p)) {
                 let mut p = p.clone();
                 p["status"]["phase"] = json!("Failed");
-                p["status"]["reason"] = json!("DeadlineExceeded");
+                if let Some(r) = kill_reason {
+                    p["status"]["reason"] = json!(r);
+                }
                 p["metadata"]["deletionTimestamp"] = json!(rfc3339(now));
                 st.to_kill.push(meta_str(&p, "uid").to_string());
                 st.put(Kind::Pod, p);

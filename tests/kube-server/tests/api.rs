@@ -459,6 +459,37 @@ async fn a_container_over_its_memory_limit_is_oom_killed() {
 /// the Job controller's message; without a policy the pod counts against
 /// the backoff limit. Only an admin may cordon a node; a cordoned node
 /// takes no pod.
+/// A Job its backoff limit fails stops its pods still running, which are
+/// not marked `DeadlineExceeded` (only the Job's own deadline does that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_failed_by_its_backoff_limit_stops_its_other_pods_unmarked() {
+    let s = server().await;
+    let j = job(
+        "bo",
+        "if [ \"$JOB_COMPLETION_INDEX\" = 0 ]; then sleep 0.5; exit 1; fi; sleep 60",
+        json!({"completionMode": "Indexed", "completions": 2, "parallelism": 2, "backoffLimit": 0}),
+    );
+    assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
+    let failed = until_job(&s, "bo", "Failed").await;
+    let c = failed["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Failed").unwrap().clone();
+    assert_eq!(c["reason"], "BackoffLimitExceeded", "{failed}");
+    let pods: Vec<Value> =
+        s.h.list(Kind::Pod, Some("fleet"))
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"]["job-name"] == "bo")
+            .collect();
+    let index = |p: &Value| p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"].clone();
+    let other = pods.iter().find(|p| index(p) == "1").expect("the index-1 pod is kept");
+    assert_eq!(other["status"]["phase"], "Failed", "{other}");
+    assert!(other["metadata"]["deletionTimestamp"].is_string(), "{other}");
+    assert_ne!(other["status"]["reason"], "DeadlineExceeded", "{other}");
+    let t0 = Instant::now();
+    while s.h.running_processes() > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the failed Job's other pod was not stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_pod_is_disrupted_deleted_and_counted() {
     let s = server().await;
