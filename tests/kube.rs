@@ -1410,12 +1410,20 @@ fn an_unschedulable_pod_at_kube_gamma_shows_its_reason_at_beta_and_runs_once_the
     // At beta: the stand-in's comment and the record carry it.
     let rid = name.strip_prefix("fleet-").unwrap();
     let want = format!("fleet: {KUBE} job {rid} pending: Unschedulable: 0/3 nodes are available: ");
-    let mut comment = String::new();
-    wait_until("the stand-in's comment at beta names the reason", T, || {
+    let t0 = Instant::now();
+    let comment = loop {
         let out = lab.cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"]).unwrap();
-        comment = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        comment.starts_with(&want)
-    });
+        let comment = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if comment.starts_with(&want) {
+            break comment;
+        }
+        assert!(
+            t0.elapsed() < T,
+            "the stand-in's comment at beta does not name the reason: {comment:?}; {:?}",
+            fleet_record(lab, id)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(comment.contains("Insufficient nvidia.com/gpu"), "{comment}");
     let rec = fleet_record(lab, id).unwrap();
     assert_eq!(rec["state"], "pending", "{rec}");

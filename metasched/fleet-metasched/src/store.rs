@@ -201,6 +201,23 @@ pub struct Job {
     /// (`store/early.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early: Option<EarlyStart>,
+    /// Why the run of an epoch waits at its target, as the target last
+    /// said (a pod the scheduler cannot place, Slurm's `Resources`): it
+    /// says so once, so the meta-scheduler's own notes on a job placed
+    /// early (its stand-in's start request, the origin's confirmation)
+    /// follow it in the reason instead of replacing it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_waits: Option<(u64, String)>,
+}
+
+/// `note`, after why `job`'s current run waits at its target if it does.
+fn after_target_wait(job: &Job, note: String) -> String {
+    match &job.target_waits {
+        Some((epoch, why)) if *epoch == job.record.epoch && job.record.state == JobState::Pending => {
+            format!("{why}; {note}")
+        }
+        _ => note,
+    }
 }
 
 /// The job's history as the engine's spot caps read it: every run that died
@@ -1126,6 +1143,7 @@ impl Store {
             target_reruns: 0,
             end_claim: None,
             early: None,
+            target_waits: None,
         };
         let mut job = job;
         if fwd.early_start {
@@ -1293,10 +1311,11 @@ impl Store {
         if o.effects.contains(&Effect::RecordStartRequest) {
             set_life(&mut job, &o.life);
             job.record.start_requested_at = Some(now);
-            job.record.reason = format!(
+            let note = format!(
                 "held at {}: stand-in {origin_job_id} asked to start; waiting for the origin agent to confirm",
                 job.record.origin
             );
+            job.record.reason = after_target_wait(&job, note);
             job.record.updated_at = now;
             self.save(&job)?;
         }
@@ -1394,14 +1413,9 @@ impl Store {
                 c.origin_job_id
             );
             // A reason its target reported while the run waited (a pod
-            // the scheduler cannot place, ...) still holds and is sent
-            // once: it stays, ahead of the confirmation; the placement's
-            // own reason gives way.
-            job.record.reason = if job.record.reason.is_empty() || job.record.reason.contains("; placed early: ") {
-                confirmed
-            } else {
-                format!("{}; {confirmed}", job.record.reason)
-            };
+            // the scheduler cannot place, ...) still holds: it stays,
+            // ahead of the confirmation; the placement's own gives way.
+            job.record.reason = after_target_wait(&job, confirmed);
         }
         self.save(&job)?;
         Ok(job.record)
@@ -2111,6 +2125,20 @@ impl Store {
                     }
                     if !upd.node_list.is_empty() {
                         job.record.node_list = upd.node_list.clone();
+                    }
+                    match upd.state {
+                        Some(JobState::Pending) if !upd.reason.is_empty() && upd.reason != "None" => {
+                            job.target_waits = Some((job.record.epoch, upd.reason.clone()));
+                        }
+                        Some(JobState::Pending) | None => {}
+                        Some(_) => {
+                            // It no longer waits there: the reason stops saying so.
+                            if let Some((_, why)) = job.target_waits.take() {
+                                if let Some(rest) = job.record.reason.strip_prefix(why.as_str()) {
+                                    job.record.reason = rest.trim_start_matches("; ").to_string();
+                                }
+                            }
+                        }
                     }
                     if !upd.reason.is_empty() {
                         job.record.reason = upd.reason.clone();

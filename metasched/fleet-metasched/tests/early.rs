@@ -251,6 +251,37 @@ fn an_early_run_waits_at_its_first_lease_until_the_origin_confirms_the_stand_in(
     assert_eq!(fx.job("j1").record.state, JobState::Completed);
 }
 
+/// Why an early run waits at its target (a pod the scheduler cannot
+/// place), which the target says once, stays the first thing the job's
+/// reason says through its stand-in's start request and the origin's
+/// confirmation (the stand-in's comment at the origin shows it), and goes
+/// once the run leaves pending.
+#[test]
+fn why_an_early_run_waits_at_its_target_outlasts_the_start_request_and_the_confirmation() {
+    let mut fx = Fx::new();
+    fx.forward("j1");
+    let why = "Unschedulable: 0/3 nodes are available: 2 Insufficient nvidia.com/gpu.";
+    let upd = StatusUpdate {
+        remote_job_id: Some(101),
+        state: Some(JobState::Pending),
+        epoch: Some(1),
+        reason: why.into(),
+        ..Default::default()
+    };
+    let r = fx.store.status(&cl("alpha"), "j1", upd, fx.now).unwrap();
+    assert_eq!(r.reason, why);
+    fx.tick(1.0);
+    let r = fx.stand_in_starts("j1", None);
+    assert!(r.reason.starts_with(&format!("{why}; held at beta: stand-in 42 asked to start")), "{}", r.reason);
+    let r = fx.stand_in_starts("j1", Some(true));
+    assert_eq!(r.state, JobState::Pending);
+    assert_eq!(r.reason, format!("{why}; placed early at alpha; the origin confirmed stand-in 42"));
+    // Running: the target's word no longer holds.
+    let r = fx.report("j1", "alpha", JobState::Running, 1).unwrap();
+    assert_eq!(r.reason, "placed early at alpha; the origin confirmed stand-in 42");
+    assert!(fx.job("j1").target_waits.is_none());
+}
+
 #[test]
 fn a_time_limit_changed_while_the_stand_in_pended_reaches_the_early_run() {
     let mut fx = Fx::new();

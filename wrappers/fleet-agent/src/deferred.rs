@@ -177,6 +177,13 @@ pub async fn forward<B: Backend>(agent: &Agent<B>, uid: u32, req: &DeferredReque
         Err(m) => return refuse(m),
     };
     let Some(s) = s else { return refuse(format!("job {} vanished", req.slurm_job_id)) };
+    // Only the plugin (as slurmctld) writes `deferred` after the tag: a
+    // stand-in forwarded through the agent's round trip has its own proxy,
+    // and a second one (its owner running `fleet-proxy --deferred` by hand)
+    // gets nothing, even once that stand-in's start is journaled.
+    if !marked_deferred(&s.admin_comment) {
+        return refuse(format!("job {} is not a deferred stand-in", s.native_id));
+    }
     // Already journaled for this very stand-in (picked up while pending, or
     // asked before): the same job, without reading the script again.
     let known = match s.array_task_id {
@@ -291,7 +298,13 @@ pub fn pending_deferred<'a>(s: &'a NativeJob, partition: &str) -> Option<&'a str
         return None;
     }
     let tag = fleet_api::wire::parse_admin_tag(&s.admin_comment)?;
-    (s.admin_comment.split_whitespace().nth(1) == Some("deferred")).then_some(tag)
+    marked_deferred(&s.admin_comment).then_some(tag)
+}
+
+/// The plugin's `deferred` note right after the tag in a stand-in's
+/// `AdminComment` (which users cannot set).
+fn marked_deferred(admin_comment: &str) -> bool {
+    admin_comment.split_whitespace().nth(1) == Some("deferred")
 }
 
 /// Bind the wake-up socket: anyone may send (slurmctld runs as
