@@ -1484,6 +1484,30 @@ fn a_pod_over_its_memory_limit_at_kube_gamma_ends_out_of_memory_at_beta() {
     );
 }
 
+/// `kubectl drain` of the node that runs the pod of kube-gamma Job
+/// `name` (only that pod evicted): the pod, the node, what kubectl said
+/// (stdout and stderr), and a guard that uncordons the node.
+fn drain_node_of<'a>(lab: &'a Lab, name: &str) -> (String, String, String, fleet_lab::OnDrop<impl FnMut() + 'a>) {
+    let pod = kube_pods(lab, name)[0].clone();
+    let (ok, node, err) = lab.kubectl(&["get", &pod, "-n", KUBE_NAMESPACE, "-o", "jsonpath={.spec.nodeName}"]);
+    assert!(ok && node.starts_with("gamma-h100-"), "{node} {err}");
+    let node = node.trim().to_string();
+    let n = node.clone();
+    let uncordon = fleet_lab::OnDrop(move || {
+        let _ = lab.kubectl(&["uncordon", &n]);
+    });
+    let (ok, out, err) = lab.kubectl(&[
+        "drain",
+        &node,
+        "--delete-emptydir-data",
+        "--ignore-daemonsets",
+        &format!("--pod-selector=batch.kubernetes.io/job-name={name}"),
+        "--timeout=60s",
+    ]);
+    assert!(ok, "kubectl drain: {out} {err}");
+    (pod, node, format!("{out}\n{err}"), uncordon)
+}
+
 /// `kubectl drain` of the node a job's pod runs on at kube-gamma (the
 /// Eviction API, as an admin draining a node for maintenance does): the
 /// pod gets `DisruptionTarget` (`EvictionByEvictionAPI`), is stopped and
@@ -1507,25 +1531,10 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
         "echo started\nfor i in $(seq 120); do sleep 1; done\necho end",
     );
     wait_file(&out, T, |b| b.starts_with(b"started\n")).expect("the pod runs");
-    let pod = kube_pods(lab, &name)[0].clone();
-    let (ok, node, err) = lab.kubectl(&["get", &pod, "-n", KUBE_NAMESPACE, "-o", "jsonpath={.spec.nodeName}"]);
-    assert!(ok && node.starts_with("gamma-h100-"), "{node} {err}");
-    let node = node.trim().to_string();
-    let _uncordon = fleet_lab::OnDrop(|| {
-        let _ = lab.kubectl(&["uncordon", &node]);
-    });
     let t0 = Instant::now();
-    let (ok, drained, err) = lab.kubectl(&[
-        "drain",
-        &node,
-        "--delete-emptydir-data",
-        "--ignore-daemonsets",
-        &format!("--pod-selector=batch.kubernetes.io/job-name={name}"),
-        "--timeout=60s",
-    ]);
-    assert!(ok, "kubectl drain: {drained} {err}");
-    assert!(drained.contains(&format!("{pod} evicted")) || err.contains(&format!("{pod} evicted")), "{drained} {err}");
-    assert!(drained.contains(&format!("node/{node} drained")), "{drained} {err}");
+    let (pod, node, drained, _uncordon) = drain_node_of(lab, &name);
+    assert!(drained.contains(&format!("{pod} evicted")), "{drained}");
+    assert!(drained.contains(&format!("node/{node} drained")), "{drained}");
     let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
     assert_eq!(cordoned, "true");
 
@@ -1576,23 +1585,8 @@ fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta()
         "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then for i in $(seq 120); do sleep 1; done; fi\necho end",
     );
     wait_file(&out, T, |b| b.starts_with(b"run 1\n")).expect("the first run starts");
-    let pod = kube_pods(lab, &name)[0].clone();
-    let (ok, node, err) = lab.kubectl(&["get", &pod, "-n", KUBE_NAMESPACE, "-o", "jsonpath={.spec.nodeName}"]);
-    assert!(ok && node.starts_with("gamma-h100-"), "{node} {err}");
-    let node = node.trim().to_string();
-    let _uncordon = fleet_lab::OnDrop(|| {
-        let _ = lab.kubectl(&["uncordon", &node]);
-    });
     let t0 = Instant::now();
-    let (ok, drained, err) = lab.kubectl(&[
-        "drain",
-        &node,
-        "--delete-emptydir-data",
-        "--ignore-daemonsets",
-        &format!("--pod-selector=batch.kubernetes.io/job-name={name}"),
-        "--timeout=60s",
-    ]);
-    assert!(ok, "kubectl drain: {drained} {err}");
+    let (_, node, _, _uncordon) = drain_node_of(lab, &name);
     let done = lab.wait_done("beta", id, T).unwrap();
     let took = t0.elapsed();
     let all = String::from_utf8_lossy(

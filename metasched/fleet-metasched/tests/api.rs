@@ -2379,6 +2379,23 @@ async fn a_run_held_after_a_failed_launch_ends_as_its_script_did_or_starts_again
     d.stop().await;
 }
 
+/// Job `id` (forwarded from beta) started and placed at alpha, running
+/// there under its in-job lease (epoch 1, a 2 s lease granted), and, with
+/// `end`, the end claim its script sent (recorded).
+async fn run_at_alpha_under_lease(d: &Daemon, id: &str, end: Option<Value>) {
+    let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+    assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+    let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
+    assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK);
+    let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
+    let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth, Some(body)).await;
+    assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{id}: {v}");
+    if let Some(body) = end {
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await;
+        assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+    }
+}
+
 /// Slurm at the target requeued a run after its script started (it held
 /// the job after a launch it took for failed, and killed what ran of it:
 /// the script's end claim says signal 15). Its agent reports it died with
@@ -2394,7 +2411,6 @@ async fn a_run_slurm_requeued_after_it_started_runs_again_and_counts_as_a_requeu
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
-    let auth = |id: &str| format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
     // (job, the end its script claimed: (exit code, signal), slurm_requeued)
     type Claim = Option<(Option<i32>, Option<i32>)>;
     let cases: [(&str, Claim, bool); 4] = [
@@ -2406,17 +2422,9 @@ async fn a_run_slurm_requeued_after_it_started_runs_again_and_counts_as_a_requeu
     for (id, claim, _) in cases {
         // None of them restartable, none checkpointed.
         d.forward(id, "beta", "h100", 8).await;
-        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
-        let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
-        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK);
-        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
-        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth(id), Some(body)).await;
-        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{id}: {v}");
-        if let Some((exit_code, signal)) = claim {
-            let body = serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal});
-            let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth(id), Some(body)).await;
-            assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
-        }
+        let end =
+            claim.map(|(exit_code, signal)| serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal}));
+        run_at_alpha_under_lease(&d, id, end).await;
     }
     for (id, _, slurm_requeued) in cases {
         let up = StatusUpdate {
@@ -2471,7 +2479,6 @@ async fn a_claimed_end_by_a_signal_yields_to_a_report_that_the_run_died_with_its
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
-    let auth = |id: &str| format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
     // (job, interruptible, the end its script claimed: (exit code, signal), disrupted)
     type Claim = (Option<i32>, Option<i32>);
     let cases: [(&str, bool, Claim, bool); 4] = [
@@ -2486,15 +2493,8 @@ async fn a_claimed_end_by_a_signal_yields_to_a_report_that_the_run_died_with_its
         } else {
             d.forward(id, "beta", "h100", 8).await;
         }
-        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
-        let up = StatusUpdate { job_lease: true, ..at(JobState::Running, 1) };
-        assert_eq!(d.status(id, "alpha", up).await.0, StatusCode::OK);
-        let body = serde_json::json!({"epoch": 1, "lease_ms": 2000});
-        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/lease"), &auth(id), Some(body)).await;
-        assert_eq!((s, v["valid_ms"].as_u64()), (StatusCode::OK, Some(2000)), "{id}: {v}");
-        let body = serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal, "cause": "script"});
-        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth(id), Some(body)).await;
-        assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+        let end = serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal, "cause": "script"});
+        run_at_alpha_under_lease(&d, id, Some(end)).await;
     }
     let why = "NODE_FAIL at alpha: DisruptionTarget: EvictionByEvictionAPI: Eviction API: evicting";
     for (id, _, _, disrupted) in cases {
