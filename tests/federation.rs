@@ -745,7 +745,13 @@ fn the_start_check_reads_the_stand_in_through_libslurm_as_squeue_json_does() {
     let conf = lab.slurm_conf("beta");
     let fast = std::process::Command::new(&agent).arg("--load-job").arg(&conf).arg(id.to_string()).output().unwrap();
     assert!(fast.status.success(), "{fast:?}");
-    let fast: serde_json::Value = serde_json::from_slice(&fast.stdout).unwrap();
+    // One record from slurm_load_job, then the same from slurm_load_jobs
+    // (the deferred pickup's scan).
+    let fast: Vec<serde_json::Value> =
+        String::from_utf8(fast.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(fast.len(), 2, "{fast:?}");
+    assert_eq!(fast[0], fast[1], "slurm_load_job and slurm_load_jobs read the stand-in alike");
+    let fast = fast[0].clone();
     let dump = lab.workdir("libslurm-json").join("squeue.json");
     let out = lab.cmd("beta", "squeue", &["--json", "-a", "-t", "all"]).unwrap();
     std::fs::write(&dump, &out.stdout).unwrap();
@@ -774,5 +780,16 @@ fn the_start_check_reads_the_stand_in_through_libslurm_as_squeue_json_does() {
     assert_eq!(fast["raw_state"], "RUNNING");
     assert_eq!(fast["partition"], "fleet");
     assert!(fast["admin_comment"].as_str().unwrap().starts_with("fleet:beta-"), "{fast}");
+    // The stand-in's script as the deferred pickup reads it (one
+    // slurm_job_batch_script call) is byte for byte scontrol's.
+    let script =
+        std::process::Command::new(&agent).arg("--batch-script").arg(&conf).arg(id.to_string()).output().unwrap();
+    assert!(script.status.success(), "{script:?}");
+    let native = lab.cmd("beta", "scontrol", &["write", "batch_script", &id.to_string(), "-"]).unwrap();
+    assert!(native.status.success() && !native.stdout.is_empty(), "{native:?}");
+    assert_eq!(String::from_utf8_lossy(&script.stdout), String::from_utf8_lossy(&native.stdout));
+    // No such job: a failure, not an empty script.
+    let none = std::process::Command::new(&agent).arg("--batch-script").arg(&conf).arg("4000000000").output().unwrap();
+    assert_eq!(none.status.code(), Some(1), "{none:?}");
     lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
 }

@@ -116,6 +116,14 @@ pub trait Backend: Send + Sync + 'static {
             Ok(all.into_iter().filter(|j| ids.contains(&j.native_id)).collect())
         }
     }
+    /// What the deferred pickup scans: the jobs of [`Backend::stand_ins`]
+    /// (those of other partitions may be among them: callers check
+    /// `partition`), of which only the id, state, partition, owner,
+    /// `AdminComment`, restarts, time limit, exit and array ids need be
+    /// filled. Read-only; by default `stand_ins`.
+    fn stand_ins_brief(&self, partition: &str) -> impl Future<Output = Result<Vec<NativeJob>>> + Send {
+        self.stand_ins(partition)
+    }
     /// The batch script Slurm stores for job `native_id` (owned by
     /// `user`): what a deferred stand-in carries. Backends without
     /// stand-ins refuse.

@@ -272,20 +272,27 @@ fn journal_forward<B: Backend>(
 /// The periodic scan for pending deferred stand-ins when nothing woke
 /// the agent (a datagram lost, the agent down at submission).
 pub const PICKUP_EVERY: Duration = Duration::from_secs(5);
-/// The least time between two scans (each is one `squeue --json`, which
-/// slurmctld answers under its job read lock), however many datagrams
+/// The least time between two scans (each is one `slurm_load_jobs` RPC, or
+/// `squeue --json` without libslurm, which slurmctld answers under its job
+/// read lock), however many datagrams
 /// arrive: a flood of them (anyone may send) costs a scan per second.
 pub const PICKUP_MIN_GAP: Duration = Duration::from_secs(1);
 /// A datagram's scan waits until none has come for this long, so that a
 /// burst of submissions is picked up by one scan after it, not a scan per
-/// interval while slurmctld is busiest...
-pub const PICKUP_QUIET: Duration = Duration::from_millis(300);
-/// ...but not longer than this after the first datagram.
-pub const PICKUP_MAX_DELAY: Duration = Duration::from_secs(2);
+/// interval while slurmctld is busiest (the scan, the script reads and
+/// each forward's journal write and delivery take CPU and slurmctld's job
+/// read lock from the submissions: about 8 % of a 2-core host's sbatch
+/// throughput when they ran during `make bench`'s bursts)...
+pub const PICKUP_QUIET: Duration = Duration::from_millis(500);
+/// ...but not longer than this after the first datagram (a job that is to
+/// wait at its origin is placed at most this late; one Slurm starts at
+/// once asks for itself through its proxy).
+pub const PICKUP_MAX_DELAY: Duration = Duration::from_secs(5);
 /// The scan after one a datagram started.
 pub const PICKUP_AGAIN: Duration = Duration::from_secs(1);
-/// At most this many stand-ins read (one `scontrol write batch_script`
-/// each) per scan; the rest wait for the next one.
+/// At most this many stand-ins read (one `slurm_job_batch_script` RPC each,
+/// or an `scontrol write batch_script` process) per scan; the rest wait for
+/// the next one.
 pub const PICKUP_MAX_PER_SCAN: usize = 64;
 
 /// The fleet tag of a deferred stand-in that Slurm still holds pending,
@@ -333,7 +340,7 @@ pub async fn pickup_loop<B: Backend>(agent: Arc<Agent<B>>, wake: UnixDatagram, m
     let mut next = PICKUP_EVERY;
     loop {
         let t0 = Instant::now();
-        match agent.backend.stand_ins(&agent.live().proxy_partition).await {
+        match agent.backend.stand_ins_brief(&agent.live().proxy_partition).await {
             Ok(list) => {
                 warned = false;
                 pickup(&agent, &list, &mut tried).await;
@@ -381,7 +388,7 @@ pub async fn pickup_loop<B: Backend>(agent: Arc<Agent<B>>, wake: UnixDatagram, m
 pub struct Tried(HashSet<u64>);
 
 /// Journal the forward of each pending deferred stand-in in `stand_ins`
-/// (as `squeue --json` shows the proxy partition) not journaled yet;
+/// (as Slurm shows the proxy partition) not journaled yet;
 /// returns how many were journaled now.
 pub async fn pickup<B: Backend>(agent: &Agent<B>, stand_ins: &[NativeJob], tried: &mut Tried) -> usize {
     let cfg = agent.live();

@@ -29,12 +29,19 @@ use slurm_sys as sys;
 use crate::backend::NativeJob;
 
 type LoadJob = unsafe extern "C" fn(*mut *mut sys::job_info_msg_t, u32, u16) -> c_int;
+type LoadJobs = unsafe extern "C" fn(libc::time_t, *mut *mut sys::job_info_msg_t, u16) -> c_int;
+type BatchScript = unsafe extern "C" fn(*mut libc::FILE, u32) -> c_int;
 type FreeJobInfo = unsafe extern "C" fn(*mut sys::job_info_msg_t);
 type Init = unsafe extern "C" fn(*const c_char);
 type ApiVersion = unsafe extern "C" fn() -> c_long;
 
 struct Lib {
     load_job: LoadJob,
+    /// `slurm_load_jobs` and `slurm_job_batch_script` (in every release
+    /// since 20.11; optional all the same: without them the pickup of
+    /// deferred stand-ins uses the commands).
+    load_jobs: Option<LoadJobs>,
+    batch_script: Option<BatchScript>,
     free: FreeJobInfo,
     /// Which library and release, for `--check` and the log.
     what: String,
@@ -116,6 +123,15 @@ fn open(slurm_conf: &std::path::Path) -> Result<Lib, String> {
                 sym(handle, "slurm_free_job_info_msg"),
             )
         };
+        // SAFETY: as above.
+        let (jobs, script) = unsafe { (sym(handle, "slurm_load_jobs"), sym(handle, "slurm_job_batch_script")) };
+        // SAFETY: the C signatures of slurm.h (20.11 to 25.05).
+        let (load_jobs, batch_script) = unsafe {
+            (
+                jobs.map(|p| std::mem::transmute::<*mut libc::c_void, LoadJobs>(p)),
+                script.map(|p| std::mem::transmute::<*mut libc::c_void, BatchScript>(p)),
+            )
+        };
         let (Some(ver), Some(init), Some(load), Some(free)) = found else {
             tried.push(format!("{path}: lacks the job API"));
             continue;
@@ -148,7 +164,13 @@ fn open(slurm_conf: &std::path::Path) -> Result<Lib, String> {
         // copies what it keeps); called once per process, before any
         // other call into the library.
         unsafe { init(conf.as_ptr()) };
-        return Ok(Lib { load_job: load, free, what: format!("{path} (Slurm {ma}.{mi}, API {runtime})") });
+        return Ok(Lib {
+            load_job: load,
+            load_jobs,
+            batch_script,
+            free,
+            what: format!("{path} (Slurm {ma}.{mi}, API {runtime})"),
+        });
     }
     Err(if tried.is_empty() { "no libslurm found".to_string() } else { tried.join("; ") })
 }
@@ -303,6 +325,70 @@ pub fn load_job(id: u64) -> Option<NativeJob> {
     // SAFETY: msg came from slurm_load_job and is freed once.
     unsafe { (l.free)(msg) };
     found
+}
+
+/// Every job slurmctld holds (hidden partitions included), with what
+/// [`load_job`] reads of each: one `slurm_load_jobs` RPC instead of a
+/// `squeue --json` process and its JSON (the deferred pickup's scan).
+/// `None` when the fast path is off or the call failed.
+pub fn load_jobs() -> Option<Vec<NativeJob>> {
+    let lib = lib()?;
+    let l = lib.lock();
+    let load = l.load_jobs?;
+    let mut msg: *mut sys::job_info_msg_t = std::ptr::null_mut();
+    // SAFETY: msg is a valid out-pointer; update_time 0 asks for every
+    // record; SHOW_ALL includes hidden partitions.
+    let rc = unsafe { load(0, &mut msg, sys::SHOW_ALL as u16) };
+    if rc != 0 || msg.is_null() {
+        return None;
+    }
+    // SAFETY: on success msg points to a message of record_count records
+    // in job_array, valid until freed below.
+    let all = unsafe {
+        let m = &*msg;
+        let recs: &[sys::slurm_job_info_t] = if m.job_array.is_null() || m.record_count == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(m.job_array, m.record_count as usize)
+        };
+        recs.iter().map(native_from).collect()
+    };
+    // SAFETY: msg came from slurm_load_jobs and is freed once.
+    unsafe { (l.free)(msg) };
+    Some(all)
+}
+
+/// The batch script slurmctld stores for job `id`, read as the agent
+/// (`slurm_job_batch_script`: slurmctld lets root, SlurmUser, operators
+/// and the job's owner read it). `None` when the fast path is off, the
+/// call failed (not allowed, no such job) or printed nothing: the caller
+/// then asks `scontrol`, which may run as the job's owner.
+pub fn batch_script(id: u64) -> Option<Vec<u8>> {
+    let lib = lib()?;
+    let id = u32::try_from(id).ok()?;
+    let l = lib.lock();
+    let read = l.batch_script?;
+    let mut buf: *mut c_char = std::ptr::null_mut();
+    let mut len: libc::size_t = 0;
+    // SAFETY: buf and len are valid out-pointers that stay alive until
+    // the stream is closed below.
+    let out = unsafe { libc::open_memstream(&mut buf, &mut len) };
+    if out.is_null() {
+        return None;
+    }
+    // SAFETY: out is an open stream; the library writes the script to it.
+    let rc = unsafe { read(out, id) };
+    // SAFETY: out is open and closed once; after fclose, buf/len hold the
+    // bytes written (a NUL-terminated buffer of len bytes, or null).
+    let closed = unsafe { libc::fclose(out) };
+    let script = (!buf.is_null()).then(|| {
+        // SAFETY: buf holds len bytes written by the stream.
+        let v = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.to_vec();
+        // SAFETY: open_memstream's buffer is malloc'ed and ours to free.
+        unsafe { libc::free(buf.cast()) };
+        v
+    });
+    (rc == 0 && closed == 0).then_some(script?).filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]

@@ -31,9 +31,16 @@ struct Args {
     parse_slurm_output: Option<Vec<String>>,
     /// Read job ID through libslurm (the start check's fast path) with the
     /// slurm.conf SLURM_CONF and print it as `--parse-slurm-output` does,
-    /// then exit: 3 when the fast path is off (the reason on stderr).
+    /// then the same job from the full list the deferred pickup reads
+    /// (`slurm_load_jobs`), then exit: 3 when the fast path is off (the
+    /// reason on stderr).
     #[arg(long, hide = true, num_args = 2, value_names = ["SLURM_CONF", "ID"])]
     load_job: Option<Vec<String>>,
+    /// Print job ID's batch script as the deferred pickup reads it through
+    /// libslurm (`slurm_job_batch_script`) with the slurm.conf SLURM_CONF,
+    /// then exit: 3 when the fast path is off, 1 when the call failed.
+    #[arg(long, hide = true, num_args = 2, value_names = ["SLURM_CONF", "ID"])]
+    batch_script: Option<Vec<String>>,
     /// Open and initialise libslurm with the slurm.conf SLURM_CONF and
     /// exit: 42 when the fast path works, 3 when it is off (the reason on
     /// stderr); libslurm itself exits 1 on a configuration it rejects.
@@ -62,24 +69,58 @@ fn job_json(j: &fleet_agent::backend::NativeJob) -> serde_json::Value {
     })
 }
 
-/// `--load-job SLURM_CONF ID`.
-fn load_job(conf: &str, id: &str) -> ExitCode {
-    let conf = std::path::Path::new(conf);
+/// libslurm opened with `conf` for job `id`: the id, or the exit code.
+fn open_for(conf: &str, id: &str) -> Result<u64, ExitCode> {
     let Ok(id) = id.parse::<u64>() else {
         eprintln!("fleet-agent: {id:?} is not a job id");
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     };
-    if let Err(e) = fleet_agent::libslurm::open_here(conf) {
+    if let Err(e) = fleet_agent::libslurm::open_here(std::path::Path::new(conf)) {
         eprintln!("fleet-agent: libslurm fast path off: {e}");
-        return ExitCode::from(3);
+        return Err(ExitCode::from(3));
     }
-    match fleet_agent::libslurm::load_job(id) {
-        Some(j) => {
+    Ok(id)
+}
+
+/// `--load-job SLURM_CONF ID`.
+fn load_job(conf: &str, id: &str) -> ExitCode {
+    let id = match open_for(conf, id) {
+        Ok(id) => id,
+        Err(code) => return code,
+    };
+    let Some(one) = fleet_agent::libslurm::load_job(id) else {
+        eprintln!("fleet-agent: slurm_load_job({id}) failed");
+        return ExitCode::from(1);
+    };
+    println!("{}", job_json(&one));
+    match fleet_agent::libslurm::load_jobs().map(|all| all.into_iter().find(|j| j.native_id == id)) {
+        Some(Some(j)) => {
             println!("{}", job_json(&j));
             ExitCode::SUCCESS
         }
+        Some(None) => {
+            eprintln!("fleet-agent: slurm_load_jobs does not list job {id}");
+            ExitCode::from(1)
+        }
         None => {
-            eprintln!("fleet-agent: slurm_load_job({id}) failed");
+            eprintln!("fleet-agent: slurm_load_jobs failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `--batch-script SLURM_CONF ID`.
+fn batch_script(conf: &str, id: &str) -> ExitCode {
+    use std::io::Write;
+    let id = match open_for(conf, id) {
+        Ok(id) => id,
+        Err(code) => return code,
+    };
+    match fleet_agent::libslurm::batch_script(id) {
+        Some(s) if std::io::stdout().write_all(&s).is_ok() => ExitCode::SUCCESS,
+        Some(_) => ExitCode::from(1),
+        None => {
+            eprintln!("fleet-agent: slurm_job_batch_script({id}) failed");
             ExitCode::from(1)
         }
     }
@@ -119,6 +160,9 @@ fn main() -> ExitCode {
                 ExitCode::from(3)
             }
         };
+    }
+    if let Some([conf, id]) = args.batch_script.as_deref() {
+        return batch_script(conf, id);
     }
     if let Some([conf, id]) = args.load_job.as_deref() {
         return load_job(conf, id);
