@@ -43,7 +43,9 @@
 #   before the next one starts),
 #   BENCH_CLUSTER (beta), BENCH_USER (alice), FLEET_LAB_DIR (/tmp/fleet-lab), BENCH_REUSE_LAB (1:
 #   use a running lab as it is; 0: always `lab.sh up` first).
-# Output: a table, and one machine-readable line per configuration:
+# Output: a table, the target ratios on the totals and on each configuration's
+# median round (one slow round moves the totals), and one machine-readable
+# line per configuration:
 #   BENCH config=<c> jobs=<n> subs_per_s=<x> p50_ms=<x> p99_ms=<x> alloc_p50_us=<n> alloc_p99_us=<n> rpc_mean_us=<n> hook_p50_us=<n|na> hook_p99_us=<n|na> path_ok=<k>/<n>
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
