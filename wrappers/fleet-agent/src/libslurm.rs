@@ -308,23 +308,39 @@ pub fn load_job(id: u64) -> Option<NativeJob> {
     // SAFETY: msg is a valid out-pointer; SHOW_ALL includes hidden
     // partitions (the proxy partition may be hidden).
     let rc = unsafe { (l.load_job)(&mut msg, id, sys::SHOW_ALL as u16) };
+    // SAFETY: msg is what slurm_load_job set, on success or not.
+    unsafe { read_and_free(&l, rc, msg, |recs| recs.iter().find(|j| j.job_id == id).map(native_from)) }.flatten()
+}
+
+/// `read(records)` of the job-info message `msg` that a load call
+/// answered with `rc`, then the message freed; `None` when the call
+/// failed.
+///
+/// # Safety
+/// `msg` is null or a message from `slurm_load_job(s)` not yet freed.
+unsafe fn read_and_free<T>(
+    l: &Lib,
+    rc: c_int,
+    msg: *mut sys::job_info_msg_t,
+    read: impl FnOnce(&[sys::slurm_job_info_t]) -> T,
+) -> Option<T> {
     if rc != 0 || msg.is_null() {
         return None;
     }
     // SAFETY: on success msg points to a message of record_count records
     // in job_array, valid until freed below.
-    let found = unsafe {
+    let out = unsafe {
         let m = &*msg;
         let recs: &[sys::slurm_job_info_t] = if m.job_array.is_null() || m.record_count == 0 {
             &[]
         } else {
             std::slice::from_raw_parts(m.job_array, m.record_count as usize)
         };
-        recs.iter().find(|j| j.job_id == id).map(native_from)
+        read(recs)
     };
-    // SAFETY: msg came from slurm_load_job and is freed once.
+    // SAFETY: msg came from the library and is freed once.
     unsafe { (l.free)(msg) };
-    found
+    Some(out)
 }
 
 /// Every job slurmctld holds (hidden partitions included), with what
@@ -339,23 +355,8 @@ pub fn load_jobs() -> Option<Vec<NativeJob>> {
     // SAFETY: msg is a valid out-pointer; update_time 0 asks for every
     // record; SHOW_ALL includes hidden partitions.
     let rc = unsafe { load(0, &mut msg, sys::SHOW_ALL as u16) };
-    if rc != 0 || msg.is_null() {
-        return None;
-    }
-    // SAFETY: on success msg points to a message of record_count records
-    // in job_array, valid until freed below.
-    let all = unsafe {
-        let m = &*msg;
-        let recs: &[sys::slurm_job_info_t] = if m.job_array.is_null() || m.record_count == 0 {
-            &[]
-        } else {
-            std::slice::from_raw_parts(m.job_array, m.record_count as usize)
-        };
-        recs.iter().map(native_from).collect()
-    };
-    // SAFETY: msg came from slurm_load_jobs and is freed once.
-    unsafe { (l.free)(msg) };
-    Some(all)
+    // SAFETY: msg is what slurm_load_jobs set, on success or not.
+    unsafe { read_and_free(&l, rc, msg, |recs| recs.iter().map(native_from).collect()) }
 }
 
 /// The batch script slurmctld stores for job `id`, read as the agent
