@@ -152,18 +152,21 @@ fn call(lab: &Lab, method: &str, path: &str, auth: &str, body: &str) -> (u16, St
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-/// The fleet id of the held beta job just submitted (its record has no
-/// origin job id until its stand-in starts).
-fn held_fleet_job(lab: &Lab) -> String {
+/// The fleet id of held beta stand-in `id` once the meta-scheduler holds
+/// it: the one its AdminComment tags (its record has no origin job id
+/// until its stand-in starts, and another test's held job may still be
+/// listed, on its way to being cancelled).
+fn held_fleet_job(lab: &Lab, id: u64) -> String {
     let mut fid = None;
-    for _ in 0..50 {
+    for _ in 0..75 {
         fid = lab.fleetctl_json(&["jobs"]).ok().and_then(|v| {
+            let tag = lab.job("beta", id)?.get("AdminComment")?.clone();
             v.as_array()?
                 .iter()
                 .find(|j| {
                     j["state"] == "held"
-                        && j["fleet_job_id"].as_str().is_some_and(|f| f.starts_with("beta-"))
                         && j["origin_job_id"].is_null()
+                        && j["fleet_job_id"].as_str().is_some_and(|f| f.starts_with("beta-") && tag.contains(f))
                 })
                 .map(|j| j["fleet_job_id"].as_str().unwrap().to_string())
         });
@@ -181,7 +184,7 @@ fn the_job_token_alone_cannot_start_a_held_job() {
     let dir = lab.workdir("held");
     let id =
         lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
-    let fid = held_fleet_job(lab);
+    let fid = held_fleet_job(lab, id);
     // The owner holds (or can compute from what they can read) the stand-in's
     // token; with it they ask the meta-scheduler to start the job now.
     let secret = std::fs::read_to_string(lab.root.join("secrets/beta.token")).unwrap();
@@ -225,7 +228,7 @@ fn a_copied_token_in_a_job_outside_the_proxy_partition_starts_nothing() {
     let dir = lab.workdir("copied-token");
     let id =
         lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold", &out_arg(&dir, "out.txt")], &script("echo ran")).unwrap();
-    let fid = held_fleet_job(lab);
+    let fid = held_fleet_job(lab, id);
     let decoy =
         lab.sbatch("beta", &["--fleet=local", "-t", "5", &out_arg(&dir, "decoy.txt")], &script("sleep 300")).unwrap();
     let _cancel = fleet_lab::OnDrop(|| {

@@ -496,7 +496,10 @@ async fn an_evicted_pod_is_disrupted_deleted_and_counted() {
     let policy = json!({"podFailurePolicy": {"rules": [
         {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}});
     for (name, extra) in [("pfp", policy), ("plain", json!({"backoffLimit": 1}))] {
-        let j = job(name, "echo up; sleep 60", extra);
+        // The pod ignores SIGTERM, so it stays, being deleted, for its 2 s
+        // grace period: long enough to be read after the eviction on a
+        // loaded host (a pod that ended on SIGTERM at once could be gone).
+        let j = job(name, "trap '' TERM; echo up; sleep 60", extra);
         assert_eq!(s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(j)).await.0, 201);
     }
     for name in ["pfp", "plain"] {
