@@ -29,7 +29,7 @@
 //! paths agree on what is possible at all.
 
 use crate::api::{ClusterSummary, FleetView, GpuPool, NodeShape};
-use crate::{FleetMode, GpuScope, JobRequest};
+use crate::{FleetMode, FleetOptions, GpuScope, JobRequest};
 
 /// Outcome of the rule.
 #[derive(Clone, Debug, PartialEq)]
@@ -628,6 +628,22 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
     (Placement::Remote { target: best.name.clone(), reason }, excluded)
 }
 
+/// [`place`]'s first answer, alone: true when `job` (no `--fleet*`
+/// options) would be placed home because its origin can run it and has
+/// the GPUs free now. The origin's own verdict depends on nothing else
+/// (no other cluster, health, price or identity is read), so this is the
+/// same answer for a fraction of the work: the submit hook asks it first
+/// and calls [`place`] only when it says no.
+pub fn home_starts_now(view: &FleetView, job: &JobRequest) -> bool {
+    if job.fleet != FleetOptions::default() {
+        return false;
+    }
+    view.clusters
+        .iter()
+        .find(|c| c.name == job.origin)
+        .is_some_and(|home| fits(home, job).is_ok() && free_matching(home, job) >= job.total_gpus())
+}
+
 /// Can the origin run `job` natively, as far as `view` shows? True when
 /// the origin is missing from the view (Slurm judges it). The agent uses
 /// it when a job placed elsewhere cannot be forwarded after all (a script
@@ -726,7 +742,7 @@ pub fn describe(job: &JobRequest) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Exclusive, FleetOptions, GpuRequest};
+    use crate::{Exclusive, GpuRequest};
 
     fn pool_cluster(name: &str, ty: &str, per_node: u32, nodes: u32, free: u32) -> ClusterSummary {
         ClusterSummary {
@@ -1319,6 +1335,27 @@ mod tests {
                     Placement::Home { .. } => prop_assert!(fits(&home, &job).is_ok()),
                     Placement::Impossible { .. } => prop_assert!(fits(&home, &job).is_err()),
                 }
+            }
+
+            /// The hook's shortcut answers as [`place`] does: whenever it
+            /// says home, `place` says home too (with or without
+            /// `--fleet*` options, which it leaves to `place`).
+            #[test]
+            fn home_starts_now_agrees_with_place(home in arb_cluster("home"), a in arb_cluster("a"), b in arb_cluster("b"), job in arb_job(), plain in any::<bool>()) {
+                let mut job = job;
+                if plain {
+                    job.fleet = FleetOptions::default();
+                }
+                let view = FleetView { generated_at: 0.0, clusters: vec![a, home.clone(), b] };
+                let quick = home_starts_now(&view, &job);
+                let (p, _) = place(&view, &job);
+                if quick {
+                    prop_assert!(matches!(p, Placement::Home { .. }), "{p:?}");
+                }
+                // And it is not a shortcut that never fires: a plain job
+                // the origin runs and has the GPUs for now is answered by it.
+                let free_now = fits(&home, &job).is_ok() && free_matching(&home, &job) >= job.total_gpus();
+                prop_assert_eq!(quick, job.fleet == FleetOptions::default() && free_now);
             }
         }
     }

@@ -7,18 +7,32 @@
 //! Slurm 22.05 re-inits job_submit plugins at `scontrol reconfigure` only
 //! when `JobSubmitPlugins` itself changed (`job_submit_plugin_reconfig`),
 //! so a plugin that read fleet.conf in `init()` alone would keep the old
-//! file until slurmctld restarts. [`LiveConfig`] instead looks at the
-//! file's identity (inode, size, mtime: one `stat`, about a microsecond)
-//! on every submission, as job_submit/lua does with its script, and reads
-//! it again when it changed. The next submission after an edit uses it,
-//! with or without `scontrol reconfigure`; Slurm releases that re-init
-//! plugins at reconfigure (23.11 on: slurmctld restarts itself) read it at
-//! `init()` as before. A changed file that does not load is logged once
-//! and the last good settings are kept.
+//! file until slurmctld restarts. [`LiveConfig`] instead reads it again
+//! when it changed: the next submission after an edit uses it, with or
+//! without `scontrol reconfigure`; Slurm releases that re-init plugins at
+//! reconfigure (23.11 on: slurmctld restarts itself) read it at `init()`
+//! as before. A changed file that does not load is logged once and the
+//! last good settings are kept.
+//!
+//! Noticing the change costs the submit hook no system call: a watcher
+//! thread ([`Watcher`]) waits on inotify for fleet.conf's directory (a
+//! write, a rename over it, a removal) and bumps a generation counter the
+//! hook compares with one atomic load; only then does the hook `stat` the
+//! file (inode, size, mtime) and read it if it changed. In slurmctld's
+//! cold caches a `stat` per submission cost 8–16 µs, the largest single
+//! part of the LOCAL path (`benches/hook.rs`, `local, cold caches`). The
+//! watcher also `stat`s the file itself every [`BACKSTOP`], for what
+//! inotify on the directory does not see (fleet.conf a symbolic link
+//! whose target is edited, a directory above it swapped); without inotify
+//! (no instance left for the user, no directory) or without the thread,
+//! the hook `stat`s on every submission, as job_submit/lua does with its
+//! script.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginConfig {
@@ -140,6 +154,8 @@ pub struct LiveConfig {
     path: PathBuf,
     // std Mutex: held for a stat() at most, never across the agent round trip.
     inner: Mutex<Live>,
+    /// `None`: no watcher, the file is `stat`ed on every call.
+    watcher: Option<Watcher>,
 }
 
 struct Live {
@@ -148,6 +164,8 @@ struct Live {
     /// The stamp of a changed file that did not load, `Some(None)` for a
     /// file gone (said once each).
     failed: Option<Option<Stamp>>,
+    /// The watcher's generation when the file was last looked at.
+    seen: u64,
 }
 
 /// What a look at fleet.conf found, for slurmctld's log.
@@ -161,12 +179,26 @@ pub enum Change {
 
 impl LiveConfig {
     /// Reads `path` (an error when it does not load: the plugin then fails
-    /// to init, as before).
+    /// to init, as before) and starts its [`Watcher`].
     pub fn load(path: &Path) -> Result<(Self, Vec<String>), String> {
+        Self::load_watched(path, true)
+    }
+
+    /// [`load`](Self::load), with or without the watcher (tests compare both).
+    pub fn load_watched(path: &Path, watch: bool) -> Result<(Self, Vec<String>), String> {
+        // Watching first: a change between the read and the watch's start
+        // is then seen (a generation after the one the read is stamped with).
+        let watcher = if watch { Watcher::start(path) } else { None };
+        let seen = watcher.as_ref().map_or(0, Watcher::generation);
         let st = stamp(path);
         let (cfg, warnings) = PluginConfig::load_from(path)?;
-        let live = Live { cfg: Arc::new(cfg), stamp: st, failed: None };
-        Ok((LiveConfig { path: path.to_path_buf(), inner: Mutex::new(live) }, warnings))
+        let live = Live { cfg: Arc::new(cfg), stamp: st, failed: None, seen };
+        Ok((LiveConfig { path: path.to_path_buf(), inner: Mutex::new(live), watcher }, warnings))
+    }
+
+    /// Whether a watcher spares the hook its `stat` (false: one per call).
+    pub fn watched(&self) -> bool {
+        self.watcher.as_ref().is_some_and(Watcher::alive)
     }
 
     /// The settings for this submission, read again first when the file
@@ -175,6 +207,14 @@ impl LiveConfig {
         // A panic under the lock elsewhere (none is known) leaves the
         // settings as they were: keep serving them.
         let mut live = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = self.watcher.as_ref().filter(|w| w.alive()) {
+            // Taken before the stat: a change after it bumps it again.
+            let generation = w.generation();
+            if generation == live.seen {
+                return (live.cfg.clone(), None);
+            }
+            live.seen = generation;
+        }
         let st = stamp(&self.path);
         if st == live.stamp || live.failed.as_ref() == Some(&st) {
             return (live.cfg.clone(), None);
@@ -193,6 +233,147 @@ impl LiveConfig {
             }
         }
     }
+
+    /// Stops and joins the watcher (the plugin's `fini`: no thread of this
+    /// library outlives it).
+    pub fn stop(&self) {
+        if let Some(w) = &self.watcher {
+            w.stop();
+        }
+    }
+}
+
+/// How often the watcher `stat`s fleet.conf itself, whatever inotify says.
+pub const BACKSTOP: Duration = Duration::from_secs(1);
+
+/// How long the watcher waits on inotify at a time: the most [`Watcher::stop`] waits.
+const WAIT: Duration = Duration::from_millis(100);
+
+/// What the hook and the watcher thread share.
+#[derive(Default)]
+struct WatchShared {
+    /// Bumped whenever fleet.conf may have changed.
+    generation: AtomicU64,
+    /// Cleared when the thread ends by itself (the directory went away):
+    /// the hook then `stat`s on every call.
+    alive: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// A thread waiting on inotify for fleet.conf's directory; see the module
+/// documentation.
+pub struct Watcher {
+    shared: Arc<WatchShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Watcher {
+    /// `None` when inotify or the thread is not available.
+    fn start(path: &Path) -> Option<Watcher> {
+        use rustix::fs::inotify;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
+        let mask = inotify::WatchFlags::CLOSE_WRITE
+            | inotify::WatchFlags::MODIFY
+            | inotify::WatchFlags::ATTRIB
+            | inotify::WatchFlags::CREATE
+            | inotify::WatchFlags::DELETE
+            | inotify::WatchFlags::MOVED_FROM
+            | inotify::WatchFlags::MOVED_TO
+            | inotify::WatchFlags::DELETE_SELF
+            | inotify::WatchFlags::MOVE_SELF
+            | inotify::WatchFlags::ONLYDIR;
+        inotify::add_watch(&fd, dir, mask).ok()?;
+        let shared = Arc::new(WatchShared { alive: AtomicBool::new(true), ..WatchShared::default() });
+        // Stamped before the thread runs: a change made before it first
+        // looks is a change for its backstop too.
+        let first = stamp(path);
+        let (s, p) = (shared.clone(), path.to_path_buf());
+        let thread =
+            std::thread::Builder::new().name("fleet-conf".into()).spawn(move || watch(&s, &fd, &p, first)).ok()?;
+        Some(Watcher { shared, thread: Mutex::new(Some(thread)) })
+    }
+
+    fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    fn alive(&self) -> bool {
+        self.shared.alive.load(Ordering::Acquire)
+    }
+
+    /// Stops and joins the thread (within [`WAIT`]).
+    fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A watcher dropped without [`Watcher::stop`] (the plugin's `init` failed
+/// half way) still stops its thread.
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The watcher thread: every inotify event on the directory bumps the
+/// generation; so does a changed [`stamp`] at each [`BACKSTOP`].
+fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, first: Option<Stamp>) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let bump = || shared.generation.fetch_add(1, Ordering::AcqRel);
+    let wait = Timespec { tv_sec: 0, tv_nsec: WAIT.as_nanos() as _ };
+    let mut last = first;
+    let mut looked = Instant::now();
+    let mut buf = [0u8; 4096];
+    while !shared.stop.load(Ordering::Acquire) {
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        let ready = poll(&mut fds, Some(&wait)).unwrap_or(0) > 0;
+        if ready {
+            let mut gone = false;
+            // Drain the queue; the events' names are not read: any change
+            // in the directory costs the hook one stat.
+            loop {
+                match rustix::io::read(fd, &mut buf) {
+                    Ok(n) if n > 0 => gone |= ignored(&buf[..n]),
+                    _ => break,
+                }
+            }
+            bump();
+            if gone {
+                // The directory itself went away (removed, unmounted): no
+                // more events will come; the hook stats on every call.
+                shared.alive.store(false, Ordering::Release);
+                return;
+            }
+        }
+        if ready || looked.elapsed() >= BACKSTOP {
+            let now = stamp(path);
+            if now != last && !ready {
+                bump();
+            }
+            last = now;
+            looked = Instant::now();
+        }
+    }
+}
+
+/// Does a buffer of inotify events hold `IN_IGNORED` (the watch removed)?
+fn ignored(mut events: &[u8]) -> bool {
+    // struct inotify_event { int wd; uint32_t mask, cookie, len; char name[len]; }
+    const HEAD: usize = 16;
+    const IN_IGNORED: u32 = 0x8000;
+    while events.len() >= HEAD {
+        let word = |i: usize| u32::from_ne_bytes([events[i], events[i + 1], events[i + 2], events[i + 3]]);
+        if word(4) & IN_IGNORED != 0 {
+            return true;
+        }
+        let len = HEAD.saturating_add(word(12) as usize);
+        events = events.get(len..).unwrap_or_default();
+    }
+    false
 }
 
 #[cfg(test)]
@@ -205,41 +386,98 @@ mod tests {
         )
     }
 
+    /// `live.get()` until it reports a change (at once without a watcher;
+    /// with one, once its thread saw the event: well within 5 s).
+    fn next_change(live: &LiveConfig) -> (Arc<PluginConfig>, Option<Change>) {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let got = live.get();
+            if got.1.is_some() || !live.watched() || Instant::now() > until {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn a_changed_fleet_conf_is_read_again_and_a_broken_one_ignored() {
+        for watched in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("fleet.conf");
+            std::fs::write(&path, conf("beta", 50)).unwrap();
+            let (live, _) = LiveConfig::load_watched(&path, watched).unwrap();
+            assert_eq!(live.watched(), watched);
+            let (c, change) = live.get();
+            assert_eq!((c.site.as_str(), c.timeout, change), ("beta", Duration::from_millis(50), None));
+
+            std::fs::write(&path, conf("beta", 75)).unwrap();
+            let (c, change) = next_change(&live);
+            assert_eq!(c.timeout, Duration::from_millis(75), "watched {watched}");
+            assert!(matches!(&change, Some(Change::Reloaded(l)) if l[0].contains("deadline 75 ms")), "{change:?}");
+            // Unchanged: no new line.
+            assert_eq!(live.get().1, None);
+
+            // A half-written file: said once, the last good settings kept.
+            std::fs::write(&path, "SiteName=beta\nSubmitTimeoutMs=fast\n").unwrap();
+            let (c, change) = next_change(&live);
+            assert_eq!(c.timeout, Duration::from_millis(75));
+            assert!(matches!(&change, Some(Change::Failed(e)) if e.contains("fleet.conf")), "{change:?}");
+            assert_eq!(live.get(), (c.clone(), None));
+            // Gone (an editor's rename in flight): the last good settings.
+            std::fs::remove_file(&path).unwrap();
+            let (c, change) = next_change(&live);
+            assert_eq!(c.timeout, Duration::from_millis(75));
+            assert!(matches!(&change, Some(Change::Failed(e)) if e.contains("fleet.conf")), "{change:?}");
+            assert_eq!(live.get().1, None, "said once");
+
+            // Written whole again, replaced by rename.
+            let tmp = dir.path().join("fleet.conf.new");
+            std::fs::write(&tmp, conf("beta", 20)).unwrap();
+            std::fs::rename(&tmp, &path).unwrap();
+            let (c, change) = next_change(&live);
+            assert_eq!(c.timeout, Duration::from_millis(20));
+            assert!(matches!(change, Some(Change::Reloaded(_))));
+            live.stop();
+        }
+    }
+
+    /// The watcher spares the hook its stat, and still sees what inotify
+    /// on the directory cannot: a symbolic link's target edited elsewhere
+    /// (its backstop stat). Its directory removed, the hook stats again.
+    #[test]
+    fn the_watcher_sees_edits_through_a_symlink_and_stops_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fleet.conf");
-        std::fs::write(&path, conf("beta", 50)).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let target = elsewhere.path().join("fleet.conf");
+        std::fs::write(&target, conf("beta", 50)).unwrap();
+        let etc = dir.path().join("etc");
+        std::fs::create_dir(&etc).unwrap();
+        let path = etc.join("fleet.conf");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
         let (live, _) = LiveConfig::load(&path).unwrap();
-        let (c, change) = live.get();
-        assert_eq!((c.site.as_str(), c.timeout, change), ("beta", Duration::from_millis(50), None));
+        assert!(live.watched());
+        std::fs::write(&target, conf("beta", 60)).unwrap();
+        let t = Instant::now();
+        let (c, change) = next_change(&live);
+        assert!(matches!(change, Some(Change::Reloaded(_))), "never seen");
+        assert_eq!(c.timeout, Duration::from_millis(60));
+        assert!(t.elapsed() < BACKSTOP * 3, "seen after {:?}", t.elapsed());
 
-        std::fs::write(&path, conf("beta", 75)).unwrap();
-        let (c, change) = live.get();
-        assert_eq!(c.timeout, Duration::from_millis(75));
-        assert!(matches!(&change, Some(Change::Reloaded(l)) if l[0].contains("deadline 75 ms")), "{change:?}");
-        // Unchanged: no new line.
-        assert_eq!(live.get().1, None);
-
-        // A half-written file: said once, the last good settings kept.
-        std::fs::write(&path, "SiteName=beta\nSubmitTimeoutMs=fast\n").unwrap();
-        let (c, change) = live.get();
-        assert_eq!(c.timeout, Duration::from_millis(75));
-        assert!(matches!(&change, Some(Change::Failed(e)) if e.contains("fleet.conf")), "{change:?}");
-        assert_eq!(live.get(), (c.clone(), None));
-        // Gone (an editor's rename in flight): the last good settings.
+        // The directory goes: the watcher ends, the hook stats every call.
         std::fs::remove_file(&path).unwrap();
-        let (c, change) = live.get();
-        assert_eq!(c.timeout, Duration::from_millis(75));
-        assert!(matches!(&change, Some(Change::Failed(e)) if e.contains("fleet.conf")), "{change:?}");
-        assert_eq!(live.get().1, None, "said once");
+        std::fs::remove_dir(&etc).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        while live.watched() {
+            assert!(Instant::now() < until, "the watcher kept watching a removed directory");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::create_dir(&etc).unwrap();
+        std::fs::write(&path, conf("beta", 70)).unwrap();
+        assert_eq!(live.get().0.timeout, Duration::from_millis(70), "read at once, stat per call");
 
-        // Written whole again, replaced by rename.
-        let tmp = dir.path().join("fleet.conf.new");
-        std::fs::write(&tmp, conf("beta", 20)).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-        let (c, change) = live.get();
-        assert_eq!(c.timeout, Duration::from_millis(20));
-        assert!(matches!(change, Some(Change::Reloaded(_))));
+        let (live, _) = LiveConfig::load(&path).unwrap();
+        let t = Instant::now();
+        live.stop();
+        assert!(t.elapsed() < WAIT * 5, "stop waited {:?}", t.elapsed());
     }
 }

@@ -41,7 +41,7 @@ use slurm::job_submit::{JobSubmitPlugin, Reject};
 use slurm::{log, sys};
 
 pub use config::PluginConfig;
-pub use request::{build_request, complete, prepare, Prepared};
+pub use request::{build_request, complete, finish_shape, prepare, read_shape, Prepared, Shape};
 
 pub struct FleetSubmit {
     config: config::LiveConfig,
@@ -60,7 +60,11 @@ impl JobSubmitPlugin for FleetSubmit {
             log::info(&format!("job_submit/fleet: {w}"));
         }
         let cfg = config.get().0;
-        log::info(&format!("job_submit/fleet: {}", cfg.describe()));
+        log::info(&format!(
+            "job_submit/fleet: {}; fleet.conf changes {}",
+            cfg.describe(),
+            if config.watched() { "noticed through inotify" } else { "looked for on every submission (no inotify)" }
+        ));
         let view = view::ViewCache::start(cfg.view_path.clone());
         let wake = std::os::unix::net::UnixDatagram::unbound().ok().filter(|s| s.set_nonblocking(true).is_ok());
         Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view, wake })
@@ -88,6 +92,7 @@ impl JobSubmitPlugin for FleetSubmit {
         // The watcher runs this library's code: joined before slurmctld
         // unloads it.
         self.view.stop();
+        self.config.stop();
         if let Ok(s) = self.stats.lock() {
             if let Some(line) = s.summary() {
                 log::info(&line);
@@ -123,12 +128,19 @@ impl FleetSubmit {
     ) -> (stats::Outcome, Result<(), Reject>) {
         use stats::Outcome;
         // Only what placement reads first: a job that stays home costs no
-        // copy of its script or environment.
-        let prepared = match request::prepare(job, cfg, uid) {
-            Ok(p) => p,
+        // copy of its script and no pass over its environment.
+        let shape = match request::read_shape(job, cfg, uid) {
+            Ok(Some(shape)) => shape,
+            Ok(None) => return (Outcome::Skip, Ok(())),
             Err(rej) => return (Outcome::Reject, Err(rej)),
         };
-        let mut req = match prepared {
+        // The common LOCAL answer (home can run it and has the GPUs free
+        // now), from the view the agent publishes: no other cluster is
+        // looked at (`place` would say the same, for more work).
+        if shape.is_plain() && self.view.home_starts_now(cfg, &shape.req) {
+            return (Outcome::Local, Ok(()));
+        }
+        let mut req = match request::finish_shape(job, shape) {
             Prepared::Untouched => return (Outcome::Skip, Ok(())),
             Prepared::Ask(req) => req,
             Prepared::Hetjob(req, offset) => return self.hetjob(cfg, &req, offset),

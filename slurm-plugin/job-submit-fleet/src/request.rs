@@ -48,7 +48,10 @@ fn reject(message: String) -> Reject {
 
 /// Root and slurmctld's own user (SlurmUser) may do what users may not.
 fn privileged(uid: u32) -> bool {
-    uid == 0 || uid == slurm::process_uid()
+    // slurmctld takes its user before it serves any request, and keeps it:
+    // asked once (`getuid` is a system call, a few µs in the hook's cold caches).
+    static SLURM_USER: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    uid == 0 || uid == *SLURM_USER.get_or_init(slurm::process_uid)
 }
 
 /// Does a partition list (`a,b`) name the proxy partition?
@@ -117,31 +120,70 @@ pub fn build_request(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> 
 /// constraint, the `--fleet*` options, what no other cluster can honour),
 /// without copying the script, the environment or the other text fields:
 /// enough to tell that a job stays home. [`complete`] adds the rest for a
-/// job that may leave.
+/// job that may leave. [`read_shape`] then [`finish_shape`].
 pub fn prepare(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<Prepared, Reject> {
+    Ok(match read_shape(job, config, uid)? {
+        None => Prepared::Untouched,
+        Some(shape) => finish_shape(job, shape),
+    })
+}
+
+/// A GPU job's (or a `--fleet*` job's) shape, as [`read_shape`] read it:
+/// enough for placement at its origin, before the environment is read.
+#[derive(Debug)]
+pub struct Shape {
+    /// The request so far: no `not_carried` yet ([`finish_shape`]).
+    pub req: Box<JobRequest>,
+    /// `Some(offset)`: a heterogeneous job's component.
+    pub het_offset: Option<u64>,
+    /// `tres_per_node` as submitted (for the other GRES no cluster but home knows).
+    tres_per_node: Option<String>,
+}
+
+impl Shape {
+    /// No `--fleet*` options and not part of a heterogeneous job: the
+    /// jobs that [`fleet_api::placement::home_starts_now`] may answer.
+    pub fn is_plain(&self) -> bool {
+        self.het_offset.is_none() && self.req.fleet == Default::default()
+    }
+}
+
+/// [`prepare`]'s first half, the whole of the LOCAL path's reading: the
+/// origin's rules and the job's shape, with no pass over its environment
+/// (80 strings, each in its own allocation, is the costliest read here
+/// in slurmctld's cold caches). `None`: leave the job untouched (no
+/// script, `--fleet=local`, `--test-only`, no GPUs and no `--fleet*`
+/// options, or a job Fleet forwarded here whose options do not parse).
+/// A shape placed home stays as submitted; any other goes through
+/// [`finish_shape`], which also leaves a job Fleet forwarded here alone.
+pub fn read_shape(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<Option<Shape>, Reject> {
     origin_rules(job, config, uid)?;
     // salloc / srun allocations carry no batch script: left alone.
     if !job.is_batch() {
-        return Ok(Prepared::Untouched);
+        return Ok(None);
     }
-    // A job forwarded to this cluster by Fleet is never forwarded again.
-    if job
-        .environment_iter()
-        .any(|e| e.starts_with(FORWARDED_ENV.as_bytes()) && e.get(FORWARDED_ENV.len()) == Some(&b'='))
-    {
-        return Ok(Prepared::Untouched);
-    }
+    // A job Fleet forwarded here is never refused for what it carries
+    // (its origin read the same options): it is left alone.
+    let refuse = |job: &JobDesc<'_>, code: i32, message: String| -> Result<Option<Shape>, Reject> {
+        if forwarded_here(job) {
+            Ok(None)
+        } else {
+            Err(Reject { code, message })
+        }
+    };
     let spank = job.spank_env();
-    let fleet = fleet_api::options::from_spank_env(spank.iter().map(String::as_str))
-        .map_err(|m| Reject { code: slurm::SLURM_ERROR, message: format!("fleet: {m}") })?;
+    let fleet = match fleet_api::options::from_spank_env(spank.iter().map(String::as_str)) {
+        Ok(f) => f,
+        Err(m) => return refuse(job, slurm::SLURM_ERROR, format!("fleet: {m}")),
+    };
     if fleet.mode == FleetMode::Local {
-        return Ok(Prepared::Untouched);
+        return Ok(None);
     }
     if is_test_only(job) {
         slurm::log::verbose(
             "job_submit/fleet: sbatch --test-only: answered by this cluster alone, no fleet job created",
         );
-        return Ok(Prepared::Untouched);
+        return Ok(None);
     }
     // A heterogeneous job is never half forwarded: every component stays
     // (read in full, so that one home cannot run is refused with the reason).
@@ -150,36 +192,20 @@ pub fn prepare(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result
     // one as deferred stand-ins when the published view sends it away.
     let is_array = job.bytes(StrField::ArrayInx).is_some_and(|b| !b.is_empty());
     let [per_job, per_node, per_task, per_socket] = TRES_FIELDS.map(|f| job.get(f).map(|s| s.into_owned()));
-    let gpus = slurm_conf::tres::parse_job_tres(
+    let gpus = match slurm_conf::tres::parse_job_tres(
         per_job.as_deref(),
         per_node.as_deref(),
         per_task.as_deref(),
         per_socket.as_deref(),
-    )
-    .map_err(|e| Reject { code: sys::ESLURM_INVALID_GRES as i32, message: format!("fleet: {e}") })?;
+    ) {
+        Ok(g) => g,
+        Err(e) => return refuse(job, sys::ESLURM_INVALID_GRES as i32, format!("fleet: {e}")),
+    };
     if gpus.is_empty() && fleet == Default::default() {
-        return Ok(Prepared::Untouched);
+        return Ok(None);
     }
 
     let constraint = job.get(StrField::Features).map(|s| s.into_owned()).filter(|s| !s.is_empty());
-    let mut not_carried = not_carried(job, per_node.as_deref());
-    // Options sbatch passes in the job's environment only.
-    let mut export_env = false;
-    let (mut propagate, mut get_user_env) = (false, false);
-    carried_env(job, |e| {
-        if let Some(name) = e.strip_prefix("SLURM_") {
-            export_env |= name.starts_with("EXPORT_ENV=");
-            propagate |= name.starts_with("RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U'));
-            get_user_env |= name == "GET_USER_ENV=1";
-        }
-    });
-    if propagate {
-        not_carried.push("--propagate".into());
-    }
-    if !export_env && get_user_env {
-        not_carried.push("--get-user-env".into());
-    }
-
     let mem = job.num(NumField::PnMinMemory);
     let (mem_per_node_mb, mem_per_cpu_mb) = match mem {
         m if m == NO_VAL64 => (None, None),
@@ -210,13 +236,48 @@ pub fn prepare(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result
         mem_per_gpu_mb,
         cpus_per_gpu,
         constraint,
-        not_carried,
         ..JobRequest::default()
     });
-    Ok(match het_offset {
+    Ok(Some(Shape { req, het_offset, tres_per_node: per_node }))
+}
+
+/// [`prepare`]'s second half: a job Fleet forwarded here is never
+/// forwarded again (untouched); otherwise what no other cluster can
+/// honour is added to the shape's request (`not_carried`, which
+/// placement reads), and the job is to be asked about.
+pub fn finish_shape(job: &mut JobDesc<'_>, shape: Shape) -> Prepared {
+    if forwarded_here(job) {
+        return Prepared::Untouched;
+    }
+    let Shape { mut req, het_offset, tres_per_node } = shape;
+    let mut not_carried = not_carried(job, tres_per_node.as_deref());
+    // Options sbatch passes in the job's environment only.
+    let mut export_env = false;
+    let (mut propagate, mut get_user_env) = (false, false);
+    carried_env(job, |e| {
+        if let Some(name) = e.strip_prefix("SLURM_") {
+            export_env |= name.starts_with("EXPORT_ENV=");
+            propagate |= name.starts_with("RLIMIT_") && e.split_once('=').is_some_and(|(_, v)| v.starts_with('U'));
+            get_user_env |= name == "GET_USER_ENV=1";
+        }
+    });
+    if propagate {
+        not_carried.push("--propagate".into());
+    }
+    if !export_env && get_user_env {
+        not_carried.push("--get-user-env".into());
+    }
+    req.not_carried = not_carried;
+    match het_offset {
         Some(o) => Prepared::Hetjob(req, o),
         None => Prepared::Ask(req),
-    })
+    }
+}
+
+/// Was the job submitted by a Fleet agent for a job forwarded here
+/// (`FLEET_FORWARDED_JOB=` in its environment)?
+fn forwarded_here(job: &JobDesc<'_>) -> bool {
+    job.environment_iter().any(|e| e.starts_with(FORWARDED_ENV.as_bytes()) && e.get(FORWARDED_ENV.len()) == Some(&b'='))
 }
 
 /// The GPU request fields, in [`slurm_conf::tres::parse_job_tres`]'s order.
@@ -490,6 +551,7 @@ mod tests {
     }
 
     const SCRIPT: (StrField, &str) = (StrField::Script, "#!/bin/sh\ntrue\n");
+    const H100: (StrField, &str) = (StrField::TresPerNode, "gres:gpu:h100:8");
 
     #[test]
     fn the_environment_travels_utf8_and_bounded() {
@@ -594,6 +656,46 @@ mod tests {
         assert_eq!(e.code, sys::ESLURM_INVALID_GRES as i32);
         let e = run(&[SCRIPT], &["_SLURM_SPANK_OPTION_fleet_fleet=sideways"]).unwrap_err();
         assert_eq!(e.message, "fleet: --fleet=sideways: expected auto, local or remote");
+        // A job Fleet forwarded here is left alone, never refused for what
+        // it carries (its origin read it), though the environment that says
+        // so is read only after the options and the GPU request.
+        let forwarded = ["FLEET_FORWARDED_JOB=alpha-00ab"];
+        for (fields, spank) in [
+            (vec![SCRIPT, (StrField::TresPerNode, "gres:gpu:h100:x")], vec![]),
+            (vec![SCRIPT, H100], vec!["_SLURM_SPANK_OPTION_fleet_fleet=sideways"]),
+        ] {
+            assert_eq!(run_full(&fields, &[], &spank, &forwarded, 1000), Ok(Prepared::Untouched));
+        }
+    }
+
+    /// The LOCAL path reads the shape alone: `not_carried` (which placement
+    /// reads away from home) and the forwarded mark come with
+    /// `finish_shape`, and `prepare` is the two together.
+    #[test]
+    fn the_shape_is_read_first_and_finished_for_jobs_that_may_leave() {
+        let fields = [SCRIPT, H100, (StrField::Licenses, "matlab:1")];
+        let env = ["SLURM_GET_USER_ENV=1"];
+        let shape = with_descriptor(&fields, &[], &[], &env, |jd| read_shape(jd, &config(), 1000)).unwrap().unwrap();
+        assert!(shape.is_plain() && shape.req.not_carried.is_empty() && shape.req.gpus.len() == 1, "{shape:?}");
+        let finished = with_descriptor(&fields, &[], &[], &env, |jd| finish_shape(jd, shape));
+        let Prepared::Ask(req) = finished else { panic!("{finished:?}") };
+        assert_eq!(req.not_carried, ["--licenses=matlab:1", "--get-user-env"]);
+        let Ok(Prepared::Ask(whole)) = run_full(&fields, &[], &[], &env, 1000) else { panic!() };
+        assert_eq!(whole.not_carried, req.not_carried);
+        // Options or a hetjob component: not plain (placement decides them).
+        let shape = with_descriptor(&[SCRIPT, H100], &[], &["_SLURM_SPANK_OPTION_fleet_fleet_to=alpha"], &[], |jd| {
+            read_shape(jd, &config(), 1000)
+        });
+        assert!(!shape.unwrap().unwrap().is_plain());
+        let shape = with_descriptor(&[SCRIPT, H100], &[(NumField::HetJobOffset, 0)], &[], &[], |jd| {
+            read_shape(jd, &config(), 1000)
+        });
+        assert!(!shape.unwrap().unwrap().is_plain());
+        // A job Fleet forwarded here: a shape, then left alone.
+        let fwd = ["FLEET_FORWARDED_JOB=alpha-00ab"];
+        let shape = with_descriptor(&[SCRIPT, H100], &[], &[], &fwd, |jd| read_shape(jd, &config(), 1000));
+        let finished = with_descriptor(&[SCRIPT, H100], &[], &[], &fwd, |jd| finish_shape(jd, shape.unwrap().unwrap()));
+        assert_eq!(finished, Prepared::Untouched);
     }
 
     #[test]
@@ -606,8 +708,6 @@ mod tests {
         assert_eq!(r.script_len, Some(big.len() as u64));
         assert_eq!(r.origin, "beta");
     }
-
-    const H100: (StrField, &str) = (StrField::TresPerNode, "gres:gpu:h100:8");
 
     #[test]
     fn the_whole_request_is_read() {

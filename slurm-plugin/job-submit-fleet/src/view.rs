@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use fleet_api::api::FleetView;
-use fleet_api::placement::{fits, origin_fits, place, place_or_wait, Placement};
+use fleet_api::placement::{fits, home_starts_now, origin_fits, place, place_or_wait, Placement};
 use fleet_api::JobRequest;
 
 use crate::PluginConfig;
@@ -119,6 +119,13 @@ impl ViewCache {
     /// True when a fresh published view places `job` at its origin.
     pub fn stays_home(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
         self.with_view(cfg, |v| matches!(place(v, job).0, Placement::Home { .. })).unwrap_or(false)
+    }
+
+    /// True when a fresh published view says the origin can run `job` and
+    /// has its GPUs free now ([`fleet_api::placement::home_starts_now`]):
+    /// [`stays_home`](Self::stays_home)'s common case, for less work.
+    pub fn home_starts_now(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
+        self.with_view(cfg, |v| home_starts_now(v, job)).unwrap_or(false)
     }
 
     /// The cluster the published view sends `job` to, when it must leave
