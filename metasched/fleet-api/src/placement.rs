@@ -154,32 +154,34 @@ impl Demand {
     }
 }
 
-/// One group of identical nodes, with "unknown" as `None`.
+/// One group of identical nodes, with "unknown" as `None` (borrowed from
+/// the cluster's summary: the submit hook places jobs with it, where every
+/// allocation costs).
 #[derive(Clone, Debug, PartialEq)]
-struct Nodes {
-    gpu_type: Option<String>,
+struct Nodes<'a> {
+    gpu_type: Option<&'a str>,
     gpus: u32,
     cpus: Option<u64>,
     mem: Option<u64>,
-    features: Option<Vec<String>>,
+    features: Option<&'a [String]>,
     count: u32,
 }
 
 /// The cluster's nodes: its shapes, or (older meta-scheduler) nodes made
 /// up from its GPU pools: `nodes` nodes holding `total` GPUs, as many as
 /// possible with `max_per_node`.
-fn nodes_of(c: &ClusterSummary) -> Vec<Nodes> {
+fn nodes_of(c: &ClusterSummary) -> Vec<Nodes<'_>> {
     if !c.nodes.is_empty() {
         return c
             .nodes
             .iter()
             .filter(|n| n.count > 0)
             .map(|n| Nodes {
-                gpu_type: n.gpu_type.clone(),
+                gpu_type: n.gpu_type.as_deref(),
                 gpus: n.gpus,
                 cpus: (n.cpus > 0).then_some(n.cpus.into()),
                 mem: (n.memory_mb > 0).then_some(n.memory_mb),
-                features: n.features.clone(),
+                features: n.features.as_deref(),
                 count: n.count,
             })
             .collect();
@@ -195,7 +197,7 @@ fn nodes_of(c: &ClusterSummary) -> Vec<Nodes> {
         let mut push = |gpus: u32, count: u32| {
             if count > 0 && gpus > 0 {
                 out.push(Nodes {
-                    gpu_type: Some(p.gpu_type.clone()),
+                    gpu_type: Some(p.gpu_type.as_str()),
                     gpus,
                     cpus: None,
                     mem: None,
@@ -259,10 +261,10 @@ fn type_matches(want: Option<&str>, have: &str, at_origin: bool) -> bool {
 
 /// What one node of a group can give the job: `None` when it cannot hold
 /// its share at all (the reason), else (most tasks, GPUs for `--gpus`).
-fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), String> {
-    let ty = n.gpu_type.as_deref().unwrap_or("no");
+fn node_capacity(n: &Nodes<'_>, d: &Demand, at_origin: bool) -> Result<(u64, u64), String> {
+    let ty = n.gpu_type.unwrap_or("no");
     if d.wants_gpus() {
-        match (&d.gpu_type, &n.gpu_type) {
+        match (&d.gpu_type, n.gpu_type) {
             (_, None) => return Err("no GPUs".into()),
             (Some(w), Some(t)) if !w.eq_ignore_ascii_case(t) => return Err(format!("{t}, not {w}")),
             (None, Some(t)) if !type_matches(None, t, at_origin) => {
@@ -272,7 +274,7 @@ fn node_capacity(n: &Nodes, d: &Demand, at_origin: bool) -> Result<(u64, u64), S
         }
     }
     if let Some(c) = &d.constraint {
-        match n.features.as_deref().map(|f| c.holds(f)) {
+        match n.features.map(|f| c.holds(f)) {
             Some(Some(true)) => {}
             Some(Some(false)) => return Err("lacks the --constraint features".into()),
             // Unknown features or a constraint too complex to evaluate:
@@ -399,7 +401,7 @@ fn top_sum(groups: &[(u64, u32)], n: u32) -> u64 {
 /// Can a cluster with these nodes ever run the job (capacity, not load)?
 /// `Ok(n)`: the fewest nodes it would take; `Err`: why not.
 /// `at_origin` makes what cannot be seen count as satisfiable.
-fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, String> {
+fn fits_nodes(nodes: &[Nodes<'_>], d: &Demand, at_origin: bool) -> Result<u32, String> {
     let mut usable: Vec<(u64, u64, u32)> = Vec::new(); // (tasks, spare GPUs, count)
     let mut why: Option<String> = None;
     for n in nodes {
@@ -411,7 +413,7 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
         }
     }
     let avail: u32 = usable.iter().fold(0u32, |a, u| a.saturating_add(u.2));
-    let what = d.gpu_type.as_deref().map(|t| format!("{t} ")).unwrap_or_default();
+    let what = || what_nodes(d);
     if avail == 0 {
         // The two common cases in the words users know; else the first reason.
         let typed: Vec<&Nodes> = nodes
@@ -425,7 +427,7 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
         let max = typed.iter().map(|n| n.gpus).max().unwrap_or(0);
         let ty = d.gpu_type.as_deref().unwrap_or("gpu");
         return Err(match why {
-            _ if d.wants_gpus() && typed.is_empty() => format!("has no {what}GPUs"),
+            _ if d.wants_gpus() && typed.is_empty() => format!("has no {}GPUs", what()),
             _ if d.wants_gpus() && max < d.gpus_per_node => {
                 format!("has at most {max} {ty} per node, job needs {} per node", d.gpus_per_node)
             }
@@ -436,7 +438,7 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
     if avail < d.min_nodes {
         return Err(format!(
             "has {avail} {}node(s) that could hold the job's share, job needs {}",
-            what_nodes(d),
+            what(),
             d.min_nodes
         ));
     }
@@ -474,8 +476,9 @@ fn fits_nodes(nodes: &[Nodes], d: &Demand, at_origin: bool) -> Result<u32, Strin
     if gpus_of(n) < u64::from(d.gpus_per_job) {
         let per = usable.iter().map(|u| u.1).max().unwrap_or(0);
         return Err(format!(
-            "holds at most {} {what}GPUs on {n} node(s) ({per} per node), job needs {} on {range}",
+            "holds at most {} {}GPUs on {n} node(s) ({per} per node), job needs {} on {range}",
             gpus_of(n),
+            what(),
             d.gpus_per_job
         ));
     }

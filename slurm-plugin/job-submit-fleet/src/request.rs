@@ -96,12 +96,13 @@ pub fn proxy_partition_rule(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u
 /// will-run RPC validates the request first), but nothing may be
 /// created. sbatch sends its command line in `submit_line`.
 fn is_test_only(job: &mut JobDesc<'_>) -> bool {
-    let Some(line) = job.get(StrField::SubmitLine) else {
+    // A byte search first: most command lines do not hold the text at all.
+    let Some(line) = job.bytes(StrField::SubmitLine).filter(|b| b.windows(11).any(|w| w == b"--test-only")) else {
         return false;
     };
     // Any word of the command line: a script argument spelled
     // --test-only only keeps that job home, where Slurm alone answers.
-    line.split_whitespace().any(|w| w == "--test-only" || w.starts_with("--test-only="))
+    String::from_utf8_lossy(line).split_whitespace().any(|w| w == "--test-only" || w.starts_with("--test-only="))
 }
 
 /// Read the submission. Errors are the user's: bad `--fleet*` values or a
