@@ -327,19 +327,18 @@ fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, first: Opt
     let wait = Timespec { tv_sec: 0, tv_nsec: WAIT.as_nanos() as _ };
     let mut last = first;
     let mut looked = Instant::now();
-    let mut buf = [0u8; 4096];
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
     while !shared.stop.load(Ordering::Acquire) {
         let mut fds = [PollFd::new(fd, PollFlags::IN)];
         let ready = poll(&mut fds, Some(&wait)).unwrap_or(0) > 0;
         if ready {
+            // Drain the queue (non-blocking: it ends on EAGAIN); the events'
+            // names are not read: any change in the directory costs the
+            // hook one stat. IN_IGNORED: the watch is gone.
             let mut gone = false;
-            // Drain the queue; the events' names are not read: any change
-            // in the directory costs the hook one stat.
-            loop {
-                match rustix::io::read(fd, &mut buf) {
-                    Ok(n) if n > 0 => gone |= ignored(&buf[..n]),
-                    _ => break,
-                }
+            let mut events = rustix::fs::inotify::Reader::new(fd, &mut buf);
+            while let Ok(e) = events.next() {
+                gone |= e.events().contains(rustix::fs::inotify::ReadFlags::IGNORED);
             }
             bump();
             if gone {
@@ -358,22 +357,6 @@ fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, first: Opt
             looked = Instant::now();
         }
     }
-}
-
-/// Does a buffer of inotify events hold `IN_IGNORED` (the watch removed)?
-fn ignored(mut events: &[u8]) -> bool {
-    // struct inotify_event { int wd; uint32_t mask, cookie, len; char name[len]; }
-    const HEAD: usize = 16;
-    const IN_IGNORED: u32 = 0x8000;
-    while events.len() >= HEAD {
-        let word = |i: usize| u32::from_ne_bytes([events[i], events[i + 1], events[i + 2], events[i + 3]]);
-        if word(4) & IN_IGNORED != 0 {
-            return true;
-        }
-        let len = HEAD.saturating_add(word(12) as usize);
-        events = events.get(len..).unwrap_or_default();
-    }
-    false
 }
 
 #[cfg(test)]
