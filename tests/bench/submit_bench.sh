@@ -231,6 +231,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
     grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 >>"$OUT/$cfg.stats" || true
     grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 \
       | sed -E 's/.*last=([0-9]+) p50_us=([0-9]+) p99_us=([0-9]+) max_us=([0-9]+).*/\1 \2 \3 \4/' >>"$OUT/$cfg.hook" || true
+    # Its mean per call (`mean_us=`): what the hook adds to slurmctld's submit RPC.
+    grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 | grep -o 'mean_us=[0-9.]*' | cut -d= -f2 >>"$OUT/$cfg.mean" || true
     # The agent round trips' part of the hook (FORWARD): `ask_p50_us=.. ask_p99_us=..`.
     grep -o 'job_submit/fleet: stats .*' "$OUT/round.log" | tail -1 | grep -o 'ask_p50_us=[0-9]* ask_p99_us=[0-9]*' \
       | sed -E 's/ask_p50_us=([0-9]+) ask_p99_us=([0-9]+)/\1 \2/' >>"$OUT/$cfg.ask" || true
@@ -323,6 +325,15 @@ if [[ -s $OUT/none.rpc ]]; then
     echo "$line"
   done
 fi
+# The hook's own time in slurmctld against the RPC it runs in: the share
+# of the submit RPC the LOCAL path adds, read without the RPC's round-to-
+# round noise (the RPC ratios above move by a few % between runs).
+if [[ -s $OUT/local.mean && -s $OUT/none.rpc ]]; then
+  hm=$(median %.1f <"$OUT/local.mean")
+  rn=$(rpc_rounds none | median)
+  share=$(awk -v h="$hm" -v r="$rn" 'BEGIN{ if (r+0>0) printf "%.2f", 100*h/r; else print "na" }')
+  echo "LOCAL hook mean in slurmctld, median round: $hm us = $share % of the no-plugin submit RPC ($rn us, median round) -> within 1 %: $(awk -v v="$share" 'BEGIN{print (v=="na")?"n/a":((v+0<=1)?"PASS":"FAIL")}')"
+fi
 if [[ -n ${TPUT[local]:-} ]]; then
   h99=$(awk 'BEGIN{m="na"} {if (m=="na" || $3>m) m=$3} END{print m}' "$OUT/local.hook")
   if [[ $h99 == na ]]; then echo "target hook p99 <= 250 us: n/a (job_submit_fleet logged no per-call durations; the client-side latency includes it)"
@@ -337,13 +348,16 @@ for cfg in local forward deferred; do
   [[ -s $OUT/$cfg.hook ]] || continue
   # Per round: the hook's p50/p99, and of it the agent round trip's (where asked).
   echo "hook per round ($cfg): $(awk '{printf "%s p50 %d/p99 %d us", (NR>1?";":""), $2, $3}' "$OUT/$cfg.hook")"
+  if [[ -s $OUT/$cfg.mean ]]; then
+    echo "hook mean per round ($cfg): $(paste -sd' ' "$OUT/$cfg.mean") us"
+  fi
   if [[ -s $OUT/$cfg.ask ]]; then
     echo "agent round trip per round ($cfg): $(awk '{printf "%s p50 %d/p99 %d us", (NR>1?";":""), $1, $2}' "$OUT/$cfg.ask")"
   fi
 done
 for cfg in local forward deferred; do
   [[ -s $OUT/$cfg.stats ]] || continue
-  echo "job_submit_fleet outcomes in ($cfg) rounds (warm-up included): $(awk '{for (i=1;i<=NF;i++) if ($i ~ /^(skip|local|forward|reject|failopen|deferred|asked)=/) {split($i,kv,"="); t[kv[1]]+=kv[2]}} END{printf "skip=%d local=%d forward=%d reject=%d failopen=%d deferred=%d asked=%d (agent round trips)", t["skip"], t["local"], t["forward"], t["reject"], t["failopen"], t["deferred"], t["asked"]}' "$OUT/$cfg.stats")"
+  echo "job_submit_fleet outcomes in ($cfg) rounds (warm-up included): $(awk '{for (i=1;i<=NF;i++) if ($i ~ /^(skip|local|forward|reject|failopen|deferred|asked|remembered)=/) {split($i,kv,"="); t[kv[1]]+=kv[2]}} END{printf "skip=%d local=%d (remembered=%d) forward=%d reject=%d failopen=%d deferred=%d asked=%d (agent round trips)", t["skip"], t["local"], t["remembered"], t["forward"], t["reject"], t["failopen"], t["deferred"], t["asked"]}' "$OUT/$cfg.stats")"
 done
 if [[ -s $OUT/sbatch.err ]]; then log "sbatch errors (first lines of $OUT/sbatch.err):"; head -5 "$OUT/sbatch.err" >&2; fi
 if [[ " ${CONFIGS[*]} " == *" forward "* || " ${CONFIGS[*]} " == *" deferred "* ]]; then

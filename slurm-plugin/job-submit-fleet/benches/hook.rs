@@ -19,7 +19,8 @@
 //!
 //! Every call's outcome is checked (partition unchanged or the proxy's), so
 //! a path that silently changed makes the benchmark fail rather than
-//! report a faster wrong answer. `BENCH_ITERS` sets the LOCAL count (20000).
+//! report a faster wrong answer. `BENCH_ITERS` sets the LOCAL count (20000);
+//! `BENCH_COLD_ONLY=N` stops after N cold calls (for a cache simulator).
 
 use std::ffi::{c_char, CString};
 use std::io::{BufRead, Write};
@@ -223,9 +224,10 @@ fn main() {
     // whose RPC thread runs the hook between other work about every
     // 10 ms: 64 MiB written between calls evicts the plugin's code and
     // data from every cache level (and its pages from the TLB).
+    let cold_iters = std::env::var("BENCH_COLD_ONLY").ok().and_then(|v| v.parse().ok());
     let mut junk = vec![0u8; 64 << 20];
     let mut ns = Vec::with_capacity(iters / 10);
-    for i in 0..iters / 10 {
+    for i in 0..cold_iters.unwrap_or(iters / 10) {
         for b in junk.iter_mut().step_by(64) {
             *b = b.wrapping_add(i as u8);
         }
@@ -239,6 +241,10 @@ fn main() {
     std::hint::black_box(&junk);
     drop(junk);
     report("local, cold caches", ns);
+    if cold_iters.is_some() {
+        // Only the cold case (for a cache simulator: `valgrind --tool=callgrind --cache-sim=yes`).
+        return local.fini();
+    }
 
     // The whole request, as the LOCAL path read it before.
     let cfg = PluginConfig::load_from(&dir.path().join("sync.conf")).unwrap().0;

@@ -32,7 +32,7 @@ mod request;
 mod stats;
 mod view;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fleet_api::wire::{ForwardPlan, PluginReply};
@@ -121,7 +121,7 @@ impl FleetSubmit {
     /// (to how long the round trip took).
     fn decide(
         &self,
-        cfg: &PluginConfig,
+        cfg: &Arc<PluginConfig>,
         job: &mut JobDesc<'_>,
         uid: u32,
         ask_us: &mut Option<u64>,
@@ -129,7 +129,20 @@ impl FleetSubmit {
         use stats::Outcome;
         // Only what placement reads first: a job that stays home costs no
         // copy of its script and no pass over its environment.
-        let shape = match request::read_shape(job, cfg, uid) {
+        let pre = match request::read_pre(job, cfg, uid) {
+            Ok(Some(pre)) => pre,
+            Ok(None) => return (Outcome::Skip, Ok(())),
+            Err(rej) => return (Outcome::Reject, Err(rej)),
+        };
+        // A plain job of a shape the view held now already placed home:
+        // the same answer, for a comparison of bytes (slurmctld runs the
+        // hook with its caches cold, where reading and placing a shape
+        // costs most; a site's GPU jobs come in a few shapes).
+        let key = if pre.is_plain() { request::ShapeKey::of(job) } else { None };
+        if key.as_ref().is_some_and(|k| self.view.remembered_home(cfg, k.as_bytes())) {
+            return (Outcome::Remembered, Ok(()));
+        }
+        let shape = match request::shape_of(job, cfg, pre) {
             Ok(Some(shape)) => shape,
             Ok(None) => return (Outcome::Skip, Ok(())),
             Err(rej) => return (Outcome::Reject, Err(rej)),
@@ -137,7 +150,8 @@ impl FleetSubmit {
         // The common LOCAL answer (home can run it and has the GPUs free
         // now), from the view the agent publishes: no other cluster is
         // looked at (`place` would say the same, for more work).
-        if shape.is_plain() && self.view.home_starts_now(cfg, &shape.req) {
+        if shape.is_plain() && self.view.home_starts_now(cfg, &shape.req, key.as_ref().map(request::ShapeKey::as_bytes))
+        {
             return (Outcome::Local, Ok(()));
         }
         let mut req = match request::finish_shape(job, shape) {
@@ -616,7 +630,7 @@ mod hook_tests {
         std::env::set_var("FLEET_CONF", &conf);
         let plugin = FleetSubmit::init().unwrap();
         let (line, part) = submit(&plugin, "gres:gpu:a100:1");
-        assert!(line.contains(" local=1 ") && line.ends_with(" asked=0"), "{line}");
+        assert!(line.contains(" local=1 ") && line.ends_with(" asked=0 remembered=0"), "{line}");
         assert_eq!(part.as_deref(), Some("gpu"));
         // That job taught the watcher its submitter's name (resolved off
         // the hook), which placement reads with ForwardMode=deferred.
@@ -635,7 +649,7 @@ mod hook_tests {
         }
         std::thread::sleep(view::POLL * 3);
         let (line, _) = submit(&plugin, "gres:gpu:a100:1");
-        assert!(line.contains(" local=2 ") && line.ends_with(" asked=0"), "{line}");
+        assert!(line.contains(" local=2 ") && line.ends_with(" asked=0 remembered=0"), "{line}");
         // A job the view sends away becomes a deferred stand-in, no round
         // trip; the agent's wake-up socket gets one datagram (here a test
         // socket stands in for the agent's).
@@ -644,20 +658,102 @@ mod hook_tests {
         let mut buf = [0u8; 16];
         assert!(wake.recv(&mut buf).is_err(), "nothing sent for the jobs that stayed home");
         let (line, part) = submit(&plugin, "gres:gpu:h100:8");
-        assert!(line.contains(" deferred=1 ") && line.ends_with(" asked=0"), "{line}");
+        assert!(line.contains(" deferred=1 ") && line.ends_with(" asked=0 remembered=0"), "{line}");
         assert_eq!(part.as_deref(), Some("fleet"));
         assert!(wake.recv(&mut buf).is_ok(), "the agent was woken");
         assert!(wake.recv(&mut buf).is_err(), "once");
         drop(wake);
         // No agent listening: the next deferred stand-in is made all the same.
         let (line, _) = submit(&plugin, "gres:gpu:h100:8");
-        assert!(line.contains(" deferred=2 ") && line.ends_with(" asked=0"), "{line}");
+        assert!(line.contains(" deferred=2 ") && line.ends_with(" asked=0 remembered=0"), "{line}");
         // Without fresh views (the agent stopped publishing) a job that
         // could leave asks the agent, which is not there: it stays (fail open).
         std::thread::sleep(Duration::from_millis(1100));
         let (line, part) = submit(&plugin, "gres:gpu:a100:1");
-        assert!(line.contains(" failopen=1 ") && line.contains(" asked=1 ask_p50_us="), "{line}");
+        assert!(line.contains(" failopen=1 ") && line.contains(" asked=1 remembered=0 ask_p50_us="), "{line}");
         assert_eq!(part.as_deref(), Some("gpu"));
+        plugin.fini();
+    }
+
+    /// `(local, remembered)` of a stats line.
+    fn local_remembered(line: &str) -> (u64, u64) {
+        let field = |name: &str| {
+            let v = line.split(' ').find_map(|w| w.strip_prefix(name)).unwrap_or_else(|| panic!("{name} in {line}"));
+            v.parse::<u64>().unwrap()
+        };
+        (field("local="), field("remembered="))
+    }
+
+    #[test]
+    fn a_shape_placed_home_is_remembered_for_that_view_and_fleet_conf_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("agent");
+        std::fs::create_dir_all(&spool).unwrap();
+        let conf = dir.path().join("fleet.conf");
+        let write_conf = |extra: &str| {
+            std::fs::write(
+                &conf,
+                format!(
+                    "SiteName=beta\nMetaSchedulerUrl=https://m.example:8443\nAgentSocket={}\nAgentSpoolDir={}\nViewMaxAgeMs=1000\nForwardMode=deferred\n{extra}",
+                    dir.path().join("none.sock").display(),
+                    spool.display()
+                ),
+            )
+            .unwrap()
+        };
+        write_conf("");
+        let publish = |free: u32| {
+            let tmp = spool.join("view.json.tmp");
+            std::fs::write(&tmp, view(free)).unwrap();
+            std::fs::rename(&tmp, spool.join("view.json")).unwrap();
+        };
+        // The watcher has the view published last (it polls every POLL).
+        let settle = || std::thread::sleep(view::POLL * 3);
+        publish(16);
+        std::env::set_var("FLEET_CONF", &conf);
+        let plugin = FleetSubmit::init().unwrap();
+        let local = |gres: &str| {
+            let (line, part) = submit(&plugin, gres);
+            assert_eq!(part.as_deref(), Some("gpu"), "{gres} stays as submitted: {line}");
+            local_remembered(&line)
+        };
+        // Placed once, then remembered; another shape is placed first.
+        assert_eq!(local("gres:gpu:a100:1"), (1, 0));
+        assert_eq!(local("gres:gpu:a100:1"), (2, 1));
+        assert_eq!(local("gres:gpu:a100:2"), (3, 1));
+        assert_eq!(local("gres:gpu:a100:2"), (4, 2));
+        assert_eq!(local("gres:gpu:a100:1"), (5, 3));
+        // A GPU type home does not have is never taken for a remembered shape.
+        let (line, part) = submit(&plugin, "gres:gpu:h100:1");
+        assert_eq!(part.as_deref(), Some("fleet"), "{line}");
+        assert_eq!(local_remembered(&line), (5, 3));
+        // A new view with beta's GPUs all busy: the shape is placed again
+        // (it waits at home, the only a100 cluster), not remembered.
+        publish(0);
+        settle();
+        assert_eq!(local("gres:gpu:a100:1"), (6, 3));
+        assert_eq!(local("gres:gpu:a100:1"), (7, 3), "a shape that waits at home is not remembered");
+        // Free again: placed once more under the new view, then remembered.
+        publish(16);
+        settle();
+        assert_eq!(local("gres:gpu:a100:1"), (8, 3));
+        assert_eq!(local("gres:gpu:a100:1"), (9, 4));
+        // A changed fleet.conf (any change) starts the memo over.
+        write_conf("# changed\n");
+        let t0 = std::time::Instant::now();
+        while plugin.config.get().1.is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the change was not seen");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(local("gres:gpu:a100:1"), (10, 4));
+        assert_eq!(local("gres:gpu:a100:1"), (11, 5));
+        // A view older than ViewMaxAgeMs answers nothing, remembered or
+        // not: the job asks the agent (absent here: it stays, fail open).
+        std::thread::sleep(Duration::from_millis(1100));
+        let (line, part) = submit(&plugin, "gres:gpu:a100:1");
+        assert_eq!(part.as_deref(), Some("gpu"));
+        assert!(line.contains(" failopen=1 "), "{line}");
+        assert_eq!(local_remembered(&line), (11, 5));
         plugin.fini();
     }
 }

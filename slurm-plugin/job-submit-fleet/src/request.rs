@@ -1,7 +1,7 @@
 //! From `job_desc_msg_t` to a [`JobRequest`] for the agent, and the
 //! origin's own rules that no option can bypass.
 
-use fleet_api::{Exclusive, FleetMode, JobRequest};
+use fleet_api::{Exclusive, FleetMode, FleetOptions, JobRequest};
 use slurm::job_desc::{JobDesc, NumField, StrField};
 use slurm::job_submit::Reject;
 use slurm::{sys, NO_VAL, NO_VAL16, NO_VAL64};
@@ -149,6 +149,23 @@ impl Shape {
     }
 }
 
+/// What [`read_pre`] read before the shape: the job's `--fleet*`
+/// options, and whether it is a hetjob component or an array.
+#[derive(Debug)]
+pub struct Pre {
+    fleet: FleetOptions,
+    het_offset: Option<u64>,
+    is_array: bool,
+}
+
+impl Pre {
+    /// No `--fleet*` options and not part of a heterogeneous job (as
+    /// [`Shape::is_plain`]).
+    pub fn is_plain(&self) -> bool {
+        self.het_offset.is_none() && self.fleet == FleetOptions::default()
+    }
+}
+
 /// [`prepare`]'s first half, the whole of the LOCAL path's reading: the
 /// origin's rules and the job's shape, with no pass over its environment
 /// (80 strings, each in its own allocation, is the costliest read here
@@ -158,24 +175,43 @@ impl Shape {
 /// A shape placed home stays as submitted; any other goes through
 /// [`finish_shape`], which also leaves a job Fleet forwarded here alone.
 pub fn read_shape(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<Option<Shape>, Reject> {
+    match read_pre(job, config, uid)? {
+        Some(pre) => shape_of(job, config, pre),
+        None => Ok(None),
+    }
+}
+
+/// A job Fleet forwarded here is never refused for what it carries (its
+/// origin read the same options): it is left alone.
+fn refuse<T>(job: &JobDesc<'_>, code: i32, message: String) -> Result<Option<T>, Reject> {
+    if forwarded_here(job) {
+        Ok(None)
+    } else {
+        Err(Reject { code, message })
+    }
+}
+
+/// [`read_shape`]'s first half: the origin's rules, then what decides
+/// whether the job is read at all. No allocation for a job without
+/// `--fleet*` options (the common case: its SPANK environment is only
+/// looked through for the options' prefix).
+pub fn read_pre(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<Option<Pre>, Reject> {
     origin_rules(job, config, uid)?;
     // salloc / srun allocations carry no batch script: left alone.
     if !job.is_batch() {
         return Ok(None);
     }
-    // A job Fleet forwarded here is never refused for what it carries
-    // (its origin read the same options): it is left alone.
-    let refuse = |job: &JobDesc<'_>, code: i32, message: String| -> Result<Option<Shape>, Reject> {
-        if forwarded_here(job) {
-            Ok(None)
-        } else {
-            Err(Reject { code, message })
+    let prefix = fleet_api::options::SPANK_ENV_PREFIX.as_bytes();
+    let fleet = if job.spank_env_iter().any(|e| e.starts_with(prefix)) {
+        // Entries without the (ASCII) prefix are skipped by the parser, so
+        // a job with none has the default options.
+        let spank = job.spank_env();
+        match fleet_api::options::from_spank_env(spank.iter().map(String::as_str)) {
+            Ok(f) => f,
+            Err(m) => return refuse(job, slurm::SLURM_ERROR, format!("fleet: {m}")),
         }
-    };
-    let spank = job.spank_env();
-    let fleet = match fleet_api::options::from_spank_env(spank.iter().map(String::as_str)) {
-        Ok(f) => f,
-        Err(m) => return refuse(job, slurm::SLURM_ERROR, format!("fleet: {m}")),
+    } else {
+        FleetOptions::default()
     };
     if fleet.mode == FleetMode::Local {
         return Ok(None);
@@ -192,6 +228,80 @@ pub fn read_shape(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Res
     // A job array is read like any job: its elements are forwarded one by
     // one as deferred stand-ins when the published view sends it away.
     let is_array = job.bytes(StrField::ArrayInx).is_some_and(|b| !b.is_empty());
+    Ok(Some(Pre { fleet, het_offset, is_array }))
+}
+
+/// The string fields a job's shape is read from ([`shape_of`]).
+const SHAPE_STRS: [StrField; 7] = [
+    StrField::TresPerJob,
+    StrField::TresPerNode,
+    StrField::TresPerTask,
+    StrField::TresPerSocket,
+    StrField::Features,
+    StrField::MemPerTres,
+    StrField::CpusPerTres,
+];
+/// The numeric fields a job's shape is read from, besides the
+/// submitter's ids (which no placement at the origin reads).
+const SHAPE_NUMS: [NumField; 6] = [
+    NumField::PnMinMemory,
+    NumField::MinNodes,
+    NumField::MaxNodes,
+    NumField::NumTasks,
+    NumField::NtasksPerNode,
+    NumField::CpusPerTask,
+];
+
+/// Longest [`ShapeKey`] kept (a job whose shape fields are longer is
+/// simply not remembered).
+const SHAPE_KEY_MAX: usize = 384;
+
+/// The raw fields a plain job's shape is read from, packed for
+/// comparison ([`SHAPE_STRS`], [`SHAPE_NUMS`]): two plain jobs with
+/// the same key have the same shape but for the submitter's ids, so
+/// the same LOCAL answer from the same view and fleet.conf. Made on
+/// the stack, no allocation.
+pub struct ShapeKey {
+    len: usize,
+    buf: [u8; SHAPE_KEY_MAX],
+}
+
+impl ShapeKey {
+    /// `None` when the fields do not fit in [`SHAPE_KEY_MAX`] bytes.
+    pub fn of(job: &mut JobDesc<'_>) -> Option<ShapeKey> {
+        let mut k = ShapeKey { len: 0, buf: [0; SHAPE_KEY_MAX] };
+        for f in SHAPE_STRS {
+            match job.bytes(f) {
+                // A length that no string has marks NULL (apart from "").
+                None => k.push(&u32::MAX.to_le_bytes())?,
+                Some(b) => {
+                    k.push(&u32::try_from(b.len()).ok()?.to_le_bytes())?;
+                    k.push(b)?;
+                }
+            }
+        }
+        for f in SHAPE_NUMS {
+            k.push(&job.num(f).to_le_bytes())?;
+        }
+        Some(k)
+    }
+
+    fn push(&mut self, b: &[u8]) -> Option<()> {
+        let end = self.len.checked_add(b.len()).filter(|&e| e <= SHAPE_KEY_MAX)?;
+        self.buf[self.len..end].copy_from_slice(b);
+        self.len = end;
+        Some(())
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// [`read_shape`]'s second half: the shape of a job [`read_pre`] let
+/// through, from [`SHAPE_STRS`] and [`SHAPE_NUMS`] (and the submitter's ids).
+pub fn shape_of(job: &mut JobDesc<'_>, config: &PluginConfig, pre: Pre) -> Result<Option<Shape>, Reject> {
+    let Pre { fleet, het_offset, is_array } = pre;
     let [per_job, per_node, per_task, per_socket] = TRES_FIELDS.map(|f| job.get(f).map(|s| s.into_owned()));
     let gpus = match slurm_conf::tres::parse_job_tres(
         per_job.as_deref(),
@@ -202,7 +312,7 @@ pub fn read_shape(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Res
         Ok(g) => g,
         Err(e) => return refuse(job, sys::ESLURM_INVALID_GRES as i32, format!("fleet: {e}")),
     };
-    if gpus.is_empty() && fleet == Default::default() {
+    if gpus.is_empty() && fleet == FleetOptions::default() {
         return Ok(None);
     }
 
@@ -697,6 +807,109 @@ mod tests {
         let shape = with_descriptor(&[SCRIPT, H100], &[], &[], &fwd, |jd| read_shape(jd, &config(), 1000));
         let finished = with_descriptor(&[SCRIPT, H100], &[], &[], &fwd, |jd| finish_shape(jd, shape.unwrap().unwrap()));
         assert_eq!(finished, Prepared::Untouched);
+    }
+
+    /// Two plain jobs with the same [`ShapeKey`] have the same shape but
+    /// for the submitter's ids (what the LOCAL memo relies on), whatever
+    /// their other fields; any shape field that differs makes another key.
+    #[test]
+    fn the_shape_key_holds_every_field_the_shape_is_read_from() {
+        let strs: [&[Option<&str>]; 7] = [
+            &[None, Some(""), Some("gres:gpu:16"), Some("gres:gpu:h100:16")],
+            &[None, Some("gres:gpu:a100:1"), Some("gres:gpu:h100:8"), Some("gres:gpu:2,gres:shard:1")],
+            &[None, Some("gres:gpu:1"), Some("gres:gpu:h100:2")],
+            &[None, Some("gres:gpu:1")],
+            &[None, Some(""), Some("ib&nvlink"), Some("a100|h100")],
+            &[None, Some("gres:gpu:40960"), Some("gres:gpu:4096")],
+            &[None, Some("gres:gpu:4"), Some("gres:gpu:8")],
+        ];
+        let nums: [&[u64]; 6] = [
+            &[NO_VAL64, 4096, MEM_PER_CPU | 2048, 0],
+            &[NO_VAL as u64, 1, 2],
+            &[NO_VAL as u64, 2, 4],
+            &[NO_VAL as u64, 8, 16],
+            &[NO_VAL16 as u64, 4, 8],
+            &[NO_VAL16 as u64, 2, 8],
+        ];
+        // A small xorshift: the same cases every run.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let others = [
+            (StrField::Name, ["a", "train"]),
+            (StrField::Comment, ["", "run 7"]),
+            (StrField::Partition, ["gpu", "debug"]),
+            (StrField::WorkDir, ["/tmp", "/home/x"]),
+            (StrField::Account, ["a", "b"]),
+            (StrField::SubmitLine, ["sbatch job.sh", "sbatch -J x job.sh"]),
+            (StrField::Licenses, ["matlab:1", "x:2"]),
+            (StrField::ArrayInx, ["", "0-3"]),
+        ];
+        let mut shapes_seen = 0;
+        for _ in 0..400 {
+            let chosen: Vec<(StrField, Option<&str>)> =
+                SHAPE_STRS.iter().zip(strs).map(|(&f, pool)| (f, pool[next(pool.len())])).collect();
+            let chosen_nums: Vec<(NumField, u64)> =
+                SHAPE_NUMS.iter().zip(nums).map(|(&f, pool)| (f, pool[next(pool.len())])).collect();
+            let read = |seed: usize, uid: u64| {
+                let mut fields: Vec<(StrField, &str)> = chosen.iter().filter_map(|(f, v)| Some((*f, (*v)?))).collect();
+                fields.push(SCRIPT);
+                fields.extend(others.iter().map(|(f, v)| (*f, v[seed % 2])));
+                let mut n = chosen_nums.clone();
+                n.extend([
+                    (NumField::UserId, uid),
+                    (NumField::GroupId, uid + 1),
+                    (NumField::TimeLimit, seed as u64 + 1),
+                ]);
+                with_descriptor(&fields, &n, &[], &[], |jd| {
+                    let key = ShapeKey::of(jd).expect("short fields fit").as_bytes().to_vec();
+                    (key, read_shape(jd, &config(), 1000))
+                })
+            };
+            let (k1, s1) = read(0, 1000);
+            let (k2, s2) = read(1, 2000);
+            assert_eq!(k1, k2, "{chosen:?} {chosen_nums:?}");
+            let norm = |s: Result<Option<Shape>, Reject>| {
+                s.map(|o| {
+                    o.map(|mut s| {
+                        (s.req.user_id, s.req.group_id) = (0, 0);
+                        // An array is read (`is_array`) but decides nothing at home.
+                        s.req.is_array = false;
+                        (s.req, s.het_offset, s.tres_per_node)
+                    })
+                })
+            };
+            let (s1, s2) = (norm(s1), norm(s2));
+            shapes_seen += usize::from(matches!(s1, Ok(Some(_))));
+            assert_eq!(s1, s2, "{chosen:?} {chosen_nums:?}");
+            // Each shape field changed alone changes the key.
+            for (i, (f, v)) in chosen.iter().enumerate() {
+                let other = strs[i].iter().find(|o| *o != v).copied().unwrap();
+                let mut fields: Vec<(StrField, &str)> = chosen.iter().filter_map(|(f, v)| Some((*f, (*v)?))).collect();
+                fields.retain(|(g, _)| g != f);
+                fields.extend(other.map(|o| (*f, o)));
+                let k = with_descriptor(&fields, &chosen_nums, &[], &[], |jd| {
+                    ShapeKey::of(jd).unwrap().as_bytes().to_vec()
+                });
+                assert_ne!(k, k1, "{f:?}: {v:?} -> {other:?}");
+            }
+            for (i, (f, v)) in chosen_nums.iter().enumerate() {
+                let other = *nums[i].iter().find(|o| *o != v).unwrap();
+                let mut n = chosen_nums.clone();
+                n[i] = (*f, other);
+                let fields: Vec<(StrField, &str)> = chosen.iter().filter_map(|(f, v)| Some((*f, (*v)?))).collect();
+                let k = with_descriptor(&fields, &n, &[], &[], |jd| ShapeKey::of(jd).unwrap().as_bytes().to_vec());
+                assert_ne!(k, k1, "{f:?}: {v} -> {other}");
+            }
+        }
+        assert!(shapes_seen > 200, "most cases are GPU jobs: {shapes_seen}");
+        // Fields too long for the key: no key (the job is placed, not remembered).
+        let long = format!("gres:gpu:{}", "x".repeat(SHAPE_KEY_MAX));
+        assert!(with_descriptor(&[(StrField::Features, &long)], &[], &[], &[], |jd| ShapeKey::of(jd).is_none()));
     }
 
     #[test]

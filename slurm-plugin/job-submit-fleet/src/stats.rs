@@ -18,12 +18,15 @@ pub enum Outcome {
     /// Rewritten into a deferred stand-in (no agent round trip, or the
     /// agent did not answer).
     Deferred,
+    /// Left alone as [`Outcome::Local`], the view's answer for the same
+    /// shape remembered (counted in `local=` and in `remembered=`).
+    Remembered,
 }
 
 #[derive(Default)]
 pub struct Stats {
     window: Vec<u64>,
-    counts: [u64; 6],
+    counts: [u64; 7],
     /// Calls that asked the agent over its socket, whatever the outcome
     /// (a LOCAL job answered from the view does not; one the agent kept
     /// home does): `asked=N` in the line.
@@ -67,14 +70,16 @@ impl Stats {
     fn line(&self) -> String {
         let mut w = self.window.clone();
         w.sort_unstable();
-        let [skip, local, forward, reject, failopen, deferred] = self.counts;
+        let [skip, local, forward, reject, failopen, deferred, remembered] = self.counts;
+        let mean = w.iter().sum::<u64>() as f64 / w.len().max(1) as f64;
         let mut line = format!(
-            "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} total={} skip={skip} local={local} forward={forward} reject={reject} failopen={failopen} deferred={deferred} asked={}",
+            "job_submit/fleet: stats last={} p50_us={} p99_us={} max_us={} mean_us={mean:.1} total={} skip={skip} local={} forward={forward} reject={reject} failopen={failopen} deferred={deferred} asked={} remembered={remembered}",
             w.len(),
             pct(&w, 0.50),
             pct(&w, 0.99),
             w.last().copied().unwrap_or(0),
             self.total,
+            local + remembered,
             self.asked
         );
         if !self.ask_window.is_empty() {
@@ -130,16 +135,19 @@ mod tests {
         }
         let line = line.expect("a full window logs");
         assert!(line.contains(" p50_us=251") && line.contains(" p99_us=495") && line.contains("max_us=500"), "{line}");
-        assert!(line.contains("local=500") && line.contains(" asked=100 "), "{line}");
+        assert!(line.contains(" mean_us=250.5 "), "{line}");
+        assert!(line.contains("local=500") && line.contains(" asked=100 remembered=0 "), "{line}");
         // The asked calls were 1, 6, ..., 496 µs long: a tenth is 0..49.
         assert!(line.ends_with(" ask_p50_us=25 ask_p99_us=49"), "{line}");
         // The next window starts empty: no round trip, no ask figures.
+        // Remembered answers count as LOCAL too.
         let mut next = None;
         for i in 0..WINDOW as u64 {
-            next = s.record(Outcome::Local, None, i + 1);
+            next = s.record(if i % 2 == 0 { Outcome::Local } else { Outcome::Remembered }, None, i + 1);
         }
         let next = next.expect("a full window logs");
-        assert!(next.ends_with(" asked=100"), "{next}");
+        assert!(next.contains(" local=1000 "), "{next}");
+        assert!(next.ends_with(" asked=100 remembered=250"), "{next}");
     }
 
     #[test]

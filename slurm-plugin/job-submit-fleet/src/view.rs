@@ -70,7 +70,24 @@ struct Shared {
 pub struct ViewCache {
     shared: Arc<Shared>,
     watcher: Mutex<Option<JoinHandle<()>>>,
+    memo: Mutex<Memo>,
 }
+
+/// Shapes ([`crate::request::ShapeKey`]) that one view, with one
+/// fleet.conf, placed home with their GPUs free: the same shape again,
+/// while that view is held and fresh, is answered by comparing bytes
+/// ([`ViewCache::remembered_home`]) instead of reading and placing it.
+/// A new view or fleet.conf starts it over.
+#[derive(Default)]
+struct Memo {
+    of: Option<(Arc<FleetView>, Arc<PluginConfig>)>,
+    keys: Vec<Box<[u8]>>,
+    /// The slot the next shape takes once [`MEMO_KEYS`] are kept.
+    next: usize,
+}
+
+/// Shapes remembered per view (a site's GPU jobs come in a few shapes).
+const MEMO_KEYS: usize = 16;
 
 impl ViewCache {
     /// A cache watching `path` from a thread of its own, which reads it at
@@ -124,8 +141,49 @@ impl ViewCache {
     /// True when a fresh published view says the origin can run `job` and
     /// has its GPUs free now ([`fleet_api::placement::home_starts_now`]):
     /// [`stays_home`](Self::stays_home)'s common case, for less work.
-    pub fn home_starts_now(&self, cfg: &PluginConfig, job: &JobRequest) -> bool {
-        self.with_view(cfg, |v| home_starts_now(v, job)).unwrap_or(false)
+    /// With `key` (the job's [`crate::request::ShapeKey`]), a true answer
+    /// is remembered for that view and `cfg`.
+    pub fn home_starts_now(&self, cfg: &Arc<PluginConfig>, job: &JobRequest, key: Option<&[u8]>) -> bool {
+        self.with_view_aged(cfg, false, |v, _| {
+            let home = home_starts_now(v, job);
+            if let (true, Some(key)) = (home, key) {
+                self.remember(v, cfg, key);
+            }
+            home
+        })
+        .unwrap_or(false)
+    }
+
+    /// True when a job of shape `key` was placed home (with its GPUs free)
+    /// by the view held now, still fresh, with this `cfg`: what
+    /// [`home_starts_now`](Self::home_starts_now) would answer again.
+    pub fn remembered_home(&self, cfg: &Arc<PluginConfig>, key: &[u8]) -> bool {
+        let view = {
+            let memo = lock(&self.memo);
+            match &memo.of {
+                Some((v, c)) if Arc::ptr_eq(c, cfg) && memo.keys.iter().any(|k| **k == *key) => v.clone(),
+                _ => return false,
+            }
+        };
+        let loaded = lock(&self.shared.loaded);
+        loaded.as_ref().is_some_and(|l| Arc::ptr_eq(&l.view, &view) && l.path == cfg.view_path && fresh(l.mtime, cfg))
+    }
+
+    fn remember(&self, view: &Arc<FleetView>, cfg: &Arc<PluginConfig>, key: &[u8]) {
+        let mut memo = lock(&self.memo);
+        if !memo.of.as_ref().is_some_and(|(v, c)| Arc::ptr_eq(v, view) && Arc::ptr_eq(c, cfg)) {
+            *memo = Memo { of: Some((view.clone(), cfg.clone())), keys: Vec::with_capacity(MEMO_KEYS), next: 0 };
+        }
+        if memo.keys.iter().any(|k| **k == *key) {
+            return;
+        }
+        if memo.keys.len() < MEMO_KEYS {
+            memo.keys.push(key.into());
+        } else {
+            let i = memo.next;
+            memo.keys[i] = key.into();
+            memo.next = (i + 1) % MEMO_KEYS;
+        }
     }
 
     /// The cluster the published view sends `job` to, when it must leave
@@ -168,7 +226,7 @@ impl ViewCache {
         &self,
         cfg: &PluginConfig,
         stale_too: bool,
-        f: impl FnOnce(&FleetView, bool) -> T,
+        f: impl FnOnce(&Arc<FleetView>, bool) -> T,
     ) -> Option<T> {
         let (mtime, view) = {
             let loaded = lock(&self.shared.loaded);
@@ -181,8 +239,7 @@ impl ViewCache {
                 }
             }
         };
-        let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
-        let fresh = age <= cfg.view_max_age;
+        let fresh = fresh(mtime, cfg);
         if !fresh && !stale_too {
             return None;
         }
@@ -197,6 +254,11 @@ impl ViewCache {
             self.shared.wake.notify_all();
         }
     }
+}
+
+/// Is a view written at `mtime` young enough for `cfg` (`ViewMaxAgeMs`)?
+fn fresh(mtime: SystemTime, cfg: &PluginConfig) -> bool {
+    SystemTime::now().duration_since(mtime).unwrap_or_default() <= cfg.view_max_age
 }
 
 /// A cache dropped without [`ViewCache::stop`] (the plugin's `init` failed

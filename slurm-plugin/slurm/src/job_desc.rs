@@ -353,6 +353,15 @@ impl<'a> JobDesc<'a> {
         entries.into_iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
     }
 
+    /// `spank_job_env` entries as raw bytes, without collecting: the
+    /// submit hook looks for `--fleet*` options in every job's.
+    pub fn spank_env_iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let r = &*self.raw;
+        // SAFETY: slurmctld keeps spank_job_env_size entries in spank_job_env
+        // (or NULL), alive as long as the job_desc we borrow.
+        unsafe { string_iter(r.spank_job_env, r.spank_job_env_size) }
+    }
+
     /// The job's environment (`NAME=value` entries sbatch captured), as
     /// raw bytes; empty when sbatch sent none.
     pub fn environment(&self) -> Vec<&[u8]> {
@@ -365,14 +374,8 @@ impl<'a> JobDesc<'a> {
     /// scans the environment of every job.
     pub fn environment_iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
         let r = &*self.raw;
-        let (arr, n) = if r.environment.is_null() { (std::ptr::null_mut(), 0) } else { (r.environment, r.env_size) };
-        (0..n as usize).filter_map(move |i| {
-            // SAFETY: slurmctld keeps env_size entries in environment (checked
-            // non-NULL above), alive as long as the job_desc we borrow; i < n.
-            let p = unsafe { *arr.add(i) };
-            // SAFETY: a non-NULL entry is a NUL-terminated string alive as long as `self`.
-            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
-        })
+        // SAFETY: as in spank_env, for environment and env_size.
+        unsafe { string_iter(r.environment, r.env_size) }
     }
 
     /// The number of entries in the job's environment (NULL ones included).
@@ -484,17 +487,22 @@ const ALL_FIELDS: &[StrField] = &[
 /// `arr` is NULL or points to `n` pointers, each NULL or a NUL-terminated
 /// string, all alive for `'b`.
 unsafe fn string_array<'b>(arr: *mut *mut c_char, n: u32) -> Vec<&'b [u8]> {
-    if arr.is_null() {
-        return Vec::new();
-    }
-    (0..n as usize)
-        .filter_map(|i| {
-            // SAFETY: i < n entries, per the contract.
-            let p = unsafe { *arr.add(i) };
-            // SAFETY: a non-NULL entry is a NUL-terminated string alive for 'b.
-            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
-        })
-        .collect()
+    // SAFETY: the same contract.
+    unsafe { string_iter(arr, n) }.collect()
+}
+
+/// As [`string_array`], without collecting.
+///
+/// # Safety
+/// As [`string_array`].
+unsafe fn string_iter<'b>(arr: *mut *mut c_char, n: u32) -> impl Iterator<Item = &'b [u8]> {
+    let n = if arr.is_null() { 0 } else { n as usize };
+    (0..n).filter_map(move |i| {
+        // SAFETY: i < n entries of a non-NULL array, per the contract.
+        let p = unsafe { *arr.add(i) };
+        // SAFETY: a non-NULL entry is a NUL-terminated string alive for 'b.
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+    })
 }
 
 #[cfg(test)]
