@@ -99,7 +99,7 @@ export SLURM_CONF=$CONF
 FCONF=$R/$C/fleet.conf
 mkdir -p "$OUT"
 # Nothing of an earlier run is reported as this one's.
-rm -f "$OUT"/*.{wall,lat,ctld,rpc,hook,hook50,ask,stats,path} "$OUT/results.txt"
+rm -f "$OUT"/*.{wall,lat,ctld,rpc,hook,hook50,mean,ask,stats,path} "$OUT/results.txt"
 cp "$CONF" "$OUT/slurm.conf.orig"
 [[ -f $FCONF ]] && cp "$FCONF" "$OUT/fleet.conf.orig"
 restore() {
@@ -185,7 +185,7 @@ pct() {
 
 : >"$OUT/sbatch.err"
 for cfg in "${CONFIGS[@]}"; do
-  : >"$OUT/$cfg.lat"; : >"$OUT/$cfg.ctld"; : >"$OUT/$cfg.rpc"; : >"$OUT/$cfg.hook"; : >"$OUT/$cfg.ask"; : >"$OUT/$cfg.stats"; : >"$OUT/$cfg.wall"; : >"$OUT/$cfg.path"
+  : >"$OUT/$cfg.lat"; : >"$OUT/$cfg.ctld"; : >"$OUT/$cfg.rpc"; : >"$OUT/$cfg.hook"; : >"$OUT/$cfg.mean"; : >"$OUT/$cfg.ask"; : >"$OUT/$cfg.stats"; : >"$OUT/$cfg.wall"; : >"$OUT/$cfg.path"
 done
 
 expected_partition() { case $1 in forward|deferred) echo fleet ;; *) echo gpu ;; esac; }

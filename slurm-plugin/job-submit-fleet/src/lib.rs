@@ -138,8 +138,9 @@ impl FleetSubmit {
         // the same answer, for a comparison of bytes (slurmctld runs the
         // hook with its caches cold, where reading and placing a shape
         // costs most; a site's GPU jobs come in a few shapes).
-        let key = if pre.is_plain() { request::ShapeKey::of(job) } else { None };
-        if key.as_ref().is_some_and(|k| self.view.remembered_home(cfg, k.as_bytes())) {
+        let mut key = request::ShapeKey::default();
+        let key = (pre.is_plain() && key.read(job)).then_some(&key);
+        if key.is_some_and(|k| self.view.remembered_home(cfg, k.as_bytes())) {
             return (Outcome::Remembered, Ok(()));
         }
         let shape = match request::shape_of(job, cfg, pre) {
@@ -150,8 +151,7 @@ impl FleetSubmit {
         // The common LOCAL answer (home can run it and has the GPUs free
         // now), from the view the agent publishes: no other cluster is
         // looked at (`place` would say the same, for more work).
-        if shape.is_plain() && self.view.home_starts_now(cfg, &shape.req, key.as_ref().map(request::ShapeKey::as_bytes))
-        {
+        if shape.is_plain() && self.view.home_starts_now(cfg, &shape.req, key.map(request::ShapeKey::as_bytes)) {
             return (Outcome::Local, Ok(()));
         }
         let mut req = match request::finish_shape(job, shape) {

@@ -96,8 +96,11 @@ pub fn proxy_partition_rule(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u
 /// will-run RPC validates the request first), but nothing may be
 /// created. sbatch sends its command line in `submit_line`.
 fn is_test_only(job: &mut JobDesc<'_>) -> bool {
-    // A byte search first: most command lines do not hold the text at all.
-    let Some(line) = job.bytes(StrField::SubmitLine).filter(|b| b.windows(11).any(|w| w == b"--test-only")) else {
+    // A byte search first: most command lines do not hold the text at all
+    // (each `-` compared further, not each window).
+    const NEEDLE: &[u8] = b"--test-only";
+    let holds = |b: &[u8]| b.iter().enumerate().any(|(i, &c)| c == b'-' && b[i..].starts_with(NEEDLE));
+    let Some(line) = job.bytes(StrField::SubmitLine).filter(|b| holds(b)) else {
         return false;
     };
     // Any word of the command line: a script argument spelled
@@ -154,6 +157,8 @@ impl Shape {
 #[derive(Debug)]
 pub struct Pre {
     fleet: FleetOptions,
+    /// `fleet` is the default (no `--fleet*` options given).
+    no_options: bool,
     het_offset: Option<u64>,
     is_array: bool,
 }
@@ -162,7 +167,7 @@ impl Pre {
     /// No `--fleet*` options and not part of a heterogeneous job (as
     /// [`Shape::is_plain`]).
     pub fn is_plain(&self) -> bool {
-        self.het_offset.is_none() && self.fleet == FleetOptions::default()
+        self.het_offset.is_none() && self.no_options
     }
 }
 
@@ -202,20 +207,21 @@ pub fn read_pre(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Resul
         return Ok(None);
     }
     let prefix = fleet_api::options::SPANK_ENV_PREFIX.as_bytes();
+    // Entries without the (ASCII) prefix are skipped by the parser, so a
+    // job with none has the default options (`None` here).
     let fleet = if job.spank_env_iter().any(|e| e.starts_with(prefix)) {
-        // Entries without the (ASCII) prefix are skipped by the parser, so
-        // a job with none has the default options.
-        let spank = job.spank_env();
-        match fleet_api::options::from_spank_env(spank.iter().map(String::as_str)) {
-            Ok(f) => f,
+        match spank_options(job) {
+            Ok(f) => Some(f),
             Err(m) => return refuse(job, slurm::SLURM_ERROR, format!("fleet: {m}")),
         }
     } else {
-        FleetOptions::default()
+        None
     };
-    if fleet.mode == FleetMode::Local {
+    if fleet.as_ref().is_some_and(|f| f.mode == FleetMode::Local) {
         return Ok(None);
     }
+    let no_options = fleet.as_ref().is_none_or(|f| *f == FleetOptions::default());
+    let fleet = fleet.unwrap_or_default();
     if is_test_only(job) {
         slurm::log::verbose(
             "job_submit/fleet: sbatch --test-only: answered by this cluster alone, no fleet job created",
@@ -228,7 +234,15 @@ pub fn read_pre(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Resul
     // A job array is read like any job: its elements are forwarded one by
     // one as deferred stand-ins when the published view sends it away.
     let is_array = job.bytes(StrField::ArrayInx).is_some_and(|b| !b.is_empty());
-    Ok(Some(Pre { fleet, het_offset, is_array }))
+    Ok(Some(Pre { fleet, no_options, het_offset, is_array }))
+}
+
+/// The `--fleet*` options of a job that gave some (out of the hook's
+/// common path: the SPANK environment is copied).
+#[cold]
+fn spank_options(job: &JobDesc<'_>) -> Result<FleetOptions, String> {
+    let spank = job.spank_env();
+    fleet_api::options::from_spank_env(spank.iter().map(String::as_str))
 }
 
 /// The string fields a job's shape is read from ([`shape_of`]).
@@ -253,8 +267,8 @@ const SHAPE_NUMS: [NumField; 6] = [
 ];
 
 /// Longest [`ShapeKey`] kept (a job whose shape fields are longer is
-/// simply not remembered).
-const SHAPE_KEY_MAX: usize = 384;
+/// simply not remembered): 7 lengths and 6 numbers take 76 bytes.
+const SHAPE_KEY_MAX: usize = 256;
 
 /// The raw fields a plain job's shape is read from, packed for
 /// comparison ([`SHAPE_STRS`], [`SHAPE_NUMS`]): two plain jobs with
@@ -266,10 +280,29 @@ pub struct ShapeKey {
     buf: [u8; SHAPE_KEY_MAX],
 }
 
+impl Default for ShapeKey {
+    fn default() -> Self {
+        ShapeKey { len: 0, buf: [0; SHAPE_KEY_MAX] }
+    }
+}
+
 impl ShapeKey {
     /// `None` when the fields do not fit in [`SHAPE_KEY_MAX`] bytes.
-    pub fn of(job: &mut JobDesc<'_>) -> Option<ShapeKey> {
-        let mut k = ShapeKey { len: 0, buf: [0; SHAPE_KEY_MAX] };
+    #[cfg(test)]
+    fn of(job: &mut JobDesc<'_>) -> Option<ShapeKey> {
+        let mut k = ShapeKey::default();
+        k.read(job).then_some(k)
+    }
+
+    /// Read the key from `job` in place (a key is not moved: it is a
+    /// few cache lines): false when the fields do not fit.
+    pub fn read(&mut self, job: &mut JobDesc<'_>) -> bool {
+        self.len = 0;
+        self.read_fields(job).is_some()
+    }
+
+    fn read_fields(&mut self, job: &mut JobDesc<'_>) -> Option<()> {
+        let k = self;
         for f in SHAPE_STRS {
             match job.bytes(f) {
                 // A length that no string has marks NULL (apart from "").
@@ -283,7 +316,7 @@ impl ShapeKey {
         for f in SHAPE_NUMS {
             k.push(&job.num(f).to_le_bytes())?;
         }
-        Some(k)
+        Some(())
     }
 
     fn push(&mut self, b: &[u8]) -> Option<()> {
@@ -301,7 +334,7 @@ impl ShapeKey {
 /// [`read_shape`]'s second half: the shape of a job [`read_pre`] let
 /// through, from [`SHAPE_STRS`] and [`SHAPE_NUMS`] (and the submitter's ids).
 pub fn shape_of(job: &mut JobDesc<'_>, config: &PluginConfig, pre: Pre) -> Result<Option<Shape>, Reject> {
-    let Pre { fleet, het_offset, is_array } = pre;
+    let Pre { fleet, no_options, het_offset, is_array } = pre;
     let [per_job, per_node, per_task, per_socket] = TRES_FIELDS.map(|f| job.get(f).map(|s| s.into_owned()));
     let gpus = match slurm_conf::tres::parse_job_tres(
         per_job.as_deref(),
@@ -312,7 +345,7 @@ pub fn shape_of(job: &mut JobDesc<'_>, config: &PluginConfig, pre: Pre) -> Resul
         Ok(g) => g,
         Err(e) => return refuse(job, sys::ESLURM_INVALID_GRES as i32, format!("fleet: {e}")),
     };
-    if gpus.is_empty() && fleet == FleetOptions::default() {
+    if gpus.is_empty() && no_options {
         return Ok(None);
     }
 

@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use fleet_api::api::FleetView;
-use fleet_api::placement::{fits, home_starts_now, origin_fits, place, place_or_wait, Placement};
+use fleet_api::placement::{home_starts_now, origin_fits, origin_verdict, place, place_or_wait, Placement};
 use fleet_api::JobRequest;
 
 use crate::PluginConfig;
@@ -158,15 +158,17 @@ impl ViewCache {
     /// by the view held now, still fresh, with this `cfg`: what
     /// [`home_starts_now`](Self::home_starts_now) would answer again.
     pub fn remembered_home(&self, cfg: &Arc<PluginConfig>, key: &[u8]) -> bool {
-        let view = {
-            let memo = lock(&self.memo);
-            match &memo.of {
-                Some((v, c)) if Arc::ptr_eq(c, cfg) && memo.keys.iter().any(|k| **k == *key) => v.clone(),
-                _ => return false,
-            }
-        };
+        let memo = lock(&self.memo);
+        let Some((view, c)) = &memo.of else { return false };
+        if !Arc::ptr_eq(c, cfg) || !memo.keys.iter().any(|k| **k == *key) {
+            return false;
+        }
+        // The memo's view is the one held now (so read from `cfg.view_path`,
+        // as it was when remembered) and still fresh. The memo's lock is
+        // held: its view cannot be dropped and its address reused meanwhile
+        // (the only place both locks are taken, in this order).
         let loaded = lock(&self.shared.loaded);
-        loaded.as_ref().is_some_and(|l| Arc::ptr_eq(&l.view, &view) && l.path == cfg.view_path && fresh(l.mtime, cfg))
+        loaded.as_ref().is_some_and(|l| Arc::ptr_eq(&l.view, view) && fresh(l.mtime, cfg))
     }
 
     fn remember(&self, view: &Arc<FleetView>, cfg: &Arc<PluginConfig>, key: &[u8]) {
@@ -211,8 +213,7 @@ impl ViewCache {
     /// natively; `Some(Ok)` when it can; `None` without a fresh view or
     /// with the origin missing from it (Slurm then judges alone).
     pub fn origin_verdict(&self, cfg: &PluginConfig, job: &JobRequest) -> Option<Result<(), String>> {
-        self.with_view(cfg, |v| v.clusters.iter().find(|c| c.name == job.origin).map(|c| fits(c, job).map(|_| ())))
-            .flatten()
+        self.with_view(cfg, |v| origin_verdict(v, job)).flatten()
     }
 
     fn with_view<T>(&self, cfg: &PluginConfig, f: impl FnOnce(&FleetView) -> T) -> Option<T> {

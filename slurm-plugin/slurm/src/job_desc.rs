@@ -162,6 +162,7 @@ impl<'a> JobDesc<'a> {
         unsafe { ptr.as_mut() }.map(|raw| JobDesc { raw })
     }
 
+    #[inline]
     fn slot(&mut self, f: StrField) -> &mut *mut c_char {
         let r = &mut *self.raw;
         match f {
@@ -206,6 +207,7 @@ impl<'a> JobDesc<'a> {
     }
 
     /// The field's bytes, or `None` when NULL.
+    #[inline]
     pub fn bytes(&mut self, f: StrField) -> Option<&[u8]> {
         let p = *self.slot(f);
         if p.is_null() {
@@ -219,6 +221,7 @@ impl<'a> JobDesc<'a> {
 
     /// The field as text; bytes that are not UTF-8 are replaced (the
     /// caller can check [`JobDesc::is_utf8`]).
+    #[inline]
     pub fn get(&mut self, f: StrField) -> Option<Cow<'_, str>> {
         self.bytes(f).map(String::from_utf8_lossy)
     }
@@ -239,6 +242,7 @@ impl<'a> JobDesc<'a> {
         }
     }
 
+    #[inline]
     pub fn num(&self, f: NumField) -> u64 {
         let r = &*self.raw;
         match f {
@@ -355,6 +359,7 @@ impl<'a> JobDesc<'a> {
 
     /// `spank_job_env` entries as raw bytes, without collecting: the
     /// submit hook looks for `--fleet*` options in every job's.
+    #[inline]
     pub fn spank_env_iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
         let r = &*self.raw;
         // SAFETY: slurmctld keeps spank_job_env_size entries in spank_job_env
@@ -388,6 +393,7 @@ impl<'a> JobDesc<'a> {
     }
 
     /// Interactive allocations (salloc, srun without a batch step) carry no script.
+    #[inline]
     pub fn is_batch(&mut self) -> bool {
         !self.raw.script.is_null()
     }
