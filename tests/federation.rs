@@ -793,3 +793,75 @@ fn the_start_check_reads_the_stand_in_through_libslurm_as_squeue_json_does() {
     assert_eq!(none.status.code(), Some(1), "{none:?}");
     lab.cmd("beta", "scancel", &[&id.to_string()]).unwrap();
 }
+
+/// slurmctld does not answer its agent for a moment (stopped here; a
+/// `scontrol reconfigure` or a restart does the same for a second, while
+/// sbatch goes on): the agent's heartbeat names the nodes it saw last,
+/// none usable, so the meta-scheduler shows the cluster degraded with its
+/// installed nodes, and a GPU job those nodes can run, asked about as the
+/// plugin asks, stays home (Slurm queues it) instead of being refused as
+/// one no cluster can run; a job no node anywhere can run is still refused
+/// with the reason. (Found by `make bench`: jobs submitted around a
+/// reconfigure were refused, "beta: has no a100 GPUs".)
+#[test]
+fn while_the_origin_scheduler_is_silent_its_gpu_jobs_stay_home_and_are_not_refused() {
+    use fleet_api::wire::{PluginReply, PluginRequest, WIRE_VERSION};
+    use std::io::{BufRead, Write};
+    let (lab, _serial) = Lab::lock();
+    let _restore = fleet_lab::OnDrop(|| {
+        let _ = lab.lab_sh(&["start-ctld", "beta"]);
+    });
+    assert!(lab.lab_sh(&["stop-ctld", "beta"]).unwrap().status.success());
+    // The view the agent publishes for the plugin says so within a few heartbeats.
+    let view_path = lab.root.join("beta/agent/view.json");
+    let t0 = std::time::Instant::now();
+    let beta = loop {
+        let view: Option<fleet_api::api::FleetView> =
+            std::fs::read(&view_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let beta = view.and_then(|v| v.clusters.into_iter().find(|c| c.name == "beta"));
+        if let Some(b) = beta.filter(|b| b.unhealthy_reason.contains("its scheduler does not answer")) {
+            break b;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "beta's view never said its scheduler was silent");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!beta.healthy && beta.gpus.is_empty(), "nothing usable now: {beta:?}");
+    let installed: u32 = beta.installed.iter().filter(|n| n.gpu_type.as_deref() == Some("a100")).map(|n| n.count).sum();
+    assert!(installed >= 2, "beta's a100 nodes are shown installed: {beta:?}");
+
+    let uid: u32 = String::from_utf8(lab.cmd("beta", "id", &["-u", fleet_lab::USER]).unwrap().stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let ask = |gpus: u32| -> PluginReply {
+        let job = fleet_api::JobRequest {
+            origin: "beta".into(),
+            user_id: uid,
+            group_id: uid,
+            gpus: vec![fleet_api::GpuRequest {
+                gpu_type: Some("a100".into()),
+                count: gpus,
+                scope: fleet_api::GpuScope::Job,
+            }],
+            script: Some(b"#!/bin/sh\ntrue\n".to_vec()),
+            ..Default::default()
+        };
+        let mut s = std::os::unix::net::UnixStream::connect(lab.root.join("beta/agent.sock")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = PluginRequest::Submit { v: WIRE_VERSION, job: Box::new(job) };
+        s.write_all(format!("{}\n", serde_json::to_string(&req).unwrap()).as_bytes()).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    for gpus in [1, 8, 16] {
+        let reply = ask(gpus);
+        assert!(matches!(reply, PluginReply::Local { .. }), "a100:{gpus} while beta's scheduler is silent: {reply:?}");
+    }
+    let reply = ask(64);
+    assert!(
+        matches!(&reply, PluginReply::Reject { message } if message.contains("no cluster in the fleet can run")),
+        "{reply:?}"
+    );
+}

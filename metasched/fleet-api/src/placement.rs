@@ -652,8 +652,35 @@ pub fn home_starts_now(view: &FleetView, job: &JobRequest) -> bool {
 /// it when a job placed elsewhere cannot be forwarded after all (a script
 /// over `MaxScriptBytes`, fields that are not UTF-8): such a job stays
 /// home rather than being refused, when home can run it.
+///
+/// Its installed nodes count (drained, down, or not answered for while its
+/// scheduler is silent): Slurm accepts a job for nodes that are down and
+/// queues it, so a job is never taken for one its origin cannot run
+/// because the nodes it needs are unavailable for a moment.
 pub fn origin_fits(view: &FleetView, job: &JobRequest) -> bool {
-    view.clusters.iter().find(|c| c.name == job.origin).is_none_or(|c| fits(c, job).is_ok())
+    origin_verdict(view, job).is_none_or(|v| v.is_ok())
+}
+
+/// `Some(Err(why))` when the origin cannot run `job` natively with all
+/// its installed nodes ([`origin_fits`]); `None` when the origin is not in
+/// the view (Slurm judges alone).
+pub fn origin_verdict(view: &FleetView, job: &JobRequest) -> Option<Result<(), String>> {
+    let c = view.clusters.iter().find(|c| c.name == job.origin)?;
+    Some(match fits(c, job) {
+        Ok(_) => Ok(()),
+        Err(_) if !c.installed.is_empty() && fits(&with_installed(c), job).is_ok() => Ok(()),
+        Err(why) => Err(why),
+    })
+}
+
+/// `c` seen with every installed node, all free (see [`all_healthy`]).
+fn with_installed(c: &ClusterSummary) -> ClusterSummary {
+    let mut c = c.clone();
+    if !c.installed.is_empty() {
+        c.nodes = c.installed.clone();
+        c.gpus = installed_pools(&c.installed, &c.gpus);
+    }
+    c
 }
 
 /// `view` with every cluster taken as healthy: what the fleet could run
@@ -664,15 +691,8 @@ pub fn origin_fits(view: &FleetView, job: &JobRequest) -> bool {
 /// so that capacity which exists but is unavailable now makes a job wait,
 /// never refuses or fails it.
 pub fn all_healthy(view: &FleetView) -> FleetView {
-    let mut all = view.clone();
-    for c in &mut all.clusters {
-        c.healthy = true;
-        if !c.installed.is_empty() {
-            c.nodes = c.installed.clone();
-            c.gpus = installed_pools(&c.installed, &c.gpus);
-        }
-    }
-    all
+    let clusters = view.clusters.iter().map(|c| ClusterSummary { healthy: true, ..with_installed(c) }).collect();
+    FleetView { generated_at: view.generated_at, clusters }
 }
 
 /// GPU pools of every installed node, all free (prices kept from `usable`).
@@ -1196,6 +1216,40 @@ mod tests {
         assert!(origin_fits(&lab(), &req("alpha", "--gpus=h100:16")));
         assert!(!origin_fits(&lab(), &req("beta", "--gpus=h100:16")));
         assert!(origin_fits(&lab(), &req("gamma", "--gpus=h100:16")), "not in the view: Slurm judges");
+    }
+
+    /// The origin's scheduler does not answer its agent for a moment
+    /// (`scontrol reconfigure`, a slurmctld restart): its heartbeat names
+    /// the nodes it saw last, none usable. Slurm still accepts the jobs
+    /// they can run (and queues them): such a job stays home, is never
+    /// taken for one its origin cannot run; more than is installed is.
+    #[test]
+    fn an_origin_whose_nodes_are_unavailable_for_a_moment_still_runs_what_they_can() {
+        let mut v = lab();
+        let beta = &mut v.clusters[1];
+        beta.installed = std::mem::take(&mut beta.nodes);
+        beta.gpus.clear();
+        beta.healthy = false;
+        let a100 = req("beta", "--gres=gpu:a100:1");
+        assert!(!home_starts_now(&v, &a100));
+        assert!(matches!(place(&v, &a100).0, Placement::Impossible { .. }), "nothing usable now");
+        let (p, _) = place_or_wait(&v, &a100);
+        assert!(matches!(p, Placement::Home { .. }), "{p:?}");
+        for ok in ["--gres=gpu:a100:8", "--gpus=a100:16", "--gres=gpu:a100:8 -N=2"] {
+            assert!(origin_fits(&v, &req("beta", ok)), "{ok}");
+            assert_eq!(origin_verdict(&v, &req("beta", ok)), Some(Ok(())), "{ok}");
+        }
+        for no in ["--gpus=a100:24", "--gres=gpu:h100:1"] {
+            assert!(!origin_fits(&v, &req("beta", no)), "{no}");
+            assert!(matches!(origin_verdict(&v, &req("beta", no)), Some(Err(_))), "{no}");
+            assert!(matches!(
+                place_or_wait(&v, &req("beta", no)).0,
+                Placement::Impossible { .. } | Placement::Remote { .. }
+            ));
+        }
+        // Before, such a heartbeat named no node at all: the job was refused.
+        v.clusters[1].installed.clear();
+        assert!(matches!(place_or_wait(&v, &a100).0, Placement::Impossible { .. }));
     }
 
     #[test]

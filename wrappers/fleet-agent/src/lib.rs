@@ -624,7 +624,8 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
             if !SCHEDULER_DOWN.swap(true, Ordering::Relaxed) {
                 tracing::warn!("the scheduler does not answer: heartbeats go on without capacity: {why}");
             }
-            ((Vec::new(), 0, 0), Some(why))
+            let last = agent.capacity.lock().last.as_ref().map(|(_, (nodes, _, _))| nodes_while_silent(nodes));
+            ((last.unwrap_or_default(), 0, 0), Some(why))
         }
     };
     let policy = agent.live().identity.clone();
@@ -660,6 +661,19 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
     c.view = Some(view);
     c.at = Some(Instant::now());
     Ok(())
+}
+
+/// The nodes a heartbeat names while the scheduler does not answer: the
+/// ones it answered last, installed but none usable now (`not_responding`,
+/// nothing free). The cluster gets no new work, yet a job its nodes can
+/// run waits for them instead of being refused: a `scontrol reconfigure`
+/// or a slurmctld restart makes the capacity query fail for a moment,
+/// while sbatch at this cluster goes on (a heartbeat with no nodes at all
+/// had the next GPU job here refused, "beta: has no a100 GPUs").
+fn nodes_while_silent(last: &[fleet_api::api::NodeCapacity]) -> Vec<fleet_api::api::NodeCapacity> {
+    last.iter()
+        .map(|n| fleet_api::api::NodeCapacity { state: "not_responding".into(), gpus_free: 0, ..n.clone() })
+        .collect()
 }
 
 /// Name of the fleet view the agent publishes for the plugin.
@@ -933,5 +947,31 @@ mod tests {
         ] {
             assert_eq!(super::cleartext_off_host(url), off, "{url}");
         }
+    }
+
+    /// While the scheduler does not answer, the nodes seen last go on in
+    /// the heartbeat, all unusable and with nothing free (the
+    /// meta-scheduler counts them installed, never as capacity now).
+    #[test]
+    fn nodes_while_silent_are_the_last_seen_none_usable() {
+        let node = |name: &str, state: &str, free: u32| fleet_api::api::NodeCapacity {
+            name: name.into(),
+            partitions: vec!["gpu".into()],
+            gpu_type: Some("a100".into()),
+            gpus_total: 8,
+            gpus_free: free,
+            state: state.into(),
+            cpus: 32,
+            memory_mb: 64000,
+            ..Default::default()
+        };
+        let last = [node("b1", "idle", 8), node("b2", "mixed", 3), node("b3", "drained", 8)];
+        let silent = super::nodes_while_silent(&last);
+        assert_eq!(silent.len(), 3);
+        for (s, l) in silent.iter().zip(&last) {
+            assert_eq!((s.state.as_str(), s.gpus_free), ("not_responding", 0));
+            assert_eq!((&s.name, s.gpus_total, s.cpus, s.memory_mb, &s.gpu_type), (&l.name, 8, 32, 64000, &l.gpu_type));
+        }
+        assert!(super::nodes_while_silent(&[]).is_empty());
     }
 }
