@@ -44,7 +44,11 @@
 #   before the next one starts),
 #   BENCH_MIN_JOB_AGE (2: MinJobAge of the cluster during the run, restored after),
 #   BENCH_CLUSTER (beta), BENCH_USER (alice), FLEET_LAB_DIR (/tmp/fleet-lab), BENCH_REUSE_LAB (1:
-#   use a running lab as it is; 0: always `lab.sh up` first).
+#   use a running lab as it is; 0: always `lab.sh up` first),
+#   BENCH_PROBE (0; 1: time each plugin's job_submit() inside slurmctld with
+#   perf uprobes on its entry and return, the same way for job_submit/fleet
+#   and job_submit/lua, and print both; needs perf and root. The probes' own
+#   traps add the same few us to each call of either plugin).
 # Output: a table, the target ratios on the totals and on each configuration's
 # median round (one slow round moves the totals), and one machine-readable
 # line per configuration:
@@ -190,6 +194,32 @@ done
 
 expected_partition() { case $1 in forward|deferred) echo fleet ;; *) echo gpu ;; esac; }
 
+# BENCH_PROBE=1: uprobes on job_submit() of both plugins, recorded for the whole run.
+PROBE_PID=
+probe_cleanup() {
+  if [[ -n $PROBE_PID ]] && kill -INT "$PROBE_PID" 2>/dev/null; then
+    for _ in $(seq 100); do kill -0 "$PROBE_PID" 2>/dev/null || break; sleep 0.1; done
+  fi
+  PROBE_PID=
+  perf probe -q -d 'bench_fleet:*' -d 'bench_lua:*' 2>/dev/null || true
+}
+if [[ ${BENCH_PROBE:-0} == 1 ]]; then
+  command -v perf >/dev/null || die "BENCH_PROBE=1 needs perf (package linux-perf)"
+  lua_so=$(ls /usr/lib/*/slurm-wlm/job_submit_lua.so 2>/dev/null | head -1 || true)
+  probe_cleanup
+  trap 'probe_cleanup; restore' EXIT
+  # (Event names are unique across groups.)
+  for spec in "fleet:$R/plugins/job_submit_fleet.so" "lua:$lua_so"; do
+    g=${spec%%:*} so=${spec#*:}
+    [[ -n $so ]] || continue
+    perf probe -q -x "$so" --add "bench_$g:${g}_in=job_submit" && perf probe -q -x "$so" --add "bench_$g:${g}_out=job_submit%return" \
+      || die "perf probe on $so failed (uprobes unavailable?)"
+  done
+  # Not a child of this shell: the submitters' `wait` must not wait for it.
+  PROBE_PID=$( (perf record -q -o "$OUT/probe.data" -e 'bench_fleet:*' -e 'bench_lua:*' -a >/dev/null 2>&1 & echo $!) )
+  sleep 1
+fi
+
 log "cluster $C, configs: ${CONFIGS[*]}, $ROUNDS rounds x $JOBS jobs, $PAR submitter(s), warm-up $WARMUP per round, pause ${PAUSE}s after each"
 t_all=$SECONDS
 NCFG=${#CONFIGS[@]}
@@ -247,6 +277,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
   done
 done
 log "total $((SECONDS - t_all))s"
+if [[ -n $PROBE_PID ]]; then
+  probe_cleanup
+  # Entry/return pairs per thread: each call's time inside the plugin.
+  perf script -i "$OUT/probe.data" -F tid,time,event 2>/dev/null | awk '
+    { t = $2; sub(/:$/, "", t); ev = $3; g = (ev ~ /bench_fleet/) ? "fleet" : "lua"; k = $1 SUBSEP g
+      if (ev ~ /_out__return/) { if (k in open) { print g, (t - open[k]) * 1e6; delete open[k] } } else open[k] = t }' >"$OUT/probe.txt"
+fi
 
 # ---- report
 declare -A TPUT RPC
@@ -338,6 +375,12 @@ if [[ -n ${TPUT[local]:-} ]]; then
   h99=$(awk 'BEGIN{m="na"} {if (m=="na" || $3>m) m=$3} END{print m}' "$OUT/local.hook")
   if [[ $h99 == na ]]; then echo "target hook p99 <= 250 us: n/a (job_submit_fleet logged no per-call durations; the client-side latency includes it)"
   else echo "target hook p99 <= 250 us: $h99 -> $(awk -v v="$h99" 'BEGIN{print (v+0<=250)?"PASS":"FAIL"}')"; fi
+fi
+if [[ -s $OUT/probe.txt ]]; then
+  for g in fleet lua; do
+    awk -v g="$g" '$1 == g {print $2}' "$OUT/probe.txt" | sort -g | awk -v g="$g" '{v[NR]=$1; s+=$1}
+      END { if (NR) printf "job_submit/%s inside slurmctld (perf uprobes, entry to return): n=%d mean %.1f p50 %.0f p90 %.0f p99 %.0f us\n", g, NR, s/NR, v[int(NR*0.5)+1], v[int(NR*0.9)+1], v[int(NR*0.99)+1] }'
+  done
 fi
 for cfg in forward deferred; do
   [[ -s $OUT/$cfg.hook ]] || continue
