@@ -40,22 +40,50 @@
 //! cluster and reused: its egress is divided among the jobs naming it (if any of
 //! the `n` jobs runs there, one transfer of `E` was paid, `≥ E × Σφ / n`).
 //!
-//! Restores, staging delays and work lost at reclaims are still left out: a
-//! schedule that knew every reclaim in advance could end or checkpoint its spot
-//! jobs exactly before it, so no loss per reclaim can be charged without
-//! assuming the policy is online. Every other simplification makes the LP easier,
-//! so its optimum is a lower bound of every schedule that finishes by the horizon
-//! (the CLI also solves it with each policy's own last job end as the horizon: a
-//! bound for that policy alone). Jobs are grouped by (release slot, set of
-//! feasible options) so the LP stays small; the slot length grows until the LP
-//! has at most `max_vars` variables.
+//! **Fine cells** (2026-12-03): each group's release slot, and the first
+//! `EXT_HOURS` of the next slot, are cut into cells of 1–12 h (the shortest that
+//! keeps the LP within `max_vars` after the coarse slot is chosen as before); a
+//! group's variables cover its cells, the rest of the next slot, then whole
+//! slots. Rows: pool GPU-hours and spot GPU-hours per cell (the variables on that
+//! cell: every group's work there, other groups' coarse variables left out, which
+//! only loosens), per coarse slot (every variable inside it, cells included), and
+//! the gang row per cell (GPUs × the part of the cell after each submission), and
+//! the group's work done by each cell's end ≤ Σ over its jobs of min(work, GPUs ×
+//! fastest speed × time since submission) (the group pools its jobs, so without
+//! it an early job's hours stood for a later one's work). A schedule's GPU-hours in each cell and slot map to a feasible point, so the
+//! optimum stays a lower bound; it is higher when jobs arrive together inside a
+//! slot (a slot let the pool's idle hours before their submission stand for them).
+//!
+//! **Spot windows** (2026-12-03): on a pool whose spot trace is all-or-nothing
+//! (every tick 0 or its full size) a drop evicts every spot job, so each run
+//! segment on spot lies inside one window of availability, and it holds its GPUs
+//! for its setup first (provisioning at every start, billed, no progress; the
+//! least setup of any job's offer there): no spot work is done in the first
+//! `setup` seconds of a window. Spot rows use that time, not the trace's mean.
+//! And the simulator keeps a stopped segment's work only at whole checkpoints
+//! (`floor(worked / ck) × ck`, for evictions, migrations and outages alike; a
+//! carbon pause stops at a checkpoint), so when all jobs write the same interval
+//! `ck` the spot work of a pool is at most its GPUs × Σ over windows of whole
+//! intervals of work time (segments one after another on a GPU keep at most
+//! `floor(Σ work ÷ ck) × ck`) plus, per job, one last segment of at most its run
+//! time there and the longest window's work time.
+//!
+//! Restores, staging delays and work lost at reclaims are otherwise still left
+//! out: charging the work since the last checkpoint at each reclaim per job is not
+//! done (a schedule may end or place its jobs so that little is lost), and every
+//! other simplification makes the LP easier, so its optimum is a lower bound of
+//! every schedule that finishes by the horizon (the CLI also solves it with each
+//! policy's own last job end as the horizon: a bound for that policy alone). Jobs are grouped by (release slot, set of
+//! feasible options) so the LP stays small; the slot length grows until the
+//! coarse LP has at most `max_vars` variables.
 //!
 //! The **carbon LP** ([`carbon_bound`]) keeps every constraint, adds "cost ≤ a
 //! budget" (the cost LP's objective, itself a lower bound of what a schedule
 //! pays, so every schedule within the budget is feasible) and minimises kgCO2:
 //! per pool and slot, the GPU-hours run are charged at the slot's cleanest
-//! quarter-hours first (a schedule may run only then, within the pool's GPUs);
-//! provisioning and lost work emit nothing. Its optimum is the least kgCO2 of any
+//! quarter-hours first (a schedule may run only then, within the pool's GPUs;
+//! fine cells are counted in their slot's buckets); provisioning and lost work
+//! emit nothing. Its optimum is the least kgCO2 of any
 //! schedule that pays at most the budget and finishes by the horizon.
 //!
 //! The **capped LP** ([`capped_bound`]) minimises cost under side constraints:
@@ -63,9 +91,11 @@
 //! completion at most a cap. Completion is bounded per job from below by
 //! quantities linear in the LP's variables (see [`capped_bound`]), so every
 //! schedule meeting the cap maps to a feasible point and the optimum bounds its
-//! cost. The completion bound is weak inside a slot (a job may do its work
-//! anywhere in its release slot at no completion cost beyond its own run time):
-//! it binds on work moved to later slots.
+//! cost. Work in a fine cell of the release slot adds (cell start − submission)
+//! per unit ÷ the job's work, for the jobs submitted before the cell (the group's
+//! split cheapest first, each job at most its GPUs × fastest speed × its part of
+//! the cell); work past the release slot adds (slot end − submission) + (piece
+//! start − slot end).
 
 use std::collections::BTreeMap;
 
@@ -79,6 +109,9 @@ use crate::spot::SpotTrace;
 pub struct LpBound {
     pub usd: f64,
     pub slot_hours: f64,
+    /// Length of the fine cells of each release slot and of the first hours after
+    /// it (= `slot_hours` when the LP has none).
+    pub cell_hours: f64,
     pub horizon_hours: f64,
     pub groups: usize,
     pub variables: usize,
@@ -102,6 +135,9 @@ pub struct CarbonBound {
     /// The optimum's GPU-hours and USD by `cluster/pool pricing` (as `LpBound::spend`).
     pub spend: BTreeMap<String, (f64, f64)>,
     pub slot_hours: f64,
+    /// Length of the fine cells of each release slot and of the first hours after
+    /// it (= `slot_hours` when the LP has none).
+    pub cell_hours: f64,
     pub horizon_hours: f64,
     pub variables: usize,
     pub constraints: usize,
@@ -118,6 +154,8 @@ struct Opt {
     pool: usize,
     spot: bool,
     speed: f64,
+    /// The least setup (provisioning, restore) of any job's offer on it, seconds.
+    setup_s: f64,
 }
 
 struct GroupOpt {
@@ -128,16 +166,39 @@ struct GroupOpt {
     segs: Vec<(f64, f64)>,
 }
 
+/// A stretch of time that a group's variables cover: a fine cell of the release
+/// slot or of the first hours after it, the rest of the slot after those, or a
+/// whole coarse slot.
+#[derive(Clone)]
+struct Piece {
+    start_s: f64,
+    /// The coarse slot holding it.
+    slot: usize,
+    /// Its fine cell (global index), for pieces of the fine grid.
+    cell: Option<usize>,
+    /// GPU-hours the group's jobs can hold in it: Σ GPUs × its part after each
+    /// job's submission.
+    gang_gpu_h: f64,
+    /// For fine cells: the most work the group's jobs can have done by the
+    /// cell's end, Σ min(work, GPUs × fastest speed × time since submission).
+    done_by: Option<f64>,
+    /// Hours of completion per unit of work done in it (the piece's start − each
+    /// job's submission, ÷ its work), cheapest first, capped per job by what it can
+    /// do in the piece; only for pieces of the release slot that start after some
+    /// job's submission.
+    delay_segs: Vec<(f64, f64)>,
+}
+
 struct Group {
     release: usize,
     /// Jobs in the group.
     jobs: usize,
     work_h: f64,
-    /// Σ of the jobs' GPUs (a gang runs on its GPUs, no more, at any time).
-    gpus: f64,
-    /// Σ GPUs × time from each job's submission to the end of its release slot.
-    first_slot_gpu_h: f64,
     opts: Vec<GroupOpt>,
+    /// The times its variables cover, in order, disjoint.
+    pieces: Vec<Piece>,
+    /// Each job's (work, GPUs).
+    members: Vec<(f64, f64)>,
     /// Σ of each job's least completion: its least setup + work ÷ its fastest rate (h).
     compl_floor_h: f64,
     /// Σ of each job's work ÷ (2 × its fastest rate) (h): completion ≥ mean busy time + this.
@@ -145,17 +206,21 @@ struct Group {
     /// Hours of completion per unit of work moved past the release slot (each job's
     /// time from submission to the end of that slot ÷ its work), cheapest first.
     delay_segs: Vec<(f64, f64)>,
-    /// Hours per unit of Σ_t (t − release − 1) × work in slot t (a slot ÷ each job's
-    /// work), cheapest first.
+    /// Hours per unit of Σ_pieces (piece start − release slot end, h) × work in it
+    /// (1 ÷ each job's work), cheapest first.
     later_segs: Vec<(f64, f64)>,
 }
 
 struct Built {
     opts: Vec<Opt>,
     groups: Vec<Group>,
-    n_slots: usize,
     slot_s: f64,
+    /// Length of the fine cells (= `slot_s` when there are none).
+    cell_s: f64,
     horizon_s: f64,
+    /// The checkpoint interval every job writes, if they share one (∞: none
+    /// writes checkpoints; `None`: intervals differ).
+    ck_s: Option<f64>,
 }
 
 /// A job for the LP.
@@ -174,7 +239,12 @@ struct JobLp {
 }
 
 /// Per-unit-of-work charges of a group's jobs on one option → convex segments.
-fn segments(mut cw: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+fn segments(cw: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    segments_n(cw, MAX_SEGMENTS)
+}
+
+/// As [`segments`], with at most `max` buckets (≥ 3).
+fn segments_n(mut cw: Vec<(f64, f64)>, max: usize) -> Vec<(f64, f64)> {
     cw.sort_by(|a, b| a.0.total_cmp(&b.0));
     let Some(&(lo, _)) = cw.first() else {
         return Vec::new();
@@ -186,7 +256,7 @@ fn segments(mut cw: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
     }
     // Geometric buckets of the positive charges; zeros in their own bucket.
     let pos_lo = cw.iter().map(|x| x.0).find(|&c| c > 1e-12).unwrap_or(hi);
-    let ratio = (hi / pos_lo).powf(1.0 / (MAX_SEGMENTS - 2) as f64).max(1.05);
+    let ratio = (hi / pos_lo).powf(1.0 / (max.max(3) - 2) as f64).max(1.05);
     let mut cur: Option<(i64, f64, f64)> = None; // bucket, slope (its cheapest), cap
     for (c, w) in cw {
         let b = if c <= 1e-12 { -1 } else { ((c / pos_lo).ln() / ratio.ln()).floor() as i64 };
@@ -205,6 +275,54 @@ fn segments(mut cw: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
     }
     out
 }
+
+/// The pieces of a group released in coarse slot `r`: `m` fine cells of length
+/// `cell_s` covering the slot, `ext` more at the start of the next slot, the rest of
+/// that slot, then whole slots; all cut at the horizon (empty ones left out).
+fn layout(
+    r: usize,
+    n_slots: usize,
+    slot_s: f64,
+    m: usize,
+    ext: usize,
+    horizon_s: f64,
+) -> Vec<(f64, f64, usize, Option<usize>)> {
+    let cell_s = slot_s / m as f64;
+    let mut v = Vec::new();
+    let mut push = |a: f64, e: f64, slot: usize, cell: Option<usize>| {
+        let e = e.min(horizon_s);
+        if e > a + 1e-9 {
+            v.push((a, e, slot, cell));
+        }
+    };
+    let r0 = r as f64 * slot_s;
+    if m <= 1 {
+        push(r0, r0 + slot_s, r, None);
+    } else {
+        for k in 0..m {
+            push(r0 + k as f64 * cell_s, r0 + (k + 1) as f64 * cell_s, r, Some(r * m + k));
+        }
+    }
+    if r + 1 < n_slots {
+        let r1 = (r + 1) as f64 * slot_s;
+        let ext = if m <= 1 { 0 } else { ext.min(m) };
+        for k in 0..ext {
+            push(r1 + k as f64 * cell_s, r1 + (k + 1) as f64 * cell_s, r + 1, Some((r + 1) * m + k));
+        }
+        push(r1 + ext as f64 * cell_s, r1 + slot_s, r + 1, None);
+    }
+    for t in r + 2..n_slots {
+        push(t as f64 * slot_s, (t + 1) as f64 * slot_s, t, None);
+    }
+    v
+}
+
+/// Fine cell lengths tried, shortest first (each divides every coarse slot length).
+const CELL_HOURS: [f64; 5] = [1.0, 2.0, 3.0, 6.0, 12.0];
+/// The fine grid goes on this far into the slot after the release slot.
+const EXT_HOURS: f64 = 6.0;
+/// Buckets of completion per unit of work per fine cell.
+const CELL_SEGMENTS: usize = 4;
 
 fn build<M: Model>(model: &mut M, jobs: &[SimJob], horizon_s: f64, max_vars: usize) -> Result<Built, String> {
     if jobs.is_empty() || !(horizon_s.is_finite() && horizon_s > 0.0) {
@@ -234,9 +352,16 @@ fn build<M: Model>(model: &mut M, jobs: &[SimJob], horizon_s: f64, max_vars: usi
         let rate = gpus * offers.iter().map(|o| o.speed.max(1e-9)).fold(0.0, f64::max);
         for o in offers {
             let k = *opt_index.entry((o.cluster, o.pool, o.spot)).or_insert_with(|| {
-                opts.push(Opt { cluster: o.cluster, pool: o.pool, spot: o.spot, speed: o.speed.max(1e-9) });
+                opts.push(Opt {
+                    cluster: o.cluster,
+                    pool: o.pool,
+                    spot: o.spot,
+                    speed: o.speed.max(1e-9),
+                    setup_s: f64::INFINITY,
+                });
                 opts.len() - 1
             });
+            opts[k].setup_s = opts[k].setup_s.min(o.setup_s.max(0.0));
             let setup_usd = o.usd_per_gpu_hour * j.gpus as f64 * o.setup_s.max(0.0) / 3600.0;
             let fixed = o.egress_usd.max(0.0) / share as f64 + setup_usd;
             v.push((k, o.usd_per_gpu_hour, fixed / work_h));
@@ -245,76 +370,117 @@ fn build<M: Model>(model: &mut M, jobs: &[SimJob], horizon_s: f64, max_vars: usi
         v.dedup_by_key(|x| x.0);
         per_job.push(JobLp { submit_s: j.submit_s, work_h, gpus, setup_h, rate, opts: v });
     }
-    // A group being built: release slot, jobs, work, GPUs, first-slot GPU-hours,
-    // per option (price, (charge, work) of each job), completion terms.
+    // A group being built: release slot, its jobs, per option (price, (charge, work)
+    // of each job).
     #[derive(Default)]
     struct Acc {
-        release: usize,
-        jobs: usize,
-        work_h: f64,
-        gpus: f64,
-        first_slot_gpu_h: f64,
+        members: Vec<usize>,
         per_opt: Vec<(f64, Vec<(f64, f64)>)>,
-        compl_floor_h: f64,
-        compl_half_h: f64,
-        delay: Vec<(f64, f64)>,
-        later: Vec<(f64, f64)>,
     }
-    // Pick the slot length: 6 h, doubled until the LP is small enough.
+    // The coarse slot: 6 h, doubled until the coarse grid alone fits the budget
+    // (as before the fine cells); then the finest cells that still fit.
     let mut slot_s = 6.0 * 3600.0;
-    loop {
+    let (n_slots, accs) = loop {
         let n_slots = (horizon_s / slot_s).ceil().max(1.0) as usize;
-        let slot_h = slot_s / 3600.0;
         let mut acc: BTreeMap<(usize, Vec<usize>), Acc> = BTreeMap::new();
-        for j in &per_job {
+        for (i, j) in per_job.iter().enumerate() {
             let r = ((j.submit_s / slot_s).floor() as usize).min(n_slots - 1);
             let key = (r, j.opts.iter().map(|x| x.0).collect::<Vec<_>>());
-            let g = acc.entry(key).or_insert_with(|| Acc {
-                release: r,
-                per_opt: vec![(f64::INFINITY, Vec::new()); j.opts.len()],
-                ..Acc::default()
-            });
-            let to_slot_end_h = (((r + 1) as f64 * slot_s).min(horizon_s) - j.submit_s).max(0.0) / 3600.0;
-            g.jobs += 1;
-            g.work_h += j.work_h;
-            g.gpus += j.gpus;
-            g.first_slot_gpu_h += j.gpus * to_slot_end_h;
-            g.compl_floor_h += j.setup_h + j.work_h / j.rate;
-            g.compl_half_h += j.work_h / (2.0 * j.rate);
-            g.delay.push((to_slot_end_h / j.work_h, j.work_h));
-            g.later.push((slot_h / j.work_h, j.work_h * (n_slots - r) as f64));
+            let g = acc
+                .entry(key)
+                .or_insert_with(|| Acc { per_opt: vec![(f64::INFINITY, Vec::new()); j.opts.len()], ..Acc::default() });
+            g.members.push(i);
             for (slot, &(_, price, charge)) in g.per_opt.iter_mut().zip(&j.opts) {
                 slot.0 = slot.0.min(price);
                 slot.1.push((charge, j.work_h));
             }
         }
-        let groups: Vec<Group> = acc
-            .into_iter()
-            .map(|((_, ks), a)| Group {
-                release: a.release,
-                jobs: a.jobs,
-                work_h: a.work_h,
-                gpus: a.gpus,
-                first_slot_gpu_h: a.first_slot_gpu_h,
+        let vars: usize = acc.iter().map(|((r, ks), _)| ks.len() * (n_slots - r)).sum();
+        // (the few segment variables, at most MAX_SEGMENTS per group and option,
+        // are not counted: they do not grow with the slots)
+        if vars <= max_vars || slot_s >= horizon_s {
+            break (n_slots, acc);
+        }
+        slot_s *= 2.0;
+    };
+    let count = |m: usize, ext: usize| -> usize {
+        accs.iter().map(|((r, ks), _)| ks.len() * layout(*r, n_slots, slot_s, m, ext, horizon_s).len()).sum()
+    };
+    let (mut m, mut ext) = (1, 0);
+    for h in CELL_HOURS {
+        let cell_s = h * 3600.0;
+        let mm = (slot_s / cell_s).round() as usize;
+        if mm < 2 || (mm as f64 * cell_s - slot_s).abs() > 1e-6 {
+            continue;
+        }
+        let e = (EXT_HOURS * 3600.0 / cell_s).ceil() as usize;
+        if count(mm, e) <= max_vars {
+            (m, ext) = (mm, e);
+            break;
+        }
+    }
+    let cell_s = slot_s / m as f64;
+    let groups: Vec<Group> = accs
+        .into_iter()
+        .map(|((r, ks), a)| {
+            let members: Vec<&JobLp> = a.members.iter().map(|&i| &per_job[i]).collect();
+            let max_speed = ks.iter().map(|&k| opts[k].speed).fold(0.0, f64::max);
+            let release_end = (r + 1) as f64 * slot_s;
+            let pieces = layout(r, n_slots, slot_s, m, ext, horizon_s)
+                .into_iter()
+                .map(|(a0, e0, slot, cell)| {
+                    let (mut gang, mut delay, mut upto) = (0.0, Vec::new(), 0.0);
+                    for j in &members {
+                        upto += j.work_h.min(j.gpus * max_speed * (e0 - j.submit_s).max(0.0) / 3600.0);
+                        let part_h = (e0 - a0.max(j.submit_s)).max(0.0) / 3600.0;
+                        gang += j.gpus * part_h;
+                        if slot == r && a0 > j.submit_s && part_h > 0.0 {
+                            delay.push(((a0 - j.submit_s) / 3600.0 / j.work_h, j.gpus * max_speed * part_h));
+                        } else if slot == r && part_h > 0.0 {
+                            delay.push((0.0, j.gpus * max_speed * part_h));
+                        }
+                    }
+                    let delay_segs = if slot == r && cell.is_some() && delay.iter().any(|d| d.0 > 0.0) {
+                        segments_n(delay, CELL_SEGMENTS)
+                    } else {
+                        Vec::new()
+                    };
+                    Piece { start_s: a0, slot, cell, gang_gpu_h: gang, done_by: cell.map(|_| upto), delay_segs }
+                })
+                .collect();
+            let span_h = (horizon_s - release_end).max(0.0) / 3600.0;
+            Group {
+                release: r,
+                jobs: members.len(),
+                work_h: members.iter().map(|j| j.work_h).sum(),
                 opts: ks
                     .into_iter()
                     .zip(a.per_opt)
                     .map(|(k, (price, cw))| GroupOpt { k, price, segs: segments(cw) })
                     .collect(),
-                compl_floor_h: a.compl_floor_h,
-                compl_half_h: a.compl_half_h,
-                delay_segs: segments(a.delay),
-                later_segs: segments(a.later),
-            })
-            .collect();
-        let vars: usize = groups.iter().map(|g| g.opts.len() * (n_slots - g.release)).sum();
-        // (the few segment variables, at most MAX_SEGMENTS per group and option,
-        // are not counted: they do not grow with the slots)
-        if vars <= max_vars || slot_s >= horizon_s {
-            return Ok(Built { opts, groups, n_slots, slot_s, horizon_s });
-        }
-        slot_s *= 2.0;
-    }
+                pieces,
+                members: members.iter().map(|j| (j.work_h, j.gpus)).collect(),
+                compl_floor_h: members.iter().map(|j| j.setup_h + j.work_h / j.rate).sum(),
+                compl_half_h: members.iter().map(|j| j.work_h / (2.0 * j.rate)).sum(),
+                delay_segs: segments(
+                    members
+                        .iter()
+                        .map(|j| ((release_end - j.submit_s).max(0.0) / 3600.0 / j.work_h, j.work_h))
+                        .collect(),
+                ),
+                later_segs: segments(members.iter().map(|j| (1.0 / j.work_h, j.work_h * span_h)).collect()),
+            }
+        })
+        .collect();
+    let mut cks: Vec<f64> = jobs.iter().map(|j| j.written_checkpoint_s()).filter(|&c| c > 0.0).collect();
+    cks.sort_by(f64::total_cmp);
+    cks.dedup();
+    let ck_s = match cks.as_slice() {
+        [] => Some(f64::INFINITY),
+        [c] => Some(*c),
+        _ => None,
+    };
+    Ok(Built { opts, groups, slot_s, cell_s, horizon_s, ck_s })
 }
 
 /// Solves the cost LP. `Err` with the reason when it cannot (no option for a job,
@@ -331,6 +497,7 @@ pub fn lp_bound<M: Model>(
     Ok(LpBound {
         usd: s.usd,
         slot_hours: b.slot_s / 3600.0,
+        cell_hours: b.cell_s / 3600.0,
         horizon_hours: b.horizon_s / 3600.0,
         groups: b.groups.len(),
         variables: s.variables,
@@ -362,6 +529,7 @@ pub fn carbon_bound<M: Model>(
         usd: s.usd,
         spend: s.spend,
         slot_hours: b.slot_s / 3600.0,
+        cell_hours: b.cell_s / 3600.0,
         horizon_hours: b.horizon_s / 3600.0,
         variables: s.variables,
         constraints: s.constraints,
@@ -391,6 +559,9 @@ pub struct CappedBound {
     pub kg_co2: Option<f64>,
     pub spend: BTreeMap<String, (f64, f64)>,
     pub slot_hours: f64,
+    /// Length of the fine cells of each release slot and of the first hours after
+    /// it (= `slot_hours` when the LP has none).
+    pub cell_hours: f64,
     pub horizon_hours: f64,
     pub variables: usize,
     pub constraints: usize,
@@ -411,10 +582,11 @@ impl CappedBound {
             None => "infeasible (no schedule meets it)".into(),
         };
         format!(
-            "min cost at {} (done by {:.0} h): {usd} (LP, {:.0} h slots)",
+            "min cost at {} (done by {:.0} h): {usd} (LP, {:.0} h slots, {:.0} h cells)",
             what.join(", "),
             self.horizon_hours,
-            self.slot_hours
+            self.slot_hours,
+            self.cell_hours
         )
     }
 }
@@ -462,6 +634,7 @@ pub fn capped_bound<M: Model>(
         kg_co2: kg,
         spend,
         slot_hours: b.slot_s / 3600.0,
+        cell_hours: b.cell_s / 3600.0,
         horizon_hours: b.horizon_s / 3600.0,
         variables,
         constraints,
@@ -505,57 +678,191 @@ impl From<SolveError> for String {
     }
 }
 
+/// Times spot work can be done on a pool, `[start, end)`, with the hours before each.
+type Windows = (Vec<(f64, f64)>, Vec<f64>);
+
 fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Result<Solved, SolveError> {
     let usd_cap = goal.usd_cap;
     let need_kg = usd_cap.is_some() || goal.kg_cap.is_some();
-    let (slot_s, horizon_s, n_slots) = (b.slot_s, b.horizon_s, b.n_slots);
+    let (slot_s, cell_s, horizon_s) = (b.slot_s, b.cell_s, b.horizon_s);
     let clusters = model.clusters().to_vec();
-    let slot_len_h = |t: usize| ((horizon_s - t as f64 * slot_s).min(slot_s)).max(0.0) / 3600.0;
-    // Mean spot fraction of a pool in slot t.
-    let spot_frac = |c: usize, p: usize, t: usize| -> f64 {
-        let pool = &clusters[c].pools[p];
-        match pool.spot_trace.and_then(|i| spot.get(i)) {
-            Some(tr) => {
-                let (a, e) = (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
-                let n = ((e - a) / tr.gap_s).ceil().max(1.0) as usize;
-                (0..n).map(|i| tr.fraction_at(a + i as f64 * tr.gap_s)).sum::<f64>() / n as f64
-            }
-            None if pool.sells_spot => 1.0,
-            None => 0.0,
+    // Start and end of coarse slot t and of fine cell i, cut at the horizon.
+    let slot_span = |t: usize| (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
+    let cell_span = |i: usize| (i as f64 * cell_s, ((i + 1) as f64 * cell_s).min(horizon_s));
+    // Where a pool's spot trace is all-or-nothing (every tick 0 or its full size),
+    // a drop evicts every spot job, so each run segment on spot lies inside one
+    // window of availability and holds its GPUs for its setup (provisioning, billed,
+    // no progress) first: no spot work is done in the first `setup` seconds of a
+    // window. Per pool: the times spot work can be done, as [start, end) with the
+    // running total of hours before each.
+    let mut work_windows: BTreeMap<(usize, usize), Windows> = BTreeMap::new();
+    // Per such pool: (hours of work a spot GPU can keep at checkpoints over the
+    // horizon, hours of work of the longest window).
+    let mut ckpt_caps: BTreeMap<(usize, usize), (f64, f64)> = BTreeMap::new();
+    // Per such pool: Σ spot GPU-hours − Σ of each group's last-segment share.
+    let mut ckpt_rows: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
+    for o in b.opts.iter().filter(|o| o.spot && o.setup_s.is_finite() && o.setup_s > 0.0) {
+        let Some(tr) = clusters[o.cluster].pools[o.pool].spot_trace.and_then(|i| spot.get(i)) else {
+            continue;
+        };
+        if tr.max == 0 || tr.data.iter().any(|&d| d != 0 && d != tr.max) {
+            continue;
         }
+        let setup = b.opts.iter().filter(|q| q.spot && q.cluster == o.cluster && q.pool == o.pool);
+        let setup = setup.map(|q| q.setup_s).fold(f64::INFINITY, f64::min);
+        if work_windows.contains_key(&(o.cluster, o.pool)) || !setup.is_finite() {
+            continue;
+        }
+        let mut wins: Vec<(f64, f64)> = Vec::new();
+        let (mut i, mut open) = (0usize, None);
+        while (i as f64 * tr.gap_s) < horizon_s {
+            let up = tr.fraction_at_tick(i) > 0.0;
+            match (up, open) {
+                (true, None) => open = Some(i as f64 * tr.gap_s),
+                (false, Some(w)) => {
+                    wins.push((w, i as f64 * tr.gap_s));
+                    open = None;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        if let Some(w) = open {
+            wins.push((w, f64::INFINITY));
+        }
+        // Kept work outside a job's last segment: whole checkpoint intervals of
+        // each window's work time (all jobs write the same interval `ck`, so the
+        // segments one after another on a GPU keep at most floor(Σ work ÷ ck) ×
+        // ck); a last segment: at most the longest window's work time.
+        if let Some(ck) = b.ck_s {
+            let lens = wins.iter().map(|&(a, e)| (e.min(horizon_s) - a - setup).max(0.0));
+            let kept_h: f64 =
+                lens.clone().map(|l| if ck.is_finite() { (l / ck).floor() * ck } else { 0.0 }).sum::<f64>() / 3600.0;
+            let longest_h = lens.fold(0.0, f64::max) / 3600.0;
+            ckpt_caps.insert((o.cluster, o.pool), (kept_h, longest_h));
+        }
+        let wins: Vec<(f64, f64)> = wins.into_iter().map(|(a, e)| (a + setup, e)).filter(|(a, e)| e > a).collect();
+        let mut before = Vec::with_capacity(wins.len());
+        let mut sum = 0.0;
+        for &(a, e) in &wins {
+            before.push(sum);
+            sum += (e.min(horizon_s) - a).max(0.0) / 3600.0;
+        }
+        work_windows.insert((o.cluster, o.pool), (wins, before));
+    }
+    // Spot GPU-hours a pool offers for work over [a, e): its GPUs × the integral of
+    // the spot trace's available fraction (the simulator offers floor(fraction ×
+    // GPUs)), less the setups above.
+    let spot_gpu_h = |c: usize, p: usize, (a, e): (f64, f64)| -> f64 {
+        let pool = &clusters[c].pools[p];
+        if let Some((wins, before)) = work_windows.get(&(c, p)) {
+            // hours of work windows before time t
+            let upto = |t: f64| -> f64 {
+                let k = wins.partition_point(|w| w.0 < t);
+                if k == 0 {
+                    return 0.0;
+                }
+                let (wa, we) = wins[k - 1];
+                before[k - 1] + (t.min(we) - wa).max(0.0) / 3600.0
+            };
+            return pool.gpus as f64 * (upto(e) - upto(a)).max(0.0);
+        }
+        let frac_h = match pool.spot_trace.and_then(|i| spot.get(i)) {
+            Some(tr) => {
+                let mut i = (a / tr.gap_s).floor().max(0.0) as usize;
+                let mut sum = 0.0;
+                while (i as f64 * tr.gap_s) < e {
+                    let (t0, t1) = ((i as f64 * tr.gap_s).max(a), ((i + 1) as f64 * tr.gap_s).min(e));
+                    sum += tr.fraction_at_tick(i) * (t1 - t0).max(0.0);
+                    i += 1;
+                }
+                sum / 3600.0
+            }
+            None if pool.sells_spot => (e - a).max(0.0) / 3600.0,
+            None => 0.0,
+        };
+        pool.gpus as f64 * frac_h
+    };
+    // kgCO2 of one GPU-hour on a pool over [a, e) at its quarter-hours, (intensity, hours).
+    let quarters = |c: usize, p: usize, (a, e): (f64, f64)| -> Vec<(f64, f64)> {
+        let n = ((e - a) / 900.0).ceil().max(1.0) as usize;
+        (0..n)
+            .map(|i| {
+                let (q0, q1) = (a + i as f64 * 900.0, (a + (i + 1) as f64 * 900.0).min(e));
+                let h = (q1 - q0).max(0.0) / 3600.0;
+                let per = if h > 0.0 { model.kg_co2(c, p, 1, q0, q1) / h } else { 0.0 };
+                (per, h)
+            })
+            .collect()
     };
     let mut vars = ProblemVariables::new();
     let mut cost = Expression::default();
+    // Variables per (option, coarse slot), fine cells included.
     let mut by_opt_slot: BTreeMap<(usize, usize), Vec<Variable>> = BTreeMap::new();
+    // Variables per (option, fine cell), and the most GPU-hours each group may put there.
+    let mut by_opt_cell: BTreeMap<(usize, usize), Vec<Variable>> = BTreeMap::new();
+    let mut cell_gang: BTreeMap<(usize, usize, usize), f64> = BTreeMap::new(); // (cluster, pool, cell)
     let mut rows: Vec<(Expression, f64, bool)> = Vec::new(); // (lhs, rhs, equality)
     let mut n_vars = 0;
     let mut priced: Vec<(usize, f64, Variable)> = Vec::new();
+    let mut kg = Expression::default();
     // Σ over groups of the lower bound of their jobs' completion times (hours).
     let mut completion = Expression::default();
+    let with_compl = goal.mean_completion_h.is_some();
     for g in &b.groups {
         let mut done = Expression::default();
-        // work past the release slot, and Σ_t (t − release − 1) × work in slot t
+        let release_end = (g.release + 1) as f64 * slot_s;
+        // work past the release slot, and Σ (piece start − release slot end) × work
         let (mut late, mut later) = (Expression::default(), Expression::default());
-        // the group's GPU-hours per slot, all options
-        let mut per_slot: Vec<Expression> = (g.release..n_slots).map(|_| Expression::default()).collect();
+        // the group's GPU-hours and work per piece, all options
+        let mut per_piece: Vec<Expression> = g.pieces.iter().map(|_| Expression::default()).collect();
+        let mut work_piece: Vec<Expression> = g.pieces.iter().map(|_| Expression::default()).collect();
+        let mut cum_work: Vec<Expression> = g.pieces.iter().map(|_| Expression::default()).collect();
+        let mut pools_seen: Vec<(usize, usize)> = Vec::new();
         for o in &g.opts {
-            let speed = b.opts[o.k].speed;
+            let opt = b.opts[o.k];
+            let speed = opt.speed;
+            if !pools_seen.contains(&(opt.cluster, opt.pool)) {
+                pools_seen.push((opt.cluster, opt.pool));
+            }
             let base = o.segs.first().map(|s| s.0).unwrap_or(0.0);
             let mut on_o = Expression::default();
-            for t in g.release..n_slots {
+            let mut on_spot_gpu_h = Expression::default();
+            for (i, pc) in g.pieces.iter().enumerate() {
                 let x = vars.add(variable().min(0.0));
                 n_vars += 1;
                 // price per GPU-hour + the cheapest one-off charge per unit of work
                 cost += (o.price + base * speed) * x;
                 done += speed * x;
                 on_o += speed * x;
-                if goal.mean_completion_h.is_some() && t > g.release {
-                    late += speed * x;
-                    later += ((t - g.release - 1) as f64 * speed) * x;
+                on_spot_gpu_h += x;
+                if pc.cell.is_some() {
+                    cum_work[i] += speed * x;
                 }
-                per_slot[t - g.release] += x;
-                by_opt_slot.entry((o.k, t)).or_default().push(x);
+                if with_compl {
+                    if pc.slot > g.release {
+                        late += speed * x;
+                        later += ((pc.start_s - release_end).max(0.0) / 3600.0 * speed) * x;
+                    } else if !pc.delay_segs.is_empty() {
+                        work_piece[i] += speed * x;
+                    }
+                }
+                per_piece[i] += x;
+                by_opt_slot.entry((o.k, pc.slot)).or_default().push(x);
+                if let Some(cell) = pc.cell {
+                    by_opt_cell.entry((o.k, cell)).or_default().push(x);
+                }
                 priced.push((o.k, o.price, x));
+            }
+            if let (true, Some(&(_, longest_h))) = (opt.spot, ckpt_caps.get(&(opt.cluster, opt.pool))) {
+                // The group's spot GPU-hours here = last segments (each job at most
+                // its run time here and the longest window) + work kept at
+                // checkpoints (bounded for the pool as a whole below).
+                let last: f64 = g.members.iter().map(|&(w, gp)| (w / speed).min(gp * longest_h)).sum();
+                let f = vars.add(variable().min(0.0).max(last));
+                n_vars += 1;
+                rows.push((f - on_spot_gpu_h.clone(), 0.0, false));
+                *ckpt_rows.entry((opt.cluster, opt.pool)).or_default() += on_spot_gpu_h - f;
             }
             if o.segs.len() > 1 {
                 // work on o ≤ Σ segments, each at its extra charge above the cheapest
@@ -569,19 +876,39 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
                 rows.push((on_o - cover, 0.0, false));
             }
         }
+        for pc in &g.pieces {
+            if let Some(cell) = pc.cell {
+                for &(c, p) in &pools_seen {
+                    *cell_gang.entry((c, p, cell)).or_default() += pc.gang_gpu_h;
+                }
+            }
+        }
         rows.push((done, g.work_h, true));
-        if goal.mean_completion_h.is_some() {
+        if with_compl {
             // Σ_j completion_j ≥ Σ_j (least setup + work ÷ fastest rate), and
             // ≥ Σ_j (mean busy time − submission + work ÷ (2 × fastest rate)),
-            // where work done in slot t > release was done after the slot's start:
-            // ≥ (slot end − submission) + (t − release − 1) × slot per unit of work
-            // ÷ the job's work; the group's split among its jobs is the cheapest
-            // (fractional knapsack by segments, as the one-off charges).
+            // where work done in a piece was done after the piece's start: in a
+            // fine cell of the release slot (cell start − submission) per unit of
+            // work ÷ the job's work, for jobs submitted before the cell; past the
+            // release slot (slot end − submission) + (piece start − slot end) per
+            // unit ÷ the job's work. The group's split among its jobs is the
+            // cheapest (fractional knapsack by segments, as the one-off charges).
             let c = vars.add(variable().min(g.compl_floor_h));
             n_vars += 1;
             let mut busy = Expression::default();
-            for (segs, moved) in [(&g.delay_segs, late), (&g.later_segs, later)] {
-                if n_slots <= g.release + 1 || segs.is_empty() {
+            let has_late = g.pieces.iter().any(|p| p.slot > g.release);
+            let mut parts: Vec<(&Vec<(f64, f64)>, Expression)> = Vec::new();
+            if has_late {
+                parts.push((&g.delay_segs, late));
+                parts.push((&g.later_segs, later));
+            }
+            for (pc, w) in g.pieces.iter().zip(work_piece) {
+                if !pc.delay_segs.is_empty() {
+                    parts.push((&pc.delay_segs, w));
+                }
+            }
+            for (segs, moved) in parts {
+                if segs.is_empty() {
                     continue;
                 }
                 let mut cover = Expression::default();
@@ -597,21 +924,33 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
             completion += c;
         }
         // A job runs on its own GPUs, never more at once, and not before its
-        // submission: its GPU-hours in a slot are at most its GPUs × the part of
-        // the slot after its submission.
-        for (i, e) in per_slot.into_iter().enumerate() {
-            let t = g.release + i;
-            let cap = if i == 0 { g.first_slot_gpu_h } else { g.gpus * slot_len_h(t) };
-            rows.push((e, cap, false));
+        // submission: its GPU-hours in a piece are at most its GPUs × the part of
+        // the piece after its submission.
+        for (e, pc) in per_piece.into_iter().zip(&g.pieces) {
+            rows.push((e, pc.gang_gpu_h, false));
+        }
+        // Nor can the jobs have done more work by a cell's end than their work, or
+        // their fastest rate × the time since their submission.
+        let mut so_far = Expression::default();
+        for (w, pc) in cum_work.into_iter().zip(&g.pieces) {
+            so_far += w;
+            if let Some(d) = pc.done_by {
+                if d < g.work_h * (1.0 - 1e-12) {
+                    rows.push((so_far.clone(), d, false));
+                }
+            }
         }
     }
-    // Capacity per pool and slot (all pricings), and spot per pool and slot.
+    for ((c, p), e) in ckpt_rows {
+        if let Some(&(kept_h, _)) = ckpt_caps.get(&(c, p)) {
+            rows.push((e, clusters[c].pools[p].gpus as f64 * kept_h, false));
+        }
+    }
+    // Capacity per pool and coarse slot (all pricings), and spot per pool and slot.
     let mut pool_slot: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> = BTreeMap::new();
     for (&(k, t), xs) in &by_opt_slot {
         let o = b.opts[k];
-        let e = pool_slot
-            .entry((o.cluster, o.pool, t))
-            .or_insert_with(|| (Expression::default(), Expression::default(), false));
+        let e = pool_slot.entry((o.cluster, o.pool, t)).or_default();
         for &x in xs {
             e.0 += x;
             if o.spot {
@@ -620,27 +959,19 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
             }
         }
     }
-    let mut kg = Expression::default();
     for ((c, p, t), (all, spot_e, has_spot)) in pool_slot {
-        let cap = clusters[c].pools[p].gpus as f64 * slot_len_h(t);
+        let (a, e) = slot_span(t);
+        let gpus = clusters[c].pools[p].gpus as f64;
+        let cap = gpus * (e - a).max(0.0) / 3600.0;
         if has_spot {
-            rows.push((spot_e, spot_frac(c, p, t) * cap, false));
+            rows.push((spot_e, spot_gpu_h(c, p, (a, e)), false));
         }
         if need_kg {
-            // GPU-hours of the slot at its cleanest quarter-hours first.
-            let (a, e) = (t as f64 * slot_s, ((t + 1) as f64 * slot_s).min(horizon_s));
-            let n = ((e - a) / 900.0).ceil().max(1.0) as usize;
-            let mut q: Vec<(f64, f64)> = (0..n)
-                .map(|i| {
-                    let (q0, q1) = (a + i as f64 * 900.0, (a + (i + 1) as f64 * 900.0).min(e));
-                    let h = (q1 - q0).max(0.0) / 3600.0;
-                    let per = if h > 0.0 { model.kg_co2(c, p, 1, q0, q1) / h } else { 0.0 };
-                    (per, h)
-                })
-                .collect();
+            // GPU-hours of the slot at its cleanest quarter-hours first (their
+            // buckets' hours add up to the slot: the capacity row).
+            let mut q = quarters(c, p, (a, e));
             q.sort_by(|x, y| x.0.total_cmp(&y.0));
             let per_seg = q.len().div_ceil(CARBON_SEGMENTS).max(1);
-            let gpus = clusters[c].pools[p].gpus as f64;
             let mut cover = Expression::default();
             for chunk in q.chunks(per_seg) {
                 let hours: f64 = chunk.iter().map(|x| x.1).sum();
@@ -652,6 +983,36 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
             rows.push((all - cover, 0.0, false));
         } else {
             rows.push((all, cap, false));
+        }
+    }
+    // Capacity and spot per pool and fine cell, where the groups there could
+    // exceed it.
+    let mut pool_cell: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> = BTreeMap::new();
+    for (&(k, cell), xs) in &by_opt_cell {
+        let o = b.opts[k];
+        let e = pool_cell
+            .entry((o.cluster, o.pool, cell))
+            .or_insert_with(|| (Expression::default(), Expression::default(), false));
+        for &x in xs {
+            e.0 += x;
+            if o.spot {
+                e.1 += x;
+                e.2 = true;
+            }
+        }
+    }
+    for ((c, p, cell), (all, spot_e, has_spot)) in pool_cell {
+        let (a, e) = cell_span(cell);
+        let most = cell_gang.get(&(c, p, cell)).copied().unwrap_or(f64::INFINITY);
+        let cap = clusters[c].pools[p].gpus as f64 * (e - a).max(0.0) / 3600.0;
+        if most > cap * (1.0 - 1e-12) {
+            rows.push((all, cap, false));
+        }
+        if has_spot {
+            let sc = spot_gpu_h(c, p, (a, e));
+            if most > sc * (1.0 - 1e-12) {
+                rows.push((spot_e, sc, false));
+            }
         }
     }
     if let Some(u) = usd_cap {

@@ -448,6 +448,83 @@ fn lp_bound_accounts_for_capacity_and_release_times() {
     }
 }
 
+/// The fine cells see capacity inside a slot: one one-GPU hour-long job at 10:00 and
+/// four at 15:00, on one cheap GPU (1 USD/h) and eight dear ones (3 USD/h), all done
+/// by 16:00. The best schedule runs the first on the cheap GPU and, in the last hour,
+/// one on the cheap GPU and three on dear ones: 11 USD. One 6 h slot lets the cheap
+/// GPU's idle hours before 15:00 stand for the four late jobs (5 USD); cells of 3, 2
+/// and 1 h (as the variable budget allows) give 7, 9 and 11.
+#[test]
+fn fine_cells_raise_the_lp_bound_to_the_optimum() {
+    let s = EngineSetup { fleet_toml: ONE_CHEAP_EIGHT_DEAR.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:00:00,3600,1,1,t\n".to_string()
+        + &"2017-09-04 15:00:00,3600,1,1,t\n".repeat(4);
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+    let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &args(&[])).unwrap();
+    for (max_vars, cell_h, usd) in [(3, 6.0, 5.0), (5, 3.0, 7.0), (10, 2.0, 9.0), (1000, 1.0, 11.0)] {
+        let b = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 6.0 * 3600.0, max_vars).unwrap();
+        assert!((b.usd - usd).abs() < 1e-6 && (b.cell_hours - cell_h).abs() < 1e-9, "{max_vars}: {b:?}");
+        assert!(b.variables <= max_vars, "{b:?}");
+    }
+    // every simulated policy pays at least the bound of the horizon it ends by
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&[]), &l).unwrap();
+    for p in &r.policies {
+        let own = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], p.makespan_s, 1000).unwrap();
+        assert!(p.total_usd >= own.usd - 1e-6, "{} {} < {}", p.policy, p.total_usd, own.usd);
+        if p.makespan_s <= 6.0 * 3600.0 + 1e-6 {
+            assert!(p.total_usd >= 11.0 - 1e-6, "{} {}", p.policy, p.total_usd);
+        }
+    }
+}
+
+/// Spot in short windows: one one-GPU job of an hour of work on a cloud pool whose
+/// spot (1 USD/h against 3 on demand, 10 min provisioning at every start) is up for
+/// the first 30 min of every hour and gone for the rest (all-or-nothing). A spot
+/// segment does at most 20 min of work (the setup first), keeps it only at a
+/// checkpoint (hourly) or by finishing the job, so at most 1/3 GPU-hour of the work
+/// is done on spot: the LP is 1/3 × (1 + 1/6) + 2/3 × (3 + 1/2) = 2.72 USD (at the
+/// trace's mean availability it was 1 + 1/6); the best schedule pays 3.5 (on
+/// demand for the whole hour), and every simulated policy at least the bound.
+#[test]
+fn lp_bound_sees_spot_windows_setups_and_checkpoints() {
+    let fleet = r#"
+[[clusters]]
+name = "c"
+provider = "aws"
+region = "us-east-1"
+provision_s = 600
+prices.A100 = { on_demand = 3.0, spot = 1.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "c"
+"#;
+    let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:00:00,3600,1,1,t\n";
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let spot = vec![SpotTrace::parse(r#"{"metadata":{"gap_seconds":1800},"data":[1,0]}"#, "half-hours").unwrap()];
+    let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+    let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &args(&[])).unwrap();
+    model.assign_spot_traces(&spot);
+    let want = (1.0 + 1.0 / 6.0) / 3.0 + 2.0 * 3.5 / 3.0;
+    for h in [2.0, 4.0, 10.0] {
+        let b = fleet_sim::lp::lp_bound(&mut model, &jobs, &spot, h * 3600.0, 1000).unwrap();
+        assert!((b.usd - want).abs() < 1e-6, "{h}: {b:?}");
+    }
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: spot.clone() };
+    let r = run_loaded(&args(&[]), &l).unwrap();
+    assert!((r.lp_bound.as_ref().unwrap().usd - want).abs() < 1e-6, "{:?}", r.lp_bound);
+    for p in &r.policies {
+        assert!(p.total_usd >= want - 1e-6, "{} {} < {want}", p.policy, p.total_usd);
+    }
+}
+
 #[test]
 fn help_lists_only_the_simulators_flags_and_json_is_a_flag() {
     let e = fleet_sim::cli::parse_from(["fleetctl simulate".to_string(), "--help".to_string()]).err().unwrap();
@@ -889,15 +966,21 @@ fn completion_capped_lp_bounds_every_schedule_meeting_the_mean_completion() {
     let a = args(&[]);
     let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &a).unwrap();
     let h12 = 12.0 * 3600.0;
-    let capped = |model: &mut EngineModel, c: f64| {
+    // (a budget of 7 variables leaves the two 6 h slots without fine cells: the
+    // hand computation above; 1000 gives 1 h cells, a bound at least as high)
+    let capped_n = |model: &mut EngineModel, c: f64, n: usize| {
         let caps = fleet_sim::lp::Caps { mean_completion_h: Some(c), kg_co2: None };
-        fleet_sim::lp::capped_bound(model, &jobs, &[], h12, 1000, caps).unwrap()
+        fleet_sim::lp::capped_bound(model, &jobs, &[], h12, n, caps).unwrap()
     };
+    let capped = |model: &mut EngineModel, c: f64| capped_n(model, c, 1000);
     let plain = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], h12, 1000).unwrap();
     assert!((plain.usd - 12.0).abs() < 1e-6, "{plain:?}");
     for (c, want) in [(12.0, 12.0), (3.5, 12.0), (2.0, 18.0), (1.5, 20.0), (1.0, 22.0)] {
-        let b = capped(&mut model, c);
-        assert_eq!(b.slot_hours, 6.0);
+        let b = capped_n(&mut model, c, 7);
+        assert_eq!((b.slot_hours, b.cell_hours), (6.0, 6.0));
+        let fine = capped(&mut model, c);
+        assert_eq!(fine.cell_hours, 1.0);
+        assert!(fine.usd.unwrap() >= want - 1e-6, "C = {c}: {fine:?}");
         let usd = b.usd.unwrap_or(f64::NAN);
         assert!((usd - want).abs() < 1e-6, "C = {c}: {b:?}");
         assert!(b.describe().contains(&format!("{want:.0} USD")), "{}", b.describe());
