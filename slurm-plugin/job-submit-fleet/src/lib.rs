@@ -604,30 +604,49 @@ mod hook_tests {
         (plugin.stats.lock().unwrap().summary().unwrap(), part)
     }
 
+    /// A site beta in `dir`: an agent spool (`dir/agent`) and fleet.conf
+    /// (`dir/fleet.conf`); no agent serves the socket, a view ages out
+    /// after 1 s.
+    struct Site {
+        spool: std::path::PathBuf,
+        conf: std::path::PathBuf,
+        sock: std::path::PathBuf,
+    }
+
+    impl Site {
+        fn new(dir: &std::path::Path) -> Site {
+            let site = Site { spool: dir.join("agent"), conf: dir.join("fleet.conf"), sock: dir.join("none.sock") };
+            std::fs::create_dir_all(&site.spool).unwrap();
+            site.write_conf("");
+            site
+        }
+
+        /// fleet.conf, with `extra` lines.
+        fn write_conf(&self, extra: &str) {
+            let text = format!(
+                "SiteName=beta\nMetaSchedulerUrl=https://m.example:8443\nAgentSocket={}\nAgentSpoolDir={}\nViewMaxAgeMs=1000\nForwardMode=deferred\n{extra}",
+                self.sock.display(),
+                self.spool.display()
+            );
+            std::fs::write(&self.conf, text).unwrap();
+        }
+
+        /// The agent publishes a view with `free` a100 GPUs at beta.
+        fn publish(&self, free: u32) {
+            let tmp = self.spool.join("view.json.tmp");
+            std::fs::write(&tmp, view(free)).unwrap();
+            std::fs::rename(&tmp, self.spool.join("view.json")).unwrap();
+        }
+    }
+
     #[test]
     fn jobs_that_stay_home_never_ask_the_agent_while_the_view_is_republished() {
         let dir = tempfile::tempdir().unwrap();
-        let spool = dir.path().join("agent");
-        std::fs::create_dir_all(&spool).unwrap();
-        let conf = dir.path().join("fleet.conf");
-        // No agent serves the socket; a view ages out after 1 s.
-        std::fs::write(
-            &conf,
-            format!(
-                "SiteName=beta\nMetaSchedulerUrl=https://m.example:8443\nAgentSocket={}\nAgentSpoolDir={}\nViewMaxAgeMs=1000\nForwardMode=deferred\n",
-                dir.path().join("none.sock").display(),
-                spool.display()
-            ),
-        )
-        .unwrap();
-        let publish = |free: u32| {
-            let tmp = spool.join("view.json.tmp");
-            std::fs::write(&tmp, view(free)).unwrap();
-            std::fs::rename(&tmp, spool.join("view.json")).unwrap();
-        };
+        let site = Site::new(dir.path());
+        let (spool, conf, publish) = (&site.spool, &site.conf, |free| site.publish(free));
         publish(16);
         serde_json::from_str::<fleet_api::api::FleetView>(&view(16)).expect("a view the agent would publish");
-        std::env::set_var("FLEET_CONF", &conf);
+        std::env::set_var("FLEET_CONF", conf);
         let plugin = FleetSubmit::init().unwrap();
         let (line, part) = submit(&plugin, "gres:gpu:a100:1");
         assert!(line.contains(" local=1 ") && line.ends_with(" asked=0 remembered=0"), "{line}");
@@ -687,30 +706,12 @@ mod hook_tests {
     #[test]
     fn a_shape_placed_home_is_remembered_for_that_view_and_fleet_conf_only() {
         let dir = tempfile::tempdir().unwrap();
-        let spool = dir.path().join("agent");
-        std::fs::create_dir_all(&spool).unwrap();
-        let conf = dir.path().join("fleet.conf");
-        let write_conf = |extra: &str| {
-            std::fs::write(
-                &conf,
-                format!(
-                    "SiteName=beta\nMetaSchedulerUrl=https://m.example:8443\nAgentSocket={}\nAgentSpoolDir={}\nViewMaxAgeMs=1000\nForwardMode=deferred\n{extra}",
-                    dir.path().join("none.sock").display(),
-                    spool.display()
-                ),
-            )
-            .unwrap()
-        };
-        write_conf("");
-        let publish = |free: u32| {
-            let tmp = spool.join("view.json.tmp");
-            std::fs::write(&tmp, view(free)).unwrap();
-            std::fs::rename(&tmp, spool.join("view.json")).unwrap();
-        };
+        let site = Site::new(dir.path());
+        let (conf, publish, write_conf) = (&site.conf, |free| site.publish(free), |extra: &str| site.write_conf(extra));
         // The watcher has the view published last (it polls every POLL).
         let settle = || std::thread::sleep(view::POLL * 3);
         publish(16);
-        std::env::set_var("FLEET_CONF", &conf);
+        std::env::set_var("FLEET_CONF", conf);
         let plugin = FleetSubmit::init().unwrap();
         let local = |gres: &str| {
             let (line, part) = submit(&plugin, gres);
