@@ -681,6 +681,27 @@ impl From<SolveError> for String {
 /// Times spot work can be done on a pool, `[start, end)`, with the hours before each.
 type Windows = (Vec<(f64, f64)>, Vec<f64>);
 
+/// Variables by (option, slot or cell) summed per (cluster, pool, slot or
+/// cell): all pricings, the spot ones, and whether there are any spot ones.
+fn per_pool(
+    opts: &[Opt],
+    by_opt: &BTreeMap<(usize, usize), Vec<Variable>>,
+) -> BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> {
+    let mut out: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> = BTreeMap::new();
+    for (&(k, t), xs) in by_opt {
+        let o = opts[k];
+        let e = out.entry((o.cluster, o.pool, t)).or_default();
+        for &x in xs {
+            e.0 += x;
+            if o.spot {
+                e.1 += x;
+                e.2 = true;
+            }
+        }
+    }
+    out
+}
+
 fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Result<Solved, SolveError> {
     let usd_cap = goal.usd_cap;
     let need_kg = usd_cap.is_some() || goal.kg_cap.is_some();
@@ -947,19 +968,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
         }
     }
     // Capacity per pool and coarse slot (all pricings), and spot per pool and slot.
-    let mut pool_slot: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> = BTreeMap::new();
-    for (&(k, t), xs) in &by_opt_slot {
-        let o = b.opts[k];
-        let e = pool_slot.entry((o.cluster, o.pool, t)).or_default();
-        for &x in xs {
-            e.0 += x;
-            if o.spot {
-                e.1 += x;
-                e.2 = true;
-            }
-        }
-    }
-    for ((c, p, t), (all, spot_e, has_spot)) in pool_slot {
+    for ((c, p, t), (all, spot_e, has_spot)) in per_pool(&b.opts, &by_opt_slot) {
         let (a, e) = slot_span(t);
         let gpus = clusters[c].pools[p].gpus as f64;
         let cap = gpus * (e - a).max(0.0) / 3600.0;
@@ -987,21 +996,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
     }
     // Capacity and spot per pool and fine cell, where the groups there could
     // exceed it.
-    let mut pool_cell: BTreeMap<(usize, usize, usize), (Expression, Expression, bool)> = BTreeMap::new();
-    for (&(k, cell), xs) in &by_opt_cell {
-        let o = b.opts[k];
-        let e = pool_cell
-            .entry((o.cluster, o.pool, cell))
-            .or_insert_with(|| (Expression::default(), Expression::default(), false));
-        for &x in xs {
-            e.0 += x;
-            if o.spot {
-                e.1 += x;
-                e.2 = true;
-            }
-        }
-    }
-    for ((c, p, cell), (all, spot_e, has_spot)) in pool_cell {
+    for ((c, p, cell), (all, spot_e, has_spot)) in per_pool(&b.opts, &by_opt_cell) {
         let (a, e) = cell_span(cell);
         let most = cell_gang.get(&(c, p, cell)).copied().unwrap_or(f64::INFINITY);
         let cap = clusters[c].pools[p].gpus as f64 * (e - a).max(0.0) / 3600.0;
