@@ -155,6 +155,16 @@ fn runs_natively(lab: &Lab, cluster: &str, args: &str) -> bool {
 fn slurm_is_the_oracle() {
     let (lab, _serial) = Lab::lock();
     assert!(REQUESTS.len() >= 40, "the table holds {} requests", REQUESTS.len());
+    // A cluster whose nodes are not up runs nothing natively: every row
+    // would differ for that alone.
+    for c in CLUSTERS {
+        let sinfo = lab.cmd(c, "sinfo", &["-h", "-N", "-o", "%N %t"]).map(|o| o.stdout).unwrap_or_default();
+        assert!(
+            runs_natively(lab, c, "-n 1"),
+            "{c} runs not even `-n 1`: the lab is not ready\n{}",
+            String::from_utf8_lossy(&sinfo)
+        );
+    }
     let mut ids = Vec::new();
     // The oracle: where each request runs natively, and its native shape.
     let mut feasible: HashMap<(&str, &str), bool> = HashMap::new();

@@ -22,7 +22,9 @@
 #   stop-metasched | start-metasched
 #   restart-ctld <c>     restart a cluster's slurmctld (after editing slurm.conf)
 #   stop-ctld <c> | start-ctld <c>   stop or start a cluster's slurmctld alone (its
-#                        slurmds and running jobs stay: a controller outage)
+#                        slurmds and running jobs stay: a controller outage);
+#                        start-ctld returns once the nodes whose slurmd runs
+#                        have registered again
 #   revive               start whichever lab daemon is not running (after a crash), keeping all state
 #   logs                 tail of every log
 #   fleetctl <args>      run the lab's fleetctl against the lab's meta-scheduler (admin token)
@@ -762,6 +764,28 @@ wait_nodes_idle() {
   done
 }
 
+# A restarted slurmctld shows every node `unk` until its slurmd registers
+# (about 4 s here), and refuses even `--test-only` meanwhile: wait until
+# each node whose slurmd is running is known again (a node whose slurmd a
+# test stopped stays as it is). Warns, never fails, after READY_TIMEOUT.
+wait_nodes_registered() {
+  local c=$1 t0 n st pending; t0=$(now)
+  while :; do
+    pending=()
+    for n in $(all_nodes "$c"); do
+      pid_matches "$(pid_from "$R/$c/run/slurmd-$n.pid" || true)" slurmd || continue
+      st=$(scmd "$c" sinfo -h -n "$n" -N -o '%t' 2>/dev/null | head -1 || true)
+      [[ -n $st && $st != unk* && $st != *'*' ]] || pending+=("$n=${st:-?}")
+    done
+    ((${#pending[@]} == 0)) && return 0
+    if (( $(now) - t0 > READY_TIMEOUT )); then
+      log "warning: nodes of $c not registered after ${READY_TIMEOUT}s: ${pending[*]}"
+      return 0
+    fi
+    sleep 0.3
+  done
+}
+
 cmd_restart_ctld() {
   local c=${1:-}; [[ -n $c ]] || die "usage: $0 restart-ctld <cluster>"; check_cluster "$c"
   stop_pidfile "$R/$c/run/slurmctld.pid" slurmctld "slurmctld ($c)"
@@ -782,6 +806,7 @@ cmd_revive() {
     for n in $(all_nodes "$c"); do
       pid_matches "$(pid_from "$R/$c/run/slurmd-$n.pid" || true)" slurmd || start_slurmd "$c" "$n"
     done
+    wait_nodes_registered "$c"
     pid_matches "$(pid_from "$R/$c/run/agent.pid" || true)" fleet-agent || { start_agent "$c"; wait_agent "$c"; }
   done
   if [[ $KUBE == 1 ]]; then
@@ -991,7 +1016,7 @@ cmd_stop_ctld() {
 }
 cmd_start_ctld() {
   local c=${1:-}; [[ -n $c ]] || die "usage: $0 start-ctld <cluster>"; check_cluster "$c"
-  start_ctld "$c"; wait_ctld "$c"
+  start_ctld "$c"; wait_ctld "$c"; wait_nodes_registered "$c"
 }
 cmd_stop_metasched() { stop_pidfile "$R/run/metasched.pid" fleet-metasched fleet-metasched; }
 cmd_start_metasched() { start_metasched; wait_metasched; }
