@@ -32,15 +32,37 @@ use crate::{jobdir, now, Agent, CHUNK};
 /// (clock steps between the agent and slurmctld).
 const SUBMIT_SLACK_S: f64 = 120.0;
 
-/// Per-job backoff after errors.
+/// How long a started run Slurm no longer knows is watched before it is
+/// reported lost: slurmctld, restarted from a state saved before it took
+/// the job, forgets a job whose script runs on at its node (slurmd outlives
+/// the controller). Within this the script either ends by itself (its end
+/// note is then the result) or is killed as an orphan when its slurmd
+/// registers again (seconds after the controller is back).
+pub const FORGOTTEN_GRACE_S: f64 = 90.0;
+
+/// Per-job backoff after errors, and what was seen of each job between
+/// passes.
 #[derive(Default)]
 pub struct Tracker {
     failures: HashMap<String, (u32, f64)>,
     /// Jobs whose output was refused (link, FIFO, foreign owner): warned once.
     refused: HashMap<String, String>,
+    /// Started runs Slurm no longer knows: since when.
+    forgotten: HashMap<String, f64>,
 }
 
 impl Tracker {
+    /// Notes that Slurm no longer knows the started run `id`: for how
+    /// many seconds it has not known it (0 at the first sighting).
+    fn forgotten_for(&mut self, id: &str, now: f64) -> f64 {
+        now - *self.forgotten.entry(id.to_string()).or_insert(now)
+    }
+
+    /// Slurm knows the run (again), or it was reported: the grace starts over.
+    fn known(&mut self, id: &str) {
+        self.forgotten.remove(id);
+    }
+
     fn due(&self, id: &str, now: f64) -> bool {
         self.failures.get(id).is_none_or(|&(_, at)| now >= at)
     }
@@ -878,6 +900,9 @@ async fn reconcile_run<B: Backend>(
     let site = agent.cfg.site.clone();
     let dir = agent.backend.job_dir(&run.id).display().to_string();
     let seen = identify(&run, &site, &dir, candidates);
+    if matches!(seen, Seen::Job(_)) {
+        tracker.known(&run.id);
+    }
     if let Seen::Job(j) = &seen {
         if run.submit_time.is_none() {
             run.submit_time = j.submit_time;
@@ -970,6 +995,7 @@ async fn reconcile_run<B: Backend>(
             stderr_bytes: run.stderr_off,
             stdout_exists: std::fs::symlink_metadata(&out.stdout).is_ok(),
         };
+        let forgotten_s = if gone { tracker.forgotten_for(&run.id, now()) } else { 0.0 };
         // What Slurm did: held it after a failed launch, or forgot it.
         let then = match &seen {
             Seen::Gone(why) => why.clone(),
@@ -1019,6 +1045,18 @@ async fn reconcile_run<B: Backend>(
                 };
                 up.died = Some(format!("{launch_why}; {how}"));
                 up.slurm_requeued = true;
+            }
+            // Forgotten after it started, with no end noted: its script
+            // may still run at its node. Its output goes on being relayed;
+            // it is reported when it ends or after the grace.
+            LaunchVerdict::Started { killed_by: None } if !held && forgotten_s < FORGOTTEN_GRACE_S => {
+                if forgotten_s == 0.0 {
+                    tracing::warn!(id = %run.id, slurm_id = ?run.slurm_id,
+                        "{then}; its script started and has noted no end: waiting up to {FORGOTTEN_GRACE_S} s for one");
+                }
+                // What was relayed is kept; nothing is reported yet.
+                agent.journal.update_run(&run)?;
+                return Ok(());
             }
             // Forgotten after it started: lost, as Slurm lost it.
             LaunchVerdict::Started { .. } => {}
@@ -1125,6 +1163,7 @@ async fn reconcile_run<B: Backend>(
             tracing::warn!(id = %run.id, "{e:#}");
         }
         tracker.refused.remove(&run.id);
+        tracker.known(&run.id);
     }
     Ok(())
 }
@@ -1550,6 +1589,19 @@ mod tests {
         assert_eq!(superseded(&reply, "x").as_deref(), Some("the job is now epoch 2 (assigned at delta)"));
         assert_eq!(superseded(&reply, "y"), None);
         assert_eq!(superseded(&FenceReply::default(), "x"), None);
+    }
+
+    #[test]
+    fn a_forgotten_run_is_timed_from_its_first_sighting_until_slurm_knows_it_again() {
+        let mut t = Tracker::default();
+        assert_eq!(t.forgotten_for("a", 100.0), 0.0);
+        assert_eq!(t.forgotten_for("a", 130.0), 30.0);
+        assert_eq!(t.forgotten_for("b", 130.0), 0.0, "per run");
+        assert!(t.forgotten_for("a", 100.0 + FORGOTTEN_GRACE_S) >= FORGOTTEN_GRACE_S);
+        // Seen again (slurmctld answered from a later state): starts over.
+        t.known("a");
+        assert_eq!(t.forgotten_for("a", 500.0), 0.0);
+        assert_eq!(t.forgotten_for("b", 140.0), 10.0);
     }
 
     #[test]
