@@ -1046,10 +1046,12 @@ async fn reconcile_run<B: Backend>(
                 up.died = Some(format!("{launch_why}; {how}"));
                 up.slurm_requeued = true;
             }
-            // Forgotten after it started, with no end noted: its script
-            // may still run at its node. Its output goes on being relayed;
+            // Forgotten after it started, with no end noted, and not
+            // stopped by this agent: its script may still run at its node. Its output goes on being relayed;
             // it is reported when it ends or after the grace.
-            LaunchVerdict::Started { killed_by: None } if !held && forgotten_s < FORGOTTEN_GRACE_S => {
+            LaunchVerdict::Started { killed_by: None }
+                if !held && run.fenced.is_none() && forgotten_s < FORGOTTEN_GRACE_S =>
+            {
                 if forgotten_s == 0.0 {
                     tracing::warn!(id = %run.id, slurm_id = ?run.slurm_id,
                         "{then}; its script started and has noted no end: waiting up to {FORGOTTEN_GRACE_S} s for one");
