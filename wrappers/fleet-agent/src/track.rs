@@ -255,6 +255,37 @@ pub fn launch_verdict(e: &LaunchEvidence) -> LaunchVerdict {
     }
 }
 
+/// What becomes of a started run Slurm no longer knows, whose script
+/// noted no end of its own.
+#[derive(Debug, PartialEq)]
+pub enum Forgotten {
+    /// Not reported yet: its script may still run at its node (slurmd
+    /// outlives slurmctld), and its own end would be its result.
+    Wait,
+    /// It died with its controller, as with a failed node: the
+    /// meta-scheduler takes its script's claimed end if it made one (an
+    /// exit it reported before it was lost), else moves it or ends it by
+    /// its restart policy. Only under its job lease, which stops a copy
+    /// still running there once the job is placed again.
+    Died,
+    /// Reported lost (or, stopped by this agent, as it stopped it).
+    Lost,
+}
+
+/// [`Forgotten`] for a run: `killed_by` a signal no user sent, stopped by
+/// this agent (`fenced`), `under_lease`, unknown to Slurm for `forgotten_s`.
+pub fn forgotten_outcome(killed_by: Option<i32>, fenced: bool, under_lease: bool, forgotten_s: f64) -> Forgotten {
+    if fenced {
+        Forgotten::Lost
+    } else if killed_by.is_none() && forgotten_s < FORGOTTEN_GRACE_S {
+        Forgotten::Wait
+    } else if under_lease {
+        Forgotten::Died
+    } else {
+        Forgotten::Lost
+    }
+}
+
 /// Did the job die with (part of) its cluster rather than end by itself?
 /// Then the meta-scheduler moves it instead of ending it: a node failure
 /// or a preemption Slurm did not requeue, or a launch failure after which
@@ -1046,22 +1077,29 @@ async fn reconcile_run<B: Backend>(
                 up.died = Some(format!("{launch_why}; {how}"));
                 up.slurm_requeued = true;
             }
-            // Forgotten after it started, with no end noted, and not
-            // stopped by this agent: its script may still run at its node. Its output goes on being relayed;
-            // it is reported when it ends or after the grace.
-            LaunchVerdict::Started { killed_by: None }
-                if !held && run.fenced.is_none() && forgotten_s < FORGOTTEN_GRACE_S =>
-            {
-                if forgotten_s == 0.0 {
-                    tracing::warn!(id = %run.id, slurm_id = ?run.slurm_id,
-                        "{then}; its script started and has noted no end: waiting up to {FORGOTTEN_GRACE_S} s for one");
+            // Forgotten by Slurm after it started, with no end of its own.
+            LaunchVerdict::Started { killed_by } => {
+                match forgotten_outcome(killed_by, run.fenced.is_some(), evidence.under_lease, forgotten_s) {
+                    Forgotten::Wait => {
+                        if forgotten_s == 0.0 {
+                            tracing::warn!(id = %run.id, slurm_id = ?run.slurm_id,
+                                "{then}; its script started and has noted no end: waiting up to {FORGOTTEN_GRACE_S} s for one");
+                        }
+                        // What was relayed is kept; nothing is reported yet.
+                        agent.journal.update_run(&run)?;
+                        return Ok(());
+                    }
+                    Forgotten::Died => {
+                        let how = match killed_by {
+                            Some(s) => format!("its script was killed there by signal {s}, which no user sent"),
+                            None => format!("its script started there and noted no end in {FORGOTTEN_GRACE_S} s"),
+                        };
+                        up.died = Some(format!("{then}; {how}"));
+                        up.disrupted = true;
+                    }
+                    Forgotten::Lost => {}
                 }
-                // What was relayed is kept; nothing is reported yet.
-                agent.journal.update_run(&run)?;
-                return Ok(());
             }
-            // Forgotten after it started: lost, as Slurm lost it.
-            LaunchVerdict::Started { .. } => {}
         }
     }
     // Slurm shows the run running, but its script noted its end (this
@@ -1098,7 +1136,9 @@ async fn reconcile_run<B: Backend>(
         }
     }
     if let Some(why) = up.died.clone() {
-        if run.fenced.is_none() {
+        // A forgotten run is judged the same way again on every pass until
+        // its report is taken (nothing of it is left to cancel): not kept.
+        if run.fenced.is_none() && !matches!(seen, Seen::Gone(_)) {
             // Kept: once cancelled below, Slurm shows only CANCELLED.
             run.fenced = Some(why);
             agent.journal.update_run(&run)?;
@@ -1591,6 +1631,24 @@ mod tests {
         assert_eq!(superseded(&reply, "x").as_deref(), Some("the job is now epoch 2 (assigned at delta)"));
         assert_eq!(superseded(&reply, "y"), None);
         assert_eq!(superseded(&FenceReply::default(), "x"), None);
+    }
+
+    #[test]
+    fn a_forgotten_run_waits_for_its_own_end_then_dies_under_its_lease_or_is_lost() {
+        use Forgotten::*;
+        let g = FORGOTTEN_GRACE_S;
+        // No end noted yet: waited for, leased or not.
+        assert_eq!(forgotten_outcome(None, false, true, 0.0), Wait);
+        assert_eq!(forgotten_outcome(None, false, false, g - 1.0), Wait);
+        // Then: died under its lease (placed again or ended by its claim), else lost.
+        assert_eq!(forgotten_outcome(None, false, true, g), Died);
+        assert_eq!(forgotten_outcome(None, false, false, g), Lost);
+        // Killed by a signal no user sent (an orphan kill at registration): at once.
+        assert_eq!(forgotten_outcome(Some(15), false, true, 0.0), Died);
+        assert_eq!(forgotten_outcome(Some(9), false, false, 0.0), Lost);
+        // Stopped by this agent: reported as it stopped it, never waited for.
+        assert_eq!(forgotten_outcome(None, true, true, 0.0), Lost);
+        assert_eq!(forgotten_outcome(Some(15), true, true, g), Lost);
     }
 
     #[test]
