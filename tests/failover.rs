@@ -13,6 +13,11 @@
 //!
 //! The job restarts from scratch (it is `#FLEET interruptible`); resuming
 //! from a checkpoint goes through the same path with `FLEET_RESUME_FROM`.
+//!
+//! The second test has alpha's slurmctld forget two running jobs (it
+//! restarts from a copy of its state saved before them): one's script ends
+//! by itself later and its exit code is the job's; the other is killed as
+//! an orphan, dies with its controller and runs again at delta.
 
 use std::time::{Duration, Instant};
 
@@ -187,4 +192,110 @@ fn a_job_at_a_dead_cluster_runs_again_elsewhere_once_and_its_stale_copy_is_cance
         fenced.as_secs_f64(),
         samples.len(),
     );
+}
+
+/// Stops the slurmd of `node` at `cluster` (its running steps live on, as
+/// with a slurmd crash).
+fn stop_slurmd(lab: &Lab, cluster: &str, node: &str) {
+    let pid = std::fs::read_to_string(lab.root.join(cluster).join(format!("run/slurmd-{node}.pid"))).unwrap();
+    let pid = pid.trim();
+    assert!(std::process::Command::new("kill").arg(pid).status().unwrap().success());
+    poll(&format!("slurmd {node} stops"), Duration::from_secs(15), || {
+        (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    });
+}
+
+/// slurmctld of `cluster` starts again from the state it saved at
+/// `snapshot` (a controller that lost everything it took on since: the
+/// state it recovers after a crash that came before its next save).
+fn restart_ctld_from(lab: &Lab, cluster: &str, snapshot: &std::path::Path) {
+    assert!(lab.lab_sh(&["stop-ctld", cluster]).unwrap().status.success());
+    let state = lab.root.join(cluster).join("state");
+    std::fs::remove_dir_all(&state).unwrap();
+    assert!(std::process::Command::new("cp").arg("-a").arg(snapshot).arg(&state).status().unwrap().success());
+    assert!(lab.lab_sh(&["start-ctld", cluster]).unwrap().status.success());
+}
+
+/// slurmctld forgets two running jobs (it restarts from a state saved
+/// before it took them; slurmdbd keeps them RUNNING). One's slurmd is
+/// down, so its script runs on and ends by itself: its own exit code is
+/// the job's, at beta, once it ends, however long after the controller
+/// forgot it (within the agent's 90 s grace). The other's slurmd kills it
+/// as an orphan when it registers: it died with its controller, and, being
+/// interruptible, runs again elsewhere and ends there.
+#[test]
+fn jobs_their_controller_forgot_end_as_their_scripts_did_or_run_again() {
+    let (lab, _serial) = Lab::lock();
+    // alpha's state before the jobs (slurmctld saves it as it stops).
+    let snapshot = lab.root.join("alpha").join("state.before-forgotten");
+    let _ = std::fs::remove_dir_all(&snapshot);
+    let _restore = OnDrop(|| {
+        let _ = lab.lab_sh(&["revive"]);
+        let _ = std::fs::remove_dir_all(&snapshot);
+    });
+    let dir = lab.workdir("forgotten");
+    assert!(lab.lab_sh(&["stop-ctld", "alpha"]).unwrap().status.success());
+    let state = lab.root.join("alpha").join("state");
+    assert!(std::process::Command::new("cp").arg("-a").arg(&state).arg(&snapshot).status().unwrap().success());
+    assert!(lab.lab_sh(&["start-ctld", "alpha"]).unwrap().status.success());
+
+    // Each fills one of alpha's two nodes.
+    let flag = dir.join("go");
+    let a_body = format!("echo started; while [ ! -e {} ]; do sleep 0.2; done; echo done; exit 7", flag.display());
+    let a = lab
+        .sbatch("beta", &["--fleet-to=alpha", "--gres=gpu:h100:8", &out_arg(&dir, "a.txt")], &script(&a_body))
+        .unwrap();
+    let b_body = "#FLEET interruptible\necho \"run at $SLURM_CLUSTER_NAME\"\n\
+                  if [ \"$SLURM_CLUSTER_NAME\" = alpha ]; then sleep 600; fi\nexit 5";
+    let b = lab
+        .sbatch(
+            "beta",
+            &["--gres=gpu:h100:8", &out_arg(&dir, "b.txt"), &format!("--error={}/b.err", dir.display())],
+            &script(&format!("{b_body}\n")),
+        )
+        .unwrap();
+    let (a_out, b_out) = (dir.join("a.txt"), dir.join("b.txt"));
+    wait_file(&a_out, Duration::from_secs(90), |t| t.starts_with(b"started\n")).unwrap();
+    wait_file(&b_out, Duration::from_secs(90), |t| t.starts_with(b"run at alpha\n")).unwrap();
+    let (ta, a_job) = remote_of(lab, a).unwrap();
+    let (tb, b_job) = remote_of(lab, b).unwrap();
+    assert_eq!((ta.as_str(), tb.as_str()), ("alpha", "alpha"), "both run at alpha");
+    let a_node = lab.job("alpha", a_job).unwrap()["NodeList"].clone();
+    let b_node = lab.job("alpha", b_job).unwrap()["NodeList"].clone();
+    assert_ne!(a_node, b_node);
+    let a_fid = fleet_job_of(lab, a).unwrap();
+
+    stop_slurmd(lab, "alpha", &a_node);
+    restart_ctld_from(lab, "alpha", &snapshot);
+    assert!(lab.job("alpha", a_job).is_none_or(|r| r.get("WorkDir") != Some(&dir.display().to_string())));
+    // The agent notices and waits for a's script; b's is killed as an orphan.
+    let log = lab.agent_log("alpha");
+    poll("alpha's agent waits for the forgotten job's end", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().any(|l| l.contains(&a_fid) && l.contains("noted no end")).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(state_at(lab, "beta", a).as_deref(), Some("RUNNING"), "not reported while its script may run");
+    std::fs::write(&flag, b"").unwrap();
+    let done = lab.wait_done("beta", a, Duration::from_secs(60)).unwrap();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("FAILED", "7:0"), "{done:?}");
+    // Its output, then fleet-proxy's line on how it ended (stderr, in the same file).
+    let text = std::fs::read_to_string(&a_out).unwrap();
+    assert!(
+        text.starts_with("started\ndone\nfleet-proxy: job failed: its script ended at alpha (exit code 7); then Slurm at alpha no longer knows job"),
+        "{text}"
+    );
+    let rec = fleet_record(lab, a).unwrap();
+    assert!(rec["reason"].as_str().unwrap().contains("no longer knows"), "{rec}");
+
+    // b: died with its controller, placed again (interruptible), ran at delta.
+    let done = lab.wait_done("beta", b, Duration::from_secs(180)).unwrap();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("FAILED", "5:0"), "{done:?}");
+    let text = std::fs::read_to_string(&b_out).unwrap();
+    assert_eq!(text, "run at alpha\nrun at delta\n", "{text}");
+    let rec = fleet_record(lab, b).unwrap();
+    assert_eq!(rec["target"], "delta", "{rec}");
+    let err = std::fs::read_to_string(dir.join("b.err")).unwrap();
+    assert!(err.contains("no longer knows job") && err.contains("died"), "{err}");
+    eprintln!("forgotten: a ended {:?}; b's note: {}", rec["reason"], err.trim());
 }
