@@ -931,10 +931,8 @@ async fn reconcile_run<B: Backend>(
     let site = agent.cfg.site.clone();
     let dir = agent.backend.job_dir(&run.id).display().to_string();
     let seen = identify(&run, &site, &dir, candidates);
-    if matches!(seen, Seen::Job(_)) {
-        tracker.known(&run.id);
-    }
     if let Seen::Job(j) = &seen {
+        tracker.known(&run.id);
         if run.submit_time.is_none() {
             run.submit_time = j.submit_time;
         }
