@@ -205,14 +205,15 @@ fn stop_slurmd(lab: &Lab, cluster: &str, node: &str) {
     });
 }
 
-/// slurmctld of `cluster` starts again from the state it saved at
-/// `snapshot` (a controller that lost everything it took on since: the
-/// state it recovers after a crash that came before its next save).
-fn restart_ctld_from(lab: &Lab, cluster: &str, snapshot: &std::path::Path) {
+/// Stops slurmctld of `cluster`, puts a copy of the state directory `from`
+/// at `to` (whatever was there goes) and starts it again: with `to` its
+/// state directory, it recovers from `from` (a controller that lost
+/// everything it took on since `from` was saved: the state it recovers
+/// after a crash that came before its next save).
+fn copy_state_while_ctld_stopped(lab: &Lab, cluster: &str, from: &std::path::Path, to: &std::path::Path) {
     assert!(lab.lab_sh(&["stop-ctld", cluster]).unwrap().status.success());
-    let state = lab.root.join(cluster).join("state");
-    std::fs::remove_dir_all(&state).unwrap();
-    assert!(std::process::Command::new("cp").arg("-a").arg(snapshot).arg(&state).status().unwrap().success());
+    let _ = std::fs::remove_dir_all(to);
+    assert!(std::process::Command::new("cp").arg("-a").arg(from).arg(to).status().unwrap().success());
     assert!(lab.lab_sh(&["start-ctld", cluster]).unwrap().status.success());
 }
 
@@ -226,18 +227,15 @@ fn restart_ctld_from(lab: &Lab, cluster: &str, snapshot: &std::path::Path) {
 #[test]
 fn jobs_their_controller_forgot_end_as_their_scripts_did_or_run_again() {
     let (lab, _serial) = Lab::lock();
-    // alpha's state before the jobs (slurmctld saves it as it stops).
+    let state = lab.root.join("alpha").join("state");
     let snapshot = lab.root.join("alpha").join("state.before-forgotten");
-    let _ = std::fs::remove_dir_all(&snapshot);
     let _restore = OnDrop(|| {
         let _ = lab.lab_sh(&["revive"]);
         let _ = std::fs::remove_dir_all(&snapshot);
     });
     let dir = lab.workdir("forgotten");
-    assert!(lab.lab_sh(&["stop-ctld", "alpha"]).unwrap().status.success());
-    let state = lab.root.join("alpha").join("state");
-    assert!(std::process::Command::new("cp").arg("-a").arg(&state).arg(&snapshot).status().unwrap().success());
-    assert!(lab.lab_sh(&["start-ctld", "alpha"]).unwrap().status.success());
+    // alpha's state before the jobs (slurmctld saves it as it stops).
+    copy_state_while_ctld_stopped(lab, "alpha", &state, &snapshot);
 
     // Each fills one of alpha's two nodes.
     let flag = dir.join("go");
@@ -266,7 +264,7 @@ fn jobs_their_controller_forgot_end_as_their_scripts_did_or_run_again() {
     let a_fid = fleet_job_of(lab, a).unwrap();
 
     stop_slurmd(lab, "alpha", &a_node);
-    restart_ctld_from(lab, "alpha", &snapshot);
+    copy_state_while_ctld_stopped(lab, "alpha", &snapshot, &state);
     assert!(lab.job("alpha", a_job).is_none_or(|r| r.get("WorkDir") != Some(&dir.display().to_string())));
     // The agent notices and waits for a's script; b's is killed as an orphan.
     let log = lab.agent_log("alpha");
