@@ -1,5 +1,5 @@
 //! Solves the LP bounds of a case without replaying it (for measuring the LP):
-//! `lp_probe HORIZON_H [COMPLETION_H|-] [KG_CAP|-] -- <fleet-sim flags>`.
+//! `lp_probe HORIZON_H [COMPLETION_H|-] [KG_CAP|-] [CARBON_USD_BUDGET|-] -- <fleet-sim flags>`.
 use std::time::Instant;
 
 use fleet_sim::engine_model::EngineModel;
@@ -13,7 +13,7 @@ fn main() -> anyhow::Result<()> {
     )?;
     let horizon_h: f64 = mine.first().map(|s| s.parse()).transpose()?.unwrap_or(0.0);
     let num = |i: usize| mine.get(i).filter(|s| *s != "-").map(|s| s.parse::<f64>()).transpose();
-    let (compl, kg) = (num(1)?, num(2)?);
+    let (compl, kg, budget) = (num(1)?, num(2)?, num(3)?);
     let loaded = fleet_sim::cli::load(&args)?;
     let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
     let jobs = fleet_sim::cli::sim_jobs(&loaded.trace, &mut model, &args)?;
@@ -23,7 +23,7 @@ fn main() -> anyhow::Result<()> {
     let b =
         fleet_sim::lp::lp_bound(&mut model, &jobs, &loaded.spot, h, args.lp_max_vars).map_err(anyhow::Error::msg)?;
     println!(
-        "lp {:.0} USD slot {:.1} h groups {} vars {} rows {} ({:.1} s)",
+        "lp {:.3} USD slot {:.1} h groups {} vars {} rows {} ({:.1} s)",
         b.usd,
         b.slot_hours,
         b.groups,
@@ -37,6 +37,12 @@ fn main() -> anyhow::Result<()> {
         let c = fleet_sim::lp::capped_bound(&mut model, &jobs, &loaded.spot, h, args.lp_max_vars, caps)
             .map_err(anyhow::Error::msg)?;
         println!("{} vars {} ({:.1} s)", c.describe(), c.variables, t.elapsed().as_secs_f64());
+    }
+    if let Some(u) = budget {
+        let t = Instant::now();
+        let c = fleet_sim::lp::carbon_bound(&mut model, &jobs, &loaded.spot, h, args.lp_max_vars, u)
+            .map_err(anyhow::Error::msg)?;
+        println!("carbon LP {:.1} kg at {:.0} USD ({:.1} s)", c.kg_co2, c.usd, t.elapsed().as_secs_f64());
     }
     Ok(())
 }

@@ -86,6 +86,16 @@
 //! emit nothing. Its optimum is the least kgCO2 of any
 //! schedule that pays at most the budget and finishes by the horizon.
 //!
+//! **Solvers** (2026-12-03): every LP is solved by one of two pure-Rust solvers
+//! behind good_lp, microlp (simplex) and clarabel (interior point), and checked by
+//! the other when the first fails or finds the LP infeasible: an "infeasible"
+//! (the proof that no schedule meets a cap) is reported only when both say so.
+//! The carbon LP goes to clarabel first (on the sample microlp needed 610 s or
+//! failed with "Singular matrix"; clarabel 22 s), the others to microlp (1.5 s
+//! against 9.5 s on the sample's cost LP). Where both solve, their optima agree
+//! to 1e-8 (the four cases of docs/simulator.md). The report names the solver of
+//! each bound (`solver`).
+//!
 //! The **capped LP** ([`capped_bound`]) minimises cost under side constraints:
 //! kgCO2 at most a cap (the carbon LP's question from the cost side), and/or mean
 //! completion at most a cap. Completion is bounded per job from below by
@@ -121,6 +131,10 @@ pub struct LpBound {
     /// are in `one_off_usd`.
     pub spend: BTreeMap<String, (f64, f64)>,
     pub one_off_usd: f64,
+    /// The solver whose optimum this is (microlp or clarabel), and why when it
+    /// was not the first choice; for an infeasible capped LP, the two solvers
+    /// that both found it infeasible.
+    pub solver: String,
 }
 
 /// The carbon LP: the least kgCO2 of a schedule that costs at most `usd_cap`.
@@ -141,6 +155,10 @@ pub struct CarbonBound {
     pub horizon_hours: f64,
     pub variables: usize,
     pub constraints: usize,
+    /// The solver whose optimum this is (microlp or clarabel), and why when it
+    /// was not the first choice; for an infeasible capped LP, the two solvers
+    /// that both found it infeasible.
+    pub solver: String,
 }
 
 /// Buckets of one-off charge per unit of work, per group and option.
@@ -504,6 +522,7 @@ pub fn lp_bound<M: Model>(
         constraints: s.constraints,
         spend: s.spend,
         one_off_usd: s.usd - s.price_usd,
+        solver: s.solver,
     })
 }
 
@@ -533,6 +552,7 @@ pub fn carbon_bound<M: Model>(
         horizon_hours: b.horizon_s / 3600.0,
         variables: s.variables,
         constraints: s.constraints,
+        solver: s.solver,
     })
 }
 
@@ -565,6 +585,10 @@ pub struct CappedBound {
     pub horizon_hours: f64,
     pub variables: usize,
     pub constraints: usize,
+    /// The solver whose optimum this is (microlp or clarabel), and why when it
+    /// was not the first choice; for an infeasible capped LP, the two solvers
+    /// that both found it infeasible.
+    pub solver: String,
 }
 
 impl CappedBound {
@@ -582,11 +606,12 @@ impl CappedBound {
             None => "infeasible (no schedule meets it)".into(),
         };
         format!(
-            "min cost at {} (done by {:.0} h): {usd} (LP, {:.0} h slots, {:.0} h cells)",
+            "min cost at {} (done by {:.0} h): {usd} (LP, {:.0} h slots, {:.0} h cells; {})",
             what.join(", "),
             self.horizon_hours,
             self.slot_hours,
-            self.cell_hours
+            self.cell_hours,
+            self.solver
         )
     }
 }
@@ -623,9 +648,9 @@ pub fn capped_bound<M: Model>(
     }
     let b = build(model, jobs, horizon_s, max_vars)?;
     let goal = Goal { usd_cap: None, kg_cap: caps.kg_co2, mean_completion_h: caps.mean_completion_h };
-    let (usd, kg, spend, variables, constraints) = match solve(&b, model, spot, goal) {
-        Ok(s) => (Some(s.usd), caps.kg_co2.map(|_| s.kg), s.spend, s.variables, s.constraints),
-        Err(SolveError::Infeasible) => (None, None, BTreeMap::new(), 0, 0),
+    let (usd, kg, spend, variables, constraints, solver) = match solve(&b, model, spot, goal) {
+        Ok(s) => (Some(s.usd), caps.kg_co2.map(|_| s.kg), s.spend, s.variables, s.constraints, s.solver),
+        Err(SolveError::Infeasible(by)) => (None, None, BTreeMap::new(), 0, 0, format!("infeasible by {by}")),
         Err(e) => return Err(e.into()),
     };
     Ok(CappedBound {
@@ -638,6 +663,7 @@ pub fn capped_bound<M: Model>(
         horizon_hours: b.horizon_s / 3600.0,
         variables,
         constraints,
+        solver,
     })
 }
 
@@ -649,6 +675,8 @@ struct Solved {
     kg: f64,
     variables: usize,
     constraints: usize,
+    /// The solver whose optimum this is, and why when not the first choice.
+    solver: String,
 }
 
 /// What an LP solve optimises and under which side constraints.
@@ -664,16 +692,50 @@ struct Goal {
 
 #[derive(Debug)]
 enum SolveError {
-    /// No point meets the constraints: no schedule does.
-    Infeasible,
+    /// No point meets the constraints: no schedule does (the solvers that said so).
+    Infeasible(String),
     Other(String),
+}
+
+impl SolveError {
+    fn text(&self) -> String {
+        match self {
+            SolveError::Infeasible(_) => "infeasible".into(),
+            SolveError::Other(m) => m.clone(),
+        }
+    }
+}
+
+/// The LP solvers, both pure Rust through good_lp: microlp (simplex) and
+/// clarabel (interior point). On the four cases of docs/simulator.md they agree
+/// to 1e-8 of the optimum where both solve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Solver {
+    Microlp,
+    Clarabel,
+}
+
+impl Solver {
+    fn name(self) -> &'static str {
+        match self {
+            Solver::Microlp => "microlp",
+            Solver::Clarabel => "clarabel",
+        }
+    }
+
+    fn other(self) -> Solver {
+        match self {
+            Solver::Microlp => Solver::Clarabel,
+            Solver::Clarabel => Solver::Microlp,
+        }
+    }
 }
 
 impl From<SolveError> for String {
     fn from(e: SolveError) -> String {
         match e {
-            SolveError::Infeasible => "LP: infeasible".into(),
-            SolveError::Other(s) => s,
+            SolveError::Infeasible(by) => format!("LP: infeasible ({by})"),
+            SolveError::Other(s) => format!("LP: {s}"),
         }
     }
 }
@@ -1021,19 +1083,44 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
         rows.push((completion, h * n as f64, false));
     }
     let objective = if usd_cap.is_some() { kg.clone() } else { cost.clone() };
-    let mut problem = vars.minimise(objective).using(good_lp::microlp);
     let n_cons = rows.len();
-    for (lhs, rhs, eq) in rows {
-        problem = if eq { problem.with(constraint!(lhs == rhs)) } else { problem.with(constraint!(lhs <= rhs)) };
-    }
-    let sol = problem.solve().map_err(|e| match e {
-        good_lp::ResolutionError::Infeasible => SolveError::Infeasible,
-        e => SolveError::Other(format!("LP: {e}")),
-    })?;
+    let wanted: Vec<Variable> = priced.iter().map(|p| p.2).collect();
+    let run = |solver: Solver| {
+        let problem = vars.clone().minimise(objective.clone());
+        match solver {
+            Solver::Microlp => run_lp(problem.using(good_lp::microlp), rows.clone(), &wanted, &cost, &kg),
+            Solver::Clarabel => run_lp(problem.using(good_lp::clarabel), rows.clone(), &wanted, &cost, &kg),
+        }
+    };
+    // The carbon LP goes to clarabel first (measured on the sample: microlp
+    // took 610 s or failed with "Singular matrix", clarabel 22 s), the others to
+    // microlp (1.5 s against clarabel's 9.5 s on the sample's cost LP). A
+    // failure, or "infeasible" (a proof that no schedule meets the caps), is
+    // checked with the other solver.
+    let first = if usd_cap.is_some() { Solver::Clarabel } else { Solver::Microlp };
+    let second = first.other();
+    let ((values, usd, kg_v), solver) = match run(first) {
+        Ok(v) => (v, first.name().to_string()),
+        Err(e1) => match (run(second), e1) {
+            (Ok(v), SolveError::Infeasible(_)) => (v, format!("{} ({} said infeasible)", second.name(), first.name())),
+            (Ok(v), SolveError::Other(m)) => (v, format!("{} ({} failed: {m})", second.name(), first.name())),
+            (Err(SolveError::Infeasible(_)), SolveError::Infeasible(_)) => {
+                return Err(SolveError::Infeasible(format!("{} and {}", first.name(), second.name())));
+            }
+            (Err(e2), e1) => {
+                return Err(SolveError::Other(format!(
+                    "{}: {}; {}: {}",
+                    first.name(),
+                    e1.text(),
+                    second.name(),
+                    e2.text()
+                )));
+            }
+        },
+    };
     let mut spend: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     let mut price_usd = 0.0;
-    for (k, price, x) in priced {
-        let v = sol.value(x);
+    for ((k, price, _), v) in priced.into_iter().zip(values) {
         if v > 1e-9 {
             let o = b.opts[k];
             let c = &clusters[o.cluster];
@@ -1044,5 +1131,24 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
             price_usd += v * price;
         }
     }
-    Ok(Solved { usd: sol.eval(&cost), price_usd, spend, kg: sol.eval(&kg), variables: n_vars, constraints: n_cons })
+    Ok(Solved { usd, price_usd, spend, kg: kg_v, variables: n_vars, constraints: n_cons, solver })
+}
+
+/// Adds the rows to a model, solves it, and reads the wanted variables, the cost
+/// and the kgCO2 of the optimum.
+fn run_lp<P: SolverModel<Error = good_lp::ResolutionError>>(
+    mut problem: P,
+    rows: Vec<(Expression, f64, bool)>,
+    wanted: &[Variable],
+    cost: &Expression,
+    kg: &Expression,
+) -> Result<(Vec<f64>, f64, f64), SolveError> {
+    for (lhs, rhs, eq) in rows {
+        problem = if eq { problem.with(constraint!(lhs == rhs)) } else { problem.with(constraint!(lhs <= rhs)) };
+    }
+    let sol = problem.solve().map_err(|e| match e {
+        good_lp::ResolutionError::Infeasible => SolveError::Infeasible(String::new()),
+        e => SolveError::Other(e.to_string()),
+    })?;
+    Ok((wanted.iter().map(|&x| sol.value(x)).collect(), sol.eval(cost), sol.eval(kg)))
 }

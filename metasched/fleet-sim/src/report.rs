@@ -387,8 +387,8 @@ impl Report {
         if let Some(lp) = &self.lp_bound {
             let _ = writeln!(
                 s,
-                "{:<10} {:>13.0}   (LP relaxation: pool capacities and spot availability per {:.0} h slot and {:.0} h cell near releases, spot windows, egress, all done by {:.0} h; {} groups, {} variables)",
-                "lp-bound", lp.usd, lp.slot_hours, lp.cell_hours, lp.horizon_hours, lp.groups, lp.variables
+                "{:<10} {:>13.0}   (LP relaxation: pool capacities and spot availability per {:.0} h slot and {:.0} h cell near releases, spot windows, egress, all done by {:.0} h; {} groups, {} variables; {})",
+                "lp-bound", lp.usd, lp.slot_hours, lp.cell_hours, lp.horizon_hours, lp.groups, lp.variables, lp.solver
             );
             let _ = writeln!(
                 s,
@@ -402,8 +402,8 @@ impl Report {
         if let Some(c) = &self.carbon_lp {
             let _ = writeln!(
                 s,
-                "{:<10} {:>13.0}   (carbon LP: least kgCO2 of a schedule done by {:.0} h costing ≤ {:.0} USD = 1.05 × the cost policy; {:.0} h slots, {:.0} h cells)",
-                "lp-kgCO2", c.kg_co2, c.horizon_hours, c.usd_cap, c.slot_hours, c.cell_hours
+                "{:<10} {:>13.0}   (carbon LP: least kgCO2 of a schedule done by {:.0} h costing ≤ {:.0} USD = 1.05 × the cost policy; {:.0} h slots, {:.0} h cells; {})",
+                "lp-kgCO2", c.kg_co2, c.horizon_hours, c.usd_cap, c.slot_hours, c.cell_hours, c.solver
             );
             let _ = writeln!(
                 s,

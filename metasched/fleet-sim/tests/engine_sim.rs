@@ -860,6 +860,9 @@ home = "dirty"
     let pol = |name: &str| v["policies"].as_array().unwrap().iter().find(|p| p["policy"] == name).unwrap().clone();
     let (cost, greedy) = (pol("cost"), pol("greedy"));
     let c = &v["carbon_lp"];
+    // the carbon LP is clarabel's first (microlp's when clarabel fails), the cost LP microlp's
+    assert_eq!(c["solver"], "clarabel", "{c}");
+    assert_eq!(v["lp_bound"]["solver"], "microlp", "{}", v["lp_bound"]);
     let cap = f(&c["usd_cap"]);
     assert!((cap - 1.05 * f(&cost["total_usd"])).abs() < 1e-6, "{c}");
     assert!(f(&c["usd"]) <= cap + 1e-6, "{c}");
@@ -988,6 +991,8 @@ fn completion_capped_lp_bounds_every_schedule_meeting_the_mean_completion() {
     let none = capped(&mut model, 0.9);
     assert_eq!(none.usd, None, "{none:?}");
     assert!(none.describe().contains("infeasible"), "{}", none.describe());
+    // a proof that no schedule meets the cap stands on both solvers
+    assert_eq!(none.solver, "infeasible by microlp and clarabel", "{none:?}");
     // a lower bound of every such schedule (here: the k-on-own family)
     for k in 0..=12u32 {
         let kf = k as f64;
