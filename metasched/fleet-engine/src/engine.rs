@@ -19,7 +19,10 @@
 //!           overhead = remote submission (away from home) + provisioning (cloud)
 //!           lost     = spot: preemptions/h × D × (ckpt_interval/2 + restore)
 //!           requeue  = spot: preemptions/h × D × the pool's spot recovery time
-//!                      (waiting for spot to come back after a reclaim)
+//!                      (waiting for spot to come back after a reclaim), or,
+//!                      when cheaper, × setup: the job goes on demand at once
+//!                      and `compute` pays the premium until spot is back or
+//!                      the job ends, plus that setup (docs/placement.md)
 //! time    = time_value × G × delay_h
 //! kgCO2   = intensity(zone, run window) × GPU power × G × (R + lost) × PUE
 //! total   = compute + egress_weight × egress + time + carbon_price × kgCO2
@@ -605,6 +608,7 @@ fn core_terms(
     ps: &PoolState,
     pricing: Pricing,
     price: f64,
+    tv: f64,
     ctx: &EvalCtx,
 ) -> CoreTerms {
     let g = f64::from(job.gpus);
@@ -631,17 +635,32 @@ fn core_terms(
     let restore_h = if ctx.resume && !ctx.in_place { ov.restore_s / 3600.0 } else { 0.0 };
     let overhead_h = provision_h + restore_h + if remote { ov.remote_submit_s / 3600.0 } else { 0.0 };
     let interval_h = job.spec.ckpt_interval_s.filter(|x| x.is_finite() && *x > 0.0).map(|x| x / 3600.0);
-    let (lost_h, requeue_h) = if pricing == Pricing::Spot {
+    let (lost_h, requeue_h, fallback_usd) = if pricing == Pricing::Spot {
         let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
         let per = interval_h.map(|i| i.min(d_h) / 2.0).unwrap_or(d_h / 2.0) + ov.restore_s / 3600.0;
         // After each reclaim the job waits for spot to come back (or pays for
         // on-demand instead): the pool's recovery time per expected reclaim.
         let back_h = ps.spot_recovery_s.filter(|x| x.is_finite() && *x > 0.0).map_or(0.0, |x| x / 3600.0);
-        (rate * d_h * per, rate * d_h * back_h)
+        let n = rate * d_h;
+        // Or, when cheaper, it goes on demand at once (what a new placement
+        // does when queueing for spot costs more) and runs there until spot is
+        // back or it ends: the on-demand premium for that time (the run left
+        // at a reclaim is uniform over the run: E[min(back, left)]), one more
+        // setup there (billed and waited), no wait for spot.
+        let setup_h = c.provision_s / 3600.0 + ov.restore_s / 3600.0;
+        let on_od_h = if d_h <= back_h { d_h / 2.0 } else { back_h - back_h * back_h / (2.0 * d_h) };
+        let fallback = p.prices.on_demand.filter(|od| od.is_finite() && *od >= price).map(|od| {
+            let usd = g * ((od - price) * on_od_h + od * setup_h);
+            (usd, usd + tv * g * setup_h)
+        });
+        match fallback {
+            Some((usd, all)) if all < tv * g * back_h => (n * per, n * setup_h, n * usd),
+            _ => (n * per, n * back_h, 0.0),
+        }
     } else {
-        (0.0, 0.0)
+        (0.0, 0.0, 0.0)
     };
-    let compute_usd = price * g * (d_h + lost_h + provision_h + restore_h);
+    let compute_usd = price * g * (d_h + lost_h + provision_h + restore_h) + fallback_usd;
     CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd }
 }
 
@@ -767,7 +786,7 @@ fn score_floor(
             let Some(price) = price.filter(|x| x.is_finite() && *x >= 0.0) else {
                 continue;
             };
-            let t = core_terms(model, job, cid, c, p, ps, pricing, price, ctx);
+            let t = core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value_usd_per_gpu_hour, ctx);
             let d = *data.get_or_insert_with(|| data_cost(model, job, c));
             let (data_usd, transfer_h) = data_terms(model, job, c, t.restore_h, d, ctx);
             let delay_h = t.wait_h + transfer_h + t.overhead_h + t.lost_h + t.requeue_h;
@@ -797,7 +816,7 @@ fn score(
     ctx: &EvalCtx,
 ) -> Breakdown {
     let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } =
-        core_terms(model, job, cid, c, p, ps, pricing, price, ctx);
+        core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value_usd_per_gpu_hour, ctx);
     let (data_usd, transfer_h) = data_terms(model, job, c, restore_h, data, ctx);
     let ckpt_usd = match &job.ckpt_region {
         Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {

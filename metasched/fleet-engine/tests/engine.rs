@@ -2,8 +2,8 @@
 
 use fleet_api::FleetMode;
 use fleet_engine::{
-    decide, explain, prepare, propose_migrations, propose_migrations_with, FleetModel, FleetState, JobSpec,
-    MigrationMargin, Parallelism, Policy, Pricing, RunningJob,
+    all_options, decide, explain, prepare, propose_migrations, propose_migrations_with, FleetModel, FleetState,
+    JobSpec, MigrationMargin, Parallelism, Policy, Pricing, RunningJob,
 };
 
 fn fleet(toml: &str) -> FleetModel {
@@ -629,10 +629,35 @@ fn waiting_for_spot_again_after_reclaims_is_priced() {
     assert!((b2.breakdown.requeue_h - 2.0).abs() < 1e-9, "{:?}", b2.breakdown);
     assert!((b2.breakdown.time_usd - b.breakdown.time_usd - 2.0 * 8.0 * 2.0).abs() < 1e-9, "{:?}", b2.breakdown);
     assert_eq!(b2.breakdown.compute_usd, b.breakdown.compute_usd, "a delay, not billed");
-    // Spot gone for 100 h after each reclaim: 200 h of expected waiting × 16 USD/h
-    // outweighs the 800 USD that spot saves: on-demand.
+    // Spot gone for 100 h after each reclaim: waiting (1,600 USD a reclaim at
+    // 16 USD/h) costs more than going on demand at once and staying there until
+    // the job ends (half its 20 h left on average: 8 GPUs × 5 USD/h more × 10 h,
+    // plus one more setup billed at 6 USD/h and waited), so a reclaim is charged
+    // that: 2 reclaims × (400 + setup), a setup's delay each, no wait.
     st.clusters[0].pools[0].spot_recovery_s = Some(100.0 * 3600.0);
+    let setup_h = (m.clusters[0].provision_s + m.overheads.restore_s) / 3600.0;
+    let opts = all_options(&m, &st, &pj, &Policy::cost());
+    let spot = opts.iter().find(|o| o.cluster == 0 && o.pricing == Pricing::Spot).expect("a spot option");
+    assert!((spot.breakdown.requeue_h - 2.0 * setup_h).abs() < 1e-9, "{:?}", spot.breakdown);
+    let fallback = 2.0 * 8.0 * (5.0 * 10.0 + 6.0 * setup_h);
+    assert!((spot.breakdown.compute_usd - b.breakdown.compute_usd - fallback).abs() < 1e-6, "{:?}", spot.breakdown);
+    // 960 USD on demand against 160 on spot + 800 + setups: on-demand.
     assert_eq!(decide(&m, &st, &pj, &Policy::cost()).map(|x| x.pricing), Some(Pricing::OnDemand));
+    // Spot back in 4 h: waiting (64 USD a reclaim) beats 8 × 5 × E[min(4 h, left)]
+    // = 8 × 5 × (4 − 16 ÷ 40) = 144 USD on demand: the wait is what is charged.
+    st.clusters[0].pools[0].spot_recovery_s = Some(4.0 * 3600.0);
+    let b4 = decide(&m, &st, &pj, &Policy::cost()).expect("placed");
+    assert_eq!(b4.pricing, Pricing::Spot);
+    assert!((b4.breakdown.requeue_h - 8.0).abs() < 1e-9, "{:?}", b4.breakdown);
+    assert_eq!(b4.breakdown.compute_usd, b.breakdown.compute_usd, "{:?}", b4.breakdown);
+    // With the time value at 20 USD/GPU-h a 4 h wait costs 640 USD a reclaim:
+    // on demand meanwhile is charged instead (144 USD + a setup, billed and waited).
+    let dear_time = Policy { time_value_usd_per_gpu_hour: 20.0, ..Policy::cost() };
+    let o = all_options(&m, &st, &pj, &dear_time);
+    let s4 = o.iter().find(|o| o.cluster == 0 && o.pricing == Pricing::Spot).expect("a spot option");
+    let fallback4 = 2.0 * 8.0 * (5.0 * (4.0 - 16.0 / 40.0) + 6.0 * setup_h);
+    assert!((s4.breakdown.compute_usd - b.breakdown.compute_usd - fallback4).abs() < 1e-6, "{:?}", s4.breakdown);
+    assert!((s4.breakdown.requeue_h - 2.0 * setup_h).abs() < 1e-9, "{:?}", s4.breakdown);
 }
 
 #[test]
