@@ -27,10 +27,8 @@ struct Proxy {
 /// only its environment (`SLURM_JOB_ID`; ids are unique across the labs'
 /// clusters, `FirstJobId`) ties it to the job.
 fn stand_in_proxies(stand_in: u64, fleet_job_id: &str) -> Vec<Proxy> {
-    let slurm_id = format!("\nSLURM_JOB_ID={stand_in}\n");
-    proxy_processes_where(|cmdline, environ| {
-        cmdline.contains(fleet_job_id) || format!("\n{environ}\n").contains(&slurm_id)
-    })
+    let slurm_id = format!("SLURM_JOB_ID={stand_in}");
+    proxy_processes_where(|cmdline, environ| cmdline.contains(fleet_job_id) || environ.lines().any(|l| l == slurm_id))
 }
 
 /// Every running `fleet-proxy` whose command line and environment pass `keep`.

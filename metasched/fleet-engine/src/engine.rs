@@ -638,25 +638,26 @@ fn core_terms(
     let (lost_h, requeue_h, fallback_usd) = if pricing == Pricing::Spot {
         let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
         let per = interval_h.map(|i| i.min(d_h) / 2.0).unwrap_or(d_h / 2.0) + ov.restore_s / 3600.0;
-        // After each reclaim the job waits for spot to come back (or pays for
-        // on-demand instead): the pool's recovery time per expected reclaim.
-        let back_h = ps.spot_recovery_s.filter(|x| x.is_finite() && *x > 0.0).map_or(0.0, |x| x / 3600.0);
         let n = rate * d_h;
-        // Or, when cheaper, it goes on demand at once (what a new placement
-        // does when queueing for spot costs more) and runs there until spot is
-        // back or it ends: the on-demand premium for that time (the run left
-        // at a reclaim is uniform over the run: E[min(back, left)]), one more
-        // setup there (billed and waited), no wait for spot.
+        // After each reclaim the job waits for spot to come back: the pool's
+        // recovery time per expected reclaim. Or, when cheaper, it goes on
+        // demand at once (what a new placement does when queueing for spot
+        // costs more) and runs there until spot is back or it ends: the
+        // on-demand premium for that time (the run left at a reclaim is
+        // uniform over the run: E[min(back, left)]), one more setup there
+        // (billed and waited), no wait for spot.
+        let back_h = ps.spot_recovery_s.filter(|x| x.is_finite() && *x > 0.0).map_or(0.0, |x| x / 3600.0);
         let setup_h = c.provision_s / 3600.0 + ov.restore_s / 3600.0;
         let on_od_h = if d_h <= back_h { d_h / 2.0 } else { back_h - back_h * back_h / (2.0 * d_h) };
         let fallback = p.prices.on_demand.filter(|od| od.is_finite() && *od >= price).map(|od| {
             let usd = g * ((od - price) * on_od_h + od * setup_h);
             (usd, usd + tv * g * setup_h)
         });
-        match fallback {
-            Some((usd, all)) if all < tv * g * back_h => (n * per, n * setup_h, n * usd),
-            _ => (n * per, n * back_h, 0.0),
-        }
+        let (requeue_h, fallback_usd) = match fallback {
+            Some((usd, all)) if all < tv * g * back_h => (n * setup_h, n * usd),
+            _ => (n * back_h, 0.0),
+        };
+        (n * per, requeue_h, fallback_usd)
     } else {
         (0.0, 0.0, 0.0)
     };

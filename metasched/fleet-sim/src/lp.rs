@@ -132,8 +132,7 @@ pub struct LpBound {
     pub spend: BTreeMap<String, (f64, f64)>,
     pub one_off_usd: f64,
     /// The solver whose optimum this is (microlp or clarabel), and why when it
-    /// was not the first choice; for an infeasible capped LP, the two solvers
-    /// that both found it infeasible.
+    /// was not the first choice.
     pub solver: String,
 }
 
@@ -156,8 +155,7 @@ pub struct CarbonBound {
     pub variables: usize,
     pub constraints: usize,
     /// The solver whose optimum this is (microlp or clarabel), and why when it
-    /// was not the first choice; for an infeasible capped LP, the two solvers
-    /// that both found it infeasible.
+    /// was not the first choice.
     pub solver: String,
 }
 
