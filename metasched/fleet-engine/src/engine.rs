@@ -638,26 +638,35 @@ fn core_terms(
     let (lost_h, requeue_h, fallback_usd) = if pricing == Pricing::Spot {
         let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
         let per = interval_h.map(|i| i.min(d_h) / 2.0).unwrap_or(d_h / 2.0) + ov.restore_s / 3600.0;
-        let n = rate * d_h;
-        // After each reclaim the job waits for spot to come back: the pool's
-        // recovery time per expected reclaim. Or, when cheaper, it goes on
-        // demand at once (what a new placement does when queueing for spot
-        // costs more) and runs there until spot is back or it ends: the
-        // on-demand premium for that time (the run left at a reclaim is
-        // uniform over the run: E[min(back, left)]), one more setup there
-        // (billed and waited), no wait for spot.
+        // After each reclaim the job waits for spot to come back (the pool's
+        // recovery time `back`) and its whole run is on spot: `rate` reclaims
+        // per hour of it. Or, when cheaper, it goes on demand at once (what a
+        // new placement does when queueing for spot costs more) and back onto
+        // spot once spot is back: one more setup per reclaim (billed on demand
+        // and waited), no wait, the on-demand premium for the part of the run
+        // off spot, and no reclaim in that part. The part on spot: at least the
+        // first spot stretch (E[min(T, D)], T exponential at `rate`) and at
+        // least the long-run share of alternating stretches of 1/rate on spot
+        // and `back` on demand (D ÷ (1 + rate × back)); the larger is taken.
         let back_h = ps.spot_recovery_s.filter(|x| x.is_finite() && *x > 0.0).map_or(0.0, |x| x / 3600.0);
+        let n_wait = rate * d_h;
+        let on_spot_h =
+            if rate > 0.0 { (d_h / (1.0 + rate * back_h)).max(-(-rate * d_h).exp_m1() / rate).min(d_h) } else { d_h };
+        let n_fb = rate * on_spot_h;
         let setup_h = c.provision_s / 3600.0 + ov.restore_s / 3600.0;
-        let on_od_h = if d_h <= back_h { d_h / 2.0 } else { back_h - back_h * back_h / (2.0 * d_h) };
         let fallback = p.prices.on_demand.filter(|od| od.is_finite() && *od >= price).map(|od| {
-            let usd = g * ((od - price) * on_od_h + od * setup_h);
-            (usd, usd + tv * g * setup_h)
+            let usd = g * ((od - price) * (d_h - on_spot_h) + n_fb * od * setup_h);
+            (usd, usd + tv * g * n_fb * setup_h)
         });
-        let (requeue_h, fallback_usd) = match fallback {
-            Some((usd, all)) if all < tv * g * back_h => (n * setup_h, n * usd),
-            _ => (n * back_h, 0.0),
-        };
-        (n * per, requeue_h, fallback_usd)
+        // The cheaper way, counting the work lost at its reclaims (billed and
+        // waited) too.
+        let lost_usd = (price + tv) * g * per;
+        match fallback {
+            Some((usd, all)) if all + n_fb * lost_usd < n_wait * (tv * g * back_h + lost_usd) => {
+                (n_fb * per, n_fb * setup_h, usd)
+            }
+            _ => (n_wait * per, n_wait * back_h, 0.0),
+        }
     } else {
         (0.0, 0.0, 0.0)
     };

@@ -631,33 +631,45 @@ fn waiting_for_spot_again_after_reclaims_is_priced() {
     assert_eq!(b2.breakdown.compute_usd, b.breakdown.compute_usd, "a delay, not billed");
     // Spot gone for 100 h after each reclaim: waiting (1,600 USD a reclaim at
     // 16 USD/h) costs more than going on demand at once and staying there until
-    // the job ends (half its 20 h left on average: 8 GPUs × 5 USD/h more × 10 h,
-    // plus one more setup billed at 6 USD/h and waited), so a reclaim is charged
-    // that: 2 reclaims × (400 + setup), a setup's delay each, no wait.
+    // the job ends, so that is charged. The job runs on spot until the first
+    // reclaim (E[min(T, 20 h)] = (1 − e^−2) ÷ 0.1 = 8.65 h; the long-run share
+    // 20 ÷ (1 + 0.1 × 100) = 1.8 h is smaller), so 0.865 reclaims, each one
+    // more setup billed at 6 USD/h and waited, and the 11.35 h left on demand
+    // at 5 USD/h more. Before 2026-12-04 it was charged 2 reclaims × 10 h on
+    // demand: 20 on-demand hours for a 20 h job.
     st.clusters[0].pools[0].spot_recovery_s = Some(100.0 * 3600.0);
     let setup_h = (m.clusters[0].provision_s + m.overheads.restore_s) / 3600.0;
+    let on_spot = (1.0 - (-2.0f64).exp()) / 0.1;
     let opts = all_options(&m, &st, &pj, &Policy::cost());
     let spot = opts.iter().find(|o| o.cluster == 0 && o.pricing == Pricing::Spot).expect("a spot option");
-    assert!((spot.breakdown.requeue_h - 2.0 * setup_h).abs() < 1e-9, "{:?}", spot.breakdown);
-    let fallback = 2.0 * 8.0 * (5.0 * 10.0 + 6.0 * setup_h);
-    assert!((spot.breakdown.compute_usd - b.breakdown.compute_usd - fallback).abs() < 1e-6, "{:?}", spot.breakdown);
-    // 960 USD on demand against 160 on spot + 800 + setups: on-demand.
-    assert_eq!(decide(&m, &st, &pj, &Policy::cost()).map(|x| x.pricing), Some(Pricing::OnDemand));
-    // Spot back in 4 h: waiting (64 USD a reclaim) beats 8 × 5 × E[min(4 h, left)]
-    // = 8 × 5 × (4 − 16 ÷ 40) = 144 USD on demand: the wait is what is charged.
+    assert!((spot.breakdown.requeue_h - 0.1 * on_spot * setup_h).abs() < 1e-9, "{:?}", spot.breakdown);
+    // Work lost at reclaims (billed at spot's 1 USD/h) scales with them: 0.865 against 2.
+    let lost = |x: &fleet_engine::Breakdown| 8.0 * 1.0 * x.lost_work_h;
+    assert!((spot.breakdown.lost_work_h / b.breakdown.lost_work_h - 0.1 * on_spot / 2.0).abs() < 1e-9);
+    let fallback = 8.0 * (5.0 * (20.0 - on_spot) + 0.1 * on_spot * 6.0 * setup_h);
+    let extra = spot.breakdown.compute_usd - lost(&spot.breakdown) - (b.breakdown.compute_usd - lost(&b.breakdown));
+    assert!((extra - fallback).abs() < 1e-6, "{:?}", spot.breakdown);
+    // 960 USD all on demand against 69 on spot + 454 on demand + setups and
+    // lost work: spot first is the cheaper bet.
+    assert_eq!(decide(&m, &st, &pj, &Policy::cost()).map(|x| x.pricing), Some(Pricing::Spot));
+    // Spot back in 4 h: waiting (2 reclaims × 64 USD) beats going on demand
+    // (the run alternates 10 h on spot and 4 h on demand: 20 ÷ 1.4 = 14.3 h on
+    // spot, 5.7 h × 8 × 5 USD = 229 USD more): the wait is what is charged.
     st.clusters[0].pools[0].spot_recovery_s = Some(4.0 * 3600.0);
     let b4 = decide(&m, &st, &pj, &Policy::cost()).expect("placed");
     assert_eq!(b4.pricing, Pricing::Spot);
     assert!((b4.breakdown.requeue_h - 8.0).abs() < 1e-9, "{:?}", b4.breakdown);
     assert_eq!(b4.breakdown.compute_usd, b.breakdown.compute_usd, "{:?}", b4.breakdown);
-    // With the time value at 20 USD/GPU-h a 4 h wait costs 640 USD a reclaim:
-    // on demand meanwhile is charged instead (144 USD + a setup, billed and waited).
+    // With the time value at 20 USD/GPU-h the waits cost 1,280 USD: on demand
+    // meanwhile is charged instead (229 USD + 1.43 setups, billed and waited).
     let dear_time = Policy { time_value_usd_per_gpu_hour: 20.0, ..Policy::cost() };
     let o = all_options(&m, &st, &pj, &dear_time);
     let s4 = o.iter().find(|o| o.cluster == 0 && o.pricing == Pricing::Spot).expect("a spot option");
-    let fallback4 = 2.0 * 8.0 * (5.0 * (4.0 - 16.0 / 40.0) + 6.0 * setup_h);
-    assert!((s4.breakdown.compute_usd - b.breakdown.compute_usd - fallback4).abs() < 1e-6, "{:?}", s4.breakdown);
-    assert!((s4.breakdown.requeue_h - 2.0 * setup_h).abs() < 1e-9, "{:?}", s4.breakdown);
+    let on_spot4 = 20.0 / 1.4;
+    let fallback4 = 8.0 * (5.0 * (20.0 - on_spot4) + 0.1 * on_spot4 * 6.0 * setup_h);
+    let extra4 = s4.breakdown.compute_usd - lost(&s4.breakdown) - (b.breakdown.compute_usd - lost(&b.breakdown));
+    assert!((extra4 - fallback4).abs() < 1e-6, "{:?}", s4.breakdown);
+    assert!((s4.breakdown.requeue_h - 0.1 * on_spot4 * setup_h).abs() < 1e-9, "{:?}", s4.breakdown);
 }
 
 #[test]
