@@ -609,6 +609,7 @@ fn core_terms(
     pricing: Pricing,
     price: f64,
     tv: f64,
+    now_unix: f64,
     ctx: &EvalCtx,
 ) -> CoreTerms {
     let g = f64::from(job.gpus);
@@ -644,15 +645,25 @@ fn core_terms(
         // new placement does when queueing for spot costs more) and back onto
         // spot once spot is back: one more setup per reclaim (billed on demand
         // and waited), no wait, the on-demand premium for the part of the run
-        // off spot, and no reclaim in that part. The part on spot: at least the
-        // first spot stretch (E[min(T, D)], T exponential at `rate`) and at
-        // least the long-run share of alternating stretches of 1/rate on spot
-        // and `back` on demand (D ÷ (1 + rate × back)); the larger is taken.
+        // off spot, and no reclaim in that part. The part on spot is at least
+        // the first spot stretch (E[min(R, D)], R the time to the first
+        // reclaim: from the pool's windows when known, else exponential at
+        // `rate`; one reclaim with P(R ≤ D)) and at least the long-run share of
+        // alternating stretches of 1/rate on spot and `back` on demand (D ÷ (1
+        // + rate × back), `rate` reclaims per hour of it); the larger is taken.
         let back_h = ps.spot_recovery_s.filter(|x| x.is_finite() && *x > 0.0).map_or(0.0, |x| x / 3600.0);
         let n_wait = rate * d_h;
-        let on_spot_h =
-            if rate > 0.0 { (d_h / (1.0 + rate * back_h)).max(-(-rate * d_h).exp_m1() / rate).min(d_h) } else { d_h };
-        let n_fb = rate * on_spot_h;
+        let (first_h, first_p) = match &ps.spot_windows {
+            Some(w) => w.first_stretch(d_h, ps.spot_window_since_unix.map(|t| (now_unix - t).max(0.0) / 3600.0)),
+            None if rate > 0.0 => {
+                let p = -(-rate * d_h).exp_m1();
+                (p / rate, p)
+            }
+            None => (d_h, 0.0),
+        };
+        let long_h = d_h / (1.0 + rate * back_h);
+        let (on_spot_h, n_fb) = if first_h >= long_h { (first_h, first_p) } else { (long_h, rate * long_h) };
+        let on_spot_h = on_spot_h.min(d_h);
         let setup_h = c.provision_s / 3600.0 + ov.restore_s / 3600.0;
         let fallback = p.prices.on_demand.filter(|od| od.is_finite() && *od >= price).map(|od| {
             let usd = g * ((od - price) * (d_h - on_spot_h) + n_fb * od * setup_h);
@@ -796,7 +807,19 @@ fn score_floor(
             let Some(price) = price.filter(|x| x.is_finite() && *x >= 0.0) else {
                 continue;
             };
-            let t = core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value_usd_per_gpu_hour, ctx);
+            let t = core_terms(
+                model,
+                job,
+                cid,
+                c,
+                p,
+                ps,
+                pricing,
+                price,
+                policy.time_value_usd_per_gpu_hour,
+                state.now_unix,
+                ctx,
+            );
             let d = *data.get_or_insert_with(|| data_cost(model, job, c));
             let (data_usd, transfer_h) = data_terms(model, job, c, t.restore_h, d, ctx);
             let delay_h = t.wait_h + transfer_h + t.overhead_h + t.lost_h + t.requeue_h;
@@ -826,7 +849,7 @@ fn score(
     ctx: &EvalCtx,
 ) -> Breakdown {
     let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } =
-        core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value_usd_per_gpu_hour, ctx);
+        core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value_usd_per_gpu_hour, state.now_unix, ctx);
     let (data_usd, transfer_h) = data_terms(model, job, c, restore_h, data, ctx);
     let ckpt_usd = match &job.ckpt_region {
         Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {

@@ -32,4 +32,4 @@ pub use job::{parse_duration, DirectiveError, Directives, JobSpec, Parallelism};
 pub use model::{Cluster, ClusterId, FleetConfig, FleetModel, ModelError, NodePool, PoolId};
 pub use policy::{Policies, Policy, PolicyError};
 pub use rebalance::{propose_migrations, propose_migrations_with, MigrationMargin, MigrationProposal, RunningJob};
-pub use state::{ClusterState, FleetState, PoolState};
+pub use state::{ClusterState, FleetState, PoolState, SpotWindows};

@@ -1,9 +1,11 @@
 //! Table tests of the engine on small fleets written here.
 
+use std::sync::Arc;
+
 use fleet_api::FleetMode;
 use fleet_engine::{
     all_options, decide, explain, prepare, propose_migrations, propose_migrations_with, FleetModel, FleetState,
-    JobSpec, MigrationMargin, Parallelism, Policy, Pricing, RunningJob,
+    JobSpec, MigrationMargin, Parallelism, Policy, Pricing, RunningJob, SpotWindows,
 };
 
 fn fleet(toml: &str) -> FleetModel {
@@ -670,6 +672,73 @@ fn waiting_for_spot_again_after_reclaims_is_priced() {
     let extra4 = s4.breakdown.compute_usd - lost(&s4.breakdown) - (b.breakdown.compute_usd - lost(&b.breakdown));
     assert!((extra4 - fallback4).abs() < 1e-6, "{:?}", s4.breakdown);
     assert!((s4.breakdown.requeue_h - 0.1 * on_spot4 * setup_h).abs() < 1e-9, "{:?}", s4.breakdown);
+}
+
+#[test]
+fn spot_windows_give_the_first_stretch_on_spot() {
+    assert_eq!(SpotWindows::new(vec![f64::NAN, -1.0, 0.0]), None);
+    let w = SpotWindows::new(vec![3.0, f64::INFINITY, 1.0]).expect("two windows");
+    assert_eq!(w.lengths_h(), &[1.0, 3.0]);
+    let close = |(e, p): (f64, f64), (e2, p2): (f64, f64)| {
+        assert!((e - e2).abs() < 1e-12 && (p - p2).abs() < 1e-12, "({e}, {p}) against ({e2}, {p2})")
+    };
+    // A random moment of availability: the 3 h window holds it 3 times as
+    // often as the 1 h one, at a uniform point. For 2 h: E[min(R, 2)] = (1 ×
+    // 0.5 + 3 × (2 + 2) / 3) / 4, P(R ≤ 2) = (1 × 1 + 3 × 2/3) / 4.
+    close(w.first_stretch(2.0, None), (1.125, 0.75));
+    close(w.first_stretch(10.0, None), ((0.5 + 4.5) / 4.0, 1.0));
+    // In a window 0.5 h old: 0.5 or 2.5 h left, each as likely.
+    close(w.first_stretch(2.0, Some(0.5)), ((0.5 + 2.0) / 2.0, 0.5));
+    // 1.5 h old: only the 3 h window lasts that long; 1.5 h left.
+    close(w.first_stretch(1.0, Some(1.5)), (1.0, 0.0));
+    close(w.first_stretch(2.0, Some(1.5)), (1.5, 1.0));
+    // Older than every window seen: a random moment again.
+    close(w.first_stretch(2.0, Some(5.0)), (1.125, 0.75));
+    close(w.first_stretch(0.0, None), (0.0, 0.0));
+}
+
+#[test]
+fn a_long_spot_window_makes_going_on_demand_after_a_reclaim_cheaper() {
+    // As in `waiting_for_spot_again_after_reclaims_is_priced`: `a` alone, on
+    // demand 6, spot 1, 0.1 reclaims/h, spot gone 100 h after a reclaim, a 20 h
+    // job on 8 GPUs: going on demand after a reclaim is what is charged.
+    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
+    let m = fleet(&only_a);
+    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let pj = prepare(&m, &spec);
+    let mut st = FleetState::idle(&m);
+    st.now_unix = 1000.0 * 3600.0;
+    st.clusters[0].pools[0].spot_recovery_s = Some(100.0 * 3600.0);
+    let setup_h = (m.clusters[0].provision_s + m.overheads.restore_s) / 3600.0;
+    let spot_of = |st: &FleetState| {
+        let o = all_options(&m, st, &pj, &Policy::cost());
+        o.into_iter().find(|o| o.cluster == 0 && o.pricing == Pricing::Spot).expect("a spot option").breakdown
+    };
+    let exp = spot_of(&st);
+    // Windows of 40 h seen: from a random moment the job keeps spot E[min(R,
+    // 20)] = 20 − 400/80 = 15 h and is reclaimed with P = 0.5 (the exponential
+    // gave 8.65 h and 0.865).
+    st.clusters[0].pools[0].spot_windows = SpotWindows::new(vec![40.0]).map(Arc::new);
+    let w = spot_of(&st);
+    assert!((w.requeue_h - 0.5 * setup_h).abs() < 1e-9, "{w:?}");
+    let premium = |on_spot: f64, n: f64| 8.0 * (5.0 * (20.0 - on_spot) + n * 6.0 * setup_h);
+    let lost = |b: &fleet_engine::Breakdown| 8.0 * b.lost_work_h;
+    let on_exp = (1.0 - (-2.0f64).exp()) / 0.1;
+    let diff = (w.compute_usd - lost(&w)) - (exp.compute_usd - lost(&exp));
+    assert!((diff - (premium(15.0, 0.5) - premium(on_exp, 0.1 * on_exp))).abs() < 1e-6, "{w:?}");
+    assert!(w.total < exp.total);
+    // In a window open for 10 h (30 h left of a 40 h one): no reclaim within the
+    // job's 20 h, so nothing but spot is charged.
+    st.clusters[0].pools[0].spot_window_since_unix = Some(st.now_unix - 10.0 * 3600.0);
+    let aged = spot_of(&st);
+    assert_eq!((aged.requeue_h, aged.lost_work_h), (0.0, 0.0), "{aged:?}");
+    assert!((aged.compute_usd - 8.0 * 1.0 * (20.0 + m.clusters[0].provision_s / 3600.0)).abs() < 1e-6, "{aged:?}");
+    // 35 h into it, 5 h left: reclaimed for sure, 5 h on spot and 15 h on demand.
+    st.clusters[0].pools[0].spot_window_since_unix = Some(st.now_unix - 35.0 * 3600.0);
+    let old = spot_of(&st);
+    assert!((old.requeue_h - setup_h).abs() < 1e-9, "{old:?}");
+    let diff = (old.compute_usd - lost(&old)) - (exp.compute_usd - lost(&exp));
+    assert!((diff - (premium(5.0, 1.0) - premium(on_exp, 0.1 * on_exp))).abs() < 1e-6, "{old:?}");
 }
 
 #[test]

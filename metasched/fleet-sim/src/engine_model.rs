@@ -41,6 +41,19 @@ pub struct EngineSetup {
 pub use crate::sim::{FIRST_START, GREEDY, GREEDY_SPOT, HOME_ONLY, RANDOM};
 pub const LOWER_BOUND: &str = "lower-bound";
 
+/// A pool's fixed spot facts ([`EngineModel::pool_static`]).
+#[derive(Clone, Copy, Debug)]
+struct PoolStatic {
+    /// Sells spot.
+    has_spot: bool,
+    /// Has a spot trace.
+    traced: bool,
+    /// That trace's preemption rate (per hour).
+    rate: Option<f64>,
+    /// That trace is all-or-nothing (its windows are handed to the engine).
+    all_or_nothing: bool,
+}
+
 /// Cloning gives an independent model in the same state (one per simulated
 /// strategy, without parsing the inputs again).
 #[derive(Clone)]
@@ -55,11 +68,14 @@ pub struct EngineModel {
     epoch_unix: f64,
     /// Empirical preemption rate (per hour) of each spot trace.
     spot_rates: Vec<f64>,
+    /// Whether each spot trace is all-or-nothing (every tick 0 or its full
+    /// size: a drop reclaims every spot job, so the windows the replay has seen
+    /// end tell a job on spot how long it keeps it, [`fleet_engine::SpotWindows`]).
+    spot_all_or_nothing: Vec<bool>,
     /// Spot trace of each (cluster, pool) that sells spot.
     pool_spot: Vec<Vec<Option<usize>>>,
-    /// Per (cluster, pool): sells spot, has a spot trace, that trace's preemption
-    /// rate (what `sync_state` needs besides the load, kept flat).
-    pool_static: Vec<Vec<(bool, bool, Option<f64>)>>,
+    /// Per (cluster, pool): what `sync_state` needs besides the load, kept flat.
+    pool_static: Vec<Vec<PoolStatic>>,
     /// `state` holds the idle fleet as synced for a job of this many GPUs.
     idle_synced: Option<u32>,
     /// Per cluster: the load version last copied into `state` (0 = none), and the
@@ -213,6 +229,7 @@ impl EngineModel {
             prepared: Vec::new(),
             epoch_unix,
             spot_rates: Vec::new(),
+            spot_all_or_nothing: Vec::new(),
             pool_spot,
             notes,
             staged: BTreeMap::new(),
@@ -319,6 +336,7 @@ impl EngineModel {
                 }
             })
             .collect();
+        self.spot_all_or_nothing = traces.iter().map(|t| t.data.iter().all(|&d| d == 0 || d == t.max)).collect();
         if traces.is_empty() {
             self.notes.push("no spot traces: spot capacity is never reclaimed".into());
             self.reindex_pools();
@@ -452,7 +470,9 @@ impl EngineModel {
             *seen = l.version;
             cs.healthy = l.up;
             let mut pending = 0u32;
-            for ((ps, pl), &(has_spot, traced, rate)) in cs.pools.iter_mut().zip(&l.pools).zip(st) {
+            for ((ps, pl), &PoolStatic { has_spot, traced, rate, all_or_nothing }) in
+                cs.pools.iter_mut().zip(&l.pools).zip(st)
+            {
                 pending += pl.queued_jobs as u32;
                 // A pool with a queue starts a newcomer at once only in the GPUs its
                 // head has not reserved (FIFO with a reservation for the head).
@@ -465,6 +485,10 @@ impl EngineModel {
                     (has_spot && !ps.spot_available && pl.spot_wait_s.is_finite()).then_some(pl.spot_wait_s);
                 ps.spot_recovery_s = (has_spot && pl.spot_recovery_s > 0.0).then_some(pl.spot_recovery_s);
                 ps.spot_preemptions_per_hour = rate;
+                // Windows ended so far, and the age of the one open now.
+                ps.spot_windows = if has_spot && all_or_nothing { pl.spot_windows.clone() } else { None };
+                ps.spot_window_since_unix =
+                    pl.spot_full_since.is_finite().then_some(self.epoch_unix + pl.spot_full_since);
             }
             cs.queue_pending = pending;
         }
@@ -493,8 +517,11 @@ impl EngineModel {
                 c.pools
                     .iter()
                     .zip(spot)
-                    .map(|(p, t)| {
-                        (p.prices.spot.is_some(), t.is_some(), t.and_then(|k| self.spot_rates.get(k).copied()))
+                    .map(|(p, t)| PoolStatic {
+                        has_spot: p.prices.spot.is_some(),
+                        traced: t.is_some(),
+                        rate: t.and_then(|k| self.spot_rates.get(k).copied()),
+                        all_or_nothing: t.and_then(|k| self.spot_all_or_nothing.get(k).copied()).unwrap_or(false),
                     })
                     .collect()
             })

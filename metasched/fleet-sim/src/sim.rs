@@ -7,6 +7,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -91,6 +92,11 @@ pub struct PoolLoad {
     /// `PoolState::reclaim_wait_ratio`) as its prior (`PoolState::wait_after_reclaim_s`);
     /// 0 = none (no trace, none seen yet, or not handed to this strategy).
     pub spot_recovery_s: f64,
+    /// While the pool's spot level is full: when it came back to full (the
+    /// start of the window it is in, replay seconds); NaN otherwise.
+    pub spot_full_since: f64,
+    /// The pool's spot windows (at full) ended so far in the replay.
+    pub spot_windows: Option<Arc<fleet_engine::SpotWindows>>,
 }
 
 impl Default for PoolLoad {
@@ -105,6 +111,8 @@ impl Default for PoolLoad {
             est_wait_s: 0.0,
             spot_wait_s: f64::INFINITY,
             spot_recovery_s: 0.0,
+            spot_full_since: f64::NAN,
+            spot_windows: None,
         }
     }
 }
@@ -516,6 +524,16 @@ struct PoolState {
     /// Start of the spell below the spot trace's full level the pool is in now
     /// (`None`: at full), as the replay's clock shows it (never the trace ahead).
     spell_since: Option<f64>,
+    /// When the pool's spot level last came back to full (0 = the replay's
+    /// start): the start of the spot window it is in while at full.
+    full_since: f64,
+    /// The windows at full ended so far (h; the first, open at the replay's
+    /// start, is left out: its start is unknown), for the engine
+    /// (`PoolLoad::spot_windows`).
+    windows_h: Vec<f64>,
+    windows: Option<Arc<fleet_engine::SpotWindows>>,
+    /// `full_since` is a window's real start (not the replay's).
+    full_since_known: bool,
     /// Lengths (s) of the spells below full ended so far, ascending, and
     /// `tail_s[i]` = Σ `spells[i..]` (for the mean remaining spell at an age).
     spells: Vec<f64>,
@@ -942,6 +960,8 @@ impl<M: Model> Sim<'_, M> {
             est_wait_s: 0.0,
             spot_wait_s: f64::INFINITY,
             spot_recovery_s: 0.0,
+            spot_full_since: if p.has_spot && p.spot_fraction >= 1.0 { p.full_since } else { f64::NAN },
+            spot_windows: p.windows.clone(),
         };
     }
 
@@ -1544,9 +1564,17 @@ impl<M: Model> Sim<'_, M> {
         ps.spot_fraction = f;
         // The spells below full, as the clock shows them.
         match (f < 1.0, ps.spell_since) {
-            (true, None) => ps.spell_since = Some(now),
+            (true, None) => {
+                ps.spell_since = Some(now);
+                if ps.full_since_known && now > ps.full_since {
+                    ps.windows_h.push((now - ps.full_since) / 3600.0);
+                    ps.windows = fleet_engine::SpotWindows::new(ps.windows_h.clone()).map(Arc::new);
+                }
+            }
             (false, Some(t0)) => {
                 ps.spell_since = None;
+                ps.full_since = now;
+                ps.full_since_known = true;
                 ps.spell_ended(now - t0);
             }
             _ => {}
@@ -1820,6 +1848,8 @@ pub fn idle_load(clusters: &[SimCluster]) -> Vec<ClusterLoad> {
                     est_wait_s: 0.0,
                     spot_wait_s: f64::INFINITY,
                     spot_recovery_s: 0.0,
+                    spot_full_since: f64::NAN,
+                    spot_windows: None,
                 })
                 .collect(),
         })
@@ -2215,6 +2245,65 @@ mod tests {
         };
         simulate(&mut b, Strategy::FirstStart, &jobs, &[trace], &SimConfig::default(), &quiet);
         assert!(b.seen.iter().all(|&(_, w)| w == f64::INFINITY), "{:?}", b.seen);
+    }
+
+    /// Records the spot window load of cluster 0, pool 0 that each placement saw.
+    struct WindowRecorder {
+        inner: Stub,
+        seen: Vec<(usize, f64, Vec<f64>)>,
+    }
+
+    impl Model for WindowRecorder {
+        fn clusters(&self) -> &[SimCluster] {
+            self.inner.clusters()
+        }
+        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
+            let p = &load[0].pools[0];
+            let w = p.spot_windows.as_ref().map(|w| w.lengths_h().to_vec()).unwrap_or_default();
+            self.seen.push((job.id, p.spot_full_since, w));
+            self.inner.offers(policy, job, now, load)
+        }
+        fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
+            self.inner.kg_co2(cluster, pool, gpus, t0, t1)
+        }
+        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
+            Vec::new()
+        }
+    }
+
+    /// The spot windows handed to the engine are those ended so far in the
+    /// replay (never the trace ahead), without the one open at the replay's
+    /// start (its start is unknown), and the open window's start while spot is
+    /// at full.
+    #[test]
+    fn spot_windows_are_the_ones_ended_so_far() {
+        // Full in [0, 2000), gone [2000, 3000), full [3000, 4000), gone [4000,
+        // 6000), full from 6000 and, cyclically (7000 s), to 9000.
+        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,2,0,2,0,0,2]}"#, "t").unwrap();
+        let stub = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
+        let mut m = WindowRecorder { inner: stub, seen: Vec::new() };
+        let jobs = vec![
+            job(0, 10.0, 10.0, 1, true, 0.0),
+            job(1, 3_500.0, 10.0, 1, true, 0.0),
+            job(2, 6_500.0, 10.0, 1, true, 0.0),
+            job(3, 9_500.0, 10.0, 1, true, 0.0),
+            job(4, 10_500.0, 10.0, 1, true, 0.0),
+        ];
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[trace], &SimConfig::default(), &quiet);
+        assert_eq!(r.completed, 5);
+        let h = |s: f64| s / 3600.0;
+        let seen: Vec<(usize, Option<f64>, Vec<f64>)> =
+            m.seen.iter().map(|(j, since, w)| (*j, since.is_finite().then_some(*since), w.clone())).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (0, Some(0.0), vec![]),
+                (1, Some(3_000.0), vec![]),
+                (2, Some(6_000.0), vec![h(1_000.0)]),
+                (3, None, vec![h(1_000.0), h(3_000.0)]),
+                (4, Some(10_000.0), vec![h(1_000.0), h(3_000.0)]),
+            ]
+        );
     }
 
     fn spells_ended(lens: &[f64], since: Option<f64>) -> PoolState {
