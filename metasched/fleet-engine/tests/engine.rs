@@ -15,6 +15,16 @@ fn fleet(toml: &str) -> FleetModel {
     }
 }
 
+/// `a` of [`DEAR_ON_DEMAND`] alone: on demand 6.00, spot 1.00, 0.1 reclaims per hour.
+fn only_a() -> FleetModel {
+    fleet(&DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]"))
+}
+
+/// An interruptible job of `hours` on 8 H100s at home on `a`, checkpointing every 30 min.
+fn spot_job(hours: f64) -> JobSpec {
+    JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, hours) }
+}
+
 /// A job of `hours` on H100s (the GPU most fleets here have).
 fn job(gpus: u32, hours: f64) -> JobSpec {
     JobSpec {
@@ -507,7 +517,7 @@ nodes = 4
 fn rebalancing_scores_staying_at_the_price_the_job_pays() {
     let m = fleet(DEAR_ON_DEMAND);
     let st = FleetState::idle(&m);
-    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 48.0) };
+    let spec = spot_job(48.0);
     let pj = prepare(&m, &spec);
     let run = |pricing| RunningJob {
         job: pj.clone(),
@@ -536,10 +546,9 @@ fn rebalancing_scores_staying_at_the_price_the_job_pays() {
 fn rebalancing_may_restart_a_job_on_spot_in_its_own_cluster_when_asked() {
     // Only cluster `a` (on-demand 6.00, spot 1.00): the on-demand job can only
     // save by going to spot there.
-    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
-    let m = fleet(&only_a);
+    let m = only_a();
     let st = FleetState::idle(&m);
-    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 48.0) };
+    let spec = spot_job(48.0);
     let run = |pricing| RunningJob {
         job: prepare(&m, &spec),
         cluster: 0,
@@ -567,9 +576,8 @@ fn rebalancing_may_restart_a_job_on_spot_in_its_own_cluster_when_asked() {
 #[test]
 fn a_long_interruptible_job_queues_for_spot_when_the_wait_pays() {
     // `a` alone: on-demand 6.00, spot 1.00; spot taken now.
-    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
-    let m = fleet(&only_a);
-    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let m = only_a();
+    let spec = spot_job(20.0);
     let pj = prepare(&m, &spec);
     let mut st = FleetState::idle(&m);
     st.clusters[0].pools[0].spot_available = false;
@@ -617,9 +625,8 @@ fn a_long_interruptible_job_queues_for_spot_when_the_wait_pays() {
 #[test]
 fn waiting_for_spot_again_after_reclaims_is_priced() {
     // `a` alone: on-demand 6.00, spot 1.00 free now, 0.1 reclaims per hour.
-    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
-    let m = fleet(&only_a);
-    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let m = only_a();
+    let spec = spot_job(20.0);
     let pj = prepare(&m, &spec);
     let mut st = FleetState::idle(&m);
     let b = decide(&m, &st, &pj, &Policy::cost()).expect("placed");
@@ -702,9 +709,8 @@ fn a_long_spot_window_makes_going_on_demand_after_a_reclaim_cheaper() {
     // As in `waiting_for_spot_again_after_reclaims_is_priced`: `a` alone, on
     // demand 6, spot 1, 0.1 reclaims/h, spot gone 100 h after a reclaim, a 20 h
     // job on 8 GPUs: going on demand after a reclaim is what is charged.
-    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
-    let m = fleet(&only_a);
-    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let m = only_a();
+    let spec = spot_job(20.0);
     let pj = prepare(&m, &spec);
     let mut st = FleetState::idle(&m);
     st.now_unix = 1000.0 * 3600.0;
@@ -744,9 +750,8 @@ fn a_long_spot_window_makes_going_on_demand_after_a_reclaim_cheaper() {
 #[test]
 fn a_job_reclaimed_too_often_goes_on_demand() {
     // `a` alone: on-demand 6.00, spot 1.00.
-    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
-    let m = fleet(&only_a);
-    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 20.0) };
+    let m = only_a();
+    let spec = spot_job(20.0);
     let mut st = FleetState::idle(&m);
     let capped = Policy { spot_max_reclaims: 3, spot_max_lost_h: 2.0, ..Policy::cost() };
     let pick = |st: &FleetState, reclaims: u32, lost_h: f64, p: &Policy| {
@@ -791,9 +796,8 @@ fn a_job_reclaimed_too_often_goes_on_demand() {
 
 #[test]
 fn a_migration_never_targets_spot_it_would_have_to_queue_for() {
-    let only_a = DEAR_ON_DEMAND.split("[[clusters]]").take(2).collect::<Vec<_>>().join("[[clusters]]");
-    let m = fleet(&only_a);
-    let spec = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), home: "a".into(), ..job(8, 48.0) };
+    let m = only_a();
+    let spec = spot_job(48.0);
     let run = RunningJob {
         job: prepare(&m, &spec),
         cluster: 0,

@@ -2130,19 +2130,26 @@ mod tests {
         assert_eq!(r.moved_jobs, 1, "job 0 finished away from its home a");
     }
 
-    /// Records the load of cluster 0, pool 0 that each placement saw.
-    struct Recorder {
+    /// Records, for each placement, what `pick` reads from the job and the load
+    /// of cluster 0, pool 0.
+    struct Recorder<T> {
         inner: Stub,
-        seen: Vec<(usize, u32, f64)>,
+        pick: fn(&SimJob, &PoolLoad) -> T,
+        seen: Vec<T>,
     }
 
-    impl Model for Recorder {
+    impl<T> Recorder<T> {
+        fn new(inner: Stub, pick: fn(&SimJob, &PoolLoad) -> T) -> Self {
+            Recorder { inner, pick, seen: Vec::new() }
+        }
+    }
+
+    impl<T> Model for Recorder<T> {
         fn clusters(&self) -> &[SimCluster] {
             self.inner.clusters()
         }
         fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
-            let p = &load[0].pools[0];
-            self.seen.push((job.id, p.start_free, p.est_wait_s));
+            self.seen.push((self.pick)(job, &load[0].pools[0]));
             self.inner.offers(policy, job, now, load)
         }
         fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
@@ -2155,10 +2162,10 @@ mod tests {
 
     #[test]
     fn wait_estimate_is_the_fifo_start_time_of_the_jobs_size() {
-        let mut m = Recorder {
-            inner: Stub { clusters: vec![cluster("a", 8, None)], price: vec![(1.0, 1.0)], ..Default::default() },
-            seen: Vec::new(),
-        };
+        let mut m = Recorder::new(
+            Stub { clusters: vec![cluster("a", 8, None)], price: vec![(1.0, 1.0)], ..Default::default() },
+            |j, p| (j.id, p.start_free, p.est_wait_s),
+        );
         let jobs = vec![
             job(0, 0.0, 100.0, 4, false, 0.0),
             job(1, 0.0, 300.0, 4, false, 0.0),
@@ -2183,28 +2190,6 @@ mod tests {
         assert_eq!(r.wait_mean_s, (0.0 + 0.0 + 299.0 + 1298.0 + 1150.0) / 5.0);
     }
 
-    /// Records the spot wait of cluster 0, pool 0 that each placement saw.
-    struct SpotRecorder {
-        inner: Stub,
-        seen: Vec<(usize, f64)>,
-    }
-
-    impl Model for SpotRecorder {
-        fn clusters(&self) -> &[SimCluster] {
-            self.inner.clusters()
-        }
-        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
-            self.seen.push((job.id, load[0].pools[0].spot_wait_s));
-            self.inner.offers(policy, job, now, load)
-        }
-        fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
-            self.inner.kg_co2(cluster, pool, gpus, t0, t1)
-        }
-        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
-            Vec::new()
-        }
-    }
-
     /// The spot wait handed to the engine: the FIFO start on the spot capacity when
     /// spot jobs hold it, the remaining spell seen so far when the level is below
     /// the job's GPUs; and a job queued on spot starts when spot comes back.
@@ -2214,7 +2199,7 @@ mod tests {
         // cyclic (2 again; short again during [30000, 40000)).
         let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":10000},"data":[2,1]}"#, "t").unwrap();
         let stub = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
-        let mut m = SpotRecorder { inner: stub, seen: Vec::new() };
+        let mut m = Recorder::new(stub, |j, p| (j.id, p.spot_wait_s));
         let jobs = vec![
             // spot free: no spot wait
             job(0, 0.0, 500.0, 2, true, 100.0),
@@ -2239,36 +2224,12 @@ mod tests {
         // job 2 queued on spot and started when the level came back at 20000
         assert_eq!(r.wait_p95_s, 20_000.0 - 10_010.0);
         // the baselines are never given a spot wait
-        let mut b = SpotRecorder {
-            inner: Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() },
-            seen: Vec::new(),
-        };
+        let mut b = Recorder::new(
+            Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() },
+            |j, p| (j.id, p.spot_wait_s),
+        );
         simulate(&mut b, Strategy::FirstStart, &jobs, &[trace], &SimConfig::default(), &quiet);
         assert!(b.seen.iter().all(|&(_, w)| w == f64::INFINITY), "{:?}", b.seen);
-    }
-
-    /// Records the spot window load of cluster 0, pool 0 that each placement saw.
-    struct WindowRecorder {
-        inner: Stub,
-        seen: Vec<(usize, f64, Vec<f64>)>,
-    }
-
-    impl Model for WindowRecorder {
-        fn clusters(&self) -> &[SimCluster] {
-            self.inner.clusters()
-        }
-        fn offers(&mut self, policy: &str, job: &SimJob, now: f64, load: &[ClusterLoad]) -> Vec<Offer> {
-            let p = &load[0].pools[0];
-            let w = p.spot_windows.as_ref().map(|w| w.lengths_h().to_vec()).unwrap_or_default();
-            self.seen.push((job.id, p.spot_full_since, w));
-            self.inner.offers(policy, job, now, load)
-        }
-        fn kg_co2(&self, cluster: usize, pool: usize, gpus: u32, t0: f64, t1: f64) -> f64 {
-            self.inner.kg_co2(cluster, pool, gpus, t0, t1)
-        }
-        fn rebalance(&mut self, _: &str, _: f64, _: &[SimJob], _: &[RunningJob], _: &[ClusterLoad]) -> Vec<Move> {
-            Vec::new()
-        }
     }
 
     /// The spot windows handed to the engine are those ended so far in the
@@ -2281,7 +2242,10 @@ mod tests {
         // 6000), full from 6000 and, cyclically (7000 s), to 9000.
         let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,2,0,2,0,0,2]}"#, "t").unwrap();
         let stub = Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
-        let mut m = WindowRecorder { inner: stub, seen: Vec::new() };
+        let mut m = Recorder::new(stub, |j, p| {
+            let w = p.spot_windows.as_ref().map(|w| w.lengths_h().to_vec()).unwrap_or_default();
+            (j.id, p.spot_full_since.is_finite().then_some(p.spot_full_since), w)
+        });
         let jobs = vec![
             job(0, 10.0, 10.0, 1, true, 0.0),
             job(1, 3_500.0, 10.0, 1, true, 0.0),
@@ -2292,10 +2256,8 @@ mod tests {
         let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[trace], &SimConfig::default(), &quiet);
         assert_eq!(r.completed, 5);
         let h = |s: f64| s / 3600.0;
-        let seen: Vec<(usize, Option<f64>, Vec<f64>)> =
-            m.seen.iter().map(|(j, since, w)| (*j, since.is_finite().then_some(*since), w.clone())).collect();
         assert_eq!(
-            seen,
+            m.seen,
             vec![
                 (0, Some(0.0), vec![]),
                 (1, Some(3_000.0), vec![]),
@@ -2361,7 +2323,7 @@ mod tests {
         // [4000, 8000), up [8000, 10000) (cyclic), down [10000, 12000), …
         let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[1,0,0,1,0,0,0,0,1]}"#, "t").unwrap();
         let stub = Stub { clusters: vec![cluster("a", 1, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
-        let mut m = SpotRecorder { inner: stub, seen: Vec::new() };
+        let mut m = Recorder::new(stub, |j, p| (j.id, p.spot_wait_s));
         let jobs = vec![job(0, 0.0, 5000.0, 1, true, 100.0)];
         let r = simulate(
             &mut m,
