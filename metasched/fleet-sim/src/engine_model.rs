@@ -336,7 +336,7 @@ impl EngineModel {
                 }
             })
             .collect();
-        self.spot_all_or_nothing = traces.iter().map(|t| t.data.iter().all(|&d| d == 0 || d == t.max)).collect();
+        self.spot_all_or_nothing = traces.iter().map(SpotTrace::is_all_or_nothing).collect();
         if traces.is_empty() {
             self.notes.push("no spot traces: spot capacity is never reclaimed".into());
             self.reindex_pools();

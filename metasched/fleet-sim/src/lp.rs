@@ -786,7 +786,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
         let Some(tr) = clusters[o.cluster].pools[o.pool].spot_trace.and_then(|i| spot.get(i)) else {
             continue;
         };
-        if tr.max == 0 || tr.data.iter().any(|&d| d != 0 && d != tr.max) {
+        if !tr.is_all_or_nothing() {
             continue;
         }
         let setup = b.opts.iter().filter(|q| q.spot && q.cluster == o.cluster && q.pool == o.pool);

@@ -527,10 +527,9 @@ struct PoolState {
     /// When the pool's spot level last came back to full (0 = the replay's
     /// start): the start of the spot window it is in while at full.
     full_since: f64,
-    /// The windows at full ended so far (h; the first, open at the replay's
+    /// The windows at full ended so far (the first, open at the replay's
     /// start, is left out: its start is unknown), for the engine
     /// (`PoolLoad::spot_windows`).
-    windows_h: Vec<f64>,
     windows: Option<Arc<fleet_engine::SpotWindows>>,
     /// `full_since` is a window's real start (not the replay's).
     full_since_known: bool,
@@ -1567,8 +1566,9 @@ impl<M: Model> Sim<'_, M> {
             (true, None) => {
                 ps.spell_since = Some(now);
                 if ps.full_since_known && now > ps.full_since {
-                    ps.windows_h.push((now - ps.full_since) / 3600.0);
-                    ps.windows = fleet_engine::SpotWindows::new(ps.windows_h.clone()).map(Arc::new);
+                    let mut lens = ps.windows.as_ref().map_or_else(Vec::new, |w| w.lengths_h().to_vec());
+                    lens.push((now - ps.full_since) / 3600.0);
+                    ps.windows = fleet_engine::SpotWindows::new(lens).map(Arc::new);
                 }
             }
             (false, Some(t0)) => {

@@ -67,6 +67,12 @@ impl SpotTrace {
         Self::parse(&text, &name)
     }
 
+    /// Every tick is 0 or the trace's full size (> 0): a drop reclaims every
+    /// spot job, so a run on spot lies inside one window of availability.
+    pub fn is_all_or_nothing(&self) -> bool {
+        self.max > 0 && self.data.iter().all(|&d| d == 0 || d == self.max)
+    }
+
     /// Fraction of the spot pool available at tick `i` (cyclic).
     pub fn fraction_at_tick(&self, i: usize) -> f64 {
         if self.max == 0 {
