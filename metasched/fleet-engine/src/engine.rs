@@ -611,6 +611,7 @@ fn core_terms(
     tv: f64,
     now_unix: f64,
     ctx: &EvalCtx,
+    spot_losses: bool,
 ) -> CoreTerms {
     let g = f64::from(job.gpus);
     // Run time on this pool's GPUs.
@@ -636,7 +637,7 @@ fn core_terms(
     let restore_h = if ctx.resume && !ctx.in_place { ov.restore_s / 3600.0 } else { 0.0 };
     let overhead_h = provision_h + restore_h + if remote { ov.remote_submit_s / 3600.0 } else { 0.0 };
     let interval_h = job.spec.ckpt_interval_s.filter(|x| x.is_finite() && *x > 0.0).map(|x| x / 3600.0);
-    let (lost_h, requeue_h, fallback_usd) = if pricing == Pricing::Spot {
+    let (lost_h, requeue_h, fallback_usd) = if pricing == Pricing::Spot && spot_losses {
         let rate = ps.spot_preemptions_per_hour.unwrap_or(c.spot_preemptions_per_hour).max(0.0);
         let per = interval_h.map(|i| i.min(d_h) / 2.0).unwrap_or(d_h / 2.0) + ov.restore_s / 3600.0;
         // After each reclaim the job waits for spot to come back (the pool's
@@ -781,15 +782,16 @@ fn score_floor(
     policy: &Policy,
     cid: ClusterId,
     ctx: &EvalCtx,
-) -> f64 {
+) -> (f64, Option<(PoolId, Pricing, f64)>) {
     let (Some(c), Some(cs)) = (model.clusters.get(cid as usize), state.clusters.get(cid as usize)) else {
-        return f64::INFINITY;
+        return (f64::INFINITY, None);
     };
     if c.type_mask & job.type_mask == 0 {
-        return f64::INFINITY;
+        return (f64::INFINITY, None);
     }
     let tv = policy.time_value_usd_per_gpu_hour;
     let mut floor = f64::INFINITY;
+    let mut arg = None;
     let mut data: Option<(f64, f64)> = None;
     for (pi, p) in c.pools.iter().enumerate() {
         if job.type_mask & (1u64 << p.gpu_type) == 0 || p.speed < job.min_speed || job.gpus > p.total_gpus {
@@ -807,26 +809,84 @@ fn score_floor(
             let Some(price) = price.filter(|x| x.is_finite() && *x >= 0.0) else {
                 continue;
             };
-            let t = core_terms(
-                model,
-                job,
-                cid,
-                c,
-                p,
-                ps,
-                pricing,
-                price,
-                policy.time_value_usd_per_gpu_hour,
-                state.now_unix,
-                ctx,
-            );
-            let d = *data.get_or_insert_with(|| data_cost(model, job, c));
-            let (data_usd, transfer_h) = data_terms(model, job, c, t.restore_h, d, ctx);
-            let delay_h = t.wait_h + transfer_h + t.overhead_h + t.lost_h + t.requeue_h;
-            floor = floor.min(t.compute_usd + policy.egress_weight * data_usd + tv * t.g * delay_h);
+            let mut terms = |spot_losses| {
+                let t = core_terms(model, job, cid, c, p, ps, pricing, price, tv, state.now_unix, ctx, spot_losses);
+                let d = *data.get_or_insert_with(|| data_cost(model, job, c));
+                let (data_usd, transfer_h) = data_terms(model, job, c, t.restore_h, d, ctx);
+                let delay_h = t.wait_h + transfer_h + t.overhead_h + t.lost_h + t.requeue_h;
+                t.compute_usd + policy.egress_weight * data_usd + tv * t.g * delay_h
+            };
+            // A spot option's losses at reclaims (lost work, the wait or the
+            // on-demand time after them) only add to its score: without them it
+            // is already no lower than the floor so far, or above the best score
+            // found, then it changes neither the floor nor the verdict.
+            if pricing == Pricing::Spot {
+                let base = terms(false);
+                if base >= floor || base > ctx.bound {
+                    continue;
+                }
+            }
+            let x = terms(true);
+            if x < floor {
+                floor = x;
+                arg = Some((pi as PoolId, pricing, price));
+            }
         }
     }
-    floor
+    (floor, arg)
+}
+
+/// The floor is the cluster's score, option by option and bit for bit: the
+/// policy prices no carbon and the job writes no checkpoints outside the
+/// cluster's region (the two terms [`score_floor`] leaves out).
+#[inline]
+fn floor_is_exact(job: &PreparedJob, policy: &Policy, c: &Cluster) -> bool {
+    policy.carbon_usd_per_kg == 0.0
+        && match &job.ckpt_region {
+            Some(locs) => locs.is_empty() || locs.contains(&c.region_id),
+            None => true,
+        }
+}
+
+/// [`eval_cluster`] for a new placement when the floor is exact
+/// ([`floor_is_exact`]) and its minimum is the option (`pi`, `pricing`,
+/// `price`): that option is the cluster's best if [`eval_cluster`] would score
+/// it at all, so only it is scored. `None` when that cannot be told (the
+/// option fails a check the floor does not make): score the whole cluster.
+#[allow(clippy::too_many_arguments)]
+fn eval_floor_option(
+    model: &FleetModel,
+    state: &FleetState,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    (pi, pricing, price): (PoolId, Pricing, f64),
+    ctx: &EvalCtx,
+) -> Option<Result<Placement, Exclusion>> {
+    let c = model.clusters.get(cid as usize)?;
+    let cs = state.clusters.get(cid as usize);
+    if let Err(e) = cluster_gate(model, cs, job, cid, c, ctx.in_place) {
+        return Some(Err(e));
+    }
+    let cs = cs?;
+    let p = c.pools.get(usize::from(pi))?;
+    let ps = cs.pools.get(usize::from(pi))?;
+    if ctx.in_place || ctx.require_free || ctx.stay.is_some() || pool_fits(job, p).is_err() {
+        return None;
+    }
+    if job.spec.max_price.is_some_and(|max| price > max)
+        || price * f64::from(job.gpus) * ctx.duration_h / p.speed.max(1e-6) > ctx.bound
+    {
+        return None;
+    }
+    let d = data_cost(model, job, c);
+    let b = score(model, state, job, policy, cid, c, cs, p, ps, pricing, price, d, ctx);
+    if !b.total.is_finite() {
+        return None;
+    }
+    let queued_spot = pricing == Pricing::Spot && !ps.spot_available;
+    let fits_now = ps.free_gpus >= job.gpus && !queued_spot;
+    Some(Ok(Placement { cluster: cid, pool: pi, pricing, fits_now, breakdown: b }))
 }
 
 /// Scores one pool of one cluster with one pricing. `None` when the price
@@ -848,8 +908,20 @@ fn score(
     data: (f64, f64),
     ctx: &EvalCtx,
 ) -> Breakdown {
-    let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } =
-        core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value_usd_per_gpu_hour, state.now_unix, ctx);
+    let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } = core_terms(
+        model,
+        job,
+        cid,
+        c,
+        p,
+        ps,
+        pricing,
+        price,
+        policy.time_value_usd_per_gpu_hour,
+        state.now_unix,
+        ctx,
+        true,
+    );
     let (data_usd, transfer_h) = data_terms(model, job, c, restore_h, data, ctx);
     let ckpt_usd = match &job.ckpt_region {
         Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {
@@ -1030,7 +1102,12 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
         && policy.carbon_usd_per_kg >= 0.0
         && policy.egress_weight >= 0.0
         && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
-    let work = f64::from(job.gpus) * ctx.duration_h;
+    // GPU-hours of work, shaded by a relative 1e-9: the cluster floor below is
+    // price ÷ speed times the work, a score's compute is price times the run
+    // (work ÷ speed), and the two roundings may differ in the last bits; the
+    // shade keeps floor × work under any score it bounds, so an exact tie is
+    // never cut off.
+    let work = f64::from(job.gpus) * ctx.duration_h * (1.0 - 1e-9);
     // The decision needs kgCO2 only when the policy prices it.
     ctx.carbon = false;
     let g = f64::from(job.gpus);
@@ -1050,6 +1127,8 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
         if seed == Some(cid) {
             continue;
         }
+        // The floor's best option, when it alone needs scoring.
+        let mut pick = None;
         if can_stop && best.is_some() {
             if floor * work > ctx.bound {
                 break;
@@ -1065,7 +1144,7 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
             // The cluster's own floor for this job and state (spot losses,
             // waits and setup included): a cluster whose floor is above the
             // best score cannot win, not even a tie.
-            let f = score_floor(model, state, job, policy, cid, &ctx);
+            let (f, arg) = score_floor(model, state, job, policy, cid, &ctx);
             if f > ctx.bound {
                 continue;
             }
@@ -1076,8 +1155,12 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
             {
                 continue;
             }
+            pick = arg.filter(|_| model.clusters.get(cid as usize).is_some_and(|c| floor_is_exact(job, policy, c)));
         }
-        if let Ok(p) = eval_cluster(model, state, job, policy, cid, &ctx) {
+        let verdict = pick
+            .and_then(|o| eval_floor_option(model, state, job, policy, cid, o, &ctx))
+            .unwrap_or_else(|| eval_cluster(model, state, job, policy, cid, &ctx));
+        if let Ok(p) = verdict {
             if best.as_ref().is_none_or(|b| ranks_before(job, &p, b)) {
                 ctx.bound = p.breakdown.total;
                 best = Some(p);

@@ -131,7 +131,8 @@ pub fn propose_migrations_with(
             && policy.egress_weight >= 0.0
             && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
         for &(floor, cid) in &model.cheapest_per_work {
-            if can_stop && floor * g * rem_h >= stay {
+            // (shaded by 1e-9 against rounding, as in `decide`)
+            if can_stop && floor * g * rem_h * (1.0 - 1e-9) >= stay {
                 break;
             }
             if cid == r.cluster && !same_cluster {

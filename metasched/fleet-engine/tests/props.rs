@@ -132,6 +132,14 @@ fn state(m: &FleetModel, seed: &[u32]) -> FleetState {
             ps.free_gpus = ps.free_gpus.min(next() % 40);
             ps.spot_available = next() % 2 == 0;
             ps.expected_wait_s = (next() % 3 == 0).then(|| f64::from(next() % 20000));
+            // What a spot option pays after reclaims: the wait for spot to come
+            // back (or on demand meanwhile) and how long a start keeps spot.
+            ps.spot_recovery_s = (next() % 2 == 0).then(|| f64::from(next() % 20000));
+            if next() % 3 == 0 {
+                let lens = vec![0.2, 1.0, f64::from(next() % 50)];
+                ps.spot_windows = fleet_engine::SpotWindows::new(lens).map(std::sync::Arc::new);
+                ps.spot_window_since_unix = (next() % 2 == 0).then(|| -f64::from(next() % 36000));
+            }
         }
     }
     st
@@ -257,7 +265,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
 
     /// `decide`'s pruning (home first, per-cluster floors, ties) picks exactly
     /// the placement `explain` ranks first, also when clusters are copies of
