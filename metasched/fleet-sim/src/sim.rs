@@ -480,9 +480,9 @@ enum Ev {
         job: usize,
         epoch: u32,
     },
+    /// Spot trace `trace` changes to `fraction` of its full level.
     Spot {
-        cluster: usize,
-        pool: usize,
+        trace: usize,
         fraction: f64,
     },
     OutageStart(usize),
@@ -514,17 +514,53 @@ impl Ord for Event {
     }
 }
 
-#[derive(Debug, Clone, Default)]
-struct PoolState {
-    cap: u32,
-    used: u32,
-    spot_used: u32,
-    spot_fraction: f64,
+/// See `Sim::quick`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Quick {
+    /// `PoolLoad::start_free`, `spot_free` and `spot_fraction > 0` as last
+    /// written.
+    start_free: u32,
+    spot_free: u32,
+    spot_up: bool,
     has_spot: bool,
-    /// Start of the spell below the spot trace's full level the pool is in now
-    /// (`None`: at full), as the replay's clock shows it (never the trace ahead).
+    /// The pool's entry in `Sim::markets`.
+    market: u32,
+    /// `PoolLoad::est_wait_s` is 0 (and, without spot, the spot wait infinite
+    /// and the recovery 0, as they always are then).
+    no_wait: bool,
+    /// `PoolLoad::spot_wait_s` is infinite.
+    no_spot_wait: bool,
+    /// What `PoolLoad::spot_recovery_s` was computed from: 0 = it is 0 (reset,
+    /// or not estimated), else the `Sim::recovery_epoch` of the pool's market
+    /// (the pool's own reclaim waits change only when it is touched, which
+    /// resets this to 0).
+    recovery_from: u64,
+}
+
+impl Quick {
+    fn of(p: &PoolState, l: &PoolLoad) -> Quick {
+        Quick {
+            start_free: l.start_free,
+            spot_free: l.spot_free,
+            spot_up: l.spot_fraction > 0.0,
+            has_spot: p.has_spot,
+            market: p.market as u32,
+            no_wait: true,
+            no_spot_wait: true,
+            recovery_from: 0,
+        }
+    }
+}
+
+/// What the replay's clock has shown of one spot trace so far (the pools that
+/// follow the same trace see the same spells and windows, so they share it:
+/// one copy to keep and to read per decision, however many pools use it).
+#[derive(Debug, Clone, Default)]
+struct SpotMarket {
+    /// Start of the spell below the trace's full level it is in now (`None`:
+    /// at full), as the replay's clock shows it (never the trace ahead).
     spell_since: Option<f64>,
-    /// When the pool's spot level last came back to full (0 = the replay's
+    /// When the trace's spot level last came back to full (0 = the replay's
     /// start): the start of the spot window it is in while at full.
     full_since: f64,
     /// The windows at full ended so far (the first, open at the replay's
@@ -537,6 +573,51 @@ struct PoolState {
     /// `tail_s[i]` = Σ `spells[i..]` (for the mean remaining spell at an age).
     spells: Vec<f64>,
     tail_s: Vec<f64>,
+    /// The pools (cluster, pool) that follow the trace.
+    pools: Vec<(usize, usize)>,
+}
+
+impl SpotMarket {
+    /// How long spot that is short now should take to come back, from the
+    /// spells below full ended so far (the replay's past only), conditional on
+    /// the age `a` of the spell the trace is in now (0 at full, or right at a
+    /// reclaim): the mean of `L − a` over the ended spells longer than `a`.
+    /// Spot shortfalls have a falling hazard (most spells are short, a few last
+    /// many hours), so the longer a spell has lasted, the longer it is expected
+    /// to last. With no ended spell that long, the age itself (a lower bound
+    /// known now); 0 when there is neither.
+    fn recovery_s(&self, now: f64) -> f64 {
+        let age = self.spell_since.map_or(0.0, |t0| (now - t0).max(0.0));
+        let i = self.spells.partition_point(|&l| l <= age);
+        match self.tail_s.get(i) {
+            Some(&sum) => sum / (self.spells.len() - i) as f64 - age,
+            None => age,
+        }
+    }
+
+    /// A spell below full of `len` seconds ended.
+    fn spell_ended(&mut self, len: f64) {
+        let i = self.spells.partition_point(|&l| l <= len);
+        self.spells.insert(i, len);
+        self.tail_s.insert(i, 0.0);
+        let mut acc = 0.0;
+        for k in (0..self.spells.len()).rev() {
+            acc += self.spells[k];
+            self.tail_s[k] = acc;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct PoolState {
+    cap: u32,
+    used: u32,
+    spot_used: u32,
+    spot_fraction: f64,
+    has_spot: bool,
+    /// Index in `Sim::markets` of the spot trace the pool's spot follows (the
+    /// last entry, never changed, for a pool without a trace).
+    market: usize,
     /// Waits for spot after a reclaim ended so far on this pool (the job
     /// started on its spot capacity): count, Σ realized seconds, Σ estimated
     /// seconds (the uncalibrated estimate at the decision).
@@ -565,23 +646,6 @@ impl PoolState {
         (real + prior) / (est + prior)
     }
 
-    /// How long spot that is short now should take to come back, from the
-    /// spells below full ended so far (the replay's past only), conditional on
-    /// the age `a` of the spell the pool is in now (0 at full, or right at a
-    /// reclaim): the mean of `L − a` over the ended spells longer than `a`.
-    /// Spot shortfalls have a falling hazard (most spells are short, a few last
-    /// many hours), so the longer a spell has lasted, the longer it is expected
-    /// to last. With no ended spell that long, the age itself (a lower bound
-    /// known now); 0 when there is neither.
-    fn recovery_s(&self, now: f64) -> f64 {
-        let age = self.spell_since.map_or(0.0, |t0| (now - t0).max(0.0));
-        let i = self.spells.partition_point(|&l| l <= age);
-        match self.tail_s.get(i) {
-            Some(&sum) => sum / (self.spells.len() - i) as f64 - age,
-            None => age,
-        }
-    }
-
     /// How long a job reclaimed from this pool's spot should expect to wait for
     /// it: the mean of the waits after reclaims realized here so far, with the
     /// trace's estimate (`recovery_s × ratio`) as a prior worth
@@ -591,22 +655,10 @@ impl PoolState {
     /// is) and behind on-demand jobs that took the GPUs meanwhile: on cloud-spot's
     /// nebius-eun1 the realized waits after reclaims were 10,081 s on average
     /// where the spells (2,986 s, calibrated 3,700 s) said an hour.
-    fn wait_after_reclaim_s(&self, now: f64, ratio: f64) -> f64 {
-        let prior = self.recovery_s(now) * ratio;
+    fn wait_after_reclaim_s(&self, recovery_s: f64, ratio: f64) -> f64 {
+        let prior = recovery_s * ratio;
         let (n, real, _) = self.reclaim_waits;
         (real + RECLAIM_PRIOR_WAITS * prior) / (f64::from(n) + RECLAIM_PRIOR_WAITS)
-    }
-
-    /// A spell below full of `len` seconds ended.
-    fn spell_ended(&mut self, len: f64) {
-        let i = self.spells.partition_point(|&l| l <= len);
-        self.spells.insert(i, len);
-        self.tail_s.insert(i, 0.0);
-        let mut acc = 0.0;
-        for k in (0..self.spells.len()).rev() {
-            acc += self.spells[k];
-            self.tail_s[k] = acc;
-        }
     }
 
     fn spot_limit(&self) -> u32 {
@@ -658,6 +710,20 @@ struct Sim<'a, M: Model> {
     jobs: &'a [SimJob],
     js: Vec<JobState>,
     pools: Vec<Vec<PoolState>>,
+    /// One per spot trace, then one (never changed) for pools without a trace.
+    markets: Vec<SpotMarket>,
+    /// Per pool, what `load` reads first to tell whether the pool's estimates
+    /// can change at this decision (a few bytes per pool, so the pools that
+    /// cannot are passed over without reading their state).
+    quick: Vec<Vec<Quick>>,
+    /// Each market's expected time until spot is back, at the decision being
+    /// made (filled by `load`).
+    recovery_now: Vec<f64>,
+    /// The heap buffer of `start_estimate` and `spot_start_estimate`, reused.
+    ends_buf: std::cell::RefCell<Vec<std::cmp::Reverse<(u64, u32)>>>,
+    /// A version of each market's `recovery_now`, new whenever it changes (0 =
+    /// not computed yet).
+    recovery_epoch: Vec<u64>,
     up: Vec<bool>,
     heap: BinaryHeap<Event>,
     seq: u64,
@@ -728,6 +794,7 @@ pub fn simulate<M: Model>(
                     cap: p.gpus,
                     spot_fraction: if p.spot_trace.is_some() || p.sells_spot { 1.0 } else { 0.0 },
                     has_spot: p.spot_trace.is_some() || p.sells_spot,
+                    market: p.spot_trace.filter(|&i| i < spot.len()).unwrap_or(spot.len()),
                     ..Default::default()
                 })
                 .collect()
@@ -741,6 +808,11 @@ pub fn simulate<M: Model>(
         jobs,
         js: vec![JobState::default(); jobs.len()],
         pools,
+        markets: vec![SpotMarket::default(); spot.len() + 1],
+        quick: clusters.iter().map(|c| vec![Quick::default(); c.pools.len()]).collect(),
+        recovery_now: vec![0.0; spot.len() + 1],
+        recovery_epoch: vec![0; spot.len() + 1],
+        ends_buf: Default::default(),
         up: vec![true; clusters.len()],
         heap: BinaryHeap::new(),
         seq: 0,
@@ -772,14 +844,18 @@ pub fn simulate<M: Model>(
     for (i, j) in jobs.iter().enumerate() {
         sim.push(j.submit_s, Ev::Arrival(i));
     }
-    // Spot changes are generated one at a time as the clock reaches them.
+    // Spot changes are generated one at a time as the clock reaches them, one
+    // event per trace for all the pools that follow it.
     for (ci, c) in clusters.iter().enumerate() {
         for (pi, p) in c.pools.iter().enumerate() {
-            if let Some(tr) = p.spot_trace.and_then(|i| spot.get(i)) {
-                if tr.max > 0 {
-                    sim.push(0.0, Ev::Spot { cluster: ci, pool: pi, fraction: tr.fraction_at(0.0) });
-                }
+            if let Some(k) = p.spot_trace.filter(|&k| spot.get(k).is_some_and(|tr| tr.max > 0)) {
+                sim.markets[k].pools.push((ci, pi));
             }
+        }
+    }
+    for (k, tr) in spot.iter().enumerate() {
+        if !sim.markets[k].pools.is_empty() {
+            sim.push(0.0, Ev::Spot { trace: k, fraction: tr.fraction_at(0.0) });
         }
     }
     for &(c, s, e) in &cfg.outages {
@@ -824,12 +900,10 @@ pub fn simulate<M: Model>(
                     sim.finish(job, t);
                 }
             }
-            Ev::Spot { cluster, pool, fraction } => {
-                sim.spot_change(cluster, pool, fraction, t);
-                let next =
-                    clusters[cluster].pools[pool].spot_trace.and_then(|i| spot.get(i)).and_then(|tr| tr.next_change(t));
-                if let Some((t2, f)) = next {
-                    sim.push(t2, Ev::Spot { cluster, pool, fraction: f });
+            Ev::Spot { trace, fraction } => {
+                sim.spot_change(trace, fraction, t);
+                if let Some((t2, f)) = spot.get(trace).and_then(|tr| tr.next_change(t)) {
+                    sim.push(t2, Ev::Spot { trace, fraction: f });
                 }
             }
             Ev::OutageStart(c) => sim.outage_start(c, t),
@@ -877,8 +951,9 @@ impl<M: Model> Sim<'_, M> {
             buf.resize_with(self.pools.len(), ClusterLoad::default);
             for (ci, (ps, cl)) in self.pools.iter().zip(buf.iter_mut()).enumerate() {
                 cl.pools.resize_with(ps.len(), PoolLoad::default);
-                for pi in 0..ps.len() {
+                for (pi, p) in ps.iter().enumerate() {
                     self.pool_load(ci, pi, cl);
+                    self.quick[ci][pi] = Quick::of(p, &cl.pools[pi]);
                 }
             }
             for &(c, p) in &self.dirty {
@@ -889,6 +964,7 @@ impl<M: Model> Sim<'_, M> {
             for &(c, p) in &self.dirty {
                 self.is_dirty[c][p] = false;
                 self.pool_load(c, p, &mut buf[c]);
+                self.quick[c][p] = Quick::of(&self.pools[c][p], &buf[c].pools[p]);
             }
             self.dirty.clear();
         }
@@ -896,18 +972,45 @@ impl<M: Model> Sim<'_, M> {
         // when it is free, else fail over).
         let spot_estimate = estimate && matches!(self.strategy, Strategy::Engine(_));
         let reclaimed = self.placing_reclaimed;
-        for (ps, cl) in self.pools.iter().zip(buf.iter_mut()) {
+        if spot_estimate {
+            for ((r, e), m) in self.recovery_now.iter_mut().zip(self.recovery_epoch.iter_mut()).zip(&self.markets) {
+                let x = m.recovery_s(now);
+                if x.to_bits() != r.to_bits() || *e == 0 {
+                    *r = x;
+                    *e = next_version();
+                }
+            }
+        }
+        let mut quick = std::mem::take(&mut self.quick);
+        for ((ps, cl), qs) in self.pools.iter().zip(buf.iter_mut()).zip(quick.iter_mut()) {
             let mut changed = false;
-            for (p, pl) in ps.iter().zip(cl.pools.iter_mut()) {
+            for ((p, pl), q) in ps.iter().zip(cl.pools.iter_mut()).zip(qs.iter_mut()) {
+                // Nothing to estimate and nothing that would change: the job fits
+                // now (or no estimate is asked for) where no wait is written, and
+                // the pool has no spot, or the job fits on its spot now where no
+                // spot wait is written (or none is estimated) and the recovery
+                // written is from the market's latest.
+                let fits = gpus <= q.start_free;
+                if q.no_wait && (fits || !estimate) {
+                    if !q.has_spot {
+                        continue;
+                    }
+                    let spot_now = fits && gpus <= q.spot_free && q.spot_up;
+                    let from = if spot_estimate { self.recovery_epoch[q.market as usize] } else { 0 };
+                    if q.no_spot_wait && (spot_now || !spot_estimate) && q.recovery_from == from {
+                        continue;
+                    }
+                }
                 let w = if gpus <= pl.start_free || !estimate { 0.0 } else { self.start_estimate(p, now, gpus) - now };
                 if w.to_bits() != pl.est_wait_s.to_bits() {
                     pl.est_wait_s = w;
                     changed = true;
                 }
+                q.no_wait = w.to_bits() == 0f64.to_bits();
                 let spot_now = gpus <= pl.start_free && gpus <= pl.spot_free && pl.spot_fraction > 0.0;
                 let ratio = if spot_estimate { p.reclaim_wait_ratio() } else { 1.0 };
                 let sw = if spot_estimate && p.has_spot && !spot_now {
-                    let raw = self.spot_start_estimate(p, now, gpus) - now;
+                    let raw = self.spot_start_estimate(p, now, gpus, self.recovery_now[p.market]) - now;
                     if reclaimed {
                         raw * ratio
                     } else {
@@ -923,22 +1026,26 @@ impl<M: Model> Sim<'_, M> {
                 // Every spot option pays the waits for spot after its expected
                 // reclaims: the waits after reclaims realized so far, the spells
                 // seen so far (calibrated) as their prior.
-                let back = if spot_estimate { p.wait_after_reclaim_s(now, ratio) } else { 0.0 };
+                let back = if spot_estimate { p.wait_after_reclaim_s(self.recovery_now[p.market], ratio) } else { 0.0 };
                 if back.to_bits() != pl.spot_recovery_s.to_bits() {
                     pl.spot_recovery_s = back;
                     changed = true;
                 }
+                q.no_spot_wait = sw == f64::INFINITY;
+                q.recovery_from = if spot_estimate { self.recovery_epoch[p.market] } else { 0 };
             }
             if changed {
                 cl.version = next_version();
             }
         }
+        self.quick = quick;
         buf
     }
 
     /// The load of pool (`ci`, `pi`) but its wait estimate, written into `cl`.
     fn pool_load(&self, ci: usize, pi: usize, cl: &mut ClusterLoad) {
         let p = &self.pools[ci][pi];
+        let m = &self.markets[p.market];
         cl.up = self.up[ci];
         cl.version = next_version();
         let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
@@ -959,8 +1066,8 @@ impl<M: Model> Sim<'_, M> {
             est_wait_s: 0.0,
             spot_wait_s: f64::INFINITY,
             spot_recovery_s: 0.0,
-            spot_full_since: if p.has_spot && p.spot_fraction >= 1.0 { p.full_since } else { f64::NAN },
-            spot_windows: p.windows.clone(),
+            spot_full_since: if p.has_spot && p.spot_fraction >= 1.0 { m.full_since } else { f64::NAN },
+            spot_windows: m.windows.clone(),
         };
     }
 
@@ -981,8 +1088,7 @@ impl<M: Model> Sim<'_, M> {
         use std::cmp::Reverse;
         // (end in ms, GPUs released), earliest first. Integer ms keep the heap total.
         let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
-        let mut ends: BinaryHeap<Reverse<(u64, u32)>> =
-            p.running.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))).collect();
+        let mut ends = self.ends_heap(&p.running, key);
         let mut free = p.cap.saturating_sub(p.used);
         let mut t = key(now);
         // A queued job holds its GPUs for its setup and the rest of its work at
@@ -992,18 +1098,32 @@ impl<M: Model> Sim<'_, M> {
                 self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
             (self.jobs[j].gpus, setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed)
         });
-        for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
-            while free < g {
-                let Some(Reverse((end, r))) = ends.pop() else {
-                    return f64::INFINITY;
-                };
-                free += r;
-                t = t.max(end);
+        let fifo = || {
+            for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
+                while free < g {
+                    let Some(Reverse((end, r))) = ends.pop() else {
+                        return f64::INFINITY;
+                    };
+                    free += r;
+                    t = t.max(end);
+                }
+                free -= g;
+                ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
             }
-            free -= g;
-            ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
-        }
-        t as f64 / 1000.0
+            t as f64 / 1000.0
+        };
+        let r = fifo();
+        self.ends_buf.replace(ends.into_vec());
+        r
+    }
+
+    /// The (end in ms, GPUs) of `running` as a min-heap, in the buffer reused
+    /// from the last estimate (give it back with `ends_buf.replace`).
+    fn ends_heap(&self, running: &[usize], key: impl Fn(f64) -> u64) -> BinaryHeap<std::cmp::Reverse<(u64, u32)>> {
+        let mut v = self.ends_buf.take();
+        v.clear();
+        v.extend(running.iter().map(|&j| std::cmp::Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))));
+        BinaryHeap::from(v)
     }
 
     /// When a spot job of `gpus` GPUs joining `p`'s queue now would start on the
@@ -1011,22 +1131,20 @@ impl<M: Model> Sim<'_, M> {
     /// and the same FIFO estimate over the spot capacity alone (running spot jobs end
     /// at their planned ends, queued spot jobs start first). When the spot level now
     /// is below the job's GPUs, the level is taken to come back in full after the
-    /// mean spell below full seen so far ([`PoolState::recovery_s`]: the replay's
+    /// mean spell below full seen so far ([`SpotMarket::recovery_s`]: the replay's
     /// past only). Infinite when the job can never run on spot here.
-    fn spot_start_estimate(&self, p: &PoolState, now: f64, gpus: u32) -> f64 {
+    fn spot_start_estimate(&self, p: &PoolState, now: f64, gpus: u32, recovery: f64) -> f64 {
         use std::cmp::Reverse;
         if !p.has_spot || gpus > p.cap {
             return f64::INFINITY;
         }
         let limit = p.spot_limit();
-        let recovery = p.recovery_s(now);
         let (level, back) = if limit >= gpus { (limit, now) } else { (p.cap, now + recovery) };
         if limit < gpus && recovery <= 0.0 {
             return f64::INFINITY;
         }
         let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
-        let mut ends: BinaryHeap<Reverse<(u64, u32)>> =
-            p.running_spot.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))).collect();
+        let mut ends = self.ends_heap(&p.running_spot, key);
         let mut free = level.saturating_sub(p.spot_used);
         let mut t = key(back);
         let queued = p.queue.iter().filter(|&&j| self.js[j].at.as_ref().is_some_and(|o| o.spot)).map(|&j| {
@@ -1034,21 +1152,26 @@ impl<M: Model> Sim<'_, M> {
                 self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
             (self.jobs[j].gpus, setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed)
         });
-        for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
-            if g > level {
-                return f64::INFINITY;
-            }
-            while free < g {
-                let Some(Reverse((end, r))) = ends.pop() else {
+        let fifo = || {
+            for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
+                if g > level {
                     return f64::INFINITY;
-                };
-                free += r;
-                t = t.max(end);
+                }
+                while free < g {
+                    let Some(Reverse((end, r))) = ends.pop() else {
+                        return f64::INFINITY;
+                    };
+                    free += r;
+                    t = t.max(end);
+                }
+                free -= g;
+                ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
             }
-            free -= g;
-            ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
-        }
-        (t as f64 / 1000.0).max(self.start_estimate(p, now, gpus))
+            t as f64 / 1000.0
+        };
+        let spot_t = fifo();
+        self.ends_buf.replace(ends.into_vec());
+        spot_t.max(self.start_estimate(p, now, gpus))
     }
 
     /// What running the rest of job `j` on `o` costs: compute for the remaining
@@ -1558,46 +1681,55 @@ impl<M: Model> Sim<'_, M> {
         worked - saved
     }
 
-    fn spot_change(&mut self, c: usize, p: usize, f: f64, now: f64) {
-        let ps = &mut self.pools[c][p];
-        ps.spot_fraction = f;
-        // The spells below full, as the clock shows them.
-        match (f < 1.0, ps.spell_since) {
+    /// Spot trace `k` changed to `f` of its full level: every pool that follows
+    /// it changes at once (spot jobs beyond a pool's new level are reclaimed,
+    /// newest first, and placed again).
+    fn spot_change(&mut self, k: usize, f: f64, now: f64) {
+        // The spells below full and the windows, as the clock shows them.
+        let m = &mut self.markets[k];
+        match (f < 1.0, m.spell_since) {
             (true, None) => {
-                ps.spell_since = Some(now);
-                if ps.full_since_known && now > ps.full_since {
-                    let mut lens = ps.windows.as_ref().map_or_else(Vec::new, |w| w.lengths_h().to_vec());
-                    lens.push((now - ps.full_since) / 3600.0);
-                    ps.windows = fleet_engine::SpotWindows::new(lens).map(Arc::new);
+                m.spell_since = Some(now);
+                if m.full_since_known && now > m.full_since {
+                    let mut lens = m.windows.as_ref().map_or_else(Vec::new, |w| w.lengths_h().to_vec());
+                    lens.push((now - m.full_since) / 3600.0);
+                    m.windows = fleet_engine::SpotWindows::new(lens).map(Arc::new);
                 }
             }
             (false, Some(t0)) => {
-                ps.spell_since = None;
-                ps.full_since = now;
-                ps.full_since_known = true;
-                ps.spell_ended(now - t0);
+                m.spell_since = None;
+                m.full_since = now;
+                m.full_since_known = true;
+                m.spell_ended(now - t0);
             }
             _ => {}
         }
-        self.touch(c, p);
-        let limit = self.pools[c][p].spot_limit();
+        let pools = std::mem::take(&mut self.markets[k].pools);
         let mut evicted = Vec::new();
-        while self.pools[c][p].spot_used > limit {
-            let Some(&j) = self.pools[c][p].running_spot.last() else {
-                break;
-            };
-            let lost_s = self.evict(j, now);
-            let s = &mut self.js[j];
-            s.spot_reclaims += 1;
-            s.spot_lost_s += lost_s;
-            s.just_reclaimed = true;
-            evicted.push(j);
+        for &(c, p) in &pools {
+            self.pools[c][p].spot_fraction = f;
+            self.touch(c, p);
+            let limit = self.pools[c][p].spot_limit();
+            while self.pools[c][p].spot_used > limit {
+                let Some(&j) = self.pools[c][p].running_spot.last() else {
+                    break;
+                };
+                let lost_s = self.evict(j, now);
+                let s = &mut self.js[j];
+                s.spot_reclaims += 1;
+                s.spot_lost_s += lost_s;
+                s.just_reclaimed = true;
+                evicted.push(j);
+            }
         }
         self.preemptions += evicted.len() as u64;
         for j in evicted {
             self.place(j, now);
         }
-        self.try_start(c, p, now);
+        for &(c, p) in &pools {
+            self.try_start(c, p, now);
+        }
+        self.markets[k].pools = pools;
     }
 
     fn outage_start(&mut self, c: usize, now: f64) {
@@ -2112,6 +2244,28 @@ mod tests {
         assert!((r.total_usd - 3090.0 / 3600.0).abs() < 1e-9);
     }
 
+    /// Two pools that follow one spot trace lose their spot at the same moment:
+    /// a job reclaimed from the first is not started on the second's spot (as it
+    /// was when each pool's change was a separate event at the same time, and
+    /// the second reclaimed it again at once).
+    #[test]
+    fn pools_following_one_spot_trace_are_reclaimed_together() {
+        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,0]}"#, "t").unwrap();
+        let mut m = Stub {
+            clusters: vec![cluster("a", 1, Some(0)), cluster("b", 1, Some(0)), cluster("c", 1, None)],
+            price: vec![(3.0, 1.0), (3.0, 1.5), (3.0, 3.0)],
+            ..Default::default()
+        };
+        let jobs = vec![job(0, 0.0, 1500.0, 1, true, 300.0)];
+        let r = simulate(&mut m, Strategy::GreedySpot, &jobs, &[trace], &SimConfig::default(), &quiet);
+        assert_eq!(r.preemptions, 1, "reclaimed once, from a");
+        // 1000 s on a's spot (checkpointed at 900), then the 600 s left on c (no
+        // spot; the traced pools offer this job only their spot)
+        assert_eq!(r.completion_mean_s, 1600.0);
+        assert!((r.lost_gpu_hours - 100.0 / 3600.0).abs() < 1e-9);
+        assert!((r.total_usd - (1000.0 * 1.0 + 600.0 * 3.0) / 3600.0).abs() < 1e-9, "{}", r.total_usd);
+    }
+
     #[test]
     fn outage_moves_work_and_counts_lost_work() {
         let mut m = Stub {
@@ -2268,8 +2422,8 @@ mod tests {
         );
     }
 
-    fn spells_ended(lens: &[f64], since: Option<f64>) -> PoolState {
-        let mut p = PoolState { spell_since: since, ..Default::default() };
+    fn spells_ended(lens: &[f64], since: Option<f64>) -> SpotMarket {
+        let mut p = SpotMarket { spell_since: since, ..Default::default() };
         for &l in lens {
             p.spell_ended(l);
         }
@@ -2308,9 +2462,9 @@ mod tests {
             ((45, 45.0 * 1500.0), 1.0, 1400.0),
         ];
         for &((n, real), ratio, want) in table {
-            let mut p = spells_ended(&[1200.0, 100.0, 200.0], None);
-            p.reclaim_waits = (n, real, 0.0);
-            assert_eq!(p.wait_after_reclaim_s(0.0, ratio), want, "{n} {real} {ratio}");
+            let recovery = spells_ended(&[1200.0, 100.0, 200.0], None).recovery_s(0.0);
+            let p = PoolState { reclaim_waits: (n, real, 0.0), ..Default::default() };
+            assert_eq!(p.wait_after_reclaim_s(recovery, ratio), want, "{n} {real} {ratio}");
         }
     }
 
