@@ -775,6 +775,12 @@ fn data_terms(
 /// those are >= 0 and IEEE rounding is monotone, so the floor is never above
 /// the score, bit for bit (and equal to it when the job writes no
 /// checkpoints elsewhere and the policy does not price carbon).
+///
+/// Also the option that gives it (the first minimum in [`eval_cluster`]'s
+/// order). A spot option whose score without its reclaim terms is already no
+/// lower than the floor so far, or above `ctx.bound`, is not finished: it
+/// cannot lower the floor, or the floor is then above the bound anyway. So the
+/// value is the exact floor whenever it is at most `ctx.bound`.
 fn score_floor(
     model: &FleetModel,
     state: &FleetState,
