@@ -1085,74 +1085,43 @@ impl<M: Model> Sim<'_, M> {
     /// soon as their GPUs are free and then hold them for their remaining run time.
     /// Backfill is ignored (it can only make the start earlier).
     fn start_estimate(&self, p: &PoolState, now: f64, gpus: u32) -> f64 {
+        let queued = p.queue.iter().map(|&j| self.queued_hold(j));
+        self.fifo_start(&p.running, queued, p.cap.saturating_sub(p.used), u32::MAX, now, now, gpus)
+    }
+
+    /// A queued job's GPUs and how long it holds them: its setup and the rest
+    /// of its work at the speed of the pool it queues for.
+    fn queued_hold(&self, j: usize) -> (u32, f64) {
+        let (speed, setup) =
+            self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
+        (self.jobs[j].gpus, setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed)
+    }
+
+    /// When a job of `gpus` GPUs would start behind `queued` ((GPUs, hold
+    /// seconds) in queue order, each starting as soon as its GPUs are free) with
+    /// `free` GPUs free now, never more than `level` at once, and `running`
+    /// releasing theirs at their planned ends; not before `from`. Infinite when
+    /// it never fits. The heap of ends lives in a buffer reused across calls.
+    #[allow(clippy::too_many_arguments)]
+    fn fifo_start(
+        &self,
+        running: &[usize],
+        queued: impl Iterator<Item = (u32, f64)>,
+        mut free: u32,
+        level: u32,
+        now: f64,
+        from: f64,
+        gpus: u32,
+    ) -> f64 {
         use std::cmp::Reverse;
         // (end in ms, GPUs released), earliest first. Integer ms keep the heap total.
         let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
-        let mut ends = self.ends_heap(&p.running, key);
-        let mut free = p.cap.saturating_sub(p.used);
-        let mut t = key(now);
-        // A queued job holds its GPUs for its setup and the rest of its work at
-        // this pool's speed.
-        let queued = p.queue.iter().map(|&j| {
-            let (speed, setup) =
-                self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
-            (self.jobs[j].gpus, setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed)
-        });
-        let fifo = || {
-            for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
-                while free < g {
-                    let Some(Reverse((end, r))) = ends.pop() else {
-                        return f64::INFINITY;
-                    };
-                    free += r;
-                    t = t.max(end);
-                }
-                free -= g;
-                ends.push(Reverse((t + (run_s.max(0.0) * 1000.0).round() as u64, g)));
-            }
-            t as f64 / 1000.0
-        };
-        let r = fifo();
-        self.ends_buf.replace(ends.into_vec());
-        r
-    }
-
-    /// The (end in ms, GPUs) of `running` as a min-heap, in the buffer reused
-    /// from the last estimate (give it back with `ends_buf.replace`).
-    fn ends_heap(&self, running: &[usize], key: impl Fn(f64) -> u64) -> BinaryHeap<std::cmp::Reverse<(u64, u32)>> {
         let mut v = self.ends_buf.take();
         v.clear();
-        v.extend(running.iter().map(|&j| std::cmp::Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))));
-        BinaryHeap::from(v)
-    }
-
-    /// When a spot job of `gpus` GPUs joining `p`'s queue now would start on the
-    /// pool's spot capacity: the later of [`Sim::start_estimate`] (GPUs of the pool)
-    /// and the same FIFO estimate over the spot capacity alone (running spot jobs end
-    /// at their planned ends, queued spot jobs start first). When the spot level now
-    /// is below the job's GPUs, the level is taken to come back in full after the
-    /// mean spell below full seen so far ([`SpotMarket::recovery_s`]: the replay's
-    /// past only). Infinite when the job can never run on spot here.
-    fn spot_start_estimate(&self, p: &PoolState, now: f64, gpus: u32, recovery: f64) -> f64 {
-        use std::cmp::Reverse;
-        if !p.has_spot || gpus > p.cap {
-            return f64::INFINITY;
-        }
-        let limit = p.spot_limit();
-        let (level, back) = if limit >= gpus { (limit, now) } else { (p.cap, now + recovery) };
-        if limit < gpus && recovery <= 0.0 {
-            return f64::INFINITY;
-        }
-        let key = |t: f64| (t.max(now) * 1000.0).round() as u64;
-        let mut ends = self.ends_heap(&p.running_spot, key);
-        let mut free = level.saturating_sub(p.spot_used);
-        let mut t = key(back);
-        let queued = p.queue.iter().filter(|&&j| self.js[j].at.as_ref().is_some_and(|o| o.spot)).map(|&j| {
-            let (speed, setup) =
-                self.js[j].at.as_ref().map(|o| (o.speed.max(1e-9), o.setup_s.max(0.0))).unwrap_or((1.0, 0.0));
-            (self.jobs[j].gpus, setup + (self.jobs[j].duration_s - self.js[j].progress_s) / speed)
-        });
-        let fifo = || {
+        v.extend(running.iter().map(|&j| Reverse((key(self.js[j].planned_end), self.jobs[j].gpus))));
+        let mut ends = BinaryHeap::from(v);
+        let mut t = key(from);
+        let start = || {
             for (g, run_s) in queued.chain(std::iter::once((gpus, 0.0))) {
                 if g > level {
                     return f64::INFINITY;
@@ -1169,8 +1138,31 @@ impl<M: Model> Sim<'_, M> {
             }
             t as f64 / 1000.0
         };
-        let spot_t = fifo();
+        let r = start();
         self.ends_buf.replace(ends.into_vec());
+        r
+    }
+
+    /// When a spot job of `gpus` GPUs joining `p`'s queue now would start on the
+    /// pool's spot capacity: the later of [`Sim::start_estimate`] (GPUs of the pool)
+    /// and the same FIFO estimate over the spot capacity alone (running spot jobs end
+    /// at their planned ends, queued spot jobs start first). When the spot level now
+    /// is below the job's GPUs, the level is taken to come back in full after the
+    /// mean spell below full seen so far ([`SpotMarket::recovery_s`]: the replay's
+    /// past only). Infinite when the job can never run on spot here.
+    fn spot_start_estimate(&self, p: &PoolState, now: f64, gpus: u32, recovery: f64) -> f64 {
+        if !p.has_spot || gpus > p.cap {
+            return f64::INFINITY;
+        }
+        let limit = p.spot_limit();
+        let (level, back) = if limit >= gpus { (limit, now) } else { (p.cap, now + recovery) };
+        if limit < gpus && recovery <= 0.0 {
+            return f64::INFINITY;
+        }
+        let queued =
+            p.queue.iter().filter(|&&j| self.js[j].at.as_ref().is_some_and(|o| o.spot)).map(|&j| self.queued_hold(j));
+        let spot_t =
+            self.fifo_start(&p.running_spot, queued, level.saturating_sub(p.spot_used), level, now, back, gpus);
         spot_t.max(self.start_estimate(p, now, gpus))
     }
 
