@@ -438,6 +438,10 @@ pub(crate) struct EvalCtx {
     /// Score only this pool with this pricing (a running job staying where it
     /// is; its spot GPUs are held, so spot needs no availability).
     pub stay: Option<(PoolId, Pricing)>,
+    /// Score only this pool with this pricing, as a new placement would
+    /// (`decide` when the cluster floor already names the cluster's best
+    /// option).
+    pub only: Option<(PoolId, Pricing)>,
     /// The job resumes from a checkpoint: a new cluster pays the restore.
     pub resume: bool,
     /// Compute the carbon terms even when the policy does not price carbon
@@ -788,7 +792,7 @@ fn score_floor(
     policy: &Policy,
     cid: ClusterId,
     ctx: &EvalCtx,
-) -> (f64, Option<(PoolId, Pricing, f64)>) {
+) -> (f64, Option<(PoolId, Pricing)>) {
     let (Some(c), Some(cs)) = (model.clusters.get(cid as usize), state.clusters.get(cid as usize)) else {
         return (f64::INFINITY, None);
     };
@@ -835,7 +839,7 @@ fn score_floor(
             let x = terms(true);
             if x < floor {
                 floor = x;
-                arg = Some((pi as PoolId, pricing, price));
+                arg = Some((pi as PoolId, pricing));
             }
         }
     }
@@ -852,47 +856,6 @@ fn floor_is_exact(job: &PreparedJob, policy: &Policy, c: &Cluster) -> bool {
             Some(locs) => locs.is_empty() || locs.contains(&c.region_id),
             None => true,
         }
-}
-
-/// [`eval_cluster`] for a new placement when the floor is exact
-/// ([`floor_is_exact`]) and its minimum is the option (`pi`, `pricing`,
-/// `price`): that option is the cluster's best if [`eval_cluster`] would score
-/// it at all, so only it is scored. `None` when that cannot be told (the
-/// option fails a check the floor does not make): score the whole cluster.
-#[allow(clippy::too_many_arguments)]
-fn eval_floor_option(
-    model: &FleetModel,
-    state: &FleetState,
-    job: &PreparedJob,
-    policy: &Policy,
-    cid: ClusterId,
-    (pi, pricing, price): (PoolId, Pricing, f64),
-    ctx: &EvalCtx,
-) -> Option<Result<Placement, Exclusion>> {
-    let c = model.clusters.get(cid as usize)?;
-    let cs = state.clusters.get(cid as usize);
-    if let Err(e) = cluster_gate(model, cs, job, cid, c, ctx.in_place) {
-        return Some(Err(e));
-    }
-    let cs = cs?;
-    let p = c.pools.get(usize::from(pi))?;
-    let ps = cs.pools.get(usize::from(pi))?;
-    if ctx.in_place || ctx.require_free || ctx.stay.is_some() || pool_fits(job, p).is_err() {
-        return None;
-    }
-    if job.spec.max_price.is_some_and(|max| price > max)
-        || price * f64::from(job.gpus) * ctx.duration_h / p.speed.max(1e-6) > ctx.bound
-    {
-        return None;
-    }
-    let d = data_cost(model, job, c);
-    let b = score(model, state, job, policy, cid, c, cs, p, ps, pricing, price, d, ctx);
-    if !b.total.is_finite() {
-        return None;
-    }
-    let queued_spot = pricing == Pricing::Spot && !ps.spot_available;
-    let fits_now = ps.free_gpus >= job.gpus && !queued_spot;
-    Some(Ok(Placement { cluster: cid, pool: pi, pricing, fits_now, breakdown: b }))
 }
 
 /// Scores one pool of one cluster with one pricing. `None` when the price
@@ -997,7 +960,8 @@ pub(crate) fn eval_cluster(
         }
     };
     for (pi, p) in c.pools.iter().enumerate() {
-        if job.type_mask & (1u64 << p.gpu_type) == 0 || ctx.stay.is_some_and(|(sp, _)| usize::from(sp) != pi) {
+        let other_pool = |o: Option<(PoolId, Pricing)>| o.is_some_and(|(sp, _)| usize::from(sp) != pi);
+        if job.type_mask & (1u64 << p.gpu_type) == 0 || other_pool(ctx.stay) || other_pool(ctx.only) {
             continue;
         }
         let Some(ps) = cs.pools.get(pi) else { continue };
@@ -1026,7 +990,7 @@ pub(crate) fn eval_cluster(
                 continue;
             };
             priced = true;
-            if ctx.stay.is_some_and(|(_, k)| k != pricing) {
+            if ctx.stay.is_some_and(|(_, k)| k != pricing) || ctx.only.is_some_and(|(_, k)| k != pricing) {
                 continue;
             }
             // Spot not free now, queued for (the job waits for the pool's spot
@@ -1077,6 +1041,7 @@ fn ctx_for(job: &PreparedJob) -> EvalCtx {
         require_free: false,
         bound: f64::INFINITY,
         stay: None,
+        only: None,
         resume: job.done_fraction > 0.0,
         carbon: true,
     }
@@ -1163,9 +1128,12 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
             }
             pick = arg.filter(|_| model.clusters.get(cid as usize).is_some_and(|c| floor_is_exact(job, policy, c)));
         }
+        // The floor's option is the cluster's best whenever `eval_cluster` scores
+        // it at all; when it does not (a check the floor does not make), the
+        // whole cluster is scored.
         let verdict = pick
-            .and_then(|o| eval_floor_option(model, state, job, policy, cid, o, &ctx))
-            .unwrap_or_else(|| eval_cluster(model, state, job, policy, cid, &ctx));
+            .and_then(|o| eval_cluster(model, state, job, policy, cid, &EvalCtx { only: Some(o), ..ctx }).ok())
+            .map_or_else(|| eval_cluster(model, state, job, policy, cid, &ctx), Ok);
         if let Ok(p) = verdict {
             if best.as_ref().is_none_or(|b| ranks_before(job, &p, b)) {
                 ctx.bound = p.breakdown.total;

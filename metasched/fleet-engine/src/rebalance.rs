@@ -99,6 +99,7 @@ pub fn propose_migrations_with(
             require_free: false,
             bound: f64::INFINITY,
             stay: Some((r.pool, r.pricing)),
+            only: None,
             resume: false,
             carbon: true,
         };
@@ -118,6 +119,7 @@ pub fn propose_migrations_with(
             require_free: true,
             bound: stay,
             stay: None,
+            only: None,
             resume: false,
             carbon: true,
         };

@@ -531,7 +531,7 @@ struct Quick {
     /// `PoolLoad::spot_wait_s` is infinite.
     no_spot_wait: bool,
     /// What `PoolLoad::spot_recovery_s` was computed from: 0 = it is 0 (reset,
-    /// or not estimated), else the `Sim::recovery_epoch` of the pool's market
+    /// or not estimated), else the `SpotMarket::recovery_epoch` of the pool's market
     /// (the pool's own reclaim waits change only when it is touched, which
     /// resets this to 0).
     recovery_from: u64,
@@ -575,6 +575,10 @@ struct SpotMarket {
     tail_s: Vec<f64>,
     /// The pools (cluster, pool) that follow the trace.
     pools: Vec<(usize, usize)>,
+    /// `recovery_s` at the decision being made (set by `Sim::load`), and a
+    /// version of it, new whenever it changes (0 = not computed yet).
+    recovery_now: f64,
+    recovery_epoch: u64,
 }
 
 impl SpotMarket {
@@ -716,14 +720,8 @@ struct Sim<'a, M: Model> {
     /// can change at this decision (a few bytes per pool, so the pools that
     /// cannot are passed over without reading their state).
     quick: Vec<Vec<Quick>>,
-    /// Each market's expected time until spot is back, at the decision being
-    /// made (filled by `load`).
-    recovery_now: Vec<f64>,
     /// The heap buffer of `start_estimate` and `spot_start_estimate`, reused.
     ends_buf: std::cell::RefCell<Vec<std::cmp::Reverse<(u64, u32)>>>,
-    /// A version of each market's `recovery_now`, new whenever it changes (0 =
-    /// not computed yet).
-    recovery_epoch: Vec<u64>,
     up: Vec<bool>,
     heap: BinaryHeap<Event>,
     seq: u64,
@@ -810,8 +808,6 @@ pub fn simulate<M: Model>(
         pools,
         markets: vec![SpotMarket::default(); spot.len() + 1],
         quick: clusters.iter().map(|c| vec![Quick::default(); c.pools.len()]).collect(),
-        recovery_now: vec![0.0; spot.len() + 1],
-        recovery_epoch: vec![0; spot.len() + 1],
         ends_buf: Default::default(),
         up: vec![true; clusters.len()],
         heap: BinaryHeap::new(),
@@ -973,11 +969,11 @@ impl<M: Model> Sim<'_, M> {
         let spot_estimate = estimate && matches!(self.strategy, Strategy::Engine(_));
         let reclaimed = self.placing_reclaimed;
         if spot_estimate {
-            for ((r, e), m) in self.recovery_now.iter_mut().zip(self.recovery_epoch.iter_mut()).zip(&self.markets) {
+            for m in &mut self.markets {
                 let x = m.recovery_s(now);
-                if x.to_bits() != r.to_bits() || *e == 0 {
-                    *r = x;
-                    *e = next_version();
+                if x.to_bits() != m.recovery_now.to_bits() || m.recovery_epoch == 0 {
+                    m.recovery_now = x;
+                    m.recovery_epoch = next_version();
                 }
             }
         }
@@ -996,7 +992,7 @@ impl<M: Model> Sim<'_, M> {
                         continue;
                     }
                     let spot_now = fits && gpus <= q.spot_free && q.spot_up;
-                    let from = if spot_estimate { self.recovery_epoch[q.market as usize] } else { 0 };
+                    let from = if spot_estimate { self.markets[q.market as usize].recovery_epoch } else { 0 };
                     if q.no_spot_wait && (spot_now || !spot_estimate) && q.recovery_from == from {
                         continue;
                     }
@@ -1010,7 +1006,7 @@ impl<M: Model> Sim<'_, M> {
                 let spot_now = gpus <= pl.start_free && gpus <= pl.spot_free && pl.spot_fraction > 0.0;
                 let ratio = if spot_estimate { p.reclaim_wait_ratio() } else { 1.0 };
                 let sw = if spot_estimate && p.has_spot && !spot_now {
-                    let raw = self.spot_start_estimate(p, now, gpus, self.recovery_now[p.market]) - now;
+                    let raw = self.spot_start_estimate(p, now, gpus, self.markets[p.market].recovery_now) - now;
                     if reclaimed {
                         raw * ratio
                     } else {
@@ -1026,13 +1022,17 @@ impl<M: Model> Sim<'_, M> {
                 // Every spot option pays the waits for spot after its expected
                 // reclaims: the waits after reclaims realized so far, the spells
                 // seen so far (calibrated) as their prior.
-                let back = if spot_estimate { p.wait_after_reclaim_s(self.recovery_now[p.market], ratio) } else { 0.0 };
+                let back = if spot_estimate {
+                    p.wait_after_reclaim_s(self.markets[p.market].recovery_now, ratio)
+                } else {
+                    0.0
+                };
                 if back.to_bits() != pl.spot_recovery_s.to_bits() {
                     pl.spot_recovery_s = back;
                     changed = true;
                 }
                 q.no_spot_wait = sw == f64::INFINITY;
-                q.recovery_from = if spot_estimate { self.recovery_epoch[p.market] } else { 0 };
+                q.recovery_from = if spot_estimate { self.markets[p.market].recovery_epoch } else { 0 };
             }
             if changed {
                 cl.version = next_version();
