@@ -315,6 +315,28 @@ impl Lab {
     pub fn agent_log(&self, cluster: &str) -> PathBuf {
         self.root.join(cluster).join("log/agent.log")
     }
+
+    /// Every line of the meta-scheduler's and the agents' logs that names
+    /// `what` (a fleet job id), each under its file's name: what a failing
+    /// assertion prints, so that a race seen once in CI can be read after.
+    pub fn trail(&self, what: &str) -> String {
+        let mut logs = vec![self.root.join("log/metasched.log")];
+        if let Ok(dirs) = std::fs::read_dir(&self.root) {
+            let mut agents: Vec<PathBuf> =
+                dirs.flatten().map(|d| d.path().join("log/agent.log")).filter(|p| p.exists()).collect();
+            agents.sort();
+            logs.extend(agents);
+        }
+        let mut out = String::new();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains(what)).collect();
+            if !lines.is_empty() {
+                out.push_str(&format!("--- {}\n{}\n", log.display(), lines.join("\n")));
+            }
+        }
+        out
+    }
 }
 
 /// Runs a closure when dropped (also while a failing test unwinds).

@@ -290,8 +290,9 @@ fn jobs_their_controller_forgot_end_as_their_scripts_did_or_run_again() {
     let done = lab.wait_done("beta", b, Duration::from_secs(180)).unwrap();
     assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("FAILED", "5:0"), "{done:?}");
     let text = std::fs::read_to_string(&b_out).unwrap();
-    assert_eq!(text, "run at alpha\nrun at delta\n", "{text}");
     let rec = fleet_record(lab, b).unwrap();
+    let b_fid = rec["fleet_job_id"].as_str().unwrap_or_default().to_string();
+    assert_eq!(text, "run at alpha\nrun at delta\n", "{text:?}\n{rec}\n{}", lab.trail(&b_fid));
     assert_eq!(rec["target"], "delta", "{rec}");
     let err = std::fs::read_to_string(dir.join("b.err")).unwrap();
     assert!(err.contains("no longer knows job") && err.contains("died"), "{err}");
