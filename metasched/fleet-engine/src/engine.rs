@@ -772,6 +772,39 @@ fn data_terms(
     }
 }
 
+/// Whether cluster `c` may offer a new placement of `job` a score of at most
+/// `bound`, judged by what every option there pays: its cheapest compute
+/// (`compute`: the cluster's price ÷ speed floor times the job's work, shaded
+/// as in [`decide`]), the time value of provisioning and remote submission,
+/// and the egress and transfer of the job's data. `None` when even that is
+/// above `bound`; else the data's egress USD and transfer hours
+/// ([`data_cost`]). These sums round differently from a score's, so the last
+/// comparison is shaded by a relative 1e-9 too.
+#[inline]
+pub(crate) fn cluster_bound(
+    model: &FleetModel,
+    job: &PreparedJob,
+    policy: &Policy,
+    cid: ClusterId,
+    c: &Cluster,
+    compute: f64,
+    bound: f64,
+) -> Option<(f64, f64)> {
+    let tv = policy.time_value_usd_per_gpu_hour;
+    let g = f64::from(job.gpus);
+    let prov_h = if c.onprem { 0.0 } else { c.provision_s / 3600.0 };
+    let away_h = if job.home == Some(cid) { 0.0 } else { model.overheads.remote_submit_s / 3600.0 };
+    let lb = compute + tv * g * (prov_h + away_h);
+    if lb > bound {
+        return None;
+    }
+    let (usd, h) = data_cost(model, job, c);
+    if (lb + policy.egress_weight * usd + tv * g * h) * (1.0 - 1e-9) > bound {
+        return None;
+    }
+    Some((usd, h))
+}
+
 /// A floor of the best score cluster `cid` can offer a job (INFINITY when no
 /// pool of it could take the job): for each option [`eval_cluster`] would
 /// score, its score by the same arithmetic ([`core_terms`], [`data_terms`])
@@ -785,6 +818,8 @@ fn data_terms(
 /// lower than the floor so far, or above `ctx.bound`, is not finished: it
 /// cannot lower the floor, or the floor is then above the bound anyway. So the
 /// value is the exact floor whenever it is at most `ctx.bound`.
+///
+/// `data`: the job's [`data_cost`] to the cluster, when the caller has it.
 fn score_floor(
     model: &FleetModel,
     state: &FleetState,
@@ -792,6 +827,7 @@ fn score_floor(
     policy: &Policy,
     cid: ClusterId,
     ctx: &EvalCtx,
+    mut data: Option<(f64, f64)>,
 ) -> (f64, Option<(PoolId, Pricing)>) {
     let (Some(c), Some(cs)) = (model.clusters.get(cid as usize), state.clusters.get(cid as usize)) else {
         return (f64::INFINITY, None);
@@ -802,7 +838,6 @@ fn score_floor(
     let tv = policy.time_value_usd_per_gpu_hour;
     let mut floor = f64::INFINITY;
     let mut arg = None;
-    let mut data: Option<(f64, f64)> = None;
     for (pi, p) in c.pools.iter().enumerate() {
         if job.type_mask & (1u64 << p.gpu_type) == 0 || p.speed < job.min_speed || job.gpus > p.total_gpus {
             continue;
@@ -1081,9 +1116,6 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
     let work = f64::from(job.gpus) * ctx.duration_h * (1.0 - 1e-9);
     // The decision needs kgCO2 only when the policy prices it.
     ctx.carbon = false;
-    let g = f64::from(job.gpus);
-    let tv = policy.time_value_usd_per_gpu_hour;
-    let remote_h = model.overheads.remote_submit_s / 3600.0;
     // The home cluster first: often the best or close to it, its score
     // prunes most of the scan below (the result does not depend on the order:
     // `ranks_before` is a total order).
@@ -1104,18 +1136,17 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
             if floor * work > ctx.bound {
                 break;
             }
-            // Time value of the overheads every pool of the cluster pays.
+            let mut data = None;
             if let Some(c) = model.clusters.get(cid as usize) {
-                let prov_h = if c.onprem { 0.0 } else { c.provision_s / 3600.0 };
-                let away_h = if job.home == Some(cid) { 0.0 } else { remote_h };
-                if floor * work + tv * g * (prov_h + away_h) > ctx.bound {
+                let Some(d) = cluster_bound(model, job, policy, cid, c, floor * work, ctx.bound) else {
                     continue;
-                }
+                };
+                data = Some(d);
             }
             // The cluster's own floor for this job and state (spot losses,
             // waits and setup included): a cluster whose floor is above the
             // best score cannot win, not even a tie.
-            let (f, arg) = score_floor(model, state, job, policy, cid, &ctx);
+            let (f, arg) = score_floor(model, state, job, policy, cid, &ctx, data);
             if f > ctx.bound {
                 continue;
             }

@@ -31,5 +31,8 @@ pub use feeds::{parse_carbon, parse_egress, parse_prices, CarbonSeries, EgressMa
 pub use job::{parse_duration, DirectiveError, Directives, JobSpec, Parallelism};
 pub use model::{Cluster, ClusterId, FleetConfig, FleetModel, ModelError, NodePool, PoolId};
 pub use policy::{Policies, Policy, PolicyError};
-pub use rebalance::{propose_migrations, propose_migrations_with, MigrationMargin, MigrationProposal, RunningJob};
+pub use rebalance::{
+    propose_migrations, propose_migrations_unpruned, propose_migrations_with, MigrationMargin, MigrationProposal,
+    RunningJob,
+};
 pub use state::{ClusterState, FleetState, PoolState, SpotWindows};

@@ -3,7 +3,7 @@
 //! (checkpoint restore, checkpoint transfer, work since the last checkpoint)
 //! by a margin. The federation core carries the migrations out.
 
-use crate::engine::{eval_cluster, EvalCtx, Placement, PreparedJob, Pricing};
+use crate::engine::{cluster_bound, eval_cluster, EvalCtx, Placement, PreparedJob, Pricing};
 use crate::model::{ClusterId, FleetModel, PoolId};
 use crate::policy::Policy;
 use crate::state::FleetState;
@@ -77,6 +77,33 @@ pub fn propose_migrations_with(
     margin: &MigrationMargin,
     same_cluster: bool,
 ) -> Vec<MigrationProposal> {
+    propose(model, state, running, policy, margin, same_cluster, true)
+}
+
+/// [`propose_migrations_with`] by a plain scan of every cluster, every option
+/// scored in full: what its pruning must give, bit for bit (the property
+/// tests compare the two).
+#[doc(hidden)]
+pub fn propose_migrations_unpruned(
+    model: &FleetModel,
+    state: &FleetState,
+    running: &[RunningJob],
+    policy: &Policy,
+    margin: &MigrationMargin,
+    same_cluster: bool,
+) -> Vec<MigrationProposal> {
+    propose(model, state, running, policy, margin, same_cluster, false)
+}
+
+fn propose(
+    model: &FleetModel,
+    state: &FleetState,
+    running: &[RunningJob],
+    policy: &Policy,
+    margin: &MigrationMargin,
+    same_cluster: bool,
+    prune: bool,
+) -> Vec<MigrationProposal> {
     let mut out = Vec::new();
     // Free GPUs left per (cluster, pool) as proposals claim them.
     let mut free: Vec<Vec<u32>> =
@@ -101,7 +128,9 @@ pub fn propose_migrations_with(
             stay: Some((r.pool, r.pricing)),
             only: None,
             resume: false,
-            carbon: true,
+            // kgCO2 only where the policy prices it (the chosen move gets its
+            // kgCO2 below): it changes no score otherwise.
+            carbon: !prune || policy.carbon_usd_per_kg != 0.0,
         };
         // Staying: the job's own pool at the price it pays there; if that pool or
         // pricing is not in the model, the cluster's best option.
@@ -111,33 +140,55 @@ pub fn propose_migrations_with(
             Ok(p) => p.breakdown.total,
             Err(_) => f64::INFINITY, // the cluster can no longer hold it: moving is free of "stay" value
         };
-        // A move must score below staying: options whose compute alone costs
-        // more are skipped before scoring.
-        let move_ctx = EvalCtx {
+        // A move is proposed only when it saves more than the margin asks
+        // (`need`) and more than the best move found so far: its score is below
+        // staying by at least that much, since the migration's own cost is
+        // >= 0. Options and clusters that cannot score below that bound are
+        // skipped (the bound is loosened by a relative 1e-9 against the
+        // roundings of the saving's arithmetic).
+        let need = margin.min_saving_usd.max(margin.min_saving_fraction * if stay.is_finite() { stay } else { 0.0 });
+        let bound_for = |best_saving: f64| {
+            if prune && stay.is_finite() {
+                stay - need.max(best_saving) + 1e-9 * stay.abs()
+            } else {
+                f64::INFINITY
+            }
+        };
+        let mut move_ctx = EvalCtx {
             duration_h: rem_h,
             in_place: false,
             require_free: true,
-            bound: stay,
+            bound: bound_for(f64::NEG_INFINITY),
             stay: None,
             only: None,
             resume: false,
-            carbon: true,
+            carbon: !prune || policy.carbon_usd_per_kg != 0.0,
         };
         let g = f64::from(r.job.gpus);
         let mut best: Option<MigrationProposal> = None;
         // Clusters cheapest unit of work first: once that alone costs as much
         // as staying, no later cluster can save anything.
-        let can_stop = stay.is_finite()
+        let can_stop = prune
+            && stay.is_finite()
             && policy.time_value_usd_per_gpu_hour >= 0.0
             && policy.carbon_usd_per_kg >= 0.0
             && policy.egress_weight >= 0.0
             && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
         for &(floor, cid) in &model.cheapest_per_work {
             // (shaded by 1e-9 against rounding, as in `decide`)
-            if can_stop && floor * g * rem_h * (1.0 - 1e-9) >= stay {
+            if can_stop && floor * g * rem_h * (1.0 - 1e-9) >= move_ctx.bound {
                 break;
             }
             if cid == r.cluster && !same_cluster {
+                continue;
+            }
+            // What every option there pays already reaches the bound.
+            if can_stop
+                && model.cluster(cid).is_some_and(|c| {
+                    cluster_bound(model, &r.job, policy, cid, c, floor * g * rem_h * (1.0 - 1e-9), move_ctx.bound)
+                        .is_none()
+                })
+            {
                 continue;
             }
             let Ok(p) = eval_cluster(model, state, &r.job, policy, cid, &move_ctx) else {
@@ -171,6 +222,7 @@ pub fn propose_migrations_with(
             }
             // Ties: the lower cluster index (the order of a plain scan).
             if best.as_ref().is_none_or(|b| saving > b.saving_usd || (saving == b.saving_usd && cid < b.to.cluster)) {
+                move_ctx.bound = bound_for(saving);
                 best = Some(MigrationProposal {
                     index: i,
                     job_id: r.job.spec.id.clone(),
@@ -183,13 +235,16 @@ pub fn propose_migrations_with(
                 });
             }
         }
-        if let Some(b) = best {
-            let need = margin
-                .min_saving_usd
-                .max(margin.min_saving_fraction * if b.stay_usd.is_finite() { b.stay_usd } else { 0.0 });
-            if b.saving_usd > need {
-                cands.push(b);
+        if let Some(mut b) = best.filter(|b| b.saving_usd > need) {
+            if !move_ctx.carbon {
+                // The chosen move's kgCO2, which the scan left out.
+                let only =
+                    EvalCtx { carbon: true, bound: f64::INFINITY, only: Some((b.to.pool, b.to.pricing)), ..move_ctx };
+                if let Ok(p) = eval_cluster(model, state, &r.job, policy, b.to.cluster, &only) {
+                    b.to = p;
+                }
             }
+            cands.push(b);
         }
     }
     cands.sort_by(|a, b| {

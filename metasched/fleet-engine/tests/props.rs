@@ -3,8 +3,11 @@
 //! reason, and the fast path agrees with the explanation.
 
 use fleet_api::FleetMode;
-use fleet_engine::model::{ClusterConfig, Cooling, FleetConfig, Health, PoolConfig, Prices};
-use fleet_engine::{decide, explain, prepare, FleetModel, FleetState, JobSpec, Parallelism, Policy, Pricing};
+use fleet_engine::model::{ClusterConfig, Cooling, DatasetConfig, FleetConfig, Health, PoolConfig, Prices};
+use fleet_engine::{
+    decide, explain, prepare, propose_migrations_unpruned, propose_migrations_with, FleetModel, FleetState, JobSpec,
+    MigrationMargin, Parallelism, Policy, Pricing, RunningJob,
+};
 use proptest::prelude::*;
 
 const TYPES: [&str; 3] = ["H100", "A100", "H200"];
@@ -69,9 +72,28 @@ fn cluster(i: usize) -> impl Strategy<Value = ClusterConfig> {
         })
 }
 
+/// `provider:region` of `REGIONS[i]`.
+fn qualified(i: usize) -> String {
+    format!("{}:{}", REGIONS[i].0, REGIONS[i].1)
+}
+
+/// Clusters, and datasets `s3://d<i>` with a replica in one region each (the
+/// jobs' data: egress and transfer time away from it).
 fn fleet() -> impl Strategy<Value = FleetConfig> {
-    (1usize..7).prop_flat_map(|n| {
-        (0..n).map(cluster).collect::<Vec<_>>().prop_map(|clusters| FleetConfig { clusters, ..FleetConfig::default() })
+    (1usize..7, prop::collection::vec((0usize..4, 0.0f64..2000.0), 0..3)).prop_flat_map(|(n, data)| {
+        (0..n).map(cluster).collect::<Vec<_>>().prop_map(move |clusters| FleetConfig {
+            clusters,
+            datasets: data
+                .iter()
+                .enumerate()
+                .map(|(i, &(r, size_gb))| DatasetConfig {
+                    uri: format!("s3://d{i}"),
+                    locations: vec![qualified(r)],
+                    size_gb,
+                })
+                .collect(),
+            ..FleetConfig::default()
+        })
     })
 }
 
@@ -94,29 +116,33 @@ fn job(n_clusters: usize) -> impl Strategy<Value = JobSpec> {
         (
             prop_oneof![6 => Just(FleetMode::Auto), 1 => Just(FleetMode::Local), 1 => Just(FleetMode::Remote)],
             prop_oneof![3 => Just(None), 1 => prop::option::of(0.0f64..200000.0)],
+            prop::collection::vec(0usize..3, 0..3),
         ),
     )
-        .prop_map(move |(types, gpus, nodes, par, dur, intr, ckpt, maxp, (allow, deny), to, home, (mode, tl))| {
-            let q = |i: usize| format!("{}:{}", REGIONS[i].0, REGIONS[i].1);
-            JobSpec {
-                id: "p".into(),
-                gpu_types: types.iter().map(|&t| TYPES[t].to_string()).collect(),
-                gpus,
-                nodes,
-                parallelism: par,
-                duration_s: dur,
-                time_limit_s: tl,
-                interruptible: intr,
-                ckpt_interval_s: ckpt,
-                max_price: maxp,
-                region_allow: allow.into_iter().map(q).collect(),
-                region_deny: deny.into_iter().map(q).collect(),
-                to: to.into_iter().map(|i| format!("c{i}")).collect(),
-                home: format!("c{}", home % n_clusters.max(1) + usize::from(home >= 6)),
-                mode,
-                ..JobSpec::default()
-            }
-        })
+        .prop_map(
+            move |(types, gpus, nodes, par, dur, intr, ckpt, maxp, (allow, deny), to, home, (mode, tl, data))| {
+                let q = qualified;
+                JobSpec {
+                    id: "p".into(),
+                    gpu_types: types.iter().map(|&t| TYPES[t].to_string()).collect(),
+                    gpus,
+                    nodes,
+                    parallelism: par,
+                    duration_s: dur,
+                    time_limit_s: tl,
+                    interruptible: intr,
+                    ckpt_interval_s: ckpt,
+                    max_price: maxp,
+                    region_allow: allow.into_iter().map(q).collect(),
+                    region_deny: deny.into_iter().map(q).collect(),
+                    to: to.into_iter().map(|i| format!("c{i}")).collect(),
+                    home: format!("c{}", home % n_clusters.max(1) + usize::from(home >= 6)),
+                    mode,
+                    datasets: data.into_iter().map(|i| format!("s3://d{i}/train")).collect(),
+                    ..JobSpec::default()
+                }
+            },
+        )
 }
 
 fn state(m: &FleetModel, seed: &[u32]) -> FleetState {
@@ -291,6 +317,53 @@ proptest! {
                 key(&c.name, &c.pools[p.pool as usize].name, p.pricing, p.breakdown.total)
             }),
             d.chosen().map(|c| key(&c.cluster, &c.pool, c.pricing, c.breakdown.total))
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// The rebalancing pass's pruning (its bound from staying, the margin and
+    /// the best saving so far; the clusters' floors; kgCO2 only for the chosen
+    /// moves) proposes exactly what a plain scan of every cluster does, also
+    /// when clusters are copies of each other (equal savings: the lower id).
+    #[test]
+    fn rebalancing_proposes_what_a_plain_scan_does(
+        (cfg, jobs) in fleet().prop_flat_map(|f| {
+            let n = f.clusters.len();
+            (Just(f), prop::collection::vec((job(n), 0usize..12, 0usize..3, 0usize..3, 0.0f64..200000.0, 0.0f64..20000.0), 1..6))
+        }),
+        seed in prop::collection::vec(any::<u32>(), 1..16),
+        pol in 0usize..3,
+        same_cluster in any::<bool>(),
+        margin in (prop_oneof![Just(0.0), 0.0f64..50.0], prop_oneof![Just(0.0), 0.0f64..0.5]),
+    ) {
+        let mut cfg = cfg;
+        let copies: Vec<_> = cfg.clusters.iter().map(|c| ClusterConfig { name: format!("{}-copy", c.name), ..c.clone() }).collect();
+        cfg.clusters.extend(copies);
+        let m = FleetModel::build(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let st = state(&m, &seed);
+        let policy = [Policy::cost(), Policy::time(), Policy::green()][pol].clone();
+        let running: Vec<RunningJob> = jobs
+            .into_iter()
+            .map(|(mut j, c, p, k, left, since)| {
+                j.interruptible = true;
+                let cluster = (c % m.clusters.len()) as u32;
+                let pool = (p % m.clusters[cluster as usize].pools.len().max(1)) as u16;
+                let pricing = [Pricing::OnDemand, Pricing::Spot, Pricing::Onprem][k];
+                RunningJob { job: prepare(&m, &j), cluster, pool, pricing, remaining_s: left, since_ckpt_s: since }
+            })
+            .collect();
+        let margin = MigrationMargin { min_saving_usd: margin.0, min_saving_fraction: margin.1 };
+        let key = |v: Vec<fleet_engine::MigrationProposal>| -> Vec<_> {
+            v.into_iter()
+                .map(|p| (p.index, p.to.cluster, p.to.pool, p.to.pricing, p.saving_usd.to_bits(), p.to.breakdown.kg_co2.to_bits()))
+                .collect()
+        };
+        prop_assert_eq!(
+            key(propose_migrations_with(&m, &st, &running, &policy, &margin, same_cluster)),
+            key(propose_migrations_unpruned(&m, &st, &running, &policy, &margin, same_cluster))
         );
     }
 }

@@ -99,6 +99,12 @@ fn sim_dataset_uri(cluster: &str) -> String {
     format!("sim://{cluster}/")
 }
 
+/// A job of `gpus` GPUs may start on the pool's spot capacity now.
+#[inline]
+fn spot_free_for(st: &PoolStatic, pl: &crate::sim::PoolLoad, gpus: u32) -> bool {
+    st.has_spot && pl.start_free > 0 && pl.spot_free >= gpus.max(1) && (!st.traced || pl.spot_fraction > 0.0)
+}
+
 impl EngineModel {
     /// Build from file contents. `epoch_unix` is the trace's first submission, used to
     /// look up carbon intensity (series repeat yearly).
@@ -464,23 +470,27 @@ impl EngineModel {
         for (((cs, l), st), seen) in
             self.state.clusters.iter_mut().zip(load).zip(&self.pool_static).zip(&mut self.synced)
         {
-            if same_size && l.version != 0 && *seen == l.version {
+            if l.version != 0 && *seen == l.version {
+                if !same_size {
+                    // Only whether spot is free for the job depends on its size.
+                    for ((ps, pl), st) in cs.pools.iter_mut().zip(&l.pools).zip(st) {
+                        ps.spot_available = spot_free_for(st, pl, gpus);
+                    }
+                }
                 continue;
             }
             *seen = l.version;
             cs.healthy = l.up;
             let mut pending = 0u32;
-            for ((ps, pl), &PoolStatic { has_spot, traced, rate, all_or_nothing }) in
-                cs.pools.iter_mut().zip(&l.pools).zip(st)
-            {
+            for ((ps, pl), ps_static) in cs.pools.iter_mut().zip(&l.pools).zip(st) {
+                let PoolStatic { has_spot, rate, all_or_nothing, .. } = *ps_static;
                 pending += pl.queued_jobs as u32;
                 // A pool with a queue starts a newcomer at once only in the GPUs its
                 // head has not reserved (FIFO with a reservation for the head).
                 let free = pl.start_free;
                 ps.free_gpus = free;
                 ps.expected_wait_s = Some(pl.est_wait_s);
-                ps.spot_available =
-                    has_spot && free > 0 && pl.spot_free >= gpus.max(1) && (!traced || pl.spot_fraction > 0.0);
+                ps.spot_available = spot_free_for(ps_static, pl, gpus);
                 ps.spot_wait_s =
                     (has_spot && !ps.spot_available && pl.spot_wait_s.is_finite()).then_some(pl.spot_wait_s);
                 ps.spot_recovery_s = (has_spot && pl.spot_recovery_s > 0.0).then_some(pl.spot_recovery_s);
