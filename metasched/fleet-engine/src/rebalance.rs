@@ -166,8 +166,8 @@ fn propose(
         };
         let g = f64::from(r.job.gpus);
         let mut best: Option<MigrationProposal> = None;
-        // Clusters cheapest unit of work first: once that alone costs as much
-        // as staying, no later cluster can save anything.
+        // Clusters cheapest unit of work first: once that alone reaches the
+        // bound, no later cluster can give a move worth proposing.
         let can_stop = prune
             && stay.is_finite()
             && policy.time_value_usd_per_gpu_hour >= 0.0
