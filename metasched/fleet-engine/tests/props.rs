@@ -171,6 +171,15 @@ fn state(m: &FleetModel, seed: &[u32]) -> FleetState {
     st
 }
 
+/// The fleet with a copy of every cluster (`<name>-copy`, the same in all but
+/// its name): exact ties everywhere.
+fn with_copies(mut cfg: FleetConfig) -> Result<FleetModel, TestCaseError> {
+    let copies: Vec<_> =
+        cfg.clusters.iter().map(|c| ClusterConfig { name: format!("{}-copy", c.name), ..c.clone() }).collect();
+    cfg.clusters.extend(copies);
+    FleetModel::build(cfg).map_err(|e| TestCaseError::fail(e.to_string()))
+}
+
 /// Re-checks every hard constraint independently of the engine.
 fn violation(
     m: &FleetModel,
@@ -302,10 +311,7 @@ proptest! {
         seed in prop::collection::vec(any::<u32>(), 1..16),
         pol in 0usize..3,
     ) {
-        let mut cfg = cfg;
-        let copies: Vec<_> = cfg.clusters.iter().map(|c| ClusterConfig { name: format!("{}-copy", c.name), ..c.clone() }).collect();
-        cfg.clusters.extend(copies);
-        let m = FleetModel::build(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let m = with_copies(cfg)?;
         let st = state(&m, &seed);
         let policy = [Policy::cost(), Policy::time(), Policy::green()][pol].clone();
         let fast = decide(&m, &st, &prepare(&m, &j), &policy);
@@ -339,10 +345,7 @@ proptest! {
         same_cluster in any::<bool>(),
         margin in (prop_oneof![Just(0.0), 0.0f64..50.0], prop_oneof![Just(0.0), 0.0f64..0.5]),
     ) {
-        let mut cfg = cfg;
-        let copies: Vec<_> = cfg.clusters.iter().map(|c| ClusterConfig { name: format!("{}-copy", c.name), ..c.clone() }).collect();
-        cfg.clusters.extend(copies);
-        let m = FleetModel::build(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let m = with_copies(cfg)?;
         let st = state(&m, &seed);
         let policy = [Policy::cost(), Policy::time(), Policy::green()][pol].clone();
         let running: Vec<RunningJob> = jobs
