@@ -1136,17 +1136,17 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
             if floor * work > ctx.bound {
                 break;
             }
-            let mut data = None;
-            if let Some(c) = model.clusters.get(cid as usize) {
-                let Some(d) = cluster_bound(model, job, policy, cid, c, floor * work, ctx.bound) else {
-                    continue;
-                };
-                data = Some(d);
-            }
+            // (An id not in the model scores nothing: `eval_cluster` says so.)
+            let Some(c) = model.clusters.get(cid as usize) else {
+                continue;
+            };
+            let Some(data) = cluster_bound(model, job, policy, cid, c, floor * work, ctx.bound) else {
+                continue;
+            };
             // The cluster's own floor for this job and state (spot losses,
             // waits and setup included): a cluster whose floor is above the
             // best score cannot win, not even a tie.
-            let (f, arg) = score_floor(model, state, job, policy, cid, &ctx, data);
+            let (f, arg) = score_floor(model, state, job, policy, cid, &ctx, Some(data));
             if f > ctx.bound {
                 continue;
             }
@@ -1157,7 +1157,7 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
             {
                 continue;
             }
-            pick = arg.filter(|_| model.clusters.get(cid as usize).is_some_and(|c| floor_is_exact(job, policy, c)));
+            pick = arg.filter(|_| floor_is_exact(job, policy, c));
         }
         // The floor's option is the cluster's best whenever `eval_cluster` scores
         // it at all; when it does not (a check the floor does not make), the

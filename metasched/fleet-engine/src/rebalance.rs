@@ -174,21 +174,20 @@ fn propose(
             && policy.carbon_usd_per_kg >= 0.0
             && policy.egress_weight >= 0.0
             && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
+        // GPU-hours of work, shaded by 1e-9 against rounding, as in `decide`.
+        let work = g * rem_h * (1.0 - 1e-9);
         for &(floor, cid) in &model.cheapest_per_work {
-            // (shaded by 1e-9 against rounding, as in `decide`)
-            if can_stop && floor * g * rem_h * (1.0 - 1e-9) >= move_ctx.bound {
+            if can_stop && floor * work >= move_ctx.bound {
                 break;
             }
             if cid == r.cluster && !same_cluster {
                 continue;
             }
+            let Some(c) = model.cluster(cid) else {
+                continue;
+            };
             // What every option there pays already reaches the bound.
-            if can_stop
-                && model.cluster(cid).is_some_and(|c| {
-                    cluster_bound(model, &r.job, policy, cid, c, floor * g * rem_h * (1.0 - 1e-9), move_ctx.bound)
-                        .is_none()
-                })
-            {
+            if can_stop && cluster_bound(model, &r.job, policy, cid, c, floor * work, move_ctx.bound).is_none() {
                 continue;
             }
             let Ok(p) = eval_cluster(model, state, &r.job, policy, cid, &move_ctx) else {
@@ -198,9 +197,6 @@ fn propose(
             if cid == r.cluster && p.pool == r.pool && p.pricing == r.pricing {
                 continue;
             }
-            let Some(c) = model.cluster(cid) else {
-                continue;
-            };
             let ckpt_gb = r.job.ckpt_size_gb;
             let src = r.job.ckpt_region.as_ref().and_then(|l| l.first().copied()).unwrap_or(cur.region_id);
             let transfer_h = if src == c.region_id {

@@ -1016,10 +1016,11 @@ impl<M: Model> Sim<'_, M> {
                     changed = true;
                 }
                 q.no_wait = w.to_bits() == 0f64.to_bits();
+                let m = &self.markets[p.market];
                 let spot_now = gpus <= pl.start_free && gpus <= pl.spot_free && pl.spot_fraction > 0.0;
                 let ratio = if spot_estimate { p.reclaim_wait_ratio() } else { 1.0 };
                 let sw = if spot_estimate && p.has_spot && !spot_now {
-                    let raw = self.spot_start_estimate(p, now, gpus, self.markets[p.market].recovery_now) - now;
+                    let raw = self.spot_start_estimate(p, now, gpus, m.recovery_now) - now;
                     if reclaimed {
                         raw * ratio
                     } else {
@@ -1035,17 +1036,13 @@ impl<M: Model> Sim<'_, M> {
                 // Every spot option pays the waits for spot after its expected
                 // reclaims: the waits after reclaims realized so far, the spells
                 // seen so far (calibrated) as their prior.
-                let back = if spot_estimate {
-                    p.wait_after_reclaim_s(self.markets[p.market].recovery_now, ratio)
-                } else {
-                    0.0
-                };
+                let back = if spot_estimate { p.wait_after_reclaim_s(m.recovery_now, ratio) } else { 0.0 };
                 if back.to_bits() != pl.spot_recovery_s.to_bits() {
                     pl.spot_recovery_s = back;
                     changed = true;
                 }
                 q.no_spot_wait = sw == f64::INFINITY;
-                q.recovery_from = if spot_estimate { self.markets[p.market].recovery_epoch } else { 0 };
+                q.recovery_from = if spot_estimate { m.recovery_epoch } else { 0 };
             }
             if changed {
                 cl.version = next_version();
