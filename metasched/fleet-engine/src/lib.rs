@@ -10,6 +10,8 @@
 //!   [`Decision`] with breakdowns and exclusion reasons).
 //! * [`rebalance`]: [`propose_migrations`] for running interruptible jobs.
 //! * [`feeds`]: parsers for price tables, carbon series, egress matrices.
+//! * [`spot`]: spot availability series (the simulator's traces, the live
+//!   feed) and what they say at a moment.
 //!
 //! The scoring model and the `#FLEET` directives are documented in
 //! `docs/placement.md`.
@@ -20,6 +22,7 @@ pub mod job;
 pub mod model;
 pub mod policy;
 pub mod rebalance;
+pub mod spot;
 pub mod state;
 pub mod synth;
 
@@ -35,4 +38,5 @@ pub use rebalance::{
     propose_migrations, propose_migrations_unpruned, propose_migrations_with, MigrationMargin, MigrationProposal,
     RunningJob,
 };
+pub use spot::{parse_spot, series_for_region, SpotNow, SpotSeries, SpotSpells};
 pub use state::{ClusterState, FleetState, PoolState, SpotWindows};

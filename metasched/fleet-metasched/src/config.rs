@@ -169,6 +169,11 @@ pub struct Config {
     /// (`<provider>_transmission_cost_matrix.csv`); re-read when they change.
     #[serde(default)]
     pub egress: Option<PathBuf>,
+    /// Directory of spot availability series for the cost engine (`*.json`,
+    /// the SkyPilot spot-trace format with `metadata.start_unix`); each
+    /// follows the cloud clusters whose region its file name holds.
+    #[serde(default)]
+    pub spot: Option<PathBuf>,
     /// `[rebalance]`: the periodic pass proposing migrations.
     #[serde(default)]
     pub rebalance: Option<RebalanceConfig>,
@@ -618,6 +623,7 @@ impl Config {
             prices: None,
             carbon: None,
             egress: None,
+            spot: None,
             rebalance: None,
             policies: None,
             tls: None,
@@ -1104,7 +1110,7 @@ mod tests {
             Err("t.toml:6:31: invalid type"),
         );
         check(&format!("{BASE}[policies.cheap]\nspot_max_lost_h = -1.0\n"), Err("t.toml:4:1: policy cheap"));
-        check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\n"), Ok(""));
+        check(&format!("{BASE}carbon = \"/c\"\negress = \"/n\"\nspot = \"/s\"\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\n"), Ok(""));
         check(&format!("{BASE}[sla]\n"), Ok(""));
         check(

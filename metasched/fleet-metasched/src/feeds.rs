@@ -1,8 +1,10 @@
-//! Live feeds of the cost engine: carbon-intensity series and egress
-//! matrices, read from directories named in the configuration.
+//! Live feeds of the cost engine: carbon-intensity series, egress matrices
+//! and spot availability series, read from directories named in the
+//! configuration.
 //!
 //! Parsing is the engine's own ([`fleet_engine::parse_carbon`],
-//! [`fleet_engine::parse_egress`]), the same code the simulator runs; this
+//! [`fleet_engine::parse_egress`], [`fleet_engine::parse_spot`]), the same
+//! code the simulator runs; this
 //! module only finds the files, reads them and remembers their mtimes. A
 //! load builds a new immutable [`Feeds`] snapshot; the daemon swaps it in
 //! (an `Arc`) only when every file parsed, so a broken file keeps the old
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use fleet_engine::{CarbonSeries, EgressMatrix};
+use fleet_engine::{CarbonSeries, EgressMatrix, SpotSeries};
 
 /// Suffix of the egress matrix files; the provider is what precedes it.
 pub const EGRESS_SUFFIX: &str = "_transmission_cost_matrix.csv";
@@ -24,13 +26,16 @@ pub struct Feeds {
     pub carbon: Vec<Arc<CarbonSeries>>,
     /// One matrix per provider file, file-name order.
     pub egress: Vec<EgressMatrix>,
+    /// Spot availability series by file stem (`*.json`, file-name order),
+    /// each with its start time (`metadata.start_unix`).
+    pub spot: Vec<(String, Arc<SpotSeries>)>,
     /// The files read, for logs.
     pub files: Vec<PathBuf>,
 }
 
 impl Feeds {
     pub fn is_empty(&self) -> bool {
-        self.carbon.is_empty() && self.egress.is_empty()
+        self.carbon.is_empty() && self.egress.is_empty() && self.spot.is_empty()
     }
 }
 
@@ -39,7 +44,11 @@ impl Feeds {
 pub struct FeedDirs {
     pub carbon: Option<PathBuf>,
     pub egress: Option<PathBuf>,
+    pub spot: Option<PathBuf>,
 }
+
+/// The feed files of each kind: carbon, egress, spot.
+type FeedFiles = (Vec<PathBuf>, Vec<PathBuf>, Vec<PathBuf>);
 
 /// What the files looked like when last read: (path, mtime, length).
 type Fingerprint = Vec<(PathBuf, Option<SystemTime>, u64)>;
@@ -62,27 +71,28 @@ fn egress_file(name: &str) -> bool {
     name.ends_with(EGRESS_SUFFIX) && !name.starts_with('.')
 }
 
+fn spot_file(name: &str) -> bool {
+    name.ends_with(".json") && !name.starts_with('.')
+}
+
 impl FeedDirs {
     pub fn any(&self) -> bool {
-        self.carbon.is_some() || self.egress.is_some()
+        self.carbon.is_some() || self.egress.is_some() || self.spot.is_some()
     }
 
-    fn files(&self) -> Result<(Vec<PathBuf>, Vec<PathBuf>), String> {
-        let c = match &self.carbon {
-            Some(d) => matching(d, carbon_file)?,
-            None => Vec::new(),
+    fn files(&self) -> Result<FeedFiles, String> {
+        let list = |dir: &Option<PathBuf>, keep: fn(&str) -> bool| match dir {
+            Some(d) => matching(d, keep),
+            None => Ok(Vec::new()),
         };
-        let e = match &self.egress {
-            Some(d) => matching(d, egress_file)?,
-            None => Vec::new(),
-        };
-        Ok((c, e))
+        Ok((list(&self.carbon, carbon_file)?, list(&self.egress, egress_file)?, list(&self.spot, spot_file)?))
     }
 
     fn fingerprint(&self) -> Result<Fingerprint, String> {
-        let (c, e) = self.files()?;
+        let (c, e, s) = self.files()?;
         Ok(c.into_iter()
             .chain(e)
+            .chain(s)
             .map(|p| {
                 let md = std::fs::metadata(&p).ok();
                 let mtime = md.as_ref().and_then(|m| m.modified().ok());
@@ -94,7 +104,7 @@ impl FeedDirs {
     /// Reads and parses every feed file. The first bad file fails the
     /// whole load with `path:line: message`.
     pub fn load(&self) -> Result<Feeds, String> {
-        let (carbon_files, egress_files) = self.files()?;
+        let (carbon_files, egress_files, spot_files) = self.files()?;
         let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut feeds = Feeds::default();
         for p in carbon_files {
@@ -109,6 +119,19 @@ impl FeedDirs {
             let m = fleet_engine::parse_egress(&provider, &read(&p)?)
                 .map_err(|e| format!("{}:{}: {}", p.display(), e.line, e.msg))?;
             feeds.egress.push(m);
+            feeds.files.push(p);
+        }
+        for p in spot_files {
+            let name = p.file_stem().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            let s =
+                fleet_engine::parse_spot(&read(&p)?).map_err(|e| format!("{}:{}: {}", p.display(), e.line, e.msg))?;
+            if s.start_unix.is_none() {
+                return Err(format!(
+                    "{}:1: no metadata.start_unix: a live spot feed needs the time (unix seconds) of its first tick",
+                    p.display()
+                ));
+            }
+            feeds.spot.push((name, Arc::new(s)));
             feeds.files.push(p);
         }
         Ok(feeds)
@@ -195,7 +218,7 @@ mod tests {
         std::fs::write(c.join("README"), "not a feed").unwrap();
         std::fs::write(e.join("aws_transmission_cost_matrix.csv"), ",r1\nr1,0\n").unwrap();
         std::fs::write(e.join("notes.csv"), "not an egress matrix").unwrap();
-        let dirs = FeedDirs { carbon: Some(c.clone()), egress: Some(e.clone()) };
+        let dirs = FeedDirs { carbon: Some(c.clone()), egress: Some(e.clone()), spot: None };
         let (mut w, f) = FeedWatcher::start(dirs.clone()).unwrap();
         assert_eq!((f.carbon.len(), f.egress.len(), f.egress[0].provider.as_str()), (1, 1, "aws"));
         let steps: [(&dyn Fn(), &str); 6] = [
@@ -213,6 +236,8 @@ mod tests {
         assert_eq!(outcome(w.check()), "unchanged", "a missing directory is reported once");
         std::fs::create_dir_all(&e).unwrap();
         assert_eq!(outcome(w.check()), "reloaded 1 carbon, 0 egress");
-        assert!(FeedWatcher::start(FeedDirs { carbon: Some(tmp.path().join("nope")), egress: None }).is_err());
+        assert!(
+            FeedWatcher::start(FeedDirs { carbon: Some(tmp.path().join("nope")), egress: None, spot: None }).is_err()
+        );
     }
 }

@@ -15,7 +15,7 @@
 //! rebalancing pass, used by `fleetctl rebalance`.
 //!
 //! Background tasks: the sweeper (every second), the feed watcher (every
-//! 30 s: carbon/egress files re-read when they change, see [`feeds`]) and
+//! 30 s: carbon, egress and spot files re-read when they change, see [`feeds`]) and
 //! the rebalancing pass (every `[rebalance] rebalance_interval_s`, only
 //! with an engine policy). The pass only *proposes* migrations; carrying
 //! them out is not built yet. [`Control`] runs the last two on demand.
@@ -197,7 +197,7 @@ async fn check_feeds(st: &AppState) -> FeedReload {
             let f = Arc::new(f);
             st.store.lock().set_feeds(f);
             st.metrics.feed_load(true);
-            tracing::info!(files = n, "carbon/egress feeds reloaded");
+            tracing::info!(files = n, "carbon/egress/spot feeds reloaded");
             FeedReload::Reloaded(n)
         }
         Ok(FeedCheck::Failed(e)) => {
@@ -361,12 +361,12 @@ pub async fn run_with(
         None => None,
     };
     let tokens = config.read_tokens()?;
-    let dirs = FeedDirs { carbon: config.carbon.clone(), egress: config.egress.clone() };
+    let dirs = FeedDirs { carbon: config.carbon.clone(), egress: config.egress.clone(), spot: config.spot.clone() };
     let (watcher, feeds) = if dirs.any() {
         let (w, f) = tokio::task::spawn_blocking(move || FeedWatcher::start(dirs))
             .await?
-            .map_err(|e| anyhow::anyhow!("loading the carbon/egress feeds: {e}"))?;
-        tracing::info!(files = f.files.len(), "carbon/egress feeds loaded");
+            .map_err(|e| anyhow::anyhow!("loading the carbon/egress/spot feeds: {e}"))?;
+        tracing::info!(files = f.files.len(), "carbon/egress/spot feeds loaded");
         (Some(Arc::new(tokio::sync::Mutex::new(w))), Arc::new(f))
     } else {
         (None, Arc::new(feeds::Feeds::default()))
@@ -384,7 +384,7 @@ pub async fn run_with(
         if let Some(r) = &ranker {
             tracing::info!(policy = r.policy_name(), "placement ranks with the cost engine");
         } else if watcher.is_some() {
-            tracing::warn!("carbon/egress feeds are configured but unused: no cost-engine policy in [placement]");
+            tracing::warn!("carbon/egress/spot feeds are configured but unused: no cost-engine policy in [placement]");
         }
         let health = config.health();
         let sla = config.sla();

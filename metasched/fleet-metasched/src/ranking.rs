@@ -183,12 +183,34 @@ impl Ranker {
         }
     }
 
-    /// The engine's state for `view`, with the carbon series attached.
+    /// The engine's state for `view`, with the carbon series attached and
+    /// the spot pools of cloud clusters set from the spot series their region
+    /// follows (at the view's time; a stale or not yet started series leaves
+    /// the pool as configured).
     fn state(&self, view: &FleetView) -> FleetState {
         let mut state = FleetState::from_view(&self.model, view);
         for s in &self.feeds.carbon {
             // A series for a zone no cluster uses is simply not attached.
             state.set_carbon_series(&self.model, s.clone());
+        }
+        if !self.feeds.spot.is_empty() {
+            let names = || self.feeds.spot.iter().map(|(n, _)| n.as_str());
+            for (c, cs) in self.model.clusters.iter().zip(state.clusters.iter_mut()) {
+                if c.onprem {
+                    continue;
+                }
+                let Some(k) = fleet_engine::series_for_region(&c.region, names()) else {
+                    continue;
+                };
+                let Some(now) = self.feeds.spot[k].1.at(state.now_unix) else {
+                    continue;
+                };
+                for (p, ps) in c.pools.iter().zip(cs.pools.iter_mut()) {
+                    if p.prices.spot.is_some() {
+                        now.apply(ps);
+                    }
+                }
+            }
         }
         state
     }

@@ -979,6 +979,99 @@ async fn a_broken_feed_at_start_is_a_startup_error() {
     assert!(format!("{err:#}").contains("aws_transmission_cost_matrix.csv:2: expected 2 fields"), "{err:#}");
 }
 
+/// gamma (cloud, us-east-1) sells H100 spot at 1 USD/GPU-h, on demand at 4;
+/// alpha's owned H100s cost 3.
+fn spot_model() -> String {
+    feed_model(3.0)
+        .replace("prices = { H100 = { on_demand = 1.0 } }", "prices = { H100 = { on_demand = 4.0, spot = 1.0 } }")
+}
+
+/// Where and at which pricing the engine ranks interruptible job `id` first,
+/// and gamma's candidate (pricing, wait_h).
+async fn spot_ranking(d: &Daemon, id: &str) -> ((String, String), (String, f64)) {
+    let e: fleet_metasched::store::Explanation =
+        d.ok(reqwest::Method::GET, &format!("/v1/jobs/{id}/explain"), "Bearer admin-secret", None).await;
+    let first = e.ranked.first().map(|c| (c.cluster.clone(), c.pricing.clone())).unwrap_or_default();
+    let g = e.ranked.iter().find(|c| c.cluster == "gamma").expect("gamma ranked");
+    let wait = g.terms.iter().find(|(k, _)| k == "wait_h").map(|(_, v)| *v).unwrap();
+    (first, (g.pricing.clone(), wait))
+}
+
+/// A live spot feed tells the engine, at the view's time, whether a cloud
+/// region's spot is there, how often it is reclaimed and how long a
+/// shortfall lasts; a feed past its end is ignored (the pool as configured).
+#[tokio::test]
+async fn a_spot_feed_says_whether_spot_is_there_now() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = engine_config(tmp.path(), 3.0);
+    std::fs::write(tmp.path().join("model.toml"), spot_model()).unwrap();
+    let spot = tmp.path().join("spot");
+    std::fs::create_dir_all(&spot).unwrap();
+    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() - 60.0;
+    // Hours from t0: full, full, gone, gone, full, gone, full.
+    let series = format!("{{\"metadata\":{{\"gap_seconds\":3600,\"start_unix\":{t0}}},\"data\":[8,8,0,0,8,0,8]}}");
+    std::fs::write(spot.join("aws-2026__us-east-1a_h100.json"), series).unwrap();
+    std::fs::write(spot.join("notes.txt"), "not a series").unwrap();
+    cfg.spot = Some(spot.clone());
+    let clock = Clock::default();
+    let d = Daemon::start_with(tmp.path(), clock.clone(), cfg).await;
+    let beat = || async {
+        for (c, _) in CLUSTERS {
+            d.heartbeat(c, 16).await;
+        }
+    };
+    beat().await;
+    // A 10-minute job and a day-long one, neither checkpointing.
+    for (id, minutes) in [("sp", 10), ("long", 24 * 60)] {
+        let mut req = request("beta", "h100", 8);
+        req.time_limit_min = Some(minutes);
+        req.fleet.interruptible = true;
+        let fwd = ForwardRequest {
+            fleet_job_id: id.into(),
+            request: req,
+            tentative_target: "alpha".into(),
+            early_start: false,
+        };
+        let _: JobRecord =
+            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+    }
+    let spot_first = (("gamma".to_string(), "spot".to_string()), ("spot".to_string(), 0.0));
+    assert_eq!(spot_ranking(&d, "sp").await, spot_first, "spot is there in the first hour");
+    assert_eq!(spot_ranking(&d, "long").await, spot_first, "no reclaim seen yet");
+
+    // 5.5 h on: spot gone since 5 h; the job does not checkpoint, so it cannot
+    // queue for spot: gamma only on demand (4 > alpha's 3).
+    clock.advance(Duration::from_secs(5 * 3600 + 1800));
+    beat().await;
+    let (first, gamma) = spot_ranking(&d, "sp").await;
+    assert_eq!((first.0.as_str(), gamma.0.as_str()), ("alpha", "on-demand"), "{first:?} {gamma:?}");
+
+    // 6.5 h: back, after two reclaims in four hours of spot: the short job
+    // goes to spot again; the day-long one, which would lose its work at
+    // every reclaim, goes to alpha, gamma's spot no longer its best there.
+    clock.advance(Duration::from_secs(3600));
+    beat().await;
+    assert_eq!(spot_ranking(&d, "sp").await, spot_first);
+    let (first, gamma) = spot_ranking(&d, "long").await;
+    assert_eq!((first.0.as_str(), gamma.0.as_str()), ("alpha", "on-demand"), "{first:?} {gamma:?}");
+    // 9.5 h: the feed ended at 7 h and is stale from 9 h: gamma as configured.
+    clock.advance(Duration::from_secs(3 * 3600));
+    beat().await;
+    assert_eq!(spot_ranking(&d, "sp").await, spot_first);
+    assert_eq!(spot_ranking(&d, "long").await, spot_first);
+    d.stop().await;
+
+    // A series without its start time cannot be a live feed: a start-up error
+    // naming the file.
+    std::fs::write(spot.join("aws-2026__us-east-1a_h100.json"), "{\"metadata\":{\"gap_seconds\":60},\"data\":[1]}")
+        .unwrap();
+    let mut cfg = engine_config(tmp.path(), 3.0);
+    cfg.spot = Some(spot);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = format!("{:#}", fleet_metasched::run(listener, cfg, async {}).await.unwrap_err());
+    assert!(err.contains("aws-2026__us-east-1a_h100.json:1: no metadata.start_unix"), "{err}");
+}
+
 async fn rebalance(d: &Daemon) -> fleet_metasched::store::Rebalance {
     d.ok(reqwest::Method::GET, "/v1/rebalance", "Bearer admin-secret", None).await
 }

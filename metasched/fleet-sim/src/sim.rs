@@ -569,10 +569,8 @@ struct SpotMarket {
     windows: Option<Arc<fleet_engine::SpotWindows>>,
     /// `full_since` is a window's real start (not the replay's).
     full_since_known: bool,
-    /// Lengths (s) of the spells below full ended so far, ascending, and
-    /// `tail_s[i]` = Σ `spells[i..]` (for the mean remaining spell at an age).
-    spells: Vec<f64>,
-    tail_s: Vec<f64>,
+    /// The spells below full ended so far.
+    spells: fleet_engine::SpotSpells,
     /// The pools (cluster, pool) that follow the trace.
     pools: Vec<(usize, usize)>,
     /// `recovery_s` at the decision being made (set by `Sim::load`), and a
@@ -584,31 +582,16 @@ struct SpotMarket {
 impl SpotMarket {
     /// How long spot that is short now should take to come back, from the
     /// spells below full ended so far (the replay's past only), conditional on
-    /// the age `a` of the spell the trace is in now (0 at full, or right at a
-    /// reclaim): the mean of `L − a` over the ended spells longer than `a`.
-    /// Spot shortfalls have a falling hazard (most spells are short, a few last
-    /// many hours), so the longer a spell has lasted, the longer it is expected
-    /// to last. With no ended spell that long, the age itself (a lower bound
-    /// known now); 0 when there is neither.
+    /// the age of the spell the trace is in now (0 at full, or right at a
+    /// reclaim): [`fleet_engine::SpotSpells::mean_remaining_s`].
     fn recovery_s(&self, now: f64) -> f64 {
         let age = self.spell_since.map_or(0.0, |t0| (now - t0).max(0.0));
-        let i = self.spells.partition_point(|&l| l <= age);
-        match self.tail_s.get(i) {
-            Some(&sum) => sum / (self.spells.len() - i) as f64 - age,
-            None => age,
-        }
+        self.spells.mean_remaining_s(age)
     }
 
     /// A spell below full of `len` seconds ended.
     fn spell_ended(&mut self, len: f64) {
-        let i = self.spells.partition_point(|&l| l <= len);
-        self.spells.insert(i, len);
-        self.tail_s.insert(i, 0.0);
-        let mut acc = 0.0;
-        for k in (0..self.spells.len()).rev() {
-            acc += self.spells[k];
-            self.tail_s[k] = acc;
-        }
+        self.spells.push(len);
     }
 }
 

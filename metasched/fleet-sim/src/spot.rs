@@ -34,30 +34,12 @@ pub enum SpotError {
     Format { path: String, msg: String },
 }
 
-#[derive(serde::Deserialize)]
-struct Raw {
-    metadata: RawMeta,
-    data: Vec<f64>,
-}
-#[derive(serde::Deserialize)]
-struct RawMeta {
-    gap_seconds: f64,
-}
-
 impl SpotTrace {
+    /// Parses a trace with the engine's reader (the live feed's format; the
+    /// replay ignores `metadata.start_unix`).
     pub fn parse(text: &str, name: &str) -> Result<Self, SpotError> {
-        let raw: Raw =
-            serde_json::from_str(text).map_err(|e| SpotError::Format { path: name.into(), msg: e.to_string() })?;
-        if !(raw.metadata.gap_seconds.is_finite() && raw.metadata.gap_seconds > 0.0) {
-            return Err(SpotError::Format { path: name.into(), msg: "gap_seconds must be > 0".into() });
-        }
-        if raw.data.is_empty() {
-            return Err(SpotError::Format { path: name.into(), msg: "empty data".into() });
-        }
-        let data: Vec<u32> =
-            raw.data.iter().map(|v| if v.is_finite() && *v > 0.0 { v.round() as u32 } else { 0 }).collect();
-        let max = data.iter().copied().max().unwrap_or(0);
-        Ok(SpotTrace { name: name.into(), gap_s: raw.metadata.gap_seconds, data, max })
+        let s = fleet_engine::parse_spot(text).map_err(|e| SpotError::Format { path: name.into(), msg: e.msg })?;
+        Ok(SpotTrace { name: name.into(), gap_s: s.gap_s, data: s.data, max: s.max })
     }
 
     pub fn read(path: &Path) -> Result<Self, SpotError> {
