@@ -139,6 +139,14 @@ impl SpotSeries {
         runs
     }
 
+    /// The series covers `now_unix`: it has started and is not stale (see
+    /// [`SpotSeries::at`]).
+    pub fn covers(&self, now_unix: f64) -> bool {
+        self.start_unix.is_some_and(|start| {
+            now_unix >= start && now_unix < start + (self.data.len() as f64 + STALE_TICKS) * self.gap_s
+        })
+    }
+
     /// What the series says at `now_unix`, from its ticks up to now only.
     /// `None` without a start, before it, or once the series is stale (more
     /// than [`STALE_TICKS`] ticks past its last): the pool is then scored as
@@ -268,8 +276,9 @@ mod tests {
         assert_eq!(s.at(999.0), None);
         assert!(s.at(1000.0).is_some());
         // Last tick [1200, 1300); stale from 1300 + 2 ticks.
-        assert!(s.at(1499.0).is_some());
+        assert!(s.at(1499.0).is_some() && s.covers(1499.0));
         assert_eq!(s.at(1500.0), None);
+        assert!(!s.covers(1500.0) && !s.covers(999.0) && s.covers(1000.0));
         assert_eq!(series("0,0", Some(0.0)).at(10.0), None, "never any spot: no level to speak of");
     }
 

@@ -179,6 +179,29 @@ impl Control {
     }
 }
 
+/// Sets each spot series' gauge at the clock's time, logging which clusters
+/// a series sets (`loaded`: at a (re)load) and when one stops or starts
+/// covering the clock: a stale series leaves its pools scored as configured,
+/// which an admin should hear about.
+fn spot_feed_status(st: &AppState, loaded: bool) {
+    let (series, unfollowed) = st.store.lock().spot_status(st.clock.now());
+    for s in &series {
+        let changed = st.metrics.spot_feed(&s.series, s.current);
+        if loaded {
+            tracing::info!(series = %s.series, clusters = ?s.clusters, current = s.current, "spot series");
+        }
+        if s.current && changed && !loaded {
+            tracing::info!(series = %s.series, clusters = ?s.clusters, "spot series covers the clock again");
+        } else if !s.current && (changed || loaded) {
+            tracing::warn!(series = %s.series, clusters = ?s.clusters,
+                "spot series does not cover the clock (not started, or more than two ticks past its end): these clusters' spot is scored as configured");
+        }
+    }
+    if loaded && st.config.spot.is_some() && !unfollowed.is_empty() {
+        tracing::warn!(clusters = ?unfollowed, "cloud clusters selling spot that no spot series follows (no file name holds their region)");
+    }
+}
+
 async fn check_feeds(st: &AppState) -> FeedReload {
     let Some(w) = &st.feeds else {
         return FeedReload::Off;
@@ -191,16 +214,21 @@ async fn check_feeds(st: &AppState) -> FeedReload {
     })
     .await;
     match checked {
-        Ok(FeedCheck::Unchanged) => FeedReload::Unchanged,
+        Ok(FeedCheck::Unchanged) => {
+            spot_feed_status(st, false);
+            FeedReload::Unchanged
+        }
         Ok(FeedCheck::Reloaded(f)) => {
             let n = f.files.len();
             let f = Arc::new(f);
             st.store.lock().set_feeds(f);
             st.metrics.feed_load(true);
             tracing::info!(files = n, "carbon/egress/spot feeds reloaded");
+            spot_feed_status(st, true);
             FeedReload::Reloaded(n)
         }
         Ok(FeedCheck::Failed(e)) => {
+            spot_feed_status(st, false);
             st.metrics.feed_load(false);
             tracing::error!(error = %e, "feed reload failed; keeping the previous feeds");
             FeedReload::Failed(e)
@@ -428,6 +456,7 @@ pub async fn run_with(
     *control.inner.lock() = Some(state.clone());
     let mut background = Vec::new();
     if state.feeds.is_some() {
+        spot_feed_status(&state, true);
         let st = state.clone();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(FEED_CHECK);

@@ -15,6 +15,7 @@ pub struct Metrics {
     requests: Family<Labels, Counter>,
     placements: Family<Labels, Counter>,
     feed_loads: Family<Labels, Counter>,
+    spot_feeds: Family<Labels, Gauge>,
     proposals: Gauge,
 }
 
@@ -37,13 +38,19 @@ impl Metrics {
         registry.register("placements", "Placement decisions by outcome", placements.clone());
         let feed_loads = Family::<Labels, Counter>::default();
         let proposals = Gauge::default();
-        registry.register("feed_loads", "Carbon/egress feed (re)loads, by result (ok, error)", feed_loads.clone());
+        registry.register("feed_loads", "Carbon/egress/spot feed (re)loads, by result (ok, error)", feed_loads.clone());
         registry.register(
             "rebalance_proposals",
             "Migrations proposed by the latest rebalancing pass",
             proposals.clone(),
         );
-        Metrics { registry, jobs, heartbeats, requests, placements, feed_loads, proposals }
+        let spot_feeds = Family::<Labels, Gauge>::default();
+        registry.register(
+            "spot_feed_current",
+            "Spot availability series by file: 1 while it covers the clock, 0 before its start or once stale (its clusters' spot pools then scored as configured)",
+            spot_feeds.clone(),
+        );
+        Metrics { registry, jobs, heartbeats, requests, placements, feed_loads, spot_feeds, proposals }
     }
 
     pub fn heartbeat(&self, cluster: &str) {
@@ -60,6 +67,15 @@ impl Metrics {
 
     pub fn feed_load(&self, ok: bool) {
         self.feed_loads.get_or_create(&vec![("result".into(), if ok { "ok" } else { "error" }.into())]).inc();
+    }
+
+    /// Sets a spot series' gauge; returns whether it changed (unset counts
+    /// as current).
+    pub fn spot_feed(&self, series: &str, current: bool) -> bool {
+        let g = self.spot_feeds.get_or_create(&vec![("series".into(), series.into())]);
+        let was = g.get();
+        g.set(current as i64);
+        was != current as i64
     }
 
     pub fn rebalance_proposals(&self, n: usize) {

@@ -215,6 +215,27 @@ impl Ranker {
         state
     }
 
+    /// Each spot series of the feeds, the cloud clusters it sets, and
+    /// whether it covers `now` (started and not stale); then the cloud
+    /// clusters selling spot that no series follows.
+    pub fn spot_status(&self, now: f64) -> (Vec<SpotFeedStatus>, Vec<String>) {
+        let mut out: Vec<SpotFeedStatus> = self
+            .feeds
+            .spot
+            .iter()
+            .map(|(n, s)| SpotFeedStatus { series: n.clone(), clusters: Vec::new(), current: s.covers(now) })
+            .collect();
+        let mut unfollowed = Vec::new();
+        let names = || self.feeds.spot.iter().map(|(n, _)| n.as_str());
+        for c in self.model.clusters.iter().filter(|c| !c.onprem && c.pools.iter().any(|p| p.prices.spot.is_some())) {
+            match fleet_engine::series_for_region(&c.region, names()) {
+                Some(k) => out[k].clusters.push(c.name.clone()),
+                None => unfollowed.push(c.name.clone()),
+            }
+        }
+        (out, unfollowed)
+    }
+
     pub fn policy_name(&self) -> &str {
         &self.policy.name
     }
@@ -309,6 +330,17 @@ pub fn sla_penalty_usd(sla: &fleet_api::api::ClusterSla, total: f64, time_value:
     } else {
         0.0
     }
+}
+
+/// A spot series of the live feeds, as [`Ranker::spot_status`] reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpotFeedStatus {
+    /// The file's stem.
+    pub series: String,
+    /// The cloud clusters whose spot pools it sets.
+    pub clusters: Vec<String>,
+    /// It covers the time asked about (else those pools are scored as configured).
+    pub current: bool,
 }
 
 /// `priced` with every egress matrix of `feeds` applied, in order.

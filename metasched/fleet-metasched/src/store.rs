@@ -2618,6 +2618,12 @@ impl Store {
         }
     }
 
+    /// The spot series of the engine's feeds at `now` ([`Ranker::spot_status`]);
+    /// empty without an engine.
+    pub fn spot_status(&self, now: f64) -> (Vec<crate::ranking::SpotFeedStatus>, Vec<String>) {
+        self.ranker.as_ref().map(|r| r.spot_status(now)).unwrap_or_default()
+    }
+
     pub fn has_engine(&self) -> bool {
         self.ranker.is_some()
     }

@@ -1035,6 +1035,8 @@ async fn a_spot_feed_says_whether_spot_is_there_now() {
         let _: JobRecord =
             d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
     }
+    let gauge = |v: u8| format!("fleet_metasched_spot_feed_current{{series=\"aws-2026__us-east-1a_h100\"}} {v}");
+    assert!(metric(&d, &gauge(1)).await);
     let spot_first = (("gamma".to_string(), "spot".to_string()), ("spot".to_string(), 0.0));
     assert_eq!(spot_ranking(&d, "sp").await, spot_first, "spot is there in the first hour");
     assert_eq!(spot_ranking(&d, "long").await, spot_first, "no reclaim seen yet");
@@ -1059,6 +1061,10 @@ async fn a_spot_feed_says_whether_spot_is_there_now() {
     beat().await;
     assert_eq!(spot_ranking(&d, "sp").await, spot_first);
     assert_eq!(spot_ranking(&d, "long").await, spot_first);
+    // The gauge says so from the next feed check.
+    assert!(metric(&d, &gauge(1)).await);
+    assert_eq!(d.control.check_feeds().await, Some(fleet_metasched::FeedReload::Unchanged));
+    assert!(metric(&d, &gauge(0)).await);
     d.stop().await;
 
     // A series without its start time cannot be a live feed: a start-up error
