@@ -334,6 +334,42 @@ mod tests {
         assert!((rate - 2.5 / avail_h).abs() < 1e-12, "{rate}");
     }
 
+    proptest::proptest! {
+        /// Whatever the text, the reader answers (never panics); whatever the
+        /// series and the moment, what it says is in range and from the past.
+        #[test]
+        fn any_series_at_any_moment_says_something_sane(
+            text in ".{0,80}",
+            data in proptest::collection::vec(0u32..4, 1..40),
+            start in 0.0f64..1000.0,
+            gap in 1.0f64..500.0,
+            now in proptest::prop_oneof![-1e3f64..3e4, proptest::strategy::Just(f64::NAN), proptest::strategy::Just(f64::INFINITY)],
+        ) {
+            let _ = parse_spot(&text);
+            let body: Vec<String> = data.iter().map(u32::to_string).collect();
+            let json = format!("{{\"metadata\":{{\"gap_seconds\":{gap},\"start_unix\":{start}}},\"data\":[{}]}}", body.join(","));
+            let s = parse_spot(&json).unwrap();
+            let Some(n) = s.at(now) else {
+                proptest::prop_assert!(!(now >= start && s.max > 0 && s.covers(now)));
+                return Ok(());
+            };
+            proptest::prop_assert!(s.covers(now));
+            let tick = (((now - start) / gap) as usize).min(data.len() - 1);
+            proptest::prop_assert_eq!(n.available, data[tick] > 0);
+            let rate = n.preemptions_per_hour.unwrap_or(0.0);
+            proptest::prop_assert!(rate.is_finite() && rate >= 0.0);
+            let r = n.recovery_s.unwrap_or(0.0);
+            proptest::prop_assert!(r.is_finite() && r >= 0.0);
+            if let Some(since) = n.window_since_unix {
+                proptest::prop_assert!(since > start && since <= now && data[tick] == s.max);
+            }
+            // Windows ended by now: each a whole number of ticks, within the ticks seen.
+            let seen_h = (tick + 1) as f64 * gap / 3600.0;
+            let total: f64 = n.windows.as_ref().map_or(0.0, |w| w.lengths_h().iter().sum());
+            proptest::prop_assert!(total <= seen_h * (1.0 + 1e-9));
+        }
+    }
+
     #[test]
     fn a_series_follows_the_clusters_whose_region_its_name_holds() {
         let names = ["aws-02-15-2023__us-east-1a_v100_1", "aws__us-west-2a"];
