@@ -979,6 +979,17 @@ async fn a_broken_feed_at_start_is_a_startup_error() {
     assert!(format!("{err:#}").contains("aws_transmission_cost_matrix.csv:2: expected 2 fields"), "{err:#}");
 }
 
+/// Forwards job `id` from beta: 8 H100s for `minutes`, tentatively to alpha.
+async fn forward_h100_job(d: &Daemon, id: &str, minutes: u32, interruptible: bool) {
+    let mut req = request("beta", "h100", 8);
+    req.time_limit_min = Some(minutes);
+    req.fleet.interruptible = interruptible;
+    let fwd =
+        ForwardRequest { fleet_job_id: id.into(), request: req, tentative_target: "alpha".into(), early_start: false };
+    let _: JobRecord =
+        d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+}
+
 /// gamma (cloud, us-east-1) sells H100 spot at 1 USD/GPU-h, on demand at 4;
 /// alpha's owned H100s cost 3.
 fn spot_model() -> String {
@@ -1023,17 +1034,7 @@ async fn a_spot_feed_says_whether_spot_is_there_now() {
     beat().await;
     // A 10-minute job and a day-long one, neither checkpointing.
     for (id, minutes) in [("sp", 10), ("long", 24 * 60)] {
-        let mut req = request("beta", "h100", 8);
-        req.time_limit_min = Some(minutes);
-        req.fleet.interruptible = true;
-        let fwd = ForwardRequest {
-            fleet_job_id: id.into(),
-            request: req,
-            tentative_target: "alpha".into(),
-            early_start: false,
-        };
-        let _: JobRecord =
-            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+        forward_h100_job(&d, id, minutes, true).await;
     }
     let gauge = |v: u8| format!("fleet_metasched_spot_feed_current{{series=\"aws-2026__us-east-1a_h100\"}} {v}");
     assert!(metric(&d, &gauge(1)).await);
@@ -1093,17 +1094,7 @@ async fn rebalance_proposes_moving_a_running_interruptible_job_to_a_cheaper_clus
     d.heartbeat("alpha", 16).await;
     d.heartbeat("beta", 16).await;
     for (id, interruptible) in [("mv", true), ("stay", false)] {
-        let mut req = request("beta", "h100", 8);
-        req.time_limit_min = Some(24 * 60);
-        req.fleet.interruptible = interruptible;
-        let fwd = ForwardRequest {
-            fleet_job_id: id.into(),
-            request: req,
-            tentative_target: "alpha".into(),
-            early_start: false,
-        };
-        let _: JobRecord =
-            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+        forward_h100_job(&d, id, 24 * 60, interruptible).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
         let (s, v) = d.status(id, "alpha", st(JobState::Running)).await;
         assert!(s.is_success(), "{v}");
