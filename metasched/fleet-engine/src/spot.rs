@@ -30,8 +30,11 @@ pub struct SpotSeries {
     /// Unix time of the start of `data[0]` (`metadata.start_unix`), if given.
     pub start_unix: Option<f64>,
     /// Level changes as runs: (first tick, ticks, at full level), in order;
-    /// only for series read with a start (live feeds).
+    /// only for series read with a start (live feeds), as `cum`.
     runs: Vec<(usize, usize, bool)>,
+    /// Through each tick: (hours of spot available, as a share of the full
+    /// level; drops, as a share of it), so that a ranking reads them at once.
+    cum: Vec<(f64, f64)>,
 }
 
 #[derive(serde::Deserialize)]
@@ -68,9 +71,22 @@ pub fn parse_spot(text: &str) -> Result<SpotSeries, FeedError> {
         max,
         start_unix: raw.metadata.start_unix,
         runs: Vec::new(),
+        cum: Vec::new(),
     };
-    if s.start_unix.is_some() {
+    if s.start_unix.is_some() && s.max > 0 {
         s.runs = s.level_runs();
+        let max = s.max as f64;
+        let (mut avail_h, mut drops) = (0.0, 0.0);
+        s.cum = (0..s.data.len())
+            .map(|i| {
+                let d = s.data[i] as f64;
+                avail_h += d / max * s.gap_s / 3600.0;
+                if i > 0 {
+                    drops += (s.data[i - 1] as f64 - d).max(0.0) / max;
+                }
+                (avail_h, drops)
+            })
+            .collect();
     }
     Ok(s)
 }
@@ -162,16 +178,8 @@ impl SpotSeries {
         }
         let tick = (((now_unix - start) / self.gap_s) as usize).min(self.data.len() - 1);
         let t = |i: usize| start + i as f64 * self.gap_s;
-        let (mut windows, mut spells) = (Vec::new(), SpotSpells::default());
-        let (mut avail_h, mut drops) = (0.0, 0.0);
-        let max = self.max as f64;
-        for i in 0..=tick {
-            let d = self.data[i] as f64;
-            avail_h += d / max * self.gap_s / 3600.0;
-            if i > 0 {
-                drops += (self.data[i - 1] as f64 - d).max(0.0) / max;
-            }
-        }
+        let (mut windows, mut spells) = (Vec::new(), Vec::new());
+        let (avail_h, drops) = self.cum[tick];
         // The run (stretch at or below full) open now, and those ended before it.
         let k = self.runs.partition_point(|r| r.0 <= tick) - 1;
         let mut below_since: Option<usize> = None;
@@ -202,7 +210,7 @@ impl SpotSeries {
             preemptions_per_hour: (avail_h > 0.0).then(|| drops / avail_h),
             windows: SpotWindows::new(windows).map(Arc::new),
             window_since_unix,
-            recovery_s: (!spells.is_empty()).then(|| spells.mean_remaining_s(age_s)),
+            recovery_s: (!spells.is_empty()).then(|| SpotSpells::from_lengths(spells).mean_remaining_s(age_s)),
         })
     }
 }
@@ -227,6 +235,19 @@ impl SpotSpells {
             acc += self.lens[k];
             self.tail[k] = acc;
         }
+    }
+
+    /// From the lengths (s) of shortfalls ended, in any order: the same as
+    /// pushing them one by one.
+    pub fn from_lengths(mut lens: Vec<f64>) -> SpotSpells {
+        lens.sort_by(f64::total_cmp);
+        let mut tail = vec![0.0; lens.len()];
+        let mut acc = 0.0;
+        for k in (0..lens.len()).rev() {
+            acc += lens[k];
+            tail[k] = acc;
+        }
+        SpotSpells { lens, tail }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -389,5 +410,6 @@ mod tests {
         assert_eq!(s.mean_remaining_s(0.0), 500.0);
         assert_eq!(s.mean_remaining_s(150.0), (200.0 + 1200.0) / 2.0 - 150.0);
         assert_eq!(s.mean_remaining_s(2000.0), 2000.0);
+        assert_eq!(SpotSpells::from_lengths(vec![200.0, 1200.0, 100.0]), s);
     }
 }
