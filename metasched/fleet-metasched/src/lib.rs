@@ -59,10 +59,12 @@ use metrics::Metrics;
 use store::{Caller, JobFilter, Store, StoreError};
 
 /// Wall clock in Unix seconds, with an offset tests can move forward
-/// (heartbeat ages are computed from it).
+/// (heartbeat ages are computed from it), and the monotonic clock the
+/// meta-scheduler tells its own stalls by.
 #[derive(Clone, Debug, Default)]
 pub struct Clock {
     offset_ms: Arc<AtomicI64>,
+    mono_offset_ms: Arc<AtomicI64>,
 }
 
 impl Clock {
@@ -71,9 +73,22 @@ impl Clock {
         wall + self.offset_ms.load(Ordering::Relaxed) as f64 / 1000.0
     }
 
-    /// Move this clock (and every clone of it) forward.
+    /// The monotonic clock (plus what [`Clock::pause`] added).
+    pub fn mono(&self) -> std::time::Instant {
+        std::time::Instant::now() + Duration::from_millis(self.mono_offset_ms.load(Ordering::Relaxed).max(0) as u64)
+    }
+
+    /// Move this clock (and every clone of it) forward: time passes while
+    /// the meta-scheduler runs.
     pub fn advance(&self, d: Duration) {
         self.offset_ms.fetch_add(d.as_millis() as i64, Ordering::Relaxed);
+    }
+
+    /// Both clocks jump by `d`, as they do for a process whose host was
+    /// paused or which was stopped: the meta-scheduler did not run meanwhile.
+    pub fn pause(&self, d: Duration) {
+        self.mono_offset_ms.fetch_add(d.as_millis() as i64, Ordering::Relaxed);
+        self.advance(d);
     }
 }
 

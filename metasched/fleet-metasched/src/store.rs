@@ -442,6 +442,49 @@ pub fn inventory_violation(cfg: &ClusterConfig, hb: &Heartbeat) -> Option<String
     None
 }
 
+/// A gap between two sweeps (monotonic clock) longer than this is a time
+/// the meta-scheduler was not listening. Sweeps run every second.
+const DEAF_AFTER_S: f64 = 5.0;
+/// Deaf spells remembered (the oldest go first): only recent ones overlap a
+/// silence or deadline still being judged.
+const DEAF_KEPT: usize = 64;
+
+/// The spells the meta-scheduler was not listening, on the store's clock.
+#[derive(Debug, Default)]
+struct Deafness {
+    last: Option<(std::time::Instant, f64)>,
+    /// (start, end), oldest first.
+    spells: std::collections::VecDeque<(f64, f64)>,
+}
+
+impl Deafness {
+    /// A sweep at `mono` (monotonic) and `now` (the store's clock): the gap
+    /// since the previous sweep, if it was a deaf spell (then remembered as
+    /// ending at `now`).
+    fn tick(&mut self, mono: std::time::Instant, now: f64) -> Option<f64> {
+        let prev = self.last.replace((mono, now));
+        let (m0, _) = prev?;
+        let gap = mono.saturating_duration_since(m0).as_secs_f64();
+        if gap <= DEAF_AFTER_S {
+            return None;
+        }
+        self.add(now - gap, now);
+        Some(gap)
+    }
+
+    fn add(&mut self, start: f64, end: f64) {
+        if self.spells.len() == DEAF_KEPT {
+            self.spells.pop_front();
+        }
+        self.spells.push_back((start, end));
+    }
+
+    /// Seconds of deaf spells within `[t0, t1]`.
+    fn within(&self, t0: f64, t1: f64) -> f64 {
+        self.spells.iter().map(|&(a, b)| (b.min(t1) - a.max(t0)).max(0.0)).sum()
+    }
+}
+
 pub struct Store {
     conn: rusqlite::Connection,
     state_dir: PathBuf,
@@ -451,6 +494,11 @@ pub struct Store {
     order: Vec<String>,
     heartbeat_timeout_s: f64,
     started_at: f64,
+    /// The times the meta-scheduler itself was not listening (paused host,
+    /// stopped or starved process; see [`Store::note_deafness`]): no cluster
+    /// is held to a silence, and no deadline to time, spent then.
+    deaf: Deafness,
+    clock: crate::Clock,
     metrics: Arc<Metrics>,
     ranker: Option<Arc<Ranker>>,
     wakers: Arc<Wakers>,
@@ -768,6 +816,8 @@ impl Store {
             order: clusters.iter().map(|c| c.name.clone()).collect(),
             heartbeat_timeout_s,
             started_at: clock.now(),
+            deaf: Deafness::default(),
+            clock: clock.clone(),
             metrics,
             ranker,
             wakers: Arc::new(Wakers::new(clusters.iter().map(|c| c.name.as_str()))),
@@ -899,12 +949,15 @@ impl Store {
                 let mut summary = match &c.last {
                     Some((hb, t)) => {
                         let age = (now - t).max(0.0);
+                        // Health by the silence heard (`Store::healthy`); the
+                        // age shown is the heartbeat's.
+                        let heard = (age - self.deaf.within(*t, now)).max(0.0);
                         ClusterSummary {
                             name: c.cfg.name.clone(),
                             region: pick(&c.cfg.region, &hb.region),
                             provider: pick(&c.cfg.provider, &hb.provider),
                             scheduler: hb.scheduler.clone(),
-                            healthy: age <= self.heartbeat_timeout_s,
+                            healthy: heard <= self.heartbeat_timeout_s,
                             heartbeat_age_s: age,
                             gpus: gpu_pools(&hb.nodes),
                             queue_pending: hb.queue_pending,
@@ -954,7 +1007,7 @@ impl Store {
                     } else {
                         format!("no heartbeat for {age:.0} s")
                     };
-                    summary.unhealthy_reason += &if age > moves {
+                    summary.unhealthy_reason += &if self.silent_for(&c.cfg.name, now) > moves {
                         format!(
                             "; past its grace period ({moves:.0} s silent): its fleet jobs were moved to other clusters"
                         )
@@ -1013,19 +1066,44 @@ impl Store {
     /// How long `cluster` has been silent (since our own start if never heard).
     fn silent_for(&self, cluster: &str, now: f64) -> f64 {
         match self.clusters.get(cluster).and_then(|c| c.last.as_ref()) {
-            // Silence while the meta-scheduler itself was down is not the
-            // cluster's: count from our start at the earliest.
-            Some((_, t)) => now - t.max(self.started_at),
-            None => now - self.started_at,
+            // Silence while the meta-scheduler itself was down or deaf is not
+            // the cluster's: count from our start at the earliest, and
+            // without the times we were not listening.
+            Some((_, t)) => self.listened(*t, now),
+            None => self.listened(self.started_at, now),
+        }
+    }
+
+    /// Seconds from `t0` to `now` during which the meta-scheduler was running
+    /// and listening: after its start, less the times it was deaf.
+    fn listened(&self, t0: f64, now: f64) -> f64 {
+        let t0 = t0.max(self.started_at);
+        (now - t0 - self.deaf.within(t0, now)).max(0.0)
+    }
+
+    /// Called by every [`Store::sweep`], which runs every second: a longer
+    /// gap between two sweeps, on the monotonic clock, means the
+    /// meta-scheduler itself did not run (its host paused or suspended, the
+    /// process stopped or starved, the store held): heartbeats, reports and
+    /// lease renewals sent meanwhile were not heard, so that time is not
+    /// counted against any cluster or run.
+    fn note_deafness(&mut self, now: f64) {
+        if let Some(gap) = self.deaf.tick(self.clock.mono(), now) {
+            tracing::warn!(
+                seconds = format!("{gap:.1}"),
+                "the meta-scheduler did not run for a while (host paused, process stopped or starved): no cluster is held to its silence, and no run to a deadline, over that time"
+            );
         }
     }
 
     fn healthy(&self, cluster: &str, now: f64) -> bool {
         self.clusters.get(cluster).is_some_and(|c| {
             c.quarantine.is_none()
-                && c.last
-                    .as_ref()
-                    .is_some_and(|(hb, t)| now - t <= self.heartbeat_timeout_s && hb.scheduler_error.is_none())
+                && c.last.as_ref().is_some_and(|(hb, t)| {
+                    // Not `listened`: a cluster last heard before our own start
+                    // is not healthy until it beats again.
+                    now - t - self.deaf.within(*t, now) <= self.heartbeat_timeout_s && hb.scheduler_error.is_none()
+                })
         })
     }
 
@@ -1557,6 +1635,7 @@ impl Store {
     /// Periodic work: place waiting jobs, re-place jobs whose target went
     /// silent before submitting them.
     pub fn sweep(&mut self, now: f64) -> Result<(), StoreError> {
+        self.note_deafness(now);
         self.advance_moves(now)?;
         self.check_sla(now)?;
         self.early_timeouts(now)?;
@@ -1640,7 +1719,7 @@ impl Store {
             let f = lifecycle::FirstLease {
                 under_lease: true,
                 asked: false,
-                running_for_s: job.running_since.map(|t| now - t.max(self.started_at)),
+                running_for_s: job.running_since.map(|t| self.listened(t, now)),
             };
             if !lifecycle::launch_lost(&life_of(&job), f, limit) {
                 continue;
@@ -2516,6 +2595,9 @@ impl Store {
         req: &JobLeaseRequest,
         now: f64,
     ) -> Result<JobLeaseReply, StoreError> {
+        // A renewal may be the first thing heard after a deaf spell: note it
+        // before judging the cluster's silence.
+        self.note_deafness(now);
         let cluster = match caller {
             Caller::Checkpointer { id: jid, cluster } if jid == id => cluster,
             Caller::Cluster(c) => c,
@@ -2684,6 +2766,29 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_gap_between_sweeps_is_a_deaf_spell_and_only_its_overlap_counts() {
+        use std::time::{Duration, Instant};
+        let mut d = Deafness::default();
+        let m0 = Instant::now();
+        assert_eq!(d.tick(m0, 100.0), None, "the first sweep");
+        assert_eq!(d.tick(m0 + Duration::from_secs(1), 101.0), None);
+        assert_eq!(d.tick(m0 + Duration::from_secs(6), 106.0), None, "5 s is still a sweep late, not deaf");
+        assert_eq!(d.tick(m0 + Duration::from_secs(36), 136.0), Some(30.0));
+        assert_eq!(d.spells.iter().copied().collect::<Vec<_>>(), [(106.0, 136.0)]);
+        // A jump of the store's clock alone (tests, a clock step) is no spell.
+        assert_eq!(d.tick(m0 + Duration::from_secs(37), 5000.0), None);
+        assert_eq!(
+            (d.within(0.0, 200.0), d.within(120.0, 125.0), d.within(130.0, 140.0), d.within(140.0, 150.0)),
+            (30.0, 5.0, 6.0, 0.0)
+        );
+        for k in 0..(DEAF_KEPT as u64 + 3) {
+            let m = m0 + Duration::from_secs(100 + 10 * k);
+            let _ = d.tick(m, 6000.0 + 10.0 * k as f64);
+        }
+        assert_eq!(d.spells.len(), DEAF_KEPT, "only the latest spells are kept");
+    }
+
     use super::*;
 
     fn node(ty: Option<&str>, total: u32, free: u32, state: &str) -> NodeCapacity {

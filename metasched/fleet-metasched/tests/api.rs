@@ -2042,6 +2042,55 @@ async fn health_of(d: &Daemon, cluster: &str) -> (String, String) {
     (c.health, c.unhealthy_reason)
 }
 
+/// The meta-scheduler itself did not run for a minute (its host paused, the
+/// process stopped: both its clocks jump). Every cluster looks silent for a
+/// minute, but none was: no job moves, no cluster turns unhealthy, and a
+/// cluster that stays silent afterwards is judged by its silence since.
+#[tokio::test]
+async fn a_paused_meta_scheduler_holds_no_cluster_to_the_silence_it_did_not_hear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    forward_restartable(&d, "mv").await;
+    let r = d.start_job("mv", "beta").await;
+    assert_eq!((r.target.as_deref(), r.epoch), (Some("alpha"), 1));
+    assert_eq!(d.status("mv", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+
+    d.clock.pause(Duration::from_secs(60));
+    // Whatever runs first after the pause (the sweeper, a heartbeat) sees it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    d.heartbeat("beta", 16).await;
+    let r = d.job("mv").await;
+    assert_eq!(
+        (r.state, r.target.as_deref(), r.epoch, r.migrations),
+        (JobState::Running, Some("alpha"), 1, 0),
+        "{}",
+        r.reason
+    );
+    assert_eq!(health_of(&d, "alpha").await.0, "healthy", "60 s unheard, none of it alpha's");
+
+    // alpha then stays silent (beta and gamma beat): it moves after 3 + 20 s
+    // of its own silence, and the reason counts only that.
+    for _ in 0..25 {
+        d.clock.advance(Duration::from_secs(1));
+        d.heartbeat("beta", 16).await;
+        d.heartbeat("gamma", 16).await;
+    }
+    let r = d.job("mv").await;
+    assert_eq!((r.target.as_deref(), r.epoch, r.migrations), (Some("gamma"), 2, 1), "{}", r.reason);
+    let silent: f64 = r
+        .reason
+        .split("has sent no heartbeat for ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(f64::NAN);
+    assert!((23.0..30.0).contains(&silent), "{}", r.reason);
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn a_silent_clusters_running_job_moves_after_its_grace_period_and_the_old_epoch_is_fenced() {
     let tmp = tempfile::tempdir().unwrap();

@@ -301,7 +301,9 @@ impl Store {
             }
             let view = self.view(now);
             let deadline = self.sla.deadline(&target, &Self::provider_of(&view, &target));
-            let age = now - assigned_at;
+            // Time the meta-scheduler was not listening (its reports could not
+            // arrive) is not the target's.
+            let age = now - assigned_at - self.deaf.within(assigned_at, now);
             if age <= deadline {
                 continue;
             }
