@@ -2042,6 +2042,19 @@ async fn health_of(d: &Daemon, cluster: &str) -> (String, String) {
     (c.health, c.unhealthy_reason)
 }
 
+/// A daemon (grace 20 s) with every cluster beating and the restartable job
+/// `mv` from beta started at alpha, epoch 1.
+async fn restartable_at_alpha(dir: &Path) -> Daemon {
+    let d = Daemon::start_with(dir, Clock::default(), health_config(dir, 20.0)).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    forward_restartable(&d, "mv").await;
+    let r = d.start_job("mv", "beta").await;
+    assert_eq!((r.target.as_deref(), r.epoch), (Some("alpha"), 1), "first placement: epoch 1");
+    d
+}
+
 /// The meta-scheduler itself did not run for a minute (its host paused, the
 /// process stopped: both its clocks jump). Every cluster looks silent for a
 /// minute, but none was: no job moves, no cluster turns unhealthy, and a
@@ -2049,13 +2062,7 @@ async fn health_of(d: &Daemon, cluster: &str) -> (String, String) {
 #[tokio::test]
 async fn a_paused_meta_scheduler_holds_no_cluster_to_the_silence_it_did_not_hear() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
-    for (c, _) in CLUSTERS {
-        d.heartbeat(c, 16).await;
-    }
-    forward_restartable(&d, "mv").await;
-    let r = d.start_job("mv", "beta").await;
-    assert_eq!((r.target.as_deref(), r.epoch), (Some("alpha"), 1));
+    let d = restartable_at_alpha(tmp.path()).await;
     assert_eq!(d.status("mv", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
 
     d.clock.pause(Duration::from_secs(60));
@@ -2094,13 +2101,7 @@ async fn a_paused_meta_scheduler_holds_no_cluster_to_the_silence_it_did_not_hear
 #[tokio::test]
 async fn a_silent_clusters_running_job_moves_after_its_grace_period_and_the_old_epoch_is_fenced() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = Daemon::start_with(tmp.path(), Clock::default(), health_config(tmp.path(), 20.0)).await;
-    for (c, _) in CLUSTERS {
-        d.heartbeat(c, 16).await;
-    }
-    forward_restartable(&d, "mv").await;
-    let r = d.start_job("mv", "beta").await;
-    assert_eq!((r.target.as_deref(), r.epoch), (Some("alpha"), 1), "first placement: epoch 1");
+    let d = restartable_at_alpha(tmp.path()).await;
     let a = d.work("alpha").await.submit.pop().unwrap();
     assert_eq!((a.epoch, a.resume_from.as_deref()), (1, None));
     assert_eq!(d.status("mv", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
