@@ -24,6 +24,9 @@ pub struct Ranker {
     /// `priced` with the egress matrices applied: what the engine sees.
     model: FleetModel,
     feeds: Arc<Feeds>,
+    /// Per cluster of `model`: the spot series of `feeds` it follows (a cloud
+    /// cluster with a spot-priced pool whose region a series' name holds).
+    spot_of: Vec<Option<usize>>,
     policy: Policy,
 }
 
@@ -157,7 +160,8 @@ impl Ranker {
             return Err(ConfigError::Invalid(format!("[placement] policy {name:?} is unknown (first-fit, {known})")));
         };
         let model = with_egress(&priced, &feeds);
-        Ok(Some(Ranker { base, priced, model, feeds, policy }))
+        let spot_of = spot_follow(&model, &feeds);
+        Ok(Some(Ranker { base, priced, model, feeds, spot_of, policy }))
     }
 
     /// This ranker with the configured model repriced by `table`.
@@ -168,16 +172,19 @@ impl Ranker {
             model: with_egress(&priced, &self.feeds),
             priced,
             feeds: self.feeds.clone(),
+            spot_of: self.spot_of.clone(),
             policy: self.policy.clone(),
         }
     }
 
     /// This ranker with a new feed snapshot (carbon series, egress).
     pub fn with_feeds(&self, feeds: Arc<Feeds>) -> Ranker {
+        let model = with_egress(&self.priced, &feeds);
         Ranker {
             base: self.base.clone(),
             priced: self.priced.clone(),
-            model: with_egress(&self.priced, &feeds),
+            spot_of: spot_follow(&model, &feeds),
+            model,
             feeds,
             policy: self.policy.clone(),
         }
@@ -193,22 +200,13 @@ impl Ranker {
             // A series for a zone no cluster uses is simply not attached.
             state.set_carbon_series(&self.model, s.clone());
         }
-        if !self.feeds.spot.is_empty() {
-            let names = || self.feeds.spot.iter().map(|(n, _)| n.as_str());
-            for (c, cs) in self.model.clusters.iter().zip(state.clusters.iter_mut()) {
-                if c.onprem {
-                    continue;
-                }
-                let Some(k) = fleet_engine::series_for_region(&c.region, names()) else {
-                    continue;
-                };
-                let Some(now) = self.feeds.spot[k].1.at(state.now_unix) else {
-                    continue;
-                };
-                for (p, ps) in c.pools.iter().zip(cs.pools.iter_mut()) {
-                    if p.prices.spot.is_some() {
-                        now.apply(ps);
-                    }
+        for ((c, cs), k) in self.model.clusters.iter().zip(state.clusters.iter_mut()).zip(&self.spot_of) {
+            let Some(now) = k.and_then(|k| self.feeds.spot[k].1.at(state.now_unix)) else {
+                continue;
+            };
+            for (p, ps) in c.pools.iter().zip(cs.pools.iter_mut()) {
+                if p.prices.spot.is_some() {
+                    now.apply(ps);
                 }
             }
         }
@@ -226,11 +224,11 @@ impl Ranker {
             .map(|(n, s)| SpotFeedStatus { series: n.clone(), clusters: Vec::new(), current: s.covers(now) })
             .collect();
         let mut unfollowed = Vec::new();
-        let names = || self.feeds.spot.iter().map(|(n, _)| n.as_str());
-        for c in self.model.clusters.iter().filter(|c| !c.onprem && c.pools.iter().any(|p| p.prices.spot.is_some())) {
-            match fleet_engine::series_for_region(&c.region, names()) {
-                Some(k) => out[k].clusters.push(c.name.clone()),
-                None => unfollowed.push(c.name.clone()),
+        for (c, k) in self.model.clusters.iter().zip(&self.spot_of) {
+            match k {
+                Some(k) => out[*k].clusters.push(c.name.clone()),
+                None if !c.onprem && c.pools.iter().any(|p| p.prices.spot.is_some()) => unfollowed.push(c.name.clone()),
+                None => {}
             }
         }
         (out, unfollowed)
@@ -341,6 +339,21 @@ pub struct SpotFeedStatus {
     pub clusters: Vec<String>,
     /// It covers the time asked about (else those pools are scored as configured).
     pub current: bool,
+}
+
+/// Per cluster of `model`: the spot series of `feeds` it follows, for the cloud
+/// clusters selling spot ([`fleet_engine::series_for_region`]).
+fn spot_follow(model: &FleetModel, feeds: &Feeds) -> Vec<Option<usize>> {
+    model
+        .clusters
+        .iter()
+        .map(|c| {
+            let sells = !c.onprem && c.pools.iter().any(|p| p.prices.spot.is_some());
+            sells
+                .then(|| fleet_engine::series_for_region(&c.region, feeds.spot.iter().map(|(n, _)| n.as_str())))
+                .flatten()
+        })
+        .collect()
 }
 
 /// `priced` with every egress matrix of `feeds` applied, in order.

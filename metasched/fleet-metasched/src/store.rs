@@ -452,7 +452,8 @@ const DEAF_KEPT: usize = 64;
 /// The spells the meta-scheduler was not listening, on the store's clock.
 #[derive(Debug, Default)]
 struct Deafness {
-    last: Option<(std::time::Instant, f64)>,
+    /// The previous sweep, on the monotonic clock.
+    last: Option<std::time::Instant>,
     /// (start, end), oldest first.
     spells: std::collections::VecDeque<(f64, f64)>,
 }
@@ -462,8 +463,7 @@ impl Deafness {
     /// since the previous sweep, if it was a deaf spell (then remembered as
     /// ending at `now`).
     fn tick(&mut self, mono: std::time::Instant, now: f64) -> Option<f64> {
-        let prev = self.last.replace((mono, now));
-        let (m0, _) = prev?;
+        let m0 = self.last.replace(mono)?;
         let gap = mono.saturating_duration_since(m0).as_secs_f64();
         if gap <= DEAF_AFTER_S {
             return None;
@@ -951,7 +951,7 @@ impl Store {
                         let age = (now - t).max(0.0);
                         // Health by the silence heard (`Store::healthy`); the
                         // age shown is the heartbeat's.
-                        let heard = (age - self.deaf.within(*t, now)).max(0.0);
+                        let heard = self.heard(*t, now);
                         ClusterSummary {
                             name: c.cfg.name.clone(),
                             region: pick(&c.cfg.region, &hb.region),
@@ -1077,7 +1077,12 @@ impl Store {
     /// Seconds from `t0` to `now` during which the meta-scheduler was running
     /// and listening: after its start, less the times it was deaf.
     fn listened(&self, t0: f64, now: f64) -> f64 {
-        let t0 = t0.max(self.started_at);
+        self.heard(t0.max(self.started_at), now)
+    }
+
+    /// Seconds from `t0` to `now` less the times the meta-scheduler was deaf
+    /// (not clamped to its start: a heartbeat from before it is as old as it is).
+    fn heard(&self, t0: f64, now: f64) -> f64 {
         (now - t0 - self.deaf.within(t0, now)).max(0.0)
     }
 
@@ -1102,7 +1107,7 @@ impl Store {
                 && c.last.as_ref().is_some_and(|(hb, t)| {
                     // Not `listened`: a cluster last heard before our own start
                     // is not healthy until it beats again.
-                    now - t - self.deaf.within(*t, now) <= self.heartbeat_timeout_s && hb.scheduler_error.is_none()
+                    self.heard(*t, now) <= self.heartbeat_timeout_s && hb.scheduler_error.is_none()
                 })
         })
     }
@@ -2766,6 +2771,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_gap_between_sweeps_is_a_deaf_spell_and_only_its_overlap_counts() {
         use std::time::{Duration, Instant};
@@ -2788,8 +2795,6 @@ mod tests {
         }
         assert_eq!(d.spells.len(), DEAF_KEPT, "only the latest spells are kept");
     }
-
-    use super::*;
 
     fn node(ty: Option<&str>, total: u32, free: u32, state: &str) -> NodeCapacity {
         NodeCapacity {

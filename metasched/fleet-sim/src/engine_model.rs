@@ -354,11 +354,11 @@ impl EngineModel {
             if c.onprem {
                 continue;
             }
+            let by_region = fleet_engine::series_for_region(&c.region, traces.iter().map(|t| t.name.as_str()));
             for (pi, p) in c.pools.iter().enumerate() {
                 if p.prices.spot.is_none() {
                     continue;
                 }
-                let by_region = fleet_engine::series_for_region(&c.region, traces.iter().map(|t| t.name.as_str()));
                 let k = by_region.unwrap_or_else(|| {
                     let k = rr % traces.len();
                     rr += 1;

@@ -588,11 +588,6 @@ impl SpotMarket {
         let age = self.spell_since.map_or(0.0, |t0| (now - t0).max(0.0));
         self.spells.mean_remaining_s(age)
     }
-
-    /// A spell below full of `len` seconds ended.
-    fn spell_ended(&mut self, len: f64) {
-        self.spells.push(len);
-    }
 }
 
 /// `x.round() as u64` (half away from zero) without the libm call, which the
@@ -1685,7 +1680,7 @@ impl<M: Model> Sim<'_, M> {
                 m.spell_since = None;
                 m.full_since = now;
                 m.full_since_known = true;
-                m.spell_ended(now - t0);
+                m.spells.push(now - t0);
             }
             _ => {}
         }
@@ -2443,7 +2438,7 @@ mod tests {
     fn spells_ended(lens: &[f64], since: Option<f64>) -> SpotMarket {
         let mut p = SpotMarket { spell_since: since, ..Default::default() };
         for &l in lens {
-            p.spell_ended(l);
+            p.spells.push(l);
         }
         p
     }

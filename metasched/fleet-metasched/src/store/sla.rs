@@ -303,7 +303,7 @@ impl Store {
             let deadline = self.sla.deadline(&target, &Self::provider_of(&view, &target));
             // Time the meta-scheduler was not listening (its reports could not
             // arrive) is not the target's.
-            let age = now - assigned_at - self.deaf.within(assigned_at, now);
+            let age = self.heard(assigned_at, now);
             if age <= deadline {
                 continue;
             }
