@@ -198,8 +198,12 @@ impl Control {
 /// a series sets (`loaded`: at a (re)load) and when one stops or starts
 /// covering the clock: a stale series leaves its pools scored as configured,
 /// which an admin should hear about.
-fn spot_feed_status(st: &AppState, loaded: bool) {
-    let (series, unfollowed) = st.store.lock().spot_status(st.clock.now());
+async fn spot_feed_status(st: &AppState, loaded: bool) {
+    // The store's lock is taken off the runtime's threads, as for every
+    // store call.
+    let Ok((series, unfollowed)) = with_store(st, |s, now| Ok(s.spot_status(now))).await else {
+        return;
+    };
     for s in &series {
         let changed = st.metrics.spot_feed(&s.series, s.current);
         if loaded {
@@ -230,7 +234,7 @@ async fn check_feeds(st: &AppState) -> FeedReload {
     .await;
     match checked {
         Ok(FeedCheck::Unchanged) => {
-            spot_feed_status(st, false);
+            spot_feed_status(st, false).await;
             FeedReload::Unchanged
         }
         Ok(FeedCheck::Reloaded(f)) => {
@@ -239,11 +243,11 @@ async fn check_feeds(st: &AppState) -> FeedReload {
             st.store.lock().set_feeds(f);
             st.metrics.feed_load(true);
             tracing::info!(files = n, "carbon/egress/spot feeds reloaded");
-            spot_feed_status(st, true);
+            spot_feed_status(st, true).await;
             FeedReload::Reloaded(n)
         }
         Ok(FeedCheck::Failed(e)) => {
-            spot_feed_status(st, false);
+            spot_feed_status(st, false).await;
             st.metrics.feed_load(false);
             tracing::error!(error = %e, "feed reload failed; keeping the previous feeds");
             FeedReload::Failed(e)
@@ -471,7 +475,7 @@ pub async fn run_with(
     *control.inner.lock() = Some(state.clone());
     let mut background = Vec::new();
     if state.feeds.is_some() {
-        spot_feed_status(&state, true);
+        spot_feed_status(&state, true).await;
         let st = state.clone();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(FEED_CHECK);
