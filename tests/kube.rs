@@ -1561,9 +1561,13 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
 }
 
 /// An interruptible job whose pod `kubectl drain` evicts at kube-gamma
-/// runs again, as a Slurm job requeued after a node failure would: the
-/// drain's SIGTERM (which the pod's `lease-exec` claims as the script's
-/// end) is not its end, the agent reports the run died with its node, and
+/// runs again, as a Slurm job requeued after a node failure would. Its
+/// script catches the drain's SIGTERM and exits 0 (as a checkpointing job
+/// saves and leaves), so Kubernetes counts the Job complete and the pod
+/// is deleted as it ends; the pod's `lease-exec` claims that exit, noting
+/// the kill of the whole pod came first. Neither is the job's end: the
+/// agent remembers the pod's `DisruptionTarget` from its watch and reports
+/// the run died with its node, and
 /// the meta-scheduler places it again (at kube-gamma's other H100 node,
 /// the drained one cordoned); the stand-in at beta ends COMPLETED with
 /// both runs' output (`--open-mode=append`).
@@ -1582,7 +1586,9 @@ fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta()
             "--open-mode=append",
             &out_arg(&dir, "out.txt"),
         ],
-        "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then for i in $(seq 120); do sleep 1; done; fi\necho end",
+        "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then\n\
+         trap 'echo \"saved at SIGTERM\"; exit 0' TERM\n\
+         for i in $(seq 120); do sleep 1; done\nfi\necho end",
     );
     wait_file(&out, T, |b| b.starts_with(b"run 1\n")).expect("the first run starts");
     let t0 = Instant::now();
@@ -1600,6 +1606,7 @@ fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta()
     let runs: Vec<&str> = all.lines().filter(|l| l.starts_with("run ")).collect();
     assert_eq!(runs, ["run 1", "run 2"], "{all}");
     assert_eq!(all.matches("\nend\n").count(), 1, "{all}");
+    assert!(all.contains("saved at SIGTERM\n"), "the first run's trap ran: {all}");
     // The second pod ran on the node the drain left schedulable.
     let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
     assert_eq!(cordoned, "true");

@@ -776,6 +776,14 @@ pub struct RunEndClaim {
     /// script's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<EndCause>,
+    /// A signal Slurm sent to every process of the batch step before the
+    /// script ended (`lease-exec` knows it from its sentinel): SIGTERM,
+    /// the first signal of Slurm's kill of a job (a requeue, a node
+    /// failure, an orphan killed as its node registers). A script that
+    /// catches it and exits, or whose child it killed, ended by that
+    /// kill, not on its own; whether a user had it sent decides the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_signal: Option<i32>,
 }
 
 /// Who ended a run, in its end claim ([`RunEndClaim::cause`]).
@@ -939,7 +947,7 @@ mod tests {
     fn an_end_claim_says_whose_end_it_was_and_older_ones_do_not() {
         // An older lease-exec's claim has no `cause`: unknown.
         let c: RunEndClaim = serde_json::from_str(r#"{"epoch": 2, "exit_code": 0}"#).unwrap();
-        assert_eq!(c, RunEndClaim { epoch: 2, exit_code: Some(0), signal: None, cause: None });
+        assert_eq!(c, RunEndClaim { epoch: 2, exit_code: Some(0), ..Default::default() });
         // Unknown is sent as an older client sent it: without the field.
         assert_eq!(serde_json::to_value(&c).unwrap(), serde_json::json!({"epoch": 2, "exit_code": 0, "signal": null}));
         for (cause, text) in [(EndCause::Script, "script"), (EndCause::Lease, "lease")] {
@@ -949,5 +957,11 @@ mod tests {
             assert_eq!(serde_json::from_value::<RunEndClaim>(v).unwrap(), c);
         }
         assert!(serde_json::from_str::<RunEndClaim>(r#"{"epoch": 1, "cause": "user"}"#).is_err());
+        // An exit after Slurm's kill of the step says so; none: no field.
+        let c = RunEndClaim { epoch: 1, exit_code: Some(5), after_signal: Some(15), ..Default::default() };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["after_signal"], 15);
+        assert_eq!(serde_json::from_value::<RunEndClaim>(v).unwrap(), c);
+        assert!(serde_json::from_str::<RunEndClaim>(r#"{"epoch": 1}"#).unwrap().after_signal.is_none());
     }
 }

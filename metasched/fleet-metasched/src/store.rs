@@ -523,6 +523,67 @@ pub struct Store {
     end_wait_s: f64,
     /// `[start] early_submit_wait_s` (0: no early placement).
     early_wait_s: f64,
+    /// The jobs placed at a cluster that hold or will take its GPUs (given to
+    /// its agent, pending in its queue, or running), by fleet job id: kept by
+    /// [`Store::save`], read by [`Store::view`], which takes from a cluster's
+    /// free GPUs those its last heartbeat cannot show taken yet. Ordered by
+    /// id, so that which pool gives way never depends on a map's order.
+    placed: parking_lot::Mutex<BTreeMap<String, Placed>>,
+}
+
+/// A job placed at `target` and what it takes there (see `Store::placed`).
+#[derive(Clone, Debug, PartialEq)]
+struct Placed {
+    target: String,
+    /// Placed at its own origin (MIG slices count there, as Slurm would).
+    home: bool,
+    gpu_type: Option<String>,
+    gpus: u32,
+    /// When its target first reported it running; `None` while it waits.
+    running_since: Option<f64>,
+}
+
+impl Placed {
+    /// What `job` holds or is about to take at its target, if anything.
+    fn of(job: &Job) -> Option<Placed> {
+        let r = &job.record;
+        let target = r.target.as_ref()?;
+        if !matches!(r.state, JobState::Assigned | JobState::Pending | JobState::Running) {
+            return None;
+        }
+        let gpus = job.request.total_gpus();
+        (gpus > 0).then(|| Placed {
+            target: target.clone(),
+            home: *target == r.origin,
+            gpu_type: job.request.gpu_type().map(str::to_string),
+            gpus,
+            running_since: if r.state == JobState::Running { job.running_since } else { None },
+        })
+    }
+
+    /// Its GPUs are not in a heartbeat that arrived at `heard`: it had not
+    /// started yet (still with the agent or in the queue: it takes free GPUs
+    /// before a job placed now), or started after it.
+    fn unseen_at(&self, heard: f64) -> bool {
+        self.running_since.is_none_or(|t| t >= heard)
+    }
+}
+
+/// Take `placed`'s GPUs from the view's free GPUs of the pools it can use
+/// (its type; any type but MIG slices away from its origin), in order.
+fn take_free(pools: &mut [fleet_api::api::GpuPool], placed: &Placed) {
+    let mut left = placed.gpus;
+    for p in pools.iter_mut() {
+        let usable = match &placed.gpu_type {
+            Some(t) => t.eq_ignore_ascii_case(&p.gpu_type),
+            None => placed.home || !fleet_api::placement::is_mig_profile(&p.gpu_type),
+        };
+        if usable && left > 0 {
+            let take = left.min(p.free);
+            p.free -= take;
+            left -= take;
+        }
+    }
 }
 
 /// Seconds a granted lease may still cover a run whose claim that its
@@ -836,9 +897,15 @@ impl Store {
             sla_book,
             end_wait_s: crate::config::DEFAULT_END_WAIT_S,
             early_wait_s: DEFAULT_EARLY_WAIT_S,
+            placed: parking_lot::Mutex::new(BTreeMap::new()),
         };
         store.reconcile_output_lengths()?;
-        for job in store.query("SELECT data FROM jobs WHERE state = 'running' AND active = 1", [])? {
+        for job in
+            store.query("SELECT data FROM jobs WHERE state IN ('assigned', 'pending', 'running') AND active = 1", [])?
+        {
+            if let Some(p) = Placed::of(&job) {
+                store.placed.lock().insert(job.record.fleet_job_id.clone(), p);
+            }
             if Self::awaits_lease(&job) {
                 store.awaiting_lease.insert(job.record.fleet_job_id.clone());
             }
@@ -899,6 +966,10 @@ impl Store {
                 !r.state.is_terminal() || job.remote_cancel_pending
             ],
         )?;
+        match Placed::of(job) {
+            Some(p) => self.placed.lock().insert(r.fleet_job_id.clone(), p),
+            None => self.placed.lock().remove(&r.fleet_job_id),
+        };
         self.wake_for(job);
         Ok(())
     }
@@ -934,6 +1005,12 @@ impl Store {
 
     pub fn view(&self, now: f64) -> FleetView {
         let providers = self.sla_book.by_provider(self.sla.window);
+        // The placed jobs by target, each list in job id order.
+        let all = self.placed.lock();
+        let mut placed: HashMap<&str, Vec<&Placed>> = HashMap::new();
+        for p in all.values() {
+            placed.entry(p.target.as_str()).or_default().push(p);
+        }
         let clusters = self
             .order
             .iter()
@@ -1029,6 +1106,15 @@ impl Store {
                     summary.healthy = false;
                     summary.health = "quarantined".into();
                     summary.unhealthy_reason = format!("quarantined: {q}");
+                }
+                // The GPUs of jobs placed here that its last heartbeat does
+                // not show taken: without this, every placement between two
+                // heartbeats saw the same free GPUs, and a burst of jobs all
+                // went to one cluster to queue there.
+                if let (Some((_, heard)), Some(mine)) = (&c.last, placed.get(c.cfg.name.as_str())) {
+                    for p in mine.iter().filter(|p| p.unseen_at(*heard)) {
+                        take_free(&mut summary.gpus, p);
+                    }
                 }
                 // Prices from the engine's model, for --fleet-max-price.
                 if let Some(r) = &self.ranker {

@@ -699,10 +699,14 @@ async fn restart_loses_nothing() {
     assert_eq!(d.chunk("p1", "alpha", Stream::Stdout, 15, b"after\n").await.0, StatusCode::OK);
     assert_eq!(d.chunk("p1", "alpha", Stream::Stdout, 99, b"x").await.0, StatusCode::CONFLICT);
     assert_eq!(d.read_output("p1", "beta", "stdout", 0, 100).await, b"before restart\nafter\n");
-    // Heartbeats survived: alpha is still known and healthy.
+    // Heartbeats survived: alpha is still known and healthy; so did what the
+    // view takes for p1, running at alpha since after alpha's last heartbeat
+    // (8 of its 16 H100s), and p2 goes where more are free.
     let v: FleetView = d.ok(reqwest::Method::GET, "/v1/clusters", "Bearer admin-secret", None).await;
     assert!(v.clusters.iter().all(|c| c.healthy));
-    assert_eq!(d.start_job("p2", "beta").await.target.as_deref(), Some("alpha"));
+    let free = |c: &str| v.clusters.iter().find(|x| x.name == c).unwrap().gpus.iter().map(|p| p.free).sum::<u32>();
+    assert_eq!((free("alpha"), free("gamma")), (8, 16), "{v:?}");
+    assert_eq!(d.start_job("p2", "beta").await.target.as_deref(), Some("gamma"));
     d.stop().await;
 }
 
@@ -1763,6 +1767,8 @@ async fn list_filters_and_pages() {
     use reqwest::Method as M;
     let tmp = tempfile::tempdir().unwrap();
     let d = fleet(tmp.path()).await;
+    // (only alpha has H100s free: the placed jobs are both there)
+    d.heartbeat("gamma", 0).await;
     let admin = "Bearer admin-secret";
     // Five jobs, one second apart: j0..j4; users ann (j0, j2, j4) and bob (j1, j3).
     let t0 = d.clock.now();
@@ -2366,6 +2372,9 @@ async fn a_run_that_never_asks_for_its_first_lease_never_started() {
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
+    // Only alpha has H100s free: every job here starts there (the view
+    // takes the GPUs of those placed since its heartbeat).
+    d.heartbeat("gamma", 0).await;
     let leased = |state| StatusUpdate { job_lease: true, ..at(state, 1) };
     for id in ["lost", "asked", "older"] {
         forward_restartable(&d, id).await;
@@ -2453,6 +2462,9 @@ async fn a_run_held_after_a_failed_launch_ends_as_its_script_did_or_starts_again
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
+    // Only alpha has H100s free: every job here starts there (the view
+    // takes the GPUs of those placed since its heartbeat).
+    d.heartbeat("gamma", 0).await;
     let ids = ["ended", "ended3", "unstarted", "liar", "started", "other-epoch"];
     for id in ids {
         // None of them restartable, none checkpointed.
@@ -2551,6 +2563,9 @@ async fn a_run_slurm_requeued_after_it_started_runs_again_and_counts_as_a_requeu
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
+    // Only alpha has H100s free: every job here starts there (the view
+    // takes the GPUs of those placed since its heartbeat).
+    d.heartbeat("gamma", 0).await;
     // (job, the end its script claimed: (exit code, signal), slurm_requeued)
     type Claim = Option<(Option<i32>, Option<i32>)>;
     let cases: [(&str, Claim, bool); 4] = [
@@ -2619,21 +2634,29 @@ async fn a_claimed_end_by_a_signal_yields_to_a_report_that_the_run_died_with_its
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
-    // (job, interruptible, the end its script claimed: (exit code, signal), disrupted)
-    type Claim = (Option<i32>, Option<i32>);
-    let cases: [(&str, bool, Claim, bool); 4] = [
-        ("drained-interruptible", true, (None, Some(15)), true),
-        ("drained-plain", false, (None, Some(15)), true),
-        ("exited-first", true, (Some(0), None), true),
-        ("user-signalled", true, (None, Some(15)), false),
+    // Only alpha has H100s free: every job here starts there (the view
+    // takes the GPUs of those placed since its heartbeat).
+    d.heartbeat("gamma", 0).await;
+    // (job, interruptible, the end its script claimed: (exit code, signal,
+    // Slurm's kill of the step first), disrupted)
+    type Claim = (Option<i32>, Option<i32>, Option<i32>);
+    let cases: [(&str, bool, Claim, bool); 5] = [
+        ("drained-interruptible", true, (None, Some(15), None), true),
+        ("drained-plain", false, (None, Some(15), None), true),
+        ("exited-first", true, (Some(0), None, None), true),
+        ("user-signalled", true, (None, Some(15), None), false),
+        // It caught Slurm's SIGTERM and exited 0 (a checkpointing job's
+        // trap): still that kill, not its own end.
+        ("trapped-term", true, (Some(0), None, Some(15)), true),
     ];
-    for (id, interruptible, (exit_code, signal), _) in cases {
+    for (id, interruptible, (exit_code, signal, after_signal), _) in cases {
         if interruptible {
             forward_restartable(&d, id).await;
         } else {
             d.forward(id, "beta", "h100", 8).await;
         }
-        let end = serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal, "cause": "script"});
+        let end = serde_json::json!({"epoch": 1, "exit_code": exit_code, "signal": signal,
+            "after_signal": after_signal, "cause": "script"});
         run_at_alpha_under_lease(&d, id, Some(end)).await;
     }
     let why = "NODE_FAIL at alpha: DisruptionTarget: EvictionByEvictionAPI: Eviction API: evicting";
@@ -2669,6 +2692,10 @@ async fn a_claimed_end_by_a_signal_yields_to_a_report_that_the_run_died_with_its
     let r = d.job("user-signalled").await;
     assert_eq!((r.state, r.signal, r.epoch), (JobState::Failed, Some(15), 1), "{}", r.reason);
     assert!(r.reason.contains("as its script claimed"), "{}", r.reason);
+    // Its exit 0 came after Slurm's kill of the step began: moved.
+    let r = d.job("trapped-term").await;
+    assert_eq!((r.state, r.epoch, r.migrations, r.exit_code), (JobState::Assigned, 2, 1, None), "{}", r.reason);
+    assert_ne!(r.target.as_deref(), Some("alpha"), "{}", r.reason);
     d.stop().await;
 }
 
@@ -2683,6 +2710,9 @@ async fn a_claim_that_the_lease_stopped_a_run_is_checked_against_the_grants() {
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
+    // Only alpha has H100s free: every job here starts there (the view
+    // takes the GPUs of those placed since its heartbeat).
+    d.heartbeat("gamma", 0).await;
     for id in ["forged", "real"] {
         forward_restartable(&d, id).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
@@ -2763,6 +2793,9 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     for (c, _) in CLUSTERS {
         d.heartbeat(c, 16).await;
     }
+    // Only alpha has H100s free: every job here starts there (the view
+    // takes the GPUs of those placed since its heartbeat).
+    d.heartbeat("gamma", 0).await;
     for id in ["back", "gone", "plain"] {
         forward_restartable(&d, id).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
@@ -2786,6 +2819,11 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
     let (s, v) = end("back", "alpha", serde_json::json!({"epoch": 1, "exit_code": 300})).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    for k in [0, 65] {
+        let (s, v) = end("back", "alpha", serde_json::json!({"epoch": 1, "exit_code": 0, "after_signal": k})).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("after_signal in [1, 64]"), "{v}");
+    }
     // A checkpoint token reaches nothing else with this route's help.
     let (s, _) = end("back", "alpha", serde_json::json!({"epoch": "one"})).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
@@ -2925,5 +2963,57 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
     let (s, v) = end("held", at_c, serde_json::json!({"epoch": 1, "cause": "someone"})).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    d.stop().await;
+}
+
+/// The view takes from a cluster's free GPUs those of the jobs placed there
+/// that its last heartbeat cannot show taken: two 8-GPU jobs placed between
+/// heartbeats go to alpha and gamma (8 free H100s each) instead of both to the
+/// first, where the second would queue. Once the target reports a job running
+/// and a later heartbeat shows its GPUs in use, they are not taken twice; a job
+/// still with its agent keeps its GPUs taken whatever the heartbeat says.
+#[tokio::test]
+async fn placements_between_heartbeats_take_the_gpus_they_will_use() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), Clock::default()).await;
+    d.heartbeat("alpha", 8).await;
+    d.heartbeat("gamma", 8).await;
+    d.heartbeat("beta", 0).await;
+    let free = |v: &FleetView, c: &str| -> u32 {
+        v.clusters.iter().find(|x| x.name == c).unwrap().gpus.iter().map(|p| p.free).sum()
+    };
+    d.forward("b1", "beta", "h100", 8).await;
+    d.forward("b2", "beta", "h100", 8).await;
+    let first = d.start_job("b1", "beta").await;
+    let second = d.start_job("b2", "beta").await;
+    assert_eq!((first.state, second.state), (JobState::Assigned, JobState::Assigned));
+    let (t1, t2) = (first.target.unwrap(), second.target.unwrap());
+    assert_ne!(t1, t2, "both placed at {t1}: {} / {}", first.reason, second.reason);
+    // what every agent's view says now: no H100 free at either
+    let v = d.heartbeat("beta", 0).await;
+    assert_eq!((free(&v, "alpha"), free(&v, "gamma")), (0, 0), "{v:?}");
+    // b1 runs at t1, whose next heartbeat shows its GPUs in use: not taken twice
+    assert_eq!(d.status("b1", &t1, st(JobState::Pending)).await.0, StatusCode::OK);
+    assert_eq!(d.status("b1", &t1, st(JobState::Running)).await.0, StatusCode::OK);
+    d.clock.advance(Duration::from_secs(1));
+    let v = d.heartbeat(&t1, 0).await;
+    assert_eq!(free(&v, &t1), 0);
+    // t1 frees its GPUs while b1 still runs (it shrank, say): the view follows
+    // the heartbeat, newer than b1's start
+    let v = d.heartbeat(&t1, 8).await;
+    assert_eq!(free(&v, &t1), 8);
+    // b2 is still with t2's agent: t2's heartbeat of 8 free does not show it
+    let v = d.heartbeat(&t2, 8).await;
+    assert_eq!(free(&v, &t2), 0);
+    // b2 ends (cancelled before it ran): its GPUs are free again
+    let done = StatusUpdate {
+        exit_code: Some(0),
+        final_stdout_len: Some(0),
+        final_stderr_len: Some(0),
+        ..st(JobState::Completed)
+    };
+    assert_eq!(d.status("b2", &t2, done).await.0, StatusCode::OK);
+    let v = d.heartbeat(&t2, 8).await;
+    assert_eq!(free(&v, &t2), 8);
     d.stop().await;
 }

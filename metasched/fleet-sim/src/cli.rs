@@ -121,6 +121,10 @@ pub struct SimulateArgs {
     /// instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Print the one-page summary for a capacity planner (the Markdown of
+    /// `summary.md`) instead of the table.
+    #[arg(long, conflicts_with = "json")]
+    pub summary: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -536,6 +540,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     if args.json {
         let text = serde_json::to_string_pretty(&report).context("report as JSON")?;
         println!("{text}");
+    } else if args.summary {
+        print!("{}", report.summary());
     } else {
         print!("{}", report.table());
     }

@@ -559,6 +559,7 @@ impl EngineModel {
             speed: c.pools.get(p.pool as usize).map(|x| x.speed).unwrap_or(1.0),
             setup_s: provision + restore,
             delay_s: (overhead_s - provision - restore).max(0.0) + p.breakdown.transfer_h * 3600.0,
+            estimate: Some(crate::sim::Estimate { wait_h: p.breakdown.wait_h, delay_h: p.breakdown.delay_h() }),
         }
     }
 

@@ -65,6 +65,9 @@ pub struct PolicyReport {
     pub owned_fixed_usd: f64,
     /// Share of owned GPU-hours over the run that no job paid for.
     pub owned_idle_share: f64,
+    /// The part of `total_usd` paid for owned hardware (its busy GPU-hours, each
+    /// pool at its own amortized price); the rest is cloud compute and egress.
+    pub owned_used_usd: f64,
     /// Cumulative USD sampled at each plot bucket (hours since the epoch, USD).
     pub cost_series: Vec<(f64, f64)>,
     /// Per cluster: busy fraction per plot bucket.
@@ -79,6 +82,33 @@ pub struct PolicyReport {
     pub held_jobs: usize,
     #[serde(skip_serializing_if = "is_zero_f64")]
     pub held_hours: f64,
+    /// The engine's estimates at each job's first placement against what the
+    /// replay then did, per pricing of that placement and for all jobs (engine
+    /// policies only; absent for the baselines, which do not use them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub estimates: Vec<EstimateCheck>,
+}
+
+/// How well the engine's expectations at a job's first placement held in the
+/// replay, over the completed jobs first placed one way (`class`: `on-prem`, `on
+/// demand`, `spot`, or `all`). Times in seconds from each job's submission.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct EstimateCheck {
+    pub class: String,
+    pub jobs: usize,
+    /// Mean expected first wait (queue, remote submission, staging, carbon hold)
+    /// and the mean realized one (submission → first start).
+    pub expected_wait_mean_s: f64,
+    pub wait_mean_s: f64,
+    /// Mean expected completion (the wait, setups, the run at the pool's speed,
+    /// the work lost at spot reclaims and the waits for spot again) and the mean
+    /// realized one (submission → end).
+    pub expected_completion_mean_s: f64,
+    pub completion_mean_s: f64,
+    /// Mean of |realized − expected completion| over the jobs.
+    pub completion_abs_error_mean_s: f64,
+    /// Share of the jobs whose realized completion is within 25 % of the expected.
+    pub within_25pct: f64,
 }
 
 fn is_zero_usize(x: &usize) -> bool {
@@ -347,6 +377,173 @@ impl Report {
         self.targets = t;
     }
 
+    /// One page for a capacity planner (Markdown, `summary.md`): what each way of
+    /// placing the trace's jobs costs and how fast it is, what the engine's `cost`
+    /// policy saves against the baselines and how far it is from the bound, where
+    /// its money goes, the targets, and how far its estimates held in the replay.
+    /// The full table and `report.json` carry everything else.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let pct = |a: f64, b: f64| if b > 0.0 { format!("{:+.1} %", 100.0 * (a / b - 1.0)) } else { "-".into() };
+        let h = |secs: f64| format!("{:.2} h", secs / 3600.0);
+        let _ = writeln!(s, "# Simulation summary: {} on {}\n", self.trace, self.fleet);
+        let _ = writeln!(
+            s,
+            "{} jobs submitted over {:.0} h (seed {}). Bound: {} = {:.0} USD, below what any schedule could pay (the ratios use it).\n",
+            self.jobs,
+            self.span_hours,
+            self.seed,
+            self.bound_used,
+            self.bound_usd()
+        );
+        let home = self.find("home-only");
+        let greedy = self.find("greedy");
+        let _ = writeln!(s, "## Each way of placing the jobs\n");
+        let _ = writeln!(
+            s,
+            "| policy | USD | vs home-only | vs greedy | mean completion | p95 completion | kgCO2 | ÷ bound | not placed |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for p in &self.policies {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {} | {} | {} | {} | {:.0} | {:.3} | {} |",
+                p.policy,
+                p.total_usd,
+                home.map_or("-".into(), |b| pct(p.total_usd, b.total_usd)),
+                greedy.map_or("-".into(), |b| pct(p.total_usd, b.total_usd)),
+                h(p.completion_mean_s),
+                h(p.completion_p95_s),
+                p.kg_co2,
+                p.ratio_to_lower_bound,
+                p.unplaced
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nhome-only: every job at its team's declared home (today); greedy: cheapest on demand at submission; \
+             greedy-spot: the same with spot and relaunch (managed-spot tools); first-start: sibling submission; \
+             cost, time, green: Fleet's engine policies.\n"
+        );
+        let short: Vec<String> = self
+            .policies
+            .iter()
+            .filter(|p| p.unplaced > 0)
+            .map(|p| format!("{} ({} jobs)", p.policy, p.unplaced))
+            .collect();
+        if !short.is_empty() {
+            let _ = writeln!(
+                s,
+                "Not placed: {}. Those jobs could run nowhere that policy may use; they cost it nothing, so its \
+                 USD and completion cover fewer jobs than the others'.\n",
+                short.join(", ")
+            );
+        }
+        if let Some(c) = self.find("cost") {
+            let _ = writeln!(s, "## The `cost` policy\n");
+            let vs = |name: &str| {
+                self.find(name).map(|b| {
+                    let unplaced = if b.unplaced > 0 {
+                        format!(", which could not place {} of the {} jobs", b.unplaced, b.jobs)
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "{} than {name} ({:.0} USD, {}{unplaced})",
+                        if c.total_usd <= b.total_usd {
+                            format!("{:.1} % cheaper", 100.0 * (1.0 - c.total_usd / b.total_usd.max(1e-9)))
+                        } else {
+                            format!("{:.1} % dearer", 100.0 * (c.total_usd / b.total_usd.max(1e-9) - 1.0))
+                        },
+                        b.total_usd,
+                        h(b.completion_mean_s)
+                    )
+                })
+            };
+            let against: Vec<String> = ["home-only", "greedy", "greedy-spot"].iter().filter_map(|n| vs(n)).collect();
+            let _ = writeln!(s, "- Pays {:.0} USD at a mean completion of {}.", c.total_usd, h(c.completion_mean_s));
+            if !against.is_empty() {
+                let _ = writeln!(s, "- {}.", against.join("; "));
+            }
+            let _ = writeln!(
+                s,
+                "- {:.1} % above the bound: no schedule of these jobs on this fleet costs less than {:.0} USD.",
+                100.0 * (c.ratio_to_lower_bound - 1.0),
+                c.total_usd / c.ratio_to_lower_bound.max(1e-9)
+            );
+            let mut v: Vec<(&String, &Spend)> = c.spend.iter().collect();
+            v.sort_by(|a, b| b.1.usd.total_cmp(&a.1.usd).then(a.0.cmp(b.0)));
+            let compute: f64 = v.iter().map(|x| x.1.usd).sum::<f64>().max(1e-9);
+            let top: Vec<String> = v
+                .iter()
+                .take(4)
+                .map(|(k, x)| format!("{k} {:.0} USD ({:.0} %)", x.usd, 100.0 * x.usd / compute))
+                .collect();
+            let _ = writeln!(s, "- Compute by pool: {}; egress {:.0} USD.", top.join(", "), c.egress_usd);
+            if c.owned_fixed_usd > 0.0 {
+                let _ = writeln!(
+                    s,
+                    "- Owned hardware: {:.0} USD amortized over the run whether used or not, {:.0} % of its GPU-hours idle; \
+                     cloud and egress {:.0} USD.",
+                    c.owned_fixed_usd,
+                    100.0 * c.owned_idle_share,
+                    c.total_usd - c.owned_used_usd
+                );
+            }
+            if c.lost_gpu_hours > 0.0 || c.migrations > 0 {
+                let _ = writeln!(
+                    s,
+                    "- {} spot reclaims and outage kills, {:.0} GPU-hours of work lost and redone, {} migrations.",
+                    c.preemptions + c.outage_kills,
+                    c.lost_gpu_hours,
+                    c.migrations
+                );
+            }
+            if let Some(all) = c.estimates.iter().find(|e| e.class == "all") {
+                let _ = writeln!(s, "\n## How far the engine's estimates held\n");
+                let _ = writeln!(
+                    s,
+                    "At each job's first placement the engine expected a mean completion of {}; the replay gave {} ({}); \
+                     per job off by {} on average, {:.0} % within 25 %.",
+                    h(all.expected_completion_mean_s),
+                    h(all.completion_mean_s),
+                    pct(all.completion_mean_s, all.expected_completion_mean_s),
+                    h(all.completion_abs_error_mean_s),
+                    100.0 * all.within_25pct
+                );
+                for e in c.estimates.iter().filter(|e| e.class != "all") {
+                    let _ = writeln!(
+                        s,
+                        "- first placed {}: {} jobs, expected {}, replayed {} ({})",
+                        e.class,
+                        e.jobs,
+                        h(e.expected_completion_mean_s),
+                        h(e.completion_mean_s),
+                        pct(e.completion_mean_s, e.expected_completion_mean_s)
+                    );
+                }
+            }
+        }
+        if !self.targets.is_empty() {
+            let _ = writeln!(s, "\n## Targets\n");
+            for t in &self.targets {
+                let proof = if t.unreachable.is_some() { " — proved unreachable by the bound" } else { "" };
+                let _ = writeln!(
+                    s,
+                    "- {} {}: {:.1} % (threshold {:.0} %){proof}",
+                    if t.met { "met" } else { "**missed**" },
+                    t.target.split_whitespace().collect::<Vec<_>>().join(" "),
+                    100.0 * t.value,
+                    100.0 * t.threshold
+                );
+            }
+        }
+        if !self.notes.is_empty() {
+            let _ = writeln!(s, "\n{} notes (inputs matched or skipped) are in the full report.", self.notes.len());
+        }
+        s
+    }
+
     /// A fixed-width table for stdout.
     pub fn table(&self) -> String {
         let mut s = String::new();
@@ -453,6 +650,36 @@ impl Report {
                 .unwrap_or_default();
             let _ = writeln!(s, "  {:<10} {:.3}{own}{mine}", p.policy, p.ratio_to_lower_bound);
         }
+        if self.policies.iter().any(|p| !p.estimates.is_empty()) {
+            let _ = writeln!(
+                s,
+                "\nengine estimates at each job's first placement against the replay (means from submission; |err| = mean absolute error of completion):"
+            );
+            for p in self.policies.iter().filter(|p| !p.estimates.is_empty()) {
+                for e in &p.estimates {
+                    let bias = if e.expected_completion_mean_s > 0.0 {
+                        format!("{:+.1}%", 100.0 * (e.completion_mean_s / e.expected_completion_mean_s - 1.0))
+                    } else {
+                        "-".into()
+                    };
+                    let _ = writeln!(
+                        s,
+                        "  {:<10} {:<9} jobs {:>7}  wait {:>7} / {:>7}  completion {:>7} / {:>7} ({:>7})  |err| {:>7}  within 25% {:>5.1}%",
+                        p.policy,
+                        e.class,
+                        e.jobs,
+                        hms(e.expected_wait_mean_s),
+                        hms(e.wait_mean_s),
+                        hms(e.expected_completion_mean_s),
+                        hms(e.completion_mean_s),
+                        bias,
+                        hms(e.completion_abs_error_mean_s),
+                        100.0 * e.within_25pct
+                    );
+                }
+            }
+            let _ = writeln!(s, "  (each pair: expected / replayed)");
+        }
         {
             if self.policies.iter().any(|p| p.owned_fixed_usd > 0.0) {
                 let _ = writeln!(s, "\nowned hardware over the run (amortized, paid whether used or not; totals above count the used part):");
@@ -463,7 +690,7 @@ impl Report {
                         p.policy,
                         p.owned_fixed_usd,
                         100.0 * p.owned_idle_share,
-                        p.total_usd - p.owned_fixed_usd * (1.0 - p.owned_idle_share)
+                        p.total_usd - p.owned_used_usd
                     );
                 }
             }
@@ -678,13 +905,16 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
-/// Write `report.json`, `cost.svg` and `util-<policy>.svg` into `dir`.
+/// Write `report.json`, `summary.md`, `cost.svg` and `util-<policy>.svg` into `dir`.
 pub fn write_outputs(report: &Report, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
     let json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
     let p = dir.join("report.json");
     std::fs::write(&p, json + "\n")?;
+    written.push(p);
+    let p = dir.join("summary.md");
+    std::fs::write(&p, report.summary())?;
     written.push(p);
     let series: Vec<_> = report.policies.iter().map(|p| (p.policy.clone(), p.cost_series.clone())).collect();
     let p = dir.join("cost.svg");

@@ -9,6 +9,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::Arc;
 
+use fleet_engine::Pricing;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -156,6 +157,21 @@ pub struct Offer {
     /// Seconds between the decision and joining the pool's queue (remote
     /// submission, dataset staging, checkpoint transfer): delay, not billed.
     pub delay_s: f64,
+    /// What the engine expected of this placement when it ranked it (`None`
+    /// for offers not scored by the engine).
+    pub estimate: Option<Estimate>,
+}
+
+/// The engine's expectation of a placement beyond its run time, from its score's
+/// breakdown (`fleet_engine::Breakdown`): the replay checks it against what the
+/// job then went through (`report::EstimateCheck`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    /// Hours of queue wait before the job starts (on spot: until spot is free).
+    pub wait_h: f64,
+    /// Every hour of delay the engine expects: the wait, remote submission,
+    /// staging, setups, work lost at spot reclaims and waits for spot again.
+    pub delay_h: f64,
 }
 
 impl Default for Offer {
@@ -170,6 +186,7 @@ impl Default for Offer {
             speed: 1.0,
             setup_s: 0.0,
             delay_s: 0.0,
+            estimate: None,
         }
     }
 }
@@ -618,6 +635,13 @@ struct PoolState {
     /// seconds (the uncalibrated estimate at the decision).
     reclaim_waits: (u32, f64, f64),
     queue: VecDeque<usize>,
+    /// Jobs placed here that join the queue after their delay (remote
+    /// submission, staging, checkpoint transfer), in placement order. The load
+    /// counts them as queued ahead of the next job: without them a burst of
+    /// placements at one instant (a spot market's drop re-places every job it
+    /// reclaimed) saw the same free GPUs, each job was told it would start at
+    /// once, and most then queued behind the others for days.
+    inbound: Vec<usize>,
     /// Running spot jobs in start order (eviction takes the newest).
     running_spot: Vec<usize>,
     running: Vec<usize>,
@@ -696,7 +720,23 @@ struct JobState {
     /// Queued for spot after a reclaim: (decision time, cluster, pool,
     /// uncalibrated estimated wait s); measured when it starts there.
     reclaim_wait: Option<(f64, usize, usize, f64)>,
+    /// At its first placement by an engine policy: the engine's expected first
+    /// wait and completion (seconds from submission) and how it was placed.
+    expected: Option<Expected>,
 }
+
+/// What the engine expected of a job at its first placement (seconds from its
+/// submission), and the pricing of that placement.
+#[derive(Debug, Clone, Copy)]
+struct Expected {
+    wait_s: f64,
+    completion_s: f64,
+    class: Pricing,
+}
+
+/// The estimate check's classes, in report order, and their labels.
+const PRICINGS: [(Pricing, &str); 3] =
+    [(Pricing::Onprem, "on-prem"), (Pricing::OnDemand, "on demand"), (Pricing::Spot, "spot")];
 
 struct Sim<'a, M: Model> {
     model: &'a mut M,
@@ -748,6 +788,8 @@ struct Sim<'a, M: Model> {
     team_usd: BTreeMap<String, f64>,
     /// GPU-seconds paid on owned pools.
     owned_busy_gpu_s: f64,
+    /// USD of that busy time (each owned pool at its own amortized price).
+    owned_used_usd: f64,
     last_t: f64,
     arrivals_left: usize,
     settled: usize,
@@ -824,6 +866,7 @@ pub fn simulate<M: Model>(
         is_dirty: clusters.iter().map(|c| vec![false; c.pools.len()]).collect(),
         team_usd: BTreeMap::new(),
         owned_busy_gpu_s: 0.0,
+        owned_used_usd: 0.0,
         last_t: 0.0,
         arrivals_left: jobs.len(),
         settled: 0,
@@ -1037,13 +1080,23 @@ impl<M: Model> Sim<'_, M> {
         cl.up = self.up[ci];
         cl.version = next_version();
         let free = if self.up[ci] { p.cap.saturating_sub(p.used) } else { 0 };
-        let spot_free = free.min(p.spot_limit().saturating_sub(p.spot_used));
+        // GPUs of the jobs on their way here (all, and those bound for spot):
+        // they take free GPUs before a job placed now.
+        let (inbound, inbound_spot) = p.inbound.iter().fold((0u32, 0u32), |(a, s), &j| {
+            let g = self.jobs[j].gpus;
+            let spot = self.js[j].at.as_ref().is_some_and(|o| o.spot);
+            (a.saturating_add(g), if spot { s.saturating_add(g) } else { s })
+        });
+        let spot_free =
+            free.saturating_sub(inbound).min(p.spot_limit().saturating_sub(p.spot_used).saturating_sub(inbound_spot));
         // GPUs a newcomer may take now: what the queue's head has not
-        // reserved (the others could not start in it, see `try_start`).
+        // reserved (the others could not start in it, see `try_start`) and
+        // the jobs on their way will not take.
         let start_free = match p.queue.front() {
             Some(&h) => free - free.min(self.jobs[h].gpus),
             None => free,
-        };
+        }
+        .saturating_sub(inbound);
         cl.pools[pi] = PoolLoad {
             capacity: p.cap,
             free,
@@ -1073,7 +1126,7 @@ impl<M: Model> Sim<'_, M> {
     /// soon as their GPUs are free and then hold them for their remaining run time.
     /// Backfill is ignored (it can only make the start earlier).
     fn start_estimate(&self, p: &PoolState, now: f64, gpus: u32) -> f64 {
-        let queued = p.queue.iter().map(|&j| self.queued_hold(j));
+        let queued = p.queue.iter().chain(&p.inbound).map(|&j| self.queued_hold(j));
         self.fifo_start(&p.running, queued, p.cap.saturating_sub(p.used), u32::MAX, now, now, gpus)
     }
 
@@ -1147,8 +1200,12 @@ impl<M: Model> Sim<'_, M> {
         if limit < gpus && recovery <= 0.0 {
             return f64::INFINITY;
         }
-        let queued =
-            p.queue.iter().filter(|&&j| self.js[j].at.as_ref().is_some_and(|o| o.spot)).map(|&j| self.queued_hold(j));
+        let queued = p
+            .queue
+            .iter()
+            .chain(&p.inbound)
+            .filter(|&&j| self.js[j].at.as_ref().is_some_and(|o| o.spot))
+            .map(|&j| self.queued_hold(j));
         let spot_t =
             self.fifo_start(&p.running_spot, queued, level.saturating_sub(p.spot_used), level, now, back, gpus);
         spot_t.max(self.start_estimate(p, now, gpus))
@@ -1337,6 +1394,7 @@ impl<M: Model> Sim<'_, M> {
                     }
                 }
                 let d = self.carbon_hold(j, &o, now);
+                self.expect(j, &o, now, d);
                 if d > 0.0 {
                     self.js[j].held_s = Some(d);
                     self.push(now + d, Ev::Release(j));
@@ -1354,6 +1412,37 @@ impl<M: Model> Sim<'_, M> {
                 }
             }
         }
+    }
+
+    /// Pool `p` of cluster `c` is owned hardware (amortized, not rented).
+    fn owned(&self, c: usize, p: usize) -> bool {
+        self.model.clusters().get(c).and_then(|x| x.pools.get(p)).is_some_and(|x| x.owned_usd_per_gpu_hour.is_some())
+    }
+
+    /// Keep what the engine expects of job `j`'s first placement `o` (held `hold_s`
+    /// for carbon before it goes), for the report's estimate check: its first
+    /// wait and its completion, from its submission. Engine policies only (the
+    /// baselines do not read the engine's estimates).
+    fn expect(&mut self, j: usize, o: &Offer, now: f64, hold_s: f64) {
+        let (Strategy::Engine(_), Some(e), None) = (&self.strategy, o.estimate, self.js[j].expected) else {
+            return;
+        };
+        let job = &self.jobs[j];
+        let before = now - job.submit_s + hold_s;
+        let run_s = (job.duration_s - self.js[j].progress_s).max(0.0) / o.speed.max(1e-9);
+        let owned = self.owned(o.cluster, o.pool);
+        let class = if o.spot {
+            Pricing::Spot
+        } else if owned {
+            Pricing::Onprem
+        } else {
+            Pricing::OnDemand
+        };
+        self.js[j].expected = Some(Expected {
+            wait_s: before + o.delay_s + e.wait_h * 3600.0,
+            completion_s: before + e.delay_h * 3600.0 + run_s,
+            class,
+        });
     }
 
     /// Seconds to hold job `j` (first placement of an interruptible job under a
@@ -1460,17 +1549,35 @@ impl<M: Model> Sim<'_, M> {
         }
         self.model.landed(job, &o);
         let delay = o.delay_s.max(0.0);
+        self.leave_inbound(j);
+        let (c, p) = (o.cluster, o.pool);
         self.js[j].at = Some(o);
         self.js[j].gen += 1;
         if delay > 0.0 {
             let gen = self.js[j].gen;
+            self.pools[c][p].inbound.push(j);
+            self.touch(c, p);
             self.push(now + delay, Ev::Ready { job: j, gen });
         } else {
             self.join_queue(j, now);
         }
     }
 
+    /// Job `j` is no longer on its way to the pool of its placement (it joins
+    /// the queue there, or is placed elsewhere first).
+    fn leave_inbound(&mut self, j: usize) {
+        let Some((c, p)) = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool)) else {
+            return;
+        };
+        let inbound = &mut self.pools[c][p].inbound;
+        if let Some(k) = inbound.iter().position(|&x| x == j) {
+            inbound.remove(k);
+            self.touch(c, p);
+        }
+    }
+
     fn join_queue(&mut self, j: usize, now: f64) {
+        self.leave_inbound(j);
         let Some((c, p)) = self.js[j].at.as_ref().map(|o| (o.cluster, o.pool)) else {
             return;
         };
@@ -1573,14 +1680,10 @@ impl<M: Model> Sim<'_, M> {
         self.compute_usd += usd;
         self.setup_usd += o.usd_per_gpu_hour * g as f64 * seg.min(self.js[j].setup_s.max(0.0)) / 3600.0;
         *self.team_usd.entry(self.jobs[j].team.clone()).or_default() += usd;
-        let owned = self
-            .model
-            .clusters()
-            .get(o.cluster)
-            .and_then(|c| c.pools.get(o.pool))
-            .is_some_and(|p| p.owned_usd_per_gpu_hour.is_some());
+        let owned = self.owned(o.cluster, o.pool);
         if owned {
             self.owned_busy_gpu_s += g as f64 * seg;
+            self.owned_used_usd += usd;
         }
         let sp = self.spend.entry((o.cluster, o.pool, o.spot)).or_default();
         sp.gpu_hours += g as f64 * seg / 3600.0;
@@ -1908,6 +2011,7 @@ impl<M: Model> Sim<'_, M> {
             makespan_s,
             cost_by_team: self.team_usd.clone(),
             owned_fixed_usd: owned_cap_h.1,
+            owned_used_usd: self.owned_used_usd,
             owned_idle_share: if owned_cap_h.0 > 0.0 {
                 (1.0 - self.owned_busy_gpu_s / 3600.0 / owned_cap_h.0).max(0.0)
             } else {
@@ -1922,6 +2026,7 @@ impl<M: Model> Sim<'_, M> {
             bucket_hours: b / 3600.0,
             held_jobs: self.js.iter().filter(|s| s.held_s.is_some()).count(),
             held_hours: self.js.iter().filter_map(|s| s.held_s).fold(0.0, |a, b| a + b) / 3600.0,
+            estimates: self.estimate_checks(),
             spend: self
                 .spend
                 .iter()
@@ -1937,6 +2042,46 @@ impl<M: Model> Sim<'_, M> {
                 })
                 .collect(),
         }
+    }
+
+    /// The engine's expectations at first placement against the replay, per
+    /// pricing of that placement (classes without jobs left out) and for all
+    /// jobs; empty when no job has one (baselines).
+    fn estimate_checks(&self) -> Vec<crate::report::EstimateCheck> {
+        let done: Vec<(Expected, f64, f64)> = self
+            .js
+            .iter()
+            .zip(self.jobs)
+            .filter_map(|(s, job)| {
+                let (e, first, end) = (s.expected?, s.first_start?, s.finish?);
+                Some((e, first - job.submit_s, end - job.submit_s))
+            })
+            .collect();
+        if done.is_empty() {
+            return Vec::new();
+        }
+        let check = |class: &str, pick: &dyn Fn(&Expected) -> bool| {
+            let v: Vec<&(Expected, f64, f64)> = done.iter().filter(|x| pick(&x.0)).collect();
+            let n = v.len() as f64;
+            let sum = |f: &dyn Fn(&(Expected, f64, f64)) -> f64| v.iter().map(|x| f(x)).sum::<f64>() / n;
+            crate::report::EstimateCheck {
+                class: class.to_string(),
+                jobs: v.len(),
+                expected_wait_mean_s: sum(&|x| x.0.wait_s),
+                wait_mean_s: sum(&|x| x.1),
+                expected_completion_mean_s: sum(&|x| x.0.completion_s),
+                completion_mean_s: sum(&|x| x.2),
+                completion_abs_error_mean_s: sum(&|x| (x.2 - x.0.completion_s).abs()),
+                within_25pct: sum(&|x| f64::from(u8::from((x.2 - x.0.completion_s).abs() <= 0.25 * x.0.completion_s))),
+            }
+        };
+        let mut out: Vec<_> = PRICINGS
+            .iter()
+            .filter(|(c, _)| done.iter().any(|x| x.0.class == *c))
+            .map(|(c, label)| check(label, &|e| e.class == *c))
+            .collect();
+        out.push(check("all", &|_| true));
+        out
     }
 }
 
@@ -2084,6 +2229,7 @@ mod tests {
                         speed,
                         setup_s: self.setup_s,
                         delay_s: self.delay_s,
+                        ..Offer::default()
                     });
                 }
             }

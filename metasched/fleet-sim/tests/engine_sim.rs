@@ -123,7 +123,7 @@ fn same_inputs_and_seed_give_byte_identical_outputs() {
     let d2 = std::env::temp_dir().join(format!("fleet-sim-det-{}-2", std::process::id()));
     let f1 = write_outputs(&r1, &d1).unwrap();
     let f2 = write_outputs(&r2, &d2).unwrap();
-    assert_eq!(f1.len(), 2 + r1.policies.len());
+    assert_eq!(f1.len(), 3 + r1.policies.len());
     for (x, y) in f1.iter().zip(&f2) {
         assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{} differs", x.display());
     }
@@ -1060,5 +1060,266 @@ fn carbon_hold_flags_change_only_the_green_policy() {
         let name = flag.split('=').next().unwrap();
         let e = run_loaded(&args(&bad), &loaded(vec![])).err().unwrap().to_string();
         assert!(e.contains(name), "{bad:?}: {e}");
+    }
+}
+
+/// Owned pools priced differently: a cheap GPU that works and eight dear ones
+/// that sit idle. The report's owned line splits the total by each pool's own
+/// price. (It used to take the fixed cost × the busy share as the owned part:
+/// 81 USD/h × 1/9 of the GPU-hours = 9 USD/h against the 1 USD/h really paid,
+/// and printed a negative "cloud + egress"; onprem-heavy showed −291,372 USD.)
+#[test]
+fn owned_spend_is_each_pools_busy_hours_at_its_own_price() {
+    const FLEET: &str = r#"
+[[clusters]]
+name = "own"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.A100 = { onprem = 1.0 }
+prices.H100 = { onprem = 10.0 }
+[[clusters.pools]]
+name = "cheap"
+gpu_type = "A100"
+gpus_per_node = 1
+nodes = 1
+[[clusters.pools]]
+name = "dear"
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 1
+
+[[clusters]]
+name = "cloud"
+provider = "aws"
+region = "us-east-1"
+prices.A100 = { on_demand = 3.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "own"
+"#;
+    let s = EngineSetup { fleet_toml: FLEET.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    // one A100-only job: it can use the cheap owned GPU or the cloud, never the
+    // dear owned pool
+    let csv = "submit_time,duration_s,gpus,gpu_models,duration_gpu,min_gpu,team,interruptible,checkpoint_s,datasets\n\
+               2017-09-04 10:00:00,3600,1,A100,A100,,t,,,\n";
+    let t = fleet_sim::trace::read_generic(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&["--lp-max-vars", "0"]), &l).unwrap();
+    let table = r.table();
+    for p in &r.policies {
+        let owned: f64 = p.spend.iter().filter(|(k, _)| k.starts_with("own/")).map(|(_, s)| s.usd).sum();
+        assert!((p.owned_used_usd - owned).abs() < 1e-9, "{}: {} vs {owned}", p.policy, p.owned_used_usd);
+        let cloud: f64 = p.spend.iter().filter(|(k, _)| k.starts_with("cloud/")).map(|(_, s)| s.usd).sum();
+        assert!((p.total_usd - p.owned_used_usd - cloud - p.egress_usd).abs() < 1e-9, "{p:?}");
+        assert!(p.total_usd - p.owned_used_usd >= 0.0, "{p:?}");
+        // the fixed cost covers both owned pools over the whole run
+        let h = p.makespan_s / 3600.0;
+        assert!((p.owned_fixed_usd - 81.0 * h).abs() < 1e-6, "{} {}", p.policy, p.owned_fixed_usd);
+        let line = table
+            .lines()
+            .find(|x| x.trim_start().starts_with(&p.policy) && x.contains("cloud + egress"))
+            .unwrap_or_else(|| panic!("no owned line for {}:\n{table}", p.policy));
+        assert!(line.ends_with(&format!("{:>12.0} USD", cloud + p.egress_usd)), "{line}");
+    }
+    // the home-only baseline ran the job on the cheap owned GPU: 1 USD, nothing in the cloud
+    let home = r.policies.iter().find(|p| p.policy == "home-only").unwrap();
+    assert!((home.owned_used_usd - 1.0).abs() < 1e-9 && (home.total_usd - 1.0).abs() < 1e-9, "{home:?}");
+}
+
+/// The estimate check: where nothing the engine does not know happens (jobs known
+/// in advance, no spot), its expectations at first placement are what the replay
+/// does; a spot drop it could not foresee shows as a replay later than expected.
+/// Engine policies carry the check, the baselines (which ignore the engine's
+/// estimates) do not.
+#[test]
+fn the_report_checks_the_engines_estimates_against_the_replay() {
+    let fleet = ONE_CHEAP_EIGHT_DEAR;
+    let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv =
+        "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string() + &"2017-09-04 10:00:00,3600,1,1,t\n".repeat(4);
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&["--lp-max-vars", "0"]), &l).unwrap();
+    for p in &r.policies {
+        let engine = ["cost", "time", "green"].contains(&p.policy.as_str());
+        assert_eq!(!p.estimates.is_empty(), engine, "{}: {:?}", p.policy, p.estimates);
+        if !engine {
+            continue;
+        }
+        let all = p.estimates.last().unwrap();
+        assert_eq!(all.class, "all");
+        assert_eq!(all.jobs, 4);
+        assert_eq!(p.estimates[..p.estimates.len() - 1].iter().map(|e| e.jobs).sum::<usize>(), 4, "{:?}", p.estimates);
+        assert!((all.completion_mean_s - p.completion_mean_s).abs() < 1e-6, "{all:?} vs {}", p.completion_mean_s);
+        assert!((all.wait_mean_s - p.wait_mean_s).abs() < 1e-6, "{all:?} vs {}", p.wait_mean_s);
+        for e in &p.estimates {
+            assert!(e.jobs > 0);
+            assert!((e.expected_completion_mean_s - e.completion_mean_s).abs() < 1.0, "{}: {e:?}", p.policy);
+            assert!((e.expected_wait_mean_s - e.wait_mean_s).abs() < 1.0, "{}: {e:?}", p.policy);
+            assert!(e.completion_abs_error_mean_s < 1.0 && e.within_25pct == 1.0, "{}: {e:?}", p.policy);
+        }
+    }
+    assert!(r.table().contains("engine estimates at each job's first placement"), "{}", r.table());
+
+    // Spot for 2 h, then gone for good; a 4 h job checkpointing hourly. The
+    // engine prices the trace's 0.5 reclaims per hour of spot: 2 reclaims over the
+    // run, each losing half an interval and a restore (0.5 h + 300 s), and no wait
+    // for spot again (no spell seen yet) — 14,400 + 2 × 2,100 = 18,600 s. The
+    // replay reclaims it once, right at its second checkpoint: it loses only the
+    // restore on demand, 14,400 + 300 = 14,700 s.
+    const SPOT: &str = r#"
+[[clusters]]
+name = "c"
+provider = "aws"
+region = "us-east-1"
+spot_preemptions_per_hour = 0.15
+prices.A100 = { on_demand = 3.0, spot = 0.5 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 1
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "c"
+"#;
+    let s = EngineSetup { fleet_toml: SPOT.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:00:00,14400,1,14400,t\n";
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let spot = vec![SpotTrace::parse(
+        r#"{"metadata":{"gap_seconds":1800},"data":[1,1,1,1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}"#,
+        "gone-us-east-1",
+    )
+    .unwrap()];
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot };
+    let r = run_loaded(&args(&["--lp-max-vars", "0", "--policy", "cost"]), &l).unwrap();
+    let cost = &r.policies[0];
+    assert_eq!(cost.policy, "cost");
+    let e = cost.estimates.iter().find(|e| e.class == "spot").unwrap_or_else(|| panic!("{:?}", cost.estimates));
+    assert_eq!(cost.preemptions, 1, "{cost:?}");
+    assert_eq!(e.jobs, 1);
+    assert!((e.expected_completion_mean_s - 18_600.0).abs() < 1e-6, "{e:?}");
+    assert!((e.completion_mean_s - 14_700.0).abs() < 1e-6, "{e:?}");
+    assert!((e.completion_abs_error_mean_s - 3_900.0).abs() < 1e-6, "{e:?}");
+    assert_eq!(e.within_25pct, 1.0, "3,900 s is within 25 % of 18,600 s: {e:?}");
+}
+
+/// The one-page summary for a capacity planner: every policy's cost and
+/// completion, the cost policy against the baselines and the bound, where its
+/// money goes, its estimates against the replay and the targets — in one page,
+/// with the same figures as the report; `--out-dir` writes it as `summary.md`.
+#[test]
+fn the_summary_is_one_page_with_the_reports_figures() {
+    let r = run_loaded(&args(&[]), &loaded(vec![spot_trace()])).unwrap();
+    let text = r.summary();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() <= 60, "{} lines:\n{text}", lines.len());
+    assert!(lines[0].starts_with("# Simulation summary: t.csv on f.toml"), "{text}");
+    let cost = r.policies.iter().find(|p| p.policy == "cost").unwrap();
+    let home = r.policies.iter().find(|p| p.policy == "home-only").unwrap();
+    for p in &r.policies {
+        let row = format!("| {} | {:.0} | ", p.policy, p.total_usd);
+        let line = lines.iter().find(|l| l.starts_with(&row)).unwrap_or_else(|| panic!("no row {row}:\n{text}"));
+        assert!(line.contains(&format!("| {:.2} h |", p.completion_mean_s / 3600.0)), "{line}");
+        assert!(line.contains(&format!("{:+.1} %", 100.0 * (p.total_usd / home.total_usd - 1.0))), "{line}");
+    }
+    assert!(text.contains(&format!(
+        "- Pays {:.0} USD at a mean completion of {:.2} h.",
+        cost.total_usd,
+        cost.completion_mean_s / 3600.0
+    )));
+    let saving = 100.0 * (1.0 - cost.total_usd / home.total_usd);
+    assert!(text.contains(&format!("{saving:.1} % cheaper than home-only ({:.0} USD", home.total_usd)), "{text}");
+    assert!(text.contains(&format!("{:.1} % above the bound", 100.0 * (cost.ratio_to_lower_bound - 1.0))), "{text}");
+    let all = cost.estimates.iter().find(|e| e.class == "all").unwrap();
+    assert!(text.contains(&format!("the replay gave {:.2} h", all.completion_mean_s / 3600.0)), "{text}");
+    assert_eq!(text.matches("\n- met ").count(), r.targets.iter().filter(|t| t.met).count(), "{text}");
+    assert_eq!(text.matches("\n- **missed** ").count(), r.targets.iter().filter(|t| !t.met).count(), "{text}");
+    // a baseline that could not place some jobs says so where it is compared
+    assert!(!text.contains("Not placed"), "{text}");
+    let mut short = r.clone();
+    short.policies.iter_mut().find(|p| p.policy == "home-only").unwrap().unplaced = 3;
+    let t2 = short.summary();
+    assert!(t2.contains("Not placed: home-only (3 jobs)."), "{t2}");
+    assert!(t2.contains("which could not place 3 of the 60 jobs)"), "{t2}");
+    // written beside report.json
+    let d = std::env::temp_dir().join(format!("fleet-sim-summary-{}", std::process::id()));
+    let files = write_outputs(&r, &d).unwrap();
+    assert!(files.iter().any(|f| f.ends_with("summary.md")));
+    assert_eq!(std::fs::read_to_string(d.join("summary.md")).unwrap(), text);
+    let _ = std::fs::remove_dir_all(d);
+    // --summary prints it instead of the table, and is not --json
+    assert!(args(&["--summary"]).summary);
+    let both = Cli::try_parse_from(["t", "--trace", "t.csv", "--fleet", "f.toml", "--summary", "--json"]);
+    assert!(both.is_err());
+}
+
+/// Jobs on their way to a pool (remote submission, staging) are counted there:
+/// two 8-GPU jobs placed at one instant away from home see the cheap cluster's
+/// eight free GPUs taken by the first, and the second goes to the next cluster
+/// instead of queueing ten hours behind it. Before, the second saw the same free
+/// GPUs (the first joins the queue only after its 120 s of remote submission),
+/// was told it would start at once, and waited the first job's ten hours; the
+/// engine's estimates now hold for both.
+#[test]
+fn jobs_on_their_way_to_a_pool_take_its_free_gpus() {
+    const FLEET: &str = r#"
+[overheads]
+remote_submit_s = 120.0
+
+[[clusters]]
+name = "home"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.A100 = { onprem = 0.5 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 1
+nodes = 1
+
+[[clusters]]
+name = "a"
+provider = "aws"
+region = "us-east-1"
+prices.A100 = { on_demand = 1.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[clusters]]
+name = "b"
+provider = "gcp"
+region = "us-central1"
+prices.A100 = { on_demand = 1.5 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "home"
+"#;
+    let s = EngineSetup { fleet_toml: FLEET.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string()
+        + &"2017-09-04 10:00:00,36000,8,288000,t\n".repeat(2);
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&["--lp-max-vars", "0", "--policy", "cost"]), &l).unwrap();
+    let cost = &r.policies[0];
+    let used: Vec<&str> = cost.spend.keys().map(|k| k.split('/').next().unwrap()).collect();
+    assert_eq!(used, ["a", "b"], "one job on each cloud: {:?}", cost.spend);
+    // each starts after its remote submission, not after the other's ten hours
+    assert!((cost.wait_mean_s - 120.0).abs() < 1.0, "{cost:?}");
+    for e in &cost.estimates {
+        assert!(e.completion_abs_error_mean_s < 1.0 && e.within_25pct == 1.0, "{e:?}");
     }
 }

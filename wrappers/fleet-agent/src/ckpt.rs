@@ -202,8 +202,8 @@ fn read_note(dir: &Path, name: &str, limit: u64) -> Option<Vec<u8>> {
 pub const RUN_STARTED_FILE: &str = ".fleet-run-started";
 /// The note `lease-exec` writes when the job's script ended by itself
 /// (not stopped by its lease), before it claims that end: `exit <code>`
-/// or `signal <n>`, then the same run as its start note
-/// (`job <id> restart <n> epoch <e>`).
+/// or `signal <n>`, `after <k>` when Slurm's kill of the step came first,
+/// then the same run as its start note (`job <id> restart <n> epoch <e>`).
 pub const RUN_ENDED_FILE: &str = ".fleet-run-ended";
 
 /// Which run a note of `lease-exec` is of: a Slurm job runs again under
@@ -237,17 +237,36 @@ pub fn parse_started(line: &str) -> Option<NotedRun> {
     parse_run(rest)
 }
 
-/// Reads an end note: `exit <code> <run>` / `signal <n> <run>`, as
-/// (run, exit code, signal); anything else is `None`.
-pub fn parse_ended(line: &str) -> Option<(NotedRun, Option<i32>, Option<i32>)> {
+/// How a run's script ended, as `lease-exec` noted it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NotedEnd {
+    /// Its exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// Slurm's kill of the whole batch step (SIGTERM) came first: the
+    /// script ended by that kill (its child died of it, or it caught it and
+    /// exited), not on its own, unless a user had it sent.
+    pub after_signal: Option<i32>,
+}
+
+/// Reads an end note: `exit <code>` or `signal <n>`, then `after <k>`
+/// when Slurm's kill of the step came first, then the run; anything else
+/// is `None`.
+pub fn parse_ended(line: &str) -> Option<(NotedRun, NotedEnd)> {
     let w: Vec<&str> = line.split_whitespace().collect();
     let [how, n, rest @ ..] = w.as_slice() else { return None };
+    let (after_signal, rest) = match rest {
+        ["after", k, rest @ ..] => (Some(k.parse::<i32>().ok().filter(|k| (1..=64).contains(k))?), rest),
+        _ => (None, rest),
+    };
     let run = parse_run(rest)?;
-    match (*how, n.parse::<i32>().ok()?) {
-        ("exit", c @ 0..=255) => Some((run, Some(c), None)),
-        ("signal", s @ 1..=64) => Some((run, None, Some(s))),
-        _ => None,
-    }
+    let (exit_code, signal) = match (*how, n.parse::<i32>().ok()?) {
+        ("exit", c @ 0..=255) => (Some(c), None),
+        ("signal", s @ 1..=64) => (None, Some(s)),
+        _ => return None,
+    };
+    Some((run, NotedEnd { exit_code, signal, after_signal }))
 }
 
 /// One line per start of the script, appended by `lease-exec`:
@@ -283,16 +302,16 @@ pub fn run_started(dir: &Path) -> bool {
 }
 
 /// How the script of the run in `dir` ended by itself, as `lease-exec`
-/// noted it: (exit code, signal). Only a note of the latest run
+/// noted it. Only a note of the latest run
 /// `lease-exec` started there counts (the same Slurm job, restart count
 /// and epoch as the start note), of Slurm job `slurm_id` and, when known
 /// (> 0), of fleet epoch `epoch`: an end noted by an earlier run (before
 /// Slurm requeued the job, or of an earlier placement) says nothing of
 /// this one. So does a note that does not parse (an older `lease-exec`'s).
-pub fn run_ended(dir: &Path, slurm_id: u64, epoch: u64) -> Option<(Option<i32>, Option<i32>)> {
+pub fn run_ended(dir: &Path, slurm_id: u64, epoch: u64) -> Option<NotedEnd> {
     let started = parse_started(&note(dir, RUN_STARTED_FILE)?)?;
-    let (run, exit_code, signal) = parse_ended(&note(dir, RUN_ENDED_FILE)?)?;
-    (run == started && run.slurm_id == slurm_id && (epoch == 0 || run.epoch == epoch)).then_some((exit_code, signal))
+    let (run, end) = parse_ended(&note(dir, RUN_ENDED_FILE)?)?;
+    (run == started && run.slurm_id == slurm_id && (epoch == 0 || run.epoch == epoch)).then_some(end)
 }
 
 /// A copy `fleet-ckpt copy --json` made.
@@ -355,15 +374,31 @@ mod tests {
     #[test]
     fn the_end_lease_exec_noted_is_read_for_its_own_run_only() {
         let run = |restart, epoch| NotedRun { slurm_id: 42, restart, epoch, at_ms: 0 };
+        let exit = |c| NotedEnd { exit_code: Some(c), ..Default::default() };
+        let signal = |s| NotedEnd { signal: Some(s), ..Default::default() };
         for (line, want) in [
-            ("exit 0 job 42 restart 0 epoch 1", Some((run(0, 1), Some(0), None))),
-            ("exit 3 job 42 restart 2 epoch 7", Some((run(2, 7), Some(3), None))),
-            ("signal 9 job 42 restart 0 epoch 1", Some((run(0, 1), None, Some(9)))),
-            ("  exit   7  job 42 restart 0  epoch 1 ", Some((run(0, 1), Some(7), None))),
+            ("exit 0 job 42 restart 0 epoch 1", Some((run(0, 1), exit(0)))),
+            ("exit 3 job 42 restart 2 epoch 7", Some((run(2, 7), exit(3)))),
+            ("signal 9 job 42 restart 0 epoch 1", Some((run(0, 1), signal(9)))),
+            ("  exit   7  job 42 restart 0  epoch 1 ", Some((run(0, 1), exit(7)))),
             (
                 "exit 1 job 42 restart 0 epoch 1 at 1796222245371",
-                Some((NotedRun { at_ms: 1796222245371, ..run(0, 1) }, Some(1), None)),
+                Some((NotedRun { at_ms: 1796222245371, ..run(0, 1) }, exit(1))),
             ),
+            // Slurm's kill of the step came first.
+            (
+                "exit 5 after 15 job 42 restart 0 epoch 1 at 7",
+                Some((NotedRun { at_ms: 7, ..run(0, 1) }, NotedEnd { after_signal: Some(15), ..exit(5) })),
+            ),
+            (
+                "signal 9 after 15 job 42 restart 0 epoch 1",
+                Some((run(0, 1), NotedEnd { after_signal: Some(15), ..signal(9) })),
+            ),
+            ("exit 5 after 0 job 42 restart 0 epoch 1", None),
+            ("exit 5 after 65 job 42 restart 0 epoch 1", None),
+            ("exit 5 after x job 42 restart 0 epoch 1", None),
+            ("exit 5 after job 42 restart 0 epoch 1", None),
+            ("exit 5 job 42 restart 0 epoch 1 after 15", None),
             ("exit 1 job 42 restart 0 epoch 1 at", None),
             ("exit 1 job 42 restart 0 epoch 1 at x", None),
             // An older lease-exec's note: which run it is of is unknown.
@@ -391,11 +426,24 @@ mod tests {
         // (start note, end note, Slurm id, epoch) -> the end read.
         let tmp = tempfile::tempdir().unwrap();
         assert_eq!((run_ended(tmp.path(), 42, 1), run_started(tmp.path())), (None, false));
-        let exit3 = Some((Some(3), None));
+        let exit3 = Some(NotedEnd { exit_code: Some(3), ..Default::default() });
         for (started, ended, sid, epoch, want) in [
             ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 42, 1, exit3),
             ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 42, 0, exit3),
-            ("started job 42 restart 0 epoch 1", "signal 15 job 42 restart 0 epoch 1", 42, 1, Some((None, Some(15)))),
+            (
+                "started job 42 restart 0 epoch 1",
+                "signal 15 job 42 restart 0 epoch 1",
+                42,
+                1,
+                Some(NotedEnd { signal: Some(15), ..Default::default() }),
+            ),
+            (
+                "started job 42 restart 0 epoch 1",
+                "exit 3 after 15 job 42 restart 0 epoch 1",
+                42,
+                1,
+                Some(NotedEnd { exit_code: Some(3), signal: None, after_signal: Some(15) }),
+            ),
             // Another Slurm job (an id reused after a crash), another placement.
             ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 43, 1, None),
             ("started job 42 restart 0 epoch 1", "exit 3 job 42 restart 0 epoch 1", 42, 2, None),

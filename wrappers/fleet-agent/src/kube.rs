@@ -726,6 +726,12 @@ fn pod_trouble(p: &Pod) -> Option<(&'static str, String, bool)> {
     None
 }
 
+/// Whether a state `pod_trouble` gives says the pod was taken away by the
+/// cluster (`DisruptionTarget`, an eviction): its run died with its node.
+fn taken_away_state(raw: &str) -> bool {
+    matches!(raw, "NODE_FAIL" | "PREEMPTED")
+}
+
 /// Has `job` ended (its Complete or Failed condition) while the pods the
 /// watch holds for it have not (or none is there yet)? The Job and Pod
 /// watches are separate streams: under load the Job's end can arrive
@@ -742,6 +748,13 @@ fn pods_behind(job: &Job, pods: &[Arc<Pod>]) -> bool {
 /// reads a Slurm job (pure). `raw_state` uses Slurm's names so that the
 /// origin sees `TIMEOUT`, `OUT_OF_MEMORY`, `NODE_FAIL` as for a Slurm target.
 pub fn native_state(job: &Job, pods: &[&Pod]) -> NativeJob {
+    native_state_with(job, pods, None)
+}
+
+/// [`native_state`], with what the watch saw of the Job's pods before
+/// they were gone: `taken_away`, the disruption one of them showed
+/// ([`TakenAway`]), which a pod deleted as it ended no longer shows.
+pub fn native_state_with(job: &Job, pods: &[&Pod], taken_away: Option<&(&'static str, String)>) -> NativeJob {
     let name = job.metadata.name.clone().unwrap_or_default();
     let native_id = native_id_of(&name).unwrap_or(0);
     let mut nodes: Vec<String> = pods.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
@@ -764,10 +777,21 @@ pub fn native_state(job: &Job, pods: &[&Pod]) -> NativeJob {
         })
         .collect();
     let exit = codes.iter().copied().find(|c| *c != 0).or(codes.iter().copied().max());
-    let troubles: Vec<(&str, String, bool)> = pods.iter().filter_map(|p| pod_trouble(p)).collect();
+    let mut troubles: Vec<(&str, String, bool)> = pods.iter().filter_map(|p| pod_trouble(p)).collect();
+    if let Some((state, why)) = taken_away.filter(|_| troubles.iter().all(|t| !t.2)) {
+        troubles.push((state, why.clone(), true));
+    }
     let spec = job.spec.as_ref();
     let (raw, reason) = if has_true(job, "Complete").is_some() {
-        ("COMPLETED", String::new())
+        // Taken away (DisruptionTarget: a drain's eviction, a preemption)
+        // while it ran, its script caught the SIGTERM and exited 0 (as a
+        // checkpointing job saves and leaves): Kubernetes counts the Job
+        // complete, but its work is not done, and Slurm, whatever the
+        // exit, requeues a preempted job and fails one on a failed node.
+        match troubles.iter().find(|t| t.2 && taken_away_state(t.0)) {
+            Some(t) => (t.0, t.1.clone()),
+            None => ("COMPLETED", String::new()),
+        }
     } else if let Some((r, m)) = has_true(job, "Failed").or_else(|| has_true(job, "FailureTarget")) {
         match (r.as_str(), troubles.iter().find(|t| t.2)) {
             ("DeadlineExceeded", _) => ("TIMEOUT", format!("DeadlineExceeded: {m}")),
@@ -800,7 +824,7 @@ pub fn native_state(job: &Job, pods: &[&Pod]) -> NativeJob {
         ("PENDING", String::new())
     };
     let mut j = NativeJob::new(native_id, raw);
-    if matches!(raw, "NODE_FAIL" | "PREEMPTED") {
+    if taken_away_state(raw) {
         // What the run died of, for the report that it died (`track::died`).
         j.description = reason.clone();
     }
@@ -860,7 +884,45 @@ pub struct KubeBackend {
     /// The log followers' tasks, stopped with the backend.
     followers: Mutex<Vec<tokio::task::AbortHandle>>,
     lag: Arc<Mutex<Lag>>,
+    taken_away: TakenAway,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Per Fleet Job (by name), the disruption (`DisruptionTarget`: a drain's
+/// eviction, a preemption) a pod of it showed in the watch, as
+/// `pod_trouble` reads it: an evicted pod is deleted as it ends, so a
+/// script that caught the SIGTERM and exited 0 leaves a `Complete` Job
+/// and no pod to say it was taken away. Kept until the Job leaves the
+/// watch (at most [`TAKEN_AWAY_MAX`] entries).
+#[derive(Clone, Default)]
+struct TakenAway(Arc<Mutex<HashMap<String, (&'static str, String)>>>);
+
+const TAKEN_AWAY_MAX: usize = 4096;
+
+impl TakenAway {
+    /// Notes what `pod` shows, if it was taken away.
+    fn see(&self, pod: &Pod) {
+        let Some((state, why, true)) = pod_trouble(pod) else { return };
+        if !taken_away_state(state) {
+            return;
+        }
+        let Some(name) = pod.metadata.labels.as_ref().and_then(|l| l.get("batch.kubernetes.io/job-name")) else {
+            return;
+        };
+        let mut m = self.0.lock();
+        if m.len() < TAKEN_AWAY_MAX || m.contains_key(name) {
+            m.insert(name.clone(), (state, why));
+        }
+    }
+
+    /// Forgets the Jobs no longer in the watch.
+    fn keep_only(&self, live: &std::collections::HashSet<&str>) {
+        self.0.lock().retain(|n, _| live.contains(n.as_str()));
+    }
+
+    fn of(&self, name: &str) -> Option<(&'static str, String)> {
+        self.0.lock().get(name).cloned()
+    }
 }
 
 impl Drop for KubeBackend {
@@ -914,6 +976,7 @@ impl KubeBackend {
         }
         Api::<Node>::all(client.clone()).list(&probe).await.map_err(|e| denied("Nodes", e))?;
         let lag: Arc<Mutex<Lag>> = Arc::default();
+        let taken_away = TakenAway::default();
         let mut tasks = Vec::new();
         // One watch of Fleet's Jobs and one of its Pods per namespace (the
         // RBAC grants namespaces, not the cluster).
@@ -950,7 +1013,16 @@ impl KubeBackend {
             )
             .default_backoff()
             .touched_objects();
-            tasks.push(tokio::spawn(drain(stream, "Pods")));
+            let seen = taken_away.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        Ok(pod) => seen.see(&pod),
+                        Err(e) => tracing::warn!("watching Pods: {e}"),
+                    }
+                }
+            }));
         }
         let (nodes, w) = reflector::store();
         let stream = reflector::reflector(w, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
@@ -993,6 +1065,7 @@ impl KubeBackend {
             follow: Arc::default(),
             followers: Mutex::default(),
             lag,
+            taken_away,
             tasks,
         };
         let ready = async {
@@ -1100,7 +1173,7 @@ impl KubeBackend {
             }
             let pods = self.pods_of(&name);
             let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-            out.push(native_state(&job, &refs));
+            out.push(native_state_with(&job, &refs, self.taken_away.of(&name).as_ref()));
         }
         Ok(())
     }
@@ -1605,6 +1678,7 @@ impl Backend for KubeBackend {
     async fn status(&self, native_ids: &[u64]) -> Result<Vec<NativeJob>> {
         let mut out = Vec::new();
         let jobs = self.all_jobs();
+        self.taken_away.keep_only(&jobs.iter().filter_map(|j| j.metadata.name.as_deref()).collect());
         for &nid in native_ids {
             // Deleted by `cancel`: `accounting` reports it, whatever a
             // lagging watch still holds.
@@ -1636,7 +1710,7 @@ impl Backend for KubeBackend {
                 }
             }
             let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-            let nj = native_state(&job, &refs);
+            let nj = native_state_with(&job, &refs, self.taken_away.of(&name).as_ref());
             if !fleet_id.is_empty() {
                 let mut done = self.follow_logs(&fleet_id, &pods);
                 if nj.state.is_terminal() {
@@ -2333,6 +2407,39 @@ mod tests {
             Some(143),
             "PreemptionByScheduler: Eviction API: evicting",
         );
+        // Its script caught the eviction's SIGTERM and exited 0: the Job
+        // is Complete, the run was still taken away.
+        let mut saved = term(0, "Completed");
+        saved["conditions"] = json!([{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}]);
+        let saved_status = saved.clone();
+        check(
+            job_with(&[("Complete", "", "")], false),
+            vec![pod(saved)],
+            "NODE_FAIL",
+            Some(0),
+            "EvictionByEvictionAPI: Eviction API: evicting",
+        );
+        check(job_with(&[("Complete", "", "")], false), vec![pod(term(0, "Completed"))], "COMPLETED", Some(0), "");
+        // The same once the evicted pod is gone: what the pod watch saw of
+        // it before (`TakenAway`) says so.
+        let taken = TakenAway::default();
+        let mut seen = pod(saved_status.clone());
+        seen.metadata.labels = Some([("batch.kubernetes.io/job-name".to_string(), "fleet-42".to_string())].into());
+        taken.see(&pod(term(0, "Completed")));
+        assert!(taken.of("fleet-42").is_none(), "a pod that was not taken away says nothing");
+        taken.see(&seen);
+        let remembered = taken.of("fleet-42");
+        assert_eq!(remembered, Some(("NODE_FAIL", "EvictionByEvictionAPI: Eviction API: evicting".to_string())));
+        let complete = job_with(&[("Complete", "", "")], false);
+        let n = native_state_with(&complete, &[], remembered.as_ref());
+        assert_eq!(
+            (n.raw_state.as_str(), n.description.as_str()),
+            ("NODE_FAIL", "EvictionByEvictionAPI: Eviction API: evicting")
+        );
+        assert_eq!(native_state_with(&complete, &[], None).raw_state, "COMPLETED");
+        // Forgotten once its Job leaves the watch.
+        taken.keep_only(&["fleet-7"].into_iter().collect());
+        assert!(taken.of("fleet-42").is_none());
         let n = native_state(&job_with(&[("Failed", "PodFailurePolicy", fj)], false), &[]);
         assert_eq!(n.description, format!("DisruptionTarget: {fj}"), "what track::died reports");
         check(job_with(&[], false), vec![pod(waiting("ImagePullBackOff"))], "FAILED", Some(1), "ImagePullBackOff: m");

@@ -196,8 +196,9 @@ fn launch_failed_why(site: &str) -> String {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LaunchEvidence {
     /// The run's script ended, as its `lease-exec` noted (for this run:
-    /// Slurm job, restart count and epoch): its exit code and signal.
-    pub ended: Option<(Option<i32>, Option<i32>)>,
+    /// Slurm job, restart count and epoch): its exit code and signal, and
+    /// whether Slurm's kill of the step came first.
+    pub ended: Option<crate::ckpt::NotedEnd>,
     /// This agent delivered a signal to the run on its user's request
     /// (`scancel --signal` at the origin): an end by a signal is theirs.
     pub user_signalled: bool,
@@ -237,11 +238,14 @@ pub enum LaunchVerdict {
 /// had a signal delivered: otherwise the signal is Slurm's (it kills the
 /// job it has just requeued), and native Slurm would run the job again.
 pub fn launch_verdict(e: &LaunchEvidence) -> LaunchVerdict {
-    match e.ended {
-        Some((exit_code, None)) => return LaunchVerdict::Ended { exit_code, signal: None },
-        Some((exit_code, Some(s))) if e.user_signalled => return LaunchVerdict::Ended { exit_code, signal: Some(s) },
-        Some((_, Some(s))) => return LaunchVerdict::Started { killed_by: Some(s) },
-        None => {}
+    if let Some(end) = e.ended {
+        return match (end.signal, end.after_signal) {
+            (signal, _) if e.user_signalled => LaunchVerdict::Ended { exit_code: end.exit_code, signal },
+            (None, None) => LaunchVerdict::Ended { exit_code: end.exit_code, signal: None },
+            // Killed, or ended once Slurm's kill of the step began (its
+            // child died of it, or it caught it and exited).
+            (Some(s), _) | (None, Some(s)) => LaunchVerdict::Started { killed_by: Some(s) },
+        };
     }
     let started = if e.under_lease {
         e.started_note || e.stdout_bytes > 0
@@ -1110,7 +1114,9 @@ async fn reconcile_run<B: Backend>(
         let dir = agent.backend.job_dir(&run.id);
         let noted = run.slurm_id.and_then(|sid| crate::ckpt::run_ended(&dir, sid, run.epoch));
         let ago = crate::ckpt::run_ended_ago(&dir);
-        if let (true, Some((exit_code, signal)), Some(ago)) = (j.raw_state == "RUNNING", noted, ago) {
+        if let (true, Some(crate::ckpt::NotedEnd { exit_code, signal, .. }), Some(ago)) =
+            (j.raw_state == "RUNNING", noted, ago)
+        {
             if ago > ENDED_BUT_RUNNING {
                 if let Some(user) = run.user.as_deref() {
                     agent.backend.cancel(j.native_id, user).await?;
@@ -1553,7 +1559,11 @@ mod tests {
 
     #[test]
     fn a_run_held_after_a_failed_launch_is_judged_by_what_it_left() {
+        use crate::ckpt::NotedEnd;
         use LaunchVerdict::*;
+        let ex = |c| Some(NotedEnd { exit_code: Some(c), ..Default::default() });
+        let sg = |s| Some(NotedEnd { signal: Some(s), ..Default::default() });
+        let after = |n: Option<NotedEnd>| n.map(|n| NotedEnd { after_signal: Some(libc::SIGTERM), ..n });
         let e = |ended, user_signalled, started_note, under_lease, out: u64, err: u64, exists| LaunchEvidence {
             ended,
             user_signalled,
@@ -1566,15 +1576,21 @@ mod tests {
         let started = Started { killed_by: None };
         for (ev, want) in [
             // Its script ended by itself (lease-exec's note): that end is its result.
-            (e(Some((Some(0), None)), false, true, true, 10, 0, true), Ended { exit_code: Some(0), signal: None }),
-            (e(Some((Some(3), None)), false, true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
-            (e(Some((Some(3), None)), true, true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
+            (e(ex(0), false, true, true, 10, 0, true), Ended { exit_code: Some(0), signal: None }),
+            (e(ex(3), false, true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
+            (e(ex(3), true, true, true, 0, 0, true), Ended { exit_code: Some(3), signal: None }),
             // Ended by a signal: its user's (scancel --signal, relayed by
             // this agent) is its end; any other is Slurm's kill of the job
             // it requeued: the run started and did not end by itself.
-            (e(Some((None, Some(9))), true, true, true, 0, 0, true), Ended { exit_code: None, signal: Some(9) }),
-            (e(Some((None, Some(15))), false, true, true, 0, 0, true), Started { killed_by: Some(15) }),
-            (e(Some((None, Some(9))), false, true, true, 40, 0, true), Started { killed_by: Some(9) }),
+            (e(sg(9), true, true, true, 0, 0, true), Ended { exit_code: None, signal: Some(9) }),
+            (e(sg(15), false, true, true, 0, 0, true), Started { killed_by: Some(15) }),
+            (e(sg(9), false, true, true, 40, 0, true), Started { killed_by: Some(9) }),
+            // Ended once Slurm's kill of the whole step began (it caught
+            // SIGTERM and exited, or its child died of it and it went on
+            // to exit): that kill, unless its user had it sent.
+            (e(after(ex(5)), false, true, true, 0, 0, true), Started { killed_by: Some(15) }),
+            (e(after(sg(9)), false, true, true, 0, 0, true), Started { killed_by: Some(9) }),
+            (e(after(ex(0)), true, true, true, 0, 0, true), Ended { exit_code: Some(0), signal: None }),
             // Under its lease: the script starts only after lease-exec's note.
             (e(None, false, true, true, 0, 0, true), started.clone()),
             (e(None, false, false, true, 12, 0, true), started.clone()),

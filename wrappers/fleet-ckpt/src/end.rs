@@ -76,11 +76,63 @@ impl ScriptEnd {
 
     /// The claim sent for run `epoch`, whose end was `cause`'s (`None`:
     /// unknown, [`Whose::Unknown`]).
-    pub fn claim(self, epoch: u64, cause: Option<EndCause>) -> RunEndClaim {
-        match self {
-            ScriptEnd::Exited(c) => RunEndClaim { epoch, exit_code: Some(c), signal: None, cause },
-            ScriptEnd::Signalled(s) => RunEndClaim { epoch, exit_code: None, signal: Some(s), cause },
+    /// `after_signal`: Slurm's kill of the whole step came first
+    /// ([`step_kill`]).
+    pub fn claim(self, epoch: u64, cause: Option<EndCause>, after_signal: Option<i32>) -> RunEndClaim {
+        let (exit_code, signal) = match self {
+            ScriptEnd::Exited(c) => (Some(c), None),
+            ScriptEnd::Signalled(s) => (None, Some(s)),
+        };
+        RunEndClaim { epoch, exit_code, signal, cause, after_signal }
+    }
+
+    /// The end note for the target agent (`.fleet-run-ended`): `exit <c>`
+    /// or `signal <s>`, then `after <k>` when Slurm's kill of the step came
+    /// first, then the run (`job <id> restart <n> epoch <e> at <ms>`).
+    pub fn note(self, after_signal: Option<i32>, run: &str) -> String {
+        let how = match self {
+            ScriptEnd::Exited(c) => format!("exit {c}"),
+            ScriptEnd::Signalled(s) => format!("signal {s}"),
+        };
+        match after_signal {
+            Some(k) => format!("{how} after {k} {run}\n"),
+            None => format!("{how} {run}\n"),
         }
+    }
+}
+
+/// The signal that starts Slurm's kill of a job's processes (SIGCONT and
+/// SIGTERM to every process of each step, SIGKILL `KillWait` later): a
+/// requeue, a node failure, a preemption, a cancellation.
+pub const STEP_KILL: i32 = libc::SIGTERM;
+
+/// How close to the script's end a SIGKILL of the sentinel counts as part
+/// of the same kill. Slurm aborts a job it does not know (an orphan its
+/// node reports as it registers) with SIGKILL to every process of the
+/// step at once, one after another, the deepest first: a script whose
+/// child was killed first can still exit before its own turn comes.
+pub const KILL_NEAR: Duration = Duration::from_secs(1);
+
+/// How long `lease-exec` watches the sentinel after the script exited
+/// with no sign of a kill: the rest of an abort reaches the sentinel (or
+/// `lease-exec`, which then notes nothing) within it.
+pub const END_GRACE: Duration = Duration::from_millis(100);
+
+/// Whether Slurm's kill of the whole step came before the script's end,
+/// and by which signal: `drained`, the signals `lease-exec` found sent to
+/// the whole step (pending at the sentinel too) while the script ran;
+/// `sentinel_status`, the sentinel's `/proc/<pid>/status` read once the
+/// script was reaped (Slurm signals a step's processes one after another:
+/// a script that died of its child's kill, or whose trap exited at once,
+/// can end before `lease-exec` is told, never before the kill started);
+/// `sentinel_killed`, the sentinel (which nothing else signals) died of
+/// SIGKILL within [`KILL_NEAR`] of the script's end.
+pub fn step_kill(drained: &[i32], sentinel_status: Option<&str>, sentinel_killed: bool) -> Option<i32> {
+    let pending = sentinel_status.and_then(|t| pending_in_status(t, STEP_KILL)) == Some(true);
+    if drained.contains(&STEP_KILL) || pending {
+        Some(STEP_KILL)
+    } else {
+        sentinel_killed.then_some(libc::SIGKILL)
     }
 }
 
@@ -237,13 +289,52 @@ mod tests {
         // Stopped (0x7f in the low byte): not an end.
         assert_eq!(ScriptEnd::from_wait_status(0x137f), None);
         assert_eq!(
-            ScriptEnd::Exited(3).claim(2, Some(EndCause::Script)),
-            RunEndClaim { epoch: 2, exit_code: Some(3), signal: None, cause: Some(EndCause::Script) }
+            ScriptEnd::Exited(3).claim(2, Some(EndCause::Script), None),
+            RunEndClaim {
+                epoch: 2,
+                exit_code: Some(3),
+                signal: None,
+                cause: Some(EndCause::Script),
+                after_signal: None
+            }
         );
         assert_eq!(
-            ScriptEnd::Signalled(9).claim(1, None),
-            RunEndClaim { epoch: 1, exit_code: None, signal: Some(9), cause: None }
+            ScriptEnd::Signalled(9).claim(1, None, None),
+            RunEndClaim { epoch: 1, exit_code: None, signal: Some(9), cause: None, after_signal: None }
         );
+        assert_eq!(
+            ScriptEnd::Exited(5).claim(1, Some(EndCause::Script), Some(15)),
+            RunEndClaim {
+                epoch: 1,
+                exit_code: Some(5),
+                signal: None,
+                cause: Some(EndCause::Script),
+                after_signal: Some(15)
+            }
+        );
+        let run = "job 42 restart 0 epoch 1 at 7";
+        assert_eq!(ScriptEnd::Exited(5).note(None, run), "exit 5 job 42 restart 0 epoch 1 at 7\n");
+        assert_eq!(ScriptEnd::Exited(5).note(Some(15), run), "exit 5 after 15 job 42 restart 0 epoch 1 at 7\n");
+        assert_eq!(ScriptEnd::Signalled(9).note(Some(15), run), "signal 9 after 15 job 42 restart 0 epoch 1 at 7\n");
+    }
+
+    #[test]
+    fn slurms_kill_of_the_step_is_known_before_or_after_the_script_ended() {
+        let term_pending = "Name:\tfleet-ckpt\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000004000\n";
+        let usr1_pending = "SigPnd:\t0000000000000000\nShdPnd:\t0000000000000200\n";
+        // Drained while the script ran.
+        assert_eq!(step_kill(&[libc::SIGUSR1, libc::SIGTERM], None, false), Some(libc::SIGTERM));
+        // Still pending at the sentinel when the script was reaped.
+        assert_eq!(step_kill(&[], Some(term_pending), false), Some(libc::SIGTERM));
+        // Slurm's abort (SIGKILL to every process) reached the sentinel.
+        assert_eq!(step_kill(&[], None, true), Some(libc::SIGKILL));
+        assert_eq!(step_kill(&[libc::SIGTERM], None, true), Some(libc::SIGTERM));
+        // Another signal to the whole step (scancel --signal=USR1 --full)
+        // is no kill; nor is a SIGTERM sent to the batch process alone
+        // (passed on, never drained), nor nothing at all.
+        assert_eq!(step_kill(&[libc::SIGUSR1], Some(usr1_pending), false), None);
+        assert_eq!(step_kill(&[], Some("SigPnd:\t0000000000000000\n"), false), None);
+        assert_eq!(step_kill(&[], None, false), None);
     }
 
     #[test]

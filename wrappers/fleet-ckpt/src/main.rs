@@ -536,6 +536,10 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     };
     let pid = child.id() as i32;
     let mut pending: Vec<(i32, Instant)> = Vec::new();
+    // The signals sent to the whole step while the script ran, and when
+    // the sentinel died of a SIGKILL (Slurm's abort of the step).
+    let mut drained: Vec<i32> = Vec::new();
+    let mut sentinel_killed_at: Option<Instant> = None;
     let ended = loop {
         let mut status = 0;
         // SAFETY: waitpid(2) on our own child, with a local status.
@@ -544,11 +548,7 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
                 break e;
             }
         }
-        if let Some(s) = &mut sentinel {
-            if s.try_wait().ok().flatten().is_some() {
-                sentinel = None;
-            }
-        }
+        watch_sentinel(&mut sentinel, &mut sentinel_killed_at);
         let mut pfd = libc::pollfd { fd: fds[0], events: libc::POLLIN, revents: 0 };
         let timeout = if pending.is_empty() { 1000 } else { 10 };
         // SAFETY: poll(2) on one local pollfd.
@@ -569,6 +569,7 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
             match end::route(at_sentinel, at.elapsed()) {
                 Route::Wait => true,
                 Route::Drain => {
+                    drained.push(sig);
                     if let Some(stdin) = sentinel.as_mut().and_then(|s| s.stdin.as_mut()) {
                         let _ = stdin.write_all(&[sig as u8]);
                     }
@@ -586,14 +587,40 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     // watchdog has not decided to stop the run yet, its signals came (if
     // at all) after the script's own end (`end::END_DECIDED`).
     let decided = end::decide(&run_dir, "script");
+    // Whether Slurm's kill of the step came first (`end::step_kill`):
+    // drained, pending at the sentinel now, or the sentinel killed. Slurm
+    // signals one process after another: an exit with no sign of a kill
+    // yet is watched a moment longer (`end::END_GRACE`), and a SIGTERM
+    // lease-exec was told of but the sentinel not yet as long as it would
+    // be while the script ran.
+    let reaped = Instant::now();
+    let mut buf = [0u8; 64];
+    while let Ok(n @ 1..) = signals.read(&mut buf) {
+        pending.extend(buf[..n].iter().map(|&b| i32::from(b)).map(|s| (s, Instant::now())));
+    }
+    let term_told = pending.iter().find(|(s, _)| *s == end::STEP_KILL).map(|&(_, at)| at);
+    let after_signal = loop {
+        watch_sentinel(&mut sentinel, &mut sentinel_killed_at);
+        let status = sentinel.as_ref().and_then(|s| std::fs::read_to_string(format!("/proc/{}/status", s.id())).ok());
+        let killed = sentinel_killed_at.is_some_and(|t| reaped.saturating_duration_since(t) <= end::KILL_NEAR);
+        let found = end::step_kill(&drained, status.as_deref(), killed);
+        let watch = (matches!(ended, ScriptEnd::Exited(_)) && reaped.elapsed() < end::END_GRACE)
+            || term_told.is_some_and(|at| at.elapsed() < end::SENTINEL_WAIT);
+        if found.is_some() || sentinel.is_none() || !watch {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     if let Some(mut s) = sentinel.take() {
         drop(s.stdin.take());
         let _ = s.kill();
         let _ = s.wait();
     }
-    let how = match ended {
-        ScriptEnd::Exited(c) => format!("exit code {c}"),
-        ScriptEnd::Signalled(s) => format!("signal {s}"),
+    let how = match (ended, after_signal) {
+        (ScriptEnd::Exited(c), None) => format!("exit code {c}"),
+        (ScriptEnd::Signalled(s), None) => format!("signal {s}"),
+        (ScriptEnd::Exited(c), Some(k)) => format!("exit code {c} after signal {k} to the whole step"),
+        (ScriptEnd::Signalled(s), Some(k)) => format!("signal {s} after signal {k} to the whole step"),
     };
     let cause = end::whose(decided, run_dir.join(".fleet-lease-stopped").exists());
     let (whose, within) = match cause {
@@ -603,11 +630,7 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
     };
     if cause != Some(EndCause::Lease) {
         if let Some(run) = &slurm_job {
-            let how = match ended {
-                ScriptEnd::Exited(c) => format!("exit {c}"),
-                ScriptEnd::Signalled(s) => format!("signal {s}"),
-            };
-            note(".fleet-run-ended", format!("{how} {run}\n"));
+            note(".fleet-run-ended", ended.note(after_signal, run));
         }
     }
     // The watchdog's end is claimed too (once, briefly: the meta-scheduler
@@ -618,7 +641,7 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
             let _g = rt.enter();
             lease::client(env)?
         };
-        rt.block_on(end::report(&http, env, &ended.claim(env.epoch, cause), within))
+        rt.block_on(end::report(&http, env, &ended.claim(env.epoch, cause, after_signal), within))
     });
     match sent {
         Ok(r) if r.recorded => log(&format!("the script ended ({how}, {whose}): reported")),
@@ -638,6 +661,18 @@ fn supervise(env: &LeaseEnv, mut cmd: std::process::Command, script: &std::path:
             }
             ExitCode::from(128u8.saturating_add(s as u8))
         }
+    }
+}
+
+/// Reaps the sentinel if it ended, noting when if a SIGKILL ended it
+/// (nothing but Slurm's abort of the step sends it one).
+fn watch_sentinel(sentinel: &mut Option<std::process::Child>, killed_at: &mut Option<Instant>) {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(st) = sentinel.as_mut().and_then(|s| s.try_wait().ok().flatten()) {
+        if st.signal() == Some(libc::SIGKILL) {
+            *killed_at = Some(Instant::now());
+        }
+        *sentinel = None;
     }
 }
 

@@ -372,8 +372,67 @@ async fn a_leased_run_reports_its_end_and_its_signals_arrive_once() {
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     let log = log_of(&dir);
-    // A signal not sent by its watchdog: the script's own end.
-    assert!(log.contains("the script ended (signal 15, on its own): reported"), "{log}");
+    // A signal not sent by its watchdog: the script's own end (whose), by
+    // a signal sent to the whole step (which the agent and meta-scheduler
+    // weigh against what Slurm says of the run).
+    assert!(
+        log.contains("the script ended (signal 15 after signal 15 to the whole step, on its own): reported"),
+        "{log}"
+    );
+
+    // 2b. The script catches the step's SIGTERM and exits 0 (a
+    //     checkpointing job's trap): its end note and claim say the kill
+    //     came first, and lease-exec still exits 0 as the script did.
+    running_at_alpha(&http, &url, "end-2b").await;
+    let script = "#!/bin/sh\ntrap 'exit 0' TERM\necho ready > ready\nwhile :; do sleep 0.05; done\n";
+    let dir = run_dir(tmp.path(), "end-2b", script);
+    let mut cmd = lease_exec(&url, "end-2b", &dir, 1, &[]);
+    cmd.process_group(0).env("SLURM_JOB_ID", "4245");
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap() as i32;
+    wait_for(&dir.join("ready"), &log_of).await;
+    // SAFETY: kill(2) to the child's own process group.
+    unsafe { libc::kill(-pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let log = log_of(&dir);
+    assert!(
+        log.contains("the script ended (exit code 0 after signal 15 to the whole step, on its own): reported"),
+        "{log}"
+    );
+    let note = std::fs::read_to_string(dir.join(".fleet-run-ended")).unwrap();
+    assert!(note.starts_with("exit 0 after 15 job 4245 restart 0 epoch 1 at "), "{note}");
+
+    // 2c. Slurm's abort of a job it does not know: SIGKILL to every
+    //     process of the step, the deepest first. The script's child dies
+    //     first and the script exits 5 before its own turn; the sentinel's
+    //     comes next (lease-exec's would follow, never sent here): the
+    //     end came after that kill, not on its own.
+    running_at_alpha(&http, &url, "end-2c").await;
+    let script = "#!/bin/sh\nsleep 600 &\necho $! > child\necho ready > ready\nwait\nexit 5\n";
+    let dir = run_dir(tmp.path(), "end-2c", script);
+    let mut cmd = lease_exec(&url, "end-2c", &dir, 1, &[]);
+    cmd.env("SLURM_JOB_ID", "4246");
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap() as i32;
+    wait_for(&dir.join("ready"), &log_of).await;
+    let sleeper: i32 = std::fs::read_to_string(dir.join("child")).unwrap().trim().parse().unwrap();
+    let sentinel = sentinel_of(pid);
+    // SAFETY: kill(2) to processes this test started (through lease-exec).
+    unsafe {
+        libc::kill(sleeper, libc::SIGKILL);
+        libc::kill(sentinel, libc::SIGKILL);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(5), "{status:?}");
+    let log = log_of(&dir);
+    assert!(
+        log.contains("the script ended (exit code 5 after signal 9 to the whole step, on its own): reported"),
+        "{log}"
+    );
+    let note = std::fs::read_to_string(dir.join(".fleet-run-ended")).unwrap();
+    assert!(note.starts_with("exit 5 after 9 job 4246 "), "{note}");
+    // Without a kill, an exit is noted as it was (case 3 below too).
 
     // 3. The script ends by itself, then its lease runs out while
     //    lease-exec still tries to report that end (the meta-scheduler is
@@ -385,11 +444,7 @@ async fn a_leased_run_reports_its_end_and_its_signals_arrive_once() {
     let script = "#!/bin/sh\necho ready > ready\nwhile [ ! -e go ]; do sleep 0.05; done\nexit 0\n";
     let dir = run_dir(tmp.path(), "end-3", script);
     let mut child = lease_exec(&url, "end-3", &dir, 1, &[]).env("SLURM_JOB_ID", "4244").spawn().unwrap();
-    let t0 = Instant::now();
-    while !dir.join("ready").exists() || !log_of(&dir).contains("watching") {
-        assert!(t0.elapsed() < Duration::from_secs(20), "the script did not start: {}", log_of(&dir));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(&dir.join("ready"), &log_of).await;
     let _ = tx.send(());
     daemon.await.unwrap().unwrap();
     std::fs::write(dir.join("go"), "").unwrap();
@@ -401,6 +456,30 @@ async fn a_leased_run_reports_its_end_and_its_signals_arrive_once() {
     assert_eq!(std::fs::read_to_string(dir.join(".fleet-run-end-cause")).unwrap(), "script\n");
     assert!(!dir.join(".fleet-lease-stopped").exists(), "{log}");
     assert!(std::fs::read_to_string(dir.join(".fleet-run-ended")).unwrap().starts_with("exit 0 job 4244 "));
+}
+
+/// Waits (at most 20 s) for `ready` to exist and the run's watchdog to watch.
+async fn wait_for(ready: &Path, log_of: &impl Fn(&Path) -> String) {
+    let dir = ready.parent().unwrap();
+    let t0 = Instant::now();
+    while !ready.exists() || !log_of(dir).contains("watching") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the script did not start: {}", log_of(dir));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The pid of `lease-exec`'s (pid `parent`) sentinel.
+fn sentinel_of(parent: i32) -> i32 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat.rsplit_once(") ").and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<i32>().ok());
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(parent) && String::from_utf8_lossy(&cmd).contains("lease-sentinel")
+        })
+        .expect("lease-exec's sentinel")
 }
 
 /// A run in a PID namespace of its own, as a pod's container with

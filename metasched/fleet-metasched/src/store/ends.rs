@@ -25,6 +25,10 @@ pub struct EndClaim {
     pub epoch: u64,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
+    /// Slurm's kill of the whole step came before the end
+    /// ([`RunEndClaim::after_signal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_signal: Option<i32>,
     /// When the claim arrived (Unix seconds).
     pub at: f64,
 }
@@ -35,23 +39,29 @@ impl EndClaim {
     }
 
     fn describe(&self) -> String {
-        match (self.signal.filter(|s| *s > 0), self.exit_code) {
+        let how = match (self.signal.filter(|s| *s > 0), self.exit_code) {
             (Some(s), _) => format!("signal {s}"),
             (None, Some(c)) => format!("exit code {c}"),
             (None, None) => "no exit status".into(),
+        };
+        match self.after_signal {
+            Some(k) => format!("{how} after signal {k} to the whole step"),
+            None => how,
         }
     }
 }
 
 /// Whether the end `job`'s run claimed for epoch `epoch` (`None`: the
-/// current one) was by a signal: when Slurm at the target requeued the
-/// run and no user sent it, that is Slurm's kill of the job it requeued,
-/// not the script's own end (`StatusUpdate::slurm_requeued`).
+/// current one) was by a signal, or came once Slurm's kill of the whole
+/// step began (a script that caught SIGTERM and exited, or went on to exit
+/// when its child died of it): when Slurm at the target requeued the run,
+/// or its node was taken away, and no user sent it, that is Slurm's kill,
+/// not the script's own end (`StatusUpdate::slurm_requeued`, `disrupted`).
 pub(super) fn claimed_signal(job: &Job, epoch: Option<u64>) -> bool {
     job.end_claim
         .as_ref()
         .filter(|c| c.epoch == epoch.unwrap_or(job.record.epoch))
-        .is_some_and(|c| c.signal.is_some_and(|s| s > 0))
+        .is_some_and(|c| c.signal.is_some_and(|s| s > 0) || c.after_signal.is_some())
 }
 
 /// Whether `job`'s current run claimed its end.
@@ -92,10 +102,11 @@ impl Store {
         };
         if claim.exit_code.is_some_and(|c| !(0..=255).contains(&c))
             || claim.signal.is_some_and(|s| !(0..=64).contains(&s))
+            || claim.after_signal.is_some_and(|s| !(1..=64).contains(&s))
         {
             return Err(StoreError::BadRequest(format!(
-                "exit_code must be in [0, 255] and signal in [0, 64] (got {:?}, {:?})",
-                claim.exit_code, claim.signal
+                "exit_code must be in [0, 255], signal in [0, 64] and after_signal in [1, 64] (got {:?}, {:?}, {:?})",
+                claim.exit_code, claim.signal, claim.after_signal
             )));
         }
         let mut job = self.load(id)?;
@@ -163,7 +174,13 @@ impl Store {
             }
             _ => {}
         }
-        let c = EndClaim { epoch: claim.epoch, exit_code: claim.exit_code, signal: claim.signal, at: now };
+        let c = EndClaim {
+            epoch: claim.epoch,
+            exit_code: claim.exit_code,
+            signal: claim.signal,
+            after_signal: claim.after_signal,
+            at: now,
+        };
         tracing::info!(job = id, epoch = c.epoch, at = %cluster, end = %c.describe(), "its run claims its script ended");
         job.end_claim = Some(c);
         self.save(&job)?;
