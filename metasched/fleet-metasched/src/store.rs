@@ -208,6 +208,12 @@ pub struct Job {
     /// follow it in the reason instead of replacing it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_waits: Option<(u64, String)>,
+    /// The epoch in which a signal was queued for the run on its user's
+    /// (or the admin's) request (`POST /signal`): an end its run claims
+    /// after a signal to the whole step may then be theirs, not Slurm's
+    /// kill (`ends::killed_end`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signalled: Option<u64>,
 }
 
 /// `note`, after why `job`'s current run waits at its target if it does.
@@ -1313,6 +1319,7 @@ impl Store {
             end_claim: None,
             early: None,
             target_waits: None,
+            signalled: None,
         };
         let mut job = job;
         if fwd.early_start {
@@ -2014,7 +2021,7 @@ impl Store {
     /// `POST /v1/jobs/{id}/signal` (the job token, the origin agent, the
     /// admin): queue `req.signal` for the agent of the cluster where the
     /// job is pending or running, and wake its long-poll. The job's record
-    /// does not change. A job that no cluster runs yet is a conflict, a
+    /// does not change (the job keeps the epoch signalled, `Job::signalled`). A job that no cluster runs yet is a conflict, a
     /// finished one a `terminal` conflict; an unknown signal name a bad
     /// request. The same signal and scope queued again before the agent
     /// took it is one order (Unix does not queue a pending signal either).
@@ -2038,6 +2045,11 @@ impl Store {
             )?;
             tracing::info!(job = id, signal = name, scope = req.scope.as_str(), target = %target, by = ?caller,
                 "signal queued for the target agent");
+            if job.signalled != Some(job.record.epoch) {
+                let mut job = job.clone();
+                job.signalled = Some(job.record.epoch);
+                self.save(&job)?;
+            }
         }
         if o.effects.contains(&Effect::WakeTarget) {
             self.wakers.wake(&target);

@@ -3017,3 +3017,102 @@ async fn placements_between_heartbeats_take_the_gpus_they_will_use() {
     assert_eq!(free(&v, &t2), 8);
     d.stop().await;
 }
+
+/// A run at a cluster that never comes back, whose script said it ended
+/// once Slurm's kill of the whole step began (`after_signal`): at its time
+/// limit the job timed out; otherwise Slurm killed it for a reason no one
+/// asked for (a requeue, a preemption) and it runs again, as a run that
+/// died with its node; with a signal its user had sent, the end is the
+/// script's own. Each only once the end-wait bound has passed.
+#[tokio::test]
+async fn an_end_after_slurms_kill_at_a_silent_cluster_is_its_time_limit_or_its_death() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = health_config(tmp.path(), 20.0);
+    if let Some(h) = config.health.as_mut() {
+        h.end_wait_s = Some(30.0);
+    }
+    let d = Daemon::start_with(tmp.path(), Clock::default(), config).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    d.heartbeat("gamma", 0).await;
+    for (id, limit) in [("timed", Some(1)), ("killed", Some(60)), ("unlimited", None), ("user", Some(60))] {
+        let mut request = request("beta", "h100", 8);
+        request.script = Some(b"#!/bin/sh\n#FLEET interruptible\necho step\n".to_vec());
+        request.time_limit_min = limit;
+        let fwd =
+            ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
+        let _: JobRecord =
+            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        assert_eq!(d.status(id, "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    }
+    let (s, v) = send_signal(&d, "user", &bearer("beta"), "TERM", "full").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let beat = |secs, with_alpha: bool| {
+        let d = &d;
+        async move {
+            for _ in 0..secs {
+                d.clock.advance(Duration::from_secs(1));
+                d.heartbeat("beta", 16).await;
+                d.heartbeat("gamma", 16).await;
+                if with_alpha {
+                    d.heartbeat("alpha", 16).await;
+                }
+            }
+        }
+    };
+    // A minute at alpha: "timed" reaches its limit.
+    beat(62, true).await;
+    for id in ["timed", "killed", "unlimited", "user"] {
+        let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+        let body = serde_json::json!({"epoch": 1, "exit_code": 0, "after_signal": 15, "cause": "script"});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await;
+        assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+    }
+    // alpha silent past its grace: all four wait for its word.
+    beat(40, false).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for id in ["timed", "killed", "unlimited", "user"] {
+        let r = d.job(id).await;
+        assert_eq!(
+            (r.state, r.target.as_deref(), r.epoch),
+            (JobState::Running, Some("alpha"), 1),
+            "{id}: {}",
+            r.reason
+        );
+    }
+    // Past the end-wait bound.
+    beat(20, false).await;
+    let t0 = std::time::Instant::now();
+    let ended = |r: &JobRecord| r.state.is_terminal() || r.epoch > 1;
+    let mut rs = Vec::new();
+    for id in ["timed", "killed", "unlimited", "user"] {
+        let r = loop {
+            let r = d.job(id).await;
+            if ended(&r) {
+                break r;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "{id} not judged: {r:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        rs.push(r);
+    }
+    let [timed, killed, unlimited, user] = rs.try_into().unwrap();
+    assert_eq!((timed.state, timed.exit_code, timed.migrations), (JobState::Failed, Some(0), 0), "{}", timed.reason);
+    assert!(
+        timed.reason.starts_with("TIMEOUT at alpha: its run claimed its script ended (exit code 0 after signal 15"),
+        "{}",
+        timed.reason
+    );
+    assert!(timed.reason.contains("at its time limit of 1 min"), "{}", timed.reason);
+    for r in [&killed, &unlimited] {
+        assert_eq!((r.target.as_deref(), r.epoch, r.migrations), (Some("gamma"), 2, 1), "{}", r.reason);
+        assert!(r.reason.contains("once Slurm there began to kill it with signal 15"), "{}", r.reason);
+    }
+    let err = String::from_utf8(d.read_output("killed", "beta", "stderr", 0, 1 << 20).await).unwrap();
+    assert!(err.contains("died (alpha has sent no heartbeat"), "{err}");
+    assert!(err.contains("exit code 0 after signal 15 to the whole step"), "{err}");
+    assert_eq!((user.state, user.exit_code, user.migrations), (JobState::Completed, Some(0), 0), "{}", user.reason);
+    d.stop().await;
+}

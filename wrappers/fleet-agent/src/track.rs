@@ -259,6 +259,15 @@ pub fn launch_verdict(e: &LaunchEvidence) -> LaunchVerdict {
     }
 }
 
+/// The signal of Slurm's kill of the whole step that a noted end came
+/// during (`lease-exec`'s sentinel saw it first), unless its user had a
+/// signal delivered to the run: then it may be theirs. An end by a signal
+/// alone is no sign of it (the kernel's OOM killer, the script's own
+/// `kill`).
+pub fn slurms_kill(end: &crate::ckpt::NotedEnd, user_signalled: bool) -> Option<i32> {
+    end.after_signal.filter(|_| !user_signalled)
+}
+
 /// What becomes of a started run Slurm no longer knows, whose script
 /// noted no end of its own.
 #[derive(Debug, PartialEq)]
@@ -1114,10 +1123,23 @@ async fn reconcile_run<B: Backend>(
         let dir = agent.backend.job_dir(&run.id);
         let noted = run.slurm_id.and_then(|sid| crate::ckpt::run_ended(&dir, sid, run.epoch));
         let ago = crate::ckpt::run_ended_ago(&dir);
-        if let (true, Some(crate::ckpt::NotedEnd { exit_code, signal, .. }), Some(ago)) =
-            (j.raw_state == "RUNNING", noted, ago)
-        {
-            if ago > ENDED_BUT_RUNNING {
+        if let (true, Some(end), Some(ago)) = (j.raw_state == "RUNNING", noted, ago) {
+            let crate::ckpt::NotedEnd { exit_code, signal, .. } = end;
+            if ago <= ENDED_BUT_RUNNING {
+                // Not yet: the controller may only be slow to see it.
+            } else if let Some(k) = slurms_kill(&end, run.user_signal.is_some()) {
+                // It ended during a kill of the whole step that no user
+                // asked for (a requeue, a preemption), which the
+                // controller lost with the rest: that kill, not its end.
+                tracing::warn!(id = %run.id, slurm_id = j.native_id, signal = k, ago_s = ago.as_secs(),
+                    "Slurm shows the job running, but its script ended during Slurm's kill of it: reporting it died");
+                up.died = Some(format!(
+                    "its script ended at {site} once Slurm there began to kill it with signal {k}, which no user sent, \
+                     {} s before Slurm there still showed it running (its controller lost the kill)",
+                    ago.as_secs()
+                ));
+                up.disrupted = true;
+            } else {
                 if let Some(user) = run.user.as_deref() {
                     agent.backend.cancel(j.native_id, user).await?;
                 }
@@ -1555,6 +1577,21 @@ mod tests {
             assert_eq!(died(&j, "alpha").as_deref(), want, "{} {}", j.raw_state, j.reason);
             assert_eq!(update_for(&j, "alpha").died.as_deref(), want);
         }
+    }
+
+    #[test]
+    fn an_end_slurm_lost_is_its_kill_only_when_the_sentinel_saw_the_kill_first() {
+        use crate::ckpt::NotedEnd;
+        let end = |exit_code, signal, after_signal| NotedEnd { exit_code, signal, after_signal };
+        // The script's own exit, or a signal to it alone (OOM, its own kill).
+        assert_eq!(slurms_kill(&end(Some(1), None, None), false), None);
+        assert_eq!(slurms_kill(&end(None, Some(9), None), false), None);
+        // Once the kill of the whole step began: that kill.
+        assert_eq!(slurms_kill(&end(Some(0), None, Some(15)), false), Some(15));
+        assert_eq!(slurms_kill(&end(None, Some(9), Some(15)), false), Some(15));
+        assert_eq!(slurms_kill(&end(Some(5), None, Some(9)), false), Some(9));
+        // Its user had a signal delivered: the end may be theirs.
+        assert_eq!(slurms_kill(&end(Some(0), None, Some(15)), true), None);
     }
 
     #[test]

@@ -64,6 +64,48 @@ pub(super) fn claimed_signal(job: &Job, epoch: Option<u64>) -> bool {
         .is_some_and(|c| c.signal.is_some_and(|s| s > 0) || c.after_signal.is_some())
 }
 
+/// How far before its time limit (seconds) a run's end after Slurm's
+/// SIGTERM is still taken as the time limit's kill: the meta-scheduler
+/// learns a start from its agent's report, after the start itself, and
+/// slurmctld enforces a limit only at or after it.
+pub(super) const TIME_LIMIT_SLACK_S: f64 = 30.0;
+
+/// The signal Slurm's kill of a job at its time limit begins with.
+const SIGTERM: i32 = 15;
+
+/// What an end claimed by a run at a cluster that never reported it was.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum KilledEnd {
+    /// The script's own end (no kill of the whole step came first, or its
+    /// user had a signal sent in this epoch): it stands as claimed.
+    Own,
+    /// Slurm's SIGTERM at the run's time limit (`minutes`) came first:
+    /// the job timed out, as Slurm would have said.
+    TimeLimit { minutes: u32 },
+    /// Slurm's kill of the whole step by `signal` came first, at no time
+    /// limit and on no user's request (a requeue, a preemption, a node
+    /// taken away): the run died, as with its node.
+    Killed { signal: i32 },
+}
+
+/// [`KilledEnd`] for claim `c` of a run first reported running at
+/// `running_since` (Unix seconds), under `time_limit_min`; `signalled`:
+/// a user's signal was queued for that run.
+pub(super) fn killed_end(
+    c: &EndClaim,
+    running_since: Option<f64>,
+    time_limit_min: Option<u32>,
+    signalled: bool,
+) -> KilledEnd {
+    let Some(signal) = c.after_signal.filter(|_| !signalled) else { return KilledEnd::Own };
+    match (running_since, time_limit_min) {
+        (Some(t), Some(m)) if signal == SIGTERM && c.at - t >= f64::from(m) * 60.0 - TIME_LIMIT_SLACK_S => {
+            KilledEnd::TimeLimit { minutes: m }
+        }
+        _ => KilledEnd::Killed { signal },
+    }
+}
+
 /// Whether `job`'s current run claimed its end.
 pub(super) fn claimed(job: &Job) -> bool {
     job.end_claim.as_ref().is_some_and(|c| c.epoch == job.record.epoch)
@@ -206,14 +248,38 @@ impl Store {
             SilentRun::Wait => {}
             SilentRun::Finish => {
                 let Some(c) = claim else { return Ok(()) };
-                self.finish_from_claim(job, &c, why, now)?;
+                let signalled = job.signalled == Some(c.epoch);
+                match killed_end(&c, job.running_since, job.request.time_limit_min, signalled) {
+                    KilledEnd::Own => self.finish_from_claim(job, &c, None, why, now)?,
+                    KilledEnd::TimeLimit { minutes } => self.finish_from_claim(job, &c, Some(minutes), why, now)?,
+                    KilledEnd::Killed { signal } => {
+                        // Native Slurm runs such a job again or fails it by
+                        // its requeue policy: the ordinary dead-run path.
+                        let why = format!(
+                            "{why}; its script ended ({}) once Slurm there began to kill it with signal {signal}, \
+                             at no time limit and on no user's request",
+                            c.describe()
+                        );
+                        self.died(job, &why, None, false, now)?;
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    fn finish_from_claim(&mut self, job: &mut Job, c: &EndClaim, why: &str, now: f64) -> Result<(), StoreError> {
-        let o = transition(&life_of(job), &Event::ClaimedEndStands { success: c.success() });
+    /// The claimed end stands (`timed_out`: the time limit, in minutes,
+    /// whose kill it was: the job ends as `TIMEOUT`, as Slurm says).
+    fn finish_from_claim(
+        &mut self,
+        job: &mut Job,
+        c: &EndClaim,
+        timed_out: Option<u32>,
+        why: &str,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        let success = c.success() && timed_out.is_none();
+        let o = transition(&life_of(job), &Event::ClaimedEndStands { success });
         if !o.effects.contains(&Effect::FinishFromClaim) {
             return Ok(());
         }
@@ -223,16 +289,25 @@ impl Store {
         job.record.exit_code = c.exit_code;
         job.record.signal = c.signal;
         job.record.updated_at = now;
+        let limit = timed_out.map(|m| format!(" at its time limit of {m} min")).unwrap_or_default();
         let note = format!(
-            "fleet: run {} of job {id} at {at} said its script ended ({}), but {at} never reported it ({why}); \
+            "fleet: run {} of job {id} at {at} said its script ended ({}){limit}, but {at} never reported it ({why}); \
              output after that point was not relayed",
             c.epoch,
             c.describe()
         );
-        tracing::warn!(job = %id, at = %at, epoch = c.epoch, "ended as its run claimed: its cluster never came back");
+        tracing::warn!(job = %id, at = %at, epoch = c.epoch, timed_out = ?timed_out,
+            "ended as its run claimed: its cluster never came back");
         self.note_stderr(job, &note)?;
-        job.record.reason =
-            format!("{} as its run at {at} claimed ({}); {at} never reported it", o.life.state, c.describe());
+        job.record.reason = match timed_out {
+            // The first word names Slurm's end, as a reported TIMEOUT's
+            // does: the stand-in ends TIMEOUT too.
+            Some(m) => format!(
+                "TIMEOUT at {at}: its run claimed its script ended ({}) at its time limit of {m} min; {at} never reported it",
+                c.describe()
+            ),
+            None => format!("{} as its run at {at} claimed ({}); {at} never reported it", o.life.state, c.describe()),
+        };
         job.final_stdout_len = Some(job.record.stdout_len);
         job.final_stderr_len = Some(job.record.stderr_len);
         self.lease_until.remove(&id);
@@ -242,5 +317,31 @@ impl Store {
         self.save(job)?;
         debug_assert!(job.record.state.is_terminal() && job.record.state != JobState::Lost);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_end_after_slurms_kill_is_the_time_limit_a_death_or_the_scripts_own() {
+        let claim = |after_signal, at| EndClaim { epoch: 1, exit_code: Some(0), signal: None, after_signal, at };
+        // Started (as reported) at 1000 under a 10-minute limit.
+        let judge = |c: &EndClaim, limit, signalled| killed_end(c, Some(1000.0), limit, signalled);
+        // No kill came first: the script's own end, whatever the time.
+        assert_eq!(judge(&claim(None, 1700.0), Some(10), false), KilledEnd::Own);
+        // SIGTERM at the limit (or within the report's lag before it): TIMEOUT.
+        for at in [1600.0, 1570.0, 9999.0] {
+            assert_eq!(judge(&claim(Some(15), at), Some(10), false), KilledEnd::TimeLimit { minutes: 10 }, "{at}");
+        }
+        // Before it, or with no limit, or by SIGKILL: Slurm's kill, a death.
+        assert_eq!(judge(&claim(Some(15), 1569.0), Some(10), false), KilledEnd::Killed { signal: 15 });
+        assert_eq!(judge(&claim(Some(15), 1700.0), None, false), KilledEnd::Killed { signal: 15 });
+        assert_eq!(judge(&claim(Some(9), 1700.0), Some(10), false), KilledEnd::Killed { signal: 9 });
+        // Never reported running: no limit can be judged.
+        assert_eq!(killed_end(&claim(Some(15), 1700.0), None, Some(10), false), KilledEnd::Killed { signal: 15 });
+        // A signal its user had sent in this epoch: the end may be theirs.
+        assert_eq!(judge(&claim(Some(15), 1100.0), Some(10), true), KilledEnd::Own);
     }
 }
