@@ -2214,6 +2214,22 @@ impl Store {
                 }
             }
         }
+        if let (None, Some(JobState::Completed), Some(k)) =
+            (&upd.died, upd.state, ends::killed_success(&job, upd.epoch))
+        {
+            // Its script exited 0 only once a kill of its whole step
+            // began, which no one here asked for, and its target calls that
+            // a completion (Kubernetes, for a pod that caught an eviction's
+            // SIGTERM, when the agent did not see the eviction): the run
+            // was taken away with its node, not done.
+            tracing::warn!(job = id, epoch = ?upd.epoch, signal = k,
+                "its target reports it completed, but its script ended only once a kill of its whole step began: taken as a run that died with its node");
+            upd.died = Some(format!(
+                "it reports the run completed, but its script exited 0 only once a kill of its whole step by signal {k} \
+                 began, which no user asked for (its node or pod was taken away)"
+            ));
+            upd.disrupted = true;
+        }
         if upd.died.is_some() && upd.slurm_requeued && ends::claimed_signal(&job, upd.epoch) {
             // Slurm at the target requeued the run and killed what ran of
             // it (the signal its script claimed as its end, which no user

@@ -3116,3 +3116,69 @@ async fn an_end_after_slurms_kill_at_a_silent_cluster_is_its_time_limit_or_its_d
     assert_eq!((user.state, user.exit_code, user.migrations), (JobState::Completed, Some(0), 0), "{}", user.reason);
     d.stop().await;
 }
+
+/// A target that reports a run completed, whose script exited 0 only once
+/// a kill of its whole step began (`after_signal`) on no one's request: a
+/// pod that caught an eviction's SIGTERM leaves a `Complete` Job, and an
+/// agent that did not see the eviction (down, or restarted since) reports
+/// just that. The run was taken away: it runs again when it may, fails
+/// like a run whose node failed when it may not. With a signal its user
+/// sent, or without the kill, the completion stands.
+#[tokio::test]
+async fn a_completion_after_a_kill_no_one_asked_for_is_a_run_taken_away() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), Clock::default()).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    d.heartbeat("gamma", 0).await;
+    let jobs = [("taken", true), ("pinned", false), ("signalled", true), ("own", true)];
+    for (id, interruptible) in jobs {
+        let mut request = request("beta", "h100", 8);
+        let script: &[u8] =
+            if interruptible { b"#!/bin/sh\n#FLEET interruptible\necho step\n" } else { b"#!/bin/sh\n" };
+        request.script = Some(script.to_vec());
+        let fwd =
+            ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
+        let _: JobRecord =
+            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+        assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
+        assert_eq!(d.status(id, "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    }
+    let (s, v) = send_signal(&d, "signalled", &bearer("beta"), "TERM", "full").await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    d.heartbeat("gamma", 16).await;
+    for (id, _) in jobs {
+        let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
+        let after = if id == "own" { None } else { Some(15) };
+        let body = serde_json::json!({"epoch": 1, "exit_code": 0, "after_signal": after, "cause": "script"});
+        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await;
+        assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
+        let done = StatusUpdate {
+            exit_code: Some(0),
+            final_stdout_len: Some(0),
+            final_stderr_len: Some(0),
+            ..at(JobState::Completed, 1)
+        };
+        assert_eq!(d.status(id, "alpha", done).await.0, StatusCode::OK, "{id}");
+    }
+    let r = d.job("taken").await;
+    assert_eq!(
+        (r.state, r.target.as_deref(), r.epoch, r.migrations),
+        (JobState::Assigned, Some("gamma"), 2, 1),
+        "{r:?}"
+    );
+    assert!(r.reason.contains("exited 0 only once a kill of its whole step by signal 15 began"), "{}", r.reason);
+    let r = d.job("pinned").await;
+    assert_eq!((r.state, r.epoch, r.migrations), (JobState::Failed, 1, 0), "{r:?}");
+    assert!(
+        r.reason.contains("its node or pod was taken away") && r.reason.contains("not restartable"),
+        "{}",
+        r.reason
+    );
+    for id in ["signalled", "own"] {
+        let r = d.job(id).await;
+        assert_eq!((r.state, r.exit_code, r.epoch), (JobState::Completed, Some(0), 1), "{id}: {r:?}");
+    }
+    d.stop().await;
+}

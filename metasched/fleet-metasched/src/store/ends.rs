@@ -106,6 +106,22 @@ pub(super) fn killed_end(
     }
 }
 
+/// The signal of a kill of the whole step, on no one's request, that the
+/// run of `epoch` (`None`: the current one) claimed its script's end came
+/// after, when its target now reports it completed: a pod whose script
+/// caught the SIGTERM of an eviction or a preemption and exited 0 leaves a
+/// `Complete` Job, and an agent that did not see the pod taken away (it
+/// was down, or restarted since) reports just that; a host shut down
+/// under a Slurm job stops it the same way. Not the job's end. `None`
+/// when its user or a planned move had a signal sent in that epoch
+/// (`Job::signalled`), or the job is being cancelled or moved.
+pub(super) fn killed_success(job: &Job, epoch: Option<u64>) -> Option<i32> {
+    let epoch = epoch.unwrap_or(job.record.epoch);
+    let c = job.end_claim.as_ref().filter(|c| c.epoch == epoch && epoch == job.record.epoch)?;
+    let busy = job.signalled == Some(epoch) || job.record.cancel_requested || job.planned.is_some();
+    c.after_signal.filter(|_| !busy && c.exit_code == Some(0))
+}
+
 /// Whether `job`'s current run claimed its end.
 pub(super) fn claimed(job: &Job) -> bool {
     job.end_claim.as_ref().is_some_and(|c| c.epoch == job.record.epoch)

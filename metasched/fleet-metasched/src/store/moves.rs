@@ -228,6 +228,8 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![id, from, name, scope, now],
             )?;
+            // An end after it is the checkpoint's, not Slurm's kill.
+            job.signalled = Some(job.record.epoch);
         }
         self.apply_stop(&mut job, &o.effects, now);
         job.record.reason = match o.life.moving {
