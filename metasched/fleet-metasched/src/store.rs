@@ -2235,6 +2235,28 @@ impl Store {
             // it (the signal its script claimed as its end, which no user
             // sent, says its agent): it runs again, as under native Slurm.
             tracing::info!(job = id, epoch = ?upd.epoch, "its script claimed an end by a signal, sent by Slurm as it requeued the run: not its own end");
+        } else if let (true, Some(minutes)) = (
+            upd.died.is_some() && upd.disrupted && ends::claimed_signal(&job, upd.epoch),
+            ends::timed_out(&job, upd.epoch),
+        ) {
+            // The kill its script ended after was Slurm's at its time
+            // limit (the controller lost it, or the agent did not see it):
+            // the job timed out, as Slurm would have said.
+            let why: String = upd.died.take().unwrap_or_default().chars().filter(|c| !c.is_control()).collect();
+            let at = job.record.target.clone().unwrap_or_default();
+            let claim = job.end_claim.clone();
+            let how = claim.as_ref().map(|c| c.describe()).unwrap_or_default();
+            tracing::warn!(job = id, at = %at, end = %how, minutes,
+                "the target reports its run died, but its script ended after the kill at its time limit: timed out ({why})");
+            upd.disrupted = false;
+            upd.state = Some(JobState::Failed);
+            upd.exit_code = claim.as_ref().and_then(|c| c.exit_code);
+            upd.signal = claim.as_ref().and_then(|c| c.signal);
+            upd.reason =
+                format!("TIMEOUT at {at}: its script ended ({how}) at its time limit of {minutes} min; then {why}")
+                    .chars()
+                    .take(MAX_REASON)
+                    .collect();
         } else if upd.died.is_some() && upd.disrupted && ends::claimed_signal(&job, upd.epoch) {
             // The run died with its node (a drain's eviction, a
             // preemption), which stopped the script with a signal no user

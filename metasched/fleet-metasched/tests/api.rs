@@ -3132,12 +3132,16 @@ async fn a_completion_after_a_kill_no_one_asked_for_is_a_run_taken_away() {
         d.heartbeat(c, 16).await;
     }
     d.heartbeat("gamma", 0).await;
-    let jobs = [("taken", true), ("pinned", false), ("signalled", true), ("own", true)];
+    let jobs =
+        [("taken", true), ("pinned", false), ("signalled", true), ("own", true), ("timed", true), ("forgot", true)];
     for (id, interruptible) in jobs {
         let mut request = request("beta", "h100", 8);
         let script: &[u8] =
             if interruptible { b"#!/bin/sh\n#FLEET interruptible\necho step\n" } else { b"#!/bin/sh\n" };
         request.script = Some(script.to_vec());
+        if matches!(id, "timed" | "forgot") {
+            request.time_limit_min = Some(1);
+        }
         let fwd =
             ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
         let _: JobRecord =
@@ -3147,20 +3151,33 @@ async fn a_completion_after_a_kill_no_one_asked_for_is_a_run_taken_away() {
     }
     let (s, v) = send_signal(&d, "signalled", &bearer("beta"), "TERM", "full").await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-    d.heartbeat("gamma", 16).await;
+    // A minute later: "timed" and "forgot" reach their limit.
+    d.clock.advance(Duration::from_secs(61));
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
     for (id, _) in jobs {
         let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
         let after = if id == "own" { None } else { Some(15) };
         let body = serde_json::json!({"epoch": 1, "exit_code": 0, "after_signal": after, "cause": "script"});
         let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await;
         assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
-        let done = StatusUpdate {
-            exit_code: Some(0),
-            final_stdout_len: Some(0),
-            final_stderr_len: Some(0),
-            ..at(JobState::Completed, 1)
+        let report = if id == "forgot" {
+            // Slurm lost the run (its agent judges it died with its node).
+            StatusUpdate {
+                died: Some("Slurm at alpha no longer knows job 7".into()),
+                disrupted: true,
+                ..at(JobState::Failed, 1)
+            }
+        } else {
+            StatusUpdate {
+                exit_code: Some(0),
+                final_stdout_len: Some(0),
+                final_stderr_len: Some(0),
+                ..at(JobState::Completed, 1)
+            }
         };
-        assert_eq!(d.status(id, "alpha", done).await.0, StatusCode::OK, "{id}");
+        assert_eq!(d.status(id, "alpha", report).await.0, StatusCode::OK, "{id}");
     }
     let r = d.job("taken").await;
     assert_eq!(
@@ -3179,6 +3196,19 @@ async fn a_completion_after_a_kill_no_one_asked_for_is_a_run_taken_away() {
     for id in ["signalled", "own"] {
         let r = d.job(id).await;
         assert_eq!((r.state, r.exit_code, r.epoch), (JobState::Completed, Some(0), 1), "{id}: {r:?}");
+    }
+    // At its time limit the kill was Slurm's TIMEOUT: the job timed out,
+    // whether its target called it completed or lost it.
+    for id in ["timed", "forgot"] {
+        let r = d.job(id).await;
+        assert_eq!((r.state, r.exit_code, r.epoch, r.migrations), (JobState::Failed, Some(0), 1, 0), "{id}: {r:?}");
+        assert!(
+            r.reason.starts_with(
+                "TIMEOUT at alpha: its script ended (exit code 0 after signal 15 to the whole step) at its time limit of 1 min"
+            ),
+            "{id}: {}",
+            r.reason
+        );
     }
     d.stop().await;
 }

@@ -38,7 +38,7 @@ impl EndClaim {
         self.exit_code == Some(0) && self.signal.is_none_or(|s| s == 0)
     }
 
-    fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         let how = match (self.signal.filter(|s| *s > 0), self.exit_code) {
             (Some(s), _) => format!("signal {s}"),
             (None, Some(c)) => format!("exit code {c}"),
@@ -120,6 +120,17 @@ pub(super) fn killed_success(job: &Job, epoch: Option<u64>) -> Option<i32> {
     let c = job.end_claim.as_ref().filter(|c| c.epoch == epoch && epoch == job.record.epoch)?;
     let busy = job.signalled == Some(epoch) || job.record.cancel_requested || job.planned.is_some();
     c.after_signal.filter(|_| !busy && c.exit_code == Some(0))
+}
+
+/// The time limit (minutes) whose kill the end claimed by the run of
+/// `epoch` (`None`: the current one) came after ([`KilledEnd::TimeLimit`]).
+pub(super) fn timed_out(job: &Job, epoch: Option<u64>) -> Option<u32> {
+    let epoch = epoch.unwrap_or(job.record.epoch);
+    let c = job.end_claim.as_ref().filter(|c| c.epoch == epoch && epoch == job.record.epoch)?;
+    match killed_end(c, job.running_since, job.request.time_limit_min, job.signalled == Some(epoch)) {
+        KilledEnd::TimeLimit { minutes } => Some(minutes),
+        _ => None,
+    }
 }
 
 /// Whether `job`'s current run claimed its end.
