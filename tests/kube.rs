@@ -1612,3 +1612,71 @@ fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta()
     assert_eq!(cordoned, "true");
     eprintln!("[figure] kubectl drain at kube-gamma -> interruptible job ran again and completed at beta: {took:.2?}");
 }
+
+/// The same drain while kube-gamma's agent is down: no watch sees the
+/// pod's `DisruptionTarget` (the pod is deleted as its script, which
+/// catches the SIGTERM, exits 0), and the agent that comes back finds only
+/// a `Complete` Job and reports it completed, as Kubernetes has it. The
+/// run's own end claim, kept by the meta-scheduler, says that exit came
+/// after the kill of the whole pod, which no user asked for: the run was
+/// taken away (`ends::killed_success`), and the job runs again and
+/// completes at beta with both runs' output.
+#[test]
+fn an_interruptible_job_drained_while_its_agent_is_down_runs_again() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-drain-agent-down");
+    let out = dir.join("out.txt");
+    let (id, name, _cancel) = at_kube(
+        lab,
+        &[
+            "--gres=gpu:h100:8",
+            "--fleet-interruptible",
+            "--fleet-to=kube-gamma",
+            "--open-mode=append",
+            &out_arg(&dir, "out.txt"),
+        ],
+        "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then\n\
+         trap 'echo \"saved at SIGTERM\"; exit 0' TERM\n\
+         for i in $(seq 120); do sleep 1; done\nfi\necho end",
+    );
+    wait_file(&out, T, |b| b.starts_with(b"run 1\n")).expect("the first run starts");
+    let down = std::cell::Cell::new(true);
+    let _back = fleet_lab::OnDrop(|| {
+        if down.get() {
+            let _ = lab.lab_sh(&["start-agent", KUBE]);
+        }
+    });
+    assert!(lab.lab_sh(&["stop-agent", KUBE]).unwrap().status.success());
+    let (_, node, _, _uncordon) = drain_node_of(lab, &name);
+    wait_until("Kubernetes counts the drained Job complete", T, || {
+        kube_job(lab, &name).is_some_and(|j| {
+            j["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Complete" && c["status"] == "True"))
+        })
+    });
+    assert!(kube_pods(lab, &name).is_empty(), "the evicted pod is deleted");
+    let t0 = Instant::now();
+    assert!(lab.lab_sh(&["start-agent", KUBE]).unwrap().status.success());
+    down.set(false);
+    let done = lab.wait_done("beta", id, T).unwrap();
+    let took = t0.elapsed();
+    let all = String::from_utf8_lossy(
+        &wait_file(&out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
+    )
+    .into_owned();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}\n{all}");
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((rec["state"].as_str(), rec["target"].as_str()), (Some("completed"), Some(KUBE)), "{rec}");
+    assert_eq!((rec["epoch"].as_u64(), rec["migrations"].as_u64()), (Some(2), Some(1)), "{rec}");
+    let runs: Vec<&str> = all.lines().filter(|l| l.starts_with("run ")).collect();
+    assert_eq!(runs, ["run 1", "run 2"], "{all}");
+    assert_eq!(all.matches("\nend\n").count(), 1, "{all}");
+    assert!(all.contains("saved at SIGTERM\n"), "the first run's trap ran: {all}");
+    let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
+    assert_eq!(cordoned, "true");
+    eprintln!(
+        "[figure] kube-gamma's agent back after a drain it missed -> job ran again and completed at beta: {took:.2?}"
+    );
+}
