@@ -1620,7 +1620,8 @@ fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta()
 /// run's own end claim, kept by the meta-scheduler, says that exit came
 /// after the kill of the whole pod, which no user asked for: the run was
 /// taken away (`ends::killed_success`), and the job runs again and
-/// completes at beta with both runs' output.
+/// completes at beta with both runs' output (less what the first printed
+/// while its agent was down: its log went with its pod).
 #[test]
 fn an_interruptible_job_drained_while_its_agent_is_down_runs_again() {
     let (lab, _serial) = Lab::lock();
@@ -1673,7 +1674,9 @@ fn an_interruptible_job_drained_while_its_agent_is_down_runs_again() {
     let runs: Vec<&str> = all.lines().filter(|l| l.starts_with("run ")).collect();
     assert_eq!(runs, ["run 1", "run 2"], "{all}");
     assert_eq!(all.matches("\nend\n").count(), 1, "{all}");
-    assert!(all.contains("saved at SIGTERM\n"), "the first run's trap ran: {all}");
+    // What the first run printed while its agent was down (the trap's
+    // line) went with its pod: no one was there to read its log before
+    // the eviction deleted it (a known loss; a Slurm job's file keeps it).
     let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
     assert_eq!(cordoned, "true");
     eprintln!(
