@@ -1535,8 +1535,7 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
     let (pod, node, drained, _uncordon) = drain_node_of(lab, &name);
     assert!(drained.contains(&format!("{pod} evicted")), "{drained}");
     assert!(drained.contains(&format!("node/{node} drained")), "{drained}");
-    let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
-    assert_eq!(cordoned, "true");
+    assert_cordoned(lab, &node);
 
     let done = lab.wait_done("beta", id, T).unwrap();
     let took = t0.elapsed();
@@ -1560,6 +1559,59 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
     eprintln!("[figure] kubectl drain at kube-gamma -> job failed at beta with NODE_FAIL: {took:.2?}");
 }
 
+/// An interruptible job at kube-gamma (its output in workdir `dir`,
+/// appended) whose first run traps SIGTERM, says so and exits 0 (as a
+/// checkpointing job saves and leaves), and whose second run ends at once;
+/// returned once the first run has started: its id at beta, its Job's
+/// name, its output file and the cancel guard.
+fn drainable_at_kube<'a>(
+    lab: &'a Lab,
+    dir: &str,
+) -> (u64, String, std::path::PathBuf, fleet_lab::OnDrop<impl FnMut() + 'a>) {
+    let dir = lab.workdir(dir);
+    let out = dir.join("out.txt");
+    let (id, name, cancel) = at_kube(
+        lab,
+        &[
+            "--gres=gpu:h100:8",
+            "--fleet-interruptible",
+            "--fleet-to=kube-gamma",
+            "--open-mode=append",
+            &out_arg(&dir, "out.txt"),
+        ],
+        "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then\n\
+         trap 'echo \"saved at SIGTERM\"; exit 0' TERM\n\
+         for i in $(seq 120); do sleep 1; done\nfi\necho end",
+    );
+    wait_file(&out, T, |b| b.starts_with(b"run 1\n")).expect("the first run starts");
+    (id, name, out, cancel)
+}
+
+/// Waits for a [`drainable_at_kube`] job to end at beta and checks it ran
+/// twice at kube-gamma (epoch 2, one move) and completed there once:
+/// its output.
+fn ran_again_and_completed(lab: &Lab, id: u64, out: &std::path::Path) -> String {
+    let done = lab.wait_done("beta", id, T).unwrap();
+    let all = String::from_utf8_lossy(
+        &wait_file(out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
+    )
+    .into_owned();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}\n{all}");
+    let rec = fleet_record(lab, id).unwrap();
+    assert_eq!((rec["state"].as_str(), rec["target"].as_str()), (Some("completed"), Some(KUBE)), "{rec}");
+    assert_eq!((rec["epoch"].as_u64(), rec["migrations"].as_u64()), (Some(2), Some(1)), "{rec}");
+    let runs: Vec<&str> = all.lines().filter(|l| l.starts_with("run ")).collect();
+    assert_eq!(runs, ["run 1", "run 2"], "{all}");
+    assert_eq!(all.matches("\nend\n").count(), 1, "{all}");
+    all
+}
+
+/// A drained node is left cordoned.
+fn assert_cordoned(lab: &Lab, node: &str) {
+    let (_, cordoned, _) = lab.kubectl(&["get", "node", node, "-o", "jsonpath={.spec.unschedulable}"]);
+    assert_eq!(cordoned, "true");
+}
+
 /// An interruptible job whose pod `kubectl drain` evicts at kube-gamma
 /// runs again, as a Slurm job requeued after a node failure would. Its
 /// script catches the drain's SIGTERM and exits 0 (as a checkpointing job
@@ -1575,41 +1627,14 @@ fn a_pod_evicted_by_kubectl_drain_at_kube_gamma_is_a_node_failure_at_beta() {
 fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta() {
     let (lab, _serial) = Lab::lock();
     lab.require_kube();
-    let dir = lab.workdir("kube-drain-rerun");
-    let out = dir.join("out.txt");
-    let (id, name, _cancel) = at_kube(
-        lab,
-        &[
-            "--gres=gpu:h100:8",
-            "--fleet-interruptible",
-            "--fleet-to=kube-gamma",
-            "--open-mode=append",
-            &out_arg(&dir, "out.txt"),
-        ],
-        "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then\n\
-         trap 'echo \"saved at SIGTERM\"; exit 0' TERM\n\
-         for i in $(seq 120); do sleep 1; done\nfi\necho end",
-    );
-    wait_file(&out, T, |b| b.starts_with(b"run 1\n")).expect("the first run starts");
+    let (id, name, out, _cancel) = drainable_at_kube(lab, "kube-drain-rerun");
     let t0 = Instant::now();
     let (_, node, _, _uncordon) = drain_node_of(lab, &name);
-    let done = lab.wait_done("beta", id, T).unwrap();
+    let all = ran_again_and_completed(lab, id, &out);
     let took = t0.elapsed();
-    let all = String::from_utf8_lossy(
-        &wait_file(&out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
-    )
-    .into_owned();
-    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}\n{all}");
-    let rec = fleet_record(lab, id).unwrap();
-    assert_eq!((rec["state"].as_str(), rec["target"].as_str()), (Some("completed"), Some(KUBE)), "{rec}");
-    assert_eq!((rec["epoch"].as_u64(), rec["migrations"].as_u64()), (Some(2), Some(1)), "{rec}");
-    let runs: Vec<&str> = all.lines().filter(|l| l.starts_with("run ")).collect();
-    assert_eq!(runs, ["run 1", "run 2"], "{all}");
-    assert_eq!(all.matches("\nend\n").count(), 1, "{all}");
     assert!(all.contains("saved at SIGTERM\n"), "the first run's trap ran: {all}");
     // The second pod ran on the node the drain left schedulable.
-    let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
-    assert_eq!(cordoned, "true");
+    assert_cordoned(lab, &node);
     eprintln!("[figure] kubectl drain at kube-gamma -> interruptible job ran again and completed at beta: {took:.2?}");
 }
 
@@ -1626,22 +1651,7 @@ fn an_interruptible_job_drained_at_kube_gamma_runs_again_and_completes_at_beta()
 fn an_interruptible_job_drained_while_its_agent_is_down_runs_again() {
     let (lab, _serial) = Lab::lock();
     lab.require_kube();
-    let dir = lab.workdir("kube-drain-agent-down");
-    let out = dir.join("out.txt");
-    let (id, name, _cancel) = at_kube(
-        lab,
-        &[
-            "--gres=gpu:h100:8",
-            "--fleet-interruptible",
-            "--fleet-to=kube-gamma",
-            "--open-mode=append",
-            &out_arg(&dir, "out.txt"),
-        ],
-        "echo \"run $FLEET_EPOCH\"\nif [ \"$FLEET_EPOCH\" = 1 ]; then\n\
-         trap 'echo \"saved at SIGTERM\"; exit 0' TERM\n\
-         for i in $(seq 120); do sleep 1; done\nfi\necho end",
-    );
-    wait_file(&out, T, |b| b.starts_with(b"run 1\n")).expect("the first run starts");
+    let (id, name, out, _cancel) = drainable_at_kube(lab, "kube-drain-agent-down");
     let down = std::cell::Cell::new(true);
     let _back = fleet_lab::OnDrop(|| {
         if down.get() {
@@ -1661,24 +1671,12 @@ fn an_interruptible_job_drained_while_its_agent_is_down_runs_again() {
     let t0 = Instant::now();
     assert!(lab.lab_sh(&["start-agent", KUBE]).unwrap().status.success());
     down.set(false);
-    let done = lab.wait_done("beta", id, T).unwrap();
+    ran_again_and_completed(lab, id, &out);
     let took = t0.elapsed();
-    let all = String::from_utf8_lossy(
-        &wait_file(&out, Duration::from_secs(15), |b| String::from_utf8_lossy(b).contains("\nend\n")).unwrap(),
-    )
-    .into_owned();
-    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}\n{all}");
-    let rec = fleet_record(lab, id).unwrap();
-    assert_eq!((rec["state"].as_str(), rec["target"].as_str()), (Some("completed"), Some(KUBE)), "{rec}");
-    assert_eq!((rec["epoch"].as_u64(), rec["migrations"].as_u64()), (Some(2), Some(1)), "{rec}");
-    let runs: Vec<&str> = all.lines().filter(|l| l.starts_with("run ")).collect();
-    assert_eq!(runs, ["run 1", "run 2"], "{all}");
-    assert_eq!(all.matches("\nend\n").count(), 1, "{all}");
     // What the first run printed while its agent was down (the trap's
     // line) went with its pod: no one was there to read its log before
     // the eviction deleted it (a known loss; a Slurm job's file keeps it).
-    let (_, cordoned, _) = lab.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.unschedulable}"]);
-    assert_eq!(cordoned, "true");
+    assert_cordoned(lab, &node);
     eprintln!(
         "[figure] kube-gamma's agent back after a drain it missed -> job ran again and completed at beta: {took:.2?}"
     );

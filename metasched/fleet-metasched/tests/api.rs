@@ -2011,11 +2011,59 @@ fn health_config(dir: &Path, grace_s: f64) -> Config {
 
 /// A job from beta that may restart from scratch (`#FLEET interruptible`).
 async fn forward_restartable(d: &Daemon, id: &str) {
+    forward_h100(d, id, true, Some(60)).await;
+}
+
+/// An 8-GPU H100 job from beta, restartable (`#FLEET interruptible`) or
+/// not, under `time_limit_min`.
+async fn forward_h100(d: &Daemon, id: &str, interruptible: bool, time_limit_min: Option<u32>) {
     let mut request = request("beta", "h100", 8);
-    request.script = Some(b"#!/bin/sh\n#FLEET interruptible\necho step\n".to_vec());
+    let script: &[u8] = if interruptible { b"#!/bin/sh\n#FLEET interruptible\necho step\n" } else { b"#!/bin/sh\n" };
+    request.script = Some(script.to_vec());
+    request.time_limit_min = time_limit_min;
     let fwd = ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
     let _: JobRecord =
         d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+}
+
+/// A second of the daemon's clock, `secs` times, with beta and gamma
+/// beating (and alpha, when `with_alpha`).
+async fn beat(d: &Daemon, secs: u32, with_alpha: bool) {
+    for _ in 0..secs {
+        d.clock.advance(Duration::from_secs(1));
+        d.heartbeat("beta", 16).await;
+        d.heartbeat("gamma", 16).await;
+        if with_alpha {
+            d.heartbeat("alpha", 16).await;
+        }
+    }
+}
+
+/// `POST /v1/jobs/{id}/end` with the run's checkpoint token at `cluster`.
+async fn claim_end(d: &Daemon, id: &str, cluster: &str, body: Value) -> (StatusCode, Value) {
+    let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of(cluster), id));
+    d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await
+}
+
+/// A daemon whose clusters all beat with 16 free GPUs but gamma (none
+/// yet: every job placed from beta goes to alpha); `end_wait_s`, when
+/// given, with 20 s of grace.
+async fn ends_daemon(dir: &Path, end_wait_s: Option<f64>) -> Daemon {
+    let d = match end_wait_s {
+        Some(w) => {
+            let mut config = health_config(dir, 20.0);
+            if let Some(h) = config.health.as_mut() {
+                h.end_wait_s = Some(w);
+            }
+            Daemon::start_with(dir, Clock::default(), config).await
+        }
+        None => Daemon::start(dir, Clock::default()).await,
+    };
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    d.heartbeat("gamma", 0).await;
+    d
 }
 
 fn at(state: JobState, epoch: u64) -> StatusUpdate {
@@ -2785,17 +2833,9 @@ async fn a_claim_that_the_lease_stopped_a_run_is_checked_against_the_grants() {
 #[tokio::test]
 async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut config = health_config(tmp.path(), 20.0);
-    if let Some(h) = config.health.as_mut() {
-        h.end_wait_s = Some(30.0);
-    }
-    let d = Daemon::start_with(tmp.path(), Clock::default(), config).await;
-    for (c, _) in CLUSTERS {
-        d.heartbeat(c, 16).await;
-    }
     // Only alpha has H100s free: every job here starts there (the view
     // takes the GPUs of those placed since its heartbeat).
-    d.heartbeat("gamma", 0).await;
+    let d = ends_daemon(tmp.path(), Some(30.0)).await;
     for id in ["back", "gone", "plain"] {
         forward_restartable(&d, id).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
@@ -2804,13 +2844,7 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     // Submitted and ended before alpha's agent ever reported it.
     forward_restartable(&d, "early").await;
     assert_eq!(d.start_job("early", "beta").await.target.as_deref(), Some("alpha"));
-    let end = |id: &'static str, cluster: &'static str, body: serde_json::Value| {
-        let d = &d;
-        async move {
-            let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of(cluster), id));
-            d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await
-        }
-    };
+    let end = |id, cluster, body| claim_end(&d, id, cluster, body);
     // Claims that do not count: another epoch, another cluster's token, nonsense.
     let (s, v) = end("back", "alpha", serde_json::json!({"epoch": 2, "exit_code": 0})).await;
     assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(false)), "{v}");
@@ -2832,19 +2866,7 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
         let (s, v) = end(id, "alpha", serde_json::json!({"epoch": 1, "exit_code": code})).await;
         assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
     }
-    let beat = |secs, with_alpha: bool| {
-        let d = &d;
-        async move {
-            for _ in 0..secs {
-                d.clock.advance(Duration::from_secs(1));
-                d.heartbeat("beta", 16).await;
-                d.heartbeat("gamma", 16).await;
-                if with_alpha {
-                    d.heartbeat("alpha", 16).await;
-                }
-            }
-        }
-    };
+    let beat = |secs, with_alpha| beat(&d, secs, with_alpha);
     let settle = || async { tokio::time::sleep(Duration::from_millis(1500)).await };
     // alpha silent past 3 + 20 s: the run without a claim moves, the two
     // that claimed their end stay where they ended.
@@ -3027,51 +3049,23 @@ async fn placements_between_heartbeats_take_the_gpus_they_will_use() {
 #[tokio::test]
 async fn an_end_after_slurms_kill_at_a_silent_cluster_is_its_time_limit_or_its_death() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut config = health_config(tmp.path(), 20.0);
-    if let Some(h) = config.health.as_mut() {
-        h.end_wait_s = Some(30.0);
-    }
-    let d = Daemon::start_with(tmp.path(), Clock::default(), config).await;
-    for (c, _) in CLUSTERS {
-        d.heartbeat(c, 16).await;
-    }
-    d.heartbeat("gamma", 0).await;
+    let d = ends_daemon(tmp.path(), Some(30.0)).await;
     for (id, limit) in [("timed", Some(1)), ("killed", Some(60)), ("unlimited", None), ("user", Some(60))] {
-        let mut request = request("beta", "h100", 8);
-        request.script = Some(b"#!/bin/sh\n#FLEET interruptible\necho step\n".to_vec());
-        request.time_limit_min = limit;
-        let fwd =
-            ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
-        let _: JobRecord =
-            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+        forward_h100(&d, id, true, limit).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
         assert_eq!(d.status(id, "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
     }
     let (s, v) = send_signal(&d, "user", &bearer("beta"), "TERM", "full").await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-    let beat = |secs, with_alpha: bool| {
-        let d = &d;
-        async move {
-            for _ in 0..secs {
-                d.clock.advance(Duration::from_secs(1));
-                d.heartbeat("beta", 16).await;
-                d.heartbeat("gamma", 16).await;
-                if with_alpha {
-                    d.heartbeat("alpha", 16).await;
-                }
-            }
-        }
-    };
     // A minute at alpha: "timed" reaches its limit.
-    beat(62, true).await;
+    beat(&d, 62, true).await;
     for id in ["timed", "killed", "unlimited", "user"] {
-        let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
         let body = serde_json::json!({"epoch": 1, "exit_code": 0, "after_signal": 15, "cause": "script"});
-        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await;
+        let (s, v) = claim_end(&d, id, "alpha", body).await;
         assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
     }
     // alpha silent past its grace: all four wait for its word.
-    beat(40, false).await;
+    beat(&d, 40, false).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for id in ["timed", "killed", "unlimited", "user"] {
         let r = d.job(id).await;
@@ -3083,7 +3077,7 @@ async fn an_end_after_slurms_kill_at_a_silent_cluster_is_its_time_limit_or_its_d
         );
     }
     // Past the end-wait bound.
-    beat(20, false).await;
+    beat(&d, 20, false).await;
     let t0 = std::time::Instant::now();
     let ended = |r: &JobRecord| r.state.is_terminal() || r.epoch > 1;
     let mut rs = Vec::new();
@@ -3127,25 +3121,12 @@ async fn an_end_after_slurms_kill_at_a_silent_cluster_is_its_time_limit_or_its_d
 #[tokio::test]
 async fn a_completion_after_a_kill_no_one_asked_for_is_a_run_taken_away() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = Daemon::start(tmp.path(), Clock::default()).await;
-    for (c, _) in CLUSTERS {
-        d.heartbeat(c, 16).await;
-    }
-    d.heartbeat("gamma", 0).await;
+    let d = ends_daemon(tmp.path(), None).await;
     let jobs =
         [("taken", true), ("pinned", false), ("signalled", true), ("own", true), ("timed", true), ("forgot", true)];
     for (id, interruptible) in jobs {
-        let mut request = request("beta", "h100", 8);
-        let script: &[u8] =
-            if interruptible { b"#!/bin/sh\n#FLEET interruptible\necho step\n" } else { b"#!/bin/sh\n" };
-        request.script = Some(script.to_vec());
-        if matches!(id, "timed" | "forgot") {
-            request.time_limit_min = Some(1);
-        }
-        let fwd =
-            ForwardRequest { fleet_job_id: id.into(), request, tentative_target: "alpha".into(), early_start: false };
-        let _: JobRecord =
-            d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+        let limit = if matches!(id, "timed" | "forgot") { Some(1) } else { Some(60) };
+        forward_h100(&d, id, interruptible, limit).await;
         assert_eq!(d.start_job(id, "beta").await.target.as_deref(), Some("alpha"));
         assert_eq!(d.status(id, "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
     }
@@ -3157,10 +3138,9 @@ async fn a_completion_after_a_kill_no_one_asked_for_is_a_run_taken_away() {
         d.heartbeat(c, 16).await;
     }
     for (id, _) in jobs {
-        let auth = format!("FleetCkpt {}", fleet_api::auth::ckpt_token(&token_of("alpha"), id));
         let after = if id == "own" { None } else { Some(15) };
         let body = serde_json::json!({"epoch": 1, "exit_code": 0, "after_signal": after, "cause": "script"});
-        let (s, v) = d.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/end"), &auth, Some(body)).await;
+        let (s, v) = claim_end(&d, id, "alpha", body).await;
         assert_eq!((s, v["recorded"].as_bool()), (StatusCode::OK, Some(true)), "{id}: {v}");
         let report = if id == "forgot" {
             // Slurm lost the run (its agent judges it died with its node).
