@@ -209,9 +209,10 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_waits: Option<(u64, String)>,
     /// The epoch in which a signal was queued for the run on its user's
-    /// (or the admin's) request (`POST /signal`): an end its run claims
-    /// after a signal to the whole step may then be theirs, not Slurm's
-    /// kill (`ends::killed_end`).
+    /// (or the admin's) request (`POST /signal`) or by a planned move's
+    /// checkpoint: an end its run claims after a signal to the whole step
+    /// may then be that signal's, not Slurm's kill (`ends::killed_end`,
+    /// `ends::killed_success`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signalled: Option<u64>,
 }
@@ -2021,9 +2022,9 @@ impl Store {
     /// `POST /v1/jobs/{id}/signal` (the job token, the origin agent, the
     /// admin): queue `req.signal` for the agent of the cluster where the
     /// job is pending or running, and wake its long-poll. The job's record
-    /// does not change (the job keeps the epoch signalled, `Job::signalled`). A job that no cluster runs yet is a conflict, a
-    /// finished one a `terminal` conflict; an unknown signal name a bad
-    /// request. The same signal and scope queued again before the agent
+    /// does not change (the job keeps the epoch signalled, `Job::signalled`).
+    /// A job that no cluster runs yet is a conflict, a finished one a
+    /// `terminal` conflict; an unknown signal name a bad request. The same signal and scope queued again before the agent
     /// took it is one order (Unix does not queue a pending signal either).
     pub fn signal(
         &mut self,

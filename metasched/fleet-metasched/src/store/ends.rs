@@ -4,13 +4,17 @@
 //!
 //! The claim is only a claim: the target agent's report stays the
 //! authority for the job's final state and output, and the claim is taken
-//! only for the job's current epoch from the cluster that runs it. Its one
-//! use: a run that said it ended is not moved when its cluster goes silent
-//! past its grace period (moving it would run its work again, from its
-//! last checkpoint); its agent's report is waited for. If the cluster
+//! only for the job's current epoch from the cluster that runs it. Its
+//! uses: a run that said it ended is not moved when its cluster goes
+//! silent past its grace period (moving it would run its work again, from
+//! its last checkpoint); its agent's report is waited for. If the cluster
 //! stays silent `[health] end_wait_s` past its grace period, the job ends
 //! with the claimed exit status and one line on its stderr saying that
-//! output after that point was not relayed.
+//! output after that point was not relayed — unless the end came after
+//! Slurm's kill of the whole step (`killed_end`: then a timeout at the
+//! time limit, else a death). And a report that the run died with its
+//! node, or completed after such a kill, is read with the claim
+//! (`claimed_signal`, `killed_success`, `timed_out`).
 
 use fleet_api::api::{EndCause, RunEndClaim, RunEndReply};
 use fleet_api::JobState;
@@ -90,7 +94,7 @@ pub(super) enum KilledEnd {
 
 /// [`KilledEnd`] for claim `c` of a run first reported running at
 /// `running_since` (Unix seconds), under `time_limit_min`; `signalled`:
-/// a user's signal was queued for that run.
+/// a signal was queued for that run (`Job::signalled`).
 pub(super) fn killed_end(
     c: &EndClaim,
     running_since: Option<f64>,
