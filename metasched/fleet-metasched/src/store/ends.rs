@@ -120,35 +120,36 @@ pub(super) fn killed_end(
 /// when its user or a planned move had a signal sent in that epoch
 /// (`Job::signalled`), or the job is being cancelled or moved.
 pub(super) fn killed_success(job: &Job, epoch: Option<u64>) -> Option<i32> {
-    let epoch = epoch.unwrap_or(job.record.epoch);
-    let c = job.end_claim.as_ref().filter(|c| c.epoch == epoch && epoch == job.record.epoch)?;
-    let busy = job.signalled == Some(epoch) || job.record.cancel_requested || job.planned.is_some();
+    let c = current_claim(job, epoch)?;
+    let busy = job.signalled == Some(c.epoch) || job.record.cancel_requested || job.planned.is_some();
     c.after_signal.filter(|_| !busy && c.exit_code == Some(0))
 }
 
 /// The time limit (minutes) whose kill the end claimed by the run of
 /// `epoch` (`None`: the current one) came after ([`KilledEnd::TimeLimit`]).
 pub(super) fn timed_out(job: &Job, epoch: Option<u64>) -> Option<u32> {
-    let epoch = epoch.unwrap_or(job.record.epoch);
-    let c = job.end_claim.as_ref().filter(|c| c.epoch == epoch && epoch == job.record.epoch)?;
-    match killed_end(c, job.running_since, job.request.time_limit_min, job.signalled == Some(epoch)) {
+    let c = current_claim(job, epoch)?;
+    match killed_end(c, job.running_since, job.request.time_limit_min, job.signalled == Some(c.epoch)) {
         KilledEnd::TimeLimit { minutes } => Some(minutes),
         _ => None,
     }
 }
 
+/// The end `job`'s current run claimed, for a report of epoch `epoch`
+/// (`None`: the current one; another epoch's report has none).
+fn current_claim(job: &Job, epoch: Option<u64>) -> Option<&EndClaim> {
+    job.end_claim.as_ref().filter(|c| c.epoch == job.record.epoch && epoch.is_none_or(|e| e == c.epoch))
+}
+
 /// Whether `job`'s current run claimed its end.
 pub(super) fn claimed(job: &Job) -> bool {
-    job.end_claim.as_ref().is_some_and(|c| c.epoch == job.record.epoch)
+    current_claim(job, None).is_some()
 }
 
 /// The end `job`'s current run claimed, for a report of epoch `epoch`
 /// (`None`: the current one): the state it ends in and how, in words.
 pub(super) fn claimed_end(job: &Job, epoch: Option<u64>) -> Option<(JobState, String)> {
-    let c = job.end_claim.as_ref().filter(|_| claimed(job))?;
-    if epoch.is_some_and(|e| e != c.epoch) {
-        return None;
-    }
+    let c = current_claim(job, epoch)?;
     Some((if c.success() { JobState::Completed } else { JobState::Failed }, c.describe()))
 }
 
