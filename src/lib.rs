@@ -59,7 +59,74 @@ impl Lab {
     pub fn lock() -> (&'static Lab, MutexGuard<'static, ()>) {
         static M: Mutex<()> = Mutex::new(());
         let g = M.lock().unwrap_or_else(|p| p.into_inner());
-        (Lab::get(), g)
+        let lab = Lab::get();
+        lab.settle(Duration::from_secs(60));
+        (lab, g)
+    }
+
+    /// Waits, at most `limit`, until nothing of an earlier test (of this
+    /// suite or the one before it) still runs or waits in the lab, as Slurm
+    /// and the meta-scheduler's view both say: a test whose jobs are still
+    /// being cancelled as the next one submits would otherwise push the
+    /// next one's job to another cluster. Goes on (saying so) when the lab
+    /// stays busy: the test then fails, or not, on its own terms.
+    pub fn settle(&self, limit: Duration) {
+        let t0 = Instant::now();
+        let said = loop {
+            let busy = self.busy();
+            if busy.is_empty() {
+                if t0.elapsed() < Duration::from_secs(1) {
+                    return;
+                }
+                break format!("waited {:.1} s for earlier jobs to end", t0.elapsed().as_secs_f64());
+            }
+            if t0.elapsed() > limit {
+                break format!("still busy after {limit:?}, going on: {}", busy.join("; "));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        // Also kept in the lab's log, for a run whose tests all passed.
+        let who = std::thread::current().name().unwrap_or("?").to_string();
+        eprintln!("[lab] {who}: {said}");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.root.join("log/settle.log"));
+        if let Ok(mut f) = log {
+            use std::io::Write;
+            let _ = writeln!(f, "{who}: {said}");
+        }
+    }
+
+    /// What runs or waits in the lab now: each Slurm cluster's jobs that
+    /// are not over, and each cluster the meta-scheduler sees with queued
+    /// or running jobs or GPUs in use.
+    fn busy(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in ["alpha", "beta", "delta"] {
+            let Ok(o) = self.cmd(c, "squeue", &["-h", "-o", "%i %T"]) else { continue };
+            for l in String::from_utf8_lossy(&o.stdout).lines() {
+                if !l.split_whitespace().nth(1).is_some_and(is_terminal) {
+                    out.push(format!("{c}: job {l}"));
+                }
+            }
+        }
+        let view = self.fleetctl_json(&["clusters"]).unwrap_or_default();
+        for c in view["clusters"].as_array().into_iter().flatten() {
+            let n = |k: &str| c[k].as_u64().unwrap_or(0);
+            let in_use: u64 = c["gpus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["total"].as_u64().unwrap_or(0).saturating_sub(p["free"].as_u64().unwrap_or(0)))
+                .sum();
+            if n("queue_running") + n("queue_pending") + in_use > 0 {
+                out.push(format!(
+                    "{} (the meta-scheduler's view): {} running, {} pending, {in_use} GPUs in use",
+                    c["name"].as_str().unwrap_or("?"),
+                    n("queue_running"),
+                    n("queue_pending")
+                ));
+            }
+        }
+        out
     }
 
     /// The Slurm clusters answer. A lab that is up without kube-gamma is
