@@ -60,7 +60,7 @@ impl Lab {
         static M: Mutex<()> = Mutex::new(());
         let g = M.lock().unwrap_or_else(|p| p.into_inner());
         let lab = Lab::get();
-        lab.settle(Duration::from_secs(60));
+        lab.settle(Duration::from_secs(30));
         (lab, g)
     }
 
@@ -72,10 +72,11 @@ impl Lab {
     /// stays busy: the test then fails, or not, on its own terms.
     pub fn settle(&self, limit: Duration) {
         let t0 = Instant::now();
+        let mut first = true;
         let said = loop {
             let busy = self.busy();
             if busy.is_empty() {
-                if t0.elapsed() < Duration::from_secs(1) {
+                if first {
                     return;
                 }
                 break format!("waited {:.1} s for earlier jobs to end", t0.elapsed().as_secs_f64());
@@ -83,6 +84,7 @@ impl Lab {
             if t0.elapsed() > limit {
                 break format!("still busy after {limit:?}, going on: {}", busy.join("; "));
             }
+            first = false;
             std::thread::sleep(Duration::from_millis(500));
         };
         // Also kept in the lab's log, for a run whose tests all passed.

@@ -509,7 +509,10 @@ fn malformed_input_gets_clear_errors_and_slurmctld_survives() {
     let err = lab.sbatch("beta", &["--gres=gpu:h100:8"], big.as_bytes()).unwrap_err();
     assert!(err.contains("more than MaxScriptBytes=1048576"), "{err}");
     // ...while the same script kept home is untouched.
-    assert!(lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold"], big.as_bytes()).is_ok());
+    let home = lab.sbatch("beta", &["--gres=gpu:a100:1", "--hold"], big.as_bytes()).unwrap();
+    let _c = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&home.to_string()]);
+    });
 
     // Non-UTF-8 bytes in a forwarded script travel intact.
     let mut s = b"#!/bin/bash\nprintf '\\xff\\xfe caf\\xc3\\xa9\\n' # \xff\xfe\n".to_vec();

@@ -125,6 +125,15 @@ lab2=$!
 rc=0
 for p in $unit $lab1 $lab2; do wait "$p" || rc=1; done
 echo "[test] test binaries ran in $((SECONDS - t0)) s" >&2
+# A test that leaves jobs behind costs the next ones their settling time
+# (Lab::settle): name those waits (before the demo brings the first lab up
+# afresh).
+for d in "${labs[@]}"; do
+  if grep -q "still busy" "$d/log/settle.log" 2>/dev/null; then
+    echo "[test] tests that found the lab $d still busy after its settling time (an earlier test left jobs behind):" >&2
+    grep "still busy" "$d/log/settle.log" >&2
+  fi
+done
 
 # The README's demo, against the first lab (it brings that lab up afresh
 # and checks where its jobs ran and how they ended).
