@@ -97,6 +97,33 @@ impl Lab {
         }
     }
 
+    /// Waits, at most `limit`, until the meta-scheduler sees `cluster`
+    /// healthy with at least `n` `gpu_type` GPUs free (after a test
+    /// restarted its slurmctld, say: a job placed before its agent's next
+    /// heartbeat says so goes elsewhere).
+    pub fn wait_gpus_free(&self, cluster: &str, gpu_type: &str, n: u64, limit: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        loop {
+            let view = self.fleetctl_json(&["clusters"]).unwrap_or_default();
+            let c = view["clusters"].as_array().into_iter().flatten().find(|c| c["name"] == cluster);
+            let free: u64 = c
+                .filter(|c| c["healthy"].as_bool() == Some(true))
+                .and_then(|c| c["gpus"].as_array())
+                .into_iter()
+                .flatten()
+                .filter(|p| p["gpu_type"] == gpu_type)
+                .map(|p| p["free"].as_u64().unwrap_or(0))
+                .sum();
+            if free >= n {
+                return Ok(());
+            }
+            if t0.elapsed() > limit {
+                bail!("{cluster}: the meta-scheduler sees {free} {gpu_type} GPUs free after {limit:?}, not {n}: {c:?}");
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     /// What runs or waits in the lab now: each Slurm cluster's jobs that
     /// are not over, and each cluster the meta-scheduler sees with queued
     /// or running jobs or GPUs in use.

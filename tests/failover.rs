@@ -236,6 +236,9 @@ fn jobs_their_controller_forgot_end_as_their_scripts_did_or_run_again() {
     let dir = lab.workdir("forgotten");
     // alpha's state before the jobs (slurmctld saves it as it stops).
     copy_state_while_ctld_stopped(lab, "alpha", &state, &snapshot);
+    // b goes where the meta-scheduler sees 8 H100s free: alpha, once its
+    // agent's heartbeats show it back with both nodes.
+    lab.wait_gpus_free("alpha", "h100", 16, Duration::from_secs(30)).unwrap();
 
     // Each fills one of alpha's two nodes.
     let flag = dir.join("go");

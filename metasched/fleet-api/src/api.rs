@@ -98,6 +98,24 @@ pub struct Heartbeat {
     /// answers again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler_error: Option<String>,
+    /// The runs of fleet jobs whose GPUs `nodes` shows taken: the runs
+    /// the scheduler had started (or not yet let go of) when the agent
+    /// read its capacity. The meta-scheduler takes from the free GPUs of
+    /// this heartbeat the jobs it placed here that are not among them
+    /// (still with the agent or in the queue), and only those: a job
+    /// whose start the agent has not reported yet is already counted in
+    /// `nodes` once its scheduler gave it its GPUs. `None` (an older
+    /// agent, or a scheduler that did not answer): judged by when each
+    /// job was reported running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding: Option<Vec<RunRef>>,
+}
+
+/// One run of a fleet job: the job and the placement epoch it runs in.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RunRef {
+    pub job: String,
+    pub epoch: u64,
 }
 
 /// The submitters a cluster has a local identity for: what lets an origin

@@ -546,6 +546,8 @@ struct Placed {
     home: bool,
     gpu_type: Option<String>,
     gpus: u32,
+    /// The placement epoch its run at `target` has.
+    epoch: u64,
     /// When its target first reported it running; `None` while it waits.
     running_since: Option<f64>,
 }
@@ -564,15 +566,21 @@ impl Placed {
             home: *target == r.origin,
             gpu_type: job.request.gpu_type().map(str::to_string),
             gpus,
+            epoch: r.epoch,
             running_since: if r.state == JobState::Running { job.running_since } else { None },
         })
     }
 
-    /// Its GPUs are not in a heartbeat that arrived at `heard`: it had not
-    /// started yet (still with the agent or in the queue: it takes free GPUs
-    /// before a job placed now), or started after it.
-    fn unseen_at(&self, heard: f64) -> bool {
-        self.running_since.is_none_or(|t| t >= heard)
+    /// Its GPUs (job `id`'s) are not in heartbeat `hb`, which arrived at
+    /// `heard`: its run is not among those the heartbeat names as holding
+    /// GPUs (still with the agent or in the queue: it takes free GPUs
+    /// before a job placed now). From an agent that names none: it had
+    /// not been reported running before the heartbeat arrived.
+    fn unseen_in(&self, id: &str, hb: &Heartbeat, heard: f64) -> bool {
+        match &hb.holding {
+            Some(runs) => !runs.iter().any(|r| r.job == id && r.epoch == self.epoch),
+            None => self.running_since.is_none_or(|t| t >= heard),
+        }
     }
 }
 
@@ -1014,9 +1022,9 @@ impl Store {
         let providers = self.sla_book.by_provider(self.sla.window);
         // The placed jobs by target, each list in job id order.
         let all = self.placed.lock();
-        let mut placed: HashMap<&str, Vec<&Placed>> = HashMap::new();
-        for p in all.values() {
-            placed.entry(p.target.as_str()).or_default().push(p);
+        let mut placed: HashMap<&str, Vec<(&str, &Placed)>> = HashMap::new();
+        for (id, p) in all.iter() {
+            placed.entry(p.target.as_str()).or_default().push((id, p));
         }
         let clusters = self
             .order
@@ -1118,8 +1126,8 @@ impl Store {
                 // not show taken: without this, every placement between two
                 // heartbeats saw the same free GPUs, and a burst of jobs all
                 // went to one cluster to queue there.
-                if let (Some((_, heard)), Some(mine)) = (&c.last, placed.get(c.cfg.name.as_str())) {
-                    for p in mine.iter().filter(|p| p.unseen_at(*heard)) {
+                if let (Some((hb, heard)), Some(mine)) = (&c.last, placed.get(c.cfg.name.as_str())) {
+                    for (_, p) in mine.iter().filter(|(id, p)| p.unseen_in(id, hb, *heard)) {
                         take_free(&mut summary.gpus, p);
                     }
                 }

@@ -106,6 +106,11 @@ impl Daemon {
     }
 
     async fn heartbeat(&self, cluster: &str, free: u32) -> FleetView {
+        self.heartbeat_holding(cluster, free, None).await
+    }
+
+    /// A heartbeat that names the runs holding GPUs (`(job, epoch)`).
+    async fn heartbeat_holding(&self, cluster: &str, free: u32, holding: Option<&[(&str, u64)]>) -> FleetView {
         let ty = CLUSTERS.iter().find(|c| c.0 == cluster).unwrap().1;
         let nodes = (0..2)
             .map(|i| NodeCapacity {
@@ -128,6 +133,9 @@ impl Daemon {
             queue_pending: 1,
             queue_running: 2,
             agent_version: "test".into(),
+            holding: holding.map(|h| {
+                h.iter().map(|(job, epoch)| fleet_api::api::RunRef { job: job.to_string(), epoch: *epoch }).collect()
+            }),
             ..Default::default()
         };
         self.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer(cluster), Some(serde_json::to_value(hb).unwrap())).await
@@ -3037,6 +3045,52 @@ async fn placements_between_heartbeats_take_the_gpus_they_will_use() {
     assert_eq!(d.status("b2", &t2, done).await.0, StatusCode::OK);
     let v = d.heartbeat(&t2, 8).await;
     assert_eq!(free(&v, &t2), 8);
+    d.stop().await;
+}
+
+/// An agent that names the runs its capacity shows holding GPUs: a job
+/// its scheduler has started is not taken twice, though its start has
+/// not been reported yet (slurmctld allocates the GPUs before the agent's
+/// next poll sees the job running; a second job then went elsewhere,
+/// seeing no GPUs free where half were); one it does not name is taken,
+/// though reported running (its run in another epoch holds them).
+#[tokio::test]
+async fn a_heartbeat_naming_the_runs_that_hold_gpus_counts_each_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), Clock::default()).await;
+    d.heartbeat("alpha", 16).await;
+    d.heartbeat("gamma", 0).await;
+    d.heartbeat("beta", 0).await;
+    let free = |v: &FleetView, c: &str| -> u32 {
+        v.clusters.iter().find(|x| x.name == c).unwrap().gpus.iter().map(|p| p.free).sum()
+    };
+    d.forward("h1", "beta", "h100", 8).await;
+    let first = d.start_job("h1", "beta").await;
+    assert_eq!(first.target.as_deref(), Some("alpha"), "{}", first.reason);
+    let epoch = first.epoch;
+    // Slurm started h1 (8 taken), its agent has not said so: named holding.
+    let v = d.heartbeat_holding("alpha", 8, Some(&[("h1", epoch)])).await;
+    assert_eq!(free(&v, "alpha"), 8, "h1 counted once: {v:?}");
+    d.forward("h2", "beta", "h100", 8).await;
+    let second = d.start_job("h2", "beta").await;
+    assert_eq!(second.target.as_deref(), Some("alpha"), "the other 8 are free: {}", second.reason);
+    // Not named (still in alpha's queue): taken from the heartbeat's free.
+    let v = d.heartbeat_holding("alpha", 8, Some(&[("h1", epoch)])).await;
+    assert_eq!(free(&v, "alpha"), 0, "h2 will take the other 8: {v:?}");
+    // Named in another epoch (a stale copy): not this placement's GPUs.
+    let v = d.heartbeat_holding("alpha", 16, Some(&[("h1", epoch + 1), ("h2", epoch + 1)])).await;
+    assert_eq!(free(&v, "alpha"), 0, "{v:?}");
+    // h1 reported running; alpha's heartbeat names only h2 (h1's GPUs
+    // free, its run no longer holding them): h1 is taken again, h2 not.
+    assert_eq!(d.status("h1", "alpha", st(JobState::Pending)).await.0, StatusCode::OK);
+    assert_eq!(d.status("h1", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    d.clock.advance(Duration::from_secs(1));
+    let v = d.heartbeat_holding("alpha", 8, Some(&[("h2", second.epoch)])).await;
+    assert_eq!(free(&v, "alpha"), 0, "{v:?}");
+    let v = d.heartbeat_holding("alpha", 0, Some(&[("h1", epoch), ("h2", second.epoch)])).await;
+    assert_eq!(free(&v, "alpha"), 0, "{v:?}");
+    let v = d.heartbeat_holding("alpha", 16, Some(&[("h1", epoch), ("h2", second.epoch)])).await;
+    assert_eq!(free(&v, "alpha"), 16, "the heartbeat's word: {v:?}");
     d.stop().await;
 }
 

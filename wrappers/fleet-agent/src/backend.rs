@@ -78,6 +78,20 @@ impl NativeJob {
     }
 }
 
+/// What one capacity query found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Capacity {
+    pub nodes: Vec<NodeCapacity>,
+    /// Jobs pending and running in the scheduler's queue (every user's).
+    pub pending: u32,
+    pub running: u32,
+    /// The native ids of the jobs whose resources `nodes` shows taken
+    /// (started, or ending and not yet let go of them), read in the same
+    /// query: which of Fleet's runs the heartbeat's free GPUs already
+    /// count (`Heartbeat::holding`).
+    pub holding: Vec<u64>,
+}
+
 /// Where a job's output is written at this cluster.
 #[derive(Clone, Debug)]
 pub struct OutputPaths {
@@ -87,8 +101,9 @@ pub struct OutputPaths {
 
 /// Every future is `Send`: the agent drives a backend from spawned tasks.
 pub trait Backend: Send + Sync + 'static {
-    /// Per-node capacity and the queue depth (pending, running).
-    fn capacity(&self) -> impl Future<Output = Result<(Vec<NodeCapacity>, u32, u32)>> + Send;
+    /// Per-node capacity, the queue depth, and which jobs hold what the
+    /// nodes show taken.
+    fn capacity(&self) -> impl Future<Output = Result<Capacity>> + Send;
     /// Submit `req` as fleet job `id`, as `user`; returns the native job id.
     fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> impl Future<Output = Result<u64>> + Send;
     /// The jobs among `native_ids` the scheduler still knows, in one call.

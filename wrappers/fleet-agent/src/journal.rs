@@ -359,6 +359,16 @@ impl Journal {
         Ok(())
     }
 
+    /// The runs not done that have a native job: (native id, fleet job
+    /// id, epoch). Read every heartbeat: no request is parsed.
+    pub fn runs_by_native_id(&self) -> Result<Vec<(u64, String, u64)>> {
+        let db = self.db.lock();
+        let mut st = db.prepare("SELECT slurm_id, id, epoch FROM runs WHERE done = 0 AND slurm_id IS NOT NULL")?;
+        let rows =
+            st.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?, r.get::<_, i64>(2)? as u64)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     pub fn active_runs(&self) -> Result<Vec<(Run, JobRequest)>> {
         let db = self.db.lock();
         let mut st = db.prepare(&format!("SELECT {RUN_COLS} FROM runs WHERE done = 0"))?;
@@ -595,5 +605,23 @@ mod tests {
         let r = j.run("beta-7").unwrap().unwrap().0;
         assert_eq!((r.reruns, r.run_start, r.rerun_out, r.rerun_why), (0, None, 0, None));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn runs_by_native_id_names_the_submitted_runs_not_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.db")).unwrap();
+        let req = JobRequest { origin: "beta".into(), ..Default::default() };
+        for id in ["beta-1", "beta-2", "beta-3"] {
+            assert!(j.add_run(id, &req).unwrap());
+        }
+        j.set_submitted("beta-1", 101, "alice", 1001, 5.0).unwrap();
+        j.set_epoch("beta-1", 3).unwrap();
+        j.set_submitted("beta-3", 103, "bob", 1002, 5.0).unwrap();
+        let (mut done, _) = j.run("beta-3").unwrap().unwrap();
+        done.done = true;
+        j.update_run(&done).unwrap();
+        // beta-2 has no Slurm job yet; beta-3 is done.
+        assert_eq!(j.runs_by_native_id().unwrap(), vec![(101, "beta-1".to_string(), 3)]);
     }
 }

@@ -48,7 +48,7 @@ use k8s_openapi::ByteString;
 use parking_lot::Mutex;
 use serde_json::json;
 
-use crate::backend::{Backend, NativeJob, SignalScope};
+use crate::backend::{Backend, Capacity, NativeJob, SignalScope};
 use crate::identity::LocalUser;
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -1404,18 +1404,35 @@ async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std
 
 use std::os::unix::fs::OpenOptionsExt as _;
 
+/// Whether [`capacity_of`] counts what pod `p` asks for as taken: bound
+/// to a node and not finished.
+fn holds_node(p: &Pod) -> Option<&str> {
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+    let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref())?;
+    (!matches!(phase, "Succeeded" | "Failed")).then_some(node)
+}
+
+/// The native ids of Fleet's Jobs whose pods [`capacity_of`] counts as
+/// holding node resources (pure).
+pub fn holding_of(pods: &[Arc<Pod>]) -> Vec<u64> {
+    let mut out: Vec<u64> = pods
+        .iter()
+        .filter(|p| holds_node(p).is_some())
+        .filter_map(|p| p.metadata.labels.as_ref()?.get(NATIVE_ID_LABEL)?.parse().ok())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// Capacity from Nodes (allocatable GPUs, the product label, MIG
 /// resources) minus what running pods hold (pure).
 pub fn capacity_of(nodes: &[Arc<Node>], pods: &[Arc<Pod>]) -> Vec<NodeCapacity> {
     let qty = |q: &Quantity| -> f64 { parse_quantity(&q.0).unwrap_or(0.0) };
     let mut used: HashMap<String, BTreeMap<String, f64>> = HashMap::new();
     for p in pods {
-        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
-        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
-        if matches!(phase, "Succeeded" | "Failed") {
-            continue;
-        }
-        let u = used.entry(node).or_default();
+        let Some(node) = holds_node(p) else { continue };
+        let u = used.entry(node.to_string()).or_default();
         for c in p.spec.iter().flat_map(|s| s.containers.iter()) {
             let r = c.resources.as_ref();
             let mut mine: BTreeMap<String, f64> = BTreeMap::new();
@@ -1531,7 +1548,7 @@ impl Backend for KubeBackend {
         Some(crate::own_uid())
     }
 
-    async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)> {
+    async fn capacity(&self) -> Result<Capacity> {
         // Every pod holds capacity, not only Fleet's: the watched cache of
         // all unfinished pods where the agent's RBAC allows it, else its
         // namespace's (no list per heartbeat).
@@ -1563,7 +1580,7 @@ impl Backend for KubeBackend {
                 pending += 1;
             }
         }
-        Ok((capacity_of(&self.nodes.state(), &pods), pending, running))
+        Ok(Capacity { nodes: capacity_of(&self.nodes.state(), &pods), pending, running, holding: holding_of(&pods) })
     }
 
     async fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> Result<u64> {
@@ -1841,7 +1858,8 @@ pub async fn check(
         Ok(Err(e)) => return Err((format!("{e:#}"), rbac.into())),
         Err(_) => return Err(("the API server did not answer within 40 s".into(), String::new())),
     };
-    let (nodes, pending, running) = b.capacity().await.map_err(|e| (format!("{e:#}"), rbac.to_string()))?;
+    let Capacity { nodes, pending, running, .. } =
+        b.capacity().await.map_err(|e| (format!("{e:#}"), rbac.to_string()))?;
     let mut types: BTreeMap<String, u32> = BTreeMap::new();
     for n in &nodes {
         if let Some(t) = &n.gpu_type {
@@ -2482,11 +2500,24 @@ mod tests {
             ),
             node("c0", json!({}), json!({"cpu": "16"})),
         ];
-        let busy: Pod = serde_json::from_value(json!({"metadata": {"name": "x"}, "spec": {"nodeName": "h0",
-            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}, "status": {"phase": "Running"}})).unwrap();
-        let done: Pod = serde_json::from_value(json!({"metadata": {"name": "y"}, "spec": {"nodeName": "h0",
-            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "5"}}}]}, "status": {"phase": "Succeeded"}})).unwrap();
-        let c = capacity_of(&nodes, &[Arc::new(busy), Arc::new(done)]);
+        let busy: Pod = serde_json::from_value(json!({"metadata": {"name": "x", "labels": {NATIVE_ID_LABEL: "41"}},
+            "spec": {"nodeName": "h0", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]},
+            "status": {"phase": "Running"}}))
+        .unwrap();
+        let done: Pod = serde_json::from_value(json!({"metadata": {"name": "y", "labels": {NATIVE_ID_LABEL: "42"}},
+            "spec": {"nodeName": "h0", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "5"}}}]},
+            "status": {"phase": "Succeeded"}}))
+        .unwrap();
+        // Fleet's, not bound to a node yet; and someone else's, bound.
+        let unbound: Pod = serde_json::from_value(json!({"metadata": {"name": "z", "labels": {NATIVE_ID_LABEL: "43"}},
+            "spec": {"containers": []}, "status": {"phase": "Pending"}}))
+        .unwrap();
+        let other: Pod = serde_json::from_value(json!({"metadata": {"name": "o"}, "spec": {"nodeName": "c0",
+            "containers": []}, "status": {"phase": "Running"}}))
+        .unwrap();
+        let pods = [busy, done, unbound, other].map(Arc::new);
+        let c = capacity_of(&nodes, &pods);
+        assert_eq!(holding_of(&pods), vec![41], "what capacity_of counts taken, of Fleet's");
         assert_eq!(
             (c[0].gpu_type.as_deref(), c[0].gpus_total, c[0].gpus_free, c[0].state.as_str()),
             (Some("h100"), 8, 5, "mixed")

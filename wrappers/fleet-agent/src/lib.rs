@@ -111,8 +111,7 @@ pub struct Agent<B: Backend> {
     /// The identities published with each heartbeat, read again only when
     /// the account files change. Sync lock: held for a lookup, no `.await`.
     pub identities: std::sync::Arc<parking_lot::Mutex<identity::AdmittedCache>>,
-    /// The scheduler's last answer to a capacity query (when, nodes,
-    /// pending, running), for a heartbeat whose query is slow, and the
+    /// The scheduler's last answer to a capacity query (when, what), for a heartbeat whose query is slow, and the
     /// query in flight (a slow one is not dropped: the next heartbeat
     /// waits on it again). Sync lock: held for a copy or a swap, no `.await`.
     pub capacity: parking_lot::Mutex<CapacityProbe>,
@@ -125,9 +124,7 @@ pub struct CapacityProbe {
     pub query: Option<tokio::task::JoinHandle<Result<Capacity>>>,
 }
 
-/// What a heartbeat says of the cluster's capacity: nodes, pending and
-/// running jobs.
-pub type Capacity = (Vec<fleet_api::api::NodeCapacity>, u32, u32);
+pub use backend::Capacity;
 
 /// How long an answer to a capacity query stays good for heartbeats whose
 /// own query is slow; past it, a heartbeat says the scheduler is silent.
@@ -591,14 +588,14 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
         tokio::spawn(async move { a.backend.capacity().await })
     });
     let answer = match tokio::time::timeout(wait, &mut query).await {
-        Ok(Ok(Ok((mut nodes, pending, running)))) => {
+        Ok(Ok(Ok(mut c))) => {
             // Nodes that only run stand-ins are no capacity for jobs.
-            nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
+            c.nodes.retain(|n| n.partitions.iter().any(|p| *p != agent.cfg.proxy_partition));
             // RealMemory bounds placement whatever the select type; free memory
             // is said only where Slurm allocates memory.
-            slurm::memory_view(&mut nodes, agent.cfg.memory_scheduled);
-            agent.capacity.lock().last = Some((Instant::now(), (nodes.clone(), pending, running)));
-            Ok((nodes, pending, running))
+            slurm::memory_view(&mut c.nodes, agent.cfg.memory_scheduled);
+            agent.capacity.lock().last = Some((Instant::now(), c.clone()));
+            Ok(c)
         }
         Ok(Ok(Err(e))) => Err(format!("{e:#}")),
         Ok(Err(e)) => Err(format!("the capacity query failed: {e}")),
@@ -612,7 +609,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
             }
         }
     };
-    let ((nodes, pending, running), scheduler_error) = match answer {
+    let (Capacity { nodes, pending, running, holding }, scheduler_error) = match answer {
         Ok(c) => {
             if SCHEDULER_DOWN.swap(false, Ordering::Relaxed) {
                 tracing::info!("the scheduler answers again");
@@ -624,9 +621,22 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
             if !SCHEDULER_DOWN.swap(true, Ordering::Relaxed) {
                 tracing::warn!("the scheduler does not answer: heartbeats go on without capacity: {why}");
             }
-            let last = agent.capacity.lock().last.as_ref().map(|(_, (nodes, _, _))| nodes_while_silent(nodes));
-            ((last.unwrap_or_default(), 0, 0), Some(why))
+            let nodes = agent.capacity.lock().last.as_ref().map(|(_, c)| nodes_while_silent(&c.nodes));
+            (Capacity { nodes: nodes.unwrap_or_default(), ..Default::default() }, Some(why))
         }
+    };
+    // Which of this agent's runs those nodes show holding GPUs (none is
+    // free while the scheduler is silent: nothing to name then).
+    let holding = if scheduler_error.is_none() {
+        match agent.journal.runs_by_native_id() {
+            Ok(runs) => Some(runs_holding(&runs, &holding)),
+            Err(e) => {
+                tracing::warn!("reading the journal for the heartbeat: {e:#}");
+                None
+            }
+        }
+    } else {
+        None
     };
     let policy = agent.live().identity.clone();
     // Through NSS this may wait on the site's directory: not on a runtime
@@ -653,6 +663,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
         lease_s: agent.cfg.lease.map(|l| l.as_secs_f64()),
         start_gate: agent.backend.start_gate(),
         scheduler_error,
+        holding,
     };
     let view = agent.meta.heartbeat(&hb).await?;
     agent.lease.lock().renew(Instant::now());
@@ -661,6 +672,19 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
     c.view = Some(view);
     c.at = Some(Instant::now());
     Ok(())
+}
+
+/// The runs among `runs` (native id, fleet job id, epoch) whose native
+/// job is in `holding`, in order.
+fn runs_holding(runs: &[(u64, String, u64)], holding: &[u64]) -> Vec<fleet_api::api::RunRef> {
+    let holding: std::collections::HashSet<u64> = holding.iter().copied().collect();
+    let mut out: Vec<fleet_api::api::RunRef> = runs
+        .iter()
+        .filter(|(n, _, _)| holding.contains(n))
+        .map(|(_, job, epoch)| fleet_api::api::RunRef { job: job.clone(), epoch: *epoch })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The nodes a heartbeat names while the scheduler does not answer: the
@@ -934,6 +958,15 @@ pub async fn time_limit_one<B: Backend>(agent: &Agent<B>, id: &str, minutes: u32
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_runs_holding_are_those_whose_native_job_holds_an_allocation() {
+        let runs = [(12, "beta-b".to_string(), 2), (11, "beta-a".to_string(), 1), (13, "beta-c".to_string(), 1)];
+        let r = |job: &str, epoch| fleet_api::api::RunRef { job: job.into(), epoch };
+        // Unsorted, with ids of other users' jobs.
+        assert_eq!(super::runs_holding(&runs, &[99, 12, 11, 5]), vec![r("beta-a", 1), r("beta-b", 2)]);
+        assert_eq!(super::runs_holding(&runs, &[]), vec![]);
+    }
+
     #[test]
     fn cleartext_off_host() {
         for (url, off) in [

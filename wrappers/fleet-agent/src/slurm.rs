@@ -18,7 +18,7 @@ use fleet_api::{JobRequest, JobState};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::backend::{Backend, NativeJob};
+use crate::backend::{Backend, Capacity, NativeJob};
 use crate::identity::LocalUser;
 
 pub struct SlurmBackend {
@@ -207,6 +207,34 @@ pub const SINFO_FIELDS: &str =
 /// placement rule: CPUs, memory, features). `Memory` is the node's
 /// `RealMemory`; `AllocMem` (last, absent from older field lists) what
 /// jobs hold of it, which gives `memory_free_mb` (see [`memory_view`]).
+/// Slurm states (squeue's long names) of a job that holds its allocation:
+/// started, suspended (a suspended job keeps its GRES), or ending.
+const HOLDING_STATES: &[&str] =
+    &["RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "RESIZING"];
+
+/// `squeue -h -o '%A %T'`: (pending, running, the ids of the jobs that
+/// hold an allocation). Lines that do not parse are skipped.
+pub fn parse_queue(out: &str) -> (u32, u32, Vec<u64>) {
+    let (mut pending, mut running, mut holding) = (0u32, 0u32, Vec::new());
+    for l in out.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(id), Some(state)) = (f.next(), f.next()) else { continue };
+        match state {
+            "PENDING" => pending += 1,
+            "RUNNING" => running += 1,
+            _ => {}
+        }
+        if HOLDING_STATES.contains(&state) {
+            if let Ok(id) = id.parse() {
+                holding.push(id);
+            }
+        }
+    }
+    holding.sort_unstable();
+    holding.dedup();
+    (pending, running, holding)
+}
+
 pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
     let mut nodes: Vec<NodeCapacity> = Vec::new();
     for line in out.lines() {
@@ -602,12 +630,14 @@ impl Backend for SlurmBackend {
         self.ckpt.gates_runs()
     }
 
-    async fn capacity(&self) -> Result<(Vec<NodeCapacity>, u32, u32)> {
+    async fn capacity(&self) -> Result<Capacity> {
+        // The queue first: a job that starts between the two reads is
+        // counted taken by sinfo and not named holding, so its GPUs are
+        // counted twice for a moment, never free when they are not.
+        let squeue = self.run("squeue", &["-h".into(), "-o".into(), "%A %T".into()], None).await?;
         let sinfo = self.run("sinfo", &["-N".into(), "-h".into(), "-O".into(), SINFO_FIELDS.into()], None).await?;
-        let squeue = self.run("squeue", &["-h".into(), "-o".into(), "%T".into()], None).await?;
-        let pending = squeue.lines().filter(|l| l.trim() == "PENDING").count() as u32;
-        let running = squeue.lines().filter(|l| l.trim() == "RUNNING").count() as u32;
-        Ok((parse_sinfo(&sinfo), pending, running))
+        let (pending, running, holding) = parse_queue(&squeue);
+        Ok(Capacity { nodes: parse_sinfo(&sinfo), pending, running, holding })
     }
 
     async fn submit(&self, id: &str, req: &JobRequest, user: &LocalUser) -> Result<u64> {
@@ -853,6 +883,17 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_queue_counts_pending_and_running_and_names_what_holds_an_allocation() {
+        let out = "12 PENDING\n13 RUNNING\n14 COMPLETING\n15_3 RUNNING\n16 SUSPENDED\n17 COMPLETED\n\
+                   18 CONFIGURING\nx RUNNING\n19\n13 RUNNING\n20 CANCELLED\n";
+        let (pending, running, holding) = parse_queue(out);
+        assert_eq!((pending, running), (1, 4));
+        // 15_3 and x are no numbers (%A prints an array task's own id).
+        assert_eq!(holding, vec![13, 14, 16, 18]);
+        assert_eq!(parse_queue(""), (0, 0, vec![]));
+    }
 
     #[test]
     fn job_home_is_the_resolved_home_or_the_job_directory() {

@@ -308,7 +308,7 @@ async fn a_mig_request_lands_on_the_mig_node() {
     let id = c.backend.submit("beta-6", &request("echo mig\n", Some(("1g.10gb", 1)), 1), &user()).await.unwrap();
     let end = until(&c, id, "finished", |j| j.state.is_terminal()).await;
     assert_eq!((end.state, end.node_list.as_str()), (JobState::Completed, "a100-mig-0"), "{end:?}");
-    let (nodes, _, _) = c.backend.capacity().await.unwrap();
+    let nodes = c.backend.capacity().await.unwrap().nodes;
     let mig = nodes.iter().find(|n| n.name == "a100-mig-0").unwrap();
     assert_eq!((mig.gpu_type.as_deref(), mig.gpus_total), (Some("1g.10gb"), 7));
     let h = nodes.iter().find(|n| n.name == "h100-0").unwrap();
@@ -320,10 +320,12 @@ async fn capacity_subtracts_running_pods() {
     let c = cluster().await;
     let id = c.backend.submit("beta-7", &request("sleep 30\n", Some(("h100", 6)), 1), &user()).await.unwrap();
     let j = until(&c, id, "running", |j| j.state == JobState::Running).await;
-    let (nodes, pending, running) = c.backend.capacity().await.unwrap();
-    let n = nodes.iter().find(|n| n.name == j.node_list).unwrap();
+    let cap = c.backend.capacity().await.unwrap();
+    let n = cap.nodes.iter().find(|n| n.name == j.node_list).unwrap();
     assert_eq!((n.gpus_total, n.gpus_free, n.state.as_str()), (8, 2, "mixed"));
-    assert_eq!((pending, running), (0, 1));
+    assert_eq!((cap.pending, cap.running), (0, 1));
+    // The run it names as holding them is this job.
+    assert_eq!(cap.holding, vec![id]);
     c.backend.cancel(id, "alice").await.unwrap();
 }
 
@@ -650,7 +652,7 @@ async fn capacity_watches_every_namespaces_pods_instead_of_listing_them() {
     let free = |nodes: &[fleet_api::api::NodeCapacity]| -> u32 {
         nodes.iter().filter(|n| n.gpu_type.as_deref() == Some("h100")).map(|n| n.gpus_free).sum()
     };
-    assert_eq!(free(&c.backend.capacity().await.unwrap().0), 16);
+    assert_eq!(free(&c.backend.capacity().await.unwrap().nodes), 16);
     // Another tenant's pod, outside Fleet's namespace, holds 3 GPUs for a while.
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "someone-else", "namespace": "research"},
@@ -660,12 +662,12 @@ async fn capacity_watches_every_namespaces_pods_instead_of_listing_them() {
     .unwrap();
     Api::<Pod>::namespaced(c.backend.client.clone(), "research").create(&PostParams::default(), &pod).await.unwrap();
     let t0 = Instant::now();
-    while free(&c.backend.capacity().await.unwrap().0) != 13 {
+    while free(&c.backend.capacity().await.unwrap().nodes) != 13 {
         assert!(t0.elapsed() < Duration::from_secs(10), "the other tenant's pod never counted");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Once it finished it leaves the watched selection and frees its GPUs.
-    while free(&c.backend.capacity().await.unwrap().0) != 16 {
+    while free(&c.backend.capacity().await.unwrap().nodes) != 16 {
         assert!(t0.elapsed() < Duration::from_secs(20), "the finished pod still holds GPUs");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -706,7 +708,7 @@ async fn jobs_run_in_their_accounts_namespace_and_the_agent_may_use_no_other() {
         assert!(t0.elapsed() < Duration::from_secs(10), "no log from team-ml: {:?}", stdout(&c, "beta-50"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (_, _, running) = c.backend.capacity().await.unwrap();
+    let running = c.backend.capacity().await.unwrap().running;
     assert_eq!(running, 1, "the team-ml job counts in the queue");
     // Crash-window adoption and cancel find it in its namespace.
     assert_eq!(c.backend.find_submitted("beta-50", 1001, now_s() - 60.0).await.unwrap()[0].native_id, a);
