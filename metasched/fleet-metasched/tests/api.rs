@@ -2996,6 +2996,11 @@ async fn a_run_that_reported_its_end_is_not_moved_off_a_silent_cluster() {
     d.stop().await;
 }
 
+/// Free GPUs of cluster `c` in view `v`, all types.
+fn free_gpus(v: &FleetView, c: &str) -> u32 {
+    v.clusters.iter().find(|x| x.name == c).unwrap().gpus.iter().map(|p| p.free).sum()
+}
+
 /// The view takes from a cluster's free GPUs those of the jobs placed there
 /// that its last heartbeat cannot show taken: two 8-GPU jobs placed between
 /// heartbeats go to alpha and gamma (8 free H100s each) instead of both to the
@@ -3009,9 +3014,7 @@ async fn placements_between_heartbeats_take_the_gpus_they_will_use() {
     d.heartbeat("alpha", 8).await;
     d.heartbeat("gamma", 8).await;
     d.heartbeat("beta", 0).await;
-    let free = |v: &FleetView, c: &str| -> u32 {
-        v.clusters.iter().find(|x| x.name == c).unwrap().gpus.iter().map(|p| p.free).sum()
-    };
+    let free = free_gpus;
     d.forward("b1", "beta", "h100", 8).await;
     d.forward("b2", "beta", "h100", 8).await;
     let first = d.start_job("b1", "beta").await;
@@ -3058,12 +3061,10 @@ async fn placements_between_heartbeats_take_the_gpus_they_will_use() {
 async fn a_heartbeat_naming_the_runs_that_hold_gpus_counts_each_once() {
     let tmp = tempfile::tempdir().unwrap();
     let d = Daemon::start(tmp.path(), Clock::default()).await;
-    d.heartbeat("alpha", 16).await;
-    d.heartbeat("gamma", 0).await;
-    d.heartbeat("beta", 0).await;
-    let free = |v: &FleetView, c: &str| -> u32 {
-        v.clusters.iter().find(|x| x.name == c).unwrap().gpus.iter().map(|p| p.free).sum()
-    };
+    for (c, n) in [("alpha", 16), ("gamma", 0), ("beta", 0)] {
+        d.heartbeat(c, n).await;
+    }
+    let free = free_gpus;
     d.forward("h1", "beta", "h100", 8).await;
     let first = d.start_job("h1", "beta").await;
     assert_eq!(first.target.as_deref(), Some("alpha"), "{}", first.reason);
