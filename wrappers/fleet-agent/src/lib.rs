@@ -111,8 +111,8 @@ pub struct Agent<B: Backend> {
     /// The identities published with each heartbeat, read again only when
     /// the account files change. Sync lock: held for a lookup, no `.await`.
     pub identities: std::sync::Arc<parking_lot::Mutex<identity::AdmittedCache>>,
-    /// The scheduler's last answer to a capacity query (when, what), for a heartbeat whose query is slow, and the
-    /// query in flight (a slow one is not dropped: the next heartbeat
+    /// The scheduler's last answer to a capacity query (when, what), for
+    /// a heartbeat whose query is slow, and the query in flight (a slow one is not dropped: the next heartbeat
     /// waits on it again). Sync lock: held for a copy or a swap, no `.await`.
     pub capacity: parking_lot::Mutex<CapacityProbe>,
 }
