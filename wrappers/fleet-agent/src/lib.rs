@@ -112,8 +112,9 @@ pub struct Agent<B: Backend> {
     /// the account files change. Sync lock: held for a lookup, no `.await`.
     pub identities: std::sync::Arc<parking_lot::Mutex<identity::AdmittedCache>>,
     /// The scheduler's last answer to a capacity query (when, what), for
-    /// a heartbeat whose query is slow, and the query in flight (a slow one is not dropped: the next heartbeat
-    /// waits on it again). Sync lock: held for a copy or a swap, no `.await`.
+    /// a heartbeat whose query is slow, and the query in flight (a slow
+    /// one is not dropped: the next heartbeat waits on it again). Sync
+    /// lock: held for a copy or a swap, no `.await`.
     pub capacity: parking_lot::Mutex<CapacityProbe>,
 }
 
