@@ -203,14 +203,13 @@ pub fn parse_gres_field(s: &str) -> Vec<(Option<String>, u32)> {
 pub const SINFO_FIELDS: &str =
     "NodeList:64,Partition:32,StateCompact:16,Gres:128,GresUsed:160,CPUs:8,Memory:16,Features:256,AllocMem:16";
 
-/// `sinfo -N -h -O` [`SINFO_FIELDS`] → nodes (node shapes for the
-/// placement rule: CPUs, memory, features). `Memory` is the node's
-/// `RealMemory`; `AllocMem` (last, absent from older field lists) what
-/// jobs hold of it, which gives `memory_free_mb` (see [`memory_view`]).
-/// Slurm states (squeue's long names) of a job that holds its allocation:
-/// started, suspended (a suspended job keeps its GRES), or ending.
-const HOLDING_STATES: &[&str] =
-    &["RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "RESIZING"];
+/// Does a job in Slurm state `s` (squeue's long name) hold its
+/// allocation? Those Fleet counts running ([`map_state`]: started,
+/// stopped, ending), and two it counts waiting that hold one all the
+/// same: configuring (its nodes booting) and suspended (it keeps its GRES).
+fn holds_allocation(s: &str) -> bool {
+    map_state(s) == JobState::Running || matches!(s, "CONFIGURING" | "SUSPENDED")
+}
 
 /// `squeue -h -o '%A %T'`: (pending, running, the ids of the jobs that
 /// hold an allocation). Lines that do not parse are skipped.
@@ -224,7 +223,7 @@ pub fn parse_queue(out: &str) -> (u32, u32, Vec<u64>) {
             "RUNNING" => running += 1,
             _ => {}
         }
-        if HOLDING_STATES.contains(&state) {
+        if holds_allocation(state) {
             if let Ok(id) = id.parse() {
                 holding.push(id);
             }
@@ -235,6 +234,10 @@ pub fn parse_queue(out: &str) -> (u32, u32, Vec<u64>) {
     (pending, running, holding)
 }
 
+/// `sinfo -N -h -O` [`SINFO_FIELDS`] → nodes (node shapes for the
+/// placement rule: CPUs, memory, features). `Memory` is the node's
+/// `RealMemory`; `AllocMem` (last, absent from older field lists) what
+/// jobs hold of it, which gives `memory_free_mb` (see [`memory_view`]).
 pub fn parse_sinfo(out: &str) -> Vec<NodeCapacity> {
     let mut nodes: Vec<NodeCapacity> = Vec::new();
     for line in out.lines() {
