@@ -545,7 +545,9 @@ fn a_changed_fleet_conf_is_used_after_scontrol_reconfigure() {
 
 /// `scontrol update TimeLimit=` of a *running* stand-in reaches its remote
 /// job as Slurm lets it: lowered by its user, as for the native twin, the
-/// remote job gets the twin's new limit. Raised by root (an operator at
+/// remote job gets the twin's new limit; set above the job's own by its
+/// user (which Slurm at home allows on the limitless stand-in), the remote
+/// job keeps its limit, as the twin does. Raised by root (an operator at
 /// home; the owner is refused, natively and for the stand-in alike), the
 /// twin, the stand-in and the remote job get the new limit: the target
 /// agent sets it as itself, an operator there (README: job control).
@@ -573,6 +575,19 @@ fn time_limit_updates_of_a_running_stand_in_reach_the_job_lowered_and_raised() {
         .unwrap();
         (o.status.success(), String::from_utf8_lossy(&o.stderr).trim().to_string())
     };
+
+    // A stand-in has no limit of its own, so Slurm at home lets its owner
+    // set any, also one above the job's, which the twin's owner may not:
+    // the target's Slurm judges it as the owner's own update and refuses
+    // it there too (the target agent, an operator, lends it no rights).
+    let (a, b) = (update(Some(fleet_lab::USER), native, "60"), update(Some(fleet_lab::USER), fleet, "60"));
+    assert!(!a.0 && b.0, "native {a:?}, stand-in {b:?}");
+    // Two of the origin agent's passes (5 s) and the target's work poll.
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(15) {
+        assert_eq!(limit(&target, remote), "00:30:00", "the owner raised the remote job's limit");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     // Lowered by the owner: everywhere.
     let (a, b) = (update(Some(fleet_lab::USER), native, "20"), update(Some(fleet_lab::USER), fleet, "20"));

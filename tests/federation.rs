@@ -327,6 +327,45 @@ fn afterok_dependency_on_a_forwarded_job() {
     let _ = lab.cmd("beta", "scancel", &[&never.to_string()]);
 }
 
+/// The script's own directives are read once, by sbatch at home, as for a
+/// native job: its `#SBATCH --hold` and `--dependency` act on the stand-in
+/// there. At the target they are comments (`##SBATCH`): read again there,
+/// the hold would keep the job held where no one releases it, and the
+/// dependency would name a job of another cluster (sbatch there refuses
+/// it). A `#SBATCH` line after the first command is no directive anywhere.
+#[test]
+fn the_scripts_directives_act_at_home_only() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("directives");
+    let first = lab.sbatch("beta", &["--fleet=local", &out_arg(&dir, "first.txt")], &script("echo first")).unwrap();
+    let body = format!(
+        "#!/bin/bash\n#SBATCH --gres=gpu:h100:1\n#SBATCH --hold\n\n# the job waits for {first} at home\n#SBATCH --dependency=afterok:{first}\necho \"ran at $SLURM_CLUSTER_NAME after $(cat {}/first.txt)\"\n#SBATCH --array=0-3\n",
+        dir.display()
+    );
+    let id = lab.sbatch("beta", &[&out_arg(&dir, "out.txt")], body.as_bytes()).unwrap();
+    let _cancel = OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string(), &first.to_string()]);
+    });
+    // At home the directives acted, on the stand-in: held, after `first`.
+    let rec = lab.job("beta", id).unwrap();
+    assert_eq!((rec["JobState"].as_str(), rec["Reason"].as_str()), ("PENDING", "JobHeldUser"), "{rec:?}");
+    assert_eq!(rec["Dependency"], format!("afterok:{first}(unfulfilled)"), "{rec:?}");
+    assert_eq!(rec.get("ArrayJobId"), None, "no array: the #SBATCH line after the command is none: {rec:?}");
+    lab.wait_done("beta", first, T).unwrap();
+    let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["release", &id.to_string()]).unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // At the target they are comments: the job runs there once, not held,
+    // with no dependency of its own.
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let out =
+        String::from_utf8(wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap())
+            .unwrap();
+    assert!(out == "ran at alpha after first\n" || out == "ran at delta after first\n", "{out:?}");
+    let (target, _) = remote_of(lab, id).expect("the job is known to the meta-scheduler");
+    assert!(out.starts_with(&format!("ran at {target} ")), "{out:?}");
+}
+
 /// Fields that differ between any two submissions of the same job.
 const VOLATILE: &[&str] = &[
     "JobId",

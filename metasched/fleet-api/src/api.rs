@@ -488,6 +488,15 @@ impl AgentWork {
 pub struct TimeLimitRequest {
     /// Minutes, 1 to [`MAX_TIME_LIMIT_MIN`].
     pub minutes: u32,
+    /// A raise only an operator could make at home: a running stand-in's
+    /// finite limit raised (Slurm refuses that to its owner). Only then
+    /// may the target agent set it with its own operator rights where
+    /// Slurm refuses the job's user; otherwise the target's Slurm judges
+    /// it as the user's own update. A stand-in has no limit of its own, so
+    /// its first change, whoever made it, is not a raise: the owner may
+    /// make it at home.
+    #[serde(default)]
+    pub raise: bool,
 }
 
 /// The largest time limit carried (a year; Slurm's own ceiling is higher,
@@ -499,6 +508,9 @@ pub const MAX_TIME_LIMIT_MIN: u32 = 366 * 24 * 60;
 pub struct TimeLimitOrder {
     pub fleet_job_id: String,
     pub minutes: u32,
+    /// [`TimeLimitRequest::raise`]: the agent may set it as itself.
+    #[serde(default)]
+    pub raise: bool,
 }
 
 /// Which processes of the remote job a signal reaches, as `scancel` at the

@@ -168,6 +168,54 @@ pub fn sbatch_options_with_env(req: &JobRequest, extra: &[(&str, &str)]) -> Vec<
     a
 }
 
+/// The words that start a line sbatch takes options from: `#SBATCH`, its
+/// old spelling `#slurm`, and (unless `--ignore-pbs`) `#PBS` and `#BSUB`
+/// (Slurm 22.05 `sbatch/opt.c`: a line that begins with one, in the
+/// script's leading comments).
+pub const DIRECTIVE_WORDS: &[&[u8]] = &[b"#SBATCH", b"#slurm", b"#PBS", b"#BSUB"];
+
+/// The job's script as sbatch at its target must read it: every directive
+/// line of the leading comments ([`DIRECTIVE_WORDS`]) commented out with a
+/// second `#` (`##SBATCH ...`, which sbatch ignores, as Slurm's own docs
+/// suggest for disabling a directive). Directives were read once, by
+/// sbatch at the origin: what they asked is in the request, and the target
+/// gets exactly the options [`sbatch_options`] carries. Read again there,
+/// the origin's own (`--partition`, `--account`, `--qos`, `--array`,
+/// `--dependency`, `--hold`, `--begin`, `--wait`, `-M`) would act a second
+/// time, at a cluster they do not belong to: an array element would become
+/// an array, a dependency would name a job of another cluster.
+///
+/// Like sbatch, the scan stops at the first line with anything other than
+/// blanks before a `#` (a command); later lines, and lines that do not
+/// begin with a directive word, are left byte for byte. `None` when there
+/// is nothing to change.
+pub fn without_directives(script: &[u8]) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    let mut at = 0;
+    while at < script.len() {
+        let end = script[at..].iter().position(|&b| b == b'\n').map_or(script.len(), |i| at + i + 1);
+        let line = &script[at..end];
+        if DIRECTIVE_WORDS.iter().any(|w| line.starts_with(w)) {
+            let o = out.get_or_insert_with(|| script[..at].to_vec());
+            o.push(b'#');
+            o.extend_from_slice(line);
+        } else {
+            let command = line.iter().take_while(|&&b| b != b'#').any(|b| !b.is_ascii_whitespace());
+            if command {
+                if let Some(o) = &mut out {
+                    o.extend_from_slice(&script[at..]);
+                }
+                return out;
+            }
+            if let Some(o) = &mut out {
+                o.extend_from_slice(line);
+            }
+        }
+        at = end;
+    }
+    out
+}
+
 /// The checkpoint variables a job gets at its target (docs/checkpoints.md):
 /// `FLEET_CKPT_URL` (its checkpoint prefix there) and `FLEET_RESUME_FROM`
 /// (the checkpoint to restore), from the assignment's `fleet.ckpt` and
@@ -194,6 +242,26 @@ pub fn checkpoint_env(req: &JobRequest) -> Vec<(&'static str, &str)> {
 mod tests {
     use super::*;
     use crate::GpuRequest;
+
+    #[test]
+    fn directives_are_commented_out_before_the_first_command_only() {
+        let script = b"#!/bin/bash\n#SBATCH --array=0-5%2\n#SBATCH -p gpu --hold\n\n# a comment\n  # indented #SBATCH stays\n#slurm --qos=high\n#PBS -q x\n#BSUB -J y\n#SBATCHX\necho hi # #SBATCH\n#SBATCH --dependency=afterok:1\n";
+        let out = without_directives(script).expect("directives to comment out");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "#!/bin/bash\n##SBATCH --array=0-5%2\n##SBATCH -p gpu --hold\n\n# a comment\n  # indented #SBATCH stays\n##slurm --qos=high\n##PBS -q x\n##BSUB -J y\n##SBATCHX\necho hi # #SBATCH\n#SBATCH --dependency=afterok:1\n"
+        );
+        // Nothing to change: no copy.
+        assert_eq!(without_directives(b"#!/bin/sh\necho hi\n#SBATCH -p x\n"), None);
+        assert_eq!(without_directives(b""), None);
+        // A last line without a newline, and a script of directives only.
+        assert_eq!(without_directives(b"#!/bin/sh\n#SBATCH -H").as_deref(), Some(&b"#!/bin/sh\n##SBATCH -H"[..]));
+        // Non-UTF-8 bytes pass through.
+        assert_eq!(
+            without_directives(b"#!/bin/sh\n#SBATCH -J \xff\n\xfe\n").as_deref(),
+            Some(&b"#!/bin/sh\n##SBATCH -J \xff\n\xfe\n"[..])
+        );
+    }
 
     fn gpu(t: Option<&str>, count: u32, scope: GpuScope) -> GpuRequest {
         GpuRequest { gpu_type: t.map(Into::into), count, scope }

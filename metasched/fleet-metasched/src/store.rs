@@ -856,9 +856,17 @@ impl Store {
                  job_id TEXT PRIMARY KEY,
                  target TEXT NOT NULL,
                  minutes INTEGER NOT NULL,
-                 requested_at REAL NOT NULL
+                 requested_at REAL NOT NULL,
+                 operator_raise INTEGER NOT NULL DEFAULT 0
              );",
         )?;
+        // `operator_raise` (TimeLimitRequest::raise) came later too.
+        let has_raise: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('time_limit_orders') WHERE name = 'operator_raise'")?
+            .exists([])?;
+        if !has_raise {
+            conn.execute_batch("ALTER TABLE time_limit_orders ADD COLUMN operator_raise INTEGER NOT NULL DEFAULT 0;")?;
+        }
         // `active` (the job may still be some agent's work) came after the
         // first schema: add it to older databases.
         let has_active: bool =
@@ -1577,10 +1585,12 @@ impl Store {
                 job.request.time_limit_min = Some(minutes);
                 job.record.summary = summary(&job.request);
                 if job.submitted {
+                    // Its owner's own update (a pending job's limit), never
+                    // set with the target agent's operator rights.
                     let target = job.record.target.clone().unwrap_or_default();
                     self.conn.execute(
-                        "INSERT OR REPLACE INTO time_limit_orders (job_id, target, minutes, requested_at)
-                         VALUES (?1, ?2, ?3, ?4)",
+                        "INSERT OR REPLACE INTO time_limit_orders (job_id, target, minutes, requested_at, operator_raise)
+                         VALUES (?1, ?2, ?3, ?4, 0)",
                         params![id, target, minutes, now],
                     )?;
                 }
@@ -2093,11 +2103,11 @@ impl Store {
         let target = job.record.target.clone().unwrap_or_default();
         if o.effects.contains(&Effect::QueueSignal) {
             self.conn.execute(
-                "INSERT OR REPLACE INTO time_limit_orders (job_id, target, minutes, requested_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![id, target, req.minutes, now],
+                "INSERT OR REPLACE INTO time_limit_orders (job_id, target, minutes, requested_at, operator_raise)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id, target, req.minutes, now, req.raise],
             )?;
-            tracing::info!(job = id, minutes = req.minutes, target = %target, by = ?caller,
+            tracing::info!(job = id, minutes = req.minutes, raise = req.raise, target = %target, by = ?caller,
                 "time limit queued for the target agent");
         }
         if o.effects.contains(&Effect::WakeTarget) {
@@ -2109,21 +2119,21 @@ impl Store {
     /// Take the time limits waiting for cluster `c` (deleted as handed
     /// out); those of jobs since finished or gone from `c` are dropped.
     fn take_time_limit_orders(&mut self, c: &str) -> Result<Vec<TimeLimitOrder>, StoreError> {
-        let taken: Vec<(String, u32)> = {
-            let mut stmt = self
-                .conn
-                .prepare_cached("DELETE FROM time_limit_orders WHERE target = ?1 RETURNING job_id, minutes")?;
-            let rows = stmt.query_map([c], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let taken: Vec<(String, u32, bool)> = {
+            let mut stmt = self.conn.prepare_cached(
+                "DELETE FROM time_limit_orders WHERE target = ?1 RETURNING job_id, minutes, operator_raise",
+            )?;
+            let rows = stmt.query_map([c], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<Result<_, _>>()?
         };
         let mut orders = Vec::new();
-        for (job_id, minutes) in taken {
+        for (job_id, minutes, raise) in taken {
             let live = self.query("SELECT data FROM jobs WHERE id = ?1", [&job_id])?.pop().is_some_and(|j| {
                 j.record.target.as_deref() == Some(c)
                     && matches!(j.record.state, JobState::Assigned | JobState::Pending | JobState::Running)
             });
             if live {
-                orders.push(TimeLimitOrder { fleet_job_id: job_id, minutes });
+                orders.push(TimeLimitOrder { fleet_job_id: job_id, minutes, raise });
             }
         }
         Ok(orders)

@@ -2394,9 +2394,17 @@ async fn time_limits_are_queued_for_the_target_by_the_origin_agent_only_the_late
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     assert_eq!(send_time_limit(&d, "tl", "Bearer admin-secret", 20).await.0, StatusCode::ACCEPTED);
     assert_eq!(d.work("beta").await.time_limit, []);
-    let order = TimeLimitOrder { fleet_job_id: "tl".into(), minutes: 20 };
+    let order = TimeLimitOrder { fleet_job_id: "tl".into(), minutes: 20, raise: false };
     assert_eq!(d.work("alpha").await.time_limit, std::slice::from_ref(&order));
     assert_eq!(d.work("alpha").await.time_limit, [], "handed out once");
+    // An operator's raise at home travels as one (the target agent may set
+    // it as itself); a request without the flag, as from an older agent, is
+    // the user's own update.
+    let body = serde_json::json!({ "minutes": 45, "raise": true });
+    let (s, v) = d.call(reqwest::Method::POST, "/v1/jobs/tl/time_limit", &origin, Some(body)).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let raised = TimeLimitOrder { fleet_job_id: "tl".into(), minutes: 45, raise: true };
+    assert_eq!(d.work("alpha").await.time_limit, [raised]);
     // It wakes the target's long-poll.
     let target = tokio::spawn(long_poll(d.url.clone(), "alpha", 60_000));
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -158,12 +158,20 @@ pub trait Backend: Send + Sync + 'static {
         signal: &str,
         scope: SignalScope,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// Set native job `native_id`'s time limit to `minutes`: as `user`
-    /// where Slurm lets the owner (lowering; raising a pending job), else
-    /// as the agent, which Slurm lets an operator do (raising a running
-    /// job). Backends without the notion refuse.
-    fn set_time_limit(&self, native_id: u64, user: &str, minutes: u32) -> impl Future<Output = Result<()>> + Send {
-        let _ = (native_id, user, minutes);
+    /// Set native job `native_id`'s time limit to `minutes` as `user`,
+    /// where Slurm lets the owner (lowering; raising a pending job up to
+    /// its partition's MaxTime). Only a `raise` an operator made at home
+    /// (`TimeLimitOrder::raise`) is then set as the agent, which Slurm lets
+    /// an operator do (raising a running job); anything else Slurm refuses
+    /// the owner stays refused. Backends without the notion refuse.
+    fn set_time_limit(
+        &self,
+        native_id: u64,
+        user: &str,
+        minutes: u32,
+        raise: bool,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (native_id, user, minutes, raise);
         async { anyhow::bail!("this backend cannot change a running job's time limit") }
     }
     /// The scheduler's name in heartbeats (`slurm`, `kubernetes`).

@@ -106,8 +106,9 @@ impl JobCkpt {
 impl JobCkpt {
     /// The run under its in-job lease (docs/failover.md, "The in-job
     /// lease"): the script sbatch is given is the job's own with its first
-    /// line replaced by `#!<CkptHelper> lease-exec` (every `#SBATCH` line
-    /// stays where sbatch reads it), and the job's script itself is
+    /// line replaced by `#!<CkptHelper> lease-exec` (its directives, which
+    /// the Slurm backend comments out before sbatch reads them, stay in
+    /// place), and the job's script itself is
     /// written to the run's directory, which `lease-exec` runs with the
     /// job's own interpreter once it holds a lease and its watchdog runs.
     /// `env` is what [`JobCkpt::prepare`] returned (the lease renews with

@@ -130,9 +130,10 @@ impl MetaClient {
         self.post(&format!("/v1/jobs/{id}/signal"), &body).await
     }
 
-    /// A running stand-in's lowered time limit, for the job where it runs.
-    pub async fn time_limit(&self, id: &str, minutes: u32) -> Result<JobRecord> {
-        let body = fleet_api::api::TimeLimitRequest { minutes };
+    /// A running stand-in's new time limit, for the job where it runs;
+    /// `raise`: one only an operator could make at home (`TimeLimitRequest::raise`).
+    pub async fn time_limit(&self, id: &str, minutes: u32, raise: bool) -> Result<JobRecord> {
+        let body = fleet_api::api::TimeLimitRequest { minutes, raise };
         self.post(&format!("/v1/jobs/{id}/time_limit"), &body).await
     }
 

@@ -861,7 +861,7 @@ pub async fn work_once<B: Backend>(agent: &Agent<B>, wait_ms: u64, recent: &mut 
     }
     for o in work.time_limit {
         progressed = true;
-        if let Err(e) = time_limit_one(agent, &o.fleet_job_id, o.minutes).await {
+        if let Err(e) = time_limit_one(agent, &o.fleet_job_id, o.minutes, o.raise).await {
             tracing::warn!(id = %o.fleet_job_id, minutes = o.minutes, "setting the time limit: {e:#}");
         }
     }
@@ -906,15 +906,16 @@ pub async fn reconcile_once<B: Backend>(
     let changes = agent.time_limits.lock().pass(&active, &stand_ins, now());
     for (id, change) in changes {
         match change {
-            reconcile::LimitChange::Lower(minutes) => match agent.meta.time_limit(&id, minutes).await {
+            reconcile::LimitChange::Lower(minutes) => match agent.meta.time_limit(&id, minutes, false).await {
                 Ok(_) => tracing::info!(%id, minutes, "the stand-in's time limit was lowered: sent to its job"),
                 Err(e) => tracing::warn!(%id, minutes, "passing a time limit on: {e:#}"),
             },
-            // Raised (by an operator at home): carried too. The target agent
-            // sets it as the job's user where Slurm allows that (a pending
-            // job), else as itself, an operator there (README: PrivateData).
+            // Raised (by an operator at home: Slurm refuses the owner a
+            // running job's raise): carried as one. The target agent sets it
+            // as the job's user where Slurm allows that, else as itself, an
+            // operator there (README: PrivateData).
             reconcile::LimitChange::Raise { from, to: Some(minutes) } => {
-                match agent.meta.time_limit(&id, minutes).await {
+                match agent.meta.time_limit(&id, minutes, true).await {
                     Ok(_) => {
                         tracing::info!(%id, from = %fmt_minutes(from), minutes, "the stand-in's time limit was raised: sent to its job")
                     }
@@ -938,10 +939,10 @@ fn fmt_minutes(m: Option<u32>) -> String {
 }
 
 /// Set the time limit the origin asked for on the job this cluster runs
-/// (`scontrol update TimeLimit=`: as its user, or as the agent where only
-/// an operator may, see [`Backend::set_time_limit`]), after checking the
-/// journal.
-pub async fn time_limit_one<B: Backend>(agent: &Agent<B>, id: &str, minutes: u32) -> Result<()> {
+/// (`scontrol update TimeLimit=`: as its user, or, for an operator's
+/// `raise` at home, as the agent where only an operator may, see
+/// [`Backend::set_time_limit`]), after checking the journal.
+pub async fn time_limit_one<B: Backend>(agent: &Agent<B>, id: &str, minutes: u32, raise: bool) -> Result<()> {
     let Some((run, req)) = agent.journal.run(id)? else { return Ok(()) };
     let (Some(sid), false) = (run.slurm_id, run.done) else { return Ok(()) };
     // A job with a `--signal` warning gets it from its stand-in at home,
@@ -952,7 +953,7 @@ pub async fn time_limit_one<B: Backend>(agent: &Agent<B>, id: &str, minutes: u32
         return Ok(());
     }
     let user = run.user.as_deref().context("journal has no user for this run")?;
-    agent.backend.set_time_limit(sid, user, minutes).await?;
+    agent.backend.set_time_limit(sid, user, minutes, raise).await?;
     tracing::info!(%id, slurm_id = sid, minutes, "time limit set on request");
     Ok(())
 }

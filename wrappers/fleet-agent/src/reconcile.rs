@@ -141,10 +141,14 @@ impl Suspensions {
 /// its start ([`TimeLimits::started`]; a pending stand-in's limit travels
 /// with its start) is the job's; after an agent restart, the limit first
 /// seen. A later lower one is sent to the target, where the target agent
-/// sets it as the job's user, as Slurm lets an owner do. A higher one (only
-/// an operator at home can raise a running job's limit) is sent too, and
-/// the target agent sets it as itself, an operator there; a raise to
-/// UNLIMITED is not carried (limits travel in minutes).
+/// sets it as the job's user, as Slurm lets an owner do. So is the first
+/// limit of a stand-in that had none: Slurm at home lets its owner set any
+/// (any limit is below none), so it is the owner's update, and the
+/// target's Slurm judges it as one (a limit above the job's own is refused
+/// there, as natively). A finite limit raised (only an operator at home can
+/// raise a running job's limit) is sent as a raise, which the target agent
+/// sets as itself, an operator there; a raise to UNLIMITED is not carried
+/// (limits travel in minutes).
 #[derive(Default)]
 pub struct TimeLimits {
     /// The limit last passed on (or started with) per job, and when the job

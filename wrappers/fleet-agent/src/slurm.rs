@@ -661,6 +661,11 @@ impl Backend for SlurmBackend {
             anyhow::bail!("job {id} was placed early and must start under its in-job lease, which this run cannot have (JobLeaseMs, CkptHelper, the script's #! line)");
         }
         let script = wrapped.as_deref().unwrap_or(script);
+        // The script's own directives were read by sbatch at the origin:
+        // here they are comments, so that only what the request carries
+        // acts (fleet_api::sbatch::without_directives).
+        let neutral = fleet_api::sbatch::without_directives(script);
+        let script = neutral.as_deref().unwrap_or(script);
         let (mut args, fleet_env) = sbatch_args(id, req, &dir, &paths, &ckpt_env);
         if let Some(a) = &user.account {
             args.push(format!("--account={a}"));
@@ -841,16 +846,22 @@ impl Backend for SlurmBackend {
         Ok(())
     }
 
-    async fn set_time_limit(&self, native_id: u64, user: &str, minutes: u32) -> Result<()> {
+    async fn set_time_limit(&self, native_id: u64, user: &str, minutes: u32, raise: bool) -> Result<()> {
         let args = vec!["update".to_string(), format!("JobId={native_id}"), format!("TimeLimit={minutes}")];
         // As the job's user first (an owner may lower a limit, and raise a
         // pending job's up to MaxTime); what Slurm refuses the owner (a
         // running job's raise) as the agent itself, which Slurm allows an
-        // operator (the role the agent holds where PrivateData hides jobs).
+        // operator (the role the agent holds where PrivateData hides jobs),
+        // but only for a raise an operator made at home: the owner's own
+        // update of a stand-in (which has no limit, so Slurm at home lets
+        // them set any) must not borrow the agent's rights here.
         let as_user = match self.run_in("scontrol", &args, None, None, Some(user)).await {
             Ok(_) => return Ok(()),
             Err(e) => e,
         };
+        if !raise {
+            bail!("as {user}: {as_user:#} (the job's owner asked for it at home: not set with the agent's rights)");
+        }
         self.run_in("scontrol", &args, None, None, None).await.map(drop).map_err(|e| {
             anyhow!(
                 "as {user}: {as_user:#}; as the agent: {e:#} (raising a running job's limit needs a Slurm operator: \
