@@ -366,6 +366,32 @@ fn the_scripts_directives_act_at_home_only() {
     assert!(out.starts_with(&format!("ran at {target} ")), "{out:?}");
 }
 
+/// `--export=<names>` (a list without `ALL`): sbatch at home looked each
+/// name up in the submitter's environment. The forwarded job gets the
+/// values its native twin gets, not those of the target agent's sbatch.
+#[test]
+fn an_export_list_of_names_takes_the_submitters_values() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("export-list");
+    let path = std::env::var("PATH").unwrap();
+    assert_ne!(path, "/usr/local/bin:/usr/bin:/bin", "the test's PATH must differ from the agent's sbatch's");
+    let body = script("echo \"$PATH|${FLEET_JOB_ID:+fleet}\"");
+    let native = lab.sbatch("beta", &["--fleet=local", "--export=PATH", &out_arg(&dir, "native.txt")], &body).unwrap();
+    let fleet =
+        lab.sbatch("beta", &["--gres=gpu:h100:1", "--export=PATH", &out_arg(&dir, "fleet.txt")], &body).unwrap();
+    let _cancel = OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&native.to_string(), &fleet.to_string()]);
+    });
+    for id in [native, fleet] {
+        assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0");
+    }
+    let read = |n: &str| {
+        String::from_utf8(wait_file(&dir.join(n), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap()).unwrap()
+    };
+    assert_eq!(read("native.txt"), format!("{path}|\n"), "the native twin");
+    assert_eq!(read("fleet.txt"), format!("{path}|fleet\n"), "forwarded");
+}
+
 /// Fields that differ between any two submissions of the same job.
 const VOLATILE: &[&str] = &[
     "JobId",

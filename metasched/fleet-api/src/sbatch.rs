@@ -45,6 +45,15 @@ pub fn mail_type_names(bits: u16) -> Option<String> {
 /// variables be named. `NONE` with extras becomes the list of extras
 /// (Slurm: only `SLURM_*` and the named variables, as `NONE` gives only
 /// `SLURM_*`); `NIL` cannot name variables and stays `NIL`.
+///
+/// A list without `ALL` names variables that sbatch looked up in the
+/// submitter's environment at home (`--export=PATH,DATA`): at the target
+/// each is given with the value it had there (`PATH=<theirs>`), taken from
+/// the environment the job carries, where the value can travel in the
+/// list ([`export_inline`]); sbatch there would otherwise look the name up
+/// in its own environment, the agent's. A name left bare (its value
+/// cannot travel, or it is a `SLURM_*` one, or the job did not have it)
+/// is the agent's to supply ([`export_lookups`]).
 pub fn export_value(req: &JobRequest, extra: &[(&str, &str)]) -> String {
     let extras: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let join = |head: Vec<String>| head.into_iter().chain(extras.iter().cloned()).collect::<Vec<_>>().join(",");
@@ -53,9 +62,49 @@ pub fn export_value(req: &JobRequest, extra: &[(&str, &str)]) -> String {
         ExportMode::None if extras.is_empty() => "NONE".into(),
         ExportMode::None => join(vec![]),
         ExportMode::Nil => "NIL".into(),
-        ExportMode::List { all, items } => {
-            join(if all { std::iter::once("ALL".to_string()).chain(items).collect() } else { items })
-        }
+        ExportMode::List { all: true, items } => join(std::iter::once("ALL".to_string()).chain(items).collect()),
+        ExportMode::List { all: false, items } => join(
+            items
+                .into_iter()
+                .map(|name| match looked_up(req, &name) {
+                    Some(v) if export_inline(v) => format!("{name}={v}"),
+                    _ => name,
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// A value that can be given inline in sbatch's `--export` list, which
+/// sbatch splits at commas outside quotes.
+pub fn export_inline(value: &str) -> bool {
+    !value.contains([',', '"', '\''])
+}
+
+/// The value of a bare `name` of an `--export` list without `ALL`, as the
+/// submitter's environment had it (the environment the job carries), for
+/// a name that is not Slurm's own (`SLURM_*`: sbatch adds its own there).
+fn looked_up<'a>(req: &'a JobRequest, name: &str) -> Option<&'a str> {
+    if name.contains('=') || name.starts_with("SLURM_") || name.is_empty() {
+        return None;
+    }
+    req.env.iter().find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// The names of an `--export` list without `ALL` that [`export_value`]
+/// leaves bare although the job carries a value for them (one that cannot
+/// travel inline), with that value: the target's sbatch looks them up in
+/// its own environment, where the agent puts them.
+pub fn export_lookups(req: &JobRequest) -> Vec<(String, String)> {
+    match req.export_mode() {
+        ExportMode::List { all: false, items } => items
+            .into_iter()
+            .filter_map(|name| {
+                let v = looked_up(req, &name).filter(|v| !export_inline(v))?.to_string();
+                Some((name, v))
+            })
+            .collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -355,6 +404,21 @@ mod tests {
         check(JobRequest { export_env: Some("NONE".into()), ..d() }, &["--export=NONE"]);
         check(JobRequest { export_env: Some("nil".into()), ..d() }, &["--export=NIL"]);
         check(JobRequest { export_env: Some("PATH,FOO=bar".into()), ..d() }, &["--export=PATH,FOO=bar"]);
+        // A list's bare names take the values the submitter had (sbatch at
+        // home looked them up there): inline where they can travel, else
+        // left for the agent to put in sbatch's own environment.
+        let env = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let listed = JobRequest {
+            export_env: Some("PATH,DATA,ODD,GONE,SLURM_X,K=v".into()),
+            env: env(&["PATH=/u/bin:/bin", "DATA=/scratch/x y", "ODD=a,b", "SLURM_X=1", "PATHX=no"]),
+            ..d()
+        };
+        check(listed.clone(), &["--export=PATH=/u/bin:/bin,DATA=/scratch/x y,ODD,GONE,SLURM_X,K=v"]);
+        assert_eq!(export_lookups(&listed), [("ODD".to_string(), "a,b".to_string())]);
+        // Not with ALL: sbatch sends the whole environment there anyway.
+        let all = JobRequest { export_env: Some("ALL,PATH".into()), ..listed.clone() };
+        check(all.clone(), &["--export=ALL,PATH"]);
+        assert_eq!(export_lookups(&all), []);
         check(JobRequest { export_env: Some("ALL,FOO=bar".into()), ..d() }, &["--export=ALL,FOO=bar"]);
         // What is never emitted: paths, name, account, qos, partition, licenses.
         check(

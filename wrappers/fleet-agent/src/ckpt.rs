@@ -180,16 +180,21 @@ fn note(dir: &Path, name: &str) -> Option<String> {
 }
 
 /// At most `limit` bytes of the file `name` in the run's directory `dir`:
-/// a regular file, opened without following a link or blocking on a FIFO.
+/// a regular file with one link, opened without following a symbolic link
+/// or blocking on a FIFO. The job may write its directory's entries: a
+/// hard link there to a file only the agent may read (its token, where
+/// `fs.protected_hardlinks` is off) would otherwise be read by the agent
+/// and end up in the job's reason, on its stderr.
 fn read_note(dir: &Path, name: &str, limit: u64) -> Option<Vec<u8>> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(dir.join(name))
         .ok()?;
-    if !f.metadata().ok()?.is_file() {
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.nlink() != 1 {
         return None;
     }
     let mut buf = Vec::new();
@@ -624,5 +629,14 @@ mod tests {
         std::fs::create_dir(&d2).unwrap();
         std::os::unix::fs::symlink(tmp.path().join(LEASE_STOPPED_FILE), d2.join(LEASE_STOPPED_FILE)).unwrap();
         assert_eq!(lease_stopped(&d2), None, "a link is not followed");
+        // Nor a hard link to a file the job cannot read (the agent's token).
+        let d3 = tmp.path().join("d3");
+        std::fs::create_dir(&d3).unwrap();
+        std::fs::write(tmp.path().join("agent.token"), "secret-token\n").unwrap();
+        std::fs::hard_link(tmp.path().join("agent.token"), d3.join(LEASE_STOPPED_FILE)).unwrap();
+        assert_eq!(lease_stopped(&d3), None, "a hard link is not read");
+        std::fs::hard_link(tmp.path().join("agent.token"), d3.join(RUN_STARTS_FILE)).unwrap();
+        std::fs::write(tmp.path().join("agent.token"), "job 42 restart 0 epoch 1\n").unwrap();
+        assert_eq!(run_starts(&d3, 42, 1), 0, "a hard link is not read");
     }
 }

@@ -104,6 +104,20 @@ pub struct Run {
 
 impl Journal {
     pub fn open(path: &Path) -> Result<Journal> {
+        {
+            // Created private before SQLite opens it (SQLite creates a file
+            // with the umask's mode, 0644 at most sites, and another user
+            // could open it before it is made private below and keep it).
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)
+                .with_context(|| format!("creating journal {}", path.display()))?;
+        }
         let db = Connection::open(path).with_context(|| format!("opening journal {}", path.display()))?;
         // Job scripts and requests of every user: the agent's alone (the
         // WAL and shared-memory files SQLite adds take the same mode).

@@ -694,6 +694,15 @@ impl Backend for SlurmBackend {
         ];
         if env.is_none() {
             base_env.extend(fleet_env);
+            // The names of an --export list whose values could not be
+            // given in it: sbatch looks them up in its own environment, as
+            // it did in the submitter's at home (not sbatch's own options).
+            for (k, v) in fleet_api::sbatch::export_lookups(req) {
+                let sbatch_reads = ["SBATCH_", "SALLOC_", "SRUN_", "SLURM_"].iter().any(|p| k.starts_with(p));
+                if !sbatch_reads && !base_env.iter().any(|(b, _)| *b == k) {
+                    base_env.push((k, v));
+                }
+            }
         }
         let out = self.run_in("sbatch", &args, Some(script), Some(&base_env), Some(&user.name)).await?;
         let out = String::from_utf8_lossy(&out);
