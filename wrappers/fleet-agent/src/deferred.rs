@@ -57,9 +57,58 @@ pub fn bind(path: &std::path::Path) -> Result<UnixListener> {
     Ok(l)
 }
 
+/// Connections served at once, in all and per caller (uid). Anyone may
+/// connect: one more is closed at once, unread (its proxy retries with
+/// backoff), so that a user's idle or repeated connections cannot take
+/// the agent's file descriptors (which its sbatch, squeue and the plugin
+/// socket need too) or queue Slurm commands without end.
+const MAX_CONNS: usize = 256;
+const MAX_CONNS_PER_UID: usize = 32;
+/// How long a caller may take to send its request line (the proxy sends
+/// it at once).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The connections being served, per uid ([`MAX_CONNS`],
+/// [`MAX_CONNS_PER_UID`]).
+#[derive(Clone, Default)]
+struct Admission(Arc<parking_lot::Mutex<std::collections::HashMap<u32, usize>>>);
+
+/// One admitted connection; dropping it frees its place.
+struct Admitted {
+    of: Admission,
+    uid: u32,
+}
+
+impl Admission {
+    fn admit(&self, uid: u32) -> Option<Admitted> {
+        let mut m = self.0.lock();
+        let total: usize = m.values().sum();
+        if total >= MAX_CONNS || m.get(&uid).is_some_and(|&n| n >= MAX_CONNS_PER_UID) {
+            return None;
+        }
+        *m.entry(uid).or_default() += 1;
+        Some(Admitted { of: self.clone(), uid })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut m = self.of.0.lock();
+        if let Some(n) = m.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.uid);
+            }
+        }
+    }
+}
+
 /// Serve the deferred socket, one task per connection (each costs two
-/// Slurm commands; the plugin socket is not involved).
+/// Slurm commands; the plugin socket is not involved), at most
+/// [`MAX_CONNS`] at once and [`MAX_CONNS_PER_UID`] per caller.
 pub async fn serve<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
+    let admission = Admission::default();
+    let mut last_refusal: Option<std::time::Instant> = None;
     loop {
         let conn = tokio::select! {
             c = listener.accept() => c,
@@ -67,8 +116,19 @@ pub async fn serve<B: Backend>(agent: Arc<Agent<B>>, listener: UnixListener, mut
         };
         match conn {
             Ok((stream, _)) => {
+                let Some(admitted) = stream.peer_cred().ok().and_then(|c| admission.admit(c.uid())) else {
+                    if last_refusal.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(
+                            "deferred socket: too many connections at once (at most {MAX_CONNS}, \
+                             {MAX_CONNS_PER_UID} per user): closing new ones until some end"
+                        );
+                        last_refusal = Some(std::time::Instant::now());
+                    }
+                    continue;
+                };
                 let agent = agent.clone();
                 tokio::spawn(async move {
+                    let _admitted = admitted;
                     match tokio::time::timeout(CONN_TIMEOUT, handle(&agent, stream)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => tracing::warn!("deferred connection: {e:#}"),
@@ -89,7 +149,9 @@ async fn handle<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Result<()> 
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd).take(MAX_DEFERRED_REQUEST_BYTES as u64);
     let mut line = Vec::new();
-    rd.read_until(b'\n', &mut line).await?;
+    tokio::time::timeout(REQUEST_TIMEOUT, rd.read_until(b'\n', &mut line))
+        .await
+        .map_err(|_| anyhow::anyhow!("no request within {REQUEST_TIMEOUT:?}"))??;
     let reply = match serde_json::from_slice::<DeferredRequest>(&line) {
         Ok(req) => forward(agent, uid, &req).await,
         Err(e) => DeferredReply::Refused { message: format!("bad request: {e}") },
@@ -459,6 +521,25 @@ async fn pick_one<B: Backend>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn connections_are_admitted_up_to_the_caps_in_all_and_per_user() {
+        let a = super::Admission::default();
+        let alice: Vec<_> = (0..super::MAX_CONNS_PER_UID).map(|_| a.admit(1000).expect("admitted")).collect();
+        assert!(a.admit(1000).is_none(), "one more of alice's is closed");
+        let bob = a.admit(1001).expect("another user is still served");
+        drop(bob);
+        drop(alice.into_iter().next());
+        assert!(a.admit(1000).is_some(), "a place freed is alice's again");
+        // In all: many users at once reach the total cap.
+        let b = super::Admission::default();
+        let held: Vec<_> = (0..super::MAX_CONNS as u32).filter_map(|u| b.admit(2000 + u)).collect();
+        assert_eq!(held.len(), super::MAX_CONNS);
+        assert!(b.admit(1).is_none(), "the total cap holds");
+        drop(held);
+        assert!(b.0.lock().is_empty(), "every place is freed");
+        assert!(b.admit(1).is_some());
+    }
+
     use super::*;
 
     fn stand_in(state: &str, uid: u32, admin: &str, task: Option<u32>) -> NativeJob {
