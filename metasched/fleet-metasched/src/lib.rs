@@ -143,7 +143,14 @@ struct AppState {
     /// `[rebalance] mode`, or as the admin set it since the start
     /// (`POST /v1/rebalance/mode`; a restart goes back to the file's).
     rebalance_mode: Arc<parking_lot::Mutex<RebalanceMode>>,
+    /// `/metrics`' jobs per state and when they were counted: anyone may
+    /// ask, so the store (whose one lock every agent call needs) is asked
+    /// at most once per [`JOB_COUNTS_MAX_AGE`], however often they ask.
+    job_counts: Arc<tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<(String, i64)>>)>>>,
 }
+
+/// How old `/metrics`' job counts may be.
+const JOB_COUNTS_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// How often the feed files are checked for changes.
 const FEED_CHECK: Duration = Duration::from_secs(30);
@@ -471,6 +478,7 @@ pub async fn run_with(
         rebalance_cfg,
         rebalance: Arc::new(parking_lot::Mutex::new(Arc::new(initial))),
         rebalance_mode: Arc::new(parking_lot::Mutex::new(rebalance_mode)),
+        job_counts: Arc::default(),
     };
     *control.inner.lock() = Some(state.clone());
     let mut background = Vec::new();
@@ -809,7 +817,19 @@ async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response
 }
 
 async fn metrics_text(State(st): State<AppState>) -> ApiResult<Response> {
-    let counts = with_store(&st, |s, _| s.counts()).await?;
+    let counts = {
+        // Callers at once wait here for the one count (a tokio mutex: held
+        // across the store call) rather than each queueing on the store.
+        let mut cached = st.job_counts.lock().await;
+        match &*cached {
+            Some((at, c)) if at.elapsed() < JOB_COUNTS_MAX_AGE => c.clone(),
+            _ => {
+                let c = Arc::new(with_store(&st, |s, _| s.counts()).await?);
+                *cached = Some((std::time::Instant::now(), c.clone()));
+                c
+            }
+        }
+    };
     let text = st.metrics.render(&counts);
     Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response())
 }

@@ -325,6 +325,11 @@ async fn assignments_carry_the_checkpoint_prefix_and_what_to_resume_from() {
     let own = "s3://my-bucket/run7/ckpt-000000000009";
     let c: Checkpoint = serde_json::from_value(d.report("j4", &bearer("alpha"), &rep(own, 9, 'f')).await.1).unwrap();
     assert_eq!(c.region, None, "the job's own store: no region, readable everywhere");
+    // A site default is none of its prefixes: nothing there is its to
+    // report (a target agent would copy it, with the site's credentials,
+    // into the store the job named).
+    let planted = rep("s3://ckpt-west/fleet/j4/ckpt-000000000010", 10, 'f');
+    check_status(d.report("j4", &job_auth("beta", "j4"), &planted).await, StatusCode::FORBIDDEN, "not under");
     let w = d.work("alpha").await;
     let a = w.submit.iter().find(|a| a.fleet_job_id == "j4").unwrap();
     assert_eq!(a.request.fleet.resume_from.as_deref(), Some(own));

@@ -114,7 +114,13 @@ impl Store {
         let id = &job.record.fleet_job_id;
         let mut out = Vec::new();
         if let Some(own) = declared_ckpt(job) {
+            // Its own store only: the site defaults are not its prefixes
+            // (a copy for a move is made into its own store, so a report
+            // under a site default could only plant a checkpoint there for
+            // the target agent to copy, with the site's credentials, into
+            // whatever prefix the job declared, another job's included).
             out.push((own, None));
+            return out;
         }
         for c in self.clusters.values() {
             if let Some(base) = &c.cfg.ckpt_url {
