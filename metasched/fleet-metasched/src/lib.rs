@@ -146,8 +146,11 @@ struct AppState {
     /// `/metrics`' jobs per state and when they were counted: anyone may
     /// ask, so the store (whose one lock every agent call needs) is asked
     /// at most once per [`JOB_COUNTS_MAX_AGE`], however often they ask.
-    job_counts: Arc<tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<(String, i64)>>)>>>,
+    job_counts: Arc<tokio::sync::Mutex<Option<JobCounts>>>,
 }
+
+/// Jobs per state, and when they were counted.
+type JobCounts = (std::time::Instant, Arc<Vec<(String, i64)>>);
 
 /// How old `/metrics`' job counts may be.
 const JOB_COUNTS_MAX_AGE: Duration = Duration::from_secs(1);
