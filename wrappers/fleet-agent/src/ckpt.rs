@@ -184,19 +184,13 @@ fn note(dir: &Path, name: &str) -> Option<String> {
 /// or blocking on a FIFO. The job may write its directory's entries: a
 /// hard link there to a file only the agent may read (its token, where
 /// `fs.protected_hardlinks` is off) would otherwise be read by the agent
-/// and end up in the job's reason, on its stderr.
+/// and end up in the job's reason, on its stderr. The output relay's own
+/// check ([`crate::jobdir::open_output`]).
 fn read_note(dir: &Path, name: &str, limit: u64) -> Option<Vec<u8>> {
     use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(dir.join(name))
-        .ok()?;
-    let m = f.metadata().ok()?;
-    if !m.is_file() || m.nlink() != 1 {
+    let crate::jobdir::Opened::File(f, _) = crate::jobdir::open_output(&dir.join(name), None).ok()? else {
         return None;
-    }
+    };
     let mut buf = Vec::new();
     f.take(limit).read_to_end(&mut buf).ok()?;
     Some(buf)
