@@ -222,6 +222,14 @@ impl Journal {
         Ok(out)
     }
 
+    /// Drops forward `id` while it is not registered with the
+    /// meta-scheduler yet (the plugin never received it); true when it was
+    /// dropped. One the forwarder already sent goes on as an orphan, which
+    /// the reconcile pass cancels (no stand-in exists for it).
+    pub fn withdraw_forward(&self, id: &str) -> Result<bool> {
+        Ok(self.db.lock().execute("DELETE FROM forwards WHERE id = ?1 AND registered = 0", params![id])? == 1)
+    }
+
     pub fn mark_registered(&self, id: &str) -> Result<()> {
         self.db.lock().execute("UPDATE forwards SET registered = 1 WHERE id = ?1", params![id])?;
         Ok(())
@@ -537,6 +545,12 @@ mod tests {
             j.set_stand_in("beta-1", 77).unwrap();
         }
         let j = Journal::open(&path).unwrap();
+        // A forward the plugin never received is withdrawn while unsent;
+        // one already registered stays (the reconcile pass handles it).
+        j.add_forward("beta-untaken", &req, "alpha").unwrap();
+        assert!(j.withdraw_forward("beta-untaken").unwrap());
+        assert!(!j.withdraw_forward("beta-untaken").unwrap(), "once");
+        assert!(!j.withdraw_forward("beta-1").unwrap(), "registered: not withdrawn");
         let f = j.unregistered_forwards().unwrap();
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].id, "beta-2");

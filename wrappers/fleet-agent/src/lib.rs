@@ -475,6 +475,8 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
     // name lookup (a blocking-thread hop and the NSS lock), the decision,
     // the journal write (its lock and the statement).
     let mut spans = PluginSpans::default();
+    // A forward journaled for this answer (its id).
+    let mut journaled: Option<String> = None;
     let reply = match serde_json::from_slice::<PluginRequest>(&line) {
         Ok(PluginRequest::Ping { .. }) => PluginReply::Pong,
         Ok(PluginRequest::Submit { v, .. }) if v != WIRE_VERSION => {
@@ -499,8 +501,8 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
                 Some(f) => match agent.journal.add_forward(&f.id, &job, &f.target) {
                     Ok(timing) => {
                         (spans.journal_wait, spans.journal_write) = (timing.wait, timing.write);
-                        agent.forwards_pending.notify_one();
                         tracing::info!(id = %f.id, target = %f.target, "forwarding job");
+                        journaled = Some(f.id.clone());
                         reply
                     }
                     Err(e) => {
@@ -516,7 +518,24 @@ async fn handle_plugin<B: Backend>(agent: &Agent<B>, stream: UnixStream) -> Resu
         }
     };
     let answer = format!("{}\n", serde_json::to_string(&reply)?);
-    wr.write_all(answer.as_bytes()).await?;
+    if let Err(e) = wr.write_all(answer.as_bytes()).await {
+        // slurmctld gave up waiting (the plugin's deadline) and closed the
+        // connection: the job stayed as submitted or became a deferred
+        // stand-in with an id of its own, and this forward has no stand-in.
+        // Registered, it would be placed (early: a run holding GPUs until
+        // its wait ran out) and cancelled as an orphan only later.
+        if let Some(id) = &journaled {
+            match agent.journal.withdraw_forward(id) {
+                Ok(true) => tracing::warn!(%id, "the plugin did not take the forward (its deadline passed): withdrawn"),
+                Ok(false) => {}
+                Err(e) => tracing::error!(%id, "journal: {e:#}"),
+            }
+        }
+        return Err(e).context("answering the plugin");
+    }
+    if journaled.is_some() {
+        agent.forwards_pending.notify_one();
+    }
     tracing::debug!(
         us = t0.elapsed().as_micros() as u64,
         read_us = t0.duration_since(accepted).as_micros() as u64,
