@@ -215,6 +215,12 @@ pub struct Job {
     /// `ends::killed_success`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signalled: Option<u64>,
+    /// The job as it was before a rerun request (a start naming a higher
+    /// restart) reset it, until the origin agent answers that request:
+    /// a refused rerun (no requeue of the stand-in happened; the job token
+    /// alone asked) leaves the job as it was, its outcome included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_rerun: Option<Box<Job>>,
 }
 
 /// `note`, after why `job`'s current run waits at its target if it does.
@@ -1337,6 +1343,7 @@ impl Store {
             early: None,
             target_waits: None,
             signalled: None,
+            before_rerun: None,
         };
         let mut job = job;
         if fwd.early_start {
@@ -1484,6 +1491,10 @@ impl Store {
         }
         reply_result(id, &o.reply)?;
         if o.effects.contains(&Effect::Rerun) {
+            // Kept until the origin agent confirms the requeue (see `before_rerun`).
+            let mut before = job.clone();
+            before.before_rerun = None;
+            job.before_rerun = Some(Box::new(before));
             let r = &mut job.record;
             tracing::info!(job = id, stand_in = origin_job_id, restart, previous = %r.state,
                 "the stand-in was requeued at its origin: the job runs again");
@@ -1559,6 +1570,16 @@ impl Store {
         job.record.updated_at = now;
         if o.effects.contains(&Effect::DropStartRequest) {
             let why: String = c.reason.chars().filter(|ch| !ch.is_control()).take(MAX_REASON).collect();
+            if let Some(before) = job.before_rerun.take() {
+                // No requeue of the stand-in happened: the request changed nothing.
+                tracing::warn!(job = id, stand_in = c.origin_job_id, reason = %why, state = %before.record.state,
+                    "the origin agent refused a rerun; the job stays as it was");
+                let mut before = *before;
+                before.record.start_requested_at = None;
+                before.record.updated_at = now;
+                self.save(&before)?;
+                return Ok(before.record);
+            }
             tracing::warn!(job = id, stand_in = c.origin_job_id, reason = %why,
                 "the origin agent refused a start request; the job stays held");
             job.record.start_requested_at = None;
@@ -1566,6 +1587,9 @@ impl Store {
                 "held at {}: the origin agent refused the start of stand-in {} ({why})",
                 job.record.origin, c.origin_job_id
             );
+        }
+        if o.effects.contains(&Effect::Place) || o.effects.contains(&Effect::OpenGate) {
+            job.before_rerun = None;
         }
         if o.effects.contains(&Effect::Place) {
             self.assign(&mut job, now);

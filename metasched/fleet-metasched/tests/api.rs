@@ -521,6 +521,21 @@ async fn a_requeued_stand_in_reruns_its_job_and_the_streams_continue() {
     let other = serde_json::to_value(StartRequest { origin_job_id: 43, restart: 2 }).unwrap();
     let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(other)).await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    // The job token alone asks for a rerun that Slurm never made: held
+    // until the origin agent answers, and as it was once it refuses.
+    let (s, v) = d.call(reqwest::Method::POST, start_path, &job_auth("beta", "rq"), Some(rerun(2))).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(d.job("rq").await.state, JobState::Held);
+    let (s, v) = d.confirm("rq", &bearer("beta"), 42, false).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let after = d.job("rq").await;
+    assert_eq!(
+        (after.state, after.exit_code, after.remote_job_id, after.target.as_deref(), after.output_complete),
+        (JobState::Failed, Some(3), Some(8), Some("alpha"), true)
+    );
+    assert_eq!((after.origin_restart, after.requeues, after.stdout_base, after.start_requested_at), (1, 1, 6, None));
+    assert_eq!(d.read_output("rq", "beta", "stdout", after.stdout_base, 100).await, b"run 2\n");
+    assert!(d.work("beta").await.confirm_start.is_empty());
     d.stop().await;
 }
 

@@ -658,13 +658,20 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
             Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
         }
     };
-    if restart > 0 && record.origin_restart == restart {
-        // A rerun: this run's output begins where the earlier runs' ends;
-        // Slurm opened our files per the job's --open-mode, as natively.
-        relay.out = record.stdout_base;
-        relay.err = record.stderr_base;
-    }
+    // A rerun is ours once the meta-scheduler took it (`origin_restart`):
+    // until then the record is the earlier run's, whose output and end are
+    // not this run's (the origin agent may refuse it at first, before Slurm
+    // shows this stand-in running; the job is then as it was).
+    let mut rerun_taken = false;
     loop {
+        let ours = restart == 0 || record.origin_restart >= restart;
+        if ours && restart > 0 && !rerun_taken {
+            // A rerun: this run's output begins where the earlier runs' ends;
+            // Slurm opened our files per the job's --open-mode, as natively.
+            relay.out = record.stdout_base;
+            relay.err = record.stderr_base;
+            rerun_taken = true;
+        }
         comment.update(&record);
         if term.load(Ordering::Relaxed) {
             if requeued(&args.slurm_bin_dir, job_spec.as_deref(), restart) {
@@ -672,9 +679,9 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
             }
             return Ok(cancel_and_drain(&api, &mut relay));
         }
-        let pumped = relay.pump(&api);
+        let pumped = if ours { relay.pump(&api) } else { Ok(()) };
         match pumped {
-            Ok(()) if relay.done(&record) => {
+            Ok(()) if ours && relay.done(&record) => {
                 if remote_end(&record) == Some("TIMEOUT") {
                     time_out_here(&args.slurm_bin_dir, job_spec.as_deref(), started, &term);
                 }
@@ -705,7 +712,8 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
         // Still held without a start request: the origin agent refused
         // one (not ours, or before Slurm showed this stand-in running).
         // Ask again; the agent checks again.
-        if record.state == JobState::Held && record.start_requested_at.is_none() {
+        let refused = record.state == JobState::Held || record.origin_restart < restart;
+        if refused && record.start_requested_at.is_none() {
             match api.start(slurm_job_id.unwrap_or(0), restart) {
                 Ok(r) => {
                     succeeded(&mut backoff);

@@ -185,11 +185,19 @@ fn spawn_proxy(url: &str, id: &str, dir: &Path) -> tokio::process::Child {
 }
 
 fn spawn_proxy_with(url: &str, id: &str, dir: &Path, token_in_file: bool) -> tokio::process::Child {
-    spawn_proxy_as(url, id, dir, token_in_file, STAND_IN)
+    spawn_proxy_as(url, id, dir, token_in_file, STAND_IN, 0)
 }
 
-/// The proxy as the body of Slurm job `stand_in`.
-fn spawn_proxy_as(url: &str, id: &str, dir: &Path, token_in_file: bool, stand_in: u64) -> tokio::process::Child {
+/// The proxy as the body of Slurm job `stand_in`, run `restart` of it
+/// (`SLURM_RESTART_COUNT`).
+fn spawn_proxy_as(
+    url: &str,
+    id: &str,
+    dir: &Path,
+    token_in_file: bool,
+    stand_in: u64,
+    restart: u32,
+) -> tokio::process::Child {
     // A fake scontrol that records the comment updates.
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -208,6 +216,9 @@ fn spawn_proxy_as(url: &str, id: &str, dir: &Path, token_in_file: bool, stand_in
         cmd.arg("--token-file").arg(f);
     } else {
         cmd.env("FLEET_JOB_TOKEN", token);
+    }
+    if restart > 0 {
+        cmd.env("SLURM_RESTART_COUNT", restart.to_string());
     }
     cmd.env("SLURM_JOB_ID", stand_in.to_string())
         .stdout(Stdio::piped())
@@ -413,7 +424,7 @@ async fn a_start_the_origin_agent_does_not_confirm_leaves_the_job_held() {
     beta.forward("px5", 8).await;
     // Job 99 holds px5's token but is not its journaled stand-in (77): the
     // origin agent refuses each of its start requests.
-    let child = spawn_proxy_as(&meta.url(), "px5", tmp.path(), false, 99);
+    let child = spawn_proxy_as(&meta.url(), "px5", tmp.path(), false, 99, 0);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(alpha.work().await.is_empty(), "never placed");
     let r: fleet_api::api::JobRecord = reqwest::Client::new()
@@ -430,6 +441,77 @@ async fn a_start_the_origin_agent_does_not_confirm_leaves_the_job_held() {
     assert!(r.reason.contains("stand-in 99"), "{}", r.reason);
     drop(child); // kill_on_drop
     meta.stop().await;
+}
+
+/// The rerun of a requeued stand-in that its origin agent refuses at
+/// first (before Slurm shows the stand-in running again): the job stays
+/// as it was meanwhile, and the proxy neither relays the earlier run's
+/// output nor ends with its exit code; it asks again, and relays the
+/// rerun's own output and end once the agent confirms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_refused_at_first_relays_only_its_own_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let meta = Meta::start(tmp.path(), "127.0.0.1:0").await;
+    let alpha = Agent { url: meta.url(), cluster: "alpha", http: reqwest::Client::new() };
+    let beta = Agent { url: meta.url(), cluster: "beta", http: reqwest::Client::new() };
+    alpha.heartbeat("h100").await;
+    beta.heartbeat("a100").await;
+    // beta's origin agent: confirms restart 0 and the second request for
+    // restart 1, refuses the first one.
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = refused.clone();
+    let url = meta.url();
+    tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        loop {
+            let work = http.get(format!("{url}/v1/agent/work?wait_ms=1000")).bearer_auth(token_of("beta")).send().await;
+            let Ok(Ok(work)) = work_of(work).await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            for c in work.confirm_start {
+                let first_rerun = c.restart == 1 && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                let body = StartConfirmation {
+                    origin_job_id: c.origin_job_id,
+                    started: !first_rerun,
+                    reason: "not running yet".into(),
+                    ..Default::default()
+                };
+                let _ = http
+                    .post(format!("{url}/v1/jobs/{}/confirm_start", c.fleet_job_id))
+                    .bearer_auth(token_of("beta"))
+                    .json(&body)
+                    .send()
+                    .await;
+            }
+        }
+    });
+    beta.forward("px9", 8).await;
+    let first = spawn_proxy(&meta.url(), "px9", tmp.path());
+    alpha.wait_for("px9", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
+    alpha.status("px9", running(555)).await;
+    alpha.output("px9", Stream::Stdout, b"run 1\n", 64).await;
+    alpha.status("px9", finished(JobState::Completed, 0, 6, 0)).await;
+    let (code, out, _) = finish(first).await;
+    assert_eq!((code, out.as_slice()), (0, &b"run 1\n"[..]));
+    // Slurm requeued the stand-in: its rerun.
+    let second = spawn_proxy_as(&meta.url(), "px9", tmp.path(), false, STAND_IN, 1);
+    alpha.wait_for("px9", |w| w.submit.iter().map(|a| a.fleet_job_id.clone()).collect()).await;
+    assert!(refused.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the refused rerun was asked again");
+    alpha.status("px9", running(556)).await;
+    let ch = OutputChunk { stream: Stream::Stdout, offset: 6, data: b"run 2\n".to_vec(), epoch: None };
+    alpha.post("/v1/jobs/px9/output", serde_json::to_value(&ch).unwrap()).await;
+    alpha.status("px9", finished(JobState::Failed, 3, 12, 0)).await;
+    let (code, out, err) = finish(second).await;
+    assert_eq!((code, out.as_slice()), (3, &b"run 2\n"[..]), "{}", String::from_utf8_lossy(&err));
+    meta.stop().await;
+}
+
+async fn work_of(r: reqwest::Result<reqwest::Response>) -> Result<reqwest::Result<AgentWork>, ()> {
+    match r {
+        Ok(r) if r.status().is_success() => Ok(r.json::<AgentWork>().await),
+        _ => Err(()),
+    }
 }
 
 /// Send `sig` to the proxy process.
@@ -511,7 +593,7 @@ async fn a_signal_that_cannot_be_delivered_is_reported_once_on_stderr() {
     let (meta, alpha, beta) = setup(tmp.path()).await;
     beta.forward("px7", 8).await;
     // Stand-in 99 is not the journaled one: the job stays held, nothing runs it.
-    let mut child = spawn_proxy_as(&meta.url(), "px7", tmp.path(), false, 99);
+    let mut child = spawn_proxy_as(&meta.url(), "px7", tmp.path(), false, 99, 0);
     wait_comment(tmp.path(), "held").await;
     kill(&child, libc::SIGUSR1);
     kill(&child, libc::SIGUSR1);
