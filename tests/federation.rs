@@ -392,6 +392,61 @@ fn an_export_list_of_names_takes_the_submitters_values() {
     assert_eq!(read("fleet.txt"), format!("{path}|fleet\n"), "forwarded");
 }
 
+/// What sbatch takes from the shell it runs in reaches a forwarded job as
+/// it reaches its native twin: the umask (the modes of the job's files),
+/// the submit directory (`cd $SLURM_SUBMIT_DIR` finds where the job runs,
+/// not the agent's `/`) and `--no-requeue` (the target's Slurm must not
+/// run the script twice). Script arguments keep the job home (the target's
+/// sbatch reads the script on its standard input, where it takes none):
+/// an H100 job, which beta cannot run, is refused naming them instead of
+/// running elsewhere without them.
+#[test]
+fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("shell");
+    let job = dir.join("job.sh");
+    std::fs::write(
+        &job,
+        "#!/bin/sh\nhere=$(pwd -P); there=$(cd \"$SLURM_SUBMIT_DIR\" && pwd -P)\n\
+         [ \"$here\" = \"$there\" ] && where=same || where=\"$here/$there\"\n\
+         echo \"$(umask) $where [$*] ${FLEET_JOB_ID:+fleet}\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&job, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sbatch = |out: &str, opts: &str, args: &str| {
+        let line = format!(
+            "umask 077; cd {d}; exec sbatch --parsable {opts} --output={d}/{out} {j} {args}",
+            d = dir.display(),
+            j = job.display()
+        );
+        let o = lab.cmd_as(fleet_lab::USER, "beta", "sh", &["-c", &line]).unwrap();
+        let id = String::from_utf8_lossy(&o.stdout).trim().split(';').next().and_then(|i| i.parse::<u64>().ok());
+        (id, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let submit = |out: &str, opts: &str| match sbatch(out, opts, "") {
+        (Some(id), _) => id,
+        (None, err) => panic!("{opts}: {err}"),
+    };
+    let native = submit("native.txt", "--fleet=local --no-requeue");
+    let fleet = submit("fleet.txt", "--gres=gpu:h100:1 --no-requeue");
+    let _cancel = OnDrop(|| {
+        let _ = lab.cmd("beta", "scancel", &[&native.to_string(), &fleet.to_string()]);
+    });
+    let (refused, why) = sbatch("args.txt", "--gres=gpu:h100:1", "--lr 0.1");
+    assert_eq!(refused, None, "{why}");
+    assert!(why.contains("alpha: script arguments (2) cannot be honoured at another cluster"), "{why}");
+    for id in [native, fleet] {
+        assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0", "job {id}");
+    }
+    let read = |n: &str| {
+        String::from_utf8(wait_file(&dir.join(n), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap()).unwrap()
+    };
+    assert_eq!(read("native.txt"), "0077 same [] \n", "the native twin");
+    assert_eq!(read("fleet.txt"), "0077 same [] fleet\n", "forwarded");
+    let (target, remote) = remote_of(lab, fleet).expect("forwarded");
+    assert_eq!(lab.job(&target, remote).unwrap()["Requeue"], "0", "--no-requeue at {target}");
+}
+
 /// Fields that differ between any two submissions of the same job.
 const VOLATILE: &[&str] = &[
     "JobId",

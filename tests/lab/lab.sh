@@ -354,8 +354,9 @@ ensure_fleet_user() {
   ensure_directory_users
   # What the agent may do as a job's user: sbatch and scancel, as members of
   # JOB_GROUP only (never root, never a system account, never itself).
-  # (!secure_path: the job keeps the PATH it was submitted with.)
-  local rule="Defaults:$FLEET_USER !secure_path
+  # (!secure_path: the job keeps the PATH it was submitted with; umask=0777:
+  # sbatch keeps the submitter's umask, which the agent sets.)
+  local rule="Defaults:$FLEET_USER !secure_path, umask=0777
 $FLEET_USER ALL=(%$JOB_GROUP) NOPASSWD:SETENV: /usr/bin/sbatch, /usr/bin/scancel, /usr/bin/scontrol"
   if [[ $(cat "$SUDOERS" 2>/dev/null) != "$rule" ]]; then
     printf '%s\n' "$rule" >"$SUDOERS.tmp"

@@ -121,6 +121,18 @@ pub struct JobRequest {
     /// Minutes; `None` = partition default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_min: Option<u32>,
+    /// `--time=UNLIMITED` (or 0): no limit asked for, unlike no `--time`
+    /// at all (the partition's DefaultTime). The target gives the longest
+    /// its partition allows (`None` in `time_limit_min`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub time_unlimited: bool,
+    /// `--requeue` (`Some(true)`) or `--no-requeue` (`Some(false)`); `None`:
+    /// the cluster's `JobRequeue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue: Option<bool>,
+    /// `-k/--no-kill`: a node failure does not end the job.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_kill: bool,
     /// All GPU requests found in `tres_per_{job,node,task,socket}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuRequest>,

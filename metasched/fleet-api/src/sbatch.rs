@@ -213,6 +213,14 @@ pub fn sbatch_options_with_env(req: &JobRequest, extra: &[(&str, &str)]) -> Vec<
     if let Some(t) = req.time_min {
         a.push(format!("--time-min={t}"));
     }
+    match req.requeue {
+        Some(true) => a.push("--requeue".into()),
+        Some(false) => a.push("--no-requeue".into()),
+        None => {}
+    }
+    if req.no_kill {
+        a.push("--no-kill".into());
+    }
     a.push(format!("--export={}", export_value(req, extra)));
     a
 }
@@ -401,6 +409,11 @@ mod tests {
             JobRequest { time_limit_min: Some(90), time_min: Some(30), ..d() },
             &["--time=90", "--time-min=30", "--export=ALL"],
         );
+        check(
+            JobRequest { requeue: Some(false), no_kill: true, ..d() },
+            &["--no-requeue", "--no-kill", "--export=ALL"],
+        );
+        check(JobRequest { requeue: Some(true), ..d() }, &["--requeue", "--export=ALL"]);
         check(JobRequest { export_env: Some("NONE".into()), ..d() }, &["--export=NONE"]);
         check(JobRequest { export_env: Some("nil".into()), ..d() }, &["--export=NIL"]);
         check(JobRequest { export_env: Some("PATH,FOO=bar".into()), ..d() }, &["--export=PATH,FOO=bar"]);

@@ -932,6 +932,16 @@ fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
     print(&format!("{}\n", serde_json::to_string_pretty(v)?))
 }
 
+/// A job id as one path segment. An empty id, `.` or `..` (even escaped,
+/// `%2E`) would be a dot segment that the URL parser folds away, asking
+/// for another path (`job explain .` as `GET /v1/jobs/explain`).
+fn job_segment(id: &str) -> anyhow::Result<String> {
+    if id.bytes().all(|b| b == b'.') {
+        bail!("{id:?} is not a job id");
+    }
+    Ok(query_escape(id))
+}
+
 fn query_escape(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -1035,18 +1045,18 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
         Command::Job { id, action } => {
             let (method, path) = match (action, id) {
                 (Some(JobAction::Cancel { id }), _) => {
-                    (reqwest::Method::POST, format!("/v1/jobs/{}/cancel", query_escape(id)))
+                    (reqwest::Method::POST, format!("/v1/jobs/{}/cancel", job_segment(id)?))
                 }
                 (Some(JobAction::Explain { id }), _) => {
-                    (reqwest::Method::GET, format!("/v1/jobs/{}/explain", query_escape(id)))
+                    (reqwest::Method::GET, format!("/v1/jobs/{}/explain", job_segment(id)?))
                 }
                 (Some(JobAction::Signal { id, signal, scope }), _) => {
                     return job_signal(&client, cli.json, id, signal, scope);
                 }
                 (Some(JobAction::Checkpoints { id }), _) => {
-                    (reqwest::Method::GET, format!("/v1/jobs/{}/checkpoints", query_escape(id)))
+                    (reqwest::Method::GET, format!("/v1/jobs/{}/checkpoints", job_segment(id)?))
                 }
-                (None, Some(id)) => (reqwest::Method::GET, format!("/v1/jobs/{}", query_escape(id))),
+                (None, Some(id)) => (reqwest::Method::GET, format!("/v1/jobs/{}", job_segment(id)?)),
                 (None, None) => bail!("missing job id"),
             };
             let v = client.call(method, &path)?;
@@ -1095,7 +1105,7 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
 /// `fleetctl job signal <id> <SIG> [--scope]`.
 fn job_signal(client: &Client, json: bool, id: &str, signal: &str, scope: &str) -> anyhow::Result<()> {
     let req = signal_request(signal, scope)?;
-    let path = format!("/v1/jobs/{}/signal", query_escape(id));
+    let path = format!("/v1/jobs/{}/signal", job_segment(id)?);
     let v = client.call_json(reqwest::Method::POST, &path, &serde_json::to_value(&req)?)?;
     if json {
         return print_json(&v);
@@ -1204,6 +1214,10 @@ mod tests {
         }
         assert_eq!(table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]), "A    BB\nxyz  1\n");
         assert_eq!(query_escape("a b/c"), "a%20b%2Fc");
+        assert_eq!(job_segment("beta-12.x").unwrap(), "beta-12.x");
+        for dots in ["", ".", ".."] {
+            assert!(job_segment(dots).is_err(), "{dots:?}");
+        }
         let r = Rebalance { reason: Some("off".into()), ..Default::default() };
         assert_eq!(rebalance_text(&r, 0.0), "off\n");
         let r = Rebalance {

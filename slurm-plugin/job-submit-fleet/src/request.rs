@@ -471,7 +471,9 @@ pub fn complete(job: &mut JobDesc<'_>, config: &PluginConfig, req: &mut JobReque
     let warn_flags = job.num(NumField::WarnFlags);
     let warn_flags = if warn_flags == u64::from(NO_VAL16) { 0 } else { warn_flags };
     let begin = job.num(NumField::BeginTime) as i64;
-    req.time_limit_min = opt_u32(job.num(NumField::TimeLimit), NO_VAL.into()).filter(|&t| t != slurm::INFINITE);
+    let time_limit = opt_u32(job.num(NumField::TimeLimit), NO_VAL.into());
+    req.time_unlimited = time_limit == Some(slurm::INFINITE);
+    req.time_limit_min = time_limit.filter(|&t| t != slurm::INFINITE);
     req.exclusive = match shared {
         0 => Some(Exclusive::Node),
         2 => Some(Exclusive::User),
@@ -488,6 +490,12 @@ pub fn complete(job: &mut JobDesc<'_>, config: &PluginConfig, req: &mut JobReque
     req.time_min = opt_u32(job.num(NumField::TimeMin), NO_VAL.into()).filter(|&t| t != slurm::INFINITE);
     req.begin_time = (begin > 0).then_some(begin);
     req.hold = job.num(NumField::Priority) == 0;
+    req.requeue = match job.num(NumField::Requeue) {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
+    req.no_kill = job.num(NumField::KillOnNodeFail) == 0;
 }
 
 /// Options on the job that no other cluster can honour, as
@@ -507,10 +515,19 @@ fn not_carried(job: &mut JobDesc<'_>, tres_per_node: Option<&str>) -> Vec<String
         (StrField::McsLabel, "--mcs-label"),
         (StrField::Prefer, "--prefer"),
         (StrField::AcctgFreq, "--acctg-freq"),
+        (StrField::MemBind, "--mem-bind"),
     ] {
         if let Some(v) = job.get(f).filter(|v| !v.is_empty()) {
             out.push(format!("{opt}={v}"));
         }
+    }
+    // `sbatch script args...`: the target's sbatch reads the script on its
+    // standard input, where it can pass no arguments.
+    if job.script_args() > 0 {
+        out.push(format!("script arguments ({})", job.script_args()));
+    }
+    if job.has_batch_features() {
+        out.push("--batch".into());
     }
     if let Some(v) = job.get(StrField::StdIn).filter(|v| !v.is_empty() && v != "/dev/null") {
         out.push(format!("--input={v}"));
@@ -534,6 +551,7 @@ fn not_carried(job: &mut JobDesc<'_>, tres_per_node: Option<&str>) -> Vec<String
         (NumField::NtasksPerCore, "--ntasks-per-core"),
         (NumField::NtasksPerTres, "--ntasks-per-gpu"),
         (NumField::Reboot, "--reboot"),
+        (NumField::WaitAllNodes, "--wait-all-nodes"),
     ] {
         let v = job.num(f);
         if set16(v) {
@@ -957,6 +975,29 @@ mod tests {
     }
 
     #[test]
+    fn script_arguments_and_options_no_target_gets_keep_the_job_home() {
+        let mut d = JobDesc::test_descriptor();
+        d.argc = 3; // train.sh --lr 0.1
+        let features = std::ffi::CString::new("knl").unwrap();
+        d.batch_features = features.as_ptr() as *mut _;
+        let out = {
+            let mut jd = JobDesc::from_box(&mut d);
+            jd.set(StrField::MemBind, Some("local"));
+            jd.set_num(NumField::WaitAllNodes, 1);
+            not_carried(&mut jd, None)
+        };
+        d.batch_features = std::ptr::null_mut();
+        free_test_descriptor(d);
+        assert_eq!(out, ["--mem-bind=local", "script arguments (2)", "--batch", "--wait-all-nodes=1"]);
+        // A script without arguments (argv[0] alone) and the defaults: nothing.
+        let mut d = JobDesc::test_descriptor();
+        d.argc = 1;
+        let out = not_carried(&mut JobDesc::from_box(&mut d), None);
+        free_test_descriptor(d);
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
     fn the_whole_request_is_read() {
         let r = ask(run_full(
             &[
@@ -1006,6 +1047,23 @@ mod tests {
         // What decides when the stand-in starts at the origin (early placement).
         assert_eq!((r.dependency.as_deref(), r.hold), (Some("afterok:12"), true));
         assert!(r.not_carried.is_empty(), "{:?}", r.not_carried);
+        assert!(!r.time_unlimited);
+        // --time=UNLIMITED is not "no --time" (the partition's DefaultTime).
+        let limits = |t: u64| {
+            let r = ask(run_full(&[SCRIPT, H100], &[(NumField::TimeLimit, t)], &[], &[], 1000));
+            (r.time_limit_min, r.time_unlimited)
+        };
+        assert_eq!(limits(u64::from(slurm::INFINITE)), (None, true));
+        assert_eq!(limits(u64::from(NO_VAL)), (None, false));
+        assert_eq!(limits(90), (Some(90), false));
+        // --requeue / --no-requeue / -k act at the target as at home.
+        let node_failure = |nums: &[(NumField, u64)]| {
+            let r = ask(run_full(&[SCRIPT, H100], nums, &[], &[], 1000));
+            (r.requeue, r.no_kill)
+        };
+        assert_eq!(node_failure(&[]), (None, false));
+        assert_eq!(node_failure(&[(NumField::Requeue, 0), (NumField::KillOnNodeFail, 0)]), (Some(false), true));
+        assert_eq!(node_failure(&[(NumField::Requeue, 1), (NumField::KillOnNodeFail, 1)]), (Some(true), false));
         // --export=NONE implies SLURM_GET_USER_ENV; so does --get-user-env alone (not carried).
         let none = ask(run_full(
             &[SCRIPT, H100],

@@ -82,7 +82,7 @@ pub struct FleetConf {
     pub agent_socket: PathBuf,
     /// `AgentTokenFile` (/etc/slurm/fleet-agent.token).
     pub agent_token_file: PathBuf,
-    /// `AgentSpoolDir` (/var/spool/fleet).
+    /// `AgentSpoolDir` (/var/lib/fleet: the systemd unit's StateDirectory).
     pub agent_spool_dir: PathBuf,
     /// `ProxyPartition` (fleet).
     pub proxy_partition: String,
@@ -217,7 +217,7 @@ impl Default for FleetConf {
             meta_scheduler_ca_file: None,
             agent_socket: "/run/fleet/agent.sock".into(),
             agent_token_file: "/etc/slurm/fleet-agent.token".into(),
-            agent_spool_dir: "/var/spool/fleet".into(),
+            agent_spool_dir: "/var/lib/fleet".into(),
             proxy_partition: "fleet".into(),
             proxy_path: "/usr/libexec/fleet/fleet-proxy".into(),
             submit_timeout_ms: 50,

@@ -398,6 +398,20 @@ impl<'a> JobDesc<'a> {
         !self.raw.script.is_null()
     }
 
+    /// The arguments sbatch passes to the script (`sbatch [options] script
+    /// [args...]`: `argv[0]` is the script's name, the rest its arguments).
+    #[inline]
+    pub fn script_args(&self) -> u32 {
+        self.raw.argc.saturating_sub(1)
+    }
+
+    /// `sbatch --batch=<features>`: the node features the batch step needs.
+    pub fn has_batch_features(&self) -> bool {
+        let p = self.raw.batch_features;
+        // SAFETY: NULL or a NUL-terminated string slurmctld owns for the hook.
+        !p.is_null() && unsafe { *p } != 0
+    }
+
     /// For tests: a zeroed descriptor with Slurm's "unset" markers.
     pub fn test_descriptor() -> Box<job_desc_msg_t> {
         // SAFETY: job_desc_msg_t is a plain C struct; all-zero is a valid
@@ -430,6 +444,9 @@ impl<'a> JobDesc<'a> {
         d.ntasks_per_core = crate::NO_VAL16;
         d.ntasks_per_tres = crate::NO_VAL16;
         d.priority = crate::NO_VAL;
+        d.requeue = crate::NO_VAL16;
+        d.kill_on_node_fail = crate::NO_VAL16;
+        d.wait_all_nodes = crate::NO_VAL16;
         d
     }
 

@@ -549,7 +549,7 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         "resources": {"limits": limits, "requests": requests},
         "volumeMounts": [{"name": "script", "mountPath": SCRIPT_DIR, "readOnly": true},
                          {"name": "work", "mountPath": WORK_DIR}],
-        "securityContext": {"allowPrivilegeEscalation": false},
+        "securityContext": restricted_container(),
     });
     if let Some(s) = &secret {
         container["envFrom"] = json!([{"secretRef": {"name": s.metadata.name}}]);
@@ -580,7 +580,7 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
             "image": l.image,
             "command": [l.helper, "install-self", format!("{HELPER_DIR}/fleet-ckpt")],
             "volumeMounts": [{"name": "fleet-bin", "mountPath": HELPER_DIR}],
-            "securityContext": {"allowPrivilegeEscalation": false},
+            "securityContext": restricted_container(),
         }));
     }
     let mut pod_spec = json!({
@@ -590,7 +590,8 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         // The mapped user, as on the Slurm path (sudo -u): uid, primary
         // group, supplementary groups; never root.
         "securityContext": {"runAsUser": t.user.uid, "runAsGroup": t.user.gid, "runAsNonRoot": true,
-                            "fsGroup": t.user.gid, "supplementalGroups": t.groups},
+                            "fsGroup": t.user.gid, "supplementalGroups": t.groups,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "automountServiceAccountToken": false,
         "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
         "hostname": format!("{name}-0"),
@@ -666,6 +667,14 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     Ok(Objects { job, script: script_cm, env: secret, ckpt: ckpt_secret, service })
 }
 
+/// Every container's security context: what Kubernetes' `restricted` Pod
+/// Security Standard asks of it (with the pod's non-root user and
+/// RuntimeDefault seccomp profile), so that a namespace enforcing it admits
+/// the pods.
+fn restricted_container() -> serde_json::Value {
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})
+}
+
 fn owner(job: &Job) -> Result<OwnerReference> {
     Ok(OwnerReference {
         api_version: "batch/v1".into(),
@@ -673,7 +682,9 @@ fn owner(job: &Job) -> Result<OwnerReference> {
         name: job.metadata.name.clone().unwrap_or_default(),
         uid: job.metadata.uid.clone().context("the API server returned a Job without a uid")?,
         controller: Some(false),
-        block_owner_deletion: Some(true),
+        // Background deletion needs no blocking; asking for it needs
+        // `update` on jobs/finalizers where OwnerReferencesPermissionEnforcement runs.
+        block_owner_deletion: None,
     })
 }
 
@@ -1996,6 +2007,12 @@ mod tests {
         );
         assert_eq!(sc["supplementalGroups"], json!([1001, 2000]));
         assert_eq!(sc["fsGroup"], 1001);
+        // The `restricted` Pod Security Standard's own checks.
+        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+        for c in j["spec"]["template"]["spec"]["containers"].as_array().unwrap() {
+            assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+            assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+        }
         assert_eq!(j["spec"]["template"]["spec"]["automountServiceAccountToken"], false);
     }
 

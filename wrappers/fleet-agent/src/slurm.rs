@@ -30,6 +30,26 @@ pub struct SlurmBackend {
     pub ckpt: crate::ckpt::JobCkpt,
 }
 
+/// The umask the job was submitted with at home (`SLURM_UMASK`, which
+/// sbatch sets from its own and slurmstepd applies), if it carries one.
+pub fn submit_umask(req: &JobRequest) -> Option<libc::mode_t> {
+    let v = req.env.iter().find_map(|e| e.strip_prefix("SLURM_UMASK="))?;
+    libc::mode_t::from_str_radix(v, 8).ok().filter(|m| *m <= 0o777)
+}
+
+/// The `--time` that gives a job submitted here with `--time=UNLIMITED` at
+/// home as long as this cluster lets it run: the default partition's
+/// MaxTime (UNLIMITED where it has none). Without `--time` its DefaultTime
+/// would apply instead; an UNLIMITED beyond a finite MaxTime would leave
+/// it pending for good (PartitionTimeLimit). `None`: no default partition.
+pub fn unlimited_time(sc: &slurm_conf::slurm::SlurmConf) -> Option<String> {
+    use slurm_conf::slurm::TimeLimit;
+    Some(match sc.default_partition()?.max_time {
+        None | Some(TimeLimit::Unlimited) => "UNLIMITED".into(),
+        Some(TimeLimit::Minutes(m)) => m.to_string(),
+    })
+}
+
 /// sudo, by absolute path: the command's PATH is the job's.
 const SUDO: &str = "/usr/bin/sudo";
 
@@ -51,6 +71,19 @@ impl SlurmBackend {
         env: Option<&[(String, String)]>,
         as_user: Option<&str>,
     ) -> Result<Vec<u8>> {
+        self.run_with(cmd, args, stdin, env, as_user, |_| {}).await
+    }
+
+    /// [`SlurmBackend::run_in`], with `setup` applied to the command last.
+    async fn run_with(
+        &self,
+        cmd: &str,
+        args: &[String],
+        stdin: Option<&[u8]>,
+        env: Option<&[(String, String)]>,
+        as_user: Option<&str>,
+        setup: impl FnOnce(&mut Command),
+    ) -> Result<Vec<u8>> {
         let mut c = match as_user {
             // -E keeps the environment (sudoers: SETENV); sudo still drops
             // the dangerous variables (LD_PRELOAD and the like), which is
@@ -71,6 +104,7 @@ impl SlurmBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        setup(&mut c);
         let mut child = c.spawn().with_context(|| format!("running {cmd}"))?;
         if let (Some(data), Some(mut w)) = (stdin, child.stdin.take()) {
             w.write_all(data).await.with_context(|| format!("writing to {cmd}"))?;
@@ -670,6 +704,13 @@ impl Backend for SlurmBackend {
         if let Some(a) = &user.account {
             args.push(format!("--account={a}"));
         }
+        if req.time_unlimited && req.time_limit_min.is_none() {
+            // `--time=UNLIMITED` at home: the longest this cluster allows.
+            match slurm_conf::slurm::SlurmConf::load(&self.slurm_conf) {
+                Ok(sc) => args.extend(unlimited_time(&sc.conf).map(|t| format!("--time={t}"))),
+                Err(e) => tracing::warn!(%id, "--time=UNLIMITED gets this cluster's DefaultTime: {e}"),
+            }
+        }
         // The job's environment as sbatch captured it at the origin, read by
         // sbatch itself (sudo would strip LD_*, PYTHONPATH and the like).
         // HOME is the user's home here, as for a job they submitted here
@@ -704,7 +745,24 @@ impl Backend for SlurmBackend {
                 }
             }
         }
-        let out = self.run_in("sbatch", &args, Some(script), Some(&base_env), Some(&user.name)).await?;
+        // sbatch runs where the job does (its SLURM_SUBMIT_DIR: `cd
+        // $SLURM_SUBMIT_DIR` finds the job's directory, not the agent's),
+        // with the umask it had at home, which it gives the job (the
+        // sudoers rule keeps it: `Defaults:fleet umask=0777`).
+        let umask = submit_umask(req);
+        let setup = |c: &mut Command| {
+            c.current_dir(&dir);
+            if let Some(m) = umask {
+                // SAFETY: umask(2) is async-signal-safe and touches only the child.
+                unsafe {
+                    c.pre_exec(move || {
+                        libc::umask(m);
+                        Ok(())
+                    });
+                }
+            }
+        };
+        let out = self.run_with("sbatch", &args, Some(script), Some(&base_env), Some(&user.name), setup).await?;
         let out = String::from_utf8_lossy(&out);
         let first = out.trim().split(';').next().unwrap_or("");
         first.parse().with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
@@ -891,6 +949,36 @@ pub fn private_hides_jobs(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_submitters_umask_is_read_from_the_job_environment() {
+        let with = |env: &[&str]| {
+            let req = fleet_api::JobRequest { env: env.iter().map(|e| e.to_string()).collect(), ..Default::default() };
+            super::submit_umask(&req)
+        };
+        assert_eq!(with(&["PATH=/bin", "SLURM_UMASK=0077"]), Some(0o077));
+        assert_eq!(with(&["SLURM_UMASK=0002"]), Some(0o002));
+        assert_eq!(with(&["SLURM_UMASK=9"]), None);
+        assert_eq!(with(&["SLURM_UMASK=01777"]), None);
+        assert_eq!(with(&["XSLURM_UMASK=0077"]), None);
+        assert_eq!(with(&[]), None);
+    }
+
+    #[test]
+    fn an_unlimited_job_gets_the_default_partitions_max_time() {
+        let at = |parts: &str| {
+            let conf = format!("ClusterName=alpha\nNodeName=a1 CPUs=4\n{parts}");
+            super::unlimited_time(&slurm_conf::slurm::SlurmConf::parse_str(&conf, "slurm.conf").unwrap().conf)
+        };
+        let unlimited = Some("UNLIMITED".to_string());
+        assert_eq!(at("PartitionName=gpu Nodes=a1 Default=YES MaxTime=INFINITE DefaultTime=60"), unlimited);
+        assert_eq!(at("PartitionName=gpu Nodes=a1 Default=YES DefaultTime=60"), unlimited);
+        assert_eq!(
+            at("PartitionName=gpu Nodes=a1 Default=YES MaxTime=2-00:00:00 DefaultTime=60\nPartitionName=x Nodes=a1"),
+            Some("2880".to_string())
+        );
+        assert_eq!(at("PartitionName=gpu Nodes=a1 MaxTime=30"), None);
+    }
+
     #[test]
     fn private_data_that_hides_jobs() {
         for (v, hides) in [
