@@ -169,6 +169,31 @@ fn h100_job_at_beta_runs_on_kube_gamma_with_output_exit_code_and_image() {
 }
 
 /// The uid of a local user.
+/// A pod's log stream that ends before the pod does (an API server
+/// restarting, a kubelet dropping an idle stream: the test double cuts
+/// every stream after 700 ms) loses nothing: the agent reads on from where
+/// it stopped, and beta's job ends only with the whole output.
+#[test]
+fn a_log_stream_cut_before_its_pod_ends_loses_no_output() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-log-cut");
+    let fault = lab.kube_admin_config().parent().unwrap().join("server/work/faults/log-streams-end-after-ms");
+    std::fs::create_dir_all(fault.parent().unwrap()).unwrap();
+    std::fs::write(&fault, "700").unwrap();
+    let _heal = fleet_lab::OnDrop(|| {
+        let _ = std::fs::remove_file(&fault);
+    });
+    let body = "for i in $(seq 1 12); do echo line $i; sleep 0.25; done\necho end";
+    let (id, _name, _cancel) =
+        at_kube(lab, &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")], body);
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let want: String = (1..=12).map(|i| format!("line {i}\n")).collect::<String>() + "end\n";
+    let _ = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"end\n"));
+    assert_eq!(String::from_utf8_lossy(&std::fs::read(dir.join("out.txt")).unwrap_or_default()), want);
+}
+
 fn nix_uid(user: &str) -> u32 {
     let out = std::process::Command::new("id").args(["-u", user]).output().expect("id -u");
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a uid")

@@ -955,9 +955,20 @@ async fn pod_log(state: &Arc<State>, ns: &str, name: &str, q: &HashMap<String, S
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let state = state.clone();
     let (ns, name, uid) = (ns.to_string(), name.to_string(), meta_str(&pod, "uid").to_string());
+    // Fault injection (a test writes the file): every follow stream ends
+    // after this many milliseconds, whether the container runs or not, as
+    // when an API server restarts or a kubelet drops an idle stream.
+    let cut_after = std::fs::read_to_string(state.cfg.work_dir.join("faults/log-streams-end-after-ms"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let opened = std::time::Instant::now();
     tokio::spawn(async move {
         let mut off = 0u64;
         loop {
+            if cut_after.is_some_and(|c| opened.elapsed() >= c) {
+                return;
+            }
             // Whether the container has ended, read before the file so that
             // its last bytes are read after it ended.
             let ended = {

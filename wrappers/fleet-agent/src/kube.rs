@@ -1290,10 +1290,7 @@ impl KubeBackend {
             let follow = self.follow.clone();
             let id = fleet_id.to_string();
             let task = tokio::spawn(async move {
-                let r = follow_one(&api, &name, &out, &mark).await;
-                if let Err(e) = &r {
-                    tracing::warn!(id = %id, pod = %name, "following the pod's log: {e:#}");
-                }
+                follow_to_end(&api, &name, &out, &mark, &id).await;
                 if let Some(e) = follow.lock().get_mut(&id) {
                     e.pods.insert(uid, true);
                 }
@@ -1343,6 +1340,43 @@ pub fn lease_stop_message(pods: &[&Pod]) -> Option<String> {
         .flat_map(|p| p.status.iter().flat_map(|s| s.container_statuses.iter().flatten()))
         .filter_map(|cs| cs.state.as_ref()?.terminated.as_ref()?.message.as_deref())
         .find_map(|m| lease_stop_why(m.as_bytes()))
+}
+
+/// Follows one pod's log into `out` until the whole of it is there: a
+/// stream can end before the container does (an API server restart, a
+/// dropped connection, a kubelet closing an idle stream), so the log is
+/// read again from the mark until a read begun after the pod ended has
+/// reached its end, or the pod is gone (its log with it).
+async fn follow_to_end(api: &Api<Pod>, name: &str, out: &std::path::Path, mark: &std::path::Path, id: &str) {
+    let mut warned = false;
+    loop {
+        let ended = match api.get_opt(name).await {
+            Ok(Some(p)) => pod_ended(&p),
+            Ok(None) => return,
+            Err(e) => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(%id, pod = %name, "reading the pod to follow its log: {e}; trying again");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        match follow_one(api, name, out, mark).await {
+            Ok(()) if ended => return,
+            Ok(()) => tracing::debug!(%id, pod = %name, "the pod's log stream ended before the pod: reading on"),
+            Err(e) => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(%id, pod = %name, "following the pod's log: {e:#}; reading on from where it stopped");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The pod's containers have all ended (its phase says so).
+fn pod_ended(p: &Pod) -> bool {
+    matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
 async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std::path::Path) -> Result<()> {
@@ -1757,9 +1791,7 @@ impl Backend for KubeBackend {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         done = self.follow_logs(&fleet_id, &pods);
                     }
-                    let still_running = pods.iter().any(|p| {
-                        !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-                    });
+                    let still_running = pods.iter().any(|p| !pod_ended(p));
                     if still_running && has_true(&job, "Complete").is_none() && has_true(&job, "Failed").is_none() {
                         // Fatal for Fleet (image pull, eviction) while
                         // Kubernetes would keep trying: stop it here.
@@ -1770,6 +1802,21 @@ impl Backend for KubeBackend {
                     }
                     // The follow entry stays (its pods marked read): a
                     // repeated status call must not append the logs again.
+                    if !done {
+                        // Its log is still being read (a long backlog, an
+                        // API server away): it ends once the whole output
+                        // is in the file, not before with its tail lost.
+                        tracing::info!(%fleet_id, job = %name, "ended; still reading its log before reporting the end");
+                        let raw_state = "COMPLETING".to_string();
+                        out.push(NativeJob {
+                            state: JobState::Running,
+                            raw_state,
+                            exit_code: None,
+                            signal: None,
+                            ..nj
+                        });
+                        continue;
+                    }
                 }
             }
             out.push(nj);
