@@ -396,10 +396,8 @@ fn an_export_list_of_names_takes_the_submitters_values() {
 /// it reaches its native twin: the umask (the modes of the job's files),
 /// the submit directory (`cd $SLURM_SUBMIT_DIR` finds where the job runs,
 /// not the agent's `/`) and `--no-requeue` (the target's Slurm must not
-/// run the script twice). Script arguments keep the job home (the target's
-/// sbatch reads the script on its standard input, where it takes none):
-/// an H100 job, which beta cannot run, is refused naming them instead of
-/// running elsewhere without them.
+/// run the script twice), and the script's arguments (`sbatch job.sh --lr
+/// 0.1`; the target's sbatch takes them after a script file).
 #[test]
 fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
     let (lab, _serial) = Lab::lock();
@@ -429,13 +427,22 @@ fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
     };
     let native = submit("native.txt", "--fleet=local --no-requeue");
     let fleet = submit("fleet.txt", "--gres=gpu:h100:1 --no-requeue");
+    let (args_native, args_fleet) = match (
+        sbatch("args-native.txt", "--fleet=local", "--lr 0.1 'a b'"),
+        sbatch("args-fleet.txt", "--gres=gpu:h100:1", "--lr 0.1 'a b'"),
+    ) {
+        ((Some(n), _), (Some(f), _)) => (n, f),
+        (n, f) => panic!("{n:?} {f:?}"),
+    };
+    let ids = [native, fleet, args_native, args_fleet];
     let _cancel = OnDrop(|| {
-        let _ = lab.cmd("beta", "scancel", &[&native.to_string(), &fleet.to_string()]);
+        let _ = lab.cmd(
+            "beta",
+            "scancel",
+            &ids.iter().map(u64::to_string).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>(),
+        );
     });
-    let (refused, why) = sbatch("args.txt", "--gres=gpu:h100:1", "--lr 0.1");
-    assert_eq!(refused, None, "{why}");
-    assert!(why.contains("alpha: script arguments (2) cannot be honoured at another cluster"), "{why}");
-    for id in [native, fleet] {
+    for id in ids {
         assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0", "job {id}");
     }
     let read = |n: &str| {
@@ -445,6 +452,8 @@ fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
     assert_eq!(read("fleet.txt"), "0077 same [] fleet\n", "forwarded");
     let (target, remote) = remote_of(lab, fleet).expect("forwarded");
     assert_eq!(lab.job(&target, remote).unwrap()["Requeue"], "0", "--no-requeue at {target}");
+    assert_eq!(read("args-native.txt"), "0077 same [--lr 0.1 a b] \n", "the native twin with arguments");
+    assert_eq!(read("args-fleet.txt"), "0077 same [--lr 0.1 a b] fleet\n", "forwarded with arguments");
 }
 
 /// Fields that differ between any two submissions of the same job.

@@ -126,6 +126,9 @@ pub struct JobRequest {
     /// its partition allows (`None` in `time_limit_min`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub time_unlimited: bool,
+    /// The script's arguments (`sbatch [options] script args...`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub script_args: Vec<String>,
     /// `--requeue` (`Some(true)`) or `--no-requeue` (`Some(false)`); `None`:
     /// the cluster's `JobRequeue`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

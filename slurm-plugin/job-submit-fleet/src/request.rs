@@ -496,7 +496,13 @@ pub fn complete(job: &mut JobDesc<'_>, config: &PluginConfig, req: &mut JobReque
         _ => None,
     };
     req.no_kill = job.num(NumField::KillOnNodeFail) == 0;
+    // (Not UTF-8 or too long: kept home by `not_carried`.)
+    req.script_args = job.script_args().iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
 }
+
+/// The script's arguments a forwarded job carries at most (in all, one
+/// byte per argument more): beyond, it stays home.
+pub const MAX_SCRIPT_ARGS_BYTES: usize = 64 << 10;
 
 /// Options on the job that no other cluster can honour, as
 /// `--option[=value]`: the job stays home (or is refused naming them).
@@ -521,10 +527,12 @@ fn not_carried(job: &mut JobDesc<'_>, tres_per_node: Option<&str>) -> Vec<String
             out.push(format!("{opt}={v}"));
         }
     }
-    // `sbatch script args...`: the target's sbatch reads the script on its
-    // standard input, where it can pass no arguments.
-    if job.script_args() > 0 {
-        out.push(format!("script arguments ({})", job.script_args()));
+    // `sbatch script args...` travel as text, within a bound.
+    let args = job.script_args();
+    if args.iter().any(|a| std::str::from_utf8(a).is_err()) {
+        out.push("script arguments that are not UTF-8".into());
+    } else if args.iter().map(|a| a.len() + 1).sum::<usize>() > MAX_SCRIPT_ARGS_BYTES {
+        out.push(format!("script arguments beyond {MAX_SCRIPT_ARGS_BYTES} bytes"));
     }
     if job.has_batch_features() {
         out.push("--batch".into());
@@ -974,27 +982,50 @@ mod tests {
         assert_eq!(r.origin, "beta");
     }
 
-    #[test]
-    fn script_arguments_and_options_no_target_gets_keep_the_job_home() {
+    /// `not_carried` and the request of a descriptor whose argv is `argv`.
+    fn with_argv(
+        argv: &[&[u8]],
+        batch_features: Option<&std::ffi::CStr>,
+        prep: impl FnOnce(&mut JobDesc<'_>),
+    ) -> (Vec<String>, Vec<String>) {
         let mut d = JobDesc::test_descriptor();
-        d.argc = 3; // train.sh --lr 0.1
-        let features = std::ffi::CString::new("knl").unwrap();
-        d.batch_features = features.as_ptr() as *mut _;
+        d.batch_features = batch_features.map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut _);
+        let owned: Vec<std::ffi::CString> = argv.iter().map(|a| std::ffi::CString::new(*a).unwrap()).collect();
+        let mut ptrs: Vec<*mut std::ffi::c_char> = owned.iter().map(|c| c.as_ptr() as *mut _).collect();
+        d.argv = ptrs.as_mut_ptr();
+        d.argc = ptrs.len() as u32;
         let out = {
             let mut jd = JobDesc::from_box(&mut d);
-            jd.set(StrField::MemBind, Some("local"));
-            jd.set_num(NumField::WaitAllNodes, 1);
-            not_carried(&mut jd, None)
+            prep(&mut jd);
+            let mut req = JobRequest::default();
+            complete(&mut jd, &config(), &mut req);
+            (not_carried(&mut jd, None), req.script_args)
         };
+        d.argv = std::ptr::null_mut();
+        d.argc = 0;
         d.batch_features = std::ptr::null_mut();
         free_test_descriptor(d);
-        assert_eq!(out, ["--mem-bind=local", "script arguments (2)", "--batch", "--wait-all-nodes=1"]);
+        out
+    }
+
+    #[test]
+    fn script_arguments_travel_and_options_no_target_gets_keep_the_job_home() {
+        let features = std::ffi::CString::new("knl").unwrap();
+        let (out, args) = with_argv(&[b"train.sh", b"--lr", b"0.1", b"a b;$(x)"], Some(&features), |jd| {
+            jd.set(StrField::MemBind, Some("local"));
+            jd.set_num(NumField::WaitAllNodes, 1);
+        });
+        assert_eq!(out, ["--mem-bind=local", "--batch", "--wait-all-nodes=1"]);
+        assert_eq!(args, ["--lr", "0.1", "a b;$(x)"]);
         // A script without arguments (argv[0] alone) and the defaults: nothing.
-        let mut d = JobDesc::test_descriptor();
-        d.argc = 1;
-        let out = not_carried(&mut JobDesc::from_box(&mut d), None);
-        free_test_descriptor(d);
-        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(with_argv(&[b"train.sh"], None, |_| {}), (vec![], vec![]));
+        assert_eq!(with_argv(&[], None, |_| {}), (vec![], vec![]));
+        // What cannot travel as text, or is too long, keeps the job home.
+        let (out, _) = with_argv(&[b"train.sh", b"\xff"], None, |_| {});
+        assert_eq!(out, ["script arguments that are not UTF-8"]);
+        let long = vec![b'x'; MAX_SCRIPT_ARGS_BYTES];
+        let (out, _) = with_argv(&[b"train.sh", &long], None, |_| {});
+        assert_eq!(out, [format!("script arguments beyond {MAX_SCRIPT_ARGS_BYTES} bytes")]);
     }
 
     #[test]

@@ -400,9 +400,11 @@ impl<'a> JobDesc<'a> {
 
     /// The arguments sbatch passes to the script (`sbatch [options] script
     /// [args...]`: `argv[0]` is the script's name, the rest its arguments).
-    #[inline]
-    pub fn script_args(&self) -> u32 {
-        self.raw.argc.saturating_sub(1)
+    pub fn script_args(&self) -> Vec<&[u8]> {
+        let r = &*self.raw;
+        // SAFETY: slurmctld's argv holds argc entries, each NULL or a
+        // NUL-terminated string alive for the hook (as environment).
+        unsafe { string_iter(r.argv, r.argc) }.skip(1).collect()
     }
 
     /// `sbatch --batch=<features>`: the node features the batch step needs.

@@ -540,6 +540,11 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         }
         None => json!(["/bin/bash", format!("{SCRIPT_DIR}/entry")]),
     };
+    // The script's arguments (`sbatch script args...`), which the entry passes on.
+    let mut command = command;
+    if let Some(c) = command.as_array_mut() {
+        c.extend(req.script_args.iter().map(|a| json!(a)));
+    }
     let mut container = json!({
         "name": "job",
         "image": image,
@@ -2207,6 +2212,15 @@ mod tests {
         assert!(pod.get("initContainers").is_none() && pod.get("shareProcessNamespace").is_none());
         assert_eq!(pod["containers"][0]["command"], json!(["/bin/bash", "/fleet/job/entry"]));
         assert!(!j.to_string().contains("FLEET_JOB_LEASE_MS"));
+        // The script's arguments follow the entry, which passes them on.
+        let with_args = JobRequest { script_args: vec!["--lr".into(), "a b;$(x)".into()], ..r.clone() };
+        let o = translate(&Translate { ckpt: Some(&m2), ..t.clone() }, &with_args).unwrap();
+        let j = serde_json::to_value(&o.job).unwrap();
+        assert_eq!(
+            j["spec"]["template"]["spec"]["containers"][0]["command"],
+            json!(["/bin/bash", "/fleet/job/entry", "--lr", "a b;$(x)"])
+        );
+        assert!(ENTRY.contains("\"$@\""));
     }
 
     #[test]

@@ -762,7 +762,18 @@ impl Backend for SlurmBackend {
                 }
             }
         };
-        let out = self.run_with("sbatch", &args, Some(script), Some(&base_env), Some(&user.name), setup).await?;
+        // The script's arguments: sbatch takes them after a script file
+        // (on its standard input it takes none), written for the user to read.
+        let stdin = if req.script_args.is_empty() {
+            Some(script)
+        } else {
+            let f = dir.join(".fleet-batch");
+            crate::jobdir::write_private(&f, script)?;
+            args.push(f.display().to_string());
+            args.extend(req.script_args.iter().cloned());
+            None
+        };
+        let out = self.run_with("sbatch", &args, stdin, Some(&base_env), Some(&user.name), setup).await?;
         let out = String::from_utf8_lossy(&out);
         let first = out.trim().split(';').next().unwrap_or("");
         first.parse().with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
