@@ -360,6 +360,9 @@ fn under_private_data_the_agent_must_be_a_slurm_operator() {
     let report = agent_check(lab);
     let line = report.lines().find(|l| l.contains("private data")).unwrap_or_default().to_string();
     assert!(line.starts_with("PASS") && line.contains("AdminLevel=operator"), "{report}");
+    // The helper each run starts under is where fleet.conf says.
+    let helper = report.lines().find(|l| l.contains("ckpt-helper")).unwrap_or_default();
+    assert!(helper.starts_with("PASS") && helper.contains("every compute node"), "{report}");
     // Without the role the check fails and says what to run (the agent's
     // start refuses the same way).
     let sacctmgr = |level: &str| {

@@ -78,6 +78,8 @@ spank=$(awk '$1 == "optional" {print $2}' "$D/etc/slurm/plugstack.conf.d/fleet.c
 check "plugstack.conf.d names the installed spank_fleet.so ($spank)" test -f "$D$spank"
 proxy=$(sed -n 's/^ProxyPath=//p' "$D/etc/slurm/fleet.conf")
 check "fleet.conf's ProxyPath ($proxy) is installed" test -x "$D$proxy"
+helper=$(sed -n 's/^CkptHelper=//p' "$D/etc/slurm/fleet.conf")
+check "fleet.conf's CkptHelper ($helper) is the installed fleet-ckpt" test -x "$D$helper"
 spool=$(sed -n 's/^AgentSpoolDir=//p' "$D/etc/slurm/fleet.conf")
 check "fleet.conf's AgentSpoolDir is the unit's StateDirectory" test "$spool" = /var/lib/fleet
 sock=$(sed -n 's/^AgentSocket=//p' "$D/etc/slurm/fleet.conf")
@@ -131,6 +133,7 @@ make -s --no-print-directory install DESTDIR="$L" PREFIX=/usr/local FLEET_BIN_DI
   || { echo "FAIL make install PREFIX=/usr/local"; exit 1; }
 check "PREFIX=/usr/local: units run /usr/local/sbin/*" grep -qx 'ExecStart=/usr/local/sbin/fleet-agent --conf /etc/slurm/fleet.conf' "$L/usr/local/lib/systemd/system/fleet-agent.service"
 check "PREFIX=/usr/local: ProxyPath follows" grep -qx 'ProxyPath=/usr/local/libexec/fleet/fleet-proxy' "$L/etc/slurm/fleet.conf"
+check "PREFIX=/usr/local: CkptHelper follows (an installed fleet-ckpt)" bash -c "grep -qx 'CkptHelper=/usr/local/bin/fleet-ckpt' '$L/etc/slurm/fleet.conf' && test -x '$L/usr/local/bin/fleet-ckpt'"
 check "PREFIX=/usr/local: the plugins still go to Slurm's dir" test -f "$L$PLUGDIR/job_submit_fleet.so"
 nobin() {
   ! make -s --no-print-directory install DESTDIR="$TMP/x" FLEET_BIN_DIR="$TMP/nothing" >"$TMP/nobin" 2>&1 \

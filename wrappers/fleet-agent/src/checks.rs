@@ -106,8 +106,36 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out.push(plugin_socket(cfg, slurm_user.as_ref()));
     out.push(instance(&cfg.spool));
     out.push(ca_file(cfg));
+    out.push(ckpt_helper(cfg));
     out.push(meta_scheduler(cfg).await);
     out
+}
+
+/// `CkptHelper`: each run's first line names it under the in-job lease,
+/// and the agent copies checkpoints with it, so it must be at that path
+/// here and on every compute node.
+fn ckpt_helper(cfg: &AgentConfig) -> Check {
+    use std::os::unix::fs::PermissionsExt;
+    let h = cfg.ckpt_helper.display();
+    let executable =
+        std::fs::metadata(&cfg.ckpt_helper).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    match (executable, cfg.job_lease) {
+        (true, Some(_)) => pass(
+            "ckpt-helper",
+            format!("CkptHelper={h}; each forwarded run starts as `{h} lease-exec`: install fleet-ckpt at this path on every compute node too"),
+        ),
+        (true, None) => pass("ckpt-helper", format!("CkptHelper={h} (checkpoint copies; JobLeaseMs=0: runs go without their in-job lease)")),
+        (false, Some(_)) => warn(
+            "ckpt-helper",
+            format!("CkptHelper={h} is not an executable file here: forwarded runs go without their in-job lease, and checkpoints are not copied between regions"),
+            "install the fleet-ckpt package (or `make install`) here and on every compute node, or set CkptHelper= to where it is",
+        ),
+        (false, None) => warn(
+            "ckpt-helper",
+            format!("CkptHelper={h} is not an executable file here: checkpoints are not copied between regions"),
+            "install the fleet-ckpt package here, or set CkptHelper= to where it is",
+        ),
+    }
 }
 
 /// What the agent will use (no secrets: the token is not shown).
