@@ -26,6 +26,9 @@ pub struct LocalUser {
     pub gid: u32,
     /// Account to charge at this cluster (`None`: the user's default).
     pub account: Option<String>,
+    /// The account `JobUserMap` gives (not the job's own `-A`, which the
+    /// user typed): what may choose a Kubernetes namespace.
+    pub mapped_account: Option<String>,
     /// The user's home here (passwd's sixth field), read with the rest of
     /// the account so that submitting needs no second look at /etc/passwd.
     pub home: Option<PathBuf>,
@@ -282,9 +285,10 @@ impl Policy {
                 bail!("user {local} is not in JobUserGroup={}", self.group);
             }
         }
-        let account = mapped_account.or_else(|| account.map(str::to_string)).filter(|a| valid_name(a));
+        let mapped_account = mapped_account.filter(|a| valid_name(a));
+        let account = mapped_account.clone().or_else(|| account.map(str::to_string)).filter(|a| valid_name(a));
         let home = acc.home_of(&local);
-        Ok(LocalUser { name: local, uid, gid, account, home })
+        Ok(LocalUser { name: local, uid, gid, account, mapped_account, home })
     }
 }
 
@@ -475,6 +479,7 @@ mod tests {
                 uid: 1001,
                 gid: 1001,
                 account: Some("lab".into()),
+                mapped_account: None,
                 home: Some("/home/alice".into())
             }
         );
@@ -545,7 +550,13 @@ mod tests {
         let acc = Accounts::from_text(PASSWD, GROUP);
         let p = policy(Mapping::File(f));
         let u = p.resolve(&acc, "beta", Some("al"), Some("other")).unwrap();
-        assert_eq!((u.name.as_str(), u.account.as_deref()), ("alice", Some("proj1")));
+        assert_eq!(
+            (u.name.as_str(), u.account.as_deref(), u.mapped_account.as_deref()),
+            ("alice", Some("proj1"), Some("proj1"))
+        );
+        // A map line without an account: the job's -A is charged, and is no mapped account.
+        let u = p.resolve(&acc, "gamma", Some("bob"), Some("vision")).unwrap();
+        assert_eq!((u.account.as_deref(), u.mapped_account), (Some("vision"), None));
         assert_eq!(p.resolve(&acc, "gamma", Some("bob"), None).unwrap().name, "bob");
         let e = p.resolve(&acc, "gamma", Some("al"), None).unwrap_err().to_string();
         assert!(e.contains("not in JobUserMap"), "{e}");

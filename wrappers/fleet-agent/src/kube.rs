@@ -352,7 +352,9 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
     let script = req.script.as_deref().ok_or_else(|| anyhow!("job {} carries no script", t.fleet_id))?;
     let d = Demand::of(req);
     let name = job_name(t.native_id);
-    let ns = t.settings.namespace_for(t.user.account.as_deref().or(req.account.as_deref())).to_string();
+    // Only the account the site's identity map gives chooses the namespace
+    // (its quota, queue and policies): never the `-A` its user typed.
+    let ns = t.settings.namespace_for(t.user.mapped_account.as_deref()).to_string();
     let nodes = d.min_nodes.max(1);
     if nodes > 1024 {
         bail!("{nodes} nodes: more than an Indexed Job of this backend runs (1024)");
@@ -1659,7 +1661,7 @@ impl Backend for KubeBackend {
             )?;
         }
         // translate() puts the objects in the same namespace.
-        let ns = &self.settings.namespace_for(user.account.as_deref().or(req.account.as_deref())).to_string();
+        let ns = &self.settings.namespace_for(user.mapped_account.as_deref()).to_string();
         let mut tries = 0;
         let (native_id, objects, job) = loop {
             let native_id = self.mint_id();
@@ -1956,7 +1958,7 @@ mod tests {
     use fleet_api::job::{GpuRequest, GpuScope};
 
     fn user() -> LocalUser {
-        LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None, home: None }
+        LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None, mapped_account: None, home: None }
     }
 
     fn settings() -> KubeSettings {
@@ -2325,7 +2327,7 @@ mod tests {
         assert_eq!(s.namespace_for(Some("cv")), "fleet");
         assert_eq!(s.namespace_for(None), "fleet");
         assert_eq!(s.namespaces(), vec!["fleet", "team-ml"]);
-        let ml = LocalUser { account: Some("ml".into()), ..user() };
+        let ml = LocalUser { account: Some("ml".into()), mapped_account: Some("ml".into()), ..user() };
         let t = Translate {
             site: "gamma",
             fleet_id: "beta-7",
@@ -2342,11 +2344,12 @@ mod tests {
         assert_eq!(o.script.metadata.namespace.as_deref(), Some("team-ml"));
         let env = serde_json::to_value(&o.job).unwrap()["spec"]["template"]["spec"]["containers"][0]["env"].clone();
         assert!(env.as_array().unwrap().iter().any(|e| e["name"] == "SLURM_JOB_PARTITION" && e["value"] == "team-ml"));
-        // The job's own -A counts where the identity map names no account.
+        // The job's own -A (text its user typed, the account the job is
+        // charged to here where the map names none) never chooses one.
         let r = JobRequest { account: Some("ml".into()), ..req(&[], None) };
-        let u = user();
+        let u = LocalUser { account: Some("ml".into()), ..user() };
         let t = Translate { user: &u, ..t };
-        assert_eq!(translate(&t, &r).unwrap().job.metadata.namespace.as_deref(), Some("team-ml"));
+        assert_eq!(translate(&t, &r).unwrap().job.metadata.namespace.as_deref(), Some("fleet"));
     }
 
     #[test]

@@ -1026,6 +1026,7 @@ mod tests {
             uid: 1001,
             gid: 1001,
             account: None,
+            mapped_account: None,
             home: home.map(|h| h.to_path_buf()),
         };
         assert_eq!(job_home(&user(Some(tmp.path())), &dir), tmp.path());

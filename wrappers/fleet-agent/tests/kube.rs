@@ -106,7 +106,7 @@ async fn cluster() -> Cluster {
 }
 
 fn user() -> LocalUser {
-    LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None, home: None }
+    LocalUser { name: "alice".into(), uid: 1001, gid: 1001, account: None, mapped_account: None, home: None }
 }
 
 fn request(script: &str, gpus: Option<(&str, u32)>, nodes: u32) -> JobRequest {
@@ -690,7 +690,7 @@ async fn jobs_run_in_their_accounts_namespace_and_the_agent_may_use_no_other() {
     })
     .await;
     // Charged to account ml (as the identity map says): namespace team-ml.
-    let ml = LocalUser { account: Some("ML".into()), ..user() };
+    let ml = LocalUser { account: Some("ML".into()), mapped_account: Some("ML".into()), ..user() };
     let a =
         c.backend.submit("beta-50", &request("echo in $SLURM_JOB_PARTITION\nsleep 60\n", None, 1), &ml).await.unwrap();
     // Charged to another account: the default namespace.
@@ -783,7 +783,7 @@ async fn pods_run_as_the_mapped_user_and_read_only_their_own_checkpoint_token() 
     // Another user's pod (bob, 1002) cannot read alice's token.
     let path = out.lines().find_map(|l| l.strip_prefix("path=")).unwrap().to_string();
     assert!(Path::new(&path).exists(), "{path}");
-    let bob = LocalUser { name: "bob".into(), uid: 1002, gid: 1002, account: None, home: None };
+    let bob = LocalUser { name: "bob".into(), uid: 1002, gid: 1002, account: None, mapped_account: None, home: None };
     let snoop = format!("id -u\ncat {path} 2>/dev/null && echo READ || echo denied\n");
     let b = c.backend.submit("beta-61", &request(&snoop, None, 1), &bob).await.unwrap();
     let end = until(&c, b, "finished", |j| j.state.is_terminal()).await;
@@ -795,7 +795,7 @@ async fn pods_run_as_the_mapped_user_and_read_only_their_own_checkpoint_token() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_would_run_as_root_never_starts() {
     let c = cluster().await;
-    let root = LocalUser { name: "root".into(), uid: 0, gid: 0, account: None, home: None };
+    let root = LocalUser { name: "root".into(), uid: 0, gid: 0, account: None, mapped_account: None, home: None };
     let id = c.backend.submit("beta-62", &request("echo ran-as-root\n", None, 1), &root).await.unwrap();
     let j = until(&c, id, "refused", |j| !j.reason.is_empty()).await;
     assert_eq!(j.state, JobState::Pending, "{j:?}");
