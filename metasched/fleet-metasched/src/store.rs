@@ -102,6 +102,13 @@ pub const MAX_OUTPUT_OFFSET: u64 = 1 << 40;
 
 /// Longest `reason` of a refused start kept in the record.
 const MAX_REASON: usize = 512;
+/// The longest node list a report sets (a hostlist expression).
+const MAX_NODE_LIST: usize = 4096;
+
+/// `s` without control characters, at most `max` characters.
+fn printable(s: &str, max: usize) -> String {
+    s.chars().filter(|c| !c.is_control()).take(max).collect()
+}
 
 /// One `watch` channel per configured cluster; a change means "there may
 /// be new work for this cluster" and wakes its agent's long-poll
@@ -1569,7 +1576,7 @@ impl Store {
         set_life(&mut job, &o.life);
         job.record.updated_at = now;
         if o.effects.contains(&Effect::DropStartRequest) {
-            let why: String = c.reason.chars().filter(|ch| !ch.is_control()).take(MAX_REASON).collect();
+            let why: String = printable(&c.reason, MAX_REASON);
             if let Some(before) = job.before_rerun.take() {
                 // No requeue of the stand-in happened: the request changed nothing.
                 tracing::warn!(job = id, stand_in = c.origin_job_id, reason = %why, state = %before.record.state,
@@ -2338,7 +2345,7 @@ impl Store {
             }
         }
         if let Some(why) = &upd.died {
-            let why: String = why.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect();
+            let why: String = printable(&why, MAX_REASON);
             let target = job.record.target.clone().unwrap_or_default();
             let epoch = upd.epoch.or(Some(job.record.epoch));
             // Nothing of it started, says its agent; a run that asked for
@@ -2367,7 +2374,7 @@ impl Store {
         if o.effects.contains(&Effect::EarlyFallback) {
             let why = match upd.state {
                 Some(s) if !upd.reason.is_empty() => {
-                    let r: String = upd.reason.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect();
+                    let r: String = printable(&upd.reason, MAX_REASON);
                     format!("it ended {s} before it started: {r}")
                 }
                 Some(s) => format!("it ended {s} before it started"),
@@ -2383,15 +2390,19 @@ impl Store {
         for effect in &o.effects {
             match effect {
                 Effect::TakeReport => {
+                    // What reaches squeue at the origin and fleetctl: no
+                    // control characters (terminal escapes), bounded.
+                    let reason = printable(&upd.reason, MAX_REASON);
+                    let node_list = printable(&upd.node_list, MAX_NODE_LIST);
                     if let Some(rid) = upd.remote_job_id {
                         job.record.remote_job_id = Some(rid);
                     }
-                    if !upd.node_list.is_empty() {
-                        job.record.node_list = upd.node_list.clone();
+                    if !node_list.is_empty() {
+                        job.record.node_list = node_list;
                     }
                     match upd.state {
-                        Some(JobState::Pending) if !upd.reason.is_empty() && upd.reason != "None" => {
-                            job.target_waits = Some((job.record.epoch, upd.reason.clone()));
+                        Some(JobState::Pending) if !reason.is_empty() && reason != "None" => {
+                            job.target_waits = Some((job.record.epoch, reason.clone()));
                         }
                         Some(JobState::Pending) | None => {}
                         Some(_) => {
@@ -2403,8 +2414,8 @@ impl Store {
                             }
                         }
                     }
-                    if !upd.reason.is_empty() {
-                        job.record.reason = upd.reason.clone();
+                    if !reason.is_empty() {
+                        job.record.reason = reason;
                     } else if let Some(new) = upd.state.filter(|n| n.is_terminal()) {
                         // The placement reason no longer says why the job is where it is.
                         let how = match (upd.signal.filter(|s| *s > 0), upd.exit_code) {
@@ -2426,7 +2437,7 @@ impl Store {
                     let at = job.record.target.clone().unwrap_or_else(|| "?".into());
                     let how = match upd.rerun_why.as_str() {
                         "" => "it went back to pending after it ran".to_string(),
-                        why => why.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect(),
+                        why => printable(&why, MAX_REASON),
                     };
                     let line = format!("Slurm at {at} re-ran it (epoch {}, at {now:.0}): {how}", job.record.epoch);
                     note_requeue(&mut job.record, line);
@@ -2527,7 +2538,7 @@ impl Store {
         let at = job.record.target.clone().unwrap_or_else(|| "?".into());
         let how = match upd.rerun_why.as_str() {
             "" => "its agent saw it run again".to_string(),
-            why => why.chars().filter(|c| !c.is_control()).take(MAX_REASON).collect(),
+            why => printable(&why, MAX_REASON),
         };
         let times = if new == 1 { String::new() } else { format!(" {new} more times") };
         let line = format!("Slurm at {at} re-ran it{times} (epoch {}, at {now:.0}): {how}", job.record.epoch);

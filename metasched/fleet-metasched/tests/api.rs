@@ -539,6 +539,26 @@ async fn a_requeued_stand_in_reruns_its_job_and_the_streams_continue() {
     d.stop().await;
 }
 
+/// A target's report reaches squeue at the origin (the stand-in's comment)
+/// and fleetctl: its reason and node list keep no control characters
+/// (terminal escapes), whatever text the target's scheduler passed on.
+#[tokio::test]
+async fn reported_reasons_and_node_lists_lose_their_control_characters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    d.forward("esc", "beta", "h100", 8).await;
+    d.start_job("esc", "beta").await;
+    let upd = StatusUpdate {
+        reason: "Resources\u{1b}]0;owned\u{7}\n\u{1b}[2J".into(),
+        node_list: "a-n0\u{1b}[31m".into(),
+        ..st(JobState::Pending)
+    };
+    assert_eq!(d.status("esc", "alpha", upd).await.0, StatusCode::OK);
+    let r = d.job("esc").await;
+    assert_eq!((r.reason.as_str(), r.node_list.as_str()), ("Resources]0;owned[2J", "a-n0[31m"));
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn chunks_overlap_and_gaps_and_idempotent_forward() {
     let tmp = tempfile::tempdir().unwrap();
