@@ -1576,7 +1576,7 @@ impl Store {
         set_life(&mut job, &o.life);
         job.record.updated_at = now;
         if o.effects.contains(&Effect::DropStartRequest) {
-            let why: String = printable(&c.reason, MAX_REASON);
+            let why = printable(&c.reason, MAX_REASON);
             if let Some(before) = job.before_rerun.take() {
                 // No requeue of the stand-in happened: the request changed nothing.
                 tracing::warn!(job = id, stand_in = c.origin_job_id, reason = %why, state = %before.record.state,
@@ -2345,7 +2345,7 @@ impl Store {
             }
         }
         if let Some(why) = &upd.died {
-            let why: String = printable(&why, MAX_REASON);
+            let why = printable(why, MAX_REASON);
             let target = job.record.target.clone().unwrap_or_default();
             let epoch = upd.epoch.or(Some(job.record.epoch));
             // Nothing of it started, says its agent; a run that asked for
@@ -2374,7 +2374,7 @@ impl Store {
         if o.effects.contains(&Effect::EarlyFallback) {
             let why = match upd.state {
                 Some(s) if !upd.reason.is_empty() => {
-                    let r: String = printable(&upd.reason, MAX_REASON);
+                    let r = printable(&upd.reason, MAX_REASON);
                     format!("it ended {s} before it started: {r}")
                 }
                 Some(s) => format!("it ended {s} before it started"),
@@ -2437,7 +2437,7 @@ impl Store {
                     let at = job.record.target.clone().unwrap_or_else(|| "?".into());
                     let how = match upd.rerun_why.as_str() {
                         "" => "it went back to pending after it ran".to_string(),
-                        why => printable(&why, MAX_REASON),
+                        why => printable(why, MAX_REASON),
                     };
                     let line = format!("Slurm at {at} re-ran it (epoch {}, at {now:.0}): {how}", job.record.epoch);
                     note_requeue(&mut job.record, line);
@@ -2538,7 +2538,7 @@ impl Store {
         let at = job.record.target.clone().unwrap_or_else(|| "?".into());
         let how = match upd.rerun_why.as_str() {
             "" => "its agent saw it run again".to_string(),
-            why => printable(&why, MAX_REASON),
+            why => printable(why, MAX_REASON),
         };
         let times = if new == 1 { String::new() } else { format!(" {new} more times") };
         let line = format!("Slurm at {at} re-ran it{times} (epoch {}, at {now:.0}): {how}", job.record.epoch);
