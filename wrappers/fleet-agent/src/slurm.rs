@@ -57,25 +57,14 @@ const CMD_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SlurmBackend {
     async fn run(&self, cmd: &str, args: &[String], stdin: Option<&[u8]>) -> Result<String> {
-        let out = self.run_in(cmd, args, stdin, None, None).await?;
+        let out = self.run_in(cmd, args, stdin, None, None, |_| {}).await?;
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
     /// Runs Slurm command `cmd`, as `as_user` through sudo when given, with
-    /// the environment `env` (`None`: the agent's own); returns its stdout.
+    /// the environment `env` (`None`: the agent's own) and `setup` applied
+    /// to the command last; returns its stdout.
     async fn run_in(
-        &self,
-        cmd: &str,
-        args: &[String],
-        stdin: Option<&[u8]>,
-        env: Option<&[(String, String)]>,
-        as_user: Option<&str>,
-    ) -> Result<Vec<u8>> {
-        self.run_with(cmd, args, stdin, env, as_user, |_| {}).await
-    }
-
-    /// [`SlurmBackend::run_in`], with `setup` applied to the command last.
-    async fn run_with(
         &self,
         cmd: &str,
         args: &[String],
@@ -125,7 +114,7 @@ impl SlurmBackend {
         use std::os::unix::fs::MetadataExt;
         let me = std::fs::metadata("/proc/self").map(|m| m.uid()).context("reading /proc/self")?;
         let bin = self.bin.display();
-        self.run_in("sbatch", &["--version".into()], None, None, Some(user)).await.with_context(|| {
+        self.run_in("sbatch", &["--version".into()], None, None, Some(user), |_| {}).await.with_context(|| {
             format!(
                 "sudo does not let the agent (uid {me}) run sbatch as {user}; it needs the sudoers rule \
                  `<agent user> ALL=(%<JobUserGroup>) NOPASSWD:SETENV: {bin}/sbatch, {bin}/scancel, {bin}/scontrol`"
@@ -192,7 +181,7 @@ impl SlurmBackend {
     async fn squeue_json(&self, args: &[String]) -> Result<Vec<NativeJob>> {
         let mut a = vec!["--json".to_string()];
         a.extend_from_slice(args);
-        let out = self.run_in("squeue", &a, None, None, None).await?;
+        let out = self.run_in("squeue", &a, None, None, None, |_| {}).await?;
         parse_jobs_json(&out)
     }
 }
@@ -773,7 +762,7 @@ impl Backend for SlurmBackend {
             args.extend(req.script_args.iter().cloned());
             None
         };
-        let out = self.run_with("sbatch", &args, stdin, Some(&base_env), Some(&user.name), setup).await?;
+        let out = self.run_in("sbatch", &args, stdin, Some(&base_env), Some(&user.name), setup).await?;
         let out = String::from_utf8_lossy(&out);
         let first = out.trim().split(';').next().unwrap_or("");
         first.parse().with_context(|| format!("sbatch printed {:?}, expected a job id", out.trim()))
@@ -848,7 +837,7 @@ impl Backend for SlurmBackend {
     async fn stand_ins(&self, partition: &str) -> Result<Vec<NativeJob>> {
         // Array elements too: a deferred GPU array's stand-ins are its elements.
         let args = ["--json", "-a", "-t", "all", "-p", partition].map(String::from);
-        let out = self.run_in("squeue", &args, None, None, None).await?;
+        let out = self.run_in("squeue", &args, None, None, None, |_| {}).await?;
         parse_jobs_json_with(&out, true)
     }
 
@@ -893,13 +882,13 @@ impl Backend for SlurmBackend {
         // An operator (or root) reads any job's script; otherwise the job's
         // owner can, through the agent's sudo rule.
         // (22.05's scontrol exits 0 with nothing on stdout when refused.)
-        let direct = match self.run_in("scontrol", &args, None, None, None).await {
+        let direct = match self.run_in("scontrol", &args, None, None, None, |_| {}).await {
             Ok(out) if !out.is_empty() => return Ok(out),
             Ok(_) => anyhow!("no script printed"),
             Err(e) => e,
         };
         let out = self
-            .run_in("scontrol", &args, None, None, Some(user))
+            .run_in("scontrol", &args, None, None, Some(user), |_| {})
             .await
             .with_context(|| format!("as the agent: {direct:#}; as {user}"))?;
         if out.is_empty() {
@@ -909,7 +898,7 @@ impl Backend for SlurmBackend {
     }
 
     async fn cancel(&self, native_id: u64, user: &str) -> Result<()> {
-        self.run_in("scancel", &[native_id.to_string()], None, None, Some(user)).await?;
+        self.run_in("scancel", &[native_id.to_string()], None, None, Some(user), |_| {}).await?;
         Ok(())
     }
 
@@ -920,7 +909,7 @@ impl Backend for SlurmBackend {
         let mut args = vec![format!("--signal={signal}")];
         args.extend(scope.scancel_flag().map(str::to_string));
         args.push(native_id.to_string());
-        self.run_in("scancel", &args, None, None, Some(user)).await?;
+        self.run_in("scancel", &args, None, None, Some(user), |_| {}).await?;
         Ok(())
     }
 
@@ -933,14 +922,14 @@ impl Backend for SlurmBackend {
         // but only for a raise an operator made at home: the owner's own
         // update of a stand-in (which has no limit, so Slurm at home lets
         // them set any) must not borrow the agent's rights here.
-        let as_user = match self.run_in("scontrol", &args, None, None, Some(user)).await {
+        let as_user = match self.run_in("scontrol", &args, None, None, Some(user), |_| {}).await {
             Ok(_) => return Ok(()),
             Err(e) => e,
         };
         if !raise {
             bail!("as {user}: {as_user:#} (the job's owner asked for it at home: not set with the agent's rights)");
         }
-        self.run_in("scontrol", &args, None, None, None).await.map(drop).map_err(|e| {
+        self.run_in("scontrol", &args, None, None, None, |_| {}).await.map(drop).map_err(|e| {
             anyhow!(
                 "as {user}: {as_user:#}; as the agent: {e:#} (raising a running job's limit needs a Slurm operator: \
                  sacctmgr modify user <agent user> set AdminLevel=Operator)"
