@@ -136,6 +136,8 @@ fn h100_job_at_beta_runs_on_kube_gamma_with_output_exit_code_and_image() {
     );
     assert!(out.contains("line 1\nline 2\nline 3\n"), "{out:?}");
     assert!(out.contains("to-stderr\n"), "stderr is in the pod's log, hence the output: {out:?}");
+    // A plain non-zero exit speaks for itself, as natively: no line of Fleet's.
+    assert!(!out.contains("fleet-proxy"), "{out:?}");
     // Kubernetes agrees: the Job failed, and `kubectl logs` has the same lines.
     let job = kube_job(lab, &name).expect("a finished Job stays (ttlSecondsAfterFinished)");
     let failed = job["status"]["conditions"]

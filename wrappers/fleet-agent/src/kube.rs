@@ -819,7 +819,9 @@ pub fn native_state_with(job: &Job, pods: &[&Pod], taken_away: Option<&(&'static
             ("PodFailurePolicy", None) if m.contains("condition DisruptionTarget") => {
                 ("NODE_FAIL", format!("DisruptionTarget: {m}"))
             }
-            _ if exit.is_some_and(|c| c != 0) => ("FAILED", String::new()),
+            // A script's own non-zero exit: Slurm's reason for it, which
+            // says nothing more than the exit code (the stand-in adds no line).
+            _ if exit.is_some_and(|c| c != 0) => ("FAILED", "NonZeroExitCode".to_string()),
             _ => ("FAILED", format!("{r}: {m}")),
         }
     } else if let Some(t) = troubles.iter().find(|t| t.2) {
@@ -2453,7 +2455,7 @@ mod tests {
             vec![pod(term(3, "Error"))],
             "FAILED",
             Some(3),
-            "",
+            "NonZeroExitCode",
         );
         check(
             job_with(&[("Failed", "DeadlineExceeded", "Job was active longer than specified deadline")], false),
