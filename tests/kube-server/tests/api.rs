@@ -505,6 +505,14 @@ async fn an_evicted_pod_is_disrupted_deleted_and_counted() {
     for name in ["pfp", "plain"] {
         let p = until_pod(&s, name, "running", |p| p["status"]["phase"] == "Running").await;
         let pod = p["metadata"]["name"].as_str().unwrap().to_string();
+        // Its shell ignores SIGTERM once it says so (a pod just Running
+        // may not have run its `trap` yet on a loaded host).
+        let url = format!("{}/api/v1/namespaces/fleet/pods/{pod}/log", s.h.url);
+        let t0 = Instant::now();
+        while !s.http.get(&url).bearer_auth("t-ns").send().await.unwrap().text().await.unwrap().contains("up\n") {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{pod} never said it was up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let ev =
             json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": "fleet"}});
         let path = format!("/api/v1/namespaces/fleet/pods/{pod}/eviction");
