@@ -2731,7 +2731,8 @@ impl Store {
 
     /// `POST /v1/agent/fence`: which of the runs the calling agent holds
     /// are stale: the job is unknown, finished with another placement, or
-    /// placed elsewhere or in another epoch since. The agent cancels those
+    /// placed elsewhere or in another epoch since (the reason names the
+    /// job's epoch only where it is placed at the caller). The agent cancels those
     /// before it reports anything (after its start or a partition).
     /// Epoch 0 (an older agent's run) is stale only where the job is no
     /// longer placed at the caller.
@@ -2752,14 +2753,11 @@ impl Store {
             } else {
                 None
             };
-            let reason = match job {
-                None => Some("the meta-scheduler does not know this job".to_string()),
-                Some(j) if j.record.target.as_deref() != Some(c.as_str()) => Some(format!(
-                    "the job is now epoch {} ({}{})",
-                    j.record.epoch,
-                    j.record.state,
-                    j.record.target.as_deref().map(|t| format!(" at {t}")).unwrap_or_default()
-                )),
+            // A job not placed at the caller, or unknown, gets one answer:
+            // an agent learns nothing of another cluster's jobs (whether
+            // one exists, its epoch, state or cluster) by naming its id.
+            let reason = match job.filter(|j| j.record.target.as_deref() == Some(c.as_str())) {
+                None => Some(format!("the job is not placed at {c}")),
                 Some(j) if r.epoch != 0 && j.record.epoch != 0 && r.epoch != j.record.epoch => {
                     Some(format!("the job is now epoch {} ({} at {c})", j.record.epoch, j.record.state))
                 }

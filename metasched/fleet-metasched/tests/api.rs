@@ -2247,6 +2247,13 @@ async fn a_silent_clusters_running_job_moves_after_its_grace_period_and_the_old_
     assert_eq!(chunk_at(&d, "mv", "alpha", 7, b"step 2\n", Some(1)).await, StatusCode::CONFLICT);
     assert_eq!(chunk_at(&d, "mv", "alpha", 7, b"step 2\n", None).await, StatusCode::CONFLICT);
     assert_eq!(fence(&d, "alpha", &[("mv", 1), ("nope", 3)]).await, ["mv", "nope"]);
+    // alpha learns nothing of the job now at gamma: the reason for it is
+    // the one for a job that does not exist (no epoch, state or cluster).
+    let body = serde_json::json!({"runs": [{"fleet_job_id": "mv", "epoch": 1}, {"fleet_job_id": "nope", "epoch": 3}]});
+    let r: fleet_api::api::FenceReply =
+        d.ok(reqwest::Method::POST, "/v1/agent/fence", &bearer("alpha"), Some(body)).await;
+    let reasons: Vec<&str> = r.stale.iter().map(|s| s.reason.as_str()).collect();
+    assert_eq!(reasons, ["the job is not placed at alpha", "the job is not placed at alpha"], "{r:?}");
     // gamma's run is the job now; an old epoch at gamma is refused too.
     assert!(fence(&d, "gamma", &[("mv", 2)]).await.is_empty());
     assert_eq!(fence(&d, "gamma", &[("mv", 1)]).await, ["mv"]);
