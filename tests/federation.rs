@@ -395,9 +395,11 @@ fn an_export_list_of_names_takes_the_submitters_values() {
 /// What sbatch takes from the shell it runs in reaches a forwarded job as
 /// it reaches its native twin: the umask (the modes of the job's files),
 /// the submit directory (`cd $SLURM_SUBMIT_DIR` finds where the job runs,
-/// not the agent's `/`) and `--no-requeue` (the target's Slurm must not
-/// run the script twice), and the script's arguments (`sbatch job.sh --lr
-/// 0.1`; the target's sbatch takes them after a script file).
+/// not the agent's `/`), `--no-requeue` (the target's Slurm must not run
+/// the script twice), the script's arguments (`sbatch job.sh --lr 0.1`;
+/// the target's sbatch takes them after a script file) and the soft
+/// resource limits (`ulimit -S`, which sbatch reads and slurmstepd gives
+/// the tasks under PropagateResourceLimits: a forwarded job had the agent's).
 #[test]
 fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
     let (lab, _serial) = Lab::lock();
@@ -407,13 +409,13 @@ fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
         &job,
         "#!/bin/sh\nhere=$(pwd -P); there=$(cd \"$SLURM_SUBMIT_DIR\" && pwd -P)\n\
          [ \"$here\" = \"$there\" ] && where=same || where=\"$here/$there\"\n\
-         echo \"$(umask) $where [$*] ${FLEET_JOB_ID:+fleet}\"\n",
+         echo \"$(umask) $where [$*] $(ulimit -S -n) $(ulimit -S -s) ${FLEET_JOB_ID:+fleet}\"\n",
     )
     .unwrap();
     std::fs::set_permissions(&job, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let sbatch = |out: &str, opts: &str, args: &str| {
         let line = format!(
-            "umask 077; cd {d}; exec sbatch --parsable {opts} --output={d}/{out} {j} {args}",
+            "umask 077; ulimit -S -n 777; ulimit -S -s 12345; cd {d}; exec sbatch --parsable {opts} --output={d}/{out} {j} {args}",
             d = dir.display(),
             j = job.display()
         );
@@ -448,12 +450,43 @@ fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
     let read = |n: &str| {
         String::from_utf8(wait_file(&dir.join(n), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap()).unwrap()
     };
-    assert_eq!(read("native.txt"), "0077 same [] \n", "the native twin");
-    assert_eq!(read("fleet.txt"), "0077 same [] fleet\n", "forwarded");
+    assert_eq!(read("native.txt"), "0077 same [] 777 12345 \n", "the native twin");
+    assert_eq!(read("fleet.txt"), "0077 same [] 777 12345 fleet\n", "forwarded");
     let (target, remote) = remote_of(lab, fleet).expect("forwarded");
     assert_eq!(lab.job(&target, remote).unwrap()["Requeue"], "0", "--no-requeue at {target}");
-    assert_eq!(read("args-native.txt"), "0077 same [--lr 0.1 a b] \n", "the native twin with arguments");
-    assert_eq!(read("args-fleet.txt"), "0077 same [--lr 0.1 a b] fleet\n", "forwarded with arguments");
+    assert_eq!(read("args-native.txt"), "0077 same [--lr 0.1 a b] 777 12345 \n", "the native twin with arguments");
+    assert_eq!(read("args-fleet.txt"), "0077 same [--lr 0.1 a b] 777 12345 fleet\n", "forwarded with arguments");
+}
+
+/// Without `-e`, a job's stderr is its stdout file, one descriptor: the
+/// lines of the two streams interleave in the order the script wrote them.
+/// A forwarded job's target wrote two files, relayed one after the other,
+/// so its stderr lines came after its stdout lines (or anywhere between).
+/// Compared against the native twin.
+#[test]
+fn stdout_and_stderr_interleave_as_natively_without_dash_e() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("interleave");
+    let body = "for i in 1 2 3; do echo out $i; echo err $i >&2; done";
+    let ids: Vec<u64> = [("native.txt", "--fleet=local"), ("fleet.txt", "--gres=gpu:h100:1")]
+        .iter()
+        .map(|(out, opt)| lab.sbatch("beta", &[opt, &out_arg(&dir, out)], &script(body)).unwrap())
+        .collect();
+    let _cancel = OnDrop(|| {
+        for id in &ids {
+            let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+        }
+    });
+    for id in &ids {
+        assert_eq!(lab.wait_done("beta", *id, T).unwrap()["ExitCode"], "0:0", "job {id}");
+    }
+    let target = remote_of(lab, ids[1]).map(|r| r.0);
+    assert!(target.as_deref().is_some_and(|t| t != "beta" && !t.is_empty()), "forwarded: {target:?}");
+    let want = "out 1\nerr 1\nout 2\nerr 2\nout 3\nerr 3\n";
+    for name in ["native.txt", "fleet.txt"] {
+        let got = wait_file(&dir.join(name), Duration::from_secs(5), |b| b.ends_with(b"err 3\n")).unwrap_or_default();
+        assert_eq!(String::from_utf8_lossy(&got), want, "{name}");
+    }
 }
 
 /// Fields that differ between any two submissions of the same job.

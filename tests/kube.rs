@@ -196,6 +196,39 @@ fn a_log_stream_cut_before_its_pod_ends_loses_no_output() {
     assert_eq!(String::from_utf8_lossy(&std::fs::read(dir.join("out.txt")).unwrap_or_default()), want);
 }
 
+/// A pod runs with the umask and the soft resource limits its submitter's
+/// sbatch had at beta, as a native job's tasks do (slurmstepd applies them
+/// under PropagateResourceLimits): before, it had the image's and the
+/// runtime's. The lab's kube-server runs pods as processes, so their
+/// limits are real.
+#[test]
+fn a_pod_has_the_submitters_umask_and_soft_limits() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-limits");
+    let job = dir.join("job.sh");
+    std::fs::write(&job, "#!/bin/sh\necho \"$(umask) $(ulimit -S -n) $(ulimit -S -s)\"\n").unwrap();
+    std::fs::set_permissions(&job, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let line = format!(
+        "umask 027; ulimit -S -n 777; ulimit -S -s 12345; exec sbatch --parsable --gres=gpu:h100:1 \
+         --fleet-to=kube-gamma {} {}",
+        out_arg(&dir, "out.txt"),
+        job.display()
+    );
+    let o = lab.cmd_as(fleet_lab::USER, "beta", "sh", &["-c", &line]).unwrap();
+    let id: u64 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("sbatch: {}", String::from_utf8_lossy(&o.stderr)));
+    let _cancel = fleet_lab::OnDrop(move || {
+        let _ = lab.cmd("beta", "scancel", &[&id.to_string()]);
+    });
+    assert_eq!(placed(lab, id).0, KUBE);
+    assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out), "0027 777 12345\n");
+}
+
 fn nix_uid(user: &str) -> u32 {
     let out = std::process::Command::new("id").args(["-u", user]).output().expect("id -u");
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a uid")
@@ -419,6 +452,7 @@ fn the_agents_service_account_may_do_what_the_shipped_rbac_grants_and_nothing_el
         &["create", "services", "-n", "fleet"],
         &["list", "nodes"],
         &["watch", "nodes"],
+        &["list", "events", "-n", "team-vision"],
     ] {
         assert!(can(yes), "the agent may {yes:?}");
     }
@@ -437,6 +471,8 @@ fn the_agents_service_account_may_do_what_the_shipped_rbac_grants_and_nothing_el
         &["create", "clusterrolebindings"],
         &["create", "rolebindings", "-n", "fleet"],
         &["create", "serviceaccounts", "-n", "fleet"],
+        &["list", "events", "-n", "team-other"],
+        &["create", "events", "-n", "fleet"],
     ] {
         assert!(!can(no), "the agent may not {no:?}");
     }
@@ -1465,6 +1501,79 @@ fn an_unschedulable_pod_at_kube_gamma_shows_its_reason_at_beta_and_runs_once_the
     let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap();
     assert_eq!(String::from_utf8_lossy(&out), format!("ran at {KUBE}\n"));
     eprintln!("[figure] GPUs freed at kube-gamma -> the unschedulable job done at beta: {:.2?}", t_free.elapsed());
+}
+
+/// A job whose namespace's ResourceQuota at kube-gamma refuses its pod
+/// (a team's GPU quota: the API server forbids the pod and the Job
+/// controller says why only in a `FailedCreate` event on the Job) waits at
+/// beta with that reason in its stand-in's comment, not silently, and runs
+/// once the quota allows it. The test double enforces ResourceQuotas as the
+/// API server does for the keys it knows (tests/kube-server).
+#[test]
+fn a_pod_refused_by_a_resource_quota_shows_why_at_beta_and_runs_once_the_quota_allows() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-quota");
+    let quota = dir.join("quota.yaml");
+    std::fs::write(
+        &quota,
+        format!(
+            "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: gpu-quota\n  namespace: {KUBE_NAMESPACE}\n\
+             spec:\n  hard:\n    requests.nvidia.com/gpu: \"0\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = lab.kubectl(&["create", "-f", &quota.display().to_string()]);
+    assert!(ok, "{err}");
+    let lift = || {
+        let _ = lab.kubectl(&["delete", "resourcequota", "gpu-quota", "-n", KUBE_NAMESPACE, "--ignore-not-found"]);
+    };
+    let _lift = fleet_lab::OnDrop(lift);
+    let (id, name, _cancel) = at_kube(
+        lab,
+        &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
+        "echo ran at $SLURM_CLUSTER_NAME",
+    );
+    // At kube-gamma: no pod, and the Job controller's event says why.
+    wait_until("the Job's FailedCreate event", T, || {
+        let (ok, out, _) = lab.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            KUBE_NAMESPACE,
+            "--field-selector",
+            &format!("involvedObject.name={name},reason=FailedCreate"),
+            "-o",
+            "json",
+        ]);
+        ok && out.contains("exceeded quota: gpu-quota")
+    });
+    assert!(kube_pods(lab, &name).is_empty(), "the quota let a pod through");
+    // At beta: the stand-in's comment and the record name the quota.
+    let rid = name.strip_prefix("fleet-").unwrap();
+    let want = format!("fleet: {KUBE} job {rid} pending: FailedCreate: Error creating: pods \"{name}-");
+    let t0 = Instant::now();
+    let comment = loop {
+        let out = lab.cmd("beta", "squeue", &["-h", "-j", &id.to_string(), "-o", "%k"]).unwrap();
+        let comment = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if comment.starts_with(&want) {
+            break comment;
+        }
+        assert!(
+            t0.elapsed() < T,
+            "the stand-in's comment at beta does not say why: {comment:?}; {:?}",
+            fleet_record(lab, id)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(comment.contains("exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=1"), "{comment}");
+    assert_eq!(lab.job("beta", id).unwrap()["JobState"], "RUNNING", "the stand-in waits");
+    // The quota is lifted: the Job controller creates the pod and it runs.
+    lift();
+    let done = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}");
+    let out = wait_file(&dir.join("out.txt"), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out), format!("ran at {KUBE}\n"));
 }
 
 /// A job over its `--mem` at kube-gamma: the pod's memory limit is

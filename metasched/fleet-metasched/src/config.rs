@@ -460,7 +460,8 @@ pub struct TlsConfig {
 }
 
 /// `[rebalance]`: how often the rebalancing pass runs and how much a move
-/// must save (`fleet_engine::MigrationMargin`). Proposals only.
+/// must save (`fleet_engine::MigrationMargin`), and what becomes of a
+/// proposal (`mode`) and of the move it starts.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RebalanceConfig {

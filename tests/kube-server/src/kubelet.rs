@@ -560,17 +560,107 @@ fn jobs(st: &mut Store, now: i64) {
                 let missing = parallelism.min(completions - succeeded).saturating_sub(active);
                 want.extend(std::iter::repeat_n(None, missing));
             }
-            status["active"] = json!(active + want.len());
+            // Each pod through the namespace's ResourceQuotas, as the API
+            // server admits it: a refused one is not created, and the Job
+            // controller says why in a FailedCreate event on the Job.
+            let mut created = 0;
             for idx in want {
                 let pod = new_pod(st, &job, &ns, &name, &uid, idx);
+                if let Some(why) = quota_refusal(st, &ns, &pod) {
+                    let msg = format!("Error creating: pods \"{}\" is forbidden: {why}", meta_str(&pod, "name"));
+                    failed_create(st, &job, &msg, now);
+                    break;
+                }
                 st.put(Kind::Pod, pod);
+                created += 1;
             }
+            status["active"] = json!(active + created);
         }
         if status != old_status {
             job["status"] = status;
             st.put(Kind::Job, job);
         }
     }
+}
+
+/// Why the namespace's ResourceQuotas refuse `pod` (the API server's
+/// message), if they do: for each quota's `spec.hard` entry this double
+/// knows (`pods`, `count/pods`, `requests.<resource>`, `limits.<resource>`,
+/// and `cpu`/`memory` as requests), what the namespace's live pods use
+/// plus what this pod asks must not exceed it.
+pub fn quota_refusal(st: &Store, ns: &str, pod: &Value) -> Option<String> {
+    let asks = |p: &Value, key: &str| -> f64 {
+        match key {
+            "pods" | "count/pods" => 1.0,
+            _ => {
+                let (field, res) = match key.split_once('.') {
+                    Some((f @ ("requests" | "limits"), r)) => (f, r),
+                    _ => ("requests", key),
+                };
+                let containers = p["spec"]["containers"].as_array().into_iter().flatten();
+                containers
+                    .map(|c| {
+                        let r = &c["resources"];
+                        // A request defaults to the limit, as the API server defaults it.
+                        let v = if field == "requests" && r["requests"][res].is_null() {
+                            &r["limits"][res]
+                        } else {
+                            &r[field][res]
+                        };
+                        v.as_str().and_then(quantity).or_else(|| v.as_f64()).unwrap_or(0.0)
+                    })
+                    .sum()
+            }
+        }
+    };
+    let live: Vec<&Value> = st.list(Kind::Pod, Some(ns)).into_iter().filter(|p| !pod_done(p)).collect();
+    for q in st.list(Kind::ResourceQuota, Some(ns)) {
+        for (key, hard) in q["spec"]["hard"].as_object().into_iter().flatten() {
+            let Some(limit) = hard.as_str().and_then(quantity).or_else(|| hard.as_f64()) else { continue };
+            let want = asks(pod, key);
+            if want == 0.0 {
+                continue;
+            }
+            let used: f64 = live.iter().map(|p| asks(p, key)).sum();
+            if used + want > limit {
+                return Some(format!(
+                    "exceeded quota: {}, requested: {key}={want}, used: {key}={used}, limited: {key}={}",
+                    meta_str(q, "name"),
+                    hard.as_str().map_or_else(|| hard.to_string(), str::to_string)
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The Job controller's `FailedCreate` Warning event on `job` (one per
+/// Job, its count and time moved on at most every 10 s while it repeats).
+fn failed_create(st: &mut Store, job: &Value, msg: &str, now: i64) {
+    let (ns, name) = (meta_str(job, "namespace").to_string(), meta_str(job, "name").to_string());
+    let ev_name = format!("{name}.failedcreate");
+    let t = rfc3339(now);
+    let ev = match st.get(Kind::Event, &ns, &ev_name).cloned() {
+        Some(mut e) => {
+            let last = e["lastTimestamp"].as_str().and_then(crate::store::parse_rfc3339).unwrap_or(0);
+            if now - last < 10 && e["message"] == json!(msg) {
+                return;
+            }
+            e["count"] = json!(e["count"].as_u64().unwrap_or(1) + 1);
+            e["lastTimestamp"] = json!(t);
+            e["message"] = json!(msg);
+            e
+        }
+        None => json!({
+            "metadata": {"name": ev_name, "namespace": ns, "uid": st.new_uid(), "creationTimestamp": t},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": ns, "name": name,
+                               "uid": meta_str(job, "uid")},
+            "reason": "FailedCreate", "message": msg, "type": "Warning", "count": 1,
+            "firstTimestamp": t, "lastTimestamp": t,
+            "source": {"component": "job-controller"}, "reportingComponent": "job-controller",
+        }),
+    };
+    st.put(Kind::Event, ev);
 }
 
 /// The action of the first rule of a Job's `podFailurePolicy` that failed

@@ -7,7 +7,9 @@
 //!
 //! * discovery (`/version`, `/api`, `/apis`, `/api/v1`, `/apis/batch/v1`);
 //! * Nodes (from a TOML or JSON file), Pods (with `/log`, `?follow`),
-//!   `batch/v1` Jobs, ConfigMaps, Secrets, Services, Events (empty);
+//!   `batch/v1` Jobs, ConfigMaps, Secrets, Services, Events (the Job
+//!   controller's `FailedCreate`), ResourceQuotas (enforced on the Job
+//!   controller's pods);
 //! * get, list, watch (resourceVersion, bookmarks, 410 Gone once compacted),
 //!   create (409 AlreadyExists), replace, delete (cascading by owner
 //!   references: Background/Foreground delete dependents, Orphan keeps them);

@@ -24,9 +24,10 @@ pub enum Kind {
     RoleBinding,
     ClusterRole,
     ClusterRoleBinding,
+    ResourceQuota,
 }
 
-pub const KINDS: [Kind; 13] = [
+pub const KINDS: [Kind; 14] = [
     Kind::Node,
     Kind::Pod,
     Kind::Job,
@@ -40,6 +41,7 @@ pub const KINDS: [Kind; 13] = [
     Kind::RoleBinding,
     Kind::ClusterRole,
     Kind::ClusterRoleBinding,
+    Kind::ResourceQuota,
 ];
 
 /// The API group of RBAC's kinds.
@@ -61,6 +63,7 @@ impl Kind {
             Kind::RoleBinding => "rolebindings",
             Kind::ClusterRole => "clusterroles",
             Kind::ClusterRoleBinding => "clusterrolebindings",
+            Kind::ResourceQuota => "resourcequotas",
         }
     }
     pub fn name(self) -> &'static str {
@@ -78,6 +81,7 @@ impl Kind {
             Kind::RoleBinding => "RoleBinding",
             Kind::ClusterRole => "ClusterRole",
             Kind::ClusterRoleBinding => "ClusterRoleBinding",
+            Kind::ResourceQuota => "ResourceQuota",
         }
     }
     pub fn singular(self) -> String {
@@ -109,6 +113,7 @@ impl Kind {
             Kind::Event => &["ev"],
             Kind::Namespace => &["ns"],
             Kind::ServiceAccount => &["sa"],
+            Kind::ResourceQuota => &["quota"],
             _ => &[],
         }
     }

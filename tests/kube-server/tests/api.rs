@@ -616,3 +616,74 @@ async fn service_account_tokens_are_authorized_by_rbac_objects() {
     assert_eq!(s.call(Method::DELETE, "/api/v1/namespaces/fleet/serviceaccounts/bot", "t-admin", None).await.0, 200);
     assert_eq!(s.call(Method::GET, "/api/v1/namespaces/fleet/configmaps", &tok, None).await.0, 401);
 }
+
+/// A ResourceQuota refuses the Job controller a pod over it: no pod, a
+/// `FailedCreate` Warning event on the Job with the API server's message
+/// (found by a field selector, as the agent asks), the Job's `active` 0;
+/// once the quota is gone the pod is created and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_quota_refuses_pods_over_it_with_a_failed_create_event() {
+    let s = server().await;
+    let quota = json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
+                       "spec": {"hard": {"requests.nvidia.com/gpu": "1", "pods": "5"}}});
+    let (code, obj) = s.call(Method::POST, "/api/v1/namespaces/fleet/resourcequotas", "t-admin", Some(quota)).await;
+    assert_eq!(code, 201, "{obj}");
+    let gpu_job = |name: &str, gpus: &str| {
+        let mut j = job(name, "sleep 30", json!({}));
+        j["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": gpus}});
+        j
+    };
+    // Within the quota: a pod (the request defaults to the limit).
+    let (code, _) =
+        s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(gpu_job("one", "1"))).await;
+    assert_eq!(code, 201);
+    let pods_of = |name: &str| {
+        s.h.list(Kind::Pod, Some("fleet")).into_iter().filter(|p| p["metadata"]["labels"]["job-name"] == name).count()
+    };
+    let t0 = Instant::now();
+    while pods_of("one") == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no pod for a job within the quota");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Over it: refused, and the Job controller says why.
+    let (code, created) =
+        s.call(Method::POST, "/apis/batch/v1/namespaces/fleet/jobs", "t-ns", Some(gpu_job("two", "1"))).await;
+    assert_eq!(code, 201);
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let path =
+        format!("/api/v1/namespaces/fleet/events?fieldSelector=involvedObject.uid%3D{uid}%2Creason%3DFailedCreate");
+    let t0 = Instant::now();
+    let ev = loop {
+        let (code, list) = s.call(Method::GET, &path, "t-admin", None).await;
+        assert_eq!(code, 200, "{list}");
+        if let Some(e) = list["items"].as_array().and_then(|i| i.first()) {
+            break e.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no FailedCreate event");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!((ev["type"].as_str(), ev["involvedObject"]["name"].as_str()), (Some("Warning"), Some("two")));
+    let msg = ev["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("Error creating: pods \"two-")
+            && msg.ends_with(
+                "is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=1, limited: requests.nvidia.com/gpu=1"
+            ),
+        "{msg}"
+    );
+    assert_eq!(pods_of("two"), 0);
+    assert_eq!(s.h.get(Kind::Job, "fleet", "two").unwrap()["status"]["active"], 0);
+    // Another Job's events are not selected.
+    let (_, other) = s
+        .call(Method::GET, "/api/v1/namespaces/fleet/events?fieldSelector=involvedObject.name%3Done", "t-admin", None)
+        .await;
+    assert_eq!(other["items"].as_array().map(Vec::len), Some(0), "{other}");
+    // The quota is removed: the pod is created.
+    let (code, _) = s.call(Method::DELETE, "/api/v1/namespaces/fleet/resourcequotas/gpu", "t-admin", None).await;
+    assert_eq!(code, 200);
+    let t0 = Instant::now();
+    while pods_of("two") == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no pod once the quota is gone");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

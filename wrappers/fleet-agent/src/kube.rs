@@ -41,7 +41,7 @@ use fleet_api::placement::Demand;
 use fleet_api::{JobRequest, JobState};
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::ByteString;
@@ -342,6 +342,45 @@ export SLURM_LOCALID=0
 export SLURMD_NODENAME="$(hostname 2>/dev/null || echo "$HOSTNAME")"
 exec /bin/bash "$(dirname "$0")/script" "$@"
 "#;
+
+/// The entry of one job: [`ENTRY`] with the umask and the soft resource
+/// limits its sbatch had at home (which slurmstepd would give its tasks),
+/// each limit no higher than the container's hard one. Only numbers the
+/// agent formats reach the text.
+pub fn entry_for(req: &JobRequest) -> String {
+    let mut setup = String::new();
+    if let Some(m) = crate::slurm::submit_umask(req) {
+        setup.push_str(&format!("umask {m:04o}\n"));
+    }
+    for l in crate::slurm::submit_limits(req) {
+        let Some((flag, unit)) = ulimit_flag(l.name) else { continue };
+        let v = if l.wanted == libc::RLIM_INFINITY { "unlimited".to_string() } else { (l.wanted / unit).to_string() };
+        setup.push_str(&format!("ulimit -S -{flag} {v} 2>/dev/null || ulimit -S -{flag} hard 2>/dev/null\n"));
+    }
+    if setup.is_empty() {
+        return ENTRY.to_string();
+    }
+    let at = ENTRY.rfind("exec ").unwrap_or(ENTRY.len());
+    format!("{}# The submitter's umask and soft limits at home.\n{setup}{}", &ENTRY[..at], &ENTRY[at..])
+}
+
+/// bash's `ulimit` flag for a limit Slurm propagates, and the unit its
+/// number is in (getrlimit's bytes or bash's 1024-byte blocks).
+fn ulimit_flag(name: &str) -> Option<(char, u64)> {
+    Some(match name {
+        "CPU" => ('t', 1),
+        "FSIZE" => ('f', 1024),
+        "DATA" => ('d', 1024),
+        "STACK" => ('s', 1024),
+        "CORE" => ('c', 1024),
+        "RSS" => ('m', 1024),
+        "NPROC" => ('u', 1),
+        "NOFILE" => ('n', 1),
+        "MEMLOCK" => ('l', 1024),
+        "AS" => ('v', 1024),
+        _ => return None,
+    })
+}
 
 fn q(s: impl Into<String>) -> Quantity {
     Quantity(s.into())
@@ -655,7 +694,7 @@ pub fn translate(t: &Translate, req: &JobRequest) -> Result<Objects> {
         None
     };
     let job = Job { metadata: meta(&name), spec: Some(serde_json::from_value(job_spec)?), ..Default::default() };
-    let mut data = BTreeMap::from([("entry".to_string(), ENTRY.to_string())]);
+    let mut data = BTreeMap::from([("entry".to_string(), entry_for(req))]);
     let mut binary = BTreeMap::new();
     match std::str::from_utf8(script) {
         Ok(s) => {
@@ -905,8 +944,14 @@ pub struct KubeBackend {
     followers: Mutex<Vec<tokio::task::AbortHandle>>,
     lag: Arc<Mutex<Lag>>,
     taken_away: TakenAway,
+    /// Per Job uid: when its `FailedCreate` events were last read and what
+    /// the newest said (`failed_create`).
+    failed_creates: Mutex<HashMap<String, (Instant, Option<String>)>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
+
+/// How long what a Job's `FailedCreate` events said is reused.
+const FAILED_CREATE_TTL: Duration = Duration::from_secs(5);
 
 /// Per Fleet Job (by name), the disruption (`DisruptionTarget`: a drain's
 /// eviction, a preemption) a pod of it showed in the watch, as
@@ -1086,6 +1131,7 @@ impl KubeBackend {
             followers: Mutex::default(),
             lag,
             taken_away,
+            failed_creates: Mutex::default(),
             tasks,
         };
         let ready = async {
@@ -1131,6 +1177,39 @@ impl KubeBackend {
                 Err(c) => cur = c,
             }
         }
+    }
+
+    /// What the newest `FailedCreate` event on `job` says (the Job
+    /// controller's words when the API server refuses it a pod: `exceeded
+    /// quota: ...`), read at most every [`FAILED_CREATE_TTL`] per Job.
+    async fn failed_create(&self, job: &Job) -> Option<String> {
+        let uid = job.metadata.uid.clone()?;
+        let ns = job.metadata.namespace.clone()?;
+        if let Some((at, why)) = self.failed_creates.lock().get(&uid) {
+            if at.elapsed() < FAILED_CREATE_TTL {
+                return why.clone();
+            }
+        }
+        let lp = ListParams::default().fields(&format!("involvedObject.uid={uid},reason=FailedCreate"));
+        let why = match Api::<Event>::namespaced(self.client.clone(), &ns).list(&lp).await {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+                .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0.as_second()))
+                .and_then(|e| e.message)
+                .map(|m| format!("FailedCreate: {}", m.chars().take(400).collect::<String>())),
+            Err(e) => {
+                tracing::debug!(job = ?job.metadata.name, "reading the Job's FailedCreate events: {e}");
+                None
+            }
+        };
+        let mut seen = self.failed_creates.lock();
+        if seen.len() >= 4096 {
+            seen.retain(|_, (at, _)| at.elapsed() < FAILED_CREATE_TTL);
+        }
+        seen.insert(uid, (Instant::now(), why.clone()));
+        why
     }
 
     fn all_jobs(&self) -> Vec<Arc<Job>> {
@@ -1781,7 +1860,19 @@ impl Backend for KubeBackend {
                 }
             }
             let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-            let nj = native_state_with(&job, &refs, self.taken_away.of(&name).as_ref());
+            let mut nj = native_state_with(&job, &refs, self.taken_away.of(&name).as_ref());
+            if nj.raw_state == "PENDING"
+                && nj.reason.is_empty()
+                && pods.is_empty()
+                && job.spec.as_ref().and_then(|s| s.suspend) != Some(true)
+            {
+                // Released and still without a pod: the Job controller may
+                // be refused its pods (a ResourceQuota, an admission
+                // policy); it says so only in events on the Job.
+                if let Some(why) = self.failed_create(&job).await {
+                    nj.reason = why;
+                }
+            }
             if !fleet_id.is_empty() {
                 let mut done = self.follow_logs(&fleet_id, &pods);
                 if nj.state.is_terminal() {
@@ -2225,6 +2316,48 @@ mod tests {
             json!(["/bin/bash", "/fleet/job/entry", "--lr", "a b;$(x)"])
         );
         assert!(ENTRY.contains("\"$@\""));
+    }
+
+    #[test]
+    fn the_entry_sets_the_submitters_umask_and_soft_limits() {
+        let req = |env: &[&str]| JobRequest { env: env.iter().map(|e| e.to_string()).collect(), ..Default::default() };
+        assert_eq!(entry_for(&req(&["PATH=/bin"])), ENTRY);
+        let e = entry_for(&req(&[
+            "SLURM_UMASK=0027",
+            "SLURM_RLIMIT_NOFILE=777",
+            "SLURM_RLIMIT_STACK=12641280",
+            "SLURM_RLIMIT_CORE=18446744073709551615",
+            "SLURM_RLIMIT_CPU=$(reboot)",
+        ]));
+        let setup: Vec<_> = e.lines().filter(|l| l.starts_with("umask") || l.starts_with("ulimit")).collect();
+        assert_eq!(
+            setup,
+            [
+                "umask 0027",
+                "ulimit -S -n 777 2>/dev/null || ulimit -S -n hard 2>/dev/null",
+                "ulimit -S -s 12345 2>/dev/null || ulimit -S -s hard 2>/dev/null",
+                "ulimit -S -c unlimited 2>/dev/null || ulimit -S -c hard 2>/dev/null",
+            ]
+        );
+        assert!(e.ends_with("exec /bin/bash \"$(dirname \"$0\")/script\" \"$@\"\n"), "{e}");
+        assert!(e.find("ulimit").unwrap() < e.find("exec ").unwrap());
+        // It runs, and the script sees what it set.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("entry"), &e).unwrap();
+        std::fs::write(tmp.path().join("script"), "echo $(umask) $(ulimit -S -n) $(ulimit -S -s) \"$1\"\n").unwrap();
+        let out = std::process::Command::new("/bin/bash").arg(tmp.path().join("entry")).arg("a b").output().unwrap();
+        let out = String::from_utf8_lossy(&out.stdout);
+        let hard_stack = String::from_utf8_lossy(
+            &std::process::Command::new("/bin/bash").args(["-c", "ulimit -H -s"]).output().unwrap().stdout,
+        )
+        .trim()
+        .to_string();
+        let stack = if hard_stack == "unlimited" || hard_stack.parse::<u64>().is_ok_and(|h| h >= 12345) {
+            "12345".to_string()
+        } else {
+            hard_stack
+        };
+        assert_eq!(out.trim(), format!("0027 777 {stack} a b"));
     }
 
     #[test]

@@ -37,6 +37,69 @@ pub fn submit_umask(req: &JobRequest) -> Option<libc::mode_t> {
     libc::mode_t::from_str_radix(v, 8).ok().filter(|m| *m <= 0o777)
 }
 
+/// The resource limits Slurm propagates (`PropagateResourceLimits`), by the
+/// name sbatch gives them in `SLURM_RLIMIT_<NAME>`.
+const PROPAGATED_RLIMITS: [(&str, libc::__rlimit_resource_t); 10] = [
+    ("CPU", libc::RLIMIT_CPU),
+    ("FSIZE", libc::RLIMIT_FSIZE),
+    ("DATA", libc::RLIMIT_DATA),
+    ("STACK", libc::RLIMIT_STACK),
+    ("CORE", libc::RLIMIT_CORE),
+    ("RSS", libc::RLIMIT_RSS),
+    ("NPROC", libc::RLIMIT_NPROC),
+    ("NOFILE", libc::RLIMIT_NOFILE),
+    ("MEMLOCK", libc::RLIMIT_MEMLOCK),
+    ("AS", libc::RLIMIT_AS),
+];
+
+/// One limit the job had at home: the soft limit sbatch runs with here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmitLimit {
+    pub name: &'static str,
+    pub resource: libc::__rlimit_resource_t,
+    /// The soft limit sbatch had at home (`RLIM_INFINITY`: unlimited).
+    pub wanted: u64,
+}
+
+/// The soft limits sbatch had at home (`SLURM_RLIMIT_<NAME>`, read by
+/// getrlimit and sent in the job's environment), which slurmstepd gives
+/// the job's tasks. An explicit `--propagate` (a value marked `U`) keeps the
+/// job home, so every value here is sbatch's own default capture.
+pub fn submit_limits(req: &JobRequest) -> Vec<SubmitLimit> {
+    req.env
+        .iter()
+        .filter_map(|e| {
+            let (name, v) = e.strip_prefix("SLURM_RLIMIT_")?.split_once('=')?;
+            let &(name, resource) = PROPAGATED_RLIMITS.iter().find(|(n, _)| *n == name)?;
+            let wanted = v.strip_prefix('U').unwrap_or(v).parse().ok()?;
+            Some(SubmitLimit { name, resource, wanted })
+        })
+        .collect()
+}
+
+/// The limits the target's sbatch is to run with, so that it captures the
+/// submitter's (sbatch reads its own with getrlimit): each soft limit as it
+/// was at home, but no higher than the agent's hard limit, which an
+/// unprivileged process cannot raise (such a limit is named in `clamped`).
+/// The hard limits stay the agent's: slurmstepd sets only the soft one.
+pub fn limits_for_sbatch(wanted: &[SubmitLimit]) -> (Vec<(libc::__rlimit_resource_t, libc::rlimit)>, Vec<String>) {
+    let mut set = Vec::new();
+    let mut clamped = Vec::new();
+    for w in wanted {
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes one rlimit into `now`, which outlives the call.
+        if unsafe { libc::getrlimit(w.resource, &mut now) } != 0 {
+            continue;
+        }
+        let soft = if now.rlim_max == libc::RLIM_INFINITY { w.wanted } else { w.wanted.min(now.rlim_max) };
+        if soft != w.wanted {
+            clamped.push(format!("{} {} (wanted {})", w.name, soft, w.wanted));
+        }
+        set.push((w.resource, libc::rlimit { rlim_cur: soft, rlim_max: now.rlim_max }));
+    }
+    (set, clamped)
+}
+
 /// The `--time` that gives a job submitted here with `--time=UNLIMITED` at
 /// home as long as this cluster lets it run: the default partition's
 /// MaxTime (UNLIMITED where it has none). Without `--time` its DefaultTime
@@ -599,6 +662,15 @@ pub fn submit_env(req: &JobRequest, home: &std::path::Path) -> Option<Vec<(Strin
 /// sbatch options that reproduce the job's resources at this cluster.
 /// The sbatch arguments of a run, and Fleet's variables that travel in
 /// the job's environment instead of in `--export` (see below).
+/// Does the job's stderr go where its stdout goes at home (no `-e`, or the
+/// same pattern as `-o`), so that sbatch there gave both one file?
+pub fn stderr_merged(req: &JobRequest) -> bool {
+    match req.std_err.as_deref() {
+        None | Some("") => true,
+        Some(e) => req.std_out.as_deref() == Some(e),
+    }
+}
+
 pub fn sbatch_args(
     id: &str,
     req: &JobRequest,
@@ -611,8 +683,13 @@ pub fn sbatch_args(
         format!("--job-name={}", req.name.as_deref().unwrap_or(id)),
         format!("--chdir={}", dir.display()),
         format!("--output={}", paths.stdout.display()),
-        format!("--error={}", paths.stderr.display()),
     ];
+    // Without its own `-e` at home, the job's stderr is its stdout file
+    // there (one descriptor: the lines interleave as written): the same
+    // here, relayed as stdout. Otherwise a file of its own.
+    if !stderr_merged(req) {
+        a.push(format!("--error={}", paths.stderr.display()));
+    }
     // The job's resources and options as the user gave them, `--export` in
     // the job's own mode plus Fleet's variables (FLEET_FORWARDED_JOB: this
     // cluster's plugin never forwards the job again).
@@ -738,14 +815,28 @@ impl Backend for SlurmBackend {
         // $SLURM_SUBMIT_DIR` finds the job's directory, not the agent's),
         // with the umask it had at home, which it gives the job (the
         // sudoers rule keeps it: `Defaults:fleet umask=0777`).
+        // Its soft resource limits too (`ulimit -s unlimited` and the like),
+        // which sbatch reads and slurmstepd gives the job's tasks.
         let umask = submit_umask(req);
+        let (limits, clamped) = limits_for_sbatch(&submit_limits(req));
+        if !clamped.is_empty() {
+            tracing::warn!(%id, "the job's limits are above the agent's hard limits and run at those: {}", clamped.join(", "));
+        }
         let setup = |c: &mut Command| {
             c.current_dir(&dir);
-            if let Some(m) = umask {
-                // SAFETY: umask(2) is async-signal-safe and touches only the child.
+            if umask.is_some() || !limits.is_empty() {
+                // SAFETY: umask(2) and setrlimit(2) are async-signal-safe and
+                // touch only the child; `limits` is moved in, nothing allocates.
                 unsafe {
                     c.pre_exec(move || {
-                        libc::umask(m);
+                        if let Some(m) = umask {
+                            libc::umask(m);
+                        }
+                        for (resource, l) in &limits {
+                            // Lowering a soft limit, or raising it up to the
+                            // hard one, cannot fail: nothing to report.
+                            libc::setrlimit(*resource, l);
+                        }
                         Ok(())
                     });
                 }
@@ -964,6 +1055,40 @@ mod tests {
     }
 
     #[test]
+    fn the_submitters_soft_limits_are_read_and_kept_below_the_agents_hard_ones() {
+        let env = [
+            "SLURM_RLIMIT_NOFILE=777",
+            "SLURM_RLIMIT_STACK=18446744073709551615",
+            "SLURM_RLIMIT_CORE=U0",
+            "SLURM_RLIMIT_BOGUS=1",
+            "SLURM_RLIMIT_AS=lots",
+            "XSLURM_RLIMIT_CPU=1",
+        ];
+        let req = fleet_api::JobRequest { env: env.iter().map(|e| e.to_string()).collect(), ..Default::default() };
+        let got = super::submit_limits(&req);
+        let named: Vec<_> = got.iter().map(|l| (l.name, l.wanted)).collect();
+        assert_eq!(named, [("NOFILE", 777), ("STACK", libc::RLIM_INFINITY), ("CORE", 0)]);
+
+        // Against this process's own hard limits: below them as wanted,
+        // above them at them, and named.
+        let hard = |r| {
+            let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: one rlimit written into `l`.
+            assert_eq!(unsafe { libc::getrlimit(r, &mut l) }, 0);
+            l.rlim_max
+        };
+        let nofile = hard(libc::RLIMIT_NOFILE);
+        let over =
+            super::SubmitLimit { name: "NOFILE", resource: libc::RLIMIT_NOFILE, wanted: nofile.saturating_add(1) };
+        let (set, clamped) = super::limits_for_sbatch(&[got[0], over]);
+        assert_eq!((set[0].1.rlim_cur, set[0].1.rlim_max), (777.min(nofile), nofile));
+        assert_eq!(set[1].1.rlim_cur, nofile, "never above the hard limit");
+        if nofile != libc::RLIM_INFINITY {
+            assert_eq!(clamped, [format!("NOFILE {nofile} (wanted {})", nofile + 1)]);
+        }
+    }
+
+    #[test]
     fn an_unlimited_job_gets_the_default_partitions_max_time() {
         let at = |parts: &str| {
             let conf = format!("ClusterName=alpha\nNodeName=a1 CPUs=4\n{parts}");
@@ -1126,7 +1251,20 @@ mod tests {
         for want in ["--job-name=train", "--gres=gpu:h100:8", "--nodes=2", "--time=60", "--output=/s/o"] {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
+        // No -e at home (or -e as -o): one file, as there; else its own.
+        assert!(!a.iter().any(|x| x.starts_with("--error")), "{a:?}");
         let mut req = req;
+        for (out, err, merged) in [
+            (None, Some("e.txt"), false),
+            (Some("o.txt"), Some("o.txt"), true),
+            (Some("o.txt"), Some(""), true),
+            (Some("slurm-%j.out"), Some("slurm-%j.err"), false),
+        ] {
+            req.std_out = out.map(str::to_string);
+            req.std_err = err.map(str::to_string);
+            let (a, _) = sbatch_args("beta-1", &req, std::path::Path::new("/s"), &p, &[]);
+            assert_eq!(a.iter().any(|x| x == "--error=/s/e"), !merged, "{out:?} {err:?}: {a:?}");
+        }
         req.fleet.ckpt = Some("s3://ckpt-east/fleet/beta-1".into());
         req.fleet.resume_from = Some("s3://ckpt-east/fleet/beta-1/ckpt-000000000002".into());
         req.export_env = Some("ALL,WANDB_MODE".into());
