@@ -399,7 +399,9 @@ fn an_export_list_of_names_takes_the_submitters_values() {
 /// the script twice), the script's arguments (`sbatch job.sh --lr 0.1`;
 /// the target's sbatch takes them after a script file) and the soft
 /// resource limits (`ulimit -S`, which sbatch reads and slurmstepd gives
-/// the tasks under PropagateResourceLimits: a forwarded job had the agent's).
+/// the tasks under PropagateResourceLimits: a forwarded job had the agent's;
+/// the stack above 8 MiB and the core size, which sudo cannot pass on to
+/// the target's sbatch, are set by the run's lease-exec).
 #[test]
 fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
     let (lab, _serial) = Lab::lock();
@@ -409,13 +411,13 @@ fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
         &job,
         "#!/bin/sh\nhere=$(pwd -P); there=$(cd \"$SLURM_SUBMIT_DIR\" && pwd -P)\n\
          [ \"$here\" = \"$there\" ] && where=same || where=\"$here/$there\"\n\
-         echo \"$(umask) $where [$*] $(ulimit -S -n) $(ulimit -S -s) ${FLEET_JOB_ID:+fleet}\"\n",
+         echo \"$(umask) $where [$*] $(ulimit -S -n) $(ulimit -S -s) $(ulimit -S -c) ${FLEET_JOB_ID:+fleet}\"\n",
     )
     .unwrap();
     std::fs::set_permissions(&job, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let sbatch = |out: &str, opts: &str, args: &str| {
         let line = format!(
-            "umask 077; ulimit -S -n 777; ulimit -S -s 12345; cd {d}; exec sbatch --parsable {opts} --output={d}/{out} {j} {args}",
+            "umask 077; ulimit -S -n 777; ulimit -S -s 12345; ulimit -S -c 1000; cd {d}; exec sbatch --parsable {opts} --output={d}/{out} {j} {args}",
             d = dir.display(),
             j = job.display()
         );
@@ -436,7 +438,10 @@ fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
         ((Some(n), _), (Some(f), _)) => (n, f),
         (n, f) => panic!("{n:?} {f:?}"),
     };
-    let ids = [native, fleet, args_native, args_fleet];
+    // Without an export file (--export=NONE): sbatch reads its own limits,
+    // and the run's lease-exec sets what sudo cannot pass on.
+    let none = submit("none-fleet.txt", "--gres=gpu:h100:1 --export=NONE");
+    let ids = [native, fleet, args_native, args_fleet, none];
     let _cancel = OnDrop(|| {
         let _ = lab.cmd(
             "beta",
@@ -450,12 +455,13 @@ fn what_sbatch_takes_from_its_shell_reaches_the_job_as_natively() {
     let read = |n: &str| {
         String::from_utf8(wait_file(&dir.join(n), Duration::from_secs(5), |b| b.ends_with(b"\n")).unwrap()).unwrap()
     };
-    assert_eq!(read("native.txt"), "0077 same [] 777 12345 \n", "the native twin");
-    assert_eq!(read("fleet.txt"), "0077 same [] 777 12345 fleet\n", "forwarded");
+    assert_eq!(read("native.txt"), "0077 same [] 777 12345 1000 \n", "the native twin");
+    assert_eq!(read("fleet.txt"), "0077 same [] 777 12345 1000 fleet\n", "forwarded");
+    assert_eq!(read("none-fleet.txt"), "0077 same [] 777 12345 1000 fleet\n", "forwarded, --export=NONE");
     let (target, remote) = remote_of(lab, fleet).expect("forwarded");
     assert_eq!(lab.job(&target, remote).unwrap()["Requeue"], "0", "--no-requeue at {target}");
-    assert_eq!(read("args-native.txt"), "0077 same [--lr 0.1 a b] 777 12345 \n", "the native twin with arguments");
-    assert_eq!(read("args-fleet.txt"), "0077 same [--lr 0.1 a b] 777 12345 fleet\n", "forwarded with arguments");
+    assert_eq!(read("args-native.txt"), "0077 same [--lr 0.1 a b] 777 12345 1000 \n", "the native twin with arguments");
+    assert_eq!(read("args-fleet.txt"), "0077 same [--lr 0.1 a b] 777 12345 1000 fleet\n", "forwarded with arguments");
 }
 
 /// Without `-e`, a job's stderr is its stdout file, one descriptor: the

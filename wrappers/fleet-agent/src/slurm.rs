@@ -77,6 +77,21 @@ pub fn submit_limits(req: &JobRequest) -> Vec<SubmitLimit> {
         .collect()
 }
 
+/// The job's soft limits that reach sbatch through sudo only in part: a
+/// stack above 8 MiB (the kernel resets a setuid program's to 8 MiB) and
+/// the core size (sudo sets it to 0), as `lease-exec` reads them
+/// (`FLEET_RLIMIT_<NAME>`, bytes) to set them in the job.
+pub fn in_job_limits(req: &JobRequest) -> Vec<(&'static str, String)> {
+    submit_limits(req)
+        .into_iter()
+        .filter_map(|l| match l.name {
+            "STACK" => Some(("FLEET_RLIMIT_STACK", l.wanted.to_string())),
+            "CORE" => Some(("FLEET_RLIMIT_CORE", l.wanted.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The limits the target's sbatch is to run with, so that it captures the
 /// submitter's (sbatch reads its own with getrlimit): each soft limit as it
 /// was at home, but no higher than the agent's hard limit, which an
@@ -659,9 +674,6 @@ pub fn submit_env(req: &JobRequest, home: &std::path::Path) -> Option<Vec<(Strin
     Some(env)
 }
 
-/// sbatch options that reproduce the job's resources at this cluster.
-/// The sbatch arguments of a run, and Fleet's variables that travel in
-/// the job's environment instead of in `--export` (see below).
 /// Does the job's stderr go where its stdout goes at home (no `-e`, or the
 /// same pattern as `-o`), so that sbatch there gave both one file?
 pub fn stderr_merged(req: &JobRequest) -> bool {
@@ -671,6 +683,9 @@ pub fn stderr_merged(req: &JobRequest) -> bool {
     }
 }
 
+/// sbatch options that reproduce the job's resources at this cluster.
+/// The sbatch arguments of a run, and Fleet's variables that travel in
+/// the job's environment instead of in `--export` (see below).
 pub fn sbatch_args(
     id: &str,
     req: &JobRequest,
@@ -760,6 +775,15 @@ impl Backend for SlurmBackend {
             // the lease that holds its script, it must not be submitted.
             anyhow::bail!("job {id} was placed early and must start under its in-job lease, which this run cannot have (JobLeaseMs, CkptHelper, the script's #! line)");
         }
+        // The job's soft limits at home: with an export file, in it (sbatch
+        // then sends no SLURM_RLIMIT_* of its own, and slurmstepd, root,
+        // sets them all); without one, sbatch reads its own, set below, and
+        // those sudo cannot hand it are set by the run's `lease-exec`.
+        let home = job_home(user, &dir);
+        let mut env = submit_env(req, &home).filter(|_| exports_environment(req));
+        if wrapped.is_some() && env.is_none() {
+            ckpt_env.extend(in_job_limits(req));
+        }
         let script = wrapped.as_deref().unwrap_or(script);
         // The script's own directives were read by sbatch at the origin:
         // here they are comments, so that only what the request carries
@@ -781,12 +805,12 @@ impl Backend for SlurmBackend {
         // sbatch itself (sudo would strip LD_*, PYTHONPATH and the like).
         // HOME is the user's home here, as for a job they submitted here
         // themselves (the job directory where they have none).
-        let home = job_home(user, &dir);
-        let mut env = submit_env(req, &home).filter(|_| exports_environment(req));
         if let Some(env) = &mut env {
             // With an export file sbatch takes nothing from its own
-            // environment: Fleet's variables (if not in --export) go in it,
-            // after the job's (which holds no FLEET_* of its own).
+            // environment: the soft limits the job had at home (as sbatch
+            // sent them there) and Fleet's variables (if not in --export)
+            // go in it, after the job's (which holds no SLURM_* or FLEET_*).
+            env.extend(submit_limits(req).iter().map(|l| (format!("SLURM_RLIMIT_{}", l.name), l.wanted.to_string())));
             env.extend(fleet_env.iter().cloned());
             let f = dir.join(".fleet-env");
             crate::jobdir::write_private(&f, &crate::jobdir::export_file_bytes(env))?;
@@ -815,10 +839,12 @@ impl Backend for SlurmBackend {
         // $SLURM_SUBMIT_DIR` finds the job's directory, not the agent's),
         // with the umask it had at home, which it gives the job (the
         // sudoers rule keeps it: `Defaults:fleet umask=0777`).
-        // Its soft resource limits too (`ulimit -s unlimited` and the like),
-        // which sbatch reads and slurmstepd gives the job's tasks.
+        // Without an export file, its soft resource limits too (`ulimit -n
+        // 4096` and the like), which sbatch reads and slurmstepd gives the
+        // job's tasks.
         let umask = submit_umask(req);
-        let (limits, clamped) = limits_for_sbatch(&submit_limits(req));
+        let (limits, clamped) =
+            if env.is_some() { (Vec::new(), Vec::new()) } else { limits_for_sbatch(&submit_limits(req)) };
         if !clamped.is_empty() {
             tracing::warn!(%id, "the job's limits are above the agent's hard limits and run at those: {}", clamped.join(", "));
         }
@@ -1068,6 +1094,11 @@ mod tests {
         let got = super::submit_limits(&req);
         let named: Vec<_> = got.iter().map(|l| (l.name, l.wanted)).collect();
         assert_eq!(named, [("NOFILE", 777), ("STACK", libc::RLIM_INFINITY), ("CORE", 0)]);
+        // What sudo cannot carry goes to the job's lease-exec.
+        assert_eq!(
+            super::in_job_limits(&req),
+            [("FLEET_RLIMIT_STACK", libc::RLIM_INFINITY.to_string()), ("FLEET_RLIMIT_CORE", "0".to_string())]
+        );
 
         // Against this process's own hard limits: below them as wanted,
         // above them at them, and named.

@@ -479,8 +479,31 @@ pub fn stop_run(root: i32, uid: u32, grace: Duration, spare_root: bool) {
     }
 }
 
+/// The soft limits a target agent passes to the run for `lease-exec` to
+/// set (`FLEET_RLIMIT_<NAME>`, in bytes): those sudo cannot hand the
+/// target's sbatch, which reads its own: a stack above 8 MiB (the kernel
+/// resets it for a setuid program) and the core size (sudo sets 0).
+pub const HOME_LIMITS: [(&str, libc::__rlimit_resource_t); 2] =
+    [("FLEET_RLIMIT_STACK", libc::RLIMIT_STACK), ("FLEET_RLIMIT_CORE", libc::RLIMIT_CORE)];
+
+/// The [`HOME_LIMITS`] set in the environment `get` reads, as numbers.
+pub fn home_limits(get: impl Fn(&str) -> Option<String>) -> Vec<(libc::__rlimit_resource_t, u64)> {
+    HOME_LIMITS.iter().filter_map(|(name, r)| Some((*r, get(name)?.trim().parse().ok()?))).collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_home_limits_are_read_from_the_environment() {
+        let env = |k: &str| match k {
+            "FLEET_RLIMIT_STACK" => Some("18446744073709551615".to_string()),
+            "FLEET_RLIMIT_CORE" => Some("lots".to_string()),
+            _ => None,
+        };
+        assert_eq!(super::home_limits(env), [(libc::RLIMIT_STACK, libc::RLIM_INFINITY)]);
+        assert!(super::home_limits(|_| None).is_empty());
+    }
+
     use super::*;
 
     fn reply(valid_ms: u64) -> JobLeaseReply {

@@ -359,6 +359,18 @@ fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
         eprintln!("fleet: FLEET_JOB_SCRIPT is not set: the job's script is unknown");
         return ExitCode::FAILURE;
     };
+    // The soft limits its submitter had at home that sudo could not hand
+    // the target's sbatch: the script inherits them from this process.
+    for (resource, soft) in lease::home_limits(|k| std::env::var(k).ok()) {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit/setrlimit on this process with a local rlimit.
+        unsafe {
+            if libc::getrlimit(resource, &mut l) == 0 {
+                l.rlim_cur = if l.rlim_max == libc::RLIM_INFINITY { soft } else { soft.min(l.rlim_max) };
+                libc::setrlimit(resource, &l);
+            }
+        }
+    }
     let head = match std::fs::File::open(&script).and_then(|f| {
         use std::io::Read;
         let mut b = Vec::new();
@@ -392,6 +404,9 @@ fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
                 // Leased: stay the batch process, to report the run's end.
                 let mut cmd = std::process::Command::new(&interp);
                 cmd.args(arg).arg(&script).args(&args[1..]);
+                for (name, _) in lease::HOME_LIMITS {
+                    cmd.env_remove(name);
+                }
                 return supervise(&env, cmd, &script);
             }
             Err(why) => {
@@ -404,7 +419,11 @@ fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let err = std::process::Command::new(&interp).args(arg).arg(&script).args(&args[1..]).exec();
+    let mut cmd = std::process::Command::new(&interp);
+    for (name, _) in lease::HOME_LIMITS {
+        cmd.env_remove(name);
+    }
+    let err = cmd.args(arg).arg(&script).args(&args[1..]).exec();
     eprintln!("fleet: cannot run the job's interpreter {interp}: {err}");
     ExitCode::from(126)
 }
