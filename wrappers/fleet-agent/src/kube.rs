@@ -353,7 +353,7 @@ pub fn entry_for(req: &JobRequest) -> String {
         setup.push_str(&format!("umask {m:04o}\n"));
     }
     for l in crate::slurm::submit_limits(req) {
-        let Some((flag, unit)) = ulimit_flag(l.name) else { continue };
+        let (flag, unit) = l.ulimit;
         let v = if l.wanted == libc::RLIM_INFINITY { "unlimited".to_string() } else { (l.wanted / unit).to_string() };
         setup.push_str(&format!("ulimit -S -{flag} {v} 2>/dev/null || ulimit -S -{flag} hard 2>/dev/null\n"));
     }
@@ -362,24 +362,6 @@ pub fn entry_for(req: &JobRequest) -> String {
     }
     let at = ENTRY.rfind("exec ").unwrap_or(ENTRY.len());
     format!("{}# The submitter's umask and soft limits at home.\n{setup}{}", &ENTRY[..at], &ENTRY[at..])
-}
-
-/// bash's `ulimit` flag for a limit Slurm propagates, and the unit its
-/// number is in (getrlimit's bytes or bash's 1024-byte blocks).
-fn ulimit_flag(name: &str) -> Option<(char, u64)> {
-    Some(match name {
-        "CPU" => ('t', 1),
-        "FSIZE" => ('f', 1024),
-        "DATA" => ('d', 1024),
-        "STACK" => ('s', 1024),
-        "CORE" => ('c', 1024),
-        "RSS" => ('m', 1024),
-        "NPROC" => ('u', 1),
-        "NOFILE" => ('n', 1),
-        "MEMLOCK" => ('l', 1024),
-        "AS" => ('v', 1024),
-        _ => return None,
-    })
 }
 
 fn q(s: impl Into<String>) -> Quantity {

@@ -37,19 +37,21 @@ pub fn submit_umask(req: &JobRequest) -> Option<libc::mode_t> {
     libc::mode_t::from_str_radix(v, 8).ok().filter(|m| *m <= 0o777)
 }
 
-/// The resource limits Slurm propagates (`PropagateResourceLimits`), by the
-/// name sbatch gives them in `SLURM_RLIMIT_<NAME>`.
-const PROPAGATED_RLIMITS: [(&str, libc::__rlimit_resource_t); 10] = [
-    ("CPU", libc::RLIMIT_CPU),
-    ("FSIZE", libc::RLIMIT_FSIZE),
-    ("DATA", libc::RLIMIT_DATA),
-    ("STACK", libc::RLIMIT_STACK),
-    ("CORE", libc::RLIMIT_CORE),
-    ("RSS", libc::RLIMIT_RSS),
-    ("NPROC", libc::RLIMIT_NPROC),
-    ("NOFILE", libc::RLIMIT_NOFILE),
-    ("MEMLOCK", libc::RLIMIT_MEMLOCK),
-    ("AS", libc::RLIMIT_AS),
+/// The resource limits Slurm propagates (`PropagateResourceLimits`): the
+/// name sbatch gives each in `SLURM_RLIMIT_<NAME>`, the resource, and
+/// bash's `ulimit` flag for it with the unit its number is in (getrlimit's
+/// bytes or bash's 1024-byte blocks).
+const PROPAGATED_RLIMITS: [(&str, libc::__rlimit_resource_t, char, u64); 10] = [
+    ("CPU", libc::RLIMIT_CPU, 't', 1),
+    ("FSIZE", libc::RLIMIT_FSIZE, 'f', 1024),
+    ("DATA", libc::RLIMIT_DATA, 'd', 1024),
+    ("STACK", libc::RLIMIT_STACK, 's', 1024),
+    ("CORE", libc::RLIMIT_CORE, 'c', 1024),
+    ("RSS", libc::RLIMIT_RSS, 'm', 1024),
+    ("NPROC", libc::RLIMIT_NPROC, 'u', 1),
+    ("NOFILE", libc::RLIMIT_NOFILE, 'n', 1),
+    ("MEMLOCK", libc::RLIMIT_MEMLOCK, 'l', 1024),
+    ("AS", libc::RLIMIT_AS, 'v', 1024),
 ];
 
 /// One limit the job had at home: the soft limit sbatch runs with here.
@@ -57,6 +59,8 @@ const PROPAGATED_RLIMITS: [(&str, libc::__rlimit_resource_t); 10] = [
 pub struct SubmitLimit {
     pub name: &'static str,
     pub resource: libc::__rlimit_resource_t,
+    /// bash's `ulimit` flag for it and the unit of its number.
+    pub ulimit: (char, u64),
     /// The soft limit sbatch had at home (`RLIM_INFINITY`: unlimited).
     pub wanted: u64,
 }
@@ -70,9 +74,9 @@ pub fn submit_limits(req: &JobRequest) -> Vec<SubmitLimit> {
         .iter()
         .filter_map(|e| {
             let (name, v) = e.strip_prefix("SLURM_RLIMIT_")?.split_once('=')?;
-            let &(name, resource) = PROPAGATED_RLIMITS.iter().find(|(n, _)| *n == name)?;
+            let &(name, resource, flag, unit) = PROPAGATED_RLIMITS.iter().find(|l| l.0 == name)?;
             let wanted = v.strip_prefix('U').unwrap_or(v).parse().ok()?;
-            Some(SubmitLimit { name, resource, wanted })
+            Some(SubmitLimit { name, resource, ulimit: (flag, unit), wanted })
         })
         .collect()
 }
@@ -81,9 +85,9 @@ pub fn submit_limits(req: &JobRequest) -> Vec<SubmitLimit> {
 /// stack above 8 MiB (the kernel resets a setuid program's to 8 MiB) and
 /// the core size (sudo sets it to 0), as `lease-exec` reads them
 /// (`FLEET_RLIMIT_<NAME>`, bytes) to set them in the job.
-pub fn in_job_limits(req: &JobRequest) -> Vec<(&'static str, String)> {
-    submit_limits(req)
-        .into_iter()
+pub fn in_job_limits(limits: &[SubmitLimit]) -> Vec<(&'static str, String)> {
+    limits
+        .iter()
         .filter_map(|l| match l.name {
             "STACK" => Some(("FLEET_RLIMIT_STACK", l.wanted.to_string())),
             "CORE" => Some(("FLEET_RLIMIT_CORE", l.wanted.to_string())),
@@ -106,7 +110,8 @@ pub fn limits_for_sbatch(wanted: &[SubmitLimit]) -> (Vec<(libc::__rlimit_resourc
         if unsafe { libc::getrlimit(w.resource, &mut now) } != 0 {
             continue;
         }
-        let soft = if now.rlim_max == libc::RLIM_INFINITY { w.wanted } else { w.wanted.min(now.rlim_max) };
+        // RLIM_INFINITY is the largest value: an unlimited hard limit caps nothing.
+        let soft = w.wanted.min(now.rlim_max);
         if soft != w.wanted {
             clamped.push(format!("{} {} (wanted {})", w.name, soft, w.wanted));
         }
@@ -779,10 +784,11 @@ impl Backend for SlurmBackend {
         // then sends no SLURM_RLIMIT_* of its own, and slurmstepd, root,
         // sets them all); without one, sbatch reads its own, set below, and
         // those sudo cannot hand it are set by the run's `lease-exec`.
+        let home_limits = submit_limits(req);
         let home = job_home(user, &dir);
         let mut env = submit_env(req, &home).filter(|_| exports_environment(req));
         if wrapped.is_some() && env.is_none() {
-            ckpt_env.extend(in_job_limits(req));
+            ckpt_env.extend(in_job_limits(&home_limits));
         }
         let script = wrapped.as_deref().unwrap_or(script);
         // The script's own directives were read by sbatch at the origin:
@@ -810,7 +816,7 @@ impl Backend for SlurmBackend {
             // environment: the soft limits the job had at home (as sbatch
             // sent them there) and Fleet's variables (if not in --export)
             // go in it, after the job's (which holds no SLURM_* or FLEET_*).
-            env.extend(submit_limits(req).iter().map(|l| (format!("SLURM_RLIMIT_{}", l.name), l.wanted.to_string())));
+            env.extend(home_limits.iter().map(|l| (format!("SLURM_RLIMIT_{}", l.name), l.wanted.to_string())));
             env.extend(fleet_env.iter().cloned());
             let f = dir.join(".fleet-env");
             crate::jobdir::write_private(&f, &crate::jobdir::export_file_bytes(env))?;
@@ -843,8 +849,7 @@ impl Backend for SlurmBackend {
         // 4096` and the like), which sbatch reads and slurmstepd gives the
         // job's tasks.
         let umask = submit_umask(req);
-        let (limits, clamped) =
-            if env.is_some() { (Vec::new(), Vec::new()) } else { limits_for_sbatch(&submit_limits(req)) };
+        let (limits, clamped) = if env.is_some() { (Vec::new(), Vec::new()) } else { limits_for_sbatch(&home_limits) };
         if !clamped.is_empty() {
             tracing::warn!(%id, "the job's limits are above the agent's hard limits and run at those: {}", clamped.join(", "));
         }
@@ -1096,7 +1101,7 @@ mod tests {
         assert_eq!(named, [("NOFILE", 777), ("STACK", libc::RLIM_INFINITY), ("CORE", 0)]);
         // What sudo cannot carry goes to the job's lease-exec.
         assert_eq!(
-            super::in_job_limits(&req),
+            super::in_job_limits(&got),
             [("FLEET_RLIMIT_STACK", libc::RLIM_INFINITY.to_string()), ("FLEET_RLIMIT_CORE", "0".to_string())]
         );
 
@@ -1109,8 +1114,7 @@ mod tests {
             l.rlim_max
         };
         let nofile = hard(libc::RLIMIT_NOFILE);
-        let over =
-            super::SubmitLimit { name: "NOFILE", resource: libc::RLIMIT_NOFILE, wanted: nofile.saturating_add(1) };
+        let over = super::SubmitLimit { wanted: nofile.saturating_add(1), ..got[0] };
         let (set, clamped) = super::limits_for_sbatch(&[got[0], over]);
         assert_eq!((set[0].1.rlim_cur, set[0].1.rlim_max), (777.min(nofile), nofile));
         assert_eq!(set[1].1.rlim_cur, nofile, "never above the hard limit");

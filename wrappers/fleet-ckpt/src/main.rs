@@ -366,7 +366,8 @@ fn lease_exec(args: &[std::ffi::OsString]) -> ExitCode {
         // SAFETY: getrlimit/setrlimit on this process with a local rlimit.
         unsafe {
             if libc::getrlimit(resource, &mut l) == 0 {
-                l.rlim_cur = if l.rlim_max == libc::RLIM_INFINITY { soft } else { soft.min(l.rlim_max) };
+                // RLIM_INFINITY is the largest value: an unlimited hard limit caps nothing.
+                l.rlim_cur = soft.min(l.rlim_max);
                 libc::setrlimit(resource, &l);
             }
         }
