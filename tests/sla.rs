@@ -10,6 +10,10 @@
 //! delta's queues are sampled throughout: the job is never live at both.
 //! Whatever happens, alpha's partition is UP again and the meta-scheduler
 //! runs its original configuration (no `[sla]`) when the test ends.
+//!
+//! Without `[sla]`, a job waiting at a cluster whose nodes all drain moves
+//! too, after the lab's `[health] stranded_s` (20 s): cancelled there
+//! first, run once at delta.
 
 use std::time::{Duration, Instant};
 
@@ -57,6 +61,16 @@ fn live(state: &str) -> bool {
 fn set_gpu_partition(lab: &Lab, cluster: &str, state: &str) -> bool {
     lab.cmd(cluster, "scontrol", &["update", "PartitionName=gpu", &format!("State={state}")])
         .is_ok_and(|o| o.status.success())
+}
+
+/// `scontrol update NodeName=<nodes> State=<state>` at `cluster`.
+fn set_nodes(lab: &Lab, cluster: &str, nodes: &str, state: &str) -> bool {
+    let mut args = vec!["update".to_string(), format!("NodeName={nodes}"), format!("State={state}")];
+    if state == "DRAIN" {
+        args.push("Reason=fleet-lab-test".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    lab.cmd(cluster, "scontrol", &args).is_ok_and(|o| o.status.success())
 }
 
 /// `cluster`'s entry in `fleetctl --json clusters`.
@@ -211,5 +225,83 @@ fn a_job_pending_past_its_provisioning_deadline_is_cancelled_and_runs_once_elsew
         running_elsewhere.as_secs_f64(),
         (running_elsewhere - decided).as_secs_f64(),
         samples.len(),
+    );
+}
+
+/// The lab's `[health] stranded_s` (tests/lab/lab.sh).
+const STRANDED_S: u64 = 20;
+
+#[test]
+fn a_job_waiting_at_a_cluster_whose_nodes_all_drain_is_cancelled_there_and_runs_once_elsewhere() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("stranded");
+    let conf = std::fs::read_to_string(lab.root.join("metasched.toml")).expect("the lab's metasched.toml");
+    assert!(conf.contains(&format!("stranded_s = {STRANDED_S}\n")) && !conf.contains("[sla]"), "{conf}");
+    let _restore = OnDrop(|| {
+        let _ = set_nodes(lab, "alpha", "alpha1,alpha2", "RESUME");
+        let _ = set_gpu_partition(lab, "alpha", "UP");
+    });
+    lab.wait_gpus_free("alpha", "h100", 16, Duration::from_secs(60)).unwrap();
+    // alpha takes the job and keeps it pending (its partition is down,
+    // which its heartbeat does not show: its nodes are idle).
+    assert!(set_gpu_partition(lab, "alpha", "DOWN"), "cannot set alpha's gpu partition DOWN");
+    let body = format!(
+        "echo \"ran at $SLURM_CLUSTER_NAME\"\ndate +%s.%N >> {}/marks-$SLURM_CLUSTER_NAME\nexit 4",
+        dir.display()
+    );
+    let err_arg = format!("--error={}/err.txt", dir.display());
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt"), &err_arg], &script(&body)).unwrap();
+    let (target, alpha_job) =
+        poll("the job is submitted at alpha", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
+    assert_eq!(target, "alpha", "the engine places an H100 job from beta at alpha");
+    assert_eq!(lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).as_deref(), Some("PENDING"));
+    let fid = fleet_job_of(lab, id).unwrap();
+    let sampler = Sampler::start(Duration::from_millis(250), {
+        let fid = fid.clone();
+        move || {
+            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
+            (n("alpha"), n("delta"))
+        }
+    });
+
+    // Both of alpha's nodes drain (an admin's maintenance, a health check).
+    assert!(set_nodes(lab, "alpha", "alpha1,alpha2", "DRAIN"), "cannot drain alpha's nodes");
+    let drained = Instant::now();
+    let reason = poll("the job is found stranded", Duration::from_secs(STRANDED_S + 30), || {
+        let r = fleet_record(lab, id)?;
+        let reason = r["reason"].as_str().unwrap_or("").to_string();
+        reason.contains("stranded at alpha").then_some(reason)
+    });
+    let decided = drained.elapsed();
+    assert!(decided >= Duration::from_secs(STRANDED_S), "decided {decided:?} after the drain: {reason}");
+    assert!(reason.contains("its usable nodes could not run it"), "{reason}");
+    let delta_job = poll("the job is placed at delta", Duration::from_secs(90), || {
+        remote_of(lab, id).filter(|(t, r)| t == "delta" && *r != 0).map(|(_, r)| r)
+    });
+    let done = lab.wait_done("beta", id, Duration::from_secs(90)).unwrap();
+    let running_elsewhere = drained.elapsed();
+    let samples = sampler.finish();
+
+    // The stand-in: delta's output, its exit code, one note on stderr.
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("FAILED", "4:0"), "{done:?}");
+    assert_eq!(std::fs::read_to_string(dir.join("out.txt")).unwrap(), "ran at delta\n");
+    let err = std::fs::read_to_string(dir.join("err.txt")).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(&format!("fleet: run 1 of job {fid} was stranded at alpha: ")), "{err}");
+    assert!(err.ends_with("cancelled there, re-placing it elsewhere\n"), "{err}");
+    // Once, at delta; alpha's copy cancelled, never two live copies.
+    assert!(!dir.join("marks-alpha").exists(), "the job ran at alpha");
+    assert_eq!(std::fs::read_to_string(dir.join("marks-delta")).unwrap().lines().count(), 1);
+    let at_delta = copies_at(lab, "delta", &fid);
+    assert_eq!(at_delta.iter().map(|(j, _)| j.clone()).collect::<Vec<_>>(), [delta_job.to_string()]);
+    let at_alpha = copies_at(lab, "alpha", &fid);
+    assert!(!at_alpha.is_empty() && at_alpha.iter().all(|(_, s)| s == "CANCELLED"), "alpha: {at_alpha:?}");
+    assert!(samples.len() > 20, "too few samples: {}", samples.len());
+    assert!(samples.iter().all(|(_, (a, d))| *a + *d <= 1), "two live copies: {samples:?}");
+    assert!(samples.iter().any(|(_, (a, _))| *a == 1), "no sample saw alpha's copy: {samples:?}");
+    eprintln!(
+        "stranded figures (stranded_s {STRANDED_S}): decided {:.1} s after the drain, ended at delta {:.1} s after it",
+        decided.as_secs_f64(),
+        running_elsewhere.as_secs_f64()
     );
 }

@@ -74,6 +74,9 @@ LAB_LEASE_MS=${FLEET_LAB_LEASE_MS:-15000}
 # job_lease_s): 3 s + grace (10 s) >= 8 s + margin 4 s, as the
 # meta-scheduler requires. 0 turns it off.
 LAB_JOB_LEASE_S=${FLEET_LAB_JOB_LEASE_S:-8}
+# metasched [health] stranded_s: how long a fleet job waits at a cluster
+# whose usable nodes cannot run it (all drained or down) before it moves.
+LAB_STRANDED_S=${FLEET_LAB_STRANDED_S:-20}
 # FLEET_LAB_PORT_OFFSET shifts every port above (and the meta-scheduler's), so
 # that a second lab (another FLEET_LAB_DIR) can run beside the default one.
 PORT_OFFSET=${FLEET_LAB_PORT_OFFSET:-0}
@@ -642,6 +645,7 @@ write_metasched_conf() {
     echo "grace_s = $LAB_GRACE_S"
     echo "job_lease_s = $LAB_JOB_LEASE_S"
     echo "job_lease_margin_s = 4"
+    echo "stranded_s = $LAB_STRANDED_S"
     local c
     for c in $(site_names); do
       echo

@@ -392,6 +392,13 @@ pub struct HealthConfig {
     /// 300; 0: at once). Such a run is never moved.
     #[serde(default)]
     pub end_wait_s: Option<f64>,
+    /// Seconds a fleet job may wait at a cluster that answers but whose
+    /// usable nodes cannot run it (every node that could is drained, down
+    /// or not responding) before it is cancelled there and placed where
+    /// nodes can (default 300; 0: off, it waits as a native job would).
+    /// Only a job that never started in that placement moves.
+    #[serde(default)]
+    pub stranded_s: Option<f64>,
 }
 
 impl Default for HealthConfig {
@@ -405,12 +412,17 @@ impl Default for HealthConfig {
             job_lease_margin_s: default_job_lease_margin(),
             first_lease_s: None,
             end_wait_s: None,
+            stranded_s: None,
         }
     }
 }
 
 /// `[health] end_wait_s` when not set.
 pub const DEFAULT_END_WAIT_S: f64 = 300.0;
+
+/// `[health] stranded_s` when not set: long enough for a slurmd or a
+/// node to come back from a restart, short against a drain.
+pub const DEFAULT_STRANDED_S: f64 = 300.0;
 
 fn default_job_lease() -> f64 {
     30.0
@@ -663,6 +675,11 @@ impl Config {
         self.health.as_ref().and_then(|h| h.end_wait_s).unwrap_or(DEFAULT_END_WAIT_S)
     }
 
+    /// `[health] stranded_s` resolved (0: off; see `Store::check_stranded`).
+    pub fn stranded_s(&self) -> f64 {
+        self.health.as_ref().and_then(|h| h.stranded_s).unwrap_or(DEFAULT_STRANDED_S)
+    }
+
     /// `[sla]` resolved (not enforced without the section).
     pub fn sla(&self) -> Sla {
         Sla::from_config(self.sla.as_ref(), &self.clusters)
@@ -786,6 +803,9 @@ impl Config {
             }
             if let Some(w) = h.end_wait_s.filter(|w| !(w.is_finite() && (0.0..=604_800.0).contains(w))) {
                 return Err(ConfigError::Invalid(format!("[health] end_wait_s = {w} must be in [0, 604800]")));
+            }
+            if let Some(w) = h.stranded_s.filter(|w| !(w.is_finite() && (0.0..=604_800.0).contains(w))) {
+                return Err(ConfigError::Invalid(format!("[health] stranded_s = {w} must be in [0, 604800] (0: off)")));
             }
         }
         // A silent cluster's jobs move only after every job lease a run
@@ -1189,6 +1209,9 @@ mod tests {
         check(&format!("{BASE}[health]\nend_wait_s = 0\n"), Ok(""));
         check(&format!("{BASE}[health]\nend_wait_s = -1\n"), Err("end_wait_s = -1 must be in [0, 604800]"));
         check(&format!("{BASE}[health]\nend_wait_s = inf\n"), Err("end_wait_s = inf must be in"));
+        check(&format!("{BASE}[health]\nstranded_s = 0\n"), Ok(""));
+        check(&format!("{BASE}[health]\nstranded_s = -5\n"), Err("stranded_s = -5 must be in [0, 604800] (0: off)"));
+        check(&format!("{BASE}[health]\nstranded_s = nan\n"), Err("stranded_s = NaN must be in"));
         check(&format!("{BASE}[health]\njob_lease_margin_s = nan\n"), Err("job_lease_margin_s must be in [1, 600]"));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 60\nmargin_usd = 1\nmargin_frac = 0\n"), Ok(""));
         check(&format!("{BASE}[rebalance]\nrebalance_interval_s = 0\n"), Err("must be in [1, 86400]"));

@@ -454,6 +454,7 @@ pub async fn run_with(
         .with_context(|| format!("opening the state in {}", config.state_dir.display()))?;
         store.set_health(health);
         store.set_end_wait(config.end_wait_s());
+        store.set_stranded(config.stranded_s());
         store.set_early_wait(config.start.early_submit_wait_s);
         store
     };

@@ -541,6 +541,11 @@ pub struct Store {
     /// `[health] end_wait_s`: how long past its grace period a silent
     /// cluster's run that claimed its end waits for its agent's report.
     end_wait_s: f64,
+    /// `[health] stranded_s` (0: off) and, per waiting job, since when
+    /// (epoch, Unix seconds) its target's usable nodes cannot run it: in
+    /// memory, so a restart of the meta-scheduler starts the wait again.
+    stranded_s: f64,
+    stranded_since: BTreeMap<String, (u64, f64)>,
     /// `[start] early_submit_wait_s` (0: no early placement).
     early_wait_s: f64,
     /// The jobs placed at a cluster that hold or will take its GPUs (given to
@@ -932,6 +937,8 @@ impl Store {
             sla,
             sla_book,
             end_wait_s: crate::config::DEFAULT_END_WAIT_S,
+            stranded_s: crate::config::DEFAULT_STRANDED_S,
+            stranded_since: BTreeMap::new(),
             early_wait_s: DEFAULT_EARLY_WAIT_S,
             placed: parking_lot::Mutex::new(BTreeMap::new()),
         };
@@ -1173,6 +1180,11 @@ impl Store {
     /// `[health] end_wait_s` (see `store/ends.rs`).
     pub fn set_end_wait(&mut self, s: f64) {
         self.end_wait_s = s;
+    }
+
+    /// `[health] stranded_s` (0: off; see `Store::check_stranded`).
+    pub fn set_stranded(&mut self, s: f64) {
+        self.stranded_s = s;
     }
 
     /// Seconds of silence after which `cluster`'s fleet jobs move: Degraded
@@ -1786,6 +1798,7 @@ impl Store {
         self.note_deafness(now);
         self.advance_moves(now)?;
         self.check_sla(now)?;
+        self.check_stranded(now)?;
         self.early_timeouts(now)?;
         let jobs = self.query("SELECT data FROM jobs WHERE state IN ('queued', 'assigned')", [])?;
         for mut job in jobs {

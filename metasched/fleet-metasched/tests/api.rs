@@ -2047,6 +2047,7 @@ fn health_config(dir: &Path, grace_s: f64) -> Config {
             job_lease_margin_s: 1.0,
             first_lease_s: None,
             end_wait_s: None,
+            stranded_s: None,
         }),
         ..config(dir)
     }

@@ -59,6 +59,8 @@ struct Fx {
     store: Store,
     now: f64,
     engine: bool,
+    /// Clusters whose nodes report `drained` in their heartbeats.
+    drained: Vec<&'static str>,
 }
 
 fn admin() -> Caller {
@@ -94,7 +96,7 @@ impl Fx {
         // Whole seconds: sums of the ticks stay exact.
         let now = Clock::default().now().floor();
         let store = Fx::open(dir.path(), engine);
-        let mut fx = Fx { dir, store, now, engine };
+        let mut fx = Fx { dir, store, now, engine, drained: Vec::new() };
         fx.beat_all();
         fx
     }
@@ -142,7 +144,7 @@ impl Fx {
                     gpus_total: 8,
                     // Fewer free at delta: the first rule picks alpha first.
                     gpus_free: if c == "delta" { 6 } else { 8 },
-                    state: "idle".into(),
+                    state: if self.drained.contains(&c) { "drained" } else { "idle" }.into(),
                     ..Default::default()
                 })
                 .collect();
@@ -426,4 +428,115 @@ fn a_late_cluster_that_does_not_confirm_the_cancel_is_fenced_and_scancel_wins() 
     assert_eq!(fx.report("j2", "alpha", JobState::Cancelled), Ok(JobState::Cancelled));
     let j = fx.job("j2");
     assert_eq!((j.record.state, j.record.target.as_deref(), j.record.epoch), (JobState::Cancelled, Some("alpha"), 1));
+}
+
+/// Fx without `[sla]` (so only the stranded check acts), `stranded_s` 30.
+fn stranded_fx() -> Fx {
+    let mut fx = Fx::new(false);
+    let clusters = cluster_configs(fx.dir.path());
+    fx.store.set_sla(Sla::from_config(None, &clusters)).unwrap();
+    fx.store.set_stranded(30.0);
+    fx
+}
+
+#[test]
+fn a_job_waiting_at_a_cluster_whose_nodes_all_drained_is_cancelled_there_and_runs_once_elsewhere() {
+    let mut fx = stranded_fx();
+    assert_eq!(fx.placed("s1", &[]), "alpha");
+    fx.report("s1", "alpha", JobState::Pending).unwrap();
+    fx.tick(100.0);
+    assert!(fx.job("s1").planned.is_none(), "no [sla]: waiting alone moves nothing");
+    // Both of alpha's nodes are drained: for stranded_s it waits, as for
+    // a slurmd coming back.
+    fx.drained = vec!["alpha"];
+    fx.tick(1.0);
+    fx.tick(29.0);
+    let j = fx.job("s1");
+    assert_eq!(
+        (j.record.state, j.record.target.as_deref(), j.planned.is_none()),
+        (JobState::Pending, Some("alpha"), true)
+    );
+    // Past it: cancelled at alpha first, then placed at delta, epoch 2.
+    fx.tick(2.0);
+    let j = fx.job("s1");
+    assert!(j.planned.as_ref().is_some_and(|m| m.sla), "{:?}", j.planned);
+    let why =
+        "stranded at alpha: its usable nodes could not run it for 30 s ([health] stranded_s; alpha has no h100 GPUs";
+    assert!(j.record.reason.starts_with(why), "{}", j.record.reason);
+    assert_eq!(fx.store.work(&cl("alpha"), fx.now).unwrap().cancel, ["s1"]);
+    assert!(fx.store.work(&cl("delta"), fx.now).unwrap().submit.is_empty(), "never two copies");
+    fx.tick(1.0);
+    assert_eq!(fx.report("s1", "alpha", JobState::Cancelled), Ok(JobState::Assigned));
+    let j = fx.job("s1");
+    assert_eq!((j.record.target.as_deref(), j.record.epoch, j.record.migrations), (Some("delta"), 2, 0));
+    assert!(fx.stderr("s1").starts_with("fleet: run 1 of job s1 was stranded at alpha"), "{}", fx.stderr("s1"));
+    assert!(fx.stderr("s1").ends_with("cancelled there, re-placing it elsewhere\n"), "{}", fx.stderr("s1"));
+    assert!(fx.report_epoch("s1", "alpha", JobState::Running, 1).unwrap_err().contains("stale"));
+    assert_eq!(fx.report("s1", "delta", JobState::Running), Ok(JobState::Running));
+    // Not an SLA miss of alpha (nothing is enforced), its nodes are the cause.
+    assert_eq!(fx.sla("alpha").missed, 0);
+}
+
+#[test]
+fn a_stranded_wait_starts_again_when_the_nodes_come_back_in_between() {
+    let mut fx = stranded_fx();
+    assert_eq!(fx.placed("s2", &[]), "alpha");
+    fx.report("s2", "alpha", JobState::Pending).unwrap();
+    fx.drained = vec!["alpha"];
+    fx.tick(1.0);
+    fx.tick(20.0);
+    fx.drained.clear();
+    fx.tick(1.0);
+    fx.drained = vec!["alpha"];
+    fx.tick(1.0);
+    fx.tick(20.0);
+    // 42 s drained, but never 30 in one stretch.
+    let j = fx.job("s2");
+    assert_eq!((j.record.target.as_deref(), j.planned.is_none()), (Some("alpha"), true), "{}", j.record.reason);
+    fx.tick(11.0);
+    assert!(fx.job("s2").planned.is_some(), "31 s in one stretch");
+}
+
+#[test]
+fn a_stranded_job_that_already_ran_there_or_may_run_nowhere_else_stays() {
+    let mut fx = stranded_fx();
+    // Requeued by Slurm after it started: its restart is the target's.
+    assert_eq!(fx.placed("ran", &[]), "alpha");
+    fx.report("ran", "alpha", JobState::Running).unwrap();
+    fx.tick(1.0);
+    fx.report("ran", "alpha", JobState::Pending).unwrap();
+    // Pinned to alpha (--fleet-to=alpha): no other cluster may run it.
+    assert_eq!(fx.placed("pinned", &["alpha"]), "alpha");
+    fx.report("pinned", "alpha", JobState::Pending).unwrap();
+    fx.drained = vec!["alpha"];
+    fx.tick(1.0);
+    fx.tick(60.0);
+    let ran = fx.job("ran");
+    assert_eq!((ran.record.target.as_deref(), ran.planned.is_none()), (Some("alpha"), true));
+    let p = fx.job("pinned");
+    assert_eq!(
+        (p.record.state, p.record.target.as_deref(), p.planned.is_none()),
+        (JobState::Pending, Some("alpha"), true)
+    );
+    assert!(
+        p.record.reason.ends_with("no other cluster can run it now, so it stays and waits there"),
+        "{}",
+        p.record.reason
+    );
+    let (reason, updated) = (p.record.reason.clone(), p.record.updated_at);
+    fx.tick(5.0);
+    assert_eq!((fx.job("pinned").record.reason, fx.job("pinned").record.updated_at), (reason, updated), "written once");
+}
+
+#[test]
+fn with_stranded_s_0_a_job_waits_for_drained_nodes_as_natively() {
+    let mut fx = stranded_fx();
+    fx.store.set_stranded(0.0);
+    assert_eq!(fx.placed("s3", &[]), "alpha");
+    fx.report("s3", "alpha", JobState::Pending).unwrap();
+    fx.drained = vec!["alpha"];
+    fx.tick(1.0);
+    fx.tick(1000.0);
+    let j = fx.job("s3");
+    assert_eq!((j.record.target.as_deref(), j.planned.is_none()), (Some("alpha"), true));
 }

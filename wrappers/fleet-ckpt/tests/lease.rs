@@ -38,6 +38,7 @@ fn config(dir: &Path) -> Config {
             job_lease_margin_s: 1.0,
             first_lease_s: None,
             end_wait_s: None,
+            stranded_s: None,
         }),
         ..Config::new("127.0.0.1:0".parse().unwrap(), dir.join("state"), dir.join("admin.token"))
     }

@@ -308,7 +308,6 @@ impl Store {
                 continue;
             }
             let epoch = job.record.epoch;
-            let id = job.record.fleet_job_id.clone();
             let mut changed = false;
             if job.sla_missed != Some(epoch) {
                 job.sla_missed = Some(epoch);
@@ -318,56 +317,133 @@ impl Store {
             let late = format!(
                 "not running at {target} {age:.0} s after its assignment (provisioning deadline {deadline:.0} s)"
             );
-            let mut without = view.clone();
-            without.clusters.iter_mut().filter(|c| c.name == target).for_each(|c| c.healthy = false);
-            if matches!(placement::place(&without, &job.request).0, Placement::Impossible { .. }) {
-                let reason = format!("{late}; no other cluster can run it now, so it stays and waits there");
-                if job.record.reason != reason {
-                    tracing::warn!(job = %id, "{reason}");
-                    job.record.reason = reason;
-                    job.record.updated_at = now;
-                    changed = true;
-                }
-                if changed {
-                    self.save(&job)?;
-                }
-                continue;
+            let why = format!("provisioning SLA: {late}");
+            if self.give_up_assignment(&mut job, &target, &late, &why, "sla", &view, now)? || changed {
+                self.save(&job)?;
             }
-            let o = transition(&life_of(&job), &Event::SlaMissed);
-            if o.effects.contains(&Effect::SlaReplace) {
-                set_life(&mut job, &o.life);
-                self.sla_forget(&mut job, &target, &late, "re-placing it elsewhere")?;
-                job.record.reason = format!("re-placing: {late}");
-                self.metrics.placement("sla-replace");
-                self.assign(&mut job, now);
-                tracing::warn!(job = %id, from = %target, to = ?job.record.target, "{}", job.record.reason);
-            } else if o.effects.contains(&Effect::StopRun) {
-                set_life(&mut job, &o.life);
-                job.planned = Some(PlannedMove {
-                    phase: Moving::Stopping,
-                    from: target.clone(),
-                    to: String::new(),
-                    why: format!("provisioning SLA: {late}"),
-                    decided_at: now,
-                    baseline_seq: None,
-                    checkpoint_by: now,
-                    resume_previous: false,
-                    stop_deadline_s: SLA_STOP_DEADLINE_S,
-                    stop_at: Some(now),
-                    stop_by: Some(now + SLA_STOP_DEADLINE_S),
-                    sla: true,
-                });
-                job.record.reason = format!("{late}: cancelling it there before it is placed elsewhere");
-                self.metrics.placement("sla-stop");
-                tracing::warn!(job = %id, from = %target, "{}", job.record.reason);
-                self.wakers.wake(&target);
-                job.record.updated_at = now;
-            } else if !changed {
-                continue;
-            }
-            self.save(&job)?;
         }
         Ok(())
+    }
+
+    /// The sweeper's other part: a job waiting at a cluster that answers
+    /// but whose usable nodes cannot run it (every node it fits on drained,
+    /// down or not responding) for `[health] stranded_s` is re-placed like
+    /// a job past its provisioning deadline, with or without `[sla]`: a
+    /// federation runs it where nodes can, as Slurm's own federation would
+    /// start a sibling elsewhere. Only a job that never started in this
+    /// placement moves (one Slurm requeued after it ran waits, as its
+    /// restart policy is the target's); one no other cluster can run stays.
+    /// The cluster is not SLA-degraded for it (its nodes are, in its view).
+    pub(super) fn check_stranded(&mut self, now: f64) -> Result<(), StoreError> {
+        if self.stranded_s <= 0.0 {
+            self.stranded_since.clear();
+            return Ok(());
+        }
+        let jobs = self.query(
+            "SELECT data FROM jobs WHERE active = 1 AND state IN ('assigned', 'pending') ORDER BY submitted_at, id",
+            [],
+        )?;
+        let mut seen = BTreeMap::new();
+        // One view for the pass, taken again after each job given up (its
+        // placement changes the load).
+        let mut view = self.view(now);
+        for mut job in jobs {
+            let Some(target) = job.record.target.clone() else { continue };
+            let epoch = job.record.epoch;
+            let id = job.record.fleet_job_id.clone();
+            if job.record.cancel_requested || job.planned.is_some() || job.sla_started == Some(epoch) {
+                continue;
+            }
+            let Some(c) = view.clusters.iter().find(|c| c.name == target && c.healthy) else { continue };
+            // A silent cluster's jobs are the failover path's.
+            let Err(cannot) = placement::fits(c, &job.request) else { continue };
+            let since = match self.stranded_since.get(&id) {
+                Some(&(e, t)) if e == epoch => t,
+                _ => now,
+            };
+            seen.insert(id.clone(), (epoch, since));
+            let waited = self.heard(since, now);
+            if waited < self.stranded_s {
+                continue;
+            }
+            // No running count in it: the reason of a job that stays is
+            // written once, not at every pass.
+            let late = format!(
+                "stranded at {target}: its usable nodes could not run it for {:.0} s ([health] stranded_s; {target} {cannot})",
+                self.stranded_s
+            );
+            if self.give_up_assignment(&mut job, &target, &late, &late, "stranded", &view, now)? {
+                self.save(&job)?;
+                view = self.view(now);
+            }
+        }
+        self.stranded_since = seen;
+        Ok(())
+    }
+
+    /// Gives up `job`'s assignment at `target` (`late`: why, for its
+    /// reason and stderr; `why`: the stop's, for `job explain`): re-placed
+    /// at once when `target` never had it, else cancelled there first and
+    /// re-placed once the cancel is confirmed. When no other cluster can
+    /// run it now it stays and waits, its reason saying so. True when the
+    /// job changed (the caller saves it).
+    #[allow(clippy::too_many_arguments)]
+    fn give_up_assignment(
+        &mut self,
+        job: &mut Job,
+        target: &str,
+        late: &str,
+        why: &str,
+        metric: &str,
+        view: &FleetView,
+        now: f64,
+    ) -> Result<bool, StoreError> {
+        let id = job.record.fleet_job_id.clone();
+        let mut without = view.clone();
+        without.clusters.iter_mut().filter(|c| c.name == target).for_each(|c| c.healthy = false);
+        if matches!(placement::place(&without, &job.request).0, Placement::Impossible { .. }) {
+            let reason = format!("{late}; no other cluster can run it now, so it stays and waits there");
+            if job.record.reason == reason {
+                return Ok(false);
+            }
+            tracing::warn!(job = %id, "{reason}");
+            job.record.reason = reason;
+            job.record.updated_at = now;
+            return Ok(true);
+        }
+        let o = transition(&life_of(job), &Event::SlaMissed);
+        if o.effects.contains(&Effect::SlaReplace) {
+            set_life(job, &o.life);
+            self.sla_forget(job, target, late, "re-placing it elsewhere")?;
+            job.record.reason = format!("re-placing: {late}");
+            self.metrics.placement(&format!("{metric}-replace"));
+            self.assign(job, now);
+            tracing::warn!(job = %id, from = %target, to = ?job.record.target, "{}", job.record.reason);
+        } else if o.effects.contains(&Effect::StopRun) {
+            set_life(job, &o.life);
+            job.planned = Some(PlannedMove {
+                phase: Moving::Stopping,
+                from: target.to_string(),
+                to: String::new(),
+                why: why.to_string(),
+                decided_at: now,
+                baseline_seq: None,
+                checkpoint_by: now,
+                resume_previous: false,
+                stop_deadline_s: SLA_STOP_DEADLINE_S,
+                stop_at: Some(now),
+                stop_by: Some(now + SLA_STOP_DEADLINE_S),
+                sla: true,
+            });
+            job.record.reason = format!("{late}: cancelling it there before it is placed elsewhere");
+            self.metrics.placement(&format!("{metric}-stop"));
+            tracing::warn!(job = %id, from = %target, "{}", job.record.reason);
+            self.wakers.wake(target);
+            job.record.updated_at = now;
+        } else {
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// The assignment at `from` is given up (the SLA was missed): its
