@@ -1573,6 +1573,55 @@ fn a_pod_refused_by_a_resource_quota_shows_why_at_beta_and_runs_once_the_quota_a
     assert_eq!(String::from_utf8_lossy(&out), format!("ran at {KUBE}\n"));
 }
 
+/// kube-gamma's GPU quota in placement: a ResourceQuota on
+/// `requests.nvidia.com/gpu` in namespace fleet (where alice's jobs run,
+/// account `lab`; bob's go to team-vision, which has none) reaches the
+/// meta-scheduler with the agent's heartbeats as `gpu_quotas`: the hard
+/// limit, whom it binds, and the GPUs its pods take (alice's running job's
+/// one, none after it ended); deleted, it is gone from the view. What
+/// placement does with it (a full quota sends the job where it can start)
+/// is tested in fleet-api and fleet-metasched (`within_quotas`).
+#[test]
+fn a_namespaces_gpu_quota_reaches_placement_with_whom_it_binds_and_what_its_pods_take() {
+    let (lab, _serial) = Lab::lock();
+    lab.require_kube();
+    let dir = lab.workdir("kube-quota-view");
+    let quota = dir.join("quota.yaml");
+    std::fs::write(
+        &quota,
+        format!(
+            "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: gpu-view\n  namespace: {KUBE_NAMESPACE}\n\
+             spec:\n  hard:\n    requests.nvidia.com/gpu: \"2\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = lab.kubectl(&["create", "--validate=false", "-f", &quota.display().to_string()]);
+    assert!(ok, "{err}");
+    let lift = || {
+        let _ = lab.kubectl(&["delete", "resourcequota", "gpu-view", "-n", KUBE_NAMESPACE, "--ignore-not-found"]);
+    };
+    let _lift = fleet_lab::OnDrop(lift);
+    let quotas = || {
+        let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
+        let c = v["clusters"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == KUBE).cloned());
+        c.map(|c| c["gpu_quotas"].clone()).unwrap_or_default()
+    };
+    let want = |used: u64| serde_json::json!([{"scope": format!("namespace {KUBE_NAMESPACE}"), "users": ["*:alice"], "hard": 2, "used": used}]);
+    wait_until("the quota in the meta-scheduler's view", T, || quotas() == want(0));
+    // alice's job at kube-gamma takes one GPU of it while it runs.
+    let flag = dir.join("go");
+    let body = format!("while [ ! -e {} ]; do sleep 0.2; done\necho done", flag.display());
+    let (id, _name, _cancel) =
+        at_kube(lab, &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")], &body);
+    wait_until("its pod counted in the quota", T, || quotas() == want(1));
+    std::fs::write(&flag, b"").unwrap();
+    let done = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(done["JobState"], "COMPLETED", "{done:?}");
+    wait_until("the ended pod no longer counted", T, || quotas() == want(0));
+    lift();
+    wait_until("the quota gone from the view", T, || quotas().is_null());
+}
+
 /// A job over its `--mem` at kube-gamma: the pod's memory limit is
 /// enforced as the kernel does in a container's cgroup (kube-server's OOM
 /// killer: the whole container SIGKILLed, `OOMKilled`, exit code 137), and

@@ -109,6 +109,47 @@ pub struct Heartbeat {
     /// job was reported running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holding: Option<Vec<RunRef>>,
+    /// GPU quotas that bound what a submitter may take here beside the free
+    /// GPUs of `nodes` (a Kubernetes namespace's ResourceQuota on
+    /// `requests.nvidia.com/gpu`), with whose jobs each binds. `None`: the
+    /// cluster has none (a Slurm cluster, a namespace without one, an
+    /// older agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_quotas: Option<Vec<GpuQuota>>,
+}
+
+/// A GPU quota at a cluster and the submitters whose jobs it binds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuQuota {
+    /// Where it applies (the Kubernetes namespace), for messages.
+    pub scope: String,
+    /// `origin:user` pairs whose jobs it binds, as in [`Identities::users`]
+    /// (`*` for any origin or user). The first quota of a cluster that
+    /// names a job's submitter binds it.
+    pub users: Vec<String>,
+    /// GPUs it allows in all, and those taken now.
+    pub hard: u64,
+    pub used: u64,
+}
+
+impl GpuQuota {
+    /// Does this quota bind jobs of `user` from `origin`?
+    pub fn binds(&self, origin: &str, user: &str) -> bool {
+        pair_matches(&self.users, origin, user)
+    }
+
+    /// GPUs a job it binds may still take.
+    pub fn headroom(&self) -> u64 {
+        self.hard.saturating_sub(self.used)
+    }
+}
+
+/// Does one of `pairs` (`origin:user`, `*` for any) name `user` from `origin`?
+fn pair_matches(pairs: &[String], origin: &str, user: &str) -> bool {
+    pairs.iter().any(|u| match u.split_once(':') {
+        Some((o, n)) => (o == "*" || o == origin) && (n == "*" || n == user),
+        None => false,
+    })
 }
 
 /// One run of a fleet job: the job and the placement epoch it runs in.
@@ -134,10 +175,7 @@ pub struct Identities {
 impl Identities {
     /// Does the cluster have an identity for `user` from `origin`?
     pub fn admits(&self, origin: &str, user: &str) -> bool {
-        self.users.iter().any(|u| match u.split_once(':') {
-            Some((o, n)) => (o == "*" || o == origin) && (n == "*" || n == user),
-            None => false,
-        })
+        pair_matches(&self.users, origin, user)
     }
 }
 
@@ -217,6 +255,10 @@ pub struct ClusterSummary {
     /// absent from an older meta-scheduler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sla: Option<ClusterSla>,
+    /// From the cluster's heartbeat: the GPU quotas that bound what a
+    /// submitter may take there (`Heartbeat::gpu_quotas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_quotas: Option<Vec<GpuQuota>>,
 }
 
 /// A cluster's provisioning times (assignment → running) over its last

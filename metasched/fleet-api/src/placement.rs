@@ -28,7 +28,9 @@
 //! among feasible clusters; the hard constraints stay here so that both
 //! paths agree on what is possible at all.
 
-use crate::api::{ClusterSummary, FleetView, GpuPool, NodeShape};
+use std::borrow::Cow;
+
+use crate::api::{ClusterSummary, FleetView, GpuPool, GpuQuota, NodeShape};
 use crate::{FleetMode, FleetOptions, GpuScope, JobRequest};
 
 /// Outcome of the rule.
@@ -508,10 +510,10 @@ fn free_matching(c: &ClusterSummary, job: &JobRequest) -> u32 {
     let want = job.gpu_type();
     let home = c.name == job.origin;
     let free = c.gpus.iter().filter(|p| type_matches(want, &p.gpu_type, home)).map(|p| p.free);
-    if want.is_some() {
-        free.max().unwrap_or(0)
-    } else {
-        free.sum()
+    let free = if want.is_some() { free.max().unwrap_or(0) } else { free.sum() };
+    match quota_of(c, job) {
+        Some(q) => free.min(u32::try_from(q.headroom()).unwrap_or(u32::MAX)),
+        None => free,
     }
 }
 
@@ -548,8 +550,37 @@ fn identity_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
     }
 }
 
+/// The GPU quota at `c` that binds `job`'s submitter, if any
+/// (`ClusterSummary::gpu_quotas`: the first that names them).
+pub fn quota_of<'a>(c: &'a ClusterSummary, job: &JobRequest) -> Option<&'a GpuQuota> {
+    let user = job.user_name.as_deref()?;
+    c.gpu_quotas.as_ref()?.iter().find(|q| q.binds(&job.origin, user))
+}
+
+/// `view` as `job` sees it: at a cluster whose GPU quota binds its
+/// submitter, no pool has more GPUs free than the quota's headroom (a
+/// Kubernetes namespace at its ResourceQuota creates no pod, whatever its
+/// nodes have free). The job may still wait there (installed capacity is
+/// untouched), as a Slurm job waits at a full association limit.
+/// Borrowed, not copied, where no quota binds.
+pub fn within_quotas<'a>(view: &'a FleetView, job: &JobRequest) -> Cow<'a, FleetView> {
+    if view.clusters.iter().all(|c| quota_of(c, job).is_none()) {
+        return Cow::Borrowed(view);
+    }
+    let mut v = view.clone();
+    for c in &mut v.clusters {
+        let Some(room) = quota_of(c, job).map(GpuQuota::headroom) else { continue };
+        let room = u32::try_from(room).unwrap_or(u32::MAX);
+        for p in &mut c.gpus {
+            p.free = p.free.min(room);
+        }
+    }
+    Cow::Owned(v)
+}
+
 /// Apply the rule. `job.origin` names the home cluster.
 pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) {
+    let view = &*within_quotas(view, job);
     let mut excluded = Vec::new();
     let mut feasible: Vec<&ClusterSummary> = Vec::new();
     let allowed = |name: &str| job.fleet.to.is_empty() || job.fleet.to.iter().any(|t| t.eq_ignore_ascii_case(name));
@@ -851,6 +882,43 @@ mod tests {
         let mut unknown = no_big.clone();
         unknown.clusters[1].nodes[0].memory_mb = 0;
         check(&unknown, "beta", "--gres=gpu:h100:8 --mem=999999", "small", Some(1));
+    }
+
+    #[test]
+    fn a_full_gpu_quota_of_the_submitter_sends_the_job_where_it_can_start() {
+        use crate::api::GpuQuota;
+        let mut v = fleet3();
+        let job = |user: &str| JobRequest { user_name: Some(user.into()), ..req("beta", "--gres=gpu:h100:8") };
+        let target = |v: &FleetView, j: &JobRequest| match place(v, j).0 {
+            Placement::Remote { target, .. } => target,
+            p => panic!("{p:?}"),
+        };
+        let first = target(&v, &job("alice"));
+        let other = if first == "alpha" { "gamma" } else { "alpha" };
+        let i = v.clusters.iter().position(|c| c.name == first).unwrap();
+        let quota = |hard, used| {
+            Some(vec![GpuQuota { scope: "namespace ml".into(), users: vec!["beta:alice".into()], hard, used }])
+        };
+        // alice's namespace there has 4 GPUs left of 12: her 8-GPU job goes
+        // where it can start; bob, whom the quota does not bind, still there.
+        v.clusters[i].gpu_quotas = quota(12, 8);
+        assert_eq!(target(&v, &job("alice")), other);
+        assert_eq!(target(&v, &job("bob")), first);
+        assert!(matches!(within_quotas(&v, &job("bob")), Cow::Borrowed(_)), "no copy where no quota binds");
+        let seen = within_quotas(&v, &job("alice"));
+        assert!(seen.clusters[i].gpus.iter().all(|p| p.free <= 4), "{:?}", seen.clusters[i].gpus);
+        assert_eq!(seen.clusters[i].nodes, v.clusters[i].nodes, "the nodes stay: it may wait there");
+        // alice from another origin is not bound by it.
+        assert_eq!(target(&v, &JobRequest { origin: "delta".into(), ..job("alice") }), first);
+        // Room again (more than the nodes have free): back to the first choice.
+        v.clusters[i].gpu_quotas = quota(100, 8);
+        assert_eq!(target(&v, &job("alice")), first);
+        // Pinned there with the quota full: placed there all the same, to
+        // wait for its quota as a Slurm job waits at an association limit.
+        v.clusters[i].gpu_quotas = quota(12, 12);
+        let pinned =
+            JobRequest { fleet: FleetOptions { to: vec![first.clone()], ..Default::default() }, ..job("alice") };
+        assert_eq!(target(&v, &pinned), first);
     }
 
     #[test]

@@ -1087,6 +1087,7 @@ impl Store {
                             identities: hb.identities.clone(),
                             health: String::new(),
                             sla: None,
+                            gpu_quotas: hb.gpu_quotas.clone(),
                             installed: {
                                 let all = installed_shapes(&hb.nodes);
                                 // Only when some are unusable: views stay small.
@@ -1115,6 +1116,7 @@ impl Store {
                         health: String::new(),
                         installed: Vec::new(),
                         sla: None,
+                        gpu_quotas: None,
                     },
                 };
                 summary.sla = Some(self.sla_summary(&summary.name, &summary.provider, &providers, now));
@@ -1678,7 +1680,14 @@ impl Store {
                 self.metrics.placement(outcome);
             }
         };
-        let mut view = self.view(now);
+        // What the job may take: its submitter's GPU quota at a cluster
+        // bounds the GPUs free there for it (the engine's view too).
+        let full = self.view(now);
+        let capped = match placement::within_quotas(&full, &job.request) {
+            std::borrow::Cow::Owned(v) => Some(v),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
+        let mut view = capped.unwrap_or(full);
         if let Some(bad) = &job.avoid {
             let mut without = view.clone();
             without.clusters.iter_mut().filter(|c| c.name == *bad).for_each(|c| c.healthy = false);

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use fleet_api::api::{ClusterSla, ForwardRequest, Heartbeat, NodeCapacity, StartConfirmation, StatusUpdate};
+use fleet_api::api::{ClusterSla, ForwardRequest, GpuQuota, Heartbeat, NodeCapacity, StartConfirmation, StatusUpdate};
 use fleet_api::{FleetOptions, GpuRequest, GpuScope, JobRequest, JobState};
 use fleet_metasched::config::{ClusterConfig, Config, Health, PlacementConfig, Sla, SlaConfig};
 use fleet_metasched::metrics::Metrics;
@@ -61,6 +61,8 @@ struct Fx {
     engine: bool,
     /// Clusters whose nodes report `drained` in their heartbeats.
     drained: Vec<&'static str>,
+    /// GPU quotas a cluster's heartbeat publishes.
+    quotas: Vec<(&'static str, GpuQuota)>,
 }
 
 fn admin() -> Caller {
@@ -96,7 +98,7 @@ impl Fx {
         // Whole seconds: sums of the ticks stay exact.
         let now = Clock::default().now().floor();
         let store = Fx::open(dir.path(), engine);
-        let mut fx = Fx { dir, store, now, engine, drained: Vec::new() };
+        let mut fx = Fx { dir, store, now, engine, drained: Vec::new(), quotas: Vec::new() };
         fx.beat_all();
         fx
     }
@@ -148,7 +150,10 @@ impl Fx {
                     ..Default::default()
                 })
                 .collect();
-            let hb = Heartbeat { cluster: c.into(), scheduler: "slurm".into(), nodes, ..Default::default() };
+            let q: Vec<GpuQuota> = self.quotas.iter().filter(|(at, _)| *at == c).map(|(_, q)| q.clone()).collect();
+            let gpu_quotas = (!q.is_empty()).then_some(q);
+            let hb =
+                Heartbeat { cluster: c.into(), scheduler: "slurm".into(), nodes, gpu_quotas, ..Default::default() };
             self.store.heartbeat(&cl(c), hb, self.now).unwrap();
         }
     }
@@ -165,6 +170,7 @@ impl Fx {
         let request = JobRequest {
             origin: "beta".into(),
             user_id: 1000,
+            user_name: Some("alice".into()),
             time_limit_min: Some(60),
             gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 1, scope: GpuScope::Node }],
             script: Some(b"#!/bin/sh\ntrain\n".to_vec()),
@@ -539,4 +545,33 @@ fn with_stranded_s_0_a_job_waits_for_drained_nodes_as_natively() {
     fx.tick(1000.0);
     let j = fx.job("s3");
     assert_eq!((j.record.target.as_deref(), j.planned.is_none()), (Some("alpha"), true));
+}
+
+/// A submitter's full GPU quota at a cluster (a Kubernetes namespace's
+/// ResourceQuota, published in its heartbeat) sends the job where it can
+/// start, under the first rule and under the engine alike; a submitter
+/// the quota does not bind still goes there.
+#[test]
+fn a_full_gpu_quota_of_the_submitter_at_a_cluster_sends_the_job_elsewhere() {
+    for engine in [false, true] {
+        let mut fx = Fx::new(engine);
+        assert_eq!(fx.placed("q0", &[]), "alpha", "engine {engine}: alpha first");
+        let quota = |users: &[&str], used| GpuQuota {
+            scope: "namespace ml".into(),
+            users: users.iter().map(|u| u.to_string()).collect(),
+            hard: if used > 4 { 100 } else { 4 },
+            used,
+        };
+        fx.quotas = vec![("alpha", quota(&["beta:alice"], 4))];
+        fx.tick(1.0);
+        assert_eq!(fx.placed("q1", &[]), "delta", "engine {engine}: alice's quota at alpha is full");
+        let seen = fx.store.view(fx.now).clusters.into_iter().find(|c| c.name == "alpha").unwrap();
+        assert_eq!(seen.gpu_quotas.as_deref(), Some(&[quota(&["beta:alice"], 4)][..]), "in the view as published");
+        fx.quotas = vec![("alpha", quota(&["beta:bob"], 4))];
+        fx.tick(1.0);
+        assert_eq!(fx.placed("q2", &[]), "alpha", "engine {engine}: bob's quota does not bind alice");
+        fx.quotas = vec![("alpha", quota(&["*:*"], 5))];
+        fx.tick(1.0);
+        assert_eq!(fx.placed("q3", &[]), "alpha", "engine {engine}: room in the quota again");
+    }
 }

@@ -184,6 +184,13 @@ pub trait Backend: Send + Sync + 'static {
     fn start_gate(&self) -> bool {
         false
     }
+    /// The GPU quotas that bound what a submitter may take here beside the
+    /// free GPUs (`Heartbeat::gpu_quotas`), each with the admitted
+    /// `origin:user` pairs among `users` it binds (`accounts`: the account
+    /// each pair's map line names). `None`: none.
+    fn gpu_quotas(&self, _users: &[String], _accounts: &[(String, String)]) -> Option<Vec<fleet_api::api::GpuQuota>> {
+        None
+    }
     /// Who must own a job's output files for the relay to read them: the
     /// job's user where the job writes them (Slurm), the agent itself where
     /// the backend writes them (Kubernetes: pod logs).

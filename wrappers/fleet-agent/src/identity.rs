@@ -336,6 +336,27 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// The admitted `origin:user` pairs (as [`Policy::admitted`] writes
+    /// them) whose map line names an account: where a backend that places
+    /// jobs by account (a Kubernetes namespace per account) sends them.
+    /// Empty unless the mapping is a map file that reads.
+    pub fn admitted_accounts(&self, acc: &Accounts) -> Vec<(String, String)> {
+        let Mapping::File(path) = &self.mapping else { return Vec::new() };
+        let Ok(rules) = std::fs::read_to_string(path)
+            .map_err(anyhow::Error::from)
+            .and_then(|t| parse_map(&t, &path.display().to_string()))
+        else {
+            return Vec::new();
+        };
+        rules
+            .iter()
+            .filter(|r| self.resolve(acc, &r.origin, Some(&r.user), None).is_ok())
+            .filter_map(|r| Some((format!("{}:{}", r.origin, r.user), r.account.clone().filter(|a| valid_name(a))?)))
+            .collect()
+    }
+}
+
 /// One file's identity and version: a rewrite in place changes the mtime
 /// (nanoseconds) or the length, a replacement by rename the inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -367,6 +388,7 @@ pub struct AdmittedCache {
     /// [`NSS_REFRESH`]).
     at: Option<std::time::Instant>,
     users: Option<Vec<String>>,
+    accounts: Vec<(String, String)>,
     error: Option<String>,
     /// How often the accounts were read (for tests and the curious).
     pub reads: u64,
@@ -378,10 +400,13 @@ pub struct AdmittedCache {
 pub const NSS_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// One look at the cache.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Admitted {
     /// `None`: the accounts could not be read (nothing is published).
     pub users: Option<Vec<String>>,
+    /// Those of `users` whose map line names an account, with it
+    /// ([`Policy::admitted_accounts`]).
+    pub accounts: Vec<(String, String)>,
     /// A problem not reported before (the same one is returned once, until
     /// the files change and it is gone or another takes its place).
     pub new_error: Option<String>,
@@ -405,6 +430,7 @@ impl AdmittedCache {
             key: None,
             at: None,
             users: None,
+            accounts: Vec::new(),
             error: None,
             reads: 0,
         }
@@ -418,23 +444,28 @@ impl AdmittedCache {
         let key = (policy.clone(), files);
         let fresh = !self.nss || self.at.is_some_and(|t| t.elapsed() < NSS_REFRESH);
         if self.key.as_ref() == Some(&key) && fresh {
-            return Admitted { users: self.users.clone(), new_error: None };
+            return Admitted { users: self.users.clone(), accounts: self.accounts.clone(), new_error: None };
         }
         self.reads += 1;
         let acc = if self.nss { Accounts::read() } else { Accounts::read_from(&self.passwd, &self.group) };
-        let (users, error) = match acc {
+        let (users, accounts, error) = match acc {
             Ok(acc) => {
                 let (users, err) = policy.admitted(&acc);
-                (Some(users), err.map(|e| format!("no forwarded job can run here: {e}")))
+                (
+                    Some(users),
+                    policy.admitted_accounts(&acc),
+                    err.map(|e| format!("no forwarded job can run here: {e}")),
+                )
             }
-            Err(e) => (None, Some(format!("reading the accounts to publish: {e:#}"))),
+            Err(e) => (None, Vec::new(), Some(format!("reading the accounts to publish: {e:#}"))),
         };
         let new_error = error.clone().filter(|e| self.error.as_ref() != Some(e));
         self.key = Some(key);
         self.at = Some(std::time::Instant::now());
         self.users = users.clone();
+        self.accounts = accounts.clone();
         self.error = error;
-        Admitted { users, new_error }
+        Admitted { users, accounts, new_error }
     }
 }
 
@@ -571,6 +602,9 @@ mod tests {
         let f = dir.path().join("map");
         std::fs::write(&f, "beta:al alice proj1\n*:bob bob\nbeta:m mallory\nbeta:r root\n").unwrap();
         assert_eq!(policy(Mapping::File(f.clone())).admitted(&acc), (vec!["beta:al".into(), "*:bob".into()], None));
+        // Those with an account on their line, with it (bob's has none).
+        assert_eq!(policy(Mapping::File(f.clone())).admitted_accounts(&acc), [("beta:al".into(), "proj1".into())]);
+        assert!(policy(Mapping::Same).admitted_accounts(&acc).is_empty());
         std::fs::write(&f, "not a map\n").unwrap();
         let (users, err) = policy(Mapping::File(f)).admitted(&acc);
         assert!(users.is_empty());
@@ -588,7 +622,7 @@ mod tests {
         std::fs::write(&map, "beta:al alice\n").unwrap();
         let mut cache = AdmittedCache::with_files(&passwd, &group);
         let p = policy(Mapping::File(map.clone()));
-        let want = Admitted { users: Some(vec!["beta:al".into()]), new_error: None };
+        let want = Admitted { users: Some(vec!["beta:al".into()]), ..Default::default() };
         assert_eq!(cache.get(&p), want);
         assert_eq!(cache.get(&p), want);
         assert_eq!(cache.reads, 1, "unchanged files are not read again");
@@ -598,7 +632,7 @@ mod tests {
         let first = cache.get(&p);
         assert_eq!(first.users, Some(vec![]));
         assert!(first.new_error.as_deref().is_some_and(|e| e.contains("map:1")), "{first:?}");
-        assert_eq!(cache.get(&p), Admitted { users: Some(vec![]), new_error: None });
+        assert_eq!(cache.get(&p), Admitted { users: Some(vec![]), ..Default::default() });
         assert_eq!(cache.reads, 2);
         // Touched but still the same problem: read again, still no new warning.
         std::fs::write(&map, "not a map at all \n").unwrap();
@@ -606,7 +640,7 @@ mod tests {
         assert_eq!(cache.reads, 3);
         // Mended, then broken again: a warning again.
         std::fs::write(&map, "*:bob bob\n").unwrap();
-        assert_eq!(cache.get(&p), Admitted { users: Some(vec!["*:bob".into()]), new_error: None });
+        assert_eq!(cache.get(&p), Admitted { users: Some(vec!["*:bob".into()]), ..Default::default() });
         std::fs::write(&map, "x\n").unwrap();
         assert!(cache.get(&p).new_error.is_some());
 
@@ -630,7 +664,7 @@ mod tests {
         let gone = cache.get(&stricter);
         assert_eq!(gone.users, None);
         assert!(gone.new_error.is_some_and(|e| e.contains("group")));
-        assert_eq!(cache.get(&stricter), Admitted { users: None, new_error: None });
+        assert_eq!(cache.get(&stricter), Admitted::default());
     }
 
     #[test]

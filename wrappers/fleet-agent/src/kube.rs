@@ -36,12 +36,12 @@ use ::kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, 
 use ::kube::runtime::reflector::{self, Store};
 use ::kube::runtime::{watcher, WatchStreamExt};
 use anyhow::{anyhow, bail, Context, Result};
-use fleet_api::api::NodeCapacity;
+use fleet_api::api::{GpuQuota, NodeCapacity};
 use fleet_api::placement::Demand;
 use fleet_api::{JobRequest, JobState};
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, ResourceQuota, Secret, Service};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::ByteString;
@@ -110,6 +110,19 @@ impl KubeSettings {
         account
             .and_then(|a| self.account_namespaces.get(&a.to_ascii_lowercase()))
             .map_or(self.namespace.as_str(), String::as_str)
+    }
+
+    /// Those of the admitted `origin:user` pairs `users` whose jobs run in
+    /// namespace `ns` (`accounts`: the account a pair's map line names).
+    pub fn users_in(&self, users: &[String], accounts: &[(String, String)], ns: &str) -> Vec<String> {
+        users
+            .iter()
+            .filter(|u| {
+                let account = accounts.iter().find(|(p, _)| p == *u).map(|(_, a)| a.as_str());
+                self.namespace_for(account) == ns
+            })
+            .cloned()
+            .collect()
     }
 
     /// Every namespace the agent works in (its RBAC's scope): `namespace` first.
@@ -918,6 +931,9 @@ pub struct KubeBackend {
     /// selector), watched where the agent's RBAC may list pods cluster-wide:
     /// what holds capacity. `None`: only this namespace's Fleet pods count.
     busy: Option<Store<Pod>>,
+    /// The ResourceQuotas of each namespace the agent works in, watched
+    /// where its RBAC may list them (`gpu_quotas`).
+    quotas: Vec<(String, Store<ResourceQuota>)>,
     next_id: AtomicU64,
     /// Jobs deleted by `cancel`: what `accounting` says of them afterwards.
     cancelled: Mutex<HashMap<u64, NativeJob>>,
@@ -1097,6 +1113,26 @@ impl KubeBackend {
             }
             Err(e) => return Err(anyhow!("listing pods in every namespace: {e}")),
         };
+        // A namespace's ResourceQuotas bound what its jobs may take beside
+        // the nodes' free GPUs: published with each heartbeat where the
+        // RBAC lets the agent see them.
+        let mut quotas = Vec::new();
+        for ns in settings.namespaces() {
+            let api = Api::<ResourceQuota>::namespaced(client.clone(), &ns);
+            match api.list(&probe).await {
+                Ok(_) => {
+                    let (store, w) = reflector::store();
+                    let stream = reflector::reflector(w, watcher(api, watcher::Config::default()))
+                        .default_backoff()
+                        .touched_objects();
+                    tasks.push(tokio::spawn(drain(stream, "ResourceQuotas")));
+                    quotas.push((ns, store));
+                }
+                Err(e) => tracing::info!(
+                    "may not list ResourceQuotas in namespace {ns} ({e}): placement cannot see its GPU quota"
+                ),
+            }
+        }
         let b = KubeBackend {
             client,
             settings,
@@ -1107,6 +1143,7 @@ impl KubeBackend {
             pods,
             nodes,
             busy,
+            quotas,
             next_id: AtomicU64::new(0),
             cancelled: Mutex::default(),
             follow: Arc::default(),
@@ -1125,6 +1162,9 @@ impl KubeBackend {
             }
             if let Some(busy) = &b.busy {
                 busy.wait_until_ready().await?;
+            }
+            for (_, q) in &b.quotas {
+                q.wait_until_ready().await?;
             }
             b.nodes.wait_until_ready().await
         };
@@ -1542,6 +1582,47 @@ pub fn holding_of(pods: &[Arc<Pod>]) -> Vec<u64> {
 
 /// Capacity from Nodes (allocatable GPUs, the product label, MIG
 /// resources) minus what running pods hold (pure).
+/// The ResourceQuota key that bounds whole GPUs (extended resources are
+/// quota'd by their requests only).
+pub const GPU_QUOTA: &str = "requests.nvidia.com/gpu";
+
+/// Whole GPUs `pod` asks for (its containers' requests, else limits: an
+/// extended resource's request equals its limit).
+fn gpus_of(p: &Pod) -> f64 {
+    let qty = |q: &Quantity| -> f64 { parse_quantity(&q.0).unwrap_or(0.0) };
+    p.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .filter_map(|c| {
+            let r = c.resources.as_ref()?;
+            r.requests.as_ref().and_then(|m| m.get(GPU)).or_else(|| r.limits.as_ref().and_then(|m| m.get(GPU))).map(qty)
+        })
+        .sum()
+}
+
+/// The GPU quota of namespace `ns` (the strictest of its ResourceQuotas
+/// on [`GPU_QUOTA`]) as (hard, used): used is the larger of what the
+/// quotas' status says (the API server's accounting, which lags) and the
+/// GPUs the unfinished pods of `ns` among `pods` ask for. `None`: no quota
+/// bounds GPUs there.
+pub fn namespace_gpu_quota(quotas: &[Arc<ResourceQuota>], pods: &[Arc<Pod>], ns: &str) -> Option<(u64, u64)> {
+    let qty = |q: &Quantity| -> f64 { parse_quantity(&q.0).unwrap_or(0.0) };
+    let hard = quotas
+        .iter()
+        .filter_map(|q| q.spec.as_ref()?.hard.as_ref()?.get(GPU_QUOTA).map(qty))
+        .fold(None, |m: Option<f64>, h| Some(m.map_or(h, |m| m.min(h))))?;
+    let status: f64 =
+        quotas.iter().filter_map(|q| q.status.as_ref()?.used.as_ref()?.get(GPU_QUOTA).map(qty)).fold(0.0, f64::max);
+    let pods: f64 = pods
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+        .filter(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")))
+        .map(|p| gpus_of(p))
+        .sum();
+    let whole = |v: f64| if v.is_finite() && v > 0.0 { v.floor() as u64 } else { 0 };
+    Some((whole(hard), whole(status.max(pods).ceil())))
+}
+
 pub fn capacity_of(nodes: &[Arc<Node>], pods: &[Arc<Pod>]) -> Vec<NodeCapacity> {
     let qty = |q: &Quantity| -> f64 { parse_quantity(&q.0).unwrap_or(0.0) };
     let mut used: HashMap<String, BTreeMap<String, f64>> = HashMap::new();
@@ -1646,6 +1727,26 @@ pub fn parse_quantity(s: &str) -> Option<f64> {
 impl Backend for KubeBackend {
     fn scheduler(&self) -> &'static str {
         "kubernetes"
+    }
+
+    fn gpu_quotas(&self, users: &[String], accounts: &[(String, String)]) -> Option<Vec<GpuQuota>> {
+        if self.quotas.is_empty() {
+            return None;
+        }
+        let pods = match &self.busy {
+            Some(busy) => busy.state(),
+            None => self.all_pods(),
+        };
+        let out: Vec<GpuQuota> = self
+            .quotas
+            .iter()
+            .filter_map(|(ns, store)| {
+                let (hard, used) = namespace_gpu_quota(&store.state(), &pods, ns)?;
+                let users = self.settings.users_in(users, accounts, ns);
+                (!users.is_empty()).then(|| GpuQuota { scope: format!("namespace {ns}"), users, hard, used })
+            })
+            .collect();
+        (!out.is_empty()).then_some(out)
     }
 
     /// Every pod runs under its job lease (a helper image, a lease length,
@@ -2723,5 +2824,54 @@ mod tests {
         assert_eq!((c[0].cpus, c[0].memory_mb), (64, 512 * 1024));
         assert_eq!((c[1].gpu_type.as_deref(), c[1].gpus_total, c[1].gpus_free), (Some("1g.10gb"), 7, 7));
         assert_eq!((c[2].gpu_type.as_deref(), c[2].gpus_total, c[2].state.as_str()), (None, 0, "idle"));
+    }
+
+    #[test]
+    fn a_namespaces_gpu_quota_is_its_strictest_hard_limit_and_what_its_unfinished_pods_take() {
+        let quota = |hard: &str, used: Option<&str>| -> Arc<ResourceQuota> {
+            let mut q = json!({"metadata": {"name": "q", "namespace": "ml"}, "spec": {"hard": {GPU_QUOTA: hard, "pods": "50"}}});
+            if let Some(u) = used {
+                q["status"] = json!({"used": {GPU_QUOTA: u}});
+            }
+            Arc::new(serde_json::from_value(q).unwrap())
+        };
+        let pod = |ns: &str, gpus: &str, phase: &str| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(json!({"metadata": {"name": "p", "namespace": ns},
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": {GPU: gpus}, "requests": {GPU: gpus}}},
+                                            {"name": "side"}]},
+                    "status": {"phase": phase}}))
+                .unwrap(),
+            )
+        };
+        let pods = [
+            pod("ml", "2", "Running"),
+            pod("ml", "1", "Pending"),
+            pod("ml", "4", "Succeeded"),
+            pod("other", "8", "Running"),
+        ];
+        // Two quotas: the stricter binds; the pods of ml that are not over take 3.
+        assert_eq!(namespace_gpu_quota(&[quota("16", None), quota("8", None)], &pods, "ml"), Some((8, 3)));
+        // The API server's accounting, when it says more (pods the watch lacks).
+        assert_eq!(namespace_gpu_quota(&[quota("8", Some("5"))], &pods, "ml"), Some((8, 5)));
+        assert_eq!(namespace_gpu_quota(&[quota("8", Some("1"))], &pods, "ml"), Some((8, 3)));
+        // No quota on GPUs: none.
+        let cpu_only: Arc<ResourceQuota> = Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": {"hard": {"cpu": "10"}}})).unwrap(),
+        );
+        assert_eq!(namespace_gpu_quota(&[cpu_only], &pods, "ml"), None);
+        assert_eq!(namespace_gpu_quota(&[], &pods, "ml"), None);
+    }
+
+    #[test]
+    fn a_quota_binds_the_submitters_whose_jobs_run_in_its_namespace() {
+        let mut s = settings();
+        s.account_namespaces.insert("vision".into(), "ml".into());
+        let users: Vec<String> = ["beta:al", "*:bob", "*:carol"].iter().map(|u| u.to_string()).collect();
+        let accounts = [("beta:al".to_string(), "Vision".to_string()), ("*:carol".to_string(), "misc".to_string())];
+        assert_eq!(s.users_in(&users, &accounts, "ml"), ["beta:al"]);
+        // The others (no account, or one without a namespace) run in KubeNamespace.
+        assert_eq!(s.users_in(&users, &accounts, "fleet"), ["*:bob", "*:carol"]);
+        assert!(s.users_in(&users, &accounts, "nowhere").is_empty());
     }
 }

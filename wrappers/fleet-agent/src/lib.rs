@@ -668,6 +668,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
     if let Some(e) = &admitted.new_error {
         tracing::warn!("{e}");
     }
+    let gpu_quotas = admitted.users.as_deref().and_then(|users| agent.backend.gpu_quotas(users, &admitted.accounts));
     let identities =
         admitted.users.map(|users| fleet_api::api::Identities { mapping: identity::describe(&policy.mapping), users });
     let hb = Heartbeat {
@@ -684,6 +685,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
         start_gate: agent.backend.start_gate(),
         scheduler_error,
         holding,
+        gpu_quotas,
     };
     let view = agent.meta.heartbeat(&hb).await?;
     agent.lease.lock().renew(Instant::now());
