@@ -568,6 +568,8 @@ struct Placed {
     epoch: u64,
     /// When its target first reported it running; `None` while it waits.
     running_since: Option<f64>,
+    /// Its origin and user name (whose GPU quota at `target` it counts in).
+    submitter: Option<(String, String)>,
 }
 
 impl Placed {
@@ -586,6 +588,7 @@ impl Placed {
             gpus,
             epoch: r.epoch,
             running_since: if r.state == JobState::Running { job.running_since } else { None },
+            submitter: job.request.user_name.clone().map(|u| (r.origin.clone(), u)),
         })
     }
 
@@ -1159,6 +1162,13 @@ impl Store {
                 if let (Some((hb, heard)), Some(mine)) = (&c.last, placed.get(c.cfg.name.as_str())) {
                     for (_, p) in mine.iter().filter(|(id, p)| p.unseen_in(id, hb, *heard)) {
                         take_free(&mut summary.gpus, p);
+                        // And from the headroom of the quota that binds it
+                        // (its pod may not exist yet).
+                        if let Some((o, u)) = &p.submitter {
+                            if let Some(q) = summary.gpu_quotas.iter_mut().flatten().find(|q| q.binds(o, u)) {
+                                q.used = q.used.saturating_add(u64::from(p.gpus));
+                            }
+                        }
                     }
                 }
                 // Prices from the engine's model, for --fleet-max-price.
