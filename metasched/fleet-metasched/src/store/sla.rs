@@ -339,14 +339,22 @@ impl Store {
             self.stranded_since.clear();
             return Ok(());
         }
-        let jobs = self.query(
-            "SELECT data FROM jobs WHERE active = 1 AND state IN ('assigned', 'pending') ORDER BY submitted_at, id",
-            [],
-        )?;
-        let mut seen = BTreeMap::new();
         // One view for the pass, taken again after each job given up (its
-        // placement changes the load).
+        // placement changes the load). Only clusters with unusable nodes
+        // (`installed` is set then) can strand a job: the others' jobs are
+        // not read at all, as this runs at every sweep.
         let mut view = self.view(now);
+        let suspect: Vec<String> =
+            view.clusters.iter().filter(|c| c.healthy && !c.installed.is_empty()).map(|c| c.name.clone()).collect();
+        let mut jobs = Vec::new();
+        for cluster in &suspect {
+            jobs.extend(self.query(
+                "SELECT data FROM jobs WHERE target = ?1 AND active = 1 AND state IN ('assigned', 'pending')
+                 ORDER BY submitted_at, id",
+                [cluster],
+            )?);
+        }
+        let mut seen = BTreeMap::new();
         for mut job in jobs {
             let Some(target) = job.record.target.clone() else { continue };
             let epoch = job.record.epoch;
