@@ -1405,7 +1405,23 @@ impl Store {
     pub fn explain(&self, caller: &Caller, id: &str, now: f64) -> Result<Explanation, StoreError> {
         let job = self.get(caller, id)?;
         let history = history_of(&job);
-        let view = self.view(now);
+        // The view its placement sees: its submitter's GPU quotas applied.
+        let full = self.view(now);
+        let quota_notes: Vec<String> = full
+            .clusters
+            .iter()
+            .filter_map(|c| {
+                let q = placement::quota_of(c, &job.request)?;
+                Some(format!(
+                    "{}: {} binds this job's submitter: {} of {} GPUs left (its free GPUs there count at most that)",
+                    c.name,
+                    q.scope,
+                    q.headroom(),
+                    q.hard
+                ))
+            })
+            .collect();
+        let view = placement::within_quotas(&full, &job.request).into_owned();
         let (p, excluded) = placement::place(&view, &job.request);
         let (kind, target, why) = match p {
             Placement::Home { reason } => ("home", Some(job.record.origin.clone()), reason),
@@ -1425,7 +1441,7 @@ impl Store {
             policy: String::new(),
             ranked: Vec::new(),
             engine_exclusions: Vec::new(),
-            notes: Vec::new(),
+            notes: quota_notes,
             view_generated_at: view.generated_at,
         };
         if let Some(r) = &self.ranker {
@@ -1470,7 +1486,7 @@ impl Store {
                     },
                 })
                 .collect();
-            out.notes = d.notes.iter().cloned().chain(errs).collect();
+            out.notes.extend(d.notes.iter().cloned().chain(errs));
         }
         Ok(out)
     }

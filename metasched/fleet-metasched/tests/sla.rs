@@ -569,6 +569,10 @@ fn a_full_gpu_quota_of_the_submitter_at_a_cluster_sends_the_job_elsewhere() {
         let seen = fx.store.view(fx.now).clusters.into_iter().find(|c| c.name == "alpha").unwrap();
         assert_eq!(seen.gpu_quotas.as_deref(), Some(&[quota(&["beta:alice"], 4, 4)][..]), "3 published + q0");
         assert_eq!(fx.placed("q1", &[]), "delta", "engine {engine}: alice's quota at alpha is full");
+        let why = fx.store.explain(&admin(), "q1", fx.now).unwrap();
+        let note = "alpha: namespace ml binds this job's submitter: 0 of 4 GPUs left";
+        assert!(why.notes.iter().any(|n| n.starts_with(note)), "{:?}", why.notes);
+        assert_eq!(why.placement_target.as_deref(), Some("delta"), "explain places as placement did: {why:?}");
         fx.quotas = vec![("alpha", quota(&["beta:bob"], 4, 4))];
         fx.tick(1.0);
         assert_eq!(fx.placed("q2", &[]), "alpha", "engine {engine}: bob's quota does not bind alice");
