@@ -287,6 +287,18 @@ struct Client {
     token: String,
 }
 
+/// What to say when `url` sends the token in `token_file` over the
+/// network in the clear (plain HTTP to a host that is not this one).
+fn cleartext_warning(url: &str, token_file: &std::path::Path) -> Option<String> {
+    fleet_api::client::cleartext_off_host(url).then(|| {
+        format!(
+            "{url} is plain HTTP to another host: the token in {} crosses the network in the clear \
+             (give fleet-metasched a certificate, [tls] in metasched.toml, and use an https:// --url)",
+            token_file.display()
+        )
+    })
+}
+
 impl Client {
     fn new(cli: &Cli) -> anyhow::Result<Client> {
         let Some(path) = &cli.token_file else {
@@ -309,6 +321,10 @@ impl Client {
             }
         }
         let http = builder.build().context("building the HTTP client")?;
+        if let Some(w) = cleartext_warning(&cli.url, path) {
+            // Said, not refused: a site may run it on a trusted network.
+            let _ = writeln!(std::io::stderr(), "fleetctl: warning: {w}");
+        }
         Ok(Client { http, base: cli.url.trim_end_matches('/').to_string(), token })
     }
 
@@ -1149,6 +1165,15 @@ mod tests {
             Err(e) => format!("error {}", e.exit_code()),
         };
         assert!(got.starts_with(expected), "{args:?}: got {got}, expected {expected}");
+    }
+
+    #[test]
+    fn plain_http_to_another_host_is_warned_about() {
+        let t = std::path::Path::new("/etc/fleet/admin.token");
+        let w = cleartext_warning("http://meta.example:16900", t).unwrap();
+        assert!(w.contains("the token in /etc/fleet/admin.token crosses the network in the clear"), "{w}");
+        assert_eq!(cleartext_warning("http://127.0.0.1:16900", t), None);
+        assert_eq!(cleartext_warning("https://meta.example", t), None);
     }
 
     #[test]

@@ -303,18 +303,7 @@ async fn check_identity(cfg: &AgentConfig, backend: &SlurmBackend) -> Result<()>
     }
 }
 
-/// An `http://` URL whose host is not loopback.
-pub fn cleartext_off_host(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return false;
-    };
-    let authority = rest.split('/').next().unwrap_or("");
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
-    };
-    !(host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
-}
+pub use fleet_api::client::cleartext_off_host;
 
 async fn stopped(rx: &mut watch::Receiver<bool>, d: Duration) -> bool {
     tokio::select! {
@@ -988,21 +977,6 @@ mod tests {
         // Unsorted, with ids of other users' jobs.
         assert_eq!(super::runs_holding(&runs, &[99, 12, 11, 5]), vec![r("beta-a", 1), r("beta-b", 2)]);
         assert_eq!(super::runs_holding(&runs, &[]), vec![]);
-    }
-
-    #[test]
-    fn cleartext_off_host() {
-        for (url, off) in [
-            ("http://127.0.0.1:16900", false),
-            ("http://localhost:1", false),
-            ("http://[::1]:16900", false),
-            ("https://meta.example:443", false),
-            ("http://meta.example:16900", true),
-            ("http://10.1.2.3:16900/", true),
-            ("http://[2001:db8::1]:1", true),
-        ] {
-            assert_eq!(super::cleartext_off_host(url), off, "{url}");
-        }
     }
 
     /// While the scheduler does not answer, the nodes seen last go on in
