@@ -359,17 +359,41 @@ pub async fn copy(helper: &Path, stores: Option<&Path>, src: &str, dst_prefix: &
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         bail!(
-            "fleet-ckpt copy {src} {dst_prefix}: {}: {}",
+            "fleet-ckpt copy {src} {dst_prefix}: {}: {}{}",
             out.status,
-            err.trim().chars().take(500).collect::<String>()
+            err.trim().chars().take(500).collect::<String>(),
+            read_only_hint(&err, dst_prefix)
         );
     }
     parse_copied(&out.stdout)
 }
 
+/// What to do when a copy into a `file://` store failed on a read-only
+/// file system: the packaged unit runs the agent under
+/// `ProtectSystem=strict`, which leaves only its own directories writable.
+fn read_only_hint(stderr: &str, dst_prefix: &str) -> String {
+    let Some(dir) = dst_prefix.strip_prefix("file://") else { return String::new() };
+    if !stderr.contains("Read-only file system") {
+        return String::new();
+    }
+    format!(
+        " (the agent's unit runs it under ProtectSystem=strict: add `ReadWritePaths={dir}` in a drop-in, \
+         `systemctl edit fleet-agent`, so that it may write that checkpoint store)"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_refused_by_a_read_only_file_system_names_the_unit_setting() {
+        let e = "Error: writing /ckpt/j1/2/manifest.json: Read-only file system (os error 30)";
+        let hint = read_only_hint(e, "file:///ckpt/j1");
+        assert!(hint.contains("ReadWritePaths=/ckpt/j1") && hint.contains("ProtectSystem=strict"), "{hint}");
+        assert_eq!(read_only_hint(e, "s3://bucket/j1"), "");
+        assert_eq!(read_only_hint("Error: permission denied", "file:///ckpt"), "");
+    }
 
     #[test]
     fn the_end_lease_exec_noted_is_read_for_its_own_run_only() {
