@@ -49,7 +49,7 @@ struct Cli {
 enum Command {
     /// Clusters: region, provider, health, heartbeat age, GPUs free/total per type, queue,
     /// provisioning SLA (ok, degraded, off; p50/p90 of assignment to running over the last
-    /// runs, per cluster and per provider) and why.
+    /// runs, per cluster and per provider) and why (drained nodes, SLA, GPU quotas).
     Clusters,
     /// Forwarded jobs, newest first, a page of --limit at a time: id, user,
     /// origin and its stand-in's job id, target and remote job id, state,
@@ -615,6 +615,12 @@ fn why_cluster(c: &fleet_api::api::ClusterSummary) -> String {
     if let Some(s) = c.sla.as_ref().filter(|s| s.state == "degraded") {
         let sla = format!("sla: {}", one_line(&s.why));
         why = if why.is_empty() { sla } else { format!("{why}; {sla}") };
+    }
+    // GPU quotas bound what their submitters' jobs may take there.
+    for q in c.gpu_quotas.iter().flatten() {
+        let full = if q.headroom() == 0 { " full" } else { "" };
+        let quota = format!("gpu quota{full}: {} {}/{} used", one_line(&q.scope), q.used, q.hard);
+        why = if why.is_empty() { quota } else { format!("{why}; {quota}") };
     }
     if why.is_empty() {
         "-".into()
@@ -1395,6 +1401,21 @@ mod tests {
         assert!(lines[2].contains("ok provider p50 20s p90 30s (n=9)") && lines[2].ends_with('-'), "{t}");
         let cells: Vec<&str> = lines[3].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
         assert_eq!(cells[cells.len() - 2..], ["-", "-"], "{t}");
+        // A cluster's GPU quotas are in WHY, a full one said so.
+        let q = |scope: &str, hard, used| fleet_api::api::GpuQuota {
+            scope: scope.into(),
+            users: vec!["*:alice".into()],
+            hard,
+            used,
+        };
+        let mut kube = c("kube", None);
+        kube.gpu_quotas = Some(vec![q("namespace fleet", 2, 2), q("namespace team-vision", 8, 3)]);
+        let t = clusters_table(&FleetView { generated_at: 0.0, clusters: vec![kube] });
+        let row = t.lines().nth(1).unwrap();
+        assert!(
+            row.ends_with("gpu quota full: namespace fleet 2/2 used; gpu quota: namespace team-vision 3/8 used"),
+            "{t}"
+        );
     }
 
     #[test]
