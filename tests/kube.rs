@@ -1510,6 +1510,32 @@ fn an_unschedulable_pod_at_kube_gamma_shows_its_reason_at_beta_and_runs_once_the
     eprintln!("[figure] GPUs freed at kube-gamma -> the unschedulable job done at beta: {:.2?}", t_free.elapsed());
 }
 
+/// A ResourceQuota `name` of `hard` GPUs (`requests.nvidia.com/gpu`) in
+/// the lab's namespace at kube-gamma: what lifts it, and a guard that does
+/// when the test ends, whatever happens.
+fn gpu_quota<'a>(
+    lab: &'a Lab,
+    dir: &std::path::Path,
+    name: &'a str,
+    hard: u32,
+) -> (impl Fn() + Copy + 'a, fleet_lab::OnDrop<impl FnMut() + 'a>) {
+    let quota = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &quota,
+        format!(
+            "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: {name}\n  namespace: {KUBE_NAMESPACE}\n\
+             spec:\n  hard:\n    requests.nvidia.com/gpu: \"{hard}\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = lab.kubectl(&["create", "--validate=false", "-f", &quota.display().to_string()]);
+    assert!(ok, "{err}");
+    let lift = move || {
+        let _ = lab.kubectl(&["delete", "resourcequota", name, "-n", KUBE_NAMESPACE, "--ignore-not-found"]);
+    };
+    (lift, fleet_lab::OnDrop(lift))
+}
+
 /// A job whose namespace's ResourceQuota at kube-gamma refuses its pod
 /// (a team's GPU quota: the API server forbids the pod and the Job
 /// controller says why only in a `FailedCreate` event on the Job) waits at
@@ -1521,21 +1547,7 @@ fn a_pod_refused_by_a_resource_quota_shows_why_at_beta_and_runs_once_the_quota_a
     let (lab, _serial) = Lab::lock();
     lab.require_kube();
     let dir = lab.workdir("kube-quota");
-    let quota = dir.join("quota.yaml");
-    std::fs::write(
-        &quota,
-        format!(
-            "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: gpu-quota\n  namespace: {KUBE_NAMESPACE}\n\
-             spec:\n  hard:\n    requests.nvidia.com/gpu: \"0\"\n"
-        ),
-    )
-    .unwrap();
-    let (ok, _, err) = lab.kubectl(&["create", "--validate=false", "-f", &quota.display().to_string()]);
-    assert!(ok, "{err}");
-    let lift = || {
-        let _ = lab.kubectl(&["delete", "resourcequota", "gpu-quota", "-n", KUBE_NAMESPACE, "--ignore-not-found"]);
-    };
-    let _lift = fleet_lab::OnDrop(lift);
+    let (lift, _lift) = gpu_quota(lab, &dir, "gpu-quota", 0);
     let (id, name, _cancel) = at_kube(
         lab,
         &["--gres=gpu:h100:1", "--fleet-to=kube-gamma", &out_arg(&dir, "out.txt")],
@@ -1586,21 +1598,7 @@ fn a_namespaces_gpu_quota_reaches_placement_with_whom_it_binds_and_what_its_pods
     let (lab, _serial) = Lab::lock();
     lab.require_kube();
     let dir = lab.workdir("kube-quota-view");
-    let quota = dir.join("quota.yaml");
-    std::fs::write(
-        &quota,
-        format!(
-            "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: gpu-view\n  namespace: {KUBE_NAMESPACE}\n\
-             spec:\n  hard:\n    requests.nvidia.com/gpu: \"2\"\n"
-        ),
-    )
-    .unwrap();
-    let (ok, _, err) = lab.kubectl(&["create", "--validate=false", "-f", &quota.display().to_string()]);
-    assert!(ok, "{err}");
-    let lift = || {
-        let _ = lab.kubectl(&["delete", "resourcequota", "gpu-view", "-n", KUBE_NAMESPACE, "--ignore-not-found"]);
-    };
-    let _lift = fleet_lab::OnDrop(lift);
+    let (lift, _lift) = gpu_quota(lab, &dir, "gpu-view", 2);
     let quotas = || {
         let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
         let c = v["clusters"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == KUBE).cloned());

@@ -73,6 +73,45 @@ fn set_nodes(lab: &Lab, cluster: &str, nodes: &str, state: &str) -> bool {
     lab.cmd(cluster, "scontrol", &args).is_ok_and(|o| o.status.success())
 }
 
+/// alpha's GPU partition set DOWN (alpha takes jobs and keeps them
+/// PENDING; its heartbeat shows its nodes idle), then an H100 job from
+/// beta whose copies mark each start per cluster (written by the copy
+/// itself, not relayed), print where they ran and exit `code` after
+/// `sleep_s`; stdout and stderr in `dir`. Returns the stand-in's id, the
+/// job's id at alpha, its fleet id and a sampler of its live copies at
+/// alpha and delta (every 250 ms).
+fn pending_at_alpha(
+    lab: &'static Lab,
+    dir: &std::path::Path,
+    sleep_s: u32,
+    code: u8,
+) -> (u64, u64, String, Sampler<(usize, usize)>) {
+    assert!(set_gpu_partition(lab, "alpha", "DOWN"), "cannot set alpha's gpu partition DOWN");
+    let body = format!(
+        "echo \"ran at $SLURM_CLUSTER_NAME\"\ndate +%s.%N >> {}/marks-$SLURM_CLUSTER_NAME\nsleep {sleep_s}\nexit {code}",
+        dir.display()
+    );
+    let err_arg = format!("--error={}/err.txt", dir.display());
+    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(dir, "out.txt"), &err_arg], &script(&body)).unwrap();
+    let (target, alpha_job) =
+        poll("the job is submitted at alpha", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
+    assert_eq!(target, "alpha", "the engine places an H100 job from beta at alpha");
+    let fid = fleet_job_of(lab, id).unwrap();
+    let sampler = Sampler::start(Duration::from_millis(250), {
+        let fid = fid.clone();
+        move || {
+            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
+            (n("alpha"), n("delta"))
+        }
+    });
+    assert_eq!(
+        lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).as_deref(),
+        Some("PENDING"),
+        "alpha keeps the job pending (its partition is down)"
+    );
+    (id, alpha_job, fid, sampler)
+}
+
 /// `cluster`'s entry in `fleetctl --json clusters`.
 fn cluster_entry(lab: &Lab, cluster: &str) -> serde_json::Value {
     let v = lab.fleetctl_json(&["clusters"]).unwrap_or_default();
@@ -111,36 +150,10 @@ fn a_job_pending_past_its_provisioning_deadline_is_cancelled_and_runs_once_elsew
         (cluster_entry(lab, "alpha")["sla"]["state"] == "ok").then_some(())
     });
 
-    // alpha takes jobs and keeps them pending.
-    assert!(set_gpu_partition(lab, "alpha", "DOWN"), "cannot set alpha's gpu partition DOWN");
-
-    // The job marks each start per cluster (written by the copy itself,
-    // not relayed), prints where it ran, and exits 3.
-    let body = format!(
-        "echo \"ran at $SLURM_CLUSTER_NAME\"\ndate +%s.%N >> {}/marks-$SLURM_CLUSTER_NAME\nsleep 2\nexit 3",
-        dir.display()
-    );
-    let err_arg = format!("--error={}/err.txt", dir.display());
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt"), &err_arg], &script(&body)).unwrap();
+    // alpha takes jobs and keeps them pending; the job runs 2 s and exits 3.
     let t0 = Instant::now();
-    let (target, alpha_job) =
-        poll("the job is submitted at alpha", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
-    assert_eq!(target, "alpha", "the engine places an H100 job from beta at alpha");
-    let fid = fleet_job_of(lab, id).unwrap();
-    // The live copies of the job at alpha and delta, every 250 ms.
-    let sampler = Sampler::start(Duration::from_millis(250), {
-        let fid = fid.clone();
-        move || {
-            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
-            (n("alpha"), n("delta"))
-        }
-    });
+    let (id, alpha_job, fid, sampler) = pending_at_alpha(lab, &dir, 2, 3);
     let submitted = t0.elapsed();
-    assert_eq!(
-        lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).as_deref(),
-        Some("PENDING"),
-        "alpha keeps the job pending (its partition is down)"
-    );
 
     // Past the deadline: cancelled at alpha first.
     let reason = poll("the SLA miss is decided", Duration::from_secs(DEADLINE_S + 30), || {
@@ -242,27 +255,7 @@ fn a_job_waiting_at_a_cluster_whose_nodes_all_drain_is_cancelled_there_and_runs_
         let _ = set_gpu_partition(lab, "alpha", "UP");
     });
     lab.wait_gpus_free("alpha", "h100", 16, Duration::from_secs(60)).unwrap();
-    // alpha takes the job and keeps it pending (its partition is down,
-    // which its heartbeat does not show: its nodes are idle).
-    assert!(set_gpu_partition(lab, "alpha", "DOWN"), "cannot set alpha's gpu partition DOWN");
-    let body = format!(
-        "echo \"ran at $SLURM_CLUSTER_NAME\"\ndate +%s.%N >> {}/marks-$SLURM_CLUSTER_NAME\nexit 4",
-        dir.display()
-    );
-    let err_arg = format!("--error={}/err.txt", dir.display());
-    let id = lab.sbatch("beta", &["--gres=gpu:h100:1", &out_arg(&dir, "out.txt"), &err_arg], &script(&body)).unwrap();
-    let (target, alpha_job) =
-        poll("the job is submitted at alpha", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
-    assert_eq!(target, "alpha", "the engine places an H100 job from beta at alpha");
-    assert_eq!(lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).as_deref(), Some("PENDING"));
-    let fid = fleet_job_of(lab, id).unwrap();
-    let sampler = Sampler::start(Duration::from_millis(250), {
-        let fid = fid.clone();
-        move || {
-            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
-            (n("alpha"), n("delta"))
-        }
-    });
+    let (id, _, fid, sampler) = pending_at_alpha(lab, &dir, 0, 4);
 
     // Both of alpha's nodes drain (an admin's maintenance, a health check).
     assert!(set_nodes(lab, "alpha", "alpha1,alpha2", "DRAIN"), "cannot drain alpha's nodes");
