@@ -111,6 +111,9 @@ fn move_done(lab: &Lab, fleet_id: &str, t: Duration) -> serde_json::Value {
 /// Start the job at beta; wait until it runs at alpha with a checkpoint.
 fn start(lab: &'static Lab, name: &str) -> (u64, String, std::path::PathBuf) {
     let dir = lab.workdir(name);
+    // alpha (the cheaper H100s) with a GPU free as the meta-scheduler sees
+    // it, whatever an earlier test did to its nodes.
+    lab.wait_gpus_free("alpha", "h100", 1, T).unwrap();
     let out = dir.join("out.txt");
     let id = lab
         .sbatch(

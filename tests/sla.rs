@@ -250,9 +250,12 @@ fn a_job_waiting_at_a_cluster_whose_nodes_all_drain_is_cancelled_there_and_runs_
     let dir = lab.workdir("stranded");
     let conf = std::fs::read_to_string(lab.root.join("metasched.toml")).expect("the lab's metasched.toml");
     assert!(conf.contains(&format!("stranded_s = {STRANDED_S}\n")) && !conf.contains("[sla]"), "{conf}");
+    // Whatever happens, alpha is whole again, and seen so by the
+    // meta-scheduler, before the next test places a job.
     let _restore = OnDrop(|| {
         let _ = set_nodes(lab, "alpha", "alpha1,alpha2", "RESUME");
         let _ = set_gpu_partition(lab, "alpha", "UP");
+        let _ = lab.wait_gpus_free("alpha", "h100", 16, Duration::from_secs(60));
     });
     lab.wait_gpus_free("alpha", "h100", 16, Duration::from_secs(60)).unwrap();
     let (id, _, fid, sampler) = pending_at_alpha(lab, &dir, 0, 4);
