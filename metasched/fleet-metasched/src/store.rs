@@ -2977,9 +2977,23 @@ impl Store {
                 elapsed_s: now - j.running_since.unwrap_or(j.record.updated_at),
             })
             .collect();
+        // Per job: the clusters the first rule excludes, and those where the
+        // GPU quota binding its submitter has no room for it (a move there
+        // would wait for the quota, not save).
         let excluded: Vec<Vec<String>> = jobs
             .iter()
-            .map(|j| placement::place(&view, &j.request).1.into_iter().map(|e| e.cluster).collect())
+            .map(|j| {
+                let mut out: Vec<String> =
+                    placement::place(&view, &j.request).1.into_iter().map(|e| e.cluster).collect();
+                let need = u64::from(j.request.total_gpus());
+                out.extend(
+                    view.clusters
+                        .iter()
+                        .filter(|c| placement::quota_of(c, &j.request).is_some_and(|q| q.headroom() < need))
+                        .map(|c| c.name.clone()),
+                );
+                out
+            })
             .collect();
         let mut proposals =
             r.propose(&view, &running, margin, |i, c| excluded.get(i).is_some_and(|ex| !ex.iter().any(|x| x == c)));

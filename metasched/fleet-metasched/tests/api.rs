@@ -109,8 +109,23 @@ impl Daemon {
         self.heartbeat_holding(cluster, free, None).await
     }
 
+    /// A heartbeat that publishes GPU quotas.
+    async fn heartbeat_quotas(&self, cluster: &str, free: u32, quotas: Vec<fleet_api::api::GpuQuota>) -> FleetView {
+        self.heartbeat_full(cluster, free, None, Some(quotas)).await
+    }
+
     /// A heartbeat that names the runs holding GPUs (`(job, epoch)`).
     async fn heartbeat_holding(&self, cluster: &str, free: u32, holding: Option<&[(&str, u64)]>) -> FleetView {
+        self.heartbeat_full(cluster, free, holding, None).await
+    }
+
+    async fn heartbeat_full(
+        &self,
+        cluster: &str,
+        free: u32,
+        holding: Option<&[(&str, u64)]>,
+        gpu_quotas: Option<Vec<fleet_api::api::GpuQuota>>,
+    ) -> FleetView {
         let ty = CLUSTERS.iter().find(|c| c.0 == cluster).unwrap().1;
         let nodes = (0..2)
             .map(|i| NodeCapacity {
@@ -136,6 +151,7 @@ impl Daemon {
             holding: holding.map(|h| {
                 h.iter().map(|(job, epoch)| fleet_api::api::RunRef { job: job.to_string(), epoch: *epoch }).collect()
             }),
+            gpu_quotas,
             ..Default::default()
         };
         self.ok(reqwest::Method::POST, "/v1/heartbeat", &bearer(cluster), Some(serde_json::to_value(hb).unwrap())).await
@@ -1031,6 +1047,7 @@ async fn forward_h100_job(d: &Daemon, id: &str, minutes: u32, interruptible: boo
     let mut req = request("beta", "h100", 8);
     req.time_limit_min = Some(minutes);
     req.fleet.interruptible = interruptible;
+    req.user_name = Some("alice".into());
     let fwd =
         ForwardRequest { fleet_job_id: id.into(), request: req, tentative_target: "alpha".into(), early_start: false };
     let _: JobRecord =
@@ -1167,6 +1184,22 @@ async fn rebalance_proposes_moving_a_running_interruptible_job_to_a_cheaper_clus
     assert!(metric(&d, "fleet_metasched_rebalance_proposals 1").await);
     // Proposals only: the job has not moved.
     assert_eq!(d.job("mv").await.target.as_deref(), Some("alpha"));
+    // alice's GPU quota at gamma has 4 GPUs left of 16, her job needs 8:
+    // no move there (it would wait for the quota); with room, again.
+    let quota = |used| {
+        vec![fleet_api::api::GpuQuota {
+            scope: "namespace ml".into(),
+            users: vec!["beta:alice".into()],
+            hard: 16,
+            used,
+        }]
+    };
+    d.heartbeat_quotas("gamma", 16, quota(12)).await;
+    let r = d.control.rebalance().await.unwrap();
+    assert_eq!((r.considered, r.proposals.len()), (1, 0), "{r:?}");
+    d.heartbeat_quotas("gamma", 16, quota(8)).await;
+    let r = d.control.rebalance().await.unwrap();
+    assert_eq!(r.proposals.iter().map(|p| p.to.as_str()).collect::<Vec<_>>(), ["gamma"], "{r:?}");
     d.stop().await;
 }
 
