@@ -868,6 +868,7 @@ impl Store {
                  signal TEXT NOT NULL,
                  scope TEXT NOT NULL,
                  requested_at REAL NOT NULL,
+                 epoch INTEGER,
                  UNIQUE (job_id, signal, scope)
              );
              CREATE INDEX IF NOT EXISTS signal_orders_target ON signal_orders(target);
@@ -887,6 +888,13 @@ impl Store {
             .exists([])?;
         if !has_raise {
             conn.execute_batch("ALTER TABLE time_limit_orders ADD COLUMN operator_raise INTEGER NOT NULL DEFAULT 0;")?;
+        }
+        // A signal order's `epoch` (the run it was sent to) came later too:
+        // older orders (NULL) go to whichever run the job has.
+        let has_epoch: bool =
+            conn.prepare("SELECT 1 FROM pragma_table_info('signal_orders') WHERE name = 'epoch'")?.exists([])?;
+        if !has_epoch {
+            conn.execute_batch("ALTER TABLE signal_orders ADD COLUMN epoch INTEGER;")?;
         }
         // `active` (the job may still be some agent's work) came after the
         // first schema: add it to older databases.
@@ -2136,10 +2144,14 @@ impl Store {
         reply_result(id, &o.reply)?;
         let target = job.record.target.clone().unwrap_or_default();
         if o.effects.contains(&Effect::QueueSignal) {
+            // For the run it was sent to: an order still waiting when the job
+            // runs again (a new epoch, even at the same cluster) is not that
+            // run's. Sent again before delivery: one order, for the newest run.
             self.conn.execute(
-                "INSERT OR IGNORE INTO signal_orders (job_id, target, signal, scope, requested_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![id, target, name, req.scope.as_str(), now],
+                "INSERT INTO signal_orders (job_id, target, signal, scope, requested_at, epoch)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (job_id, signal, scope) DO UPDATE SET target = excluded.target, epoch = excluded.epoch",
+                params![id, target, name, req.scope.as_str(), now, job.record.epoch],
             )?;
             tracing::info!(job = id, signal = name, scope = req.scope.as_str(), target = %target, by = ?caller,
                 "signal queued for the target agent");
@@ -2222,25 +2234,27 @@ impl Store {
     /// handed out), oldest first. Orders whose job has since finished or
     /// left `c` are dropped.
     fn take_signal_orders(&mut self, c: &str) -> Result<Vec<SignalOrder>, StoreError> {
-        let mut taken: Vec<(i64, String, String, String)> = {
-            let mut stmt = self
-                .conn
-                .prepare_cached("DELETE FROM signal_orders WHERE target = ?1 RETURNING seq, job_id, signal, scope")?;
-            let rows = stmt.query_map([c], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        type Taken = (i64, String, String, String, Option<u64>);
+        let mut taken: Vec<Taken> = {
+            let mut stmt = self.conn.prepare_cached(
+                "DELETE FROM signal_orders WHERE target = ?1 RETURNING seq, job_id, signal, scope, epoch",
+            )?;
+            let rows = stmt.query_map([c], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?;
             rows.collect::<Result<_, _>>()?
         };
         taken.sort_by_key(|t| t.0);
         let mut orders = Vec::new();
-        for (_, job_id, signal, scope) in taken {
+        for (_, job_id, signal, scope, epoch) in taken {
             let Ok(scope) = scope.parse::<SignalScope>() else { continue };
             let live = self.query("SELECT data FROM jobs WHERE id = ?1", [&job_id])?.pop().is_some_and(|j| {
                 j.record.target.as_deref() == Some(c)
                     && matches!(j.record.state, JobState::Assigned | JobState::Pending | JobState::Running)
+                    && epoch.is_none_or(|e| e == j.record.epoch)
             });
             if live {
                 orders.push(SignalOrder { fleet_job_id: job_id, signal, scope });
             } else {
-                tracing::info!(job = %job_id, signal = %signal, "signal dropped: the job no longer runs at {c}");
+                tracing::info!(job = %job_id, signal = %signal, "signal dropped: the run it was sent to no longer runs at {c}");
             }
         }
         Ok(orders)

@@ -2009,6 +2009,46 @@ async fn signals_are_queued_for_the_target_handed_out_once_and_wake_its_long_pol
     d.stop().await;
 }
 
+/// A signal is for the run it was sent to: an order still waiting when its
+/// job runs again at the same cluster (a new epoch) is dropped, not handed
+/// to the new run; sent again, it is the new run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_waiting_when_its_job_runs_again_at_the_same_cluster_is_not_the_new_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = fleet(tmp.path()).await;
+    // Only alpha may run it (--fleet-to=alpha).
+    let mut req = request("beta", "h100", 8);
+    req.fleet.to = vec!["alpha".into()];
+    let fwd = ForwardRequest {
+        fleet_job_id: "ep".into(),
+        request: req,
+        tentative_target: "alpha".into(),
+        early_start: false,
+    };
+    let _: JobRecord =
+        d.ok(reqwest::Method::POST, "/v1/jobs", &bearer("beta"), Some(serde_json::to_value(fwd).unwrap())).await;
+    assert_eq!(d.start_job("ep", "beta").await.target.as_deref(), Some("alpha"));
+    assert_eq!(d.status("ep", "alpha", at(JobState::Running, 1)).await.0, StatusCode::OK);
+    let job = job_auth("beta", "ep");
+    assert_eq!(send_signal(&d, "ep", &job, "USR1", "full").await.0, StatusCode::ACCEPTED);
+    // Before alpha's agent takes the order, the run turns out never to have
+    // started (a launch Slurm lost): the job runs again at alpha, epoch 2.
+    let lost = StatusUpdate {
+        died: Some("launch failed requeued held".into()),
+        never_started: true,
+        ..at(JobState::Failed, 1)
+    };
+    assert_eq!(d.status("ep", "alpha", lost).await.0, StatusCode::OK);
+    let r = d.job("ep").await;
+    assert_eq!((r.state, r.target.as_deref(), r.epoch), (JobState::Assigned, Some("alpha"), 2), "{}", r.reason);
+    assert_eq!(d.work("alpha").await.signal, [], "epoch 1's signal is not epoch 2's");
+    // Sent to the new run: delivered.
+    assert_eq!(d.status("ep", "alpha", at(JobState::Running, 2)).await.0, StatusCode::OK);
+    assert_eq!(send_signal(&d, "ep", &job, "USR1", "full").await.0, StatusCode::ACCEPTED);
+    assert_eq!(d.work("alpha").await.signal, [order("ep", "USR1", SignalScope::Full)]);
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn signal_auth_and_validation() {
     let tmp = tempfile::tempdir().unwrap();
