@@ -2091,7 +2091,7 @@ pub async fn check(
             ));
         }
     }
-    let rbac = "the agent's ServiceAccount needs get/list/watch/create/patch/delete on jobs, get/list/watch on pods, get on pods/log, create on configmaps, secrets and services in KubeNamespace and each KubeAccountNamespaces namespace, and get/list/watch on nodes: conf/kubernetes/fleet-agent-rbac.yaml (README: Kubernetes targets)";
+    let rbac = "the agent's ServiceAccount needs get/list/watch/create/patch/delete on jobs, get/list/watch on pods, get on pods/log, create on configmaps, secrets and services, list on events and list/watch on resourcequotas in KubeNamespace and each KubeAccountNamespaces namespace, and get/list/watch on nodes: conf/kubernetes/fleet-agent-rbac.yaml (README: Kubernetes targets)";
     let b = match tokio::time::timeout(Duration::from_secs(40), KubeBackend::connect(settings.clone(), site, spool))
         .await
     {
@@ -2108,8 +2108,30 @@ pub async fn check(
         }
     }
     let gpus: Vec<String> = types.iter().map(|(t, n)| format!("{n}×{t}")).collect();
+    // The GPU quotas placement will see (or why it sees none).
+    let pods = match &b.busy {
+        Some(busy) => busy.state(),
+        None => b.all_pods(),
+    };
+    let quotas = if b.quotas.len() < settings.namespaces().len() {
+        "; ResourceQuotas not readable in every namespace (RBAC list/watch on resourcequotas): placement cannot see those GPU quotas".to_string()
+    } else {
+        let q: Vec<String> = b
+            .quotas
+            .iter()
+            .filter_map(|(ns, store)| {
+                let (hard, used) = namespace_gpu_quota(&store.state(), &pods, ns)?;
+                Some(format!("{ns} {used}/{hard}"))
+            })
+            .collect();
+        if q.is_empty() {
+            "; no GPU quota".to_string()
+        } else {
+            format!("; GPU quotas {}", q.join(", "))
+        }
+    };
     Ok(format!(
-        "namespace{} {}: {} nodes, GPUs {}; Fleet's Jobs: {running} running, {pending} pending; image {}{}",
+        "namespace{} {}: {} nodes, GPUs {}; Fleet's Jobs: {running} running, {pending} pending{quotas}; image {}{}",
         if settings.namespaces().len() > 1 { "s" } else { "" },
         settings.namespaces().join(", "),
         nodes.len(),
