@@ -580,7 +580,8 @@ pub fn within_quotas<'a>(view: &'a FleetView, job: &JobRequest) -> Cow<'a, Fleet
 
 /// Apply the rule. `job.origin` names the home cluster.
 pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) {
-    let view = &*within_quotas(view, job);
+    // GPU quotas act through `free_matching` (the rule reads free GPUs
+    // nowhere else): no copy of the view per job.
     let mut excluded = Vec::new();
     let mut feasible: Vec<&ClusterSummary> = Vec::new();
     let allowed = |name: &str| job.fleet.to.is_empty() || job.fleet.to.iter().any(|t| t.eq_ignore_ascii_case(name));
