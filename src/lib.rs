@@ -407,6 +407,22 @@ impl Lab {
         })
     }
 
+    /// What `fleet-agent --check` prints for the agent of `cluster`, run
+    /// as the agent's user (`fleet`) with that cluster's slurm.conf.
+    pub fn agent_check(&self, cluster: &str) -> String {
+        let d = self.root.join(cluster);
+        let out = Command::new("setpriv")
+            .args(["--reuid=fleet", "--regid=fleet", "--init-groups", "env"])
+            .arg(format!("SLURM_CONF={}", d.join("slurm.conf").display()))
+            .arg(self.root.join("bin/fleet-agent"))
+            .arg("--conf")
+            .arg(d.join("fleet.conf"))
+            .arg("--check")
+            .output()
+            .expect("running fleet-agent --check");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Log file of the agent of `cluster`.
     pub fn agent_log(&self, cluster: &str) -> PathBuf {
         self.root.join(cluster).join("log/agent.log")

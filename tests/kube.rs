@@ -1607,16 +1607,7 @@ fn a_namespaces_gpu_quota_reaches_placement_with_whom_it_binds_and_what_its_pods
     let want = |used: u64| serde_json::json!([{"scope": format!("namespace {KUBE_NAMESPACE}"), "users": ["*:alice"], "hard": 2, "used": used}]);
     wait_until("the quota in the meta-scheduler's view", T, || quotas() == want(0));
     // The agent's own check says what placement sees.
-    let d = lab.root.join(KUBE);
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=fleet", "--regid=fleet", "--init-groups"])
-        .arg(lab.root.join("bin/fleet-agent"))
-        .arg("--conf")
-        .arg(d.join("fleet.conf"))
-        .arg("--check")
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
+    let report = lab.agent_check(KUBE);
     let line = report.lines().find(|l| l.contains("kubernetes")).unwrap_or_default();
     assert!(line.starts_with("PASS") && line.contains(&format!("GPU quotas {KUBE_NAMESPACE} 0/2")), "{report}");
     // alice's job at kube-gamma takes one GPU of it while it runs.

@@ -335,21 +335,6 @@ fn a_researcher_known_only_to_the_directory_runs_as_themselves() {
     assert!(jobs.as_array().is_some_and(|a| !a.is_empty()), "{jobs}");
 }
 
-/// `fleet-agent --check` for beta's agent, run as the agent's user.
-fn agent_check(lab: &Lab) -> String {
-    let d = lab.root.join("beta");
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=fleet", "--regid=fleet", "--init-groups", "env"])
-        .arg(format!("SLURM_CONF={}", d.join("slurm.conf").display()))
-        .arg(lab.root.join("bin/fleet-agent"))
-        .arg("--conf")
-        .arg(d.join("fleet.conf"))
-        .arg("--check")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn under_private_data_the_agent_must_be_a_slurm_operator() {
     let (lab, _serial) = Lab::lock();
@@ -357,7 +342,7 @@ fn under_private_data_the_agent_must_be_a_slurm_operator() {
     // multi-user site does; the agent's user is a Slurm operator there.
     let conf = std::fs::read_to_string(lab.slurm_conf("beta")).unwrap();
     assert!(conf.lines().any(|l| l.starts_with("PrivateData=") && l.contains("jobs")), "the lab runs PrivateData");
-    let report = agent_check(lab);
+    let report = lab.agent_check("beta");
     let line = report.lines().find(|l| l.contains("private data")).unwrap_or_default().to_string();
     assert!(line.starts_with("PASS") && line.contains("AdminLevel=operator"), "{report}");
     // The helper each run starts under is where fleet.conf says.
@@ -369,7 +354,7 @@ fn under_private_data_the_agent_must_be_a_slurm_operator() {
         lab.cmd("beta", "sacctmgr", &["-i", "modify", "user", "fleet", "set", &format!("AdminLevel={level}")]).unwrap()
     };
     sacctmgr("None");
-    let report = agent_check(lab);
+    let report = lab.agent_check("beta");
     sacctmgr("Operator");
     let line = report.lines().find(|l| l.contains("private data")).unwrap_or_default().to_string();
     assert!(line.starts_with("FAIL") && line.contains("hides other users' jobs"), "{report}");
