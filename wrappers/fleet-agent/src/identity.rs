@@ -301,10 +301,18 @@ impl Policy {
     /// system user is left out. A map file that cannot be read admits no
     /// one (jobs would fail here too); the error is returned for the log.
     pub fn admitted(&self, acc: &Accounts) -> (Vec<String>, Option<String>) {
+        let (users, _, err) = self.admitted_with_accounts(acc);
+        (users, err)
+    }
+
+    /// [`Policy::admitted`], and in the same pass those of its pairs whose
+    /// map line names an account, with it: where a backend that places
+    /// jobs by account (a Kubernetes namespace per account) sends them.
+    pub fn admitted_with_accounts(&self, acc: &Accounts) -> (Vec<String>, Vec<(String, String)>, Option<String>) {
         match &self.mapping {
             Mapping::Shared(_) => {
                 let ok = self.resolve(acc, "*", Some("any"), None).is_ok();
-                (if ok { vec!["*:*".to_string()] } else { Vec::new() }, None)
+                (if ok { vec!["*:*".to_string()] } else { Vec::new() }, Vec::new(), None)
             }
             Mapping::Same => {
                 let mut users: Vec<String> = acc
@@ -314,7 +322,7 @@ impl Policy {
                     .map(|m| format!("*:{m}"))
                     .collect();
                 users.sort();
-                (users, None)
+                (users, Vec::new(), None)
             }
             Mapping::File(path) => {
                 let rules = std::fs::read_to_string(path)
@@ -322,38 +330,20 @@ impl Policy {
                     .and_then(|t| parse_map(&t, &path.display().to_string()));
                 match rules {
                     Ok(rules) => {
-                        let users = rules
-                            .iter()
-                            .filter(|r| self.resolve(acc, &r.origin, Some(&r.user), None).is_ok())
-                            .map(|r| format!("{}:{}", r.origin, r.user))
-                            .collect();
-                        (users, None)
+                        let (mut users, mut accounts) = (Vec::new(), Vec::new());
+                        for r in rules.iter().filter(|r| self.resolve(acc, &r.origin, Some(&r.user), None).is_ok()) {
+                            let pair = format!("{}:{}", r.origin, r.user);
+                            if let Some(a) = r.account.as_ref().filter(|a| valid_name(a)) {
+                                accounts.push((pair.clone(), a.clone()));
+                            }
+                            users.push(pair);
+                        }
+                        (users, accounts, None)
                     }
-                    Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+                    Err(e) => (Vec::new(), Vec::new(), Some(format!("{e:#}"))),
                 }
             }
         }
-    }
-}
-
-impl Policy {
-    /// The admitted `origin:user` pairs (as [`Policy::admitted`] writes
-    /// them) whose map line names an account: where a backend that places
-    /// jobs by account (a Kubernetes namespace per account) sends them.
-    /// Empty unless the mapping is a map file that reads.
-    pub fn admitted_accounts(&self, acc: &Accounts) -> Vec<(String, String)> {
-        let Mapping::File(path) = &self.mapping else { return Vec::new() };
-        let Ok(rules) = std::fs::read_to_string(path)
-            .map_err(anyhow::Error::from)
-            .and_then(|t| parse_map(&t, &path.display().to_string()))
-        else {
-            return Vec::new();
-        };
-        rules
-            .iter()
-            .filter(|r| self.resolve(acc, &r.origin, Some(&r.user), None).is_ok())
-            .filter_map(|r| Some((format!("{}:{}", r.origin, r.user), r.account.clone().filter(|a| valid_name(a))?)))
-            .collect()
     }
 }
 
@@ -405,7 +395,7 @@ pub struct Admitted {
     /// `None`: the accounts could not be read (nothing is published).
     pub users: Option<Vec<String>>,
     /// Those of `users` whose map line names an account, with it
-    /// ([`Policy::admitted_accounts`]).
+    /// ([`Policy::admitted_with_accounts`]).
     pub accounts: Vec<(String, String)>,
     /// A problem not reported before (the same one is returned once, until
     /// the files change and it is gone or another takes its place).
@@ -450,12 +440,8 @@ impl AdmittedCache {
         let acc = if self.nss { Accounts::read() } else { Accounts::read_from(&self.passwd, &self.group) };
         let (users, accounts, error) = match acc {
             Ok(acc) => {
-                let (users, err) = policy.admitted(&acc);
-                (
-                    Some(users),
-                    policy.admitted_accounts(&acc),
-                    err.map(|e| format!("no forwarded job can run here: {e}")),
-                )
+                let (users, accounts, err) = policy.admitted_with_accounts(&acc);
+                (Some(users), accounts, err.map(|e| format!("no forwarded job can run here: {e}")))
             }
             Err(e) => (None, Vec::new(), Some(format!("reading the accounts to publish: {e:#}"))),
         };
@@ -603,8 +589,11 @@ mod tests {
         std::fs::write(&f, "beta:al alice proj1\n*:bob bob\nbeta:m mallory\nbeta:r root\n").unwrap();
         assert_eq!(policy(Mapping::File(f.clone())).admitted(&acc), (vec!["beta:al".into(), "*:bob".into()], None));
         // Those with an account on their line, with it (bob's has none).
-        assert_eq!(policy(Mapping::File(f.clone())).admitted_accounts(&acc), [("beta:al".into(), "proj1".into())]);
-        assert!(policy(Mapping::Same).admitted_accounts(&acc).is_empty());
+        assert_eq!(
+            policy(Mapping::File(f.clone())).admitted_with_accounts(&acc).1,
+            [("beta:al".into(), "proj1".into())]
+        );
+        assert!(policy(Mapping::Same).admitted_with_accounts(&acc).1.is_empty());
         std::fs::write(&f, "not a map\n").unwrap();
         let (users, err) = policy(Mapping::File(f)).admitted(&acc);
         assert!(users.is_empty());
