@@ -1242,6 +1242,28 @@ impl KubeBackend {
         self.pods.iter().flat_map(|s| s.state()).collect()
     }
 
+    /// The pods that hold capacity: every unfinished pod of the cluster
+    /// where the agent may watch them all, else Fleet's own.
+    fn busy_pods(&self) -> Vec<Arc<Pod>> {
+        match &self.busy {
+            Some(busy) => busy.state(),
+            None => self.all_pods(),
+        }
+    }
+
+    /// Each watched namespace with a GPU quota, as (namespace, hard, used)
+    /// ([`namespace_gpu_quota`]).
+    fn namespace_quotas(&self) -> Vec<(&str, u64, u64)> {
+        let pods = self.busy_pods();
+        self.quotas
+            .iter()
+            .filter_map(|(ns, store)| {
+                let (hard, used) = namespace_gpu_quota(&store.state(), &pods, ns)?;
+                Some((ns.as_str(), hard, used))
+            })
+            .collect()
+    }
+
     /// The namespace of Fleet's Job `name`: where the watch saw it, else
     /// where the API server has it (just created, or the watch lags).
     async fn namespace_of(&self, name: &str) -> Result<Option<String>> {
@@ -1733,15 +1755,10 @@ impl Backend for KubeBackend {
         if self.quotas.is_empty() {
             return None;
         }
-        let pods = match &self.busy {
-            Some(busy) => busy.state(),
-            None => self.all_pods(),
-        };
         let out: Vec<GpuQuota> = self
-            .quotas
-            .iter()
-            .filter_map(|(ns, store)| {
-                let (hard, used) = namespace_gpu_quota(&store.state(), &pods, ns)?;
+            .namespace_quotas()
+            .into_iter()
+            .filter_map(|(ns, hard, used)| {
                 let users = self.settings.users_in(users, accounts, ns);
                 (!users.is_empty()).then(|| GpuQuota { scope: format!("namespace {ns}"), users, hard, used })
             })
@@ -1768,10 +1785,7 @@ impl Backend for KubeBackend {
         // Every pod holds capacity, not only Fleet's: the watched cache of
         // all unfinished pods where the agent's RBAC allows it, else its
         // namespace's (no list per heartbeat).
-        let pods = match &self.busy {
-            Some(busy) => busy.state(),
-            None => self.all_pods(),
-        };
+        let pods = self.busy_pods();
         // Forget the log followers of Jobs Kubernetes no longer has.
         let ids: std::collections::HashSet<String> = self
             .all_jobs()
@@ -2109,21 +2123,11 @@ pub async fn check(
     }
     let gpus: Vec<String> = types.iter().map(|(t, n)| format!("{n}×{t}")).collect();
     // The GPU quotas placement will see (or why it sees none).
-    let pods = match &b.busy {
-        Some(busy) => busy.state(),
-        None => b.all_pods(),
-    };
     let quotas = if b.quotas.len() < settings.namespaces().len() {
         "; ResourceQuotas not readable in every namespace (RBAC list/watch on resourcequotas): placement cannot see those GPU quotas".to_string()
     } else {
-        let q: Vec<String> = b
-            .quotas
-            .iter()
-            .filter_map(|(ns, store)| {
-                let (hard, used) = namespace_gpu_quota(&store.state(), &pods, ns)?;
-                Some(format!("{ns} {used}/{hard}"))
-            })
-            .collect();
+        let q: Vec<String> =
+            b.namespace_quotas().iter().map(|(ns, hard, used)| format!("{ns} {used}/{hard}")).collect();
         if q.is_empty() {
             "; no GPU quota".to_string()
         } else {
