@@ -28,8 +28,6 @@
 //! among feasible clusters; the hard constraints stay here so that both
 //! paths agree on what is possible at all.
 
-use std::borrow::Cow;
-
 use crate::api::{ClusterSummary, FleetView, GpuPool, GpuQuota, NodeShape};
 use crate::{FleetMode, FleetOptions, GpuScope, JobRequest};
 
@@ -561,21 +559,17 @@ pub fn quota_of<'a>(c: &'a ClusterSummary, job: &JobRequest) -> Option<&'a GpuQu
 /// submitter, no pool has more GPUs free than the quota's headroom (a
 /// Kubernetes namespace at its ResourceQuota creates no pod, whatever its
 /// nodes have free). The job may still wait there (installed capacity is
-/// untouched), as a Slurm job waits at a full association limit.
-/// Borrowed, not copied, where no quota binds.
-pub fn within_quotas<'a>(view: &'a FleetView, job: &JobRequest) -> Cow<'a, FleetView> {
-    if view.clusters.iter().all(|c| quota_of(c, job).is_none()) {
-        return Cow::Borrowed(view);
-    }
-    let mut v = view.clone();
-    for c in &mut v.clusters {
+/// untouched), as a Slurm job waits at a full association limit. For the
+/// engine, which reads pools; the first rule applies quotas itself.
+pub fn within_quotas(mut view: FleetView, job: &JobRequest) -> FleetView {
+    for c in &mut view.clusters {
         let Some(room) = quota_of(c, job).map(GpuQuota::headroom) else { continue };
         let room = u32::try_from(room).unwrap_or(u32::MAX);
         for p in &mut c.gpus {
             p.free = p.free.min(room);
         }
     }
-    Cow::Owned(v)
+    view
 }
 
 /// Apply the rule. `job.origin` names the home cluster.
@@ -905,8 +899,8 @@ mod tests {
         v.clusters[i].gpu_quotas = quota(12, 8);
         assert_eq!(target(&v, &job("alice")), other);
         assert_eq!(target(&v, &job("bob")), first);
-        assert!(matches!(within_quotas(&v, &job("bob")), Cow::Borrowed(_)), "no copy where no quota binds");
-        let seen = within_quotas(&v, &job("alice"));
+        assert_eq!(within_quotas(v.clone(), &job("bob")), v, "unchanged where no quota binds");
+        let seen = within_quotas(v.clone(), &job("alice"));
         assert!(seen.clusters[i].gpus.iter().all(|p| p.free <= 4), "{:?}", seen.clusters[i].gpus);
         assert_eq!(seen.clusters[i].nodes, v.clusters[i].nodes, "the nodes stay: it may wait there");
         // alice from another origin is not bound by it.

@@ -1429,7 +1429,7 @@ impl Store {
                 ))
             })
             .collect();
-        let view = placement::within_quotas(&full, &job.request).into_owned();
+        let view = placement::within_quotas(full, &job.request);
         let (p, excluded) = placement::place(&view, &job.request);
         let (kind, target, why) = match p {
             Placement::Home { reason } => ("home", Some(job.record.origin.clone()), reason),
@@ -1716,12 +1716,7 @@ impl Store {
         };
         // What the job may take: its submitter's GPU quota at a cluster
         // bounds the GPUs free there for it (the engine's view too).
-        let full = self.view(now);
-        let capped = match placement::within_quotas(&full, &job.request) {
-            std::borrow::Cow::Owned(v) => Some(v),
-            std::borrow::Cow::Borrowed(_) => None,
-        };
-        let mut view = capped.unwrap_or(full);
+        let mut view = placement::within_quotas(self.view(now), &job.request);
         if let Some(bad) = &job.avoid {
             let mut without = view.clone();
             without.clusters.iter_mut().filter(|c| c.name == *bad).for_each(|c| c.healthy = false);
