@@ -321,7 +321,10 @@ fn a_job_no_other_cluster_can_run_stays_and_waits() {
     );
     assert_eq!(fx.sla("alpha").state, "degraded");
     fx.tick(100.0);
-    assert_eq!(fx.job("pinned").record.state, JobState::Pending, "never failed");
+    let later = fx.job("pinned");
+    assert_eq!(later.record.state, JobState::Pending, "never failed");
+    // Its reason is written once, not again at every pass with its age.
+    assert_eq!((later.record.reason, later.record.updated_at), (j.record.reason, j.record.updated_at));
     // It starts at last: the miss carries its real time.
     assert_eq!(fx.report("pinned", "alpha", JobState::Running), Ok(JobState::Running));
     let sla = fx.sla("alpha");

@@ -292,6 +292,9 @@ impl Store {
             "SELECT data FROM jobs WHERE active = 1 AND state IN ('assigned', 'pending') ORDER BY submitted_at, id",
             [],
         )?;
+        // One view for the pass, built when a job first needs it and again
+        // after each job given up (its placement changes the load).
+        let mut view = None;
         for mut job in jobs {
             let (Some(target), Some(assigned_at)) = (job.record.target.clone(), job.assigned_at) else { continue };
             // Started once in this placement (then requeued by Slurm
@@ -299,8 +302,8 @@ impl Store {
             if job.record.cancel_requested || job.planned.is_some() || job.sla_started == Some(job.record.epoch) {
                 continue;
             }
-            let view = self.view(now);
-            let deadline = self.sla.deadline(&target, &Self::provider_of(&view, &target));
+            let view = view.get_or_insert_with(|| self.view(now));
+            let deadline = self.sla.deadline(&target, &Self::provider_of(view, &target));
             // Time the meta-scheduler was not listening (its reports could not
             // arrive) is not the target's.
             let age = self.heard(assigned_at, now);
@@ -318,8 +321,15 @@ impl Store {
                 "not running at {target} {age:.0} s after its assignment (provisioning deadline {deadline:.0} s)"
             );
             let why = format!("provisioning SLA: {late}");
-            if self.give_up_assignment(&mut job, &target, &late, &why, "sla", &view, now)? || changed {
+            // Without the age: the reason of a job that stays is written
+            // once, not at every pass.
+            let waits = format!("not running at {target} within its provisioning deadline ({deadline:.0} s)");
+            let gave_up = self.give_up_assignment(&mut job, &target, &late, &waits, &why, "sla", view, now)?;
+            if gave_up || changed {
                 self.save(&job)?;
+            }
+            if gave_up {
+                *view = self.view(now);
             }
         }
         Ok(())
@@ -380,7 +390,7 @@ impl Store {
                 "stranded at {target}: its usable nodes could not run it for {:.0} s ([health] stranded_s; {target} {cannot})",
                 self.stranded_s
             );
-            if self.give_up_assignment(&mut job, &target, &late, &late, "stranded", &view, now)? {
+            if self.give_up_assignment(&mut job, &target, &late, &late, &late, "stranded", &view, now)? {
                 self.save(&job)?;
                 view = self.view(now);
             }
@@ -393,14 +403,16 @@ impl Store {
     /// reason and stderr; `why`: the stop's, for `job explain`): re-placed
     /// at once when `target` never had it, else cancelled there first and
     /// re-placed once the cancel is confirmed. When no other cluster can
-    /// run it now it stays and waits, its reason saying so. True when the
-    /// job changed (the caller saves it).
+    /// run it now it stays and waits, its reason (`waits`, the same at
+    /// every pass) saying so. True when the job changed (the caller saves
+    /// it).
     #[allow(clippy::too_many_arguments)]
     fn give_up_assignment(
         &mut self,
         job: &mut Job,
         target: &str,
         late: &str,
+        waits: &str,
         why: &str,
         metric: &str,
         view: &FleetView,
@@ -410,7 +422,7 @@ impl Store {
         let mut without = view.clone();
         without.clusters.iter_mut().filter(|c| c.name == target).for_each(|c| c.healthy = false);
         if matches!(placement::place(&without, &job.request).0, Placement::Impossible { .. }) {
-            let reason = format!("{late}; no other cluster can run it now, so it stays and waits there");
+            let reason = format!("{waits}; no other cluster can run it now, so it stays and waits there");
             if job.record.reason == reason {
                 return Ok(false);
             }
