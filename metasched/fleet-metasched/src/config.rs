@@ -190,6 +190,11 @@ pub struct Config {
     /// and job tokens cross the wire in the clear.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Serve plain HTTP on an address other than loopback (a trusted
+    /// network or a TLS-terminating proxy in front). Without `[tls]` and
+    /// without this, such a `listen` is refused at start.
+    #[serde(default)]
+    pub allow_plaintext: bool,
     /// `[limits]`: connection caps and timeouts.
     #[serde(default)]
     pub limits: LimitsConfig,
@@ -640,11 +645,26 @@ impl Config {
             rebalance: None,
             policies: None,
             tls: None,
+            allow_plaintext: false,
             limits: LimitsConfig::default(),
             health: None,
             sla: None,
             start: StartConfig::default(),
         }
+    }
+
+    /// Why serving on `addr` must be refused, if it must: plain HTTP on an
+    /// address other than loopback sends the bearer, job and checkpoint
+    /// tokens in the clear, unless `allow_plaintext` says the network is
+    /// trusted.
+    pub fn plaintext_refusal(&self, addr: SocketAddr) -> Option<String> {
+        (self.tls.is_none() && !self.allow_plaintext && !addr.ip().is_loopback()).then(|| {
+            format!(
+                "listen = {addr} is not a loopback address and [tls] is not set: every token would cross the \
+                 network in the clear; set [tls] (cert_file, key_file), or allow_plaintext = true where the \
+                 network is trusted or a TLS proxy is in front"
+            )
+        })
     }
 
     /// `[health]` resolved: Degraded after the missed beats (or
@@ -1072,6 +1092,27 @@ mod tests {
         // Without [sla]: measured against the default, not enforced.
         let off = Config::parse(BASE, Path::new("t.toml")).unwrap().sla();
         assert_eq!((off.enforced, off.deadline("x", "y"), off.window, off.recover_runs), (false, 300.0, 20, 3));
+    }
+
+    #[test]
+    fn plain_http_off_loopback_is_refused_unless_allowed() {
+        let plain = Config::parse(BASE, Path::new("t.toml")).unwrap();
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        for ok in ["127.0.0.1:16900", "[::1]:16900", "127.0.0.2:1"] {
+            assert_eq!(plain.plaintext_refusal(at(ok)), None, "{ok}");
+        }
+        for off in ["0.0.0.0:16900", "10.0.0.5:16900", "[::]:16900"] {
+            let why = plain.plaintext_refusal(at(off)).unwrap();
+            assert!(why.contains(&format!("listen = {off} is not a loopback address")), "{why}");
+        }
+        let allowed = Config::parse(&format!("allow_plaintext = true\n{BASE}"), Path::new("t.toml")).unwrap();
+        assert_eq!(allowed.plaintext_refusal(at("0.0.0.0:16900")), None);
+        let tls = Config::parse(
+            &format!("{BASE}[tls]\ncert_file = \"/c\"\nkey_file = \"/k\"\n"),
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        assert_eq!(tls.plaintext_refusal(at("0.0.0.0:16900")), None);
     }
 
     #[test]

@@ -413,6 +413,9 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    if let Some(why) = listener.local_addr().ok().and_then(|a| config.plaintext_refusal(a)) {
+        anyhow::bail!("{why}");
+    }
     let tls = match &config.tls {
         Some(t) => Some(tls_config(t).await?),
         None => None,
