@@ -185,6 +185,18 @@ pub struct Config {
     /// it finished (default 14; 0 keeps it forever). The job's record stays.
     #[serde(default = "default_output_retention_days")]
     pub output_retention_days: f64,
+    /// The most output kept per stream of one job (bytes; default 16 GiB,
+    /// 0: no cap). A job whose stdout or stderr passes it is cancelled
+    /// and the rest is not kept: one user's runaway output must not fill
+    /// the disk every other job's output and the job database share.
+    #[serde(default = "default_output_max_job_bytes")]
+    pub output_max_job_bytes: u64,
+    /// Output is refused (the agents keep it and send it again later)
+    /// while the file system of `state_dir` has less than this free
+    /// (bytes; default 1 GiB, 0: never refused), so that the job database
+    /// can still be written.
+    #[serde(default = "default_output_min_free_bytes")]
+    pub output_min_free_bytes: u64,
     /// `[tls]`: serve HTTPS with this certificate. Without it the API is
     /// plain HTTP, fit only for loopback or a trusted network: the bearer
     /// and job tokens cross the wire in the clear.
@@ -618,6 +630,14 @@ impl RebalanceConfig {
     }
 }
 
+fn default_output_max_job_bytes() -> u64 {
+    16 << 30
+}
+
+fn default_output_min_free_bytes() -> u64 {
+    1 << 30
+}
+
 fn default_output_retention_days() -> f64 {
     14.0
 }
@@ -636,6 +656,8 @@ impl Config {
             admin_token_file,
             heartbeat_timeout_s: default_heartbeat_timeout(),
             output_retention_days: default_output_retention_days(),
+            output_max_job_bytes: default_output_max_job_bytes(),
+            output_min_free_bytes: default_output_min_free_bytes(),
             clusters: Vec::new(),
             placement: None,
             prices: None,
@@ -776,6 +798,12 @@ impl Config {
         if !(l.idle_timeout_s.is_finite() && l.idle_timeout_s > min_idle && l.idle_timeout_s <= 86_400.0) {
             return Err(ConfigError::Invalid(format!(
                 "[limits] idle_timeout_s must be more than {min_idle} (the longest long-poll of an agent) and at most 86400"
+            )));
+        }
+        if self.output_max_job_bytes > crate::store::MAX_OUTPUT_OFFSET {
+            return Err(ConfigError::Invalid(format!(
+                "output_max_job_bytes = {} is above the 1 TiB a job's stream may hold (0: no cap below that)",
+                self.output_max_job_bytes
             )));
         }
         if self.output_retention_days.is_nan() || self.output_retention_days < 0.0 {
@@ -1107,11 +1135,8 @@ mod tests {
         }
         let allowed = Config::parse(&format!("allow_plaintext = true\n{BASE}"), Path::new("t.toml")).unwrap();
         assert_eq!(allowed.plaintext_refusal(at("0.0.0.0:16900")), None);
-        let tls = Config::parse(
-            &format!("{BASE}[tls]\ncert_file = \"/c\"\nkey_file = \"/k\"\n"),
-            Path::new("t.toml"),
-        )
-        .unwrap();
+        let tls = Config::parse(&format!("{BASE}[tls]\ncert_file = \"/c\"\nkey_file = \"/k\"\n"), Path::new("t.toml"))
+            .unwrap();
         assert_eq!(tls.plaintext_refusal(at("0.0.0.0:16900")), None);
     }
 

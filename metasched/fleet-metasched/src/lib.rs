@@ -459,6 +459,7 @@ pub async fn run_with(
         store.set_end_wait(config.end_wait_s());
         store.set_stranded(config.stranded_s());
         store.set_early_wait(config.start.early_submit_wait_s);
+        store.set_output_limits(config.output_max_job_bytes, config.output_min_free_bytes);
         store
     };
     let has_engine = store.has_engine();
@@ -657,6 +658,7 @@ impl From<StoreError> for ApiError {
             StoreError::Forbidden(_) => StatusCode::FORBIDDEN,
             StoreError::NotFound(_) => StatusCode::NOT_FOUND,
             StoreError::Gone(_) => StatusCode::GONE,
+            StoreError::Full(_) => StatusCode::INSUFFICIENT_STORAGE,
             StoreError::Conflict { expected_offset, terminal, .. } => {
                 return ApiError {
                     status: StatusCode::CONFLICT,

@@ -17,6 +17,7 @@ pub struct Metrics {
     feed_loads: Family<Labels, Counter>,
     spot_feeds: Family<Labels, Gauge>,
     proposals: Gauge,
+    output_refused: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -50,7 +51,13 @@ impl Metrics {
             "Spot availability series by file: 1 while it covers the clock, 0 before its start or once stale (its clusters' spot pools then scored as configured)",
             spot_feeds.clone(),
         );
-        Metrics { registry, jobs, heartbeats, requests, placements, feed_loads, spot_feeds, proposals }
+        let output_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "output_refused",
+            "Output not kept, by why: room (the state directory's file system under output_min_free_bytes; the agent sends it again) or cap (a job passed output_max_job_bytes and was cancelled)",
+            output_refused.clone(),
+        );
+        Metrics { registry, jobs, heartbeats, requests, placements, feed_loads, spot_feeds, proposals, output_refused }
     }
 
     pub fn heartbeat(&self, cluster: &str) {
@@ -59,6 +66,11 @@ impl Metrics {
 
     pub fn request(&self, route: &str, status: u16) {
         self.requests.get_or_create(&vec![("route".into(), route.into()), ("status".into(), status.to_string())]).inc();
+    }
+
+    /// Output not kept: `room` or `cap` (see the family's help).
+    pub fn output_refused(&self, why: &str) {
+        self.output_refused.get_or_create(&vec![("why".into(), why.into())]).inc();
     }
 
     pub fn placement(&self, outcome: &str) {

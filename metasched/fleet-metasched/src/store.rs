@@ -74,6 +74,10 @@ pub enum StoreError {
     /// Existed, deleted by the retention policy.
     #[error("{0}")]
     Gone(String),
+    /// Out of room for output (the state directory's file system is
+    /// nearly full): 507, sent again later.
+    #[error("{0}")]
+    Full(String),
     /// `expected_offset` is set for output gaps; `terminal` when the job
     /// is already finished here and the update cannot apply any more.
     #[error("{msg}")]
@@ -162,6 +166,10 @@ pub struct Job {
     /// Its output files were deleted by the retention policy (when).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_purged_at: Option<f64>,
+    /// Why its output stopped being kept: a stream passed
+    /// `output_max_job_bytes` and the job was cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_capped: Option<String>,
     /// Placements that ended because their run died there: (epoch,
     /// cluster). Those clusters' reports are stale (409 naming the epoch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -548,6 +556,9 @@ pub struct Store {
     stranded_since: BTreeMap<String, (u64, f64)>,
     /// `[start] early_submit_wait_s` (0: no early placement).
     early_wait_s: f64,
+    /// `output_max_job_bytes` (0: no cap) and `output_min_free_bytes`.
+    output_max_job_bytes: u64,
+    output_min_free_bytes: u64,
     /// The jobs placed at a cluster that hold or will take its GPUs (given to
     /// its agent, pending in its queue, or running), by fleet job id: kept by
     /// [`Store::save`], read by [`Store::view`], which takes from a cluster's
@@ -951,6 +962,8 @@ impl Store {
             stranded_s: crate::config::DEFAULT_STRANDED_S,
             stranded_since: BTreeMap::new(),
             early_wait_s: DEFAULT_EARLY_WAIT_S,
+            output_max_job_bytes: 0,
+            output_min_free_bytes: 0,
             placed: parking_lot::Mutex::new(BTreeMap::new()),
         };
         store.reconcile_output_lengths()?;
@@ -1202,6 +1215,61 @@ impl Store {
         self.end_wait_s = s;
     }
 
+    /// `output_max_job_bytes` (0: no cap) and `output_min_free_bytes` (0:
+    /// output never refused for room).
+    pub fn set_output_limits(&mut self, max_job_bytes: u64, min_free_bytes: u64) {
+        self.output_max_job_bytes = max_job_bytes;
+        self.output_min_free_bytes = min_free_bytes;
+    }
+
+    /// Room for `n` more bytes of output: the state directory's file
+    /// system keeps `output_min_free_bytes` free after them, for the job
+    /// database. Refused output stays with the target agent, which sends it
+    /// again on its next pass.
+    fn output_room(&self, n: u64) -> Result<(), StoreError> {
+        if self.output_min_free_bytes == 0 {
+            return Ok(());
+        }
+        let st = rustix::fs::statvfs(&self.out_dir).map_err(std::io::Error::from)?;
+        let free = st.f_bavail.saturating_mul(st.f_frsize);
+        if free < self.output_min_free_bytes.saturating_add(n) {
+            self.metrics.output_refused("room");
+            return Err(StoreError::Full(format!(
+                "no room for output: {} has {free} bytes free, output_min_free_bytes is {}; \
+                 the agent keeps the output and sends it again",
+                self.out_dir.display(),
+                self.output_min_free_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// `id`'s `stream` passed `output_max_job_bytes`: the job is cancelled
+    /// as `fleetctl cancel` would (its stand-in ends `CANCELLED` at home)
+    /// and the rest of its output is not kept. Does not save.
+    fn cap_output(&mut self, job: &mut Job, stream: Stream, now: f64) {
+        let id = job.record.fleet_job_id.clone();
+        let why = format!(
+            "its {} passed output_max_job_bytes ({} bytes), the most the fleet keeps per stream of a job; \
+             cancelled, and the rest of its output was not kept",
+            stream.as_str(),
+            self.output_max_job_bytes
+        );
+        tracing::warn!(job = %id, target = ?job.record.target, "{why}");
+        self.metrics.output_refused("cap");
+        let before = life_of(job);
+        let o = transition(&before, &Event::Cancel);
+        if o.reply == Reply::Ok && o.life != before {
+            set_life(job, &o.life);
+            if let Some(t) = &job.record.target {
+                self.wakers.wake(t);
+            }
+        }
+        job.record.reason = why.clone();
+        job.output_capped = Some(why);
+        job.record.updated_at = now;
+    }
+
     /// `[health] stranded_s` (0: off; see `Store::check_stranded`).
     pub fn set_stranded(&mut self, s: f64) {
         self.stranded_s = s;
@@ -1367,6 +1435,7 @@ impl Store {
             remote_cancel_pending: false,
             running_since: None,
             output_purged_at: None,
+            output_capped: None,
             left: Vec::new(),
             avoid: None,
             planned: None,
@@ -2519,8 +2588,11 @@ impl Store {
                 Effect::RecordOutcome => {
                     job.record.exit_code = upd.exit_code;
                     job.record.signal = upd.signal;
-                    job.final_stdout_len = upd.final_stdout_len;
-                    job.final_stderr_len = upd.final_stderr_len;
+                    // The fleet's streams never hold more than the cap.
+                    let kept =
+                        |n: u64| if self.output_max_job_bytes > 0 { n.min(self.output_max_job_bytes) } else { n };
+                    job.final_stdout_len = upd.final_stdout_len.map(kept);
+                    job.final_stderr_len = upd.final_stderr_len.map(kept);
                 }
                 Effect::CompareOutcome => {
                     if upd.state != Some(cur) || (upd.exit_code.is_some() && upd.exit_code != job.record.exit_code) {
@@ -2560,6 +2632,12 @@ impl Store {
             self.carry_planned_move(&mut job, planned, before.epoch, upd.final_stdout_len, now)?;
             reply_result(id, &o.reply)?;
             return Ok(job.record);
+        }
+        if let Some(why) = job.output_capped.as_deref().filter(|_| job.record.state.is_terminal()) {
+            // Why it was cancelled, before what its target said of its end.
+            if !job.record.reason.starts_with(why) {
+                job.record.reason = format!("{why} ({})", job.record.reason);
+            }
         }
         let takes = o.effects.iter().any(|e| *e != Effect::CompareOutcome);
         if takes {
@@ -2624,6 +2702,12 @@ impl Store {
         };
         let path = self.out_path(id, chunk.stream);
         let held = self.file_len(id, chunk.stream)?;
+        let cap = self.output_max_job_bytes;
+        if cap > 0 && held >= cap && chunk.offset >= held {
+            // Past the cap (the job was cancelled when it passed it): taken
+            // and dropped, so that the agent moves on.
+            return Ok(());
+        }
         if chunk.offset > held {
             return Err(StoreError::Conflict {
                 msg: format!(
@@ -2636,16 +2720,24 @@ impl Store {
             });
         }
         let skip = (held - chunk.offset) as usize;
-        if skip < chunk.data.len() {
+        // What this chunk adds, up to the cap.
+        let keep =
+            if cap > 0 { chunk.data.len().min((cap - chunk.offset.min(cap)) as usize) } else { chunk.data.len() };
+        let capped = cap > 0 && end > cap;
+        if skip < keep {
+            self.output_room((keep - skip) as u64)?;
             let mut f = OpenOptions::new().create(true).append(true).mode(0o600).open(&path)?;
-            f.write_all(&chunk.data[skip..])?;
+            f.write_all(&chunk.data[skip..keep])?;
         }
-        let len = held.max(end);
+        let len = held.max(if capped { cap } else { end });
         match chunk.stream {
             Stream::Stdout => job.record.stdout_len = len,
             Stream::Stderr => job.record.stderr_len = len,
         }
-        if skip < chunk.data.len() {
+        if capped && job.output_capped.is_none() {
+            self.cap_output(&mut job, chunk.stream, now);
+        }
+        if skip < keep || capped {
             job.record.updated_at = now;
             refresh_complete(&mut job);
             self.save(&job)?;

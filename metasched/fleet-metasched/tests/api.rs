@@ -1539,6 +1539,74 @@ async fn absurd_output_offsets_are_client_errors() {
     d.stop().await;
 }
 
+#[tokio::test]
+async fn a_job_whose_output_passes_the_cap_is_cancelled_and_keeps_what_came_before() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(tmp.path(), Clock::default(), Config { output_max_job_bytes: 10, ..config(tmp.path()) })
+        .await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    d.forward("loud", "beta", "h100", 8).await;
+    d.start_job("loud", "beta").await;
+    assert_eq!(d.status("loud", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    assert_eq!(d.chunk("loud", "alpha", Stream::Stdout, 0, b"12345678").await.0, StatusCode::OK);
+    assert!(d.work("alpha").await.cancel.is_empty(), "under the cap: nothing happens");
+    // The chunk that passes the cap: kept up to it, the job is cancelled.
+    assert_eq!(d.chunk("loud", "alpha", Stream::Stdout, 8, b"abcdef").await.0, StatusCode::OK);
+    assert_eq!(d.work("alpha").await.cancel, ["loud"]);
+    let r = d.job("loud").await;
+    assert!(r.reason.starts_with("its stdout passed output_max_job_bytes (10 bytes)"), "{}", r.reason);
+    assert_eq!(r.stdout_len, 10);
+    // What follows is taken and dropped (the agent moves on, no gap loop).
+    assert_eq!(d.chunk("loud", "alpha", Stream::Stdout, 14, b"zzz").await.0, StatusCode::OK);
+    assert_eq!(d.chunk("loud", "alpha", Stream::Stdout, 1 << 20, b"zzz").await.0, StatusCode::OK);
+    // stderr has a cap of its own and is still kept.
+    assert_eq!(d.chunk("loud", "alpha", Stream::Stderr, 0, b"warn\n").await.0, StatusCode::OK);
+    let end = StatusUpdate {
+        final_stdout_len: Some(1 << 20),
+        final_stderr_len: Some(5),
+        signal: Some(15),
+        ..st(JobState::Cancelled)
+    };
+    assert_eq!(d.status("loud", "alpha", end).await.0, StatusCode::OK);
+    let r = d.job("loud").await;
+    assert_eq!((r.state, r.output_complete), (JobState::Cancelled, true), "{r:?}");
+    assert!(r.reason.starts_with("its stdout passed output_max_job_bytes"), "{}", r.reason);
+    assert_eq!(d.read_output("loud", "beta", "stdout", 0, 100).await, b"12345678ab");
+    assert_eq!(d.read_output("loud", "beta", "stderr", 0, 100).await, b"warn\n");
+    assert_eq!(std::fs::metadata(tmp.path().join("state/output/loud.stdout")).unwrap().len(), 10);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn output_is_refused_while_the_state_disk_is_short_of_room_and_taken_later() {
+    let tmp = tempfile::tempdir().unwrap();
+    // More free space than any disk has: every chunk is refused.
+    let short = Config { output_min_free_bytes: u64::MAX / 2, ..config(tmp.path()) };
+    let d = Daemon::start_with(tmp.path(), Clock::default(), short).await;
+    for (c, _) in CLUSTERS {
+        d.heartbeat(c, 16).await;
+    }
+    d.forward("w", "beta", "h100", 8).await;
+    d.start_job("w", "beta").await;
+    let (s, v) = d.chunk("w", "alpha", Stream::Stdout, 0, b"result\n").await;
+    assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("output_min_free_bytes"), "{v}");
+    // The job's state is still taken, and nothing of the chunk was kept.
+    assert_eq!(d.status("w", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
+    assert_eq!((d.job("w").await.state, d.job("w").await.stdout_len), (JobState::Running, 0));
+    let metrics = d.req(reqwest::Method::GET, "/metrics", "Bearer admin-secret").send().await.unwrap();
+    let text = metrics.text().await.unwrap();
+    assert!(text.contains("fleet_metasched_output_refused_total{why=\"room\"} 1"), "{text}");
+    d.stop().await;
+    // Room again (a restart with the default): the agent's next send is taken.
+    let d = Daemon::start(tmp.path(), Clock::default()).await;
+    assert_eq!(d.chunk("w", "alpha", Stream::Stdout, 0, b"result\n").await.0, StatusCode::OK);
+    assert_eq!(d.read_output("w", "beta", "stdout", 0, 100).await, b"result\n");
+    d.stop().await;
+}
+
 // ---- hardening -----------------------------------------------------------
 
 /// A raw TCP connection to the daemon from `local` (any 127.0.0.0/8 address).

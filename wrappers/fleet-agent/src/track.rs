@@ -961,7 +961,22 @@ async fn reconcile_run<B: Backend>(
                 "Slurm ran the job again: {}", run.rerun_why.as_deref().unwrap_or(""));
         }
     }
-    relay_all(agent, tracker, &mut run).await?;
+    // Output that cannot go now (the meta-scheduler unreachable, or short
+    // of room: 507) stays here for the next pass; the job's state is news
+    // all the same (a running job reported pending would look stuck). At
+    // its end it must all go first: the final lengths follow it.
+    let relay_key = format!("{}:relay", run.id);
+    match relay_all(agent, tracker, &mut run).await {
+        Ok(()) => {
+            tracker.refused.remove(&relay_key);
+        }
+        Err(e) => {
+            let msg = format!("output not relayed yet: {e:#}");
+            if tracker.refused.insert(relay_key, msg.clone()).as_ref() != Some(&msg) {
+                tracing::warn!(id = %run.id, "{msg}");
+            }
+        }
+    }
     let mut up = match &seen {
         Seen::Job(j) => {
             if j.restarts > run.restarts {
