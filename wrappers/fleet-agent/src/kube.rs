@@ -1511,6 +1511,35 @@ fn pod_ended(p: &Pod) -> bool {
     matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
+/// The most of a pod's log held at once: a longer line (a job's output
+/// need not have newlines) is written through in pieces of this size.
+const LOG_PIECE: usize = 64 << 10;
+
+/// Reads one piece of `r` into `out`: up to and including the next
+/// newline, or `max` bytes of a longer line. 0 at the end.
+async fn read_piece<R: futures::AsyncBufRead + Unpin>(
+    r: &mut R,
+    out: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(out.len());
+        }
+        let room = &buf[..buf.len().min(max - out.len())];
+        let (n, done) = match room.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (room.len(), out.len() + room.len() >= max),
+        };
+        out.extend_from_slice(&room[..n]);
+        r.consume_unpin(n);
+        if done {
+            return Ok(out.len());
+        }
+    }
+}
+
 async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std::path::Path) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::FileExt;
@@ -1549,18 +1578,22 @@ async fn follow_one(api: &Api<Pod>, pod: &str, out: &std::path::Path, mark: &std
     let mut f = open(out, true)?;
     let mut stream = std::pin::pin!(stream);
     let mut line = Vec::new();
+    // Whether the piece read next starts a line (the log is read from its
+    // start at every follow, so this is known even past the mark).
+    let mut line_start = true;
     loop {
         line.clear();
-        let n = stream.read_until(b'\n', &mut line).await.context("reading the log")? as u64;
+        let n = read_piece(&mut stream, &mut line, LOG_PIECE).await.context("reading the log")? as u64;
         if n == 0 {
             return Ok(());
         }
+        let starts_line = std::mem::replace(&mut line_start, line.ends_with(b"\n"));
         if skip >= n {
             skip -= n;
             continue;
         }
         f.write_all(&line[skip as usize..])?;
-        if skip == 0 {
+        if skip == 0 && starts_line {
             // The in-job lease's watchdog stopped the pod (its one line on
             // the job's stderr): noted for the tracker as on the Slurm
             // path, a claim the meta-scheduler checks against its grants.
@@ -2148,6 +2181,29 @@ pub async fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_is_read_in_pieces_of_at_most_the_limit_whatever_its_lines() {
+        // One line far longer than the limit, then short lines, then a tail
+        // with no newline; the reader's buffer is smaller than the limit.
+        let mut log = vec![b'y'; 10 * 4096 + 7];
+        log.extend_from_slice(b"\nshort\n\nlast");
+        let mut r = futures::io::BufReader::with_capacity(1000, futures::io::Cursor::new(log.clone()));
+        let mut pieces = Vec::new();
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+            loop {
+                let mut p = Vec::new();
+                if read_piece(&mut r, &mut p, 4096).await.unwrap() == 0 {
+                    break;
+                }
+                pieces.push(p);
+            }
+        });
+        assert!(pieces.iter().all(|p| p.len() <= 4096), "{:?}", pieces.iter().map(Vec::len).collect::<Vec<_>>());
+        assert_eq!(pieces.concat(), log, "nothing lost or doubled");
+        let tail: Vec<&[u8]> = pieces[pieces.len() - 4..].iter().map(Vec::as_slice).collect();
+        assert_eq!(tail, [&b"yyyyyyy\n"[..], b"short\n", b"\n", b"last"]);
+    }
 
     /// A container's `env` list as name → value.
     fn env_of(env: &serde_json::Value) -> HashMap<String, String> {

@@ -136,6 +136,10 @@ pub fn unlimited_time(sc: &slurm_conf::slurm::SlurmConf) -> Option<String> {
 /// sudo, by absolute path: the command's PATH is the job's.
 const SUDO: &str = "/usr/bin/sudo";
 
+/// The environment of a command the agent runs as a user: nothing of the
+/// agent's own (`SLURM_CONF` is set beside it).
+const MINIMAL_ENV: [(&str, &str); 2] = [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8")];
+
 const CMD_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SlurmBackend {
@@ -147,6 +151,8 @@ impl SlurmBackend {
     /// Runs Slurm command `cmd`, as `as_user` through sudo when given, with
     /// the environment `env` (`None`: the agent's own) and `setup` applied
     /// to the command last; returns its stdout.
+    /// Runs `cmd` (as `as_user` through sudo, keeping the environment:
+    /// `env`, else a minimal one for a user, else the agent's).
     async fn run_in(
         &self,
         cmd: &str,
@@ -167,8 +173,17 @@ impl SlurmBackend {
             }
             None => Command::new(self.bin.join(cmd)),
         };
-        if let Some(env) = env {
-            c.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+        match (env, as_user) {
+            (Some(env), _) => {
+                c.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+            }
+            // As a user, never with the agent's own environment (its
+            // object-store credentials, say): the command runs as that
+            // user, who could read it from the process.
+            (None, Some(_)) => {
+                c.env_clear().envs(MINIMAL_ENV);
+            }
+            (None, None) => {}
         }
         c.args(args)
             .env("SLURM_CONF", &self.slurm_conf)
@@ -824,11 +839,9 @@ impl Backend for SlurmBackend {
         }
         // sbatch itself runs in a minimal environment: nothing of the agent's
         // reaches the job (but Fleet's variables, without an export file).
-        let mut base_env = vec![
-            ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
-            ("HOME".to_string(), home.display().to_string()),
-            ("LANG".to_string(), "C.UTF-8".to_string()),
-        ];
+        let mut base_env: Vec<(String, String)> =
+            MINIMAL_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        base_env.push(("HOME".to_string(), home.display().to_string()));
         if env.is_none() {
             base_env.extend(fleet_env);
             // The names of an --export list whose values could not be
@@ -1071,6 +1084,39 @@ pub fn private_hides_jobs(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// A command run as a user gets none of the agent's environment (its
+    /// object-store keys, say): the user could read it from the process.
+    /// Runs through the real sudo as root (as CI does); elsewhere it says
+    /// so and checks nothing.
+    #[test]
+    fn a_command_run_as_a_user_gets_none_of_the_agents_environment() {
+        use std::os::unix::fs::PermissionsExt;
+        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new(super::SUDO).exists() {
+            eprintln!("skipped: needs root and {}", super::SUDO);
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let seen = tmp.path().join("env.txt");
+        let cmd = tmp.path().join("scancel");
+        std::fs::write(&cmd, format!("#!/bin/sh\nenv > {}\n", seen.display())).unwrap();
+        std::fs::set_permissions(&cmd, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let b = super::SlurmBackend {
+            bin: tmp.path().to_path_buf(),
+            slurm_conf: "/etc/slurm/slurm.conf".into(),
+            spool: tmp.path().to_path_buf(),
+            site: "alpha".into(),
+            ckpt: Default::default(),
+        };
+        // The agent's own secret, as its unit's Environment= would set it
+        // (a name no other test reads).
+        std::env::set_var("FLEET_TEST_AGENT_SECRET", "agent-secret");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(b.run_in("scancel", &[], None, None, Some("root"), |_| {})).unwrap();
+        let env = std::fs::read_to_string(&seen).unwrap();
+        assert!(!env.contains("agent-secret"), "{env}");
+        assert!(env.contains("SLURM_CONF=/etc/slurm/slurm.conf\n"), "{env}");
+    }
+
     #[test]
     fn the_submitters_umask_is_read_from_the_job_environment() {
         let with = |env: &[&str]| {
