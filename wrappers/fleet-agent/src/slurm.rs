@@ -1091,6 +1091,7 @@ mod tests {
     #[test]
     fn a_command_run_as_a_user_gets_none_of_the_agents_environment() {
         use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 || !std::path::Path::new(super::SUDO).exists() {
             eprintln!("skipped: needs root and {}", super::SUDO);
             return;
