@@ -102,7 +102,8 @@ pub fn check_image(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn valid_cluster_name(s: &str) -> bool {
+/// A cluster name as `--fleet-to` takes it (and Slurm names clusters).
+pub fn valid_cluster_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 

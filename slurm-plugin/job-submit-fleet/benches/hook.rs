@@ -289,7 +289,7 @@ fn main() {
             panic!("an H100 job is read")
         };
         let t1 = Instant::now();
-        let p = job_submit_fleet::deferred_plan(&cfg, *req, "alpha", "bench").unwrap();
+        let p = job_submit_fleet::deferred_plan(&cfg, &req, "alpha", "bench").unwrap();
         let t2 = Instant::now();
         job_submit_fleet::rewrite(&mut jd, &p);
         let t3 = Instant::now();

@@ -60,6 +60,31 @@ pub struct PluginConfig {
     pub metasched_url: Option<String>,
     pub ca_file: Option<PathBuf>,
     pub slurm_bin: PathBuf,
+    /// Slurm's `max_script_size` (slurm.conf `SchedulerParameters`; 4 MiB
+    /// by default): the largest stand-in script slurmctld accepts.
+    pub slurm_max_script_size: u64,
+}
+
+/// Slurm's default `max_script_size` (slurm.conf(5)).
+pub const DEFAULT_MAX_SCRIPT_SIZE: u64 = 4 << 20;
+
+/// `max_script_size` of slurm.conf's (last) `SchedulerParameters`, else
+/// Slurm's default.
+pub fn max_script_size(slurm_conf: &slurm_conf::raw::Parsed) -> u64 {
+    slurm_conf
+        .entries
+        .iter()
+        .filter_map(|e| e.get("SchedulerParameters"))
+        .next_back()
+        .and_then(|v| v.split(',').find_map(|p| p.trim().strip_prefix("max_script_size=")?.parse().ok()))
+        .unwrap_or(DEFAULT_MAX_SCRIPT_SIZE)
+}
+
+/// slurm.conf: `$SLURM_CONF`, else beside fleet.conf.
+fn slurm_conf_path(fleet_conf: &Path) -> PathBuf {
+    std::env::var_os("SLURM_CONF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| fleet_conf.parent().unwrap_or(Path::new("/etc/slurm")).join("slurm.conf"))
 }
 
 /// Where fleet.conf is looked for.
@@ -78,7 +103,12 @@ impl PluginConfig {
     /// Reads `path`: the settings and the file's warnings.
     pub fn load_from(path: &Path) -> Result<(Self, Vec<String>), String> {
         let loaded = slurm_conf::fleet::FleetConf::load(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok((Self::from_conf(&loaded.conf), loaded.warnings.iter().map(|w| w.to_string()).collect()))
+        let mut cfg = Self::from_conf(&loaded.conf);
+        // Read with fleet.conf (never per submission); unreadable: Slurm's default.
+        if let Ok(parsed) = slurm_conf::raw::load_file(&slurm_conf_path(path)) {
+            cfg.slurm_max_script_size = max_script_size(&parsed);
+        }
+        Ok((cfg, loaded.warnings.iter().map(|w| w.to_string()).collect()))
     }
 
     /// One line for slurmctld's log.
@@ -110,6 +140,7 @@ impl PluginConfig {
             metasched_url: c.meta_scheduler_url.clone(),
             ca_file: c.meta_scheduler_ca_file.clone(),
             slurm_bin: c.slurm_bin_dir.clone(),
+            slurm_max_script_size: DEFAULT_MAX_SCRIPT_SIZE,
         }
     }
 
@@ -130,6 +161,7 @@ impl PluginConfig {
             metasched_url: Some("https://meta.example:16900".into()),
             ca_file: None,
             slurm_bin: PathBuf::from("/usr/bin"),
+            slurm_max_script_size: DEFAULT_MAX_SCRIPT_SIZE,
         }
     }
 }
@@ -362,6 +394,16 @@ fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, first: Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurms_max_script_size_is_read_from_scheduler_parameters() {
+        let of = |text: &str| max_script_size(&slurm_conf::raw::parse_str(text, "slurm.conf"));
+        assert_eq!(of("ClusterName=beta\n"), DEFAULT_MAX_SCRIPT_SIZE);
+        assert_eq!(of("SchedulerParameters=batch_sched_delay=0,max_script_size=10485760\n"), 10 << 20);
+        // The last line wins, as in Slurm; a bad number is Slurm's default.
+        assert_eq!(of("SchedulerParameters=max_script_size=1\nschedulerparameters=bf_interval=30\n"), 4 << 20);
+        assert_eq!(of("SchedulerParameters=max_script_size=lots\n"), DEFAULT_MAX_SCRIPT_SIZE);
+    }
 
     fn conf(site: &str, timeout_ms: u32) -> String {
         format!(

@@ -174,7 +174,12 @@ impl FleetSubmit {
         // starts it (its throttle and dependencies are slurmctld's).
         if req.is_array {
             return match self.view.leaving_to(cfg, &req) {
-                Some(target) => self.defer(cfg, job, req, target, "a GPU job array, forwarded element by element"),
+                Some(target) => self
+                    .defer(cfg, job, &req, target, "a GPU job array, forwarded element by element")
+                    .unwrap_or_else(|e| {
+                        log::verbose(&format!("job_submit/fleet: job array stays local: cannot defer it ({e})"));
+                        (Outcome::FailOpen, Ok(()))
+                    }),
                 None => (Outcome::Local, Ok(())),
             };
         }
@@ -188,7 +193,13 @@ impl FleetSubmit {
             if let Some(name) = user_name {
                 req.user_name = Some(name);
                 if let Some(target) = self.view.leaving_to(cfg, &req) {
-                    return self.defer(cfg, job, req, target, "ForwardMode=deferred");
+                    match self.defer(cfg, job, &req, target, "ForwardMode=deferred") {
+                        Ok(done) => return done,
+                        // Its stand-in could not carry it (too large for
+                        // Slurm): the agent's round trip, whose stand-in does
+                        // not carry the request.
+                        Err(e) => log::verbose(&format!("job_submit/fleet: not deferred ({e}); asking the agent")),
+                    }
                 }
             }
         }
@@ -218,7 +229,11 @@ impl FleetSubmit {
                 let leaving = self.view.leaving_to(cfg, &req);
                 self.warn_unavailable(cfg, &e, leaving.is_some());
                 if let Some(target) = leaving {
-                    return self.defer(cfg, job, req, target, "the site agent did not answer at submission");
+                    match self.defer(cfg, job, &req, target, "the site agent did not answer at submission") {
+                        Ok(done) => return done,
+                        Err(e) => log::verbose(&format!("job_submit/fleet: job stays local: cannot defer it ({e})")),
+                    }
+                    return (stats::Outcome::FailOpen, Ok(()));
                 }
                 if cfg.fail_open {
                     (Outcome::FailOpen, Ok(()))
@@ -257,42 +272,36 @@ impl FleetSubmit {
     /// one that cannot leave (a script over `MaxScriptBytes`, fields that
     /// are not UTF-8) which the view says home cannot run: refused, naming
     /// why, as the agent refuses it (rather than Slurm's generic refusal).
+    /// `Err`: the job could not be deferred and is untouched (the caller
+    /// asks the agent, or leaves it local).
     fn defer(
         &self,
         cfg: &PluginConfig,
         job: &mut JobDesc<'_>,
-        req: Box<fleet_api::JobRequest>,
+        req: &fleet_api::JobRequest,
         target: String,
         why: &str,
-    ) -> (stats::Outcome, Result<(), Reject>) {
-        if let Some(why_not) = cannot_leave(cfg, &req) {
-            if self.view.origin_cannot_run(cfg, &req) {
-                return (
+    ) -> Result<(stats::Outcome, Result<(), Reject>), String> {
+        if let Some(why_not) = cannot_leave(cfg, req) {
+            if self.view.origin_cannot_run(cfg, req) {
+                return Ok((
                     stats::Outcome::Reject,
                     Err(Reject {
                         code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32,
                         message: format!("fleet: cannot forward to {target}: {why_not}"),
                     }),
-                );
+                ));
             }
         }
-        let element_by_element = req.is_array;
-        match deferred_plan(cfg, *req, &target, why) {
-            Ok(plan) => {
-                rewrite(job, &plan);
-                // The agent forwards it while it is pending (an array:
-                // element by element as Slurm starts them).
-                if !element_by_element {
-                    wake_agent(self.wake.as_ref(), &cfg.pickup_socket);
-                }
-                log::verbose(&format!("job_submit/fleet: job deferred for {target} as {} ({why})", plan.fleet_job_id));
-                (stats::Outcome::Deferred, Ok(()))
-            }
-            Err(e) => {
-                log::verbose(&format!("job_submit/fleet: job stays local: cannot defer it ({e})"));
-                (stats::Outcome::FailOpen, Ok(()))
-            }
+        let plan = deferred_plan(cfg, req, &target, why)?;
+        rewrite(job, &plan);
+        // The agent forwards it while it is pending (an array: element by
+        // element as Slurm starts them).
+        if !req.is_array {
+            wake_agent(self.wake.as_ref(), &cfg.pickup_socket);
         }
+        log::verbose(&format!("job_submit/fleet: job deferred for {target} as {} ({why})", plan.fleet_job_id));
+        Ok((stats::Outcome::Deferred, Ok(())))
     }
 }
 
@@ -339,16 +348,23 @@ fn new_fleet_id(site: &str) -> String {
 /// The deferred stand-in of `req`: its script execs `fleet-proxy
 /// --deferred` and embeds the whole request ([`fleet_api::deferred`]);
 /// `AdminComment` carries Fleet's tag. Errors when the job cannot leave
-/// (too large a script, fields that are not UTF-8, no meta-scheduler).
+/// (too large a script, fields that are not UTF-8, no meta-scheduler), or
+/// cannot leave this way: a stand-in over Slurm's `max_script_size`
+/// (script and environment ride in it, encoded), which Slurm would refuse
+/// after this hook, or a target name that is no cluster name.
 pub fn deferred_plan(
     cfg: &PluginConfig,
-    req: fleet_api::JobRequest,
+    req: &fleet_api::JobRequest,
     target: &str,
     why: &str,
 ) -> Result<ForwardPlan, String> {
     use fleet_api::deferred::{embed, shell_quote, Payload};
-    if let Some(why) = cannot_leave(cfg, &req) {
+    if let Some(why) = cannot_leave(cfg, req) {
         return Err(why);
+    }
+    // It is written into the stand-in's script and AdminComment.
+    if !fleet_api::options::valid_cluster_name(target) {
+        return Err(format!("the view names cluster {target:?}, which is no cluster name"));
     }
     let url = cfg.metasched_url.as_deref().ok_or("fleet.conf names no MetaSchedulerUrl")?;
     let q = |p: &std::path::Path| shell_quote(&p.display().to_string());
@@ -369,12 +385,20 @@ pub fn deferred_plan(
     let admin_comment = format!(
         "deferred {} -> {target}: {}{}{}",
         cfg.site,
-        fleet_api::placement::describe(&req),
+        fleet_api::placement::describe(req),
         req.time_limit_min.map(|t| format!(" time={t}m")).unwrap_or_default(),
         req.partition.as_deref().map(|p| format!(" partition={p}")).unwrap_or_default(),
     );
-    let payload = Payload { fleet_job_id: id.clone(), target: target.to_string(), request: req };
+    let payload = Payload { fleet_job_id: id.clone(), target: target.to_string(), request: req.clone() };
     let proxy_script = embed(&head, &payload)?;
+    if proxy_script.len() as u64 > cfg.slurm_max_script_size {
+        return Err(format!(
+            "its deferred stand-in would be {} bytes (the request rides in its script), over Slurm's \
+             max_script_size={} (SchedulerParameters)",
+            proxy_script.len(),
+            cfg.slurm_max_script_size
+        ));
+    }
     Ok(ForwardPlan {
         comment: format!("fleet: {target} (deferred) {id}"),
         fleet_job_id: id,
@@ -543,7 +567,7 @@ mod tests {
             env: vec!["A=1".into()],
             ..Default::default()
         };
-        let plan = deferred_plan(&cfg, req.clone(), "alpha", "test").unwrap();
+        let plan = deferred_plan(&cfg, &req, "alpha", "test").unwrap();
         assert!(plan.proxy_script.contains("exec '/opt/it'\\''s/fleet-proxy' --deferred --agent-socket"));
         let p = fleet_api::deferred::parse(plan.proxy_script.as_bytes()).unwrap();
         assert_eq!(
@@ -551,7 +575,7 @@ mod tests {
             (plan.fleet_job_id.as_str(), "alpha", &req)
         );
         assert!(plan.fleet_job_id.starts_with("beta-") && plan.fleet_job_id.len() == "beta-".len() + 12);
-        assert_ne!(deferred_plan(&cfg, req.clone(), "alpha", "t").unwrap().fleet_job_id, plan.fleet_job_id);
+        assert_ne!(deferred_plan(&cfg, &req, "alpha", "t").unwrap().fleet_job_id, plan.fleet_job_id);
         let mut d = JobDesc::test_descriptor();
         {
             let mut jd = JobDesc::from_box(&mut d);
@@ -566,9 +590,19 @@ mod tests {
         free_test_descriptor(d);
         // What cannot leave is not deferred.
         let big = fleet_api::JobRequest { script: None, script_len: Some(9 << 20), ..req.clone() };
-        assert!(deferred_plan(&cfg, big, "alpha", "t").unwrap_err().contains("MaxScriptBytes"));
+        assert!(deferred_plan(&cfg, &big, "alpha", "t").unwrap_err().contains("MaxScriptBytes"));
+        // A stand-in Slurm would refuse after this hook (over its
+        // max_script_size: the request rides in it) is not made.
+        let env_heavy = fleet_api::JobRequest { env: vec![format!("BIG={}", "\"".repeat(3 << 20))], ..req.clone() };
+        let e = deferred_plan(&cfg, &env_heavy, "alpha", "t").unwrap_err();
+        assert!(e.contains("over Slurm's max_script_size=4194304"), "{e}");
+        cfg.slurm_max_script_size = 64 << 20;
+        assert!(deferred_plan(&cfg, &env_heavy, "alpha", "t").is_ok(), "a site that raised it");
+        // A target that is no cluster name never reaches the script.
+        let e = deferred_plan(&cfg, &req, "alpha\nrm -rf ~", "t").unwrap_err();
+        assert!(e.contains("no cluster name"), "{e}");
         cfg.metasched_url = None;
-        assert!(deferred_plan(&cfg, req, "alpha", "t").unwrap_err().contains("MetaSchedulerUrl"));
+        assert!(deferred_plan(&cfg, &req, "alpha", "t").unwrap_err().contains("MetaSchedulerUrl"));
     }
 }
 

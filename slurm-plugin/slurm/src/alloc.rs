@@ -46,6 +46,13 @@ fn allocator() -> Allocator {
     })
 }
 
+/// Are strings handed to Slurm allocated by Slurm's own allocator? Always
+/// inside a Slurm process; never in unit tests. A plugin that finds itself
+/// called by Slurm without it must not write strings Slurm will `xfree`.
+pub fn from_slurm() -> bool {
+    lookup(c"slurm_xstrdup").is_some() && lookup(c"slurm_xfree").is_some()
+}
+
 pub(crate) fn lookup(name: &CStr) -> Option<*mut c_void> {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only reads.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };

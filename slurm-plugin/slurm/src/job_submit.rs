@@ -76,6 +76,16 @@ impl<P: JobSubmitPlugin> Slot<P> {
     /// from an `init()` without `fini()`, is finished first).
     pub fn init(&self, name: &str) -> i32 {
         self.fini(name);
+        // Called by slurmctld: the strings we hand it must come from its
+        // xmalloc, or its xfree corrupts its heap. Should libslurmfull not
+        // export them, the plugin stays off (every job untouched). (This
+        // crate's own tests run the slot outside Slurm, with libc's.)
+        if !cfg!(test) && !crate::alloc::from_slurm() {
+            log::error(&format!(
+                "{name}: slurm_xstrdup/slurm_xfree not found in this process; passing every job through untouched"
+            ));
+            return SLURM_SUCCESS;
+        }
         let r = catch_unwind(|| P::init());
         let p = match r {
             Ok(Ok(p)) => Some(p),
