@@ -273,6 +273,19 @@ impl Lab {
         args: &[&str],
         script: &[u8],
     ) -> (Result<u64, String>, Duration) {
+        self.sbatch_env(user, cluster, args, script, &[])
+    }
+
+    /// [`Lab::sbatch_as`] with `env` added to sbatch's environment (which
+    /// the job is submitted with).
+    pub fn sbatch_env(
+        &self,
+        user: &str,
+        cluster: &str,
+        args: &[&str],
+        script: &[u8],
+        env: &[(String, String)],
+    ) -> (Result<u64, String>, Duration) {
         use std::io::Write;
         let t0 = Instant::now();
         let mut cmd = if user == "root" {
@@ -286,6 +299,7 @@ impl Lab {
         let child = cmd
             .arg("--parsable")
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("SLURM_CONF", self.slurm_conf(cluster))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

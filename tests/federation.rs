@@ -664,6 +664,64 @@ fn a_script_over_max_script_bytes_stays_home_or_is_refused_naming_it() {
     assert!(lab.ctld_alive("beta"));
 }
 
+/// A deferred stand-in carries the whole request in its script, encoded
+/// (about 1.8 × the script and more for an environment JSON must escape),
+/// and slurmctld checks a script against `max_script_size` (4 MiB) only
+/// after our hook. A job sbatch accepts natively was refused then; now its
+/// stand-in is made the other way (the agent's round trip, whose stand-in
+/// does not carry the request) and the job runs at its target; an array
+/// (never asks the agent) home cannot run is refused naming the limit.
+#[test]
+fn a_job_whose_deferred_stand_in_would_pass_slurms_max_script_size_still_leaves() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("bigstandin");
+    // The plugin defers without asking the agent once the view knows the
+    // submitter: small held jobs until one is deferred (else this test
+    // would not reach the path it is about).
+    let deferred = |id: u64| {
+        lab.job("beta", id)
+            .and_then(|r| r.get("AdminComment").cloned())
+            .is_some_and(|c| c.contains(" deferred beta -> "))
+    };
+    let t0 = std::time::Instant::now();
+    loop {
+        let small = lab.sbatch("beta", &["--gres=gpu:h100:1", "--hold"], &script("true")).unwrap();
+        let was = deferred(small);
+        let _ = lab.cmd("beta", "scancel", &[&small.to_string()]);
+        if was {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the plugin never deferred a job of the lab user");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // A script just under MaxScriptBytes (1 MiB in the lab) and 500 KB of
+    // control characters in the environment (JSON writes each as \u0001).
+    let big = format!("#!/bin/bash\n# {}\necho ran $SLURM_CLUSTER_NAME\n", "x".repeat(1_000_000));
+    let env: Vec<(String, String)> = (0..5).map(|i| (format!("FLEET_T_CTRL{i}"), "\u{1}".repeat(100_000))).collect();
+    let (id, _) = lab.sbatch_env(
+        fleet_lab::USER,
+        "beta",
+        &["--gres=gpu:h100:1", &out_arg(&dir, "big.txt")],
+        big.as_bytes(),
+        &env,
+    );
+    let id = id.expect("sbatch accepts it, as without Fleet");
+    let rec = lab.job("beta", id).unwrap();
+    assert_eq!(rec["Partition"], "fleet", "it still leaves: {rec:?}");
+    assert!(!deferred(id), "its stand-in was made by the agent, not deferred: {rec:?}");
+    let rec = lab.wait_done("beta", id, T).unwrap();
+    assert_eq!(rec["ExitCode"], "0:0", "{rec:?}");
+    let out = wait_file(&dir.join("big.txt"), Duration::from_secs(10), |b| !b.is_empty()).unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("ran alpha") || out.starts_with("ran delta"), "ran at an H100 cluster: {out}");
+    // An array never asks the agent: one beta cannot run is refused,
+    // naming Slurm's limit, instead of Slurm's "Pathname ... too long".
+    let args = ["--array=0-1", "--gres=gpu:h100:1", "--hold"];
+    let err = lab.sbatch_env(fleet_lab::USER, "beta", &args, big.as_bytes(), &env).0.unwrap_err();
+    assert!(err.contains("fleet: cannot forward to ") && err.contains("over Slurm's max_script_size=4194304"), "{err}");
+    assert!(lab.ctld_alive("beta"));
+}
+
 #[test]
 fn malformed_input_gets_clear_errors_and_slurmctld_survives() {
     let (lab, _serial) = Lab::lock();

@@ -174,12 +174,11 @@ impl FleetSubmit {
         // starts it (its throttle and dependencies are slurmctld's).
         if req.is_array {
             return match self.view.leaving_to(cfg, &req) {
-                Some(target) => self
-                    .defer(cfg, job, &req, target, "a GPU job array, forwarded element by element")
-                    .unwrap_or_else(|e| {
-                        log::verbose(&format!("job_submit/fleet: job array stays local: cannot defer it ({e})"));
-                        (Outcome::FailOpen, Ok(()))
-                    }),
+                Some(target) => {
+                    let why = "a GPU job array, forwarded element by element";
+                    self.defer(cfg, job, &req, target.clone(), why)
+                        .unwrap_or_else(|e| self.not_deferred(cfg, &req, &target, &e))
+                }
                 None => (Outcome::Local, Ok(())),
             };
         }
@@ -229,11 +228,9 @@ impl FleetSubmit {
                 let leaving = self.view.leaving_to(cfg, &req);
                 self.warn_unavailable(cfg, &e, leaving.is_some());
                 if let Some(target) = leaving {
-                    match self.defer(cfg, job, &req, target, "the site agent did not answer at submission") {
-                        Ok(done) => return done,
-                        Err(e) => log::verbose(&format!("job_submit/fleet: job stays local: cannot defer it ({e})")),
-                    }
-                    return (stats::Outcome::FailOpen, Ok(()));
+                    return self
+                        .defer(cfg, job, &req, target.clone(), "the site agent did not answer at submission")
+                        .unwrap_or_else(|e| self.not_deferred(cfg, &req, &target, &e));
                 }
                 if cfg.fail_open {
                     (Outcome::FailOpen, Ok(()))
@@ -272,6 +269,29 @@ impl FleetSubmit {
     /// one that cannot leave (a script over `MaxScriptBytes`, fields that
     /// are not UTF-8) which the view says home cannot run: refused, naming
     /// why, as the agent refuses it (rather than Slurm's generic refusal).
+    /// A job that had to be deferred and could not be (`why`), untouched:
+    /// refused naming why when the view says home cannot run it (Slurm
+    /// would refuse it with a generic error), else left local (fail open).
+    fn not_deferred(
+        &self,
+        cfg: &PluginConfig,
+        req: &fleet_api::JobRequest,
+        target: &str,
+        why: &str,
+    ) -> (stats::Outcome, Result<(), Reject>) {
+        if self.view.origin_cannot_run(cfg, req) {
+            return (
+                stats::Outcome::Reject,
+                Err(Reject {
+                    code: sys::ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE as i32,
+                    message: format!("fleet: cannot forward to {target}: {why}"),
+                }),
+            );
+        }
+        log::verbose(&format!("job_submit/fleet: job stays local: cannot defer it ({why})"));
+        (stats::Outcome::FailOpen, Ok(()))
+    }
+
     /// `Err`: the job could not be deferred and is untouched (the caller
     /// asks the agent, or leaves it local).
     fn defer(
