@@ -22,6 +22,9 @@ pub enum AskError {
     Io(io::Error),
     Timeout(Duration),
     Protocol(String),
+    /// Not asked: it let an earlier submission time out less than this
+    /// long ago (`FleetSubmit`'s breaker).
+    Quiet(Duration),
 }
 
 impl std::fmt::Display for AskError {
@@ -31,9 +34,22 @@ impl std::fmt::Display for AskError {
             AskError::Io(e) => write!(f, "socket error: {e}"),
             AskError::Timeout(d) => write!(f, "no answer within {} ms", d.as_millis()),
             AskError::Protocol(m) => write!(f, "bad reply: {m}"),
+            AskError::Quiet(d) => {
+                write!(
+                    f,
+                    "not asked: it did not answer in time {} ms ago (asked again after {} ms)",
+                    d.as_millis(),
+                    QUIET.as_millis()
+                )
+            }
         }
     }
 }
+
+/// After an agent's timeout, how long submissions do not ask it (each
+/// would wait the whole deadline under slurmctld's locks); the first one
+/// after asks again.
+pub const QUIET: Duration = Duration::from_secs(5);
 
 /// Ask the agent about `job` (taken by value and handed back, so that the
 /// script is not copied and a deferred stand-in can still be made of it).

@@ -47,6 +47,9 @@ pub struct FleetSubmit {
     config: config::LiveConfig,
     stats: Mutex<stats::Stats>,
     warn: Mutex<stats::RateLimit>,
+    /// When the agent last let a submission time out: for
+    /// [`client::QUIET`] after it, submissions do not ask it.
+    timed_out: Mutex<Option<Instant>>,
     view: view::ViewCache,
     /// An unbound, non-blocking datagram socket: wakes the agent's pickup
     /// of deferred stand-ins ([`wake_agent`]). `None` if it could not be made.
@@ -67,7 +70,14 @@ impl JobSubmitPlugin for FleetSubmit {
         ));
         let view = view::ViewCache::start(cfg.view_path.clone());
         let wake = std::os::unix::net::UnixDatagram::unbound().ok().filter(|s| s.set_nonblocking(true).is_ok());
-        Ok(FleetSubmit { config, stats: Mutex::default(), warn: Mutex::default(), view, wake })
+        Ok(FleetSubmit {
+            config,
+            stats: Mutex::default(),
+            warn: Mutex::default(),
+            timed_out: Mutex::default(),
+            view,
+            wake,
+        })
     }
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
@@ -203,7 +213,7 @@ impl FleetSubmit {
             }
         }
         let t_ask = Instant::now();
-        let (reply, req) = client::ask(&cfg.socket, req, cfg.timeout);
+        let (reply, req) = self.ask(cfg, req);
         *ask_us = Some(t_ask.elapsed().as_micros() as u64);
         match reply {
             Ok(PluginReply::Local { .. }) | Ok(PluginReply::Pong) => (Outcome::Local, Ok(())),
@@ -245,6 +255,25 @@ impl FleetSubmit {
                 }
             }
         }
+    }
+
+    /// [`client::ask`], unless the agent timed out less than
+    /// [`client::QUIET`] ago: then `Quiet` at once, so that a hung agent
+    /// costs one deadline per interval, not one per submission.
+    fn ask(
+        &self,
+        cfg: &PluginConfig,
+        req: Box<fleet_api::JobRequest>,
+    ) -> (Result<fleet_api::wire::PluginReply, client::AskError>, Box<fleet_api::JobRequest>) {
+        let last = self.timed_out.lock().map(|t| *t).unwrap_or(None);
+        if let Some(ago) = last.map(|t| t.elapsed()).filter(|ago| *ago < client::QUIET) {
+            return (Err(client::AskError::Quiet(ago)), req);
+        }
+        let (reply, req) = client::ask(&cfg.socket, req, cfg.timeout);
+        if let Ok(mut t) = self.timed_out.lock() {
+            *t = matches!(reply, Err(client::AskError::Timeout(_))).then(Instant::now);
+        }
+        (reply, req)
     }
 
     fn warn_unavailable(&self, cfg: &PluginConfig, e: &client::AskError, deferred: bool) {
@@ -745,6 +774,42 @@ mod hook_tests {
         let (line, part) = submit(&plugin, "gres:gpu:a100:1");
         assert!(line.contains(" failopen=1 ") && line.contains(" asked=1 remembered=0 ask_p50_us="), "{line}");
         assert_eq!(part.as_deref(), Some("gpu"));
+        plugin.fini();
+    }
+
+    /// An agent that accepts and never answers costs one deadline, not one
+    /// per submission: for `client::QUIET` after its timeout the plugin
+    /// does not ask it (each job fails open at once).
+    #[test]
+    fn a_hung_agent_is_not_asked_again_until_the_quiet_interval_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site::new(dir.path());
+        site.write_conf("SubmitTimeoutMs=300\n");
+        let listener = std::os::unix::net::UnixListener::bind(&site.sock).unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in listener.incoming().flatten() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(s); // never answered
+            }
+        });
+        std::env::set_var("FLEET_CONF", &site.conf);
+        let plugin = FleetSubmit::init().unwrap();
+        // No view: a GPU job asks the agent.
+        let t0 = std::time::Instant::now();
+        let (line, part) = submit(&plugin, "gres:gpu:a100:1");
+        assert!(t0.elapsed() >= Duration::from_millis(300), "the first waits the deadline");
+        assert!(line.contains(" failopen=1 "), "{line}");
+        assert_eq!(part.as_deref(), Some("gpu"));
+        let t1 = std::time::Instant::now();
+        for n in 2..=5 {
+            let (line, _) = submit(&plugin, "gres:gpu:a100:1");
+            assert!(line.contains(&format!(" failopen={n} ")), "{line}");
+        }
+        assert!(t1.elapsed() < Duration::from_millis(300), "four more at once: {:?}", t1.elapsed());
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "asked once");
         plugin.fini();
     }
 
