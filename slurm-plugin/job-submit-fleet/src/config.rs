@@ -338,7 +338,7 @@ impl Watcher {
     fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
+            crate::join_within(t, crate::STOP_WAIT);
         }
     }
 }

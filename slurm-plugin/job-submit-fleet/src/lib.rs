@@ -28,12 +28,36 @@
 
 mod client;
 mod config;
+
+/// The most `fini` waits for one of the plugin's threads to stop.
+const STOP_WAIT: Duration = Duration::from_secs(1);
+
+/// Joins `t` if it ends within `wait`; otherwise leaves it to end on its
+/// own (it holds its own references; the library is never unmapped, see
+/// `slurm::job_submit::Slot`): `fini` runs under slurmctld's reconfigure
+/// locks, and a thread stuck in a user lookup (LDAP away) or a `stat` on
+/// a hung file system must not hold it there.
+fn join_within(t: std::thread::JoinHandle<()>, wait: Duration) {
+    let t0 = Instant::now();
+    while !t.is_finished() {
+        if t0.elapsed() >= wait {
+            log::error(&format!(
+                "job_submit/fleet: thread {:?} did not stop within {} ms; left to end on its own",
+                t.thread().name().unwrap_or("?"),
+                wait.as_millis()
+            ));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = t.join();
+}
 mod request;
 mod stats;
 mod view;
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fleet_api::wire::{ForwardPlan, PluginReply};
 use slurm::job_desc::{JobDesc, NumField, StrField};
@@ -559,6 +583,21 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fini_waits_for_a_stuck_thread_only_so_long() {
+        // A thread stuck as in an LDAP lookup: left, after the wait.
+        let stuck = std::thread::Builder::new()
+            .name("stuck".into())
+            .spawn(|| std::thread::sleep(Duration::from_secs(3)))
+            .unwrap();
+        let t0 = Instant::now();
+        join_within(stuck, Duration::from_millis(100));
+        assert!(t0.elapsed() < Duration::from_millis(1000), "{:?}", t0.elapsed());
+        // One that stops in time is joined.
+        let quick = std::thread::spawn(|| std::thread::sleep(Duration::from_millis(20)));
+        join_within(quick, Duration::from_secs(5));
+    }
     use slurm::job_desc::free_test_descriptor;
 
     fn plan() -> ForwardPlan {

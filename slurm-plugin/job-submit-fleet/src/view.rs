@@ -105,12 +105,13 @@ impl ViewCache {
         cache
     }
 
-    /// Stops and joins the watcher (from the plugin's `fini`).
+    /// Stops and joins the watcher (from the plugin's `fini`), waiting at
+    /// most `STOP_WAIT` (1 s).
     pub fn stop(&self) {
         *lock(&self.shared.stop) = true;
         self.shared.wake.notify_all();
         if let Some(h) = lock(&self.watcher).take() {
-            let _ = h.join();
+            crate::join_within(h, crate::STOP_WAIT);
         }
     }
 
@@ -301,6 +302,10 @@ fn poll(shared: &Shared) {
 fn resolve_names(shared: &Shared) {
     let wanted = std::mem::take(&mut lock(&shared.names).wanted);
     for uid in wanted {
+        // Each lookup may wait on NSS (LDAP): stop between them.
+        if *lock(&shared.stop) {
+            return;
+        }
         if let Some(name) = slurm::user_name_of(uid) {
             let mut n = lock(&shared.names);
             if n.known.len() >= MAX_NAMES {
