@@ -191,7 +191,8 @@ pub struct LiveConfig {
 }
 
 struct Live {
-    cfg: Arc<PluginConfig>,
+    /// `None` until fleet.conf first loads (missing or broken at start).
+    cfg: Option<Arc<PluginConfig>>,
     stamp: Option<Stamp>,
     /// The stamp of a changed file that did not load, `Some(None)` for a
     /// file gone (said once each).
@@ -210,22 +211,27 @@ pub enum Change {
 }
 
 impl LiveConfig {
-    /// Reads `path` (an error when it does not load: the plugin then fails
-    /// to init, as before) and starts its [`Watcher`].
-    pub fn load(path: &Path) -> Result<(Self, Vec<String>), String> {
+    /// Reads `path` and starts its [`Watcher`]. A file that does not load
+    /// (missing, broken) is `Err` beside the live config, which has no
+    /// settings until the file loads: slurmctld runs `init` once, so the
+    /// plugin must pick up a fleet.conf written after it started.
+    pub fn load(path: &Path) -> (Self, Result<Vec<String>, String>) {
         Self::load_watched(path, true)
     }
 
     /// [`load`](Self::load), with or without the watcher (tests compare both).
-    pub fn load_watched(path: &Path, watch: bool) -> Result<(Self, Vec<String>), String> {
+    pub fn load_watched(path: &Path, watch: bool) -> (Self, Result<Vec<String>, String>) {
         // Watching first: a change between the read and the watch's start
         // is then seen (a generation after the one the read is stamped with).
         let watcher = if watch { Watcher::start(path) } else { None };
         let seen = watcher.as_ref().map_or(0, Watcher::generation);
         let st = stamp(path);
-        let (cfg, warnings) = PluginConfig::load_from(path)?;
-        let live = Live { cfg: Arc::new(cfg), stamp: st, failed: None, seen };
-        Ok((LiveConfig { path: path.to_path_buf(), inner: Mutex::new(live), watcher }, warnings))
+        let (cfg, failed, read) = match PluginConfig::load_from(path) {
+            Ok((cfg, warnings)) => (Some(Arc::new(cfg)), None, Ok(warnings)),
+            Err(e) => (None, Some(st.clone()), Err(e)),
+        };
+        let live = Live { cfg, stamp: st, failed, seen };
+        (LiveConfig { path: path.to_path_buf(), inner: Mutex::new(live), watcher }, read)
     }
 
     /// Whether a watcher spares the hook its `stat` (false: one per call).
@@ -235,7 +241,7 @@ impl LiveConfig {
 
     /// The settings for this submission, read again first when the file
     /// changed since the last look.
-    pub fn get(&self) -> (Arc<PluginConfig>, Option<Change>) {
+    pub fn get(&self) -> (Option<Arc<PluginConfig>>, Option<Change>) {
         // A panic under the lock elsewhere (none is known) leaves the
         // settings as they were: keep serving them.
         let mut live = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -254,14 +260,19 @@ impl LiveConfig {
         match PluginConfig::load_from(&self.path) {
             Ok((cfg, mut lines)) => {
                 lines.insert(0, format!("fleet.conf {} changed: {}", self.path.display(), cfg.describe()));
-                live.cfg = Arc::new(cfg);
+                live.cfg = Some(Arc::new(cfg));
                 live.stamp = st;
                 live.failed = None;
                 (live.cfg.clone(), Some(Change::Reloaded(lines)))
             }
             Err(e) => {
                 live.failed = Some(st);
-                (live.cfg.clone(), Some(Change::Failed(format!("{e}; keeping the settings read before"))))
+                let keeping = if live.cfg.is_some() {
+                    "keeping the settings read before"
+                } else {
+                    "still passing every job through untouched"
+                };
+                (live.cfg.clone(), Some(Change::Failed(format!("{e}; {keeping}"))))
             }
         }
     }
@@ -418,7 +429,7 @@ mod tests {
         loop {
             let got = live.get();
             if got.1.is_some() || !live.watched() || Instant::now() > until {
-                return got;
+                return (got.0.expect("settings"), got.1);
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -430,9 +441,11 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("fleet.conf");
             std::fs::write(&path, conf("beta", 50)).unwrap();
-            let (live, _) = LiveConfig::load_watched(&path, watched).unwrap();
+            let (live, read) = LiveConfig::load_watched(&path, watched);
+            read.unwrap();
             assert_eq!(live.watched(), watched);
             let (c, change) = live.get();
+            let c = c.unwrap();
             assert_eq!((c.site.as_str(), c.timeout, change), ("beta", Duration::from_millis(50), None));
 
             std::fs::write(&path, conf("beta", 75)).unwrap();
@@ -447,7 +460,7 @@ mod tests {
             let (c, change) = next_change(&live);
             assert_eq!(c.timeout, Duration::from_millis(75));
             assert!(matches!(&change, Some(Change::Failed(e)) if e.contains("fleet.conf")), "{change:?}");
-            assert_eq!(live.get(), (c.clone(), None));
+            assert_eq!(live.get(), (Some(c.clone()), None));
             // Gone (an editor's rename in flight): the last good settings.
             std::fs::remove_file(&path).unwrap();
             let (c, change) = next_change(&live);
@@ -466,6 +479,40 @@ mod tests {
         }
     }
 
+    /// slurmctld calls `init` once: a fleet.conf missing or broken then
+    /// is read once it is written whole, with or without the watcher.
+    #[test]
+    fn a_fleet_conf_missing_at_start_is_read_once_written() {
+        for watched in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("fleet.conf");
+            let (live, read) = LiveConfig::load_watched(&path, watched);
+            assert!(read.unwrap_err().contains("fleet.conf"), "names the file");
+            assert_eq!(live.get(), (None, None), "no settings, nothing new");
+            std::fs::write(&path, "SiteName=beta\nSubmitTimeoutMs=fast\n").unwrap();
+            let (c, change) = {
+                let until = Instant::now() + Duration::from_secs(5);
+                loop {
+                    let got = live.get();
+                    if got.1.is_some() || Instant::now() > until {
+                        break got;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            assert!(c.is_none());
+            assert!(
+                matches!(&change, Some(Change::Failed(e)) if e.contains("still passing every job through")),
+                "{change:?}"
+            );
+            std::fs::write(&path, conf("beta", 40)).unwrap();
+            let (c, change) = next_change(&live);
+            assert_eq!(c.timeout, Duration::from_millis(40), "watched {watched}");
+            assert!(matches!(change, Some(Change::Reloaded(_))), "{change:?}");
+            live.stop();
+        }
+    }
+
     /// The watcher spares the hook its stat, and still sees what inotify
     /// on the directory cannot: a symbolic link's target edited elsewhere
     /// (its backstop stat). Its directory removed, the hook stats again.
@@ -479,7 +526,8 @@ mod tests {
         std::fs::create_dir(&etc).unwrap();
         let path = etc.join("fleet.conf");
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        let (live, _) = LiveConfig::load(&path).unwrap();
+        let (live, read) = LiveConfig::load(&path);
+        read.unwrap();
         assert!(live.watched());
         std::fs::write(&target, conf("beta", 60)).unwrap();
         let t = Instant::now();
@@ -498,9 +546,9 @@ mod tests {
         }
         std::fs::create_dir(&etc).unwrap();
         std::fs::write(&path, conf("beta", 70)).unwrap();
-        assert_eq!(live.get().0.timeout, Duration::from_millis(70), "read at once, stat per call");
+        assert_eq!(live.get().0.unwrap().timeout, Duration::from_millis(70), "read at once, stat per call");
 
-        let (live, _) = LiveConfig::load(&path).unwrap();
+        let (live, _) = LiveConfig::load(&path);
         let t = Instant::now();
         live.stop();
         assert!(t.elapsed() < WAIT * 5, "stop waited {:?}", t.elapsed());

@@ -29,6 +29,9 @@
 mod client;
 mod config;
 
+/// The proxy partition while fleet.conf has not loaded (its default).
+const DEFAULT_PROXY_PARTITION: &str = "fleet";
+
 /// The most `fini` waits for one of the plugin's threads to stop.
 const STOP_WAIT: Duration = Duration::from_secs(1);
 
@@ -82,17 +85,28 @@ pub struct FleetSubmit {
 
 impl JobSubmitPlugin for FleetSubmit {
     fn init() -> Result<Self, String> {
-        let (config, warnings) = config::LiveConfig::load(&config::conf_path())?;
-        for w in warnings {
-            log::info(&format!("job_submit/fleet: {w}"));
-        }
-        let cfg = config.get().0;
-        log::info(&format!(
-            "job_submit/fleet: {}; fleet.conf changes {}",
-            cfg.describe(),
-            if config.watched() { "noticed through inotify" } else { "looked for on every submission (no inotify)" }
-        ));
-        let view = view::ViewCache::start(cfg.view_path.clone());
+        let (config, read) = config::LiveConfig::load(&config::conf_path());
+        let noticed =
+            if config.watched() { "noticed through inotify" } else { "looked for on every submission (no inotify)" };
+        let view_path = match (read, config.get().0) {
+            (Ok(warnings), Some(cfg)) => {
+                warnings.iter().for_each(|w| log::info(&format!("job_submit/fleet: {w}")));
+                log::info(&format!("job_submit/fleet: {}; fleet.conf changes {noticed}", cfg.describe()));
+                cfg.view_path.clone()
+            }
+            (read, _) => {
+                // slurmctld calls init once: the plugin waits for a
+                // usable fleet.conf, passing jobs through meanwhile.
+                let why = read.err().unwrap_or_default();
+                log::error(&format!(
+                    "job_submit/fleet: {why}; passing every job through untouched (but keeping users out of \
+                     partition {DEFAULT_PROXY_PARTITION}) until fleet.conf loads; its changes {noticed}"
+                ));
+                std::path::PathBuf::new()
+            }
+        };
+        // The cache follows the view path of the settings in use.
+        let view = view::ViewCache::start(view_path);
         let wake = std::os::unix::net::UnixDatagram::unbound().ok().filter(|s| s.set_nonblocking(true).is_ok());
         Ok(FleetSubmit {
             config,
@@ -106,7 +120,9 @@ impl JobSubmitPlugin for FleetSubmit {
 
     fn submit(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let t0 = Instant::now();
-        let cfg = self.config();
+        let Some(cfg) = self.config() else {
+            return request::proxy_partition_rule(job, DEFAULT_PROXY_PARTITION, submit_uid);
+        };
         let mut ask_us = None;
         let (outcome, result) = self.decide(&cfg, job, submit_uid, &mut ask_us);
         let us = t0.elapsed().as_micros() as u64;
@@ -119,7 +135,8 @@ impl JobSubmitPlugin for FleetSubmit {
     /// `scontrol update` of a job: nobody but root and SlurmUser moves a
     /// job into the proxy partition.
     fn modify(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
-        request::proxy_partition_rule(job, &self.config(), submit_uid)
+        let partition = self.config().map(|c| c.proxy_partition.clone());
+        request::proxy_partition_rule(job, partition.as_deref().unwrap_or(DEFAULT_PROXY_PARTITION), submit_uid)
     }
 
     fn fini(&self) {
@@ -139,7 +156,8 @@ slurm::job_submit_plugin!(FleetSubmit, "Fleet federation job_submit", "job_submi
 
 impl FleetSubmit {
     /// fleet.conf as it is now (read again when it changed; see [`config`]).
-    fn config(&self) -> std::sync::Arc<PluginConfig> {
+    /// The settings in use (`None` while fleet.conf has never loaded).
+    fn config(&self) -> Option<std::sync::Arc<PluginConfig>> {
         let (cfg, change) = self.config.get();
         match change {
             Some(config::Change::Reloaded(lines)) => {

@@ -63,7 +63,7 @@ fn names_partition(list: &str, proxy: &str) -> bool {
 /// takes only stand-ins ([`proxy_partition_rule`]), and `admin_comment`
 /// tags (`fleet:<id>`) are Fleet's.
 pub fn origin_rules(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<(), Reject> {
-    proxy_partition_rule(job, config, uid)?;
+    proxy_partition_rule(job, &config.proxy_partition, uid)?;
     if !privileged(uid)
         && job.get(StrField::AdminComment).is_some_and(|c| fleet_api::wire::parse_admin_tag(&c).is_some())
     {
@@ -74,17 +74,16 @@ pub fn origin_rules(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> R
 
 /// Only root and SlurmUser may put a job into the proxy partition, at
 /// submission (`job_submit`) or later (`scontrol update`, `job_modify`).
-pub fn proxy_partition_rule(job: &mut JobDesc<'_>, config: &PluginConfig, uid: u32) -> Result<(), Reject> {
+pub fn proxy_partition_rule(job: &mut JobDesc<'_>, proxy_partition: &str, uid: u32) -> Result<(), Reject> {
     if privileged(uid) {
         return Ok(());
     }
     if let Some(p) = job.get(StrField::Partition) {
-        if names_partition(&p, &config.proxy_partition) {
+        if names_partition(&p, proxy_partition) {
             return Err(Reject {
                 code: sys::ESLURM_INVALID_PARTITION_NAME as i32,
                 message: format!(
-                    "fleet: partition {} holds only Fleet's stand-ins for jobs that run at other clusters; submit to another partition (Fleet decides where a job runs)",
-                    config.proxy_partition
+                    "fleet: partition {proxy_partition} holds only Fleet's stand-ins for jobs that run at other clusters; submit to another partition (Fleet decides where a job runs)"
                 ),
             });
         }
