@@ -110,6 +110,10 @@ const OUTPUT_BODY: usize = (1 << 20) * 4 / 3 + (16 << 10);
 const PRICES_BODY: usize = 8 << 20;
 /// Longest long-poll of `GET /v1/agent/work?wait_ms=`.
 pub const MAX_WAIT_MS: u64 = 30_000;
+/// Concurrent streams of one HTTP/2 (h2c) connection.
+const MAX_H2_STREAMS: u32 = 4;
+/// Output reads served at once (each holds up to MAX_READ in memory).
+const OUTPUT_READERS: usize = 32;
 /// Default and largest `max` for `GET /v1/jobs/{id}/output`.
 const DEFAULT_READ: u64 = 1 << 20;
 const MAX_READ: u64 = 8 << 20;
@@ -136,6 +140,8 @@ struct AppState {
     // `spawn_blocking` that reads the files, and a timer tick and a
     // `Control` call must not reload at the same time.
     feeds: Option<Arc<tokio::sync::Mutex<FeedWatcher>>>,
+    /// Turns for reading output outside the store lock (`get_output`).
+    output_readers: Arc<tokio::sync::Semaphore>,
     rebalance_cfg: RebalanceConfig,
     // The latest pass, replaced whole (std-style lock, never held across
     // an `.await`).
@@ -483,6 +489,7 @@ pub async fn run_with(
         metrics,
         clock,
         feeds: watcher,
+        output_readers: Arc::new(tokio::sync::Semaphore::new(OUTPUT_READERS)),
         rebalance_cfg,
         rebalance: Arc::new(parking_lot::Mutex::new(Arc::new(initial))),
         rebalance_mode: Arc::new(parking_lot::Mutex::new(rebalance_mode)),
@@ -553,9 +560,21 @@ pub async fn run_with(
 async fn tls_config(t: &config::TlsConfig) -> anyhow::Result<axum_server::tls_rustls::RustlsConfig> {
     // One process-wide crypto provider (ring); a second install is a no-op.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    axum_server::tls_rustls::RustlsConfig::from_pem_file(&t.cert_file, &t.key_file).await.map_err(|e| {
-        anyhow::anyhow!("[tls]: loading cert_file {} / key_file {}: {e}", t.cert_file.display(), t.key_file.display())
-    })
+    let config =
+        axum_server::tls_rustls::RustlsConfig::from_pem_file(&t.cert_file, &t.key_file).await.map_err(|e| {
+            anyhow::anyhow!(
+                "[tls]: loading cert_file {} / key_file {}: {e}",
+                t.cert_file.display(),
+                t.key_file.display()
+            )
+        })?;
+    // HTTP/1.1 only: no client of ours speaks HTTP/2 (reqwest is built
+    // without it), and its streams would multiply what one connection may
+    // hold (each output read is up to MAX_READ in memory).
+    let mut inner = (*config.get_inner()).clone();
+    inner.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.reload_from_config(std::sync::Arc::new(inner));
+    Ok(config)
 }
 
 /// Serve `app` on `listener` (HTTPS with `tls`) under the connection
@@ -579,7 +598,12 @@ async fn serve(
     let header_timeout = limits.header_read_timeout;
     let limit = conn::LimitAcceptor::new(limits);
     fn http<A>(b: &mut axum_server::Server<A>, header_timeout: Duration) {
-        b.http_builder().http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+        let h = b.http_builder();
+        h.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+        // HTTP/2 is not offered (ALPN), but hyper would still take plain
+        // h2c by prior knowledge: then a few streams at a time, as a few
+        // HTTP/1.1 connections would be.
+        h.http2().max_concurrent_streams(MAX_H2_STREAMS);
     }
     let make = app.into_make_service();
     match tls {
@@ -1077,7 +1101,19 @@ async fn get_output(
     Query(q): Query<OutputQuery>,
 ) -> ApiResult<Response> {
     let max = q.max.unwrap_or(DEFAULT_READ).min(MAX_READ);
-    let bytes = with_store(&st, move |s, _| s.read_output(&caller, &id, q.stream, q.offset, max)).await?;
+    let path = with_store(&st, move |s, _| s.output_file(&caller, &id, q.stream, q.offset)).await?;
+    // Read without the store lock (every agent's call needs it), at most
+    // OUTPUT_READERS at a time: each holds up to MAX_READ in memory.
+    let _turn = st
+        .output_readers
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+    let bytes = tokio::task::spawn_blocking(move || store::read_range(&path, q.offset, max))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("output read failed: {e}")))?
+        .map_err(ApiError::from)?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 

@@ -829,6 +829,20 @@ fn reply_result(id: &str, reply: &Reply) -> Result<(), StoreError> {
     }
 }
 
+/// Up to `max` bytes of the output file `path` from `offset` (nothing when
+/// it does not exist).
+pub fn read_range(path: &Path, offset: u64, max: u64) -> Result<Vec<u8>, StoreError> {
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    f.seek(SeekFrom::Start(offset))?;
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
 fn refresh_complete(job: &mut Job) {
     let r = &job.record;
     job.record.output_complete = r.state.is_terminal()
@@ -2753,6 +2767,14 @@ impl Store {
         offset: u64,
         max: u64,
     ) -> Result<Vec<u8>, StoreError> {
+        read_range(&self.output_file(caller, id, stream, offset)?, offset, max)
+    }
+
+    /// Where `caller` may read `id`'s `stream` from `offset` (checked: the
+    /// caller's access, the offset, the retention policy). The read itself
+    /// ([`read_range`]) needs no store lock: output files only grow until
+    /// the retention pass deletes them (a read then finds nothing).
+    pub fn output_file(&self, caller: &Caller, id: &str, stream: Stream, offset: u64) -> Result<PathBuf, StoreError> {
         let job = self.get(caller, id)?;
         if offset > MAX_OUTPUT_OFFSET {
             return Err(StoreError::BadRequest(format!(
@@ -2765,15 +2787,7 @@ impl Store {
                 "the output of {id} was deleted at {t:.0} (Unix time) by the retention policy (output_retention_days)"
             )));
         }
-        let mut f = match std::fs::File::open(self.out_path(id, stream)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
-        f.seek(SeekFrom::Start(offset))?;
-        let mut buf = Vec::new();
-        f.take(max).read_to_end(&mut buf)?;
-        Ok(buf)
+        Ok(self.out_path(id, stream))
     }
 
     pub fn list(&self, caller: &Caller, filter: &JobFilter) -> Result<Vec<JobRecord>, StoreError> {

@@ -61,6 +61,32 @@ async fn serves_https_to_clients_that_trust_its_ca_only() {
     assert!(err.is_connect(), "{err:?}");
     assert!(reqwest::Client::new().get(format!("http://127.0.0.1:{port}/health")).send().await.is_err());
 
+    // A client offering HTTP/2 first is answered in HTTP/1.1 (ALPN): no
+    // streams to multiply what one connection holds.
+    use rustls::pki_types::pem::PemObject as _;
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap();
+    let alpn = tokio::task::spawn_blocking(move || {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).unwrap();
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).unwrap();
+        }
+        conn.alpn_protocol().map(<[u8]>::to_vec)
+    })
+    .await
+    .unwrap();
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
