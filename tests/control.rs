@@ -614,6 +614,25 @@ fn time_limit_updates_of_a_running_stand_in_reach_the_job_lowered_and_raised() {
         std::thread::sleep(Duration::from_millis(500));
     }
     eprintln!("a raised TimeLimit reached the remote job after {:?}", t0.elapsed());
+
+    // An operator at home is none at the target: the agent's rights raise
+    // the remote job no further than its partition's MaxTime there.
+    let part = lab.job(&target, remote).unwrap()["Partition"].clone();
+    let set_max = |v: &str| {
+        let args = ["update".to_string(), format!("PartitionName={part}"), format!("MaxTime={v}")];
+        lab.cmd(&target, "scontrol", &args.iter().map(|s| s.as_str()).collect::<Vec<_>>()).unwrap().status.success()
+    };
+    assert!(set_max("45"));
+    let _restore = fleet_lab::OnDrop(|| assert!(set_max("INFINITE"), "restoring {part}'s MaxTime at {target}"));
+    let b = update(None, fleet, "90");
+    assert!(b.0, "{b:?}");
+    let t0 = std::time::Instant::now();
+    while limit(&target, remote) != "00:45:00" {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the remote job has {}", limit(&target, remote));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!((limit("beta", fleet), limit(&target, remote)), ("01:30:00".into(), "00:45:00".into()));
     assert_eq!(lab.job("beta", fleet).unwrap()["JobState"], "RUNNING");
     assert_eq!(lab.job(&target, remote).unwrap()["JobState"], "RUNNING");
 }

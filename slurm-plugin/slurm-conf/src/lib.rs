@@ -24,6 +24,7 @@ pub mod slurm;
 pub mod topology;
 pub mod tres;
 mod value;
+pub use value::parse_time_minutes;
 
 pub use diag::{Diagnostic, Error, Loaded, Severity};
 pub use fleet::FleetConf;

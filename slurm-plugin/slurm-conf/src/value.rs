@@ -43,7 +43,7 @@ pub(crate) fn parse_in_range(v: &str, lo: u64, hi: u64) -> Result<u64, String> {
 
 /// A Slurm time limit in minutes (`None` = UNLIMITED/INFINITE):
 /// `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S` (seconds round up).
-pub(crate) fn parse_time_minutes(v: &str) -> Result<Option<u32>, String> {
+pub fn parse_time_minutes(v: &str) -> Result<Option<u32>, String> {
     let bad = || format!("\"{v}\" is not a time limit (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED)");
     if v.eq_ignore_ascii_case("unlimited") || v.eq_ignore_ascii_case("infinite") {
         return Ok(None);

@@ -1064,6 +1064,17 @@ impl Backend for SlurmBackend {
         if !raise {
             bail!("as {user}: {as_user:#} (the job's owner asked for it at home: not set with the agent's rights)");
         }
+        // An operator at home is none here: with the agent's rights, never
+        // past the job's partition's MaxTime at this cluster.
+        let max_time = self.partition_max_time(native_id).await.with_context(|| {
+            format!("as {user}: {as_user:#}; not raised with the agent's rights: its partition's MaxTime is unknown")
+        })?;
+        let capped = raise_within(minutes, &max_time).map_err(|e| anyhow!("partition MaxTime: {e}"))?;
+        if capped < minutes {
+            tracing::warn!(native_id, asked = minutes, max_time = %max_time,
+                "a raise from the origin is capped at the partition's MaxTime here");
+        }
+        let args = vec!["update".to_string(), format!("JobId={native_id}"), format!("TimeLimit={capped}")];
         self.run_in("scontrol", &args, None, None, None, |_| {}).await.map(drop).map_err(|e| {
             anyhow!(
                 "as {user}: {as_user:#}; as the agent: {e:#} (raising a running job's limit needs a Slurm operator: \
@@ -1075,6 +1086,30 @@ impl Backend for SlurmBackend {
     fn job_dir(&self, id: &str) -> PathBuf {
         crate::jobdir::dir_of(&self.spool, id)
     }
+}
+
+impl SlurmBackend {
+    /// `MaxTime` of the partition job `native_id` runs in (as scontrol
+    /// prints it: `UNLIMITED`, `2-00:00:00`, ...).
+    async fn partition_max_time(&self, native_id: u64) -> Result<String> {
+        let field = |text: &str, key: &str| {
+            text.split_whitespace().find_map(|w| w.strip_prefix(key)).map(str::to_string).filter(|v| !v.is_empty())
+        };
+        let job =
+            self.run("scontrol", &["-o".into(), "show".into(), "job".into(), native_id.to_string()], None).await?;
+        let part = field(&job, "Partition=").ok_or_else(|| anyhow!("job {native_id} names no partition"))?;
+        let p = self.run("scontrol", &["-o".into(), "show".into(), "partition".into(), part.clone()], None).await?;
+        field(&p, "MaxTime=").ok_or_else(|| anyhow!("partition {part} shows no MaxTime"))
+    }
+}
+
+/// A raise to `minutes` carried out with the agent's operator rights, within
+/// the partition's `max_time` (pure).
+pub fn raise_within(minutes: u32, max_time: &str) -> std::result::Result<u32, String> {
+    Ok(match slurm_conf::parse_time_minutes(max_time)? {
+        Some(max) => minutes.min(max),
+        None => minutes,
+    })
 }
 
 /// Does slurm.conf's `PrivateData` value hide other users' jobs?
@@ -1116,6 +1151,16 @@ mod tests {
         let env = std::fs::read_to_string(&seen).unwrap();
         assert!(!env.contains("agent-secret"), "{env}");
         assert!(env.contains("SLURM_CONF=/etc/slurm/slurm.conf\n"), "{env}");
+    }
+
+    #[test]
+    fn a_raise_with_the_agents_rights_stays_within_the_partitions_max_time() {
+        use super::raise_within;
+        assert_eq!(raise_within(600, "UNLIMITED"), Ok(600));
+        assert_eq!(raise_within(600, "02:00:00"), Ok(120));
+        assert_eq!(raise_within(600, "1-00:00:00"), Ok(600));
+        assert_eq!(raise_within(2000, "1-00:00:00"), Ok(1440));
+        assert!(raise_within(600, "soon").is_err());
     }
 
     #[test]
