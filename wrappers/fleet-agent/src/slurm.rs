@@ -569,6 +569,38 @@ pub fn parse_jobs_json_with(doc: &[u8], arrays: bool) -> Result<Vec<NativeJob>> 
 /// a row's `restarts` is the number of `REQUEUED` rows of its id before
 /// it, as squeue's `restart_cnt`.
 pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
+    parse_sacct_rows(out).into_iter().map(|(_, j)| j).collect()
+}
+
+/// Accounting rows a user cannot forge: `trusted` is sacct's answer
+/// without WorkDir (no column a user controls), `with_dirs` the same query
+/// with it. A newline in a WorkDir (which an owner may set on a pending
+/// job) makes `with_dirs` hold lines of the user's choosing, rows of other
+/// jobs included; so every row comes from `trusted`, and takes the
+/// directories of the `with_dirs` lines whose first five columns are that
+/// row's, byte for byte. Several directories (a forged line beside the real
+/// one): one row per directory, each with the trusted state, so a forged
+/// line can neither add a row nor change what a row says.
+pub fn parse_sacct_checked(trusted: &str, with_dirs: &str) -> Vec<NativeJob> {
+    let mut dirs: std::collections::HashMap<&str, Vec<String>> = std::collections::HashMap::new();
+    for (key, j) in parse_sacct_rows(with_dirs) {
+        let d = dirs.entry(key).or_default();
+        if !d.contains(&j.work_dir) {
+            d.push(j.work_dir);
+        }
+    }
+    let mut out = Vec::new();
+    for (key, j) in parse_sacct_rows(trusted) {
+        match dirs.get(key).map(Vec::as_slice) {
+            None | Some([]) => out.push(j),
+            Some(ds) => out.extend(ds.iter().map(|d| NativeJob { work_dir: d.clone(), ..j.clone() })),
+        }
+    }
+    out
+}
+
+/// The rows of `out` with the text of each one's first five columns.
+fn parse_sacct_rows(out: &str) -> Vec<(&str, NativeJob)> {
     let mut requeues: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
     out.lines()
         .filter_map(|l| {
@@ -578,6 +610,7 @@ pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
                 [id, state, exit, submit, uid, wd] => (id, state, exit, submit, uid, *wd),
                 _ => return None,
             };
+            let key = if f.len() == 6 { &l[..l.len() - work_dir.len() - 1] } else { l };
             let native_id = id.parse().ok()?;
             let mut j = NativeJob::new(native_id, state);
             let (code, sig) = exit.split_once(':')?;
@@ -593,7 +626,7 @@ pub fn parse_sacct(out: &str) -> Vec<NativeJob> {
             if j.raw_state == "REQUEUED" {
                 *n = n.saturating_add(1);
             }
-            Some(j)
+            Some((key, j))
         })
         .collect()
 }
@@ -923,10 +956,9 @@ impl Backend for SlurmBackend {
             return Ok(Vec::new());
         }
         let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-        let args =
-            ["-X", "-n", "-P", "-D", "-o", "JobIDRaw,State,ExitCode,Submit,UID,WorkDir", "-j", &list].map(String::from);
-        match self.run("sacct", &args, None).await {
-            Ok(out) => Ok(parse_sacct(&out)),
+        let args = ["-X", "-n", "-P", "-D", "-j", &list].map(String::from);
+        match self.sacct_checked(&args).await {
+            Ok(rows) => Ok(rows),
             // No accounting at this site: nothing to learn there.
             Err(e)
                 if format!("{e:#}").contains("accounting_storage/none")
@@ -949,21 +981,9 @@ impl Backend for SlurmBackend {
         // Finished and already gone from the queue: accounting, from a
         // little before the agent accepted the job.
         let back = (crate::now() - since).max(0.0) as u64 + 300;
-        let args = [
-            "-X",
-            "-n",
-            "-P",
-            "-D",
-            "-u",
-            &uid.to_string(),
-            "-S",
-            &format!("now-{back}"),
-            "-o",
-            "JobIDRaw,State,ExitCode,Submit,UID,WorkDir",
-        ]
-        .map(String::from);
-        match self.run("sacct", &args, None).await {
-            Ok(out) => Ok(parse_sacct(&out).into_iter().filter(mine).collect()),
+        let args = ["-X", "-n", "-P", "-D", "-u", &uid.to_string(), "-S", &format!("now-{back}")].map(String::from);
+        match self.sacct_checked(&args).await {
+            Ok(rows) => Ok(rows.into_iter().filter(mine).collect()),
             Err(e) if format!("{e:#}").contains("accounting_storage") => Ok(Vec::new()),
             Err(e) => Err(e),
         }
@@ -1089,6 +1109,15 @@ impl Backend for SlurmBackend {
 }
 
 impl SlurmBackend {
+    /// `sacct <args>` read as [`parse_sacct_checked`]: once without the
+    /// WorkDir column and once with it.
+    async fn sacct_checked(&self, args: &[String]) -> Result<Vec<NativeJob>> {
+        let with = |cols: &str| args.iter().cloned().chain(["-o".to_string(), cols.to_string()]).collect::<Vec<_>>();
+        let trusted = self.run("sacct", &with("JobIDRaw,State,ExitCode,Submit,UID"), None).await?;
+        let with_dirs = self.run("sacct", &with("JobIDRaw,State,ExitCode,Submit,UID,WorkDir"), None).await?;
+        Ok(parse_sacct_checked(&trusted, &with_dirs))
+    }
+
     /// `MaxTime` of the partition job `native_id` runs in (as scontrol
     /// prints it: `UNLIMITED`, `2-00:00:00`, ...).
     async fn partition_max_time(&self, native_id: u64) -> Result<String> {
@@ -1521,6 +1550,42 @@ mod tests {
         assert_eq!(j.len(), 1);
         assert_eq!((j[0].native_id, j[0].state, j[0].exit_code), (7, JobState::Failed, Some(3)));
         assert_eq!(j[0].work_dir, "/s/jobs/beta-1|COMPLETED|0:0");
+    }
+
+    /// A WorkDir with newlines (an owner may set it on a pending job) makes
+    /// sacct print lines of the user's choosing: rows of another user's
+    /// job included. Rows come only from the query without WorkDir.
+    #[test]
+    fn a_newline_in_a_work_dir_forges_no_accounting_row() {
+        let t = "2026-12-01T14:00:00";
+        let later = "2026-12-01T15:00:00";
+        // 7 is the attacker's job, 9 the victim's (uid 1002), still running
+        // as far as accounting knows (no terminal row).
+        let trusted = format!("7|COMPLETED|0:0|{t}|1001\n9|RUNNING|0:0|{t}|1002\n");
+        let with_dirs = format!(
+            "7|COMPLETED|0:0|{t}|1001|/x\n9|FAILED|1:0|{later}|1002|/s/jobs/beta-9\n\
+             9|RUNNING|0:0|{t}|1002|/s/jobs/beta-9\n"
+        );
+        // What one query with WorkDir would have believed: a FAILED run 9.
+        assert!(parse_sacct(&with_dirs).iter().any(|j| j.native_id == 9 && j.state == JobState::Failed));
+        let rows = parse_sacct_checked(&trusted, &with_dirs);
+        let nine: Vec<_> = rows.iter().filter(|j| j.native_id == 9).collect();
+        assert_eq!(nine.len(), 1, "{rows:?}");
+        assert_eq!((nine[0].state, nine[0].work_dir.as_str()), (JobState::Running, "/s/jobs/beta-9"));
+        // The attacker's own row keeps the first line of its directory.
+        let seven: Vec<_> = rows.iter().filter(|j| j.native_id == 7).collect();
+        assert_eq!((seven.len(), seven[0].work_dir.as_str()), (1, "/x"));
+        // A forged line that copies a real row's columns but names another
+        // directory: one row per directory, each with the real state.
+        let with_dirs = format!("9|RUNNING|0:0|{t}|1002|/evil\n9|RUNNING|0:0|{t}|1002|/s/jobs/beta-9\n");
+        let rows = parse_sacct_checked(&format!("9|RUNNING|0:0|{t}|1002\n"), &with_dirs);
+        assert_eq!(rows.len(), 2);
+        assert!(rows.iter().all(|j| j.state == JobState::Running && j.native_id == 9));
+        assert!(rows.iter().any(|j| j.work_dir == "/s/jobs/beta-9"));
+        // The two queries disagree (a job moved on in between): the row
+        // stands, without a directory.
+        let rows = parse_sacct_checked(&format!("9|COMPLETED|0:0|{t}|1002\n"), &with_dirs);
+        assert_eq!((rows.len(), rows[0].state, rows[0].work_dir.as_str()), (1, JobState::Completed, ""));
     }
 
     proptest::proptest! {
