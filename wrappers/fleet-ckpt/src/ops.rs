@@ -637,23 +637,58 @@ async fn fetch_checked(
     f: &FileEntry,
     sink: &mut impl Sink,
 ) -> Result<()> {
-    let got = match store.get(&loc.object(&f.path)).await {
-        Ok(g) => g,
-        Err(object_store::Error::NotFound { .. }) => return Err(torn(loc, f, "is missing".into())),
-        Err(e) => return Err(store_err(format!("reading {}/{}", loc.url(), f.path))(e)),
-    };
-    if got.meta.size != f.size {
-        return Err(torn(loc, f, format!("has {} bytes, the manifest says {}", got.meta.size, f.size)));
-    }
-    let mut stream = got.into_stream();
-    let mut n = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(store_err(format!("reading {}/{}", loc.url(), f.path)))?;
-        n += chunk.len() as u64;
-        if n > f.size {
-            return Err(torn(loc, f, format!("has more than the {} bytes the manifest says", f.size)));
+    let too_long = || torn(loc, f, format!("has more than the {} bytes the manifest says", f.size));
+    if loc.scheme == crate::location::Scheme::File {
+        // A local store is read without object_store, which follows
+        // symbolic links: the job wrote these files as its user, and a
+        // copy runs as the agent.
+        let abs = PathBuf::from(format!("/{}", loc.object(&f.path)));
+        let opened = tokio::task::spawn_blocking({
+            let abs = abs.clone();
+            move || open_plain_file(&abs)
+        })
+        .await
+        .map_err(|e| torn(loc, f, format!("could not be opened: {e}")))?;
+        let (std_file, size) = match opened {
+            Ok(o) => o,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(torn(loc, f, "is missing".into())),
+            Err(e) => return Err(torn(loc, f, format!("cannot be read safely: {e}"))),
+        };
+        if size != f.size {
+            return Err(torn(loc, f, format!("has {size} bytes, the manifest says {}", f.size)));
         }
-        sink.put(chunk).await?;
+        let mut file = tokio::fs::File::from_std(std_file);
+        let mut n = 0u64;
+        loop {
+            let chunk = read_chunk(&mut file, &abs).await?;
+            if chunk.is_empty() {
+                break;
+            }
+            n += chunk.len() as u64;
+            if n > f.size {
+                return Err(too_long());
+            }
+            sink.put(Bytes::from(chunk)).await?;
+        }
+    } else {
+        let got = match store.get(&loc.object(&f.path)).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Err(torn(loc, f, "is missing".into())),
+            Err(e) => return Err(store_err(format!("reading {}/{}", loc.url(), f.path))(e)),
+        };
+        if got.meta.size != f.size {
+            return Err(torn(loc, f, format!("has {} bytes, the manifest says {}", got.meta.size, f.size)));
+        }
+        let mut stream = got.into_stream();
+        let mut n = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(store_err(format!("reading {}/{}", loc.url(), f.path)))?;
+            n += chunk.len() as u64;
+            if n > f.size {
+                return Err(too_long());
+            }
+            sink.put(chunk).await?;
+        }
     }
     let (len, sha) = sink.digest();
     if len != f.size {
@@ -820,6 +855,35 @@ fn create_parents(root: &FsPath, rel: &str) -> Result<PathBuf> {
     }
     p.push(parts[parts.len() - 1]);
     Ok(p)
+}
+
+/// Opens `abs` for reading with no symbolic link in any of its components
+/// (`openat2`, `RESOLVE_NO_SYMLINKS`), and only as a regular file with one
+/// link (no FIFO to hang on, no hard link to a file of the agent's): its
+/// size beside it. A local store's path must therefore be its real one.
+fn open_plain_file(abs: &FsPath) -> std::io::Result<(std::fs::File, u64)> {
+    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, CWD};
+    use std::os::unix::fs::MetadataExt;
+    let fd = openat2(
+        CWD,
+        abs,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| {
+        if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "a symbolic link on its path")
+        } else {
+            std::io::Error::from(e)
+        }
+    })?;
+    let file = std::fs::File::from(fd);
+    let m = file.metadata()?;
+    if !m.file_type().is_file() || m.nlink() != 1 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file with one link"));
+    }
+    Ok((file, m.len()))
 }
 
 fn libc_o_nofollow() -> i32 {

@@ -90,6 +90,61 @@ fn symlinks_are_refused_on_both_sides() {
     assert!(std::fs::symlink_metadata(dest.join("ok.bin")).unwrap().is_file());
 }
 
+/// A copy between regions runs as the agent, over checkpoints the job
+/// wrote as its user: a file of a local store that is a symbolic link (to
+/// the agent's own files, say), or sits below one, or is a hard link, is
+/// never read, even with a manifest that names its true size and digest;
+/// nothing of it reaches the destination.
+#[test]
+fn a_copy_reads_no_symlinked_or_hard_linked_file_of_a_local_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let client = Client::new(Stores::default());
+    let secret = tmp.path().join("agent-journal.db");
+    let data = bytes(7, 9_000_000); // over one part: the multipart path
+    std::fs::write(&secret, &data).unwrap();
+    let entry =
+        serde_json::json!({"path": "big", "size": data.len(), "sha256": fleet_ckpt::manifest::sha256_hex(&data)});
+    let manifest =
+        serde_json::json!({"format": "fleet-ckpt/1", "job_id": "x", "seq": 1, "created_at": "t", "files": [entry]});
+    let root = tmp.path().join("store");
+    let plant = |seq: u64, how: &dyn Fn(&std::path::Path)| {
+        let dir = root.join(format!("ckpt-{seq:012}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        how(&dir);
+        std::fs::write(dir.join("fleet-ckpt.json"), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        file_url(&root).join(&format!("ckpt-{seq:012}"))
+    };
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::hard_link(&secret, outside.join("big")).unwrap();
+    let cases = [
+        plant(1, &|d| std::os::unix::fs::symlink(&secret, d.join("big")).unwrap()),
+        // The file is regular, a directory above it is a link.
+        plant(2, &|d| {
+            std::fs::remove_dir(d).unwrap();
+            std::os::unix::fs::symlink(&outside, d).unwrap();
+        }),
+        plant(3, &|d| std::fs::hard_link(&secret, d.join("big")).unwrap()),
+    ];
+    for (i, src) in cases.iter().enumerate() {
+        let dst = file_url(&tmp.path().join(format!("west{i}")));
+        let e = rt().block_on(client.copy(src, &dst)).unwrap_err().to_string();
+        assert!(e.contains("file \"big\" cannot be read safely"), "case {i}: {e}");
+        let written: Vec<_> = walk(&tmp.path().join(format!("west{i}")));
+        assert!(written.is_empty(), "case {i}: {written:?}");
+    }
+    // The same bytes as a regular file of the checkpoint: copied.
+    let ok = plant(4, &|d| std::fs::write(d.join("big"), &data).unwrap());
+    let dst = file_url(&tmp.path().join("west-ok"));
+    rt().block_on(client.copy(&ok, &dst)).unwrap();
+}
+
+/// Every file under `dir` (none when it does not exist).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    rd.flatten().flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] }).collect()
+}
+
 #[test]
 fn local_round_trip_resave_and_tamper() {
     let tmp = tempfile::tempdir().unwrap();
