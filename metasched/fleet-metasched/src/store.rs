@@ -2808,7 +2808,11 @@ impl Store {
             return Err(StoreError::BadRequest("offset needs a limit".into()));
         }
         // Jobs stored before `record.user` existed carry the name in their request only.
-        const SQL: &str = "SELECT data FROM jobs
+        // Only the record (and the user's name) leaves SQLite: not every
+        // job's script and environment, decoded and held at once.
+        const SQL: &str = "SELECT json_extract(data, '$.record'),
+                    COALESCE(json_extract(data, '$.record.user'), json_extract(data, '$.request.user_name'))
+             FROM jobs
              WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR origin = ?2)
                AND (?3 IS NULL OR origin = ?3 OR target = ?3)
                AND (?4 IS NULL OR active = ?4)
@@ -2821,8 +2825,8 @@ impl Store {
             ListOrder::Asc => format!("{SQL} ORDER BY submitted_at, id LIMIT ?9 OFFSET ?10"),
             ListOrder::Desc => format!("{SQL} ORDER BY submitted_at DESC, id DESC LIMIT ?9 OFFSET ?10"),
         };
-        let jobs = self.query(
-            &sql,
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map(
             params![
                 filter.state.map(JobState::as_str),
                 filter.origin,
@@ -2835,15 +2839,16 @@ impl Store {
                 filter.limit.map_or(-1, i64::from),
                 filter.offset.unwrap_or(0),
             ],
+            |row| Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?)),
         )?;
-        Ok(jobs
-            .into_iter()
-            .map(|j| {
-                let mut r = j.record;
-                r.user = r.user.or(j.request.user_name);
-                r
-            })
-            .collect())
+        let mut out = Vec::new();
+        for row in rows {
+            let (record, user) = row?;
+            let mut r: JobRecord = serde_json::from_str(&record)?;
+            r.user = r.user.or(user);
+            out.push(r);
+        }
+        Ok(out)
     }
 
     pub fn work(&mut self, caller: &Caller, now: f64) -> Result<AgentWork, StoreError> {
