@@ -149,10 +149,9 @@ impl SlurmBackend {
     }
 
     /// Runs Slurm command `cmd`, as `as_user` through sudo when given, with
-    /// the environment `env` (`None`: the agent's own) and `setup` applied
-    /// to the command last; returns its stdout.
-    /// Runs `cmd` (as `as_user` through sudo, keeping the environment:
-    /// `env`, else a minimal one for a user, else the agent's).
+    /// the environment `env` (`None`: a minimal one as a user, the agent's
+    /// own otherwise) and `setup` applied to the command last; returns its
+    /// stdout.
     async fn run_in(
         &self,
         cmd: &str,
