@@ -7,11 +7,18 @@
 //! so a flood costs a file descriptor for microseconds, not for the
 //! length of a timeout. The per-address cap keeps one flooding source
 //! from taking every slot from the agents.
+//!
+//! Slots are kept for the agents and the admin: a connection on which an
+//! agent's or the admin's token was presented is *trusted*
+//! ([`ConnGate::trust`], from the authentication layer). When every slot
+//! is taken, a new connection closes the oldest connection that is not
+//! trusted and takes its slot, so that sources with no such token (a flood
+//! from many addresses, a user's job tokens) can never hold every slot.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,8 +27,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+
+/// How long a new connection waits for the slot of the one it closed.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
 
 /// `[limits]` of metasched.toml, resolved.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,8 +53,33 @@ struct Gate {
     total: Arc<Semaphore>,
     // A std-style lock held for a map update only, never across an `.await`.
     per_ip: parking_lot::Mutex<HashMap<IpAddr, usize>>,
+    /// Every open connection by its peer's address and port.
+    open: parking_lot::Mutex<HashMap<SocketAddr, Arc<Conn>>>,
     limits: Limits,
     refused: AtomicU64,
+}
+
+/// One open connection, as the gate and the authentication layer see it.
+#[derive(Debug)]
+struct Conn {
+    opened: Instant,
+    trusted: std::sync::atomic::AtomicBool,
+    evicted: std::sync::atomic::AtomicBool,
+    wake: Arc<Notify>,
+}
+
+/// The authentication layer's handle on the gate.
+#[derive(Clone, Debug)]
+pub struct ConnGate(Arc<Gate>);
+
+impl ConnGate {
+    /// An agent's or the admin's token was presented on the connection
+    /// from `peer`: it keeps its slot when the slots run out.
+    pub fn trust(&self, peer: SocketAddr) {
+        if let Some(c) = self.0.open.lock().get(&peer) {
+            c.trusted.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// An `axum_server` acceptor that applies [`Limits`] to TCP connections.
@@ -59,43 +95,99 @@ impl LimitAcceptor {
             gate: Arc::new(Gate {
                 total: Arc::new(Semaphore::new(limits.max_connections)),
                 per_ip: parking_lot::Mutex::new(HashMap::new()),
+                open: parking_lot::Mutex::new(HashMap::new()),
                 limits,
                 refused: AtomicU64::new(0),
             }),
         }
     }
 
-    fn admit(&self, peer: IpAddr) -> Result<Ticket, &'static str> {
-        let permit = self.gate.total.clone().try_acquire_owned().map_err(|_| "max_connections")?;
-        let mut map = self.gate.per_ip.lock();
+    /// hyper's deadline for a request head (`Limits`).
+    pub fn header_read_timeout(&self) -> Duration {
+        self.gate.limits.header_read_timeout
+    }
+
+    /// For the authentication layer ([`ConnGate::trust`]).
+    pub fn gate(&self) -> ConnGate {
+        ConnGate(self.gate.clone())
+    }
+
+    /// The per-address count of `peer`, taken (`Err`: over its cap).
+    fn count_in(gate: &Gate, peer: IpAddr) -> Result<(), &'static str> {
+        let mut map = gate.per_ip.lock();
         let n = map.entry(peer).or_insert(0);
-        if *n >= self.gate.limits.max_connections_per_ip {
+        if *n >= gate.limits.max_connections_per_ip {
             return Err("max_connections_per_ip");
         }
         *n += 1;
-        Ok(Ticket { _permit: permit, gate: self.gate.clone(), peer })
+        Ok(())
+    }
+
+    /// Every slot is taken: close the oldest connection that is not
+    /// trusted (its slot comes back when it ends). False when all are.
+    fn evict_one(gate: &Gate) -> bool {
+        let open = gate.open.lock();
+        let victim = open
+            .values()
+            .filter(|c| !c.trusted.load(Ordering::Relaxed) && !c.evicted.load(Ordering::Relaxed))
+            .min_by_key(|c| c.opened);
+        match victim {
+            Some(c) => {
+                c.evicted.store(true, Ordering::Relaxed);
+                c.wake.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn admit(gate: Arc<Gate>, peer: SocketAddr) -> Result<Ticket, &'static str> {
+        Self::count_in(&gate, peer.ip())?;
+        // From here the per-address count is the ticket's to give back.
+        let mut ticket = Ticket { _permit: None, gate: gate.clone(), peer, conn: None };
+        let permit = match gate.total.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) if Self::evict_one(&gate) => {
+                match tokio::time::timeout(EVICT_WAIT, gate.total.clone().acquire_owned()).await {
+                    Ok(Ok(p)) => p,
+                    _ => return Err("max_connections"),
+                }
+            }
+            Err(_) => return Err("max_connections"),
+        };
+        ticket._permit = Some(permit);
+        let conn = Arc::new(Conn {
+            opened: Instant::now(),
+            trusted: false.into(),
+            evicted: false.into(),
+            wake: Arc::new(Notify::new()),
+        });
+        gate.open.lock().insert(peer, conn.clone());
+        ticket.conn = Some(conn);
+        Ok(ticket)
     }
 }
 
-impl<S> axum_server::accept::Accept<TcpStream, S> for LimitAcceptor {
+impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for LimitAcceptor {
     type Stream = Guarded<TcpStream>;
     type Service = S;
-    type Future = std::future::Ready<io::Result<(Guarded<TcpStream>, S)>>;
+    type Future = Pin<Box<dyn Future<Output = io::Result<(Guarded<TcpStream>, S)>> + Send>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        let admitted = match stream.peer_addr() {
-            Ok(peer) => self.admit(peer.ip()).map_err(|cap| (peer.ip(), cap)),
-            Err(e) => return std::future::ready(Err(e)),
-        };
-        std::future::ready(match admitted {
-            Ok(ticket) => Ok((Guarded::new(stream, ticket, &self.gate.limits), service)),
-            Err((peer, cap)) => {
-                // One line per 1,000 refusals: a flood must not flood the log.
-                let n = self.gate.refused.fetch_add(1, Ordering::Relaxed);
-                if n.checked_rem(1000) == Some(0) {
-                    tracing::warn!(%peer, cap, refused_so_far = n + 1, "connection refused: over the connection cap");
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let peer = stream.peer_addr()?;
+            match Self::admit(gate.clone(), peer).await {
+                Ok(ticket) => Ok((Guarded::new(stream, ticket, &gate.limits), service)),
+                Err(cap) => {
+                    // One line per 1,000 refusals: a flood must not flood the log.
+                    let n = gate.refused.fetch_add(1, Ordering::Relaxed);
+                    if n.checked_rem(1000) == Some(0) {
+                        tracing::warn!(peer = %peer.ip(), cap, refused_so_far = n + 1,
+                            "connection refused: over the connection cap");
+                    }
+                    Err(io::Error::new(io::ErrorKind::ConnectionRefused, format!("over {cap}")))
                 }
-                Err(io::Error::new(io::ErrorKind::ConnectionRefused, format!("over {cap}")))
             }
         })
     }
@@ -104,18 +196,25 @@ impl<S> axum_server::accept::Accept<TcpStream, S> for LimitAcceptor {
 /// A connection's slots; given back when the connection ends.
 #[derive(Debug)]
 struct Ticket {
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
     gate: Arc<Gate>,
-    peer: IpAddr,
+    peer: SocketAddr,
+    conn: Option<Arc<Conn>>,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        if let Some(c) = &self.conn {
+            let mut open = self.gate.open.lock();
+            if open.get(&self.peer).is_some_and(|o| Arc::ptr_eq(o, c)) {
+                open.remove(&self.peer);
+            }
+        }
         let mut map = self.gate.per_ip.lock();
-        if let Some(n) = map.get_mut(&self.peer) {
+        if let Some(n) = map.get_mut(&self.peer.ip()) {
             *n -= 1;
             if *n == 0 {
-                map.remove(&self.peer);
+                map.remove(&self.peer.ip());
             }
         }
     }
@@ -131,12 +230,17 @@ pub struct Guarded<S> {
     idle: Duration,
     seen_a_byte: bool,
     deadline: Pin<Box<Sleep>>,
+    /// Ready when the gate closes this connection for a new one.
+    evicted: Pin<Box<OwnedNotified>>,
 }
 
 impl<S> Guarded<S> {
     fn new(inner: S, ticket: Ticket, limits: &Limits) -> Guarded<S> {
         Guarded {
             inner,
+            evicted: Box::pin(
+                ticket.conn.as_ref().map_or_else(|| Arc::new(Notify::new()), |c| c.wake.clone()).notified_owned(),
+            ),
             _ticket: ticket,
             idle: limits.idle_timeout,
             seen_a_byte: false,
@@ -148,8 +252,15 @@ impl<S> Guarded<S> {
         self.deadline.as_mut().reset(Instant::now() + self.idle);
     }
 
-    /// Called when the inner stream is not ready: has the deadline passed?
+    /// Called when the inner stream is not ready: has the deadline passed,
+    /// or has the gate closed the connection for a new one?
     fn expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.evicted.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "every connection slot was taken: closed, as the oldest connection no agent's token was shown on",
+            ));
+        }
         match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(io::Error::new(
                 io::ErrorKind::TimedOut,

@@ -142,6 +142,8 @@ struct AppState {
     feeds: Option<Arc<tokio::sync::Mutex<FeedWatcher>>>,
     /// Turns for reading output outside the store lock (`get_output`).
     output_readers: Arc<tokio::sync::Semaphore>,
+    /// Told which connections carry an agent's or the admin's token.
+    conn_gate: conn::ConnGate,
     rebalance_cfg: RebalanceConfig,
     // The latest pass, replaced whole (std-style lock, never held across
     // an `.await`).
@@ -480,6 +482,7 @@ pub async fn run_with(
         shutdown.await;
         let _ = shutdown_tx.send(true);
     };
+    let limit = conn::LimitAcceptor::new(config.limits.resolve());
     let state = AppState {
         wakers: store.wakers(),
         shutdown: shutdown_rx,
@@ -490,6 +493,7 @@ pub async fn run_with(
         clock,
         feeds: watcher,
         output_readers: Arc::new(tokio::sync::Semaphore::new(OUTPUT_READERS)),
+        conn_gate: limit.gate(),
         rebalance_cfg,
         rebalance: Arc::new(parking_lot::Mutex::new(Arc::new(initial))),
         rebalance_mode: Arc::new(parking_lot::Mutex::new(rebalance_mode)),
@@ -548,7 +552,7 @@ pub async fn run_with(
     };
     tracing::info!(addr = ?listener.local_addr().ok(), tls = tls.is_some(), "fleet-metasched listening");
     let app = router(state);
-    let served = serve(listener, app, tls, config.limits.resolve(), shutdown).await;
+    let served = serve(listener, app, tls, limit, shutdown).await;
     sweeper.abort();
     background.iter().for_each(|t| t.abort());
     *control.inner.lock() = None;
@@ -584,7 +588,7 @@ async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     tls: Option<axum_server::tls_rustls::RustlsConfig>,
-    limits: conn::Limits,
+    limit: conn::LimitAcceptor,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
@@ -595,8 +599,7 @@ async fn serve(
         on_stop.graceful_shutdown(Some(Duration::from_secs(5)));
     });
     let listener = listener.into_std().context("taking over the listening socket")?;
-    let header_timeout = limits.header_read_timeout;
-    let limit = conn::LimitAcceptor::new(limits);
+    let header_timeout = limit.header_read_timeout();
     fn http<A>(b: &mut axum_server::Server<A>, header_timeout: Duration) {
         let h = b.http_builder();
         h.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
@@ -605,7 +608,9 @@ async fn serve(
         // HTTP/1.1 connections would be.
         h.http2().max_concurrent_streams(MAX_H2_STREAMS);
     }
-    let make = app.into_make_service();
+    // The peer's address reaches `require_auth`, which tells the gate
+    // which connections an agent or the admin uses.
+    let make = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     match tls {
         None => {
             let mut server = axum_server::from_tcp(listener).acceptor(limit);
@@ -807,6 +812,7 @@ fn cluster_of_derived(tokens: &Tokens, token: &str, derive: impl Fn(&str) -> Str
 /// the request's extensions for the handler.
 async fn require_auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let (mut parts, body) = req.into_parts();
+    let peer = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0);
     let path_job = match Path::<std::collections::BTreeMap<String, String>>::from_request_parts(&mut parts, &st).await {
         Ok(Path(p)) => p.get("id").cloned(),
         Err(e) => return e.into_response(),
@@ -827,6 +833,9 @@ async fn require_auth(State(st): State<AppState>, req: Request, next: Next) -> R
             resp
         }
         Ok(caller) => {
+            if let (Caller::Admin | Caller::Cluster(_), Some(peer)) = (&caller, peer) {
+                st.conn_gate.trust(peer);
+            }
             parts.extensions.insert(caller);
             next.run(Request::from_parts(parts, body)).await
         }

@@ -1702,6 +1702,33 @@ async fn silent_and_slow_header_connections_are_closed() {
     d.stop().await;
 }
 
+/// One keep-alive request on `s`; the status of its answer (body read).
+async fn request_on(s: &mut tokio::net::TcpStream, path: &str, auth: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let text = String::from_utf8_lossy(&got[..end]).to_string();
+            let len: usize = text
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                .unwrap_or(0);
+            while got.len() < end + 4 + len {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed in the middle of an answer");
+                got.extend_from_slice(&buf[..n]);
+            }
+            return text.split(' ').nth(1).unwrap().parse().unwrap();
+        }
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "closed before an answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// Open `n` connections from `local` that each send half a request head;
 /// how many the daemon closed within `window`, and the open ones.
 async fn flood(d: &Daemon, local: &str, n: usize, window: Duration) -> (usize, Vec<tokio::net::TcpStream>) {
@@ -1740,8 +1767,14 @@ async fn connection_caps_keep_agents_served_under_a_flood() {
     drop((held, agent));
     // (the daemon sees those connections end)
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // Five sources fill the total cap (40): the next connection is closed
-    // at once; when they go, service resumes.
+    // An agent's keep-alive connection, opened before the flood (the
+    // oldest): its token makes it trusted.
+    let mut agent_conn = raw_conn(&d, "127.0.0.3").await;
+    assert_eq!(request_on(&mut agent_conn, "/v1/clusters", &bearer("alpha")).await, 200);
+    // Five sources take every other slot (40 in all): each connection over
+    // the total closes the oldest one no agent's token was shown on, never
+    // the agent's, so that no flood from any number of sources holds every
+    // slot; a new connection is served.
     let mut fill = Vec::new();
     for i in 1..=5 {
         let (closed, held) = flood(&d, &format!("127.0.1.{i}"), 8, Duration::from_millis(100)).await;
@@ -1749,9 +1782,16 @@ async fn connection_caps_keep_agents_served_under_a_flood() {
         fill.extend(held);
     }
     let mut extra = raw_conn(&d, "127.0.0.1").await;
-    let (_, closed) = read_until_closed(&mut extra, Duration::from_millis(500)).await;
-    assert!(closed, "over max_connections: closed at once");
-    drop(fill);
+    assert_eq!(request_on(&mut extra, "/v1/clusters", &bearer("beta")).await, 200, "served over a full table");
+    let mut closed_fill = 0;
+    for s in fill.iter_mut() {
+        if read_until_closed(s, Duration::from_millis(20)).await.1 {
+            closed_fill += 1;
+        }
+    }
+    assert_eq!(closed_fill, 2, "one flood connection closed for each new connection over the cap");
+    assert_eq!(request_on(&mut agent_conn, "/v1/clusters", &bearer("alpha")).await, 200, "the agent's stayed");
+    drop((fill, extra, agent_conn));
     let t0 = std::time::Instant::now();
     loop {
         let r = reqwest::Client::new()
