@@ -348,6 +348,14 @@ fn under_private_data_the_agent_must_be_a_slurm_operator() {
     // The helper each run starts under is where fleet.conf says.
     let helper = report.lines().find(|l| l.contains("ckpt-helper")).unwrap_or_default();
     assert!(helper.starts_with("PASS") && helper.contains("every compute node"), "{report}");
+    // The lab's stores file holds its (moto's) keys and every user can read
+    // it: at a site that would give every job every job's checkpoints, and
+    // the check says so.
+    let fleet_conf = std::fs::read_to_string(lab.slurm_conf("beta").with_file_name("fleet.conf")).unwrap();
+    if fleet_conf.lines().any(|l| l.starts_with("CkptStores=")) {
+        let stores = report.lines().find(|l| l.contains("ckpt-stores")).unwrap_or_default();
+        assert!(stores.starts_with("WARN") && stores.contains("every job's checkpoints"), "{report}");
+    }
     // Without the role the check fails and says what to run (the agent's
     // start refuses the same way).
     let sacctmgr = |level: &str| {

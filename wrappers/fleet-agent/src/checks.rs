@@ -90,6 +90,7 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
         });
         out.push(instance(&cfg.spool));
         out.push(ca_file(cfg));
+        out.extend(ckpt_stores(cfg));
         out.push(meta_scheduler(cfg).await);
         return out;
     }
@@ -107,8 +108,23 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out.push(instance(&cfg.spool));
     out.push(ca_file(cfg));
     out.push(ckpt_helper(cfg));
+    out.extend(ckpt_stores(cfg));
     out.push(meta_scheduler(cfg).await);
     out
+}
+
+/// `CkptStores`: every run gets it, so keys in it are every user's.
+fn ckpt_stores(cfg: &AgentConfig) -> Option<Check> {
+    let path = cfg.ckpt_stores.as_deref()?;
+    Some(match fleet_agent::ckpt::stores_exposure(path, cfg.kube.is_some()) {
+        Some(why) => warn(
+            "ckpt-stores",
+            why,
+            "give each key no more than a user may do with it, or leave the keys out and let jobs bring their own \
+             (docs/checkpoints.md, \"Who can read checkpoints\")",
+        ),
+        None => pass("ckpt-stores", format!("CkptStores={} hands no store key to every user", path.display())),
+    })
 }
 
 /// `CkptHelper`: each run's first line names it under the in-job lease,

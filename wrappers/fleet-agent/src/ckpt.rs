@@ -382,9 +382,79 @@ fn read_only_hint(stderr: &str, dst_prefix: &str) -> String {
     )
 }
 
+/// Why `CkptStores` at `path` exposes store keys to every user, if it does:
+/// every run here gets the file (`FLEET_CKPT_STORES`; on Kubernetes its
+/// contents, in the pod), so a key in it — or in a `secret_access_key_file`
+/// it names that others may read — lets any user's job read, overwrite
+/// or delete every job's checkpoints in that store. `kube`: pods get the
+/// contents whatever the file's mode. `None`: no keys there, or the file
+/// cannot be read (the copy then fails and says so).
+pub fn stores_exposure(path: &Path, kube: bool) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let text = std::fs::read_to_string(path).ok()?;
+    let doc: toml::Table = text.parse().ok()?;
+    let world = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o004 != 0);
+    let mut exposed = Vec::new();
+    for store in doc.get("store").and_then(|s| s.as_array()).into_iter().flatten() {
+        let url = store.get("url").and_then(|u| u.as_str()).unwrap_or("?");
+        let inline = store.get("secret_access_key").is_some();
+        let file = store.get("secret_access_key_file").and_then(|f| f.as_str()).map(Path::new);
+        let shown = if inline {
+            kube || world(path)
+        } else {
+            // A key file a pod cannot see does not travel; one every user
+            // can read is theirs anyway.
+            file.is_some_and(world)
+        };
+        if shown {
+            exposed.push(url.to_string());
+        }
+    }
+    if exposed.is_empty() {
+        return None;
+    }
+    let how = if kube { "every pod gets its contents" } else { "every user can read it and every run gets it" };
+    Some(format!(
+        "CkptStores={} holds the keys of {} and {how} (FLEET_CKPT_STORES): any user's job can read, overwrite \
+         or delete every job's checkpoints there",
+        path.display(),
+        exposed.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn store_keys_every_user_can_read_are_named() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str, mode: u32| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        let inline = "[[store]]\nurl = \"s3://ckpt-east\"\naccess_key_id = \"a\"\nsecret_access_key = \"s\"\n";
+        let open = file("open.toml", inline, 0o644);
+        let why = stores_exposure(&open, false).expect("a key in a world-readable file");
+        assert!(why.contains("s3://ckpt-east") && why.contains("every job's checkpoints"), "{why}");
+        let private = file("private.toml", inline, 0o640);
+        assert_eq!(stores_exposure(&private, false), None, "only the agent's group reads it");
+        assert!(stores_exposure(&private, true).is_some(), "a pod gets the contents whatever the mode");
+        let secret = file("secret", "s\n", 0o644);
+        let by_file = file(
+            "by-file.toml",
+            &format!("[[store]]\nurl = \"s3://ckpt-west\"\nsecret_access_key_file = \"{}\"\n", secret.display()),
+            0o600,
+        );
+        assert!(stores_exposure(&by_file, false).is_some_and(|w| w.contains("s3://ckpt-west")));
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(stores_exposure(&by_file, false), None);
+        let endpoints_only = file("endpoints.toml", "[[store]]\nurl = \"s3://a\"\nendpoint = \"https://x\"\n", 0o644);
+        assert_eq!(stores_exposure(&endpoints_only, false), None, "no key: the jobs bring their own");
+    }
 
     #[test]
     fn a_copy_refused_by_a_read_only_file_system_names_the_unit_setting() {

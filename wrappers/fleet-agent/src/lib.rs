@@ -141,6 +141,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         job_lease: cfg.job_lease,
         helper: cfg.ckpt_helper.clone(),
     };
+    if let Some(why) = cfg.ckpt_stores.as_deref().and_then(|p| ckpt::stores_exposure(p, cfg.kube.is_some())) {
+        tracing::warn!("{why} (docs/checkpoints.md, \"Who can read checkpoints\")");
+    }
     if let Some(k) = cfg.kube.clone() {
         if job_ckpt.job_lease.is_some() && k.helper_image.is_none() {
             tracing::warn!(
