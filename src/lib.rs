@@ -642,6 +642,16 @@ pub fn wait_file(path: &Path, timeout: Duration, pred: impl Fn(&[u8]) -> bool) -
     }
 }
 
+/// Writes `text` as `path` the way an editor or config management does
+/// (a new file renamed over the old one), readable by SlurmUser.
+pub fn replace_file(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("conf.new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -488,16 +488,6 @@ fn a_remote_cancel_by_an_admin_shows_as_cancelled_at_home() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "CANCELLED");
 }
 
-/// Writes `text` as `path` the way an editor or config management does
-/// (a new file renamed over the old one), readable by SlurmUser.
-fn replace_file(path: &std::path::Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    let tmp = path.with_extension("conf.new");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// An admin edits fleet.conf and runs `scontrol reconfigure`: the plugin
 /// inside slurmctld uses the new file from the next submission on (Slurm
 /// 22.05 re-inits job_submit plugins at reconfigure only when
@@ -515,7 +505,7 @@ fn a_changed_fleet_conf_is_used_after_scontrol_reconfigure() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
     let _restore = fleet_lab::OnDrop(|| {
-        replace_file(&conf, &original);
+        fleet_lab::replace_file(&conf, &original);
         let _ = lab.cmd("beta", "scontrol", &["reconfigure"]);
     });
     let sock = lab.root.join("beta/agent.sock");
@@ -524,7 +514,7 @@ fn a_changed_fleet_conf_is_used_after_scontrol_reconfigure() {
     let edited = original
         .replace("FailOpen=yes", "FailOpen=no")
         .replace(&format!("AgentSocket={}", sock.display()), &format!("AgentSocket={}", nobody.display()));
-    replace_file(&conf, &edited);
+    fleet_lab::replace_file(&conf, &edited);
     reconfigure();
     let body = script("true");
     // --fleet-to makes the plugin ask the agent rather than its cached view.
@@ -535,7 +525,7 @@ fn a_changed_fleet_conf_is_used_after_scontrol_reconfigure() {
     let log = std::fs::read_to_string(lab.root.join("beta/log/slurmctld.log")).unwrap();
     assert!(log.contains(&format!("job_submit/fleet: fleet.conf {} changed", conf.display())), "nothing logged");
 
-    replace_file(&conf, &original);
+    fleet_lab::replace_file(&conf, &original);
     reconfigure();
     let id = lab.sbatch("beta", &["--gres=gpu:h100:8", "--fleet-to=alpha", "--hold"], &body).unwrap();
     let _cancel = cancel_on_drop(lab, vec![id]);

@@ -675,6 +675,16 @@ fn a_script_over_max_script_bytes_stays_home_or_is_refused_naming_it() {
 fn a_job_whose_deferred_stand_in_would_pass_slurms_max_script_size_still_leaves() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("bigstandin");
+    // The round trip for a request of ~5 MB takes the agent more than the
+    // lab's 50 ms deadline on a loaded machine (then the job is refused,
+    // as below for the array): this test is about the stand-in's size, so
+    // it gives the agent time (the plugin reads the edited fleet.conf at
+    // the next submission).
+    let conf = lab.root.join("beta/fleet.conf");
+    let original = std::fs::read_to_string(&conf).unwrap();
+    assert!(original.contains("SubmitTimeoutMs=50\n"), "{original}");
+    fleet_lab::replace_file(&conf, &original.replace("SubmitTimeoutMs=50\n", "SubmitTimeoutMs=5000\n"));
+    let _restore = OnDrop(|| fleet_lab::replace_file(&conf, &original));
     // The plugin defers without asking the agent once the view knows the
     // submitter: small held jobs until one is deferred (else this test
     // would not reach the path it is about).
@@ -694,6 +704,9 @@ fn a_job_whose_deferred_stand_in_would_pass_slurms_max_script_size_still_leaves(
         assert!(t0.elapsed() < Duration::from_secs(30), "the plugin never deferred a job of the lab user");
         std::thread::sleep(Duration::from_millis(500));
     }
+    // After an agent timeout the plugin asks no agent for 5 s
+    // (client::QUIET); an earlier test's may be that recent.
+    std::thread::sleep(Duration::from_secs(5));
     // A script just under MaxScriptBytes (1 MiB in the lab) and 500 KB of
     // control characters in the environment (JSON writes each as \u0001).
     let big = format!("#!/bin/bash\n# {}\necho ran $SLURM_CLUSTER_NAME\n", "x".repeat(1_000_000));
