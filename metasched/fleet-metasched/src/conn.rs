@@ -113,14 +113,14 @@ impl LimitAcceptor {
     }
 
     /// The per-address count of `peer`, taken (`Err`: over its cap).
-    fn count_in(gate: &Gate, peer: IpAddr) -> Result<(), &'static str> {
+    fn count_in(gate: &Arc<Gate>, peer: IpAddr) -> Result<IpCount, &'static str> {
         let mut map = gate.per_ip.lock();
         let n = map.entry(peer).or_insert(0);
         if *n >= gate.limits.max_connections_per_ip {
             return Err("max_connections_per_ip");
         }
         *n += 1;
-        Ok(())
+        Ok(IpCount { gate: gate.clone(), peer })
     }
 
     /// Every slot is taken: close the oldest connection that is not
@@ -142,9 +142,8 @@ impl LimitAcceptor {
     }
 
     async fn admit(gate: Arc<Gate>, peer: SocketAddr) -> Result<Ticket, &'static str> {
-        Self::count_in(&gate, peer.ip())?;
-        // From here the per-address count is the ticket's to give back.
-        let mut ticket = Ticket { _permit: None, gate: gate.clone(), peer, conn: None };
+        // Given back when dropped, here on any refusal below.
+        let counted = Self::count_in(&gate, peer.ip())?;
         let permit = match gate.total.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) if Self::evict_one(&gate) => {
@@ -155,7 +154,6 @@ impl LimitAcceptor {
             }
             Err(_) => return Err("max_connections"),
         };
-        ticket._permit = Some(permit);
         let conn = Arc::new(Conn {
             opened: Instant::now(),
             trusted: false.into(),
@@ -163,8 +161,7 @@ impl LimitAcceptor {
             wake: Arc::new(Notify::new()),
         });
         gate.open.lock().insert(peer, conn.clone());
-        ticket.conn = Some(conn);
-        Ok(ticket)
+        Ok(Ticket { _permit: permit, _counted: counted, gate, peer, conn })
     }
 }
 
@@ -196,25 +193,36 @@ impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for LimitAccep
 /// A connection's slots; given back when the connection ends.
 #[derive(Debug)]
 struct Ticket {
-    _permit: Option<OwnedSemaphorePermit>,
+    _permit: OwnedSemaphorePermit,
+    _counted: IpCount,
     gate: Arc<Gate>,
     peer: SocketAddr,
-    conn: Option<Arc<Conn>>,
+    conn: Arc<Conn>,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Some(c) = &self.conn {
-            let mut open = self.gate.open.lock();
-            if open.get(&self.peer).is_some_and(|o| Arc::ptr_eq(o, c)) {
-                open.remove(&self.peer);
-            }
+        let mut open = self.gate.open.lock();
+        if open.get(&self.peer).is_some_and(|o| Arc::ptr_eq(o, &self.conn)) {
+            open.remove(&self.peer);
         }
+    }
+}
+
+/// One connection counted against its address's cap; given back when dropped.
+#[derive(Debug)]
+struct IpCount {
+    gate: Arc<Gate>,
+    peer: IpAddr,
+}
+
+impl Drop for IpCount {
+    fn drop(&mut self) {
         let mut map = self.gate.per_ip.lock();
-        if let Some(n) = map.get_mut(&self.peer.ip()) {
+        if let Some(n) = map.get_mut(&self.peer) {
             *n -= 1;
             if *n == 0 {
-                map.remove(&self.peer.ip());
+                map.remove(&self.peer);
             }
         }
     }
@@ -238,9 +246,7 @@ impl<S> Guarded<S> {
     fn new(inner: S, ticket: Ticket, limits: &Limits) -> Guarded<S> {
         Guarded {
             inner,
-            evicted: Box::pin(
-                ticket.conn.as_ref().map_or_else(|| Arc::new(Notify::new()), |c| c.wake.clone()).notified_owned(),
-            ),
+            evicted: Box::pin(ticket.conn.wake.clone().notified_owned()),
             _ticket: ticket,
             idle: limits.idle_timeout,
             seen_a_byte: false,
