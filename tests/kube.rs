@@ -646,7 +646,10 @@ echo end"#,
     let first = String::from_utf8_lossy(&first).into_owned();
     let fid = fleet_job_of(lab, id).unwrap();
     assert!(
-        first.starts_with(&format!("run at {KUBE} resume=none url=s3://ckpt-lab-central/fleet/{fid}\n")),
+        first.starts_with(&format!(
+            "run at {KUBE} resume=none url=s3://ckpt-lab-central/fleet/beta/{}/{fid}\n",
+            fleet_lab::USER
+        )),
         "the pod got its region's checkpoint prefix: {first}"
     );
     assert!(!first.contains("warning"), "fleet-ckpt save in the pod could not report: {first}");
@@ -917,7 +920,10 @@ exit 7"#,
     let resumed = t_kill.elapsed();
     let second = String::from_utf8_lossy(&second).into_owned();
     let run2 = &second[second.rfind("run at ").unwrap()..];
-    assert!(run2.starts_with(&format!("run at {KUBE} resume=s3://ckpt-lab-central/fleet/{fid}/")), "{run2}");
+    assert!(
+        run2.starts_with(&format!("run at {KUBE} resume=s3://ckpt-lab-central/fleet/beta/{}/{fid}/", fleet_lab::USER)),
+        "{run2}"
+    );
     let at = numbers(run2, "resumed-at")[0];
     // The newest checkpoint alpha reported before it died, and its copy.
     let rows = lab.fleetctl_json(&["job", "checkpoints", &fid]).unwrap();
@@ -1387,7 +1393,7 @@ exit 5"#,
     let at = numbers(run2, "resumed-at")[0];
     assert_eq!(at, signalled[0], "resumed from the checkpoint the signal asked for: {moved}");
     assert!(
-        run2.starts_with(&format!("run at {KUBE} resume=s3://ckpt-lab-central/fleet/{fid}/")),
+        run2.starts_with(&format!("run at {KUBE} resume=s3://ckpt-lab-central/fleet/beta/{}/{fid}/", fleet_lab::USER)),
         "resumed in a pod from the copy in kube-gamma's region: {run2}"
     );
     let notes: Vec<&str> = moved.lines().filter(|l| l.starts_with("fleet: ")).collect();

@@ -45,7 +45,7 @@ if "$CK" restore "$W/r"; then
 else
   rc=$?; [ $rc = 3 ] || {{ echo "restore failed: $rc"; exit 9; }}
   # The first run keeps its checkpoints in the other region's store.
-  SAVE=s3://ckpt-lab-west/fleet/$FLEET_JOB_ID
+  SAVE=s3://ckpt-lab-west/fleet/beta/{user}/$FLEET_JOB_ID
 fi
 while [ $step -lt {LAST_STEP} ]; do
   step=$((step + 1)); echo "step $step"; sleep 1
@@ -57,7 +57,8 @@ while [ $step -lt {LAST_STEP} ]; do
 done
 echo end
 exit 5"#,
-        ckpt = ckpt.display()
+        ckpt = ckpt.display(),
+        user = fleet_lab::USER
     );
     let id = lab
         .sbatch("beta", &["--gres=gpu:h100:1", "--open-mode=append", &out_arg(&dir, "out.txt")], &script(&body))
@@ -69,7 +70,10 @@ exit 5"#,
     let first = wait_file(&out, T, |b| numbers(&String::from_utf8_lossy(b), "ckpt").iter().any(|&s| s >= 6)).unwrap();
     let first = String::from_utf8_lossy(&first).into_owned();
     let fleet_id = fleet_job_of(lab, id).unwrap();
-    assert!(first.starts_with(&format!("run resume=none url=s3://ckpt-lab-east/fleet/{fleet_id}\n")), "{first}");
+    // Site defaults name the origin and the user, so that a store can give
+    // each user's key that user's prefixes alone.
+    let mine = format!("beta/{}/{fleet_id}", fleet_lab::USER);
+    assert!(first.starts_with(&format!("run resume=none url=s3://ckpt-lab-east/fleet/{mine}\n")), "{first}");
     assert!(!first.contains("warning"), "fleet-ckpt save could not report: {first}");
     assert_eq!(fleet_record(lab, id).unwrap()["target"], "alpha");
 
@@ -93,7 +97,7 @@ exit 5"#,
     let run2 = &second[second.rfind("run resume=").unwrap()..];
     // FLEET_RESUME_FROM names the copy in east's store, under the job's prefix there.
     let resume_line = run2.lines().next().unwrap();
-    let east = format!("s3://ckpt-lab-east/fleet/{fleet_id}/ckpt-");
+    let east = format!("s3://ckpt-lab-east/fleet/{mine}/ckpt-");
     assert!(resume_line.starts_with(&format!("run resume={east}")), "{resume_line}");
     let at = numbers(run2, "resumed-at")[0];
     // The first run's output is all relayed before the second run's.
@@ -122,7 +126,7 @@ exit 5"#,
     assert_eq!(copy["region"], "lab-east", "{copy}");
     assert_eq!(copy["step"].as_u64(), Some(at), "the copy has its source's step: {copy}");
     let from = copy["copied_from"].as_str().unwrap();
-    assert!(from.starts_with(&format!("s3://ckpt-lab-west/fleet/{fleet_id}/ckpt-")), "{copy}");
+    assert!(from.starts_with(&format!("s3://ckpt-lab-west/fleet/{mine}/ckpt-")), "{copy}");
     let src = rows.iter().find(|r| r["url"] == from).unwrap();
     assert_eq!(
         (src["region"].as_str(), src["step"].as_u64(), src["reported_by"].as_str()),

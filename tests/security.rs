@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use fleet_lab::{fleet_job_of, out_arg, remote_of, script, wait_file, Lab, OTHER_USER};
+use fleet_lab::{fleet_job_of, out_arg, remote_of, script, wait_file, Lab, OTHER_USER, USER};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -77,9 +77,16 @@ fn users_jobs_are_isolated_at_the_target() {
     let bob_dir = lab.root.join("alpha/agent/jobs").join(&bob_fid);
     let (_, bob_remote) = remote_of(lab, bob).unwrap();
     // alice's job at alpha tries to read bob's directory, output and environment.
+    // Checkpoint store keys: alice's run gets her stores file, and can read
+    // neither bob's nor the agent's (CkptUserStores, CkptStores).
+    let users = lab.root.join("ckpt-users");
     let body = format!(
-        "ls {d} >/dev/null 2>&1 && echo LISTED; cat {d}/stdout 2>/dev/null; for p in $(pgrep -u {OTHER_USER}); do cat /proc/$p/environ 2>/dev/null | tr '\\0' '\\n' | grep API_KEY; kill -STOP $p 2>/dev/null && echo SIGNALLED; done; scancel {bob_remote} 2>/dev/null && echo CANCELLED; echo done",
-        d = bob_dir.display()
+        "ls {d} >/dev/null 2>&1 && echo LISTED; cat {d}/stdout 2>/dev/null; for p in $(pgrep -u {OTHER_USER}); do cat /proc/$p/environ 2>/dev/null | tr '\\0' '\\n' | grep API_KEY; kill -STOP $p 2>/dev/null && echo SIGNALLED; done; scancel {bob_remote} 2>/dev/null && echo CANCELLED; \
+         echo \"stores=${{FLEET_CKPT_STORES:-none}}\"; cat \"${{FLEET_CKPT_STORES:-/dev/null}}\" | grep -m1 access_key_id; \
+         cat {u}/{OTHER_USER}.toml {agent} 2>/dev/null | grep access_key_id; echo done",
+        d = bob_dir.display(),
+        u = users.display(),
+        agent = lab.root.join("ckpt-stores.toml").display(),
     );
     let alice_out = dir.join("alice.txt");
     let alice = lab
@@ -90,6 +97,14 @@ fn users_jobs_are_isolated_at_the_target() {
     assert!(out.ends_with("done\n"), "{out:?}");
     for leak in ["LISTED", "bob-output-secret", "bob-secret-42", "SIGNALLED", "CANCELLED"] {
         assert!(!out.contains(leak), "alice's job reached bob's job ({leak}): {out:?}");
+    }
+    if users.exists() {
+        let mine = users.join(format!("{USER}.toml"));
+        assert!(out.contains(&format!("stores={}\n", mine.display())), "alice's run gets her own stores file: {out:?}");
+        assert!(out.contains(&format!("access_key_id = \"fleet-lab-{USER}\"")), "{out:?}");
+        for other in [OTHER_USER, "agent"] {
+            assert!(!out.contains(&format!("fleet-lab-{other}")), "alice's run read {other}'s store keys: {out:?}");
+        }
     }
     let r = lab.wait_done("beta", bob, T).unwrap();
     assert_eq!(r["ExitCode"], "0:0", "bob's job ran to its end: {r:?}");
@@ -348,13 +363,24 @@ fn under_private_data_the_agent_must_be_a_slurm_operator() {
     // The helper each run starts under is where fleet.conf says.
     let helper = report.lines().find(|l| l.contains("ckpt-helper")).unwrap_or_default();
     assert!(helper.starts_with("PASS") && helper.contains("every compute node"), "{report}");
-    // The lab's stores file holds its (moto's) keys and every user can read
-    // it: at a site that would give every job every job's checkpoints, and
-    // the check says so.
+    // The lab's store keys: the agent's file is its own, each user's file
+    // (CkptUserStores) that user's; the check says so, and names a user's
+    // file once every user can read it.
     let fleet_conf = std::fs::read_to_string(lab.slurm_conf("beta").with_file_name("fleet.conf")).unwrap();
-    if fleet_conf.lines().any(|l| l.starts_with("CkptStores=")) {
-        let stores = report.lines().find(|l| l.contains("ckpt-stores")).unwrap_or_default();
-        assert!(stores.starts_with("WARN") && stores.contains("every job's checkpoints"), "{report}");
+    if fleet_conf.lines().any(|l| l.starts_with("CkptUserStores=")) {
+        let line = |r: &str, name: &str| r.lines().find(|l| l.contains(name)).unwrap_or_default().to_string();
+        let stores = line(&report, "ckpt-stores");
+        assert!(stores.starts_with("PASS") && stores.contains("the agent's alone"), "{report}");
+        assert!(line(&report, "ckpt-user-stores").starts_with("PASS"), "{report}");
+        let bobs = lab.root.join(format!("ckpt-users/{OTHER_USER}.toml"));
+        let _ = std::process::Command::new("chmod").arg("0644").arg(&bobs).status();
+        let opened = lab.agent_check("beta");
+        let _ = std::process::Command::new("chmod").arg("0640").arg(&bobs).status();
+        let users = line(&opened, "ckpt-user-stores");
+        assert!(
+            users.starts_with("WARN") && users.contains(&format!("{OTHER_USER}'s keys are everyone's")),
+            "{opened}"
+        );
     }
     // Without the role the check fails and says what to run (the agent's
     // start refuses the same way).

@@ -131,9 +131,22 @@ impl Daemon {
     }
 
     async fn assigned_with(&self, id: &str, to: &str, own_ckpt: Option<&str>, script: &[u8]) -> JobRecord {
+        self.assigned_as(id, to, own_ckpt, script, None).await
+    }
+
+    /// As [`Daemon::assigned_with`], submitted by `user` (the origin's name for them).
+    async fn assigned_as(
+        &self,
+        id: &str,
+        to: &str,
+        own_ckpt: Option<&str>,
+        script: &[u8],
+        user: Option<&str>,
+    ) -> JobRecord {
         let request = JobRequest {
             origin: "beta".into(),
             user_id: 1000,
+            user_name: user.map(Into::into),
             time_limit_min: Some(60),
             gpus: vec![GpuRequest { gpu_type: Some("h100".into()), count: 1, scope: GpuScope::Node }],
             script: Some(script.to_vec()),
@@ -284,6 +297,48 @@ async fn only_the_job_and_its_target_report_and_reports_are_checked() {
     assert_eq!((there.copy_needed, there.copy_bytes), (true, 200_000_000));
     assert_eq!(there.copy_to.as_deref(), Some("s3://ckpt-south/fleet/j1"));
     assert_eq!(store.plan_restore("j2", "south").unwrap(), None);
+}
+
+#[tokio::test]
+async fn site_default_prefixes_name_the_origin_and_user_so_a_store_can_scope_keys_by_user() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(config(tmp.path())).await;
+    let script = b"#!/bin/sh\ntrain\n";
+    d.assigned_as("k1", "alpha", None, script, Some("alice")).await;
+    let w = d.work("alpha").await;
+    let a = w.submit.iter().find(|a| a.fleet_job_id == "k1").unwrap();
+    assert_eq!(a.request.fleet.ckpt.as_deref(), Some("s3://ckpt-east/fleet/beta/alice/k1"));
+    let mine = "s3://ckpt-east/fleet/beta/alice/k1/ckpt-000000000001";
+    assert_eq!(d.report("k1", &ckpt_auth("alpha", "k1"), &rep(mine, 1, 'a')).await.0, StatusCode::OK);
+    // A run started before prefixes named their user still saves where it was told.
+    let legacy = "s3://ckpt-east/fleet/k1/ckpt-000000000002";
+    assert_eq!(d.report("k1", &ckpt_auth("alpha", "k1"), &rep(legacy, 2, 'b')).await.0, StatusCode::OK);
+    // Another user's prefix, or another origin's, is not this job's.
+    for other in
+        ["s3://ckpt-east/fleet/beta/bob/k1/ckpt-000000000003", "s3://ckpt-east/fleet/alpha/alice/k1/ckpt-000000000003"]
+    {
+        check_status(
+            d.report("k1", &ckpt_auth("alpha", "k1"), &rep(other, 3, 'c')).await,
+            StatusCode::FORBIDDEN,
+            "s3://ckpt-east/fleet/beta/alice/k1",
+        );
+    }
+    // A move to another region copies into the user's prefix there.
+    let c = d.assigned_as("k2", "gamma", None, script, Some("alice")).await;
+    assert_eq!(c.target.as_deref(), Some("gamma"));
+    let west = "s3://ckpt-west/fleet/beta/alice/k2/ckpt-000000000001";
+    assert_eq!(d.report("k2", &job_auth("beta", "k2"), &rep(west, 1, 'e')).await.0, StatusCode::OK);
+    let w = d.work("gamma").await;
+    let a = w.submit.iter().find(|a| a.fleet_job_id == "k2").unwrap();
+    assert_eq!(a.resume_copy_to.as_deref(), Some("s3://ckpt-south/fleet/beta/alice/k2"));
+    // A name that cannot be one path component keeps the job-id prefix.
+    for (id, user) in [("k3", "../bob"), ("k4", "a/b"), ("k5", "..")] {
+        d.assigned_as(id, "alpha", None, script, Some(user)).await;
+        let w = d.work("alpha").await;
+        let a = w.submit.iter().find(|a| a.fleet_job_id == id).unwrap();
+        assert_eq!(a.request.fleet.ckpt.as_deref(), Some(format!("s3://ckpt-east/fleet/{id}").as_str()), "{user}");
+    }
+    d.stop().await;
 }
 
 #[tokio::test]

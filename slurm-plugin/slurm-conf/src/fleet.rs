@@ -165,9 +165,14 @@ pub struct FleetConf {
     /// `CkptStores` (none: the `AWS_*` environment): the checkpoint stores
     /// file (docs/checkpoints.md: endpoint and credentials per bucket),
     /// used by the agent to copy a checkpoint into this region before a
-    /// resume and passed to jobs as `FLEET_CKPT_STORES`, so it must hold
-    /// only credentials jobs may use and be readable by them.
+    /// resume and, without `CkptUserStores`, passed to every job as
+    /// `FLEET_CKPT_STORES` (so a key in it is every user's).
     pub ckpt_stores: Option<PathBuf>,
+    /// `CkptUserStores` (e.g. `/etc/fleet/ckpt/%u.toml`): each run's own
+    /// stores file, `%u` the user the run runs as here. Set, runs get
+    /// their user's file (none where it does not exist) and `CkptStores`
+    /// is the agent's alone.
+    pub ckpt_user_stores: Option<String>,
     /// `CkptHelper` (/usr/bin/fleet-ckpt): the `fleet-ckpt` binary the agent
     /// copies checkpoints with.
     pub ckpt_helper: PathBuf,
@@ -245,6 +250,7 @@ impl Default for FleetConf {
             kube_account_namespaces: Vec::new(),
             kube_helper_image: None,
             ckpt_stores: None,
+            ckpt_user_stores: None,
             ckpt_helper: "/usr/bin/fleet-ckpt".into(),
         }
     }
@@ -287,6 +293,7 @@ pub const KEYS: &[&str] = &[
     "KubeAccountNamespaces",
     "KubeHelperImage",
     "CkptStores",
+    "CkptUserStores",
     "CkptHelper",
 ];
 
@@ -349,6 +356,7 @@ impl FleetConf {
                         }
                         "metaschedulercafile" => conf.meta_scheduler_ca_file = Some(path_value(v).map_err(bad)?),
                         "ckptstores" => conf.ckpt_stores = Some(path_value(v).map_err(bad)?),
+                        "ckptuserstores" => conf.ckpt_user_stores = Some(user_path_template(v).map_err(bad)?),
                         "ckpthelper" => conf.ckpt_helper = path_value(v).map_err(bad)?,
                         "agentsocket" => conf.agent_socket = path_value(v).map_err(bad)?,
                         "agenttokenfile" => conf.agent_token_file = path_value(v).map_err(bad)?,
@@ -537,6 +545,19 @@ fn path_value(v: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(v))
 }
 
+/// An absolute path with `%u` (the user's name) in it at least once, and
+/// no other `%` sequence.
+fn user_path_template(v: &str) -> Result<String, String> {
+    path_value(v)?;
+    if !v.contains("%u") {
+        return Err("expected a path with %u (the user's name), e.g. /etc/fleet/ckpt/%u.toml".into());
+    }
+    if v.replace("%u", "").contains('%') {
+        return Err("only %u (the user's name) may follow a %".into());
+    }
+    Ok(v.to_string())
+}
+
 fn users(v: &str) -> Result<Vec<UserRef>, String> {
     v.split(',')
         .map(str::trim)
@@ -713,6 +734,25 @@ mod tests {
                 },
                 &[],
             )),
+        );
+        check(
+            "SiteName=a CkptUserStores=/etc/fleet/ckpt/%u.toml",
+            Ok((
+                FleetConf {
+                    site_name: "a".into(),
+                    ckpt_user_stores: Some("/etc/fleet/ckpt/%u.toml".into()),
+                    ..FleetConf::default()
+                },
+                &[],
+            )),
+        );
+        check(
+            "SiteName=a CkptUserStores=/etc/fleet/ckpt/stores.toml",
+            Err(&["fleet.conf:1: CkptUserStores=/etc/fleet/ckpt/stores.toml: bad value; expected a path with %u (the user's name), e.g. /etc/fleet/ckpt/%u.toml"]),
+        );
+        check(
+            "SiteName=a CkptUserStores=/etc/fleet/%j/%u.toml",
+            Err(&["fleet.conf:1: CkptUserStores=/etc/fleet/%j/%u.toml: bad value; only %u (the user's name) may follow a %"]),
         );
         check(
             "SiteName=g KubeAccountNamespaces=ml",

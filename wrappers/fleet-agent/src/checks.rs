@@ -113,18 +113,40 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out
 }
 
-/// `CkptStores`: every run gets it, so keys in it are every user's.
-fn ckpt_stores(cfg: &AgentConfig) -> Option<Check> {
-    let path = cfg.ckpt_stores.as_deref()?;
-    Some(match fleet_agent::ckpt::stores_exposure(path, cfg.kube.is_some()) {
-        Some(why) => warn(
-            "ckpt-stores",
-            why,
-            "give each key no more than a user may do with it, or leave the keys out and let jobs bring their own \
-             (docs/checkpoints.md, \"Who can read checkpoints\")",
-        ),
-        None => pass("ckpt-stores", format!("CkptStores={} hands no store key to every user", path.display())),
-    })
+/// `CkptStores`: without `CkptUserStores` every run gets it, so keys in it
+/// are every user's; `CkptUserStores`: each user's file is that user's.
+fn ckpt_stores(cfg: &AgentConfig) -> Vec<Check> {
+    let mut out = Vec::new();
+    let runs_get_it = cfg.ckpt_user_stores.is_none();
+    if let Some(path) = cfg.ckpt_stores.as_deref() {
+        out.push(match fleet_agent::ckpt::stores_exposure(path, cfg.kube.is_some(), runs_get_it) {
+            Some(why) => warn(
+                "ckpt-stores",
+                why,
+                "give each user a key of their own in CkptUserStores (its prefixes alone), keep CkptStores the \
+                 agent's (mode 0600), or leave the keys out and let jobs bring their own (docs/checkpoints.md, \
+                 \"Who can read checkpoints\")",
+            ),
+            None if runs_get_it => {
+                pass("ckpt-stores", format!("CkptStores={} hands no store key to every user", path.display()))
+            }
+            None => pass("ckpt-stores", format!("CkptStores={} is the agent's alone", path.display())),
+        });
+    }
+    if let Some(t) = &cfg.ckpt_user_stores {
+        let exposed = fleet_agent::ckpt::user_stores_exposure(t);
+        out.push(if exposed.is_empty() {
+            pass("ckpt-user-stores", format!("CkptUserStores={t}: each run gets its user's file, none another's"))
+        } else {
+            warn(
+                "ckpt-user-stores",
+                exposed.iter().map(|(p, why)| format!("{}: {why}", p.display())).collect::<Vec<_>>().join("; "),
+                "each file owned by its user, group the agent's, mode 0640 (docs/checkpoints.md, \"Who can read \
+                 checkpoints\")",
+            )
+        });
+    }
+    out
 }
 
 /// `CkptHelper`: each run's first line names it under the in-job lease,

@@ -41,8 +41,11 @@ pub struct JobCkpt {
     pub ca_file: Option<PathBuf>,
     /// This cluster's token: the key of the runs' checkpoint tokens.
     pub cluster_token: String,
-    /// `CkptStores`, as `FLEET_CKPT_STORES`.
+    /// `CkptStores`: the agent's copies, and every run's
+    /// `FLEET_CKPT_STORES` unless `user_stores` is set.
     pub stores: Option<PathBuf>,
+    /// `CkptUserStores`: each run's own stores file, `%u` its user here.
+    pub user_stores: Option<String>,
     /// `JobLeaseMs`: each run's in-job lease (`None`: runs without one).
     pub job_lease: Option<Duration>,
     /// `CkptHelper`: the `fleet-ckpt` the runs' first line names.
@@ -76,13 +79,34 @@ impl JobCkpt {
             && self.helper.is_file()
     }
 
+    /// The stores file a run of local user `user` gets: its own
+    /// (`CkptUserStores` with `%u` its name; `None` for a name that cannot
+    /// be one path component), else `CkptStores`, every run's.
+    pub fn stores_of(&self, user: &str) -> Option<PathBuf> {
+        match &self.user_stores {
+            None => self.stores.clone(),
+            Some(_) if user.is_empty() || user == "." || user == ".." || user.contains(['/', '\0', '%']) => None,
+            Some(t) => Some(PathBuf::from(t.replace("%u", user))),
+        }
+    }
+
     /// Writes the run's checkpoint token into its directory `dir` (made by
     /// `jobdir::create`) and returns the variables that tell the job where
-    /// things are (none is secret). Without a cluster token (tests),
-    /// no token and no report settings.
-    pub fn prepare(&self, id: &str, dir: &Path) -> Result<Vec<(&'static str, String)>> {
+    /// things are (none is secret): among them the stores file of `user`
+    /// (the run's user here), its own where it has one
+    /// ([`JobCkpt::stores_of`]: the run reads it as that user, the agent
+    /// never does; one that does not exist is not named, and the run uses
+    /// its own `AWS_*`). Without a cluster token (tests), no token and no
+    /// report settings.
+    pub fn prepare(&self, id: &str, dir: &Path, user: &str) -> Result<Vec<(&'static str, String)>> {
         let mut env = Vec::new();
-        if let Some(s) = self.stores.as_ref().map(|p| p.display().to_string()).filter(|s| exportable(s)) {
+        let stores = self.stores_of(user).filter(|p| {
+            // The user's file may lie where the agent cannot look (its
+            // home, mode 0700): only a file known to be missing is left out.
+            self.user_stores.is_none()
+                || std::fs::symlink_metadata(p).map_or_else(|e| e.kind() != std::io::ErrorKind::NotFound, |_| true)
+        });
+        if let Some(s) = stores.map(|p| p.display().to_string()).filter(|s| exportable(s)) {
             env.push(("FLEET_CKPT_STORES", s));
         }
         if self.cluster_token.is_empty() || !exportable(&self.metasched_url) {
@@ -383,14 +407,17 @@ fn read_only_hint(stderr: &str, dst_prefix: &str) -> String {
 }
 
 /// Why `CkptStores` at `path` exposes store keys to every user, if it does:
-/// every run here gets the file (`FLEET_CKPT_STORES`; on Kubernetes its
-/// contents, in the pod), so a key in it — or in a `secret_access_key_file`
-/// it names that others may read — lets any user's job read, overwrite
-/// or delete every job's checkpoints in that store. `kube`: pods get the
-/// contents whatever the file's mode. `None`: no keys there, or the file
-/// cannot be read (the copy then fails and says so).
-pub fn stores_exposure(path: &Path, kube: bool) -> Option<String> {
+/// without `CkptUserStores` (`runs_get_it`) every run here gets the file
+/// (`FLEET_CKPT_STORES`; on Kubernetes its contents, in the pod), so a key
+/// in it — or in a `secret_access_key_file` it names that others may read —
+/// lets any user's job read, overwrite or delete every job's checkpoints in
+/// that store. `kube`: pods get the contents whatever the file's mode.
+/// With `CkptUserStores` the file is the agent's alone, and only a key
+/// every user can read (a world-readable file) is named. `None`: no keys
+/// there, or the file cannot be read (the copy then fails and says so).
+pub fn stores_exposure(path: &Path, kube: bool, runs_get_it: bool) -> Option<String> {
     use std::os::unix::fs::PermissionsExt as _;
+    let kube = kube && runs_get_it;
     let text = std::fs::read_to_string(path).ok()?;
     let doc: toml::Table = text.parse().ok()?;
     let world = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o004 != 0);
@@ -413,13 +440,58 @@ pub fn stores_exposure(path: &Path, kube: bool) -> Option<String> {
     if exposed.is_empty() {
         return None;
     }
-    let how = if kube { "every pod gets its contents" } else { "every user can read it and every run gets it" };
+    let how = match (kube, runs_get_it) {
+        (true, _) => "every pod gets its contents",
+        (false, true) => "every user can read it and every run gets it",
+        (false, false) => "every user can read it",
+    };
     Some(format!(
-        "CkptStores={} holds the keys of {} and {how} (FLEET_CKPT_STORES): any user's job can read, overwrite \
+        "CkptStores={} holds the keys of {} and {how}{}: any user's job can read, overwrite \
          or delete every job's checkpoints there",
         path.display(),
-        exposed.join(", ")
+        exposed.join(", "),
+        if runs_get_it { " (FLEET_CKPT_STORES)" } else { "" }
     ))
+}
+
+/// The users' own stores files (`CkptUserStores` `template`, `%u` in its
+/// file name) that other users can read, as `(path, why)`; each should be
+/// its user's (with the agent's group where the agent reads it for a pod)
+/// and no one else's. Files in a directory the template names per user
+/// (`/home/%u/...`) are not listed: the agent cannot know every user.
+pub fn user_stores_exposure(template: &str) -> Vec<(PathBuf, String)> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let t = Path::new(template);
+    let (Some(dir), Some(name)) = (t.parent(), t.file_name().and_then(|n| n.to_str())) else { return Vec::new() };
+    if dir.to_str().is_some_and(|d| d.contains("%u")) {
+        return Vec::new();
+    }
+    let Some((head, tail)) = name.split_once("%u") else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let accounts = crate::identity::Accounts::read().ok();
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(user) = file.to_str().and_then(|f| f.strip_prefix(head)).and_then(|f| f.strip_suffix(tail)) else {
+            continue;
+        };
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
+        let why = if !m.file_type().is_file() {
+            "is not a regular file (the agent reads only a regular file its user owns)".to_string()
+        } else if m.permissions().mode() & 0o004 != 0 {
+            format!(
+                "every user can read it (mode {:04o}): {user}'s keys are everyone's",
+                m.permissions().mode() & 0o7777
+            )
+        } else if accounts.as_ref().and_then(|a| a.user(user)).is_some_and(|(uid, _)| uid != m.uid()) {
+            format!("it belongs to uid {}, not to {user}: {user}'s runs get another's file", m.uid())
+        } else {
+            continue;
+        };
+        out.push((e.path(), why));
+    }
+    out.sort();
+    out
 }
 
 #[cfg(test)]
@@ -438,22 +510,83 @@ mod tests {
         };
         let inline = "[[store]]\nurl = \"s3://ckpt-east\"\naccess_key_id = \"a\"\nsecret_access_key = \"s\"\n";
         let open = file("open.toml", inline, 0o644);
-        let why = stores_exposure(&open, false).expect("a key in a world-readable file");
+        let why = stores_exposure(&open, false, true).expect("a key in a world-readable file");
         assert!(why.contains("s3://ckpt-east") && why.contains("every job's checkpoints"), "{why}");
         let private = file("private.toml", inline, 0o640);
-        assert_eq!(stores_exposure(&private, false), None, "only the agent's group reads it");
-        assert!(stores_exposure(&private, true).is_some(), "a pod gets the contents whatever the mode");
+        assert_eq!(stores_exposure(&private, false, true), None, "only the agent's group reads it");
+        assert!(stores_exposure(&private, true, true).is_some(), "a pod gets the contents whatever the mode");
         let secret = file("secret", "s\n", 0o644);
         let by_file = file(
             "by-file.toml",
             &format!("[[store]]\nurl = \"s3://ckpt-west\"\nsecret_access_key_file = \"{}\"\n", secret.display()),
             0o600,
         );
-        assert!(stores_exposure(&by_file, false).is_some_and(|w| w.contains("s3://ckpt-west")));
+        assert!(stores_exposure(&by_file, false, true).is_some_and(|w| w.contains("s3://ckpt-west")));
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(stores_exposure(&by_file, false), None);
+        assert_eq!(stores_exposure(&by_file, false, true), None);
         let endpoints_only = file("endpoints.toml", "[[store]]\nurl = \"s3://a\"\nendpoint = \"https://x\"\n", 0o644);
-        assert_eq!(stores_exposure(&endpoints_only, false), None, "no key: the jobs bring their own");
+        assert_eq!(stores_exposure(&endpoints_only, false, true), None, "no key: the jobs bring their own");
+        // With CkptUserStores the file is the agent's: runs and pods never get it.
+        assert_eq!(stores_exposure(&private, true, false), None, "pods get their users' files instead");
+        let why = stores_exposure(&open, true, false).expect("a world-readable key is still everyone's");
+        assert!(why.contains("every user can read it") && !why.contains("FLEET_CKPT_STORES"), "{why}");
+    }
+
+    #[test]
+    fn each_run_gets_its_own_users_stores_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ckpt");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("alice.toml"), "[[store]]\nurl = \"s3://a\"\n").unwrap();
+        let k = JobCkpt {
+            stores: Some("/etc/fleet/agent-stores.toml".into()),
+            user_stores: Some(format!("{}/%u.toml", dir.display())),
+            ..JobCkpt::default()
+        };
+        assert_eq!(k.stores_of("alice"), Some(dir.join("alice.toml")));
+        for bad in ["", ".", "..", "a/b", "a%ub"] {
+            assert_eq!(k.stores_of(bad), None, "{bad:?}");
+        }
+        let run = |user: &str| {
+            let d = tmp.path().join(format!("job-{user}"));
+            std::fs::create_dir(&d).unwrap();
+            k.prepare("beta-7", &d, user).unwrap()
+        };
+        // Alice's run gets her file, never the agent's.
+        assert_eq!(run("alice"), vec![("FLEET_CKPT_STORES", dir.join("alice.toml").display().to_string())]);
+        // Bob has none: his run is told of no stores file (it brings its own AWS_*).
+        assert_eq!(run("bob"), vec![]);
+        // Without CkptUserStores every run gets CkptStores.
+        let shared = JobCkpt { user_stores: None, ..k.clone() };
+        assert_eq!(shared.stores_of("bob"), Some("/etc/fleet/agent-stores.toml".into()));
+    }
+
+    #[test]
+    fn users_stores_files_others_can_read_or_that_are_anothers_are_named() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let me = crate::identity::name_of_uid(crate::own_uid()).expect("the test's own user has a name");
+        let put = |name: &str, mode: u32| {
+            let p = tmp.path().join(name);
+            std::fs::write(&p, "[[store]]\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        put(&format!("stores-{me}.toml"), 0o640);
+        let open = put("stores-carol.toml", 0o644);
+        put("unrelated.toml", 0o644);
+        let mut want = vec![open];
+        let other = if me == "nobody" { "root" } else { "nobody" };
+        if crate::identity::Accounts::read().unwrap().user(other).is_some() {
+            want.push(put(&format!("stores-{other}.toml"), 0o600));
+        }
+        want.sort();
+        let got = user_stores_exposure(&format!("{}/stores-%u.toml", tmp.path().display()));
+        assert_eq!(got.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), want, "{got:?}");
+        assert!(got[0].1.contains("every user can read it") || got[0].1.contains("belongs to uid"), "{got:?}");
+        assert!(got.iter().any(|(_, w)| w.contains("carol's keys are everyone's")), "{got:?}");
+        // A template with %u in its directory lists nothing.
+        assert_eq!(user_stores_exposure("/home/%u/.fleet/stores.toml"), vec![]);
     }
 
     #[test]
@@ -615,7 +748,7 @@ mod tests {
             stores: Some("/etc/fleet/ckpt,stores.toml".into()),
             ..JobCkpt::default()
         };
-        let env = k.prepare("beta-7", &dir).unwrap();
+        let env = k.prepare("beta-7", &dir, "alice").unwrap();
         let token = fleet_api::auth::ckpt_token("alpha-secret", "beta-7");
         let path = dir.join(TOKEN_FILE);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), token);
@@ -629,12 +762,12 @@ mod tests {
         assert_eq!(env, want, "a stores path with a comma cannot travel in --export");
         assert!(env.iter().all(|(_, v)| !v.contains(&token)), "the token itself is never exported");
         // A second prepare never overwrites or follows an existing entry.
-        assert!(k.prepare("beta-7", &dir).is_err());
+        assert!(k.prepare("beta-7", &dir, "alice").is_err());
         // Without a cluster token: nothing to report with.
         let none = JobCkpt { cluster_token: String::new(), ..k.clone() };
         let d2 = tmp.path().join("j2");
         std::fs::create_dir(&d2).unwrap();
-        assert_eq!(none.prepare("x", &d2).unwrap(), vec![]);
+        assert_eq!(none.prepare("x", &d2, "alice").unwrap(), vec![]);
         assert!(!d2.join(TOKEN_FILE).exists());
     }
 
@@ -664,7 +797,7 @@ mod tests {
         let script = b"#!/bin/bash -l\n#SBATCH --signal=B:USR1@60\n#FLEET ckpt-signal=USR1\necho \xff $@\n";
         let dir = tmp.path().join("job");
         std::fs::create_dir(&dir).unwrap();
-        let mut env = k.prepare("beta-7", &dir).unwrap();
+        let mut env = k.prepare("beta-7", &dir, "alice").unwrap();
         let wrapped = k.wrap(&dir, script, 3, &mut env).unwrap().unwrap();
         assert_eq!(wrapped, [format!("#!{} lease-exec", k.helper.display()).as_bytes(), &script[14..]].concat());
         assert!(wrapped.ends_with(b"\n#SBATCH --signal=B:USR1@60\n#FLEET ckpt-signal=USR1\necho \xff $@\n"));
@@ -687,21 +820,21 @@ mod tests {
         };
         let off = JobCkpt { job_lease: None, ..k.clone() };
         let d = fresh("off");
-        let mut e = off.prepare("beta-7", &d).unwrap();
+        let mut e = off.prepare("beta-7", &d, "alice").unwrap();
         assert_eq!(off.wrap(&d, script, 1, &mut e).unwrap(), None);
         let no_token = JobCkpt { cluster_token: String::new(), ..k.clone() };
         let d = fresh("nt");
-        let mut e = no_token.prepare("beta-7", &d).unwrap();
+        let mut e = no_token.prepare("beta-7", &d, "alice").unwrap();
         assert_eq!(no_token.wrap(&d, script, 1, &mut e).unwrap(), None);
         let d = fresh("nb");
-        let mut e = k.prepare("beta-7", &d).unwrap();
+        let mut e = k.prepare("beta-7", &d, "alice").unwrap();
         assert_eq!(k.wrap(&d, b"echo no interpreter\n", 1, &mut e).unwrap(), None);
         assert_eq!(k.wrap(&d, b"#!/bin/\xff\necho\n", 1, &mut e).unwrap(), None);
         assert_eq!(k.wrap(&d, b"#! \necho\n", 1, &mut e).unwrap(), None);
         for helper in ["fleet-ckpt", "/opt/my tools/fleet-ckpt", "/nonexistent/fleet-ckpt"] {
             let bad = JobCkpt { helper: helper.into(), ..k.clone() };
             let d = fresh(&format!("h{}", helper.replace(['/', ' '], "_")));
-            let mut e = bad.prepare("beta-7", &d).unwrap();
+            let mut e = bad.prepare("beta-7", &d, "alice").unwrap();
             assert_eq!(bad.wrap(&d, script, 1, &mut e).unwrap(), None, "{helper}");
             assert!(!d.join(SCRIPT_FILE).exists());
         }

@@ -48,8 +48,11 @@ pub struct AgentConfig {
     pub identity: crate::identity::Policy,
     /// `Backend=kubernetes`: the `Kube*` settings (`None`: Slurm).
     pub kube: Option<crate::kube::KubeSettings>,
-    /// `CkptStores`: the checkpoint stores file (jobs get it as FLEET_CKPT_STORES).
+    /// `CkptStores`: the checkpoint stores file (the agent's copies; jobs
+    /// get it as FLEET_CKPT_STORES unless `CkptUserStores` is set).
     pub ckpt_stores: Option<PathBuf>,
+    /// `CkptUserStores`: each run's own stores file, `%u` its user here.
+    pub ckpt_user_stores: Option<String>,
     /// `CkptHelper`: the `fleet-ckpt` the agent copies checkpoints with.
     pub ckpt_helper: PathBuf,
 }
@@ -240,6 +243,7 @@ impl AgentConfig {
             metasched_url: url,
             metasched_ca_file: c.meta_scheduler_ca_file,
             ckpt_stores: c.ckpt_stores,
+            ckpt_user_stores: c.ckpt_user_stores,
             ckpt_helper: c.ckpt_helper,
             token,
             socket: c.agent_socket,

@@ -208,19 +208,25 @@ pub struct CkptMount {
     /// The run's checkpoint token (`fleet_api::auth::ckpt_token`), as the
     /// file `token` (empty: none).
     pub token: String,
-    /// The stores file's contents (`CkptStores`: endpoints and credentials), as `stores.toml`.
+    /// The stores file's contents (endpoints and credentials: the run's
+    /// user's own `CkptUserStores`, else `CkptStores`), as `stores.toml`.
     pub stores: Option<Vec<u8>>,
     /// The meta-scheduler's CA bundle (`MetaSchedulerCaFile`), as `ca.pem`.
     pub ca: Option<Vec<u8>>,
 }
 
 impl CkptMount {
-    /// What a run of fleet job `id` gets from `k` (files read here, each at
-    /// most 256 KiB; a missing one is an error naming it).
-    pub fn of(k: &crate::ckpt::JobCkpt, id: &str) -> Result<Option<CkptMount>> {
-        let read = |p: &std::path::Path, what: &str| -> Result<Vec<u8>> {
-            use std::io::Read;
-            let f = std::fs::File::open(p).with_context(|| format!("reading {what} {}", p.display()))?;
+    /// What a run of fleet job `id` for local user `user` gets from `k`
+    /// (files read here, each at most 256 KiB; a missing one is an error
+    /// naming it). The user's own stores file (`CkptUserStores`) is read
+    /// only as a regular, singly-linked file that user owns, never through
+    /// a symlink at its last component: the template may name a place the
+    /// user controls (`/home/%u/...`), and the agent must not put a file
+    /// of its own, or of another user, into this user's pod. It may be
+    /// missing (the run then gets no stores file).
+    pub fn of(k: &crate::ckpt::JobCkpt, id: &str, user: &crate::identity::LocalUser) -> Result<Option<CkptMount>> {
+        use std::io::Read;
+        let limited = |f: std::fs::File, p: &std::path::Path, what: &str| -> Result<Vec<u8>> {
             let mut buf = Vec::new();
             f.take(CKPT_FILE_MAX + 1)
                 .read_to_end(&mut buf)
@@ -230,7 +236,21 @@ impl CkptMount {
             }
             Ok(buf)
         };
-        let stores = k.stores.as_deref().map(|p| read(p, "CkptStores")).transpose()?;
+        let read = |p: &std::path::Path, what: &str| -> Result<Vec<u8>> {
+            let f = std::fs::File::open(p).with_context(|| format!("reading {what} {}", p.display()))?;
+            limited(f, p, what)
+        };
+        let stores = match (&k.user_stores, k.stores_of(&user.name)) {
+            (_, None) => None,
+            (None, Some(p)) => Some(read(&p, "CkptStores")?),
+            (Some(_), Some(p)) => match crate::jobdir::open_output(&p, Some(user.uid))? {
+                crate::jobdir::Opened::Missing => None,
+                crate::jobdir::Opened::Refused(why) => {
+                    bail!("CkptUserStores {} of {} is refused: {why}", p.display(), user.name)
+                }
+                crate::jobdir::Opened::File(f, _) => Some(limited(f, &p, "CkptUserStores")?),
+            },
+        };
         let reports = !k.cluster_token.is_empty() && !k.metasched_url.is_empty();
         if stores.is_none() && !reports {
             return Ok(None);
@@ -1856,7 +1876,7 @@ impl Backend for KubeBackend {
         // The user's groups here, as `sudo -u` would give them (identity
         // mapping: `user` is the mapped local user).
         let groups = crate::identity::Accounts::read()?.groups_of(&user.name, user.gid);
-        let ckpt = CkptMount::of(&self.ckpt, id)?;
+        let ckpt = CkptMount::of(&self.ckpt, id, user)?;
         let lease =
             PodLease::of(&self.settings, &self.ckpt).filter(|_| ckpt.as_ref().is_some_and(|m| !m.token.is_empty()));
         if req.fleet.start_gated && lease.is_none() {
@@ -2537,18 +2557,58 @@ mod tests {
             stores: Some(stores.clone()),
             ..Default::default()
         };
-        let m = CkptMount::of(&k, "beta-7").unwrap().unwrap();
+        let me = crate::own_uid();
+        let alice = crate::identity::LocalUser { name: "alice".into(), uid: me, gid: me, ..Default::default() };
+        let m = CkptMount::of(&k, "beta-7", &alice).unwrap().unwrap();
         assert_eq!(m.token, fleet_api::auth::ckpt_token("gamma-secret", "beta-7"));
         assert_eq!(m.stores.as_deref(), Some(&b"[[store]]\n"[..]));
         // No token, no stores: nothing to mount.
-        assert_eq!(CkptMount::of(&crate::ckpt::JobCkpt::default(), "beta-7").unwrap(), None);
+        assert_eq!(CkptMount::of(&crate::ckpt::JobCkpt::default(), "beta-7", &alice).unwrap(), None);
         // A stores file that cannot be read, or too large for a Secret, is named.
         let gone = crate::ckpt::JobCkpt { stores: Some(tmp.path().join("nope.toml")), ..k.clone() };
-        let e = format!("{:#}", CkptMount::of(&gone, "x").unwrap_err());
+        let e = format!("{:#}", CkptMount::of(&gone, "x", &alice).unwrap_err());
         assert!(e.contains("CkptStores") && e.contains("nope.toml"), "{e}");
         std::fs::write(&stores, vec![b'#'; 300 * 1024]).unwrap();
-        let e = format!("{:#}", CkptMount::of(&k, "x").unwrap_err());
+        let e = format!("{:#}", CkptMount::of(&k, "x", &alice).unwrap_err());
         assert!(e.contains("too large"), "{e}");
+    }
+
+    #[test]
+    fn a_pod_gets_its_users_own_stores_file_and_nothing_a_user_links_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let agents = tmp.path().join("agent-stores.toml");
+        std::fs::write(&agents, "agent's keys\n").unwrap();
+        let users = tmp.path().join("users");
+        std::fs::create_dir(&users).unwrap();
+        std::fs::write(users.join("alice.toml"), "alice's keys\n").unwrap();
+        let k = crate::ckpt::JobCkpt {
+            metasched_url: "https://ms".into(),
+            cluster_token: "gamma-secret".into(),
+            stores: Some(agents.clone()),
+            user_stores: Some(format!("{}/%u.toml", users.display())),
+            ..Default::default()
+        };
+        let me = crate::own_uid();
+        let user = |name: &str, uid: u32| crate::identity::LocalUser {
+            name: name.into(),
+            uid,
+            gid: uid,
+            ..Default::default()
+        };
+        let stores = |u: &crate::identity::LocalUser| CkptMount::of(&k, "beta-7", u).map(|m| m.and_then(|m| m.stores));
+        assert_eq!(stores(&user("alice", me)).unwrap().as_deref(), Some(&b"alice's keys\n"[..]));
+        // Bob has no file: his pod gets none, and never the agent's.
+        assert_eq!(stores(&user("bob", me)).unwrap(), None);
+        // A file that is not the user's is refused, named.
+        let e = format!("{:#}", stores(&user("alice", me + 1)).unwrap_err());
+        assert!(e.contains("alice.toml") && e.contains("belongs to uid"), "{e}");
+        // A symlink or a hard link to the agent's file is never read.
+        std::os::unix::fs::symlink(&agents, users.join("mallory.toml")).unwrap();
+        let e = format!("{:#}", stores(&user("mallory", me)).unwrap_err());
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::hard_link(&agents, users.join("eve.toml")).unwrap();
+        let e = format!("{:#}", stores(&user("eve", me)).unwrap_err());
+        assert!(e.contains("hard links"), "{e}");
     }
 
     #[test]

@@ -138,11 +138,23 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         ca_file: cfg.metasched_ca_file.clone(),
         cluster_token: cfg.token.clone(),
         stores: cfg.ckpt_stores.clone(),
+        user_stores: cfg.ckpt_user_stores.clone(),
         job_lease: cfg.job_lease,
         helper: cfg.ckpt_helper.clone(),
     };
-    if let Some(why) = cfg.ckpt_stores.as_deref().and_then(|p| ckpt::stores_exposure(p, cfg.kube.is_some())) {
+    let runs_get_stores = cfg.ckpt_user_stores.is_none();
+    if let Some(why) =
+        cfg.ckpt_stores.as_deref().and_then(|p| ckpt::stores_exposure(p, cfg.kube.is_some(), runs_get_stores))
+    {
         tracing::warn!("{why} (docs/checkpoints.md, \"Who can read checkpoints\")");
+    }
+    if let Some(t) = &cfg.ckpt_user_stores {
+        for (path, why) in ckpt::user_stores_exposure(t) {
+            tracing::warn!(
+                "CkptUserStores: {}: {why} (docs/checkpoints.md, \"Who can read checkpoints\")",
+                path.display()
+            );
+        }
     }
     if let Some(k) = cfg.kube.clone() {
         if job_ckpt.job_lease.is_some() && k.helper_image.is_none() {

@@ -818,7 +818,7 @@ impl Backend for SlurmBackend {
         }
         crate::jobdir::create(&dir, user.uid)?;
         let paths = self.output_paths(id);
-        let mut ckpt_env = self.ckpt.prepare(id, &dir)?;
+        let mut ckpt_env = self.ckpt.prepare(id, &dir, &user.name)?;
         // The run under its in-job lease (docs/failover.md): a watchdog in
         // the allocation stops it once the meta-scheduler stops vouching for it.
         let wrapped = self.ckpt.wrap(&dir, script, req.fleet.epoch, &mut ckpt_env)?;

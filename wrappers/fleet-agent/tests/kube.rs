@@ -741,6 +741,7 @@ async fn pods_run_as_the_mapped_user_and_read_only_their_own_checkpoint_token() 
         ca_file: None,
         cluster_token: "gamma-cluster-token".into(),
         stores: None,
+        user_stores: None,
         // Pods run without the in-job lease (no fleet-ckpt in the image).
         job_lease: None,
         helper: Default::default(),
@@ -826,6 +827,7 @@ async fn a_job_placed_early_comes_only_where_pods_run_under_their_lease() {
         ca_file: None,
         cluster_token: "gamma-cluster-token".into(),
         stores: None,
+        user_stores: None,
         job_lease: Some(Duration::from_secs(8)),
         helper: "/usr/bin/fleet-ckpt".into(),
     };

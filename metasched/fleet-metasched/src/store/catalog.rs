@@ -7,8 +7,9 @@
 //! itself (its job token, as `fleet-ckpt save` does when given one) or by
 //! the agent of the cluster running it, never by anyone else. Its URL must
 //! be `<prefix>/ckpt-<seq, 12 digits>` under one of the job's checkpoint
-//! prefixes: its own `--fleet-ckpt`, or `<ckpt_url>/<job id>` of a region's
-//! site default. A job at its target reports with its checkpoint token
+//! prefixes: its own `--fleet-ckpt`, or a region's site default
+//! `<ckpt_url>/<origin>/<user>/<job id>` ([`site_prefix`]; also
+//! `<ckpt_url>/<job id>`, the default before, for runs started then). A job at its target reports with its checkpoint token
 //! ([`Caller::Checkpointer`], minted by that target's agent), which works
 //! only while that cluster runs the job.
 //!
@@ -106,12 +107,37 @@ pub(super) fn declared_ckpt(job: &Job) -> Option<String> {
     (!own.is_empty()).then_some(own)
 }
 
+/// Whether `s` can be one component of an object path as it is: a user
+/// or cluster name of letters, digits, `.`, `_` and `-` (not `.` or `..`).
+fn path_component(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s != "."
+        && s != ".."
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A job's site-default prefix under a region's `ckpt_url`:
+/// `<ckpt_url>/<origin>/<user>/<job id>`, so that a store can give each
+/// user's key the prefixes of that user alone (docs/checkpoints.md, "Who
+/// can read checkpoints"); `<ckpt_url>/<job id>` when the origin did not
+/// say who submitted the job or the name cannot be a path component.
+pub(super) fn site_prefix(base: &str, job: &Job) -> String {
+    let base = base.trim_end_matches('/');
+    let r = &job.record;
+    match r.user.as_deref() {
+        Some(user) if path_component(user) && path_component(&r.origin) => {
+            format!("{base}/{}/{user}/{}", r.origin, r.fleet_job_id)
+        }
+        _ => format!("{base}/{}", r.fleet_job_id),
+    }
+}
+
 impl Store {
     /// The job's checkpoint prefixes, each with the region whose store
     /// holds it (`None`: the job's own `--fleet-ckpt`, reachable from
     /// every cluster as far as Fleet knows).
     fn ckpt_prefixes(&self, job: &Job) -> Vec<(String, Option<String>)> {
-        let id = &job.record.fleet_job_id;
         let mut out = Vec::new();
         if let Some(own) = declared_ckpt(job) {
             // Its own store only: the site defaults are not its prefixes
@@ -124,9 +150,15 @@ impl Store {
         }
         for c in self.clusters.values() {
             if let Some(base) = &c.cfg.ckpt_url {
-                let p = format!("{}/{id}", base.trim_end_matches('/'));
-                if !out.iter().any(|(q, _)| *q == p) {
-                    out.push((p, Some(c.cfg.region.clone())));
+                // The site default, and the one of jobs placed before
+                // site defaults named their user (`<ckpt_url>/<job id>`):
+                // a run started then still saves there.
+                let id = &job.record.fleet_job_id;
+                let legacy = format!("{}/{id}", base.trim_end_matches('/'));
+                for p in [site_prefix(base, job), legacy] {
+                    if !out.iter().any(|(q, _)| *q == p) {
+                        out.push((p, Some(c.cfg.region.clone())));
+                    }
                 }
             }
         }
@@ -140,7 +172,7 @@ impl Store {
             return Some(own);
         }
         let base = self.clusters.get(cluster)?.cfg.ckpt_url.as_deref()?;
-        Some(format!("{}/{}", base.trim_end_matches('/'), job.record.fleet_job_id))
+        Some(site_prefix(base, job))
     }
 
     /// The job's prefix in `region`'s store (its own `--fleet-ckpt` when it has one).
