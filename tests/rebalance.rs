@@ -171,7 +171,10 @@ fn auto_rebalancing_moves_a_checkpointing_job_to_a_cheaper_cluster() {
     let at = numbers(run2, "resumed-at")[0];
     assert_eq!(at, *numbers(run1, "ckpt").iter().max().unwrap(), "resumed from the newest checkpoint: {moved}");
     assert_eq!(at, signalled[0], "the checkpoint the signal asked for: {moved}");
-    assert!(run2.lines().next().unwrap().contains(&format!("/fleet/{fleet_id}/ckpt-")), "{run2}");
+    assert!(
+        run2.lines().next().unwrap().contains(&format!("/fleet/beta/{}/{fleet_id}/ckpt-", fleet_lab::USER)),
+        "{run2}"
+    );
     // One note line between the runs.
     let notes: Vec<&str> = moved.lines().filter(|l| l.starts_with("fleet: ")).collect();
     assert_eq!(notes.len(), 1, "{moved}");
