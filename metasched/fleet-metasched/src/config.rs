@@ -71,7 +71,8 @@ pub struct ClusterConfig {
     /// Site default checkpoint location of this cluster's region
     /// (`s3://bucket/prefix` or `file:///dir`): a job without
     /// `--fleet-ckpt` checkpoints under `<ckpt_url>/<origin>/<user>/<fleet
-    /// job id>` there (`store::catalog::site_prefix`). Clusters of one region share one store, so one URL.
+    /// job id>` there (`store::catalog::site_prefix`). Clusters of one
+    /// region share one store, so one URL.
     #[serde(default)]
     pub ckpt_url: Option<String>,
     /// Seconds this cluster may stay Degraded (silent) before its fleet

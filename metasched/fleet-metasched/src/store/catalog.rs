@@ -9,7 +9,8 @@
 //! be `<prefix>/ckpt-<seq, 12 digits>` under one of the job's checkpoint
 //! prefixes: its own `--fleet-ckpt`, or a region's site default
 //! `<ckpt_url>/<origin>/<user>/<job id>` ([`site_prefix`]; also
-//! `<ckpt_url>/<job id>`, the default before, for runs started then). A job at its target reports with its checkpoint token
+//! `<ckpt_url>/<job id>`, the default before, for runs started then). A
+//! job at its target reports with its checkpoint token
 //! ([`Caller::Checkpointer`], minted by that target's agent), which works
 //! only while that cluster runs the job.
 //!
@@ -123,14 +124,18 @@ fn path_component(s: &str) -> bool {
 /// can read checkpoints"); `<ckpt_url>/<job id>` when the origin did not
 /// say who submitted the job or the name cannot be a path component.
 pub(super) fn site_prefix(base: &str, job: &Job) -> String {
-    let base = base.trim_end_matches('/');
     let r = &job.record;
     match r.user.as_deref() {
         Some(user) if path_component(user) && path_component(&r.origin) => {
-            format!("{base}/{}/{user}/{}", r.origin, r.fleet_job_id)
+            format!("{}/{}/{user}/{}", base.trim_end_matches('/'), r.origin, r.fleet_job_id)
         }
-        _ => format!("{base}/{}", r.fleet_job_id),
+        _ => id_prefix(base, job),
     }
+}
+
+/// `<ckpt_url>/<job id>`: the site default before it named the user.
+fn id_prefix(base: &str, job: &Job) -> String {
+    format!("{}/{}", base.trim_end_matches('/'), job.record.fleet_job_id)
 }
 
 impl Store {
@@ -153,9 +158,7 @@ impl Store {
                 // The site default, and the one of jobs placed before
                 // site defaults named their user (`<ckpt_url>/<job id>`):
                 // a run started then still saves there.
-                let id = &job.record.fleet_job_id;
-                let legacy = format!("{}/{id}", base.trim_end_matches('/'));
-                for p in [site_prefix(base, job), legacy] {
+                for p in [site_prefix(base, job), id_prefix(base, job)] {
                     if !out.iter().any(|(q, _)| *q == p) {
                         out.push((p, Some(c.cfg.region.clone())));
                     }
