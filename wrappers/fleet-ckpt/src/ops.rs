@@ -27,12 +27,10 @@ pub const CONCURRENCY: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CkptError {
-    #[error("{what}: {source}")]
-    Store {
-        what: String,
-        #[source]
-        source: object_store::Error,
-    },
+    /// What the store answered, said once: object_store nests each layer's
+    /// text in the next, so its own message repeats the whole chain.
+    #[error("{what}: {}", store_text(.error))]
+    Store { what: String, error: object_store::Error },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -68,7 +66,42 @@ type Result<T> = std::result::Result<T, CkptError>;
 
 fn store_err(what: impl Into<String>) -> impl FnOnce(object_store::Error) -> CkptError {
     let what = what.into();
-    move |source| CkptError::Store { what, source }
+    move |error| CkptError::Store { what, error }
+}
+
+/// A store's error in one line: a refusal names its HTTP status and the
+/// store's own code and message (S3's `<Code>`, `<Message>`), what a
+/// refused key means, and otherwise the innermost error of the chain.
+pub fn store_text(e: &object_store::Error) -> String {
+    use object_store::Error as E;
+    let mut inner: &dyn std::error::Error = e;
+    while let Some(s) = inner.source() {
+        inner = s;
+    }
+    let text = inner.to_string();
+    let status =
+        text.split_once("status code: ").and_then(|(_, rest)| rest.get(..3)).and_then(|code| code.parse::<u16>().ok());
+    let between = |open: &str, close: &str| {
+        let start = text.find(open)? + open.len();
+        let len = text[start..].find(close)?;
+        Some(text[start..start + len].trim().to_string())
+    };
+    let said = match (between("<Code>", "</Code>"), between("<Message>", "</Message>")) {
+        (Some(code), Some(msg)) if code != msg => format!(": {code} ({msg})"),
+        (Some(code), _) => format!(": {code}"),
+        (None, _) => String::new(),
+    };
+    match (e, status) {
+        (E::PermissionDenied { .. }, _) | (_, Some(403)) => format!(
+            "access denied by the store (HTTP 403{said}): the key used for this bucket (the stores file's, else AWS_*) may not do this under this prefix"
+        ),
+        (E::Unauthenticated { .. }, _) | (_, Some(401)) => format!(
+            "the store did not accept the key (HTTP 401{said}): check access_key_id and the secret for this bucket (the stores file's, else AWS_*)"
+        ),
+        (E::NotFound { path, .. }, _) => format!("{path} not found"),
+        (_, Some(code)) => format!("the store answered HTTP {code}{said}"),
+        _ => text,
+    }
 }
 
 fn io_err(path: &FsPath) -> impl FnOnce(std::io::Error) -> CkptError + '_ {
@@ -223,9 +256,9 @@ impl Client {
         }
         let entries: Vec<FileEntry> = futures::stream::iter(files.into_iter().map(|rel| {
             let store = store.clone();
-            let (src, dst) = (dir.join(&rel), loc.object(&rel));
+            let (src, dst, url) = (dir.join(&rel), loc.object(&rel), format!("{}/{rel}", loc.url()));
             async move {
-                let (size, sha256) = upload_file(&store, &src, &dst).await?;
+                let (size, sha256) = upload_file(&store, &src, &dst, &url).await?;
                 Ok::<_, CkptError>(FileEntry { path: rel, size, sha256 })
             }
         }))
@@ -700,8 +733,9 @@ async fn fetch_checked(
     Ok(())
 }
 
-/// Upload one local file, hashing the bytes sent. Returns (size, sha256).
-async fn upload_file(store: &Arc<dyn ObjectStore>, src: &FsPath, dst: &Path) -> Result<(u64, String)> {
+/// Upload one local file to `dst` (`url` in messages), hashing the bytes
+/// sent. Returns (size, sha256).
+async fn upload_file(store: &Arc<dyn ObjectStore>, src: &FsPath, dst: &Path, url: &str) -> Result<(u64, String)> {
     let std_file =
         std::fs::OpenOptions::new().read(true).custom_flags(libc_o_nofollow()).open(src).map_err(io_err(src))?;
     let mut file = tokio::fs::File::from_std(std_file);
@@ -710,10 +744,10 @@ async fn upload_file(store: &Arc<dyn ObjectStore>, src: &FsPath, dst: &Path) -> 
     hash.update(&first);
     if first.len() < PART {
         let (n, sha) = (first.len() as u64, hex::encode(hash.finalize()));
-        store.put(dst, PutPayload::from(first)).await.map_err(store_err(format!("writing {dst}")))?;
+        store.put(dst, PutPayload::from(first)).await.map_err(store_err(format!("writing {url}")))?;
         return Ok((n, sha));
     }
-    let upload = store.put_multipart(dst).await.map_err(store_err(format!("writing {dst}")))?;
+    let upload = store.put_multipart(dst).await.map_err(store_err(format!("writing {url}")))?;
     let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
     let mut n = 0u64;
     let res: Result<()> = async {
@@ -722,7 +756,7 @@ async fn upload_file(store: &Arc<dyn ObjectStore>, src: &FsPath, dst: &Path) -> 
                 return Ok(());
             }
             n += first.len() as u64;
-            w.wait_for_capacity(CONCURRENCY).await.map_err(store_err(format!("writing {dst}")))?;
+            w.wait_for_capacity(CONCURRENCY).await.map_err(store_err(format!("writing {url}")))?;
             w.put(Bytes::from(first));
             first = read_chunk(&mut file, src).await?;
             hash.update(&first);
@@ -731,7 +765,7 @@ async fn upload_file(store: &Arc<dyn ObjectStore>, src: &FsPath, dst: &Path) -> 
     .await;
     match res {
         Ok(()) => {
-            w.finish().await.map_err(store_err(format!("writing {dst}")))?;
+            w.finish().await.map_err(store_err(format!("writing {url}")))?;
             Ok((n, hex::encode(hash.finalize())))
         }
         Err(e) => {
@@ -894,4 +928,47 @@ fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boxed(text: &str) -> Box<dyn std::error::Error + Send + Sync> {
+        Box::new(std::io::Error::other(text.to_string()))
+    }
+
+    const DENIED: &str = "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\"?>\n\
+        <Error><Code>AccessDenied</Code><Message>Access Denied</Message><RequestId>x</RequestId></Error>";
+
+    #[test]
+    fn a_refused_key_is_said_once_with_the_stores_code() {
+        // A 403 on a GET arrives as PermissionDenied; on a list, as Generic.
+        for e in [
+            object_store::Error::PermissionDenied { path: "fleet/beta/bob/j/ckpt-1/a".into(), source: boxed(DENIED) },
+            object_store::Error::Generic { store: "S3", source: boxed(DENIED) },
+        ] {
+            let text = CkptError::Store { what: "listing s3://b/fleet/beta/bob/j".into(), error: e }.to_string();
+            assert_eq!(
+                text,
+                "listing s3://b/fleet/beta/bob/j: access denied by the store (HTTP 403: AccessDenied (Access Denied)): \
+                 the key used for this bucket (the stores file's, else AWS_*) may not do this under this prefix"
+            );
+        }
+        let unauth = object_store::Error::Generic {
+            store: "S3",
+            source: boxed(
+                "Server returned non-2xx status code: 401 Unauthorized: <Error><Code>InvalidAccessKeyId</Code></Error>",
+            ),
+        };
+        assert!(store_text(&unauth).starts_with("the store did not accept the key (HTTP 401: InvalidAccessKeyId)"));
+        let other = object_store::Error::Generic {
+            store: "S3",
+            source: boxed("Server returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code><Message>Reduce your request rate</Message></Error>"),
+        };
+        assert_eq!(store_text(&other), "the store answered HTTP 503: SlowDown (Reduce your request rate)");
+        let down =
+            object_store::Error::Generic { store: "S3", source: boxed("error sending request: connection refused") };
+        assert_eq!(store_text(&down), "error sending request: connection refused");
+    }
 }
