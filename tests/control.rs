@@ -674,3 +674,133 @@ fn a_local_exclusive_job_starts_as_fast_with_ten_stand_ins_running() {
     eprintln!("local --exclusive job at alpha started after {without:?} without stand-ins, {with:?} with 10");
     assert!(with <= without + Duration::from_secs(5), "{with:?} with 10 stand-ins, {without:?} without");
 }
+
+/// One line of the lab's MailProg log (`$LAB/mail.log`, lab.sh).
+#[derive(Debug)]
+struct Mail {
+    at: u64,
+    to: String,
+    subject: String,
+    env: std::collections::BTreeMap<String, String>,
+}
+
+fn mails(lab: &Lab, job_id: u64) -> Vec<Mail> {
+    let tag = format!("Job_id={job_id} ");
+    text(&lab.root.join("mail.log"))
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            let [at, _sender, to, subject, env] = f[..] else { return None };
+            let env = env.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into()));
+            Some(Mail { at: at.parse().ok()?, to: to.into(), subject: subject.into(), env: env.collect() })
+        })
+        .filter(|m| m.subject.contains(&tag))
+        .collect()
+}
+
+/// A mail's subject with the job's id, name and times blanked, to compare
+/// a forwarded job's with its native twin's.
+fn shape(m: &Mail, id: u64, name: &str) -> String {
+    let s = m.subject.replace(&format!("Job_id={id} "), "Job_id=ID ").replace(&format!("Name={name} "), "Name=NAME ");
+    s.chars().map(|c| if c.is_ascii_digit() { '9' } else { c }).collect()
+}
+
+/// `--mail-type=BEGIN` without `--mail-user`: Slurm mails the user when the
+/// job begins. A forwarded job's stand-in starts at once, while the job may
+/// still wait at its target: its BEGIN mail must come when the job starts
+/// there, as Slurm's subject and variables, once. Slurm at home is the
+/// oracle: the native twin's mails, through the same MailProg.
+#[test]
+fn the_begin_mail_comes_when_the_job_begins_at_its_target_as_slurm_sends_a_natives() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("mail");
+    // alpha's H100s busy with a job of its own until the test lets it go.
+    let blocker = lab
+        .sbatch("alpha", &["-N2", "--gres=gpu:h100:8", &out_arg(&dir, "blocker.txt")], &script("sleep 120"))
+        .unwrap();
+    let _blocker = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("alpha", "scancel", &[&blocker.to_string()]);
+    });
+    lab.wait_for("alpha", blocker, T, |r| r["JobState"] == "RUNNING").unwrap();
+    let mail = ["--mail-type=BEGIN,END"];
+    let native = lab
+        .sbatch(
+            "beta",
+            &refs(&native_args(&dir, "native.txt", &[&mail[..], &["-J", "mail-native"]].concat())),
+            &script("sleep 1"),
+        )
+        .unwrap();
+    let fleet = lab
+        .sbatch(
+            "beta",
+            &refs(&forwarded_args(&dir, "fleet.txt", &[&mail[..], &["-J", "mail-fleet", "--fleet-to=alpha"]].concat())),
+            &script("echo ran; sleep 1"),
+        )
+        .unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
+    lab.wait_done("beta", native, T).unwrap();
+    lab.wait_for("beta", fleet, T, |r| r["JobState"] == "RUNNING").unwrap();
+    // The stand-in runs; the job waits at alpha: no BEGIN mail yet.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(lab.job("beta", fleet).unwrap()["JobState"], "RUNNING");
+    let early = mails(lab, fleet);
+    assert!(early.is_empty(), "mailed before the job began at alpha: {early:?}");
+    let released = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let o = lab.cmd("alpha", "scancel", &[&blocker.to_string()]).unwrap();
+    assert!(o.status.success());
+    let r = lab.wait_done("beta", fleet, T).unwrap();
+    assert_eq!(r["ExitCode"], "0:0", "{r:?}");
+    assert_eq!(text(&dir.join("fleet.txt")), "ran\n");
+    // Slurm's END mail of the stand-in is sent as the job ends; give MailProg a moment.
+    let t0 = std::time::Instant::now();
+    while mails(lab, fleet).len() < 2 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (n, f) = (mails(lab, native), mails(lab, fleet));
+    let kinds = |v: &[Mail]| {
+        v.iter().map(|m| m.env.get("SLURM_JOB_MAIL_TYPE").cloned().unwrap_or_default()).collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&n), ["Began", "Ended"], "native: {n:?}");
+    assert_eq!(kinds(&f), ["Began", "Ended"], "forwarded: {f:?}");
+    let (nb, fb) = (&n[0], &f[0]);
+    assert!(fb.at >= released, "BEGIN mailed at {} before the job could start at alpha ({released}): {fb:?}", fb.at);
+    // Slurm's subject, to the same user, with the variables Slurm gives MailProg.
+    assert_eq!(shape(fb, fleet, "mail-fleet"), shape(nb, native, "mail-native"), "{fb:?} / {nb:?}");
+    assert_eq!(fb.to, nb.to);
+    // The same variables, and no others (the stand-in's comment, Fleet's
+    // where the user gave none, is in every mail Slurm sends for it too).
+    let keys = |m: &Mail| m.env.keys().filter(|k| *k != "SLURM_JOB_COMMENT").cloned().collect::<Vec<_>>();
+    assert_eq!(keys(fb), keys(nb), "{fb:?} / {nb:?}");
+    for k in [
+        "SLURM_CLUSTER_NAME",
+        "SLURM_JOB_ACCOUNT",
+        "SLURM_JOB_GID",
+        "SLURM_JOB_GROUP",
+        "SLURM_JOB_MAIL_TYPE",
+        "SLURM_JOB_RESTART_COUNT",
+        "SLURM_JOB_STATE",
+        "SLURM_JOB_STDIN",
+        "SLURM_JOB_UID",
+        "SLURM_JOB_USER",
+        "SLURM_JOB_WORK_DIR",
+    ] {
+        assert_eq!(fb.env.get(k), nb.env.get(k), "{k}: {fb:?} / {nb:?}");
+    }
+    // Its own: the stand-in's id and name, and its output file at home.
+    for (k, v) in [
+        ("SLURM_JOB_ID", fleet.to_string()),
+        ("SLURM_JOBID", fleet.to_string()),
+        ("SLURM_JOB_NAME", "mail-fleet".to_string()),
+        ("SLURM_JOB_STDOUT", dir.join("fleet.txt").display().to_string()),
+    ] {
+        assert_eq!(fb.env.get(k), Some(&v), "{k}: {fb:?}");
+    }
+    // And what Slurm's own mails of the stand-in say of it (its END mail).
+    for k in ["SLURM_JOB_PARTITION", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_JOB_CPUS_PER_NODE"] {
+        assert_eq!(fb.env.get(k), f[1].env.get(k), "{k}: {fb:?} / {:?}", f[1]);
+    }
+    // The queued time counts the wait at alpha (at least the 6 s above).
+    let queued = fb.subject.rsplit(' ').next().unwrap_or_default();
+    let secs: u64 = queued.split(':').fold(0, |a, p| a * 60 + p.parse::<u64>().unwrap_or(0));
+    assert!(secs >= 6, "queued {queued}: {fb:?}");
+}

@@ -30,6 +30,22 @@ pub const MAIL_TYPES: &[(u16, &str)] = &[
     (1 << 10, "INVALID_DEPEND"),
 ];
 
+/// `MAIL_JOB_BEGIN`.
+pub const MAIL_BEGIN: u16 = 1 << 0;
+
+/// Whether the job's BEGIN mail comes from its stand-in's `fleet-proxy`
+/// (`--mail-begin`) rather than from Slurm at home: mail to the submitting
+/// user (no `--mail-user`, so the target mails no one) that asks for
+/// BEGIN. Slurm would send it when the stand-in starts, which is before
+/// the job starts at its target; the proxy sends it when the job does.
+/// Not for arrays, whose BEGIN Slurm sends once for the whole array (or
+/// per task with ARRAY_TASKS): theirs stays Slurm's.
+pub fn proxy_mails_begin(req: &JobRequest) -> bool {
+    req.mail_user.as_deref().is_none_or(str::is_empty)
+        && !req.is_array
+        && req.mail_type.as_deref().is_some_and(|t| t.split(',').any(|n| n == "BEGIN"))
+}
+
 /// `job_desc.mail_type` bits as `--mail-type` takes them (`None` for 0
 /// or `NO_VAL16`).
 pub fn mail_type_names(bits: u16) -> Option<String> {
@@ -465,6 +481,26 @@ mod tests {
                 .map(String::as_str),
             Some("--export=FLEET_JOB_ID=beta-1,FLEET_ORIGIN=beta")
         );
+    }
+
+    #[test]
+    fn the_proxy_mails_begin_only_to_the_submitting_user_of_a_single_job() {
+        let d = JobRequest::default;
+        assert!(proxy_mails_begin(&JobRequest { mail_type: Some("BEGIN,END".into()), ..d() }));
+        assert!(proxy_mails_begin(&JobRequest {
+            mail_type: Some("BEGIN".into()),
+            mail_user: Some(String::new()),
+            ..d()
+        }));
+        for r in [
+            JobRequest { mail_type: Some("END,FAIL".into()), ..d() },
+            JobRequest { mail_type: Some("BEGIN".into()), mail_user: Some("a@b.c".into()), ..d() },
+            JobRequest { mail_type: Some("BEGIN".into()), is_array: true, ..d() },
+            JobRequest { mail_type: Some("TIME_LIMIT_BEGIN".into()), ..d() },
+            d(),
+        ] {
+            assert!(!proxy_mails_begin(&r), "{:?} {:?} {}", r.mail_type, r.mail_user, r.is_array);
+        }
     }
 
     #[test]

@@ -460,18 +460,20 @@ pub fn deferred_plan(
     let url = cfg.metasched_url.as_deref().ok_or("fleet.conf names no MetaSchedulerUrl")?;
     let q = |p: &std::path::Path| shell_quote(&p.display().to_string());
     let id = new_fleet_id(&cfg.site);
+    let mail_begin = fleet_api::sbatch::proxy_mails_begin(req);
     let head = format!(
         "#!/bin/sh\n# Fleet deferred stand-in of fleet job {id}, for cluster {target} ({why}).\n\
          # Slurm starts it when the job's dependencies, begin time and array throttle allow;\n\
          # the site agent then reads the request below from Slurm (never from this job)\n\
          # and forwards it. scancel cancels it at any time.\n\
          unset FLEET_JOB_TOKEN FLEET_JOB_TOKEN_FILE FLEET_JOB_ID FLEET_URL\n\
-         exec {} --deferred --agent-socket {} --url {}{} --slurm-bin-dir {}\n",
+         exec {} --deferred --agent-socket {} --url {}{} --slurm-bin-dir {}{}\n",
         q(&cfg.proxy_path),
         q(&cfg.deferred_socket),
         shell_quote(url),
         cfg.ca_file.as_deref().map(|p| format!(" --ca-file {}", q(p))).unwrap_or_default(),
         q(&cfg.slurm_bin),
+        if mail_begin { " --mail-begin" } else { "" },
     );
     let admin_comment = format!(
         "deferred {} -> {target}: {}{}{}",
@@ -497,6 +499,7 @@ pub fn deferred_plan(
         proxy_partition: cfg.proxy_partition.clone(),
         proxy_script,
         admin_comment,
+        mail_begin,
     })
 }
 
@@ -595,6 +598,13 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
     // (to the submitting user) comes from the stand-in.
     if job.get(StrField::MailUser).is_some_and(|u| !u.is_empty()) {
         job.set_num(NumField::MailType, 0);
+    } else if plan.mail_begin {
+        // The proxy mails BEGIN when the job starts at its target, not
+        // Slurm when the stand-in starts (fleet_api::sbatch::proxy_mails_begin).
+        let bits = job.num(NumField::MailType);
+        if bits != u64::from(NO_VAL16) {
+            job.set_num(NumField::MailType, bits & !u64::from(fleet_api::sbatch::MAIL_BEGIN));
+        }
     }
 }
 
@@ -626,6 +636,7 @@ mod tests {
             proxy_script: "#!/bin/sh\nexec fleet-proxy\n".into(),
             admin_comment: "forwarded beta -> alpha: gpu:h100:8 on 1 node(s)".into(),
             comment: "fleet: alpha (waiting) beta-00ab12cd34ef".into(),
+            mail_begin: false,
         }
     }
 
@@ -659,6 +670,16 @@ mod tests {
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("fleet: alpha (waiting) beta-00ab12cd34ef"));
         }
         free_test_descriptor(d);
+        // When the proxy mails BEGIN (at the job's start at its target),
+        // Slurm does not at the stand-in's start; END (and the rest) stay.
+        let mut d = JobDesc::test_descriptor();
+        {
+            let mut jd = JobDesc::from_box(&mut d);
+            jd.set_num(NumField::MailType, 3);
+            rewrite(&mut jd, &ForwardPlan { mail_begin: true, ..plan() });
+            assert_eq!(jd.num(NumField::MailType), 2);
+        }
+        free_test_descriptor(d);
     }
 
     #[test]
@@ -682,6 +703,23 @@ mod tests {
         );
         assert!(plan.fleet_job_id.starts_with("beta-") && plan.fleet_job_id.len() == "beta-".len() + 12);
         assert_ne!(deferred_plan(&cfg, &req, "alpha", "t").unwrap().fleet_job_id, plan.fleet_job_id);
+        // BEGIN mail: an array's stays Slurm's; a single job's proxy sends
+        // it when the job begins at its target, unless a --mail-user gets it there.
+        let with_mail = |is_array, mail_user: Option<&str>| {
+            let r = fleet_api::JobRequest {
+                is_array,
+                mail_type: Some("BEGIN,END".into()),
+                mail_user: mail_user.map(str::to_string),
+                ..req.clone()
+            };
+            let plan = deferred_plan(&cfg, &r, "alpha", "t").unwrap();
+            let flag = plan.proxy_script.lines().any(|l| l.starts_with("exec ") && l.ends_with(" --mail-begin"));
+            assert_eq!(flag, plan.mail_begin, "{}", plan.proxy_script);
+            plan.mail_begin
+        };
+        assert!(!with_mail(true, None));
+        assert!(with_mail(false, None));
+        assert!(!with_mail(false, Some("me@example.org")));
         let mut d = JobDesc::test_descriptor();
         {
             let mut jd = JobDesc::from_box(&mut d);

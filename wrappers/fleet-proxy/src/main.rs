@@ -47,6 +47,7 @@ use fleet_api::api::{JobRecord, SignalRequest, SignalScope, StartRequest, Stream
 use fleet_api::wire::{DeferredReply, DeferredRequest};
 use fleet_api::{auth, JobState};
 
+mod mail;
 mod oom;
 
 /// Relay a forwarded Fleet job: start it, stream its output, exit with its
@@ -85,6 +86,12 @@ struct Args {
     /// Directory holding `scontrol` (to update the stand-in's comment).
     #[arg(long, env = "FLEET_SLURM_BIN_DIR", default_value = "/usr/bin")]
     slurm_bin_dir: PathBuf,
+    /// Send the job's BEGIN mail (through Slurm's MailProg, to the job's
+    /// user) when the job starts at its target. The plugin sets it when it
+    /// took BEGIN out of the stand-in's own mail type
+    /// (`fleet_api::sbatch::proxy_mails_begin`).
+    #[arg(long)]
+    mail_begin: bool,
     /// Write a line to the job's stderr about a meta-scheduler outage only
     /// once it has lasted this many seconds (and then about its end).
     #[arg(long, env = "FLEET_PROXY_REPORT_OUTAGE_AFTER_S", default_value_t = 30)]
@@ -663,6 +670,7 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
     // not this run's (the origin agent may refuse it at first, before Slurm
     // shows this stand-in running; the job is then as it was).
     let mut rerun_taken = false;
+    let mut begin_mailed = !args.mail_begin;
     loop {
         let ours = restart == 0 || record.origin_restart >= restart;
         if ours && restart > 0 && !rerun_taken {
@@ -673,6 +681,10 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
             rerun_taken = true;
         }
         comment.update(&record);
+        if ours && !begin_mailed && has_started(&record) {
+            begin_mailed = true;
+            mail_begin(&args.slurm_bin_dir, slurm_job_id, record.submitted_at);
+        }
         if term.load(Ordering::Relaxed) {
             if requeued(&args.slurm_bin_dir, job_spec.as_deref(), restart) {
                 diag("the job was requeued: cancelling its remote run; it runs again when this job restarts");
@@ -722,6 +734,28 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
                 Err(e) => failed(&mut backoff, "starting the job", &e, &term)?,
             }
         }
+    }
+}
+
+/// Whether the job has started at its target: running, or ended after it
+/// ran there (a node list); not one that ended before it started.
+fn has_started(r: &JobRecord) -> bool {
+    r.state == JobState::Running || (r.state.is_terminal() && !r.node_list.is_empty())
+}
+
+/// The BEGIN mail (see `mail`), sent beside the relay, which it must not
+/// hold up: MailProg may take its time.
+fn mail_begin(bin_dir: &std::path::Path, job_id: Option<u64>, submitted_at: f64) {
+    let Some(id) = job_id else { return };
+    let bin_dir = bin_dir.to_path_buf();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let spawned = std::thread::Builder::new().name("mail".into()).spawn(move || {
+        if let Err(e) = mail::send_begin(&bin_dir, id, now, submitted_at as i64) {
+            diag(format_args!("the job's BEGIN mail was not sent: {e}"));
+        }
+    });
+    if let Err(e) = spawned {
+        diag(format_args!("the job's BEGIN mail was not sent: {e}"));
     }
 }
 
