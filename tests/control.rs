@@ -691,11 +691,31 @@ fn mails(lab: &Lab, job_id: u64) -> Vec<Mail> {
         .filter_map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
             let [at, _sender, to, subject, env] = f[..] else { return None };
-            let env = env.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into()));
+            let env = env.split('\u{1f}').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into()));
             Some(Mail { at: at.parse().ok()?, to: to.into(), subject: subject.into(), env: env.collect() })
         })
         .filter(|m| m.subject.contains(&tag))
         .collect()
+}
+
+/// A native twin at beta (`<name>-native`, output `native.txt`) and a
+/// forwarded job (`<name>-fleet`, `fleet.txt`, plus `fleet_only`) with the
+/// same `args`: (native id, forwarded id).
+fn mail_twins(
+    lab: &Lab,
+    dir: &std::path::Path,
+    name: &str,
+    args: &[&str],
+    fleet_only: &[&str],
+    native_body: &str,
+    fleet_body: &str,
+) -> (u64, u64) {
+    let (n, f) = (format!("{name}-native"), format!("{name}-fleet"));
+    let native_opts = native_args(dir, "native.txt", &[args, &["-J", &n]].concat());
+    let native = lab.sbatch("beta", &refs(&native_opts), &script(native_body)).unwrap();
+    let fleet_opts = forwarded_args(dir, "fleet.txt", &[args, fleet_only, &["-J", &f]].concat());
+    let fleet = lab.sbatch("beta", &refs(&fleet_opts), &script(fleet_body)).unwrap();
+    (native, fleet)
 }
 
 /// A mail's subject with the job's id, name and times blanked, to compare
@@ -722,21 +742,15 @@ fn the_begin_mail_comes_when_the_job_begins_at_its_target_as_slurm_sends_a_nativ
         let _ = lab.cmd("alpha", "scancel", &[&blocker.to_string()]);
     });
     lab.wait_for("alpha", blocker, T, |r| r["JobState"] == "RUNNING").unwrap();
-    let mail = ["--mail-type=BEGIN,END"];
-    let native = lab
-        .sbatch(
-            "beta",
-            &refs(&native_args(&dir, "native.txt", &[&mail[..], &["-J", "mail-native"]].concat())),
-            &script("sleep 1"),
-        )
-        .unwrap();
-    let fleet = lab
-        .sbatch(
-            "beta",
-            &refs(&forwarded_args(&dir, "fleet.txt", &[&mail[..], &["-J", "mail-fleet", "--fleet-to=alpha"]].concat())),
-            &script("echo ran; sleep 1"),
-        )
-        .unwrap();
+    let (native, fleet) = mail_twins(
+        lab,
+        &dir,
+        "mail",
+        &["--mail-type=BEGIN,END"],
+        &["--fleet-to=alpha"],
+        "sleep 1",
+        "echo ran; sleep 1",
+    );
     let _cancel = cancel_on_drop(lab, vec![native, fleet]);
     lab.wait_done("beta", native, T).unwrap();
     lab.wait_for("beta", fleet, T, |r| r["JobState"] == "RUNNING").unwrap();
@@ -803,4 +817,45 @@ fn the_begin_mail_comes_when_the_job_begins_at_its_target_as_slurm_sends_a_nativ
     let queued = fb.subject.rsplit(' ').next().unwrap_or_default();
     let secs: u64 = queued.split(':').fold(0, |a, p| a * 60 + p.parse::<u64>().unwrap_or(0));
     assert!(secs >= 6, "queued {queued}: {fb:?}");
+}
+
+/// `--mail-type=TIME_LIMIT_50` (and _80): Slurm mails when the job has run
+/// that share of its limit. A forwarded job's stand-in has no limit of its
+/// own (the job's wait at its target must not count), so its proxy sends
+/// them, counted from the job's start at its target. Native twin at beta
+/// as the oracle (Slurm looks at limits every 30 s, the proxy on time).
+#[test]
+fn time_limit_mails_come_at_their_share_of_the_run_at_the_target_as_slurm_sends_a_natives() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("mail-limit");
+    let args = ["--time=1", "--mail-type=TIME_LIMIT_50,TIME_LIMIT_80"];
+    let (native, fleet) = mail_twins(lab, &dir, "tl", &args, &[], "sleep 70", "echo ran; sleep 70");
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
+    for id in [native, fleet] {
+        let r = lab.wait_done("beta", id, Duration::from_secs(180)).unwrap();
+        assert_eq!(r["JobState"], "TIMEOUT", "{r:?}");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let (n, f) = (mails(lab, native), mails(lab, fleet));
+    let kind = |m: &Mail| m.env.get("SLURM_JOB_MAIL_TYPE").cloned().unwrap_or_default();
+    let (n50, n80) = (n.iter().find(|m| kind(m).contains("50%")), n.iter().find(|m| kind(m).contains("80%")));
+    let (f50, f80) = (f.iter().find(|m| kind(m).contains("50%")), f.iter().find(|m| kind(m).contains("80%")));
+    let (n50, f50, f80) = (n50.expect("native 50 %"), f50.expect("forwarded 50 %"), f80.expect("forwarded 80 %"));
+    assert_eq!(f.len(), 2, "once each, nothing else asked for: {f:?}");
+    assert_eq!(shape(f50, fleet, "tl-fleet"), shape(n50, native, "tl-native"), "{f50:?} / {n50:?}");
+    if let Some(n80) = n80 {
+        assert_eq!(shape(f80, fleet, "tl-fleet"), shape(n80, native, "tl-native"), "{f80:?} / {n80:?}");
+    }
+    let keys = |m: &Mail| m.env.keys().filter(|k| *k != "SLURM_JOB_COMMENT").cloned().collect::<Vec<_>>();
+    assert_eq!(keys(f50), keys(n50), "{f50:?} / {n50:?}");
+    assert_eq!(f50.env.get("SLURM_JOB_MAIL_TYPE").map(String::as_str), Some("Reached 50% of time limit"));
+    // Counted from the job's start at its target: 30 s and 48 s of a minute.
+    let run = |m: &Mail| {
+        m.env
+            .get("SLURM_JOB_RUN_TIME")
+            .map_or(0, |t| t.split(':').fold(0u64, |a, p| a * 60 + p.parse::<u64>().unwrap_or(0)))
+    };
+    assert!((30..45).contains(&run(f50)), "{f50:?}");
+    assert!((48..60).contains(&run(f80)), "{f80:?}");
+    assert!(f80.at >= f50.at + 15, "{f50:?} {f80:?}");
 }

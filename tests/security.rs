@@ -15,6 +15,18 @@ fn read(path: &std::path::Path) -> String {
     String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
 }
 
+/// Runs `body` as alice's job from beta (an H100 job: it leaves), which
+/// must end 0:0 with `done` as its last line; returns its output.
+fn alices_run(lab: &Lab, dir: &std::path::Path, body: &str) -> String {
+    let out_file = dir.join("alice.txt");
+    let id =
+        lab.sbatch("beta", &["--gres=gpu:h100:1", &format!("--output={}", out_file.display())], &script(body)).unwrap();
+    assert_eq!(lab.wait_done("beta", id, T).unwrap()["ExitCode"], "0:0");
+    let out = read(&out_file);
+    assert!(out.ends_with("done\n"), "{out:?}");
+    out
+}
+
 #[test]
 fn a_job_cannot_make_the_agent_relay_its_secrets() {
     let (lab, _serial) = Lab::lock();
@@ -88,13 +100,7 @@ fn users_jobs_are_isolated_at_the_target() {
         u = users.display(),
         agent = lab.root.join("ckpt-stores.toml").display(),
     );
-    let alice_out = dir.join("alice.txt");
-    let alice = lab
-        .sbatch("beta", &["--gres=gpu:h100:1", &format!("--output={}", alice_out.display())], &script(&body))
-        .unwrap();
-    assert_eq!(lab.wait_done("beta", alice, T).unwrap()["ExitCode"], "0:0");
-    let out = read(&alice_out);
-    assert!(out.ends_with("done\n"), "{out:?}");
+    let out = alices_run(lab, &dir, &body);
     for leak in ["LISTED", "bob-output-secret", "bob-secret-42", "SIGNALLED", "CANCELLED"] {
         assert!(!out.contains(leak), "alice's job reached bob's job ({leak}): {out:?}");
     }
@@ -172,13 +178,7 @@ fn a_users_store_key_reaches_their_own_checkpoints_and_no_one_elses() {
          echo done",
         c = ckpt.display(),
     );
-    let alice_out = dir.join("alice.txt");
-    let alice = lab
-        .sbatch("beta", &["--gres=gpu:h100:1", &format!("--output={}", alice_out.display())], &script(&body))
-        .unwrap();
-    assert_eq!(lab.wait_done("beta", alice, T).unwrap()["ExitCode"], "0:0");
-    let out = read(&alice_out);
-    assert!(out.ends_with("done\n"), "{out:?}");
+    let out = alices_run(lab, &dir, &body);
     assert!(out.contains("mine-saved\n"), "alice's key may save under her own prefix: {out:?}");
     assert!(out.contains("restore-rc=1\n"), "alice's key read bob's checkpoint: {out:?}");
     assert!(out.contains("write-rc=1\n"), "alice's key wrote under bob's prefix: {out:?}");

@@ -32,18 +32,43 @@ pub const MAIL_TYPES: &[(u16, &str)] = &[
 
 /// `MAIL_JOB_BEGIN`.
 pub const MAIL_BEGIN: u16 = 1 << 0;
+/// `MAIL_JOB_TIME90`, `MAIL_JOB_TIME80`, `MAIL_JOB_TIME50`.
+pub const MAIL_TIME_LIMIT_FRACTIONS: u16 = (1 << 5) | (1 << 6) | (1 << 7);
 
-/// Whether the job's BEGIN mail comes from its stand-in's `fleet-proxy`
-/// (`--mail-begin`) rather than from Slurm at home: mail to the submitting
-/// user (no `--mail-user`, so the target mails no one) that asks for
-/// BEGIN. Slurm would send it when the stand-in starts, which is before
-/// the job starts at its target; the proxy sends it when the job does.
-/// Not for arrays, whose BEGIN Slurm sends once for the whole array (or
-/// per task with ARRAY_TASKS): theirs stays Slurm's.
-pub fn proxy_mails_begin(req: &JobRequest) -> bool {
-    req.mail_user.as_deref().is_none_or(str::is_empty)
-        && !req.is_array
-        && req.mail_type.as_deref().is_some_and(|t| t.split(',').any(|n| n == "BEGIN"))
+/// `--mail-type` names as bits (unknown names are none).
+pub fn mail_type_bits(names: &str) -> u16 {
+    names.split(',').filter_map(|n| MAIL_TYPES.iter().find(|(_, m)| *m == n.trim())).fold(0, |a, (b, _)| a | b)
+}
+
+/// The mails the job's stand-in sends (its `fleet-proxy`, [`proxy_mail_args`])
+/// rather than Slurm at home, as `MAIL_TYPES` bits: the plugin takes them
+/// out of the stand-in's mail type. Only for mail to the submitting user
+/// (no `--mail-user`: with one, the target mails it) and only for a single
+/// job (an array's mails are Slurm's, once for the array or per task):
+/// * BEGIN: Slurm would send it when the stand-in starts, which is when the
+///   job leaves, not when it begins at its target;
+/// * TIME_LIMIT_50/80/90 of a job with `--time`: the stand-in has no limit
+///   of its own (so that the job's wait at its target does not count), so
+///   Slurm would never send them. Without `--time` the target's default
+///   limit is not known here, and they stay Slurm's (not sent).
+pub fn proxy_mail_bits(req: &JobRequest) -> u16 {
+    if req.mail_user.as_deref().is_some_and(|u| !u.is_empty()) || req.is_array {
+        return 0;
+    }
+    let bits = req.mail_type.as_deref().map_or(0, mail_type_bits);
+    let fractions = if req.time_limit_min.is_some() { MAIL_TIME_LIMIT_FRACTIONS } else { 0 };
+    bits & (MAIL_BEGIN | fractions)
+}
+
+/// `fleet-proxy`'s arguments for [`proxy_mail_bits`]: ` --mail-type=BEGIN,...`
+/// and, for time-limit mails, ` --time-limit-min=N`; empty for none.
+pub fn proxy_mail_args(req: &JobRequest) -> String {
+    let bits = proxy_mail_bits(req);
+    let Some(names) = mail_type_names(bits) else { return String::new() };
+    match req.time_limit_min {
+        Some(t) if bits & MAIL_TIME_LIMIT_FRACTIONS != 0 => format!(" --mail-type={names} --time-limit-min={t}"),
+        _ => format!(" --mail-type={names}"),
+    }
 }
 
 /// `job_desc.mail_type` bits as `--mail-type` takes them (`None` for 0
@@ -484,23 +509,31 @@ mod tests {
     }
 
     #[test]
-    fn the_proxy_mails_begin_only_to_the_submitting_user_of_a_single_job() {
+    fn the_proxy_mails_begin_and_time_limit_fractions_to_the_submitting_user_of_a_single_job() {
         let d = JobRequest::default;
-        assert!(proxy_mails_begin(&JobRequest { mail_type: Some("BEGIN,END".into()), ..d() }));
-        assert!(proxy_mails_begin(&JobRequest {
-            mail_type: Some("BEGIN".into()),
-            mail_user: Some(String::new()),
-            ..d()
-        }));
+        let mail = |t: &str| JobRequest { mail_type: Some(t.into()), ..d() };
+        assert_eq!(proxy_mail_args(&mail("BEGIN,END")), " --mail-type=BEGIN");
+        let timed =
+            JobRequest { time_limit_min: Some(90), ..mail("BEGIN,END,FAIL,TIME_LIMIT,TIME_LIMIT_80,TIME_LIMIT_50") };
+        assert_eq!(proxy_mail_args(&timed), " --mail-type=BEGIN,TIME_LIMIT_80,TIME_LIMIT_50 --time-limit-min=90");
+        assert_eq!(proxy_mail_bits(&timed), 1 | (1 << 6) | (1 << 7));
+        // Without --time the fractions are of a limit not known here.
+        assert_eq!(proxy_mail_args(&mail("TIME_LIMIT_90,END")), "");
+        assert_eq!(
+            proxy_mail_args(&JobRequest { mail_user: Some(String::new()), ..mail("BEGIN") }),
+            " --mail-type=BEGIN"
+        );
         for r in [
-            JobRequest { mail_type: Some("END,FAIL".into()), ..d() },
-            JobRequest { mail_type: Some("BEGIN".into()), mail_user: Some("a@b.c".into()), ..d() },
-            JobRequest { mail_type: Some("BEGIN".into()), is_array: true, ..d() },
-            JobRequest { mail_type: Some("TIME_LIMIT_BEGIN".into()), ..d() },
+            mail("END,FAIL"),
+            JobRequest { mail_user: Some("a@b.c".into()), ..timed.clone() },
+            JobRequest { is_array: true, ..timed.clone() },
+            mail("TIME_LIMIT_BEGIN"),
             d(),
         ] {
-            assert!(!proxy_mails_begin(&r), "{:?} {:?} {}", r.mail_type, r.mail_user, r.is_array);
+            assert_eq!(proxy_mail_bits(&r), 0, "{:?} {:?} {}", r.mail_type, r.mail_user, r.is_array);
+            assert_eq!(proxy_mail_args(&r), "");
         }
+        assert_eq!(mail_type_bits("BEGIN, END,NOPE"), 3);
     }
 
     #[test]

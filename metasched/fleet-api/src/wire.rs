@@ -58,13 +58,12 @@ pub struct ForwardPlan {
     /// Shown by `squeue -O comment` (where the job really runs), stored
     /// only when the user left the comment empty: theirs is never replaced.
     pub comment: String,
-    /// The stand-in's proxy sends the job's BEGIN mail when the job starts
-    /// at its target (`--mail-begin` in `proxy_script`,
-    /// [`crate::sbatch::proxy_mails_begin`]): the plugin takes BEGIN out
-    /// of the stand-in's mail type, so that Slurm does not send it when
-    /// the stand-in starts.
+    /// Mails the stand-in's proxy sends (`--mail-type` in `proxy_script`),
+    /// as `MAIL_JOB_*` bits ([`crate::sbatch::proxy_mail_bits`]): the
+    /// plugin takes them out of the stand-in's mail type, so that Slurm
+    /// does not send them for the stand-in.
     #[serde(default)]
-    pub mail_begin: bool,
+    pub proxy_mail: u16,
 }
 
 /// The stand-in's Fleet tag, the first word of its `admin_comment`

@@ -178,7 +178,7 @@ fn fake_agent(path: &Path) {
                 proxy_script: "#!/bin/sh\nexec /usr/libexec/fleet/fleet-proxy --job beta-0\n".into(),
                 admin_comment: "forwarded beta -> alpha: gpu:h100:8 on 1 node(s)".into(),
                 comment: "fleet: alpha (waiting)".into(),
-                mail_begin: false,
+                proxy_mail: 0,
             };
             let mut reply = serde_json::to_vec(&PluginReply::Forward(Box::new(plan))).unwrap();
             reply.push(b'\n');

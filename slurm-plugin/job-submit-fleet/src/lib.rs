@@ -460,7 +460,6 @@ pub fn deferred_plan(
     let url = cfg.metasched_url.as_deref().ok_or("fleet.conf names no MetaSchedulerUrl")?;
     let q = |p: &std::path::Path| shell_quote(&p.display().to_string());
     let id = new_fleet_id(&cfg.site);
-    let mail_begin = fleet_api::sbatch::proxy_mails_begin(req);
     let head = format!(
         "#!/bin/sh\n# Fleet deferred stand-in of fleet job {id}, for cluster {target} ({why}).\n\
          # Slurm starts it when the job's dependencies, begin time and array throttle allow;\n\
@@ -473,7 +472,7 @@ pub fn deferred_plan(
         shell_quote(url),
         cfg.ca_file.as_deref().map(|p| format!(" --ca-file {}", q(p))).unwrap_or_default(),
         q(&cfg.slurm_bin),
-        if mail_begin { " --mail-begin" } else { "" },
+        fleet_api::sbatch::proxy_mail_args(req),
     );
     let admin_comment = format!(
         "deferred {} -> {target}: {}{}{}",
@@ -499,7 +498,7 @@ pub fn deferred_plan(
         proxy_partition: cfg.proxy_partition.clone(),
         proxy_script,
         admin_comment,
-        mail_begin,
+        proxy_mail: fleet_api::sbatch::proxy_mail_bits(req),
     })
 }
 
@@ -598,12 +597,13 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
     // (to the submitting user) comes from the stand-in.
     if job.get(StrField::MailUser).is_some_and(|u| !u.is_empty()) {
         job.set_num(NumField::MailType, 0);
-    } else if plan.mail_begin {
-        // The proxy mails BEGIN when the job starts at its target, not
-        // Slurm when the stand-in starts (fleet_api::sbatch::proxy_mails_begin).
+    } else if plan.proxy_mail != 0 {
+        // The proxy sends these (BEGIN when the job starts at its target,
+        // time-limit fractions of its run there), not Slurm for the
+        // stand-in (fleet_api::sbatch::proxy_mail_bits).
         let bits = job.num(NumField::MailType);
         if bits != u64::from(NO_VAL16) {
-            job.set_num(NumField::MailType, bits & !u64::from(fleet_api::sbatch::MAIL_BEGIN));
+            job.set_num(NumField::MailType, bits & !u64::from(plan.proxy_mail));
         }
     }
 }
@@ -636,7 +636,7 @@ mod tests {
             proxy_script: "#!/bin/sh\nexec fleet-proxy\n".into(),
             admin_comment: "forwarded beta -> alpha: gpu:h100:8 on 1 node(s)".into(),
             comment: "fleet: alpha (waiting) beta-00ab12cd34ef".into(),
-            mail_begin: false,
+            proxy_mail: 0,
         }
     }
 
@@ -670,14 +670,15 @@ mod tests {
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("fleet: alpha (waiting) beta-00ab12cd34ef"));
         }
         free_test_descriptor(d);
-        // When the proxy mails BEGIN (at the job's start at its target),
-        // Slurm does not at the stand-in's start; END (and the rest) stay.
+        // What the proxy mails (here BEGIN, TIME_LIMIT_80 and _50), Slurm
+        // does not for the stand-in; END, TIME_LIMIT_90 (not the proxy's
+        // here) and the rest stay.
         let mut d = JobDesc::test_descriptor();
         {
             let mut jd = JobDesc::from_box(&mut d);
-            jd.set_num(NumField::MailType, 3);
-            rewrite(&mut jd, &ForwardPlan { mail_begin: true, ..plan() });
-            assert_eq!(jd.num(NumField::MailType), 2);
+            jd.set_num(NumField::MailType, 0b1110_0011);
+            rewrite(&mut jd, &ForwardPlan { proxy_mail: 0b1100_0001, ..plan() });
+            assert_eq!(jd.num(NumField::MailType), 0b0010_0010);
         }
         free_test_descriptor(d);
     }
@@ -713,13 +714,13 @@ mod tests {
                 ..req.clone()
             };
             let plan = deferred_plan(&cfg, &r, "alpha", "t").unwrap();
-            let flag = plan.proxy_script.lines().any(|l| l.starts_with("exec ") && l.ends_with(" --mail-begin"));
-            assert_eq!(flag, plan.mail_begin, "{}", plan.proxy_script);
-            plan.mail_begin
+            let flag = plan.proxy_script.lines().any(|l| l.starts_with("exec ") && l.ends_with(" --mail-type=BEGIN"));
+            assert_eq!(flag, plan.proxy_mail == 1, "{}", plan.proxy_script);
+            plan.proxy_mail
         };
-        assert!(!with_mail(true, None));
-        assert!(with_mail(false, None));
-        assert!(!with_mail(false, Some("me@example.org")));
+        assert_eq!(with_mail(true, None), 0);
+        assert_eq!(with_mail(false, None), 1);
+        assert_eq!(with_mail(false, Some("me@example.org")), 0);
         let mut d = JobDesc::test_descriptor();
         {
             let mut jd = JobDesc::from_box(&mut d);

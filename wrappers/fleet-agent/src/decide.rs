@@ -82,14 +82,13 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
             }
             let id = new_job_id(&cfg.site);
             let token = fleet_api::auth::job_token(&cfg.token, &id);
-            let mail_begin = fleet_api::sbatch::proxy_mails_begin(job);
             let proxy_script = format!(
                 "#!/bin/sh\n# Fleet stand-in: this job runs on cluster {target} (fleet job {id}).\n# Its output and exit code arrive here; scancel cancels it there.\n# The token is passed in the environment, never on the command line\n# (argv is world-readable in /proc; environ only to the job's user).\nunset FLEET_JOB_TOKEN_FILE\nFLEET_JOB_TOKEN='{token}' exec '{}' --job '{id}' --url '{}'{} --slurm-bin-dir '{}'{}\n",
                 cfg.proxy_path.display(),
                 cfg.metasched_url,
                 cfg.metasched_ca_file.as_ref().map(|p| format!(" --ca-file '{}'", p.display())).unwrap_or_default(),
                 cfg.slurm_bin.display(),
-                if mail_begin { " --mail-begin" } else { "" },
+                fleet_api::sbatch::proxy_mail_args(job),
             );
             let admin_comment = format!(
                 "fleet: forwarded {} -> {target} as {id}: {}{}{}{} ({reason})",
@@ -112,7 +111,7 @@ pub fn decide(cfg: &AgentConfig, cache: &CachedView, job: &JobRequest) -> (Plugi
                 // The origin's reconciler finds a stand-in that never
                 // started by the fleet id in its comment.
                 comment: format!("fleet: {target} (waiting) {id}"),
-                mail_begin,
+                proxy_mail: fleet_api::sbatch::proxy_mail_bits(job),
             };
             (PluginReply::Forward(Box::new(plan)), Some(NewForward { id, target }))
         }

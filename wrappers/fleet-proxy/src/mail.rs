@@ -1,20 +1,27 @@
-//! The job's BEGIN mail, sent by the stand-in when the job starts at its
-//! target (`--mail-begin`, `fleet_api::sbatch::proxy_mails_begin`).
+//! The mails a forwarded job's stand-in sends rather than Slurm at home
+//! (`--mail-type`, `fleet_api::sbatch::proxy_mail_bits`), to the job's
+//! user, when Slurm would have sent them for the job itself:
+//! * BEGIN when the job starts at its target (Slurm would send it when the
+//!   stand-in starts, which is when the job leaves, not when it begins);
+//! * TIME_LIMIT_50/80/90 when the job has run that share of its limit
+//!   there (`--time-limit-min`, or the stand-in's own limit when its user
+//!   lowered it): the stand-in has no limit of its own, so Slurm never would.
 //!
-//! Slurm at home would send it when the stand-in starts, which is when the
-//! job leaves, not when it begins: the plugin takes BEGIN out of the
-//! stand-in's mail type and this sends it instead, the way slurmctld
-//! does: the site's `MailProg` run as `MailProg -s <subject> <user>[@MailDomain]`,
-//! the subject `Slurm Job_id=<id> Name=<name> Began, Queued time <time>`
-//! (the stand-in's id, which is the one its user knows) and the variables
-//! slurmctld sets for it and no others (Slurm 22.05's, observed in the lab:
-//! `tests/control.rs` compares them with a native twin's). It runs as the job's user (the proxy's), who may
-//! mail themselves; a failure is the proxy's own (logged on its stderr,
-//! which is the job's), as slurmctld's are in its log.
+//! The plugin takes these out of the stand-in's mail type. Each is sent
+//! as slurmctld sends it: the site's `MailProg` run as `MailProg -s
+//! <subject> <user>[@MailDomain]`, Slurm's subject (`Slurm Job_id=<id>
+//! Name=<name> Began, Queued time <time>`, `... Reached 50% of time limit,
+//! Run time <time>`; the stand-in's id, which is the one its user knows)
+//! and the variables slurmctld sets for it and no others (Slurm 22.05's,
+//! observed in the lab: `tests/control.rs` compares them with a native
+//! twin's). It runs as the job's user (the proxy's), who may mail
+//! themselves; a failure is the proxy's own (logged on its stderr, which is
+//! the job's), as slurmctld's are in its log. Slurm looks at time limits
+//! every 30 s and sends what is due then; the proxy sends each as it falls due.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What slurmctld needs to mail: `MailProg` and `MailDomain` from
 /// `scontrol show config` (`(null)` is none).
@@ -46,16 +53,25 @@ pub fn duration_text(secs: u64) -> String {
     }
 }
 
-/// The mail slurmctld would send at the job's start.
+/// What a mail says of the job's run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    /// BEGIN, after this long since submission.
+    Began { queued_s: u64 },
+    /// TIME_LIMIT_`percent`, after this long running.
+    Reached { percent: u8, run_s: u64 },
+}
+
+/// One mail as slurmctld would send it.
 #[derive(Debug, PartialEq)]
-pub struct Begin {
+pub struct Mail {
     pub job_id: u64,
     pub name: String,
     pub user: String,
-    pub queued_s: u64,
-    /// What slurmctld sets for `MailProg` besides the four the mail itself
+    pub kind: Kind,
+    /// What slurmctld sets for `MailProg` besides what the mail itself
     /// says (`SLURM_JOB_ID`, `SLURM_JOBID`, `SLURM_JOB_MAIL_TYPE`,
-    /// `SLURM_JOB_STATE`, `SLURM_JOB_QUEUED_TIME`): see [`job_env`].
+    /// `SLURM_JOB_STATE`, the queued or run time): see [`job_env`].
     pub job_env: Vec<(String, String)>,
 }
 
@@ -100,9 +116,21 @@ pub fn job_env(var: impl Fn(&str) -> Option<String>, job: &serde_json::Value) ->
     env
 }
 
-impl Begin {
+impl Mail {
+    /// `SLURM_JOB_MAIL_TYPE`, and the subject's words after the name.
+    fn what(&self) -> String {
+        match self.kind {
+            Kind::Began { .. } => "Began".into(),
+            Kind::Reached { percent, .. } => format!("Reached {percent}% of time limit"),
+        }
+    }
+
     pub fn subject(&self) -> String {
-        format!("Slurm Job_id={} Name={} Began, Queued time {}", self.job_id, self.name, duration_text(self.queued_s))
+        let time = match self.kind {
+            Kind::Began { queued_s } => format!("Queued time {}", duration_text(queued_s)),
+            Kind::Reached { run_s, .. } => format!("Run time {}", duration_text(run_s)),
+        };
+        format!("Slurm Job_id={} Name={} {}, {time}", self.job_id, self.name, self.what())
     }
 
     pub fn recipient(&self, site: &SiteMail) -> String {
@@ -118,10 +146,13 @@ impl Begin {
         env.extend([
             ("SLURM_JOB_ID".into(), self.job_id.to_string()),
             ("SLURM_JOBID".into(), self.job_id.to_string()),
-            ("SLURM_JOB_MAIL_TYPE".into(), "Began".into()),
+            ("SLURM_JOB_MAIL_TYPE".into(), self.what()),
             ("SLURM_JOB_STATE".into(), "RUNNING".into()),
-            ("SLURM_JOB_QUEUED_TIME".into(), duration_text(self.queued_s)),
         ]);
+        env.push(match self.kind {
+            Kind::Began { queued_s } => ("SLURM_JOB_QUEUED_TIME".into(), duration_text(queued_s)),
+            Kind::Reached { run_s, .. } => ("SLURM_JOB_RUN_TIME".into(), duration_text(run_s)),
+        });
         env
     }
 
@@ -149,41 +180,117 @@ impl Begin {
     }
 }
 
-/// Reads what the mail needs from Slurm (`scontrol show config`, and the
-/// stand-in's record in `squeue --json`: its submit time, streams, ...)
-/// and sends it. `now` is when the job was seen started;
-/// `fallback_submit` the meta-scheduler's submission time.
-pub fn send_begin(bin_dir: &Path, job_id: u64, now: i64, fallback_submit: i64) -> Result<(), String> {
-    let run = |prog: &str, args: &[&str]| {
-        let path = bin_dir.join(prog);
-        let out = Command::new(&path)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("running {}: {e}", path.display()))?;
-        Ok::<_, String>(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    let site = parse_config(&run("scontrol", &["show", "config"])?).ok_or("scontrol show config names no MailProg")?;
-    let listed: serde_json::Value =
-        serde_json::from_str(&run("squeue", &["--json", "-j", &job_id.to_string()])?).unwrap_or_default();
-    let job = listed["jobs"]
+/// When each of the proxy's mails falls due (pure: the caller supplies
+/// what it saw, and sends what this returns).
+#[derive(Debug)]
+pub struct Mailer {
+    /// `MAIL_JOB_*` bits still to send.
+    left: u16,
+    /// The job's limit as submitted, in minutes.
+    limit_min: Option<u32>,
+    /// When the job was first seen started at its target.
+    started: Option<Instant>,
+}
+
+/// TIME_LIMIT_`percent` as its `MAIL_JOB_*` bit.
+const FRACTIONS: [(u8, u16); 3] = [(50, 1 << 7), (80, 1 << 6), (90, 1 << 5)];
+
+impl Mailer {
+    pub fn new(bits: u16, limit_min: Option<u32>) -> Mailer {
+        Mailer { left: bits, limit_min, started: None }
+    }
+
+    /// Whether a time-limit mail is still to come (the caller then looks
+    /// at the stand-in's own limit, which its user may have lowered).
+    pub fn waits_on_the_limit(&self) -> bool {
+        self.left & FRACTIONS.iter().fold(0, |a, (_, b)| a | b) != 0
+    }
+
+    /// The mails due now: `started` is whether the job has started at its
+    /// target (it stays started), `own_limit_min` the stand-in's own limit
+    /// if it has one (it counts when lower than the job's).
+    pub fn due(&mut self, started: bool, now: Instant, own_limit_min: Option<u32>) -> Vec<Due> {
+        let mut due = Vec::new();
+        if !started && self.started.is_none() {
+            return due;
+        }
+        let t0 = *self.started.get_or_insert(now);
+        if self.left & fleet_api::sbatch::MAIL_BEGIN != 0 {
+            self.left &= !fleet_api::sbatch::MAIL_BEGIN;
+            due.push(Due::Began);
+        }
+        let limit = match (self.limit_min, own_limit_min) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let (Some(limit), run) = (limit, now.duration_since(t0)) else { return due };
+        for (percent, bit) in FRACTIONS {
+            if self.left & bit != 0 && run.as_secs_f64() >= f64::from(limit) * 60.0 * f64::from(percent) / 100.0 {
+                self.left &= !bit;
+                due.push(Due::Reached { percent, run_s: run.as_secs() });
+            }
+        }
+        due
+    }
+}
+
+/// A mail [`Mailer::due`] says to send.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Due {
+    Began,
+    Reached { percent: u8, run_s: u64 },
+}
+
+/// The stand-in's record in `squeue --json` (its submit time, streams,
+/// limit, ...), `Null` when Slurm does not show it.
+pub fn stand_in(bin_dir: &Path, job_id: u64) -> Result<serde_json::Value, String> {
+    let path = bin_dir.join("squeue");
+    let out = Command::new(&path)
+        .args(["--json", "-j", &job_id.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {}: {e}", path.display()))?;
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    Ok(listed["jobs"]
         .as_array()
         .and_then(|jobs| jobs.iter().find(|j| j["job_id"].as_u64() == Some(job_id)))
         .cloned()
-        .unwrap_or_default();
-    let submitted = job["submit_time"].as_i64().filter(|&t| t > 0).unwrap_or(fallback_submit);
+        .unwrap_or_default())
+}
+
+/// Reads what the mail needs from Slurm (`scontrol show config`, and the
+/// stand-in's record) and sends it. For BEGIN, `now` is when the job was
+/// seen started and `fallback_submit` the meta-scheduler's submission time
+/// (used when Slurm does not show the stand-in's).
+pub fn send(bin_dir: &Path, job_id: u64, due: Due, now: i64, fallback_submit: i64) -> Result<(), String> {
+    let scontrol = bin_dir.join("scontrol");
+    let config = Command::new(&scontrol)
+        .args(["show", "config"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {}: {e}", scontrol.display()))?;
+    let site =
+        parse_config(&String::from_utf8_lossy(&config.stdout)).ok_or("scontrol show config names no MailProg")?;
+    let job = stand_in(bin_dir, job_id)?;
+    let kind = match due {
+        Due::Began => {
+            let submitted = job["submit_time"].as_i64().filter(|&t| t > 0).unwrap_or(fallback_submit);
+            Kind::Began { queued_s: (now - submitted).max(0) as u64 }
+        }
+        Due::Reached { percent, run_s } => Kind::Reached { percent, run_s },
+    };
     let var = |k: &str| std::env::var(k).ok();
-    let begin = Begin {
+    let mail = Mail {
         job_id,
         name: var("SLURM_JOB_NAME").unwrap_or_default(),
         user: var("SLURM_JOB_USER").or_else(|| var("USER")).unwrap_or_default(),
-        queued_s: (now - submitted).max(0) as u64,
+        kind,
         job_env: job_env(var, &job),
     };
-    if begin.user.is_empty() {
+    if mail.user.is_empty() {
         return Err("the job's user is unknown (SLURM_JOB_USER is not set)".into());
     }
-    begin.send(&site, Duration::from_secs(5))
+    mail.send(&site, Duration::from_secs(5))
 }
 
 #[cfg(test)]
@@ -200,8 +307,13 @@ mod tests {
         assert_eq!(site.domain.as_deref(), Some("example.org"));
         assert_eq!(parse_config("MailProg = (null)\n"), None);
         assert_eq!(parse_config("MaxArraySize = 1\n"), None);
-        let b =
-            Begin { job_id: 200042, name: "train x".into(), user: "alice".into(), queued_s: 93_784, job_env: vec![] };
+        let b = Mail {
+            job_id: 200042,
+            name: "train x".into(),
+            user: "alice".into(),
+            kind: Kind::Began { queued_s: 93_784 },
+            job_env: vec![],
+        };
         assert_eq!(b.subject(), "Slurm Job_id=200042 Name=train x Began, Queued time 1-02:03:04");
         assert_eq!(b.recipient(&site), "alice@example.org");
         assert_eq!(b.recipient(&parse_config("MailProg = /bin/mail\n").unwrap()), "alice");
@@ -265,11 +377,11 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let b = Begin {
+        let b = Mail {
             job_id: 7,
             name: "n".into(),
             user: "alice".into(),
-            queued_s: 65,
+            kind: Kind::Began { queued_s: 65 },
             job_env: vec![("SLURM_JOB_GROUP".into(), "alice".into())],
         };
         b.send(&SiteMail { prog: prog.clone(), domain: None }, Duration::from_secs(5)).unwrap();
@@ -280,5 +392,40 @@ mod tests {
         );
         let err = b.send(&SiteMail { prog: "/nonexistent/mail".into(), domain: None }, Duration::from_secs(1));
         assert!(err.unwrap_err().contains("/nonexistent/mail"));
+        // A time-limit mail: Slurm's words, and the run time instead of the queued time.
+        let r = Mail { kind: Kind::Reached { percent: 80, run_s: 57 }, ..b };
+        assert_eq!(r.subject(), "Slurm Job_id=7 Name=n Reached 80% of time limit, Run time 00:00:57");
+        let env = r.env();
+        assert!(env.contains(&("SLURM_JOB_MAIL_TYPE".into(), "Reached 80% of time limit".into())));
+        assert!(env.contains(&("SLURM_JOB_RUN_TIME".into(), "00:00:57".into())));
+        assert!(!env.iter().any(|(k, _)| k == "SLURM_JOB_QUEUED_TIME"));
+    }
+
+    #[test]
+    fn each_mail_falls_due_once_when_the_job_begins_and_at_its_share_of_the_limit() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // BEGIN and TIME_LIMIT_50 and _90 of a 10-minute job.
+        let mut m = Mailer::new(1 | (1 << 7) | (1 << 5), Some(10));
+        assert!(m.due(false, at(0), None).is_empty(), "not before the job starts");
+        assert_eq!(m.due(true, at(5), None), [Due::Began]);
+        assert!(m.waits_on_the_limit());
+        assert!(m.due(true, at(304), None).is_empty());
+        assert_eq!(m.due(true, at(305), None), [Due::Reached { percent: 50, run_s: 300 }]);
+        assert!(m.due(true, at(400), None).is_empty(), "each once");
+        // The stand-in's own limit, lowered by its user to 6 minutes: 90 % of it.
+        assert_eq!(m.due(false, at(5 + 324), Some(6)), [Due::Reached { percent: 90, run_s: 324 }]);
+        assert!(!m.waits_on_the_limit());
+        // A job that ran past every share before it was first seen: all at once.
+        let mut m = Mailer::new(1 | (1 << 7) | (1 << 6), Some(1));
+        assert_eq!(m.due(true, at(0), None), [Due::Began]);
+        assert_eq!(
+            m.due(true, at(60), None),
+            [Due::Reached { percent: 50, run_s: 60 }, Due::Reached { percent: 80, run_s: 60 }]
+        );
+        // Without any limit, only BEGIN.
+        let mut m = Mailer::new(1 | (1 << 7), None);
+        assert_eq!(m.due(true, at(0), None), [Due::Began]);
+        assert!(m.due(true, at(100_000), None).is_empty());
     }
 }

@@ -86,12 +86,17 @@ struct Args {
     /// Directory holding `scontrol` (to update the stand-in's comment).
     #[arg(long, env = "FLEET_SLURM_BIN_DIR", default_value = "/usr/bin")]
     slurm_bin_dir: PathBuf,
-    /// Send the job's BEGIN mail (through Slurm's MailProg, to the job's
-    /// user) when the job starts at its target. The plugin sets it when it
-    /// took BEGIN out of the stand-in's own mail type
-    /// (`fleet_api::sbatch::proxy_mails_begin`).
+    /// Mails to send to the job's user (through Slurm's MailProg) when
+    /// Slurm would for the job itself, `--mail-type` names: BEGIN when it
+    /// starts at its target, TIME_LIMIT_50/80/90 at that share of
+    /// --time-limit-min of its run there. The plugin sets it when it took
+    /// them out of the stand-in's own mail type
+    /// (`fleet_api::sbatch::proxy_mail_bits`).
+    #[arg(long, value_parser = parse_mail_type)]
+    mail_type: Option<u16>,
+    /// The job's time limit in minutes, for TIME_LIMIT_50/80/90.
     #[arg(long)]
-    mail_begin: bool,
+    time_limit_min: Option<u32>,
     /// Write a line to the job's stderr about a meta-scheduler outage only
     /// once it has lasted this many seconds (and then about its end).
     #[arg(long, env = "FLEET_PROXY_REPORT_OUTAGE_AFTER_S", default_value_t = 30)]
@@ -670,7 +675,10 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
     // not this run's (the origin agent may refuse it at first, before Slurm
     // shows this stand-in running; the job is then as it was).
     let mut rerun_taken = false;
-    let mut begin_mailed = !args.mail_begin;
+    let mut mailer = mail::Mailer::new(args.mail_type.unwrap_or(0), args.time_limit_min);
+    // The stand-in's own limit (its user may lower it), looked at every 30 s
+    // while a time-limit mail is to come, as Slurm looks at limits.
+    let mut own_limit: (Option<u32>, Option<Instant>) = (None, None);
     loop {
         let ours = restart == 0 || record.origin_restart >= restart;
         if ours && restart > 0 && !rerun_taken {
@@ -681,9 +689,16 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
             rerun_taken = true;
         }
         comment.update(&record);
-        if ours && !begin_mailed && has_started(&record) {
-            begin_mailed = true;
-            mail_begin(&args.slurm_bin_dir, slurm_job_id, record.submitted_at);
+        if ours {
+            if mailer.waits_on_the_limit() && own_limit.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                if let Some(id) = slurm_job_id {
+                    let job = mail::stand_in(&args.slurm_bin_dir, id).unwrap_or_default();
+                    own_limit = (job["time_limit"].as_u64().and_then(|m| u32::try_from(m).ok()), Some(Instant::now()));
+                }
+            }
+            for due in mailer.due(has_started(&record), Instant::now(), own_limit.0) {
+                send_mail(&args.slurm_bin_dir, slurm_job_id, due, record.submitted_at);
+            }
         }
         if term.load(Ordering::Relaxed) {
             if requeued(&args.slurm_bin_dir, job_spec.as_deref(), restart) {
@@ -743,19 +758,28 @@ fn has_started(r: &JobRecord) -> bool {
     r.state == JobState::Running || (r.state.is_terminal() && !r.node_list.is_empty())
 }
 
-/// The BEGIN mail (see `mail`), sent beside the relay, which it must not
-/// hold up: MailProg may take its time.
-fn mail_begin(bin_dir: &std::path::Path, job_id: Option<u64>, submitted_at: f64) {
+/// `--mail-type`'s names as `MAIL_JOB_*` bits.
+fn parse_mail_type(names: &str) -> Result<u16, String> {
+    let bits = fleet_api::sbatch::mail_type_bits(names);
+    if fleet_api::sbatch::mail_type_names(bits).map(|n| n.split(',').count()) != Some(names.split(',').count()) {
+        return Err(format!("{names:?}: expected --mail-type names (BEGIN, TIME_LIMIT_50, ...)"));
+    }
+    Ok(bits)
+}
+
+/// One of the proxy's mails (see `mail`), sent beside the relay, which it
+/// must not hold up: MailProg may take its time.
+fn send_mail(bin_dir: &std::path::Path, job_id: Option<u64>, due: mail::Due, submitted_at: f64) {
     let Some(id) = job_id else { return };
     let bin_dir = bin_dir.to_path_buf();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     let spawned = std::thread::Builder::new().name("mail".into()).spawn(move || {
-        if let Err(e) = mail::send_begin(&bin_dir, id, now, submitted_at as i64) {
-            diag(format_args!("the job's BEGIN mail was not sent: {e}"));
+        if let Err(e) = mail::send(&bin_dir, id, due, now, submitted_at as i64) {
+            diag(format_args!("the job's mail ({due:?}) was not sent: {e}"));
         }
     });
     if let Err(e) = spawned {
-        diag(format_args!("the job's BEGIN mail was not sent: {e}"));
+        diag(format_args!("the job's mail ({due:?}) was not sent: {e}"));
     }
 }
 
