@@ -817,6 +817,24 @@ fn the_begin_mail_comes_when_the_job_begins_at_its_target_as_slurm_sends_a_nativ
     let queued = fb.subject.rsplit(' ').next().unwrap_or_default();
     let secs: u64 = queued.split(':').fold(0, |a, p| a * 60 + p.parse::<u64>().unwrap_or(0));
     assert!(secs >= 6, "queued {queued}: {fb:?}");
+
+    // A job over before its stand-in saw it running still gets its BEGIN
+    // mail (Slurm sends one for every job that started), once.
+    let quick = lab
+        .sbatch(
+            "beta",
+            &refs(&forwarded_args(&dir, "quick.txt", &["--mail-type=BEGIN", "-J", "quick"])),
+            &script("true"),
+        )
+        .unwrap();
+    let _cancel_quick = cancel_on_drop(lab, vec![quick]);
+    assert_eq!(lab.wait_done("beta", quick, T).unwrap()["ExitCode"], "0:0");
+    let t0 = std::time::Instant::now();
+    while mails(lab, quick).is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let q = mails(lab, quick);
+    assert_eq!(kinds(&q), ["Began"], "{q:?}");
 }
 
 /// `--mail-type=TIME_LIMIT_50` (and _80): Slurm mails when the job has run

@@ -679,6 +679,7 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
     // The stand-in's own limit (its user may lower it), looked at every 30 s
     // while a time-limit mail is to come, as Slurm looks at limits.
     let mut own_limit: (Option<u32>, Option<Instant>) = (None, None);
+    let mut mails_on_the_way = Vec::new();
     loop {
         let ours = restart == 0 || record.origin_restart >= restart;
         if ours && restart > 0 && !rerun_taken {
@@ -697,7 +698,7 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
                 }
             }
             for due in mailer.due(has_started(&record), Instant::now(), own_limit.0) {
-                send_mail(&args.slurm_bin_dir, slurm_job_id, due, record.submitted_at);
+                mails_on_the_way.extend(send_mail(&args.slurm_bin_dir, slurm_job_id, due, record.submitted_at));
             }
         }
         if term.load(Ordering::Relaxed) {
@@ -709,6 +710,9 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
         let pumped = if ours { relay.pump(&api) } else { Ok(()) };
         match pumped {
             Ok(()) if ours && relay.done(&record) => {
+                // A job that ended before it was seen running is mailed
+                // BEGIN just now: let that mail go before this job ends.
+                join_within(mails_on_the_way, Duration::from_secs(10));
                 if remote_end(&record) == Some("TIMEOUT") {
                     time_out_here(&args.slurm_bin_dir, job_spec.as_deref(), started, &term);
                 }
@@ -769,8 +773,13 @@ fn parse_mail_type(names: &str) -> Result<u16, String> {
 
 /// One of the proxy's mails (see `mail`), sent beside the relay, which it
 /// must not hold up: MailProg may take its time.
-fn send_mail(bin_dir: &std::path::Path, job_id: Option<u64>, due: mail::Due, submitted_at: f64) {
-    let Some(id) = job_id else { return };
+fn send_mail(
+    bin_dir: &std::path::Path,
+    job_id: Option<u64>,
+    due: mail::Due,
+    submitted_at: f64,
+) -> Option<std::thread::JoinHandle<()>> {
+    let id = job_id?;
     let bin_dir = bin_dir.to_path_buf();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     let spawned = std::thread::Builder::new().name("mail".into()).spawn(move || {
@@ -778,8 +787,20 @@ fn send_mail(bin_dir: &std::path::Path, job_id: Option<u64>, due: mail::Due, sub
             diag(format_args!("the job's mail ({due:?}) was not sent: {e}"));
         }
     });
-    if let Err(e) = spawned {
-        diag(format_args!("the job's mail ({due:?}) was not sent: {e}"));
+    spawned.map_err(|e| diag(format_args!("the job's mail ({due:?}) was not sent: {e}"))).ok()
+}
+
+/// Waits, at most `wait` in all, for `threads` to end; those still going
+/// are left (they end with the process).
+fn join_within(threads: Vec<std::thread::JoinHandle<()>>, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    for t in threads {
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if t.is_finished() {
+            let _ = t.join();
+        }
     }
 }
 
