@@ -658,9 +658,9 @@ stop_s3() {
 
 # Every cluster's MailProg: one line per mail in $R/mail.log (when, who
 # sent it, to whom, the subject, and the SLURM_* variables it got, each
-# ended by \037: values hold spaces), for
-# tests to compare what a stand-in mails with what Slurm mails for a
-# native job. Stand-ins mail as their users, so anyone may append (lab only).
+# ended by \037: values hold spaces), for tests to compare what a
+# stand-in mails with what Slurm mails for a native job. Stand-ins mail as
+# their users, so anyone may append (lab only).
 write_mailprog() {
   cat >"$R/bin/mailprog" <<EOF
 #!/bin/sh
