@@ -192,7 +192,8 @@ pub struct Mailer {
     started: Option<Instant>,
 }
 
-/// TIME_LIMIT_`percent` as its `MAIL_JOB_*` bit.
+/// TIME_LIMIT_`percent` as its `MAIL_JOB_*` bit (together
+/// `fleet_api::sbatch::MAIL_TIME_LIMIT_FRACTIONS`).
 const FRACTIONS: [(u8, u16); 3] = [(50, 1 << 7), (80, 1 << 6), (90, 1 << 5)];
 
 impl Mailer {
@@ -203,7 +204,7 @@ impl Mailer {
     /// Whether a time-limit mail is still to come (the caller then looks
     /// at the stand-in's own limit, which its user may have lowered).
     pub fn waits_on_the_limit(&self) -> bool {
-        self.left & FRACTIONS.iter().fold(0, |a, (_, b)| a | b) != 0
+        self.left & fleet_api::sbatch::MAIL_TIME_LIMIT_FRACTIONS != 0
     }
 
     /// The mails due now: `started` is whether the job has started at its
