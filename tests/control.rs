@@ -846,8 +846,45 @@ fn the_begin_mail_comes_when_the_job_begins_at_its_target_as_slurm_sends_a_nativ
 fn time_limit_mails_come_at_their_share_of_the_run_at_the_target_as_slurm_sends_a_natives() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("mail-limit");
-    let args = ["--time=1", "--mail-type=TIME_LIMIT_50,TIME_LIMIT_80"];
-    let (native, fleet) = mail_twins(lab, &dir, "tl", &args, &[], "sleep 70", "echo ran; sleep 70");
+    time_limit_mail_twins(lab, &dir, "tl", &["--time=1"], &[]);
+}
+
+/// The same without `--time`: the job's limit is its partition's
+/// `DefaultTime`, at home for the native twin and at its target for the
+/// forwarded job (a minute at both here, set for this test only). Slurm
+/// mails the native job's shares of it; the forwarded job's come from its
+/// proxy, of the limit its target reports (before, none came: the limit was
+/// not known at home, and the stand-in has none).
+#[test]
+fn time_limit_mails_without_time_are_shares_of_the_targets_default_limit_as_slurm_sends_a_natives() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("mail-default-limit");
+    let set = |value: &str| {
+        ["alpha", "beta"].map(|c| {
+            let o = lab.cmd(c, "scontrol", &["update", "PartitionName=gpu", &format!("DefaultTime={value}")]);
+            o.map_or_else(|e| format!("{c}: {e}"), |o| format!("{c}: {}", String::from_utf8_lossy(&o.stderr)))
+        })
+    };
+    // Back to no default (which is the partition's MaxTime, unlimited).
+    let _restore = fleet_lab::OnDrop(|| {
+        set("UNLIMITED");
+    });
+    let said = set("1");
+    for c in ["alpha", "beta"] {
+        let p = lab.cmd(c, "scontrol", &["show", "partition", "gpu"]).unwrap();
+        assert!(String::from_utf8_lossy(&p.stdout).contains("DefaultTime=00:01:00"), "{said:?}");
+    }
+    time_limit_mail_twins(lab, &dir, "dl", &[], &["--fleet-to=alpha"]);
+}
+
+/// A native twin at beta and a forwarded job (plus `fleet_only`), both with
+/// `args` and `--mail-type=TIME_LIMIT_50,TIME_LIMIT_80`, each sleeping past
+/// a limit of one minute: both end TIMEOUT and the forwarded job gets its
+/// two mails as Slurm sends the native's, at 30 s and 48 s of its run at
+/// its target.
+fn time_limit_mail_twins(lab: &Lab, dir: &std::path::Path, name: &str, args: &[&str], fleet_only: &[&str]) {
+    let args = [args, &["--mail-type=TIME_LIMIT_50,TIME_LIMIT_80"]].concat();
+    let (native, fleet) = mail_twins(lab, dir, name, &args, fleet_only, "sleep 70", "echo ran; sleep 70");
     let _cancel = cancel_on_drop(lab, vec![native, fleet]);
     for id in [native, fleet] {
         let r = lab.wait_done("beta", id, Duration::from_secs(180)).unwrap();
@@ -858,11 +895,13 @@ fn time_limit_mails_come_at_their_share_of_the_run_at_the_target_as_slurm_sends_
     let kind = |m: &Mail| m.env.get("SLURM_JOB_MAIL_TYPE").cloned().unwrap_or_default();
     let (n50, n80) = (n.iter().find(|m| kind(m).contains("50%")), n.iter().find(|m| kind(m).contains("80%")));
     let (f50, f80) = (f.iter().find(|m| kind(m).contains("50%")), f.iter().find(|m| kind(m).contains("80%")));
-    let (n50, f50, f80) = (n50.expect("native 50 %"), f50.expect("forwarded 50 %"), f80.expect("forwarded 80 %"));
+    let n50 = n50.unwrap_or_else(|| panic!("native 50 %: {n:?}"));
+    let (f50, f80) = (f50.unwrap_or_else(|| panic!("forwarded 50 %: {f:?}")), f80.expect("forwarded 80 %"));
     assert_eq!(f.len(), 2, "once each, nothing else asked for: {f:?}");
-    assert_eq!(shape(f50, fleet, "tl-fleet"), shape(n50, native, "tl-native"), "{f50:?} / {n50:?}");
+    let (native_name, fleet_name) = (format!("{name}-native"), format!("{name}-fleet"));
+    assert_eq!(shape(f50, fleet, &fleet_name), shape(n50, native, &native_name), "{f50:?} / {n50:?}");
     if let Some(n80) = n80 {
-        assert_eq!(shape(f80, fleet, "tl-fleet"), shape(n80, native, "tl-native"), "{f80:?} / {n80:?}");
+        assert_eq!(shape(f80, fleet, &fleet_name), shape(n80, native, &native_name), "{f80:?} / {n80:?}");
     }
     let keys = |m: &Mail| m.env.keys().filter(|k| *k != "SLURM_JOB_COMMENT").cloned().collect::<Vec<_>>();
     assert_eq!(keys(f50), keys(n50), "{f50:?} / {n50:?}");

@@ -451,6 +451,14 @@ pub struct JobRecord {
     /// (`Slurm at alpha re-ran it …`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requeue_notes: Vec<String>,
+    /// The run's time limit at its target now, in minutes, as its agent
+    /// last reported it (`StatusUpdate::time_limit_min`): the job's
+    /// `--time`, the target's default limit without one, or the limit an
+    /// update there set since. `None`: unlimited, not reported yet, or an
+    /// older agent. The stand-in's `fleet-proxy` sends the job's
+    /// TIME_LIMIT_50/80/90 mails at those shares of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_min: Option<u32>,
 }
 
 /// Most [`JobRecord::requeue_notes`] kept (the newest).
@@ -727,6 +735,11 @@ pub struct StatusUpdate {
     /// How the agent saw the last of `reruns` (for `fleetctl job`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rerun_why: String,
+    /// The run's time limit at the target, in minutes, as its scheduler
+    /// says now (Slurm's `TimeLimit`, a Kubernetes Job's
+    /// `activeDeadlineSeconds`); `None`: unlimited, or an older agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_min: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

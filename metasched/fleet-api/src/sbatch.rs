@@ -47,21 +47,23 @@ pub fn mail_type_bits(names: &str) -> u16 {
 /// job (an array's mails are Slurm's, once for the array or per task):
 /// * BEGIN: Slurm would send it when the stand-in starts, which is when the
 ///   job leaves, not when it begins at its target;
-/// * TIME_LIMIT_50/80/90 of a job with `--time`: the stand-in has no limit
-///   of its own (so that the job's wait at its target does not count), so
-///   Slurm would never send them. Without `--time` the target's default
-///   limit is not known here, and they stay Slurm's (not sent).
+/// * TIME_LIMIT_50/80/90: the stand-in has no limit of its own (so that the
+///   job's wait at its target does not count), so Slurm would never send
+///   them. The proxy sends them at those shares of the run's limit at its
+///   target as its agent reports it (`JobRecord::time_limit_min`: the
+///   job's `--time`, or without one that cluster's default limit), or of
+///   the stand-in's own limit where that is lower.
 pub fn proxy_mail_bits(req: &JobRequest) -> u16 {
     if req.mail_user.as_deref().is_some_and(|u| !u.is_empty()) || req.is_array {
         return 0;
     }
     let bits = req.mail_type.as_deref().map_or(0, mail_type_bits);
-    let fractions = if req.time_limit_min.is_some() { MAIL_TIME_LIMIT_FRACTIONS } else { 0 };
-    bits & (MAIL_BEGIN | fractions)
+    bits & (MAIL_BEGIN | MAIL_TIME_LIMIT_FRACTIONS)
 }
 
 /// `fleet-proxy`'s arguments for [`proxy_mail_bits`]: ` --mail-type=BEGIN,...`
-/// and, for time-limit mails, ` --time-limit-min=N`; empty for none.
+/// and, for time-limit mails of a job with `--time`, ` --time-limit-min=N`
+/// (the limit until its target reports one); empty for none.
 pub fn proxy_mail_args(req: &JobRequest) -> String {
     let bits = proxy_mail_bits(req);
     let Some(names) = mail_type_names(bits) else { return String::new() };
@@ -517,8 +519,9 @@ mod tests {
             JobRequest { time_limit_min: Some(90), ..mail("BEGIN,END,FAIL,TIME_LIMIT,TIME_LIMIT_80,TIME_LIMIT_50") };
         assert_eq!(proxy_mail_args(&timed), " --mail-type=BEGIN,TIME_LIMIT_80,TIME_LIMIT_50 --time-limit-min=90");
         assert_eq!(proxy_mail_bits(&timed), 1 | (1 << 6) | (1 << 7));
-        // Without --time the fractions are of a limit not known here.
-        assert_eq!(proxy_mail_args(&mail("TIME_LIMIT_90,END")), "");
+        // Without --time they are of the limit its target reports.
+        assert_eq!(proxy_mail_args(&mail("TIME_LIMIT_90,END")), " --mail-type=TIME_LIMIT_90");
+        assert_eq!(proxy_mail_bits(&mail("TIME_LIMIT_90,END")), 1 << 5);
         assert_eq!(
             proxy_mail_args(&JobRequest { mail_user: Some(String::new()), ..mail("BEGIN") }),
             " --mail-type=BEGIN"

@@ -1438,6 +1438,7 @@ impl Store {
             epoch: 0,
             migrations: 0,
             requeue_notes: Vec::new(),
+            time_limit_min: None,
         };
         let job = Job {
             record,
@@ -2539,6 +2540,11 @@ impl Store {
                     }
                     if !node_list.is_empty() {
                         job.record.node_list = node_list;
+                    }
+                    if upd.time_limit_min.is_some() {
+                        // The run's limit there now (its stand-in's proxy
+                        // mails the job's TIME_LIMIT_* shares of it).
+                        job.record.time_limit_min = upd.time_limit_min;
                     }
                     match upd.state {
                         Some(JobState::Pending) if !reason.is_empty() && reason != "None" => {

@@ -441,6 +441,14 @@ async fn full_lifecycle_with_output() {
     assert!(d.work("alpha").await.submit.is_empty(), "acknowledged");
     assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::OK);
     assert_eq!(d.status("life", "alpha", st(JobState::Running)).await.0, StatusCode::OK, "idempotent repeat");
+    // The run's limit there, and a change of it, reach the record (its
+    // stand-in's proxy mails the job's TIME_LIMIT_* shares of it).
+    assert_eq!(d.job("life").await.time_limit_min, None);
+    for m in [30, 45] {
+        let (s, v) = d.status("life", "alpha", StatusUpdate { time_limit_min: Some(m), ..st(JobState::Running) }).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(d.job("life").await.time_limit_min, Some(m));
+    }
     assert_eq!(d.status("life", "alpha", st(JobState::Queued)).await.0, StatusCode::BAD_REQUEST);
 
     assert_eq!(d.chunk("life", "alpha", Stream::Stdout, 0, b"hello ").await.0, StatusCode::OK);

@@ -702,6 +702,9 @@ fn job_fields(j: &JobRecord, now: f64, zone: Zone) -> String {
         ("signal", opt(j.signal.map(|v| v.to_string()))),
         ("cancel_requested", j.cancel_requested.to_string()),
         ("summary", j.summary.clone()),
+        // The run's limit at its target as its agent reports it (the
+        // job's --time, else that cluster's default; updates there).
+        ("time_limit", opt(j.time_limit_min.map(|m| format!("{m} min at the target")))),
         ("reason", one_line(&j.reason)),
         ("node_list", if j.node_list.is_empty() { "-".into() } else { j.node_list.clone() }),
         ("stdout_len", j.stdout_len.to_string()),

@@ -918,6 +918,12 @@ pub fn native_state_with(job: &Job, pods: &[&Pod], taken_away: Option<&(&'static
         .and_then(|s| s.template.spec.as_ref()?.security_context.as_ref()?.run_as_user)
         .and_then(|u| u32::try_from(u).ok());
     j.partition = job.metadata.namespace.clone().unwrap_or_default();
+    // Its limit: the deadline it was given (the job's --time), or set since.
+    j.time_limit_min = spec
+        .and_then(|s| s.active_deadline_seconds)
+        .and_then(|d| u64::try_from(d).ok())
+        .and_then(|d| u32::try_from(d.div_ceil(60)).ok())
+        .filter(|m| *m > 0);
     j
 }
 
@@ -2293,6 +2299,8 @@ mod tests {
         let (j, o) = objects(&req(&[(Some("h100"), 8, GpuScope::Node)], None), &products);
         let spec = &j["spec"];
         assert_eq!(spec["activeDeadlineSeconds"], 1800);
+        // Reported as the run's limit (its stand-in's time-limit mails).
+        assert_eq!(native_state(&o.job, &[]).time_limit_min, Some(30));
         assert_eq!(spec["backoffLimit"], 0);
         assert_eq!(spec["suspend"], true);
         assert_eq!(spec["parallelism"], 1);

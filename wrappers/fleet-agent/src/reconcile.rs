@@ -264,6 +264,7 @@ mod tests {
             epoch: 0,
             migrations: 0,
             requeue_notes: Vec::new(),
+            time_limit_min: None,
         }
     }
 

@@ -176,6 +176,7 @@ pub fn update_for(j: &NativeJob, site: &str) -> StatusUpdate {
         died: died(j, site),
         reason,
         node_list: j.node_list.clone(),
+        time_limit_min: j.time_limit_min,
         ..Default::default()
     }
 }
@@ -1208,7 +1209,9 @@ async fn reconcile_run<B: Backend>(
     // A waiting job's reason is part of what is reported (Kubernetes'
     // `Unschedulable: ...`, Slurm's `Resources`): its change is news.
     let waiting_why = if state == JobState::Pending { up.reason.as_str() } else { "" };
-    let label = format!("{}:{}:{}:{}:{waiting_why}", state.as_str(), up.node_list, run.restarts, run.reruns);
+    // So is its limit (its stand-in's time-limit mails are shares of it).
+    let limit = up.time_limit_min.map(|m| m.to_string()).unwrap_or_default();
+    let label = format!("{}:{}:{}:{}:{limit}:{waiting_why}", state.as_str(), up.node_list, run.restarts, run.reruns);
     let mut finished = false;
     if run.reported.as_deref() != Some(label.as_str()) || state.is_terminal() {
         match agent.meta.status(&run.id, &up).await {
@@ -1538,6 +1541,14 @@ mod tests {
         let kept = ended_in_accounting(vec![job(2100073, "PENDING", 1700000000, 1001)]);
         let candidates: Vec<&NativeJob> = kept.iter().collect();
         assert!(matches!(identify(&r, "alpha", "", &candidates), Seen::Gone(_)));
+    }
+
+    #[test]
+    fn the_runs_limit_at_the_target_is_reported() {
+        let mut j = job(7, "RUNNING", 1, 1);
+        assert_eq!(update_for(&j, "alpha").time_limit_min, None);
+        j.time_limit_min = Some(90);
+        assert_eq!(update_for(&j, "alpha").time_limit_min, Some(90));
     }
 
     #[test]

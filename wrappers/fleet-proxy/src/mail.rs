@@ -4,8 +4,10 @@
 //! * BEGIN when the job starts at its target (Slurm would send it when the
 //!   stand-in starts, which is when the job leaves, not when it begins);
 //! * TIME_LIMIT_50/80/90 when the job has run that share of its limit
-//!   there (`--time-limit-min`, or the stand-in's own limit when its user
-//!   lowered it): the stand-in has no limit of its own, so Slurm never would.
+//!   there (the run's limit as its target reports it: its `--time`, that
+//!   cluster's default without one, or an update there since; until then
+//!   `--time-limit-min`; the stand-in's own limit when its user lowered
+//!   it below): the stand-in has no limit of its own, so Slurm never would.
 //!
 //! The plugin takes these out of the stand-in's mail type. Each is sent
 //! as slurmctld sends it: the site's `MailProg` run as `MailProg -s
@@ -186,7 +188,8 @@ impl Mail {
 pub struct Mailer {
     /// `MAIL_JOB_*` bits still to send.
     left: u16,
-    /// The job's limit as submitted, in minutes.
+    /// The job's limit as submitted (its `--time`), in minutes: the limit
+    /// until its target reports the run's own.
     limit_min: Option<u32>,
     /// When the job was first seen started at its target.
     started: Option<Instant>,
@@ -208,9 +211,19 @@ impl Mailer {
     }
 
     /// The mails due now: `started` is whether the job has started at its
-    /// target (it stays started), `own_limit_min` the stand-in's own limit
-    /// if it has one (it counts when lower than the job's).
-    pub fn due(&mut self, started: bool, now: Instant, own_limit_min: Option<u32>) -> Vec<Due> {
+    /// target (it stays started); `target_limit_min` the run's limit there
+    /// as its agent reports it (the job's `--time`, that cluster's default
+    /// without one, or an update there since; `None` until reported), which
+    /// replaces the submitted one, as Slurm counts shares of a job's limit
+    /// as it is now; `own_limit_min` the stand-in's own limit if it has
+    /// one (it counts when lower: the stand-in ends there).
+    pub fn due(
+        &mut self,
+        started: bool,
+        now: Instant,
+        target_limit_min: Option<u32>,
+        own_limit_min: Option<u32>,
+    ) -> Vec<Due> {
         let mut due = Vec::new();
         if !started && self.started.is_none() {
             return due;
@@ -220,7 +233,7 @@ impl Mailer {
             self.left &= !fleet_api::sbatch::MAIL_BEGIN;
             due.push(Due::Began);
         }
-        let limit = match (self.limit_min, own_limit_min) {
+        let limit = match (target_limit_min.or(self.limit_min), own_limit_min) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -233,6 +246,25 @@ impl Mailer {
         }
         due
     }
+}
+
+/// A limit in minutes as `squeue --json` writes it: a number (22.05), or
+/// `{"set": .., "infinite": .., "number": ..}` (23.02 on); `None` for
+/// unlimited or unset.
+pub fn limit_minutes(v: &serde_json::Value) -> Option<u32> {
+    let n = match v {
+        serde_json::Value::Object(o) => {
+            if o.get("set").and_then(|s| s.as_bool()) == Some(false)
+                || o.get("infinite").and_then(|s| s.as_bool()) == Some(true)
+            {
+                return None;
+            }
+            o.get("number")?.as_u64()?
+        }
+        v => v.as_u64()?,
+    };
+    // INFINITE (0xffffffff) and NO_VAL (0xfffffffe) are no limit.
+    u32::try_from(n).ok().filter(|m| *m < u32::MAX - 1)
 }
 
 /// A mail [`Mailer::due`] says to send.
@@ -408,25 +440,50 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         // BEGIN and TIME_LIMIT_50 and _90 of a 10-minute job.
         let mut m = Mailer::new(1 | (1 << 7) | (1 << 5), Some(10));
-        assert!(m.due(false, at(0), None).is_empty(), "not before the job starts");
-        assert_eq!(m.due(true, at(5), None), [Due::Began]);
+        assert!(m.due(false, at(0), None, None).is_empty(), "not before the job starts");
+        assert_eq!(m.due(true, at(5), None, None), [Due::Began]);
         assert!(m.waits_on_the_limit());
-        assert!(m.due(true, at(304), None).is_empty());
-        assert_eq!(m.due(true, at(305), None), [Due::Reached { percent: 50, run_s: 300 }]);
-        assert!(m.due(true, at(400), None).is_empty(), "each once");
+        assert!(m.due(true, at(304), None, None).is_empty());
+        assert_eq!(m.due(true, at(305), None, None), [Due::Reached { percent: 50, run_s: 300 }]);
+        assert!(m.due(true, at(400), None, None).is_empty(), "each once");
         // The stand-in's own limit, lowered by its user to 6 minutes: 90 % of it.
-        assert_eq!(m.due(false, at(5 + 324), Some(6)), [Due::Reached { percent: 90, run_s: 324 }]);
+        assert_eq!(m.due(false, at(5 + 324), None, Some(6)), [Due::Reached { percent: 90, run_s: 324 }]);
         assert!(!m.waits_on_the_limit());
         // A job that ran past every share before it was first seen: all at once.
         let mut m = Mailer::new(1 | (1 << 7) | (1 << 6), Some(1));
-        assert_eq!(m.due(true, at(0), None), [Due::Began]);
+        assert_eq!(m.due(true, at(0), None, None), [Due::Began]);
         assert_eq!(
-            m.due(true, at(60), None),
+            m.due(true, at(60), None, None),
             [Due::Reached { percent: 50, run_s: 60 }, Due::Reached { percent: 80, run_s: 60 }]
         );
-        // Without any limit, only BEGIN.
-        let mut m = Mailer::new(1 | (1 << 7), None);
-        assert_eq!(m.due(true, at(0), None), [Due::Began]);
-        assert!(m.due(true, at(100_000), None).is_empty());
+        // Without --time: the shares of the limit its target reports (its
+        // default limit there), once reported.
+        let mut m = Mailer::new(1 | (1 << 7) | (1 << 6), None);
+        assert_eq!(m.due(true, at(0), None, None), [Due::Began]);
+        assert!(m.due(true, at(100_000), None, None).is_empty(), "no limit known: none");
+        let mut m = Mailer::new(1 << 7, None);
+        assert!(m.due(true, at(0), None, None).is_empty());
+        assert!(m.due(true, at(29), Some(1), None).is_empty());
+        assert_eq!(m.due(true, at(30), Some(1), None), [Due::Reached { percent: 50, run_s: 30 }]);
+        // An operator at home raised a limit the stand-in had (the user had
+        // lowered it to 10 of the job's 20): the target's limit, now 40,
+        // decides, not the job's --time; the stand-in's own still bounds it.
+        let mut m = Mailer::new((1 << 7) | (1 << 6), Some(20));
+        assert!(m.due(true, at(0), Some(40), Some(40)).is_empty());
+        assert!(m.due(true, at(600), Some(40), Some(40)).is_empty(), "not at 50 % of --time");
+        assert_eq!(m.due(true, at(1200), Some(40), Some(40)), [Due::Reached { percent: 50, run_s: 1200 }]);
+        assert_eq!(m.due(true, at(1440), Some(40), Some(30)), [Due::Reached { percent: 80, run_s: 1440 }]);
+    }
+
+    #[test]
+    fn limits_read_as_each_slurm_writes_them() {
+        use serde_json::json;
+        assert_eq!(limit_minutes(&json!(90)), Some(90));
+        assert_eq!(limit_minutes(&json!(4294967295u64)), None, "22.05's INFINITE");
+        assert_eq!(limit_minutes(&json!(4294967294u64)), None, "NO_VAL");
+        assert_eq!(limit_minutes(&json!({"set": true, "infinite": false, "number": 90})), Some(90));
+        assert_eq!(limit_minutes(&json!({"set": true, "infinite": true, "number": 0})), None);
+        assert_eq!(limit_minutes(&json!({"set": false, "infinite": false, "number": 0})), None);
+        assert_eq!(limit_minutes(&serde_json::Value::Null), None);
     }
 }

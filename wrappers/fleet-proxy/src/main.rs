@@ -88,13 +88,14 @@ struct Args {
     slurm_bin_dir: PathBuf,
     /// Mails to send to the job's user (through Slurm's MailProg) when
     /// Slurm would for the job itself, `--mail-type` names: BEGIN when it
-    /// starts at its target, TIME_LIMIT_50/80/90 at that share of
-    /// --time-limit-min of its run there. The plugin sets it when it took
-    /// them out of the stand-in's own mail type
-    /// (`fleet_api::sbatch::proxy_mail_bits`).
+    /// starts at its target, TIME_LIMIT_50/80/90 at that share of its run
+    /// there of its limit there (as the target reports it; until then
+    /// --time-limit-min). The plugin sets it when it took them out of the
+    /// stand-in's own mail type (`fleet_api::sbatch::proxy_mail_bits`).
     #[arg(long, value_parser = parse_mail_type)]
     mail_type: Option<u16>,
-    /// The job's time limit in minutes, for TIME_LIMIT_50/80/90.
+    /// The job's time limit in minutes (its --time), for TIME_LIMIT_50/80/90
+    /// until its target reports the run's limit.
     #[arg(long)]
     time_limit_min: Option<u32>,
     /// Write a line to the job's stderr about a meta-scheduler outage only
@@ -694,10 +695,10 @@ fn run(mut args: Args) -> anyhow::Result<u8> {
             if mailer.waits_on_the_limit() && own_limit.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
                 if let Some(id) = slurm_job_id {
                     let job = mail::stand_in(&args.slurm_bin_dir, id).unwrap_or_default();
-                    own_limit = (job["time_limit"].as_u64().and_then(|m| u32::try_from(m).ok()), Some(Instant::now()));
+                    own_limit = (mail::limit_minutes(&job["time_limit"]), Some(Instant::now()));
                 }
             }
-            for due in mailer.due(has_started(&record), Instant::now(), own_limit.0) {
+            for due in mailer.due(has_started(&record), Instant::now(), record.time_limit_min, own_limit.0) {
                 mails_on_the_way.extend(send_mail(&args.slurm_bin_dir, slurm_job_id, due, record.submitted_at));
             }
         }
@@ -1020,6 +1021,7 @@ mod tests {
             epoch: 0,
             migrations: 0,
             requeue_notes: Vec::new(),
+            time_limit_min: None,
         }
     }
 
