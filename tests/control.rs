@@ -916,3 +916,70 @@ fn time_limit_mail_twins(lab: &Lab, dir: &std::path::Path, name: &str, args: &[&
     assert!((48..60).contains(&run(f80)), "{f80:?}");
     assert!(f80.at >= f50.at + 15, "{f50:?} {f80:?}");
 }
+
+/// Where Slurm enforces QOS limits (delta here, as most multi-user sites),
+/// a native job is held to its QOS's `MaxWall`: a `--time` above it never
+/// runs (it pends, `QOSMaxWallDurationPerJobLimit`), and within it the
+/// limit counts from the job's start. A forwarded job's stand-in used to be
+/// given that `MaxWall` counted from *its* start: it ended TIMEOUT at home
+/// while its job still waited at its target, and a `--time` above `MaxWall`
+/// ran at the target all the same. Now the stand-in keeps its job's limit
+/// for Slurm to judge, and its agent lifts it once the job is placed.
+#[test]
+fn a_qos_maxwall_holds_a_forwarded_job_as_a_native_one_and_its_wait_at_the_target_does_not_count() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("maxwall");
+    // alpha's H100s busy until the test lets them go.
+    let blocker = lab
+        .sbatch("alpha", &["-N2", "--gres=gpu:h100:8", &out_arg(&dir, "blocker.txt")], &script("sleep 300"))
+        .unwrap();
+    let _blocker = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("alpha", "scancel", &[&blocker.to_string()]);
+    });
+    lab.wait_for("alpha", blocker, T, |r| r["JobState"] == "RUNNING").unwrap();
+    let at_delta = |name: &str, extra: &[&str], body: &str| {
+        let mut args = vec!["--qos=lab-maxwall".to_string(), out_arg(&dir, &format!("{name}.txt"))];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        lab.sbatch("delta", &refs(&args), &script(body)).unwrap()
+    };
+    let native_args = ["--fleet=local", "--gres=gpu:h100:1"];
+    let fleet_args = ["--gres=gpu:h100:8", "--fleet-to=alpha"];
+    let native = at_delta("native", &[&native_args[..], &["--time=1"]].concat(), "sleep 5");
+    let fleet = at_delta("fleet", &[&fleet_args[..], &["--time=1"]].concat(), "echo ran; sleep 5");
+    let ids = std::cell::RefCell::new(vec![native, fleet]);
+    let _cancel = fleet_lab::OnDrop(|| {
+        let ids: Vec<String> = ids.borrow().iter().map(|i| i.to_string()).collect();
+        let _ = lab.cmd("delta", "scancel", &refs(&ids));
+    });
+    assert_eq!(lab.wait_done("delta", native, T).unwrap()["JobState"], "COMPLETED");
+    let r = lab.wait_for("delta", fleet, T, |r| r["JobState"] == "RUNNING").unwrap();
+    assert_eq!(r["Partition"], "fleet", "{r:?}");
+    // Its limit is lifted once its job is placed (a minute from its start
+    // it would have ended TIMEOUT, its job still waiting at alpha).
+    let lifted = lab.wait_for("delta", fleet, Duration::from_secs(20), |r| r["TimeLimit"] == "UNLIMITED");
+    assert!(lifted.is_ok(), "{lifted:?}");
+    std::thread::sleep(Duration::from_secs(75));
+    let r = lab.job("delta", fleet).unwrap();
+    assert_eq!((r["JobState"].as_str(), r["TimeLimit"].as_str()), ("RUNNING", "UNLIMITED"), "{r:?}");
+    let (target, remote) = remote_of(lab, fleet).expect("placed");
+    assert_eq!(target, "alpha");
+    let at_alpha = lab.job("alpha", remote).unwrap();
+    assert_eq!(at_alpha["JobState"], "PENDING", "{at_alpha:?}");
+    assert_eq!(at_alpha["TimeLimit"], "00:01:00", "the job's own limit, from its start there: {at_alpha:?}");
+    let o = lab.cmd("alpha", "scancel", &[&blocker.to_string()]).unwrap();
+    assert!(o.status.success());
+    let r = lab.wait_done("delta", fleet, T).unwrap();
+    assert_eq!((r["JobState"].as_str(), r["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{r:?}");
+    assert_eq!(text(&dir.join("fleet.txt")), "ran\n");
+
+    // Above MaxWall: Slurm holds the stand-in as it holds the native twin,
+    // and the job runs nowhere.
+    let native = at_delta("native-over", &[&native_args[..], &["--time=2"]].concat(), "sleep 5");
+    let fleet = at_delta("fleet-over", &[&fleet_args[..], &["--time=2"]].concat(), "echo ran; sleep 5");
+    ids.borrow_mut().extend([native, fleet]);
+    std::thread::sleep(Duration::from_secs(10));
+    let (n, f) = (lab.job("delta", native).unwrap(), lab.job("delta", fleet).unwrap());
+    assert_eq!((n["JobState"].as_str(), n["Reason"].as_str()), ("PENDING", "QOSMaxWallDurationPerJobLimit"), "{n:?}");
+    assert_eq!((f["JobState"].as_str(), f["Reason"].as_str()), ("PENDING", "QOSMaxWallDurationPerJobLimit"), "{f:?}");
+    assert_eq!(text(&dir.join("fleet-over.txt")), "", "it ran");
+}

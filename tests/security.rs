@@ -455,8 +455,12 @@ fn under_private_data_the_agent_must_be_a_slurm_operator() {
     let conf = std::fs::read_to_string(lab.slurm_conf("beta")).unwrap();
     assert!(conf.lines().any(|l| l.starts_with("PrivateData=") && l.contains("jobs")), "the lab runs PrivateData");
     let report = lab.agent_check("beta");
-    let line = report.lines().find(|l| l.contains("private data")).unwrap_or_default().to_string();
+    let line = report.lines().find(|l| l.contains("operator role")).unwrap_or_default().to_string();
     assert!(line.starts_with("PASS") && line.contains("AdminLevel=operator"), "{report}");
+    // delta enforces QOS limits too: its agent lifts stand-ins' limits (MaxWall).
+    let delta = lab.agent_check("delta");
+    let line = delta.lines().find(|l| l.contains("operator role")).unwrap_or_default().to_string();
+    assert!(line.starts_with("PASS") && line.contains("AccountingStorageEnforce=associations,limits,qos"), "{delta}");
     // The helper each run starts under is where fleet.conf says.
     let helper = report.lines().find(|l| l.contains("ckpt-helper")).unwrap_or_default();
     assert!(helper.starts_with("PASS") && helper.contains("every compute node"), "{report}");
@@ -487,7 +491,7 @@ fn under_private_data_the_agent_must_be_a_slurm_operator() {
     sacctmgr("None");
     let report = lab.agent_check("beta");
     sacctmgr("Operator");
-    let line = report.lines().find(|l| l.contains("private data")).unwrap_or_default().to_string();
+    let line = report.lines().find(|l| l.contains("operator role")).unwrap_or_default().to_string();
     assert!(line.starts_with("FAIL") && line.contains("hides other users' jobs"), "{report}");
     assert!(report.contains("sacctmgr -i modify user fleet set AdminLevel=Operator"), "{report}");
     // A user sees only their own jobs, as natively, and the federation

@@ -453,6 +453,12 @@ write_cluster_conf() {
       # agent's user is an operator (register_accounting), the least role
       # that sees every stand-in and forwarded job.
       echo "PrivateData=accounts,jobs,reservations,usage,users"
+      # delta enforces QOS and association limits, as most multi-user
+      # sites do: a job there is held to its QOS's MaxWall (the lab's QOS
+      # lab-maxwall: one minute), and so is a stand-in of a job submitted
+      # there (the plugin keeps its job's limit; its agent lifts it once
+      # the job is placed: tests/control.rs).
+      [[ $c == delta ]] && echo "AccountingStorageEnforce=associations,limits,qos"
     else
       echo "AccountingStorageType=accounting_storage/none"
     fi
@@ -1007,6 +1013,10 @@ register_accounting() {
     scmd "$c0" sacctmgr -i add cluster $(cluster_names)
     scmd "$c0" sacctmgr -i add account lab Cluster="$clusters" Description=lab Organization=fleet
     scmd "$c0" sacctmgr -i add user root,"$FLEET_USER","$JOB_USER",$(IFS=,; echo "${LAB_USERS[*]},${LAB_OUTSIDERS[*]},${LAB_DIRECTORY_USERS[*]}") Account=lab Cluster="$clusters"
+    # A short QOS every lab user may ask for (delta enforces it).
+    [[ -n $(scmd "$c0" sacctmgr -n -P show qos lab-maxwall format=Name) ]] \
+      || scmd "$c0" sacctmgr -i add qos lab-maxwall MaxWall=00:01:00
+    scmd "$c0" sacctmgr -i modify user where name=$(IFS=,; echo "${LAB_USERS[*]}") set QOS+=lab-maxwall || true
     [[ $(scmd "$c0" sacctmgr -n -P show user "$FLEET_USER" format=AdminLevel) == Operator ]] \
       || scmd "$c0" sacctmgr -i modify user "$FLEET_USER" set AdminLevel=Operator
   } >>"$R/log/sacctmgr.log" 2>&1 || { show_tail "$R/log/sacctmgr.log"; die "sacctmgr could not register the clusters"; }

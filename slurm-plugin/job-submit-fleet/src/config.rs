@@ -63,6 +63,12 @@ pub struct PluginConfig {
     /// Slurm's `max_script_size` (slurm.conf `SchedulerParameters`; 4 MiB
     /// by default): the largest stand-in script slurmctld accepts.
     pub slurm_max_script_size: u64,
+    /// slurm.conf's `AccountingStorageEnforce` applies QOS and association
+    /// limits (`limits`, `qos`, `safe` or `all`): a stand-in then keeps its
+    /// job's time limit, so that Slurm here judges it against its QOS's
+    /// and association's `MaxWall` as it judges a native job (see
+    /// [`crate::rewrite`]).
+    pub enforces_limits: bool,
 }
 
 /// Slurm's default `max_script_size` (slurm.conf(5)).
@@ -78,6 +84,17 @@ pub fn max_script_size(slurm_conf: &slurm_conf::raw::Parsed) -> u64 {
         .next_back()
         .and_then(|v| v.split(',').find_map(|p| p.trim().strip_prefix("max_script_size=")?.parse().ok()))
         .unwrap_or(DEFAULT_MAX_SCRIPT_SIZE)
+}
+
+/// Whether slurm.conf's (last) `AccountingStorageEnforce` makes slurmctld
+/// apply QOS or association limits (a `MaxWall` among them) to jobs.
+pub fn enforces_limits(slurm_conf: &slurm_conf::raw::Parsed) -> bool {
+    slurm_conf
+        .entries
+        .iter()
+        .filter_map(|e| e.get("AccountingStorageEnforce"))
+        .next_back()
+        .is_some_and(slurm_conf::slurm::enforces_limits)
 }
 
 /// slurm.conf: `$SLURM_CONF`, else beside fleet.conf.
@@ -107,6 +124,7 @@ impl PluginConfig {
         // Read with fleet.conf (never per submission); unreadable: Slurm's default.
         if let Ok(parsed) = slurm_conf::raw::load_file(&slurm_conf_path(path)) {
             cfg.slurm_max_script_size = max_script_size(&parsed);
+            cfg.enforces_limits = enforces_limits(&parsed);
         }
         Ok((cfg, loaded.warnings.iter().map(|w| w.to_string()).collect()))
     }
@@ -114,12 +132,17 @@ impl PluginConfig {
     /// One line for slurmctld's log.
     pub fn describe(&self) -> String {
         format!(
-            "site {} agent {} deadline {} ms fail-open {} forward {}",
+            "site {} agent {} deadline {} ms fail-open {} forward {}{}",
             self.site,
             self.socket.display(),
             self.timeout.as_millis(),
             self.fail_open,
-            if self.always_defer { "deferred" } else { "sync (deferred when the agent does not answer)" }
+            if self.always_defer { "deferred" } else { "sync (deferred when the agent does not answer)" },
+            if self.enforces_limits {
+                "; stand-ins keep their job's time limit until they start (MaxWall)"
+            } else {
+                ""
+            }
         )
     }
 
@@ -141,6 +164,7 @@ impl PluginConfig {
             ca_file: c.meta_scheduler_ca_file.clone(),
             slurm_bin: c.slurm_bin_dir.clone(),
             slurm_max_script_size: DEFAULT_MAX_SCRIPT_SIZE,
+            enforces_limits: false,
         }
     }
 
@@ -162,6 +186,7 @@ impl PluginConfig {
             ca_file: None,
             slurm_bin: PathBuf::from("/usr/bin"),
             slurm_max_script_size: DEFAULT_MAX_SCRIPT_SIZE,
+            enforces_limits: false,
         }
     }
 }
@@ -405,6 +430,18 @@ fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, first: Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurms_enforcement_of_qos_and_association_limits_is_read() {
+        let of = |text: &str| enforces_limits(&slurm_conf::raw::parse_str(text, "slurm.conf"));
+        assert!(!of(""));
+        assert!(!of("AccountingStorageEnforce=associations,wckeys\n"));
+        assert!(!of("AccountingStorageEnforce=nojobs\n"));
+        for v in ["limits", "associations,limits,qos", "QOS", "safe", "all"] {
+            assert!(of(&format!("AccountingStorageEnforce={v}\n")), "{v}");
+        }
+        assert!(!of("AccountingStorageEnforce=qos\naccountingstorageenforce=associations\n"), "the last one counts");
+    }
 
     #[test]
     fn slurms_max_script_size_is_read_from_scheduler_parameters() {

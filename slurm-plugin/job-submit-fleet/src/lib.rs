@@ -267,7 +267,7 @@ impl FleetSubmit {
                 }),
             ),
             Ok(PluginReply::Forward(plan)) => {
-                rewrite(job, &plan);
+                rewrite(job, &plan, cfg.enforces_limits);
                 log::verbose(&format!(
                     "job_submit/fleet: uid {uid} job forwarded to {} as {}",
                     plan.target, plan.fleet_job_id
@@ -385,7 +385,7 @@ impl FleetSubmit {
             }
         }
         let plan = deferred_plan(cfg, req, &target, why)?;
-        rewrite(job, &plan);
+        rewrite(job, &plan, cfg.enforces_limits);
         // The agent forwards it while it is pending (an array: element by
         // element as Slurm starts them).
         if !req.is_array {
@@ -539,7 +539,14 @@ impl FleetSubmit {
 /// which users cannot change). The user's `Comment`, output paths, work
 /// dir, name, account, dependencies, begin time and mail settings are
 /// kept, so the stand-in behaves at the origin the way the job would have.
-pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
+///
+/// `keep_time_limit` (slurm.conf enforces QOS and association limits):
+/// the stand-in keeps the job's `--time` (none: Slurm gives it the QOS's or
+/// association's `MaxWall`, as a native job), so that Slurm here accepts,
+/// holds or refuses it against those limits exactly as the job itself.
+/// Once it starts, its origin agent lifts its limit (the job's own runs
+/// at its target, counted from its start there: `track::confirm_starts`).
+pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan, keep_time_limit: bool) {
     use slurm::{NO_VAL, NO_VAL16};
     job.set(StrField::Partition, Some(&plan.proxy_partition));
     for f in [
@@ -588,8 +595,11 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan) {
     // Memory: a token amount; the real request travels with the job.
     job.set_num(NumField::PnMinMemory, 1);
     // The stand-in lives as long as the remote job, queue wait included:
-    // take the proxy partition's limit rather than the user's run time.
-    job.set_num(NumField::TimeLimit, NO_VAL.into());
+    // take the proxy partition's limit rather than the user's run time
+    // (unless Slurm must judge it against a MaxWall, see above).
+    if !keep_time_limit {
+        job.set_num(NumField::TimeLimit, NO_VAL.into());
+    }
     job.set_num(NumField::TimeMin, NO_VAL.into());
     // With an explicit --mail-user the target mails the user (it carries
     // --mail-type, fleet_api::sbatch); the stand-in then sends none, so
@@ -649,7 +659,7 @@ mod tests {
             jd.set(StrField::TresPerNode, Some("gres:gpu:h100:8"));
             jd.set(StrField::MailUser, Some("me@example.org"));
             jd.set_num(NumField::MailType, 3);
-            rewrite(&mut jd, &plan());
+            rewrite(&mut jd, &plan(), false);
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("my run 7"));
             let admin = jd.get(StrField::AdminComment).unwrap().into_owned();
             assert_eq!(admin, "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)");
@@ -665,7 +675,7 @@ mod tests {
         {
             let mut jd = JobDesc::from_box(&mut d);
             jd.set_num(NumField::MailType, 3);
-            rewrite(&mut jd, &plan());
+            rewrite(&mut jd, &plan(), false);
             assert_eq!(jd.num(NumField::MailType), 3);
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("fleet: alpha (waiting) beta-00ab12cd34ef"));
         }
@@ -677,10 +687,26 @@ mod tests {
         {
             let mut jd = JobDesc::from_box(&mut d);
             jd.set_num(NumField::MailType, 0b1110_0011);
-            rewrite(&mut jd, &ForwardPlan { proxy_mail: 0b1100_0001, ..plan() });
+            rewrite(&mut jd, &ForwardPlan { proxy_mail: 0b1100_0001, ..plan() }, false);
             assert_eq!(jd.num(NumField::MailType), 0b0010_0010);
         }
         free_test_descriptor(d);
+    }
+
+    #[test]
+    fn the_stand_in_keeps_the_jobs_time_limit_only_where_slurm_enforces_maxwall() {
+        for (keep, want) in [(false, u64::from(slurm::NO_VAL)), (true, 90)] {
+            let mut d = JobDesc::test_descriptor();
+            {
+                let mut jd = JobDesc::from_box(&mut d);
+                jd.set_num(NumField::TimeLimit, 90);
+                jd.set_num(NumField::TimeMin, 30);
+                rewrite(&mut jd, &plan(), keep);
+                assert_eq!(jd.num(NumField::TimeLimit), want, "keep {keep}");
+                assert_eq!(jd.num(NumField::TimeMin), u64::from(slurm::NO_VAL));
+            }
+            free_test_descriptor(d);
+        }
     }
 
     #[test]
@@ -726,7 +752,7 @@ mod tests {
             let mut jd = JobDesc::from_box(&mut d);
             jd.set(StrField::ArrayInx, Some("0-5%2"));
             jd.set(StrField::TresPerNode, Some("gres:gpu:h100:8"));
-            rewrite(&mut jd, &plan);
+            rewrite(&mut jd, &plan, false);
             assert_eq!(jd.get(StrField::ArrayInx).as_deref(), Some("0-5%2"), "the stand-in is the array");
             assert_eq!(jd.get(StrField::TresPerNode), None);
             let admin = jd.get(StrField::AdminComment).unwrap().into_owned();

@@ -469,6 +469,13 @@ fn partition_from(
 /// A `Gres=` list as in slurm.conf node lines: `gpu:h100:8,shard:16`,
 /// `gpu:2`, `gpu` (count 1), `gpu:h100:8(S:0-1)` (the socket part is
 /// dropped). Counts may carry k/m/g/t/p suffixes. Err is the reason.
+/// Whether an `AccountingStorageEnforce` value makes slurmctld apply QOS
+/// or association limits (a `MaxWall` among them) to jobs: `limits`, `qos`,
+/// `safe` (which implies `limits`) or `all`.
+pub fn enforces_limits(value: &str) -> bool {
+    value.split(',').any(|w| ["limits", "qos", "safe", "all"].contains(&w.trim().to_ascii_lowercase().as_str()))
+}
+
 pub fn parse_gres_list(v: &str) -> Result<Vec<GresSpec>, String> {
     let mut out = Vec::new();
     for item in split_gres(v) {

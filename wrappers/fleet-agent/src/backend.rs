@@ -174,6 +174,14 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (native_id, user, minutes, raise);
         async { anyhow::bail!("this backend cannot change a running job's time limit") }
     }
+    /// Lift the time limit of stand-in `native_id` (running, checked by
+    /// the caller) to UNLIMITED, as the agent (a Slurm operator): its job's
+    /// limit runs at its target from its start there, and the stand-in
+    /// must outlive the job's wait there. Backends without stand-ins refuse.
+    fn lift_stand_in_limit(&self, native_id: u64) -> impl Future<Output = Result<()>> + Send {
+        let _ = native_id;
+        async { anyhow::bail!("this backend has no stand-ins") }
+    }
     /// The scheduler's name in heartbeats (`slurm`, `kubernetes`).
     fn scheduler(&self) -> &'static str {
         "slurm"

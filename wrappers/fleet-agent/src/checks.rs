@@ -99,7 +99,7 @@ pub async fn run_all(conf: &Path, cfg: &AgentConfig) -> Vec<Check> {
     out.extend(token_file(conf, run_as.as_ref()));
     out.push(proxy_partition(cfg));
     out.push(proxy_nodes(cfg));
-    out.push(private_data(cfg, me).await);
+    out.push(operator_role(cfg, me).await);
     out.push(libslurm(cfg));
     out.push(spool(cfg, me, run_as.as_ref()));
     let slurm_user = slurm_user(&cfg.slurm_conf);
@@ -411,17 +411,19 @@ fn slurm_backend(cfg: &AgentConfig) -> SlurmBackend {
     }
 }
 
-/// Under `PrivateData=jobs` the agent's user must be a Slurm operator.
-async fn private_data(cfg: &AgentConfig, me: u32) -> Check {
-    const NAME: &str = "private data";
+/// Under `PrivateData=jobs`, or where Slurm enforces QOS and association
+/// limits, the agent's user must be a Slurm operator
+/// (`SlurmBackend::check_operator_role`).
+async fn operator_role(cfg: &AgentConfig, me: u32) -> Check {
+    const NAME: &str = "operator role";
     let Some(name) = fleet_agent::identity::name_of_uid(me) else {
         return fail(NAME, format!("uid {me} has no name"), "");
     };
     let backend = slurm_backend(cfg);
-    match backend.check_private_data(&name).await {
-        Ok(None) => pass(NAME, "PrivateData does not hide jobs"),
+    match backend.check_operator_role(&name).await {
+        Ok(None) => pass(NAME, "neither PrivateData nor AccountingStorageEnforce needs one"),
         Ok(Some(note)) => pass(NAME, note),
-        Err(e) => fail(NAME, format!("{e:#}"), "see README, \"Users\" (PrivateData)"),
+        Err(e) => fail(NAME, format!("{e:#}"), "see README, \"Users\" (PrivateData, AccountingStorageEnforce)"),
     }
 }
 

@@ -175,7 +175,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     };
     check_identity(&cfg, &backend).await?;
     let me = identity::name_of_uid(own_uid()).unwrap_or_default();
-    if let Some(note) = backend.check_private_data(&me).await? {
+    if let Some(note) = backend.check_operator_role(&me).await? {
         tracing::info!("{note}");
     }
     let conf = cfg.slurm_conf.clone();

@@ -220,31 +220,53 @@ impl SlurmBackend {
         Ok(())
     }
 
-    /// Under `PrivateData=jobs` (or `all`) only operators, administrators,
-    /// SlurmUser and root see other users' jobs, and the agent must see
-    /// every stand-in and every job it submitted as a user: it needs
-    /// `AdminLevel=Operator` in accounting (the least Slurm role that
-    /// reads all jobs; it could also hold or cancel them, see
-    /// ARCHITECTURE.md's threat model). `Ok(None)`: nothing to do;
-    /// `Ok(Some(note))`: fine, for the log; `Err`: what to change.
-    pub async fn check_private_data(&self, agent_user: &str) -> Result<Option<String>> {
+    /// Whether the agent's user must be a Slurm operator here, and is:
+    /// * under `PrivateData=jobs` (or `all`) only operators, administrators,
+    ///   SlurmUser and root see other users' jobs, and the agent must see
+    ///   every stand-in and every job it submitted as a user;
+    /// * where `AccountingStorageEnforce` applies QOS and association limits,
+    ///   stand-ins keep their job's time limit until they start (the plugin:
+    ///   Slurm judges them against `MaxWall` as native jobs), and the agent
+    ///   then lifts it (`lift_stand_in_limit`), which only an operator may.
+    ///
+    /// `AdminLevel=Operator` in accounting is the least Slurm role for both
+    /// (it could also hold or cancel jobs, see ARCHITECTURE.md's threat
+    /// model). `Ok(None)`: nothing needs it; `Ok(Some(note))`: fine, for
+    /// the log; `Err`: what to change.
+    pub async fn check_operator_role(&self, agent_user: &str) -> Result<Option<String>> {
         let conf = slurm_conf::slurm::SlurmConf::load(&self.slurm_conf)
             .map_err(|e| anyhow!("reading {}: {e}", self.slurm_conf.display()))?;
         let conf = conf.conf;
         let private = conf.get("PrivateData").unwrap_or("");
-        if !private_hides_jobs(private) {
+        let enforce = conf.get("AccountingStorageEnforce").unwrap_or("");
+        let mut needs = Vec::new();
+        if private_hides_jobs(private) {
+            needs.push(format!(
+                "PrivateData={private} hides other users' jobs from the agent ({agent_user}): \
+                 it would lose track of stand-ins and forwarded jobs"
+            ));
+        }
+        if slurm_conf::slurm::enforces_limits(enforce) {
+            needs.push(format!(
+                "AccountingStorageEnforce={enforce} gives stand-ins their job's time limit (MaxWall), \
+                 which the agent ({agent_user}) must lift once the job is placed, or the job's wait at its \
+                 target ends it"
+            ));
+        }
+        if needs.is_empty() {
             return Ok(None);
         }
+        let why = needs.join("; ");
         let slurm_user = conf.slurm_user.clone().unwrap_or_else(|| "root".into());
         if agent_user == "root" || agent_user == slurm_user {
-            return Ok(Some(format!("PrivateData={private}: the agent runs as {agent_user} and sees every job")));
+            return Ok(Some(format!("{why}: the agent runs as {agent_user}, who may")));
         }
         let accounting = conf.get("AccountingStorageType").unwrap_or("accounting_storage/none");
         let hint = format!("sacctmgr -i modify user {agent_user} set AdminLevel=Operator");
         if accounting.ends_with("/none") {
             bail!(
-                "PrivateData={private} hides other users' jobs from the agent ({agent_user}), and without accounting \
-                 (AccountingStorageType={accounting}) no role can lift that: enable accounting and run `{hint}`"
+                "{why}, and without accounting (AccountingStorageType={accounting}) no role can let it: \
+                 enable accounting and run `{hint}`"
             );
         }
         let out = self
@@ -261,14 +283,13 @@ impl SlurmBackend {
                 None,
             )
             .await
-            .with_context(|| format!("PrivateData={private}: asking accounting for {agent_user}'s AdminLevel"))?;
+            .with_context(|| format!("{why}: asking accounting for {agent_user}'s AdminLevel"))?;
         let level = out.lines().next().unwrap_or("").trim().to_ascii_lowercase();
         if level == "operator" || level == "administrator" {
-            Ok(Some(format!("PrivateData={private}: {agent_user} has AdminLevel={level} and sees every job")))
+            Ok(Some(format!("{why}: {agent_user} has AdminLevel={level}")))
         } else {
             bail!(
-                "PrivateData={private} hides other users' jobs from the agent ({agent_user}, AdminLevel={}): \
-                 it would lose track of stand-ins and forwarded jobs; run `{hint}`",
+                "{why}, and {agent_user} has AdminLevel={}: run `{hint}`",
                 if level.is_empty() { "none" } else { level.as_str() }
             )
         }
@@ -1097,6 +1118,16 @@ impl Backend for SlurmBackend {
         self.run_in("scontrol", &args, None, None, None, |_| {}).await.map(drop).map_err(|e| {
             anyhow!(
                 "as {user}: {as_user:#}; as the agent: {e:#} (raising a running job's limit needs a Slurm operator: \
+                 sacctmgr modify user <agent user> set AdminLevel=Operator)"
+            )
+        })
+    }
+
+    async fn lift_stand_in_limit(&self, native_id: u64) -> Result<()> {
+        let args = vec!["update".to_string(), format!("JobId={native_id}"), "TimeLimit=UNLIMITED".to_string()];
+        self.run_in("scontrol", &args, None, None, None, |_| {}).await.map(drop).map_err(|e| {
+            anyhow!(
+                "{e:#} (raising a running job's limit needs a Slurm operator: \
                  sacctmgr modify user <agent user> set AdminLevel=Operator)"
             )
         })

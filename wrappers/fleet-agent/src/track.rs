@@ -759,13 +759,39 @@ pub async fn confirm_starts<B: Backend>(agent: &Agent<B>, checks: &[StartCheck])
         }
         let verdict = StartConfirmation { origin_job_id: c.origin_job_id, started, reason, time_limit_min };
         let t1 = std::time::Instant::now();
-        if let Err(e) = agent.meta.confirm_start(&c.fleet_job_id, &verdict).await {
-            tracing::warn!(id = %c.fleet_job_id, "confirming the start: {e:#}");
+        match agent.meta.confirm_start(&c.fleet_job_id, &verdict).await {
+            Err(e) => tracing::warn!(id = %c.fleet_job_id, "confirming the start: {e:#}"),
+            Ok(_) => {
+                if let (true, Some(m)) = (started, time_limit_min) {
+                    lift_stand_in_limit(agent, &c.fleet_job_id, c.origin_job_id, m).await;
+                }
+            }
         }
         tracing::debug!(target: "fleet::start", id = %c.fleet_job_id, started, post_ms = t1.elapsed().as_millis() as u64,
             "start confirmation sent");
     }
     Ok(())
+}
+
+/// A stand-in that started with a limit (its user's pending update, or
+/// its job's `--time` or `MaxWall` where Slurm enforces limits: the plugin
+/// keeps them then) has handed it to its job, which runs it at its target
+/// from its start there: the stand-in's own, counted from its start here,
+/// would end it while its job still waits there. Lifted once the start is
+/// confirmed (a confirmation that did not arrive is asked again, and must
+/// read the same limit). Where the agent is no operator, Slurm refuses:
+/// said, and the stand-in keeps its limit.
+async fn lift_stand_in_limit<B: Backend>(agent: &Agent<B>, id: &str, stand_in: u64, minutes: u32) {
+    match agent.backend.lift_stand_in_limit(stand_in).await {
+        Ok(()) => {
+            // No limit of its own from now on: a later one is its user's.
+            agent.time_limits.lock().started(id, None, now());
+            tracing::info!(%id, stand_in, minutes, "the stand-in's time limit is its job's at its target now: lifted here");
+        }
+        Err(e) => tracing::warn!(%id, stand_in, minutes,
+            "cannot lift the stand-in's time limit; it ends its job if the job's wait at its target and its run \
+             together outlast it: {e:#}"),
+    }
 }
 
 /// Does Slurm run the stand-in a start request names? `found` is the job
