@@ -392,6 +392,67 @@ pub async fn copy(helper: &Path, stores: Option<&Path>, src: &str, dst_prefix: &
     parse_copied(&out.stdout)
 }
 
+/// A checkpoint the agent copies into a `file://` store is the agent's
+/// (it wrote it), under directories it may have created (the job's prefix,
+/// and above it its user's and its origin's directories where they were
+/// missing). Made before the copy ([`FileCopy::before`]: `None` for other
+/// stores) and applied after it ([`FileCopy::admit`]):
+/// * the directories it created above the job's prefix take the mode of
+///   the store's own directory they were created in (a store whose users
+///   make their own directories, `1777` say, stays one);
+/// * the job's prefix, if the copy created it, else the copied checkpoint,
+///   is its user's (`jobdir::grant_tree`: rwx, by ACL, for that user and
+///   the agent, nothing for anyone else; the copied files readable), so
+///   that the resumed job can write its next checkpoints beside it and no
+///   other user can read it.
+#[derive(Debug)]
+pub struct FileCopy {
+    prefix: PathBuf,
+    /// The deepest directory of the prefix's path that existed before.
+    existed: PathBuf,
+}
+
+impl FileCopy {
+    pub fn before(dst_prefix: &str) -> Option<FileCopy> {
+        let prefix = PathBuf::from(dst_prefix.strip_prefix("file://")?);
+        let existed = prefix.ancestors().find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()))?;
+        Some(FileCopy { existed: existed.to_path_buf(), prefix })
+    }
+
+    /// After the copy to `copied` (its URL), for the job's user `uid`.
+    pub fn admit(&self, copied: &str, uid: u32) -> Result<()> {
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        let store_mode = std::fs::symlink_metadata(&self.existed)
+            .with_context(|| format!("reading {}", self.existed.display()))?
+            .permissions()
+            .mode()
+            & 0o1777;
+        // Strictly between the directory that was there and the prefix
+        // (none when the prefix was there): never the store's own.
+        let below: Vec<&Path> = if self.existed == self.prefix {
+            Vec::new()
+        } else {
+            self.prefix.ancestors().skip(1).take_while(|p| *p != self.existed && p.starts_with(&self.existed)).collect()
+        };
+        for dir in below.iter().rev() {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                .open(dir)
+                .with_context(|| format!("opening {}", dir.display()))?;
+            f.set_permissions(std::fs::Permissions::from_mode(store_mode))
+                .with_context(|| format!("setting the mode of {}", dir.display()))?;
+        }
+        let top = if self.existed == self.prefix {
+            PathBuf::from(copied.strip_prefix("file://").context("a copy into a file:// store named another")?)
+        } else {
+            self.prefix.clone()
+        };
+        crate::jobdir::grant_tree(&top, uid)?;
+        Ok(())
+    }
+}
+
 /// What to do when a copy into a `file://` store failed on a read-only
 /// file system: the packaged unit runs the agent under
 /// `ProtectSystem=strict`, which leaves only its own directories writable.
@@ -497,6 +558,76 @@ pub fn user_stores_exposure(template: &str) -> Vec<(PathBuf, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_into_a_file_store_is_its_users_and_no_one_elses() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("store");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let prefix = root.join("fleet/beta/alice/J");
+        let url = |p: &Path| format!("file://{}", p.display());
+        assert!(FileCopy::before("s3://b/fleet/beta/alice/J").is_none());
+        let fc = FileCopy::before(&url(&prefix)).unwrap();
+        // What `fleet-ckpt copy` leaves: the agent's, under its umask.
+        let ck = prefix.join("ckpt-000000000001");
+        std::fs::create_dir_all(&ck).unwrap();
+        std::fs::write(ck.join("w.bin"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", ck.join("planted")).unwrap();
+        fc.admit(&url(&ck), 4242).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        // Above the job's prefix: as the store's own directory.
+        for p in ["fleet", "fleet/beta", "fleet/beta/alice"] {
+            assert_eq!(mode(&root.join(p)), 0o1777, "{p}");
+        }
+        // The prefix and the copy: the user's (rwx / r by ACL; the group
+        // bits are the ACL's mask), nothing for others.
+        let access = |p: &Path| crate::jobdir::named_acl(p, "system.posix_acl_access");
+        for dir in [&prefix, &ck] {
+            assert_eq!(mode(dir), 0o770, "{}", dir.display());
+            assert_eq!(access(dir), [(4242, 7)], "{}", dir.display());
+            let default = crate::jobdir::named_acl(dir, "system.posix_acl_default");
+            assert!(default.contains(&(4242, 7)), "{default:?}");
+        }
+        assert_eq!(mode(&ck.join("w.bin")), 0o640);
+        assert_eq!(access(&ck.join("w.bin")), [(4242, 4)]);
+        // A link is left alone, its target untouched.
+        assert!(std::fs::symlink_metadata(ck.join("planted")).unwrap().file_type().is_symlink());
+        assert!(access(Path::new("/etc/passwd")).is_empty());
+
+        // What the kernel makes of it (as root, as CI runs: other uids):
+        // the user writes a new checkpoint beside the copy and reads it;
+        // another user can do neither.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            let as_uid = |uid: u32, cmd: &str| {
+                let id = uid.to_string();
+                let args = ["--reuid", &id, "--regid", &id, "--clear-groups", "sh", "-c", cmd];
+                std::process::Command::new("setpriv").args(args).status().unwrap().success()
+            };
+            let (p, w) = (prefix.display(), ck.join("w.bin"));
+            assert!(as_uid(4242, &format!("mkdir {p}/ckpt-000000000003 && cat {} >/dev/null", w.display())));
+            assert!(!as_uid(4343, &format!("cat {} 2>/dev/null", w.display())), "another user read it");
+            assert!(!as_uid(4343, &format!("ls {p} >/dev/null 2>&1")), "another user listed it");
+        }
+
+        // Into a prefix that was there: only the copied checkpoint changes.
+        let ck2 = prefix.join("ckpt-000000000002");
+        let fc = FileCopy::before(&url(&prefix)).unwrap();
+        let store = std::fs::symlink_metadata(&root).unwrap().permissions().mode();
+        let outer = mode(d.path());
+        std::fs::create_dir(&ck2).unwrap();
+        std::fs::set_permissions(&ck2, std::fs::Permissions::from_mode(0o755)).unwrap();
+        fc.admit(&url(&ck2), 4343).unwrap();
+        assert_eq!(access(&ck2), [(4343, 7)]);
+        assert_eq!(access(&prefix), [(4242, 7)]);
+        // and nothing above it: not its directories, not the store's.
+        assert_eq!(mode(&prefix), 0o770);
+        assert_eq!(std::fs::symlink_metadata(&root).unwrap().permissions().mode(), store);
+        assert_eq!(mode(d.path()), outer);
+    }
 
     #[test]
     fn store_keys_every_user_can_read_are_named() {

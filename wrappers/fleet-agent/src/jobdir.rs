@@ -33,13 +33,20 @@ const UNDEFINED: u32 = u32::MAX;
 /// `system.posix_acl_*` extended attributes (version 2, entries sorted by
 /// tag then id).
 fn acl_xattr(named_users: &[(u32, u16)]) -> Vec<u8> {
+    acl_xattr_with(7, named_users)
+}
+
+/// [`acl_xattr`] with the owner's permissions `owner` (the mask lets the
+/// named users' through).
+fn acl_xattr_with(owner: u16, named_users: &[(u32, u16)]) -> Vec<u8> {
     let mut users = named_users.to_vec();
     users.sort_unstable();
     users.dedup_by_key(|u| u.0);
-    let mut entries = vec![(ACL_USER_OBJ, 7u16, UNDEFINED)];
+    let mask = users.iter().fold(0, |m, u| m | u.1);
+    let mut entries = vec![(ACL_USER_OBJ, owner, UNDEFINED)];
     entries.extend(users.iter().map(|&(uid, perm)| (ACL_USER, perm, uid)));
     entries.push((ACL_GROUP_OBJ, 0, UNDEFINED));
-    entries.push((ACL_MASK, 7, UNDEFINED));
+    entries.push((ACL_MASK, if named_users.is_empty() { 7 } else { mask }, UNDEFINED));
     entries.push((ACL_OTHER, 0, UNDEFINED));
     let mut out = 2u32.to_le_bytes().to_vec();
     for (tag, perm, id) in entries {
@@ -79,6 +86,68 @@ pub fn create(dir: &Path, job_uid: u32) -> Result<()> {
             format!("setting the ACL of {} (the spool's filesystem must support POSIX ACLs)", dir.display())
         })?;
     Ok(())
+}
+
+/// Gives `uid` what it needs of a tree the agent just created for that
+/// user's job (a checkpoint it copied into a `file://` store): every
+/// directory rwx for `uid` (and by default ACL for what is created inside:
+/// `uid` and the agent), every file readable; nobody else anything. Opened
+/// without following links; other entries are left alone. The number of
+/// entries given.
+pub fn grant_tree(top: &Path, uid: u32) -> Result<usize> {
+    let agent_uid = std::fs::metadata("/proc/self").map(|m| m.uid()).context("reading /proc/self")?;
+    let mut given = 0;
+    let mut dirs = vec![top.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&dir)
+            .with_context(|| format!("opening {}", dir.display()))?;
+        set_xattr(&f, "system.posix_acl_access", &acl_xattr(&[(uid, 7)]))
+            .and_then(|()| set_xattr(&f, "system.posix_acl_default", &acl_xattr(&[(uid, 7), (agent_uid, 7)])))
+            .with_context(|| {
+                format!("setting the ACL of {} (its filesystem must support POSIX ACLs)", dir.display())
+            })?;
+        given += 1;
+        for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+            let e = e?;
+            let kind = e.file_type()?;
+            if kind.is_dir() {
+                dirs.push(e.path());
+            } else if kind.is_file() {
+                let path = e.path();
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                    .open(&path)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                set_xattr(&f, "system.posix_acl_access", &acl_xattr_with(6, &[(uid, 4)]))
+                    .with_context(|| format!("setting the ACL of {}", path.display()))?;
+                given += 1;
+            }
+        }
+    }
+    Ok(given)
+}
+
+/// The named users of `path`'s ACL `name` (`system.posix_acl_access` or
+/// `_default`) with their permissions (tests).
+#[cfg(test)]
+pub(crate) fn named_acl(path: &Path, name: &str) -> Vec<(u32, u16)> {
+    let (cpath, cname) =
+        (std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap(), std::ffi::CString::new(name).unwrap());
+    let mut buf = vec![0u8; 512];
+    // SAFETY: both strings are NUL-terminated; the kernel writes at most
+    // `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::lgetxattr(cpath.as_ptr(), cname.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n = usize::try_from(n).unwrap_or(0);
+    buf.get(4..n)
+        .unwrap_or_default()
+        .chunks(8)
+        .filter(|c| u16::from_le_bytes([c[0], c[1]]) == ACL_USER)
+        .map(|c| (u32::from_le_bytes([c[4], c[5], c[6], c[7]]), u16::from_le_bytes([c[2], c[3]])))
+        .collect()
 }
 
 /// Writes a file the job's user may read (through the directory's default

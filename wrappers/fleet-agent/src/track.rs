@@ -534,7 +534,7 @@ pub async fn submit_one<B: Backend>(agent: &Agent<B>, a: Assignment) -> Result<(
         jobdir::remove(&agent.backend.job_dir(&id))?;
     }
     let mut request = a.request.clone();
-    request.fleet.resume_from = resume_from(agent, &id, &a).await?;
+    request.fleet.resume_from = resume_from(agent, &id, &a, user.uid).await?;
     request.fleet.epoch = a.epoch;
     // Last look before sbatch (a checkpoint copy, other submissions of
     // the same answer, may have taken a while): a placement superseded
@@ -599,15 +599,23 @@ pub fn newest_placements(all: Vec<Assignment>) -> Vec<Assignment> {
 /// (an error here); after [`COPY_ATTEMPTS`] failures the job starts
 /// without it (it restores the newest checkpoint in this region's store,
 /// or starts from scratch), which the log says.
-async fn resume_from<B: Backend>(agent: &Agent<B>, id: &str, a: &Assignment) -> Result<Option<String>> {
+async fn resume_from<B: Backend>(agent: &Agent<B>, id: &str, a: &Assignment, uid: u32) -> Result<Option<String>> {
     let (Some(from), Some(to)) = (&a.resume_from, &a.resume_copy_to) else {
         return Ok(a.request.fleet.resume_from.clone().or_else(|| a.resume_from.clone()));
     };
     let cfg = &agent.cfg;
     let t0 = std::time::Instant::now();
+    let file_copy = crate::ckpt::FileCopy::before(to);
     match crate::ckpt::copy(&cfg.ckpt_helper, cfg.ckpt_stores.as_deref(), from, to).await {
         Ok(c) => {
             agent.copy_failures.lock().remove(id);
+            if let Some(fc) = &file_copy {
+                // The agent's copy, its user's now (ckpt::FileCopy).
+                if let Err(e) = fc.admit(&c.url, uid) {
+                    tracing::warn!(%id, to = %c.url, "the copied checkpoint stays the agent's: its job cannot \
+                        write its next checkpoints beside it: {e:#}");
+                }
+            }
             tracing::info!(%id, from = %c.from, to = %c.url, bytes = c.bytes, seconds = c.seconds,
                 total_s = t0.elapsed().as_secs_f64(), "copied the checkpoint to resume from into this region");
             let rep = fleet_api::api::CheckpointReport {
