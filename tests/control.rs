@@ -698,6 +698,19 @@ fn mails(lab: &Lab, job_id: u64) -> Vec<Mail> {
         .collect()
 }
 
+/// alpha's H100s held by a job of its own (`sleep secs`, output
+/// `blocker.txt` in `dir`), running, until the guard drops or the test
+/// cancels it: (its id, the guard).
+fn alpha_blocked<'a>(lab: &'a Lab, dir: &std::path::Path, secs: u32) -> (u64, fleet_lab::OnDrop<impl FnMut() + 'a>) {
+    let body = script(&format!("sleep {secs}"));
+    let blocker = lab.sbatch("alpha", &["-N2", "--gres=gpu:h100:8", &out_arg(dir, "blocker.txt")], &body).unwrap();
+    let guard = fleet_lab::OnDrop(move || {
+        let _ = lab.cmd("alpha", "scancel", &[&blocker.to_string()]);
+    });
+    lab.wait_for("alpha", blocker, T, |r| r["JobState"] == "RUNNING").unwrap();
+    (blocker, guard)
+}
+
 /// A native twin at beta (`<name>-native`, output `native.txt`) and a
 /// forwarded job (`<name>-fleet`, `fleet.txt`, plus `fleet_only`) with the
 /// same `args`: (native id, forwarded id).
@@ -735,13 +748,7 @@ fn the_begin_mail_comes_when_the_job_begins_at_its_target_as_slurm_sends_a_nativ
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("mail");
     // alpha's H100s busy with a job of its own until the test lets it go.
-    let blocker = lab
-        .sbatch("alpha", &["-N2", "--gres=gpu:h100:8", &out_arg(&dir, "blocker.txt")], &script("sleep 120"))
-        .unwrap();
-    let _blocker = fleet_lab::OnDrop(|| {
-        let _ = lab.cmd("alpha", "scancel", &[&blocker.to_string()]);
-    });
-    lab.wait_for("alpha", blocker, T, |r| r["JobState"] == "RUNNING").unwrap();
+    let (blocker, _blocker) = alpha_blocked(lab, &dir, 120);
     let (native, fleet) = mail_twins(
         lab,
         &dir,
@@ -929,14 +936,7 @@ fn time_limit_mail_twins(lab: &Lab, dir: &std::path::Path, name: &str, args: &[&
 fn a_qos_maxwall_holds_a_forwarded_job_as_a_native_one_and_its_wait_at_the_target_does_not_count() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("maxwall");
-    // alpha's H100s busy until the test lets them go.
-    let blocker = lab
-        .sbatch("alpha", &["-N2", "--gres=gpu:h100:8", &out_arg(&dir, "blocker.txt")], &script("sleep 300"))
-        .unwrap();
-    let _blocker = fleet_lab::OnDrop(|| {
-        let _ = lab.cmd("alpha", "scancel", &[&blocker.to_string()]);
-    });
-    lab.wait_for("alpha", blocker, T, |r| r["JobState"] == "RUNNING").unwrap();
+    let (blocker, _blocker) = alpha_blocked(lab, &dir, 300);
     let at_delta = |name: &str, extra: &[&str], body: &str| {
         let mut args = vec!["--qos=lab-maxwall".to_string(), out_arg(&dir, &format!("{name}.txt"))];
         args.extend(extra.iter().map(|s| s.to_string()));

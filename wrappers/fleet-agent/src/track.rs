@@ -609,9 +609,12 @@ async fn resume_from<B: Backend>(agent: &Agent<B>, id: &str, a: &Assignment, uid
     match crate::ckpt::copy(&cfg.ckpt_helper, cfg.ckpt_stores.as_deref(), from, to).await {
         Ok(c) => {
             agent.copy_failures.lock().remove(id);
-            if let Some(fc) = &file_copy {
-                // The agent's copy, its user's now (ckpt::FileCopy).
-                if let Err(e) = fc.admit(&c.url, uid) {
+            if let Some(fc) = file_copy {
+                // The agent's copy, its user's now (ckpt::FileCopy): one
+                // system call per file, off the runtime's workers.
+                let url = c.url.clone();
+                let given = tokio::task::spawn_blocking(move || fc.admit(&url, uid)).await;
+                if let Err(e) = given.map_err(anyhow::Error::from).and_then(|r| r) {
                     tracing::warn!(%id, to = %c.url, "the copied checkpoint stays the agent's: its job cannot \
                         write its next checkpoints beside it: {e:#}");
                 }
