@@ -15,6 +15,7 @@ pub mod job;
 pub mod options;
 pub mod placement;
 pub mod sbatch;
+pub mod slurm_json;
 pub mod wire;
 
 pub use job::*;

@@ -462,26 +462,16 @@ pub fn map_state(s: &str) -> JobState {
     }
 }
 
+/// Why Slurm refuses the agent a raise of a running job's limit, and the fix.
+const RAISE_NEEDS_OPERATOR: &str =
+    "raising a running job's limit needs a Slurm operator: sacctmgr modify user <agent user> set AdminLevel=Operator";
+
 /// Largest JSON document read from a Slurm command.
 pub const MAX_JSON_BYTES: usize = 64 << 20;
 
-/// A number in any of Slurm's JSON dialects: a plain number (22.05's
-/// v0.0.38) or `{"set": true, "infinite": false, "number": n}` (23.02+).
+/// A number in any of Slurm's JSON dialects (`fleet_api::slurm_json::number`).
 fn num(v: Option<&serde_json::Value>) -> Option<i64> {
-    let v = v?;
-    if let Some(n) = v.as_i64() {
-        return Some(n);
-    }
-    if let Some(n) = v.as_u64() {
-        return i64::try_from(n).ok();
-    }
-    let o = v.as_object()?;
-    if o.get("set").and_then(|s| s.as_bool()) == Some(false)
-        || o.get("infinite").and_then(|s| s.as_bool()) == Some(true)
-    {
-        return None;
-    }
-    num(o.get("number"))
+    fleet_api::slurm_json::number(v?)
 }
 
 /// A state: a string (22.05) or a list of flags, base state first (23.02+).
@@ -1115,22 +1105,18 @@ impl Backend for SlurmBackend {
                 "a raise from the origin is capped at the partition's MaxTime here");
         }
         let args = vec!["update".to_string(), format!("JobId={native_id}"), format!("TimeLimit={capped}")];
-        self.run_in("scontrol", &args, None, None, None, |_| {}).await.map(drop).map_err(|e| {
-            anyhow!(
-                "as {user}: {as_user:#}; as the agent: {e:#} (raising a running job's limit needs a Slurm operator: \
-                 sacctmgr modify user <agent user> set AdminLevel=Operator)"
-            )
-        })
+        self.run_in("scontrol", &args, None, None, None, |_| {})
+            .await
+            .map(drop)
+            .map_err(|e| anyhow!("as {user}: {as_user:#}; as the agent: {e:#} ({RAISE_NEEDS_OPERATOR})"))
     }
 
     async fn lift_stand_in_limit(&self, native_id: u64) -> Result<()> {
         let args = vec!["update".to_string(), format!("JobId={native_id}"), "TimeLimit=UNLIMITED".to_string()];
-        self.run_in("scontrol", &args, None, None, None, |_| {}).await.map(drop).map_err(|e| {
-            anyhow!(
-                "{e:#} (raising a running job's limit needs a Slurm operator: \
-                 sacctmgr modify user <agent user> set AdminLevel=Operator)"
-            )
-        })
+        self.run_in("scontrol", &args, None, None, None, |_| {})
+            .await
+            .map(drop)
+            .map_err(|e| anyhow!("{e:#} ({RAISE_NEEDS_OPERATOR})"))
     }
 
     fn job_dir(&self, id: &str) -> PathBuf {

@@ -252,19 +252,8 @@ impl Mailer {
 /// `{"set": .., "infinite": .., "number": ..}` (23.02 on); `None` for
 /// unlimited or unset.
 pub fn limit_minutes(v: &serde_json::Value) -> Option<u32> {
-    let n = match v {
-        serde_json::Value::Object(o) => {
-            if o.get("set").and_then(|s| s.as_bool()) == Some(false)
-                || o.get("infinite").and_then(|s| s.as_bool()) == Some(true)
-            {
-                return None;
-            }
-            o.get("number")?.as_u64()?
-        }
-        v => v.as_u64()?,
-    };
     // INFINITE (0xffffffff) and NO_VAL (0xfffffffe) are no limit.
-    u32::try_from(n).ok().filter(|m| *m < u32::MAX - 1)
+    fleet_api::slurm_json::number(v).and_then(|n| u32::try_from(n).ok()).filter(|m| *m < u32::MAX - 1)
 }
 
 /// A mail [`Mailer::due`] says to send.
