@@ -857,31 +857,74 @@ fn time_limit_mails_come_at_their_share_of_the_run_at_the_target_as_slurm_sends_
 }
 
 /// The same without `--time`: the job's limit is its partition's
-/// `DefaultTime`, at home for the native twin and at its target for the
-/// forwarded job (a minute at both here, set for this test only). Slurm
-/// mails the native job's shares of it; the forwarded job's come from its
-/// proxy, of the limit its target reports (before, none came: the limit was
-/// not known at home, and the stand-in has none).
+/// `DefaultTime` at home (a minute in beta's `short`), for the native twin
+/// and for the forwarded job, whose target (alpha, without one) gives it
+/// that limit. Slurm mails the native job's shares of it; the forwarded
+/// job's come from its proxy, of the limit its target reports (before,
+/// none came: the job ran under alpha's unlimited default).
 #[test]
-fn time_limit_mails_without_time_are_shares_of_the_targets_default_limit_as_slurm_sends_a_natives() {
+fn time_limit_mails_without_time_are_shares_of_the_home_partitions_default_limit_as_slurm_sends_a_natives() {
     let (lab, _serial) = Lab::lock();
     let dir = lab.workdir("mail-default-limit");
-    let set = |value: &str| {
-        ["alpha", "beta"].map(|c| {
-            let o = lab.cmd(c, "scontrol", &["update", "PartitionName=gpu", &format!("DefaultTime={value}")]);
-            o.map_or_else(|e| format!("{c}: {e}"), |o| format!("{c}: {}", String::from_utf8_lossy(&o.stderr)))
-        })
+    time_limit_mail_twins(lab, &dir, "dl", &["--partition=short"], &["--fleet-to=alpha"]);
+}
+
+/// Sets `DefaultTime` of alpha's `gpu` partition until the guard drops
+/// (back to none: the partition's `MaxTime`, unlimited).
+fn alpha_default_time(lab: &Lab, minutes: u32) -> fleet_lab::OnDrop<impl FnMut() + '_> {
+    let set = move |value: &str| {
+        lab.cmd("alpha", "scontrol", &["update", "PartitionName=gpu", &format!("DefaultTime={value}")])
     };
-    // Back to no default (which is the partition's MaxTime, unlimited).
-    let _restore = fleet_lab::OnDrop(|| {
-        set("UNLIMITED");
+    let said = set(&minutes.to_string()).map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
+    let guard = fleet_lab::OnDrop(move || {
+        let _ = set("UNLIMITED");
     });
-    let said = set("1");
-    for c in ["alpha", "beta"] {
-        let p = lab.cmd(c, "scontrol", &["show", "partition", "gpu"]).unwrap();
-        assert!(String::from_utf8_lossy(&p.stdout).contains("DefaultTime=00:01:00"), "{said:?}");
+    let p = lab.cmd("alpha", "scontrol", &["show", "partition", "gpu"]).unwrap();
+    let want = format!("DefaultTime={:02}:{:02}:00", minutes / 60, minutes % 60);
+    assert!(String::from_utf8_lossy(&p.stdout).contains(&want), "{said:?}");
+    guard
+}
+
+/// A job without `--time` gets its partition's `DefaultTime`, else its
+/// `MaxTime` (slurm.conf at beta: `short` a minute by default, `capped` at
+/// most two, `gpu` unlimited). A forwarded one takes that limit to its
+/// target, as its native twin at home has it; before, it got its target's
+/// default instead (alpha's `gpu` has a one-minute `DefaultTime` for this
+/// test, which the job from beta's unlimited `gpu` must not get).
+#[test]
+fn a_job_without_time_takes_its_home_partitions_limit_to_its_target_as_a_native_job_has_it() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("home-limit");
+    let _alpha = alpha_default_time(lab, 1);
+    let cases = [(Some("short"), "00:01:00"), (Some("capped"), "00:02:00"), (None, "UNLIMITED")];
+    let mut ids = Vec::new();
+    let mut jobs = Vec::new();
+    for (i, (part, _)) in cases.iter().enumerate() {
+        let part: Vec<String> = part.iter().map(|p| format!("--partition={p}")).collect();
+        let native_opts = native_args(&dir, &format!("native-{i}.txt"), &[&refs(&part)[..], &["--hold"]].concat());
+        let native = lab.sbatch("beta", &refs(&native_opts), &script("true")).unwrap();
+        let out = out_arg(&dir, &format!("fleet-{i}.txt"));
+        let fleet_opts = [&refs(&part)[..], &["--gres=gpu:h100:1", "--fleet-to=alpha", &out]].concat();
+        let fleet = lab.sbatch("beta", &fleet_opts, &script("sleep 30")).unwrap();
+        ids.extend([native, fleet]);
+        jobs.push((native, fleet));
     }
-    time_limit_mail_twins(lab, &dir, "dl", &[], &["--fleet-to=alpha"]);
+    let _cancel = cancel_on_drop(lab, ids);
+    for ((native, fleet), (part, want)) in jobs.into_iter().zip(cases) {
+        let n = lab.job("beta", native).unwrap();
+        assert_eq!(n["TimeLimit"], want, "native twin in {part:?}: {n:?}");
+        let t0 = std::time::Instant::now();
+        let (target, remote) = loop {
+            match remote_of(lab, fleet) {
+                Some((target, remote)) if remote > 0 => break (target, remote),
+                _ if t0.elapsed() > T => panic!("{fleet} ({part:?}) not placed: {:?}", lab.job("beta", fleet)),
+                _ => std::thread::sleep(Duration::from_millis(500)),
+            }
+        };
+        assert_eq!(target, "alpha");
+        let at_alpha = lab.job("alpha", remote).unwrap();
+        assert_eq!(at_alpha["TimeLimit"], want, "forwarded from {part:?}: {at_alpha:?}");
+    }
 }
 
 /// A native twin at beta and a forwarded job (plus `fleet_only`), both with

@@ -490,6 +490,11 @@ write_cluster_conf() {
     echo "NodeName=$(proxy_node "$c") NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(proxy_port "$c") CPUs=64 RealMemory=64000 State=UNKNOWN"
     local all; all=$(cluster_nodes "$c" | paste -sd,)
     echo "PartitionName=gpu Nodes=$all Default=YES MaxTime=INFINITE State=UP"
+    # The same nodes with limits of their own, for jobs that name them: what
+    # a job without --time gets there (DefaultTime, else MaxTime) at home is
+    # what its target must give it (tests/control.rs).
+    echo "PartitionName=short Nodes=$all DefaultTime=1 MaxTime=INFINITE State=UP"
+    echo "PartitionName=capped Nodes=$all MaxTime=2 State=UP"
     echo "PartitionName=fleet Nodes=$(proxy_node "$c") OverSubscribe=FORCE:64 MaxTime=INFINITE State=UP"
   } >"$d/slurm.conf"
 

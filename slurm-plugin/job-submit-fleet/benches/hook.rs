@@ -292,7 +292,7 @@ fn main() {
         let t1 = Instant::now();
         let p = job_submit_fleet::deferred_plan(&cfg, &req, "alpha", "bench").unwrap();
         let t2 = Instant::now();
-        job_submit_fleet::rewrite(&mut jd, &p, false);
+        job_submit_fleet::rewrite(&mut jd, &p, job_submit_fleet::StandInTime::Proxy);
         let t3 = Instant::now();
         read.push((t1 - t).as_nanos() as u64);
         plan.push((t2 - t1).as_nanos() as u64);

@@ -27,6 +27,14 @@
 //! (no instance left for the user, no directory) or without the thread,
 //! the hook `stat`s on every submission, as job_submit/lua does with its
 //! script.
+//!
+//! A few settings come from slurm.conf (`$SLURM_CONF`, else beside
+//! fleet.conf): `max_script_size`, `AccountingStorageEnforce` and each
+//! partition's `DefaultTime` and `MaxTime` ([`PartitionLimits`]). They are
+//! read with fleet.conf, and again when slurm.conf changes (its identity is
+//! part of the [`Stamp`]; in fleet.conf's directory, as Slurm keeps them,
+//! inotify sees the edit, elsewhere the watcher's backstop). A partition
+//! changed with `scontrol update` alone is not seen.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -69,6 +77,56 @@ pub struct PluginConfig {
     /// and association's `MaxWall` as it judges a native job (see
     /// [`crate::rewrite`]).
     pub enforces_limits: bool,
+    /// What each partition here gives a job without `--time` (slurm.conf):
+    /// a forwarded job takes that to its target, as it would have had it
+    /// here.
+    pub partition_limits: PartitionLimits,
+}
+
+/// Each partition's `DefaultTime` and `MaxTime` as slurm.conf sets them,
+/// and the default partition: the limit Slurm gives a job that asks for
+/// none ([`PartitionLimits::implied`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionLimits {
+    parts: Vec<(String, Option<TimeLimit>, Option<TimeLimit>)>,
+    default: Option<String>,
+}
+
+pub use slurm_conf::slurm::TimeLimit;
+
+/// The time limit a job without `--time` gets in its partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImpliedLimit {
+    pub limit: TimeLimit,
+    /// From the partition's `DefaultTime` (else its `MaxTime`, which a
+    /// QOS's or association's `MaxWall` lowers where limits are enforced).
+    pub default_time: bool,
+}
+
+impl PartitionLimits {
+    pub fn from_conf(sc: &slurm_conf::slurm::SlurmConf) -> Self {
+        PartitionLimits {
+            parts: sc.partitions.iter().map(|p| (p.name.clone(), p.default_time, p.max_time)).collect(),
+            default: sc.default_partition().map(|p| p.name.clone()),
+        }
+    }
+
+    /// What Slurm 22.05 gives a job without `--time` submitted to
+    /// `partition` (a list `a,b`: the first one defined here, whose limits
+    /// Slurm shows while the job pends; none: the default partition): its
+    /// `DefaultTime`, else its `MaxTime` (`UNLIMITED` where slurm.conf sets
+    /// none). `None` where the partition is not in slurm.conf.
+    pub fn implied(&self, partition: Option<&str>) -> Option<ImpliedLimit> {
+        let name = match partition {
+            Some(list) => list.split(',').map(str::trim).find(|n| self.parts.iter().any(|p| p.0 == *n))?,
+            None => self.default.as_deref()?,
+        };
+        let (_, default_time, max_time) = self.parts.iter().find(|p| p.0 == name)?;
+        Some(match default_time {
+            Some(t) => ImpliedLimit { limit: *t, default_time: true },
+            None => ImpliedLimit { limit: max_time.unwrap_or(TimeLimit::Unlimited), default_time: false },
+        })
+    }
 }
 
 /// Slurm's default `max_script_size` (slurm.conf(5)).
@@ -119,14 +177,27 @@ pub fn conf_path() -> PathBuf {
 impl PluginConfig {
     /// Reads `path`: the settings and the file's warnings.
     pub fn load_from(path: &Path) -> Result<(Self, Vec<String>), String> {
+        Self::load_with(path, &slurm_conf_path(path))
+    }
+
+    /// [`load_from`](Self::load_from) with slurm.conf at `slurm_conf`.
+    pub fn load_with(path: &Path, slurm_conf: &Path) -> Result<(Self, Vec<String>), String> {
         let loaded = slurm_conf::fleet::FleetConf::load(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut cfg = Self::from_conf(&loaded.conf);
         // Read with fleet.conf (never per submission); unreadable: Slurm's default.
-        if let Ok(parsed) = slurm_conf::raw::load_file(&slurm_conf_path(path)) {
+        let mut lines: Vec<String> = loaded.warnings.iter().map(|w| w.to_string()).collect();
+        if let Ok(parsed) = slurm_conf::raw::load_file(slurm_conf) {
             cfg.slurm_max_script_size = max_script_size(&parsed);
             cfg.enforces_limits = enforces_limits(&parsed);
+            match slurm_conf::slurm::SlurmConf::from_parsed(parsed) {
+                Ok(sc) => cfg.partition_limits = PartitionLimits::from_conf(&sc.conf),
+                Err(e) => lines.push(format!(
+                    "{}: partitions not read ({e}); a forwarded job without --time gets its target's default limit, not this cluster's",
+                    slurm_conf.display()
+                )),
+            }
         }
-        Ok((cfg, loaded.warnings.iter().map(|w| w.to_string()).collect()))
+        Ok((cfg, lines))
     }
 
     /// One line for slurmctld's log.
@@ -165,6 +236,7 @@ impl PluginConfig {
             slurm_bin: c.slurm_bin_dir.clone(),
             slurm_max_script_size: DEFAULT_MAX_SCRIPT_SIZE,
             enforces_limits: false,
+            partition_limits: PartitionLimits::default(),
         }
     }
 
@@ -187,28 +259,44 @@ impl PluginConfig {
             slurm_bin: PathBuf::from("/usr/bin"),
             slurm_max_script_size: DEFAULT_MAX_SCRIPT_SIZE,
             enforces_limits: false,
+            partition_limits: PartitionLimits::default(),
         }
     }
 }
 
-/// fleet.conf's identity: a rewrite in place changes mtime or size, a
+/// A file's identity: a rewrite in place changes mtime or size, a
 /// replacement by rename the inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Stamp {
+struct FileId {
     ino: u64,
     len: u64,
     mtime: Option<SystemTime>,
 }
 
-fn stamp(path: &Path) -> Option<Stamp> {
+fn file_id(path: &Path) -> Option<FileId> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
-    Some(Stamp { ino: m.ino(), len: m.len(), mtime: m.modified().ok() })
+    Some(FileId { ino: m.ino(), len: m.len(), mtime: m.modified().ok() })
+}
+
+/// fleet.conf's identity, and slurm.conf's: the settings read from it
+/// (partitions' limits, `AccountingStorageEnforce`, `max_script_size`) are
+/// read again with fleet.conf when either changes. `None`: no fleet.conf.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stamp {
+    fleet: FileId,
+    slurm: Option<FileId>,
+}
+
+fn stamp(path: &Path, slurm_conf: &Path) -> Option<Stamp> {
+    Some(Stamp { fleet: file_id(path)?, slurm: file_id(slurm_conf) })
 }
 
 /// fleet.conf as last read, read again when the file changes.
 pub struct LiveConfig {
     path: PathBuf,
+    /// slurm.conf, read with it.
+    slurm_conf: PathBuf,
     // std Mutex: held for a stat() at most, never across the agent round trip.
     inner: Mutex<Live>,
     /// `None`: no watcher, the file is `stat`ed on every call.
@@ -246,17 +334,23 @@ impl LiveConfig {
 
     /// [`load`](Self::load), with or without the watcher (tests compare both).
     pub fn load_watched(path: &Path, watch: bool) -> (Self, Result<Vec<String>, String>) {
+        Self::load_beside(path, &slurm_conf_path(path), watch)
+    }
+
+    /// [`load_watched`](Self::load_watched) with slurm.conf at `slurm_conf`.
+    pub fn load_beside(path: &Path, slurm_conf: &Path, watch: bool) -> (Self, Result<Vec<String>, String>) {
         // Watching first: a change between the read and the watch's start
         // is then seen (a generation after the one the read is stamped with).
-        let watcher = if watch { Watcher::start(path) } else { None };
+        let watcher = if watch { Watcher::start(path, slurm_conf) } else { None };
         let seen = watcher.as_ref().map_or(0, Watcher::generation);
-        let st = stamp(path);
-        let (cfg, failed, read) = match PluginConfig::load_from(path) {
+        let st = stamp(path, slurm_conf);
+        let (cfg, failed, read) = match PluginConfig::load_with(path, slurm_conf) {
             Ok((cfg, warnings)) => (Some(Arc::new(cfg)), None, Ok(warnings)),
             Err(e) => (None, Some(st.clone()), Err(e)),
         };
         let live = Live { cfg, stamp: st, failed, seen };
-        (LiveConfig { path: path.to_path_buf(), inner: Mutex::new(live), watcher }, read)
+        let (path, slurm_conf) = (path.to_path_buf(), slurm_conf.to_path_buf());
+        (LiveConfig { path, slurm_conf, inner: Mutex::new(live), watcher }, read)
     }
 
     /// Whether a watcher spares the hook its `stat` (false: one per call).
@@ -278,11 +372,11 @@ impl LiveConfig {
             }
             live.seen = generation;
         }
-        let st = stamp(&self.path);
+        let st = stamp(&self.path, &self.slurm_conf);
         if st == live.stamp || live.failed.as_ref() == Some(&st) {
             return (live.cfg.clone(), None);
         }
-        match PluginConfig::load_from(&self.path) {
+        match PluginConfig::load_with(&self.path, &self.slurm_conf) {
             Ok((cfg, mut lines)) => {
                 lines.insert(0, format!("fleet.conf {} changed: {}", self.path.display(), cfg.describe()));
                 live.cfg = Some(Arc::new(cfg));
@@ -337,7 +431,7 @@ pub struct Watcher {
 
 impl Watcher {
     /// `None` when inotify or the thread is not available.
-    fn start(path: &Path) -> Option<Watcher> {
+    fn start(path: &Path, slurm_conf: &Path) -> Option<Watcher> {
         use rustix::fs::inotify;
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
@@ -355,10 +449,10 @@ impl Watcher {
         let shared = Arc::new(WatchShared { alive: AtomicBool::new(true), ..WatchShared::default() });
         // Stamped before the thread runs: a change made before it first
         // looks is a change for its backstop too.
-        let first = stamp(path);
-        let (s, p) = (shared.clone(), path.to_path_buf());
+        let first = stamp(path, slurm_conf);
+        let (s, p, sc) = (shared.clone(), path.to_path_buf(), slurm_conf.to_path_buf());
         let thread =
-            std::thread::Builder::new().name("fleet-conf".into()).spawn(move || watch(&s, &fd, &p, first)).ok()?;
+            std::thread::Builder::new().name("fleet-conf".into()).spawn(move || watch(&s, &fd, &p, &sc, first)).ok()?;
         Some(Watcher { shared, thread: Mutex::new(Some(thread)) })
     }
 
@@ -389,7 +483,7 @@ impl Drop for Watcher {
 
 /// The watcher thread: every inotify event on the directory bumps the
 /// generation; so does a changed [`stamp`] at each [`BACKSTOP`].
-fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, first: Option<Stamp>) {
+fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, slurm_conf: &Path, first: Option<Stamp>) {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let bump = || shared.generation.fetch_add(1, Ordering::AcqRel);
     let wait = Timespec { tv_sec: 0, tv_nsec: WAIT.as_nanos() as _ };
@@ -417,7 +511,7 @@ fn watch(shared: &WatchShared, fd: &rustix::fd::OwnedFd, path: &Path, first: Opt
             }
         }
         if ready || looked.elapsed() >= BACKSTOP {
-            let now = stamp(path);
+            let now = stamp(path, slurm_conf);
             if now != last && !ready {
                 bump();
             }
@@ -451,6 +545,66 @@ mod tests {
         // The last line wins, as in Slurm; a bad number is Slurm's default.
         assert_eq!(of("SchedulerParameters=max_script_size=1\nschedulerparameters=bf_interval=30\n"), 4 << 20);
         assert_eq!(of("SchedulerParameters=max_script_size=lots\n"), DEFAULT_MAX_SCRIPT_SIZE);
+    }
+
+    #[test]
+    fn a_job_without_time_gets_its_partitions_default_time_else_its_max_time() {
+        let limits = |text: &str| {
+            PartitionLimits::from_conf(&slurm_conf::slurm::SlurmConf::parse_str(text, "slurm.conf").unwrap().conf)
+        };
+        let l = limits(
+            "NodeName=n[1-2] CPUs=4\n\
+             PartitionName=DEFAULT MaxTime=1-00:00:00\n\
+             PartitionName=gpu Nodes=n1 Default=YES DefaultTime=4:00:00\n\
+             PartitionName=long Nodes=n2 MaxTime=UNLIMITED\n\
+             PartitionName=day Nodes=n2\n",
+        );
+        let got = |p: Option<&str>| l.implied(p).map(|i| (i.limit, i.default_time));
+        assert_eq!(got(None), Some((TimeLimit::Minutes(240), true)));
+        assert_eq!(got(Some("gpu")), Some((TimeLimit::Minutes(240), true)));
+        assert_eq!(got(Some("long")), Some((TimeLimit::Unlimited, false)));
+        assert_eq!(got(Some("day")), Some((TimeLimit::Minutes(1440), false)), "DEFAULT's MaxTime");
+        // A list: the first partition defined here, as Slurm shows it pending.
+        assert_eq!(got(Some("day,gpu")), Some((TimeLimit::Minutes(1440), false)));
+        assert_eq!(got(Some("gone, gpu")), Some((TimeLimit::Minutes(240), true)));
+        assert_eq!(got(Some("gone")), None);
+        // No MaxTime anywhere: Slurm's UNLIMITED; no default partition: none.
+        let l = limits("NodeName=n1 CPUs=4\nPartitionName=p Nodes=n1\n");
+        assert_eq!(l.implied(Some("p")).map(|i| i.limit), Some(TimeLimit::Unlimited));
+        assert_eq!(l.implied(None), None);
+    }
+
+    /// slurm.conf's partition limits are read with fleet.conf, and again
+    /// when slurm.conf changes (beside it, as Slurm keeps them).
+    #[test]
+    fn partition_limits_are_read_from_slurm_conf_and_again_when_it_changes() {
+        for watched in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("fleet.conf");
+            std::fs::write(&path, conf("beta", 50)).unwrap();
+            let sc = dir.path().join("slurm.conf");
+            let part = |default_time: &str| {
+                format!("NodeName=n1 CPUs=4\nPartitionName=gpu Nodes=n1 Default=YES DefaultTime={default_time}\n")
+            };
+            std::fs::write(&sc, part("30")).unwrap();
+            let (live, read) = LiveConfig::load_beside(&path, &sc, watched);
+            read.unwrap();
+            let minutes = |c: &PluginConfig| c.partition_limits.implied(None).map(|i| i.limit);
+            assert_eq!(minutes(&live.get().0.unwrap()), Some(TimeLimit::Minutes(30)));
+            std::fs::write(&sc, part("45")).unwrap();
+            let (c, change) = next_change(&live);
+            assert!(matches!(change, Some(Change::Reloaded(_))), "watched {watched}: {change:?}");
+            assert_eq!(minutes(&c), Some(TimeLimit::Minutes(45)));
+            // One slurm.conf cannot be read: said, and none implied.
+            std::fs::write(&sc, "PartitionName=gpu Nodes=n1 DefaultTime=soon\n").unwrap();
+            let (c, change) = next_change(&live);
+            assert!(
+                matches!(&change, Some(Change::Reloaded(l)) if l.iter().any(|l| l.contains("partitions not read"))),
+                "{change:?}"
+            );
+            assert_eq!(minutes(&c), None);
+            live.stop();
+        }
     }
 
     fn conf(site: &str, timeout_ms: u32) -> String {

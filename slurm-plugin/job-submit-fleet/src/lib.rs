@@ -267,7 +267,7 @@ impl FleetSubmit {
                 }),
             ),
             Ok(PluginReply::Forward(plan)) => {
-                rewrite(job, &plan, cfg.enforces_limits);
+                rewrite(job, &plan, StandInTime::of(cfg, &req));
                 log::verbose(&format!(
                     "job_submit/fleet: uid {uid} job forwarded to {} as {}",
                     plan.target, plan.fleet_job_id
@@ -385,7 +385,7 @@ impl FleetSubmit {
             }
         }
         let plan = deferred_plan(cfg, req, &target, why)?;
-        rewrite(job, &plan, cfg.enforces_limits);
+        rewrite(job, &plan, StandInTime::of(cfg, req));
         // The agent forwards it while it is pending (an array: element by
         // element as Slurm starts them).
         if !req.is_array {
@@ -533,6 +533,39 @@ impl FleetSubmit {
     }
 }
 
+/// A stand-in's own time limit ([`rewrite`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StandInTime {
+    /// None of its own, the proxy partition's: the stand-in lives as long
+    /// as its job's run elsewhere, queue wait included.
+    Proxy,
+    /// Where slurm.conf enforces QOS and association limits: its job's
+    /// `--time`, so that Slurm here accepts, holds or refuses it against a
+    /// QOS's or association's `MaxWall` exactly as the job itself. Without
+    /// `--time`, `default_time` (Slurm's minutes, `INFINITE` for
+    /// `UNLIMITED`) where the job's partition here has a `DefaultTime`,
+    /// which Slurm gives the job there (not in the proxy partition); else
+    /// none, and Slurm gives it `MaxWall` as it gives a native job. Once it
+    /// starts, its origin agent lifts its limit (the job's own runs at its
+    /// target, counted from its start there: `track::confirm_starts`).
+    Job { default_time: Option<u32> },
+}
+
+impl StandInTime {
+    pub fn of(cfg: &PluginConfig, req: &fleet_api::JobRequest) -> Self {
+        if !cfg.enforces_limits {
+            return StandInTime::Proxy;
+        }
+        let implied = cfg.partition_limits.implied(req.partition.as_deref()).filter(|i| i.default_time);
+        StandInTime::Job {
+            default_time: implied.map(|i| match i.limit {
+                config::TimeLimit::Minutes(m) => m,
+                config::TimeLimit::Unlimited => slurm::INFINITE,
+            }),
+        }
+    }
+}
+
 /// Turn the submission into the stand-in job: proxy partition, no GPUs,
 /// one task on one node, the `fleet-proxy` script, Fleet's tag and the
 /// original request in `admin_comment` (`fleet:<fleet_job_id> <summary>`,
@@ -540,13 +573,8 @@ impl FleetSubmit {
 /// dir, name, account, dependencies, begin time and mail settings are
 /// kept, so the stand-in behaves at the origin the way the job would have.
 ///
-/// `keep_time_limit` (slurm.conf enforces QOS and association limits):
-/// the stand-in keeps the job's `--time` (none: Slurm gives it the QOS's or
-/// association's `MaxWall`, as a native job), so that Slurm here accepts,
-/// holds or refuses it against those limits exactly as the job itself.
-/// Once it starts, its origin agent lifts its limit (the job's own runs
-/// at its target, counted from its start there: `track::confirm_starts`).
-pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan, keep_time_limit: bool) {
+/// Its own time limit is [`StandInTime`]'s.
+pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan, time: StandInTime) {
     use slurm::{NO_VAL, NO_VAL16};
     job.set(StrField::Partition, Some(&plan.proxy_partition));
     for f in [
@@ -594,11 +622,12 @@ pub fn rewrite(job: &mut JobDesc<'_>, plan: &ForwardPlan, keep_time_limit: bool)
     job.set_num(NumField::Contiguous, 0);
     // Memory: a token amount; the real request travels with the job.
     job.set_num(NumField::PnMinMemory, 1);
-    // The stand-in lives as long as the remote job, queue wait included:
-    // take the proxy partition's limit rather than the user's run time
-    // (unless Slurm must judge it against a MaxWall, see above).
-    if !keep_time_limit {
-        job.set_num(NumField::TimeLimit, NO_VAL.into());
+    match time {
+        StandInTime::Proxy => job.set_num(NumField::TimeLimit, NO_VAL.into()),
+        StandInTime::Job { default_time: Some(t) } if job.num(NumField::TimeLimit) == u64::from(NO_VAL) => {
+            job.set_num(NumField::TimeLimit, t.into())
+        }
+        StandInTime::Job { .. } => {}
     }
     job.set_num(NumField::TimeMin, NO_VAL.into());
     // With an explicit --mail-user the target mails the user (it carries
@@ -659,7 +688,7 @@ mod tests {
             jd.set(StrField::TresPerNode, Some("gres:gpu:h100:8"));
             jd.set(StrField::MailUser, Some("me@example.org"));
             jd.set_num(NumField::MailType, 3);
-            rewrite(&mut jd, &plan(), false);
+            rewrite(&mut jd, &plan(), StandInTime::Proxy);
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("my run 7"));
             let admin = jd.get(StrField::AdminComment).unwrap().into_owned();
             assert_eq!(admin, "fleet:beta-00ab12cd34ef forwarded beta -> alpha: gpu:h100:8 on 1 node(s)");
@@ -675,7 +704,7 @@ mod tests {
         {
             let mut jd = JobDesc::from_box(&mut d);
             jd.set_num(NumField::MailType, 3);
-            rewrite(&mut jd, &plan(), false);
+            rewrite(&mut jd, &plan(), StandInTime::Proxy);
             assert_eq!(jd.num(NumField::MailType), 3);
             assert_eq!(jd.get(StrField::Comment).as_deref(), Some("fleet: alpha (waiting) beta-00ab12cd34ef"));
         }
@@ -687,7 +716,7 @@ mod tests {
         {
             let mut jd = JobDesc::from_box(&mut d);
             jd.set_num(NumField::MailType, 0b1110_0011);
-            rewrite(&mut jd, &ForwardPlan { proxy_mail: 0b1100_0001, ..plan() }, false);
+            rewrite(&mut jd, &ForwardPlan { proxy_mail: 0b1100_0001, ..plan() }, StandInTime::Proxy);
             assert_eq!(jd.num(NumField::MailType), 0b0010_0010);
         }
         free_test_descriptor(d);
@@ -695,18 +724,55 @@ mod tests {
 
     #[test]
     fn the_stand_in_keeps_the_jobs_time_limit_only_where_slurm_enforces_maxwall() {
-        for (keep, want) in [(false, u64::from(slurm::NO_VAL)), (true, 90)] {
+        use StandInTime::*;
+        let no = u64::from(slurm::NO_VAL);
+        for (given, time, want) in [
+            (90, Proxy, no),
+            (90, Job { default_time: None }, 90),
+            // Its own --time wins over its partition's DefaultTime.
+            (90, Job { default_time: Some(5) }, 90),
+            (no, Job { default_time: Some(5) }, 5),
+            // None: Slurm gives it MaxWall, as a native job.
+            (no, Job { default_time: None }, no),
+            (no, Proxy, no),
+        ] {
             let mut d = JobDesc::test_descriptor();
             {
                 let mut jd = JobDesc::from_box(&mut d);
-                jd.set_num(NumField::TimeLimit, 90);
+                jd.set_num(NumField::TimeLimit, given);
                 jd.set_num(NumField::TimeMin, 30);
-                rewrite(&mut jd, &plan(), keep);
-                assert_eq!(jd.num(NumField::TimeLimit), want, "keep {keep}");
+                rewrite(&mut jd, &plan(), time);
+                assert_eq!(jd.num(NumField::TimeLimit), want, "{given} {time:?}");
                 assert_eq!(jd.num(NumField::TimeMin), u64::from(slurm::NO_VAL));
             }
             free_test_descriptor(d);
         }
+    }
+
+    /// Which limit the stand-in keeps: its partition's DefaultTime only
+    /// where Slurm enforces limits and the partition has one.
+    #[test]
+    fn a_stand_in_without_time_gets_its_partitions_default_time_where_limits_are_enforced() {
+        let sc = slurm_conf::slurm::SlurmConf::parse_str(
+            "NodeName=n1 CPUs=4\n\
+             PartitionName=gpu Nodes=n1 Default=YES MaxTime=INFINITE\n\
+             PartitionName=short Nodes=n1 DefaultTime=30 MaxTime=120\n\
+             PartitionName=open Nodes=n1 DefaultTime=UNLIMITED\n",
+            "slurm.conf",
+        )
+        .unwrap()
+        .conf;
+        let mut cfg = PluginConfig::for_tests("beta");
+        cfg.partition_limits = config::PartitionLimits::from_conf(&sc);
+        let of = |cfg: &PluginConfig, p: Option<&str>| {
+            StandInTime::of(cfg, &fleet_api::JobRequest { partition: p.map(str::to_string), ..Default::default() })
+        };
+        assert_eq!(of(&cfg, Some("short")), StandInTime::Proxy, "limits not enforced");
+        cfg.enforces_limits = true;
+        assert_eq!(of(&cfg, Some("short")), StandInTime::Job { default_time: Some(30) });
+        assert_eq!(of(&cfg, Some("open")), StandInTime::Job { default_time: Some(slurm::INFINITE) });
+        assert_eq!(of(&cfg, None), StandInTime::Job { default_time: None });
+        assert_eq!(of(&cfg, Some("nowhere")), StandInTime::Job { default_time: None });
     }
 
     #[test]
@@ -752,7 +818,7 @@ mod tests {
             let mut jd = JobDesc::from_box(&mut d);
             jd.set(StrField::ArrayInx, Some("0-5%2"));
             jd.set(StrField::TresPerNode, Some("gres:gpu:h100:8"));
-            rewrite(&mut jd, &plan, false);
+            rewrite(&mut jd, &plan, StandInTime::Proxy);
             assert_eq!(jd.get(StrField::ArrayInx).as_deref(), Some("0-5%2"), "the stand-in is the array");
             assert_eq!(jd.get(StrField::TresPerNode), None);
             let admin = jd.get(StrField::AdminComment).unwrap().into_owned();

@@ -6,6 +6,7 @@ use slurm::job_desc::{JobDesc, NumField, StrField};
 use slurm::job_submit::Reject;
 use slurm::{sys, NO_VAL, NO_VAL16, NO_VAL64};
 
+use crate::config::TimeLimit;
 use crate::PluginConfig;
 
 /// What the plugin does with a submission before asking anyone.
@@ -473,6 +474,15 @@ pub fn complete(job: &mut JobDesc<'_>, config: &PluginConfig, req: &mut JobReque
     let time_limit = opt_u32(job.num(NumField::TimeLimit), NO_VAL.into());
     req.time_unlimited = time_limit == Some(slurm::INFINITE);
     req.time_limit_min = time_limit.filter(|&t| t != slurm::INFINITE);
+    if time_limit.is_none() {
+        // No --time: the limit its partition here would give it (Slurm's
+        // own, applied after this hook), not its target's default.
+        match config.partition_limits.implied(req.partition.as_deref()).map(|i| i.limit) {
+            Some(TimeLimit::Minutes(m)) => req.time_limit_min = Some(m),
+            Some(TimeLimit::Unlimited) => req.time_unlimited = true,
+            None => {}
+        }
+    }
     req.exclusive = match shared {
         0 => Some(Exclusive::Node),
         2 => Some(Exclusive::User),
@@ -1086,6 +1096,37 @@ mod tests {
         assert_eq!(limits(u64::from(slurm::INFINITE)), (None, true));
         assert_eq!(limits(u64::from(NO_VAL)), (None, false));
         assert_eq!(limits(90), (Some(90), false));
+        // Without --time, the limit its partition here would give it, which
+        // its target gives it then (Slurm applies it after this hook).
+        let sc = slurm_conf::slurm::SlurmConf::parse_str(
+            "NodeName=n1 CPUs=4\n\
+             PartitionName=gpu Nodes=n1 Default=YES\n\
+             PartitionName=short Nodes=n1 DefaultTime=30 MaxTime=120\n\
+             PartitionName=capped Nodes=n1 MaxTime=2:00:00\n",
+            "slurm.conf",
+        )
+        .unwrap()
+        .conf;
+        let mut cfg = config();
+        cfg.partition_limits = crate::config::PartitionLimits::from_conf(&sc);
+        let implied = |part: Option<&str>, t: u64| {
+            let mut fields = vec![SCRIPT, H100];
+            fields.extend(part.map(|p| (StrField::Partition, p)));
+            let got = with_descriptor(&fields, &[(NumField::TimeLimit, t)], &[], &[], |jd| {
+                let got = build_request(jd, &cfg, 1000);
+                // The job itself is left for Slurm to judge.
+                assert_eq!(jd.num(NumField::TimeLimit), t);
+                got
+            });
+            let r = ask(got);
+            (r.time_limit_min, r.time_unlimited)
+        };
+        assert_eq!(implied(Some("short"), u64::from(NO_VAL)), (Some(30), false));
+        assert_eq!(implied(Some("capped"), u64::from(NO_VAL)), (Some(120), false));
+        assert_eq!(implied(None, u64::from(NO_VAL)), (None, true), "the default partition: unlimited");
+        assert_eq!(implied(Some("nowhere,capped,short"), u64::from(NO_VAL)), (Some(120), false));
+        assert_eq!(implied(Some("nowhere"), u64::from(NO_VAL)), (None, false), "unknown: the target's default");
+        assert_eq!(implied(Some("short"), 45), (Some(45), false), "its own --time wins");
         // --requeue / --no-requeue / -k act at the target as at home.
         let node_failure = |nums: &[(NumField, u64)]| {
             let r = ask(run_full(&[SCRIPT, H100], nums, &[], &[], 1000));
