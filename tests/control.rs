@@ -927,6 +927,39 @@ fn a_job_without_time_takes_its_home_partitions_limit_to_its_target_as_a_native_
     }
 }
 
+/// A job whose time limit is above a partition's `MaxTime` pends there for
+/// good (`PartitionTimeLimit`, as its native twin at delta shows, whose
+/// `gpu` allows a day). So it is not sent to delta: with `--fleet-to=delta`
+/// sbatch refuses it naming the limit, while a job within it goes there
+/// and runs. Before, the two-day job was forwarded to delta and never ran.
+#[test]
+fn a_job_is_not_sent_where_its_time_limit_is_above_the_partitions_max_time() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("max-time");
+    let native_opts = ["--fleet=local", "--gres=gpu:h100:1", "--time=2-00:00:00", &out_arg(&dir, "native.txt")];
+    let native = lab.sbatch("delta", &native_opts, &script("true")).unwrap();
+    let _native = fleet_lab::OnDrop(|| {
+        let _ = lab.cmd("delta", "scancel", &[&native.to_string()]);
+    });
+    let n = lab.wait_for("delta", native, T, |r| r["Reason"] == "PartitionTimeLimit");
+    assert!(n.is_ok(), "the native twin: {n:?}");
+    let to_delta = |time: &str, name: &str| {
+        let out = out_arg(&dir, name);
+        lab.sbatch("beta", &["--gres=gpu:h100:8", "--fleet-to=delta", time, &out], &script("echo ran"))
+    };
+    let err = to_delta("--time=2-00:00:00", "long.txt").expect_err("a two-day job sent to delta");
+    assert!(
+        err.contains("delta: the job's time limit 2-00:00:00 is above the longest allowed there (MaxTime 1-00:00:00)"),
+        "{err}"
+    );
+    let fits = to_delta("--time=60", "fits.txt").unwrap();
+    let _cancel = cancel_on_drop(lab, vec![fits]);
+    let r = lab.wait_done("beta", fits, T).unwrap();
+    assert_eq!((r["JobState"].as_str(), r["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{r:?}");
+    assert_eq!(remote_of(lab, fits).map(|r| r.0).as_deref(), Some("delta"));
+    assert_eq!(text(&dir.join("fits.txt")), "ran\n");
+}
+
 /// A native twin at beta and a forwarded job (plus `fleet_only`), both with
 /// `args` and `--mail-type=TIME_LIMIT_50,TIME_LIMIT_80`, each sleeping past
 /// a limit of one minute: both end TIMEOUT and the forwarded job gets its

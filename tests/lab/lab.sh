@@ -489,7 +489,11 @@ write_cluster_conf() {
     done
     echo "NodeName=$(proxy_node "$c") NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(proxy_port "$c") CPUs=64 RealMemory=64000 State=UNKNOWN"
     local all; all=$(cluster_nodes "$c" | paste -sd,)
-    echo "PartitionName=gpu Nodes=$all Default=YES MaxTime=INFINITE State=UP"
+    # delta's allows a day: a job with a longer limit is not sent there
+    # (it would pend for good, PartitionTimeLimit; tests/control.rs).
+    local max_time=INFINITE
+    [[ $c == delta ]] && max_time=1-00:00:00
+    echo "PartitionName=gpu Nodes=$all Default=YES MaxTime=$max_time State=UP"
     # The same nodes with limits of their own, for jobs that name them: what
     # a job without --time gets there (DefaultTime, else MaxTime) at home is
     # what its target must give it (tests/control.rs).

@@ -116,6 +116,13 @@ pub struct Heartbeat {
     /// older agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_quotas: Option<Vec<GpuQuota>>,
+    /// The longest time limit, in minutes, a job may have where forwarded
+    /// jobs run here (a Slurm cluster's default partition's `MaxTime`): a
+    /// job with a longer limit would pend there for good
+    /// (`PartitionTimeLimit`), so it is not sent here. `None`: unlimited,
+    /// or not known (an older agent, a Kubernetes cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_time_min: Option<u32>,
 }
 
 /// A GPU quota at a cluster and the submitters whose jobs it binds.
@@ -259,6 +266,10 @@ pub struct ClusterSummary {
     /// submitter may take there (`Heartbeat::gpu_quotas`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_quotas: Option<Vec<GpuQuota>>,
+    /// From the cluster's heartbeat: the longest time limit a forwarded job
+    /// may have there, minutes (`Heartbeat::max_time_min`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_time_min: Option<u32>,
 }
 
 /// A cluster's provisioning times (assignment → running) over its last

@@ -525,6 +525,21 @@ fn cheapest_price(c: &ClusterSummary, job: &JobRequest) -> Option<f64> {
         .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p))))
 }
 
+/// The job's time limit against the longest a non-origin cluster allows
+/// (`ClusterSummary::max_time_min`): Slurm there would keep a longer one
+/// pending for good (`PartitionTimeLimit`). `--time=UNLIMITED` gets the
+/// longest the cluster allows, so it fits anywhere.
+fn time_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
+    match (job.time_limit_min, c.max_time_min) {
+        (Some(limit), Some(max)) if limit > max => Err(format!(
+            "the job's time limit {} is above the longest allowed there (MaxTime {})",
+            crate::sbatch::duration_text(u64::from(limit) * 60),
+            crate::sbatch::duration_text(u64::from(max) * 60)
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `--fleet-max-price` against a non-origin cluster: `Err` why not.
 fn price_ok(c: &ClusterSummary, job: &JobRequest) -> Result<(), String> {
     let Some(max) = job.fleet.max_price else {
@@ -593,6 +608,8 @@ pub fn place(view: &FleetView, job: &JobRequest) -> (Placement, Vec<Exclusion>) 
         } else if let (false, Err(e)) = (home, price_ok(c, job)) {
             Some(e)
         } else if let (false, Err(e)) = (home, identity_ok(c, job)) {
+            Some(e)
+        } else if let (false, Err(e)) = (home, time_ok(c, job)) {
             Some(e)
         } else {
             // The origin's own heartbeat never keeps a job it can run from
@@ -1214,6 +1231,38 @@ mod tests {
         let a100 =
             JobRequest { fleet: FleetOptions { max_price: Some(1.0), ..d() }, ..req("beta", "--gres=gpu:a100:8") };
         assert_eq!(outcome(&v, &a100), "home");
+    }
+
+    /// A job whose time limit is above a cluster's `MaxTime` would pend
+    /// there for good (`PartitionTimeLimit`): it goes where it can run, or
+    /// is refused naming the limit.
+    #[test]
+    fn a_cluster_whose_max_time_is_below_the_jobs_limit_is_not_offered_it() {
+        let mut v = fleet3();
+        v.clusters[0].max_time_min = Some(2 * 24 * 60);
+        v.clusters[2].max_time_min = Some(60);
+        let h100 = |limit: Option<u32>, unlimited: bool| JobRequest {
+            time_limit_min: limit,
+            time_unlimited: unlimited,
+            ..req("beta", "--gres=gpu:h100:8")
+        };
+        // gamma has the most free GPUs: picked while the limit fits.
+        assert_eq!(outcome(&v, &h100(Some(60), false)), "gamma");
+        assert_eq!(outcome(&v, &h100(None, false)), "gamma", "no --time: the target's default");
+        assert_eq!(outcome(&v, &h100(None, true)), "gamma", "UNLIMITED: the longest the target allows");
+        assert_eq!(outcome(&v, &h100(Some(61), false)), "alpha");
+        let got = outcome(&v, &h100(Some(3 * 24 * 60), false));
+        assert!(
+            got.contains(
+                "alpha: the job's time limit 3-00:00:00 is above the longest allowed there (MaxTime 2-00:00:00)"
+            ) && got.contains(
+                "gamma: the job's time limit 3-00:00:00 is above the longest allowed there (MaxTime 01:00:00)"
+            ),
+            "{got}"
+        );
+        // The origin judges its own jobs (Slurm there).
+        v.clusters[1].max_time_min = Some(1);
+        assert_eq!(outcome(&v, &JobRequest { time_limit_min: Some(90), ..req("beta", "--gres=gpu:a100:8") }), "home");
     }
 
     #[test]

@@ -35,6 +35,17 @@ pub const MAIL_BEGIN: u16 = 1 << 0;
 /// `MAIL_JOB_TIME90`, `MAIL_JOB_TIME80`, `MAIL_JOB_TIME50`.
 pub const MAIL_TIME_LIMIT_FRACTIONS: u16 = (1 << 5) | (1 << 6) | (1 << 7);
 
+/// Slurm's `secs2time_str`: `HH:MM:SS`, with `D-` in front past a day
+/// (how `squeue`, `scontrol` and Slurm's mails print a duration).
+pub fn duration_text(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{h:02}:{m:02}:{s:02}")
+    }
+}
+
 /// `--mail-type` names as bits (unknown names are none).
 pub fn mail_type_bits(names: &str) -> u16 {
     names.split(',').filter_map(|n| MAIL_TYPES.iter().find(|(_, m)| *m == n.trim())).fold(0, |a, (b, _)| a | b)

@@ -1126,6 +1126,7 @@ impl Store {
                             health: String::new(),
                             sla: None,
                             gpu_quotas: hb.gpu_quotas.clone(),
+                            max_time_min: hb.max_time_min,
                             installed: {
                                 let all = installed_shapes(&hb.nodes);
                                 // Only when some are unusable: views stay small.
@@ -1155,6 +1156,7 @@ impl Store {
                         installed: Vec::new(),
                         sla: None,
                         gpu_quotas: None,
+                        max_time_min: None,
                     },
                 };
                 summary.sla = Some(self.sla_summary(&summary.name, &summary.provider, &providers, now));

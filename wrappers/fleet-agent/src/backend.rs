@@ -199,6 +199,11 @@ pub trait Backend: Send + Sync + 'static {
     fn gpu_quotas(&self, _users: &[String], _accounts: &[(String, String)]) -> Option<Vec<fleet_api::api::GpuQuota>> {
         None
     }
+    /// The longest time limit a job forwarded here may have
+    /// (`Heartbeat::max_time_min`). `None`: unlimited, or not known.
+    fn max_time_min(&self) -> Option<u32> {
+        None
+    }
     /// Who must own a job's output files for the relay to read them: the
     /// job's user where the job writes them (Slurm), the agent itself where
     /// the backend writes them (Kubernetes: pod logs).

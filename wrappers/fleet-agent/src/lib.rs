@@ -690,6 +690,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
         scheduler_error,
         holding,
         gpu_quotas,
+        max_time_min: agent.backend.max_time_min(),
     };
     let view = agent.meta.heartbeat(&hb).await?;
     agent.lease.lock().renew(Instant::now());

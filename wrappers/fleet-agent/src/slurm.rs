@@ -126,10 +126,16 @@ pub fn limits_for_sbatch(wanted: &[SubmitLimit]) -> (Vec<(libc::__rlimit_resourc
 /// would apply instead; an UNLIMITED beyond a finite MaxTime would leave
 /// it pending for good (PartitionTimeLimit). `None`: no default partition.
 pub fn unlimited_time(sc: &slurm_conf::slurm::SlurmConf) -> Option<String> {
+    Some(default_max_time(sc)?.map_or_else(|| "UNLIMITED".into(), |m| m.to_string()))
+}
+
+/// The default partition's `MaxTime` in minutes, where forwarded jobs run:
+/// `Some(None)` unlimited (none set), `None` no default partition.
+pub fn default_max_time(sc: &slurm_conf::slurm::SlurmConf) -> Option<Option<u32>> {
     use slurm_conf::slurm::TimeLimit;
     Some(match sc.default_partition()?.max_time {
-        None | Some(TimeLimit::Unlimited) => "UNLIMITED".into(),
-        Some(TimeLimit::Minutes(m)) => m.to_string(),
+        None | Some(TimeLimit::Unlimited) => None,
+        Some(TimeLimit::Minutes(m)) => Some(m),
     })
 }
 
@@ -811,6 +817,13 @@ impl Backend for SlurmBackend {
         self.ckpt.gates_runs()
     }
 
+    /// slurm.conf's, read each heartbeat (a partition changed with
+    /// `scontrol update` alone is not seen).
+    fn max_time_min(&self) -> Option<u32> {
+        let sc = slurm_conf::slurm::SlurmConf::load(&self.slurm_conf).ok()?;
+        default_max_time(&sc.conf).flatten()
+    }
+
     async fn capacity(&self) -> Result<Capacity> {
         // The queue first: a job that starts between the two reads is
         // counted taken by sinfo and not named holding, so its GPUs are
@@ -1274,6 +1287,30 @@ mod tests {
             Some("2880".to_string())
         );
         assert_eq!(at("PartitionName=gpu Nodes=a1 MaxTime=30"), None);
+    }
+
+    /// What each heartbeat reports as the longest limit a forwarded job may
+    /// have here: the default partition's MaxTime, read from slurm.conf.
+    #[test]
+    fn heartbeats_report_the_default_partitions_max_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = SlurmBackend {
+            bin: "/nonexistent".into(),
+            slurm_conf: dir.path().join("slurm.conf"),
+            spool: dir.path().into(),
+            site: "alpha".into(),
+            ckpt: Default::default(),
+        };
+        assert_eq!(backend.max_time_min(), None, "no slurm.conf: not known");
+        let write = |parts: &str| {
+            std::fs::write(&backend.slurm_conf, format!("ClusterName=alpha\nNodeName=a1 CPUs=4\n{parts}\n")).unwrap()
+        };
+        write("PartitionName=gpu Nodes=a1 Default=YES MaxTime=1-00:00:00\nPartitionName=long Nodes=a1");
+        assert_eq!(backend.max_time_min(), Some(1440));
+        write("PartitionName=gpu Nodes=a1 Default=YES MaxTime=INFINITE");
+        assert_eq!(backend.max_time_min(), None, "unlimited");
+        write("PartitionName=gpu Nodes=a1 MaxTime=30");
+        assert_eq!(backend.max_time_min(), None, "no default partition");
     }
 
     #[test]

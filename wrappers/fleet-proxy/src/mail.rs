@@ -45,15 +45,7 @@ pub fn parse_config(text: &str) -> Option<SiteMail> {
     Some(SiteMail { prog: PathBuf::from(prog), domain })
 }
 
-/// Slurm's `secs2time_str`: `HH:MM:SS`, with `D-` in front past a day.
-pub fn duration_text(secs: u64) -> String {
-    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-    if d > 0 {
-        format!("{d}-{h:02}:{m:02}:{s:02}")
-    } else {
-        format!("{h:02}:{m:02}:{s:02}")
-    }
-}
+pub use fleet_api::sbatch::duration_text;
 
 /// What a mail says of the job's run.
 #[derive(Clone, Copy, Debug, PartialEq)]
