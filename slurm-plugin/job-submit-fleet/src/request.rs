@@ -475,12 +475,13 @@ pub fn complete(job: &mut JobDesc<'_>, config: &PluginConfig, req: &mut JobReque
     req.time_unlimited = time_limit == Some(slurm::INFINITE);
     req.time_limit_min = time_limit.filter(|&t| t != slurm::INFINITE);
     if time_limit.is_none() {
-        // No --time: the limit its partition here would give it (Slurm's
-        // own, applied after this hook), not its target's default.
-        match config.partition_limits.implied(req.partition.as_deref()).map(|i| i.limit) {
-            Some(TimeLimit::Minutes(m)) => req.time_limit_min = Some(m),
-            Some(TimeLimit::Unlimited) => req.time_unlimited = true,
-            None => {}
+        // No --time: the finite limit its partition here would give it
+        // (Slurm's own, applied after this hook), not its target's default.
+        // An unlimited one leaves the target's default: --time=UNLIMITED
+        // there would pend for good under a QOS with a MaxWall.
+        if let Some(TimeLimit::Minutes(m)) = config.partition_limits.implied(req.partition.as_deref()).map(|i| i.limit)
+        {
+            req.time_limit_min = Some(m);
         }
     }
     req.exclusive = match shared {
@@ -1123,7 +1124,7 @@ mod tests {
         };
         assert_eq!(implied(Some("short"), u64::from(NO_VAL)), (Some(30), false));
         assert_eq!(implied(Some("capped"), u64::from(NO_VAL)), (Some(120), false));
-        assert_eq!(implied(None, u64::from(NO_VAL)), (None, true), "the default partition: unlimited");
+        assert_eq!(implied(None, u64::from(NO_VAL)), (None, false), "unlimited here: the target's default");
         assert_eq!(implied(Some("nowhere,capped,short"), u64::from(NO_VAL)), (Some(120), false));
         assert_eq!(implied(Some("nowhere"), u64::from(NO_VAL)), (None, false), "unknown: the target's default");
         assert_eq!(implied(Some("short"), 45), (Some(45), false), "its own --time wins");
