@@ -42,6 +42,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
+pub use slurm_conf::slurm::TimeLimit;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginConfig {
     pub site: String,
@@ -91,8 +93,6 @@ pub struct PartitionLimits {
     parts: Vec<(String, Option<TimeLimit>, Option<TimeLimit>)>,
     default: Option<String>,
 }
-
-pub use slurm_conf::slurm::TimeLimit;
 
 /// The time limit a job without `--time` gets in its partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
