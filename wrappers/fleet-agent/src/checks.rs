@@ -408,6 +408,7 @@ fn slurm_backend(cfg: &AgentConfig) -> SlurmBackend {
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
         ckpt: Default::default(),
+        max_time: Default::default(),
     }
 }
 

@@ -350,14 +350,15 @@ impl Policy {
 /// One file's identity and version: a rewrite in place changes the mtime
 /// (nanoseconds) or the length, a replacement by rename the inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Stamp {
+pub struct Stamp {
     dev: u64,
     ino: u64,
     len: u64,
     mtime: Option<std::time::SystemTime>,
 }
 
-fn stamp(path: &Path) -> Option<Stamp> {
+/// `path`'s [`Stamp`] now; `None` when it cannot be read.
+pub fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some(Stamp { dev: m.dev(), ino: m.ino(), len: m.len(), mtime: m.modified().ok() })

@@ -172,6 +172,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         spool: cfg.spool.clone(),
         site: cfg.site.clone(),
         ckpt: job_ckpt,
+        max_time: Default::default(),
     };
     check_identity(&cfg, &backend).await?;
     let me = identity::name_of_uid(own_uid()).unwrap_or_default();

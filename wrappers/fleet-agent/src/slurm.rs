@@ -28,6 +28,9 @@ pub struct SlurmBackend {
     pub site: String,
     /// What each run gets for its checkpoints (token file, report settings).
     pub ckpt: crate::ckpt::JobCkpt,
+    /// [`Backend::max_time_min`] as last read, with slurm.conf's identity
+    /// then: read again only when the file changed.
+    pub max_time: parking_lot::Mutex<Option<(Option<crate::identity::Stamp>, Option<u32>)>>,
 }
 
 /// The umask the job was submitted with at home (`SLURM_UMASK`, which
@@ -817,11 +820,20 @@ impl Backend for SlurmBackend {
         self.ckpt.gates_runs()
     }
 
-    /// slurm.conf's, read each heartbeat (a partition changed with
+    /// slurm.conf's, read again when the file changed (a heartbeat every
+    /// second must not parse it every second; a partition changed with
     /// `scontrol update` alone is not seen).
     fn max_time_min(&self) -> Option<u32> {
-        let sc = slurm_conf::slurm::SlurmConf::load(&self.slurm_conf).ok()?;
-        default_max_time(&sc.conf).flatten()
+        let now = crate::identity::stamp(&self.slurm_conf);
+        let mut cached = self.max_time.lock();
+        if let Some((_, max)) = cached.as_ref().filter(|(stamp, _)| *stamp == now) {
+            return *max;
+        }
+        let max = slurm_conf::slurm::SlurmConf::load(&self.slurm_conf)
+            .ok()
+            .and_then(|sc| default_max_time(&sc.conf).flatten());
+        *cached = Some((now, max));
+        max
     }
 
     async fn capacity(&self) -> Result<Capacity> {
@@ -1200,6 +1212,7 @@ mod tests {
             spool: tmp.path().to_path_buf(),
             site: "alpha".into(),
             ckpt: Default::default(),
+            max_time: Default::default(),
         };
         // The agent's own secret, as its unit's Environment= would set it
         // (a name no other test reads).
@@ -1300,6 +1313,7 @@ mod tests {
             spool: dir.path().into(),
             site: "alpha".into(),
             ckpt: Default::default(),
+            max_time: Default::default(),
         };
         assert_eq!(backend.max_time_min(), None, "no slurm.conf: not known");
         let write = |parts: &str| {
@@ -1307,6 +1321,7 @@ mod tests {
         };
         write("PartitionName=gpu Nodes=a1 Default=YES MaxTime=1-00:00:00\nPartitionName=long Nodes=a1");
         assert_eq!(backend.max_time_min(), Some(1440));
+        assert_eq!(backend.max_time_min(), Some(1440), "from the cache, the file unchanged");
         write("PartitionName=gpu Nodes=a1 Default=YES MaxTime=INFINITE");
         assert_eq!(backend.max_time_min(), None, "unlimited");
         write("PartitionName=gpu Nodes=a1 MaxTime=30");
