@@ -301,3 +301,110 @@ fn a_job_waiting_at_a_cluster_whose_nodes_all_drain_is_cancelled_there_and_runs_
         running_elsewhere.as_secs_f64()
     );
 }
+
+/// A job its target's limits hold for good. delta enforces association
+/// limits, and alice's association there gets a 30-minute `MaxWall` for
+/// this test: her native job at delta with `--time=60` pends
+/// `AssocMaxWallDurationPerJobLimit` and waits for an admin. Her forwarded
+/// twin (`--fleet-to=alpha,delta`), placed at delta while alpha's nodes
+/// are drained, used to wait
+/// there as long. Now, after the lab's `[health] stranded_s`, it stays
+/// while no other cluster can run it, saying why, and once alpha's nodes
+/// are back it is cancelled at delta first and runs once at alpha, whose
+/// limits let it run.
+#[test]
+fn a_job_a_limit_at_its_target_holds_for_good_is_cancelled_there_and_runs_once_where_it_may() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("held");
+    let max_wall = |v: &str| {
+        let set = format!("MaxWall={v}");
+        let args = ["-i", "modify", "user", "where", "name=alice", "cluster=delta", "set", &set];
+        lab.cmd("delta", "sacctmgr", &args).is_ok_and(|o| o.status.success())
+    };
+    let jobs = std::cell::RefCell::new(Vec::<(&str, u64)>::new());
+    let _restore = OnDrop(|| {
+        for (c, id) in jobs.borrow().iter() {
+            let _ = lab.cmd(c, "scancel", &[&id.to_string()]);
+        }
+        let _ = max_wall("-1");
+        let _ = set_nodes(lab, "alpha", "alpha1,alpha2", "RESUME");
+        let _ = lab.wait_gpus_free("alpha", "h100", 16, Duration::from_secs(60));
+    });
+    lab.wait_gpus_free("alpha", "h100", 16, Duration::from_secs(60)).unwrap();
+    assert!(max_wall("00:30:00"), "sacctmgr could not set alice's MaxWall at delta");
+    // delta's slurmctld has it from slurmdbd before a job is submitted.
+    poll("delta's controller knows the limit", Duration::from_secs(30), || {
+        let o = lab.cmd("delta", "scontrol", &["show", "assoc_mgr", "users=alice", "flags=assoc"]).ok()?;
+        String::from_utf8_lossy(&o.stdout).contains("MaxWallPJ=30").then_some(())
+    });
+    let out = |name: &str| out_arg(&dir, name);
+    let native = lab
+        .sbatch("delta", &["--fleet=local", "--gres=gpu:h100:1", "--time=60", &out("native.txt")], &script("true"))
+        .unwrap();
+    jobs.borrow_mut().push(("delta", native));
+    let held = |r: &fleet_lab::JobRecord| r["Reason"] == "AssocMaxWallDurationPerJobLimit";
+    let n = lab.wait_for("delta", native, Duration::from_secs(30), held).unwrap();
+    assert_eq!(n["JobState"], "PENDING", "the native oracle: {n:?}");
+
+    // alpha's nodes drained: the job is placed at delta.
+    assert!(set_nodes(lab, "alpha", "alpha1,alpha2", "DRAIN"), "cannot drain alpha's nodes");
+    poll("the meta-scheduler sees alpha drained", Duration::from_secs(30), || {
+        cluster_entry(lab, "alpha")["installed"].as_array().is_some_and(|a| !a.is_empty()).then_some(())
+    });
+    let body =
+        format!("echo \"ran at $SLURM_CLUSTER_NAME\"\ndate +%s.%N >> {}/marks-$SLURM_CLUSTER_NAME", dir.display());
+    let err_arg = format!("--error={}/err.txt", dir.display());
+    // Two clusters may run it (kube-gamma's H100s would take it too).
+    let args = ["--gres=gpu:h100:1", "--time=60", "--fleet-to=alpha,delta", &out("out.txt"), &err_arg];
+    let id = lab.sbatch("beta", &args, &script(&body)).unwrap();
+    jobs.borrow_mut().push(("beta", id));
+    let (target, delta_job) =
+        poll("the job is submitted at delta", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
+    assert_eq!(target, "delta", "alpha's nodes are drained");
+    let fid = fleet_job_of(lab, id).unwrap();
+    let sampler = Sampler::start(Duration::from_millis(250), {
+        let fid = fid.clone();
+        move || {
+            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
+            (n("alpha"), n("delta"))
+        }
+    });
+    // Slurm at delta holds it as it holds the native job.
+    let at_delta = lab.wait_for("delta", delta_job, Duration::from_secs(30), held).unwrap();
+    assert_eq!(at_delta["JobState"], "PENDING", "{at_delta:?}");
+    let t0 = Instant::now();
+    let why = "Slurm at delta keeps it pending (AssocMaxWallDurationPerJobLimit): it asks for more than a per-job \
+               limit of its association there";
+    // No other cluster can run it now: it stays, saying why.
+    let reason = poll("the job is found held for good", Duration::from_secs(STRANDED_S + 40), || {
+        let r = fleet_record(lab, id)?;
+        let reason = r["reason"].as_str().unwrap_or("").to_string();
+        reason.contains("held at delta for good").then_some(reason)
+    });
+    let decided = t0.elapsed();
+    assert!(reason.contains(why), "{reason}");
+    assert!(reason.ends_with("no other cluster can run it now, so it stays and waits there"), "{reason}");
+    assert_eq!(copies_at(lab, "delta", &fid), [(delta_job.to_string(), "PENDING".to_string())]);
+    // alpha's nodes back: cancelled at delta before it runs at alpha.
+    assert!(set_nodes(lab, "alpha", "alpha1,alpha2", "RESUME"), "cannot resume alpha's nodes");
+    let done = lab.wait_done("beta", id, Duration::from_secs(120)).unwrap();
+    let samples = sampler.finish();
+    assert_eq!((done["JobState"].as_str(), done["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{done:?}");
+    assert_eq!(remote_of(lab, id).map(|(t, _)| t).as_deref(), Some("alpha"));
+    assert_eq!(std::fs::read_to_string(dir.join("out.txt")).unwrap(), "ran at alpha\n");
+    let err = std::fs::read_to_string(dir.join("err.txt")).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(&format!("fleet: run 1 of job {fid} was held at delta for good: {why}")), "{err}");
+    assert!(!dir.join("marks-delta").exists(), "the job ran at delta");
+    assert_eq!(std::fs::read_to_string(dir.join("marks-alpha")).unwrap().lines().count(), 1);
+    let at_delta = copies_at(lab, "delta", &fid);
+    assert_eq!(at_delta, [(delta_job.to_string(), "CANCELLED".to_string())]);
+    assert!(samples.iter().all(|(_, (a, d))| *a + *d <= 1), "two live copies: {samples:?}");
+    // The native job still waits for an admin, as Slurm keeps it.
+    let n = lab.job("delta", native).unwrap();
+    assert_eq!((n["JobState"].as_str(), n["Reason"].as_str()), ("PENDING", "AssocMaxWallDurationPerJobLimit"));
+    eprintln!(
+        "held figures (stranded_s {STRANDED_S}): found held for good {:.1} s after Slurm at delta showed the limit",
+        decided.as_secs_f64()
+    );
+}

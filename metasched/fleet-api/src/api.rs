@@ -751,6 +751,16 @@ pub struct StatusUpdate {
     /// `activeDeadlineSeconds`); `None`: unlimited, or an older agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_min: Option<u32>,
+    /// With `Pending`: its scheduler keeps the run pending for a reason
+    /// that does not clear by itself, a per-job limit of the partition,
+    /// QOS or association it runs under there (Slurm's
+    /// `PartitionTimeLimit`, `QOSMax…PerJob…`, `AssocMax…PerNode`,
+    /// `QOSMin…`, `InvalidAccount`, `InvalidQOS`): why, in words. A native
+    /// job waits for an admin to change the limit; the meta-scheduler
+    /// places it where it can run (`[health] stranded_s`). `None`: a wait
+    /// that clears, or an older agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by_limit: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -414,7 +414,9 @@ pub struct HealthConfig {
     /// usable nodes cannot run it (every node that could is drained, down
     /// or not responding) before it is cancelled there and placed where
     /// nodes can (default 300; 0: off, it waits as a native job would).
-    /// Only a job that never started in that placement moves.
+    /// Only a job that never started in that placement moves. The same
+    /// holds for a job its target keeps pending for a per-job limit there
+    /// (`StatusUpdate::held_by_limit`).
     #[serde(default)]
     pub stranded_s: Option<f64>,
 }

@@ -236,6 +236,24 @@ pub struct Job {
     /// alone asked) leaves the job as it was, its outcome included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub before_rerun: Option<Box<Job>>,
+    /// The epoch whose run its target keeps pending for a limit that does
+    /// not clear by itself (`StatusUpdate.held_by_limit`), and why:
+    /// re-placed after `[health] stranded_s` (`Store::check_stranded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by_limit: Option<(u64, String)>,
+    /// Clusters whose limits held it for good, with why: no later
+    /// placement, re-placement or planned move sends it back there while
+    /// another cluster can take it (a limit changes only by its admin).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_at: Vec<(String, String)>,
+}
+
+/// `view` with the clusters `names` marked unhealthy: what placement sees
+/// without them.
+pub(crate) fn without_clusters(view: &FleetView, names: &[&str]) -> FleetView {
+    let mut without = view.clone();
+    without.clusters.iter_mut().filter(|c| names.contains(&c.name.as_str())).for_each(|c| c.healthy = false);
+    without
 }
 
 /// `note`, after why `job`'s current run waits at its target if it does.
@@ -554,6 +572,11 @@ pub struct Store {
     /// memory, so a restart of the meta-scheduler starts the wait again.
     stranded_s: f64,
     stranded_since: BTreeMap<String, (u64, f64)>,
+    /// Waiting jobs whose target keeps their run pending for a limit that
+    /// does not clear (`Job::held_by_limit`) and since when (epoch, Unix
+    /// seconds): filled by reports, and at start from the database with
+    /// no time (the wait starts again at the first sweep).
+    held_since: BTreeMap<String, (u64, Option<f64>)>,
     /// `[start] early_submit_wait_s` (0: no early placement).
     early_wait_s: f64,
     /// `output_max_job_bytes` (0: no cap) and `output_min_free_bytes`.
@@ -975,6 +998,7 @@ impl Store {
             end_wait_s: crate::config::DEFAULT_END_WAIT_S,
             stranded_s: crate::config::DEFAULT_STRANDED_S,
             stranded_since: BTreeMap::new(),
+            held_since: BTreeMap::new(),
             early_wait_s: DEFAULT_EARLY_WAIT_S,
             output_max_job_bytes: 0,
             output_min_free_bytes: 0,
@@ -989,6 +1013,9 @@ impl Store {
             }
             if Self::awaits_lease(&job) {
                 store.awaiting_lease.insert(job.record.fleet_job_id.clone());
+            }
+            if let Some((epoch, _)) = job.held_by_limit.as_ref().filter(|(e, _)| *e == job.record.epoch) {
+                store.held_since.insert(job.record.fleet_job_id.clone(), (*epoch, None));
             }
         }
         Ok(store)
@@ -1469,6 +1496,8 @@ impl Store {
             target_waits: None,
             signalled: None,
             before_rerun: None,
+            held_by_limit: None,
+            refused_at: Vec::new(),
         };
         let mut job = job;
         if fwd.early_start {
@@ -1803,11 +1832,20 @@ impl Store {
         // What the job may take: its submitter's GPU quota at a cluster
         // bounds the GPUs free there for it (the engine's view too).
         let mut view = placement::within_quotas(self.view(now), &job.request);
-        if let Some(bad) = &job.avoid {
-            let mut without = view.clone();
-            without.clusters.iter_mut().filter(|c| c.name == *bad).for_each(|c| c.healthy = false);
+        // Avoided while another cluster can take the job: those whose
+        // limits held it for good and the one its last run died on, else
+        // the first alone.
+        let refused: Vec<&str> = job.refused_at.iter().map(|(c, _)| c.as_str()).collect();
+        let mut both = refused.clone();
+        both.extend(job.avoid.as_deref());
+        for names in [both, refused] {
+            if names.is_empty() {
+                continue;
+            }
+            let without = without_clusters(&view, &names);
             if !matches!(placement::place(&without, &job.request).0, Placement::Impossible { .. }) {
                 view = without;
+                break;
             }
         }
         // Without the engine (which scores them down), SLA-degraded
@@ -2562,6 +2600,23 @@ impl Store {
                             }
                         }
                     }
+                    // Held there by a limit that never clears: placed
+                    // elsewhere after `[health] stranded_s` from the first
+                    // such report of the epoch (`check_stranded`).
+                    match (upd.state, &upd.held_by_limit) {
+                        (Some(JobState::Pending), Some(why)) => {
+                            let epoch = job.record.epoch;
+                            if self.held_since.get(id).is_none_or(|(e, _)| *e != epoch) {
+                                self.held_since.insert(id.to_string(), (epoch, Some(now)));
+                            }
+                            job.held_by_limit = Some((epoch, printable(why, MAX_REASON)));
+                        }
+                        (None, _) => {}
+                        _ => {
+                            job.held_by_limit = None;
+                            self.held_since.remove(id);
+                        }
+                    }
                     if !reason.is_empty() {
                         job.record.reason = reason;
                     } else if let Some(new) = upd.state.filter(|n| n.is_terminal()) {
@@ -3113,6 +3168,8 @@ impl Store {
             .map(|j| {
                 let mut out: Vec<String> =
                     placement::place(&view, &j.request).1.into_iter().map(|e| e.cluster).collect();
+                // Where its limits would hold it for good.
+                out.extend(j.refused_at.iter().map(|(c, _)| c.clone()));
                 let need = u64::from(j.request.total_gpus());
                 out.extend(
                     view.clusters

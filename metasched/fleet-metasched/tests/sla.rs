@@ -198,6 +198,21 @@ impl Fx {
         self.report_epoch(id, c, s, epoch)
     }
 
+    /// Its target reports job `id` pending, held for good by a limit there
+    /// (`why`) or not (`None`).
+    fn held(&mut self, id: &str, c: &str, why: Option<&str>) -> Result<JobState, String> {
+        let epoch = self.job(id).record.epoch;
+        let upd = StatusUpdate {
+            remote_job_id: Some(100),
+            state: Some(JobState::Pending),
+            epoch: Some(epoch),
+            reason: if why.is_some() { "AssocMaxWallDurationPerJobLimit" } else { "Resources" }.into(),
+            held_by_limit: why.map(str::to_string),
+            ..Default::default()
+        };
+        self.store.status(&cl(c), id, upd, self.now).map(|r| r.state).map_err(|e| e.to_string())
+    }
+
     fn job(&self, id: &str) -> fleet_metasched::store::Job {
         self.store.get(&admin(), id).unwrap()
     }
@@ -548,6 +563,107 @@ fn with_stranded_s_0_a_job_waits_for_drained_nodes_as_natively() {
     fx.tick(1000.0);
     let j = fx.job("s3");
     assert_eq!((j.record.target.as_deref(), j.planned.is_none()), (Some("alpha"), true));
+}
+
+const HELD: &str = "Slurm at alpha keeps it pending (AssocMaxWallDurationPerJobLimit): it asks for more than a \
+                    per-job limit of its association there";
+
+/// A job its target keeps pending for a per-job limit there (its agent
+/// says so) is given up there after `stranded_s`, as a stranded one, and
+/// runs elsewhere; a planned move never takes it back there.
+#[test]
+fn a_job_a_limit_at_its_target_holds_for_good_runs_elsewhere_and_is_not_moved_back() {
+    let mut fx = stranded_fx();
+    assert_eq!(fx.placed("h1", &[]), "alpha");
+    assert_eq!(fx.held("h1", "alpha", Some(HELD)), Ok(JobState::Pending));
+    assert_eq!(fx.job("h1").held_by_limit, Some((1, HELD.to_string())));
+    fx.tick(29.0);
+    let j = fx.job("h1");
+    assert_eq!((j.record.target.as_deref(), j.planned.is_none()), (Some("alpha"), true), "{}", j.record.reason);
+    assert_eq!(j.record.reason, "AssocMaxWallDurationPerJobLimit");
+    // Past it: cancelled at alpha first, then placed at delta, epoch 2.
+    fx.tick(2.0);
+    let j = fx.job("h1");
+    assert!(j.planned.as_ref().is_some_and(|m| m.sla), "{:?}", j.planned);
+    let why = format!("held at alpha for good: {HELD} (for 30 s, [health] stranded_s)");
+    assert!(j.record.reason.starts_with(&why), "{}", j.record.reason);
+    assert_eq!(j.refused_at, [("alpha".to_string(), HELD.to_string())]);
+    assert_eq!(fx.store.work(&cl("alpha"), fx.now).unwrap().cancel, ["h1"]);
+    fx.tick(1.0);
+    assert_eq!(fx.report("h1", "alpha", JobState::Cancelled), Ok(JobState::Assigned));
+    let j = fx.job("h1");
+    assert_eq!((j.record.target.as_deref(), j.record.epoch), (Some("delta"), 2));
+    assert!(fx.stderr("h1").starts_with(&format!("fleet: run 1 of job h1 was {why}")), "{}", fx.stderr("h1"));
+    assert_eq!(fx.report("h1", "delta", JobState::Running), Ok(JobState::Running));
+    fx.tick(1000.0);
+    let policy = fleet_metasched::store::MovePolicy {
+        checkpoint_deadline_s: 60.0,
+        resume_previous: false,
+        stop_deadline_s: 30.0,
+        min_move_interval_s: 0.0,
+    };
+    let refused = fx.store.start_move(&admin(), "h1", "alpha", "test", &policy, fx.now).unwrap_err().to_string();
+    assert!(refused.contains("is not moved to alpha, whose limits held it for good: Slurm at alpha"), "{refused}");
+    // Not an SLA miss of alpha: its limits, not its provisioning.
+    assert_eq!(fx.sla("alpha").missed, 0);
+}
+
+/// The wait counts in one stretch of reports that say the limit holds it:
+/// a report of a wait that clears starts it again. A job no other cluster
+/// can run stays, saying why, once.
+#[test]
+fn a_held_wait_starts_again_when_the_reason_clears_and_a_pinned_job_stays() {
+    let mut fx = stranded_fx();
+    assert_eq!(fx.placed("h2", &[]), "alpha");
+    fx.held("h2", "alpha", Some(HELD)).unwrap();
+    fx.tick(20.0);
+    fx.held("h2", "alpha", None).unwrap();
+    assert_eq!(fx.job("h2").held_by_limit, None);
+    fx.tick(20.0);
+    fx.held("h2", "alpha", Some(HELD)).unwrap();
+    fx.tick(20.0);
+    let j = fx.job("h2");
+    assert_eq!((j.record.target.as_deref(), j.planned.is_none()), (Some("alpha"), true), "{}", j.record.reason);
+    fx.tick(11.0);
+    assert!(fx.job("h2").planned.is_some(), "31 s in one stretch");
+
+    assert_eq!(fx.placed("pinned", &["alpha"]), "alpha");
+    fx.held("pinned", "alpha", Some(HELD)).unwrap();
+    fx.tick(31.0);
+    let p = fx.job("pinned");
+    assert_eq!(
+        (p.record.state, p.record.target.as_deref(), p.planned.is_none()),
+        (JobState::Pending, Some("alpha"), true)
+    );
+    assert!(
+        p.record.reason.ends_with("no other cluster can run it now, so it stays and waits there"),
+        "{}",
+        p.record.reason
+    );
+    let (reason, updated) = (p.record.reason.clone(), p.record.updated_at);
+    fx.tick(5.0);
+    assert_eq!((fx.job("pinned").record.reason, fx.job("pinned").record.updated_at), (reason, updated), "written once");
+
+    // A restart of the meta-scheduler starts the wait again, from what
+    // its database says (the agent reports only changes).
+    assert_eq!(fx.placed("h4", &[]), "alpha");
+    fx.held("h4", "alpha", Some(HELD)).unwrap();
+    fx.tick(20.0);
+    fx.restart();
+    fx.store.set_sla(Sla::from_config(None, &cluster_configs(fx.dir.path()))).unwrap();
+    fx.store.set_stranded(30.0);
+    fx.tick(29.0);
+    assert!(fx.job("h4").planned.is_none(), "{}", fx.job("h4").record.reason);
+    fx.tick(2.0);
+    assert!(fx.job("h4").planned.is_some(), "31 s after the restart");
+
+    // With stranded_s 0 it waits as natively.
+    let mut fx = stranded_fx();
+    fx.store.set_stranded(0.0);
+    assert_eq!(fx.placed("h3", &[]), "alpha");
+    fx.held("h3", "alpha", Some(HELD)).unwrap();
+    fx.tick(1000.0);
+    assert!(fx.job("h3").planned.is_none());
 }
 
 /// A submitter's full GPU quota at a cluster (a Kubernetes namespace's

@@ -471,6 +471,31 @@ pub fn map_state(s: &str) -> JobState {
     }
 }
 
+/// Slurm's pending reasons (`state_reason`, `job_state_reason_string` of
+/// 22.05) that do not clear while the job and the site's limits stay as
+/// they are: a per-job (or per-node) maximum or minimum of the job's QOS or
+/// association there, its partition's time limit, an account or QOS not
+/// valid there. A native job with one of them waits until an admin changes
+/// the limit; the counts that clear as other jobs end (`…PerUser…`,
+/// `…PerAccount…`, `AssocGrp…`, `QOSGrp…`, `…JobsLimit`) are not among
+/// them, and neither is `PartitionNodeLimit`, which Slurm also shows while
+/// the nodes a job needs are down. What the limit is, in words; `None` for
+/// every other reason.
+pub fn held_by_limit(reason: &str) -> Option<&'static str> {
+    let per = |r: &str| r.contains("PerJob") || r.contains("PerNode");
+    match reason.trim() {
+        "PartitionTimeLimit" => Some("its time limit is above its partition's there"),
+        "InvalidAccount" => Some("its account is not valid there"),
+        "InvalidQOS" => Some("its QOS is not valid there"),
+        r if r.starts_with("QOSMax") && per(r) => Some("it asks for more than a per-job limit of its QOS there"),
+        r if r.starts_with("AssocMax") && per(r) => {
+            Some("it asks for more than a per-job limit of its association there")
+        }
+        r if r.starts_with("QOSMin") => Some("it asks for less than its QOS's per-job minimum there"),
+        _ => None,
+    }
+}
+
 /// Why Slurm refuses the agent a raise of a running job's limit, and the fix.
 const RAISE_NEEDS_OPERATOR: &str =
     "raising a running job's limit needs a Slurm operator: sacctmgr modify user <agent user> set AdminLevel=Operator";
@@ -1189,6 +1214,54 @@ pub fn private_hides_jobs(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// The reasons a native job waits on until an admin changes a limit,
+    /// as Slurm 22.05 names them, against those that clear as other jobs
+    /// end or nodes come back.
+    #[test]
+    fn only_per_job_limits_hold_a_job_for_good() {
+        use super::held_by_limit;
+        for r in [
+            "PartitionTimeLimit",
+            "QOSMaxWallDurationPerJobLimit",
+            "AssocMaxWallDurationPerJobLimit",
+            "QOSMaxGRESPerJob",
+            "AssocMaxGRESPerNode",
+            "QOSMaxCpuMinutesPerJobLimit",
+            "AssocMaxNodePerJobLimit",
+            "QOSMinGRES",
+            "QOSMinCpuNotSatisfied",
+            "InvalidAccount",
+            "InvalidQOS",
+        ] {
+            assert!(held_by_limit(r).is_some(), "{r}");
+        }
+        assert_eq!(
+            held_by_limit(" AssocMaxMemPerJob"),
+            Some("it asks for more than a per-job limit of its association there")
+        );
+        for r in [
+            "",
+            "None",
+            "Resources",
+            "Priority",
+            "Dependency",
+            "JobHeldUser",
+            "JobHeldAdmin",
+            "PartitionNodeLimit",
+            "PartitionDown",
+            "ReqNodeNotAvail, UnavailableNodes:alpha1",
+            "QOSMaxJobsPerUserLimit",
+            "QOSMaxSubmitJobPerUserLimit",
+            "QOSMaxGRESPerUser",
+            "QOSMaxGRESPerAccount",
+            "AssocMaxJobsLimit",
+            "AssocGrpGRES",
+            "QOSGrpGRESRunMinutes",
+        ] {
+            assert_eq!(held_by_limit(r), None, "{r}");
+        }
+    }
+
     /// A command run as a user gets none of the agent's environment (its
     /// object-store keys, say): the user could read it from the process.
     /// Runs through the real sudo as root (as CI does); elsewhere it says

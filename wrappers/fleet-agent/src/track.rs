@@ -168,11 +168,20 @@ pub fn update_for(j: &NativeJob, site: &str) -> StatusUpdate {
         reason =
             format!("{reason}{}requeued {} time(s) at {site}", if reason.is_empty() { "" } else { "; " }, j.restarts);
     }
+    // A limit there that will never let it start (Slurm's own reason,
+    // which only slurmctld sets).
+    let held_by_limit = match (j.state, crate::slurm::held_by_limit(&j.reason)) {
+        (JobState::Pending, Some(what)) => {
+            Some(format!("Slurm at {site} keeps it pending ({}): {what}", j.reason.trim()))
+        }
+        _ => None,
+    };
     StatusUpdate {
         remote_job_id: Some(j.native_id),
         state: Some(j.state),
         exit_code: j.exit_code,
         signal: j.signal,
+        held_by_limit,
         died: died(j, site),
         reason,
         node_list: j.node_list.clone(),
@@ -1586,6 +1595,29 @@ mod tests {
         assert_eq!(update_for(&j, "alpha").time_limit_min, None);
         j.time_limit_min = Some(90);
         assert_eq!(update_for(&j, "alpha").time_limit_min, Some(90));
+    }
+
+    /// A pending run's reason that never clears by itself is said apart
+    /// (the meta-scheduler places such a job elsewhere); the same reason
+    /// on a run that is no longer pending, and a wait that clears, are not.
+    #[test]
+    fn a_run_held_by_a_per_job_limit_is_reported_so() {
+        let mut j = job(7, "PENDING", 1, 1);
+        j.reason = "AssocMaxWallDurationPerJobLimit".into();
+        let up = update_for(&j, "delta");
+        assert_eq!(up.reason, "AssocMaxWallDurationPerJobLimit");
+        assert_eq!(
+            up.held_by_limit.as_deref(),
+            Some(
+                "Slurm at delta keeps it pending (AssocMaxWallDurationPerJobLimit): it asks for more than a \
+                 per-job limit of its association there"
+            )
+        );
+        j.reason = "Resources".into();
+        assert_eq!(update_for(&j, "delta").held_by_limit, None);
+        let mut j = job(7, "CANCELLED", 1, 1);
+        j.reason = "PartitionTimeLimit".into();
+        assert_eq!(update_for(&j, "delta").held_by_limit, None);
     }
 
     #[test]

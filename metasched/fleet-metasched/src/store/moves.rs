@@ -171,6 +171,11 @@ impl Store {
         if from == to {
             return Err(super::conflict(format!("job {id} already runs at {to}")));
         }
+        if let Some((_, why)) = job.refused_at.iter().find(|(c, _)| c == to) {
+            return Err(super::conflict(format!(
+                "job {id} is not moved to {to}, whose limits held it for good: {why}"
+            )));
+        }
         if job.record.migrations >= self.health.max_migrations {
             return Err(super::conflict(format!(
                 "job {id} was already moved {} times ([health] max_migrations)",

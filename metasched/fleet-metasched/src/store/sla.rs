@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use fleet_api::api::{ClusterSla, FleetView};
 use fleet_api::placement::{self, Placement};
+use fleet_api::JobState;
 use rusqlite::params;
 
 use super::moves::PlannedMove;
@@ -396,6 +397,59 @@ impl Store {
             }
         }
         self.stranded_since = seen;
+        self.check_held(&mut view, now)
+    }
+
+    /// The stranded check's third part: a job whose target keeps its run
+    /// pending for a limit that does not clear by itself (a per-job limit
+    /// of the partition, QOS or association it runs under there:
+    /// `Job::held_by_limit`, from its agent) for `[health] stranded_s` is
+    /// given up there like a stranded one, and that cluster is avoided by
+    /// its later placements and moves (`Job::refused_at`). A native job
+    /// would wait for an admin to change the limit; a federation runs it
+    /// where its limits let it run. The cluster is not SLA-degraded for it.
+    fn check_held(&mut self, view: &mut FleetView, now: f64) -> Result<(), StoreError> {
+        for (id, (epoch, since)) in self.held_since.clone() {
+            let Ok(mut job) = self.load(&id) else {
+                self.held_since.remove(&id);
+                continue;
+            };
+            let why = match &job.held_by_limit {
+                Some((e, why)) if *e == epoch && job.record.epoch == epoch => why.clone(),
+                _ => {
+                    self.held_since.remove(&id);
+                    continue;
+                }
+            };
+            let (Some(target), JobState::Assigned | JobState::Pending) = (job.record.target.clone(), job.record.state)
+            else {
+                self.held_since.remove(&id);
+                continue;
+            };
+            if job.record.cancel_requested || job.planned.is_some() || job.sla_started == Some(epoch) {
+                continue;
+            }
+            let Some(since) = since else {
+                // Known from the database at start: the wait starts now.
+                self.held_since.insert(id, (epoch, Some(now)));
+                continue;
+            };
+            if self.heard(since, now) < self.stranded_s {
+                continue;
+            }
+            let refused = !job.refused_at.iter().any(|(c, _)| *c == target);
+            if refused {
+                job.refused_at.push((target.clone(), why.clone()));
+            }
+            let late = format!("held at {target} for good: {why} (for {:.0} s, [health] stranded_s)", self.stranded_s);
+            let gave_up = self.give_up_assignment(&mut job, &target, &late, &late, &late, "held", view, now)?;
+            if gave_up || refused {
+                self.save(&job)?;
+            }
+            if gave_up {
+                *view = self.view(now);
+            }
+        }
         Ok(())
     }
 
@@ -419,8 +473,10 @@ impl Store {
         now: f64,
     ) -> Result<bool, StoreError> {
         let id = job.record.fleet_job_id.clone();
-        let mut without = view.clone();
-        without.clusters.iter_mut().filter(|c| c.name == target).for_each(|c| c.healthy = false);
+        // Nor where its limits held it for good.
+        let mut names: Vec<&str> = job.refused_at.iter().map(|(c, _)| c.as_str()).collect();
+        names.push(target);
+        let without = super::without_clusters(view, &names);
         if matches!(placement::place(&without, &job.request).0, Placement::Impossible { .. }) {
             let reason = format!("{waits}; no other cluster can run it now, so it stays and waits there");
             if job.record.reason == reason {
