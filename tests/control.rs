@@ -700,10 +700,13 @@ fn mails(lab: &Lab, job_id: u64) -> Vec<Mail> {
 
 /// alpha's H100s held by a job of its own (`sleep secs`, output
 /// `blocker.txt` in `dir`), running, until the guard drops or the test
-/// cancels it: (its id, the guard).
+/// cancels it: (its id, the guard). `--fleet=local`: a node still
+/// completing an earlier test's job when it is submitted would otherwise
+/// have the engine send the blocker itself to delta, leaving alpha free.
 fn alpha_blocked<'a>(lab: &'a Lab, dir: &std::path::Path, secs: u32) -> (u64, fleet_lab::OnDrop<impl FnMut() + 'a>) {
     let body = script(&format!("sleep {secs}"));
-    let blocker = lab.sbatch("alpha", &["-N2", "--gres=gpu:h100:8", &out_arg(dir, "blocker.txt")], &body).unwrap();
+    let args = ["--fleet=local", "-N2", "--gres=gpu:h100:8", &out_arg(dir, "blocker.txt")];
+    let blocker = lab.sbatch("alpha", &args, &body).unwrap();
     let guard = fleet_lab::OnDrop(move || {
         let _ = lab.cmd("alpha", "scancel", &[&blocker.to_string()]);
     });

@@ -1544,6 +1544,10 @@ impl Store {
                 ))
             })
             .collect();
+        let mut notes = quota_notes;
+        notes.extend(job.refused_at.iter().map(|(c, why)| {
+            format!("{c}: avoided while another cluster can take the job, as its limits there held it for good ({why})")
+        }));
         let view = placement::within_quotas(full, &job.request);
         let (p, excluded) = placement::place(&view, &job.request);
         let (kind, target, why) = match p {
@@ -1564,7 +1568,7 @@ impl Store {
             policy: String::new(),
             ranked: Vec::new(),
             engine_exclusions: Vec::new(),
-            notes: quota_notes,
+            notes,
             view_generated_at: view.generated_at,
         };
         if let Some(r) = &self.ranker {

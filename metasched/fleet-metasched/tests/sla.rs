@@ -604,6 +604,10 @@ fn a_job_a_limit_at_its_target_holds_for_good_runs_elsewhere_and_is_not_moved_ba
     };
     let refused = fx.store.start_move(&admin(), "h1", "alpha", "test", &policy, fx.now).unwrap_err().to_string();
     assert!(refused.contains("is not moved to alpha, whose limits held it for good: Slurm at alpha"), "{refused}");
+    let notes = fx.store.explain(&admin(), "h1", fx.now).unwrap().notes;
+    let note =
+        format!("alpha: avoided while another cluster can take the job, as its limits there held it for good ({HELD})");
+    assert!(notes.contains(&note), "{notes:?}");
     // Not an SLA miss of alpha: its limits, not its provisioning.
     assert_eq!(fx.sla("alpha").missed, 0);
 }
