@@ -343,6 +343,71 @@ fn time_limit_updates_of_a_pending_stand_in_reach_the_job() {
     }
 }
 
+/// `scontrol update` of a pending job's resources: Slurm applies it to a
+/// native job, which runs with them. A forwarded job's stand-in holds
+/// placeholders for them (the proxy partition, one CPU, no GPUs): the same
+/// update used to move it out of the proxy partition and make it ask for
+/// what it can never get there, so it pended for good (`BadConstraints`)
+/// and its job never ran, the update never reaching it. Now the update is
+/// refused (`Requested operation not supported`, slurmctld's log naming
+/// the fields; 22.05 hands job_modify's message to no one) and the job runs
+/// as submitted; what Slurm does to the stand-in as to a native job (time
+/// limit, name) goes through.
+#[test]
+fn an_update_of_a_stand_ins_resources_is_refused_and_the_job_runs_as_submitted() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("update-stand-in");
+    let body = script("echo \"at $SLURM_CLUSTER_NAME on $SLURM_JOB_NUM_NODES node(s)\"");
+    let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["--hold"])), &body).unwrap();
+    let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["--hold"])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
+    // The agent lists its stand-ins for the plugin every few seconds.
+    let list = lab.root.join("beta/agent/stand-ins");
+    let t0 = std::time::Instant::now();
+    while !text(&list).lines().any(|l| l == fleet.to_string()) {
+        assert!(t0.elapsed() < T, "beta's agent never listed stand-in {fleet}: {:?}", text(&list));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(!text(&list).lines().any(|l| l == native.to_string()), "a native job is no stand-in");
+    let update = |id: u64, what: &str| {
+        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["update", &format!("JobId={id}"), what]).unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    for what in ["Gres=gpu:a100:2", "NumNodes=2", "Partition=short"] {
+        let (n, f) = (update(native, what), update(fleet, what));
+        assert!(n.0, "{what}: native {n:?}");
+        assert!(!f.0 && f.1.contains("Requested operation not supported"), "{what}: stand-in {f:?}");
+    }
+    for what in ["TimeLimit=30", "Name=renamed"] {
+        let (n, f) = (update(native, what), update(fleet, what));
+        assert!(n.0 && f.0, "{what}: native {n:?}, stand-in {f:?}");
+    }
+    let log = text(&lab.root.join("beta/log/slurmctld.log"));
+    let said = format!(
+        "fleet: job {fleet} runs at another cluster through Fleet (this job is its stand-in here): its Partition \
+         cannot be changed once it is submitted"
+    );
+    assert!(log.contains(&said), "slurmctld's log at beta does not say why");
+    let r = lab.job("beta", fleet).unwrap();
+    let shown = ["Partition", "NumNodes", "TresPerNode", "TimeLimit", "JobName"].map(|k| r.get(k).cloned());
+    assert_eq!(
+        shown.each_ref().map(|v| v.as_deref()),
+        [Some("fleet"), Some("1-1"), None, Some("00:30:00"), Some("renamed")],
+        "{r:?}"
+    );
+    for id in [native, fleet] {
+        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["release", &id.to_string()]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let n = lab.wait_done("beta", native, T).unwrap();
+    let f = lab.wait_done("beta", fleet, T).unwrap();
+    assert_eq!((n["JobState"].as_str(), f["JobState"].as_str()), ("COMPLETED", "COMPLETED"), "{n:?} {f:?}");
+    assert_eq!(text(&dir.join("native")), "at beta on 2 node(s)\n", "the native job runs as updated");
+    assert_eq!(text(&dir.join("fleet")), "at alpha on 1 node(s)\n", "the forwarded one as submitted");
+    let (target, remote) = remote_of(lab, fleet).unwrap();
+    assert_eq!(lab.job(&target, remote).unwrap()["TimeLimit"], "00:30:00", "its new limit reached it");
+}
+
 /// `scontrol update TimeLimit=` lowering a *running* stand-in's limit (what
 /// Slurm lets a user do to a running job): Slurm ends the stand-in at the
 /// new limit, `TIMEOUT` as it ends the native job, and the proxy cancels

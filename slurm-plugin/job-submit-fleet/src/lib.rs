@@ -135,8 +135,22 @@ impl JobSubmitPlugin for FleetSubmit {
     /// `scontrol update` of a job: nobody but root and SlurmUser moves a
     /// job into the proxy partition.
     fn modify(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
-        let partition = self.config().map(|c| c.proxy_partition.clone());
-        request::proxy_partition_rule(job, partition.as_deref().unwrap_or(DEFAULT_PROXY_PARTITION), submit_uid)
+        let cfg = self.config();
+        let partition = cfg.as_ref().map(|c| c.proxy_partition.clone());
+        request::proxy_partition_rule(job, partition.as_deref().unwrap_or(DEFAULT_PROXY_PARTITION), submit_uid)?;
+        // A stand-in, by the agent's list (no I/O here: the view's watcher
+        // keeps it in memory).
+        if let (Some(cfg), Some(id)) = (&cfg, job.job_id()) {
+            if self.view.is_stand_in(cfg, id) {
+                let res = request::stand_in_update_rule(job, id);
+                if let Err(r) = &res {
+                    // 22.05 does not hand the message to scontrol.
+                    log::info(&format!("job_submit/fleet: update refused by uid {submit_uid}: {}", r.message));
+                }
+                return res;
+            }
+        }
+        Ok(())
     }
 
     fn fini(&self) {

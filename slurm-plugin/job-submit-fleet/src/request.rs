@@ -92,6 +92,79 @@ pub fn proxy_partition_rule(job: &mut JobDesc<'_>, proxy_partition: &str, uid: u
     Ok(())
 }
 
+/// What a stand-in was given in place of its job's request
+/// ([`crate::rewrite`]), as `scontrol update` names it: a change of any of
+/// them would reach only the placeholder (moving it out of the proxy
+/// partition, or asking resources there it can never get), never the job
+/// at its target.
+const STAND_IN_STRINGS: [(StrField, &str); 12] = [
+    (StrField::Partition, "Partition"),
+    (StrField::TresPerJob, "TresPerJob (--gpus)"),
+    (StrField::TresPerNode, "Gres/TresPerNode"),
+    (StrField::TresPerSocket, "TresPerSocket"),
+    (StrField::TresPerTask, "TresPerTask"),
+    (StrField::CpusPerTres, "CpusPerTres"),
+    (StrField::MemPerTres, "MemPerTres"),
+    (StrField::TresBind, "TresBind"),
+    (StrField::TresFreq, "TresFreq"),
+    (StrField::ReqNodes, "ReqNodeList"),
+    (StrField::ExcNodes, "ExcNodeList"),
+    (StrField::Features, "Features"),
+];
+
+/// The numeric ones, with the value an update leaves them at when it does
+/// not change them (`slurm_init_job_desc_msg`).
+const STAND_IN_NUMBERS: [(NumField, u64, &str); 18] = [
+    (NumField::MinNodes, NO_VAL as u64, "NumNodes"),
+    (NumField::MaxNodes, NO_VAL as u64, "NumNodes"),
+    (NumField::NumTasks, NO_VAL as u64, "NumTasks"),
+    (NumField::MinCpus, NO_VAL as u64, "NumCPUs"),
+    (NumField::CpusPerTask, NO_VAL16 as u64, "CPUsPerTask"),
+    (NumField::NtasksPerNode, NO_VAL16 as u64, "NTasksPerNode"),
+    (NumField::NtasksPerSocket, NO_VAL16 as u64, "NTasksPerSocket"),
+    (NumField::NtasksPerCore, NO_VAL16 as u64, "NTasksPerCore"),
+    (NumField::NtasksPerTres, NO_VAL16 as u64, "NTasksPerTRES"),
+    (NumField::SocketsPerNode, NO_VAL16 as u64, "SocketsPerNode"),
+    (NumField::CoresPerSocket, NO_VAL16 as u64, "CoresPerSocket"),
+    (NumField::ThreadsPerCore, NO_VAL16 as u64, "ThreadsPerCore"),
+    (NumField::PnMinCpus, NO_VAL16 as u64, "MinCPUsNode"),
+    (NumField::PnMinMemory, NO_VAL64, "MinMemoryNode/MinMemoryCPU"),
+    (NumField::PnMinTmpDisk, NO_VAL as u64, "MinTmpDiskNode"),
+    (NumField::Shared, NO_VAL16 as u64, "OverSubscribe"),
+    (NumField::Contiguous, NO_VAL16 as u64, "Contiguous"),
+    (NumField::CoreSpec, NO_VAL16 as u64, "CoreSpec"),
+];
+
+/// `scontrol update` of stand-in `id` (the plugin's `job_modify`), by
+/// anyone: its resources stand for its job's, which runs elsewhere, so a
+/// change of them is refused, naming them; everything Slurm does at home
+/// to the stand-in as to a native job (time limit, hold and release,
+/// dependency, priority, name, account, QOS, comment, mail) goes through.
+pub fn stand_in_update_rule(job: &mut JobDesc<'_>, id: u32) -> Result<(), Reject> {
+    let mut changed: Vec<&str> = Vec::new();
+    for (f, name) in STAND_IN_STRINGS {
+        if job.bytes(f).is_some() {
+            changed.push(name);
+        }
+    }
+    for (f, unset, name) in STAND_IN_NUMBERS {
+        if job.num(f) != unset && !changed.contains(&name) {
+            changed.push(name);
+        }
+    }
+    if changed.is_empty() {
+        return Ok(());
+    }
+    Err(Reject {
+        code: sys::ESLURM_NOT_SUPPORTED as i32,
+        message: format!(
+            "fleet: job {id} runs at another cluster through Fleet (this job is its stand-in here): its {} cannot \
+             be changed once it is submitted; cancel it and submit it again with the new request",
+            changed.join(", ")
+        ),
+    })
+}
+
 /// `sbatch --test-only`: slurmctld runs job_submit for it too (the
 /// will-run RPC validates the request first), but nothing may be
 /// created. sbatch sends its command line in `submit_line`.
@@ -732,6 +805,54 @@ mod tests {
 
     const SCRIPT: (StrField, &str) = (StrField::Script, "#!/bin/sh\ntrue\n");
     const H100: (StrField, &str) = (StrField::TresPerNode, "gres:gpu:h100:8");
+
+    /// `scontrol update` of a stand-in: what Slurm does at home to a
+    /// native job passes; a change of the resources the stand-in holds in
+    /// place of its job's is refused, naming each.
+    #[test]
+    fn a_stand_ins_resources_cannot_be_updated_the_rest_can() {
+        let update = |f: &dyn Fn(&mut JobDesc<'_>)| {
+            let mut d = JobDesc::test_descriptor();
+            // As slurm_init_job_desc_msg leaves them (checked against 22.05).
+            d.min_cpus = NO_VAL;
+            d.pn_min_cpus = NO_VAL16;
+            d.job_id_str = c"4242".as_ptr() as *mut _;
+            let out = {
+                let mut jd = JobDesc::from_box(&mut d);
+                f(&mut jd);
+                assert_eq!(jd.job_id(), Some(4242));
+                stand_in_update_rule(&mut jd, 4242)
+            };
+            d.job_id_str = std::ptr::null_mut();
+            free_test_descriptor(d);
+            out.map_err(|r| (r.code, r.message))
+        };
+        assert_eq!(update(&|_| {}), Ok(()));
+        assert_eq!(update(&|j| j.set_num(NumField::TimeLimit, 30)), Ok(()));
+        assert_eq!(update(&|j| j.set_num(NumField::Priority, 0)), Ok(()), "hold");
+        assert_eq!(update(&|j| j.set(StrField::Dependency, Some("afterok:1"))), Ok(()));
+        assert_eq!(update(&|j| j.set(StrField::Name, Some("renamed"))), Ok(()));
+        assert_eq!(update(&|j| j.set(StrField::Qos, Some("high"))), Ok(()));
+        let (code, msg) = update(&|j| j.set(StrField::TresPerNode, Some("gres:gpu:a100:2"))).unwrap_err();
+        assert_eq!(code, sys::ESLURM_NOT_SUPPORTED as i32);
+        assert_eq!(
+            msg,
+            "fleet: job 4242 runs at another cluster through Fleet (this job is its stand-in here): its \
+             Gres/TresPerNode cannot be changed once it is submitted; cancel it and submit it again with the new request"
+        );
+        let (_, msg) = update(&|j| {
+            j.set(StrField::Partition, Some("short"));
+            j.set_num(NumField::MinNodes, 2);
+            j.set_num(NumField::MaxNodes, 2);
+            j.set_num(NumField::PnMinMemory, 4096);
+        })
+        .unwrap_err();
+        assert!(msg.contains("its Partition, NumNodes, MinMemoryNode/MinMemoryCPU cannot"), "{msg}");
+        for f in [NumField::NumTasks, NumField::MinCpus, NumField::CpusPerTask, NumField::Shared, NumField::PnMinCpus] {
+            assert!(update(&|j| j.set_num(f, 1)).is_err(), "{f:?}");
+        }
+        assert!(update(&|j| j.set(StrField::Features, Some("fast"))).is_err());
+    }
 
     #[test]
     fn the_environment_travels_utf8_and_bounded() {

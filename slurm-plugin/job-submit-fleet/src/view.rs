@@ -40,6 +40,20 @@ struct Loaded {
     view: Arc<FleetView>,
 }
 
+/// The agent's list of this cluster's stand-ins (`AgentSpoolDir/stand-ins`:
+/// their Slurm job ids, one per line), which `job_modify` asks about.
+pub const STAND_INS_FILE: &str = "stand-ins";
+
+/// Largest stand-ins list read (a million ids).
+const MAX_STAND_INS_BYTES: u64 = 16 << 20;
+
+/// The stand-ins list read from `path`.
+struct StandIns {
+    path: PathBuf,
+    stamp: (SystemTime, u64),
+    ids: Arc<std::collections::HashSet<u32>>,
+}
+
 /// Submitters' names, resolved by the watcher thread (NSS may block; the
 /// hook never calls it): placement reads the name against each cluster's
 /// published identities.
@@ -61,6 +75,9 @@ struct Shared {
     path: Mutex<Option<PathBuf>>,
     /// The last view parsed (`None`: no usable file).
     loaded: Mutex<Option<Loaded>>,
+    /// The agent's list of the stand-ins here ([`STAND_INS_FILE`] beside
+    /// the view), as last read.
+    stand_ins: Mutex<Option<StandIns>>,
     /// Set by [`ViewCache::stop`]; `wake` cuts the watcher's sleep short.
     stop: Mutex<bool>,
     wake: Condvar,
@@ -248,6 +265,15 @@ impl ViewCache {
         Some(f(&view, fresh))
     }
 
+    /// Is job `id` one of this cluster's stand-ins, by the list the agent
+    /// published beside `cfg`'s view? False without a list (Slurm then
+    /// judges an update alone). The list is the agent's every few seconds:
+    /// a stand-in made since is not in it yet. No I/O.
+    pub fn is_stand_in(&self, cfg: &PluginConfig, id: u32) -> bool {
+        let list = lock(&self.shared.stand_ins);
+        list.as_ref().is_some_and(|l| l.path == stand_ins_path(&cfg.view_path) && l.ids.contains(&id))
+    }
+
     /// Points the watcher at `path` when fleet.conf moved the view.
     fn watch_path(&self, path: &std::path::Path) {
         let mut p = lock(&self.shared.path);
@@ -296,6 +322,29 @@ fn watch(shared: &Shared) {
 fn poll(shared: &Shared) {
     resolve_names(shared);
     poll_view(shared);
+    poll_stand_ins(shared);
+}
+
+/// The stand-ins list beside the view file `view`.
+fn stand_ins_path(view: &std::path::Path) -> PathBuf {
+    view.with_file_name(STAND_INS_FILE)
+}
+
+/// Reads the stand-ins list again when it changed; lines that are no job
+/// id are left out.
+fn poll_stand_ins(shared: &Shared) {
+    let Some(path) = lock(&shared.path).as_deref().map(stand_ins_path) else { return };
+    let stamp = std::fs::metadata(&path).ok().and_then(|m| Some((m.modified().ok()?, m.len())));
+    let same = lock(&shared.stand_ins).as_ref().is_some_and(|l| l.path == path && Some(l.stamp) == stamp);
+    if same {
+        return;
+    }
+    let parsed = stamp.filter(|&(_, len)| len <= MAX_STAND_INS_BYTES).and_then(|stamp| {
+        let text = std::fs::read_to_string(&path).ok()?;
+        let ids = text.lines().filter_map(|l| l.trim().parse::<u32>().ok()).collect();
+        Some(StandIns { path: path.clone(), stamp, ids: Arc::new(ids) })
+    });
+    *lock(&shared.stand_ins) = parsed;
 }
 
 /// Resolve the names the hook asked for, outside its lock.
@@ -392,6 +441,36 @@ mod tests {
         assert!(!cache.stays_home(&cfg, &job("a100")));
         cache.poll_once();
         assert!(cache.stays_home(&cfg, &job("a100")));
+    }
+
+    /// The agent's stand-ins list beside the view: read by the watcher,
+    /// again when it changes, dropped when it goes; one beside another
+    /// view path does not answer for this one.
+    #[test]
+    fn stand_ins_come_from_the_agents_list_beside_the_view() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = PluginConfig::for_tests("beta");
+        cfg.view_path = dir.path().join("view.json");
+        let cache = ViewCache::start(cfg.view_path.clone());
+        cache.stop();
+        assert!(!cache.is_stand_in(&cfg, 7), "no list");
+        let list = dir.path().join(STAND_INS_FILE);
+        std::fs::write(&list, "7\n9\nnot-an-id\n").unwrap();
+        assert!(!cache.is_stand_in(&cfg, 7), "the hook never reads the file itself");
+        cache.poll_once();
+        assert!(cache.is_stand_in(&cfg, 7) && cache.is_stand_in(&cfg, 9));
+        assert!(!cache.is_stand_in(&cfg, 8));
+        std::fs::write(&list, "8\n").unwrap();
+        let f = std::fs::File::options().write(true).open(&list).unwrap();
+        f.set_modified(SystemTime::now() + Duration::from_secs(1)).unwrap();
+        cache.poll_once();
+        assert!(cache.is_stand_in(&cfg, 8) && !cache.is_stand_in(&cfg, 7));
+        let mut other = cfg.clone();
+        other.view_path = dir.path().join("elsewhere").join("view.json");
+        assert!(!cache.is_stand_in(&other, 8), "another agent's list");
+        std::fs::remove_file(&list).unwrap();
+        cache.poll_once();
+        assert!(!cache.is_stand_in(&cfg, 8), "a removed list");
     }
 
     #[test]

@@ -295,6 +295,23 @@ impl<'a> JobDesc<'a> {
         }
     }
 
+    /// The job an update names (`job_modify`, `scontrol update JobId=N`):
+    /// `job_id`, else the leading number of `job_id_str` (an array task's
+    /// `N_T` or a het component's `N+C` gives N). `None` at submission.
+    pub fn job_id(&self) -> Option<u32> {
+        let r = &*self.raw;
+        if r.job_id != 0 && r.job_id != crate::NO_VAL {
+            return Some(r.job_id);
+        }
+        if r.job_id_str.is_null() {
+            return None;
+        }
+        // SAFETY: slurmctld's strings are NUL-terminated and live for the hook.
+        let s = unsafe { std::ffi::CStr::from_ptr(r.job_id_str) }.to_bytes();
+        let digits = s.iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&s[..digits]).ok()?.parse().ok().filter(|&id| id != 0)
+    }
+
     /// Set a numeric field; values are truncated to the field's width.
     pub fn set_num(&mut self, f: NumField, v: u64) {
         let r = &mut *self.raw;

@@ -731,6 +731,40 @@ fn nodes_while_silent(last: &[fleet_api::api::NodeCapacity]) -> Vec<fleet_api::a
 /// Name of the fleet view the agent publishes for the plugin.
 pub const VIEW_FILE: &str = "view.json";
 
+/// Name of the list of this cluster's stand-ins (their Slurm job ids, one
+/// per line) the agent publishes for the plugin, whose `job_modify` refuses
+/// a change of a stand-in's resources: Slurm would apply it to the
+/// placeholder, never to the job at its target.
+pub const STAND_INS_FILE: &str = "stand-ins";
+
+/// The lines of [`STAND_INS_FILE`]: the jobs of `jobs` tagged as
+/// stand-ins (`AdminComment`, which only operators and the plugin set)
+/// that have not ended.
+pub fn stand_ins_text(jobs: &[crate::backend::NativeJob]) -> String {
+    let mut ids: Vec<u64> = jobs
+        .iter()
+        .filter(|j| !j.state.is_terminal() && fleet_api::wire::parse_admin_tag(&j.admin_comment).is_some())
+        .map(|j| j.native_id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.iter().map(|id| format!("{id}\n")).collect()
+}
+
+/// Write [`STAND_INS_FILE`] where job_submit_fleet reads it (temp + rename)
+/// when its text changed.
+fn publish_stand_ins(spool: &std::path::Path, text: &str) {
+    let path = spool.join(STAND_INS_FILE);
+    if std::fs::read(&path).is_ok_and(|old| old == text.as_bytes()) {
+        return;
+    }
+    let tmp = spool.join(format!("{STAND_INS_FILE}.tmp"));
+    let res = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = res {
+        tracing::warn!("publishing the stand-ins for the plugin: {e}");
+    }
+}
+
 /// Write the view where job_submit_fleet reads it (atomically: temp + rename),
 /// so the plugin answers LOCAL without a socket round trip. Its mtime is
 /// the view's age: the plugin ignores a view older than ViewMaxAgeMs.
@@ -913,6 +947,7 @@ pub async fn reconcile_once<B: Backend>(
     // Stand-ins first: a proxy exits only after its job is finished, so a
     // job still active after its stand-in ended is an orphan, not a race.
     let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
+    publish_stand_ins(&agent.cfg.spool, &stand_ins_text(&stand_ins));
     let jobs = agent.meta.active_jobs_from(&agent.cfg.site).await?;
     let mut active = Vec::new();
     for j in reconcile::active_from(&agent.cfg.site, &jobs) {
@@ -987,6 +1022,41 @@ pub async fn time_limit_one<B: Backend>(agent: &Agent<B>, id: &str, minutes: u32
 
 #[cfg(test)]
 mod tests {
+    /// The plugin's list: tagged stand-ins not ended, each once, sorted;
+    /// a user's own job (no tag, or a tag-like comment) is not one. It is
+    /// written only when it changes.
+    #[test]
+    fn the_stand_ins_published_are_the_tagged_jobs_not_ended() {
+        let job = |id: u64, state: &str, admin: &str| {
+            let mut j = crate::backend::NativeJob::new(id, state);
+            j.admin_comment = admin.into();
+            j
+        };
+        let mut commented = job(5, "PENDING", "");
+        commented.reason = "fleet:beta-x".into();
+        let jobs = [
+            job(9, "RUNNING", "fleet:beta-b fleet: forwarded beta -> alpha"),
+            job(7, "PENDING", "fleet:beta-a"),
+            job(8, "COMPLETED", "fleet:beta-c"),
+            job(4, "RUNNING", ""),
+            job(6, "PENDING", "fleet:"),
+            commented,
+            job(7, "PENDING", "fleet:beta-a"),
+        ];
+        assert_eq!(super::stand_ins_text(&jobs), "7\n9\n");
+        assert_eq!(super::stand_ins_text(&[]), "");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(super::STAND_INS_FILE);
+        super::publish_stand_ins(dir.path(), "7\n9\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "7\n9\n");
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        std::fs::File::options().write(true).open(&path).unwrap().set_modified(old).unwrap();
+        super::publish_stand_ins(dir.path(), "7\n9\n");
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), old, "the same list is not written again");
+        super::publish_stand_ins(dir.path(), "9\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "9\n");
+    }
+
     #[test]
     fn the_runs_holding_are_those_whose_native_job_holds_an_allocation() {
         let runs = [(12, "beta-b".to_string(), 2), (11, "beta-a".to_string(), 1), (13, "beta-c".to_string(), 1)];
