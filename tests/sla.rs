@@ -52,6 +52,16 @@ fn copies_at(lab: &Lab, cluster: &str, fid: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Samples, every 250 ms, how many live copies of fleet job `fid` alpha
+/// and delta each have.
+fn live_copies(lab: &'static Lab, fid: &str) -> Sampler<(usize, usize)> {
+    let fid = fid.to_string();
+    Sampler::start(Duration::from_millis(250), move || {
+        let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
+        (n("alpha"), n("delta"))
+    })
+}
+
 /// A copy that exists in Slurm and is not over.
 fn live(state: &str) -> bool {
     !fleet_lab::is_terminal(state)
@@ -97,13 +107,7 @@ fn pending_at_alpha(
         poll("the job is submitted at alpha", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
     assert_eq!(target, "alpha", "the engine places an H100 job from beta at alpha");
     let fid = fleet_job_of(lab, id).unwrap();
-    let sampler = Sampler::start(Duration::from_millis(250), {
-        let fid = fid.clone();
-        move || {
-            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
-            (n("alpha"), n("delta"))
-        }
-    });
+    let sampler = live_copies(lab, &fid);
     assert_eq!(
         lab.job("alpha", alpha_job).and_then(|r| r.get("JobState").cloned()).as_deref(),
         Some("PENDING"),
@@ -362,13 +366,7 @@ fn a_job_a_limit_at_its_target_holds_for_good_is_cancelled_there_and_runs_once_w
         poll("the job is submitted at delta", Duration::from_secs(60), || remote_of(lab, id).filter(|(_, r)| *r != 0));
     assert_eq!(target, "delta", "alpha's nodes are drained");
     let fid = fleet_job_of(lab, id).unwrap();
-    let sampler = Sampler::start(Duration::from_millis(250), {
-        let fid = fid.clone();
-        move || {
-            let n = |c| copies_at(lab, c, &fid).iter().filter(|(_, s)| live(s)).count();
-            (n("alpha"), n("delta"))
-        }
-    });
+    let sampler = live_copies(lab, &fid);
     // Slurm at delta holds it as it holds the native job.
     let at_delta = lab.wait_for("delta", delta_job, Duration::from_secs(30), held).unwrap();
     assert_eq!(at_delta["JobState"], "PENDING", "{at_delta:?}");

@@ -213,6 +213,24 @@ impl Fx {
         self.store.status(&cl(c), id, upd, self.now).map(|r| r.state).map_err(|e| e.to_string())
     }
 
+    /// Job `id` stays pending at `at`, its reason saying no other cluster
+    /// can run it, written once (the next sweeps leave it as it is).
+    fn stays_waiting(&mut self, id: &str, at: &str) {
+        let p = self.job(id);
+        assert_eq!(
+            (p.record.state, p.record.target.as_deref(), p.planned.is_none()),
+            (JobState::Pending, Some(at), true)
+        );
+        assert!(
+            p.record.reason.ends_with("no other cluster can run it now, so it stays and waits there"),
+            "{}",
+            p.record.reason
+        );
+        let (reason, updated) = (p.record.reason.clone(), p.record.updated_at);
+        self.tick(5.0);
+        assert_eq!((self.job(id).record.reason, self.job(id).record.updated_at), (reason, updated), "written once");
+    }
+
     fn job(&self, id: &str) -> fleet_metasched::store::Job {
         self.store.get(&admin(), id).unwrap()
     }
@@ -537,19 +555,7 @@ fn a_stranded_job_that_already_ran_there_or_may_run_nowhere_else_stays() {
     fx.tick(60.0);
     let ran = fx.job("ran");
     assert_eq!((ran.record.target.as_deref(), ran.planned.is_none()), (Some("alpha"), true));
-    let p = fx.job("pinned");
-    assert_eq!(
-        (p.record.state, p.record.target.as_deref(), p.planned.is_none()),
-        (JobState::Pending, Some("alpha"), true)
-    );
-    assert!(
-        p.record.reason.ends_with("no other cluster can run it now, so it stays and waits there"),
-        "{}",
-        p.record.reason
-    );
-    let (reason, updated) = (p.record.reason.clone(), p.record.updated_at);
-    fx.tick(5.0);
-    assert_eq!((fx.job("pinned").record.reason, fx.job("pinned").record.updated_at), (reason, updated), "written once");
+    fx.stays_waiting("pinned", "alpha");
 }
 
 #[test]
@@ -634,19 +640,7 @@ fn a_held_wait_starts_again_when_the_reason_clears_and_a_pinned_job_stays() {
     assert_eq!(fx.placed("pinned", &["alpha"]), "alpha");
     fx.held("pinned", "alpha", Some(HELD)).unwrap();
     fx.tick(31.0);
-    let p = fx.job("pinned");
-    assert_eq!(
-        (p.record.state, p.record.target.as_deref(), p.planned.is_none()),
-        (JobState::Pending, Some("alpha"), true)
-    );
-    assert!(
-        p.record.reason.ends_with("no other cluster can run it now, so it stays and waits there"),
-        "{}",
-        p.record.reason
-    );
-    let (reason, updated) = (p.record.reason.clone(), p.record.updated_at);
-    fx.tick(5.0);
-    assert_eq!((fx.job("pinned").record.reason, fx.job("pinned").record.updated_at), (reason, updated), "written once");
+    fx.stays_waiting("pinned", "alpha");
 
     // A restart of the meta-scheduler starts the wait again, from what
     // its database says (the agent reports only changes).
