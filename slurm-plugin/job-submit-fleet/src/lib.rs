@@ -133,7 +133,8 @@ impl JobSubmitPlugin for FleetSubmit {
     }
 
     /// `scontrol update` of a job: nobody but root and SlurmUser moves a
-    /// job into the proxy partition.
+    /// job into the proxy partition, and nobody changes the resources of a
+    /// stand-in ([`request::stand_in_update_rule`]).
     fn modify(&self, job: &mut JobDesc<'_>, submit_uid: u32) -> Result<(), Reject> {
         let cfg = self.config();
         let partition = cfg.as_ref().map(|c| c.proxy_partition.clone());
