@@ -88,6 +88,12 @@ pub fn parse_admin_tag(admin_comment: &str) -> Option<&str> {
 /// agent to forward the job now ([`crate::deferred`]).
 pub const DEFERRED_SOCKET: &str = "deferred.sock";
 
+/// File name of the list of a cluster's stand-ins (their Slurm job ids,
+/// one per line) its agent publishes in `AgentSpoolDir`, and which the
+/// plugin's `job_modify` reads (through its view watcher) to refuse a
+/// change of a stand-in's resources.
+pub const STAND_INS_FILE: &str = "stand-ins";
+
 /// Upper bound on one request line on the deferred socket.
 pub const MAX_DEFERRED_REQUEST_BYTES: usize = 64 << 10;
 

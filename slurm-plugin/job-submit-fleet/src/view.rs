@@ -40,10 +40,6 @@ struct Loaded {
     view: Arc<FleetView>,
 }
 
-/// The agent's list of this cluster's stand-ins (`AgentSpoolDir/stand-ins`:
-/// their Slurm job ids, one per line), which `job_modify` asks about.
-pub const STAND_INS_FILE: &str = "stand-ins";
-
 /// Largest stand-ins list read (a million ids).
 const MAX_STAND_INS_BYTES: u64 = 16 << 20;
 
@@ -75,8 +71,8 @@ struct Shared {
     path: Mutex<Option<PathBuf>>,
     /// The last view parsed (`None`: no usable file).
     loaded: Mutex<Option<Loaded>>,
-    /// The agent's list of the stand-ins here ([`STAND_INS_FILE`] beside
-    /// the view), as last read.
+    /// The agent's list of the stand-ins here
+    /// ([`fleet_api::wire::STAND_INS_FILE`] beside the view), as last read.
     stand_ins: Mutex<Option<StandIns>>,
     /// Set by [`ViewCache::stop`]; `wake` cuts the watcher's sleep short.
     stop: Mutex<bool>,
@@ -325,16 +321,23 @@ fn poll(shared: &Shared) {
     poll_stand_ins(shared);
 }
 
+/// A file's modification time and length (`None`: no such file), which
+/// tell the watcher whether to read it again.
+fn stamp_of(path: &std::path::Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
 /// The stand-ins list beside the view file `view`.
 fn stand_ins_path(view: &std::path::Path) -> PathBuf {
-    view.with_file_name(STAND_INS_FILE)
+    view.with_file_name(fleet_api::wire::STAND_INS_FILE)
 }
 
 /// Reads the stand-ins list again when it changed; lines that are no job
 /// id are left out.
 fn poll_stand_ins(shared: &Shared) {
     let Some(path) = lock(&shared.path).as_deref().map(stand_ins_path) else { return };
-    let stamp = std::fs::metadata(&path).ok().and_then(|m| Some((m.modified().ok()?, m.len())));
+    let stamp = stamp_of(&path);
     let same = lock(&shared.stand_ins).as_ref().is_some_and(|l| l.path == path && Some(l.stamp) == stamp);
     if same {
         return;
@@ -367,8 +370,7 @@ fn resolve_names(shared: &Shared) {
 
 fn poll_view(shared: &Shared) {
     let Some(path) = lock(&shared.path).clone() else { return };
-    let meta = std::fs::metadata(&path).ok();
-    let stamp = meta.as_ref().and_then(|m| Some((m.modified().ok()?, m.len())));
+    let stamp = stamp_of(&path);
     let same = lock(&shared.loaded).as_ref().is_some_and(|l| l.path == path && Some((l.mtime, l.len)) == stamp);
     if same {
         return;
@@ -454,7 +456,7 @@ mod tests {
         let cache = ViewCache::start(cfg.view_path.clone());
         cache.stop();
         assert!(!cache.is_stand_in(&cfg, 7), "no list");
-        let list = dir.path().join(STAND_INS_FILE);
+        let list = dir.path().join(fleet_api::wire::STAND_INS_FILE);
         std::fs::write(&list, "7\n9\nnot-an-id\n").unwrap();
         assert!(!cache.is_stand_in(&cfg, 7), "the hook never reads the file itself");
         cache.poll_once();

@@ -731,13 +731,7 @@ fn nodes_while_silent(last: &[fleet_api::api::NodeCapacity]) -> Vec<fleet_api::a
 /// Name of the fleet view the agent publishes for the plugin.
 pub const VIEW_FILE: &str = "view.json";
 
-/// Name of the list of this cluster's stand-ins (their Slurm job ids, one
-/// per line) the agent publishes for the plugin, whose `job_modify` refuses
-/// a change of a stand-in's resources: Slurm would apply it to the
-/// placeholder, never to the job at its target.
-pub const STAND_INS_FILE: &str = "stand-ins";
-
-/// The lines of [`STAND_INS_FILE`]: the jobs of `jobs` tagged as
+/// The lines of [`fleet_api::wire::STAND_INS_FILE`]: the jobs of `jobs` tagged as
 /// stand-ins (`AdminComment`, which only operators and the plugin set)
 /// that have not ended.
 pub fn stand_ins_text(jobs: &[crate::backend::NativeJob]) -> String {
@@ -751,29 +745,31 @@ pub fn stand_ins_text(jobs: &[crate::backend::NativeJob]) -> String {
     ids.iter().map(|id| format!("{id}\n")).collect()
 }
 
-/// Write [`STAND_INS_FILE`] where job_submit_fleet reads it (temp + rename)
-/// when its text changed.
+/// Write the stand-ins list where job_submit_fleet reads it when its text
+/// changed.
 fn publish_stand_ins(spool: &std::path::Path, text: &str) {
-    let path = spool.join(STAND_INS_FILE);
-    if std::fs::read(&path).is_ok_and(|old| old == text.as_bytes()) {
+    let name = fleet_api::wire::STAND_INS_FILE;
+    if std::fs::read(spool.join(name)).is_ok_and(|old| old == text.as_bytes()) {
         return;
     }
-    let tmp = spool.join(format!("{STAND_INS_FILE}.tmp"));
-    let res = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = res {
+    if let Err(e) = replace_file(spool, name, text.as_bytes()) {
         tracing::warn!("publishing the stand-ins for the plugin: {e}");
     }
+}
+
+/// Replace `spool/name` with `bytes` as one step (a temporary file renamed
+/// over it): a reader sees the old file or the new one, never a part.
+fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = spool.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, spool.join(name))
 }
 
 /// Write the view where job_submit_fleet reads it (atomically: temp + rename),
 /// so the plugin answers LOCAL without a socket round trip. Its mtime is
 /// the view's age: the plugin ignores a view older than ViewMaxAgeMs.
 fn publish_view(spool: &std::path::Path, view: &fleet_api::api::FleetView) {
-    let tmp = spool.join(format!("{VIEW_FILE}.tmp"));
-    let res = serde_json::to_vec(view)
-        .map_err(std::io::Error::other)
-        .and_then(|b| std::fs::write(&tmp, b))
-        .and_then(|()| std::fs::rename(&tmp, spool.join(VIEW_FILE)));
+    let res = serde_json::to_vec(view).map_err(std::io::Error::other).and_then(|b| replace_file(spool, VIEW_FILE, &b));
     if let Err(e) = res {
         tracing::warn!("publishing the fleet view for the plugin: {e}");
     }
@@ -1043,7 +1039,7 @@ mod tests {
         assert_eq!(super::stand_ins_text(&jobs), "7\n9\n");
         assert_eq!(super::stand_ins_text(&[]), "");
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(super::STAND_INS_FILE);
+        let path = dir.path().join(fleet_api::wire::STAND_INS_FILE);
         super::publish_stand_ins(dir.path(), "7\n9\n");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "7\n9\n");
         let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
