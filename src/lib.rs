@@ -125,7 +125,7 @@ impl Lab {
     }
 
     /// What runs or waits in the lab now: each Slurm cluster's jobs that
-    /// are not over, and each cluster the meta-scheduler sees with queued
+    /// are not over and nodes still completing a job, and each cluster the meta-scheduler sees with queued
     /// or running jobs or GPUs in use.
     fn busy(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -134,6 +134,14 @@ impl Lab {
             for l in String::from_utf8_lossy(&o.stdout).lines() {
                 if !l.split_whitespace().nth(1).is_some_and(is_terminal) {
                     out.push(format!("{c}: job {l}"));
+                }
+            }
+            // A job Slurm shows ended (CANCELLED) may still hold its node
+            // while slurmd finishes it: the node is still COMPLETING.
+            let Ok(o) = self.cmd(c, "sinfo", &["-h", "-N", "-o", "%N %T"]) else { continue };
+            for l in String::from_utf8_lossy(&o.stdout).lines() {
+                if l.contains("completing") {
+                    out.push(format!("{c}: node {l}"));
                 }
             }
         }

@@ -352,7 +352,9 @@ fn time_limit_updates_of_a_pending_stand_in_reach_the_job() {
 /// refused (`Requested operation not supported`, slurmctld's log naming
 /// the fields; 22.05 hands job_modify's message to no one) and the job runs
 /// as submitted; what Slurm does to the stand-in as to a native job (time
-/// limit, name) goes through.
+/// limit, name) goes through. An update by job name, and one of a pending
+/// array element, are checked the same. The list the plugin checks
+/// against is readable by SlurmUser and the agent only.
 #[test]
 fn an_update_of_a_stand_ins_resources_is_refused_and_the_job_runs_as_submitted() {
     let (lab, _serial) = Lab::lock();
@@ -360,24 +362,54 @@ fn an_update_of_a_stand_ins_resources_is_refused_and_the_job_runs_as_submitted()
     let body = script("echo \"at $SLURM_CLUSTER_NAME on $SLURM_JOB_NUM_NODES node(s)\"");
     let native = lab.sbatch("beta", &refs(&native_args(&dir, "native", &["--hold"])), &body).unwrap();
     let fleet = lab.sbatch("beta", &refs(&forwarded_args(&dir, "fleet", &["--hold"])), &body).unwrap();
-    let _cancel = cancel_on_drop(lab, vec![native, fleet]);
-    // The agent lists its stand-ins for the plugin every few seconds.
+    let array =
+        lab.sbatch("beta", &refs(&forwarded_args(&dir, "array-%a", &["--hold", "--array=0-1"])), &body).unwrap();
+    let _cancel = cancel_on_drop(lab, vec![native, fleet, array]);
+    // The agent lists a stand-in for the plugin once the plugin's datagram
+    // woke its scan (about a second; at least every 5 s).
     let list = lab.root.join("beta/agent/stand-ins");
     let t0 = std::time::Instant::now();
-    while !text(&list).lines().any(|l| l == fleet.to_string()) {
-        assert!(t0.elapsed() < T, "beta's agent never listed stand-in {fleet}: {:?}", text(&list));
+    while !text(&list).lines().any(|l| l == fleet.to_string()) || !text(&list).lines().any(|l| l == array.to_string()) {
+        assert!(t0.elapsed() < T, "beta's agent never listed stand-ins {fleet} {array}: {:?}", text(&list));
         std::thread::sleep(Duration::from_millis(300));
     }
+    eprintln!("stand-ins listed {:.1} s after their submission", t0.elapsed().as_secs_f64());
     assert!(!text(&list).lines().any(|l| l == native.to_string()), "a native job is no stand-in");
-    let update = |id: u64, what: &str| {
-        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["update", &format!("JobId={id}"), what]).unwrap();
+    // The list names every user's forwarded jobs, which PrivateData=jobs
+    // hides from other users: only the agent and SlurmUser read it.
+    for user in [fleet_lab::USER, fleet_lab::OTHER_USER] {
+        let o = lab.cmd_as(user, "beta", "cat", &[list.to_str().unwrap()]).unwrap();
+        assert!(!o.status.success() && o.stdout.is_empty(), "{user} read the stand-ins list");
+    }
+    let o = lab.cmd_as("slurm", "beta", "cat", &[list.to_str().unwrap()]).unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l == fleet.to_string()), "SlurmUser cannot read it");
+    let update_by = |by: &str, what: &str| {
+        let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["update", by, what]).unwrap();
         (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
     };
+    let update = |id: u64, what: &str| update_by(&format!("JobId={id}"), what);
     for what in ["Gres=gpu:a100:2", "NumNodes=2", "Partition=short"] {
         let (n, f) = (update(native, what), update(fleet, what));
         assert!(n.0, "{what}: native {n:?}");
         assert!(!f.0 && f.1.contains("Requested operation not supported"), "{what}: stand-in {f:?}");
     }
+    let tag = std::process::id();
+    let (native_name, fleet_name) = (format!("upd-native-{tag}"), format!("upd-fleet-{tag}"));
+    for (id, name) in [(native, &native_name), (fleet, &fleet_name)] {
+        let r = update(id, &format!("Name={name}"));
+        assert!(r.0, "Name={name}: {r:?}");
+    }
+    // An update naming the job by its name (scontrol finds the id) is
+    // checked the same.
+    let (n, f) = (
+        update_by(&format!("JobName={native_name}"), "NumNodes=2"),
+        update_by(&format!("JobName={fleet_name}"), "NumNodes=2"),
+    );
+    assert!(n.0, "by name: native {n:?}");
+    assert!(!f.0 && f.1.contains("Requested operation not supported"), "by name: stand-in {f:?}");
+    let a = update_by(&format!("JobId={array}_1"), "NumNodes=2");
+    assert!(!a.0 && a.1.contains("Requested operation not supported"), "array element: {a:?}");
+    let _ = lab.cmd("beta", "scancel", &[&array.to_string()]);
     for what in ["TimeLimit=30", "Name=renamed"] {
         let (n, f) = (update(native, what), update(fleet, what));
         assert!(n.0 && f.0, "{what}: native {n:?}, stand-in {f:?}");

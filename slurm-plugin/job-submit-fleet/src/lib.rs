@@ -24,7 +24,9 @@
 //!   stand-in ([`deferred_plan`]): it carries the request in its own batch
 //!   script, durable in slurmctld's state; the agent, woken by a datagram
 //!   ([`wake_agent`]), forwards it while it is pending, or when Slurm
-//!   starts it (an array element by element, as each starts).
+//!   starts it (an array element by element, as each starts);
+//! * every stand-in made (forwarded or deferred) sends that datagram, so
+//!   that the agent lists it for [`FleetSubmit::modify`]'s check soon.
 
 mod client;
 mod config;
@@ -78,8 +80,8 @@ pub struct FleetSubmit {
     /// [`client::QUIET`] after it, submissions do not ask it.
     timed_out: Mutex<Option<Instant>>,
     view: view::ViewCache,
-    /// An unbound, non-blocking datagram socket: wakes the agent's pickup
-    /// of deferred stand-ins ([`wake_agent`]). `None` if it could not be made.
+    /// An unbound, non-blocking datagram socket: wakes the agent's scan of
+    /// stand-ins ([`wake_agent`]). `None` if it could not be made.
     wake: Option<std::os::unix::net::UnixDatagram>,
 }
 
@@ -283,6 +285,9 @@ impl FleetSubmit {
             ),
             Ok(PluginReply::Forward(plan)) => {
                 rewrite(job, &plan, StandInTime::of(cfg, &req));
+                // So that the agent lists the new stand-in for `job_modify`
+                // within about a second.
+                wake_agent(self.wake.as_ref(), &cfg.pickup_socket);
                 log::verbose(&format!(
                     "job_submit/fleet: uid {uid} job forwarded to {} as {}",
                     plan.target, plan.fleet_job_id
@@ -402,16 +407,14 @@ impl FleetSubmit {
         let plan = deferred_plan(cfg, req, &target, why)?;
         rewrite(job, &plan, StandInTime::of(cfg, req));
         // The agent forwards it while it is pending (an array: element by
-        // element as Slurm starts them).
-        if !req.is_array {
-            wake_agent(self.wake.as_ref(), &cfg.pickup_socket);
-        }
+        // element as Slurm starts them), and lists it for `job_modify`.
+        wake_agent(self.wake.as_ref(), &cfg.pickup_socket);
         log::verbose(&format!("job_submit/fleet: job deferred for {target} as {} ({why})", plan.fleet_job_id));
         Ok((stats::Outcome::Deferred, Ok(())))
     }
 }
 
-/// Tell the agent that a deferred stand-in is about to exist: one
+/// Tell the agent that a stand-in is about to exist: one
 /// datagram on its wake-up socket, sent without blocking (the socket is
 /// non-blocking: a full queue is `EAGAIN`), no reply read, every failure
 /// ignored (no agent: its periodic scan, or the stand-in's start, picks

@@ -37,6 +37,10 @@ pub struct AgentConfig {
     pub slurm_conf: PathBuf,
     /// Uids allowed on the plugin socket: root, SlurmUser, AllowedSubmitUids.
     pub allowed_uids: Vec<u32>,
+    /// SlurmUser's uid (root where slurm.conf names none): the one reader
+    /// of the stand-ins list besides the agent. `None` where slurm.conf
+    /// could not be read or names an unknown user.
+    pub slurm_uid: Option<u32>,
     /// slurmctld schedules memory (`SelectTypeParameters` with `MEMORY`):
     /// only then do `--mem*` requests bound where a job fits, and only then
     /// does the agent report node memory for the placement rule.
@@ -194,11 +198,13 @@ impl AgentConfig {
         });
         // Kubernetes schedules memory requests; a Kubernetes site has no slurm.conf.
         let mut memory_scheduled = kube.is_some();
+        let mut slurm_uid = None;
         match slurm_conf::slurm::SlurmConf::load(&slurm_conf) {
             Ok(sc) => {
                 memory_scheduled =
                     sc.conf.get("SelectTypeParameters").is_some_and(|v| v.to_ascii_uppercase().contains("MEMORY"));
-                if let Some(uid) = sc.conf.slurm_user.as_deref().and_then(uid_of) {
+                slurm_uid = uid_of(sc.conf.slurm_user.as_deref().unwrap_or("root"));
+                if let Some(uid) = slurm_uid {
                     allowed.push(uid);
                 }
                 for w in proxy_partition_problems(&sc.conf, &c.proxy_partition) {
@@ -259,6 +265,7 @@ impl AgentConfig {
             slurm_bin: c.slurm_bin_dir,
             slurm_conf,
             allowed_uids: allowed,
+            slurm_uid,
             log_level: c.log_level.as_str().to_string(),
             run_as: match c.run_as_user {
                 Some(name) => {

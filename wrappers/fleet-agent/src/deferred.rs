@@ -394,7 +394,9 @@ pub fn bind_pickup(path: &std::path::Path) -> Result<UnixDatagram> {
 /// [`PICKUP_EVERY`], never twice within [`PICKUP_MIN_GAP`]. A scan a
 /// datagram started is followed by one more [`PICKUP_AGAIN`] later: the
 /// plugin sends it from inside `job_submit`, before slurmctld has the
-/// job's record.
+/// job's record. Every scan also publishes the stand-ins for the plugin's
+/// `job_modify` (`crate::publish_stand_ins`); the plugin sends a datagram
+/// for every stand-in it makes, deferred or not.
 pub async fn pickup_loop<B: Backend>(agent: Arc<Agent<B>>, wake: UnixDatagram, mut stop: watch::Receiver<bool>) {
     let mut tried = Tried::default();
     let mut buf = [0u8; 64];
@@ -405,6 +407,10 @@ pub async fn pickup_loop<B: Backend>(agent: Arc<Agent<B>>, wake: UnixDatagram, m
         match agent.backend.stand_ins_brief(&agent.live().proxy_partition).await {
             Ok(list) => {
                 warned = false;
+                // The plugin refuses resource updates of these
+                // (`job_modify`); it wakes this scan for every stand-in
+                // it makes, so a new one is listed within about a second.
+                crate::publish_stand_ins(&agent.cfg.spool, &crate::stand_ins_text(&list), agent.cfg.slurm_uid);
                 pickup(&agent, &list, &mut tried).await;
             }
             Err(e) if !warned => {

@@ -131,6 +131,17 @@ pub fn grant_tree(top: &Path, uid: u32) -> Result<usize> {
     Ok(given)
 }
 
+/// Lets `reader` read the file `f` (the agent's own, mode 0600) through a
+/// named ACL entry; nobody else gets anything. Root and the file's owner
+/// need no entry.
+pub fn give_reader(f: &File, reader: u32) -> std::io::Result<()> {
+    let owner = f.metadata()?.uid();
+    if reader == 0 || reader == owner {
+        return Ok(());
+    }
+    set_xattr(f, "system.posix_acl_access", &acl_xattr_with(6, &[(reader, 4)]))
+}
+
 /// The named users of `path`'s ACL `name` (`system.posix_acl_access` or
 /// `_default`) with their permissions (tests).
 #[cfg(test)]

@@ -745,31 +745,68 @@ pub fn stand_ins_text(jobs: &[crate::backend::NativeJob]) -> String {
     ids.iter().map(|id| format!("{id}\n")).collect()
 }
 
-/// Write the stand-ins list where job_submit_fleet reads it when its text
-/// changed.
-fn publish_stand_ins(spool: &std::path::Path, text: &str) {
+/// Write the stand-ins list where job_submit_fleet reads it, when its text
+/// changed. The list names other users' jobs (which `PrivateData=jobs`
+/// hides from them), so only the agent and `reader` (SlurmUser, whose
+/// slurmctld loads the plugin) may read it; with no reader known, only
+/// the agent (the plugin then checks no update).
+pub fn publish_stand_ins(spool: &std::path::Path, text: &str, reader: Option<u32>) {
     let name = fleet_api::wire::STAND_INS_FILE;
     if std::fs::read(spool.join(name)).is_ok_and(|old| old == text.as_bytes()) {
         return;
     }
-    if let Err(e) = replace_file(spool, name, text.as_bytes()) {
+    if let Err(e) = replace_file(spool, name, text.as_bytes(), Readers::Private(reader)) {
         tracing::warn!("publishing the stand-ins for the plugin: {e}");
     }
 }
 
 /// Replace `spool/name` with `bytes` as one step (a temporary file renamed
 /// over it): a reader sees the old file or the new one, never a part.
-fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+/// `Readers::Private`: the file is the agent's (mode 0600), and readable
+/// by the user it names too (a named ACL entry).
+fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8], readers: Readers) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = spool.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, bytes)?;
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mode = match readers {
+        Readers::All => 0o644,
+        Readers::Private(_) => 0o600,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    if let Readers::Private(Some(uid)) = readers {
+        jobdir::give_reader(&f, uid)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("letting uid {uid} read {}: {e}", tmp.display())))?;
+    }
+    f.write_all(bytes)?;
+    drop(f);
     std::fs::rename(&tmp, spool.join(name))
+}
+
+/// Who may read a file the agent publishes in its spool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readers {
+    /// Everyone (mode 0644): what it says is no one's secret.
+    All,
+    /// The agent and this user (SlurmUser) only.
+    Private(Option<u32>),
 }
 
 /// Write the view where job_submit_fleet reads it (atomically: temp + rename),
 /// so the plugin answers LOCAL without a socket round trip. Its mtime is
 /// the view's age: the plugin ignores a view older than ViewMaxAgeMs.
 fn publish_view(spool: &std::path::Path, view: &fleet_api::api::FleetView) {
-    let res = serde_json::to_vec(view).map_err(std::io::Error::other).and_then(|b| replace_file(spool, VIEW_FILE, &b));
+    let res = serde_json::to_vec(view)
+        .map_err(std::io::Error::other)
+        .and_then(|b| replace_file(spool, VIEW_FILE, &b, Readers::All));
     if let Err(e) = res {
         tracing::warn!("publishing the fleet view for the plugin: {e}");
     }
@@ -943,7 +980,6 @@ pub async fn reconcile_once<B: Backend>(
     // Stand-ins first: a proxy exits only after its job is finished, so a
     // job still active after its stand-in ended is an orphan, not a race.
     let stand_ins = agent.backend.stand_ins(&agent.cfg.proxy_partition).await?;
-    publish_stand_ins(&agent.cfg.spool, &stand_ins_text(&stand_ins));
     let jobs = agent.meta.active_jobs_from(&agent.cfg.site).await?;
     let mut active = Vec::new();
     for j in reconcile::active_from(&agent.cfg.site, &jobs) {
@@ -1040,14 +1076,33 @@ mod tests {
         assert_eq!(super::stand_ins_text(&[]), "");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(fleet_api::wire::STAND_INS_FILE);
-        super::publish_stand_ins(dir.path(), "7\n9\n");
+        // A reader who is neither root nor the agent, as SlurmUser is.
+        let reader = Some(4242);
+        super::publish_stand_ins(dir.path(), "7\n9\n", reader);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "7\n9\n");
+        let private = |path: &std::path::Path| {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+            // With a named entry the group bits show the ACL's mask (r).
+            assert_eq!(mode, 0o640, "{}: mode {mode:o}", path.display());
+            assert_eq!(crate::jobdir::named_acl(path, "system.posix_acl_access"), vec![(4242, 4)]);
+        };
+        private(&path);
         let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
         std::fs::File::options().write(true).open(&path).unwrap().set_modified(old).unwrap();
-        super::publish_stand_ins(dir.path(), "7\n9\n");
+        super::publish_stand_ins(dir.path(), "7\n9\n", reader);
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), old, "the same list is not written again");
-        super::publish_stand_ins(dir.path(), "9\n");
+        // A leftover temporary file (a crash between write and rename) is
+        // replaced, not written through.
+        std::fs::write(dir.path().join(format!("{}.tmp", fleet_api::wire::STAND_INS_FILE)), "junk").unwrap();
+        super::publish_stand_ins(dir.path(), "9\n", reader);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "9\n");
+        private(&path);
+        // No reader known: the agent's alone.
+        super::publish_stand_ins(dir.path(), "", None);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(crate::jobdir::named_acl(&path, "system.posix_acl_access"), vec![]);
     }
 
     #[test]
