@@ -751,8 +751,12 @@ pub fn stand_ins_text(jobs: &[crate::backend::NativeJob]) -> String {
 /// slurmctld loads the plugin) may read it; with no reader known, only
 /// the agent (the plugin then checks no update).
 pub fn publish_stand_ins(spool: &std::path::Path, text: &str, reader: Option<u32>) {
+    use std::os::unix::fs::PermissionsExt;
     let name = fleet_api::wire::STAND_INS_FILE;
-    if std::fs::read(spool.join(name)).is_ok_and(|old| old == text.as_bytes()) {
+    let path = spool.join(name);
+    // A list an older agent left readable by all is written again.
+    let private = std::fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o007 == 0);
+    if private && std::fs::read(&path).is_ok_and(|old| old == text.as_bytes()) {
         return;
     }
     if let Err(e) = replace_file(spool, name, text.as_bytes(), Readers::Private(reader)) {
@@ -1076,8 +1080,10 @@ mod tests {
         assert_eq!(super::stand_ins_text(&[]), "");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(fleet_api::wire::STAND_INS_FILE);
-        // A reader who is neither root nor the agent, as SlurmUser is.
+        // A reader who is neither root nor the agent, as SlurmUser is. An
+        // older agent's list, readable by all, is replaced.
         let reader = Some(4242);
+        std::fs::write(&path, "7\n9\n").unwrap();
         super::publish_stand_ins(dir.path(), "7\n9\n", reader);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "7\n9\n");
         let private = |path: &std::path::Path| {
