@@ -354,7 +354,8 @@ fn time_limit_updates_of_a_pending_stand_in_reach_the_job() {
 /// as submitted; what Slurm does to the stand-in as to a native job (time
 /// limit, name) goes through. An update by job name, and one of a pending
 /// array element, are checked the same. The list the plugin checks
-/// against is readable by SlurmUser and the agent only.
+/// against, and the fleet view beside it, are readable by SlurmUser and
+/// the agent only.
 #[test]
 fn an_update_of_a_stand_ins_resources_is_refused_and_the_job_runs_as_submitted() {
     let (lab, _serial) = Lab::lock();
@@ -376,13 +377,23 @@ fn an_update_of_a_stand_ins_resources_is_refused_and_the_job_runs_as_submitted()
     eprintln!("stand-ins listed {:.1} s after their submission", t0.elapsed().as_secs_f64());
     assert!(!text(&list).lines().any(|l| l == native.to_string()), "a native job is no stand-in");
     // The list names every user's forwarded jobs, which PrivateData=jobs
-    // hides from other users: only the agent and SlurmUser read it.
-    for user in [fleet_lab::USER, fleet_lab::OTHER_USER] {
-        let o = lab.cmd_as(user, "beta", "cat", &[list.to_str().unwrap()]).unwrap();
-        assert!(!o.status.success() && o.stdout.is_empty(), "{user} read the stand-ins list");
+    // hides from other users, and the view the users each cluster admits:
+    // only the agent and SlurmUser (the plugin in slurmctld) read them.
+    let view = lab.root.join("beta/agent/view.json");
+    for path in [&list, &view] {
+        for user in [fleet_lab::USER, fleet_lab::OTHER_USER] {
+            let o = lab.cmd_as(user, "beta", "cat", &[path.to_str().unwrap()]).unwrap();
+            assert!(!o.status.success() && o.stdout.is_empty(), "{user} read {}", path.display());
+        }
     }
     let o = lab.cmd_as("slurm", "beta", "cat", &[list.to_str().unwrap()]).unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l == fleet.to_string()), "SlurmUser cannot read it");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).lines().any(|l| l == fleet.to_string()),
+        "SlurmUser cannot read the list"
+    );
+    let o = lab.cmd_as("slurm", "beta", "cat", &[view.to_str().unwrap()]).unwrap();
+    let v: Option<fleet_api::api::FleetView> = serde_json::from_slice(&o.stdout).ok();
+    assert!(v.is_some_and(|v| v.clusters.iter().any(|c| c.name == "beta")), "SlurmUser cannot read the view");
     let update_by = |by: &str, what: &str| {
         let o = lab.cmd_as(fleet_lab::USER, "beta", "scontrol", &["update", by, what]).unwrap();
         (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())

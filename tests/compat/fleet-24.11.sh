@@ -30,6 +30,9 @@
 #      its stdout/stderr come back to the origin's files and its exit code
 #      3 is the stand-in's (ExitCode=3:0, FAILED), at both ends;
 #   d  scancel of another forwarded job at the origin cancels its target job;
+#   f  `scontrol update Gres=` of a held forwarded job's stand-in is refused,
+#      and 24.11 (unlike 22.05) shows the user the plugin's reason; the same
+#      update of a held native job is applied (the oracle);
 #   e  every daemon is still up.
 # Everything started here is stopped by pid (and leftover job processes of
 # this test's clusters killed); the bind mounts are undone; the chroot stays.
@@ -461,6 +464,32 @@ if id=$(as_user "$JOB_USER" origin sbatch --parsable --gres=gpu:h100:8 -J fed-ca
   fi
 else
   fail "d: sbatch at the origin refused: $id"
+fi
+
+# ---------------------------------------------------------------- f. scontrol update of a stand-in
+nat=$(as_user "$JOB_USER" origin sbatch --parsable --hold --gres=gpu:a100:1 -J upd-native -o "$FED/f-native.out" --wrap true 2>&1)
+fwd=$(as_user "$JOB_USER" origin sbatch --parsable --hold --gres=gpu:h100:8 -J upd-fleet -o "$FED/f-fleet.out" --wrap true 2>&1)
+if [[ $nat =~ ^[0-9]+$ && $fwd =~ ^[0-9]+$ ]]; then
+  T_F=$(date +%s.%N)
+  for ((i = 0; i < 40; i++)); do grep -qx "$fwd" "$HW/origin/agent/stand-ins" 2>/dev/null && break; sleep 0.25; done
+  T_L=$(date +%s.%N)
+  problems=()
+  grep -qx "$fwd" "$HW/origin/agent/stand-ins" 2>/dev/null || problems+=("stand-in $fwd never listed: '$(cat "$HW/origin/agent/stand-ins" 2>&1)'")
+  n_out=$(as_user "$JOB_USER" origin scontrol update "JobId=$nat" Gres=gpu:a100:2 2>&1) || problems+=("native update refused: $n_out")
+  [[ $(job_field origin "$nat" TresPerNode) == *a100:2* ]] || problems+=("native job not updated: $(job_field origin "$nat" TresPerNode)")
+  if f_out=$(as_user "$JOB_USER" origin scontrol update "JobId=$fwd" Gres=gpu:a100:2 2>&1); then
+    problems+=("the stand-in's update was accepted")
+  fi
+  [[ $f_out == *"runs at another cluster through Fleet"* ]] || problems+=("the user was not told why: '$f_out'")
+  [[ $(job_field origin "$fwd" Partition) == fleet ]] || problems+=("stand-in moved to $(job_field origin "$fwd" Partition)")
+  if ((${#problems[@]} == 0)); then
+    pass "f: the stand-in's Gres update was refused, the user told: '$f_out'; the native job's applied; listed $(printf '%.1f' "$(echo "$T_L - $T_F" | bc)") s after sbatch"
+  else
+    fail "f: ${problems[*]}"
+  fi
+  sl origin scancel "$nat" "$fwd"
+else
+  fail "f: sbatch --hold at the origin refused: '$nat' '$fwd'"
 fi
 
 # ---------------------------------------------------------------- e. still up

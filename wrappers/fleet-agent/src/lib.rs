@@ -695,7 +695,7 @@ pub async fn heartbeat_once<B: Backend>(agent: &Arc<Agent<B>>) -> Result<()> {
     };
     let view = agent.meta.heartbeat(&hb).await?;
     agent.lease.lock().renew(Instant::now());
-    publish_view(&agent.cfg.spool, &view);
+    publish_view(&agent.cfg.spool, &view, agent.cfg.slurm_uid);
     let mut c = agent.view.write();
     c.view = Some(view);
     c.at = Some(Instant::now());
@@ -746,10 +746,8 @@ pub fn stand_ins_text(jobs: &[crate::backend::NativeJob]) -> String {
 }
 
 /// Write the stand-ins list where job_submit_fleet reads it, when its text
-/// changed. The list names other users' jobs (which `PrivateData=jobs`
-/// hides from them), so only the agent and `reader` (SlurmUser, whose
-/// slurmctld loads the plugin) may read it; with no reader known, only
-/// the agent (the plugin then checks no update).
+/// changed. Only the agent and `reader` (SlurmUser) may read it
+/// ([`replace_file`]); with no reader known, the plugin checks no update.
 pub fn publish_stand_ins(spool: &std::path::Path, text: &str, reader: Option<u32>) {
     use std::os::unix::fs::PermissionsExt;
     let name = fleet_api::wire::STAND_INS_FILE;
@@ -759,16 +757,19 @@ pub fn publish_stand_ins(spool: &std::path::Path, text: &str, reader: Option<u32
     if private && std::fs::read(&path).is_ok_and(|old| old == text.as_bytes()) {
         return;
     }
-    if let Err(e) = replace_file(spool, name, text.as_bytes(), Readers::Private(reader)) {
+    if let Err(e) = replace_file(spool, name, text.as_bytes(), reader) {
         tracing::warn!("publishing the stand-ins for the plugin: {e}");
     }
 }
 
 /// Replace `spool/name` with `bytes` as one step (a temporary file renamed
-/// over it): a reader sees the old file or the new one, never a part.
-/// `Readers::Private`: the file is the agent's (mode 0600), and readable
-/// by the user it names too (a named ACL entry).
-fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8], readers: Readers) -> std::io::Result<()> {
+/// over it): a reader sees the old file or the new one, never a part. The
+/// file is the agent's (mode 0600) and readable by `reader` too (SlurmUser,
+/// whose slurmctld loads the plugin) through a named ACL entry: what the
+/// agent publishes for the plugin names other users (the view's admitted
+/// users and quotas, the stand-ins' job ids), which `PrivateData=users,jobs`
+/// hides from them.
+fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8], reader: Option<u32>) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = spool.join(format!("{name}.tmp"));
@@ -776,17 +777,13 @@ fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8], readers: Read
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let mode = match readers {
-        Readers::All => 0o644,
-        Readers::Private(_) => 0o600,
-    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(mode)
+        .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
-    if let Readers::Private(Some(uid)) = readers {
+    if let Some(uid) = reader {
         jobdir::give_reader(&f, uid)
             .map_err(|e| std::io::Error::new(e.kind(), format!("letting uid {uid} read {}: {e}", tmp.display())))?;
     }
@@ -795,22 +792,15 @@ fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8], readers: Read
     std::fs::rename(&tmp, spool.join(name))
 }
 
-/// Who may read a file the agent publishes in its spool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Readers {
-    /// Everyone (mode 0644): what it says is no one's secret.
-    All,
-    /// The agent and this user (SlurmUser) only.
-    Private(Option<u32>),
-}
-
 /// Write the view where job_submit_fleet reads it (atomically: temp + rename),
 /// so the plugin answers LOCAL without a socket round trip. Its mtime is
-/// the view's age: the plugin ignores a view older than ViewMaxAgeMs.
-fn publish_view(spool: &std::path::Path, view: &fleet_api::api::FleetView) {
+/// the view's age: the plugin ignores a view older than ViewMaxAgeMs. Only
+/// the agent and `reader` (SlurmUser) may read it; with no reader known,
+/// the plugin asks the agent for every job instead.
+fn publish_view(spool: &std::path::Path, view: &fleet_api::api::FleetView, reader: Option<u32>) {
     let res = serde_json::to_vec(view)
         .map_err(std::io::Error::other)
-        .and_then(|b| replace_file(spool, VIEW_FILE, &b, Readers::All));
+        .and_then(|b| replace_file(spool, VIEW_FILE, &b, reader));
     if let Err(e) = res {
         tracing::warn!("publishing the fleet view for the plugin: {e}");
     }
