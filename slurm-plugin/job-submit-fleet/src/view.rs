@@ -77,6 +77,9 @@ struct Shared {
     /// Set by [`ViewCache::stop`]; `wake` cuts the watcher's sleep short.
     stop: Mutex<bool>,
     wake: Condvar,
+    /// The files the watcher could not read, and why: each logged once
+    /// until it is read again or fails otherwise.
+    read_errors: Mutex<Vec<(PathBuf, String)>>,
 }
 
 #[derive(Default)]
@@ -328,6 +331,38 @@ fn stamp_of(path: &std::path::Path) -> Option<(SystemTime, u64)> {
     Some((m.modified().ok()?, m.len()))
 }
 
+/// Reads `path`. A failure other than its absence (SlurmUser without the
+/// right to read what the agent publishes, say) is logged once, until the
+/// file is read again or fails otherwise: the plugin then asks the agent
+/// about every job, and checks no update of a stand-in.
+fn read_noting(shared: &Shared, path: &std::path::Path) -> Option<Vec<u8>> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let mut seen = lock(&shared.read_errors);
+            if !seen.is_empty() {
+                seen.retain(|(p, _)| p != path);
+            }
+            Some(bytes)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            let why = e.to_string();
+            let mut seen = lock(&shared.read_errors);
+            if !seen.iter().any(|(p, w)| p == path && *w == why) {
+                seen.retain(|(p, _)| p != path);
+                seen.push((path.to_path_buf(), why.clone()));
+                drop(seen);
+                slurm::log::error(&format!(
+                    "job_submit/fleet: cannot read {}: {why} (the agent lets SlurmUser read it through an ACL entry; \
+                     until it can, every job asks the agent and stand-in updates are not checked)",
+                    path.display()
+                ));
+            }
+            None
+        }
+    }
+}
+
 /// The stand-ins list beside the view file `view`.
 fn stand_ins_path(view: &std::path::Path) -> PathBuf {
     view.with_file_name(fleet_api::wire::STAND_INS_FILE)
@@ -343,7 +378,7 @@ fn poll_stand_ins(shared: &Shared) {
         return;
     }
     let parsed = stamp.filter(|&(_, len)| len <= MAX_STAND_INS_BYTES).and_then(|stamp| {
-        let text = std::fs::read_to_string(&path).ok()?;
+        let text = String::from_utf8(read_noting(shared, &path)?).ok()?;
         let ids = text.lines().filter_map(|l| l.trim().parse::<u32>().ok()).collect();
         Some(StandIns { path: path.clone(), stamp, ids: Arc::new(ids) })
     });
@@ -376,7 +411,7 @@ fn poll_view(shared: &Shared) {
         return;
     }
     let parsed = stamp.filter(|&(_, len)| len <= MAX_VIEW_BYTES).and_then(|(mtime, len)| {
-        let bytes = std::fs::read(&path).ok()?;
+        let bytes = read_noting(shared, &path)?;
         let view = serde_json::from_slice::<FleetView>(&bytes).ok()?;
         Some(Loaded { path: path.clone(), mtime, len, view: Arc::new(view) })
     });
@@ -473,6 +508,29 @@ mod tests {
         std::fs::remove_file(&list).unwrap();
         cache.poll_once();
         assert!(!cache.is_stand_in(&cfg, 8), "a removed list");
+    }
+
+    /// A published file the watcher cannot read (here a directory in its
+    /// place; in a site, SlurmUser without the ACL entry) is noted once,
+    /// and forgotten once it reads again.
+    #[test]
+    fn a_file_that_cannot_be_read_is_noted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("view.json");
+        let shared = Shared::default();
+        assert_eq!(read_noting(&shared, &path), None);
+        assert!(lock(&shared.read_errors).is_empty(), "a missing file is no error");
+        std::fs::create_dir(&path).unwrap();
+        for _ in 0..3 {
+            assert_eq!(read_noting(&shared, &path), None);
+        }
+        let noted = lock(&shared.read_errors).clone();
+        assert_eq!(noted.len(), 1, "{noted:?}");
+        assert_eq!(noted[0].0, path);
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, "{}").unwrap();
+        assert_eq!(read_noting(&shared, &path).as_deref(), Some(&b"{}"[..]));
+        assert!(lock(&shared.read_errors).is_empty());
     }
 
     #[test]
