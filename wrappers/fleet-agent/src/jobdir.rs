@@ -142,6 +142,44 @@ pub fn give_reader(f: &File, reader: u32) -> std::io::Result<()> {
     set_xattr(f, "system.posix_acl_access", &acl_xattr_with(6, &[(reader, 4)]))
 }
 
+/// Replace `dir/name` with `bytes` as one step (a temporary file renamed
+/// over it): a reader sees the old file or the new one, never a part. The
+/// file is the agent's (mode 0600) and readable by `reader` too (SlurmUser,
+/// whose slurmctld loads the plugin) through a named ACL entry: what the
+/// agent keeps or publishes there names other users (the view's admitted
+/// users and quotas, the stand-ins' job ids, a job's owner), which
+/// `PrivateData=users,jobs` hides from them.
+pub fn replace_private(dir: &Path, name: &str, bytes: &[u8], reader: Option<u32>) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    if let Some(uid) = reader {
+        give_reader(&f, uid)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("letting uid {uid} read {}: {e}", tmp.display())))?;
+    }
+    f.write_all(bytes)?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// Makes `dir` (and what is missing above it) a directory of the agent's
+/// alone, mode 0700, also when it exists with another mode (an older
+/// agent's).
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
 /// The named users of `path`'s ACL `name` (`system.posix_acl_access` or
 /// `_default`) with their permissions (tests).
 #[cfg(test)]
@@ -273,6 +311,32 @@ pub fn dir_of(spool: &Path, id: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the agent keeps for itself: a 0700 directory (also one an older
+    /// agent left open) and a 0600 file, replaced whole, never through a
+    /// link planted at its temporary name.
+    #[test]
+    fn private_state_is_the_agents_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("kube-cancelled");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&dir).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::write(&elsewhere, "untouched").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.join(".7.tmp")).unwrap();
+        replace_private(&dir, "7", b"{}", None).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("7")).unwrap(), "{}");
+        assert_eq!(mode(&dir.join("7")), 0o600);
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "untouched");
+        assert!(named_acl(&dir.join("7"), "system.posix_acl_access").is_empty());
+        replace_private(&dir, "7", b"{\"a\":1}", Some(4242)).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("7")).unwrap(), "{\"a\":1}");
+        assert_eq!(named_acl(&dir.join("7"), "system.posix_acl_access"), vec![(4242, 4)]);
+    }
 
     #[test]
     fn acl_layout_is_what_the_kernel_expects() {

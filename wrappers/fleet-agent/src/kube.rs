@@ -1355,13 +1355,13 @@ impl KubeBackend {
     /// tracker checks (submit time, owner, nodes), one small file per Job.
     fn write_cancel_record(&self, nj: &NativeJob) -> Result<()> {
         let dir = self.cancel_dir();
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let rec = json!({"submit_time": nj.submit_time, "user_id": nj.user_id, "node_list": nj.node_list,
                          "partition": nj.partition});
-        let tmp = dir.join(format!(".{}.tmp", nj.native_id));
-        std::fs::write(&tmp, rec.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, dir.join(nj.native_id.to_string())).context("recording the cancel")?;
-        Ok(())
+        crate::jobdir::private_dir(&dir)
+            .and_then(|()| {
+                crate::jobdir::replace_private(&dir, &nj.native_id.to_string(), rec.to_string().as_bytes(), None)
+            })
+            .with_context(|| format!("recording the cancel in {}", dir.display()))
     }
 
     /// The job as `cancel` left it, from its record (a previous life of the agent).

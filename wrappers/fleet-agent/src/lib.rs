@@ -747,8 +747,8 @@ pub fn stand_ins_text(jobs: &[crate::backend::NativeJob]) -> String {
 
 /// Write the stand-ins list where job_submit_fleet reads it, when its text
 /// changed. Only the agent and `reader` (SlurmUser) may read it
-/// ([`replace_file`]); with no reader known, the plugin checks no update.
-pub fn publish_stand_ins(spool: &std::path::Path, text: &str, reader: Option<u32>) {
+/// ([`jobdir::replace_private`]); with no reader known, the plugin checks no update.
+pub(crate) fn publish_stand_ins(spool: &std::path::Path, text: &str, reader: Option<u32>) {
     use std::os::unix::fs::PermissionsExt;
     let name = fleet_api::wire::STAND_INS_FILE;
     let path = spool.join(name);
@@ -757,39 +757,9 @@ pub fn publish_stand_ins(spool: &std::path::Path, text: &str, reader: Option<u32
     if private && std::fs::read(&path).is_ok_and(|old| old == text.as_bytes()) {
         return;
     }
-    if let Err(e) = replace_file(spool, name, text.as_bytes(), reader) {
+    if let Err(e) = jobdir::replace_private(spool, name, text.as_bytes(), reader) {
         tracing::warn!("publishing the stand-ins for the plugin: {e}");
     }
-}
-
-/// Replace `spool/name` with `bytes` as one step (a temporary file renamed
-/// over it): a reader sees the old file or the new one, never a part. The
-/// file is the agent's (mode 0600) and readable by `reader` too (SlurmUser,
-/// whose slurmctld loads the plugin) through a named ACL entry: what the
-/// agent publishes for the plugin names other users (the view's admitted
-/// users and quotas, the stand-ins' job ids), which `PrivateData=users,jobs`
-/// hides from them.
-fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8], reader: Option<u32>) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = spool.join(format!("{name}.tmp"));
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    if let Some(uid) = reader {
-        jobdir::give_reader(&f, uid)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("letting uid {uid} read {}: {e}", tmp.display())))?;
-    }
-    f.write_all(bytes)?;
-    drop(f);
-    std::fs::rename(&tmp, spool.join(name))
 }
 
 /// Write the view where job_submit_fleet reads it (atomically: temp + rename),
@@ -800,7 +770,7 @@ fn replace_file(spool: &std::path::Path, name: &str, bytes: &[u8], reader: Optio
 fn publish_view(spool: &std::path::Path, view: &fleet_api::api::FleetView, reader: Option<u32>) {
     let res = serde_json::to_vec(view)
         .map_err(std::io::Error::other)
-        .and_then(|b| replace_file(spool, VIEW_FILE, &b, reader));
+        .and_then(|b| jobdir::replace_private(spool, VIEW_FILE, &b, reader));
     if let Err(e) = res {
         tracing::warn!("publishing the fleet view for the plugin: {e}");
     }
@@ -1090,7 +1060,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), old, "the same list is not written again");
         // A leftover temporary file (a crash between write and rename) is
         // replaced, not written through.
-        std::fs::write(dir.path().join(format!("{}.tmp", fleet_api::wire::STAND_INS_FILE)), "junk").unwrap();
+        std::fs::write(dir.path().join(format!(".{}.tmp", fleet_api::wire::STAND_INS_FILE)), "junk").unwrap();
         super::publish_stand_ins(dir.path(), "9\n", reader);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "9\n");
         private(&path);
