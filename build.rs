@@ -43,7 +43,7 @@ fn main() {
         .allowlist_function("slurm_(info|verbose|debug|error)")
         .allowlist_var("SLURM_VERSION_NUMBER")
         .allowlist_var("JOB_STATE_BASE")
-        .allowlist_var("SHOW_ALL")
+        .allowlist_var("FLEET_SHOW_ALL")
         .allowlist_var("NO_VAL(16|64)?")
         .allowlist_var("INFINITE(16|64)?")
         .allowlist_var("SLURM_(SUCCESS|ERROR)")

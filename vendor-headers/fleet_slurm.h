@@ -28,4 +28,8 @@ extern void slurm_verbose(const char *fmt, ...);
 extern void slurm_debug(const char *fmt, ...);
 extern void slurm_error(const char *fmt, ...);
 
+/* SHOW_ALL as a value bindgen can read: 24.11 defines it through a
+ * function-like macro (SLURM_BIT(0)), which bindgen does not expand. */
+static const uint16_t FLEET_SHOW_ALL = SHOW_ALL;
+
 #endif

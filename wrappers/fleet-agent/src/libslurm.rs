@@ -307,7 +307,7 @@ pub fn load_job(id: u64) -> Option<NativeJob> {
     let mut msg: *mut sys::job_info_msg_t = std::ptr::null_mut();
     // SAFETY: msg is a valid out-pointer; SHOW_ALL includes hidden
     // partitions (the proxy partition may be hidden).
-    let rc = unsafe { (l.load_job)(&mut msg, id, sys::SHOW_ALL as u16) };
+    let rc = unsafe { (l.load_job)(&mut msg, id, sys::FLEET_SHOW_ALL) };
     // SAFETY: msg is what slurm_load_job set, on success or not.
     unsafe { read_and_free(&l, rc, msg, |recs| recs.iter().find(|j| j.job_id == id).map(native_from)) }.flatten()
 }
@@ -354,7 +354,7 @@ pub fn load_jobs() -> Option<Vec<NativeJob>> {
     let mut msg: *mut sys::job_info_msg_t = std::ptr::null_mut();
     // SAFETY: msg is a valid out-pointer; update_time 0 asks for every
     // record; SHOW_ALL includes hidden partitions.
-    let rc = unsafe { load(0, &mut msg, sys::SHOW_ALL as u16) };
+    let rc = unsafe { load(0, &mut msg, sys::FLEET_SHOW_ALL) };
     // SAFETY: msg is what slurm_load_jobs set, on success or not.
     unsafe { read_and_free(&l, rc, msg, |recs| recs.iter().map(native_from).collect()) }
 }
