@@ -125,8 +125,8 @@ impl Lab {
     }
 
     /// What runs or waits in the lab now: each Slurm cluster's jobs that
-    /// are not over and nodes still completing a job, and each cluster the meta-scheduler sees with queued
-    /// or running jobs or GPUs in use.
+    /// are not over and nodes still completing a job, and each cluster the
+    /// meta-scheduler sees with queued or running jobs or GPUs in use.
     fn busy(&self) -> Vec<String> {
         let mut out = Vec::new();
         for c in ["alpha", "beta", "delta"] {

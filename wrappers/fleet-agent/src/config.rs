@@ -38,8 +38,9 @@ pub struct AgentConfig {
     /// Uids allowed on the plugin socket: root, SlurmUser, AllowedSubmitUids.
     pub allowed_uids: Vec<u32>,
     /// SlurmUser's uid (root where slurm.conf names none): the one reader
-    /// of the stand-ins list besides the agent. `None` where slurm.conf
-    /// could not be read or names an unknown user.
+    /// besides the agent of what it publishes for the plugin (the view,
+    /// the stand-ins list). `None` where slurm.conf could not be read or
+    /// names an unknown user.
     pub slurm_uid: Option<u32>,
     /// slurmctld schedules memory (`SelectTypeParameters` with `MEMORY`):
     /// only then do `--mem*` requests bound where a job fits, and only then
