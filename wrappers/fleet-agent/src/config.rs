@@ -204,9 +204,16 @@ impl AgentConfig {
             Ok(sc) => {
                 memory_scheduled =
                     sc.conf.get("SelectTypeParameters").is_some_and(|v| v.to_ascii_uppercase().contains("MEMORY"));
-                slurm_uid = uid_of(sc.conf.slurm_user.as_deref().unwrap_or("root"));
-                if let Some(uid) = slurm_uid {
-                    allowed.push(uid);
+                let name = sc.conf.slurm_user.as_deref().unwrap_or("root");
+                slurm_uid = uid_of(name);
+                match slurm_uid {
+                    Some(uid) => allowed.push(uid),
+                    None => eprintln!(
+                        "fleet-agent: warning: {}: SlurmUser={name} is not a known user: the view and the stand-ins \
+                         list are published for the agent alone, so the plugin asks the agent about every job and \
+                         checks no update of a stand-in",
+                        slurm_conf.display()
+                    ),
                 }
                 for w in proxy_partition_problems(&sc.conf, &c.proxy_partition) {
                     eprintln!("fleet-agent: warning: {}: {w}", slurm_conf.display());
