@@ -618,6 +618,13 @@ async fn a_job_cancelled_before_an_agent_restart_is_reported_cancelled() {
     let id = c.backend.submit("beta-43", &request("echo started\nsleep 120\n", None, 1), &user()).await.unwrap();
     let running = until(&c, id, "running", |j| j.state == JobState::Running).await;
     c.backend.cancel(id, "alice").await.unwrap();
+    // The record names the job's owner: the agent's alone.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let records = c.backend.spool.join("kube-cancelled");
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&records), mode(&records.join(id.to_string()))), (0o700, 0o600));
+    }
     // The agent is replaced before its tracker reported the cancel.
     let Cluster { server, backend, dir } = c;
     let (settings, spool) = (backend.settings.clone(), backend.spool.clone());
