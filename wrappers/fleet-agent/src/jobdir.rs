@@ -156,12 +156,7 @@ pub fn replace_private(dir: &Path, name: &str, bytes: &[u8], reader: Option<u32>
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
+    let mut f = create_new(&tmp, 0o600)?;
     if let Some(uid) = reader {
         give_reader(&f, uid)
             .map_err(|e| std::io::Error::new(e.kind(), format!("letting uid {uid} read {}: {e}", tmp.display())))?;
@@ -199,17 +194,17 @@ pub(crate) fn named_acl(path: &Path, name: &str) -> Vec<(u32, u16)> {
         .collect()
 }
 
+/// Creates `path` for writing with `mode` (less the umask); refuses to
+/// follow or reuse an existing entry.
+fn create_new(path: &Path, mode: u32) -> std::io::Result<File> {
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
 /// Writes a file the job's user may read (through the directory's default
 /// ACL) and nobody else; refuses to follow or reuse an existing entry.
 pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
+    let mut f = create_new(path, 0o640).with_context(|| format!("creating {}", path.display()))?;
     f.write_all(data).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
