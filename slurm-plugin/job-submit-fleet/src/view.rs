@@ -338,10 +338,7 @@ fn stamp_of(path: &std::path::Path) -> Option<(SystemTime, u64)> {
 fn read_noting(shared: &Shared, path: &std::path::Path) -> Option<Vec<u8>> {
     match std::fs::read(path) {
         Ok(bytes) => {
-            let mut seen = lock(&shared.read_errors);
-            if !seen.is_empty() {
-                seen.retain(|(p, _)| p != path);
-            }
+            lock(&shared.read_errors).retain(|(p, _)| p != path);
             Some(bytes)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
