@@ -23,13 +23,14 @@ fn main() -> anyhow::Result<()> {
     let b =
         fleet_sim::lp::lp_bound(&mut model, &jobs, &loaded.spot, h, args.lp_max_vars).map_err(anyhow::Error::msg)?;
     println!(
-        "lp {:.3} USD slot {:.1} h groups {} vars {} rows {} ({:.1} s)",
+        "lp {:.3} USD slot {:.1} h groups {} vars {} rows {} ({:.1} s, {})",
         b.usd,
         b.slot_hours,
         b.groups,
         b.variables,
         b.constraints,
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        b.solver
     );
     if compl.is_some() || kg.is_some() {
         let t = Instant::now();

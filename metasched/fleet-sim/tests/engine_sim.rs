@@ -807,6 +807,82 @@ home = "cloud"
     }
 }
 
+/// Each job's work is charged its one-off costs once over all options. One
+/// on-prem GPU (`own`, 1 USD/h), a cloud (3 USD/h, no provisioning) and a dear
+/// one (`far`, 100 USD/h); 45 GB of data at each team's home (4.5 USD to move
+/// over the internet). At 10:00 `ta` (home `own`) submits a 4-hour one-GPU job and `tc`
+/// (home `far`) a 1-hour one; all done by 14:00. The long job fills `own`, the
+/// short one moves to the cloud: 4 + 3 + 4.5 = 11.5, the least any schedule
+/// pays. Split per option, the one-offs let the long job's work stand for the
+/// egress-free work on `own` and for the cheapest work on the cloud (4.5 ÷ 4
+/// per hour) at once: 4 + 3 + 1.125 = 8.125 (the LP before 2026-12-06). With a
+/// fifth hour the short job runs on `own` after it: 4 + 1 + 4.5 = 9.5.
+#[test]
+fn lp_bound_charges_each_jobs_one_offs_once_over_its_options() {
+    let fleet = r#"
+[overheads]
+internet_egress_usd_per_gb = { default = 0.1 }
+
+[[clusters]]
+name = "own"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.A100 = { onprem = 1.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 1
+nodes = 1
+
+[[clusters]]
+name = "cloud"
+provider = "aws"
+region = "us-east-1"
+provision_s = 0
+prices.A100 = { on_demand = 3.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[clusters]]
+name = "far"
+provider = "gcp"
+region = "us-central1"
+provision_s = 0
+prices.A100 = { on_demand = 100.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "ta"
+home = "own"
+[[teams]]
+name = "tc"
+home = "far"
+"#;
+    let s = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 45.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+               2017-09-04 10:00:00,14400,1,4,ta\n2017-09-04 10:00:00,3600,1,1,tc\n";
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let mut model = EngineModel::new(&s, t.epoch_unix as f64).unwrap();
+    let a = args(&["--interruptible-share", "0"]);
+    let jobs = fleet_sim::cli::sim_jobs(&t, &mut model, &a).unwrap();
+    for (h, want) in [(4.0, 11.5), (5.0, 9.5)] {
+        let lp = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], h * 3600.0, 1000).unwrap();
+        assert_eq!(lp.groups, 1, "{lp:?}");
+        // (the link rows' slack of 1e-7 of a type's work lowers it by ~1e-6)
+        assert!((lp.usd - want).abs() < 1e-5, "{h} h: {lp:?}");
+    }
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&a, &l).unwrap();
+    for p in &r.policies {
+        assert!(p.total_usd >= r.bound_usd() - 1e-6, "{} {} < {}", p.policy, p.total_usd, r.bound_usd());
+    }
+}
+
 /// Four one-GPU 2-hour jobs of a team at home on `dirty` (1 USD/h, 700 g/kWh);
 /// `clean` (50 g/kWh) sells the same GPU at `clean_price`. The carbon LP says how
 /// much CO2 a schedule costing ≤ 1.05 × the cost policy can save: at 1.30 USD/h
