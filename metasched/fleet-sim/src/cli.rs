@@ -109,6 +109,11 @@ pub struct SimulateArgs {
     /// holds only).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub carbon_pause: bool,
+    /// An experiment, not a policy: tell the engine policies the spot trace
+    /// ahead of the clock (when the window they are in ends, when a shortfall
+    /// ends) on all-or-nothing spot pools, to measure what hindsight is worth.
+    #[arg(long)]
+    pub spot_oracle: bool,
     /// Largest LP for the lower bound (variables; the time slots grow until it
     /// fits). 0 = only the cheap capacity-relaxed bound (for huge runs).
     #[arg(long, default_value_t = 30_000)]
@@ -332,6 +337,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         bucket_s: (args.bucket_hours * 3600.0).max(60.0),
         full_rebuild: false,
         hold: carbon_hold(args)?,
+        spot_oracle: args.spot_oracle,
     };
     let strategies = strategies(args, &model)?;
     // Each strategy runs on its own copy of a fresh model (built and given its
@@ -431,6 +437,13 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     // most 5 % more USD?
     let cost_usd = policies.iter().find(|p| p.policy == "cost").map(|p| p.total_usd);
     let mut notes = model.notes();
+    if args.spot_oracle {
+        notes.push(
+            "--spot-oracle: the engine policies were told the spot traces ahead of the clock (an experiment, \
+             not a policy: no real system knows when spot is reclaimed)"
+                .into(),
+        );
+    }
     notes.extend(own_notes);
     let carbon_lp = match (cost_usd, &lp_bound) {
         (Some(u), Some(_)) => {

@@ -330,6 +330,12 @@ pub struct SimConfig {
     pub full_rebuild: bool,
     /// Carbon-aware hold of flexible jobs (temporal shifting) for some engine policies.
     pub hold: CarbonHold,
+    /// An experiment, not a policy (`--spot-oracle`): the engine policies are
+    /// told the spot trace ahead of the clock on all-or-nothing pools (when the
+    /// window they are in ends, when a shortfall ends, how long the shortfall
+    /// after the window lasts) instead of estimates from the past. What that
+    /// buys is what knowing the future is worth to them; the LP knows it all.
+    pub spot_oracle: bool,
 }
 
 impl Default for SimConfig {
@@ -341,6 +347,7 @@ impl Default for SimConfig {
             bucket_s: 6.0 * 3600.0,
             full_rebuild: false,
             hold: CarbonHold::off(),
+            spot_oracle: false,
         }
     }
 }
@@ -594,6 +601,22 @@ struct SpotMarket {
     /// version of it, new whenever it changes (0 = not computed yet).
     recovery_now: f64,
     recovery_epoch: u64,
+    /// With `SimConfig::spot_oracle`, what the trace says ahead of the clock
+    /// (an experiment, not something a policy can know): the next change of
+    /// level, and while at full the length of the shortfall after it.
+    oracle: Option<SpotOracle>,
+}
+
+/// The trace ahead of the clock, for `SimConfig::spot_oracle`.
+#[derive(Debug, Clone)]
+struct SpotOracle {
+    /// When the level changes next (the window ends, or the shortfall does).
+    next_s: f64,
+    /// While at full: how long the shortfall after this window lasts.
+    gap_after_s: f64,
+    /// While at full: the window it is in, its whole length (one window of
+    /// exactly that length, so the engine's time to the first reclaim is exact).
+    window: Option<Arc<fleet_engine::SpotWindows>>,
 }
 
 impl SpotMarket {
@@ -602,6 +625,9 @@ impl SpotMarket {
     /// the age of the spell the trace is in now (0 at full, or right at a
     /// reclaim): [`fleet_engine::SpotSpells::mean_remaining_s`].
     fn recovery_s(&self, now: f64) -> f64 {
+        if let Some(o) = &self.oracle {
+            return if self.spell_since.is_some() { (o.next_s - now).max(0.0) } else { o.gap_after_s };
+        }
         let age = self.spell_since.map_or(0.0, |t0| (now - t0).max(0.0));
         self.spells.mean_remaining_s(age)
     }
@@ -931,6 +957,9 @@ pub fn simulate<M: Model>(
                 }
             }
             Ev::Spot { trace, fraction } => {
+                if cfg.spot_oracle {
+                    sim.markets[trace].oracle = spot.get(trace).and_then(|tr| spot_oracle(tr, fraction, t));
+                }
                 sim.spot_change(trace, fraction, t);
                 if let Some((t2, f)) = spot.get(trace).and_then(|tr| tr.next_change(t)) {
                     sim.push(t2, Ev::Spot { trace, fraction: f });
@@ -955,6 +984,23 @@ pub fn simulate<M: Model>(
         }
     }
     sim.report(&clusters, name)
+}
+
+/// What `SimConfig::spot_oracle` hands the engine of trace `tr` at a change to
+/// level `f` at `now`: the next change, and at full the shortfall after it.
+/// Only all-or-nothing traces (a drop reclaims every spot job, so the window's
+/// end is each job's reclaim); `None` for the others.
+fn spot_oracle(tr: &crate::spot::SpotTrace, f: f64, now: f64) -> Option<SpotOracle> {
+    if !tr.is_all_or_nothing() {
+        return None;
+    }
+    let next_s = tr.next_change(now).map_or(f64::INFINITY, |c| c.0);
+    let gap_after_s = if f >= 1.0 && next_s.is_finite() {
+        tr.next_change(next_s).map_or(f64::INFINITY, |c| c.0 - next_s)
+    } else {
+        0.0
+    };
+    Some(SpotOracle { next_s, gap_after_s, window: None })
 }
 
 impl<M: Model> Sim<'_, M> {
@@ -1108,7 +1154,10 @@ impl<M: Model> Sim<'_, M> {
             spot_wait_s: f64::INFINITY,
             spot_recovery_s: 0.0,
             spot_full_since: if p.has_spot && p.spot_fraction >= 1.0 { m.full_since } else { f64::NAN },
-            spot_windows: m.windows.clone(),
+            spot_windows: match m.oracle.as_ref().and_then(|o| o.window.as_ref()) {
+                Some(w) if p.spot_fraction >= 1.0 => Some(w.clone()),
+                _ => m.windows.clone(),
+            },
         };
     }
 
@@ -1786,6 +1835,10 @@ impl<M: Model> Sim<'_, M> {
                 m.spells.push(now - t0);
             }
             _ => {}
+        }
+        if let Some(o) = m.oracle.as_mut().filter(|_| f >= 1.0) {
+            let len_h = if o.next_s.is_finite() { (o.next_s - m.full_since) / 3600.0 } else { 1e9 };
+            o.window = fleet_engine::SpotWindows::new(vec![len_h]).map(Arc::new);
         }
         let pools = std::mem::take(&mut self.markets[k].pools);
         let mut evicted = Vec::new();
@@ -2579,6 +2632,50 @@ mod tests {
                 (4, Some(10_000.0), vec![h(1_000.0), h(3_000.0)]),
             ]
         );
+    }
+
+    /// `--spot-oracle` hands the engine the trace ahead of the clock: the window
+    /// a job would start in as one window of its exact length (so the time to
+    /// its first reclaim is exact), the exact end of a shortfall, and the
+    /// shortfall after the window as the wait after a reclaim. Without it the
+    /// same run sees only the past (`spot_windows_are_the_ones_ended_so_far`).
+    #[test]
+    fn the_spot_oracle_tells_the_engine_the_trace_ahead() {
+        // Full [0, 2000), gone [2000, 3000), full [3000, 4000), gone [4000,
+        // 6000), full [6000, 9000) (cyclic: 7000 s), gone [9000, 10000).
+        let trace = SpotTrace::parse(r#"{"metadata":{"gap_seconds":1000},"data":[2,2,0,2,0,0,2]}"#, "t").unwrap();
+        let stub = || Stub { clusters: vec![cluster("a", 2, Some(0))], price: vec![(3.0, 1.0)], ..Default::default() };
+        let seen = |j: &SimJob, p: &PoolLoad| {
+            let w = p.spot_windows.as_ref().map(|w| w.lengths_h().to_vec()).unwrap_or_default();
+            (j.id, w, p.spot_wait_s, p.spot_recovery_s)
+        };
+        let jobs = vec![
+            job(0, 10.0, 10.0, 1, true, 0.0),
+            job(1, 3_500.0, 10.0, 1, true, 0.0),
+            job(2, 6_500.0, 10.0, 1, true, 0.0),
+            job(3, 9_500.0, 10.0, 1, true, 0.0),
+        ];
+        let cfg = SimConfig { spot_oracle: true, ..SimConfig::default() };
+        let mut m = Recorder::new(stub(), seen);
+        let r = simulate(&mut m, Strategy::Engine("cost".into()), &jobs, std::slice::from_ref(&trace), &cfg, &quiet);
+        assert_eq!(r.completed, 4);
+        let h = |s: f64| s / 3600.0;
+        assert_eq!(
+            m.seen,
+            vec![
+                (0, vec![h(2_000.0)], f64::INFINITY, 1_000.0),
+                (1, vec![h(1_000.0)], f64::INFINITY, 2_000.0),
+                (2, vec![h(3_000.0)], f64::INFINITY, 1_000.0),
+                // gone: the windows seen so far, and spot is back in 500 s
+                (3, vec![h(1_000.0), h(3_000.0)], 500.0, 500.0),
+            ]
+        );
+        // Without it, the past only: no wait after a reclaim is known before
+        // a shortfall has ended, and the windows are those ended so far.
+        let mut m = Recorder::new(stub(), seen);
+        simulate(&mut m, Strategy::Engine("cost".into()), &jobs, &[trace], &SimConfig::default(), &quiet);
+        assert_eq!(m.seen[0], (0, vec![], f64::INFINITY, 0.0));
+        assert_eq!(m.seen[2].1, vec![h(1_000.0)]);
     }
 
     fn spells_ended(lens: &[f64], since: Option<f64>) -> SpotMarket {
