@@ -414,7 +414,9 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     for p in &mut policies {
         if lp_bound.is_some() && p.makespan_s > 0.0 && p.makespan_s < horizon && p.unplaced == 0 {
             let b = *own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
-                crate::lp::lp_bound(&mut model, &jobs, &loaded.spot, p.makespan_s, args.lp_max_vars).ok().map(|b| b.usd)
+                crate::lp::lp_bound_per_option(&mut model, &jobs, &loaded.spot, p.makespan_s, args.lp_max_vars)
+                    .ok()
+                    .map(|b| b.usd)
             });
             p.own_lp_bound_usd = b;
         }

@@ -47,7 +47,9 @@
 //! types'). The group pays the larger of the two charges; both are lower
 //! bounds of what its jobs pay, so the optimum stays a lower bound. On the
 //! PAI-layout sample the bound rose 11.4 %, on the sample 1.3 %
-//! (docs/simulator.md, fourteenth round).
+//! (docs/simulator.md, fourteenth round). Only the plain cost LP at the latest
+//! end links them (the capped and carbon LPs and each policy's own-end LP keep
+//! the per-option split: see `solve`).
 //!
 //! A dataset named by several jobs of the generic format is staged once per
 //! cluster and reused: its egress is divided among the jobs naming it (if any of
@@ -598,6 +600,32 @@ pub fn lp_bound<M: Model>(
     })
 }
 
+/// [`lp_bound`] with the one-off charges split per option only (not also
+/// linked over the options): looser, and solved fast where the linked LP is
+/// slow (each policy's own-end LP).
+pub fn lp_bound_per_option<M: Model>(
+    model: &mut M,
+    jobs: &[SimJob],
+    spot: &[SpotTrace],
+    horizon_s: f64,
+    max_vars: usize,
+) -> Result<LpBound, String> {
+    let b = build(model, jobs, horizon_s, max_vars)?;
+    let s = solve(&b, model, spot, Goal { per_option_only: true, ..Goal::default() })?;
+    Ok(LpBound {
+        usd: s.usd,
+        slot_hours: b.slot_s / 3600.0,
+        cell_hours: b.cell_s / 3600.0,
+        horizon_hours: b.horizon_s / 3600.0,
+        groups: b.groups.len(),
+        variables: s.variables,
+        constraints: s.constraints,
+        spend: s.spend,
+        one_off_usd: s.usd - s.price_usd,
+        solver: s.solver,
+    })
+}
+
 /// Solves the carbon LP: the least kgCO2 of any schedule that finishes by
 /// `horizon_s` and whose cost (as the cost LP counts it, a lower bound of what it
 /// pays) is at most `usd_cap`.
@@ -719,7 +747,7 @@ pub fn capped_bound<M: Model>(
         }
     }
     let b = build(model, jobs, horizon_s, max_vars)?;
-    let goal = Goal { usd_cap: None, kg_cap: caps.kg_co2, mean_completion_h: caps.mean_completion_h };
+    let goal = Goal { kg_cap: caps.kg_co2, mean_completion_h: caps.mean_completion_h, ..Goal::default() };
     let (usd, kg, spend, variables, constraints, solver) = match solve(&b, model, spot, goal) {
         Ok(s) => (Some(s.usd), caps.kg_co2.map(|_| s.kg), s.spend, s.variables, s.constraints, s.solver),
         Err(SolveError::Infeasible(by)) => (None, None, BTreeMap::new(), 0, 0, format!("infeasible by {by}")),
@@ -760,6 +788,8 @@ struct Goal {
     kg_cap: Option<f64>,
     /// Mean completion (submission → end) over all jobs at most this, hours.
     mean_completion_h: Option<f64>,
+    /// One-off charges split per option only, not also linked over the options.
+    per_option_only: bool,
 }
 
 #[derive(Debug)]
@@ -998,6 +1028,14 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
     // Σ over groups of the lower bound of their jobs' completion times (hours).
     let mut completion = Expression::default();
     let with_compl = goal.mean_completion_h.is_some();
+    // One-off charges linked over the options only in the plain cost LP
+    // ([`lp_bound`]): with them microlp failed ("Singular matrix") on the
+    // sample's kgCO2-capped LP, which clarabel then took 320 s to solve (7 s
+    // unlinked), and on cloud-spot's LPs at some policies' own ends (30–46 s
+    // each, 2 s unlinked). The capped and carbon LPs and the policies' own-end
+    // LPs ([`lp_bound_per_option`]) keep the per-option split (looser, still
+    // bounds).
+    let link = goal.usd_cap.is_none() && goal.kg_cap.is_none() && !with_compl && !goal.per_option_only;
     for g in &b.groups {
         let mut done = Expression::default();
         let release_end = (g.release + 1) as f64 * slot_s;
@@ -1073,7 +1111,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
         // The one-off charges: the larger of the per-option split above (each
         // option's work charged cheapest jobs first, on its own) and the split
         // linked over the options (each job's work done once in all).
-        if g.types.is_empty() {
+        if g.types.is_empty() || !link {
             cost += old_one_off;
         } else {
             let linked = linked_one_offs(g, &work_on, &mut vars, &mut rows, &mut n_vars);
