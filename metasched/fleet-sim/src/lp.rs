@@ -584,20 +584,7 @@ pub fn lp_bound<M: Model>(
     horizon_s: f64,
     max_vars: usize,
 ) -> Result<LpBound, String> {
-    let b = build(model, jobs, horizon_s, max_vars)?;
-    let s = solve(&b, model, spot, Goal::default())?;
-    Ok(LpBound {
-        usd: s.usd,
-        slot_hours: b.slot_s / 3600.0,
-        cell_hours: b.cell_s / 3600.0,
-        horizon_hours: b.horizon_s / 3600.0,
-        groups: b.groups.len(),
-        variables: s.variables,
-        constraints: s.constraints,
-        spend: s.spend,
-        one_off_usd: s.usd - s.price_usd,
-        solver: s.solver,
-    })
+    plain_bound(model, jobs, spot, horizon_s, max_vars, Goal::default())
 }
 
 /// [`lp_bound`] with the one-off charges split per option only (not also
@@ -610,8 +597,19 @@ pub fn lp_bound_per_option<M: Model>(
     horizon_s: f64,
     max_vars: usize,
 ) -> Result<LpBound, String> {
+    plain_bound(model, jobs, spot, horizon_s, max_vars, Goal { per_option_only: true, ..Goal::default() })
+}
+
+fn plain_bound<M: Model>(
+    model: &mut M,
+    jobs: &[SimJob],
+    spot: &[SpotTrace],
+    horizon_s: f64,
+    max_vars: usize,
+    goal: Goal,
+) -> Result<LpBound, String> {
     let b = build(model, jobs, horizon_s, max_vars)?;
-    let s = solve(&b, model, spot, Goal { per_option_only: true, ..Goal::default() })?;
+    let s = solve(&b, model, spot, goal)?;
     Ok(LpBound {
         usd: s.usd,
         slot_hours: b.slot_s / 3600.0,

@@ -749,6 +749,16 @@ fn incremental_pool_state_decides_as_the_full_rebuild() {
     assert!(moved > 0);
 }
 
+/// Runs every strategy over `t` on `s` (no spot): each pays at least the bound
+/// the report gives.
+fn every_policy_pays_at_least_the_bound(a: &SimulateArgs, t: fleet_sim::trace::Trace, s: EngineSetup) {
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(a, &l).unwrap();
+    for p in &r.policies {
+        assert!(p.total_usd >= r.bound_usd() - 1e-6, "{} {} < {}", p.policy, p.total_usd, r.bound_usd());
+    }
+}
+
 /// Two teams, each at home on its own cluster (on-prem 1 USD/h, cloud 3 USD/h),
 /// one one-GPU hour-long job each, 45 GB of data at home (4.5 USD to move). The
 /// cloud team's job pays 3 at home or 1 + 4.5 on-prem: the least any schedule
@@ -800,11 +810,7 @@ home = "cloud"
     let lp = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 10.0 * 3600.0, 1000).unwrap();
     assert_eq!(lp.groups, 1, "{lp:?}");
     assert!((lp.usd - 4.0).abs() < 1e-6, "{lp:?}");
-    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
-    let r = run_loaded(&a, &l).unwrap();
-    for p in &r.policies {
-        assert!(p.total_usd >= r.bound_usd() - 1e-6, "{} {} < {}", p.policy, p.total_usd, r.bound_usd());
-    }
+    every_policy_pays_at_least_the_bound(&a, t, s);
 }
 
 /// Each job's work is charged its one-off costs once over all options. One
@@ -876,11 +882,7 @@ home = "far"
         // (the link rows' slack of 1e-7 of a type's work lowers it by ~1e-6)
         assert!((lp.usd - want).abs() < 1e-5, "{h} h: {lp:?}");
     }
-    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
-    let r = run_loaded(&a, &l).unwrap();
-    for p in &r.policies {
-        assert!(p.total_usd >= r.bound_usd() - 1e-6, "{} {} < {}", p.policy, p.total_usd, r.bound_usd());
-    }
+    every_policy_pays_at_least_the_bound(&a, t, s);
 }
 
 /// Four one-GPU 2-hour jobs of a team at home on `dirty` (1 USD/h, 700 g/kWh);
