@@ -312,9 +312,6 @@ fn segments_n(mut cw: Vec<(f64, f64)>, max: usize) -> Vec<(f64, f64)> {
     out
 }
 
-/// The pieces of a group released in coarse slot `r`: `m` fine cells of length
-/// `cell_s` covering the slot, `ext` more at the start of the next slot, the rest of
-/// that slot, then whole slots; all cut at the horizon (empty ones left out).
 /// Most types of like one-off charges per group.
 const MAX_TYPES: usize = 24;
 /// A type's work on all options may exceed its work by this share: without it
@@ -354,6 +351,9 @@ fn charge_types(members: &[&JobLp]) -> Vec<(f64, Vec<f64>)> {
     }
 }
 
+/// The pieces of a group released in coarse slot `r`: `m` fine cells of length
+/// `cell_s` covering the slot, `ext` more at the start of the next slot, the rest of
+/// that slot, then whole slots; all cut at the horizon (empty ones left out).
 fn layout(
     r: usize,
     n_slots: usize,
