@@ -375,6 +375,10 @@ fn an_update_of_a_stand_ins_resources_is_refused_and_the_job_runs_as_submitted()
         std::thread::sleep(Duration::from_millis(300));
     }
     eprintln!("stand-ins listed {:.1} s after their submission", t0.elapsed().as_secs_f64());
+    // The plugin's watcher reads the list again within its poll (100 ms;
+    // longer on a busy machine): an update made before then goes through
+    // unchecked (CI once made it a few tens of ms after the list changed).
+    std::thread::sleep(Duration::from_secs(1));
     assert!(!text(&list).lines().any(|l| l == native.to_string()), "a native job is no stand-in");
     // The list names every user's forwarded jobs, which PrivateData=jobs
     // hides from other users, and the view the users each cluster admits:
