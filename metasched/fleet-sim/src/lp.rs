@@ -1045,7 +1045,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
         let mut cum_work: Vec<Expression> = g.pieces.iter().map(|_| Expression::default()).collect();
         let mut pools_seen: Vec<(usize, usize)> = Vec::new();
         // one-off charges as split per option, and the work on each option
-        let mut old_one_off = Expression::default();
+        let mut per_option_one_off = Expression::default();
         let mut work_on: Vec<Expression> = Vec::with_capacity(g.opts.len());
         for o in &g.opts {
             let opt = b.opts[o.k];
@@ -1061,7 +1061,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
                 n_vars += 1;
                 // price per GPU-hour; the cheapest one-off charge per unit of work
                 cost += o.price * x;
-                old_one_off += (base * speed) * x;
+                per_option_one_off += (base * speed) * x;
                 done += speed * x;
                 on_o += speed * x;
                 on_spot_gpu_h += x;
@@ -1099,7 +1099,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
                 for &(slope, cap) in &o.segs {
                     let s = vars.add(variable().min(0.0).max(cap));
                     n_vars += 1;
-                    old_one_off += (slope - base) * s;
+                    per_option_one_off += (slope - base) * s;
                     cover += s;
                 }
                 rows.push((on_o.clone() - cover, 0.0, false));
@@ -1110,12 +1110,12 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
         // option's work charged cheapest jobs first, on its own) and the split
         // linked over the options (each job's work done once in all).
         if g.types.is_empty() || !link {
-            cost += old_one_off;
+            cost += per_option_one_off;
         } else {
             let linked = linked_one_offs(g, &work_on, &mut vars, &mut rows, &mut n_vars);
             let y = vars.add(variable().min(0.0));
             n_vars += 1;
-            rows.push((old_one_off - y, 0.0, false));
+            rows.push((per_option_one_off - y, 0.0, false));
             rows.push((linked - y, 0.0, false));
             cost += y;
         }
