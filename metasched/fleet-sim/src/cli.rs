@@ -130,6 +130,27 @@ pub struct SimulateArgs {
     /// `summary.md`) instead of the table.
     #[arg(long, conflicts_with = "json")]
     pub summary: bool,
+    /// Tune a policy's weights for this fleet instead of the report: `green`, the
+    /// least kgCO2 within --tune-budget more USD than the cost policy; `cost`, the
+    /// least USD at a mean completion no worse than greedy-spot's. Chosen on the
+    /// first --tune-split of the jobs, checked on the rest.
+    #[arg(long, value_name = "POLICY", value_parser = ["green", "cost"], conflicts_with = "summary")]
+    pub tune: Option<String>,
+    /// Extra USD --tune green may spend over the cost policy (a share).
+    #[arg(long, default_value_t = 0.05)]
+    pub tune_budget: f64,
+    /// Share of the jobs (by submission) that --tune chooses the weights on.
+    #[arg(long, default_value_t = 0.5)]
+    pub tune_split: f64,
+    /// Time values (USD per GPU-hour) --tune tries, comma-separated [default:
+    /// green 2,1,0.5,0.2,0.1; cost 0.5,1,1.5,2,2.5,3,4,5,6,8, each with and
+    /// without the spot queue].
+    #[arg(long, value_delimiter = ',')]
+    pub tune_time_values: Vec<f64>,
+    /// Carbon prices (USD per kg) --tune tries, comma-separated [default: green
+    /// 0.5,1,1.25,1.5,1.75,2,2.5,3,4,5,6; cost the cost policy's own].
+    #[arg(long, value_delimiter = ',')]
+    pub tune_carbon_prices: Vec<f64>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -244,6 +265,85 @@ pub fn load(args: &SimulateArgs) -> Result<Loaded> {
     })
 }
 
+/// The replay settings the flags give.
+pub(crate) fn sim_config(args: &SimulateArgs, model: &EngineModel) -> Result<SimConfig> {
+    let outages: Vec<(usize, f64, f64)> = args.outages.iter().map(|s| parse_outage(s, model)).collect::<Result<_>>()?;
+    Ok(SimConfig {
+        seed: args.seed,
+        outages,
+        rebalance_every_s: args.rebalance_every_s.max(0.0),
+        bucket_s: (args.bucket_hours * 3600.0).max(60.0),
+        full_rebuild: false,
+        hold: carbon_hold(args)?,
+        spot_oracle: args.spot_oracle,
+    })
+}
+
+/// Replays each strategy over `jobs` with the engine set up from `setup` (the
+/// loaded inputs, or those with more policies), in report order.
+pub(crate) fn replay(
+    args: &SimulateArgs,
+    loaded: &Loaded,
+    setup: &EngineSetup,
+    strategies: &[Strategy],
+    jobs: &[SimJob],
+    cfg: &SimConfig,
+) -> Result<Vec<crate::report::PolicyReport>> {
+    // Each strategy runs on its own copy of a fresh model (built and given its
+    // spot traces once: cloning is cheaper than parsing the inputs per strategy).
+    let mut template = EngineModel::new(setup, loaded.trace.epoch_unix as f64)?;
+    template.assign_spot_traces(&loaded.spot);
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        // Draws only when stderr is a terminal.
+        let b = indicatif::ProgressBar::new((jobs.len() * strategies.len()) as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})")
+        {
+            b.set_style(style.progress_chars("=> "));
+        }
+        b
+    };
+    // One thread per strategy (at most --threads at a time), each with its own
+    // engine model: runs are independent, so the report does not depend on the
+    // thread count or on scheduling.
+    let threads =
+        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
+    let mut policies: Vec<Option<crate::report::PolicyReport>> = vec![None; strategies.len()];
+    for chunk in (0..strategies.len()).collect::<Vec<_>>().chunks(threads) {
+        let results: Vec<(usize, Result<crate::report::PolicyReport>)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|&k| {
+                    let s = strategies[k].clone();
+                    let (bar, loaded) = (&bar, loaded);
+                    let spot_traces = &loaded.spot;
+                    let template = &template;
+                    sc.spawn(move || {
+                        let mut m = template.clone();
+                        let last = std::cell::Cell::new(0u64);
+                        let tick = |n: u64| {
+                            bar.inc(n.saturating_sub(last.get()));
+                            last.set(n);
+                        };
+                        Ok(sim::simulate(&mut m, s, jobs, spot_traces, cfg, &tick))
+                    })
+                })
+                .collect();
+            chunk
+                .iter()
+                .zip(handles)
+                .map(|(&k, h)| (k, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked")))))
+                .collect()
+        });
+        for (k, r) in results {
+            policies[k] = Some(r?);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(policies.into_iter().flatten().collect())
+}
+
 /// Parse `NAME:START_H:DURATION_H`.
 fn parse_outage(s: &str, model: &EngineModel) -> Result<(usize, f64, f64)> {
     let parts: Vec<&str> = s.rsplitn(3, ':').collect();
@@ -328,71 +428,9 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
     let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
     model.assign_spot_traces(&loaded.spot);
-    let outages: Vec<(usize, f64, f64)> =
-        args.outages.iter().map(|s| parse_outage(s, &model)).collect::<Result<_>>()?;
-    let cfg = SimConfig {
-        seed: args.seed,
-        outages,
-        rebalance_every_s: args.rebalance_every_s.max(0.0),
-        bucket_s: (args.bucket_hours * 3600.0).max(60.0),
-        full_rebuild: false,
-        hold: carbon_hold(args)?,
-        spot_oracle: args.spot_oracle,
-    };
+    let cfg = sim_config(args, &model)?;
     let strategies = strategies(args, &model)?;
-    // Each strategy runs on its own copy of a fresh model (built and given its
-    // spot traces once: cloning is cheaper than parsing the inputs per strategy).
-    let mut template = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
-    template.assign_spot_traces(&loaded.spot);
-    let bar = if args.quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        // Draws only when stderr is a terminal.
-        let b = indicatif::ProgressBar::new((jobs.len() * strategies.len()) as u64);
-        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} jobs ({elapsed})")
-        {
-            b.set_style(style.progress_chars("=> "));
-        }
-        b
-    };
-    // One thread per strategy (at most --threads at a time), each with its own
-    // engine model: runs are independent, so the report does not depend on the
-    // thread count or on scheduling.
-    let threads =
-        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
-    let mut policies: Vec<Option<crate::report::PolicyReport>> = vec![None; strategies.len()];
-    for chunk in (0..strategies.len()).collect::<Vec<_>>().chunks(threads) {
-        let results: Vec<(usize, Result<crate::report::PolicyReport>)> = std::thread::scope(|sc| {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|&k| {
-                    let s = strategies[k].clone();
-                    let (jobs, cfg, bar, loaded) = (&jobs, &cfg, &bar, loaded);
-                    let spot_traces = &loaded.spot;
-                    let template = &template;
-                    sc.spawn(move || {
-                        let mut m = template.clone();
-                        let last = std::cell::Cell::new(0u64);
-                        let tick = |n: u64| {
-                            bar.inc(n.saturating_sub(last.get()));
-                            last.set(n);
-                        };
-                        Ok(sim::simulate(&mut m, s, jobs, spot_traces, cfg, &tick))
-                    })
-                })
-                .collect();
-            chunk
-                .iter()
-                .zip(handles)
-                .map(|(&k, h)| (k, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("simulation thread panicked")))))
-                .collect()
-        });
-        for (k, r) in results {
-            policies[k] = Some(r?);
-        }
-    }
-    let mut policies: Vec<crate::report::PolicyReport> = policies.into_iter().flatten().collect();
-    bar.finish_and_clear();
+    let mut policies = replay(args, loaded, &loaded.setup, &strategies, &jobs, &cfg)?;
     let (lb_usd, lb_co2) = sim::lower_bound(&mut model, &jobs);
     // The LP bound must hold for every policy compared: all jobs done by the latest
     // end among them.
@@ -551,6 +589,22 @@ fn carbon_hold(args: &SimulateArgs) -> Result<sim::CarbonHold> {
 pub fn run(args: SimulateArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let loaded = load(&args)?;
+    if let Some(goal) = crate::tune::goal(&args)? {
+        let tuned = crate::tune::tune(&args, &loaded, goal)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&tuned).context("tuning as JSON")?);
+        } else {
+            print!("{}", tuned.text());
+        }
+        if let (Some(dir), Some(t)) = (&args.out_dir, &tuned.policy_toml) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let f = dir.join("tuned-policy.toml");
+            std::fs::write(&f, t).with_context(|| format!("writing {}", f.display()))?;
+            eprintln!("wrote {}", f.display());
+        }
+        eprintln!("tuned over {} jobs in {:.2} s", tuned.tuning_jobs + tuned.held_out_jobs, t0.elapsed().as_secs_f64());
+        return Ok(());
+    }
     let report = run_loaded(&args, &loaded)?;
     if args.json {
         let text = serde_json::to_string_pretty(&report).context("report as JSON")?;

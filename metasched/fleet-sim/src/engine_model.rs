@@ -563,7 +563,9 @@ impl EngineModel {
         }
     }
 
-    fn policy(&self, name: &str) -> Option<Policy> {
+    /// The policy of that name (an engine policy, built-in or as the policies
+    /// file sets it, or a baseline's).
+    pub fn policy(&self, name: &str) -> Option<Policy> {
         let name = if name == RANDOM { "cost" } else { name };
         self.baseline_policies.get(name).cloned().or_else(|| self.policies.get(name).cloned())
     }

@@ -15,3 +15,4 @@ pub mod report;
 pub mod sim;
 pub mod spot;
 pub mod trace;
+pub mod tune;

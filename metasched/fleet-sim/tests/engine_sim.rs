@@ -1401,3 +1401,142 @@ home = "home"
         assert!(e.completion_abs_error_mean_s < 1.0 && e.within_25pct == 1.0, "{e:?}");
     }
 }
+
+/// `--tune green` over the two-zone fleet of [`carbon_case`] at a clean price of
+/// 1.04 (8 GPUs each; 1-GPU 2-hour jobs, never more than 4 at once, so the
+/// cost policy runs them all on `dirty`). Any carbon price above 0.04 USD per
+/// 0.26 kg (an A100-hour at 700 g/kWh against 50) moves every job to `clean`:
+/// −93 % kgCO2 for +4 % USD. Within a 5 % budget the tuner takes it; within 3 %
+/// only the price 0 keeps the budget. The held-out half (jobs it did not
+/// choose on) shows the same, and the chosen weights come out as a policies
+/// table that the engine reads back.
+#[test]
+fn tuning_green_picks_the_cleanest_weights_within_the_budget_and_checks_them_on_held_out_jobs() {
+    let fleet = r#"
+[[clusters]]
+name = "dirty"
+provider = "aws"
+region = "us-east-1"
+carbon_zone = "DIRTY"
+prices.A100 = { on_demand = 1.0 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[clusters]]
+name = "clean"
+provider = "aws"
+region = "us-east-1"
+carbon_zone = "CLEAN"
+prices.A100 = { on_demand = 1.04 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "dirty"
+"#;
+    let s = EngineSetup {
+        fleet_toml: fleet.into(),
+        carbon_csvs: vec![carbon("DIRTY", 700.0), carbon("CLEAN", 50.0)],
+        dataset_gb: 0.0,
+        ..EngineSetup::default()
+    };
+    // 12 jobs, one every 30 min from 10:00
+    let mut csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string();
+    for i in 0..12 {
+        csv.push_str(&format!("2017-09-04 {:02}:{:02}:00,7200,1,7200,t\n", 10 + i / 2, 30 * (i % 2)));
+    }
+    let l = || Loaded {
+        trace: read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap(),
+        trace_name: "t".into(),
+        fleet_name: "f".into(),
+        setup: s.clone(),
+        spot: vec![],
+    };
+    let tuned = |budget: &str| {
+        let a = args(&[
+            "--interruptible-share",
+            "0",
+            "--tune",
+            "green",
+            "--tune-budget",
+            budget,
+            "--tune-time-values",
+            "2",
+            "--tune-carbon-prices",
+            "0,1",
+        ]);
+        let goal = fleet_sim::tune::goal(&a).unwrap().unwrap();
+        fleet_sim::tune::tune(&a, &l(), goal).unwrap()
+    };
+    let t = tuned("0.05");
+    assert_eq!((t.tuning_jobs, t.held_out_jobs), (6, 6), "{t:#?}");
+    assert!((t.split_h - 3.0).abs() < 1e-9, "{t:#?}");
+    // tuning part: the cost policy pays 6 jobs × 2 GPU-hours × 1 USD
+    assert!((t.tuning_reference[0].usd - 12.0).abs() < 1e-6, "{t:#?}");
+    assert!((t.tuning_limit - 12.6).abs() < 1e-6, "{t:#?}");
+    let [zero, one] = [&t.trials[0], &t.trials[1]];
+    assert_eq!((zero.carbon_usd_per_kg, one.carbon_usd_per_kg), (0.0, 1.0));
+    assert!((zero.figures.usd - 12.0).abs() < 1e-6 && (one.figures.usd - 12.48).abs() < 1e-6, "{t:#?}");
+    assert!((one.figures.kg_co2 / zero.figures.kg_co2 - 50.0 / 700.0).abs() < 1e-6, "{t:#?}");
+    assert!(zero.within && one.within);
+    assert_eq!(t.chosen, Some(1), "{t:#?}");
+    // held out: the cost policy, the built-in green (1 USD/kg: moves too), the tuned
+    let names: Vec<&str> = t.held_out.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["cost", "green", "tuned"]);
+    assert!((t.held_out[2].usd / t.held_out[0].usd - 1.04).abs() < 1e-6, "{t:#?}");
+    assert!((t.held_out[2].kg_co2 / t.held_out[0].kg_co2 - 50.0 / 700.0).abs() < 1e-6, "{t:#?}");
+    let toml = t.policy_toml.as_deref().unwrap();
+    assert!(toml.starts_with("[policies.green]\n") && toml.contains("carbon_usd_per_kg = 1.0"), "{toml}");
+    let p = fleet_engine::policy::Policies::from_toml_str(toml).unwrap();
+    assert_eq!(p.get("green").unwrap().carbon_usd_per_kg, 1.0);
+    assert!(t.text().contains("← chosen"), "{}", t.text());
+    // +4 % is over a 3 % budget: only the price 0 keeps it
+    let t = tuned("0.03");
+    assert!(!t.trials[1].within && t.trials[0].within, "{t:#?}");
+    assert_eq!(t.chosen, Some(0), "{t:#?}");
+    assert!(t.policy_toml.as_deref().unwrap().contains("carbon_usd_per_kg = 0.0"));
+}
+
+/// `--tune cost` over the spot fleet of the tests above: every trial within the
+/// limit has a mean completion no worse than greedy-spot's on the tuning part,
+/// the chosen one is the cheapest of those, and the held-out part replays the
+/// references, the built-in cost policy and the chosen weights. Bad flags are
+/// errors naming them.
+#[test]
+fn tuning_cost_picks_the_cheapest_weights_no_slower_than_greedy_spot() {
+    let a = args(&["--tune", "cost", "--tune-time-values", "0.5,2,8"]);
+    let goal = fleet_sim::tune::goal(&a).unwrap().unwrap();
+    let t = fleet_sim::tune::tune(&a, &loaded(vec![spot_trace()]), goal).unwrap();
+    assert_eq!(t.trials.len(), 6, "three time values, with and without the spot queue");
+    assert_eq!(t.tuning_jobs + t.held_out_jobs, 60);
+    let gs = t.tuning_reference.iter().find(|f| f.name == "greedy-spot").unwrap();
+    assert!((t.tuning_limit - gs.mean_completion_h).abs() < 1e-12);
+    for tr in &t.trials {
+        assert_eq!(tr.within, tr.figures.unplaced == 0 && tr.figures.mean_completion_h <= t.tuning_limit, "{tr:?}");
+    }
+    let within: Vec<&fleet_sim::tune::Trial> = t.trials.iter().filter(|x| x.within).collect();
+    match t.chosen {
+        Some(i) => {
+            assert!(within.iter().all(|x| x.figures.usd >= t.trials[i].figures.usd), "{t:#?}");
+            let names: Vec<&str> = t.held_out.iter().map(|f| f.name.as_str()).collect();
+            assert_eq!(names, ["greedy-spot", "greedy", "cost", "tuned"]);
+        }
+        None => assert!(within.is_empty(), "{t:#?}"),
+    }
+    for (flags, msg) in [
+        (vec!["--tune", "green", "--tune-split", "1"], "--tune-split"),
+        (vec!["--tune", "green", "--tune-budget=-1"], "--tune-budget"),
+        (vec!["--tune", "green", "--tune-carbon-prices", "1,nan"], "--tune-carbon-prices"),
+    ] {
+        let e = fleet_sim::tune::goal(&args(&flags)).unwrap_err().to_string();
+        assert!(e.contains(msg), "{flags:?}: {e}");
+    }
+    assert!(
+        fleet_sim::cli::parse_from(["x", "--trace", "t", "--fleet", "f", "--tune", "time"].map(String::from)).is_err()
+    );
+}

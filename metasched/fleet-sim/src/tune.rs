@@ -1,0 +1,346 @@
+//! `--tune`: a policy's weights for one fleet, chosen on the trace's past and
+//! checked on its future.
+//!
+//! A policy's weights are prices (USD per GPU-hour of delay, USD per kg of
+//! CO2); what a planner is asked for is a budget ("−20 % kgCO2 for at most
+//! +5 % USD", "no slower on average than greedy-spot"). No one set of weights
+//! turns the budget into the best schedule on every fleet (docs/simulator.md:
+//! the carbon price that meets the sample's green target costs onprem-heavy
+//! +20 %), so the planner tunes them per fleet. This replays a grid of weights
+//! over the first `split` of the jobs (by submission), picks the best that keeps
+//! the budget there, and replays it on the rest of the jobs, beside the
+//! built-in policy and the reference, so that the figure a planner reads is one
+//! the weights were not chosen on. The held-out replay starts with an empty
+//! fleet at the first held-out submission (jobs of the tuning part still
+//! running then are not carried over).
+
+use anyhow::{bail, Context, Result};
+use fleet_engine::policy::Policy;
+
+use crate::cli::{replay, sim_config, sim_jobs, Loaded, SimulateArgs};
+use crate::engine_model::EngineModel;
+use crate::report::PolicyReport;
+use crate::sim::Strategy;
+
+/// Time values (USD per GPU-hour) tried when `--tune-time-values` is not given.
+pub const TIME_VALUES: [f64; 5] = [2.0, 1.0, 0.5, 0.2, 0.1];
+/// Carbon prices (USD per kg) tried by `--tune green` when `--tune-carbon-prices`
+/// is not given.
+pub const CARBON_PRICES: [f64; 11] = [0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0];
+/// Time values tried by `--tune cost` when `--tune-time-values` is not given
+/// (each with and without the spot queue).
+pub const COST_TIME_VALUES: [f64; 10] = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0];
+
+/// What the weights are tuned for.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub enum Goal {
+    /// The least kgCO2 at a USD of at most (1 + budget) × the cost policy's.
+    Green { budget: f64 },
+    /// The least USD at a mean completion no worse than greedy-spot's.
+    Cost,
+}
+
+impl Goal {
+    fn base(self) -> &'static str {
+        match self {
+            Goal::Green { .. } => "green",
+            Goal::Cost => "cost",
+        }
+    }
+}
+
+/// One replay's figures.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Figures {
+    pub name: String,
+    pub usd: f64,
+    pub kg_co2: f64,
+    pub mean_completion_h: f64,
+    pub unplaced: usize,
+}
+
+impl From<&PolicyReport> for Figures {
+    fn from(p: &PolicyReport) -> Figures {
+        Figures {
+            name: p.policy.clone(),
+            usd: p.total_usd,
+            kg_co2: p.kg_co2,
+            mean_completion_h: p.completion_mean_s / 3600.0,
+            unplaced: p.unplaced,
+        }
+    }
+}
+
+/// One set of weights tried, and its replay over the tuning part.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Trial {
+    pub time_value_usd_per_gpu_hour: f64,
+    pub carbon_usd_per_kg: f64,
+    pub spot_queue: bool,
+    pub figures: Figures,
+    /// Within the budget on the tuning part.
+    pub within: bool,
+}
+
+/// The outcome of `--tune`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Tuned {
+    pub goal: Goal,
+    /// Jobs of the tuning part and of the held-out part.
+    pub tuning_jobs: usize,
+    pub held_out_jobs: usize,
+    /// The first held-out submission, hours after the first submission.
+    pub split_h: f64,
+    /// The budget on the tuning part: a USD cap (green) or a mean completion cap
+    /// in hours (cost).
+    pub tuning_limit: f64,
+    /// The reference policies on the tuning part (cost; or greedy-spot and greedy).
+    pub tuning_reference: Vec<Figures>,
+    pub trials: Vec<Trial>,
+    /// Index in `trials` of the weights chosen (`None`: none kept the budget).
+    pub chosen: Option<usize>,
+    /// On the held-out part: the references, the built-in policy, and the tuned
+    /// weights (named `tuned`) when some were chosen.
+    pub held_out: Vec<Figures>,
+    /// The held-out budget: as `tuning_limit`, from the held-out references.
+    pub held_out_limit: f64,
+    /// The chosen weights as a `[policies.<name>]` table for metasched.toml.
+    pub policy_toml: Option<String>,
+}
+
+/// The goal the flags ask for.
+pub fn goal(args: &SimulateArgs) -> Result<Option<Goal>> {
+    let b = args.tune_budget;
+    if !(b.is_finite() && b >= 0.0) {
+        bail!("--tune-budget must be a finite share >= 0, got {b}");
+    }
+    let s = args.tune_split;
+    if !(s.is_finite() && s > 0.0 && s < 1.0) {
+        bail!("--tune-split must be between 0 and 1 (exclusive), got {s}");
+    }
+    for (flag, v) in
+        [("--tune-time-values", &args.tune_time_values), ("--tune-carbon-prices", &args.tune_carbon_prices)]
+    {
+        if let Some(x) = v.iter().find(|x| !(x.is_finite() && **x >= 0.0)) {
+            bail!("{flag}: every value must be finite and >= 0, got {x}");
+        }
+    }
+    Ok(match args.tune.as_deref() {
+        None => None,
+        Some("green") => Some(Goal::Green { budget: b }),
+        Some("cost") => Some(Goal::Cost),
+        Some(other) => bail!("--tune {other:?}: expected `green` or `cost`"),
+    })
+}
+
+/// The weights to try: (time value, carbon price, spot queue).
+fn grid(goal: Goal, args: &SimulateArgs, base: &Policy) -> Vec<(f64, f64, bool)> {
+    let or = |v: &[f64], d: &[f64]| if v.is_empty() { d.to_vec() } else { v.to_vec() };
+    match goal {
+        Goal::Green { .. } => {
+            let tvs = or(&args.tune_time_values, &TIME_VALUES);
+            let cps = or(&args.tune_carbon_prices, &CARBON_PRICES);
+            tvs.iter().flat_map(|&t| cps.iter().map(move |&c| (t, c, base.spot_queue))).collect()
+        }
+        Goal::Cost => {
+            let tvs = or(&args.tune_time_values, &COST_TIME_VALUES);
+            let cps = or(&args.tune_carbon_prices, &[base.carbon_usd_per_kg]);
+            tvs.iter().flat_map(|&t| cps.iter().flat_map(move |&c| [true, false].map(|q| (t, c, q)))).collect()
+        }
+    }
+}
+
+/// `base` with the trial's weights, as a policies table named `name`.
+fn table(name: &str, base: &Policy, (tv, cp, q): (f64, f64, bool)) -> Result<String> {
+    let p = Policy { time_value_usd_per_gpu_hour: tv, carbon_usd_per_kg: cp, spot_queue: q, ..base.clone() };
+    Ok(format!("[policies.{name}]\n{}", toml::to_string(&p).context("policy as TOML")?))
+}
+
+fn find<'a>(v: &'a [PolicyReport], name: &str) -> Result<&'a PolicyReport> {
+    v.iter().find(|p| p.policy == name).with_context(|| format!("no replay of {name}"))
+}
+
+/// The budget on one part, from its reference replays.
+fn limit(goal: Goal, refs: &[PolicyReport]) -> Result<f64> {
+    Ok(match goal {
+        Goal::Green { budget } => (1.0 + budget) * find(refs, "cost")?.total_usd,
+        Goal::Cost => find(refs, "greedy-spot")?.completion_mean_s / 3600.0,
+    })
+}
+
+fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
+    f.unplaced == 0
+        && match goal {
+            Goal::Green { .. } => f.usd <= limit,
+            Goal::Cost => f.mean_completion_h <= limit,
+        }
+}
+
+/// Tunes the weights of `goal`'s policy over `loaded` (see the module docs).
+pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
+    let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+    let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
+    if jobs.len() < 2 {
+        bail!("--tune needs at least two jobs (a tuning part and a held-out part), got {}", jobs.len());
+    }
+    let k = ((jobs.len() as f64 * args.tune_split).round() as usize).clamp(1, jobs.len() - 1);
+    let (past, future) = jobs.split_at(k);
+    let base = model.policy(goal.base()).with_context(|| format!("no `{}` policy", goal.base()))?;
+    let grid = grid(goal, args, &base);
+    let mut extra = loaded.setup.policies_toml.clone().unwrap_or_default();
+    for (i, &w) in grid.iter().enumerate() {
+        extra.push('\n');
+        extra.push_str(&table(&format!("tune_{i}"), &base, w)?);
+    }
+    let setup = crate::engine_model::EngineSetup { policies_toml: Some(extra), ..loaded.setup.clone() };
+    let cfg = sim_config(args, &model)?;
+    let refs: Vec<Strategy> = match goal {
+        Goal::Green { .. } => vec![Strategy::Engine("cost".into())],
+        Goal::Cost => vec![Strategy::GreedySpot, Strategy::Greedy],
+    };
+    let mut strategies = refs.clone();
+    strategies.extend((0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))));
+    let runs = replay(args, loaded, &setup, &strategies, past, &cfg)?;
+    let (ref_runs, trial_runs) = runs.split_at(refs.len());
+    let tuning_limit = limit(goal, ref_runs)?;
+    let trials: Vec<Trial> = grid
+        .iter()
+        .zip(trial_runs)
+        .map(|(&(tv, cp, q), r)| {
+            let figures = Figures::from(r);
+            Trial {
+                time_value_usd_per_gpu_hour: tv,
+                carbon_usd_per_kg: cp,
+                spot_queue: q,
+                within: within(goal, &figures, tuning_limit),
+                figures,
+            }
+        })
+        .collect();
+    // The best within the budget; ties go to the lower USD, then to the grid's order.
+    let key = |t: &Trial| match goal {
+        Goal::Green { .. } => (t.figures.kg_co2, t.figures.usd),
+        Goal::Cost => (t.figures.usd, t.figures.mean_completion_h),
+    };
+    let chosen = trials
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.within)
+        .min_by(|a, b| key(a.1).partial_cmp(&key(b.1)).unwrap_or(std::cmp::Ordering::Equal).then(a.0.cmp(&b.0)))
+        .map(|(i, _)| i);
+    let mut held: Vec<Strategy> = refs;
+    held.push(Strategy::Engine(goal.base().into()));
+    if let Some(i) = chosen {
+        held.push(Strategy::Engine(format!("tune_{i}")));
+    }
+    let held_runs = replay(args, loaded, &setup, &held, future, &cfg)?;
+    let held_out_limit = limit(goal, &held_runs)?;
+    let held_out = held_runs
+        .iter()
+        .map(|r| {
+            let mut f = Figures::from(r);
+            if f.name.starts_with("tune_") {
+                f.name = "tuned".into();
+            }
+            f
+        })
+        .collect();
+    let policy_toml = chosen.map(|i| table(goal.base(), &base, grid[i])).transpose()?;
+    Ok(Tuned {
+        goal,
+        tuning_jobs: past.len(),
+        held_out_jobs: future.len(),
+        split_h: (future[0].submit_s - past[0].submit_s) / 3600.0,
+        tuning_limit,
+        tuning_reference: ref_runs.iter().map(Figures::from).collect(),
+        trials,
+        chosen,
+        held_out,
+        held_out_limit,
+        policy_toml,
+    })
+}
+
+impl Tuned {
+    /// The plain-text result (`fleet-sim --tune`).
+    pub fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let (what, unit) = match self.goal {
+            Goal::Green { budget } => {
+                (format!("least kgCO2 at USD ≤ {:.1} % above the cost policy's", budget * 100.0), "USD")
+            }
+            Goal::Cost => ("least USD at mean completion ≤ greedy-spot's".to_string(), "h"),
+        };
+        let _ = writeln!(
+            s,
+            "tuning `{}` for the {what}: weights chosen on the first {} jobs, checked on the last {} (from {:.1} h on)",
+            self.goal.base(),
+            self.tuning_jobs,
+            self.held_out_jobs,
+            self.split_h
+        );
+        let row = |s: &mut String, label: &str, f: &Figures, mark: &str| {
+            let _ = writeln!(
+                s,
+                "  {label:<30} {:>12.0} USD {:>12.0} kgCO2 {:>8.2} h mean completion{}{mark}",
+                f.usd,
+                f.kg_co2,
+                f.mean_completion_h,
+                if f.unplaced > 0 { format!("  {} unplaced", f.unplaced) } else { String::new() }
+            );
+        };
+        let _ = writeln!(s, "\ntuning part (limit {:.3} {unit}):", self.tuning_limit);
+        for f in &self.tuning_reference {
+            row(&mut s, &f.name, f, "");
+        }
+        for (i, t) in self.trials.iter().enumerate() {
+            let label =
+                format!("tv {} carbon {} queue {}", t.time_value_usd_per_gpu_hour, t.carbon_usd_per_kg, t.spot_queue);
+            let mark = match (Some(i) == self.chosen, t.within) {
+                (true, _) => "  ← chosen",
+                (false, true) => "",
+                (false, false) => "  (over the limit)",
+            };
+            row(&mut s, &label, &t.figures, mark);
+        }
+        let _ = writeln!(s, "\nheld-out part (limit {:.3} {unit}):", self.held_out_limit);
+        for f in &self.held_out {
+            let mark = match self.goal {
+                Goal::Green { .. } if f.name != "cost" => self.held_out.iter().find(|c| c.name == "cost").map(|c| {
+                    format!(
+                        "  kgCO2 {:+.1} %, USD {:+.1} % vs cost",
+                        (f.kg_co2 / c.kg_co2 - 1.0) * 100.0,
+                        (f.usd / c.usd - 1.0) * 100.0
+                    )
+                }),
+                Goal::Cost if f.name != "greedy-spot" => {
+                    self.held_out.iter().find(|c| c.name == "greedy-spot").map(|c| {
+                        format!(
+                            "  USD {:+.1} %, mean completion {:+.2} h vs greedy-spot",
+                            (f.usd / c.usd - 1.0) * 100.0,
+                            f.mean_completion_h - c.mean_completion_h
+                        )
+                    })
+                }
+                _ => None,
+            };
+            let over =
+                if ["cost", "greedy-spot"].contains(&f.name.as_str()) || within(self.goal, f, self.held_out_limit) {
+                    ""
+                } else {
+                    "  (over the limit)"
+                };
+            row(&mut s, &f.name, f, &(mark.unwrap_or_default() + over));
+        }
+        match &self.policy_toml {
+            Some(t) => {
+                let _ = writeln!(s, "\nchosen weights (for metasched.toml):\n{t}");
+            }
+            None => {
+                let _ = writeln!(s, "\nno weights of the grid kept the limit on the tuning part");
+            }
+        }
+        s
+    }
+}
