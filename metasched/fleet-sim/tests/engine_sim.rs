@@ -885,14 +885,9 @@ home = "far"
     every_policy_pays_at_least_the_bound(&a, t, s);
 }
 
-/// Four one-GPU 2-hour jobs of a team at home on `dirty` (1 USD/h, 700 g/kWh);
-/// `clean` (50 g/kWh) sells the same GPU at `clean_price`. The carbon LP says how
-/// much CO2 a schedule costing ≤ 1.05 × the cost policy can save: at 1.30 USD/h
-/// only a sixth of the work can move (≈ 15 % less CO2: the green target is
-/// proven unreachable), at 1.04 all of it (≈ 93 %). The test reads the proof's
-/// inequalities back from the report JSON, and checks the carbon bound against
-/// every simulated policy within the budget.
-fn carbon_case(clean_price: f64) -> serde_json::Value {
+/// Two one-pool zones of A100s: `dirty` at 1 USD/GPU-h and 700 g/kWh (the
+/// team's home), `clean` at `clean_price` and 50 g/kWh.
+fn two_zones(clean_price: f64) -> EngineSetup {
     let fleet = format!(
         r#"
 [[clusters]]
@@ -922,12 +917,23 @@ name = "t"
 home = "dirty"
 "#
     );
-    let s = EngineSetup {
+    EngineSetup {
         fleet_toml: fleet,
         carbon_csvs: vec![carbon("DIRTY", 700.0), carbon("CLEAN", 50.0)],
         dataset_gb: 0.0,
         ..EngineSetup::default()
-    };
+    }
+}
+
+/// Four one-GPU 2-hour jobs of a team at home on `dirty` (1 USD/h, 700 g/kWh);
+/// `clean` (50 g/kWh) sells the same GPU at `clean_price`. The carbon LP says how
+/// much CO2 a schedule costing ≤ 1.05 × the cost policy can save: at 1.30 USD/h
+/// only a sixth of the work can move (≈ 15 % less CO2: the green target is
+/// proven unreachable), at 1.04 all of it (≈ 93 %). The test reads the proof's
+/// inequalities back from the report JSON, and checks the carbon bound against
+/// every simulated policy within the budget.
+fn carbon_case(clean_price: f64) -> serde_json::Value {
+    let s = two_zones(clean_price);
     let csv =
         "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string() + &"2017-09-04 10:00:00,7200,1,2,t\n".repeat(4);
     let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
@@ -1412,39 +1418,7 @@ home = "home"
 /// table that the engine reads back.
 #[test]
 fn tuning_green_picks_the_cleanest_weights_within_the_budget_and_checks_them_on_held_out_jobs() {
-    let fleet = r#"
-[[clusters]]
-name = "dirty"
-provider = "aws"
-region = "us-east-1"
-carbon_zone = "DIRTY"
-prices.A100 = { on_demand = 1.0 }
-[[clusters.pools]]
-gpu_type = "A100"
-gpus_per_node = 8
-nodes = 1
-
-[[clusters]]
-name = "clean"
-provider = "aws"
-region = "us-east-1"
-carbon_zone = "CLEAN"
-prices.A100 = { on_demand = 1.04 }
-[[clusters.pools]]
-gpu_type = "A100"
-gpus_per_node = 8
-nodes = 1
-
-[[teams]]
-name = "t"
-home = "dirty"
-"#;
-    let s = EngineSetup {
-        fleet_toml: fleet.into(),
-        carbon_csvs: vec![carbon("DIRTY", 700.0), carbon("CLEAN", 50.0)],
-        dataset_gb: 0.0,
-        ..EngineSetup::default()
-    };
+    let s = two_zones(1.04);
     // 12 jobs, one every 30 min from 10:00
     let mut csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string();
     for i in 0..12 {
