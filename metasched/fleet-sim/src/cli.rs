@@ -142,6 +142,10 @@ pub struct SimulateArgs {
     /// Share of the jobs (by submission) that --tune chooses the weights on.
     #[arg(long, default_value_t = 0.5)]
     pub tune_split: f64,
+    /// Consecutive folds --tune replays the tuning part in, each from an empty
+    /// fleet: weights are kept only if they keep the limit on every fold.
+    #[arg(long, default_value_t = 1)]
+    pub tune_folds: usize,
     /// Time values (USD per GPU-hour) --tune tries, comma-separated [default:
     /// green 2,1,0.5,0.2,0.1; cost 0.5,1,1.5,2,2.5,3,4,5,6,8, each with and
     /// without the spot queue].

@@ -71,6 +71,21 @@ impl From<&PolicyReport> for Figures {
     }
 }
 
+/// The figures of replays of consecutive parts of a trace, together: sums,
+/// and the mean completion over all their jobs.
+fn merge(parts: &[&PolicyReport]) -> Figures {
+    let jobs: usize = parts.iter().map(|p| p.jobs).sum();
+    Figures {
+        name: parts.first().map(|p| p.policy.clone()).unwrap_or_default(),
+        usd: parts.iter().map(|p| p.total_usd).sum(),
+        kg_co2: parts.iter().map(|p| p.kg_co2).sum(),
+        mean_completion_h: parts.iter().map(|p| p.completion_mean_s * p.jobs as f64).sum::<f64>()
+            / jobs.max(1) as f64
+            / 3600.0,
+        unplaced: parts.iter().map(|p| p.unplaced).sum(),
+    }
+}
+
 /// One set of weights tried, and its replay over the tuning part.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Trial {
@@ -78,8 +93,10 @@ pub struct Trial {
     pub carbon_usd_per_kg: f64,
     pub spot_queue: bool,
     pub figures: Figures,
-    /// Within the budget on the tuning part.
+    /// Within the limit on every fold of the tuning part.
     pub within: bool,
+    /// Folds of the tuning part on which it kept the limit.
+    pub folds_within: usize,
 }
 
 /// The outcome of `--tune`.
@@ -91,8 +108,10 @@ pub struct Tuned {
     pub held_out_jobs: usize,
     /// The first held-out submission, hours after the first submission.
     pub split_h: f64,
-    /// The budget on the tuning part: a USD cap (green) or a mean completion cap
-    /// in hours (cost).
+    /// Consecutive folds the tuning part was replayed in (`--tune-folds`).
+    pub folds: usize,
+    /// The budget on the tuning part, over all its folds: a USD cap (green) or a
+    /// mean completion cap in hours (cost). Each fold is held to its own.
     pub tuning_limit: f64,
     /// The reference policies on the tuning part (cost; or greedy-spot and greedy).
     pub tuning_reference: Vec<Figures>,
@@ -200,20 +219,38 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
     };
     let mut strategies = refs.clone();
     strategies.extend((0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))));
-    let runs = replay(args, loaded, &setup, &strategies, past, &cfg)?;
-    let (ref_runs, trial_runs) = runs.split_at(refs.len());
-    let tuning_limit = limit(goal, ref_runs)?;
+    // Each fold of the tuning part is replayed on its own (from an empty fleet);
+    // a setting keeps the limit only if it keeps it on every fold.
+    let folds = args.tune_folds;
+    if folds == 0 || folds > past.len() {
+        bail!("--tune-folds must be between 1 and the {} jobs of the tuning part, got {folds}", past.len());
+    }
+    let mut fold_runs = Vec::with_capacity(folds);
+    for f in 0..folds {
+        let part = &past[f * past.len() / folds..(f + 1) * past.len() / folds];
+        let runs = replay(args, loaded, &setup, &strategies, part, &cfg)?;
+        let lim = limit(goal, &runs[..refs.len()])?;
+        fold_runs.push((runs, lim));
+    }
+    let merged = |k: usize| merge(&fold_runs.iter().map(|(r, _)| &r[k]).collect::<Vec<_>>());
+    let tuning_reference: Vec<Figures> = (0..refs.len()).map(merged).collect();
+    let tuning_limit = match goal {
+        Goal::Green { budget } => (1.0 + budget) * tuning_reference[0].usd,
+        Goal::Cost => tuning_reference[0].mean_completion_h,
+    };
     let trials: Vec<Trial> = grid
         .iter()
-        .zip(trial_runs)
-        .map(|(&(tv, cp, q), r)| {
-            let figures = Figures::from(r);
+        .enumerate()
+        .map(|(i, &(tv, cp, q))| {
+            let k = refs.len() + i;
+            let folds_within = fold_runs.iter().filter(|(r, lim)| within(goal, &Figures::from(&r[k]), *lim)).count();
             Trial {
                 time_value_usd_per_gpu_hour: tv,
                 carbon_usd_per_kg: cp,
                 spot_queue: q,
-                within: within(goal, &figures, tuning_limit),
-                figures,
+                figures: merged(k),
+                within: folds_within == folds,
+                folds_within,
             }
         })
         .collect();
@@ -252,7 +289,8 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
         held_out_jobs: future.len(),
         split_h: (future[0].submit_s - past[0].submit_s) / 3600.0,
         tuning_limit,
-        tuning_reference: ref_runs.iter().map(Figures::from).collect(),
+        folds,
+        tuning_reference,
         trials,
         chosen,
         held_out,
@@ -290,7 +328,9 @@ impl Tuned {
                 if f.unplaced > 0 { format!("  {} unplaced", f.unplaced) } else { String::new() }
             );
         };
-        let _ = writeln!(s, "\ntuning part (limit {:.3} {unit}):", self.tuning_limit);
+        let folds =
+            if self.folds > 1 { format!(", in {} folds each held to its own", self.folds) } else { String::new() };
+        let _ = writeln!(s, "\ntuning part (limit {:.3} {unit}{folds}):", self.tuning_limit);
         for f in &self.tuning_reference {
             row(&mut s, &f.name, f, "");
         }
@@ -298,11 +338,14 @@ impl Tuned {
             let label =
                 format!("tv {} carbon {} queue {}", t.time_value_usd_per_gpu_hour, t.carbon_usd_per_kg, t.spot_queue);
             let mark = match (Some(i) == self.chosen, t.within) {
-                (true, _) => "  ← chosen",
-                (false, true) => "",
-                (false, false) => "  (over the limit)",
+                (true, _) => "  ← chosen".to_string(),
+                (false, true) => String::new(),
+                (false, false) if self.folds > 1 => {
+                    format!("  (over the limit on {} of {} folds)", self.folds - t.folds_within, self.folds)
+                }
+                (false, false) => "  (over the limit)".to_string(),
             };
-            row(&mut s, &label, &t.figures, mark);
+            row(&mut s, &label, &t.figures, &mark);
         }
         let _ = writeln!(s, "\nheld-out part (limit {:.3} {unit}):", self.held_out_limit);
         for f in &self.held_out {

@@ -1514,3 +1514,64 @@ fn tuning_cost_picks_the_cheapest_weights_no_slower_than_greedy_spot() {
         fleet_sim::cli::parse_from(["x", "--trace", "t", "--fleet", "f", "--tune", "time"].map(String::from)).is_err()
     );
 }
+
+/// `--tune-folds`: the two zones of [`two_zones`] at a clean price of 1.04,
+/// but `clean` is as dirty as `dirty` until 13:00. Of the six tuning jobs (2 h
+/// each, from 10:00 every 30 min) the first three run wholly before 13:00 and
+/// stay on `dirty` at any carbon price; the last three gain from `clean` and
+/// move at 1 USD/kg, +4 % on their half and +2 % over the tuning part. Within a
+/// 3 % budget that is kept over the whole part (one fold) but not on the second
+/// of two folds, so with two folds only the price 0 is kept.
+#[test]
+fn tuning_folds_keep_only_weights_that_hold_the_limit_in_every_period() {
+    let mut clean = String::from("datetime_utc,zone,ci_direct_gco2_kwh,ci_lca_gco2_kwh\n");
+    for h in 0..48 {
+        let g = if h < 13 { 700.0 } else { 50.0 };
+        clean.push_str(&format!("2017-09-{:02} {:02}:00:00,CLEAN,{g},{g}\n", 4 + h / 24, h % 24));
+    }
+    let mut s = two_zones(1.04);
+    s.carbon_csvs = vec![carbon("DIRTY", 700.0), ("CLEAN".into(), clean)];
+    let mut csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string();
+    for i in 0..12 {
+        csv.push_str(&format!("2017-09-04 {:02}:{:02}:00,7200,1,7200,t\n", 10 + i / 2, 30 * (i % 2)));
+    }
+    let l = Loaded {
+        trace: read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap(),
+        trace_name: "t".into(),
+        fleet_name: "f".into(),
+        setup: s,
+        spot: vec![],
+    };
+    let tuned = |folds: &str| {
+        let a = args(&[
+            "--interruptible-share",
+            "0",
+            "--tune",
+            "green",
+            "--tune-budget",
+            "0.03",
+            "--tune-folds",
+            folds,
+            "--tune-time-values",
+            "2",
+            "--tune-carbon-prices",
+            "0,1",
+        ]);
+        fleet_sim::tune::tune(&a, &l, fleet_sim::tune::goal(&a).unwrap().unwrap()).unwrap()
+    };
+    let one = tuned("1");
+    let moved = &one.trials[1];
+    assert!((moved.figures.usd - 12.24).abs() < 1e-6, "{one:#?}");
+    assert!(moved.within && moved.folds_within == 1 && one.chosen == Some(1), "{one:#?}");
+    let two = tuned("2");
+    assert_eq!(two.folds, 2);
+    // the same replays, merged: the figures over the tuning part do not change
+    assert!((two.trials[1].figures.usd - 12.24).abs() < 1e-6, "{two:#?}");
+    assert!((two.tuning_limit - one.tuning_limit).abs() < 1e-9, "{two:#?}");
+    assert_eq!((two.trials[1].within, two.trials[1].folds_within), (false, 1), "{two:#?}");
+    assert_eq!(two.chosen, Some(0), "{two:#?}");
+    assert!(two.text().contains("over the limit on 1 of 2 folds"), "{}", two.text());
+    let a = args(&["--tune", "green", "--tune-folds", "0"]);
+    let e = fleet_sim::tune::tune(&a, &l, fleet_sim::tune::goal(&a).unwrap().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("--tune-folds"), "{e}");
+}
