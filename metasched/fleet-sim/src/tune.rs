@@ -12,7 +12,10 @@
 //! built-in policy and the reference, so that the figure a planner reads is one
 //! the weights were not chosen on. The held-out replay starts with an empty
 //! fleet at the first held-out submission (jobs of the tuning part still
-//! running then are not carried over).
+//! running then are not carried over). With `--tune-folds K` the tuning part is
+//! replayed as K consecutive folds in the same way, and weights are kept only
+//! if they keep the limit on every fold: a choice at the edge of the budget over
+//! the whole part may be far over it in one period.
 
 use anyhow::{bail, Context, Result};
 use fleet_engine::policy::Policy;
