@@ -1408,6 +1408,41 @@ home = "home"
     }
 }
 
+/// Twelve one-GPU two-hour jobs of team `t`, one every 30 min from 10:00, over `s`.
+fn half_hourly(s: EngineSetup) -> Loaded {
+    let mut csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string();
+    for i in 0..12 {
+        csv.push_str(&format!("2017-09-04 {:02}:{:02}:00,7200,1,7200,t\n", 10 + i / 2, 30 * (i % 2)));
+    }
+    Loaded {
+        trace: read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap(),
+        trace_name: "t".into(),
+        fleet_name: "f".into(),
+        setup: s,
+        spot: vec![],
+    }
+}
+
+/// `--tune green` over `l` (jobs on demand only), trying the time value 2 and
+/// the carbon prices 0 and 1.
+fn tune_green(l: &Loaded, budget: &str, folds: &str) -> anyhow::Result<fleet_sim::tune::Tuned> {
+    let a = args(&[
+        "--interruptible-share",
+        "0",
+        "--tune",
+        "green",
+        "--tune-budget",
+        budget,
+        "--tune-folds",
+        folds,
+        "--tune-time-values",
+        "2",
+        "--tune-carbon-prices",
+        "0,1",
+    ]);
+    fleet_sim::tune::tune(&a, l, fleet_sim::tune::goal(&a)?.expect("--tune is given"))
+}
+
 /// `--tune green` over the two-zone fleet of [`carbon_case`] at a clean price of
 /// 1.04 (8 GPUs each; 1-GPU 2-hour jobs, never more than 4 at once, so the
 /// cost policy runs them all on `dirty`). Any carbon price above 0.04 USD per
@@ -1418,35 +1453,8 @@ home = "home"
 /// table that the engine reads back.
 #[test]
 fn tuning_green_picks_the_cleanest_weights_within_the_budget_and_checks_them_on_held_out_jobs() {
-    let s = two_zones(1.04);
-    // 12 jobs, one every 30 min from 10:00
-    let mut csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string();
-    for i in 0..12 {
-        csv.push_str(&format!("2017-09-04 {:02}:{:02}:00,7200,1,7200,t\n", 10 + i / 2, 30 * (i % 2)));
-    }
-    let l = || Loaded {
-        trace: read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap(),
-        trace_name: "t".into(),
-        fleet_name: "f".into(),
-        setup: s.clone(),
-        spot: vec![],
-    };
-    let tuned = |budget: &str| {
-        let a = args(&[
-            "--interruptible-share",
-            "0",
-            "--tune",
-            "green",
-            "--tune-budget",
-            budget,
-            "--tune-time-values",
-            "2",
-            "--tune-carbon-prices",
-            "0,1",
-        ]);
-        let goal = fleet_sim::tune::goal(&a).unwrap().unwrap();
-        fleet_sim::tune::tune(&a, &l(), goal).unwrap()
-    };
+    let l = half_hourly(two_zones(1.04));
+    let tuned = |budget: &str| tune_green(&l, budget, "1").unwrap();
     let t = tuned("0.05");
     assert_eq!((t.tuning_jobs, t.held_out_jobs), (6, 6), "{t:#?}");
     assert!((t.split_h - 3.0).abs() < 1e-9, "{t:#?}");
@@ -1531,34 +1539,8 @@ fn tuning_folds_keep_only_weights_that_hold_the_limit_in_every_period() {
     }
     let mut s = two_zones(1.04);
     s.carbon_csvs = vec![carbon("DIRTY", 700.0), ("CLEAN".into(), clean)];
-    let mut csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string();
-    for i in 0..12 {
-        csv.push_str(&format!("2017-09-04 {:02}:{:02}:00,7200,1,7200,t\n", 10 + i / 2, 30 * (i % 2)));
-    }
-    let l = Loaded {
-        trace: read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap(),
-        trace_name: "t".into(),
-        fleet_name: "f".into(),
-        setup: s,
-        spot: vec![],
-    };
-    let tuned = |folds: &str| {
-        let a = args(&[
-            "--interruptible-share",
-            "0",
-            "--tune",
-            "green",
-            "--tune-budget",
-            "0.03",
-            "--tune-folds",
-            folds,
-            "--tune-time-values",
-            "2",
-            "--tune-carbon-prices",
-            "0,1",
-        ]);
-        fleet_sim::tune::tune(&a, &l, fleet_sim::tune::goal(&a).unwrap().unwrap()).unwrap()
-    };
+    let l = half_hourly(s);
+    let tuned = |folds: &str| tune_green(&l, "0.03", folds).unwrap();
     let one = tuned("1");
     let moved = &one.trials[1];
     assert!((moved.figures.usd - 12.24).abs() < 1e-6, "{one:#?}");
@@ -1571,7 +1553,6 @@ fn tuning_folds_keep_only_weights_that_hold_the_limit_in_every_period() {
     assert_eq!((two.trials[1].within, two.trials[1].folds_within), (false, 1), "{two:#?}");
     assert_eq!(two.chosen, Some(0), "{two:#?}");
     assert!(two.text().contains("over the limit on 1 of 2 folds"), "{}", two.text());
-    let a = args(&["--tune", "green", "--tune-folds", "0"]);
-    let e = fleet_sim::tune::tune(&a, &l, fleet_sim::tune::goal(&a).unwrap().unwrap()).unwrap_err().to_string();
+    let e = tune_green(&l, "0.03", "0").unwrap_err().to_string();
     assert!(e.contains("--tune-folds"), "{e}");
 }
