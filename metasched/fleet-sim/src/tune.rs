@@ -257,7 +257,8 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
             }
         })
         .collect();
-    // The best within the budget; ties go to the lower USD, then to the grid's order.
+    // The best within the limit; ties go to the lower USD (green) or the shorter
+    // mean completion (cost), then to the grid's order.
     let key = |t: &Trial| match goal {
         Goal::Green { .. } => (t.figures.kg_co2, t.figures.usd),
         Goal::Cost => (t.figures.usd, t.figures.mean_completion_h),
