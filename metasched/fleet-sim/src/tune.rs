@@ -178,15 +178,12 @@ fn table(name: &str, base: &Policy, (tv, cp, q): (f64, f64, bool)) -> Result<Str
     Ok(format!("[policies.{name}]\n{}", toml::to_string(&p).context("policy as TOML")?))
 }
 
-fn find<'a>(v: &'a [PolicyReport], name: &str) -> Result<&'a PolicyReport> {
-    v.iter().find(|p| p.policy == name).with_context(|| format!("no replay of {name}"))
-}
-
-/// The budget on one part, from its reference replays.
-fn limit(goal: Goal, refs: &[PolicyReport]) -> Result<f64> {
+/// The budget on one part, from its reference replays' figures.
+fn limit(goal: Goal, refs: &[Figures]) -> Result<f64> {
+    let find = |name: &str| refs.iter().find(|f| f.name == name).with_context(|| format!("no replay of {name}"));
     Ok(match goal {
-        Goal::Green { budget } => (1.0 + budget) * find(refs, "cost")?.total_usd,
-        Goal::Cost => find(refs, "greedy-spot")?.completion_mean_s / 3600.0,
+        Goal::Green { budget } => (1.0 + budget) * find("cost")?.usd,
+        Goal::Cost => find("greedy-spot")?.mean_completion_h,
     })
 }
 
@@ -232,15 +229,12 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
     for f in 0..folds {
         let part = &past[f * past.len() / folds..(f + 1) * past.len() / folds];
         let runs = replay(args, loaded, &setup, &strategies, part, &cfg)?;
-        let lim = limit(goal, &runs[..refs.len()])?;
+        let lim = limit(goal, &runs[..refs.len()].iter().map(Figures::from).collect::<Vec<_>>())?;
         fold_runs.push((runs, lim));
     }
     let merged = |k: usize| merge(&fold_runs.iter().map(|(r, _)| &r[k]).collect::<Vec<_>>());
     let tuning_reference: Vec<Figures> = (0..refs.len()).map(merged).collect();
-    let tuning_limit = match goal {
-        Goal::Green { budget } => (1.0 + budget) * tuning_reference[0].usd,
-        Goal::Cost => tuning_reference[0].mean_completion_h,
-    };
+    let tuning_limit = limit(goal, &tuning_reference)?;
     let trials: Vec<Trial> = grid
         .iter()
         .enumerate()
@@ -275,8 +269,7 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
         held.push(Strategy::Engine(format!("tune_{i}")));
     }
     let held_runs = replay(args, loaded, &setup, &held, future, &cfg)?;
-    let held_out_limit = limit(goal, &held_runs)?;
-    let held_out = held_runs
+    let held_out: Vec<Figures> = held_runs
         .iter()
         .map(|r| {
             let mut f = Figures::from(r);
@@ -286,6 +279,7 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
             f
         })
         .collect();
+    let held_out_limit = limit(goal, &held_out)?;
     let policy_toml = chosen.map(|i| table(goal.base(), &base, grid[i])).transpose()?;
     Ok(Tuned {
         goal,
