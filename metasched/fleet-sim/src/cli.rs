@@ -143,9 +143,17 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.5)]
     pub tune_split: f64,
     /// Consecutive folds --tune replays the tuning part in, each from an empty
-    /// fleet: weights are kept only if they keep the limit on every fold.
+    /// fleet: weights are kept only if they keep the limit on every fold (with
+    /// --tune-walk: the periods before each that it is tuned on, one fold each).
     #[arg(long, default_value_t = 1)]
     pub tune_folds: usize,
+    /// Walk forward instead of one split: cut the jobs into N consecutive
+    /// periods (by submission) and run each with the weights chosen on the
+    /// periods before it (the last --tune-folds of them, as folds), over its
+    /// jobs whose run could have ended by then; the first runs the built-in
+    /// weights. Reports the whole trace so run against the references.
+    #[arg(long, value_name = "N", requires = "tune")]
+    pub tune_walk: Option<usize>,
     /// Time values (USD per GPU-hour) --tune tries, comma-separated [default:
     /// green 2,1,0.5,0.2,0.1; cost 0.5,1,1.5,2,2.5,3,4,5,6,8, each with and
     /// without the spot queue].
@@ -280,6 +288,7 @@ pub(crate) fn sim_config(args: &SimulateArgs, model: &EngineModel) -> Result<Sim
         full_rebuild: false,
         hold: carbon_hold(args)?,
         spot_oracle: args.spot_oracle,
+        switches: Vec::new(),
     })
 }
 
@@ -589,10 +598,32 @@ fn carbon_hold(args: &SimulateArgs) -> Result<sim::CarbonHold> {
     Ok(sim::CarbonHold { max_s: h * 3600.0, slack: k, min_saving: m, pause: args.carbon_pause, ..base })
 }
 
+/// Writes the tuned weights (if any) to `tuned-policy.toml` in `--out-dir`.
+fn write_tuned(args: &SimulateArgs, table: Option<&str>) -> Result<()> {
+    if let (Some(dir), Some(t)) = (&args.out_dir, table) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let f = dir.join("tuned-policy.toml");
+        std::fs::write(&f, t).with_context(|| format!("writing {}", f.display()))?;
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
 /// `fleetctl simulate`: load, replay, print the table, write the outputs.
 pub fn run(args: SimulateArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let loaded = load(&args)?;
+    if let (Some(goal), Some(n)) = (crate::tune::goal(&args)?, args.tune_walk) {
+        let walked = crate::walk::walk(&args, &loaded, goal, n)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&walked).context("walk as JSON")?);
+        } else {
+            print!("{}", walked.text());
+        }
+        write_tuned(&args, walked.policy_toml.as_deref())?;
+        eprintln!("walked over {} periods in {:.2} s", n, t0.elapsed().as_secs_f64());
+        return Ok(());
+    }
     if let Some(goal) = crate::tune::goal(&args)? {
         let tuned = crate::tune::tune(&args, &loaded, goal)?;
         if args.json {
@@ -600,12 +631,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         } else {
             print!("{}", tuned.text());
         }
-        if let (Some(dir), Some(t)) = (&args.out_dir, &tuned.policy_toml) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            let f = dir.join("tuned-policy.toml");
-            std::fs::write(&f, t).with_context(|| format!("writing {}", f.display()))?;
-            eprintln!("wrote {}", f.display());
-        }
+        write_tuned(&args, tuned.policy_toml.as_deref())?;
         eprintln!("tuned over {} jobs in {:.2} s", tuned.tuning_jobs + tuned.held_out_jobs, t0.elapsed().as_secs_f64());
         return Ok(());
     }

@@ -16,3 +16,4 @@ pub mod sim;
 pub mod spot;
 pub mod trace;
 pub mod tune;
+pub mod walk;

@@ -336,6 +336,10 @@ pub struct SimConfig {
     /// after the window lasts) instead of estimates from the past. What that
     /// buys is what knowing the future is worth to them; the LP knows it all.
     pub spot_oracle: bool,
+    /// An engine strategy's policy from a time on (seconds, policy name), in
+    /// time order: the walk-forward of `--tune-walk` switches to the weights
+    /// chosen for each period at its first submission. Baselines ignore it.
+    pub switches: Vec<(f64, String)>,
 }
 
 impl Default for SimConfig {
@@ -348,6 +352,7 @@ impl Default for SimConfig {
             full_rebuild: false,
             hold: CarbonHold::off(),
             spot_oracle: false,
+            switches: Vec::new(),
         }
     }
 }
@@ -511,6 +516,8 @@ enum Ev {
     },
     OutageStart(usize),
     OutageEnd(usize),
+    /// `SimConfig::switches[k]` takes effect.
+    Switch(usize),
     Rebalance,
 }
 
@@ -897,6 +904,12 @@ pub fn simulate<M: Model>(
         arrivals_left: jobs.len(),
         settled: 0,
     };
+    // Pushed before the arrivals: a switch at a job's submission applies to it.
+    if matches!(sim.strategy, Strategy::Engine(_)) {
+        for (k, (t, _)) in cfg.switches.iter().enumerate() {
+            sim.push(*t, Ev::Switch(k));
+        }
+    }
     for (i, j) in jobs.iter().enumerate() {
         sim.push(j.submit_s, Ev::Arrival(i));
     }
@@ -967,6 +980,7 @@ pub fn simulate<M: Model>(
             }
             Ev::OutageStart(c) => sim.outage_start(c, t),
             Ev::OutageEnd(c) => sim.outage_end(c, t),
+            Ev::Switch(k) => sim.strategy = Strategy::Engine(cfg.switches[k].1.clone()),
             Ev::Rebalance => {
                 sim.rebalance(t);
                 sim.carbon_pauses(t);

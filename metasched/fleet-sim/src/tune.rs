@@ -21,9 +21,9 @@ use anyhow::{bail, Context, Result};
 use fleet_engine::policy::Policy;
 
 use crate::cli::{replay, sim_config, sim_jobs, Loaded, SimulateArgs};
-use crate::engine_model::EngineModel;
+use crate::engine_model::{EngineModel, EngineSetup};
 use crate::report::PolicyReport;
-use crate::sim::Strategy;
+use crate::sim::{SimConfig, SimJob, Strategy};
 
 /// Time values (USD per GPU-hour) tried when `--tune-time-values` is not given.
 pub const TIME_VALUES: [f64; 5] = [2.0, 1.0, 0.5, 0.2, 0.1];
@@ -44,7 +44,7 @@ pub enum Goal {
 }
 
 impl Goal {
-    fn base(self) -> &'static str {
+    pub(crate) fn base(self) -> &'static str {
         match self {
             Goal::Green { .. } => "green",
             Goal::Cost => "cost",
@@ -76,7 +76,7 @@ impl From<&PolicyReport> for Figures {
 
 /// The figures of replays of consecutive parts of a trace, together: sums,
 /// and the mean completion over all their jobs.
-fn merge(parts: &[&PolicyReport]) -> Figures {
+pub(crate) fn merge(parts: &[&PolicyReport]) -> Figures {
     let jobs: usize = parts.iter().map(|p| p.jobs).sum();
     Figures {
         name: parts.first().map(|p| p.policy.clone()).unwrap_or_default(),
@@ -156,7 +156,7 @@ pub fn goal(args: &SimulateArgs) -> Result<Option<Goal>> {
 }
 
 /// The weights to try: (time value, carbon price, spot queue).
-fn grid(goal: Goal, args: &SimulateArgs, base: &Policy) -> Vec<(f64, f64, bool)> {
+pub(crate) fn grid(goal: Goal, args: &SimulateArgs, base: &Policy) -> Vec<(f64, f64, bool)> {
     let or = |v: &[f64], d: &[f64]| if v.is_empty() { d.to_vec() } else { v.to_vec() };
     match goal {
         Goal::Green { .. } => {
@@ -173,13 +173,13 @@ fn grid(goal: Goal, args: &SimulateArgs, base: &Policy) -> Vec<(f64, f64, bool)>
 }
 
 /// `base` with the trial's weights, as a policies table named `name`.
-fn table(name: &str, base: &Policy, (tv, cp, q): (f64, f64, bool)) -> Result<String> {
+pub(crate) fn table(name: &str, base: &Policy, (tv, cp, q): (f64, f64, bool)) -> Result<String> {
     let p = Policy { time_value_usd_per_gpu_hour: tv, carbon_usd_per_kg: cp, spot_queue: q, ..base.clone() };
     Ok(format!("[policies.{name}]\n{}", toml::to_string(&p).context("policy as TOML")?))
 }
 
 /// The budget on one part, from its reference replays' figures.
-fn limit(goal: Goal, refs: &[Figures]) -> Result<f64> {
+pub(crate) fn limit(goal: Goal, refs: &[Figures]) -> Result<f64> {
     let find = |name: &str| refs.iter().find(|f| f.name == name).with_context(|| format!("no replay of {name}"));
     Ok(match goal {
         Goal::Green { budget } => (1.0 + budget) * find("cost")?.usd,
@@ -187,7 +187,7 @@ fn limit(goal: Goal, refs: &[Figures]) -> Result<f64> {
     })
 }
 
-fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
+pub(crate) fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
     f.unplaced == 0
         && match goal {
             Goal::Green { .. } => f.usd <= limit,
@@ -195,46 +195,60 @@ fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
         }
 }
 
-/// Tunes the weights of `goal`'s policy over `loaded` (see the module docs).
-pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
-    let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
-    let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
-    if jobs.len() < 2 {
-        bail!("--tune needs at least two jobs (a tuning part and a held-out part), got {}", jobs.len());
-    }
-    let k = ((jobs.len() as f64 * args.tune_split).round() as usize).clamp(1, jobs.len() - 1);
-    let (past, future) = jobs.split_at(k);
-    let base = model.policy(goal.base()).with_context(|| format!("no `{}` policy", goal.base()))?;
-    let grid = grid(goal, args, &base);
+/// The engine set up from `loaded` with every weight of `grid` as a policy
+/// `tune_<i>` of `base`.
+pub(crate) fn grid_setup(loaded: &Loaded, base: &Policy, grid: &[(f64, f64, bool)]) -> Result<EngineSetup> {
     let mut extra = loaded.setup.policies_toml.clone().unwrap_or_default();
     for (i, &w) in grid.iter().enumerate() {
         extra.push('\n');
-        extra.push_str(&table(&format!("tune_{i}"), &base, w)?);
+        extra.push_str(&table(&format!("tune_{i}"), base, w)?);
     }
-    let setup = crate::engine_model::EngineSetup { policies_toml: Some(extra), ..loaded.setup.clone() };
-    let cfg = sim_config(args, &model)?;
-    let refs: Vec<Strategy> = match goal {
+    Ok(EngineSetup { policies_toml: Some(extra), ..loaded.setup.clone() })
+}
+
+/// The replays a goal's limit is taken from.
+pub(crate) fn references(goal: Goal) -> Vec<Strategy> {
+    match goal {
         Goal::Green { .. } => vec![Strategy::Engine("cost".into())],
         Goal::Cost => vec![Strategy::GreedySpot, Strategy::Greedy],
-    };
+    }
+}
+
+/// What the weights of a grid did over the folds of a tuning part.
+pub(crate) struct Tried {
+    /// The references over all the folds.
+    pub reference: Vec<Figures>,
+    /// The limit over all the folds (each fold is held to its own).
+    pub limit: f64,
+    pub trials: Vec<Trial>,
+    /// The best trial within the limit on every fold.
+    pub chosen: Option<usize>,
+}
+
+/// Replays the references and every weight of `grid` (policies `tune_<i>` of
+/// `setup`) over each fold, each from an empty fleet, and chooses the best that
+/// keeps the limit on every fold.
+pub(crate) fn try_grid(
+    args: &SimulateArgs,
+    loaded: &Loaded,
+    setup: &EngineSetup,
+    goal: Goal,
+    grid: &[(f64, f64, bool)],
+    folds: &[&[SimJob]],
+    cfg: &SimConfig,
+) -> Result<Tried> {
+    let refs = references(goal);
     let mut strategies = refs.clone();
     strategies.extend((0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))));
-    // Each fold of the tuning part is replayed on its own (from an empty fleet);
-    // a setting keeps the limit only if it keeps it on every fold.
-    let folds = args.tune_folds;
-    if folds == 0 || folds > past.len() {
-        bail!("--tune-folds must be between 1 and the {} jobs of the tuning part, got {folds}", past.len());
-    }
-    let mut fold_runs = Vec::with_capacity(folds);
-    for f in 0..folds {
-        let part = &past[f * past.len() / folds..(f + 1) * past.len() / folds];
-        let runs = replay(args, loaded, &setup, &strategies, part, &cfg)?;
+    let mut fold_runs = Vec::with_capacity(folds.len());
+    for part in folds {
+        let runs = replay(args, loaded, setup, &strategies, part, cfg)?;
         let lim = limit(goal, &runs[..refs.len()].iter().map(Figures::from).collect::<Vec<_>>())?;
         fold_runs.push((runs, lim));
     }
     let merged = |k: usize| merge(&fold_runs.iter().map(|(r, _)| &r[k]).collect::<Vec<_>>());
-    let tuning_reference: Vec<Figures> = (0..refs.len()).map(merged).collect();
-    let tuning_limit = limit(goal, &tuning_reference)?;
+    let reference: Vec<Figures> = (0..refs.len()).map(merged).collect();
+    let limit = limit(goal, &reference)?;
     let trials: Vec<Trial> = grid
         .iter()
         .enumerate()
@@ -246,7 +260,7 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
                 carbon_usd_per_kg: cp,
                 spot_queue: q,
                 figures: merged(k),
-                within: folds_within == folds,
+                within: folds_within == folds.len(),
                 folds_within,
             }
         })
@@ -263,9 +277,32 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
         .filter(|(_, t)| t.within)
         .min_by(|a, b| key(a.1).partial_cmp(&key(b.1)).unwrap_or(std::cmp::Ordering::Equal).then(a.0.cmp(&b.0)))
         .map(|(i, _)| i);
-    let mut held: Vec<Strategy> = refs;
+    Ok(Tried { reference, limit, trials, chosen })
+}
+
+/// Tunes the weights of `goal`'s policy over `loaded` (see the module docs).
+pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
+    let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
+    let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
+    if jobs.len() < 2 {
+        bail!("--tune needs at least two jobs (a tuning part and a held-out part), got {}", jobs.len());
+    }
+    let k = ((jobs.len() as f64 * args.tune_split).round() as usize).clamp(1, jobs.len() - 1);
+    let (past, future) = jobs.split_at(k);
+    let base = model.policy(goal.base()).with_context(|| format!("no `{}` policy", goal.base()))?;
+    let grid = grid(goal, args, &base);
+    let setup = grid_setup(loaded, &base, &grid)?;
+    let cfg = sim_config(args, &model)?;
+    let folds = args.tune_folds;
+    if folds == 0 || folds > past.len() {
+        bail!("--tune-folds must be between 1 and the {} jobs of the tuning part, got {folds}", past.len());
+    }
+    let parts: Vec<&[SimJob]> =
+        (0..folds).map(|f| &past[f * past.len() / folds..(f + 1) * past.len() / folds]).collect();
+    let tried = try_grid(args, loaded, &setup, goal, &grid, &parts, &cfg)?;
+    let mut held: Vec<Strategy> = references(goal);
     held.push(Strategy::Engine(goal.base().into()));
-    if let Some(i) = chosen {
+    if let Some(i) = tried.chosen {
         held.push(Strategy::Engine(format!("tune_{i}")));
     }
     let held_runs = replay(args, loaded, &setup, &held, future, &cfg)?;
@@ -280,17 +317,17 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
         })
         .collect();
     let held_out_limit = limit(goal, &held_out)?;
-    let policy_toml = chosen.map(|i| table(goal.base(), &base, grid[i])).transpose()?;
+    let policy_toml = tried.chosen.map(|i| table(goal.base(), &base, grid[i])).transpose()?;
     Ok(Tuned {
         goal,
         tuning_jobs: past.len(),
         held_out_jobs: future.len(),
         split_h: (future[0].submit_s - past[0].submit_s) / 3600.0,
-        tuning_limit,
+        tuning_limit: tried.limit,
         folds,
-        tuning_reference,
-        trials,
-        chosen,
+        tuning_reference: tried.reference,
+        trials: tried.trials,
+        chosen: tried.chosen,
         held_out,
         held_out_limit,
         policy_toml,
@@ -316,16 +353,6 @@ impl Tuned {
             self.held_out_jobs,
             self.split_h
         );
-        let row = |s: &mut String, label: &str, f: &Figures, mark: &str| {
-            let _ = writeln!(
-                s,
-                "  {label:<30} {:>12.0} USD {:>12.0} kgCO2 {:>8.2} h mean completion{}{mark}",
-                f.usd,
-                f.kg_co2,
-                f.mean_completion_h,
-                if f.unplaced > 0 { format!("  {} unplaced", f.unplaced) } else { String::new() }
-            );
-        };
         let folds =
             if self.folds > 1 { format!(", in {} folds each held to its own", self.folds) } else { String::new() };
         let _ = writeln!(s, "\ntuning part (limit {:.3} {unit}{folds}):", self.tuning_limit);
@@ -346,34 +373,7 @@ impl Tuned {
             row(&mut s, &label, &t.figures, &mark);
         }
         let _ = writeln!(s, "\nheld-out part (limit {:.3} {unit}):", self.held_out_limit);
-        for f in &self.held_out {
-            let mark = match self.goal {
-                Goal::Green { .. } if f.name != "cost" => self.held_out.iter().find(|c| c.name == "cost").map(|c| {
-                    format!(
-                        "  kgCO2 {:+.1} %, USD {:+.1} % vs cost",
-                        (f.kg_co2 / c.kg_co2 - 1.0) * 100.0,
-                        (f.usd / c.usd - 1.0) * 100.0
-                    )
-                }),
-                Goal::Cost if f.name != "greedy-spot" => {
-                    self.held_out.iter().find(|c| c.name == "greedy-spot").map(|c| {
-                        format!(
-                            "  USD {:+.1} %, mean completion {:+.2} h vs greedy-spot",
-                            (f.usd / c.usd - 1.0) * 100.0,
-                            f.mean_completion_h - c.mean_completion_h
-                        )
-                    })
-                }
-                _ => None,
-            };
-            let over =
-                if ["cost", "greedy-spot"].contains(&f.name.as_str()) || within(self.goal, f, self.held_out_limit) {
-                    ""
-                } else {
-                    "  (over the limit)"
-                };
-            row(&mut s, &f.name, f, &(mark.unwrap_or_default() + over));
-        }
+        compared(&mut s, self.goal, &self.held_out, self.held_out_limit);
         match &self.policy_toml {
             Some(t) => {
                 let _ = writeln!(s, "\nchosen weights (for metasched.toml):\n{t}");
@@ -383,5 +383,48 @@ impl Tuned {
             }
         }
         s
+    }
+}
+
+/// One replay's figures as a line of `--tune`'s text.
+pub(crate) fn row(s: &mut String, label: &str, f: &Figures, mark: &str) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        s,
+        "  {label:<30} {:>12.0} USD {:>12.0} kgCO2 {:>8.2} h mean completion{}{mark}",
+        f.usd,
+        f.kg_co2,
+        f.mean_completion_h,
+        if f.unplaced > 0 { format!("  {} unplaced", f.unplaced) } else { String::new() }
+    );
+}
+
+/// Replays of one part as lines, each against the goal's reference (the cost
+/// policy, or greedy-spot) and marked where over `limit`.
+pub(crate) fn compared(s: &mut String, goal: Goal, figs: &[Figures], limit: f64) {
+    for f in figs {
+        let mark = match goal {
+            Goal::Green { .. } if f.name != "cost" => figs.iter().find(|c| c.name == "cost").map(|c| {
+                format!(
+                    "  kgCO2 {:+.1} %, USD {:+.1} % vs cost",
+                    (f.kg_co2 / c.kg_co2 - 1.0) * 100.0,
+                    (f.usd / c.usd - 1.0) * 100.0
+                )
+            }),
+            Goal::Cost if f.name != "greedy-spot" => figs.iter().find(|c| c.name == "greedy-spot").map(|c| {
+                format!(
+                    "  USD {:+.1} %, mean completion {:+.2} h vs greedy-spot",
+                    (f.usd / c.usd - 1.0) * 100.0,
+                    f.mean_completion_h - c.mean_completion_h
+                )
+            }),
+            _ => None,
+        };
+        let over = if ["cost", "greedy-spot"].contains(&f.name.as_str()) || within(goal, f, limit) {
+            ""
+        } else {
+            "  (over the limit)"
+        };
+        row(s, &f.name, f, &(mark.unwrap_or_default() + over));
     }
 }

@@ -1556,3 +1556,70 @@ fn tuning_folds_keep_only_weights_that_hold_the_limit_in_every_period() {
     let e = tune_green(&l, "0.03", "0").unwrap_err().to_string();
     assert!(e.contains("--tune-folds"), "{e}");
 }
+
+/// `--tune-walk 2` over the twelve jobs of [`half_hourly`] on the two zones of
+/// [`two_zones`] at a clean price of 1.04 (moving a job to `clean` costs +4 %
+/// and cuts its CO2 to 50/700). The first period (10:00–12:30) runs the
+/// built-in green policy, which moves every job. The second, from 13:00, runs
+/// the weights chosen on the first period's jobs whose run could have ended by
+/// 13:00 (the three from 10:00 to 11:00): within a 5 % budget the price 1 (its
+/// jobs move too), within 3 % the price 0 (they stay on `dirty`). The switch
+/// takes effect for the job submitted at 13:00 itself. The weights for the jobs
+/// to come are chosen on the second period's jobs done by its last submission
+/// (15:30): the two from 13:00 and 13:30.
+#[test]
+fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
+    let l = half_hourly(two_zones(1.04));
+    let walk = |budget: &str, extra: &[&str]| {
+        let mut flags = vec![
+            "--interruptible-share",
+            "0",
+            "--tune",
+            "green",
+            "--tune-budget",
+            budget,
+            "--tune-time-values",
+            "2",
+            "--tune-carbon-prices",
+            "0,1",
+        ];
+        flags.extend_from_slice(extra);
+        let a = args(&flags);
+        fleet_sim::walk::walk(&a, &l, fleet_sim::tune::goal(&a)?.expect("--tune is given"), a.tune_walk.unwrap_or(2))
+    };
+    let w = walk("0.05", &[]).unwrap();
+    assert_eq!(w.periods.len(), 2);
+    let (first, second) = (&w.periods[0], &w.periods[1]);
+    assert_eq!((first.jobs, first.tuned_on_jobs, first.weights.as_ref()), (6, 0, None), "{w:#?}");
+    assert_eq!((second.jobs, second.tuned_on_jobs), (6, 3), "{w:#?}");
+    assert!((second.start_h - 3.0).abs() < 1e-9, "{w:#?}");
+    // three jobs × 2 GPU-hours × 1 USD on `dirty`, and 5 % more
+    assert!((second.limit.unwrap() - 6.3).abs() < 1e-6, "{w:#?}");
+    assert_eq!(second.weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(1.0), "{w:#?}");
+    assert_eq!(w.next.tuned_on_jobs, 2, "{w:#?}");
+    let names: Vec<&str> = w.whole.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["cost", "green", "walk"]);
+    let (cost, walked) = (&w.whole[0], &w.whole[2]);
+    assert!((cost.usd - 24.0).abs() < 1e-6, "{w:#?}");
+    // every job moved: 12 × 2 × 1.04 USD, 50/700 of the CO2
+    assert!((walked.usd - 24.96).abs() < 1e-6, "{w:#?}");
+    assert!((walked.kg_co2 / cost.kg_co2 - 50.0 / 700.0).abs() < 1e-6, "{w:#?}");
+    assert!(w.policy_toml.as_deref().unwrap().contains("carbon_usd_per_kg = 1.0"), "{w:#?}");
+    // within 3 %: the second period stays on `dirty`, the first still moved
+    let w = walk("0.03", &[]).unwrap();
+    assert!((w.periods[1].limit.unwrap() - 6.18).abs() < 1e-6, "{w:#?}");
+    assert_eq!(w.periods[1].weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(0.0), "{w:#?}");
+    let (cost, walked) = (&w.whole[0], &w.whole[2]);
+    assert!((walked.usd - (12.0 * 1.04 + 12.0)).abs() < 1e-6, "{w:#?}");
+    assert!((walked.kg_co2 / cost.kg_co2 - (6.0 * 50.0 / 700.0 + 6.0) / 12.0).abs() < 1e-6, "{w:#?}");
+    assert!(w.policy_toml.as_deref().unwrap().contains("carbon_usd_per_kg = 0.0"), "{w:#?}");
+    let text = w.text();
+    assert!(text.contains("period 1") && text.contains("tv 2 carbon 0 queue"), "{text}");
+    // bad walks are errors naming the flag; --tune-walk needs --tune
+    for (extra, msg) in [(["--tune-walk", "1"], "--tune-walk"), (["--tune-folds", "2"], "--tune-folds")] {
+        let e = walk("0.05", &extra).unwrap_err().to_string();
+        assert!(e.contains(msg), "{extra:?}: {e}");
+    }
+    assert!(fleet_sim::cli::parse_from(["x", "--trace", "t", "--fleet", "f", "--tune-walk", "2"].map(String::from))
+        .is_err());
+}
