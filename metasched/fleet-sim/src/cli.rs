@@ -149,9 +149,10 @@ pub struct SimulateArgs {
     pub tune_folds: usize,
     /// Walk forward instead of one split: cut the jobs into N consecutive
     /// periods (by submission) and run each with the weights chosen on the
-    /// periods before it (the last --tune-folds of them, as folds), over its
-    /// jobs whose run could have ended by then; the first runs the built-in
-    /// weights. Reports the whole trace so run against the references.
+    /// periods before it (the last --tune-folds of them, as folds; their jobs
+    /// whose run could have ended by then, replayed on the fleet the earlier
+    /// jobs left); the first runs the built-in weights. Reports each period
+    /// and the whole trace so run against the references.
     #[arg(long, value_name = "N", requires = "tune")]
     pub tune_walk: Option<usize>,
     /// Time values (USD per GPU-hour) --tune tries, comma-separated [default:
@@ -289,6 +290,7 @@ pub(crate) fn sim_config(args: &SimulateArgs, model: &EngineModel) -> Result<Sim
         hold: carbon_hold(args)?,
         spot_oracle: args.spot_oracle,
         switches: Vec::new(),
+        per_job: false,
     })
 }
 

@@ -5,10 +5,24 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+/// One job's figures in a replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JobFigures {
+    /// Compute and egress charged to it.
+    pub usd: f64,
+    pub kg_co2: f64,
+    /// From its submission to its end (`None`: it never ran to its end).
+    pub completion_s: Option<f64>,
+}
+
 /// Figures of one policy (or baseline) over one trace.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct PolicyReport {
     pub policy: String,
+    /// Each job's figures, in job order (only with `SimConfig::per_job`; not in
+    /// the report's JSON).
+    #[serde(skip)]
+    pub per_job: Vec<JobFigures>,
     pub jobs: usize,
     pub completed: usize,
     /// Jobs no cluster could ever run (hard constraints or larger than any cluster).

@@ -13,7 +13,7 @@ use fleet_engine::Pricing;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::report::{mean, percentile, PolicyReport};
+use crate::report::{mean, percentile, JobFigures, PolicyReport};
 
 /// A node pool of a cluster as the simulator sees it: a fixed number of GPUs.
 #[derive(Debug, Clone, PartialEq)]
@@ -339,7 +339,10 @@ pub struct SimConfig {
     /// An engine strategy's policy from a time on (seconds, policy name), in
     /// time order: the walk-forward of `--tune-walk` switches to the weights
     /// chosen for each period at its first submission. Baselines ignore it.
+    /// An empty name switches back to the strategy's own policy.
     pub switches: Vec<(f64, String)>,
+    /// Fill `PolicyReport::per_job`.
+    pub per_job: bool,
 }
 
 impl Default for SimConfig {
@@ -353,6 +356,7 @@ impl Default for SimConfig {
             hold: CarbonHold::off(),
             spot_oracle: false,
             switches: Vec::new(),
+            per_job: false,
         }
     }
 }
@@ -753,6 +757,9 @@ struct JobState {
     /// Queued for spot after a reclaim: (decision time, cluster, pool,
     /// uncalibrated estimated wait s); measured when it starts there.
     reclaim_wait: Option<(f64, usize, usize, f64)>,
+    /// USD (compute and egress) and kgCO2 charged to it so far.
+    usd: f64,
+    kg_co2: f64,
     /// At its first placement by an engine policy: the engine's expected first
     /// wait and completion (seconds from submission) and how it was placed.
     expected: Option<Expected>,
@@ -980,7 +987,10 @@ pub fn simulate<M: Model>(
             }
             Ev::OutageStart(c) => sim.outage_start(c, t),
             Ev::OutageEnd(c) => sim.outage_end(c, t),
-            Ev::Switch(k) => sim.strategy = Strategy::Engine(cfg.switches[k].1.clone()),
+            Ev::Switch(k) => {
+                let to = &cfg.switches[k].1;
+                sim.strategy = Strategy::Engine(if to.is_empty() { name.clone() } else { to.clone() });
+            }
             Ev::Rebalance => {
                 sim.rebalance(t);
                 sim.carbon_pauses(t);
@@ -1607,6 +1617,7 @@ impl<M: Model> Sim<'_, M> {
         }
         if o.egress_usd > 0.0 {
             self.egress_usd += o.egress_usd;
+            self.js[j].usd += o.egress_usd;
             *self.team_usd.entry(job.team.clone()).or_default() += o.egress_usd;
             self.cost_events.push((now, o.egress_usd));
         }
@@ -1751,7 +1762,10 @@ impl<M: Model> Sim<'_, M> {
         let sp = self.spend.entry((o.cluster, o.pool, o.spot)).or_default();
         sp.gpu_hours += g as f64 * seg / 3600.0;
         sp.usd += usd;
-        self.kg_co2 += self.model.kg_co2(o.cluster, o.pool, g, start, now);
+        let kg = self.model.kg_co2(o.cluster, o.pool, g, start, now);
+        self.kg_co2 += kg;
+        self.js[j].usd += usd;
+        self.js[j].kg_co2 += kg;
         self.add_busy(o.cluster, g, start, now, o.usd_per_gpu_hour / 3600.0);
         self.touch(o.cluster, o.pool);
         let ps = &mut self.pools[o.cluster][o.pool];
@@ -2052,8 +2066,19 @@ impl<M: Model> Sim<'_, M> {
                 ((k + 1) as f64 * b / 3600.0, acc)
             })
             .collect();
+        let per_job = if self.cfg.per_job {
+            let end = |j: usize, s: &JobState| s.finish.filter(|_| !s.unplaced).map(|f| f - self.jobs[j].submit_s);
+            self.js
+                .iter()
+                .enumerate()
+                .map(|(j, s)| JobFigures { usd: s.usd, kg_co2: s.kg_co2, completion_s: end(j, s) })
+                .collect()
+        } else {
+            Vec::new()
+        };
         PolicyReport {
             policy,
+            per_job,
             jobs: self.jobs.len(),
             completed,
             unplaced,

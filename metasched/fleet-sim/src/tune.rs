@@ -44,6 +44,14 @@ pub enum Goal {
 }
 
 impl Goal {
+    /// The replay the goal's figures are read against.
+    pub(crate) fn reference(self) -> &'static str {
+        match self {
+            Goal::Green { .. } => "cost",
+            Goal::Cost => "greedy-spot",
+        }
+    }
+
     pub(crate) fn base(self) -> &'static str {
         match self {
             Goal::Green { .. } => "green",
@@ -60,6 +68,8 @@ pub struct Figures {
     pub kg_co2: f64,
     pub mean_completion_h: f64,
     pub unplaced: usize,
+    /// Jobs replayed (what a mean completion over parts is weighted by).
+    pub jobs: usize,
 }
 
 impl From<&PolicyReport> for Figures {
@@ -70,22 +80,22 @@ impl From<&PolicyReport> for Figures {
             kg_co2: p.kg_co2,
             mean_completion_h: p.completion_mean_s / 3600.0,
             unplaced: p.unplaced,
+            jobs: p.jobs,
         }
     }
 }
 
 /// The figures of replays of consecutive parts of a trace, together: sums,
 /// and the mean completion over all their jobs.
-pub(crate) fn merge(parts: &[&PolicyReport]) -> Figures {
+pub(crate) fn merge(parts: &[&Figures]) -> Figures {
     let jobs: usize = parts.iter().map(|p| p.jobs).sum();
     Figures {
-        name: parts.first().map(|p| p.policy.clone()).unwrap_or_default(),
-        usd: parts.iter().map(|p| p.total_usd).sum(),
+        name: parts.first().map(|p| p.name.clone()).unwrap_or_default(),
+        usd: parts.iter().map(|p| p.usd).sum(),
         kg_co2: parts.iter().map(|p| p.kg_co2).sum(),
-        mean_completion_h: parts.iter().map(|p| p.completion_mean_s * p.jobs as f64).sum::<f64>()
-            / jobs.max(1) as f64
-            / 3600.0,
+        mean_completion_h: parts.iter().map(|p| p.mean_completion_h * p.jobs as f64).sum::<f64>() / jobs.max(1) as f64,
         unplaced: parts.iter().map(|p| p.unplaced).sum(),
+        jobs,
     }
 }
 
@@ -240,27 +250,33 @@ pub(crate) fn try_grid(
     let refs = references(goal);
     let mut strategies = refs.clone();
     strategies.extend((0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))));
-    let mut fold_runs = Vec::with_capacity(folds.len());
+    let mut runs = Vec::with_capacity(folds.len());
     for part in folds {
-        let runs = replay(args, loaded, setup, &strategies, part, cfg)?;
-        let lim = limit(goal, &runs[..refs.len()].iter().map(Figures::from).collect::<Vec<_>>())?;
-        fold_runs.push((runs, lim));
+        runs.push(replay(args, loaded, setup, &strategies, part, cfg)?.iter().map(Figures::from).collect());
     }
-    let merged = |k: usize| merge(&fold_runs.iter().map(|(r, _)| &r[k]).collect::<Vec<_>>());
-    let reference: Vec<Figures> = (0..refs.len()).map(merged).collect();
+    decide(goal, grid, &runs)
+}
+
+/// Chooses among the weights of `grid` from their figures on each fold,
+/// `runs[fold]`: the references (`references(goal)`) first, then one per weight.
+pub(crate) fn decide(goal: Goal, grid: &[(f64, f64, bool)], runs: &[Vec<Figures>]) -> Result<Tried> {
+    let nrefs = references(goal).len();
+    let limits: Vec<f64> = runs.iter().map(|r| limit(goal, &r[..nrefs])).collect::<Result<_>>()?;
+    let merged = |k: usize| merge(&runs.iter().map(|r| &r[k]).collect::<Vec<_>>());
+    let reference: Vec<Figures> = (0..nrefs).map(merged).collect();
     let limit = limit(goal, &reference)?;
     let trials: Vec<Trial> = grid
         .iter()
         .enumerate()
         .map(|(i, &(tv, cp, q))| {
-            let k = refs.len() + i;
-            let folds_within = fold_runs.iter().filter(|(r, lim)| within(goal, &Figures::from(&r[k]), *lim)).count();
+            let k = nrefs + i;
+            let folds_within = runs.iter().zip(&limits).filter(|(r, lim)| within(goal, &r[k], **lim)).count();
             Trial {
                 time_value_usd_per_gpu_hour: tv,
                 carbon_usd_per_kg: cp,
                 spot_queue: q,
                 figures: merged(k),
-                within: folds_within == folds.len(),
+                within: folds_within == runs.len(),
                 folds_within,
             }
         })

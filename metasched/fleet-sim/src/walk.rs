@@ -5,13 +5,17 @@
 //! future. A planner who re-tunes every week wants to know what the whole
 //! trace would have cost so run. This cuts the jobs into `N` consecutive
 //! periods of as many jobs (by submission). The first period runs the
-//! built-in weights; period `p` runs the weights chosen (as `--tune` chooses:
-//! the best of the grid that keeps the limit on every fold) over the last
-//! `--tune-folds` periods before it, each a fold replayed from an empty fleet.
-//! Only jobs whose run could have ended by the period's start (submission plus
-//! run time at reference speed) are tuned on: a longer one's run time is not
-//! known yet then. Where no weights keep the limit the period keeps the
-//! built-in ones. The whole trace is then replayed once, continuously, with
+//! built-in weights; period `p` runs the best weights of the grid that kept the
+//! limit on each of the last `--tune-folds` periods before it (each a fold,
+//! held to its own limit), as they stood at `p`'s start: every weight is
+//! replayed over all the jobs submitted before `p`, continuously from the
+//! trace's start, running the walk's own weights until the folds begin and
+//! its weights from then on, each job cut off where `p` starts (what is known
+//! of it then); the folds count only their jobs whose run could have ended by
+//! `p`'s start (their run time is known), so each candidate meets the queues and
+//! spot the walk left behind. Where no weights keep the limit the period runs
+//! those nearest to it (the shortest mean completion for `cost`, the least USD
+//! for `green`). The whole trace is then replayed once, continuously, with
 //! the policy switching at each period's first submission
 //! (`SimConfig::switches`), beside the references and the built-in policy.
 
@@ -19,8 +23,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::cli::{replay, sim_config, sim_jobs, Loaded, SimulateArgs};
 use crate::engine_model::EngineModel;
-use crate::sim::{SimJob, Strategy};
-use crate::tune::{compared, grid, grid_setup, limit, references, table, try_grid, Figures, Goal};
+use crate::report::PolicyReport;
+use crate::sim::{SimConfig, SimJob, Strategy};
+use crate::tune::{compared, decide, grid, grid_setup, limit, references, table, Figures, Goal, Trial};
 
 /// The weights one period ran with.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -42,6 +47,13 @@ pub struct Period {
     pub limit: Option<f64>,
     /// The weights chosen for it (`None`: the built-in ones).
     pub weights: Option<Weights>,
+    /// `weights` kept the limit on every fold; where none did, the period runs
+    /// the weights nearest to it (the shortest mean completion for `cost`, the
+    /// least USD for `green`).
+    pub kept_limit: bool,
+    /// Its jobs' figures in the whole-trace replays: the references, the
+    /// built-in policy and the walk (empty for the jobs to come).
+    pub ran: Vec<Figures>,
 }
 
 /// The outcome of `--tune-walk`.
@@ -58,7 +70,8 @@ pub struct Walked {
     pub whole: Vec<Figures>,
     /// The limit over the whole trace, from its references.
     pub limit: f64,
-    /// `next`'s weights as a `[policies.<name>]` table for metasched.toml.
+    /// `next`'s weights as a `[policies.<name>]` table for metasched.toml
+    /// (`None`: no jobs to tune on).
     pub policy_toml: Option<String>,
 }
 
@@ -77,64 +90,96 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     let grid = grid(goal, args, &base);
     let setup = grid_setup(loaded, &base, &grid)?;
     let cfg = sim_config(args, &model)?;
-    let parts: Vec<&[SimJob]> = (0..n).map(|p| &jobs[p * jobs.len() / n..(p + 1) * jobs.len() / n]).collect();
+    // Period p's jobs are jobs[bounds[p]..bounds[p + 1]].
+    let bounds: Vec<usize> = (0..=n).map(|p| p * jobs.len() / n).collect();
     let t0 = jobs[0].submit_s;
-    // Period p (p = n: the jobs to come, from the last submission on) and the
-    // weights chosen for it.
-    let choose = |p: usize| -> Result<(Period, Option<usize>)> {
-        let (start_s, count) = match parts.get(p) {
-            Some(part) => (part[0].submit_s, part.len()),
-            None => (jobs[jobs.len() - 1].submit_s, 0),
-        };
-        let known: Vec<Vec<SimJob>> = parts[p.saturating_sub(folds)..p]
+    let refs = references(goal);
+    let candidates: Vec<Strategy> = (0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))).collect();
+    // The walk's switches so far: (period's first submission, policy).
+    let mut switches: Vec<(f64, String)> = Vec::with_capacity(n - 1);
+    let mut periods = Vec::with_capacity(n);
+    periods.push(Period {
+        start_h: 0.0,
+        jobs: bounds[1],
+        tuned_on_jobs: 0,
+        limit: None,
+        weights: None,
+        kept_limit: false,
+        ran: Vec::new(),
+    });
+    let mut next = None;
+    for p in 1..=n {
+        // Period n: the jobs to come, from the last submission on.
+        let start_s = if p < n { jobs[bounds[p]].submit_s } else { jobs[jobs.len() - 1].submit_s };
+        let from = p.saturating_sub(folds);
+        // What is known at the period's start: the jobs submitted before it, each
+        // run at most until then; the folds count only jobs whose run could have
+        // ended by then (their run time is known).
+        let prefix: Vec<SimJob> = jobs[..bounds[p]]
             .iter()
-            .map(|part| part.iter().filter(|j| j.submit_s + j.duration_s <= start_s).cloned().collect::<Vec<_>>())
-            .filter(|v| !v.is_empty())
+            .map(|j| SimJob { duration_s: j.duration_s.min((start_s - j.submit_s).max(1.0)), ..j.clone() })
+            .collect();
+        let fold_jobs: Vec<Vec<usize>> = (from..p)
+            .map(|q| (bounds[q]..bounds[q + 1]).filter(|&j| jobs[j].submit_s + jobs[j].duration_s <= start_s).collect())
+            .filter(|v: &Vec<usize>| !v.is_empty())
             .collect();
         let mut period = Period {
             start_h: (start_s - t0) / 3600.0,
-            jobs: count,
-            tuned_on_jobs: known.iter().map(Vec::len).sum(),
+            jobs: if p < n { bounds[p + 1] - bounds[p] } else { 0 },
+            tuned_on_jobs: fold_jobs.iter().map(Vec::len).sum(),
             limit: None,
             weights: None,
+            kept_limit: false,
+            ran: Vec::new(),
         };
-        if known.is_empty() {
-            return Ok((period, None));
+        let mut chosen = None;
+        if !fold_jobs.is_empty() {
+            // The references as they are; each candidate runs the walk's weights
+            // until the folds begin and its own from then on.
+            let per_job = SimConfig { per_job: true, ..cfg.clone() };
+            let ref_runs = replay(args, loaded, &setup, &refs, &prefix, &per_job)?;
+            let mut own: Vec<(f64, String)> = Vec::new();
+            if from > 0 {
+                own.push((t0, goal.base().to_string()));
+                own.extend(switches[..from - 1].iter().cloned());
+                own.push((jobs[bounds[from]].submit_s, String::new()));
+            }
+            let cand_cfg = SimConfig { switches: own, ..per_job };
+            let cand_runs = replay(args, loaded, &setup, &candidates, &prefix, &cand_cfg)?;
+            let runs: Vec<Vec<Figures>> = fold_jobs
+                .iter()
+                .map(|idx| ref_runs.iter().chain(&cand_runs).map(|r| figures_of(r, idx)).collect())
+                .collect();
+            let tried = decide(goal, &grid, &runs)?;
+            period.limit = Some(tried.limit);
+            period.kept_limit = tried.chosen.is_some();
+            chosen = tried.chosen.or_else(|| nearest(goal, &tried.trials));
+            period.weights = chosen.map(|i| {
+                let (tv, cp, q) = grid[i];
+                Weights { time_value_usd_per_gpu_hour: tv, carbon_usd_per_kg: cp, spot_queue: q }
+            });
         }
-        let fold_refs: Vec<&[SimJob]> = known.iter().map(Vec::as_slice).collect();
-        let tried = try_grid(args, loaded, &setup, goal, &grid, &fold_refs, &cfg)?;
-        period.limit = Some(tried.limit);
-        period.weights = tried.chosen.map(|i| {
-            let (tv, cp, q) = grid[i];
-            Weights { time_value_usd_per_gpu_hour: tv, carbon_usd_per_kg: cp, spot_queue: q }
-        });
-        Ok((period, tried.chosen))
-    };
-    let mut periods = Vec::with_capacity(n);
-    let mut switches = Vec::with_capacity(n - 1);
-    for p in 0..n {
-        let (period, chosen) = if p == 0 {
-            let first = Period { start_h: 0.0, jobs: parts[0].len(), tuned_on_jobs: 0, limit: None, weights: None };
-            (first, None)
+        if p < n {
+            switches.push((start_s, chosen.map_or_else(|| goal.base().to_string(), |i| format!("tune_{i}"))));
+            periods.push(period);
         } else {
-            choose(p)?
-        };
-        if p > 0 {
-            let name = chosen.map_or_else(|| goal.base().to_string(), |i| format!("tune_{i}"));
-            switches.push((parts[p][0].submit_s, name));
+            next = Some((period, chosen));
         }
-        periods.push(period);
     }
-    let (next, next_chosen) = choose(n)?;
+    let (next, next_chosen) = next.context("no period to come")?;
     let mut whole_strategies = references(goal);
     whole_strategies.push(Strategy::Engine(goal.base().into()));
-    let mut whole: Vec<Figures> =
-        replay(args, loaded, &setup, &whole_strategies, &jobs, &cfg)?.iter().map(Figures::from).collect();
-    let walk_cfg = crate::sim::SimConfig { switches, ..cfg.clone() };
-    let walked = replay(args, loaded, &setup, &[Strategy::Engine(goal.base().into())], &jobs, &walk_cfg)?;
-    let mut w = Figures::from(&walked[0]);
-    w.name = "walk".into();
-    whole.push(w);
+    let per_job = SimConfig { per_job: true, ..cfg.clone() };
+    let mut runs = replay(args, loaded, &setup, &whole_strategies, &jobs, &per_job)?;
+    let walk_cfg = SimConfig { switches, ..per_job };
+    let mut walked = replay(args, loaded, &setup, &[Strategy::Engine(goal.base().into())], &jobs, &walk_cfg)?;
+    walked[0].policy = "walk".into();
+    runs.append(&mut walked);
+    let whole: Vec<Figures> = runs.iter().map(Figures::from).collect();
+    for (p, period) in periods.iter_mut().enumerate() {
+        let idx: Vec<usize> = (bounds[p]..bounds[p + 1]).collect();
+        period.ran = runs.iter().map(|r| figures_of(r, &idx)).collect();
+    }
     let limit = limit(goal, &whole)?;
     let policy_toml = next_chosen.map(|i| table(goal.base(), &base, grid[i])).transpose()?;
     Ok(Walked { goal, folds, periods, next, whole, limit, policy_toml })
@@ -157,13 +202,15 @@ impl Walked {
             self.folds
         );
         let line = |s: &mut String, label: &str, p: &Period| {
-            let w = match (&p.weights, p.limit) {
-                (Some(w), _) => format!(
-                    "tv {} carbon {} queue {}",
-                    w.time_value_usd_per_gpu_hour, w.carbon_usd_per_kg, w.spot_queue
+            let w = match &p.weights {
+                Some(w) => format!(
+                    "tv {} carbon {} queue {}{}",
+                    w.time_value_usd_per_gpu_hour,
+                    w.carbon_usd_per_kg,
+                    w.spot_queue,
+                    if p.kept_limit { "" } else { " (none kept the limit: the nearest)" }
                 ),
-                (None, None) => "built-in (nothing to tune on)".into(),
-                (None, Some(_)) => "built-in (no weights kept the limit)".into(),
+                None => "built-in (nothing to tune on)".into(),
             };
             let lim = p.limit.map(|l| format!(", limit {l:.3} {unit}")).unwrap_or_default();
             let _ = writeln!(
@@ -176,16 +223,64 @@ impl Walked {
             line(&mut s, &format!("period {i}"), p);
         }
         line(&mut s, "next", &self.next);
+        let _ =
+            writeln!(s, "\neach period's jobs in the whole-trace replay, the walk against {}:", self.goal.reference());
+        for (i, p) in self.periods.iter().enumerate() {
+            let (Some(r), Some(w)) =
+                (p.ran.iter().find(|f| f.name == self.goal.reference()), p.ran.iter().find(|f| f.name == "walk"))
+            else {
+                continue;
+            };
+            let _ = writeln!(
+                s,
+                "  period {i:<3} USD {:+6.1} %  kgCO2 {:+6.1} %  mean completion {:6.2} h against {:6.2} h",
+                (w.usd / r.usd - 1.0) * 100.0,
+                (w.kg_co2 / r.kg_co2 - 1.0) * 100.0,
+                w.mean_completion_h,
+                r.mean_completion_h
+            );
+        }
         let _ = writeln!(s, "\nwhole trace (limit {:.3} {unit}):", self.limit);
         compared(&mut s, self.goal, &self.whole, self.limit);
         match &self.policy_toml {
             Some(t) => {
-                let _ = writeln!(s, "\nweights for the jobs to come (for metasched.toml):\n{t}");
+                let nearest = if self.next.kept_limit { "" } else { " (none kept the limit: the nearest)" };
+                let _ = writeln!(s, "\nweights for the jobs to come{nearest} (for metasched.toml):\n{t}");
             }
             None => {
-                let _ = writeln!(s, "\nno weights of the grid kept the limit on the last period(s)");
+                let _ = writeln!(s, "\nno jobs of the last period(s) to tune on");
             }
         }
         s
+    }
+}
+
+/// The trial nearest to the goal's limit: the shortest mean completion
+/// (`cost`), the least USD (`green`); among those placing every job if any do.
+fn nearest(goal: Goal, trials: &[Trial]) -> Option<usize> {
+    let key = |t: &Trial| {
+        let f = &t.figures;
+        let v = match goal {
+            Goal::Green { .. } => f.usd,
+            Goal::Cost => f.mean_completion_h,
+        };
+        (f.unplaced, v)
+    };
+    (0..trials.len()).min_by(|&a, &b| {
+        let (ka, kb) = (key(&trials[a]), key(&trials[b]));
+        ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(a.cmp(&b))
+    })
+}
+
+/// `r`'s figures over the jobs `idx` (needs `SimConfig::per_job`).
+fn figures_of(r: &PolicyReport, idx: &[usize]) -> Figures {
+    let done: Vec<f64> = idx.iter().filter_map(|&j| r.per_job[j].completion_s).collect();
+    Figures {
+        name: r.policy.clone(),
+        usd: idx.iter().map(|&j| r.per_job[j].usd).sum(),
+        kg_co2: idx.iter().map(|&j| r.per_job[j].kg_co2).sum(),
+        mean_completion_h: done.iter().sum::<f64>() / done.len().max(1) as f64 / 3600.0,
+        unplaced: idx.len() - done.len(),
+        jobs: idx.len(),
     }
 }

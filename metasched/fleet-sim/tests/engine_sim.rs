@@ -1570,7 +1570,7 @@ fn tuning_folds_keep_only_weights_that_hold_the_limit_in_every_period() {
 #[test]
 fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
     let l = half_hourly(two_zones(1.04));
-    let walk = |budget: &str, extra: &[&str]| {
+    let walk_at = |budget: &str, prices: &str, extra: &[&str]| {
         let mut flags = vec![
             "--interruptible-share",
             "0",
@@ -1581,12 +1581,13 @@ fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
             "--tune-time-values",
             "2",
             "--tune-carbon-prices",
-            "0,1",
+            prices,
         ];
         flags.extend_from_slice(extra);
         let a = args(&flags);
         fleet_sim::walk::walk(&a, &l, fleet_sim::tune::goal(&a)?.expect("--tune is given"), a.tune_walk.unwrap_or(2))
     };
+    let walk = |budget: &str, extra: &[&str]| walk_at(budget, "0,1", extra);
     let w = walk("0.05", &[]).unwrap();
     assert_eq!(w.periods.len(), 2);
     let (first, second) = (&w.periods[0], &w.periods[1]);
@@ -1613,8 +1614,26 @@ fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
     assert!((walked.usd - (12.0 * 1.04 + 12.0)).abs() < 1e-6, "{w:#?}");
     assert!((walked.kg_co2 / cost.kg_co2 - (6.0 * 50.0 / 700.0 + 6.0) / 12.0).abs() < 1e-6, "{w:#?}");
     assert!(w.policy_toml.as_deref().unwrap().contains("carbon_usd_per_kg = 0.0"), "{w:#?}");
+    // each period's jobs in the whole replays: the first moved (12.48 USD), the
+    // second stayed (12, as the cost policy); the periods add up to the whole
+    let ran = |p: usize, name: &str| w.periods[p].ran.iter().find(|f| f.name == name).unwrap().clone();
+    assert!((ran(0, "walk").usd - 12.48).abs() < 1e-6 && (ran(1, "walk").usd - 12.0).abs() < 1e-6, "{w:#?}");
+    assert!((ran(1, "cost").usd - 12.0).abs() < 1e-6, "{w:#?}");
+    for (k, f) in w.whole.iter().enumerate() {
+        let parts: Vec<&fleet_sim::tune::Figures> = w.periods.iter().map(|p| &p.ran[k]).collect();
+        assert!((parts.iter().map(|x| x.usd).sum::<f64>() - f.usd).abs() < 1e-6, "{f:?}");
+        assert!((parts.iter().map(|x| x.kg_co2).sum::<f64>() - f.kg_co2).abs() < 1e-6, "{f:?}");
+        assert_eq!(parts.iter().map(|x| x.jobs).sum::<usize>(), f.jobs);
+    }
+    assert!(w.periods.iter().skip(1).all(|p| p.kept_limit), "{w:#?}");
+    // no weights keep a 3 % budget when moving is all there is: the period runs
+    // the nearest (the least USD), marked so
+    let w = walk_at("0.03", "1", &[]).unwrap();
+    assert!(!w.periods[1].kept_limit, "{w:#?}");
+    assert_eq!(w.periods[1].weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(1.0), "{w:#?}");
+    assert!(w.text().contains("none kept the limit: the nearest"), "{}", w.text());
     let text = w.text();
-    assert!(text.contains("period 1") && text.contains("tv 2 carbon 0 queue"), "{text}");
+    assert!(text.contains("period 1") && text.contains("tv 2 carbon 1 queue"), "{text}");
     // bad walks are errors naming the flag; --tune-walk needs --tune
     for (extra, msg) in [(["--tune-walk", "1"], "--tune-walk"), (["--tune-folds", "2"], "--tune-folds")] {
         let e = walk("0.05", &extra).unwrap_err().to_string();
@@ -1622,4 +1641,72 @@ fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
     }
     assert!(fleet_sim::cli::parse_from(["x", "--trace", "t", "--fleet", "f", "--tune-walk", "2"].map(String::from))
         .is_err());
+}
+
+/// A period's weights are chosen on the fleet as the jobs before it left it.
+/// `clean` has one GPU here (1.04 × the price for 1/14 of the carbon). Of the
+/// first period, a 10-hour job from 10:00 and three 1-hour jobs from 10:30,
+/// 11:00 and 11:30, the two done by 12:00 (the second period's start) are
+/// tuned on. At the carbon price 1 the long job takes `clean` (2.6 USD of
+/// carbon saved for 0.4 USD more) and holds it past 12:00, so the two short
+/// ones run on `dirty` (waiting 1 h or more at 2 USD/GPU-h is dearer than
+/// the 0.26 USD of carbon they would save): the price changes nothing for them
+/// and the tie goes to the price 0. Replayed without the long job (from an
+/// empty fleet, as `--tune` replays its folds), the first short one would
+/// take `clean`, and the price 1 would win.
+#[test]
+fn walking_forward_tunes_on_the_fleet_the_earlier_jobs_left() {
+    let mut s = two_zones(1.04);
+    let k = s.fleet_toml.rfind("gpus_per_node = 8").unwrap();
+    s.fleet_toml.replace_range(k..k + "gpus_per_node = 8".len(), "gpus_per_node = 1");
+    // one-GPU jobs: (hour, minute, seconds)
+    let loaded = |jobs: &[(u32, u32, u32)]| {
+        let mut csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string();
+        for (h, m, d) in jobs {
+            csv.push_str(&format!("2017-09-04 {h:02}:{m:02}:00,{d},1,{d},t\n"));
+        }
+        Loaded {
+            trace: read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap(),
+            trace_name: "t".into(),
+            fleet_name: "f".into(),
+            setup: s.clone(),
+            spot: vec![],
+        }
+    };
+    let short = [(10, 30, 3600), (11, 0, 3600)];
+    let later = [(12, 0, 3600), (12, 30, 3600), (13, 0, 3600), (13, 30, 3600)];
+    let l = loaded(&[&[(10, 0, 36000)][..], &short, &[(11, 30, 3600)], &later].concat());
+    let flags = |extra: &[&'static str]| {
+        let mut f = vec![
+            "--interruptible-share",
+            "0",
+            "--tune",
+            "green",
+            "--tune-time-values",
+            "2",
+            "--tune-carbon-prices",
+            "0,1",
+        ];
+        f.extend_from_slice(extra);
+        args(&f)
+    };
+    let a = flags(&["--tune-walk", "2"]);
+    let w = fleet_sim::walk::walk(&a, &l, fleet_sim::tune::goal(&a).unwrap().unwrap(), 2).unwrap();
+    let second = &w.periods[1];
+    assert_eq!(second.tuned_on_jobs, 2, "{w:#?}");
+    // the two short jobs on `dirty`, and 5 % more
+    assert!((second.limit.unwrap() - 2.1).abs() < 1e-6, "{w:#?}");
+    assert_eq!(second.weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(0.0), "{w:#?}");
+    // the two short jobs alone (then two held out), from an empty fleet: the
+    // price 1 moves the first to `clean`, +2 %, and is chosen
+    let a = flags(&[]);
+    let t = fleet_sim::tune::tune(
+        &a,
+        &loaded(&[&short[..], &later[..2]].concat()),
+        fleet_sim::tune::goal(&a).unwrap().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(t.tuning_jobs, 2, "{t:#?}");
+    assert!((t.trials[1].figures.usd - 2.04).abs() < 1e-6, "{t:#?}");
+    assert_eq!(t.chosen, Some(1), "{t:#?}");
 }
