@@ -1423,23 +1423,29 @@ fn half_hourly(s: EngineSetup) -> Loaded {
     }
 }
 
-/// `--tune green` over `l` (jobs on demand only), trying the time value 2 and
-/// the carbon prices 0 and 1.
-fn tune_green(l: &Loaded, budget: &str, folds: &str) -> anyhow::Result<fleet_sim::tune::Tuned> {
-    let a = args(&[
+/// The flags of `--tune green` within `budget` over jobs on demand only,
+/// trying the time value 2 and the carbon prices `prices`; then `extra`.
+fn green_args(budget: &str, prices: &str, extra: &[&str]) -> SimulateArgs {
+    let mut flags = vec![
         "--interruptible-share",
         "0",
         "--tune",
         "green",
         "--tune-budget",
         budget,
-        "--tune-folds",
-        folds,
         "--tune-time-values",
         "2",
         "--tune-carbon-prices",
-        "0,1",
-    ]);
+        prices,
+    ];
+    flags.extend_from_slice(extra);
+    args(&flags)
+}
+
+/// `--tune green` over `l` (jobs on demand only), trying the time value 2 and
+/// the carbon prices 0 and 1.
+fn tune_green(l: &Loaded, budget: &str, folds: &str) -> anyhow::Result<fleet_sim::tune::Tuned> {
+    let a = green_args(budget, "0,1", &["--tune-folds", folds]);
     fleet_sim::tune::tune(&a, l, fleet_sim::tune::goal(&a)?.expect("--tune is given"))
 }
 
@@ -1571,20 +1577,7 @@ fn tuning_folds_keep_only_weights_that_hold_the_limit_in_every_period() {
 fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
     let l = half_hourly(two_zones(1.04));
     let walk_at = |budget: &str, prices: &str, extra: &[&str]| {
-        let mut flags = vec![
-            "--interruptible-share",
-            "0",
-            "--tune",
-            "green",
-            "--tune-budget",
-            budget,
-            "--tune-time-values",
-            "2",
-            "--tune-carbon-prices",
-            prices,
-        ];
-        flags.extend_from_slice(extra);
-        let a = args(&flags);
+        let a = green_args(budget, prices, extra);
         fleet_sim::walk::walk(&a, &l, fleet_sim::tune::goal(&a)?.expect("--tune is given"), a.tune_walk.unwrap_or(2))
     };
     let walk = |budget: &str, extra: &[&str]| walk_at(budget, "0,1", extra);
@@ -1676,20 +1669,7 @@ fn walking_forward_tunes_on_the_fleet_the_earlier_jobs_left() {
     let short = [(10, 30, 3600), (11, 0, 3600)];
     let later = [(12, 0, 3600), (12, 30, 3600), (13, 0, 3600), (13, 30, 3600)];
     let l = loaded(&[&[(10, 0, 36000)][..], &short, &[(11, 30, 3600)], &later].concat());
-    let flags = |extra: &[&'static str]| {
-        let mut f = vec![
-            "--interruptible-share",
-            "0",
-            "--tune",
-            "green",
-            "--tune-time-values",
-            "2",
-            "--tune-carbon-prices",
-            "0,1",
-        ];
-        f.extend_from_slice(extra);
-        args(&f)
-    };
+    let flags = |extra: &[&str]| green_args("0.05", "0,1", extra);
     let a = flags(&["--tune-walk", "2"]);
     let w = fleet_sim::walk::walk(&a, &l, fleet_sim::tune::goal(&a).unwrap().unwrap(), 2).unwrap();
     let second = &w.periods[1];
