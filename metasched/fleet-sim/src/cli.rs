@@ -615,18 +615,18 @@ fn write_tuned(args: &SimulateArgs, table: Option<&str>) -> Result<()> {
 pub fn run(args: SimulateArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let loaded = load(&args)?;
-    if let (Some(goal), Some(n)) = (crate::tune::goal(&args)?, args.tune_walk) {
-        let walked = crate::walk::walk(&args, &loaded, goal, n)?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&walked).context("walk as JSON")?);
-        } else {
-            print!("{}", walked.text());
-        }
-        write_tuned(&args, walked.policy_toml.as_deref())?;
-        eprintln!("walked over {} periods in {:.2} s", n, t0.elapsed().as_secs_f64());
-        return Ok(());
-    }
     if let Some(goal) = crate::tune::goal(&args)? {
+        if let Some(n) = args.tune_walk {
+            let walked = crate::walk::walk(&args, &loaded, goal, n)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&walked).context("walk as JSON")?);
+            } else {
+                print!("{}", walked.text());
+            }
+            write_tuned(&args, walked.policy_toml.as_deref())?;
+            eprintln!("walked over {} periods in {:.2} s", n, t0.elapsed().as_secs_f64());
+            return Ok(());
+        }
         let tuned = crate::tune::tune(&args, &loaded, goal)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&tuned).context("tuning as JSON")?);

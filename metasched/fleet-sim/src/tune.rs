@@ -52,6 +52,14 @@ impl Goal {
         }
     }
 
+    /// The unit of the goal's limit: USD (green) or hours of mean completion.
+    pub(crate) fn unit(self) -> &'static str {
+        match self {
+            Goal::Green { .. } => "USD",
+            Goal::Cost => "h",
+        }
+    }
+
     pub(crate) fn base(self) -> &'static str {
         match self {
             Goal::Green { .. } => "green",
@@ -87,7 +95,7 @@ impl From<&PolicyReport> for Figures {
 
 /// The figures of replays of consecutive parts of a trace, together: sums,
 /// and the mean completion over all their jobs.
-pub(crate) fn merge(parts: &[&Figures]) -> Figures {
+fn merge(parts: &[&Figures]) -> Figures {
     let jobs: usize = parts.iter().map(|p| p.jobs).sum();
     Figures {
         name: parts.first().map(|p| p.name.clone()).unwrap_or_default(),
@@ -190,14 +198,15 @@ pub(crate) fn table(name: &str, base: &Policy, (tv, cp, q): (f64, f64, bool)) ->
 
 /// The budget on one part, from its reference replays' figures.
 pub(crate) fn limit(goal: Goal, refs: &[Figures]) -> Result<f64> {
-    let find = |name: &str| refs.iter().find(|f| f.name == name).with_context(|| format!("no replay of {name}"));
+    let name = goal.reference();
+    let r = refs.iter().find(|f| f.name == name).with_context(|| format!("no replay of {name}"))?;
     Ok(match goal {
-        Goal::Green { budget } => (1.0 + budget) * find("cost")?.usd,
-        Goal::Cost => find("greedy-spot")?.mean_completion_h,
+        Goal::Green { budget } => (1.0 + budget) * r.usd,
+        Goal::Cost => r.mean_completion_h,
     })
 }
 
-pub(crate) fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
+fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
     f.unplaced == 0
         && match goal {
             Goal::Green { .. } => f.usd <= limit,
@@ -355,11 +364,10 @@ impl Tuned {
     pub fn text(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
-        let (what, unit) = match self.goal {
-            Goal::Green { budget } => {
-                (format!("least kgCO2 at USD ≤ {:.1} % above the cost policy's", budget * 100.0), "USD")
-            }
-            Goal::Cost => ("least USD at mean completion ≤ greedy-spot's".to_string(), "h"),
+        let unit = self.goal.unit();
+        let what = match self.goal {
+            Goal::Green { budget } => format!("least kgCO2 at USD ≤ {:.1} % above the cost policy's", budget * 100.0),
+            Goal::Cost => "least USD at mean completion ≤ greedy-spot's".to_string(),
         };
         let _ = writeln!(
             s,
@@ -403,7 +411,7 @@ impl Tuned {
 }
 
 /// One replay's figures as a line of `--tune`'s text.
-pub(crate) fn row(s: &mut String, label: &str, f: &Figures, mark: &str) {
+fn row(s: &mut String, label: &str, f: &Figures, mark: &str) {
     use std::fmt::Write;
     let _ = writeln!(
         s,
@@ -418,24 +426,21 @@ pub(crate) fn row(s: &mut String, label: &str, f: &Figures, mark: &str) {
 /// Replays of one part as lines, each against the goal's reference (the cost
 /// policy, or greedy-spot) and marked where over `limit`.
 pub(crate) fn compared(s: &mut String, goal: Goal, figs: &[Figures], limit: f64) {
+    let r = goal.reference();
+    let reference = figs.iter().find(|c| c.name == r);
     for f in figs {
-        let mark = match goal {
-            Goal::Green { .. } if f.name != "cost" => figs.iter().find(|c| c.name == "cost").map(|c| {
-                format!(
-                    "  kgCO2 {:+.1} %, USD {:+.1} % vs cost",
-                    (f.kg_co2 / c.kg_co2 - 1.0) * 100.0,
-                    (f.usd / c.usd - 1.0) * 100.0
-                )
-            }),
-            Goal::Cost if f.name != "greedy-spot" => figs.iter().find(|c| c.name == "greedy-spot").map(|c| {
-                format!(
-                    "  USD {:+.1} %, mean completion {:+.2} h vs greedy-spot",
-                    (f.usd / c.usd - 1.0) * 100.0,
-                    f.mean_completion_h - c.mean_completion_h
-                )
-            }),
-            _ => None,
-        };
+        let mark = reference.filter(|_| f.name != r).map(|c| match goal {
+            Goal::Green { .. } => format!(
+                "  kgCO2 {:+.1} %, USD {:+.1} % vs {r}",
+                (f.kg_co2 / c.kg_co2 - 1.0) * 100.0,
+                (f.usd / c.usd - 1.0) * 100.0
+            ),
+            Goal::Cost => format!(
+                "  USD {:+.1} %, mean completion {:+.2} h vs {r}",
+                (f.usd / c.usd - 1.0) * 100.0,
+                f.mean_completion_h - c.mean_completion_h
+            ),
+        });
         let over = if ["cost", "greedy-spot"].contains(&f.name.as_str()) || within(goal, f, limit) {
             ""
         } else {

@@ -36,7 +36,7 @@ pub struct Weights {
 }
 
 /// One period of the walk.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Period {
     /// Its first submission, hours after the trace's first.
     pub start_h: f64,
@@ -98,15 +98,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     // The walk's switches so far: (period's first submission, policy).
     let mut switches: Vec<(f64, String)> = Vec::with_capacity(n - 1);
     let mut periods = Vec::with_capacity(n);
-    periods.push(Period {
-        start_h: 0.0,
-        jobs: bounds[1],
-        tuned_on_jobs: 0,
-        limit: None,
-        weights: None,
-        kept_limit: false,
-        ran: Vec::new(),
-    });
+    periods.push(Period { jobs: bounds[1], ..Period::default() });
     let mut next = None;
     for p in 1..=n {
         // Period n: the jobs to come, from the last submission on.
@@ -127,10 +119,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
             start_h: (start_s - t0) / 3600.0,
             jobs: if p < n { bounds[p + 1] - bounds[p] } else { 0 },
             tuned_on_jobs: fold_jobs.iter().map(Vec::len).sum(),
-            limit: None,
-            weights: None,
-            kept_limit: false,
-            ran: Vec::new(),
+            ..Period::default()
         };
         let mut chosen = None;
         if !fold_jobs.is_empty() {
@@ -185,15 +174,15 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     Ok(Walked { goal, folds, periods, next, whole, limit, policy_toml })
 }
 
+/// How the text marks weights run though none kept the limit.
+const NEAREST: &str = " (none kept the limit: the nearest)";
+
 impl Walked {
     /// The plain-text result (`fleet-sim --tune ... --tune-walk N`).
     pub fn text(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
-        let unit = match self.goal {
-            Goal::Green { .. } => "USD",
-            Goal::Cost => "h",
-        };
+        let unit = self.goal.unit();
         let _ = writeln!(
             s,
             "walking `{}` forward over {} periods: each runs the weights chosen on the {} period(s) before it",
@@ -208,7 +197,7 @@ impl Walked {
                     w.time_value_usd_per_gpu_hour,
                     w.carbon_usd_per_kg,
                     w.spot_queue,
-                    if p.kept_limit { "" } else { " (none kept the limit: the nearest)" }
+                    if p.kept_limit { "" } else { NEAREST }
                 ),
                 None => "built-in (nothing to tune on)".into(),
             };
@@ -244,7 +233,7 @@ impl Walked {
         compared(&mut s, self.goal, &self.whole, self.limit);
         match &self.policy_toml {
             Some(t) => {
-                let nearest = if self.next.kept_limit { "" } else { " (none kept the limit: the nearest)" };
+                let nearest = if self.next.kept_limit { "" } else { NEAREST };
                 let _ = writeln!(s, "\nweights for the jobs to come{nearest} (for metasched.toml):\n{t}");
             }
             None => {
