@@ -1516,6 +1516,15 @@ fn tuning_cost_picks_the_cheapest_weights_no_slower_than_greedy_spot() {
         }
         None => assert!(within.is_empty(), "{t:#?}"),
     }
+    // held out, every replay but the references is marked where over the limit,
+    // the built-in cost policy included
+    let text = t.text();
+    let held = &text[text.find("held-out part").unwrap()..];
+    for f in &t.held_out[2..] {
+        let line = held.lines().find(|l| l.trim_start().starts_with(&format!("{} ", f.name))).unwrap();
+        let over = f.unplaced > 0 || f.mean_completion_h > t.held_out_limit;
+        assert_eq!(line.contains("(over the limit)"), over, "{line} / {:?} / {}", f, t.held_out_limit);
+    }
     for (flags, msg) in [
         (vec!["--tune", "green", "--tune-split", "1"], "--tune-split"),
         (vec!["--tune", "green", "--tune-budget=-1"], "--tune-budget"),
