@@ -151,10 +151,20 @@ pub struct SimulateArgs {
     /// periods (by submission) and run each with the weights chosen on the
     /// periods before it (the last --tune-folds of them, as folds; their jobs
     /// whose run could have ended by then, replayed on the fleet the earlier
-    /// jobs left); the first runs the built-in weights. Reports each period
-    /// and the whole trace so run against the references.
+    /// jobs left); the first runs the built-in weights (or --tune-walk-start).
+    /// Reports each period and the whole trace so run against the references.
     #[arg(long, value_name = "N", requires = "tune")]
     pub tune_walk: Option<usize>,
+    /// The policy --tune-walk runs until there is something to tune on (the
+    /// first period) [default: the tuned policy's built-in weights].
+    #[arg(long, value_name = "POLICY", requires = "tune_walk")]
+    pub tune_walk_start: Option<String>,
+    /// Carry the balance of the limit forward: what the walk's periods so far
+    /// were ahead of (or behind) the limit, over their jobs whose run could
+    /// have ended, loosens (or tightens) the limit of the periods to come,
+    /// spread over their jobs, so that the whole trace keeps it.
+    #[arg(long, requires = "tune_walk")]
+    pub tune_walk_carry: bool,
     /// Time values (USD per GPU-hour) --tune tries, comma-separated [default:
     /// green 2,1,0.5,0.2,0.1; cost 0.5,1,1.5,2,2.5,3,4,5,6,8, each with and
     /// without the spot queue].

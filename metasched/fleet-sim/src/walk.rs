@@ -5,7 +5,8 @@
 //! future. A planner who re-tunes every week wants to know what the whole
 //! trace would have cost so run. This cuts the jobs into `N` consecutive
 //! periods of as many jobs (by submission). The first period runs the
-//! built-in weights; period `p` runs the best weights of the grid that kept the
+//! built-in weights (or the policy named by `--tune-walk-start`, say weights
+//! tuned before); period `p` runs the best weights of the grid that kept the
 //! limit on each of the last `--tune-folds` periods before it (each a fold,
 //! held to its own limit), as they stood at `p`'s start: every weight is
 //! replayed over all the jobs submitted before `p`, continuously from the
@@ -18,6 +19,16 @@
 //! for `green`). The whole trace is then replayed once, continuously, with
 //! the policy switching at each period's first submission
 //! (`SimConfig::switches`), beside the references and the built-in policy.
+//!
+//! With `--tune-walk-carry` the limit is the whole trace's, not each period's:
+//! how far the walk so far was ahead of the limit (or behind it) over the
+//! earlier jobs whose run could have ended by `p`'s start ([`balance`]: USD
+//! left of the budget for `green`, job-hours of completion saved against
+//! greedy-spot for `cost`; the walk's own weights replayed over the same
+//! prefix) is spread over the jobs to come and added to each fold's limit
+//! (a fold of `k` jobs gets `k / rest` of the USD; every job the same share
+//! of the hours), so a period that spent less leaves the next more, and one
+//! that spent more is made up.
 
 use anyhow::{bail, Context, Result};
 
@@ -43,9 +54,16 @@ pub struct Period {
     pub jobs: usize,
     /// Jobs of the earlier periods its weights were chosen on.
     pub tuned_on_jobs: usize,
-    /// The limit over those jobs (`None`: nothing to tune on).
+    /// The limit over those jobs (`None`: nothing to tune on), with the
+    /// balance carried in.
     pub limit: Option<f64>,
-    /// The weights chosen for it (`None`: the built-in ones).
+    /// With `--tune-walk-carry`: how far the walk's earlier periods were ahead
+    /// of the limit (positive) or behind it, over their jobs whose run could
+    /// have ended by this period's start: USD left of the budget (`green`),
+    /// job-hours of completion (`cost`).
+    pub carried: Option<f64>,
+    /// The weights chosen for it (`None`: nothing to tune on, the walk's start
+    /// policy).
     pub weights: Option<Weights>,
     /// `weights` kept the limit on every fold; where none did, the period runs
     /// the weights nearest to it (the shortest mean completion for `cost`, the
@@ -62,6 +80,8 @@ pub struct Walked {
     pub goal: Goal,
     /// Earlier periods each choice is made on (`--tune-folds`).
     pub folds: usize,
+    /// The policy run where there is nothing to tune on (`--tune-walk-start`).
+    pub start: String,
     pub periods: Vec<Period>,
     /// The weights chosen on the last periods, for the jobs to come.
     pub next: Period,
@@ -87,6 +107,11 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
         bail!("--tune-folds with --tune-walk {n} must be between 1 and {}, got {folds}", n - 1);
     }
     let base = model.policy(goal.base()).with_context(|| format!("no `{}` policy", goal.base()))?;
+    // What runs until there is something to tune on.
+    let start = args.tune_walk_start.clone().unwrap_or_else(|| goal.base().to_string());
+    if model.policy(&start).is_none() {
+        bail!("--tune-walk-start: no policy `{start}` (the engine's own, or one of --policies)");
+    }
     let grid = grid(goal, args, &base);
     let setup = grid_setup(loaded, &base, &grid)?;
     let cfg = sim_config(args, &model)?;
@@ -129,7 +154,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
             let ref_runs = replay(args, loaded, &setup, &refs, &prefix, &per_job)?;
             let mut own: Vec<(f64, String)> = Vec::new();
             if from > 0 {
-                own.push((t0, goal.base().to_string()));
+                own.push((t0, start.clone()));
                 own.extend(switches[..from - 1].iter().cloned());
                 own.push((jobs[bounds[from]].submit_s, String::new()));
             }
@@ -139,7 +164,29 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
                 .iter()
                 .map(|idx| ref_runs.iter().chain(&cand_runs).map(|r| figures_of(r, idx)).collect())
                 .collect();
-            let tried = decide(goal, &grid, &runs)?;
+            let mut carry = Vec::new();
+            if args.tune_walk_carry && p < n {
+                // The walk so far over the same prefix, against the reference.
+                let mut walked_sw = vec![(t0, start.clone())];
+                walked_sw.extend(switches.iter().cloned());
+                let walked_cfg = SimConfig { switches: walked_sw, ..cand_cfg.clone() };
+                let walked =
+                    replay(args, loaded, &setup, &[Strategy::Engine(goal.base().into())], &prefix, &walked_cfg)?;
+                let reference = ref_runs.iter().find(|r| r.policy == goal.reference()).context("no reference")?;
+                let known = (0..bounds[p]).filter(|&j| jobs[j].submit_s + jobs[j].duration_s <= start_s);
+                let ahead = balance(goal, reference, &walked[0], known);
+                // spread over the jobs to come: per job of each fold
+                let rest = (jobs.len() - bounds[p]) as f64;
+                carry = runs
+                    .iter()
+                    .map(|r| match goal {
+                        Goal::Green { .. } => ahead * r[0].jobs as f64 / rest,
+                        Goal::Cost => ahead / rest,
+                    })
+                    .collect();
+                period.carried = Some(ahead);
+            }
+            let tried = decide(goal, &grid, &runs, &carry)?;
             period.limit = Some(tried.limit);
             period.kept_limit = tried.chosen.is_some();
             chosen = tried.chosen.or_else(|| nearest(goal, &tried.trials));
@@ -149,7 +196,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
             });
         }
         if p < n {
-            switches.push((start_s, chosen.map_or_else(|| goal.base().to_string(), |i| format!("tune_{i}"))));
+            switches.push((start_s, chosen.map_or_else(|| start.clone(), |i| format!("tune_{i}"))));
             periods.push(period);
         } else {
             next = Some((period, chosen));
@@ -160,7 +207,9 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     whole_strategies.push(Strategy::Engine(goal.base().into()));
     let per_job = SimConfig { per_job: true, ..cfg.clone() };
     let mut runs = replay(args, loaded, &setup, &whole_strategies, &jobs, &per_job)?;
-    let walk_cfg = SimConfig { switches, ..per_job };
+    let mut all_switches = vec![(t0, start.clone())];
+    all_switches.extend(switches);
+    let walk_cfg = SimConfig { switches: all_switches, ..per_job };
     let mut walked = replay(args, loaded, &setup, &[Strategy::Engine(goal.base().into())], &jobs, &walk_cfg)?;
     walked[0].policy = "walk".into();
     runs.append(&mut walked);
@@ -171,7 +220,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     }
     let limit = limit(goal, &whole)?;
     let policy_toml = next_chosen.map(|i| table(goal.base(), &base, grid[i])).transpose()?;
-    Ok(Walked { goal, folds, periods, next, whole, limit, policy_toml })
+    Ok(Walked { goal, folds, start, periods, next, whole, limit, policy_toml })
 }
 
 /// How the text marks weights run though none kept the limit.
@@ -199,9 +248,14 @@ impl Walked {
                     w.spot_queue,
                     if p.kept_limit { "" } else { NEAREST }
                 ),
-                None => "built-in (nothing to tune on)".into(),
+                None => format!("`{}` (nothing to tune on)", self.start),
             };
-            let lim = p.limit.map(|l| format!(", limit {l:.3} {unit}")).unwrap_or_default();
+            let carried = match (p.carried, self.goal) {
+                (Some(c), Goal::Green { .. }) => format!(" (carried {c:+.2} USD)"),
+                (Some(c), Goal::Cost) => format!(" (carried {c:+.1} job-h)"),
+                (None, _) => String::new(),
+            };
+            let lim = p.limit.map(|l| format!(", limit {l:.3} {unit}{carried}")).unwrap_or_default();
             let _ = writeln!(
                 s,
                 "  {label:<8} from {:>8.1} h  {:>6} jobs  tuned on {:>6} jobs{lim}: {w}",
@@ -261,6 +315,24 @@ fn nearest(goal: Goal, trials: &[Trial]) -> Option<usize> {
     })
 }
 
+/// How far `walked` was ahead of the goal's limit over the jobs `idx` (needs
+/// `SimConfig::per_job`): USD left of the budget over `reference` (the cost
+/// policy) for `green`, job-hours of completion saved against `reference`
+/// (greedy-spot) for `cost`, over the jobs both completed.
+fn balance(goal: Goal, reference: &PolicyReport, walked: &PolicyReport, idx: impl Iterator<Item = usize>) -> f64 {
+    idx.map(|j| {
+        let (r, w) = (&reference.per_job[j], &walked.per_job[j]);
+        match goal {
+            Goal::Green { budget } => (1.0 + budget) * r.usd - w.usd,
+            Goal::Cost => match (r.completion_s, w.completion_s) {
+                (Some(a), Some(b)) => (a - b) / 3600.0,
+                _ => 0.0,
+            },
+        }
+    })
+    .sum()
+}
+
 /// `r`'s figures over the jobs `idx` (needs `SimConfig::per_job`).
 fn figures_of(r: &PolicyReport, idx: &[usize]) -> Figures {
     let done: Vec<f64> = idx.iter().filter_map(|&j| r.per_job[j].completion_s).collect();
@@ -271,5 +343,31 @@ fn figures_of(r: &PolicyReport, idx: &[usize]) -> Figures {
         mean_completion_h: done.iter().sum::<f64>() / done.len().max(1) as f64 / 3600.0,
         unplaced: idx.len() - done.len(),
         jobs: idx.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::JobFigures;
+
+    fn run(jobs: &[(f64, Option<f64>)]) -> PolicyReport {
+        let per_job = jobs.iter().map(|&(usd, completion_s)| JobFigures { usd, kg_co2: 0.0, completion_s }).collect();
+        PolicyReport { per_job, ..PolicyReport::default() }
+    }
+
+    /// The balance counts only the jobs asked for: for `cost` the hours of
+    /// completion saved on jobs both replays completed (a job the walk left
+    /// unfinished counts nothing), for `green` the budget left over the cost
+    /// policy's USD.
+    #[test]
+    fn the_balance_is_what_the_walk_was_ahead_of_the_limit() {
+        let reference = run(&[(10.0, Some(3600.0)), (20.0, Some(7200.0)), (5.0, Some(60.0)), (1.0, None)]);
+        let walked = run(&[(10.0, Some(1800.0)), (22.0, Some(10800.0)), (5.0, None), (1.0, Some(60.0))]);
+        let cost = balance(Goal::Cost, &reference, &walked, 0..4);
+        assert!((cost - (0.5 - 1.0)).abs() < 1e-12, "{cost}");
+        assert!((balance(Goal::Cost, &reference, &walked, [0].into_iter()) - 0.5).abs() < 1e-12);
+        let green = balance(Goal::Green { budget: 0.05 }, &reference, &walked, 0..2);
+        assert!((green - (0.5 + (21.0 - 22.0))).abs() < 1e-12, "{green}");
     }
 }

@@ -1628,6 +1628,41 @@ fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
         assert_eq!(parts.iter().map(|x| x.jobs).sum::<usize>(), f.jobs);
     }
     assert!(w.periods.iter().skip(1).all(|p| p.kept_limit), "{w:#?}");
+    // started on the cost policy (--tune-walk-start): the first period's jobs
+    // stay on `dirty` (12 USD), the second runs the price chosen on them (1,
+    // within 5 %) and moves (12.48): the whole walk, its first period from the
+    // first submission on, pays 24.48
+    let w = walk("0.05", &["--tune-walk", "2", "--tune-walk-start", "cost"]).unwrap();
+    assert_eq!(w.start, "cost");
+    assert_eq!(w.periods[1].weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(1.0), "{w:#?}");
+    let ran = |p: usize, name: &str| w.periods[p].ran.iter().find(|f| f.name == name).unwrap().clone();
+    assert!((ran(0, "walk").usd - 12.0).abs() < 1e-6 && (ran(1, "walk").usd - 12.48).abs() < 1e-6, "{w:#?}");
+    assert!((w.whole[2].usd - 24.48).abs() < 1e-6, "{w:#?}");
+    assert!(w.text().contains("`cost` (nothing to tune on)"), "{}", w.text());
+    let e = walk("0.05", &["--tune-walk", "2", "--tune-walk-start", "nope"]).unwrap_err().to_string();
+    assert!(e.contains("--tune-walk-start") && e.contains("`nope`"), "{e}");
+    for flag in [&["--tune-walk-start", "time"][..], &["--tune-walk-carry"]] {
+        let line = [&["x", "--trace", "t", "--fleet", "f", "--tune", "cost"][..], flag].concat();
+        assert!(fleet_sim::cli::parse_from(line.iter().map(|x| x.to_string())).is_err(), "{flag:?}");
+    }
+    // carrying the balance (--tune-walk-carry), within 3 %: the first period,
+    // on the cost policy, left 3 × 2 × 0.03 = 0.18 USD of the budget over its
+    // three jobs done by 13:00. Spread over the six jobs to come, the fold of
+    // three gets half: its limit 6.18 + 0.09 = 6.27 lets in the price 1 (6.24),
+    // which 6.18 alone keeps out. The whole walk pays 24.48 ≤ 1.03 × 24.
+    let from_cost = |extra: &[&str]| {
+        walk("0.03", &[&["--tune-walk", "2", "--tune-walk-start", "cost"][..], extra].concat()).unwrap()
+    };
+    let w = from_cost(&[]);
+    assert_eq!(w.periods[1].weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(0.0), "{w:#?}");
+    assert_eq!(w.periods[1].carried, None, "{w:#?}");
+    let w = from_cost(&["--tune-walk-carry"]);
+    let second = &w.periods[1];
+    assert!((second.carried.unwrap() - 0.18).abs() < 1e-6, "{w:#?}");
+    assert!((second.limit.unwrap() - 6.27).abs() < 1e-6, "{w:#?}");
+    assert_eq!(second.weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(1.0), "{w:#?}");
+    assert!((w.whole[2].usd - 24.48).abs() < 1e-6 && w.whole[2].usd <= 1.03 * w.whole[0].usd, "{w:#?}");
+    assert!(w.text().contains("(carried +0.18 USD)"), "{}", w.text());
     // no weights keep a 3 % budget when moving is all there is: the period runs
     // the nearest (the least USD), marked so
     let w = walk_at("0.03", "1", &[]).unwrap();
