@@ -122,6 +122,8 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     let candidates: Vec<Strategy> = (0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))).collect();
     // The walk's switches so far: (period's first submission, policy).
     let mut switches: Vec<(f64, String)> = Vec::with_capacity(n - 1);
+    // The walk's policy from the trace's start: its start, then `switches`.
+    let walking = |switches: &[(f64, String)]| [&[(t0, start.clone())][..], switches].concat();
     let mut periods = Vec::with_capacity(n);
     periods.push(Period { jobs: bounds[1], ..Period::default() });
     let mut next = None;
@@ -154,8 +156,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
             let ref_runs = replay(args, loaded, &setup, &refs, &prefix, &per_job)?;
             let mut own: Vec<(f64, String)> = Vec::new();
             if from > 0 {
-                own.push((t0, start.clone()));
-                own.extend(switches[..from - 1].iter().cloned());
+                own.extend(walking(&switches[..from - 1]));
                 own.push((jobs[bounds[from]].submit_s, String::new()));
             }
             let cand_cfg = SimConfig { switches: own, ..per_job };
@@ -167,9 +168,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
             let mut carry = Vec::new();
             if args.tune_walk_carry && p < n {
                 // The walk so far over the same prefix, against the reference.
-                let mut walked_sw = vec![(t0, start.clone())];
-                walked_sw.extend(switches.iter().cloned());
-                let walked_cfg = SimConfig { switches: walked_sw, ..cand_cfg.clone() };
+                let walked_cfg = SimConfig { switches: walking(&switches), ..cand_cfg.clone() };
                 let walked =
                     replay(args, loaded, &setup, &[Strategy::Engine(goal.base().into())], &prefix, &walked_cfg)?;
                 let reference = ref_runs.iter().find(|r| r.policy == goal.reference()).context("no reference")?;
@@ -207,9 +206,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     whole_strategies.push(Strategy::Engine(goal.base().into()));
     let per_job = SimConfig { per_job: true, ..cfg.clone() };
     let mut runs = replay(args, loaded, &setup, &whole_strategies, &jobs, &per_job)?;
-    let mut all_switches = vec![(t0, start.clone())];
-    all_switches.extend(switches);
-    let walk_cfg = SimConfig { switches: all_switches, ..per_job };
+    let walk_cfg = SimConfig { switches: walking(&switches), ..per_job };
     let mut walked = replay(args, loaded, &setup, &[Strategy::Engine(goal.base().into())], &jobs, &walk_cfg)?;
     walked[0].policy = "walk".into();
     runs.append(&mut walked);
