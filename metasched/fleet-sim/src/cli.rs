@@ -160,9 +160,10 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "POLICY", requires = "tune_walk")]
     pub tune_walk_start: Option<String>,
     /// Carry the balance of the limit forward: what the walk's periods so far
-    /// were ahead of (or behind) the limit, over their jobs whose run could
-    /// have ended, loosens (or tightens) the limit of the periods to come,
-    /// spread over their jobs, so that the whole trace keeps it.
+    /// were ahead of (or behind) the limit (green: on what every earlier job
+    /// paid until now; cost: on the jobs whose run could have ended) loosens
+    /// (or tightens) the limit of the periods to come, spread over their
+    /// jobs, so that the whole trace keeps it.
     #[arg(long, requires = "tune_walk")]
     pub tune_walk_carry: bool,
     /// Time values (USD per GPU-hour) --tune tries, comma-separated [default:

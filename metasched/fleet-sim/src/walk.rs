@@ -21,11 +21,12 @@
 //! (`SimConfig::switches`), beside the references and the built-in policy.
 //!
 //! With `--tune-walk-carry` the limit is the whole trace's, not each period's:
-//! how far the walk so far was ahead of the limit (or behind it) over the
-//! earlier jobs whose run could have ended by `p`'s start ([`balance`]: USD
-//! left of the budget for `green`, job-hours of completion saved against
-//! greedy-spot for `cost`; the walk's own weights replayed over the same
-//! prefix) is spread over the jobs to come and added to each fold's limit
+//! how far the walk so far was ahead of the limit (or behind it) by `p`'s
+//! start ([`balance`], the walk's own weights replayed over the same prefix:
+//! for `green` the USD left of the budget over what the cost policy would
+//! have paid, every earlier job run until then; for `cost` the job-hours of
+//! completion saved against greedy-spot on the earlier jobs whose run could
+//! have ended by then) is spread over the jobs to come and added to each fold's limit
 //! (a fold of `k` jobs gets `k / rest` of the USD; every job the same share
 //! of the hours), so a period that spent less leaves the next more, and one
 //! that spent more is made up.
@@ -58,9 +59,10 @@ pub struct Period {
     /// balance carried in.
     pub limit: Option<f64>,
     /// With `--tune-walk-carry`: how far the walk's earlier periods were ahead
-    /// of the limit (positive) or behind it, over their jobs whose run could
-    /// have ended by this period's start: USD left of the budget (`green`),
-    /// job-hours of completion (`cost`).
+    /// of the limit (positive) or behind it by this period's start: USD left
+    /// of the budget on what every earlier job paid until then (`green`),
+    /// job-hours of completion on the jobs whose run could have ended
+    /// (`cost`).
     pub carried: Option<f64>,
     /// The weights chosen for it (`None`: nothing to tune on, the walk's start
     /// policy).
@@ -172,8 +174,16 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
                 let walked =
                     replay(args, loaded, &setup, &[Strategy::Engine(goal.base().into())], &prefix, &walked_cfg)?;
                 let reference = ref_runs.iter().find(|r| r.policy == goal.reference()).context("no reference")?;
-                let known = (0..bounds[p]).filter(|&j| jobs[j].submit_s + jobs[j].duration_s <= start_s);
-                let ahead = balance(goal, reference, &walked[0], known);
+                // What was paid so far is known for every job (each runs until
+                // the period's start); a completion only where the run could
+                // have ended.
+                let ahead = match goal {
+                    Goal::Green { .. } => balance(goal, reference, &walked[0], 0..bounds[p]),
+                    Goal::Cost => {
+                        let known = (0..bounds[p]).filter(|&j| jobs[j].submit_s + jobs[j].duration_s <= start_s);
+                        balance(goal, reference, &walked[0], known)
+                    }
+                };
                 // spread over the jobs to come: per job of each fold
                 let rest = (jobs.len() - bounds[p]) as f64;
                 carry = runs

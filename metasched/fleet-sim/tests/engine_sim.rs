@@ -1646,10 +1646,11 @@ fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
         assert!(fleet_sim::cli::parse_from(line.iter().map(|x| x.to_string())).is_err(), "{flag:?}");
     }
     // carrying the balance (--tune-walk-carry), within 3 %: the first period,
-    // on the cost policy, left 3 × 2 × 0.03 = 0.18 USD of the budget over its
-    // three jobs done by 13:00. Spread over the six jobs to come, the fold of
-    // three gets half: its limit 6.18 + 0.09 = 6.27 lets in the price 1 (6.24),
-    // which 6.18 alone keeps out. The whole walk pays 24.48 ≤ 1.03 × 24.
+    // on the cost policy, left 3 % of what it paid by 13:00 (its six jobs run
+    // until then: 2 + 2 + 2 + 1.5 + 1 + 0.5 USD), 0.27 USD. Spread over the six
+    // jobs to come, the fold of three (the jobs done by 13:00) gets half: its
+    // limit 6.18 + 0.135 lets in the price 1 (6.24), which 6.18 alone keeps
+    // out. The whole walk pays 24.48 ≤ 1.03 × 24.
     let from_cost = |extra: &[&str]| {
         walk("0.03", &[&["--tune-walk", "2", "--tune-walk-start", "cost"][..], extra].concat()).unwrap()
     };
@@ -1658,11 +1659,11 @@ fn walking_forward_runs_each_period_with_the_weights_chosen_before_it() {
     assert_eq!(w.periods[1].carried, None, "{w:#?}");
     let w = from_cost(&["--tune-walk-carry"]);
     let second = &w.periods[1];
-    assert!((second.carried.unwrap() - 0.18).abs() < 1e-6, "{w:#?}");
-    assert!((second.limit.unwrap() - 6.27).abs() < 1e-6, "{w:#?}");
+    assert!((second.carried.unwrap() - 0.27).abs() < 1e-6, "{w:#?}");
+    assert!((second.limit.unwrap() - 6.315).abs() < 1e-6, "{w:#?}");
     assert_eq!(second.weights.as_ref().map(|x| x.carbon_usd_per_kg), Some(1.0), "{w:#?}");
     assert!((w.whole[2].usd - 24.48).abs() < 1e-6 && w.whole[2].usd <= 1.03 * w.whole[0].usd, "{w:#?}");
-    assert!(w.text().contains("(carried +0.18 USD)"), "{}", w.text());
+    assert!(w.text().contains("(carried +0.27 USD)"), "{}", w.text());
     // no weights keep a 3 % budget when moving is all there is: the period runs
     // the nearest (the least USD), marked so
     let w = walk_at("0.03", "1", &[]).unwrap();
