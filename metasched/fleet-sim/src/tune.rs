@@ -263,29 +263,28 @@ pub(crate) fn try_grid(
     for part in folds {
         runs.push(replay(args, loaded, setup, &strategies, part, cfg)?.iter().map(Figures::from).collect());
     }
-    decide(goal, grid, &runs, &[])
+    decide(goal, grid, &runs, 0.0)
 }
 
 /// Chooses among the weights of `grid` from their figures on each fold,
 /// `runs[fold]`: the references (`references(goal)`) first, then one per weight.
-/// `carry[fold]` (none: 0) is added to that fold's limit (USD for `green`,
-/// hours of mean completion for `cost`).
-pub(crate) fn decide(goal: Goal, grid: &[(f64, f64, bool)], runs: &[Vec<Figures>], carry: &[f64]) -> Result<Tried> {
+/// `carry` per job loosens each limit (tightens, if negative): by `carry` ×
+/// the part's jobs USD for `green`, by `carry` hours of mean completion for
+/// `cost`.
+pub(crate) fn decide(goal: Goal, grid: &[(f64, f64, bool)], runs: &[Vec<Figures>], carry: f64) -> Result<Tried> {
     let nrefs = references(goal).len();
-    let carry_of = |i: usize| carry.get(i).copied().unwrap_or(0.0);
-    let limits: Vec<f64> =
-        runs.iter().enumerate().map(|(i, r)| Ok(limit(goal, &r[..nrefs])? + carry_of(i))).collect::<Result<_>>()?;
+    let carried = |refs: &[Figures]| -> Result<f64> {
+        let jobs = refs.first().map_or(0, |f| f.jobs) as f64;
+        Ok(limit(goal, refs)?
+            + match goal {
+                Goal::Green { .. } => carry * jobs,
+                Goal::Cost => carry,
+            })
+    };
+    let limits: Vec<f64> = runs.iter().map(|r| carried(&r[..nrefs])).collect::<Result<_>>()?;
     let merged = |k: usize| merge(&runs.iter().map(|r| &r[k]).collect::<Vec<_>>());
     let reference: Vec<Figures> = (0..nrefs).map(merged).collect();
-    let limit = limit(goal, &reference)?
-        + match goal {
-            Goal::Green { .. } => (0..runs.len()).map(carry_of).sum::<f64>(),
-            Goal::Cost => {
-                let jobs = |i: usize| runs[i].first().map_or(0, |f| f.jobs) as f64;
-                (0..runs.len()).map(|i| carry_of(i) * jobs(i)).sum::<f64>()
-                    / (0..runs.len()).map(jobs).sum::<f64>().max(1.0)
-            }
-        };
+    let limit = carried(&reference)?;
     let trials: Vec<Trial> = grid
         .iter()
         .enumerate()

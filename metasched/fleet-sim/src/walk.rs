@@ -140,8 +140,10 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
             .iter()
             .map(|j| SimJob { duration_s: j.duration_s.min((start_s - j.submit_s).max(1.0)), ..j.clone() })
             .collect();
+        // A job whose run could have ended by then: its run time is known.
+        let known = |j: &usize| jobs[*j].submit_s + jobs[*j].duration_s <= start_s;
         let fold_jobs: Vec<Vec<usize>> = (from..p)
-            .map(|q| (bounds[q]..bounds[q + 1]).filter(|&j| jobs[j].submit_s + jobs[j].duration_s <= start_s).collect())
+            .map(|q| (bounds[q]..bounds[q + 1]).filter(known).collect())
             .filter(|v: &Vec<usize>| !v.is_empty())
             .collect();
         let mut period = Period {
@@ -167,7 +169,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
                 .iter()
                 .map(|idx| ref_runs.iter().chain(&cand_runs).map(|r| figures_of(r, idx)).collect())
                 .collect();
-            let mut carry = Vec::new();
+            let mut carry = 0.0;
             if args.tune_walk_carry && p < n {
                 // The walk so far over the same prefix, against the reference.
                 let walked_cfg = SimConfig { switches: walking(&switches), ..cand_cfg.clone() };
@@ -179,23 +181,13 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
                 // have ended.
                 let ahead = match goal {
                     Goal::Green { .. } => balance(goal, reference, &walked[0], 0..bounds[p]),
-                    Goal::Cost => {
-                        let known = (0..bounds[p]).filter(|&j| jobs[j].submit_s + jobs[j].duration_s <= start_s);
-                        balance(goal, reference, &walked[0], known)
-                    }
+                    Goal::Cost => balance(goal, reference, &walked[0], (0..bounds[p]).filter(known)),
                 };
-                // spread over the jobs to come: per job of each fold
-                let rest = (jobs.len() - bounds[p]) as f64;
-                carry = runs
-                    .iter()
-                    .map(|r| match goal {
-                        Goal::Green { .. } => ahead * r[0].jobs as f64 / rest,
-                        Goal::Cost => ahead / rest,
-                    })
-                    .collect();
+                // spread over the jobs to come
+                carry = ahead / (jobs.len() - bounds[p]) as f64;
                 period.carried = Some(ahead);
             }
-            let tried = decide(goal, &grid, &runs, &carry)?;
+            let tried = decide(goal, &grid, &runs, carry)?;
             period.limit = Some(tried.limit);
             period.kept_limit = tried.chosen.is_some();
             chosen = tried.chosen.or_else(|| nearest(goal, &tried.trials));
