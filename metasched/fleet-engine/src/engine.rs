@@ -23,7 +23,7 @@
 //!                      when cheaper, × setup: the job goes on demand at once
 //!                      and `compute` pays the premium until spot is back or
 //!                      the job ends, plus that setup (docs/placement.md)
-//! time    = time_value × G × delay_h
+//! time    = (time_value × G + job_time_value) × delay_h
 //! kgCO2   = intensity(zone, run window) × GPU power × G × (R + lost) × PUE
 //! total   = compute + egress_weight × egress + time + carbon_price × kgCO2
 //! ```
@@ -790,7 +790,7 @@ pub(crate) fn cluster_bound(
     compute: f64,
     bound: f64,
 ) -> Option<(f64, f64)> {
-    let tv = policy.time_value_usd_per_gpu_hour;
+    let tv = policy.time_value(job.gpus);
     let g = f64::from(job.gpus);
     let prov_h = if c.onprem { 0.0 } else { c.provision_s / 3600.0 };
     let away_h = if job.home == Some(cid) { 0.0 } else { model.overheads.remote_submit_s / 3600.0 };
@@ -835,7 +835,7 @@ fn score_floor(
     if c.type_mask & job.type_mask == 0 {
         return (f64::INFINITY, None);
     }
-    let tv = policy.time_value_usd_per_gpu_hour;
+    let tv = policy.time_value(job.gpus);
     let mut floor = f64::INFINITY;
     let mut arg = None;
     for (pi, p) in c.pools.iter().enumerate() {
@@ -912,20 +912,8 @@ fn score(
     data: (f64, f64),
     ctx: &EvalCtx,
 ) -> Breakdown {
-    let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } = core_terms(
-        model,
-        job,
-        cid,
-        c,
-        p,
-        ps,
-        pricing,
-        price,
-        policy.time_value_usd_per_gpu_hour,
-        state.now_unix,
-        ctx,
-        true,
-    );
+    let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } =
+        core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value(job.gpus), state.now_unix, ctx, true);
     let (data_usd, transfer_h) = data_terms(model, job, c, restore_h, data, ctx);
     let ckpt_usd = match &job.ckpt_region {
         Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {
@@ -938,7 +926,7 @@ fn score(
     let egress_usd = data_usd + ckpt_usd;
     let before_h = wait_h + transfer_h + overhead_h + lost_h;
     let delay_h = before_h + requeue_h;
-    let time_usd = policy.time_value_usd_per_gpu_hour * g * delay_h;
+    let time_usd = policy.time_value(job.gpus) * g * delay_h;
     let start = state.now_unix + before_h * 3600.0;
     let ci = if ctx.carbon || policy.carbon_usd_per_kg != 0.0 {
         intensity(model, state, c, cs, start, start + (d_h + lost_h) * 3600.0, policy.use_lca)
@@ -1104,7 +1092,7 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
     // alone costs more than the best score found, no later cluster can win
     // (every term of the score is >= 0). Live spot prices in the state may
     // undercut the model's, so then every cluster is scored.
-    let can_stop = policy.time_value_usd_per_gpu_hour >= 0.0
+    let can_stop = policy.time_value(job.gpus) >= 0.0
         && policy.carbon_usd_per_kg >= 0.0
         && policy.egress_weight >= 0.0
         && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Weights that turn a candidate's breakdown into one USD score:
-/// `total = egress_weight × egress + compute + time_value × GPUs × delay_h
-/// + carbon_price × kgCO2`.
+/// `total = egress_weight × egress + compute + (time_value × GPUs +
+/// job_time_value) × delay_h + carbon_price × kgCO2`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Policy {
@@ -17,6 +17,11 @@ pub struct Policy {
     /// USD per GPU-hour of delay (queue wait, transfer, fixed overheads,
     /// work lost to preemption).
     pub time_value_usd_per_gpu_hour: f64,
+    /// USD per hour of delay of a job, whatever its GPUs: what a mean
+    /// completion over jobs counts (a one-GPU job waiting an hour adds as much
+    /// to it as a 64-GPU one). Added to the per-GPU value above; 0 in the
+    /// built-ins. See [`Policy::time_value`].
+    pub time_value_usd_per_job_hour: f64,
     /// USD per kg CO2 (a shadow price; 0 ignores carbon).
     pub carbon_usd_per_kg: f64,
     /// Multiplier on egress USD (1 = count it at list price).
@@ -57,6 +62,7 @@ impl Policy {
         Policy {
             name: "cost".into(),
             time_value_usd_per_gpu_hour: 2.0,
+            time_value_usd_per_job_hour: 0.0,
             carbon_usd_per_kg: 0.0,
             egress_weight: 1.0,
             allow_spot: true,
@@ -72,6 +78,7 @@ impl Policy {
         Policy {
             name: "time".into(),
             time_value_usd_per_gpu_hour: 20.0,
+            time_value_usd_per_job_hour: 0.0,
             carbon_usd_per_kg: 0.0,
             egress_weight: 1.0,
             allow_spot: false,
@@ -88,6 +95,7 @@ impl Policy {
         Policy {
             name: "green".into(),
             time_value_usd_per_gpu_hour: 2.0,
+            time_value_usd_per_job_hour: 0.0,
             carbon_usd_per_kg: 1.0,
             egress_weight: 1.0,
             allow_spot: true,
@@ -98,9 +106,18 @@ impl Policy {
         }
     }
 
+    /// USD per GPU-hour of delay of a job on `gpus` GPUs: the per-GPU time
+    /// value plus the per-job one spread over its GPUs (so `time_value(g) × g
+    /// × delay_h` prices the delay).
+    #[inline]
+    pub fn time_value(&self, gpus: u32) -> f64 {
+        self.time_value_usd_per_gpu_hour + self.time_value_usd_per_job_hour / f64::from(gpus.max(1))
+    }
+
     fn valid(&self) -> Result<(), String> {
         for (k, v) in [
             ("time_value_usd_per_gpu_hour", self.time_value_usd_per_gpu_hour),
+            ("time_value_usd_per_job_hour", self.time_value_usd_per_job_hour),
             ("carbon_usd_per_kg", self.carbon_usd_per_kg),
             ("egress_weight", self.egress_weight),
             ("spot_max_lost_h", self.spot_max_lost_h),
@@ -141,6 +158,7 @@ impl Default for Policies {
 #[serde(deny_unknown_fields)]
 struct PolicyKeys {
     time_value_usd_per_gpu_hour: Option<f64>,
+    time_value_usd_per_job_hour: Option<f64>,
     carbon_usd_per_kg: Option<f64>,
     egress_weight: Option<f64>,
     allow_spot: Option<bool>,
@@ -154,6 +172,7 @@ impl PolicyKeys {
     fn apply(self, p: &mut Policy) {
         let PolicyKeys {
             time_value_usd_per_gpu_hour,
+            time_value_usd_per_job_hour,
             carbon_usd_per_kg,
             egress_weight,
             allow_spot,
@@ -164,6 +183,7 @@ impl PolicyKeys {
         } = self;
         let set = |dst: &mut f64, v: Option<f64>| *dst = v.unwrap_or(*dst);
         set(&mut p.time_value_usd_per_gpu_hour, time_value_usd_per_gpu_hour);
+        set(&mut p.time_value_usd_per_job_hour, time_value_usd_per_job_hour);
         set(&mut p.carbon_usd_per_kg, carbon_usd_per_kg);
         set(&mut p.egress_weight, egress_weight);
         set(&mut p.spot_max_lost_h, spot_max_lost_h);

@@ -170,7 +170,7 @@ fn propose(
         // bound, no later cluster can give a move worth proposing.
         let can_stop = prune
             && stay.is_finite()
-            && policy.time_value_usd_per_gpu_hour >= 0.0
+            && policy.time_value(r.job.gpus) >= 0.0
             && policy.carbon_usd_per_kg >= 0.0
             && policy.egress_weight >= 0.0
             && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
@@ -210,7 +210,7 @@ fn propose(
             let redo_h = r.since_ckpt_s.max(0.0) / 3600.0 * cur_speed / new_speed;
             let price = p.breakdown.price_per_gpu_hour;
             let migration_usd = price * g * (restore_h + redo_h)
-                + policy.time_value_usd_per_gpu_hour * g * (restore_h + transfer_h + redo_h)
+                + policy.time_value(r.job.gpus) * g * (restore_h + transfer_h + redo_h)
                 + policy.egress_weight * egress;
             let saving = stay - p.breakdown.total - migration_usd;
             if !saving.is_finite() && stay.is_finite() {

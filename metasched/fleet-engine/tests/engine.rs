@@ -623,6 +623,36 @@ fn a_long_interruptible_job_queues_for_spot_when_the_wait_pays() {
 }
 
 #[test]
+fn a_time_value_per_job_hour_keeps_small_jobs_from_waiting_for_spot() {
+    // `a` alone: on demand 6.00, spot 1.00, spot taken now and back in 2 h.
+    let m = only_a();
+    let mut st = FleetState::idle(&m);
+    st.clusters[0].pools[0].spot_available = false;
+    st.clusters[0].pools[0].spot_wait_s = Some(2.0 * 3600.0);
+    // 20 USD per hour a job waits against 2.5 per GPU-hour: the same price of
+    // delay for an 8-GPU job.
+    let per_gpu = Policy { time_value_usd_per_gpu_hour: 2.5, ..Policy::cost() };
+    let per_job = Policy { time_value_usd_per_gpu_hour: 0.0, time_value_usd_per_job_hour: 20.0, ..Policy::cost() };
+    let pick = |spec: &JobSpec, p: &Policy| decide(&m, &st, &prepare(&m, spec), p).expect("placed");
+    let big = spot_job(20.0);
+    let (a, b) = (pick(&big, &per_gpu), pick(&big, &per_job));
+    assert_eq!((a.pricing, b.pricing), (Pricing::Spot, Pricing::Spot), "{a:?} / {b:?}");
+    assert_eq!(a.breakdown.time_usd, b.breakdown.time_usd);
+    // A 4 h job on one GPU saves 5 USD × 4 GPU-h on spot. Per GPU-hour, its
+    // 2 h wait costs 2.5 × 2 = 5 USD: it queues. Per job it costs 20 × 2 = 40:
+    // it runs on demand now, as a mean completion over jobs would have it.
+    let small = JobSpec { gpus: 1, ..spot_job(4.0) };
+    let (a, b) = (pick(&small, &per_gpu), pick(&small, &per_job));
+    assert_eq!((a.pricing, a.fits_now), (Pricing::Spot, false), "{a:?}");
+    assert!((a.breakdown.time_usd - 2.5 * a.breakdown.delay_h()).abs() < 1e-9, "{a:?}");
+    assert_eq!((b.pricing, b.fits_now), (Pricing::OnDemand, true), "{b:?}");
+    // What the 1-GPU job would pay to wait: 20 USD per hour of its delay.
+    let opts = all_options(&m, &st, &prepare(&m, &small), &per_job);
+    let spot = opts.iter().find(|o| o.pricing == Pricing::Spot).expect("a spot option");
+    assert!((spot.breakdown.time_usd - 20.0 * spot.breakdown.delay_h()).abs() < 1e-9, "{:?}", spot.breakdown);
+}
+
+#[test]
 fn waiting_for_spot_again_after_reclaims_is_priced() {
     // `a` alone: on-demand 6.00, spot 1.00 free now, 0.1 reclaims per hour.
     let m = only_a();

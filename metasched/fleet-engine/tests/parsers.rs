@@ -178,6 +178,7 @@ fn policies_from_toml() {
     check("[policies.cost]\nallow_spot = 3\n", Err("<policies>:2:14: invalid type"));
     check("[policies.cost]\nspot_max_reclaims = -1\n", Err("<policies>:2:21:"));
     check("[policies.green]\nspot_max_lost_h = inf\n", Err("policy green: spot_max_lost_h"));
+    check("[policies.cost]\ntime_value_usd_per_job_hour = -2\n", Err("policy cost: time_value_usd_per_job_hour"));
     check("[policies\n", Err("<policies>:1:"));
     check("[policies]\ncost = 1\n", Err("<policies>:2:8: invalid type"));
     // A typo three tables down, in another file.
@@ -191,6 +192,13 @@ fn policies_from_toml() {
     let c = p.get("cost").cloned().unwrap_or_default();
     assert_eq!((c.spot_max_reclaims, c.spot_max_lost_h, c.spot_queue), (2, 1.5, false));
     assert_eq!(c.time_value_usd_per_gpu_hour, Policy::cost().time_value_usd_per_gpu_hour);
+    // The time value per job-hour: 0 in the built-ins, set alone it keeps the per-GPU one.
+    let p = Policies::from_toml_str("[policies.cost]\ntime_value_usd_per_job_hour = 12.0\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let c = p.get("cost").cloned().unwrap_or_default();
+    assert_eq!((c.time_value_usd_per_gpu_hour, c.time_value_usd_per_job_hour), (2.0, 12.0));
+    assert_eq!((c.time_value(1), c.time_value(8)), (14.0, 3.5));
+    assert_eq!(Policy::cost().time_value(8), Policy::cost().time_value_usd_per_gpu_hour);
 }
 
 #[test]

@@ -261,7 +261,7 @@ impl Ranker {
             let Some(sla) = view.clusters.iter().find(|v| v.name == c.cluster).and_then(|v| v.sla.as_ref()) else {
                 continue;
             };
-            let p = sla_penalty_usd(sla, c.breakdown.total, self.policy.time_value_usd_per_gpu_hour, spec.gpus);
+            let p = sla_penalty_usd(sla, c.breakdown.total, self.policy.time_value(spec.gpus), spec.gpus);
             if p > 0.0 {
                 c.breakdown.total += p;
                 errs.push(format!("{} is SLA-degraded ({}): score +{p:.2} USD", c.cluster, sla.why));

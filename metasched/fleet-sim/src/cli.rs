@@ -167,10 +167,15 @@ pub struct SimulateArgs {
     #[arg(long, requires = "tune_walk")]
     pub tune_walk_carry: bool,
     /// Time values (USD per GPU-hour) --tune tries, comma-separated [default:
-    /// green 2,1,0.5,0.2,0.1; cost 0.5,1,1.5,2,2.5,3,4,5,6,8, each with and
-    /// without the spot queue].
+    /// green 2,1,0.5,0.2,0.1; cost 0,0.2,0.5,1,2,4,8, each with every per-job
+    /// time value and with and without the spot queue].
     #[arg(long, value_delimiter = ',')]
     pub tune_time_values: Vec<f64>,
+    /// Time values per job-hour (USD per hour a job waits, whatever its GPUs)
+    /// --tune tries, comma-separated [default: green the green policy's own;
+    /// cost 0,1,3,10,40].
+    #[arg(long, value_delimiter = ',')]
+    pub tune_job_time_values: Vec<f64>,
     /// Carbon prices (USD per kg) --tune tries, comma-separated [default: green
     /// 0.5,1,1.25,1.5,1.75,2,2.5,3,4,5,6; cost the cost policy's own].
     #[arg(long, value_delimiter = ',')]

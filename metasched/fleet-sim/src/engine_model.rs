@@ -191,6 +191,7 @@ impl EngineModel {
         let pure_price = Policy {
             name: GREEDY.into(),
             time_value_usd_per_gpu_hour: 0.0,
+            time_value_usd_per_job_hour: 0.0,
             carbon_usd_per_kg: 0.0,
             egress_weight: 1.0,
             allow_spot: false,

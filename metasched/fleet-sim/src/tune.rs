@@ -1,7 +1,7 @@
 //! `--tune`: a policy's weights for one fleet, chosen on the trace's past and
 //! checked on its future.
 //!
-//! A policy's weights are prices (USD per GPU-hour of delay, USD per kg of
+//! A policy's weights are prices (USD per GPU-hour or per job-hour of delay, USD per kg of
 //! CO2); what a planner is asked for is a budget ("−20 % kgCO2 for at most
 //! +5 % USD", "no slower on average than greedy-spot"). No one set of weights
 //! turns the budget into the best schedule on every fleet (docs/simulator.md:
@@ -30,9 +30,51 @@ pub const TIME_VALUES: [f64; 5] = [2.0, 1.0, 0.5, 0.2, 0.1];
 /// Carbon prices (USD per kg) tried by `--tune green` when `--tune-carbon-prices`
 /// is not given.
 pub const CARBON_PRICES: [f64; 11] = [0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0];
-/// Time values tried by `--tune cost` when `--tune-time-values` is not given
-/// (each with and without the spot queue).
-pub const COST_TIME_VALUES: [f64; 10] = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0];
+/// Time values (USD per GPU-hour) tried by `--tune cost` when
+/// `--tune-time-values` is not given (each with every per-job time value and
+/// with and without the spot queue).
+pub const COST_TIME_VALUES: [f64; 7] = [0.0, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0];
+/// Time values per job-hour (USD) tried by `--tune cost` when
+/// `--tune-job-time-values` is not given (docs/simulator.md, eighteenth round:
+/// the weight a mean completion over jobs counts).
+pub const COST_JOB_TIME_VALUES: [f64; 5] = [0.0, 1.0, 3.0, 10.0, 40.0];
+
+/// The weights `--tune` chooses among (the rest of the policy is the tuned
+/// policy's own).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Weights {
+    pub time_value_usd_per_gpu_hour: f64,
+    pub time_value_usd_per_job_hour: f64,
+    pub carbon_usd_per_kg: f64,
+    pub spot_queue: bool,
+}
+
+impl Weights {
+    /// `base` with these weights.
+    pub fn apply(&self, base: &Policy) -> Policy {
+        Policy {
+            time_value_usd_per_gpu_hour: self.time_value_usd_per_gpu_hour,
+            time_value_usd_per_job_hour: self.time_value_usd_per_job_hour,
+            carbon_usd_per_kg: self.carbon_usd_per_kg,
+            spot_queue: self.spot_queue,
+            ..base.clone()
+        }
+    }
+
+    /// "tv 2 carbon 0 queue true", with "+ 3/job" after the time value where
+    /// a per-job time value is set.
+    pub fn label(&self) -> String {
+        let job = if self.time_value_usd_per_job_hour != 0.0 {
+            format!(" + {}/job", self.time_value_usd_per_job_hour)
+        } else {
+            String::new()
+        };
+        format!(
+            "tv {}{job} carbon {} queue {}",
+            self.time_value_usd_per_gpu_hour, self.carbon_usd_per_kg, self.spot_queue
+        )
+    }
+}
 
 /// What the weights are tuned for.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -110,9 +152,8 @@ fn merge(parts: &[&Figures]) -> Figures {
 /// One set of weights tried, and its replay over the tuning part.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Trial {
-    pub time_value_usd_per_gpu_hour: f64,
-    pub carbon_usd_per_kg: f64,
-    pub spot_queue: bool,
+    #[serde(flatten)]
+    pub weights: Weights,
     pub figures: Figures,
     /// Within the limit on every fold of the tuning part.
     pub within: bool,
@@ -158,9 +199,11 @@ pub fn goal(args: &SimulateArgs) -> Result<Option<Goal>> {
     if !(s.is_finite() && s > 0.0 && s < 1.0) {
         bail!("--tune-split must be between 0 and 1 (exclusive), got {s}");
     }
-    for (flag, v) in
-        [("--tune-time-values", &args.tune_time_values), ("--tune-carbon-prices", &args.tune_carbon_prices)]
-    {
+    for (flag, v) in [
+        ("--tune-time-values", &args.tune_time_values),
+        ("--tune-job-time-values", &args.tune_job_time_values),
+        ("--tune-carbon-prices", &args.tune_carbon_prices),
+    ] {
         if let Some(x) = v.iter().find(|x| !(x.is_finite() && **x >= 0.0)) {
             bail!("{flag}: every value must be finite and >= 0, got {x}");
         }
@@ -173,27 +216,45 @@ pub fn goal(args: &SimulateArgs) -> Result<Option<Goal>> {
     })
 }
 
-/// The weights to try: (time value, carbon price, spot queue).
-pub(crate) fn grid(goal: Goal, args: &SimulateArgs, base: &Policy) -> Vec<(f64, f64, bool)> {
+/// The weights to try, time value by time value (per GPU-hour, then per
+/// job-hour), then carbon price, then the spot queue.
+pub(crate) fn grid(goal: Goal, args: &SimulateArgs, base: &Policy) -> Vec<Weights> {
     let or = |v: &[f64], d: &[f64]| if v.is_empty() { d.to_vec() } else { v.to_vec() };
-    match goal {
-        Goal::Green { .. } => {
-            let tvs = or(&args.tune_time_values, &TIME_VALUES);
-            let cps = or(&args.tune_carbon_prices, &CARBON_PRICES);
-            tvs.iter().flat_map(|&t| cps.iter().map(move |&c| (t, c, base.spot_queue))).collect()
-        }
-        Goal::Cost => {
-            let tvs = or(&args.tune_time_values, &COST_TIME_VALUES);
-            let cps = or(&args.tune_carbon_prices, &[base.carbon_usd_per_kg]);
-            tvs.iter().flat_map(|&t| cps.iter().flat_map(move |&c| [true, false].map(|q| (t, c, q)))).collect()
+    let (tvs, jobs, cps, queues) = match goal {
+        Goal::Green { .. } => (
+            or(&args.tune_time_values, &TIME_VALUES),
+            or(&args.tune_job_time_values, &[base.time_value_usd_per_job_hour]),
+            or(&args.tune_carbon_prices, &CARBON_PRICES),
+            vec![base.spot_queue],
+        ),
+        Goal::Cost => (
+            or(&args.tune_time_values, &COST_TIME_VALUES),
+            or(&args.tune_job_time_values, &COST_JOB_TIME_VALUES),
+            or(&args.tune_carbon_prices, &[base.carbon_usd_per_kg]),
+            vec![true, false],
+        ),
+    };
+    let mut out = Vec::with_capacity(tvs.len() * jobs.len() * cps.len() * queues.len());
+    for &time_value_usd_per_gpu_hour in &tvs {
+        for &time_value_usd_per_job_hour in &jobs {
+            for &carbon_usd_per_kg in &cps {
+                for &spot_queue in &queues {
+                    out.push(Weights {
+                        time_value_usd_per_gpu_hour,
+                        time_value_usd_per_job_hour,
+                        carbon_usd_per_kg,
+                        spot_queue,
+                    });
+                }
+            }
         }
     }
+    out
 }
 
 /// `base` with the trial's weights, as a policies table named `name`.
-pub(crate) fn table(name: &str, base: &Policy, (tv, cp, q): (f64, f64, bool)) -> Result<String> {
-    let p = Policy { time_value_usd_per_gpu_hour: tv, carbon_usd_per_kg: cp, spot_queue: q, ..base.clone() };
-    Ok(format!("[policies.{name}]\n{}", toml::to_string(&p).context("policy as TOML")?))
+pub(crate) fn table(name: &str, base: &Policy, w: Weights) -> Result<String> {
+    Ok(format!("[policies.{name}]\n{}", toml::to_string(&w.apply(base)).context("policy as TOML")?))
 }
 
 /// The budget on one part, from its reference replays' figures.
@@ -216,7 +277,7 @@ fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
 
 /// The engine set up from `loaded` with every weight of `grid` as a policy
 /// `tune_<i>` of `base`.
-pub(crate) fn grid_setup(loaded: &Loaded, base: &Policy, grid: &[(f64, f64, bool)]) -> Result<EngineSetup> {
+pub(crate) fn grid_setup(loaded: &Loaded, base: &Policy, grid: &[Weights]) -> Result<EngineSetup> {
     let mut extra = loaded.setup.policies_toml.clone().unwrap_or_default();
     for (i, &w) in grid.iter().enumerate() {
         extra.push('\n');
@@ -252,7 +313,7 @@ pub(crate) fn try_grid(
     loaded: &Loaded,
     setup: &EngineSetup,
     goal: Goal,
-    grid: &[(f64, f64, bool)],
+    grid: &[Weights],
     folds: &[&[SimJob]],
     cfg: &SimConfig,
 ) -> Result<Tried> {
@@ -271,7 +332,7 @@ pub(crate) fn try_grid(
 /// `carry` per job loosens each limit (tightens, if negative): by `carry` ×
 /// the part's jobs USD for `green`, by `carry` hours of mean completion for
 /// `cost`.
-pub(crate) fn decide(goal: Goal, grid: &[(f64, f64, bool)], runs: &[Vec<Figures>], carry: f64) -> Result<Tried> {
+pub(crate) fn decide(goal: Goal, grid: &[Weights], runs: &[Vec<Figures>], carry: f64) -> Result<Tried> {
     let nrefs = references(goal).len();
     let carried = |refs: &[Figures]| -> Result<f64> {
         let jobs = refs.first().map_or(0, |f| f.jobs) as f64;
@@ -288,17 +349,10 @@ pub(crate) fn decide(goal: Goal, grid: &[(f64, f64, bool)], runs: &[Vec<Figures>
     let trials: Vec<Trial> = grid
         .iter()
         .enumerate()
-        .map(|(i, &(tv, cp, q))| {
+        .map(|(i, &weights)| {
             let k = nrefs + i;
             let folds_within = runs.iter().zip(&limits).filter(|(r, lim)| within(goal, &r[k], **lim)).count();
-            Trial {
-                time_value_usd_per_gpu_hour: tv,
-                carbon_usd_per_kg: cp,
-                spot_queue: q,
-                figures: merged(k),
-                within: folds_within == runs.len(),
-                folds_within,
-            }
+            Trial { weights, figures: merged(k), within: folds_within == runs.len(), folds_within }
         })
         .collect();
     // The best within the limit; ties go to the lower USD (green) or the shorter
@@ -395,8 +449,7 @@ impl Tuned {
             row(&mut s, &f.name, f, "");
         }
         for (i, t) in self.trials.iter().enumerate() {
-            let label =
-                format!("tv {} carbon {} queue {}", t.time_value_usd_per_gpu_hour, t.carbon_usd_per_kg, t.spot_queue);
+            let label = t.weights.label();
             let mark = match (Some(i) == self.chosen, t.within) {
                 (true, _) => "  ← chosen".to_string(),
                 (false, true) => String::new(),
@@ -426,7 +479,7 @@ fn row(s: &mut String, label: &str, f: &Figures, mark: &str) {
     use std::fmt::Write;
     let _ = writeln!(
         s,
-        "  {label:<30} {:>12.0} USD {:>12.0} kgCO2 {:>8.2} h mean completion{}{mark}",
+        "  {label:<40} {:>12.0} USD {:>12.0} kgCO2 {:>8.2} h mean completion{}{mark}",
         f.usd,
         f.kg_co2,
         f.mean_completion_h,
@@ -456,5 +509,53 @@ pub(crate) fn compared(s: &mut String, goal: Goal, figs: &[Figures], limit: f64)
         });
         let over = if refs.contains(&f.name) || within(goal, f, limit) { "" } else { "  (over the limit)" };
         row(s, &f.name, f, &(mark.unwrap_or_default() + over));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> SimulateArgs {
+        let argv = ["x", "--trace", "t", "--fleet", "f"].iter().chain(extra).map(|s| s.to_string());
+        crate::cli::parse_from(argv).expect("flags parse")
+    }
+
+    #[test]
+    fn the_cost_grid_tries_a_time_value_per_job_hour_and_green_keeps_its_own() {
+        let cost = grid(Goal::Cost, &args(&[]), &Policy::cost());
+        assert_eq!(cost.len(), COST_TIME_VALUES.len() * COST_JOB_TIME_VALUES.len() * 2);
+        for (tv, job) in [(0.0, 0.0), (0.2, 40.0), (8.0, 3.0)] {
+            for q in [true, false] {
+                let w = Weights {
+                    time_value_usd_per_gpu_hour: tv,
+                    time_value_usd_per_job_hour: job,
+                    carbon_usd_per_kg: 0.0,
+                    spot_queue: q,
+                };
+                assert!(cost.contains(&w), "{w:?}");
+            }
+        }
+        let base = Policy { time_value_usd_per_job_hour: 7.0, ..Policy::green() };
+        let green = grid(Goal::Green { budget: 0.05 }, &args(&[]), &base);
+        assert_eq!(green.len(), TIME_VALUES.len() * CARBON_PRICES.len());
+        assert!(green.iter().all(|w| w.time_value_usd_per_job_hour == 7.0 && w.spot_queue));
+        let set = grid(Goal::Green { budget: 0.05 }, &args(&["--tune-job-time-values", "0,5"]), &base);
+        assert_eq!(set.len(), 2 * green.len());
+        // the table written for metasched.toml carries both time values, and
+        // the label names the per-job one only where it is set
+        let w = set.iter().find(|w| w.time_value_usd_per_job_hour == 5.0).copied().expect("a per-job value of 5");
+        let t = table("green", &base, w).expect("a table");
+        let back = fleet_engine::policy::Policies::from_toml_str(&t).expect("the table parses");
+        assert_eq!(back.get("green").cloned(), Some(Policy { name: "green".into(), ..w.apply(&base) }));
+        assert!(
+            w.label().starts_with(&format!("tv {} + 5/job carbon", w.time_value_usd_per_gpu_hour)),
+            "{}",
+            w.label()
+        );
+        let none = Weights { time_value_usd_per_job_hour: 0.0, ..w };
+        assert!(!none.label().contains("/job"), "{}", none.label());
+        let bad = goal(&args(&["--tune", "cost", "--tune-job-time-values", "1,-3"])).unwrap_err().to_string();
+        assert!(bad.contains("--tune-job-time-values"), "{bad}");
     }
 }

@@ -37,15 +37,7 @@ use crate::cli::{replay, sim_config, sim_jobs, Loaded, SimulateArgs};
 use crate::engine_model::EngineModel;
 use crate::report::PolicyReport;
 use crate::sim::{SimConfig, SimJob, Strategy};
-use crate::tune::{compared, decide, grid, grid_setup, limit, references, table, Figures, Goal, Trial};
-
-/// The weights one period ran with.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Weights {
-    pub time_value_usd_per_gpu_hour: f64,
-    pub carbon_usd_per_kg: f64,
-    pub spot_queue: bool,
-}
+use crate::tune::{compared, decide, grid, grid_setup, limit, references, table, Figures, Goal, Trial, Weights};
 
 /// One period of the walk.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -191,10 +183,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
             period.limit = Some(tried.limit);
             period.kept_limit = tried.chosen.is_some();
             chosen = tried.chosen.or_else(|| nearest(goal, &tried.trials));
-            period.weights = chosen.map(|i| {
-                let (tv, cp, q) = grid[i];
-                Weights { time_value_usd_per_gpu_hour: tv, carbon_usd_per_kg: cp, spot_queue: q }
-            });
+            period.weights = chosen.map(|i| grid[i]);
         }
         if p < n {
             switches.push((start_s, chosen.map_or_else(|| start.clone(), |i| format!("tune_{i}"))));
@@ -240,13 +229,7 @@ impl Walked {
         );
         let line = |s: &mut String, label: &str, p: &Period| {
             let w = match &p.weights {
-                Some(w) => format!(
-                    "tv {} carbon {} queue {}{}",
-                    w.time_value_usd_per_gpu_hour,
-                    w.carbon_usd_per_kg,
-                    w.spot_queue,
-                    if p.kept_limit { "" } else { NEAREST }
-                ),
+                Some(w) => format!("{}{}", w.label(), if p.kept_limit { "" } else { NEAREST }),
                 None => format!("`{}` (nothing to tune on)", self.start),
             };
             let carried = match (p.carried, self.goal) {

@@ -1468,7 +1468,7 @@ fn tuning_green_picks_the_cleanest_weights_within_the_budget_and_checks_them_on_
     assert!((t.tuning_reference[0].usd - 12.0).abs() < 1e-6, "{t:#?}");
     assert!((t.tuning_limit - 12.6).abs() < 1e-6, "{t:#?}");
     let [zero, one] = [&t.trials[0], &t.trials[1]];
-    assert_eq!((zero.carbon_usd_per_kg, one.carbon_usd_per_kg), (0.0, 1.0));
+    assert_eq!((zero.weights.carbon_usd_per_kg, one.weights.carbon_usd_per_kg), (0.0, 1.0));
     assert!((zero.figures.usd - 12.0).abs() < 1e-6 && (one.figures.usd - 12.48).abs() < 1e-6, "{t:#?}");
     assert!((one.figures.kg_co2 / zero.figures.kg_co2 - 50.0 / 700.0).abs() < 1e-6, "{t:#?}");
     assert!(zero.within && one.within);
@@ -1497,10 +1497,11 @@ fn tuning_green_picks_the_cleanest_weights_within_the_budget_and_checks_them_on_
 /// errors naming them.
 #[test]
 fn tuning_cost_picks_the_cheapest_weights_no_slower_than_greedy_spot() {
-    let a = args(&["--tune", "cost", "--tune-time-values", "0.5,2,8"]);
+    let a = args(&["--tune", "cost", "--tune-time-values", "0.5,2,8", "--tune-job-time-values", "0,10"]);
     let goal = fleet_sim::tune::goal(&a).unwrap().unwrap();
     let t = fleet_sim::tune::tune(&a, &loaded(vec![spot_trace()]), goal).unwrap();
-    assert_eq!(t.trials.len(), 6, "three time values, with and without the spot queue");
+    assert_eq!(t.trials.len(), 12, "three time values per GPU-hour, two per job-hour, with and without the spot queue");
+    assert!(t.trials.iter().any(|x| x.weights.time_value_usd_per_job_hour == 10.0 && x.weights.spot_queue));
     assert_eq!(t.tuning_jobs + t.held_out_jobs, 60);
     let gs = t.tuning_reference.iter().find(|f| f.name == "greedy-spot").unwrap();
     assert!((t.tuning_limit - gs.mean_completion_h).abs() < 1e-12);
@@ -1519,6 +1520,7 @@ fn tuning_cost_picks_the_cheapest_weights_no_slower_than_greedy_spot() {
     // held out, every replay but the references is marked where over the limit,
     // the built-in cost policy included
     let text = t.text();
+    assert!(text.contains("tv 0.5 + 10/job carbon 0 queue false"), "{text}");
     let held = &text[text.find("held-out part").unwrap()..];
     for f in &t.held_out[2..] {
         let line = held.lines().find(|l| l.trim_start().starts_with(&format!("{} ", f.name))).unwrap();
