@@ -912,8 +912,9 @@ fn score(
     data: (f64, f64),
     ctx: &EvalCtx,
 ) -> Breakdown {
+    let tv = policy.time_value(job.gpus);
     let CoreTerms { g, d_h, wait_h, restore_h, overhead_h, interval_h, lost_h, requeue_h, compute_usd } =
-        core_terms(model, job, cid, c, p, ps, pricing, price, policy.time_value(job.gpus), state.now_unix, ctx, true);
+        core_terms(model, job, cid, c, p, ps, pricing, price, tv, state.now_unix, ctx, true);
     let (data_usd, transfer_h) = data_terms(model, job, c, restore_h, data, ctx);
     let ckpt_usd = match &job.ckpt_region {
         Some(locs) if !locs.is_empty() && !locs.contains(&c.region_id) => {
@@ -926,7 +927,7 @@ fn score(
     let egress_usd = data_usd + ckpt_usd;
     let before_h = wait_h + transfer_h + overhead_h + lost_h;
     let delay_h = before_h + requeue_h;
-    let time_usd = policy.time_value(job.gpus) * g * delay_h;
+    let time_usd = tv * g * delay_h;
     let start = state.now_unix + before_h * 3600.0;
     let ci = if ctx.carbon || policy.carbon_usd_per_kg != 0.0 {
         intensity(model, state, c, cs, start, start + (d_h + lost_h) * 3600.0, policy.use_lca)

@@ -1,9 +1,9 @@
 //! `--tune`: a policy's weights for one fleet, chosen on the trace's past and
 //! checked on its future.
 //!
-//! A policy's weights are prices (USD per GPU-hour or per job-hour of delay, USD per kg of
-//! CO2); what a planner is asked for is a budget ("−20 % kgCO2 for at most
-//! +5 % USD", "no slower on average than greedy-spot"). No one set of weights
+//! A policy's weights are prices (USD per GPU-hour or per job-hour of delay,
+//! USD per kg of CO2); what a planner is asked for is a budget ("−20 % kgCO2
+//! for at most +5 % USD", "no slower on average than greedy-spot"). No one set of weights
 //! turns the budget into the best schedule on every fleet (docs/simulator.md:
 //! the carbon price that meets the sample's green target costs onprem-heavy
 //! +20 %), so the planner tunes them per fleet. This replays a grid of weights

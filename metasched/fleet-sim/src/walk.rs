@@ -26,10 +26,10 @@
 //! for `green` the USD left of the budget over what the cost policy would
 //! have paid, every earlier job run until then; for `cost` the job-hours of
 //! completion saved against greedy-spot on the earlier jobs whose run could
-//! have ended by then) is spread over the jobs to come and added to each fold's limit
-//! (a fold of `k` jobs gets `k / rest` of the USD; every job the same share
-//! of the hours), so a period that spent less leaves the next more, and one
-//! that spent more is made up.
+//! have ended by then) is spread over the jobs to come and added to each
+//! fold's limit (a fold of `k` jobs gets `k / rest` of the USD; every job the
+//! same share of the hours), so a period that spent less leaves the next
+//! more, and one that spent more is made up.
 
 use anyhow::{bail, Context, Result};
 
