@@ -2,7 +2,8 @@
 """Writes a fleet of N clusters for the simulator's scale runs (docs/simulator.md):
 the clusters of conf/fleet-sample.toml repeated round-robin, each copy renamed
 `<name>-<k>`, with its pools, prices and overheads unchanged; every team's home
-is the first copy of its home in the sample ("*" for labels of other traces).
+is the first copy of its home in the source ("*", for labels of other traces,
+is added at the first cluster where the source declares none).
 
     python3 conf/make-scale-fleet.py 1000 > /tmp/fleet-1000.toml
 """
@@ -42,7 +43,8 @@ def main():
             out += ["[[clusters.pools]]"] + [f"{k} = {value(v)}" for k, v in p.items()]
     for t in cfg.get("teams", []):
         out += ["", "[[teams]]", f"name = {value(t['name'])}", f"home = {value(t['home'] + '-0')}"]
-    out += ["", "[[teams]]", 'name = "*"', f"home = {value(base[0]['name'] + '-0')}"]
+    if not any(t["name"] == "*" for t in cfg.get("teams", [])):
+        out += ["", "[[teams]]", 'name = "*"', f"home = {value(base[0]['name'] + '-0')}"]
     print("\n".join(out))
 
 

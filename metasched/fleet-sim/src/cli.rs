@@ -176,6 +176,13 @@ pub struct SimulateArgs {
     /// cost 0,1,3,10,40].
     #[arg(long, value_delimiter = ',')]
     pub tune_job_time_values: Vec<f64>,
+    /// Keep only weights under which no job size (GPUs asked for: 1, 2-4, 5-8,
+    /// 9-32, 33+; classes of at least 20 jobs) completes on average more than
+    /// this share later than under the built-in policy, on every fold: tuning
+    /// for a mean over jobs must not buy it with the large jobs' waits (not with
+    /// --tune-walk).
+    #[arg(long, value_name = "SHARE")]
+    pub tune_size_slack: Option<f64>,
     /// Carbon prices (USD per kg) --tune tries, comma-separated [default: green
     /// 0.5,1,1.25,1.5,1.75,2,2.5,3,4,5,6; cost the cost policy's own].
     #[arg(long, value_delimiter = ',')]

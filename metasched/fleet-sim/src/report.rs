@@ -101,6 +101,56 @@ pub struct PolicyReport {
     /// policies only; absent for the baselines, which do not use them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub estimates: Vec<EstimateCheck>,
+    /// The completed jobs by GPUs asked for ([`SIZE_CLASSES`]; classes without
+    /// jobs left out): how a policy's waits fall on small and large jobs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_size: Vec<SizeClass>,
+}
+
+/// The job sizes of [`PolicyReport::by_size`]: (label, least GPUs, most GPUs).
+pub const SIZE_CLASSES: [(&str, u32, u32); 5] =
+    [("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), ("9-32", 9, 32), ("33+", 33, u32::MAX)];
+
+/// The completed jobs of one size class in a replay.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct SizeClass {
+    /// GPUs asked for, as in [`SIZE_CLASSES`].
+    pub gpus: String,
+    pub jobs: usize,
+    /// Their GPU-hours of work (the trace's, at reference speed).
+    pub gpu_hours: f64,
+    /// Compute and egress charged to them.
+    pub usd: f64,
+    pub wait_mean_s: f64,
+    pub completion_mean_s: f64,
+    pub completion_p95_s: f64,
+}
+
+impl SizeClass {
+    /// The classes of completed jobs given as (GPUs, work GPU-hours, USD, wait
+    /// s, completion s), in [`SIZE_CLASSES`] order, empty ones left out.
+    pub fn of(jobs: &[(u32, f64, f64, f64, f64)]) -> Vec<SizeClass> {
+        SIZE_CLASSES
+            .iter()
+            .filter_map(|&(label, lo, hi)| {
+                let mine: Vec<&(u32, f64, f64, f64, f64)> = jobs.iter().filter(|j| (lo..=hi).contains(&j.0)).collect();
+                if mine.is_empty() {
+                    return None;
+                }
+                let waits: Vec<f64> = mine.iter().map(|j| j.3).collect();
+                let compl: Vec<f64> = mine.iter().map(|j| j.4).collect();
+                Some(SizeClass {
+                    gpus: label.to_string(),
+                    jobs: mine.len(),
+                    gpu_hours: mine.iter().map(|j| j.1).sum(),
+                    usd: mine.iter().map(|j| j.2).sum(),
+                    wait_mean_s: mean(&waits),
+                    completion_mean_s: mean(&compl),
+                    completion_p95_s: percentile(&compl, 95.0),
+                })
+            })
+            .collect()
+    }
 }
 
 /// How well the engine's expectations at a job's first placement held in the
@@ -694,6 +744,17 @@ impl Report {
             }
             let _ = writeln!(s, "  (each pair: expected / replayed)");
         }
+        if self.policies.iter().any(|p| !p.by_size.is_empty()) {
+            let _ = writeln!(s, "\nmean completion by job size (GPUs asked for: mean completion, jobs):");
+            for p in self.policies.iter().filter(|p| !p.by_size.is_empty()) {
+                let cells: Vec<String> = p
+                    .by_size
+                    .iter()
+                    .map(|c| format!("{:>4}: {:>7} ({})", c.gpus, hms(c.completion_mean_s), c.jobs))
+                    .collect();
+                let _ = writeln!(s, "  {:<10} {}", p.policy, cells.join("  "));
+            }
+        }
         {
             if self.policies.iter().any(|p| p.owned_fixed_usd > 0.0) {
                 let _ = writeln!(s, "\nowned hardware over the run (amortized, paid whether used or not; totals above count the used part):");
@@ -981,6 +1042,25 @@ mod tests {
         check(&[3.0], 95.0, 3.0);
         check(&[5.0, 1.0, 4.0, 2.0, 3.0], 50.0, 3.0);
         check(&(1..=100).map(f64::from).collect::<Vec<_>>(), 95.0, 95.0);
+    }
+
+    #[test]
+    fn size_classes_split_jobs_by_gpus() {
+        // (GPUs, work GPU-h, USD, wait s, completion s)
+        let jobs = [
+            (1, 1.0, 2.0, 0.0, 3600.0),
+            (1, 2.0, 4.0, 600.0, 9000.0),
+            (4, 4.0, 8.0, 0.0, 3600.0),
+            (8, 8.0, 16.0, 60.0, 3660.0),
+            (64, 128.0, 200.0, 7200.0, 14400.0),
+        ];
+        let c = SizeClass::of(&jobs);
+        let labels: Vec<(&str, usize)> = c.iter().map(|x| (x.gpus.as_str(), x.jobs)).collect();
+        assert_eq!(labels, [("1", 2), ("2-4", 1), ("5-8", 1), ("33+", 1)], "the empty 9-32 class is left out");
+        assert_eq!((c[0].gpu_hours, c[0].usd, c[0].wait_mean_s, c[0].completion_mean_s), (3.0, 6.0, 300.0, 6300.0));
+        assert_eq!(c[0].completion_p95_s, 9000.0);
+        assert_eq!((c[3].usd, c[3].completion_mean_s), (200.0, 14400.0));
+        assert!(SizeClass::of(&[]).is_empty());
     }
 
     #[test]

@@ -2010,6 +2010,7 @@ impl<M: Model> Sim<'_, M> {
         let mut completed = 0;
         let mut unplaced = 0;
         let mut moved = 0;
+        let mut sized = Vec::new();
         for (j, s) in self.js.iter().enumerate() {
             let job = &self.jobs[j];
             if s.moved {
@@ -2020,9 +2021,13 @@ impl<M: Model> Sim<'_, M> {
                 continue;
             }
             completed += 1;
-            useful += job.duration_s * job.gpus as f64 / 3600.0;
-            waits.push(s.first_start.unwrap_or(job.submit_s) - job.submit_s);
-            compl.push(s.finish.unwrap_or(job.submit_s) - job.submit_s);
+            let work_h = job.duration_s * job.gpus as f64 / 3600.0;
+            useful += work_h;
+            let wait = s.first_start.unwrap_or(job.submit_s) - job.submit_s;
+            let done = s.finish.unwrap_or(job.submit_s) - job.submit_s;
+            waits.push(wait);
+            compl.push(done);
+            sized.push((job.gpus, work_h, s.usd, wait, done));
         }
         let total = self.compute_usd + self.egress_usd;
         // Owned hardware over the run: (GPU-hours available, fixed USD of them).
@@ -2119,6 +2124,7 @@ impl<M: Model> Sim<'_, M> {
             held_jobs: self.js.iter().filter(|s| s.held_s.is_some()).count(),
             held_hours: self.js.iter().filter_map(|s| s.held_s).fold(0.0, |a, b| a + b) / 3600.0,
             estimates: self.estimate_checks(),
+            by_size: crate::report::SizeClass::of(&sized),
             spend: self
                 .spend
                 .iter()

@@ -15,14 +15,19 @@
 //! running then are not carried over). With `--tune-folds K` the tuning part is
 //! replayed as K consecutive folds in the same way, and weights are kept only
 //! if they keep the limit on every fold: a choice at the edge of the budget over
-//! the whole part may be far over it in one period.
+//! the whole part may be far over it in one period. With `--tune-size-slack S`
+//! the built-in policy is replayed on each fold too, and weights are kept only
+//! if no job size (`report::SIZE_CLASSES`, classes of at least
+//! [`SIZE_GUARD_MIN_JOBS`] jobs) completes more than S later on average than
+//! under it: a mean completion over jobs can be bought with the large jobs'
+//! waits (docs/simulator.md, nineteenth round).
 
 use anyhow::{bail, Context, Result};
 use fleet_engine::policy::Policy;
 
 use crate::cli::{replay, sim_config, sim_jobs, Loaded, SimulateArgs};
 use crate::engine_model::{EngineModel, EngineSetup};
-use crate::report::PolicyReport;
+use crate::report::{PolicyReport, SIZE_CLASSES};
 use crate::sim::{SimConfig, SimJob, Strategy};
 
 /// Time values (USD per GPU-hour) tried when `--tune-time-values` is not given.
@@ -38,6 +43,8 @@ pub const COST_TIME_VALUES: [f64; 7] = [0.0, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0];
 /// `--tune-job-time-values` is not given (docs/simulator.md, eighteenth round:
 /// the weight a mean completion over jobs counts).
 pub const COST_JOB_TIME_VALUES: [f64; 5] = [0.0, 1.0, 3.0, 10.0, 40.0];
+/// Least jobs of a size class that `--tune-size-slack` holds to the built-in's.
+pub const SIZE_GUARD_MIN_JOBS: usize = 20;
 
 /// The weights `--tune` chooses among (the rest of the policy is the tuned
 /// policy's own).
@@ -120,6 +127,19 @@ pub struct Figures {
     pub unplaced: usize,
     /// Jobs replayed (what a mean completion over parts is weighted by).
     pub jobs: usize,
+    /// The completed jobs by size (`report::SIZE_CLASSES`; empty in a walk's
+    /// per-period figures).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_size: Vec<SizeFigures>,
+}
+
+/// One size class of [`Figures`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SizeFigures {
+    /// GPUs asked for, as in `report::SIZE_CLASSES`.
+    pub gpus: String,
+    pub jobs: usize,
+    pub mean_completion_h: f64,
 }
 
 impl From<&PolicyReport> for Figures {
@@ -131,7 +151,37 @@ impl From<&PolicyReport> for Figures {
             mean_completion_h: p.completion_mean_s / 3600.0,
             unplaced: p.unplaced,
             jobs: p.jobs,
+            by_size: p
+                .by_size
+                .iter()
+                .map(|c| SizeFigures {
+                    gpus: c.gpus.clone(),
+                    jobs: c.jobs,
+                    mean_completion_h: c.completion_mean_s / 3600.0,
+                })
+                .collect(),
         }
+    }
+}
+
+impl Figures {
+    /// Its size class `gpus`, if it has jobs there.
+    fn size(&self, gpus: &str) -> Option<&SizeFigures> {
+        self.by_size.iter().find(|c| c.gpus == gpus)
+    }
+
+    /// The size class (of at least [`SIZE_GUARD_MIN_JOBS`] jobs here) whose
+    /// mean completion is the most above `base`'s, as (class, ratio);
+    /// `None` where no class has both.
+    pub fn worst_size_ratio(&self, base: &Figures) -> Option<(&str, f64)> {
+        self.by_size
+            .iter()
+            .filter(|c| c.jobs >= SIZE_GUARD_MIN_JOBS)
+            .filter_map(|c| {
+                let b = base.size(&c.gpus).filter(|b| b.mean_completion_h > 0.0)?;
+                Some((c.gpus.as_str(), c.mean_completion_h / b.mean_completion_h))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 }
 
@@ -146,6 +196,18 @@ fn merge(parts: &[&Figures]) -> Figures {
         mean_completion_h: parts.iter().map(|p| p.mean_completion_h * p.jobs as f64).sum::<f64>() / jobs.max(1) as f64,
         unplaced: parts.iter().map(|p| p.unplaced).sum(),
         jobs,
+        by_size: SIZE_CLASSES
+            .iter()
+            .filter_map(|&(gpus, _, _)| {
+                let of: Vec<&SizeFigures> = parts.iter().filter_map(|p| p.size(gpus)).collect();
+                let n: usize = of.iter().map(|c| c.jobs).sum();
+                (n > 0).then(|| SizeFigures {
+                    gpus: gpus.to_string(),
+                    jobs: n,
+                    mean_completion_h: of.iter().map(|c| c.mean_completion_h * c.jobs as f64).sum::<f64>() / n as f64,
+                })
+            })
+            .collect(),
     }
 }
 
@@ -187,6 +249,10 @@ pub struct Tuned {
     pub held_out_limit: f64,
     /// The chosen weights as a `[policies.<name>]` table for metasched.toml.
     pub policy_toml: Option<String>,
+    /// `--tune-size-slack`: the share by which a size class may complete later
+    /// than under the built-in policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_slack: Option<f64>,
 }
 
 /// The goal the flags ask for.
@@ -206,6 +272,14 @@ pub fn goal(args: &SimulateArgs) -> Result<Option<Goal>> {
     ] {
         if let Some(x) = v.iter().find(|x| !(x.is_finite() && **x >= 0.0)) {
             bail!("{flag}: every value must be finite and >= 0, got {x}");
+        }
+    }
+    if let Some(x) = args.tune_size_slack {
+        if !(x.is_finite() && x >= 0.0) {
+            bail!("--tune-size-slack must be a finite share >= 0, got {x}");
+        }
+        if args.tune_walk.is_some() {
+            bail!("--tune-size-slack is not supported with --tune-walk (a walk's periods keep no job sizes)");
         }
     }
     Ok(match args.tune.as_deref() {
@@ -267,12 +341,16 @@ pub(crate) fn limit(goal: Goal, refs: &[Figures]) -> Result<f64> {
     })
 }
 
-fn within(goal: Goal, f: &Figures, limit: f64) -> bool {
+/// Within the goal's limit and, with `guard` = (the built-in's figures on the
+/// same part, `--tune-size-slack`), no size class more than the slack later
+/// than the built-in's.
+fn within(goal: Goal, f: &Figures, limit: f64, guard: Option<(&Figures, f64)>) -> bool {
     f.unplaced == 0
         && match goal {
             Goal::Green { .. } => f.usd <= limit,
             Goal::Cost => f.mean_completion_h <= limit,
         }
+        && guard.is_none_or(|(base, slack)| f.worst_size_ratio(base).is_none_or(|(_, r)| r <= 1.0 + slack))
 }
 
 /// The engine set up from `loaded` with every weight of `grid` as a policy
@@ -305,6 +383,18 @@ pub(crate) struct Tried {
     pub chosen: Option<usize>,
 }
 
+/// The replays of a tuning part: the goal's references, then with a size
+/// guard (`--tune-size-slack`) the built-in policy, then every weight of the
+/// grid (`tune_<i>`).
+fn tuning_strategies(goal: Goal, guard: Option<f64>, grid: &[Weights]) -> Vec<Strategy> {
+    let mut out = references(goal);
+    if guard.is_some() {
+        out.push(Strategy::Engine(goal.base().into()));
+    }
+    out.extend((0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))));
+    out
+}
+
 /// Replays the references and every weight of `grid` (policies `tune_<i>` of
 /// `setup`) over each fold, each from an empty fleet, and chooses the best that
 /// keeps the limit on every fold.
@@ -317,23 +407,33 @@ pub(crate) fn try_grid(
     folds: &[&[SimJob]],
     cfg: &SimConfig,
 ) -> Result<Tried> {
-    let refs = references(goal);
-    let mut strategies = refs.clone();
-    strategies.extend((0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))));
+    let guard = args.tune_size_slack;
+    let strategies = tuning_strategies(goal, guard, grid);
     let mut runs = Vec::with_capacity(folds.len());
     for part in folds {
         runs.push(replay(args, loaded, setup, &strategies, part, cfg)?.iter().map(Figures::from).collect());
     }
-    decide(goal, grid, &runs, 0.0)
+    decide(goal, grid, &runs, 0.0, guard)
 }
 
 /// Chooses among the weights of `grid` from their figures on each fold,
 /// `runs[fold]`: the references (`references(goal)`) first, then one per weight.
 /// `carry` per job loosens each limit (tightens, if negative): by `carry` ×
 /// the part's jobs USD for `green`, by `carry` hours of mean completion for
-/// `cost`.
-pub(crate) fn decide(goal: Goal, grid: &[Weights], runs: &[Vec<Figures>], carry: f64) -> Result<Tried> {
-    let nrefs = references(goal).len();
+/// `cost`. With `guard` (`--tune-size-slack`) the built-in policy's figures
+/// follow the references (`tuning_strategies`), and a weight is within only
+/// where no size class is more than the slack later than the built-in's.
+pub(crate) fn decide(
+    goal: Goal,
+    grid: &[Weights],
+    runs: &[Vec<Figures>],
+    carry: f64,
+    guard: Option<f64>,
+) -> Result<Tried> {
+    let nrefs = references(goal).len() + usize::from(guard.is_some());
+    fn guarded(r: &[Figures], nrefs: usize, guard: Option<f64>) -> Option<(&Figures, f64)> {
+        guard.map(|slack| (&r[nrefs - 1], slack))
+    }
     let carried = |refs: &[Figures]| -> Result<f64> {
         let jobs = refs.first().map_or(0, |f| f.jobs) as f64;
         Ok(limit(goal, refs)?
@@ -351,7 +451,11 @@ pub(crate) fn decide(goal: Goal, grid: &[Weights], runs: &[Vec<Figures>], carry:
         .enumerate()
         .map(|(i, &weights)| {
             let k = nrefs + i;
-            let folds_within = runs.iter().zip(&limits).filter(|(r, lim)| within(goal, &r[k], **lim)).count();
+            let folds_within = runs
+                .iter()
+                .zip(&limits)
+                .filter(|(r, lim)| within(goal, &r[k], **lim, guarded(r, nrefs, guard)))
+                .count();
             Trial { weights, figures: merged(k), within: folds_within == runs.len(), folds_within }
         })
         .collect();
@@ -421,6 +525,7 @@ pub fn tune(args: &SimulateArgs, loaded: &Loaded, goal: Goal) -> Result<Tuned> {
         held_out,
         held_out_limit,
         policy_toml,
+        size_slack: args.tune_size_slack,
     })
 }
 
@@ -444,7 +549,12 @@ impl Tuned {
         );
         let folds =
             if self.folds > 1 { format!(", in {} folds each held to its own", self.folds) } else { String::new() };
-        let _ = writeln!(s, "\ntuning part (limit {:.3} {unit}{folds}):", self.tuning_limit);
+        let guard = match self.size_slack {
+            Some(x) => format!("; no job size more than {:.0} % later than `{}`", x * 100.0, self.goal.base()),
+            None => String::new(),
+        };
+        let _ = writeln!(s, "\ntuning part (limit {:.3} {unit}{folds}{guard}):", self.tuning_limit);
+        let base = self.size_slack.and(self.tuning_reference.iter().find(|f| f.name == self.goal.base()));
         for f in &self.tuning_reference {
             row(&mut s, &f.name, f, "");
         }
@@ -458,10 +568,11 @@ impl Tuned {
                 }
                 (false, false) => "  (over the limit)".to_string(),
             };
-            row(&mut s, &label, &t.figures, &mark);
+            let sizes = base.map(|b| size_mark(&t.figures, b)).unwrap_or_default();
+            row(&mut s, &label, &t.figures, &(sizes + &mark));
         }
-        let _ = writeln!(s, "\nheld-out part (limit {:.3} {unit}):", self.held_out_limit);
-        compared(&mut s, self.goal, &self.held_out, self.held_out_limit);
+        let _ = writeln!(s, "\nheld-out part (limit {:.3} {unit}{guard}):", self.held_out_limit);
+        compared(&mut s, self.goal, &self.held_out, self.held_out_limit, self.size_slack);
         match &self.policy_toml {
             Some(t) => {
                 let _ = writeln!(s, "\nchosen weights (for metasched.toml):\n{t}");
@@ -487,11 +598,20 @@ fn row(s: &mut String, label: &str, f: &Figures, mark: &str) {
     );
 }
 
+/// "  worst size 5-8 +12.0 %": the size class furthest behind `base`'s.
+fn size_mark(f: &Figures, base: &Figures) -> String {
+    f.worst_size_ratio(base).map(|(c, r)| format!("  worst size {c} {:+.1} %", (r - 1.0) * 100.0)).unwrap_or_default()
+}
+
 /// Replays of one part as lines, each against the goal's reference (the cost
-/// policy, or greedy-spot) and marked where over `limit`.
-pub(crate) fn compared(s: &mut String, goal: Goal, figs: &[Figures], limit: f64) {
+/// policy, or greedy-spot) and marked where over `limit` (and, with a size
+/// guard, where a size class is more than `size_slack` later than the built-in
+/// policy's, which is in `figs`).
+pub(crate) fn compared(s: &mut String, goal: Goal, figs: &[Figures], limit: f64, size_slack: Option<f64>) {
     let r = goal.reference();
     let reference = figs.iter().find(|c| c.name == r);
+    let base = figs.iter().find(|c| c.name == goal.base());
+    let guard = size_slack.zip(base).map(|(x, b)| (b, x));
     // The references set the limit; every other replay is held to it.
     let refs: Vec<String> = references(goal).iter().map(Strategy::name).collect();
     for f in figs {
@@ -507,8 +627,9 @@ pub(crate) fn compared(s: &mut String, goal: Goal, figs: &[Figures], limit: f64)
                 f.mean_completion_h - c.mean_completion_h
             ),
         });
-        let over = if refs.contains(&f.name) || within(goal, f, limit) { "" } else { "  (over the limit)" };
-        row(s, &f.name, f, &(mark.unwrap_or_default() + over));
+        let over = if refs.contains(&f.name) || within(goal, f, limit, guard) { "" } else { "  (over the limit)" };
+        let sizes = guard.filter(|(b, _)| b.name != f.name).map(|(b, _)| size_mark(f, b)).unwrap_or_default();
+        row(s, &f.name, f, &(mark.unwrap_or_default() + &sizes + over));
     }
 }
 
@@ -557,5 +678,84 @@ mod tests {
         assert!(!none.label().contains("/job"), "{}", none.label());
         let bad = goal(&args(&["--tune", "cost", "--tune-job-time-values", "1,-3"])).unwrap_err().to_string();
         assert!(bad.contains("--tune-job-time-values"), "{bad}");
+    }
+
+    /// Figures of a replay named `name`: USD, mean completion (h) and its jobs
+    /// by size as (class, jobs, mean completion h).
+    fn figs(name: &str, usd: f64, sizes: &[(&str, usize, f64)]) -> Figures {
+        let jobs: usize = sizes.iter().map(|c| c.1).sum();
+        let mean = sizes.iter().map(|c| c.1 as f64 * c.2).sum::<f64>() / jobs as f64;
+        Figures {
+            name: name.into(),
+            usd,
+            kg_co2: 0.0,
+            mean_completion_h: mean,
+            unplaced: 0,
+            jobs,
+            by_size: sizes
+                .iter()
+                .map(|&(gpus, jobs, h)| SizeFigures { gpus: gpus.into(), jobs, mean_completion_h: h })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_size_guard_keeps_weights_from_buying_the_mean_with_large_jobs_waits() {
+        let w = |job: f64| Weights {
+            time_value_usd_per_gpu_hour: 2.0,
+            time_value_usd_per_job_hour: job,
+            carbon_usd_per_kg: 0.0,
+            spot_queue: true,
+        };
+        let grid = [w(0.0), w(3.0)];
+        // 900 one-GPU, 100 eight-GPU jobs and 5 of 16 GPUs. greedy-spot's mean
+        // completion: (900 × 2 + 100 × 20 + 5 × 2) / 1005 = 3.79 h. Weights 0:
+        // 3.29 h at 95 USD, its large jobs 20 % sooner than the built-in's.
+        // Weights 1: (900 × 0.4 + 100 × 33 + 5 × 3) / 1005 = 3.66 h at 85 USD,
+        // its 8-GPU jobs 10 % later than the built-in's, its 16-GPU ones 50 %
+        // (too few to count).
+        let part = || {
+            vec![
+                figs("greedy-spot", 100.0, &[("1", 900, 2.0), ("5-8", 100, 20.0), ("9-32", 5, 2.0)]),
+                figs("greedy", 120.0, &[("1", 900, 1.5), ("5-8", 100, 25.0), ("9-32", 5, 2.0)]),
+                figs("cost", 90.0, &[("1", 900, 1.0), ("5-8", 100, 30.0), ("9-32", 5, 2.0)]),
+                figs("tune_0", 95.0, &[("1", 900, 1.0), ("5-8", 100, 24.0), ("9-32", 5, 2.0)]),
+                figs("tune_1", 85.0, &[("1", 900, 0.4), ("5-8", 100, 33.0), ("9-32", 5, 3.0)]),
+            ]
+        };
+        // Without the guard the built-in is no reference: drop it.
+        let plain: Vec<Figures> = part().into_iter().filter(|f| f.name != "cost").collect();
+        let t = decide(Goal::Cost, &grid, &[plain], 0.0, None).expect("decides");
+        assert_eq!(t.chosen, Some(1), "the cheapest within the mean: {:?}", t.trials);
+        // 10 % later than the built-in is within a slack of 0.1 (a class of
+        // fewer than SIZE_GUARD_MIN_JOBS jobs, 9-32, is not held to it) ...
+        let t = decide(Goal::Cost, &grid, &[part()], 0.0, Some(0.1)).expect("decides");
+        assert_eq!(t.chosen, Some(1), "{:?}", t.trials);
+        assert_eq!(t.reference.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["greedy-spot", "greedy", "cost"]);
+        let (class, r) = t.trials[1].figures.worst_size_ratio(&t.reference[2]).expect("a ratio");
+        assert_eq!(class, "5-8");
+        assert!((r - 1.1).abs() < 1e-12, "{r}");
+        // ... not within 0.05: the dearer weights are chosen
+        let t = decide(Goal::Cost, &grid, &[part()], 0.0, Some(0.05)).expect("decides");
+        assert_eq!((t.chosen, t.trials[1].within), (Some(0), false), "{:?}", t.trials);
+        // Two folds: the classes of the merged figures are the job-weighted
+        // means of the folds', and each fold is held to its own built-in.
+        let mut second = part();
+        second[4] = figs("tune_1", 85.0, &[("1", 900, 0.4), ("5-8", 105, 30.0), ("9-32", 5, 3.0)]);
+        let t = decide(Goal::Cost, &grid, &[part(), second], 0.0, Some(0.1)).expect("decides");
+        let merged = &t.trials[1].figures;
+        let large = merged.by_size.iter().find(|c| c.gpus == "5-8").expect("5-8");
+        assert_eq!(large.jobs, 205);
+        assert!((large.mean_completion_h - (100.0 * 33.0 + 105.0 * 30.0) / 205.0).abs() < 1e-9, "{large:?}");
+        assert_eq!(t.trials[1].folds_within, 2, "{:?}", t.trials[1]);
+        // Bad slack, or with a walk: an error naming the flag.
+        for flags in
+            [vec!["--tune", "cost", "--tune-size-slack=-0.1"], vec!["--tune", "cost", "--tune-size-slack", "inf"]]
+        {
+            let e = goal(&args(&flags)).unwrap_err().to_string();
+            assert!(e.contains("--tune-size-slack"), "{flags:?}: {e}");
+        }
+        let e = goal(&args(&["--tune", "cost", "--tune-walk", "4", "--tune-size-slack", "0.1"])).unwrap_err();
+        assert!(e.to_string().contains("--tune-walk"), "{e}");
     }
 }

@@ -179,7 +179,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
                 carry = ahead / (jobs.len() - bounds[p]) as f64;
                 period.carried = Some(ahead);
             }
-            let tried = decide(goal, &grid, &runs, carry)?;
+            let tried = decide(goal, &grid, &runs, carry, None)?;
             period.limit = Some(tried.limit);
             period.kept_limit = tried.chosen.is_some();
             chosen = tried.chosen.or_else(|| nearest(goal, &tried.trials));
@@ -266,7 +266,7 @@ impl Walked {
             );
         }
         let _ = writeln!(s, "\nwhole trace (limit {:.3} {unit}):", self.limit);
-        compared(&mut s, self.goal, &self.whole, self.limit);
+        compared(&mut s, self.goal, &self.whole, self.limit, None);
         match &self.policy_toml {
             Some(t) => {
                 let nearest = if self.next.kept_limit { "" } else { NEAREST };
@@ -325,6 +325,7 @@ fn figures_of(r: &PolicyReport, idx: &[usize]) -> Figures {
         mean_completion_h: done.iter().sum::<f64>() / done.len().max(1) as f64 / 3600.0,
         unplaced: idx.len() - done.len(),
         jobs: idx.len(),
+        by_size: Vec::new(),
     }
 }
 

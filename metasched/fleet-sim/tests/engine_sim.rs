@@ -88,12 +88,18 @@ fn setup() -> EngineSetup {
 
 /// 60 jobs over ~10 hours: a mix of 1/2/4/8-GPU jobs of 30 min to 12 h.
 fn trace_csv() -> String {
+    jobs_csv(60, 600, &[1, 2, 4, 8])
+}
+
+/// `n` jobs from 10:00 on 2017-09-04, one every `every_s` seconds, of 30 min
+/// to 12 h, the i-th on `sizes[i % len]` GPUs, a third of them team vc2's.
+fn jobs_csv(n: u32, every_s: u32, sizes: &[u32]) -> String {
     let mut s = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
-    for i in 0..60u32 {
-        let t = 600 * i;
+    for i in 0..n {
+        let t = every_s * i;
         let (h, m, sec) = (10 + t / 3600, (t % 3600) / 60, t % 60);
         let dur = 1800 + (i * 7919 % 12) * 3600;
-        let g = [1, 2, 4, 8][(i % 4) as usize];
+        let g = sizes[i as usize % sizes.len()];
         let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
         s.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
     }
@@ -134,7 +140,18 @@ fn same_inputs_and_seed_give_byte_identical_outputs() {
     assert_eq!(names, ["cost", "time", "green", "home-only", "greedy", "greedy-spot", "first-start", "random"]);
     for p in &r1.policies {
         assert_eq!(p.completed + p.unplaced, 60, "{}", p.policy);
+        // the size classes split the completed jobs: 15 each of 1, 2, 4 and 8
+        // GPUs, their work, USD and completions adding up to the policy's
+        let classes: Vec<(&str, usize)> = p.by_size.iter().map(|c| (c.gpus.as_str(), c.jobs)).collect();
+        assert_eq!(classes, [("1", 15), ("2-4", 30), ("5-8", 15)], "{}", p.policy);
+        let sum = |f: fn(&fleet_sim::report::SizeClass) -> f64| p.by_size.iter().map(f).sum::<f64>();
+        assert!((sum(|c| c.gpu_hours) - p.useful_gpu_hours).abs() < 1e-6, "{}", p.policy);
+        assert!((sum(|c| c.usd) - p.total_usd).abs() < 1e-6 * p.total_usd.max(1.0), "{}", p.policy);
+        let mean = sum(|c| c.completion_mean_s * c.jobs as f64) / 60.0;
+        assert!((mean - p.completion_mean_s).abs() < 1e-6, "{}", p.policy);
+        assert!(p.by_size.iter().all(|c| 0.0 <= c.wait_mean_s && c.wait_mean_s < c.completion_mean_s), "{}", p.policy);
     }
+    assert!(r1.table().contains("mean completion by job size"), "{}", r1.table());
 }
 
 #[test]
@@ -708,15 +725,7 @@ fn incremental_pool_state_decides_as_the_full_rebuild() {
     let s = EngineSetup { fleet_toml: toml, ..setup() };
     // Busier than `trace_csv`: 240 jobs, one every 150 s, so queues form; runs of
     // jobs of one size (the engine state is kept across them).
-    let mut csv = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
-    for i in 0..240u32 {
-        let t = 150 * i;
-        let (h, m, sec) = (10 + t / 3600, (t % 3600) / 60, t % 60);
-        let dur = 1800 + (i * 7919 % 12) * 3600;
-        let g = [1, 1, 1, 2, 4, 4, 8, 16, 1, 8][(i % 10) as usize];
-        let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
-        csv.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
-    }
+    let csv = jobs_csv(240, 150, &[1, 1, 1, 2, 4, 4, 8, 16, 1, 8]);
     let t = read_philly(csv.as_bytes(), "t.csv", &ReadOptions::default()).unwrap();
     let spot = vec![spot_trace()];
     let a = args(&[]);
@@ -1488,6 +1497,60 @@ fn tuning_green_picks_the_cleanest_weights_within_the_budget_and_checks_them_on_
     assert!(!t.trials[1].within && t.trials[0].within, "{t:#?}");
     assert_eq!(t.chosen, Some(0), "{t:#?}");
     assert!(t.policy_toml.as_deref().unwrap().contains("carbon_usd_per_kg = 0.0"));
+}
+
+/// `--tune-size-slack`: the built-in cost policy is replayed on the tuning part
+/// beside the references, and a weight is kept only where, beside the mean
+/// completion, no size class of at least 20 jobs completes more than the slack
+/// later than the built-in's. 240 jobs of [`jobs_csv`] (60 each of 1, 2, 4
+/// and 8 GPUs), the site's cost policy at 8 USD/GPU-h without the spot
+/// queue (fast for every size), so weights cheaper at the same mean
+/// completion make some size wait longer.
+#[test]
+fn tuning_cost_with_a_size_slack_holds_every_job_size_to_the_built_in() {
+    let csv = jobs_csv(240, 150, &[1, 2, 4, 8]);
+    let setup = EngineSetup {
+        policies_toml: Some("[policies.cost]\ntime_value_usd_per_gpu_hour = 8.0\nspot_queue = false\n".into()),
+        ..setup()
+    };
+    let l = Loaded {
+        trace: read_philly(csv.as_bytes(), "t.csv", &ReadOptions::default()).unwrap(),
+        trace_name: "t.csv".into(),
+        fleet_name: "f.toml".into(),
+        setup,
+        spot: vec![spot_trace()],
+    };
+    let flags = ["--tune", "cost", "--tune-time-values", "0,0.5,2,8", "--tune-job-time-values", "0,10"];
+    let run = |extra: &[&str]| {
+        let a = args(&[&flags[..], extra].concat());
+        let goal = fleet_sim::tune::goal(&a).unwrap().unwrap();
+        fleet_sim::tune::tune(&a, &l, goal).unwrap()
+    };
+    let t = run(&["--tune-size-slack", "0.05"]);
+    assert_eq!(t.size_slack, Some(0.05));
+    let names: Vec<&str> = t.tuning_reference.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["greedy-spot", "greedy", "cost"]);
+    let base = &t.tuning_reference[2];
+    let sizes: Vec<(&str, usize)> = base.by_size.iter().map(|c| (c.gpus.as_str(), c.jobs)).collect();
+    assert_eq!(sizes, [("1", 30), ("2-4", 60), ("5-8", 30)]);
+    for tr in &t.trials {
+        let sizes_ok = tr.figures.worst_size_ratio(base).is_none_or(|(_, r)| r <= 1.05);
+        let mean_ok = tr.figures.unplaced == 0 && tr.figures.mean_completion_h <= t.tuning_limit;
+        assert_eq!(tr.within, mean_ok && sizes_ok, "{tr:?}");
+    }
+    // the same trials without the guard: the guard keeps some out, adds none
+    let plain = run(&[]);
+    assert_eq!(plain.trials.len(), t.trials.len());
+    for (g, p) in t.trials.iter().zip(&plain.trials) {
+        assert_eq!(g.figures.usd, p.figures.usd);
+        assert!(!g.within || p.within, "{g:?}");
+    }
+    let removed = t.trials.iter().zip(&plain.trials).filter(|(g, p)| p.within && !g.within).count();
+    assert!(removed > 0, "the guard keeps out some weights within the mean: {:#?}", t.trials);
+    assert!(plain.tuning_reference.iter().all(|f| f.name != "cost"));
+    let text = t.text();
+    assert!(text.contains("no job size more than 5 % later than `cost`"), "{text}");
+    assert!(text.contains("worst size "), "{text}");
 }
 
 /// `--tune cost` over the spot fleet of the tests above: every trial within the
