@@ -178,9 +178,9 @@ pub struct SimulateArgs {
     pub tune_job_time_values: Vec<f64>,
     /// Keep only weights under which no job size (GPUs asked for: 1, 2-4, 5-8,
     /// 9-32, 33+; classes of at least 20 jobs) completes on average more than
-    /// this share later than under the built-in policy, on every fold: tuning
-    /// for a mean over jobs must not buy it with the large jobs' waits (not with
-    /// --tune-walk).
+    /// this share later than under the built-in policy, on every fold (with
+    /// --tune-walk: the built-in replayed over the same jobs): tuning for a
+    /// mean over jobs must not buy it with the large jobs' waits.
     #[arg(long, value_name = "SHARE")]
     pub tune_size_slack: Option<f64>,
     /// Carbon prices (USD per kg) --tune tries, comma-separated [default: green

@@ -13,6 +13,8 @@ pub struct JobFigures {
     pub kg_co2: f64,
     /// From its submission to its end (`None`: it never ran to its end).
     pub completion_s: Option<f64>,
+    /// GPUs it asked for.
+    pub gpus: u32,
 }
 
 /// Figures of one policy (or baseline) over one trace.

@@ -2076,7 +2076,12 @@ impl<M: Model> Sim<'_, M> {
             self.js
                 .iter()
                 .enumerate()
-                .map(|(j, s)| JobFigures { usd: s.usd, kg_co2: s.kg_co2, completion_s: end(j, s) })
+                .map(|(j, s)| JobFigures {
+                    usd: s.usd,
+                    kg_co2: s.kg_co2,
+                    completion_s: end(j, s),
+                    gpus: self.jobs[j].gpus,
+                })
                 .collect()
         } else {
             Vec::new()

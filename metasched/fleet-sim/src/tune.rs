@@ -127,8 +127,7 @@ pub struct Figures {
     pub unplaced: usize,
     /// Jobs replayed (what a mean completion over parts is weighted by).
     pub jobs: usize,
-    /// The completed jobs by size (`report::SIZE_CLASSES`; empty in a walk's
-    /// per-period figures).
+    /// The completed jobs by size (`report::SIZE_CLASSES`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub by_size: Vec<SizeFigures>,
 }
@@ -183,6 +182,22 @@ impl Figures {
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
     }
+}
+
+/// Size classes (`report::SIZE_CLASSES`) of completed jobs given as (GPUs,
+/// completion hours); empty classes left out.
+pub(crate) fn sizes_of(done: &[(u32, f64)]) -> Vec<SizeFigures> {
+    SIZE_CLASSES
+        .iter()
+        .filter_map(|&(gpus, lo, hi)| {
+            let of: Vec<f64> = done.iter().filter(|d| (lo..=hi).contains(&d.0)).map(|d| d.1).collect();
+            (!of.is_empty()).then(|| SizeFigures {
+                gpus: gpus.to_string(),
+                jobs: of.len(),
+                mean_completion_h: of.iter().sum::<f64>() / of.len() as f64,
+            })
+        })
+        .collect()
 }
 
 /// The figures of replays of consecutive parts of a trace, together: sums,
@@ -277,9 +292,6 @@ pub fn goal(args: &SimulateArgs) -> Result<Option<Goal>> {
     if let Some(x) = args.tune_size_slack {
         if !(x.is_finite() && x >= 0.0) {
             bail!("--tune-size-slack must be a finite share >= 0, got {x}");
-        }
-        if args.tune_walk.is_some() {
-            bail!("--tune-size-slack is not supported with --tune-walk (a walk's periods keep no job sizes)");
         }
     }
     Ok(match args.tune.as_deref() {
@@ -383,14 +395,20 @@ pub(crate) struct Tried {
     pub chosen: Option<usize>,
 }
 
-/// The replays of a tuning part: the goal's references, then with a size
-/// guard (`--tune-size-slack`) the built-in policy, then every weight of the
-/// grid (`tune_<i>`).
-fn tuning_strategies(goal: Goal, guard: Option<f64>, grid: &[Weights]) -> Vec<Strategy> {
+/// The replays a tuning part holds weights to: the goal's references, then
+/// with a size guard (`--tune-size-slack`) the built-in policy.
+pub(crate) fn held_to(goal: Goal, guard: Option<f64>) -> Vec<Strategy> {
     let mut out = references(goal);
     if guard.is_some() {
         out.push(Strategy::Engine(goal.base().into()));
     }
+    out
+}
+
+/// The replays of a tuning part: [`held_to`], then every weight of the grid
+/// (`tune_<i>`).
+fn tuning_strategies(goal: Goal, guard: Option<f64>, grid: &[Weights]) -> Vec<Strategy> {
+    let mut out = held_to(goal, guard);
     out.extend((0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))));
     out
 }
@@ -417,12 +435,11 @@ pub(crate) fn try_grid(
 }
 
 /// Chooses among the weights of `grid` from their figures on each fold,
-/// `runs[fold]`: the references (`references(goal)`) first, then one per weight.
+/// `runs[fold]`: [`held_to`] first, then one per weight.
 /// `carry` per job loosens each limit (tightens, if negative): by `carry` ×
 /// the part's jobs USD for `green`, by `carry` hours of mean completion for
-/// `cost`. With `guard` (`--tune-size-slack`) the built-in policy's figures
-/// follow the references (`tuning_strategies`), and a weight is within only
-/// where no size class is more than the slack later than the built-in's.
+/// `cost`. With `guard` (`--tune-size-slack`) a weight is within only where
+/// no size class is more than the slack later than the built-in's.
 pub(crate) fn decide(
     goal: Goal,
     grid: &[Weights],
@@ -430,7 +447,7 @@ pub(crate) fn decide(
     carry: f64,
     guard: Option<f64>,
 ) -> Result<Tried> {
-    let nrefs = references(goal).len() + usize::from(guard.is_some());
+    let nrefs = held_to(goal, guard).len();
     fn guarded(r: &[Figures], nrefs: usize, guard: Option<f64>) -> Option<(&Figures, f64)> {
         guard.map(|slack| (&r[nrefs - 1], slack))
     }
@@ -549,10 +566,7 @@ impl Tuned {
         );
         let folds =
             if self.folds > 1 { format!(", in {} folds each held to its own", self.folds) } else { String::new() };
-        let guard = match self.size_slack {
-            Some(x) => format!("; no job size more than {:.0} % later than `{}`", x * 100.0, self.goal.base()),
-            None => String::new(),
-        };
+        let guard = guard_note(self.goal, self.size_slack);
         let _ = writeln!(s, "\ntuning part (limit {:.3} {unit}{folds}{guard}):", self.tuning_limit);
         let base = self.size_slack.and(self.tuning_reference.iter().find(|f| f.name == self.goal.base()));
         for f in &self.tuning_reference {
@@ -596,6 +610,13 @@ fn row(s: &mut String, label: &str, f: &Figures, mark: &str) {
         f.mean_completion_h,
         if f.unplaced > 0 { format!("  {} unplaced", f.unplaced) } else { String::new() }
     );
+}
+
+/// "; no job size more than 10 % later than `cost`" with a size guard, else "".
+pub(crate) fn guard_note(goal: Goal, size_slack: Option<f64>) -> String {
+    size_slack
+        .map(|x| format!("; no job size more than {:.0} % later than `{}`", x * 100.0, goal.base()))
+        .unwrap_or_default()
 }
 
 /// "  worst size 5-8 +12.0 %": the size class furthest behind `base`'s.
@@ -748,14 +769,12 @@ mod tests {
         assert_eq!(large.jobs, 205);
         assert!((large.mean_completion_h - (100.0 * 33.0 + 105.0 * 30.0) / 205.0).abs() < 1e-9, "{large:?}");
         assert_eq!(t.trials[1].folds_within, 2, "{:?}", t.trials[1]);
-        // Bad slack, or with a walk: an error naming the flag.
+        // A bad slack: an error naming the flag.
         for flags in
             [vec!["--tune", "cost", "--tune-size-slack=-0.1"], vec!["--tune", "cost", "--tune-size-slack", "inf"]]
         {
             let e = goal(&args(&flags)).unwrap_err().to_string();
             assert!(e.contains("--tune-size-slack"), "{flags:?}: {e}");
         }
-        let e = goal(&args(&["--tune", "cost", "--tune-walk", "4", "--tune-size-slack", "0.1"])).unwrap_err();
-        assert!(e.to_string().contains("--tune-walk"), "{e}");
     }
 }

@@ -30,6 +30,10 @@
 //! fold's limit (a fold of `k` jobs gets `k / rest` of the USD; every job the
 //! same share of the hours), so a period that spent less leaves the next
 //! more, and one that spent more is made up.
+//!
+//! With `--tune-size-slack` the built-in policy is replayed over each prefix
+//! beside the references, and a weight keeps a fold only if no job size there
+//! completes more than the slack later than under it (`tune::decide`).
 
 use anyhow::{bail, Context, Result};
 
@@ -37,7 +41,10 @@ use crate::cli::{replay, sim_config, sim_jobs, Loaded, SimulateArgs};
 use crate::engine_model::EngineModel;
 use crate::report::PolicyReport;
 use crate::sim::{SimConfig, SimJob, Strategy};
-use crate::tune::{compared, decide, grid, grid_setup, limit, references, table, Figures, Goal, Trial, Weights};
+use crate::tune::{
+    compared, decide, grid, grid_setup, guard_note, held_to, limit, references, sizes_of, table, Figures, Goal, Trial,
+    Weights,
+};
 
 /// One period of the walk.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -87,6 +94,9 @@ pub struct Walked {
     /// `next`'s weights as a `[policies.<name>]` table for metasched.toml
     /// (`None`: no jobs to tune on).
     pub policy_toml: Option<String>,
+    /// `--tune-size-slack`, as in `tune::Tuned::size_slack`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_slack: Option<f64>,
 }
 
 /// Walks `goal`'s weights forward over `loaded` in `n` periods (module docs).
@@ -112,7 +122,8 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     // Period p's jobs are jobs[bounds[p]..bounds[p + 1]].
     let bounds: Vec<usize> = (0..=n).map(|p| p * jobs.len() / n).collect();
     let t0 = jobs[0].submit_s;
-    let refs = references(goal);
+    let guard = args.tune_size_slack;
+    let refs = held_to(goal, guard);
     let candidates: Vec<Strategy> = (0..grid.len()).map(|i| Strategy::Engine(format!("tune_{i}"))).collect();
     // The walk's switches so far: (period's first submission, policy).
     let mut switches: Vec<(f64, String)> = Vec::with_capacity(n - 1);
@@ -179,7 +190,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
                 carry = ahead / (jobs.len() - bounds[p]) as f64;
                 period.carried = Some(ahead);
             }
-            let tried = decide(goal, &grid, &runs, carry, None)?;
+            let tried = decide(goal, &grid, &runs, carry, guard)?;
             period.limit = Some(tried.limit);
             period.kept_limit = tried.chosen.is_some();
             chosen = tried.chosen.or_else(|| nearest(goal, &tried.trials));
@@ -208,7 +219,7 @@ pub fn walk(args: &SimulateArgs, loaded: &Loaded, goal: Goal, n: usize) -> Resul
     }
     let limit = limit(goal, &whole)?;
     let policy_toml = next_chosen.map(|i| table(goal.base(), &base, grid[i])).transpose()?;
-    Ok(Walked { goal, folds, start, periods, next, whole, limit, policy_toml })
+    Ok(Walked { goal, folds, start, periods, next, whole, limit, policy_toml, size_slack: guard })
 }
 
 /// How the text marks weights run though none kept the limit.
@@ -265,8 +276,9 @@ impl Walked {
                 r.mean_completion_h
             );
         }
-        let _ = writeln!(s, "\nwhole trace (limit {:.3} {unit}):", self.limit);
-        compared(&mut s, self.goal, &self.whole, self.limit, None);
+        let guard = guard_note(self.goal, self.size_slack);
+        let _ = writeln!(s, "\nwhole trace (limit {:.3} {unit}{guard}):", self.limit);
+        compared(&mut s, self.goal, &self.whole, self.limit, self.size_slack);
         match &self.policy_toml {
             Some(t) => {
                 let nearest = if self.next.kept_limit { "" } else { NEAREST };
@@ -318,6 +330,8 @@ fn balance(goal: Goal, reference: &PolicyReport, walked: &PolicyReport, idx: imp
 /// `r`'s figures over the jobs `idx` (needs `SimConfig::per_job`).
 fn figures_of(r: &PolicyReport, idx: &[usize]) -> Figures {
     let done: Vec<f64> = idx.iter().filter_map(|&j| r.per_job[j].completion_s).collect();
+    let sized: Vec<(u32, f64)> =
+        idx.iter().filter_map(|&j| r.per_job[j].completion_s.map(|c| (r.per_job[j].gpus, c / 3600.0))).collect();
     Figures {
         name: r.policy.clone(),
         usd: idx.iter().map(|&j| r.per_job[j].usd).sum(),
@@ -325,7 +339,7 @@ fn figures_of(r: &PolicyReport, idx: &[usize]) -> Figures {
         mean_completion_h: done.iter().sum::<f64>() / done.len().max(1) as f64 / 3600.0,
         unplaced: idx.len() - done.len(),
         jobs: idx.len(),
-        by_size: Vec::new(),
+        by_size: sizes_of(&sized),
     }
 }
 
@@ -335,7 +349,8 @@ mod tests {
     use crate::report::JobFigures;
 
     fn run(jobs: &[(f64, Option<f64>)]) -> PolicyReport {
-        let per_job = jobs.iter().map(|&(usd, completion_s)| JobFigures { usd, kg_co2: 0.0, completion_s }).collect();
+        let per_job =
+            jobs.iter().map(|&(usd, completion_s)| JobFigures { usd, kg_co2: 0.0, completion_s, gpus: 1 }).collect();
         PolicyReport { per_job, ..PolicyReport::default() }
     }
 
@@ -352,5 +367,22 @@ mod tests {
         assert!((balance(Goal::Cost, &reference, &walked, [0].into_iter()) - 0.5).abs() < 1e-12);
         let green = balance(Goal::Green { budget: 0.05 }, &reference, &walked, 0..2);
         assert!((green - (0.5 + (21.0 - 22.0))).abs() < 1e-12, "{green}");
+    }
+
+    /// A period's figures keep its completed jobs by size, for
+    /// `--tune-size-slack`: jobs 0–3 of 1, 1, 8 and 16 GPUs, the third unfinished.
+    #[test]
+    fn a_periods_figures_keep_its_jobs_by_size() {
+        let mut r = run(&[(1.0, Some(3600.0)), (1.0, Some(10800.0)), (8.0, None), (16.0, Some(36000.0))]);
+        for (j, g) in [1, 1, 8, 16].into_iter().enumerate() {
+            r.per_job[j].gpus = g;
+        }
+        let f = figures_of(&r, &[0, 1, 2, 3]);
+        let sizes: Vec<(&str, usize, f64)> =
+            f.by_size.iter().map(|c| (c.gpus.as_str(), c.jobs, c.mean_completion_h)).collect();
+        assert_eq!(sizes, [("1", 2, 2.0), ("9-32", 1, 10.0)]);
+        assert_eq!((f.jobs, f.unplaced), (4, 1));
+        assert!((f.mean_completion_h - 14.0 / 3.0).abs() < 1e-12, "{f:?}");
+        assert_eq!(figures_of(&r, &[2]).by_size, []);
     }
 }

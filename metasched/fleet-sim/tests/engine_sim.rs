@@ -91,17 +91,17 @@ fn trace_csv() -> String {
     jobs_csv(60, 600, &[1, 2, 4, 8])
 }
 
-/// `n` jobs from 10:00 on 2017-09-04, one every `every_s` seconds, of 30 min
+/// `n` jobs from 10:00 on 2017-09-04 on, one every `every_s` seconds, of 30 min
 /// to 12 h, the i-th on `sizes[i % len]` GPUs, a third of them team vc2's.
 fn jobs_csv(n: u32, every_s: u32, sizes: &[u32]) -> String {
     let mut s = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
     for i in 0..n {
-        let t = every_s * i;
-        let (h, m, sec) = (10 + t / 3600, (t % 3600) / 60, t % 60);
+        let t = 10 * 3600 + every_s * i;
+        let (day, h, m, sec) = (4 + t / 86400, (t % 86400) / 3600, (t % 3600) / 60, t % 60);
         let dur = 1800 + (i * 7919 % 12) * 3600;
         let g = sizes[i as usize % sizes.len()];
         let vc = if i % 3 == 0 { "vc2" } else { "vc1" };
-        s.push_str(&format!("2017-09-04 {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
+        s.push_str(&format!("2017-09-{day:02} {h:02}:{m:02}:{sec:02},{dur}.0,{g},{},{vc}\n", dur * g));
     }
     s
 }
@@ -1508,18 +1508,17 @@ fn tuning_green_picks_the_cleanest_weights_within_the_budget_and_checks_them_on_
 /// completion make some size wait longer.
 #[test]
 fn tuning_cost_with_a_size_slack_holds_every_job_size_to_the_built_in() {
-    let csv = jobs_csv(240, 150, &[1, 2, 4, 8]);
-    let setup = EngineSetup {
-        policies_toml: Some("[policies.cost]\ntime_value_usd_per_gpu_hour = 8.0\nspot_queue = false\n".into()),
-        ..setup()
-    };
-    let l = Loaded {
-        trace: read_philly(csv.as_bytes(), "t.csv", &ReadOptions::default()).unwrap(),
+    let site = |n: u32| Loaded {
+        trace: read_philly(jobs_csv(n, 150, &[1, 2, 4, 8]).as_bytes(), "t.csv", &ReadOptions::default()).unwrap(),
         trace_name: "t.csv".into(),
         fleet_name: "f.toml".into(),
-        setup,
+        setup: EngineSetup {
+            policies_toml: Some("[policies.cost]\ntime_value_usd_per_gpu_hour = 8.0\nspot_queue = false\n".into()),
+            ..setup()
+        },
         spot: vec![spot_trace()],
     };
+    let l = site(240);
     let flags = ["--tune", "cost", "--tune-time-values", "0,0.5,2,8", "--tune-job-time-values", "0,10"];
     let run = |extra: &[&str]| {
         let a = args(&[&flags[..], extra].concat());
@@ -1551,6 +1550,33 @@ fn tuning_cost_with_a_size_slack_holds_every_job_size_to_the_built_in() {
     let text = t.text();
     assert!(text.contains("no job size more than 5 % later than `cost`"), "{text}");
     assert!(text.contains("worst size "), "{text}");
+    // Walking forward (960 jobs over 40 h, three periods), the guard holds each
+    // period's folds to the built-in replayed over the same jobs, and changes
+    // a choice; the whole trace's lines show the sizes.
+    let l = site(960);
+    let a = args(&[&flags[..], &["--tune-walk", "3", "--tune-size-slack", "0.05"]].concat());
+    let goal = fleet_sim::tune::goal(&a).unwrap().unwrap();
+    let w = fleet_sim::walk::walk(&a, &l, goal, 3).unwrap();
+    assert_eq!(w.size_slack, Some(0.05));
+    let names: Vec<&str> = w.whole.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["greedy-spot", "greedy", "cost", "walk"]);
+    for f in &w.whole {
+        assert_eq!(f.by_size.iter().map(|c| c.jobs).sum::<usize>(), 960 - f.unplaced, "{f:?}");
+    }
+    for p in &w.periods {
+        for f in &p.ran {
+            assert_eq!(f.by_size.iter().map(|c| c.jobs).sum::<usize>(), f.jobs - f.unplaced, "{f:?}");
+        }
+    }
+    let text = w.text();
+    assert!(text.contains("whole trace (limit") && text.contains("no job size more than 5 % later than `cost`"));
+    let walk_line = text.lines().find(|l| l.trim_start().starts_with("walk ")).expect("the walk's line");
+    assert!(walk_line.contains("worst size "), "{walk_line}");
+    let a = args(&[&flags[..], &["--tune-walk", "3"]].concat());
+    let plain = fleet_sim::walk::walk(&a, &l, goal, 3).unwrap();
+    let pw: Vec<_> = plain.periods.iter().map(|p| p.weights).collect();
+    let gw: Vec<_> = w.periods.iter().map(|p| p.weights).collect();
+    assert_ne!(pw, gw, "the guard changes no choice:\n{}\n{}", plain.text(), w.text());
 }
 
 /// `--tune cost` over the spot fleet of the tests above: every trial within the
