@@ -22,7 +22,7 @@
 //!
 //! With `--tune-walk-carry` the limit is the whole trace's, not each period's:
 //! how far the walk so far was ahead of the limit (or behind it) by `p`'s
-//! start ([`balance`], the walk's own weights replayed over the same prefix:
+//! start (`balance`, the walk's own weights replayed over the same prefix:
 //! for `green` the USD left of the budget over what the cost policy would
 //! have paid, every earlier job run until then; for `cost` the job-hours of
 //! completion saved against greedy-spot on the earlier jobs whose run could
