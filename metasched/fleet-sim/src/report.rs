@@ -754,7 +754,7 @@ impl Report {
                     .iter()
                     .map(|c| format!("{:>4}: {:>7} ({})", c.gpus, hms(c.completion_mean_s), c.jobs))
                     .collect();
-                let _ = writeln!(s, "  {:<10} {}", p.policy, cells.join("  "));
+                let _ = writeln!(s, "  {:<12} {}", p.policy, cells.join("  "));
             }
         }
         {
