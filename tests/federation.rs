@@ -1135,3 +1135,142 @@ fn while_the_origin_scheduler_is_silent_its_gpu_jobs_stay_home_and_are_not_refus
         "{reply:?}"
     );
 }
+
+/// A site's history as a trace: `fleetctl trace slurm` reads the real
+/// accounting of the lab's clusters (slurmdbd, `sacct -M all`) and writes one
+/// row per job that ran with GPUs: the native ones at alpha and beta, and the
+/// forwarded one once, where it ran (its stand-in at beta holds no GPUs and
+/// is left out as Fleet's); a CPU-only job is left out. The rows replay in
+/// `fleetctl simulate` on a fleet of the lab's shape.
+#[test]
+fn a_sites_own_accounting_becomes_a_trace_the_simulator_replays() {
+    let (lab, _serial) = Lab::lock();
+    let dir = lab.workdir("history");
+    let name = format!("history-{}", std::process::id());
+    let unix = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let utc = |t: i64| {
+        let o = std::process::Command::new("date").args(["-u", "-d", &format!("@{t}"), "+%F %T"]).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let t0 = unix();
+    let submit = |cluster: &str, args: &[&str], secs: u32| {
+        let mut a = vec![format!("--job-name={name}"), out_arg(&dir, "%j.out")];
+        a.extend(args.iter().map(|s| s.to_string()));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        (cluster.to_string(), lab.sbatch(cluster, &a, &script(&format!("sleep {secs}"))).unwrap())
+    };
+    let jobs = [
+        submit("alpha", &["--fleet=local", "--gres=gpu:h100:2"], 4),
+        submit("beta", &["--fleet=local", "--gres=gpu:1"], 3),
+        submit("beta", &["--gres=gpu:h100:1"], 3),
+        submit("beta", &["--fleet=local", "-n1"], 1),
+    ];
+    let ids = std::cell::RefCell::new(jobs.clone());
+    let _cancel = OnDrop(|| {
+        for (c, id) in ids.borrow().iter() {
+            let _ = lab.cmd(c, "scancel", &[&id.to_string()]);
+        }
+    });
+    for (c, id) in &jobs {
+        let r = lab.wait_done(c, *id, T).unwrap();
+        assert_eq!(r["JobState"], "COMPLETED", "{c} {id}: {r:?}");
+    }
+    let (target, _) = remote_of(lab, jobs[2].1).expect("the h100 job at beta was forwarded");
+    assert_ne!(target, "beta");
+
+    let fleetctl = |args: &[&str]| {
+        std::process::Command::new(lab.root.join("bin/fleetctl"))
+            .args(args)
+            .env("SLURM_CONF", lab.slurm_conf("beta"))
+            .output()
+            .unwrap()
+    };
+    let since = format!("now-{}seconds", unix() - t0 + 60);
+    let trace = ["trace", "slurm", "--", "-M", "all", &format!("--name={name}"), "-S", &since];
+    // slurmdbd takes the records from the controllers a moment later.
+    let mut out = fleetctl(&trace);
+    let t = std::time::Instant::now();
+    while String::from_utf8_lossy(&out.stdout).lines().count() < 4 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(500));
+        out = fleetctl(&trace);
+    }
+    let (csv, err) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("3 jobs written; 2 left out"), "{err}");
+    assert!(err.contains("1 Fleet stand-in"), "{err}");
+    assert!(err.contains("1 no GPU in AllocTRES"), "{err}");
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("submit_time,duration_s,gpus,gpu_models,duration_gpu,min_gpu,team,interruptible,checkpoint_s,datasets")
+    );
+    // (GPUs, allowed models, model it ran on, team), and the submission and run time.
+    let mut rows: Vec<(String, String, String, String)> = Vec::new();
+    for l in lines {
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!(f.len(), 10, "{l}");
+        // ISO times in UTC compare as text.
+        let (from, to) = (utc(t0 - 2), utc(unix()));
+        assert!(
+            (from.as_str()..=to.as_str()).contains(&f[0]),
+            "submitted during the test, in UTC: {l} ({from} to {to})"
+        );
+        let run: i64 = f[1].parse().unwrap();
+        assert!((1..60).contains(&run), "{l}");
+        rows.push((f[2].into(), f[3].into(), f[4].into(), f[6].into()));
+    }
+    rows.sort();
+    let row = |g: &str, m: &str, d: &str| (g.to_string(), m.to_string(), d.to_string(), "lab".to_string());
+    assert_eq!(
+        rows,
+        [
+            row("1", "", "A100"),     // asked for any GPU at beta, given an a100
+            row("1", "H100", "H100"), // the forwarded job, once, where it ran
+            row("2", "H100", "H100"), // asked for two h100s at alpha
+        ],
+        "{csv}"
+    );
+
+    // The site's history replays: every job placed, the h100 ones on H100s.
+    let trace_file = dir.join("history.csv");
+    std::fs::write(&trace_file, &csv).unwrap();
+    let fleet_file = dir.join("fleet.toml");
+    std::fs::write(
+        &fleet_file,
+        "[[clusters]]\nname = \"alpha\"\nprovider = \"onprem\"\nregion = \"lab-east\"\nonprem = true\n\
+         prices.H100 = { onprem = 2.0 }\n[[clusters.pools]]\ngpu_type = \"H100\"\ngpus_per_node = 8\nnodes = 2\n\
+         [[clusters]]\nname = \"beta\"\nprovider = \"onprem\"\nregion = \"lab-west\"\nonprem = true\n\
+         prices.A100 = { onprem = 1.0 }\n[[clusters.pools]]\ngpu_type = \"A100\"\ngpus_per_node = 8\nnodes = 2\n\
+         [[teams]]\nname = \"lab\"\nhome = \"beta\"\n",
+    )
+    .unwrap();
+    let out = fleetctl(&[
+        "simulate",
+        "--trace",
+        trace_file.to_str().unwrap(),
+        "--fleet",
+        fleet_file.to_str().unwrap(),
+        "--policy",
+        "cost",
+        "--lp-max-vars",
+        "0",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cost = &report["policies"][0];
+    assert_eq!(
+        (cost["policy"].as_str(), cost["completed"].as_u64(), cost["unplaced"].as_u64()),
+        (Some("cost"), Some(3), Some(0)),
+        "{cost}"
+    );
+    let h100_hours: f64 = cost["spend"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("alpha/"))
+        .map(|(_, s)| s["gpu_hours"].as_f64().unwrap())
+        .sum();
+    assert!(h100_hours > 0.0, "the h100 jobs ran on alpha's H100s: {cost}");
+}

@@ -453,6 +453,9 @@ write_cluster_conf() {
       # agent's user is an operator (register_accounting), the least role
       # that sees every stand-in and forwarded job.
       echo "PrivateData=accounts,jobs,reservations,usage,users"
+      # GPUs in accounting, by type, as a GPU site records them (sacct's
+      # AllocTRES; `fleet-trace slurm` reads a site's history from it).
+      echo "AccountingStorageTRES=gres/gpu,gres/gpu:$gpu"
       # delta enforces QOS and association limits, as most multi-user
       # sites do: a job there is held to its QOS's MaxWall (the lab's QOS
       # lab-maxwall: one minute), and so is a stand-in of a job submitted

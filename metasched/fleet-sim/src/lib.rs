@@ -15,5 +15,6 @@ pub mod report;
 pub mod sim;
 pub mod spot;
 pub mod trace;
+pub mod trace_cli;
 pub mod tune;
 pub mod walk;

@@ -303,10 +303,16 @@ pub fn read_file(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
     }
 }
 
+/// A GPU model name as traces write it: letters, digits, `-` and `_`, 1 to
+/// 32 of them (the converters check what they write against it).
+pub fn is_model_name(m: &str) -> bool {
+    !m.is_empty() && m.len() <= 32 && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 fn models(v: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for m in v.split('|').map(str::trim).filter(|m| !m.is_empty()) {
-        if !m.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') || m.len() > 32 {
+        if !is_model_name(m) {
             return Err(format!("bad GPU model `{m}`"));
         }
         out.push(m.to_ascii_uppercase());

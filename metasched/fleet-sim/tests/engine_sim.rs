@@ -1826,3 +1826,225 @@ fn walking_forward_tunes_on_the_fleet_the_earlier_jobs_left() {
     assert!((t.trials[1].figures.usd - 2.04).abs() < 1e-6, "{t:#?}");
     assert_eq!(t.chosen, Some(1), "{t:#?}");
 }
+
+/// A site's own Slurm accounting (`sacct --parsable2`, the columns of
+/// `SACCT_FORMAT`) → generic format: one row per allocation that ran with
+/// GPUs, its run time measured on the type it was given, limited to the type
+/// it asked for; Fleet's stand-ins, jobs that did not end or never started,
+/// 0 s runs and jobs without GPUs are left out and counted. Rows by hand,
+/// as sacct 22.05 prints them (`SLURM_TIME_FORMAT=%s`; one ISO time, as
+/// with `TZ=UTC`). The real sacct is read in the lab test
+/// `federation::a_sites_own_accounting_becomes_a_trace_the_simulator_replays`.
+#[test]
+fn slurm_accounting_converts_to_the_generic_format() {
+    use fleet_sim::convert::{sacct_to_generic, SacctOptions, TeamKey, SACCT_FORMAT};
+    let head = SACCT_FORMAT.replace(',', "|");
+    let rows = [
+        // asked for 8 H100s (pinned), ran 2 h
+        "alpha|100|physics|ann|1796648679|1796648700|7200|COMPLETED|billing=8,cpu=8,gres/gpu:h100=8,gres/gpu=8,mem=8G,node=1|billing=8,cpu=8,gres/gpu:h100=8,gres/gpu=8,node=1|",
+        // asked for any GPU, given an a100_80g (mapped), submitted first (ISO)
+        "beta|7|bio|bob|2026-12-07T13:00:00|2026-12-07T13:00:05|600|FAILED|cpu=2,gres/gpu:a100_80g=2,gres/gpu=2,node=1|cpu=2,gres/gpu=2,node=1|",
+        // the stand-in of a forwarded job (its run is the alpha row above)
+        "beta|8|physics|ann|1796648679|1796648680|7300|COMPLETED|billing=1,cpu=1,mem=1M,node=1|billing=1,cpu=1,node=1|fleet:beta-c518c40461e2 fleet: forwarded beta -> alpha",
+        // still running, pending, cancelled before it started, 0 s, CPU only, MPS only
+        "alpha|101|physics|ann|1796648679|1796648700|50|RUNNING|cpu=1,gres/gpu:h100=1,gres/gpu=1|gres/gpu=1|",
+        "alpha|102|physics|ann|1796648679|Unknown|0|PENDING|||",
+        "alpha|103|physics|ann|1796648679|None|0|CANCELLED by 1000|||",
+        "alpha|104|physics|ann|1796648679|1796648679|0|COMPLETED|cpu=1,gres/gpu:h100=1,gres/gpu=1||",
+        "alpha|105|physics|ann|1796648679|1796648680|30|COMPLETED|cpu=4,mem=4G,node=1||",
+        "alpha|106|physics|ann|1796648679|1796648680|30|TIMEOUT|cpu=1,gres/mps=50,node=1||",
+        // a two-node job given 16 GPUs of two types: the type holding most
+        "delta|9|bio|cy|1796648690|1796648695|90|TIMEOUT|cpu=2,gres/gpu:a100=6,gres/gpu:h100=10,gres/gpu=16,node=2|cpu=2,gres/gpu=16,node=2|",
+    ];
+    let input = format!("{head}\n{}\n", rows.join("\n"));
+    let mut models = std::collections::BTreeMap::new();
+    models.insert("a100_80g".to_string(), "A100-80GB".to_string());
+    let opts = SacctOptions { models, ..SacctOptions::default() };
+    let mut out = Vec::new();
+    let s = sacct_to_generic(input.as_bytes(), "acct.txt", &opts, &mut out).unwrap();
+    assert_eq!(s.written, 3, "{s:?}");
+    let left: Vec<(&str, usize)> = s.left_out.iter().map(|(w, n)| (*w, *n)).collect();
+    assert_eq!(
+        left,
+        [
+            ("Fleet stand-in (its job is counted where it ran)", 1),
+            ("GPU shares only (gres/shard, gres/mps; not modelled)", 1),
+            ("never started", 1),
+            ("no GPU in AllocTRES", 1),
+            ("not ended when sacct ran (pending, running or suspended)", 2),
+            ("ran 0 s", 1),
+        ]
+    );
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            "submit_time,duration_s,gpus,gpu_models,duration_gpu,min_gpu,team,interruptible,checkpoint_s,datasets",
+            "2026-12-07 13:00:00,600,2,,A100-80GB,,bio,,,",
+            "2026-12-07 13:04:39,7200,8,H100,H100,,physics,,,",
+            "2026-12-07 13:04:50,90,16,,H100,,bio,,,",
+        ]
+    );
+    // Other team keys.
+    for (team, want) in [
+        (TeamKey::User, ["bob", "ann", "cy"]),
+        (TeamKey::Cluster, ["beta", "alpha", "delta"]),
+        (TeamKey::ClusterAccount, ["beta/bio", "alpha/physics", "delta/bio"]),
+    ] {
+        let mut out = Vec::new();
+        sacct_to_generic(input.as_bytes(), "a", &SacctOptions { team, ..opts.clone() }, &mut out).unwrap();
+        let g = fleet_sim::trace::read_generic(&out[..], "g", &ReadOptions::default()).unwrap();
+        assert_eq!(g.jobs.iter().map(|j| j.home_label.as_str()).collect::<Vec<_>>(), want, "{team:?}");
+    }
+
+    // Read back and replayed: the pinned H100 job runs only on H100s (2 h
+    // measured on an H100 is 3.8 A100-hours of work per GPU).
+    let g = fleet_sim::trace::read_generic(text.as_bytes(), "g.csv", &ReadOptions::default()).unwrap();
+    assert_eq!(g.jobs[1].extra.gpu_models, ["H100"]);
+    assert_eq!(g.jobs[1].extra.duration_gpu.as_deref(), Some("H100"));
+    let fleet = r#"
+[[clusters]]
+name = "h"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.H100 = { onprem = 2.0 }
+[[clusters.pools]]
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 2
+[[clusters]]
+name = "a"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.A100 = { onprem = 0.1 }
+prices.A100-80GB = { onprem = 0.1 }
+[[clusters.pools]]
+gpu_type = "A100"
+gpus_per_node = 8
+nodes = 2
+[[clusters.pools]]
+name = "big"
+gpu_type = "A100-80GB"
+gpus_per_node = 8
+nodes = 1
+[[teams]]
+name = "*"
+home = "a"
+"#;
+    let setup = EngineSetup { fleet_toml: fleet.into(), dataset_gb: 1.0, ..EngineSetup::default() };
+    let l = Loaded { trace: g, trace_name: "g".into(), fleet_name: "f".into(), setup, spot: vec![] };
+    let r = run_loaded(&args(&["--policy", "cost", "--lp-max-vars", "0"]), &l).unwrap();
+    let p = &r.policies[0];
+    assert_eq!(p.unplaced, 0, "{p:?}");
+    let h100_h: f64 = p.spend.iter().filter(|(k, _)| k.starts_with("h/")).map(|(_, s)| s.gpu_hours).sum();
+    assert!((h100_h - 16.0).abs() < 0.5, "the pinned job's 8 GPUs × 2 h on H100s: {:?}", p.spend);
+
+    // Bad input: an error naming file:line and the problem, nothing written.
+    let bad = |row: &str, frag: &str| {
+        let mut out = Vec::new();
+        let e = sacct_to_generic(format!("{head}\n{}\n{row}\n", rows[0]).as_bytes(), "acct.txt", &opts, &mut out)
+            .expect_err(row)
+            .to_string();
+        assert!(e.contains(frag), "{row}: {e}");
+        assert!(out.is_empty(), "{row}: wrote {out:?}");
+    };
+    bad("alpha|1|p|u|1796648679|1796648680|7|COMPLETED|gres/gpu=1|", "acct.txt:3: 10 fields, the header has 11");
+    bad("alpha|1|p|u|1796648679|1796648680|7|COMPLETED|gres/gpu=1||x|y", "acct.txt:3: 12 fields");
+    bad("alpha|1|p|u|1796648679|1796648680|7.5|COMPLETED|gres/gpu=1||", "acct.txt:3: ElapsedRaw `7.5`");
+    bad("alpha|1|p|u|yesterday|1796648680|7|COMPLETED|gres/gpu=1||", "acct.txt:3: Submit: bad time `yesterday`");
+    bad("alpha|1|p|u|2026-02-30T00:00:00|1796648680|7|COMPLETED|gres/gpu=1||", "bad time `2026-02-30T00:00:00`");
+    bad("alpha|1|p|u|1796648679|1796648680|7|COMPLETED|gres/gpu=x||", "acct.txt:3: AllocTRES: TRES `gres/gpu=x`");
+    bad(
+        "alpha|1|p|u|1796648679|1796648680|7|COMPLETED|gres/gpu:h.100=1||",
+        "GPU type `h.100` gives the model name `H.100`",
+    );
+    bad("alpha|1||u|1796648679|1796648680|7|COMPLETED|gres/gpu=1||", "acct.txt:3: empty Account (the team, --team)");
+    let err = |input: &str| {
+        sacct_to_generic(input.as_bytes(), "acct.txt", &opts, &mut Vec::new()).expect_err(input).to_string()
+    };
+    assert!(err("").starts_with("acct.txt: empty"), "{}", err(""));
+    assert!(err(&format!("{head}\n")).contains("acct.txt: no job in it"), "{}", err(&head));
+    assert!(err("Cluster|Submit|Start|State|AllocTRES|Account\n").contains("acct.txt:1: no `ElapsedRaw` column"));
+    // No GPU anywhere: the likely cause is named.
+    let cpu_only = format!("{head}\n{}\n", rows[7]);
+    assert!(err(&cpu_only).contains("AccountingStorageTRES list gres/gpu"), "{}", err(&cpu_only));
+    let untyped = format!("{head}\nalpha|1|p|u|1796648679|1796648680|7|COMPLETED|gres/gpu=1|gres/gpu=1|\n");
+    let mut out = Vec::new();
+    let o = SacctOptions { untyped_gpu: Some("V100".into()), ..SacctOptions::default() };
+    sacct_to_generic(untyped.as_bytes(), "a", &o, &mut out).unwrap();
+    assert!(String::from_utf8(out).unwrap().ends_with(",7,1,,V100,,p,,,\n"));
+}
+
+/// Alibaba's `cluster-trace-gpu-v2023` pod list (openb) → generic: rows in
+/// the published layout (the README's and `openb_pod_list_gpuspec33.csv`'s
+/// first rows, shortened): sharing pods hold a share of one GPU, `gpu_spec`
+/// limits the models (`V100M16` → V100, `V100M32` → V100-32GB), best-effort
+/// pods are interruptible, CPU-only and never-scheduled pods are left out.
+/// The synthetic sample converts and replays on the PAI fleet with every
+/// pod placed.
+#[test]
+fn openb_pod_lists_convert_to_the_generic_format() {
+    use fleet_sim::convert::{openb_sample, openb_to_generic};
+    let input =
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+openb-pod-0005,20000,65536,0,0,,LS,Running,2759674,12902960,2759676
+openb-pod-0017,88000,327680,8,1000,nan,Burstable,Succeeded,9437497,10769854,9437497
+openb-pod-0022,4000,15258,1,220,T4,BE,Running,9679175,9973826,9679175
+openb-pod-0021,8000,30517,1,440,G2|P100|T4|V100M16|V100M32,LS,Running,9671707,12902960,9671708
+openb-pod-0035,16000,32768,1,1000,V100M16|V100M32,LS,Running,9967058,9968575,9967063
+openb-pod-0061,11908,47104,1,1000,,BE,Pending,10001278,10001403,
+openb-pod-0200,3152,5600,1,1000,T4,BE,Failed,10082034,10082034,10082034
+";
+    let mut out = Vec::new();
+    let (n, left) = openb_to_generic(input.as_bytes(), "pods.csv", &mut out).unwrap();
+    assert_eq!(n, 4);
+    let left: Vec<_> = left.into_iter().collect();
+    assert_eq!(left, [("deleted when scheduled (0 s)", 1), ("never scheduled", 1), ("no GPU", 1)]);
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(
+        text.lines().skip(1).collect::<Vec<_>>(),
+        [
+            // 2023-01-02 + 9,437,497 s = 2023-04-21 05:31:37 (`date -u -d`)
+            "2023-04-21 05:31:37,1332357,8,,,,openb,0,,",
+            "2023-04-23 22:35:07,3231252,0.44,G2|P100|T4|V100|V100-32GB,,,openb,0,,",
+            "2023-04-24 00:39:35,294651,0.22,T4,T4,,openb,1,,",
+            "2023-04-27 08:37:38,1512,1,V100|V100-32GB,,,openb,0,,",
+        ]
+    );
+    let g = fleet_sim::trace::read_generic(text.as_bytes(), "g", &ReadOptions::default()).unwrap();
+    assert_eq!(g.jobs[1].extra.gpu_share, 0.44);
+    assert_eq!(g.jobs[2].extra.interruptible, Some(true));
+    // Bad rows: file:line and the problem.
+    for (row, frag) in [
+        ("p,1,1,1,1000,,LS,Running,x,5,1", "pods.csv:3: bad creation_time `x`"),
+        ("p,1,1,1,1500,,LS,Running,1,5,1", "pods.csv:3: num_gpu 1, gpu_milli 1500"),
+        ("p,1,1,1,1000,,LS,Running,1,,1", "pods.csv:3: scheduled but no deletion_time"),
+        ("p,1,1,1,1000,T 4,LS,Running,1,5,1", "pods.csv:3: gpu_spec `T 4`"),
+        ("p,1,1,1,1000,,LS,Running,1,5", "pods.csv:3: 10 fields, the header has 11"),
+    ] {
+        let head = input.lines().take(2).collect::<Vec<_>>().join("\n");
+        let e = openb_to_generic(format!("{head}\n{row}\n").as_bytes(), "pods.csv", &mut Vec::new())
+            .expect_err(row)
+            .to_string();
+        assert!(e.contains(frag), "{row}: {e}");
+    }
+    let e = openb_to_generic("name,num_gpu\n".as_bytes(), "pods.csv", &mut Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("pods.csv: no `cpu_milli` column"), "{e}");
+
+    // The sample: converted, read back and replayed with every pod placed.
+    let sample = openb_sample(400, 3);
+    let mut out = Vec::new();
+    let (n, left) = openb_to_generic(sample.as_bytes(), "sample", &mut out).unwrap();
+    assert_eq!(n + left.values().sum::<usize>(), 400);
+    let g = fleet_sim::trace::read_generic(&out[..], "g", &ReadOptions::default()).unwrap();
+    assert!(g.jobs.iter().any(|j| j.extra.gpu_share < 1.0) && g.jobs.iter().any(|j| j.gpus >= 4));
+    assert!(g.jobs.iter().any(|j| j.extra.gpu_models.iter().any(|m| m == "G2")));
+    let fleet =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/fleet-pai-sample.toml")).unwrap();
+    let setup = EngineSetup { fleet_toml: fleet, dataset_gb: 1.0, ..EngineSetup::default() };
+    let l = Loaded { trace: g, trace_name: "g".into(), fleet_name: "f".into(), setup, spot: vec![] };
+    let r = run_loaded(&args(&["--policy", "cost", "--lp-max-vars", "0"]), &l).unwrap();
+    assert_eq!((r.policies[0].unplaced, r.policies[0].completed), (0, n), "{:?}", r.policies[0]);
+}

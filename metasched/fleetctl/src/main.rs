@@ -88,6 +88,16 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Convert job traces to the simulator's generic format (offline; no
+    /// token needed), this site's own Slurm accounting included: `fleetctl
+    /// trace slurm -- -M all -S 2026-11-01` replays in `fleetctl simulate
+    /// --trace`. `fleetctl trace --help` lists its own commands.
+    #[command(disable_help_flag = true)]
+    Trace {
+        /// The converter's commands and flags (see `fleetctl trace --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -990,9 +1000,16 @@ fn run(cli: Cli, local: UtcOffset) -> anyhow::Result<()> {
             Err(e) => e.exit(),
         };
     }
+    if let Command::Trace { args } = &cli.command {
+        let argv = std::iter::once("fleetctl trace".to_string()).chain(args.iter().cloned());
+        return match fleet_sim::trace_cli::parse_from(argv) {
+            Ok(a) => fleet_sim::trace_cli::run(a),
+            Err(e) => e.exit(),
+        };
+    }
     let client = Client::new(&cli)?;
     match &cli.command {
-        Command::Simulate { .. } => unreachable!("handled above"),
+        Command::Simulate { .. } | Command::Trace { .. } => unreachable!("handled above"),
         Command::Prices { action: PricesAction::Import { csv } } => {
             let text = std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
             let v = client.call_with(reqwest::Method::POST, "/v1/prices", Some(text))?;
@@ -1196,6 +1213,12 @@ mod tests {
         // the simulator's flags pass through to its own parser, --help included
         check(&["simulate", "--help"], "Simulate { args: [\"--help\"] }");
         check(&["simulate", "--trace", "t", "--json"], "Simulate { args: [\"--trace\", \"t\", \"--json\"] }");
+        // and the trace converter's, `--` before sacct's own arguments included
+        check(
+            &["trace", "slurm", "--team", "user", "--", "-M", "all"],
+            "Trace { args: [\"slurm\", \"--team\", \"user\", \"--\", \"-M\", \"all\"] }",
+        );
+        check(&["trace", "--help"], "Trace { args: [\"--help\"] }");
         check(&["job", "abc"], "Job { id: Some(\"abc\"), action: None }");
         check(&["job", "cancel", "abc"], "Job { id: None, action: Some(Cancel { id: \"abc\" }) }");
         check(&["job", "explain", "abc"], "Job { id: None, action: Some(Explain { id: \"abc\" }) }");
