@@ -128,14 +128,31 @@ pub struct SizeClass {
     pub completion_p95_s: f64,
 }
 
+/// Which of [`SIZE_CLASSES`] a job of `gpus` GPUs is in (`None` for 0).
+pub fn size_class(gpus: u32) -> Option<usize> {
+    SIZE_CLASSES.iter().position(|&(_, lo, hi)| (lo..=hi).contains(&gpus))
+}
+
+/// `items` by the size class of `gpus(item)`, in [`SIZE_CLASSES`] order, each
+/// class in the items' order (so sums over a class add up as before).
+pub fn by_size_class<T>(items: &[T], gpus: impl Fn(&T) -> u32) -> [Vec<&T>; SIZE_CLASSES.len()] {
+    let mut classes: [Vec<&T>; SIZE_CLASSES.len()] = Default::default();
+    for item in items {
+        if let Some(c) = size_class(gpus(item)) {
+            classes[c].push(item);
+        }
+    }
+    classes
+}
+
 impl SizeClass {
     /// The classes of completed jobs given as (GPUs, work GPU-hours, USD, wait
     /// s, completion s), in [`SIZE_CLASSES`] order, empty ones left out.
     pub fn of(jobs: &[(u32, f64, f64, f64, f64)]) -> Vec<SizeClass> {
-        SIZE_CLASSES
-            .iter()
-            .filter_map(|&(label, lo, hi)| {
-                let mine: Vec<&(u32, f64, f64, f64, f64)> = jobs.iter().filter(|j| (lo..=hi).contains(&j.0)).collect();
+        by_size_class(jobs, |j| j.0)
+            .into_iter()
+            .zip(SIZE_CLASSES)
+            .filter_map(|(mine, (label, _, _))| {
                 if mine.is_empty() {
                     return None;
                 }

@@ -27,7 +27,7 @@ use fleet_engine::policy::Policy;
 
 use crate::cli::{replay, sim_config, sim_jobs, Loaded, SimulateArgs};
 use crate::engine_model::{EngineModel, EngineSetup};
-use crate::report::{PolicyReport, SIZE_CLASSES};
+use crate::report::{by_size_class, PolicyReport, SIZE_CLASSES};
 use crate::sim::{SimConfig, SimJob, Strategy};
 
 /// Time values (USD per GPU-hour) tried when `--tune-time-values` is not given.
@@ -187,14 +187,14 @@ impl Figures {
 /// Size classes (`report::SIZE_CLASSES`) of completed jobs given as (GPUs,
 /// completion hours); empty classes left out.
 pub(crate) fn sizes_of(done: &[(u32, f64)]) -> Vec<SizeFigures> {
-    SIZE_CLASSES
-        .iter()
-        .filter_map(|&(gpus, lo, hi)| {
-            let of: Vec<f64> = done.iter().filter(|d| (lo..=hi).contains(&d.0)).map(|d| d.1).collect();
+    by_size_class(done, |d| d.0)
+        .into_iter()
+        .zip(SIZE_CLASSES)
+        .filter_map(|(of, (gpus, _, _))| {
             (!of.is_empty()).then(|| SizeFigures {
                 gpus: gpus.to_string(),
                 jobs: of.len(),
-                mean_completion_h: of.iter().sum::<f64>() / of.len() as f64,
+                mean_completion_h: of.iter().map(|d| d.1).sum::<f64>() / of.len() as f64,
             })
         })
         .collect()
