@@ -68,6 +68,22 @@ fn header_row(w: &mut csv::Writer<impl Write>) -> Result<(), ConvertError> {
     w.write_record(GENERIC_COLUMNS).map_err(|e| ConvertError::Write(e.into()))
 }
 
+/// A row of the generic format, in [`GENERIC_COLUMNS`] order.
+type GenericRecord = [String; 10];
+
+/// Write `rows` (Unix submission time, record) as a generic trace, stably
+/// sorted by submission; returns how many.
+fn write_generic(mut rows: Vec<(i64, GenericRecord)>, out: impl Write) -> Result<usize, ConvertError> {
+    rows.sort_by_key(|r| r.0);
+    let mut w = csv::Writer::from_writer(out);
+    header_row(&mut w)?;
+    for (_, r) in &rows {
+        w.write_record(r).map_err(|e| ConvertError::Write(e.into()))?;
+    }
+    w.flush().map_err(ConvertError::Write)?;
+    Ok(rows.len())
+}
+
 /// Philly (`timestamp,duration,num_gpus,gpu_time,cluster`) → generic. Strict like
 /// the simulator's Philly reader (a bad row is an error).
 pub fn philly_to_generic(input: impl Read, name: &str, out: impl Write) -> Result<usize, ConvertError> {
@@ -158,7 +174,7 @@ pub fn pai_to_generic(
             t.models.push(m);
         }
     }
-    let mut rows: Vec<(i64, [String; 10])> = Vec::new();
+    let mut rows: Vec<(i64, GenericRecord)> = Vec::new();
     let mut left_out = 0;
     let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(jobs);
     for rec in rdr.records() {
@@ -203,14 +219,7 @@ pub fn pai_to_generic(
             ],
         ));
     }
-    rows.sort_by_key(|r| r.0);
-    let mut w = csv::Writer::from_writer(out);
-    header_row(&mut w)?;
-    for (_, r) in &rows {
-        w.write_record(r).map_err(|e| ConvertError::Write(e.into()))?;
-    }
-    w.flush().map_err(ConvertError::Write)?;
-    Ok((rows.len(), left_out))
+    Ok((write_generic(rows, out)?, left_out))
 }
 
 /// A synthetic sample in PAI's published layout (no headers) that exercises what
@@ -318,7 +327,7 @@ pub fn openb_to_generic(
     }
     let epoch = openb_epoch_unix();
     let mut left: BTreeMap<&'static str, usize> = BTreeMap::new();
-    let mut rows: Vec<(i64, [String; 10])> = Vec::new();
+    let mut rows: Vec<(i64, GenericRecord)> = Vec::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|source| ConvertError::Csv { file: name.into(), source })?;
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
@@ -403,14 +412,7 @@ pub fn openb_to_generic(
     if rows.is_empty() {
         return Err(ConvertError::File { file: name.into(), msg: format!("no GPU pod that ran; left out: {left:?}") });
     }
-    rows.sort_by_key(|r| r.0);
-    let mut w = csv::Writer::from_writer(out);
-    header_row(&mut w)?;
-    for (_, r) in &rows {
-        w.write_record(r).map_err(|e| ConvertError::Write(e.into()))?;
-    }
-    w.flush().map_err(ConvertError::Write)?;
-    Ok((rows.len(), left))
+    Ok((write_generic(rows, out)?, left))
 }
 
 /// A synthetic pod list in openb's published layout (header included; not
@@ -641,7 +643,7 @@ pub fn sacct_to_generic(
         Ok(m)
     };
     let mut summary = SacctSummary::default();
-    let mut rows: Vec<(i64, [String; 10])> = Vec::new();
+    let mut rows: Vec<(i64, GenericRecord)> = Vec::new();
     for (n, line) in lines {
         let f: Vec<&str> = line.split('|').collect();
         if f.len() != header.len() {
@@ -740,13 +742,6 @@ pub fn sacct_to_generic(
         };
         return Err(ConvertError::File { file: name.into(), msg });
     }
-    rows.sort_by_key(|r| r.0);
-    let mut w = csv::Writer::from_writer(out);
-    header_row(&mut w)?;
-    for (_, r) in &rows {
-        w.write_record(r).map_err(|e| ConvertError::Write(e.into()))?;
-    }
-    w.flush().map_err(ConvertError::Write)?;
-    summary.written = rows.len();
+    summary.written = write_generic(rows, out)?;
     Ok(summary)
 }
