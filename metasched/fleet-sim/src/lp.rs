@@ -109,7 +109,10 @@
 //! failed with "Singular matrix"; clarabel 22 s), the others to microlp (1.5 s
 //! against 9.5 s on the sample's cost LP). Where both solve, their optima agree
 //! to 1e-8 (the four cases of docs/simulator.md). The report names the solver of
-//! each bound (`solver`).
+//! each bound (`solver`). An answer that breaks a row (beyond 1e-5 of 1 + |rhs|)
+//! is that solver's failure (`run_lp`): microlp has returned such points as
+//! optima (onprem-heavy's completion-capped LPs), clarabel too (cloud-spot's,
+//! when tried first).
 //!
 //! The **capped LP** ([`capped_bound`]) minimises cost under side constraints:
 //! kgCO2 at most a cap (the carbon LP's question from the cost side), and/or mean
@@ -1303,12 +1306,64 @@ fn run_lp<P: SolverModel<Error = good_lp::ResolutionError>>(
     cost: &Expression,
     kg: &Expression,
 ) -> Result<(Vec<f64>, f64, f64), SolveError> {
-    for (lhs, rhs, eq) in rows {
+    for (lhs, rhs, eq) in rows.iter().cloned() {
         problem = if eq { problem.with(constraint!(lhs == rhs)) } else { problem.with(constraint!(lhs <= rhs)) };
     }
     let sol = problem.solve().map_err(|e| match e {
         good_lp::ResolutionError::Infeasible => SolveError::Infeasible(String::new()),
         e => SolveError::Other(e.to_string()),
     })?;
+    // A solver's answer is a bound only if it is a solution: clarabel has
+    // returned points far outside the rows as optima (cloud-spot's
+    // completion-capped LP, when clarabel was tried first: -34 USD, every
+    // job's work undone), and microlp points that break rows by 5 %
+    // (onprem-heavy's completion-capped LPs). Such an answer is a failure,
+    // and the other solver is asked.
+    let rows_at: Vec<(f64, f64, bool)> = rows.iter().map(|(lhs, rhs, eq)| (sol.eval(lhs), *rhs, *eq)).collect();
+    if let Some((n, worst)) = violated_rows(&rows_at) {
+        return Err(SolveError::Other(format!("its answer breaks {n} rows (by up to {worst:.3e}): not a solution")));
+    }
     Ok((wanted.iter().map(|&x| sol.value(x)).collect(), sol.eval(cost), sol.eval(kg)))
+}
+
+/// Rows (value at a point, right-hand side, equality) the point breaks by
+/// more than 1e-5 of (1 + |rhs|): how many, and the worst breach so
+/// measured. `None` when it keeps them all. (clarabel's interior points keep
+/// their rows to a few 1e-6 on the four cases of docs/simulator.md; microlp
+/// has returned points that break rows by 5 %: onprem-heavy's
+/// completion-capped LPs.)
+fn violated_rows(rows: &[(f64, f64, bool)]) -> Option<(usize, f64)> {
+    let breach = |&(v, rhs, eq): &(f64, f64, bool)| {
+        let over = if eq { (v - rhs).abs() } else { v - rhs };
+        if over.is_nan() {
+            f64::INFINITY
+        } else {
+            over / (1.0 + rhs.abs())
+        }
+    };
+    let bad: Vec<f64> = rows.iter().map(breach).filter(|&b| b > 1e-5).collect();
+    (!bad.is_empty()).then(|| (bad.len(), bad.iter().copied().fold(0.0, f64::max)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::violated_rows;
+
+    /// A solver's point is kept only if it keeps every row: `≤` rows within
+    /// 1e-5 of (1 + |rhs|) above, `=` rows within that either side; a NaN
+    /// breaks its row.
+    #[test]
+    fn a_point_that_breaks_a_row_is_not_a_solution() {
+        assert_eq!(violated_rows(&[(5.0, 5.0, false), (-3.0, 5.0, false), (2.0, 2.0, true)]), None);
+        // rounding: 1e-7 over a row of 100 is kept, 1e-4 is not
+        assert_eq!(violated_rows(&[(100.00001, 100.0, false), (99.99999, 100.0, true)]), None);
+        assert_eq!(violated_rows(&[(100.01, 100.0, false)]).map(|v| v.0), Some(1));
+        // cloud-spot's clarabel answer: work rows of 1 left at 0
+        let (n, worst) = violated_rows(&[(0.0, 1.0, true), (0.0, 1.0, true), (3.0, 5.0, false)]).unwrap();
+        assert_eq!(n, 2);
+        assert!((worst - 0.5).abs() < 1e-12, "{worst}");
+        // over a ≤ row by 1 % of it
+        assert_eq!(violated_rows(&[(1010.0, 1000.0, false)]).map(|v| v.0), Some(1));
+        assert_eq!(violated_rows(&[(f64::NAN, 1.0, false)]).map(|v| v.1), Some(f64::INFINITY));
+    }
 }
