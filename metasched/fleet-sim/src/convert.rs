@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
-use crate::trace::{days_from_civil, is_model_name, parse_timestamp, GENERIC_COLUMNS};
+use crate::trace::{column_indexes, days_from_civil, is_model_name, parse_timestamp, GENERIC_COLUMNS};
 
 /// Shift of PAI times: 2,609 weeks (1970-01-01 + 2609 weeks = 2020-01-02, the
 /// same weekday as the trace's day 0), so dates land in 2020.
@@ -317,14 +317,10 @@ pub fn openb_to_generic(
 ) -> Result<(usize, BTreeMap<&'static str, usize>), ConvertError> {
     let mut rdr = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(input);
     let headers = rdr.headers().map_err(|source| ConvertError::Csv { file: name.into(), source })?.clone();
-    let mut idx = [0usize; 11];
-    for (k, c) in OPENB_COLUMNS.iter().enumerate() {
-        idx[k] =
-            headers.iter().position(|h| h.trim_start_matches('\u{feff}') == *c).ok_or_else(|| ConvertError::File {
-                file: name.into(),
-                msg: format!("no `{c}` column in the header (openb_pod_list: {})", OPENB_COLUMNS.join(",")),
-            })?;
-    }
+    let idx = column_indexes(&headers, &OPENB_COLUMNS).map_err(|c| ConvertError::File {
+        file: name.into(),
+        msg: format!("no `{c}` column in the header (openb_pod_list: {})", OPENB_COLUMNS.join(",")),
+    })?;
     let epoch = openb_epoch_unix();
     let mut left: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut rows: Vec<(i64, GenericRecord)> = Vec::new();
@@ -657,9 +653,7 @@ pub fn sacct_to_generic(
             ));
         }
         let get = |c: usize| f[c].trim();
-        let stand_in = admin_c.is_some_and(|c| {
-            get(c).split_whitespace().next().is_some_and(|t| t.len() > "fleet:".len() && t.starts_with("fleet:"))
-        });
+        let stand_in = admin_c.is_some_and(|c| fleet_api::wire::parse_admin_tag(get(c)).is_some());
         let state = get(state_c).split_whitespace().next().unwrap_or("");
         let skip = if stand_in { Some(LEFT_STAND_IN) } else { NOT_ENDED.contains(&state).then_some(LEFT_NOT_ENDED) };
         if let Some(why) = skip {

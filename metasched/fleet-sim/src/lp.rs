@@ -1251,8 +1251,8 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
     let run = |solver: Solver| {
         let problem = vars.clone().minimise(objective.clone());
         match solver {
-            Solver::Microlp => run_lp(problem.using(good_lp::microlp), rows.clone(), &wanted, &cost, &kg),
-            Solver::Clarabel => run_lp(problem.using(good_lp::clarabel), rows.clone(), &wanted, &cost, &kg),
+            Solver::Microlp => run_lp(problem.using(good_lp::microlp), &rows, &wanted, &cost, &kg),
+            Solver::Clarabel => run_lp(problem.using(good_lp::clarabel), &rows, &wanted, &cost, &kg),
         }
     };
     // The carbon LP goes to clarabel first (measured on the sample: microlp
@@ -1301,7 +1301,7 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
 /// and the kgCO2 of the optimum.
 fn run_lp<P: SolverModel<Error = good_lp::ResolutionError>>(
     mut problem: P,
-    rows: Vec<(Expression, f64, bool)>,
+    rows: &[(Expression, f64, bool)],
     wanted: &[Variable],
     cost: &Expression,
     kg: &Expression,

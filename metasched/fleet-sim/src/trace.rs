@@ -329,18 +329,26 @@ fn one_model(v: &str, what: &str) -> Result<Option<String>, String> {
     }
 }
 
+/// Where each of `columns` is in a CSV header (a byte-order mark before the
+/// first name ignored); `Err` names the first one missing.
+pub fn column_indexes<const N: usize>(
+    headers: &csv::StringRecord,
+    columns: &[&'static str; N],
+) -> Result<[usize; N], &'static str> {
+    let mut idx = [0usize; N];
+    for (k, c) in columns.iter().enumerate() {
+        idx[k] = headers.iter().position(|h| h.trim_start_matches('\u{feff}') == *c).ok_or(*c)?;
+    }
+    Ok(idx)
+}
+
 /// Read a trace in the generic format: every column of [`GENERIC_COLUMNS`] in the
 /// header (any order, extra columns ignored). Rows are stably sorted by submission.
 pub fn read_generic<R: Read>(r: R, name: &str, opts: &ReadOptions) -> Result<Trace, TraceError> {
     let mut rdr = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(r);
     let headers = rdr.headers().map_err(|source| TraceError::Csv { path: name.into(), source })?.clone();
-    let mut idx = [0usize; 10];
-    for (k, c) in GENERIC_COLUMNS.iter().enumerate() {
-        idx[k] = headers
-            .iter()
-            .position(|h| h.trim_start_matches('\u{feff}') == *c)
-            .ok_or(TraceError::MissingColumn { path: name.into(), column: c })?;
-    }
+    let idx = column_indexes(&headers, &GENERIC_COLUMNS)
+        .map_err(|column| TraceError::MissingColumn { path: name.into(), column })?;
     let mut raw: Vec<(i64, f64, u32, String, JobExtra)> = Vec::new();
     let mut rows = Rows { name, opts, diagnostics: Vec::new(), skipped: 0 };
     let mut rec = csv::StringRecord::new();

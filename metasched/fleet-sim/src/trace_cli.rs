@@ -11,7 +11,7 @@
 //! fleet-trace sacct saved-sacct-output.txt > history.csv
 //! ```
 
-use crate::convert::{SacctOptions, SacctSummary, TeamKey, SACCT_FORMAT};
+use crate::convert::{SacctOptions, TeamKey, SACCT_FORMAT};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::collections::BTreeMap;
@@ -91,10 +91,11 @@ impl SacctArgs {
     }
 }
 
-fn report(s: &SacctSummary) {
-    let left: usize = s.left_out.values().sum();
-    eprintln!("{} jobs written; {left} left out", s.written);
-    for (why, n) in &s.left_out {
+/// What a converter wrote and left out, on stderr.
+fn report(written: usize, what: &str, left_out: &BTreeMap<&'static str, usize>) {
+    let left: usize = left_out.values().sum();
+    eprintln!("{written} {what} written; {left} left out");
+    for (why, n) in left_out {
         eprintln!("  {n} {why}");
     }
 }
@@ -130,10 +131,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Openb { pod_list } => {
             let (n, left) = crate::convert::openb_to_generic(open(&pod_list)?, &pod_list, out)?;
-            eprintln!("{n} pods written; {} left out", left.values().sum::<usize>());
-            for (why, k) in &left {
-                eprintln!("  {k} {why}");
-            }
+            report(n, "pods", &left);
         }
         Cmd::OpenbSample { n, seed } => {
             use std::io::Write;
@@ -153,7 +151,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 bail!("sacct {}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim());
             }
             let s = crate::convert::sacct_to_generic(&o.stdout[..], "sacct", &opts.options()?, out)?;
-            report(&s);
+            report(s.written, "jobs", &s.left_out);
         }
         Cmd::Sacct { opts, file } => {
             let opts = opts.options()?;
@@ -162,7 +160,7 @@ pub fn run(cli: Cli) -> Result<()> {
             } else {
                 crate::convert::sacct_to_generic(open(&file)?, &file, &opts, out)?
             };
-            report(&s);
+            report(s.written, "jobs", &s.left_out);
         }
     }
     Ok(())
