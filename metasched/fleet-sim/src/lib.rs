@@ -7,6 +7,7 @@
 //! [`engine_model`]); baselines (home-only, greedy cheapest-at-submit, random feasible)
 //! pick among the same engine's feasible candidates. See `docs/simulator.md`.
 
+pub mod certify;
 pub mod cli;
 pub mod convert;
 pub mod engine_model;

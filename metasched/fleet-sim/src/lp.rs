@@ -103,17 +103,30 @@
 //!
 //! **Solvers** (2026-12-03): every LP is solved by one of two pure-Rust solvers
 //! behind good_lp, microlp (simplex) and clarabel (interior point), and checked by
-//! the other when the first fails or finds the LP infeasible: an "infeasible"
-//! (the proof that no schedule meets a cap) is reported only when both say so.
-//! The carbon LP goes to clarabel first (on the sample microlp needed 610 s or
-//! failed with "Singular matrix"; clarabel 22 s), the others to microlp (1.5 s
-//! against 9.5 s on the sample's cost LP). Where both solve, their optima agree
-//! to 1e-8 (the four cases of docs/simulator.md). The report names the solver of
-//! each bound (`solver`). An answer that breaks a row (beyond 1e-5 of 1 + |rhs|)
-//! is that solver's failure (`run_lp`): microlp has returned such points as
-//! optima (onprem-heavy's completion-capped LPs), clarabel too (cloud-spot's,
-//! when tried first).
+//! the other when the first fails or finds the LP infeasible. The carbon LP goes
+//! to clarabel first (on the sample microlp needed 610 s or failed with
+//! "Singular matrix"; clarabel 22 s), the others to microlp (1.5 s against 9.5 s
+//! on the sample's cost LP). The report names the solver of each bound
+//! (`solver`). An answer that breaks a row (beyond 1e-5 of 1 + |rhs|) is that
+//! solver's failure (`Lp::check`): microlp has returned such points as optima
+//! (onprem-heavy's completion-capped LPs), clarabel too (cloud-spot's, when
+//! tried first). Each solve stops at a time limit (`LpLimits::time_limit_s`,
+//! `--lp-time-limit`; microlp has stalled in its feasibility phase for over 16
+//! minutes on the openb-layout sample); a point microlp has not proven optimal
+//! is no answer.
 //!
+//! **Certified bounds** (2026-12-07): a bound is not the solver's word that its
+//! point is optimal. From clarabel's row multipliers (its own solve, or one
+//! asked for after microlp's) [`crate::certify::dual_bound`] computes a lower
+//! bound of the LP's optimum from the LP's own numbers (weak duality with the
+//! box kept); that is the bound the report uses (`usd`, `kg_co2`), beside the
+//! solver's point (`solver_usd`, `solver_kg_co2`) and what proves it
+//! (`certificate`). An "infeasible" from clarabel comes with a Farkas vector,
+//! checked the same way ([`crate::certify::proves_infeasible`]); one so proven
+//! needs no second solver. It found clarabel's "optimum" of onprem-heavy's
+//! completion-capped LP 49.1 USD above the LP's optimum at its default
+//! tolerances (clarabel now runs at 1e-10 and up to 1000 iterations).
+
 //! The **capped LP** ([`capped_bound`]) minimises cost under side constraints:
 //! kgCO2 at most a cap (the carbon LP's question from the cost side), and/or mean
 //! completion at most a cap. Completion is bounded per job from below by
@@ -127,7 +140,13 @@
 
 use std::collections::BTreeMap;
 
-use good_lp::{constraint, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
+use std::collections::HashMap;
+
+use clarabel::solver::{IPSolver, SolverStatus};
+use good_lp::solvers::{SolutionStatus, WithTimeLimit};
+use good_lp::{
+    constraint, variable, Expression, IntoAffineExpression, ProblemVariables, Solution, SolverModel, Variable,
+};
 
 use crate::sim::{Model, SimJob};
 use crate::spot::SpotTrace;
@@ -135,7 +154,12 @@ use crate::spot::SpotTrace;
 /// The LP bound and how it was computed.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LpBound {
+    /// The bound: the least cost any point of the LP has, as its dual
+    /// certifies (`certificate`); the solver's optimum where none was found.
     pub usd: f64,
+    /// The cost of the solver's optimal point (at least `usd`; within the
+    /// solvers' tolerance of it when certified).
+    pub solver_usd: f64,
     pub slot_hours: f64,
     /// Length of the fine cells of each release slot and of the first hours after
     /// it (= `slot_hours` when the LP has none).
@@ -152,6 +176,10 @@ pub struct LpBound {
     /// The solver whose optimum this is (microlp or clarabel), and why when it
     /// was not the first choice.
     pub solver: String,
+    /// What proves the bound (see [`crate::certify`]): "certified: clarabel's
+    /// dual bound is … below the solver's point", or why it is only the
+    /// solver's word ("not certified: …").
+    pub certificate: String,
 }
 
 /// The carbon LP: the least kgCO2 of a schedule that costs at most `usd_cap`.
@@ -159,8 +187,11 @@ pub struct LpBound {
 pub struct CarbonBound {
     /// The budget (USD) the LP's cost was held to.
     pub usd_cap: f64,
-    /// The least kgCO2 (work only: provisioning and lost work emit nothing here).
+    /// The least kgCO2 (work only: provisioning and lost work emit nothing
+    /// here), as the dual certifies (`certificate`).
     pub kg_co2: f64,
+    /// The kgCO2 of the solver's optimal point (at least `kg_co2`).
+    pub solver_kg_co2: f64,
     /// The LP cost at that optimum (≤ `usd_cap`).
     pub usd: f64,
     /// The optimum's GPU-hours and USD by `cluster/pool pricing` (as `LpBound::spend`).
@@ -175,6 +206,29 @@ pub struct CarbonBound {
     /// The solver whose optimum this is (microlp or clarabel), and why when it
     /// was not the first choice.
     pub solver: String,
+    /// What proves the bound (as `LpBound::certificate`).
+    pub certificate: String,
+}
+
+/// How long one LP solve may take, each solver, unless told otherwise.
+pub const DEFAULT_TIME_LIMIT_S: f64 = 600.0;
+
+/// The size and time an LP may take: the coarse LP's variables at most
+/// `max_vars` (the slots grow until it fits), each solver's solve at most
+/// `time_limit_s`; with `certify`, a microlp answer is certified by a clarabel
+/// solve for the dual (clarabel's own answers always are). A bare `usize` is
+/// `max_vars` with the default time, certified.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LpLimits {
+    pub max_vars: usize,
+    pub time_limit_s: f64,
+    pub certify: bool,
+}
+
+impl From<usize> for LpLimits {
+    fn from(max_vars: usize) -> LpLimits {
+        LpLimits { max_vars, time_limit_s: DEFAULT_TIME_LIMIT_S, certify: true }
+    }
 }
 
 /// Buckets of one-off charge per unit of work, per group and option.
@@ -585,9 +639,9 @@ pub fn lp_bound<M: Model>(
     jobs: &[SimJob],
     spot: &[SpotTrace],
     horizon_s: f64,
-    max_vars: usize,
+    limits: impl Into<LpLimits>,
 ) -> Result<LpBound, String> {
-    plain_bound(model, jobs, spot, horizon_s, max_vars, Goal::default())
+    plain_bound(model, jobs, spot, horizon_s, limits.into(), Goal::default())
 }
 
 /// [`lp_bound`] with the one-off charges split per option only (not also
@@ -598,9 +652,9 @@ pub fn lp_bound_per_option<M: Model>(
     jobs: &[SimJob],
     spot: &[SpotTrace],
     horizon_s: f64,
-    max_vars: usize,
+    limits: impl Into<LpLimits>,
 ) -> Result<LpBound, String> {
-    plain_bound(model, jobs, spot, horizon_s, max_vars, Goal { per_option_only: true, ..Goal::default() })
+    plain_bound(model, jobs, spot, horizon_s, limits.into(), Goal { per_option_only: true, ..Goal::default() })
 }
 
 fn plain_bound<M: Model>(
@@ -608,13 +662,14 @@ fn plain_bound<M: Model>(
     jobs: &[SimJob],
     spot: &[SpotTrace],
     horizon_s: f64,
-    max_vars: usize,
+    limits: LpLimits,
     goal: Goal,
 ) -> Result<LpBound, String> {
-    let b = build(model, jobs, horizon_s, max_vars)?;
-    let s = solve(&b, model, spot, goal)?;
+    let b = build(model, jobs, horizon_s, limits.max_vars)?;
+    let s = solve(&b, model, spot, goal, limits)?;
     Ok(LpBound {
-        usd: s.usd,
+        usd: s.bound,
+        solver_usd: s.usd,
         slot_hours: b.slot_s / 3600.0,
         cell_hours: b.cell_s / 3600.0,
         horizon_hours: b.horizon_s / 3600.0,
@@ -624,6 +679,7 @@ fn plain_bound<M: Model>(
         spend: s.spend,
         one_off_usd: s.usd - s.price_usd,
         solver: s.solver,
+        certificate: s.certificate,
     })
 }
 
@@ -635,17 +691,19 @@ pub fn carbon_bound<M: Model>(
     jobs: &[SimJob],
     spot: &[SpotTrace],
     horizon_s: f64,
-    max_vars: usize,
+    limits: impl Into<LpLimits>,
     usd_cap: f64,
 ) -> Result<CarbonBound, String> {
     if !(usd_cap.is_finite() && usd_cap > 0.0) {
         return Err("no cost budget".into());
     }
-    let b = build(model, jobs, horizon_s, max_vars)?;
-    let s = solve(&b, model, spot, Goal { usd_cap: Some(usd_cap), ..Goal::default() })?;
+    let limits = limits.into();
+    let b = build(model, jobs, horizon_s, limits.max_vars)?;
+    let s = solve(&b, model, spot, Goal { usd_cap: Some(usd_cap), ..Goal::default() }, limits)?;
     Ok(CarbonBound {
         usd_cap,
-        kg_co2: s.kg,
+        kg_co2: s.bound,
+        solver_kg_co2: s.kg,
         usd: s.usd,
         spend: s.spend,
         slot_hours: b.slot_s / 3600.0,
@@ -654,6 +712,7 @@ pub fn carbon_bound<M: Model>(
         variables: s.variables,
         constraints: s.constraints,
         solver: s.solver,
+        certificate: s.certificate,
     })
 }
 
@@ -672,8 +731,8 @@ pub struct Caps {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CappedBound {
     pub caps: Caps,
-    /// The least LP cost; `None` when no point of the LP meets the caps (then no
-    /// schedule does).
+    /// The least LP cost, as the dual certifies (`certificate`); `None` when no
+    /// point of the LP meets the caps (then no schedule does).
     pub usd: Option<f64>,
     /// kgCO2 of the optimum, when a kgCO2 cap was set.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -690,6 +749,8 @@ pub struct CappedBound {
     /// was not the first choice; for an infeasible capped LP, the two solvers
     /// that both found it infeasible.
     pub solver: String,
+    /// What proves the bound or the infeasibility (as `LpBound::certificate`).
+    pub certificate: String,
 }
 
 impl CappedBound {
@@ -707,12 +768,13 @@ impl CappedBound {
             None => "infeasible (no schedule meets it)".into(),
         };
         format!(
-            "min cost at {} (done by {:.0} h): {usd} (LP, {:.0} h slots, {:.0} h cells; {})",
+            "min cost at {} (done by {:.0} h): {usd} (LP, {:.0} h slots, {:.0} h cells; {}; {})",
             what.join(", "),
             self.horizon_hours,
             self.slot_hours,
             self.cell_hours,
-            self.solver
+            self.solver,
+            self.certificate
         )
     }
 }
@@ -739,7 +801,7 @@ pub fn capped_bound<M: Model>(
     jobs: &[SimJob],
     spot: &[SpotTrace],
     horizon_s: f64,
-    max_vars: usize,
+    limits: impl Into<LpLimits>,
     caps: Caps,
 ) -> Result<CappedBound, String> {
     for v in [caps.mean_completion_h, caps.kg_co2].into_iter().flatten() {
@@ -747,11 +809,16 @@ pub fn capped_bound<M: Model>(
             return Err(format!("cap {v} is not a finite value >= 0"));
         }
     }
-    let b = build(model, jobs, horizon_s, max_vars)?;
+    let limits = limits.into();
+    let b = build(model, jobs, horizon_s, limits.max_vars)?;
     let goal = Goal { kg_cap: caps.kg_co2, mean_completion_h: caps.mean_completion_h, ..Goal::default() };
-    let (usd, kg, spend, variables, constraints, solver) = match solve(&b, model, spot, goal) {
-        Ok(s) => (Some(s.usd), caps.kg_co2.map(|_| s.kg), s.spend, s.variables, s.constraints, s.solver),
-        Err(SolveError::Infeasible(by)) => (None, None, BTreeMap::new(), 0, 0, format!("infeasible by {by}")),
+    let (usd, kg, spend, variables, constraints, solver, certificate) = match solve(&b, model, spot, goal, limits) {
+        Ok(s) => {
+            (Some(s.bound), caps.kg_co2.map(|_| s.kg), s.spend, s.variables, s.constraints, s.solver, s.certificate)
+        }
+        Err(SolveError::Infeasible(by, proof)) => {
+            (None, None, BTreeMap::new(), 0, 0, format!("infeasible by {by}"), proof)
+        }
         Err(e) => return Err(e.into()),
     };
     Ok(CappedBound {
@@ -765,15 +832,24 @@ pub fn capped_bound<M: Model>(
         variables,
         constraints,
         solver,
+        certificate,
     })
 }
 
 struct Solved {
+    /// The cost of the solver's point.
     usd: f64,
     /// USD of GPU-hours at their price (the rest of `usd` is one-off charges).
     price_usd: f64,
     spend: BTreeMap<String, (f64, f64)>,
+    /// The kgCO2 of the solver's point.
     kg: f64,
+    /// The least value of the objective (cost, or kgCO2 in the carbon LP) any
+    /// point of the LP has, as certified; the solver's point's where no
+    /// certificate was found.
+    bound: f64,
+    /// What proves `bound` (see [`crate::certify`]).
+    certificate: String,
     variables: usize,
     constraints: usize,
     /// The solver whose optimum this is, and why when not the first choice.
@@ -795,23 +871,24 @@ struct Goal {
 
 #[derive(Debug)]
 enum SolveError {
-    /// No point meets the constraints: no schedule does (the solvers that said so).
-    Infeasible(String),
+    /// No point meets the constraints: no schedule does (the solvers that
+    /// said so, and what proves it: empty when only their word).
+    Infeasible(String, String),
     Other(String),
 }
 
 impl SolveError {
     fn text(&self) -> String {
         match self {
-            SolveError::Infeasible(_) => "infeasible".into(),
+            SolveError::Infeasible(..) => "infeasible".into(),
             SolveError::Other(m) => m.clone(),
         }
     }
 }
 
 /// The LP solvers, both pure Rust through good_lp: microlp (simplex) and
-/// clarabel (interior point). On the four cases of docs/simulator.md they agree
-/// to 1e-8 of the optimum where both solve.
+/// clarabel (interior point). Neither's word that a point is optimal is taken:
+/// the bound is certified (`crate::certify`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Solver {
     Microlp,
@@ -837,7 +914,7 @@ impl Solver {
 impl From<SolveError> for String {
     fn from(e: SolveError) -> String {
         match e {
-            SolveError::Infeasible(by) => format!("LP: infeasible ({by})"),
+            SolveError::Infeasible(by, _) => format!("LP: infeasible ({by})"),
             SolveError::Other(s) => format!("LP: {s}"),
         }
     }
@@ -901,7 +978,14 @@ fn linked_one_offs(
     charge
 }
 
-fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Result<Solved, SolveError> {
+fn solve<M: Model>(
+    b: &Built,
+    model: &M,
+    spot: &[SpotTrace],
+    goal: Goal,
+    limits: LpLimits,
+) -> Result<Solved, SolveError> {
+    let time_limit_s = limits.time_limit_s;
     let usd_cap = goal.usd_cap;
     let need_kg = usd_cap.is_some() || goal.kg_cap.is_some();
     let (slot_s, cell_s, horizon_s) = (b.slot_s, b.cell_s, b.horizon_s);
@@ -1247,28 +1331,30 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
     }
     let objective = if usd_cap.is_some() { kg.clone() } else { cost.clone() };
     let n_cons = rows.len();
-    let wanted: Vec<Variable> = priced.iter().map(|p| p.2).collect();
-    let run = |solver: Solver| {
-        let problem = vars.clone().minimise(objective.clone());
-        match solver {
-            Solver::Microlp => run_lp(problem.using(good_lp::microlp), &rows, &wanted, &cost, &kg),
-            Solver::Clarabel => run_lp(problem.using(good_lp::clarabel), &rows, &wanted, &cost, &kg),
-        }
+    let lp = Lp::new(&vars, &objective, &rows);
+    let run = |solver: Solver| match solver {
+        Solver::Microlp => run_microlp(&vars, &objective, &lp, time_limit_s),
+        Solver::Clarabel => run_clarabel(&vars, &objective, &lp, time_limit_s),
     };
     // The carbon LP goes to clarabel first (measured on the sample: microlp
     // took 610 s or failed with "Singular matrix", clarabel 22 s), the others to
     // microlp (1.5 s against clarabel's 9.5 s on the sample's cost LP). A
-    // failure, or "infeasible" (a proof that no schedule meets the caps), is
-    // checked with the other solver.
+    // failure, or "infeasible" that clarabel's Farkas vector does not prove,
+    // is checked with the other solver.
     let first = if usd_cap.is_some() { Solver::Clarabel } else { Solver::Microlp };
     let second = first.other();
-    let ((values, usd, kg_v), solver) = match run(first) {
+    let (point, solver) = match run(first) {
         Ok(v) => (v, first.name().to_string()),
+        Err(SolveError::Infeasible(by, proof)) if !proof.is_empty() => return Err(SolveError::Infeasible(by, proof)),
         Err(e1) => match (run(second), e1) {
-            (Ok(v), SolveError::Infeasible(_)) => (v, format!("{} ({} said infeasible)", second.name(), first.name())),
+            (Ok(v), SolveError::Infeasible(..)) => (v, format!("{} ({} said infeasible)", second.name(), first.name())),
             (Ok(v), SolveError::Other(m)) => (v, format!("{} ({} failed: {m})", second.name(), first.name())),
-            (Err(SolveError::Infeasible(_)), SolveError::Infeasible(_)) => {
-                return Err(SolveError::Infeasible(format!("{} and {}", first.name(), second.name())));
+            (Err(SolveError::Infeasible(_, proof)), SolveError::Infeasible(..)) => {
+                let proof = if proof.is_empty() { "not certified: both solvers' word".to_string() } else { proof };
+                return Err(SolveError::Infeasible(format!("{} and {}", first.name(), second.name()), proof));
+            }
+            (Err(SolveError::Infeasible(by, proof)), SolveError::Other(_)) if !proof.is_empty() => {
+                return Err(SolveError::Infeasible(by, proof));
             }
             (Err(e2), e1) => {
                 return Err(SolveError::Other(format!(
@@ -1281,6 +1367,29 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
             }
         },
     };
+    // The bound is what a dual certifies (crate::certify), not the solver's
+    // word that its point is optimal: clarabel's own dual where it answered,
+    // else clarabel is asked for one.
+    let at_point = lp.eval(&objective, &point.x);
+    let duals = match point.duals {
+        Some(z) => Ok(z),
+        None if limits.certify => clarabel_duals(&vars, &objective, &lp, time_limit_s),
+        None => Err(SolveError::Other("not asked".into())),
+    };
+    let (bound, certificate) = match duals.map(|z| crate::certify::dual_bound(&lp.form, &z, true)) {
+        Ok(Some(v)) => {
+            let below = (at_point - v).max(0.0);
+            let rel = below / at_point.abs().max(1e-300);
+            let what = format!(
+                "certified: clarabel's dual bound is {below:.3} ({rel:.1e}) below the solver's point; the optimum lies between"
+            );
+            (v.min(at_point), what)
+        }
+        Ok(None) => (at_point, "not certified: clarabel's dual gives no finite bound".to_string()),
+        Err(e) => (at_point, format!("not certified: no dual from clarabel ({})", e.text())),
+    };
+    let values: Vec<f64> = priced.iter().map(|p| point.x[lp.index[&p.2]]).collect();
+    let (usd, kg_v) = (lp.eval(&cost, &point.x), lp.eval(&kg, &point.x));
     let mut spend: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     let mut price_usd = 0.0;
     for ((k, price, _), v) in priced.into_iter().zip(values) {
@@ -1294,36 +1403,173 @@ fn solve<M: Model>(b: &Built, model: &M, spot: &[SpotTrace], goal: Goal) -> Resu
             price_usd += v * price;
         }
     }
-    Ok(Solved { usd, price_usd, spend, kg: kg_v, variables: n_vars, constraints: n_cons, solver })
+    Ok(Solved { usd, price_usd, spend, kg: kg_v, bound, certificate, variables: n_vars, constraints: n_cons, solver })
 }
 
-/// Adds the rows to a model, solves it, and reads the wanted variables, the cost
-/// and the kgCO2 of the optimum.
-fn run_lp<P: SolverModel<Error = good_lp::ResolutionError>>(
-    mut problem: P,
-    rows: &[(Expression, f64, bool)],
-    wanted: &[Variable],
-    cost: &Expression,
-    kg: &Expression,
-) -> Result<(Vec<f64>, f64, f64), SolveError> {
-    for (lhs, rhs, eq) in rows.iter().cloned() {
-        problem = if eq { problem.with(constraint!(lhs == rhs)) } else { problem.with(constraint!(lhs <= rhs)) };
+/// An LP as the solvers and its certificate see it: the variables' index, and
+/// the objective, bounds and rows as numbers.
+struct Lp<'a> {
+    rows: &'a [(Expression, f64, bool)],
+    index: HashMap<Variable, usize>,
+    form: crate::certify::Form,
+}
+
+impl<'a> Lp<'a> {
+    fn new(vars: &ProblemVariables, objective: &Expression, rows: &'a [(Expression, f64, bool)]) -> Lp<'a> {
+        let mut index = HashMap::with_capacity(vars.len());
+        let (mut lo, mut hi) = (Vec::with_capacity(vars.len()), Vec::with_capacity(vars.len()));
+        for (i, (v, def)) in vars.iter_variables_with_def().enumerate() {
+            index.insert(v, i);
+            lo.push(def.get_min());
+            hi.push(def.get_max());
+        }
+        let linear =
+            |e: &Expression| -> Vec<(usize, f64)> { e.linear_coefficients().map(|(v, a)| (index[&v], a)).collect() };
+        let mut c = vec![0.0; lo.len()];
+        for (j, a) in linear(objective) {
+            c[j] += a;
+        }
+        let form_rows = rows.iter().map(|(lhs, rhs, eq)| (linear(lhs), rhs - lhs.constant(), *eq)).collect();
+        let form = crate::certify::Form { c, c0: objective.constant(), lo, hi, rows: form_rows };
+        Lp { rows, index, form }
     }
+
+    fn eval(&self, e: &Expression, x: &[f64]) -> f64 {
+        e.linear_coefficients().map(|(v, a)| a * x[self.index[&v]]).sum::<f64>() + e.constant()
+    }
+
+    /// A solver's point, if it keeps every row (see [`violated_rows`]):
+    /// clarabel has returned points far outside the rows as optima
+    /// (cloud-spot's completion-capped LP, when clarabel was tried first: -34
+    /// USD, every job's work undone), and microlp points that break rows by
+    /// 5 % (onprem-heavy's completion-capped LPs). Such an answer is a
+    /// failure, and the other solver is asked.
+    fn check(&self, x: Vec<f64>, duals: Option<Vec<f64>>) -> Result<Point, SolveError> {
+        let at = |a: &[(usize, f64)]| a.iter().map(|&(j, c)| c * x[j]).sum::<f64>();
+        let rows_at: Vec<(f64, f64, bool)> = self.form.rows.iter().map(|(a, b, eq)| (at(a), *b, *eq)).collect();
+        if let Some((n, worst)) = violated_rows(&rows_at) {
+            return Err(SolveError::Other(format!(
+                "its answer breaks {n} rows (by up to {worst:.3e}): not a solution"
+            )));
+        }
+        Ok(Point { x, duals })
+    }
+
+    /// The model with the LP's rows, for solver `using`.
+    fn model<S: good_lp::Solver>(&self, vars: &ProblemVariables, objective: &Expression, using: S) -> S::Model {
+        let mut problem = vars.clone().minimise(objective.clone()).using(using);
+        for (lhs, rhs, eq) in self.rows.iter().cloned() {
+            problem.add_constraint(if eq { constraint!(lhs == rhs) } else { constraint!(lhs <= rhs) });
+        }
+        problem
+    }
+}
+
+/// A solver's answer that keeps the rows: every variable's value, and the
+/// rows' multipliers where the solver gives them (clarabel).
+struct Point {
+    x: Vec<f64>,
+    duals: Option<Vec<f64>>,
+}
+
+/// Solves with microlp (simplex), stopped after `time_limit_s`; only a point
+/// it proved optimal is an answer.
+fn run_microlp(
+    vars: &ProblemVariables,
+    objective: &Expression,
+    lp: &Lp,
+    time_limit_s: f64,
+) -> Result<Point, SolveError> {
+    let problem = lp.model(vars, objective, good_lp::microlp).with_time_limit(time_limit_s);
     let sol = problem.solve().map_err(|e| match e {
-        good_lp::ResolutionError::Infeasible => SolveError::Infeasible(String::new()),
+        good_lp::ResolutionError::Infeasible => SolveError::Infeasible("microlp".into(), String::new()),
         e => SolveError::Other(e.to_string()),
     })?;
-    // A solver's answer is a bound only if it is a solution: clarabel has
-    // returned points far outside the rows as optima (cloud-spot's
-    // completion-capped LP, when clarabel was tried first: -34 USD, every
-    // job's work undone), and microlp points that break rows by 5 %
-    // (onprem-heavy's completion-capped LPs). Such an answer is a failure,
-    // and the other solver is asked.
-    let rows_at: Vec<(f64, f64, bool)> = rows.iter().map(|(lhs, rhs, eq)| (sol.eval(lhs), *rhs, *eq)).collect();
-    if let Some((n, worst)) = violated_rows(&rows_at) {
-        return Err(SolveError::Other(format!("its answer breaks {n} rows (by up to {worst:.3e}): not a solution")));
+    if !matches!(sol.status(), SolutionStatus::Optimal) {
+        return Err(SolveError::Other(format!("stopped at its time limit ({time_limit_s:.0} s) before an optimum")));
     }
-    Ok((wanted.iter().map(|&x| sol.value(x)).collect(), sol.eval(cost), sol.eval(kg)))
+    let x = vars.iter_variables_with_def().map(|(v, _)| sol.value(v)).collect();
+    lp.check(x, None)
+}
+
+/// Solves with clarabel (interior point), stopped after `time_limit_s`. Its
+/// dual comes with the point; its "infeasible" comes with a Farkas vector,
+/// which is checked ([`crate::certify::proves_infeasible`]).
+fn run_clarabel(
+    vars: &ProblemVariables,
+    objective: &Expression,
+    lp: &Lp,
+    time_limit_s: f64,
+) -> Result<Point, SolveError> {
+    let (status, x, duals) = clarabel_solve(vars, objective, lp, time_limit_s)?;
+    match status {
+        SolverStatus::Solved | SolverStatus::AlmostSolved => lp.check(x, duals),
+        SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible => {
+            let proof = match duals {
+                Some(z) if crate::certify::proves_infeasible(&lp.form, &z) => {
+                    "certified: clarabel's Farkas vector proves no point meets the rows".to_string()
+                }
+                _ => String::new(),
+            };
+            Err(SolveError::Infeasible("clarabel".into(), proof))
+        }
+        other => Err(clarabel_stopped(other, time_limit_s)),
+    }
+}
+
+/// Clarabel's multipliers of the rows, for the certificate of another
+/// solver's answer: any multipliers give a valid bound, so its point need
+/// not keep the rows; it must have ended "solved" or "almost solved".
+fn clarabel_duals(
+    vars: &ProblemVariables,
+    objective: &Expression,
+    lp: &Lp,
+    time_limit_s: f64,
+) -> Result<Vec<f64>, SolveError> {
+    match clarabel_solve(vars, objective, lp, time_limit_s)? {
+        (SolverStatus::Solved | SolverStatus::AlmostSolved, _, Some(z)) => Ok(z),
+        (SolverStatus::Solved | SolverStatus::AlmostSolved, _, None) => Err(SolveError::Other("no dual".into())),
+        (SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible, ..) => {
+            Err(SolveError::Other("it said infeasible".into()))
+        }
+        (other, ..) => Err(clarabel_stopped(other, time_limit_s)),
+    }
+}
+
+fn clarabel_stopped(status: SolverStatus, time_limit_s: f64) -> SolveError {
+    match status {
+        SolverStatus::MaxTime => {
+            SolveError::Other(format!("stopped at its time limit ({time_limit_s:.0} s) before an optimum"))
+        }
+        other => SolveError::Other(format!("{other:?}")),
+    }
+}
+
+/// Clarabel's status, point and row multipliers.
+type Answer = (SolverStatus, Vec<f64>, Option<Vec<f64>>);
+
+/// Solves with clarabel: its [`Answer`].
+fn clarabel_solve(
+    vars: &ProblemVariables,
+    objective: &Expression,
+    lp: &Lp,
+    time_limit_s: f64,
+) -> Result<Answer, SolveError> {
+    let mut problem = lp.model(vars, objective, good_lp::clarabel);
+    problem.settings().time_limit(time_limit_s);
+    // Tighter than clarabel's defaults (gaps 1e-8, 200 iterations): at those,
+    // onprem-heavy's completion-capped LP stopped "almost solved" at 489,185.70
+    // USD, and with more iterations "solved" at 489,137.27 with its dual
+    // objective beside it, yet the optimum is 489,136.60 (at 1e-10 and 1e-12
+    // alike; the dual check found the gap).
+    problem.settings().max_iter(1000).tol_gap_abs(1e-10).tol_gap_rel(1e-10).tol_feas(1e-10).tol_ktratio(1e-10);
+    let mut solver = problem.try_into_solver().map_err(|e| SolveError::Other(e.to_string()))?;
+    solver.solve();
+    let sol = &solver.solution;
+    // good_lp puts the variables' own bounds first, then the rows in order.
+    let n = lp.form.rows.len();
+    let duals = sol.z.get(sol.z.len().saturating_sub(n)..).filter(|z| z.len() == n).map(<[f64]>::to_vec);
+    Ok((sol.status, sol.x.clone(), duals))
 }
 
 /// Rows (value at a point, right-hand side, equality) the point breaks by

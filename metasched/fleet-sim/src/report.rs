@@ -63,7 +63,10 @@ pub struct PolicyReport {
     pub ratio_to_lower_bound: f64,
     /// The LP bound solved with this policy's own last job end as the horizon
     /// (valid for this policy alone; tighter than the report's when it ends
-    /// earlier than the slowest policy). `None` when not solved.
+    /// earlier than the slowest policy). `None` when not solved. Certified
+    /// (`fleet_sim::certify`) when above the report's bound; at or below it,
+    /// the solver's point (which cannot raise the ratio: the LP's optimum is
+    /// at most any point's cost).
     #[serde(default)]
     pub own_lp_bound_usd: Option<f64>,
     /// The least cost of any schedule that ends by this policy's last job end with
@@ -472,12 +475,19 @@ impl Report {
         let _ = writeln!(s, "# Simulation summary: {} on {}\n", self.trace, self.fleet);
         let _ = writeln!(
             s,
-            "{} jobs submitted over {:.0} h (seed {}). Bound: {} = {:.0} USD, below what any schedule could pay (the ratios use it).\n",
+            "{} jobs submitted over {:.0} h (seed {}). Bound: {} = {:.0} USD, below what any schedule could pay (the ratios use it){}.\n",
             self.jobs,
             self.span_hours,
             self.seed,
             self.bound_used,
-            self.bound_usd()
+            self.bound_usd(),
+            match &self.lp_bound {
+                Some(lp) if self.bound_used == "lp" && lp.certificate.starts_with("certified") => {
+                    "; proven from the LP's dual, not taken on the solver's word".to_string()
+                }
+                Some(lp) if self.bound_used == "lp" => format!("; {}", lp.certificate),
+                _ => String::new(),
+            }
         );
         let home = self.find("home-only");
         let greedy = self.find("greedy");
@@ -667,8 +677,8 @@ impl Report {
         if let Some(lp) = &self.lp_bound {
             let _ = writeln!(
                 s,
-                "{:<10} {:>13.0}   (LP relaxation: pool capacities and spot availability per {:.0} h slot and {:.0} h cell near releases, spot windows, egress, all done by {:.0} h; {} groups, {} variables; {})",
-                "lp-bound", lp.usd, lp.slot_hours, lp.cell_hours, lp.horizon_hours, lp.groups, lp.variables, lp.solver
+                "{:<10} {:>13.0}   (LP relaxation: pool capacities and spot availability per {:.0} h slot and {:.0} h cell near releases, spot windows, egress, all done by {:.0} h; {} groups, {} variables; {}; {})",
+                "lp-bound", lp.usd, lp.slot_hours, lp.cell_hours, lp.horizon_hours, lp.groups, lp.variables, lp.solver, lp.certificate
             );
             let _ = writeln!(
                 s,
@@ -682,8 +692,8 @@ impl Report {
         if let Some(c) = &self.carbon_lp {
             let _ = writeln!(
                 s,
-                "{:<10} {:>13.0}   (carbon LP: least kgCO2 of a schedule done by {:.0} h costing ≤ {:.0} USD = 1.05 × the cost policy; {:.0} h slots, {:.0} h cells; {})",
-                "lp-kgCO2", c.kg_co2, c.horizon_hours, c.usd_cap, c.slot_hours, c.cell_hours, c.solver
+                "{:<10} {:>13.0}   (carbon LP: least kgCO2 of a schedule done by {:.0} h costing ≤ {:.0} USD = 1.05 × the cost policy; {:.0} h slots, {:.0} h cells; {}; {})",
+                "lp-kgCO2", c.kg_co2, c.horizon_hours, c.usd_cap, c.slot_hours, c.cell_hours, c.solver, c.certificate
             );
             let _ = writeln!(
                 s,

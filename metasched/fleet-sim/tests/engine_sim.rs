@@ -440,6 +440,12 @@ fn lp_bound_accounts_for_capacity_and_release_times() {
     assert!((lp1.usd - 10.0).abs() < 1e-6, "{lp1:?}");
     let lp4 = fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 4.0 * 3600.0, 1000).unwrap();
     assert!((lp4.usd - 4.0).abs() < 1e-6, "{lp4:?}");
+    // each bound is what clarabel's dual certifies (crate::certify), at most
+    // the solver's optimum and within its tolerance of it
+    for b in [&lp1, &lp4] {
+        assert!(b.certificate.starts_with("certified: clarabel's dual bound is"), "{b:?}");
+        assert!(b.usd <= b.solver_usd && b.usd >= b.solver_usd - 1e-6, "{b:?}");
+    }
     // a horizon too short for the work (9 GPUs × 20 min < 4 GPU-hours) is
     // infeasible, not a wrong bound
     assert!(fleet_sim::lp::lp_bound(&mut model, &jobs, &[], 1200.0, 1000).is_err());
@@ -448,6 +454,8 @@ fn lp_bound_accounts_for_capacity_and_release_times() {
     let r = run_loaded(&args(&[]), &l).unwrap();
     let lp = r.lp_bound.clone().unwrap();
     assert_eq!(r.bound_used, "lp");
+    // the planner's page says the bound is proven
+    assert!(r.summary().contains("proven from the LP's dual"), "{}", r.summary());
     for p in &r.policies {
         assert!(p.total_usd >= lp.usd - 1e-6, "{} {} < {}", p.policy, p.total_usd, lp.usd);
     }
@@ -462,6 +470,32 @@ fn lp_bound_accounts_for_capacity_and_release_times() {
         let own_used = p.spend.iter().filter(|(k, _)| k.starts_with("own/")).map(|(_, s)| s.gpu_hours).sum::<f64>();
         assert!((p.owned_idle_share - (1.0 - own_used / h)).abs() < 1e-9, "{p:?}");
         assert!(own_used > 0.0, "{p:?}");
+    }
+}
+
+/// An LP that is not solved within `--lp-time-limit` leaves its bound out and
+/// says why; the run goes on with the cheap bound. A limit that is not a
+/// positive number of seconds is an error naming the flag.
+#[test]
+fn an_lp_past_its_time_limit_falls_back_to_the_cheap_bound() {
+    let s = EngineSetup { fleet_toml: ONE_CHEAP_EIGHT_DEAR.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string()
+        + &(0..40).map(|i| format!("2017-09-04 10:{:02}:00,{},1,1,t\n", i, 600 + 97 * i)).collect::<String>();
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&["--policy", "cost", "--lp-time-limit", "1e-9"]), &l).unwrap();
+    assert!(r.lp_bound.is_none(), "{:?}", r.lp_bound);
+    assert!(r.bound_used.starts_with("cheap (LP not solved: "), "{}", r.bound_used);
+    assert!(r.bound_used.contains("time limit"), "{}", r.bound_used);
+    let p = &r.policies[0];
+    assert!(p.ratio_to_lower_bound >= 1.0 && (p.ratio_to_lower_bound - p.total_usd / r.lower_bound_usd).abs() < 1e-9);
+    // the default limit solves it, certified
+    let r = run_loaded(&args(&["--policy", "cost"]), &l).unwrap();
+    let lp = r.lp_bound.unwrap();
+    assert!(lp.certificate.starts_with("certified"), "{lp:?}");
+    for bad in ["0", "-5", "inf", "NaN"] {
+        let e = run_loaded(&args(&["--policy", "cost", &format!("--lp-time-limit={bad}")]), &l).unwrap_err();
+        assert!(e.to_string().contains("--lp-time-limit"), "{bad}: {e}");
     }
 }
 
@@ -956,6 +990,12 @@ fn carbon_case(clean_price: f64) -> serde_json::Value {
     // the carbon LP is clarabel's first (microlp's when clarabel fails), the cost LP microlp's
     assert_eq!(c["solver"], "clarabel", "{c}");
     assert_eq!(v["lp_bound"]["solver"], "microlp", "{}", v["lp_bound"]);
+    // both certified by clarabel's dual: the carbon LP's from its own solve,
+    // the cost LP's from a second solve of microlp's LP
+    for b in [c, &v["lp_bound"]] {
+        assert!(b["certificate"].as_str().unwrap().starts_with("certified: clarabel's dual"), "{b}");
+    }
+    assert!(f(&c["kg_co2"]) <= f(&c["solver_kg_co2"]) + 1e-9, "{c}");
     let cap = f(&c["usd_cap"]);
     assert!((cap - 1.05 * f(&cost["total_usd"])).abs() < 1e-6, "{c}");
     assert!(f(&c["usd"]) <= cap + 1e-6, "{c}");
@@ -1084,8 +1124,11 @@ fn completion_capped_lp_bounds_every_schedule_meeting_the_mean_completion() {
     let none = capped(&mut model, 0.9);
     assert_eq!(none.usd, None, "{none:?}");
     assert!(none.describe().contains("infeasible"), "{}", none.describe());
-    // a proof that no schedule meets the cap stands on both solvers
+    // a proof that no schedule meets the cap: both solvers say so, and
+    // clarabel's Farkas vector, checked against the LP's rows, proves it
     assert_eq!(none.solver, "infeasible by microlp and clarabel", "{none:?}");
+    assert!(none.certificate.starts_with("certified: clarabel's Farkas vector"), "{none:?}");
+    assert!(capped(&mut model, 2.0).certificate.starts_with("certified: clarabel's dual"));
     // a lower bound of every such schedule (here: the k-on-own family)
     for k in 0..=12u32 {
         let kf = k as f64;
