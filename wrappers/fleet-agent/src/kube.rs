@@ -894,6 +894,13 @@ pub fn native_state_with(job: &Job, pods: &[&Pod], taken_away: Option<&(&'static
         (t.0, t.1.clone())
     } else if pods.iter().any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")) {
         ("RUNNING", String::new())
+    } else if !pods.is_empty() && pods.iter().all(|p| pod_ended(p)) {
+        // Its pods ended and the Job controller has not yet marked the Job
+        // Complete or Failed (it does so a moment later): ending, as Slurm's
+        // COMPLETING, not back to pending. Read as PENDING, the tracker took
+        // the run for a re-run (the kube lab's h100 test saw "it went back to
+        // pending after it ran" on a plain exit 3).
+        ("COMPLETING", String::new())
     } else {
         ("PENDING", String::new())
     };
@@ -905,7 +912,7 @@ pub fn native_state_with(job: &Job, pods: &[&Pod], taken_away: Option<&(&'static
     j.reason = reason;
     j.exit_code = match raw {
         "COMPLETED" => Some(0),
-        "RUNNING" | "PENDING" => None,
+        "RUNNING" | "PENDING" | "COMPLETING" => None,
         _ => exit.or(Some(1)),
     };
     if let Some(c) = j.exit_code.filter(|c| *c > 128 && raw != "COMPLETED") {
@@ -2921,6 +2928,16 @@ mod tests {
             "Unschedulable: 0/2 nodes are available",
         );
         check(job_with(&[], false), vec![pod(json!({"phase": "Running"}))], "RUNNING", None, "");
+        // Its pod ended, the Job not yet marked: ending (Slurm's COMPLETING,
+        // a running state), not back to pending; the exit code comes with
+        // the Job's end.
+        for code in [0, 3] {
+            check(job_with(&[], false), vec![pod(term(code, "Error"))], "COMPLETING", None, "");
+            let n = native_state(&job_with(&[], false), &[&pod(term(code, "Error"))]);
+            assert_eq!(n.state, JobState::Running);
+        }
+        // One pod ended beside one still waiting (a gang's other index): pending.
+        check(job_with(&[], false), vec![pod(term(3, "Error")), pod(json!({"phase": "Pending"}))], "PENDING", None, "");
         check(job_with(&[], true), vec![], "PENDING", None, "");
         check(job_with(&[], false), vec![], "PENDING", None, "");
         let n = native_state(&job_with(&[("Failed", "BackoffLimitExceeded", "")], false), &[&pod(term(137, "Error"))]);
