@@ -505,7 +505,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             let b = *own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
                 let quick = crate::lp::LpLimits { certify: false, ..limits };
                 match crate::lp::lp_bound_per_option(&mut model, &jobs, &loaded.spot, p.makespan_s, quick) {
-                    Ok(b) if b.usd <= bound || b.certificate.starts_with("certified") => Some(b.usd),
+                    Ok(b) if b.usd <= bound || b.is_certified() => Some(b.usd),
                     Ok(_) => crate::lp::lp_bound_per_option(&mut model, &jobs, &loaded.spot, p.makespan_s, limits)
                         .ok()
                         .map(|b| b.usd),

@@ -182,6 +182,16 @@ pub struct LpBound {
     pub certificate: String,
 }
 
+impl LpBound {
+    /// Whether `usd` is proven (`certificate`), not the solver's word.
+    pub fn is_certified(&self) -> bool {
+        self.certificate.starts_with(CERTIFIED)
+    }
+}
+
+/// How a `certificate` that proves its bound begins.
+const CERTIFIED: &str = "certified:";
+
 /// The carbon LP: the least kgCO2 of a schedule that costs at most `usd_cap`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CarbonBound {
@@ -1333,8 +1343,8 @@ fn solve<M: Model>(
     let n_cons = rows.len();
     let lp = Lp::new(&vars, &objective, &rows);
     let run = |solver: Solver| match solver {
-        Solver::Microlp => run_microlp(&vars, &objective, &lp, time_limit_s),
-        Solver::Clarabel => run_clarabel(&vars, &objective, &lp, time_limit_s),
+        Solver::Microlp => run_microlp(&lp, time_limit_s),
+        Solver::Clarabel => run_clarabel(&lp, time_limit_s),
     };
     // The carbon LP goes to clarabel first (measured on the sample: microlp
     // took 610 s or failed with "Singular matrix", clarabel 22 s), the others to
@@ -1373,7 +1383,7 @@ fn solve<M: Model>(
     let at_point = lp.eval(&objective, &point.x);
     let duals = match point.duals {
         Some(z) => Ok(z),
-        None if limits.certify => clarabel_duals(&vars, &objective, &lp, time_limit_s),
+        None if limits.certify => clarabel_duals(&lp, time_limit_s),
         None => Err(SolveError::Other("not asked".into())),
     };
     let (bound, certificate) = match duals.map(|z| crate::certify::dual_bound(&lp.form, &z, true)) {
@@ -1381,7 +1391,7 @@ fn solve<M: Model>(
             let below = (at_point - v).max(0.0);
             let rel = below / at_point.abs().max(1e-300);
             let what = format!(
-                "certified: clarabel's dual bound is {below:.3} ({rel:.1e}) below the solver's point; the optimum lies between"
+                "{CERTIFIED} clarabel's dual bound is {below:.3} ({rel:.1e}) below the solver's point; the optimum lies between"
             );
             (v.min(at_point), what)
         }
@@ -1406,16 +1416,19 @@ fn solve<M: Model>(
     Ok(Solved { usd, price_usd, spend, kg: kg_v, bound, certificate, variables: n_vars, constraints: n_cons, solver })
 }
 
-/// An LP as the solvers and its certificate see it: the variables' index, and
-/// the objective, bounds and rows as numbers.
+/// An LP as the solvers and its certificate see it: its variables, objective
+/// and rows, the variables' index, and the objective, bounds and rows as
+/// numbers.
 struct Lp<'a> {
+    vars: &'a ProblemVariables,
+    objective: &'a Expression,
     rows: &'a [(Expression, f64, bool)],
     index: HashMap<Variable, usize>,
     form: crate::certify::Form,
 }
 
 impl<'a> Lp<'a> {
-    fn new(vars: &ProblemVariables, objective: &Expression, rows: &'a [(Expression, f64, bool)]) -> Lp<'a> {
+    fn new(vars: &'a ProblemVariables, objective: &'a Expression, rows: &'a [(Expression, f64, bool)]) -> Lp<'a> {
         let mut index = HashMap::with_capacity(vars.len());
         let (mut lo, mut hi) = (Vec::with_capacity(vars.len()), Vec::with_capacity(vars.len()));
         for (i, (v, def)) in vars.iter_variables_with_def().enumerate() {
@@ -1431,7 +1444,7 @@ impl<'a> Lp<'a> {
         }
         let form_rows = rows.iter().map(|(lhs, rhs, eq)| (linear(lhs), rhs - lhs.constant(), *eq)).collect();
         let form = crate::certify::Form { c, c0: objective.constant(), lo, hi, rows: form_rows };
-        Lp { rows, index, form }
+        Lp { vars, objective, rows, index, form }
     }
 
     fn eval(&self, e: &Expression, x: &[f64]) -> f64 {
@@ -1456,8 +1469,8 @@ impl<'a> Lp<'a> {
     }
 
     /// The model with the LP's rows, for solver `using`.
-    fn model<S: good_lp::Solver>(&self, vars: &ProblemVariables, objective: &Expression, using: S) -> S::Model {
-        let mut problem = vars.clone().minimise(objective.clone()).using(using);
+    fn model<S: good_lp::Solver>(&self, using: S) -> S::Model {
+        let mut problem = self.vars.clone().minimise(self.objective.clone()).using(using);
         for (lhs, rhs, eq) in self.rows.iter().cloned() {
             problem.add_constraint(if eq { constraint!(lhs == rhs) } else { constraint!(lhs <= rhs) });
         }
@@ -1474,40 +1487,30 @@ struct Point {
 
 /// Solves with microlp (simplex), stopped after `time_limit_s`; only a point
 /// it proved optimal is an answer.
-fn run_microlp(
-    vars: &ProblemVariables,
-    objective: &Expression,
-    lp: &Lp,
-    time_limit_s: f64,
-) -> Result<Point, SolveError> {
-    let problem = lp.model(vars, objective, good_lp::microlp).with_time_limit(time_limit_s);
+fn run_microlp(lp: &Lp, time_limit_s: f64) -> Result<Point, SolveError> {
+    let problem = lp.model(good_lp::microlp).with_time_limit(time_limit_s);
     let sol = problem.solve().map_err(|e| match e {
         good_lp::ResolutionError::Infeasible => SolveError::Infeasible("microlp".into(), String::new()),
         e => SolveError::Other(e.to_string()),
     })?;
     if !matches!(sol.status(), SolutionStatus::Optimal) {
-        return Err(SolveError::Other(format!("stopped at its time limit ({time_limit_s:.0} s) before an optimum")));
+        return Err(time_limit_reached(time_limit_s));
     }
-    let x = vars.iter_variables_with_def().map(|(v, _)| sol.value(v)).collect();
+    let x = lp.vars.iter_variables_with_def().map(|(v, _)| sol.value(v)).collect();
     lp.check(x, None)
 }
 
 /// Solves with clarabel (interior point), stopped after `time_limit_s`. Its
 /// dual comes with the point; its "infeasible" comes with a Farkas vector,
 /// which is checked ([`crate::certify::proves_infeasible`]).
-fn run_clarabel(
-    vars: &ProblemVariables,
-    objective: &Expression,
-    lp: &Lp,
-    time_limit_s: f64,
-) -> Result<Point, SolveError> {
-    let (status, x, duals) = clarabel_solve(vars, objective, lp, time_limit_s)?;
+fn run_clarabel(lp: &Lp, time_limit_s: f64) -> Result<Point, SolveError> {
+    let (status, x, duals) = clarabel_solve(lp, time_limit_s)?;
     match status {
         SolverStatus::Solved | SolverStatus::AlmostSolved => lp.check(x, duals),
         SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible => {
             let proof = match duals {
                 Some(z) if crate::certify::proves_infeasible(&lp.form, &z) => {
-                    "certified: clarabel's Farkas vector proves no point meets the rows".to_string()
+                    format!("{CERTIFIED} clarabel's Farkas vector proves no point meets the rows")
                 }
                 _ => String::new(),
             };
@@ -1520,13 +1523,8 @@ fn run_clarabel(
 /// Clarabel's multipliers of the rows, for the certificate of another
 /// solver's answer: any multipliers give a valid bound, so its point need
 /// not keep the rows; it must have ended "solved" or "almost solved".
-fn clarabel_duals(
-    vars: &ProblemVariables,
-    objective: &Expression,
-    lp: &Lp,
-    time_limit_s: f64,
-) -> Result<Vec<f64>, SolveError> {
-    match clarabel_solve(vars, objective, lp, time_limit_s)? {
+fn clarabel_duals(lp: &Lp, time_limit_s: f64) -> Result<Vec<f64>, SolveError> {
+    match clarabel_solve(lp, time_limit_s)? {
         (SolverStatus::Solved | SolverStatus::AlmostSolved, _, Some(z)) => Ok(z),
         (SolverStatus::Solved | SolverStatus::AlmostSolved, _, None) => Err(SolveError::Other("no dual".into())),
         (SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible, ..) => {
@@ -1538,24 +1536,22 @@ fn clarabel_duals(
 
 fn clarabel_stopped(status: SolverStatus, time_limit_s: f64) -> SolveError {
     match status {
-        SolverStatus::MaxTime => {
-            SolveError::Other(format!("stopped at its time limit ({time_limit_s:.0} s) before an optimum"))
-        }
+        SolverStatus::MaxTime => time_limit_reached(time_limit_s),
         other => SolveError::Other(format!("{other:?}")),
     }
+}
+
+/// Either solver stopped at `--lp-time-limit` without an optimum.
+fn time_limit_reached(time_limit_s: f64) -> SolveError {
+    SolveError::Other(format!("stopped at its time limit ({time_limit_s:.0} s) before an optimum"))
 }
 
 /// Clarabel's status, point and row multipliers.
 type Answer = (SolverStatus, Vec<f64>, Option<Vec<f64>>);
 
 /// Solves with clarabel: its [`Answer`].
-fn clarabel_solve(
-    vars: &ProblemVariables,
-    objective: &Expression,
-    lp: &Lp,
-    time_limit_s: f64,
-) -> Result<Answer, SolveError> {
-    let mut problem = lp.model(vars, objective, good_lp::clarabel);
+fn clarabel_solve(lp: &Lp, time_limit_s: f64) -> Result<Answer, SolveError> {
+    let mut problem = lp.model(good_lp::clarabel);
     problem.settings().time_limit(time_limit_s);
     // Tighter than clarabel's defaults (gaps 1e-8, 200 iterations): at those,
     // onprem-heavy's completion-capped LP stopped "almost solved" at 489,185.70

@@ -482,7 +482,7 @@ impl Report {
             self.bound_used,
             self.bound_usd(),
             match &self.lp_bound {
-                Some(lp) if self.bound_used == "lp" && lp.certificate.starts_with("certified") => {
+                Some(lp) if self.bound_used == "lp" && lp.is_certified() => {
                     "; proven from the LP's dual, not taken on the solver's word".to_string()
                 }
                 Some(lp) if self.bound_used == "lp" => format!("; {}", lp.certificate),
