@@ -122,6 +122,11 @@ pub struct SimulateArgs {
     /// time leaves its bound out, with a note; the cheap bound stays).
     #[arg(long, value_name = "SECONDS", default_value_t = crate::lp::DEFAULT_TIME_LIMIT_S)]
     pub lp_time_limit: f64,
+    /// Take the LP solver's point as the bound without proving it from the
+    /// LP's dual (faster: no clarabel solve after each microlp answer; the
+    /// report and the planner's page then say "not certified").
+    #[arg(long)]
+    pub lp_uncertified: bool,
     /// Also solve the LP for the least cost of any schedule with a mean completion
     /// of at most H hours (repeatable; needs the LP: not with `--lp-max-vars 0`).
     #[arg(long = "bound-completion-h", value_name = "H")]
@@ -349,8 +354,7 @@ pub(crate) fn replay(
     // One thread per strategy (at most --threads at a time), each with its own
     // engine model: runs are independent, so the report does not depend on the
     // thread count or on scheduling.
-    let threads =
-        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
+    let threads = threads(args);
     let mut policies: Vec<Option<crate::report::PolicyReport>> = vec![None; strategies.len()];
     for chunk in (0..strategies.len()).collect::<Vec<_>>().chunks(threads) {
         let results: Vec<(usize, Result<crate::report::PolicyReport>)> = std::thread::scope(|sc| {
@@ -384,6 +388,105 @@ pub(crate) fn replay(
     }
     bar.finish_and_clear();
     Ok(policies.into_iter().flatten().collect())
+}
+
+/// `--threads`, else the number of CPUs; at least 1.
+fn threads(args: &SimulateArgs) -> usize {
+    args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1)
+}
+
+/// One of a report's LPs after the plain one; none depends on another's answer.
+enum LpTask {
+    /// A policy's own-end LP: done by its last job's end (seconds).
+    OwnEnd(f64),
+    /// The cost policy's completion LP at its own schedule: horizon, caps.
+    CostCompletion(f64, crate::lp::Caps),
+    /// The carbon LP within this USD.
+    Carbon(f64),
+    /// A capped LP at the report's horizon.
+    Capped(crate::lp::Caps),
+}
+
+/// An [`LpTask`]'s answer.
+enum LpDone {
+    Usd(Option<f64>),
+    Capped(std::result::Result<crate::lp::CappedBound, String>),
+    Carbon(std::result::Result<crate::lp::CarbonBound, String>),
+}
+
+/// Solves `tasks`, answers in their order: one after another on `model`, or
+/// by up to `threads` workers, each on its own copy of `model`, taking the
+/// next task when done. An LP's two solvers (microlp, and clarabel for its
+/// certificate) run at once where there are two threads per worker (microlp
+/// is the quick one: 1–4 s where clarabel takes 5–25 s on cloud-spot's, so
+/// LPs side by side gain more than solvers side by side). Every LP is solved
+/// the same whatever the thread count, so the report does not depend on it.
+fn solve_lps(
+    model: &mut EngineModel,
+    jobs: &[SimJob],
+    spot: &[SpotTrace],
+    tasks: &[LpTask],
+    (horizon, bound, limits): (f64, f64, crate::lp::LpLimits),
+    threads: usize,
+) -> Vec<LpDone> {
+    let one = |m: &mut EngineModel, task: &LpTask, limits: crate::lp::LpLimits| -> LpDone {
+        match *task {
+            // Solved first without a certificate: a solver's point at or below
+            // the bound cannot raise the policy's ratio (the LP's optimum is at
+            // most any point's cost), so only a point above it is certified.
+            LpTask::OwnEnd(h) => {
+                let quick = crate::lp::LpLimits { certify: false, ..limits };
+                LpDone::Usd(match crate::lp::lp_bound_per_option(m, jobs, spot, h, quick) {
+                    Ok(b) if b.usd <= bound || b.is_certified() || !limits.certify => Some(b.usd),
+                    Ok(_) => crate::lp::lp_bound_per_option(m, jobs, spot, h, limits).ok().map(|b| b.usd),
+                    Err(_) => None,
+                })
+            }
+            LpTask::CostCompletion(h, caps) => LpDone::Capped(crate::lp::capped_bound(m, jobs, spot, h, limits, caps)),
+            LpTask::Carbon(usd) => LpDone::Carbon(crate::lp::carbon_bound(m, jobs, spot, horizon, limits, usd)),
+            LpTask::Capped(caps) => LpDone::Capped(crate::lp::capped_bound(m, jobs, spot, horizon, limits, caps)),
+        }
+    };
+    let workers = threads.min(tasks.len()).max(1);
+    let limits = crate::lp::LpLimits { solvers_at_once: 2 * workers <= threads, ..limits };
+    if workers == 1 {
+        return tasks.iter().map(|t| one(model, t, limits)).collect();
+    }
+    // Each worker takes the next task when it is done with its last (the LPs'
+    // times differ by 10×: chunks of `workers` would wait for each chunk's
+    // slowest).
+    let (model, next) = (&*model, std::sync::atomic::AtomicUsize::new(0));
+    let mut out: Vec<(usize, LpDone)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut m = model.clone();
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(t) = tasks.get(i) else { break mine };
+                        mine.push((i, one(&mut m, t, limits)));
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    });
+    out.sort_by_key(|d| d.0);
+    // (a task whose worker panicked has no answer: as an LP not solved)
+    let mut out = out.into_iter().peekable();
+    tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match out.next_if(|d| d.0 == i) {
+            Some((_, d)) => d,
+            None => match t {
+                LpTask::OwnEnd(_) => LpDone::Usd(None),
+                LpTask::Carbon(_) => LpDone::Carbon(Err("LP thread panicked".into())),
+                _ => LpDone::Capped(Err("LP thread panicked".into())),
+            },
+        })
+        .collect()
 }
 
 /// Parse `NAME:START_H:DURATION_H`.
@@ -470,7 +573,13 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     if !(args.lp_time_limit.is_finite() && args.lp_time_limit > 0.0) {
         bail!("--lp-time-limit must be a finite number of seconds > 0, got {}", args.lp_time_limit);
     }
-    let limits = crate::lp::LpLimits { max_vars: args.lp_max_vars, time_limit_s: args.lp_time_limit, certify: true };
+    let threads = threads(args);
+    let limits = crate::lp::LpLimits {
+        max_vars: args.lp_max_vars,
+        time_limit_s: args.lp_time_limit,
+        certify: !args.lp_uncertified,
+        solvers_at_once: threads > 1,
+    };
     let mut model = EngineModel::new(&loaded.setup, loaded.trace.epoch_unix as f64)?;
     let jobs = sim_jobs(&loaded.trace, &mut model, args)?;
     model.assign_spot_traces(&loaded.spot);
@@ -493,45 +602,85 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         }
     };
     let bound = lp_bound.as_ref().map(|b| b.usd).unwrap_or(0.0).max(lb_usd);
+    // The other LPs, each independent of the others' answers: listed here,
+    // solved together, read back below in this order.
+    let mut tasks = Vec::new();
     // Each policy's own bound: the LP with its own last job end as the horizon
     // (a bound for that policy alone, tighter when it ends before the slowest).
-    let mut own: BTreeMap<u64, Option<f64>> = BTreeMap::new();
+    let mut own: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut cost_completion = None;
+    let cost_usd = policies.iter().find(|p| p.policy == "cost").map(|p| p.total_usd);
+    let (mut carbon_task, mut completion_task, mut carbon_cap_task) = (None, None, None);
+    let mut check_tasks = Vec::new();
+    if lp_bound.is_some() {
+        for p in &policies {
+            if p.makespan_s > 0.0 && p.makespan_s < horizon && p.unplaced == 0 {
+                own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
+                    tasks.push(LpTask::OwnEnd(p.makespan_s));
+                    tasks.len() - 1
+                });
+            }
+            // The cost policy's schedule ends by its makespan with its mean
+            // completion: every schedule doing that costs at least the
+            // completion-capped LP.
+            if p.policy == "cost" && p.unplaced == 0 && p.completed > 0 && p.makespan_s > 0.0 {
+                let caps = crate::lp::Caps { mean_completion_h: Some(p.completion_mean_s / 3600.0), kg_co2: None };
+                tasks.push(LpTask::CostCompletion(p.makespan_s.min(horizon), caps));
+                cost_completion = Some(tasks.len() - 1);
+            }
+        }
+        // The carbon LP: can any schedule cut the cost policy's kgCO2 by 20 %
+        // for at most 5 % more USD?
+        if let Some(u) = cost_usd {
+            tasks.push(LpTask::Carbon(1.05 * u));
+            carbon_task = Some(tasks.len() - 1);
+        }
+        // The targets' side constraints as bounds: the least cost at
+        // greedy-spot's mean completion (cost ahead of greedy-spot at no worse
+        // completion), and at 0.8 × the cost policy's kgCO2 (green: −20 % for
+        // ≤ +5 % USD).
+        let gs = policies.iter().find(|p| p.policy == "greedy-spot" && p.unplaced == 0 && p.completed > 0);
+        if let (Some(gs), Some(_)) = (gs, cost_usd) {
+            let caps = crate::lp::Caps { mean_completion_h: Some(gs.completion_mean_s / 3600.0), kg_co2: None };
+            tasks.push(LpTask::Capped(caps));
+            completion_task = Some(tasks.len() - 1);
+        }
+        if let Some(c) = policies.iter().find(|p| p.policy == "cost") {
+            let caps = crate::lp::Caps { mean_completion_h: None, kg_co2: Some(0.8 * c.kg_co2) };
+            tasks.push(LpTask::Capped(caps));
+            carbon_cap_task = Some(tasks.len() - 1);
+        }
+        for &h in &args.bound_completion_h {
+            let caps = crate::lp::Caps { mean_completion_h: Some(h), kg_co2: None };
+            tasks.push(LpTask::Capped(caps));
+            check_tasks.push(tasks.len() - 1);
+        }
+    }
+    let mut done: Vec<Option<LpDone>> =
+        solve_lps(&mut model, &jobs, &loaded.spot, &tasks, (horizon, bound, limits), threads)
+            .into_iter()
+            .map(Some)
+            .collect();
     let mut own_notes = Vec::new();
     for p in &mut policies {
-        if lp_bound.is_some() && p.makespan_s > 0.0 && p.makespan_s < horizon && p.unplaced == 0 {
-            // Solved first without a certificate: a solver's point at or below
-            // the bound cannot raise the policy's ratio (the LP's optimum is at
-            // most any point's cost), so only a point above it is certified.
-            let b = *own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
-                let quick = crate::lp::LpLimits { certify: false, ..limits };
-                match crate::lp::lp_bound_per_option(&mut model, &jobs, &loaded.spot, p.makespan_s, quick) {
-                    Ok(b) if b.usd <= bound || b.is_certified() => Some(b.usd),
-                    Ok(_) => crate::lp::lp_bound_per_option(&mut model, &jobs, &loaded.spot, p.makespan_s, limits)
-                        .ok()
-                        .map(|b| b.usd),
-                    Err(_) => None,
-                }
-            });
-            p.own_lp_bound_usd = b;
+        if let Some(&i) = own.get(&p.makespan_s.to_bits()).filter(|_| p.makespan_s < horizon && p.unplaced == 0) {
+            if let Some(LpDone::Usd(b)) = &done[i] {
+                p.own_lp_bound_usd = *b;
+            }
         }
-        // The cost policy's schedule ends by its makespan with its mean completion:
-        // every schedule doing that costs at least the completion-capped LP.
-        if lp_bound.is_some() && p.policy == "cost" && p.unplaced == 0 && p.completed > 0 && p.makespan_s > 0.0 {
-            let caps = crate::lp::Caps { mean_completion_h: Some(p.completion_mean_s / 3600.0), kg_co2: None };
-            let h = p.makespan_s.min(horizon);
-            match crate::lp::capped_bound(&mut model, &jobs, &loaded.spot, h, limits, caps) {
-                Ok(b) if b.usd.is_none() => own_notes
-                    .push("cost policy's completion LP infeasible at its own schedule: a bound is wrong".into()),
-                Ok(b) => p.own_completion_lp_usd = b.usd,
-                Err(e) => own_notes.push(format!("cost policy's completion LP not solved: {e}")),
+        if p.policy == "cost" {
+            if let Some(LpDone::Capped(r)) = cost_completion.and_then(|i| done[i].take()) {
+                match r {
+                    Ok(b) if b.usd.is_none() => own_notes
+                        .push("cost policy's completion LP infeasible at its own schedule: a bound is wrong".into()),
+                    Ok(b) => p.own_completion_lp_usd = b.usd,
+                    Err(e) => own_notes.push(format!("cost policy's completion LP not solved: {e}")),
+                }
             }
         }
         let mine = p.own_lp_bound_usd.unwrap_or(0.0).max(p.own_completion_lp_usd.unwrap_or(0.0)).max(bound);
         p.ratio_to_lower_bound = if mine > 0.0 { p.total_usd / mine } else { 0.0 };
     }
-    // The carbon LP: can any schedule cut the cost policy's kgCO2 by 20 % for at
-    // most 5 % more USD?
-    let cost_usd = policies.iter().find(|p| p.policy == "cost").map(|p| p.total_usd);
     let mut notes = model.notes();
     if args.spot_oracle {
         notes.push(
@@ -541,52 +690,27 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
         );
     }
     notes.extend(own_notes);
-    let carbon_lp = match (cost_usd, &lp_bound) {
-        (Some(u), Some(_)) => {
-            match crate::lp::carbon_bound(&mut model, &jobs, &loaded.spot, horizon, limits, 1.05 * u) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    notes.push(format!("carbon LP not solved: {e}"));
-                    None
-                }
-            }
+    let carbon_lp = match carbon_task.and_then(|i| done[i].take()) {
+        Some(LpDone::Carbon(Ok(c))) => Some(c),
+        Some(LpDone::Carbon(Err(e))) => {
+            notes.push(format!("carbon LP not solved: {e}"));
+            None
         }
         _ => None,
     };
-    // The targets' side constraints as bounds: the least cost at greedy-spot's
-    // mean completion (cost ahead of greedy-spot at no worse completion), and at
-    // 0.8 × the cost policy's kgCO2 (green: −20 % for ≤ +5 % USD).
-    let mut capped = |caps: crate::lp::Caps, what: &str, notes: &mut Vec<String>| match crate::lp::capped_bound(
-        &mut model,
-        &jobs,
-        &loaded.spot,
-        horizon,
-        limits,
-        caps,
-    ) {
-        Ok(b) => Some(b),
-        Err(e) => {
+    let mut capped = |i: Option<usize>, what: &str, notes: &mut Vec<String>| match i.and_then(|i| done[i].take()) {
+        Some(LpDone::Capped(Ok(b))) => Some(b),
+        Some(LpDone::Capped(Err(e))) => {
             notes.push(format!("{what} LP not solved: {e}"));
             None
         }
+        _ => None,
     };
-    let (mut completion_lp, mut carbon_cap_lp, mut bound_checks) = (None, None, Vec::new());
-    if lp_bound.is_some() {
-        let gs = policies.iter().find(|p| p.policy == "greedy-spot" && p.unplaced == 0 && p.completed > 0);
-        if let (Some(gs), Some(_)) = (gs, cost_usd) {
-            let h = gs.completion_mean_s / 3600.0;
-            let caps = crate::lp::Caps { mean_completion_h: Some(h), kg_co2: None };
-            completion_lp = capped(caps, "completion", &mut notes);
-        }
-        if let Some(c) = policies.iter().find(|p| p.policy == "cost") {
-            let caps = crate::lp::Caps { mean_completion_h: None, kg_co2: Some(0.8 * c.kg_co2) };
-            carbon_cap_lp = capped(caps, "carbon-capped", &mut notes);
-        }
-        for &h in &args.bound_completion_h {
-            let caps = crate::lp::Caps { mean_completion_h: Some(h), kg_co2: None };
-            bound_checks.extend(capped(caps, "--bound-completion-h", &mut notes));
-        }
-    } else if !args.bound_completion_h.is_empty() {
+    let completion_lp = capped(completion_task, "completion", &mut notes);
+    let carbon_cap_lp = capped(carbon_cap_task, "carbon-capped", &mut notes);
+    let bound_checks: Vec<_> =
+        check_tasks.iter().filter_map(|&i| capped(Some(i), "--bound-completion-h", &mut notes)).collect();
+    if lp_bound.is_none() && !args.bound_completion_h.is_empty() {
         notes.push("--bound-completion-h needs the LP (not solved or --lp-max-vars 0)".into());
     }
     let span = jobs.iter().map(|j| j.submit_s).fold(0.0, f64::max) / 3600.0;

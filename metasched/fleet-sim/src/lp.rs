@@ -125,7 +125,12 @@
 //! checked the same way ([`crate::certify::proves_infeasible`]); one so proven
 //! needs no second solver. It found clarabel's "optimum" of onprem-heavy's
 //! completion-capped LP 49.1 USD above the LP's optimum at its default
-//! tolerances (clarabel now runs at 1e-10 and up to 1000 iterations).
+//! tolerances (clarabel now runs at 1e-10 and up to 1000 iterations). One
+//! clarabel solve serves both as the second solver and for the certificate;
+//! with [`LpLimits::solvers_at_once`] it runs on its own thread beside
+//! microlp's (the same two solves: the answer does not change, the wall time
+//! is the slower solve's instead of both); without [`LpLimits::certify`] it
+//! runs only if microlp fails.
 
 //! The **capped LP** ([`capped_bound`]) minimises cost under side constraints:
 //! kgCO2 at most a cap (the carbon LP's question from the cost side), and/or mean
@@ -138,6 +143,7 @@
 //! the cell); work past the release slot adds (slot end − submission) + (piece
 //! start − slot end).
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use std::collections::HashMap;
@@ -226,18 +232,22 @@ pub const DEFAULT_TIME_LIMIT_S: f64 = 600.0;
 /// The size and time an LP may take: the coarse LP's variables at most
 /// `max_vars` (the slots grow until it fits), each solver's solve at most
 /// `time_limit_s`; with `certify`, a microlp answer is certified by a clarabel
-/// solve for the dual (clarabel's own answers always are). A bare `usize` is
-/// `max_vars` with the default time, certified.
+/// solve for the dual (clarabel's own answers always are). With
+/// `solvers_at_once`, that clarabel solve runs on a second thread beside
+/// microlp's instead of after it (the answer is the same: the same two solves,
+/// each single-threaded). A bare `usize` is `max_vars` with the default time,
+/// certified, one solver at a time.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LpLimits {
     pub max_vars: usize,
     pub time_limit_s: f64,
     pub certify: bool,
+    pub solvers_at_once: bool,
 }
 
 impl From<usize> for LpLimits {
     fn from(max_vars: usize) -> LpLimits {
-        LpLimits { max_vars, time_limit_s: DEFAULT_TIME_LIMIT_S, certify: true }
+        LpLimits { max_vars, time_limit_s: DEFAULT_TIME_LIMIT_S, certify: true, solvers_at_once: false }
     }
 }
 
@@ -1342,10 +1352,6 @@ fn solve<M: Model>(
     let objective = if usd_cap.is_some() { kg.clone() } else { cost.clone() };
     let n_cons = rows.len();
     let lp = Lp::new(&vars, &objective, &rows);
-    let run = |solver: Solver| match solver {
-        Solver::Microlp => run_microlp(&lp, time_limit_s),
-        Solver::Clarabel => run_clarabel(&lp, time_limit_s),
-    };
     // The carbon LP goes to clarabel first (measured on the sample: microlp
     // took 610 s or failed with "Singular matrix", clarabel 22 s), the others to
     // microlp (1.5 s against clarabel's 9.5 s on the sample's cost LP). A
@@ -1353,6 +1359,27 @@ fn solve<M: Model>(
     // is checked with the other solver.
     let first = if usd_cap.is_some() { Solver::Clarabel } else { Solver::Microlp };
     let second = first.other();
+    // Clarabel's answer serves twice: as the second solver's when microlp
+    // fails, and for the multipliers that certify microlp's point. Solved
+    // once, when first needed, or beside microlp with `solvers_at_once` where
+    // it will be needed anyway (a certified microlp LP).
+    let clarabel: OnceCell<Result<Answer, String>> = OnceCell::new();
+    let mut microlp_first = if first == Solver::Microlp && limits.certify && limits.solvers_at_once {
+        let (m, c) = std::thread::scope(|sc| {
+            let c = sc.spawn(|| clarabel_solve(&lp, time_limit_s));
+            let m = run_microlp(&lp, time_limit_s);
+            (m, c.join())
+        });
+        let _ = clarabel.set(c.unwrap_or_else(|_| Err("clarabel's thread panicked".into())));
+        Some(m)
+    } else {
+        None
+    };
+    let clarabel_answer = || clarabel.get_or_init(|| clarabel_solve(&lp, time_limit_s));
+    let mut run = |solver: Solver| match solver {
+        Solver::Microlp => microlp_first.take().unwrap_or_else(|| run_microlp(&lp, time_limit_s)),
+        Solver::Clarabel => clarabel_point(&lp, clarabel_answer(), time_limit_s),
+    };
     let (point, solver) = match run(first) {
         Ok(v) => (v, first.name().to_string()),
         Err(SolveError::Infeasible(by, proof)) if !proof.is_empty() => return Err(SolveError::Infeasible(by, proof)),
@@ -1382,12 +1409,13 @@ fn solve<M: Model>(
     // else clarabel is asked for one.
     let at_point = lp.eval(&objective, &point.x);
     let duals = match point.duals {
-        Some(z) => Ok(z),
-        None if limits.certify => clarabel_duals(&lp, time_limit_s),
-        None => Err(SolveError::Other("not asked".into())),
+        Some(z) => Some(Ok(z)),
+        None if limits.certify => Some(clarabel_duals(clarabel_answer(), time_limit_s)),
+        None => None,
     };
-    let (bound, certificate) = match duals.map(|z| crate::certify::dual_bound(&lp.form, &z, true)) {
-        Ok(Some(v)) => {
+    let (bound, certificate) = match duals.map(|d| d.map(|z| crate::certify::dual_bound(&lp.form, &z, true))) {
+        None => (at_point, "not certified: not asked (--lp-uncertified)".to_string()),
+        Some(Ok(Some(v))) => {
             let below = (at_point - v).max(0.0);
             let rel = below / at_point.abs().max(1e-300);
             let what = format!(
@@ -1395,8 +1423,8 @@ fn solve<M: Model>(
             );
             (v.min(at_point), what)
         }
-        Ok(None) => (at_point, "not certified: clarabel's dual gives no finite bound".to_string()),
-        Err(e) => (at_point, format!("not certified: no dual from clarabel ({})", e.text())),
+        Some(Ok(None)) => (at_point, "not certified: clarabel's dual gives no finite bound".to_string()),
+        Some(Err(e)) => (at_point, format!("not certified: no dual from clarabel ({})", e.text())),
     };
     let values: Vec<f64> = priced.iter().map(|p| point.x[lp.index[&p.2]]).collect();
     let (usd, kg_v) = (lp.eval(&cost, &point.x), lp.eval(&kg, &point.x));
@@ -1500,37 +1528,37 @@ fn run_microlp(lp: &Lp, time_limit_s: f64) -> Result<Point, SolveError> {
     lp.check(x, None)
 }
 
-/// Solves with clarabel (interior point), stopped after `time_limit_s`. Its
-/// dual comes with the point; its "infeasible" comes with a Farkas vector,
-/// which is checked ([`crate::certify::proves_infeasible`]).
-fn run_clarabel(lp: &Lp, time_limit_s: f64) -> Result<Point, SolveError> {
-    let (status, x, duals) = clarabel_solve(lp, time_limit_s)?;
+/// Clarabel's answer (interior point, stopped after `time_limit_s`) as a
+/// point. Its dual comes with the point; its "infeasible" comes with a Farkas
+/// vector, which is checked ([`crate::certify::proves_infeasible`]).
+fn clarabel_point(lp: &Lp, answer: &Result<Answer, String>, time_limit_s: f64) -> Result<Point, SolveError> {
+    let (status, x, duals) = answer.as_ref().map_err(|e| SolveError::Other(e.clone()))?;
     match status {
-        SolverStatus::Solved | SolverStatus::AlmostSolved => lp.check(x, duals),
+        SolverStatus::Solved | SolverStatus::AlmostSolved => lp.check(x.clone(), duals.clone()),
         SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible => {
             let proof = match duals {
-                Some(z) if crate::certify::proves_infeasible(&lp.form, &z) => {
+                Some(z) if crate::certify::proves_infeasible(&lp.form, z) => {
                     format!("{CERTIFIED} clarabel's Farkas vector proves no point meets the rows")
                 }
                 _ => String::new(),
             };
             Err(SolveError::Infeasible("clarabel".into(), proof))
         }
-        other => Err(clarabel_stopped(other, time_limit_s)),
+        &other => Err(clarabel_stopped(other, time_limit_s)),
     }
 }
 
 /// Clarabel's multipliers of the rows, for the certificate of another
 /// solver's answer: any multipliers give a valid bound, so its point need
 /// not keep the rows; it must have ended "solved" or "almost solved".
-fn clarabel_duals(lp: &Lp, time_limit_s: f64) -> Result<Vec<f64>, SolveError> {
-    match clarabel_solve(lp, time_limit_s)? {
-        (SolverStatus::Solved | SolverStatus::AlmostSolved, _, Some(z)) => Ok(z),
+fn clarabel_duals(answer: &Result<Answer, String>, time_limit_s: f64) -> Result<Vec<f64>, SolveError> {
+    match answer.as_ref().map_err(|e| SolveError::Other(e.clone()))? {
+        (SolverStatus::Solved | SolverStatus::AlmostSolved, _, Some(z)) => Ok(z.clone()),
         (SolverStatus::Solved | SolverStatus::AlmostSolved, _, None) => Err(SolveError::Other("no dual".into())),
         (SolverStatus::PrimalInfeasible | SolverStatus::AlmostPrimalInfeasible, ..) => {
             Err(SolveError::Other("it said infeasible".into()))
         }
-        (other, ..) => Err(clarabel_stopped(other, time_limit_s)),
+        &(other, ..) => Err(clarabel_stopped(other, time_limit_s)),
     }
 }
 
@@ -1549,8 +1577,8 @@ fn time_limit_reached(time_limit_s: f64) -> SolveError {
 /// Clarabel's status, point and row multipliers.
 type Answer = (SolverStatus, Vec<f64>, Option<Vec<f64>>);
 
-/// Solves with clarabel: its [`Answer`].
-fn clarabel_solve(lp: &Lp, time_limit_s: f64) -> Result<Answer, SolveError> {
+/// Solves with clarabel: its [`Answer`], or why it could not start.
+fn clarabel_solve(lp: &Lp, time_limit_s: f64) -> Result<Answer, String> {
     let mut problem = lp.model(good_lp::clarabel);
     problem.settings().time_limit(time_limit_s);
     // Tighter than clarabel's defaults (gaps 1e-8, 200 iterations): at those,
@@ -1559,7 +1587,7 @@ fn clarabel_solve(lp: &Lp, time_limit_s: f64) -> Result<Answer, SolveError> {
     // objective beside it, yet the optimum is 489,136.60 (at 1e-10 and 1e-12
     // alike; the dual check found the gap).
     problem.settings().max_iter(1000).tol_gap_abs(1e-10).tol_gap_rel(1e-10).tol_feas(1e-10).tol_ktratio(1e-10);
-    let mut solver = problem.try_into_solver().map_err(|e| SolveError::Other(e.to_string()))?;
+    let mut solver = problem.try_into_solver().map_err(|e| e.to_string())?;
     solver.solve();
     let sol = &solver.solution;
     // good_lp puts the variables' own bounds first, then the rows in order.

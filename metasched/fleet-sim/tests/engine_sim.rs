@@ -1164,6 +1164,70 @@ fn completion_capped_lp_bounds_every_schedule_meeting_the_mean_completion() {
     }
 }
 
+/// A report's LPs do not depend on how they are run: one after another
+/// (`--threads 1`), several LPs at once (`--threads 2`, `6`), or each of
+/// them with its two solvers at once besides (`--threads 16`: two threads per
+/// LP) give the same report, to the byte. And
+/// `--lp-uncertified` takes the solvers' points as the bounds, saying so: the
+/// same values here (the LPs are small and solved exactly), no certificate,
+/// and the planner's page says the bound is not proven.
+#[test]
+fn lps_solved_at_once_or_uncertified_give_the_same_report() {
+    let s = EngineSetup { fleet_toml: ONE_CHEAP_EIGHT_DEAR.into(), dataset_gb: 0.0, ..EngineSetup::default() };
+    let csv = "timestamp,duration,num_gpus,gpu_time,cluster\n".to_string()
+        + &(0..12).map(|i| format!("2017-09-04 10:{:02}:00,{},1,1,t\n", i, 1800 + 300 * i)).collect::<String>();
+    let t = read_philly(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let checks = ["--bound-completion-h", "2", "--bound-completion-h", "0.5"];
+    let run = |extra: &[&str]| {
+        let mut a = checks.to_vec();
+        a.extend_from_slice(extra);
+        run_loaded(&args(&a), &l).unwrap()
+    };
+    let one = run(&["--threads", "1"]);
+    // every LP of the report was solved: the plain one, each policy's own end
+    // and the cost policy's completion LP, the carbon and both capped ones,
+    // both checks (the second infeasible, proven)
+    let lp = one.lp_bound.as_ref().unwrap();
+    assert!(lp.is_certified(), "{lp:?}");
+    assert!(one.carbon_lp.as_ref().is_some_and(|c| c.certificate.starts_with("certified")), "{:?}", one.carbon_lp);
+    assert!(one.completion_lp.is_some() && one.carbon_cap_lp.is_some());
+    assert_eq!(one.bound_checks.len(), 2);
+    assert_eq!(one.bound_checks[1].usd, None);
+    assert!(
+        one.bound_checks[1].certificate.starts_with("certified: clarabel's Farkas vector"),
+        "{:?}",
+        one.bound_checks
+    );
+    let cost = one.policies.iter().find(|p| p.policy == "cost").unwrap();
+    assert!(cost.own_completion_lp_usd.is_some(), "{cost:?}");
+    assert!(one.policies.iter().any(|p| p.own_lp_bound_usd.is_some()), "no policy ended before the slowest");
+    assert!(one.notes.iter().all(|n| !n.contains("LP")), "{:?}", one.notes);
+    let json = |r: &fleet_sim::report::Report| serde_json::to_string(r).unwrap();
+    for n in ["2", "6", "16"] {
+        assert_eq!(json(&one), json(&run(&["--threads", n])), "--threads {n}");
+    }
+    // uncertified: the solver's point is the bound, and says it is not proven
+    for n in ["1", "2"] {
+        let fast = run(&["--threads", n, "--lp-uncertified"]);
+        let lp_fast = fast.lp_bound.as_ref().unwrap();
+        assert!(!lp_fast.is_certified(), "{lp_fast:?}");
+        assert_eq!(lp_fast.certificate, "not certified: not asked (--lp-uncertified)");
+        assert_eq!(lp_fast.usd, lp_fast.solver_usd);
+        assert!((lp_fast.usd - lp.usd).abs() < 1e-6, "{} vs {}", lp_fast.usd, lp.usd);
+        for (a, b) in fast.policies.iter().zip(&one.policies) {
+            assert_eq!(a.total_usd, b.total_usd, "{}", a.policy);
+            assert!((a.ratio_to_lower_bound - b.ratio_to_lower_bound).abs() < 1e-6, "{}", a.policy);
+        }
+        assert!(fast.summary().contains("not certified: not asked (--lp-uncertified)"), "{}", fast.summary());
+        assert!(!fast.summary().contains("proven from the LP's dual"), "{}", fast.summary());
+        assert!(one.summary().contains("proven from the LP's dual"), "{}", one.summary());
+        // an infeasible LP is still proven so by clarabel's Farkas vector (it
+        // comes with clarabel's answer, at no extra solve)
+        assert_eq!(fast.bound_checks[1].usd, None);
+    }
+}
+
 /// The carbon hold through the CLI: off by default; on, only the green policy's
 /// report changes (the other policies and baselines are byte-identical), every job
 /// still completes; bad values are errors naming the flag.
