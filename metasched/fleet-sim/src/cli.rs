@@ -199,8 +199,9 @@ pub struct SimulateArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
-    /// Policies replayed in parallel (default: the number of CPUs). The report does
-    /// not depend on it.
+    /// Policies replayed, and LPs solved, in parallel (default: the number of
+    /// CPUs; with 2 or more, an LP's two solvers may run at once). The report
+    /// does not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
 }
