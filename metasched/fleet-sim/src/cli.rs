@@ -608,18 +608,21 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
     let mut tasks = Vec::new();
     // Each policy's own bound: the LP with its own last job end as the horizon
     // (a bound for that policy alone, tighter when it ends before the slowest).
+    // (each distinct end solved once; per policy, the index of its LP)
     let mut own: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut own_task: Vec<Option<usize>> = vec![None; policies.len()];
+    // (the cost policy's index, and its completion LP's)
     let mut cost_completion = None;
     let cost_usd = policies.iter().find(|p| p.policy == "cost").map(|p| p.total_usd);
     let (mut carbon_task, mut completion_task, mut carbon_cap_task) = (None, None, None);
     let mut check_tasks = Vec::new();
     if lp_bound.is_some() {
-        for p in &policies {
+        for (k, p) in policies.iter().enumerate() {
             if p.makespan_s > 0.0 && p.makespan_s < horizon && p.unplaced == 0 {
-                own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
+                own_task[k] = Some(*own.entry(p.makespan_s.to_bits()).or_insert_with(|| {
                     tasks.push(LpTask::OwnEnd(p.makespan_s));
                     tasks.len() - 1
-                });
+                }));
             }
             // The cost policy's schedule ends by its makespan with its mean
             // completion: every schedule doing that costs at least the
@@ -627,7 +630,7 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             if p.policy == "cost" && p.unplaced == 0 && p.completed > 0 && p.makespan_s > 0.0 {
                 let caps = crate::lp::Caps { mean_completion_h: Some(p.completion_mean_s / 3600.0), kg_co2: None };
                 tasks.push(LpTask::CostCompletion(p.makespan_s.min(horizon), caps));
-                cost_completion = Some(tasks.len() - 1);
+                cost_completion = Some((k, tasks.len() - 1));
             }
         }
         // The carbon LP: can any schedule cut the cost policy's kgCO2 by 20 %
@@ -663,14 +666,12 @@ pub fn run_loaded(args: &SimulateArgs, loaded: &Loaded) -> Result<Report> {
             .map(Some)
             .collect();
     let mut own_notes = Vec::new();
-    for p in &mut policies {
-        if let Some(&i) = own.get(&p.makespan_s.to_bits()).filter(|_| p.makespan_s < horizon && p.unplaced == 0) {
-            if let Some(LpDone::Usd(b)) = &done[i] {
-                p.own_lp_bound_usd = *b;
-            }
+    for (k, p) in policies.iter_mut().enumerate() {
+        if let Some(LpDone::Usd(b)) = own_task[k].and_then(|i| done[i].as_ref()) {
+            p.own_lp_bound_usd = *b;
         }
-        if p.policy == "cost" {
-            if let Some(LpDone::Capped(r)) = cost_completion.and_then(|i| done[i].take()) {
+        if let Some((_, i)) = cost_completion.filter(|c| c.0 == k) {
+            if let Some(LpDone::Capped(r)) = done[i].take() {
                 match r {
                     Ok(b) if b.usd.is_none() => own_notes
                         .push("cost policy's completion LP infeasible at its own schedule: a bound is wrong".into()),
