@@ -96,8 +96,11 @@ pub enum Health {
     Down,
 }
 
-/// USD per GPU-hour, per pricing model. `None` = not offered.
+/// USD per GPU-hour, per pricing model. `None` = not offered. Strict like
+/// every table of the fleet file: a misspelt key (`on_demnad`) is an error,
+/// not a price left out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Prices {
     #[serde(default)]
     pub on_demand: Option<f64>,

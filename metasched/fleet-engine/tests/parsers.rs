@@ -438,6 +438,13 @@ fn fleet_toml_is_strict_with_file_and_line() {
     );
     check(&format!("{c}[gpu_models.H100]\nspeed = 2\n"), Err("f.toml:11:…: unknown field `speed`"));
     check(&c.replace("nodes = 1", "nodes = \"1\""), Err("f.toml:9:"));
+    // inside a price table too, at the cluster and at a pool: a misspelt
+    // price was silently left out (and, at a pool, the cluster's price used)
+    check(&c.replace("on_demand = 1.0", "on_demand = 1.0, spto = 0.3"), Err("f.toml:5:…: unknown field `spto`"));
+    check(
+        &c.replace("nodes = 1", "nodes = 1\nprices = { on_demnad = 2.0 }"),
+        Err("f.toml:10:…: unknown field `on_demnad`"),
+    );
     // validation errors name the line of the cluster or team they are about
     check(
         &c.replace("nodes = 1", "nodes = 0"),
