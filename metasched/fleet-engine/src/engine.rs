@@ -697,6 +697,19 @@ fn spot_wait_s(ps: &PoolState) -> Option<f64> {
     ps.spot_wait_s.filter(|w| w.is_finite() && *w >= 0.0)
 }
 
+/// USD per GPU-hour of an owned pool as `policy` scores it: its running cost
+/// (`Prices::running`) where the policy asks for it and the fleet gives one,
+/// else its amortized price (or its on-demand price, for an owned pool priced
+/// so).
+fn owned_price(p: &NodePool, policy: &Policy) -> Option<f64> {
+    let amortized = p.prices.onprem.or(p.prices.on_demand);
+    if policy.owned_at_running_cost {
+        p.prices.running.or(amortized)
+    } else {
+        amortized
+    }
+}
+
 /// Spot is on offer to a new placement of `job` on a pool in state `ps`: the
 /// job is interruptible, the policy allows spot, and the job's GPUs are free
 /// on the pool's spot capacity now or (a policy that queues for spot) the
@@ -844,7 +857,7 @@ fn score_floor(
         }
         let Some(ps) = cs.pools.get(pi) else { continue };
         let options: [(Pricing, Option<f64>); 2] = if c.onprem {
-            [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
+            [(Pricing::Onprem, owned_price(p, policy)), (Pricing::Spot, None)]
         } else {
             let spot =
                 if spot_offered(model, job, policy, c, ps, ctx) { ps.spot_price.or(p.prices.spot) } else { None };
@@ -998,7 +1011,7 @@ pub(crate) fn eval_cluster(
             continue;
         }
         let options: [(Pricing, Option<f64>); 2] = if c.onprem {
-            [(Pricing::Onprem, p.prices.onprem.or(p.prices.on_demand)), (Pricing::Spot, None)]
+            [(Pricing::Onprem, owned_price(p, policy)), (Pricing::Spot, None)]
         } else {
             let on_spot = ctx.stay.is_some_and(|(_, k)| k == Pricing::Spot);
             let spot = if on_spot || spot_offered(model, job, policy, c, ps, ctx) {
@@ -1115,7 +1128,7 @@ pub fn decide(model: &FleetModel, state: &FleetState, job: &PreparedJob, policy:
             best = Some(p);
         }
     }
-    for &(floor, cid) in &model.cheapest_per_work {
+    for &(floor, cid) in model.cheapest_for(policy) {
         if seed == Some(cid) {
             continue;
         }

@@ -109,6 +109,13 @@ pub struct Prices {
     /// Amortized on-prem cost (hardware + power + ops over the lifetime).
     #[serde(default)]
     pub onprem: Option<f64>,
+    /// Of `onprem`, what an owned GPU costs only while it is used (power and
+    /// cooling): the rest is the hardware's share, paid whether it is used or
+    /// not. Only beside `onprem` on an owned cluster, at most `onprem`. A
+    /// policy with `owned_at_running_cost` scores owned GPUs at it; the
+    /// simulator reports each policy's cash spend with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<f64>,
 }
 
 // ---------------------------------------------------------------------------
@@ -394,6 +401,10 @@ pub struct FleetModel {
     /// sells (price ÷ speed, any pricing), cheapest first: [`crate::decide`]
     /// scores clusters in this order and stops when the rest cannot win.
     pub cheapest_per_work: Vec<(f64, ClusterId)>,
+    /// The same with owned pools at their running cost where the fleet gives
+    /// one (`Prices::running`): the order for policies with
+    /// `owned_at_running_cost` (see [`FleetModel::cheapest_for`]).
+    pub cheapest_per_work_running: Vec<(f64, ClusterId)>,
     /// The config it was built from (kept to rebuild with new feeds).
     pub config: FleetConfig,
 }
@@ -632,9 +643,25 @@ impl FleetModel {
                 let ib_island_gpus =
                     if p.ib_fabric.is_some() { island_nodes.saturating_mul(p.gpus_per_node) } else { 0 };
                 let pr = p.prices.or_else(|| prices.get(&gt).copied()).unwrap_or_default();
-                for v in [pr.on_demand, pr.spot, pr.onprem].into_iter().flatten() {
+                for v in [pr.on_demand, pr.spot, pr.onprem, pr.running].into_iter().flatten() {
                     if !finite_nonneg(v) {
                         return Err(err(format!("pool {pi}: prices must be finite and >= 0")));
+                    }
+                }
+                if let Some(r) = pr.running {
+                    match pr.onprem {
+                        _ if !c.onprem => {
+                            return Err(err(format!(
+                                "pool {pi}: prices: running is the running cost of owned GPUs (onprem = true)"
+                            )))
+                        }
+                        None => return Err(err(format!("pool {pi}: prices: running needs onprem, the amortized price"))),
+                        Some(o) if r > o => {
+                            return Err(err(format!(
+                                "pool {pi}: prices: running {r} is above onprem {o} (it is the part of onprem that using a GPU adds)"
+                            )))
+                        }
+                        Some(_) => {}
                     }
                 }
                 if pr.on_demand.is_none() && pr.spot.is_none() && pr.onprem.is_none() {
@@ -822,6 +849,7 @@ impl FleetModel {
             gpu_speed,
             teams,
             cheapest_per_work: Vec::new(),
+            cheapest_per_work_running: Vec::new(),
             gpu_types: types.names,
             regions: regions.names,
             region_provider,
@@ -840,26 +868,42 @@ impl FleetModel {
 
     /// Recomputes [`FleetModel::cheapest_per_work`] (after prices change).
     fn reindex(&mut self) {
-        let mut v: Vec<(f64, ClusterId)> = self
-            .clusters
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let floor = c
-                    .pools
-                    .iter()
-                    .flat_map(|p| {
-                        [p.prices.on_demand, p.prices.spot, p.prices.onprem]
-                            .into_iter()
-                            .flatten()
-                            .map(move |x| x / p.speed.max(1e-9))
-                    })
-                    .fold(f64::INFINITY, f64::min);
-                (if floor.is_finite() { floor } else { 0.0 }, i as ClusterId)
-            })
-            .collect();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        self.cheapest_per_work = v;
+        let order = |running: bool| {
+            let mut v: Vec<(f64, ClusterId)> = self
+                .clusters
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let floor = c
+                        .pools
+                        .iter()
+                        .flat_map(|p| {
+                            let running = if running && c.onprem { p.prices.running } else { None };
+                            [p.prices.on_demand, p.prices.spot, p.prices.onprem, running]
+                                .into_iter()
+                                .flatten()
+                                .map(move |x| x / p.speed.max(1e-9))
+                        })
+                        .fold(f64::INFINITY, f64::min);
+                    (if floor.is_finite() { floor } else { 0.0 }, i as ClusterId)
+                })
+                .collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            v
+        };
+        self.cheapest_per_work = order(false);
+        self.cheapest_per_work_running = order(true);
+    }
+
+    /// Clusters cheapest first per unit of work as `policy` prices them (owned
+    /// GPUs at their running cost or amortized): the order
+    /// [`crate::decide`] and the rebalancing scan stop in.
+    pub fn cheapest_for(&self, policy: &crate::policy::Policy) -> &[(f64, ClusterId)] {
+        if policy.owned_at_running_cost {
+            &self.cheapest_per_work_running
+        } else {
+            &self.cheapest_per_work
+        }
     }
 
     pub fn cluster_id(&self, name: &str) -> Option<ClusterId> {

@@ -43,6 +43,12 @@ pub struct Policy {
     pub spot_max_lost_h: f64,
     /// Use life-cycle intensity (`ci_lca`) instead of direct.
     pub use_lca: bool,
+    /// Score owned GPUs at their running cost (the fleet file's `running`:
+    /// power and cooling) instead of their amortized price: the hardware is
+    /// paid for whether it is used or not, so an idle owned GPU costs only
+    /// what running it adds. Off in the built-ins (owned GPUs at their
+    /// amortized price, as a chargeback would bill them).
+    pub owned_at_running_cost: bool,
 }
 
 /// Default spot caps of the built-in policies (see [`Policy::spot_max_reclaims`]).
@@ -70,6 +76,7 @@ impl Policy {
             spot_max_reclaims: SPOT_MAX_RECLAIMS,
             spot_max_lost_h: SPOT_MAX_LOST_H,
             use_lca: false,
+            owned_at_running_cost: false,
         }
     }
 
@@ -86,6 +93,7 @@ impl Policy {
             spot_max_reclaims: SPOT_MAX_RECLAIMS,
             spot_max_lost_h: SPOT_MAX_LOST_H,
             use_lca: false,
+            owned_at_running_cost: false,
         }
     }
 
@@ -103,6 +111,7 @@ impl Policy {
             spot_max_reclaims: SPOT_MAX_RECLAIMS,
             spot_max_lost_h: SPOT_MAX_LOST_H,
             use_lca: false,
+            owned_at_running_cost: false,
         }
     }
 
@@ -166,6 +175,7 @@ struct PolicyKeys {
     spot_max_reclaims: Option<u32>,
     spot_max_lost_h: Option<f64>,
     use_lca: Option<bool>,
+    owned_at_running_cost: Option<bool>,
 }
 
 impl PolicyKeys {
@@ -180,6 +190,7 @@ impl PolicyKeys {
             spot_max_reclaims,
             spot_max_lost_h,
             use_lca,
+            owned_at_running_cost,
         } = self;
         let set = |dst: &mut f64, v: Option<f64>| *dst = v.unwrap_or(*dst);
         set(&mut p.time_value_usd_per_gpu_hour, time_value_usd_per_gpu_hour);
@@ -191,6 +202,7 @@ impl PolicyKeys {
         p.spot_queue = spot_queue.unwrap_or(p.spot_queue);
         p.spot_max_reclaims = spot_max_reclaims.unwrap_or(p.spot_max_reclaims);
         p.use_lca = use_lca.unwrap_or(p.use_lca);
+        p.owned_at_running_cost = owned_at_running_cost.unwrap_or(p.owned_at_running_cost);
     }
 }
 

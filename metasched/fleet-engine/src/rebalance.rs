@@ -176,7 +176,7 @@ fn propose(
             && !state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
         // GPU-hours of work, shaded by 1e-9 against rounding, as in `decide`.
         let work = g * rem_h * (1.0 - 1e-9);
-        for &(floor, cid) in &model.cheapest_per_work {
+        for &(floor, cid) in model.cheapest_for(policy) {
             if can_stop && floor * work >= move_ctx.bound {
                 break;
             }

@@ -83,7 +83,11 @@ pub fn fleet_config(n: usize, seed: u64) -> FleetConfig {
                         prices: Some(if onprem {
                             Prices { onprem: Some(od * 0.5), ..Prices::default() }
                         } else {
-                            Prices { on_demand: Some(od), spot: (r.below(2) == 0).then_some(od * 0.35), onprem: None }
+                            Prices {
+                                on_demand: Some(od),
+                                spot: (r.below(2) == 0).then_some(od * 0.35),
+                                ..Prices::default()
+                            }
                         }),
                     }
                 })

@@ -992,3 +992,45 @@ fn run_time_cost_and_carbon_scale_with_the_gpu_model() {
     let d = explain(&m, &st, &fast, &Policy::time());
     assert!(d.ranked.iter().all(|c| c.gpu_type != "T4"), "{d}");
 }
+
+/// An owned GPU's amortized price is paid whether it is used or not; a policy
+/// with `owned_at_running_cost` scores it at its running cost instead, so idle
+/// owned hardware is filled before renting. The built-ins keep the amortized
+/// price; a pool without a running cost stays at it under either.
+#[test]
+fn owned_gpus_scored_at_their_running_cost_are_filled_before_renting() {
+    let with_running = HOME_AND_CLOUD.replace("{ onprem = 4.0 }", "{ onprem = 4.0, running = 0.3 }");
+    let m = fleet(&with_running);
+    let running = Policy { owned_at_running_cost: true, ..Policy::cost() };
+    let long = job(8, 8.0);
+    // Amortized: 4.00 at home against 2.50 + provisioning in the cloud.
+    check(&m, &long, &Policy::cost(), Some("cloud"));
+    // At its running cost, 0.30, home wins, and the score is at that price.
+    check(&m, &long, &running, Some("home"));
+    let st = FleetState::idle(&m);
+    let p = decide(&m, &st, &prepare(&m, &long), &running).expect("placed");
+    assert_eq!((p.cluster, p.pricing), (0, Pricing::Onprem));
+    assert!((p.breakdown.price_per_gpu_hour - 0.3).abs() < 1e-12, "{p:?}");
+    assert!((p.breakdown.compute_usd - 0.3 * 8.0 * 8.0).abs() < 1e-9, "{p:?}");
+    // The same job running in the cloud on demand with 40 h left: the
+    // amortized policy keeps it there; the running-cost one brings it home.
+    let movable = JobSpec { interruptible: true, ckpt_interval_s: Some(1800.0), ..long.clone() };
+    let run = RunningJob {
+        job: prepare(&m, &movable),
+        cluster: 1,
+        pool: 0,
+        pricing: Pricing::OnDemand,
+        remaining_s: 40.0 * 3600.0,
+        since_ckpt_s: 600.0,
+    };
+    let margin = MigrationMargin::default();
+    assert!(propose_migrations(&m, &st, std::slice::from_ref(&run), &Policy::cost(), &margin).is_empty());
+    let props = propose_migrations(&m, &st, std::slice::from_ref(&run), &running, &margin);
+    assert_eq!(props.len(), 1, "{props:?}");
+    assert_eq!((props[0].to.cluster, props[0].to.pricing), (0, Pricing::Onprem));
+    // Without a running cost in the fleet the policy scores the amortized price.
+    check(&fleet(HOME_AND_CLOUD), &long, &running, Some("cloud"));
+    // Clusters are scanned in the order of the policy's prices: home first.
+    assert_eq!(m.cheapest_for(&running)[0].1, 0);
+    assert_eq!(m.cheapest_for(&Policy::cost())[0].1, 1);
+}

@@ -451,6 +451,22 @@ fn fleet_toml_is_strict_with_file_and_line() {
         Err("f.toml:2: cluster a: pool 0: gpus_per_node and nodes must be > 0"),
     );
     check(&c.replace("on_demand = 1.0", "on_demand = -1.0"), Err("prices must be finite"));
+    // an owned GPU's running cost: beside `onprem`, at most it, on owned clusters only
+    let owned = c.replace("region = \"r\"", "region = \"r\"\nonprem = true");
+    check(&owned.replace("on_demand = 1.0", "onprem = 1.0, running = 0.1"), Ok(1));
+    check(
+        &owned.replace("on_demand = 1.0", "onprem = 1.0, running = 1.5"),
+        Err("f.toml:2: cluster a: pool 0: prices: running 1.5 is above onprem 1"),
+    );
+    check(
+        &owned.replace("on_demand = 1.0", "on_demand = 1.0, running = 0.1"),
+        Err("pool 0: prices: running needs onprem"),
+    );
+    check(&owned.replace("on_demand = 1.0", "onprem = 1.0, running = -0.1"), Err("prices must be finite and >= 0"));
+    check(
+        &c.replace("on_demand = 1.0", "on_demand = 1.0, running = 0.1"),
+        Err("running is the running cost of owned GPUs (onprem = true)"),
+    );
     check(&format!("{c}{c}"), Err("duplicate cluster"));
     check(
         &format!("{c}[[teams]]\nname = \"vc1\"\nhome = \"zz\"\n"),

@@ -44,7 +44,7 @@ fn pool() -> impl Strategy<Value = PoolConfig> {
             node_overhead_w: None,
             cooling: Cooling::Air,
             // At least one price so the model builds.
-            prices: Some(Prices { on_demand: od.or(Some(3.0)), spot, onprem }),
+            prices: Some(Prices { on_demand: od.or(Some(3.0)), spot, onprem, running: None }),
         })
 }
 

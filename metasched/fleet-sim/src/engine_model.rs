@@ -182,6 +182,7 @@ impl EngineModel {
                         spot_trace: None,
                         sells_spot: !c.onprem && p.prices.spot.is_some(),
                         owned_usd_per_gpu_hour: if c.onprem { p.prices.onprem.or(p.prices.on_demand) } else { None },
+                        owned_running_usd_per_gpu_hour: if c.onprem { p.prices.running } else { None },
                     })
                     .collect(),
             })
@@ -201,6 +202,7 @@ impl EngineModel {
             spot_max_reclaims: 0,
             spot_max_lost_h: 0.0,
             use_lca: false,
+            owned_at_running_cost: false,
         };
         baseline_policies.insert(HOME_ONLY, Policy { name: HOME_ONLY.into(), ..no_spot(&pure_price) });
         baseline_policies.insert(GREEDY, pure_price.clone());
@@ -550,11 +552,21 @@ impl EngineModel {
         let provision = if c.onprem { 0.0 } else { c.provision_s };
         let restore = if resuming { ov.restore_s } else { 0.0 };
         let overhead_s = p.breakdown.overhead_h * 3600.0;
+        // Owned GPUs are billed at their amortized price, whatever price the
+        // policy scored them at (`owned_at_running_cost`): the report's USD is
+        // the same money for every policy, and the running cost is reported
+        // beside it (`owned_running_usd`).
+        let usd_per_gpu_hour = match (p.pricing, c.pools.get(p.pool as usize)) {
+            (Pricing::Onprem, Some(pool)) => {
+                pool.prices.onprem.or(pool.prices.on_demand).unwrap_or(p.breakdown.price_per_gpu_hour)
+            }
+            _ => p.breakdown.price_per_gpu_hour,
+        };
         Offer {
             cluster: p.cluster as usize,
             pool: p.pool as usize,
             spot: p.pricing == Pricing::Spot,
-            usd_per_gpu_hour: p.breakdown.price_per_gpu_hour,
+            usd_per_gpu_hour,
             egress_usd: p.breakdown.egress_usd,
             score: p.breakdown.total,
             speed: c.pools.get(p.pool as usize).map(|x| x.speed).unwrap_or(1.0),
@@ -648,7 +660,7 @@ impl Model for EngineModel {
         };
         let resuming = pj.done_fraction > 0.0;
         let floors_hold = !self.state.clusters.iter().any(|c| c.pools.iter().any(|p| p.spot_price.is_some()));
-        for &(floor, cid) in &self.fleet.cheapest_per_work {
+        for &(floor, cid) in self.fleet.cheapest_for(&pol) {
             let Ok(p) = evaluate_cluster(&self.fleet, &self.state, pj, &pol, cid, false) else {
                 continue;
             };

@@ -87,6 +87,16 @@ pub struct PolicyReport {
     /// The part of `total_usd` paid for owned hardware (its busy GPU-hours, each
     /// pool at its own amortized price); the rest is cloud compute and egress.
     pub owned_used_usd: f64,
+    /// Of `owned_used_usd`, what running the owned GPUs cost over those busy
+    /// hours (each pool at the fleet file's `running` price); given when every
+    /// owned pool of the fleet has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_running_usd: Option<f64>,
+    /// What the policy adds to the bill, owned hardware being paid for either
+    /// way: `total_usd − owned_used_usd + owned_running_usd` (cloud compute,
+    /// egress, the owned GPUs' running cost). With `owned_running_usd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cash_usd: Option<f64>,
     /// Cumulative USD sampled at each plot bucket (hours since the epoch, USD).
     pub cost_series: Vec<(f64, f64)>,
     /// Per cluster: busy fraction per plot bucket.
@@ -582,6 +592,13 @@ impl Report {
                     100.0 * c.owned_idle_share,
                     c.total_usd - c.owned_used_usd
                 );
+                if let (Some(run), Some(cash)) = (c.owned_running_usd, c.cash_usd) {
+                    let _ = writeln!(
+                        s,
+                        "- Cash: {cash:.0} USD added to the bill (cloud, egress and {run:.0} USD of running the owned GPUs, \
+                         at the fleet's `running` prices); the rest of the owned hardware's price is paid either way."
+                    );
+                }
             }
             if c.lost_gpu_hours > 0.0 || c.migrations > 0 {
                 let _ = writeln!(
@@ -786,11 +803,16 @@ impl Report {
         }
         {
             if self.policies.iter().any(|p| p.owned_fixed_usd > 0.0) {
-                let _ = writeln!(s, "\nowned hardware over the run (amortized, paid whether used or not; totals above count the used part):");
+                let _ = writeln!(s, "\nowned hardware over the run (amortized, paid whether used or not; totals above count the used part{}):",
+                    if self.policies.iter().any(|p| p.cash_usd.is_some()) { "; cash = cloud + egress + running the owned GPUs" } else { "" });
                 for p in &self.policies {
+                    let cash = match (p.owned_running_usd, p.cash_usd) {
+                        (Some(run), Some(cash)) => format!(", running {run:>10.0} USD, cash {cash:>12.0} USD"),
+                        _ => String::new(),
+                    };
                     let _ = writeln!(
                         s,
-                        "  {:<12} fixed {:>12.0} USD, idle {:>5.1}%, cloud + egress {:>12.0} USD",
+                        "  {:<12} fixed {:>12.0} USD, idle {:>5.1}%, cloud + egress {:>12.0} USD{cash}",
                         p.policy,
                         p.owned_fixed_usd,
                         100.0 * p.owned_idle_share,

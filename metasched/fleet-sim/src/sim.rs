@@ -27,6 +27,9 @@ pub struct SimPool {
     pub sells_spot: bool,
     /// Owned hardware: its amortized USD per GPU-hour, a fixed cost whether used or not.
     pub owned_usd_per_gpu_hour: Option<f64>,
+    /// Owned hardware: of that price, what a GPU costs only while used (power
+    /// and cooling), where the fleet file gives it.
+    pub owned_running_usd_per_gpu_hour: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -830,6 +833,8 @@ struct Sim<'a, M: Model> {
     owned_busy_gpu_s: f64,
     /// USD of that busy time (each owned pool at its own amortized price).
     owned_used_usd: f64,
+    /// The running cost of that busy time, where the pool gives one.
+    owned_running_usd: f64,
     last_t: f64,
     arrivals_left: usize,
     settled: usize,
@@ -907,6 +912,7 @@ pub fn simulate<M: Model>(
         team_usd: BTreeMap::new(),
         owned_busy_gpu_s: 0.0,
         owned_used_usd: 0.0,
+        owned_running_usd: 0.0,
         last_t: 0.0,
         arrivals_left: jobs.len(),
         settled: 0,
@@ -1758,6 +1764,10 @@ impl<M: Model> Sim<'_, M> {
         if owned {
             self.owned_busy_gpu_s += g as f64 * seg;
             self.owned_used_usd += usd;
+            let pool = self.model.clusters().get(o.cluster).and_then(|x| x.pools.get(o.pool));
+            if let Some(r) = pool.and_then(|x| x.owned_running_usd_per_gpu_hour) {
+                self.owned_running_usd += r * g as f64 * seg / 3600.0;
+            }
         }
         let sp = self.spend.entry((o.cluster, o.pool, o.spot)).or_default();
         sp.gpu_hours += g as f64 * seg / 3600.0;
@@ -2040,6 +2050,11 @@ impl<M: Model> Sim<'_, M> {
                 }
                 None => acc,
             });
+        // The cash view needs a running cost for every owned pool.
+        let mut owned_pools =
+            clusters.iter().flat_map(|c| c.pools.iter()).filter(|p| p.owned_usd_per_gpu_hour.is_some());
+        let running_known =
+            owned_pools.clone().next().is_some() && owned_pools.all(|p| p.owned_running_usd_per_gpu_hour.is_some());
         let span = self.last_t.max(1.0);
         let b = self.cfg.bucket_s;
         let n_buckets = (span / b).ceil() as usize;
@@ -2114,6 +2129,8 @@ impl<M: Model> Sim<'_, M> {
             cost_by_team: self.team_usd.clone(),
             owned_fixed_usd: owned_cap_h.1,
             owned_used_usd: self.owned_used_usd,
+            owned_running_usd: running_known.then_some(self.owned_running_usd),
+            cash_usd: running_known.then_some(total - self.owned_used_usd + self.owned_running_usd),
             owned_idle_share: if owned_cap_h.0 > 0.0 {
                 (1.0 - self.owned_busy_gpu_s / 3600.0 / owned_cap_h.0).max(0.0)
             } else {
@@ -2433,6 +2450,7 @@ mod tests {
                 spot_trace,
                 sells_spot: spot_trace.is_some(),
                 owned_usd_per_gpu_hour: None,
+                owned_running_usd_per_gpu_hour: None,
             }],
         }
     }

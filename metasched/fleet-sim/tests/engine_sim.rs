@@ -1268,6 +1268,82 @@ fn carbon_hold_flags_change_only_the_green_policy() {
 /// price. (It used to take the fixed cost × the busy share as the owned part:
 /// 81 USD/h × 1/9 of the GPU-hours = 9 USD/h against the 1 USD/h really paid,
 /// and printed a negative "cloud + egress"; onprem-heavy showed −291,372 USD.)
+/// The cash view: what a policy adds to the bill is its cloud compute, its
+/// egress and the running cost of the owned GPUs it used (the fleet's
+/// `running`), the owned hardware being paid either way. A policy that scores
+/// owned GPUs at that running cost (`owned_at_running_cost`) fills them before
+/// renting, and is still billed at their amortized price in the report's USD.
+#[test]
+fn cash_is_cloud_egress_and_the_running_cost_of_the_owned_gpus_used() {
+    const FLEET: &str = r#"
+[[clusters]]
+name = "own"
+provider = "onprem"
+region = "lab"
+onprem = true
+prices.H100 = { onprem = 4.0, running = 0.25 }
+[[clusters.pools]]
+name = "h100"
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 1
+
+[[clusters]]
+name = "cloud"
+provider = "aws"
+region = "us-east-1"
+prices.H100 = { on_demand = 2.5 }
+[[clusters.pools]]
+name = "h100"
+gpu_type = "H100"
+gpus_per_node = 8
+nodes = 1
+
+[[teams]]
+name = "t"
+home = "own"
+"#;
+    let policies = "[policies.cost-running]\nowned_at_running_cost = true\n";
+    let s = EngineSetup {
+        fleet_toml: FLEET.into(),
+        dataset_gb: 0.0,
+        policies_toml: Some(policies.into()),
+        ..EngineSetup::default()
+    };
+    // one 8-GPU job of 8 h: 256 USD at home amortized, 160 in the cloud
+    let csv = "submit_time,duration_s,gpus,gpu_models,duration_gpu,min_gpu,team,interruptible,checkpoint_s,datasets\n\
+               2017-09-04 10:00:00,28800,8,H100,H100,,t,,,\n";
+    let t = fleet_sim::trace::read_generic(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&["--lp-max-vars", "0"]), &l).unwrap();
+    let by = |name: &str| r.policies.iter().find(|p| p.policy == name).unwrap_or_else(|| panic!("no {name}"));
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    // the cost policy prices the owned GPUs amortized and rents: cash = its bill
+    let cost = by("cost");
+    assert!(cost.spend.keys().all(|k| k.starts_with("cloud/")), "{:?}", cost.spend);
+    assert!(close(cost.total_usd, 160.0), "{cost:?}");
+    assert_eq!((cost.owned_running_usd, cost.cash_usd), (Some(0.0), Some(cost.total_usd)));
+    // at the running cost the job stays on the idle owned GPUs: billed 256 USD
+    // amortized, but it adds only 8 h × 8 GPUs × 0.25 = 16 USD of cash
+    let run = by("cost-running");
+    assert!(run.spend.keys().all(|k| k.starts_with("own/")), "{:?}", run.spend);
+    assert!(close(run.total_usd, 256.0) && close(run.owned_used_usd, 256.0), "{run:?}");
+    assert!(close(run.owned_running_usd.unwrap(), 16.0) && close(run.cash_usd.unwrap(), 16.0), "{run:?}");
+    let table = r.table();
+    let line = table.lines().find(|x| x.trim_start().starts_with("cost-running") && x.contains("cash")).unwrap();
+    assert!(line.ends_with("running         16 USD, cash           16 USD"), "{line}");
+    let summary = r.summary();
+    assert!(summary.contains("- Cash: 160 USD added to the bill (cloud, egress and 0 USD of running"), "{summary}");
+    // without a running cost for every owned pool there is no cash view
+    let s =
+        EngineSetup { fleet_toml: FLEET.replace(", running = 0.25", ""), dataset_gb: 0.0, ..EngineSetup::default() };
+    let t = fleet_sim::trace::read_generic(csv.as_bytes(), "t", &ReadOptions::default()).unwrap();
+    let l = Loaded { trace: t, trace_name: "t".into(), fleet_name: "f".into(), setup: s, spot: vec![] };
+    let r = run_loaded(&args(&["--lp-max-vars", "0"]), &l).unwrap();
+    assert!(r.policies.iter().all(|p| p.owned_running_usd.is_none() && p.cash_usd.is_none()));
+    assert!(!r.table().contains("cash") && !r.summary().contains("Cash"));
+}
+
 #[test]
 fn owned_spend_is_each_pools_busy_hours_at_its_own_price() {
     const FLEET: &str = r#"
