@@ -1041,9 +1041,14 @@ pub(crate) fn eval_cluster(
             if price * f64::from(job.gpus) * ctx.duration_h / p.speed.max(1e-6) > ctx.bound {
                 continue;
             }
+            // A user's most per GPU-hour is against what the GPU is billed at:
+            // an owned one at its amortized price, even where the policy
+            // scores it at its running cost.
             if let Some(max) = job.spec.max_price {
-                if price > max {
-                    cheapest_over = cheapest_over.min(price);
+                let billed = if pricing == Pricing::Onprem { p.prices.onprem.or(p.prices.on_demand) } else { None };
+                let billed = billed.unwrap_or(price);
+                if billed > max {
+                    cheapest_over = cheapest_over.min(billed);
                     continue;
                 }
             }

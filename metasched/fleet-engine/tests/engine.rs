@@ -1028,6 +1028,10 @@ fn owned_gpus_scored_at_their_running_cost_are_filled_before_renting() {
     let props = propose_migrations(&m, &st, std::slice::from_ref(&run), &running, &margin);
     assert_eq!(props.len(), 1, "{props:?}");
     assert_eq!((props[0].to.cluster, props[0].to.pricing), (0, Pricing::Onprem));
+    // A user's most per GPU-hour is against the price an owned GPU is billed
+    // at (4.00), not the running cost it is scored at.
+    let capped = JobSpec { max_price: Some(3.0), ..long.clone() };
+    check(&m, &capped, &running, Some("cloud"));
     // Without a running cost in the fleet the policy scores the amortized price.
     check(&fleet(HOME_AND_CLOUD), &long, &running, Some("cloud"));
     // Clusters are scanned in the order of the policy's prices: home first.
