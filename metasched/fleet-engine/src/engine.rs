@@ -702,7 +702,7 @@ fn spot_wait_s(ps: &PoolState) -> Option<f64> {
 /// else its amortized price (or its on-demand price, for an owned pool priced
 /// so).
 fn owned_price(p: &NodePool, policy: &Policy) -> Option<f64> {
-    let amortized = p.prices.onprem.or(p.prices.on_demand);
+    let amortized = p.prices.amortized();
     if policy.owned_at_running_cost {
         p.prices.running.or(amortized)
     } else {
@@ -1045,7 +1045,7 @@ pub(crate) fn eval_cluster(
             // an owned one at its amortized price, even where the policy
             // scores it at its running cost.
             if let Some(max) = job.spec.max_price {
-                let billed = if pricing == Pricing::Onprem { p.prices.onprem.or(p.prices.on_demand) } else { None };
+                let billed = if pricing == Pricing::Onprem { p.prices.amortized() } else { None };
                 let billed = billed.unwrap_or(price);
                 if billed > max {
                     cheapest_over = cheapest_over.min(billed);

@@ -118,6 +118,14 @@ pub struct Prices {
     pub running: Option<f64>,
 }
 
+impl Prices {
+    /// An owned pool's price per GPU-hour as it is billed: its amortized
+    /// `onprem` price, else its `on_demand` one (an owned pool priced so).
+    pub fn amortized(&self) -> Option<f64> {
+        self.onprem.or(self.on_demand)
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Configuration (serde, the TOML shape)
 // ---------------------------------------------------------------------------

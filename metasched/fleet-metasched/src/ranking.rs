@@ -43,7 +43,7 @@ impl Ranker {
         c.pools
             .iter()
             .filter(|p| self.model.gpu_type_name(p.gpu_type) == want)
-            .filter_map(|p| if c.onprem { p.prices.onprem.or(p.prices.on_demand) } else { p.prices.on_demand })
+            .filter_map(|p| if c.onprem { p.prices.amortized() } else { p.prices.on_demand })
             .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.min(p))))
     }
 }

@@ -181,7 +181,7 @@ impl EngineModel {
                         gpus: p.total_gpus,
                         spot_trace: None,
                         sells_spot: !c.onprem && p.prices.spot.is_some(),
-                        owned_usd_per_gpu_hour: if c.onprem { p.prices.onprem.or(p.prices.on_demand) } else { None },
+                        owned_usd_per_gpu_hour: if c.onprem { p.prices.amortized() } else { None },
                         owned_running_usd_per_gpu_hour: if c.onprem { p.prices.running } else { None },
                     })
                     .collect(),
@@ -557,9 +557,7 @@ impl EngineModel {
         // the same money for every policy, and the running cost is reported
         // beside it (`owned_running_usd`).
         let usd_per_gpu_hour = match (p.pricing, c.pools.get(p.pool as usize)) {
-            (Pricing::Onprem, Some(pool)) => {
-                pool.prices.onprem.or(pool.prices.on_demand).unwrap_or(p.breakdown.price_per_gpu_hour)
-            }
+            (Pricing::Onprem, Some(pool)) => pool.prices.amortized().unwrap_or(p.breakdown.price_per_gpu_hour),
             _ => p.breakdown.price_per_gpu_hour,
         };
         Offer {
