@@ -1760,14 +1760,15 @@ impl<M: Model> Sim<'_, M> {
         self.compute_usd += usd;
         self.setup_usd += o.usd_per_gpu_hour * g as f64 * seg.min(self.js[j].setup_s.max(0.0)) / 3600.0;
         *self.team_usd.entry(self.jobs[j].team.clone()).or_default() += usd;
-        let owned = self.owned(o.cluster, o.pool);
+        // Owned hardware (the pool looked up once): its busy time, what that
+        // time is billed, and its running cost where the fleet gives one.
+        let pool = self.model.clusters().get(o.cluster).and_then(|x| x.pools.get(o.pool));
+        let owned = pool.is_some_and(|x| x.owned_usd_per_gpu_hour.is_some());
+        let running = pool.and_then(|x| x.owned_running_usd_per_gpu_hour);
         if owned {
             self.owned_busy_gpu_s += g as f64 * seg;
             self.owned_used_usd += usd;
-            let pool = self.model.clusters().get(o.cluster).and_then(|x| x.pools.get(o.pool));
-            if let Some(r) = pool.and_then(|x| x.owned_running_usd_per_gpu_hour) {
-                self.owned_running_usd += r * g as f64 * seg / 3600.0;
-            }
+            self.owned_running_usd += running.map_or(0.0, |r| r * g as f64 * seg / 3600.0);
         }
         let sp = self.spend.entry((o.cluster, o.pool, o.spot)).or_default();
         sp.gpu_hours += g as f64 * seg / 3600.0;
